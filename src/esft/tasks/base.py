@@ -1,0 +1,164 @@
+"""The task interface shared by training (ES, GRPO) and evaluation.
+
+A task is data + a prompt format + a scorer. Following nanochat, the reward used for training *is* the
+evaluation scorer: `score(completion, example)` returns 1.0 or 0.0 and is used unchanged by
+`esft eval`, by the ES fitness and by the GRPO reward adapter.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import re
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any, Callable, Iterable
+
+Example = dict[str, Any]
+Messages = list[dict[str, str]]
+
+
+def read_bundled_jsonl(filename: str) -> list[Example]:
+    """Read a gzip-compressed JSONL file shipped in `esft/data/`."""
+    path = resources.files("esft.data").joinpath(filename)
+    with path.open("rb") as raw, gzip.open(raw, "rt", encoding="utf-8") as fh:
+        return [json.loads(line) for line in fh if line.strip()]
+
+
+def wilson_interval(successes: float, n: int, z: float = 1.96) -> tuple[float, float]:
+    """95% Wilson score interval for a binomial proportion (well-behaved at 0 and 1, unlike Wald)."""
+    if n <= 0:
+        return (0.0, 1.0)
+    p = successes / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+@dataclass
+class Task:
+    """Base class. Subclasses set `name`, `splits`, `system_prompt` and implement `_load`, `prompt`, `score`."""
+
+    name: str = ""
+    #: split names this task provides, e.g. ("train", "test")
+    splits: tuple[str, ...] = ("train", "test")
+    #: system prompt that states the answer format (paper Table 19)
+    system_prompt: str = ""
+
+    # ---- data -------------------------------------------------------------------------------------
+    def load(self, split: str = "test", limit: int | None = None) -> list[Example]:
+        """Deterministic split as a list of example dicts; `limit` keeps the first `limit` examples."""
+        if split not in self.splits:
+            raise ValueError(f"task {self.name!r} has no split {split!r}; available: {', '.join(self.splits)}")
+        if limit is not None and limit < 0:
+            raise ValueError(f"limit must be >= 0, got {limit}")
+        rows = self._load(split)
+        return rows if limit is None else rows[:limit]
+
+    def _load(self, split: str) -> list[Example]:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    # ---- prompting and scoring ----------------------------------------------------------------------
+    def prompt(self, example: Example) -> Messages:  # pragma: no cover - abstract
+        """Chat messages (system prompt stating the answer format, then the user turn)."""
+        raise NotImplementedError
+
+    def score(self, completion: str, example: Example) -> float:  # pragma: no cover - abstract
+        """1.0 if the completion is correct under the paper's protocol, else 0.0. Never raises."""
+        raise NotImplementedError
+
+    def is_well_formed(self, completion: str, example: Example) -> bool:
+        """True when the completion contains an answer in the required format (used by the format bonus)."""
+        return False
+
+    def details(self, completion: str, example: Example) -> dict[str, Any]:
+        """Extra per-example fields written next to the score in eval JSONL (e.g. the extracted answer)."""
+        return {}
+
+    def aggregate(self, records: list[dict[str, Any]]) -> dict[str, Any]:
+        """Summary metrics from per-example records (each has at least `score`). Accuracy with a 95% CI."""
+        n = len(records)
+        correct = sum(r["score"] for r in records)
+        lo, hi = wilson_interval(correct, n)
+        out: dict[str, Any] = {"n": n, "accuracy": correct / n if n else 0.0, "ci95": [lo, hi]}
+        if records and "well_formed" in records[0]:
+            out["format_rate"] = sum(bool(r["well_formed"]) for r in records) / n
+        return out
+
+    # ---- TRL-style reward --------------------------------------------------------------------------
+    def reward_function(self, format_bonus: float = 0.0) -> Callable[..., list[float]]:
+        """A reward function with TRL's signature `f(completions, **kwargs) -> list[float]`.
+
+        Example fields arrive as keyword lists (TRL passes every dataset column that way); they may also be
+        passed as `examples=[...]`. Completions may be strings or TRL conversational lists of messages.
+        `format_bonus` adds that amount for a well-formed answer (DART-ES / Qiu et al.); 0 = paper reward.
+        """
+
+        def reward(completions: list[Any], **kwargs: Any) -> list[float]:
+            examples = kwargs.get("examples")
+            if examples is None:
+                keys = [k for k, v in kwargs.items() if isinstance(v, list) and len(v) == len(completions)]
+                examples = [{k: kwargs[k][i] for k in keys} for i in range(len(completions))]
+            out = []
+            for completion, example in zip(completions, examples):
+                text = completion_text(completion)
+                r = self.score(text, example)
+                if format_bonus and self.is_well_formed(text, example):
+                    r += format_bonus
+                out.append(float(r))
+            return out
+
+        reward.__name__ = f"{self.name}_reward"
+        return reward
+
+
+def completion_text(completion: Any) -> str:
+    """Plain text of a completion given as a string or as a TRL conversational list of messages."""
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, list) and completion and isinstance(completion[-1], dict):
+        return str(completion[-1].get("content", ""))
+    return str(completion)
+
+
+def chat(system: str, user: str) -> Messages:
+    return [{"role": "system", "content": system}, {"role": "user", "content": user}]
+
+
+_BOX_OPEN = re.compile(r"\\(?:boxed|fbox)\s*\{")
+
+
+def last_boxed(text: str) -> str | None:
+    """Content of the last balanced `\\boxed{...}` (or `\\fbox{...}`), nested braces allowed, else None.
+
+    One left-to-right pass with a brace stack, so adversarial 1 MB completions stay linear-time.
+    "Last" means the balanced box that opens last (for `\\boxed{\\boxed{x}}` that is the inner one).
+    """
+    if not isinstance(text, str) or "box" not in text:
+        return None
+    box_opens = {m.end() - 1 for m in _BOX_OPEN.finditer(text)}
+    if not box_opens:
+        return None
+    stack: list[int] = []
+    best: tuple[int, int] | None = None
+    for k, c in enumerate(text):
+        if c == "{":
+            stack.append(k)
+        elif c == "}" and stack:
+            j = stack.pop()
+            if j in box_opens and (best is None or j > best[0]):
+                best = (j, k)
+    return None if best is None else text[best[0] + 1 : best[1]]
+
+
+def iter_batches(items: Iterable[Any], size: int) -> Iterable[list[Any]]:
+    batch: list[Any] = []
+    for item in items:
+        batch.append(item)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
