@@ -1,0 +1,125 @@
+"""Evaluate a model on tasks: batched generation, the task's own scorer, accuracy with a 95% CI.
+
+Writes, per task, every completion with its score to `<output_dir>/<task>.jsonl`, and a summary of all tasks to
+`<output_dir>/summary.json`. The same scorer is the training reward (nanochat's rule: reward is evaluation).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from esft.generation import Generation, GenerationConfig, generate
+from esft.tasks import Task, get_task
+
+
+@dataclass
+class EvalConfig:
+    """What `esft eval` runs."""
+
+    model: str = "smollm2-135m"
+    """Embedded model name, local Hugging Face folder, or hub id."""
+    tasks: list[str] = field(default_factory=lambda: ["boolq"])
+    """Task names (countdown, math, chemistry, boolq, mmlu, ifeval)."""
+    split: str = "test"
+    """Which split to evaluate."""
+    limit: int | None = None
+    """Examples per task (the first `limit` of the deterministic split); None = the whole split."""
+    max_new_tokens: int = 1024
+    """Generation budget per completion (paper: 1024)."""
+    batch_size: int = 32
+    """Prompts per generation batch."""
+    temperature: float = 0.0
+    """0 = greedy (paper protocol)."""
+    top_p: float = 1.0
+    """Nucleus mass when sampling."""
+    seed: int = 0
+    """Sampling seed."""
+    dtype: str = "auto"
+    """auto (fp32 on CPU, bf16 on GPU), fp32, bf16."""
+    device: str | None = None
+    """cpu, cuda, cuda:1 ...; None = CUDA if available."""
+    output_dir: str | None = None
+    """Where to write completions and summary.json; None = print only."""
+    max_passage_chars: int | None = None
+    """BoolQ only: cut passages to this many characters (None = full passage, the paper's setting)."""
+
+
+def task_options(name: str, max_passage_chars: int | None = None) -> dict[str, Any]:
+    return {"max_passage_chars": max_passage_chars} if name == "boolq" and max_passage_chars else {}
+
+
+def evaluate_task(
+    model,
+    tokenizer,
+    task: Task,
+    examples: Sequence[dict],
+    gen_config: GenerationConfig,
+    output_path: Path | None = None,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Generate for `examples`, score each completion, return the task's summary metrics."""
+    t0 = time.perf_counter()
+    prompts = [task.prompt(ex) for ex in examples]
+    gens: list[Generation] = generate(model, tokenizer, prompts, gen_config, progress=progress)
+    gen_s = time.perf_counter() - t0
+    records = []
+    for i, (ex, g) in enumerate(zip(examples, gens)):
+        rec = {"index": i, "score": task.score(g.text, ex), "well_formed": task.is_well_formed(g.text, ex)}
+        rec.update(task.details(g.text, ex))
+        rec.update({"completion": g.text, "finished": g.finished, "prompt_tokens": g.prompt_tokens,
+                    "completion_tokens": len(g.completion_ids), "example": ex})
+        records.append(rec)
+    summary = task.aggregate(records)
+    summary.update({
+        "generation_s": round(gen_s, 3),
+        "prompt_tokens": sum(g.prompt_tokens for g in gens),
+        "completion_tokens": sum(len(g.completion_ids) for g in gens),
+        "truncated_rate": (sum(not g.finished for g in gens) / len(gens)) if gens else 0.0,
+    })
+    if output_path is not None:
+        output_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(output_path, "w", encoding="utf-8") as fh:
+            for rec in records:
+                fh.write(json.dumps(rec, ensure_ascii=False, default=str) + "\n")
+    return summary
+
+
+def run_eval(config: EvalConfig, model=None, tokenizer=None, progress: bool = True) -> dict[str, Any]:
+    """Evaluate `config.model` on every task in `config.tasks`; returns {task: summary}."""
+    from esft.models import load_model
+
+    tasks = {name: get_task(name, **task_options(name, config.max_passage_chars)) for name in config.tasks}
+    if model is None:
+        model, tokenizer = load_model(config.model, dtype=config.dtype, device=config.device)
+    gen_config = GenerationConfig(max_new_tokens=config.max_new_tokens, temperature=config.temperature,
+                                  top_p=config.top_p, batch_size=config.batch_size, seed=config.seed)
+    out_dir = Path(config.output_dir) if config.output_dir else None
+    results: dict[str, Any] = {}
+    for name, task in tasks.items():
+        examples = task.load(config.split, limit=config.limit)
+        path = out_dir / f"{name}.jsonl" if out_dir else None
+        results[name] = evaluate_task(model, tokenizer, task, examples, gen_config, path, progress)
+        if progress:
+            print(format_row(name, results[name]), flush=True)
+    if out_dir is not None:
+        payload = {"config": asdict(config), "results": results}
+        (out_dir / "summary.json").write_text(json.dumps(payload, indent=2, default=str))
+    return results
+
+
+def format_row(name: str, s: dict[str, Any]) -> str:
+    lo, hi = s["ci95"]
+    extra = ""
+    if "prompt_strict" in s:
+        extra = (f"  prompt strict/loose {s['prompt_strict']:.3f}/{s['prompt_loose']:.3f}"
+                 f"  instr strict/loose {s['instruction_strict']:.3f}/{s['instruction_loose']:.3f}")
+    fmt = f"  format {s['format_rate']:.3f}" if "format_rate" in s else ""
+    return f"{name:<10} n={s['n']:<5} acc {s['accuracy']:.3f}  95% CI [{lo:.3f}, {hi:.3f}]{fmt}{extra}"
+
+
+def format_table(results: dict[str, Any]) -> str:
+    return "\n".join(format_row(k, v) for k, v in results.items())

