@@ -1,0 +1,122 @@
+"""Rebuild ES weights theta_t from the base model and `seeds.jsonl` alone (no checkpoints needed).
+
+Every update is a seeded noise sum with logged coefficients, so applying the logged updates to the base model
+with the run's parameter selection and noise mode reproduces the trained masters bit for bit (same device
+type: CPU and CUDA generators draw different numbers). Adam runs are replayed through a fresh optimizer, which
+is deterministic too.
+
+    model, tok = load_model(...)                    # the run's base model, same dtype
+    rebuild(model, "runs/es", step=20)              # model now holds theta_20
+    for rec in drift(model, "runs/es"): ...         # ||theta_t - theta_0||^2, total and per tensor, per step
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+
+from esft.es import runlog
+from esft.es.config import ESConfig, read_run_config
+from esft.es.noise import MasterWeights
+
+
+@dataclass
+class ReplayState:
+    step: int
+    """number of updates applied (theta_step)"""
+    weights: MasterWeights
+    record: dict[str, Any] | None
+    """the seeds.jsonl line of the last applied update (None at step 0)"""
+
+
+def load_base(run_dir: str | Path) -> tuple[Any, Any]:
+    """The run's base model and tokenizer, loaded with the run's dtype and device (needs esft.models)."""
+    from esft.models import load_model
+
+    config, _ = read_run_config(run_dir)
+    return load_model(config.model, dtype=config.dtype, device=config.device)
+
+
+def replay(model: torch.nn.Module, run_dir: str | Path, upto: int | None = None) -> Iterator[ReplayState]:
+    """Apply the logged updates to `model` (the base weights) in place, yielding after step 0, 1, ..., upto."""
+    from esft.es.trainer import make_strategy, make_weights
+
+    config, _ = read_run_config(run_dir)
+    records = runlog.read_seed_log(run_dir)
+    if upto is None:
+        upto = len(records)
+    if not 0 <= upto <= len(records):
+        raise ValueError(f"step {upto} not in the seed log of {run_dir} (0..{len(records)})")
+    for p in model.parameters():
+        p.requires_grad_(False)
+    weights = make_weights(model, config)
+    optimizer = make_strategy(config).make_optimizer(list(weights.master.values()))
+    yield ReplayState(0, weights, None)
+    for rec in records[:upto]:
+        weights.apply(runlog.update_from_record(rec), optimizer)
+        yield ReplayState(rec["iteration"] + 1, weights, rec)
+
+
+def rebuild(model: torch.nn.Module, run_dir: str | Path, step: int | None = None) -> MasterWeights:
+    """Set `model` (base weights) to theta_step (default: the last logged step); returns its masters."""
+    state = None
+    for state in replay(model, run_dir, upto=step):
+        pass
+    assert state is not None
+    return state.weights
+
+
+@torch.no_grad()
+def drift(model: torch.nn.Module, run_dir: str | Path, upto: int | None = None,
+          per_tensor: bool = True) -> Iterator[dict[str, Any]]:
+    """Per step t >= 1: ||theta_t - theta_0||^2 in total and per tensor (float64 sums), plus `expected`, the
+    random-walk expectation accumulated from the logged coefficients: sum_t scale_t^2 * d_tensor * sum_k c_k^2
+    (SGD runs; with z-scored fitness and independent members sum_k c_k^2 = N, giving alpha^2 T d / N).
+    Keeps one fp32 copy of theta_0; no checkpoint is written."""
+    config: ESConfig = read_run_config(run_dir)[0]
+    base: dict[str, torch.Tensor] | None = None
+    expected_unit = 0.0  # sum_t scale^2 sum_k c_k^2: expected squared step per coordinate
+    for state in replay(model, run_dir, upto=upto):
+        if base is None:
+            base = {n: m.clone() for n, m in state.weights.iter_masters()}
+            sizes = {n: m.numel() for n, m in base.items()}
+            continue
+        rec = state.record
+        if rec.get("kind", "sgd") == "sgd":
+            expected_unit += rec["scale"] ** 2 * sum(c * c for c in rec["coefficients"])
+        tensors = {}
+        total = 0.0
+        for name, m in state.weights.iter_masters():
+            sq = float((m.double() - base[name].double()).pow(2).sum())
+            total += sq
+            if per_tensor:
+                tensors[name] = sq
+        out: dict[str, Any] = {"step": state.step, "total": total, "num_params": sum(sizes.values()),
+                               "population_size": config.population_size,
+                               "expected": expected_unit * sum(sizes.values()) if config.optimizer == "sgd" else None}
+        if per_tensor:
+            out["per_tensor"] = tensors
+            out["numel"] = sizes
+        yield out
+
+
+@torch.no_grad()
+def matches_checkpoint(model: torch.nn.Module, weights: MasterWeights, folder: str | Path) -> bool:
+    """True when the masters equal a checkpoint's weights bit for bit (its fp32 masters when it saved them)."""
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    masters_file = folder / runlog.MASTERS_FILE
+    if masters_file.exists():
+        saved = load_file(str(masters_file))
+        return all(n in saved and torch.equal(saved[n], m.cpu()) for n, m in weights.iter_masters())
+    saved = runlog._read_safetensors_folder(folder)
+    aliases = runlog.parameter_aliases(model)
+    for name, m in weights.iter_masters():
+        found = next((a for a in aliases.get(name, [name]) if a in saved), None)
+        if found is None or not torch.equal(saved[found].to(torch.float32), m.cpu()):
+            return False
+    return True

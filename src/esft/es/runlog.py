@@ -1,0 +1,225 @@
+"""Run-directory files of an ES run: append-only JSONL logs and atomic Hugging Face checkpoints.
+
+Layout of `output_dir`:
+    config.yaml                  resolved ESConfig (+ `_run`: precision, d, versions)
+    seeds.jsonl                  one line per iteration: batch indices, members, fitness, update coefficients
+    metrics.jsonl                {"kind": "train", ...} per iteration and {"kind": "eval", ...} per evaluation
+    samples/                     iter_XXXXXX.jsonl (a few member-0 completions), eval_XXXXXX.jsonl (held-out)
+    checkpoints/iter_XXXXXX/     save_pretrained folder + es_state.json (+ masters.safetensors for non-fp32
+    checkpoints/final/           models, optimizer.pt for Adam); XXXXXX = number of updates applied
+
+Each JSONL line is written whole and fsynced, so a crash leaves at most a torn last line, which readers skip.
+Checkpoints are written to a temporary folder and renamed, so a checkpoint folder is complete or absent.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import torch
+
+from esft.es.noise import MasterWeights
+
+CHECKPOINTS = "checkpoints"
+STATE_FILE = "es_state.json"
+MASTERS_FILE = "masters.safetensors"
+OPTIMIZER_FILE = "optimizer.pt"
+
+
+def append_jsonl(path: Path, record: dict[str, Any], sync: bool = True) -> None:
+    line = json.dumps(record, separators=(",", ":")) + "\n"
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write(line)
+        fh.flush()
+        if sync:
+            os.fsync(fh.fileno())
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """Records of a JSONL file; a torn (unparsable or unterminated) last line is ignored."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    records = []
+    with open(path, encoding="utf-8") as fh:
+        for line in fh:
+            if not line.endswith("\n"):
+                break  # torn write at a crash
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                break
+    return records
+
+
+def rewrite_jsonl(path: Path, records: Iterable[dict[str, Any]]) -> None:
+    """Atomically replace a JSONL file (used on resume to drop records past the resume point)."""
+    path = Path(path)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        for rec in records:
+            fh.write(json.dumps(rec, separators=(",", ":")) + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def filter_jsonl(path: Path, keep: Callable[[dict[str, Any]], bool]) -> list[dict[str, Any]]:
+    records = [r for r in read_jsonl(path) if keep(r)]
+    if Path(path).exists():
+        rewrite_jsonl(path, records)
+    return records
+
+
+# ---- checkpoints --------------------------------------------------------------------------------------------------
+
+def checkpoint_name(step: int) -> str:
+    return f"iter_{step:06d}"
+
+
+def save_checkpoint(run_dir: Path, name: str, step: int, model: Any, tokenizer: Any, weights: MasterWeights,
+                    optimizer: torch.optim.Optimizer | None = None, extra: dict[str, Any] | None = None) -> Path:
+    """Write `checkpoints/<name>` atomically: save into a temp folder, then rename over any old one."""
+    root = Path(run_dir) / CHECKPOINTS
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / name
+    tmp = root / f".tmp_{name}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    model.save_pretrained(tmp, safe_serialization=True)
+    if tokenizer is not None and hasattr(tokenizer, "save_pretrained"):
+        tokenizer.save_pretrained(tmp)
+    state: dict[str, Any] = {"step": int(step), "has_masters": False, "has_optimizer": optimizer is not None}
+    if not weights.all_fp32():
+        # A bf16 (or fp16) model file holds rounded weights; the fp32 masters are needed to resume exactly.
+        from safetensors.torch import save_file
+
+        save_file({n: t.contiguous().cpu() for n, t in weights.iter_masters()}, str(tmp / MASTERS_FILE))
+        state["has_masters"] = True
+    if optimizer is not None:
+        torch.save(optimizer.state_dict(), tmp / OPTIMIZER_FILE)
+    state.update(extra or {})
+    (tmp / STATE_FILE).write_text(json.dumps(state, indent=1))
+    if final.exists():
+        old = root / f".old_{name}"
+        if old.exists():
+            shutil.rmtree(old)
+        os.replace(final, old)
+        os.replace(tmp, final)
+        shutil.rmtree(old)
+    else:
+        os.replace(tmp, final)
+    return final
+
+
+def list_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
+    """(step, folder) of complete checkpoints, sorted by step (`final` included under its step)."""
+    root = Path(run_dir) / CHECKPOINTS
+    out = []
+    if not root.exists():
+        return out
+    for folder in root.iterdir():
+        state = folder / STATE_FILE
+        if folder.name.startswith(".") or not state.exists():
+            continue
+        try:
+            out.append((int(json.loads(state.read_text())["step"]), folder))
+        except (ValueError, KeyError, json.JSONDecodeError):
+            continue
+    return sorted(out, key=lambda x: (x[0], x[1].name))
+
+
+def _read_safetensors_folder(folder: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    tensors: dict[str, torch.Tensor] = {}
+    for file in sorted(folder.glob("*.safetensors")):
+        if file.name == MASTERS_FILE:
+            continue
+        tensors.update(load_file(str(file)))
+    return tensors
+
+
+def parameter_aliases(model: Any) -> dict[str, list[str]]:
+    """Parameter name -> every state-dict name of the same tensor (tied weights are saved under one alias)."""
+    by_id: dict[int, list[str]] = {}
+    for name, t in model.state_dict(keep_vars=True).items():
+        by_id.setdefault(id(t), []).append(name)
+    return {name: by_id.get(id(p), [name]) for name, p in model.named_parameters()}
+
+
+@torch.no_grad()
+def load_checkpoint(folder: Path, model: Any, weights: MasterWeights,
+                    optimizer: torch.optim.Optimizer | None = None) -> int:
+    """Load a checkpoint into an already built model (same architecture and dtype); returns its step.
+
+    Every perturbed tensor must be found in the file under one of its names (tied weights are saved once,
+    under either alias). Masters come from masters.safetensors when present, else from the (fp32) weights.
+    """
+    folder = Path(folder)
+    state = json.loads((folder / STATE_FILE).read_text())
+    tensors = _read_safetensors_folder(folder)
+    aliases = parameter_aliases(model)
+    for name, param in model.named_parameters():
+        found = next((a for a in aliases.get(name, [name]) if a in tensors), None)
+        if found is None:
+            if name in weights.params:
+                raise KeyError(f"checkpoint {folder} lacks parameter {name}")
+            continue
+        param.copy_(tensors[found].to(param.dtype))
+    if state.get("has_masters"):
+        from safetensors.torch import load_file
+
+        weights.load_masters(load_file(str(folder / MASTERS_FILE)))
+    else:
+        weights.sync_from_model()
+    if optimizer is not None:
+        if not state.get("has_optimizer"):
+            raise ValueError(f"checkpoint {folder} has no optimizer state")
+        optimizer.load_state_dict(torch.load(folder / OPTIMIZER_FILE, weights_only=True))
+    return int(state["step"])
+
+
+# ---- seeds.jsonl schema ------------------------------------------------------------------------------------------
+
+def seed_record(iteration: int, batch_indices: list[int], members: list, fitness: list[float],
+                shaped: list[float], update: Any, update_norm: float) -> dict[str, Any]:
+    """One seeds.jsonl line. Floats are written with Python's repr, which round-trips float64 exactly, so
+    replay applies bit-identical coefficients."""
+    return {
+        "iteration": int(iteration),
+        "batch": [int(i) for i in batch_indices],
+        "members": [[int(s), int(g)] for s, g in members],
+        "fitness": [float(f) for f in fitness],
+        "shaped": [float(z) for z in shaped],
+        "seeds": [int(s) for s in update.seeds],
+        "coefficients": [float(c) for c in update.coefficients],
+        "scale": float(update.scale),
+        "kind": update.kind,
+        "update_norm": float(update_norm),
+    }
+
+
+def update_from_record(record: dict[str, Any]):
+    from esft.es.noise import Update
+
+    return Update(seeds=tuple(int(s) for s in record["seeds"]),
+                  coefficients=tuple(float(c) for c in record["coefficients"]),
+                  scale=float(record["scale"]), kind=record.get("kind", "sgd"))
+
+
+def read_seed_log(run_dir: Path) -> list[dict[str, Any]]:
+    """Records of seeds.jsonl for iterations 0, 1, 2, ... (stops at the first gap or torn line)."""
+    out = []
+    for rec in read_jsonl(Path(run_dir) / "seeds.jsonl"):
+        if rec.get("iteration") != len(out):
+            break
+        out.append(rec)
+    return out

@@ -1,0 +1,166 @@
+"""Evolution Strategies as ask/tell (evosax style), with fitness shaping as pure functions.
+
+esft MAXIMISES fitness (reward): a member with higher fitness pulls the weights towards its perturbation.
+
+    strategy = ES(population_size=30, sigma=1.5e-3, alpha=7.5e-4, seed=42)
+    members = strategy.ask(iteration)          # [(seed, sign), ...], a pure function of (run seed, iteration)
+    update = strategy.tell(members, fitness)   # esft.es.noise.Update, applied by MasterWeights.apply
+
+`ask` keeps no RNG state: the seeds of iteration t come from numpy's SeedSequence([run seed, t]), so a resumed
+run asks exactly what the uninterrupted run asked. The paper's update (SGD) is
+
+    theta += (alpha / N) * sum_n z_n * eps_n,   z = (f - mean f) / (population std f + 1e-8).
+
+Alternatively the estimate is handed to a `torch.optim` optimizer (e.g. Adam) as the gradient
+-(1 / (N sigma)) * sum_n z_n eps_n: torch minimises, so the sign is flipped to maximise reward.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, NamedTuple, Sequence
+
+import numpy as np
+import torch
+
+from esft.es.noise import Update
+
+FitnessShaping = Callable[[np.ndarray], np.ndarray]
+
+
+class Member(NamedTuple):
+    """One population member: perturbation theta + sign * sigma * eps(seed)."""
+
+    seed: int
+    sign: int
+
+
+# ---- fitness shaping (pure: (fitness) -> shaped, same length) ------------------------------------------------
+
+def zscore(fitness: np.ndarray) -> np.ndarray:
+    """(f - mean) / (population std + 1e-8), as in the paper. All-equal fitness -> exact zeros (no update)."""
+    f = np.asarray(fitness, dtype=np.float64)
+    if f.size == 0 or np.ptp(f) == 0.0:
+        # Guard: mean() of equal non-representable values can differ from them by one ulp, which the +1e-8
+        # would turn into a tiny spurious step; equal fitness carries no signal, so the update must be zero.
+        return np.zeros_like(f)
+    return (f - f.mean()) / (f.std() + 1e-8)
+
+
+def centered_rank(fitness: np.ndarray) -> np.ndarray:
+    """Ranks mapped linearly to [-0.5, 0.5] (Salimans et al. 2017). Ties get their average rank, so equal
+    fitness values get equal weights and an all-equal population gives exact zeros."""
+    f = np.asarray(fitness, dtype=np.float64)
+    n = f.size
+    if n <= 1:
+        return np.zeros_like(f)
+    order = np.argsort(f, kind="stable")
+    ranks = np.empty(n, dtype=np.float64)
+    ranks[order] = np.arange(n, dtype=np.float64)
+    # average the ranks within each group of ties
+    uniq, inverse = np.unique(f, return_inverse=True)
+    if uniq.size < n:
+        sums = np.bincount(inverse, weights=ranks)
+        counts = np.bincount(inverse)
+        ranks = (sums / counts)[inverse]
+    return ranks / (n - 1) - 0.5
+
+
+def raw(fitness: np.ndarray) -> np.ndarray:
+    """No shaping (for experiments); note the step then scales with the reward's magnitude."""
+    return np.asarray(fitness, dtype=np.float64).copy()
+
+
+FITNESS_SHAPING: dict[str, FitnessShaping] = {"zscore": zscore, "centered_rank": centered_rank, "raw": raw}
+
+
+def get_shaping(name: str) -> FitnessShaping:
+    try:
+        return FITNESS_SHAPING[name]
+    except KeyError:
+        raise ValueError(f"unknown fitness shaping {name!r}; choose one of {sorted(FITNESS_SHAPING)}") from None
+
+
+# ---- member seeds ---------------------------------------------------------------------------------------------
+
+def member_seeds(run_seed: int, iteration: int, count: int) -> list[int]:
+    """`count` distinct 32-bit seeds for one iteration, a pure function of (run seed, iteration)."""
+    ss = np.random.SeedSequence([int(run_seed), int(iteration)])
+    seeds: list[int] = []
+    extra = 0
+    while len(seeds) < count:  # collisions are ~never; re-draw deterministically if they happen
+        state = ss.generate_state(count + extra, dtype=np.uint32)
+        seeds = list(dict.fromkeys(int(s) for s in state))[:count]
+        extra += 1
+    return seeds
+
+
+# ---- the strategy -------------------------------------------------------------------------------------------------
+
+OPTIMIZERS = ("sgd", "adam")
+
+
+class ES:
+    """Isotropic Gaussian ES (OpenAI-ES / the paper's variant). esft maximises fitness.
+
+    population_size: N members per iteration (even when antithetic).
+    sigma: perturbation scale. alpha: step size (SGD) or learning rate (Adam).
+    antithetic: members come in mirrored pairs (seed, +1), (seed, -1) sharing one noise draw.
+    fitness_shaping: "zscore" (paper), "centered_rank" or "raw".
+    optimizer: "sgd" (paper rule, no state) or "adam" (torch.optim.Adam on the fp32 masters).
+    """
+
+    def __init__(self, population_size: int, sigma: float, alpha: float, seed: int = 0, antithetic: bool = False,
+                 fitness_shaping: str = "zscore", optimizer: str = "sgd", adam_betas: tuple[float, float] = (0.9, 0.999),
+                 adam_eps: float = 1e-8):
+        if population_size < 1:
+            raise ValueError("population_size must be >= 1")
+        if antithetic and population_size % 2:
+            raise ValueError(f"antithetic sampling needs an even population, got {population_size}")
+        if optimizer not in OPTIMIZERS:
+            raise ValueError(f"unknown optimizer {optimizer!r}; choose one of {OPTIMIZERS}")
+        self.population_size = int(population_size)
+        self.sigma = float(sigma)
+        self.alpha = float(alpha)
+        self.seed = int(seed)
+        self.antithetic = bool(antithetic)
+        self.shaping_name = fitness_shaping
+        self.shaping = get_shaping(fitness_shaping)
+        self.optimizer_name = optimizer
+        self.adam_betas = tuple(adam_betas)
+        self.adam_eps = float(adam_eps)
+
+    def ask(self, iteration: int) -> list[Member]:
+        """Members of an iteration, deterministic in (run seed, iteration)."""
+        if self.antithetic:
+            seeds = member_seeds(self.seed, iteration, self.population_size // 2)
+            return [Member(s, sign) for s in seeds for sign in (1, -1)]
+        return [Member(s, 1) for s in member_seeds(self.seed, iteration, self.population_size)]
+
+    def shape(self, fitness: Sequence[float]) -> np.ndarray:
+        f = np.asarray(fitness, dtype=np.float64)
+        if not np.all(np.isfinite(f)):
+            raise ValueError(f"non-finite fitness: {f}")
+        return self.shaping(f)
+
+    def tell(self, members: Sequence[Member], fitness: Sequence[float]) -> Update:
+        """Update from members and their fitness (higher is better). Returns an `Update` with one term per seed:
+        antithetic pairs fold to c = z(+) - z(-), so each noise tensor is regenerated once."""
+        if len(members) != len(fitness):
+            raise ValueError(f"{len(members)} members but {len(fitness)} fitness values")
+        z = self.shape(fitness)
+        terms: dict[int, float] = {}
+        for (seed, sign), zi in zip(members, z):
+            terms[int(seed)] = terms.get(int(seed), 0.0) + float(sign) * float(zi)
+        n = len(members)
+        if self.optimizer_name == "sgd":
+            scale, kind = self.alpha / n, "sgd"
+        else:
+            # the fitness-gradient estimate is (1 / (N sigma)) sum z eps; torch minimises, hence the minus
+            scale, kind = -1.0 / (n * self.sigma), "gradient"
+        return Update(seeds=tuple(terms), coefficients=tuple(terms.values()), scale=scale, kind=kind)
+
+    def make_optimizer(self, masters: Sequence[torch.Tensor]) -> torch.optim.Optimizer | None:
+        """The torch optimizer over the fp32 master tensors (None for the paper's SGD rule, which has no state)."""
+        if self.optimizer_name == "sgd":
+            return None
+        return torch.optim.Adam(list(masters), lr=self.alpha, betas=self.adam_betas, eps=self.adam_eps)
