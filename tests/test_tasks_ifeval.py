@@ -1,0 +1,294 @@
+"""IFEval task: the 25 instruction checkers, strict vs loose, aggregation, bundled data, fuzzing.
+
+Run: pytest tests/test_tasks_ifeval.py -q      (about 10 s on 2 cores; fully offline, sockets are blocked)
+"""
+
+from __future__ import annotations
+
+import random
+import socket
+import time
+
+import pytest
+
+from esft.tasks import get_task
+from esft.tasks.base import wilson_interval
+from esft.tasks.ifeval import INSTRUCTIONS, IFEvalTask, SYSTEM_PROMPT, evaluate, loose_variants, missing_params
+from esft.tasks.ifeval.evaluate import check_instruction
+from esft.tasks.ifeval.text import count_capital_words, count_sentences, count_words, detect_language
+
+
+@pytest.fixture(autouse=True)
+def no_network(monkeypatch):
+    """Scoring must work with no network: any connection attempt fails the test."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("IFEval tried to use the network")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
+
+
+@pytest.fixture(scope="module")
+def task() -> IFEvalTask:
+    return IFEvalTask()
+
+
+@pytest.fixture(scope="module")
+def rows(task):
+    return task.load("test")
+
+
+# (instruction id, kwargs as they occur in the data, a following response, a failing response)
+CASES = [
+    ("keywords:existence", {"keywords": ["correlated", "experiencing"]},
+     "People experiencing stress often report correlated symptoms.",
+     "People experiencing stress often report symptoms."),
+    ("keywords:frequency", {"relation": "at least", "keyword": "story", "frequency": 2},
+     "A story inside a Story.", "Just one story here."),
+    ("keywords:frequency", {"relation": "less than", "keyword": "fake", "frequency": 2},
+     "Nothing fake about it.", "Fake news is fake."),
+    ("keywords:forbidden_words", {"forbidden_words": ["rock"]},
+     "Rocket science is fun.", "I like ROCK music."),
+    ("keywords:letter_frequency", {"let_relation": "at least", "letter": "#", "let_frequency": 4},
+     "#one #two #three #four", "#one #two"),
+    ("keywords:letter_frequency", {"let_relation": "less than", "letter": "t", "let_frequency": 2},
+     "Only one T here? No: zero once more.", "That is it."),
+    ("language:response_language", {"language": "de"},
+     "Das ist ein schöner Tag, und wir gehen heute zusammen in den Park spazieren.",
+     "This is a lovely day, and we are going for a walk in the park together."),
+    ("language:response_language", {"language": "hi"},
+     "आज मौसम बहुत अच्छा है और हम सब पार्क में घूमने जा रहे हैं।",
+     "Today the weather is very nice and we are all going to the park."),
+    ("length_constraints:number_sentences", {"relation": "less than", "num_sentences": 6},
+     "Dr. Smith went home. He was tired. He slept.",
+     "One. Two. Three. Four. Five. Six."),
+    ("length_constraints:number_sentences", {"relation": "at least", "num_sentences": 3},
+     "It rained. We stayed in. We read books.", "Dr. Smith went home. He was tired."),
+    ("length_constraints:number_paragraphs", {"num_paragraphs": 3},
+     "First paragraph.\n***\nSecond paragraph.\n***\nThird paragraph.",
+     "First paragraph.\n***\nSecond paragraph."),
+    ("length_constraints:number_paragraphs", {"num_paragraphs": 3},
+     "***\nFirst.\n***\nSecond.\n***\nThird.\n***",  # leading/trailing dividers are tolerated
+     "First.\n***\n***\nThird."),  # an empty paragraph in the middle is not
+    ("length_constraints:number_words", {"relation": "at least", "num_words": 300},
+     "word " * 300, "word " * 299),
+    ("length_constraints:number_words", {"relation": "less than", "num_words": 100},
+     "word " * 99, "word " * 100),
+    ("length_constraints:nth_paragraph_first_word",
+     {"first_word": "weekend", "num_paragraphs": 4, "nth_paragraph": 1},
+     '"Weekend," she said, "is for rest."\n\nTwo.\n\nThree.\n\nFour.',
+     "The weekend is for rest.\n\nTwo.\n\nThree.\n\nFour."),
+    ("length_constraints:nth_paragraph_first_word",
+     {"first_word": "president", "num_paragraphs": 6, "nth_paragraph": 2},
+     "One.\n\nPresident Lincoln spoke.\n\nThree.\n\nFour.\n\nFive.\n\nSix.",
+     "One.\n\nPresident Lincoln spoke.\n\nThree.\n\nFour.\n\nFive."),  # 5 paragraphs, not 6
+    ("detectable_content:number_placeholders", {"num_placeholders": 7},
+     "Dear [name], at [address] in [city], [state] [zip] on [date] at [time].",
+     "Dear [name], at [address] in [city], [state] [zip] on [date]."),
+    ("detectable_content:postscript", {"postscript_marker": "P.P.S"},
+     "See you soon.\n\nP.P.S. Bring snacks.", "See you soon.\n\nP.S. Bring snacks."),
+    ("detectable_content:postscript", {"postscript_marker": "P.S."},
+     "See you soon.\n\np. s. Bring snacks.", "See you soon.\n\nPS Bring snacks."),
+    ("detectable_format:number_bullet_lists", {"num_bullets": 3},
+     "Reasons:\n* one\n* two\n  - three", "**Reasons**\n* one\n* two"),
+    ("detectable_format:constrained_response", {},
+     "My answer is maybe.", "Maybe, it depends."),
+    ("detectable_format:number_highlighted_sections", {"num_highlights": 3},
+     "*Intro* then **Body** and *End*.", "*Intro* then ** ** and **Body**."),
+    ("detectable_format:multiple_sections", {"section_spliter": "SECTION", "num_sections": 4},
+     "SECTION 1\na\nSECTION 2\nb\nSECTION 3\nc\nSECTION 4\nd",
+     "Section 1\na\nSection 2\nb\nSection 3\nc\nSection 4\nd"),  # the splitter is case-sensitive
+    ("detectable_format:json_format", {},
+     '```json\n{"name": "Ada", "tags": [1, 2]}\n```', 'Here is the JSON: {"name": "Ada"}'),
+    ("detectable_format:title", {},
+     "<<Ode to Joy>>\nA poem follows.", "Ode to Joy\nA poem follows. << >>"),
+    ("combination:two_responses", {},
+     "First answer.\n******\nSecond answer.", "Same answer.\n******\nSame answer."),
+    ("combination:repeat_prompt",
+     {"prompt_to_repeat": 'Write a funny haiku about moms, containing keywords "mom" and "mother" in your response.'},
+     'write a funny haiku about moms, containing keywords "mom" and "mother" in your response.\nMom...',
+     "Mom is my mother."),
+    ("startend:end_checker", {"end_phrase": "Is there anything else I can help with?"},
+     "Here is the plan. Is there anything else I can help with?",
+     "Is there anything else I can help with? Bye."),
+    ("startend:quotation", {}, '"Hello, world."', 'He said "hello".'),
+    ("change_case:capital_word_frequency", {"capital_relation": "less than", "capital_frequency": 10},
+     "NASA and the USA are TWO names.", " ".join(["WORD"] * 10)),
+    ("change_case:capital_word_frequency", {"capital_relation": "at least", "capital_frequency": 1},
+     "I CAN'T believe it.", "nothing shouts here."),
+    ("change_case:english_capital", {},
+     "THIS IS A SHORT ANSWER WRITTEN ENTIRELY IN CAPITAL LETTERS.", "This Is Not All Capitals."),
+    ("change_case:english_capital", {},
+     "THE WEATHER IS NICE TODAY AND WE ARE GOING TO THE PARK.",
+     "DAS IST EIN SCHÖNER TAG UND WIR GEHEN HEUTE ZUSAMMEN IN DEN PARK."),  # capitals, but not English
+    ("change_case:english_lowercase", {},
+     "this is a short answer in lowercase letters only.", "this has one Capital."),
+    ("punctuation:no_comma", {}, "No commas here at all.", "Yes, commas."),
+]
+
+
+def test_every_instruction_type_has_cases():
+    assert {c[0] for c in CASES} == set(INSTRUCTIONS)
+    assert len(INSTRUCTIONS) == 25
+
+
+@pytest.mark.parametrize("instruction_id,kwargs,good,bad", CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
+def test_checker_pass_and_fail(instruction_id, kwargs, good, bad):
+    assert not missing_params(instruction_id, kwargs)
+    assert check_instruction(instruction_id, kwargs, good) is True
+    assert check_instruction(instruction_id, kwargs, bad) is False
+
+
+def test_text_primitives():
+    assert count_words("Hello, world! It's 2024.") == 5  # Hello world It s 2024
+    assert count_words("हिन्दी भाषा") == 2  # vowel signs stay inside their word
+    assert count_sentences("Dr. Smith went home. He was tired.") == 2  # Punkt knows "Dr."
+    assert count_sentences("a line\nwith a break but one sentence.") == 1
+    assert count_sentences("") == 0
+    assert count_capital_words("The U.S. and NASA, OK?") == 3
+    assert detect_language("1234 !!! ...") is None
+    text = "Ceci est une phrase en français, écrite pour le test."
+    assert detect_language(text) == detect_language(text) == "fr"  # seeded: repeatable
+
+
+def test_loose_variants_are_the_standard_eight():
+    variants = loose_variants("Sure:\n*body*\nBye")
+    assert variants == ["Sure:\n*body*\nBye", "*body*\nBye", "Sure:\n*body*", "*body*",
+                        "Sure:\nbody\nBye", "body\nBye", "Sure:\nbody", "body"]
+
+
+LOOSE_ONLY = [
+    # markdown-bold closing: the end phrase is followed by "**" as written
+    ({"instruction_id_list": ["startend:end_checker"],
+      "kwargs": [{"end_phrase": "Is there anything else I can help with?"}]},
+     "Here is the plan.\n**Is there anything else I can help with?**"),
+    # a chatty first line breaks the quotation and brings a comma
+    ({"instruction_id_list": ["startend:quotation", "punctuation:no_comma"], "kwargs": [{}, {}]},
+     'Sure, here it is:\n"A quoted answer without any commas."'),
+    # a markdown-wrapped JSON object (bold markers around it)
+    ({"instruction_id_list": ["detectable_format:json_format"], "kwargs": [{}]},
+     '**{"answer": 42}**'),
+    # a sign-off line after the requested ending
+    ({"instruction_id_list": ["startend:end_checker"], "kwargs": [{"end_phrase": "Peace!"}]},
+     "We stand together. Peace!\nLet me know if you need more."),
+]
+
+
+@pytest.mark.parametrize("example,response", LOOSE_ONLY)
+def test_loose_accepts_what_strict_rejects(task, example, response):
+    result = evaluate(response, example)
+    assert not result.prompt_strict and result.prompt_loose
+    assert task.score(response, example) == 0.0
+    details = task.details(response, example)
+    assert details["prompt_strict"] is False and details["prompt_loose"] is True
+    assert all(details["loose"]) and not all(details["strict"])
+
+
+def test_blank_and_hopeless_responses_fail_both(task):
+    example = {"instruction_id_list": ["punctuation:no_comma", "startend:quotation"], "kwargs": [{}, {}]}
+    for response in ("", "   \n\t"):  # blank: no instruction is followed, even "no comma"
+        result = evaluate(response, example)
+        assert result.strict == result.loose == (False, False)
+    result = evaluate("Nope, not quoted.", example)
+    assert result.strict == result.loose == (False, False)
+    assert task.score("   ", {"instruction_id_list": ["punctuation:no_comma"], "kwargs": [{}]}) == 0.0
+
+
+def test_aggregate_on_a_hand_made_set(task):
+    both = {"instruction_id_list": ["startend:quotation", "punctuation:no_comma"], "kwargs": [{}, {}]}
+    title = {"instruction_id_list": ["detectable_format:title", "punctuation:no_comma"], "kwargs": [{}, {}]}
+    pairs = [
+        (both, '"Hello world"'),  # strict 2/2
+        (both, 'Sure, here you go:\n"Hello world"'),  # strict 0/2, loose 2/2
+        (title, "No title, sorry."),  # 0/2 both
+        ({"instruction_id_list": ["punctuation:no_comma"], "kwargs": [{}]}, "Fine."),  # strict 1/1
+    ]
+    records = [{"score": task.score(c, ex), **task.details(c, ex)} for ex, c in pairs]
+    assert [r["score"] for r in records] == [1.0, 0.0, 0.0, 1.0]
+    agg = task.aggregate(records)
+    assert agg["n"] == 4 and agg["n_instructions"] == 7
+    assert agg["accuracy"] == agg["prompt_strict"] == pytest.approx(2 / 4)
+    assert agg["prompt_loose"] == pytest.approx(3 / 4)
+    assert agg["instruction_strict"] == pytest.approx(3 / 7)
+    assert agg["instruction_loose"] == pytest.approx(5 / 7)
+    assert agg["ci95"] == list(wilson_interval(2, 4))
+    assert task.aggregate([])["n"] == 0
+
+
+def test_bundled_data_loads_and_every_instruction_is_supported(task, rows):
+    assert len(rows) == 541
+    assert len({r["key"] for r in rows}) == 541
+    n_instructions = 0
+    for r in rows:
+        assert set(r) == {"key", "prompt", "instruction_id_list", "kwargs"}
+        assert len(r["instruction_id_list"]) == len(r["kwargs"])
+        for instruction_id, kwargs in zip(r["instruction_id_list"], r["kwargs"]):
+            assert missing_params(instruction_id, kwargs) == [], (r["key"], instruction_id)
+            n_instructions += 1
+    assert n_instructions == 834
+    assert {i for r in rows for i in r["instruction_id_list"]} == set(INSTRUCTIONS)
+    assert task.load("test", limit=3) == rows[:3]
+    with pytest.raises(ValueError):
+        task.load("train")
+
+
+def test_registry_and_prompt(task, rows):
+    assert isinstance(get_task("ifeval"), IFEvalTask)
+    assert task.splits == ("test",)
+    messages = task.prompt(rows[0])
+    assert messages == [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": rows[0]["prompt"]}]
+
+
+def test_reward_function_uses_the_score(task, rows):
+    ex = {"instruction_id_list": ["punctuation:no_comma"], "kwargs": [{}], "prompt": "p"}
+    reward = task.reward_function()
+    out = reward(["no comma here", [{"role": "assistant", "content": "a, b"}]],
+                 prompt=["p", "p"], instruction_id_list=[ex["instruction_id_list"]] * 2, kwargs=[ex["kwargs"]] * 2)
+    assert out == [1.0, 0.0]
+
+
+def test_odd_inputs_never_raise(task, rows):
+    weird_examples = [
+        {},
+        {"instruction_id_list": ["no:such_instruction"], "kwargs": [{}]},
+        {"instruction_id_list": ["keywords:frequency"], "kwargs": [{"keyword": "x"}]},  # missing params
+        {"instruction_id_list": ["keywords:frequency"], "kwargs": [{"keyword": "x", "frequency": 1,
+                                                                     "relation": "about"}]},  # bad relation
+        {"instruction_id_list": ["punctuation:no_comma", "startend:quotation"], "kwargs": [{}]},  # short kwargs
+        {"instruction_id_list": ["punctuation:no_comma"], "kwargs": ["not a dict"]},
+        {"instruction_id_list": "punctuation:no_comma", "kwargs": None},  # a string, not a list
+        {"instruction_id_list": ["length_constraints:number_words"],  # HF style: None for unused params
+         "kwargs": [{"num_words": 2, "relation": "at least", "keyword": None}]},
+    ]
+    for completion in (None, "", 42, [{"role": "assistant", "content": "hi there"}], "hi there", "[" * 50_000):
+        for ex in weird_examples + rows[:5]:
+            assert task.score(completion, ex) in (0.0, 1.0)
+            d = task.details(completion, ex)
+            assert len(d["strict"]) == len(d["loose"]) == len(d["instruction_ids"])
+    assert task.score("hi there", weird_examples[-1]) == 1.0  # None-valued params are ignored
+
+
+_JUNK_TOKENS = [
+    "the", "CAT", "word", "é", "日本語", "हिन्दी", "Привет", "🙂", " ", "  ", "\n", "\n\n", "\t", "*", "**", "***",
+    "******", "-", "[", "]", "<<", ">>", '"', "'", ",", ".", "!", "?", "P.S.", "P.P.S", "SECTION 1", "Section",
+    "{", "}", ":", "```json", "```", "My answer is yes.", "#", "U.S.", "can't", "0", "42", "\\", "\x00", "\u200b",
+]
+
+
+def test_fuzz_10000_junk_completions(task, rows):
+    rng = random.Random(1234)
+    completions = ["".join(rng.choice(_JUNK_TOKENS) for _ in range(rng.randint(0, 300))) for _ in range(10_000)]
+    examples = [rng.choice(rows) for _ in completions]
+    start = time.perf_counter()
+    scores = [task.score(c, ex) for c, ex in zip(completions, examples)]
+    elapsed = time.perf_counter() - start
+    print(f"\nIFEval fuzz: scored 10,000 junk completions in {elapsed:.2f} s")
+    assert set(scores) <= {0.0, 1.0}
+    assert elapsed < 30.0  # "well under a minute"; about 4 s on the 2-core dev machine
+    # the loose path (8 variants per instruction) on a tenth of them, consistent with the strict score
+    for c, ex, s in list(zip(completions, examples, scores))[:1000]:
+        d = task.details(c, ex)
+        assert d["prompt_strict"] == (s == 1.0)
+        assert all(lo or not st for st, lo in zip(d["strict"], d["loose"]))  # strict pass => loose pass
