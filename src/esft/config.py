@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import difflib
 import dataclasses
 import inspect
 import textwrap
@@ -127,7 +128,7 @@ def coerce(cls: type, values: Mapping[str, Any], source: str) -> dict[str, Any]:
     for key, value in values.items():
         name = key.replace("-", "_")
         if name not in names:
-            close = [n for n in names if n.split("_")[0] == name.split("_")[0]]
+            close = difflib.get_close_matches(name, list(names), n=3)
             hint = f" (did you mean {', '.join(close)}?)" if close else ""
             raise ValueError(f"{source}: unknown option {key!r}{hint}")
         if isinstance(value, str) and hints[name] is not str:

@@ -1,0 +1,40 @@
+"""Shared fixtures. Run the whole suite with `pytest -q`; the quick part with `pytest -q -m "not slow"`.
+
+`tokenizer` is the real SmolLM2 tokenizer (from the embedded model, converted once to the esft cache);
+`tiny_model` is a random-init Llama with that vocabulary, small enough for trainer tests on CPU.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never touch the network
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    from esft.models import load_tokenizer
+
+    return load_tokenizer("smollm2-135m")
+
+
+def make_tiny_model(vocab_size: int = 49152, seed: int = 0, hidden: int = 64, layers: int = 2):
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden,
+                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=2048, tie_word_embeddings=True,
+                         bos_token_id=1, eos_token_id=2, pad_token_id=2)
+    model = LlamaForCausalLM(config).eval()
+    model.requires_grad_(False)
+    return model
+
+
+@pytest.fixture()
+def tiny_model():
+    return make_tiny_model()

@@ -1,0 +1,67 @@
+"""Config plumbing: dataclass -> flags, presets, YAML. Run: `pytest tests/test_config.py -q`."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+
+import pytest
+
+from esft.config import add_dataclass_arguments, build_config, field_docs
+
+
+@dataclass
+class Demo:
+    lr: float = 0.1
+    """Step size."""
+    steps: int = 3
+    """How many steps."""
+    tasks: list[str] = field(default_factory=lambda: ["a"])
+    """Task names."""
+    limit: int | None = None
+    """Optional cap."""
+    fast: bool = False
+    """Go fast."""
+
+
+PRESETS = {"big": {"steps": 100, "lr": 0.5}}
+
+
+def test_field_docs_read_from_source():
+    docs = field_docs(Demo)
+    assert docs["lr"] == "Step size."
+    assert docs["limit"] == "Optional cap."
+
+
+def test_priority_defaults_preset_file_flags(tmp_path):
+    cfg_file = tmp_path / "run.yaml"
+    cfg_file.write_text("steps: 7\ntasks: [x, y]\n")
+    cfg = build_config(Demo, PRESETS, "big", str(cfg_file), {"lr": 0.25})
+    assert (cfg.lr, cfg.steps, cfg.tasks, cfg.limit) == (0.25, 7, ["x", "y"], None)
+
+
+def test_preset_named_inside_yaml(tmp_path):
+    cfg_file = tmp_path / "run.yaml"
+    cfg_file.write_text("preset: big\nsteps: 9\n")
+    cfg = build_config(Demo, PRESETS, None, str(cfg_file), {})
+    assert (cfg.lr, cfg.steps) == (0.5, 9)
+
+
+def test_unknown_yaml_key_is_named(tmp_path):
+    cfg_file = tmp_path / "run.yaml"
+    cfg_file.write_text("step: 7\n")
+    with pytest.raises(ValueError, match=r"unknown option 'step'.*steps"):
+        build_config(Demo, PRESETS, None, str(cfg_file), {})
+
+
+def test_unknown_preset():
+    with pytest.raises(ValueError, match="unknown preset 'huge'"):
+        build_config(Demo, PRESETS, "huge")
+
+
+def test_flags_parse_types_and_leave_unset_flags_out():
+    p = argparse.ArgumentParser()
+    add_dataclass_arguments(p, Demo)
+    ns = vars(p.parse_args(["--tasks", "a,b", "--limit", "none", "--fast", "--lr", "1e-3"]))
+    assert ns == {"tasks": ["a", "b"], "limit": None, "fast": True, "lr": 1e-3}
+    assert vars(p.parse_args(["--limit", "5"])) == {"limit": 5}

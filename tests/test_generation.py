@@ -1,0 +1,68 @@
+"""Batched generation. Run: `pytest tests/test_generation.py -q`.
+
+The esft decode loop (drops finished rows from the batch and KV cache) must give exactly the greedy tokens of
+`model.generate` on the same inputs, whatever the batch composition.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from esft.generation import GenerationConfig, encode_prompts, generate, left_pad, sample_next
+
+PROMPTS = [
+    [{"role": "system", "content": "Answer with \\boxed{yes} or \\boxed{no}."},
+     {"role": "user", "content": "Is water wet?"}],
+    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name three primes and explain."}],
+    "plain text prompt without template",
+    [{"role": "user", "content": "x"}],
+]
+
+
+def test_left_pad_and_mask():
+    ids, mask = left_pad([[5, 6, 7], [8]], pad_id=2, device="cpu")
+    assert ids.tolist() == [[5, 6, 7], [2, 2, 8]]
+    assert mask.tolist() == [[1, 1, 1], [0, 0, 1]]
+
+
+def test_chat_template_ends_with_generation_prompt(tokenizer):
+    (ids,) = encode_prompts(tokenizer, PROMPTS[:1])
+    assert tokenizer.decode(ids).endswith("<|im_start|>assistant\n")
+
+
+def test_esft_engine_matches_hf_generate_greedy(tiny_model, tokenizer):
+    # An eos-heavy random model: bias the eos logit so some rows stop early and get dropped mid-batch.
+    with torch.no_grad():
+        tiny_model.lm_head.weight[2] += 0.02 * torch.randn_like(tiny_model.lm_head.weight[2])
+    cfg = dict(max_new_tokens=24, batch_size=4)
+    ours = generate(tiny_model, tokenizer, PROMPTS, GenerationConfig(engine="esft", **cfg))
+    ref = generate(tiny_model, tokenizer, PROMPTS, GenerationConfig(engine="hf", **cfg))
+    assert [g.completion_ids for g in ours] == [g.completion_ids for g in ref]
+    assert [g.text for g in ours] == [g.text for g in ref]
+    assert all(len(g.completion_ids) <= 24 for g in ours)
+
+
+def test_order_preserved_and_batch_size_invariant(tiny_model, tokenizer):
+    a = generate(tiny_model, tokenizer, PROMPTS, GenerationConfig(max_new_tokens=8, batch_size=1))
+    b = generate(tiny_model, tokenizer, PROMPTS[::-1], GenerationConfig(max_new_tokens=8, batch_size=3))
+    assert [g.completion_ids for g in a] == [g.completion_ids for g in b[::-1]]
+    assert [g.prompt_tokens for g in a] == [len(x) for x in encode_prompts(tokenizer, PROMPTS)]
+
+
+def test_eos_truncation_and_finished_flag(tiny_model, tokenizer):
+    with torch.no_grad():  # make eos (id 2) the argmax everywhere
+        tiny_model.lm_head.weight[2] = tiny_model.model.embed_tokens.weight.abs().max() * 50
+    (g,) = generate(tiny_model, tokenizer, PROMPTS[:1], GenerationConfig(max_new_tokens=5))
+    assert g.completion_ids == [2] and g.finished and g.text == ""
+
+
+def test_sampling_is_seeded_and_respects_top_p():
+    logits = torch.tensor([[5.0, 4.0, -10.0, -10.0]] * 200)
+    g1 = torch.Generator().manual_seed(1)
+    g2 = torch.Generator().manual_seed(1)
+    a = sample_next(logits, 1.0, 0.9, g1)
+    b = sample_next(logits, 1.0, 0.9, g2)
+    assert torch.equal(a, b)
+    assert set(a.tolist()) <= {0, 1} and 0 in a.tolist() and 1 in a.tolist()
+    assert set(sample_next(logits, 1.0, 0.5, g1).tolist()) == {0}  # nucleus of mass 0.5 is the top token
+    assert sample_next(logits, 0.0, 1.0, None).tolist() == [0] * 200
