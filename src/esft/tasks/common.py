@@ -1,0 +1,76 @@
+"""Helpers shared by the task modules: cached bundled data, seeded sampling, Hugging Face hub loading.
+
+Kept out of `base.py` so the public `Task` contract stays small.
+"""
+
+from __future__ import annotations
+
+import random
+from functools import lru_cache
+from typing import Any, Callable, Sequence, TypeVar
+
+from esft.tasks.base import Example, read_bundled_jsonl
+
+T = TypeVar("T")
+
+#: Seed for every data split (train samples, shuffles). Splits must not move when training seeds change.
+SPLIT_SEED = 42
+#: Train-split size of every trained task (paper: 200 examples, the whole ES batch).
+TRAIN_SIZE = 200
+#: Test-split size of the tasks with a 2,000-example test set (paper Table 19).
+TEST_SIZE = 2000
+
+
+@lru_cache(maxsize=None)
+def bundled(filename: str) -> tuple[Example, ...]:
+    """Parsed rows of a bundled file, read once per process. Callers must not mutate the rows
+    (every task builds fresh example dicts from them)."""
+    return tuple(read_bundled_jsonl(filename))
+
+
+def seeded_sample(rows: Sequence[T], k: int, seed: int = SPLIT_SEED) -> list[T]:
+    """`k` rows drawn without replacement by `random.Random(seed)` (order = draw order)."""
+    return random.Random(seed).sample(list(rows), min(k, len(rows)))
+
+
+def seeded_shuffle(rows: Sequence[T], seed: int = SPLIT_SEED) -> list[T]:
+    out = list(rows)
+    random.Random(seed).shuffle(out)
+    return out
+
+
+def parse_hf_spec(spec: str, default_config: str | None = None) -> tuple[str, str | None]:
+    """`"owner/name"` or `"owner/name:config"` -> (dataset, config)."""
+    name, sep, config = spec.strip().partition(":")
+    if not name:
+        raise ValueError(f"empty hf_dataset spec {spec!r}")
+    return name, (config if sep and config else default_config)
+
+
+def load_hub_rows(spec: str, split: str, default_config: str | None = None) -> list[dict[str, Any]]:
+    """Rows of one split of a Hugging Face hub dataset, as plain dicts.
+
+    `split` accepts the `datasets` slicing syntax (e.g. "train[:10002]"). `datasets` is imported lazily: it is
+    an optional dependency (`pip install 'esft[hub]'`) and the bundled data is the default everywhere.
+    """
+    try:
+        import datasets  # noqa: PLC0415 - optional dependency, imported on demand
+    except ImportError as exc:
+        raise RuntimeError(
+            f"hf_dataset={spec!r} needs the `datasets` package (pip install 'esft[hub]'); "
+            "leave hf_dataset unset to use the bundled data"
+        ) from exc
+    name, config = parse_hf_spec(spec, default_config)
+    try:
+        ds = datasets.load_dataset(name, config, split=split)
+    except Exception as exc:  # network errors, unknown split/config: all reported the same clear way
+        raise RuntimeError(
+            f"could not load Hugging Face dataset {name!r} (config {config!r}, split {split!r}): "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc
+    return [dict(row) for row in ds]
+
+
+def map_rows(rows: Sequence[dict[str, Any]], fn: Callable[[dict[str, Any], int], Example]) -> list[Example]:
+    """Apply a field-mapping function `fn(row, index)` to every row."""
+    return [fn(row, i) for i, row in enumerate(rows)]

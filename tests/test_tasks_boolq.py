@@ -1,0 +1,151 @@
+"""BoolQ task: boxed yes/no scoring, splits carved from dev, prompt with the format in the user turn.
+
+Run: pytest tests/test_tasks_boolq.py -q
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from esft.tasks import get_task
+from esft.tasks.boolq import BoolQTask, hub_row_to_example, parse_yes_no, truncate_passage
+
+YES = {"question": "is the sky blue", "title": "Sky", "passage": "The sky is blue.", "answer": True}
+NO = dict(YES, answer=False)
+
+
+@pytest.fixture(scope="module")
+def task() -> BoolQTask:
+    return get_task("boolq")
+
+
+@pytest.mark.parametrize("boxed, value", [
+    ("yes", True), ("Yes", True), ("YES", True), (" yes ", True), ("true", True), ("True", True), ("1", True),
+    ("no", False), ("No", False), ("false", False), ("FALSE", False), ("0", False),
+    ("\\text{yes}", True), ("\\textbf{No}", False), ("yes.", True),
+    ("maybe", None), ("yes or no", None), ("y", None), ("", None), ("2", None), ("oui", None),
+    ("yes, because", None), ("\\text{yes} \\text{no}", None), ("{yes}", None), ("yes" * 100, None),
+])
+def test_parse_yes_no(boxed, value):
+    assert parse_yes_no(boxed) is value
+
+
+@pytest.mark.parametrize("completion, gold, score", [
+    ("The passage says so. \\boxed{yes}", YES, 1.0),
+    ("\\boxed{Yes}", YES, 1.0),
+    ("\\boxed{no}", YES, 0.0),
+    ("\\boxed{no}", NO, 1.0),
+    ("\\boxed{false}", NO, 1.0),
+    ("\\boxed{yes} ... wait, actually \\boxed{no}", NO, 1.0),   # last box wins
+    ("\\boxed{no} ... wait, actually \\boxed{yes}", NO, 0.0),
+    ("Yes.", YES, 0.0),                                          # unboxed answers do not count
+    ("\\boxed{yes", YES, 0.0),
+    ("\\boxed{\\boxed{yes}}", YES, 1.0),
+    ("\\boxed{maybe}", NO, 0.0),
+    ("\\boxed{yes}", dict(YES, answer="yes"), 1.0),               # string gold labels are understood
+    ("\\boxed{yes}", dict(YES, answer="False"), 0.0),
+])
+def test_score(task, completion, gold, score):
+    assert task.score(completion, gold) == score
+
+
+def test_well_formed_and_details(task):
+    assert task.is_well_formed("\\boxed{No}", YES)
+    assert not task.is_well_formed("\\boxed{maybe}", YES) and not task.is_well_formed("no", YES)
+    assert task.details("\\boxed{TRUE}", YES) == {"extracted": "yes", "boxed": "TRUE"}
+    assert task.details("nothing", YES) == {"extracted": None, "boxed": None}
+
+
+@pytest.mark.parametrize("completion", [
+    "\\boxed{" + "y" * 1_000_000 + "}",
+    "\\boxed{" * 100_000,
+    "x" * 1_000_000,
+    "\\boxed{" + "{" * 10_000 + "yes" + "}" * 10_000 + "}",
+    "\\boxed{\x00yes}",
+    "\\boxed{ｙｅｓ}",
+])
+def test_adversarial_inputs_are_fast_and_zero(task, completion):
+    start = time.perf_counter()
+    assert task.score(completion, YES) == 0.0
+    task.details(completion, YES)
+    assert time.perf_counter() - start < 1.0
+
+
+def test_malformed_example_scores_zero(task):
+    assert task.score("\\boxed{yes}", {}) == 0.0
+    assert task.score("\\boxed{yes}", {"answer": None}) == 0.0
+
+
+# ---- splits -------------------------------------------------------------------------------------------------------
+def test_split_sizes(task):
+    assert len(task.load("test")) == 2000
+    assert len(task.load("train")) == 200
+    assert len(task.load("train_pool")) == 1270
+
+
+def test_splits_deterministic_and_disjoint(task):
+    test = task.load("test")
+    assert [r["id"] for r in test[:2]] == ["dev/0", "dev/1"] and test[-1]["id"] == "dev/1999"
+    train = task.load("train")
+    assert [r["id"] for r in BoolQTask().load("train")] == [r["id"] for r in train]
+    assert train[0]["id"] == "dev/2228"  # pinned: random.Random(42) sample of dev[2000:]
+    assert not {r["id"] for r in train} & {r["id"] for r in test}
+    assert {r["id"] for r in train} <= {r["id"] for r in task.load("train_pool")}
+    assert 0.5 < sum(r["answer"] for r in test) / 2000 < 0.75  # the known ~62% yes rate
+    assert all(isinstance(r["answer"], bool) for r in train)
+
+
+# ---- prompt -----------------------------------------------------------------------------------------------------
+def test_prompt_states_the_format_in_system_and_user_turn(task):
+    system, user = task.prompt(YES)
+    assert "\\boxed{yes}" in system["content"] and "\\boxed{no}" in system["content"]
+    assert user["content"].endswith("Answer with \\boxed{yes} or \\boxed{no}.")
+    assert "Question: Is the sky blue?" in user["content"]
+    assert "Passage: The sky is blue." in user["content"] and "Title: Sky" in user["content"]
+
+
+def test_truncate_passage():
+    text = "alpha beta gamma delta"
+    assert truncate_passage(text, None) == text
+    assert truncate_passage(text, 100) == text
+    assert truncate_passage(text, 13) == "alpha beta ..."      # never cuts a word in half
+    assert truncate_passage(text, 3) == "alp ..."             # a single long word is cut
+    assert truncate_passage("a" * 500, 400) == "a" * 400 + " ..."
+
+
+def test_max_passage_chars_option():
+    short = get_task("boolq", max_passage_chars=400)
+    ex = short.load("test")[0]
+    assert len(ex["passage"]) > 400  # data untouched; only the prompt is cut
+    user = short.prompt(ex)[1]["content"]
+    passage = user.split("Passage: ", 1)[1].split("\n\nQuestion:", 1)[0]
+    assert passage.endswith(" ...") and len(passage) <= 404
+    assert ex["passage"].startswith(passage[:-4])
+    with pytest.raises(ValueError):
+        BoolQTask(max_passage_chars=0)
+
+
+def test_hub_row_mapping():
+    row = {"question": "is it", "answer": True, "passage": "p"}
+    assert hub_row_to_example(row, 3) == {"id": "hf/3", "question": "is it", "title": "", "passage": "p",
+                                          "answer": True}
+
+
+def test_aggregate_reports_box_rate_and_majority_baseline(task):
+    examples = [YES, YES, YES, NO]
+    completions = ["\\boxed{yes}", "\\boxed{yes}", "no box", "\\boxed{yes}"]
+    records = []
+    for c, ex in zip(completions, examples):
+        rec = {"score": task.score(c, ex), "well_formed": task.is_well_formed(c, ex), "example": ex}
+        rec.update(task.details(c, ex))
+        records.append(rec)
+    summary = task.aggregate(records)
+    assert summary["accuracy"] == 0.5 and summary["format_rate"] == 0.75
+    assert summary["boxed_rate"] == 0.75
+    assert summary["accuracy_among_boxed"] == pytest.approx(2 / 3)
+    assert summary["yes_rate_among_boxed"] == 1.0   # an all-"yes" model shows up here
+    assert summary["majority_baseline"] == 0.75
+    bare = task.aggregate([{"score": 0.0}])           # records without details still aggregate
+    assert bare["boxed_rate"] == 0.0 and bare["accuracy_among_boxed"] is None and "majority_baseline" not in bare

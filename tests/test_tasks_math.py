@@ -1,0 +1,192 @@
+"""MATH task: boxed-answer extraction, normalisation, numeric fallback, splits, prompt.
+
+Run: pytest tests/test_tasks_math.py -q
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from esft.tasks import get_task
+from esft.tasks.hendrycks_math import MathTask, answers_match, hub_row_to_example, normalize_answer, parse_number
+
+
+@pytest.fixture(scope="module")
+def task() -> MathTask:
+    return get_task("math")
+
+
+def ex(answer: str) -> dict:
+    return {"problem": "...", "answer": answer}
+
+
+# ---- equivalences the normaliser must find (gold, prediction) ----------------------------------------------------
+@pytest.mark.parametrize("gold, pred", [
+    ("\\dfrac{17}{50}", "\\frac{17}{50}"),
+    ("\\dfrac{17}{50}", "0.34"),                        # numeric fallback
+    ("\\frac{3}{56}", "\\tfrac{3}{56}"),
+    ("\\frac43", "\\frac{4}{3}"),                        # short \frac forms
+    ("\\frac9{19}", "9/19"),
+    ("\\frac{270}7\\text{ degrees}", "\\frac{270}{7}"),  # units in \text{ ...}
+    ("864 \\mbox{ inches}^2", "864"),
+    ("15\\mbox{ cm}^2", "15 \\text{ cm}^2"),
+    ("90^\\circ", "90"),
+    ("90^\\circ", "90^{\\circ}"),
+    ("145^\\circ", "145°"),
+    ("\\$18.90", "18.90"),
+    ("\\$18.90", "\\$18.9"),
+    ("\\$36", "$36$"),
+    ("10,\\!080", "10080"),                             # thousands separator with \!
+    ("11,\\! 111,\\! 111,\\! 100", "11111111100"),
+    ("58,500", "58500"),
+    ("x=5", "5"),
+    ("5", "x = 5"),
+    ("y = 2x + 3", "2x+3"),
+    ("\\text{Evelyn}", "Evelyn"),
+    ("\\text{(C)}", "C"),
+    ("\\text{(C)}", "(C)"),
+    ("\\left( 3, \\frac{\\pi}{2} \\right)", "(3,\\frac{\\pi}{2})"),
+    ("\\left[ \\frac{\\pi^2}{8}, \\frac{5 \\pi^2}{4} \\right]", "[\\frac{\\pi^2}{8},\\frac{5\\pi^2}{4}]"),
+    ("11\\sqrt2", "11\\sqrt{2}"),
+    ("6 - 5i", "6-5i"),
+    ("-\\frac{1}{2}", "-0.5"),
+    ("-\\frac{1}{2}", "\\frac{-1}{2}"),
+    ("-\\frac{1}{2}", "-1/2"),
+    (".35625", "0.35625"),
+    ("0", "0.0"),
+    ("-9", "-9."),                                       # trailing period
+    ("12", "12\\%"),
+    ("1/3", "0.3333333"),                                # within 1e-6
+    ("\\begin{pmatrix} -1 & 0 \\\\ 0 & -1 \\end{pmatrix}", "\\begin{pmatrix}-1&0\\\\0&-1\\end{pmatrix}"),
+])
+def test_equivalent_answers_match(task, gold, pred):
+    assert task.score(f"The answer is $\\boxed{{{pred}}}$.", ex(gold)) == 1.0, (normalize_answer(gold), normalize_answer(pred))
+
+
+@pytest.mark.parametrize("gold, pred", [
+    ("\\frac{1}{2}", "\\frac{1}{3}"),
+    ("1/3", "0.3333"),                                   # off by 3.3e-5 > 1e-6
+    ("5", "-5"),
+    ("5", "55"),
+    ("\\sqrt{2}", "\\sqrt{3}"),
+    ("\\sqrt{2}", "1.41421356"),                         # irrational gold: no numeric fallback
+    ("(3,\\frac{\\pi}{2})", "(3,\\frac{\\pi}{3})"),
+    ("\\text{Evelyn}", "Bob"),
+    ("10", ""),
+    ("0", "\\text{}"),
+    ("3", "3,4"),
+    ("\\begin{pmatrix} -1 \\\\ 2 \\end{pmatrix}", "\\begin{pmatrix} -1 & 2 \\end{pmatrix}"),  # column vs row
+])
+def test_different_answers_do_not_match(task, gold, pred):
+    assert task.score(f"\\boxed{{{pred}}}", ex(gold)) == 0.0
+
+
+def test_last_box_with_nested_braces_wins(task):
+    completion = "First guess \\boxed{3}. Actually $\\boxed{\\frac{\\sqrt{3}}{2}}$."
+    assert task.score(completion, ex("\\frac{\\sqrt{3}}{2}")) == 1.0
+    assert task.score(completion, ex("3")) == 0.0
+    assert task.details(completion, ex("3"))["extracted"] == "\\frac{\\sqrt{3}}{2}"
+
+
+def test_no_box_scores_zero_and_is_not_well_formed(task):
+    assert task.score("The answer is 5.", ex("5")) == 0.0
+    assert not task.is_well_formed("The answer is 5.", ex("5"))
+    assert not task.is_well_formed("\\boxed{ }", ex("5"))
+    assert task.is_well_formed("\\boxed{5}", ex("6"))
+
+
+def test_parse_number():
+    assert parse_number("3") == 3 and parse_number("-2.5") == -2.5 and parse_number(".5") == 0.5
+    assert parse_number("\\frac{3}{4}") == 0.75 and parse_number("-\\frac{3}{4}") == -0.75
+    assert parse_number("1,000,000") == 1_000_000
+    assert parse_number("1/0") is None and parse_number("\\frac{1}{0}") is None
+    assert parse_number("٣") is None            # non-ASCII digits are not numbers here
+    assert parse_number("1" * 100) is None      # too long to bother
+    assert parse_number("(1,2)") is None and parse_number("x") is None
+
+
+def test_normalize_keeps_row_breaks():
+    assert normalize_answer("\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}") == "\\begin{pmatrix}1\\\\2\\end{pmatrix}"
+
+
+def test_two_empty_answers_do_not_match():
+    assert not answers_match("", "")
+    assert not answers_match("\\text{ }", "")
+
+
+# ---- adversarial ------------------------------------------------------------------------------------------------
+ADVERSARIAL = [
+    "\\boxed{" + "{" * 10_000 + "5" + "}" * 10_000 + "}",
+    "\\boxed{" + "\\text{" * 5000 + "5" + "}" * 5000 + "}",
+    "\\boxed{" + "9" * 100_000 + "}",
+    "\\boxed{" + "1" * 500 + "}",
+    "\\boxed{" * 100_000,
+    "x" * 1_000_000,
+    "\\boxed{5}" * 20_000,  # many boxes; the last is 5
+    "\\boxed{\\frac{1}{0}}",
+    "\\boxed{1/0}",
+    "\\boxed{\\frac{" + "9" * 5000 + "}{7}}",
+    "\\boxed{\\text{\\text{\\text{}}}}",
+    "\\boxed{\\left\\right\\left}",
+    "\\boxed{😀 ∞ ½}",
+    "\\boxed{\x00\x01}",
+    "\\boxed{1e999999}",
+    "\\boxed{" + "\\!" * 50_000 + "}",
+]
+
+
+@pytest.mark.parametrize("completion", ADVERSARIAL, ids=range(len(ADVERSARIAL)))
+def test_adversarial_inputs_are_fast_and_safe(task, completion):
+    start = time.perf_counter()
+    score = task.score(completion, ex("5"))
+    task.details(completion, ex("5"))
+    task.is_well_formed(completion, ex("5"))
+    assert time.perf_counter() - start < 1.0
+    assert score == (1.0 if completion == ADVERSARIAL[6] else 0.0)
+
+
+def test_malformed_example_scores_zero(task):
+    assert task.score("\\boxed{5}", {}) == 0.0
+    assert task.score("\\boxed{5}", {"answer": None}) == 0.0
+    assert task.score(None, ex("5")) == 0.0  # type: ignore[arg-type]
+
+
+# ---- splits -----------------------------------------------------------------------------------------------------
+def test_split_sizes(task):
+    assert len(task.load("test")) == 500
+    assert len(task.load("train")) == 200
+    assert len(task.load("train_pool")) == 7500
+
+
+def test_splits_deterministic_disjoint_and_mixed(task):
+    assert MathTask().load("train") == task.load("train")
+    assert task.load("test")[0]["id"] == "test/precalculus/807.json"
+    test = {r["problem"] for r in task.load("test")}
+    assert not test & {r["problem"] for r in task.load("train_pool")}
+    train = task.load("train")
+    assert len({r["id"] for r in train}) == 200
+    assert len({r["subject"] for r in train}) == 7  # the seeded sample spans both train parts' subjects
+
+
+def test_every_gold_answer_matches_itself(task):
+    for r in task.load("test") + task.load("train"):
+        assert task.score(f"\\boxed{{{r['answer']}}}", r) == 1.0, r["answer"]
+
+
+# ---- prompt and hub mapping -------------------------------------------------------------------------------------
+def test_prompt_states_the_format(task):
+    msgs = task.prompt(task.load("test")[0])
+    assert msgs[0]["role"] == "system" and "\\boxed{" in msgs[0]["content"]
+    assert msgs[1] == {"role": "user", "content": task.load("test")[0]["problem"]}
+
+
+def test_hub_row_mapping():
+    row = {"problem": "p", "solution": "s", "answer": "3", "subject": "Algebra", "level": 2, "unique_id": "test/a/1.json"}
+    assert hub_row_to_example(row, 0) == {"id": "test/a/1.json", "problem": "p", "answer": "3",
+                                          "subject": "Algebra", "level": 2}
+    # hendrycks_math-style mirrors have no `answer`: it comes from the last box of the solution
+    row = {"problem": "p", "solution": "so $\\boxed{\\frac{1}{2}}$", "type": "Geometry", "level": "Level 3"}
+    assert hub_row_to_example(row, 4) == {"id": "hf/4", "problem": "p", "answer": "\\frac{1}{2}",
+                                          "subject": "Geometry", "level": "Level 3"}

@@ -1,0 +1,206 @@
+"""SciKnowEval Chemistry and MMLU: the shared letter cascade, splits, prompts.
+
+Run: pytest tests/test_tasks_mcq.py -q
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections import Counter
+
+import pytest
+
+from esft.tasks import get_task
+from esft.tasks.mcq import (
+    ChemistryTask, MMLUTask, _last_standalone, chemistry_hub_row_to_example, extract_letter, mmlu_hub_row_to_example,
+)
+
+
+@pytest.fixture(scope="module")
+def chem() -> ChemistryTask:
+    return get_task("chemistry")
+
+
+@pytest.fixture(scope="module")
+def mmlu() -> MMLUTask:
+    return get_task("mmlu")
+
+
+# ---- the cascade ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("text, letter, level", [
+    # level 1: JSON
+    ('{"answer": "B"}', "B", 1),
+    ('{"Answer":"C"}', "C", 1),
+    ("{'answer': 'D'}", "D", 1),
+    ('Reasoning... A is tempting but wrong.\n{"answer": "C"}', "C", 1),   # JSON beats a later token
+    ('{"answer": "A"} ... on reflection {"answer": "D"}', "D", 1),        # last JSON match wins
+    ('answer: B\n{"answer": "C"}\nFinal answer: D', "C", 1),              # level 1 beats later level 2
+    # level 2: unquoted answer: X
+    ("answer: D", "D", 2),
+    ("Answer: B", "B", 2),
+    ("**Answer:** (A)", "A", 2),
+    ("**Answer**: C", "C", 2),
+    ("The final answer: [B]", "B", 2),
+    ("Answer: A. Then later I say Answer: C", "C", 2),
+    ("answer: C. Option D is wrong.", "C", 2),                           # level 2 beats a later bare token
+    # level 3: last standalone capital token
+    ("B", "B", 3),
+    ("The answer is (C).", "C", 3),
+    ("I pick **D**", "D", 3),
+    ("Option A is wrong; B is right.", "B", 3),
+    ("A", "A", 3),
+    ("A.", "A", 3),
+    ("A is correct.", "A", 3),                                            # "A is": A is being named
+    ("The answer is B. A good reason is the pKa.", "B", 3),              # sentence-initial article skipped
+    ("So B.\nA dog would agree.", "B", 3),
+    ("So C. **A** strong acid ionises fully.", "C", 3),                   # markdown before the article
+    ("The correct choice is D. A 60-year-old man ...", "D", 3),
+    ("Between A and C I choose C", "C", 3),
+    ('The letter "B"', "B", 3),
+    ("Choose A", "A", 3),                                                 # mid-sentence A counts
+])
+def test_cascade(text, letter, level):
+    assert extract_letter(text) == (letter, level)
+
+
+@pytest.mark.parametrize("text", [
+    "",
+    "I think a is right",                    # lower-case article / letter
+    "the answer is b",                       # lower case never counts
+    '{"answer": "b"}',
+    "answer: e",
+    "E",                                     # not a choice letter
+    "A dog chased the cat.",                 # only the article
+    "C-H bond, C=O group, D-glucose, A/B test, A's, H2O, CO2, ABCD, Bb",
+    "\\boxed{}",
+    "😀 ∞",
+])
+def test_no_letter(text):
+    assert extract_letter(text) == (None, None)
+
+
+def test_windowed_backward_scan_equals_a_full_forward_scan():
+    # The level-3 scan works backwards in windows for speed; tiny windows must give the same answer.
+    rng = random.Random(0)
+    pieces = ["A", "B", "C", "D", " ", ".", "\n", "a", "-", "x", "dog ", "is ", "**", "(", "'", "’", "s"]
+    for _ in range(2000):
+        text = "".join(rng.choices(pieces, k=rng.randint(0, 60)))
+        full = _last_standalone(text, window=len(text) + 1)
+        assert all(_last_standalone(text, window=w) == full for w in (1, 2, 3, 7)), text
+
+
+def test_non_string_input():
+    assert extract_letter(None) == (None, None)  # type: ignore[arg-type]
+
+
+def test_scoring_uses_the_cascade(chem):
+    ex = {"question": "q", "choices": ["w", "x", "y", "z"], "answer": "C"}
+    assert chem.score('Thinking.\n{"answer": "C"}', ex) == 1.0
+    assert chem.score('{"answer": "A"}', ex) == 0.0
+    assert chem.score("The answer is C. A good check: pKa.", ex) == 1.0
+    assert chem.score("c", ex) == 0.0
+    assert chem.score("no idea", ex) == 0.0
+    assert chem.is_well_formed('{"answer": "A"}', ex) and not chem.is_well_formed("no idea", ex)
+    assert chem.details('{"answer": "A"}', ex) == {"extracted": "A", "extraction_level": 1}
+    assert chem.score('{"answer": "C"}', {}) == 0.0  # malformed example
+
+
+ADVERSARIAL = [
+    "A " * 500_000,
+    '"answer": "' * 100_000,
+    "answer:" * 100_000 + " B",
+    "x" * 1_000_000 + " D",
+    ". A a" * 200_000,
+    "\x00A\x00",
+]
+
+
+@pytest.mark.parametrize("text", ADVERSARIAL, ids=range(len(ADVERSARIAL)))
+def test_adversarial_inputs_are_fast(chem, text):
+    ex = {"question": "q", "choices": ["w", "x", "y", "z"], "answer": "B"}
+    start = time.perf_counter()
+    chem.score(text, ex)
+    chem.details(text, ex)
+    assert time.perf_counter() - start < 2.0
+    assert chem.score("answer:" * 100_000 + " B", ex) == 1.0
+
+
+# ---- Chemistry splits ----------------------------------------------------------------------------------------
+def test_chemistry_split_sizes(chem):
+    assert len(chem.load("train")) == 200
+    assert len(chem.load("test")) == 2000
+    assert len(chem.load("train_pool")) == 6263 - 2000
+
+
+def test_chemistry_splits_deterministic_and_disjoint(chem):
+    fresh = ChemistryTask()
+    assert [r["id"] for r in fresh.load("test")] == [r["id"] for r in chem.load("test")]
+    assert chem.load("train")[0]["id"] == "L1/chemical_literature_QA/2946"  # pinned: random.Random(42) shuffle
+    train, test = {r["id"] for r in chem.load("train")}, {r["id"] for r in chem.load("test")}
+    pool = {r["id"] for r in chem.load("train_pool")}
+    assert not train & test and not pool & test and train <= pool
+    assert len(train | test | pool) == 6263
+
+
+def test_chemistry_examples_are_well_formed(chem):
+    rows = chem.load("test")
+    assert all(len(r["choices"]) == 4 and r["answer"] in "ABCD" for r in rows)
+    counts = Counter(r["answer"] for r in rows)
+    assert all(400 < counts[k] < 600 for k in "ABCD")  # balanced labels survive the shuffle
+    assert len({r["task"] for r in rows}) >= 8         # mixed subtasks
+
+
+def test_chemistry_prompt(chem):
+    ex = chem.load("test")[0]
+    system, user = chem.prompt(ex)
+    assert system["role"] == "system" and '{"answer": "X"}' in system["content"]
+    assert ex["question"] in user["content"]
+    assert "\nA. " in user["content"] and f"\nD. {ex['choices'][3]}" in user["content"]
+
+
+# ---- MMLU splits --------------------------------------------------------------------------------------------------
+def test_mmlu_split_sizes(mmlu):
+    assert len(mmlu.load("test")) == 14042
+    assert len(mmlu.load("train")) == 1531
+
+
+def test_mmlu_order_is_seeded_shuffle_with_mixed_subjects(mmlu):
+    first = mmlu.load("test", limit=200)
+    assert len({r["subject"] for r in first}) >= 40   # not just abstract_algebra + anatomy
+    assert first[0]["id"] == "professional_law/225"    # pinned: random.Random(42) shuffle
+    in_file_order = MMLUTask(shuffle=False).load("test", limit=200)
+    assert {r["subject"] for r in in_file_order} == {"abstract_algebra", "anatomy"}
+    assert sorted(r["id"] for r in MMLUTask(shuffle=False).load("test")) == sorted(r["id"] for r in mmlu.load("test"))
+
+
+def test_mmlu_answer_distribution(mmlu):
+    counts = Counter(r["answer"] for r in mmlu.load("test"))
+    assert counts == {"A": 3222, "B": 3462, "C": 3582, "D": 3776}  # SOURCE.md
+    assert len({r["subject"] for r in mmlu.load("test")}) == 57
+
+
+def test_mmlu_prompt(mmlu):
+    ex = {"subject": "college_biology", "question": "Which?", "choices": ["w", "x", "y", "z"], "answer": "A"}
+    system, user = mmlu.prompt(ex)
+    assert '{"answer": "X"}' in system["content"]
+    assert user["content"] == ("The following is a multiple-choice question about college biology.\n\n"
+                               "Which?\n\nA. w\nB. x\nC. y\nD. z")
+
+
+# ---- hub mappings ----------------------------------------------------------------------------------------------
+def test_mmlu_hub_row_mapping():
+    row = {"question": "q", "subject": "anatomy", "choices": ["a", "b", "c", "d"], "answer": 2}
+    assert mmlu_hub_row_to_example(row, 5) == {"id": "hf/anatomy/5", "subject": "anatomy", "question": "q",
+                                              "choices": ["a", "b", "c", "d"], "answer": "C"}
+    assert mmlu_hub_row_to_example(dict(row, answer="D"), 5)["answer"] == "D"
+
+
+def test_chemistry_hub_row_mapping():
+    row = {"question": "q", "choices": {"text": ["1", "2", "3", "4"], "label": ["A", "B", "C", "D"]},
+           "answerKey": "B", "type": "mcq-4-choices", "domain": "Chemistry",
+           "details": {"level": "L3", "task": "t", "subtask": "s"}, "answer": ""}
+    assert chemistry_hub_row_to_example(row, 9) == {"id": "hf/9", "question": "q", "choices": ["1", "2", "3", "4"],
+                                                    "answer": "B", "level": "L3", "task": "t", "subtask": "s"}
+    assert chemistry_hub_row_to_example(dict(row, type="true_or_false"), 9) is None
+    assert chemistry_hub_row_to_example(dict(row, domain="Physics"), 9) is None
