@@ -10,7 +10,18 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
 import torch
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny matmuls on one thread: OpenMP spin-waits on a shared 2-core machine cost ms per call otherwise.
+    Autouse in every module that imports it; the previous thread count is restored for other tests."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
 
 
 def tiny_llama(seed: int = 0, dtype: torch.dtype = torch.float32, vocab_size: int = 256, hidden: int = 64,

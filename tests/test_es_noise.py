@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from es_tiny import one_thread  # noqa: F401  (autouse fixture)
 from es_tiny import bit_equal, state, tiny_llama
 from esft.es.noise import MasterWeights, Update, gaussian, select_parameters, tensor_seed
 

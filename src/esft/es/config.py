@@ -1,14 +1,12 @@
 """`ESConfig`: every knob of an ES run in one dataclass (CleanRL style), with presets and YAML / argparse glue.
 
-Precedence when building a config: dataclass defaults < preset < YAML file (`--config run.yaml`) < explicit
-command-line flags. The resolved config is written to `<output_dir>/config.yaml`.
+Flags, YAML files and presets are merged by `esft.config.build_config` (defaults < preset < YAML < flags; the
+CLI `esft train es` uses it). The resolved config is written to `<output_dir>/config.yaml`.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -78,6 +76,12 @@ class ESConfig:
     resume: bool = False
     """continue the run in output_dir from its latest checkpoint and seed log"""
 
+    def __post_init__(self) -> None:
+        if isinstance(self.task_options, str):  # given on the command line as a YAML / JSON mapping
+            self.task_options = yaml.safe_load(self.task_options) or {}
+        if not isinstance(self.task_options, dict):
+            raise ValueError(f"task_options must be a mapping, got {self.task_options!r}")
+
     def task_kwargs(self) -> dict[str, Any]:
         kw = dict(self.task_options)
         if self.max_passage_chars is not None:
@@ -103,34 +107,16 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 # fields that may change when resuming (everything else must match the original run)
 RESUMABLE_CHANGES = {"iterations", "eval_every", "eval_limit", "checkpoint_every", "samples_per_iteration",
-                     "resume", "generation_batch_size", "output_dir"}
+                     "resume", "output_dir"}
+# (generation_batch_size is not among them: batch composition changes padding and so, in the last bits, the
+# greedy outputs, which would break bit-identity with the uninterrupted run)
 
 
-def field_names() -> list[str]:
-    return [f.name for f in dataclasses.fields(ESConfig)]
+def preset(name: str, config_file: str | None = None, **overrides: Any) -> ESConfig:
+    """ESConfig from a preset ("paper" or "cpu"), an optional YAML file and overrides (esft.config rules)."""
+    from esft.config import build_config
 
-
-def from_dict(data: dict[str, Any], base: ESConfig | None = None) -> ESConfig:
-    unknown = set(data) - set(field_names())
-    if unknown:
-        raise ValueError(f"unknown ES config keys: {sorted(unknown)}")
-    return dataclasses.replace(base or ESConfig(), **data)
-
-
-def preset(name: str, **overrides: Any) -> ESConfig:
-    """A preset config ("paper" or "cpu") with overrides."""
-    try:
-        values = PRESETS[name]
-    except KeyError:
-        raise ValueError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}") from None
-    return from_dict({**values, **overrides})
-
-
-def load_yaml(path: str | Path, base: ESConfig | None = None) -> ESConfig:
-    data = yaml.safe_load(Path(path).read_text()) or {}
-    if "preset" in data:
-        base = preset(data.pop("preset"))
-    return from_dict(data, base)
+    return build_config(ESConfig, PRESETS, name, config_file, overrides)
 
 
 def save_yaml(config: ESConfig, path: str | Path, extra: dict[str, Any] | None = None) -> None:
@@ -142,82 +128,8 @@ def save_yaml(config: ESConfig, path: str | Path, extra: dict[str, Any] | None =
 
 def read_run_config(run_dir: str | Path) -> tuple[ESConfig, dict[str, Any]]:
     """(config, run info) from `<run_dir>/config.yaml` as written by the trainer."""
+    from esft.config import build_config
+
     data = yaml.safe_load((Path(run_dir) / "config.yaml").read_text()) or {}
     extra = data.pop("_run", {}) or {}
-    return from_dict(data), extra
-
-
-# ---- argparse glue (used by `esft train es`) ---------------------------------------------------------------------
-
-def _field_doc(name: str) -> str:
-    """Docstring under a dataclass field (read from the source, so the help text has one home)."""
-    return _FIELD_DOCS.get(name, "")
-
-
-def _collect_field_docs() -> dict[str, str]:
-    import ast
-    import inspect
-    import textwrap
-
-    try:
-        tree = ast.parse(textwrap.dedent(inspect.getsource(ESConfig)))
-    except (OSError, TypeError):  # pragma: no cover - source unavailable (frozen app)
-        return {}
-    docs: dict[str, str] = {}
-    body = tree.body[0].body  # type: ignore[attr-defined]
-    for node, nxt in zip(body, body[1:]):
-        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(nxt, ast.Expr) \
-                and isinstance(getattr(nxt, "value", None), ast.Constant) and isinstance(nxt.value.value, str):
-            docs[node.target.id] = " ".join(nxt.value.value.split())
-    return docs
-
-
-_FIELD_DOCS = _collect_field_docs()
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add `--preset`, `--config` and one `--flag` per ESConfig field (defaults None = not given)."""
-    parser.add_argument("--preset", choices=sorted(PRESETS), help="start from a preset")
-    parser.add_argument("--config", help="YAML file of ESConfig fields (may contain `preset: NAME`)")
-    hints = typing.get_type_hints(ESConfig)
-    for f in dataclasses.fields(ESConfig):
-        flag = "--" + f.name.replace("_", "-")
-        hint = hints[f.name]
-        help_text = _field_doc(f.name).replace("%", "%%")
-        if f.name == "resume":
-            parser.add_argument(flag, nargs="?", const=True, default=None, metavar="DIR",
-                                help="continue the run in DIR (or --output-dir)")
-        elif hint is bool:
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_text)
-        elif f.name in ("include", "exclude"):
-            parser.add_argument(flag, nargs="*", default=None, help=help_text)
-        elif f.name == "task_options":
-            parser.add_argument(flag, type=yaml.safe_load, default=None, help=help_text + " (YAML mapping)")
-        else:
-            base = {int: int, float: float, str: str}.get(hint) or _optional_base(hint)
-            parser.add_argument(flag, type=base, default=None, help=help_text)
-
-
-def _optional_base(hint: Any) -> Any:
-    for arg in typing.get_args(hint):
-        if arg in (int, float, str):
-            return arg
-    return str
-
-
-def config_from_args(args: argparse.Namespace) -> ESConfig:
-    """Resolve defaults < preset < --config YAML < explicit flags. `--resume DIR` sets output_dir=DIR."""
-    config = preset(args.preset) if getattr(args, "preset", None) else ESConfig()
-    if getattr(args, "config", None):
-        config = load_yaml(args.config, base=config)
-    changes = {}
-    for name in field_names():
-        value = getattr(args, name, None)
-        if value is None:
-            continue
-        if name == "resume":
-            if isinstance(value, str):
-                changes["output_dir"] = value
-            value = True
-        changes[name] = value
-    return from_dict(changes, config)
+    return build_config(ESConfig, overrides=data), extra

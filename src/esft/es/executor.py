@@ -89,13 +89,23 @@ class LocalExecutor:
         self.task = task
         self.sigma = float(sigma)
         self.gen_config = gen_config
+        self._encode = None
         if generate_fn is None:
-            from esft.generation import generate as generate_fn  # lazy: keeps the ES core importable alone
+            # lazy: keeps the ES core importable (and testable) without the generation stack
+            from esft.generation import encode_prompts, generate as generate_fn
+
+            # the chat template is applied once per batch, not once per member
+            self._encode = lambda prompts: encode_prompts(tokenizer, prompts)
         self.generate_fn = generate_fn
 
-    def _run(self, prompts: list, batch: Sequence[dict], result: PopulationResult, row: int) -> None:
+    def _prompts(self, batch: Sequence[dict]) -> tuple[list, dict]:
+        prompts = [self.task.prompt(ex) for ex in batch]
+        extra = {"prompt_ids": self._encode(prompts)} if self._encode is not None else {}
+        return prompts, extra
+
+    def _run(self, prompts: tuple[list, dict], batch: Sequence[dict], result: PopulationResult, row: int) -> None:
         t0 = time.perf_counter()
-        gens = self.generate_fn(self.model, self.tokenizer, prompts, self.gen_config)
+        gens = self.generate_fn(self.model, self.tokenizer, prompts[0], self.gen_config, **prompts[1])
         t1 = time.perf_counter()
         for j, (gen, example) in enumerate(zip(gens, batch)):
             text = gen.text
@@ -115,7 +125,7 @@ class LocalExecutor:
                                 timings={"perturb": 0.0, "generate": 0.0, "score": 0.0, "restore": 0.0})
 
     def evaluate_members(self, members: Sequence[Member], batch: Sequence[dict]) -> PopulationResult:
-        prompts = [self.task.prompt(ex) for ex in batch]
+        prompts = self._prompts(batch)
         result = self._empty(len(members), len(batch))
         for i, (seed, sign) in enumerate(members):
             t0 = time.perf_counter()
@@ -131,7 +141,7 @@ class LocalExecutor:
 
     def evaluate_center(self, batch: Sequence[dict]) -> PopulationResult:
         """The unperturbed model on a batch (train-batch reward, held-out accuracy)."""
-        prompts = [self.task.prompt(ex) for ex in batch]
+        prompts = self._prompts(batch)
         result = self._empty(1, len(batch))
         if batch:
             self._run(prompts, batch, result, 0)

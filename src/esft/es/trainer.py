@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from esft.es import runlog
-from esft.es.config import RESUMABLE_CHANGES, ESConfig, read_run_config, save_yaml
+from esft.es.config import PRESETS, RESUMABLE_CHANGES, ESConfig, preset, read_run_config, save_yaml
 from esft.es.executor import Executor, FitnessRule, LocalExecutor, MeanReward, PopulationResult, make_fitness_rule
 from esft.es.noise import MasterWeights
 from esft.es.strategy import ES
@@ -133,7 +133,7 @@ class ESTrainer:
         device = str(next(iter(self.weights.params.values())).device)
         return {"num_params": self.weights.num_params, "num_tensors": len(self.weights.params),
                 "param_dtypes": self.weights.dtypes, "master_dtype": "float32", "update_accumulation": "float32",
-                "device": device, "torch": torch.__version__, "numpy": np.__version__, "esft": esft.__version__,
+                "device": device, "torch": str(torch.__version__), "numpy": str(np.__version__), "esft": esft.__version__,
                 "python": platform.python_version(), "machine": platform.machine(),
                 "train_examples": len(self.train_set)}
 
@@ -273,7 +273,7 @@ class ESTrainer:
                                 s_it=f"{rec['time']['total']:.1f}")
                 if self._eval_due(self.step):
                     ev = self.evaluate()
-                    if "test_accuracy" in ev:
+                    if "test_accuracy" in ev and self.progress:
                         bar.write(f"step {self.step}: held-out accuracy {ev['test_accuracy']:.3f} "
                                   f"(format {ev['test_format_rate']:.2f}), train reward {ev['train_reward']:.3f}")
                 if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0 and self.step < cfg.iterations:
@@ -295,5 +295,5 @@ def train_es(config: ESConfig, **kwargs: Any) -> TrainResult:
     return ESTrainer(config, **kwargs).train()
 
 
-__all__ = ["ESTrainer", "TrainResult", "train_es", "sample_batch", "make_strategy", "make_weights",
+__all__ = ["PRESETS", "preset", "ESTrainer", "TrainResult", "train_es", "sample_batch", "make_strategy", "make_weights",
            "generation_config", "peak_rss_mb", "ESConfig"]

@@ -1,0 +1,147 @@
+"""ES ask/tell, fitness shaping and the random-walk law (esft.es.strategy with esft.es.noise).
+
+Run: . .venv/bin/activate && pytest -q tests/test_es_strategy.py   (a few seconds, CPU)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from es_tiny import one_thread  # noqa: F401  (autouse fixture)
+from es_tiny import bit_equal, state, tiny_llama
+from esft.es.noise import MasterWeights
+from esft.es.strategy import ES, Member, centered_rank, member_seeds, zscore
+
+
+def test_zscore_matches_paper_formula():
+    f = np.array([0.1, 0.5, 0.5, 0.9, 0.3])
+    z = zscore(f)
+    np.testing.assert_allclose(z, (f - f.mean()) / (f.std() + 1e-8))
+    assert abs(z.mean()) < 1e-12
+    assert (z**2).sum() == pytest.approx(len(f), rel=1e-6)  # sum z^2 = N: the random-walk law's engine
+
+
+@pytest.mark.parametrize("shape", [zscore, centered_rank])
+def test_all_equal_fitness_gives_exact_zeros(shape):
+    for value in (0.0, 0.3, 1 / 3, 7.1):
+        out = shape(np.full(8, value))
+        assert np.all(out == 0.0) and np.all(np.isfinite(out))
+
+
+def test_centered_rank():
+    out = centered_rank(np.array([3.0, -1.0, 10.0, 5.0]))
+    np.testing.assert_allclose(out, [-1 / 6, -0.5, 0.5, 1 / 6])
+    ties = centered_rank(np.array([1.0, 1.0, 2.0]))
+    assert ties[0] == ties[1] and ties[2] == 0.5
+    assert centered_rank(np.array([4.0])).tolist() == [0.0]
+
+
+def test_ask_is_deterministic_and_distinct():
+    es = ES(population_size=6, sigma=0.1, alpha=0.1, seed=42)
+    a, b = es.ask(3), ES(population_size=6, sigma=0.1, alpha=0.1, seed=42).ask(3)
+    assert a == b and len({m.seed for m in a}) == 6 and all(m.sign == 1 for m in a)
+    assert es.ask(4) != a and ES(population_size=6, sigma=0.1, alpha=0.1, seed=43).ask(3) != a
+    anti = ES(population_size=6, sigma=0.1, alpha=0.1, seed=42, antithetic=True).ask(0)
+    assert [m.sign for m in anti] == [1, -1] * 3 and len({m.seed for m in anti}) == 3
+    assert member_seeds(1, 2, 5) == member_seeds(1, 2, 5)
+    with pytest.raises(ValueError):
+        ES(population_size=5, sigma=0.1, alpha=0.1, antithetic=True)
+
+
+def test_tell_sgd_scale_and_folding():
+    es = ES(population_size=4, sigma=0.1, alpha=0.2, seed=0, antithetic=True)
+    members = [Member(10, 1), Member(10, -1), Member(20, 1), Member(20, -1)]
+    f = np.array([1.0, 0.0, 0.5, 0.5])
+    upd = es.tell(members, f)
+    z = zscore(f)
+    assert upd.kind == "sgd" and upd.scale == pytest.approx(0.2 / 4)
+    assert upd.seeds == (10, 20)
+    assert upd.coefficients == pytest.approx((z[0] - z[1], z[2] - z[3]))
+    with pytest.raises(ValueError):
+        es.tell(members, [1.0, float("nan"), 0, 0])
+
+
+def test_all_equal_fitness_makes_no_update_and_no_nan():
+    model = tiny_llama()
+    before = state(model)
+    w = MasterWeights(model)
+    for opt in ("sgd", "adam"):
+        es = ES(population_size=4, sigma=0.01, alpha=0.01, seed=1, optimizer=opt)
+        optimizer = es.make_optimizer(list(w.master.values()))
+        upd = es.tell(es.ask(0), [0.25] * 4)
+        assert upd.is_zero
+        assert w.apply(upd, optimizer) == 0.0
+    after = state(model)
+    assert bit_equal(after, before)
+    assert all(torch.isfinite(v).all() for v in after.values())
+
+
+def test_adam_maximises_fitness():
+    """Fitness = <theta, target> is maximised: Adam's step must move theta towards `target`."""
+    lin = torch.nn.Linear(50, 40, bias=False).requires_grad_(False)
+    target = torch.randn(40, 50)
+    w = MasterWeights(lin)
+    es = ES(population_size=16, sigma=0.05, alpha=0.01, seed=3, optimizer="adam", antithetic=True)
+    opt = es.make_optimizer(list(w.master.values()))
+    fit0 = float((lin.weight * target).sum())
+    for t in range(5):
+        members = es.ask(t)
+        fitness = []
+        for seed, sign in members:
+            w.perturb(seed, sign, es.sigma)
+            fitness.append(float((lin.weight * target).sum()))
+            w.restore()
+        upd = es.tell(members, fitness)
+        assert upd.kind == "gradient" and upd.scale < 0  # torch minimises: gradient = -fitness gradient
+        w.apply(upd, opt)
+    assert float((lin.weight * target).sum()) > fit0 + 1.0
+    assert torch.equal(lin.weight, w.master["weight"])
+
+
+def test_sgd_maximises_fitness():
+    lin = torch.nn.Linear(50, 40, bias=False).requires_grad_(False)
+    target = torch.randn(40, 50)
+    w = MasterWeights(lin)
+    es = ES(population_size=16, sigma=0.05, alpha=0.05, seed=3)
+    fit0 = float((lin.weight * target).sum())
+    for t in range(5):
+        members = es.ask(t)
+        fitness = []
+        for seed, sign in members:
+            w.perturb(seed, sign, es.sigma)
+            fitness.append(float((lin.weight * target).sum()))
+            w.restore()
+        w.apply(es.tell(members, fitness))
+    assert float((lin.weight * target).sum()) > fit0 + 1.0
+
+
+class _Wide(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(400, 400)
+        self.b = torch.nn.Linear(400, 400)
+        self.c = torch.nn.Parameter(torch.zeros(100_000))
+
+
+def test_random_walk_law():
+    """z-scored fitness: ||theta_T - theta_0||^2 = alpha^2 T d / N whatever the rewards (REFERENCE section 2)."""
+    torch.manual_seed(0)
+    model = _Wide()
+    w = MasterWeights(model)
+    d = w.num_params
+    assert d > 400_000
+    base = {n: m.clone() for n, m in w.iter_masters()}
+    N, alpha, T = 8, 0.01, 12
+    es = ES(population_size=N, sigma=0.01, alpha=alpha, seed=7)
+    rng = np.random.default_rng(0)
+    for t in range(T):
+        fitness = rng.binomial(16, 0.3, size=N) / 16  # arbitrary rewards, ties included
+        if np.ptp(fitness) == 0:
+            fitness[0] += 1 / 16
+        w.apply(es.tell(es.ask(t), fitness))
+    sq = sum(float((m.double() - base[n].double()).pow(2).sum()) for n, m in w.iter_masters())
+    predicted = alpha**2 * T * d / N
+    print(f"random walk: measured/predicted = {sq / predicted:.5f}")
+    assert sq == pytest.approx(predicted, rel=0.03)

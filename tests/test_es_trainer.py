@@ -1,0 +1,213 @@
+"""The ES loop end to end on a tiny random Llama with a toy task and a stub generate (esft.es.trainer,
+esft.es.replay, esft.es.runlog, esft.es.config): determinism, resume, replay, run-directory contents.
+
+Run: . .venv/bin/activate && pytest -q tests/test_es_trainer.py   (~15 s, CPU, no tokenizer or download)
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from es_tiny import one_thread  # noqa: F401  (autouse fixture)
+from es_tiny import ToyTask, bit_equal, state, stub_generate, tiny_llama
+from esft.es import runlog
+from esft.es.config import ESConfig, preset
+from esft.es.executor import LocalExecutor
+from esft.es.replay import drift, matches_checkpoint, rebuild
+from esft.es.trainer import ESTrainer, sample_batch, train_es
+
+
+def cfg(tmp_path, name="run", **kw) -> ESConfig:
+    base = dict(model="tiny", task="toy", population_size=6, sigma=0.05, alpha=0.02, batch_size=8,
+                iterations=6, max_new_tokens=2, seed=5, output_dir=str(tmp_path / name), eval_every=3,
+                eval_limit=6, checkpoint_every=2, format_bonus=0.1)
+    base.update(kw)
+    return ESConfig(**base)
+
+
+def run(config, dtype=torch.float32, **kw):
+    return train_es(config, model=tiny_llama(dtype=dtype), tokenizer=None, task=ToyTask(),
+                    generate_fn=stub_generate, progress=False, **kw)
+
+
+def final_masters(run_dir, dtype=torch.float32):
+    model = tiny_llama(dtype=dtype)
+    weights = rebuild(model, run_dir)
+    return model, weights
+
+
+def seeds_log(path):
+    return runlog.read_jsonl(path / "seeds.jsonl")
+
+
+def test_run_directory_contents(tmp_path):
+    config = cfg(tmp_path)
+    res = run(config)
+    out = res.output_dir
+    assert res.steps == 6 and res.final_checkpoint == out / "checkpoints" / "final"
+    saved = yaml.safe_load((out / "config.yaml").read_text())
+    assert saved["population_size"] == 6 and saved["_run"]["master_dtype"] == "float32"
+    assert saved["_run"]["param_dtypes"] == {"float32": len(list(tiny_llama().parameters()))}
+    metrics = runlog.read_jsonl(out / "metrics.jsonl")
+    train = [m for m in metrics if m["kind"] == "train"]
+    evals = [m for m in metrics if m["kind"] == "eval"]
+    assert [m["iteration"] for m in train] == list(range(6))
+    assert [e["step"] for e in evals] == [0, 3, 6]
+    m = train[0]
+    for key in ("perturb", "generate", "score", "restore", "update", "total"):
+        assert key in m["time"]
+    assert set(m["fitness"]) == {"mean", "std", "min", "max"} and m["peak_rss_mb"] > 0
+    assert m["tokens_generated"] == 6 * 8 * 2 and 0 <= m["format_rate"] <= 1
+    assert evals[0]["test_n"] == 6 and len(evals[0]["test_ci95"]) == 2
+    seeds = seeds_log(out)
+    assert len(seeds) == 6 and len(seeds[0]["members"]) == 6 and len(seeds[0]["batch"]) == 8
+    assert any(np.ptp(r["fitness"]) > 0 for r in seeds)  # the stub gives a real fitness signal
+    assert (out / "samples" / "iter_000000.jsonl").exists() and (out / "samples" / "eval_000006.jsonl").exists()
+    ckpts = [s for s, _ in runlog.list_checkpoints(out)]
+    assert ckpts == [2, 4, 6]
+    assert (out / "checkpoints" / "final" / "model.safetensors").exists()
+    with pytest.raises(FileExistsError):  # never silently overwrite a run
+        run(config)
+
+
+def test_same_seed_is_bit_identical_and_replay_reproduces_weights(tmp_path):
+    a = run(cfg(tmp_path, "a"))
+    b = run(cfg(tmp_path, "b"))
+    assert seeds_log(a.output_dir) == seeds_log(b.output_dir)
+    sa = runlog._read_safetensors_folder(a.final_checkpoint)
+    sb = runlog._read_safetensors_folder(b.final_checkpoint)
+    assert bit_equal(sa, sb)
+    model, weights = final_masters(a.output_dir)  # base model + seeds.jsonl only
+    assert matches_checkpoint(model, weights, a.final_checkpoint)
+    assert not matches_checkpoint(tiny_llama(), weights, a.output_dir / "checkpoints" / "iter_000002")
+    # any intermediate step, too
+    model2 = tiny_llama()
+    w2 = rebuild(model2, a.output_dir, step=4)
+    assert matches_checkpoint(model2, w2, a.output_dir / "checkpoints" / "iter_000004")
+    c = run(cfg(tmp_path, "c", seed=6))
+    assert seeds_log(c.output_dir) != seeds_log(a.output_dir)
+
+
+class Interrupt(LocalExecutor):
+    """Raises KeyboardInterrupt while evaluating member 3 of iteration `at` (weights perturbed at the time)."""
+
+    def __init__(self, *args, at: int, **kw):
+        super().__init__(*args, **kw)
+        self.at, self.calls = at, 0
+
+    def evaluate_members(self, members, batch):
+        self.calls += 1
+        if self.calls - 1 == self.at:
+            original = self.generate_fn
+            count = {"n": 0}
+
+            def gen(*a):
+                count["n"] += 1
+                if count["n"] == 3:
+                    raise KeyboardInterrupt
+                return original(*a)
+
+            self.generate_fn = gen
+            try:
+                return super().evaluate_members(members, batch)
+            finally:
+                self.generate_fn = original
+        return super().evaluate_members(members, batch)
+
+
+def interrupted_run(config, at, dtype=torch.float32):
+    trainer = ESTrainer(config, model=tiny_llama(dtype=dtype), tokenizer=None, task=ToyTask(),
+                        generate_fn=stub_generate, progress=False)
+    trainer.executor = Interrupt(trainer.model, None, trainer.weights, trainer.task, config.sigma,
+                                 None, generate_fn=stub_generate, at=at)
+    before = state(trainer.model)
+    with pytest.raises(KeyboardInterrupt):
+        trainer.train()
+    assert trainer.step == at
+    return trainer, before
+
+
+@pytest.mark.parametrize("opts", [dict(), dict(optimizer="adam", alpha=0.01), dict(dtype=torch.bfloat16),
+                                  dict(antithetic=True, fitness_shaping="centered_rank", exclude=["norm"])],
+                         ids=["sgd-fp32", "adam", "bf16", "antithetic-rank-nonorm"])
+def test_resume_equals_uninterrupted(tmp_path, opts):
+    dtype = opts.pop("dtype", torch.float32)
+    full = run(cfg(tmp_path, "full", **opts), dtype=dtype)
+    config = cfg(tmp_path, "cut", **opts)
+    # Ctrl-C in iteration 3, member 3: resume = checkpoint iter_000002 + replay of seed-log line 2
+    trainer, _ = interrupted_run(config, at=3, dtype=dtype)
+    assert trainer.weights.perturbed is None
+    assert len(seeds_log(trainer.out)) == 3
+    # a torn line from a crash mid-write must be ignored
+    with open(trainer.out / "seeds.jsonl", "a") as fh:
+        fh.write('{"iteration": 3, "batch": [1, 2')
+    res = run(config.replace(resume=True), dtype=dtype)
+    assert res.steps == 6
+    assert seeds_log(res.output_dir) == seeds_log(full.output_dir)
+    assert bit_equal(runlog._read_safetensors_folder(res.final_checkpoint),
+                     runlog._read_safetensors_folder(full.final_checkpoint))
+    if dtype != torch.float32:
+        from safetensors.torch import load_file
+
+        ma = load_file(str(res.final_checkpoint / runlog.MASTERS_FILE))
+        mb = load_file(str(full.final_checkpoint / runlog.MASTERS_FILE))
+        assert bit_equal(ma, mb)
+    metrics = runlog.read_jsonl(res.output_dir / "metrics.jsonl")
+    assert [m["iteration"] for m in metrics if m["kind"] == "train"] == list(range(6))
+    # replay from the base model alone also lands on the final weights (Adam replayed through its optimizer)
+    model, weights = final_masters(res.output_dir, dtype=dtype)
+    assert matches_checkpoint(model, weights, res.final_checkpoint)
+
+
+def test_resume_rejects_changed_config(tmp_path):
+    config = cfg(tmp_path, iterations=2, eval_every=0)
+    run(config)
+    with pytest.raises(ValueError, match="sigma"):
+        run(config.replace(resume=True, sigma=0.1))
+    # extending a finished run is allowed
+    res = run(config.replace(resume=True, iterations=3))
+    assert res.steps == 3 and len(seeds_log(res.output_dir)) == 3
+
+
+def test_drift_follows_logged_random_walk(tmp_path):
+    res = run(cfg(tmp_path, iterations=5, eval_every=0, checkpoint_every=0, population_size=8))
+    steps = list(drift(tiny_llama(), res.output_dir))
+    assert [s["step"] for s in steps] == [1, 2, 3, 4, 5]
+    last = steps[-1]
+    assert last["total"] == pytest.approx(sum(last["per_tensor"].values()))
+    assert last["total"] == pytest.approx(last["expected"], rel=0.05)
+    nonzero = sum(1 for r in seeds_log(res.output_dir) if np.ptp(r["fitness"]) > 0)
+    assert last["expected"] == pytest.approx(0.02**2 * nonzero * last["num_params"] / 8, rel=1e-6)
+
+
+def test_sample_batch_is_deterministic():
+    assert sample_batch(1, 2, 50, 10) == sample_batch(1, 2, 50, 10)
+    assert sample_batch(1, 2, 50, 10) != sample_batch(1, 3, 50, 10)
+    assert len(set(sample_batch(1, 2, 50, 10))) == 10
+    assert sample_batch(1, 2, 5, 10) == [0, 1, 2, 3, 4]
+
+
+def test_presets_and_cli_args(tmp_path):
+    from esft.cli import build_parser
+    from esft.config import build_config
+    from esft.es.trainer import PRESETS
+
+    paper = preset("paper")
+    assert (paper.sigma, paper.alpha, paper.population_size, paper.batch_size, paper.max_new_tokens) == \
+        (0.0015, 0.00075, 30, 200, 1024)
+    cpu = preset("cpu")
+    assert cpu.population_size == 8 and cpu.format_bonus == 0.1 and cpu.task_kwargs() == {"max_passage_chars": 400}
+    yml = tmp_path / "run.yaml"
+    yml.write_text("preset: cpu\nsigma: 0.01\niterations: 7\ntask_options: {foo: 1}\n")
+    args = build_parser().parse_args(["train", "es", "--config", str(yml), "--iterations", "9",
+                                      "--no-antithetic", "--exclude", "norm,bias", "--resume"])
+    names = set(ESConfig.__dataclass_fields__)
+    c = build_config(ESConfig, PRESETS, args.preset, args.config, {k: v for k, v in vars(args).items() if k in names})
+    assert c.sigma == 0.01 and c.iterations == 9 and c.population_size == 8 and c.exclude == ["norm", "bias"]
+    assert c.resume is True and c.antithetic is False and c.task_kwargs() == {"foo": 1, "max_passage_chars": 400}
+    assert ESConfig(task_options="{a: 2}").task_options == {"a": 2}
