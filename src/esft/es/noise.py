@@ -117,7 +117,8 @@ class MasterWeights:
     """fp32 master copy of the selected parameters of a model, with exact perturb / restore / update.
 
     Memory: one fp32 copy of the selected parameters (for an fp32 model this *is* the snapshot needed for an
-    exact restore) plus two scratch buffers the size of the largest tensor; never a second full-model copy.
+    exact restore) plus, only inside perturb / apply, one or two scratch buffers the size of the largest tensor;
+    never a second full-model copy.
     """
 
     def __init__(self, model: torch.nn.Module, include: Iterable[str] | None = None,
@@ -130,11 +131,8 @@ class MasterWeights:
             self.master: dict[str, torch.Tensor] = {
                 n: p.detach().to(dtype=torch.float32, copy=True) for n, p in self.params.items()
             }
-        largest = max(p.numel() for p in self.params.values())
-        device = next(iter(self.params.values())).device
-        # Two scratch buffers: one for eps, one for the per-tensor accumulator / perturbed value.
-        self._eps = torch.empty(largest, dtype=torch.float32, device=device)
-        self._acc = torch.empty(largest, dtype=torch.float32, device=device)
+        self._largest = max(p.numel() for p in self.params.values())
+        self._device = next(iter(self.params.values())).device
         self.perturbed: tuple[int, int] | None = None
 
     # -- introspection
@@ -163,19 +161,28 @@ class MasterWeights:
     def _view(self, buf: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
         return buf[: like.numel()].view(like.shape)
 
+    def _scratch(self) -> torch.Tensor:
+        # Allocated per call, not kept: during generation no scratch exists, so the run's peak memory is
+        # max(generation, update) rather than their sum.
+        return torch.empty(self._largest, dtype=torch.float32, device=self._device)
+
     # -- perturb / restore
     @torch.no_grad()
     def perturb(self, seed: int, sign: int, sigma: float) -> None:
-        """param <- (master + sign * sigma * eps(seed)).to(param.dtype), in place, for every selected tensor."""
+        """param <- (master + sign * sigma * eps(seed)).to(param.dtype), in place, for every selected tensor.
+
+        Computed as torch.add(master, eps, alpha=sign * sigma) (one fused pass; the kernel may use FMA), the same
+        formula everywhere, so a member's weights are a deterministic function of (master, seed, sign, sigma)."""
         if self.perturbed is not None:
             raise RuntimeError("perturb() called on already perturbed weights; call restore() first")
         step = float(sign) * float(sigma)
+        scratch = self._scratch()
         for name, param in self.params.items():
-            eps = self.noise(seed, name, out=self._eps)
-            val = self._view(self._acc, param)
-            torch.mul(eps, step, out=val)
-            val.add_(self.master[name])
-            param.copy_(val)
+            eps = self.noise(seed, name, out=scratch)
+            if param.dtype == torch.float32:
+                torch.add(self.master[name], eps, alpha=step, out=param.data)  # one pass, no temporary
+            else:
+                param.copy_(torch.add(self.master[name], eps, alpha=step))
         self.perturbed = (int(seed), int(sign))
 
     @torch.no_grad()
@@ -187,15 +194,17 @@ class MasterWeights:
 
     # -- update
     @torch.no_grad()
-    def direction(self, name: str, update: Update, out: torch.Tensor | None = None) -> torch.Tensor:
+    def direction(self, name: str, update: Update, acc: torch.Tensor | None = None,
+                  scratch: torch.Tensor | None = None) -> torch.Tensor:
         """sum_k c_k eps_k for one tensor, accumulated in fp32 in a fixed order (deterministic)."""
         m = self.master[name]
-        acc = self._view(self._acc, m) if out is None else out
+        acc = torch.empty_like(m) if acc is None else self._view(acc, m)
+        scratch = self._scratch() if scratch is None else scratch
         acc.zero_()
         for seed, coef in zip(update.seeds, update.coefficients):
             if coef == 0.0:
                 continue
-            acc.add_(self.noise(seed, name, out=self._eps), alpha=float(coef))
+            acc.add_(self.noise(seed, name, out=scratch), alpha=float(coef))
         return acc
 
     @torch.no_grad()
@@ -212,15 +221,17 @@ class MasterWeights:
         if update.kind == "gradient" and optimizer is None:
             raise ValueError("a 'gradient' update needs an optimizer")
         sq = 0.0
+        acc_buf, scratch = self._scratch(), self._scratch()  # one tensor's accumulator at a time
         for name, param in self.params.items():
             master = self.master[name]
-            acc = self.direction(name, update)
+            acc = self.direction(name, update, acc=acc_buf, scratch=scratch)
             if update.kind == "sgd":
                 acc.mul_(float(update.scale))
                 master.add_(acc)
-                sq += float(acc.double().pow(2).sum())
+                # vector_norm reduces without a temporary (a .double().pow(2) would allocate 3x the tensor)
+                sq += float(torch.linalg.vector_norm(acc)) ** 2
             elif update.kind == "gradient":
-                before = self._view(self._eps, master)
+                before = self._view(scratch, master)
                 before.copy_(master)
                 acc.mul_(float(update.scale))
                 master.grad = acc
@@ -228,7 +239,7 @@ class MasterWeights:
                 # the same result as one global step and needs one gradient buffer instead of a model's worth.
                 optimizer.step()
                 master.grad = None
-                sq += float((master.double() - before.double()).pow(2).sum())
+                sq += float(torch.linalg.vector_norm(before.sub_(master))) ** 2
             else:
                 raise ValueError(f"unknown update kind {update.kind!r}")
             param.copy_(master)
