@@ -1,0 +1,12 @@
+"""Weight-space and behaviour analyses of fine-tuned models (the study's tables and figures).
+
+weights    update norms, sparsity, stable rank, cosine; per tensor / family; streamed from checkpoints
+kl         KL(pi_after || pi_before) on test prompts, token-aligned on generated ids, k1 / k3 / exact
+landscape  accuracy along linear paths and along update / random directions
+drift      squared displacement per step vs the random-walk law alpha^2 T d / N; per-tensor fits
+sparsity   functional sparsity: keep only |d| > tau and re-evaluate
+runs       discovery of ES / GRPO run directories, sequential chains, ES-GRPO pairs
+report     `esft report DIR`: report.md with every table and figure the runs support
+
+Submodules are imported on use (`from esft.analysis import weights`), so importing this package is cheap.
+"""

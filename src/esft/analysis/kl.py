@@ -1,0 +1,286 @@
+"""KL(pi_after || pi_before) on a task's test prompts, token-aligned on the completions pi_after generated
+(paper Figure 2, Tables 11-16).
+
+For each prompt, pi_after generates a completion (greedy by default, as in the paper's evaluation; or sampled).
+Both models then score exactly those generated ids (`Generation.completion_ids`) after exactly the same prompt ids:
+nothing is decoded and re-tokenised, which would shift tokens and, on Llama, add a second BOS (REFERENCE trap 5).
+Per generated token, with r = log pi_before(y_t) - log pi_after(y_t):
+
+    k1 = -r                        unbiased for KL(after || before) when y_t ~ pi_after; can be negative
+    k3 = (e^r - 1) - r             unbiased under the same condition, and >= 0 (Schulman's estimator)
+    exact = sum_v pi_after(v) (log pi_after(v) - log pi_before(v))   the full next-token KL at that prefix
+
+Each is reported as a per-token mean (sum over all tokens / number of tokens) and as a per-sequence sum
+(averaged over sequences). With greedy completions k1 and k3 are not unbiased (the tokens are argmaxes, not
+samples); `exact` is the true KL of the next-token distributions along the greedy path. Log-probabilities are
+computed in float64 from the models' logits.
+
+Stages: incremental KL compares stage t with stage t-1 (t=1 with the base), cumulative compares stage t with
+the base. At most two models are loaded at a time (pi_after, and one pi_before after another).
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+import torch
+
+ESTIMATORS = ("k1", "k3", "exact")
+
+
+# ---- pure estimators -------------------------------------------------------------------------------------------
+
+def kl_estimates(logp_after: torch.Tensor, logp_before: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Per-token k1 and k3 from the log-probabilities of the generated tokens under each model (float64)."""
+    la, lb = logp_after.to(torch.float64), logp_before.to(torch.float64)
+    r = lb - la
+    return {"k1": -r, "k3": torch.expm1(r) - r}
+
+
+def exact_kl(logits_after: torch.Tensor, logits_before: torch.Tensor) -> torch.Tensor:
+    """KL(softmax(a) || softmax(b)) over the last dim, per position, in float64."""
+    la = torch.log_softmax(logits_after.to(torch.float64), dim=-1)
+    lb = torch.log_softmax(logits_before.to(torch.float64), dim=-1)
+    return (la.exp() * (la - lb)).sum(-1)
+
+
+@dataclass
+class SequenceKL:
+    tokens: int
+    k1: float
+    k3: float
+    exact: float
+
+
+def summarize(seqs: Sequence[SequenceKL]) -> dict[str, Any]:
+    """Per-token means (pooled over all tokens) and per-sequence sums (averaged over sequences)."""
+    n = len(seqs)
+    tokens = sum(s.tokens for s in seqs)
+    out: dict[str, Any] = {"n": n, "tokens": tokens}
+    for e in ESTIMATORS:
+        total = sum(getattr(s, e) for s in seqs)
+        out[f"{e}_token_mean"] = total / tokens if tokens else None
+        out[f"{e}_seq_mean"] = total / n if n else None
+    return out
+
+
+def seed_summary(values: Sequence[float | None]) -> dict[str, Any]:
+    """median [min, max] (paper Tables 11-12) and mean +- sample std (Tables 13-14) across seeds."""
+    v = np.asarray([x for x in values if x is not None and not math.isnan(x)], dtype=np.float64)
+    if v.size == 0:
+        return {"n": 0, "median": None, "min": None, "max": None, "mean": None, "std": None}
+    return {"n": int(v.size), "median": float(np.median(v)), "min": float(v.min()), "max": float(v.max()),
+            "mean": float(v.mean()), "std": float(v.std(ddof=1)) if v.size > 1 else 0.0}
+
+
+# ---- scoring generated ids ---------------------------------------------------------------------------------------
+
+def _left_pad(rows: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, width - len(r):] = torch.tensor(r, dtype=torch.long)
+        mask[i, width - len(r):] = 1
+    return ids.to(device), mask.to(device)
+
+
+@torch.no_grad()
+def _completion_logits(model, rows: list[list[int]], keep: int, pad_id: int) -> torch.Tensor:
+    """Logits of the last `keep` positions of left-padded prompt+completion rows (explicit attention mask and
+    position ids from the mask, as in generation, so pad == eos models lose no real eos)."""
+    device = next(model.parameters()).device
+    ids, mask = _left_pad(rows, pad_id, device)
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False, logits_to_keep=keep)
+    return out.logits
+
+
+@torch.no_grad()
+def score_pair(model_after, model_before, prompt_ids: Sequence[Sequence[int]],
+               completion_ids: Sequence[Sequence[int]], batch_size: int = 4, pad_id: int = 0,
+               position_chunk: int = 256) -> list[SequenceKL]:
+    """k1, k3 and exact KL summed over each completion's tokens, scored on the given ids by both models."""
+    results: list[SequenceKL] = []
+    order = list(range(len(prompt_ids)))
+    for start in range(0, len(order), batch_size):
+        idx = order[start:start + batch_size]
+        rows = [list(prompt_ids[i]) + list(completion_ids[i]) for i in idx]
+        lens = [len(completion_ids[i]) for i in idx]
+        lc = max(lens)
+        if lc == 0:
+            results.extend(SequenceKL(0, 0.0, 0.0, 0.0) for _ in idx)
+            continue
+        la = _completion_logits(model_after, rows, lc + 1, pad_id)
+        lb = _completion_logits(model_before, rows, lc + 1, pad_id)
+        for b, i in enumerate(idx):
+            n = lens[b]
+            if n == 0:
+                results.append(SequenceKL(0, 0.0, 0.0, 0.0))
+                continue
+            # logits index k predicts the token at position (W - lc - 1 + k) + 1; completion token j sits at
+            # W - n + j, so it is predicted by k = lc - n + j
+            toks = torch.tensor(completion_ids[i], dtype=torch.long, device=la.device)
+            k1 = k3 = ex = 0.0
+            for c0 in range(0, n, position_chunk):
+                c1 = min(n, c0 + position_chunk)
+                a = la[b, lc - n + c0: lc - n + c1].to(torch.float64)
+                bb = lb[b, lc - n + c0: lc - n + c1].to(torch.float64)
+                lsa, lsb = torch.log_softmax(a, -1), torch.log_softmax(bb, -1)
+                t = toks[c0:c1, None]
+                est = kl_estimates(lsa.gather(-1, t).squeeze(-1), lsb.gather(-1, t).squeeze(-1))
+                k1 += float(est["k1"].sum())
+                k3 += float(est["k3"].sum())
+                ex += float((lsa.exp() * (lsa - lsb)).sum())
+            results.append(SequenceKL(n, k1, k3, ex))
+        del la, lb
+    return results
+
+
+def generate_completions(model, tokenizer, examples: Sequence[dict], task, gen_config) -> tuple[list, list]:
+    """(prompt ids, completion ids) of `model` on a task's examples; prompts encoded once and reused for scoring."""
+    from esft.generation import encode_prompts, generate
+
+    prompts = [task.prompt(ex) for ex in examples]
+    encoded = encode_prompts(tokenizer, prompts)
+    gens = generate(model, tokenizer, prompts, gen_config, prompt_ids=encoded)
+    return encoded, [g.completion_ids for g in gens]
+
+
+def kl_between(model_after, model_before, tokenizer, task, examples: Sequence[dict], gen_config,
+               batch_size: int = 4) -> dict[str, Any]:
+    """Summary of KL(after || before) on `examples` (completions generated by `model_after`)."""
+    prompt_ids, comp = generate_completions(model_after, tokenizer, examples, task, gen_config)
+    seqs = score_pair(model_after, model_before, prompt_ids, comp, batch_size, _pad_id(tokenizer))
+    return summarize(seqs)
+
+
+def _pad_id(tokenizer) -> int:
+    pid = getattr(tokenizer, "pad_token_id", None)
+    if pid is None:
+        pid = getattr(tokenizer, "eos_token_id", None)
+    return int(pid or 0)
+
+
+# ---- stages ----------------------------------------------------------------------------------------------------------
+
+def _default_loader(spec: Any, dtype: str | None = None, device: str | None = None):
+    from esft.models import load_model
+
+    return load_model(str(spec), dtype=dtype, device=device)
+
+
+def _free(model) -> None:
+    del model
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def kl_stages(base: Any, stages: Sequence[tuple[str, Any]], tasks: Sequence[str], limit: int | None = 50,
+              gen_config: Any = None, batch_size: int = 4, task_options: Mapping[str, Mapping] | None = None,
+              loader: Callable[..., tuple[Any, Any]] | None = None, dtype: str | None = None,
+              device: str | None = None, progress: bool = False) -> dict[str, Any]:
+    """Incremental and cumulative KL after every stage, on every task's first `limit` test examples.
+
+    `base`, `stages[i][1]`: model specs for `loader` (default: esft.models.load_model on a path/name).
+    Returns {"stages": labels, "tasks": names, "incremental": {task: {stage: summary}}, "cumulative": {...}}.
+    """
+    from esft.generation import GenerationConfig
+    from esft.tasks import get_task
+
+    load = loader or (lambda spec: _default_loader(spec, dtype, device))
+    gen_config = gen_config or GenerationConfig(max_new_tokens=256, temperature=0.0)
+    task_objs = {t: get_task(t, **dict((task_options or {}).get(t, {}))) for t in tasks}
+    examples = {t: task_objs[t].load("test", limit) for t in tasks}
+    out: dict[str, Any] = {"stages": [s for s, _ in stages], "tasks": list(tasks), "limit": limit,
+                           "generation": {"max_new_tokens": gen_config.max_new_tokens,
+                                          "temperature": gen_config.temperature, "top_p": gen_config.top_p},
+                           "incremental": {t: {} for t in tasks}, "cumulative": {t: {} for t in tasks}}
+    prev_spec = base
+    for label, spec in stages:
+        after, tokenizer = load(spec)
+        pad = _pad_id(tokenizer)
+        comps = {}
+        for t in tasks:
+            comps[t] = generate_completions(after, tokenizer, examples[t], task_objs[t], gen_config)
+        befores = [("incremental", prev_spec)] + ([("cumulative", base)] if prev_spec is not base else [])
+        for kind, before_spec in befores:
+            before, _ = load(before_spec)
+            for t in tasks:
+                p, c = comps[t]
+                summ = summarize(score_pair(after, before, p, c, batch_size, pad))
+                out[kind][t][label] = summ
+                if prev_spec is base:
+                    out["cumulative"][t][label] = summ
+                if progress:
+                    print(f"KL {kind:<11} {label:<20} {t:<10} k3/token {summ['k3_token_mean']:.4g}  "
+                          f"exact/token {summ['exact_token_mean']:.4g}", flush=True)
+            _free(before)
+        _free(after)
+        prev_spec = spec
+    return out
+
+
+def aggregate_seeds(tables: Sequence[Mapping[str, Any]], estimator: str = "k3_token_mean") -> dict[str, Any]:
+    """Across seeds (one kl_stages result each, same stages/tasks): {kind: {task: {stage: seed_summary}}}."""
+    if not tables:
+        return {}
+    first = tables[0]
+    out: dict[str, Any] = {"estimator": estimator, "seeds": len(tables), "stages": first["stages"],
+                           "tasks": first["tasks"]}
+    for kind in ("incremental", "cumulative"):
+        out[kind] = {t: {s: seed_summary([tb[kind].get(t, {}).get(s, {}).get(estimator) for tb in tables])
+                         for s in first["stages"]} for t in first["tasks"]}
+    return out
+
+
+def matrix(table: Mapping[str, Any], kind: str = "incremental", estimator: str = "k3_token_mean",
+           stat: str | None = None) -> np.ndarray:
+    """tasks x stages array from a kl_stages result (or, with `stat`, from an aggregate_seeds result)."""
+    m = np.full((len(table["tasks"]), len(table["stages"])), np.nan)
+    for i, t in enumerate(table["tasks"]):
+        for j, s in enumerate(table["stages"]):
+            cell = table[kind].get(t, {}).get(s)
+            if cell is None:
+                continue
+            v = cell.get(stat) if stat else cell.get(estimator)
+            if v is not None:
+                m[i, j] = v
+    return m
+
+
+def plot_heatmap(panels: Mapping[str, tuple[np.ndarray, Sequence[str], Sequence[str]]], path: str | Path,
+                 title: str = "incremental KL(after || before)") -> Path:
+    """Figure 2: one heatmap per method (rows: evaluation task, columns: after training stage), one shared
+    colour scale, value written in each cell."""
+    from esft.analysis.plots import pyplot, save
+
+    plt = pyplot()
+    finite = [m[np.isfinite(m)] for m, _, _ in panels.values()]
+    vmax = max([float(f.max()) for f in finite if f.size] or [1.0])
+    vmin = min([float(f.min()) for f in finite if f.size] or [0.0])
+    vmin = min(0.0, vmin)
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels) + 0.8, 3.6), squeeze=False)
+    im = None
+    for ax, (label, (m, rows, cols)) in zip(axes[0], panels.items()):
+        im = ax.imshow(m, cmap="viridis", vmin=vmin, vmax=vmax if vmax > vmin else vmin + 1e-12, aspect="auto")
+        ax.set_xticks(range(len(cols)))
+        ax.set_xticklabels([f"after {c}" for c in cols], rotation=30, ha="right", fontsize=8)
+        ax.set_yticks(range(len(rows)))
+        ax.set_yticklabels(rows, fontsize=8)
+        ax.set_title(label)
+        for i in range(m.shape[0]):
+            for j in range(m.shape[1]):
+                if np.isfinite(m[i, j]):
+                    ax.text(j, i, f"{m[i, j]:.3g}", ha="center", va="center", fontsize=7,
+                            color="w" if m[i, j] < (vmin + vmax) / 2 else "k")
+    if im is not None:
+        fig.colorbar(im, ax=list(axes[0]), shrink=0.8)
+    fig.suptitle(title, fontsize=10)
+    return save(fig, path)

@@ -1,0 +1,290 @@
+"""Accuracy along straight lines in weight space (paper Figures 3, 4 and 5).
+
+* `interpolation_path`: theta(t) = (1 - t) theta_A + t theta_B between two checkpoints (e.g. final ES and final
+  GRPO), with the straight line between the endpoint accuracies; a barrier is a drop of the path below that line.
+* `direction_sweep`: theta(m) = theta_origin + m u, with u the unit vector of a direction and m an absolute
+  distance ||dtheta||_2, for several directions: the ES update (theta_ES - theta_0), the GRPO update, and a random
+  direction norm-matched tensor by tensor to a reference update (Figure 4, from the base model). From a later
+  checkpoint and on holdout tasks this is Figure 5.
+
+One working model is held in memory; the weights it is set to are computed tensor by tensor in float64 from
+checkpoints read lazily from disk (esft.analysis.sources), so no second model is materialised.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import torch
+
+from esft.analysis.sources import TensorSource, as_source
+
+
+# ---- directions in parameter space ------------------------------------------------------------------------------
+
+def _aliases(model: torch.nn.Module) -> dict[str, list[str]]:
+    """Parameter name -> every state-dict name of the same tensor (a tied lm_head is stored under one of them)."""
+    by_id: dict[int, list[str]] = {}
+    for name, t in model.state_dict(keep_vars=True).items():
+        by_id.setdefault(id(t), []).append(name)
+    return {name: by_id.get(id(p), [name]) for name, p in model.named_parameters()}
+
+
+def _key_for(name: str, aliases: Mapping[str, list[str]], keys: Mapping[str, Any]) -> str | None:
+    return next((a for a in aliases.get(name, [name]) if a in keys), None)
+
+
+class Direction:
+    """A vector in parameter space, read one parameter tensor at a time (float64)."""
+
+    label: str = ""
+
+    def bind(self, model: torch.nn.Module) -> "Direction":
+        """Resolve parameter names of `model` against the underlying sources (call before tensor/norm)."""
+        return self
+
+    def tensor(self, name: str) -> torch.Tensor | None:
+        raise NotImplementedError
+
+    def tensor_norms(self) -> dict[str, float]:
+        raise NotImplementedError
+
+    @property
+    def norm(self) -> float:
+        return math.sqrt(sum(v * v for v in self.tensor_norms().values()))
+
+
+class DeltaDirection(Direction):
+    """theta_to - theta_from (e.g. an ES or GRPO update: tuned - base)."""
+
+    def __init__(self, start: Any, end: Any, label: str = "delta"):
+        self.start, self.end = as_source(start), as_source(end)
+        self.label = label
+        self._keys: dict[str, tuple[str, str]] = {}
+        self._norms: dict[str, float] | None = None
+
+    def bind(self, model: torch.nn.Module) -> "DeltaDirection":
+        aliases = _aliases(model)
+        ks, ke = self.start.shapes(), self.end.shapes()
+        self._keys = {}
+        for name, _ in model.named_parameters():
+            a, b = _key_for(name, aliases, ks), _key_for(name, aliases, ke)
+            if a is not None and b is not None:
+                self._keys[name] = (a, b)
+        if not self._keys:
+            raise ValueError(f"no parameter of the model found in {self.start.name} and {self.end.name}")
+        self._norms = None
+        return self
+
+    def tensor(self, name: str) -> torch.Tensor | None:
+        if name not in self._keys:
+            return None
+        a, b = self._keys[name]
+        return self.end.read(b).to(torch.float64) - self.start.read(a).to(torch.float64)
+
+    def tensor_norms(self) -> dict[str, float]:
+        if self._norms is None:
+            self._norms = {n: float(self.tensor(n).norm()) for n in self._keys}
+        return self._norms
+
+
+def _seed_for(seed: int, name: str) -> int:
+    # stable across processes (Python's hash() is salted), distinct per tensor: no shared noise between layers
+    return int.from_bytes(hashlib.sha256(f"random-direction:{seed}:{name}".encode()).digest()[:8], "little") >> 1
+
+
+class RandomDirection(Direction):
+    """Gaussian direction rescaled tensor by tensor to the norms of a reference direction, so it moves every
+    tensor as far as the reference does (paper Figure 4's control)."""
+
+    def __init__(self, reference: Direction, seed: int = 0, label: str = "random"):
+        self.reference = reference
+        self.seed = seed
+        self.label = label
+        self._shapes: dict[str, torch.Size] = {}
+
+    def bind(self, model: torch.nn.Module) -> "RandomDirection":
+        self.reference.bind(model)
+        self._shapes = {n: p.shape for n, p in model.named_parameters()}
+        return self
+
+    def tensor(self, name: str) -> torch.Tensor | None:
+        target = self.reference.tensor_norms().get(name)
+        if target is None:
+            return None
+        g = torch.Generator().manual_seed(_seed_for(self.seed, name))
+        r = torch.randn(self._shapes[name], generator=g, dtype=torch.float64)
+        n = float(r.norm())
+        return r * (target / n) if n > 0 else r
+
+    def tensor_norms(self) -> dict[str, float]:
+        return dict(self.reference.tensor_norms())
+
+
+@torch.no_grad()
+def set_weights(model: torch.nn.Module, origin: Any, terms: Sequence[tuple[float, Direction]] = ()) -> None:
+    """model <- origin + sum_i c_i direction_i, computed per tensor in float64 and cast to each parameter's dtype.
+    Parameters absent from `origin` keep their values; a direction without a tensor contributes zero."""
+    src: TensorSource = as_source(origin)
+    keys = src.shapes()
+    aliases = _aliases(model)
+    for name, param in model.named_parameters():
+        key = _key_for(name, aliases, keys)
+        if key is None:
+            continue
+        value = src.read(key).to(torch.float64)
+        for coef, direction in terms:
+            if coef == 0.0:
+                continue
+            t = direction.tensor(name)
+            if t is not None:
+                value.add_(t, alpha=float(coef))
+        param.copy_(value.reshape(param.shape).to(device=param.device, dtype=param.dtype))
+
+
+# ---- evaluation ------------------------------------------------------------------------------------------------------
+
+def prepare_tasks(names: Sequence[str], limit: int | None, split: str = "test",
+                  task_options: Mapping[str, Mapping] | None = None) -> dict[str, tuple[Any, list]]:
+    from esft.tasks import get_task
+
+    out = {}
+    for n in names:
+        task = get_task(n, **dict((task_options or {}).get(n, {})))
+        out[n] = (task, task.load(split, limit))
+    return out
+
+
+def accuracy(model, tokenizer, tasks: Mapping[str, tuple[Any, list]], gen_config) -> dict[str, float]:
+    """Accuracy per task with esft.evaluation.evaluate_task (the task's own scorer)."""
+    from esft.evaluation import evaluate_task
+
+    return {n: float(evaluate_task(model, tokenizer, task, ex, gen_config, progress=False)["accuracy"])
+            for n, (task, ex) in tasks.items()}
+
+
+def barrier(ts: Sequence[float], acc: Sequence[float], n: int | None = None) -> dict[str, Any]:
+    """Largest drop of the path below the straight line between its endpoint accuracies. A barrier is declared
+    when the drop exceeds twice the binomial standard error of the line's value at that point (n examples)."""
+    ts = np.asarray(ts, dtype=np.float64)
+    acc = np.asarray(acc, dtype=np.float64)
+    line = acc[0] + (acc[-1] - acc[0]) * (ts - ts[0]) / (ts[-1] - ts[0])
+    drop = line - acc
+    k = int(np.argmax(drop))
+    se = math.sqrt(max(line[k] * (1 - line[k]), 1e-12) / n) if n else None
+    return {"max_drop": float(drop[k]), "at": float(ts[k]), "line_at": float(line[k]), "se": se,
+            "barrier": bool(se is not None and drop[k] > 2 * se), "min_accuracy": float(acc.min()),
+            "linear": line.tolist()}
+
+
+def interpolation_path(model, tokenizer, a: Any, b: Any, ts: Sequence[float], tasks: Mapping[str, tuple[Any, list]],
+                       gen_config, progress: bool = False) -> dict[str, Any]:
+    """Accuracy at theta(t) = (1 - t) a + t b for each t (0 and 1 are always included)."""
+    ts = sorted(set([0.0, 1.0, *[float(t) for t in ts]]))
+    sa = as_source(a)
+    direction = DeltaDirection(sa, b, "a->b").bind(model)
+    accs: dict[str, list[float]] = {n: [] for n in tasks}
+    for t in ts:
+        set_weights(model, sa, [(t, direction)])
+        res = accuracy(model, tokenizer, tasks, gen_config)
+        for n, v in res.items():
+            accs[n].append(v)
+        if progress:
+            print(f"interpolation t={t:.3f} " + " ".join(f"{n}={v:.3f}" for n, v in res.items()), flush=True)
+    return {"t": ts, "accuracy": accs, "distance": direction.norm,
+            "barrier": {n: barrier(ts, accs[n], len(tasks[n][1])) for n in tasks},
+            "n": {n: len(tasks[n][1]) for n in tasks}}
+
+
+def default_magnitudes(norms: Sequence[float], points: int = 6) -> list[float]:
+    """0, each norm, and a geometric grid from min(norms)/4 to 1.5 max(norms) (the study's ES and GRPO norms
+    differ ~90x, so a linear grid would not resolve the GRPO scale)."""
+    pos = [float(x) for x in norms if x and x > 0]
+    if not pos:
+        return [0.0]
+    lo, hi = min(pos) / 4, 1.5 * max(pos)
+    grid = np.geomspace(lo, hi, max(2, points)) if hi / lo > 4 else np.linspace(0, hi, max(2, points))
+    vals = sorted(set([0.0, *[float(x) for x in grid], *pos]))
+    return vals
+
+
+def direction_sweep(model, tokenizer, origin: Any, directions: Sequence[Direction], magnitudes: Sequence[float],
+                    tasks: Mapping[str, tuple[Any, list]], gen_config, progress: bool = False) -> dict[str, Any]:
+    """Accuracy at origin + m * direction / ||direction|| for each direction and absolute distance m."""
+    so = as_source(origin)
+    out: dict[str, Any] = {"origin": so.name, "magnitudes": [float(m) for m in magnitudes], "directions": {},
+                           "n": {n: len(tasks[n][1]) for n in tasks}}
+    cache_zero: dict[str, float] | None = None
+    for d in directions:
+        d.bind(model)
+        norm = d.norm
+        accs: dict[str, list[float]] = {n: [] for n in tasks}
+        for m in magnitudes:
+            if m == 0.0 and cache_zero is not None:
+                res = cache_zero  # the origin itself: identical for every direction
+            else:
+                set_weights(model, so, [(m / norm if norm > 0 else 0.0, d)])
+                res = accuracy(model, tokenizer, tasks, gen_config)
+                if m == 0.0:
+                    cache_zero = res
+            for n, v in res.items():
+                accs[n].append(v)
+            if progress:
+                print(f"{d.label} |d|={m:.4g} " + " ".join(f"{n}={v:.3f}" for n, v in res.items()), flush=True)
+        out["directions"][d.label] = {"norm": norm, "accuracy": accs}
+    return out
+
+
+# ---- figures --------------------------------------------------------------------------------------------------------
+
+def plot_interpolation(result: Mapping[str, Any], path: str | Path, labels: tuple[str, str] = ("ES", "GRPO")) -> Path:
+    """Figure 3: accuracy along the path, with the dashed straight line between endpoint accuracies."""
+    from esft.analysis.plots import pyplot, save
+
+    plt = pyplot()
+    tasks = list(result["accuracy"])
+    fig, axes = plt.subplots(1, len(tasks), figsize=(3.8 * len(tasks), 3.2), squeeze=False)
+    for ax, n in zip(axes[0], tasks):
+        ts, acc = result["t"], result["accuracy"][n]
+        ax.plot(ts, acc, "o-", color="tab:purple")
+        ax.plot([ts[0], ts[-1]], [acc[0], acc[-1]], "--", color="gray")
+        b = result["barrier"][n]
+        ax.set_title(f"{n}: max drop {b['max_drop']:+.3f}" + (" (barrier)" if b["barrier"] else ""), fontsize=9)
+        ax.set_xlabel(f"t  ({labels[0]} = 0, {labels[1]} = 1)")
+        ax.set_ylabel("accuracy")
+    return save(fig, path)
+
+
+def plot_direction_sweep(result: Mapping[str, Any], path: str | Path, reference: Mapping[str, Mapping[str, float]] | None = None,
+                         title: str = "") -> Path:
+    """Figure 4/5: accuracy vs distance moved along each direction; dashed verticals at each update's norm,
+    dotted horizontals at reference accuracies (e.g. base and checkpoints; {label: {task: acc}})."""
+    from esft.analysis.plots import color, pyplot, save
+
+    plt = pyplot()
+    mags = np.asarray(result["magnitudes"], dtype=np.float64)
+    tasks = list(next(iter(result["directions"].values()))["accuracy"]) if result["directions"] else []
+    fig, axes = plt.subplots(1, max(1, len(tasks)), figsize=(4.2 * max(1, len(tasks)), 3.4), squeeze=False)
+    pos = mags[mags > 0]
+    for ax, n in zip(axes[0], tasks):
+        for label, d in result["directions"].items():
+            ax.plot(mags, d["accuracy"][n], "o-", ms=3, color=color(label.split()[0]), label=label)
+            if not label.lower().startswith("random"):
+                ax.axvline(d["norm"], color=color(label.split()[0]), ls="--", lw=1)
+        for j, (lab, accs) in enumerate((reference or {}).items()):
+            if n in accs:
+                ax.axhline(accs[n], color="k", ls=":", lw=1, alpha=0.5 + 0.25 * j)
+                ax.text(mags.max(), accs[n], lab, fontsize=6, ha="right", va="bottom")
+        if pos.size and pos.max() / pos.min() > 20:
+            ax.set_xscale("symlog", linthresh=float(pos.min()))
+        ax.set_xlabel(r"distance moved $\|\Delta\theta\|_2$")
+        ax.set_ylabel("accuracy")
+        ax.set_title(n, fontsize=9)
+        ax.legend(fontsize=7)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    return save(fig, path)

@@ -1,0 +1,142 @@
+"""Functional sparsity: how much of an update is needed for its accuracy (Ba et al.; REFERENCE section 5).
+
+Keep only the update coordinates with |d| > tau, revert the others to the base weights, and re-evaluate, over a
+sweep of tau. The reported sparsity at tau is the fraction of reverted coordinates, |d| <= tau (so at tau = 1e-5
+it is the sparsity of paper Table 4). Thresholds can be given directly or chosen to hit target sparsities
+from a streamed log-histogram of |d|; the sparsity actually reached is always measured exactly.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import torch
+
+from esft.analysis.landscape import DeltaDirection, Direction, accuracy, set_weights
+from esft.analysis.sources import DEFAULT_CHUNK_ELEMS, aligned_refs, as_source, iter_chunks
+
+DEFAULT_TARGETS = (0.0, 0.5, 0.75, 0.9, 0.97, 0.99)
+
+
+def threshold_update(delta: torch.Tensor, tau: float) -> torch.Tensor:
+    """delta with every entry |d| <= tau set to zero (those coordinates revert to the base)."""
+    return torch.where(delta.abs() > tau, delta, torch.zeros_like(delta))
+
+
+def sparsity_at(base: Any, tuned: Any, taus: Sequence[float], chunk_elems: int = DEFAULT_CHUNK_ELEMS) -> list[float]:
+    """Exact fraction of update entries with |d| <= tau, for each tau, in one streamed pass."""
+    sb, st = as_source(base), as_source(tuned)
+    rows, _ = aligned_refs([sb, st])
+    taus_t = torch.tensor([float(t) for t in taus], dtype=torch.float64)
+    small = torch.zeros(len(taus), dtype=torch.float64)
+    total = 0
+    for _, refs in rows:
+        for b, t in iter_chunks([sb, st], refs, chunk_elems):
+            a = (t - b).abs().flatten()
+            # sort once per chunk, then count entries <= each tau by binary search
+            s, _ = torch.sort(a)
+            small += torch.searchsorted(s, taus_t, right=True).to(torch.float64)
+            total += a.numel()
+    return (small / max(1, total)).tolist()
+
+
+def abs_histogram(base: Any, tuned: Any, edges: np.ndarray, chunk_elems: int = DEFAULT_CHUNK_ELEMS) -> tuple[np.ndarray, int, int]:
+    """Counts of |d| in bins [edges[i], edges[i+1]); returns (counts, entries below edges[0] (exact zeros
+    included), total entries). Values >= edges[-1] land in the last bin."""
+    sb, st = as_source(base), as_source(tuned)
+    rows, _ = aligned_refs([sb, st])
+    e = torch.tensor(edges, dtype=torch.float64)
+    counts = torch.zeros(len(edges) - 1, dtype=torch.float64)
+    below = total = 0
+    for _, refs in rows:
+        for b, t in iter_chunks([sb, st], refs, chunk_elems):
+            a = (t - b).abs().flatten()
+            total += a.numel()
+            low = a < e[0]
+            below += int(low.sum())
+            idx = (torch.bucketize(a[~low], e, right=True) - 1).clamp(0, len(edges) - 2)
+            counts += torch.bincount(idx, minlength=len(edges) - 1).to(torch.float64)
+    return counts.numpy(), below, total
+
+
+def taus_for_sparsity(base: Any, tuned: Any, targets: Sequence[float] = DEFAULT_TARGETS, bins: int = 4000,
+                      lo: float = 1e-12, hi: float = 1e3) -> list[float]:
+    """Thresholds whose sparsity is (up to the histogram resolution, ~0.7% in tau) each target fraction.
+    Target 0 gives tau = 0 (the full update, exact zeros excepted)."""
+    edges = np.geomspace(lo, hi, bins + 1)
+    counts, below, total = abs_histogram(base, tuned, edges)
+    cum = (below + np.cumsum(counts)) / max(1, total)  # fraction <= edges[i+1] (approximately)
+    taus = []
+    for q in targets:
+        if q <= 0:
+            taus.append(0.0)
+            continue
+        i = int(np.searchsorted(cum, q, side="left"))
+        taus.append(float(edges[min(i + 1, len(edges) - 1)]))
+    return taus
+
+
+class ThresholdedDelta(Direction):
+    """tuned - base with entries |d| <= tau zeroed."""
+
+    def __init__(self, delta: DeltaDirection, tau: float):
+        self.delta, self.tau = delta, float(tau)
+        self.label = f"tau={tau:g}"
+
+    def bind(self, model):
+        self.delta.bind(model)
+        return self
+
+    def tensor(self, name: str):
+        t = self.delta.tensor(name)
+        return None if t is None else threshold_update(t, self.tau)
+
+    def tensor_norms(self) -> dict[str, float]:
+        return {n: float(self.tensor(n).norm()) for n in self.delta.tensor_norms()}
+
+
+def sparsity_sweep(model, tokenizer, base: Any, tuned: Any, tasks: Mapping[str, tuple[Any, list]], gen_config,
+                   taus: Sequence[float] | None = None, targets: Sequence[float] = DEFAULT_TARGETS,
+                   progress: bool = False) -> dict[str, Any]:
+    """Accuracy of base + threshold(tuned - base, tau) for each tau (from `targets` when `taus` is None), next
+    to the exact sparsity reached; the base model's accuracy is included as the fully reverted end point."""
+    if taus is None:
+        taus = taus_for_sparsity(base, tuned, targets)
+    taus = sorted(set(float(t) for t in taus))
+    sp = sparsity_at(base, tuned, taus)
+    delta = DeltaDirection(base, tuned, "update").bind(model)
+    rows = []
+    for tau, s in zip(taus, sp):
+        set_weights(model, base, [(1.0, ThresholdedDelta(delta, tau).bind(model))])
+        acc = accuracy(model, tokenizer, tasks, gen_config)
+        rows.append({"tau": tau, "sparsity": s, "accuracy": acc})
+        if progress:
+            print(f"tau={tau:.3g} sparsity={s:.4f} " + " ".join(f"{n}={v:.3f}" for n, v in acc.items()), flush=True)
+    set_weights(model, base)
+    base_acc = accuracy(model, tokenizer, tasks, gen_config)
+    return {"rows": rows, "base_accuracy": base_acc, "n": {n: len(tasks[n][1]) for n in tasks},
+            "update_norm": delta.norm}
+
+
+def plot_sparsity_sweep(results: Mapping[str, Mapping[str, Any]], path: str | Path) -> Path:
+    """Accuracy vs sparsity of the kept update, one line per method, per task; base accuracy dotted."""
+    from esft.analysis.plots import color, pyplot, save
+
+    plt = pyplot()
+    tasks = sorted({t for r in results.values() for row in r["rows"] for t in row["accuracy"]})
+    fig, axes = plt.subplots(1, max(1, len(tasks)), figsize=(4 * max(1, len(tasks)), 3.3), squeeze=False)
+    for ax, t in zip(axes[0], tasks):
+        for label, r in results.items():
+            xs = [row["sparsity"] for row in r["rows"]]
+            ys = [row["accuracy"][t] for row in r["rows"]]
+            ax.plot(xs, ys, "o-", color=color(label), label=label)
+            if t in r.get("base_accuracy", {}):
+                ax.axhline(r["base_accuracy"][t], color=color(label), ls=":", lw=1)
+        ax.set_xlabel(r"sparsity (fraction of $|\Delta\theta_i| \leq \tau$ reverted)")
+        ax.set_ylabel("accuracy")
+        ax.set_title(t, fontsize=9)
+        ax.legend(fontsize=7)
+    return save(fig, path)
+
