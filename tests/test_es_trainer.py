@@ -73,6 +73,12 @@ def test_run_directory_contents(tmp_path):
     assert (out / "checkpoints" / "final" / "model.safetensors").exists()
     with pytest.raises(FileExistsError):  # never silently overwrite a run
         run(config)
+    from esft.es.report import plot_run, summarize
+
+    summary = summarize(out)
+    assert summary["iterations"] == 6 and summary["eval_last"]["step"] == 6 and summary["peak_rss_mb"] > 0
+    assert {"perturb", "generate", "score", "restore", "update"} <= set(summary["time_split_fraction"])
+    assert plot_run(out).stat().st_size > 1000
 
 
 def test_same_seed_is_bit_identical_and_replay_reproduces_weights(tmp_path):
