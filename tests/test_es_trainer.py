@@ -175,8 +175,14 @@ def test_resume_rejects_changed_config(tmp_path):
     run(config)
     with pytest.raises(ValueError, match="sigma"):
         run(config.replace(resume=True, sigma=0.1))
-    # extending a finished run is allowed
-    res = run(config.replace(resume=True, iterations=3))
+    # extending a finished run is allowed; resume_config recovers the saved settings from the run directory
+    from esft.es.config import resume_config
+
+    with pytest.raises(ValueError, match="sigma"):
+        resume_config(config.output_dir, {"sigma": 0.1})
+    again = resume_config(config.output_dir, {"iterations": 3, "population_size": 6})
+    assert again.resume and again.iterations == 3 and again.sigma == config.sigma
+    res = run(again)
     assert res.steps == 3 and len(seeds_log(res.output_dir)) == 3
 
 

@@ -133,3 +133,15 @@ def read_run_config(run_dir: str | Path) -> tuple[ESConfig, dict[str, Any]]:
     data = yaml.safe_load((Path(run_dir) / "config.yaml").read_text()) or {}
     extra = data.pop("_run", {}) or {}
     return build_config(ESConfig, overrides=data), extra
+
+
+def resume_config(run_dir: str | Path, overrides: dict[str, Any] | None = None) -> ESConfig:
+    """Config to continue `run_dir`: its saved config.yaml, resume=True, plus explicit overrides (only the fields in
+    RESUMABLE_CHANGES may differ, e.g. a larger `iterations`). For `esft train es --resume --output-dir D`, where
+    the flags alone would otherwise fall back to defaults."""
+    config, _ = read_run_config(run_dir)
+    changes = {k: v for k, v in (overrides or {}).items() if getattr(config, k) != v}
+    bad = sorted(set(changes) - RESUMABLE_CHANGES)
+    if bad:
+        raise ValueError(f"cannot change {bad} when resuming {run_dir}")
+    return dataclasses.replace(config, **{**changes, "resume": True, "output_dir": str(run_dir)})
