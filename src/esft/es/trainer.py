@@ -140,11 +140,11 @@ class ESTrainer:
     def _prepare_dir(self) -> None:
         self.out.mkdir(parents=True, exist_ok=True)
         (self.out / "samples").mkdir(exist_ok=True)
-        if self.config.resume:
-            if (self.out / "config.yaml").exists():
-                _check_resumable(self.out, self.config)
-                self._resume()
-        elif (self.out / "seeds.jsonl").exists() and runlog.read_jsonl(self.out / "seeds.jsonl"):
+        if self.config.resume and (self.out / "config.yaml").exists():
+            _check_resumable(self.out, self.config)
+            self._resume()
+        elif runlog.read_jsonl(self.out / "seeds.jsonl") or runlog.list_checkpoints(self.out):
+            # never mix two runs in one directory: a later resume would pick up the other run's state
             raise FileExistsError(f"{self.out} already holds a run; pass resume=True (--resume) or a new output_dir")
         else:
             for name in ("seeds.jsonl", "metrics.jsonl"):
@@ -191,14 +191,20 @@ class ESTrainer:
                 "test_tokens_generated": test.tokens_generated,
             })
             rows = []
+            answers: dict[str, int] = {}
             for j, ex in enumerate(self.test_set):
                 text = test.texts[0][j]
                 try:
                     details = self.task.details(text, ex)
                 except Exception:  # details are diagnostics only
                     details = {}
+                if "extracted" in details:  # e.g. a yes-bias shows here (REFERENCE section 6)
+                    key = str(details["extracted"])
+                    answers[key] = answers.get(key, 0) + 1
                 rows.append({"index": j, "score": float(test.scores[0, j]), "well_formed": bool(wf[j]),
                              "completion": text, **details})
+            if answers:
+                rec["test_answer_counts"] = dict(sorted(answers.items(), key=lambda kv: -kv[1])[:10])
             runlog.rewrite_jsonl(self.out / "samples" / f"eval_{self.step:06d}.jsonl", rows)
         rec["seconds"] = time.perf_counter() - t0
         rec["peak_rss_mb"] = peak_rss_mb()
