@@ -2,6 +2,9 @@
 
     esft eval --model smollm2-135m --tasks boolq,countdown --limit 50 --output-dir runs/eval
     esft train es --preset cpu --output-dir runs/es-demo
+    esft train grpo --preset cpu --output-dir runs/grpo-demo
+    esft analyze weights --base smollm2-135m --tuned runs/es/checkpoints/final,runs/grpo/checkpoints/final
+    esft report runs/experiment
     esft env
 """
 
@@ -48,6 +51,37 @@ def _train_es(args: argparse.Namespace) -> int:
     return 0
 
 
+def _train_grpo(args: argparse.Namespace) -> int:
+    from esft.grpo import PRESETS, GRPOConfig, train_grpo
+
+    config = build_config(GRPOConfig, PRESETS, args.preset, args.config, _explicit(args, GRPOConfig))
+    result = train_grpo(config)
+    print(f"\n{result.steps} steps in {result.output_dir}; final checkpoint: {result.final_checkpoint}")
+    return 0
+
+
+def _analyze(args: argparse.Namespace) -> int:
+    from esft.analysis.commands import COMMANDS
+
+    cls, run, fmt = COMMANDS[args.analysis]
+    config = build_config(cls, None, None, args.config, _explicit(args, cls))
+    result = run(config)
+    print(fmt(result))
+    print(f"\nwrote {config.output_dir}")
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    from esft.analysis.report import ReportConfig, build_report
+
+    overrides = _explicit(args, ReportConfig)
+    overrides["dir"] = args.dir
+    config = build_config(ReportConfig, None, None, args.config, overrides)
+    path = build_report(config)
+    print(f"wrote {path}")
+    return 0
+
+
 def _explicit(args: argparse.Namespace, cls: type) -> dict[str, Any]:
     import dataclasses
 
@@ -91,6 +125,31 @@ def build_parser() -> argparse.ArgumentParser:
         _add_run_options(p, PRESETS)
         add_dataclass_arguments(p, ESConfig)
         p.set_defaults(func=_train_es)
+
+    # GRPOConfig itself imports nothing heavy; TRL is imported only when training starts.
+    from esft.grpo.config import PRESETS as GRPO_PRESETS, GRPOConfig
+
+    p = algos.add_parser("grpo", help="GRPO baseline (TRL GRPOTrainer; needs `pip install esft[grpo]`)")
+    _add_run_options(p, GRPO_PRESETS)
+    add_dataclass_arguments(p, GRPOConfig)
+    p.set_defaults(func=_train_grpo)
+
+    from esft.analysis.commands import COMMANDS
+    from esft.analysis.report import ReportConfig
+
+    analyze = sub.add_parser("analyze", help="one weight-space / behaviour analysis (JSON + PNG)")
+    kinds = analyze.add_subparsers(dest="analysis", required=True)
+    for name, (cls, _, _) in COMMANDS.items():
+        p = kinds.add_parser(name, help=(cls.__doc__ or "").split("\n")[0])
+        _add_run_options(p, None)
+        add_dataclass_arguments(p, cls)
+        p.set_defaults(func=_analyze)
+
+    p = sub.add_parser("report", help="report.md with every table and figure the runs in DIR support")
+    p.add_argument("dir", metavar="DIR", help="a run directory or an experiment directory holding several runs")
+    _add_run_options(p, None)
+    add_dataclass_arguments(p, ReportConfig, skip=("dir",))
+    p.set_defaults(func=_report)
     return parser
 
 

@@ -324,7 +324,8 @@ def plot_families(result: Mapping[str, Any], path: str | Path) -> Path:
                             fmt="o", color="k", capsize=3)
             ax.axhline(1.0, color="k" if key == "rho" else "gray", ls="--" if key == "rho" else ":", lw=1)
             ax.set_xticks(range(len(fams)))
-            ax.set_xticklabels(fams, rotation=30, fontsize=7)
+            # family names under the bottom panel only (the top one shares its columns)
+            ax.set_xticklabels(fams if row_i == 1 else [], rotation=30, ha="right", fontsize=7)
             ax.set_ylabel(r"$\rho = d_{eff}/d$" if key == "rho" else "R$^2$ (fit through origin)")
             if row_i == 0:
                 ax.set_title(f"{title}")

@@ -1,0 +1,424 @@
+"""`esft analyze weights|kl|landscape|drift|sparsity`: one analysis each, writing JSON + PNG to --output-dir.
+
+Each command is a dataclass config (flags via esft.config, like `esft eval`) and a thin function over the
+library functions of its module. `esft report DIR` runs all of them over discovered runs (esft.analysis.report).
+
+    esft analyze weights --base smollm2-135m --tuned runs/es/checkpoints/final,runs/grpo/checkpoints/final
+    esft analyze drift --run runs/es --grpo-run runs/grpo
+    esft analyze kl --base smollm2-135m --stages runs/es/checkpoints/final --tasks boolq --limit 50
+    esft analyze landscape --base smollm2-135m --es runs/es/checkpoints/final --grpo runs/grpo/checkpoints/final
+    esft analyze sparsity --base smollm2-135m --tuned runs/es/checkpoints/final --tasks boolq
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+def _resolve(spec: str) -> str:
+    """A folder for a model spec (embedded names such as smollm2-135m resolve to their cache folder)."""
+    from esft.models import resolve_model_path
+
+    p = resolve_model_path(spec)
+    if not Path(p).is_dir():
+        raise FileNotFoundError(f"{spec!r} is not a model folder on disk (weight analyses read checkpoints)")
+    return p
+
+
+def _write(out: Path, name: str, payload: Any) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / name
+    path.write_text(json.dumps(payload, indent=1, default=str))
+    return path
+
+
+def _gen(max_new_tokens: int, batch_size: int, temperature: float = 0.0, top_p: float = 1.0, seed: int = 0):
+    from esft.generation import GenerationConfig
+
+    return GenerationConfig(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                            batch_size=batch_size, seed=seed)
+
+
+def _load(base: str, weights: str | None, dtype: str, device: str | None):
+    """Model and tokenizer of `base`, with the weights of checkpoint `weights` (folders need no tokenizer)."""
+    from esft.analysis.landscape import set_weights
+    from esft.models import load_model
+
+    model, tok = load_model(base, dtype=dtype, device=device)
+    if weights is not None and Path(weights).resolve() != Path(base).resolve():
+        set_weights(model, weights)
+    return model, tok
+
+
+def _task_options(max_passage_chars: int | None) -> dict[str, dict[str, Any]]:
+    return {"boolq": {"max_passage_chars": max_passage_chars}} if max_passage_chars else {}
+
+
+# ---- weights --------------------------------------------------------------------------------------------------------
+
+@dataclass
+class WeightsConfig:
+    """Update norm, sparsity, stable rank and cosine of one or more checkpoints against a base (Tables 3, 4, 20)."""
+
+    base: str = "smollm2-135m"
+    """base model: embedded name or HF folder"""
+    tuned: list[str] = field(default_factory=list)
+    """fine-tuned checkpoint folders (comma-separated); two give cosine and norm ratio"""
+    labels: list[str] = field(default_factory=lambda: ["es", "grpo"])
+    """names of the tuned checkpoints, in order"""
+    eps: float = 1e-5
+    """sparsity threshold |d| <= eps (paper Table 4)"""
+    stable_ranks: bool = True
+    """compute stable ranks of attention / MLP update matrices (one SVD each)"""
+    stable_rank_device: str | None = None
+    """device for the spectral norms (e.g. cuda for multi-billion models)"""
+    output_dir: str = "analysis/weights"
+    """where weights.json and the figure go"""
+
+
+def run_weights(cfg: WeightsConfig) -> dict[str, Any]:
+    from esft.analysis.report import plot_weights
+    from esft.analysis.weights import compare_updates
+
+    if not cfg.tuned:
+        raise ValueError("give at least one --tuned checkpoint")
+    labels = (list(cfg.labels) + [f"tuned{i}" for i in range(len(cfg.tuned))])[:len(cfg.tuned)]
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"labels must be distinct, got {labels}")
+    rep = compare_updates(_resolve(cfg.base), dict(zip(labels, cfg.tuned)), eps=cfg.eps,
+                          stable_ranks=cfg.stable_ranks, stable_rank_device=cfg.stable_rank_device, progress=True)
+    out = Path(cfg.output_dir)
+    rep["config"] = asdict(cfg)
+    _write(out, "weights.json", rep)
+    plot_weights(rep, out / "weights.png")
+    return rep
+
+
+def format_weights(rep: dict[str, Any]) -> str:
+    t = rep["total"]
+    lines = []
+    for lab in rep["labels"]:
+        v = t[lab]
+        lines.append(f"{lab:<8} ||d||_2 {v['norm']:.6g}  sparsity(|d|<={rep['eps']:g}) {100 * v['sparsity']:.2f}%  "
+                     f"stable rank (mean attn+MLP) {v['stable_rank_mean'] if v['stable_rank_mean'] is None else round(v['stable_rank_mean'], 2)}")
+    for p in rep["pairs"]:
+        lines.append(f"{p}: cosine {t['cos:' + p]}, norm ratio {t['norm_ratio:' + p]}")
+    return "\n".join(lines)
+
+
+# ---- drift ------------------------------------------------------------------------------------------------------------
+
+@dataclass
+class DriftConfig:
+    """Squared displacement per step vs alpha^2 T d / N (Figures 6, 9, 10, 11)."""
+
+    run: str = "runs/es"
+    """ES run directory (replays seeds.jsonl) or a drift JSONL file"""
+    grpo_run: str | None = None
+    """GRPO run directory (its drift.jsonl) or file, drawn as the inset / compared at a matched step"""
+    alpha: float | None = None
+    """ES step size; None = from the run's config.yaml"""
+    population: int | None = None
+    """ES population N; None = from the run's config.yaml"""
+    device: str | None = None
+    """device for the replay (must match the run's: CPU and CUDA noise differ); None = the run's"""
+    output_dir: str = "analysis/drift"
+    """where drift.json, the replayed series and figures go"""
+
+
+def run_drift(cfg: DriftConfig) -> dict[str, Any]:
+    from esft.analysis import drift as D
+    from esft.analysis.runs import read_config
+
+    src = Path(cfg.run)
+    out = Path(cfg.output_dir)
+    alpha, n = cfg.alpha, cfg.population
+    if src.is_dir():
+        conf = read_config(src / "config.yaml") if (src / "config.yaml").exists() else {}
+        alpha = alpha if alpha is not None else conf.get("alpha")
+        n = n if n is not None else conf.get("population_size")
+        if (src / "seeds.jsonl").exists():
+            model = None
+            if cfg.device:
+                from esft.models import load_model
+
+                model, _ = load_model(conf["model"], dtype=conf.get("dtype"), device=cfg.device)
+            series = D.es_series(src, model=model, progress=True)
+            series.write(out / "series.jsonl")
+        elif (src / "drift.jsonl").exists():
+            series = D.read_series(src / "drift.jsonl")
+        else:
+            raise FileNotFoundError(f"{src} has neither seeds.jsonl nor drift.jsonl")
+    else:
+        series = D.read_series(src)
+    if alpha is None or n is None:
+        raise ValueError("alpha and population are needed (from the run's config.yaml or --alpha/--population)")
+    grpo = None
+    if cfg.grpo_run:
+        g = Path(cfg.grpo_run)
+        grpo = D.read_series(g / "drift.jsonl" if g.is_dir() else g)
+    res = D.analyze_series(series, float(alpha), int(n))
+    if grpo is not None:
+        res["grpo_ratio_at_matched_step"] = D.displacement_ratio(series, grpo)
+    res["config"] = asdict(cfg)
+    _write(out, "drift.json", res)
+    D.plot_total(series, float(alpha), int(n), out / "drift_total.png", grpo=grpo)
+    if res["tensors"]:
+        D.plot_families(res, out / "drift_families.png")
+        D.plot_tensor_curves(series, res, float(alpha), int(n), out / "drift_tensors.png")
+        D.plot_rho_r2(res, out / "drift_rho_r2.png")
+    return res
+
+
+def format_drift(res: dict[str, Any]) -> str:
+    t = res.get("total", {})
+    lines = [f"T={res['steps']} d={res['num_params']} alpha={res['alpha']:g} N={res['population']}: "
+             f"R^2(theory)={t.get('r2_theory')}, fit rho={t.get('rho')}, fit R^2={t.get('r2_fit')}, "
+             f"measured/predicted={t.get('final_ratio')}"]
+    for fam, v in res["families"].items():
+        lines.append(f"  {fam:<28} n={v['n']:<3} rho median {v['rho']['median']}  R^2 median {v['r2_fit']['median']}")
+    return "\n".join(lines)
+
+
+# ---- KL --------------------------------------------------------------------------------------------------------------
+
+@dataclass
+class KLConfig:
+    """KL(pi_after || pi_before), incremental and cumulative, per stage and task (Figure 2, Tables 11-16)."""
+
+    base: str = "smollm2-135m"
+    """base model (stage 0)"""
+    stages: list[str] = field(default_factory=list)
+    """checkpoint folders of stages 1..S in order (comma-separated)"""
+    stage_labels: list[str] = field(default_factory=list)
+    """names of the stages (default: the folders' run names)"""
+    tasks: list[str] = field(default_factory=lambda: ["boolq"])
+    """evaluation tasks (their test prompts)"""
+    limit: int = 50
+    """test examples per task"""
+    max_new_tokens: int = 256
+    """completion budget of pi_after"""
+    temperature: float = 0.0
+    """0 = greedy completions (paper evaluation); 1.0 = samples from pi_after (k1/k3 unbiased)"""
+    batch_size: int = 16
+    """prompts per generation batch"""
+    kl_batch_size: int = 4
+    """sequences per scoring batch"""
+    max_passage_chars: int | None = None
+    """BoolQ passages cut to this many characters (match the training runs)"""
+    aggregate: list[str] = field(default_factory=list)
+    """instead of computing: kl.json files of several seeds to aggregate (median [min, max], mean +- std)"""
+    dtype: str = "auto"
+    """model dtype"""
+    device: str | None = None
+    """device"""
+    output_dir: str = "analysis/kl"
+    """where kl.json and the heatmap go"""
+
+
+def run_kl(cfg: KLConfig) -> dict[str, Any]:
+    from esft.analysis import kl as K
+
+    out = Path(cfg.output_dir)
+    if cfg.aggregate:
+        tables = [json.loads(Path(p).read_text()) for p in cfg.aggregate]
+        tables = [t.get("result", t) for t in tables]
+        agg = K.aggregate_seeds(tables)
+        _write(out, "kl_aggregate.json", agg)
+        K.plot_heatmap({"median": (K.matrix(agg, "incremental", stat="median"), agg["tasks"], agg["stages"])},
+                       out / "kl_heatmap.png")
+        return agg
+    if not cfg.stages:
+        raise ValueError("give --stages (checkpoint folders, in order)")
+    base = _resolve(cfg.base)
+    labels = list(cfg.stage_labels) or [_stage_name(p) for p in cfg.stages]
+    stages = list(zip(labels, cfg.stages))
+    res = K.kl_stages(base, stages, cfg.tasks, cfg.limit,
+                      _gen(cfg.max_new_tokens, cfg.batch_size, cfg.temperature, 1.0), cfg.kl_batch_size,
+                      _task_options(cfg.max_passage_chars),
+                      loader=lambda spec: _load(base, str(spec), cfg.dtype, cfg.device), progress=True)
+    res["config"] = asdict(cfg)
+    _write(out, "kl.json", res)
+    K.plot_heatmap({"incremental": (K.matrix(res, "incremental"), res["tasks"], res["stages"]),
+                    "cumulative": (K.matrix(res, "cumulative"), res["tasks"], res["stages"])}, out / "kl_heatmap.png",
+                   title="KL(after || before), k3 per-token mean")
+    return res
+
+
+def _stage_name(path: str) -> str:
+    p = Path(path)
+    return p.parent.parent.name if p.parent.name == "checkpoints" else p.name
+
+
+def format_kl(res: dict[str, Any]) -> str:
+    if "incremental" not in res:
+        return json.dumps(res)[:2000]
+    lines = []
+    for kind in ("incremental", "cumulative"):
+        for t, cells in res[kind].items():
+            for s, v in cells.items():
+                if "k3_token_mean" in v:
+                    lines.append(f"{kind:<11} {t:<10} after {s:<24} k1/token {v['k1_token_mean']:.4g}  "
+                                 f"k3/token {v['k3_token_mean']:.4g}  exact/token {v['exact_token_mean']:.4g}  "
+                                 f"k3/seq {v['k3_seq_mean']:.4g}  ({v['n']} seqs, {v['tokens']} tokens)")
+                else:
+                    lines.append(f"{kind:<11} {t:<10} after {s:<24} median {v.get('median')} "
+                                 f"[{v.get('min')}, {v.get('max')}]")
+    return "\n".join(lines)
+
+
+# ---- landscape ----------------------------------------------------------------------------------------------------------
+
+@dataclass
+class LandscapeConfig:
+    """Accuracy along the ES-GRPO path (Figure 3), along update and random directions from the base (Figure 4),
+    and on holdout tasks from the final checkpoints (Figure 5)."""
+
+    base: str = "smollm2-135m"
+    """base model"""
+    es: str | None = None
+    """ES checkpoint folder"""
+    grpo: str | None = None
+    """GRPO checkpoint folder"""
+    tasks: list[str] = field(default_factory=lambda: ["boolq"])
+    """tasks for Figures 3 and 4"""
+    holdout_tasks: list[str] = field(default_factory=list)
+    """tasks for Figure 5 (e.g. mmlu,ifeval); empty = skip"""
+    limit: int = 50
+    """test examples per task"""
+    max_new_tokens: int = 256
+    """generation budget"""
+    batch_size: int = 16
+    """prompts per generation batch"""
+    interpolation_points: int = 5
+    """points on the ES-GRPO path, endpoints included"""
+    magnitude_points: int = 4
+    """geometric grid points per direction (besides 0 and the update norms)"""
+    random_seed: int = 0
+    """seed of the random direction"""
+    max_passage_chars: int | None = None
+    """BoolQ passages cut to this many characters"""
+    dtype: str = "auto"
+    """model dtype"""
+    device: str | None = None
+    """device"""
+    output_dir: str = "analysis/landscape"
+    """where landscape.json and figures go"""
+
+
+def run_landscape(cfg: LandscapeConfig) -> dict[str, Any]:
+    from esft.analysis import landscape as L
+
+    if not (cfg.es or cfg.grpo):
+        raise ValueError("give --es and/or --grpo checkpoint folders")
+    base = _resolve(cfg.base)
+    out = Path(cfg.output_dir)
+    model, tok = _load(base, None, cfg.dtype, cfg.device)
+    gc = _gen(cfg.max_new_tokens, cfg.batch_size)
+    opts = _task_options(cfg.max_passage_chars)
+    tasks = L.prepare_tasks(cfg.tasks, cfg.limit, task_options=opts)
+    res: dict[str, Any] = {"config": asdict(cfg)}
+    ends = [(lab, p) for lab, p in (("ES", cfg.es), ("GRPO", cfg.grpo)) if p]
+    if cfg.es and cfg.grpo:
+        ts = [i / (cfg.interpolation_points - 1) for i in range(cfg.interpolation_points)]
+        res["interpolation"] = L.interpolation_path(model, tok, cfg.es, cfg.grpo, ts, tasks, gc, progress=True)
+        L.plot_interpolation(res["interpolation"], out / "interpolation.png")
+    dirs: list[L.Direction] = [L.DeltaDirection(base, p, lab).bind(model) for lab, p in ends]
+    rnd = L.RandomDirection(dirs[0], cfg.random_seed, f"random (per-tensor norms of {ends[0][0]})").bind(model)
+    mags = L.default_magnitudes([d.norm for d in dirs], cfg.magnitude_points)
+    res["directions"] = L.direction_sweep(model, tok, base, dirs + [rnd], mags, tasks, gc, progress=True)
+    L.plot_direction_sweep(res["directions"], out / "directions.png", title="from the base model")
+    if cfg.holdout_tasks:
+        hold = L.prepare_tasks(cfg.holdout_tasks, cfg.limit, task_options=opts)
+        res["holdout"] = {}
+        for (lab, p), d in zip(ends, dirs):
+            mags5 = [0.0] + [f * d.norm for f in (0.25, 0.5, 1.0)]
+            res["holdout"][lab] = L.direction_sweep(model, tok, p, [d], mags5, hold, gc, progress=True)
+            L.plot_direction_sweep(res["holdout"][lab], out / f"holdout_{lab.lower()}.png",
+                                   title=f"holdout tasks from the {lab} checkpoint")
+    _write(out, "landscape.json", res)
+    return res
+
+
+def format_landscape(res: dict[str, Any]) -> str:
+    lines = []
+    if "interpolation" in res:
+        for t, b in res["interpolation"]["barrier"].items():
+            lines.append(f"interpolation {t}: accuracies {[round(x, 3) for x in res['interpolation']['accuracy'][t]]}"
+                         f"  largest drop below the line {b['max_drop']:+.3f} (barrier: {b['barrier']})")
+    for lab, d in res["directions"]["directions"].items():
+        for t, accs in d["accuracy"].items():
+            lines.append(f"{lab} (norm {d['norm']:.4g}) {t}: {[round(x, 3) for x in accs]}")
+    return "\n".join(lines)
+
+
+# ---- functional sparsity ----------------------------------------------------------------------------------------------
+
+@dataclass
+class SparsityConfig:
+    """Keep only update entries with |d| > tau, revert the rest to the base, re-evaluate (functional sparsity)."""
+
+    base: str = "smollm2-135m"
+    """base model"""
+    tuned: str = ""
+    """fine-tuned checkpoint folder"""
+    label: str = "es"
+    """name of the update in the figure"""
+    tasks: list[str] = field(default_factory=lambda: ["boolq"])
+    """evaluation tasks"""
+    targets: list[float] = field(default_factory=lambda: [0.0, 0.5, 0.78, 0.9, 0.99])
+    """target sparsities (thresholds chosen from a histogram of |d|)"""
+    taus: list[float] = field(default_factory=list)
+    """explicit thresholds instead of targets"""
+    limit: int = 50
+    """test examples per task"""
+    max_new_tokens: int = 256
+    """generation budget"""
+    batch_size: int = 16
+    """prompts per generation batch"""
+    max_passage_chars: int | None = None
+    """BoolQ passages cut to this many characters"""
+    dtype: str = "auto"
+    """model dtype"""
+    device: str | None = None
+    """device"""
+    output_dir: str = "analysis/sparsity"
+    """where sparsity.json and the figure go"""
+
+
+def run_sparsity(cfg: SparsityConfig) -> dict[str, Any]:
+    from esft.analysis import landscape as L
+    from esft.analysis import sparsity as SP
+
+    if not cfg.tuned:
+        raise ValueError("give --tuned (a checkpoint folder)")
+    base = _resolve(cfg.base)
+    model, tok = _load(base, None, cfg.dtype, cfg.device)
+    tasks = L.prepare_tasks(cfg.tasks, cfg.limit, task_options=_task_options(cfg.max_passage_chars))
+    res = SP.sparsity_sweep(model, tok, base, cfg.tuned, tasks, _gen(cfg.max_new_tokens, cfg.batch_size),
+                            taus=cfg.taus or None, targets=cfg.targets, progress=True)
+    res["config"] = asdict(cfg)
+    out = Path(cfg.output_dir)
+    _write(out, "sparsity.json", res)
+    SP.plot_sparsity_sweep({cfg.label: res}, out / "sparsity.png")
+    return res
+
+
+def format_sparsity(res: dict[str, Any]) -> str:
+    lines = [f"tau {r['tau']:<10.4g} sparsity {100 * r['sparsity']:6.2f}%  " +
+             " ".join(f"{t} {a:.3f}" for t, a in r["accuracy"].items()) for r in res["rows"]]
+    lines.append("base (all reverted)            " + " ".join(f"{t} {a:.3f}" for t, a in res["base_accuracy"].items()))
+    return "\n".join(lines)
+
+
+COMMANDS = {
+    "weights": (WeightsConfig, run_weights, format_weights),
+    "drift": (DriftConfig, run_drift, format_drift),
+    "kl": (KLConfig, run_kl, format_kl),
+    "landscape": (LandscapeConfig, run_landscape, format_landscape),
+    "sparsity": (SparsityConfig, run_sparsity, format_sparsity),
+}
+

@@ -1,0 +1,64 @@
+"""Reference values from the study (docs/es-vs-grpo-paper.txt), printed next to our measurements.
+
+The study trains Qwen3-4B-Instruct (d = 4.02e9) and Llama-3.2-3B-Instruct (d = 3.21e9) sequentially on
+Countdown -> Math -> Chemistry -> BoolQ; tables below are indexed by stage (0-based). Qwen unless noted.
+"""
+
+from __future__ import annotations
+
+STAGE_TASKS = ("countdown", "math", "chemistry", "boolq")
+
+# Table 3: ||dtheta||_2 from the base at each sequential checkpoint: (ES, GRPO, ratio)
+TABLE3 = [(87.28, 1.00, 87), (122.76, 1.15, 107), (149.99, 1.65, 91), (173.00, 1.84, 94)]
+
+# Table 4: sparsity (|d| <= 1e-5) and stable rank (mean over attention QKVO and MLP matrices):
+# (sparsity ES, sparsity GRPO, stable rank ES, stable rank GRPO)
+TABLE4 = [(0.038, 0.880, 1100, 60), (0.029, 0.880, 1090, 70), (0.024, 0.877, 1084, 89), (0.021, 0.877, 1078, 103)]
+
+# Table 20: cosine(ES update, GRPO update): (Qwen3-4B, Llama-3.2-3B)
+TABLE20 = [(1.0e-4, 0.8e-4), (1.6e-4, 1.0e-4), (2.2e-4, 1.0e-4), (2.7e-4, 1.3e-4)]
+
+# Table 1: single-task accuracy (%): task -> (base, ES 100 it, ES 300 it, GRPO)
+TABLE1 = {"countdown": (20.5, 75.1, 78.6, 74.5), "math": (61.8, 72.4, 74.0, 68.8),
+          "chemistry": (63.4, 68.1, 76.5, 74.9), "boolq": (83.7, 87.2, 88.1, 86.6)}
+
+# Incremental KL, GRPO, median [min, max] over 3 seeds: eval task -> per stage. (The text file carries this
+# table's values under the caption of Table 12; the ES counterpart, Table 11, has no values in the text.)
+TABLE12_GRPO_INCREMENTAL = {
+    "countdown": [(0.381, 0.293, 0.454), (0.008, 0.006, 0.012), (0.012, 0.004, 0.030), (0.017, 0.005, 0.029)],
+    "math": [(0.050, 0.048, 0.056), (0.009, 0.003, 0.010), (0.010, 0.007, 0.016), (0.006, 0.005, 0.011)],
+    "chemistry": [(0.012, 0.000, 0.115), (0.010, 0.000, 0.019), (0.117, 0.072, 3.738), (0.056, 0.017, 0.105)],
+    "boolq": [(0.051, 0.035, 0.061), (0.010, 0.003, 0.010), (0.038, 0.028, 4.431), (0.239, 0.094, 0.322)],
+}
+# Cumulative KL from the base, mean +- std over 3 seeds, Qwen: stage -> per eval task (countdown, math, chem, boolq)
+TABLE13_ES_CUMULATIVE = [
+    [(0.206, 0.023), (0.062, 0.008), (0.132, 0.014), (0.133, 0.006)],
+    [(0.436, 0.032), (0.178, 0.021), (0.755, 0.477), (0.355, 0.079)],
+    [(0.536, 0.059), (0.250, 0.033), (2.541, 2.390), (0.545, 0.211)],
+    [(0.551, 0.112), (0.288, 0.028), (2.013, 1.781), (0.545, 0.158)],
+]
+TABLE14_GRPO_CUMULATIVE = [
+    [(0.376, 0.081), (0.052, 0.004), (0.040, 0.066), (0.049, 0.013)],
+    [(0.420, 0.113), (0.069, 0.018), (0.087, 0.129), (0.072, 0.025)],
+    [(0.435, 0.143), (0.093, 0.038), (1.297, 2.120), (1.904, 3.140)],
+    [(0.435, 0.115), (0.091, 0.024), (1.282, 2.062), (0.194, 0.063)],
+]
+
+# Drift (Figures 6, 9-11 and text): the theory alpha^2 T d / N with alpha = sigma / 2 = 0.00075, N = 30, 500 steps
+DRIFT = {
+    "matrices": "rho ~ 1 and R^2 indistinguishable from 1 (within the top 2e-4 of the R^2 range) for every weight matrix",
+    "norms": "RMSNorm gains rise steeply and saturate: rho and R^2 scatter widely, R^2 often negative",
+    "total": "total drift follows alpha^2 T d / N with no fitted parameter (R^2 ~ 1) for ES; GRPO does not",
+}
+
+LANDSCAPE = {
+    "interpolation": "no barrier: the path between final ES and GRPO stays near or above the straight line",
+    "directions": "accuracy is flat along the ES direction far beyond ||dGRPO||; random directions of the same "
+                  "per-tensor norm degrade accuracy",
+}
+
+FUNCTIONAL_SPARSITY = "Ba et al.: ~78% functional sparsity of the ES update costs < 0.5 pp accuracy"
+
+
+def stage_label(i: int) -> str:
+    return f"T{i} {STAGE_TASKS[i].capitalize()}" if 0 <= i < len(STAGE_TASKS) else f"T{i}"

@@ -1,0 +1,295 @@
+"""Find ES and GRPO run directories under a folder and organise them for the analyses.
+
+A run directory holds `config.yaml` and some of `metrics.jsonl`, `seeds.jsonl` (ES), `drift.jsonl` (GRPO) and
+`checkpoints/<name>/` (Hugging Face folders). Runs are linked into sequential chains when a run's `model` is a
+checkpoint folder of another run (stage t starts from stage t-1's weights); a single-task run is a chain of one.
+Chains of ES and GRPO that start from the same base model and train the same task sequence form pairs, matched by
+seed where seeds agree. Nothing here loads a model.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+CHECKPOINTS = "checkpoints"
+
+
+@dataclass
+class Run:
+    path: Path
+    algorithm: str
+    """"es", "grpo" or "unknown" """
+    config: dict[str, Any]
+    checkpoints: list[tuple[float, Path]] = field(default_factory=list)
+    metrics: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    @property
+    def task(self) -> str | None:
+        t = self.config.get("task") or self.config.get("task_name")
+        if isinstance(t, list):
+            return ",".join(t)
+        return t
+
+    @property
+    def model(self) -> str | None:
+        return self.config.get("model") or self.config.get("model_name_or_path")
+
+    @property
+    def seed(self) -> int | None:
+        s = self.config.get("seed")
+        return int(s) if s is not None else None
+
+    @property
+    def final(self) -> Path | None:
+        """The checkpoint called `final`, else the one with the highest step."""
+        for _, p in self.checkpoints:
+            if p.name == "final":
+                return p
+        return self.checkpoints[-1][1] if self.checkpoints else None
+
+    @property
+    def seed_log(self) -> Path | None:
+        p = self.path / "seeds.jsonl"
+        return p if p.exists() and p.stat().st_size > 0 else None
+
+    @property
+    def drift_log(self) -> Path | None:
+        p = self.path / "drift.jsonl"
+        return p if p.exists() and p.stat().st_size > 0 else None
+
+    def eval_records(self) -> list[dict[str, Any]]:
+        return [r for r in self.metrics if r.get("kind") == "eval" or "test_accuracy" in r or "eval_accuracy" in r]
+
+    def accuracy_at(self, which: str = "last") -> dict[str, Any] | None:
+        """The first or last held-out accuracy record: {"step", "accuracy", "n", "ci95"}."""
+        evals = [r for r in self.eval_records() if _acc(r) is not None]
+        if not evals:
+            return None
+        r = evals[0] if which == "first" else evals[-1]
+        return {"step": r.get("step"), "accuracy": _acc(r), "n": r.get("test_n"), "ci95": r.get("test_ci95"),
+                "format_rate": r.get("test_format_rate")}
+
+    def hyper(self, *keys: str, default: Any = None) -> Any:
+        for k in keys:
+            if self.config.get(k) is not None:
+                return self.config[k]
+        return default
+
+
+def _acc(r: dict[str, Any]) -> float | None:
+    for k in ("test_accuracy", "eval_accuracy", "accuracy"):
+        if r.get(k) is not None and (k != "accuracy" or r.get("kind") == "eval"):
+            return float(r[k])
+    return None
+
+
+def read_config(path: Path) -> dict[str, Any]:
+    data = yaml.safe_load(path.read_text()) or {}
+    return data if isinstance(data, dict) else {}
+
+
+def classify(path: Path, config: dict[str, Any]) -> str:
+    algo = str(config.get("algorithm") or (config.get("_run") or {}).get("algorithm") or "").lower()
+    if algo in ("es", "grpo"):
+        return algo
+    if (path / "seeds.jsonl").exists() or {"population_size", "sigma"} <= set(config):
+        return "es"
+    if (path / "drift.jsonl").exists() or "num_generations" in config or "learning_rate" in config:
+        return "grpo"
+    return "unknown"
+
+
+def list_checkpoints(run_dir: Path) -> list[tuple[float, Path]]:
+    """(step, folder) of checkpoint folders with weights, sorted; step from es_state.json, trainer_state.json or
+    the folder name's digits; `final` without a recorded step sorts last."""
+    root = run_dir / CHECKPOINTS
+    out: list[tuple[float, Path]] = []
+    if not root.is_dir():
+        return out
+    for folder in root.iterdir():
+        if folder.name.startswith(".") or not folder.is_dir():
+            continue
+        if not any(folder.glob("*.safetensors")):
+            continue
+        step: float | None = None
+        for state, key in (("es_state.json", "step"), ("trainer_state.json", "global_step"), ("state.json", "step")):
+            f = folder / state
+            if f.exists():
+                try:
+                    step = float(json.loads(f.read_text())[key])
+                    break
+                except (KeyError, ValueError, json.JSONDecodeError):
+                    pass
+        if step is None:
+            m = re.search(r"(\d+)$", folder.name)
+            step = float(m.group(1)) if m else float("inf")
+        out.append((step, folder))
+    return sorted(out, key=lambda x: (x[0], x[1].name == "final", x[1].name))
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    p = run_dir / "metrics.jsonl"
+    out = []
+    if not p.exists():
+        return out
+    with open(p, encoding="utf-8") as fh:
+        for line in fh:
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                break
+    return out
+
+
+def load_run(path: Path) -> Run:
+    config = read_config(path / "config.yaml")
+    return Run(path=path.resolve(), algorithm=classify(path, config), config=config,
+               checkpoints=list_checkpoints(path), metrics=read_metrics(path))
+
+
+def find_runs(root: str | Path, max_depth: int = 5) -> list[Run]:
+    """Every run directory at or below `root` (a folder with config.yaml and a log or checkpoints)."""
+    root = Path(root)
+    if not root.exists():
+        raise FileNotFoundError(f"{root} does not exist")
+    found: list[Run] = []
+
+    def visit(p: Path, depth: int) -> None:
+        if (p / "config.yaml").exists() and any((p / n).exists() for n in
+                                                 ("metrics.jsonl", "seeds.jsonl", "drift.jsonl", CHECKPOINTS)):
+            found.append(load_run(p))
+        if depth >= max_depth:
+            return
+        for child in sorted(p.iterdir()):
+            if child.is_dir() and not child.name.startswith(".") and child.name not in (CHECKPOINTS, "samples",
+                                                                                         "report", "analysis"):
+                visit(child, depth + 1)
+
+    visit(root, 0)
+    return found
+
+
+def resolve_model(spec: str | None, run: Run | None = None, root: Path | None = None) -> Path | None:
+    """A local folder for a model spec: an existing path (absolute, or relative to the working directory, the run's
+    parents or `root`), or an embedded model's cache folder. None for hub ids that are not on disk."""
+    if not spec:
+        return None
+    p = Path(spec).expanduser()
+    candidates = [p] if p.is_absolute() else [Path.cwd() / p]
+    if run is not None and not p.is_absolute():
+        candidates += [parent / p for parent in run.path.parents]
+    if root is not None and not p.is_absolute():
+        candidates.append(root / p)
+    for c in candidates:
+        if (c / "config.json").exists():
+            return c.resolve()
+    try:
+        from esft.models import resolve_model_path
+
+        local = Path(resolve_model_path(spec))
+        if (local / "config.json").exists():
+            return local.resolve()
+    except Exception:  # embedded package missing, hub id offline ...: not on disk
+        return None
+    return None
+
+
+@dataclass
+class Chain:
+    """Stages of one training sequence: stage i trained `runs[i]`, starting from stage i-1 (or `base`)."""
+
+    algorithm: str
+    runs: list[Run]
+    base: Path | None
+    base_spec: str | None
+
+    @property
+    def seed(self) -> int | None:
+        return self.runs[0].seed
+
+    @property
+    def tasks(self) -> list[str]:
+        return [r.task or "?" for r in self.runs]
+
+    @property
+    def label(self) -> str:
+        seed = f" seed {self.seed}" if self.seed is not None else ""
+        return f"{self.algorithm.upper()} {'->'.join(self.tasks)}{seed} ({self.runs[-1].path.name})"
+
+    def stages(self) -> list[tuple[str, Path | None]]:
+        """(stage label, final checkpoint) per stage."""
+        return [(f"{i + 1}:{r.task}", r.final) for i, r in enumerate(self.runs)]
+
+
+def build_chains(runs: list[Run], root: Path | None = None) -> list[Chain]:
+    """Link runs whose model is another run's checkpoint into chains (roots first, then each run's child)."""
+    by_ckpt: dict[Path, Run] = {}
+    for r in runs:
+        for _, folder in r.checkpoints:
+            by_ckpt[folder.resolve()] = r
+    parent: dict[Path, Run] = {}
+    base_of: dict[Path, Path | None] = {}
+    for r in runs:
+        local = resolve_model(r.model, r, root)
+        base_of[r.path] = local
+        if local is not None and local in by_ckpt and by_ckpt[local] is not r:
+            parent[r.path] = by_ckpt[local]
+    children: dict[Path, list[Run]] = {}
+    for r in runs:
+        if r.path in parent:
+            children.setdefault(parent[r.path].path, []).append(r)
+    chains = []
+    for r in runs:
+        if r.path in parent:
+            continue
+        # follow the (first) child at each stage; branching sequences give one chain per leaf
+        stack = [[r]]
+        while stack:
+            seq = stack.pop()
+            kids = children.get(seq[-1].path, [])
+            if not kids:
+                chains.append(Chain(r.algorithm, seq, base_of[r.path], r.model))
+            for k in kids:
+                stack.append(seq + [k])
+    return chains
+
+
+@dataclass
+class Pair:
+    es: Chain
+    grpo: Chain
+
+    @property
+    def label(self) -> str:
+        seed = self.es.seed if self.es.seed == self.grpo.seed else f"{self.es.seed}/{self.grpo.seed}"
+        return f"{'->'.join(self.es.tasks)} seed {seed}"
+
+
+def build_pairs(chains: list[Chain]) -> list[Pair]:
+    """ES and GRPO chains with the same base model and task sequence, matched by seed, then in order."""
+    groups: dict[tuple, dict[str, list[Chain]]] = {}
+    for c in chains:
+        if c.algorithm not in ("es", "grpo") or c.base is None:
+            continue
+        groups.setdefault((str(c.base), tuple(c.tasks)), {"es": [], "grpo": []})[c.algorithm].append(c)
+    pairs = []
+    for g in groups.values():
+        es, grpo = list(g["es"]), list(g["grpo"])
+        for e in list(es):
+            match = next((x for x in grpo if x.seed == e.seed), None)
+            if match is not None:
+                pairs.append(Pair(e, match))
+                es.remove(e)
+                grpo.remove(match)
+        pairs.extend(Pair(e, x) for e, x in zip(es, grpo))
+    return pairs
