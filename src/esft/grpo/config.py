@@ -1,0 +1,227 @@
+"""`GRPOConfig`: every knob of a GRPO run in one dataclass, its presets, and the mapping onto TRL's `GRPOConfig`.
+
+Field names follow TRL (`num_generations`, `learning_rate`, `beta`, `epsilon`, `max_completion_length`, ...) where
+the concept is the same, and the ES trainer's names (`task`, `format_bonus`, `eval_every`, ...) for what TRL does not
+have. Flags, YAML files and presets are merged by `esft.config.build_config` (defaults < preset < YAML < flags).
+Options TRL has and esft does not surface (e.g. `use_vllm`) go through `trl_args`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+
+@dataclass
+class GRPOConfig:
+    """A GRPO fine-tuning run (TRL's GRPOTrainer underneath). esft maximises reward."""
+
+    model: str = "smollm2-135m"
+    """model name (esft.models registry), local Hugging Face folder or hub id"""
+    task: str = "boolq"
+    """task name (esft.tasks.get_task); its scorer is the reward"""
+    output_dir: str = "runs/grpo"
+    """run directory (config.yaml, metrics.jsonl, drift.jsonl, samples/, checkpoints/)"""
+    seed: int = 42
+    """seed of TRL's prompt shuffling, sampling and initialisation"""
+    max_steps: int = 80
+    """optimizer steps (one generation round and one update each)"""
+    prompts_per_step: int = 63
+    """distinct prompts per optimizer step; each gets num_generations completions"""
+    num_generations: int = 8
+    """K: completions sampled per prompt (the group for the relative advantage)"""
+    per_device_train_batch_size: int = 8
+    """completions per forward/backward micro-batch; gradient accumulation covers the rest of the step, so
+    prompts_per_step * num_generations must be a multiple of it"""
+    learning_rate: float = 3e-6
+    """peak learning rate"""
+    optim: str = "adamw_torch"
+    """optimizer (TRL / transformers name)"""
+    weight_decay: float = 0.0
+    """AdamW weight decay"""
+    max_grad_norm: float = 1.0
+    """gradient clipping by global norm (0 = off)"""
+    lr_scheduler_type: str = "linear"
+    """learning-rate schedule (transformers name): "linear" decays to 0 at max_steps"""
+    warmup_steps: int = 0
+    """linear warm-up steps"""
+    epsilon: float = 0.2
+    """PPO clip range of the probability ratio"""
+    beta: float = 0.0
+    """KL coefficient in the loss (0 = no KL penalty; the KL is still measured when log_kl)"""
+    log_kl: bool = True
+    """measure KL(policy || initial model) on the sampled completions every step even when beta = 0 (keeps a
+    frozen copy of the initial model and runs one extra forward pass per step)"""
+    loss_type: str = "grpo"
+    """TRL loss aggregation: "grpo" (mean over each completion's tokens, then over completions: the study's code),
+    "dapo", "dr_grpo", "bnpo", ..."""
+    scale_rewards: str = "group"
+    """advantage scaling: "group" (divide by the group's reward std), "batch" or "none" (Dr. GRPO)"""
+    num_iterations: int = 1
+    """updates per generated batch (mu); 1 = the study's single update per batch"""
+    mask_truncated_completions: bool = False
+    """leave completions that hit max_completion_length out of the loss"""
+    temperature: float = 1.0
+    """sampling temperature of the rollouts"""
+    top_p: float = 0.95
+    """nucleus sampling mass of the rollouts"""
+    max_completion_length: int = 1024
+    """generation budget per completion (tokens)"""
+    format_bonus: float = 0.0
+    """reward added for a well-formed answer (same meaning as in ES); 0 = the paper's binary reward"""
+    precision: str = "auto"
+    """"auto" (bf16 autocast where the device supports it, else fp32), "fp32" or "bf16-autocast". Master weights,
+    gradients and optimizer state are fp32 in every case."""
+    device: str | None = None
+    """torch device ("cpu", "cuda"); None = CUDA when available"""
+    gradient_checkpointing: bool = False
+    """recompute activations in the backward pass (less memory, about a quarter more compute)"""
+    save_steps: int = 0
+    """save a Hugging Face checkpoint every k steps (0 = only the final one); drift.jsonl covers every step"""
+    eval_every: int = 0
+    """greedy held-out evaluation every k steps and at start and end (0 = never; `esft eval` does it afterwards)"""
+    eval_limit: int = 200
+    """held-out (test split) examples for those evaluations"""
+    eval_max_new_tokens: int | None = None
+    """generation budget of those evaluations; None = max_completion_length"""
+    samples_per_iteration: int = 4
+    """completions written to samples/ each step"""
+    max_passage_chars: int | None = None
+    """task option (BoolQ): cut passages to this many characters to shorten prompts on CPU"""
+    task_options: dict[str, Any] = field(default_factory=dict)
+    """further keyword options for the task's constructor"""
+    trl_args: dict[str, Any] = field(default_factory=dict)
+    """further TRL GRPOConfig options, passed through unchanged (e.g. {use_vllm: true})"""
+    resume: bool = False
+    """continue the run in output_dir from its latest checkpoint (step count, optimizer and LR schedule continue)"""
+
+    def __post_init__(self) -> None:
+        for name in ("task_options", "trl_args"):
+            value = getattr(self, name)
+            if isinstance(value, str):  # given on the command line as a YAML / JSON mapping
+                value = yaml.safe_load(value) or {}
+                setattr(self, name, value)
+            if not isinstance(value, dict):
+                raise ValueError(f"{name} must be a mapping, got {value!r}")
+        if self.precision not in ("auto", "fp32", "bf16-autocast"):
+            raise ValueError(f"precision must be auto, fp32 or bf16-autocast, got {self.precision!r}")
+        if self.num_generations < 2:
+            raise ValueError("num_generations must be >= 2 (the advantage is relative to the group)")
+        if self.completions_per_step % self.per_device_train_batch_size:
+            raise ValueError(
+                f"prompts_per_step * num_generations = {self.completions_per_step} completions per step is not a "
+                f"multiple of per_device_train_batch_size = {self.per_device_train_batch_size}")
+
+    @property
+    def completions_per_step(self) -> int:
+        return self.prompts_per_step * self.num_generations
+
+    @property
+    def gradient_accumulation_steps(self) -> int:
+        return self.completions_per_step // self.per_device_train_batch_size
+
+    def task_kwargs(self) -> dict[str, Any]:
+        kw = dict(self.task_options)
+        if self.max_passage_chars is not None:
+            kw.setdefault("max_passage_chars", self.max_passage_chars)
+        return kw
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def replace(self, **changes: Any) -> "GRPOConfig":
+        return dataclasses.replace(self, **changes)
+
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # Paper, Table 17 and the study's public GRPO config: K = 8, 63 prompts per step (21 per GPU x 3), lr 3e-6,
+    # AdamW without weight decay, clip 0.2, KL coefficient 0 with KL tracked, linear decay without warm-up,
+    # group-std advantages, per-completion token mean ("grpo" loss), temperature 1.0, top_p 0.95, 1024 tokens.
+    "paper": dict(num_generations=8, prompts_per_step=63, per_device_train_batch_size=8, max_steps=80,
+                  learning_rate=3e-6, optim="adamw_torch", weight_decay=0.0, max_grad_norm=1.0,
+                  lr_scheduler_type="linear", warmup_steps=0, epsilon=0.2, beta=0.0, log_kl=True, loss_type="grpo",
+                  scale_rewards="group", num_iterations=1, temperature=1.0, top_p=0.95, max_completion_length=1024),
+    # 2-core CPU with SmolLM2-135M, on the ES cpu preset's task and format (BoolQ, passages cut to 400 characters,
+    # format bonus 0.1, 24 new tokens) and the same 128 completions per step (16 prompts x 8). The learning rate is
+    # far above the paper's because only ~10 steps fit in half an hour.
+    "cpu": dict(task="boolq", max_passage_chars=400, format_bonus=0.1, num_generations=8, prompts_per_step=16,
+                per_device_train_batch_size=16, max_steps=10, learning_rate=2e-5, max_completion_length=24,
+                temperature=1.0, top_p=0.95, precision="fp32", device="cpu", save_steps=5, eval_every=0),
+}
+
+# fields that may change when resuming (everything else, the LR schedule's max_steps included, must match)
+RESUMABLE_CHANGES = {"save_steps", "eval_every", "eval_limit", "eval_max_new_tokens", "samples_per_iteration",
+                     "resume", "output_dir", "device"}
+
+
+def preset(name: str, config_file: str | None = None, **overrides: Any) -> GRPOConfig:
+    """GRPOConfig from a preset ("paper" or "cpu"), an optional YAML file and overrides (esft.config rules)."""
+    from esft.config import build_config
+
+    return build_config(GRPOConfig, PRESETS, name, config_file, overrides)
+
+
+def resolve_precision(precision: str, device: str) -> str:
+    """"fp32" or "bf16-autocast". "auto" picks bf16 autocast only on a CUDA device with bf16 support: on CPUs
+    bf16 matmuls are 2-5x slower than fp32 (REFERENCE section 6)."""
+    if precision != "auto":
+        return precision
+    import torch
+
+    if str(device).startswith("cuda") and torch.cuda.is_available() and torch.cuda.is_bf16_supported():
+        return "bf16-autocast"
+    return "fp32"
+
+
+def to_trl_config(config: GRPOConfig, trl_output_dir: str, precision: str, progress: bool = True):
+    """TRL's GRPOConfig for this run: one generation round per optimizer step (steps_per_generation =
+    gradient_accumulation_steps), logging every step, checkpoints every save_steps and at the end."""
+    from trl import GRPOConfig as TRLGRPOConfig
+
+    save_steps = config.save_steps if config.save_steps > 0 else config.max_steps
+    args: dict[str, Any] = dict(
+        output_dir=trl_output_dir,
+        seed=config.seed,
+        max_steps=config.max_steps,
+        per_device_train_batch_size=config.per_device_train_batch_size,
+        gradient_accumulation_steps=config.gradient_accumulation_steps,
+        steps_per_generation=config.gradient_accumulation_steps,
+        num_generations=config.num_generations,
+        learning_rate=config.learning_rate,
+        optim=config.optim,
+        weight_decay=config.weight_decay,
+        max_grad_norm=config.max_grad_norm,
+        lr_scheduler_type=config.lr_scheduler_type,
+        warmup_steps=config.warmup_steps,
+        epsilon=config.epsilon,
+        beta=config.beta,
+        loss_type=config.loss_type,
+        scale_rewards=config.scale_rewards,
+        num_iterations=config.num_iterations,
+        mask_truncated_completions=config.mask_truncated_completions,
+        temperature=config.temperature,
+        top_p=config.top_p,
+        max_completion_length=config.max_completion_length,
+        # TRL defaults bf16 to True; esft decides precision explicitly (fp32 masters either way)
+        bf16=precision == "bf16-autocast",
+        fp16=False,
+        use_cpu=str(config.device or "").startswith("cpu"),
+        gradient_checkpointing=config.gradient_checkpointing,
+        disable_dropout=True,
+        logging_steps=1,
+        save_strategy="steps",
+        save_steps=save_steps,
+        report_to="none",
+        disable_tqdm=not progress,
+        remove_unused_columns=False,  # the reward needs the example_index column
+        dataloader_num_workers=0,
+    )
+    overlap = set(config.trl_args) & {"output_dir", "max_steps", "num_generations", "steps_per_generation",
+                                      "gradient_accumulation_steps", "per_device_train_batch_size"}
+    if overlap:
+        raise ValueError(f"trl_args may not override {sorted(overlap)}: set them through esft's own options")
+    args.update(config.trl_args)
+    return TRLGRPOConfig(**args)

@@ -1,0 +1,207 @@
+"""`train_grpo(config)`: build model, task, dataset and TRL trainer, run (or resume) GRPO, write the run directory.
+
+Layout of `output_dir` (the ES layout, plus drift.jsonl):
+    config.yaml                resolved GRPOConfig (+ `_run`: precision, parameter dtypes, versions, batch shape)
+    metrics.jsonl              {"kind": "train", ...} per optimizer step, {"kind": "eval", ...} per evaluation
+    drift.jsonl                ||theta_t - theta_0||^2 per step, total and per tensor
+    samples/                   iter_XXXXXX.jsonl (a few rollouts of the step), eval_XXXXXX.jsonl (held-out)
+    checkpoints/iter_XXXXXX/   Hugging Face folder (safetensors, config, tokenizer) + TRL/transformers
+    checkpoints/final/         optimizer, scheduler, RNG and trainer state; XXXXXX = optimizer steps done
+
+Resume (`resume=True`) restarts from the latest checkpoint through transformers' own resume (weights, AdamW
+moments, LR scheduler, RNG and step count), drops log lines written after that checkpoint, and continues. The
+config must match the original run except for RESUMABLE_CHANGES (max_steps is not one: it sets the LR schedule).
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+import yaml
+
+from esft.es.runlog import filter_jsonl, read_jsonl
+from esft.es.trainer import TrainResult
+from esft.grpo.config import RESUMABLE_CHANGES, GRPOConfig, resolve_precision, to_trl_config
+from esft.grpo.trainer import CHECKPOINTS, EsftGRPOTrainer, TaskReward
+
+TRAINER_STATE = "trainer_state.json"
+
+
+@dataclass
+class GRPOTrainResult(TrainResult):
+    """ES's TrainResult (output_dir, steps, final_checkpoint, last_eval) plus the TRL trainer that ran (None when
+    there was nothing to do): its state, ledger and last rollout tensors, for inspection."""
+
+    trainer: Any = field(default=None, repr=False)
+
+
+# ---- run directory ---------------------------------------------------------------------------------------------
+
+def list_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
+    """(step, folder) of the complete checkpoints of a GRPO run, sorted by step (`final` under its step)."""
+    root = Path(run_dir) / CHECKPOINTS
+    out = []
+    if root.exists():
+        for folder in root.iterdir():
+            state = folder / TRAINER_STATE
+            if folder.name.startswith(".") or not state.exists():
+                continue
+            try:
+                out.append((int(json.loads(state.read_text())["global_step"]), folder))
+            except (ValueError, KeyError, json.JSONDecodeError):
+                continue
+    return sorted(out, key=lambda x: (x[0], x[1].name == "final"))
+
+
+def read_run_config(run_dir: str | Path) -> tuple[GRPOConfig, dict[str, Any]]:
+    """(config, run info) from `<run_dir>/config.yaml` as written by train_grpo."""
+    from esft.config import build_config
+
+    data = yaml.safe_load((Path(run_dir) / "config.yaml").read_text()) or {}
+    extra = data.pop("_run", {}) or {}
+    return build_config(GRPOConfig, overrides=data), extra
+
+
+def _write_config(config: GRPOConfig, path: Path, extra: dict[str, Any]) -> None:
+    path.write_text(yaml.safe_dump({**config.to_dict(), "_run": extra}, sort_keys=False))
+
+
+def _check_resumable(run_dir: Path, config: GRPOConfig) -> None:
+    old, _ = read_run_config(run_dir)
+    diffs = {k: (getattr(old, k), getattr(config, k)) for k in old.to_dict()
+             if k not in RESUMABLE_CHANGES and getattr(old, k) != getattr(config, k)}
+    if diffs:
+        raise ValueError(f"cannot resume {run_dir}: config differs from the original run in {diffs}")
+
+
+def _prepare_dir(out: Path, config: GRPOConfig) -> tuple[Path | None, int]:
+    """Returns (checkpoint to resume from or None, its step); trims logs past that step."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "samples").mkdir(exist_ok=True)
+    for stale in out.glob("checkpoint-*"):  # a save interrupted before it was moved into checkpoints/
+        shutil.rmtree(stale, ignore_errors=True)
+    resume_from, start = None, 0
+    if config.resume and (out / "config.yaml").exists():
+        _check_resumable(out, config)
+        ckpts = list_checkpoints(out)
+        if ckpts:
+            start, resume_from = ckpts[-1]
+    elif read_jsonl(out / "metrics.jsonl"):
+        raise FileExistsError(f"{out} already holds a run; pass resume=True (--resume) or a new output_dir")
+    for name in ("metrics.jsonl", "drift.jsonl"):
+        filter_jsonl(out / name, lambda r: r.get("step", 0) <= start)
+    return resume_from, start
+
+
+# ---- building blocks -----------------------------------------------------------------------------------------
+
+def _run_info(model: Any, config: GRPOConfig, precision: str, device: str, n_train: int,
+              kl_reference: bool) -> dict[str, Any]:
+    import transformers
+    import trl
+
+    import esft
+
+    dtypes: dict[str, int] = {}
+    for p in model.parameters():
+        key = str(p.dtype).replace("torch.", "")
+        dtypes[key] = dtypes.get(key, 0) + 1
+    return {"algorithm": "grpo", "precision": precision, "master_dtype": "float32",
+            "autocast_dtype": "bfloat16" if precision == "bf16-autocast" else None,
+            "optimizer_state_dtype": "float32", "param_dtypes": dtypes,
+            "num_params": sum(p.numel() for p in model.parameters()),
+            "num_tensors": len(list(model.parameters())), "device": device, "kl_reference": kl_reference,
+            "completions_per_step": config.completions_per_step,
+            "gradient_accumulation_steps": config.gradient_accumulation_steps, "train_examples": n_train,
+            "torch": str(torch.__version__), "transformers": transformers.__version__, "trl": trl.__version__,
+            "esft": esft.__version__, "python": platform.python_version(), "machine": platform.machine()}
+
+
+def build_dataset(examples: Sequence[dict[str, Any]], task: Any):
+    """TRL dataset: the chat prompt and the example's index (the reward looks the example up by index)."""
+    from datasets import Dataset
+
+    return Dataset.from_list([{"prompt": task.prompt(ex), "example_index": i} for i, ex in enumerate(examples)])
+
+
+def _remove_default_printers(trainer: Any) -> None:
+    """transformers prints every log dict (ProgressCallback / PrinterCallback); RunLogCallback prints one line."""
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+    for cb in (PrinterCallback, ProgressCallback):
+        trainer.remove_callback(cb)
+
+
+# ---- entry point ---------------------------------------------------------------------------------------------------
+
+def train_grpo(config: GRPOConfig, *, model: Any = None, tokenizer: Any = None, task: Any = None,
+               callbacks: Sequence[Any] = (), progress: bool = True) -> GRPOTrainResult:
+    """Run (or resume, with config.resume) GRPO fine-tuning. Seams for tests: model, tokenizer, task, callbacks.
+    Returns the run directory, steps done, final checkpoint and the last held-out evaluation (if any)."""
+    from esft.grpo.drift import DriftCallback, snapshot
+    from esft.grpo.runlog import EvalCallback, RunLogCallback
+    from esft.models import default_device
+
+    device = config.device or default_device()
+    precision = resolve_precision(config.precision, device)
+    out = Path(config.output_dir)
+    resume_from, start = _prepare_dir(out, config)
+    if resume_from is not None and start >= config.max_steps:
+        if progress:
+            print(f"{out}: already trained for {start} steps (max_steps {config.max_steps}); nothing to do")
+        return GRPOTrainResult(out, start, resume_from, None)
+
+    if model is None:
+        from esft.models import load_model
+
+        model, tokenizer = load_model(config.model, dtype="float32", device=device)
+    if any(p.dtype != torch.float32 for p in model.parameters()):
+        model.to(torch.float32)  # fp32 master weights always; bf16 only as autocast (REFERENCE trap 3)
+    model.requires_grad_(True)
+    if task is None:
+        from esft.tasks import get_task
+
+        task = get_task(config.task, **config.task_kwargs())
+    train_set = task.load("train")
+
+    trl_args = to_trl_config(config, str(out), precision, progress)
+    trainer_box: list[EsftGRPOTrainer] = []
+    reward = TaskReward(task, train_set, config.format_bonus, lambda: trainer_box[0].ledger,
+                        config.samples_per_iteration)
+    trainer = EsftGRPOTrainer(model, reward_funcs=[reward], args=trl_args, train_dataset=build_dataset(train_set, task),
+                              processing_class=tokenizer, run_dir=out, log_kl=config.log_kl)
+    trainer_box.append(trainer)
+    _remove_default_printers(trainer)
+
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    # theta_0 = the initial weights, taken before a resume loads the checkpoint into the model
+    base = (dict(trainer.kl_reference.named_parameters()) if trainer.kl_reference is not None
+            else snapshot(model))
+    drift = DriftCallback(out / "drift.jsonl", base)
+    prior = [r for r in read_jsonl(out / "metrics.jsonl")]
+    totals = next((r["totals"] for r in reversed(prior) if r.get("kind") == "train" and "totals" in r), None)
+    runlog = RunLogCallback(out, trainer, drift, totals, progress)
+    trainer.add_callback(drift)
+    trainer.add_callback(runlog)
+    evaluator = None
+    if config.eval_every and config.eval_limit:
+        evaluator = EvalCallback(out, task, tokenizer, task.load("test", config.eval_limit), config.eval_every,
+                                 config.eval_max_new_tokens or config.max_completion_length,
+                                 {r["step"] for r in prior if r.get("kind") == "eval"}, progress)
+        trainer.add_callback(evaluator)
+    for cb in callbacks:
+        trainer.add_callback(cb)
+
+    _write_config(config.replace(resume=False), out / "config.yaml",
+                  _run_info(model, config, precision, str(trainer.accelerator.device), len(train_set),
+                            trainer.kl_reference is not None))
+    trainer.train(resume_from_checkpoint=str(resume_from) if resume_from is not None else None)
+    final = out / CHECKPOINTS / "final"
+    return GRPOTrainResult(out, int(trainer.state.global_step), final if final.exists() else None,
+                           evaluator.last if evaluator is not None else None, trainer)

@@ -1,0 +1,155 @@
+"""Run-log callbacks of a GRPO run: `metrics.jsonl` train / eval records, `samples/`, a one-line progress bar.
+
+A train record (one per optimizer step) has the ES trainer's keys where they mean the same thing (`kind`, `step`,
+`iteration`, `accuracy`, `format_rate`, `tokens_generated`, `prompt_tokens`, `finished_rate`,
+`generated_tokens_per_s`, `time`, `peak_rss_mb`), `reward` where ES has `fitness` (same summary keys), the
+measured accounting of `esft.grpo.ledger` with running `totals`, and GRPO's own: `kl`, `clip_ratio`, `entropy`,
+`loss`, `grad_norm`, `learning_rate`, `frac_reward_zero_std`, `drift_total`; everything TRL logged is kept under
+`trl`. Eval records match ES's (`test_accuracy`, `test_ci95`, `test_format_rate`, ...).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+from transformers import TrainerCallback
+
+from esft.es.runlog import append_jsonl, rewrite_jsonl
+from esft.es.trainer import peak_rss_mb
+from esft.grpo.ledger import StepLedger, add_totals
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+class RunLogCallback(TrainerCallback):
+    """Writes one `kind: train` record per optimizer step from TRL's logs plus the trainer's ledger."""
+
+    def __init__(self, run_dir: Path, trainer: Any, drift: Any = None, totals: dict[str, int] | None = None,
+                 progress: bool = True):
+        self.out = Path(run_dir)
+        self.trainer = trainer
+        self.drift = drift
+        self.totals = dict(totals or {})
+        self.progress = progress
+        self.bar = None
+        self._t_begin: float | None = None
+        self._t_end: float | None = None
+        self.last: dict[str, Any] | None = None
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any):
+        if self.progress:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=state.max_steps, initial=state.global_step, desc="GRPO", unit="step",
+                            dynamic_ncols=True)
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any):
+        self._t_begin = time.perf_counter()
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any):
+        self._t_end = time.perf_counter()
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any):
+        logs = dict(logs or {})
+        if "train_runtime" in logs or "loss" not in logs and "reward" not in logs:
+            return  # the end-of-training summary, not a step
+        ledger: StepLedger = self.trainer.ledger
+        self.trainer.ledger = StepLedger()
+        step = int(state.global_step)
+        total = (self._t_end or time.perf_counter()) - (self._t_begin or time.perf_counter())
+        timings = dict(ledger.time)
+        if self.drift is not None:
+            timings["drift"] = self.drift.last_seconds
+        timings["train"] = max(0.0, total - sum(timings.values()))
+        timings["total"] = total
+        self.totals = add_totals(self.totals, ledger)
+        rec: dict[str, Any] = {"kind": "train", "iteration": step - 1, "step": step, **ledger.record()}
+        rec.update({
+            "generated_tokens_per_s": ledger.tokens_generated / max(1e-9, timings.get("generate", 0.0)),
+            "kl": logs.get("kl"), "clip_ratio": logs.get("clip_ratio/region_mean"), "entropy": logs.get("entropy"),
+            "loss": logs.get("loss"), "grad_norm": logs.get("grad_norm"), "learning_rate": logs.get("learning_rate"),
+            "frac_reward_zero_std": logs.get("frac_reward_zero_std"),
+            "drift_total": _last_drift(self.drift, step),
+            "time": timings, "peak_rss_mb": peak_rss_mb(), "totals": self.totals,
+            "trl": {k: _finite(v) for k, v in logs.items() if isinstance(v, (int, float)) or v is None},
+        })
+        rec = {k: _finite(v) for k, v in rec.items()}
+        append_jsonl(self.out / "metrics.jsonl", rec)
+        if ledger.samples:
+            rewrite_jsonl(self.out / "samples" / f"iter_{step - 1:06d}.jsonl", ledger.samples)
+        self.last = rec
+        if self.bar is not None:
+            self.bar.update(step - self.bar.n)
+            reward = rec.get("reward", {}).get("mean", float("nan"))
+            self.bar.set_postfix(reward=f"{reward:.3f}", fmt=f"{rec.get('format_rate', 0.0):.2f}",
+                                 s_step=f"{total:.0f}")
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any):
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+def _last_drift(drift: Any, step: int) -> float | None:
+    if drift is None or drift.last is None or drift.last[0] != step:
+        return None
+    return drift.last[1]
+
+
+class EvalCallback(TrainerCallback):
+    """Greedy held-out evaluation (esft.evaluation, the same scorer as `esft eval`) at step 0, every
+    `eval_every` steps and at the end; writes a `kind: eval` record and `samples/eval_XXXXXX.jsonl`."""
+
+    def __init__(self, run_dir: Path, task: Any, tokenizer: Any, examples: list[dict[str, Any]], every: int,
+                 max_new_tokens: int, evaluated: set[int] | None = None, progress: bool = True):
+        self.out, self.task, self.tokenizer, self.examples = Path(run_dir), task, tokenizer, examples
+        self.every, self.max_new_tokens = every, max_new_tokens
+        self.evaluated = set(evaluated or ())
+        self.progress = progress
+        self.last: dict[str, Any] | None = None
+
+    def due(self, step: int, max_steps: int) -> bool:
+        return bool(self.every) and bool(self.examples) and step not in self.evaluated and (
+            step == 0 or step % self.every == 0 or step == max_steps)
+
+    def evaluate(self, model: Any, step: int) -> dict[str, Any]:
+        from esft.evaluation import evaluate_task
+        from esft.generation import GenerationConfig
+
+        t0 = time.perf_counter()
+        was_training = model.training
+        model.eval()
+        try:
+            summary = evaluate_task(model, self.tokenizer, self.task, self.examples,
+                                    GenerationConfig(max_new_tokens=self.max_new_tokens, temperature=0.0),
+                                    output_path=self.out / "samples" / f"eval_{step:06d}.jsonl", progress=False)
+        finally:
+            model.train(was_training)
+        rec = {"kind": "eval", "step": step, "test_n": summary["n"], "test_accuracy": summary["accuracy"],
+               "test_ci95": list(summary["ci95"]), "test_format_rate": summary.get("format_rate"),
+               "test_accuracy_among_well_formed": summary.get("accuracy_among_boxed"),
+               "test_tokens_generated": summary.get("completion_tokens"), "test_summary": summary,
+               "seconds": time.perf_counter() - t0, "peak_rss_mb": peak_rss_mb()}
+        append_jsonl(self.out / "metrics.jsonl", rec)
+        self.evaluated.add(step)
+        self.last = rec
+        if self.progress:
+            lo, hi = rec["test_ci95"]
+            print(f"step {step}: held-out accuracy {rec['test_accuracy']:.3f} [{lo:.3f}, {hi:.3f}] "
+                  f"(format {rec['test_format_rate']})", flush=True)
+        return rec
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any):
+        if self.due(int(state.global_step), state.max_steps) and state.global_step == 0:
+            self.evaluate(model, 0)
+
+    def on_log(self, args: Any, state: Any, control: Any, model: Any = None, logs: Any = None, **kwargs: Any):
+        if logs and "train_runtime" not in logs and self.due(int(state.global_step), state.max_steps):
+            self.evaluate(model, int(state.global_step))

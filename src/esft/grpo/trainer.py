@@ -1,0 +1,252 @@
+"""TRL's `GRPOTrainer` with esft's measurements added; the GRPO loss, sampling and optimizer are TRL's, unchanged.
+
+What the subclass adds, each as a thin wrapper around one TRL method (pinned TRL range in pyproject):
+
+- accounting (`StepLedger`): prompts, completions and tokens generated and trained on, counted from the tensors
+  TRL built, plus wall time of generation, scoring and the KL forward pass;
+- KL to the initial model while `beta = 0` (the study tracks it without a penalty; TRL measures KL only when it
+  also optimises it): a frozen copy of the initial model scores the sampled completion ids (never re-tokenised
+  text, REFERENCE trap 5), and the policy's log-probs are the ones TRL's loss computes, so it costs one forward;
+- rollouts in bf16 autocast when training uses it (TRL autocasts the loss forward but not `generate`);
+- a prompt order that depends only on (seed, epoch), so a resumed run samples the same prompts as an
+  uninterrupted one (TRL's sampler advances one generator across epochs, which a restart re-seeds);
+- checkpoints moved into esft's run-directory layout (`checkpoints/iter_XXXXXX`, `checkpoints/final`);
+- no model card (TRL writes one to the output folder and may look the base model up on the hub).
+
+Masks: TRL pads prompts and completions from their lengths (explicit attention masks, never `ids != pad`), and a
+completion keeps its first eos in the loss mask, so pad == eos models (SmolLM2, Llama) lose no real eos token
+(REFERENCE trap 4; tests/test_grpo.py checks it with pad == eos).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from trl import GRPOTrainer
+from trl.trainer.utils import RepeatSampler
+
+from esft.grpo.ledger import StepLedger
+from esft.tasks.base import completion_text
+
+CHECKPOINTS = "checkpoints"
+
+
+def checkpoint_name(step: int) -> str:
+    """Same folder names as ES runs (esft.es.runlog), so analyses walk both kinds of run the same way."""
+    from esft.es.runlog import checkpoint_name as es_checkpoint_name
+
+    return es_checkpoint_name(step)
+
+
+class TaskReward:
+    """The task's scorer as a TRL reward function (same reward as ES: score + format_bonus * well_formed).
+
+    The dataset carries only `prompt` and `example_index`; the example itself is looked up here, so any task's
+    examples work whatever their fields (no Arrow schema to infer). Scores and format flags go to the ledger.
+    """
+
+    def __init__(self, task: Any, examples: list[dict[str, Any]], format_bonus: float,
+                 ledger: Callable[[], StepLedger], samples_per_iteration: int = 4):
+        self.task, self.examples, self.format_bonus = task, examples, format_bonus
+        self._reward = task.reward_function(format_bonus)
+        self._ledger = ledger
+        self.samples_per_iteration = samples_per_iteration
+        self.__name__ = f"{getattr(task, 'name', 'task')}_reward"  # TRL names the reward metric after it
+
+    def __call__(self, completions: list[Any], example_index: list[int], **kwargs: Any) -> list[float]:
+        examples = [self.examples[int(i)] for i in example_index]
+        rewards = self._reward(completions, examples=examples)
+        texts = [completion_text(c) for c in completions]
+        scores = [float(self.task.score(t, ex)) for t, ex in zip(texts, examples)]
+        formed = [bool(self.task.is_well_formed(t, ex)) for t, ex in zip(texts, examples)]
+        trainer_state = kwargs.get("trainer_state")
+        ledger = self._ledger()
+        ledger.rewards += rewards
+        ledger.scores += scores
+        ledger.well_formed += formed
+        room = self.samples_per_iteration - len(ledger.samples)
+        for j in range(min(max(room, 0), len(texts))):
+            ledger.samples.append({"index": int(example_index[j]), "reward": rewards[j], "score": scores[j],
+                                   "well_formed": formed[j], "completion": texts[j],
+                                   "step": getattr(trainer_state, "global_step", None)})
+        return rewards
+
+
+class EpochSeededRepeatSampler(RepeatSampler):
+    """TRL's RepeatSampler with the shuffle of epoch e drawn from a generator seeded by (seed, e); transformers
+    calls set_epoch(e) before every epoch, on a fresh run and on a resumed one alike."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    def __iter__(self):
+        if self.shuffle:
+            self.generator = torch.Generator()
+            self.generator.manual_seed(int(self.seed or 0) * 1_000_003 + self.epoch)
+        return super().__iter__()
+
+
+class EsftGRPOTrainer(GRPOTrainer):
+    """`GRPOTrainer` plus accounting, KL tracking at beta = 0 and esft's checkpoint layout (see module doc)."""
+
+    def __init__(self, model: Any, *args: Any, run_dir: str | Path, log_kl: bool = True, **kwargs: Any):
+        grpo_args = kwargs.get("args")
+        beta = getattr(grpo_args, "beta", 0.0)
+        # Copy before TRL patches the model's forward (its fused LM head); the copy gets its own patch below.
+        reference = copy.deepcopy(model) if log_kl and beta == 0.0 else None
+        super().__init__(model, *args, **kwargs)
+        self.run_dir = Path(run_dir)
+        self.ledger = StepLedger()
+        self.last_rollout: dict[str, Any] | None = None  # tensors of the latest generation round (tests, debugging)
+        self.kl_reference = None
+        if reference is not None:
+            from trl.trainer.utils import add_fused_lm_head
+
+            reference.eval()
+            reference.requires_grad_(False)
+            reference.to(self.accelerator.device)
+            add_fused_lm_head(reference, temperature=self.temperature)
+            self.kl_reference = reference
+        self._capture_logps = False
+        self._captured_logps: torch.Tensor | None = None
+
+    def _get_train_sampler(self, dataset: Any = None):
+        # same arguments as TRL's own sampler; only the per-epoch seeding differs (see EpochSeededRepeatSampler)
+        return EpochSeededRepeatSampler(
+            data_source=self.train_dataset if dataset is None else dataset,
+            mini_repeat_count=self.num_generations,
+            batch_size=self.args.generation_batch_size // self.num_generations,
+            repeat_count=self.num_iterations * self.args.steps_per_generation,
+            shuffle=self.shuffle_dataset,
+            seed=self.args.seed,
+        )
+
+    # ---- measurements -----------------------------------------------------------------------------------------
+    def _training(self) -> bool:
+        return bool(self.model.training)
+
+    def _generate(self, prompts: list):
+        t0 = time.perf_counter()
+        out = super()._generate(prompts)
+        if self._training():
+            prompt_ids, completion_ids = out[0], out[1]
+            eos = set(self.eos_token_ids)
+            led = self.ledger
+            led.add_time("generate", time.perf_counter() - t0)
+            led.completions += len(completion_ids)
+            led.prompt_tokens += sum(len(p) for p in prompt_ids)
+            led.tokens_generated += sum(len(c) for c in completion_ids)
+            led.finished += sum(1 for c in completion_ids if c and c[-1] in eos)
+        return out
+
+    def _generate_single_turn(self, *args: Any, **kwargs: Any):
+        # Under bf16 training, sample from the same autocast numerics the loss forward uses.
+        ctx = self.accelerator.autocast() if self.args.bf16 else contextlib.nullcontext()
+        with ctx:
+            return super()._generate_single_turn(*args, **kwargs)
+
+    def _calculate_rewards(self, *args: Any, **kwargs: Any):
+        t0 = time.perf_counter()
+        out = super()._calculate_rewards(*args, **kwargs)
+        if self._training():
+            self.ledger.add_time("score", time.perf_counter() - t0)
+        return out
+
+    def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
+        out = super()._generate_and_score_completions(inputs)
+        if not self._training():
+            return out
+        rows = int(out["completion_ids"].size(0))
+        self.ledger.prompts += rows // self.num_generations
+        self.ledger.signal_completions += int((out["advantages"] != 0).sum().item())
+        if self.kl_reference is not None:
+            t0 = time.perf_counter()
+            out["esft_ref_per_token_logps"] = self._reference_logps(out)
+            self.ledger.add_time("ref_logps", time.perf_counter() - t0)
+        self.last_rollout = {k: out[k].detach().cpu() for k in
+                             ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "advantages")}
+        return out
+
+    @torch.no_grad()
+    def _reference_logps(self, out: dict[str, Any]) -> torch.Tensor:
+        input_ids = torch.cat([out["prompt_ids"], out["completion_ids"]], dim=1)
+        attention_mask = torch.cat([out["prompt_mask"], out["completion_mask"]], dim=1)
+        logps, _, _ = self._get_per_token_logps_and_entropies(
+            self.kl_reference, input_ids, attention_mask, out["completion_ids"].size(1),
+            batch_size=self.args.per_device_train_batch_size)
+        return logps
+
+    def _get_per_token_logps_and_entropies(self, model, *args: Any, **kwargs: Any):
+        result = super()._get_per_token_logps_and_entropies(model, *args, **kwargs)
+        if self._capture_logps:  # the policy forward of _compute_loss: reuse its log-probs for the KL metric
+            self._captured_logps = result[0].detach()
+            self._capture_logps = False
+        return result
+
+    def _compute_loss(self, model, inputs: dict[str, Any]):
+        if not self._training():
+            return super()._compute_loss(model, inputs)
+        mask = inputs["completion_mask"]
+        if "tool_mask" in inputs:
+            mask = mask * inputs["tool_mask"]
+        led = self.ledger
+        led.trained_tokens += int(mask.sum().item())
+        led.trained_completions += int((mask.sum(dim=1) > 0).sum().item())
+        led.forward_tokens += int(inputs["prompt_ids"].numel() + inputs["completion_ids"].numel())
+        self._capture_logps = "esft_ref_per_token_logps" in inputs
+        try:
+            loss = super()._compute_loss(model, inputs)
+        finally:
+            self._capture_logps = False
+        if self._captured_logps is not None:
+            self._metrics["train"]["kl"].append(
+                masked_k3_kl(self._captured_logps, inputs["esft_ref_per_token_logps"], mask))
+            self._captured_logps = None
+        return loss
+
+    # ---- run directory -----------------------------------------------------------------------------------------
+    def create_model_card(self, *args: Any, **kwargs: Any) -> None:
+        """Not written: config.yaml documents the run, and building a card may query the hub (offline here)."""
+        return None
+
+    def _save_checkpoint(self, model, trial) -> None:
+        """TRL/transformers write `checkpoint-N` (HF weights + tokenizer + optimizer, scheduler, RNG and trainer
+        state); move it whole into `checkpoints/iter_XXXXXX` (or `final` at max_steps), replacing atomically."""
+        super()._save_checkpoint(model, trial)
+        step = self.state.global_step
+        src = Path(self._get_output_dir(trial=trial)) / f"checkpoint-{step}"
+        name = "final" if step >= self.state.max_steps else checkpoint_name(step)
+        move_checkpoint(src, self.run_dir / CHECKPOINTS / name)
+
+
+def masked_k3_kl(logps: torch.Tensor, ref_logps: torch.Tensor, mask: torch.Tensor) -> float:
+    """Mean over completion tokens of the k3 estimator of KL(policy || reference), as TRL logs it when beta > 0:
+    exp(r - p) - (r - p) - 1 with p, r the policy and reference log-probs of the sampled token."""
+    delta = (ref_logps - logps).float()
+    per_token = torch.exp(delta) - delta - 1
+    m = mask.to(per_token.dtype)
+    return float((per_token * m).sum() / m.sum().clamp(min=1.0))
+
+
+def move_checkpoint(src: Path, dst: Path) -> None:
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    if dst.exists():
+        old = dst.with_name(f".old_{dst.name}")
+        if old.exists():
+            shutil.rmtree(old)
+        os.replace(dst, old)
+        os.replace(src, dst)
+        shutil.rmtree(old)
+    else:
+        os.replace(src, dst)

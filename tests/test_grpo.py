@@ -1,0 +1,239 @@
+"""GRPO on TRL end to end on a tiny random Llama (real SmolLM2 tokenizer: pad == eos) with a toy task: training
+changes the weights, drift.jsonl matches the saved checkpoints, accounting matches what `generate` produced, eos
+tokens stay in the masks, KL is tracked at beta = 0, resume continues the step count and LR schedule (and, across
+an epoch boundary, ends bit-identical to the uninterrupted run); plus the presets, the TRL mapping and the CLI.
+
+Run: . .venv/bin/activate && pytest -q tests/test_grpo.py   (~30 s on 2 CPU cores; needs `pip install -e .[test]`)
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import yaml
+
+pytest.importorskip("trl")
+
+from transformers import TrainerCallback  # noqa: E402
+
+from conftest import make_tiny_model  # noqa: E402
+from esft.es.runlog import read_jsonl  # noqa: E402
+from esft.grpo import PRESETS, GRPOConfig, preset  # noqa: E402
+from esft.grpo.config import to_trl_config  # noqa: E402
+from esft.grpo.drift import snapshot, squared_drift  # noqa: E402
+from esft.grpo.run import list_checkpoints, read_run_config, train_grpo  # noqa: E402
+from grpo_tiny import EOS, GenerateSpy, ParityTask, tiny_config  # noqa: E402
+
+
+class SpyInstaller(TrainerCallback):
+    """Installs a GenerateSpy on the policy once training starts (after the trainer copied its KL reference)."""
+
+    def __init__(self):
+        self.spy: GenerateSpy | None = None
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        self.spy = GenerateSpy(model, {EOS})
+
+
+class Crash(Exception):
+    pass
+
+
+class CrashAt(TrainerCallback):
+    """Simulates a crash after optimizer step `step` (its drift line is written, its metrics line is not)."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == self.step:
+            raise Crash(f"simulated crash at step {self.step}")
+
+
+def _load_safetensors(folder):
+    from safetensors.torch import load_file
+
+    return load_file(str(folder / "model.safetensors"))
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory, tokenizer):
+    """One 4-step run shared by the tests below (checkpoints at steps 2 and 4 = final)."""
+    out = tmp_path_factory.mktemp("grpo") / "run"
+    model = make_tiny_model()
+    theta0 = snapshot(model)
+    spy = SpyInstaller()
+    result = train_grpo(tiny_config(out), model=model, tokenizer=tokenizer, task=ParityTask(),
+                        callbacks=[spy], progress=False)
+    return {"out": out, "model": model, "theta0": theta0, "result": result, "spy": spy.spy,
+            "metrics": [r for r in read_jsonl(out / "metrics.jsonl") if r["kind"] == "train"],
+            "drift": read_jsonl(out / "drift.jsonl")}
+
+
+def test_run_directory_and_parameters_change(run):
+    out, result = run["out"], run["result"]
+    assert result.steps == 4 and result.final_checkpoint == out / "checkpoints" / "final"
+    assert [s for s, _ in list_checkpoints(out)] == [2, 4]
+    assert (out / "checkpoints" / "iter_000002").is_dir()
+    for name in ("model.safetensors", "config.json", "tokenizer.json", "optimizer.pt", "scheduler.pt"):
+        assert (out / "checkpoints" / "final" / name).exists(), name
+    assert not list(out.glob("checkpoint-*"))  # TRL's folders were moved into checkpoints/
+    changed = [n for n, p in run["model"].named_parameters() if not torch.equal(p.detach(), run["theta0"][n])]
+    assert len(changed) == len(run["theta0"])  # AdamW moves every tensor that gets a gradient
+    saved = _load_safetensors(out / "checkpoints" / "final")
+    assert not torch.equal(saved["model.embed_tokens.weight"], run["theta0"]["model.embed_tokens.weight"])
+    config, info = read_run_config(out)
+    assert config.max_steps == 4 and info["precision"] == "fp32" and info["master_dtype"] == "float32"
+    assert info["param_dtypes"] == {"float32": len(run["theta0"])} and info["kl_reference"] is True
+    assert (out / "samples" / "iter_000000.jsonl").exists() and (out / "samples" / "iter_000003.jsonl").exists()
+
+
+def test_drift_matches_saved_checkpoints(run):
+    out, theta0 = run["out"], run["theta0"]
+    assert [r["step"] for r in run["drift"]] == [1, 2, 3, 4]
+    assert run["drift"][0]["num_params"] == sum(t.numel() for t in theta0.values())
+    for step, folder in list_checkpoints(out):
+        saved = _load_safetensors(folder)
+        rec = run["drift"][step - 1]
+        direct = {n: float(((saved[n].double() - theta0[n].double()) ** 2).sum()) for n in theta0}
+        assert rec["total"] == pytest.approx(sum(direct.values()), rel=1e-12)
+        for n, v in direct.items():
+            assert rec["per_tensor"][n] == pytest.approx(v, rel=1e-12, abs=1e-30)
+    # the same function on the live final weights gives the last record exactly
+    total, _ = squared_drift(run["model"].named_parameters(), theta0)
+    assert total == run["drift"][-1]["total"]
+    assert [m["drift_total"] for m in run["metrics"]] == [r["total"] for r in run["drift"]]
+
+
+def test_accounting_equals_what_was_generated(run):
+    calls, metrics = run["spy"].calls, run["metrics"]
+    assert len(calls) == 4 == len(metrics)  # one generation round per optimizer step
+    for call, m in zip(calls, metrics):
+        assert m["completions"] == call["rows"] == 8 and m["prompts"] == 2
+        assert m["prompt_tokens"] == call["prompt_tokens"]
+        assert m["tokens_generated"] == call["generated"]
+        assert m["finished"] == call["finished"] and m["finished_rate"] == call["finished"] / 8
+        # single update per batch, nothing masked: every generated token is trained on once
+        assert m["trained_tokens"] == m["tokens_generated"] and m["trained_completions"] == 8
+        assert m["reward"]["mean"] == pytest.approx(m["trl"]["reward"])
+        assert set(m["time"]) >= {"generate", "score", "ref_logps", "drift", "train", "total"}
+        assert m["peak_rss_mb"] > 0
+    totals = metrics[-1]["totals"]
+    assert totals["tokens_generated"] == sum(c["generated"] for c in calls)
+    assert totals["prompt_tokens"] == sum(c["prompt_tokens"] for c in calls)
+    assert totals["completions"] == 32 and totals["prompts"] == 8
+
+
+def test_eos_tokens_are_not_masked(run, tokenizer):
+    """pad == eos: prompts contain eos (<|im_end|> closes each chat turn) and finished completions end with it;
+    both must stay attended / in the loss mask."""
+    from esft.generation import encode_prompts
+
+    assert tokenizer.pad_token_id == tokenizer.eos_token_id == EOS
+    task = ParityTask()
+    encoded = {tuple(ids) for ids in encode_prompts(tokenizer, [task.prompt(ex) for ex in task.load("train")])}
+    rollout = run["result"].trainer.last_rollout
+    prompt_ids, prompt_mask = rollout["prompt_ids"], rollout["prompt_mask"]
+    for ids, mask in zip(prompt_ids, prompt_mask):
+        real = ids[mask.bool()]
+        # exactly esft's own prompt tokens (same chat template, no double BOS), eos tokens of each turn included
+        assert tuple(real.tolist()) in encoded
+        assert (real == EOS).sum() >= 2  # system and user turns each end with eos ...
+    # ... and left padding (also id 2) is the only masked part: the mask is a suffix of ones
+    assert all(torch.equal(m, torch.sort(m)[0]) for m in prompt_mask)
+    comp_ids, comp_mask = rollout["completion_ids"], rollout["completion_mask"]
+    finished = 0
+    for ids, mask in zip(comp_ids, comp_mask):
+        n = int(mask.sum())
+        if EOS in ids[:n].tolist():
+            finished += 1
+            assert ids[n - 1] == EOS  # the completion's eos is the last token in the loss mask
+    assert finished > 0
+
+
+def test_kl_tracked_at_beta_zero(run):
+    kls = [m["kl"] for m in run["metrics"]]
+    assert kls[0] == pytest.approx(0.0, abs=1e-6)  # step 1 samples from the initial model itself
+    assert all(k is not None and k > 0 for k in kls[1:])
+    assert all(m["learning_rate"] is not None for m in run["metrics"])
+
+
+def test_resume_continues_step_count_and_schedule(run, tmp_path, tokenizer):
+    out = tmp_path / "interrupted"
+    with pytest.raises(Crash):
+        train_grpo(tiny_config(out), model=make_tiny_model(), tokenizer=tokenizer, task=ParityTask(),
+                   callbacks=[CrashAt(3)], progress=False)
+    assert [r["step"] for r in read_jsonl(out / "drift.jsonl")] == [1, 2, 3]
+    assert [s for s, _ in list_checkpoints(out)] == [2]
+    with pytest.raises(FileExistsError):  # never silently overwrite a run
+        train_grpo(tiny_config(out), model=make_tiny_model(), tokenizer=tokenizer, task=ParityTask(),
+                   progress=False)
+    with pytest.raises(ValueError, match="max_steps"):  # the LR schedule depends on it
+        train_grpo(tiny_config(out, max_steps=6, resume=True), model=make_tiny_model(), tokenizer=tokenizer,
+                   task=ParityTask(), progress=False)
+    result = train_grpo(tiny_config(out, resume=True), model=make_tiny_model(), tokenizer=tokenizer,
+                        task=ParityTask(), progress=False)
+    assert result.steps == 4
+    metrics = [r for r in read_jsonl(out / "metrics.jsonl") if r["kind"] == "train"]
+    assert [m["step"] for m in metrics] == [1, 2, 3, 4]
+    assert [r["step"] for r in read_jsonl(out / "drift.jsonl")] == [1, 2, 3, 4]
+    lr = [m["learning_rate"] for m in metrics]
+    assert lr == pytest.approx([m["learning_rate"] for m in run["metrics"]])  # linear decay continues
+    assert lr == pytest.approx([1e-3 * (1 - t / 4) for t in range(4)])
+    assert metrics[-1]["totals"]["completions"] == 32  # totals carried across the restart
+    state = json.loads((out / "checkpoints" / "final" / "trainer_state.json").read_text())
+    assert state["global_step"] == 4
+    # theta_0 after resume is still the base model: drift at step 4 matches the final checkpoint
+    saved = _load_safetensors(out / "checkpoints" / "final")
+    base = snapshot(make_tiny_model())
+    direct = sum(float(((saved[n].double() - base[n].double()) ** 2).sum()) for n in base)
+    assert read_jsonl(out / "drift.jsonl")[-1]["total"] == pytest.approx(direct, rel=1e-12)
+    # same prompts, samples and updates as the uninterrupted run, across the epoch boundary at step 3
+    assert [m["reward"] for m in metrics] == [m["reward"] for m in run["metrics"]]
+    reference = _load_safetensors(run["out"] / "checkpoints" / "final")
+    assert all(torch.equal(saved[k], reference[k]) for k in reference)
+    # a finished run resumes to a no-op
+    again = train_grpo(tiny_config(out, resume=True), model=make_tiny_model(), tokenizer=tokenizer,
+                       task=ParityTask(), progress=False)
+    assert again.steps == 4 and len(read_jsonl(out / "metrics.jsonl")) == 4
+
+
+def test_presets_and_trl_mapping(tmp_path):
+    paper = preset("paper", output_dir=str(tmp_path / "p"))
+    assert (paper.num_generations, paper.prompts_per_step, paper.max_steps) == (8, 63, 80)
+    assert (paper.learning_rate, paper.beta, paper.epsilon, paper.log_kl) == (3e-6, 0.0, 0.2, True)
+    args = to_trl_config(paper, str(tmp_path / "p"), "fp32", progress=False)
+    assert args.per_device_train_batch_size * args.gradient_accumulation_steps == 63 * 8
+    assert args.steps_per_generation == args.gradient_accumulation_steps  # one generation round per update
+    assert args.generation_batch_size == 504 and args.num_generations == 8 and args.num_iterations == 1
+    assert (args.learning_rate, args.weight_decay, args.max_grad_norm, args.warmup_steps) == (3e-6, 0.0, 1.0, 0)
+    assert args.lr_scheduler_type == "linear" and args.optim == "adamw_torch"
+    assert (args.temperature, args.top_p, args.max_completion_length) == (1.0, 0.95, 1024)
+    assert (args.beta, args.epsilon, args.loss_type, args.scale_rewards) == (0.0, 0.2, "grpo", "group")
+    assert args.bf16 is False and args.fp16 is False  # TRL would default bf16=True
+    assert args.save_steps == 80 and args.logging_steps == 1
+    cpu = preset("cpu")
+    assert (cpu.task, cpu.max_passage_chars, cpu.format_bonus, cpu.max_completion_length) == ("boolq", 400, 0.1, 24)
+    assert cpu.completions_per_step == 128 and set(PRESETS) == {"paper", "cpu"}
+    with pytest.raises(ValueError, match="multiple"):
+        GRPOConfig(prompts_per_step=3, num_generations=2, per_device_train_batch_size=4)
+    with pytest.raises(ValueError, match="may not override"):
+        to_trl_config(GRPOConfig(trl_args={"max_steps": 3}), str(tmp_path), "fp32")
+
+
+def test_cli_builds_grpo_config(tmp_path):
+    from esft.cli import _explicit, build_parser
+    from esft.config import build_config
+
+    run_yaml = tmp_path / "run.yaml"
+    run_yaml.write_text(yaml.safe_dump({"preset": "cpu", "max_steps": 3, "trl_args": {"top_k": 5}}))
+    args = build_parser().parse_args(["train", "grpo", "--config", str(run_yaml), "--learning-rate", "1e-5",
+                                      "--output-dir", str(tmp_path / "o"), "--no-log-kl"])
+    config = build_config(GRPOConfig, PRESETS, args.preset, args.config, _explicit(args, GRPOConfig))
+    assert (config.max_steps, config.learning_rate, config.log_kl, config.task) == (3, 1e-5, False, "boolq")
+    assert config.trl_args == {"top_k": 5} and config.output_dir == str(tmp_path / "o")
+    with pytest.raises(SystemExit) as exit_info:  # every field's help text renders (argparse %-formats it)
+        build_parser().parse_args(["train", "grpo", "--help"])
+    assert exit_info.value.code == 0
