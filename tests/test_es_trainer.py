@@ -90,6 +90,9 @@ def test_same_seed_is_bit_identical_and_replay_reproduces_weights(tmp_path):
     assert bit_equal(sa, sb)
     model, weights = final_masters(a.output_dir)  # base model + seeds.jsonl only
     assert matches_checkpoint(model, weights, a.final_checkpoint)
+    from esft.es.replay import verify
+
+    assert verify(a.output_dir, model=tiny_llama())["bit_identical"] is True
     assert not matches_checkpoint(tiny_llama(), weights, a.output_dir / "checkpoints" / "iter_000002")
     # any intermediate step, too
     model2 = tiny_llama()

@@ -120,3 +120,52 @@ def matches_checkpoint(model: torch.nn.Module, weights: MasterWeights, folder: s
         if found is None or not torch.equal(saved[found].to(torch.float32), m.cpu()):
             return False
     return True
+
+
+def verify(run_dir: str | Path, model: torch.nn.Module | None = None) -> dict[str, Any]:
+    """Rebuild the last logged step from the base model and compare it with the run's checkpoint of that step
+    (`final` or `iter_XXXXXX`) bit for bit."""
+    if model is None:
+        model, _ = load_base(run_dir)
+    weights = rebuild(model, run_dir)
+    step = len(runlog.read_seed_log(run_dir))
+    folders = [f for s, f in runlog.list_checkpoints(Path(run_dir)) if s == step]
+    if not folders:
+        return {"step": step, "checkpoint": None, "bit_identical": None}
+    return {"step": step, "checkpoint": str(folders[-1]),
+            "bit_identical": all(matches_checkpoint(model, weights, f) for f in folders)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """python -m esft.es.replay verify RUN_DIR            rebuild the last step, compare with its checkpoint
+       python -m esft.es.replay drift RUN_DIR OUT.jsonl   ||theta_t - theta_0||^2 per step (total, per tensor)
+       python -m esft.es.replay rebuild RUN_DIR STEP DIR  save theta_STEP as a Hugging Face folder"""
+    import json
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) < 2 or args[0] not in ("verify", "drift", "rebuild"):
+        print(main.__doc__)
+        return 2
+    cmd, run_dir = args[0], args[1]
+    if cmd == "verify":
+        result = verify(run_dir)
+        print(json.dumps(result))
+        return 0 if result["bit_identical"] else 1
+    model, tokenizer = load_base(run_dir)
+    if cmd == "drift":
+        with open(args[2], "w", encoding="utf-8") as fh:
+            for rec in drift(model, run_dir):
+                fh.write(json.dumps(rec) + "\n")
+                print(f"step {rec['step']}: ||dtheta||^2 = {rec['total']:.6g} (expected {rec['expected']})")
+        return 0
+    rebuild(model, run_dir, step=int(args[2]))
+    model.save_pretrained(args[3])
+    if tokenizer is not None:
+        tokenizer.save_pretrained(args[3])
+    print(f"wrote theta_{args[2]} to {args[3]}")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())
