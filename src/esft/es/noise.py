@@ -58,7 +58,6 @@ def gaussian(seed: int, name: str, shape: Sequence[int] | torch.Size, *, mode: s
 
 # ---- parameter selection ----------------------------------------------------------------------------------
 
-DEFAULT_EXCLUDE: tuple[str, ...] = ()
 #: Name patterns of normalisation gains (RMSNorm / LayerNorm); pass as `exclude` to keep them frozen
 #: (the study reports that RMSNorm gains saturate and break the random-walk law).
 NORM_PATTERNS: tuple[str, ...] = (r"norm",)
