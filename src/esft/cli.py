@@ -46,7 +46,13 @@ def _env(args: argparse.Namespace) -> int:
 def _train_es(args: argparse.Namespace) -> int:
     from esft.es.trainer import PRESETS, ESConfig, train_es
 
-    config = build_config(ESConfig, PRESETS, args.preset, args.config, _explicit(args, ESConfig))
+    if args.resume:
+        # `--resume RUN_DIR`: the run's own config.yaml, plus the few flags a resume may change (e.g. iterations)
+        from esft.es.config import resume_config
+
+        config = resume_config(args.resume, _explicit(args, ESConfig))
+    else:
+        config = build_config(ESConfig, PRESETS, args.preset, args.config, _explicit(args, ESConfig))
     train_es(config)
     return 0
 
@@ -123,7 +129,10 @@ def build_parser() -> argparse.ArgumentParser:
     if ESConfig is not None:
         p = algos.add_parser("es", help="Evolution Strategies (full-parameter, gradient-free)")
         _add_run_options(p, PRESETS)
-        add_dataclass_arguments(p, ESConfig)
+        add_dataclass_arguments(p, ESConfig, skip=("resume",))
+        p.add_argument("--resume", metavar="RUN_DIR", default=None,
+                       help="continue RUN_DIR from its latest checkpoint and seed log (ends bit-identical to an "
+                            "uninterrupted run); flags may only change e.g. --iterations")
         p.set_defaults(func=_train_es)
 
     # GRPOConfig itself imports nothing heavy; TRL is imported only when training starts.
