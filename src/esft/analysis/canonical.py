@@ -230,7 +230,9 @@ def tied_lm_head(shapes: Mapping[str, Sequence[int]], config: Mapping[str, Any] 
     if not config:
         return []
     text = config.get("text_config") if isinstance(config.get("text_config"), Mapping) else config
-    if not (text.get("tie_word_embeddings", config.get("tie_word_embeddings", True))):
+    # only when the config says so: HF omits a tied lm_head from its files anyway, and an untied one that
+    # happens to be stored must be counted
+    if not (text.get("tie_word_embeddings", config.get("tie_word_embeddings", False))):
         return []
     heads = [k for k in shapes if parse_name(k)[1] == "lm_head"]
     embeds = [k for k in shapes if parse_name(k)[1] == "embed_tokens"]

@@ -24,6 +24,6 @@ def color(label: str) -> str:
 def save(fig, path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=130, bbox_inches="tight")
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     pyplot().close(fig)
     return path

@@ -168,7 +168,7 @@ class Report:
         self.runs: list[Run] = []
         self.chains: list[Chain] = []
         self.pairs: list[Pair] = []
-        self._model_cache: dict[str, Any] = {}
+        self._tokenizers: dict[str, Any] = {}
 
     # -- utilities
     def log(self, msg: str) -> None:
@@ -218,10 +218,23 @@ class Report:
         from esft.analysis.landscape import set_weights
         from esft.models import load_model
 
-        model, tok = load_model(str(base), dtype=self.config.dtype, device=self.config.device)
+        key = str(Path(base).resolve())
+        if key not in self._tokenizers:
+            model, tok = load_model(str(base), dtype=self.config.dtype, device=self.config.device)
+            self._tokenizers[key] = tok
+        else:
+            # same weights loading as load_model, without reading the tokenizer again (~0.3 s a time)
+            model, tok = _load_model_only(base, self.config.dtype, self.config.device), self._tokenizers[key]
         if weights is not None and Path(weights).resolve() != Path(base).resolve():
             set_weights(model, weights)
         return model, tok
+
+    def plot(self, cached: bool, path: Path, draw: Callable[[], Any]) -> Path:
+        """Draw a figure unless its data came from the cache and the PNG is already there (figures cost
+        ~0.4 s each)."""
+        if not (cached and path.exists()):
+            draw()
+        return path
 
     # -- main
     def build(self) -> Path:
@@ -342,7 +355,7 @@ class Report:
                 self.skip(f"weights ({label})", f"base model {a.base_spec!r} is not a folder on disk")
                 continue
             stages_rows3, stages_rows4, stages_rows20 = [], [], []
-            last_rep = None
+            last_rep, cached = None, False
             for i, run in enumerate(a.runs):
                 ck_a = run.final
                 ck_b = b.runs[i].final if b is not None and i < len(b.runs) else None
@@ -403,8 +416,8 @@ class Report:
                           "no run of the other algorithm from the same base model on the same task sequence")
             if last_rep is not None:
                 s.append("\n" + self._family_table(last_rep))
-                fig = self.fig(f"weights_{_slug(label)}")
-                plot_weights(last_rep, fig)
+                fig = self.plot(cached, self.fig(f"weights_{_slug(label)}"),
+                                lambda rep=last_rep, label=label: plot_weights(rep, self.fig(f"weights_{_slug(label)}")))
                 s.append(f"\n![per-layer update norms and stable ranks]({self.rel(fig)})\n")
             done_chain.add(id(a))
         self.results["weights"] = out
@@ -466,7 +479,8 @@ class Report:
             cache_path = self.out / "data" / f"drift_{_slug(name)}.jsonl"
             key = json.dumps(params, default=str)
             meta = cache_path.with_suffix(".params")
-            if cache_path.exists() and meta.exists() and meta.read_text() == key and not self.config.recompute:
+            cached = cache_path.exists() and meta.exists() and meta.read_text() == key and not self.config.recompute
+            if cached:
                 series = D.read_series(cache_path)
             else:
                 self.log(f"replaying {name} (one noise regeneration per member per step)")
@@ -496,11 +510,12 @@ class Report:
             s.append(self._drift_text(name, r, series, res, gs))
             figs = {"total": self.fig(f"drift_total_{_slug(name)}"), "families": self.fig(f"drift_families_{_slug(name)}"),
                     "curves": self.fig(f"drift_tensors_{_slug(name)}"), "rho_r2": self.fig(f"drift_rho_r2_{_slug(name)}")}
-            D.plot_total(series, float(alpha), int(n), figs["total"], grpo=gs, title=f"{name}")
+            a_, n_ = float(alpha), int(n)
+            self.plot(cached, figs["total"], lambda: D.plot_total(series, a_, n_, figs["total"], grpo=gs, title=name))
             if res["tensors"]:
-                D.plot_families(res, figs["families"])
-                D.plot_tensor_curves(series, res, float(alpha), int(n), figs["curves"])
-                D.plot_rho_r2(res, figs["rho_r2"])
+                self.plot(cached, figs["families"], lambda: D.plot_families(res, figs["families"]))
+                self.plot(cached, figs["curves"], lambda: D.plot_tensor_curves(series, res, a_, n_, figs["curves"]))
+                self.plot(cached, figs["rho_r2"], lambda: D.plot_rho_r2(res, figs["rho_r2"]))
                 s.append(f"![total drift (Figure 9 / 6A)]({self.rel(figs['total'])})\n"
                          f"![rho and R^2 per family (Figure 10)]({self.rel(figs['families'])})\n"
                          f"![per-tensor drift (Figure 11)]({self.rel(figs['curves'])})\n"
@@ -532,9 +547,9 @@ class Report:
                 ["alpha / N", f"{res['alpha']:g} / {res['population']}"],
                 ["final ||dtheta||^2", t.get("final_sq")], ["predicted alpha^2 T d / N", t.get("predicted_final_sq")],
                 ["measured / predicted", t.get("final_ratio")],
-                ["R^2 of the theory line (no fitted parameter)", t.get("r2_theory")],
-                ["R^2 vs expectation from the logged coefficients", res.get("r2_logged_expectation")],
-                ["free fit through origin: rho = d_eff / d", t.get("rho")], ["free fit R^2", t.get("r2_fit")]]
+                ["R^2 of the theory line (no fitted parameter)", _r2(t.get("r2_theory"))],
+                ["R^2 vs expectation from the logged coefficients", _r2(res.get("r2_logged_expectation"))],
+                ["free fit through origin: rho = d_eff / d", t.get("rho")], ["free fit R^2", _r2(t.get("r2_fit"))]]
         if gs is not None and res.get("grpo"):
             ratio = res["grpo"].get("ratio_at_matched_step") or {}
             rows.append(["GRPO final ||dtheta||^2", res["grpo"].get("final_sq")])
@@ -572,6 +587,7 @@ class Report:
             self.skip("KL", "no chain with a base model folder and checkpoints")
             return
         tables: dict[tuple[str, tuple[str, ...]], list[dict[str, Any]]] = {}
+        all_cached = True
         opts = self.task_options()
         for c in chains:
             tasks = list(dict.fromkeys(c.tasks))
@@ -585,7 +601,8 @@ class Report:
                 return K.kl_stages(c.base, stages, tasks, self.config.limit, gc, self.config.kl_batch_size, opts,
                                    loader=lambda spec: self.load(c.base, Path(spec)), progress=self.progress)
 
-            res, _ = self.cache.get(f"kl_{_slug(c.label)}", params, compute)
+            res, cached = self.cache.get(f"kl_{_slug(c.label)}", params, compute)
+            all_cached = all_cached and cached
             tables.setdefault((c.algorithm, tuple(c.tasks)), []).append(res)
         est = "k3_token_mean"
         panels = {}
@@ -613,8 +630,8 @@ class Report:
             m = K.matrix(agg, "incremental", stat="median")
             panels[algo.upper()] = (m, agg["tasks"], agg["stages"])
         if panels:
-            fig = self.fig("kl_heatmap")
-            K.plot_heatmap(panels, fig, title=f"incremental KL ({est}, median over seeds)")
+            fig = self.plot(all_cached, self.fig("kl_heatmap"), lambda: K.plot_heatmap(
+                panels, self.fig("kl_heatmap"), title=f"incremental KL ({est}, median over seeds)"))
             s.append(f"![incremental KL heatmap (Figure 2)]({self.rel(fig)})\n")
         if len(self.chains) and all(len(c.runs) == 1 for c in self.chains):
             self.skip("KL across stages (Figure 2's columns, Tables 13-16's rows)",
@@ -668,10 +685,10 @@ class Report:
                 return L.interpolation_path(m, t, fa, fb, ts, L.prepare_tasks(tasks, n, task_options=opts), gc,
                                             progress=self.progress)
 
-            res, _ = self.cache.get("landscape_interpolation", {**common, "ts": ts, "tasks": tasks}, interp)
+            res, cached = self.cache.get("landscape_interpolation", {**common, "ts": ts, "tasks": tasks}, interp)
             out["interpolation"] = res
-            fig = self.fig("landscape_interpolation")
-            L.plot_interpolation(res, fig, labels=(la.upper(), lb.upper()))
+            fig = self.plot(cached, self.fig("landscape_interpolation"), lambda: L.plot_interpolation(
+                res, self.fig("landscape_interpolation"), labels=(la.upper(), lb.upper())))
             rows = [[t, _pct(res["accuracy"][t][0]), _pct(res["accuracy"][t][-1]), _pct(res["barrier"][t]["min_accuracy"]),
                      f"{res['barrier'][t]['max_drop']:+.3f} at t={res['barrier'][t]['at']:.2f}",
                      _fmt(res["barrier"][t]["se"]), "yes" if res["barrier"][t]["barrier"] else "no"]
@@ -693,11 +710,11 @@ class Report:
             return L.direction_sweep(m, t, a.base, dirs, mags, L.prepare_tasks(tasks, n, task_options=opts), gc,
                                      progress=self.progress)
 
-        res, _ = self.cache.get("landscape_directions", {**common, "tasks": tasks,
-                                                         "points": self.config.magnitude_points}, sweep)
+        res, cached = self.cache.get("landscape_directions", {**common, "tasks": tasks,
+                                                              "points": self.config.magnitude_points}, sweep)
         out["directions"] = res
-        fig = self.fig("landscape_directions")
-        L.plot_direction_sweep(res, fig, title="from the base model")
+        fig = self.plot(cached, self.fig("landscape_directions"), lambda: L.plot_direction_sweep(
+            res, self.fig("landscape_directions"), title="from the base model"))
         s.append("### Figure 4: from the base along each update and a norm-matched random direction\n\n"
                  + _sweep_table(res) + f"\n\nPaper: {paper.LANDSCAPE['directions']}.\n\n![directions]({self.rel(fig)})\n")
         # Figure 5
@@ -715,11 +732,11 @@ class Report:
                     results[lab] = L.direction_sweep(m, t, fin, [d], mags, prepared, gc, progress=self.progress)
                 return results
 
-            res5, _ = self.cache.get("landscape_holdout", {**common, "holdout": hold}, holdout)
+            res5, cached = self.cache.get("landscape_holdout", {**common, "holdout": hold}, holdout)
             out["holdout"] = res5
             for lab, r5 in res5.items():
-                fig = self.fig(f"landscape_holdout_{lab}")
-                L.plot_direction_sweep(r5, fig, title=f"holdout tasks from the final {lab.upper()} checkpoint")
+                fig = self.plot(cached, self.fig(f"landscape_holdout_{lab}"), lambda r5=r5, lab=lab: L.plot_direction_sweep(
+                    r5, self.fig(f"landscape_holdout_{lab}"), title=f"holdout tasks from the final {lab.upper()} checkpoint"))
                 s.append(f"### Figure 5: holdout tasks, from the final {lab.upper()} checkpoint along its own update\n\n"
                          + _sweep_table(r5) + f"\n\n![holdout {lab}]({self.rel(fig)})\n")
         else:
@@ -747,6 +764,7 @@ class Report:
             self.skip("functional sparsity", "no run with a base model folder and a final checkpoint")
             return
         results = {}
+        all_cached = True
         model = tok = None
         for c in todo:
             gc = self.gen_config(c)
@@ -763,20 +781,34 @@ class Report:
                                                                                   task_options=opts), gc,
                                          targets=self.config.sparsity_targets, progress=self.progress)
 
-            res, _ = self.cache.get(f"sparsity_{_slug(c.label)}", params, compute)
+            res, cached = self.cache.get(f"sparsity_{_slug(c.label)}", params, compute)
+            all_cached = all_cached and cached
             label = c.algorithm
             results[label if label not in results else c.label] = res
             rows = [[_fmt(r["tau"]), _pct(r["sparsity"])] + [_pct(r["accuracy"][t]) for t in tasks] for r in res["rows"]]
             rows.append(["base (all reverted)", "100%"] + [_pct(res["base_accuracy"][t]) for t in tasks])
             s.append(f"### {c.label}\n\n" + table(["tau", "sparsity"] + [f"{t} acc" for t in tasks], rows) + "\n")
-        fig = self.fig("functional_sparsity")
-        SP.plot_sparsity_sweep(results, fig)
+        fig = self.plot(all_cached, self.fig("functional_sparsity"),
+                        lambda: SP.plot_sparsity_sweep(results, self.fig("functional_sparsity")))
         s.append(f"![functional sparsity]({self.rel(fig)})\n")
         self.results["sparsity"] = results
         self.sections.append("\n".join(s) + "\n")
 
 
 D_PAPER = paper.DRIFT["matrices"] + "; " + paper.DRIFT["norms"] + "."
+
+
+def _load_model_only(base: Path, dtype: str, device: str | None):
+    from transformers import AutoModelForCausalLM
+
+    from esft.models import default_device, parse_dtype
+
+    device = device or default_device()
+    model = AutoModelForCausalLM.from_pretrained(str(base), dtype=parse_dtype(dtype, device))
+    model.to(device)
+    model.eval()
+    model.requires_grad_(False)
+    return model
 
 
 def _steps(r: Run) -> int | None:
@@ -790,6 +822,11 @@ def _steps(r: Run) -> int | None:
         return int(max(steps))
     finite = [s for s, _ in r.checkpoints if s != float("inf")]
     return int(max(finite)) if finite else None
+
+
+def _r2(x: float | None) -> str:
+    # R^2 near 1 is the point (the paper resolves the top 2e-4 of its range): keep six decimals
+    return "n/a" if x is None else f"{x:.6f}"
 
 
 def _iqr(q: dict[str, Any]) -> str:

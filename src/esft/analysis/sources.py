@@ -151,8 +151,12 @@ def aligned_refs(sources: Sequence[TensorSource]) -> tuple[list[tuple[str, list[
             raise ValueError(f"tensor {n} has different shapes across sources: {[r.shape for r in refs]}")
         rows.append((n, refs))
     common_set = set(common)
-    unmatched = {s.name: [n for n in m if n not in common_set] for s, m in zip(sources, maps)}
-    return rows, {k: v for k, v in unmatched.items() if v}
+    unmatched: dict[str, list[str]] = {}
+    for i, (s, m) in enumerate(zip(sources, maps)):
+        extra = [n for n in m if n not in common_set]
+        if extra:
+            unmatched[s.name if s.name not in unmatched else f"{s.name}#{i}"] = extra
+    return rows, unmatched
 
 
 def read_rows(source: TensorSource, ref: TensorRef, start: int, stop: int) -> torch.Tensor:

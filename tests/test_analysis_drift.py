@@ -1,0 +1,134 @@
+"""Drift analysis: the random-walk prediction, through-origin fits, drift-log parsing, ES replay.
+
+Run: `pytest -q tests/test_analysis_drift.py` (a few seconds).
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import scipy.stats
+
+from esft.analysis import drift as D
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny matmuls: OpenMP spin-waits cost more than they save on 2 shared cores
+    yield
+    torch.set_num_threads(previous)
+
+
+def test_predicted_sq_drift_formula():
+    assert D.predicted_sq_drift(0.00075, 100, 4.02e9, 30) == pytest.approx(0.00075 ** 2 * 100 * 4.02e9 / 30)
+    steps = np.arange(1, 4)
+    assert np.allclose(D.predicted_sq_drift(0.1, steps, 10, 5), 0.01 * steps * 10 / 5)
+
+
+def test_fit_through_origin_against_lstsq_and_r2_against_definition():
+    rng = np.random.default_rng(0)
+    x = np.arange(1, 40, dtype=float)
+    y = 3.0 * x + rng.normal(0, 2, x.size)
+    f = D.fit_through_origin(x, y)
+    k_ref = np.linalg.lstsq(x[:, None], y, rcond=None)[0][0]
+    assert f["slope"] == pytest.approx(k_ref, rel=1e-12)
+    resid = y - k_ref * x
+    assert f["r2"] == pytest.approx(1 - resid @ resid / ((y - y.mean()) ** 2).sum(), rel=1e-12)
+    # with an intercept-free line the centred R^2 is below the ordinary regression's (scipy), and can be < 0
+    assert f["r2"] <= scipy.stats.linregress(x, y).rvalue ** 2 + 1e-12
+    saturating = 5 - 5 * np.exp(-x)  # rises then flattens, like an RMSNorm gain
+    assert D.fit_through_origin(x, saturating)["r2"] < 0
+    assert np.isnan(D.r2_score([1.0, 1.0], [1.0, 1.0]))
+
+
+def random_walk(alpha, population, steps, shapes, seed=0):
+    """The ES update with z-scored fitness: theta += (alpha / N) sum_n z_n eps_n, per tensor."""
+    rng = np.random.default_rng(seed)
+    theta = {k: np.zeros(s) for k, s in shapes.items()}
+    records = []
+    for t in range(1, steps + 1):
+        f = rng.random(population)
+        z = (f - f.mean()) / f.std()
+        for k, s in shapes.items():
+            eps = rng.standard_normal((population, int(np.prod(s))))
+            theta[k] += (alpha / population) * (z @ eps).reshape(s)
+        per = {k: float((v ** 2).sum()) for k, v in theta.items()}
+        records.append({"step": t, "total": sum(per.values()), "per_tensor": per,
+                        "numel": {k: int(np.prod(s)) for k, s in shapes.items()}})
+    return records
+
+
+def test_fit_recovers_rho_one_on_random_walk():
+    shapes = {"model.layers.0.self_attn.q_proj.weight": (96, 96), "model.layers.0.mlp.up_proj.weight": (96, 192),
+              "model.layers.1.self_attn.q_proj.weight": (96, 96)}
+    alpha, n = 0.01, 10
+    s = D.series_from_records(random_walk(alpha, n, 80, shapes))
+    res = D.analyze_series(s, alpha, n)
+    assert res["num_params"] == 96 * 96 * 2 + 96 * 192
+    assert res["total"]["rho"] == pytest.approx(1.0, abs=0.02)
+    assert res["total"]["r2_fit"] > 0.99
+    assert res["total"]["r2_theory"] > 0.99
+    for row in res["tensors"]:
+        assert row["rho"] == pytest.approx(1.0, abs=0.05), row
+        assert row["r2_fit"] > 0.98, row
+    fam = res["families"]["q_proj"]
+    assert fam["n"] == 2 and fam["rho"]["q1"] <= fam["rho"]["median"] <= fam["rho"]["q3"]
+    assert set(res["kinds"]) == {"attention", "mlp"}
+
+
+def test_series_parsing_accepts_grpo_spellings_and_torn_lines(tmp_path):
+    p = tmp_path / "drift.jsonl"
+    with open(p, "w") as fh:
+        fh.write(json.dumps({"global_step": 0, "sq_total": 0.0, "tensors": {"model.norm.weight": 0.0}}) + "\n")
+        for t in (1, 2, 3):
+            fh.write(json.dumps({"global_step": t, "sq_total": 0.5 * t,
+                                 "tensors": {"model.norm.weight": 0.1 * t, "lm_head.weight": 0.4 * t}}) + "\n")
+        fh.write('{"global_step": 4, "sq_to')
+    s = D.read_series(p, numel={"model.norm.weight": 8, "lm_head.weight": 64})
+    assert s.steps == [1, 2, 3] and s.total == [0.5, 1.0, 1.5]
+    assert set(s.per_tensor) == {"norm", "lm_head"} and s.numel == {"norm": 8, "lm_head": 64}
+    assert s.num_params == 72
+    out = s.write(tmp_path / "copy.jsonl")
+    again = D.read_series(out)
+    assert again.steps == s.steps and again.per_tensor == s.per_tensor and again.numel == s.numel
+
+
+def test_displacement_ratio_at_matched_step():
+    es = D.DriftSeries([1, 2, 3, 4], [4.0, 8.0, 12.0, 16.0])
+    grpo = D.DriftSeries([1, 2, 3], [0.01, 0.02, 0.04])
+    r = D.displacement_ratio(es, grpo)
+    assert r["step"] == 3 and r["ratio"] == pytest.approx(np.sqrt(12.0 / 0.04))
+
+
+def test_es_replay_drift_matches_the_law(tmp_path, tokenizer):
+    """Synthetic seeds.jsonl, replayed through esft.es.replay: the law holds to sampling noise."""
+    from analysis_runs import make_base, make_es_run
+
+    base = make_base(tmp_path, tokenizer, hidden=16)
+    run = make_es_run(tmp_path, base, steps=6, population=6, alpha=0.01)
+    s = D.es_series(run)
+    assert s.steps == [1, 2, 3, 4, 5, 6]
+    assert s.expected is not None
+    res = D.analyze_series(s, 0.01, 6)
+    assert res["total"]["final_ratio"] == pytest.approx(1.0, abs=0.01)  # ~800k parameters: tiny noise
+    assert res["r2_logged_expectation"] > 0.999
+    assert {"embed_tokens", "q_proj", "input_layernorm", "norm"} <= set(res["families"])
+    # theta_T from replay equals the saved final checkpoint: the drift is that of the checkpoint
+    from esft.analysis.weights import update_norm
+
+    assert update_norm(base, run / "checkpoints" / "final")["total"] ** 2 == pytest.approx(s.total[-1], rel=1e-6)
+
+
+def test_plots_write_files(tmp_path):
+    shapes = {"model.layers.0.self_attn.q_proj.weight": (8, 8), "model.layers.0.input_layernorm.weight": (8,),
+              "model.norm.weight": (8,)}
+    s = D.series_from_records(random_walk(0.01, 4, 10, shapes))
+    res = D.analyze_series(s, 0.01, 4)
+    paths = [D.plot_total(s, 0.01, 4, tmp_path / "a.png", grpo=s), D.plot_families(res, tmp_path / "b.png"),
+             D.plot_tensor_curves(s, res, 0.01, 4, tmp_path / "c.png"), D.plot_rho_r2(res, tmp_path / "d.png")]
+    assert all(p.stat().st_size > 5000 for p in paths)

@@ -1,0 +1,119 @@
+"""Landscape and functional sparsity: weights set along lines and directions, barrier test, thresholds.
+
+Run: `pytest -q tests/test_analysis_landscape.py` (a few seconds; evaluation uses a stub accuracy).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import make_tiny_model
+from esft.analysis import landscape as L
+from esft.analysis import sparsity as SP
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+def tiny(seed):
+    return make_tiny_model(vocab_size=128, hidden=16, seed=seed)
+
+
+def params(model):
+    return {n: p.detach().double().clone() for n, p in model.named_parameters()}
+
+
+def test_set_weights_interpolates_and_moves_along_unit_directions(tmp_path):
+    a, b, work = tiny(0), tiny(1), tiny(2)
+    b.save_pretrained(tmp_path / "b")  # one endpoint on disk, one in memory
+    pa, pb = params(a), params(b)
+    d = L.DeltaDirection(a, tmp_path / "b", "a->b").bind(work)
+    L.set_weights(work, a, [(0.25, d)])
+    for n, v in params(work).items():
+        assert torch.allclose(v, 0.75 * pa[n] + 0.25 * pb[n], atol=1e-6)
+    full = np.sqrt(sum(float(((pb[n] - pa[n]) ** 2).sum()) for n in pa))
+    assert d.norm == pytest.approx(full, rel=1e-9)
+    # random direction: same per-tensor norms as the reference, nearly orthogonal to it, deterministic
+    r = L.RandomDirection(d, seed=3).bind(work)
+    for n, v in d.tensor_norms().items():
+        assert float(r.tensor(n).norm()) == pytest.approx(v, rel=1e-9)
+    dot = sum(float((r.tensor(n) * d.tensor(n)).sum()) for n in pa)
+    assert abs(dot) / (d.norm * r.norm) < 0.05
+    assert torch.equal(r.tensor("model.norm.weight"), L.RandomDirection(d, seed=3).bind(work).tensor("model.norm.weight"))
+    assert not torch.equal(r.tensor("model.layers.0.self_attn.q_proj.weight"),
+                           r.tensor("model.layers.1.self_attn.q_proj.weight")[: 16])
+
+
+def test_barrier_against_hand_computation():
+    b = L.barrier([0, 0.5, 1], [0.6, 0.2, 0.8], n=100)
+    assert b["linear"] == pytest.approx([0.6, 0.7, 0.8])
+    assert b["max_drop"] == pytest.approx(0.5) and b["at"] == 0.5 and b["barrier"]
+    flat = L.barrier([0, 0.5, 1], [0.6, 0.69, 0.8], n=100)
+    assert not flat["barrier"] and flat["max_drop"] == pytest.approx(0.01)
+
+
+def fake_accuracy(reference):
+    """accuracy = 1 - distance to `reference` (a stand-in for evaluate_task that reads the weights)."""
+    ref = params(reference)
+
+    def acc(model, tokenizer, tasks, gen_config):
+        dist = np.sqrt(sum(float(((p.detach().double() - ref[n]) ** 2).sum()) for n, p in model.named_parameters()))
+        return {t: max(0.0, 1.0 - dist) for t in tasks}
+
+    return acc
+
+
+def test_interpolation_path_and_direction_sweep(monkeypatch):
+    a, b, work = tiny(0), tiny(1), tiny(2)
+    monkeypatch.setattr(L, "accuracy", fake_accuracy(a))
+    tasks = {"t": (None, [0] * 10)}
+    res = L.interpolation_path(work, None, a, b, [0.5], tasks, None)
+    assert res["t"] == [0.0, 0.5, 1.0]
+    dist = res["distance"]
+    assert res["accuracy"]["t"] == pytest.approx([1.0, max(0, 1 - dist / 2), max(0, 1 - dist)], abs=1e-5)
+    d = L.DeltaDirection(a, b, "ES")
+    mags = [0.0, 0.1, 0.2]
+    sw = L.direction_sweep(work, None, a, [d], mags, tasks, None)
+    assert sw["directions"]["ES"]["accuracy"]["t"] == pytest.approx([1.0, 0.9, 0.8], abs=1e-5)
+    assert L.default_magnitudes([1.0, 90.0], 4)[:2] == [0.0, 0.25]
+    assert 1.0 in L.default_magnitudes([1.0, 90.0], 4) and 90.0 in L.default_magnitudes([1.0, 90.0], 4)
+
+
+def test_threshold_and_sparsity_against_numpy():
+    d = torch.tensor([-3e-5, 1e-6, 0.0, 2e-5, -5e-6])
+    assert SP.threshold_update(d, 1e-5).tolist() == pytest.approx([-3e-5, 0, 0, 2e-5, 0])
+    base, tuned = tiny(0), tiny(0)
+    with torch.no_grad():
+        g = torch.Generator().manual_seed(0)
+        for p in tuned.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 1e-4)
+    pb = params(base)
+    delta = np.concatenate([(v - pb[n]).numpy().ravel() for n, v in params(tuned).items()])
+    taus = [0.0, 1e-5, 5e-5, 1e-4]
+    got = SP.sparsity_at(base, tuned, taus, chunk_elems=300)
+    assert got == pytest.approx([float(np.mean(np.abs(delta) <= t)) for t in taus], abs=1e-12)
+    targets = [0.25, 0.5, 0.9]
+    chosen = SP.taus_for_sparsity(base, tuned, targets)
+    assert SP.sparsity_at(base, tuned, chosen) == pytest.approx(targets, abs=0.01)
+    assert np.quantile(np.abs(delta), 0.5) == pytest.approx(chosen[1], rel=0.02)
+
+
+def test_sparsity_sweep_reverts_small_entries(monkeypatch):
+    base, tuned, work = tiny(0), tiny(1), tiny(2)
+    monkeypatch.setattr(SP, "accuracy", fake_accuracy(tuned))
+    res = SP.sparsity_sweep(work, None, base, tuned, {"t": (None, [0])}, None, targets=[0.0, 0.5])
+    pb, pt = params(base), params(tuned)
+    zeros = np.mean(np.concatenate([(pt[n] - pb[n]).numpy().ravel() for n in pb]) == 0)  # RMSNorm gains: both 1
+    assert res["rows"][0]["tau"] == 0.0 and res["rows"][0]["sparsity"] == pytest.approx(zeros, abs=1e-12)
+    assert res["rows"][0]["accuracy"]["t"] == pytest.approx(1.0, abs=1e-6)  # full update = tuned weights
+    assert res["rows"][1]["sparsity"] == pytest.approx(0.5, abs=0.01)
+    assert res["rows"][1]["accuracy"]["t"] < 1.0
+    # the last call restored the base weights for the base accuracy
+    assert all(torch.allclose(v, pb[n], atol=1e-7) for n, v in params(work).items())

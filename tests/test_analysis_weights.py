@@ -1,0 +1,244 @@
+"""Weight metrics against independent numpy/scipy computations; canonical names; streamed checkpoints.
+
+Run: `pytest -q tests/test_analysis_weights.py` (a few seconds; no model download, no network).
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import scipy.linalg
+import torch
+
+from conftest import make_tiny_model
+from esft.analysis import canonical as C
+from esft.analysis import weights as W
+from esft.analysis.sources import CheckpointSource, aligned_refs, iter_chunks, read_full
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+def rand(*shape, seed=0):
+    return torch.from_numpy(np.random.default_rng(seed).standard_normal(shape))
+
+
+def test_sparsity_matches_numpy():
+    d = rand(50, 40) * 1e-5
+    want = float(np.mean(np.abs(d.numpy()) <= 1e-5))
+    assert W.sparsity(d) == pytest.approx(want, abs=0)
+    parts = {"a": d, "b": torch.zeros(10)}
+    both = np.concatenate([d.numpy().ravel(), np.zeros(10)])
+    assert W.sparsity(parts, eps=1e-5) == pytest.approx(float(np.mean(np.abs(both) <= 1e-5)))
+    assert W.sparsity(d, eps=0.0) == 0.0
+
+
+@pytest.mark.parametrize("shape", [(30, 20), (7, 64), (1, 5)])
+def test_stable_rank_matches_scipy(shape):
+    m = rand(*shape, seed=1)
+    a = m.numpy()
+    want = np.linalg.norm(a, "fro") ** 2 / scipy.linalg.svdvals(a)[0] ** 2
+    assert W.stable_rank(m) == pytest.approx(want, rel=1e-10)
+    # rank one -> exactly 1; orthogonal -> full rank
+    u, v = rand(9, 1), rand(1, 6, seed=2)
+    assert W.stable_rank(u @ v) == pytest.approx(1.0, rel=1e-10)
+    assert W.stable_rank(torch.eye(5, dtype=torch.float64)) == pytest.approx(5.0)
+    assert np.isnan(W.stable_rank(torch.zeros(3, 3)))
+
+
+def test_cosine_matches_numpy_total_and_per_tensor():
+    a = {"x": rand(4, 5, seed=3), "y": rand(6, seed=4)}
+    b = {"x": rand(4, 5, seed=5), "y": rand(6, seed=6)}
+    va = np.concatenate([a["x"].numpy().ravel(), a["y"].numpy()])
+    vb = np.concatenate([b["x"].numpy().ravel(), b["y"].numpy()])
+    res = W.cosine_similarity(a, b)
+    assert res["total"] == pytest.approx(va @ vb / np.linalg.norm(va) / np.linalg.norm(vb), rel=1e-12)
+    for k in a:
+        x, y = a[k].numpy().ravel(), b[k].numpy().ravel()
+        assert res["per_tensor"][k] == pytest.approx(1 - scipy.spatial.distance.cosine(x, y), rel=1e-10)
+    assert W.cosine_similarity(a["x"], a["x"]) == pytest.approx(1.0)
+    assert W.cosine_similarity(a["x"], -a["x"]) == pytest.approx(-1.0)
+
+
+def perturbed(model, scale, seed, frac=1.0):
+    g = torch.Generator().manual_seed(seed)
+    out = make_tiny_model(vocab_size=512, hidden=32)
+    out.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        for p in out.parameters():
+            d = torch.randn(p.shape, generator=g) * scale
+            d[torch.rand(p.shape, generator=g) > frac] = 0
+            p.add_(d)
+    return out
+
+
+def test_compare_updates_matches_independent_numpy():
+    base = make_tiny_model(vocab_size=512, hidden=32)
+    es, grpo = perturbed(base, 1e-3, 1), perturbed(base, 1e-4, 2, frac=0.2)
+    rep = W.compare_updates(base, {"es": es, "grpo": grpo})
+    pb = dict(base.named_parameters())
+    de = {n: (p.detach().double() - pb[n].detach().double()).numpy() for n, p in es.named_parameters()}
+    dg = {n: (p.detach().double() - pb[n].detach().double()).numpy() for n, p in grpo.named_parameters()}
+    ve = np.concatenate([v.ravel() for v in de.values()])
+    vg = np.concatenate([v.ravel() for v in dg.values()])
+    t = rep["total"]
+    assert t["numel"] == ve.size  # tied lm_head counted once
+    assert t["es"]["norm"] == pytest.approx(np.linalg.norm(ve), rel=1e-12)
+    assert t["grpo"]["sparsity"] == pytest.approx(np.mean(np.abs(vg) <= 1e-5), abs=1e-12)
+    assert t["cos:es|grpo"] == pytest.approx(ve @ vg / np.linalg.norm(ve) / np.linalg.norm(vg), rel=1e-9)
+    assert t["norm_ratio:es|grpo"] == pytest.approx(np.linalg.norm(ve) / np.linalg.norm(vg), rel=1e-12)
+    ranks = [np.linalg.norm(v) ** 2 / scipy.linalg.svdvals(v)[0] ** 2 for n, v in de.items()
+             if v.ndim == 2 and any(k in n for k in ("q_proj", "k_proj", "v_proj", "o_proj", "gate", "up_", "down"))]
+    assert len(ranks) == 14
+    assert t["es"]["stable_rank_mean"] == pytest.approx(np.mean(ranks), rel=1e-9)
+    fam = rep["families"]["q_proj"]
+    q = np.concatenate([de[f"model.layers.{i}.self_attn.q_proj.weight"].ravel() for i in range(2)])
+    assert fam["es"]["norm"] == pytest.approx(np.linalg.norm(q), rel=1e-12)
+    assert set(rep["kinds"]) == {"attention", "mlp", "norm", "embedding"}
+    un = W.update_norm(base, es)
+    assert un["total"] == pytest.approx(np.linalg.norm(ve), rel=1e-12)
+    assert un["per_tensor"]["layers.1.down_proj"] == pytest.approx(
+        np.linalg.norm(de["model.layers.1.mlp.down_proj.weight"]), rel=1e-12)
+
+
+def test_streaming_sharded_checkpoints_equal_in_memory(tmp_path):
+    base = make_tiny_model(vocab_size=512, hidden=32)
+    es, grpo = perturbed(base, 1e-3, 1), perturbed(base, 1e-4, 2, frac=0.3)
+    # shards far smaller than the model (and than its embedding), and a chunk smaller than most tensors
+    for name, m in (("base", base), ("es", es), ("grpo", grpo)):
+        m.save_pretrained(tmp_path / name, max_shard_size="20KB")
+    index = json.loads((tmp_path / "es" / "model.safetensors.index.json").read_text())
+    assert len(set(index["weight_map"].values())) >= 3
+    mem = W.compare_updates(base, {"es": es, "grpo": grpo})
+    disk = W.compare_updates(tmp_path / "base", {"es": tmp_path / "es", "grpo": str(tmp_path / "grpo")},
+                             chunk_elems=1000)
+    assert sorted(r["name"] for r in mem["tensors"]) == sorted(r["name"] for r in disk["tensors"])
+    for k in ("es", "grpo"):
+        for q in ("norm", "sparsity", "stable_rank_mean", "max_abs"):
+            assert disk["total"][k][q] == pytest.approx(mem["total"][k][q], rel=1e-12, abs=0)
+    assert disk["total"]["cos:es|grpo"] == pytest.approx(mem["total"]["cos:es|grpo"], rel=1e-9)
+
+
+def test_masters_file_is_preferred(tmp_path):
+    from safetensors.torch import save_file
+
+    base = make_tiny_model(vocab_size=512, hidden=32)
+    tuned = perturbed(base, 1e-6, 3)
+    tuned.to(torch.bfloat16).save_pretrained(tmp_path / "t")  # rounded: most 1e-6 changes vanish
+    save_file({n: p.detach().float().contiguous() for n, p in perturbed(base, 1e-6, 3).named_parameters()},
+              str(tmp_path / "t" / "masters.safetensors"))
+    src = CheckpointSource(tmp_path / "t")
+    assert src.uses_masters
+    exact = W.update_norm(base, perturbed(base, 1e-6, 3))["total"]
+    assert W.update_norm(base, src)["total"] == pytest.approx(exact, rel=1e-12)
+    rounded = W.update_norm(base, CheckpointSource(tmp_path / "t", prefer_masters=False))["total"]
+    assert rounded != pytest.approx(exact, rel=1e-2)
+
+
+def test_canonical_names_of_common_layouts():
+    cases = {
+        "model.layers.3.self_attn.q_proj.weight": "layers.3.q_proj",
+        "model.layers.3.self_attn.q_proj.bias": "layers.3.q_proj.bias",
+        "model.layers.0.mlp.down_proj.weight": "layers.0.down_proj",
+        "model.layers.0.self_attn.k_norm.weight": "layers.0.k_norm",
+        "model.layers.0.post_attention_layernorm.weight": "layers.0.post_attention_layernorm",
+        "transformer.h.2.ln_1.weight": "layers.2.input_layernorm",
+        "transformer.h.2.mlp.c_fc.weight": "layers.2.up_proj",
+        "transformer.h.2.mlp.c_proj.weight": "layers.2.down_proj",
+        "transformer.h.2.attn.c_proj.weight": "layers.2.o_proj",
+        "gpt_neox.layers.1.attention.dense.weight": "layers.1.o_proj",
+        "gpt_neox.layers.1.mlp.dense_h_to_4h.weight": "layers.1.up_proj",
+        "model.norm.weight": "norm", "transformer.ln_f.weight": "norm",
+        "model.embed_tokens.weight": "embed_tokens", "transformer.wte.weight": "embed_tokens",
+        "lm_head.weight": "lm_head", "model.layers.0.weird.thing": "layers.0.weird.thing",
+    }
+    for stored, canon in cases.items():
+        layer, role, leaf = C.parse_name(stored)
+        assert C.canonical_name(layer, role, leaf) == canon, stored
+    assert C.kind_of("layers.0.q_proj") == "attention" and C.kind_of("layers.0.input_layernorm") == "norm"
+    assert C.role_of("layers.11.gate_proj") == "gate_proj" and C.layer_of("layers.11.gate_proj") == 11
+
+
+def fuse(state: dict, layout: str) -> dict:
+    """A Llama state dict rewritten in a fused layout (Phi-3 qkv/gate_up, GPT-2 c_attn, NeoX interleaved)."""
+    out = {}
+    for k, v in state.items():
+        if ".q_proj." in k:
+            q, kk, vv = v, state[k.replace("q_proj", "k_proj")], state[k.replace("q_proj", "v_proj")]
+            if layout == "phi3":
+                out[k.replace("q_proj", "qkv_proj")] = torch.cat([q, kk, vv])
+            elif layout == "gpt2":
+                out[k.replace("self_attn.q_proj", "attn.c_attn")] = torch.cat([q, kk, vv]).T.contiguous()
+            elif layout == "neox":
+                hd = 8
+                heads = q.shape[0] // hd
+                rows = [torch.cat([q[h * hd:(h + 1) * hd], kk[h * hd:(h + 1) * hd], vv[h * hd:(h + 1) * hd]])
+                        for h in range(heads)]
+                out[k.replace("self_attn.q_proj", "attention.query_key_value")] = torch.cat(rows)
+        elif ".k_proj." in k or ".v_proj." in k or ".up_proj." in k:
+            continue
+        elif ".gate_proj." in k and layout == "phi3":
+            out[k.replace("gate_proj", "gate_up_proj")] = torch.cat([v, state[k.replace("gate_proj", "up_proj")]])
+        elif ".gate_proj." in k:
+            out[k] = v
+            out[k.replace("gate_proj", "up_proj")] = state[k.replace("gate_proj", "up_proj")]
+        else:
+            out[k] = v
+    return out
+
+
+@pytest.mark.parametrize("layout,config", [
+    ("phi3", {"num_attention_heads": 4, "num_key_value_heads": 4, "hidden_size": 32}),
+    ("gpt2", {"n_head": 4, "n_embd": 32, "model_type": "gpt2"}),
+    ("neox", {"num_attention_heads": 4, "hidden_size": 32, "model_type": "gpt_neox"}),
+])
+def test_fused_layouts_split_onto_canonical_tensors(layout, config):
+    from esft.analysis.sources import StateDictSource
+
+    def mha():  # k/v as wide as q so every layout applies
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        torch.manual_seed(0)
+        return LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=48,
+                                            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4))
+
+    base = mha()
+    tuned = mha()
+    with torch.no_grad():
+        for p in tuned.parameters():
+            p.add_(torch.randn_like(p) * 1e-2)
+    sb = {k: v.detach().clone() for k, v in base.state_dict().items()}
+    st = {k: v.detach().clone() for k, v in tuned.state_dict().items()}
+    split = W.compare_updates(sb, {"a": st})
+    fused = W.compare_updates(StateDictSource(fuse(sb, layout), config), {"a": StateDictSource(fuse(st, layout), config)},
+                              chunk_elems=50)
+    per_split = {r["name"]: r for r in split["tensors"]}
+    per_fused = {r["name"]: r for r in fused["tensors"]}
+    for name in ("layers.0.q_proj", "layers.1.k_proj", "layers.1.v_proj"):
+        assert per_fused[name]["a"]["sq"] == pytest.approx(per_split[name]["a"]["sq"], rel=1e-12)
+        assert per_fused[name]["a"]["stable_rank"] == pytest.approx(per_split[name]["a"]["stable_rank"], rel=1e-9)
+    if layout == "phi3":
+        assert per_fused["layers.0.up_proj"]["a"]["sq"] == pytest.approx(per_split["layers.0.up_proj"]["a"]["sq"])
+        assert per_fused["layers.0.gate_proj"]["a"]["sq"] == pytest.approx(per_split["layers.0.gate_proj"]["a"]["sq"])
+    assert fused["total"]["a"]["norm"] == pytest.approx(split["total"]["a"]["norm"], rel=1e-12)
+
+
+def test_aligned_reads_report_unmatched_and_chunks_cover_tensor():
+    from esft.analysis.sources import StateDictSource
+
+    a = StateDictSource({"model.layers.0.self_attn.q_proj.weight": rand(10, 4), "extra.weight": rand(3)})
+    b = StateDictSource({"model.layers.0.self_attn.q_proj.weight": rand(10, 4, seed=1)})
+    rows, unmatched = aligned_refs([a, b])
+    assert [n for n, _ in rows] == ["layers.0.q_proj"]
+    assert unmatched == {"<state dict>": ["extra"]}
+    (name, refs), = rows
+    chunks = list(iter_chunks([a, b], refs, chunk_elems=12))
+    assert len(chunks) == 4  # 3 rows (12 entries) per chunk
+    assert torch.equal(torch.cat([c[0] for c in chunks]), read_full(a, refs[0]))
