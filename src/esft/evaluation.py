@@ -2,17 +2,25 @@
 
 Writes, per task, every completion with its score to `<output_dir>/<task>.jsonl`, and a summary of all tasks to
 `<output_dir>/summary.json`. The same scorer is the training reward (nanochat's rule: reward is evaluation).
+
+Default: one greedy completion per question (the paper's protocol). With `samples > 1` (or `k` given) every
+question gets n sampled completions and the summary adds pass@k, mean@n and maj@k with bootstrap CIs over
+questions (`esft.passk`); `pass_at_k(n, c, k)` is re-exported here.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+import numpy as np
+
 from esft.generation import Generation, GenerationConfig, generate
+from esft.passk import answer_key, parse_ks, pass_at_k, summarize_samples
 from esft.tasks import Task, get_task
 
 
@@ -46,6 +54,24 @@ class EvalConfig:
     """Where to write completions and summary.json; None = print only."""
     max_passage_chars: int | None = None
     """BoolQ only: cut passages to this many characters (None = full passage, the paper's setting)."""
+    samples: int = 1
+    """n: completions per question. > 1 (needs temperature > 0) reports pass@k, mean@n and maj@k."""
+    k: list[int] = field(default_factory=list)
+    """k values of pass@k and maj@k, e.g. 1,8,32 (each <= samples); empty = 1 and n."""
+
+    def __post_init__(self) -> None:
+        if self.samples < 1:
+            raise ValueError(f"samples must be >= 1, got {self.samples}")
+        if self.samples > 1 and self.temperature <= 0:
+            # greedy decoding would give n identical completions: pass@k would equal pass@1
+            raise ValueError("samples > 1 needs temperature > 0 (e.g. --temperature 0.6)")
+        if self.k:
+            parse_ks(self.k, self.samples)  # fail before loading the model
+
+    @property
+    def sampled(self) -> bool:
+        """True when the pass@k protocol runs (several samples, or k asked for explicitly)."""
+        return self.samples > 1 or bool(self.k)
 
 
 def task_options(name: str, max_passage_chars: int | None = None) -> dict[str, Any]:
@@ -88,6 +114,66 @@ def evaluate_task(
     return summary
 
 
+def sample_seed(seed: int, sample: int) -> int:
+    """Generation seed of sample s: independent streams per sample (SeedSequence), reproducible from the seed."""
+    return int(np.random.SeedSequence([int(seed), int(sample)]).generate_state(1, dtype=np.uint32)[0])
+
+
+def evaluate_task_sampled(model, tokenizer, task: Task, examples: Sequence[dict], gen_config: GenerationConfig,
+                          samples: int, ks: Sequence[int], output_path: Path | None = None,
+                          progress: bool = True) -> dict[str, Any]:
+    """n sampled completions per question; the task's summary plus pass@k, mean@n, maj@k (bootstrap CIs).
+
+    One generate() call per sample index, each over all questions with its own seed: the decode loop seeds one
+    generator per batch, so repeating a prompt n times inside one call could give batches with identical random
+    streams, i.e. duplicated samples."""
+    t0 = time.perf_counter()
+    prompts = [task.prompt(ex) for ex in examples]
+    per_sample: list[list[Generation]] = []
+    seeds = [sample_seed(gen_config.seed, s) for s in range(samples)]
+    for seed in seeds:
+        cfg = dataclasses.replace(gen_config, seed=seed)
+        per_sample.append(generate(model, tokenizer, prompts, cfg, progress=progress))
+    gen_s = time.perf_counter() - t0
+    q = len(examples)
+    scores = np.zeros((q, samples))
+    keys: list[list[Any]] = [[None] * samples for _ in range(q)]
+    has_answers = False
+    records = []
+    for i, ex in enumerate(examples):
+        for s in range(samples):
+            g = per_sample[s][i]
+            details = task.details(g.text, ex)
+            has_answers = has_answers or "extracted" in details or "normalized" in details
+            keys[i][s] = answer_key(details)
+            score = task.score(g.text, ex)
+            scores[i, s] = score
+            rec = {"index": i, "sample": s, "score": score, "well_formed": task.is_well_formed(g.text, ex)}
+            rec.update(details)
+            rec.update({"completion": g.text, "finished": g.finished, "prompt_tokens": g.prompt_tokens,
+                        "completion_tokens": len(g.completion_ids), "example": ex})
+            records.append(rec)
+    summary = task.aggregate(records)  # task metrics (format rate, IFEval levels ...) over all completions
+    # maj@k only where the task extracts answers to vote on (IFEval has none)
+    metrics = summarize_samples(scores, keys if has_answers else None, ks, seed=gen_config.seed)
+    gens = [g for row in per_sample for g in row]
+    summary.update({
+        "n": q, "completions": q * samples, "accuracy": metrics["mean@n"]["value"],
+        "ci95": metrics["mean@n"]["ci95"], "temperature": gen_config.temperature, "top_p": gen_config.top_p,
+        "sample_seeds": seeds, **metrics,
+        "generation_s": round(gen_s, 3),
+        "prompt_tokens": sum(g.prompt_tokens for g in gens),
+        "completion_tokens": sum(len(g.completion_ids) for g in gens),
+        "truncated_rate": (sum(not g.finished for g in gens) / len(gens)) if gens else 0.0,
+    })
+    if output_path is not None:
+        output_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(output_path, "w", encoding="utf-8") as fh:
+            for rec in records:
+                fh.write(json.dumps(rec, ensure_ascii=False, default=str) + "\n")
+    return summary
+
+
 def run_eval(config: EvalConfig, model=None, tokenizer=None, progress: bool = True) -> dict[str, Any]:
     """Evaluate `config.model` on every task in `config.tasks`; returns {task: summary}."""
     from esft.models import load_model
@@ -102,7 +188,11 @@ def run_eval(config: EvalConfig, model=None, tokenizer=None, progress: bool = Tr
     for name, task in tasks.items():
         examples = task.load(config.split, limit=config.limit)
         path = out_dir / f"{name}.jsonl" if out_dir else None
-        results[name] = evaluate_task(model, tokenizer, task, examples, gen_config, path, progress)
+        if config.sampled:
+            results[name] = evaluate_task_sampled(model, tokenizer, task, examples, gen_config, config.samples,
+                                                  parse_ks(config.k, config.samples), path, progress)
+        else:
+            results[name] = evaluate_task(model, tokenizer, task, examples, gen_config, path, progress)
         if progress:
             print(format_row(name, results[name]), flush=True)
     if out_dir is not None:
@@ -118,8 +208,18 @@ def format_row(name: str, s: dict[str, Any]) -> str:
         extra = (f"  prompt strict/loose {s['prompt_strict']:.3f}/{s['prompt_loose']:.3f}"
                  f"  instr strict/loose {s['instruction_strict']:.3f}/{s['instruction_loose']:.3f}")
     fmt = f"  format {s['format_rate']:.3f}" if "format_rate" in s else ""
+    if "pass@k" in s:  # sampled protocol: accuracy is mean@n; then pass@k and maj@k per k
+        for metric in ("pass@k", "maj@k"):
+            for k, m in s.get(metric, {}).items():
+                extra += f"  {metric[:-1]}{k} {m['value']:.3f} [{m['ci95'][0]:.3f}, {m['ci95'][1]:.3f}]"
+        return (f"{name:<10} n={s['n']:<5} x{s['samples']} mean@{s['samples']} {s['accuracy']:.3f}  "
+                f"95% CI [{lo:.3f}, {hi:.3f}]{fmt}{extra}")
     return f"{name:<10} n={s['n']:<5} acc {s['accuracy']:.3f}  95% CI [{lo:.3f}, {hi:.3f}]{fmt}{extra}"
 
 
 def format_table(results: dict[str, Any]) -> str:
     return "\n".join(format_row(k, v) for k, v in results.items())
+
+
+__all__ = ["EvalConfig", "evaluate_task", "evaluate_task_sampled", "run_eval", "format_row", "format_table",
+           "pass_at_k", "sample_seed", "task_options"]

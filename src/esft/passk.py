@@ -1,0 +1,169 @@
+"""Sampling-based metrics: unbiased pass@k, mean@n and maj@k, with bootstrap confidence intervals.
+
+Given n sampled completions per question, c of them correct:
+
+* pass@k  P(at least one of k samples drawn without replacement from the n is correct), the unbiased estimator
+          1 - C(n-c, k) / C(n, k) (Chen et al. 2021), computed as 1 - prod_{i=n-c+1..n} (1 - k/i): the binomials
+          overflow float64 for n in the hundreds, the product never does.
+* mean@n  expected accuracy of one sample (average over all n): the unbiased estimate of the expected mean of
+          k samples is c/n for every k, so it is reported once, as mean@n.
+* maj@k   accuracy of the majority answer among k samples. Answers are compared by a key (the task's extracted,
+          normalised answer); samples without an answer do not vote; a tie between answers scores the fraction
+          of the tied answers that are correct (the expected score of a uniform tie-break). With k < n the value
+          is the average over random k-subsets of the n samples (a seeded Monte Carlo estimate; exact when k = n).
+
+Confidence intervals: percentile bootstrap over questions (questions are resampled with replacement, the n
+samples of a question stay together), because questions, not samples, are the independent units: the samples
+of one question are correlated, so a Wilson interval over all Q*n completions would be too narrow.
+
+Everything here is a pure function of arrays; `esft.evaluation` turns generations into those arrays.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from typing import Any, Hashable, Sequence
+
+import numpy as np
+
+CI_METHOD = "percentile bootstrap over questions"
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k of one question with n samples of which c are correct.
+
+    Requires 0 <= c <= n and 1 <= k <= n: with fewer samples than k the estimator is undefined (raises
+    ValueError, so a too-small `--samples` fails loudly instead of reporting a biased number)."""
+    n, c, k = int(n), int(c), int(k)
+    if n < 1:
+        raise ValueError(f"pass@k needs n >= 1 samples, got n={n}")
+    if not 0 <= c <= n:
+        raise ValueError(f"correct count c={c} must lie in [0, n={n}]")
+    if not 1 <= k <= n:
+        raise ValueError(f"pass@{k} needs 1 <= k <= n, got n={n} samples")
+    if n - c < k:  # every k-subset contains a correct sample
+        return 1.0
+    # C(n-c, k) / C(n, k) = prod_{i=n-c+1..n} (1 - k/i)
+    prod = 1.0
+    for i in range(n - c + 1, n + 1):
+        prod *= 1.0 - k / i
+    return 1.0 - prod
+
+
+def pass_at_k_per_question(correct: np.ndarray, n: int, k: int) -> np.ndarray:
+    """pass@k of each question from its correct count (vectorised over questions)."""
+    return np.array([pass_at_k(n, int(c), k) for c in np.asarray(correct).ravel()], dtype=np.float64)
+
+
+# ---- majority vote ---------------------------------------------------------------------------------------------
+
+def majority_score(keys: Sequence[Hashable | None], scores: Sequence[float]) -> float:
+    """Score of the majority answer among samples (keys None = no answer, no vote).
+
+    The score of an answer is the mean score of the samples that gave it (samples with equal keys normally score
+    alike). Ties between the most frequent answers give the mean of their scores; no answer at all gives 0."""
+    votes: Counter = Counter()
+    total: dict[Hashable, float] = {}
+    for key, s in zip(keys, scores):
+        if key is None:
+            continue
+        votes[key] += 1
+        total[key] = total.get(key, 0.0) + float(s)
+    if not votes:
+        return 0.0
+    top = max(votes.values())
+    tied = [key for key, v in votes.items() if v == top]
+    return float(np.mean([total[key] / votes[key] for key in tied]))
+
+
+def maj_at_k(keys: Sequence[Hashable | None], scores: Sequence[float], k: int, rng: np.random.Generator | None = None,
+             draws: int = 64) -> float:
+    """maj@k of one question from its n samples: exact for k == n, else the mean over `draws` random k-subsets."""
+    n = len(keys)
+    if not 1 <= k <= n:
+        raise ValueError(f"maj@{k} needs 1 <= k <= n, got n={n} samples")
+    if k == n:
+        return majority_score(keys, scores)
+    if k == 1:  # a single sample is its own majority: the mean over all subsets is exact
+        return float(np.mean([float(s) if key is not None else 0.0 for key, s in zip(keys, scores)]))
+    rng = rng if rng is not None else np.random.default_rng(0)
+    total = 0.0
+    for _ in range(draws):
+        idx = rng.choice(n, size=k, replace=False)
+        total += majority_score([keys[i] for i in idx], [scores[i] for i in idx])
+    return total / draws
+
+
+# ---- confidence intervals ------------------------------------------------------------------------------------------
+
+def bootstrap_ci(values: Sequence[float], level: float = 0.95, resamples: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap interval of the mean of per-question values (resampling questions)."""
+    v = np.asarray(values, dtype=np.float64)
+    if v.size == 0:
+        return (0.0, 1.0)
+    if np.ptp(v) == 0.0:  # every resample has the same mean
+        return (float(v[0]), float(v[0]))
+    rng = np.random.default_rng(seed)
+    means = v[rng.integers(0, v.size, size=(resamples, v.size))].mean(axis=1)
+    tail = (1.0 - level) / 2.0
+    lo, hi = np.quantile(means, [tail, 1.0 - tail])
+    return (float(lo), float(hi))
+
+
+# ---- one task's summary ---------------------------------------------------------------------------------------------
+
+def parse_ks(ks: Sequence[int] | None, n: int) -> list[int]:
+    """The k values to report: the requested ones (each 1 <= k <= n, else ValueError), default [1, n]."""
+    if not ks:
+        return sorted({1, n})
+    out = sorted({int(k) for k in ks})
+    bad = [k for k in out if not 1 <= k <= n]
+    if bad:
+        raise ValueError(f"k={bad} not in [1, samples={n}]: pass@k and maj@k need at least k samples per question")
+    return out
+
+
+def summarize_samples(scores: np.ndarray, keys: Sequence[Sequence[Hashable | None]] | None, ks: Sequence[int],
+                      seed: int = 0, resamples: int = 2000, maj_draws: int = 64) -> dict[str, Any]:
+    """Metrics of a [Q, n] matrix of 0/1 scores (a score >= 0.5 counts as correct) and optional [Q][n] answer keys.
+
+    Returns {"questions", "samples", "mean@n": {...}, "pass@k": {"k": {...}}, "maj@k": {"k": {...}} (only with
+    keys), "ci_method"}; each {...} is {"value", "ci95": [lo, hi]}; the k keys are strings (JSON-stable)."""
+    s = np.asarray(scores, dtype=np.float64)
+    if s.ndim != 2 or s.shape[1] < 1:
+        raise ValueError(f"scores must be a [questions, samples] matrix, got shape {s.shape}")
+    q, n = s.shape
+    ks = parse_ks(ks, n)
+    correct = (s >= 0.5).sum(axis=1)
+
+    def metric(per_question: np.ndarray) -> dict[str, Any]:
+        return {"value": float(per_question.mean()) if q else 0.0,
+                "ci95": list(bootstrap_ci(per_question, resamples=resamples, seed=seed))}
+
+    out: dict[str, Any] = {"questions": q, "samples": n, "ci_method": CI_METHOD,
+                           "mean@n": metric(correct / n)}
+    # string keys: the summary goes to JSON, where int keys would come back as strings anyway
+    out["pass@k"] = {str(k): metric(pass_at_k_per_question(correct, n, k)) for k in ks}
+    if keys is not None:
+        rng = np.random.default_rng(np.random.SeedSequence([int(seed), 0x3A7]))
+        out["maj@k"] = {str(k): metric(np.array([maj_at_k(list(keys[i]), list(s[i]), k, rng, maj_draws)
+                                            for i in range(q)], dtype=np.float64)) for k in ks}
+    return out
+
+
+def answer_key(details: dict[str, Any]) -> Hashable | None:
+    """The voting key of one completion from a task's `details()`: the normalised answer when the task gives one
+    (MATH), else the extracted answer (letters, yes/no, Countdown expressions with spaces removed); None when
+    the task extracts nothing (IFEval) or the completion has no answer."""
+    value = details.get("normalized", details.get("extracted"))
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = "".join(value.split())
+        return value or None
+    return value if isinstance(value, Hashable) else str(value)
+
+
+__all__ = ["pass_at_k", "pass_at_k_per_question", "majority_score", "maj_at_k", "bootstrap_ci", "parse_ks",
+           "summarize_samples", "answer_key", "CI_METHOD"]

@@ -1,0 +1,194 @@
+"""pass@k, maj@k, bootstrap CIs (esft.passk) and the sampled `esft eval` path with a stub generator.
+
+Run: . .venv/bin/activate && pytest -q tests/test_passk.py   (~2 s, no model)
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+
+import numpy as np
+import pytest
+
+from esft import evaluation
+from esft.evaluation import EvalConfig, pass_at_k, run_eval
+from esft.generation import Generation
+from esft.passk import (answer_key, bootstrap_ci, maj_at_k, majority_score, parse_ks, pass_at_k_per_question,
+                        summarize_samples)
+
+
+def comb_pass_at_k(n, c, k):
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def subsets_pass_at_k(n, c, k):
+    """Literal definition: the fraction of k-subsets of the n samples holding at least one correct one."""
+    samples = [1] * c + [0] * (n - c)
+    subsets = list(itertools.combinations(range(n), k))
+    return sum(any(samples[i] for i in s) for s in subsets) / len(subsets)
+
+
+@pytest.mark.parametrize("n", [1, 2, 5, 10, 17])
+def test_pass_at_k_matches_combinatorics(n):
+    for c in range(n + 1):
+        for k in range(1, n + 1):
+            expected = comb_pass_at_k(n, c, k)
+            assert pass_at_k(n, c, k) == pytest.approx(expected, abs=1e-12)
+            if n <= 10:
+                assert pass_at_k(n, c, k) == pytest.approx(subsets_pass_at_k(n, c, k), abs=1e-12)
+
+
+def test_pass_at_k_edge_cases_and_large_n():
+    assert pass_at_k(10, 0, 1) == 0.0 and pass_at_k(10, 0, 10) == 0.0  # nothing correct
+    assert pass_at_k(10, 10, 1) == 1.0 and pass_at_k(10, 10, 10) == 1.0  # everything correct
+    assert pass_at_k(10, 3, 1) == pytest.approx(0.3)  # pass@1 = c / n
+    assert pass_at_k(10, 1, 10) == 1.0  # k = n: any correct sample is in the only subset
+    # n in the thousands: the binomials overflow float64, the product form does not
+    big = pass_at_k(5000, 7, 64)
+    assert big == pytest.approx(comb_pass_at_k(5000, 7, 64), rel=1e-9) and 0 < big < 1
+    for bad in [(4, 1, 5), (4, 1, 0), (4, 5, 1), (4, -1, 1), (0, 0, 1)]:
+        with pytest.raises(ValueError):
+            pass_at_k(*bad)
+    assert pass_at_k_per_question(np.array([0, 2, 4]), 4, 2).tolist() == pytest.approx(
+        [0.0, comb_pass_at_k(4, 2, 2), 1.0])
+
+
+def test_majority_vote_rules():
+    assert majority_score(["a", "a", "b"], [1, 1, 0]) == 1.0
+    assert majority_score(["a", "b", "b"], [1, 0, 0]) == 0.0
+    assert majority_score(["a", "b"], [1, 0]) == 0.5  # tie: expected score of a random tie-break
+    assert majority_score([None, None, "b"], [0, 0, 1]) == 1.0  # no answer, no vote
+    assert majority_score([None, None], [0, 0]) == 0.0
+
+
+def test_maj_at_k_exact_and_subset_average():
+    keys = ["a", "a", "b", "b", "b", None]
+    scores = [1, 1, 0, 0, 0, 0]
+    assert maj_at_k(keys, scores, 6) == 0.0  # b wins 3-2
+    assert maj_at_k(keys, scores, 1) == pytest.approx(2 / 6)
+    subsets = list(itertools.combinations(range(6), 3))
+    exact = np.mean([majority_score([keys[i] for i in s], [scores[i] for i in s]) for s in subsets])
+    est = maj_at_k(keys, scores, 3, np.random.default_rng(1), draws=4000)
+    assert est == pytest.approx(exact, abs=0.03)
+    with pytest.raises(ValueError):
+        maj_at_k(keys, scores, 7)
+
+
+def test_bootstrap_ci_and_summary():
+    assert bootstrap_ci([1, 1, 1]) == (1.0, 1.0)
+    lo, hi = bootstrap_ci([0, 1] * 50, seed=3)
+    assert lo < 0.5 < hi and hi - lo == pytest.approx(2 * 1.96 * 0.05, abs=0.03)
+    scores = np.array([[1, 0, 0, 0], [0, 0, 0, 0], [1, 1, 1, 1]], dtype=float)
+    keys = [["4", "5", "5", "6"], [None] * 4, ["x"] * 4]
+    out = summarize_samples(scores, keys, [1, 2, 4], seed=0)
+    assert out["questions"] == 3 and out["samples"] == 4
+    assert out["mean@n"]["value"] == pytest.approx((0.25 + 0 + 1) / 3)
+    assert out["pass@k"]["1"]["value"] == pytest.approx(out["mean@n"]["value"])
+    assert out["pass@k"]["2"]["value"] == pytest.approx((comb_pass_at_k(4, 1, 2) + 0 + 1) / 3)
+    assert out["pass@k"]["4"]["value"] == pytest.approx(2 / 3)
+    assert out["maj@k"]["4"]["value"] == pytest.approx(1 / 3)  # "5" wins question 0 (wrong)
+    for metric in ("pass@k", "maj@k"):
+        for m in out[metric].values():
+            assert 0 <= m["ci95"][0] <= m["value"] <= m["ci95"][1] <= 1
+    assert "maj@k" not in summarize_samples(scores, None, [1])
+    assert parse_ks([], 8) == [1, 8] and parse_ks([8, 1, 1], 8) == [1, 8]
+    with pytest.raises(ValueError):
+        parse_ks([16], 8)
+
+
+def test_answer_key():
+    assert answer_key({"extracted": "1 + 2"}) == "1+2"
+    assert answer_key({"extracted": "\\frac12", "normalized": "1/2"}) == "1/2"
+    assert answer_key({"extracted": None}) is None and answer_key({"strict": [True]}) is None
+
+
+# ---- the sampled evaluation path ----------------------------------------------------------------------------------
+
+class CoinTask:
+    """Questions with a 'yes' answer; a stub generator answers yes with a per-question probability."""
+
+    name = "coin"
+
+    def __init__(self, probs):
+        self.rows = [{"id": i, "p": p} for i, p in enumerate(probs)]
+
+    def load(self, split="test", limit=None):
+        return self.rows if limit is None else self.rows[:limit]
+
+    def prompt(self, ex):
+        return [{"role": "user", "content": str(ex["id"])}]
+
+    def score(self, text, ex):
+        return float(text == "yes")
+
+    def is_well_formed(self, text, ex):
+        return True
+
+    def details(self, text, ex):
+        return {"extracted": text}
+
+    def aggregate(self, records):
+        n = len(records)
+        return {"n": n, "accuracy": sum(r["score"] for r in records) / n, "ci95": [0.0, 1.0], "format_rate": 1.0}
+
+
+def stub_generate(model, tokenizer, prompts, cfg, progress=False):
+    rng = np.random.default_rng(cfg.seed)
+    out = []
+    for p in prompts:
+        q = int(p[0]["content"])
+        text = "yes" if rng.random() < tokenizer[q] else "no"
+        out.append(Generation(text=text, completion_ids=[1, 2], prompt_tokens=3, finished=True))
+    return out
+
+
+def test_sampled_eval_path(monkeypatch, tmp_path):
+    probs = [0.0, 0.3, 1.0, 0.6]
+    task = CoinTask(probs)
+    monkeypatch.setattr(evaluation, "get_task", lambda name, **kw: task)
+    monkeypatch.setattr(evaluation, "generate", stub_generate)
+    config = EvalConfig(tasks=["coin"], samples=8, temperature=0.7, k=[1, 4], output_dir=str(tmp_path))
+    res = run_eval(config, model=object(), tokenizer=probs, progress=False)["coin"]
+    assert res["n"] == 4 and res["completions"] == 32 and res["samples"] == 8
+    assert set(res["pass@k"]) == {"1", "4"} and set(res["maj@k"]) == {"1", "4"}
+    assert len(set(res["sample_seeds"])) == 8  # one independent stream per sample index
+    rows = [json.loads(x) for x in (tmp_path / "coin.jsonl").read_text().splitlines()]
+    assert len(rows) == 32 and {r["sample"] for r in rows} == set(range(8))
+    per_q = np.array([[r["score"] for r in rows if r["index"] == i] for i in range(4)])
+    assert per_q[0].sum() == 0 and per_q[2].sum() == 8
+    expected = np.mean([pass_at_k(8, int(c), 4) for c in per_q.sum(axis=1)])
+    assert res["pass@k"]["4"]["value"] == pytest.approx(expected)
+    assert res["accuracy"] == pytest.approx(per_q.mean())
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["results"]["coin"]["pass@k"]["4"]["value"] == pytest.approx(expected)
+    line = evaluation.format_row("coin", res)
+    assert "pass@4" in line and "maj@4" in line and "mean@8" in line
+
+
+def test_greedy_default_path_unchanged(monkeypatch):
+    calls = []
+    task = CoinTask([1.0, 0.0])
+
+    def greedy_generate(model, tokenizer, prompts, cfg, progress=False):
+        calls.append(cfg)
+        return stub_generate(model, tokenizer, prompts, cfg)
+
+    monkeypatch.setattr(evaluation, "get_task", lambda name, **kw: task)
+    monkeypatch.setattr(evaluation, "generate", greedy_generate)
+    res = run_eval(EvalConfig(tasks=["coin"]), model=object(), tokenizer=[1.0, 0.0], progress=False)["coin"]
+    assert len(calls) == 1 and calls[0].temperature == 0.0 and calls[0].seed == 0
+    assert "pass@k" not in res and res["n"] == 2 and res["accuracy"] == 0.5
+
+
+def test_eval_config_validation_and_cli():
+    from esft.cli import build_parser, main
+
+    with pytest.raises(ValueError, match="temperature"):
+        EvalConfig(samples=4)
+    with pytest.raises(ValueError, match="k="):
+        EvalConfig(samples=4, temperature=0.6, k=[8])
+    args = build_parser().parse_args(["eval", "--samples", "8", "--temperature", "0.6", "--k", "1,8"])
+    assert args.samples == 8 and args.k == [1, 8]
+    assert main(["eval", "--tasks", "boolq", "--samples", "8", "--k", "1,8"]) == 2
