@@ -2,6 +2,7 @@
 
     esft eval --model smollm2-135m --tasks boolq,countdown --limit 50 --output-dir runs/eval
     esft train es --preset cpu --output-dir runs/es-demo
+    esft train es --preset cpu --executor ray --num-workers 2 --output-dir runs/es-ray   (docs/distributed.md)
     esft train grpo --preset cpu --output-dir runs/grpo-demo
     esft analyze weights --base smollm2-135m --tuned runs/es/checkpoints/final,runs/grpo/checkpoints/final
     esft report runs/experiment
@@ -53,7 +54,13 @@ def _train_es(args: argparse.Namespace) -> int:
         config = resume_config(args.resume, _explicit(args, ESConfig))
     else:
         config = build_config(ESConfig, PRESETS, args.preset, args.config, _explicit(args, ESConfig))
-    train_es(config)
+    from esft.es.ray_executor import ReplicaDivergence, WorkersLost  # Ray itself is imported only when used
+
+    try:
+        train_es(config)
+    except (WorkersLost, ReplicaDivergence) as exc:
+        print(f"esft: error: {exc}", file=sys.stderr)
+        return 3
     return 0
 
 

@@ -75,12 +75,27 @@ class ESConfig:
     """further keyword options for the task's constructor"""
     resume: bool = False
     """continue the run in output_dir from its latest checkpoint and seed log"""
+    executor: str = "local"
+    """who evaluates the population: "local" (this process) or "ray" (one model replica per Ray worker; same
+    result for any layout, see docs/distributed.md)"""
+    ray_address: str | None = None
+    """Ray cluster to join ("auto", "ray://host:10001", ...); None = $RAY_ADDRESS, else a new local Ray instance"""
+    num_workers: int = 0
+    """Ray workers (model replicas); 0 = one per GPU of the cluster, or one per CPU when it has no GPU"""
+    worker_backend: str = "hf"
+    """generation inside Ray workers: "hf" (esft.generation, CPU or GPU) or "vllm" (GPU only, esft[vllm])"""
+    executor_options: dict[str, Any] = field(default_factory=dict)
+    """further Ray/vLLM options: threads_per_worker, checksum_every, start_timeout_s, gpu_memory_utilization, ..."""
 
     def __post_init__(self) -> None:
         if isinstance(self.task_options, str):  # given on the command line as a YAML / JSON mapping
             self.task_options = yaml.safe_load(self.task_options) or {}
         if not isinstance(self.task_options, dict):
             raise ValueError(f"task_options must be a mapping, got {self.task_options!r}")
+        if isinstance(self.executor_options, str):
+            self.executor_options = yaml.safe_load(self.executor_options) or {}
+        if not isinstance(self.executor_options, dict):
+            raise ValueError(f"executor_options must be a mapping, got {self.executor_options!r}")
 
     def task_kwargs(self) -> dict[str, Any]:
         kw = dict(self.task_options)
@@ -107,7 +122,9 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 # fields that may change when resuming (everything else must match the original run)
 RESUMABLE_CHANGES = {"iterations", "eval_every", "eval_limit", "checkpoint_every", "samples_per_iteration",
-                     "resume", "output_dir"}
+                     "resume", "output_dir",
+                     # the layout does not change the result (the Ray executor is bit-identical to the local one)
+                     "executor", "ray_address", "num_workers", "worker_backend", "executor_options"}
 # (generation_batch_size is not among them: batch composition changes padding and so, in the last bits, the
 # greedy outputs, which would break bit-identity with the uninterrupted run)
 

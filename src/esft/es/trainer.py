@@ -109,8 +109,14 @@ class ESTrainer:
         self.weights = make_weights(model, config)
         self.strategy = make_strategy(config)
         self.optimizer = self.strategy.make_optimizer(list(self.weights.master.values()))
-        self.executor = executor or LocalExecutor(model, tokenizer, self.weights, task, config.sigma,
-                                                  generation_config(config), generate_fn=generate_fn)
+        self._owns_executor = executor is None  # an executor made here (e.g. Ray workers) is closed here
+        if executor is None:
+            from esft.es.executor_factory import make_executor
+
+            executor = make_executor(config, model=model, tokenizer=tokenizer, weights=self.weights, task=task,
+                                     gen_config=generation_config(config), generate_fn=generate_fn,
+                                     optimizer=self.optimizer)
+        self.executor = executor
         self.rule = fitness_rule or make_fitness_rule(config.fitness_rule, config.format_bonus)
         self.progress = progress
         self.out = Path(config.output_dir)
@@ -232,6 +238,8 @@ class ESTrainer:
         fitness = np.asarray(self.rule(result, batch), dtype=np.float64)
         shaped = self.strategy.shape(fitness)
         update = self.strategy.tell(members, fitness)
+        if hasattr(self.executor, "on_update"):  # remote replicas apply the same update (seeds, not weights)
+            self.executor.on_update(update, it + 1)
         t0 = time.perf_counter()
         norm = self.weights.apply(update, self.optimizer)
         t_update = time.perf_counter() - t0
@@ -291,6 +299,8 @@ class ESTrainer:
             raise
         finally:
             bar.close()
+            if self._owns_executor and hasattr(self.executor, "close"):
+                self.executor.close()
         final = self.checkpoint("final")
         return TrainResult(self.out, self.step, final, self.last_eval)
 

@@ -1,0 +1,408 @@
+"""Population-parallel ES on Ray: one model replica per worker, only seeds and scalars on the wire.
+
+    driver (ESTrainer + its own replica)            Ray workers (HFReplica or VLLMReplica), one per GPU / core
+    members = ES.ask(t) ──(seed, sign)──────────▶  perturb -> generate -> score -> restore
+    PopulationResult rows ◀──(scores, texts)────   (a work queue: an idle worker pulls the next member)
+    update = ES.tell(...) ──(seeds, coefficients)─▶ every replica applies the same update (fp32, fixed order)
+    every k updates: checksum of the fp32 masters ◀ compared with the driver's; a mismatch names the worker
+
+The driver keeps its replica because it writes checkpoints and is the reference for the checksums; it never
+sends weights in steady state. Weights cross the network only at start-up, when a worker's masters differ from
+the driver's (a resumed run), as one object-store broadcast.
+
+Same result, any layout: a worker evaluates one member with `LocalExecutor.evaluate_members([member], batch)`,
+the same code and the same batch (same generation batch size, so the same padding) as the local executor, and
+rows are put back in member order, so fitness, updates and final weights are bit-identical to a local run on
+the same hardware and thread count (tested on CPU). Noise is drawn on each replica's device: the driver's
+replica must be on the workers' device type (checked at start-up).
+
+Faults: a worker that dies (process killed, node lost) is dropped; its in-flight member goes back to the queue
+and the others finish the iteration with the same result. Each event is a `{"kind": "executor", ...}` line in
+metrics.jsonl and a logging warning. With no worker left, `WorkersLost` stops the run before the iteration is
+logged, so the run directory stays consistent (resume with `--resume`, on any layout).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from esft.es.executor import PopulationResult
+from esft.es.noise import MasterWeights, Update
+from esft.es.replica import HFReplica, ReplicaSpec, checksum_diff, checksum_digest, masters_checksum
+from esft.es.strategy import Member
+
+log = logging.getLogger("esft.es.ray")
+
+
+class WorkersLost(RuntimeError):
+    """Every Ray worker of the run is gone; the run stops with its last logged iteration and checkpoint intact."""
+
+
+class ReplicaDivergence(RuntimeError):
+    """A replica's fp32 masters no longer match the driver's."""
+
+
+@dataclass
+class Worker:
+    rank: int
+    actor: Any
+    info: dict[str, Any] = field(default_factory=dict)
+    alive: bool = True
+    members_done: int = 0
+    pending: list = field(default_factory=list)
+    """refs of fire-and-forget calls (updates) not yet confirmed"""
+
+    @property
+    def label(self) -> str:
+        i = self.info
+        where = f"pid {i['pid']} on {i['host']}" if "pid" in i else "not started"
+        dev = f", {i['device']}" if "device" in i else ""
+        return f"worker {self.rank} ({where}{dev})"
+
+
+def merge_rows(rows: Sequence[PopulationResult]) -> PopulationResult:
+    """Stack one-row results (in member order) into one PopulationResult. Timings are summed over workers
+    (worker-seconds, as the local executor's are seconds of its single process)."""
+    timings: dict[str, float] = {}
+    for r in rows:
+        for k, v in r.timings.items():
+            timings[k] = timings.get(k, 0.0) + float(v)
+    return PopulationResult(
+        scores=np.concatenate([np.asarray(r.scores) for r in rows], axis=0),
+        well_formed=np.concatenate([np.asarray(r.well_formed, dtype=bool) for r in rows], axis=0),
+        texts=[t for r in rows for t in r.texts],
+        tokens_generated=sum(r.tokens_generated for r in rows),
+        prompt_tokens=sum(r.prompt_tokens for r in rows),
+        finished=sum(r.finished for r in rows),
+        timings=timings,
+    )
+
+
+def _ray():
+    try:
+        import ray
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise ImportError("the ray executor needs Ray: pip install 'esft[ray]'") from exc
+    return ray
+
+
+def _is_worker_death(exc: BaseException) -> bool:
+    """True for a dead actor (process or node gone); False for an exception raised by our own code in it."""
+    ray = _ray()
+    errors = tuple(getattr(ray.exceptions, n) for n in ("RayActorError", "ActorDiedError", "ActorUnavailableError",
+                                                          "NodeDiedError", "WorkerCrashedError",
+                                                          "OwnerDiedError") if hasattr(ray.exceptions, n))
+    return isinstance(exc, errors)
+
+
+class RayExecutor:
+    """`Executor` whose members run on Ray workers, one model replica each (see the module docstring).
+
+    spec: how workers build their replica. weights / optimizer: the driver's replica (reference for checksums
+    and the source of a start-up sync). num_workers: replicas (0 = one per GPU, else one per CPU / threads).
+    address: Ray cluster (None = $RAY_ADDRESS or a new local instance; Ray's own resolution, never forced).
+    checksum_every: compare replicas every k updates (0 = never; start-up is always checked).
+    event_log: metrics.jsonl of the run, for `{"kind": "executor"}` records. replica_cls: the worker class
+    (HFReplica; the vLLM backend passes VLLMReplica). actor_options: extra `ray.remote` options.
+    on_result: test/monitoring hook `on_result(executor, worker, member_index)` after each member's row arrives.
+    """
+
+    def __init__(self, spec: ReplicaSpec, weights: MasterWeights, optimizer: Any = None, *, num_workers: int = 0,
+                 address: str | None = None, checksum_every: int = 10, event_log: str | Path | None = None,
+                 replica_cls: type = HFReplica, actor_options: dict[str, Any] | None = None,
+                 use_gpu: bool | None = None, start_timeout_s: float = 1800.0,
+                 on_result: Callable[["RayExecutor", Worker, int], None] | None = None):
+        self.spec = spec
+        self.weights = weights
+        self.optimizer = optimizer
+        self.num_workers = int(num_workers)
+        self.address = address
+        self.checksum_every = int(checksum_every)
+        self.event_log = Path(event_log) if event_log else None
+        self.replica_cls = replica_cls
+        self.actor_options = dict(actor_options or {})
+        self.use_gpu = use_gpu
+        self.start_timeout_s = float(start_timeout_s)
+        self.on_result = on_result
+        self.workers: list[Worker] = []
+        self.step: int | None = None  # updates applied, as told by the trainer (None until the first one)
+        self.events: list[dict[str, Any]] = []
+        self.history: list[dict[str, Any]] = []
+        self._check_due = False
+        self._started = False
+        self._owns_ray = False
+
+    # ---- events ------------------------------------------------------------------------------------------------
+    def _event(self, event: str, level: int = logging.INFO, message: str | None = None, **fields: Any) -> None:
+        rec: dict[str, Any] = {"kind": "executor", "event": event}
+        if self.step is not None:
+            rec["step"] = self.step
+        rec.update(fields)
+        rec["time"] = time.time()
+        self.events.append(rec)
+        if message:
+            log.log(level, message)
+        if self.event_log is not None and self.event_log.parent.exists():
+            from esft.es.runlog import append_jsonl
+
+            append_jsonl(self.event_log, rec)
+
+    # ---- start-up ----------------------------------------------------------------------------------------------
+    def _connect(self) -> None:
+        ray = _ray()
+        if ray.is_initialized():
+            return  # a caller (script, test) owns the connection
+        # address=None lets Ray resolve $RAY_ADDRESS or a running local cluster, else start one; auth is left
+        # at Ray's defaults (token auth on clusters that use it).
+        ray.init(address=self.address or None, logging_level=logging.WARNING)
+        self._owns_ray = True
+
+    def _resources(self) -> tuple[int, dict[str, Any]]:
+        ray = _ray()
+        cluster = ray.cluster_resources()
+        gpus = int(cluster.get("GPU", 0))
+        use_gpu = self.use_gpu if self.use_gpu is not None else (gpus > 0 and self.spec.config.device != "cpu")
+        threads = int(self.spec.threads or 1)
+        if use_gpu:
+            n = self.num_workers or gpus
+            if n > gpus:
+                raise ValueError(f"{n} GPU workers requested but the Ray cluster has {gpus} GPUs ({cluster})")
+            opts = {"num_gpus": 1, "num_cpus": 1}  # one engine / replica per GPU
+        else:
+            cpus = int(cluster.get("CPU", 1))
+            n = self.num_workers or max(1, cpus // threads)
+            opts = {"num_gpus": 0, "num_cpus": threads}
+        opts.update(self.actor_options)
+        return n, opts
+
+    def start(self) -> None:
+        """Connect, place the workers, wait for their models, check their masters against the driver's."""
+        if self._started:
+            return
+        self._connect()
+        ray = _ray()
+        n, opts = self._resources()
+        # No automatic restarts: a restarted actor would come back with the base weights; the executor drops it
+        # and re-queues its work instead (a replacement would need a weight sync).
+        actor_cls = ray.remote(max_restarts=0, max_task_retries=0, **opts)(self.replica_cls)
+        self.workers = [Worker(rank=r, actor=actor_cls.remote(self.spec, r)) for r in range(n)]
+        refs = [w.actor.info.remote() for w in self.workers]
+        ready, not_ready = ray.wait(refs, num_returns=len(refs), timeout=self.start_timeout_s)
+        if not_ready:
+            self.close()
+            raise WorkersLost(f"{len(not_ready)} of {n} Ray workers did not start within {self.start_timeout_s:.0f} s "
+                              f"(requested {opts} each; cluster has {ray.cluster_resources()})")
+        for w, ref in zip(self.workers, refs):
+            w.info = ray.get(ref)  # an exception here (model not found, ...) is a configuration error: raise it
+        self._started = True
+        drv = next(iter(self.weights.params.values())).device.type
+        kinds = {w.info["device_type"] for w in self.workers}
+        if kinds != {drv}:
+            self.close()
+            raise ValueError(f"the driver's replica is on {drv} but workers are on {sorted(kinds)}: noise streams "
+                             "differ between device types, so replicas would diverge; set --device to the "
+                             "workers' device type (e.g. --device cuda on a GPU driver)")
+        self._event("start", message=f"ray executor: {n} workers: " + "; ".join(w.label for w in self.workers),
+                    workers=[w.info for w in self.workers], actor_options={k: v for k, v in opts.items()})
+        self._sync_at_start()
+
+    def _sync_at_start(self) -> None:
+        """Workers loaded the base model; after a resume the driver is further on: send its masters once."""
+        ray = _ray()
+        ref_sum = masters_checksum(self.weights)
+        sums = self._gather([(w, w.actor.checksum.remote()) for w in self.alive])
+        stale = [w for w, s in sums if s != ref_sum]
+        if stale:
+            masters = ray.put({n: t.detach().cpu() for n, t in self.weights.iter_masters()})
+            opt = ray.put(self.optimizer.state_dict()) if self.optimizer is not None else None
+            after = self._gather([(w, w.actor.load_state.remote(masters, opt)) for w in stale])
+            bad = [w.label for w, s in after if s != ref_sum]
+            if bad:
+                raise ReplicaDivergence(f"could not bring {', '.join(bad)} to the driver's weights")
+            self._event("sync", message=f"ray executor: sent the driver's masters to {len(stale)} worker(s)",
+                        workers=[w.rank for w in stale], digest=checksum_digest(ref_sum))
+        self._event("checksum", digest=checksum_digest(ref_sum), workers=len(self.alive), ok=True)
+
+    # ---- bookkeeping ---------------------------------------------------------------------------------------------
+    @property
+    def alive(self) -> list[Worker]:
+        return [w for w in self.workers if w.alive]
+
+    def _lose(self, worker: Worker, exc: BaseException, requeued: Sequence[int] = ()) -> None:
+        worker.alive = False
+        left = len(self.alive)
+        self._event("worker_lost", logging.WARNING,
+                    f"ray executor: lost {worker.label}: {type(exc).__name__}; re-queued members {list(requeued)}; "
+                    f"{left} worker(s) left", worker=worker.rank, info=worker.info, error=type(exc).__name__,
+                    requeued=list(requeued), workers_left=left)
+
+    def _gather(self, calls: list[tuple[Worker, Any]]) -> list[tuple[Worker, Any]]:
+        """ray.get per call; a dead worker is dropped (logged) instead of failing the run."""
+        ray = _ray()
+        out = []
+        for w, ref in calls:
+            try:
+                out.append((w, ray.get(ref)))
+            except Exception as exc:
+                if not _is_worker_death(exc):
+                    raise
+                if w.alive:
+                    self._lose(w, exc)
+        return out
+
+    def _settle(self) -> None:
+        """Confirm the updates sent to every worker (they normally finished long ago), then a due checksum."""
+        for w in self.alive:
+            pending, w.pending = w.pending, []
+            self._gather([(w, ref) for ref in pending])
+        if self._check_due:
+            self._check_due = False
+            self.verify()
+        if not self.alive:
+            raise self._all_lost()
+
+    def _all_lost(self) -> WorkersLost:
+        step = "?" if self.step is None else self.step
+        msg = (f"all {len(self.workers)} Ray workers are lost (after {step} updates); the run stops here. The run "
+               "directory holds every logged iteration and its last checkpoint, untouched; continue with --resume "
+               "(on any number of workers, or --executor local)")
+        self._event("all_workers_lost", logging.ERROR, msg)
+        return WorkersLost(msg)
+
+    # ---- the Executor interface -------------------------------------------------------------------------------------
+    def evaluate_members(self, members: Sequence[Member], batch: Sequence[dict]) -> PopulationResult:
+        self.start()
+        self._settle()
+        ray = _ray()
+        t0 = time.perf_counter()
+        batch_ref = ray.put(list(batch))  # one copy in the object store, read by every worker
+        queue: deque[int] = deque(range(len(members)))
+        rows: list[PopulationResult | None] = [None] * len(members)
+        inflight: dict[Any, tuple[Worker, int]] = {}
+        idle: deque[Worker] = deque(self.alive)
+        per_worker: dict[int, int] = {}
+        requeued = 0
+        while queue or inflight:
+            # Work queue: each idle worker pulls the next member, so a faster worker simply takes more of them.
+            while queue and idle:
+                w, i = idle.popleft(), queue.popleft()
+                if not w.alive:
+                    queue.appendleft(i)
+                    continue
+                inflight[w.actor.evaluate.remote([members[i]], batch_ref)] = (w, i)
+            if not inflight:
+                raise self._all_lost()
+            ready, _ = ray.wait(list(inflight), num_returns=1)
+            for ref in ready:
+                w, i = inflight.pop(ref)
+                try:
+                    rows[i] = ray.get(ref)
+                except Exception as exc:
+                    if not _is_worker_death(exc):
+                        raise
+                    queue.appendleft(i)
+                    requeued += 1
+                    if w.alive:
+                        self._lose(w, exc, requeued=[i])
+                    continue
+                w.members_done += 1
+                per_worker[w.rank] = per_worker.get(w.rank, 0) + 1
+                idle.append(w)
+                if self.on_result is not None:
+                    self.on_result(self, w, i)
+        result = merge_rows(rows)  # type: ignore[arg-type]
+        wall = time.perf_counter() - t0
+        stats = {"members": len(members), "wall_s": wall, "members_per_worker": per_worker,
+                 "requeued": requeued, "workers_alive": len(self.alive),
+                 "tokens_per_s": result.tokens_generated / max(wall, 1e-9)}
+        self.history.append(stats)
+        self._event("members", **stats)
+        return result
+
+    def evaluate_center(self, batch: Sequence[dict]) -> PopulationResult:
+        """The unperturbed model on one worker: generation sorts and chunks the whole batch, so splitting it
+        across workers would change batch composition (and greedy outputs in the last bits)."""
+        self.start()
+        self._settle()
+        ray = _ray()
+        while True:
+            alive = self.alive
+            if not alive:
+                raise self._all_lost()
+            w = min(alive, key=lambda x: x.rank)
+            try:
+                return ray.get(w.actor.evaluate_center.remote(list(batch)))
+            except Exception as exc:
+                if not _is_worker_death(exc):
+                    raise
+                self._lose(w, exc)
+
+    # ---- updates and checks --------------------------------------------------------------------------------------------
+    def on_update(self, update: Update, step: int) -> None:
+        """Called by the trainer with every update (before the driver applies it to its own replica): each
+        worker applies the same (seeds, coefficients). Fire-and-forget: Ray runs an actor's calls in submission
+        order, so the next member evaluation on a worker starts from the updated weights."""
+        self.step = int(step)
+        if not self._started:
+            return  # workers not placed yet (no member evaluated); they will sync at start-up
+        for w in self.alive:
+            w.pending.append(w.actor.apply.remote(update))
+        if self.checksum_every and self.step % self.checksum_every == 0:
+            self._check_due = True  # compared at the next call, once the driver has applied the update too
+
+    def verify(self) -> None:
+        """Compare every worker's master checksum with the driver's; raise `ReplicaDivergence` naming the
+        worker(s) that drifted (or the driver, when all workers agree among themselves but not with it)."""
+        self.start()
+        ray = _ray()
+        for w in self.alive:  # updates sent but not yet confirmed must be applied before comparing
+            pending, w.pending = w.pending, []
+            self._gather([(w, ref) for ref in pending])
+        reference = masters_checksum(self.weights)
+        sums = self._gather([(w, w.actor.checksum.remote()) for w in self.alive])
+        bad = [(w, checksum_diff(reference, s)) for w, s in sums if s != reference]
+        if not bad:
+            self._event("checksum", digest=checksum_digest(reference), workers=len(sums), ok=True)
+            return
+        digests = {checksum_digest(s) for _, s in sums}
+        if len(bad) == len(sums) and len(digests) == 1 and len(sums) > 1:
+            msg = (f"replica divergence after {self.step} updates: all {len(sums)} workers agree with each other "
+                   f"but not with the driver's replica ({len(bad[0][1])} tensors differ, first {bad[0][1][0]})")
+        else:
+            parts = [f"{w.label}: {len(names)} tensors differ, first {names[0]}" for w, names in bad]
+            msg = f"replica divergence after {self.step} updates: " + "; ".join(parts)
+        self._event("checksum", logging.ERROR, msg, ok=False, digest=checksum_digest(reference),
+                    drifted=[w.rank for w, _ in bad], tensors={w.rank: names[:5] for w, names in bad})
+        raise ReplicaDivergence(msg + " (the driver's replica is the reference; see docs/distributed.md)")
+
+    def close(self) -> None:
+        ray = _ray()
+        for w in self.workers:
+            if w.alive:
+                try:
+                    ray.kill(w.actor)
+                except Exception:  # already gone
+                    pass
+            w.alive = False
+        if self._owns_ray and ray.is_initialized():
+            ray.shutdown()
+            self._owns_ray = False
+        self._started = False
+
+    # ---- convenience for tests and monitoring -------------------------------------------------------------------------
+    def worker_pids(self) -> dict[int, int]:
+        return {w.rank: int(w.info["pid"]) for w in self.workers if "pid" in w.info}
+
+    def kill_worker(self, rank: int) -> None:
+        """SIGKILL a local worker process (fault drills; the executor notices on its next call to it)."""
+        import signal
+
+        os.kill(self.worker_pids()[rank], signal.SIGKILL)
