@@ -140,6 +140,9 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--resume", metavar="RUN_DIR", default=None,
                        help="continue RUN_DIR from its latest checkpoint and seed log (ends bit-identical to an "
                             "uninterrupted run); flags may only change e.g. --iterations")
+        # short alias of --fitness-rule (an exact flag: argparse would reject the ambiguous prefix otherwise)
+        p.add_argument("--fitness", dest="fitness_rule", metavar="RULE", default=argparse.SUPPRESS,
+                       help="alias of --fitness-rule: mean (paper) or dart (DART-ES)")
         p.set_defaults(func=_train_es)
 
     # GRPOConfig itself imports nothing heavy; TRL is imported only when training starts.

@@ -54,7 +54,10 @@ class ESConfig:
     format_bonus: float = 0.0
     """reward added for a well-formed answer (DART-ES / Qiu et al.); 0 = the paper's binary reward"""
     fitness_rule: str = "mean"
-    """how per-example rewards become member fitness ("mean"; later e.g. DART-ES)"""
+    """how per-example rewards become member fitness: "mean" (the paper) or "dart" (DART-ES: difficulty-weighted
+    fitness, replay of hard problems; esft.es.dart). CLI alias: --fitness"""
+    fitness_options: dict[str, Any] = field(default_factory=dict)
+    """options of the fitness rule, e.g. {replay_fraction: 0.2, format_coef: 0.1} for dart (esft.es.dart.DartOptions)"""
     generation_batch_size: int = 32
     """prompts per generate() call"""
     dtype: str | None = None
@@ -88,6 +91,10 @@ class ESConfig:
     """further Ray/vLLM options: threads_per_worker, checksum_every, start_timeout_s, gpu_memory_utilization, ..."""
 
     def __post_init__(self) -> None:
+        if isinstance(self.fitness_options, str):  # given on the command line as a YAML / JSON mapping
+            self.fitness_options = yaml.safe_load(self.fitness_options) or {}
+        if not isinstance(self.fitness_options, dict):
+            raise ValueError(f"fitness_options must be a mapping, got {self.fitness_options!r}")
         if isinstance(self.task_options, str):  # given on the command line as a YAML / JSON mapping
             self.task_options = yaml.safe_load(self.task_options) or {}
         if not isinstance(self.task_options, dict):

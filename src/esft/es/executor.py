@@ -6,7 +6,8 @@ generates greedily, scores and restores, member after member. A distributed exec
 the same matrix: replicas share the member seeds, so no weights cross the network (REFERENCE.md section 5).
 
 FitnessRule: `(result, batch) -> fitness [N]`, higher is better (esft maximises). `MeanReward` is the paper's
-rule (mean 0/1 reward over the batch), optionally plus a format bonus; DART-ES can plug in here later.
+rule (mean 0/1 reward over the batch), optionally plus a format bonus; `esft.es.dart.DartES` (DART-ES) is a
+stateful rule that also draws the batches (see the hooks listed in esft.es.dart).
 """
 
 from __future__ import annotations
@@ -67,10 +68,20 @@ class MeanReward:
         return self.rewards(result).mean(axis=1)
 
 
-def make_fitness_rule(name: str, format_bonus: float = 0.0) -> FitnessRule:
+FITNESS_RULES = ("mean", "dart")
+
+
+def make_fitness_rule(name: str, format_bonus: float = 0.0, options: dict | None = None) -> FitnessRule:
+    """"mean" (the paper, options unused) or "dart" (DART-ES, esft.es.dart; options = DartOptions fields)."""
     if name == "mean":
+        if options:
+            raise ValueError(f"fitness rule 'mean' takes no fitness_options, got {sorted(options)}")
         return MeanReward(format_bonus)
-    raise ValueError(f"unknown fitness rule {name!r}; available: mean")
+    if name == "dart":
+        from esft.es.dart import make_dart
+
+        return make_dart(format_bonus, options)
+    raise ValueError(f"unknown fitness rule {name!r}; available: {', '.join(FITNESS_RULES)}")
 
 
 class LocalExecutor:

@@ -26,11 +26,11 @@ def make_executor(config: ESConfig, *, model: Any, tokenizer: Any, weights: Mast
         if config.worker_backend != "hf":
             raise ValueError("worker_backend 'vllm' runs vLLM engines as Ray actors: use --executor ray")
         return LocalExecutor(model, tokenizer, weights, task, config.sigma, gen_config, generate_fn=generate_fn)
-    return make_ray_executor(config, weights=weights, optimizer=optimizer, generate_fn=generate_fn)
+    return make_ray_executor(config, weights=weights, optimizer=optimizer, generate_fn=generate_fn, model=model)
 
 
 def make_ray_executor(config: ESConfig, *, weights: MasterWeights, optimizer: Any = None, generate_fn: Any = None,
-                      builder: Any = None, **overrides: Any):
+                      builder: Any = None, model: Any = None, **overrides: Any):
     from esft.es.ray_executor import RayExecutor
     from esft.es.replica import HFReplica, ReplicaSpec
 
@@ -48,6 +48,12 @@ def make_ray_executor(config: ESConfig, *, weights: MasterWeights, optimizer: An
         from esft.vllm_backend import VLLMReplica, require_vllm
 
         require_vllm()
+        if config.optimizer != "sgd":
+            raise ValueError("worker_backend 'vllm' supports optimizer 'sgd' only (no optimizer state in engines)")
+        # vLLM fuses and pads some tensors; the engine maps Hugging Face names onto its own from these shapes
+        shapes = {n: list(p.shape) for n, p in (model.named_parameters() if model is not None
+                                                  else weights.params.items())}
+        spec.options["layout"] = {"selected": weights.names, "shapes": shapes}
         replica_cls = VLLMReplica
     actor_options = {}
     if "num_cpus_per_worker" in opts:

@@ -13,6 +13,7 @@ one. esft maximises reward.
 from __future__ import annotations
 
 import dataclasses
+import json
 import platform
 import resource
 import sys
@@ -117,10 +118,16 @@ class ESTrainer:
                                      gen_config=generation_config(config), generate_fn=generate_fn,
                                      optimizer=self.optimizer)
         self.executor = executor
-        self.rule = fitness_rule or make_fitness_rule(config.fitness_rule, config.format_bonus)
+        self.rule = fitness_rule or make_fitness_rule(config.fitness_rule, config.format_bonus,
+                                                      config.fitness_options)
         self.progress = progress
         self.out = Path(config.output_dir)
         self.train_set = task.load("train")
+        # Stateful fitness rules (DART-ES, esft.es.dart) keep per-train-problem state and draw their own batches;
+        # the optional hooks are bind / sample_batch / log_record / state_dict / load_state_dict / replay.
+        if hasattr(self.rule, "bind"):
+            self.rule.bind(len(self.train_set), config.seed)
+        self.sample_batch = getattr(self.rule, "sample_batch", sample_batch)
         self._test_set: list | None = None
         self.step = 0
         self.last_eval: dict[str, Any] | None = None
@@ -162,10 +169,19 @@ class ESTrainer:
         records = runlog.read_seed_log(self.out)
         usable = [(s, f) for s, f in runlog.list_checkpoints(self.out) if s <= len(records)]
         start = 0
+        rule_state = None
         if usable:
             start = runlog.load_checkpoint(usable[-1][1], self.model, self.weights, self.optimizer)
+            rule_state = json.loads((usable[-1][1] / runlog.STATE_FILE).read_text()).get("fitness_rule_state")
+        stateful = hasattr(self.rule, "replay")
+        if stateful and start and rule_state is None:
+            raise ValueError(f"checkpoint {usable[-1][1]} holds no state of fitness rule {self.config.fitness_rule!r}")
+        if stateful and rule_state is not None:
+            self.rule.load_state_dict(rule_state)
         for rec in records[start:]:
             self.weights.apply(runlog.update_from_record(rec), self.optimizer)
+            if stateful:  # the rule's state is a function of the logged history: replay it too
+                self.rule.replay(rec)
         self.step = len(records)
         # drop log lines past the resume point (a torn line, or metrics of an iteration that was not logged)
         runlog.rewrite_jsonl(self.out / "seeds.jsonl", records)
@@ -225,13 +241,16 @@ class ESTrainer:
     def checkpoint(self, name: str | None = None) -> Path:
         return runlog.save_checkpoint(self.out, name or runlog.checkpoint_name(self.step), self.step, self.model,
                                       self.tokenizer, self.weights, self.optimizer,
-                                      extra={"seed_log_lines": self.step})
+                                      extra={"seed_log_lines": self.step, **self._rule_state()})
+
+    def _rule_state(self) -> dict[str, Any]:
+        return {"fitness_rule_state": self.rule.state_dict()} if hasattr(self.rule, "state_dict") else {}
 
     # ---- one iteration --------------------------------------------------------------------------------------------
     def iteration(self) -> dict[str, Any]:
         cfg, it = self.config, self.step
         t_start = time.perf_counter()
-        idx = sample_batch(cfg.seed, it, len(self.train_set), cfg.batch_size)
+        idx = self.sample_batch(cfg.seed, it, len(self.train_set), cfg.batch_size)
         batch = [self.train_set[i] for i in idx]
         members = self.strategy.ask(it)
         result: PopulationResult = self.executor.evaluate_members(members, batch)
@@ -244,8 +263,10 @@ class ESTrainer:
         norm = self.weights.apply(update, self.optimizer)
         t_update = time.perf_counter() - t0
         # the iteration is committed once its seed-log line is on disk
-        runlog.append_jsonl(self.out / "seeds.jsonl",
-                            runlog.seed_record(it, idx, members, fitness.tolist(), shaped.tolist(), update, norm))
+        seed_line = runlog.seed_record(it, idx, members, fitness.tolist(), shaped.tolist(), update, norm)
+        if hasattr(self.rule, "log_record"):  # what a stateful rule needs to replay this iteration on resume
+            seed_line["fitness_rule"] = self.rule.log_record()
+        runlog.append_jsonl(self.out / "seeds.jsonl", seed_line)
         self.step = it + 1
         timings = {**result.timings, "update": t_update}
         timings["total"] = time.perf_counter() - t_start
@@ -259,6 +280,8 @@ class ESTrainer:
             "generated_tokens_per_s": result.tokens_generated / max(1e-9, timings.get("generate", 0.0)),
             "peak_rss_mb": peak_rss_mb(),
         }
+        if hasattr(self.rule, "summary"):
+            rec["fitness_rule"] = self.rule.summary()
         runlog.append_jsonl(self.out / "metrics.jsonl", rec)
         k = min(cfg.samples_per_iteration, len(batch))
         if k and result.texts and result.texts[0]:

@@ -1,0 +1,286 @@
+"""vLLM backend seams that run without vLLM or a GPU (esft.vllm_backend), plus the GPU check where possible.
+
+* the worker extension's math on a plain torch module laid out like a vLLM Llama (fused qkv / gate_up, padded
+  vocabulary rows): its views, perturb / restore / update and checksums match a PyTorch replica bit for bit;
+* `VLLMReplica` plumbing against a fake engine: requests, greedy sampling fields, prefix-cache resets after
+  every weight edit, restore after each member, updates and start-up sync;
+* the `LLM(...)` / `SamplingParams(...)` arguments, checked against a stand-in `vllm` module;
+* on a machine with vLLM and a CUDA GPU only: a real engine (skipped elsewhere, with the reason).
+
+Run: . .venv/bin/activate && pytest -q tests/test_vllm_backend.py   (~5 s, CPU)
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from es_tiny import ToyTask, one_thread, tiny_llama  # noqa: F401  (one_thread: autouse fixture)
+from esft.es.config import ESConfig
+from esft.es.noise import MasterWeights, Update
+from esft.es.replica import ReplicaSpec, masters_checksum
+from esft.vllm_backend import (EXTENSION_PATH, ESWorkerExtension, UnsupportedLayout, VLLMReplica, hf_views,
+                               make_llm, vllm_unavailable_reason)
+
+PACKED = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
+
+
+def _set(root: torch.nn.Module, name: str, tensor: torch.Tensor) -> None:
+    *path, leaf = name.split(".")
+    mod = root
+    for part in path:
+        if not hasattr(mod, part):
+            mod.add_module(part, torch.nn.Module())
+        mod = getattr(mod, part)
+    mod.register_parameter(leaf, torch.nn.Parameter(tensor, requires_grad=False))
+
+
+def vllm_like(hf: torch.nn.Module, pad_to: int = 64) -> torch.nn.Module:
+    """The tensors of `hf` as vLLM holds them: q/k/v and gate/up concatenated along rows, vocabulary padded."""
+    root = torch.nn.Module()
+    root.packed_modules_mapping = PACKED
+    params = dict(hf.named_parameters())
+    done = set()
+    g = torch.Generator().manual_seed(1)
+    for name, p in params.items():
+        prefix, module, leaf = name.rsplit(".", 2)
+        owner = next((f for f, parts in PACKED.items() if module in parts), None)
+        if owner is not None:
+            fused = f"{prefix}.{owner}.{leaf}"
+            if fused not in done:
+                done.add(fused)
+                _set(root, fused, torch.cat([params[f"{prefix}.{part}.{leaf}"] for part in PACKED[owner]]).clone())
+        elif "embed_tokens" in name:
+            rows = -(-p.shape[0] // pad_to) * pad_to
+            pad = torch.randn(rows - p.shape[0], p.shape[1], generator=g).to(p.dtype)
+            _set(root, name, torch.cat([p.detach(), pad]))
+        else:
+            _set(root, name, p.detach().clone())
+    return root
+
+
+def extension(model: torch.nn.Module) -> ESWorkerExtension:
+    ext = ESWorkerExtension()
+    ext.model_runner = SimpleNamespace(model=model)  # what vLLM's worker provides
+    return ext
+
+
+def shapes_of(model) -> dict[str, list[int]]:
+    return {n: list(p.shape) for n, p in model.named_parameters()}
+
+
+def snapshot(model) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def equal(a, b) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.fixture
+def pair():
+    hf = tiny_llama(dtype=torch.bfloat16, vocab_size=250)  # 250 -> vLLM pads to 256 rows
+    return hf, vllm_like(hf)
+
+
+def test_views_map_hf_names_to_vllm_rows(pair):
+    hf, vm = pair
+    views = hf_views(vm, shapes_of(hf), list(shapes_of(hf)))
+    for name, p in hf.named_parameters():
+        assert views[name].shape == p.shape and torch.equal(views[name], p), name
+    # a view writes into the engine's tensor: the k rows of qkv_proj
+    k = "model.layers.1.self_attn.k_proj.weight"
+    views[k].fill_(0)
+    qkv = dict(vm.named_parameters())["model.layers.1.self_attn.qkv_proj.weight"]
+    q_rows = hf.model.layers[1].self_attn.q_proj.weight.shape[0]
+    assert bool((qkv[q_rows:q_rows + views[k].shape[0]] == 0).all()) and bool((qkv[:q_rows] != 0).any())
+    with pytest.raises(UnsupportedLayout, match="no counterpart"):
+        hf_views(vm, {"model.layers.0.mlp.w9.weight": [4, 4]}, ["model.layers.0.mlp.w9.weight"])
+    bad = shapes_of(hf)
+    bad["model.layers.0.self_attn.q_proj.weight"] = [8, 64]
+    with pytest.raises(UnsupportedLayout, match="tensor parallelism"):
+        hf_views(vm, bad, ["model.layers.0.self_attn.k_proj.weight"])
+
+
+def test_extension_math_is_bit_identical_to_a_pytorch_replica(pair):
+    hf, vm = pair
+    exclude = ["norm"]
+    ref = MasterWeights(hf, exclude=exclude)  # the driver's / a PyTorch worker's replica, bf16 model
+    ext = extension(vm)
+    before = snapshot(vm)
+    info = ext.esft_init(ref.names, shapes_of(hf))
+    assert info["num_params"] == ref.num_params and info["device_type"] == "cpu" and info["dtypes"] == {"bfloat16": len(ref.names)}
+    assert ext.esft_checksum() == masters_checksum(ref)
+    views = hf_views(vm, shapes_of(hf), list(shapes_of(hf)))
+
+    for seed, sign in ((11, 1), (12, -1)):
+        ref.perturb(seed, sign, 0.01)
+        ext.esft_perturb(seed, sign, 0.01)
+        for name, p in hf.named_parameters():
+            assert torch.equal(views[name], p), name  # same bf16 bits, frozen norms untouched
+        ref.restore()
+        ext.esft_restore()
+        assert equal(snapshot(vm), before)  # exact restore, padded rows included
+
+    update = Update(seeds=(11, 12, 13), coefficients=(0.7, -1.3, 0.2), scale=0.01 / 3)
+    assert ext.esft_apply(list(update.seeds), list(update.coefficients), update.scale) == ref.apply(update)
+    assert ext.esft_checksum() == masters_checksum(ref) != masters_checksum(MasterWeights(tiny_llama(dtype=torch.bfloat16, vocab_size=250), exclude=exclude))
+    for name, p in hf.named_parameters():
+        assert torch.equal(views[name], p), name
+    pad = dict(vm.named_parameters())["model.embed_tokens.weight"][250:]
+    assert torch.equal(pad, before["model.embed_tokens.weight"][250:])
+    with pytest.raises(ValueError, match="SGD"):
+        ext.esft_apply([1], [1.0], -1.0, "gradient")
+    # start-up sync of a resumed run: the driver's masters replace the engine's
+    fresh = extension(vllm_like(tiny_llama(dtype=torch.bfloat16, vocab_size=250)))
+    fresh.esft_init(ref.names, shapes_of(hf))
+    assert fresh.esft_load_masters(dict(ref.iter_masters())) == masters_checksum(ref)
+
+
+class FakeLLM:
+    """Stands in for vllm.LLM: collective_rpc runs the extension in-process; generate answers from the current
+    weights (so a perturbation that reaches the engine changes the answers)."""
+
+    def __init__(self, model):
+        self.model = model
+        self.ext = extension(model)
+        self.calls: list[str] = []
+        self.requests: list = []
+
+    def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
+        self.calls.append(method)
+        return [getattr(self.ext, method)(*args, **(kwargs or {}))]
+
+    def reset_prefix_cache(self):
+        self.calls.append("reset_prefix_cache")
+        return True
+
+    def generate(self, prompts, sampling_params, use_tqdm=True):
+        self.calls.append("generate")
+        self.requests.append((prompts, sampling_params))
+        emb = dict(self.model.named_parameters())["model.embed_tokens.weight"].float()
+        outs = []
+        for req in prompts:
+            score = float(emb[req["prompt_token_ids"]].sum()) * 1e3
+            token = int(abs(score)) % 3
+            outs.append(SimpleNamespace(prompt_token_ids=req["prompt_token_ids"], outputs=[
+                SimpleNamespace(token_ids=[token, 2], text="(vLLM's own detokenisation)", finish_reason="stop")]))
+        return outs
+
+
+class ToyTokenizer:
+    def decode(self, ids, skip_special_tokens=True):
+        return {0: "\\boxed{yes}", 1: "\\boxed{no}", 2: "yes"}[ids[0]]
+
+
+def toy_parts(config):
+    return None, ToyTokenizer(), ToyTask()
+
+
+def test_replica_plumbing_with_a_fake_engine(pair):
+    hf, vm = pair
+    ref = MasterWeights(hf)
+    config = ESConfig(model="tiny", task="toy", max_new_tokens=7, seed=9, sigma=0.5, population_size=4)
+    spec = ReplicaSpec(config=config, builder=toy_parts,
+                       options={"layout": {"selected": ref.names, "shapes": shapes_of(hf)}})
+    engine = FakeLLM(vm)
+    replica = VLLMReplica(spec, rank=3, engine_factory=lambda s: engine, sampling_factory=dict)
+    assert replica.sampling == {"n": 1, "temperature": 0.0, "top_p": 1.0, "max_tokens": 7, "seed": 9,
+                                "skip_special_tokens": True}
+    assert replica.info()["backend"] == "vllm" and replica.info()["rank"] == 3
+    assert replica.checksum() == masters_checksum(ref)
+    before = snapshot(vm)
+    batch = ToyTask().load("train")[:5]
+    engine.calls.clear()
+    members = [(101, 1), (202, 1), (303, -1), (404, 1)]
+    result = replica.evaluate(members, batch)
+    assert result.scores.shape == (4, 5) and result.tokens_generated == 4 * 5 * 2 and result.finished == 20
+    assert len({tuple(row) for row in result.texts}) > 1  # each member's weights reached the engine
+    per_member = ["esft_perturb", "reset_prefix_cache", "generate", "esft_restore", "reset_prefix_cache"]
+    assert engine.calls == per_member * 4
+    prompts, sampling = engine.requests[0]
+    assert prompts == [{"prompt_token_ids": ex["ids"]} for ex in batch] and sampling["temperature"] == 0.0
+    assert equal(snapshot(vm), before) and replica.checksum() == masters_checksum(ref)
+    engine.calls.clear()
+    center = replica.evaluate_center(batch)
+    assert engine.calls == ["generate"] and center.scores.shape == (1, 5)  # the centre: no weight edit
+    # the update every replica applies after `tell`, then the prefix cache is dropped
+    update = Update(seeds=(101, 202), coefficients=(1.0, -0.5), scale=0.001)
+    engine.calls.clear()
+    assert replica.apply(update) == ref.apply(update)
+    assert engine.calls == ["esft_apply", "reset_prefix_cache"] and replica.checksum() == masters_checksum(ref)
+    with pytest.raises(ValueError, match="SGD"):
+        replica.apply(Update(seeds=(1,), coefficients=(1.0,), scale=-1.0, kind="gradient"))
+
+
+def test_llm_and_sampling_arguments(monkeypatch):
+    seen = {}
+    fake = types.ModuleType("vllm")
+
+    class LLM:
+        def __init__(self, **kwargs):
+            seen["llm"] = kwargs
+
+    class SamplingParams:
+        def __init__(self, **kwargs):
+            seen["sampling"] = kwargs
+
+    fake.LLM, fake.SamplingParams = LLM, SamplingParams
+    monkeypatch.setitem(sys.modules, "vllm", fake)
+    cfg = ESConfig(model="smollm2-135m", dtype="bfloat16", seed=5, max_new_tokens=1024)
+    spec = ReplicaSpec(config=cfg, options={"gpu_memory_utilization": 0.5, "vllm_kwargs": {"max_num_seqs": 64}})
+    monkeypatch.setattr("esft.models.resolve_model_path", lambda name: "/models/x")
+    make_llm(spec)
+    kw = seen["llm"]
+    assert kw["worker_extension_cls"] == EXTENSION_PATH == "esft.vllm_backend.extension.ESWorkerExtension"
+    assert kw["enable_prefix_caching"] is False and kw["tensor_parallel_size"] == 1 and kw["dtype"] == "bfloat16"
+    assert kw["model"] == "/models/x" and kw["gpu_memory_utilization"] == 0.5 and kw["max_num_seqs"] == 64
+    from esft.vllm_backend.replica import _vllm_sampling_params, sampling_fields
+
+    _vllm_sampling_params(**sampling_fields(cfg))
+    assert seen["sampling"]["temperature"] == 0.0 and seen["sampling"]["max_tokens"] == 1024
+
+
+def test_vllm_backend_refused_with_a_clear_message_where_unavailable(tmp_path):
+    from esft.es.executor_factory import make_executor
+
+    weights = MasterWeights(tiny_llama())
+    common = dict(model=None, tokenizer=None, weights=weights, task=None, gen_config=None)
+    with pytest.raises(ValueError, match="--executor ray"):
+        make_executor(ESConfig(worker_backend="vllm", output_dir=str(tmp_path)), **common)
+    reason = vllm_unavailable_reason()
+    if reason is None:
+        pytest.skip("vLLM and a GPU are available here")
+    with pytest.raises(RuntimeError, match="not available here"):
+        make_executor(ESConfig(executor="ray", worker_backend="vllm", output_dir=str(tmp_path)), **common)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(vllm_unavailable_reason() is not None, reason=str(vllm_unavailable_reason()))
+def test_real_engine_perturb_restore_and_checksum():
+    """GPU only: a real vLLM engine on the embedded model holds the same masters as the PyTorch replica, and a
+    perturb / restore cycle gives back exactly the same greedy completions."""
+    from esft.models import load_model
+
+    cfg = ESConfig(model="smollm2-135m", task="boolq", dtype="bfloat16", device="cuda", max_new_tokens=32,
+                   max_passage_chars=400)
+    model, _ = load_model(cfg.model, dtype=cfg.dtype, device="cuda")
+    ref = MasterWeights(model)
+    spec = ReplicaSpec(config=cfg, options={"layout": {"selected": ref.names, "shapes": shapes_of(model)},
+                                            "gpu_memory_utilization": 0.3})
+    replica = VLLMReplica(spec)
+    assert replica.checksum() == masters_checksum(ref)
+    from esft.tasks import get_task
+
+    batch = get_task("boolq", max_passage_chars=400).load("test", 16)
+    first = replica.evaluate_center(batch).texts
+    replica.evaluate([(7, 1)], batch)
+    assert replica.evaluate_center(batch).texts == first
+    update = Update(seeds=(7, 8), coefficients=(1.0, -1.0), scale=1e-4)
+    replica.apply(update)
+    ref.apply(update)
+    assert replica.checksum() == masters_checksum(ref)
