@@ -6,6 +6,7 @@
     esft train grpo --preset cpu --output-dir runs/grpo-demo
     esft analyze weights --base smollm2-135m --tuned runs/es/checkpoints/final,runs/grpo/checkpoints/final
     esft report runs/experiment
+    esft experiment run cpu-mini-sequential        (a shipped spec, or a YAML file; esft experiment list)
     esft env
 """
 
@@ -169,6 +170,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run_options(p, None)
     add_dataclass_arguments(p, ReportConfig, skip=("dir",))
     p.set_defaults(func=_report)
+
+    from esft.experiments.cli import add_experiment_parser
+
+    add_experiment_parser(sub)
     return parser
 
 

@@ -1,0 +1,81 @@
+"""`esft experiment ...` sub-commands (registered by esft.cli):
+
+    esft experiment run SPEC [--output-dir D] [--dry-run]    SPEC: a YAML file or a shipped spec name
+    esft experiment tables DIR                                 rewrite DIR/tables from the stage records
+    esft experiment status DIR                                 one line per stage
+    esft experiment list                                       the shipped specs
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def _run(args: argparse.Namespace) -> int:
+    from esft.experiments.runner import output_dir_for, plan_text, run_experiment
+    from esft.experiments.spec import load_spec
+
+    spec = load_spec(args.spec)  # validation: fails here, before any compute, naming the line
+    out = output_dir_for(spec, args.output_dir)
+    if args.dry_run:
+        print(f"spec {spec.path} is valid; output folder {out}\n")
+        print(plan_text(spec))
+        return 0
+    result = run_experiment(spec, out)
+    print(f"\n{len(result.statuses) - len(result.failed)} of {len(result.statuses)} stages done in "
+          f"{result.wall_s:,.0f} s; tables in {out / 'tables'}")
+    for key in result.failed:
+        print(f"  {key}: {result.statuses[key]} (see {out / key / 'status.json'})")
+    return 0 if result.ok else 1
+
+
+def _tables(args: argparse.Namespace) -> int:
+    from esft.experiments.tables import write_all_tables
+
+    path = write_all_tables(args.dir)
+    print(path.read_text())
+    print(f"wrote {path.parent}")
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    root = Path(args.dir)
+    plan = root / "plan.json"
+    if not plan.exists():
+        raise FileNotFoundError(f"{root} is not an experiment folder (no plan.json)")
+    for stage in json.loads(plan.read_text())["stages"]:
+        path = root / stage["key"] / "status.json"
+        status = json.loads(path.read_text()) if path.exists() else {"status": "pending"}
+        error = f"  {status['error']}" if status.get("error") else ""
+        print(f"{stage['key']:<52} {status.get('status', '?'):<8}{error}")
+    return 0
+
+
+def _list(args: argparse.Namespace) -> int:
+    from esft.experiments.spec import shipped_specs
+
+    for name, path in shipped_specs().items():
+        first = next((ln[1:].strip() for ln in path.read_text().splitlines() if ln.startswith("#")), "")
+        print(f"{name:<24} {first}")
+    return 0
+
+
+def add_experiment_parser(sub: argparse._SubParsersAction) -> None:
+    exp = sub.add_parser("experiment", help="run a study experiment from a YAML spec; write its tables")
+    cmds = exp.add_subparsers(dest="experiment_command", required=True)
+    p = cmds.add_parser("run", help="run (or continue) an experiment; finished stages are skipped")
+    p.add_argument("spec", metavar="SPEC", help="YAML spec file, or the name of a shipped spec (esft experiment list)")
+    p.add_argument("--output-dir", default=None, metavar="DIR",
+                   help="experiment folder (default: the spec's output_dir, else runs/experiments/<name>)")
+    p.add_argument("--dry-run", action="store_true", help="validate the spec and print the stages; run nothing")
+    p.set_defaults(func=_run)
+    p = cmds.add_parser("tables", help="write Tables 1, 2, 5-8, 18 (Markdown + CSV) from an experiment folder")
+    p.add_argument("dir", metavar="DIR")
+    p.set_defaults(func=_tables)
+    p = cmds.add_parser("status", help="status of every stage of an experiment folder")
+    p.add_argument("dir", metavar="DIR")
+    p.set_defaults(func=_status)
+    p = cmds.add_parser("list", help="the specs shipped with esft")
+    p.set_defaults(func=_list)

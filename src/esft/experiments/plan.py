@@ -1,0 +1,204 @@
+"""From a Spec to an ordered list of stages: what to train, from which weights, into which folder, then evaluate.
+
+A stage produces one evaluated model. The `base` stage evaluates the spec's model (greedy decoding does not depend
+on the seed, so it is evaluated once and shared by every seed). A training stage runs its steps (one trainer run;
+several for a chain such as grpo->es, each step starting from the previous one's final weights), then evaluates.
+
+Folders (relative to the experiment directory):
+    base/                                           base-model evaluation
+    seed-42/single-task/countdown/es@100/           a single-task stage; ES budgets share one run:
+    seed-42/single-task/countdown/es/run/              ... trained to 100, snapshotted, continued to 300
+    seed-42/sequential/es/1-countdown/run/          stage 1 of every budget track of a label shares one run
+    seed-42/sequential/es@100/2-math/run/           later stages start from the previous stage of their track
+
+Runs are ordinary trainer run directories whose `model` is the previous stage's checkpoint folder, so
+`esft report` links sequential stages into chains on its own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from esft.experiments.spec import Component, Method, Spec
+
+BASE = "base"
+
+
+def slug(name: str) -> str:
+    """A folder-safe form of a label: `grpo->es` -> `grpo-to-es` (no shell metacharacters in paths)."""
+    import re
+
+    return re.sub(r"[^A-Za-z0-9_.@+=-]+", "-", name.replace("->", "-to-")).strip("-") or "x"
+
+
+@dataclass
+class Step:
+    component: Component
+    run_dir: str
+    """relative to the experiment directory"""
+    budget: int
+    snapshot: bool = False
+    """keep `checkpoints/iter_<budget>` because the run is continued to a larger budget afterwards"""
+
+    @property
+    def algorithm(self) -> str:
+        return self.component.algorithm
+
+    def model_dir(self) -> str:
+        """The checkpoint folder this step leaves as its result."""
+        name = f"iter_{self.budget:06d}" if self.snapshot else "final"
+        return f"{self.run_dir}/checkpoints/{name}"
+
+
+@dataclass
+class Stage:
+    key: str
+    """folder of the stage, relative to the experiment directory; also its identity"""
+    kind: str
+    """"base" or "train" """
+    seed: int | None = None
+    track: str | None = None
+    """method label plus budget (`es@100`) when a label has several budgets, else the label"""
+    label: str | None = None
+    display: str = "Base"
+    task: str | None = None
+    index: int = 0
+    """1-based position in the task sequence (single-task stages: 1)"""
+    parent: str | None = None
+    """stage whose model this one starts from; None = the spec's base model"""
+    after: list[str] = field(default_factory=list)
+    """stages that must be done first"""
+    steps: list[Step] = field(default_factory=list)
+    eval_tasks: list[str] = field(default_factory=list)
+    budget: int | None = None
+
+    def model_dir(self) -> str | None:
+        return self.steps[-1].model_dir() if self.steps else None
+
+
+@dataclass
+class Track:
+    label: str
+    name: str
+    display: str
+    method: Method
+    budget: int | None
+    """the budget every stage of this track trains to (extendable methods), None = each config's own"""
+
+
+def tracks(method: Method, spec: Spec) -> list[Track]:
+    comp = method.components[0]
+    algo = comp.spec
+    if method.is_chain or not algo.extendable:
+        return [Track(method.label, method.label, method.display, method, None)]
+    budgets = method.budgets
+    if not budgets:  # one budget, from the option block / preset / default (same for all tasks unless per_task)
+        budget = getattr(spec.config(comp, spec.tasks[0], spec.seeds[0]), algo.budget_field)
+        return [Track(method.label, method.label, f"{method.display} ({algo.budget_short}={budget})", method,
+                      None)]
+    many = len(budgets) > 1
+    return [Track(method.label, f"{method.label}@{b}" if many else method.label,
+                  f"{method.display} ({algo.budget_short}={b})", method, b) for b in budgets]
+
+
+def _steps(spec: Spec, method: Method, task: str, seed: int, run_base: str, budget: int | None,
+           snapshot: bool) -> list[Step]:
+    steps = []
+    for i, comp in enumerate(method.components):
+        b = budget if budget is not None else getattr(spec.config(comp, task, seed), comp.spec.budget_field)
+        run_dir = run_base if len(method.components) == 1 else f"{run_base}-{i + 1}-{comp.algorithm}"
+        steps.append(Step(comp, run_dir, int(b), snapshot and i == len(method.components) - 1))
+    return steps
+
+
+def build_plan(spec: Spec) -> list[Stage]:
+    """Every stage of the experiment, in execution order (seed by seed; a stage comes after its prerequisites)."""
+    ev = spec.evaluation
+    stages = [Stage(key=BASE, kind="base", eval_tasks=ev.all_tasks)]
+    for seed in spec.seeds:
+        if spec.kind == "single-task":
+            stages += _single_task(spec, seed)
+        else:
+            stages += _sequential(spec, seed)
+    return stages
+
+
+def _single_task(spec: Spec, seed: int) -> list[Stage]:
+    ev = spec.evaluation
+    out = []
+    for task in spec.tasks:
+        eval_tasks = ev.all_tasks if ev.after_single_task == "all" else [task]
+        for method in spec.methods:
+            ts = tracks(method, spec)
+            top = max((t.budget or 0) for t in ts)
+            run_base = f"seed-{seed}/single-task/{task}/{slug(method.label)}/run"
+            previous: str | None = None
+            for t in ts:
+                key = f"seed-{seed}/single-task/{task}/{slug(t.name)}"
+                shared = len(ts) > 1
+                out.append(Stage(key=key, kind="train", seed=seed, track=t.name, label=method.label,
+                                 display=t.display, task=task, index=1, parent=None,
+                                 after=[previous] if previous else [],
+                                 steps=_steps(spec, method, task, seed, run_base if shared else f"{key}/run",
+                                              t.budget, shared and (t.budget or 0) < top),
+                                 eval_tasks=eval_tasks, budget=t.budget))
+                previous = key
+    return out
+
+
+def _sequential(spec: Spec, seed: int) -> list[Stage]:
+    ev = spec.evaluation
+    out = []
+    for method in spec.methods:
+        ts = tracks(method, spec)
+        top = max((t.budget or 0) for t in ts)
+        first_stage: dict[int, str] = {}  # budget -> key of the track's stage 1 (shared run, ascending order)
+        for t in ts:
+            parent: str | None = None
+            for k, task in enumerate(spec.tasks, start=1):
+                key = f"seed-{seed}/sequential/{slug(t.name)}/{k}-{task}"
+                after = [parent] if parent else []
+                if k == 1 and len(ts) > 1:
+                    # every budget track starts from the base model on the same task: one run, snapshotted
+                    run_base = f"seed-{seed}/sequential/{slug(method.label)}/1-{task}/run"
+                    lower = [first_stage[b] for b in sorted(first_stage) if b < (t.budget or 0)]
+                    after += lower[-1:]
+                    steps = _steps(spec, method, task, seed, run_base, t.budget, (t.budget or 0) < top)
+                    first_stage[t.budget or 0] = key
+                else:
+                    steps = _steps(spec, method, task, seed, f"{key}/run", t.budget, False)
+                out.append(Stage(key=key, kind="train", seed=seed, track=t.name, label=method.label,
+                                 display=t.display, task=task, index=k, parent=parent, after=after, steps=steps,
+                                 eval_tasks=ev.all_tasks, budget=t.budget))
+                parent = key
+    return out
+
+
+def describe(stages: list[Stage]) -> str:
+    """One line per stage (for `esft experiment run --dry-run`)."""
+    lines = []
+    for s in stages:
+        if s.kind == BASE:
+            lines.append(f"{s.key:<48} evaluate the base model on {', '.join(s.eval_tasks)}")
+            continue
+        start = s.parent or "base model"
+        run = " then ".join(f"{st.algorithm} to {st.budget} in {st.run_dir}" + (" (snapshot)" if st.snapshot else "")
+                            for st in s.steps)
+        lines.append(f"{s.key:<48} from {start}: {run}; evaluate {', '.join(s.eval_tasks)}")
+    return "\n".join(lines)
+
+
+def stage_map(stages: list[Stage]) -> dict[str, Stage]:
+    return {s.key: s for s in stages}
+
+
+def as_dict(stage: Stage) -> dict[str, Any]:
+    return {"key": stage.key, "kind": stage.kind, "seed": stage.seed, "track": stage.track, "label": stage.label,
+            "display": stage.display, "task": stage.task, "index": stage.index, "parent": stage.parent,
+            "budget": stage.budget, "eval_tasks": stage.eval_tasks,
+            "steps": [{"algorithm": st.algorithm, "run_dir": st.run_dir, "budget": st.budget,
+                       "snapshot": st.snapshot, "model_dir": st.model_dir()} for st in stage.steps]}
+
+
+__all__ = ["BASE", "Stage", "Step", "Track", "build_plan", "describe", "stage_map", "tracks", "as_dict", "slug"]

@@ -1,0 +1,360 @@
+"""`run_experiment(spec, output_dir)`: run every stage of a plan, robust to re-runs, kills and failures.
+
+Per stage folder:
+    status.json   {"status": done | failed | running | blocked, "trained": bool, "attempts", "fingerprint", ...}
+    error.txt     traceback of the last failure
+    result.json   the stage's record for the tables: evaluation per task, measured accounting per step, configs
+    eval/         one JSON (+ JSONL of completions) per evaluated task
+
+Re-running a spec skips stages whose status is done (and whose training options are unchanged: a changed option
+fails before any compute, naming the stage and the fields), resumes an interrupted or failed stage through the
+trainers' own `resume` (ES replays its seed log exactly; GRPO reloads its latest checkpoint), and re-evaluates
+only tasks without a result. A failed stage records its error and the runner moves on; stages that need its
+weights are marked blocked. Completed results are never deleted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import fcntl
+import gc
+import json
+import os
+import shutil
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from esft.experiments.evaluate import evaluate_stage, read_json, write_json
+from esft.experiments.plan import BASE, Stage, Step, as_dict, build_plan, describe
+from esft.experiments.spec import Spec, SpecError
+
+STATUS = "status.json"
+RESULT = "result.json"
+ERROR = "error.txt"
+
+
+@dataclass
+class Hooks:
+    """Seams for tests and unusual set-ups; the defaults use esft's own loaders and trainers."""
+
+    load_model: Callable[[str, str, str | None], tuple[Any, Any]] | None = None
+    """(name or checkpoint folder, dtype, device) -> (model, tokenizer), for evaluation"""
+    train_kwargs: Callable[[Step, Any], dict[str, Any]] | None = None
+    """(step, trainer config) -> extra keyword arguments of the trainer (model, tokenizer, generate_fn, ...)"""
+    progress: bool = True
+
+
+@dataclass
+class ExperimentResult:
+    output_dir: Path
+    statuses: dict[str, str] = field(default_factory=dict)
+    wall_s: float = 0.0
+
+    @property
+    def failed(self) -> list[str]:
+        return [k for k, s in self.statuses.items() if s in ("failed", "blocked")]
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed
+
+
+def _now() -> str:
+    return datetime.datetime.now().isoformat(timespec="seconds")
+
+
+def _default_load_model(ref: str, dtype: str, device: str | None) -> tuple[Any, Any]:
+    from esft.models import load_model
+
+    return load_model(ref, dtype=dtype, device=device)
+
+
+# ---- fingerprints: what a stage was trained with ---------------------------------------------------------------
+
+def _start_model(spec: Spec, stage: Stage, root: Path, stages: dict[str, Stage]) -> str:
+    if stage.parent is None:
+        return spec.model
+    return str((root / stages[stage.parent].model_dir()).resolve())
+
+
+def _step_configs(spec: Spec, stage: Stage, root: Path, stages: dict[str, Stage]) -> list[Any]:
+    """The trainer config of each step (model = the previous step's or the parent stage's checkpoint)."""
+    configs = []
+    model = _start_model(spec, stage, root, stages)
+    for step in stage.steps:
+        cfg = spec.config(step.component, stage.task, stage.seed, step.budget, model=model,
+                          output_dir=str((root / step.run_dir).resolve()), resume=True)
+        configs.append(cfg)
+        model = str((root / step.model_dir()).resolve())
+    return configs
+
+
+def _fingerprint(stage: Stage, configs: list[Any]) -> list[dict[str, Any]]:
+    from esft.es.config import RESUMABLE_CHANGES as ES_FREE
+    from esft.grpo.config import RESUMABLE_CHANGES as GRPO_FREE
+
+    free = {"es": ES_FREE, "grpo": GRPO_FREE}
+    out = []
+    for step, cfg in zip(stage.steps, configs):
+        # fields a trainer lets a resume change (executor layout, eval cadence ...) do not change the result;
+        # the budget does
+        skip = set(free.get(step.algorithm, ())) - {step.component.spec.budget_field}
+        data = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in skip}
+        out.append({"algorithm": step.algorithm, "config": json.loads(json.dumps(data, default=str))})
+    return out
+
+
+def _diff(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> str:
+    if len(old) != len(new):
+        return f"{len(old)} steps before, {len(new)} now"
+    parts = []
+    for a, b in zip(old, new):
+        if a.get("algorithm") != b.get("algorithm"):
+            parts.append(f"algorithm {a.get('algorithm')} -> {b.get('algorithm')}")
+            continue
+        ca, cb = a.get("config", {}), b.get("config", {})
+        for k in sorted(set(ca) | set(cb)):
+            if ca.get(k) != cb.get(k):
+                parts.append(f"{k}: {ca.get(k)!r} -> {cb.get(k)!r}")
+    return "; ".join(parts)
+
+
+def check_existing(spec: Spec, stages: list[Stage], root: Path) -> None:
+    """Before any compute: a stage already trained in `root` must have been trained with today's options."""
+    smap = {s.key: s for s in stages}
+    for stage in stages:
+        if stage.kind == BASE:
+            continue
+        status = read_json(root / stage.key / STATUS) or {}
+        old = status.get("fingerprint")
+        if not old:
+            continue
+        new = _fingerprint(stage, _step_configs(spec, stage, root, smap))
+        if old != new:
+            raise SpecError(f"{root / stage.key} was trained with other options ({_diff(old, new)}); "
+                            f"use another --output-dir, or delete that stage folder (and those after it) to retrain")
+
+
+# ---- steps ---------------------------------------------------------------------------------------------------------
+
+def _link_or_copy(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)  # checkpoints are replaced by rename, never edited in place: a hard link is a snapshot
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def snapshot_checkpoint(src: Path, dst: Path) -> None:
+    tmp = dst.with_name(f".tmp_{dst.name}")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    shutil.copytree(src, tmp, copy_function=_link_or_copy)
+    if dst.exists():
+        shutil.rmtree(dst)
+    os.replace(tmp, dst)
+
+
+def _carry_optimizer_callback(previous: Path) -> Any:
+    """GRPO stage k starts with stage k-1's AdamW moments (spec: sequential.carry_optimizer_state). Only the
+    per-parameter state is loaded; learning rates stay those of the new stage's fresh schedule."""
+    import torch
+    from transformers import TrainerCallback
+
+    class CarryOptimizerState(TrainerCallback):
+        def on_train_begin(self, args: Any, state: Any, control: Any, optimizer: Any = None, **kwargs: Any):
+            if state.global_step != 0 or optimizer is None:
+                return  # a resumed stage has its own optimizer state in its checkpoint
+            saved = torch.load(previous / "optimizer.pt", weights_only=True)
+            current = optimizer.state_dict()
+            current["state"] = saved["state"]
+            optimizer.load_state_dict(current)
+
+    return CarryOptimizerState()
+
+
+def _run_step(spec: Spec, stage: Stage, step: Step, config: Any, root: Path, stages: dict[str, Stage],
+              hooks: Hooks, first: bool) -> None:
+    algo = step.component.spec
+    run_dir = root / step.run_dir
+    model_dir = root / step.model_dir()
+    done = algo.done_step(run_dir)
+    if done is not None and done >= step.budget:
+        if step.snapshot and not (model_dir / "config.json").exists():
+            if done != step.budget:
+                raise RuntimeError(f"{run_dir} is past {step.budget} steps and its snapshot {model_dir} is missing")
+            snapshot_checkpoint(run_dir / "checkpoints" / "final", model_dir)
+        return
+    kwargs: dict[str, Any] = dict(hooks.train_kwargs(step, config) if hooks.train_kwargs else {})
+    kwargs.setdefault("progress", hooks.progress)
+    if (spec.carry_optimizer_state and first and step.algorithm == "grpo" and stage.parent is not None):
+        previous = root / stages[stage.parent].model_dir()
+        if (previous / "optimizer.pt").exists():
+            kwargs["callbacks"] = [*kwargs.get("callbacks", ()), _carry_optimizer_callback(previous)]
+    algo.train(config, **kwargs)
+    if step.snapshot:
+        snapshot_checkpoint(run_dir / "checkpoints" / "final", model_dir)
+
+
+# ---- stages ---------------------------------------------------------------------------------------------------------
+
+def _stage_record(spec: Spec, stage: Stage, root: Path, configs: list[Any], evals: dict[str, Any],
+                  seconds: dict[str, float]) -> dict[str, Any]:
+    from esft.experiments.algorithms import run_info
+
+    steps = []
+    for step, cfg in zip(stage.steps, configs):
+        algo = step.component.spec
+        info = run_info(root / step.run_dir)
+        steps.append({"algorithm": step.algorithm, "run_dir": step.run_dir, "budget": step.budget,
+                      "model_dir": step.model_dir(), "num_params": info.get("num_params"),
+                      "precision": info.get("precision") or info.get("master_dtype"),
+                      "accounting": algo.accounting(root / step.run_dir, step.budget),
+                      "formula": algo.formula(cfg, step.budget), "config": dataclasses.asdict(cfg)})
+    return {**as_dict(stage), "model": stage.model_dir() or spec.model, "eval": evals, "steps": steps,
+            "ifeval_metric": spec.ifeval_metric, "seconds": seconds, "finished": _now()}
+
+
+def run_stage(spec: Spec, stage: Stage, root: Path, stages: dict[str, Stage], hooks: Hooks) -> dict[str, Any]:
+    folder = root / stage.key
+    folder.mkdir(parents=True, exist_ok=True)
+    status = read_json(folder / STATUS) or {}
+    configs = _step_configs(spec, stage, root, stages) if stage.kind != BASE else []
+    status.update({"status": "running", "started": _now(), "attempts": int(status.get("attempts", 0)) + 1,
+                   "pid": os.getpid()})
+    if configs:
+        status["fingerprint"] = _fingerprint(stage, configs)
+    write_json(folder / STATUS, status)
+    load_model = hooks.load_model or _default_load_model
+    t0 = time.perf_counter()
+    model = _start_model(spec, stage, root, stages)
+    for i, (step, cfg) in enumerate(zip(stage.steps, configs)):
+        _run_step(spec, stage, step, cfg, root, stages, hooks, first=i == 0)
+        model = str((root / step.model_dir()).resolve())
+        gc.collect()
+    t_train = time.perf_counter() - t0
+    if stage.kind != BASE:
+        status["trained"] = True
+        write_json(folder / STATUS, status)
+    t1 = time.perf_counter()
+    evals = evaluate_stage(spec, model, stage.eval_tasks, folder, load_model, hooks.progress)
+    gc.collect()
+    record = _stage_record(spec, stage, root, configs, evals,
+                           {"train": t_train, "eval": time.perf_counter() - t1})
+    write_json(folder / RESULT, record)
+    status.update({"status": "done", "trained": True, "finished": _now(), "error": None})
+    write_json(folder / STATUS, status)
+    (folder / ERROR).unlink(missing_ok=True)
+    return record
+
+
+def _record_failure(folder: Path, exc: BaseException) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / ERROR).write_text("".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
+    status = read_json(folder / STATUS) or {}
+    status.update({"status": "failed", "failed": _now(), "error": f"{type(exc).__name__}: {exc}", "traceback": ERROR})
+    write_json(folder / STATUS, status)
+
+
+class _Lock:
+    """One runner per experiment folder (two would write the same run directories)."""
+
+    def __init__(self, root: Path):
+        self.path = root / ".lock"
+        self.fh: Any = None
+
+    def __enter__(self) -> "_Lock":
+        self.fh = open(self.path, "w")
+        try:
+            fcntl.flock(self.fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self.fh.close()
+            raise RuntimeError(f"another `esft experiment run` is working in {self.path.parent}") from None
+        self.fh.write(str(os.getpid()))
+        self.fh.flush()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        fcntl.flock(self.fh, fcntl.LOCK_UN)
+        self.fh.close()
+
+
+def output_dir_for(spec: Spec, output_dir: str | Path | None = None) -> Path:
+    return Path(output_dir or spec.output_dir or Path("runs") / "experiments" / spec.name)
+
+
+def _log(hooks: Hooks, message: str) -> None:
+    if hooks.progress:
+        print(message, flush=True)
+
+
+def _visit(spec: Spec, stage: Stage, root: Path, smap: dict[str, Stage], hooks: Hooks, tag: str) -> str:
+    """Run one stage unless it is done or blocked; returns its status. Only KeyboardInterrupt escapes."""
+    folder = root / stage.key
+    status = read_json(folder / STATUS) or {}
+    if status.get("status") == "done" and (folder / RESULT).exists():
+        _log(hooks, f"{tag} {stage.key}: done, skipped")
+        return "done"
+    missing = [k for k in stage.after if not (read_json(root / k / STATUS) or {}).get("trained")]
+    if missing:
+        folder.mkdir(parents=True, exist_ok=True)
+        status.update({"status": "blocked", "error": f"needs the weights of {', '.join(missing)}"})
+        write_json(folder / STATUS, status)
+        _log(hooks, f"{tag} {stage.key}: blocked (needs {', '.join(missing)})")
+        return "blocked"
+    _log(hooks, f"{tag} {stage.key}: " + ("resuming" if status.get("attempts") else "starting"))
+    try:
+        run_stage(spec, stage, root, smap, hooks)
+        return "done"
+    except KeyboardInterrupt:
+        # status stays "running": the next run resumes this stage
+        _log(hooks, f"interrupted in {stage.key}; run the same command again to resume")
+        raise
+    except Exception as exc:  # noqa: BLE001 - one stage's failure must not stop the others
+        _record_failure(folder, exc)
+        print(f"{tag} {stage.key}: FAILED: {type(exc).__name__}: {exc} (traceback in {folder / ERROR})",
+              file=sys.stderr, flush=True)
+        return "failed"
+    finally:
+        gc.collect()
+
+
+def run_experiment(spec: Spec, output_dir: str | Path | None = None, hooks: Hooks | None = None,
+                   write_tables: bool = True) -> ExperimentResult:
+    """Run (or continue) every stage of `spec` in `output_dir`; returns each stage's status."""
+    hooks = hooks or Hooks()
+    root = output_dir_for(spec, output_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    stages = build_plan(spec)
+    smap = {s.key: s for s in stages}
+    check_existing(spec, stages, root)  # before any compute
+    result = ExperimentResult(root)
+    started, t0 = _now(), time.perf_counter()
+    with _Lock(root):
+        if spec.path and Path(spec.path).exists():
+            shutil.copyfile(spec.path, root / "spec.yaml")
+        write_json(root / "plan.json", {"spec": spec.to_dict(), "stages": [as_dict(s) for s in stages]})
+        interrupted = True
+        try:
+            for n, stage in enumerate(stages, start=1):
+                result.statuses[stage.key] = _visit(spec, stage, root, smap, hooks, f"[{n}/{len(stages)}]")
+            interrupted = False
+        finally:
+            result.wall_s = time.perf_counter() - t0
+            # one line per invocation: the experiment's wall time is their sum, across kills and resumes
+            with open(root / "invocations.jsonl", "a", encoding="utf-8") as fh:
+                fh.write(json.dumps({"started": started, "finished": _now(), "wall_s": result.wall_s,
+                                     "interrupted": interrupted, "statuses": result.statuses}) + "\n")
+    if write_tables:
+        from esft.experiments.tables import write_all_tables
+
+        write_all_tables(root)
+    return result
+
+
+def plan_text(spec: Spec) -> str:
+    return describe(build_plan(spec))

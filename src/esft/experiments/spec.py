@@ -1,0 +1,518 @@
+"""Experiment specs: parse a YAML file into a validated `Spec`, failing before any compute with the line named.
+
+    name: cpu-mini-sequential
+    kind: sequential                 # or single-task
+    model: smollm2-135m
+    tasks: [countdown, math, chemistry, boolq]   # the order is the training order for `sequential`
+    seeds: [42, 52, 62]
+    algorithms:                      # label -> option block (ESConfig / GRPOConfig fields, validated)
+      es: {preset: cpu, iterations: [100, 300], per_task: {math: {max_new_tokens: 64}}}
+      grpo: {preset: cpu, max_steps: 80}
+      dart-es: {algorithm: es, fitness_rule: dart}     # a variant: any label, `algorithm` names the trainer
+      grpo->es: {grpo: {max_steps: 40}, es: {iterations: 50}}   # a chain: the stage runs grpo, then es
+    task_options: {boolq: {max_passage_chars: 400}}  # task constructor options, for training and evaluation
+    evaluation: {limit: 50, max_new_tokens: 64, holdout: [mmlu, ifeval], per_task: {ifeval: {limit: 20}}}
+    sequential: {carry_optimizer_state: false}
+    tables: {ifeval_metric: prompt_strict}
+
+Fields the experiment itself sets (model, task, seed, output_dir, resume) may not appear in option blocks; neither
+may task options (`max_passage_chars`, `task_options`), which live at the top level so that training and
+evaluation see the same prompts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from esft.experiments.algorithms import ALGORITHMS, Algorithm, get_algorithm
+from esft.experiments.yamlines import LineDict, LineList, SpecError, load_file
+
+KINDS = ("single-task", "sequential")
+TOP_KEYS = ("name", "description", "kind", "model", "tasks", "seeds", "algorithms", "task_options", "evaluation",
+            "sequential", "tables", "output_dir")
+RUNNER_FIELDS = ("model", "task", "seed", "output_dir", "resume")
+TASK_OPTION_FIELDS = ("max_passage_chars", "task_options")
+BLOCK_KEYS = ("algorithm", "preset", "display", "per_task")
+EVAL_KEYS = ("tasks", "holdout", "limit", "max_new_tokens", "batch_size", "dtype", "device", "per_task",
+             "after_single_task")
+EVAL_TASK_KEYS = ("limit", "max_new_tokens", "batch_size")
+IFEVAL_METRICS = ("accuracy", "prompt_strict", "prompt_loose", "instruction_strict", "instruction_loose")
+CHAIN = "->"
+
+
+@dataclass
+class Component:
+    """One trainer run inside a stage: an algorithm with its preset and option overrides."""
+
+    algorithm: str
+    preset: str | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+    per_task: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    @property
+    def spec(self) -> Algorithm:
+        return get_algorithm(self.algorithm)
+
+    def overrides(self, task: str) -> dict[str, Any]:
+        return {**self.options, **self.per_task.get(task, {})}
+
+
+@dataclass
+class Method:
+    """An entry of `algorithms`: a label, its display name and its components (several for a chain such as
+    `grpo->es`: the hook for hybrid schedules). `budgets` are the training budgets of a single-component method
+    whose trainer can extend a finished run (ES iterations): one run is snapshotted at each budget."""
+
+    label: str
+    display: str
+    components: list[Component]
+    budgets: list[int] = field(default_factory=list)
+    line: int = 0
+
+    @property
+    def is_chain(self) -> bool:
+        return len(self.components) > 1
+
+
+@dataclass
+class TaskEval:
+    limit: int | None
+    max_new_tokens: int
+    batch_size: int
+
+
+@dataclass
+class EvalSpec:
+    tasks: list[str]
+    holdout: list[str]
+    limit: int | None = None
+    max_new_tokens: int = 1024
+    batch_size: int = 32
+    dtype: str = "auto"
+    device: str | None = None
+    per_task: dict[str, dict[str, Any]] = field(default_factory=dict)
+    after_single_task: str = "all"
+    """"all": every spec task and the holdouts after each single-task stage; "trained": its own task only"""
+
+    def for_task(self, task: str) -> TaskEval:
+        o = self.per_task.get(task, {})
+        return TaskEval(limit=o.get("limit", self.limit), max_new_tokens=o.get("max_new_tokens", self.max_new_tokens),
+                        batch_size=o.get("batch_size", self.batch_size))
+
+    @property
+    def all_tasks(self) -> list[str]:
+        return list(dict.fromkeys([*self.tasks, *self.holdout]))
+
+
+@dataclass
+class Spec:
+    name: str
+    kind: str
+    model: str
+    tasks: list[str]
+    seeds: list[int]
+    methods: list[Method]
+    evaluation: EvalSpec
+    task_options: dict[str, dict[str, Any]] = field(default_factory=dict)
+    carry_optimizer_state: bool = False
+    """sequential GRPO stages start with the previous stage's AdamW moments (fresh LR schedule) when True"""
+    ifeval_metric: str = "prompt_strict"
+    output_dir: str | None = None
+    description: str = ""
+    path: str | None = None
+
+    def method(self, label: str) -> Method:
+        return next(m for m in self.methods if m.label == label)
+
+    def config(self, component: Component, task: str, seed: int, budget: int | None = None, **runner: Any) -> Any:
+        """The trainer config of `component` on `task` for `seed` (budget and runner fields on top)."""
+        from esft.config import build_config
+
+        algo = component.spec
+        values = {**component.overrides(task), "task": task, "seed": seed, "model": self.model,
+                  "max_passage_chars": None, "task_options": dict(self.task_options.get(task, {})), **runner}
+        if budget is not None:
+            values[algo.budget_field] = budget
+        return build_config(algo.config_cls, algo.presets, component.preset, None, values)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+# ---- parsing ------------------------------------------------------------------------------------------------------
+
+class _Ctx:
+    """Formats `file:line: message` errors."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def error(self, line: int, message: str) -> SpecError:
+        return SpecError(f"{self.path}:{line}: {message}" if line else f"{self.path}: {message}")
+
+
+def _did_you_mean(name: Any, choices: typing.Iterable[str]) -> str:
+    close = difflib.get_close_matches(str(name), list(choices), n=3)
+    return f" (did you mean {', '.join(close)}?)" if close else ""
+
+
+def _mapping(ctx: _Ctx, value: Any, where: str, line: int) -> LineDict:
+    if value is None:
+        out = LineDict()
+        out.line = line
+        return out
+    if not isinstance(value, dict):
+        raise ctx.error(line, f"{where} must be a mapping, got {value!r}")
+    if not isinstance(value, LineDict):  # built from Python (tests, API): no lines
+        out = LineDict(value)
+        out.line = line
+        return out
+    return value
+
+
+def _check_keys(ctx: _Ctx, block: LineDict, allowed: typing.Iterable[str], where: str) -> None:
+    allowed = list(allowed)
+    for key in block:
+        if key not in allowed:
+            raise ctx.error(block.line_of(key), f"unknown key {key!r} in {where}{_did_you_mean(key, allowed)}; "
+                                                f"allowed: {', '.join(allowed)}")
+
+
+def _int(ctx: _Ctx, value: Any, line: int, where: str, minimum: int | None = None, optional: bool = False) -> Any:
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ctx.error(line, f"{where} must be an integer, got {value!r}")
+    if minimum is not None and value < minimum:
+        raise ctx.error(line, f"{where} must be >= {minimum}, got {value}")
+    return value
+
+
+def _task_list(ctx: _Ctx, value: Any, line: int, where: str, allowed: typing.Sequence[str]) -> list[str]:
+    if isinstance(value, str):
+        value = [v.strip() for v in value.split(",") if v.strip()]
+    if not isinstance(value, list):
+        raise ctx.error(line, f"{where} must be a list of task names, got {value!r}")
+    out = []
+    for i, name in enumerate(value):
+        item_line = value.line_of(i) if isinstance(value, LineList) else line
+        key = str(name).strip().lower()
+        if key not in allowed:
+            raise ctx.error(item_line, f"unknown task {name!r} in {where}{_did_you_mean(key, allowed)}; "
+                                       f"known: {', '.join(allowed)}")
+        if key in out:
+            raise ctx.error(item_line, f"task {name!r} appears twice in {where}")
+        out.append(key)
+    return out
+
+
+def _type_ok(value: Any, hint: Any) -> bool:
+    """Loose check of a YAML value against a dataclass field type (ints pass for floats; None for optionals)."""
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(_type_ok(value, h) for h in typing.get_args(hint))
+    if hint is type(None):
+        return value is None
+    if hint is Any:
+        return True
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is str:
+        return isinstance(value, str)
+    if origin in (list, tuple) or hint in (list, tuple):
+        return isinstance(value, list)
+    if origin is dict or hint is dict:
+        return isinstance(value, dict)
+    return True
+
+
+def _options(ctx: _Ctx, block: LineDict, algo: Algorithm, where: str, skip: typing.Iterable[str] = (),
+             allow_budget_list: bool = False) -> dict[str, Any]:
+    """Field overrides of an option block, each key checked against the config dataclass with its line."""
+    from esft.config import coerce
+
+    names = {f.name for f in dataclasses.fields(algo.config_cls)}
+    hints = typing.get_type_hints(algo.config_cls)
+    out: dict[str, Any] = {}
+    for key, value in block.items():
+        if key in skip:
+            continue
+        line = block.line_of(key)
+        name = str(key).replace("-", "_")
+        if name in RUNNER_FIELDS:
+            raise ctx.error(line, f"{where}: {key!r} is set by the experiment (top-level model / tasks / seeds, "
+                                  f"--output-dir), not per algorithm")
+        if name in TASK_OPTION_FIELDS:
+            raise ctx.error(line, f"{where}: {key!r} is a task option; put it under the top-level task_options "
+                                  f"(e.g. task_options: {{boolq: {{max_passage_chars: 400}}}}) so training and "
+                                  f"evaluation see the same prompts")
+        if name not in names:
+            raise ctx.error(line, f"unknown option {key!r} in {where} for {algo.name} "
+                                  f"({algo.config_cls.__name__}){_did_you_mean(name, names)}")
+        if name == algo.budget_field and isinstance(value, list):
+            if not allow_budget_list:
+                raise ctx.error(line, f"{where}: {key} must be one number here ({algo.name} "
+                                      + ("cannot extend a finished run, so one run cannot serve several budgets; "
+                                         "use one label per budget)" if not algo.extendable else
+                                         "inside a chain or a per-task block)"))
+            budgets = [_int(ctx, b, value.line_of(i) if isinstance(value, LineList) else line, f"{where}.{key}", 1)
+                       for i, b in enumerate(value)]
+            if not budgets or sorted(set(budgets)) != budgets:
+                raise ctx.error(line, f"{where}.{key}: budgets must be a non-empty increasing list, got {value!r}")
+            out[name] = list(budgets)
+            continue
+        try:
+            converted = coerce(algo.config_cls, {name: value}, where)[name]
+        except (ValueError, TypeError) as exc:
+            raise ctx.error(line, f"{where}.{key}: {exc}") from None
+        if not _type_ok(converted, hints[name]):
+            raise ctx.error(line, f"{where}.{key}: expected {hints[name]}, got {value!r}")
+        out[name] = converted
+    return out
+
+
+def _component(ctx: _Ctx, block: LineDict, algo_name: str, where: str, tasks: list[str],
+               allow_budget_list: bool) -> Component:
+    algo = get_algorithm(algo_name)
+    preset = block.get("preset")
+    if preset is not None and preset not in algo.presets:
+        raise ctx.error(block.line_of("preset"), f"{where}: unknown preset {preset!r} for {algo_name}; "
+                                                 f"available: {', '.join(algo.presets)}")
+    options = _options(ctx, block, algo, where, skip=BLOCK_KEYS, allow_budget_list=allow_budget_list)
+    per_task: dict[str, dict[str, Any]] = {}
+    raw = _mapping(ctx, block.get("per_task"), f"{where}.per_task", block.line_of("per_task"))
+    for task, sub in raw.items():
+        line = raw.line_of(task)
+        if task not in tasks:
+            raise ctx.error(line, f"{where}.per_task: {task!r} is not one of the spec's tasks ({', '.join(tasks)})")
+        sub = _mapping(ctx, sub, f"{where}.per_task.{task}", line)
+        per_task[task] = _options(ctx, sub, algo, f"{where}.per_task.{task}")
+    return Component(algorithm=algo_name, preset=preset, options=options, per_task=per_task)
+
+
+def _default_display(label: str) -> str:
+    return CHAIN.join(part.upper() for part in label.split(CHAIN))
+
+
+def _methods(ctx: _Ctx, raw: Any, line: int, tasks: list[str]) -> list[Method]:
+    if isinstance(raw, list):  # `algorithms: [es, grpo]`: defaults for each
+        items = LineDict()
+        items.line = line
+        for i, name in enumerate(raw):
+            items[str(name)] = None
+            items.key_lines[str(name)] = raw.line_of(i) if isinstance(raw, LineList) else line
+        raw = items
+    raw = _mapping(ctx, raw, "algorithms", line)
+    if not raw:
+        raise ctx.error(line, "algorithms: at least one algorithm is needed (es, grpo, ...)")
+    methods = []
+    for label, block in raw.items():
+        label = str(label)
+        bline = raw.line_of(label)
+        block = _mapping(ctx, block, f"algorithms.{label}", bline)
+        name = block.get("algorithm", label)
+        where = f"algorithms.{label}"
+        if not isinstance(name, str):
+            raise ctx.error(block.line_of("algorithm"), f"{where}.algorithm must be a name, got {name!r}")
+        parts = [p.strip() for p in name.split(CHAIN)]
+        for part in parts:
+            if part not in ALGORITHMS:
+                at = block.line_of("algorithm") if "algorithm" in block else bline
+                raise ctx.error(at, f"unknown algorithm {part!r} in {where}{_did_you_mean(part, ALGORITHMS)}; "
+                                    f"known: {', '.join(ALGORITHMS)} (or a chain such as grpo->es)")
+        display = block.get("display") or _default_display(label)
+        if len(parts) == 1:
+            comp = _component(ctx, block, parts[0], where, tasks, allow_budget_list=get_algorithm(parts[0]).extendable)
+            budgets = comp.options.pop(comp.spec.budget_field, None)
+            if isinstance(budgets, list):
+                for task, sub in comp.per_task.items():
+                    if comp.spec.budget_field in sub:
+                        raise ctx.error(block.line, f"{where}.per_task.{task}: a per-task "
+                                                    f"{comp.spec.budget_field} cannot be combined with the "
+                                                    f"budget list {budgets}")
+            else:
+                if budgets is not None:
+                    comp.options[comp.spec.budget_field] = budgets
+                budgets = None
+            methods.append(Method(label, str(display), [comp], budgets or [], bline))
+            continue
+        # a chain: each component starts from the base block of the same name (if any), then its sub-block
+        _check_keys(ctx, block, ("algorithm", "display", *dict.fromkeys(parts)), where)
+        comps = []
+        for part in parts:
+            base = raw.get(part) if part in raw and CHAIN not in part else None
+            base = _mapping(ctx, base, f"algorithms.{part}", raw.line_of(part))
+            sub = _mapping(ctx, block.get(part), f"{where}.{part}", block.line_of(part))
+            merged = LineDict({**base, **sub})
+            merged.line = sub.line or base.line
+            merged.key_lines = {**base.key_lines, **sub.key_lines}
+            comps.append(_component(ctx, merged, part, f"{where}.{part}", tasks, allow_budget_list=False))
+        methods.append(Method(label, str(display), comps, [], bline))
+    return methods
+
+
+def _evaluation(ctx: _Ctx, raw: Any, line: int, tasks: list[str], known: typing.Sequence[str]) -> EvalSpec:
+    from esft.tasks import HOLDOUT_TASKS
+
+    block = _mapping(ctx, raw, "evaluation", line)
+    _check_keys(ctx, block, EVAL_KEYS, "evaluation")
+    ev = EvalSpec(tasks=list(tasks), holdout=list(HOLDOUT_TASKS))
+    if "tasks" in block:
+        ev.tasks = _task_list(ctx, block["tasks"], block.line_of("tasks"), "evaluation.tasks", known)
+    if "holdout" in block:
+        ev.holdout = _task_list(ctx, block["holdout"] or [], block.line_of("holdout"), "evaluation.holdout", known)
+    if "limit" in block:
+        ev.limit = _int(ctx, block["limit"], block.line_of("limit"), "evaluation.limit", 1, optional=True)
+    if "max_new_tokens" in block:
+        ev.max_new_tokens = _int(ctx, block["max_new_tokens"], block.line_of("max_new_tokens"),
+                                 "evaluation.max_new_tokens", 1)
+    if "batch_size" in block:
+        ev.batch_size = _int(ctx, block["batch_size"], block.line_of("batch_size"), "evaluation.batch_size", 1)
+    for key in ("dtype", "device"):
+        if key in block and block[key] is not None and not isinstance(block[key], str):
+            raise ctx.error(block.line_of(key), f"evaluation.{key} must be a string, got {block[key]!r}")
+    ev.dtype = block.get("dtype", ev.dtype) or "auto"
+    ev.device = block.get("device", ev.device)
+    if "after_single_task" in block:
+        value = block["after_single_task"]
+        if value not in ("all", "trained"):
+            raise ctx.error(block.line_of("after_single_task"),
+                            f"evaluation.after_single_task must be 'all' or 'trained', got {value!r}")
+        ev.after_single_task = value
+    per = _mapping(ctx, block.get("per_task"), "evaluation.per_task", block.line_of("per_task"))
+    for task, sub in per.items():
+        tline = per.line_of(task)
+        if task not in ev.all_tasks:
+            raise ctx.error(tline, f"evaluation.per_task: {task!r} is not evaluated by this spec "
+                                   f"({', '.join(ev.all_tasks)})")
+        sub = _mapping(ctx, sub, f"evaluation.per_task.{task}", tline)
+        _check_keys(ctx, sub, EVAL_TASK_KEYS, f"evaluation.per_task.{task}")
+        ev.per_task[task] = {k: _int(ctx, v, sub.line_of(k), f"evaluation.per_task.{task}.{k}", 1,
+                                     optional=(k == "limit")) for k, v in sub.items()}
+    return ev
+
+
+def _task_options(ctx: _Ctx, raw: Any, line: int, known: typing.Sequence[str]) -> dict[str, dict[str, Any]]:
+    """Per-task constructor options, checked by building each task (cheap: data loads lazily)."""
+    from esft.tasks import get_task
+
+    block = _mapping(ctx, raw, "task_options", line)
+    out = {}
+    for task, opts in block.items():
+        tline = block.line_of(task)
+        if task not in known:
+            raise ctx.error(tline, f"task_options: unknown task {task!r}{_did_you_mean(task, known)}")
+        opts = dict(_mapping(ctx, opts, f"task_options.{task}", tline))
+        try:
+            get_task(task, **opts)
+        except TypeError as exc:
+            raise ctx.error(tline, f"task_options.{task}: {exc}") from None
+        out[task] = opts
+    return out
+
+
+def parse_spec(data: Any, path: str = "<spec>", name: str | None = None) -> Spec:
+    """Validate a loaded YAML document (LineDict) into a Spec; every error names its line."""
+    from esft.tasks import TASK_NAMES
+
+    ctx = _Ctx(path)
+    if not isinstance(data, dict):
+        raise ctx.error(1, "an experiment spec is a mapping of keys (kind, model, tasks, seeds, algorithms, ...)")
+    data = _mapping(ctx, data, "spec", 1)
+    _check_keys(ctx, data, TOP_KEYS, "the spec")
+    for key in ("kind", "tasks", "algorithms"):
+        if key not in data:
+            raise ctx.error(data.line or 1, f"missing required key {key!r}")
+    kind = data["kind"]
+    if kind not in KINDS:
+        raise ctx.error(data.line_of("kind"), f"unknown kind {kind!r}{_did_you_mean(kind, KINDS)}; "
+                                              f"one of: {', '.join(KINDS)}")
+    tasks = _task_list(ctx, data["tasks"], data.line_of("tasks"), "tasks", TASK_NAMES)
+    if not tasks:
+        raise ctx.error(data.line_of("tasks"), "tasks: at least one task is needed")
+    seeds_raw = data.get("seeds", [42])
+    if isinstance(seeds_raw, int) and not isinstance(seeds_raw, bool):
+        seeds_raw = [seeds_raw]
+    if not isinstance(seeds_raw, list) or not seeds_raw:
+        raise ctx.error(data.line_of("seeds"), f"seeds must be a non-empty list of integers, got {seeds_raw!r}")
+    seeds = [_int(ctx, s, seeds_raw.line_of(i) if isinstance(seeds_raw, LineList) else data.line_of("seeds"),
+                  "seeds[]") for i, s in enumerate(seeds_raw)]
+    if len(set(seeds)) != len(seeds):
+        raise ctx.error(data.line_of("seeds"), f"seeds repeat: {seeds}")
+    model = data.get("model", "smollm2-135m")
+    if not isinstance(model, str) or not model:
+        raise ctx.error(data.line_of("model"), f"model must be a name or a path, got {model!r}")
+    methods = _methods(ctx, data["algorithms"], data.line_of("algorithms"), tasks)
+    evaluation = _evaluation(ctx, data.get("evaluation"), data.line_of("evaluation"), tasks, TASK_NAMES)
+    task_options = _task_options(ctx, data.get("task_options"), data.line_of("task_options"), TASK_NAMES)
+
+    seq = _mapping(ctx, data.get("sequential"), "sequential", data.line_of("sequential"))
+    _check_keys(ctx, seq, ("carry_optimizer_state",), "sequential")
+    carry = seq.get("carry_optimizer_state", False)
+    if not isinstance(carry, bool):
+        raise ctx.error(seq.line_of("carry_optimizer_state"), "sequential.carry_optimizer_state must be true/false")
+    if seq and kind != "sequential":
+        raise ctx.error(data.line_of("sequential"), "the `sequential` block only applies to kind: sequential")
+    tables = _mapping(ctx, data.get("tables"), "tables", data.line_of("tables"))
+    _check_keys(ctx, tables, ("ifeval_metric",), "tables")
+    metric = tables.get("ifeval_metric", "prompt_strict")
+    if metric not in IFEVAL_METRICS:
+        raise ctx.error(tables.line_of("ifeval_metric"), f"tables.ifeval_metric must be one of "
+                                                          f"{', '.join(IFEVAL_METRICS)}, got {metric!r}")
+    spec = Spec(name=str(data.get("name") or name or "experiment"), kind=kind, model=model, tasks=tasks,
+                seeds=seeds, methods=methods, evaluation=evaluation, task_options=task_options,
+                carry_optimizer_state=carry, ifeval_metric=metric, output_dir=data.get("output_dir"),
+                description=str(data.get("description") or ""), path=path)
+    _check_configs(ctx, spec, data)
+    return spec
+
+
+def _check_configs(ctx: _Ctx, spec: Spec, data: LineDict) -> None:
+    """Build every trainer config the experiment will use (each method x task x budget), so a value the config
+    itself rejects (e.g. GRPO batch shapes that do not divide) fails here, at the method's line."""
+    algos = _mapping(ctx, data["algorithms"], "algorithms", data.line_of("algorithms")) \
+        if isinstance(data["algorithms"], dict) else None
+    for method in spec.methods:
+        line = algos.line_of(method.label) if algos is not None else method.line
+        for comp in method.components:
+            for task in spec.tasks:
+                for budget in method.budgets or [None]:
+                    try:
+                        spec.config(comp, task, spec.seeds[0], budget, output_dir="<check>")
+                    except (ValueError, TypeError) as exc:
+                        raise ctx.error(line, f"algorithms.{method.label} ({comp.algorithm}) on {task}: {exc}") \
+                            from None
+
+
+def load_spec(path_or_name: str | Path) -> Spec:
+    """A spec from a YAML file, or a shipped spec by name (`cpu-mini-sequential`, see `shipped_specs()`)."""
+    path = resolve_spec_path(path_or_name)
+    return parse_spec(load_file(path), str(path), name=path.stem)
+
+
+def shipped_specs() -> dict[str, Path]:
+    """Specs bundled with esft (src/esft/experiments/specs), by name."""
+    folder = Path(__file__).parent / "specs"
+    return {p.stem: p for p in sorted(folder.glob("*.yaml"))}
+
+
+def resolve_spec_path(path_or_name: str | Path) -> Path:
+    path = Path(path_or_name)
+    if path.exists():
+        return path
+    shipped = shipped_specs()
+    key = str(path_or_name)[:-5] if str(path_or_name).endswith(".yaml") else str(path_or_name)
+    if key in shipped:
+        return shipped[key]
+    raise FileNotFoundError(f"no spec file {path_or_name!r}, and no shipped spec of that name "
+                            f"(shipped: {', '.join(shipped)})")

@@ -1,0 +1,498 @@
+"""The study's tables from an experiment folder's measured stage records (`result.json`), as Markdown and CSV.
+
+    Table 1      single-task accuracy: rows tasks; columns Base, then each method (ES (iter=100), ..., GRPO)
+    Table 2      holdout accuracy through the sequence: rows Base model, After Task k (Name), Δ (base → final);
+                 columns method x holdout, holdout-major (ES (MMLU), GRPO (MMLU), ES (IFEval), GRPO (IFEval))
+    Tables 5-8   one per sequential method: rows Base, After <task>; columns the trained tasks; the task just
+                 trained in bold
+    Table 18     compute per task: the study's formulas (2*iters*N*batch*P*L, 8*T*prompts*K*P*L) beside what the
+                 runs actually generated (generations, prompt and generated tokens, FLOPs from those counts)
+
+Cells are accuracies in %: one seed prints the value; several print mean ± std (sample std, ddof = 1), and the
+per-seed values follow in a second table. CSV files keep the layout, with numeric mean / std / per-seed columns.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+TASK_NAMES = {"countdown": "Countdown", "math": "Math", "chemistry": "Chemistry", "boolq": "BoolQ",
+              "mmlu": "MMLU", "ifeval": "IFEval"}
+SHORT_NAMES = {**TASK_NAMES, "chemistry": "SciK"}  # the header of the paper's Tables 5-8
+TABLES_DIR = "tables"
+DASH = "—"
+
+
+def task_name(task: str, short: bool = False) -> str:
+    return (SHORT_NAMES if short else TASK_NAMES).get(task, task)
+
+
+# ---- loading ---------------------------------------------------------------------------------------------------------
+
+@dataclass
+class Experiment:
+    root: Path
+    spec: dict[str, Any]
+    stages: list[dict[str, Any]]
+    """plan entries (plan.json), in execution order"""
+    results: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """stage key -> result.json of finished stages"""
+    statuses: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    @property
+    def seeds(self) -> list[int]:
+        return list(self.spec.get("seeds", []))
+
+    @property
+    def tasks(self) -> list[str]:
+        return list(self.spec.get("tasks", []))
+
+    @property
+    def holdout(self) -> list[str]:
+        return list(self.spec.get("evaluation", {}).get("holdout", []))
+
+    @property
+    def ifeval_metric(self) -> str:
+        return self.spec.get("ifeval_metric", "prompt_strict")
+
+    def tracks(self, kind: str) -> list[tuple[str, str]]:
+        """(track, display) of the training stages of a kind ("single-task" / "sequential"), in plan order."""
+        seen: dict[str, str] = {}
+        for s in self.stages:
+            if s["kind"] == "train" and f"/{kind}/" in f"/{s['key']}/":
+                seen.setdefault(s["track"], s["display"])
+        return list(seen.items())
+
+    def find(self, kind: str, seed: int, track: str, task: str | None = None, index: int | None = None
+             ) -> dict[str, Any] | None:
+        for s in self.stages:
+            if (s["kind"] == "train" and s["seed"] == seed and s["track"] == track and f"/{kind}/" in f"/{s['key']}/"
+                    and (task is None or s["task"] == task) and (index is None or s["index"] == index)):
+                return self.results.get(s["key"])
+        return None
+
+    @property
+    def base(self) -> dict[str, Any] | None:
+        return self.results.get("base")
+
+
+def load_experiment(root: str | Path) -> Experiment:
+    root = Path(root)
+    plan_path = root / "plan.json"
+    if not plan_path.exists():
+        raise FileNotFoundError(f"{root} is not an experiment folder (no plan.json; run `esft experiment run` first)")
+    plan = json.loads(plan_path.read_text())
+    exp = Experiment(root, plan["spec"], plan["stages"])
+    for s in exp.stages:
+        for name, target in (("result.json", exp.results), ("status.json", exp.statuses)):
+            path = root / s["key"] / name
+            if path.exists():
+                try:
+                    target[s["key"]] = json.loads(path.read_text())
+                except json.JSONDecodeError:
+                    pass
+    return exp
+
+
+def accuracy(record: dict[str, Any] | None, task: str, ifeval_metric: str = "prompt_strict") -> float | None:
+    """Accuracy in % of `task` in a stage record (IFEval: the chosen strict/loose level)."""
+    if not record:
+        return None
+    summary = record.get("eval", {}).get(task)
+    if not summary:
+        return None
+    key = ifeval_metric if task == "ifeval" and ifeval_metric in summary else "accuracy"
+    value = summary.get(key)
+    return None if value is None else 100.0 * float(value)
+
+
+# ---- cells -------------------------------------------------------------------------------------------------------------
+
+@dataclass
+class Cell:
+    """Values of one table cell across seeds (None = missing for that seed)."""
+
+    per_seed: dict[int, float | None]
+    bold: bool = False
+
+    @property
+    def values(self) -> list[float]:
+        return [v for v in self.per_seed.values() if v is not None]
+
+    @property
+    def mean(self) -> float | None:
+        v = self.values
+        return sum(v) / len(v) if v else None
+
+    @property
+    def std(self) -> float | None:
+        v = self.values
+        if len(v) < 2:
+            return None
+        m = sum(v) / len(v)
+        return math.sqrt(sum((x - m) ** 2 for x in v) / (len(v) - 1))
+
+    def text(self, signed: bool = False) -> str:
+        m = self.mean
+        if m is None:
+            return DASH
+        if len(self.per_seed) > 1:
+            s = f"{_num(m, 2, signed)} ± {self.std:.2f}" if self.std is not None else _num(m, 2, signed)
+        else:
+            s = _num(m, 1, signed)
+        if len(self.values) < len(self.per_seed):
+            s += f" (n={len(self.values)})"
+        return f"**{s}**" if self.bold else s
+
+    def seeds_text(self) -> str:
+        return " / ".join(DASH if v is None else f"{v:.1f}" for v in self.per_seed.values())
+
+
+def _num(x: float, digits: int, signed: bool) -> str:
+    if not signed:
+        return f"{x:.{digits}f}"
+    return f"+{x:.{digits}f}" if x >= 0 else f"−{abs(x):.{digits}f}"  # the paper's minus sign
+
+
+@dataclass
+class Table:
+    name: str
+    """file stem, e.g. table1_single_task"""
+    title: str
+    columns: list[str]
+    rows: list[tuple[str, list[Cell | str]]]
+    notes: list[str] = field(default_factory=list)
+    signed_rows: set[str] = field(default_factory=set)
+    seeds: list[int] = field(default_factory=list)
+
+    def markdown(self) -> str:
+        out = [f"### {self.title}", "", _md_row(self.columns), _md_row(["---"] * len(self.columns))]
+        for label, cells in self.rows:
+            out.append(_md_row([label] + [c if isinstance(c, str) else c.text(label in self.signed_rows)
+                                          for c in cells]))
+        if len(self.seeds) > 1 and any(isinstance(c, Cell) for _, cells in self.rows for c in cells):
+            out += ["", f"Per seed ({' / '.join(map(str, self.seeds))}):", "", _md_row(self.columns),
+                    _md_row(["---"] * len(self.columns))]
+            for label, cells in self.rows:
+                out.append(_md_row([label] + [c if isinstance(c, str) else c.seeds_text() for c in cells]))
+        out += [""] + [f"{n}" for n in self.notes] + ([""] if self.notes else [])
+        return "\n".join(out).rstrip() + "\n"
+
+    def csv(self) -> str:
+        """Same rows and columns; a Cell becomes `<col>`, `<col> std`, and `<col> seed S` numeric columns."""
+        header = [self.columns[0]]
+        cell_cols = [i for i in range(1, len(self.columns))
+                     if any(isinstance(cells[i - 1], Cell) for _, cells in self.rows)]
+        for i in range(1, len(self.columns)):
+            col = self.columns[i]
+            header.append(col)
+            if i in cell_cols:
+                header.append(f"{col} std")
+                header += [f"{col} seed {s}" for s in self.seeds]
+        buf = io.StringIO()
+        w = csv.writer(buf, lineterminator="\n")
+        w.writerow(header)
+        for label, cells in self.rows:
+            row: list[Any] = [label]
+            for i, c in enumerate(cells, start=1):
+                if isinstance(c, Cell):
+                    row += [_fmt(c.mean), _fmt(c.std)] + [_fmt(c.per_seed.get(s)) for s in self.seeds]
+                else:
+                    row.append(c)
+                    if i in cell_cols:
+                        row += [""] * (1 + len(self.seeds))
+            w.writerow(row)
+        return buf.getvalue()
+
+
+def _fmt(x: float | None) -> str:
+    return "" if x is None else f"{x:.4f}".rstrip("0").rstrip(".") if x != 0 else "0"
+
+
+def _md_row(cells: Iterable[str]) -> str:
+    return "| " + " | ".join(str(c) for c in cells) + " |"
+
+
+def _cell(exp: Experiment, get: Any, bold: bool = False) -> Cell:
+    return Cell({seed: get(seed) for seed in exp.seeds}, bold)
+
+
+def _eval_note(exp: Experiment, tasks: Sequence[str]) -> str:
+    ev = exp.spec.get("evaluation", {})
+    parts = []
+    for t in tasks:
+        per = ev.get("per_task", {}).get(t, {})
+        limit = per.get("limit", ev.get("limit"))
+        tokens = per.get("max_new_tokens", ev.get("max_new_tokens"))
+        n = _eval_n(exp, t)
+        parts.append(f"{task_name(t)} n={n if n is not None else limit or 'all'}, {tokens} new tokens")
+    return "Greedy evaluation on the test split: " + "; ".join(parts) + "."
+
+
+def _eval_n(exp: Experiment, task: str) -> int | None:
+    for r in exp.results.values():
+        s = r.get("eval", {}).get(task)
+        if s and "n" in s:
+            return int(s["n"])
+    return None
+
+
+def _seed_note(exp: Experiment) -> str:
+    n = len(exp.seeds)
+    if n == 1:
+        return f"Seed {exp.seeds[0]}."
+    return f"Mean ± sample std (ddof=1) over {n} seeds ({', '.join(map(str, exp.seeds))}); the base model is " \
+           f"evaluated once (greedy decoding does not depend on the seed)."
+
+
+# ---- the tables ------------------------------------------------------------------------------------------------------
+
+def table1(exp: Experiment) -> Table | None:
+    tracks = exp.tracks("single-task")
+    if not tracks:
+        return None
+    cols = ["Task", "Base"] + [d for _, d in tracks]
+    rows = []
+    for task in exp.tasks:
+        cells: list[Cell | str] = [_cell(exp, lambda s, t=task: accuracy(exp.base, t, exp.ifeval_metric))]
+        for track, _ in tracks:
+            cells.append(_cell(exp, lambda s, tr=track, t=task: accuracy(exp.find("single-task", s, tr, t), t,
+                                                                         exp.ifeval_metric)))
+        rows.append((task_name(task), cells))
+    return Table("table1_single_task", f"Table 1: Accuracy (%) for single task training ({exp.spec.get('model')}).",
+                 cols, rows, [_seed_note(exp), _eval_note(exp, exp.tasks)], seeds=exp.seeds)
+
+
+def table2(exp: Experiment) -> Table | None:
+    tracks = exp.tracks("sequential")
+    if not tracks or not exp.holdout:
+        return None
+    cols = ["Stage"] + [f"{d} ({task_name(h)})" for h in exp.holdout for _, d in tracks]
+    k_max = len(exp.tasks)
+
+    def value(seed: int, track: str, h: str, k: int) -> float | None:
+        rec = exp.base if k == 0 else exp.find("sequential", seed, track, index=k)
+        return accuracy(rec, h, exp.ifeval_metric)
+
+    def delta(seed: int, track: str, h: str) -> float | None:
+        a, b = value(seed, track, h, 0), value(seed, track, h, k_max)
+        return None if a is None or b is None else b - a
+
+    rows: list[tuple[str, list[Cell | str]]] = []
+    for k in range(k_max + 1):
+        label = "Base model" if k == 0 else f"After Task {k} ({task_name(exp.tasks[k - 1])})"
+        rows.append((label, [_cell(exp, lambda s, tr=tr, h=h, k=k: value(s, tr, h, k))
+                             for h in exp.holdout for tr, _ in tracks]))
+    delta_label = "Δ (base → final)"
+    rows.append((delta_label, [_cell(exp, lambda s, tr=tr, h=h: delta(s, tr, h)) for h in exp.holdout
+                               for tr, _ in tracks]))
+    notes = [_seed_note(exp), _eval_note(exp, exp.holdout)]
+    if "ifeval" in exp.holdout:
+        notes.append(f"IFEval: {exp.ifeval_metric.replace('_', '-')} accuracy.")
+    return Table("table2_holdout", "Table 2: Holdout benchmark accuracy (%) throughout sequential training.",
+                 cols, rows, notes, signed_rows={delta_label}, seeds=exp.seeds)
+
+
+def tables5_8(exp: Experiment) -> list[Table]:
+    out = []
+    for track, display in exp.tracks("sequential"):
+        cols = ["Stage"] + [task_name(t, short=True) for t in exp.tasks]
+        rows: list[tuple[str, list[Cell | str]]] = [
+            ("Base", [_cell(exp, lambda s, t=t: accuracy(exp.base, t, exp.ifeval_metric)) for t in exp.tasks])]
+        for k, trained in enumerate(exp.tasks, start=1):
+            rows.append((f"After {task_name(trained)}",
+                         [_cell(exp, lambda s, t=t, k=k: accuracy(exp.find("sequential", s, track, index=k), t,
+                                                                  exp.ifeval_metric), bold=(t == trained))
+                          for t in exp.tasks]))
+        seeds = len(exp.seeds)
+        what = f"mean ± std over {seeds} seeds" if seeds > 1 else "single seed"
+        title = (f"Tables 5-8 layout: {exp.spec.get('model')}: accuracy (%, {what}) throughout sequential "
+                 f"training with {display}. Bold indicates the task just trained at that stage.")
+        slug = track.replace("@", "_").replace("->", "-").replace("/", "-")
+        out.append(Table(f"table5-8_sequential_{slug}", title, cols, rows,
+                         [_seed_note(exp), _eval_note(exp, exp.tasks)], seeds=exp.seeds))
+    return out
+
+
+# ---- Table 18 ----------------------------------------------------------------------------------------------------------
+
+def _compute_row(rec: dict[str, Any]) -> dict[str, Any] | None:
+    """Measured and formula compute of one training stage (summed over the steps of a chain)."""
+    steps = rec.get("steps") or []
+    if not steps:
+        return None
+    p = next((s.get("num_params") for s in steps if s.get("num_params")), None)
+    acc = {"generations": 0, "prompt_tokens": 0, "tokens_generated": 0, "train_forward_tokens": 0,
+           "train_seconds": 0.0}
+    coefficient, texts = 0, []
+    for s in steps:
+        for k in acc:
+            acc[k] += s.get("accounting", {}).get(k, 0) or 0
+        coefficient += int(s.get("formula", {}).get("coefficient", 0))
+        texts.append(s.get("formula", {}).get("text", ""))
+    seq_tokens = acc["prompt_tokens"] + acc["tokens_generated"]
+    mean_len = seq_tokens / acc["generations"] if acc["generations"] else None
+    row = {**acc, "num_params": p, "coefficient": coefficient, "formula": " + ".join(texts),
+           "mean_sequence_tokens": mean_len}
+    if p:
+        # the formulas' accounting: 2 FLOPs per parameter per processed token forward, 6 for forward + backward
+        row["measured_flops"] = 2.0 * p * seq_tokens + 6.0 * p * acc["train_forward_tokens"]
+        row["formula_flops"] = coefficient * p * mean_len if mean_len else None
+    return row
+
+
+def table18(exp: Experiment) -> tuple[Table, Table] | None:
+    kind = "single-task" if exp.tracks("single-task") else "sequential"
+    tracks = exp.tracks(kind)
+    if not tracks:
+        return None
+    per: dict[str, list[dict[str, Any]]] = {}
+    per_task: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for s in exp.stages:
+        rec = exp.results.get(s["key"])
+        if s["kind"] != "train" or f"/{kind}/" not in f"/{s['key']}/" or not rec:
+            continue
+        row = _compute_row(rec)
+        if row:
+            per.setdefault(s["track"], []).append(row)
+            per_task.setdefault((s["track"], s["task"]), []).append(row)
+    if not per:
+        return None
+
+    def mean(rows: list[dict[str, Any]], key: str) -> float | None:
+        vals = [r[key] for r in rows if r.get(key) is not None]
+        return sum(vals) / len(vals) if vals else None
+
+    ref_track = next((t for t, d in tracks if t in per and d.upper().startswith("GRPO") and "->" not in d),
+                     next(t for t, _ in tracks if t in per))
+    ref_coef = mean(per[ref_track], "coefficient")
+    ref_flops = mean(per[ref_track], "measured_flops")
+    ref_name = dict(tracks)[ref_track]
+    cols = ["Method", "FLOPs (formula)", f"vs. {ref_name} (formula)", "Generations (measured)",
+            "Prompt tokens (measured)", "Generated tokens (measured)", "Train fwd+bwd tokens (measured)",
+            "FLOPs (measured)", f"vs. {ref_name} (measured)", "Formula FLOPs at measured L", "Train time (s)"]
+    rows: list[tuple[str, list[Cell | str]]] = []
+    for track, display in tracks:
+        rs = per.get(track)
+        if not rs:
+            rows.append((display, [DASH] * (len(cols) - 1)))
+            continue
+        coef = mean(rs, "coefficient")
+        flops = mean(rs, "measured_flops")
+        rows.append((display, [
+            f"{rs[0]['formula']} = {coef:,.0f} PL",
+            f"{coef / ref_coef:.2f}×" if ref_coef else DASH,
+            f"{mean(rs, 'generations'):,.0f}", f"{mean(rs, 'prompt_tokens'):,.0f}",
+            f"{mean(rs, 'tokens_generated'):,.0f}", f"{mean(rs, 'train_forward_tokens'):,.0f}",
+            _sci(flops), f"{flops / ref_flops:.2f}×" if flops and ref_flops else DASH,
+            _sci(mean(rs, "formula_flops")), f"{mean(rs, 'train_seconds'):,.0f}"]))
+    p = next((r["num_params"] for rs in per.values() for r in rs if r.get("num_params")), None)
+    notes = [f"Per task: mean over the {kind} stages of each method (every task and seed). P = {p:,} parameters; "
+             f"L = mean tokens per generated sequence (prompt + completion), measured." if p else
+             f"Per task: mean over the {kind} stages of each method.",
+             "Measured FLOPs = 2·P·(prompt + generated tokens of every rollout) + 6·P·(positions in the GRPO "
+             "forward+backward passes); the KL-to-base forward that GRPO runs only to log KL at beta = 0 and the "
+             "evaluations are not counted. The formula column is the study's (Table 18) with this run's "
+             "iterations, population, batch, steps, prompts and group size."]
+    main = Table("table18_compute", "Table 18: Compute per task, relative to "
+                 f"{ref_name}: the study's formulas beside what the runs generated.", cols, rows, notes,
+                 seeds=[])
+    cols_t = ["Method", "Task", "Generations", "Prompt tokens", "Generated tokens", "Train fwd+bwd tokens",
+              "FLOPs (measured)", "FLOPs (formula at measured L)", "Train time (s)"]
+    rows_t: list[tuple[str, list[Cell | str]]] = []
+    for track, display in tracks:
+        for task in exp.tasks:
+            rs = per_task.get((track, task))
+            if not rs:
+                continue
+            rows_t.append((display, [task_name(task), f"{mean(rs, 'generations'):,.0f}",
+                                     f"{mean(rs, 'prompt_tokens'):,.0f}", f"{mean(rs, 'tokens_generated'):,.0f}",
+                                     f"{mean(rs, 'train_forward_tokens'):,.0f}", _sci(mean(rs, "measured_flops")),
+                                     _sci(mean(rs, "formula_flops")), f"{mean(rs, 'train_seconds'):,.0f}"]))
+    detail = Table("table18_compute_by_task", "Table 18 detail: measured compute per method and task "
+                   "(mean over seeds).", cols_t, rows_t, seeds=[])
+    return main, detail
+
+
+def _sci(x: float | None) -> str:
+    return DASH if x is None else f"{x:.3e}"
+
+
+# ---- long format and writing -------------------------------------------------------------------------------------------
+
+def results_csv(exp: Experiment) -> str:
+    """Every evaluation of every finished stage, one row per (stage, task)."""
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    keys = ["n", "accuracy", "ci95_low", "ci95_high", "format_rate", "accuracy_among_boxed", "prompt_strict",
+            "prompt_loose", "instruction_strict", "instruction_loose", "completion_tokens", "truncated_rate"]
+    w.writerow(["stage", "seed", "track", "method", "index", "trained_task", "eval_task", *keys])
+    for s in exp.stages:
+        rec = exp.results.get(s["key"])
+        if not rec:
+            continue
+        for task, summ in rec.get("eval", {}).items():
+            ci = summ.get("ci95") or [None, None]
+            vals = {**summ, "ci95_low": ci[0], "ci95_high": ci[1]}
+            w.writerow([s["key"], s.get("seed") or "", s.get("track") or "", s.get("display") or "",
+                        s.get("index"), s.get("task") or "", task,
+                        *["" if vals.get(k) is None else vals.get(k) for k in keys]])
+    return buf.getvalue()
+
+
+def all_tables(exp: Experiment) -> list[Table]:
+    out: list[Table] = []
+    for t in (table1(exp), table2(exp)):
+        if t is not None:
+            out.append(t)
+    out += tables5_8(exp)
+    t18 = table18(exp)
+    if t18:
+        out += list(t18)
+    return out
+
+
+def write_all_tables(root: str | Path) -> Path:
+    """Write tables/<name>.md and .csv for every table the finished stages support, tables.md with all of them
+    and the stage statuses, and results.csv (long format). Returns tables.md."""
+    exp = load_experiment(root)
+    folder = Path(root) / TABLES_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    tables = all_tables(exp)
+    parts = [f"# {exp.spec.get('name')}: {exp.spec.get('kind')} experiment, {exp.spec.get('model')}", ""]
+    if exp.spec.get("description"):
+        parts += [exp.spec["description"].strip(), ""]
+    for t in tables:
+        (folder / f"{t.name}.md").write_text(t.markdown())
+        (folder / f"{t.name}.csv").write_text(t.csv())
+        parts += [t.markdown(), ""]
+    (folder / "results.csv").write_text(results_csv(exp))
+    bad = {k: v for k, v in exp.statuses.items() if v.get("status") != "done"}
+    done = sum(1 for v in exp.statuses.values() if v.get("status") == "done")
+    parts += ["### Stages", "", f"{done} of {len(exp.stages)} stages done."]
+    for key, st in bad.items():
+        parts.append(f"- {key}: {st.get('status')}" + (f" ({st['error']})" if st.get("error") else ""))
+    wall = _wall_time(Path(root))
+    if wall:
+        parts.append(f"\nWall time of all `esft experiment run` invocations: {wall:,.0f} s ({wall / 3600:.2f} h).")
+    path = folder / "tables.md"
+    path.write_text("\n".join(parts).rstrip() + "\n")
+    return path
+
+
+def _wall_time(root: Path) -> float:
+    total = 0.0
+    path = root / "invocations.jsonl"
+    if path.exists():
+        for line in path.read_text().splitlines():
+            try:
+                total += float(json.loads(line).get("wall_s", 0.0))
+            except (json.JSONDecodeError, ValueError):
+                continue
+    return total
