@@ -42,7 +42,10 @@ class ESConfig:
     """mirrored sampling: members (seed, +1) and (seed, -1); the paper does not use it (and the random-walk law
     ||dtheta_T||^2 = alpha^2 T d / N assumes independent members)"""
     noise: str = "per-tensor"
-    """"per-tensor" (independent stream per tensor) or "shared-seed" (public code's correlated noise)"""
+    """"per-tensor" (independent stream per tensor), "shared-seed" (public code's correlated noise) or "lowrank"
+    (EGGROLL: each matrix gets A B^T / sqrt(rank), the population answers in one batched pass; esft.es.lowrank)"""
+    rank: int = 1
+    """rank r of the lowrank noise (ignored otherwise)"""
     fitness_shaping: str = "zscore"
     """"zscore" (paper: (f - mean) / (std + 1e-8)), "centered_rank" or "raw" """
     optimizer: str = "sgd"

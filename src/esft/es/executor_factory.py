@@ -22,9 +22,16 @@ def make_executor(config: ESConfig, *, model: Any, tokenizer: Any, weights: Mast
         raise ValueError(f"unknown executor {config.executor!r}; choose one of {EXECUTORS}")
     if config.worker_backend not in WORKER_BACKENDS:
         raise ValueError(f"unknown worker_backend {config.worker_backend!r}; choose one of {WORKER_BACKENDS}")
+    if config.noise == "lowrank" and config.executor != "local":
+        # replicas would evaluate members one by one on materialised weights, not bit-identical to the batched pass
+        raise ValueError("noise 'lowrank' evaluates the population in one batched pass: use --executor local")
     if config.executor == "local":
         if config.worker_backend != "hf":
             raise ValueError("worker_backend 'vllm' runs vLLM engines as Ray actors: use --executor ray")
+        if config.noise == "lowrank":
+            from esft.es.lowrank import LowRankExecutor
+
+            return LowRankExecutor(model, tokenizer, weights, task, config.sigma, gen_config, generate_fn=generate_fn)
         return LocalExecutor(model, tokenizer, weights, task, config.sigma, gen_config, generate_fn=generate_fn)
     return make_ray_executor(config, weights=weights, optimizer=optimizer, generate_fn=generate_fn, model=model)
 

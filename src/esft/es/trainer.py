@@ -62,6 +62,11 @@ def make_strategy(config: ESConfig) -> ES:
 
 
 def make_weights(model: Any, config: ESConfig) -> MasterWeights:
+    if config.noise == "lowrank":  # matrices only, low-rank noise (esft.es.lowrank)
+        from esft.es.lowrank import LowRankWeights
+
+        return LowRankWeights(model, rank=config.rank, include=config.include or None,
+                              exclude=config.exclude or None)
     return MasterWeights(model, include=config.include or None, exclude=config.exclude or None, noise=config.noise)
 
 

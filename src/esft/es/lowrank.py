@@ -1,0 +1,350 @@
+"""Low-rank ES populations (EGGROLL, REFERENCE.md section 5): `--noise lowrank --rank r`.
+
+Member (seed, sign) perturbs every selected weight matrix W [m, n] by sign * sigma * E with
+
+    E = A B^T / sqrt(r),   A [m, r], B [n, r] standard normal from (member seed, tensor name)
+
+(entries of E have unit variance, like full-rank noise, so sigma and alpha keep their meaning). Because
+x (W + s E)^T = x W^T + (s / sqrt(r)) (x B) A^T, the whole population can answer in ONE batched generation: the
+N x B (member, prompt) rows share the model's GEMMs and each row adds its own member's rank-r term. This module
+does that with forward hooks on the nn.Linear / nn.Embedding modules that own selected matrices (a tied
+embedding / lm_head pair is hooked twice with the same factors); the weights themselves are never touched, so
+"restore" is removing the hooks and is exact by construction.
+
+Per-row terms without a Python loop over members: the factors of all members are concatenated, A_cat [m, N r],
+B_cat [n, N r] (member i owns columns i r .. i r + r - 1, its sign folded into A), and a 0/1 mask M [rows, N r]
+keeps each row's own columns:  out += s ((x B_cat) * M) A_cat^T / sqrt(r). That costs N r / n of the layer's
+GEMM on top (r = 1, N = 30, n = 576: ~5%), in exchange for two dense GEMMs instead of N small ones.
+
+Non-matrix parameters (RMSNorm gains, biases) are left unperturbed and are never updated in this mode: a
+per-row vector perturbation would need every norm layer re-implemented, and they are ~0.05% of the weights
+(the study also finds that norm gains break the random-walk law). `LowRankWeights.frozen` lists them.
+
+The update sum_k c_k E_k is built full rank in fp32, one tensor at a time, as a fixed-order sum of rank-1
+outer products (torch.addr): each element is computed independently of thread count, so a replay of seeds.jsonl
+rebuilds the weights bit for bit, as in full-rank mode. The generation loop is esft's decode loop (rows dropped
+when they finish) through the Hugging Face forward, tracking each row's member as rows leave the batch.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+import torch
+
+from esft.es.executor import LocalExecutor, PopulationResult
+from esft.es.noise import MasterWeights, Update, gaussian
+from esft.es.strategy import Member
+
+
+def lowrank_factors(seed: int, name: str, shape: Sequence[int], rank: int,
+                    device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """(A [m, r], B [n, r]) fp32 standard normal for one member and matrix (independent streams per factor)."""
+    m, n = int(shape[0]), int(shape[1])
+    a = gaussian(seed, f"{name}:lowrank-A", (m, rank), device=device)
+    b = gaussian(seed, f"{name}:lowrank-B", (n, rank), device=device)
+    return a, b
+
+
+def accumulate_outer(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor, coef: float) -> torch.Tensor:
+    """acc += coef / sqrt(r) * A B^T as r rank-1 updates in a fixed order (thread-count independent bits)."""
+    r = a.shape[1]
+    scale = float(coef) / math.sqrt(r)
+    for col in range(r):
+        acc.addr_(a[:, col], b[:, col], alpha=scale)
+    return acc
+
+
+class LowRankWeights(MasterWeights):
+    """fp32 masters of the selected weight MATRICES with low-rank noise E = A B^T / sqrt(r) per (seed, tensor).
+
+    perturb / restore / apply keep MasterWeights' semantics (the materialised perturbation, exact restore by copy,
+    fp32 update), so replay, checkpoints and the random-walk analysis work unchanged; the fast path of a run is
+    `PopulationPerturbation`, which never materialises E."""
+
+    def __init__(self, model: torch.nn.Module, rank: int = 1, include: Iterable[str] | None = None,
+                 exclude: Iterable[str] | None = None):
+        if int(rank) < 1:
+            raise ValueError(f"rank must be >= 1, got {rank}")
+        super().__init__(model, include=include, exclude=exclude, noise="per-tensor")
+        self.rank = int(rank)
+        self.mode = "lowrank"
+        self.frozen = [n for n, p in self.params.items() if p.dim() != 2]
+        for name in self.frozen:
+            del self.params[name], self.master[name]
+        if not self.params:
+            raise ValueError("lowrank noise needs at least one selected 2-D weight matrix")
+        self._largest = max(p.numel() for p in self.params.values())
+
+    def factors(self, seed: int, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+        m = self.master[name]
+        return lowrank_factors(seed, name, m.shape, self.rank, device=m.device)
+
+    def noise(self, seed: int, name: str, out: torch.Tensor | None = None) -> torch.Tensor:
+        """The materialised E = A B^T / sqrt(r) of one tensor (tests, and perturb/restore outside the fast path)."""
+        m = self.master[name]
+        e = torch.empty_like(m) if out is None else self._view(out, m)
+        a, b = self.factors(seed, name)
+        return accumulate_outer(e.zero_(), a, b, 1.0)
+
+    @torch.no_grad()
+    def direction(self, name: str, update: Update, acc: torch.Tensor | None = None,
+                  scratch: torch.Tensor | None = None) -> torch.Tensor:
+        """sum_k c_k A_k B_k^T / sqrt(r) for one tensor, in fp32, in a fixed order (full rank once N r > min(m, n))."""
+        m = self.master[name]
+        acc = torch.empty_like(m) if acc is None else self._view(acc, m)
+        acc.zero_()
+        for seed, coef in zip(update.seeds, update.coefficients):
+            if coef == 0.0:
+                continue
+            a, b = self.factors(seed, name)
+            accumulate_outer(acc, a, b, coef)
+        return acc
+
+
+# ---- the batched population forward --------------------------------------------------------------------------------
+
+class PopulationPerturbation:
+    """Forward hooks that make row k of every batch behave as member `member_of_row[k]` of `members`.
+
+    Usage: `with PopulationPerturbation(model, weights, members, sigma) as pert: pert.set_rows(idx); model(...)`;
+    when rows leave the batch (finished generations), `pert.select(keep)` keeps the mapping aligned."""
+
+    def __init__(self, model: torch.nn.Module, weights: LowRankWeights, members: Sequence[Member], sigma: float):
+        self.members = list(members)
+        self.rank = weights.rank
+        self.scale = float(sigma) / math.sqrt(self.rank)
+        dtype = next(iter(weights.params.values())).dtype
+        by_id = {id(p): name for name, p in weights.params.items()}
+        self.factors: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._handles: list[Any] = []
+        self._mask: torch.Tensor | None = None
+        hooked: set[str] = set()
+        for module in model.modules():
+            weight = getattr(module, "weight", None)
+            name = by_id.get(id(weight)) if isinstance(weight, torch.Tensor) else None
+            if name is None:
+                continue
+            if not isinstance(module, (torch.nn.Linear, torch.nn.Embedding)):
+                self.close()
+                raise NotImplementedError(f"low-rank population forward: {type(module).__name__} owning {name} "
+                                          "is not nn.Linear / nn.Embedding")
+            if name not in self.factors:
+                self.factors[name] = self._concat(weights, name, dtype)
+            hook = self._embedding_hook(name) if isinstance(module, torch.nn.Embedding) else self._linear_hook(name)
+            self._handles.append(module.register_forward_hook(hook))
+            hooked.add(name)
+        missing = set(weights.params) - hooked
+        if missing:
+            self.close()
+            raise NotImplementedError(f"selected matrices not owned by a Linear / Embedding: {sorted(missing)[:5]}")
+
+    def _concat(self, weights: LowRankWeights, name: str, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """(A_cat^T [N r, m], B_cat [n, N r]) in the model's dtype, member signs folded into A."""
+        a_parts, b_parts = [], []
+        for seed, sign in self.members:
+            a, b = weights.factors(seed, name)
+            a_parts.append(a * float(sign))
+            b_parts.append(b)
+        a_cat_t = torch.cat(a_parts, dim=1).t().contiguous().to(dtype)
+        b_cat = torch.cat(b_parts, dim=1).contiguous().to(dtype)
+        return a_cat_t, b_cat
+
+    # -- row mapping
+    def set_rows(self, member_of_row: torch.Tensor | Sequence[int]) -> None:
+        """Member index (into `members`) of each row of the next forward passes."""
+        idx = torch.as_tensor(member_of_row, dtype=torch.long)
+        n, r = len(self.members), self.rank
+        if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= n):
+            raise IndexError(f"member index out of range 0..{n - 1}")
+        device = next(iter(self.factors.values()))[0].device
+        dtype = next(iter(self.factors.values()))[0].dtype
+        mask = torch.zeros(idx.numel(), n, r, dtype=dtype)
+        mask[torch.arange(idx.numel()), idx] = 1.0
+        self._mask = mask.view(idx.numel(), n * r).to(device)
+
+    def select(self, keep: torch.Tensor) -> None:
+        """Rows `keep` stay in the batch (same order)."""
+        self._mask = self._mask[keep.to(self._mask.device)]
+
+    def _row_mask(self, x: torch.Tensor) -> torch.Tensor:
+        mask = self._mask
+        if mask is None:
+            raise RuntimeError("PopulationPerturbation.set_rows() must be called before a forward pass")
+        if mask.shape[0] != x.shape[0]:
+            raise RuntimeError(f"batch has {x.shape[0]} rows but {mask.shape[0]} rows are mapped to members")
+        return mask.view(mask.shape[0], *([1] * (x.dim() - 2)), mask.shape[1])
+
+    # -- hooks
+    def _linear_hook(self, name: str):
+        def hook(module, inputs, output):
+            a_cat_t, b_cat = self.factors[name]
+            x = inputs[0]
+            xb = torch.matmul(x, b_cat)                  # [rows, ..., N r]: every member's x B_i
+            xb.mul_(self._row_mask(x))                     # keep the row's own member
+            output.add_(torch.matmul(xb, a_cat_t), alpha=self.scale)
+            return output
+        return hook
+
+    def _embedding_hook(self, name: str):
+        def hook(module, inputs, output):
+            a_cat_t, b_cat = self.factors[name]
+            ids = inputs[0]
+            rows = a_cat_t.t()[ids]                         # [rows, T, N r]: A_i[token] of every member
+            rows = rows * self._row_mask(output)
+            output.add_(torch.matmul(rows, b_cat.t()), alpha=self.scale)
+            return output
+        return hook
+
+    # -- lifetime
+    def close(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        self._mask = None
+
+    def __enter__(self) -> "PopulationPerturbation":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+# ---- generation of the whole population in one pass -----------------------------------------------------------------
+
+def _decode_rows(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, config: Any, eos: list[int],
+                 pert: PopulationPerturbation) -> list[list[int]]:
+    """esft's decode loop (prefill, then one token per step, finished rows dropped from batch, KV cache and
+    member mapping) through the Hugging Face forward, where the hooks see every projection."""
+    from transformers import DynamicCache
+
+    from esft.generation import _cache_kwarg, sample_next
+
+    batch = input_ids.shape[0]
+    device = input_ids.device
+    generator = torch.Generator(device=device).manual_seed(config.seed) if config.temperature > 0 else None
+    cache = DynamicCache(config=model.config)
+    cache_kw = _cache_kwarg(model)
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=True,
+                logits_to_keep=1, **{cache_kw: cache})
+    logits = out.logits[:, -1, :]
+    next_pos = position_ids[:, -1] + 1
+    rows = torch.arange(batch, device=device)
+    outputs: list[list[int]] = [[] for _ in range(batch)]
+    eos_t = torch.tensor(eos, device=device)
+    for step in range(config.max_new_tokens):
+        token = sample_next(logits, config.temperature, config.top_p, generator)
+        for r, t in zip(rows.tolist(), token.tolist()):
+            outputs[r].append(t)
+        if step == config.max_new_tokens - 1:
+            break
+        alive = ~torch.isin(token, eos_t)
+        if not bool(alive.all()):
+            if not bool(alive.any()):
+                break
+            keep = alive.nonzero().squeeze(-1)
+            cache.batch_select_indices(keep)
+            pert.select(keep)
+            rows, token, next_pos, attention_mask = rows[keep], token[keep], next_pos[keep], attention_mask[keep]
+        attention_mask = torch.cat([attention_mask, attention_mask.new_ones((attention_mask.shape[0], 1))], dim=1)
+        out = model(input_ids=token[:, None], attention_mask=attention_mask, position_ids=next_pos[:, None],
+                    use_cache=True, **{cache_kw: cache})
+        logits = out.logits[:, -1, :]
+        next_pos = next_pos + 1
+    return outputs
+
+
+@torch.inference_mode()
+def generate_population(model, tokenizer, prompt_ids: Sequence[list[int]], member_of_row: Sequence[int],
+                        pert: PopulationPerturbation, config: Any) -> list[Any]:
+    """One completion per row (prompt ids, member index); rows of all members share every forward pass.
+    Rows are sorted by prompt length (copies of one prompt for different members land together, so batches pad
+    little) and cut into batches of config.batch_size rows. Returns esft.generation.Generation per row."""
+    from esft.generation import _finish, eos_token_ids, left_pad
+
+    eos = eos_token_ids(model, tokenizer)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
+    device = next(model.parameters()).device
+    order = sorted(range(len(prompt_ids)), key=lambda i: len(prompt_ids[i]), reverse=True)
+    results: list[Any] = [None] * len(prompt_ids)
+    for start in range(0, len(order), config.batch_size):
+        idx = order[start:start + config.batch_size]
+        input_ids, mask = left_pad([list(prompt_ids[i]) for i in idx], pad_id, device)
+        pert.set_rows([member_of_row[i] for i in idx])
+        new = _decode_rows(model, input_ids, mask, config, eos, pert)
+        for row, i in zip(new, idx):
+            results[i] = _finish(row, eos, tokenizer, len(prompt_ids[i]))
+    return results
+
+
+class LowRankExecutor(LocalExecutor):
+    """Evaluates the whole population in one batched generation (rows = members x batch examples).
+
+    With a custom `generate_fn` (tests), it is called once on all N x B prompts (member-major) and must keep the
+    rows in order and in one forward batch; the default path is `generate_population`."""
+
+    def __init__(self, model: Any, tokenizer: Any, weights: LowRankWeights, task: Any, sigma: float,
+                 gen_config: Any, generate_fn: Any = None):
+        if not isinstance(weights, LowRankWeights):
+            raise TypeError("LowRankExecutor needs LowRankWeights (config noise='lowrank')")
+        self._custom = generate_fn is not None
+        super().__init__(model, tokenizer, weights, task, sigma, gen_config, generate_fn=generate_fn)
+
+    def evaluate_members(self, members: Sequence[Member], batch: Sequence[dict]) -> PopulationResult:
+        n, b = len(members), len(batch)
+        result = self._empty(n, b)
+        if not n or not b:
+            return result
+        t0 = time.perf_counter()
+        prompts = [self.task.prompt(ex) for ex in batch]
+        ids = None if self._custom else self._encode(prompts)
+        pert = PopulationPerturbation(self.model, self.weights, members, self.sigma)
+        result.timings["perturb"] += time.perf_counter() - t0
+        member_of_row = [i for i in range(n) for _ in range(b)]
+        t0 = time.perf_counter()
+        try:
+            if self._custom:
+                pert.set_rows(member_of_row)
+                gens = self.generate_fn(self.model, self.tokenizer, [p for _ in range(n) for p in prompts],
+                                        self.gen_config)
+            else:
+                gens = generate_population(self.model, self.tokenizer, [ids[j] for _ in range(n) for j in range(b)],
+                                           member_of_row, pert, self.gen_config)
+        finally:
+            t1 = time.perf_counter()
+            pert.close()  # the weights were never changed: removing the hooks is the exact restore
+            t2 = time.perf_counter()
+        for row, gen in enumerate(gens):
+            i, j = divmod(row, b)
+            text = gen.text
+            result.texts[i].append(text)
+            result.scores[i, j] = float(self.task.score(text, batch[j]))
+            result.well_formed[i, j] = bool(self.task.is_well_formed(text, batch[j]))
+            result.tokens_generated += len(getattr(gen, "completion_ids", ()) or ())
+            result.prompt_tokens += int(getattr(gen, "prompt_tokens", 0) or 0)
+            result.finished += int(bool(getattr(gen, "finished", False)))
+        result.timings["generate"] += t1 - t0
+        result.timings["restore"] += t2 - t1
+        result.timings["score"] += time.perf_counter() - t2
+        return result
+
+
+def population_logits(model: torch.nn.Module, weights: LowRankWeights, members: Sequence[Member], sigma: float,
+                      input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Logits [N, B, T, V] of every member on the same B sequences from ONE forward over N x B rows (tests,
+    benchmarks)."""
+    n, b = len(members), input_ids.shape[0]
+    rows = input_ids.repeat(n, 1)
+    mask = None if attention_mask is None else attention_mask.repeat(n, 1)
+    with torch.inference_mode(), PopulationPerturbation(model, weights, members, sigma) as pert:
+        pert.set_rows(np.repeat(np.arange(n), b).tolist())
+        logits = model(input_ids=rows, attention_mask=mask).logits
+    return logits.view(n, b, *logits.shape[1:])
+
+
+__all__ = ["LowRankWeights", "LowRankExecutor", "PopulationPerturbation", "generate_population", "lowrank_factors",
+           "accumulate_outer", "population_logits"]
