@@ -1,0 +1,111 @@
+"""Hybrid schedules (`grpo->es`, `es->grpo`): one total training budget split between the stages of a chain.
+
+The experiment runner (esft.experiments) already runs chains: a spec entry such as
+`grpo->es: {grpo: {max_steps: 40}, es: {iterations: 50}}` trains GRPO, then ES from GRPO's final checkpoint.
+What it does not decide is how many steps each stage gets when the *total* must match a single-algorithm run
+(Ba et al.: the same budget, split in half). This module makes that decision, in one of two units:
+
+* "completions": sequences generated for training. An ES iteration generates N x B (every member answers the
+  batch); a GRPO step generates prompts_per_step x K. On the same hardware, generation dominates both.
+* "flops": the study's Table 18 convention, in units of P x L (parameters x tokens per sequence): an ES
+  iteration costs 2 N B (forward only), a GRPO step 8 x prompts x K (generation 2 + forward/backward 6), taken
+  from the registered algorithms' own formulas so that the budget and the runner's Table 18 agree.
+
+Stage i gets floor(total x share_i / cost_i) steps (at least 1), so a chain never exceeds the total; the report
+says what each stage actually uses.
+
+    methods = hybrid_methods(total=8000, split=0.5, options={"es": {"preset": "cpu"}, "grpo": {"preset": "cpu"}})
+    spec["algorithms"].update(methods)       # {"grpo->es": {...}, "es->grpo": {...}} for esft.experiments
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping, Sequence
+
+UNITS = ("completions", "flops")
+CHAIN = "->"
+
+
+def _config(algorithm: str, options: Mapping[str, Any]) -> Any:
+    """The trainer config an option block (with an optional `preset`) resolves to, as the runner would build it."""
+    from esft.config import build_config
+    from esft.experiments.algorithms import get_algorithm
+
+    algo = get_algorithm(algorithm)
+    opts = dict(options)
+    preset = opts.pop("preset", None)
+    opts.pop("display", None)
+    return build_config(algo.config_cls, algo.presets, preset, None, opts)
+
+
+def step_cost(algorithm: str, config: Any, unit: str = "completions") -> float:
+    """Cost of one budget step (ES iteration / GRPO optimizer step) of `config` in `unit`."""
+    if unit not in UNITS:
+        raise ValueError(f"unknown budget unit {unit!r}; choose one of {UNITS}")
+    if unit == "flops":
+        from esft.experiments.algorithms import get_algorithm
+
+        return float(get_algorithm(algorithm).formula(config, 1)["coefficient"])
+    if algorithm == "es":
+        return float(config.population_size * config.batch_size)
+    if algorithm == "grpo":
+        return float(config.prompts_per_step * config.num_generations)
+    raise ValueError(f"no completion count known for algorithm {algorithm!r}")
+
+
+def split_budget(total: float, costs: Sequence[float], shares: Sequence[float]) -> list[int]:
+    """Steps per stage: floor(total * share / cost), at least 1. Shares are normalised to sum to 1."""
+    if total <= 0:
+        raise ValueError(f"total budget must be > 0, got {total}")
+    if len(costs) != len(shares) or not costs:
+        raise ValueError("one cost and one share per stage")
+    if any(c <= 0 for c in costs) or any(s < 0 for s in shares) or sum(shares) <= 0:
+        raise ValueError(f"costs must be > 0 and shares >= 0 with a positive sum: {costs}, {shares}")
+    norm = float(sum(shares))
+    # a tiny epsilon keeps exact multiples (e.g. 0.5 * 4000 / 100 = 20) from flooring to 19 through rounding
+    return [max(1, math.floor(total * s / norm / c + 1e-9)) for c, s in zip(costs, shares)]
+
+
+def hybrid_block(order: str, total: float, split: float = 0.5, unit: str = "completions",
+                 options: Mapping[str, Mapping[str, Any]] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(spec block, budget report) of a two-stage chain `order` ("grpo->es" or "es->grpo").
+
+    `split` is the first stage's share of `total`; `options` maps algorithm -> option block (preset and config
+    fields, as in a spec). The block has one sub-block per stage with its budget field filled in."""
+    parts = [p.strip() for p in order.split(CHAIN)]
+    if len(parts) != 2 or len(set(parts)) != 2:
+        raise ValueError(f"a hybrid schedule chains two different algorithms, e.g. grpo->es; got {order!r}")
+    if not 0.0 < split < 1.0:
+        raise ValueError(f"split must be in (0, 1), got {split}")
+    from esft.experiments.algorithms import get_algorithm
+
+    options = options or {}
+    configs = [_config(p, options.get(p, {})) for p in parts]
+    costs = [step_cost(p, c, unit) for p, c in zip(parts, configs)]
+    steps = split_budget(total, costs, [split, 1.0 - split])
+    block: dict[str, Any] = {}
+    stages = []
+    for part, cost, n in zip(parts, costs, steps):
+        field = get_algorithm(part).budget_field
+        block[part] = {**dict(options.get(part, {})), field: n}
+        stages.append({"algorithm": part, field: n, "cost_per_step": cost, "used": n * cost})
+    report = {"order": order, "unit": unit, "total": total, "split": split, "stages": stages,
+              "used": sum(s["used"] for s in stages)}
+    return block, report
+
+
+def hybrid_methods(total: float, split: float = 0.5, unit: str = "completions",
+                   options: Mapping[str, Mapping[str, Any]] | None = None,
+                   orders: Sequence[str] = ("grpo->es", "es->grpo")) -> dict[str, Any]:
+    """Spec `algorithms` entries for the hybrid chains (default both orders) at one total budget."""
+    return {order: hybrid_block(order, total, split, unit, options)[0] for order in orders}
+
+
+def single_budget(algorithm: str, total: float, unit: str = "completions",
+                  options: Mapping[str, Any] | None = None) -> int:
+    """Steps of a single-algorithm run at the same total budget (the comparison point of the chains)."""
+    return split_budget(total, [step_cost(algorithm, _config(algorithm, options or {}), unit)], [1.0])[0]
+
+
+__all__ = ["UNITS", "step_cost", "split_budget", "hybrid_block", "hybrid_methods", "single_budget"]

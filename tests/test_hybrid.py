@@ -1,0 +1,61 @@
+"""Hybrid schedules (esft.hybrid): a total budget split between the stages of grpo->es / es->grpo chains, in
+completions or Table 18 FLOPs, producing spec entries the experiment runner accepts.
+
+Run: . .venv/bin/activate && pytest -q tests/test_hybrid.py   (~2 s, no model)
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from esft.hybrid import hybrid_block, hybrid_methods, single_budget, split_budget, step_cost
+
+CPU = {"es": {"preset": "cpu"}, "grpo": {"preset": "cpu"}}
+
+
+def test_split_budget():
+    assert split_budget(4000, [100, 200], [0.5, 0.5]) == [20, 10]
+    assert split_budget(4000, [100, 200], [1, 3]) == [10, 15]  # shares are normalised
+    assert split_budget(10, [100, 100], [0.5, 0.5]) == [1, 1]  # at least one step each
+    assert split_budget(999, [100], [1]) == [9]  # never above the total
+    for bad in [(0, [1], [1]), (10, [0], [1]), (10, [1, 1], [1]), (10, [1], [-1])]:
+        with pytest.raises(ValueError):
+            split_budget(*bad)
+
+
+def test_step_costs_match_presets_and_table18():
+    from esft.es.config import preset as es_preset
+    from esft.grpo.config import preset as grpo_preset
+
+    es, grpo = es_preset("cpu"), grpo_preset("cpu")
+    assert step_cost("es", es) == es.population_size * es.batch_size == 128
+    assert step_cost("grpo", grpo) == grpo.prompts_per_step * grpo.num_generations == 128
+    assert step_cost("es", es, "flops") == 2 * 128 and step_cost("grpo", grpo, "flops") == 8 * 128
+    with pytest.raises(ValueError):
+        step_cost("es", es, "hours")
+
+
+def test_hybrid_blocks_equal_budget():
+    block, report = hybrid_block("grpo->es", 2560, 0.5, "completions", CPU)
+    assert block == {"grpo": {"preset": "cpu", "max_steps": 10}, "es": {"preset": "cpu", "iterations": 10}}
+    assert report["used"] == 2560 and single_budget("es", 2560, options=CPU["es"]) == 20
+    # in FLOPs a GRPO step costs 4x an ES iteration of the same size (backward pass)
+    block, report = hybrid_block("es->grpo", 2560 * 2, 0.5, "flops", CPU)
+    assert block["es"]["iterations"] == 10 and block["grpo"]["max_steps"] == 2
+    with pytest.raises(ValueError):
+        hybrid_block("es->es", 100)
+    with pytest.raises(ValueError):
+        hybrid_block("grpo->es", 100, split=1.0)
+
+
+def test_runner_accepts_the_chains():
+    from esft.experiments.spec import parse_spec
+
+    algorithms = {"es": {"preset": "cpu", "iterations": 20}, "grpo": {"preset": "cpu", "max_steps": 20},
+                  **hybrid_methods(2560, 0.5, options=CPU)}
+    spec = parse_spec({"kind": "single-task", "tasks": ["boolq"], "algorithms": algorithms})
+    chain = spec.method("grpo->es")
+    assert chain.is_chain and [c.algorithm for c in chain.components] == ["grpo", "es"]
+    configs = [spec.config(c, "boolq", 42, output_dir="x") for c in chain.components]
+    assert configs[0].max_steps == 10 and configs[1].iterations == 10
+    assert [c.algorithm for c in spec.method("es->grpo").components] == ["es", "grpo"]
