@@ -128,7 +128,8 @@ def _single_task(spec: Spec, seed: int) -> list[Stage]:
     ev = spec.evaluation
     out = []
     for task in spec.tasks:
-        eval_tasks = ev.all_tasks if ev.after_single_task == "all" else [task]
+        eval_tasks = {"all": ev.all_tasks, "trained": [task],
+                      "trained+holdout": list(dict.fromkeys([task, *ev.holdout]))}[ev.after_single_task]
         for method in spec.methods:
             ts = tracks(method, spec)
             top = max((t.budget or 0) for t in ts)

@@ -42,6 +42,7 @@ BLOCK_KEYS = ("algorithm", "preset", "display", "per_task")
 EVAL_KEYS = ("tasks", "holdout", "limit", "max_new_tokens", "batch_size", "dtype", "device", "per_task",
              "after_single_task")
 EVAL_TASK_KEYS = ("limit", "max_new_tokens", "batch_size")
+AFTER_SINGLE_TASK = ("all", "trained", "trained+holdout")
 IFEVAL_METRICS = ("accuracy", "prompt_strict", "prompt_loose", "instruction_strict", "instruction_loose")
 CHAIN = "->"
 
@@ -98,7 +99,8 @@ class EvalSpec:
     device: str | None = None
     per_task: dict[str, dict[str, Any]] = field(default_factory=dict)
     after_single_task: str = "all"
-    """"all": every spec task and the holdouts after each single-task stage; "trained": its own task only"""
+    """after a single-task stage evaluate "all" (every spec task and the holdouts), "trained" (its own task) or
+    "trained+holdout" (its own task and the holdouts)"""
 
     def for_task(self, task: str) -> TaskEval:
         o = self.per_task.get(task, {})
@@ -385,9 +387,9 @@ def _evaluation(ctx: _Ctx, raw: Any, line: int, tasks: list[str], known: typing.
     ev.device = block.get("device", ev.device)
     if "after_single_task" in block:
         value = block["after_single_task"]
-        if value not in ("all", "trained"):
-            raise ctx.error(block.line_of("after_single_task"),
-                            f"evaluation.after_single_task must be 'all' or 'trained', got {value!r}")
+        if value not in AFTER_SINGLE_TASK:
+            raise ctx.error(block.line_of("after_single_task"), f"evaluation.after_single_task must be one of "
+                                                                f"{', '.join(AFTER_SINGLE_TASK)}, got {value!r}")
         ev.after_single_task = value
     per = _mapping(ctx, block.get("per_task"), "evaluation.per_task", block.line_of("per_task"))
     for task, sub in per.items():

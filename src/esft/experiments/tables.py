@@ -150,8 +150,8 @@ class Cell:
             s += f" (n={len(self.values)})"
         return f"**{s}**" if self.bold else s
 
-    def seeds_text(self) -> str:
-        return " / ".join(DASH if v is None else f"{v:.1f}" for v in self.per_seed.values())
+    def seeds_text(self, signed: bool = False) -> str:
+        return " / ".join(DASH if v is None else _num(v, 1, signed) for v in self.per_seed.values())
 
 
 def _num(x: float, digits: int, signed: bool) -> str:
@@ -180,7 +180,8 @@ class Table:
             out += ["", f"Per seed ({' / '.join(map(str, self.seeds))}):", "", _md_row(self.columns),
                     _md_row(["---"] * len(self.columns))]
             for label, cells in self.rows:
-                out.append(_md_row([label] + [c if isinstance(c, str) else c.seeds_text() for c in cells]))
+                out.append(_md_row([label] + [c if isinstance(c, str) else c.seeds_text(label in self.signed_rows)
+                                              for c in cells]))
         out += [""] + [f"{n}" for n in self.notes] + ([""] if self.notes else [])
         return "\n".join(out).rstrip() + "\n"
 

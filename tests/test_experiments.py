@@ -1,0 +1,292 @@
+"""Experiment specs, stage plans and tables, without training (a few seconds).
+
+    pytest -q tests/test_experiments.py tests/test_experiments_run.py      # all experiment tests (< 60 s)
+
+Spec errors must name the offending line before any compute; the plan shares one ES run across budgets; tables
+built from hand-made stage records must match the expected Markdown and CSV exactly.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from esft.experiments import SpecError, load_spec, shipped_specs
+from esft.experiments.plan import build_plan
+from esft.experiments.tables import load_experiment, table1, table2, table18, tables5_8, write_all_tables
+
+GOOD = """\
+name: t
+kind: sequential
+tasks: [countdown, boolq]
+seeds: [42, 52]
+algorithms:
+  es:
+    preset: cpu
+    iterations: [2, 4]
+  grpo:
+    max_steps: 2
+evaluation:
+  limit: 3
+"""
+
+
+def _spec(tmp_path: Path, text: str):
+    path = tmp_path / "spec.yaml"
+    path.write_text(text)
+    return load_spec(path)
+
+
+@pytest.mark.parametrize("old,new,line,words", [
+    ("    preset: cpu\n", "    preset: cpu\n    populaton_size: 4\n", 8, ["populaton_size", "population_size"]),
+    ("tasks: [countdown, boolq]", "tasks:\n  - countdown\n  - mathh", 5, ["unknown task 'mathh'", "math"]),
+    ("  grpo:\n", "  ppo:\n", 9, ["unknown algorithm 'ppo'"]),
+    ("kind: sequential", "kind: sequentail", 2, ["unknown kind", "sequential"]),
+    ("  limit: 3\n", "  limit: 3\n  limt: 4\n", 13, ["unknown key 'limt'", "limit"]),
+    ("name: t\n", "name: t\nbogus: 1\n", 2, ["unknown key 'bogus'"]),
+    ("    max_steps: 2\n", "    max_steps: [1, 2]\n", 10, ["max_steps must be one number"]),
+    ("    max_steps: 2\n", "    max_steps: 2\n    num_generations: 3\n", 9, ["not a multiple"]),
+    ("    max_steps: 2\n", "    max_steps: 2\n    seed: 3\n", 11, ["set by the experiment"]),
+    ("    preset: cpu\n", "    preset: cpu\n    max_passage_chars: 300\n", 8, ["task option", "task_options"]),
+    ("    preset: cpu\n", "    preset: gpu\n", 7, ["unknown preset 'gpu'"]),
+    ("    preset: cpu\n", "    preset: cpu\n    sigma: abc\n", 8, ["sigma"]),
+    ("  grpo:\n", "  es:\n", 9, ["duplicate key 'es'", "first on line 6"]),
+    ("tasks: [countdown, boolq]", "tasks: [countdown, boolq", 4, ["YAML syntax error"]),
+    ("evaluation:\n", "task_options:\n  boolq: {max_chars: 3}\nevaluation:\n", 12, ["task_options.boolq"]),
+])
+def test_spec_errors_name_the_line(tmp_path, old, new, line, words):
+    assert old in GOOD
+    with pytest.raises(SpecError) as info:
+        _spec(tmp_path, GOOD.replace(old, new, 1))
+    message = str(info.value)
+    assert f"spec.yaml:{line}:" in message, message
+    for word in words:
+        assert word in message, message
+
+
+def test_valid_spec_and_shipped_specs_parse(tmp_path):
+    spec = _spec(tmp_path, GOOD)
+    assert [m.label for m in spec.methods] == ["es", "grpo"]
+    assert spec.method("es").budgets == [2, 4]
+    assert spec.evaluation.all_tasks == ["countdown", "boolq", "mmlu", "ifeval"]
+    names = set(shipped_specs())
+    assert {"paper-single", "paper-sequential", "cpu-mini-single", "cpu-mini-sequential"} <= names
+    for name in names:
+        shipped = load_spec(name)  # by name, as on the command line
+        assert set(shipped.tasks) == {"countdown", "math", "chemistry", "boolq"}
+        assert {m.components[0].algorithm for m in shipped.methods} == {"es", "grpo"}
+        assert shipped.evaluation.holdout == ["mmlu", "ifeval"]
+
+
+def test_option_blocks_reach_trainer_configs(tmp_path):
+    spec = _spec(tmp_path, GOOD.replace("    max_steps: 2\n", "    max_steps: 2\n    per_task:\n"
+                                        "      boolq: {learning_rate: 0.5}\n"))
+    grpo = spec.method("grpo").components[0]
+    cfg = spec.config(grpo, "boolq", 52, output_dir="x")
+    assert (cfg.learning_rate, cfg.max_steps, cfg.seed, cfg.task) == (0.5, 2, 52, "boolq")
+    assert spec.config(grpo, "countdown", 42).learning_rate == 3e-6
+    es = spec.method("es").components[0]
+    cfg = spec.config(es, "countdown", 42, 4)
+    # the cpu preset's BoolQ passage cut is a task option: it never leaks into another task's constructor
+    assert (cfg.iterations, cfg.population_size, cfg.max_passage_chars) == (4, 8, None)
+
+
+def test_plan_shares_es_runs_across_budgets(tmp_path):
+    stages = {s.key: s for s in build_plan(_spec(tmp_path, GOOD))}
+    a, b = stages["seed-42/sequential/es@2/1-countdown"], stages["seed-42/sequential/es@4/1-countdown"]
+    # stage 1 of both budget tracks is one run: trained to 2, snapshotted, continued to 4
+    assert a.steps[0].run_dir == b.steps[0].run_dir == "seed-42/sequential/es/1-countdown/run"
+    assert a.steps[0].snapshot and not b.steps[0].snapshot
+    assert a.model_dir().endswith("checkpoints/iter_000002") and b.model_dir().endswith("checkpoints/final")
+    assert a.key in b.after
+    # later stages start from their own track's previous stage, in their own run
+    c = stages["seed-42/sequential/es@4/2-boolq"]
+    assert c.parent == b.key and c.steps[0].run_dir == "seed-42/sequential/es@4/2-boolq/run"
+    assert stages["seed-52/sequential/grpo/2-boolq"].parent == "seed-52/sequential/grpo/1-countdown"
+    assert list(stages)[0] == "base" and stages["base"].eval_tasks == ["countdown", "boolq", "mmlu", "ifeval"]
+
+    single = _spec(tmp_path, GOOD.replace("kind: sequential", "kind: single-task")
+                   + "  after_single_task: trained+holdout\n")
+    stages = {s.key: s for s in build_plan(single)}
+    a, b = stages["seed-42/single-task/boolq/es@2"], stages["seed-42/single-task/boolq/es@4"]
+    assert a.steps[0].run_dir == b.steps[0].run_dir and a.parent is None and b.after == [a.key]
+    assert a.eval_tasks == ["boolq", "mmlu", "ifeval"]
+
+
+def test_chain_components_and_folder_names(tmp_path):
+    spec = _spec(tmp_path, GOOD.replace(
+        "evaluation:", "  grpo->es:\n    grpo: {max_steps: 1}\n    es: {iterations: 1}\nevaluation:"))
+    chain = spec.method("grpo->es")
+    assert [c.algorithm for c in chain.components] == ["grpo", "es"]
+    stage = {s.key: s for s in build_plan(spec)}["seed-42/sequential/grpo-to-es/2-boolq"]
+    assert [(st.algorithm, st.budget) for st in stage.steps] == [("grpo", 1), ("es", 1)]
+    assert stage.steps[1].run_dir.endswith("run-2-es")
+    # the es component inherits the `es` block (cpu preset) under its own budget
+    assert spec.config(chain.components[1], "boolq", 42).population_size == 8
+
+
+# ---- tables from hand-made stage records ----------------------------------------------------------------------------
+
+def _rec(evals: dict[str, float], **extra) -> dict:
+    out = {"eval": {t: {"n": 10, "accuracy": a / 100, "ci95": [0, 1]} for t, a in evals.items()}}
+    if "ifeval" in evals:
+        out["eval"]["ifeval"].update(prompt_strict=evals["ifeval"] / 100, prompt_loose=0.9)
+    out.update(extra)
+    return out
+
+
+def _stage(key, kind="train", seed=None, track=None, display="Base", task=None, index=0):
+    return {"key": key, "kind": kind, "seed": seed, "track": track, "display": display, "task": task,
+            "index": index}
+
+
+def _write(root: Path, spec: dict, stages: list[dict], results: dict[str, dict]) -> None:
+    root.mkdir(parents=True)
+    (root / "plan.json").write_text(json.dumps({"spec": spec, "stages": stages}))
+    for key, rec in results.items():
+        (root / key).mkdir(parents=True, exist_ok=True)
+        (root / key / "result.json").write_text(json.dumps(rec))
+        (root / key / "status.json").write_text(json.dumps({"status": "done"}))
+
+
+def _sequential_fixture(root: Path) -> None:
+    spec = {"name": "hand", "kind": "sequential", "model": "m", "tasks": ["countdown", "boolq"], "seeds": [42, 52],
+            "evaluation": {"holdout": ["mmlu", "ifeval"], "limit": 10, "max_new_tokens": 8, "per_task": {}},
+            "ifeval_metric": "prompt_strict"}
+    stages = [_stage("base", kind="base")]
+    results = {"base": _rec({"countdown": 20, "boolq": 80, "mmlu": 50, "ifeval": 60})}
+    values = {  # (track, seed, index) -> accuracies
+        ("es", 42, 1): {"countdown": 70, "boolq": 81, "mmlu": 48, "ifeval": 61},
+        ("es", 52, 1): {"countdown": 72, "boolq": 79, "mmlu": 46, "ifeval": 63},
+        ("es", 42, 2): {"countdown": 60, "boolq": 88, "mmlu": 45, "ifeval": 62},
+        ("es", 52, 2): {"countdown": 64, "boolq": 90, "mmlu": 43, "ifeval": 60},
+        ("grpo", 42, 1): {"countdown": 65, "boolq": 80, "mmlu": 51, "ifeval": 60},
+        ("grpo", 52, 1): {"countdown": 67, "boolq": 82, "mmlu": 50, "ifeval": 59},
+        ("grpo", 42, 2): {"countdown": 66, "boolq": 85, "mmlu": 52, "ifeval": 58},
+        # seed 52's last GRPO stage failed: no record
+    }
+    step = {"es": {"num_params": 1000, "accounting": {"generations": 400, "prompt_tokens": 3000,
+                                                      "tokens_generated": 1000, "train_forward_tokens": 0,
+                                                      "train_seconds": 10.0},
+                   "formula": {"coefficient": 800, "text": "2(2)(10)(20)PL"}},
+            "grpo": {"num_params": 1000, "accounting": {"generations": 100, "prompt_tokens": 800,
+                                                        "tokens_generated": 200, "train_forward_tokens": 500,
+                                                        "train_seconds": 20.0},
+                     "formula": {"coefficient": 400, "text": "8(5)(5)(2)PL"}}}
+    for seed in (42, 52):
+        for track, display in (("es", "ES (iter=2)"), ("grpo", "GRPO")):
+            for k, task in enumerate(["countdown", "boolq"], start=1):
+                key = f"seed-{seed}/sequential/{track}/{k}-{task}"
+                stages.append(_stage(key, seed=seed, track=track, display=display, task=task, index=k))
+                if (track, seed, k) in values:
+                    results[key] = _rec(values[(track, seed, k)], steps=[step[track]])
+    _write(root, spec, stages, results)
+
+
+TABLE2 = """\
+### Table 2: Holdout benchmark accuracy (%) throughout sequential training.
+
+| Stage | ES (iter=2) (MMLU) | GRPO (MMLU) | ES (iter=2) (IFEval) | GRPO (IFEval) |
+| --- | --- | --- | --- | --- |
+| Base model | 50.00 ± 0.00 | 50.00 ± 0.00 | 60.00 ± 0.00 | 60.00 ± 0.00 |
+| After Task 1 (Countdown) | 47.00 ± 1.41 | 50.50 ± 0.71 | 62.00 ± 1.41 | 59.50 ± 0.71 |
+| After Task 2 (BoolQ) | 44.00 ± 1.41 | 52.00 (n=1) | 61.00 ± 1.41 | 58.00 (n=1) |
+| Δ (base → final) | −6.00 ± 1.41 | +2.00 (n=1) | +1.00 ± 1.41 | −2.00 (n=1) |
+
+Per seed (42 / 52):
+
+| Stage | ES (iter=2) (MMLU) | GRPO (MMLU) | ES (iter=2) (IFEval) | GRPO (IFEval) |
+| --- | --- | --- | --- | --- |
+| Base model | 50.0 / 50.0 | 50.0 / 50.0 | 60.0 / 60.0 | 60.0 / 60.0 |
+| After Task 1 (Countdown) | 48.0 / 46.0 | 51.0 / 50.0 | 61.0 / 63.0 | 60.0 / 59.0 |
+| After Task 2 (BoolQ) | 45.0 / 43.0 | 52.0 / — | 62.0 / 60.0 | 58.0 / — |
+| Δ (base → final) | −5.0 / −7.0 | +2.0 / — | +2.0 / +0.0 | −2.0 / — |
+
+Mean ± sample std (ddof=1) over 2 seeds (42, 52); the base model is evaluated once (greedy decoding does not depend on the seed).
+Greedy evaluation on the test split: MMLU n=10, 8 new tokens; IFEval n=10, 8 new tokens.
+IFEval: prompt-strict accuracy.
+"""
+
+TABLE5_ES = """\
+| Stage | Countdown | BoolQ |
+| --- | --- | --- |
+| Base | 20.00 ± 0.00 | 80.00 ± 0.00 |
+| After Countdown | **71.00 ± 1.41** | 80.00 ± 1.41 |
+| After BoolQ | 62.00 ± 2.83 | **89.00 ± 1.41** |
+"""
+
+TABLE2_CSV_HEAD = ("Stage,ES (iter=2) (MMLU),ES (iter=2) (MMLU) std,ES (iter=2) (MMLU) seed 42,"
+                   "ES (iter=2) (MMLU) seed 52,GRPO (MMLU),GRPO (MMLU) std,GRPO (MMLU) seed 42,GRPO (MMLU) seed 52,")
+
+
+def test_tables_from_hand_made_stage_records(tmp_path):
+    root = tmp_path / "exp"
+    _sequential_fixture(root)
+    exp = load_experiment(root)
+    t2 = table2(exp)
+    assert t2.markdown() == TABLE2
+    csv_text = t2.csv().splitlines()
+    assert csv_text[0].startswith(TABLE2_CSV_HEAD)
+    assert csv_text[2].startswith("After Task 1 (Countdown),47,1.4142,48,46,50.5,0.7071,51,50,")
+    assert csv_text[3].startswith("After Task 2 (BoolQ),44,1.4142,45,43,52,,52,,")
+    es, grpo = tables5_8(exp)
+    assert TABLE5_ES in es.markdown()
+    assert "with ES (iter=2). Bold indicates the task just trained" in es.markdown()
+    assert "| After BoolQ | 66.00 (n=1) | **85.00 (n=1)** |" in grpo.markdown()
+    assert table1(exp) is None  # no single-task stages
+    main, detail = table18(exp)
+    md = main.markdown()
+    # measured: ES 2*P*(3000 + 1000) = 8e6; GRPO 2*P*(800 + 200) + 6*P*500 = 5e6 (P = 1000)
+    assert "| ES (iter=2) | 2(2)(10)(20)PL = 800 PL | 2.00× | 400 | 3,000 | 1,000 | 0 | 8.000e+06 | 1.60× |" in md
+    assert "| GRPO | 8(5)(5)(2)PL = 400 PL | 1.00× | 100 | 800 | 200 | 500 | 5.000e+06 | 1.00× |" in md
+    assert "| ES (iter=2) | Countdown | 400 |" in detail.markdown()
+    path = write_all_tables(root)
+    written = path.read_text()
+    assert TABLE2 in written and "8 of 9 stages done." in written
+    assert (root / "tables" / "table2_holdout.csv").read_text() == t2.csv()
+    assert (root / "tables" / "results.csv").read_text().count("\n") == 1 + 4 + 7 * 4
+
+
+def test_table1_layout(tmp_path):
+    root = tmp_path / "exp"
+    spec = {"name": "s", "kind": "single-task", "model": "m", "tasks": ["countdown", "math"], "seeds": [42],
+            "evaluation": {"holdout": [], "limit": None, "max_new_tokens": 8, "per_task": {}}}
+    stages = [_stage("base", kind="base")]
+    results = {"base": _rec({"countdown": 20.5, "math": 61.8})}
+    for task, accs in (("countdown", (75.1, 78.6, 74.5)), ("math", (72.4, 74.0, 68.8))):
+        for (track, display), acc in zip((("es@100", "ES (iter=100)"), ("es@300", "ES (iter=300)"),
+                                          ("grpo", "GRPO")), accs):
+            key = f"seed-42/single-task/{task}/{track}"
+            stages.append(_stage(key, seed=42, track=track, display=display, task=task, index=1))
+            results[key] = _rec({task: acc})
+    _write(root, spec, stages, results)
+    t1 = table1(load_experiment(root))
+    assert t1.markdown().startswith(
+        "### Table 1: Accuracy (%) for single task training (m).\n\n"
+        "| Task | Base | ES (iter=100) | ES (iter=300) | GRPO |\n"
+        "| --- | --- | --- | --- | --- |\n"
+        "| Countdown | 20.5 | 75.1 | 78.6 | 74.5 |\n"
+        "| Math | 61.8 | 72.4 | 74.0 | 68.8 |\n")
+    assert t1.csv().splitlines() == [
+        "Task,Base,Base std,Base seed 42,ES (iter=100),ES (iter=100) std,ES (iter=100) seed 42,ES (iter=300),"
+        "ES (iter=300) std,ES (iter=300) seed 42,GRPO,GRPO std,GRPO seed 42",
+        "Countdown,20.5,,20.5,75.1,,75.1,78.6,,78.6,74.5,,74.5",
+        "Math,61.8,,61.8,72.4,,72.4,74,,74,68.8,,68.8"]
+
+
+def test_cli_dry_run_and_errors(tmp_path, capsys):
+    from esft.cli import main
+
+    assert main(["experiment", "run", "cpu-mini-sequential", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "seed-42/sequential/grpo/4-boolq" in out and "is valid" in out
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(GOOD.replace("  grpo:\n", "  grpo:\n    lerning_rate: 1\n"))
+    assert main(["experiment", "run", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "bad.yaml:10:" in err and "learning_rate" in err
+    assert not (tmp_path / "runs").exists()
+    assert main(["experiment", "list"]) == 0
+    assert "cpu-mini-single" in capsys.readouterr().out
