@@ -39,7 +39,8 @@ class TinyHooks:
 
         self.tokenizer = tokenizer
         self.trained: list[tuple[str, str]] = []  # (algorithm, run_dir)
-        self.hooks = Hooks(load_model=self.load_model, train_kwargs=self.train_kwargs, progress=False)
+        self.hooks = Hooks(load_model=self.load_model, train_kwargs=self.train_kwargs, progress=False,
+                           collect_garbage=False)
 
     def load_model(self, ref: str, dtype: str = "float32", device: str | None = None):
         from transformers import LlamaForCausalLM

@@ -47,6 +47,9 @@ class Hooks:
     train_kwargs: Callable[[Step, Any], dict[str, Any]] | None = None
     """(step, trainer config) -> extra keyword arguments of the trainer (model, tokenizer, generate_fn, ...)"""
     progress: bool = True
+    collect_garbage: bool = True
+    """free the previous stage's model (trainer objects hold reference cycles) before the next stage; a full
+    collection costs ~1 s in a process that has imported TRL, which tests skip"""
 
 
 @dataclass
@@ -235,14 +238,14 @@ def run_stage(spec: Spec, stage: Stage, root: Path, stages: dict[str, Stage], ho
     for i, (step, cfg) in enumerate(zip(stage.steps, configs)):
         _run_step(spec, stage, step, cfg, root, stages, hooks, first=i == 0)
         model = str((root / step.model_dir()).resolve())
-        gc.collect()
+        _free_memory(hooks)
     t_train = time.perf_counter() - t0
     if stage.kind != BASE:
         status["trained"] = True
         write_json(folder / STATUS, status)
     t1 = time.perf_counter()
     evals = evaluate_stage(spec, model, stage.eval_tasks, folder, load_model, hooks.progress)
-    gc.collect()
+    _free_memory(hooks)
     record = _stage_record(spec, stage, root, configs, evals,
                            {"train": t_train, "eval": time.perf_counter() - t1})
     write_json(folder / RESULT, record)
@@ -250,6 +253,16 @@ def run_stage(spec: Spec, stage: Stage, root: Path, stages: dict[str, Stage], ho
     write_json(folder / STATUS, status)
     (folder / ERROR).unlink(missing_ok=True)
     return record
+
+
+def _free_memory(hooks: Hooks) -> None:
+    if not hooks.collect_garbage:
+        return
+    gc.collect()
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def _record_failure(folder: Path, exc: BaseException) -> None:
@@ -316,11 +329,10 @@ def _visit(spec: Spec, stage: Stage, root: Path, smap: dict[str, Stage], hooks: 
         raise
     except Exception as exc:  # noqa: BLE001 - one stage's failure must not stop the others
         _record_failure(folder, exc)
+        _free_memory(hooks)
         print(f"{tag} {stage.key}: FAILED: {type(exc).__name__}: {exc} (traceback in {folder / ERROR})",
               file=sys.stderr, flush=True)
         return "failed"
-    finally:
-        gc.collect()
 
 
 def run_experiment(spec: Spec, output_dir: str | Path | None = None, hooks: Hooks | None = None,

@@ -1,0 +1,178 @@
+"""Experiments end to end on a tiny random Llama (real trainers, generation loop and scorers; ~30-45 s).
+
+    pytest -q tests/test_experiments.py tests/test_experiments_run.py      # all experiment tests (< 60 s)
+
+Both kinds run through ES and GRPO; a re-run skips finished stages; a run killed mid-stage resumes that stage
+from the trainer's own log; a failing stage leaves every other result in place and blocks only its dependants;
+a changed option on a finished stage is refused before any compute.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from es_tiny import one_thread  # noqa: F401  (autouse: tiny matmuls on one thread)
+from esft.experiments import SpecError, load_spec, run_experiment
+from experiments_tiny import ES_BLOCK, GRPO_BLOCK, TinyHooks, write_spec
+
+
+def _json(path: Path):
+    return json.loads(path.read_text())
+
+
+def _lines(path: Path) -> list[str]:
+    return path.read_text().splitlines()
+
+
+def test_single_task_end_to_end_and_rerun_skips_everything(tmp_path, tokenizer):
+    spec = write_spec(tmp_path / "single.yaml", "single-task", ["boolq"],
+                      {"es": {**ES_BLOCK, "iterations": [1, 2]}, "grpo": GRPO_BLOCK},
+                      evaluation={"limit": 2, "max_new_tokens": 2, "batch_size": 8, "holdout": ["mmlu"],
+                                  "after_single_task": "trained+holdout"})
+    out = tmp_path / "out"
+    tiny = TinyHooks(tokenizer)
+    result = run_experiment(load_spec(spec), out, tiny.hooks)
+    assert result.ok, result.statuses
+    stage = out / "seed-42/single-task/boolq"
+    # one ES run served both budgets: trained to 1, snapshotted, continued to 2
+    assert tiny.trained == [("es", "seed-42/single-task/boolq/es/run")] * 2 + \
+        [("grpo", "seed-42/single-task/boolq/grpo/run")]
+    snap = stage / "es/run/checkpoints/iter_000001"
+    assert _json(snap / "es_state.json")["step"] == 1 and _json(stage / "es/run/checkpoints/final/es_state.json")[
+        "step"] == 2
+    r1, r2, rg = (_json(stage / name / "result.json") for name in ("es@1", "es@2", "grpo"))
+    assert r1["model"].endswith("es/run/checkpoints/iter_000001") and r2["model"].endswith("es/run/checkpoints/final")
+    # accounting measured from the run logs up to each budget: N 2 x B 2 generations per iteration
+    assert [r["steps"][0]["accounting"]["generations"] for r in (r1, r2)] == [4, 8]
+    assert rg["steps"][0]["accounting"]["generations"] == 4  # 2 prompts x 2 samples
+    assert set(r1["eval"]) == {"boolq", "mmlu"} and r1["eval"]["boolq"]["n"] == 2
+    assert set(_json(out / "base/result.json")["eval"]) == {"boolq", "mmlu"}
+    table1 = (out / "tables/table1_single_task.md").read_text()
+    assert "| Task | Base | ES (iter=1) | ES (iter=2) | GRPO |" in table1
+    assert (out / "tables/table18_compute.csv").exists()
+
+    again = TinyHooks(tokenizer)
+    loads = []
+    again.hooks.load_model = lambda *a: loads.append(a) or tiny.load_model(*a)
+    result = run_experiment(load_spec(spec), out, again.hooks)
+    assert result.ok and again.trained == [] and loads == []  # nothing trained, nothing evaluated
+    assert len(_lines(out / "invocations.jsonl")) == 2
+
+
+def test_sequential_end_to_end(tmp_path, tokenizer):
+    spec = write_spec(tmp_path / "seq.yaml", "sequential", ["countdown", "boolq"],
+                      {"es": {**ES_BLOCK, "iterations": 1}, "grpo": GRPO_BLOCK},
+                      sequential={"carry_optimizer_state": True})
+    out = tmp_path / "out"
+    tiny = TinyHooks(tokenizer)
+    result = run_experiment(load_spec(spec), out, tiny.hooks)
+    assert result.ok, result.statuses
+    seq = out / "seed-42/sequential"
+    for algo in ("es", "grpo"):
+        first = yaml.safe_load((seq / algo / "1-countdown/run/config.yaml").read_text())
+        second = yaml.safe_load((seq / algo / "2-boolq/run/config.yaml").read_text())
+        assert first["model"] == "tiny" and first["task"] == "countdown"
+        # stage 2 starts from stage 1's final weights (which is how `esft report` links the chain)
+        assert second["model"] == str((seq / algo / "1-countdown/run/checkpoints/final").resolve())
+        for k, task in ((1, "countdown"), (2, "boolq")):
+            rec = _json(seq / algo / f"{k}-{task}/result.json")
+            assert set(rec["eval"]) == {"countdown", "boolq", "mmlu"} and rec["index"] == k
+    # GRPO stage 2 is a new run: its own step count and schedule (AdamW moments carried, as the spec asks)
+    steps = [r["step"] for r in map(json.loads, _lines(seq / "grpo/2-boolq/run/metrics.jsonl"))
+             if r["kind"] == "train"]
+    assert steps == [1]
+    tables = out / "tables"
+    table2 = (tables / "table2_holdout.md").read_text()
+    assert "| Stage | ES (iter=1) (MMLU) | GRPO (MMLU) |" in table2 and "| After Task 2 (BoolQ) |" in table2
+    assert "| After Countdown | **" in (tables / "table5-8_sequential_es.md").read_text()
+    assert (tables / "table5-8_sequential_grpo.csv").exists() and (tables / "results.csv").exists()
+
+
+def test_resume_after_kill_mid_stage(tmp_path, tokenizer, monkeypatch):
+    from esft.es import trainer as es_trainer
+
+    spec = write_spec(tmp_path / "seq.yaml", "sequential", ["countdown", "boolq"],
+                      {"es": {**ES_BLOCK, "iterations": 3}},
+                      evaluation={"limit": 1, "max_new_tokens": 2, "holdout": []})
+    out = tmp_path / "out"
+    original = es_trainer.ESTrainer.iteration
+    done: list[tuple[str, int]] = []
+
+    def killed_in_stage_2(self):
+        if self.config.task == "boolq" and self.step == 1:
+            raise KeyboardInterrupt  # what Ctrl-C (or a kill) does mid-stage
+        done.append((self.config.task, self.step))
+        return original(self)
+
+    monkeypatch.setattr(es_trainer.ESTrainer, "iteration", killed_in_stage_2)
+    with pytest.raises(KeyboardInterrupt):
+        run_experiment(load_spec(spec), out, TinyHooks(tokenizer).hooks)
+    stage1, stage2 = out / "seed-42/sequential/es/1-countdown", out / "seed-42/sequential/es/2-boolq"
+    assert _json(stage1 / "status.json")["status"] == "done"
+    assert _json(stage2 / "status.json")["status"] == "running"
+    logged = _lines(stage2 / "run/seeds.jsonl")
+    assert len(logged) == 1 and done == [("countdown", 0), ("countdown", 1), ("countdown", 2), ("boolq", 0)]
+    assert _json(out / "invocations.jsonl")["interrupted"] is True
+
+    done.clear()
+    monkeypatch.setattr(es_trainer.ESTrainer, "iteration", lambda self: done.append(
+        (self.config.task, self.step)) or original(self))
+    tiny = TinyHooks(tokenizer)
+    result = run_experiment(load_spec(spec), out, tiny.hooks)
+    assert result.ok
+    # stage 1 was not redone; stage 2 resumed after its logged iteration
+    assert tiny.trained == [("es", "seed-42/sequential/es/2-boolq/run")]
+    assert done == [("boolq", 1), ("boolq", 2)]
+    resumed = _lines(stage2 / "run/seeds.jsonl")
+    assert len(resumed) == 3 and resumed[0] == logged[0]
+    assert _json(stage2 / "status.json")["attempts"] == 2
+
+
+def test_failed_stage_keeps_other_results_then_reruns(tmp_path, tokenizer):
+    algorithms = {"es": {**ES_BLOCK, "iterations": 1},
+                  "es-b": {"algorithm": "es", **ES_BLOCK, "iterations": 1, "sigma": 0.02}}
+    spec_path = write_spec(tmp_path / "seq.yaml", "sequential", ["countdown", "boolq"], algorithms,
+                           evaluation={"limit": 1, "max_new_tokens": 2, "holdout": []})
+    out = tmp_path / "out"
+    tiny = TinyHooks(tokenizer)
+    good = tiny.hooks.train_kwargs
+
+    def failing(step, config):
+        if "/es-b/1-" in step.run_dir:
+            raise RuntimeError("boom")
+        return good(step, config)
+
+    tiny.hooks.train_kwargs = failing
+    result = run_experiment(load_spec(spec_path), out, tiny.hooks)
+    seq = "seed-42/sequential"
+    assert result.statuses == {"base": "done", f"{seq}/es/1-countdown": "done", f"{seq}/es/2-boolq": "done",
+                               f"{seq}/es-b/1-countdown": "failed", f"{seq}/es-b/2-boolq": "blocked"}
+    failed = out / seq / "es-b/1-countdown"
+    assert "RuntimeError: boom" in (failed / "error.txt").read_text()
+    assert "Traceback" in (failed / "error.txt").read_text()
+    assert _json(failed / "status.json")["error"] == "RuntimeError: boom"
+    summary = (out / "tables/tables.md").read_text()
+    assert f"- {seq}/es-b/1-countdown: failed (RuntimeError: boom)" in summary
+    assert f"- {seq}/es-b/2-boolq: blocked" in summary
+    kept = (out / seq / "es/2-boolq/result.json").read_text()
+
+    tiny.hooks.train_kwargs = good
+    tiny.trained.clear()
+    result = run_experiment(load_spec(spec_path), out, tiny.hooks)
+    assert result.ok
+    assert [run for _, run in tiny.trained] == [f"{seq}/es-b/1-countdown/run", f"{seq}/es-b/2-boolq/run"]
+    assert (out / seq / "es/2-boolq/result.json").read_text() == kept
+    assert not (failed / "error.txt").exists()
+
+    # a finished stage trained with other options is refused before any compute, naming stage and field
+    data = yaml.safe_load(spec_path.read_text())
+    data["algorithms"]["es"]["sigma"] = 0.5
+    spec_path.write_text(yaml.safe_dump(data))
+    tiny.trained.clear()
+    with pytest.raises(SpecError, match=r"es/1-countdown was trained with other options \(sigma: 0\.01 -> 0\.5"):
+        run_experiment(load_spec(spec_path), out, tiny.hooks)
+    assert tiny.trained == []
