@@ -33,6 +33,12 @@ def _eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench(args: argparse.Namespace) -> int:
+    from esft.bench import main as bench_main
+
+    return bench_main(args)
+
+
 def _env(args: argparse.Namespace) -> int:
     from esft.environment import environment_report
 
@@ -127,6 +133,19 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("env", help="print versions, device and threads (paste into bug reports)")
     p.add_argument("--json", action="store_true", help="one JSON object")
     p.set_defaults(func=_env)
+
+    p = sub.add_parser("bench", help="ES iteration speed vs this machine's matmul roofline and vs naive ES code")
+    p.add_argument("--workloads", default="decode-heavy,cpu-preset", help="comma-separated: decode-heavy,cpu-preset")
+    p.add_argument("--repeats", type=int, default=1, help="iterations per engine and workload (fastest reported)")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    p.add_argument("--json", action="store_true", help="one JSON object instead of the table")
+    p.add_argument("--model", default="smollm2-135m", help="model name or folder")
+    p.add_argument("--population", type=int, default=4, help="N members (the acceptance numbers use 4)")
+    p.add_argument("--noise", default="per-tensor", help="esft noise mode (per-tensor, table, ...)")
+    p.add_argument("--no-naive", action="store_true", help="skip the naive iteration (no speedup)")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="GenerationConfig override for the esft engine (lever experiments), e.g. lean=false")
+    p.set_defaults(func=_bench)
 
     train = sub.add_parser("train", help="fine-tune with ES or GRPO")
     algos = train.add_subparsers(dest="algorithm", required=True)

@@ -31,6 +31,12 @@ class GenerationConfig:
     """Seed for sampling (unused when greedy)."""
     engine: str = "esft"
     """"esft": our decode loop that drops finished rows from the batch and KV cache; "hf": `model.generate`."""
+    min_new_tokens: int = 0
+    """eos is suppressed before this many tokens (as transformers' `min_new_tokens`); benchmarks use it to force
+    full-length completions."""
+    lean: bool = True
+    """esft engine only: use the lean decode step (`esft.lean`: preallocated KV cache, no per-step mask/cache
+    plumbing) for the models it supports; others, and lean=False, step through the HF forward."""
 
 
 @dataclass
@@ -128,6 +134,8 @@ def generate(
 def _hf_generate(model, input_ids, attention_mask, config, pad_id, eos) -> list[list[int]]:
     do_sample = config.temperature > 0
     kwargs = dict(max_new_tokens=config.max_new_tokens, do_sample=do_sample, pad_token_id=pad_id, eos_token_id=eos)
+    if config.min_new_tokens:
+        kwargs["min_new_tokens"] = config.min_new_tokens
     if do_sample:
         kwargs.update(temperature=config.temperature, top_p=config.top_p, top_k=0)
     else:
@@ -160,33 +168,57 @@ def _cache_kwarg(model) -> str:
     return "cache" if "cache" in params else "past_key_values"
 
 
+def _prefill(model, input_ids, attention_mask, position_ids):
+    """The prompt through the HF forward: (last-position logits [B, V], filled DynamicCache)."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=model.config)
+    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                use_cache=True, logits_to_keep=1, **{_cache_kwarg(model): cache})
+    return out.logits[:, -1, :], cache
+
+
+def _sampler(config: GenerationConfig, eos: list[int]):
+    """next-token rule of a decode loop: `sample_next`, with eos masked out before `min_new_tokens` (in place on
+    the logits, as transformers' MinNewTokensLengthLogitsProcessor does)."""
+
+    def sample(logits: torch.Tensor, step: int, generator) -> torch.Tensor:
+        if step < config.min_new_tokens:
+            logits[:, eos] = -float("inf")
+        return sample_next(logits, config.temperature, config.top_p, generator)
+
+    return sample
+
+
 def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, config: GenerationConfig,
            eos: list[int]) -> list[list[int]]:
     """Prefill once, then decode token by token, removing finished rows from the batch and the KV cache.
 
     `model.generate` keeps computing rows that already emitted eos until the longest row ends; with verbose
     models and a 1024-token budget that is most of the work. Dropping them keeps every forward pass useful.
-    Greedy outputs equal `model.generate`'s (tested).
+    Greedy outputs equal `model.generate`'s (tested). Supported architectures take the lean step
+    (`esft.lean`, config.lean); the loop below is the fallback through the HF forward.
     """
-    from transformers import DynamicCache
+    sample = _sampler(config, eos)
+    if config.lean:
+        from esft.lean import lean_decode, unsupported_reason
 
+        if unsupported_reason(model) is None:
+            return lean_decode(model, input_ids, attention_mask, config, eos, sample, _prefill)
     batch = input_ids.shape[0]
     device = input_ids.device
     generator = None
     if config.temperature > 0:
         generator = torch.Generator(device=device).manual_seed(config.seed)
-    cache = DynamicCache(config=model.config)
     cache_kw = _cache_kwarg(model)
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                use_cache=True, logits_to_keep=1, **{cache_kw: cache})
-    logits = out.logits[:, -1, :]
+    logits, cache = _prefill(model, input_ids, attention_mask, position_ids)
     next_pos = position_ids[:, -1] + 1
     rows = torch.arange(batch, device=device)  # original row index of each live row
     outputs: list[list[int]] = [[] for _ in range(batch)]
     eos_t = torch.tensor(eos, device=device)
     for step in range(config.max_new_tokens):
-        token = sample_next(logits, config.temperature, config.top_p, generator)
+        token = sample(logits, step, generator)
         for r, t in zip(rows.tolist(), token.tolist()):
             outputs[r].append(t)
         if step == config.max_new_tokens - 1:

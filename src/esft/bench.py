@@ -1,0 +1,397 @@
+"""`esft bench`: how close an ES iteration gets to this machine's arithmetic limit, and how much faster it is than
+the way public ES code does it. One run measures everything on the current machine:
+
+* `matmul_gflops`: a 2048^3 matmul in the model's dtype with the bench's thread count (best of a few: the
+  machine's capability, so the roofline ratio is conservative);
+* per workload, one full esft ES iteration (`LocalExecutor` perturb -> generate -> score -> restore per member,
+  `ES.tell`, `MasterWeights.apply`) and the same iteration done the naive way (perturb in place with noise
+  regenerated from the seed, `model.generate` over the batch, restore by regenerating the noise and subtracting
+  it, update by regenerating every member's noise again).
+
+Definitions (issue 9): roofline_ratio = 2 x params x (prompt + generated tokens) / iteration_s / matmul FLOP/s;
+generated_tokens_per_s = generated tokens / iteration_s; overhead_fraction = (perturb + restore + update) /
+iteration_s; speedup_vs_naive = naive_iteration_s / iteration_s. Token counts are the tokens actually processed:
+unpadded prompt tokens plus generated tokens up to and including eos, summed over the N members.
+
+Workloads:
+
+* `decode-heavy`: 32 chat prompts of 60-64 tokens (BoolQ passages cut to length), 256 new tokens, N 4. eos is
+  suppressed for the first 256 tokens in both engines (`min_new_tokens`), so every completion has full length and
+  both engines process exactly the same tokens.
+* `cpu-preset`: the ES `cpu` preset's batch (16 BoolQ prompts, passages cut to 400 characters, ~200 tokens),
+  completion budget (24 tokens, eos allowed) and generation batch size, N 4.
+
+The fitness is a deterministic pseudo-score of each completion's text (not the task's 0/1 score) plus a tiny
+member-dependent term, so that the update is never all-zero and its cost is always measured. Timings mean nothing on a loaded machine: the 1-minute
+load average is recorded beside each workload.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+import zlib
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+WORKLOADS = ("decode-heavy", "cpu-preset")
+
+
+@dataclass
+class BenchConfig:
+    """What `esft bench` runs."""
+
+    model: str = "smollm2-135m"
+    workloads: list[str] = field(default_factory=lambda: list(WORKLOADS))
+    repeats: int = 1
+    """esft and naive iterations per workload; the fastest of each is reported (the rest are in `runs`)"""
+    threads: int | None = None
+    """torch intra-op threads (None = torch's default)"""
+    population: int = 4
+    """N (the acceptance numbers use 4)"""
+    noise: str = "per-tensor"
+    """esft noise mode for the esft iteration (`MasterWeights` noise modes)"""
+    naive: bool = True
+    """also time the naive iteration (needed for speedup_vs_naive)"""
+    generation: dict[str, Any] = field(default_factory=dict)
+    """overrides of `GenerationConfig` fields for the esft engine (lever experiments, e.g. {"lean": False})"""
+    seed: int = 0
+
+
+@dataclass
+class Workload:
+    name: str
+    prompts: list  # chat messages
+    max_new_tokens: int
+    min_new_tokens: int
+    generation_batch_size: int
+    sigma: float
+    alpha: float
+
+
+def load_average() -> float | None:
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:  # pragma: no cover - platforms without getloadavg
+        return None
+
+
+def matmul_gflops(dtype: torch.dtype = torch.float32, size: int = 2048, reps: int = 5) -> float:
+    """Best-of-`reps` GFLOP/s of a size^3 matmul (with the current torch thread setting)."""
+    a = torch.randn(size, size, dtype=dtype)
+    b = torch.randn(size, size, dtype=dtype)
+    torch.matmul(a, b)
+    best = float("inf")
+    for _ in range(reps):
+        t = time.perf_counter()
+        torch.matmul(a, b)
+        best = min(best, time.perf_counter() - t)
+    return 2 * size**3 / best / 1e9
+
+
+# ---- workloads ----------------------------------------------------------------------------------------------
+
+DECODE_SYSTEM = "You are a helpful assistant."
+
+
+def _fit_prompt(tokenizer, passage: str, target: int) -> list[dict[str, str]]:
+    """A chat prompt whose templated length is as close to `target` tokens as the passage's words allow."""
+    from esft.generation import encode_prompts
+
+    words = passage.split()
+
+    def make(k: int) -> list[dict[str, str]]:
+        return [{"role": "system", "content": DECODE_SYSTEM},
+                {"role": "user", "content": "Explain this passage in detail:\n" + " ".join(words[:k])}]
+
+    lo, hi = 1, len(words)
+    while lo < hi:  # largest k with length <= target
+        mid = (lo + hi + 1) // 2
+        if len(encode_prompts(tokenizer, [make(mid)])[0]) <= target:
+            lo = mid
+        else:
+            hi = mid - 1
+    return make(lo)
+
+
+def build_workload(name: str, tokenizer) -> Workload:
+    from esft.es.config import PRESETS
+    from esft.tasks.boolq import BoolQTask
+
+    cpu = PRESETS["cpu"]
+    if name == "decode-heavy":
+        from esft.generation import encode_prompts
+
+        prompts = []
+        for ex in BoolQTask().load("train_pool"):  # the first 32 passages long enough for 60-64 tokens
+            p = _fit_prompt(tokenizer, ex["passage"], 64)
+            if len(encode_prompts(tokenizer, [p])[0]) >= 60:
+                prompts.append(p)
+            if len(prompts) == 32:
+                break
+        return Workload(name, prompts, max_new_tokens=256, min_new_tokens=256, generation_batch_size=32,
+                        sigma=cpu["sigma"], alpha=cpu["alpha"])
+    if name == "cpu-preset":
+        from esft.es.trainer import sample_batch
+
+        task = BoolQTask(max_passage_chars=cpu["max_passage_chars"])
+        train = task.load("train")
+        idx = sample_batch(42, 0, len(train), cpu["batch_size"])
+        prompts = [task.prompt(train[i]) for i in idx]
+        return Workload(name, prompts, max_new_tokens=cpu["max_new_tokens"], min_new_tokens=0,
+                        generation_batch_size=cpu["generation_batch_size"], sigma=cpu["sigma"], alpha=cpu["alpha"])
+    raise ValueError(f"unknown workload {name!r}; choose from {', '.join(WORKLOADS)}")
+
+
+class PseudoTask:
+    """Task stand-in: the prompts as given, a deterministic text-dependent score (so fitness varies and the
+    update is real), nothing well-formed."""
+
+    def prompt(self, example: dict) -> list:
+        return example["messages"]
+
+    def score(self, completion: str, example: dict) -> float:
+        return (zlib.crc32(completion.encode()) % 1000) / 999.0
+
+    def is_well_formed(self, completion: str, example: dict) -> bool:
+        return False
+
+
+def bench_fitness(result, batch) -> np.ndarray:
+    """Mean pseudo-score plus 1e-3 x member index: members that happen to write identical completions still get
+    distinct fitness, so the update is never all-zero and its cost is always part of the iteration."""
+    from esft.es.executor import MeanReward
+
+    fitness = MeanReward()(result, batch)
+    return fitness + 1e-3 * np.arange(len(fitness))
+
+
+# ---- the two iterations -------------------------------------------------------------------------------------
+
+def esft_iteration(model, tokenizer, work: Workload, population: int, noise: str, gen_overrides: dict,
+                   seed: int = 0) -> dict[str, Any]:
+    """One ES iteration of esft; returns timings, token counts and the completions of member 0."""
+    from esft.es.executor import LocalExecutor
+    from esft.es.noise import MasterWeights
+    from esft.es.strategy import ES
+    from esft.generation import GenerationConfig
+
+    gen = GenerationConfig(max_new_tokens=work.max_new_tokens, min_new_tokens=work.min_new_tokens,
+                           batch_size=work.generation_batch_size, temperature=0.0, engine="esft")
+    gen = dataclasses.replace(gen, **gen_overrides)
+    task = PseudoTask()
+    batch = [{"messages": p} for p in work.prompts]
+    start = time.perf_counter()
+    weights = MasterWeights(model, noise=noise)
+    setup = time.perf_counter() - start
+    es = ES(population_size=population, sigma=work.sigma, alpha=work.alpha, seed=seed)
+    executor = LocalExecutor(model, tokenizer, weights, task, work.sigma, gen)
+    t0 = time.perf_counter()
+    members = es.ask(0)
+    result = executor.evaluate_members(members, batch)
+    fitness = bench_fitness(result, batch)
+    update = es.tell(members, fitness)
+    t1 = time.perf_counter()
+    weights.apply(update)
+    t2 = time.perf_counter()
+    timings = dict(result.timings)
+    timings["update"] = t2 - t1
+    timings["iteration"] = t2 - t0
+    timings["setup"] = setup
+    return {"timings": timings, "prompt_tokens": result.prompt_tokens, "generated_tokens": result.tokens_generated,
+            "texts": result.texts, "zero_update": update.is_zero}
+
+
+def naive_iteration(model, tokenizer, work: Workload, population: int, seed: int = 0) -> dict[str, Any]:
+    """The same iteration as public ES code does it: in-place `param += sigma * eps` with eps regenerated from the
+    seed for every use (perturb, restore by subtraction, update), and `model.generate` over the whole batch."""
+    from esft.es.executor import PopulationResult
+    from esft.es.noise import gaussian, select_parameters
+    from esft.es.strategy import ES
+    from esft.generation import GenerationConfig, encode_prompts, generate
+
+    gen = GenerationConfig(max_new_tokens=work.max_new_tokens, min_new_tokens=work.min_new_tokens,
+                           batch_size=len(work.prompts), temperature=0.0, engine="hf")
+    task = PseudoTask()
+    batch = [{"messages": p} for p in work.prompts]
+    params = select_parameters(model)
+    es = ES(population_size=population, sigma=work.sigma, alpha=work.alpha, seed=seed)
+    timings = {"perturb": 0.0, "generate": 0.0, "score": 0.0, "restore": 0.0}
+    t0 = time.perf_counter()
+    members = es.ask(0)
+    ids = encode_prompts(tokenizer, work.prompts)
+    scores = np.zeros((len(members), len(batch)))
+    texts: list[list[str]] = []
+    prompt_tokens = generated = 0
+    with torch.no_grad():
+        for i, (mseed, sign) in enumerate(members):
+            t = time.perf_counter()
+            for name, p in params.items():
+                p.add_(gaussian(mseed, name, p.shape), alpha=sign * work.sigma)
+            timings["perturb"] += time.perf_counter() - t
+            t = time.perf_counter()
+            gens = generate(model, tokenizer, work.prompts, gen, prompt_ids=ids)
+            timings["generate"] += time.perf_counter() - t
+            t = time.perf_counter()
+            texts.append([g.text for g in gens])
+            scores[i] = [task.score(g.text, ex) for g, ex in zip(gens, batch)]
+            prompt_tokens += sum(g.prompt_tokens for g in gens)
+            generated += sum(len(g.completion_ids) for g in gens)
+            timings["score"] += time.perf_counter() - t
+            t = time.perf_counter()
+            for name, p in params.items():
+                p.sub_(gaussian(mseed, name, p.shape), alpha=sign * work.sigma)
+            timings["restore"] += time.perf_counter() - t
+        result = PopulationResult(scores=scores, well_formed=np.zeros_like(scores, dtype=bool), texts=texts)
+        update = es.tell(members, bench_fitness(result, batch))
+        t1 = time.perf_counter()
+        for name, p in params.items():
+            for useed, coef in zip(update.seeds, update.coefficients):
+                p.add_(gaussian(useed, name, p.shape), alpha=update.scale * coef)
+        t2 = time.perf_counter()
+    timings["update"] = t2 - t1
+    timings["iteration"] = t2 - t0
+    return {"timings": timings, "prompt_tokens": prompt_tokens, "generated_tokens": generated, "texts": texts}
+
+
+# ---- driver -------------------------------------------------------------------------------------------------
+
+def count_params(model) -> int:
+    """Parameters a forward pass multiplies by (tied embedding / lm_head counted once, as in 134.5M)."""
+    return sum(p.numel() for p in model.parameters())
+
+
+def _snapshot(model) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+@torch.no_grad()
+def _reset(model, snapshot: dict[str, torch.Tensor]) -> None:
+    for n, p in model.named_parameters():
+        p.copy_(snapshot[n])
+
+
+def run_bench(config: BenchConfig, model=None, tokenizer=None, log=print) -> dict[str, Any]:
+    if config.threads:
+        torch.set_num_threads(int(config.threads))
+    if model is None:
+        from esft.models import load_model
+
+        model, tokenizer = load_model(config.model, dtype="float32", device="cpu")
+    model.eval()
+    model.requires_grad_(False)
+    dtype = next(model.parameters()).dtype
+    params = count_params(model)
+    log(f"threads {torch.get_num_threads()}, load {load_average()}: measuring matmul ...")
+    gflops = matmul_gflops(dtype)
+    report: dict[str, Any] = {"matmul_gflops": round(gflops, 2), "workloads": {},
+                              "threads": torch.get_num_threads(), "dtype": str(dtype).replace("torch.", ""),
+                              "params": params, "model": config.model, "noise": config.noise,
+                              "population": config.population, "generation_overrides": dict(config.generation)}
+    snapshot = _snapshot(model)
+    for name in config.workloads:
+        work = build_workload(name, tokenizer)
+        loads = [load_average()]
+        runs: dict[str, list[dict]] = {"esft": [], "naive": []}
+        for r in range(config.repeats):
+            log(f"{name}: esft iteration {r + 1}/{config.repeats} (load {load_average()}) ...")
+            runs["esft"].append(esft_iteration(model, tokenizer, work, config.population, config.noise,
+                                               config.generation, config.seed))
+            _reset(model, snapshot)
+            loads.append(load_average())
+            if config.naive:
+                log(f"{name}: naive iteration {r + 1}/{config.repeats} (load {load_average()}) ...")
+                runs["naive"].append(naive_iteration(model, tokenizer, work, config.population, config.seed))
+                _reset(model, snapshot)
+                loads.append(load_average())
+        best = min(runs["esft"], key=lambda x: x["timings"]["iteration"])
+        t = best["timings"]
+        it = t["iteration"]
+        tokens = best["prompt_tokens"] + best["generated_tokens"]
+        entry: dict[str, Any] = {
+            "roofline_ratio": round(2 * params * tokens / it / (gflops * 1e9), 4),
+            "generated_tokens_per_s": round(best["generated_tokens"] / it, 2),
+            "iteration_s": round(it, 3),
+            "naive_iteration_s": None,
+            "speedup_vs_naive": None,
+            "overhead_fraction": round((t["perturb"] + t["restore"] + t["update"]) / it, 4),
+            "prompt_tokens": best["prompt_tokens"],
+            "generated_tokens": best["generated_tokens"],
+            "generate_roofline_ratio": round(2 * params * tokens / t["generate"] / (gflops * 1e9), 4),
+            "timings_s": {k: round(v, 3) for k, v in t.items()},
+            "esft_iterations_s": [round(x["timings"]["iteration"], 3) for x in runs["esft"]],
+            "load_avg_1min": loads,
+        }
+        if runs["naive"]:
+            nb = min(runs["naive"], key=lambda x: x["timings"]["iteration"])
+            entry["naive_iteration_s"] = round(nb["timings"]["iteration"], 3)
+            entry["speedup_vs_naive"] = round(nb["timings"]["iteration"] / it, 3)
+            entry["naive_timings_s"] = {k: round(v, 3) for k, v in nb["timings"].items()}
+            entry["naive_iterations_s"] = [round(x["timings"]["iteration"], 3) for x in runs["naive"]]
+            entry["naive_generated_tokens"] = nb["generated_tokens"]
+            # member 0 sees identical weights in both (later naive members carry its restore-by-subtraction error)
+            entry["member0_outputs_match"] = best["texts"][0] == nb["texts"][0]
+        report["workloads"][name] = entry
+    report["load_avg_1min_end"] = load_average()
+    return report
+
+
+def format_table(report: dict[str, Any]) -> str:
+    head = (f"matmul {report['matmul_gflops']:.1f} GFLOP/s ({report['dtype']}, {report['threads']} threads); "
+            f"{report['params'] / 1e6:.1f}M params; N {report['population']}; noise {report['noise']}")
+    cols = ("workload", "roofline", "gen tok/s", "iter s", "naive s", "speedup", "overhead", "load")
+    rows = [cols]
+    for name, w in report["workloads"].items():
+        def f(v, fmt):
+            return "-" if v is None else format(v, fmt)
+
+        rows.append((name, f(w["roofline_ratio"], ".3f"), f(w["generated_tokens_per_s"], ".1f"),
+                     f(w["iteration_s"], ".1f"), f(w["naive_iteration_s"], ".1f"), f(w["speedup_vs_naive"], ".2f"),
+                     f(w["overhead_fraction"], ".3f"), "/".join(str(x) for x in w["load_avg_1min"])))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(cols))]
+    lines = [head, ""]
+    for k, r in enumerate(rows):
+        lines.append("  ".join(c.ljust(widths[i]) if i == 0 else c.rjust(widths[i]) for i, c in enumerate(r)))
+        if k == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def parse_overrides(items: Sequence[str]) -> dict[str, Any]:
+    """`key=value` pairs for GenerationConfig (values parsed as YAML scalars: true, 64, 0.5, hf)."""
+    import yaml
+
+    from esft.generation import GenerationConfig
+
+    names = {f.name for f in dataclasses.fields(GenerationConfig)}
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or key not in names:
+            raise ValueError(f"--set expects KEY=VALUE with KEY a GenerationConfig field ({', '.join(sorted(names))})")
+        out[key] = yaml.safe_load(value)
+    return out
+
+
+def main(args) -> int:
+    import sys
+
+    workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
+    for w in workloads:
+        if w not in WORKLOADS:
+            raise ValueError(f"unknown workload {w!r}; choose from {', '.join(WORKLOADS)}")
+    config = BenchConfig(model=args.model, workloads=workloads, repeats=args.repeats, threads=args.threads,
+                         population=args.population, noise=args.noise, naive=not args.no_naive,
+                         generation=parse_overrides(args.set or []))
+    log = (lambda msg: print(msg, file=sys.stderr, flush=True))
+    report = run_bench(config, log=log)
+    if args.json:
+        print(json.dumps(report))
+    else:
+        print(format_table(report))
+    return 0

@@ -1,0 +1,288 @@
+"""Lean decode step for Llama-family models: the Hugging Face forward's arithmetic without its per-step overhead.
+
+Why this exists: at batch 32 on a 2-core CPU, one decode step of `model(...)` with a `DynamicCache` spends more
+time in `torch.cat` (the cache grows by one column per step, so every layer copies its whole K and V: ~300 MB per
+step at 200 cached tokens) than in the matmuls, plus mask building, rotary recomputation and module/kwargs plumbing
+for 30 layers. transformers' `StaticCache` avoids the copy but attends over the full preallocated length every
+step and still rebuilds masks. No library offers "HF-identical numerics, preallocated cache sliced to the current
+length, rows dropped when they finish" for CPU, so this module re-states the decode step by hand.
+
+Exactness: each operation is the one the Hugging Face modules run, in the same order, on tensors of the same
+shapes (RMSNorm in fp32 then weight *, `F.linear` per projection, rotary tables produced by the model's own
+`rotary_emb`, SDPA called exactly like `transformers.integrations.sdpa_attention` does for a one-token query:
+`pack_gqa` + boolean mask when any row is padded, `enable_gqa` and no mask otherwise). Only the memory layout of
+the cached keys/values differs (a slice of a preallocated buffer instead of a concatenated tensor), which does not
+change the arithmetic. Greedy outputs equal `model.generate`'s (tests/test_lean.py, and a slow test on the real
+model). The prompt prefill still runs through the Hugging Face forward: it is one large, efficient call.
+
+Supported: `model_type` llama / qwen2 / qwen3 with SDPA attention, SiLU MLP, no sliding-window layers and a
+position-independent rotary type. `unsupported_reason(model)` says why anything else falls back to the HF forward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+SUPPORTED_TYPES = ("llama", "qwen2", "qwen3")
+
+
+def unsupported_reason(model) -> str | None:
+    """None when `LeanModel` can run `model`; otherwise a short reason (the caller falls back to HF)."""
+    cfg = getattr(model, "config", None)
+    if cfg is None:
+        return "no config"
+    if getattr(cfg, "model_type", None) not in SUPPORTED_TYPES:
+        return f"model_type {getattr(cfg, 'model_type', None)!r} not in {SUPPORTED_TYPES}"
+    if getattr(cfg, "_attn_implementation", None) != "sdpa":
+        return f"attention implementation {getattr(cfg, '_attn_implementation', None)!r} (lean path mirrors sdpa)"
+    if getattr(cfg, "hidden_act", "silu") != "silu":
+        return f"hidden_act {cfg.hidden_act!r}"
+    if getattr(cfg, "mlp_bias", False):
+        return "mlp_bias"
+    layer_types = getattr(cfg, "layer_types", None) or []
+    if any(t != "full_attention" for t in layer_types) or getattr(cfg, "use_sliding_window", False):
+        return "sliding-window attention layers"
+    rope = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
+    if isinstance(rope, dict) and rope.get("rope_type", "default") in ("dynamic", "longrope"):
+        return f"rope_type {rope.get('rope_type')!r} depends on the sequence length"
+    inner = getattr(model, "model", None)
+    if inner is None or not hasattr(inner, "layers") or not hasattr(inner, "rotary_emb"):
+        return "unexpected module layout"
+    if not hasattr(model, "lm_head"):
+        return "no lm_head"
+    if any(p.device.type != "cpu" for p in model.parameters()):
+        return "lean path is for CPU (GPU runs use the HF forward / vLLM)"
+    return None
+
+
+@dataclass
+class _Layer:
+    ln1: torch.Tensor
+    ln2: torch.Tensor
+    wq: torch.Tensor
+    bq: torch.Tensor | None
+    wk: torch.Tensor
+    bk: torch.Tensor | None
+    wv: torch.Tensor
+    bv: torch.Tensor | None
+    wo: torch.Tensor
+    bo: torch.Tensor | None
+    wg: torch.Tensor
+    wu: torch.Tensor
+    wd: torch.Tensor
+    qn: torch.Tensor | None  # qwen3 per-head q/k RMSNorm gains
+    kn: torch.Tensor | None
+
+
+def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    # LlamaRMSNorm.forward, op for op (fp32 variance, rsqrt, gain applied in the input dtype)
+    dtype = x.dtype
+    h = x.to(torch.float32)
+    var = h.pow(2).mean(-1, keepdim=True)
+    h = h * torch.rsqrt(var + eps)
+    return weight * h.to(dtype)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class LeanModel:
+    """Weight references (not copies: ES perturbs parameters in place) plus the few constants of one model.
+
+    Built per `generate` call, so it always sees the current parameter tensors.
+    """
+
+    def __init__(self, model):
+        reason = unsupported_reason(model)
+        if reason is not None:
+            raise ValueError(f"lean decode does not support this model: {reason}")
+        cfg = model.config
+        self.model = model
+        self.n_heads = cfg.num_attention_heads
+        self.n_kv = cfg.num_key_value_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.groups = self.n_heads // self.n_kv
+        self.eps = cfg.rms_norm_eps
+        inner = model.model
+        self.embed = inner.embed_tokens.weight
+        self.padding_idx = inner.embed_tokens.padding_idx
+        self.final_norm = inner.norm.weight
+        self.final_eps = inner.norm.variance_epsilon
+        self.lm_head = model.lm_head.weight
+        self.lm_bias = model.lm_head.bias
+        self.rotary = inner.rotary_emb
+        self.layers: list[_Layer] = []
+        for layer in inner.layers:
+            a, m = layer.self_attn, layer.mlp
+            self.scaling = a.scaling
+            self.layers.append(_Layer(
+                ln1=layer.input_layernorm.weight, ln2=layer.post_attention_layernorm.weight,
+                wq=a.q_proj.weight, bq=a.q_proj.bias, wk=a.k_proj.weight, bk=a.k_proj.bias,
+                wv=a.v_proj.weight, bv=a.v_proj.bias, wo=a.o_proj.weight, bo=a.o_proj.bias,
+                wg=m.gate_proj.weight, wu=m.up_proj.weight, wd=m.down_proj.weight,
+                qn=a.q_norm.weight if hasattr(a, "q_norm") else None,
+                kn=a.k_norm.weight if hasattr(a, "k_norm") else None))
+        self.qk_eps = self.eps
+
+    def rope_tables(self, length: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin for positions 0..length-1 from the model's own rotary module ([length, head_dim] each)."""
+        pos = torch.arange(length, device=like.device)[None]
+        cos, sin = self.rotary(like, position_ids=pos)
+        return cos[0], sin[0]
+
+
+class KVCache:
+    """Preallocated keys/values [rows, kv_heads, capacity, head_dim] per layer, plus the attended-column mask.
+
+    Columns 0..length-1 are in use; a step writes column `length`. Capacity grows by doubling (amortised copy),
+    so a 1024-token budget does not allocate 1024 columns for rows that stop after 30. `keep(rows)` compacts the
+    batch in place when rows finish.
+    """
+
+    def __init__(self, lean: LeanModel, rows: int, capacity: int, dtype: torch.dtype, device):
+        self.lean = lean
+        shape = (rows, lean.n_kv, capacity, lean.head_dim)
+        self.k = [torch.empty(shape, dtype=dtype, device=device) for _ in lean.layers]
+        self.v = [torch.empty(shape, dtype=dtype, device=device) for _ in lean.layers]
+        self.mask = torch.zeros((rows, capacity), dtype=torch.bool, device=device)
+        self.rows = rows
+        self.length = 0
+
+    @property
+    def capacity(self) -> int:
+        return self.mask.shape[1]
+
+    def load_prefill(self, hf_cache, attention_mask: torch.Tensor) -> None:
+        """Copy the prompt K/V out of a Hugging Face DynamicCache filled by the prefill forward."""
+        width = attention_mask.shape[1]
+        for i, layer in enumerate(hf_cache.layers):
+            self.k[i][:, :, :width].copy_(layer.keys)
+            self.v[i][:, :, :width].copy_(layer.values)
+        self.mask[:, :width] = attention_mask.bool()
+        self.length = width
+
+    def ensure(self, columns: int) -> None:
+        if columns <= self.capacity:
+            return
+        new = max(columns, 2 * self.capacity)
+        for store in (self.k, self.v):
+            for i, old in enumerate(store):
+                buf = old.new_empty((old.shape[0], old.shape[1], new, old.shape[3]))
+                buf[:, :, : self.length].copy_(old[:, :, : self.length])
+                store[i] = buf
+        mask = self.mask.new_zeros((self.mask.shape[0], new))
+        mask[:, : self.length] = self.mask[:, : self.length]
+        self.mask = mask
+
+    def keep(self, index: torch.Tensor) -> None:
+        """Keep only rows `index` (ascending), moved to the front; only the used columns are copied."""
+        n, used = int(index.numel()), self.length
+        for store in (self.k, self.v):
+            for buf in store:
+                buf[:n, :, :used] = buf[index, :, :used]
+        self.mask[:n, :used] = self.mask[index, :used]
+        self.rows = n
+
+
+def decode_step(lean: LeanModel, cache: KVCache, token: torch.Tensor, position: torch.Tensor,
+                cos_table: torch.Tensor, sin_table: torch.Tensor) -> torch.Tensor:
+    """One token per live row through the model; appends its K/V at column `cache.length`; returns logits [n, V].
+
+    The per-layer sequence below is LlamaDecoderLayer / Qwen3DecoderLayer.forward with the HF SDPA integration
+    inlined (see module docstring); shapes keep the HF [rows, 1, hidden] layout so every kernel sees what it sees
+    under `model(...)`.
+    """
+    n = cache.rows
+    col = cache.length
+    used = col + 1
+    heads, kv, hd, groups = lean.n_heads, lean.n_kv, lean.head_dim, lean.groups
+    cache.mask[:n, col] = True
+    mask = cache.mask[:n, :used]
+    # HF passes no mask (and enable_gqa) when no row is padded, else a boolean [n, 1, 1, used] mask and a packed query
+    packed = not bool(mask.all())
+    attn_mask = mask[:, None, None, :] if packed else None
+    cos = cos_table[position][:, None, None, :]  # [n, 1(head), 1(seq), hd], as apply_rotary_pos_emb unsqueezes
+    sin = sin_table[position][:, None, None, :]
+    x = F.embedding(token[:, None], lean.embed, lean.padding_idx)
+    for i, L in enumerate(lean.layers):
+        residual = x
+        h = _rms(x, L.ln1, lean.eps)
+        q = F.linear(h, L.wq, L.bq).view(n, 1, heads, hd)
+        k = F.linear(h, L.wk, L.bk).view(n, 1, kv, hd)
+        if L.qn is not None:
+            q, k = _rms(q, L.qn, lean.qk_eps), _rms(k, L.kn, lean.qk_eps)
+        q = q.transpose(1, 2)
+        k = k.transpose(1, 2)
+        v = F.linear(h, L.wv, L.bv).view(n, 1, kv, hd).transpose(1, 2)
+        q = (q * cos) + (_rotate_half(q) * sin)
+        k = (k * cos) + (_rotate_half(k) * sin)
+        kb, vb = cache.k[i], cache.v[i]
+        kb[:n, :, col : col + 1].copy_(k)
+        vb[:n, :, col : col + 1].copy_(v)
+        keys, values = kb[:n, :, :used], vb[:n, :, :used]
+        if packed:
+            a = F.scaled_dot_product_attention(q.reshape(n, kv, groups, hd), keys, values, attn_mask=attn_mask,
+                                               dropout_p=0.0, scale=lean.scaling, is_causal=False)
+        else:
+            a = F.scaled_dot_product_attention(q, keys, values, dropout_p=0.0, scale=lean.scaling,
+                                               is_causal=False, enable_gqa=True)
+        a = a.reshape(n, -1, 1, hd).transpose(1, 2).contiguous()
+        a = a.reshape(n, 1, -1).contiguous()
+        x = residual + F.linear(a, L.wo, L.bo)
+        residual = x
+        h = _rms(x, L.ln2, lean.eps)
+        x = residual + F.linear(F.silu(F.linear(h, L.wg)) * F.linear(h, L.wu), L.wd)
+    x = _rms(x, lean.final_norm, lean.final_eps)
+    cache.length = used
+    return F.linear(x, lean.lm_head, lean.lm_bias)[:, -1, :]
+
+
+def lean_decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, config,
+                eos: list[int], sample: Callable, prefill: Callable) -> list[list[int]]:
+    """`esft.generation.decode` with the lean step: same contract (greedy-identical to `model.generate`).
+
+    `prefill(model, input_ids, attention_mask, position_ids) -> (last-position logits, DynamicCache)` runs the prompt
+    through the HF forward; `sample(logits, step, generator)` picks the next token (eos suppression included).
+    """
+    lean = LeanModel(model)
+    batch, width = input_ids.shape
+    device = input_ids.device
+    generator = None
+    if config.temperature > 0:
+        generator = torch.Generator(device=device).manual_seed(config.seed)
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    logits, hf_cache = prefill(model, input_ids, attention_mask, position_ids)
+    dtype = hf_cache.layers[0].keys.dtype
+    budget = config.max_new_tokens
+    cache = KVCache(lean, batch, width + min(budget, 128), dtype, device)
+    cache.load_prefill(hf_cache, attention_mask)
+    del hf_cache
+    next_pos = position_ids[:, -1] + 1
+    # every position this call can reach, computed once (a few KB even for a 1024-token budget)
+    cos_t, sin_t = lean.rope_tables(int(next_pos.max()) + budget + 1, logits.new_empty(1, dtype=dtype))
+    rows = torch.arange(batch, device=device)
+    outputs: list[list[int]] = [[] for _ in range(batch)]
+    eos_t = torch.tensor(eos, device=device)
+    for step in range(budget):
+        token = sample(logits, step, generator)
+        for r, t in zip(rows.tolist(), token.tolist()):
+            outputs[r].append(t)
+        if step == budget - 1:
+            break
+        alive = ~torch.isin(token, eos_t)
+        if not bool(alive.all()):
+            if not bool(alive.any()):
+                break
+            keep = alive.nonzero().squeeze(-1)
+            cache.keep(keep)
+            rows, token, next_pos = rows[keep], token[keep], next_pos[keep]
+        cache.ensure(cache.length + 1)
+        logits = decode_step(lean, cache, token, next_pos, cos_t, sin_t)
+        next_pos = next_pos + 1
+    return outputs

@@ -1,0 +1,166 @@
+"""Lean decode path (esft.lean). Run: `pytest tests/test_lean.py -q` (the real-model check is marked slow).
+
+The lean step must reproduce the Hugging Face forward: bit-identical logits step by step, and greedy completions
+equal to `model.generate` whatever the padding, eos pattern, cache growth and architecture (Llama, Qwen2 with
+q/k/v bias, Qwen3 with q/k norms); unsupported models fall back to the HF forward.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from esft import lean
+from esft.generation import GenerationConfig, _prefill, generate
+
+from conftest import make_tiny_model
+
+PROMPTS = [
+    [{"role": "system", "content": "Answer with \\boxed{yes} or \\boxed{no}."},
+     {"role": "user", "content": "Is water wet? Think about it carefully and explain."}],
+    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name three primes and explain."}],
+    "plain text prompt without template",
+    [{"role": "user", "content": "x"}],
+    [{"role": "user", "content": "Write a poem about the sea, the wind and the long grey evening light."}],
+]
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)  # fast and deterministic on a shared 2-core machine
+    yield
+    torch.set_num_threads(before)
+
+
+def _tiny(kind: str = "llama", seed: int = 0):
+    if kind == "llama":
+        return make_tiny_model(seed=seed)
+    torch.manual_seed(seed)
+    if kind == "qwen2":
+        from transformers import Qwen2Config, Qwen2ForCausalLM
+
+        cfg = Qwen2Config(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+                          tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=2)
+        model = Qwen2ForCausalLM(cfg)
+    elif kind == "qwen3":
+        from transformers import Qwen3Config, Qwen3ForCausalLM
+
+        cfg = Qwen3Config(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=2048,
+                          tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=2)
+        model = Qwen3ForCausalLM(cfg)
+    else:
+        raise ValueError(kind)
+    with torch.no_grad():  # random biases / norm gains, so those code paths matter
+        for name, p in model.named_parameters():
+            if name.endswith("bias") or "norm" in name:
+                p.add_(0.1 * torch.randn_like(p))
+    return model.eval().requires_grad_(False)
+
+
+def _eosy(model, tokenizer, at: int = 100):
+    """Make some rows stop early (and get dropped mid-batch) and others run on: the eos row of the output matrix
+    becomes a copy of the row of a token that row 0 generates at step `at`, so eos ties with it and wins the
+    argmax (first index) wherever that token would have been generated."""
+    first = generate(model, tokenizer, PROMPTS[:1], GenerationConfig(max_new_tokens=at + 1, engine="hf"))[0]
+    token = first.completion_ids[at]
+    with torch.no_grad():
+        model.lm_head.weight[2] = model.lm_head.weight[token]
+    return model
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3"])
+def test_supported(kind):
+    assert lean.unsupported_reason(_tiny(kind)) is None
+
+
+@pytest.mark.parametrize("padded", [True, False])
+def test_step_logits_bit_identical_to_hf_forward(tokenizer, padded):
+    model = _tiny("qwen3")
+    b, w = 5, 9
+    ids = torch.randint(3, 40000, (b, w), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones(b, w, dtype=torch.long)
+    if padded:
+        mask[::2, :4] = 0
+    with torch.inference_mode():
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        logits, hf_cache = _prefill(model, ids, mask, pos)
+        lm = lean.LeanModel(model)
+        cache = lean.KVCache(lm, b, w + 2, torch.float32, "cpu")  # capacity grows during the loop
+        cache.load_prefill(hf_cache, mask)
+        cos, sin = lm.rope_tables(64, logits)
+        token, p = logits.argmax(-1), pos[:, -1] + 1
+        for _ in range(6):
+            mask = torch.cat([mask, mask.new_ones(b, 1)], 1)
+            ref = model(input_ids=token[:, None], attention_mask=mask, position_ids=p[:, None], cache=hf_cache,
+                        use_cache=True).logits[:, -1]
+            cache.ensure(cache.length + 1)
+            ours = lean.decode_step(lm, cache, token, p, cos, sin)
+            assert torch.equal(ours, ref)
+            token, p = ref.argmax(-1), p + 1
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3"])
+def test_greedy_equals_hf_generate(tokenizer, kind):
+    model = _eosy(_tiny(kind), tokenizer)
+    cfg = dict(max_new_tokens=150, batch_size=5)  # > 128: the KV buffer grows mid-generation
+    ours = generate(model, tokenizer, PROMPTS, GenerationConfig(engine="esft", **cfg))
+    ref = generate(model, tokenizer, PROMPTS, GenerationConfig(engine="hf", **cfg))
+    assert [g.completion_ids for g in ours] == [g.completion_ids for g in ref]
+    lengths = [len(g.completion_ids) for g in ours]
+    assert ours[0].finished and len(set(lengths)) > 1  # rows were dropped at different steps
+
+
+def test_lean_equals_hf_forward_loop(tokenizer):
+    model = _eosy(_tiny("llama", seed=3), tokenizer, at=20)
+    cfg = dict(max_new_tokens=40, batch_size=3)
+    a = generate(model, tokenizer, PROMPTS, GenerationConfig(lean=True, **cfg))
+    b = generate(model, tokenizer, PROMPTS, GenerationConfig(lean=False, **cfg))
+    assert [g.completion_ids for g in a] == [g.completion_ids for g in b]
+
+
+def test_min_new_tokens_suppresses_eos_in_both_engines(tokenizer):
+    model = _eosy(_tiny("llama"), tokenizer, at=3)
+    free = generate(model, tokenizer, PROMPTS, GenerationConfig(max_new_tokens=30))
+    assert min(len(g.completion_ids) for g in free) < 10
+    cfg = dict(max_new_tokens=30, min_new_tokens=10, batch_size=5)
+    ours = generate(model, tokenizer, PROMPTS, GenerationConfig(engine="esft", **cfg))
+    ref = generate(model, tokenizer, PROMPTS, GenerationConfig(engine="hf", **cfg))
+    assert [g.completion_ids for g in ours] == [g.completion_ids for g in ref]
+    assert all(len(g.completion_ids) > 10 and 2 not in g.completion_ids[:10] for g in ours)
+
+
+def test_sampling_runs_and_is_seeded(tokenizer):
+    model = _tiny("llama")
+    cfg = GenerationConfig(max_new_tokens=10, temperature=1.0, top_p=0.9, seed=5)
+    a = generate(model, tokenizer, PROMPTS, cfg)
+    b = generate(model, tokenizer, PROMPTS, cfg)
+    assert [g.completion_ids for g in a] == [g.completion_ids for g in b]
+
+
+def test_unsupported_models_fall_back(tokenizer):
+    model = _tiny("llama")
+    model.config._attn_implementation = "eager"
+    assert "eager" in lean.unsupported_reason(model)
+    with pytest.raises(ValueError):
+        lean.LeanModel(model)
+    gens = generate(model, tokenizer, PROMPTS[:2], GenerationConfig(max_new_tokens=4))  # HF forward loop
+    assert all(len(g.completion_ids) <= 4 for g in gens)
+
+
+@pytest.mark.slow
+def test_real_model_greedy_equals_hf_generate(tokenizer):
+    """SmolLM2-135M on BoolQ prompts (eos allowed) and on free-form prompts: identical to `model.generate`."""
+    from esft.models import load_model
+    from esft.tasks.boolq import BoolQTask
+
+    model, _ = load_model("smollm2-135m", dtype="float32", device="cpu")
+    assert lean.unsupported_reason(model) is None
+    task = BoolQTask(max_passage_chars=200)
+    prompts = [task.prompt(ex) for ex in task.load("test", 12)] + PROMPTS
+    cfg = dict(max_new_tokens=48, batch_size=8)
+    ours = generate(model, tokenizer, prompts, GenerationConfig(engine="esft", **cfg))
+    ref = generate(model, tokenizer, prompts, GenerationConfig(engine="hf", **cfg))
+    assert [g.completion_ids for g in ours] == [g.completion_ids for g in ref]
