@@ -25,6 +25,9 @@ replay it (per-problem solve counts, replay flags, the fresh cursor) in its seed
 "fitness_rule"; checkpoints store the state itself. Resume = state from the checkpoint + replay of the logged
 lines after it, so the resumed run draws exactly the batches of an uninterrupted one.
 
+The trainer's periodic `evaluate()` still reports its train reward on the uniform `sample_batch` batch, so that
+number stays comparable between plain ES and DART-ES runs.
+
 Trainer protocol (duck-typed, all optional for other rules): bind(num_examples, seed), sample_batch(seed,
 iteration, n, batch_size), __call__(result, batch), log_record(), state_dict(), load_state_dict(state),
 replay(seed_log_record).
