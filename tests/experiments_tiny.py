@@ -2,7 +2,7 @@
 (tests/conftest.py `make_tiny_model`), hooks that load it instead of the embedded model, and call counters.
 
 Budgets are minimal (ES: population 2, batch 2, 2 new tokens; GRPO: 2 prompts x 2 samples, 1 step; evaluation:
-2 examples per task, 2 new tokens), so a whole experiment runs in seconds through the real trainers, the real
+1 example per task, 2 new tokens), so a whole experiment runs in seconds through the real trainers, the real
 generation loop and the real task scorers.
 """
 
@@ -17,10 +17,10 @@ ES_BLOCK = {"population_size": 2, "batch_size": 2, "max_new_tokens": 2, "sigma":
             "generation_batch_size": 8, "eval_every": 0, "samples_per_iteration": 0, "device": "cpu",
             "dtype": "float32"}
 GRPO_BLOCK = {"max_steps": 1, "prompts_per_step": 2, "num_generations": 2, "per_device_train_batch_size": 4,
-              "max_completion_length": 3, "learning_rate": 1e-3, "device": "cpu", "precision": "fp32",
+              "max_completion_length": 2, "learning_rate": 1e-3, "device": "cpu", "precision": "fp32",
               "log_kl": False, "samples_per_iteration": 0}
-EVAL_BLOCK = {"limit": 2, "max_new_tokens": 2, "batch_size": 8, "dtype": "float32", "device": "cpu",
-              "holdout": ["mmlu"], "per_task": {"mmlu": {"limit": 1}}}
+EVAL_BLOCK = {"limit": 1, "max_new_tokens": 2, "batch_size": 8, "dtype": "float32", "device": "cpu",
+              "holdout": ["mmlu"]}
 
 
 def write_spec(path: Path, kind: str, tasks: list[str], algorithms: dict[str, Any], **extra: Any) -> Path:

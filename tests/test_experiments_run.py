@@ -31,7 +31,7 @@ def _lines(path: Path) -> list[str]:
 def test_single_task_end_to_end_and_rerun_skips_everything(tmp_path, tokenizer):
     spec = write_spec(tmp_path / "single.yaml", "single-task", ["boolq"],
                       {"es": {**ES_BLOCK, "iterations": [1, 2]}, "grpo": GRPO_BLOCK},
-                      evaluation={"limit": 2, "max_new_tokens": 2, "batch_size": 8, "holdout": ["mmlu"],
+                      evaluation={"limit": 1, "max_new_tokens": 2, "batch_size": 8, "holdout": ["mmlu"],
                                   "after_single_task": "trained+holdout"})
     out = tmp_path / "out"
     tiny = TinyHooks(tokenizer)
@@ -49,7 +49,7 @@ def test_single_task_end_to_end_and_rerun_skips_everything(tmp_path, tokenizer):
     # accounting measured from the run logs up to each budget: N 2 x B 2 generations per iteration
     assert [r["steps"][0]["accounting"]["generations"] for r in (r1, r2)] == [4, 8]
     assert rg["steps"][0]["accounting"]["generations"] == 4  # 2 prompts x 2 samples
-    assert set(r1["eval"]) == {"boolq", "mmlu"} and r1["eval"]["boolq"]["n"] == 2
+    assert set(r1["eval"]) == {"boolq", "mmlu"} and r1["eval"]["boolq"]["n"] == 1
     assert set(_json(out / "base/result.json")["eval"]) == {"boolq", "mmlu"}
     table1 = (out / "tables/table1_single_task.md").read_text()
     assert "| Task | Base | ES (iter=1) | ES (iter=2) | GRPO |" in table1
@@ -61,6 +61,16 @@ def test_single_task_end_to_end_and_rerun_skips_everything(tmp_path, tokenizer):
     result = run_experiment(load_spec(spec), out, again.hooks)
     assert result.ok and again.trained == [] and loads == []  # nothing trained, nothing evaluated
     assert len(_lines(out / "invocations.jsonl")) == 2
+
+    # a changed evaluation setting re-evaluates only what it affects, from the kept weights
+    data = yaml.safe_load(spec.read_text())
+    data["evaluation"]["per_task"] = {"mmlu": {"limit": 2}}
+    spec.write_text(yaml.safe_dump(data))
+    loads.clear()
+    result = run_experiment(load_spec(spec), out, again.hooks)
+    assert result.ok and again.trained == [] and len(loads) == 4  # base + 3 stages, no training
+    r1 = _json(stage / "es@1/result.json")
+    assert r1["eval"]["mmlu"]["n"] == 2 and r1["eval"]["boolq"] == _json(stage / "es@1/eval/boolq.json")["summary"]
 
 
 def test_sequential_end_to_end(tmp_path, tokenizer):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 
@@ -23,7 +24,13 @@ def _run(args: argparse.Namespace) -> int:
         print(f"spec {spec.path} is valid; output folder {out}\n")
         print(plan_text(spec))
         return 0
-    result = run_experiment(spec, out)
+    from esft.experiments.runner import ExperimentBusy
+
+    try:
+        result = run_experiment(spec, out)
+    except ExperimentBusy as exc:
+        print(f"esft: error: {exc}", file=sys.stderr)
+        return 2
     print(f"\n{len(result.statuses) - len(result.failed)} of {len(result.statuses)} stages done in "
           f"{result.wall_s:,.0f} s; tables in {out / 'tables'}")
     for key in result.failed:

@@ -273,6 +273,10 @@ def _record_failure(folder: Path, exc: BaseException) -> None:
     write_json(folder / STATUS, status)
 
 
+class ExperimentBusy(RuntimeError):
+    """Another runner holds the experiment folder."""
+
+
 class _Lock:
     """One runner per experiment folder (two would write the same run directories)."""
 
@@ -286,7 +290,7 @@ class _Lock:
             fcntl.flock(self.fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             self.fh.close()
-            raise RuntimeError(f"another `esft experiment run` is working in {self.path.parent}") from None
+            raise ExperimentBusy(f"another `esft experiment run` is working in {self.path.parent}") from None
         self.fh.write(str(os.getpid()))
         self.fh.flush()
         return self
@@ -305,13 +309,28 @@ def _log(hooks: Hooks, message: str) -> None:
         print(message, flush=True)
 
 
+def _evaluation_current(spec: Spec, stage: Stage, root: Path) -> bool:
+    """True when every task of the stage was evaluated with today's settings (limits, tokens, model)."""
+    from esft.experiments.evaluate import EVAL_DIR, task_settings
+
+    model = spec.model if stage.kind == BASE else str((root / stage.model_dir()).resolve())
+    folder = root / stage.key / EVAL_DIR
+    for task in stage.eval_tasks:
+        prior = read_json(folder / f"{task}.json") or {}
+        if prior.get("settings") != task_settings(spec, task, model):
+            return False
+    return True
+
+
 def _visit(spec: Spec, stage: Stage, root: Path, smap: dict[str, Stage], hooks: Hooks, tag: str) -> str:
     """Run one stage unless it is done or blocked; returns its status. Only KeyboardInterrupt escapes."""
     folder = root / stage.key
     status = read_json(folder / STATUS) or {}
     if status.get("status") == "done" and (folder / RESULT).exists():
-        _log(hooks, f"{tag} {stage.key}: done, skipped")
-        return "done"
+        if _evaluation_current(spec, stage, root):
+            _log(hooks, f"{tag} {stage.key}: done, skipped")
+            return "done"
+        _log(hooks, f"{tag} {stage.key}: evaluation settings changed; re-evaluating (training is kept)")
     missing = [k for k in stage.after if not (read_json(root / k / STATUS) or {}).get("trained")]
     if missing:
         folder.mkdir(parents=True, exist_ok=True)
