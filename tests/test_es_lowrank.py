@@ -184,3 +184,23 @@ def test_lowrank_rejects_ray_and_bad_rank():
                       weights=SimpleNamespace(), task=None, gen_config=None)
     with pytest.raises(ValueError):
         LowRankWeights(tiny_llama(), rank=0)
+
+
+def test_bench_lowrank_workload(tokenizer):
+    """`esft bench --noise lowrank`: the same prompts and token counts as the full-rank iteration (min_new_tokens
+    honoured by the population decode loop), a non-zero update."""
+    from conftest import make_tiny_model
+    from esft import bench
+
+    prompts = [[{"role": "user", "content": f"Tell me about the number {i}."}] for i in range(3)]
+    work = bench.Workload("small", prompts, max_new_tokens=4, min_new_tokens=4, generation_batch_size=4,
+                          sigma=1e-2, alpha=1e-3)
+    model = make_tiny_model()
+    before = {n: p.clone() for n, p in model.named_parameters()}
+    low = bench.esft_iteration(model, tokenizer, work, population=2, noise="lowrank", gen_overrides={}, rank=2)
+    assert not low["zero_update"]
+    bench._reset(model, before)
+    full = bench.esft_iteration(model, tokenizer, work, population=2, noise="per-tensor", gen_overrides={})
+    assert low["generated_tokens"] == full["generated_tokens"] == 2 * 3 * 4
+    assert low["prompt_tokens"] == full["prompt_tokens"]
+    assert {"perturb", "generate", "restore", "update", "iteration"} <= set(low["timings"])

@@ -55,7 +55,10 @@ class BenchConfig:
     population: int = 4
     """N (the acceptance numbers use 4)"""
     noise: str = "per-tensor"
-    """esft noise mode for the esft iteration (`MasterWeights` noise modes)"""
+    """esft noise mode for the esft iteration (`MasterWeights` noise modes, or "lowrank": EGGROLL populations,
+    all members in one batched generation, esft.es.lowrank)"""
+    rank: int = 1
+    """rank r of the "lowrank" noise"""
     naive: bool = True
     """also time the naive iteration (needed for speedup_vs_naive)"""
     generation: dict[str, Any] = field(default_factory=dict)
@@ -174,7 +177,7 @@ def bench_fitness(result, batch) -> np.ndarray:
 # ---- the two iterations -------------------------------------------------------------------------------------
 
 def esft_iteration(model, tokenizer, work: Workload, population: int, noise: str, gen_overrides: dict,
-                   seed: int = 0) -> dict[str, Any]:
+                   seed: int = 0, rank: int = 1) -> dict[str, Any]:
     """One ES iteration of esft; returns timings, token counts and the completions of member 0."""
     from esft.es.executor import LocalExecutor
     from esft.es.noise import MasterWeights
@@ -187,10 +190,17 @@ def esft_iteration(model, tokenizer, work: Workload, population: int, noise: str
     task = PseudoTask()
     batch = [{"messages": p} for p in work.prompts]
     start = time.perf_counter()
-    weights = MasterWeights(model, noise=noise)
+    if noise == "lowrank":  # one batched generation for the whole population (through the HF forward's hooks)
+        from esft.es.lowrank import LowRankExecutor, LowRankWeights
+
+        weights = LowRankWeights(model, rank=rank)
+        executor_cls = LowRankExecutor
+    else:
+        weights = MasterWeights(model, noise=noise)
+        executor_cls = LocalExecutor
     setup = time.perf_counter() - start
     es = ES(population_size=population, sigma=work.sigma, alpha=work.alpha, seed=seed)
-    executor = LocalExecutor(model, tokenizer, weights, task, work.sigma, gen)
+    executor = executor_cls(model, tokenizer, weights, task, work.sigma, gen)
     t0 = time.perf_counter()
     members = es.ask(0)
     result = executor.evaluate_members(members, batch)
@@ -301,7 +311,7 @@ def run_bench(config: BenchConfig, model=None, tokenizer=None, log=print) -> dic
         for r in range(config.repeats):
             log(f"{name}: esft iteration {r + 1}/{config.repeats} (load {load_average()}) ...")
             runs["esft"].append(esft_iteration(model, tokenizer, work, config.population, config.noise,
-                                               config.generation, config.seed))
+                                               config.generation, config.seed, config.rank))
             _reset(model, snapshot)
             loads.append(load_average())
             if config.naive:
@@ -386,7 +396,8 @@ def main(args) -> int:
         if w not in WORKLOADS:
             raise ValueError(f"unknown workload {w!r}; choose from {', '.join(WORKLOADS)}")
     config = BenchConfig(model=args.model, workloads=workloads, repeats=args.repeats, threads=args.threads,
-                         population=args.population, noise=args.noise, naive=not args.no_naive,
+                         population=args.population, noise=args.noise, rank=getattr(args, "rank", 1),
+                         naive=not args.no_naive,
                          generation=parse_overrides(args.set or []))
     log = (lambda msg: print(msg, file=sys.stderr, flush=True))
     report = run_bench(config, log=log)

@@ -236,7 +236,10 @@ def _decode_rows(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, c
     rows = torch.arange(batch, device=device)
     outputs: list[list[int]] = [[] for _ in range(batch)]
     eos_t = torch.tensor(eos, device=device)
+    min_new = int(getattr(config, "min_new_tokens", 0) or 0)  # benchmarks force full-length completions
     for step in range(config.max_new_tokens):
+        if step < min_new:
+            logits[:, eos] = -float("inf")
         token = sample_next(logits, config.temperature, config.top_p, generator)
         for r, t in zip(rows.tolist(), token.tolist()):
             outputs[r].append(t)
