@@ -290,3 +290,24 @@ def test_cli_dry_run_and_errors(tmp_path, capsys):
     assert not (tmp_path / "runs").exists()
     assert main(["experiment", "list"]) == 0
     assert "cpu-mini-single" in capsys.readouterr().out
+
+
+def test_carry_optimizer_state_loads_moments_not_learning_rates(tmp_path):
+    import torch
+
+    from esft.experiments.runner import _carry_optimizer_callback
+    from types import SimpleNamespace
+
+    model = torch.nn.Linear(3, 2)
+    old = torch.optim.AdamW(model.parameters(), lr=0.1)
+    model(torch.ones(1, 3)).sum().backward()
+    old.step()
+    torch.save(old.state_dict(), tmp_path / "optimizer.pt")
+    new = torch.optim.AdamW(model.parameters(), lr=0.5)
+    callback = _carry_optimizer_callback(tmp_path)
+    callback.on_train_begin(None, SimpleNamespace(global_step=3), None, optimizer=new)
+    assert not new.state  # a resumed stage keeps its own checkpointed state
+    callback.on_train_begin(None, SimpleNamespace(global_step=0), None, optimizer=new)
+    for p in model.parameters():
+        assert torch.equal(new.state[p]["exp_avg"], old.state[p]["exp_avg"])
+    assert new.param_groups[0]["lr"] == 0.5  # the new stage's schedule, not the old stage's last lr

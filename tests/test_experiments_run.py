@@ -91,7 +91,9 @@ def test_sequential_end_to_end(tmp_path, tokenizer):
         for k, task in ((1, "countdown"), (2, "boolq")):
             rec = _json(seq / algo / f"{k}-{task}/result.json")
             assert set(rec["eval"]) == {"countdown", "boolq", "mmlu"} and rec["index"] == k
-    # GRPO stage 2 is a new run: its own step count and schedule (AdamW moments carried, as the spec asks)
+    # GRPO stage 2 is a new run: its own step count and schedule (AdamW moments carried, as the spec asks,
+    # from stage 1's checkpoint)
+    assert (seq / "grpo/1-countdown/run/checkpoints/final/optimizer.pt").exists()
     steps = [r["step"] for r in map(json.loads, _lines(seq / "grpo/2-boolq/run/metrics.jsonl"))
              if r["kind"] == "train"]
     assert steps == [1]
