@@ -137,8 +137,11 @@ class Spec:
         from esft.config import build_config
 
         algo = component.spec
+        names = {f.name for f in dataclasses.fields(algo.config_cls)}
+        # task options come from the spec's top level (a preset's BoolQ passage cut must not reach other tasks)
+        task_fields = {"max_passage_chars": None, "task_options": dict(self.task_options.get(task, {}))}
         values = {**component.overrides(task), "task": task, "seed": seed, "model": self.model,
-                  "max_passage_chars": None, "task_options": dict(self.task_options.get(task, {})), **runner}
+                  **{k: v for k, v in task_fields.items() if k in names}, **runner}
         if budget is not None:
             values[algo.budget_field] = budget
         return build_config(algo.config_cls, algo.presets, component.preset, None, values)
