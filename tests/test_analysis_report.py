@@ -106,3 +106,52 @@ def test_analyze_commands(experiment, tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "cosine" in printed and "R^2" in printed and "k3/token" in printed
     assert main(["analyze", "weights", "--base", str(base)]) == 2  # no --tuned: a clean error, not a traceback
+
+
+def fake_run(path, algorithm, model, task, checkpoints=("final",), seed=42):
+    """A run directory with empty checkpoint folders (discovery reads names, configs and step files only)."""
+    import yaml
+
+    path.mkdir(parents=True)
+    cfg = {"model": str(model), "task": task, "seed": seed}
+    cfg.update({"population_size": 4, "sigma": 0.1, "alpha": 0.05} if algorithm == "es" else
+               {"algorithm": "grpo", "learning_rate": 1e-6})
+    (path / "config.yaml").write_text(yaml.safe_dump(cfg))
+    (path / "metrics.jsonl").write_text("")
+    for name in checkpoints:
+        ck = path / "checkpoints" / name
+        ck.mkdir(parents=True)
+        (ck / "config.json").write_text("{}")
+        (ck / "model.safetensors").write_text("")
+    return path
+
+
+def test_chains_follow_budget_snapshots(tmp_path):
+    base = tmp_path / "base"
+    base.mkdir()
+    (base / "config.json").write_text("{}")
+    a = fake_run(tmp_path / "seq/es/1-countdown/run", "es", base, "countdown", ("iter_000100", "final"))
+    fake_run(tmp_path / "seq/es@100/2-math/run", "es", a / "checkpoints/iter_000100", "math")
+    fake_run(tmp_path / "seq/es@300/2-math/run", "es", a / "checkpoints/final", "math")
+    single = fake_run(tmp_path / "single/boolq/es/run", "es", base, "boolq", ("iter_000100", "final"))
+    fake_run(tmp_path / "single/boolq/grpo/run", "grpo", base, "boolq")
+    chains = build_chains(find_runs(tmp_path), tmp_path)
+    seqs = sorted([(c.tasks, [s.checkpoint.name for s in c.stages]) for c in chains])
+    assert seqs == [(["boolq"], ["final"]), (["boolq"], ["final"]),
+                    (["countdown", "math"], ["final", "final"]), (["countdown", "math"], ["iter_000100", "final"])]
+    pairs = build_pairs(chains)
+    assert len(pairs) == 1 and pairs[0].es.stages[0].run.path == single.resolve()
+
+    # an experiment's stage records name the budget snapshot of the single-task run, too
+    for key, track, model in (("single/boolq/es@100", "es@100", "single/boolq/es/run/checkpoints/iter_000100"),
+                              ("single/boolq/es@300", "es@300", "single/boolq/es/run/checkpoints/final"),
+                              ("single/boolq/grpo", "grpo", "single/boolq/grpo/run/checkpoints/final")):
+        (tmp_path / key).mkdir(parents=True, exist_ok=True)
+        run_dir = model.split("/checkpoints")[0]
+        (tmp_path / key / "result.json").write_text(json.dumps({
+            "key": key, "kind": "train", "seed": 42, "track": track, "task": "boolq", "index": 1, "parent": None,
+            "model": model, "steps": [{"algorithm": track[:4].strip("@"), "run_dir": run_dir, "model_dir": model}]}))
+    chains = build_chains(find_runs(tmp_path), tmp_path)
+    got = sorted((c.name, c.algorithm, c.stages[0].checkpoint.name) for c in chains)
+    assert got == [("es@100", "es", "iter_000100"), ("es@300", "es", "final"), ("grpo", "grpo", "final")]
+    assert len(build_pairs(chains)) == 2  # both ES budgets pair with the seed's GRPO run

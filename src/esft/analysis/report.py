@@ -356,9 +356,10 @@ class Report:
                 continue
             stages_rows3, stages_rows4, stages_rows20 = [], [], []
             last_rep, cached = None, False
-            for i, run in enumerate(a.runs):
-                ck_a = run.final
-                ck_b = b.runs[i].final if b is not None and i < len(b.runs) else None
+            for i, (stage, task) in enumerate(zip(a.stages, a.tasks)):
+                run = stage.run
+                ck_a = stage.checkpoint
+                ck_b = b.stages[i].checkpoint if b is not None and i < len(b.stages) else None
                 if ck_a is None or (b is not None and ck_b is None):
                     self.skip(f"weights ({label}, stage {i + 1})", "a stage has no checkpoint")
                     continue
@@ -374,8 +375,8 @@ class Report:
                 last_rep = rep
                 out[f"{label} stage {i + 1}"] = rep["total"]
                 tot = rep["total"]
-                k = paper.STAGE_TASKS.index(run.task) if run.task in paper.STAGE_TASKS else None
-                pref = f"{i + 1}: {run.task}"
+                k = paper.STAGE_TASKS.index(task) if task in paper.STAGE_TASKS else None
+                pref = f"{i + 1}: {task}"
                 if b is not None:
                     ea, gb = tot[la], tot[list(tuned)[1]]
                     ratio = tot.get(f"norm_ratio:{la}|{list(tuned)[1]}")
@@ -391,6 +392,8 @@ class Report:
                     stages_rows20.append([pref, cos, f"{p20[0]:.1e} (Qwen) / {p20[1]:.1e} (Llama)" if p20 else "n/a"])
                 else:
                     ea = tot[la]
+                    if la not in ("es", "grpo"):
+                        k = None  # mixed chains (grpo->es): the study has no such run
                     p3 = paper.TABLE3[k] if k is not None else None
                     p4 = paper.TABLE4[k] if k is not None else None
                     col = 0 if la == "es" else 1
@@ -579,20 +582,21 @@ class Report:
              "Completions generated greedily by pi_after and scored token-aligned by both models. Headline "
              "estimator: k3 per-token mean; k1 and the exact next-token KL are in the JSON (the study does not "
              "say which estimator its tables use). Incremental: stage t vs t-1; cumulative: stage t vs base.\n"]
-        chains = [c for c in self.chains if c.base is not None and all(r.final is not None for r in c.runs)]
+        chains = [c for c in self.chains if c.base is not None and all(st.checkpoint is not None for st in c.stages)]
         for c in self.chains:
             if c not in chains:
                 self.skip(f"KL ({c.label})", "base model not on disk or a stage without checkpoint")
         if not chains:
             self.skip("KL", "no chain with a base model folder and checkpoints")
             return
-        tables: dict[tuple[str, tuple[str, ...]], list[dict[str, Any]]] = {}
+        # seeds of the same method, track (e.g. es@100 vs es@300) and task sequence are aggregated together
+        tables: dict[tuple[str, str, tuple[str, ...]], list[dict[str, Any]]] = {}
         all_cached = True
         opts = self.task_options()
         for c in chains:
             tasks = list(dict.fromkeys(c.tasks))
             gc = self.gen_config(c)
-            stages = [(f"{i + 1}:{r.task}", r.final) for i, r in enumerate(c.runs)]
+            stages = c.checkpoints()
             params = {"base": _fingerprint([c.base]), "stages": [(l, _fingerprint([p])) for l, p in stages],
                       "tasks": tasks, "limit": self.config.limit, "max_new_tokens": gc.max_new_tokens,
                       "options": opts}
@@ -603,15 +607,15 @@ class Report:
 
             res, cached = self.cache.get(f"kl_{_slug(c.label)}", params, compute)
             all_cached = all_cached and cached
-            tables.setdefault((c.algorithm, tuple(c.tasks)), []).append(res)
+            tables.setdefault((c.algorithm, c.name or c.algorithm, tuple(c.tasks)), []).append(res)
         est = "k3_token_mean"
         panels = {}
         out = {}
-        for (algo, tasks), tbs in tables.items():
+        for (algo, track, tasks), tbs in tables.items():
             agg = K.aggregate_seeds(tbs, est)
-            out[f"{algo} {'->'.join(tasks)}"] = {"seeds": tbs, "aggregate": agg}
+            out[f"{track} {'->'.join(tasks)}"] = {"seeds": tbs, "aggregate": agg}
             n = len(tbs)
-            s.append(f"### {algo.upper()} {'->'.join(tasks)} ({n} seed{'s' if n != 1 else ''})\n")
+            s.append(f"### {track.upper()} {'->'.join(tasks)} ({n} seed{'s' if n != 1 else ''})\n")
             for kind in ("incremental", "cumulative"):
                 head = ["eval task"] + [f"after {st}" for st in agg["stages"]]
                 rows = []
@@ -628,7 +632,8 @@ class Report:
                 s.append(f"**{kind}** ({'median [min, max] over seeds' if n > 1 else 'one seed'})\n\n"
                          + table(head, rows) + "\n")
             m = K.matrix(agg, "incremental", stat="median")
-            panels[algo.upper()] = (m, agg["tasks"], agg["stages"])
+            panels[f"{track.upper()} {'->'.join(tasks)}" if len(tables) > 2 else track.upper()] = (
+                m, agg["tasks"], agg["stages"])
         if panels:
             fig = self.plot(all_cached, self.fig("kl_heatmap"), lambda: K.plot_heatmap(
                 panels, self.fig("kl_heatmap"), title=f"incremental KL ({est}, median over seeds)"))
@@ -648,7 +653,7 @@ class Report:
         out: dict[str, Any] = {}
         items: list[tuple[Chain, Chain | None]] = [(p.es, p.grpo) for p in self.pairs[:1]]
         if not items:
-            cands = [c for c in self.chains if c.base is not None and c.runs[-1].final is not None]
+            cands = [c for c in self.chains if c.base is not None and c.stages[-1].checkpoint is not None]
             items = [(cands[0], None)] if cands else []
             self.skip("interpolation ES <-> GRPO (Figure 3)", "needs an ES and a GRPO run from the same base on the "
                       "same tasks")
@@ -664,7 +669,7 @@ class Report:
         gc = self.gen_config(a)
         tasks = list(dict.fromkeys(a.tasks))
         n = self.config.limit
-        fa, fb = a.runs[-1].final, (b.runs[-1].final if b is not None else None)
+        fa, fb = a.stages[-1].checkpoint, (b.stages[-1].checkpoint if b is not None else None)
         la, lb = a.algorithm, (b.algorithm if b is not None else None)
         common = {"base": _fingerprint([a.base]), "a": _fingerprint([fa]), "b": _fingerprint([fb]), "limit": n,
                   "max_new_tokens": gc.max_new_tokens, "options": opts}
@@ -752,11 +757,11 @@ class Report:
         s = ["## Functional sparsity (keep |d| > tau, revert the rest, re-evaluate)\n",
              f"Reference: {paper.FUNCTIONAL_SPARSITY}.\n"]
         opts = self.task_options()
-        chains = [c for c in self.chains if c.base is not None and c.runs[-1].final is not None]
+        chains = [c for c in self.chains if c.base is not None and c.stages[-1].checkpoint is not None]
         seen: set[tuple] = set()
         todo = []
         for c in chains:  # one per algorithm and task sequence (the first seed)
-            key = (c.algorithm, tuple(c.tasks))
+            key = (c.name or c.algorithm, tuple(c.tasks))
             if key not in seen:
                 seen.add(key)
                 todo.append(c)
@@ -769,7 +774,7 @@ class Report:
         for c in todo:
             gc = self.gen_config(c)
             tasks = list(dict.fromkeys(c.tasks))
-            fin = c.runs[-1].final
+            fin = c.stages[-1].checkpoint
             params = {"base": _fingerprint([c.base]), "tuned": _fingerprint([fin]), "limit": self.config.limit,
                       "max_new_tokens": gc.max_new_tokens, "targets": self.config.sparsity_targets, "options": opts}
 
@@ -783,7 +788,7 @@ class Report:
 
             res, cached = self.cache.get(f"sparsity_{_slug(c.label)}", params, compute)
             all_cached = all_cached and cached
-            label = c.algorithm
+            label = c.name or c.algorithm
             results[label if label not in results else c.label] = res
             rows = [[_fmt(r["tau"]), _pct(r["sparsity"])] + [_pct(r["accuracy"][t]) for t in tasks] for r in res["rows"]]
             rows.append(["base (all reverted)", "100%"] + [_pct(res["base_accuracy"][t]) for t in tasks])

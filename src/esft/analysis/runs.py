@@ -205,43 +205,79 @@ def resolve_model(spec: str | None, run: Run | None = None, root: Path | None = 
 
 
 @dataclass
+class StageRef:
+    """One trained stage of a chain: the run(s) that trained it and the checkpoint it left."""
+
+    runs: list[Run]
+    checkpoint: Path | None
+    task: str | None = None
+
+    @property
+    def run(self) -> Run:
+        """The run that produced the stage's weights (the last of a multi-step stage such as grpo->es)."""
+        return self.runs[-1]
+
+
+@dataclass
 class Chain:
-    """Stages of one training sequence: stage i trained `runs[i]`, starting from stage i-1 (or `base`)."""
+    """Stages of one training sequence: stage i starts from stage i-1's checkpoint (stage 1 from `base`)."""
 
     algorithm: str
-    runs: list[Run]
+    """"es", "grpo", or a label such as "grpo->es" for mixed chains"""
+    stages: list[StageRef]
     base: Path | None
     base_spec: str | None
+    name: str | None = None
+    """track name from an experiment (e.g. "es@100"), else None"""
+
+    @property
+    def runs(self) -> list[Run]:
+        return [s.run for s in self.stages]
 
     @property
     def seed(self) -> int | None:
-        return self.runs[0].seed
+        return self.stages[0].run.seed
 
     @property
     def tasks(self) -> list[str]:
-        return [r.task or "?" for r in self.runs]
+        return [s.task or s.run.task or "?" for s in self.stages]
 
     @property
     def label(self) -> str:
         seed = f" seed {self.seed}" if self.seed is not None else ""
-        return f"{self.algorithm.upper()} {'->'.join(self.tasks)}{seed} ({self.runs[-1].path.name})"
+        name = self.name or self.algorithm.upper()
+        where = self.stages[-1].run.path.name if self.name is None else self.stages[-1].run.path.parent.name
+        return f"{name} {'->'.join(self.tasks)}{seed} ({where})"
 
-    def stages(self) -> list[tuple[str, Path | None]]:
-        """(stage label, final checkpoint) per stage."""
-        return [(f"{i + 1}:{r.task}", r.final) for i, r in enumerate(self.runs)]
+    def checkpoints(self) -> list[tuple[str, Path | None]]:
+        """(stage label, checkpoint) per stage."""
+        return [(f"{i + 1}:{t}", s.checkpoint) for i, (s, t) in enumerate(zip(self.stages, self.tasks))]
+
+
+def _algorithm_of(runs: list[Run]) -> str:
+    algos = [r.algorithm for r in runs]
+    uniq = [a for i, a in enumerate(algos) if i == 0 or a != algos[i - 1]]
+    return uniq[0] if len(set(algos)) == 1 else "->".join(uniq)
 
 
 def build_chains(runs: list[Run], root: Path | None = None) -> list[Chain]:
-    """Link runs whose model is another run's checkpoint into chains (roots first, then each run's child)."""
+    """Chains from an experiment's stage records (`result.json` with steps, written by `esft experiment run`) when
+    DIR holds them, else by linking runs whose model is another run's checkpoint folder. A stage's checkpoint is
+    the folder the next stage started from (a budget snapshot such as iter_000100 of a run continued to 300), else
+    the run's final checkpoint."""
+    if root is not None:
+        staged = chains_from_stage_records(runs, root)
+        if staged:
+            return staged
     by_ckpt: dict[Path, Run] = {}
     for r in runs:
         for _, folder in r.checkpoints:
             by_ckpt[folder.resolve()] = r
     parent: dict[Path, Run] = {}
-    base_of: dict[Path, Path | None] = {}
+    start: dict[Path, Path | None] = {}
     for r in runs:
         local = resolve_model(r.model, r, root)
-        base_of[r.path] = local
+        start[r.path] = local
         if local is not None and local in by_ckpt and by_ckpt[local] is not r:
             parent[r.path] = by_ckpt[local]
     children: dict[Path, list[Run]] = {}
@@ -252,16 +288,80 @@ def build_chains(runs: list[Run], root: Path | None = None) -> list[Chain]:
     for r in runs:
         if r.path in parent:
             continue
-        # follow the (first) child at each stage; branching sequences give one chain per leaf
+        # follow every child at each stage; branching sequences (budget tracks) give one chain per leaf
         stack = [[r]]
         while stack:
             seq = stack.pop()
             kids = children.get(seq[-1].path, [])
-            if not kids:
-                chains.append(Chain(r.algorithm, seq, base_of[r.path], r.model))
+            final = seq[-1].final
+            # a run ends a chain when nothing continued from it, or when its children started from an earlier
+            # snapshot (a budget track) while its final checkpoint is a result of its own
+            if not kids or (final is not None and all(start[k.path] != final.resolve() for k in kids)):
+                stages = []
+                for i, run in enumerate(seq):
+                    ck = start[seq[i + 1].path] if i + 1 < len(seq) else run.final
+                    stages.append(StageRef([run], ck, run.task))
+                chains.append(Chain(_algorithm_of(seq), stages, start[r.path], r.model))
             for k in kids:
                 stack.append(seq + [k])
     return chains
+
+
+def chains_from_stage_records(runs: list[Run], root: Path, max_depth: int = 7) -> list[Chain]:
+    """Chains of an `esft experiment run` directory, one per (seed, kind, track), from its stage records."""
+    by_path = {r.path: r for r in runs}
+    records: dict[str, dict[str, Any]] = {}
+    for f in _walk(root, "result.json", max_depth):
+        try:
+            rec = json.loads(f.read_text())
+        except (json.JSONDecodeError, OSError):
+            continue
+        if isinstance(rec, dict) and rec.get("kind") == "train" and rec.get("steps") and rec.get("key"):
+            records[rec["key"]] = rec
+    if not records:
+        return []
+    has_child = {rec.get("parent") for rec in records.values() if rec.get("parent")}
+    chains = []
+    for key, rec in records.items():
+        if key in has_child:
+            continue
+        seq = [rec]
+        while seq[0].get("parent") in records:
+            seq.insert(0, records[seq[0]["parent"]])
+        if seq[0].get("parent"):  # parent stage not done: the chain is incomplete
+            continue
+        stages = []
+        for st in seq:
+            stage_runs = [by_path.get((root / step["run_dir"]).resolve()) for step in st["steps"]]
+            if any(r is None for r in stage_runs):
+                break
+            ck = root / (st.get("model") or st["steps"][-1]["model_dir"])
+            stages.append(StageRef(stage_runs, ck if (ck / "config.json").exists() else None, st.get("task")))
+        if len(stages) != len(seq):
+            continue
+        first = stages[0].runs[0]
+        algo = _algorithm_of([r for s in stages for r in s.runs])  # from the runs: labels are free text
+        chains.append(Chain(algo, stages, resolve_model(first.model, first, root), first.model,
+                            name=seq[0].get("track") or seq[0].get("label")))
+    return sorted(chains, key=lambda c: (c.seed or 0, c.name or "", c.tasks))
+
+
+def _walk(root: Path, filename: str, max_depth: int) -> list[Path]:
+    out = []
+
+    def visit(p: Path, depth: int) -> None:
+        f = p / filename
+        if f.exists():
+            out.append(f)
+        if depth >= max_depth:
+            return
+        for child in sorted(p.iterdir()):
+            if child.is_dir() and not child.name.startswith(".") and child.name not in (CHECKPOINTS, "samples",
+                                                                                         "report", "eval"):
+                visit(child, depth + 1)
+
+    visit(root, 0)
+    return out
 
 
 @dataclass
@@ -284,12 +384,15 @@ def build_pairs(chains: list[Chain]) -> list[Pair]:
         groups.setdefault((str(c.base), tuple(c.tasks)), {"es": [], "grpo": []})[c.algorithm].append(c)
     pairs = []
     for g in groups.values():
-        es, grpo = list(g["es"]), list(g["grpo"])
-        for e in list(es):
+        es, grpo = g["es"], g["grpo"]
+        used: set[int] = set()
+        for e in es:
+            # same seed first (several ES budget tracks of a seed all pair with that seed's GRPO chain), else the
+            # first GRPO chain not yet paired
             match = next((x for x in grpo if x.seed == e.seed), None)
+            if match is None:
+                match = next((x for x in grpo if id(x) not in used), None)
             if match is not None:
+                used.add(id(match))
                 pairs.append(Pair(e, match))
-                es.remove(e)
-                grpo.remove(match)
-        pairs.extend(Pair(e, x) for e, x in zip(es, grpo))
     return pairs
