@@ -13,19 +13,38 @@ executors), at update time and at replay time without keeping it in memory.
 Restoring by copying (not by subtracting the noise again) and accumulating in fp32 avoids the two bf16 traps
 of public code (REFERENCE.md section 4, trap 2). Noise is drawn on the master's device: a CUDA generator gives
 different numbers from a CPU one, so replay must use the device the run used.
+
+Speed (esft bench, docs/performance.md): regenerating N(0,1) for 134.5M parameters costs ~0.7-1 s of one core,
+and torch's CPU generator is sequential per tensor. Tensors have independent generators, so perturb / apply
+draw several tensors at once on `workers` threads (default: torch's thread count); every tensor's values and
+the order of every floating-point sum are unchanged, so results are bit-identical to one thread. Noise mode
+"table" goes further: eps for (seed, tensor) is a window of one shared, fixed N(0,1) table at an offset hashed
+from (seed, name) (Salimans et al. 2017's shared noise table), so a perturbation is a memory-bound add instead
+of a generator pass. Windows at different offsets are uncorrelated (they are shifted copies of an i.i.d.
+sequence), so the ES estimator and the random-walk law hold in expectation; the numbers differ from
+"per-tensor", so a run must keep one mode (it is part of the run config).
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 import torch
 
-NOISE_MODES = ("per-tensor", "shared-seed")
+NOISE_MODES = ("per-tensor", "shared-seed", "table")
 _SEED_MASK = (1 << 63) - 1
+
+#: noise-table geometry: blocks of 2^22 floats, each from its own seeded generator, so a table of any size has the
+#: same prefix; at least 2^26 floats (256 MB) and at least twice the largest perturbed tensor
+TABLE_BLOCK = 1 << 22
+TABLE_MIN = 1 << 26
+_TABLES: dict[tuple[int, str], torch.Tensor] = {}
+_TABLES_LOCK = threading.Lock()
 
 
 def tensor_seed(seed: int, name: str, mode: str = "per-tensor") -> int:
@@ -35,7 +54,7 @@ def tensor_seed(seed: int, name: str, mode: str = "per-tensor") -> int:
     (Python's `hash` is salted per process). "shared-seed": the member seed itself for every tensor, which
     reproduces the public code's trap (same-shaped tensors get identical noise); only for comparison studies.
     """
-    if mode == "per-tensor":
+    if mode in ("per-tensor", "table"):
         digest = hashlib.sha256(f"{int(seed)}:{name}".encode()).digest()
         return int.from_bytes(digest[:8], "little") & _SEED_MASK
     if mode == "shared-seed":
@@ -43,10 +62,57 @@ def tensor_seed(seed: int, name: str, mode: str = "per-tensor") -> int:
     raise ValueError(f"unknown noise mode {mode!r}; choose one of {NOISE_MODES}")
 
 
+def table_size(largest: int) -> int:
+    """Floats in the noise table for tensors of at most `largest` elements."""
+    blocks = -(-max(TABLE_MIN, 2 * int(largest)) // TABLE_BLOCK)
+    return blocks * TABLE_BLOCK
+
+
+def noise_table(size: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """The shared fp32 N(0,1) table of `size` floats (a multiple of TABLE_BLOCK), built once per process and
+    device. Block b is drawn by a generator seeded with tensor_seed(b, "noise-table"), so it is the same on every
+    replica and for every table size. Read-only: callers must never modify it."""
+    device = torch.device(device)
+    key = (int(size), str(device))
+    with _TABLES_LOCK:
+        table = _TABLES.get(key)
+        if table is None:
+            if size % TABLE_BLOCK:
+                raise ValueError(f"table size must be a multiple of {TABLE_BLOCK}")
+            table = torch.empty(size, dtype=torch.float32, device=device)
+            gen = torch.Generator(device=device)
+            for b in range(size // TABLE_BLOCK):
+                gen.manual_seed(tensor_seed(b, "noise-table"))
+                torch.randn(TABLE_BLOCK, generator=gen, dtype=torch.float32, device=device,
+                            out=table[b * TABLE_BLOCK:(b + 1) * TABLE_BLOCK])
+            _TABLES[key] = table
+    return table
+
+
+def table_window(seed: int, name: str, shape: Sequence[int] | torch.Size, table: torch.Tensor) -> torch.Tensor:
+    """eps of (seed, tensor) in "table" mode: a read-only view of `table` at an offset hashed from (seed, name)."""
+    shape = torch.Size(shape)
+    n = shape.numel()
+    if n > table.numel():
+        raise ValueError(f"tensor of {n} elements does not fit a noise table of {table.numel()}")
+    offset = tensor_seed(seed, name, "table") % (table.numel() - n + 1)
+    return table[offset:offset + n].view(shape)
+
+
 def gaussian(seed: int, name: str, shape: Sequence[int] | torch.Size, *, mode: str = "per-tensor",
-             device: torch.device | str = "cpu", out: torch.Tensor | None = None) -> torch.Tensor:
+             device: torch.device | str = "cpu", out: torch.Tensor | None = None,
+             table: torch.Tensor | None = None) -> torch.Tensor:
     """Standard normal fp32 noise for (member seed, tensor name); `out` (fp32, numel >= prod(shape)) avoids
-    a fresh allocation — the values do not depend on whether `out` is given."""
+    a fresh allocation — the values do not depend on whether `out` is given. Mode "table" reads a window of
+    `table` (default: the table sized for this tensor alone; `MasterWeights` passes the one sized for the model)
+    and returns a copy."""
+    if mode == "table":
+        shape = torch.Size(shape)
+        table = noise_table(table_size(shape.numel()), device) if table is None else table
+        window = table_window(seed, name, shape, table)
+        if out is None:
+            return window.clone()
+        return out.view(-1)[: shape.numel()].view(shape).copy_(window)
     gen = torch.Generator(device=device)
     gen.manual_seed(tensor_seed(seed, name, mode))
     shape = torch.Size(shape)
@@ -121,7 +187,7 @@ class MasterWeights:
     """
 
     def __init__(self, model: torch.nn.Module, include: Iterable[str] | None = None,
-                 exclude: Iterable[str] | None = None, noise: str = "per-tensor"):
+                 exclude: Iterable[str] | None = None, noise: str = "per-tensor", workers: int | None = None):
         if noise not in NOISE_MODES:
             raise ValueError(f"unknown noise mode {noise!r}; choose one of {NOISE_MODES}")
         self.mode = noise
@@ -133,6 +199,10 @@ class MasterWeights:
         self._largest = max(p.numel() for p in self.params.values())
         self._device = next(iter(self.params.values())).device
         self.perturbed: tuple[int, int] | None = None
+        self.workers = workers
+        """threads drawing noise in perturb / apply (None: torch.get_num_threads() for generated noise, 1 for
+        "table" noise, whose adds are memory-bound and already parallel inside torch)"""
+        self._table: torch.Tensor | None = None
 
     # -- introspection
     @property
@@ -154,8 +224,50 @@ class MasterWeights:
         return out
 
     def noise(self, seed: int, name: str, out: torch.Tensor | None = None) -> torch.Tensor:
+        """eps(seed) of one tensor. Treat the result as read-only: in "table" mode it is a view of the shared
+        table (no copy, `out` unused)."""
         m = self.master[name]
+        if self.mode == "table":
+            if self._table is None:
+                self._table = noise_table(table_size(self._largest), self._device)
+            return table_window(seed, name, m.shape, self._table)
         return gaussian(seed, name, m.shape, mode=self.mode, device=m.device, out=out)
+
+    def _n_workers(self) -> int:
+        if self.workers is not None:
+            return max(1, int(self.workers))
+        if self.mode == "table" or self._device.type != "cpu":
+            return 1
+        return max(1, min(torch.get_num_threads(), len(self.params)))
+
+    def _map(self, fn: Callable[[str, list[torch.Tensor]], float | None], buffers: int) -> list:
+        """fn(name, scratch buffers) for every selected tensor, results in parameter order.
+
+        With several workers, each thread owns its own scratch buffers and tensors are handed out largest first
+        (the embedding alone is ~20% of a small model). torch releases the GIL inside its kernels, so the
+        per-tensor generators run concurrently; no library call draws several seeded streams at once.
+        """
+        names = list(self.params)
+        workers = min(self._n_workers(), len(names))
+        if workers <= 1 or buffers == 0:
+            bufs = [self._scratch() for _ in range(buffers)]
+            return [fn(n, bufs) for n in names]
+        local = threading.local()
+
+        def run(name: str):
+            bufs = getattr(local, "bufs", None)
+            if bufs is None:
+                bufs = local.bufs = [self._scratch() for _ in range(buffers)]
+            with torch.no_grad():  # grad mode is thread-local: the caller's no_grad does not reach workers
+                return fn(name, bufs)
+
+        order = sorted(range(len(names)), key=lambda i: -self.params[names[i]].numel())
+        results: list = [None] * len(names)
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="esft-noise") as pool:
+            futures = {i: pool.submit(run, names[i]) for i in order}
+            for i, fut in futures.items():
+                results[i] = fut.result()
+        return results
 
     def _view(self, buf: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
         return buf[: like.numel()].view(like.shape)
@@ -175,13 +287,16 @@ class MasterWeights:
         if self.perturbed is not None:
             raise RuntimeError("perturb() called on already perturbed weights; call restore() first")
         step = float(sign) * float(sigma)
-        scratch = self._scratch()
-        for name, param in self.params.items():
-            eps = self.noise(seed, name, out=scratch)
+
+        def one(name: str, bufs: list[torch.Tensor]) -> None:
+            param = self.params[name]
+            eps = self.noise(seed, name, out=bufs[0] if bufs else None)
             if param.dtype == torch.float32:
                 torch.add(self.master[name], eps, alpha=step, out=param.data)  # one pass, no temporary
             else:
                 param.copy_(torch.add(self.master[name], eps, alpha=step))
+
+        self._map(one, buffers=0 if self.mode == "table" else 1)
         self.perturbed = (int(seed), int(sign))
 
     @torch.no_grad()
@@ -219,28 +334,39 @@ class MasterWeights:
             return 0.0
         if update.kind == "gradient" and optimizer is None:
             raise ValueError("a 'gradient' update needs an optimizer")
+        if update.kind not in ("sgd", "gradient"):
+            raise ValueError(f"unknown update kind {update.kind!r}")
+        if update.kind == "sgd":
+            def one(name: str, bufs: list[torch.Tensor]) -> float:
+                master, param = self.master[name], self.params[name]
+                acc = self.direction(name, update, acc=bufs[0], scratch=bufs[1])
+                acc.mul_(float(update.scale))
+                master.add_(acc)
+                param.copy_(master)
+                # vector_norm reduces without a temporary (a .double().pow(2) would allocate 3x the tensor)
+                return float(torch.linalg.vector_norm(acc)) ** 2
+
+            # tensors are independent, so they may run on several threads; the norm is summed in parameter
+            # order afterwards, exactly as a single loop would
+            sq = 0.0
+            for part in self._map(one, buffers=2):
+                sq += part
+            return sq ** 0.5
         sq = 0.0
         acc_buf, scratch = self._scratch(), self._scratch()  # one tensor's accumulator at a time
         for name, param in self.params.items():
+            # sequential: the optimizer steps whichever masters hold a .grad, so tensors must not overlap
             master = self.master[name]
             acc = self.direction(name, update, acc=acc_buf, scratch=scratch)
-            if update.kind == "sgd":
-                acc.mul_(float(update.scale))
-                master.add_(acc)
-                # vector_norm reduces without a temporary (a .double().pow(2) would allocate 3x the tensor)
-                sq += float(torch.linalg.vector_norm(acc)) ** 2
-            elif update.kind == "gradient":
-                before = self._view(scratch, master)
-                before.copy_(master)
-                acc.mul_(float(update.scale))
-                master.grad = acc
-                # Per-tensor step: Adam-type optimizers are elementwise, so stepping one tensor at a time gives
-                # the same result as one global step and needs one gradient buffer instead of a model's worth.
-                optimizer.step()
-                master.grad = None
-                sq += float(torch.linalg.vector_norm(before.sub_(master))) ** 2
-            else:
-                raise ValueError(f"unknown update kind {update.kind!r}")
+            before = self._view(scratch, master)
+            before.copy_(master)
+            acc.mul_(float(update.scale))
+            master.grad = acc
+            # Per-tensor step: Adam-type optimizers are elementwise, so stepping one tensor at a time gives
+            # the same result as one global step and needs one gradient buffer instead of a model's worth.
+            optimizer.step()
+            master.grad = None
+            sq += float(torch.linalg.vector_norm(before.sub_(master))) ** 2
             param.copy_(master)
         return sq ** 0.5
 
