@@ -150,6 +150,40 @@ def test_unsupported_models_fall_back(tokenizer):
     assert all(len(g.completion_ids) <= 4 for g in gens)
 
 
+SYSTEM = "You are a careful assistant. Read the question, think step by step, and answer in one short sentence."
+SHARED = [[{"role": "system", "content": SYSTEM}, {"role": "user", "content": q}] for q in
+          ("Is the sky blue?", "How many legs does a spider have, and why?", "x", "Name a prime.")]
+
+
+def test_common_prefix():
+    assert lean.common_prefix([[1, 2, 3], [1, 2, 4, 5], [1, 2]]) == 2
+    assert lean.common_prefix([[1], [2]]) == 0
+
+
+def test_shared_prefix_prefill_matches_plain_prefill(tokenizer):
+    from esft.generation import encode_prompts, left_pad
+
+    model = _tiny("llama")
+    rows = encode_prompts(tokenizer, SHARED)
+    ids, mask = left_pad(rows, 2, "cpu")
+    with torch.inference_mode():
+        ref, _ = _prefill(model, ids, mask, (mask.cumsum(-1) - 1).clamp(min=0))
+        logits, cache, new_mask, next_pos = lean.shared_prefix_prefill(model, ids, mask, _prefill)
+    p = lean.common_prefix(rows)
+    assert p > 20 and new_mask.shape[1] == p + max(len(r) for r in rows) - p == cache.layers[0].keys.shape[2]
+    assert torch.allclose(logits, ref, atol=1e-5, rtol=1e-5)
+    assert next_pos.tolist() == mask.sum(-1).tolist()  # positions continue exactly as in a plain prefill
+    assert lean.shared_prefix_prefill(model, ids[:, -3:], mask[:, -3:], _prefill) is None  # prefix too short
+
+
+def test_shared_prefix_greedy_equals_hf_generate(tokenizer):
+    model = _eosy(_tiny("llama", seed=1), tokenizer, at=30)
+    cfg = dict(max_new_tokens=40, batch_size=4)
+    ours = generate(model, tokenizer, SHARED, GenerationConfig(share_prefix=True, **cfg))
+    ref = generate(model, tokenizer, SHARED, GenerationConfig(engine="hf", **cfg))
+    assert [g.completion_ids for g in ours] == [g.completion_ids for g in ref]
+
+
 @pytest.mark.slow
 def test_real_model_greedy_equals_hf_generate(tokenizer):
     """SmolLM2-135M on BoolQ prompts (eos allowed) and on free-form prompts: identical to `model.generate`."""
@@ -164,3 +198,6 @@ def test_real_model_greedy_equals_hf_generate(tokenizer):
     ours = generate(model, tokenizer, prompts, GenerationConfig(engine="esft", **cfg))
     ref = generate(model, tokenizer, prompts, GenerationConfig(engine="hf", **cfg))
     assert [g.completion_ids for g in ours] == [g.completion_ids for g in ref]
+    # opt-in shared-prefix prefill (not bit-exact, see GenerationConfig.share_prefix): equal on these prompts
+    shared = generate(model, tokenizer, prompts[:12], GenerationConfig(share_prefix=True, **cfg))
+    assert [g.completion_ids for g in shared] == [g.completion_ids for g in ref[:12]]

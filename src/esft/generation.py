@@ -37,6 +37,10 @@ class GenerationConfig:
     lean: bool = True
     """esft engine only: use the lean decode step (`esft.lean`: preallocated KV cache, no per-step mask/cache
     plumbing) for the models it supports; others, and lean=False, step through the HF forward."""
+    share_prefix: bool = False
+    """lean path only: prefill the prompts' common token prefix (system prompt + template) once and reuse its KV
+    for every row. Saves that share of the prefill, but logits then match a plain prefill to ~1e-6 relative
+    rather than bit for bit, so greedy outputs can differ from `model.generate` on near-ties (opt-in)."""
 
 
 @dataclass
@@ -168,11 +172,12 @@ def _cache_kwarg(model) -> str:
     return "cache" if "cache" in params else "past_key_values"
 
 
-def _prefill(model, input_ids, attention_mask, position_ids):
-    """The prompt through the HF forward: (last-position logits [B, V], filled DynamicCache)."""
+def _prefill(model, input_ids, attention_mask, position_ids, cache=None):
+    """The prompt through the HF forward: (last-position logits [B, V], filled DynamicCache). With `cache`, the
+    tokens extend it (attention_mask then covers the cached columns too)."""
     from transformers import DynamicCache
 
-    cache = DynamicCache(config=model.config)
+    cache = DynamicCache(config=model.config) if cache is None else cache
     out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                 use_cache=True, logits_to_keep=1, **{_cache_kwarg(model): cache})
     return out.logits[:, -1, :], cache

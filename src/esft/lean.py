@@ -204,9 +204,15 @@ def decode_step(lean: LeanModel, cache: KVCache, token: torch.Tensor, position: 
     heads, kv, hd, groups = lean.n_heads, lean.n_kv, lean.head_dim, lean.groups
     cache.mask[:n, col] = True
     mask = cache.mask[:n, :used]
-    # HF passes no mask (and enable_gqa) when no row is padded, else a boolean [n, 1, 1, used] mask and a packed query
+    # HF passes no mask (and enable_gqa) when no row is padded, else a boolean [n, 1, 1, used] mask and a packed
+    # query. SDPA turns a boolean mask into where(~mask, -inf, 0) on every call; doing that once per step instead
+    # of once per layer gives the same additive mask.
     packed = not bool(mask.all())
-    attn_mask = mask[:, None, None, :] if packed else None
+    attn_mask = None
+    if packed:
+        attn_mask = torch.zeros(mask.shape, dtype=cache.k[0].dtype, device=mask.device)
+        attn_mask.masked_fill_(~mask, float("-inf"))
+        attn_mask = attn_mask[:, None, None, :]
     cos = cos_table[position][:, None, None, :]  # [n, 1(head), 1(seq), hd], as apply_rotary_pos_emb unsqueezes
     sin = sin_table[position][:, None, None, :]
     x = F.embedding(token[:, None], lean.embed, lean.padding_idx)
@@ -243,27 +249,73 @@ def decode_step(lean: LeanModel, cache: KVCache, token: torch.Tensor, position: 
     return F.linear(x, lean.lm_head, lean.lm_bias)[:, -1, :]
 
 
+def common_prefix(rows: list[list[int]]) -> int:
+    """Length of the longest token prefix shared by all rows."""
+    first, n = rows[0], min(len(r) for r in rows)
+    k = 0
+    while k < n and all(r[k] == first[k] for r in rows):
+        k += 1
+    return k
+
+
+def shared_prefix_prefill(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, prefill: Callable,
+                          min_prefix: int = 8):
+    """Prefill the rows' common prefix once (batch 1), then every row's remainder on top of a copy of its K/V.
+
+    Returns (logits, hf_cache, mask, next positions) or None when the prefix is too short to be worth it. The
+    cache layout is [prefix | left-padded suffixes]; positions continue from the prefix, so RoPE sees the same
+    positions as in a plain prefill. The prefix K/V come from a batch-1 forward and the suffix attention runs over
+    a different column layout, so logits match a plain prefill to ~1e-6 relative, not bit for bit (that is why
+    this is opt-in: GenerationConfig.share_prefix).
+    """
+    from esft.generation import left_pad
+
+    batch, width = input_ids.shape
+    lengths = attention_mask.sum(-1).tolist()
+    rows = [input_ids[r, width - n:].tolist() for r, n in enumerate(lengths)]
+    p = min(common_prefix(rows), min(lengths) - 1)  # every row keeps >= 1 token, whose logits we need
+    if batch < 2 or p < min_prefix:
+        return None
+    device = input_ids.device
+    pre = torch.tensor([rows[0][:p]], dtype=torch.long, device=device)
+    _, cache = prefill(model, pre, torch.ones_like(pre), torch.arange(p, device=device)[None])
+    for layer in cache.layers:  # one copy of the prefix K/V per row (the suffix forward appends to each)
+        layer.keys = layer.keys.expand(batch, -1, -1, -1).contiguous()
+        layer.values = layer.values.expand(batch, -1, -1, -1).contiguous()
+    suffix, suffix_mask = left_pad([r[p:] for r in rows], 0, device)  # pad id is irrelevant: masked out
+    mask = torch.cat([attention_mask.new_ones((batch, p)), suffix_mask.to(attention_mask.dtype)], dim=1)
+    positions = (suffix_mask.cumsum(-1) - 1).clamp(min=0) + p
+    logits, cache = prefill(model, suffix, mask, positions, cache)
+    return logits, cache, mask, positions[:, -1] + 1
+
+
 def lean_decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, config,
                 eos: list[int], sample: Callable, prefill: Callable) -> list[list[int]]:
     """`esft.generation.decode` with the lean step: same contract (greedy-identical to `model.generate`).
 
-    `prefill(model, input_ids, attention_mask, position_ids) -> (last-position logits, DynamicCache)` runs the prompt
-    through the HF forward; `sample(logits, step, generator)` picks the next token (eos suppression included).
+    `prefill(model, input_ids, attention_mask, position_ids, cache=None) -> (last-position logits, DynamicCache)` runs
+    the prompt through the HF forward; `sample(logits, step, generator)` picks the next token (eos suppression
+    included). With config.share_prefix the prompts' common prefix is prefilled once (`shared_prefix_prefill`).
     """
     lean = LeanModel(model)
-    batch, width = input_ids.shape
+    batch = input_ids.shape[0]
     device = input_ids.device
     generator = None
     if config.temperature > 0:
         generator = torch.Generator(device=device).manual_seed(config.seed)
-    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-    logits, hf_cache = prefill(model, input_ids, attention_mask, position_ids)
+    shared = shared_prefix_prefill(model, input_ids, attention_mask, prefill) if config.share_prefix else None
+    if shared is not None:
+        logits, hf_cache, attention_mask, next_pos = shared
+    else:
+        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+        logits, hf_cache = prefill(model, input_ids, attention_mask, position_ids)
+        next_pos = position_ids[:, -1] + 1
+    width = attention_mask.shape[1]
     dtype = hf_cache.layers[0].keys.dtype
     budget = config.max_new_tokens
     cache = KVCache(lean, batch, width + min(budget, 128), dtype, device)
     cache.load_prefill(hf_cache, attention_mask)
     del hf_cache
-    next_pos = position_ids[:, -1] + 1
     # every position this call can reach, computed once (a few KB even for a 1024-token budget)
     cos_t, sin_t = lean.rope_tables(int(next_pos.max()) + budget + 1, logits.new_empty(1, dtype=dtype))
     rows = torch.arange(batch, device=device)
