@@ -271,9 +271,10 @@ class RayExecutor:
 
     def _all_lost(self) -> WorkersLost:
         step = "?" if self.step is None else self.step
+        run_dir = str(self.event_log.parent) if self.event_log is not None else "RUN_DIR"
         msg = (f"all {len(self.workers)} Ray workers are lost (after {step} updates); the run stops here. The run "
-               "directory holds every logged iteration and its last checkpoint, untouched; continue with --resume "
-               "(on any number of workers, or --executor local)")
+               "directory holds every logged iteration and its last checkpoint, untouched; continue with "
+               f"`esft train es --resume {run_dir}` (on any number of workers, or --executor local)")
         self._event("all_workers_lost", logging.ERROR, msg)
         return WorkersLost(msg)
 
