@@ -81,10 +81,11 @@ def _train_grpo(args: argparse.Namespace) -> int:
 
 
 def _analyze(args: argparse.Namespace) -> int:
-    from esft.analysis.commands import COMMANDS
+    from esft.analysis.commands import COMMANDS, set_threads
 
     cls, run, fmt = COMMANDS[args.analysis]
     config = build_config(cls, None, None, args.config, _explicit(args, cls))
+    set_threads(config.threads)
     result = run(config)
     print(fmt(result))
     print(f"\nwrote {config.output_dir}")

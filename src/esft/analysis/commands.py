@@ -77,6 +77,8 @@ class WeightsConfig:
     """device for the spectral norms (e.g. cuda for multi-billion models)"""
     output_dir: str = "analysis/weights"
     """where weights.json and the figure go"""
+    threads: int | None = None
+    """torch CPU threads (None = torch's default); 1 is fastest on a busy machine, where idle OpenMP threads spin"""
 
 
 def run_weights(cfg: WeightsConfig) -> dict[str, Any]:
@@ -127,6 +129,8 @@ class DriftConfig:
     """device for the replay (must match the run's: CPU and CUDA noise differ); None = the run's"""
     output_dir: str = "analysis/drift"
     """where drift.json, the replayed series and figures go"""
+    threads: int | None = None
+    """torch CPU threads (None = torch's default); 1 is fastest on a busy machine, where idle OpenMP threads spin"""
 
 
 def run_drift(cfg: DriftConfig) -> dict[str, Any]:
@@ -217,6 +221,8 @@ class KLConfig:
     """device"""
     output_dir: str = "analysis/kl"
     """where kl.json and the heatmap go"""
+    threads: int | None = None
+    """torch CPU threads (None = torch's default); 1 is fastest on a busy machine, where idle OpenMP threads spin"""
 
 
 def run_kl(cfg: KLConfig) -> dict[str, Any]:
@@ -307,6 +313,8 @@ class LandscapeConfig:
     """device"""
     output_dir: str = "analysis/landscape"
     """where landscape.json and figures go"""
+    threads: int | None = None
+    """torch CPU threads (None = torch's default); 1 is fastest on a busy machine, where idle OpenMP threads spin"""
 
 
 def run_landscape(cfg: LandscapeConfig) -> dict[str, Any]:
@@ -387,6 +395,8 @@ class SparsityConfig:
     """device"""
     output_dir: str = "analysis/sparsity"
     """where sparsity.json and the figure go"""
+    threads: int | None = None
+    """torch CPU threads (None = torch's default); 1 is fastest on a busy machine, where idle OpenMP threads spin"""
 
 
 def run_sparsity(cfg: SparsityConfig) -> dict[str, Any]:
@@ -412,6 +422,13 @@ def format_sparsity(res: dict[str, Any]) -> str:
              " ".join(f"{t} {a:.3f}" for t, a in r["accuracy"].items()) for r in res["rows"]]
     lines.append("base (all reverted)            " + " ".join(f"{t} {a:.3f}" for t, a in res["base_accuracy"].items()))
     return "\n".join(lines)
+
+
+def set_threads(threads: int | None) -> None:
+    if threads:
+        import torch
+
+        torch.set_num_threads(int(threads))
 
 
 COMMANDS = {

@@ -61,6 +61,8 @@ class ReportConfig:
     """model dtype for evaluation (auto: fp32 on CPU, bf16 on GPU)"""
     recompute: bool = False
     """ignore cached analysis results"""
+    threads: int | None = None
+    """torch CPU threads (None = torch's default); 1 is fastest on a busy machine, where idle OpenMP threads spin"""
 
 
 # ---- small helpers ----------------------------------------------------------------------------------------------
@@ -238,6 +240,10 @@ class Report:
 
     # -- main
     def build(self) -> Path:
+        if self.config.threads:
+            import torch
+
+            torch.set_num_threads(int(self.config.threads))
         t_start = time.perf_counter()
         self.runs = find_runs(self.root)
         self.chains = build_chains(self.runs, self.root)
