@@ -15,6 +15,13 @@ machine shared, load ~8.5-9.3, so CPU seconds are the figure to compare; wall wa
                                    low rank 11.5 s (eval 11.2, update 0.27)             -> 0.59x
     N=8 B=4, 4 rows per forward:   full 40.3 s (eval 35.8, update 4.5); low rank 27.7 (eval 27.3, update 0.37)
                                                                                         -> 0.69x
+    N=4 B=16 (the cpu preset's batch: 400-char passages, 24 tokens, 16 rows per forward):
+                                   full 60.3 s (eval 58.0, update 2.3); low rank 49.2 (eval 48.5, update 0.66)
+                                                                                        -> 0.82x
+Generation costs the same FLOPs in both modes (a CPU is compute-bound, so packing members into one batch saves
+little); the saving is the per-member perturb/restore and the update, which no longer regenerate d normals per
+member. On a memory-bound accelerator the shared batched pass is where EGGROLL's gain would come from.
+`esft bench --workloads cpu-preset --noise lowrank` gives the same workload in the bench's format (wall only).
 """
 
 from __future__ import annotations
