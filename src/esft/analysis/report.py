@@ -406,7 +406,7 @@ class Report:
                     stages_rows3.append([pref, ea["norm"], f"{p3[col]}" if p3 else "n/a"])
                     stages_rows4.append([pref, _pct(ea["sparsity"]), ea["stable_rank_mean"],
                                          f"{_pct(p4[col])} / {p4[2 + col]}" if p4 else "n/a"])
-            s.append(f"### {label}" + (f" vs {b.label}" if b is not None else "") + "\n")
+            s.append(f"### {label}\n")
             s.append(f"Base model: `{a.base}`.\n")
             if b is not None:
                 s.append("**Table 3: update norm ||dtheta||_2**\n\n" + table(
@@ -637,6 +637,9 @@ class Report:
                     rows.append(row)
                 s.append(f"**{kind}** ({'median [min, max] over seeds' if n > 1 else 'one seed'})\n\n"
                          + table(head, rows) + "\n")
+            s.append("Paper values are the study's cell for the same evaluation task after training the same task "
+                     "in its sequence (Countdown -> Math -> Chemistry -> BoolQ, Qwen3-4B), whatever stage that is "
+                     "here; the study gives no per-cell values for ES's incremental KL (Table 11).\n")
             m = K.matrix(agg, "incremental", stat="median")
             panels[f"{track.upper()} {'->'.join(tasks)}" if len(tables) > 2 else track.upper()] = (
                 m, agg["tasks"], agg["stages"])
@@ -851,6 +854,8 @@ def _precision(r: Run) -> str:
     dt = info.get("param_dtypes") or r.config.get("dtype") or r.config.get("torch_dtype")
     master = info.get("master_dtype") or r.config.get("master_dtype")
     parts = []
+    if info.get("precision"):
+        parts.append(str(info["precision"]))
     if dt:
         parts.append(f"weights {dt if isinstance(dt, str) else ','.join(dt)}")
     if master:

@@ -372,7 +372,7 @@ class Pair:
     @property
     def label(self) -> str:
         seed = self.es.seed if self.es.seed == self.grpo.seed else f"{self.es.seed}/{self.grpo.seed}"
-        return f"{'->'.join(self.es.tasks)} seed {seed}"
+        return f"{self.es.name or 'ES'} vs {self.grpo.name or 'GRPO'}, {'->'.join(self.es.tasks)}, seed {seed}"
 
 
 def build_pairs(chains: list[Chain]) -> list[Pair]:

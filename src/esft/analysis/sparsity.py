@@ -109,6 +109,8 @@ def sparsity_sweep(model, tokenizer, base: Any, tuned: Any, tasks: Mapping[str, 
     delta = DeltaDirection(base, tuned, "update").bind(model)
     rows = []
     for tau, s in zip(taus, sp):
+        if rows and s == rows[-1]["sparsity"]:
+            continue  # the same coordinates are kept: the same model, no need to evaluate it again
         set_weights(model, base, [(1.0, ThresholdedDelta(delta, tau).bind(model))])
         acc = accuracy(model, tokenizer, tasks, gen_config)
         rows.append({"tau": tau, "sparsity": s, "accuracy": acc})
