@@ -220,9 +220,10 @@ def test_presets_and_cli_args(tmp_path):
     yml = tmp_path / "run.yaml"
     yml.write_text("preset: cpu\nsigma: 0.01\niterations: 7\ntask_options: {foo: 1}\n")
     args = build_parser().parse_args(["train", "es", "--config", str(yml), "--iterations", "9",
-                                      "--no-antithetic", "--exclude", "norm,bias", "--resume"])
+                                      "--no-antithetic", "--exclude", "norm,bias", "--resume", "runs/x"])
+    assert args.resume == "runs/x"  # `--resume RUN_DIR` (the CLI then reads RUN_DIR/config.yaml)
     names = set(ESConfig.__dataclass_fields__)
     c = build_config(ESConfig, PRESETS, args.preset, args.config, {k: v for k, v in vars(args).items() if k in names})
     assert c.sigma == 0.01 and c.iterations == 9 and c.population_size == 8 and c.exclude == ["norm", "bias"]
-    assert c.resume is True and c.antithetic is False and c.task_kwargs() == {"foo": 1, "max_passage_chars": 400}
+    assert c.resume is False and c.antithetic is False and c.task_kwargs() == {"foo": 1, "max_passage_chars": 400}
     assert ESConfig(task_options="{a: 2}").task_options == {"a": 2}
