@@ -221,7 +221,7 @@ def test_presets_and_cli_args(tmp_path):
     yml.write_text("preset: cpu\nsigma: 0.01\niterations: 7\ntask_options: {foo: 1}\n")
     args = build_parser().parse_args(["train", "es", "--config", str(yml), "--iterations", "9",
                                       "--no-antithetic", "--exclude", "norm,bias", "--resume", "runs/x"])
-    assert args.resume == "runs/x"  # `--resume RUN_DIR` (the CLI then reads RUN_DIR/config.yaml)
+    assert args.resume_dir == "runs/x"  # `--resume RUN_DIR` (the CLI then reads RUN_DIR/config.yaml)
     names = set(ESConfig.__dataclass_fields__)
     c = build_config(ESConfig, PRESETS, args.preset, args.config, {k: v for k, v in vars(args).items() if k in names})
     assert c.sigma == 0.01 and c.iterations == 9 and c.population_size == 8 and c.exclude == ["norm", "bias"]

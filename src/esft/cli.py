@@ -54,11 +54,11 @@ def _env(args: argparse.Namespace) -> int:
 def _train_es(args: argparse.Namespace) -> int:
     from esft.es.trainer import PRESETS, ESConfig, train_es
 
-    if args.resume:
+    if args.resume_dir:
         # `--resume RUN_DIR`: the run's own config.yaml, plus the few flags a resume may change (e.g. iterations)
         from esft.es.config import resume_config
 
-        config = resume_config(args.resume, _explicit(args, ESConfig))
+        config = resume_config(args.resume_dir, _explicit(args, ESConfig))
     else:
         config = build_config(ESConfig, PRESETS, args.preset, args.config, _explicit(args, ESConfig))
     from esft.es.ray_executor import ReplicaDivergence, WorkersLost  # Ray itself is imported only when used
@@ -159,7 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
         p = algos.add_parser("es", help="Evolution Strategies (full-parameter, gradient-free)")
         _add_run_options(p, PRESETS)
         add_dataclass_arguments(p, ESConfig, skip=("resume",))
-        p.add_argument("--resume", metavar="RUN_DIR", default=None,
+        p.add_argument("--resume", dest="resume_dir", metavar="RUN_DIR", default=None,
                        help="continue RUN_DIR from its latest checkpoint and seed log (ends bit-identical to an "
                             "uninterrupted run); flags may only change e.g. --iterations")
         # short alias of --fitness-rule (an exact flag: argparse would reject the ambiguous prefix otherwise)
