@@ -895,29 +895,35 @@ def _sweep_table(res: dict[str, Any]) -> str:
 
 
 def plot_weights(rep: dict[str, Any], path: Path) -> Path:
-    """Per-layer update norm and stable rank of each matrix family, one line per update."""
-    from esft.analysis.plots import color, pyplot, save
+    """Per-layer update norm and stable rank of each matrix family, one shade per family and update (ES blues,
+    GRPO reds)."""
+    from matplotlib.ticker import MaxNLocator
+
+    from esft.analysis.plots import pyplot, save
 
     plt = pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(11, 3.6))
-    styles = ["-", "--", ":", "-."]
-    for lab in rep["labels"]:
-        for k, fam in enumerate(("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")):
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+    fams = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    maps = {"es": "Blues", "grpo": "Reds"}
+    for j, lab in enumerate(rep["labels"]):
+        cmap = plt.get_cmap(maps.get(lab.split("_")[0], ["Greens", "Purples", "Oranges"][j % 3]))
+        for k, fam in enumerate(fams):
             rows = sorted((r for r in rep["tensors"] if r["role"] == fam and r["layer"] is not None),
                           key=lambda r: r["layer"])
             if not rows:
                 continue
             layers = [r["layer"] for r in rows]
-            kw = dict(color=color(lab.split("_")[0]), ls=styles[k % 4], lw=1, alpha=0.8)
+            kw = dict(color=cmap(0.35 + 0.65 * k / (len(fams) - 1)), lw=1.2, marker=".", ms=3)
             axes[0].plot(layers, [math.sqrt(r[lab]["sq"]) for r in rows], label=f"{lab} {fam}", **kw)
             sr = [r[lab]["stable_rank"] for r in rows]
             if any(v is not None for v in sr):
                 axes[1].plot(layers, [v if v is not None else float("nan") for v in sr], **kw)
     axes[0].set_yscale("log")
-    axes[0].set_xlabel("layer")
     axes[0].set_ylabel(r"$\|\Delta W\|_F$")
-    axes[1].set_xlabel("layer")
     axes[1].set_ylabel("stable rank")
+    for ax in axes:
+        ax.set_xlabel("layer")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     axes[0].legend(fontsize=5, ncol=2)
     return save(fig, path)
 
