@@ -184,10 +184,10 @@ class Report:
         return self.out / "figures" / f"{name}.png"
 
     def rel(self, path: Path) -> str:
-        try:
-            return str(Path(path).resolve().relative_to(self.out.resolve()))
-        except ValueError:
-            return str(path)
+        """`path` relative to the report's folder (links in report.md keep working when DIR is moved)."""
+        import os
+
+        return os.path.relpath(Path(path).resolve(), self.out.resolve())
 
     def gen_config(self, chain: Chain | None = None):
         from esft.generation import GenerationConfig
@@ -320,6 +320,11 @@ class Report:
             return str(r.path)
 
     def section_accuracy(self) -> None:
+        tables = self.root / "tables" / "tables.md"
+        if tables.exists():
+            # an `esft experiment run` directory: its runner already wrote the accuracy tables per stage
+            self.sections.append("## Accuracy per stage (paper Tables 1, 2, 5-8, 18)\n\nWritten by the experiment "
+                                 f"runner from its stage evaluations: [{self.rel(tables)}]({self.rel(tables)}).\n")
         rows = []
         for r in self.runs:
             first, last = r.accuracy_at("first"), r.accuracy_at("last")
