@@ -216,7 +216,7 @@ def test_presets_and_trl_mapping(tmp_path):
     assert args.save_steps == 80 and args.logging_steps == 1
     cpu = preset("cpu")
     assert (cpu.task, cpu.max_passage_chars, cpu.format_bonus, cpu.max_completion_length) == ("boolq", 400, 0.1, 24)
-    assert cpu.completions_per_step == 128 and set(PRESETS) == {"paper", "cpu"}
+    assert cpu.completions_per_step == 32 and set(PRESETS) == {"paper", "cpu"}
     with pytest.raises(ValueError, match="multiple"):
         GRPOConfig(prompts_per_step=3, num_generations=2, per_device_train_batch_size=4)
     with pytest.raises(ValueError, match="may not override"):

@@ -44,6 +44,13 @@ class StepLedger:
     well_formed: list[bool] = field(default_factory=list)
     samples: list[dict[str, Any]] = field(default_factory=list)
     time: dict[str, float] = field(default_factory=dict)
+    peak_rss_mb: dict[str, float] = field(default_factory=dict)
+    """process peak RSS (monotonic) right after each phase: where it grows shows which phase sets the peak"""
+
+    def mark_rss(self, phase: str) -> None:
+        from esft.es.trainer import peak_rss_mb
+
+        self.peak_rss_mb[phase] = peak_rss_mb()
 
     def add_time(self, key: str, seconds: float) -> None:
         self.time[key] = self.time.get(key, 0.0) + seconds

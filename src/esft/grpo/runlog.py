@@ -42,8 +42,10 @@ class RunLogCallback(TrainerCallback):
         self._t_begin: float | None = None
         self._t_end: float | None = None
         self.last: dict[str, Any] | None = None
+        self.setup_rss: float | None = None
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any):
+        self.setup_rss = peak_rss_mb()  # model, KL reference / theta_0 copy, optimizer not yet allocated
         if self.progress:
             from tqdm.auto import tqdm
 
@@ -77,7 +79,8 @@ class RunLogCallback(TrainerCallback):
             "loss": logs.get("loss"), "grad_norm": logs.get("grad_norm"), "learning_rate": logs.get("learning_rate"),
             "frac_reward_zero_std": logs.get("frac_reward_zero_std"),
             "drift_total": _last_drift(self.drift, step),
-            "time": timings, "peak_rss_mb": peak_rss_mb(), "totals": self.totals,
+            "time": timings, "peak_rss_mb": peak_rss_mb(),
+            "peak_rss_mb_after": {"setup": self.setup_rss, **ledger.peak_rss_mb, "step": peak_rss_mb()}, "totals": self.totals,
             "trl": {k: _finite(v) for k, v in logs.items() if isinstance(v, (int, float)) or v is None},
         })
         rec = {k: _finite(v) for k, v in rec.items()}

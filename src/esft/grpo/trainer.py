@@ -144,6 +144,7 @@ class EsftGRPOTrainer(GRPOTrainer):
             eos = set(self.eos_token_ids)
             led = self.ledger
             led.add_time("generate", time.perf_counter() - t0)
+            led.mark_rss("generate")
             led.completions += len(completion_ids)
             led.prompt_tokens += sum(len(p) for p in prompt_ids)
             led.tokens_generated += sum(len(c) for c in completion_ids)
@@ -174,6 +175,7 @@ class EsftGRPOTrainer(GRPOTrainer):
             t0 = time.perf_counter()
             out["esft_ref_per_token_logps"] = self._reference_logps(out)
             self.ledger.add_time("ref_logps", time.perf_counter() - t0)
+            self.ledger.mark_rss("ref_logps")
         self.last_rollout = {k: out[k].detach().cpu() for k in
                              ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "advantages")}
         return out
