@@ -89,7 +89,12 @@ def fitness_log(run_dir) -> list[list[float]]:
 def reference(model_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("local") / "run"
     t = trainer(config(model_dir, out, executor="local"))
-    t.train()
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)  # module-scoped: set here, `one_thread` (per test) is not active yet
+    try:
+        t.train()
+    finally:
+        torch.set_num_threads(previous)
     fit = fitness_log(out)
     assert all(np.ptp(f) > 0 for f in fit), "the test needs a fitness signal in every iteration"
     return masters(t), fit, out

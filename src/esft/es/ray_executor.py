@@ -187,6 +187,7 @@ class RayExecutor:
         """Connect, place the workers, wait for their models, check their masters against the driver's."""
         if self._started:
             return
+        t0 = time.perf_counter()
         self._connect()
         ray = _ray()
         n, opts = self._resources()
@@ -211,7 +212,8 @@ class RayExecutor:
                              "differ between device types, so replicas would diverge; set --device to the "
                              "workers' device type (e.g. --device cuda on a GPU driver)")
         self._event("start", message=f"ray executor: {n} workers: " + "; ".join(w.label for w in self.workers),
-                    workers=[w.info for w in self.workers], actor_options={k: v for k, v in opts.items()})
+                    workers=[w.info for w in self.workers], actor_options=dict(opts),
+                    seconds=time.perf_counter() - t0)  # placement + model loading (counted in the first iteration)
         self._sync_at_start()
 
     def _sync_at_start(self) -> None:
