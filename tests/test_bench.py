@@ -89,6 +89,8 @@ def test_parse_overrides_and_cli():
     args = build_parser().parse_args(["bench", "--workloads", "cpu-preset", "--repeats", "2", "--json",
                                       "--set", "lean=false"])
     assert args.func.__name__ == "_bench" and args.repeats == 2 and args.json and args.set == ["lean=false"]
+    assert not args.exact and args.noise is None
+    assert build_parser().parse_args(["bench", "--exact"]).exact
 
 
 def test_matmul_gflops_is_positive():

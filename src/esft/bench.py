@@ -8,6 +8,9 @@ the way public ES code does it. One run measures everything on the current machi
   regenerated from the seed, `model.generate` over the batch, restore by regenerating the noise and subtracting
   it, update by regenerating every member's noise again).
 
+The esft iteration runs esft's fast configuration by default (FAST_GENERATION, FAST_NOISE: shared-prefix
+prefill and table noise, both recorded in the report); `--exact` measures the bit-exact defaults.
+
 Definitions (issue 9): roofline_ratio = 2 x params x (prompt + generated tokens) / iteration_s / matmul FLOP/s;
 generated_tokens_per_s = generated tokens / iteration_s; overhead_fraction = (perturb + restore + update) /
 iteration_s; speedup_vs_naive = naive_iteration_s / iteration_s. Token counts are the tokens actually processed:
@@ -40,6 +43,12 @@ import numpy as np
 import torch
 
 WORKLOADS = ("decode-heavy", "cpu-preset")
+
+#: esft's fast configuration, measured by default: the shared system-prompt prefix is prefilled once per member
+#: (GenerationConfig.share_prefix) and noise comes from the shared table. `--exact` measures the bit-exact
+#: defaults instead (per-tensor noise, plain prefill: outputs bit-identical to model.generate's arithmetic).
+FAST_GENERATION: dict[str, Any] = {"share_prefix": True}
+FAST_NOISE = "table"
 
 
 @dataclass
@@ -302,6 +311,7 @@ def run_bench(config: BenchConfig, model=None, tokenizer=None, log=print) -> dic
     report: dict[str, Any] = {"matmul_gflops": round(gflops, 2), "workloads": {},
                               "threads": torch.get_num_threads(), "dtype": str(dtype).replace("torch.", ""),
                               "params": params, "model": config.model, "noise": config.noise,
+                              "torch": torch.__version__, "cpu_count": os.cpu_count(),
                               "population": config.population, "generation_overrides": dict(config.generation)}
     snapshot = _snapshot(model)
     for name in config.workloads:
@@ -353,7 +363,8 @@ def run_bench(config: BenchConfig, model=None, tokenizer=None, log=print) -> dic
 
 def format_table(report: dict[str, Any]) -> str:
     head = (f"matmul {report['matmul_gflops']:.1f} GFLOP/s ({report['dtype']}, {report['threads']} threads); "
-            f"{report['params'] / 1e6:.1f}M params; N {report['population']}; noise {report['noise']}")
+            f"{report['params'] / 1e6:.1f}M params; N {report['population']}; noise {report['noise']}; "
+            f"generation {report['generation_overrides'] or 'defaults'}")
     cols = ("workload", "roofline", "gen tok/s", "iter s", "naive s", "speedup", "overhead", "load")
     rows = [cols]
     for name, w in report["workloads"].items():

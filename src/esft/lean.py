@@ -313,7 +313,8 @@ def lean_decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, co
     width = attention_mask.shape[1]
     dtype = hf_cache.layers[0].keys.dtype
     budget = config.max_new_tokens
-    cache = KVCache(lean, batch, width + min(budget, 128), dtype, device)
+    # room for 256 tokens (or the forced minimum) up front; longer completions grow the buffer by doubling
+    cache = KVCache(lean, batch, width + min(budget, max(256, config.min_new_tokens)), dtype, device)
     cache.load_prefill(hf_cache, attention_mask)
     del hf_cache
     # every position this call can reach, computed once (a few KB even for a 1024-token budget)

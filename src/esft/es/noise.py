@@ -203,6 +203,8 @@ class MasterWeights:
         """threads drawing noise in perturb / apply (None: torch.get_num_threads() for generated noise, 1 for
         "table" noise, whose adds are memory-bound and already parallel inside torch)"""
         self._table: torch.Tensor | None = None
+        if noise == "table":  # built (or fetched) now: a one-time cost of the run, not of its first perturbation
+            self._table = noise_table(table_size(self._largest), self._device)
 
     # -- introspection
     @property
