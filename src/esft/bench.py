@@ -63,15 +63,15 @@ class BenchConfig:
     """torch intra-op threads (None = torch's default)"""
     population: int = 4
     """N (the acceptance numbers use 4)"""
-    noise: str = "per-tensor"
-    """esft noise mode for the esft iteration (`MasterWeights` noise modes, or "lowrank": EGGROLL populations,
-    all members in one batched generation, esft.es.lowrank)"""
+    noise: str = FAST_NOISE
+    """esft noise mode for the esft iteration (`MasterWeights` noise modes, "per-tensor" being the ES default, or
+    "lowrank": EGGROLL populations, all members in one batched generation, esft.es.lowrank)"""
     rank: int = 1
     """rank r of the "lowrank" noise"""
     naive: bool = True
     """also time the naive iteration (needed for speedup_vs_naive)"""
-    generation: dict[str, Any] = field(default_factory=dict)
-    """overrides of `GenerationConfig` fields for the esft engine (lever experiments, e.g. {"lean": False})"""
+    generation: dict[str, Any] = field(default_factory=lambda: dict(FAST_GENERATION))
+    """overrides of `GenerationConfig` fields for the esft engine (default FAST_GENERATION; lever experiments)"""
     seed: int = 0
 
 
@@ -406,10 +406,13 @@ def main(args) -> int:
     for w in workloads:
         if w not in WORKLOADS:
             raise ValueError(f"unknown workload {w!r}; choose from {', '.join(WORKLOADS)}")
+    exact = getattr(args, "exact", False)
+    generation = {} if exact else dict(FAST_GENERATION)
+    generation.update(parse_overrides(args.set or []))
+    noise = args.noise or ("per-tensor" if exact else FAST_NOISE)
     config = BenchConfig(model=args.model, workloads=workloads, repeats=args.repeats, threads=args.threads,
-                         population=args.population, noise=args.noise, rank=getattr(args, "rank", 1),
-                         naive=not args.no_naive,
-                         generation=parse_overrides(args.set or []))
+                         population=args.population, noise=noise, rank=getattr(args, "rank", 1),
+                         naive=not args.no_naive, generation=generation)
     log = (lambda msg: print(msg, file=sys.stderr, flush=True))
     report = run_bench(config, log=log)
     if args.json:

@@ -142,7 +142,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="one JSON object instead of the table")
     p.add_argument("--model", default="smollm2-135m", help="model name or folder")
     p.add_argument("--population", type=int, default=4, help="N members (the acceptance numbers use 4)")
-    p.add_argument("--noise", default="per-tensor", help="esft noise mode (per-tensor, table, lowrank, ...)")
+    p.add_argument("--noise", default=None,
+                   help="esft noise mode: table (default), per-tensor (default with --exact), lowrank, ...")
+    p.add_argument("--exact", action="store_true",
+                   help="measure the bit-exact defaults (per-tensor noise, no shared-prefix prefill)")
     p.add_argument("--rank", type=int, default=1, help="rank r of --noise lowrank")
     p.add_argument("--no-naive", action="store_true", help="skip the naive iteration (no speedup)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE",
