@@ -44,7 +44,7 @@ def tiny_config(output_dir, **overrides: Any) -> GRPOConfig:
     values: dict[str, Any] = dict(
         model="tiny", task="parity", output_dir=str(output_dir), seed=3, max_steps=4, prompts_per_step=2,
         num_generations=4, per_device_train_batch_size=4, max_completion_length=6, learning_rate=1e-3,
-        save_steps=2, device="cpu", precision="fp32", format_bonus=0.1,
+        save_steps=2, device="cpu", precision="fp32", format_bonus=0.1, eval_every=2, eval_limit=3,
         # a strong bias towards eos makes the random model finish most completions (real sampled eos tokens)
         trl_args={"generation_kwargs": {"sequence_bias": [[[EOS], 9.0]]}})
     values.update(overrides)

@@ -88,6 +88,19 @@ def test_run_directory_and_parameters_change(run):
     assert config.max_steps == 4 and info["precision"] == "fp32" and info["master_dtype"] == "float32"
     assert info["param_dtypes"] == {"float32": len(run["theta0"])} and info["kl_reference"] is True
     assert (out / "samples" / "iter_000000.jsonl").exists() and (out / "samples" / "iter_000003.jsonl").exists()
+    sample = read_jsonl(out / "samples" / "iter_000003.jsonl")[0]
+    assert sample["iteration"] == 3 and {"index", "reward", "score", "well_formed", "completion"} <= set(sample)
+
+
+def test_held_out_evaluation_records(run):
+    """Greedy evaluation with esft's own scorer at step 0, every eval_every steps and at the end (ES keys)."""
+    evals = [r for r in read_jsonl(run["out"] / "metrics.jsonl") if r["kind"] == "eval"]
+    assert [e["step"] for e in evals] == [0, 2, 4]
+    for e in evals:
+        assert e["test_n"] == 3 and 0 <= e["test_accuracy"] <= 1 and len(e["test_ci95"]) == 2
+        assert e["test_tokens_generated"] > 0 and e["peak_rss_mb"] > 0
+        assert len(read_jsonl(run["out"] / "samples" / f"eval_{e['step']:06d}.jsonl")) == 3
+    assert run["result"].last_eval["step"] == 4
 
 
 def test_drift_matches_saved_checkpoints(run):
@@ -197,7 +210,9 @@ def test_resume_continues_step_count_and_schedule(run, tmp_path, tokenizer):
     # a finished run resumes to a no-op
     again = train_grpo(tiny_config(out, resume=True), model=make_tiny_model(), tokenizer=tokenizer,
                        task=ParityTask(), progress=False)
-    assert again.steps == 4 and len(read_jsonl(out / "metrics.jsonl")) == 4
+    assert again.steps == 4 and len(read_jsonl(out / "metrics.jsonl")) == 4 + 3  # 4 train + 3 eval records
+    evals = [r["step"] for r in read_jsonl(out / "metrics.jsonl") if r["kind"] == "eval"]
+    assert evals == [0, 2, 4]  # step 0 and 2 evaluated before the crash are not repeated
 
 
 def test_presets_and_trl_mapping(tmp_path):

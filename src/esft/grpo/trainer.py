@@ -75,7 +75,7 @@ class TaskReward:
         for j in range(min(max(room, 0), len(texts))):
             ledger.samples.append({"index": int(example_index[j]), "reward": rewards[j], "score": scores[j],
                                    "well_formed": formed[j], "completion": texts[j],
-                                   "step": getattr(trainer_state, "global_step", None)})
+                                   "iteration": getattr(trainer_state, "global_step", None)})
         return rewards
 
 
