@@ -68,6 +68,9 @@ class DeltaDirection(Direction):
         self._norms: dict[str, float] | None = None
 
     def bind(self, model: torch.nn.Module) -> "DeltaDirection":
+        if getattr(self, "_bound", None) is model:
+            return self  # already resolved (its per-tensor norms cost a full pass over both checkpoints)
+        self._bound = model
         aliases = _aliases(model)
         ks, ke = self.start.shapes(), self.end.shapes()
         self._keys = {}
@@ -108,7 +111,7 @@ class RandomDirection(Direction):
         self._shapes: dict[str, torch.Size] = {}
 
     def bind(self, model: torch.nn.Module) -> "RandomDirection":
-        self.reference.bind(model)
+        self.reference.bind(model)  # idempotent
         self._shapes = {n: p.shape for n, p in model.named_parameters()}
         return self
 
