@@ -92,26 +92,42 @@ def evaluate_task(
     prompts = [task.prompt(ex) for ex in examples]
     gens: list[Generation] = generate(model, tokenizer, prompts, gen_config, progress=progress)
     gen_s = time.perf_counter() - t0
-    records = []
-    for i, (ex, g) in enumerate(zip(examples, gens)):
-        rec = {"index": i, "score": task.score(g.text, ex), "well_formed": task.is_well_formed(g.text, ex)}
-        rec.update(task.details(g.text, ex))
-        rec.update({"completion": g.text, "finished": g.finished, "prompt_tokens": g.prompt_tokens,
-                    "completion_tokens": len(g.completion_ids), "example": ex})
-        records.append(rec)
+    records = [completion_record(task, ex, g, {"index": i}) for i, (ex, g) in enumerate(zip(examples, gens))]
     summary = task.aggregate(records)
-    summary.update({
-        "generation_s": round(gen_s, 3),
+    summary.update(generation_stats(gens, gen_s))
+    write_jsonl(output_path, records)
+    return summary
+
+
+def completion_record(task: Task, example: dict, g: Generation, head: dict[str, Any],
+                      details: dict[str, Any] | None = None, score: float | None = None) -> dict[str, Any]:
+    """One JSONL row: ids first, then score, format flag, the task's details, the completion and its example."""
+    rec = dict(head)
+    rec["score"] = task.score(g.text, example) if score is None else score
+    rec["well_formed"] = task.is_well_formed(g.text, example)
+    rec.update(task.details(g.text, example) if details is None else details)
+    rec.update({"completion": g.text, "finished": g.finished, "prompt_tokens": g.prompt_tokens,
+                "completion_tokens": len(g.completion_ids), "example": example})
+    return rec
+
+
+def generation_stats(gens: Sequence[Generation], seconds: float) -> dict[str, Any]:
+    """Measured token accounting of a set of generations."""
+    return {
+        "generation_s": round(seconds, 3),
         "prompt_tokens": sum(g.prompt_tokens for g in gens),
         "completion_tokens": sum(len(g.completion_ids) for g in gens),
         "truncated_rate": (sum(not g.finished for g in gens) / len(gens)) if gens else 0.0,
-    })
-    if output_path is not None:
-        output_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(output_path, "w", encoding="utf-8") as fh:
-            for rec in records:
-                fh.write(json.dumps(rec, ensure_ascii=False, default=str) + "\n")
-    return summary
+    }
+
+
+def write_jsonl(path: Path | None, records: Sequence[dict[str, Any]]) -> None:
+    if path is None:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as fh:
+        for rec in records:
+            fh.write(json.dumps(rec, ensure_ascii=False, default=str) + "\n")
 
 
 def sample_seed(seed: int, sample: int) -> int:
@@ -148,11 +164,7 @@ def evaluate_task_sampled(model, tokenizer, task: Task, examples: Sequence[dict]
             keys[i][s] = answer_key(details)
             score = task.score(g.text, ex)
             scores[i, s] = score
-            rec = {"index": i, "sample": s, "score": score, "well_formed": task.is_well_formed(g.text, ex)}
-            rec.update(details)
-            rec.update({"completion": g.text, "finished": g.finished, "prompt_tokens": g.prompt_tokens,
-                        "completion_tokens": len(g.completion_ids), "example": ex})
-            records.append(rec)
+            records.append(completion_record(task, ex, g, {"index": i, "sample": s}, details, score))
     summary = task.aggregate(records)  # task metrics (format rate, IFEval levels ...) over all completions
     # maj@k only where the task extracts answers to vote on (IFEval has none)
     metrics = summarize_samples(scores, keys if has_answers else None, ks, seed=gen_config.seed)
@@ -160,17 +172,9 @@ def evaluate_task_sampled(model, tokenizer, task: Task, examples: Sequence[dict]
     summary.update({
         "n": q, "completions": q * samples, "accuracy": metrics["mean@n"]["value"],
         "ci95": metrics["mean@n"]["ci95"], "temperature": gen_config.temperature, "top_p": gen_config.top_p,
-        "sample_seeds": seeds, **metrics,
-        "generation_s": round(gen_s, 3),
-        "prompt_tokens": sum(g.prompt_tokens for g in gens),
-        "completion_tokens": sum(len(g.completion_ids) for g in gens),
-        "truncated_rate": (sum(not g.finished for g in gens) / len(gens)) if gens else 0.0,
+        "sample_seeds": seeds, **metrics, **generation_stats(gens, gen_s),
     })
-    if output_path is not None:
-        output_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(output_path, "w", encoding="utf-8") as fh:
-            for rec in records:
-                fh.write(json.dumps(rec, ensure_ascii=False, default=str) + "\n")
+    write_jsonl(output_path, records)
     return summary
 
 
