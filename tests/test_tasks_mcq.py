@@ -122,7 +122,9 @@ def test_adversarial_inputs_are_fast(chem, text):
     start = time.perf_counter()
     chem.score(text, ex)
     chem.details(text, ex)
-    assert time.perf_counter() - start < 2.0
+    # ~0.4 s on an idle 2-core machine for the worst case (". A a" * 200k: 200k article candidates, two scans);
+    # the bound leaves room for a loaded CI machine while still catching anything super-linear
+    assert time.perf_counter() - start < 5.0
     assert chem.score("answer:" * 100_000 + " B", ex) == 1.0
 
 
