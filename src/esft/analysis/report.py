@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import resource
 import sys
 import time
@@ -63,6 +64,8 @@ class ReportConfig:
     """ignore cached analysis results"""
     threads: int | None = None
     """torch CPU threads (None = torch's default); 1 is fastest on a busy machine, where idle OpenMP threads spin"""
+    exclude: list[str] = field(default_factory=list)
+    """regular expressions: runs whose path (relative to DIR) matches one are left out"""
 
 
 # ---- small helpers ----------------------------------------------------------------------------------------------
@@ -245,7 +248,8 @@ class Report:
 
             torch.set_num_threads(int(self.config.threads))
         t_start = time.perf_counter()
-        self.runs = find_runs(self.root)
+        self.runs = [r for r in find_runs(self.root)
+                     if not any(re.search(p, self.rel_run(r)) for p in self.config.exclude)]
         self.chains = build_chains(self.runs, self.root)
         self.pairs = build_pairs(self.chains)
         self.log(f"{len(self.runs)} runs, {len(self.chains)} chains, {len(self.pairs)} ES-GRPO pairs")
@@ -490,7 +494,7 @@ class Report:
                 self.skip(f"ES drift ({name})", "config.yaml lacks alpha or population_size")
                 continue
             params = {"seeds": _fingerprint([r.seed_log]), "config": r.config.get("model")}
-            cache_path = self.out / "data" / f"drift_{_slug(name)}.jsonl"
+            cache_path = self.out / "data" / f"drift_{_slug(str(r.path))[-60:]}.jsonl"
             key = json.dumps(params, default=str)
             meta = cache_path.with_suffix(".params")
             cached = cache_path.exists() and meta.exists() and meta.read_text() == key and not self.config.recompute

@@ -152,8 +152,9 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def load_run(path: Path) -> Run:
+    path = Path(path).resolve()  # one spelling per run (symlinked roots, relative DIRs): stable cache keys
     config = read_config(path / "config.yaml")
-    return Run(path=path.resolve(), algorithm=classify(path, config), config=config,
+    return Run(path=path, algorithm=classify(path, config), config=config,
                checkpoints=list_checkpoints(path), metrics=read_metrics(path))
 
 
