@@ -217,7 +217,11 @@ def analyze_series(series: DriftSeries, alpha: float, population: int) -> dict[s
         out["total"].update({"final_sq": series.total[-1], "predicted_final_sq": pred,
                              "final_ratio": series.total[-1] / pred if pred else None})
     if series.expected is not None:
+        # the expectation from the logged coefficients counts only the steps that moved (zero fitness spread
+        # makes no update) and any fitness shaping: the law with the run's actual step count
         out["r2_logged_expectation"] = _none_if_nan(r2_score(series.total, series.expected))
+        out["final_over_logged_expectation"] = (series.total[-1] / series.expected[-1]
+                                                if series.expected[-1] else None)
     rows = []
     for name, sq in series.per_tensor.items():
         n = series.numel.get(name)

@@ -567,6 +567,7 @@ class Report:
                 ["measured / predicted", t.get("final_ratio")],
                 ["R^2 of the theory line (no fitted parameter)", _r2(t.get("r2_theory"))],
                 ["R^2 vs expectation from the logged coefficients", _r2(res.get("r2_logged_expectation"))],
+                ["measured / that expectation (steps that moved)", res.get("final_over_logged_expectation")],
                 ["free fit through origin: rho = d_eff / d", t.get("rho")], ["free fit R^2", _r2(t.get("r2_fit"))]]
         if gs is not None and res.get("grpo"):
             ratio = res["grpo"].get("ratio_at_matched_step") or {}
