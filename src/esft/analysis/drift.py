@@ -276,6 +276,8 @@ def plot_total(series: DriftSeries, alpha: float, population: int, path: str | P
     ax = axes[0]
     ax.plot(steps, series.total, color=color("es"), lw=2, label=f"ES (R$^2$ vs theory = {_fmt(fit['r2_theory'])})")
     ax.plot(steps, pred, "k--", lw=1, label=r"$\alpha^2 T d / N$")
+    if series.expected is not None:
+        ax.plot(steps, series.expected, ":", color="gray", lw=1.5, label="expectation from the logged updates")
     ax.set_xlabel("step T")
     ax.set_ylabel(r"$\|\Delta\theta_T\|^2$")
     ax.set_title(title or f"d = {d:.3g}, N = {population}, alpha = {alpha:g}")
