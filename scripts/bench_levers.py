@@ -40,6 +40,9 @@ def generation(args) -> None:
         "esft-hf-forward": dict(engine="esft", lean=False),
         "esft-lean": dict(engine="esft", lean=True),
         "esft-lean+prefix": dict(engine="esft", lean=True, share_prefix=True),
+        "esft-lean+buckets4": dict(engine="esft", lean=True, prefill_buckets=4),
+        "esft-lean+prefix+buckets2": dict(engine="esft", lean=True, share_prefix=True, prefill_buckets=2),
+        "esft-lean+prefix+buckets4": dict(engine="esft", lean=True, share_prefix=True, prefill_buckets=4),
         "esft-lean-half-batch": dict(engine="esft", lean=True, batch_size=max(1, work.generation_batch_size // 2)),
     }
     chosen = args.configs.split(",") if args.configs else list(configs)

@@ -65,7 +65,7 @@ def test_run_bench_report_shape(tokenizer, monkeypatch):
     model = make_tiny_model()
     monkeypatch.setattr(bench, "build_workload", lambda name, tok: small_workload(name))
     monkeypatch.setattr(bench, "matmul_gflops", lambda dtype: 10.0)
-    assert bench.BenchConfig().noise == "table" and bench.BenchConfig().generation == {"share_prefix": True}
+    assert bench.BenchConfig().noise == "table" and bench.BenchConfig().generation == bench.FAST_GENERATION
     cfg = bench.BenchConfig(workloads=["decode-heavy", "cpu-preset"], population=2, repeats=2, noise="per-tensor",
                             generation={"lean": True})
     report = bench.run_bench(cfg, model=model, tokenizer=tokenizer, log=lambda m: None)

@@ -161,28 +161,57 @@ def test_common_prefix():
     assert lean.common_prefix([[1], [2]]) == 0
 
 
-def test_shared_prefix_prefill_matches_plain_prefill(tokenizer):
+def test_length_buckets_minimise_padding():
+    lengths = [10, 50, 11, 49, 12, 48, 30]
+    groups = lean.length_buckets(lengths, 3)
+    assert sorted(i for g in groups for i in g) == list(range(7))
+    assert [sorted(lengths[i] for i in g) for g in groups] == [[48, 49, 50], [30], [10, 11, 12]]
+    assert lean.length_buckets(lengths, 1) == [[1, 3, 5, 6, 4, 2, 0]]
+
+
+@pytest.mark.parametrize("share, buckets", [(True, 1), (True, 3), (False, 2)])
+def test_layout_prefill_matches_plain_prefill(tokenizer, share, buckets):
     from esft.generation import encode_prompts, left_pad
 
     model = _tiny("llama")
-    rows = encode_prompts(tokenizer, SHARED)
+    rows = encode_prompts(tokenizer, SHARED + ["unrelated text, no template"] if not share else SHARED)
     ids, mask = left_pad(rows, 2, "cpu")
     with torch.inference_mode():
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        ref, _ = _prefill(model, ids, mask, pos)
+        lm = lean.LeanModel(model)
+        logits, cache, next_pos = lean.layout_prefill(model, lm, ids, mask, _prefill, 4, share, buckets)
+        assert torch.allclose(logits, ref, atol=1e-5, rtol=1e-5)
+        assert next_pos.tolist() == mask.sum(-1).tolist()  # positions continue exactly as in a plain prefill
+        assert cache.mask.sum(-1).tolist() == mask.sum(-1).tolist()  # every prompt token is attended, once
+        # the next decode step from this layout agrees with the plain path
+        plain_logits, plain, plain_pos = lean.layout_prefill(model, lm, ids, mask, _prefill, 4, False, 1)
+        assert torch.equal(plain_logits, ref)  # no option: the plain HF prefill, bit for bit
+        cos, sin = lm.rope_tables(128, logits)
+        tok = ref.argmax(-1)
+        a = lean.decode_step(lm, cache, tok, next_pos, cos, sin)
+        b = lean.decode_step(lm, plain, tok, plain_pos, cos, sin)
+        assert torch.allclose(a, b, atol=1e-5, rtol=1e-5)
+
+
+def test_short_prefix_is_not_shared(tokenizer):
+    from esft.generation import left_pad
+
+    model = _tiny("llama")
+    ids, mask = left_pad([[5, 6, 7, 8], [5, 6, 9, 10, 11]], 2, "cpu")
+    with torch.inference_mode():
         ref, _ = _prefill(model, ids, mask, (mask.cumsum(-1) - 1).clamp(min=0))
-        logits, cache, new_mask, next_pos = lean.shared_prefix_prefill(model, ids, mask, _prefill)
-    p = lean.common_prefix(rows)
-    assert p > 20 and new_mask.shape[1] == p + max(len(r) for r in rows) - p == cache.layers[0].keys.shape[2]
-    assert torch.allclose(logits, ref, atol=1e-5, rtol=1e-5)
-    assert next_pos.tolist() == mask.sum(-1).tolist()  # positions continue exactly as in a plain prefill
-    assert lean.shared_prefix_prefill(model, ids[:, -3:], mask[:, -3:], _prefill) is None  # prefix too short
+        logits, cache, _ = lean.layout_prefill(model, lean.LeanModel(model), ids, mask, _prefill, 4, True, 1)
+    assert torch.equal(logits, ref) and cache.length == ids.shape[1]  # 2 shared tokens < min_prefix: plain path
 
 
 def test_shared_prefix_greedy_equals_hf_generate(tokenizer):
     model = _eosy(_tiny("llama", seed=1), tokenizer, at=30)
     cfg = dict(max_new_tokens=40, batch_size=4)
-    ours = generate(model, tokenizer, SHARED, GenerationConfig(share_prefix=True, **cfg))
     ref = generate(model, tokenizer, SHARED, GenerationConfig(engine="hf", **cfg))
-    assert [g.completion_ids for g in ours] == [g.completion_ids for g in ref]
+    for extra in (dict(share_prefix=True), dict(share_prefix=True, prefill_buckets=2), dict(prefill_buckets=3)):
+        ours = generate(model, tokenizer, SHARED, GenerationConfig(**extra, **cfg))
+        assert [g.completion_ids for g in ours] == [g.completion_ids for g in ref], extra
 
 
 @pytest.mark.slow
@@ -199,6 +228,6 @@ def test_real_model_greedy_equals_hf_generate(tokenizer):
     ours = generate(model, tokenizer, prompts, GenerationConfig(engine="esft", **cfg))
     ref = generate(model, tokenizer, prompts, GenerationConfig(engine="hf", **cfg))
     assert [g.completion_ids for g in ours] == [g.completion_ids for g in ref]
-    # opt-in shared-prefix prefill (not bit-exact, see GenerationConfig.share_prefix): equal on these prompts
-    shared = generate(model, tokenizer, prompts[:12], GenerationConfig(share_prefix=True, **cfg))
+    # opt-in shared-prefix / bucketed prefill (not bit-exact, see GenerationConfig.share_prefix): equal here
+    shared = generate(model, tokenizer, prompts[:12], GenerationConfig(share_prefix=True, prefill_buckets=4, **cfg))
     assert [g.completion_ids for g in shared] == [g.completion_ids for g in ref[:12]]

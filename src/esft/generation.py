@@ -41,6 +41,9 @@ class GenerationConfig:
     """lean path only: prefill the prompts' common token prefix (system prompt + template) once and reuse its KV
     for every row. Saves that share of the prefill, but logits then match a plain prefill to ~1e-6 relative
     rather than bit for bit, so greedy outputs can differ from `model.generate` on near-ties (opt-in)."""
+    prefill_buckets: int = 1
+    """lean path only: prefill the prompts (their remainders after a shared prefix) in up to this many groups of
+    similar length instead of one batch padded to the longest; > 1 has the same ~1e-6 caveat as share_prefix."""
 
 
 @dataclass

@@ -258,35 +258,98 @@ def common_prefix(rows: list[list[int]]) -> int:
     return k
 
 
-def shared_prefix_prefill(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, prefill: Callable,
-                          min_prefix: int = 8):
-    """Prefill the rows' common prefix once (batch 1), then every row's remainder on top of a copy of its K/V.
+def length_buckets(lengths: list[int], max_buckets: int) -> list[list[int]]:
+    """Row indices split into at most `max_buckets` groups of similar length, minimising the padded positions
+    sum(rows in group x longest in group) (exact dynamic programme over the rows sorted by length)."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    n, k_max = len(order), max(1, min(max_buckets, len(order)))
+    inf = float("inf")
+    # best[k][j]: cost of the first j sorted rows in k groups; a group of sorted rows i..j-1 costs (j - i) * len[i]
+    best = [[inf] * (n + 1) for _ in range(k_max + 1)]
+    cut = [[0] * (n + 1) for _ in range(k_max + 1)]
+    best[0][0] = 0
+    for k in range(1, k_max + 1):
+        for j in range(1, n + 1):
+            for i in range(k - 1, j):
+                c = best[k - 1][i] + (j - i) * lengths[order[i]]
+                if c < best[k][j]:
+                    best[k][j], cut[k][j] = c, i
+    k = min(range(1, k_max + 1), key=lambda kk: best[kk][n])
+    groups, j = [], n
+    while k > 0:
+        i = cut[k][j]
+        groups.append(order[i:j])
+        j, k = i, k - 1
+    return groups[::-1]
 
-    Returns (logits, hf_cache, mask, next positions) or None when the prefix is too short to be worth it. The
-    cache layout is [prefix | left-padded suffixes]; positions continue from the prefix, so RoPE sees the same
-    positions as in a plain prefill. The prefix K/V come from a batch-1 forward and the suffix attention runs over
-    a different column layout, so logits match a plain prefill to ~1e-6 relative, not bit for bit (that is why
-    this is opt-in: GenerationConfig.share_prefix).
+
+def layout_prefill(model, lean: LeanModel, input_ids: torch.Tensor, attention_mask: torch.Tensor, prefill: Callable,
+                   extra_columns: int, share_prefix: bool, buckets: int, min_prefix: int = 8):
+    """Prompt prefill into a fresh KVCache, optionally (1) prefilling the rows' common token prefix once, at
+    batch 1, and giving every row a copy of its K/V, and (2) prefilling the remainders in up to `buckets` groups of
+    similar length instead of one batch padded to the longest.
+
+    Returns (last-prompt-token logits [B, V], cache, next positions [B]). Cache columns are [prefix | remainders,
+    right-aligned and left-padded]; positions continue from the prefix, so RoPE sees what a plain prefill sees.
+    With neither option (or no usable prefix and one bucket) this is the plain HF prefill, bit for bit. Otherwise
+    the prefix K/V come from a batch-1 forward and attention sums run over a different column layout, so logits
+    match a plain prefill to ~1e-6 relative, not bit for bit (hence opt-in: GenerationConfig.share_prefix,
+    prefill_buckets).
     """
     from esft.generation import left_pad
 
     batch, width = input_ids.shape
+    device = input_ids.device
     lengths = attention_mask.sum(-1).tolist()
     rows = [input_ids[r, width - n:].tolist() for r, n in enumerate(lengths)]
-    p = min(common_prefix(rows), min(lengths) - 1)  # every row keeps >= 1 token, whose logits we need
-    if batch < 2 or p < min_prefix:
-        return None
-    device = input_ids.device
-    pre = torch.tensor([rows[0][:p]], dtype=torch.long, device=device)
-    _, cache = prefill(model, pre, torch.ones_like(pre), torch.arange(p, device=device)[None])
-    for layer in cache.layers:  # one copy of the prefix K/V per row (the suffix forward appends to each)
-        layer.keys = layer.keys.expand(batch, -1, -1, -1).contiguous()
-        layer.values = layer.values.expand(batch, -1, -1, -1).contiguous()
-    suffix, suffix_mask = left_pad([r[p:] for r in rows], 0, device)  # pad id is irrelevant: masked out
-    mask = torch.cat([attention_mask.new_ones((batch, p)), suffix_mask.to(attention_mask.dtype)], dim=1)
-    positions = (suffix_mask.cumsum(-1) - 1).clamp(min=0) + p
-    logits, cache = prefill(model, suffix, mask, positions, cache)
-    return logits, cache, mask, positions[:, -1] + 1
+    p = min(common_prefix(rows), min(lengths) - 1) if (share_prefix and batch > 1) else 0
+    if p < min_prefix:  # every row keeps >= 1 own token, whose logits we need; a short prefix is not worth it
+        p = 0
+    groups = length_buckets([n - p for n in lengths], buckets) if buckets > 1 else [list(range(batch))]
+    if p == 0 and len(groups) == 1:
+        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+        logits, hf_cache = prefill(model, input_ids, attention_mask, position_ids)
+        cache = KVCache(lean, batch, width + extra_columns, hf_cache.layers[0].keys.dtype, device)
+        cache.load_prefill(hf_cache, attention_mask)
+        return logits, cache, position_ids[:, -1] + 1
+    prefix_cache = None
+    if p:
+        pre = torch.tensor([rows[0][:p]], dtype=torch.long, device=device)
+        _, prefix_cache = prefill(model, pre, torch.ones_like(pre), torch.arange(p, device=device)[None])
+    suffix_width = max(lengths) - p
+    total = p + suffix_width
+    logits = None
+    next_pos = torch.empty(batch, dtype=torch.long, device=device)
+    cache = None
+    for group in groups:
+        idx = torch.tensor(group, dtype=torch.long, device=device)
+        suffix, suffix_mask = left_pad([rows[r][p:] for r in group], 0, device)  # pad id irrelevant: masked
+        g, w = suffix.shape
+        hf_cache = None
+        if prefix_cache is not None:
+            from transformers import DynamicCache
+
+            hf_cache = DynamicCache(config=model.config)
+            for i, layer in enumerate(prefix_cache.layers):
+                hf_cache.update(layer.keys.expand(g, -1, -1, -1).contiguous(),
+                                layer.values.expand(g, -1, -1, -1).contiguous(), i)
+        mask = torch.cat([suffix_mask.new_ones((g, p)), suffix_mask], dim=1)
+        positions = (suffix_mask.cumsum(-1) - 1).clamp(min=0) + p
+        group_logits, hf_cache = prefill(model, suffix, mask.to(attention_mask.dtype), positions, hf_cache)
+        if cache is None:
+            cache = KVCache(lean, batch, total + extra_columns, hf_cache.layers[0].keys.dtype, device)
+            for buf in cache.k + cache.v:  # gap columns stay masked, but must be finite: 0 * NaN would leak
+                buf[:, :, :total].zero_()
+            logits = group_logits.new_empty((batch, group_logits.shape[-1]))
+        logits[idx] = group_logits
+        next_pos[idx] = positions[:, -1] + 1
+        cols = torch.cat([torch.arange(p), torch.arange(total - w, total)]).to(device)
+        for i, layer in enumerate(hf_cache.layers):
+            cache.k[i][idx[:, None], :, cols[None, :]] = layer.keys.transpose(1, 2)
+            cache.v[i][idx[:, None], :, cols[None, :]] = layer.values.transpose(1, 2)
+        cache.mask[idx[:, None], cols[None, :]] = mask.bool()
+    cache.length = total
+    return logits, cache, next_pos
 
 
 def lean_decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, config,
@@ -295,7 +358,7 @@ def lean_decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, co
 
     `prefill(model, input_ids, attention_mask, position_ids, cache=None) -> (last-position logits, DynamicCache)` runs
     the prompt through the HF forward; `sample(logits, step, generator)` picks the next token (eos suppression
-    included). With config.share_prefix the prompts' common prefix is prefilled once (`shared_prefix_prefill`).
+    included). config.share_prefix / prefill_buckets change the prefill layout (`layout_prefill`).
     """
     lean = LeanModel(model)
     batch = input_ids.shape[0]
@@ -303,22 +366,14 @@ def lean_decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, co
     generator = None
     if config.temperature > 0:
         generator = torch.Generator(device=device).manual_seed(config.seed)
-    shared = shared_prefix_prefill(model, input_ids, attention_mask, prefill) if config.share_prefix else None
-    if shared is not None:
-        logits, hf_cache, attention_mask, next_pos = shared
-    else:
-        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-        logits, hf_cache = prefill(model, input_ids, attention_mask, position_ids)
-        next_pos = position_ids[:, -1] + 1
-    width = attention_mask.shape[1]
-    dtype = hf_cache.layers[0].keys.dtype
     budget = config.max_new_tokens
     # room for 256 tokens (or the forced minimum) up front; longer completions grow the buffer by doubling
-    cache = KVCache(lean, batch, width + min(budget, max(256, config.min_new_tokens)), dtype, device)
-    cache.load_prefill(hf_cache, attention_mask)
-    del hf_cache
+    logits, cache, next_pos = layout_prefill(
+        model, lean, input_ids, attention_mask, prefill, extra_columns=min(budget, max(256, config.min_new_tokens)),
+        share_prefix=bool(getattr(config, "share_prefix", False)),
+        buckets=int(getattr(config, "prefill_buckets", 1) or 1))
     # every position this call can reach, computed once (a few KB even for a 1024-token budget)
-    cos_t, sin_t = lean.rope_tables(int(next_pos.max()) + budget + 1, logits.new_empty(1, dtype=dtype))
+    cos_t, sin_t = lean.rope_tables(int(next_pos.max()) + budget + 1, cache.k[0].new_empty(1))
     rows = torch.arange(batch, device=device)
     outputs: list[list[int]] = [[] for _ in range(batch)]
     eos_t = torch.tensor(eos, device=device)
