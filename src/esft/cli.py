@@ -202,6 +202,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    import os
+
+    # Before torch loads OpenMP (build_parser imports it): idle OpenMP threads sleep instead of spinning. On a busy
+    # 2-core machine a spinning thread steals the core its partner needs, and small matmuls (decode at batch 32)
+    # ran 4-15x slower with 2 threads than with 1; passive waiting costs ~1-3% when the machine is idle
+    # (docs/performance.md, "threads"). An explicit OMP_WAIT_POLICY wins.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     parser = build_parser()
     args = parser.parse_args(argv)
     func: Callable[[argparse.Namespace], int] = args.func
