@@ -313,6 +313,7 @@ def run_bench(config: BenchConfig, model=None, tokenizer=None, log=print) -> dic
                               "threads": torch.get_num_threads(), "dtype": str(dtype).replace("torch.", ""),
                               "params": params, "model": config.model, "noise": config.noise,
                               "torch": torch.__version__, "cpu_count": os.cpu_count(),
+                              "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
                               "population": config.population, "generation_overrides": dict(config.generation)}
     snapshot = _snapshot(model)
     for name in config.workloads:

@@ -206,8 +206,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     # Before torch loads OpenMP (build_parser imports it): idle OpenMP threads sleep instead of spinning. On a busy
     # 2-core machine a spinning thread steals the core its partner needs, and small matmuls (decode at batch 32)
-    # ran 4-15x slower with 2 threads than with 1; passive waiting costs ~1-3% when the machine is idle
-    # (docs/performance.md, "threads"). An explicit OMP_WAIT_POLICY wins.
+    # ran 4-15x slower with 2 threads than with 1; on an idle machine passive waiting should cost only a wake-up
+    # per parallel region (docs/performance.md, "threads"). An explicit OMP_WAIT_POLICY wins.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     parser = build_parser()
     args = parser.parse_args(argv)
