@@ -141,6 +141,17 @@ def test_sampling_runs_and_is_seeded(tokenizer):
     assert [g.completion_ids for g in a] == [g.completion_ids for g in b]
 
 
+def test_forward_hooks_force_the_hf_forward(tokenizer):
+    model = _tiny("llama")
+    calls = []
+    handle = model.model.layers[0].mlp.down_proj.register_forward_hook(lambda m, i, o: calls.append(1))
+    assert "forward hooks" in lean.unsupported_reason(model)
+    generate(model, tokenizer, PROMPTS[:2], GenerationConfig(max_new_tokens=3))
+    assert len(calls) == 3  # prefill + 2 decode steps went through the hooked module
+    handle.remove()
+    assert lean.unsupported_reason(model) is None
+
+
 def test_unsupported_models_fall_back(tokenizer):
     model = _tiny("llama")
     model.config._attn_implementation = "eager"

@@ -56,6 +56,15 @@ def unsupported_reason(model) -> str | None:
         return "no lm_head"
     if any(p.device.type != "cpu" for p in model.parameters()):
         return "lean path is for CPU (GPU runs use the HF forward / vLLM)"
+    # the lean step calls F.linear on the weights directly, so module hooks (e.g. a low-rank population's
+    # per-row perturbation) would silently not run
+    from torch.nn.modules import module as _module
+
+    if _module._global_forward_hooks or _module._global_forward_pre_hooks:
+        return "global module forward hooks are registered"
+    for name, mod in model.named_modules():
+        if mod._forward_hooks or mod._forward_pre_hooks:
+            return f"forward hooks on {name or 'the model'}"
     return None
 
 
