@@ -11,17 +11,8 @@ import numpy as np
 import pytest
 import scipy.stats
 
+from es_tiny import one_thread  # noqa: F401  (autouse: tiny matmuls on one thread)
 from esft.analysis import drift as D
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    import torch
-
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny matmuls: OpenMP spin-waits cost more than they save on 2 shared cores
-    yield
-    torch.set_num_threads(previous)
 
 
 def test_predicted_sq_drift_formula():

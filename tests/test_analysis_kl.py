@@ -9,18 +9,11 @@ import numpy as np
 import pytest
 import torch
 
+from es_tiny import one_thread  # noqa: F401  (autouse: tiny matmuls on one thread)
 from conftest import make_tiny_model
 from esft.analysis import kl as K
 from esft.generation import GenerationConfig
 from esft.tasks import get_task
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 @pytest.fixture(scope="module")

@@ -9,17 +9,10 @@ import numpy as np
 import pytest
 import torch
 
+from es_tiny import one_thread  # noqa: F401  (autouse: tiny matmuls on one thread)
 from conftest import make_tiny_model
 from esft.analysis import landscape as L
 from esft.analysis import sparsity as SP
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 def tiny(seed):

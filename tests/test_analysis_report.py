@@ -10,20 +10,12 @@ import json
 import re
 
 import pytest
-import torch
 
+from es_tiny import one_thread  # noqa: F401  (autouse: tiny matmuls on one thread)
 from analysis_runs import make_base, make_es_run, make_grpo_run
 from esft.analysis.report import ReportConfig, build_report
 from esft.analysis.runs import build_chains, build_pairs, find_runs
 from esft.cli import main
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 @pytest.fixture(scope="module")

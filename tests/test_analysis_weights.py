@@ -12,18 +12,11 @@ import pytest
 import scipy.linalg
 import torch
 
+from es_tiny import one_thread  # noqa: F401  (autouse: tiny matmuls on one thread)
 from conftest import make_tiny_model
 from esft.analysis import canonical as C
 from esft.analysis import weights as W
 from esft.analysis.sources import CheckpointSource, aligned_refs, iter_chunks, read_full
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 def rand(*shape, seed=0):

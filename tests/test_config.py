@@ -65,3 +65,15 @@ def test_flags_parse_types_and_leave_unset_flags_out():
     ns = vars(p.parse_args(["--tasks", "a,b", "--limit", "none", "--fast", "--lr", "1e-3"]))
     assert ns == {"tasks": ["a", "b"], "limit": None, "fast": True, "lr": 1e-3}
     assert vars(p.parse_args(["--limit", "5"])) == {"limit": 5}
+
+
+@dataclass
+class _Percent:
+    speedup: float = 0.25
+    """~25% faster (a literal percent sign in a field docstring)"""
+
+
+def test_percent_sign_in_field_docstring_does_not_break_help():
+    parser = argparse.ArgumentParser()
+    add_dataclass_arguments(parser, _Percent)
+    assert "~25% faster" in parser.format_help()

@@ -227,3 +227,15 @@ def test_presets_and_cli_args(tmp_path):
     assert c.sigma == 0.01 and c.iterations == 9 and c.population_size == 8 and c.exclude == ["norm", "bias"]
     assert c.resume is False and c.antithetic is False and c.task_kwargs() == {"foo": 1, "max_passage_chars": 400}
     assert ESConfig(task_options="{a: 2}").task_options == {"a": 2}
+
+
+def test_generation_options_reach_the_rollouts_and_cannot_override_es_fields():
+    from esft.es.trainer import generation_config
+
+    gen = generation_config(ESConfig(max_new_tokens=12, generation_options="{share_prefix: true, prefill_buckets: 4}"))
+    assert (gen.share_prefix, gen.prefill_buckets, gen.max_new_tokens, gen.temperature) == (True, 4, 12, 0.0)
+    assert generation_config(ESConfig()).share_prefix is False  # bit-exact plain prefill unless asked
+    with pytest.raises(ValueError, match="temperature"):
+        generation_config(ESConfig(generation_options={"temperature": 1.0}))
+    with pytest.raises(ValueError, match="mapping"):
+        ESConfig(generation_options="[1, 2]")

@@ -72,12 +72,18 @@ def test_valid_spec_and_shipped_specs_parse(tmp_path):
     assert spec.method("es").budgets == [2, 4]
     assert spec.evaluation.all_tasks == ["countdown", "boolq", "mmlu", "ifeval"]
     names = set(shipped_specs())
-    assert {"paper-single", "paper-sequential", "cpu-mini-single", "cpu-mini-sequential"} <= names
-    for name in names:
+    assert {"paper-single", "paper-sequential", "cpu-mini-single", "cpu-mini-sequential", "cpu-compare"} <= names
+    for name in names - {"cpu-compare"}:
         shipped = load_spec(name)  # by name, as on the command line
         assert set(shipped.tasks) == {"countdown", "math", "chemistry", "boolq"}
         assert {m.components[0].algorithm for m in shipped.methods} == {"es", "grpo"}
         assert shipped.evaluation.holdout == ["mmlu", "ifeval"]
+    compare = load_spec("cpu-compare")  # issue 8: the ES variants and GRPO on one task, with pass@k
+    assert [m.label for m in compare.methods] == ["es", "dart-es", "lowrank-es", "grpo"]
+    assert compare.evaluation.passk.k == [1, 4] and compare.evaluation.passk.tasks == ["boolq"]
+    variants = {m.label: compare.config(m.components[0], "boolq", 42) for m in compare.methods}
+    assert variants["dart-es"].fitness_rule == "dart" and variants["lowrank-es"].noise == "lowrank"
+    assert variants["es"].noise == "table" and variants["lowrank-es"].generation_options == {}
 
 
 def test_option_blocks_reach_trainer_configs(tmp_path):

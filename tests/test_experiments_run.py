@@ -188,3 +188,48 @@ def test_failed_stage_keeps_other_results_then_reruns(tmp_path, tokenizer):
     with pytest.raises(SpecError, match=r"es/1-countdown was trained with other options \(sigma: 0\.01 -> 0\.5"):
         run_experiment(load_spec(spec_path), out, tiny.hooks)
     assert tiny.trained == []
+
+
+def test_method_comparison_with_passk_sampling(tmp_path, tokenizer):
+    """Issue 8's comparison: ES variants as labelled blocks, a sampled pass@k evaluation beside the greedy one, and
+    the per-task methods table with CIs and training time; a re-run samples nothing again."""
+    spec = write_spec(tmp_path / "compare.yaml", "single-task", ["boolq"],
+                      {"es": {**ES_BLOCK, "iterations": 1},
+                       "dart-es": {**ES_BLOCK, "algorithm": "es", "display": "DART-ES", "fitness_rule": "dart",
+                                   "iterations": 1}},
+                      evaluation={"limit": 2, "max_new_tokens": 2, "batch_size": 8, "holdout": [],
+                                  "after_single_task": "trained",
+                                  "passk": {"samples": 3, "k": [1, 3], "temperature": 1.0}})
+    out = tmp_path / "out"
+    tiny = TinyHooks(tokenizer)
+    assert run_experiment(load_spec(spec), out, tiny.hooks).ok
+    stage = out / "seed-42/single-task/boolq"
+    sampled = _json(stage / "dart-es/eval/boolq.passk.json")
+    assert sampled["settings"]["samples"] == 3 and sampled["summary"]["completions"] == 6
+    assert set(sampled["summary"]["pass@k"]) == {"1", "3"}
+    assert len(_lines(stage / "dart-es/eval/boolq.passk.jsonl")) == 6  # 2 questions x 3 samples
+    result = _json(stage / "dart-es/result.json")
+    assert result["eval"]["boolq"]["sampled"]["pass@k"] == sampled["summary"]["pass@k"]
+    assert "sampled" in _json(out / "base/result.json")["eval"]["boolq"]
+    table = (out / "tables/methods_boolq.md").read_text()
+    assert "| Method | Accuracy % | 95% CI | Format % | pass@1 % | pass@1 CI | pass@3 % | pass@3 CI | Train wall s |" \
+        in table
+    assert "| DART-ES" in table and "| Base |" in table and "3 completions per question" in table
+
+    again = TinyHooks(tokenizer)
+    loads = []
+    again.hooks.load_model = lambda *a: loads.append(a) or tiny.load_model(*a)
+    assert run_experiment(load_spec(spec), out, again.hooks).ok and loads == [] and again.trained == []
+
+
+def test_passk_block_is_validated_before_compute(tmp_path):
+    for bad, words in (({"samples": 1}, "samples must be >= 2"), ({"samples": 4, "k": [8]}, "between 1 and"),
+                       ({"samples": 4, "temperature": 0}, "temperature"), ({"k": [1]}, "needs samples"),
+                       ({"samples": 4, "tasks": ["mmlu"]}, "unknown task")):
+        spec = write_spec(tmp_path / "bad.yaml", "single-task", ["boolq"], {"es": {**ES_BLOCK, "iterations": 1}},
+                          evaluation={**EVAL_BLOCK_NO_HOLDOUT, "passk": bad})
+        with pytest.raises(SpecError, match=words):
+            load_spec(spec)
+
+
+EVAL_BLOCK_NO_HOLDOUT = {"limit": 1, "max_new_tokens": 2, "holdout": []}

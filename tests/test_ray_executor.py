@@ -19,6 +19,7 @@ import torch
 
 ray = pytest.importorskip("ray")
 
+from es_tiny import one_thread  # noqa: F401  (autouse: tiny matmuls on one thread)
 from conftest import make_tiny_model  # noqa: E402
 from esft.es import runlog  # noqa: E402
 from esft.es.config import ESConfig, resume_config  # noqa: E402
@@ -40,15 +41,6 @@ def ray_session():
              logging_level=logging.WARNING, log_to_driver=False)
     yield
     ray.shutdown()
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    # the workers run with threads_per_worker=1; the local reference must use the same matmul blocking
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 @pytest.fixture(scope="module")

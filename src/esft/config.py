@@ -23,6 +23,36 @@ import yaml
 T = TypeVar("T")
 
 
+class RunConfig:
+    """Shared behaviour of the trainers' config dataclasses (ESConfig, GRPOConfig)."""
+
+    task_options: dict[str, Any]
+    max_passage_chars: int | None
+
+    def parse_mappings(self, *names: str) -> None:
+        """Fields given on the command line as a YAML / JSON mapping string become dicts; anything else fails."""
+        for name in names:
+            value = getattr(self, name)
+            if isinstance(value, str):
+                value = yaml.safe_load(value) or {}
+                setattr(self, name, value)
+            if not isinstance(value, dict):
+                raise ValueError(f"{name} must be a mapping, got {value!r}")
+
+    def task_kwargs(self) -> dict[str, Any]:
+        """Keyword options of the task's constructor (task_options, plus max_passage_chars when set)."""
+        kw = dict(self.task_options)
+        if self.max_passage_chars is not None:
+            kw.setdefault("max_passage_chars", self.max_passage_chars)
+        return kw
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)  # type: ignore[call-overload]
+
+    def replace(self, **changes: Any):
+        return dataclasses.replace(self, **changes)  # type: ignore[type-var]
+
+
 def field_docs(cls: type) -> dict[str, str]:
     """The docstring written under each field of a dataclass (read from its source)."""
     docs: dict[str, str] = {}
@@ -100,7 +130,8 @@ def add_dataclass_arguments(parser: argparse.ArgumentParser, cls: type, skip: tu
         tp = hints[f.name]
         default = (f.default if f.default is not dataclasses.MISSING
                    else f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
-        help_text = f"{docs.get(f.name, '')} (default: {default!r})"
+        # argparse %-formats help strings: a literal "%" in a docstring must be doubled
+        help_text = f"{docs.get(f.name, '')} (default: {default!r})".replace("%", "%%")
         inner, _ = _unwrap_optional(tp)
         if inner is bool:
             parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction,

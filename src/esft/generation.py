@@ -8,7 +8,7 @@ trap 4). Completions are returned as ids (for token-aligned KL) and as text, in 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -190,8 +190,10 @@ def _sampler(config: GenerationConfig, eos: list[int]):
     """next-token rule of a decode loop: `sample_next`, with eos masked out before `min_new_tokens` (in place on
     the logits, as transformers' MinNewTokensLengthLogitsProcessor does)."""
 
+    min_new = int(getattr(config, "min_new_tokens", 0) or 0)  # duck-typed configs may lack it
+
     def sample(logits: torch.Tensor, step: int, generator) -> torch.Tensor:
-        if step < config.min_new_tokens:
+        if step < min_new:
             logits[:, eos] = -float("inf")
         return sample_next(logits, config.temperature, config.top_p, generator)
 
@@ -213,6 +215,15 @@ def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, config:
 
         if unsupported_reason(model) is None:
             return lean_decode(model, input_ids, attention_mask, config, eos, sample, _prefill)
+    return decode_hf(model, input_ids, attention_mask, config, eos)
+
+
+def decode_hf(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, config: GenerationConfig,
+              eos: list[int], on_keep: Callable[[torch.Tensor], None] | None = None) -> list[list[int]]:
+    """The decode loop of `decode` through the Hugging Face forward (so forward hooks see every projection).
+    `on_keep(indices)` is called whenever finished rows are dropped, with the indices of the rows kept, so a
+    caller holding per-row state (e.g. the low-rank population's member of each row) can drop them too."""
+    sample = _sampler(config, eos)
     batch = input_ids.shape[0]
     device = input_ids.device
     generator = None
@@ -237,6 +248,8 @@ def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, config:
                 break
             keep = alive.nonzero().squeeze(-1)
             cache.batch_select_indices(keep)
+            if on_keep is not None:
+                on_keep(keep)
             rows, token, next_pos, attention_mask = rows[keep], token[keep], next_pos[keep], attention_mask[keep]
         attention_mask = torch.cat([attention_mask, attention_mask.new_ones((attention_mask.shape[0], 1))], dim=1)
         out = model(input_ids=token[:, None], attention_mask=attention_mask, position_ids=next_pos[:, None],

@@ -170,17 +170,9 @@ def series_from_records(records: Sequence[Mapping[str, Any]], numel: Mapping[str
 
 
 def read_series(path: str | Path, numel: Mapping[str, int] | None = None) -> DriftSeries:
-    records = []
-    with open(path, encoding="utf-8") as fh:
-        for line in fh:
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError:
-                break  # torn last line of a crashed run
-    return series_from_records(records, numel, str(path))
+    from esft.es.runlog import read_jsonl  # skips a torn last line of a crashed run
+
+    return series_from_records(read_jsonl(Path(path)), numel, str(path))
 
 
 def es_series(run_dir: str | Path, model: Any = None, upto: int | None = None, per_tensor: bool = True,

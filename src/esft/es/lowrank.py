@@ -219,46 +219,9 @@ def _decode_rows(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, c
                  pert: PopulationPerturbation) -> list[list[int]]:
     """esft's decode loop (prefill, then one token per step, finished rows dropped from batch, KV cache and
     member mapping) through the Hugging Face forward, where the hooks see every projection."""
-    from transformers import DynamicCache
+    from esft.generation import decode_hf
 
-    from esft.generation import _cache_kwarg, sample_next
-
-    batch = input_ids.shape[0]
-    device = input_ids.device
-    generator = torch.Generator(device=device).manual_seed(config.seed) if config.temperature > 0 else None
-    cache = DynamicCache(config=model.config)
-    cache_kw = _cache_kwarg(model)
-    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=True,
-                logits_to_keep=1, **{cache_kw: cache})
-    logits = out.logits[:, -1, :]
-    next_pos = position_ids[:, -1] + 1
-    rows = torch.arange(batch, device=device)
-    outputs: list[list[int]] = [[] for _ in range(batch)]
-    eos_t = torch.tensor(eos, device=device)
-    min_new = int(getattr(config, "min_new_tokens", 0) or 0)  # benchmarks force full-length completions
-    for step in range(config.max_new_tokens):
-        if step < min_new:
-            logits[:, eos] = -float("inf")
-        token = sample_next(logits, config.temperature, config.top_p, generator)
-        for r, t in zip(rows.tolist(), token.tolist()):
-            outputs[r].append(t)
-        if step == config.max_new_tokens - 1:
-            break
-        alive = ~torch.isin(token, eos_t)
-        if not bool(alive.all()):
-            if not bool(alive.any()):
-                break
-            keep = alive.nonzero().squeeze(-1)
-            cache.batch_select_indices(keep)
-            pert.select(keep)
-            rows, token, next_pos, attention_mask = rows[keep], token[keep], next_pos[keep], attention_mask[keep]
-        attention_mask = torch.cat([attention_mask, attention_mask.new_ones((attention_mask.shape[0], 1))], dim=1)
-        out = model(input_ids=token[:, None], attention_mask=attention_mask, position_ids=next_pos[:, None],
-                    use_cache=True, **{cache_kw: cache})
-        logits = out.logits[:, -1, :]
-        next_pos = next_pos + 1
-    return outputs
+    return decode_hf(model, input_ids, attention_mask, config, eos, on_keep=pert.select)
 
 
 @torch.inference_mode()

@@ -107,16 +107,23 @@ def save_checkpoint(run_dir: Path, name: str, step: int, model: Any, tokenizer: 
         torch.save(optimizer.state_dict(), tmp / OPTIMIZER_FILE)
     state.update(extra or {})
     (tmp / STATE_FILE).write_text(json.dumps(state, indent=1))
-    if final.exists():
-        old = root / f".old_{name}"
+    replace_dir(tmp, final)
+    return final
+
+
+def replace_dir(src: Path, dst: Path) -> None:
+    """Move the complete folder `src` to `dst`, replacing any folder there: the old one is renamed aside first
+    and deleted last, so at every moment either the old or the new `dst` is complete (ES and GRPO checkpoints)."""
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    if dst.exists():
+        old = dst.with_name(f".old_{dst.name}")
         if old.exists():
             shutil.rmtree(old)
-        os.replace(final, old)
-        os.replace(tmp, final)
+        os.replace(dst, old)
+        os.replace(src, dst)
         shutil.rmtree(old)
     else:
-        os.replace(tmp, final)
-    return final
+        os.replace(src, dst)
 
 
 def list_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:

@@ -73,6 +73,11 @@ def make_weights(model: Any, config: ESConfig) -> MasterWeights:
 def generation_config(config: ESConfig) -> Any:
     fields = dict(max_new_tokens=config.max_new_tokens, temperature=0.0, top_p=1.0,
                   batch_size=config.generation_batch_size, seed=0)
+    reserved = set(fields) & set(config.generation_options)
+    if reserved:
+        raise ValueError(f"generation_options cannot set {sorted(reserved)}: they have their own ESConfig fields "
+                         "(ES rollouts are greedy)")
+    fields.update(config.generation_options)
     try:
         from esft.generation import GenerationConfig
     except ImportError:  # generation module absent (tests with a stub generate)

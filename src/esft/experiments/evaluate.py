@@ -1,7 +1,9 @@
 """Evaluation of one stage's model on its tasks, one JSON per task, resumable task by task.
 
 `<stage>/eval/<task>.json` holds the summary of `esft.evaluation.evaluate_task` (accuracy, Wilson CI, format rate,
-IFEval strict/loose ...) plus the settings it ran with; `<task>.jsonl` every completion. A task whose JSON exists
+IFEval strict/loose ...) plus the settings it ran with; `<task>.jsonl` every completion. With `evaluation.passk`
+in the spec, the chosen tasks are also sampled n times per question: `<task>.passk.json` / `.passk.jsonl`, and the
+task's summary gains a `sampled` entry (pass@k, mean@n, maj@k with bootstrap CIs). A task whose JSON exists
 with the same settings and model is not evaluated again, so an interrupted evaluation loses at most one task.
 """
 
@@ -24,6 +26,19 @@ def task_settings(spec: Spec, task: str, model: str) -> dict[str, Any]:
     return {"model": model, "split": "test", "limit": te.limit, "max_new_tokens": te.max_new_tokens,
             "batch_size": te.batch_size, "temperature": 0.0, "dtype": ev.dtype, "device": ev.device,
             "task_options": spec.task_options.get(task, {})}
+
+
+def passk_settings(spec: Spec, task: str, model: str) -> dict[str, Any] | None:
+    """Settings of the sampled evaluation of `task`, None when the spec samples no pass@k on it."""
+    pk = spec.evaluation.passk
+    if pk is None or task not in pk.tasks:
+        return None
+    return {**task_settings(spec, task, model), **pk.settings()}
+
+
+def _done(path: Path, settings: dict[str, Any] | None) -> dict[str, Any] | None:
+    prior = read_json(path)
+    return prior["summary"] if prior and prior.get("settings") == settings and "summary" in prior else None
 
 
 def write_json(path: Path, data: Any) -> None:
@@ -54,29 +69,59 @@ def evaluate_stage(spec: Spec, model_ref: str, tasks: list[str], stage_dir: Path
     todo = []
     for task in tasks:
         settings = task_settings(spec, task, model_ref)
-        prior = read_json(out_dir / f"{task}.json")
-        if prior and prior.get("settings") == settings and "summary" in prior:
-            results[task] = prior["summary"]
+        greedy = _done(out_dir / f"{task}.json", settings)
+        sampled_settings = passk_settings(spec, task, model_ref)
+        sampled = _done(out_dir / f"{task}.passk.json", sampled_settings) if sampled_settings else None
+        if greedy is not None and (sampled_settings is None or sampled is not None):
+            results[task] = {**greedy, "sampled": sampled} if sampled else greedy
         else:
-            todo.append((task, settings))
+            todo.append((task, settings, greedy, sampled_settings))
     if not todo:
         return results
     ev = spec.evaluation
     model, tokenizer = load_model(model_ref, ev.dtype, ev.device)
     try:
-        for task, settings in todo:
+        for task, settings, summary, sampled_settings in todo:
             t = get_task(task, **spec.task_options.get(task, {}))
             examples = t.load("test", settings["limit"])
             gen = GenerationConfig(max_new_tokens=settings["max_new_tokens"], temperature=0.0,
                                    batch_size=settings["batch_size"])
-            t0 = time.perf_counter()
-            summary = evaluate_task(model, tokenizer, t, examples, gen, output_path=out_dir / f"{task}.jsonl",
-                                    progress=progress)
-            summary["seconds"] = time.perf_counter() - t0
-            write_json(out_dir / f"{task}.json", {"settings": settings, "summary": summary})
+            if summary is None:
+                t0 = time.perf_counter()
+                summary = evaluate_task(model, tokenizer, t, examples, gen, output_path=out_dir / f"{task}.jsonl",
+                                        progress=progress)
+                summary["seconds"] = time.perf_counter() - t0
+                write_json(out_dir / f"{task}.json", {"settings": settings, "summary": summary})
+                if progress:
+                    print(f"  {format_row(task, summary)}  ({summary['seconds']:.0f} s)", flush=True)
+            if sampled_settings is not None:
+                sampled = _done(out_dir / f"{task}.passk.json", sampled_settings)
+                if sampled is None:
+                    sampled = _sample(model, tokenizer, t, examples, gen, sampled_settings,
+                                      out_dir / f"{task}.passk", progress)
+                summary = {**summary, "sampled": sampled}
             results[task] = summary
-            if progress:
-                print(f"  {format_row(task, summary)}  ({summary['seconds']:.0f} s)", flush=True)
     finally:
         del model
     return {task: results[task] for task in tasks}
+
+
+def _sample(model: Any, tokenizer: Any, task: Any, examples: list[dict], greedy: Any, settings: dict[str, Any],
+            stem: Path, progress: bool) -> dict[str, Any]:
+    """pass@k / mean@n / maj@k of `settings["samples"]` sampled completions per question; written next to the
+    greedy files and returned."""
+    import dataclasses
+
+    from esft.evaluation import evaluate_task_sampled
+
+    gen = dataclasses.replace(greedy, temperature=settings["temperature"], top_p=settings["top_p"],
+                              seed=settings["seed"])
+    t0 = time.perf_counter()
+    sampled = evaluate_task_sampled(model, tokenizer, task, examples, gen, settings["samples"], settings["k"],
+                                    output_path=stem.with_suffix(".passk.jsonl"), progress=progress)
+    sampled["seconds"] = time.perf_counter() - t0
+    write_json(stem.with_suffix(".passk.json"), {"settings": settings, "summary": sampled})
+    if progress:
+        ks = ", ".join(f"pass@{k} {v['value']:.3f}" for k, v in sampled["pass@k"].items())
+        print(f"  {task} sampled x{settings['samples']}: {ks}  ({sampled['seconds']:.0f} s)", flush=True)
+    return sampled

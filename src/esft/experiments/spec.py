@@ -40,7 +40,8 @@ RUNNER_FIELDS = ("model", "task", "seed", "output_dir", "resume")
 TASK_OPTION_FIELDS = ("max_passage_chars", "task_options")
 BLOCK_KEYS = ("algorithm", "preset", "display", "per_task")
 EVAL_KEYS = ("tasks", "holdout", "limit", "max_new_tokens", "batch_size", "dtype", "device", "per_task",
-             "after_single_task")
+             "after_single_task", "passk")
+PASSK_KEYS = ("samples", "temperature", "top_p", "k", "tasks", "seed")
 EVAL_TASK_KEYS = ("limit", "max_new_tokens", "batch_size")
 AFTER_SINGLE_TASK = ("all", "trained", "trained+holdout")
 IFEVAL_METRICS = ("accuracy", "prompt_strict", "prompt_loose", "instruction_strict", "instruction_loose")
@@ -89,6 +90,24 @@ class TaskEval:
 
 
 @dataclass
+class PassKSpec:
+    """Sampled evaluation beside the greedy one (`evaluation.passk`): n completions per question at a temperature,
+    reported as pass@k, mean@n and maj@k with bootstrap CIs (esft.evaluation.evaluate_task_sampled)."""
+
+    samples: int
+    k: list[int]
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int = 0
+    tasks: list[str] = field(default_factory=list)
+    """tasks to sample on (default: the spec's training tasks)"""
+
+    def settings(self) -> dict[str, Any]:
+        return {"samples": self.samples, "k": list(self.k), "temperature": self.temperature, "top_p": self.top_p,
+                "seed": self.seed}
+
+
+@dataclass
 class EvalSpec:
     tasks: list[str]
     holdout: list[str]
@@ -98,6 +117,7 @@ class EvalSpec:
     dtype: str = "auto"
     device: str | None = None
     per_task: dict[str, dict[str, Any]] = field(default_factory=dict)
+    passk: PassKSpec | None = None
     after_single_task: str = "all"
     """after a single-task stage evaluate "all" (every spec task and the holdouts), "trained" (its own task) or
     "trained+holdout" (its own task and the holdouts)"""
@@ -394,6 +414,8 @@ def _evaluation(ctx: _Ctx, raw: Any, line: int, tasks: list[str], known: typing.
             raise ctx.error(block.line_of("after_single_task"), f"evaluation.after_single_task must be one of "
                                                                 f"{', '.join(AFTER_SINGLE_TASK)}, got {value!r}")
         ev.after_single_task = value
+    if block.get("passk") is not None:
+        ev.passk = _passk(ctx, block["passk"], block.line_of("passk"), tasks, ev.all_tasks)
     per = _mapping(ctx, block.get("per_task"), "evaluation.per_task", block.line_of("per_task"))
     for task, sub in per.items():
         tline = per.line_of(task)
@@ -405,6 +427,33 @@ def _evaluation(ctx: _Ctx, raw: Any, line: int, tasks: list[str], known: typing.
         ev.per_task[task] = {k: _int(ctx, v, sub.line_of(k), f"evaluation.per_task.{task}.{k}", 1,
                                      optional=(k == "limit")) for k, v in sub.items()}
     return ev
+
+
+def _passk(ctx: _Ctx, raw: Any, line: int, tasks: list[str], evaluated: list[str]) -> PassKSpec:
+    block = _mapping(ctx, raw, "evaluation.passk", line)
+    _check_keys(ctx, block, PASSK_KEYS, "evaluation.passk")
+    if "samples" not in block:
+        raise ctx.error(line, "evaluation.passk needs samples (completions per question, e.g. 8)")
+    samples = _int(ctx, block["samples"], block.line_of("samples"), "evaluation.passk.samples", 2)
+    ks = block.get("k", [1, samples])
+    ks = ks if isinstance(ks, list) else [ks]
+    for k in ks:
+        if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= samples:
+            raise ctx.error(block.line_of("k") if "k" in block else line,
+                            f"evaluation.passk.k must be integers between 1 and samples ({samples}), got {k!r}")
+    numbers = {}
+    for key, default, low, high in (("temperature", 1.0, 1e-6, 10.0), ("top_p", 1.0, 1e-6, 1.0)):
+        value = block.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+            raise ctx.error(block.line_of(key), f"evaluation.passk.{key} must be a number in (0, {high}], "
+                                                f"got {value!r} (sampling needs temperature > 0)")
+        numbers[key] = float(value)
+    seed = _int(ctx, block.get("seed", 0), block.line_of("seed") if "seed" in block else line,
+                "evaluation.passk.seed", 0)
+    chosen = list(tasks)
+    if "tasks" in block:
+        chosen = _task_list(ctx, block["tasks"], block.line_of("tasks"), "evaluation.passk.tasks", evaluated)
+    return PassKSpec(samples=samples, k=sorted(set(ks)), seed=seed, tasks=chosen, **numbers)
 
 
 def _task_options(ctx: _Ctx, raw: Any, line: int, known: typing.Sequence[str]) -> dict[str, dict[str, Any]]:

@@ -321,6 +321,66 @@ def tables5_8(exp: Experiment) -> list[Table]:
     return out
 
 
+# ---- method comparison (issue 8: plain ES, DART-ES, low-rank ES, GRPO on one task) --------------------------------
+
+def _summary(record: dict[str, Any] | None, task: str) -> dict[str, Any]:
+    return ((record or {}).get("eval") or {}).get(task) or {}
+
+
+def _pct(value: Any) -> float | None:
+    return None if value is None else 100.0 * float(value)
+
+
+def _ci_text(summary: dict[str, Any]) -> str:
+    ci = summary.get("ci95")
+    return f"[{100 * ci[0]:.1f}, {100 * ci[1]:.1f}]" if ci and None not in ci else DASH
+
+
+def method_tables(exp: Experiment) -> list[Table]:
+    """Per trained task of a single-task experiment: every method beside the base model, greedy accuracy with its
+    Wilson CI, format rate, pass@k of the sampled evaluation (when the spec has `evaluation.passk`) with bootstrap
+    CIs, and the measured training wall time."""
+    tracks = exp.tracks("single-task")
+    if not tracks:
+        return []
+    pk = exp.spec.get("evaluation", {}).get("passk") or {}
+    ks = [str(k) for k in pk.get("k", [])]
+    out = []
+    for task in exp.tasks:
+        first = exp.seeds[0] if exp.seeds else None
+        cols = ["Method", "Accuracy %", "95% CI", "Format %"]
+        cols += [c for k in ks for c in (f"pass@{k} %", f"pass@{k} CI")] + ["Train wall s"]
+
+        def row(get_record: Any, timed: bool) -> list[Cell | str]:
+            cells: list[Cell | str] = [
+                _cell(exp, lambda s: _pct(_summary(get_record(s), task).get("accuracy"))),
+                _ci_text(_summary(get_record(first), task)) if len(exp.seeds) == 1 else DASH,
+                _cell(exp, lambda s: _pct(_summary(get_record(s), task).get("format_rate")))]
+            for k in ks:
+                cells.append(_cell(exp, lambda s, k=k: _pct(((_summary(get_record(s), task).get("sampled") or {})
+                                                               .get("pass@k") or {}).get(k, {}).get("value"))))
+                sampled = (_summary(get_record(first), task).get("sampled") or {}).get("pass@k", {}).get(k, {})
+                cells.append(_ci_text(sampled) if len(exp.seeds) == 1 else DASH)
+            if timed:
+                cells.append(_cell(exp, lambda s: (_compute_row(get_record(s) or {}) or {}).get("train_seconds")))
+            else:
+                cells.append(DASH)
+            return cells
+
+        rows: list[tuple[str, list[Cell | str]]] = [("Base", row(lambda s: exp.base, False))]
+        for track, display in tracks:
+            rows.append((display, row(lambda s, tr=track: exp.find("single-task", s, tr, task), True)))
+        notes = [_seed_note(exp), _eval_note(exp, [task]),
+                 "95% CI: Wilson interval of the greedy accuracy; pass@k: unbiased estimator over the sampled "
+                 "completions with a bootstrap CI over questions."]
+        if pk:
+            notes.append(f"Sampled evaluation: {pk.get('samples')} completions per question at temperature "
+                         f"{pk.get('temperature')}, top_p {pk.get('top_p')}.")
+        out.append(Table(f"methods_{task}", f"Methods on {task_name(task)} ({exp.spec.get('model')}): accuracy, "
+                                            f"pass@k and training time.", cols, rows, notes, seeds=exp.seeds))
+    return out
+
+
 # ---- Table 18 ----------------------------------------------------------------------------------------------------------
 
 def _compute_row(rec: dict[str, Any]) -> dict[str, Any] | None:
@@ -453,6 +513,7 @@ def all_tables(exp: Experiment) -> list[Table]:
         if t is not None:
             out.append(t)
     out += tables5_8(exp)
+    out += method_tables(exp)
     t18 = table18(exp)
     if t18:
         out += list(t18)

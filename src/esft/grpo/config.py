@@ -14,9 +14,11 @@ from typing import Any
 
 import yaml
 
+from esft.config import RunConfig
+
 
 @dataclass
-class GRPOConfig:
+class GRPOConfig(RunConfig):
     """A GRPO fine-tuning run (TRL's GRPOTrainer underneath). esft maximises reward."""
 
     model: str = "smollm2-135m"
@@ -99,13 +101,7 @@ class GRPOConfig:
     """continue the run in output_dir from its latest checkpoint (step count, optimizer and LR schedule continue)"""
 
     def __post_init__(self) -> None:
-        for name in ("task_options", "trl_args"):
-            value = getattr(self, name)
-            if isinstance(value, str):  # given on the command line as a YAML / JSON mapping
-                value = yaml.safe_load(value) or {}
-                setattr(self, name, value)
-            if not isinstance(value, dict):
-                raise ValueError(f"{name} must be a mapping, got {value!r}")
+        self.parse_mappings("task_options", "trl_args")
         if self.precision not in ("auto", "fp32", "bf16-autocast"):
             raise ValueError(f"precision must be auto, fp32 or bf16-autocast, got {self.precision!r}")
         if self.num_generations < 2:
@@ -122,18 +118,6 @@ class GRPOConfig:
     @property
     def gradient_accumulation_steps(self) -> int:
         return self.completions_per_step // self.per_device_train_batch_size
-
-    def task_kwargs(self) -> dict[str, Any]:
-        kw = dict(self.task_options)
-        if self.max_passage_chars is not None:
-            kw.setdefault("max_passage_chars", self.max_passage_chars)
-        return kw
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    def replace(self, **changes: Any) -> "GRPOConfig":
-        return dataclasses.replace(self, **changes)
 
 
 PRESETS: dict[str, dict[str, Any]] = {

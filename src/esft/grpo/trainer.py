@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import os
-import shutil
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -242,13 +240,6 @@ def masked_k3_kl(logps: torch.Tensor, ref_logps: torch.Tensor, mask: torch.Tenso
 
 
 def move_checkpoint(src: Path, dst: Path) -> None:
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    if dst.exists():
-        old = dst.with_name(f".old_{dst.name}")
-        if old.exists():
-            shutil.rmtree(old)
-        os.replace(dst, old)
-        os.replace(src, dst)
-        shutil.rmtree(old)
-    else:
-        os.replace(src, dst)
+    from esft.es.runlog import replace_dir
+
+    replace_dir(src, dst)
