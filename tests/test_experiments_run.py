@@ -233,3 +233,20 @@ def test_passk_block_is_validated_before_compute(tmp_path):
 
 
 EVAL_BLOCK_NO_HOLDOUT = {"limit": 1, "max_new_tokens": 2, "holdout": []}
+
+
+def test_wall_time_of_a_sigkilled_invocation_is_recovered(tmp_path, tokenizer):
+    """SIGKILL skips the runner's `finally`: the heartbeat it left behind still puts its wall time in the log."""
+    from esft.experiments.runner import HEARTBEAT
+
+    spec = write_spec(tmp_path / "seq.yaml", "sequential", ["boolq"], {"es": {**ES_BLOCK, "iterations": 1}},
+                      evaluation={"limit": 1, "max_new_tokens": 2, "holdout": []})
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / HEARTBEAT).write_text(json.dumps({"started": "2026-01-01T00:00:00", "last": "2026-01-01T00:12:30",
+                                             "pid": 1, "wall_s": 750.0}))  # what a killed runner leaves
+    assert run_experiment(load_spec(spec), out, TinyHooks(tokenizer).hooks).ok
+    killed, this = (json.loads(line) for line in _lines(out / "invocations.jsonl"))
+    assert killed["wall_s"] == 750.0 and killed["killed"] and killed["interrupted"]
+    assert this["interrupted"] is False and not (out / HEARTBEAT).exists()
+    assert "Wall time of all" in (out / "tables/tables.md").read_text()

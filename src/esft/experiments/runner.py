@@ -23,6 +23,7 @@ import json
 import os
 import shutil
 import sys
+import threading
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -300,6 +301,55 @@ class _Lock:
         self.fh.close()
 
 
+HEARTBEAT = ".heartbeat.json"
+HEARTBEAT_EVERY_S = 30.0
+
+
+class _Heartbeat:
+    """Keeps `<root>/.heartbeat.json` = {started, last, pid} fresh every HEARTBEAT_EVERY_S seconds while a runner
+    works, so the wall time of an invocation killed without a chance to log it (SIGKILL, power loss) is still
+    known, to within that interval, when the next invocation starts (`recover_killed_invocation`)."""
+
+    def __init__(self, root: Path, started: str):
+        self.path, self.started = root / HEARTBEAT, started
+        self.t0 = time.perf_counter()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="esft-heartbeat", daemon=True)
+
+    def beat(self) -> None:
+        write_json(self.path, {"started": self.started, "last": _now(), "pid": os.getpid(),
+                               "wall_s": time.perf_counter() - self.t0})
+
+    def _run(self) -> None:
+        while not self._stop.wait(HEARTBEAT_EVERY_S):
+            self.beat()
+
+    def __enter__(self) -> "_Heartbeat":
+        recover_killed_invocation(self.path.parent)  # a predecessor's heartbeat, before the first beat replaces it
+        self.beat()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.path.unlink(missing_ok=True)
+
+
+def recover_killed_invocation(root: Path) -> dict[str, Any] | None:
+    """A heartbeat left behind means the previous invocation died without logging itself: log it now as
+    interrupted, with the wall time it had reached at its last heartbeat. Call with the folder's lock held."""
+    beat = read_json(root / HEARTBEAT)
+    if not beat:
+        return None
+    record = {"started": beat.get("started"), "finished": beat.get("last"), "wall_s": float(beat.get("wall_s", 0.0)),
+              "interrupted": True, "killed": True, "statuses": {}}
+    with open(root / "invocations.jsonl", "a", encoding="utf-8") as fh:
+        fh.write(json.dumps(record) + "\n")
+    (root / HEARTBEAT).unlink(missing_ok=True)
+    return record
+
+
 def output_dir_for(spec: Spec, output_dir: str | Path | None = None) -> Path:
     return Path(output_dir or spec.output_dir or Path("runs") / "experiments" / spec.name)
 
@@ -368,7 +418,7 @@ def run_experiment(spec: Spec, output_dir: str | Path | None = None, hooks: Hook
     check_existing(spec, stages, root)  # before any compute
     result = ExperimentResult(root)
     started, t0 = _now(), time.perf_counter()
-    with _Lock(root):
+    with _Lock(root), _Heartbeat(root, started):
         if spec.path and Path(spec.path).exists():
             shutil.copyfile(spec.path, root / "spec.yaml")
         write_json(root / "plan.json", {"spec": spec.to_dict(), "stages": [as_dict(s) for s in stages]})
