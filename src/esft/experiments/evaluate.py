@@ -123,5 +123,5 @@ def _sample(model: Any, tokenizer: Any, task: Any, examples: list[dict], greedy:
     write_json(stem.with_suffix(".passk.json"), {"settings": settings, "summary": sampled})
     if progress:
         ks = ", ".join(f"pass@{k} {v['value']:.3f}" for k, v in sampled["pass@k"].items())
-        print(f"  {task} sampled x{settings['samples']}: {ks}  ({sampled['seconds']:.0f} s)", flush=True)
+        print(f"  {task.name:<10} sampled x{settings['samples']}: {ks}  ({sampled['seconds']:.0f} s)", flush=True)
     return sampled
