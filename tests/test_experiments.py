@@ -84,6 +84,10 @@ def test_valid_spec_and_shipped_specs_parse(tmp_path):
     variants = {m.label: compare.config(m.components[0], "boolq", 42) for m in compare.methods}
     assert variants["dart-es"].fitness_rule == "dart" and variants["lowrank-es"].noise == "lowrank"
     assert variants["es"].noise == "table" and variants["lowrank-es"].generation_options == {}
+    # option values are plain containers: the trainer saves its config with yaml.safe_dump
+    assert type(variants["lowrank-es"].generation_options) is dict
+    import yaml
+    yaml.safe_dump(variants["lowrank-es"].to_dict())
 
 
 def test_option_blocks_reach_trainer_configs(tmp_path):

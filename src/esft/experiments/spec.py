@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from esft.experiments.algorithms import ALGORITHMS, Algorithm, get_algorithm
-from esft.experiments.yamlines import LineDict, LineList, SpecError, load_file
+from esft.experiments.yamlines import LineDict, LineList, SpecError, load_file, plain
 
 KINDS = ("single-task", "sequential")
 TOP_KEYS = ("name", "description", "kind", "model", "tasks", "seeds", "algorithms", "task_options", "evaluation",
@@ -302,7 +302,7 @@ def _options(ctx: _Ctx, block: LineDict, algo: Algorithm, where: str, skip: typi
             raise ctx.error(line, f"{where}.{key}: {exc}") from None
         if not _type_ok(converted, hints[name]):
             raise ctx.error(line, f"{where}.{key}: expected {hints[name]}, got {value!r}")
-        out[name] = converted
+        out[name] = plain(converted)  # no line-keeping containers in trainer configs (they are saved as YAML)
     return out
 
 

@@ -45,6 +45,16 @@ class LineList(list):
         return self.item_lines[index] if 0 <= index < len(self.item_lines) else self.line
 
 
+def plain(value: Any) -> Any:
+    """The same data with LineDict / LineList replaced by plain dict / list (for configs that are saved with
+    yaml.safe_dump, which refuses subclasses)."""
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [plain(v) for v in value]
+    return value
+
+
 class _Loader(yaml.SafeLoader):
     """SafeLoader (no arbitrary objects) with position-keeping containers."""
 
