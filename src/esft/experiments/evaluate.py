@@ -36,6 +36,14 @@ def passk_settings(spec: Spec, task: str, model: str) -> dict[str, Any] | None:
     return {**task_settings(spec, task, model), **pk.settings()}
 
 
+def is_current(stage_dir: Path, spec: Spec, task: str, model: str) -> bool:
+    """True when `task` was evaluated in `stage_dir` with today's settings (greedy and, if asked, sampled)."""
+    folder = stage_dir / EVAL_DIR
+    sampled = passk_settings(spec, task, model)
+    return _done(folder / f"{task}.json", task_settings(spec, task, model)) is not None and (
+        sampled is None or _done(folder / f"{task}.passk.json", sampled) is not None)
+
+
 def _done(path: Path, settings: dict[str, Any] | None) -> dict[str, Any] | None:
     prior = read_json(path)
     return prior["summary"] if prior and prior.get("settings") == settings and "summary" in prior else None
@@ -75,13 +83,13 @@ def evaluate_stage(spec: Spec, model_ref: str, tasks: list[str], stage_dir: Path
         if greedy is not None and (sampled_settings is None or sampled is not None):
             results[task] = {**greedy, "sampled": sampled} if sampled else greedy
         else:
-            todo.append((task, settings, greedy, sampled_settings))
+            todo.append((task, settings, greedy, sampled_settings, sampled))
     if not todo:
         return results
     ev = spec.evaluation
     model, tokenizer = load_model(model_ref, ev.dtype, ev.device)
     try:
-        for task, settings, summary, sampled_settings in todo:
+        for task, settings, summary, sampled_settings, sampled in todo:
             t = get_task(task, **spec.task_options.get(task, {}))
             examples = t.load("test", settings["limit"])
             gen = GenerationConfig(max_new_tokens=settings["max_new_tokens"], temperature=0.0,
@@ -95,7 +103,6 @@ def evaluate_stage(spec: Spec, model_ref: str, tasks: list[str], stage_dir: Path
                 if progress:
                     print(f"  {format_row(task, summary)}  ({summary['seconds']:.0f} s)", flush=True)
             if sampled_settings is not None:
-                sampled = _done(out_dir / f"{task}.passk.json", sampled_settings)
                 if sampled is None:
                     sampled = _sample(model, tokenizer, t, examples, gen, sampled_settings,
                                       out_dir / f"{task}.passk", progress)

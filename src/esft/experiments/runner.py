@@ -361,18 +361,10 @@ def _log(hooks: Hooks, message: str) -> None:
 
 def _evaluation_current(spec: Spec, stage: Stage, root: Path) -> bool:
     """True when every task of the stage was evaluated with today's settings (limits, tokens, model)."""
-    from esft.experiments.evaluate import EVAL_DIR, passk_settings, task_settings
+    from esft.experiments.evaluate import is_current
 
     model = spec.model if stage.kind == BASE else str((root / stage.model_dir()).resolve())
-    folder = root / stage.key / EVAL_DIR
-    for task in stage.eval_tasks:
-        prior = read_json(folder / f"{task}.json") or {}
-        if prior.get("settings") != task_settings(spec, task, model):
-            return False
-        sampled = passk_settings(spec, task, model)
-        if sampled is not None and (read_json(folder / f"{task}.passk.json") or {}).get("settings") != sampled:
-            return False
-    return True
+    return all(is_current(root / stage.key, spec, task, model) for task in stage.eval_tasks)
 
 
 def _visit(spec: Spec, stage: Stage, root: Path, smap: dict[str, Stage], hooks: Hooks, tag: str) -> str:
