@@ -96,3 +96,29 @@ def test_parse_overrides_and_cli():
 
 def test_matmul_gflops_is_positive():
     assert bench.matmul_gflops(torch.float32, size=128, reps=2) > 0
+
+
+def test_check_outputs_compares_fast_engine_with_model_generate(tokenizer, monkeypatch):
+    model = make_tiny_model()
+    work = small_workload(min_new=0)
+    check = bench.check_outputs(model, tokenizer, work, bench.FAST_GENERATION)
+    assert check == {"identical": 5, "completions": 5, "tokens": check["tokens"], "first_difference": None}
+    assert check["tokens"] > 0
+    # a real difference is found and located: greedy-break the esft engine by flipping its argmax to the runner-up
+    import esft.generation as generation
+
+    def runner_up(logits, temperature, top_p, generator):
+        return logits.topk(2, dim=-1).indices[:, 1]
+
+    monkeypatch.setattr(generation, "sample_next", runner_up)
+    broken = bench.check_outputs(model, tokenizer, work, {})
+    monkeypatch.undo()
+    assert broken["identical"] == 0 and broken["first_difference"] == {"row": 0, "token": 0}
+    # and through run_bench / the table
+    monkeypatch.setattr(bench, "build_workload", lambda name, tok: small_workload(name, min_new=0))
+    monkeypatch.setattr(bench, "matmul_gflops", lambda dtype: 10.0)
+    report = bench.run_bench(bench.BenchConfig(workloads=["cpu-preset"], population=2, naive=False,
+                                               check_outputs=True), model=model, tokenizer=tokenizer,
+                             log=lambda m: None)
+    assert report["workloads"]["cpu-preset"]["outputs_vs_hf_generate"]["identical"] == 5
+    assert "5/5 greedy completions identical" in bench.format_table(report)

