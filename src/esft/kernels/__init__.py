@@ -23,6 +23,21 @@ CFLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp"]
 LDFLAGS = ["-fopenmp"]
 
 
+def _cpu_tag() -> str:
+    """Short hash of this CPU's instruction-set flags: the build uses -march=native, so a cache shared between
+    machines (a cluster's home directory) must not hand one CPU's binary to another."""
+    import hashlib
+    import platform
+
+    flags = platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags += next((line for line in f if line.startswith("flags")), "")
+    except OSError:
+        flags += platform.processor()
+    return hashlib.sha256(flags.encode()).hexdigest()[:10]
+
+
 def _load(name: str):
     with _LOCK:
         if name in _CACHE:
@@ -35,7 +50,7 @@ def _load(name: str):
         try:
             from torch.utils.cpp_extension import load
 
-            module = load(name=f"esft_{name}", sources=[str(Path(__file__).with_name(f"{name}.cpp"))],
+            module = load(name=f"esft_{name}_{_cpu_tag()}", sources=[str(Path(__file__).with_name(f"{name}.cpp"))],
                           extra_cflags=CFLAGS, extra_ldflags=LDFLAGS, verbose=False)
         except Exception as exc:  # no compiler, no headers, build error: the torch path takes over
             _ERRORS[name] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}"
