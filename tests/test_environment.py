@@ -45,3 +45,10 @@ def test_explicit_policy_wins(monkeypatch):
     with pytest.raises(SystemExit):
         cli.main(["bench", "--help"])
     assert os.environ["OMP_WAIT_POLICY"] == "ACTIVE"
+
+
+def test_env_report_names_the_fast_kernels():
+    report = environment.environment_report()
+    assert report["packed_linear"] == "available" or "oneDNN" in report["packed_linear"] or "fp32" in report[
+        "packed_linear"]
+    assert "fused_attention" in report and "omp_wait_policy" in report

