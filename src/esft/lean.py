@@ -15,6 +15,11 @@ the cached keys/values differs (a slice of a preallocated buffer instead of a co
 change the arithmetic. Greedy outputs equal `model.generate`'s (tests/test_lean.py, and a slow test on the real
 model). The prompt prefill still runs through the Hugging Face forward: it is one large, efficient call.
 
+Opt-in, not bit-exact (~1e-6 relative, another summation order; GenerationConfig.packed_linear /
+fused_attention, both in esft.config.FAST_CPU_GENERATION): the projections and lm_head through oneDNN with
+weights reordered once per call, and rotary + cache append + attention in one compiled kernel (esft.kernels)
+over keys cached transposed. docs/performance.md measures each.
+
 Supported: `model_type` llama / qwen2 / qwen3 with SDPA attention, SiLU MLP, no sliding-window layers and a
 position-independent rotary type. `unsupported_reason(model)` says why anything else falls back to the HF forward.
 """
@@ -164,7 +169,7 @@ class LeanModel:
             self.fused = load_decode_attention()
         if packed and (why := packed_linear_reason(model.lm_head.weight.dtype)) is not None:
             raise ValueError(f"packed linears are not available: {why}")
-        self.packed = packed
+        self.packed_linear = packed
         self.linear = _packed_linear if packed else F.linear
 
         def w(t: torch.Tensor) -> torch.Tensor:
