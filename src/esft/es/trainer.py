@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import platform
 import resource
 import sys
@@ -158,6 +159,9 @@ class ESTrainer:
                 "param_dtypes": self.weights.dtypes, "master_dtype": "float32", "update_accumulation": "float32",
                 "device": device, "torch": str(torch.__version__), "numpy": str(np.__version__), "esft": esft.__version__,
                 "python": platform.python_version(), "machine": platform.machine(),
+                "torch_threads": torch.get_num_threads(),
+                # decides how fast the CPU rollouts run (docs/performance.md, "threads"); chosen at start-up
+                "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "OpenMP default"),
                 "train_examples": len(self.train_set)}
 
     def _prepare_dir(self) -> None:
