@@ -311,3 +311,21 @@ def test_packed_and_fused_step_logits_close_to_plain_step(tokenizer, padded):
         n, used = caches[0].rows, caches[0].length
         if models[1].fused is not None:
             assert torch.allclose(caches[1].k[0][:n, :, :used], caches[0].k[0][:n, :, :used], atol=1e-5)
+
+
+def test_fast_options_fall_back_with_a_warning_when_unavailable(tokenizer, monkeypatch):
+    from esft import kernels
+
+    model = _eosy(_tiny("llama", seed=2), tokenizer, at=10)
+    cfg = dict(max_new_tokens=20, batch_size=5)
+    ref = generate(model, tokenizer, PROMPTS, GenerationConfig(engine="hf", **cfg))
+    monkeypatch.setattr(kernels, "_CACHE", {})
+    monkeypatch.setattr(kernels, "_ERRORS", {})
+    monkeypatch.setenv("ESFT_NO_KERNELS", "1")  # as on a machine without a C++ compiler
+    monkeypatch.setattr(lean, "_WARNED", set())
+    monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)  # as with a torch without oneDNN
+    with pytest.warns(UserWarning) as caught:
+        ours = generate(model, tokenizer, PROMPTS, GenerationConfig(packed_linear=True, fused_attention=True, **cfg))
+    messages = " | ".join(str(w.message) for w in caught)
+    assert "packed_linear ignored" in messages and "fused_attention ignored" in messages
+    assert [g.completion_ids for g in ours] == [g.completion_ids for g in ref]
