@@ -204,3 +204,39 @@ def test_bench_lowrank_workload(tokenizer):
     assert low["generated_tokens"] == full["generated_tokens"] == 2 * 3 * 4
     assert low["prompt_tokens"] == full["prompt_tokens"]
     assert {"perturb", "generate", "restore", "update", "iteration"} <= set(low["timings"])
+
+
+@pytest.mark.parametrize("fast", [False, True])
+def test_population_generation_lean_equals_hf_hooks(fast):
+    """The lean decode step adds the population's per-row terms itself (hooks do not fire there): same tokens as
+    the HF forward with hooks, bit for bit without the fast CPU options, greedy-equal with them; rows that emit
+    eos are dropped from the batch and from the row -> member mapping in step."""
+    import dataclasses
+
+    from esft.generation import GenerationConfig
+    from esft.lean import fused_attention_reason, packed_linear_reason
+
+    model = tiny_llama()
+    w = LowRankWeights(model, rank=2)
+    tok = TinyTokenizer()
+    prompts = [[5, 6, 7, 8], [9, 10, 11], [12, 13, 14, 15, 16], [17, 18]]
+    rows = [p for _ in MEMBERS for p in prompts]
+    members = [i for i in range(len(MEMBERS)) for _ in prompts]
+    hf_cfg = GenerationConfig(max_new_tokens=30, batch_size=len(rows), lean=False)
+    with PopulationPerturbation(model, w, MEMBERS, 0.05) as pert:
+        probe = generate_population(model, tok, rows, members, pert, hf_cfg)
+    tok.eos_token_id = probe[0].completion_ids[4]  # a token row 0 emits at step 4 now ends rows: some stop early
+    lean_cfg = dataclasses.replace(hf_cfg, lean=True)
+    if fast:
+        options = {k: True for k, why in (("packed_linear", packed_linear_reason(torch.float32)),
+                                          ("fused_attention", fused_attention_reason(torch.float32))) if why is None}
+        if not options:
+            pytest.skip("no fast CPU option available here")
+        lean_cfg = dataclasses.replace(lean_cfg, **options)
+    with PopulationPerturbation(model, w, MEMBERS, 0.05) as pert:
+        ref = generate_population(model, tok, rows, members, pert, hf_cfg)
+    with PopulationPerturbation(model, w, MEMBERS, 0.05) as pert:
+        ours = generate_population(model, tok, rows, members, pert, lean_cfg)
+    assert [g.completion_ids for g in ours] == [g.completion_ids for g in ref]
+    lengths = [len(g.completion_ids) for g in ref]
+    assert min(lengths) < 30 and max(lengths) == 30  # rows were dropped mid-generation

@@ -8,7 +8,7 @@ trap 4). Completions are returned as ids (for token-aligned KL) and as text, in 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -210,21 +210,27 @@ def _sampler(config: GenerationConfig, eos: list[int]):
 
 
 def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, config: GenerationConfig,
-           eos: list[int]) -> list[list[int]]:
+           eos: list[int], delta: Any = None, on_keep: Callable[[torch.Tensor], None] | None = None
+           ) -> list[list[int]]:
     """Prefill once, then decode token by token, removing finished rows from the batch and the KV cache.
 
     `model.generate` keeps computing rows that already emitted eos until the longest row ends; with verbose
     models and a 1024-token budget that is most of the work. Dropping them keeps every forward pass useful.
     Greedy outputs equal `model.generate`'s (tested). Supported architectures take the lean step
     (`esft.lean`, config.lean); the loop below is the fallback through the HF forward.
+
+    `delta` (a low-rank population, esft.es.lowrank.PopulationPerturbation) owns forward hooks that perturb each
+    row; the lean step, which bypasses module hooks, then adds the same terms through `delta` itself.
+    `on_keep(indices)` is called with the rows kept whenever finished rows are dropped.
     """
     sample = _sampler(config, eos)
     if config.lean:
         from esft.lean import lean_decode, unsupported_reason
 
-        if unsupported_reason(model) is None:
-            return lean_decode(model, input_ids, attention_mask, config, eos, sample, _prefill)
-    return decode_hf(model, input_ids, attention_mask, config, eos)
+        if unsupported_reason(model, ignore_hooks=delta is not None) is None:
+            return lean_decode(model, input_ids, attention_mask, config, eos, sample, _prefill, delta=delta,
+                               on_keep=on_keep)
+    return decode_hf(model, input_ids, attention_mask, config, eos, on_keep=on_keep)
 
 
 def decode_hf(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, config: GenerationConfig,

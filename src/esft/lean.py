@@ -35,8 +35,9 @@ import torch.nn.functional as F
 SUPPORTED_TYPES = ("llama", "qwen2", "qwen3")
 
 
-def unsupported_reason(model) -> str | None:
-    """None when `LeanModel` can run `model`; otherwise a short reason (the caller falls back to HF)."""
+def unsupported_reason(model, ignore_hooks: bool = False) -> str | None:
+    """None when `LeanModel` can run `model`; otherwise a short reason (the caller falls back to HF).
+    `ignore_hooks`: the caller re-applies its own forward hooks' effect (`LeanModel(delta=...)`)."""
     cfg = getattr(model, "config", None)
     if cfg is None:
         return "no config"
@@ -63,6 +64,8 @@ def unsupported_reason(model) -> str | None:
         return "lean path is for CPU (GPU runs use the HF forward / vLLM)"
     # the lean step calls F.linear on the weights directly, so module hooks (e.g. a low-rank population's
     # per-row perturbation) would silently not run
+    if ignore_hooks:
+        return None
     from torch.nn.modules import module as _module
 
     if _module._global_forward_hooks or _module._global_forward_pre_hooks:
@@ -156,8 +159,9 @@ class LeanModel:
     relative (GenerationConfig.packed_linear, opt-in like share_prefix). `batch_hint` is the expected rows.
     """
 
-    def __init__(self, model, packed: bool = False, batch_hint: int = 32, fused_attention: bool = False):
-        reason = unsupported_reason(model)
+    def __init__(self, model, packed: bool = False, batch_hint: int = 32, fused_attention: bool = False,
+                 delta=None):
+        reason = unsupported_reason(model, ignore_hooks=delta is not None)
         if reason is not None:
             raise ValueError(f"lean decode does not support this model: {reason}")
         self.fused = None
@@ -170,10 +174,32 @@ class LeanModel:
         if packed and (why := packed_linear_reason(model.lm_head.weight.dtype)) is not None:
             raise ValueError(f"packed linears are not available: {why}")
         self.packed_linear = packed
-        self.linear = _packed_linear if packed else F.linear
+        base_linear = _packed_linear if packed else F.linear
+        param_names = {id(p): name for name, p in model.named_parameters()}
+        handle_names: dict[int, str] = {}  # id of the tensor handed to `linear` -> parameter name
 
         def w(t: torch.Tensor) -> torch.Tensor:
-            return torch.ops.mkldnn._reorder_linear_weight(t.detach(), batch_hint) if packed else t
+            handle = torch.ops.mkldnn._reorder_linear_weight(t.detach(), batch_hint) if packed else t
+            if id(t) in param_names:
+                handle_names[id(handle)] = param_names[id(t)]
+            return handle
+
+        # `delta` (a low-rank population) adds each row's perturbation term after every linear and the embedding,
+        # exactly what its forward hooks do under the HF forward
+        self.delta = delta
+        self.embed_name = param_names.get(id(model.model.embed_tokens.weight))
+        if delta is None:
+            self.linear = base_linear
+        else:
+
+            def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+                out = base_linear(x, weight, bias)
+                name = handle_names.get(id(weight))
+                if name is not None and name in delta.factors:
+                    out = delta.add_linear(name, x, out)
+                return out
+
+            self.linear = linear
 
         cfg = model.config
         self.model = model
@@ -306,6 +332,8 @@ def decode_step(lean: LeanModel, cache: KVCache, token: torch.Tensor, position: 
     cos = cos_table[position][:, None, None, :]  # [n, 1(head), 1(seq), hd], as apply_rotary_pos_emb unsqueezes
     sin = sin_table[position][:, None, None, :]
     x = F.embedding(token[:, None], lean.embed, lean.padding_idx)
+    if lean.delta is not None and lean.embed_name in lean.delta.factors:
+        x = lean.delta.add_embedding(lean.embed_name, token[:, None], x)
     for i, L in enumerate(lean.layers):
         residual = x
         h = _rms(x, L.ln1, lean.eps)
@@ -454,7 +482,8 @@ def layout_prefill(model, lean: LeanModel, input_ids: torch.Tensor, attention_ma
 
 
 def lean_decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, config,
-                eos: list[int], sample: Callable, prefill: Callable) -> list[list[int]]:
+                eos: list[int], sample: Callable, prefill: Callable, delta=None,
+                on_keep: Callable[[torch.Tensor], None] | None = None) -> list[list[int]]:
     """`esft.generation.decode` with the lean step: same contract (greedy-identical to `model.generate`).
 
     `prefill(model, input_ids, attention_mask, position_ids, cache=None) -> (last-position logits, DynamicCache)` runs
@@ -470,7 +499,7 @@ def lean_decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, co
     if fused and (why := fused_attention_reason(model.lm_head.weight.dtype)) is not None:
         _warn_once(f"fused_attention ignored: {why}")
         fused = False
-    lean = LeanModel(model, packed=packed, batch_hint=batch, fused_attention=fused)
+    lean = LeanModel(model, packed=packed, batch_hint=batch, fused_attention=fused, delta=delta)
     device = input_ids.device
     generator = None
     if config.temperature > 0:
@@ -479,8 +508,9 @@ def lean_decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, co
     # room for 256 tokens (or the forced minimum) up front; longer completions grow the buffer by doubling
     logits, cache, next_pos = layout_prefill(
         model, lean, input_ids, attention_mask, prefill, extra_columns=min(budget, max(256, config.min_new_tokens)),
-        share_prefix=bool(getattr(config, "share_prefix", False)),
-        buckets=int(getattr(config, "prefill_buckets", 1) or 1))
+        # a per-row perturbation (delta) maps hook rows to batch rows, so its prefill stays one plain batch
+        share_prefix=bool(getattr(config, "share_prefix", False)) and delta is None,
+        buckets=int(getattr(config, "prefill_buckets", 1) or 1) if delta is None else 1)
     # every position this call can reach, computed once (a few KB even for a 1024-token budget)
     cos_t, sin_t = lean.rope_tables(int(next_pos.max()) + budget + 1, cache.k[0].new_empty(1))
     rows = torch.arange(batch, device=device)
@@ -498,6 +528,8 @@ def lean_decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, co
                 break
             keep = alive.nonzero().squeeze(-1)
             cache.keep(keep)
+            if on_keep is not None:
+                on_keep(keep)
             rows, token, next_pos = rows[keep], token[keep], next_pos[keep]
         cache.ensure(cache.length + 1)
         logits = decode_step(lean, cache, token, next_pos, cos_t, sin_t)

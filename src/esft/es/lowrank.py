@@ -178,25 +178,29 @@ class PopulationPerturbation:
             raise RuntimeError(f"batch has {x.shape[0]} rows but {mask.shape[0]} rows are mapped to members")
         return mask.view(mask.shape[0], *([1] * (x.dim() - 2)), mask.shape[1])
 
-    # -- hooks
+    # -- the per-row terms (forward hooks for the HF forward; called directly by the lean decode step)
+    def add_linear(self, name: str, x: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
+        """output += sigma/sqrt(r) * (x B_i) A_i^T for each row's member i, in place."""
+        a_cat_t, b_cat = self.factors[name]
+        xb = torch.matmul(x, b_cat)                      # [rows, ..., N r]: every member's x B_i
+        xb.mul_(self._row_mask(x))                         # keep the row's own member
+        return output.add_(torch.matmul(xb, a_cat_t), alpha=self.scale)
+
+    def add_embedding(self, name: str, ids: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
+        """output += sigma/sqrt(r) * A_i[token] B_i^T for each row's member i, in place."""
+        a_cat_t, b_cat = self.factors[name]
+        rows = a_cat_t.t()[ids]                             # [rows, T, N r]: A_i[token] of every member
+        rows = rows * self._row_mask(output)
+        return output.add_(torch.matmul(rows, b_cat.t()), alpha=self.scale)
+
     def _linear_hook(self, name: str):
         def hook(module, inputs, output):
-            a_cat_t, b_cat = self.factors[name]
-            x = inputs[0]
-            xb = torch.matmul(x, b_cat)                  # [rows, ..., N r]: every member's x B_i
-            xb.mul_(self._row_mask(x))                     # keep the row's own member
-            output.add_(torch.matmul(xb, a_cat_t), alpha=self.scale)
-            return output
+            return self.add_linear(name, inputs[0], output)
         return hook
 
     def _embedding_hook(self, name: str):
         def hook(module, inputs, output):
-            a_cat_t, b_cat = self.factors[name]
-            ids = inputs[0]
-            rows = a_cat_t.t()[ids]                         # [rows, T, N r]: A_i[token] of every member
-            rows = rows * self._row_mask(output)
-            output.add_(torch.matmul(rows, b_cat.t()), alpha=self.scale)
-            return output
+            return self.add_embedding(name, inputs[0], output)
         return hook
 
     # -- lifetime
@@ -218,10 +222,12 @@ class PopulationPerturbation:
 def _decode_rows(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, config: Any, eos: list[int],
                  pert: PopulationPerturbation) -> list[list[int]]:
     """esft's decode loop (prefill, then one token per step, finished rows dropped from batch, KV cache and
-    member mapping) through the Hugging Face forward, where the hooks see every projection."""
-    from esft.generation import decode_hf
+    member mapping). The prefill runs through the Hugging Face forward, where the hooks see every projection;
+    the decode steps take the lean path (esft.lean) with the same per-row terms added explicitly
+    (`delta=pert`), or the HF forward where the lean path does not support the model."""
+    from esft.generation import decode
 
-    return decode_hf(model, input_ids, attention_mask, config, eos, on_keep=pert.select)
+    return decode(model, input_ids, attention_mask, config, eos, delta=pert, on_keep=pert.select)
 
 
 @torch.inference_mode()
