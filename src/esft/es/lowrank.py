@@ -23,7 +23,10 @@ per-row vector perturbation would need every norm layer re-implemented, and they
 The update sum_k c_k E_k is built full rank in fp32, one tensor at a time, as a fixed-order sum of rank-1
 outer products (torch.addr): each element is computed independently of thread count, so a replay of seeds.jsonl
 rebuilds the weights bit for bit, as in full-rank mode. The generation loop is esft's decode loop (rows dropped
-when they finish) through the Hugging Face forward, tracking each row's member as rows leave the batch.
+when they finish), tracking each row's member as rows leave the batch: the prefill runs through the Hugging Face
+forward with the hooks, the decode steps through the lean step (esft.lean), which adds the same per-row terms
+itself (`add_linear` / `add_embedding`; bit-identical to the hook path). Rows per forward are the generation
+config's batch_size: on CPU, set it to N x B so that the whole population shares each weight read.
 """
 
 from __future__ import annotations
