@@ -323,14 +323,13 @@ def decode_step(lean: LeanModel, cache: KVCache, token: torch.Tensor, position: 
     packed = not bool(mask.all())
     fused = lean.fused
     attn_mask = None
-    if fused is not None:
-        cos_rows, sin_rows = cos_table[position], sin_table[position]  # [n, hd]
-    elif packed:
-        attn_mask = torch.zeros(mask.shape, dtype=cache.k[0].dtype, device=mask.device)
-        attn_mask.masked_fill_(~mask, float("-inf"))
-        attn_mask = attn_mask[:, None, None, :]
-    cos = cos_table[position][:, None, None, :]  # [n, 1(head), 1(seq), hd], as apply_rotary_pos_emb unsqueezes
-    sin = sin_table[position][:, None, None, :]
+    cos_rows, sin_rows = cos_table[position], sin_table[position]  # [n, hd]
+    if fused is None:
+        cos, sin = cos_rows[:, None, None, :], sin_rows[:, None, None, :]  # as apply_rotary_pos_emb unsqueezes
+        if packed:
+            attn_mask = torch.zeros(mask.shape, dtype=cache.k[0].dtype, device=mask.device)
+            attn_mask.masked_fill_(~mask, float("-inf"))
+            attn_mask = attn_mask[:, None, None, :]
     x = F.embedding(token[:, None], lean.embed, lean.padding_idx)
     if lean.delta is not None and lean.embed_name in lean.delta.factors:
         x = lean.delta.add_embedding(lean.embed_name, token[:, None], x)
