@@ -1,9 +1,10 @@
 """Compiled CPU kernels (esft.kernels). Run: `pytest tests/test_kernels.py -q`.
 
 The decode-attention kernel must do what the lean step's torch ops do: rotary embedding bit for bit, the new key
-and value appended at the right column (keys in the transposed layout), and attention equal to SDPA's to float
-rounding, for every grouped-query shape, with and without padding masks. Skipped, with the build error, where no
-C++ compiler is available (the lean step then uses the torch ops).
+and value appended at the right column (keys in the tiled layout), and attention equal to SDPA's to float
+rounding, for every grouped-query shape, with and without padding masks. The glue kernels (RMSNorm, residual,
+SwiGLU) must match the torch ops to float rounding, and the lm_head screen must never lose the argmax. Skipped,
+with the build error, where no C++ compiler is available (the lean step then uses the torch ops).
 """
 
 from __future__ import annotations
@@ -22,6 +23,17 @@ def ext():
     if module is None:
         pytest.skip(f"decode_attention kernel not built: {kernels.build_error()}")
     return module
+
+
+def _tiled(keys, tile):
+    """Logical keys [R, kv, L, hd] (L a multiple of tile) -> the kernel's layout [R, kv, L / tile, hd, tile]."""
+    r, kv, length, hd = keys.shape
+    return keys.reshape(r, kv, length // tile, tile, hd).transpose(3, 4).contiguous()
+
+
+def _untiled(keys_t):
+    r, kv, tiles, hd, tile = keys_t.shape
+    return keys_t.transpose(3, 4).reshape(r, kv, tiles * tile, hd)
 
 
 def _reference(q, k, v, cos, sin, k_cache, v_cache, mask, col, scale, use_mask):
@@ -57,17 +69,17 @@ def test_decode_attention_matches_torch(ext, rows, capacity, heads, kv, hd, col,
     g = torch.Generator().manual_seed(rows * 100 + col)
     q, k, v = (torch.randn(rows, h, hd, generator=g) for h in (heads, kv, kv))
     cos, sin = torch.randn(rows, hd, generator=g), torch.randn(rows, hd, generator=g)
-    length = col + 12
+    length = -(-(col + 12) // ext.KEY_TILE) * ext.KEY_TILE
     k_cache = torch.randn(capacity, kv, length, hd, generator=g)
     v_cache = torch.randn(capacity, kv, length, hd, generator=g)
     mask = torch.ones(capacity, length, dtype=torch.bool)
     if use_mask:
         mask[:, : col // 2 + 1] = torch.rand(capacity, col // 2 + 1, generator=g) > 0.4
     mask[:, col] = True  # the new token always attends to itself (the lean step sets it)
-    keys_t, values = k_cache.transpose(2, 3).contiguous(), v_cache.clone()
+    keys_t, values = _tiled(k_cache, ext.KEY_TILE), v_cache.clone()
     out = ext.decode_attention(q, k, v, cos, sin, keys_t, values, mask, col, hd ** -0.5, use_mask)
     ref = _reference(q, k, v, cos, sin, k_cache, v_cache, mask, col, hd ** -0.5, use_mask)
-    assert torch.equal(keys_t.transpose(2, 3), k_cache)  # rotated key written bit-identically, nothing else
+    assert torch.equal(_untiled(keys_t), k_cache)  # rotated key written bit-identically, nothing else
     assert torch.equal(values, v_cache)
     assert out.shape == (rows, heads, hd)
     torch.testing.assert_close(out, ref, atol=2e-6, rtol=1e-5)
@@ -75,27 +87,113 @@ def test_decode_attention_matches_torch(ext, rows, capacity, heads, kv, hd, col,
 
 def test_masked_columns_are_ignored_whatever_they_hold(ext):
     """Padding columns get exactly zero weight: NaN or huge values there must not leak."""
-    rows, kv, heads, hd, length, col = 2, 1, 2, 8, 6, 4
+    rows, kv, heads, hd, col = 2, 1, 2, 8, 4
+    length = ext.KEY_TILE
     q, k, v = torch.randn(rows, heads, hd), torch.randn(rows, kv, hd), torch.randn(rows, kv, hd)
     cos, sin = torch.ones(rows, hd), torch.zeros(rows, hd)
-    keys_t, values = torch.randn(rows, kv, hd, length), torch.randn(rows, kv, length, hd)
+    keys_t, values = torch.randn(rows, kv, 1, hd, length), torch.randn(rows, kv, length, hd)
     mask = torch.ones(rows, length, dtype=torch.bool)
     mask[:, :2] = False
     clean = ext.decode_attention(q, k, v, cos, sin, keys_t.clone(), values.clone(), mask, col, 1.0, True)
-    keys_t[..., :2] = 1e30
+    keys_t[..., :2] = 1e30  # columns 0 and 1 of the one tile
     values[:, :, :2] = 1e30
     dirty = ext.decode_attention(q, k, v, cos, sin, keys_t, values, mask, col, 1.0, True)
     assert torch.equal(clean, dirty) and torch.isfinite(dirty).all()
 
 
 def test_bad_input_is_refused(ext):
+    t = ext.KEY_TILE
     q, k = torch.randn(2, 4, 8), torch.randn(2, 2, 8)
-    keys_t, values = torch.randn(2, 2, 8, 5), torch.randn(2, 2, 5, 8)
-    mask = torch.ones(2, 5, dtype=torch.bool)
+    keys_t, values = torch.randn(2, 2, 1, 8, t), torch.randn(2, 2, t, 8)
+    mask = torch.ones(2, t, dtype=torch.bool)
     with pytest.raises(RuntimeError, match="bad shapes"):
-        ext.decode_attention(q, k, k, q[:, 0], q[:, 0], keys_t, values, mask, 5, 1.0, False)  # column past capacity
+        ext.decode_attention(q, k, k, q[:, 0], q[:, 0], keys_t, values, mask, t, 1.0, False)  # column past capacity
+    with pytest.raises(RuntimeError, match="tiled"):
+        ext.decode_attention(q, k, k, q[:, 0], q[:, 0], _untiled(keys_t).contiguous(), values, mask, 1, 1.0, False)
     with pytest.raises(RuntimeError, match="fp32"):
         ext.decode_attention(q.double(), k, k, q[:, 0], q[:, 0], keys_t, values, mask, 1, 1.0, False)
+
+
+def test_row_strided_projections_read_like_contiguous_ones(ext):
+    """The fused step passes q, k, v as column slices of one q|k|v matmul output."""
+    rows, heads, kv, hd, col = 6, 9, 3, 64, 70
+    t = ext.KEY_TILE
+    g = torch.Generator().manual_seed(5)
+    qkv = torch.randn(rows, (heads + 2 * kv) * hd, generator=g)
+    q = qkv[:, : heads * hd].view(rows, heads, hd)
+    k = qkv[:, heads * hd : (heads + kv) * hd].view(rows, kv, hd)
+    v = qkv[:, (heads + kv) * hd :].view(rows, kv, hd)
+    assert not q.is_contiguous()
+    cos, sin = torch.randn(rows, hd, generator=g), torch.randn(rows, hd, generator=g)
+    keys_t, values = torch.randn(rows, kv, 2, hd, t, generator=g), torch.randn(rows, kv, 2 * t, hd, generator=g)
+    mask = torch.ones(rows, 2 * t, dtype=torch.bool)
+    caches = [(keys_t.clone(), values.clone()) for _ in range(2)]
+    a = ext.decode_attention(q, k, v, cos, sin, *caches[0], mask, col, 0.125, False)
+    b = ext.decode_attention(q.contiguous(), k.contiguous(), v.contiguous(), cos, sin, *caches[1], mask, col, 0.125,
+                             False)
+    assert torch.equal(a, b) and torch.equal(caches[0][0], caches[1][0]) and torch.equal(caches[0][1], caches[1][1])
+
+
+def _torch_rms(x, w, eps):
+    h = x.float()
+    return w * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps))
+
+
+def test_rms_norm_and_residual_match_torch(ext):
+    g = torch.Generator().manual_seed(0)
+    x, d, w = torch.randn(7, 576, generator=g) * 3, torch.randn(7, 576, generator=g), torch.randn(576, generator=g)
+    torch.testing.assert_close(ext.rms_norm(x, w, 1e-5), _torch_rms(x, w, 1e-5), atol=1e-6, rtol=2e-6)
+    residual = x + d
+    h = ext.add_rms_norm(x, d, w, 1e-5)
+    assert torch.equal(x, residual)  # x += d in place, exactly as `residual + out`
+    torch.testing.assert_close(h, _torch_rms(residual, w, 1e-5), atol=1e-6, rtol=2e-6)
+    with pytest.raises(RuntimeError, match="contiguous 2-D fp32"):
+        ext.rms_norm(x.double(), w, 1e-5)
+
+
+def test_silu_mul_matches_torch_over_the_whole_range(ext):
+    g = torch.Generator().manual_seed(1)
+    gu = torch.randn(9, 2 * 1536, generator=g) * 8
+    gu[0, :6] = torch.tensor([-120.0, -88.5, -30.0, 0.0, 40.0, 100.0])  # the clamped ends of the exp
+    ref = F.silu(gu[:, :1536]) * gu[:, 1536:]
+    torch.testing.assert_close(ext.silu_mul(gu), ref, atol=1e-6, rtol=2e-6)
+
+
+def _bf16_logits(h, w):
+    return F.linear(h.bfloat16(), w.bfloat16())
+
+
+@pytest.mark.parametrize("spread", [0.02, 1.0])
+def test_screen_keeps_every_possible_argmax(ext, spread):
+    """The exact argmax is always among the candidates, and the candidates are few (near-ties are kept)."""
+    from esft.lean import LMHeadScreen
+
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(5000, 64, generator=g) * spread
+    w[7] = w[9] * (1 + 1e-6)  # a near-tie
+    h = torch.randn(12, 64, generator=g) * 4
+    h[0] = w[9] * 50
+    screen = LMHeadScreen.__new__(LMHeadScreen)
+    LMHeadScreen.__init__(screen, w, 12)
+    approx = _bf16_logits(h, w)
+    cols, keep = ext.screen_candidates(approx, torch.linalg.vector_norm(h, dim=1), screen.row_norms, screen.c_prod,
+                                       screen.c_out)
+    exact = F.linear(h, w)
+    best = exact.argmax(-1)
+    assert torch.equal(cols, cols.sort().values)
+    for r in range(12):
+        assert int(best[r]) in cols[keep[r]].tolist()
+    assert {7, 9} <= set(cols[keep[0]].tolist())
+    assert keep.sum(1).float().mean() < 50
+
+
+def test_screen_refuses_non_finite_rows(ext):
+    h, w = torch.randn(3, 16), torch.randn(100, 16)
+    approx = _bf16_logits(h, w)
+    approx[1, 5] = float("nan")
+    cols, keep = ext.screen_candidates(approx, torch.linalg.vector_norm(h, dim=1), torch.linalg.vector_norm(w, dim=1),
+                                       0.008, 0.008)
+    assert not keep[1].any() and keep[0].any() and keep[2].any()
 
 
 def test_disabled_by_environment(monkeypatch):

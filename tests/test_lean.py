@@ -257,6 +257,8 @@ def _fast_kernels() -> dict:
         options["fused_attention"] = True
     if not options:
         pytest.skip("neither oneDNN packed linears nor the compiled attention kernel is available here")
+    if len(options) == 2 and torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        options["screened_lm_head"] = True
     return options
 
 
@@ -266,11 +268,43 @@ def test_packed_linear_and_fused_attention_greedy_equal_hf_generate(tokenizer, k
     cfg = dict(max_new_tokens=300, batch_size=5)  # rows drop mid-batch, and the (transposed) key buffer grows
     ref = generate(model, tokenizer, PROMPTS, GenerationConfig(engine="hf", **cfg))
     options = _fast_kernels()
-    for extra in ({k: v} for k, v in options.items()):
+    for extra in ({k: v} for k, v in options.items() if k != "screened_lm_head"):  # that one needs both others
         ours = generate(model, tokenizer, PROMPTS, GenerationConfig(**extra, **cfg))
         assert [g.completion_ids for g in ours] == [g.completion_ids for g in ref], extra
     ours = generate(model, tokenizer, PROMPTS, GenerationConfig(share_prefix=True, prefill_buckets=2, **options, **cfg))
     assert [g.completion_ids for g in ours] == [g.completion_ids for g in ref]
+
+
+def test_screened_lm_head_keeps_greedy_and_eos_suppression(tokenizer, monkeypatch):
+    """Screening changes which logits are computed, never the argmax: greedy output equals `model.generate`'s,
+    also while eos is suppressed (min_new_tokens) and after rows drop out."""
+    options = _fast_kernels()
+    if "screened_lm_head" not in options:
+        pytest.skip("lm_head screening needs both fast kernels and a bf16-capable CPU")
+    model = _eosy(_tiny("llama", seed=4), tokenizer, at=12)
+    screened = []
+    real_logits = lean.LMHeadScreen.logits
+
+    def counting(self, h, kernels, suppress):
+        out = real_logits(self, h, kernels, suppress)
+        screened.append(None if out is None else int(torch.isfinite(out).sum()))
+        return out
+
+    monkeypatch.setattr(lean.LMHeadScreen, "logits", counting)
+    for cfg in (dict(max_new_tokens=60, batch_size=5), dict(max_new_tokens=40, min_new_tokens=20, batch_size=5)):
+        ref = generate(model, tokenizer, PROMPTS, GenerationConfig(engine="hf", **cfg))
+        ours = generate(model, tokenizer, PROMPTS, GenerationConfig(**options, **cfg))
+        assert [g.completion_ids for g in ours] == [g.completion_ids for g in ref], cfg
+        if cfg.get("min_new_tokens"):
+            assert all(len(g.completion_ids) >= 20 for g in ours)
+    assert len(screened) > 50 and None not in screened  # the screen really ran, and never had to give up
+    assert max(screened) < 5 * 50  # a handful of exact logits per row, not the vocabulary
+    # sampling ignores the option (it needs every logit): same samples as without it
+    sampled = dict(max_new_tokens=20, batch_size=5, temperature=1.0, seed=3)
+    plain = {k: v for k, v in options.items() if k != "screened_lm_head"}
+    a = generate(model, tokenizer, PROMPTS, GenerationConfig(**options, **sampled))
+    b = generate(model, tokenizer, PROMPTS, GenerationConfig(**plain, **sampled))
+    assert [g.completion_ids for g in a] == [g.completion_ids for g in b]
 
 
 @pytest.mark.parametrize("padded", [True, False])
@@ -289,7 +323,7 @@ def test_packed_and_fused_step_logits_close_to_plain_step(tokenizer, padded):
                         "fused_attention": options.get("fused_attention", False)}):
             logits, hf_cache = _prefill(model, ids, mask, pos)
             lm = lean.LeanModel(model, **kw)
-            cache = lean.KVCache(lm, b, w + 2, torch.float32, "cpu", keys_transposed=lm.fused is not None)
+            cache = lean.KVCache(lm, b, w + 2, torch.float32, "cpu", key_tile=lm.key_tile)
             cache.load_prefill(hf_cache, mask)
             caches.append(cache)
             models.append(lm)
@@ -307,10 +341,10 @@ def test_packed_and_fused_step_logits_close_to_plain_step(tokenizer, padded):
                     c.keep(torch.tensor([0, 2, 3, 4]))
                 token, p, plain = token[[0, 2, 3, 4]], p[[0, 2, 3, 4]], plain[[0, 2, 3, 4]]
             token, p = plain.argmax(-1), p + 1
-        # the transposed key buffer holds exactly the keys the plain cache holds
+        # the tiled key buffer holds exactly the keys the plain cache holds
         n, used = caches[0].rows, caches[0].length
         if models[1].fused is not None:
-            assert torch.allclose(caches[1].k[0][:n, :, :used], caches[0].k[0][:n, :, :used], atol=1e-5)
+            assert torch.allclose(caches[1].keys(0), caches[0].keys(0), atol=1e-5)
 
 
 def test_fast_options_fall_back_with_a_warning_when_unavailable(tokenizer, monkeypatch):
@@ -325,7 +359,9 @@ def test_fast_options_fall_back_with_a_warning_when_unavailable(tokenizer, monke
     monkeypatch.setattr(lean, "_WARNED", set())
     monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)  # as with a torch without oneDNN
     with pytest.warns(UserWarning) as caught:
-        ours = generate(model, tokenizer, PROMPTS, GenerationConfig(packed_linear=True, fused_attention=True, **cfg))
+        ours = generate(model, tokenizer, PROMPTS, GenerationConfig(packed_linear=True, fused_attention=True,
+                                                                    screened_lm_head=True, **cfg))
     messages = " | ".join(str(w.message) for w in caught)
     assert "packed_linear ignored" in messages and "fused_attention ignored" in messages
+    assert "screened_lm_head ignored" in messages
     assert [g.completion_ids for g in ours] == [g.completion_ids for g in ref]

@@ -25,11 +25,13 @@ T = TypeVar("T")
 
 #: esft's fast CPU rollout configuration (esft.generation.GenerationConfig fields; docs/performance.md measures
 #: each): the shared system-prompt prefix prefilled once, the rest in 4 length buckets, decode matmuls through
-#: oneDNN with packed weights, and the compiled rotary + KV-append + attention kernel. Outputs match
-#: `model.generate` to ~1e-6 relative rather than bit for bit; each option falls back to the exact path (with a
-#: warning) where it cannot run. `esft bench` and the ES `cpu` preset use it.
+#: oneDNN with packed (and q|k|v, gate|up stacked) weights, the compiled decode kernels (rotary + KV-append +
+#: attention, RMSNorm / residual / SwiGLU), and, when greedy, the bf16-screened lm_head. Logits match
+#: `model.generate`'s to ~1e-6 relative rather than bit for bit (greedy outputs are compared in tests and by
+#: `esft bench --check-outputs`); each option falls back to the exact path (with a warning) where it cannot run.
+#: `esft bench` and the ES `cpu` preset use it.
 FAST_CPU_GENERATION: dict[str, object] = {"share_prefix": True, "prefill_buckets": 4, "packed_linear": True,
-                                          "fused_attention": True}
+                                          "fused_attention": True, "screened_lm_head": True}
 
 
 class RunConfig:

@@ -52,7 +52,13 @@ class GenerationConfig:
     """lean path only, fp32 CPU: rotary, KV-cache append and attention of each decode step in one compiled kernel
     (`esft.kernels`, built with the local C++ compiler on first use, ~30 s): ~2x faster attention than torch's
     SDPA for one-token queries; ~1e-6 relative differences as share_prefix. Ignored, with a warning, where the
-    kernel cannot be built (no compiler)."""
+    kernel cannot be built (no compiler). With packed_linear it also stacks q|k|v and gate|up into one matmul
+    each and runs the RMSNorm / residual / SwiGLU glue in compiled code."""
+    screened_lm_head: bool = False
+    """lean path, greedy decoding only, with packed_linear and fused_attention, on CPUs with fast bf16 (AVX512-BF16
+    or AMX): compute the lm_head in bf16 first and the exact fp32 logits only for tokens a rigorous rounding-error
+    bound cannot exclude as the argmax (`esft.lean.LMHeadScreen`; ~2 per row). The argmax is unchanged; the
+    other logits are returned as -inf. Ignored when sampling, and with a warning where unavailable."""
 
 
 @dataclass

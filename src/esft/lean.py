@@ -93,6 +93,9 @@ class _Layer:
     wd: torch.Tensor
     qn: torch.Tensor | None  # qwen3 per-head q/k RMSNorm gains
     kn: torch.Tensor | None
+    wqkv: torch.Tensor | None = None  # fused layout (LeanModel.fused_projections): q|k|v and gate|up stacked
+    bqkv: torch.Tensor | None = None
+    wgu: torch.Tensor | None = None
 
 
 def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -132,6 +135,19 @@ def fused_attention_reason(dtype: torch.dtype) -> str | None:
     return None
 
 
+def screen_lm_head_reason(model, packed: bool, fused_attention: bool, delta=None) -> str | None:
+    """None when greedy lm_head screening (`LeanModel(screen_lm_head=True)`) can run, else why not."""
+    if not (packed and fused_attention):
+        return "it needs packed_linear and fused_attention"
+    if delta is not None:
+        return "a low-rank population perturbs the lm_head per row"
+    if model.lm_head.bias is not None:
+        return "the lm_head has a bias"
+    if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        return "this CPU has no fast bf16 matmul in oneDNN (AVX512-BF16/AMX)"
+    return None
+
+
 _WARNED: set[str] = set()
 
 
@@ -149,6 +165,49 @@ def _packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | N
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
+class LMHeadScreen:
+    """Greedy decoding's lm_head at half the cost, with the same argmax: logits first in bf16 (oneDNN, half the
+    bytes and ~2x the FLOP rate of fp32 on CPUs with AVX512-BF16), then exact fp32 logits only for the tokens
+    that a rigorous error bound cannot rule out as the row's maximum (~2 per row on SmolLM2; `candidates`).
+
+    Bound: rounding h and W to bf16 (unit roundoff u = 2^-8) changes each product h_i w_i by at most
+    (2u + u^2)|h_i w_i|; fp32 accumulation over K terms adds at most gamma_K = K 2^-24 / (1 - K 2^-24) of
+    sum |h_i w_i| to both the bf16 and the fp32 result; rounding the bf16 result itself costs at most 2^-7 of its
+    magnitude (covers truncation too). With sum_i |h_i w_vi| <= ||h|| ||w_v||, every token v satisfies
+    |approx_v - exact_v| <= e_v = c_prod ||h|| ||w_v|| + c_out |approx_v| (+1e-30 for flushed denormals), so a
+    token whose approx_v + e_v is below some other token's approx_u - e_u cannot be the argmax. The exact logits
+    of the survivors come from F.linear on their fp32 rows; every other entry of the returned logits is -inf.
+    """
+
+    def __init__(self, weight: torch.Tensor, batch_hint: int):
+        weight = weight.detach()
+        self.weight = weight  # the live parameter (ES perturbs it in place; this object lives for one call)
+        self.packed_bf16 = torch.ops.mkldnn._reorder_linear_weight(weight.to(torch.bfloat16), batch_hint)
+        self.row_norms = torch.linalg.vector_norm(weight, dim=1)
+        k = weight.shape[1]
+        u = 2.0 ** -8
+        gamma = k * 2.0 ** -24 / (1 - k * 2.0 ** -24)
+        self.c_prod = (2 * u + u * u + 2.1 * gamma) * 1.001
+        self.c_out = 2.0 ** -7 * 1.01
+        self.vocab = weight.shape[0]
+
+    def logits(self, h: torch.Tensor, kernels, suppress: torch.Tensor) -> torch.Tensor | None:
+        """[n, V] logits of final hidden states h [n, D]: exact where a row's argmax may lie, -inf elsewhere.
+        `suppress` (int64 token ids) are excluded, as the sampler's eos suppression would exclude them. None when
+        some row has no finite candidate (the caller then computes the full fp32 logits)."""
+        approx = _packed_linear(h.to(torch.bfloat16), self.packed_bf16)
+        if suppress.numel():  # the lowest finite bf16, not -inf: the bound arithmetic stays finite
+            approx.index_fill_(1, suppress, torch.finfo(torch.bfloat16).min)
+        hnorm = torch.linalg.vector_norm(h, dim=1)
+        cols, keep = kernels.screen_candidates(approx, hnorm, self.row_norms, self.c_prod, self.c_out)
+        if not bool(keep.any(1).all()):  # a non-finite row (a diverged member): no bound holds; caller goes full
+            return None
+        exact = F.linear(h, self.weight.index_select(0, cols)).masked_fill_(~keep, float("-inf"))
+        out = h.new_full((h.shape[0], self.vocab), float("-inf"))
+        out[:, cols] = exact
+        return out
+
+
 class LeanModel:
     """Weight references (not copies: ES perturbs parameters in place) plus the few constants of one model.
 
@@ -160,7 +219,7 @@ class LeanModel:
     """
 
     def __init__(self, model, packed: bool = False, batch_hint: int = 32, fused_attention: bool = False,
-                 delta=None):
+                 delta=None, screen_lm_head: bool = False):
         reason = unsupported_reason(model, ignore_hooks=delta is not None)
         if reason is not None:
             raise ValueError(f"lean decode does not support this model: {reason}")
@@ -171,6 +230,7 @@ class LeanModel:
             from esft.kernels import load_decode_attention
 
             self.fused = load_decode_attention()
+        self.key_tile = int(self.fused.KEY_TILE) if self.fused is not None else None  # KVCache(key_tile=)
         if packed and (why := packed_linear_reason(model.lm_head.weight.dtype)) is not None:
             raise ValueError(f"packed linears are not available: {why}")
         self.packed_linear = packed
@@ -215,19 +275,40 @@ class LeanModel:
         self.final_eps = inner.norm.variance_epsilon
         self.lm_head = w(model.lm_head.weight)
         self.lm_bias = model.lm_head.bias
+        self.lm_weight = model.lm_head.weight
         self.rotary = inner.rotary_emb
+        # With packed weights, the compiled kernels and no per-projection delta, the step multiplies by q|k|v and
+        # gate|up stacked into one weight each (4 matmuls per layer instead of 7: fewer calls, and the thin k/v
+        # projections no longer run alone) and does the norm/residual/SwiGLU glue in compiled code (_fused_step).
+        self.fused_projections = packed and self.fused is not None and delta is None
         self.layers: list[_Layer] = []
         for layer in inner.layers:
             a, m = layer.self_attn, layer.mlp
             self.scaling = a.scaling
+            qn = a.q_norm.weight if hasattr(a, "q_norm") else None
+            kn = a.k_norm.weight if hasattr(a, "k_norm") else None
+            if self.fused_projections:
+                biases = (a.q_proj.bias, a.k_proj.bias, a.v_proj.bias)
+                self.layers.append(_Layer(
+                    ln1=layer.input_layernorm.weight, ln2=layer.post_attention_layernorm.weight,
+                    wq=None, bq=None, wk=None, bk=None, wv=None, bv=None,
+                    wo=w(a.o_proj.weight), bo=a.o_proj.bias, wg=None, wu=None, wd=w(m.down_proj.weight),
+                    qn=qn, kn=kn,
+                    wqkv=w(torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]).detach()),
+                    bqkv=None if biases[0] is None else torch.cat(biases).detach(),
+                    wgu=w(torch.cat([m.gate_proj.weight, m.up_proj.weight]).detach())))
+                continue
             self.layers.append(_Layer(
                 ln1=layer.input_layernorm.weight, ln2=layer.post_attention_layernorm.weight,
                 wq=w(a.q_proj.weight), bq=a.q_proj.bias, wk=w(a.k_proj.weight), bk=a.k_proj.bias,
                 wv=w(a.v_proj.weight), bv=a.v_proj.bias, wo=w(a.o_proj.weight), bo=a.o_proj.bias,
-                wg=w(m.gate_proj.weight), wu=w(m.up_proj.weight), wd=w(m.down_proj.weight),
-                qn=a.q_norm.weight if hasattr(a, "q_norm") else None,
-                kn=a.k_norm.weight if hasattr(a, "k_norm") else None))
+                wg=w(m.gate_proj.weight), wu=w(m.up_proj.weight), wd=w(m.down_proj.weight), qn=qn, kn=kn))
         self.qk_eps = self.eps
+        self.screen = None
+        if screen_lm_head:
+            if (why := screen_lm_head_reason(model, packed, fused_attention, delta)) is not None:
+                raise ValueError(f"lm_head screening is not available: {why}")
+            self.screen = LMHeadScreen(model.lm_head.weight, batch_hint)
 
     def rope_tables(self, length: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos/sin for positions 0..length-1 from the model's own rotary module ([length, head_dim] each)."""
@@ -243,37 +324,72 @@ class KVCache:
     so a 1024-token budget does not allocate 1024 columns for rows that stop after 30. `keep(rows)` compacts the
     batch in place when rows finish.
 
-    `keys_transposed=True` stores each layer's keys as [rows, kv_heads, head_dim, capacity] (what the fused
-    attention kernel reads); `self.k[i]` is then a transposed view with the usual logical shape, so every write
-    below works unchanged for both layouts.
+    `key_tile=T` (what the compiled attention kernel reads, T = its KEY_TILE) stores each layer's keys as
+    [rows, kv_heads, capacity / T, head_dim, T]: transposed within tiles of T columns, so that the kernel reads
+    each tile as one contiguous block. That is not a view of the logical layout, so keys are written with
+    `put_keys` and read back with `keys`; values keep the logical layout either way.
     """
 
     def __init__(self, lean: LeanModel, rows: int, capacity: int, dtype: torch.dtype, device,
-                 keys_transposed: bool = False):
+                 key_tile: int | None = None):
         self.lean = lean
-        self.keys_transposed = keys_transposed
-        shape = (rows, lean.n_kv, capacity, lean.head_dim)
-        self.k = [self._new_keys(shape, dtype, device) for _ in lean.layers]
-        self.v = [torch.empty(shape, dtype=dtype, device=device) for _ in lean.layers]
+        self.key_tile = key_tile
+        if key_tile:
+            capacity = -(-capacity // key_tile) * key_tile
+        self.k = [self._new_keys(rows, capacity, dtype, device) for _ in lean.layers]
+        self.v = [torch.empty((rows, lean.n_kv, capacity, lean.head_dim), dtype=dtype, device=device)
+                  for _ in lean.layers]
         self.mask = torch.zeros((rows, capacity), dtype=torch.bool, device=device)
         self.rows = rows
         self.length = 0
 
-    def _new_keys(self, shape, dtype, device) -> torch.Tensor:
-        if not self.keys_transposed:
-            return torch.empty(shape, dtype=dtype, device=device)
-        rows, kv, capacity, hd = shape
-        return torch.empty((rows, kv, hd, capacity), dtype=dtype, device=device).transpose(2, 3)
+    def _new_keys(self, rows: int, capacity: int, dtype, device) -> torch.Tensor:
+        kv, hd = self.lean.n_kv, self.lean.head_dim
+        if not self.key_tile:
+            return torch.empty((rows, kv, capacity, hd), dtype=dtype, device=device)
+        return torch.empty((rows, kv, capacity // self.key_tile, hd, self.key_tile), dtype=dtype, device=device)
+
+    def _key_span(self, columns: int) -> int:
+        """Extent along the keys' third axis holding columns 0..columns-1 (tiles when tiled)."""
+        return -(-columns // self.key_tile) if self.key_tile else columns
 
     @property
     def capacity(self) -> int:
         return self.mask.shape[1]
 
+    def put_keys(self, layer: int, rows: torch.Tensor, cols: torch.Tensor, keys: torch.Tensor) -> None:
+        """Write keys [len(rows), kv_heads, len(cols), head_dim] at rows x columns (1-D index tensors)."""
+        buf = self.k[layer]
+        if not self.key_tile:
+            buf[rows[:, None], :, cols[None, :]] = keys.transpose(1, 2)
+            return
+        t = self.key_tile
+        # advanced indices on axes 0, 2, 4 broadcast to [rows, cols] and come first: [rows, cols, kv, head_dim]
+        buf[rows[:, None], :, (cols // t)[None, :], :, (cols % t)[None, :]] = keys.transpose(1, 2)
+
+    def keys(self, layer: int) -> torch.Tensor:
+        """The live keys in the logical layout [rows, kv_heads, length, head_dim] (a copy when tiled)."""
+        buf = self.k[layer][: self.rows]
+        if not self.key_tile:
+            return buf[:, :, : self.length]
+        r, kv, tiles, hd, t = buf.shape
+        return buf.transpose(3, 4).reshape(r, kv, tiles * t, hd)[:, :, : self.length]
+
+    def zero(self, columns: int) -> None:
+        """Zero columns 0..columns-1 of every row (gap columns stay masked but must be finite: 0 * NaN leaks)."""
+        for buf in self.k:
+            buf[:, :, : self._key_span(columns)].zero_()
+        for buf in self.v:
+            buf[:, :, :columns].zero_()
+
     def load_prefill(self, hf_cache, attention_mask: torch.Tensor) -> None:
         """Copy the prompt K/V out of a Hugging Face DynamicCache filled by the prefill forward."""
-        width = attention_mask.shape[1]
+        rows, width = attention_mask.shape
         for i, layer in enumerate(hf_cache.layers):
-            self.k[i][:, :, :width].copy_(layer.keys)
+            if self.key_tile:
+                self.put_keys(i, torch.arange(rows), torch.arange(width), layer.keys)
+            else:
+                self.k[i][:, :, :width].copy_(layer.keys)
             self.v[i][:, :, :width].copy_(layer.values)
         self.mask[:, :width] = attention_mask.bool()
         self.length = width
@@ -282,12 +398,17 @@ class KVCache:
         if columns <= self.capacity:
             return
         new = max(columns, 2 * self.capacity)
-        for store in (self.k, self.v):
-            for i, old in enumerate(store):
-                shape = (old.shape[0], old.shape[1], new, old.shape[3])
-                buf = self._new_keys(shape, old.dtype, old.device) if store is self.k else old.new_empty(shape)
-                buf[:, :, : self.length].copy_(old[:, :, : self.length])
-                store[i] = buf
+        if self.key_tile:
+            new = -(-new // self.key_tile) * self.key_tile
+        span = self._key_span(self.length)
+        for i, old in enumerate(self.k):
+            buf = self._new_keys(old.shape[0], new, old.dtype, old.device)
+            buf[:, :, :span].copy_(old[:, :, :span])
+            self.k[i] = buf
+        for i, old in enumerate(self.v):
+            buf = old.new_empty((old.shape[0], old.shape[1], new, old.shape[3]))
+            buf[:, :, : self.length].copy_(old[:, :, : self.length])
+            self.v[i] = buf
         mask = self.mask.new_zeros((self.mask.shape[0], new))
         mask[:, : self.length] = self.mask[:, : self.length]
         self.mask = mask
@@ -295,20 +416,58 @@ class KVCache:
     def keep(self, index: torch.Tensor) -> None:
         """Keep only rows `index` (ascending), moved to the front; only the used columns are copied."""
         n, used = int(index.numel()), self.length
-        for store in (self.k, self.v):
-            for buf in store:
-                buf[:n, :, :used] = buf[index, :, :used]
+        span = self._key_span(used)
+        for buf in self.k:
+            buf[:n, :, :span] = buf[index, :, :span]
+        for buf in self.v:
+            buf[:n, :, :used] = buf[index, :, :used]
         self.mask[:n, :used] = self.mask[index, :used]
         self.rows = n
 
 
+def _fused_step(lean: LeanModel, cache: KVCache, token: torch.Tensor, cos_rows: torch.Tensor,
+                sin_rows: torch.Tensor, packed: bool, suppress: torch.Tensor | None) -> torch.Tensor:
+    """`decode_step` for LeanModel.fused_projections: the same sequence of operations on [rows, hidden] tensors,
+    with q|k|v and gate|up as one matmul each and the glue in compiled code (esft.kernels):
+    x += o; h = RMSNorm(x) is one `add_rms_norm`, silu(g) * u one `silu_mul`."""
+    n, col = cache.rows, cache.length
+    heads, kv, hd = lean.n_heads, lean.n_kv, lean.head_dim
+    lin, K = lean.linear, lean.fused
+    q_end, k_end = heads * hd, (heads + kv) * hd
+    x = F.embedding(token, lean.embed, lean.padding_idx)
+    h = K.rms_norm(x, lean.layers[0].ln1, lean.eps)
+    for i, L in enumerate(lean.layers):
+        qkv = lin(h, L.wqkv, L.bqkv)
+        q = qkv[:, :q_end].view(n, heads, hd)
+        k = qkv[:, q_end:k_end].view(n, kv, hd)
+        v = qkv[:, k_end:].view(n, kv, hd)
+        if L.qn is not None:
+            q, k = _rms(q, L.qn, lean.qk_eps), _rms(k, L.kn, lean.qk_eps)
+        a = K.decode_attention(q, k, v, cos_rows, sin_rows, cache.k[i], cache.v[i], cache.mask,
+                               col, lean.scaling, packed)
+        h = K.add_rms_norm(x, lin(a.view(n, heads * hd), L.wo, L.bo), L.ln2, lean.eps)
+        d = lin(K.silu_mul(lin(h, L.wgu)), L.wd)
+        if i + 1 < len(lean.layers):
+            h = K.add_rms_norm(x, d, lean.layers[i + 1].ln1, lean.eps)
+        else:
+            h = K.add_rms_norm(x, d, lean.final_norm, lean.final_eps)
+    if lean.screen is not None and suppress is not None:
+        logits = lean.screen.logits(h, K, suppress)
+        if logits is not None:
+            return logits
+    return lin(h, lean.lm_head, lean.lm_bias)
+
+
 def decode_step(lean: LeanModel, cache: KVCache, token: torch.Tensor, position: torch.Tensor,
-                cos_table: torch.Tensor, sin_table: torch.Tensor) -> torch.Tensor:
+                cos_table: torch.Tensor, sin_table: torch.Tensor, suppress: torch.Tensor | None = None
+                ) -> torch.Tensor:
     """One token per live row through the model; appends its K/V at column `cache.length`; returns logits [n, V].
 
     The per-layer sequence below is LlamaDecoderLayer / Qwen3DecoderLayer.forward with the HF SDPA integration
     inlined (see module docstring); shapes keep the HF [rows, 1, hidden] layout so every kernel sees what it sees
-    under `model(...)`.
+    under `model(...)`. `suppress` (greedy decoding with LeanModel(screen_lm_head=True) only): token ids the
+    sampler will exclude; the logits are then exact only where a row's argmax may lie (LMHeadScreen), -inf
+    elsewhere.
     """
     n = cache.rows
     col = cache.length
@@ -324,6 +483,10 @@ def decode_step(lean: LeanModel, cache: KVCache, token: torch.Tensor, position: 
     fused = lean.fused
     attn_mask = None
     cos_rows, sin_rows = cos_table[position], sin_table[position]  # [n, hd]
+    if lean.fused_projections:
+        logits = _fused_step(lean, cache, token, cos_rows, sin_rows, packed, suppress)
+        cache.length = used
+        return logits
     if fused is None:
         cos, sin = cos_rows[:, None, None, :], sin_rows[:, None, None, :]  # as apply_rotary_pos_emb unsqueezes
         if packed:
@@ -342,7 +505,7 @@ def decode_step(lean: LeanModel, cache: KVCache, token: torch.Tensor, position: 
             if L.qn is not None:
                 q, k = _rms(q, L.qn, lean.qk_eps), _rms(k, L.kn, lean.qk_eps)
             v = lin(h, L.wv, L.bv).view(n, kv, hd)
-            a = fused.decode_attention(q, k, v, cos_rows, sin_rows, cache.k[i].transpose(2, 3), cache.v[i],
+            a = fused.decode_attention(q, k, v, cos_rows, sin_rows, cache.k[i], cache.v[i],
                                        cache.mask, col, lean.scaling, packed).view(n, 1, heads * hd)
         else:
             q = lin(h, L.wq, L.bq).view(n, 1, heads, hd)
@@ -436,7 +599,7 @@ def layout_prefill(model, lean: LeanModel, input_ids: torch.Tensor, attention_ma
         position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
         logits, hf_cache = prefill(model, input_ids, attention_mask, position_ids)
         cache = KVCache(lean, batch, width + extra_columns, hf_cache.layers[0].keys.dtype, device,
-                        keys_transposed=lean.fused is not None)
+                        key_tile=lean.key_tile)
         cache.load_prefill(hf_cache, attention_mask)
         return logits, cache, position_ids[:, -1] + 1
     prefix_cache = None
@@ -465,15 +628,14 @@ def layout_prefill(model, lean: LeanModel, input_ids: torch.Tensor, attention_ma
         group_logits, hf_cache = prefill(model, suffix, mask.to(attention_mask.dtype), positions, hf_cache)
         if cache is None:
             cache = KVCache(lean, batch, total + extra_columns, hf_cache.layers[0].keys.dtype, device,
-                            keys_transposed=lean.fused is not None)
-            for buf in cache.k + cache.v:  # gap columns stay masked, but must be finite: 0 * NaN would leak
-                buf[:, :, :total].zero_()
+                            key_tile=lean.key_tile)
+            cache.zero(total)
             logits = group_logits.new_empty((batch, group_logits.shape[-1]))
         logits[idx] = group_logits
         next_pos[idx] = positions[:, -1] + 1
         cols = torch.cat([torch.arange(p), torch.arange(total - w, total)]).to(device)
         for i, layer in enumerate(hf_cache.layers):
-            cache.k[i][idx[:, None], :, cols[None, :]] = layer.keys.transpose(1, 2)
+            cache.put_keys(i, idx, cols, layer.keys)
             cache.v[i][idx[:, None], :, cols[None, :]] = layer.values.transpose(1, 2)
         cache.mask[idx[:, None], cols[None, :]] = mask.bool()
     cache.length = total
@@ -498,7 +660,13 @@ def lean_decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, co
     if fused and (why := fused_attention_reason(model.lm_head.weight.dtype)) is not None:
         _warn_once(f"fused_attention ignored: {why}")
         fused = False
-    lean = LeanModel(model, packed=packed, batch_hint=batch, fused_attention=fused, delta=delta)
+    # greedy only, and not under a low-rank population (its rows perturb the lm_head): skipped silently there
+    screen = bool(getattr(config, "screened_lm_head", False)) and config.temperature == 0 and delta is None
+    if screen and (why := screen_lm_head_reason(model, packed, fused, delta)) is not None:
+        _warn_once(f"screened_lm_head ignored: {why}")
+        screen = False
+    lean = LeanModel(model, packed=packed, batch_hint=batch, fused_attention=fused, delta=delta,
+                     screen_lm_head=screen)
     device = input_ids.device
     generator = None
     if config.temperature > 0:
@@ -515,6 +683,8 @@ def lean_decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, co
     rows = torch.arange(batch, device=device)
     outputs: list[list[int]] = [[] for _ in range(batch)]
     eos_t = torch.tensor(eos, device=device)
+    min_new = int(getattr(config, "min_new_tokens", 0) or 0)
+    no_suppress = eos_t[:0]
     for step in range(budget):
         token = sample(logits, step, generator)
         for r, t in zip(rows.tolist(), token.tolist()):
@@ -531,6 +701,8 @@ def lean_decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, co
                 on_keep(keep)
             rows, token, next_pos = rows[keep], token[keep], next_pos[keep]
         cache.ensure(cache.length + 1)
-        logits = decode_step(lean, cache, token, next_pos, cos_t, sin_t)
+        # the sampler suppresses eos before min_new_tokens; a screened lm_head must exclude them too
+        suppress = (eos_t if step + 1 < min_new else no_suppress) if screen else None
+        logits = decode_step(lean, cache, token, next_pos, cos_t, sin_t, suppress)
         next_pos = next_pos + 1
     return outputs

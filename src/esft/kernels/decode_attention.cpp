@@ -1,4 +1,6 @@
-// One decode step of rotary + KV-cache append + grouped-query attention for a batch of rows, on CPU.
+// The hand-written parts of one decode step on CPU: rotary + KV-cache append + grouped-query attention for a
+// batch of rows (decode_attention), and the per-layer RMSNorm / residual / SwiGLU glue (rms_norm, add_rms_norm,
+// silu_mul; see their comment below).
 //
 // Why by hand: for a one-token query, torch's CPU scaled_dot_product_attention issues small GEMMs per
 // (row, kv head) pair, and at 32-128 rows x 30 layers that per-call cost is several times the time needed to
@@ -6,8 +8,9 @@
 // heads of the group from it, and folds in the rotary embedding and the cache append that would otherwise be ~15
 // small torch ops per layer.
 //
-// Layout: keys are cached transposed, [R, KV, D, C] (dimension-major), so q.K^T is a sum of D axpys over
-// contiguous key columns, vectorised over keys with no horizontal sums; values stay [R, KV, C, D].
+// Layout: keys are cached transposed within tiles of 64 keys, [R, KV, C/64, D, 64] (dimension-major per tile),
+// so q.K^T is a sum of D axpys over contiguous keys, vectorised over keys with no horizontal sums, and each tile
+// is one contiguous read; values stay [R, KV, C, D].
 //
 // Numerics: plain fp32. Each score sums its D products in order d = 0..D-1; the softmax and the weighted sum of
 // values run in another order than SDPA's, so outputs match SDPA to ~1e-6 relative, not bit for bit. The rotary
@@ -26,10 +29,11 @@ namespace {
 // Register blocks: B keys (scores) or B value dimensions (weighted sum) per pass, times G query heads of
 // accumulators: 64 x G <= 4 fills at most 16 AVX-512 registers; larger groups use blocks of 16.
 
-// exp for x <= 0 (softmax after subtracting the max): Cephes' expf range reduction and polynomial (~1 ulp),
-// branch-free so the loop vectorises (std::exp is a scalar libm call). Below -87, -inf included, it returns 0.
-inline float exp_nonpositive(float x) {
-  const float xc = x < -87.f ? -87.f : x;
+// e^x, Cephes' expf on x clamped to [-87, 88] (~1 ulp; branch-free so loops vectorise)
+inline float exp_clamped(float x) {
+  // (two separate clamps and std::floor: the shape gcc vectorises, with -fno-trapping-math)
+  float xc = x < -87.f ? -87.f : x;
+  xc = xc > 88.f ? 88.f : xc;
   const float n = std::floor(xc * 1.44269504088896341f + 0.5f);
   const float r = (xc - n * 0.693359375f) - n * -2.12194440e-4f;
   const float z = r * r;
@@ -40,11 +44,12 @@ inline float exp_nonpositive(float x) {
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   p = p * z + r + 1.0f;
-  int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof(scale));
-  return x < -87.f ? 0.f : p * scale;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  return p * __builtin_bit_cast(float, bits);
 }
+
+// exp for x <= 0 (softmax after subtracting the max), -inf included: below -87 it returns 0
+inline float exp_nonpositive(float x) { return x < -87.f ? 0.f : exp_clamped(x); }
 
 inline void rotate(const float* x, const float* c, const float* s, float* out, int64_t d) {
   const int64_t half = d / 2;
@@ -52,35 +57,39 @@ inline void rotate(const float* x, const float* c, const float* s, float* out, i
   for (int64_t i = half; i < d; ++i) out[i] = x[i] * c[i] + x[i - half] * s[i];
 }
 
-// scores[g][l] = sum_d q[g][d] * kt[d][l] for l in [0, used); kt rows are `stride` apart
+// Keys are cached in tiles of KEY_TILE keys, each tile dimension-major ([D][KEY_TILE]): a block of scores reads
+// one contiguous 16 KB tile (D = 64) instead of D short runs KV-capacity apart, which the hardware prefetchers
+// follow poorly (the untiled [D][C] layout streamed at ~15 GB/s, the tiled one at ~25).
+constexpr int64_t KEY_TILE = 64;
+
+// scores[g][l] = sum_d q[g][d] * key_l[d] for l in [0, used), keys tiled as above; LB divides KEY_TILE
 template <int G, int64_t LB>
-void scores_block(const float* q, const float* kt, int64_t D, int64_t stride, int64_t used, float* scores) {
-  int64_t l0 = 0;
-  for (; l0 + LB <= used; l0 += LB) {
+void scores_block(const float* q, const float* kt, int64_t D, int64_t used, float* scores) {
+  static_assert(KEY_TILE % LB == 0, "register block must divide the key tile");
+  for (int64_t l0 = 0; l0 < used; l0 += LB) {
+    const int64_t w = std::min(LB, used - l0);
+    const float* tile = kt + (l0 / KEY_TILE) * D * KEY_TILE + l0 % KEY_TILE;
     float acc[G][LB] = {};
-    for (int64_t d = 0; d < D; ++d) {
-      const float* row = kt + d * stride + l0;
-      for (int g = 0; g < G; ++g) {
-        const float qd = q[g * D + d];
+    if (w == LB) {
+      for (int64_t d = 0; d < D; ++d) {
+        const float* row = tile + d * KEY_TILE;
+        for (int g = 0; g < G; ++g) {
+          const float qd = q[g * D + d];
 #pragma omp simd
-        for (int64_t j = 0; j < LB; ++j) acc[g][j] += qd * row[j];
+          for (int64_t j = 0; j < LB; ++j) acc[g][j] += qd * row[j];
+        }
+      }
+    } else {
+      for (int64_t d = 0; d < D; ++d) {
+        const float* row = tile + d * KEY_TILE;
+        for (int g = 0; g < G; ++g) {
+          const float qd = q[g * D + d];
+          for (int64_t j = 0; j < w; ++j) acc[g][j] += qd * row[j];
+        }
       }
     }
     for (int g = 0; g < G; ++g)
-      for (int64_t j = 0; j < LB; ++j) scores[g * used + l0 + j] = acc[g][j];
-  }
-  const int64_t rest = used - l0;
-  if (rest > 0) {
-    float acc[G][LB] = {};
-    for (int64_t d = 0; d < D; ++d) {
-      const float* row = kt + d * stride + l0;
-      for (int g = 0; g < G; ++g) {
-        const float qd = q[g * D + d];
-        for (int64_t j = 0; j < rest; ++j) acc[g][j] += qd * row[j];
-      }
-    }
-    for (int g = 0; g < G; ++g)
-      for (int64_t j = 0; j < rest; ++j) scores[g * used + l0 + j] = acc[g][j];
+      for (int64_t j = 0; j < w; ++j) scores[g * used + l0 + j] = acc[g][j];
   }
 }
 
@@ -114,7 +123,8 @@ void weighted_values(const float* p, const float* v, int64_t D, int64_t used, co
 template <int G>
 void attend_pairs(int64_t begin, int64_t end, const float* qp, const float* kp, const float* vp, const float* cp,
                   const float* sp, float* kt_cache, float* v_cache, const bool* mp, float* op, int64_t H,
-                  int64_t KV, int64_t D, int64_t C, int64_t col, float scale, bool use_mask) {
+                  int64_t KV, int64_t D, int64_t C, int64_t col, float scale, bool use_mask, int64_t q_row,
+                  int64_t k_row, int64_t v_row) {
   const int64_t used = col + 1;
   std::vector<float> qr(G * D), knew(D), scores(G * used);
   float mx[G], total[G];
@@ -124,12 +134,13 @@ void attend_pairs(int64_t begin, int64_t end, const float* qp, const float* kp, 
     const float* s = sp + r * D;
     float* kt = kt_cache + (r * KV + h) * D * C;
     float* values = v_cache + (r * KV + h) * C * D;
-    rotate(kp + (r * KV + h) * D, c, s, knew.data(), D);
-    for (int64_t d = 0; d < D; ++d) kt[d * C + col] = knew[d];
-    std::memcpy(values + col * D, vp + (r * KV + h) * D, D * sizeof(float));
-    for (int g = 0; g < G; ++g) rotate(qp + (r * H + h * G + g) * D, c, s, qr.data() + g * D, D);
+    rotate(kp + r * k_row + h * D, c, s, knew.data(), D);
+    float* slot = kt + (col / KEY_TILE) * D * KEY_TILE + col % KEY_TILE;
+    for (int64_t d = 0; d < D; ++d) slot[d * KEY_TILE] = knew[d];
+    std::memcpy(values + col * D, vp + r * v_row + h * D, D * sizeof(float));
+    for (int g = 0; g < G; ++g) rotate(qp + r * q_row + (h * G + g) * D, c, s, qr.data() + g * D, D);
     constexpr int64_t B = G <= 4 ? 64 : 16;
-    scores_block<G, B>(qr.data(), kt, D, C, used, scores.data());
+    scores_block<G, B>(qr.data(), kt, D, used, scores.data());
     const bool* m = mp + r * C;
     for (int g = 0; g < G; ++g) {
       float* sg = scores.data() + g * used;
@@ -156,23 +167,32 @@ void attend_pairs(int64_t begin, int64_t end, const float* qp, const float* kp, 
 }  // namespace
 
 // q [n, H, D], k and v [n, KV, D] (projections of the new token, before rotary), cos and sin [n, D];
-// kt_cache [R >= n, KV, D, C] and v_cache [R, KV, C, D], contiguous; mask [R, C] bool (true = attend), read only
-// when use_mask. Writes the rotated key and the value at column `col`, attends over columns 0..col and returns
-// the attention output [n, H, D].
+// kt_cache [R >= n, KV, C / KEY_TILE, D, KEY_TILE] (keys in tiles, see KEY_TILE) and v_cache [R, KV, C, D],
+// contiguous; mask [R, C] bool (true = attend), read only when use_mask. Writes the rotated key and the value at
+// column `col`, attends over columns 0..col and returns the attention output [n, H, D].
+// q, k and v may be row-strided views (e.g. column slices of one fused q|k|v projection): only each row's
+// [heads, D] block must be dense.
+torch::Tensor row_dense(torch::Tensor t) {
+  return (t.stride(2) == 1 && t.stride(1) == t.size(2)) ? t : t.contiguous();
+}
+
 torch::Tensor decode_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor cos,
                                torch::Tensor sin, torch::Tensor kt_cache, torch::Tensor v_cache,
                                torch::Tensor mask, int64_t col, double scale, bool use_mask) {
-  TORCH_CHECK(q.scalar_type() == torch::kFloat32 && kt_cache.scalar_type() == torch::kFloat32,
+  TORCH_CHECK(q.scalar_type() == torch::kFloat32 && k.scalar_type() == torch::kFloat32 &&
+                  v.scalar_type() == torch::kFloat32 && kt_cache.scalar_type() == torch::kFloat32,
               "decode_attention: fp32 only");
   TORCH_CHECK(kt_cache.is_contiguous() && v_cache.is_contiguous() && mask.is_contiguous(),
               "decode_attention: caches and mask must be contiguous");
-  q = q.contiguous();
-  k = k.contiguous();
-  v = v.contiguous();
+  q = row_dense(q);
+  k = row_dense(k);
+  v = row_dense(v);
   cos = cos.contiguous();
   sin = sin.contiguous();
-  const int64_t n = q.size(0), H = q.size(1), D = q.size(2), KV = k.size(1), C = kt_cache.size(3);
-  TORCH_CHECK(H % KV == 0 && col >= 0 && col < C && kt_cache.size(0) >= n && kt_cache.size(2) == D &&
+  TORCH_CHECK(kt_cache.dim() == 5 && kt_cache.size(4) == KEY_TILE, "decode_attention: keys must be tiled by ",
+              KEY_TILE);
+  const int64_t n = q.size(0), H = q.size(1), D = q.size(2), KV = k.size(1), C = kt_cache.size(2) * KEY_TILE;
+  TORCH_CHECK(H % KV == 0 && col >= 0 && col < C && kt_cache.size(0) >= n && kt_cache.size(3) == D &&
                   v_cache.size(2) == C && mask.size(1) == C,
               "decode_attention: bad shapes");
   const int64_t G = H / KV;
@@ -187,11 +207,14 @@ torch::Tensor decode_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v
   const bool* mp = mask.data_ptr<bool>();
   float* op = out.data_ptr<float>();
   const float sc = static_cast<float>(scale);
+  const int64_t q_row = q.stride(0), k_row = k.stride(0), v_row = v.stride(0);
   at::parallel_for(0, n * KV, 1, [&](int64_t begin, int64_t end) {
     switch (G) {
-#define ESFT_CASE(g) \
-  case g:            \
-    attend_pairs<g>(begin, end, qp, kp, vp, cp, sp, kt, vc, mp, op, H, KV, D, C, col, sc, use_mask); break;
+#define ESFT_CASE(g)                                                                                        \
+  case g:                                                                                                   \
+    attend_pairs<g>(begin, end, qp, kp, vp, cp, sp, kt, vc, mp, op, H, KV, D, C, col, sc, use_mask, q_row, \
+                    k_row, v_row);                                                                          \
+    break;
       ESFT_CASE(1) ESFT_CASE(2) ESFT_CASE(3) ESFT_CASE(4) ESFT_CASE(5) ESFT_CASE(6) ESFT_CASE(7) ESFT_CASE(8)
 #undef ESFT_CASE
       default:
@@ -201,7 +224,158 @@ torch::Tensor decode_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v
   return out;
 }
 
+namespace {
+
+// LlamaRMSNorm on one fp32 row, op for op: mean of squares, 1 / sqrt(mean + eps), x * that, then weight *
+inline void rms_row(const float* x, const float* w, float* out, int64_t D, float eps) {
+  float ss = 0.f;
+#pragma omp simd reduction(+ : ss)
+  for (int64_t d = 0; d < D; ++d) ss += x[d] * x[d];
+  const float inv = 1.f / std::sqrt(ss / static_cast<float>(D) + eps);
+#pragma omp simd
+  for (int64_t d = 0; d < D; ++d) out[d] = w[d] * (x[d] * inv);
+}
+
+void check_rows(const torch::Tensor& t, const char* what) {
+  TORCH_CHECK(t.scalar_type() == torch::kFloat32 && t.dim() == 2 && t.is_contiguous(), what,
+              ": a contiguous 2-D fp32 tensor is required");
+}
+
+}  // namespace
+
+// These run once per layer on [rows, hidden] tensors of a few tens of KB, where torch's ~6 separate ops per
+// RMSNorm (each a dispatch, an allocation and a thread-pool wake-up) cost more than the arithmetic. The norms
+// are single threaded on purpose: the work is microseconds.
+
+// RMSNorm(x) * weight, row-wise; x [n, D].
+torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps) {
+  check_rows(x, "rms_norm");
+  check_rows(weight.view({1, -1}), "rms_norm weight");
+  const int64_t n = x.size(0), D = x.size(1);
+  TORCH_CHECK(weight.numel() == D, "rms_norm: weight size");
+  auto out = torch::empty_like(x);
+  for (int64_t r = 0; r < n; ++r)
+    rms_row(x.data_ptr<float>() + r * D, weight.data_ptr<float>(), out.data_ptr<float>() + r * D, D,
+            static_cast<float>(eps));
+  return out;
+}
+
+// The residual step of a decoder layer: x += delta in place (the new residual stream), returns RMSNorm(x) * weight.
+torch::Tensor add_rms_norm(torch::Tensor x, torch::Tensor delta, torch::Tensor weight, double eps) {
+  check_rows(x, "add_rms_norm");
+  check_rows(delta, "add_rms_norm delta");
+  TORCH_CHECK(delta.sizes() == x.sizes(), "add_rms_norm: delta shape");
+  const int64_t n = x.size(0), D = x.size(1);
+  float* xp = x.data_ptr<float>();
+  const float* dp = delta.data_ptr<float>();
+#pragma omp simd
+  for (int64_t i = 0; i < n * D; ++i) xp[i] = xp[i] + dp[i];
+  return rms_norm(x, weight, eps);
+}
+
+// The SwiGLU gate on one fused gate|up projection: gu [n, 2I] -> silu(gu[:, :I]) * gu[:, I:], silu(g) being
+// g / (1 + e^-g) as torch computes it.
+torch::Tensor silu_mul(torch::Tensor gu) {
+  check_rows(gu, "silu_mul");
+  const int64_t n = gu.size(0), I = gu.size(1) / 2;
+  TORCH_CHECK(gu.size(1) == 2 * I, "silu_mul: odd width");
+  auto out = torch::empty({n, I}, gu.options());
+  const float* g = gu.data_ptr<float>();
+  float* o = out.data_ptr<float>();
+  at::parallel_for(0, n, 4, [&](int64_t begin, int64_t end) {  // the exp makes this one worth two threads
+    for (int64_t r = begin; r < end; ++r) {
+      const float* gr = g + r * 2 * I;
+      const float* ur = gr + I;
+      float* orow = o + r * I;
+#pragma omp simd
+      for (int64_t i = 0; i < I; ++i) orow[i] = (gr[i] / (1.f + exp_clamped(-gr[i]))) * ur[i];
+    }
+  });
+  return out;
+}
+
+// Greedy lm_head screening (esft.lean.LMHeadScreen): approx [n, V] bf16 logits (suppressed tokens already set to
+// the lowest finite bf16), hnorm [n] and wnorm [V] fp32 norms, error bound e = c_prod * hnorm * wnorm +
+// c_out * |approx| + 1e-30. Token v can be row r's argmax only if approx + e >= max over u of (approx_u - e_u).
+// Returns the union of those tokens over rows (ascending) and keep [n, c]: whether each is a candidate of each
+// row. A row with a non-finite value gets no candidates (the caller then computes full logits).
+namespace {
+
+inline float bf16_to_float(uint16_t b) { return __builtin_bit_cast(float, static_cast<uint32_t>(b) << 16); }
+
+}  // namespace
+
+std::tuple<torch::Tensor, torch::Tensor> screen_candidates(torch::Tensor approx, torch::Tensor hnorm,
+                                                           torch::Tensor wnorm, double c_prod, double c_out) {
+  TORCH_CHECK(approx.scalar_type() == torch::kBFloat16 && approx.dim() == 2 && approx.is_contiguous(),
+              "screen_candidates: approx must be contiguous 2-D bf16");
+  TORCH_CHECK(hnorm.scalar_type() == torch::kFloat32 && wnorm.scalar_type() == torch::kFloat32 &&
+                  hnorm.is_contiguous() && wnorm.is_contiguous(),
+              "screen_candidates: norms must be contiguous fp32");
+  const int64_t n = approx.size(0), V = approx.size(1);
+  TORCH_CHECK(hnorm.numel() == n && wnorm.numel() == V, "screen_candidates: norm sizes");
+  const uint16_t* a = reinterpret_cast<const uint16_t*>(approx.data_ptr<at::BFloat16>());
+  const float* hn = hnorm.data_ptr<float>();
+  const float* wn = wnorm.data_ptr<float>();
+  const float cp = static_cast<float>(c_prod), co = static_cast<float>(c_out);
+  std::vector<float> floor(n);
+  std::vector<std::vector<float>> hit(at::get_num_threads(), std::vector<float>(V, 0.f));
+  at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) {
+    float* mark = hit[at::get_thread_num()].data();
+    for (int64_t r = begin; r < end; ++r) {
+      const uint16_t* ar = a + r * V;
+      const float hr = hn[r] * cp;
+      float best = -std::numeric_limits<float>::infinity();
+      float check = 0.f;  // stays finite only if every value is
+#pragma omp simd reduction(max : best) reduction(+ : check)
+      for (int64_t v = 0; v < V; ++v) {
+        const float x = bf16_to_float(ar[v]);
+        const float e = hr * wn[v] + co * std::fabs(x) + 1e-30f;
+        best = std::max(best, x - e);
+        check += x - x;
+      }
+      if (!std::isfinite(check) || !std::isfinite(hr) || !std::isfinite(best)) {
+        floor[r] = std::numeric_limits<float>::quiet_NaN();
+        continue;
+      }
+      floor[r] = best;
+#pragma omp simd
+      for (int64_t v = 0; v < V; ++v) {
+        const float x = bf16_to_float(ar[v]);
+        const float e = hr * wn[v] + co * std::fabs(x) + 1e-30f;
+        mark[v] = x + e >= best ? 1.f : mark[v];
+      }
+    }
+  });
+  std::vector<int64_t> cols;
+  for (int64_t v = 0; v < V; ++v) {
+    bool any = false;
+    for (const auto& m : hit) any |= m[v] != 0.f;
+    if (any) cols.push_back(v);
+  }
+  const int64_t c = static_cast<int64_t>(cols.size());
+  auto cols_t = torch::empty({c}, torch::kInt64);
+  std::memcpy(cols_t.data_ptr<int64_t>(), cols.data(), c * sizeof(int64_t));
+  auto keep = torch::zeros({n, c}, torch::kBool);
+  bool* kp = keep.data_ptr<bool>();
+  for (int64_t r = 0; r < n; ++r) {
+    const float hr = hn[r] * cp;
+    for (int64_t j = 0; j < c; ++j) {
+      const float x = bf16_to_float(a[r * V + cols[j]]);
+      const float e = hr * wn[cols[j]] + co * std::fabs(x) + 1e-30f;
+      kp[r * c + j] = x + e >= floor[r];  // false for a NaN floor
+    }
+  }
+  return {cols_t, keep};
+}
+
+// The GIL is released while a kernel runs: members decoded in parallel threads must not queue on it.
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("decode_attention", &decode_attention,
+  m.attr("KEY_TILE") = KEY_TILE;
+  m.def("decode_attention", &decode_attention, py::call_guard<py::gil_scoped_release>(),
         "rotary + KV append + grouped-query attention for one decode step (CPU, fp32, transposed key cache)");
+  m.def("rms_norm", &rms_norm, py::call_guard<py::gil_scoped_release>(), "row-wise RMSNorm times weight (fp32, [n, D])");
+  m.def("add_rms_norm", &add_rms_norm, py::call_guard<py::gil_scoped_release>(), "x += delta in place, then row-wise RMSNorm(x) times weight");
+  m.def("screen_candidates", &screen_candidates, py::call_guard<py::gil_scoped_release>(), "greedy lm_head screening: candidate tokens from bf16 logits");
+  m.def("silu_mul", &silu_mul, py::call_guard<py::gil_scoped_release>(), "silu(gu[:, :I]) * gu[:, I:] for a fused gate|up projection");
 }
