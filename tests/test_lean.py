@@ -179,6 +179,12 @@ def test_length_buckets_minimise_padding():
     assert sorted(i for g in groups for i in g) == list(range(7))
     assert [sorted(lengths[i] for i in g) for g in groups] == [[48, 49, 50], [30], [10, 11, 12]]
     assert lean.length_buckets(lengths, 1) == [[1, 3, 5, 6, 4, 2, 0]]
+    # a forward's own cost: a group is split off only when it saves more padding than that
+    assert len(lean.length_buckets(lengths, 3, bucket_tokens=10)) == 3  # 216 + 30 padded-equivalent < 236 + 20
+    assert len(lean.length_buckets(lengths, 3, bucket_tokens=40)) == 2
+    assert len(lean.length_buckets(lengths, 3, bucket_tokens=200)) == 1
+    near = [43, 42, 43, 41, 43, 39]  # decode-heavy-like: buckets would save 10 positions
+    assert lean.length_buckets(near, 4, bucket_tokens=lean.PREFILL_BUCKET_TOKENS) == [[0, 2, 4, 1, 3, 5]]
 
 
 @pytest.mark.parametrize("share, buckets", [(True, 1), (True, 3), (False, 2)])
@@ -287,7 +293,7 @@ def test_screened_lm_head_keeps_greedy_and_eos_suppression(tokenizer, monkeypatc
 
     def counting(self, h, kernels, suppress):
         out = real_logits(self, h, kernels, suppress)
-        screened.append(None if out is None else int(torch.isfinite(out).sum()))
+        screened.append(None if out is None else int(torch.isfinite(out.values).sum()))
         return out
 
     monkeypatch.setattr(lean.LMHeadScreen, "logits", counting)

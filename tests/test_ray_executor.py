@@ -156,3 +156,29 @@ def test_worker_killed_mid_iteration_then_all_workers_lost(model_dir, tmp_path, 
     t2 = ESTrainer(resume_config(out, {"executor": "local"}), fitness_rule=TextFitness(), progress=False)
     t2.train()
     assert same(masters(t2), ref_masters) and fitness_log(out) == ref_fitness
+
+
+def test_bench_parallel_iteration_does_what_the_local_one_does(model_dir, tokenizer):
+    """`esft bench --workers 2`: the members run on two Ray replicas, with the same completions, fitness and
+    update (so the same weights afterwards) as the one-process iteration."""
+    from esft import bench
+    from esft.models import load_model
+
+    prompts = [[{"role": "user", "content": f"Tell me about the number {i}."}] for i in range(3)]
+    work = bench.Workload("small", prompts, max_new_tokens=5, min_new_tokens=5, generation_batch_size=2,
+                          sigma=1e-2, alpha=1e-3)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        local_model, tok = load_model(str(model_dir), dtype="float32", device="cpu")
+        ours = bench.esft_iteration(local_model, tok, work, population=4, noise="table", gen_overrides={})
+        ray_model, _ = load_model(str(model_dir), dtype="float32", device="cpu")
+        par = bench.esft_iteration_parallel(ray_model, work, population=4, noise="table", gen_overrides={},
+                                            workers=2, threads_per_worker=1, model_name=str(model_dir))
+    finally:
+        torch.set_num_threads(previous)
+    assert par["texts"] == ours["texts"] and par["generated_tokens"] == ours["generated_tokens"] == 4 * 3 * 5
+    assert not par["zero_update"]
+    for (name, a), b in zip(local_model.named_parameters(), ray_model.parameters()):
+        assert torch.equal(a, b), name
+    assert par["timings"]["iteration"] > par["timings"]["generate"] / 4 > 0

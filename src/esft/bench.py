@@ -76,6 +76,9 @@ class BenchConfig:
     """also time the naive iteration (needed for speedup_vs_naive)"""
     generation: dict[str, Any] = field(default_factory=lambda: dict(FAST_GENERATION))
     """overrides of `GenerationConfig` fields for the esft engine (default FAST_GENERATION; lever experiments)"""
+    workers: int = 1
+    """members evaluated in parallel, each by its own model replica in a Ray worker process with
+    `threads // workers` torch threads (esft's `--executor ray`); 1 = the local executor in this process"""
     seed: int = 0
     check_outputs: bool = False
     """also generate each workload's batch once with esft's engine (these generation options) and once with
@@ -233,6 +236,65 @@ def esft_iteration(model, tokenizer, work: Workload, population: int, noise: str
             "texts": result.texts, "zero_update": update.is_zero}
 
 
+def _bench_replica_parts(config):
+    """ReplicaSpec builder of the Ray workers: the bench's model and its pseudo-task (module level: pickled by
+    reference)."""
+    from esft.models import load_model
+
+    model, tokenizer = load_model(config.model, dtype="float32", device="cpu")
+    return model, tokenizer, PseudoTask()
+
+
+def esft_iteration_parallel(model, work: Workload, population: int, noise: str, gen_overrides: dict, workers: int,
+                            threads_per_worker: int, model_name: str, seed: int = 0) -> dict[str, Any]:
+    """One ES iteration with members spread over `workers` Ray replicas (esft.es.ray_executor, as `esft train es
+    --executor ray`): the same members, noise, fitness and update as `esft_iteration`. Worker start-up (process
+    placement, model loading) is set-up, outside the timing, as in a training run where it happens once; the
+    iteration ends when every replica has applied the update."""
+    import tempfile
+
+    from esft.es.config import ESConfig
+    from esft.es.executor_factory import make_ray_executor
+    from esft.es.noise import MasterWeights
+    from esft.es.strategy import ES
+
+    options = dict(gen_overrides)
+    options["min_new_tokens"] = work.min_new_tokens
+    with tempfile.TemporaryDirectory(prefix="esft-bench-") as out:
+        cfg = ESConfig(model=model_name, dtype="float32", device="cpu", sigma=work.sigma, alpha=work.alpha,
+                       population_size=population, max_new_tokens=work.max_new_tokens,
+                       generation_batch_size=work.generation_batch_size, generation_options=options, noise=noise,
+                       executor="ray", num_workers=workers, output_dir=out,
+                       executor_options={"threads_per_worker": threads_per_worker, "checksum_every": 0})
+        start = time.perf_counter()
+        weights = MasterWeights(model, noise=noise)
+        executor = make_ray_executor(cfg, weights=weights, builder=_bench_replica_parts)
+        try:
+            executor.start()
+            setup = time.perf_counter() - start
+            es = ES(population_size=population, sigma=work.sigma, alpha=work.alpha, seed=seed)
+            batch = [{"messages": p} for p in work.prompts]
+            t0 = time.perf_counter()
+            members = es.ask(0)
+            result = executor.evaluate_members(members, batch)
+            fitness = bench_fitness(result, batch)
+            update = es.tell(members, fitness)
+            t1 = time.perf_counter()
+            executor.on_update(update, 1)
+            weights.apply(update)
+            executor._settle()  # every worker has applied it too
+            t2 = time.perf_counter()
+        finally:
+            executor.close()
+    # per-member timings are summed over members, as in the local executor
+    timings = dict(result.timings)
+    timings["update"] = t2 - t1
+    timings["iteration"] = t2 - t0
+    timings["setup"] = setup
+    return {"timings": timings, "prompt_tokens": result.prompt_tokens, "generated_tokens": result.tokens_generated,
+            "texts": result.texts, "zero_update": update.is_zero}
+
+
 def naive_iteration(model, tokenizer, work: Workload, population: int, seed: int = 0) -> dict[str, Any]:
     """The same iteration as public ES code does it: in-place `param += sigma * eps` with eps regenerated from the
     seed for every use (perturb, restore by subtraction, update), and `model.generate` over the whole batch."""
@@ -344,7 +406,8 @@ def run_bench(config: BenchConfig, model=None, tokenizer=None, log=print) -> dic
                               "params": params, "model": config.model, "noise": config.noise,
                               "torch": torch.__version__, "cpu_count": os.cpu_count(),
                               "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
-                              "population": config.population, "generation_overrides": dict(config.generation)}
+                              "population": config.population, "generation_overrides": dict(config.generation),
+                              "workers": config.workers}
     snapshot = _snapshot(model)
     for name in config.workloads:
         work = build_workload(name, tokenizer)
@@ -356,8 +419,13 @@ def run_bench(config: BenchConfig, model=None, tokenizer=None, log=print) -> dic
         runs: dict[str, list[dict]] = {"esft": [], "naive": []}
         for r in range(config.repeats):
             log(f"{name}: esft iteration {r + 1}/{config.repeats} (load {load_average()}) ...")
-            runs["esft"].append(esft_iteration(model, tokenizer, work, config.population, config.noise,
-                                               config.generation, config.seed, config.rank))
+            if config.workers > 1:
+                runs["esft"].append(esft_iteration_parallel(
+                    model, work, config.population, config.noise, config.generation, config.workers,
+                    max(1, torch.get_num_threads() // config.workers), config.model, config.seed))
+            else:
+                runs["esft"].append(esft_iteration(model, tokenizer, work, config.population, config.noise,
+                                                   config.generation, config.seed, config.rank))
             _reset(model, snapshot)
             loads.append(load_average())
             if config.naive:
@@ -457,7 +525,7 @@ def main(args) -> int:
     config = BenchConfig(model=args.model, workloads=workloads, repeats=args.repeats, threads=args.threads,
                          population=args.population, noise=noise, rank=getattr(args, "rank", 1),
                          naive=not args.no_naive, generation=generation,
-                         check_outputs=getattr(args, "check_outputs", False))
+                         check_outputs=getattr(args, "check_outputs", False), workers=args.workers)
     log = (lambda msg: print(msg, file=sys.stderr, flush=True))
     report = run_bench(config, log=log)
     if args.json:

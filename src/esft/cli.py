@@ -148,6 +148,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="measure the bit-exact defaults (per-tensor noise, no shared-prefix prefill)")
     p.add_argument("--rank", type=int, default=1, help="rank r of --noise lowrank")
     p.add_argument("--no-naive", action="store_true", help="skip the naive iteration (no speedup)")
+    p.add_argument("--workers", type=int, default=1,
+                   help="evaluate members in parallel on this many Ray worker processes, threads/workers torch "
+                        "threads each (esft's --executor ray); 1 = one process")
     p.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="GenerationConfig override for the esft engine (lever experiments), e.g. lean=false")
     p.add_argument("--check-outputs", action="store_true",

@@ -12,9 +12,10 @@
 // so q.K^T is a sum of D axpys over contiguous keys, vectorised over keys with no horizontal sums, and each tile
 // is one contiguous read; values stay [R, KV, C, D].
 //
-// Numerics: plain fp32. Each score sums its D products in order d = 0..D-1; the softmax and the weighted sum of
-// values run in another order than SDPA's, so outputs match SDPA to ~1e-6 relative, not bit for bit. The rotary
-// part is bit-identical to `q * cos + rotate_half(q) * sin` (compiled with -ffp-contract=off).
+// Numerics: plain fp32. Each score accumulates its D products in order d = 0..D-1 with fused multiply-adds (the
+// weighted sum of values too); the softmax and those sums run in another order than SDPA's, so outputs match
+// SDPA to ~1e-6 relative, not bit for bit. The rotary part is bit-identical to `q * cos + rotate_half(q) * sin`
+// (compiled with -ffp-contract=off: only the explicit std::fma calls fuse).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -76,7 +77,7 @@ void scores_block(const float* q, const float* kt, int64_t D, int64_t used, floa
         for (int g = 0; g < G; ++g) {
           const float qd = q[g * D + d];
 #pragma omp simd
-          for (int64_t j = 0; j < LB; ++j) acc[g][j] += qd * row[j];
+          for (int64_t j = 0; j < LB; ++j) acc[g][j] = std::fma(qd, row[j], acc[g][j]);
         }
       }
     } else {
@@ -84,7 +85,7 @@ void scores_block(const float* q, const float* kt, int64_t D, int64_t used, floa
         const float* row = tile + d * KEY_TILE;
         for (int g = 0; g < G; ++g) {
           const float qd = q[g * D + d];
-          for (int64_t j = 0; j < w; ++j) acc[g][j] += qd * row[j];
+          for (int64_t j = 0; j < w; ++j) acc[g][j] = std::fma(qd, row[j], acc[g][j]);
         }
       }
     }
@@ -107,9 +108,9 @@ void weighted_values(const float* p, const float* v, int64_t D, int64_t used, co
         const float pl = p[g * used + l];
         if (w == LB) {
 #pragma omp simd
-          for (int64_t j = 0; j < LB; ++j) acc[g][j] += pl * row[j];
+          for (int64_t j = 0; j < LB; ++j) acc[g][j] = std::fma(pl, row[j], acc[g][j]);
         } else {
-          for (int64_t j = 0; j < w; ++j) acc[g][j] += pl * row[j];
+          for (int64_t j = 0; j < w; ++j) acc[g][j] = std::fma(pl, row[j], acc[g][j]);
         }
       }
     }
