@@ -212,6 +212,82 @@ def test_layout_prefill_matches_plain_prefill(tokenizer, share, buckets):
         assert torch.allclose(a, b, atol=1e-5, rtol=1e-5)
 
 
+def test_tiled_key_cache_holds_what_the_plain_layout_holds():
+    """KVCache(key_tile=T) (the compiled kernel's layout) against the logical layout: writes at arbitrary rows and
+    columns, growth past capacity, row compaction and zeroing give the same keys. Pure torch."""
+    from types import SimpleNamespace
+
+    stub = SimpleNamespace(n_kv=2, head_dim=3, layers=[None, None])
+    g = torch.Generator().manual_seed(0)
+    caches = [lean.KVCache(stub, 5, 6, torch.float32, "cpu", key_tile=t) for t in (None, 4)]
+    assert caches[1].capacity == 8 and caches[1].k[0].shape == (5, 2, 2, 3, 4)  # capacity rounded up to tiles
+    for c in caches:
+        c.zero(6)
+    first = torch.randn(5, 2, 6, 3, generator=g)
+    grown = torch.randn(5, 2, 4, 3, generator=g)
+    later = torch.randn(3, 2, 2, 3, generator=g)
+    for c in caches:
+        for i in range(2):
+            c.put_keys(i, torch.arange(5), torch.arange(6), first + i)
+        c.length = 6
+        c.ensure(11)  # grows (doubling), copying the used columns
+        for i in range(2):
+            c.put_keys(i, torch.arange(5), torch.arange(6, 10), grown)
+            c.put_keys(i, torch.tensor([0, 2, 4]), torch.tensor([6, 9]), later - i)  # some rows, scattered columns
+        c.length = 10
+    assert caches[1].capacity % 4 == 0 and caches[1].capacity >= 11
+    for i in range(2):
+        assert torch.equal(caches[0].keys(i), caches[1].keys(i))
+    for c in caches:
+        c.keep(torch.tensor([1, 2, 4]))
+    for i in range(2):
+        assert caches[1].keys(i).shape == (3, 2, 10, 3)
+        assert torch.equal(caches[0].keys(i), caches[1].keys(i))
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3"])
+def test_lean_prefill_matches_hf_prefill(tokenizer, kind):
+    """The fast path's prefill (stacked packed matmuls, compiled glue, SDPA) against the HF forward: same logits
+    and K/V to float rounding, with left padding and with a shared prefix passed as the cache."""
+    from transformers import DynamicCache
+
+    from esft.generation import encode_prompts, left_pad
+
+    options = _fast_kernels()
+    if not (options.get("packed_linear") and options.get("fused_attention")):
+        pytest.skip("the lean prefill needs both fast kernels")
+    model = _tiny(kind)
+    ids, mask = left_pad(encode_prompts(tokenizer, PROMPTS), 2, "cpu")
+    with torch.inference_mode():
+        lm = lean.LeanModel(model, packed=True, fused_attention=True)
+        assert lm.fused_projections
+        fast_prefill = lean._lean_prefill(lm)
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        ref, ref_cache = _prefill(model, ids, mask, pos)
+        got, got_cache = fast_prefill(model, ids, mask, pos)
+        torch.testing.assert_close(got, ref, atol=2e-5, rtol=1e-4)
+        keep = mask.bool()[:, None, :, None]  # padding columns hold don't-care values in both
+        for a, b in zip(got_cache.layers, ref_cache.layers):
+            torch.testing.assert_close(a.keys * keep, b.keys * keep, atol=2e-5, rtol=1e-4)
+            torch.testing.assert_close(a.values * keep, b.values * keep, atol=2e-5, rtol=1e-4)
+        # a prefix already in the cache (share_prefix): the suffix attends to it
+        p = 3
+        pre = ids[:1, :p].clone()
+        pre[0] = torch.tensor([11, 12, 13])
+        _, pre_cache = _prefill(model, pre, torch.ones_like(pre), torch.arange(p)[None])
+        caches = []
+        for _ in range(2):
+            c = DynamicCache(config=model.config)
+            for i, layer in enumerate(pre_cache.layers):
+                c.update(layer.keys.expand(ids.shape[0], -1, -1, -1).contiguous(),
+                         layer.values.expand(ids.shape[0], -1, -1, -1).contiguous(), i)
+            caches.append(c)
+        full_mask = torch.cat([mask.new_ones((ids.shape[0], p)), mask], dim=1)
+        ref, _ = _prefill(model, ids, full_mask, pos + p, caches[0])
+        got, _ = fast_prefill(model, ids, full_mask, pos + p, caches[1])
+        torch.testing.assert_close(got, ref, atol=2e-5, rtol=1e-4)
+
+
 def test_short_prefix_is_not_shared(tokenizer):
     from esft.generation import left_pad
 
@@ -263,7 +339,7 @@ def _fast_kernels() -> dict:
         options["fused_attention"] = True
     if not options:
         pytest.skip("neither oneDNN packed linears nor the compiled attention kernel is available here")
-    if len(options) == 2 and torch.ops.mkldnn._is_mkldnn_bf16_supported():
+    if len(options) == 2 and lean.bf16_matmul_is_native():
         options["screened_lm_head"] = True
     return options
 

@@ -181,4 +181,6 @@ def test_bench_parallel_iteration_does_what_the_local_one_does(model_dir, tokeni
     assert not par["zero_update"]
     for (name, a), b in zip(local_model.named_parameters(), ray_model.parameters()):
         assert torch.equal(a, b), name
-    assert par["timings"]["iteration"] > par["timings"]["generate"] / 4 > 0
+    t = par["timings"]
+    assert t["iteration"] >= t["update"] > 0 and t["generate"] > 0 and t["setup"] > 0
+    assert t["iteration"] < t["setup"]  # worker start-up (model and kernel loading) is not in the iteration

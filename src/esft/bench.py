@@ -238,10 +238,12 @@ def esft_iteration(model, tokenizer, work: Workload, population: int, noise: str
 
 def _bench_replica_parts(config):
     """ReplicaSpec builder of the Ray workers: the bench's model and its pseudo-task (module level: pickled by
-    reference)."""
+    reference). Loads the compiled kernels too, so that start-up, not the timed iteration, pays for that."""
+    from esft.kernels import load_decode_attention
     from esft.models import load_model
 
     model, tokenizer = load_model(config.model, dtype="float32", device="cpu")
+    load_decode_attention()
     return model, tokenizer, PseudoTask()
 
 
@@ -282,7 +284,7 @@ def esft_iteration_parallel(model, work: Workload, population: int, noise: str, 
             t1 = time.perf_counter()
             executor.on_update(update, 1)
             weights.apply(update)
-            executor._settle()  # every worker has applied it too
+            executor._settle()  # every worker has applied it too (what the executor does before its next call)
             t2 = time.perf_counter()
         finally:
             executor.close()
@@ -419,6 +421,8 @@ def run_bench(config: BenchConfig, model=None, tokenizer=None, log=print) -> dic
         runs: dict[str, list[dict]] = {"esft": [], "naive": []}
         for r in range(config.repeats):
             log(f"{name}: esft iteration {r + 1}/{config.repeats} (load {load_average()}) ...")
+            if config.workers > 1 and config.noise == "lowrank":
+                raise ValueError("--workers: a low-rank population is one batched generation in one process")
             if config.workers > 1:
                 runs["esft"].append(esft_iteration_parallel(
                     model, work, config.population, config.noise, config.generation, config.workers,

@@ -13,12 +13,16 @@ shapes (RMSNorm in fp32 then weight *, `F.linear` per projection, rotary tables 
 `pack_gqa` + boolean mask when any row is padded, `enable_gqa` and no mask otherwise). Only the memory layout of
 the cached keys/values differs (a slice of a preallocated buffer instead of a concatenated tensor), which does not
 change the arithmetic. Greedy outputs equal `model.generate`'s (tests/test_lean.py, and a slow test on the real
-model). The prompt prefill still runs through the Hugging Face forward: it is one large, efficient call.
+model). The prompt prefill runs through the Hugging Face forward (the opt-in fast options below replace it or
+its lm_head).
 
 Opt-in, not bit-exact (~1e-6 relative, another summation order; GenerationConfig.packed_linear /
-fused_attention, both in esft.config.FAST_CPU_GENERATION): the projections and lm_head through oneDNN with
-weights reordered once per call, and rotary + cache append + attention in one compiled kernel (esft.kernels)
-over keys cached transposed. docs/performance.md measures each.
+fused_attention / screened_lm_head, all in esft.config.FAST_CPU_GENERATION): the projections and lm_head through
+oneDNN with weights reordered once per call; rotary + cache append + attention in one compiled kernel
+(esft.kernels) over keys cached in 64-column tiles; with both, q|k|v and gate|up stacked into one matmul each,
+the RMSNorm / residual / SwiGLU glue compiled, and the prompt prefill through the same path (`_fused_step`,
+`_lean_prefill`); for greedy decoding, the lm_head screened in bf16 with a rigorous error bound so that only
+the possible argmaxes get exact fp32 logits (`LMHeadScreen`). docs/performance.md measures each.
 
 Supported: `model_type` llama / qwen2 / qwen3 with SDPA attention, SiLU MLP, no sliding-window layers and a
 position-independent rotary type. `unsupported_reason(model)` says why anything else falls back to the HF forward.
@@ -135,6 +139,16 @@ def fused_attention_reason(dtype: torch.dtype) -> str | None:
     return None
 
 
+def bf16_matmul_is_native() -> bool:
+    """True where oneDNN's bf16 matmul runs on bf16 dot-product instructions (AVX512-BF16 or AMX). oneDNN also
+    accepts bf16 on plain AVX-512 CPUs (`mkldnn._is_mkldnn_bf16_supported`) but emulates it there, slower than
+    fp32, which would make the screen a loss."""
+    cpu = getattr(torch, "cpu", None)
+    native = any(bool(getattr(cpu, name, lambda: False)()) for name in ("_is_avx512_bf16_supported",
+                                                                        "_is_amx_tile_supported"))
+    return native and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
 def screen_lm_head_reason(model, packed: bool, fused_attention: bool, delta=None) -> str | None:
     """None when greedy lm_head screening (`LeanModel(screen_lm_head=True)`) can run, else why not."""
     if not (packed and fused_attention):
@@ -143,8 +157,8 @@ def screen_lm_head_reason(model, packed: bool, fused_attention: bool, delta=None
         return "a low-rank population perturbs the lm_head per row"
     if model.lm_head.bias is not None:
         return "the lm_head has a bias"
-    if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
-        return "this CPU has no fast bf16 matmul in oneDNN (AVX512-BF16/AMX)"
+    if not bf16_matmul_is_native():
+        return "this CPU has no native bf16 dot product (AVX512-BF16 or AMX): oneDNN would emulate it, slower than fp32"
     return None
 
 
@@ -166,17 +180,19 @@ def _packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | N
 
 
 class LMHeadScreen:
-    """Greedy decoding's lm_head at half the cost, with the same argmax: logits first in bf16 (oneDNN, half the
-    bytes and ~2x the FLOP rate of fp32 on CPUs with AVX512-BF16), then exact fp32 logits only for the tokens
-    that a rigorous error bound cannot rule out as the row's maximum (~2 per row on SmolLM2; `candidates`).
+    """Greedy decoding's lm_head at half the cost: logits first in bf16 (oneDNN, half the bytes and ~2x the FLOP
+    rate of fp32 on CPUs with AVX512-BF16 or AMX), then fp32 logits only for the tokens that a rigorous error
+    bound cannot rule out as the row's maximum (~2 per row on SmolLM2). The pick is the argmax of those fp32
+    logits (F.linear on the candidates' rows): the full fp32 head's argmax except, possibly, on a near-tie at
+    fp32 rounding level, where the two GEMMs may round differently (packed_linear's caveat).
 
     Bound: rounding h and W to bf16 (unit roundoff u = 2^-8) changes each product h_i w_i by at most
     (2u + u^2)|h_i w_i|; fp32 accumulation over K terms adds at most gamma_K = K 2^-24 / (1 - K 2^-24) of
     sum |h_i w_i| to both the bf16 and the fp32 result; rounding the bf16 result itself costs at most 2^-7 of its
     magnitude (covers truncation too). With sum_i |h_i w_vi| <= ||h|| ||w_v||, every token v satisfies
     |approx_v - exact_v| <= e_v = c_prod ||h|| ||w_v|| + c_out |approx_v| (+1e-30 for flushed denormals), so a
-    token whose approx_v + e_v is below some other token's approx_u - e_u cannot be the argmax. The exact logits
-    of the survivors come from F.linear on their fp32 rows (`ScreenedLogits`).
+    token whose approx_v + e_v is below some other token's approx_u - e_u cannot be the argmax. The fp32 logits
+    of the survivors come from F.linear on their rows (`ScreenedLogits`).
     """
 
     def __init__(self, weight: torch.Tensor, batch_hint: int):
@@ -189,7 +205,6 @@ class LMHeadScreen:
         gamma = k * 2.0 ** -24 / (1 - k * 2.0 ** -24)
         self.c_prod = (2 * u + u * u + 2.1 * gamma) * 1.001
         self.c_out = 2.0 ** -7 * 1.01
-        self.vocab = weight.shape[0]
 
     def logits(self, h: torch.Tensor, kernels, suppress: torch.Tensor) -> ScreenedLogits | None:
         """Logits of final hidden states h [n, D], exact where a row's argmax may lie (ScreenedLogits).
@@ -202,13 +217,16 @@ class LMHeadScreen:
         cols, keep = kernels.screen_candidates(approx, hnorm, self.row_norms, self.c_prod, self.c_out)
         if not bool(keep.any(1).all()):  # a non-finite row (a diverged member): no bound holds; caller goes full
             return None
-        return ScreenedLogits(cols, F.linear(h, self.weight.index_select(0, cols)).masked_fill_(~keep, float("-inf")))
+        values = F.linear(h, self.weight.index_select(0, cols)).masked_fill_(~keep, float("-inf"))
+        if suppress.numel():  # only reachable if every other logit of a row were below -3e38; keep the rule exact
+            values[:, torch.isin(cols, suppress)] = float("-inf")
+        return ScreenedLogits(cols, values)
 
 
 @dataclass
 class ScreenedLogits:
-    """The exact logits of the screened candidates: `values[r, j]` is row r's logit of token `cols[j]` (ascending
-    ids), -inf where that token was ruled out for row r. `dense()` is the [n, V] view with -inf elsewhere."""
+    """The fp32 logits of the screened candidates: `values[r, j]` is row r's logit of token `cols[j]` (ascending
+    ids), -inf where that token was ruled out for row r."""
 
     cols: torch.Tensor
     values: torch.Tensor
@@ -216,11 +234,6 @@ class ScreenedLogits:
     def greedy(self) -> torch.Tensor:
         # first maximum over ascending ids = the lowest id among ties, as argmax over the full vocabulary
         return self.cols[self.values.argmax(-1)]
-
-    def dense(self, vocab: int) -> torch.Tensor:
-        out = self.values.new_full((self.values.shape[0], vocab), float("-inf"))
-        out[:, self.cols] = self.values
-        return out
 
 
 class LeanModel:
@@ -290,7 +303,6 @@ class LeanModel:
         self.final_eps = inner.norm.variance_epsilon
         self.lm_head = w(model.lm_head.weight)
         self.lm_bias = model.lm_head.bias
-        self.lm_weight = model.lm_head.weight
         self.rotary = inner.rotary_emb
         # With packed weights, the compiled kernels and no per-projection delta, the step multiplies by q|k|v and
         # gate|up stacked into one weight each (4 matmuls per layer instead of 7: fewer calls, and the thin k/v
@@ -562,9 +574,10 @@ def common_prefix(rows: list[list[int]]) -> int:
     return k
 
 
-#: What one more prefill forward costs, in prompt tokens: streaming the weights once plus the Hugging Face
-#: forward's per-call work. Measured on SmolLM2-135M, 2 CPU threads: a forward costs ~0.13 s beyond its tokens,
-#: ~85 tokens' worth (decode-heavy prefill 2.1 s in one bucket vs 2.6 s in four, for 3% less padding).
+#: What one more prefill forward costs, in prompt tokens: streaming the weights once plus the forward's per-call
+#: work. Measured on SmolLM2-135M, 2 CPU threads, with the HF forward: a forward costs ~0.13 s beyond its tokens,
+#: ~85 tokens' worth (`esft bench`'s decode-heavy prefill 2.1 s in one bucket vs 2.6 s in four, for 3% less
+#: padding). With the lean prefill one and four buckets cost the same there (1.8 s); 64 is kept as the margin.
 PREFILL_BUCKET_TOKENS = 64
 
 
@@ -739,8 +752,10 @@ def lean_decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, co
     """`esft.generation.decode` with the lean step: same contract (greedy-identical to `model.generate`).
 
     `prefill(model, input_ids, attention_mask, position_ids, cache=None) -> (last-position logits, DynamicCache)` runs
-    the prompt through the HF forward; `sample(logits, step, generator)` picks the next token (eos suppression
-    included). config.share_prefix / prefill_buckets change the prefill layout (`layout_prefill`).
+    the prompt through the HF forward; with packed linears (and no low-rank `delta`) the lean path replaces it by
+    `_lean_prefill` (stacked projections) or `_lean_head_prefill` (HF forward, lean lm_head).
+    `sample(logits, step, generator)` picks the next token (eos suppression included). config.share_prefix /
+    prefill_buckets change the prefill layout (`layout_prefill`).
     """
     batch = input_ids.shape[0]
     packed = bool(getattr(config, "packed_linear", False))

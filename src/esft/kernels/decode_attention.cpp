@@ -30,6 +30,13 @@ namespace {
 // Register blocks: B keys (scores) or B value dimensions (weighted sum) per pass, times G query heads of
 // accumulators: 64 x G <= 4 fills at most 16 AVX-512 registers; larger groups use blocks of 16.
 
+// The float with these bits (memcpy: the portable spelling, which gcc turns into a register move)
+inline float bits_to_float(uint32_t bits) {
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+
 // e^x, Cephes' expf on x clamped to [-87, 88] (~1 ulp; branch-free so loops vectorise)
 inline float exp_clamped(float x) {
   // (two separate clamps and std::floor: the shape gcc vectorises, with -fno-trapping-math)
@@ -45,8 +52,7 @@ inline float exp_clamped(float x) {
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   p = p * z + r + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  return p * __builtin_bit_cast(float, bits);
+  return p * bits_to_float(static_cast<uint32_t>(static_cast<int32_t>(n) + 127) << 23);
 }
 
 // exp for x <= 0 (softmax after subtracting the max), -inf included: below -87 it returns 0
@@ -144,7 +150,7 @@ void attend_pairs(int64_t begin, int64_t end, const float* qp, const float* kp, 
   const int64_t used = col + 1;
   std::vector<float> qr(G * D), knew(D), scores(G * used);
   std::vector<int64_t> attended(use_mask ? used : 0);
-  float mx[G], total[G];
+  float total[G];
   for (int64_t idx = begin; idx < end; ++idx) {
     const int64_t r = idx / KV, h = idx % KV;
     const float* c = cp + r * D;
@@ -167,7 +173,6 @@ void attend_pairs(int64_t begin, int64_t end, const float* qp, const float* kp, 
         sg[l] = val;
         best = val > best ? val : best;
       }
-      mx[g] = best;
       float t = 0.f;
 #pragma omp simd reduction(+ : t)
       for (int64_t l = 0; l < used; ++l) {
@@ -216,8 +221,12 @@ torch::Tensor decode_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v
   TORCH_CHECK(kt_cache.dim() == 5 && kt_cache.size(4) == KEY_TILE, "decode_attention: keys must be tiled by ",
               KEY_TILE);
   const int64_t n = q.size(0), H = q.size(1), D = q.size(2), KV = k.size(1), C = kt_cache.size(2) * KEY_TILE;
-  TORCH_CHECK(H % KV == 0 && col >= 0 && col < C && kt_cache.size(0) >= n && kt_cache.size(3) == D &&
-                  v_cache.size(2) == C && mask.size(1) == C,
+  TORCH_CHECK(H % KV == 0 && col >= 0 && col < C && kt_cache.size(0) >= n && kt_cache.size(1) == KV &&
+                  kt_cache.size(3) == D && v_cache.dim() == 4 && v_cache.size(0) >= n && v_cache.size(1) == KV &&
+                  v_cache.size(2) == C && v_cache.size(3) == D && mask.dim() == 2 && mask.size(0) >= n &&
+                  mask.size(1) == C && k.dim() == 3 && v.dim() == 3 && k.size(0) == n && v.size(0) == n &&
+                  k.size(2) == D && v.size(1) == KV && v.size(2) == D && cos.dim() == 2 && sin.dim() == 2 &&
+                  cos.size(0) >= n && sin.size(0) >= n && cos.size(1) == D && sin.size(1) == D,
               "decode_attention: bad shapes");
   const int64_t G = H / KV;
   auto out = torch::empty({n, H, D}, q.options());
@@ -269,7 +278,8 @@ void check_rows(const torch::Tensor& t, const char* what) {
 
 // These run once per layer on [rows, hidden] tensors of a few tens of KB, where torch's ~6 separate ops per
 // RMSNorm (each a dispatch, an allocation and a thread-pool wake-up) cost more than the arithmetic. The norms
-// are single threaded on purpose: the work is microseconds.
+// are single threaded: microseconds per decode step; in the lean prefill (~1,400 rows) ~0.3 ms per call, ~2% of
+// the prefill.
 
 // RMSNorm(x) * weight, row-wise; x [n, D].
 torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps) {
@@ -325,7 +335,7 @@ torch::Tensor silu_mul(torch::Tensor gu) {
 // row. A row with a non-finite value gets no candidates (the caller then computes full logits).
 namespace {
 
-inline float bf16_to_float(uint16_t b) { return __builtin_bit_cast(float, static_cast<uint32_t>(b) << 16); }
+inline float bf16_to_float(uint16_t b) { return bits_to_float(static_cast<uint32_t>(b) << 16); }
 
 }  // namespace
 
@@ -393,11 +403,11 @@ std::tuple<torch::Tensor, torch::Tensor> screen_candidates(torch::Tensor approx,
   return {cols_t, keep};
 }
 
-// The GIL is released while a kernel runs: members decoded in parallel threads must not queue on it.
+// The GIL is released while a kernel runs, so other Python threads of the process are not held up by it.
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("KEY_TILE") = KEY_TILE;
   m.def("decode_attention", &decode_attention, py::call_guard<py::gil_scoped_release>(),
-        "rotary + KV append + grouped-query attention for one decode step (CPU, fp32, transposed key cache)");
+        "rotary + KV append + grouped-query attention for one decode step (CPU, fp32, tiled key cache)");
   m.def("rms_norm", &rms_norm, py::call_guard<py::gil_scoped_release>(), "row-wise RMSNorm times weight (fp32, [n, D])");
   m.def("add_rms_norm", &add_rms_norm, py::call_guard<py::gil_scoped_release>(), "x += delta in place, then row-wise RMSNorm(x) times weight");
   m.def("screen_candidates", &screen_candidates, py::call_guard<py::gil_scoped_release>(), "greedy lm_head screening: candidate tokens from bf16 logits");
