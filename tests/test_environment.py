@@ -52,9 +52,10 @@ def test_env_report_names_the_fast_kernels():
 
     import torch
 
-    from esft.lean import packed_linear_reason
+    from esft.lean import bf16_matmul_is_native, packed_linear_reason
 
     report = environment.environment_report()
     assert report["packed_linear"] == (packed_linear_reason(torch.float32) or "available")
     assert report["fused_attention"].startswith("buildable") == (shutil.which("c++") is not None)
+    assert report["screened_lm_head"].startswith("available") == bf16_matmul_is_native()
     assert report["omp_wait_policy"] == os.environ.get("OMP_WAIT_POLICY", "OpenMP default")

