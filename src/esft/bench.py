@@ -200,14 +200,12 @@ def esft_iteration(model, tokenizer, work: Workload, population: int, noise: str
     """One ES iteration of esft; returns timings, token counts and the completions of member 0."""
     from esft.es.executor import LocalExecutor
     from esft.es.noise import MasterWeights
-    from esft.es.strategy import ES
     from esft.generation import GenerationConfig
 
     gen = GenerationConfig(max_new_tokens=work.max_new_tokens, min_new_tokens=work.min_new_tokens,
                            batch_size=work.generation_batch_size, temperature=0.0, engine="esft")
     gen = dataclasses.replace(gen, **gen_overrides)
     task = PseudoTask()
-    batch = [{"messages": p} for p in work.prompts]
     start = time.perf_counter()
     if noise == "lowrank":  # one batched generation for the whole population (through the HF forward's hooks)
         from esft.es.lowrank import LowRankExecutor, LowRankWeights
@@ -218,15 +216,23 @@ def esft_iteration(model, tokenizer, work: Workload, population: int, noise: str
         weights = MasterWeights(model, noise=noise)
         executor_cls = LocalExecutor
     setup = time.perf_counter() - start
-    es = ES(population_size=population, sigma=work.sigma, alpha=work.alpha, seed=seed)
     executor = executor_cls(model, tokenizer, weights, task, work.sigma, gen)
+    return _timed_iteration(executor, work, population, seed, setup, weights.apply)
+
+
+def _timed_iteration(executor, work: Workload, population: int, seed: int, setup: float, apply) -> dict[str, Any]:
+    """ask -> evaluate -> fitness -> tell, then `apply(update)`: the timed part of an esft iteration. Per-member
+    timings are summed over members, whichever executor ran them."""
+    from esft.es.strategy import ES
+
+    es = ES(population_size=population, sigma=work.sigma, alpha=work.alpha, seed=seed)
+    batch = [{"messages": p} for p in work.prompts]
     t0 = time.perf_counter()
     members = es.ask(0)
     result = executor.evaluate_members(members, batch)
-    fitness = bench_fitness(result, batch)
-    update = es.tell(members, fitness)
+    update = es.tell(members, bench_fitness(result, batch))
     t1 = time.perf_counter()
-    weights.apply(update)
+    apply(update)
     t2 = time.perf_counter()
     timings = dict(result.timings)
     timings["update"] = t2 - t1
@@ -258,7 +264,6 @@ def esft_iteration_parallel(model, work: Workload, population: int, noise: str, 
     from esft.es.config import ESConfig
     from esft.es.executor_factory import make_ray_executor
     from esft.es.noise import MasterWeights
-    from esft.es.strategy import ES
 
     options = dict(gen_overrides)
     options["min_new_tokens"] = work.min_new_tokens
@@ -274,27 +279,15 @@ def esft_iteration_parallel(model, work: Workload, population: int, noise: str, 
         try:
             executor.start()
             setup = time.perf_counter() - start
-            es = ES(population_size=population, sigma=work.sigma, alpha=work.alpha, seed=seed)
-            batch = [{"messages": p} for p in work.prompts]
-            t0 = time.perf_counter()
-            members = es.ask(0)
-            result = executor.evaluate_members(members, batch)
-            fitness = bench_fitness(result, batch)
-            update = es.tell(members, fitness)
-            t1 = time.perf_counter()
-            executor.on_update(update, 1)
-            weights.apply(update)
-            executor._settle()  # every worker has applied it too (what the executor does before its next call)
-            t2 = time.perf_counter()
+
+            def apply(update):
+                executor.on_update(update, 1)
+                weights.apply(update)
+                executor._settle()  # every worker has applied it too (what the executor does before its next call)
+
+            return _timed_iteration(executor, work, population, seed, setup, apply)
         finally:
             executor.close()
-    # per-member timings are summed over members, as in the local executor
-    timings = dict(result.timings)
-    timings["update"] = t2 - t1
-    timings["iteration"] = t2 - t0
-    timings["setup"] = setup
-    return {"timings": timings, "prompt_tokens": result.prompt_tokens, "generated_tokens": result.tokens_generated,
-            "texts": result.texts, "zero_update": update.is_zero}
 
 
 def naive_iteration(model, tokenizer, work: Workload, population: int, seed: int = 0) -> dict[str, Any]:

@@ -331,6 +331,8 @@ class LeanModel:
                 wv=w(a.v_proj.weight), bv=a.v_proj.bias, wo=w(a.o_proj.weight), bo=a.o_proj.bias,
                 wg=w(m.gate_proj.weight), wu=w(m.up_proj.weight), wd=w(m.down_proj.weight), qn=qn, kn=kn))
         self.qk_eps = self.eps
+        # the RMSNorm after each layer's MLP residual: the next layer's input norm, the final norm after the last
+        self.next_norm = [(L.ln1, self.eps) for L in self.layers[1:]] + [(self.final_norm, self.final_eps)]
         self.screen = None
         if screen_lm_head:
             if (why := screen_lm_head_reason(model, packed, fused_attention, delta)) is not None:
@@ -464,9 +466,6 @@ def _fused_step(lean: LeanModel, cache: KVCache, token: torch.Tensor, cos_rows: 
     q_end, k_end = heads * hd, (heads + kv) * hd
     eps, scaling, mask = lean.eps, lean.scaling, cache.mask
     layers = lean.layers
-    # the RMSNorm gain that follows each layer: the next layer's input norm, the final norm after the last
-    next_gain = [L.ln1 for L in layers[1:]] + [lean.final_norm]
-    next_eps = [eps] * (len(layers) - 1) + [lean.final_eps]
     x = F.embedding(token, lean.embed, lean.padding_idx)
     h = K.rms_norm(x, layers[0].ln1, eps)
     for i, L in enumerate(layers):
@@ -478,7 +477,7 @@ def _fused_step(lean: LeanModel, cache: KVCache, token: torch.Tensor, cos_rows: 
             q, k = _rms(q, L.qn, lean.qk_eps), _rms(k, L.kn, lean.qk_eps)
         a = attend(q, k, v, cos_rows, sin_rows, cache.k[i], cache.v[i], mask, col, scaling, packed)
         h = add_rms(x, lin(a.view(n, q_end), L.wo, L.bo), L.ln2, eps)
-        h = add_rms(x, lin(silu_mul(lin(h, L.wgu)), L.wd), next_gain[i], next_eps[i])
+        h = add_rms(x, lin(silu_mul(lin(h, L.wgu)), L.wd), *lean.next_norm[i])
     if lean.screen is not None and suppress is not None:
         logits = lean.screen.logits(h, K, suppress)
         if logits is not None:
@@ -709,8 +708,6 @@ def _lean_prefill(lean: LeanModel) -> Callable:
     heads, kv, hd = lean.n_heads, lean.n_kv, lean.head_dim
     q_end, k_end = heads * hd, (heads + kv) * hd
     K, lin, layers = lean.fused, lean.linear, lean.layers
-    next_gain = [L.ln1 for L in layers[1:]] + [lean.final_norm]
-    next_eps = [lean.eps] * (len(layers) - 1) + [lean.final_eps]
 
     def prefill(model, input_ids, attention_mask, position_ids, cache=None):
         cache = DynamicCache(config=model.config) if cache is None else cache
@@ -739,7 +736,7 @@ def _lean_prefill(lean: LeanModel) -> Callable:
             a = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=lean.scaling, enable_gqa=True)
             a = a.transpose(1, 2).reshape(b * t, q_end)
             h = K.add_rms_norm(x, lin(a, L.wo, L.bo), L.ln2, lean.eps)
-            h = K.add_rms_norm(x, lin(K.silu_mul(lin(h, L.wgu)), L.wd), next_gain[i], next_eps[i])
+            h = K.add_rms_norm(x, lin(K.silu_mul(lin(h, L.wgu)), L.wd), *lean.next_norm[i])
         last = h.view(b, t, -1)[:, -1].contiguous()
         return lin(last, lean.lm_head, lean.lm_bias), cache
 
