@@ -61,6 +61,27 @@ def test_esft_and_naive_iterations_do_the_same_work(tokenizer):
         assert {"perturb", "generate", "restore", "update", "iteration"} <= set(t)
 
 
+def test_esft_iteration_in_parallel_lanes_does_the_same_work(tokenizer):
+    """The bench's default layout (two members at once, one thread each) gives the one-at-a-time completions and
+    update; the lanes' model copies are made before the timed part."""
+    work = small_workload()
+    previous = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        runs = []
+        for lanes in (1, 2):
+            model = make_tiny_model()
+            out = bench.esft_iteration(model, tokenizer, work, population=3, noise="table", gen_overrides={},
+                                       parallel_members=lanes)
+            runs.append((out, {n: p.clone() for n, p in model.named_parameters()}))
+    finally:
+        torch.set_num_threads(previous)
+    (one, w1), (two, w2) = runs
+    assert one["texts"] == two["texts"] and one["generated_tokens"] == two["generated_tokens"] == 3 * 5 * 6
+    assert all(torch.equal(w1[n], w2[n]) for n in w1)
+    assert bench.BenchConfig().parallel_members == bench.FAST_PARALLEL_MEMBERS == 2
+
+
 def test_run_bench_report_shape(tokenizer, monkeypatch):
     model = make_tiny_model()
     monkeypatch.setattr(bench, "build_workload", lambda name, tok: small_workload(name))
@@ -90,7 +111,8 @@ def test_parse_overrides_and_cli():
     args = build_parser().parse_args(["bench", "--workloads", "cpu-preset", "--repeats", "2", "--json",
                                       "--set", "lean=false"])
     assert args.func.__name__ == "_bench" and args.repeats == 2 and args.json and args.set == ["lean=false"]
-    assert not args.exact and args.noise is None
+    assert not args.exact and args.noise is None and args.parallel_members is None
+    assert build_parser().parse_args(["bench", "--parallel-members", "3"]).parallel_members == 3
     assert build_parser().parse_args(["bench", "--exact"]).exact
 
 

@@ -8,9 +8,10 @@ the way public ES code does it. One run measures everything on the current machi
   regenerated from the seed, `model.generate` over the batch, restore by regenerating the noise and subtracting
   it, update by regenerating every member's noise again).
 
-The esft iteration runs esft's fast configuration by default (FAST_GENERATION, FAST_NOISE: shared-prefix and
-length-bucketed prefill, packed oneDNN linears, the compiled attention kernel, table noise; all recorded in the
-report); `--exact` measures the bit-exact defaults.
+The esft iteration runs esft's fast configuration by default (FAST_GENERATION, FAST_NOISE, FAST_PARALLEL_MEMBERS:
+shared-prefix and length-bucketed prefill, packed oneDNN linears, the compiled attention kernel, the screened
+lm_head, table noise, two members at once on one thread each; all recorded in the report); `--exact` measures the
+bit-exact defaults.
 
 Definitions (issue 9): roofline_ratio = 2 x params x (prompt + generated tokens) / iteration_s / matmul FLOP/s;
 generated_tokens_per_s = generated tokens / iteration_s; overhead_fraction = (perturb + restore + update) /
@@ -53,6 +54,7 @@ WORKLOADS = ("decode-heavy", "cpu-preset")
 #: bit-identical to model.generate's arithmetic).
 FAST_GENERATION: dict[str, Any] = dict(FAST_CPU_GENERATION)
 FAST_NOISE = "table"
+FAST_PARALLEL_MEMBERS = 2
 
 
 @dataclass
@@ -76,6 +78,9 @@ class BenchConfig:
     """also time the naive iteration (needed for speedup_vs_naive)"""
     generation: dict[str, Any] = field(default_factory=lambda: dict(FAST_GENERATION))
     """overrides of `GenerationConfig` fields for the esft engine (default FAST_GENERATION; lever experiments)"""
+    parallel_members: int = FAST_PARALLEL_MEMBERS
+    """members the local executor evaluates at once, one thread each (`ESConfig.parallel_members`); the lanes'
+    model copies are made before the timed iteration, as a training run makes them once"""
     workers: int = 1
     """members evaluated in parallel, each by its own model replica in a Ray worker process with
     `threads // workers` torch threads (esft's `--executor ray`); 1 = the local executor in this process"""
@@ -196,7 +201,7 @@ def bench_fitness(result, batch) -> np.ndarray:
 # ---- the two iterations -------------------------------------------------------------------------------------
 
 def esft_iteration(model, tokenizer, work: Workload, population: int, noise: str, gen_overrides: dict,
-                   seed: int = 0, rank: int = 1) -> dict[str, Any]:
+                   seed: int = 0, rank: int = 1, parallel_members: int = 1) -> dict[str, Any]:
     """One ES iteration of esft; returns timings, token counts and the completions of member 0."""
     from esft.es.executor import LocalExecutor
     from esft.es.noise import MasterWeights
@@ -215,9 +220,17 @@ def esft_iteration(model, tokenizer, work: Workload, population: int, noise: str
     else:
         weights = MasterWeights(model, noise=noise)
         executor_cls = LocalExecutor
+    if noise == "lowrank":
+        executor = executor_cls(model, tokenizer, weights, task, work.sigma, gen)
+    else:
+        executor = executor_cls(model, tokenizer, weights, task, work.sigma, gen, parallel_members=parallel_members)
+        executor.start()
     setup = time.perf_counter() - start
-    executor = executor_cls(model, tokenizer, weights, task, work.sigma, gen)
-    return _timed_iteration(executor, work, population, seed, setup, weights.apply)
+    try:
+        return _timed_iteration(executor, work, population, seed, setup, weights.apply)
+    finally:
+        if hasattr(executor, "close"):
+            executor.close()
 
 
 def _timed_iteration(executor, work: Workload, population: int, seed: int, setup: float, apply) -> dict[str, Any]:
@@ -402,7 +415,9 @@ def run_bench(config: BenchConfig, model=None, tokenizer=None, log=print) -> dic
                               "torch": torch.__version__, "cpu_count": os.cpu_count(),
                               "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
                               "population": config.population, "generation_overrides": dict(config.generation),
-                              "workers": config.workers}
+                              "workers": config.workers,
+                              "parallel_members": 1 if config.noise == "lowrank" or config.workers > 1
+                              else config.parallel_members}
     snapshot = _snapshot(model)
     for name in config.workloads:
         work = build_workload(name, tokenizer)
@@ -421,8 +436,9 @@ def run_bench(config: BenchConfig, model=None, tokenizer=None, log=print) -> dic
                     model, work, config.population, config.noise, config.generation, config.workers,
                     max(1, torch.get_num_threads() // config.workers), config.model, config.seed))
             else:
-                runs["esft"].append(esft_iteration(model, tokenizer, work, config.population, config.noise,
-                                                   config.generation, config.seed, config.rank))
+                runs["esft"].append(esft_iteration(
+                    model, tokenizer, work, config.population, config.noise, config.generation, config.seed,
+                    config.rank, 1 if config.noise == "lowrank" else config.parallel_members))
             _reset(model, snapshot)
             loads.append(load_average())
             if config.naive:
@@ -522,7 +538,9 @@ def main(args) -> int:
     config = BenchConfig(model=args.model, workloads=workloads, repeats=args.repeats, threads=args.threads,
                          population=args.population, noise=noise, rank=getattr(args, "rank", 1),
                          naive=not args.no_naive, generation=generation,
-                         check_outputs=getattr(args, "check_outputs", False), workers=args.workers)
+                         check_outputs=getattr(args, "check_outputs", False), workers=args.workers,
+                         parallel_members=(getattr(args, "parallel_members", None)
+                                           or (1 if exact else FAST_PARALLEL_MEMBERS)))
     log = (lambda msg: print(msg, file=sys.stderr, flush=True))
     report = run_bench(config, log=log)
     if args.json:

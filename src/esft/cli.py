@@ -151,6 +151,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=1,
                    help="evaluate members in parallel on this many Ray worker processes, threads/workers torch "
                         "threads each (esft's --executor ray); 1 = one process")
+    p.add_argument("--parallel-members", type=int, default=None,
+                   help="members the local executor evaluates at once, one thread each (default: 2; 1 with --exact)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="GenerationConfig override for the esft engine (lever experiments), e.g. lean=false")
     p.add_argument("--check-outputs", action="store_true",

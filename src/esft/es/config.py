@@ -87,6 +87,10 @@ class ESConfig(RunConfig):
     """further keyword options for the task's constructor"""
     resume: bool = False
     """continue the run in output_dir from its latest checkpoint and seed log"""
+    parallel_members: int = 1
+    """members the local executor evaluates at once, each on its own thread with torch threads // parallel_members
+    intra-op threads and its own copy of the model (+1 model in memory per extra member). Same results as 1;
+    on a 2-core CPU, 2 is ~10% faster (docs/performance.md, "Session 5")"""
     executor: str = "local"
     """who evaluates the population: "local" (this process) or "ray" (one model replica per Ray worker; same
     result for any layout, see docs/distributed.md)"""
@@ -109,17 +113,18 @@ PRESETS: dict[str, dict[str, Any]] = {
                   iterations=100, antithetic=False, fitness_shaping="zscore", optimizer="sgd"),
     # 2-core CPU with SmolLM2-135M: the REFERENCE.md section 6 probe's hyperparameters (BoolQ, passages cut to 400
     # characters, N 8, B 16, 24 new tokens, sigma 3e-3, alpha 1.5e-3, format bonus 0.1) with the fast rollout
-    # configuration of docs/performance.md (shared noise table, esft.config.FAST_CPU_GENERATION): ~42 s per
+    # configuration of docs/performance.md (shared noise table, esft.config.FAST_CPU_GENERATION, two members at a
+    # time on one core each, which changes no result): ~42 s per
     # iteration on an idle 2-core machine, so 28 iterations and 3 held-out evaluations of 200 fit in 30 minutes.
     "cpu": dict(task="boolq", max_passage_chars=400, population_size=8, batch_size=16, max_new_tokens=24,
                 sigma=3e-3, alpha=1.5e-3, format_bonus=0.1, iterations=28, eval_every=14, eval_limit=200,
                 generation_batch_size=16, dtype="float32", device="cpu", checkpoint_every=7, noise="table",
-                generation_options=dict(FAST_CPU_GENERATION)),
+                generation_options=dict(FAST_CPU_GENERATION), parallel_members=2),
 }
 
 # fields that may change when resuming (everything else must match the original run)
 RESUMABLE_CHANGES = {"iterations", "eval_every", "eval_limit", "checkpoint_every", "samples_per_iteration",
-                     "resume", "output_dir",
+                     "resume", "output_dir", "parallel_members",
                      # the layout does not change the result (the Ray executor is bit-identical to the local one)
                      "executor", "ray_address", "num_workers", "worker_backend", "executor_options"}
 # (generation_batch_size is not among them: batch composition changes padding and so, in the last bits, the

@@ -25,6 +25,12 @@ def make_executor(config: ESConfig, *, model: Any, tokenizer: Any, weights: Mast
     if config.noise == "lowrank" and config.executor != "local":
         # replicas would evaluate members one by one on materialised weights, not bit-identical to the batched pass
         raise ValueError("noise 'lowrank' evaluates the population in one batched pass: use --executor local")
+    if int(config.parallel_members) < 1:
+        raise ValueError(f"parallel_members must be >= 1, got {config.parallel_members}")
+    if config.parallel_members > 1 and (config.executor != "local" or config.noise == "lowrank"):
+        raise ValueError("parallel_members > 1 is a layout of the local executor with full-rank noise; the Ray "
+                         "executor spreads members over workers instead (num_workers), and a low-rank population "
+                         "is one batched pass")
     if config.executor == "local":
         if config.worker_backend != "hf":
             raise ValueError("worker_backend 'vllm' runs vLLM engines as Ray actors: use --executor ray")
@@ -32,7 +38,8 @@ def make_executor(config: ESConfig, *, model: Any, tokenizer: Any, weights: Mast
             from esft.es.lowrank import LowRankExecutor
 
             return LowRankExecutor(model, tokenizer, weights, task, config.sigma, gen_config, generate_fn=generate_fn)
-        return LocalExecutor(model, tokenizer, weights, task, config.sigma, gen_config, generate_fn=generate_fn)
+        return LocalExecutor(model, tokenizer, weights, task, config.sigma, gen_config, generate_fn=generate_fn,
+                             parallel_members=config.parallel_members)
     return make_ray_executor(config, weights=weights, optimizer=optimizer, generate_fn=generate_fn, model=model)
 
 

@@ -27,6 +27,7 @@ sequence), so the ES estimator and the random-walk law hold in expectation; the 
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import re
 import threading
@@ -191,6 +192,7 @@ class MasterWeights:
         if noise not in NOISE_MODES:
             raise ValueError(f"unknown noise mode {noise!r}; choose one of {NOISE_MODES}")
         self.mode = noise
+        self._include, self._exclude = list(include or []), list(exclude or [])
         self.params = select_parameters(model, include, exclude)
         with torch.no_grad():
             self.master: dict[str, torch.Tensor] = {
@@ -205,6 +207,21 @@ class MasterWeights:
         self._table: torch.Tensor | None = None
         if noise == "table":  # built (or fetched) now: a one-time cost of the run, not of its first perturbation
             self._table = noise_table(table_size(self._largest), self._device)
+
+    def bind(self, model: torch.nn.Module) -> "MasterWeights":
+        """The same masters, selection and noise acting on another copy of the model (a parallel member lane of
+        `esft.es.executor.LocalExecutor`): its perturb / restore write that copy's parameters. The masters are
+        shared, not copied, so an update applied through `self` reaches every bound copy at its next perturb or
+        restore. Each bound object has its own perturbation state."""
+        other = copy.copy(self)
+        other.params = select_parameters(model, self._include, self._exclude)
+        if list(other.params) != list(self.params) or any(
+                other.params[n].shape != p.shape or other.params[n].dtype != p.dtype for n, p in self.params.items()):
+            raise ValueError("bind(): the model's selected parameters differ in names, shapes or dtypes")
+        if any(other.params[n] is p for n, p in self.params.items()):
+            raise ValueError("bind(): the model shares parameters with the bound one; pass a copy")
+        other.perturbed = None
+        return other
 
     # -- introspection
     @property
@@ -281,12 +298,15 @@ class MasterWeights:
 
     # -- perturb / restore
     @torch.no_grad()
-    def perturb(self, seed: int, sign: int, sigma: float) -> None:
+    def perturb(self, seed: int, sign: int, sigma: float, replace: bool = False) -> None:
         """param <- (master + sign * sigma * eps(seed)).to(param.dtype), in place, for every selected tensor.
 
         Computed as torch.add(master, eps, alpha=sign * sigma) (one fused pass; the kernel may use FMA), the same
-        formula everywhere, so a member's weights are a deterministic function of (master, seed, sign, sigma)."""
-        if self.perturbed is not None:
+        formula everywhere, so a member's weights are a deterministic function of (master, seed, sign, sigma).
+        Every selected parameter is written from the masters, never from its current value, so `replace=True`
+        may perturb weights that are already perturbed: the result is bit-identical to restore() then perturb(),
+        without the restore's copy (an executor evaluating members back to back restores once, at the end)."""
+        if self.perturbed is not None and not replace:
             raise RuntimeError("perturb() called on already perturbed weights; call restore() first")
         step = float(sign) * float(sigma)
 

@@ -126,9 +126,9 @@ class ESWorkerExtension:
             return {"num_params": self._esft.num_params, "num_tensors": len(views), "device": str(dev),
                     "device_type": dev.type, "dtypes": self._esft.dtypes}
 
-    def esft_perturb(self, seed: int, sign: int, sigma: float) -> None:
+    def esft_perturb(self, seed: int, sign: int, sigma: float, replace: bool = False) -> None:
         with torch.inference_mode():
-            self._esft.perturb(int(seed), int(sign), float(sigma))
+            self._esft.perturb(int(seed), int(sign), float(sigma), replace=bool(replace))
 
     def esft_restore(self) -> None:
         with torch.inference_mode():

@@ -73,8 +73,8 @@ class EngineWeights:
         self.replica = replica
         self.perturbed: tuple[int, int] | None = None
 
-    def perturb(self, seed: int, sign: int, sigma: float) -> None:
-        self.replica.rpc("esft_perturb", int(seed), int(sign), float(sigma))
+    def perturb(self, seed: int, sign: int, sigma: float, replace: bool = False) -> None:
+        self.replica.rpc("esft_perturb", int(seed), int(sign), float(sigma), bool(replace))
         self.perturbed = (int(seed), int(sign))
         self.replica.reset_prefix_cache()
 

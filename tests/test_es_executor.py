@@ -1,0 +1,312 @@
+"""Members evaluated in parallel lanes by `LocalExecutor(parallel_members=k)` (esft.es.executor), and the two
+`MasterWeights` operations they rest on, `bind` and `perturb(replace=True)` (esft.es.noise): same completions,
+scores, counters and weights as one member at a time, with the stub generate and with the real generation stack.
+
+Run: . .venv/bin/activate && pytest -q tests/test_es_executor.py   (~30 s on 2 cores; the real-model test is slow)
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import make_tiny_model
+from es_tiny import ToyTask, bit_equal, state, stub_generate, tiny_llama
+from esft.es.config import ESConfig
+from esft.es.executor import LocalExecutor
+from esft.es.executor_factory import make_executor
+from esft.es.noise import MasterWeights, Update
+from esft.es.strategy import ES
+
+
+@pytest.fixture()
+def two_threads():
+    """Lanes split torch's threads: 2 threads -> 2 lanes of 1 (this machine's layout)."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(previous)
+
+
+def same_result(a, b) -> None:
+    np.testing.assert_array_equal(a.scores, b.scores)
+    np.testing.assert_array_equal(a.well_formed, b.well_formed)
+    assert a.texts == b.texts
+    assert (a.tokens_generated, a.prompt_tokens, a.finished) == (b.tokens_generated, b.prompt_tokens, b.finished)
+
+
+# ---- MasterWeights: perturb(replace=True) and bind -------------------------------------------------------------
+
+@pytest.mark.parametrize("noise", ["per-tensor", "table"])
+def test_perturb_replace_equals_restore_then_perturb(noise):
+    model = tiny_llama()
+    w = MasterWeights(model, noise=noise)
+    w.perturb(11, 1, 0.05)
+    with pytest.raises(RuntimeError, match="already perturbed"):
+        w.perturb(12, -1, 0.05)
+    w.perturb(12, -1, 0.05, replace=True)
+    assert w.perturbed == (12, -1)
+    direct = tiny_llama()
+    MasterWeights(direct, noise=noise).perturb(12, -1, 0.05)
+    assert bit_equal(state(model), state(direct))
+    assert not bit_equal(state(model), state(tiny_llama()))
+
+
+def test_bind_shares_masters_and_perturbs_only_its_copy():
+    model = tiny_llama()
+    w = MasterWeights(model, noise="table")
+    replica = copy.deepcopy(model)
+    bound = w.bind(replica)
+    assert bound.master is w.master and bound.names == w.names and bound.perturbed is None
+    centre = state(model)
+    bound.perturb(5, 1, 0.05)
+    assert bit_equal(state(model), centre)  # the original is untouched
+    expected = tiny_llama()
+    MasterWeights(expected, noise="table").perturb(5, 1, 0.05)
+    assert bit_equal(state(replica), state(expected))
+    assert w.perturbed is None and bound.perturbed == (5, 1)
+    # an update applied through the original reaches the copy at its next restore / perturb
+    bound.restore()
+    w.apply(Update(seeds=(3,), coefficients=(1.0,), scale=0.01))
+    assert not bit_equal(state(model), centre)
+    bound.restore()
+    assert bit_equal(state(replica), state(model))
+
+
+def test_bind_refuses_the_same_model_and_other_architectures():
+    model = tiny_llama()
+    w = MasterWeights(model)
+    with pytest.raises(ValueError, match="shares parameters"):
+        w.bind(model)
+    with pytest.raises(ValueError, match="differ"):
+        w.bind(tiny_llama(hidden=32))
+
+
+# ---- LocalExecutor lanes with the stub generate ---------------------------------------------------------------
+
+class Recorder:
+    """stub_generate that records which thread ran it on which model, and can raise on a chosen call. Each call
+    also sleeps 20 ms (releasing the GIL, like a real generation), so that every lane gets members."""
+
+    def __init__(self, fail_on=None):
+        self.calls: list[tuple[str, int]] = []
+        self.fail_on = fail_on  # (model predicate, exception)
+        self.lock = threading.Lock()
+
+    def __call__(self, model, tokenizer, prompts, cfg):
+        with self.lock:
+            self.calls.append((threading.current_thread().name, id(model)))
+        if self.fail_on is not None and self.fail_on[0](model):
+            raise self.fail_on[1]
+        time.sleep(0.02)
+        return stub_generate(model, tokenizer, prompts, cfg)
+
+
+def executor(model, weights, generate_fn, lanes):
+    return LocalExecutor(model, None, weights, ToyTask(), 0.05, None, generate_fn=generate_fn,
+                         parallel_members=lanes)
+
+
+@pytest.mark.parametrize("lanes", [2, 3])
+def test_lanes_give_the_one_at_a_time_result(lanes, two_threads):
+    batch = ToyTask().load("train")[:8]
+    members = ES(population_size=7, sigma=0.05, alpha=0.01, seed=3).ask(0)
+    ref_model = tiny_llama()
+    reference = executor(ref_model, MasterWeights(ref_model, noise="table"), stub_generate, 1)
+    expected = reference.evaluate_members(members, batch)
+    assert len({tuple(t) for t in expected.texts}) > 1  # members really differ
+
+    model = tiny_llama()
+    centre = state(model)
+    recorder = Recorder()
+    ex = executor(model, MasterWeights(model, noise="table"), recorder, lanes)
+    got = ex.evaluate_members(members, batch)
+    same_result(got, expected)
+    assert bit_equal(state(model), centre)  # the real model is back at the centre
+    assert len(recorder.calls) == 7
+    assert len({m for _, m in recorder.calls}) == lanes  # the model and lanes - 1 copies
+    assert id(model) in {m for _, m in recorder.calls}
+    assert len({t for t, _ in recorder.calls}) == lanes  # one thread per lane
+    assert torch.get_num_threads() == 2  # the caller's thread count is put back
+    # a second call reuses the lanes and still agrees (the copies start perturbed from the previous call)
+    again = ex.evaluate_members(members[::-1], batch)
+    expected_again = reference.evaluate_members(members[::-1], batch)
+    same_result(again, expected_again)
+    ex.close()
+    assert ex._pool is None and ex._lanes == []
+    same_result(ex.evaluate_members(members, batch), expected)  # lanes come back after close()
+    ex.close()
+
+
+def test_fewer_members_than_lanes_and_one_member(two_threads):
+    batch = ToyTask().load("train")[:4]
+    model = tiny_llama()
+    recorder = Recorder()
+    ex = executor(model, MasterWeights(model), recorder, 4)
+    members = [(1, 1), (2, -1)]
+    got = ex.evaluate_members(members, batch)
+    assert len({m for _, m in recorder.calls}) == 2
+    ref_model = tiny_llama()
+    same_result(got, executor(ref_model, MasterWeights(ref_model), stub_generate, 1).evaluate_members(members, batch))
+    recorder.calls.clear()
+    ex.evaluate_members(members[:1], batch)
+    assert recorder.calls == [(threading.current_thread().name, id(model))]  # one member: no lanes
+    ex.close()
+
+
+def test_an_error_in_another_lane_propagates_and_the_model_is_restored(two_threads):
+    batch = ToyTask().load("train")[:4]
+    members = ES(population_size=6, sigma=0.05, alpha=0.01, seed=1).ask(0)
+    model = tiny_llama()
+    centre = state(model)
+    recorder = Recorder(fail_on=(lambda m: m is not model, RuntimeError("lane failed")))
+    ex = executor(model, MasterWeights(model), recorder, 2)
+    with pytest.raises(RuntimeError, match="lane failed"):
+        ex.evaluate_members(members, batch)
+    assert bit_equal(state(model), centre)
+    assert len(recorder.calls) < len(members)  # the other lane stopped early
+    recorder.fail_on = None
+    ref_model = tiny_llama()
+    same_result(ex.evaluate_members(members, batch),
+                executor(ref_model, MasterWeights(ref_model), stub_generate, 1).evaluate_members(members, batch))
+    ex.close()
+
+
+def test_ctrl_c_in_the_calling_lane_leaves_the_model_at_the_centre(two_threads):
+    batch = ToyTask().load("train")[:4]
+    members = ES(population_size=6, sigma=0.05, alpha=0.01, seed=1).ask(0)
+    model = tiny_llama()
+    centre = state(model)
+    recorder = Recorder(fail_on=(lambda m: m is model, KeyboardInterrupt()))
+    ex = executor(model, MasterWeights(model), recorder, 2)
+    with pytest.raises(KeyboardInterrupt):
+        ex.evaluate_members(members, batch)
+    assert bit_equal(state(model), centre) and ex.weights.perturbed is None
+    assert torch.get_num_threads() == 2
+    recorder.fail_on = None
+    ref_model = tiny_llama()
+    same_result(ex.evaluate_members(members, batch),  # waits for the interrupted call's lanes, then runs
+                executor(ref_model, MasterWeights(ref_model), stub_generate, 1).evaluate_members(members, batch))
+    ex.close()
+
+
+def test_lanes_keep_unselected_parameters_equal_to_the_model(two_threads):
+    batch = ToyTask().load("train")[:4]
+    members = ES(population_size=4, sigma=0.05, alpha=0.01, seed=2).ask(0)
+    model = tiny_llama()
+    ex = executor(model, MasterWeights(model, exclude=["norm"]), Recorder(), 2)
+    ex.start()
+    with torch.no_grad():  # e.g. a checkpoint loaded into the model after the copies were made
+        model.model.norm.weight.mul_(1.5)
+    got = ex.evaluate_members(members, batch)
+    ref_model = tiny_llama()
+    with torch.no_grad():
+        ref_model.model.norm.weight.mul_(1.5)
+    same_result(got, executor(ref_model, MasterWeights(ref_model, exclude=["norm"]), stub_generate, 1)
+                .evaluate_members(members, batch))
+    assert torch.equal(ex._lanes[0][0].model.norm.weight, model.model.norm.weight)
+    ex.close()
+
+
+def test_training_with_lanes_is_bit_identical(tmp_path, two_threads):
+    from esft.es import runlog
+    from esft.es.replay import rebuild
+    from esft.es.trainer import train_es
+
+    def run(name, lanes):
+        config = ESConfig(model="tiny", task="toy", population_size=5, sigma=0.05, alpha=0.02, batch_size=6,
+                          iterations=3, max_new_tokens=2, seed=4, output_dir=str(tmp_path / name), eval_every=0,
+                          noise="table", parallel_members=lanes)
+        train_es(config, model=tiny_llama(), tokenizer=None, task=ToyTask(), generate_fn=stub_generate,
+                 progress=False)
+        model = tiny_llama()
+        rebuild(model, tmp_path / name)
+        return runlog.read_jsonl(tmp_path / name / "seeds.jsonl"), state(model)
+
+    seeds_1, weights_1 = run("one", 1)
+    seeds_2, weights_2 = run("two", 2)
+    assert seeds_1 == seeds_2 and bit_equal(weights_1, weights_2)
+    assert not bit_equal(weights_1, state(tiny_llama()))
+
+
+def test_make_executor_checks_parallel_members():
+    model = tiny_llama()
+    w = MasterWeights(model)
+    kw = dict(model=model, tokenizer=None, weights=w, task=ToyTask(), gen_config=None, generate_fn=stub_generate)
+    assert make_executor(ESConfig(parallel_members=3), **kw).parallel_members == 3
+    with pytest.raises(ValueError, match=">= 1"):
+        make_executor(ESConfig(parallel_members=0), **kw)
+    with pytest.raises(ValueError, match="layout of the local executor"):
+        make_executor(ESConfig(parallel_members=2, noise="lowrank"), **kw)
+    with pytest.raises(ValueError, match="layout of the local executor"):
+        make_executor(ESConfig(parallel_members=2, executor="ray"), **kw)
+    with pytest.raises(ValueError, match=">= 1"):
+        LocalExecutor(model, None, w, ToyTask(), 0.05, None, generate_fn=stub_generate, parallel_members=0)
+
+
+# ---- the real generation stack ----------------------------------------------------------------------------------
+
+def fast_generation(**kw):
+    from esft.config import FAST_CPU_GENERATION
+    from esft.generation import GenerationConfig
+
+    return GenerationConfig(temperature=0.0, **{**FAST_CPU_GENERATION, **kw})
+
+
+class EchoTask:
+    """Prompts are chat messages; every completion scores its length (so scores tell members apart)."""
+
+    def __init__(self, prompts):
+        self.prompts = prompts
+
+    def prompt(self, example):
+        return example["messages"]
+
+    def score(self, completion, example):
+        return float(len(completion))
+
+    def is_well_formed(self, completion, example):
+        return "a" in completion
+
+
+PROMPTS = [[{"role": "user", "content": text}] for text in
+           ("What is 2 + 2?", "Name a colour.", "Say something about the sea, in one long sentence please.",
+            "Is the sky blue?")]
+
+
+def lanes_vs_one(model, tokenizer, gen, members, sigma):
+    batch = [{"messages": p} for p in PROMPTS]
+    task = EchoTask(PROMPTS)
+    one = LocalExecutor(model, tokenizer, MasterWeights(model, noise="table"), task, sigma, gen)
+    expected = one.evaluate_members(members, batch)  # 2 threads, members one at a time
+    ex = LocalExecutor(model, tokenizer, MasterWeights(model, noise="table"), task, sigma, gen, parallel_members=2)
+    got = ex.evaluate_members(members, batch)  # 2 lanes of 1 thread
+    ex.close()
+    return got, expected
+
+
+def test_real_generate_in_lanes_equals_one_at_a_time(tokenizer, two_threads):
+    """A random-init Llama with the real tokenizer through esft's fast CPU generation (lean decode, packed
+    linears and the compiled attention kernel where available): the lanes' 1-thread matmuls give the same
+    completions as the 2-thread ones."""
+    model = make_tiny_model(hidden=128, layers=2)
+    members = ES(population_size=3, sigma=0.02, alpha=0.01, seed=0).ask(0)
+    got, expected = lanes_vs_one(model, tokenizer, fast_generation(max_new_tokens=12, batch_size=4), members, 0.02)
+    same_result(got, expected)
+    assert expected.tokens_generated > 0 and len({tuple(t) for t in expected.texts}) > 1
+
+
+@pytest.mark.slow
+def test_real_model_in_lanes_equals_one_at_a_time(tokenizer, two_threads):
+    from esft.models import load_model
+
+    model, _ = load_model("smollm2-135m", dtype="float32", device="cpu")
+    members = ES(population_size=3, sigma=3e-3, alpha=1e-3, seed=0).ask(0)
+    got, expected = lanes_vs_one(model, tokenizer, fast_generation(max_new_tokens=16, batch_size=4), members, 3e-3)
+    same_result(got, expected)
+    assert expected.tokens_generated >= 3 * 4 * 4
