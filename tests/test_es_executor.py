@@ -90,20 +90,27 @@ def test_bind_refuses_the_same_model_and_other_architectures():
 # ---- LocalExecutor lanes with the stub generate ---------------------------------------------------------------
 
 class Recorder:
-    """stub_generate that records which thread ran it on which model, and can raise on a chosen call. Each call
-    also sleeps 20 ms (releasing the GIL, like a real generation), so that every lane gets members."""
+    """stub_generate that records which thread ran it on which model, and can raise on a chosen call.
 
-    def __init__(self, fail_on=None):
+    `sync=k`: the first k calls wait for each other at a barrier. A lane blocked there cannot make another call,
+    so those k calls come from k different lanes: every lane gets a member, however the threads are scheduled."""
+
+    def __init__(self, fail_on=None, sync: int = 0):
         self.calls: list[tuple[str, int]] = []
         self.fail_on = fail_on  # (model predicate, exception)
         self.lock = threading.Lock()
+        self.barrier = threading.Barrier(sync, timeout=30) if sync > 1 else None
+        self.count = 0
 
     def __call__(self, model, tokenizer, prompts, cfg):
         with self.lock:
             self.calls.append((threading.current_thread().name, id(model)))
+            self.count += 1
+            wait = self.barrier is not None and self.count <= self.barrier.parties
+        if wait:
+            self.barrier.wait()
         if self.fail_on is not None and self.fail_on[0](model):
             raise self.fail_on[1]
-        time.sleep(0.02)
         return stub_generate(model, tokenizer, prompts, cfg)
 
 
@@ -114,6 +121,7 @@ def executor(model, weights, generate_fn, lanes):
 
 @pytest.mark.parametrize("lanes", [2, 3])
 def test_lanes_give_the_one_at_a_time_result(lanes, two_threads):
+    torch.set_num_threads(lanes)  # lanes never exceed torch's threads
     batch = ToyTask().load("train")[:8]
     members = ES(population_size=7, sigma=0.05, alpha=0.01, seed=3).ask(0)
     ref_model = tiny_llama()
@@ -123,7 +131,7 @@ def test_lanes_give_the_one_at_a_time_result(lanes, two_threads):
 
     model = tiny_llama()
     centre = state(model)
-    recorder = Recorder()
+    recorder = Recorder(sync=lanes)
     ex = executor(model, MasterWeights(model, noise="table"), recorder, lanes)
     got = ex.evaluate_members(members, batch)
     same_result(got, expected)
@@ -132,7 +140,7 @@ def test_lanes_give_the_one_at_a_time_result(lanes, two_threads):
     assert len({m for _, m in recorder.calls}) == lanes  # the model and lanes - 1 copies
     assert id(model) in {m for _, m in recorder.calls}
     assert len({t for t, _ in recorder.calls}) == lanes  # one thread per lane
-    assert torch.get_num_threads() == 2  # the caller's thread count is put back
+    assert torch.get_num_threads() == lanes  # the caller's thread count is put back
     # a second call reuses the lanes and still agrees (the copies start perturbed from the previous call)
     again = ex.evaluate_members(members[::-1], batch)
     expected_again = reference.evaluate_members(members[::-1], batch)
@@ -146,7 +154,7 @@ def test_lanes_give_the_one_at_a_time_result(lanes, two_threads):
 def test_fewer_members_than_lanes_and_one_member(two_threads):
     batch = ToyTask().load("train")[:4]
     model = tiny_llama()
-    recorder = Recorder()
+    recorder = Recorder(sync=2)
     ex = executor(model, MasterWeights(model), recorder, 4)
     members = [(1, 1), (2, -1)]
     got = ex.evaluate_members(members, batch)
@@ -164,12 +172,12 @@ def test_an_error_in_another_lane_propagates_and_the_model_is_restored(two_threa
     members = ES(population_size=6, sigma=0.05, alpha=0.01, seed=1).ask(0)
     model = tiny_llama()
     centre = state(model)
-    recorder = Recorder(fail_on=(lambda m: m is not model, RuntimeError("lane failed")))
+    recorder = Recorder(fail_on=(lambda m: m is not model, RuntimeError("lane failed")), sync=2)
     ex = executor(model, MasterWeights(model), recorder, 2)
     with pytest.raises(RuntimeError, match="lane failed"):
         ex.evaluate_members(members, batch)
     assert bit_equal(state(model), centre)
-    assert len(recorder.calls) < len(members)  # the other lane stopped early
+    assert len(recorder.calls) < len(members)  # the calling lane stopped after its member
     recorder.fail_on = None
     ref_model = tiny_llama()
     same_result(ex.evaluate_members(members, batch),
@@ -177,22 +185,79 @@ def test_an_error_in_another_lane_propagates_and_the_model_is_restored(two_threa
     ex.close()
 
 
-def test_ctrl_c_in_the_calling_lane_leaves_the_model_at_the_centre(two_threads):
+def test_ctrl_c_in_the_calling_lane_cancels_the_others_and_leaves_the_model_at_the_centre(two_threads):
+    """The other lane is in a long generation (it waits for cancellation, as the esft decode loop checks once per
+    step): the call returns at once, the lane's generation is cancelled, and the next call works."""
+    from esft.generation import GenerationCancelled, check_cancelled
+
     batch = ToyTask().load("train")[:4]
     members = ES(population_size=6, sigma=0.05, alpha=0.01, seed=1).ask(0)
     model = tiny_llama()
     centre = state(model)
-    recorder = Recorder(fail_on=(lambda m: m is model, KeyboardInterrupt()))
-    ex = executor(model, MasterWeights(model), recorder, 2)
+    lane_started, outcome = threading.Event(), {}
+
+    def generate(m, tokenizer, prompts, cfg):
+        if m is model:
+            assert lane_started.wait(30)
+            raise KeyboardInterrupt
+        lane_started.set()
+        deadline = time.monotonic() + 30
+        try:
+            while time.monotonic() < deadline:  # a "generation" that only cancellation ends
+                check_cancelled()
+                time.sleep(0.005)
+        except GenerationCancelled:
+            outcome["cancelled"] = True
+            raise
+        outcome["cancelled"] = False
+        return stub_generate(m, tokenizer, prompts, cfg)
+
+    ex = executor(model, MasterWeights(model), generate, 2)
+    t0 = time.monotonic()
     with pytest.raises(KeyboardInterrupt):
         ex.evaluate_members(members, batch)
+    assert time.monotonic() - t0 < 10 and outcome == {"cancelled": True}
     assert bit_equal(state(model), centre) and ex.weights.perturbed is None
     assert torch.get_num_threads() == 2
-    recorder.fail_on = None
+    ex.generate_fn = stub_generate
     ref_model = tiny_llama()
-    same_result(ex.evaluate_members(members, batch),  # waits for the interrupted call's lanes, then runs
+    same_result(ex.evaluate_members(members, batch),
                 executor(ref_model, MasterWeights(ref_model), stub_generate, 1).evaluate_members(members, batch))
     ex.close()
+
+
+def test_cancel_on_stops_the_esft_decode_loop(tokenizer):
+    from esft.generation import GenerationCancelled, GenerationConfig, cancel_on, generate
+
+    model = make_tiny_model()
+    event = threading.Event()
+    config = GenerationConfig(max_new_tokens=4, batch_size=2, temperature=0.0)
+    with cancel_on(event):
+        assert len(generate(model, tokenizer, PROMPTS[:2], config)) == 2  # not set: runs
+        event.set()
+        with pytest.raises(GenerationCancelled):
+            generate(model, tokenizer, PROMPTS[:2], config)
+    assert len(generate(model, tokenizer, PROMPTS[:2], config)) == 2  # outside the block: not cancellable
+
+
+def test_a_failed_perturbation_is_still_restored():
+    model = tiny_llama()
+    centre = state(model)
+    w = MasterWeights(model)
+    calls = {"n": 0}
+    original = w.noise
+
+    def failing_noise(seed, name, out=None):
+        calls["n"] += 1
+        if calls["n"] == 3:  # part-way through the tensors
+            raise KeyboardInterrupt
+        return original(seed, name, out=out)
+
+    w.noise = failing_noise
+    ex = executor(model, w, stub_generate, 1)
+    with pytest.raises(KeyboardInterrupt):
+        ex.evaluate_members([(1, 1), (2, 1)], ToyTask().load("train")[:2])
+    assert w.perturbed is None and bit_equal(state(model), centre)
 
 
 def test_lanes_keep_unselected_parameters_equal_to_the_model(two_threads):
@@ -234,17 +299,27 @@ def test_training_with_lanes_is_bit_identical(tmp_path, two_threads):
     assert not bit_equal(weights_1, state(tiny_llama()))
 
 
-def test_make_executor_checks_parallel_members():
+def test_make_executor_checks_parallel_members(monkeypatch):
     model = tiny_llama()
     w = MasterWeights(model)
     kw = dict(model=model, tokenizer=None, weights=w, task=ToyTask(), gen_config=None, generate_fn=stub_generate)
     assert make_executor(ESConfig(parallel_members=3), **kw).parallel_members == 3
     with pytest.raises(ValueError, match=">= 1"):
         make_executor(ESConfig(parallel_members=0), **kw)
-    with pytest.raises(ValueError, match="layout of the local executor"):
-        make_executor(ESConfig(parallel_members=2, noise="lowrank"), **kw)
-    with pytest.raises(ValueError, match="layout of the local executor"):
-        make_executor(ESConfig(parallel_members=2, executor="ray"), **kw)
+    # a layout option the cpu preset sets: ignored, with a warning, where members are not evaluated one by one
+    from esft.es.config import preset
+    from esft.es.lowrank import LowRankExecutor, LowRankWeights
+
+    lowrank = preset("cpu", noise="lowrank")
+    assert lowrank.parallel_members == 2
+    with pytest.warns(UserWarning, match="ignored: a low-rank population"):
+        ex = make_executor(lowrank, **{**kw, "weights": LowRankWeights(model, rank=1)})
+    assert isinstance(ex, LowRankExecutor)
+    import esft.es.executor_factory as factory
+
+    monkeypatch.setattr(factory, "make_ray_executor", lambda config, **_: ("ray", config.parallel_members))
+    with pytest.warns(UserWarning, match="ignored: the Ray executor"):
+        assert make_executor(preset("cpu", executor="ray"), **kw) == ("ray", 2)
     with pytest.raises(ValueError, match=">= 1"):
         LocalExecutor(model, None, w, ToyTask(), 0.05, None, generate_fn=stub_generate, parallel_members=0)
 

@@ -539,12 +539,15 @@ def main(args) -> int:
     generation = {} if exact else dict(FAST_GENERATION)
     generation.update(parse_overrides(args.set or []))
     noise = args.noise or ("per-tensor" if exact else FAST_NOISE)
+    lanes = getattr(args, "parallel_members", None)
+    lanes = (1 if exact else FAST_PARALLEL_MEMBERS) if lanes is None else int(lanes)
+    if lanes < 1:
+        raise ValueError(f"--parallel-members must be >= 1, got {lanes}")
     config = BenchConfig(model=args.model, workloads=workloads, repeats=args.repeats, threads=args.threads,
                          population=args.population, noise=noise, rank=getattr(args, "rank", 1),
                          naive=not args.no_naive, generation=generation,
                          check_outputs=getattr(args, "check_outputs", False), workers=args.workers,
-                         parallel_members=(getattr(args, "parallel_members", None)
-                                           or (1 if exact else FAST_PARALLEL_MEMBERS)))
+                         parallel_members=lanes)
     log = (lambda msg: print(msg, file=sys.stderr, flush=True))
     report = run_bench(config, log=log)
     if args.json:

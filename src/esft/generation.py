@@ -7,8 +7,10 @@ trap 4). Completions are returned as ids (for token-aligned KL) and as text, in 
 
 from __future__ import annotations
 
+import threading
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
@@ -107,6 +109,34 @@ def left_pad(batch: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor,
     return ids.to(device), mask.to(device)
 
 
+class GenerationCancelled(Exception):
+    """Raised by a generation whose thread's cancel event was set (see `cancel_on`)."""
+
+
+_CANCEL = threading.local()
+
+
+@contextmanager
+def cancel_on(event: threading.Event) -> Iterator[None]:
+    """Within this block, generation on the calling thread raises `GenerationCancelled` soon after `event` is set:
+    the esft engine checks once per decode step, both engines between batches (a `model.generate` call runs to its
+    end). How a parallel lane of `esft.es.executor.LocalExecutor` stops when another lane fails or Ctrl-C
+    arrives."""
+    previous = getattr(_CANCEL, "event", None)
+    _CANCEL.event = event
+    try:
+        yield
+    finally:
+        _CANCEL.event = previous
+
+
+def check_cancelled() -> None:
+    """Raise `GenerationCancelled` if this thread's `cancel_on` event is set (a thread-local read: ~0.1 us)."""
+    event = getattr(_CANCEL, "event", None)
+    if event is not None and event.is_set():
+        raise GenerationCancelled("generation cancelled")
+
+
 @torch.inference_mode()
 def generate(
     model,
@@ -136,6 +166,7 @@ def generate(
 
         bar = tqdm(total=len(encoded), desc="generate", unit="prompt", leave=False)
     for start in range(0, len(order), config.batch_size):
+        check_cancelled()
         idx = order[start : start + config.batch_size]
         input_ids, attention_mask = left_pad([encoded[i] for i in idx], pad_id, device)
         if config.engine == "hf":
@@ -258,6 +289,7 @@ def decode_hf(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, conf
     outputs: list[list[int]] = [[] for _ in range(batch)]
     eos_t = torch.tensor(eos, device=device)
     for step in range(config.max_new_tokens):
+        check_cancelled()
         token = sample(logits, step, generator)
         for r, t in zip(rows.tolist(), token.tolist()):
             outputs[r].append(t)

@@ -754,6 +754,8 @@ def lean_decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, co
     `sample(logits, step, generator)` picks the next token (eos suppression included). config.share_prefix /
     prefill_buckets change the prefill layout (`layout_prefill`).
     """
+    from esft.generation import check_cancelled  # lazy: esft.generation imports this module lazily too
+
     batch = input_ids.shape[0]
     packed = bool(getattr(config, "packed_linear", False))
     if packed and (why := packed_linear_reason(model.lm_head.weight.dtype)) is not None:
@@ -793,6 +795,7 @@ def lean_decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, co
     min_new = int(getattr(config, "min_new_tokens", 0) or 0)
     no_suppress = eos_t[:0]
     for step in range(budget):
+        check_cancelled()
         token = logits.greedy() if isinstance(logits, ScreenedLogits) else sample(logits, step, generator)
         for r, t in zip(rows.tolist(), token.tolist()):
             outputs[r].append(t)

@@ -13,8 +13,10 @@ stateful rule that also draws the batches (see the hooks listed in esft.es.dart)
 from __future__ import annotations
 
 import copy
+import functools
 import threading
 import time
+import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from queue import Empty, SimpleQueue
@@ -89,24 +91,36 @@ def make_fitness_rule(name: str, format_bonus: float = 0.0, options: dict | None
     raise ValueError(f"unknown fitness rule {name!r}; available: {', '.join(FITNESS_RULES)}")
 
 
+@functools.lru_cache(maxsize=1)
+def _openmp_backend() -> bool:
+    """torch's intra-op pool is OpenMP: `torch.set_num_threads` then sets the calling thread's team size."""
+    info = torch.__config__.parallel_info()
+    return "ATen parallel backend: OpenMP" in info
+
+
 class LocalExecutor:
-    """Evaluates members on the local model: perturb -> generate -> score -> restore, member after member.
+    """Evaluates members on the local model: perturb -> generate -> score, member after member, then restore.
 
     `generate_fn(model, tokenizer, prompts, gen_config)` defaults to `esft.generation.generate` (greedy, from
-    `gen_config`); tests pass a stub. The weights are restored even if generation raises, so a caught Ctrl-C
-    leaves the model at the centre.
+    `gen_config`); tests pass a stub. Each perturbation rewrites every perturbed parameter from the masters, so
+    members run back to back and the model is restored once, at the end, also when generation raises: a caught
+    Ctrl-C leaves the model at the centre.
 
-    `parallel_members` > 1 evaluates that many members at once, each on its own thread ("lane") with
-    `torch threads // parallel_members` intra-op threads. Lane 0 is the calling thread on `model`; every other
-    lane holds a deep copy of the model (one more model in memory per lane), made at its first use, whose
+    `parallel_members` > 1 evaluates that many members at once, each on its own thread ("lane") with an equal
+    share of torch's intra-op threads. Lane 0 is the calling thread on `model`; every other lane holds a deep
+    copy of the model (one more model in memory per lane), made at its first use (or by `start`), whose
     parameters `weights.bind` perturbs from the same masters. Why: a batch-32 decode step is a string of small
-    matmuls and memory-bound attention reads, and two threads splitting each of them wait on each other at every
-    op; two members stepped side by side, one core each, keep both cores busy, and one lane's memory-bound
-    phases overlap the other's compute (docs/performance.md, "Session 5"). torch releases the GIL inside its
-    kernels and esft's compiled kernels do too. Each member's completions, scores and counters are the same as
-    with one lane, wherever it ran (tested), so results do not depend on this setting as long as the matmul
-    kernels give the same bits at either thread count (oneDNN's and MKL's do here: tests/test_es_executor.py).
-    Timings are summed over members, so with lanes their sum exceeds the wall time.
+    matmuls and memory-bound attention reads, and two threads splitting each op meet at a barrier after every
+    one; two members side by side, one core each, keep both cores busy, and one lane's memory-bound phases
+    overlap the other's compute (docs/performance.md, "Session 5"). torch releases the GIL inside its kernels and
+    esft's compiled kernels do too. Lanes only perturb and generate; completions are scored on the calling thread
+    afterwards, in member order, so tasks need not be thread-safe. Each member's completions, scores and
+    counters are the same as with one lane (tested), provided the matmul kernels give the same bits at either
+    thread count (oneDNN's and MKL's do here: tests/test_es_executor.py). Lanes need torch's OpenMP backend
+    (per-thread thread counts) and a CPU model; elsewhere the executor warns and uses one lane. If one lane
+    fails or Ctrl-C reaches the calling thread, the other lanes stop at their next decode step
+    (`esft.generation.cancel_on`). Per-member timings are summed over members (so over lanes: their sum can
+    exceed the wall time); `timings["evaluate"]` is the wall time of the call.
     """
 
     def __init__(self, model: Any, tokenizer: Any, weights: MasterWeights, task: Any, sigma: float,
@@ -114,10 +128,12 @@ class LocalExecutor:
         if int(parallel_members) < 1:
             raise ValueError(f"parallel_members must be >= 1, got {parallel_members}")
         self.parallel_members = int(parallel_members)
-        self._lanes: list[tuple[Any, MasterWeights]] = []  # extra lanes: (model copy, weights bound to it)
+        self._lanes: list[tuple[Any, MasterWeights]] = []  # lanes 1..: (model copy, weights bound to it)
+        self._synced_versions: dict[str, int] = {}  # unselected parameters' versions when last copied to lanes
         self._pool: ThreadPoolExecutor | None = None
-        self._pool_threads = 0
+        self._pool_size = 0
         self._pending: list[Future] = []
+        self._warned = False
         self.model = model
         self.tokenizer = tokenizer
         self.weights = weights
@@ -138,12 +154,14 @@ class LocalExecutor:
         extra = {"prompt_ids": self._encode(prompts)} if self._encode is not None else {}
         return prompts, extra
 
-    def _run(self, prompts: tuple[list, dict], batch: Sequence[dict], result: PopulationResult, row: int,
-             model: Any = None) -> None:
+    def _generate(self, model: Any, prompts: tuple[list, dict], timings: dict[str, float]) -> list:
         t0 = time.perf_counter()
-        model = self.model if model is None else model
         gens = self.generate_fn(model, self.tokenizer, prompts[0], self.gen_config, **prompts[1])
-        t1 = time.perf_counter()
+        timings["generate"] += time.perf_counter() - t0
+        return gens
+
+    def _score(self, gens: list, batch: Sequence[dict], result: PopulationResult, row: int) -> None:
+        t0 = time.perf_counter()
         for j, (gen, example) in enumerate(zip(gens, batch)):
             text = gen.text
             result.texts[row].append(text)
@@ -152,144 +170,178 @@ class LocalExecutor:
             result.tokens_generated += len(getattr(gen, "completion_ids", ()) or ())
             result.prompt_tokens += int(getattr(gen, "prompt_tokens", 0) or 0)
             result.finished += int(bool(getattr(gen, "finished", False)))
-        t2 = time.perf_counter()
-        result.timings["generate"] += t1 - t0
-        result.timings["score"] += t2 - t1
+        result.timings["score"] += time.perf_counter() - t0
+
+    def _run(self, prompts: tuple[list, dict], batch: Sequence[dict], result: PopulationResult, row: int,
+             model: Any = None) -> None:
+        gens = self._generate(self.model if model is None else model, prompts, result.timings)
+        self._score(gens, batch, result, row)
 
     def _empty(self, rows: int, cols: int) -> PopulationResult:
         return PopulationResult(scores=np.zeros((rows, cols)), well_formed=np.zeros((rows, cols), dtype=bool),
                                 texts=[[] for _ in range(rows)],
                                 timings={"perturb": 0.0, "generate": 0.0, "score": 0.0, "restore": 0.0})
 
-    def _members(self, weights: MasterWeights, model: Any, prompts: tuple[list, dict], batch: Sequence[dict],
-                 result: PopulationResult, rows: Iterable[int], members: Sequence[Member],
-                 restore: bool = True) -> None:
-        """Perturb -> generate -> score for each row of `rows`, back to back on one model: each perturbation
-        rewrites every perturbed parameter from the masters, so no restore is needed between members (the result is
-        bit-identical to restoring in between). The model is restored once at the end, also when generation
-        raises, unless `restore` is False (a lane's private copy, which is perturbed again before any use)."""
+    def _perturbed_members(self, weights: MasterWeights, rows: Iterable[int], members: Sequence[Member],
+                           timings: dict[str, float], restore: bool = True) -> Iterator[int]:
+        """Perturb `weights` for each row in turn and yield the row while the model holds that member. No restore in
+        between (`perturb(replace=True)` is bit-identical to restore-then-perturb); one at the end, also when the
+        caller raises or stops early, unless `restore` is False (a lane's private copy, always perturbed before
+        use)."""
         try:
             for row in rows:
                 seed, sign = members[row]
                 t0 = time.perf_counter()
                 weights.perturb(seed, sign, self.sigma, replace=True)
-                result.timings["perturb"] += time.perf_counter() - t0
-                self._run(prompts, batch, result, row, model)
+                timings["perturb"] += time.perf_counter() - t0
+                yield row
         finally:
             if restore and weights.perturbed is not None:
                 t0 = time.perf_counter()
                 weights.restore()
-                result.timings["restore"] += time.perf_counter() - t0
+                timings["restore"] += time.perf_counter() - t0
 
     def evaluate_members(self, members: Sequence[Member], batch: Sequence[dict]) -> PopulationResult:
+        start = time.perf_counter()
+        self._drain()
         prompts = self._prompts(batch)
         result = self._empty(len(members), len(batch))
-        lanes = min(self.parallel_members, len(members))
+        lanes = self._usable_lanes(len(members))
         if lanes <= 1:
-            self._members(self.weights, self.model, prompts, batch, result, range(len(members)), members)
-            return result
-        return self._evaluate_in_lanes(lanes, members, prompts, batch, result)
-
-    # -- parallel lanes
-    def start(self) -> None:
-        """Make the lanes' model copies and threads now rather than at the first `evaluate_members` (a benchmark
-        keeps this set-up out of its timed iteration). Nothing to do with one lane."""
-        if self.parallel_members > 1:
-            self._ensure_lanes(self.parallel_members, max(1, torch.get_num_threads() // self.parallel_members))
-
-    def _ensure_lanes(self, lanes: int, threads: int) -> None:
-        for fut in self._pending:  # an interrupted call may have left lanes finishing their member
-            fut.exception()
-        self._pending = []
-        while len(self._lanes) < lanes - 1:
-            replica = copy.deepcopy(self.model)
-            self._lanes.append((replica, self.weights.bind(replica)))
-        for replica, _ in self._lanes:
-            # parameters outside the ES selection are never perturbed: keep them equal to the model's (a resumed
-            # or reloaded model may have changed them since the copy was made)
-            chosen = {id(p) for p in self.weights.params.values()}
-            theirs = dict(replica.named_parameters())
-            with torch.no_grad():
-                for name, param in self.model.named_parameters():
-                    if id(param) not in chosen and not torch.equal(theirs[name], param):
-                        theirs[name].copy_(param)
-        if self._pool is None or self._pool_threads != threads:
-            if self._pool is not None:
-                self._pool.shutdown(wait=True)
-            self._pool_threads = threads
-            self._pool = ThreadPoolExecutor(max_workers=self.parallel_members - 1, thread_name_prefix="esft-lane",
-                                            initializer=torch.set_num_threads, initargs=(threads,))
-
-    def _evaluate_in_lanes(self, lanes: int, members: Sequence[Member], prompts: tuple[list, dict],
-                           batch: Sequence[dict], result: PopulationResult) -> PopulationResult:
-        total = torch.get_num_threads()
-        threads = max(1, total // lanes)
-        self._ensure_lanes(lanes, threads)
-        queue: "SimpleQueue[int]" = SimpleQueue()
-        for i in range(len(members)):
-            queue.put(i)
-        stop = threading.Event()
-        # each lane counts into its own result (`+=` on shared counters is not atomic across threads); rows are
-        # disjoint, so they are merged by copying each lane's rows
-        parts = [self._empty(len(members), len(batch)) for _ in range(lanes)]
-        done: list[list[int]] = [[] for _ in range(lanes)]
-
-        def lane(k: int, weights: MasterWeights, model: Any) -> None:
-            def rows() -> Iterator[int]:  # members handed out one at a time, to whichever lane is free
-                while not stop.is_set():
-                    try:
-                        i = queue.get_nowait()
-                    except Empty:
-                        return
-                    done[k].append(i)
-                    yield i
-
-            with torch.no_grad():  # grad mode is thread-local
-                self._members(weights, model, prompts, batch, parts[k], rows(), members, restore=k == 0)
-
-        def guarded(k: int, weights: MasterWeights, model: Any) -> None:
+            rows = self._perturbed_members(self.weights, range(len(members)), members, result.timings)
             try:
-                lane(k, weights, model)
-            except BaseException:
-                stop.set()
-                raise
-
-        self._pending = [self._pool.submit(guarded, k + 1, w, m) for k, (m, w) in enumerate(self._lanes[:lanes - 1])]
-        torch.set_num_threads(threads)  # this thread is lane 0 (on the real model): a Ctrl-C reaches it at once
-        try:
-            guarded(0, self.weights, self.model)
-        except BaseException:
-            stop.set()  # the other lanes finish their current member on their own copies and stop
-            raise
-        finally:
-            torch.set_num_threads(total)
-        for fut in self._pending:
-            fut.result()
-        self._pending = []
-        for part, rows in zip(parts, done):
-            for i in rows:
-                result.scores[i] = part.scores[i]
-                result.well_formed[i] = part.well_formed[i]
-                result.texts[i] = part.texts[i]
-            result.tokens_generated += part.tokens_generated
-            result.prompt_tokens += part.prompt_tokens
-            result.finished += part.finished
-            for key, value in part.timings.items():
-                result.timings[key] += value
+                for row in rows:
+                    self._run(prompts, batch, result, row)
+            finally:
+                rows.close()  # restores now, not when the generator is garbage-collected
+        else:
+            self._evaluate_in_lanes(lanes, members, prompts, batch, result)
+        result.timings["evaluate"] = time.perf_counter() - start
         return result
-
-    def close(self) -> None:
-        """Stop the lane threads and drop the model copies (the executor can still be used: lanes come back)."""
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None
-        self._lanes = []
-        self._pending = []
 
     def evaluate_center(self, batch: Sequence[dict]) -> PopulationResult:
         """The unperturbed model on a batch (train-batch reward, held-out accuracy)."""
+        start = time.perf_counter()
+        self._drain()
         prompts = self._prompts(batch)
         result = self._empty(1, len(batch))
         if batch:
             self._run(prompts, batch, result, 0)
+        result.timings["evaluate"] = time.perf_counter() - start
         return result
+
+    # -- parallel lanes
+    def _usable_lanes(self, members: int) -> int:
+        lanes = min(self.parallel_members, members, torch.get_num_threads())
+        if lanes <= 1:
+            return 1
+        reason = None
+        if not _openmp_backend():
+            reason = "torch's parallel backend is not OpenMP, so thread counts are not per thread"
+        elif next(self.model.parameters()).device.type != "cpu":
+            reason = "the model is not on the CPU"
+        if reason is None:
+            return lanes
+        if not self._warned:
+            warnings.warn(f"parallel_members={self.parallel_members} ignored: {reason}; one member at a time",
+                          stacklevel=3)
+            self._warned = True
+        return 1
+
+    def start(self) -> None:
+        """Make the lanes' model copies and threads now rather than at the first `evaluate_members` (a benchmark
+        keeps this set-up out of its timed iteration). Nothing to do with one lane."""
+        lanes = self._usable_lanes(self.parallel_members)
+        if lanes > 1:
+            self._ensure_lanes(lanes)
+
+    def _drain(self) -> None:
+        """Wait for lanes of an interrupted call (cancelled, they stop within one decode step)."""
+        pending, self._pending = self._pending, []
+        for fut in pending:
+            fut.exception()
+
+    def _ensure_lanes(self, lanes: int) -> None:
+        while len(self._lanes) < lanes - 1:
+            replica = copy.deepcopy(self.model)
+            self._lanes.append((replica, self.weights.bind(replica)))
+            self._synced_versions = {}
+        # Parameters outside the ES selection are never perturbed: keep the copies' equal to the model's, which a
+        # resumed or reloaded model may have changed since the copy (checked by version counter: no data pass).
+        chosen = {id(p) for p in self.weights.params.values()}
+        with torch.no_grad():
+            for name, param in self.model.named_parameters():
+                if id(param) in chosen or self._synced_versions.get(name) == param._version:
+                    continue
+                for replica, _ in self._lanes:
+                    replica.get_parameter(name).copy_(param)
+                self._synced_versions[name] = param._version
+        if self._pool is None or self._pool_size < lanes - 1:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
+            self._pool = ThreadPoolExecutor(max_workers=lanes - 1, thread_name_prefix="esft-lane")
+            self._pool_size = lanes - 1
+
+    def _evaluate_in_lanes(self, lanes: int, members: Sequence[Member], prompts: tuple[list, dict],
+                           batch: Sequence[dict], result: PopulationResult) -> None:
+        from esft.generation import cancel_on  # lazy, as generate_fn above
+
+        total = torch.get_num_threads()
+        share = [total // lanes + (1 if k < total % lanes else 0) for k in range(lanes)]
+        self._ensure_lanes(lanes)
+        queue: "SimpleQueue[int]" = SimpleQueue()
+        for i in range(len(members)):
+            queue.put(i)
+        stop = threading.Event()
+        generations: dict[int, list] = {}  # row -> completions; each row is written by one lane only
+        lane_timings = [{"perturb": 0.0, "generate": 0.0, "restore": 0.0} for _ in range(lanes)]
+
+        def handed_out() -> Iterator[int]:  # members go one at a time to whichever lane is free
+            while not stop.is_set():
+                try:
+                    yield queue.get_nowait()
+                except Empty:
+                    return
+
+        def lane(k: int, weights: MasterWeights, model: Any) -> None:
+            torch.set_num_threads(share[k])  # this thread's OpenMP team size
+            try:
+                rows = self._perturbed_members(weights, handed_out(), members, lane_timings[k], restore=k == 0)
+                with torch.no_grad(), cancel_on(stop):  # grad mode and cancellation are per thread
+                    try:
+                        for row in rows:
+                            generations[row] = self._generate(model, prompts, lane_timings[k])
+                    finally:
+                        rows.close()
+            except BaseException:
+                stop.set()  # the other lanes stop at their next decode step
+                raise
+
+        try:
+            for k, (model, weights) in enumerate(self._lanes[:lanes - 1], start=1):
+                self._pending.append(self._pool.submit(lane, k, weights, model))
+            lane(0, self.weights, self.model)  # the calling thread, on the real model: Ctrl-C lands here
+            for fut in self._pending:
+                fut.result()
+        except BaseException:
+            stop.set()
+            raise
+        finally:
+            try:
+                self._drain()
+            finally:
+                torch.set_num_threads(total)  # after every lane thread has set its own (the default is global)
+        for timings in lane_timings:
+            for key, value in timings.items():
+                result.timings[key] += value
+        for row in range(len(members)):
+            self._score(generations[row], batch, result, row)
+
+    def close(self) -> None:
+        """Stop the lane threads and drop the model copies (the executor can still be used: lanes come back)."""
+        self._drain()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+        self._lanes = []
+        self._synced_versions = {}

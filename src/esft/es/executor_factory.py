@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +29,10 @@ def make_executor(config: ESConfig, *, model: Any, tokenizer: Any, weights: Mast
     if int(config.parallel_members) < 1:
         raise ValueError(f"parallel_members must be >= 1, got {config.parallel_members}")
     if config.parallel_members > 1 and (config.executor != "local" or config.noise == "lowrank"):
-        raise ValueError("parallel_members > 1 is a layout of the local executor with full-rank noise; the Ray "
-                         "executor spreads members over workers instead (num_workers), and a low-rank population "
-                         "is one batched pass")
+        # a layout option (results do not depend on it) that presets set for the local executor: not an error
+        where = "the Ray executor spreads members over workers (num_workers)" if config.executor != "local" \
+            else "a low-rank population is one batched pass"
+        warnings.warn(f"parallel_members={config.parallel_members} ignored: {where}", stacklevel=2)
     if config.executor == "local":
         if config.worker_backend != "hf":
             raise ValueError("worker_backend 'vllm' runs vLLM engines as Ray actors: use --executor ray")

@@ -192,7 +192,6 @@ class MasterWeights:
         if noise not in NOISE_MODES:
             raise ValueError(f"unknown noise mode {noise!r}; choose one of {NOISE_MODES}")
         self.mode = noise
-        self._include, self._exclude = list(include or []), list(exclude or [])
         self.params = select_parameters(model, include, exclude)
         with torch.no_grad():
             self.master: dict[str, torch.Tensor] = {
@@ -214,10 +213,11 @@ class MasterWeights:
         shared, not copied, so an update applied through `self` reaches every bound copy at its next perturb or
         restore. Each bound object has its own perturbation state."""
         other = copy.copy(self)
-        other.params = select_parameters(model, self._include, self._exclude)
-        if list(other.params) != list(self.params) or any(
-                other.params[n].shape != p.shape or other.params[n].dtype != p.dtype for n, p in self.params.items()):
+        theirs = dict(model.named_parameters())
+        if any(n not in theirs or theirs[n].shape != p.shape or theirs[n].dtype != p.dtype
+               for n, p in self.params.items()):
             raise ValueError("bind(): the model's selected parameters differ in names, shapes or dtypes")
+        other.params = {n: theirs[n] for n in self.params}
         if any(other.params[n] is p for n, p in self.params.items()):
             raise ValueError("bind(): the model shares parameters with the bound one; pass a copy")
         other.perturbed = None
@@ -309,6 +309,8 @@ class MasterWeights:
         if self.perturbed is not None and not replace:
             raise RuntimeError("perturb() called on already perturbed weights; call restore() first")
         step = float(sign) * float(sigma)
+        # marked before the first write, so that an exception or Ctrl-C part-way still gets the model restored
+        self.perturbed = (int(seed), int(sign))
 
         def one(name: str, bufs: list[torch.Tensor]) -> None:
             param = self.params[name]
@@ -319,7 +321,6 @@ class MasterWeights:
                 param.copy_(torch.add(self.master[name], eps, alpha=step))
 
         self._map(one, buffers=0 if self.mode == "table" else 1)
-        self.perturbed = (int(seed), int(sign))
 
     @torch.no_grad()
     def restore(self) -> None:

@@ -1,7 +1,7 @@
 """The ES training loop (thin orchestration of strategy, noise, executor and run log).
 
 Per iteration t:  batch = sample(seed, t);  members = ES.ask(t);  rewards = executor.evaluate_members(...)
-(perturb -> greedy generate -> score -> restore per member);  fitness = rule(rewards);  update = ES.tell(...);
+(perturb -> greedy generate -> score per member, restore at the end);  fitness = rule(rewards);  update = ES.tell(...);
 masters += update;  append seeds.jsonl (fsynced: from here on the iteration survives a crash);  metrics, samples,
 evaluation and checkpoint when due.
 
@@ -291,7 +291,9 @@ class ESTrainer:
             "update_norm": norm, "zero_update": update.is_zero,
             "time": timings, "tokens_generated": result.tokens_generated, "prompt_tokens": result.prompt_tokens,
             "finished_rate": result.finished / max(1, result.scores.size),
-            "generated_tokens_per_s": result.tokens_generated / max(1e-9, timings.get("generate", 0.0)),
+            # over the evaluation's wall time: with parallel member lanes the summed "generate" exceeds it
+            "generated_tokens_per_s": result.tokens_generated / max(1e-9, timings.get("evaluate",
+                                                                                      timings.get("generate", 0.0))),
             "peak_rss_mb": peak_rss_mb(),
         }
         if hasattr(self.rule, "summary"):

@@ -74,8 +74,8 @@ class EngineWeights:
         self.perturbed: tuple[int, int] | None = None
 
     def perturb(self, seed: int, sign: int, sigma: float, replace: bool = False) -> None:
+        self.perturbed = (int(seed), int(sign))  # before the call: a failure part-way still gets restored
         self.replica.rpc("esft_perturb", int(seed), int(sign), float(sigma), bool(replace))
-        self.perturbed = (int(seed), int(sign))
         self.replica.reset_prefix_cache()
 
     def restore(self) -> None:
