@@ -177,7 +177,6 @@ def test_an_error_in_another_lane_propagates_and_the_model_is_restored(two_threa
     with pytest.raises(RuntimeError, match="lane failed"):
         ex.evaluate_members(members, batch)
     assert bit_equal(state(model), centre)
-    assert len(recorder.calls) < len(members)  # the calling lane stopped after its member
     recorder.fail_on = None
     ref_model = tiny_llama()
     same_result(ex.evaluate_members(members, batch),
@@ -226,18 +225,70 @@ def test_ctrl_c_in_the_calling_lane_cancels_the_others_and_leaves_the_model_at_t
     ex.close()
 
 
-def test_cancel_on_stops_the_esft_decode_loop(tokenizer):
+@pytest.mark.parametrize("lean", [True, False])
+def test_cancel_on_stops_generation_at_the_next_decode_step(tokenizer, monkeypatch, lean):
+    """Set between batches and in the middle of a batch (from the sampler at step 3), for the lean decode loop
+    and the op-by-op one: no further step runs."""
+    import esft.generation as generation
     from esft.generation import GenerationCancelled, GenerationConfig, cancel_on, generate
 
     model = make_tiny_model()
     event = threading.Event()
-    config = GenerationConfig(max_new_tokens=4, batch_size=2, temperature=0.0)
+    config = GenerationConfig(max_new_tokens=8, min_new_tokens=8, batch_size=2, temperature=0.0, lean=lean)
     with cancel_on(event):
         assert len(generate(model, tokenizer, PROMPTS[:2], config)) == 2  # not set: runs
         event.set()
         with pytest.raises(GenerationCancelled):
             generate(model, tokenizer, PROMPTS[:2], config)
     assert len(generate(model, tokenizer, PROMPTS[:2], config)) == 2  # outside the block: not cancellable
+
+    steps = []
+    make_sampler = generation._sampler
+
+    def counting_sampler(cfg, eos):
+        sample = make_sampler(cfg, eos)
+
+        def wrapped(logits, step, generator):
+            steps.append(step)
+            if step == 3:
+                event.set()
+            return sample(logits, step, generator)
+
+        return wrapped
+
+    monkeypatch.setattr(generation, "_sampler", counting_sampler)
+    event.clear()
+    with cancel_on(event), pytest.raises(GenerationCancelled):
+        generate(model, tokenizer, PROMPTS[:2], config)
+    assert steps == [0, 1, 2, 3]
+
+
+def test_the_failing_lanes_error_is_raised_not_the_cancellation(two_threads):
+    """Lane 1 fails while lane 0 is in a cancellable generation: the caller sees lane 1's error."""
+    from esft.generation import check_cancelled
+
+    batch = ToyTask().load("train")[:4]
+    members = ES(population_size=4, sigma=0.05, alpha=0.01, seed=1).ask(0)
+    model = tiny_llama()
+    centre = state(model)
+    started = threading.Event()
+
+    def generate(m, tokenizer, prompts, cfg):
+        if m is model:
+            started.set()
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                check_cancelled()
+                time.sleep(0.005)
+            return stub_generate(m, tokenizer, prompts, cfg)
+        assert started.wait(30)
+        raise RuntimeError("lane 1 failed")
+
+    ex = executor(model, MasterWeights(model), generate, 2)
+    with pytest.raises(RuntimeError, match="lane 1 failed"):
+        ex.evaluate_members(members, batch)
+    assert bit_equal(state(model), centre) and ex._pending == []
+    ex.close()
 
 
 def test_a_failed_perturbation_is_still_restored():
@@ -254,6 +305,7 @@ def test_a_failed_perturbation_is_still_restored():
         return original(seed, name, out=out)
 
     w.noise = failing_noise
+    w.workers = 1  # one thread draws the noise, so "the third tensor" is well defined
     ex = executor(model, w, stub_generate, 1)
     with pytest.raises(KeyboardInterrupt):
         ex.evaluate_members([(1, 1), (2, 1)], ToyTask().load("train")[:2])

@@ -227,7 +227,9 @@ def esft_iteration(model, tokenizer, work: Workload, population: int, noise: str
         executor.start()
     setup = time.perf_counter() - start
     try:
-        return _timed_iteration(executor, work, population, seed, setup, weights.apply)
+        out = _timed_iteration(executor, work, population, seed, setup, weights.apply)
+        out["lanes"] = executor.lanes_for(population) if noise != "lowrank" else 1
+        return out
     finally:
         if hasattr(executor, "close"):
             executor.close()
@@ -466,6 +468,7 @@ def run_bench(config: BenchConfig, model=None, tokenizer=None, log=print) -> dic
             "generate_roofline_ratio": round(2 * params * tokens / t["generate"] / (gflops * 1e9), 4),
             "timings_s": {k: round(v, 3) for k, v in t.items()},
             "esft_iterations_s": [round(x["timings"]["iteration"], 3) for x in runs["esft"]],
+            "lanes": best.get("lanes", 1),
             "load_avg_1min": loads,
         }
         if runs["naive"]:

@@ -88,9 +88,9 @@ class ESConfig(RunConfig):
     resume: bool = False
     """continue the run in output_dir from its latest checkpoint and seed log"""
     parallel_members: int = 1
-    """members the local executor evaluates at once, each on its own thread with torch threads // parallel_members
-    intra-op threads and its own copy of the model (+1 model in memory per extra member). Same results as 1;
-    on a 2-core CPU, 2 is ~10% faster (docs/performance.md, "Session 5")"""
+    """members the local executor evaluates at once, each on its own thread with an equal share of torch's threads
+    and its own copy of the model (+1 model in memory per extra member). Same results as 1; on a 2-core CPU, 2 is
+    ~10% faster (docs/performance.md, "Session 5"). Ignored, with a warning, by Ray and low-rank runs"""
     executor: str = "local"
     """who evaluates the population: "local" (this process) or "ray" (one model replica per Ray worker; same
     result for any layout, see docs/distributed.md)"""

@@ -206,7 +206,7 @@ class LocalExecutor:
         self._drain()
         prompts = self._prompts(batch)
         result = self._empty(len(members), len(batch))
-        lanes = self._usable_lanes(len(members))
+        lanes = self.lanes_for(len(members))
         if lanes <= 1:
             rows = self._perturbed_members(self.weights, range(len(members)), members, result.timings)
             try:
@@ -231,15 +231,18 @@ class LocalExecutor:
         return result
 
     # -- parallel lanes
-    def _usable_lanes(self, members: int) -> int:
+    def lanes_for(self, members: int) -> int:
+        """Lanes an `evaluate_members` call with this many members uses: parallel_members, capped by the members
+        and torch's threads, or 1 (with a warning, once) without torch's OpenMP backend or on a non-CPU model."""
         lanes = min(self.parallel_members, members, torch.get_num_threads())
         if lanes <= 1:
             return 1
         reason = None
+        param = next(self.model.parameters(), None) if self.model is not None else None
         if not _openmp_backend():
             reason = "torch's parallel backend is not OpenMP, so thread counts are not per thread"
-        elif next(self.model.parameters()).device.type != "cpu":
-            reason = "the model is not on the CPU"
+        elif param is None or param.device.type != "cpu":
+            reason = "the model is not a CPU torch model"
         if reason is None:
             return lanes
         if not self._warned:
@@ -251,15 +254,21 @@ class LocalExecutor:
     def start(self) -> None:
         """Make the lanes' model copies and threads now rather than at the first `evaluate_members` (a benchmark
         keeps this set-up out of its timed iteration). Nothing to do with one lane."""
-        lanes = self._usable_lanes(self.parallel_members)
+        lanes = self.lanes_for(self.parallel_members)
         if lanes > 1:
             self._ensure_lanes(lanes)
 
-    def _drain(self) -> None:
-        """Wait for lanes of an interrupted call (cancelled, they stop within one decode step)."""
-        pending, self._pending = self._pending, []
-        for fut in pending:
-            fut.exception()
+    def _drain(self) -> list[BaseException]:
+        """Wait for the lanes still running (a failed or interrupted call's: cancelled, an esft-engine generation
+        stops at its next decode step, an HF `model.generate` batch at its end); return their exceptions. A future
+        leaves the list only once done, so a second Ctrl-C here leaves nothing unaccounted for."""
+        errors = []
+        while self._pending:
+            exc = self._pending[0].exception()
+            self._pending.pop(0)
+            if exc is not None:
+                errors.append(exc)
+        return errors
 
     def _ensure_lanes(self, lanes: int) -> None:
         while len(self._lanes) < lanes - 1:
@@ -284,7 +293,7 @@ class LocalExecutor:
 
     def _evaluate_in_lanes(self, lanes: int, members: Sequence[Member], prompts: tuple[list, dict],
                            batch: Sequence[dict], result: PopulationResult) -> None:
-        from esft.generation import cancel_on  # lazy, as generate_fn above
+        from esft.generation import GenerationCancelled, cancel_on  # lazy, as generate_fn above
 
         total = torch.get_num_threads()
         share = [total // lanes + (1 if k < total % lanes else 0) for k in range(lanes)]
@@ -304,8 +313,9 @@ class LocalExecutor:
                     return
 
         def lane(k: int, weights: MasterWeights, model: Any) -> None:
-            torch.set_num_threads(share[k])  # this thread's OpenMP team size
             try:
+                torch.get_num_threads()  # a new thread's first ATen call sets its team size from the global default
+                torch.set_num_threads(share[k])  # then this thread's own share
                 rows = self._perturbed_members(weights, handed_out(), members, lane_timings[k], restore=k == 0)
                 with torch.no_grad(), cancel_on(stop):  # grad mode and cancellation are per thread
                     try:
@@ -317,20 +327,24 @@ class LocalExecutor:
                 stop.set()  # the other lanes stop at their next decode step
                 raise
 
+        error: BaseException | None = None
         try:
             for k, (model, weights) in enumerate(self._lanes[:lanes - 1], start=1):
                 self._pending.append(self._pool.submit(lane, k, weights, model))
             lane(0, self.weights, self.model)  # the calling thread, on the real model: Ctrl-C lands here
-            for fut in self._pending:
-                fut.result()
-        except BaseException:
+        except BaseException as exc:
             stop.set()
-            raise
+            error = exc
         finally:
             try:
-                self._drain()
+                errors = self._drain()
             finally:
                 torch.set_num_threads(total)  # after every lane thread has set its own (the default is global)
+        if error is not None or errors:
+            # the cause, not the cancellations it triggered in the other lanes
+            causes = [e for e in ([error] if error is not None else []) + errors
+                      if not isinstance(e, GenerationCancelled)]
+            raise (causes[0] if causes else error or errors[0])
         for timings in lane_timings:
             for key, value in timings.items():
                 result.timings[key] += value

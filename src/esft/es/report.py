@@ -31,7 +31,8 @@ def summarize(run_dir: str | Path) -> dict[str, Any]:
         out.update({
             "seconds_per_iteration": split.get("total"),
             "time_split_s": split,
-            "time_split_fraction": {k: v / total for k, v in split.items() if k != "total"},
+            # "evaluate" spans perturb, generate, score and restore; it is not one more part of the split
+            "time_split_fraction": {k: v / total for k, v in split.items() if k not in ("total", "evaluate")},
             "generated_tokens_per_s": float(np.mean([m["generated_tokens_per_s"] for m in train])),
             "zero_updates": sum(bool(m.get("zero_update")) for m in train),
             "fitness_mean_first": train[0]["fitness"]["mean"], "fitness_mean_last": train[-1]["fitness"]["mean"],
