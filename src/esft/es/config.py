@@ -114,8 +114,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     # 2-core CPU with SmolLM2-135M: the REFERENCE.md section 6 probe's hyperparameters (BoolQ, passages cut to 400
     # characters, N 8, B 16, 24 new tokens, sigma 3e-3, alpha 1.5e-3, format bonus 0.1) with the fast rollout
     # configuration of docs/performance.md (shared noise table, esft.config.FAST_CPU_GENERATION, two members at a
-    # time on one core each, which changes no result): ~42 s per
-    # iteration on an idle 2-core machine, so 28 iterations and 3 held-out evaluations of 200 fit in 30 minutes.
+    # time on one core each, which changes no result): ~31 s per iteration on an idle 2-core machine, so 28
+    # iterations and 3 held-out evaluations of 200 take ~17 minutes (docs/results/es-cpu-demo).
     "cpu": dict(task="boolq", max_passage_chars=400, population_size=8, batch_size=16, max_new_tokens=24,
                 sigma=3e-3, alpha=1.5e-3, format_bonus=0.1, iterations=28, eval_every=14, eval_limit=200,
                 generation_batch_size=16, dtype="float32", device="cpu", checkpoint_every=7, noise="table",
