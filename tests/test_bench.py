@@ -77,6 +77,7 @@ def test_esft_iteration_in_parallel_lanes_does_the_same_work(tokenizer):
     finally:
         torch.set_num_threads(previous)
     (one, w1), (two, w2) = runs
+    assert (one["lanes"], two["lanes"]) == (1, 2)  # the second iteration really ran two members at once
     assert one["texts"] == two["texts"] and one["generated_tokens"] == two["generated_tokens"] == 3 * 5 * 6
     assert all(torch.equal(w1[n], w2[n]) for n in w1)
     assert bench.BenchConfig().parallel_members == bench.FAST_PARALLEL_MEMBERS == 2

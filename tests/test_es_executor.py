@@ -412,7 +412,9 @@ def lanes_vs_one(model, tokenizer, gen, members, sigma):
     one = LocalExecutor(model, tokenizer, MasterWeights(model, noise="table"), task, sigma, gen)
     expected = one.evaluate_members(members, batch)  # 2 threads, members one at a time
     ex = LocalExecutor(model, tokenizer, MasterWeights(model, noise="table"), task, sigma, gen, parallel_members=2)
+    assert ex.lanes_for(len(members)) == 2
     got = ex.evaluate_members(members, batch)  # 2 lanes of 1 thread
+    assert len(ex._lanes) == 1  # a model copy was made and used
     ex.close()
     return got, expected
 

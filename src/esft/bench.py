@@ -216,23 +216,18 @@ def esft_iteration(model, tokenizer, work: Workload, population: int, noise: str
         from esft.es.lowrank import LowRankExecutor, LowRankWeights
 
         weights = LowRankWeights(model, rank=rank)
-        executor_cls = LowRankExecutor
+        executor = LowRankExecutor(model, tokenizer, weights, task, work.sigma, gen)
+        lanes = 1
     else:
         weights = MasterWeights(model, noise=noise)
-        executor_cls = LocalExecutor
-    if noise == "lowrank":
-        executor = executor_cls(model, tokenizer, weights, task, work.sigma, gen)
-    else:
-        executor = executor_cls(model, tokenizer, weights, task, work.sigma, gen, parallel_members=parallel_members)
+        executor = LocalExecutor(model, tokenizer, weights, task, work.sigma, gen, parallel_members=parallel_members)
         executor.start()
+        lanes = executor.lanes_for(population)
     setup = time.perf_counter() - start
     try:
-        out = _timed_iteration(executor, work, population, seed, setup, weights.apply)
-        out["lanes"] = executor.lanes_for(population) if noise != "lowrank" else 1
-        return out
+        return {**_timed_iteration(executor, work, population, seed, setup, weights.apply), "lanes": lanes}
     finally:
-        if hasattr(executor, "close"):
-            executor.close()
+        executor.close()
 
 
 def _timed_iteration(executor, work: Workload, population: int, seed: int, setup: float, apply) -> dict[str, Any]:
