@@ -1,8 +1,9 @@
 """Batched generation from chat prompts, shared by evaluation, ES members and analyses.
 
 Prompts are rendered with the model's chat template and tokenised once; rows are sorted by prompt length so a
-batch pads little; every batch is left-padded with an explicit attention mask (pad == eos models, REFERENCE
-trap 4). Completions are returned as ids (for token-aligned KL) and as text, in the caller's order.
+batch pads little; every batch is left-padded with an explicit attention mask (on pad == eos models such
+as Llama and SmolLM2, masking by `ids != pad` would hide real eos tokens). Completions are returned as ids
+(for token-aligned KL) and as text, in the caller's order.
 """
 
 from __future__ import annotations

@@ -138,7 +138,7 @@ def _prepare_tokenizer(tokenizer) -> None:
     # Left padding so every row of a batch ends at the position where generation starts.
     tokenizer.padding_side = "left"
     if tokenizer.pad_token_id is None:
-        # pad == eos is safe only because esft always passes explicit attention masks (REFERENCE trap 4).
+        # pad == eos is safe only because esft always passes explicit attention masks.
         tokenizer.pad_token = tokenizer.eos_token
 
 

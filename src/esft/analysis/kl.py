@@ -3,7 +3,7 @@
 
 For each prompt, pi_after generates a completion (greedy by default, as in the paper's evaluation; or sampled).
 Both models then score exactly those generated ids (`Generation.completion_ids`) after exactly the same prompt ids:
-nothing is decoded and re-tokenised, which would shift tokens and, on Llama, add a second BOS (REFERENCE trap 5).
+nothing is decoded and re-tokenised, which would shift tokens and, on Llama, add a second BOS.
 Per generated token, with r = log pi_before(y_t) - log pi_after(y_t):
 
     k1 = -r                        unbiased for KL(after || before) when y_t ~ pi_after; can be negative

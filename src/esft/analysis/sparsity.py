@@ -1,4 +1,4 @@
-"""Functional sparsity: how much of an update is needed for its accuracy (Ba et al.; REFERENCE section 5).
+"""Functional sparsity: how much of an update is needed for its accuracy (Ba et al.).
 
 Keep only the update coordinates with |d| > tau, revert the others to the base weights, and re-evaluate, over a
 sweep of tau. The reported sparsity at tau is the fraction of reverted coordinates, |d| <= tau (so at tau = 1e-5

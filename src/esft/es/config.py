@@ -111,7 +111,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     # Paper, Table 17 (Qwen3-4B / Llama-3.2-3B on GPUs).
     "paper": dict(sigma=0.0015, alpha=0.00075, population_size=30, batch_size=200, max_new_tokens=1024,
                   iterations=100, antithetic=False, fitness_shaping="zscore", optimizer="sgd"),
-    # 2-core CPU with SmolLM2-135M: the REFERENCE.md section 6 probe's hyperparameters (BoolQ, passages cut to 400
+    # 2-core CPU with SmolLM2-135M: the hyperparameters of a minimal-ES probe on BoolQ (passages cut to 400
     # characters, N 8, B 16, 24 new tokens, sigma 3e-3, alpha 1.5e-3, format bonus 0.1) with the fast rollout
     # configuration of docs/performance.md (shared noise table, esft.config.FAST_CPU_GENERATION, two members at a
     # time on one core each, which changes no result): ~31 s per iteration on an idle 2-core machine, so 28

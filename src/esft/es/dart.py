@@ -1,4 +1,4 @@
-"""DART-ES: difficulty-aware reweighting and targeted replay on top of plain ES (REFERENCE.md section 5).
+"""DART-ES: difficulty-aware reweighting and targeted replay on top of plain ES (docs/es_variants.md).
 
 A fitness rule that is also the trainer's batch sampler (`--fitness-rule dart`, alias `--fitness dart`).
 

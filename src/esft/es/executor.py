@@ -3,7 +3,7 @@
 Executor: `evaluate_members(members, batch) -> PopulationResult` (a reward matrix [N, B] plus counters); the
 trainer turns it into one fitness per member with a `FitnessRule`. `LocalExecutor` perturbs the model in place,
 generates greedily, scores and restores, member after member. A distributed executor (Ray) only needs to return
-the same matrix: replicas share the member seeds, so no weights cross the network (REFERENCE.md section 5).
+the same matrix: replicas share the member seeds, so no weights cross the network (Salimans et al. 2017).
 
 FitnessRule: `(result, batch) -> fitness [N]`, higher is better (esft maximises). `MeanReward` is the paper's
 rule (mean 0/1 reward over the batch), optionally plus a format bonus; `esft.es.dart.DartES` (DART-ES) is a

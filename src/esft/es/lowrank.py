@@ -1,4 +1,4 @@
-"""Low-rank ES populations (EGGROLL, REFERENCE.md section 5): `--noise lowrank --rank r`.
+"""Low-rank ES populations (EGGROLL, "Evolution Strategies at the Hyperscale"): `--noise lowrank --rank r`.
 
 Member (seed, sign) perturbs every selected weight matrix W [m, n] by sign * sigma * E with
 

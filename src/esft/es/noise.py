@@ -11,7 +11,8 @@ executors), at update time and at replay time without keeping it in memory.
 * update:   master += scale * sum_k c_k eps_k  summed in fp32, one tensor at a time; param <- master
 
 Restoring by copying (not by subtracting the noise again) and accumulating in fp32 avoids the two bf16 traps
-of public code (REFERENCE.md section 4, trap 2). Noise is drawn on the master's device: a CUDA generator gives
+of public code (a restore by subtraction is not exact in bf16; a bf16 sum of member updates drops small
+steps). Noise is drawn on the master's device: a CUDA generator gives
 different numbers from a CPU one, so replay must use the device the run used.
 
 Speed (esft bench, docs/performance.md): regenerating N(0,1) for 134.5M parameters costs ~0.7-1 s of one core,

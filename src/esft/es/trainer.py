@@ -234,7 +234,7 @@ class ESTrainer:
                     details = self.task.details(text, ex)
                 except Exception:  # details are diagnostics only
                     details = {}
-                if "extracted" in details:  # e.g. a yes-bias shows here (REFERENCE section 6)
+                if "extracted" in details:  # e.g. a yes-bias shows here (docs/results/es-cpu-demo)
                     key = str(details["extracted"])
                     answers[key] = answers.get(key, 0) + 1
                 rows.append({"index": j, "score": float(test.scores[0, j]), "well_formed": bool(wf[j]),

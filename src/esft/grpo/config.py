@@ -153,7 +153,7 @@ def preset(name: str, config_file: str | None = None, **overrides: Any) -> GRPOC
 
 def resolve_precision(precision: str, device: str) -> str:
     """"fp32" or "bf16-autocast". "auto" picks bf16 autocast only on a CUDA device with bf16 support: on CPUs
-    bf16 matmuls are 2-5x slower than fp32 (REFERENCE section 6)."""
+    bf16 matmuls are often slower than fp32 (docs/performance.md)."""
     if precision != "auto":
         return precision
     import torch

@@ -1,4 +1,4 @@
-"""Per-step accounting of a GRPO run, counted from what actually ran (REFERENCE trap 6: measured, not assumed).
+"""Per-step accounting of a GRPO run, counted from what actually ran (measured, not assumed).
 
 The trainer fills a `StepLedger` from the tensors TRL built (prompt and completion ids, loss masks, advantages)
 and the reward function fills in rewards and scores; the run log turns it into one `metrics.jsonl` record per

@@ -162,7 +162,7 @@ def train_grpo(config: GRPOConfig, *, model: Any = None, tokenizer: Any = None, 
 
         model, tokenizer = load_model(config.model, dtype="float32", device=device)
     if any(p.dtype != torch.float32 for p in model.parameters()):
-        model.to(torch.float32)  # fp32 master weights always; bf16 only as autocast (REFERENCE trap 3)
+        model.to(torch.float32)  # fp32 masters always; bf16 only as autocast (pure bf16 rounds small updates away)
     model.requires_grad_(True)
     if task is None:
         from esft.tasks import get_task

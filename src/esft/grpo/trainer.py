@@ -6,7 +6,7 @@ What the subclass adds, each as a thin wrapper around one TRL method (pinned TRL
   TRL built, plus wall time of generation, scoring and the KL forward pass;
 - KL to the initial model while `beta = 0` (the study tracks it without a penalty; TRL measures KL only when it
   also optimises it): a frozen copy of the initial model scores the sampled completion ids (never re-tokenised
-  text, REFERENCE trap 5), and the policy's log-probs are the ones TRL's loss computes, so it costs one forward;
+  text, which shifts tokens), and the policy's log-probs are the ones TRL's loss computes, so it costs one forward;
 - rollouts in bf16 autocast when training uses it (TRL autocasts the loss forward but not `generate`);
 - a prompt order that depends only on (seed, epoch), so a resumed run samples the same prompts as an
   uninterrupted one (TRL's sampler advances one generator across epochs, which a restart re-seeds);
@@ -15,7 +15,7 @@ What the subclass adds, each as a thin wrapper around one TRL method (pinned TRL
 
 Masks: TRL pads prompts and completions from their lengths (explicit attention masks, never `ids != pad`), and a
 completion keeps its first eos in the loss mask, so pad == eos models (SmolLM2, Llama) lose no real eos token
-(REFERENCE trap 4; tests/test_grpo.py checks it with pad == eos).
+(tests/test_grpo.py checks it with pad == eos).
 """
 
 from __future__ import annotations

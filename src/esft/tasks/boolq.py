@@ -6,7 +6,7 @@ trailing punctuation inside the box are ignored (`\\boxed{\\text{Yes.}}` reads a
 different meaning and the small models of this study produce them.
 
 Prompt: the format is stated in the system prompt *and* at the end of the user turn: with the system prompt
-alone a 135M model boxed 0 of 200 answers (REFERENCE section 6), which leaves ES with no signal. For the same
+alone a 135M model boxed 0 of 200 answers, which leaves ES with no signal. For the same
 reason `aggregate` reports the boxed rate, accuracy among boxed answers, their yes share and the majority baseline.
 
 Splits: only the official dev set (3,270) is available, so `test` = dev[:2000] and `train` = 200 drawn by
@@ -128,7 +128,7 @@ class BoolQTask(Task):
         return parse_yes_no(last_boxed(completion)) is not None
 
     def aggregate(self, records: list[dict[str, Any]]) -> dict[str, Any]:
-        """Accuracy plus what REFERENCE section 6 asks to report next to it: the rate of recognised boxed answers,
+        """Accuracy plus what it takes to read it (docs/results/es-cpu-demo): the rate of recognised boxed answers,
         accuracy among them, the share of "yes" among them (a yes-bias shows here) and the majority-class
         baseline of the evaluated examples (needs `extracted` from `details` and `example` in each record)."""
         out = super().aggregate(records)

@@ -5,7 +5,8 @@ ESWorkerExtension")`); the replica calls its methods with `llm.collective_rpc("e
 Only plain Python values cross that boundary (ints, floats, strings, lists), so any vLLM RPC transport works.
 
 Weights are edited in place, so CUDA graphs captured by the engine stay valid (same addresses); the caller
-resets the prefix cache after every edit, and the engine is built with prefix caching off (REFERENCE trap 7).
+resets the prefix cache after every edit, and the engine is built with prefix caching off (a cached
+prefix would keep the old weights' keys and values).
 
 The math is esft's own `MasterWeights`, run on views of vLLM's tensors, so a vLLM replica holds bit-for-bit the
 same fp32 masters as a PyTorch replica on the same device type (noise per (seed, Hugging Face tensor name),
