@@ -19,10 +19,10 @@ behaviour where the paper is silent (documented per checker). Offline building b
   uses NLTK punkt English), so sentence counts follow the reference's tokenizer, with nothing downloaded;
 - language: `langdetect` (profiles inside the package), with a fixed seed so results are repeatable.
 
-Checked against the published checkers (if-verifiable's port, with its sentence tokenizer swapped for
-the same Punkt model) on ~14,000 random instruction checks (junk and prose-like responses, strict and
-loose): verdicts agree
-except for these known, documented differences:
+Compared with the published checkers (if-verifiable's port, with its sentence tokenizer swapped for
+the same Punkt model) on random instruction checks (junk and prose-like responses, strict and loose; that
+comparison's script and output are not part of this repository): verdicts agreed except for these known,
+documented differences:
 - `keywords:letter_frequency` with a non-letter ("#", "!"; 2 of 834 instructions): we count that
   character; the published checker silently checks a randomly drawn letter instead.
 - `change_case:capital_word_frequency`: all-capital words are counted on Punkt's word tokens rather than
