@@ -30,3 +30,63 @@ def test_install_never_pulls_unpinned_torch():
     for cmd in setup_commands():
         # torch is pinned and installed before esft, so pip never resolves an unpinned (CUDA) torch
         assert 0 <= cmd.find("torch==") < cmd.find(" -e ")
+
+
+# ---- the repository stands alone: no internal files, every cited result is committed ------------------------------
+TEXT_SUFFIXES = {".py", ".md", ".yaml", ".yml", ".txt", ".toml", ".cfg", ".cpp", ".h", ".json", ".jsonl", ".csv"}
+INTERNAL = re.compile(r"REFERENCE\.md|\bREFERENCE (?:section|trap)\b|\.\./shared\b|/work/shared\b")
+
+
+def _text_files(*roots: str):
+    for root in roots:
+        path = ROOT / root
+        if path.is_file():
+            yield path
+            continue
+        for f in sorted(path.rglob("*")):
+            if f.is_file() and f.suffix in TEXT_SUFFIXES and "__pycache__" not in f.parts:
+                yield f
+
+
+def test_no_reference_to_files_outside_the_repository():
+    """A user of the repository cannot see the development notes (REFERENCE.md) or the shared folder next to the
+    checkout: src/, docs/ and README.md cite the papers and esft's own docs instead."""
+    hits = []
+    for f in _text_files("src", "docs", "README.md"):
+        for n, line in enumerate(f.read_text(errors="replace").splitlines(), 1):
+            if INTERNAL.search(line):
+                hits.append(f"{f.relative_to(ROOT)}:{n}: {line.strip()[:100]}")
+    assert not hits, "\n".join(hits)
+
+
+def _cited_results(text: str, prefix: str) -> set[str]:
+    return {m.rstrip(".,;:)") for m in re.findall(re.escape(prefix) + r"[\w./-]+", text)}
+
+
+def test_results_cited_in_readme_exist():
+    cited = _cited_results((ROOT / "README.md").read_text(), "docs/results/")
+    assert cited, "README cites no docs/results folder"
+    missing = sorted(c for c in cited if not (ROOT / c).exists())
+    assert not missing, f"README cites results that are not committed: {missing}"
+
+
+def test_results_linked_from_docs_exist():
+    missing = []
+    for f in (ROOT / "docs").glob("*.md"):
+        for c in _cited_results(f.read_text(), "results/"):
+            if not (ROOT / "docs" / c).exists():
+                missing.append(f"{f.name}: {c}")
+    assert not missing, missing
+
+
+def test_generated_results_summaries_are_current():
+    """summary.md and constant_baselines.md are what their committed scripts print from committed data, so the
+    numbers the docs quote from them can be recomputed."""
+    import subprocess
+    import sys
+
+    for script, out in [("docs/results/es-cpu-demo/summarize.py", "docs/results/es-cpu-demo/summary.md"),
+                        ("docs/results/constant_baselines.py", "docs/results/constant_baselines.md")]:
+        run = subprocess.run([sys.executable, str(ROOT / script)], capture_output=True, text=True, cwd=ROOT,
+                             check=True)
+        assert run.stdout == (ROOT / out).read_text(), f"{out} is stale: run `python {script} > {out}`"

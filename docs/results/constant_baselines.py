@@ -1,0 +1,54 @@
+"""Best constant-answer baselines of the test examples that docs/results evaluated.
+
+Run from the repository root: `python docs/results/constant_baselines.py > docs/results/constant_baselines.md`.
+Reads only the datasets bundled in the package (`esft.tasks.get_task(name).load("test", n)`, the first n test
+examples, as `esft eval`, the ES trainer's held-out evaluation and `esft experiment run` use them). For each
+(task, n) it prints how often each answer is the gold one, so an accuracy can be read beside the score of always
+giving one answer (always "yes" on BoolQ, always one letter on the 4-choice tasks). Passage cuts
+(`max_passage_chars`) change prompts, not labels, so they do not enter here.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from esft.tasks import get_task
+
+# (task, n, where those n test examples were evaluated)
+SETS = [
+    ("boolq", 200, "es-cpu-demo: held-out evaluation of `esft train es --preset cpu` (eval_limit 200)"),
+    ("boolq", 50, "es-vs-grpo-boolq/report.md evaluations (first 50) and cpu-compare (limit 50)"),
+    ("boolq", 40, "cpu-mini-sequential (limit 40)"),
+    ("chemistry", 40, "cpu-mini-sequential (limit 40)"),
+    ("mmlu", 40, "cpu-mini-sequential holdout (limit 40)"),
+    ("mmlu", 50, "es-vs-grpo-boolq/report.md holdout evaluations (first 50)"),
+]
+
+
+def answer_key(task: str, example: dict) -> str:
+    if task == "boolq":
+        return "yes" if str(example["answer"]).strip().lower() in ("true", "yes", "1") else "no"
+    return str(example["answer"])
+
+
+def main() -> None:
+    print("# Constant-answer baselines of the evaluated test examples")
+    print()
+    print("Written by `python docs/results/constant_baselines.py` (this folder) from the package's bundled data.")
+    print("Each row: the first n test examples of the task; the share of each gold answer; the best constant")
+    print("answer and its accuracy (what a model that always gives that answer, well formed, would score).")
+    print()
+    print("| task | first n | gold answers | best constant answer | its accuracy | evaluated in |")
+    print("|---|---|---|---|---|---|")
+    for task, n, where in SETS:
+        examples = get_task(task).load("test", n)
+        assert len(examples) == n, (task, n, len(examples))
+        counts = Counter(answer_key(task, e) for e in examples)
+        keys = ("yes", "no") if task == "boolq" else ("A", "B", "C", "D")
+        best = max(keys, key=lambda k: counts[k])
+        shares = ", ".join(f"{k} {counts[k]}" for k in keys)
+        print(f"| {task} | {n} | {shares} | {best} | {100 * counts[best] / n:.1f}% | {where} |")
+
+
+if __name__ == "__main__":
+    main()
