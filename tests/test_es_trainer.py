@@ -102,6 +102,39 @@ def test_same_seed_is_bit_identical_and_replay_reproduces_weights(tmp_path):
     assert seeds_log(c.output_dir) != seeds_log(a.output_dir)
 
 
+@pytest.mark.parametrize("opts", [dict(), dict(antithetic=True), dict(noise="lowrank", rank=2),
+                                  dict(fitness_rule="dart", format_bonus=0.0), dict(optimizer="adam", alpha=0.01)],
+                         ids=["sgd", "antithetic", "lowrank", "dart", "adam"])
+def test_noise_stream_draws_other_members_and_replays_bit_for_bit(tmp_path, opts):
+    from esft.es.replay import verify
+    from esft.es.strategy import member_seeds
+
+    kw = dict(iterations=3, eval_every=0, checkpoint_every=0, **opts)
+    base = run(cfg(tmp_path, "stream0", **kw))
+    res = run(cfg(tmp_path, "stream1", noise_stream=1, **kw))
+    assert yaml.safe_load((res.output_dir / "config.yaml").read_text())["noise_stream"] == 1
+    lines, lines0 = seeds_log(res.output_dir), seeds_log(base.output_dir)
+    pairs = 2 if opts.get("antithetic") else 1
+    for t, (rec, rec0) in enumerate(zip(lines, lines0)):
+        assert rec["noise_stream"] == 1 and "noise_stream" not in rec0  # stream 0 lines keep the old format
+        assert [s for s, _ in rec["members"][::pairs]] == member_seeds(5, t, 6 // pairs, stream=1)
+        assert not {s for s, _ in rec["members"]} & {s for s, _ in rec0["members"]}
+    assert any(r["update_norm"] > 0 for r in lines)
+    # replay from the base model and seeds.jsonl lands on the final weights of the stream-1 run, bit for bit
+    model, weights = final_masters(res.output_dir)
+    assert matches_checkpoint(model, weights, res.final_checkpoint)
+    assert verify(res.output_dir, model=tiny_llama()) == {
+        "step": 3, "checkpoint": str(res.final_checkpoint), "bit_identical": True, "noise_stream": 1}
+
+
+def test_replay_refuses_a_seed_log_of_another_stream(tmp_path):
+    res = run(cfg(tmp_path, iterations=1, eval_every=0, checkpoint_every=0, noise_stream=2))
+    path = res.output_dir / "config.yaml"
+    path.write_text(path.read_text().replace("noise_stream: 2", "noise_stream: 0"))
+    with pytest.raises(ValueError, match="noise_stream"):
+        rebuild(tiny_llama(), res.output_dir)
+
+
 class Interrupt(LocalExecutor):
     """Raises KeyboardInterrupt while evaluating member 3 of iteration `at` (weights perturbed at the time)."""
 
@@ -142,8 +175,9 @@ def interrupted_run(config, at, dtype=torch.float32):
 
 
 @pytest.mark.parametrize("opts", [dict(), dict(optimizer="adam", alpha=0.01), dict(dtype=torch.bfloat16),
-                                  dict(antithetic=True, fitness_shaping="centered_rank", exclude=["norm"])],
-                         ids=["sgd-fp32", "adam", "bf16", "antithetic-rank-nonorm"])
+                                  dict(antithetic=True, fitness_shaping="centered_rank", exclude=["norm"]),
+                                  dict(noise_stream=3)],
+                         ids=["sgd-fp32", "adam", "bf16", "antithetic-rank-nonorm", "stream-3"])
 def test_resume_equals_uninterrupted(tmp_path, opts):
     dtype = opts.pop("dtype", torch.float32)
     full = run(cfg(tmp_path, "full", **opts), dtype=dtype)
@@ -178,6 +212,8 @@ def test_resume_rejects_changed_config(tmp_path):
     run(config)
     with pytest.raises(ValueError, match="sigma"):
         run(config.replace(resume=True, sigma=0.1))
+    with pytest.raises(ValueError, match="noise_stream"):  # a resumed stage keeps its noise stream
+        run(config.replace(resume=True, noise_stream=1))
     # extending a finished run is allowed; resume_config recovers the saved settings from the run directory
     from esft.es.config import resume_config
 

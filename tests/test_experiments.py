@@ -137,6 +137,43 @@ def test_chain_components_and_folder_names(tmp_path):
     assert spec.config(chain.components[1], "boolq", 42).population_size == 8
 
 
+
+def test_es_steps_of_a_chain_get_distinct_noise_streams(tmp_path):
+    spec = _spec(tmp_path, GOOD.replace("tasks: [countdown, boolq]", "tasks: [countdown, math, boolq]").replace(
+        "evaluation:", "  grpo->es:\n    grpo: {max_steps: 1}\n    es: {iterations: 1}\nevaluation:"))
+    stages = build_plan(spec)
+    for seed in (42, 52):
+        for track in ("es@2", "es@4", "grpo-to-es"):
+            chain = [s for s in stages if s.key.startswith(f"seed-{seed}/sequential/{track}/")]
+            es = [st for s in chain for st in s.steps if st.algorithm == "es"]
+            # stage k's ES run draws stream k-1: stage 1 keeps the single-run seeds, no two stages share noise
+            assert [st.noise_stream for st in es] == [0, 1, 2]
+            assert [spec.config(st.component, "boolq", seed, noise_stream=st.noise_stream).noise_stream
+                    for st in es] == [0, 1, 2]
+    assert all(st.noise_stream == 0 for s in stages for st in s.steps if st.algorithm == "grpo")
+    single = build_plan(_spec(tmp_path, GOOD.replace("kind: sequential", "kind: single-task")))
+    assert all(st.noise_stream == 0 for s in single for st in s.steps)
+    # a stage trained before streams existed has no noise_stream in its fingerprint: stream 0 stages still match,
+    # a later stage (trained on the shared noise) is refused before any compute
+    from esft.experiments.runner import STATUS, _fingerprint, _step_configs, check_existing
+    from esft.experiments.evaluate import write_json
+
+    root, smap = tmp_path / "out", {s.key: s for s in stages}
+    for key in ("seed-42/sequential/es@2/1-countdown", "seed-42/sequential/es@4/2-math"):
+        old = _fingerprint(smap[key], _step_configs(spec, smap[key], root, smap))
+        for entry in old:
+            entry["config"].pop("noise_stream", None)
+        (root / key).mkdir(parents=True)
+        write_json(root / key / STATUS, {"status": "done", "fingerprint": old})
+        if key.endswith("1-countdown"):
+            check_existing(spec, stages, root)
+    with pytest.raises(SpecError, match=r"es@4/2-math was trained with other options \(noise_stream: None -> 1\)"):
+        check_existing(spec, stages, root)
+    # the stream is the experiment's to set, not an option of a block
+    with pytest.raises(SpecError, match="set by the experiment"):
+        _spec(tmp_path, GOOD.replace("    preset: cpu\n", "    preset: cpu\n    noise_stream: 1\n", 1))
+
+
 # ---- tables from hand-made stage records ----------------------------------------------------------------------------
 
 def _rec(evals: dict[str, float], **extra) -> dict:

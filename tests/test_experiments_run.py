@@ -141,7 +141,33 @@ def test_resume_after_kill_mid_stage(tmp_path, tokenizer, monkeypatch):
     assert done == [("boolq", 1), ("boolq", 2)]
     resumed = _lines(stage2 / "run/seeds.jsonl")
     assert len(resumed) == 3 and resumed[0] == logged[0]
+    assert all(json.loads(line)["noise_stream"] == 1 for line in resumed)  # the resumed stage kept its stream
     assert _json(stage2 / "status.json")["attempts"] == 2
+
+
+def test_sequential_es_stages_draw_independent_noise(tmp_path, tokenizer):
+    from esft.es.replay import matches_checkpoint, rebuild
+
+    spec = write_spec(tmp_path / "seq.yaml", "sequential", ["countdown", "boolq"],
+                      {"es": {**ES_BLOCK, "iterations": 2}},
+                      evaluation={"limit": 1, "max_new_tokens": 2, "holdout": []})
+    out = tmp_path / "out"
+    tiny = TinyHooks(tokenizer)
+    assert run_experiment(load_spec(spec), out, tiny.hooks, write_tables=False).ok
+    seq = out / "seed-42/sequential/es"
+    first, second = (seq / "1-countdown/run", seq / "2-boolq/run")
+    logs = [[json.loads(line) for line in _lines(run / "seeds.jsonl")] for run in (first, second)]
+    assert [len(log) for log in logs] == [2, 2]
+    # both stages run seed 42 from iteration 0, yet no iteration of stage 2 re-draws a perturbation of stage 1
+    for a, b in zip(*logs):
+        assert not {s for s, _ in a["members"]} & {s for s, _ in b["members"]}
+    assert not {s for r in logs[0] for s in r["seeds"]} & {s for r in logs[1] for s in r["seeds"]}
+    streams = [yaml.safe_load((run / "config.yaml").read_text())["noise_stream"] for run in (first, second)]
+    assert streams == [0, 1] and all(r["noise_stream"] == 1 for r in logs[1])
+    assert _json(seq / "2-boolq/result.json")["steps"][0]["config"]["noise_stream"] == 1
+    # stage 2 replays from its start model (stage 1's final weights) and its seed log alone, bit for bit
+    model, _ = tiny.load_model(yaml.safe_load((second / "config.yaml").read_text())["model"])
+    assert matches_checkpoint(model, rebuild(model, second), second / "checkpoints/final")
 
 
 def test_failed_stage_keeps_other_results_then_reruns(tmp_path, tokenizer):

@@ -38,6 +38,11 @@ class ESConfig(RunConfig):
     """generation budget per completion (greedy decoding)"""
     seed: int = 42
     """run seed: member seeds and batches are pure functions of (seed, iteration)"""
+    noise_stream: int = 0
+    """index k of the member-seed stream: k > 0 draws SeedSequence([seed, t, k]) instead of [seed, t]
+    (esft.es.strategy.member_seeds). `esft experiment` gives each ES stage of a sequential chain its own stream,
+    since every stage runs the chain's seed from iteration 0 and would otherwise re-draw the previous stages'
+    perturbations (the random-walk law summed over stages assumes independent noise). 0 = a single run"""
     output_dir: str = "runs/es"
     """run directory (config.yaml, metrics.jsonl, seeds.jsonl, samples/, checkpoints/)"""
     antithetic: bool = False

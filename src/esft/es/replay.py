@@ -3,7 +3,9 @@
 Every update is a seeded noise sum with logged coefficients, so applying the logged updates to the base model
 with the run's parameter selection and noise mode reproduces the trained masters bit for bit (same device
 type: CPU and CUDA generators draw different numbers). Adam runs are replayed through a fresh optimizer, which
-is deterministic too.
+is deterministic too. A run of noise stream k > 0 (a later stage of a sequential chain) logged its own seeds;
+replay checks that the log and config.yaml name the same stream, so the stage's seeds are applied to the stage's
+start model (its config's `model`, the previous stage's checkpoint).
 
     model, tok = load_model(...)                    # the run's base model, same dtype
     rebuild(model, "runs/es", step=20)              # model now holds theta_20
@@ -46,6 +48,7 @@ def replay(model: torch.nn.Module, run_dir: str | Path, upto: int | None = None)
 
     config, _ = read_run_config(run_dir)
     records = runlog.read_seed_log(run_dir)
+    runlog.check_noise_stream(records, config.noise_stream, Path(run_dir))
     if upto is None:
         upto = len(records)
     if not 0 <= upto <= len(records):
@@ -124,16 +127,17 @@ def matches_checkpoint(model: torch.nn.Module, weights: MasterWeights, folder: s
 
 def verify(run_dir: str | Path, model: torch.nn.Module | None = None) -> dict[str, Any]:
     """Rebuild the last logged step from the base model and compare it with the run's checkpoint of that step
-    (`final` or `iter_XXXXXX`) bit for bit."""
+    (`final` or `iter_XXXXXX`) bit for bit; also reports the run's noise stream."""
     if model is None:
         model, _ = load_base(run_dir)
     weights = rebuild(model, run_dir)
     step = len(runlog.read_seed_log(run_dir))
+    stream = read_run_config(run_dir)[0].noise_stream
     folders = [f for s, f in runlog.list_checkpoints(Path(run_dir)) if s == step]
     if not folders:
-        return {"step": step, "checkpoint": None, "bit_identical": None}
+        return {"step": step, "checkpoint": None, "bit_identical": None, "noise_stream": stream}
     return {"step": step, "checkpoint": str(folders[-1]),
-            "bit_identical": all(matches_checkpoint(model, weights, f) for f in folders)}
+            "bit_identical": all(matches_checkpoint(model, weights, f) for f in folders), "noise_stream": stream}
 
 
 def main(argv: list[str] | None = None) -> int:

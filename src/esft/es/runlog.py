@@ -3,6 +3,7 @@
 Layout of `output_dir`:
     config.yaml                  resolved ESConfig (+ `_run`: precision, d, versions)
     seeds.jsonl                  one line per iteration: batch indices, members, fitness, update coefficients
+                                 (+ noise_stream when the run draws a stream k > 0)
     metrics.jsonl                {"kind": "train", ...} per iteration and {"kind": "eval", ...} per evaluation
     samples/                     iter_XXXXXX.jsonl (a few member-0 completions), eval_XXXXXX.jsonl (held-out)
     checkpoints/iter_XXXXXX/     save_pretrained folder + es_state.json (+ masters.safetensors for non-fp32
@@ -197,10 +198,11 @@ def load_checkpoint(folder: Path, model: Any, weights: MasterWeights,
 # ---- seeds.jsonl schema ------------------------------------------------------------------------------------------
 
 def seed_record(iteration: int, batch_indices: list[int], members: list, fitness: list[float],
-                shaped: list[float], update: Any, update_norm: float) -> dict[str, Any]:
+                shaped: list[float], update: Any, update_norm: float, noise_stream: int = 0) -> dict[str, Any]:
     """One seeds.jsonl line. Floats are written with Python's repr, which round-trips float64 exactly, so
-    replay applies bit-identical coefficients."""
-    return {
+    replay applies bit-identical coefficients. `noise_stream` (esft.es.strategy.member_seeds) is written only
+    when k > 0, so stream-0 logs keep their format byte for byte (absent = stream 0)."""
+    record = {
         "iteration": int(iteration),
         "batch": [int(i) for i in batch_indices],
         "members": [[int(s), int(g)] for s, g in members],
@@ -212,6 +214,19 @@ def seed_record(iteration: int, batch_indices: list[int], members: list, fitness
         "kind": update.kind,
         "update_norm": float(update_norm),
     }
+    if noise_stream:
+        record["noise_stream"] = int(noise_stream)
+    return record
+
+
+def check_noise_stream(records: list[dict[str, Any]], stream: int, run_dir: Path) -> None:
+    """Refuse a seed log drawn from another noise stream than the config's (a stage's run directory paired
+    with another stage's config.yaml): resuming it would mix two streams in one run."""
+    for rec in records:
+        logged = int(rec.get("noise_stream", 0))
+        if logged != int(stream):
+            raise ValueError(f"{run_dir}/seeds.jsonl iteration {rec.get('iteration')} was drawn from noise_stream "
+                             f"{logged}, but the run's config has noise_stream {stream}")
 
 
 def update_from_record(record: dict[str, Any]):

@@ -7,7 +7,10 @@ esft MAXIMISES fitness (reward): a member with higher fitness pulls the weights 
     update = strategy.tell(members, fitness)   # esft.es.noise.Update, applied by MasterWeights.apply
 
 `ask` keeps no RNG state: the seeds of iteration t come from numpy's SeedSequence([run seed, t]), so a resumed
-run asks exactly what the uninterrupted run asked. The paper's update (SGD) is
+run asks exactly what the uninterrupted run asked. A noise stream k > 0 (`stream`, ESConfig.noise_stream) draws
+from SeedSequence([run seed, t, k]) instead: the stages of a sequential chain share the run seed and each starts
+at iteration 0, so without their own streams they would all search the same N directions at every t. The paper's
+update (SGD) is
 
     theta += (alpha / N) * sum_n z_n * eps_n,   z = (f - mean f) / (population std f + 1e-8).
 
@@ -82,9 +85,18 @@ def get_shaping(name: str) -> FitnessShaping:
 
 # ---- member seeds ---------------------------------------------------------------------------------------------
 
-def member_seeds(run_seed: int, iteration: int, count: int) -> list[int]:
-    """`count` distinct 32-bit seeds for one iteration, a pure function of (run seed, iteration)."""
-    ss = np.random.SeedSequence([int(run_seed), int(iteration)])
+def member_seeds(run_seed: int, iteration: int, count: int, stream: int = 0) -> list[int]:
+    """`count` distinct 32-bit seeds for one iteration, a pure function of (run seed, iteration, noise stream).
+
+    Every member seed of every executor, noise mode and fitness rule comes from here (through `ES.ask`). Stream 0
+    is SeedSequence([run seed, t]) exactly, so runs logged without a stream resume and re-run bit-identically.
+    Stream k > 0 appends k: SeedSequence pads short entropy with zeros, so [s, t, k] equals [s, t] only for k = 0,
+    and the streams are independent draws (two share a 32-bit seed only by chance, ~N^2 / 2^32 per iteration).
+    """
+    if int(stream) < 0:
+        raise ValueError(f"noise stream must be >= 0, got {stream}")
+    entropy = [int(run_seed), int(iteration)] + ([int(stream)] if int(stream) else [])
+    ss = np.random.SeedSequence(entropy)
     seeds: list[int] = []
     extra = 0
     while len(seeds) < count:  # collisions are ~never; re-draw deterministically if they happen
@@ -107,11 +119,12 @@ class ES:
     antithetic: members come in mirrored pairs (seed, +1), (seed, -1) sharing one noise draw.
     fitness_shaping: "zscore" (paper), "centered_rank" or "raw".
     optimizer: "sgd" (paper rule, no state) or "adam" (torch.optim.Adam on the fp32 masters).
+    stream: noise stream of the member seeds (see `member_seeds`); 0 for a single run.
     """
 
     def __init__(self, population_size: int, sigma: float, alpha: float, seed: int = 0, antithetic: bool = False,
                  fitness_shaping: str = "zscore", optimizer: str = "sgd", adam_betas: tuple[float, float] = (0.9, 0.999),
-                 adam_eps: float = 1e-8):
+                 adam_eps: float = 1e-8, stream: int = 0):
         if population_size < 1:
             raise ValueError("population_size must be >= 1")
         if antithetic and population_size % 2:
@@ -128,13 +141,16 @@ class ES:
         self.optimizer_name = optimizer
         self.adam_betas = tuple(adam_betas)
         self.adam_eps = float(adam_eps)
+        if int(stream) < 0:
+            raise ValueError(f"noise stream must be >= 0, got {stream}")
+        self.stream = int(stream)
 
     def ask(self, iteration: int) -> list[Member]:
-        """Members of an iteration, deterministic in (run seed, iteration)."""
+        """Members of an iteration, deterministic in (run seed, iteration, noise stream)."""
         if self.antithetic:
-            seeds = member_seeds(self.seed, iteration, self.population_size // 2)
+            seeds = member_seeds(self.seed, iteration, self.population_size // 2, self.stream)
             return [Member(s, sign) for s in seeds for sign in (1, -1)]
-        return [Member(s, 1) for s in member_seeds(self.seed, iteration, self.population_size)]
+        return [Member(s, 1) for s in member_seeds(self.seed, iteration, self.population_size, self.stream)]
 
     def shape(self, fitness: Sequence[float]) -> np.ndarray:
         f = np.asarray(fitness, dtype=np.float64)

@@ -59,7 +59,8 @@ def sample_batch(seed: int, iteration: int, n: int, batch_size: int) -> list[int
 
 def make_strategy(config: ESConfig) -> ES:
     return ES(population_size=config.population_size, sigma=config.sigma, alpha=config.alpha, seed=config.seed,
-              antithetic=config.antithetic, fitness_shaping=config.fitness_shaping, optimizer=config.optimizer)
+              antithetic=config.antithetic, fitness_shaping=config.fitness_shaping, optimizer=config.optimizer,
+              stream=config.noise_stream)
 
 
 def make_weights(model: Any, config: ESConfig) -> MasterWeights:
@@ -181,6 +182,7 @@ class ESTrainer:
     def _resume(self) -> None:
         """Latest checkpoint not past the seed log, then exact replay of the logged iterations after it."""
         records = runlog.read_seed_log(self.out)
+        runlog.check_noise_stream(records, self.config.noise_stream, self.out)
         usable = [(s, f) for s, f in runlog.list_checkpoints(self.out) if s <= len(records)]
         start = 0
         rule_state = None
@@ -279,7 +281,8 @@ class ESTrainer:
         norm = self.weights.apply(update, self.optimizer)
         t_update = time.perf_counter() - t0
         # the iteration is committed once its seed-log line is on disk
-        seed_line = runlog.seed_record(it, idx, members, fitness.tolist(), shaped.tolist(), update, norm)
+        seed_line = runlog.seed_record(it, idx, members, fitness.tolist(), shaped.tolist(), update, norm,
+                                       noise_stream=self.strategy.stream)
         if hasattr(self.rule, "log_record"):  # what a stateful rule needs to replay this iteration on resume
             seed_line["fitness_rule"] = self.rule.log_record()
         runlog.append_jsonl(self.out / "seeds.jsonl", seed_line)

@@ -13,10 +13,15 @@ Folders (relative to the experiment directory):
 
 Runs are ordinary trainer run directories whose `model` is the previous stage's checkpoint folder, so
 `esft report` links sequential stages into chains on its own.
+
+Every stage of a chain trains with the chain's seed from step 0, so each ES run of a chain gets its own noise
+stream (ESConfig.noise_stream): stage k's j-th ES step draws stream (k - 1) * (ES steps per stage) + j. Stage 1
+(and every single-task stage) keeps stream 0, the seeds of a plain run with that seed.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +45,8 @@ class Step:
     budget: int
     snapshot: bool = False
     """keep `checkpoints/iter_<budget>` because the run is continued to a larger budget afterwards"""
+    noise_stream: int = 0
+    """member-seed stream of an ES step (ESConfig.noise_stream), distinct for every ES step of a chain"""
 
     @property
     def algorithm(self) -> str:
@@ -102,13 +109,19 @@ def tracks(method: Method, spec: Spec) -> list[Track]:
                   f"{method.display} ({algo.budget_short}={b})", method, b) for b in budgets]
 
 
+def has_noise_stream(comp: Component) -> bool:
+    return any(f.name == "noise_stream" for f in dataclasses.fields(comp.spec.config_cls))
+
+
 def _steps(spec: Spec, method: Method, task: str, seed: int, run_base: str, budget: int | None,
-           snapshot: bool) -> list[Step]:
+           snapshot: bool, index: int = 1) -> list[Step]:
     steps = []
+    streamed = [i for i, c in enumerate(method.components) if has_noise_stream(c)]
     for i, comp in enumerate(method.components):
         b = budget if budget is not None else getattr(spec.config(comp, task, seed), comp.spec.budget_field)
         run_dir = run_base if len(method.components) == 1 else f"{run_base}-{i + 1}-{comp.algorithm}"
-        steps.append(Step(comp, run_dir, int(b), snapshot and i == len(method.components) - 1))
+        stream = (index - 1) * len(streamed) + streamed.index(i) if i in streamed else 0
+        steps.append(Step(comp, run_dir, int(b), snapshot and i == len(method.components) - 1, stream))
     return steps
 
 
@@ -165,10 +178,10 @@ def _sequential(spec: Spec, seed: int) -> list[Stage]:
                     run_base = f"seed-{seed}/sequential/{slug(method.label)}/1-{task}/run"
                     lower = [first_stage[b] for b in sorted(first_stage) if b < (t.budget or 0)]
                     after += lower[-1:]
-                    steps = _steps(spec, method, task, seed, run_base, t.budget, (t.budget or 0) < top)
+                    steps = _steps(spec, method, task, seed, run_base, t.budget, (t.budget or 0) < top, k)
                     first_stage[t.budget or 0] = key
                 else:
-                    steps = _steps(spec, method, task, seed, f"{key}/run", t.budget, False)
+                    steps = _steps(spec, method, task, seed, f"{key}/run", t.budget, False, k)
                 out.append(Stage(key=key, kind="train", seed=seed, track=t.name, label=method.label,
                                  display=t.display, task=task, index=k, parent=parent, after=after, steps=steps,
                                  eval_tasks=ev.all_tasks, budget=t.budget))
@@ -185,7 +198,7 @@ def describe(stages: list[Stage]) -> str:
             continue
         start = s.parent or "base model"
         run = " then ".join(f"{st.algorithm} to {st.budget} in {st.run_dir}" + (" (snapshot)" if st.snapshot else "")
-                            for st in s.steps)
+                            + (f" (noise stream {st.noise_stream})" if st.noise_stream else "") for st in s.steps)
         lines.append(f"{s.key:<48} from {start}: {run}; evaluate {', '.join(s.eval_tasks)}")
     return "\n".join(lines)
 
@@ -199,7 +212,8 @@ def as_dict(stage: Stage) -> dict[str, Any]:
             "display": stage.display, "task": stage.task, "index": stage.index, "parent": stage.parent,
             "budget": stage.budget, "eval_tasks": stage.eval_tasks,
             "steps": [{"algorithm": st.algorithm, "run_dir": st.run_dir, "budget": st.budget,
-                       "snapshot": st.snapshot, "model_dir": st.model_dir()} for st in stage.steps]}
+                       "snapshot": st.snapshot, "model_dir": st.model_dir(), "noise_stream": st.noise_stream}
+                      for st in stage.steps]}
 
 
 __all__ = ["BASE", "Stage", "Step", "Track", "build_plan", "describe", "stage_map", "tracks", "as_dict", "slug"]

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from esft.experiments.evaluate import evaluate_stage, read_json, write_json
-from esft.experiments.plan import BASE, Stage, Step, as_dict, build_plan, describe
+from esft.experiments.plan import BASE, Stage, Step, as_dict, build_plan, describe, has_noise_stream
 from esft.experiments.spec import Spec, SpecError
 
 STATUS = "status.json"
@@ -91,8 +91,9 @@ def _step_configs(spec: Spec, stage: Stage, root: Path, stages: dict[str, Stage]
     configs = []
     model = _start_model(spec, stage, root, stages)
     for step in stage.steps:
+        streams = {"noise_stream": step.noise_stream} if has_noise_stream(step.component) else {}
         cfg = spec.config(step.component, stage.task, stage.seed, step.budget, model=model,
-                          output_dir=str((root / step.run_dir).resolve()), resume=True)
+                          output_dir=str((root / step.run_dir).resolve()), resume=True, **streams)
         configs.append(cfg)
         model = str((root / step.model_dir()).resolve())
     return configs
@@ -109,6 +110,9 @@ def _fingerprint(stage: Stage, configs: list[Any]) -> list[dict[str, Any]]:
         # the budget does
         skip = set(free.get(step.algorithm, ())) - {step.component.spec.budget_field}
         data = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in skip}
+        if data.get("noise_stream") == 0:
+            # left out at 0 so that fingerprints recorded without the field (all of them stream 0) still match
+            del data["noise_stream"]
         out.append({"algorithm": step.algorithm, "config": json.loads(json.dumps(data, default=str))})
     return out
 

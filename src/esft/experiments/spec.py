@@ -15,9 +15,9 @@
     sequential: {carry_optimizer_state: false}
     tables: {ifeval_metric: prompt_strict}
 
-Fields the experiment itself sets (model, task, seed, output_dir, resume) may not appear in option blocks; neither
-may task options (`max_passage_chars`, `task_options`), which live at the top level so that training and
-evaluation see the same prompts.
+Fields the experiment itself sets (model, task, seed, output_dir, resume, and ES's noise_stream, one per ES run of
+a chain: esft.experiments.plan) may not appear in option blocks; neither may task options (`max_passage_chars`,
+`task_options`), which live at the top level so that training and evaluation see the same prompts.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from esft.experiments.yamlines import LineDict, LineList, SpecError, load_file, 
 KINDS = ("single-task", "sequential")
 TOP_KEYS = ("name", "description", "kind", "model", "tasks", "seeds", "algorithms", "task_options", "evaluation",
             "sequential", "tables", "output_dir")
-RUNNER_FIELDS = ("model", "task", "seed", "output_dir", "resume")
+RUNNER_FIELDS = ("model", "task", "seed", "output_dir", "resume", "noise_stream")
 TASK_OPTION_FIELDS = ("max_passage_chars", "task_options")
 BLOCK_KEYS = ("algorithm", "preset", "display", "per_task")
 EVAL_KEYS = ("tasks", "holdout", "limit", "max_new_tokens", "batch_size", "dtype", "device", "per_task",
@@ -276,7 +276,7 @@ def _options(ctx: _Ctx, block: LineDict, algo: Algorithm, where: str, skip: typi
         name = str(key).replace("-", "_")
         if name in RUNNER_FIELDS:
             raise ctx.error(line, f"{where}: {key!r} is set by the experiment (top-level model / tasks / seeds, "
-                                  f"--output-dir), not per algorithm")
+                                  f"--output-dir, the stage's place in a chain), not per algorithm")
         if name in TASK_OPTION_FIELDS:
             raise ctx.error(line, f"{where}: {key!r} is a task option; put it under the top-level task_options "
                                   f"(e.g. task_options: {{boolq: {{max_passage_chars: 400}}}}) so training and "
