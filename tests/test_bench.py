@@ -3,18 +3,21 @@
 
 from __future__ import annotations
 
+import functools
+import itertools
 import json
+import threading
 
 import pytest
 import torch
 
-from esft import bench
-from esft.generation import encode_prompts
+from esft import bench, lean
+from esft.generation import GenerationConfig, encode_prompts, eos_token_ids, generate
 
 from conftest import make_tiny_model
 
-REQUIRED = {"roofline_ratio", "generated_tokens_per_s", "iteration_s", "naive_iteration_s", "speedup_vs_naive",
-            "overhead_fraction"}
+REQUIRED = {"roofline_ratio", "generated_tokens_per_s", "delivered_tokens_per_s", "executed_gflop", "iteration_s",
+            "naive_iteration_s", "speedup_vs_naive", "overhead_fraction"}
 
 
 @pytest.fixture(autouse=True)
@@ -29,6 +32,160 @@ def small_workload(name: str = "small", min_new: int = 6) -> bench.Workload:
     prompts = [[{"role": "user", "content": f"Tell me about the number {i} and its friends."}] for i in range(5)]
     return bench.Workload(name, prompts, max_new_tokens=6, min_new_tokens=min_new, generation_batch_size=3,
                           sigma=1e-2, alpha=1e-3)
+
+
+def varied_prompts(n: int = 7) -> list:
+    """Chat prompts sharing the template's system-prompt prefix, of different lengths (so buckets pad)."""
+    return [[{"role": "user", "content": f"Tell me about the number {i}" + " and its friends" * (3 * i)}]
+            for i in range(n)]
+
+
+def finish_rows_early(monkeypatch, eos: int, every: int = 3) -> None:
+    """Every `every`-th next-token pick (sampled or screened) makes the first live row emit eos, so rows stop
+    at different steps and are dropped mid-batch (the tiny random model never emits eos by itself)."""
+    import esft.generation as generation
+
+    calls = itertools.count()
+    real_sample, real_greedy = generation.sample_next, lean.ScreenedLogits.greedy
+
+    def forced(tokens: torch.Tensor) -> torch.Tensor:
+        if next(calls) % every == every - 1:
+            tokens = tokens.clone()
+            tokens[0] = eos
+        return tokens
+
+    monkeypatch.setattr(generation, "sample_next", lambda *args, **kwargs: forced(real_sample(*args, **kwargs)))
+    monkeypatch.setattr(lean.ScreenedLogits, "greedy", lambda self: forced(real_greedy(self)))
+
+
+class EngineCounter:
+    """FLOPs counted from the lean engine's own calls (every prefill forward's input and mask, every decode step's
+    live rows and attended cache columns), independently of `bench.executed_flops`: per computed position the
+    weights of the layers' nn.Linear modules, per attended (query, key) pair 4 x heads x head_dim per layer, per
+    logit row the lm_head's weight; the decode lm_head counted as bf16 where the step ran the screen."""
+
+    def __init__(self, model, monkeypatch):
+        cfg = model.config
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        per_position = 2 * sum(m.weight.numel() for m in model.model.layers.modules()
+                               if isinstance(m, torch.nn.Linear))
+        per_pair = 4 * cfg.num_attention_heads * head_dim * cfg.num_hidden_layers
+        per_logit = 2 * model.lm_head.weight.numel()
+        self.flops = {"fp32": 0, "bf16": 0}
+        self.calls = {"prefill": 0, "decode": 0}
+        lock = threading.Lock()
+
+        def add(kind: str, call: str, flops: int) -> None:
+            with lock:
+                self.flops[kind] += flops
+                self.calls[call] += 1
+
+        real_layout, real_step = lean.layout_prefill, lean.decode_step
+
+        @functools.wraps(real_layout)  # keeps its signature (the bench reads its defaults)
+        def layout(model, lean_model, input_ids, attention_mask, prefill, *args, **kwargs):
+            def counted(model, ids, mask, positions, cache=None):
+                b, t = ids.shape
+                past = mask.shape[1] - t
+                own, before = mask[:, past:].sum(-1), mask[:, :past].sum(-1)
+                pairs = int((own * before + own * (own + 1) // 2).sum())
+                add("fp32", "prefill", b * t * per_position + pairs * per_pair + b * per_logit)
+                return prefill(model, ids, mask, positions, cache)
+
+            return real_layout(model, lean_model, input_ids, attention_mask, counted, *args, **kwargs)
+
+        @functools.wraps(real_step)
+        def step(lean_model, cache, token, position, cos, sin, suppress=None):
+            n = cache.rows
+            pairs = int(cache.mask[:n, :cache.length].sum()) + n  # each row's unmasked columns plus its new one
+            add("fp32", "decode", n * per_position + pairs * per_pair)
+            screened = lean_model.screen is not None and suppress is not None
+            add("bf16" if screened else "fp32", "decode", n * per_logit)
+            return real_step(lean_model, cache, token, position, cos, sin, suppress)
+
+        monkeypatch.setattr(lean, "layout_prefill", layout)
+        monkeypatch.setattr(lean, "decode_step", step)
+
+
+# A 2-layer model small enough to count by hand: per computed position 2 x 576 weights x 2 layers = 2304 FLOPs
+# (q 8x8, k 8x4, v 8x4, o 8x8, gate/up/down 3 x 8x16), per attended (query, key) pair 4 x 2 heads x 4 x 2 layers
+# = 64, per logit row 2 x 8 x 10 = 160.
+def two_layer_shape() -> "bench.ModelShape":
+    return bench.ModelShape(layers=2, hidden=8, intermediate=16, heads=2, kv_heads=1, head_dim=4, vocab=10)
+
+
+PREFIX = list(range(100, 110))  # 10 tokens every prompt starts with
+PROMPTS = [PREFIX + [1, 2, 3, 4, 5], PREFIX + [6, 7], PREFIX + [8]]  # lengths 15, 12, 11
+COMPLETIONS = [4, 1, 2]  # tokens generated per prompt (eos included)
+# decode: a row with c tokens runs c - 1 steps, its k-th attending its n prompt tokens + k: 4 row-steps,
+# pairs (16 + 17 + 18) + 0 + 12 = 63
+
+
+@pytest.mark.parametrize("options, expected", [
+    # prefix forward 1 x 10 positions (1 logit row, 55 pairs), remainders 5, 2, 1 padded to 5: 3 x 5 positions
+    # (3 logit rows; pairs 5x10+15, 2x10+3, 1x10+1 = 99): positions 25 + 4 decode = 29, pairs 154 + 63 = 217,
+    # logit rows 4 + 4 = 8: 29 x 2304 + 217 x 64 + 8 x 160
+    ({"share_prefix": True}, {"prefill_positions": 25, "prefill_logit_rows": 4, "decode_rows": 4,
+                              "attention_pairs": 217, "fp32": 66816 + 13888 + 1280, "bf16": 0}),
+    # as above, remainders in two buckets (bucket cost 0): {5} and {2, 1}, 5 + 2 x 2 positions instead of 15
+    ({"share_prefix": True, "prefill_buckets": 2, "bucket_tokens": 0},
+     {"prefill_positions": 19, "prefill_logit_rows": 4, "decode_rows": 4, "attention_pairs": 217,
+      "fp32": 23 * 2304 + 13888 + 1280, "bf16": 0}),
+    # the screened decode lm_head runs in bf16: 4 decode logit rows x 160 move from fp32 to bf16
+    ({"share_prefix": True, "screened_lm_head": True},
+     {"prefill_positions": 25, "prefill_logit_rows": 4, "decode_rows": 4, "attention_pairs": 217,
+      "fp32": 66816 + 13888 + 640, "bf16": 640}),
+    # no sharing: one forward of 3 x 15 positions, 3 logit rows, pairs 120 + 78 + 66 = 264
+    ({}, {"prefill_positions": 45, "prefill_logit_rows": 3, "decode_rows": 4, "attention_pairs": 327,
+          "fp32": 49 * 2304 + 327 * 64 + 7 * 160, "bf16": 0}),
+    # batches of 2 (longest first): {15, 12} share the prefix (1 x 10 + 2 x 5 positions, pairs 55 + 65 + 23),
+    # {11} alone cannot (1 x 11, pairs 66): positions 31, pairs 209 + 63 = 272
+    ({"share_prefix": True, "batch_size": 2},
+     {"prefill_positions": 31, "prefill_logit_rows": 4, "decode_rows": 4, "attention_pairs": 272,
+      "fp32": 35 * 2304 + 272 * 64 + 1280, "bf16": 0}),
+])
+def test_executed_flops_hand_computed(options, expected):
+    shape = two_layer_shape()
+    assert shape.layer_weights == 576
+    assert bench.executed_flops(shape, PROMPTS, COMPLETIONS, **{"batch_size": 3, **options}) == expected
+
+
+def test_model_shape_counts_the_model_weights():
+    model = make_tiny_model()
+    shape = bench.ModelShape.of(model)
+    linear = sum(m.weight.numel() for m in model.model.layers.modules() if isinstance(m, torch.nn.Linear))
+    assert shape.layers * shape.layer_weights == linear
+    assert shape.hidden * shape.vocab == model.lm_head.weight.numel()
+
+
+def test_roofline_ratio_hand_computed():
+    # 4 GFLOP at 10 GFLOP/s take 0.4 s at best: done in 2 s, the ratio is 0.2
+    assert bench.roofline_ratio({"fp32": 4e9, "bf16": 0}, 2.0, 10.0) == pytest.approx(0.2)
+    # 2 GFLOP fp32 at 10 (0.2 s) + 8 GFLOP bf16 at 40 (0.2 s): 0.4 s at best, done in 0.8 s
+    assert bench.roofline_ratio({"fp32": 2e9, "bf16": 8e9}, 0.8, 10.0, 40.0) == pytest.approx(0.5)
+    with pytest.raises(ValueError):  # bf16 work needs a bf16 rate
+        bench.roofline_ratio({"fp32": 2e9, "bf16": 8e9}, 0.8, 10.0)
+
+
+@pytest.mark.parametrize("fast", [False, True])
+def test_executed_flops_match_the_engines_calls(tokenizer, monkeypatch, fast):
+    """What the bench counts for a generate call equals what the lean engine was seen to execute: prefix and
+    buckets, logit rows, rows dropped as they finish, and (fast, where the CPU has native bf16) the screen."""
+    prompts = varied_prompts()
+    model = make_tiny_model()
+    finish_rows_early(monkeypatch, eos_token_ids(model, tokenizer)[0])
+    options = dict(bench.FAST_GENERATION) if fast else {"share_prefix": True, "prefill_buckets": 3}
+    gen = GenerationConfig(max_new_tokens=8, batch_size=4, engine="esft", **options)
+    ids = encode_prompts(tokenizer, prompts)
+    counter = EngineCounter(model, monkeypatch)
+    gens = generate(model, tokenizer, prompts, gen, prompt_ids=ids)
+    lengths = [len(g.completion_ids) for g in gens]
+    assert len(set(lengths)) > 1 and counter.calls["prefill"] > 2  # rows finished early; prefix + buckets ran
+    layout = bench.effective_layout(model, gen)
+    assert layout["screened_lm_head"] == (fast and lean.bf16_matmul_is_native())
+    counted = bench.executed_flops(bench.ModelShape.of(model), ids, lengths, batch_size=gen.batch_size, **layout)
+    assert {k: counted[k] for k in ("fp32", "bf16")} == counter.flops
+    assert (counter.flops["bf16"] > 0) == layout["screened_lm_head"]
 
 
 def test_workloads_have_the_specified_shapes(tokenizer):
@@ -80,6 +237,7 @@ def test_esft_iteration_in_parallel_lanes_does_the_same_work(tokenizer):
     assert (one["lanes"], two["lanes"]) == (1, 2)  # the second iteration really ran two members at once
     assert one["texts"] == two["texts"] and one["generated_tokens"] == two["generated_tokens"] == 3 * 5 * 6
     assert all(torch.equal(w1[n], w2[n]) for n in w1)
+    assert one["executed_flops"] == two["executed_flops"] and one["executed_flops"]["fp32"] > 0  # both lanes seen
     assert bench.BenchConfig().parallel_members == bench.FAST_PARALLEL_MEMBERS == 2
 
 
@@ -92,15 +250,41 @@ def test_run_bench_report_shape(tokenizer, monkeypatch):
                             generation={"lean": True})
     report = bench.run_bench(cfg, model=model, tokenizer=tokenizer, log=lambda m: None)
     json.dumps(report)
-    assert isinstance(report["matmul_gflops"], float)
     assert set(report["workloads"]) == {"decode-heavy", "cpu-preset"}
     for w in report["workloads"].values():
         assert REQUIRED <= set(w)
         assert all(isinstance(w[k], float) for k in REQUIRED)
-        assert 0 < w["overhead_fraction"] < 1 and w["roofline_ratio"] > 0
+        assert 0 < w["overhead_fraction"] < 1
         assert len(w["esft_iterations_s"]) == 2 and w["member0_outputs_match"]
+    with open("/proc/cpuinfo") as f:
+        model_name = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), None)
+    assert report["cpu"]["model"] == model_name and isinstance(report["cpu"]["flags"], list)
+    assert report["date_utc"].endswith("Z")
     table = bench.format_table(report)
     assert "decode-heavy" in table and "speedup" in table
+
+
+def test_run_bench_roofline_is_executed_flops_over_the_matmul_rate(tokenizer, monkeypatch):
+    """With fixed matmul rates, the report's roofline ratio is the FLOPs the engine was seen to execute (counted
+    from its calls) at those rates, over the iteration's time; delivered tokens keep their own rate."""
+    model = make_tiny_model()
+    monkeypatch.setattr(bench, "build_workload", lambda name, tok: small_workload(name, min_new=0))
+    rates = {torch.float32: 0.01, torch.bfloat16: 0.04}  # GFLOP/s, slow enough for ratios well above 1e-4
+    monkeypatch.setattr(bench, "matmul_gflops", lambda dtype: rates[dtype])
+    counter = EngineCounter(model, monkeypatch)
+    cfg = bench.BenchConfig(workloads=["cpu-preset"], population=2, noise="table", naive=False)
+    report = bench.run_bench(cfg, model=model, tokenizer=tokenizer, log=lambda m: None)
+    w = report["workloads"]["cpu-preset"]
+    screened = bench.effective_layout(model, GenerationConfig(**cfg.generation))["screened_lm_head"]
+    assert report["matmul_gflops"] == 0.01 and report["matmul_gflops_bf16"] == (0.04 if screened else None)
+    assert w["executed_flops"] == counter.flops and counter.calls["decode"] > 0
+    ideal = counter.flops["fp32"] / 0.01e9 + counter.flops["bf16"] / 0.04e9
+    assert w["roofline_ratio"] == pytest.approx(ideal / w["iteration_s"], rel=5e-3)
+    assert w["executed_gflop"] == pytest.approx(sum(counter.flops.values()) / 1e9, abs=1e-3)
+    delivered = w["prompt_tokens"] + w["generated_tokens"]
+    assert w["delivered_tokens_per_s"] == pytest.approx(delivered / w["iteration_s"], rel=5e-3)
+    # delivered prompt tokens: every member's whole prompts, shared prefix included
+    assert w["prompt_tokens"] == 2 * sum(len(x) for x in encode_prompts(tokenizer, small_workload().prompts))
 
 
 def test_parse_overrides_and_cli():
@@ -125,8 +309,9 @@ def test_check_outputs_compares_fast_engine_with_model_generate(tokenizer, monke
     model = make_tiny_model()
     work = small_workload(min_new=0)
     check = bench.check_outputs(model, tokenizer, work, bench.FAST_GENERATION)
-    assert check == {"identical": 5, "completions": 5, "tokens": check["tokens"], "first_difference": None}
-    assert check["tokens"] > 0
+    ref = generate(model, tokenizer, work.prompts, GenerationConfig(max_new_tokens=6, batch_size=5, engine="hf"))
+    tokens = sum(len(g.completion_ids) for g in ref)  # model.generate's own count, eos included
+    assert check == {"identical": 5, "completions": 5, "tokens": tokens, "first_difference": None}
     # a real difference is found and located: greedy-break the esft engine by flipping its argmax to the runner-up
     import esft.generation as generation
 

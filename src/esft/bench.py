@@ -2,7 +2,8 @@
 the way public ES code does it. One run measures everything on the current machine:
 
 * `matmul_gflops`: a 2048^3 matmul in the model's dtype with the bench's thread count (best of a few: the
-  machine's capability, so the roofline ratio is conservative);
+  machine's capability, so the roofline ratio is conservative); `matmul_gflops_bf16` likewise in bf16 when the
+  screened lm_head runs its bf16 matmul;
 * per workload, one full esft ES iteration (`LocalExecutor` perturb -> generate -> score -> restore per member,
   `ES.tell`, `MasterWeights.apply`) and the same iteration done the naive way (perturb in place with noise
   regenerated from the seed, `model.generate` over the batch, restore by regenerating the noise and subtracting
@@ -13,10 +14,23 @@ shared-prefix and length-bucketed prefill, packed oneDNN linears, the compiled a
 lm_head, table noise, two members at once on one thread each; all recorded in the report); `--exact` measures the
 bit-exact defaults.
 
-Definitions (issue 9): roofline_ratio = 2 x params x (prompt + generated tokens) / iteration_s / matmul FLOP/s;
-generated_tokens_per_s = generated tokens / iteration_s; overhead_fraction = (perturb + restore + update) /
-iteration_s; speedup_vs_naive = naive_iteration_s / iteration_s. Token counts are the tokens actually processed:
-unpadded prompt tokens plus generated tokens up to and including eos, summed over the N members.
+Definitions:
+
+* roofline_ratio = (executed fp32 FLOPs / matmul_gflops + executed bf16 FLOPs / matmul_gflops_bf16) / iteration_s:
+  the fastest the arithmetic the iteration really executed could run at this machine's measured matmul rates,
+  over the time it took. Executed FLOPs are counted by `executed_flops` (prefill of the positions really computed,
+  after prefix sharing and with bucket padding; lm_head only where logits were computed; one decode step per live
+  row; attention over the attended columns). It cannot exceed 1 unless some kernel runs faster than the 2048^3
+  matmul of the same dtype (possible: the oneDNN prefill matmuls reached ~210 GFLOP/s fp32 on a machine where
+  the 2048^3 matmul read ~190, so a prefill-bound iteration could come out above 1).
+  `executed_gflop` is that FLOP count, `executed_flops` its fp32 / bf16 split; generate_roofline_ratio is the same
+  over the generation time alone (per-member generate times, summed over the lanes, divided by the lanes).
+* delivered_tokens_per_s = (prompt + generated tokens) / iteration_s: every token the iteration served, including
+  prompt tokens that prefix sharing never computed; generated_tokens_per_s = generated tokens / iteration_s.
+  Token counts are unpadded prompt tokens plus generated tokens up to and including eos, summed over the N
+  members.
+* overhead_fraction = (perturb + restore + update) / iteration_s; speedup_vs_naive = naive_iteration_s /
+  iteration_s.
 
 Workloads:
 
@@ -27,8 +41,9 @@ Workloads:
   completion budget (24 tokens, eos allowed) and generation batch size, N 4.
 
 The fitness is a deterministic pseudo-score of each completion's text (not the task's 0/1 score) plus a tiny
-member-dependent term, so that the update is never all-zero and its cost is always measured. Timings mean nothing on a loaded machine: the 1-minute
-load average is recorded beside each workload.
+member-dependent term, so that the update is never all-zero and its cost is always measured. Timings mean
+nothing on a loaded machine: the 1-minute load average is recorded beside each workload. Low-rank populations and
+Ray workers report no executed FLOPs (their completions' lengths per row are not seen here), so no roofline ratio.
 """
 
 from __future__ import annotations
@@ -119,6 +134,154 @@ def matmul_gflops(dtype: torch.dtype = torch.float32, size: int = 2048, reps: in
         torch.matmul(a, b)
         best = min(best, time.perf_counter() - t)
     return 2 * size**3 / best / 1e9
+
+
+# ---- executed work -------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The matmul dimensions of a Llama-family decoder, all that `executed_flops` needs."""
+
+    layers: int
+    hidden: int
+    intermediate: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+
+    @classmethod
+    def of(cls, model) -> ModelShape:
+        cfg = model.config
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        return cls(layers=cfg.num_hidden_layers, hidden=cfg.hidden_size, intermediate=cfg.intermediate_size,
+                   heads=cfg.num_attention_heads, kv_heads=cfg.num_key_value_heads, head_dim=head_dim,
+                   vocab=model.lm_head.weight.shape[0])
+
+    @property
+    def layer_weights(self) -> int:
+        """Weights one position multiplies by in one layer: q, k, v, o and gate, up, down."""
+        q = self.heads * self.head_dim
+        kv = self.kv_heads * self.head_dim
+        return self.hidden * (2 * q + 2 * kv) + 3 * self.hidden * self.intermediate
+
+
+def executed_flops(shape: ModelShape, prompts: Sequence[Sequence[int]], completion_lengths: Sequence[int], *,
+                   batch_size: int, share_prefix: bool = False, prefill_buckets: int = 1,
+                   screened_lm_head: bool = False, bucket_tokens: int | None = None,
+                   min_prefix: int | None = None) -> dict[str, int]:
+    """Matmul FLOPs that one `esft.generation.generate` call of esft's lean engine executes on `prompts` (token
+    ids) when it generates `completion_lengths[i]` tokens (eos included) for prompt i. The layout is the
+    engine's: rows sorted by length, longest first, in batches of `batch_size`; per batch, with `share_prefix`,
+    the common prefix (capped so every row keeps one token, unused below `min_prefix` tokens) prefilled once at
+    batch 1, and the remainders in up to `prefill_buckets` groups (`esft.lean.length_buckets`, each group padded to
+    its longest). Counted, as 2 FLOPs per multiply-add:
+
+    * linear layers (q, k, v, o, gate, up, down): every position a forward computes, the bucket's padding
+      included, the shared prefix once per batch;
+    * lm_head: one position per prefill forward row (the prefix forward's included), one per decode step;
+    * decode: a row that generates c tokens runs c - 1 steps (it leaves the batch once it emits eos);
+    * attention (q.k and the weighted sum of v, every head): per unmasked (query, key) pair only, each token
+      attending itself and its row's earlier tokens; masked columns are not counted, whatever a kernel does
+      with them.
+
+    Not counted: embedding lookups, norms, rotary, activations, softmax (no matmul), and the screened lm_head's
+    fp32 logits of its few candidate tokens. With `screened_lm_head` the decode steps' lm_head is counted as bf16
+    (the screen's full-vocabulary matmul); everything else is fp32. Returns the position counts and the FLOPs:
+    {"prefill_positions", "prefill_logit_rows", "decode_rows", "attention_pairs", "fp32", "bf16"}."""
+    from esft.lean import PREFILL_BUCKET_TOKENS, common_prefix, layout_prefill, length_buckets
+
+    if bucket_tokens is None:
+        bucket_tokens = PREFILL_BUCKET_TOKENS
+    if min_prefix is None:
+        import inspect
+
+        min_prefix = inspect.signature(layout_prefill).parameters["min_prefix"].default
+    if len(prompts) != len(completion_lengths):
+        raise ValueError(f"{len(prompts)} prompts but {len(completion_lengths)} completion lengths")
+    positions = logit_rows = pairs = 0
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]), reverse=True)
+    for start in range(0, len(order), batch_size):
+        rows = [list(prompts[i]) for i in order[start:start + batch_size]]
+        lengths = [len(r) for r in rows]
+        p = min(common_prefix(rows), min(lengths) - 1) if share_prefix and len(rows) > 1 else 0
+        if p < min_prefix:
+            p = 0
+        if p:
+            positions += p
+            logit_rows += 1
+            pairs += p * (p + 1) // 2
+        rest = [n - p for n in lengths]
+        groups = length_buckets(rest, prefill_buckets, bucket_tokens) if prefill_buckets > 1 else [range(len(rows))]
+        for group in groups:
+            positions += len(group) * max(rest[r] for r in group)
+            logit_rows += len(group)
+        pairs += sum(s * p + s * (s + 1) // 2 for s in rest)
+    decode_rows = 0
+    for prompt, c in zip(prompts, completion_lengths):
+        steps = max(int(c) - 1, 0)
+        decode_rows += steps
+        pairs += steps * len(prompt) + steps * (steps + 1) // 2  # step k attends the prompt and k new tokens
+    linear = 2 * shape.layers * shape.layer_weights * (positions + decode_rows)
+    attention = 4 * shape.layers * shape.heads * shape.head_dim * pairs
+    head = 2 * shape.hidden * shape.vocab
+    fp32 = linear + attention + head * logit_rows
+    bf16 = 0
+    if screened_lm_head:
+        bf16 = head * decode_rows
+    else:
+        fp32 += head * decode_rows
+    return {"prefill_positions": positions, "prefill_logit_rows": logit_rows, "decode_rows": decode_rows,
+            "attention_pairs": pairs, "fp32": fp32, "bf16": bf16}
+
+
+def roofline_ratio(flops: dict[str, float], seconds: float, gflops: float, gflops_bf16: float | None = None) -> float:
+    """The shortest time `flops` ({"fp32": ..., "bf16": ...}) could take at the measured matmul rates (GFLOP/s),
+    over the `seconds` they took: 1 means the work ran as fast as a 2048^3 matmul of its dtype."""
+    ideal = flops.get("fp32", 0) / (gflops * 1e9)
+    if flops.get("bf16", 0):
+        if not gflops_bf16:
+            raise ValueError("bf16 FLOPs need the measured bf16 matmul rate")
+        ideal += flops["bf16"] / (gflops_bf16 * 1e9)
+    return ideal / seconds
+
+
+def effective_layout(model, gen) -> dict[str, Any]:
+    """The prefill layout and lm_head `esft.generation.generate(model, ..., gen)` really runs (`executed_flops`
+    options): the options the lean engine would drop on this model or machine (with a warning there) are off."""
+    from esft.lean import (
+        fused_attention_reason,
+        packed_linear_reason,
+        screen_lm_head_reason,
+        unsupported_reason,
+    )
+
+    lean = gen.engine == "esft" and bool(gen.lean) and unsupported_reason(model) is None
+    dtype = model.lm_head.weight.dtype
+    packed = lean and bool(gen.packed_linear) and packed_linear_reason(dtype) is None
+    fused = lean and bool(gen.fused_attention) and fused_attention_reason(dtype) is None
+    screened = (lean and bool(gen.screened_lm_head) and gen.temperature == 0
+                and screen_lm_head_reason(model, packed, fused) is None)
+    return {"share_prefix": lean and bool(gen.share_prefix),
+            "prefill_buckets": int(gen.prefill_buckets or 1) if lean else 1,
+            "screened_lm_head": screened}
+
+
+def cpu_info() -> dict[str, Any]:
+    """CPU model name and feature flags (Linux /proc/cpuinfo), and torch's CPU kernel capability."""
+    model = flags = None
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name" and model is None:
+                    model = value.strip()
+                elif key.strip() == "flags" and flags is None:
+                    flags = value.split()
+    except OSError:  # pragma: no cover - not Linux
+        pass
+    capability = getattr(getattr(torch.backends, "cpu", None), "get_cpu_capability", lambda: None)()
+    return {"model": model, "flags": flags, "torch_capability": capability}
 
 
 # ---- workloads ----------------------------------------------------------------------------------------------
@@ -223,11 +386,43 @@ def esft_iteration(model, tokenizer, work: Workload, population: int, noise: str
         executor = LocalExecutor(model, tokenizer, weights, task, work.sigma, gen, parallel_members=parallel_members)
         executor.start()
         lanes = executor.lanes_for(population)
+        calls = _record_generations(executor)
     setup = time.perf_counter() - start
     try:
-        return {**_timed_iteration(executor, work, population, seed, setup, weights.apply), "lanes": lanes}
+        out = {**_timed_iteration(executor, work, population, seed, setup, weights.apply), "lanes": lanes}
     finally:
         executor.close()
+    if noise != "lowrank":
+        out["executed_flops"] = _executed(model, tokenizer, work, gen, calls)
+    return out
+
+
+def _record_generations(executor) -> list[tuple[list[list[int]] | None, list[int]]]:
+    """Make the executor's generate calls note their prompt ids and completion lengths (what `executed_flops`
+    needs) in the returned list; lanes append from their threads (list.append is atomic)."""
+    calls: list[tuple[list[list[int]] | None, list[int]]] = []
+    inner = executor.generate_fn
+
+    def generate_fn(model, tokenizer, prompts, config, **kwargs):
+        gens = inner(model, tokenizer, prompts, config, **kwargs)
+        calls.append((kwargs.get("prompt_ids"), [len(g.completion_ids) for g in gens]))
+        return gens
+
+    executor.generate_fn = generate_fn
+    return calls
+
+
+def _executed(model, tokenizer, work: Workload, gen, calls) -> dict[str, int]:
+    """FLOPs of the recorded generate calls (`executed_flops`), summed."""
+    from esft.generation import encode_prompts
+
+    shape, layout = ModelShape.of(model), effective_layout(model, gen)
+    total = {"fp32": 0, "bf16": 0}
+    for ids, lengths in calls:
+        ids = ids if ids is not None else encode_prompts(tokenizer, work.prompts)
+        counted = executed_flops(shape, ids, lengths, batch_size=gen.batch_size, **layout)
+        total = {k: total[k] + counted[k] for k in total}
+    return total
 
 
 def _timed_iteration(executor, work: Workload, population: int, seed: int, setup: float, apply) -> dict[str, Any]:
@@ -406,7 +601,17 @@ def run_bench(config: BenchConfig, model=None, tokenizer=None, log=print) -> dic
     params = count_params(model)
     log(f"threads {torch.get_num_threads()}, load {load_average()}: measuring matmul ...")
     gflops = matmul_gflops(dtype)
-    report: dict[str, Any] = {"matmul_gflops": round(gflops, 2), "workloads": {},
+    from esft.generation import GenerationConfig
+
+    # the screened lm_head's full-vocabulary matmul runs in bf16: its FLOPs are weighed at the bf16 rate
+    screened = effective_layout(model, dataclasses.replace(GenerationConfig(temperature=0.0, engine="esft"),
+                                                           **config.generation))["screened_lm_head"]
+    counted = config.noise != "lowrank" and config.workers == 1  # where executed FLOPs are known (module doc)
+    gflops_bf16 = matmul_gflops(torch.bfloat16) if screened and counted else None
+    report: dict[str, Any] = {"matmul_gflops": round(gflops, 2),
+                              "matmul_gflops_bf16": None if gflops_bf16 is None else round(gflops_bf16, 2),
+                              "workloads": {},
+                              "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "cpu": cpu_info(),
                               "threads": torch.get_num_threads(), "dtype": str(dtype).replace("torch.", ""),
                               "params": params, "model": config.model, "noise": config.noise,
                               "torch": torch.__version__, "cpu_count": os.cpu_count(),
@@ -451,19 +656,26 @@ def run_bench(config: BenchConfig, model=None, tokenizer=None, log=print) -> dic
         t = best["timings"]
         it = t["iteration"]
         tokens = best["prompt_tokens"] + best["generated_tokens"]
+        flops = best.get("executed_flops")
+        lanes = best.get("lanes", 1)
         entry: dict[str, Any] = {
-            "roofline_ratio": round(2 * params * tokens / it / (gflops * 1e9), 4),
+            "roofline_ratio": None if flops is None else round(roofline_ratio(flops, it, gflops, gflops_bf16), 4),
             "generated_tokens_per_s": round(best["generated_tokens"] / it, 2),
+            "delivered_tokens_per_s": round(tokens / it, 2),
+            "executed_gflop": None if flops is None else round(sum(flops.values()) / 1e9, 3),
+            "executed_flops": flops,
             "iteration_s": round(it, 3),
             "naive_iteration_s": None,
             "speedup_vs_naive": None,
             "overhead_fraction": round((t["perturb"] + t["restore"] + t["update"]) / it, 4),
             "prompt_tokens": best["prompt_tokens"],
             "generated_tokens": best["generated_tokens"],
-            "generate_roofline_ratio": round(2 * params * tokens / t["generate"] / (gflops * 1e9), 4),
+            # per-member generate times are summed over the lanes, each lane having 1/lanes of the threads
+            "generate_roofline_ratio": None if flops is None else round(
+                roofline_ratio(flops, t["generate"] / lanes, gflops, gflops_bf16), 4),
             "timings_s": {k: round(v, 3) for k, v in t.items()},
             "esft_iterations_s": [round(x["timings"]["iteration"], 3) for x in runs["esft"]],
-            "lanes": best.get("lanes", 1),
+            "lanes": lanes,
             "load_avg_1min": loads,
         }
         if runs["naive"]:
@@ -485,20 +697,25 @@ def run_bench(config: BenchConfig, model=None, tokenizer=None, log=print) -> dic
 
 
 def format_table(report: dict[str, Any]) -> str:
-    head = (f"matmul {report['matmul_gflops']:.1f} GFLOP/s ({report['dtype']}, {report['threads']} threads); "
+    bf16 = report.get("matmul_gflops_bf16")
+    head = (f"matmul {report['matmul_gflops']:.1f} GFLOP/s ({report['dtype']}, {report['threads']} threads)"
+            + (f", bf16 {bf16:.1f}" if bf16 else "") + "; "
             f"{report['params'] / 1e6:.1f}M params; N {report['population']}; noise {report['noise']}; "
             f"generation {report['generation_overrides'] or 'defaults'}")
-    cols = ("workload", "roofline", "gen tok/s", "iter s", "naive s", "speedup", "overhead", "load")
+    cols = ("workload", "roofline", "GFLOP", "gen tok/s", "tok/s", "iter s", "naive s", "speedup", "overhead",
+            "load")
     rows = [cols]
     for name, w in report["workloads"].items():
         def f(v, fmt):
             return "-" if v is None else format(v, fmt)
 
-        rows.append((name, f(w["roofline_ratio"], ".3f"), f(w["generated_tokens_per_s"], ".1f"),
+        rows.append((name, f(w["roofline_ratio"], ".3f"), f(w.get("executed_gflop"), ".1f"),
+                     f(w["generated_tokens_per_s"], ".1f"), f(w.get("delivered_tokens_per_s"), ".1f"),
                      f(w["iteration_s"], ".1f"), f(w["naive_iteration_s"], ".1f"), f(w["speedup_vs_naive"], ".2f"),
                      f(w["overhead_fraction"], ".3f"), "/".join(str(x) for x in w["load_avg_1min"])))
     widths = [max(len(r[i]) for r in rows) for i in range(len(cols))]
-    lines = [head, ""]
+    lines = [head, "roofline: executed FLOPs at the measured matmul rate(s) / iteration time; GFLOP: executed per "
+             "iteration; tok/s: prompt + generated tokens delivered per second", ""]
     for k, r in enumerate(rows):
         lines.append("  ".join(c.ljust(widths[i]) if i == 0 else c.rjust(widths[i]) for i, c in enumerate(r)))
         if k == 0:
