@@ -265,20 +265,23 @@ def test_run_bench_report_shape(tokenizer, monkeypatch):
 
 
 def test_run_bench_roofline_is_executed_flops_over_the_matmul_rate(tokenizer, monkeypatch):
-    """With fixed matmul rates, the report's roofline ratio is the FLOPs the engine was seen to execute (counted
-    from its calls) at those rates, over the iteration's time; delivered tokens keep their own rate."""
+    """With given matmul readings, the report's roofline ratio is the FLOPs the engine was seen to execute (counted
+    from its calls) at the best reading of each dtype, over the iteration's time; delivered tokens keep their own
+    rate."""
     model = make_tiny_model()
     monkeypatch.setattr(bench, "build_workload", lambda name, tok: small_workload(name, min_new=0))
-    rates = {torch.float32: 0.01, torch.bfloat16: 0.04}  # GFLOP/s, slow enough for ratios well above 1e-4
-    monkeypatch.setattr(bench, "matmul_gflops", lambda dtype: rates[dtype])
+    # GFLOP/s, slow enough for ratios well above the report's 1e-4 rounding; read before and after the workload
+    readings = {torch.float32: iter([0.02, 0.05]), torch.bfloat16: iter([0.2, 0.1])}
+    monkeypatch.setattr(bench, "matmul_gflops", lambda dtype: next(readings[dtype]))
     counter = EngineCounter(model, monkeypatch)
     cfg = bench.BenchConfig(workloads=["cpu-preset"], population=2, noise="table", naive=False)
     report = bench.run_bench(cfg, model=model, tokenizer=tokenizer, log=lambda m: None)
     w = report["workloads"]["cpu-preset"]
     screened = bench.effective_layout(model, GenerationConfig(**cfg.generation))["screened_lm_head"]
-    assert report["matmul_gflops"] == 0.01 and report["matmul_gflops_bf16"] == (0.04 if screened else None)
+    assert report["matmul_gflops_readings"] == {"fp32": [0.02, 0.05], "bf16": [0.2, 0.1] if screened else []}
+    assert report["matmul_gflops"] == 0.05 and report["matmul_gflops_bf16"] == (0.2 if screened else None)
     assert w["executed_flops"] == counter.flops and counter.calls["decode"] > 0
-    ideal = counter.flops["fp32"] / 0.01e9 + counter.flops["bf16"] / 0.04e9
+    ideal = counter.flops["fp32"] / 0.05e9 + counter.flops["bf16"] / 0.2e9
     assert w["roofline_ratio"] == pytest.approx(ideal / w["iteration_s"], rel=5e-3)
     assert w["executed_gflop"] == pytest.approx(sum(counter.flops.values()) / 1e9, abs=1e-3)
     delivered = w["prompt_tokens"] + w["generated_tokens"]

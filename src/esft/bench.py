@@ -1,9 +1,10 @@
 """`esft bench`: how close an ES iteration gets to this machine's arithmetic limit, and how much faster it is than
 the way public ES code does it. One run measures everything on the current machine:
 
-* `matmul_gflops`: a 2048^3 matmul in the model's dtype with the bench's thread count (best of a few: the
-  machine's capability, so the roofline ratio is conservative); `matmul_gflops_bf16` likewise in bf16 when the
-  screened lm_head runs its bf16 matmul;
+* `matmul_gflops`: a 2048^3 matmul in the model's dtype with the bench's thread count, best of five, measured
+  before the first workload and after each (`matmul_gflops_readings`), the best reading kept: the machine's
+  capability, so that a reading taken while other processes held the cores does not inflate the roofline ratio;
+  `matmul_gflops_bf16` likewise in bf16 when the screened lm_head runs its bf16 matmul;
 * per workload, one full esft ES iteration (`LocalExecutor` perturb -> generate -> score -> restore per member,
   `ES.tell`, `MasterWeights.apply`) and the same iteration done the naive way (perturb in place with noise
   regenerated from the seed, `model.generate` over the batch, restore by regenerating the noise and subtracting
@@ -600,16 +601,22 @@ def run_bench(config: BenchConfig, model=None, tokenizer=None, log=print) -> dic
     dtype = next(model.parameters()).dtype
     params = count_params(model)
     log(f"threads {torch.get_num_threads()}, load {load_average()}: measuring matmul ...")
-    gflops = matmul_gflops(dtype)
     from esft.generation import GenerationConfig
 
     # the screened lm_head's full-vocabulary matmul runs in bf16: its FLOPs are weighed at the bf16 rate
     screened = effective_layout(model, dataclasses.replace(GenerationConfig(temperature=0.0, engine="esft"),
                                                            **config.generation))["screened_lm_head"]
     counted = config.noise != "lowrank" and config.workers == 1  # where executed FLOPs are known (module doc)
-    gflops_bf16 = matmul_gflops(torch.bfloat16) if screened and counted else None
-    report: dict[str, Any] = {"matmul_gflops": round(gflops, 2),
-                              "matmul_gflops_bf16": None if gflops_bf16 is None else round(gflops_bf16, 2),
+    readings: dict[str, list[float]] = {"fp32": [], "bf16": []}
+
+    def measure() -> None:
+        readings["fp32"].append(round(matmul_gflops(dtype), 2))
+        if screened and counted:
+            readings["bf16"].append(round(matmul_gflops(torch.bfloat16), 2))
+
+    measure()
+    timed: dict[str, tuple[dict[str, int], dict[str, float]]] = {}  # workload -> executed FLOPs, unrounded timings
+    report: dict[str, Any] = {"matmul_gflops": None, "matmul_gflops_bf16": None, "matmul_gflops_readings": readings,
                               "workloads": {},
                               "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "cpu": cpu_info(),
                               "threads": torch.get_num_threads(), "dtype": str(dtype).replace("torch.", ""),
@@ -657,9 +664,10 @@ def run_bench(config: BenchConfig, model=None, tokenizer=None, log=print) -> dic
         it = t["iteration"]
         tokens = best["prompt_tokens"] + best["generated_tokens"]
         flops = best.get("executed_flops")
-        lanes = best.get("lanes", 1)
+        if flops is not None:
+            timed[name] = (flops, t)
         entry: dict[str, Any] = {
-            "roofline_ratio": None if flops is None else round(roofline_ratio(flops, it, gflops, gflops_bf16), 4),
+            "roofline_ratio": None,  # below, once every matmul reading is in
             "generated_tokens_per_s": round(best["generated_tokens"] / it, 2),
             "delivered_tokens_per_s": round(tokens / it, 2),
             "executed_gflop": None if flops is None else round(sum(flops.values()) / 1e9, 3),
@@ -670,12 +678,10 @@ def run_bench(config: BenchConfig, model=None, tokenizer=None, log=print) -> dic
             "overhead_fraction": round((t["perturb"] + t["restore"] + t["update"]) / it, 4),
             "prompt_tokens": best["prompt_tokens"],
             "generated_tokens": best["generated_tokens"],
-            # per-member generate times are summed over the lanes, each lane having 1/lanes of the threads
-            "generate_roofline_ratio": None if flops is None else round(
-                roofline_ratio(flops, t["generate"] / lanes, gflops, gflops_bf16), 4),
+            "generate_roofline_ratio": None,
             "timings_s": {k: round(v, 3) for k, v in t.items()},
             "esft_iterations_s": [round(x["timings"]["iteration"], 3) for x in runs["esft"]],
-            "lanes": lanes,
+            "lanes": best.get("lanes", 1),
             "load_avg_1min": loads,
         }
         if runs["naive"]:
@@ -692,6 +698,16 @@ def run_bench(config: BenchConfig, model=None, tokenizer=None, log=print) -> dic
         if check is not None:
             entry["outputs_vs_hf_generate"] = check
         report["workloads"][name] = entry
+        log(f"{name}: measuring matmul again (load {load_average()}) ...")
+        measure()
+    gflops = report["matmul_gflops"] = max(readings["fp32"])
+    gflops_bf16 = report["matmul_gflops_bf16"] = max(readings["bf16"]) if readings["bf16"] else None
+    for name, (flops, t) in timed.items():
+        entry = report["workloads"][name]
+        entry["roofline_ratio"] = round(roofline_ratio(flops, t["iteration"], gflops, gflops_bf16), 4)
+        # per-member generate times are summed over the lanes, each lane having 1/lanes of the threads
+        entry["generate_roofline_ratio"] = round(
+            roofline_ratio(flops, t["generate"] / entry["lanes"], gflops, gflops_bf16), 4)
     report["load_avg_1min_end"] = load_average()
     return report
 
