@@ -10,7 +10,7 @@ import time
 import pytest
 
 from esft.tasks import get_task
-from esft.tasks.boolq import BoolQTask, hub_row_to_example, parse_yes_no, truncate_passage
+from esft.tasks.boolq import BoolQTask, gold_label, hub_row_to_example, parse_yes_no, truncate_passage
 
 YES = {"question": "is the sky blue", "title": "Sky", "passage": "The sky is blue.", "answer": True}
 NO = dict(YES, answer=False)
@@ -73,9 +73,28 @@ def test_adversarial_inputs_are_fast_and_zero(task, completion):
     assert time.perf_counter() - start < 1.0
 
 
-def test_malformed_example_scores_zero(task):
-    assert task.score("\\boxed{yes}", {}) == 0.0
-    assert task.score("\\boxed{yes}", {"answer": None}) == 0.0
+@pytest.mark.parametrize("example, error", [
+    ({}, KeyError),
+    ({"question": "q", "passage": "p"}, KeyError),
+    ({"answer": None}, ValueError),
+    ({"answer": "maybe"}, ValueError),
+    ({"answer": 2}, ValueError),
+    ({"answer": [True]}, ValueError),
+])
+def test_malformed_example_raises(task, example, error):
+    # A data bug must surface, not read as a wrong answer.
+    for completion in ("\\boxed{yes}", "no box at all"):
+        with pytest.raises(error):
+            task.score(completion, example)
+
+
+@pytest.mark.parametrize("answer, label", [(True, True), (False, False), (1, True), (0, False), ("Yes", True),
+                                           ("false", False)])
+def test_gold_labels_that_are_understood(task, answer, label):
+    assert gold_label(answer) is label
+    assert task.score("\\boxed{yes}", {"answer": answer}) == (1.0 if label else 0.0)
+    assert task.score("\\boxed{no}", {"answer": answer}) == (0.0 if label else 1.0)
+    assert task.score("\\boxed{maybe}", {"answer": answer}) == 0.0
 
 
 # ---- splits -------------------------------------------------------------------------------------------------------

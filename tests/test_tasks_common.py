@@ -27,9 +27,10 @@ SHARED_DATA = REPO.parent / "shared" / "data"
 CASES = {
     "countdown": ({"nums": [44, 19, 35], "target": 98}, "\\boxed{44 + 19 + 35}", "\\boxed{44 - 19 + 35}"),
     "math": ({"problem": "1/2 + 1/4?", "answer": "\\frac{3}{4}"}, "so \\boxed{0.75}", "\\boxed{\\frac{1}{2}}"),
-    "chemistry": ({"question": "q", "choices": ["a", "b", "c", "d"], "answer": "B"}, '{"answer": "B"}', "answer: C"),
+    "chemistry": ({"question": "q", "choices": ["a", "b", "c", "d"], "answer": "B"}, '{"answer": "B"}',
+                  'Hmm.\n{"answer": "C"}'),
     "mmlu": ({"question": "q", "choices": ["a", "b", "c", "d"], "answer": "D", "subject": "anatomy"},
-             "The answer is D.", '{"answer": "A"}'),
+             'The answer is D.\n{"answer": "D"}', '{"answer": "A"}'),
     "boolq": ({"question": "q", "passage": "p", "title": "t", "answer": False}, "\\boxed{no}", "\\boxed{yes}"),
 }
 

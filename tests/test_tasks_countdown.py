@@ -156,10 +156,57 @@ def test_double_braces_are_not_an_expression(task):
     assert task.score("\\boxed{{44 + 19 + 35}}", EX) == 0.0
 
 
-def test_malformed_example_scores_zero(task):
-    assert task.score("\\boxed{1 + 2}", {"nums": None, "target": 3}) == 0.0
-    assert task.score("\\boxed{1 + 2}", {}) == 0.0
+@pytest.mark.parametrize("example, error", [
+    ({"nums": None, "target": 3}, TypeError),
+    ({}, KeyError),
+    ({"nums": [1, 2]}, KeyError),
+    ({"nums": ["1", "2"], "target": 3}, TypeError),
+    ({"nums": [1.0, 2.0], "target": 3}, TypeError),
+    ({"nums": [1, 2], "target": None}, TypeError),
+    ({"nums": [1, 2], "target": "3"}, TypeError),
+])
+def test_malformed_example_raises(task, example, error):
+    # A data bug must surface, not read as a wrong answer: score, details and the checker all raise.
+    for completion in ("\\boxed{1 + 2}", "no box"):
+        with pytest.raises(error):
+            task.score(completion, example)
+        with pytest.raises(error):
+            task.details(completion, example)
+    if "nums" in example and "target" in example:
+        with pytest.raises(error):
+            check_expression("1 + 2", example["nums"], example["target"])
+
+
+def test_non_string_completion_scores_zero(task):
     assert task.score(None, EX) == 0.0  # type: ignore[arg-type]
+    assert task.details(None, EX) == {"extracted": None, "error": "no \\boxed{} answer"}  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("completion", [
+    "\\boxed{\n(40 + 74) - 58\n}",
+    "\\boxed{\n  (40 + 74)\n  - 58\n}",
+    "\\boxed{(40\t+\t74)\t-\t58}",
+    "\\boxed{\r\n(40 + 74) - 58\r\n}",
+    "\\boxed{(40 +\n74) -\f58\v}",
+])
+def test_any_whitespace_inside_the_box_is_whitespace(task, completion):
+    ex = {"nums": [40, 74, 58], "target": 56}
+    assert task.score(completion, ex) == 1.0
+    assert task.is_well_formed(completion, ex)
+    assert "error" not in task.details(completion, ex)
+
+
+@pytest.mark.parametrize("expr", ["40 *\n* 74 - 58", "40 /\t/ 74 - 58"])
+def test_double_operators_split_by_whitespace_are_still_rejected(expr):
+    ok, _, reason = check_expression(expr, [40, 74, 58], 56)
+    assert not ok and reason == "'**' and '//' are not allowed"
+
+
+def test_non_ascii_whitespace_is_not_whitespace(task):
+    ex = {"nums": [40, 74, 58], "target": 56}
+    for space in ("\u00a0", "\u2003", "\u200b"):
+        assert task.score(f"\\boxed{{(40{space}+ 74) - 58}}", ex) == 0.0
+        assert "not allowed" in task.details(f"\\boxed{{(40{space}+ 74) - 58}}", ex)["error"]
 
 
 def test_is_well_formed_is_syntax_only(task):

@@ -10,7 +10,9 @@ import time
 import pytest
 
 from esft.tasks import get_task
-from esft.tasks.hendrycks_math import MathTask, answers_match, hub_row_to_example, normalize_answer, parse_number
+from esft.tasks.hendrycks_math import (
+    MathTask, answers_match, hub_row_to_example, normalize_answer, parse_number, strip_unit,
+)
 
 
 @pytest.fixture(scope="module")
@@ -147,10 +149,26 @@ def test_adversarial_inputs_are_fast_and_safe(task, completion):
     assert score == (1.0 if completion == ADVERSARIAL[6] else 0.0)
 
 
-def test_malformed_example_scores_zero(task):
-    assert task.score("\\boxed{5}", {}) == 0.0
-    assert task.score("\\boxed{5}", {"answer": None}) == 0.0
+@pytest.mark.parametrize("example, error", [
+    ({}, KeyError),
+    ({"problem": "p"}, KeyError),
+    ({"answer": None}, TypeError),
+    ({"answer": ["5"]}, TypeError),
+    ({"answer": True}, TypeError),
+])
+def test_malformed_example_raises(task, example, error):
+    # A data bug must surface, not read as a wrong answer.
+    for completion in ("\\boxed{5}", "no box"):
+        with pytest.raises(error):
+            task.score(completion, example)
+    with pytest.raises(error):
+        task.details("\\boxed{5}", example)
+
+
+def test_odd_completions_score_zero(task):
     assert task.score(None, ex("5")) == 0.0  # type: ignore[arg-type]
+    assert task.score(5, ex("5")) == 0.0  # type: ignore[arg-type]
+    assert task.score("\\boxed{5}", {"answer": 5}) == 1.0  # a numeric gold is written out
 
 
 # ---- splits -----------------------------------------------------------------------------------------------------
@@ -170,9 +188,61 @@ def test_splits_deterministic_disjoint_and_mixed(task):
     assert len({r["subject"] for r in train}) == 7  # the seeded sample spans both train parts' subjects
 
 
-def test_every_gold_answer_matches_itself(task):
-    for r in task.load("test") + task.load("train"):
-        assert task.score(f"\\boxed{{{r['answer']}}}", r) == 1.0, r["answer"]
+# Two train problems have an empty gold answer (their solution's last box is empty); nothing can match them.
+EMPTY_GOLD = {"train/number_theory/7115.json", "train/number_theory/7117.json"}
+
+
+def test_every_bundled_gold_answer_matches_itself(task):
+    rows = task.load("test") + task.load("train_pool")
+    assert len(rows) == 8000
+    failing = {r["id"] for r in rows if task.score(f"\\boxed{{{r['answer']}}}", r) != 1.0}
+    assert failing == EMPTY_GOLD
+    assert all(not r["answer"].strip() for r in rows if r["id"] in EMPTY_GOLD)
+
+
+@pytest.mark.parametrize("gold, pred, expected", [
+    # words that join answers are content, not a unit: a hedge or a list never matches one of its items
+    ("2", "2\\text{ and }3", 0.0),
+    ("5", "5 \\text{ or } 7", 0.0),
+    ("5", "5 \\text{ or more}", 0.0),
+    ("-2 \\text{ or } -12", "-2", 0.0),                   # a train gold: its first solution alone is not enough
+    ("-2 \\text{ or } -12", "-2, -12", 1.0),              # the two solutions as a list are
+    ("-2 \\text{ or } -12", "-2 \\text{ or } -12", 1.0),
+    ("2, 3, \\text{ and } 4", "2, 3, 4", 1.0),
+    ("2, 3, \\text{ and } 4", "2, 3", 0.0),
+    ("6, 8\\text{, and }10", "6, 8, 10", 1.0),
+    ("-12 \\text{ or } -30", "-30", 0.0),
+    # a trailing unit after a quantity is dropped, on either side
+    ("12\\sqrt{13}\\text{ feet}", "12\\sqrt{13}", 1.0),
+    ("164 \\pi \\mbox{ square feet}", "164\\pi", 1.0),
+    ("1.85\\ \\text{USD}", "1.85", 1.0),
+    ("34\\text{ sq. units}", "34", 1.0),
+    ("7\\text{ hours}.", "7", 1.0),
+    ("10", "10\\text{ cm}", 1.0),
+    ("10", "10 \\text{cm}^2", 1.0),
+    ("4\\!:\\!51\\!:\\!06 \\text{ p.m.}", "4:51:06", 1.0),
+    # a wrapper that is not a unit keeps its content
+    ("5", "5\\text{i}", 0.0),
+    ("\\text{(C)}", "\\text{(D)}", 0.0),
+    ("\\text{two lines}", "two lines", 1.0),
+    ("\\text{east}", "\\text{ west}", 0.0),
+])
+def test_units_are_stripped_only_where_they_are_units(task, gold, pred, expected):
+    assert task.score(f"\\boxed{{{pred}}}", ex(gold)) == expected, (normalize_answer(gold), normalize_answer(pred))
+
+
+@pytest.mark.parametrize("answer, stripped", [
+    ("15\\mbox{ cm}^2", "15"),
+    ("864 \\mbox{ inches}^2", "864"),
+    ("\\frac{11}{15}\\text{ days}", "\\frac{11}{15}"),
+    ("2\\text{ and }3", "2\\text{ and }3"),
+    ("\\text{ east}", "\\text{ east}"),          # no quantity before it
+    ("\\text{A5}_{11}", "\\text{A5}_{11}"),      # not at the end
+    ("5\\text{i}", "5\\text{i}"),                 # one letter glued to the number: a symbol, not a unit
+    ("x \\text{ cm}", "x \\text{ cm}"),           # not after a number
+])
+def test_strip_unit(answer, stripped):
+    assert strip_unit(answer) == stripped
 
 
 # ---- prompt and hub mapping -------------------------------------------------------------------------------------

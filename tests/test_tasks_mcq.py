@@ -6,6 +6,7 @@ Run: pytest tests/test_tasks_mcq.py -q
 from __future__ import annotations
 
 import random
+import re
 import time
 from collections import Counter
 
@@ -80,14 +81,49 @@ def test_no_letter(text):
     assert extract_letter(text) == (None, None)
 
 
-def test_windowed_backward_scan_equals_a_full_forward_scan():
-    # The level-3 scan works backwards in windows for speed; tiny windows must give the same answer.
+def _reference_last_standalone(text: str) -> str | None:
+    """The level-3 rule written out candidate by candidate (slow but plain), to check the one-regex scan against."""
+    last = None
+    for m in re.finditer(r"(?<![A-Za-z0-9_\-=+#/\\^&@~])([A-D])(?![A-Za-z0-9_\-=+#/\\^&@~])(?!['’][A-Za-z])", text):
+        start, end = m.start(1), m.end(1)
+        nxt = re.compile(r"[*_]* ([a-z]+|[0-9])").match(text, end)
+        naming = nxt is None or nxt.group(1) in {"is", "was", "would", "seems", "appears"}
+        article = text[start] == "A" and not naming
+        before = text[max(0, start - 16) : start].rstrip(" \t*#>-")
+        if not (article and (before == "" or before[-1] in ".!?\n")):
+            last = m.group(1)
+    return last
+
+
+def test_last_standalone_scan_equals_the_rule_written_out():
     rng = random.Random(0)
-    pieces = ["A", "B", "C", "D", " ", ".", "\n", "a", "-", "x", "dog ", "is ", "**", "(", "'", "’", "s"]
-    for _ in range(2000):
-        text = "".join(rng.choices(pieces, k=rng.randint(0, 60)))
-        full = _last_standalone(text, window=len(text) + 1)
-        assert all(_last_standalone(text, window=w) == full for w in (1, 2, 3, 7)), text
+    pieces = ["A", "B", "C", "D", " ", ".", "\n", "a", "-", "x", "dog ", "is ", "isx ", "**", "(", "'", "’", "s",
+              "\t", ">", "#", "!", "?", "5", "_", "  ", " " * 9, "appears", "Q"]
+    for _ in range(20_000):
+        text = "".join(rng.choices(pieces, k=rng.randint(0, 40)))
+        assert _last_standalone(text) == _reference_last_standalone(text), text
+
+
+@pytest.mark.parametrize("text, letter, level", [
+    ("Answer:" + " " * 20_000 + "C", "C", 2),
+    ("Answer:" + " " * 20_000 + "(C)", "C", 2),
+    ("**Answer**" + " " * 20_000 + ":" + " " * 20_000 + "B", "B", 2),
+    ("Answer:" + " " * 20_000, None, None),
+    ("Answer:" + " \n*_" * 10_000 + "x", None, None),
+    ('"answer":' + " " * 20_000 + '"' + " " * 20_000 + "D", "D", 3),
+], ids=["plain", "bracket", "markdown", "no-letter", "mixed-run", "json-like"])
+def test_runs_of_spaces_after_answer_cost_linear_time(text, letter, level):
+    # "Answer:" then N spaces used to backtrack over every split of the run between two whitespace quantifiers:
+    # ~3 s at N = 8,000, ~11 s at 16,000. One call must now stay far below the 50 ms budget of a scorer.
+    best = min(_timed(extract_letter, text) for _ in range(3))
+    assert extract_letter(text) == (letter, level)
+    assert best < 0.05, f"{best * 1000:.0f} ms"
+
+
+def _timed(fn, *args) -> float:
+    start = time.perf_counter()
+    fn(*args)
+    return time.perf_counter() - start
 
 
 def test_non_string_input():
@@ -99,11 +135,60 @@ def test_scoring_uses_the_cascade(chem):
     assert chem.score('Thinking.\n{"answer": "C"}', ex) == 1.0
     assert chem.score('{"answer": "A"}', ex) == 0.0
     assert chem.score("The answer is C. A good check: pKa.", ex) == 1.0
+    assert chem.score("answer: C", ex) == 1.0
     assert chem.score("c", ex) == 0.0
     assert chem.score("no idea", ex) == 0.0
-    assert chem.is_well_formed('{"answer": "A"}', ex) and not chem.is_well_formed("no idea", ex)
     assert chem.details('{"answer": "A"}', ex) == {"extracted": "A", "extraction_level": 1}
-    assert chem.score('{"answer": "C"}', {}) == 0.0  # malformed example
+    assert chem.details("So (C).", ex) == {"extracted": "C", "extraction_level": 3}
+
+
+@pytest.mark.parametrize("completion, letter", [
+    ('{"answer": "B"}', "B"),
+    ('Reasoning.\n{"answer": "C"}', "C"),
+    ('Reasoning.\n  {"answer":"D"}  \n\n', "D"),
+    ('Reasoning.\n```json\n{"answer": "A"}\n```', "A"),
+    ('{"answer": "A"}\nOn reflection:\n{"answer": "B"}', "B"),
+])
+def test_well_formed_means_the_stated_json_last_line(chem, completion, letter):
+    ex = {"question": "q", "choices": ["w", "x", "y", "z"], "answer": letter}
+    assert chem.is_well_formed(completion, ex)
+    assert chem.score(completion, ex) == 1.0  # the stated format is always read by the cascade too
+
+
+@pytest.mark.parametrize("completion", [
+    "B",                                        # a bare letter: scored by level 3, but not the stated format
+    "The answer is (C).",
+    "answer: D",
+    "**Answer:** A",
+    "I think B is right. Option A is wrong.",
+    '{"answer": "B"} is my answer',             # the JSON is not alone on the last line
+    '{"answer": "B"}\nHope this helps!',         # something follows it
+    "{'answer': 'B'}",                          # a Python dict, not JSON
+    '{"Answer": "B"}',
+    '{"answer": "b"}',
+    '{"answer": "E"}',
+    '{"answer": "B", "confidence": 0.9}',
+    '```json\n{"answer": "B"}```',               # the fence is not on a line of its own
+    "",
+])
+def test_other_answers_are_not_well_formed(chem, mmlu, completion):
+    ex = {"question": "q", "choices": ["w", "x", "y", "z"], "answer": "B"}
+    assert not chem.is_well_formed(completion, ex)
+    assert not mmlu.is_well_formed(completion, ex)
+
+
+@pytest.mark.parametrize("example, error", [
+    ({"question": "q", "choices": ["w", "x", "y", "z"]}, KeyError),
+    ({"question": "q", "choices": ["w", "x", "y", "z"], "answer": None}, ValueError),
+    ({"question": "q", "choices": ["w", "x", "y", "z"], "answer": 2}, ValueError),
+    ({"question": "q", "choices": ["w", "x", "y", "z"], "answer": "b"}, ValueError),
+])
+def test_malformed_example_raises(chem, mmlu, example, error):
+    # A data bug must surface, not read as a wrong answer.
+    with pytest.raises(error):
+        chem.score('{"answer": "C"}', example)
+    with pytest.raises(error):
+        mmlu.score("no letter at all", example)
 
 
 ADVERSARIAL = [

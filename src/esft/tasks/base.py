@@ -66,7 +66,8 @@ class Task:
         raise NotImplementedError
 
     def score(self, completion: str, example: Example) -> float:  # pragma: no cover - abstract
-        """1.0 if the completion is correct under the paper's protocol, else 0.0. Never raises."""
+        """1.0 if the completion is correct under the paper's protocol, else 0.0. Never raises on a completion,
+        whatever its text; a malformed example (a data bug) raises KeyError, TypeError or ValueError."""
         raise NotImplementedError
 
     def is_well_formed(self, completion: str, example: Example) -> bool:

@@ -52,10 +52,19 @@ def parse_yes_no(boxed: str | None) -> bool | None:
 
 
 def gold_label(answer: Any) -> bool | None:
-    """The gold label as a bool; also accepts "yes"/"no"/"true"/"false" strings (e.g. from a CSV column)."""
+    """The gold label as a bool (also from 0/1 or a "yes"/"no"/"true"/"false" string, e.g. a CSV column);
+    None when `answer` is none of these."""
     if isinstance(answer, str):
         return parse_yes_no(answer)
-    return None if answer is None else bool(answer)
+    return bool(answer) if answer in (True, False) else None  # True, False, 1, 0 (also numpy's)
+
+
+def example_label(example: Example) -> bool:
+    """The example's gold label; a missing or unreadable answer is a data bug and raises (KeyError / ValueError)."""
+    label = gold_label(example["answer"])
+    if label is None:
+        raise ValueError(f"malformed BoolQ example: answer {example['answer']!r} is not yes/no")
+    return label
 
 
 def truncate_passage(passage: str, max_chars: int | None) -> str:
@@ -118,11 +127,8 @@ class BoolQTask(Task):
         return chat(self.system_prompt, user)
 
     def score(self, completion: str, example: Example) -> float:
-        try:
-            pred = parse_yes_no(last_boxed(completion))
-            return 1.0 if pred is not None and pred == gold_label(example["answer"]) else 0.0
-        except Exception:  # never let a strange completion or example crash training
-            return 0.0
+        gold = example_label(example)  # checked first, so a data bug raises whatever the completion
+        return 1.0 if parse_yes_no(last_boxed(completion)) is gold else 0.0
 
     def is_well_formed(self, completion: str, example: Example) -> bool:
         return parse_yes_no(last_boxed(completion)) is not None

@@ -63,7 +63,7 @@ def load_hub_rows(spec: str, split: str, default_config: str | None = None) -> l
     name, config = parse_hf_spec(spec, default_config)
     try:
         ds = datasets.load_dataset(name, config, split=split)
-    except Exception as exc:  # network errors, unknown split/config: all reported the same clear way
+    except (OSError, ValueError) as exc:  # unreachable hub or missing dataset (OSError), unknown split/config
         raise RuntimeError(
             f"could not load Hugging Face dataset {name!r} (config {config!r}, split {split!r}): "
             f"{type(exc).__name__}: {exc}"

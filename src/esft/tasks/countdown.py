@@ -1,13 +1,15 @@
 """Countdown: combine the given numbers with + - * / to reach the target (TinyZero / Qiu et al. task).
 
 Scoring (paper Table 19): the last `\\boxed{...}` must hold an expression made only of digits, + - * / ( ) and
-spaces, using each given number exactly once (as a multiset), whose exact value equals the target within 1e-5.
+whitespace (spaces, tabs, line breaks), using each given number exactly once (as a multiset), whose exact value
+equals the target within 1e-5.
 
 The expression is never passed to `eval`. A small hand-written parser (recursive descent, depth bounded by a
 pre-scan) turns it into postfix, the literals are checked against the numbers *before* any arithmetic (so at
 most four small numbers are ever combined), and the value is computed with `fractions.Fraction`. Unary + and -
 are accepted, as the eval-based reference scorers accept them; decimals, `**`, `//`, names and any other
-character are rejected. Every failure is a score of 0.0, never an exception.
+character are rejected. Whatever the completion holds, it scores 0.0 or 1.0 without raising; a malformed
+*example* (missing `nums` or `target`, non-integer numbers) is a data bug and raises.
 
 Splits: `test` = the first 2,000 of the 2,001 test rows; `train_pool` = the 8,001 train rows minus the 5 that
 repeat a test puzzle with the numbers in another order (7,996); `train` = 200 of those drawn by
@@ -17,6 +19,7 @@ repeat a test puzzle with the numbers in another order (7,996); `train` = 200 of
 
 from __future__ import annotations
 
+import numbers
 import random
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -44,6 +47,11 @@ SYSTEM_PROMPT = (
 _OPS = "+-*/"
 
 
+#: ASCII whitespace separates tokens anywhere in an expression (models break long boxes over lines).
+_WHITESPACE = " \t\n\r\f\v"
+_DROP_WHITESPACE = str.maketrans("", "", _WHITESPACE)
+
+
 class ExpressionError(ValueError):
     """Why an expression was rejected (reported in `details`, never raised out of `score`)."""
 
@@ -53,14 +61,15 @@ def tokenize(expr: str) -> list[str]:
     """Numbers and single-character operators/parentheses; raises ExpressionError on anything else."""
     if len(expr) > MAX_EXPR_CHARS:
         raise ExpressionError(f"expression longer than {MAX_EXPR_CHARS} characters")
-    if "**" in expr.replace(" ", "") or "//" in expr.replace(" ", ""):
+    squeezed = expr.translate(_DROP_WHITESPACE)
+    if "**" in squeezed or "//" in squeezed:
         raise ExpressionError("'**' and '//' are not allowed")
     tokens: list[str] = []
     depth = 0
     i, n = 0, len(expr)
     while i < n:
         c = expr[i]
-        if c == " ":
+        if c in _WHITESPACE:
             i += 1
         elif "0" <= c <= "9":  # ASCII digits only: str.isdigit() would accept '²' or Arabic-Indic digits
             j = i
@@ -186,19 +195,32 @@ def eval_postfix(postfix: list[str]) -> Fraction:
     return stack[0]
 
 
+def _puzzle(nums: Any, target: Any) -> tuple[list[int], Fraction]:
+    """The given numbers and the target, checked: bad ones are a data bug, so this raises TypeError."""
+    if not isinstance(nums, (list, tuple)) or not all(
+            isinstance(x, numbers.Integral) and not isinstance(x, bool) for x in nums):
+        raise TypeError(f"malformed Countdown example: nums must be a list of integers, got {nums!r}")
+    if isinstance(target, bool) or not isinstance(target, numbers.Real):
+        raise TypeError(f"malformed Countdown example: target must be a number, got {target!r}")
+    return sorted(int(x) for x in nums), Fraction(target)
+
+
 def check_expression(expr: str, nums: list[int], target: int | float) -> tuple[bool, Fraction | None, str | None]:
-    """(correct, value, reason-if-not). Literals are matched against `nums` before any arithmetic."""
+    """(correct, value, reason-if-not). Literals are matched against `nums` before any arithmetic.
+
+    A bad expression is a (False, ..., reason) result; bad `nums` or `target` raise TypeError."""
+    given, goal = _puzzle(nums, target)
     try:
         postfix = parse_expression(expr)
         used = sorted(int(t) for t in postfix if t[0].isdigit())
-        if used != sorted(int(x) for x in nums):
-            return False, None, f"numbers used {used} != given {sorted(int(x) for x in nums)}"
+        if used != given:
+            return False, None, f"numbers used {used} != given {given}"
         value = eval_postfix(postfix)
-        if abs(value - Fraction(target)) <= TOLERANCE:
-            return True, value, None
-        return False, value, f"value {value} != target {target}"
-    except (ExpressionError, ValueError, TypeError, ZeroDivisionError, IndexError, OverflowError) as exc:
-        return False, None, str(exc) or type(exc).__name__
+    except ExpressionError as exc:
+        return False, None, str(exc)
+    if abs(value - goal) <= TOLERANCE:
+        return True, value, None
+    return False, value, f"value {value} != target {target}"
 
 
 # ---- exact solver and puzzle generator ---------------------------------------------------------------------
@@ -361,27 +383,23 @@ class CountdownTask(Task):
         return chat(self.system_prompt, user)
 
     def _check(self, completion: str, example: Example) -> tuple[bool, str | None, str | None]:
+        nums, target = example["nums"], example["target"]
+        _puzzle(nums, target)  # a malformed example raises even when the completion has no box
         expr = last_boxed(completion)
         if expr is None:
             return False, None, "no \\boxed{} answer"
-        ok, _, reason = check_expression(expr, example["nums"], example["target"])
+        ok, _, reason = check_expression(expr, nums, target)
         return ok, expr, reason
 
     def score(self, completion: str, example: Example) -> float:
-        try:
-            return 1.0 if self._check(completion, example)[0] else 0.0
-        except Exception:  # a malformed example must not crash a training run; it scores 0
-            return 0.0
+        return 1.0 if self._check(completion, example)[0] else 0.0
 
     def is_well_formed(self, completion: str, example: Example) -> bool:
         expr = last_boxed(completion)
         return expr is not None and parse_ok(expr)
 
     def details(self, completion: str, example: Example) -> dict[str, Any]:
-        try:
-            ok, expr, reason = self._check(completion, example)
-        except Exception as exc:  # pragma: no cover - defensive, mirrors score()
-            return {"extracted": None, "error": f"{type(exc).__name__}: {exc}"}
+        ok, expr, reason = self._check(completion, example)
         out: dict[str, Any] = {"extracted": expr if expr is None or len(expr) <= 200 else expr[:200] + "..."}
         if reason:
             out["error"] = reason

@@ -3,9 +3,12 @@
 Scoring (paper Table 19): take the last `\\boxed{}` (nested braces handled), normalise prediction and gold the
 same way (LaTeX wrappers, spacing, currency, degrees, percent, units, trailing period), compare the strings, and
 on a mismatch compare them as numbers (integers, decimals, `\\frac{a}{b}`, `a/b`, thousands separators)
-within 1e-6. Normalisation uses only linear-time regexes and one brace scan per wrapper; boxed answers longer
-than `MAX_ANSWER_CHARS` (gold answers are at most 159 characters) score 0 without being normalised, so junk
-cannot make the scorer slow.
+within 1e-6. A unit is dropped only where it is one: a trailing `\\text{ cm}` / `\\mbox{ inches}^2` after a quantity
+(`strip_unit`); other wrappers keep their content (`\\text{Evelyn}` -> `Evelyn`), and the joining words of a list
+of answers read as commas (`-2 \\text{ or } -12` = `-2, -12`), so a hedged `5 \\text{ or } 7` does not match 5.
+Normalisation uses only linear-time regexes and one brace scan per wrapper; boxed answers longer than
+`MAX_ANSWER_CHARS` (gold answers are at most 159 characters) score 0 without being normalised, so junk cannot make
+the scorer slow.
 
 Splits: `test` = MATH-500 (500); `train` = 200 problems drawn by `random.Random(42)` from the 7,500 MATH
 train problems (both bundled parts, none of which is a MATH-500 problem); `train_pool` = all 7,500.
@@ -33,8 +36,16 @@ SYSTEM_PROMPT = (
 
 # ---- normalisation ---------------------------------------------------------------------------------------------
 _WRAPPER = re.compile(r"\\(?:text|textbf|textit|textrm|textnormal|mathrm|mathbf|mathit|mbox|operatorname)\s*\{")
-_UNIT = re.compile(r"\\(?:text|mbox|mathrm)\{\s")  # `5\text{ cm}`: a wrapper opening with a space holds a unit
+_UNIT_OPEN = re.compile(r"\\(?:text|mbox)\s*\{")
+# After a unit's closing brace only an exponent (`cm}^2`) and a full stop may follow.
+_UNIT_TAIL = re.compile(r"\}\s*(?:\^\s*(?:\{\s*\d\s*\}|\d))?\s*\.?\s*")
+_UNIT_WORDS = re.compile(r"\s*[A-Za-z][A-Za-z.]*(?:\s+[A-Za-z][A-Za-z.]*)*\s*")  # "cm", " square units", " p.m."
+#: Words that join answers ("5 or 7", "2, 3, and 4"): never a unit, and read as a list separator.
+_JOINING_WORDS = frozenset({"and", "or"})
+_JOINER = re.compile(r",? (?:and|or) ")  # applied once runs of whitespace are single spaces
+_NUMBER_END = re.compile(r"(?:\d|\}|\)|\\pi)$")  # what a quantity with a unit ends with: 5, \frac{1}{2}, 2\pi
 _SPACING = re.compile(r"\\\\|\\[,;:! ]|\\q?quad(?![A-Za-z])|~")  # `\\` (a row break) is matched to keep it
+_TRAILING_SPACING = ("\\,", "\\;", "\\:", "\\!", "\\ ", "\\", "~", "\\quad", "\\qquad")
 _LEFT_RIGHT = re.compile(r"\\(?:left|right|big|Big|bigg|Bigg)(?![A-Za-z])")
 _DEGREES = re.compile(r"\^\s*\{?\s*\\circ\s*\}?|°|\\degree(?![A-Za-z])")
 _FRAC_DIGITS = re.compile(r"\\frac(\d)(\d)")
@@ -60,18 +71,45 @@ def _unwrap(text: str) -> str:
     return text
 
 
+def strip_unit(answer: str) -> str:
+    """`answer` without a trailing unit: `\\text{...}` or `\\mbox{...}` holding only words (an exponent and a
+    full stop may follow), after a quantity ending in a digit, `}`, `)` or `\\pi`, and set off by a space (inside
+    the braces or before the wrapper) unless the unit has two letters or more. So `15\\mbox{ cm}^2` -> `15`,
+    `12\\sqrt{13}\\text{ feet}` -> `12\\sqrt{13}`, `1.85\\ \\text{USD}` -> `1.85`, while `2\\text{ and }3`,
+    `5 \\text{ or more}`, `5\\text{i}`, `\\text{(A)}` and `\\text{ east}` are left alone (the Hendrycks MATH
+    normalisation cut at the first `\\text{ ` instead, which dropped everything after a joining word)."""
+    last = None
+    for last in _UNIT_OPEN.finditer(answer):
+        pass
+    if last is None:
+        return answer
+    close = answer.find("}", last.end())
+    unit = answer[last.end() : close]
+    if close < 0 or not _UNIT_TAIL.fullmatch(answer, close) or not _UNIT_WORDS.fullmatch(unit):
+        return answer
+    if any(word.lower().strip(".") in _JOINING_WORDS for word in unit.split()):
+        return answer
+    before = answer[: last.start()]
+    value = before.rstrip()
+    while value.endswith(_TRAILING_SPACING):
+        value = value[: -len(next(t for t in _TRAILING_SPACING if value.endswith(t)))].rstrip()
+    spaced = unit[:1].isspace() or value != before
+    if not _NUMBER_END.search(value) or not (spaced or sum(c.isalpha() for c in unit) >= 2):
+        return answer
+    return value
+
+
 def normalize_answer(answer: str) -> str:
     """Canonical string form of a MATH answer (applied to prediction and gold alike)."""
     s = answer.strip().replace("\n", " ").replace("\\displaystyle", "")
-    unit = _UNIT.search(s)
-    if unit and s[: unit.start()].strip():  # "15\mbox{ cm}^2" -> "15"; a leading "\text{ east}" is kept
-        s = s[: unit.start()]
+    s = strip_unit(s)
     s = _unwrap(s)
-    s = _SPACING.sub(lambda m: m.group(0) if m.group(0) == "\\\\" else "", s)
+    s = _SPACING.sub(lambda m: m.group(0) if m.group(0) == "\\\\" else " ", s)
     s = _LEFT_RIGHT.sub("", s)
     s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
     s = _DEGREES.sub("", s)
     s = s.replace("\\$", "").replace("$", "").replace("\\%", "").replace("%", "").replace("{,}", ",")
+    s = _JOINER.sub(",", re.sub(r"\s+", " ", s))  # "-2 or -12", "6, 8, and 10": lists
     s = re.sub(r"\s+", "", s)
     s = s.rstrip(".")
     s = _VAR_PREFIX.sub("", s)
@@ -121,6 +159,15 @@ def answers_match(prediction: str, gold: str) -> bool:
         return bool(p)  # two empty answers are not a match
     a, b = parse_number(p), parse_number(g)
     return a is not None and b is not None and abs(a - b) <= TOLERANCE
+
+
+def gold_answer(example: Example) -> str:
+    """The example's gold answer as text (a number is written out); a missing one or one of another type is a
+    data bug and raises (KeyError / TypeError)."""
+    gold = example["answer"]
+    if isinstance(gold, bool) or not isinstance(gold, (str, int, float)):
+        raise TypeError(f"malformed MATH example: answer must be text, got {gold!r}")
+    return gold if isinstance(gold, str) else str(gold)
 
 
 # ---- the task ---------------------------------------------------------------------------------------------------
@@ -176,11 +223,9 @@ class MathTask(Task):
         return chat(self.system_prompt, example["problem"])
 
     def score(self, completion: str, example: Example) -> float:
-        try:
-            pred = last_boxed(completion)
-            return 1.0 if pred is not None and answers_match(pred, str(example["answer"])) else 0.0
-        except Exception:  # never let a strange completion or example crash training
-            return 0.0
+        gold = gold_answer(example)  # checked first, so a data bug raises whatever the completion
+        pred = last_boxed(completion)
+        return 1.0 if pred is not None and answers_match(pred, gold) else 0.0
 
     def is_well_formed(self, completion: str, example: Example) -> bool:
         pred = last_boxed(completion)
@@ -190,9 +235,6 @@ class MathTask(Task):
         pred = last_boxed(completion)
         out: dict[str, Any] = {"extracted": pred if pred is None or len(pred) <= 200 else pred[:200] + "..."}
         if pred is not None and len(pred) <= MAX_ANSWER_CHARS:
-            try:
-                out["normalized"] = normalize_answer(pred)
-                out["gold_normalized"] = normalize_answer(str(example["answer"]))
-            except Exception:  # pragma: no cover - defensive
-                pass
+            out["normalized"] = normalize_answer(pred)
+            out["gold_normalized"] = normalize_answer(gold_answer(example))
         return out

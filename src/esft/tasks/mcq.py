@@ -13,9 +13,13 @@ joiner (`-`, `=`, `+`, `#`, `/`, `\\`, `_`, `^`, `&`, `@`, `~`), and not followe
 
 The capital article. "A dog is ..." at the start of a sentence would otherwise be read as answer A and, being
 last, override an earlier real answer ("... so B. A good check is ..."). Level 3 therefore skips an "A" that
-starts a sentence (text start, or after `.`, `!`, `?` or a newline, ignoring spaces and markdown `*#>-`) and is
-followed by one space and a lower-case word or a digit, unless that word is a verb that shows A is being named ("A is
-correct", "A was", "A would", "A seems", "A appears"). A mid-sentence capital "A" is always a candidate.
+starts a sentence (text start, or after `.`, `!`, `?` or a newline, ignoring spaces and markdown `*#>-`; only the
+16 characters before it are examined) and is followed by one space and a lower-case word or a digit, unless that word
+is a verb that shows A is being named ("A is correct", "A was", "A would", "A seems", "A appears"). A mid-sentence
+capital "A" is always a candidate.
+
+The score uses the whole cascade. The format bonus (`is_well_formed`) asks for the format the system prompt states:
+the reply's last non-blank line is `{"answer": "X"}` (a closing code fence may follow it).
 """
 
 from __future__ import annotations
@@ -38,23 +42,37 @@ SYSTEM_PROMPT = (
 )
 
 # ---- letter extraction ------------------------------------------------------------------------------------------
+# Every pattern below is linear in the text: no two adjacent quantifiers can match the same characters, so a run of
+# spaces after "Answer:" is consumed once instead of being split every possible way (quadratic backtracking).
 _JSON_ANSWER = re.compile(r"""["'](?i:answer)["']\s*:\s*["']\s*([A-D])\s*["']""")  # JSON or a Python dict
-_PLAIN_ANSWER = re.compile(r"\b(?i:answer)[*_\s]*:[*_\s]*[(\[\"']?\s*([A-D])(?![A-Za-z0-9])")
+_PLAIN_ANSWER = re.compile(r"\b(?i:answer)[*_\s]*:[*_\s]*(?:[(\[\"']\s*)?([A-D])(?![A-Za-z0-9])")
 _JOINERS = r"A-Za-z0-9_\-=+#/\\^&@~"
-_STANDALONE = re.compile(rf"(?<![{_JOINERS}])([A-D])(?![{_JOINERS}])(?!['’][A-Za-z])")
-_NEXT_WORD = re.compile(r"[*_]* ([a-z]+|[0-9])")  # "A dog", "**A** dog", "A 60-year-old man"
-_NAMING_VERBS = frozenset({"is", "was", "would", "seems", "appears"})
+_NAMING_VERBS = ("is", "was", "would", "seems", "appears")
+_MARKUP = r" \t*#>\-"      # skipped when looking back for the start of a sentence
+_SENTENCE_END = r".!?\n"
+_LOOK_BACK = 16            # characters examined before a candidate "A" (keeps the check O(1))
 
 
-def _is_sentence_initial_article(text: str, start: int, end: int) -> bool:
-    """True for a capital "A" used as the article at a sentence start (see the module docstring)."""
-    if text[start] != "A":
-        return False
-    m = _NEXT_WORD.match(text, end)
-    if m is None or m.group(1) in _NAMING_VERBS:
-        return False
-    before = text[max(0, start - 16) : start].rstrip(" \t*#>-")  # bounded look-back keeps this O(1)
-    return before == "" or before[-1] in ".!?\n"
+def _not_sentence_initial() -> str:
+    """Look-behind, placed right after an "A": within the `_LOOK_BACK` characters before it, the last character
+    that is not markup exists and does not end a sentence. One fixed-width look-behind per markup run length."""
+    other = f"[^{_MARKUP}{_SENTENCE_END}]"
+    return "(?:" + "|".join(f"(?<={other}[{_MARKUP}]{{{k}}}A)" for k in range(_LOOK_BACK)) + ")"
+
+
+# A standalone capital A-D that is not the article: B, C or D; or an A not followed by a lower-case word or a
+# digit ("A.", "A)"); or an A followed by a naming verb ("A is correct"); or an A in mid-sentence ("Choose A dog").
+_CANDIDATE = (
+    rf"(?<![{_JOINERS}])([A-D])(?![{_JOINERS}])(?!['’][A-Za-z])"
+    rf"(?:(?<!A)|(?![*_]* [a-z0-9])|(?=[*_]* (?:{'|'.join(_NAMING_VERBS)})(?![a-z]))|{_not_sentence_initial()})"
+)
+# The greedy `.*` runs to the end and backs off one character at a time, so `match` finds the *last* candidate
+# after looking only at the text behind it (one pass, from the end).
+_LAST_CANDIDATE = re.compile(r"(?s:.*)" + _CANDIDATE)
+
+# The stated answer format (the system prompt): the last line of the reply is the JSON object `{"answer": "X"}`.
+_STATED_FORMAT = re.compile(r"""[ \t]*\{[ \t]*"answer"[ \t]*:[ \t]*"([A-D])"[ \t]*\}[ \t]*""")
+_CODE_FENCE = "```"
 
 
 def extract_letter(text: str) -> tuple[str | None, int | None]:
@@ -71,24 +89,32 @@ def extract_letter(text: str) -> tuple[str | None, int | None]:
     return (letter, 3) if letter is not None else (None, None)
 
 
-def _last_standalone(text: str, window: int = 4096) -> str | None:
-    """Last standalone letter that is not a sentence-initial article, scanning windows from the end so a long
-    completion full of candidates ("A A A ...") costs little. Window edges change nothing: with
-    `finditer(text, pos, endpos)` the look-behind still sees the character before `pos`, and `endpos` is two
-    characters past the window so the look-aheads of a letter at its last position see real text."""
-    end = len(text)
-    while end > 0:
-        start = max(0, end - window)
-        last = None
-        for m in _STANDALONE.finditer(text, start, end + 2):
-            if m.start() >= end:
-                break
-            if not _is_sentence_initial_article(text, m.start(1), m.end(1)):
-                last = m.group(1)
-        if last is not None:
-            return last
-        end = start
-    return None
+def _last_standalone(text: str) -> str | None:
+    """Last standalone letter that is not a sentence-initial article (see the module docstring)."""
+    m = _LAST_CANDIDATE.match(text)
+    return None if m is None else m.group(1)
+
+
+def stated_format_letter(text: str) -> str | None:
+    """The letter of a reply whose last non-blank line is `{"answer": "X"}` (a closing code fence after it is
+    allowed), else None. Such a letter is also what the cascade extracts: it is the last level-1 match."""
+    if not isinstance(text, str):
+        return None
+    body = text.rstrip()
+    if body.endswith(_CODE_FENCE):
+        head = body[: -len(_CODE_FENCE)].rstrip(" \t")
+        if head.endswith("\n"):  # the fence closes a code block the JSON line sits in
+            body = head.rstrip()
+    m = _STATED_FORMAT.fullmatch(body, body.rfind("\n") + 1)
+    return None if m is None else m.group(1)
+
+
+def gold_letter(example: Example) -> str:
+    """The example's answer letter; a missing or invalid one is a data bug and raises (KeyError / ValueError)."""
+    gold = example["answer"]
+    if not isinstance(gold, str) or gold not in LETTERS:
+        raise ValueError(f"malformed example: answer {gold!r} is not one of A, B, C, D")
+    return gold
 
 
 def format_choices(choices: list[str]) -> str:
@@ -103,14 +129,13 @@ class _MCQTask(Task):
     _cache: dict[str, list[Example]] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def score(self, completion: str, example: Example) -> float:
-        try:
-            letter, _ = extract_letter(completion)
-            return 1.0 if letter is not None and letter == example["answer"] else 0.0
-        except Exception:  # never let a strange completion or example crash training
-            return 0.0
+        gold = gold_letter(example)  # checked first, so a data bug raises whatever the completion
+        return 1.0 if extract_letter(completion)[0] == gold else 0.0
 
     def is_well_formed(self, completion: str, example: Example) -> bool:
-        return extract_letter(completion)[0] is not None
+        """True when the reply ends in the answer format the system prompt states (`{"answer": "X"}` on its own
+        last line). The score's cascade is more lenient (paper Table 19); the format bonus rewards the format."""
+        return stated_format_letter(completion) is not None
 
     def details(self, completion: str, example: Example) -> dict[str, Any]:
         letter, level = extract_letter(completion)

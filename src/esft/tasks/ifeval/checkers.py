@@ -3,8 +3,11 @@
 behaviour of the published evaluation where the paper leaves a detail open (noted per checker).
 
 Every checker is `check(response, kwargs) -> bool`, where `kwargs` is the instruction's parameter dict
-from the data (`None` values already dropped). Checkers may raise on malformed parameters; the caller
-(`evaluate.py`) turns any exception into a failed instruction.
+from the data (`None` values already dropped). A checker takes any text without raising; malformed
+parameters (a data bug) raise KeyError, TypeError or ValueError.
+
+Each checker is linear in the response, and those that count stop counting once the threshold decides the
+comparison, so a 100,000-character response is checked in milliseconds.
 """
 
 from __future__ import annotations
@@ -32,6 +35,15 @@ def compare(value: int, relation: str, threshold: int) -> bool:
     if relation == "less than":
         return value < int(threshold)
     raise ValueError(f"unknown relation {relation!r}")
+
+
+def compare_count(count: Callable[..., int], response: str, relation: str, threshold: Any) -> bool:
+    """`compare(count(response), relation, threshold)`, counting no further than the threshold: both relations
+    are decided once the count reaches it."""
+    n = int(threshold)
+    if relation not in RELATIONS:
+        raise ValueError(f"unknown relation {relation!r}")
+    return compare(count(response, stop=max(n, 0)), relation, n)
 
 
 # ---- keywords ---------------------------------------------------------------------------------------
@@ -75,11 +87,11 @@ def response_language(response: str, kw: Kwargs) -> bool:
 
 # ---- length constraints -----------------------------------------------------------------------------
 def number_sentences(response: str, kw: Kwargs) -> bool:
-    return compare(count_sentences(response), kw["relation"], kw["num_sentences"])
+    return compare_count(count_sentences, response, kw["relation"], kw["num_sentences"])
 
 
 def number_words(response: str, kw: Kwargs) -> bool:
-    return compare(count_words(response), kw["relation"], kw["num_words"])
+    return compare_count(count_words, response, kw["relation"], kw["num_words"])
 
 
 _MARKDOWN_DIVIDER = re.compile(r"\s?\*\*\*\s?")
@@ -89,15 +101,12 @@ def number_paragraphs(response: str, kw: Kwargs) -> bool:
     """Exactly N paragraphs separated by the markdown divider `***`. An empty chunk before the first or
     after the last divider is tolerated (a leading/trailing divider); an empty chunk between two dividers
     means an empty paragraph and fails."""
+    expected = int(kw["num_paragraphs"])
     chunks = _MARKDOWN_DIVIDER.split(response)
-    count = len(chunks)
-    for i, chunk in enumerate(chunks):
-        if not chunk.strip():
-            if i in (0, len(chunks) - 1):
-                count -= 1
-            else:
-                return False
-    return count == int(kw["num_paragraphs"])
+    if not all(map(str.strip, chunks[1:-1])):
+        return False
+    count = len(chunks) - (not chunks[0].strip()) - (len(chunks) > 1 and not chunks[-1].strip())
+    return count == expected
 
 
 # Punctuation that ends the "first word" of a paragraph, as in the reference ("Weekend," -> "weekend").
@@ -126,20 +135,14 @@ def nth_paragraph_first_word(response: str, kw: Kwargs) -> bool:
 
 
 # ---- detectable content -----------------------------------------------------------------------------
-def count_placeholders(text: str) -> int:
-    """Square-bracket placeholders like [address]: an opening "[" closed by the next "]" on the same line.
+# A "]" closes a placeholder when the last "[", "]" or line break before it is a "[". Excluding "[" from the
+# content keeps the scan linear (`\[.*?\]` is quadratic on a line full of "[" with no "]").
+_PLACEHOLDER = re.compile(r"\[[^\[\]\n]*\]")
 
-    A linear scan rather than a lazy regex (`\\[.*?\\]` is quadratic on a line full of "[" with no "]").
-    """
-    count, open_ = 0, False
-    for ch in text:
-        if ch == "\n":
-            open_ = False
-        elif ch == "[":
-            open_ = True
-        elif ch == "]" and open_:
-            count, open_ = count + 1, False
-    return count
+
+def count_placeholders(text: str) -> int:
+    """Square-bracket placeholders like [address]: an opening "[" closed by the next "]" on the same line."""
+    return len(_PLACEHOLDER.findall(text))
 
 
 def number_placeholders(response: str, kw: Kwargs) -> bool:
@@ -164,15 +167,13 @@ def postscript(response: str, kw: Kwargs) -> bool:
 
 
 # ---- detectable format ------------------------------------------------------------------------------
+_BULLET = re.compile(r"^[^\S\n]*(?:-|\*(?!\*))", re.MULTILINE)
+
+
 def count_bullets(text: str) -> int:
     """Markdown bullet lines: first non-blank character "-" or a single "*" (a "**bold**" line is not a
-    bullet)."""
-    count = 0
-    for line in text.split("\n"):
-        s = line.lstrip()
-        if s.startswith("-") or (s.startswith("*") and not s.startswith("**")):
-            count += 1
-    return count
+    bullet). Lines are split at "\\n" only, as `str.split("\\n")` would."""
+    return len(_BULLET.findall(text))
 
 
 def number_bullet_lists(response: str, kw: Kwargs) -> bool:
@@ -188,17 +189,18 @@ def constrained_response(response: str, kw: Kwargs) -> bool:
     return any(option in response for option in CONSTRAINED_ANSWERS)
 
 
-_ITALIC = re.compile(r"\*[^\n*]*\*")
-_BOLD = re.compile(r"\*\*[^\n*]*\*\*")
+_ITALIC = re.compile(r"\*([^\n*]*)\*")
+_BOLD = re.compile(r"\*\*([^\n*]*)\*\*")
 
 
 def count_highlights(text: str) -> int:
     """Markdown highlights *like this* or **like this** with some non-blank text inside. The two scans
     are counted together as in the reference; "**x**" is found only by the bold scan (the italic scan
     sees two empty "**" pairs)."""
-    italic = sum(1 for m in _ITALIC.findall(text) if m.strip("*").strip())
-    bold = sum(1 for m in _BOLD.findall(text) if m[2:-2].strip())
-    return italic + bold
+    def filled(pattern: re.Pattern[str]) -> int:
+        return sum(1 for _ in filter(None, map(str.strip, pattern.findall(text))))
+
+    return filled(_ITALIC) + filled(_BOLD)
 
 
 def number_highlighted_sections(response: str, kw: Kwargs) -> bool:
@@ -228,15 +230,17 @@ def json_format(response: str, kw: Kwargs) -> bool:
     return True
 
 
+# A title: on one line, from the first "<<" to the last ">>", something is left once the "<" after the first and
+# the ">" before the last are stripped. That holds when, after the first "<<" and the "<" that follow it, the line
+# has a non-blank character, and from there a character other than ">" is followed by a ">>". The atomic groups
+# commit to the first such positions (a later one would only do worse), which keeps the scan linear.
+_TITLE = re.compile(r"^(?>[^\n]*?<<)<*+[^\S\n]*+(?=\S)(?>[^\n]*?[^>\n])[^\n]*>>", re.MULTILINE)
+
+
 def title(response: str, kw: Kwargs) -> bool:
-    """A title in double angular brackets, <<like this>>, on one line and not blank."""
-    for line in response.split("\n"):
-        start, end = line.find("<<"), line.rfind(">>")
-        # Like a greedy `<<[^\n]+>>`: from the first "<<" to the last ">>" of the line, >= 1 char between.
-        if start != -1 and end >= start + 3:
-            if line[start:end + 2].lstrip("<").rstrip(">").strip():
-                return True
-    return False
+    """A title in double angular brackets, <<like this>>, on one line and not blank: like the reference's
+    greedy `<<[^\\n]+>>`, from the first "<<" to the last ">>" of a line."""
+    return _TITLE.search(response) is not None
 
 
 # ---- combination ------------------------------------------------------------------------------------
@@ -274,7 +278,7 @@ def quotation(response: str, kw: Kwargs) -> bool:
 # ---- change case ------------------------------------------------------------------------------------
 def capital_word_frequency(response: str, kw: Kwargs) -> bool:
     """Words in all capital letters should appear at least / less than N times."""
-    return compare(count_capital_words(response), kw["capital_relation"], kw["capital_frequency"])
+    return compare_count(count_capital_words, response, kw["capital_relation"], kw["capital_frequency"])
 
 
 def _is_english_or_unknown(response: str) -> bool:
@@ -341,6 +345,26 @@ INSTRUCTIONS: dict[str, Instruction] = {
         Instruction("punctuation:no_comma", no_comma),
     )
 }
+
+
+RELATIONS = ("at least", "less than")
+_RELATION_PARAMS = frozenset({"relation", "let_relation", "capital_relation"})
+_COUNT_PARAMS = frozenset({"frequency", "let_frequency", "capital_frequency", "num_sentences", "num_paragraphs",
+                           "num_words", "nth_paragraph", "num_placeholders", "num_bullets", "num_highlights",
+                           "num_sections"})
+
+
+def check_params(instruction_id: str, params: Kwargs) -> None:
+    """Raise ValueError (or TypeError) when a relation or a count the instruction reads is not one: a data bug
+    caught before any response is looked at."""
+    for name in INSTRUCTIONS[instruction_id].params:
+        value = params[name]
+        if name in _RELATION_PARAMS and value not in RELATIONS:
+            raise ValueError(f"unknown relation {value!r} in {instruction_id!r}")
+        if name in _COUNT_PARAMS:
+            if isinstance(value, bool):
+                raise TypeError(f"{name} of {instruction_id!r} must be a count, got {value!r}")
+            int(value)
 
 
 def missing_params(instruction_id: str, kwargs: Kwargs | None) -> list[str]:

@@ -42,10 +42,8 @@ class IFEvalTask(Task):
         return chat(self.system_prompt, str(example["prompt"]))
 
     def score(self, completion: str, example: Example) -> float:
-        try:
-            return 1.0 if all(evaluate_strict(_text(completion), example)) else 0.0
-        except Exception:  # noqa: BLE001 - e.g. a malformed example; a reward must not raise
-            return 0.0
+        """1.0 iff every instruction passes; a malformed example raises (see `evaluate`)."""
+        return 1.0 if all(evaluate_strict(_text(completion), example)) else 0.0
 
     def is_well_formed(self, completion: str, example: Example) -> bool:
         # IFEval has no answer format beyond the instructions themselves; a non-blank reply is "formed".
@@ -53,12 +51,7 @@ class IFEvalTask(Task):
 
     def details(self, completion: str, example: Example) -> dict[str, Any]:
         """Per-instruction verdicts (lists aligned with `instruction_ids`) and both prompt-level ones."""
-        try:
-            result = evaluate(_text(completion), example)
-        except Exception:  # noqa: BLE001
-            ids = [str(i) for i in example.get("instruction_id_list") or []]
-            return {"instruction_ids": ids, "strict": [False] * len(ids), "loose": [False] * len(ids),
-                    "prompt_strict": False, "prompt_loose": False}
+        result = evaluate(_text(completion), example)
         return {
             "instruction_ids": list(result.instruction_ids),
             "strict": list(result.strict),
