@@ -6,6 +6,12 @@ Writes, per task, every completion with its score to `<output_dir>/<task>.jsonl`
 Default: one greedy completion per question (the paper's protocol). With `samples > 1` (or `k` given) every
 question gets n sampled completions and the summary adds pass@k, mean@n and maj@k with bootstrap CIs over
 questions (`esft.passk`); `pass_at_k(n, c, k)` is re-exported here.
+
+Every summary carries, next to the accuracy and its 95% Wilson interval, the *constant-answer baseline* of the same
+examples (`constant_baseline`, `constant_baseline_ci95`, `constant_answer`: always giving the most frequent gold
+answer), so that an accuracy a prior alone could reach is visible as such. With `balanced` the labelled tasks
+(boolq, chemistry, mmlu) are evaluated on a label-balanced subset of the split instead of its first `limit`
+examples (`esft.tasks.labels`), where that baseline is 1/K; the task's scorer is the same either way.
 """
 
 from __future__ import annotations
@@ -21,7 +27,8 @@ import numpy as np
 
 from esft.generation import Generation, GenerationConfig, generate
 from esft.passk import answer_key, parse_ks, pass_at_k, summarize_samples
-from esft.tasks import Task, get_task
+from esft.tasks import Task, get_task, parse_task_name, split_task_list, task_file_stem
+from esft.tasks.labels import BALANCE_SEED, balanced_subset
 
 
 @dataclass
@@ -31,11 +38,17 @@ class EvalConfig:
     model: str = "smollm2-135m"
     """Embedded model name, local Hugging Face folder, or hub id."""
     tasks: list[str] = field(default_factory=lambda: ["boolq"])
-    """Task names (countdown, math, chemistry, boolq, mmlu, ifeval)."""
+    """Task names (countdown, math, chemistry, boolq, mmlu, ifeval), with options as in
+    countdown:numbers=2,max_number=20,ops=+* (esft.tasks)."""
     split: str = "test"
     """Which split to evaluate."""
     limit: int | None = None
     """Examples per task (the first `limit` of the deterministic split); None = the whole split."""
+    balanced: bool = False
+    """Labelled tasks (boolq, chemistry, mmlu): evaluate a label-balanced subset of the split (equal count per
+    gold label, `limit` in all, drawn by balance_seed) instead of its first `limit` examples; use >= 400."""
+    balance_seed: int = BALANCE_SEED
+    """Seed of the balanced subset's draw."""
     max_new_tokens: int = 1024
     """Generation budget per completion (paper: 1024)."""
     batch_size: int = 32
@@ -60,6 +73,8 @@ class EvalConfig:
     """k values of pass@k and maj@k, e.g. 1,8,32 (each <= samples); empty = 1 and n."""
 
     def __post_init__(self) -> None:
+        # a comma-separated --tasks is split at every comma, also inside one task's options: join them again
+        self.tasks = split_task_list(self.tasks)
         if self.samples < 1:
             raise ValueError(f"samples must be >= 1, got {self.samples}")
         if self.samples > 1 and self.temperature <= 0:
@@ -75,7 +90,21 @@ class EvalConfig:
 
 
 def task_options(name: str, max_passage_chars: int | None = None) -> dict[str, Any]:
-    return {"max_passage_chars": max_passage_chars} if name == "boolq" and max_passage_chars else {}
+    base, named = parse_task_name(name)
+    use = base == "boolq" and max_passage_chars and "max_passage_chars" not in named
+    return {"max_passage_chars": max_passage_chars} if use else {}
+
+
+def load_examples(task: Task, split: str, limit: int | None = None, balanced: bool = False,
+                  seed: int = BALANCE_SEED) -> list[dict]:
+    """The examples to evaluate: the first `limit` of the split, or with `balanced` (tasks with a label set
+    only; others ignore it) a label-balanced subset of `limit` examples (None = as many as the rarest label
+    allows), in split order."""
+    labels = task.label_set() if balanced else None
+    if labels is None:
+        return task.load(split, limit=limit)
+    rows = task.load(split)
+    return balanced_subset(rows, [task.gold_key(r) for r in rows], limit, seed, labels)
 
 
 def evaluate_task(
@@ -190,13 +219,15 @@ def run_eval(config: EvalConfig, model=None, tokenizer=None, progress: bool = Tr
     out_dir = Path(config.output_dir) if config.output_dir else None
     results: dict[str, Any] = {}
     for name, task in tasks.items():
-        examples = task.load(config.split, limit=config.limit)
-        path = out_dir / f"{name}.jsonl" if out_dir else None
+        examples = load_examples(task, config.split, config.limit, config.balanced, config.balance_seed)
+        path = out_dir / f"{task_file_stem(name)}.jsonl" if out_dir else None
         if config.sampled:
             results[name] = evaluate_task_sampled(model, tokenizer, task, examples, gen_config, config.samples,
                                                   parse_ks(config.k, config.samples), path, progress)
         else:
             results[name] = evaluate_task(model, tokenizer, task, examples, gen_config, path, progress)
+        if config.balanced:
+            results[name]["balanced"] = task.label_set() is not None
         if progress:
             print(format_row(name, results[name]), flush=True)
     if out_dir is not None:
@@ -212,6 +243,7 @@ def format_row(name: str, s: dict[str, Any]) -> str:
         extra = (f"  prompt strict/loose {s['prompt_strict']:.3f}/{s['prompt_loose']:.3f}"
                  f"  instr strict/loose {s['instruction_strict']:.3f}/{s['instruction_loose']:.3f}")
     fmt = f"  format {s['format_rate']:.3f}" if "format_rate" in s else ""
+    fmt += constant_text(s)
     if "pass@k" in s:  # sampled protocol: accuracy is mean@n; then pass@k and maj@k per k
         for metric in ("pass@k", "maj@k"):
             for k, m in s.get(metric, {}).items():
@@ -221,9 +253,20 @@ def format_row(name: str, s: dict[str, Any]) -> str:
     return f"{name:<10} n={s['n']:<5} acc {s['accuracy']:.3f}  95% CI [{lo:.3f}, {hi:.3f}]{fmt}{extra}"
 
 
+def constant_text(s: dict[str, Any]) -> str:
+    """`  const 0.635 [0.566, 0.699] (yes)` for a summary with a constant-answer baseline, else ''."""
+    if s.get("constant_baseline") is None:
+        return ""
+    lo, hi = s.get("constant_baseline_ci95") or (0.0, 1.0)
+    answer = str(s.get("constant_answer", ""))
+    answer = answer if len(answer) <= 12 else answer[:12] + "..."
+    balanced = "  balanced" if s.get("balanced") else ""
+    return f"  const {s['constant_baseline']:.3f} [{lo:.3f}, {hi:.3f}] ({answer}){balanced}"
+
+
 def format_table(results: dict[str, Any]) -> str:
     return "\n".join(format_row(k, v) for k, v in results.items())
 
 
-__all__ = ["EvalConfig", "evaluate_task", "evaluate_task_sampled", "run_eval", "format_row", "format_table",
-           "pass_at_k", "sample_seed", "task_options"]
+__all__ = ["EvalConfig", "constant_text", "evaluate_task", "evaluate_task_sampled", "format_row", "format_table",
+           "load_examples", "pass_at_k", "run_eval", "sample_seed", "task_options"]

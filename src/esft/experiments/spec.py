@@ -220,15 +220,25 @@ def _int(ctx: _Ctx, value: Any, line: int, where: str, minimum: int | None = Non
 
 
 def _task_list(ctx: _Ctx, value: Any, line: int, where: str, allowed: typing.Sequence[str]) -> list[str]:
+    from esft.tasks import get_task, split_task_list
+
     if isinstance(value, str):
-        value = [v.strip() for v in value.split(",") if v.strip()]
+        try:  # "countdown:numbers=2,ops=+, boolq" is two tasks: the comma inside options does not split
+            value = split_task_list(value)
+        except ValueError as exc:
+            raise ctx.error(line, f"{where}: {exc}") from None
     if not isinstance(value, list):
         raise ctx.error(line, f"{where} must be a list of task names, got {value!r}")
     out = []
     for i, name in enumerate(value):
         item_line = value.line_of(i) if isinstance(value, LineList) else line
         key = str(name).strip().lower()
-        if key not in allowed:
+        if key not in allowed and key.partition(":")[0].strip() in allowed and ":" in key:
+            try:  # a task with options (esft.tasks): checked by building it, before any compute
+                get_task(key)
+            except ValueError as exc:
+                raise ctx.error(item_line, f"{where}: {exc}") from None
+        elif key not in allowed:
             raise ctx.error(item_line, f"unknown task {name!r} in {where}{_did_you_mean(key, allowed)}; "
                                        f"known: {', '.join(allowed)}")
         if key in out:

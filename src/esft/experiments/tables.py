@@ -10,6 +10,11 @@
 
 Cells are accuracies in %: one seed prints the value; several print mean ± std (sample std, ddof = 1), and the
 per-seed values follow in a second table. CSV files keep the layout, with numeric mean / std / per-seed columns.
+
+Where the evaluations recorded it (`constant_baseline`, esft.evaluation), every accuracy table also shows the
+*constant answer* baseline: the accuracy of always giving the most frequent gold answer of the evaluated examples,
+with its 95% Wilson interval (a column of Table 1, a row of the others). An accuracy inside that interval is
+what a prior alone reaches.
 """
 
 from __future__ import annotations
@@ -30,7 +35,10 @@ DASH = "—"
 
 
 def task_name(task: str, short: bool = False) -> str:
-    return (SHORT_NAMES if short else TASK_NAMES).get(task, task)
+    """Display name; a task with options (countdown:numbers=2,ops=+) shows them: Countdown (numbers=2, ops=+)."""
+    base, _, options = task.partition(":")
+    name = (SHORT_NAMES if short else TASK_NAMES).get(base, base)
+    return f"{name} ({options.replace(',', ', ')})" if options else name
 
 
 # ---- loading ---------------------------------------------------------------------------------------------------------
@@ -110,6 +118,38 @@ def accuracy(record: dict[str, Any] | None, task: str, ifeval_metric: str = "pro
     key = ifeval_metric if task == "ifeval" and ifeval_metric in summary else "accuracy"
     value = summary.get(key)
     return None if value is None else 100.0 * float(value)
+
+
+def constant_baseline(exp: Experiment, task: str) -> dict[str, Any] | None:
+    """The constant-answer baseline of `task`'s evaluated examples: from the base model's evaluation, else from
+    the first stage that recorded one (every stage evaluates the same examples)."""
+    for rec in [exp.base, *exp.results.values()]:
+        summary = ((rec or {}).get("eval") or {}).get(task) or {}
+        if summary.get("constant_baseline") is not None:
+            return summary
+    return None
+
+
+def constant_text(summary: dict[str, Any] | None, ci: bool = True) -> str:
+    """`63.5 [56.6, 69.9]` (%, with the Wilson interval), or a dash."""
+    if not summary:
+        return DASH
+    text = f"{100 * float(summary['constant_baseline']):.1f}"
+    interval = summary.get("constant_baseline_ci95")
+    return f"{text} [{100 * interval[0]:.1f}, {100 * interval[1]:.1f}]" if ci and interval else text
+
+
+CONSTANT_LABEL = "Constant answer"
+CONSTANT_NOTE = ("Constant answer: accuracy (%) of always giving the most frequent gold answer of the evaluated "
+                 "examples, with its 95% Wilson interval.")
+
+
+def _constant_row(exp: Experiment, tasks: Sequence[str], repeat: int = 1) -> tuple[str, list[Cell | str]] | None:
+    """A table row of constant-answer baselines, one per task, each repeated `repeat` times; None without any."""
+    found = [constant_baseline(exp, t) for t in tasks]
+    if not any(found):
+        return None
+    return CONSTANT_LABEL, [constant_text(f) for f in found for _ in range(repeat)]
 
 
 # ---- cells -------------------------------------------------------------------------------------------------------------
@@ -258,16 +298,20 @@ def table1(exp: Experiment) -> Table | None:
     tracks = exp.tracks("single-task")
     if not tracks:
         return None
-    cols = ["Task", "Base"] + [d for _, d in tracks]
+    constants = [constant_baseline(exp, t) for t in exp.tasks]
+    with_constant = any(constants)
+    cols = ["Task"] + ([CONSTANT_LABEL] if with_constant else []) + ["Base"] + [d for _, d in tracks]
     rows = []
-    for task in exp.tasks:
-        cells: list[Cell | str] = [_cell(exp, lambda s, t=task: accuracy(exp.base, t, exp.ifeval_metric))]
+    for task, constant in zip(exp.tasks, constants):
+        cells: list[Cell | str] = [constant_text(constant)] if with_constant else []
+        cells.append(_cell(exp, lambda s, t=task: accuracy(exp.base, t, exp.ifeval_metric)))
         for track, _ in tracks:
             cells.append(_cell(exp, lambda s, tr=track, t=task: accuracy(exp.find("single-task", s, tr, t), t,
                                                                          exp.ifeval_metric)))
         rows.append((task_name(task), cells))
+    notes = [_seed_note(exp), _eval_note(exp, exp.tasks)] + ([CONSTANT_NOTE] if with_constant else [])
     return Table("table1_single_task", f"Table 1: Accuracy (%) for single task training ({exp.spec.get('model')}).",
-                 cols, rows, [_seed_note(exp), _eval_note(exp, exp.tasks)], seeds=exp.seeds)
+                 cols, rows, notes, seeds=exp.seeds)
 
 
 def table2(exp: Experiment) -> Table | None:
@@ -286,6 +330,9 @@ def table2(exp: Experiment) -> Table | None:
         return None if a is None or b is None else b - a
 
     rows: list[tuple[str, list[Cell | str]]] = []
+    constant = _constant_row(exp, exp.holdout, repeat=len(tracks))
+    if constant:
+        rows.append(constant)
     for k in range(k_max + 1):
         label = "Base model" if k == 0 else f"After Task {k} ({task_name(exp.tasks[k - 1])})"
         rows.append((label, [_cell(exp, lambda s, tr=tr, h=h, k=k: value(s, tr, h, k))
@@ -293,7 +340,7 @@ def table2(exp: Experiment) -> Table | None:
     delta_label = "Δ (base → final)"
     rows.append((delta_label, [_cell(exp, lambda s, tr=tr, h=h: delta(s, tr, h)) for h in exp.holdout
                                for tr, _ in tracks]))
-    notes = [_seed_note(exp), _eval_note(exp, exp.holdout)]
+    notes = [_seed_note(exp), _eval_note(exp, exp.holdout)] + ([CONSTANT_NOTE] if constant else [])
     if "ifeval" in exp.holdout:
         notes.append(f"IFEval: {exp.ifeval_metric.replace('_', '-')} accuracy.")
     return Table("table2_holdout", "Table 2: Holdout benchmark accuracy (%) throughout sequential training.",
@@ -304,8 +351,10 @@ def tables5_8(exp: Experiment) -> list[Table]:
     out = []
     for track, display in exp.tracks("sequential"):
         cols = ["Stage"] + [task_name(t, short=True) for t in exp.tasks]
-        rows: list[tuple[str, list[Cell | str]]] = [
-            ("Base", [_cell(exp, lambda s, t=t: accuracy(exp.base, t, exp.ifeval_metric)) for t in exp.tasks])]
+        constant = _constant_row(exp, exp.tasks)
+        rows: list[tuple[str, list[Cell | str]]] = [constant] if constant else []
+        rows.append(("Base", [_cell(exp, lambda s, t=t: accuracy(exp.base, t, exp.ifeval_metric))
+                              for t in exp.tasks]))
         for k, trained in enumerate(exp.tasks, start=1):
             rows.append((f"After {task_name(trained)}",
                          [_cell(exp, lambda s, t=t, k=k: accuracy(exp.find("sequential", s, track, index=k), t,
@@ -317,7 +366,8 @@ def tables5_8(exp: Experiment) -> list[Table]:
                  f"training with {display}. Bold indicates the task just trained at that stage.")
         slug = track.replace("@", "_").replace("->", "-").replace("/", "-")
         out.append(Table(f"table5-8_sequential_{slug}", title, cols, rows,
-                         [_seed_note(exp), _eval_note(exp, exp.tasks)], seeds=exp.seeds))
+                         [_seed_note(exp), _eval_note(exp, exp.tasks)] + ([CONSTANT_NOTE] if constant else []),
+                         seeds=exp.seeds))
     return out
 
 
@@ -367,12 +417,19 @@ def method_tables(exp: Experiment) -> list[Table]:
                 cells.append(DASH)
             return cells
 
-        rows: list[tuple[str, list[Cell | str]]] = [("Base", row(lambda s: exp.base, False))]
+        rows: list[tuple[str, list[Cell | str]]] = []
+        constant = constant_baseline(exp, task)
+        if constant:
+            ci = constant.get("constant_baseline_ci95")
+            rows.append((CONSTANT_LABEL, [constant_text(constant, ci=False),
+                                          f"[{100 * ci[0]:.1f}, {100 * ci[1]:.1f}]" if ci else DASH]
+                         + [DASH] * (len(cols) - 3)))
+        rows.append(("Base", row(lambda s: exp.base, False)))
         for track, display in tracks:
             rows.append((display, row(lambda s, tr=track: exp.find("single-task", s, tr, task), True)))
         notes = [_seed_note(exp), _eval_note(exp, [task]),
                  "95% CI: Wilson interval of the greedy accuracy; pass@k: unbiased estimator over the sampled "
-                 "completions with a bootstrap CI over questions."]
+                 "completions with a bootstrap CI over questions."] + ([CONSTANT_NOTE] if constant else [])
         if pk:
             notes.append(f"Sampled evaluation: {pk.get('samples')} completions per question at temperature "
                          f"{pk.get('temperature')}, top_p {pk.get('top_p')}.")
@@ -491,8 +548,9 @@ def results_csv(exp: Experiment) -> str:
     """Every evaluation of every finished stage, one row per (stage, task)."""
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
-    keys = ["n", "accuracy", "ci95_low", "ci95_high", "format_rate", "accuracy_among_boxed", "prompt_strict",
-            "prompt_loose", "instruction_strict", "instruction_loose", "completion_tokens", "truncated_rate"]
+    keys = ["n", "accuracy", "ci95_low", "ci95_high", "constant_baseline", "constant_ci95_low", "constant_ci95_high",
+            "constant_answer", "balanced", "format_rate", "accuracy_among_boxed", "prompt_strict", "prompt_loose",
+            "instruction_strict", "instruction_loose", "completion_tokens", "truncated_rate"]
     w.writerow(["stage", "seed", "track", "method", "index", "trained_task", "eval_task", *keys])
     for s in exp.stages:
         rec = exp.results.get(s["key"])
@@ -500,7 +558,9 @@ def results_csv(exp: Experiment) -> str:
             continue
         for task, summ in rec.get("eval", {}).items():
             ci = summ.get("ci95") or [None, None]
-            vals = {**summ, "ci95_low": ci[0], "ci95_high": ci[1]}
+            cci = summ.get("constant_baseline_ci95") or [None, None]
+            vals = {**summ, "ci95_low": ci[0], "ci95_high": ci[1], "constant_ci95_low": cci[0],
+                    "constant_ci95_high": cci[1]}
             w.writerow([s["key"], s.get("seed") or "", s.get("track") or "", s.get("display") or "",
                         s.get("index"), s.get("task") or "", task,
                         *["" if vals.get(k) is None else vals.get(k) for k in keys]])

@@ -2,11 +2,26 @@
 
 Trained tasks: countdown, math, chemistry (SciKnowEval Chemistry 4-choice MCQ), boolq.
 Holdout tasks (forgetting): mmlu, ifeval.
+
+A task name may carry constructor options after a colon, as comma-separated `key=value` pairs:
+
+    countdown:numbers=2,max_number=20,ops=+*          procedural Countdown (esft.tasks.countdown)
+    countdown:numbers=2..3,ops=+-*,ask_format=true    2 or 3 numbers; the user turn shows the answer format
+    boolq:max_passage_chars=400
+
+Such a name works wherever a task name is accepted (`--task`, `--tasks`, experiment specs). In a comma-separated
+list of tasks a piece that starts with `key=` continues the previous task's options, so
+`--tasks countdown:numbers=2,ops=+,boolq` is two tasks. Values are converted by the option's type (integers,
+true/false, text); an unknown option or a bad value is a ValueError naming the task's options.
 """
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
+import typing
 from importlib import import_module
+from urllib.parse import quote
 
 from esft.tasks.base import Example, Messages, Task, completion_text, last_boxed, wilson_interval
 
@@ -25,17 +40,110 @@ TRAIN_TASKS: tuple[str, ...] = ("countdown", "math", "chemistry", "boolq")
 HOLDOUT_TASKS: tuple[str, ...] = ("mmlu", "ifeval")
 
 
-def get_task(name: str, **options) -> Task:
-    """Instantiate a task by name (case-insensitive). `options` go to the task's constructor."""
-    key = name.strip().lower()
-    if key not in _REGISTRY:
+#: Constructor fields a task name may not set.
+_FIXED_FIELDS = ("name", "splits")
+
+
+def parse_task_name(name: str) -> tuple[str, dict[str, str]]:
+    """`"countdown:numbers=2,ops=+*"` -> `("countdown", {"numbers": "2", "ops": "+*"})`; values stay text.
+
+    The base name is lower-cased; option keys are lower-cased, values kept as written. Raises ValueError for an
+    empty name, an option without `=`, an empty key or value, or a key given twice."""
+    base, sep, rest = str(name).strip().partition(":")
+    base = base.strip().lower()
+    if not base:
+        raise ValueError(f"empty task name in {name!r}")
+    options: dict[str, str] = {}
+    if sep:
+        if not rest.strip():
+            raise ValueError(f"task {name!r}: no options after ':' (write e.g. {base}:key=value)")
+        for piece in rest.split(","):
+            key, eq, value = piece.partition("=")
+            key, value = key.strip().lower(), value.strip()
+            if not eq or not key or not value:
+                raise ValueError(f"task {name!r}: option {piece.strip()!r} is not key=value")
+            if key in options:
+                raise ValueError(f"task {name!r}: option {key!r} given twice")
+            options[key] = value
+    return base, options
+
+
+def split_task_list(items: str | typing.Iterable[str]) -> list[str]:
+    """Task names from a comma-separated string or a list whose items may have been split at every comma.
+
+    A piece whose text before any ':' contains '=' continues the previous task's options (a task name never
+    contains '='): `"countdown:numbers=2,ops=+,boolq"` -> `["countdown:numbers=2,ops=+", "boolq"]`."""
+    pieces = items.split(",") if isinstance(items, str) else [p for item in items for p in str(item).split(",")]
+    out: list[str] = []
+    for piece in (p.strip() for p in pieces):
+        if not piece:
+            continue
+        if "=" in piece.partition(":")[0]:
+            if not out or ":" not in out[-1]:
+                raise ValueError(f"option {piece!r} does not follow a task name with options (name:key=value)")
+            out[-1] += "," + piece
+        else:
+            out.append(piece)
+    return out
+
+
+def _task_class(base: str, name: str) -> type:
+    if base not in _REGISTRY:
         raise ValueError(f"unknown task {name!r}; available tasks: {', '.join(TASK_NAMES)}")
-    module_name, cls_name = _REGISTRY[key].split(":")
-    cls = getattr(import_module(module_name), cls_name)
-    return cls(**options)
+    module_name, cls_name = _REGISTRY[base].split(":")
+    return getattr(import_module(module_name), cls_name)
+
+
+def _convert_options(cls: type, name: str, raw: dict[str, str]) -> dict[str, typing.Any]:
+    """Text option values converted by the type of the constructor field they set."""
+    from esft.config import converter
+
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init and f.name not in _FIXED_FIELDS}
+    hints = typing.get_type_hints(cls)
+    out = {}
+    for key, text in raw.items():
+        if key not in fields:
+            raise ValueError(f"task {name!r}: unknown option {key!r}; options: {', '.join(sorted(fields))}")
+        try:
+            out[key] = converter(hints[key])(text)
+        except (ValueError, TypeError, argparse.ArgumentTypeError) as exc:  # the last: a bad true/false
+            raise ValueError(f"task {name!r}: bad value {text!r} for option {key!r}: {exc}") from None
+    return out
+
+
+def get_task(name: str, **options) -> Task:
+    """Instantiate a task by name (case-insensitive), with any `:key=value` options of the name (see the module
+    docstring). `options` go to the task's constructor too; giving one option both ways is an error."""
+    base, raw = parse_task_name(name)
+    cls = _task_class(base, name)
+    named = _convert_options(cls, name, raw)
+    clash = sorted(set(named) & set(options))
+    if clash:
+        raise ValueError(f"task {name!r}: option {clash[0]!r} is set in the name and as an option")
+    try:
+        return cls(**named, **options)
+    except TypeError as exc:
+        if raw:  # a bad value of a name option: say so in the task's terms
+            raise ValueError(f"task {name!r}: {exc}") from None
+        raise
+
+
+def is_task_name(name: str) -> bool:
+    """True when `get_task(name)` would succeed (registered base name, valid options)."""
+    try:
+        get_task(name)
+    except ValueError:
+        return False
+    return True
+
+
+def task_file_stem(name: str) -> str:
+    """A file name for a task name: options kept readable, path and shell-glob characters escaped (`/` -> %2F)."""
+    return quote(str(name).strip(), safe="=,:+-._")
 
 
 __all__ = [
     "Example", "Messages", "Task", "TASK_NAMES", "TRAIN_TASKS", "HOLDOUT_TASKS",
-    "completion_text", "get_task", "last_boxed", "wilson_interval",
+    "completion_text", "get_task", "is_task_name", "last_boxed", "parse_task_name", "split_task_list",
+    "task_file_stem", "wilson_interval",
 ]

@@ -37,6 +37,12 @@ def wilson_interval(successes: float, n: int, z: float = 1.96) -> tuple[float, f
     return (max(0.0, centre - half), min(1.0, centre + half))
 
 
+#: Tasks whose gold answer is one of a few labels.
+_LABEL_SETS: dict[str, tuple[str, ...]] = {
+    "boolq": ("yes", "no"), "chemistry": ("A", "B", "C", "D"), "mmlu": ("A", "B", "C", "D"),
+}
+
+
 @dataclass
 class Task:
     """Base class. Subclasses set `name`, `splits`, `system_prompt` and implement `_load`, `prompt`, `score`."""
@@ -86,7 +92,46 @@ class Task:
         out: dict[str, Any] = {"n": n, "accuracy": correct / n if n else 0.0, "ci95": [lo, hi]}
         if records and "well_formed" in records[0]:
             out["format_rate"] = sum(bool(r["well_formed"]) for r in records) / n
+        out.update(self.constant_baseline(records))
         return out
+
+    # ---- gold labels: the constant-answer baseline and label balance ----------------------------------
+    def gold_key(self, example: Example) -> Any:
+        """The example's gold answer as a hashable key (None = unknown): what a constant answer must equal.
+
+        Default: a bool `answer` is "yes"/"no", a string `answer` is stripped, a number is itself; without an
+        `answer`, a `target` (Countdown). Tasks whose answers compare differently override this.
+        """
+        answer = example.get("answer", example.get("target"))
+        if isinstance(answer, bool):
+            return "yes" if answer else "no"
+        if isinstance(answer, (int, float)):
+            return answer
+        if isinstance(answer, str):
+            return answer.strip() or None
+        return None
+
+    def label_set(self) -> tuple[str, ...] | None:
+        """The closed set of gold labels when the answer is one of a few labels (label-balanced subsets need
+        one), else None."""
+        return _LABEL_SETS.get(self.name)
+
+    def constant_baseline(self, records: list[dict[str, Any]]) -> dict[str, Any]:
+        """`constant_baseline` (accuracy of always giving the most frequent gold answer of the evaluated
+        examples), its `constant_baseline_ci95` and the `constant_answer`; empty when a gold answer is unknown.
+
+        Each example counts once (records of several samples of one question share its `index`)."""
+        from esft.tasks.labels import constant_baseline
+
+        examples: dict[Any, Example] = {}
+        for i, r in enumerate(records):
+            if r.get("example") is not None:
+                examples.setdefault(r.get("index", i), r["example"])
+        labels = [self.gold_key(ex) for ex in examples.values()]
+        if not labels or any(label is None for label in labels):
+            return {}
+        summary = constant_baseline(labels) or {}
+        return {k: summary[k] for k in ("constant_baseline", "constant_baseline_ci95", "constant_answer")}
 
     # ---- TRL-style reward --------------------------------------------------------------------------
     def reward_function(self, format_bonus: float = 0.0) -> Callable[..., list[float]]:

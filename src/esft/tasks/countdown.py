@@ -19,6 +19,7 @@ repeat a test puzzle with the numbers in another order (7,996); `train` = 200 of
 
 from __future__ import annotations
 
+import hashlib
 import numbers
 import random
 from dataclasses import dataclass, field
@@ -274,13 +275,13 @@ def puzzle_key(example: Example) -> tuple[int, tuple[int, ...]]:
     return int(example["target"]), tuple(sorted(int(x) for x in example["nums"]))
 
 
-def _random_expression(nums: list[int], rng: random.Random) -> tuple[Fraction, str] | None:
-    """Combine `nums` in a random binary tree with random operators; None on division by zero."""
+def _random_expression(nums: list[int], rng: random.Random, ops: str = _OPS) -> tuple[Fraction, str] | None:
+    """Combine `nums` in a random binary tree with operators drawn from `ops`; None on division by zero."""
     items = [(Fraction(v), str(v)) for v in nums]
     while len(items) > 1:
         i, j = rng.sample(range(len(items)), 2)
         (a, ea), (b, eb) = items[i], items[j]
-        op = rng.choice(_OPS)
+        op = rng.choice(ops)
         if op == "/" and b == 0:
             return None
         value = a + b if op == "+" else a - b if op == "-" else a * b if op == "*" else a / b
@@ -327,6 +328,115 @@ def generate_countdown(
     return out
 
 
+# ---- procedural variants -------------------------------------------------------------------------------------------
+def _int_option(name: str, value: Any, low: int, high: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    try:
+        number = int(value)
+    except ValueError:
+        raise ValueError(f"{name} must be an integer, got {value!r}") from None
+    if number < low or (high is not None and number > high):
+        raise ValueError(f"{name} must be >= {low}" + (f" and <= {high}" if high is not None else "")
+                         + f", got {value!r}")
+    return number
+
+
+#: Defaults of a procedural variant for the options it does not set (the bundled data's shape: 3-4 numbers, 1-99).
+VARIANT_DEFAULTS = {"numbers": (3, 4), "min_number": 1, "max_number": 99, "ops": _OPS, "data_seed": 0,
+                    "train_size": 1000, "test_size": 500}
+MAX_COUNT = 6
+#: One puzzle in HELDOUT_SHARE, chosen by a hash of its key, belongs to the held-out split.
+HELDOUT_SHARE = 4
+#: A variant split stops early (with fewer puzzles) after this many draws in a row add nothing: the puzzle space
+#: of a small variant (2 numbers in 1-20 with + only has 210 puzzles) can run out.
+MAX_MISSES = 20_000
+
+
+def parse_count_range(value: Any) -> tuple[int, int]:
+    """How many numbers a puzzle has: 2, "2", "2..3" or [2, 3] -> (low, high), with 2 <= low <= high <= 6."""
+    try:
+        if isinstance(value, str):
+            lo_text, sep, hi_text = value.strip().partition("..")
+            lo, hi = (int(lo_text), int(hi_text)) if sep else (int(lo_text), int(lo_text))
+        elif isinstance(value, (list, tuple)) and len(value) == 2:
+            lo, hi = int(value[0]), int(value[1])
+        elif isinstance(value, int) and not isinstance(value, bool):
+            lo = hi = value
+        else:
+            raise TypeError
+    except (TypeError, ValueError):
+        raise ValueError(f"numbers must be a count or a range like 2..3, got {value!r}") from None
+    if not 2 <= lo <= hi <= MAX_COUNT:
+        raise ValueError(f"numbers must lie in 2..{MAX_COUNT} with low <= high, got {value!r}")
+    return lo, hi
+
+
+def parse_ops(value: Any) -> str:
+    """The operators a variant's targets are built with, e.g. "+*", in the order + - * /."""
+    text = str(value).replace(" ", "")
+    bad = sorted(set(text) - set(_OPS))
+    if not text or bad:
+        raise ValueError(f"ops must be a non-empty string of + - * /, got {value!r}")
+    return "".join(op for op in _OPS if op in text)
+
+
+def is_heldout(key: tuple[int, tuple[int, ...]]) -> bool:
+    """Whether a puzzle belongs to a variant's held-out split: a hash of its key, the same for every seed and
+    size, so train and test never share a puzzle."""
+    digest = hashlib.blake2b(repr(key).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % HELDOUT_SHARE == 0
+
+
+def generate_variant(n: int, split: str, *, numbers: tuple[int, int], num_range: tuple[int, int], ops: str,
+                     seed: int = 0, max_misses: int = MAX_MISSES) -> list[Example]:
+    """Up to `n` distinct puzzles of a procedural variant's `split` ("train" or "test"), deterministic in `seed`.
+
+    Each draw takes a count in `numbers`, that many integers in `num_range`, and a random expression tree over
+    them with operators from `ops` (esft's generator recipe); its value is the target when it is a positive
+    integer. Train and test draw from separate streams (`random.Random("countdown/<split>/<seed>")`) and keep only
+    puzzles on their side of `is_heldout`, so they are disjoint; within a split no puzzle (target and multiset
+    of numbers) repeats. Fewer than `n` come back when `max_misses` draws in a row add nothing.
+    """
+    if split not in ("train", "test"):
+        raise ValueError(f"a Countdown variant has the splits train and test, got {split!r}")
+    rng = random.Random(f"countdown/{split}/{seed}")
+    heldout = split == "test"
+    seen: set[tuple[int, tuple[int, ...]]] = set()
+    out: list[Example] = []
+    misses = 0
+    while len(out) < n and misses < max_misses:
+        misses += 1
+        nums = [rng.randint(*num_range) for _ in range(rng.randint(*numbers))]
+        made = _random_expression(nums, rng, ops)
+        if made is None or made[0].denominator != 1 or made[0] < 1:
+            continue
+        target, expr = int(made[0]), made[1]
+        key = puzzle_key({"target": target, "nums": nums})
+        if key in seen or is_heldout(key) != heldout or not check_expression(expr, nums, target)[0]:
+            continue
+        seen.add(key)
+        out.append({"id": f"{split}/{seed}/{len(out)}", "nums": nums, "target": target, "solution": expr})
+        misses = 0
+    return out
+
+
+#: With `ask_format` the prompt shows the answer format on one worked puzzle, a user turn and an answer in that
+#: format, before the real one. Probed on SmolLM2-135M (greedy, 2 numbers in 1-20, + only): with the system prompt
+#: alone it writes equations like "17 + 16 = 33" but boxes none; a user turn that adds "e.g. \boxed{3 + 5}" gets
+#: every answer boxed, as "\boxed{3 + 5}" copied; after the worked puzzle it boxes every answer with its own numbers.
+FORMAT_SHOT_NUMBERS = {"+": [3, 5, 2, 4, 6, 1], "-": [20, 5, 3, 2, 1, 1], "*": [3, 5, 2, 4, 1, 2],
+                       "/": [48, 2, 3, 2, 2, 1]}
+
+
+def format_shot(ops: str, count: int) -> tuple[list[int], int, str]:
+    """(numbers, target, expression) of the worked puzzle: `count` numbers joined by the first of `ops`."""
+    op = ops[0]
+    nums = FORMAT_SHOT_NUMBERS[op][:count]
+    expr = f" {op} ".join(str(x) for x in nums)
+    return nums, int(eval_postfix(parse_expression(expr))), expr
+
+
 # ---- the task ---------------------------------------------------------------------------------------------------
 def hub_row_to_example(row: dict[str, Any], index: int) -> Example:
     """Map a `Jiayi-Pan/Countdown-Tasks-3to4` row (`target`, `nums`) to an example."""
@@ -346,7 +456,37 @@ class CountdownTask(Task):
     hf_dataset: str | None = None
     generated_size: int = 2000
     generated_seed: int = 0
+    #: Setting any of the next seven options makes a procedural variant (`generate_variant`; the rest take
+    #: VARIANT_DEFAULTS): splits train and test only, neither from the bundled data. How many numbers: 2 or "2..3".
+    numbers: Any = None
+    min_number: int | None = None
+    max_number: int | None = None
+    #: operators the targets are built with and the user turn names, e.g. "+*" (the scorer accepts all four)
+    ops: str | None = None
+    data_seed: int | None = None
+    train_size: int | None = None
+    test_size: int | None = None
+    #: show the answer format on a worked puzzle before the real one (`format_shot`), for the bundled data too
+    ask_format: bool = False
+    _variant: bool = field(default=False, init=False, repr=False, compare=False)
     _cache: dict[str, list[Example]] = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        given = {k: getattr(self, k) for k in VARIANT_DEFAULTS if getattr(self, k) is not None}
+        if not given:
+            return
+        if self.hf_dataset:
+            raise ValueError("a procedural Countdown variant is generated; it does not read hf_dataset")
+        opts = {**VARIANT_DEFAULTS, **given}
+        self.numbers = parse_count_range(opts["numbers"])
+        self.ops = parse_ops(opts["ops"])
+        self.min_number = _int_option("min_number", opts["min_number"], 1, 10**MAX_LITERAL_DIGITS - 1)
+        self.max_number = _int_option("max_number", opts["max_number"], self.min_number, 10**MAX_LITERAL_DIGITS - 1)
+        self.data_seed = _int_option("data_seed", opts["data_seed"], 0)
+        self.train_size = _int_option("train_size", opts["train_size"], 1)
+        self.test_size = _int_option("test_size", opts["test_size"], 1)
+        self.splits = ("train", "test")
+        self._variant = True
 
     def _pools(self) -> tuple[list[Example], list[Example]]:
         if "pool" not in self._cache:
@@ -360,6 +500,13 @@ class CountdownTask(Task):
         return self._cache["pool"], self._cache["test_all"]
 
     def _load(self, split: str) -> list[Example]:
+        if self._variant:
+            if split not in self._cache:
+                size = self.train_size if split == "train" else self.test_size
+                self._cache[split] = generate_variant(size, split, numbers=self.numbers, ops=self.ops,
+                                                      num_range=(self.min_number, self.max_number),
+                                                      seed=self.data_seed)
+            return [dict(r, nums=list(r["nums"])) for r in self._cache[split]]
         pool, test_all = self._pools()
         test_keys = {puzzle_key(r) for r in test_all}
         if split in ("train", "train_pool"):
@@ -373,14 +520,20 @@ class CountdownTask(Task):
             rows = generate_countdown(self.generated_size, self.generated_seed, exclude=test_keys)
         return [dict(r, nums=list(r["nums"])) for r in rows]  # fresh copies: callers may mutate examples
 
+    def _user_turn(self, nums: list[int], target: int) -> str:
+        ops = " ".join(self.ops) if self._variant else "+ - * /"
+        ops = ops if len(ops) == 1 else f"{ops} and parentheses"  # one operator needs no grouping
+        return (f"Numbers: [{', '.join(str(x) for x in nums)}]\nTarget: {target}\n"
+                f"Use each number exactly once with {ops} to make the target. Put the final expression in \\boxed{{}}.")
+
     def prompt(self, example: Example) -> Messages:
-        nums = ", ".join(str(x) for x in example["nums"])
-        user = (
-            f"Numbers: [{nums}]\nTarget: {example['target']}\n"
-            "Use each number exactly once with + - * / and parentheses to make the target. "
-            "Put the final expression in \\boxed{}."
-        )
-        return chat(self.system_prompt, user)
+        messages = chat(self.system_prompt, self._user_turn(example["nums"], example["target"]))
+        if self.ask_format:
+            nums, target, expr = format_shot(self.ops if self._variant else _OPS, self.numbers[0] if self._variant else 3)
+            shot = [{"role": "user", "content": self._user_turn(nums, target)},
+                    {"role": "assistant", "content": f"{expr} = {target}, so the answer is \\boxed{{{expr}}}."}]
+            messages = messages[:1] + shot + messages[1:]
+        return messages
 
     def _check(self, completion: str, example: Example) -> tuple[bool, str | None, str | None]:
         nums, target = example["nums"], example["target"]

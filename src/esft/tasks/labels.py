@@ -1,0 +1,97 @@
+"""Measurements that a prior cannot fool: the best constant answer, label-balanced subsets, balanced rewards.
+
+A weak model can lift its accuracy by learning the answer prior alone (always "yes" scores 62% on BoolQ's test
+split). An accuracy therefore means something only next to the accuracy of the best *constant* answer on the
+same examples, the share of the most frequent gold answer, reported with its 95% Wilson interval. On a
+*label-balanced* subset (the same number of examples per gold label) that baseline is 1/K for K labels, so a
+climb there cannot come from the prior. `class_balanced_weights` is the training-side counterpart: per-example
+reward weights that make each label weigh the same in a batch mean.
+
+These are pure functions of gold labels; `Task.gold_key` turns an example into its label.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from typing import Any, Hashable, Sequence, TypeVar
+
+from esft.tasks.base import wilson_interval
+
+T = TypeVar("T")
+
+#: Seed of balanced subsets: like the data splits, they must not move when a run's seed changes.
+BALANCE_SEED = 42
+
+
+def constant_baseline(labels: Sequence[Hashable]) -> dict[str, Any] | None:
+    """Accuracy of always giving the most frequent gold answer among `labels`, with its 95% Wilson interval.
+
+    Returns None for no labels. Ties go to the label seen first, so the answer named is deterministic.
+    """
+    if not labels:
+        return None
+    counts = Counter(labels)
+    answer, count = counts.most_common(1)[0]
+    n = len(labels)
+    lo, hi = wilson_interval(count, n)
+    return {"constant_baseline": count / n, "constant_baseline_ci95": [lo, hi], "constant_answer": answer,
+            "constant_answer_count": count, "labels": len(counts)}
+
+
+def balanced_indices(labels: Sequence[Hashable], size: int | None = None, seed: int = BALANCE_SEED,
+                     label_set: Sequence[Hashable] | None = None) -> list[int]:
+    """Indices of a label-balanced subset: the same count for every label, drawn by `random.Random(seed)`.
+
+    `label_set` names the labels to balance over (every one must occur); None = the labels that occur. Items whose
+    label is outside it are never drawn. `size` is the total; it is rounded down to a multiple of the number of
+    labels, and asking for more per label than the rarest label has raises ValueError. None = as many as the
+    rarest label allows. The indices come back in their original order, so the subset keeps the split's order.
+    """
+    groups: dict[Hashable, list[int]] = {}
+    for i, label in enumerate(labels):
+        groups.setdefault(label, []).append(i)
+    keys = list(label_set) if label_set is not None else list(groups)
+    if not keys:
+        raise ValueError("no labels to balance over")
+    missing = [k for k in keys if not groups.get(k)]
+    if missing:
+        raise ValueError(f"cannot balance: no example has label {missing[0]!r}")
+    available = min(len(groups[k]) for k in keys)
+    if size is None:
+        per_label = available
+    else:
+        if size < len(keys):
+            raise ValueError(f"a balanced subset of {len(keys)} labels needs size >= {len(keys)}, got {size}")
+        per_label = size // len(keys)
+        if per_label > available:
+            raise ValueError(f"a balanced subset of {size} needs {per_label} examples per label, but the rarest "
+                             f"label has {available} (at most {available * len(keys)} in all)")
+    rng = random.Random(seed)
+    chosen: list[int] = []
+    for key in sorted(keys, key=repr):  # a fixed label order: the draw must not depend on the data's order
+        chosen += rng.sample(groups[key], per_label)
+    return sorted(chosen)
+
+
+def balanced_subset(examples: Sequence[T], labels: Sequence[Hashable], size: int | None = None,
+                    seed: int = BALANCE_SEED, label_set: Sequence[Hashable] | None = None) -> list[T]:
+    """The examples at `balanced_indices(labels, size, seed, label_set)`."""
+    if len(examples) != len(labels):
+        raise ValueError(f"{len(examples)} examples but {len(labels)} labels")
+    return [examples[i] for i in balanced_indices(labels, size, seed, label_set)]
+
+
+def class_balanced_weights(labels: Sequence[Hashable]) -> list[float]:
+    """Per-example reward weights n / (K * count(label)) for a batch with K distinct labels.
+
+    They average to 1, and the weighted mean of the rewards is the mean over labels of each label's mean reward:
+    a batch of 12 "yes" and 4 "no" questions counts the 4 "no" answers as much as the 12 "yes" ones, so always
+    answering "yes" earns 0.5 rather than 0.75. A batch with one label gets weights 1.
+    """
+    counts = Counter(labels)
+    n, k = len(labels), len(counts)
+    return [n / (k * counts[label]) for label in labels]
+
+
+__all__ = ["BALANCE_SEED", "balanced_indices", "balanced_subset", "class_balanced_weights", "constant_baseline"]

@@ -1,0 +1,188 @@
+"""The constant-answer baseline and label-balanced subsets (esft.tasks.labels), and where they are reported:
+`Task.aggregate`, `esft eval`'s example selection and rows, the experiment tables, the ES run report."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import yaml
+
+from esft.evaluation import format_row, load_examples
+from esft.tasks import get_task, wilson_interval
+from esft.tasks.labels import balanced_indices, balanced_subset, class_balanced_weights, constant_baseline
+
+
+# ---- pure functions ----------------------------------------------------------------------------------------------
+def test_constant_baseline_of_hand_made_labels():
+    out = constant_baseline(["no", "yes", "yes", "yes"])
+    assert out["constant_baseline"] == 0.75 and out["constant_answer"] == "yes"
+    assert out["constant_answer_count"] == 3 and out["labels"] == 2
+    assert out["constant_baseline_ci95"] == list(wilson_interval(3, 4))
+    assert constant_baseline(["B", "A", "A", "B", "C"])["constant_answer"] == "B"  # a tie: the first seen
+    assert constant_baseline([55, 55, 12])["constant_baseline"] == pytest.approx(2 / 3)
+    assert constant_baseline([]) is None
+
+
+def test_balanced_subset_has_equal_label_counts_and_is_deterministic():
+    labels = ["yes"] * 70 + ["no"] * 30
+    labels = labels[::2] + labels[1::2]  # interleaved, so order is not the label
+    items = list(range(100))
+    sub = balanced_subset(items, labels, 40, seed=3)
+    assert Counter(labels[i] for i in sub) == {"yes": 20, "no": 20}
+    assert sub == sorted(sub)                                     # the split's order is kept
+    assert sub == balanced_subset(items, labels, 40, seed=3)      # same seed, same subset
+    assert sub != balanced_subset(items, labels, 40, seed=4)
+    full = balanced_indices(labels)                               # None: as many as the rarest label allows
+    assert Counter(labels[i] for i in full) == {"yes": 30, "no": 30}
+    assert len(balanced_indices(labels, 41)) == 40                # rounded down to a multiple of the labels
+    with pytest.raises(ValueError, match="rarest label has 30"):
+        balanced_indices(labels, 62)
+    with pytest.raises(ValueError, match="no example has label 'maybe'"):
+        balanced_indices(labels, 10, label_set=("yes", "no", "maybe"))
+    with pytest.raises(ValueError, match="labels"):
+        balanced_subset(items[:5], labels, 4)
+    # items outside the label set are never drawn
+    assert all(labels[i] != "no" for i in balanced_indices(labels, 10, label_set=("yes",)))
+
+
+def test_class_balanced_weights_make_each_label_count_the_same():
+    labels = ["yes"] * 12 + ["no"] * 4
+    w = class_balanced_weights(labels)
+    assert sum(w) / len(w) == pytest.approx(1.0)
+    always_yes = [1.0 if label == "yes" else 0.0 for label in labels]
+    assert sum(wi * r for wi, r in zip(w, always_yes)) / len(w) == pytest.approx(0.5)  # not 0.75
+    assert class_balanced_weights(["A", "A"]) == [1.0, 1.0]
+
+
+# ---- Task hooks and aggregate -------------------------------------------------------------------------------------
+def test_gold_keys_and_label_sets_of_the_tasks():
+    boolq, mmlu, countdown, ifeval = (get_task(n) for n in ("boolq", "mmlu", "countdown", "ifeval"))
+    assert boolq.gold_key({"answer": True}) == "yes" and boolq.gold_key({"answer": False}) == "no"
+    assert mmlu.gold_key({"answer": "C"}) == "C" and countdown.gold_key({"nums": [1, 2], "target": 3}) == 3
+    assert get_task("math").gold_key({"answer": " \\frac{1}{2} "}) == "\\frac{1}{2}"
+    assert ifeval.gold_key(ifeval.load("test", 1)[0]) is None
+    assert boolq.label_set() == ("yes", "no") and get_task("chemistry").label_set() == ("A", "B", "C", "D")
+    assert countdown.label_set() is None and ifeval.label_set() is None
+
+
+def test_aggregate_reports_the_constant_baseline_of_the_evaluated_examples():
+    task = get_task("boolq")
+    examples = [{"answer": a} for a in (True, True, True, False)]
+    records = [{"index": i, "score": 0.0, "well_formed": False, "example": ex} for i, ex in enumerate(examples)]
+    summary = task.aggregate(records)
+    assert summary["constant_baseline"] == 0.75 and summary["constant_answer"] == "yes"
+    assert summary["constant_baseline_ci95"] == list(wilson_interval(3, 4))
+    # several samples per question: each question counts once
+    sampled = [dict(r, sample=s) for r in records for s in range(3)]
+    assert task.aggregate(sampled)["constant_baseline_ci95"] == list(wilson_interval(3, 4))
+    # countdown: the most frequent target
+    cd = get_task("countdown")
+    recs = [{"score": 1.0, "example": {"nums": [1], "target": t}} for t in (5, 5, 9, 7)]
+    assert cd.aggregate(recs)["constant_baseline"] == 0.5 and cd.aggregate(recs)["constant_answer"] == 5
+    # no examples in the records, or no gold answer: no baseline
+    assert "constant_baseline" not in task.aggregate([{"score": 1.0}])
+    ifeval = get_task("ifeval")
+    assert "constant_baseline" not in ifeval.aggregate([{"score": 1.0, "example": ifeval.load("test", 1)[0]}])
+
+
+def test_format_row_shows_the_baseline():
+    s = {"n": 4, "accuracy": 0.5, "ci95": [0.1, 0.9], "constant_baseline": 0.75, "constant_baseline_ci95": [0.3, 0.95],
+         "constant_answer": "yes", "balanced": True}
+    row = format_row("boolq", s)
+    assert "acc 0.500" in row and "const 0.750 [0.300, 0.950] (yes)" in row and "balanced" in row
+
+
+# ---- esft eval's example selection -------------------------------------------------------------------------------
+def test_balanced_evaluation_examples():
+    task = get_task("boolq")
+    first = load_examples(task, "test", 400)
+    assert first == task.load("test", 400)
+    balanced = load_examples(task, "test", 400, balanced=True, seed=42)
+    assert len(balanced) == 400 and Counter(task.gold_key(x) for x in balanced) == {"yes": 200, "no": 200}
+    assert balanced == load_examples(task, "test", 400, balanced=True, seed=42)
+    assert [x["id"] for x in balanced] != [x["id"] for x in load_examples(task, "test", 400, balanced=True, seed=1)]
+    letters = Counter(x["answer"] for x in load_examples(get_task("mmlu"), "test", 400, balanced=True))
+    assert letters == {"A": 100, "B": 100, "C": 100, "D": 100}
+    cd = get_task("countdown")  # no label set: the option changes nothing
+    assert load_examples(cd, "test", 5, balanced=True) == cd.load("test", 5)
+
+
+# ---- experiment tables ---------------------------------------------------------------------------------------------
+def _summary(acc: float, constant: float | None = None) -> dict:
+    out = {"n": 200, "accuracy": acc, "ci95": [acc - 0.05, acc + 0.05]}
+    if constant is not None:
+        out.update(constant_baseline=constant, constant_baseline_ci95=[0.565, 0.695], constant_answer="yes")
+    return out
+
+
+def _experiment(root: Path, with_constant: bool) -> Path:
+    spec = {"name": "s", "kind": "single-task", "model": "m", "tasks": ["boolq"], "seeds": [42],
+            "evaluation": {"holdout": [], "limit": 200, "max_new_tokens": 8, "per_task": {}}}
+    key = "seed-42/single-task/boolq/es"
+    stages = [{"key": "base", "kind": "base", "seed": None, "track": None, "display": "Base", "task": None,
+               "index": 0},
+              {"key": key, "kind": "train", "seed": 42, "track": "es", "display": "ES", "task": "boolq", "index": 1}]
+    constant = 0.635 if with_constant else None
+    results = {"base": {"eval": {"boolq": _summary(0.015, constant)}}, key: {"eval": {"boolq": _summary(0.615, constant)}}}
+    root.mkdir(parents=True)
+    (root / "plan.json").write_text(json.dumps({"spec": spec, "stages": stages}))
+    for k, rec in results.items():
+        (root / k).mkdir(parents=True, exist_ok=True)
+        (root / k / "result.json").write_text(json.dumps(rec))
+        (root / k / "status.json").write_text(json.dumps({"status": "done"}))
+    return root
+
+
+def test_tables_show_the_constant_answer(tmp_path):
+    from esft.experiments.tables import load_experiment, method_tables, results_csv, table1, task_name
+
+    exp = load_experiment(_experiment(tmp_path / "a", True))
+    md = table1(exp).markdown()
+    assert "| Task | Constant answer | Base | ES |" in md and "| BoolQ | 63.5 [56.5, 69.5] | 1.5 | 61.5 |" in md
+    assert "most frequent gold answer" in md
+    methods = method_tables(exp)[0].markdown()
+    assert "| Constant answer | 63.5 | [56.5, 69.5] |" in methods
+    csv_text = results_csv(exp)
+    assert "constant_baseline" in csv_text.splitlines()[0] and ",0.635,0.565,0.695,yes," in csv_text
+    plain = table1(load_experiment(_experiment(tmp_path / "b", False))).markdown()
+    assert "Constant answer" not in plain and "| Task | Base | ES |" in plain   # older records: layout unchanged
+    assert task_name("countdown:numbers=2,ops=+") == "Countdown (numbers=2, ops=+)"
+
+
+# ---- the ES run report ---------------------------------------------------------------------------------------------
+def _run_dir(root: Path, n: int, **eval_extra) -> Path:
+    root.mkdir(parents=True)
+    (root / "config.yaml").write_text(yaml.safe_dump({"task": "boolq", "eval_limit": n, "max_passage_chars": 400,
+                                                      "task_options": {}, "_run": {}}))
+    lines = [{"kind": "train", "step": 1, "time": {"total": 1.0}, "fitness": {"mean": 0.1, "min": 0.0, "max": 0.2},
+              "format_rate": 0.5, "generated_tokens_per_s": 10.0},
+             {"kind": "eval", "step": 1, "test_n": n, "test_accuracy": 0.5, "test_ci95": [0.3, 0.7],
+              "test_format_rate": 1.0, **eval_extra}]
+    (root / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in lines))
+    return root
+
+
+def test_es_report_shows_the_heldout_constant_baseline(tmp_path):
+    from esft.es.report import heldout_constant_baseline, plot_run, summarize
+
+    task = get_task("boolq")
+    expected = constant_baseline([task.gold_key(x) for x in task.load("test", 20)])
+    run = _run_dir(tmp_path / "run", 20)
+    got = heldout_constant_baseline(run)
+    assert got["constant_baseline"] == expected["constant_baseline"]
+    assert got["constant_baseline_ci95"] == expected["constant_baseline_ci95"]
+    assert summarize(run)["heldout_constant_baseline"] == got
+    assert plot_run(run).stat().st_size > 1000
+    # a logged count that the recomputed examples do not match: unknown, not a wrong number
+    mismatch = _run_dir(tmp_path / "other", 20)
+    (mismatch / "metrics.jsonl").write_text((mismatch / "metrics.jsonl").read_text().replace('"test_n": 20',
+                                                                                             '"test_n": 21'))
+    assert heldout_constant_baseline(mismatch) is None
+    # recorded by the evaluation: taken as is
+    logged = _run_dir(tmp_path / "logged", 20, test_constant_baseline=0.9, test_constant_baseline_ci95=[0.8, 0.95],
+                      test_constant_answer="no")
+    assert heldout_constant_baseline(logged) == {"constant_baseline": 0.9, "constant_baseline_ci95": [0.8, 0.95],
+                                                 "constant_answer": "no"}

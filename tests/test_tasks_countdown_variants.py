@@ -1,0 +1,203 @@
+"""Procedural Countdown variants and task names with options (esft.tasks.get_task, esft.tasks.countdown)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from esft.evaluation import EvalConfig, task_options
+from esft.tasks import get_task, is_task_name, parse_task_name, split_task_list, task_file_stem
+from esft.tasks.countdown import (
+    MAX_COUNT, CountdownTask, check_expression, format_shot, generate_variant, is_heldout, parse_count_range, parse_ops,
+    puzzle_key,
+)
+
+SMALL = "countdown:numbers=2,max_number=20,ops=+*"
+
+
+def keys(rows):
+    return [puzzle_key(r) for r in rows]
+
+
+# ---- task names with options ---------------------------------------------------------------------------------
+def test_name_options_reach_the_constructor():
+    task = get_task(" Countdown:numbers=2..3, max_number=20, ops=*+, ask_format=true ")
+    assert isinstance(task, CountdownTask)
+    assert task.numbers == (2, 3) and task.max_number == 20 and task.min_number == 1
+    assert task.ops == "+*" and task.ask_format is True and task.splits == ("train", "test")
+    assert get_task("boolq:max_passage_chars=400").max_passage_chars == 400
+    assert parse_task_name("countdown:ops=+-*/,numbers=2") == ("countdown", {"ops": "+-*/", "numbers": "2"})
+    assert parse_task_name("mmlu") == ("mmlu", {})
+
+
+@pytest.mark.parametrize("name,words", [
+    ("countdown:numbers=0", ["numbers", "2..6"]),
+    ("countdown:numbers=1", ["numbers"]),
+    (f"countdown:numbers={MAX_COUNT + 1}", ["numbers"]),
+    ("countdown:numbers=3..2", ["low <= high"]),
+    ("countdown:numbers=two", ["numbers"]),
+    ("countdown:numbers=2..", ["numbers"]),
+    ("countdown:ops=^", ["ops"]),
+    ("countdown:ops=+x", ["ops"]),
+    ("countdown:max_number=0", ["max_number"]),
+    ("countdown:min_number=10,max_number=5", ["max_number", ">= 10"]),
+    ("countdown:max_number=1000000", ["max_number"]),
+    ("countdown:max_number=big", ["bad value 'big'", "max_number"]),
+    ("countdown:test_size=0", ["test_size"]),
+    ("countdown:ask_format=maybe", ["ask_format"]),
+    ("countdown:numbrs=2", ["unknown option 'numbrs'", "numbers"]),
+    ("countdown:name=x", ["unknown option 'name'"]),
+    ("countdown:numbers=2,numbers=3", ["given twice"]),
+    ("countdown:numbers", ["not key=value"]),
+    ("countdown:numbers=", ["not key=value"]),
+    ("countdown:", ["no options"]),
+    (":numbers=2", ["empty task name"]),
+    ("countdwn:numbers=2", ["unknown task"]),
+    ("countdown:numbers=2,hf_dataset=x/y", ["hf_dataset"]),
+])
+def test_bad_names_are_value_errors(name, words):
+    with pytest.raises(ValueError) as info:
+        get_task(name)
+    for word in words:
+        assert word in str(info.value)
+    assert not is_task_name(name)
+
+
+def test_an_option_in_the_name_and_as_a_keyword_is_an_error():
+    with pytest.raises(ValueError, match="max_number"):
+        get_task("countdown:max_number=20", max_number=30)
+    assert get_task("countdown:max_number=20", ops="+").ops == "+"  # distinct options combine
+
+
+def test_task_lists_keep_options_together():
+    assert split_task_list("countdown:numbers=2,ops=+*,boolq, mmlu") == ["countdown:numbers=2,ops=+*", "boolq", "mmlu"]
+    # argparse's list converter splits at every comma: EvalConfig joins the pieces again
+    assert EvalConfig(tasks=["countdown:numbers=2", "max_number=20", "boolq"]).tasks == [
+        "countdown:numbers=2,max_number=20", "boolq"]
+    with pytest.raises(ValueError, match="does not follow"):
+        split_task_list("numbers=2,boolq")
+    with pytest.raises(ValueError, match="does not follow"):
+        split_task_list("boolq,numbers=2")
+    assert task_options("boolq:max_passage_chars=100", 400) == {}  # the name's own value wins
+    assert task_options("boolq", 400) == {"max_passage_chars": 400}
+
+
+def test_file_stems_are_flat_and_distinct():
+    names = ["countdown:ops=+-*/", "countdown:ops=+-*", "countdown:numbers=2,ops=+", "boolq"]
+    stems = [task_file_stem(n) for n in names]
+    assert len(set(stems)) == len(stems) and not any("/" in s or "*" in s for s in stems)
+    assert task_file_stem("boolq") == "boolq" and task_file_stem("countdown:numbers=2,ops=+") == "countdown:numbers=2,ops=+"
+
+
+def test_spec_accepts_task_names_with_options(tmp_path: Path):
+    from esft.experiments import SpecError, load_spec
+
+    text = ("name: t\nkind: single-task\nmodel: smollm2-135m\ntasks: ['countdown:numbers=2,ops=+', boolq]\n"
+            "seeds: [1]\nalgorithms:\n  es:\n    preset: cpu\nevaluation:\n  holdout: []\n  limit: 3\n")
+    path = tmp_path / "spec.yaml"
+    path.write_text(text)
+    assert load_spec(path).tasks == ["countdown:numbers=2,ops=+", "boolq"]
+    path.write_text(text.replace("tasks: ['countdown:numbers=2,ops=+', boolq]", "tasks: countdown:numbers=2,ops=+, boolq"))
+    assert load_spec(path).tasks == ["countdown:numbers=2,ops=+", "boolq"]
+    path.write_text(text.replace("numbers=2,ops=+", "numbers=0"))
+    with pytest.raises(SpecError, match="numbers"):
+        load_spec(path)
+
+
+# ---- option parsing ------------------------------------------------------------------------------------------
+def test_count_range_and_ops_parsing():
+    assert parse_count_range("2") == (2, 2) and parse_count_range("2..4") == (2, 4)
+    assert parse_count_range(3) == (3, 3) and parse_count_range([2, 3]) == (2, 3)
+    for bad in (0, 1, True, "0..2", "4..3", [2], None, 2.5):
+        with pytest.raises(ValueError):
+            parse_count_range(bad)
+    assert parse_ops("*+") == "+*" and parse_ops("/ -") == "-/"
+    for bad in ("", "%", "+x", "**x"):
+        with pytest.raises(ValueError):
+            parse_ops(bad)
+
+
+# ---- generation ------------------------------------------------------------------------------------------------
+def test_generation_is_deterministic_in_the_seed():
+    a, b = get_task(SMALL), get_task(SMALL)
+    for split in ("train", "test"):
+        assert a.load(split) == b.load(split)
+    other = get_task(SMALL + ",data_seed=1")
+    assert keys(other.load("train")) != keys(a.load("train"))
+    # the held-out set does not move with the train size
+    assert get_task(SMALL + ",train_size=10").load("test") == a.load("test")
+    assert get_task(SMALL + ",test_size=10").load("test") == a.load("test")[:10]
+
+
+@pytest.mark.parametrize("name", [SMALL, "countdown:numbers=2..3,max_number=30,ops=+-*/",
+                                  "countdown:numbers=2..3,max_number=20,ops=+*,data_seed=7"])
+def test_train_and_test_are_disjoint_solvable_and_within_the_options(name):
+    task = get_task(name)
+    train, test = task.load("train"), task.load("test")
+    assert train and test
+    assert len(set(keys(train))) == len(train) and len(set(keys(test))) == len(test)   # no repeats in a split
+    assert not set(keys(train)) & set(keys(test))                                      # disjoint
+    assert all(is_heldout(k) for k in keys(test)) and not any(is_heldout(k) for k in keys(train))
+    lo, hi = task.numbers
+    for ex in train + test:
+        assert lo <= len(ex["nums"]) <= hi and all(task.min_number <= x <= task.max_number for x in ex["nums"])
+        assert isinstance(ex["target"], int) and ex["target"] >= 1
+        assert set(ex["solution"]) <= set(task.ops + "0123456789 ()")
+        assert task.score(f"so \\boxed{{{ex['solution']}}}", ex) == 1.0
+    assert task.load("test", limit=5) == test[:5]
+
+
+def test_a_small_puzzle_space_runs_out_and_is_split_whole():
+    # 2 numbers in 1..5 with + only: 15 puzzles (one per multiset), each in exactly one split
+    task = get_task("countdown:numbers=2,max_number=5,ops=+")
+    train, test = task.load("train"), task.load("test")
+    assert len(train) + len(test) == 15
+    assert set(keys(train)) | set(keys(test)) == {(a + b, (a, b)) for a in range(1, 6) for b in range(a, 6)}
+
+
+def test_generate_variant_rejects_other_splits():
+    with pytest.raises(ValueError, match="train and test"):
+        generate_variant(3, "generated", numbers=(2, 2), num_range=(1, 9), ops="+")
+
+
+def test_loaded_examples_are_fresh_copies():
+    task = get_task(SMALL)
+    task.load("train")[0]["nums"].append(99)
+    assert 99 not in task.load("train")[0]["nums"]
+
+
+# ---- the default task and prompts -------------------------------------------------------------------------------
+def test_default_countdown_is_unchanged():
+    task = get_task("countdown")
+    assert task.splits == ("train", "test", "train_pool", "generated") and not task.ask_format
+    ex = task.load("test", 1)[0]
+    assert ex["id"] == "test/8001" and ex["nums"] == [96, 7, 37, 74] and ex["target"] == 55
+    assert task.prompt(ex)[1]["content"] == (
+        "Numbers: [96, 7, 37, 74]\nTarget: 55\nUse each number exactly once with + - * / and parentheses to make "
+        "the target. Put the final expression in \\boxed{}.")
+
+
+def test_ask_format_and_variant_prompts():
+    ex = {"nums": [17, 16], "target": 33}
+    plain = get_task(SMALL).prompt(ex)
+    assert [m["role"] for m in plain] == ["system", "user"]
+    assert "with + * and parentheses to make the target" in plain[1]["content"]
+    asked = get_task(SMALL + ",ask_format=1").prompt(ex)
+    assert [m["role"] for m in asked] == ["system", "user", "assistant", "user"]
+    assert asked[0] == plain[0] and asked[3] == plain[1]          # the real puzzle's turns are unchanged
+    assert asked[1]["content"].startswith("Numbers: [3, 5]\nTarget: 8\nUse each number exactly once with + *")
+    assert asked[2]["content"] == "3 + 5 = 8, so the answer is \\boxed{3 + 5}."
+    assert get_task("countdown:numbers=2,ops=+").prompt(ex)[1]["content"].endswith(
+        "Use each number exactly once with + to make the target. Put the final expression in \\boxed{}.")
+    bundled = get_task("countdown:ask_format=true")
+    assert bundled.splits[0] == "train" and "generated" in bundled.splits   # still the bundled data
+    assert bundled.prompt(ex)[2]["content"] == "3 + 5 + 2 = 10, so the answer is \\boxed{3 + 5 + 2}."
+
+
+@pytest.mark.parametrize("ops", ["+", "-", "*", "/", "-/", "*/"])
+@pytest.mark.parametrize("count", range(2, MAX_COUNT + 1))
+def test_the_worked_puzzle_is_correct_for_every_variant(ops, count):
+    nums, target, expr = format_shot(ops, count)
+    assert len(nums) == count and target >= 1 and check_expression(expr, nums, target)[0]
+    assert ops[0] in expr
