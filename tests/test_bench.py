@@ -11,7 +11,8 @@ import threading
 import pytest
 import torch
 
-from esft import bench, lean
+from esft import bench
+from esft.generation import lean
 from esft.generation import GenerationConfig, encode_prompts, eos_token_ids, generate
 
 from conftest import make_tiny_model
@@ -43,7 +44,7 @@ def varied_prompts(n: int = 7) -> list:
 def finish_rows_early(monkeypatch, eos: int, every: int = 3) -> None:
     """Every `every`-th next-token pick (sampled or screened) makes the first live row emit eos, so rows stop
     at different steps and are dropped mid-batch (the tiny random model never emits eos by itself)."""
-    import esft.generation as generation
+    from esft.generation import loop as generation
 
     calls = itertools.count()
     real_sample, real_greedy = generation.sample_next, lean.ScreenedLogits.greedy
@@ -316,7 +317,7 @@ def test_check_outputs_compares_fast_engine_with_model_generate(tokenizer, monke
     tokens = sum(len(g.completion_ids) for g in ref)  # model.generate's own count, eos included
     assert check == {"identical": 5, "completions": 5, "tokens": tokens, "first_difference": None}
     # a real difference is found and located: greedy-break the esft engine by flipping its argmax to the runner-up
-    import esft.generation as generation
+    from esft.generation import loop as generation
 
     def runner_up(logits, temperature, top_p, generator):
         return logits.topk(2, dim=-1).indices[:, 1]

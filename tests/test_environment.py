@@ -52,7 +52,7 @@ def test_env_report_names_the_fast_kernels():
 
     import torch
 
-    from esft.lean import bf16_matmul_is_native, packed_linear_reason
+    from esft.generation.packed import bf16_matmul_is_native, packed_linear_reason
 
     report = environment.environment_report()
     assert report["packed_linear"] == (packed_linear_reason(torch.float32) or "available")

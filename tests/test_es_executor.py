@@ -229,7 +229,7 @@ def test_ctrl_c_in_the_calling_lane_cancels_the_others_and_leaves_the_model_at_t
 def test_cancel_on_stops_generation_at_the_next_decode_step(tokenizer, monkeypatch, lean):
     """Set between batches and in the middle of a batch (from the sampler at step 3), for the lean decode loop
     and the op-by-op one: no further step runs."""
-    import esft.generation as generation
+    from esft.generation import loop as generation
     from esft.generation import GenerationCancelled, GenerationConfig, cancel_on, generate
 
     model = make_tiny_model()

@@ -214,7 +214,8 @@ def test_population_generation_lean_equals_hf_hooks(fast):
     import dataclasses
 
     from esft.generation import GenerationConfig
-    from esft.lean import fused_attention_reason, packed_linear_reason
+    from esft.generation.lean_step import fused_attention_reason
+    from esft.generation.packed import packed_linear_reason
 
     model = tiny_llama()
     w = LowRankWeights(model, rank=2)

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from esft import kernels
-from esft.lean import _rotate_half
+from esft.generation.lean_step import rotate_half as _rotate_half
 
 
 @pytest.fixture(scope="module")
@@ -166,9 +166,9 @@ def _bf16_logits(h, w):
 @pytest.mark.parametrize("spread", [0.02, 1.0])
 def test_screen_keeps_every_possible_argmax(ext, spread):
     """The exact argmax is always among the candidates, and the candidates are few (near-ties are kept)."""
-    from esft.lean import LMHeadScreen
+    from esft.generation.packed import LMHeadScreen
 
-    from esft.lean import bf16_matmul_is_native
+    from esft.generation.packed import bf16_matmul_is_native
 
     if not bf16_matmul_is_native():
         pytest.skip("no native bf16 matmul on this CPU (the screen is not used here)")

@@ -11,8 +11,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from esft import lean
-from esft.generation import GenerationConfig, _prefill, generate
+from esft.generation import GenerationConfig, generate, lean
+from esft.generation.hf_step import hf_prefill as _prefill
 
 from conftest import make_tiny_model
 

@@ -190,7 +190,7 @@ def executed_flops(shape: ModelShape, prompts: Sequence[Sequence[int]], completi
     fp32 logits of its few candidate tokens. With `screened_lm_head` the decode steps' lm_head is counted as bf16
     (the screen's full-vocabulary matmul); everything else is fp32. Returns the position counts and the FLOPs:
     {"prefill_positions", "prefill_logit_rows", "decode_rows", "attention_pairs", "fp32", "bf16"}."""
-    from esft.lean import PREFILL_BUCKET_TOKENS, common_prefix, layout_prefill, length_buckets
+    from esft.generation.prefill import PREFILL_BUCKET_TOKENS, common_prefix, layout_prefill, length_buckets
 
     if bucket_tokens is None:
         bucket_tokens = PREFILL_BUCKET_TOKENS
@@ -250,12 +250,8 @@ def roofline_ratio(flops: dict[str, float], seconds: float, gflops: float, gflop
 def effective_layout(model, gen) -> dict[str, Any]:
     """The prefill layout and lm_head `esft.generation.generate(model, ..., gen)` really runs (`executed_flops`
     options): the options the lean engine would drop on this model or machine (with a warning there) are off."""
-    from esft.lean import (
-        fused_attention_reason,
-        packed_linear_reason,
-        screen_lm_head_reason,
-        unsupported_reason,
-    )
+    from esft.generation.lean_step import fused_attention_reason, unsupported_reason
+    from esft.generation.packed import packed_linear_reason, screen_lm_head_reason
 
     lean = gen.engine == "esft" and bool(gen.lean) and unsupported_reason(model) is None
     dtype = model.lm_head.weight.dtype

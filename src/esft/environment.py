@@ -41,7 +41,7 @@ def environment_report() -> dict[str, Any]:
     # the fast CPU rollout options (esft.config.FAST_CPU_GENERATION) and whether they can run here
     import shutil
 
-    from esft.lean import bf16_matmul_is_native, packed_linear_reason
+    from esft.generation.packed import bf16_matmul_is_native, packed_linear_reason
 
     report["packed_linear"] = packed_linear_reason(torch.float32) or "available"
     compiler = shutil.which(os.environ.get("CXX", "c++"))

@@ -239,7 +239,7 @@ def generate_population(model, tokenizer, prompt_ids: Sequence[list[int]], membe
     """One completion per row (prompt ids, member index); rows of all members share every forward pass.
     Rows are sorted by prompt length (copies of one prompt for different members land together, so batches pad
     little) and cut into batches of config.batch_size rows. Returns esft.generation.Generation per row."""
-    from esft.generation import _finish, eos_token_ids, left_pad
+    from esft.generation import eos_token_ids, left_pad, to_generation as _finish
 
     eos = eos_token_ids(model, tokenizer)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]

@@ -1,0 +1,19 @@
+"""Batched generation from chat prompts, shared by evaluation, ES members and analyses.
+
+`generate` (engine.py) encodes the prompts, batches them by length and runs each batch through `model.generate`
+or through esft's decode loop (loop.py), which drops finished rows from the batch and its KV cache. The loop
+takes a step function: the Hugging Face forward (hf_step.py) or, for the models it supports, the lean step
+(lean.py: the lean engine; its parts lean_step.py, kv_cache.py, packed.py, prefill.py).
+"""
+
+from esft.generation.cancel import GenerationCancelled, cancel_on, check_cancelled
+from esft.generation.config import Generation, GenerationConfig
+from esft.generation.engine import decode, generate
+from esft.generation.hf_step import decode_hf
+from esft.generation.loop import sample_next
+from esft.generation.prompts import encode_prompts, eos_token_ids, left_pad, to_generation
+
+__all__ = [
+    "Generation", "GenerationCancelled", "GenerationConfig", "cancel_on", "check_cancelled", "decode", "decode_hf",
+    "encode_prompts", "eos_token_ids", "generate", "left_pad", "sample_next", "to_generation",
+]

@@ -1,0 +1,64 @@
+"""What to generate (`GenerationConfig`) and what comes back per prompt (`Generation`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class GenerationConfig:
+    """How to generate. Names follow TRL / transformers where the concept is the same."""
+
+    max_new_tokens: int = 1024
+    """Upper bound on generated tokens per completion (the paper uses 1024)."""
+    temperature: float = 0.0
+    """0 means greedy decoding (the paper's evaluation protocol); > 0 samples."""
+    top_p: float = 1.0
+    """Nucleus sampling mass when temperature > 0."""
+    batch_size: int = 32
+    """Prompts per forward batch."""
+    seed: int = 0
+    """Seed for sampling (unused when greedy)."""
+    engine: str = "esft"
+    """"esft": our decode loop that drops finished rows from the batch and KV cache; "hf": `model.generate`."""
+    min_new_tokens: int = 0
+    """eos is suppressed before this many tokens (as transformers' `min_new_tokens`); benchmarks use it to force
+    full-length completions."""
+    lean: bool = True
+    """esft engine only: use the lean decode step (`esft.generation.lean`: preallocated KV cache, no per-step
+    mask/cache plumbing) for the models it supports; others, and lean=False, step through the HF forward."""
+    share_prefix: bool = False
+    """lean path only: prefill the prompts' common token prefix (system prompt + template) once and reuse its KV
+    for every row. Saves that share of the prefill, but logits then match a plain prefill to ~1e-6 relative
+    rather than bit for bit, so greedy outputs can differ from `model.generate` on near-ties (opt-in)."""
+    prefill_buckets: int = 1
+    """lean path only: prefill the prompts (their remainders after a shared prefix) in up to this many groups of
+    similar length instead of one batch padded to the longest; > 1 has the same ~1e-6 caveat as share_prefix."""
+    packed_linear: bool = False
+    """lean path only, fp32 CPU: run the decode matmuls through oneDNN with the weights reordered once per call
+    (`esft.generation.lean_step.LeanModel(packed=True)`): ~1.5x faster matmuls at small batch on CPU, same ~1e-6
+    caveat as share_prefix (another summation order). Ignored, with a warning, where torch has no oneDNN."""
+    fused_attention: bool = False
+    """lean path only, fp32 CPU: rotary, KV-cache append and attention of each decode step in one compiled kernel
+    (`esft.kernels`, built with the local C++ compiler on first use, ~30 s): ~2x faster attention than torch's
+    SDPA for one-token queries; ~1e-6 relative differences as share_prefix. Ignored, with a warning, where the
+    kernel cannot be built (no compiler). With packed_linear it also stacks q|k|v and gate|up into one matmul
+    each and runs the RMSNorm / residual / SwiGLU glue in compiled code."""
+    screened_lm_head: bool = False
+    """lean path, greedy decoding only, with packed_linear and fused_attention, on CPUs with fast bf16 (AVX512-BF16
+    or AMX): compute the lm_head in bf16 first and the exact fp32 logits only for tokens a rigorous rounding-error
+    bound cannot exclude as the argmax (`esft.generation.packed.LMHeadScreen`; ~2 per row). The argmax is
+    unchanged; the other logits are returned as -inf. Ignored when sampling, and with a warning where
+    unavailable."""
+
+
+@dataclass
+class Generation:
+    text: str
+    """Decoded completion without special tokens."""
+    completion_ids: list[int] = field(default_factory=list)
+    """Generated token ids, up to and including the first eos."""
+    prompt_tokens: int = 0
+    """Number of prompt tokens (after the chat template)."""
+    finished: bool = False
+    """True when the completion ended with an eos token rather than the length limit."""

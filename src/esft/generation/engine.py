@@ -1,0 +1,96 @@
+"""`generate`: prompts in, completions out, through the esft engine (`decode`) or `model.generate`.
+
+Prompts are tokenised once; rows are sorted by prompt length so a batch pads little; completions come back in
+the caller's order, as ids (for token-aligned KL) and as text.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import torch
+
+from esft.generation.cancel import check_cancelled
+from esft.generation.config import Generation, GenerationConfig
+from esft.generation.hf_step import decode_hf
+from esft.generation.lean import lean_decode
+from esft.generation.lean_step import unsupported_reason
+from esft.generation.prompts import encode_prompts, eos_token_ids, left_pad, to_generation
+from esft.tasks.base import Messages
+
+
+@torch.inference_mode()
+def generate(
+    model,
+    tokenizer,
+    prompts: Sequence[Messages | str],
+    config: GenerationConfig | None = None,
+    progress: bool = False,
+    prompt_ids: list[list[int]] | None = None,
+) -> list[Generation]:
+    """Generate one completion per prompt; results in the order of `prompts`."""
+    config = config or GenerationConfig()
+    if config.max_new_tokens < 1:
+        raise ValueError("max_new_tokens must be >= 1")
+    if config.batch_size < 1:
+        raise ValueError("batch_size must be >= 1")
+    encoded = prompt_ids if prompt_ids is not None else encode_prompts(tokenizer, prompts)
+    eos = eos_token_ids(model, tokenizer)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
+    device = next(model.parameters()).device
+    order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]), reverse=True)
+    results: list[Generation | None] = [None] * len(encoded)
+    if config.temperature > 0 and config.engine == "hf":
+        torch.manual_seed(config.seed)
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(encoded), desc="generate", unit="prompt", leave=False)
+    for start in range(0, len(order), config.batch_size):
+        check_cancelled()
+        idx = order[start : start + config.batch_size]
+        input_ids, attention_mask = left_pad([encoded[i] for i in idx], pad_id, device)
+        if config.engine == "hf":
+            new = _hf_generate(model, input_ids, attention_mask, config, pad_id, eos)
+        elif config.engine == "esft":
+            new = decode(model, input_ids, attention_mask, config, eos)
+        else:
+            raise ValueError(f"unknown generation engine {config.engine!r}; use 'esft' or 'hf'")
+        for row, i in zip(new, idx):
+            results[i] = to_generation(row, eos, tokenizer, len(encoded[i]))
+        if bar is not None:
+            bar.update(len(idx))
+    if bar is not None:
+        bar.close()
+    return results  # type: ignore[return-value]
+
+
+def _hf_generate(model, input_ids, attention_mask, config, pad_id, eos) -> list[list[int]]:
+    do_sample = config.temperature > 0
+    kwargs = dict(max_new_tokens=config.max_new_tokens, do_sample=do_sample, pad_token_id=pad_id, eos_token_id=eos)
+    if config.min_new_tokens:
+        kwargs["min_new_tokens"] = config.min_new_tokens
+    if do_sample:
+        kwargs.update(temperature=config.temperature, top_p=config.top_p, top_k=0)
+    else:
+        kwargs.update(temperature=None, top_p=None, top_k=None)
+    out = model.generate(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+    return out[:, input_ids.shape[1]:].tolist()
+
+
+def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, config: GenerationConfig,
+           eos: list[int], delta: Any = None, on_keep: Callable[[torch.Tensor], None] | None = None
+           ) -> list[list[int]]:
+    """The esft engine on one left-padded batch: prefill once, then `loop.decode_loop`, which drops finished rows
+    from the batch and the KV cache. Supported architectures take the lean step (`lean.lean_decode`,
+    config.lean); others step through the HF forward (`hf_step.decode_hf`). Greedy outputs equal
+    `model.generate`'s (tested).
+
+    `delta` (a low-rank population, esft.es.lowrank.PopulationPerturbation) owns forward hooks that perturb each
+    row; the lean step, which bypasses module hooks, then adds the same terms through `delta` itself.
+    `on_keep(indices)` is called with the rows kept whenever finished rows are dropped.
+    """
+    if config.lean and unsupported_reason(model, ignore_hooks=delta is not None) is None:
+        return lean_decode(model, input_ids, attention_mask, config, eos, delta=delta, on_keep=on_keep)
+    return decode_hf(model, input_ids, attention_mask, config, eos, on_keep=on_keep)

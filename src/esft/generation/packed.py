@@ -1,0 +1,116 @@
+"""Packed linears (oneDNN, weights reordered once per call) and greedy decoding's bf16-screened lm_head.
+
+Both are opt-in (GenerationConfig.packed_linear / screened_lm_head, in esft.config.FAST_CPU_GENERATION) and
+not bit-exact: oneDNN sums in another order than `F.linear`, so logits differ by ~1e-6 relative. The `*_reason`
+functions say why an option cannot run here (None when it can).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+def packed_linear_reason(dtype: torch.dtype) -> str | None:
+    """None when oneDNN packed linears (`LeanModel(packed=True)`) can run here, else why not."""
+    if dtype != torch.float32:
+        return f"dtype {dtype} (packed linears are fp32 only)"
+    if not torch.backends.mkldnn.is_available():
+        return "torch was built without oneDNN (mkldnn)"
+    ops = torch.ops.mkldnn
+    if not (hasattr(ops, "_reorder_linear_weight") and hasattr(ops, "_linear_pointwise")):
+        return "this torch has no mkldnn._linear_pointwise"
+    return None
+
+
+def bf16_matmul_is_native() -> bool:
+    """True where oneDNN's bf16 matmul runs on bf16 dot-product instructions (AVX512-BF16 or AMX). oneDNN also
+    accepts bf16 on plain AVX-512 CPUs (`mkldnn._is_mkldnn_bf16_supported`) but emulates it there, slower than
+    fp32, which would make the screen a loss."""
+    cpu = getattr(torch, "cpu", None)
+    native = any(bool(getattr(cpu, name, lambda: False)()) for name in ("_is_avx512_bf16_supported",
+                                                                        "_is_amx_tile_supported"))
+    return native and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+def screen_lm_head_reason(model, packed: bool, fused_attention: bool, delta=None) -> str | None:
+    """None when greedy lm_head screening (`LeanModel(screen_lm_head=True)`) can run, else why not."""
+    if not (packed and fused_attention):
+        return "it needs packed_linear and fused_attention"
+    if delta is not None:
+        return "a low-rank population perturbs the lm_head per row"
+    if model.lm_head.bias is not None:
+        return "the lm_head has a bias"
+    if not bf16_matmul_is_native():
+        return "this CPU has no native bf16 dot product (AVX512-BF16 or AMX): oneDNN would emulate it, slower than fp32"
+    return None
+
+
+def pack_weight(weight: torch.Tensor, batch_hint: int) -> torch.Tensor:
+    """`weight` reordered once into oneDNN's blocked layout for about `batch_hint` rows per call (`packed_linear`)."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), batch_hint)
+
+
+def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """`F.linear` with a `pack_weight` weight: torch's own oneDNN linear (what inductor's CPU backend emits for
+    frozen weights), so a small-batch call does not re-pack the weight as MKL's sgemm does each time."""
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
+class LMHeadScreen:
+    """Greedy decoding's lm_head at half the cost: logits first in bf16 (oneDNN, half the bytes and ~2x the FLOP
+    rate of fp32 on CPUs with AVX512-BF16 or AMX), then fp32 logits only for the tokens that a rigorous error
+    bound cannot rule out as the row's maximum (~2 per row on SmolLM2). The pick is the argmax of those fp32
+    logits (F.linear on the candidates' rows): the full fp32 head's argmax except, possibly, on a near-tie at
+    fp32 rounding level, where the two GEMMs may round differently (packed_linear's caveat).
+
+    Bound: rounding h and W to bf16 (unit roundoff u = 2^-8) changes each product h_i w_i by at most
+    (2u + u^2)|h_i w_i|; fp32 accumulation over K terms adds at most gamma_K = K 2^-24 / (1 - K 2^-24) of
+    sum |h_i w_i| to both the bf16 and the fp32 result; rounding the bf16 result itself costs at most 2^-7 of its
+    magnitude (covers truncation too). With sum_i |h_i w_vi| <= ||h|| ||w_v||, every token v satisfies
+    |approx_v - exact_v| <= e_v = c_prod ||h|| ||w_v|| + c_out |approx_v| (+1e-30 for flushed denormals), so a
+    token whose approx_v + e_v is below some other token's approx_u - e_u cannot be the argmax. The fp32 logits
+    of the survivors come from F.linear on their rows (`ScreenedLogits`).
+    """
+
+    def __init__(self, weight: torch.Tensor, batch_hint: int):
+        weight = weight.detach()
+        self.weight = weight  # the live parameter (ES perturbs it in place; this object lives for one call)
+        self.packed_bf16 = torch.ops.mkldnn._reorder_linear_weight(weight.to(torch.bfloat16), batch_hint)
+        self.row_norms = torch.linalg.vector_norm(weight, dim=1)
+        k = weight.shape[1]
+        u = 2.0 ** -8
+        gamma = k * 2.0 ** -24 / (1 - k * 2.0 ** -24)
+        self.c_prod = (2 * u + u * u + 2.1 * gamma) * 1.001
+        self.c_out = 2.0 ** -7 * 1.01
+
+    def logits(self, h: torch.Tensor, kernels, suppress: torch.Tensor) -> ScreenedLogits | None:
+        """Logits of final hidden states h [n, D], exact where a row's argmax may lie (ScreenedLogits).
+        `suppress` (int64 token ids) are excluded, as the sampler's eos suppression would exclude them. None when
+        some row has no finite candidate (the caller then computes the full fp32 logits)."""
+        approx = packed_linear(h.to(torch.bfloat16), self.packed_bf16)
+        if suppress.numel():  # the lowest finite bf16, not -inf: the bound arithmetic stays finite
+            approx.index_fill_(1, suppress, torch.finfo(torch.bfloat16).min)
+        hnorm = torch.linalg.vector_norm(h, dim=1)
+        cols, keep = kernels.screen_candidates(approx, hnorm, self.row_norms, self.c_prod, self.c_out)
+        if not bool(keep.any(1).all()):  # a non-finite row (a diverged member): no bound holds; caller goes full
+            return None
+        values = F.linear(h, self.weight.index_select(0, cols)).masked_fill_(~keep, float("-inf"))
+        if suppress.numel():  # only reachable if every other logit of a row were below -3e38; keep the rule exact
+            values[:, torch.isin(cols, suppress)] = float("-inf")
+        return ScreenedLogits(cols, values)
+
+
+@dataclass
+class ScreenedLogits:
+    """The fp32 logits of the screened candidates: `values[r, j]` is row r's logit of token `cols[j]` (ascending
+    ids), -inf where that token was ruled out for row r."""
+
+    cols: torch.Tensor
+    values: torch.Tensor
+
+    def greedy(self) -> torch.Tensor:
+        # first maximum over ascending ids = the lowest id among ties, as argmax over the full vocabulary
+        return self.cols[self.values.argmax(-1)]
