@@ -34,7 +34,7 @@ def make_base(root: Path, tokenizer, hidden: int = 32, layers: int = 2) -> Path:
 
 def make_es_run(root: Path, base: Path, steps: int = 4, population: int = 4, alpha: float = 0.01,
                 sigma: float = 0.02, task: str = "boolq", seed: int = 42) -> Path:
-    from esft.es.config import ESConfig, save_yaml
+    from esft.es.es_config import ESConfig, save_yaml
     from esft.es.replay import rebuild
     from esft.models import load_model
 

@@ -195,7 +195,7 @@ def test_workloads_have_the_specified_shapes(tokenizer):
     assert len(lengths) == 32 and all(60 <= n <= 64 for n in lengths), lengths
     assert (dh.max_new_tokens, dh.min_new_tokens, dh.generation_batch_size) == (256, 256, 32)
     cp = bench.build_workload("cpu-preset", tokenizer)
-    from esft.es.config import PRESETS
+    from esft.es.es_config import PRESETS
 
     assert len(cp.prompts) == PRESETS["cpu"]["batch_size"] and cp.max_new_tokens == PRESETS["cpu"]["max_new_tokens"]
     assert cp.min_new_tokens == 0

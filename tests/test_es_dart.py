@@ -15,12 +15,12 @@ import torch
 
 from es_tiny import one_thread  # noqa: F401  (autouse fixture)
 from es_tiny import ToyTask, stub_generate, tiny_llama
-from esft.es import runlog
-from esft.es.config import ESConfig
+from esft.api import train_es
+from esft.es import es_rundir as runlog
+from esft.es.build import make_fitness_rule
 from esft.es.dart import (DartES, DartOptions, buffer_update, dart_fitness, difficulty_weights, draw_replays,
                           ema_update, make_dart, pass_rates, replay_candidates, take_fresh)
-from esft.es.executor import make_fitness_rule
-from esft.es.trainer import train_es
+from esft.es.es_config import ESConfig
 
 OPTS = DartOptions()
 

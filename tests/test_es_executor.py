@@ -17,9 +17,9 @@ import torch
 
 from conftest import make_tiny_model
 from es_tiny import ToyTask, bit_equal, state, stub_generate, tiny_llama
-from esft.es.config import ESConfig
+from esft.es.es_config import ESConfig
 from esft.es.executor import LocalExecutor
-from esft.es.executor_factory import make_executor
+from esft.es.distributed.factory import make_executor
 from esft.es.noise import MasterWeights, Update
 from esft.es.strategy import ES
 
@@ -331,9 +331,9 @@ def test_lanes_keep_unselected_parameters_equal_to_the_model(two_threads):
 
 
 def test_training_with_lanes_is_bit_identical(tmp_path, two_threads):
-    from esft.es import runlog
+    from esft.api import train_es
+    from esft.es import es_rundir as runlog
     from esft.es.replay import rebuild
-    from esft.es.trainer import train_es
 
     def run(name, lanes):
         config = ESConfig(model="tiny", task="toy", population_size=5, sigma=0.05, alpha=0.02, batch_size=6,
@@ -359,7 +359,7 @@ def test_make_executor_checks_parallel_members(monkeypatch):
     with pytest.raises(ValueError, match=">= 1"):
         make_executor(ESConfig(parallel_members=0), **kw)
     # a layout option the cpu preset sets: ignored, with a warning, where members are not evaluated one by one
-    from esft.es.config import preset
+    from esft.es.es_config import preset
     from esft.es.lowrank import LowRankExecutor, LowRankWeights
 
     lowrank = preset("cpu", noise="lowrank")
@@ -367,7 +367,7 @@ def test_make_executor_checks_parallel_members(monkeypatch):
     with pytest.warns(UserWarning, match="ignored: a low-rank population"):
         ex = make_executor(lowrank, **{**kw, "weights": LowRankWeights(model, rank=1)})
     assert isinstance(ex, LowRankExecutor)
-    import esft.es.executor_factory as factory
+    import esft.es.distributed.factory as factory
 
     monkeypatch.setattr(factory, "make_ray_executor", lambda config, **_: ("ray", config.parallel_members))
     with pytest.warns(UserWarning, match="ignored: the Ray executor"):

@@ -15,7 +15,7 @@ import torch
 
 from es_tiny import one_thread  # noqa: F401  (autouse fixture)
 from es_tiny import ToyTask, bit_equal, state, stub_generate, tiny_llama
-from esft.es.config import ESConfig
+from esft.es.es_config import ESConfig
 from esft.es.executor import LocalExecutor
 from esft.es.lowrank import (LowRankExecutor, LowRankWeights, PopulationPerturbation, generate_population,
                              lowrank_factors, population_logits)
@@ -159,14 +159,14 @@ def test_executor_equals_local_executor_on_materialised_weights():
 
 def test_lowrank_run_replays_bit_for_bit(tmp_path):
     from esft.es.replay import matches_checkpoint, rebuild
-    from esft.es.trainer import train_es
+    from esft.api import train_es
 
     config = ESConfig(model="tiny", task="toy", population_size=6, sigma=0.05, alpha=0.02, batch_size=8, iterations=4,
                       max_new_tokens=2, seed=5, output_dir=str(tmp_path / "lr"), eval_every=0, noise="lowrank", rank=2,
                       format_bonus=0.1)
     res = train_es(config, model=tiny_llama(), tokenizer=None, task=ToyTask(), generate_fn=stub_generate,
                    progress=False)
-    from esft.es import runlog
+    from esft.es import es_rundir as runlog
 
     lines = runlog.read_jsonl(res.output_dir / "seeds.jsonl")
     assert any(r["update_norm"] > 0 for r in lines)
@@ -177,7 +177,7 @@ def test_lowrank_run_replays_bit_for_bit(tmp_path):
 
 
 def test_lowrank_rejects_ray_and_bad_rank():
-    from esft.es.executor_factory import make_executor
+    from esft.es.distributed.factory import make_executor
 
     with pytest.raises(ValueError, match="lowrank"):
         make_executor(ESConfig(noise="lowrank", executor="ray"), model=None, tokenizer=None,

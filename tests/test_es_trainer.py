@@ -15,11 +15,13 @@ import yaml
 
 from es_tiny import one_thread  # noqa: F401  (autouse fixture)
 from es_tiny import ToyTask, bit_equal, state, stub_generate, tiny_llama
-from esft.es import runlog
-from esft.es.config import ESConfig, preset
+from esft.es import es_rundir as runlog
+from esft.es.es_config import ESConfig, preset
 from esft.es.executor import LocalExecutor
 from esft.es.replay import drift, matches_checkpoint, rebuild
-from esft.es.trainer import ESTrainer, sample_batch, train_es
+from esft.api import train_es
+from esft.es.build import sample_batch
+from esft.es.trainer import ESTrainer
 
 
 def cfg(tmp_path, name="run", **kw) -> ESConfig:
@@ -215,7 +217,7 @@ def test_resume_rejects_changed_config(tmp_path):
     with pytest.raises(ValueError, match="noise_stream"):  # a resumed stage keeps its noise stream
         run(config.replace(resume=True, noise_stream=1))
     # extending a finished run is allowed; resume_config recovers the saved settings from the run directory
-    from esft.es.config import resume_config
+    from esft.es.es_config import resume_config
 
     with pytest.raises(ValueError, match="sigma"):
         resume_config(config.output_dir, {"sigma": 0.1})
@@ -246,7 +248,7 @@ def test_sample_batch_is_deterministic():
 def test_presets_and_cli_args(tmp_path):
     from esft.cli import build_parser
     from esft.config import build_config
-    from esft.es.trainer import PRESETS
+    from esft.es.es_config import PRESETS
 
     paper = preset("paper")
     assert (paper.sigma, paper.alpha, paper.population_size, paper.batch_size, paper.max_new_tokens) == \
@@ -266,7 +268,7 @@ def test_presets_and_cli_args(tmp_path):
 
 
 def test_generation_options_reach_the_rollouts_and_cannot_override_es_fields():
-    from esft.es.trainer import generation_config
+    from esft.es.build import generation_config
 
     gen = generation_config(ESConfig(max_new_tokens=12, generation_options="{share_prefix: true, prefill_buckets: 4}"))
     assert (gen.share_prefix, gen.prefill_buckets, gen.max_new_tokens, gen.temperature) == (True, 4, 12, 0.0)

@@ -19,11 +19,11 @@ pytest.importorskip("trl")
 from transformers import TrainerCallback  # noqa: E402
 
 from conftest import make_tiny_model  # noqa: E402
-from esft.es.runlog import read_jsonl  # noqa: E402
 from esft.grpo import PRESETS, GRPOConfig, preset  # noqa: E402
-from esft.grpo.config import to_trl_config  # noqa: E402
-from esft.grpo.drift import snapshot, squared_drift  # noqa: E402
+from esft.grpo.drift_log import snapshot, squared_drift  # noqa: E402
+from esft.grpo.grpo_config import to_trl_config  # noqa: E402
 from esft.grpo.run import list_checkpoints, read_run_config, train_grpo  # noqa: E402
+from esft.rundir import read_jsonl  # noqa: E402
 from grpo_tiny import EOS, GenerateSpy, ParityTask, tiny_config  # noqa: E402
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from esft.hybrid import hybrid_block, hybrid_methods, single_budget, split_budget, step_cost
+from esft.experiments.hybrid import hybrid_block, hybrid_methods, single_budget, split_budget, step_cost
 
 # sizes pinned here (8 x 16 members x prompts, 16 x 8 prompts x samples = 128 completions per step each) so the
 # arithmetic below does not depend on how the cpu presets are tuned
@@ -27,8 +27,8 @@ def test_split_budget():
 
 
 def test_step_costs_match_presets_and_table18():
-    from esft.es.config import preset as es_preset
-    from esft.grpo.config import preset as grpo_preset
+    from esft.es.es_config import preset as es_preset
+    from esft.grpo.grpo_config import preset as grpo_preset
 
     es, grpo = es_preset("cpu"), grpo_preset("cpu")
     assert step_cost("es", es) == es.population_size * es.batch_size == 128

@@ -21,10 +21,10 @@ ray = pytest.importorskip("ray")
 
 from es_tiny import one_thread  # noqa: F401  (autouse: tiny matmuls on one thread)
 from conftest import make_tiny_model  # noqa: E402
-from esft.es import runlog  # noqa: E402
-from esft.es.config import ESConfig, resume_config  # noqa: E402
-from esft.es.ray_executor import RayExecutor, ReplicaDivergence, WorkersLost  # noqa: E402
-from esft.es.trainer import ESTrainer  # noqa: E402
+from esft.api import es_trainer as ESTrainer  # noqa: E402  (builds the Ray executor through esft.es.distributed)
+from esft.es import es_rundir as runlog  # noqa: E402
+from esft.es.distributed.ray_executor import RayExecutor, ReplicaDivergence, WorkersLost  # noqa: E402
+from esft.es.es_config import ESConfig, resume_config  # noqa: E402
 
 
 class TextFitness:

@@ -307,7 +307,7 @@ def _fit_prompt(tokenizer, passage: str, target: int) -> list[dict[str, str]]:
 
 
 def build_workload(name: str, tokenizer) -> Workload:
-    from esft.es.config import PRESETS
+    from esft.es.es_config import PRESETS
     from esft.tasks.boolq import BoolQTask
 
     cpu = PRESETS["cpu"]
@@ -324,7 +324,7 @@ def build_workload(name: str, tokenizer) -> Workload:
         return Workload(name, prompts, max_new_tokens=256, min_new_tokens=256, generation_batch_size=32,
                         sigma=cpu["sigma"], alpha=cpu["alpha"])
     if name == "cpu-preset":
-        from esft.es.trainer import sample_batch
+        from esft.es.build import sample_batch
 
         task = BoolQTask(max_passage_chars=cpu["max_passage_chars"])
         train = task.load("train")
@@ -352,7 +352,7 @@ class PseudoTask:
 def bench_fitness(result, batch) -> np.ndarray:
     """Mean pseudo-score plus 1e-3 x member index: members that happen to write identical completions still get
     distinct fitness, so the update is never all-zero and its cost is always part of the iteration."""
-    from esft.es.executor import MeanReward
+    from esft.es.fitness import MeanReward
 
     fitness = MeanReward()(result, batch)
     return fitness + 1e-3 * np.arange(len(fitness))
@@ -457,14 +457,14 @@ def _bench_replica_parts(config):
 
 def esft_iteration_parallel(model, work: Workload, population: int, noise: str, gen_overrides: dict, workers: int,
                             threads_per_worker: int, model_name: str, seed: int = 0) -> dict[str, Any]:
-    """One ES iteration with members spread over `workers` Ray replicas (esft.es.ray_executor, as `esft train es
+    """One ES iteration with members spread over `workers` Ray replicas (esft.es.distributed, as `esft train es
     --executor ray`): the same members, noise, fitness and update as `esft_iteration`. Worker start-up (process
     placement, model loading) is set-up, outside the timing, as in a training run where it happens once; the
     iteration ends when every replica has applied the update."""
     import tempfile
 
-    from esft.es.config import ESConfig
-    from esft.es.executor_factory import make_ray_executor
+    from esft.es.distributed.factory import make_ray_executor
+    from esft.es.es_config import ESConfig
     from esft.es.noise import MasterWeights
 
     options = dict(gen_overrides)

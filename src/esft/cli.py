@@ -52,16 +52,18 @@ def _env(args: argparse.Namespace) -> int:
 
 
 def _train_es(args: argparse.Namespace) -> int:
-    from esft.es.trainer import PRESETS, ESConfig, train_es
+    from esft.api import train_es
+    from esft.es.es_config import PRESETS, ESConfig
 
     if args.resume_dir:
         # `--resume RUN_DIR`: the run's own config.yaml, plus the few flags a resume may change (e.g. iterations)
-        from esft.es.config import resume_config
+        from esft.es.es_config import resume_config
 
         config = resume_config(args.resume_dir, _explicit(args, ESConfig))
     else:
         config = build_config(ESConfig, PRESETS, args.preset, args.config, _explicit(args, ESConfig))
-    from esft.es.ray_executor import ReplicaDivergence, WorkersLost  # Ray itself is imported only when used
+    # Ray itself is imported only when used
+    from esft.es.distributed.ray_executor import ReplicaDivergence, WorkersLost
 
     try:
         train_es(config)
@@ -163,7 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
     train = sub.add_parser("train", help="fine-tune with ES or GRPO")
     algos = train.add_subparsers(dest="algorithm", required=True)
     try:
-        from esft.es.trainer import PRESETS, ESConfig
+        from esft.es.es_config import PRESETS, ESConfig
     except ImportError:  # pragma: no cover - during development
         ESConfig = None  # type: ignore[assignment]
     if ESConfig is not None:
@@ -179,7 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(func=_train_es)
 
     # GRPOConfig itself imports nothing heavy; TRL is imported only when training starts.
-    from esft.grpo.config import PRESETS as GRPO_PRESETS, GRPOConfig
+    from esft.grpo.grpo_config import PRESETS as GRPO_PRESETS, GRPOConfig
 
     p = algos.add_parser("grpo", help="GRPO baseline (TRL GRPOTrainer; needs `pip install esft[grpo]`)")
     _add_run_options(p, GRPO_PRESETS)

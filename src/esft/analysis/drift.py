@@ -170,7 +170,7 @@ def series_from_records(records: Sequence[Mapping[str, Any]], numel: Mapping[str
 
 
 def read_series(path: str | Path, numel: Mapping[str, int] | None = None) -> DriftSeries:
-    from esft.es.runlog import read_jsonl  # skips a torn last line of a crashed run
+    from esft.rundir import read_jsonl  # skips a torn last line of a crashed run
 
     return series_from_records(read_jsonl(Path(path)), numel, str(path))
 

@@ -6,7 +6,7 @@ memory-mapped and reads one tensor, or a range of its rows, at a time; the analy
 per source in float64. `aligned_refs` matches tensors of several sources by canonical name (esft.analysis.canonical),
 and `read_rows` reads a canonical view (including a slice of a fused tensor) chunk by chunk.
 
-ES checkpoints of non-fp32 models carry their fp32 master weights in `masters.safetensors` (esft.es.runlog);
+ES checkpoints of non-fp32 models carry their fp32 master weights in `masters.safetensors` (esft.es.es_rundir);
 those are the exact weights and are preferred over the rounded model file when present.
 """
 
@@ -20,7 +20,7 @@ import torch
 
 from esft.analysis.canonical import TensorRef, canonical_refs, tied_lm_head
 
-MASTERS_FILE = "masters.safetensors"  # written by esft.es.runlog for non-fp32 ES checkpoints
+MASTERS_FILE = "masters.safetensors"  # written by esft.es.es_rundir for non-fp32 ES checkpoints
 INDEX_FILE = "model.safetensors.index.json"
 DEFAULT_CHUNK_ELEMS = 1 << 24  # 16M entries: 128 MiB per float64 chunk
 

@@ -1,14 +1,23 @@
 """Evolution Strategies fine-tuning (esft maximises reward).
 
-noise     seeded per-tensor Gaussian noise, fp32 master weights with exact perturb / restore / update
-strategy  ask/tell ES, fitness shaping (zscore, centered_rank), SGD or Adam update
-executor  population evaluation seam (LocalExecutor) and fitness-rule seam (MeanReward)
-config    ESConfig, presets ("paper", "cpu"), YAML / argparse glue
-trainer   train_es(config): the loop, run directory, checkpoints, resume
-replay    rebuild theta_t and per-step drift from the base model and seeds.jsonl
+noise        seeded per-tensor Gaussian noise, fp32 master weights with exact perturb / restore / update
+strategy     ask/tell ES (owns sigma), fitness shaping (zscore, centered_rank), SGD or Adam update
+lowrank      low-rank (EGGROLL) noise: the population answers in one batched pass
+executor     population evaluation seam: Executor (base, on_update / close hooks), LocalExecutor
+fitness      fitness-rule seam: FitnessRule (base, hooks with defaults), MeanReward, the uniform batch sampler
+dart         DART-ES: difficulty-weighted fitness and replay of hard problems (a stateful FitnessRule)
+es_config    ESConfig, presets ("paper", "cpu"), YAML / argparse glue
+build        config -> strategy, weights, generation config, fitness rule, local executor
+es_rundir    seeds.jsonl records and checkpoints with fp32 masters (the shared run files are esft.rundir's)
+trainer      ESTrainer: the loop, run directory, checkpoints, resume; its executor is injected
+replay       rebuild theta_t and per-step drift from the base model and seeds.jsonl
+report       summary and plots of a run directory
+distributed  executors on other processes: factory, HF replica, Ray executor (esft.es.distributed)
+
+`esft.train_es(config)` (esft.api) builds the executor a config asks for, Ray included, and runs the trainer.
 """
 
-from esft.es.config import PRESETS, ESConfig, preset
+from esft.es.es_config import PRESETS, ESConfig, preset
 from esft.es.noise import MasterWeights, Update, gaussian, select_parameters, tensor_seed
 from esft.es.strategy import ES, Member, centered_rank, zscore
 
@@ -17,7 +26,8 @@ __all__ = ["ES", "ESConfig", "MasterWeights", "Member", "PRESETS", "Update", "ce
 
 
 def train_es(config, **kwargs):
-    """See esft.es.trainer.train_es (imported lazily to keep `import esft.es` light)."""
-    from esft.es.trainer import train_es as _train_es
+    """The ES loop on a given executor (`executor=` / `executor_factory=`) or, for `executor: local`, the local
+    one; esft.train_es (esft.api) also builds Ray executors. Imported lazily to keep `import esft.es` light."""
+    from esft.es.trainer import ESTrainer
 
-    return _train_es(config, **kwargs)
+    return ESTrainer(config, **kwargs).train()

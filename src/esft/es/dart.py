@@ -28,8 +28,8 @@ lines after it, so the resumed run draws exactly the batches of an uninterrupted
 The trainer's periodic `evaluate()` still reports its train reward on the uniform `sample_batch` batch, so that
 number stays comparable between plain ES and DART-ES runs.
 
-Trainer protocol (duck-typed, all optional for other rules): bind(num_examples, seed), sample_batch(seed,
-iteration, n, batch_size), __call__(result, batch), log_record(), state_dict(), load_state_dict(state),
+`DartES` implements every hook of esft.es.fitness.FitnessRule: bind(num_examples, seed), sample_batch(seed,
+iteration, n, batch_size), __call__(result, batch), log_record(), summary(), state_dict(), load_state_dict(state),
 replay(seed_log_record).
 """
 
@@ -40,6 +40,8 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
+
+from esft.es.fitness import FitnessRule
 
 NEVER = -(10**9)  # last_seen of a problem never batched: any cooldown has passed
 
@@ -175,8 +177,11 @@ class Proposal:
     """fresh-stream position after this batch"""
 
 
-class DartES:
-    """DART-ES fitness rule + batch sampler (see the module docstring). esft maximises fitness."""
+class DartES(FitnessRule):
+    """DART-ES fitness rule + batch sampler (see the module docstring). esft maximises fitness. Every hook of
+    `FitnessRule` is used: bind, sample_batch, log_record, summary, state_dict / load_state_dict, replay."""
+
+    stateful = True
 
     def __init__(self, options: DartOptions | dict[str, Any] | None = None):
         self.opts = options if isinstance(options, DartOptions) else DartOptions.from_dict(options)
@@ -240,7 +245,7 @@ class DartES:
         return Proposal(int(iteration), fresh + picks, [False] * len(fresh) + [True] * len(picks), cursor)
 
     def sample_batch(self, seed: int, iteration: int, n: int, batch_size: int) -> list[int]:
-        """The trainer's batch seam (same signature as esft.es.trainer.sample_batch)."""
+        """The trainer's batch seam (same signature as esft.es.fitness.sample_batch)."""
         self._check_bound()
         if int(n) != self.n or int(seed) != self.seed:
             raise ValueError(f"DartES bound to n={self.n}, seed={self.seed}; asked for n={n}, seed={seed}")
@@ -273,7 +278,7 @@ class DartES:
         """Fitness of the members on the proposed batch; advances the per-problem state."""
         proposal = self._pending
         if proposal is None or len(proposal.indices) != len(batch):
-            raise RuntimeError("DartES scores only batches it proposed (trainer.sample_batch seam)")
+            raise RuntimeError("DartES scores only batches it proposed (its sample_batch hook)")
         correct = np.asarray(result.scores, dtype=np.float64) >= 0.5
         solved = correct.sum(axis=0).astype(np.int64)
         weights = self._advance(proposal, solved, correct.shape[0])

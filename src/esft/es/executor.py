@@ -1,32 +1,31 @@
-"""Seams of the ES loop: who evaluates the population (executor) and how rewards become fitness (fitness rule).
+"""The population-evaluation seam of the ES loop: who evaluates the members (executor).
 
 Executor: `evaluate_members(members, batch) -> PopulationResult` (a reward matrix [N, B] plus counters); the
-trainer turns it into one fitness per member with a `FitnessRule`. `LocalExecutor` perturbs the model in place,
-generates greedily, scores and restores, member after member. A distributed executor (Ray) only needs to return
-the same matrix: replicas share the member seeds, so no weights cross the network (Salimans et al. 2017).
-
-FitnessRule: `(result, batch) -> fitness [N]`, higher is better (esft maximises). `MeanReward` is the paper's
-rule (mean 0/1 reward over the batch), optionally plus a format bonus; `esft.es.dart.DartES` (DART-ES) is a
-stateful rule that also draws the batches (see the hooks listed in esft.es.dart).
+trainer turns it into one fitness per member with a fitness rule (esft.es.fitness). `LocalExecutor` perturbs the
+model in place, generates greedily, scores and restores, member after member. A distributed executor (Ray,
+esft.es.distributed) only needs to return the same matrix: replicas share the member seeds, so no weights cross
+the network (Salimans et al. 2017). The perturbation scale is the strategy's `sigma` (esft.es.strategy.ES owns
+it), read when a member is perturbed.
 """
 
 from __future__ import annotations
 
 import copy
 import functools
+import numbers
 import threading
 import time
 import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from queue import Empty, SimpleQueue
-from typing import Any, Callable, Iterable, Iterator, Protocol, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
 
-from esft.es.noise import MasterWeights
-from esft.es.strategy import Member
+from esft.es.noise import MasterWeights, Update
+from esft.es.strategy import ES, Member
 
 GenerateFn = Callable[..., list]  # generate(model, tokenizer, prompts, cfg) -> list[Generation]
 
@@ -49,46 +48,25 @@ class PopulationResult:
     """seconds: perturb, generate, score, restore"""
 
 
-class Executor(Protocol):
-    def evaluate_members(self, members: Sequence[Member], batch: Sequence[dict]) -> PopulationResult: ...
+class Executor:
+    """Evaluates populations for the trainer. Subclasses implement `evaluate_members` and `evaluate_center`; the
+    other hooks default to nothing to do."""
 
-    def evaluate_center(self, batch: Sequence[dict]) -> PopulationResult: ...
+    def evaluate_members(self, members: Sequence[Member], batch: Sequence[dict]) -> PopulationResult:
+        raise NotImplementedError
 
+    def evaluate_center(self, batch: Sequence[dict]) -> PopulationResult:
+        """The unperturbed model on a batch (train-batch reward, held-out accuracy)."""
+        raise NotImplementedError
 
-class FitnessRule(Protocol):
-    def __call__(self, result: PopulationResult, batch: Sequence[dict]) -> np.ndarray: ...
+    def on_update(self, update: Update, step: int) -> None:
+        """Called with every update before the driver applies it to its own weights (`step` = updates applied
+        after it). An executor on the driver's weights has nothing to do; remote replicas apply the same update."""
+        return None
 
-
-@dataclass
-class MeanReward:
-    """Fitness = mean over the batch of (score + format_bonus * well_formed). format_bonus 0 = the paper."""
-
-    format_bonus: float = 0.0
-
-    def rewards(self, result: PopulationResult) -> np.ndarray:
-        r = np.asarray(result.scores, dtype=np.float64)
-        if self.format_bonus:
-            r = r + self.format_bonus * np.asarray(result.well_formed, dtype=np.float64)
-        return r
-
-    def __call__(self, result: PopulationResult, batch: Sequence[dict]) -> np.ndarray:
-        return self.rewards(result).mean(axis=1)
-
-
-FITNESS_RULES = ("mean", "dart")
-
-
-def make_fitness_rule(name: str, format_bonus: float = 0.0, options: dict | None = None) -> FitnessRule:
-    """"mean" (the paper, options unused) or "dart" (DART-ES, esft.es.dart; options = DartOptions fields)."""
-    if name == "mean":
-        if options:
-            raise ValueError(f"fitness rule 'mean' takes no fitness_options, got {sorted(options)}")
-        return MeanReward(format_bonus)
-    if name == "dart":
-        from esft.es.dart import make_dart
-
-        return make_dart(format_bonus, options)
-    raise ValueError(f"unknown fitness rule {name!r}; available: {', '.join(FITNESS_RULES)}")
+    def close(self) -> None:
+        """Release what the executor started (threads, model copies, workers)."""
+        return None
 
 
 @functools.lru_cache(maxsize=1)
@@ -98,13 +76,16 @@ def _openmp_backend() -> bool:
     return "ATen parallel backend: OpenMP" in info
 
 
-class LocalExecutor:
+class LocalExecutor(Executor):
     """Evaluates members on the local model: perturb -> generate -> score, member after member, then restore.
 
     `generate_fn(model, tokenizer, prompts, gen_config)` defaults to `esft.generation.generate` (greedy, from
     `gen_config`); tests pass a stub. Each perturbation rewrites every perturbed parameter from the masters, so
     members run back to back and the model is restored once, at the end, also when generation raises: a caught
     Ctrl-C leaves the model at the centre.
+
+    `strategy` is the ES strategy whose `sigma` scales every perturbation (read at each one: the strategy owns
+    sigma); a number in its place is a fixed sigma (benchmarks, tests).
 
     `parallel_members` > 1 evaluates that many members at once, each on its own thread ("lane") with an equal
     share of torch's intra-op threads. Lane 0 is the calling thread on `model`; every other lane holds a deep
@@ -123,7 +104,7 @@ class LocalExecutor:
     exceed the wall time); `timings["evaluate"]` is the wall time of the call.
     """
 
-    def __init__(self, model: Any, tokenizer: Any, weights: MasterWeights, task: Any, sigma: float,
+    def __init__(self, model: Any, tokenizer: Any, weights: MasterWeights, task: Any, strategy: ES | float,
                  gen_config: Any, generate_fn: GenerateFn | None = None, parallel_members: int = 1):
         if int(parallel_members) < 1:
             raise ValueError(f"parallel_members must be >= 1, got {parallel_members}")
@@ -138,7 +119,7 @@ class LocalExecutor:
         self.tokenizer = tokenizer
         self.weights = weights
         self.task = task
-        self.sigma = float(sigma)
+        self.strategy = strategy
         self.gen_config = gen_config
         self._encode = None
         if generate_fn is None:
@@ -148,6 +129,11 @@ class LocalExecutor:
             # the chat template is applied once per batch, not once per member
             self._encode = lambda prompts: encode_prompts(tokenizer, prompts)
         self.generate_fn = generate_fn
+
+    @property
+    def sigma(self) -> float:
+        source = self.strategy
+        return float(source) if isinstance(source, numbers.Real) else float(source.sigma)
 
     def _prompts(self, batch: Sequence[dict]) -> tuple[list, dict]:
         prompts = [self.task.prompt(ex) for ex in batch]

@@ -40,7 +40,7 @@ import torch
 
 from esft.es.executor import LocalExecutor, PopulationResult
 from esft.es.noise import MasterWeights, Update, gaussian
-from esft.es.strategy import Member
+from esft.es.strategy import ES, Member
 
 
 def lowrank_factors(seed: int, name: str, shape: Sequence[int], rank: int,
@@ -262,12 +262,12 @@ class LowRankExecutor(LocalExecutor):
     With a custom `generate_fn` (tests), it is called once on all N x B prompts (member-major) and must keep the
     rows in order and in one forward batch; the default path is `generate_population`."""
 
-    def __init__(self, model: Any, tokenizer: Any, weights: LowRankWeights, task: Any, sigma: float,
+    def __init__(self, model: Any, tokenizer: Any, weights: LowRankWeights, task: Any, strategy: ES | float,
                  gen_config: Any, generate_fn: Any = None):
         if not isinstance(weights, LowRankWeights):
             raise TypeError("LowRankExecutor needs LowRankWeights (config noise='lowrank')")
         self._custom = generate_fn is not None
-        super().__init__(model, tokenizer, weights, task, sigma, gen_config, generate_fn=generate_fn)
+        super().__init__(model, tokenizer, weights, task, strategy, gen_config, generate_fn=generate_fn)
 
     def evaluate_members(self, members: Sequence[Member], batch: Sequence[dict]) -> PopulationResult:
         n, b = len(members), len(batch)

@@ -20,8 +20,9 @@ from typing import Any, Iterator
 
 import torch
 
-from esft.es import runlog
-from esft.es.config import ESConfig, read_run_config
+from esft.es import es_rundir
+from esft.es.build import make_strategy, make_weights
+from esft.es.es_config import ESConfig, read_run_config
 from esft.es.noise import MasterWeights
 
 
@@ -44,11 +45,9 @@ def load_base(run_dir: str | Path) -> tuple[Any, Any]:
 
 def replay(model: torch.nn.Module, run_dir: str | Path, upto: int | None = None) -> Iterator[ReplayState]:
     """Apply the logged updates to `model` (the base weights) in place, yielding after step 0, 1, ..., upto."""
-    from esft.es.trainer import make_strategy, make_weights
-
     config, _ = read_run_config(run_dir)
-    records = runlog.read_seed_log(run_dir)
-    runlog.check_noise_stream(records, config.noise_stream, Path(run_dir))
+    records = es_rundir.read_seed_log(run_dir)
+    es_rundir.check_noise_stream(records, config.noise_stream, Path(run_dir))
     if upto is None:
         upto = len(records)
     if not 0 <= upto <= len(records):
@@ -59,7 +58,7 @@ def replay(model: torch.nn.Module, run_dir: str | Path, upto: int | None = None)
     optimizer = make_strategy(config).make_optimizer(list(weights.master.values()))
     yield ReplayState(0, weights, None)
     for rec in records[:upto]:
-        weights.apply(runlog.update_from_record(rec), optimizer)
+        weights.apply(es_rundir.update_from_record(rec), optimizer)
         yield ReplayState(rec["iteration"] + 1, weights, rec)
 
 
@@ -112,12 +111,12 @@ def matches_checkpoint(model: torch.nn.Module, weights: MasterWeights, folder: s
     from safetensors.torch import load_file
 
     folder = Path(folder)
-    masters_file = folder / runlog.MASTERS_FILE
+    masters_file = folder / es_rundir.MASTERS_FILE
     if masters_file.exists():
         saved = load_file(str(masters_file))
         return all(n in saved and torch.equal(saved[n], m.cpu()) for n, m in weights.iter_masters())
-    saved = runlog._read_safetensors_folder(folder)
-    aliases = runlog.parameter_aliases(model)
+    saved = es_rundir._read_safetensors_folder(folder)
+    aliases = es_rundir.parameter_aliases(model)
     for name, m in weights.iter_masters():
         found = next((a for a in aliases.get(name, [name]) if a in saved), None)
         if found is None or not torch.equal(saved[found].to(torch.float32), m.cpu()):
@@ -131,9 +130,9 @@ def verify(run_dir: str | Path, model: torch.nn.Module | None = None) -> dict[st
     if model is None:
         model, _ = load_base(run_dir)
     weights = rebuild(model, run_dir)
-    step = len(runlog.read_seed_log(run_dir))
+    step = len(es_rundir.read_seed_log(run_dir))
     stream = read_run_config(run_dir)[0].noise_stream
-    folders = [f for s, f in runlog.list_checkpoints(Path(run_dir)) if s == step]
+    folders = [f for s, f in es_rundir.list_checkpoints(Path(run_dir)) if s == step]
     if not folders:
         return {"step": step, "checkpoint": None, "bit_identical": None, "noise_stream": stream}
     return {"step": step, "checkpoint": str(folders[-1]),

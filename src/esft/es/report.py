@@ -12,11 +12,11 @@ from typing import Any
 
 import numpy as np
 
-from esft.es import runlog
+from esft import rundir
 
 
 def _split(run_dir: str | Path) -> tuple[list[dict], list[dict]]:
-    metrics = runlog.read_jsonl(Path(run_dir) / "metrics.jsonl")
+    metrics = rundir.read_jsonl(Path(run_dir) / "metrics.jsonl")
     return [m for m in metrics if m.get("kind") == "train"], [m for m in metrics if m.get("kind") == "eval"]
 
 

@@ -8,83 +8,36 @@ evaluation and checkpoint when due.
 Resume rebuilds the state from the latest checkpoint plus the seed-log lines after it (replay is exact), so an
 interruption loses at most the iteration in flight, and the resumed run ends bit-identical to an uninterrupted
 one. esft maximises reward.
+
+The executor is injected (`executor`, or `executor_factory` called with the trainer's model, weights, strategy
+and optimizer); without either, `executor: local` gets the local executor of esft.es.build. Distributed
+executors (`executor: ray`) are built by esft.es.distributed, which `esft.api.train_es` passes as the factory.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import platform
-import resource
-import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
-from typing import Any, Sequence
+from typing import Any, Callable
 
 import numpy as np
 import torch
 
-from esft.es import runlog
-from esft.es.config import PRESETS, RESUMABLE_CHANGES, ESConfig, preset, read_run_config, save_yaml
-from esft.es.executor import Executor, FitnessRule, LocalExecutor, MeanReward, PopulationResult, make_fitness_rule
-from esft.es.noise import MasterWeights
-from esft.es.strategy import ES
+from esft.es import es_rundir
+from esft.es.build import (check_layout, fitness_rule as config_fitness_rule, generation_config, make_local_executor,
+                           make_strategy, make_weights, sample_batch)
+from esft.es.es_config import RESUMABLE_CHANGES, ESConfig, read_run_config, save_yaml
+from esft.es.executor import Executor, PopulationResult
+from esft.es.fitness import FitnessRule, as_fitness_rule
+from esft.rundir import TrainResult, peak_rss_mb
+from esft.version import __version__
 
-
-@dataclass
-class TrainResult:
-    output_dir: Path
-    steps: int
-    final_checkpoint: Path | None
-    last_eval: dict[str, Any] | None
-
-
-def peak_rss_mb() -> float:
-    """Peak resident set size of this process so far (Linux reports KiB, macOS bytes)."""
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak / (1024 * 1024) if sys.platform == "darwin" else peak / 1024
-
-
-def sample_batch(seed: int, iteration: int, n: int, batch_size: int) -> list[int]:
-    """Train-example indices of an iteration: a pure function of (run seed, iteration), drawn without
-    replacement; the whole split when batch_size >= n (the paper's 200 of 200)."""
-    if batch_size >= n:
-        return list(range(n))
-    rng = np.random.default_rng(np.random.SeedSequence([int(seed), int(iteration), 0xBA7C]))
-    return [int(i) for i in rng.choice(n, size=batch_size, replace=False)]
-
-
-def make_strategy(config: ESConfig) -> ES:
-    return ES(population_size=config.population_size, sigma=config.sigma, alpha=config.alpha, seed=config.seed,
-              antithetic=config.antithetic, fitness_shaping=config.fitness_shaping, optimizer=config.optimizer,
-              stream=config.noise_stream)
-
-
-def make_weights(model: Any, config: ESConfig) -> MasterWeights:
-    if config.noise == "lowrank":  # matrices only, low-rank noise (esft.es.lowrank)
-        from esft.es.lowrank import LowRankWeights
-
-        return LowRankWeights(model, rank=config.rank, include=config.include or None,
-                              exclude=config.exclude or None)
-    return MasterWeights(model, include=config.include or None, exclude=config.exclude or None, noise=config.noise)
-
-
-def generation_config(config: ESConfig) -> Any:
-    fields = dict(max_new_tokens=config.max_new_tokens, temperature=0.0, top_p=1.0,
-                  batch_size=config.generation_batch_size, seed=0)
-    reserved = set(fields) & set(config.generation_options)
-    if reserved:
-        raise ValueError(f"generation_options cannot set {sorted(reserved)}: they have their own ESConfig fields "
-                         "(ES rollouts are greedy)")
-    fields.update(config.generation_options)
-    try:
-        from esft.generation import GenerationConfig
-    except ImportError:  # generation module absent (tests with a stub generate)
-        return SimpleNamespace(**fields)
-    return GenerationConfig(**fields)
+ExecutorFactory = Callable[..., Executor]
+"""`factory(config, *, model, tokenizer, weights, task, gen_config, generate_fn, optimizer, strategy) -> Executor`
+(esft.es.distributed.make_executor)"""
 
 
 def _summary(values: np.ndarray) -> dict[str, float]:
@@ -101,10 +54,11 @@ def _check_resumable(run_dir: Path, config: ESConfig) -> None:
 
 
 class ESTrainer:
-    """Holds the state of one run; `train_es(config)` is the one-call entry point."""
+    """Holds the state of one run; `esft.api.train_es(config)` is the one-call entry point."""
 
     def __init__(self, config: ESConfig, *, model: Any = None, tokenizer: Any = None, task: Any = None,
-                 executor: Executor | None = None, generate_fn: Any = None, fitness_rule: FitnessRule | None = None,
+                 executor: Executor | None = None, executor_factory: ExecutorFactory | None = None,
+                 generate_fn: Any = None, fitness_rule: FitnessRule | Callable[..., Any] | None = None,
                  progress: bool = True):
         self.config = config
         if model is None:
@@ -124,26 +78,34 @@ class ESTrainer:
         self.optimizer = self.strategy.make_optimizer(list(self.weights.master.values()))
         self._owns_executor = executor is None  # an executor made here (e.g. Ray workers) is closed here
         if executor is None:
-            from esft.es.executor_factory import make_executor
-
-            executor = make_executor(config, model=model, tokenizer=tokenizer, weights=self.weights, task=task,
-                                     gen_config=generation_config(config), generate_fn=generate_fn,
-                                     optimizer=self.optimizer)
+            executor = self._make_executor(executor_factory, generate_fn)
+        if not isinstance(executor, Executor):
+            raise TypeError(f"executor {type(executor).__name__} is not an esft.es.executor.Executor")
         self.executor = executor
-        self.rule = fitness_rule or make_fitness_rule(config.fitness_rule, config.format_bonus,
-                                                      config.fitness_options)
+        # a bare fitness function becomes a stateless rule; stateful rules (DART-ES, esft.es.dart) keep
+        # per-train-problem state and draw their own batches through the FitnessRule hooks
+        self.rule = as_fitness_rule(config_fitness_rule(config) if fitness_rule is None else fitness_rule)
         self.progress = progress
         self.out = Path(config.output_dir)
         self.train_set = task.load("train")
-        # Stateful fitness rules (DART-ES, esft.es.dart) keep per-train-problem state and draw their own batches;
-        # the optional hooks are bind / sample_batch / log_record / state_dict / load_state_dict / replay.
-        if hasattr(self.rule, "bind"):
-            self.rule.bind(len(self.train_set), config.seed)
-        self.sample_batch = getattr(self.rule, "sample_batch", sample_batch)
+        self.rule.bind(len(self.train_set), config.seed)
+        self.sample_batch = self.rule.sample_batch
         self._test_set: list | None = None
         self.step = 0
         self.last_eval: dict[str, Any] | None = None
         self._evaluated: set[int] = set()
+
+    def _make_executor(self, factory: ExecutorFactory | None, generate_fn: Any) -> Executor:
+        parts = dict(model=self.model, tokenizer=self.tokenizer, weights=self.weights, task=self.task,
+                     gen_config=generation_config(self.config), generate_fn=generate_fn)
+        if factory is not None:
+            return factory(self.config, optimizer=self.optimizer, strategy=self.strategy, **parts)
+        check_layout(self.config)
+        if self.config.executor != "local":
+            raise ValueError(f"executor {self.config.executor!r} runs members on workers that esft.es.distributed "
+                             "builds: train with esft.api.train_es (esft.train_es), or pass "
+                             "executor_factory=esft.es.distributed.make_executor or an executor")
+        return make_local_executor(self.config, strategy=self.strategy, **parts)
 
     # ---- run directory ----------------------------------------------------------------------------------------
     @property
@@ -153,12 +115,10 @@ class ESTrainer:
         return self._test_set
 
     def run_info(self) -> dict[str, Any]:
-        import esft
-
         device = str(next(iter(self.weights.params.values())).device)
         return {"num_params": self.weights.num_params, "num_tensors": len(self.weights.params),
                 "param_dtypes": self.weights.dtypes, "master_dtype": "float32", "update_accumulation": "float32",
-                "device": device, "torch": str(torch.__version__), "numpy": str(np.__version__), "esft": esft.__version__,
+                "device": device, "torch": str(torch.__version__), "numpy": str(np.__version__), "esft": __version__,
                 "python": platform.python_version(), "machine": platform.machine(),
                 "torch_threads": torch.get_num_threads(),
                 # decides how fast the CPU rollouts run (docs/performance.md, "threads"); chosen at start-up
@@ -171,7 +131,7 @@ class ESTrainer:
         if self.config.resume and (self.out / "config.yaml").exists():
             _check_resumable(self.out, self.config)
             self._resume()
-        elif runlog.read_jsonl(self.out / "seeds.jsonl") or runlog.list_checkpoints(self.out):
+        elif es_rundir.read_jsonl(self.out / "seeds.jsonl") or es_rundir.list_checkpoints(self.out):
             # never mix two runs in one directory: a later resume would pick up the other run's state
             raise FileExistsError(f"{self.out} already holds a run; pass resume=True (--resume) or a new output_dir")
         else:
@@ -181,27 +141,27 @@ class ESTrainer:
 
     def _resume(self) -> None:
         """Latest checkpoint not past the seed log, then exact replay of the logged iterations after it."""
-        records = runlog.read_seed_log(self.out)
-        runlog.check_noise_stream(records, self.config.noise_stream, self.out)
-        usable = [(s, f) for s, f in runlog.list_checkpoints(self.out) if s <= len(records)]
+        records = es_rundir.read_seed_log(self.out)
+        es_rundir.check_noise_stream(records, self.config.noise_stream, self.out)
+        usable = [(s, f) for s, f in es_rundir.list_checkpoints(self.out) if s <= len(records)]
         start = 0
         rule_state = None
         if usable:
-            start = runlog.load_checkpoint(usable[-1][1], self.model, self.weights, self.optimizer)
-            rule_state = json.loads((usable[-1][1] / runlog.STATE_FILE).read_text()).get("fitness_rule_state")
-        stateful = hasattr(self.rule, "replay")
+            start = es_rundir.load_checkpoint(usable[-1][1], self.model, self.weights, self.optimizer)
+            rule_state = json.loads((usable[-1][1] / es_rundir.STATE_FILE).read_text()).get("fitness_rule_state")
+        stateful = self.rule.stateful
         if stateful and start and rule_state is None:
             raise ValueError(f"checkpoint {usable[-1][1]} holds no state of fitness rule {self.config.fitness_rule!r}")
         if stateful and rule_state is not None:
             self.rule.load_state_dict(rule_state)
         for rec in records[start:]:
-            self.weights.apply(runlog.update_from_record(rec), self.optimizer)
+            self.weights.apply(es_rundir.update_from_record(rec), self.optimizer)
             if stateful:  # the rule's state is a function of the logged history: replay it too
                 self.rule.replay(rec)
         self.step = len(records)
         # drop log lines past the resume point (a torn line, or metrics of an iteration that was not logged)
-        runlog.rewrite_jsonl(self.out / "seeds.jsonl", records)
-        kept = runlog.filter_jsonl(self.out / "metrics.jsonl", lambda r: r.get("step", 0) <= self.step)
+        es_rundir.rewrite_jsonl(self.out / "seeds.jsonl", records)
+        kept = es_rundir.filter_jsonl(self.out / "metrics.jsonl", lambda r: r.get("step", 0) <= self.step)
         self._evaluated = {r["step"] for r in kept if r.get("kind") == "eval"}
 
     # ---- evaluation ---------------------------------------------------------------------------------------------
@@ -212,8 +172,7 @@ class ESTrainer:
         t0 = time.perf_counter()
         idx = sample_batch(self.config.seed, self.step, len(self.train_set), self.config.batch_size)
         train = self.executor.evaluate_center([self.train_set[i] for i in idx])
-        rewards = MeanReward(self.config.format_bonus).rewards(train) if isinstance(self.rule, MeanReward) \
-            else train.scores
+        rewards = self.rule.rewards(train)
         rec: dict[str, Any] = {"kind": "eval", "step": self.step, "train_reward": float(rewards.mean()),
                                "train_accuracy": float(train.scores.mean()),
                                "train_format_rate": float(train.well_formed.mean())}
@@ -243,10 +202,10 @@ class ESTrainer:
                              "completion": text, **details})
             if answers:
                 rec["test_answer_counts"] = dict(sorted(answers.items(), key=lambda kv: -kv[1])[:10])
-            runlog.rewrite_jsonl(self.out / "samples" / f"eval_{self.step:06d}.jsonl", rows)
+            es_rundir.rewrite_jsonl(self.out / "samples" / f"eval_{self.step:06d}.jsonl", rows)
         rec["seconds"] = time.perf_counter() - t0
         rec["peak_rss_mb"] = peak_rss_mb()
-        runlog.append_jsonl(self.out / "metrics.jsonl", rec)
+        es_rundir.append_jsonl(self.out / "metrics.jsonl", rec)
         self.last_eval = rec
         return rec
 
@@ -255,12 +214,13 @@ class ESTrainer:
         return bool(every) and (step % every == 0 or step == self.config.iterations)
 
     def checkpoint(self, name: str | None = None) -> Path:
-        return runlog.save_checkpoint(self.out, name or runlog.checkpoint_name(self.step), self.step, self.model,
-                                      self.tokenizer, self.weights, self.optimizer,
-                                      extra={"seed_log_lines": self.step, **self._rule_state()})
+        return es_rundir.save_checkpoint(self.out, name or es_rundir.checkpoint_name(self.step), self.step,
+                                         self.model, self.tokenizer, self.weights, self.optimizer,
+                                         extra={"seed_log_lines": self.step, **self._rule_state()})
 
     def _rule_state(self) -> dict[str, Any]:
-        return {"fitness_rule_state": self.rule.state_dict()} if hasattr(self.rule, "state_dict") else {}
+        state = self.rule.state_dict()
+        return {} if state is None else {"fitness_rule_state": state}
 
     # ---- one iteration --------------------------------------------------------------------------------------------
     def iteration(self) -> dict[str, Any]:
@@ -275,17 +235,17 @@ class ESTrainer:
         fitness = np.asarray(self.rule(result, batch), dtype=np.float64)
         shaped = self.strategy.shape(fitness)
         update = self.strategy.tell(members, fitness)
-        if hasattr(self.executor, "on_update"):  # remote replicas apply the same update (seeds, not weights)
-            self.executor.on_update(update, it + 1)
+        self.executor.on_update(update, it + 1)  # remote replicas apply the same update (seeds, not weights)
         t0 = time.perf_counter()
         norm = self.weights.apply(update, self.optimizer)
         t_update = time.perf_counter() - t0
         # the iteration is committed once its seed-log line is on disk
-        seed_line = runlog.seed_record(it, idx, members, fitness.tolist(), shaped.tolist(), update, norm,
-                                       noise_stream=self.strategy.stream)
-        if hasattr(self.rule, "log_record"):  # what a stateful rule needs to replay this iteration on resume
-            seed_line["fitness_rule"] = self.rule.log_record()
-        runlog.append_jsonl(self.out / "seeds.jsonl", seed_line)
+        seed_line = es_rundir.seed_record(it, idx, members, fitness.tolist(), shaped.tolist(), update, norm,
+                                          noise_stream=self.strategy.stream)
+        rule_log = self.rule.log_record()  # what a stateful rule needs to replay this iteration on resume
+        if rule_log is not None:
+            seed_line["fitness_rule"] = rule_log
+        es_rundir.append_jsonl(self.out / "seeds.jsonl", seed_line)
         self.step = it + 1
         # "evaluate": the wall time of the population's evaluation, whatever the executor (per-member timings are
         # summed over members, so with parallel lanes or Ray workers they can add up to more)
@@ -301,12 +261,13 @@ class ESTrainer:
             "generated_tokens_per_s": result.tokens_generated / max(1e-9, t_eval),
             "peak_rss_mb": peak_rss_mb(),
         }
-        if hasattr(self.rule, "summary"):
-            rec["fitness_rule"] = self.rule.summary()
-        runlog.append_jsonl(self.out / "metrics.jsonl", rec)
+        rule_summary = self.rule.summary()
+        if rule_summary is not None:
+            rec["fitness_rule"] = rule_summary
+        es_rundir.append_jsonl(self.out / "metrics.jsonl", rec)
         k = min(cfg.samples_per_iteration, len(batch))
         if k and result.texts and result.texts[0]:
-            runlog.rewrite_jsonl(self.out / "samples" / f"iter_{it:06d}.jsonl", [
+            es_rundir.rewrite_jsonl(self.out / "samples" / f"iter_{it:06d}.jsonl", [
                 {"member": 0, "seed": members[0][0], "sign": members[0][1], "index": idx[j],
                  "score": float(result.scores[0, j]), "well_formed": bool(result.well_formed[0, j]),
                  "completion": result.texts[0][j]} for j in range(k)])
@@ -343,17 +304,10 @@ class ESTrainer:
             raise
         finally:
             bar.close()
-            if self._owns_executor and hasattr(self.executor, "close"):
+            if self._owns_executor:
                 self.executor.close()
         final = self.checkpoint("final")
         return TrainResult(self.out, self.step, final, self.last_eval)
 
 
-def train_es(config: ESConfig, **kwargs: Any) -> TrainResult:
-    """Run (or resume, with config.resume) ES fine-tuning. Keyword seams: model, tokenizer, task, executor,
-    generate_fn, fitness_rule, progress. Returns the run directory, steps done, final checkpoint, last eval."""
-    return ESTrainer(config, **kwargs).train()
-
-
-__all__ = ["PRESETS", "preset", "ESTrainer", "TrainResult", "train_es", "sample_batch", "make_strategy", "make_weights",
-           "generation_config", "peak_rss_mb", "ESConfig"]
+__all__ = ["ESTrainer", "ExecutorFactory"]

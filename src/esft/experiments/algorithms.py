@@ -52,7 +52,7 @@ def get_algorithm(name: str) -> Algorithm:
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    from esft.es.runlog import read_jsonl
+    from esft.rundir import read_jsonl
 
     return read_jsonl(path)
 
@@ -70,7 +70,7 @@ def run_info(run_dir: Path) -> dict[str, Any]:
 # ---- ES ---------------------------------------------------------------------------------------------------------
 
 def _train_es(config: Any, **kwargs: Any) -> Any:
-    from esft.es.trainer import train_es
+    from esft.api import train_es
 
     return train_es(config, **kwargs)
 
@@ -105,7 +105,7 @@ def es_done_step(run_dir: Path) -> int | None:
 
 
 def _es() -> Algorithm:
-    from esft.es.config import PRESETS, ESConfig
+    from esft.es.es_config import PRESETS, ESConfig
 
     return Algorithm("es", ESConfig, PRESETS, "iterations", "iter", True, _train_es, es_accounting, es_formula,
                      es_done_step)
@@ -149,7 +149,7 @@ def grpo_done_step(run_dir: Path) -> int | None:
 
 
 def _grpo() -> Algorithm:
-    from esft.grpo.config import PRESETS, GRPOConfig
+    from esft.grpo.grpo_config import PRESETS, GRPOConfig
 
     return Algorithm("grpo", GRPOConfig, PRESETS, "max_steps", "T", False, _train_grpo, grpo_accounting, grpo_formula,
                      grpo_done_step)

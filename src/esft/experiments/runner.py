@@ -100,8 +100,8 @@ def _step_configs(spec: Spec, stage: Stage, root: Path, stages: dict[str, Stage]
 
 
 def _fingerprint(stage: Stage, configs: list[Any]) -> list[dict[str, Any]]:
-    from esft.es.config import RESUMABLE_CHANGES as ES_FREE
-    from esft.grpo.config import RESUMABLE_CHANGES as GRPO_FREE
+    from esft.es.es_config import RESUMABLE_CHANGES as ES_FREE
+    from esft.grpo.grpo_config import RESUMABLE_CHANGES as GRPO_FREE
 
     free = {"es": ES_FREE, "grpo": GRPO_FREE}
     out = []

@@ -1,16 +1,18 @@
 """GRPO baseline on TRL's `GRPOTrainer`, with runs directly comparable to ES runs (esft maximises reward).
 
-config   GRPOConfig (TRL option names), presets ("paper", "cpu"), mapping onto TRL's GRPOConfig
-trainer  EsftGRPOTrainer: TRL's trainer plus measured accounting, KL at beta = 0, esft's checkpoint layout
-ledger   per-step counts of prompts, completions and tokens generated / trained on
-drift    ||theta_t - theta_0||^2 after every optimizer step (drift.jsonl), no per-step checkpoints
-runlog   metrics.jsonl records (ES vocabulary), samples/, held-out evaluation callback
-run      train_grpo(config): the entry point, run directory, resume
+grpo_config  GRPOConfig (TRL option names), presets ("paper", "cpu"), mapping onto TRL's GRPOConfig
+trl_trainer  EsftGRPOTrainer: TRL's trainer plus measured accounting, KL at beta = 0, esft's checkpoint layout
+ledger       per-step counts of prompts, completions and tokens generated / trained on
+drift_log    ||theta_t - theta_0||^2 after every optimizer step (drift.jsonl), no per-step checkpoints
+callbacks    metrics.jsonl records (ES vocabulary), samples/, held-out evaluation callback
+run          train_grpo(config): the entry point, run directory, resume (also esft.train_grpo, esft.api)
+
+Run-directory files shared with ES (JSONL logs, checkpoint names, TrainResult) are esft.rundir's.
 
 TRL is an optional dependency (`pip install esft[grpo]`); importing this package does not import it.
 """
 
-from esft.grpo.config import PRESETS, GRPOConfig, preset
+from esft.grpo.grpo_config import PRESETS, GRPOConfig, preset
 
 __all__ = ["GRPOConfig", "PRESETS", "preset", "train_grpo"]
 

@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from esft.rundir import peak_rss_mb
+
 #: counters summed into the run totals
 COUNTERS = ("prompts", "completions", "prompt_tokens", "tokens_generated", "finished", "trained_completions",
             "trained_tokens", "forward_tokens", "signal_completions")
@@ -48,8 +50,6 @@ class StepLedger:
     """process peak RSS (monotonic) right after each phase: where it grows shows which phase sets the peak"""
 
     def mark_rss(self, phase: str) -> None:
-        from esft.es.trainer import peak_rss_mb
-
         self.peak_rss_mb[phase] = peak_rss_mb()
 
     def add_time(self, key: str, seconds: float) -> None:

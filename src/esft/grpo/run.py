@@ -15,7 +15,6 @@ config must match the original run except for RESUMABLE_CHANGES (max_steps is no
 
 from __future__ import annotations
 
-import json
 import platform
 import shutil
 from dataclasses import dataclass, field
@@ -25,18 +24,19 @@ from typing import Any, Sequence
 import torch
 import yaml
 
-from esft.es.runlog import filter_jsonl, read_jsonl
-from esft.es.trainer import TrainResult
-from esft.grpo.config import RESUMABLE_CHANGES, GRPOConfig, resolve_precision, to_trl_config
-from esft.grpo.trainer import CHECKPOINTS, EsftGRPOTrainer, TaskReward
+from esft import rundir
+from esft.grpo.grpo_config import RESUMABLE_CHANGES, GRPOConfig, resolve_precision, to_trl_config
+from esft.grpo.trl_trainer import EsftGRPOTrainer, TaskReward
+from esft.rundir import CHECKPOINTS, TrainResult, filter_jsonl, read_jsonl
+from esft.version import __version__
 
 TRAINER_STATE = "trainer_state.json"
 
 
 @dataclass
 class GRPOTrainResult(TrainResult):
-    """ES's TrainResult (output_dir, steps, final_checkpoint, last_eval) plus the TRL trainer that ran (None when
-    there was nothing to do): its state, ledger and last rollout tensors, for inspection."""
+    """esft.rundir's TrainResult (output_dir, steps, final_checkpoint, last_eval) plus the TRL trainer that ran
+    (None when there was nothing to do): its state, ledger and last rollout tensors, for inspection."""
 
     trainer: Any = field(default=None, repr=False)
 
@@ -44,19 +44,9 @@ class GRPOTrainResult(TrainResult):
 # ---- run directory ---------------------------------------------------------------------------------------------
 
 def list_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
-    """(step, folder) of the complete checkpoints of a GRPO run, sorted by step (`final` under its step)."""
-    root = Path(run_dir) / CHECKPOINTS
-    out = []
-    if root.exists():
-        for folder in root.iterdir():
-            state = folder / TRAINER_STATE
-            if folder.name.startswith(".") or not state.exists():
-                continue
-            try:
-                out.append((int(json.loads(state.read_text())["global_step"]), folder))
-            except (ValueError, KeyError, json.JSONDecodeError):
-                continue
-    return sorted(out, key=lambda x: (x[0], x[1].name == "final"))
+    """(step, folder) of the complete checkpoints of a GRPO run, sorted by step (`final` last among its step)."""
+    found = rundir.list_checkpoints(Path(run_dir), TRAINER_STATE, "global_step")
+    return sorted(found, key=lambda x: (x[0], x[1].name == "final"))
 
 
 def read_run_config(run_dir: str | Path) -> tuple[GRPOConfig, dict[str, Any]]:
@@ -106,8 +96,6 @@ def _run_info(model: Any, config: GRPOConfig, precision: str, device: str, n_tra
     import transformers
     import trl
 
-    import esft
-
     dtypes: dict[str, int] = {}
     for p in model.parameters():
         key = str(p.dtype).replace("torch.", "")
@@ -120,7 +108,7 @@ def _run_info(model: Any, config: GRPOConfig, precision: str, device: str, n_tra
             "completions_per_step": config.completions_per_step,
             "gradient_accumulation_steps": config.gradient_accumulation_steps, "train_examples": n_train,
             "torch": str(torch.__version__), "transformers": transformers.__version__, "trl": trl.__version__,
-            "esft": esft.__version__, "python": platform.python_version(), "machine": platform.machine()}
+            "esft": __version__, "python": platform.python_version(), "machine": platform.machine()}
 
 
 def build_dataset(examples: Sequence[dict[str, Any]], task: Any):
@@ -144,8 +132,8 @@ def train_grpo(config: GRPOConfig, *, model: Any = None, tokenizer: Any = None, 
                callbacks: Sequence[Any] = (), progress: bool = True) -> GRPOTrainResult:
     """Run (or resume, with config.resume) GRPO fine-tuning. Seams for tests: model, tokenizer, task, callbacks.
     Returns the run directory, steps done, final checkpoint and the last held-out evaluation (if any)."""
-    from esft.grpo.drift import DriftCallback, snapshot
-    from esft.grpo.runlog import EvalCallback, RunLogCallback
+    from esft.grpo.callbacks import EvalCallback, RunLogCallback
+    from esft.grpo.drift_log import DriftCallback, snapshot
     from esft.models import default_device
 
     device = config.device or default_device()

@@ -1,6 +1,7 @@
-"""Run-directory files of an ES run: append-only JSONL logs and atomic Hugging Face checkpoints.
+"""What only an ES run writes into its run directory: the seed log and checkpoints that carry fp32 masters.
 
-Layout of `output_dir`:
+Layout of `output_dir` (the shared parts, and the JSONL / checkpoint-folder helpers, are esft.rundir's; they are
+re-exported here so that one import reads a whole ES run directory):
     config.yaml                  resolved ESConfig (+ `_run`: precision, d, versions)
     seeds.jsonl                  one line per iteration: batch indices, members, fitness, update coefficients
                                  (+ noise_stream when the run draws a stream k > 0)
@@ -8,82 +9,28 @@ Layout of `output_dir`:
     samples/                     iter_XXXXXX.jsonl (a few member-0 completions), eval_XXXXXX.jsonl (held-out)
     checkpoints/iter_XXXXXX/     save_pretrained folder + es_state.json (+ masters.safetensors for non-fp32
     checkpoints/final/           models, optimizer.pt for Adam); XXXXXX = number of updates applied
-
-Each JSONL line is written whole and fsynced, so a crash leaves at most a torn last line, which readers skip.
-Checkpoints are written to a temporary folder and renamed, so a checkpoint folder is complete or absent.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import torch
 
-from esft.es.noise import MasterWeights
+from esft import rundir
+from esft.es.noise import MasterWeights, Update
+from esft.rundir import (CHECKPOINTS, append_jsonl, checkpoint_name, filter_jsonl, read_jsonl, replace_dir,
+                         rewrite_jsonl)
 
-CHECKPOINTS = "checkpoints"
 STATE_FILE = "es_state.json"
 MASTERS_FILE = "masters.safetensors"
 OPTIMIZER_FILE = "optimizer.pt"
 
 
-def append_jsonl(path: Path, record: dict[str, Any], sync: bool = True) -> None:
-    line = json.dumps(record, separators=(",", ":")) + "\n"
-    with open(path, "a", encoding="utf-8") as fh:
-        fh.write(line)
-        fh.flush()
-        if sync:
-            os.fsync(fh.fileno())
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """Records of a JSONL file; a torn (unparsable or unterminated) last line is ignored."""
-    path = Path(path)
-    if not path.exists():
-        return []
-    records = []
-    with open(path, encoding="utf-8") as fh:
-        for line in fh:
-            if not line.endswith("\n"):
-                break  # torn write at a crash
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError:
-                break
-    return records
-
-
-def rewrite_jsonl(path: Path, records: Iterable[dict[str, Any]]) -> None:
-    """Atomically replace a JSONL file (used on resume to drop records past the resume point)."""
-    path = Path(path)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        for rec in records:
-            fh.write(json.dumps(rec, separators=(",", ":")) + "\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-
-
-def filter_jsonl(path: Path, keep: Callable[[dict[str, Any]], bool]) -> list[dict[str, Any]]:
-    records = [r for r in read_jsonl(path) if keep(r)]
-    if Path(path).exists():
-        rewrite_jsonl(path, records)
-    return records
-
-
 # ---- checkpoints --------------------------------------------------------------------------------------------------
-
-def checkpoint_name(step: int) -> str:
-    return f"iter_{step:06d}"
-
 
 def save_checkpoint(run_dir: Path, name: str, step: int, model: Any, tokenizer: Any, weights: MasterWeights,
                     optimizer: torch.optim.Optimizer | None = None, extra: dict[str, Any] | None = None) -> Path:
@@ -112,36 +59,9 @@ def save_checkpoint(run_dir: Path, name: str, step: int, model: Any, tokenizer: 
     return final
 
 
-def replace_dir(src: Path, dst: Path) -> None:
-    """Move the complete folder `src` to `dst`, replacing any folder there: the old one is renamed aside first
-    and deleted last, so at every moment either the old or the new `dst` is complete (ES and GRPO checkpoints)."""
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    if dst.exists():
-        old = dst.with_name(f".old_{dst.name}")
-        if old.exists():
-            shutil.rmtree(old)
-        os.replace(dst, old)
-        os.replace(src, dst)
-        shutil.rmtree(old)
-    else:
-        os.replace(src, dst)
-
-
 def list_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
-    """(step, folder) of complete checkpoints, sorted by step (`final` included under its step)."""
-    root = Path(run_dir) / CHECKPOINTS
-    out = []
-    if not root.exists():
-        return out
-    for folder in root.iterdir():
-        state = folder / STATE_FILE
-        if folder.name.startswith(".") or not state.exists():
-            continue
-        try:
-            out.append((int(json.loads(state.read_text())["step"]), folder))
-        except (ValueError, KeyError, json.JSONDecodeError):
-            continue
-    return sorted(out, key=lambda x: (x[0], x[1].name))
+    """(step, folder) of complete ES checkpoints, sorted by step (`final` included under its step)."""
+    return rundir.list_checkpoints(run_dir, STATE_FILE, "step")
 
 
 def _read_safetensors_folder(folder: Path) -> dict[str, torch.Tensor]:
@@ -229,9 +149,7 @@ def check_noise_stream(records: list[dict[str, Any]], stream: int, run_dir: Path
                              f"{logged}, but the run's config has noise_stream {stream}")
 
 
-def update_from_record(record: dict[str, Any]):
-    from esft.es.noise import Update
-
+def update_from_record(record: dict[str, Any]) -> Update:
     return Update(seeds=tuple(int(s) for s in record["seeds"]),
                   coefficients=tuple(float(c) for c in record["coefficients"]),
                   scale=float(record["scale"]), kind=record.get("kind", "sgd"))
@@ -245,3 +163,9 @@ def read_seed_log(run_dir: Path) -> list[dict[str, Any]]:
             break
         out.append(rec)
     return out
+
+
+__all__ = ["CHECKPOINTS", "MASTERS_FILE", "OPTIMIZER_FILE", "STATE_FILE", "append_jsonl", "check_noise_stream",
+           "checkpoint_name", "filter_jsonl", "list_checkpoints", "load_checkpoint", "parameter_aliases",
+           "read_jsonl", "read_seed_log", "replace_dir", "rewrite_jsonl", "save_checkpoint", "seed_record",
+           "update_from_record"]

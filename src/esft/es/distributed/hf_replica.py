@@ -20,8 +20,9 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from esft.es.config import ESConfig
-from esft.es.executor import PopulationResult
+from esft.es.build import generation_config, make_strategy, make_weights
+from esft.es.es_config import ESConfig
+from esft.es.executor import LocalExecutor, PopulationResult
 from esft.es.noise import MasterWeights, Update
 from esft.es.strategy import Member
 
@@ -83,9 +84,6 @@ class HFReplica:
     """A replica that generates with esft.generation (or the spec's generate_fn) on a PyTorch model."""
 
     def __init__(self, spec: ReplicaSpec, rank: int = 0):
-        from esft.es.executor import LocalExecutor
-        from esft.es.trainer import generation_config, make_strategy, make_weights
-
         if spec.threads:
             torch.set_num_threads(int(spec.threads))
         self.rank = rank
@@ -96,8 +94,9 @@ class HFReplica:
             p.requires_grad_(False)
         self.model = model
         self.weights = make_weights(model, cfg)
-        self.optimizer = make_strategy(cfg).make_optimizer(list(self.weights.master.values()))
-        self.executor = LocalExecutor(model, tokenizer, self.weights, task, cfg.sigma, generation_config(cfg),
+        self.strategy = make_strategy(cfg)
+        self.optimizer = self.strategy.make_optimizer(list(self.weights.master.values()))
+        self.executor = LocalExecutor(model, tokenizer, self.weights, task, self.strategy, generation_config(cfg),
                                       generate_fn=spec.generate_fn)
 
     # -- what the driver asks

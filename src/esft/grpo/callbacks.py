@@ -17,9 +17,8 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from esft.es.runlog import append_jsonl, rewrite_jsonl
-from esft.es.trainer import peak_rss_mb
 from esft.grpo.ledger import StepLedger, add_totals
+from esft.rundir import append_jsonl, peak_rss_mb, rewrite_jsonl
 
 
 def _finite(value: Any) -> Any:

@@ -31,16 +31,8 @@ from trl import GRPOTrainer
 from trl.trainer.utils import RepeatSampler
 
 from esft.grpo.ledger import StepLedger
+from esft.rundir import CHECKPOINTS, checkpoint_name, replace_dir
 from esft.tasks.base import completion_text
-
-CHECKPOINTS = "checkpoints"
-
-
-def checkpoint_name(step: int) -> str:
-    """Same folder names as ES runs (esft.es.runlog), so analyses walk both kinds of run the same way."""
-    from esft.es.runlog import checkpoint_name as es_checkpoint_name
-
-    return es_checkpoint_name(step)
 
 
 class TaskReward:
@@ -240,6 +232,4 @@ def masked_k3_kl(logps: torch.Tensor, ref_logps: torch.Tensor, mask: torch.Tenso
 
 
 def move_checkpoint(src: Path, dst: Path) -> None:
-    from esft.es.runlog import replace_dir
-
     replace_dir(src, dst)

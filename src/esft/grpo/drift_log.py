@@ -16,6 +16,8 @@ from typing import Any, Iterable
 import torch
 from transformers import TrainerCallback
 
+from esft.rundir import append_jsonl
+
 _CHUNK = 1 << 20  # elements per float64 chunk (8 MB)
 
 
@@ -51,8 +53,6 @@ class DriftCallback(TrainerCallback):
         self.last: tuple[int, float] | None = None  # (step, total) of the latest record
 
     def on_step_end(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any):
-        from esft.es.runlog import append_jsonl
-
         t0 = time.perf_counter()
         params = [(n, p) for n, p in model.named_parameters() if n in self.base]
         total, per = squared_drift(params, self.base)

@@ -34,10 +34,11 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from esft.es.executor import PopulationResult
+from esft.es.distributed.hf_replica import HFReplica, ReplicaSpec, checksum_diff, checksum_digest, masters_checksum
+from esft.es.executor import Executor, PopulationResult
 from esft.es.noise import MasterWeights, Update
-from esft.es.replica import HFReplica, ReplicaSpec, checksum_diff, checksum_digest, masters_checksum
 from esft.es.strategy import Member
+from esft.rundir import append_jsonl
 
 log = logging.getLogger("esft.es.ray")
 
@@ -103,7 +104,7 @@ def _is_worker_death(exc: BaseException) -> bool:
     return isinstance(exc, errors)
 
 
-class RayExecutor:
+class RayExecutor(Executor):
     """`Executor` whose members run on Ray workers, one model replica each (see the module docstring).
 
     spec: how workers build their replica. weights / optimizer: the driver's replica (reference for checksums
@@ -151,8 +152,6 @@ class RayExecutor:
         if message:
             log.log(level, message)
         if self.event_log is not None and self.event_log.parent.exists():
-            from esft.es.runlog import append_jsonl
-
             append_jsonl(self.event_log, rec)
 
     # ---- start-up ----------------------------------------------------------------------------------------------

@@ -1,60 +1,51 @@
 """`make_executor(config, ...)`: the executor an `ESConfig` asks for (`executor: local | ray`,
-`worker_backend: hf | vllm`). Ray and vLLM are imported only when asked for."""
+`worker_backend: hf | vllm`). Ray and vLLM are imported only when asked for. `esft.api.train_es` hands it to
+the trainer as its `executor_factory`."""
 
 from __future__ import annotations
 
-import warnings
+import os
 from pathlib import Path
 from typing import Any
 
-from esft.es.config import ESConfig
-from esft.es.executor import Executor, LocalExecutor
+from esft.es.build import check_layout, make_local_executor, make_strategy
+from esft.es.es_config import ESConfig
+from esft.es.executor import Executor
 from esft.es.noise import MasterWeights
+from esft.es.strategy import ES
 
-EXECUTORS = ("local", "ray")
-WORKER_BACKENDS = ("hf", "vllm")
 RAY_OPTIONS = {"threads_per_worker", "checksum_every", "start_timeout_s", "num_cpus_per_worker", "use_gpu"}
-VLLM_OPTIONS = {"gpu_memory_utilization", "enforce_eager", "max_model_len", "vllm_kwargs"}
+VLLM_OPTIONS = {"gpu_memory_utilization", "enforce_eager", "max_model_len", "kv_cache_memory_bytes", "vllm_kwargs"}
 
 
 def make_executor(config: ESConfig, *, model: Any, tokenizer: Any, weights: MasterWeights, task: Any,
-                  gen_config: Any, generate_fn: Any = None, optimizer: Any = None) -> Executor:
-    if config.executor not in EXECUTORS:
-        raise ValueError(f"unknown executor {config.executor!r}; choose one of {EXECUTORS}")
-    if config.worker_backend not in WORKER_BACKENDS:
-        raise ValueError(f"unknown worker_backend {config.worker_backend!r}; choose one of {WORKER_BACKENDS}")
-    if config.noise == "lowrank" and config.executor != "local":
-        # replicas would evaluate members one by one on materialised weights, not bit-identical to the batched pass
-        raise ValueError("noise 'lowrank' evaluates the population in one batched pass: use --executor local")
-    if int(config.parallel_members) < 1:
-        raise ValueError(f"parallel_members must be >= 1, got {config.parallel_members}")
-    if config.parallel_members > 1 and (config.executor != "local" or config.noise == "lowrank"):
-        # a layout option (results do not depend on it) that presets set for the local executor: not an error
-        where = "the Ray executor spreads members over workers (num_workers)" if config.executor != "local" \
-            else "a low-rank population is one batched pass"
-        warnings.warn(f"parallel_members={config.parallel_members} ignored: {where}", stacklevel=2)
+                  gen_config: Any, generate_fn: Any = None, optimizer: Any = None,
+                  strategy: ES | None = None) -> Executor:
+    """`strategy`: the driver's, whose sigma a local executor reads (default: one built from the config)."""
+    check_layout(config)
     if config.executor == "local":
-        if config.worker_backend != "hf":
-            raise ValueError("worker_backend 'vllm' runs vLLM engines as Ray actors: use --executor ray")
-        if config.noise == "lowrank":
-            from esft.es.lowrank import LowRankExecutor
-
-            return LowRankExecutor(model, tokenizer, weights, task, config.sigma, gen_config, generate_fn=generate_fn)
-        return LocalExecutor(model, tokenizer, weights, task, config.sigma, gen_config, generate_fn=generate_fn,
-                             parallel_members=config.parallel_members)
+        return make_local_executor(config, model=model, tokenizer=tokenizer, weights=weights, task=task,
+                                   strategy=strategy if strategy is not None else make_strategy(config),
+                                   gen_config=gen_config, generate_fn=generate_fn)
     return make_ray_executor(config, weights=weights, optimizer=optimizer, generate_fn=generate_fn, model=model)
 
 
 def make_ray_executor(config: ESConfig, *, weights: MasterWeights, optimizer: Any = None, generate_fn: Any = None,
                       builder: Any = None, model: Any = None, **overrides: Any):
-    from esft.es.ray_executor import RayExecutor
-    from esft.es.replica import HFReplica, ReplicaSpec
+    from esft.es.distributed.hf_replica import HFReplica, ReplicaSpec
+    from esft.es.distributed.ray_executor import RayExecutor
 
     opts = dict(config.executor_options)
     unknown = set(opts) - RAY_OPTIONS - VLLM_OPTIONS
     if unknown:
         raise ValueError(f"unknown executor_options {sorted(unknown)}; known: {sorted(RAY_OPTIONS | VLLM_OPTIONS)}")
-    threads = int(opts.get("threads_per_worker", 1 if (config.device or "cpu") == "cpu" else 0))
+    on_cpu = (config.device or "cpu") == "cpu"
+    if config.worker_backend == "vllm" and on_cpu:
+        # one CPU engine per machine by default: vLLM batches a member's prompts itself and uses every thread
+        default_threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    else:
+        default_threads = 1 if on_cpu else 0
+    threads = int(opts.get("threads_per_worker", default_threads))
     spec = ReplicaSpec(config=config, builder=builder, generate_fn=generate_fn, threads=threads,
                        options={k: v for k, v in opts.items() if k in VLLM_OPTIONS})
     replica_cls: type = HFReplica

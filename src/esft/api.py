@@ -1,0 +1,40 @@
+"""One-call entry points: `train_es(config)` and `train_grpo(config)` (also `esft.train_es`, `esft.train_grpo`).
+
+`train_es` builds the executor the config asks for through esft.es.distributed (`executor: local | ray`,
+`worker_backend: hf | vllm`) and runs the ES loop (esft.es.trainer), which itself never reaches for Ray or vLLM.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from esft.es.distributed.factory import make_executor
+from esft.es.es_config import ESConfig
+from esft.es.trainer import ESTrainer
+from esft.rundir import TrainResult
+
+
+def es_trainer(config: ESConfig, **kwargs: Any) -> ESTrainer:
+    """The `ESTrainer` of `train_es`, not yet run: its executor is built by esft.es.distributed unless `executor`
+    or `executor_factory` is given (keyword seams as ESTrainer: model, tokenizer, task, generate_fn,
+    fitness_rule, progress)."""
+    if kwargs.get("executor") is None:
+        kwargs.setdefault("executor_factory", make_executor)
+    return ESTrainer(config, **kwargs)
+
+
+def train_es(config: ESConfig, **kwargs: Any) -> TrainResult:
+    """Run (or resume, with config.resume) ES fine-tuning on the executor the config asks for. Keyword seams:
+    model, tokenizer, task, executor, executor_factory, generate_fn, fitness_rule, progress. Returns the run
+    directory, steps done, final checkpoint, last eval."""
+    return es_trainer(config, **kwargs).train()
+
+
+def train_grpo(config: Any, **kwargs: Any) -> TrainResult:
+    """Run (or resume) GRPO fine-tuning (esft.grpo.run.train_grpo; TRL is imported only here)."""
+    from esft.grpo.run import train_grpo as _train_grpo
+
+    return _train_grpo(config, **kwargs)
+
+
+__all__ = ["es_trainer", "train_es", "train_grpo"]

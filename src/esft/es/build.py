@@ -1,0 +1,105 @@
+"""From an `ESConfig` to the objects of an ES run: strategy, master weights, generation config, fitness rule,
+batch sampler and the local executor.
+
+The trainer, the replicas of a distributed run (esft.es.distributed, esft.vllm_backend) and replay
+(esft.es.replay) all build through here, so a replica or a replay holds exactly what the trainer holds.
+"""
+
+from __future__ import annotations
+
+import warnings
+from types import SimpleNamespace
+from typing import Any
+
+from esft.es.es_config import ESConfig
+from esft.es.executor import LocalExecutor
+from esft.es.fitness import FITNESS_RULES, FitnessRule, MeanReward, sample_batch
+from esft.es.noise import MasterWeights
+from esft.es.strategy import ES
+
+EXECUTORS = ("local", "ray")
+WORKER_BACKENDS = ("hf", "vllm")
+
+
+def make_strategy(config: ESConfig) -> ES:
+    return ES(population_size=config.population_size, sigma=config.sigma, alpha=config.alpha, seed=config.seed,
+              antithetic=config.antithetic, fitness_shaping=config.fitness_shaping, optimizer=config.optimizer,
+              stream=config.noise_stream)
+
+
+def make_weights(model: Any, config: ESConfig) -> MasterWeights:
+    if config.noise == "lowrank":  # matrices only, low-rank noise (esft.es.lowrank)
+        from esft.es.lowrank import LowRankWeights
+
+        return LowRankWeights(model, rank=config.rank, include=config.include or None,
+                              exclude=config.exclude or None)
+    return MasterWeights(model, include=config.include or None, exclude=config.exclude or None, noise=config.noise)
+
+
+def generation_config(config: ESConfig) -> Any:
+    fields = dict(max_new_tokens=config.max_new_tokens, temperature=0.0, top_p=1.0,
+                  batch_size=config.generation_batch_size, seed=0)
+    reserved = set(fields) & set(config.generation_options)
+    if reserved:
+        raise ValueError(f"generation_options cannot set {sorted(reserved)}: they have their own ESConfig fields "
+                         "(ES rollouts are greedy)")
+    fields.update(config.generation_options)
+    try:
+        from esft.generation import GenerationConfig
+    except ImportError:  # generation module absent (tests with a stub generate)
+        return SimpleNamespace(**fields)
+    return GenerationConfig(**fields)
+
+
+def make_fitness_rule(name: str, format_bonus: float = 0.0, options: dict | None = None) -> FitnessRule:
+    """"mean" (the paper, options unused) or "dart" (DART-ES, esft.es.dart; options = DartOptions fields)."""
+    if name == "mean":
+        if options:
+            raise ValueError(f"fitness rule 'mean' takes no fitness_options, got {sorted(options)}")
+        return MeanReward(format_bonus)
+    if name == "dart":
+        from esft.es.dart import make_dart
+
+        return make_dart(format_bonus, options)
+    raise ValueError(f"unknown fitness rule {name!r}; available: {', '.join(FITNESS_RULES)}")
+
+
+def fitness_rule(config: ESConfig) -> FitnessRule:
+    return make_fitness_rule(config.fitness_rule, config.format_bonus, config.fitness_options)
+
+
+def check_layout(config: ESConfig) -> None:
+    """Refuse an executor layout that cannot run (`executor`, `worker_backend`, noise, `parallel_members`); warn
+    about a layout option that the chosen executor ignores."""
+    if config.executor not in EXECUTORS:
+        raise ValueError(f"unknown executor {config.executor!r}; choose one of {EXECUTORS}")
+    if config.worker_backend not in WORKER_BACKENDS:
+        raise ValueError(f"unknown worker_backend {config.worker_backend!r}; choose one of {WORKER_BACKENDS}")
+    if config.noise == "lowrank" and config.executor != "local":
+        # replicas would evaluate members one by one on materialised weights, not bit-identical to the batched pass
+        raise ValueError("noise 'lowrank' evaluates the population in one batched pass: use --executor local")
+    if int(config.parallel_members) < 1:
+        raise ValueError(f"parallel_members must be >= 1, got {config.parallel_members}")
+    if config.parallel_members > 1 and (config.executor != "local" or config.noise == "lowrank"):
+        # a layout option (results do not depend on it) that presets set for the local executor: not an error
+        where = "the Ray executor spreads members over workers (num_workers)" if config.executor != "local" \
+            else "a low-rank population is one batched pass"
+        warnings.warn(f"parallel_members={config.parallel_members} ignored: {where}", stacklevel=3)
+
+
+def make_local_executor(config: ESConfig, *, model: Any, tokenizer: Any, weights: MasterWeights, task: Any,
+                        strategy: ES, gen_config: Any, generate_fn: Any = None) -> LocalExecutor:
+    """The in-process executor of `executor: local` (after `check_layout`): member after member, or the whole
+    low-rank population in one batched pass. Perturbations are scaled by `strategy.sigma`."""
+    if config.worker_backend != "hf":
+        raise ValueError("worker_backend 'vllm' runs vLLM engines as Ray actors: use --executor ray")
+    if config.noise == "lowrank":
+        from esft.es.lowrank import LowRankExecutor
+
+        return LowRankExecutor(model, tokenizer, weights, task, strategy, gen_config, generate_fn=generate_fn)
+    return LocalExecutor(model, tokenizer, weights, task, strategy, gen_config, generate_fn=generate_fn,
+                         parallel_members=config.parallel_members)
+
+
+__all__ = ["EXECUTORS", "WORKER_BACKENDS", "check_layout", "fitness_rule", "generation_config",
+           "make_fitness_rule", "make_local_executor", "make_strategy", "make_weights", "sample_batch"]

@@ -1,0 +1,104 @@
+"""How a population's rewards become member fitness, and which train examples each iteration uses.
+
+A `FitnessRule` maps `(result, batch) -> fitness [N]`, higher is better (esft maximises). The trainer calls its
+hooks at fixed points of the loop; every hook has a default, so a stateless rule implements `__call__` only:
+
+    bind(num_examples, seed)        once, with the train split's size and the run seed
+    sample_batch(seed, t, n, B)     the train indices of iteration t (default: `sample_batch`, uniform)
+    log_record()                    extra entry of iteration t's seeds.jsonl line (default: none)
+    summary()                       extra entry of iteration t's metrics record (default: none)
+    rewards(result)                 per-example rewards behind an evaluation's `train_reward` (default: scores)
+    state_dict() / load_state_dict  the rule's state in a checkpoint (default: none)
+    replay(record)                  on resume, advance the state by one logged seeds.jsonl line (default: no-op)
+
+`stateful = True` says the rule's state is part of the run: a checkpoint past step 0 must then hold it.
+`MeanReward` is the paper's rule (mean 0/1 reward over the batch, optionally plus a format bonus);
+`esft.es.dart.DartES` (DART-ES) is a stateful rule that also draws the batches.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+import numpy as np
+
+if TYPE_CHECKING:  # annotations only: rules stay importable without torch
+    from esft.es.executor import PopulationResult
+
+
+def sample_batch(seed: int, iteration: int, n: int, batch_size: int) -> list[int]:
+    """Train-example indices of an iteration: a pure function of (run seed, iteration), drawn without
+    replacement; the whole split when batch_size >= n (the paper's 200 of 200)."""
+    if batch_size >= n:
+        return list(range(n))
+    rng = np.random.default_rng(np.random.SeedSequence([int(seed), int(iteration), 0xBA7C]))
+    return [int(i) for i in rng.choice(n, size=batch_size, replace=False)]
+
+
+class FitnessRule:
+    """Base of the fitness rules: `__call__` to implement, hooks with stateless defaults (module docstring)."""
+
+    stateful: bool = False
+
+    def __call__(self, result: PopulationResult, batch: Sequence[dict]) -> np.ndarray:
+        raise NotImplementedError
+
+    def rewards(self, result: PopulationResult) -> np.ndarray:
+        return np.asarray(result.scores, dtype=np.float64)
+
+    def bind(self, num_examples: int, seed: int) -> None:
+        return None
+
+    def sample_batch(self, seed: int, iteration: int, n: int, batch_size: int) -> list[int]:
+        return sample_batch(seed, iteration, n, batch_size)
+
+    def log_record(self) -> dict[str, Any] | None:
+        return None
+
+    def summary(self) -> dict[str, Any] | None:
+        return None
+
+    def state_dict(self) -> dict[str, Any] | None:
+        return None
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        return None
+
+    def replay(self, record: dict[str, Any]) -> None:
+        return None
+
+
+class CallableRule(FitnessRule):
+    """A bare `(result, batch) -> fitness` function as a stateless rule on uniform batches."""
+
+    def __init__(self, fn: Callable[[PopulationResult, Sequence[dict]], Any]):
+        self.fn = fn
+
+    def __call__(self, result: PopulationResult, batch: Sequence[dict]) -> np.ndarray:
+        return self.fn(result, batch)
+
+
+def as_fitness_rule(rule: FitnessRule | Callable[..., Any]) -> FitnessRule:
+    return rule if isinstance(rule, FitnessRule) else CallableRule(rule)
+
+
+@dataclass
+class MeanReward(FitnessRule):
+    """Fitness = mean over the batch of (score + format_bonus * well_formed). format_bonus 0 = the paper."""
+
+    format_bonus: float = 0.0
+
+    def rewards(self, result: PopulationResult) -> np.ndarray:
+        r = np.asarray(result.scores, dtype=np.float64)
+        if self.format_bonus:
+            r = r + self.format_bonus * np.asarray(result.well_formed, dtype=np.float64)
+        return r
+
+    def __call__(self, result: PopulationResult, batch: Sequence[dict]) -> np.ndarray:
+        return self.rewards(result).mean(axis=1)
+
+
+FITNESS_RULES = ("mean", "dart")
+
+__all__ = ["FITNESS_RULES", "CallableRule", "FitnessRule", "MeanReward", "as_fitness_rule", "sample_batch"]
