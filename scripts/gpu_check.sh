@@ -23,7 +23,7 @@ nvidia-smi -L
 
 VENV=$(ESFT_VLLM_BUILD=cuda "$ROOT/scripts/vllm_venv.sh" | tail -n 1)
 "$VENV/bin/python" -c "
-from esft.vllm_backend import platform_device_type, vllm_unavailable_reason
+from esft.es.distributed.vllm_backend import platform_device_type, vllm_unavailable_reason
 r = vllm_unavailable_reason()
 assert r is None, r
 assert platform_device_type() == 'cuda', 'vLLM does not see the GPU: platform ' + platform_device_type()"

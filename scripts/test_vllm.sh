@@ -18,7 +18,7 @@ cd "$ROOT"
 export HF_HUB_OFFLINE=${HF_HUB_OFFLINE:-1} TRANSFORMERS_OFFLINE=${TRANSFORMERS_OFFLINE:-1}
 export VLLM_LOGGING_LEVEL=${VLLM_LOGGING_LEVEL:-ERROR}
 "$VENV/bin/python" -c "
-from esft.vllm_backend import vllm_unavailable_reason, platform_device_type
+from esft.es.distributed.vllm_backend import vllm_unavailable_reason, platform_device_type
 r = vllm_unavailable_reason()
 if r: raise SystemExit('test_vllm: vLLM cannot run here: ' + r)
 print('test_vllm: vLLM platform:', platform_device_type())"

@@ -1,4 +1,4 @@
-"""vLLM backend seams that need no engine (esft.vllm_backend); the real engine is tested in test_vllm_engine.py
+"""vLLM backend seams that need no engine (esft.es.distributed.vllm_backend); the real engine is tested in test_vllm_engine.py
 and test_vllm_train.py (scripts/test_vllm.sh).
 
 * the worker extension's math on a plain torch module laid out like a vLLM Llama (fused qkv / gate_up, padded
@@ -21,9 +21,9 @@ from es_tiny import ToyTask, one_thread, tiny_llama  # noqa: F401  (one_thread: 
 from esft.es.es_config import ESConfig
 from esft.es.noise import MasterWeights, Update
 from esft.es.distributed.hf_replica import ReplicaSpec, masters_checksum
-from esft.vllm_backend import (EXTENSION_PATH, ESWorkerExtension, UnsupportedLayout, VLLMReplica, engine_kwargs,
+from esft.es.distributed.vllm_backend import (EXTENSION_PATH, ESWorkerExtension, UnsupportedLayout, VLLMReplica, engine_kwargs,
                                hf_views, vllm_unavailable_reason)
-from esft.vllm_backend.extension import tensor_checksum
+from esft.es.distributed.vllm_backend.extension import tensor_checksum
 
 PACKED = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
 
@@ -223,13 +223,13 @@ def test_replica_plumbing_with_a_fake_engine(pair):
 
 
 def test_engine_arguments_follow_the_platform(monkeypatch):
-    from esft.vllm_backend.replica import DEFAULT_CPU_KV_CACHE_BYTES, sampling_fields
+    from esft.es.distributed.vllm_backend.vllm_replica import DEFAULT_CPU_KV_CACHE_BYTES, sampling_fields
 
     monkeypatch.setattr("esft.models.resolve_model_path", lambda name: "/models/x")
     cfg = ESConfig(model="smollm2-135m", dtype="bfloat16", seed=5, max_new_tokens=1024)
     gpu = engine_kwargs(ReplicaSpec(config=cfg, options={"gpu_memory_utilization": 0.5,
                                                          "vllm_kwargs": {"max_num_seqs": 64}}), "cuda")
-    assert gpu["worker_extension_cls"] == EXTENSION_PATH == "esft.vllm_backend.extension.ESWorkerExtension"
+    assert gpu["worker_extension_cls"] == EXTENSION_PATH == "esft.es.distributed.vllm_backend.extension.ESWorkerExtension"
     assert gpu["enable_prefix_caching"] is False and gpu["tensor_parallel_size"] == 1 and gpu["dtype"] == "bfloat16"
     assert gpu["model"] == "/models/x" and gpu["gpu_memory_utilization"] == 0.5 and gpu["max_num_seqs"] == 64
     assert gpu["enforce_eager"] is False and "kv_cache_memory_bytes" not in gpu  # CUDA graphs, vLLM's KV sizing

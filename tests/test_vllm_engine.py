@@ -33,7 +33,7 @@ import torch
 from esft.es.es_config import ESConfig
 from esft.es.noise import MasterWeights, Update
 from esft.es.distributed.hf_replica import ReplicaSpec, masters_checksum
-from esft.vllm_backend import vllm_unavailable_reason
+from esft.es.distributed.vllm_backend import vllm_unavailable_reason
 
 REASON = vllm_unavailable_reason()
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(REASON is not None, reason=str(REASON))]
@@ -49,7 +49,7 @@ fp32: 1e-3 leaves room for other CPUs' kernels and GPUs."""
 
 
 def weight_checksums(weights: MasterWeights) -> dict[str, int]:
-    from esft.vllm_backend.extension import tensor_checksum
+    from esft.es.distributed.vllm_backend.extension import tensor_checksum
 
     return {n: tensor_checksum(p) for n, p in weights.params.items()}
 
@@ -59,7 +59,7 @@ def engine(request):
     """One engine per dtype: the driver's PyTorch model and a VLLMReplica built from its layout."""
     from esft.models import load_model
     from esft.tasks import get_task
-    from esft.vllm_backend import VLLMReplica, platform_device_type
+    from esft.es.distributed.vllm_backend import VLLMReplica, platform_device_type
 
     device = platform_device_type()
     dtype = request.param

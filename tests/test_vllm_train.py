@@ -21,7 +21,7 @@ import time
 
 import pytest
 
-from esft.vllm_backend import vllm_unavailable_reason
+from esft.es.distributed.vllm_backend import vllm_unavailable_reason
 
 REASON = vllm_unavailable_reason()
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(REASON is not None, reason=str(REASON))]
@@ -31,7 +31,7 @@ N, ALPHA, ITERATIONS = 4, 1e-3, 3
 
 def test_train_es_with_vllm_workers_meets_the_random_walk_law_and_replays(tmp_path):
     from esft.es.replay import verify
-    from esft.vllm_backend import platform_device_type
+    from esft.es.distributed.vllm_backend import platform_device_type
 
     out = tmp_path / "run"
     device = platform_device_type()

@@ -1,7 +1,7 @@
 """From an `ESConfig` to the objects of an ES run: strategy, master weights, generation config, fitness rule,
 batch sampler and the local executor.
 
-The trainer, the replicas of a distributed run (esft.es.distributed, esft.vllm_backend) and replay
+The trainer, the replicas of a distributed run (esft.es.distributed, esft.es.distributed.vllm_backend) and replay
 (esft.es.replay) all build through here, so a replica or a replay holds exactly what the trainer holds.
 """
 

@@ -4,7 +4,7 @@ factory        make_executor(config, ...): the executor an ESConfig asks for (lo
 hf_replica     HFReplica (esft.generation on a PyTorch model), ReplicaSpec, fp32-master checksums
 ray_executor   RayExecutor: members on Ray workers, only seeds and scalars on the wire (docs/distributed.md)
 
-The vLLM replica is esft.vllm_backend. Ray and vLLM are imported only when a run asks for them.
+The vLLM replica is esft.es.distributed.vllm_backend. Ray and vLLM are imported only when a run asks for them.
 """
 
 from esft.es.distributed.factory import make_executor, make_ray_executor

@@ -52,7 +52,7 @@ def make_ray_executor(config: ESConfig, *, weights: MasterWeights, optimizer: An
     if config.worker_backend == "vllm":
         if generate_fn is not None:
             raise ValueError("worker_backend 'vllm' generates with vLLM; a custom generate_fn cannot be used")
-        from esft.vllm_backend import VLLMReplica, require_vllm
+        from esft.es.distributed.vllm_backend import VLLMReplica, require_vllm
 
         require_vllm()
         if config.optimizer != "sgd":

@@ -3,7 +3,7 @@
 A replica holds the model, its fp32 masters (`MasterWeights`) and, for Adam, the optimizer state. It evaluates
 members exactly as `LocalExecutor` does (the same code, so the same bits on the same hardware), applies every
 update from (seeds, coefficients) and reports a checksum of its masters. `HFReplica` is the plain-PyTorch
-replica (esft.generation); `esft.vllm_backend.VLLMReplica` has the same methods on a vLLM engine.
+replica (esft.generation); `esft.es.distributed.vllm_backend.VLLMReplica` has the same methods on a vLLM engine.
 
 This module imports no Ray: the Ray executor wraps these classes with `ray.remote` at run time, and tests can
 drive them in-process.

@@ -1,6 +1,6 @@
 """vLLM worker extension: ES perturb / restore / update applied in place to a vLLM engine's weights.
 
-vLLM mixes this class into its GPU worker (`LLM(..., worker_extension_cls="esft.vllm_backend.extension.
+vLLM mixes this class into its GPU worker (`LLM(..., worker_extension_cls="esft.es.distributed.vllm_backend.extension.
 ESWorkerExtension")`); the replica calls its methods with `llm.collective_rpc("esft_perturb", args=(...))`.
 Only plain Python values cross that boundary (ints, floats, strings, lists), so any vLLM RPC transport works.
 
@@ -144,9 +144,9 @@ def _packed_layers(model: torch.nn.Module, views: dict[str, torch.Tensor]) -> li
     if emptied:
         raise RuntimeError(
             f"vLLM's CPU backend released the unpacked weights of {len(emptied)} layers at load (e.g. {emptied[0]}), "
-            "so esft cannot edit them. esft keeps them by calling esft.vllm_backend.extension."
+            "so esft cannot edit them. esft keeps them by calling esft.es.distributed.vllm_backend.extension."
             "keep_cpu_linear_weights() before the engine loads its model: build the engine with "
-            "esft.vllm_backend.make_llm (or call that function first in the engine's process)")
+            "esft.es.distributed.vllm_backend.make_llm (or call that function first in the engine's process)")
     candidates = [m for _, m in model.named_modules()
                   if hasattr(m, "cpu_linear") and isinstance(getattr(m, "weight", None), torch.Tensor)
                   and m.weight.dim() == 2]

@@ -40,7 +40,7 @@ from esft.es.executor import PopulationResult
 from esft.es.noise import Update
 from esft.es.distributed.hf_replica import Checksum, ReplicaSpec
 from esft.es.strategy import Member
-from esft.vllm_backend.extension import EXTENSION_PATH
+from esft.es.distributed.vllm_backend.extension import EXTENSION_PATH
 
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.7
 """vLLM's share of its GPU: the driver's PyTorch replica (reference for checksums, checkpoints) may share GPU 0"""
@@ -108,8 +108,8 @@ def make_llm(spec: ReplicaSpec) -> Any:
     """The vLLM engine of one replica, on the device vLLM finds here, in the dtype the driver's replica uses."""
     from vllm import LLM
 
-    from esft.vllm_backend import require_vllm
-    from esft.vllm_backend.extension import keep_cpu_linear_weights
+    from esft.es.distributed.vllm_backend import require_vllm
+    from esft.es.distributed.vllm_backend.extension import keep_cpu_linear_weights
 
     require_vllm()
     device_type = platform_device_type()
@@ -152,12 +152,12 @@ class EngineWeights:
 
 class VLLMReplica:
     """One vLLM engine + the ES state inside it. spec.options["layout"] = {"selected": [HF names perturbed],
-    "shapes": {HF name: shape}} from the driver's model (see `esft.es.executor_factory`)."""
+    "shapes": {HF name: shape}} from the driver's model (see `esft.es.distributed.factory`)."""
 
     def __init__(self, spec: ReplicaSpec, rank: int = 0, engine_factory: Callable[[ReplicaSpec], Any] | None = None,
                  sampling_factory: Callable[..., Any] | None = None):
         from esft.es.executor import LocalExecutor
-        from esft.es.build import generation_config
+        from esft.es.build import generation_config, make_strategy
 
         cfg = spec.config
         self.rank = rank
@@ -183,7 +183,7 @@ class VLLMReplica:
         self.sampling = (sampling_factory or _vllm_sampling_params)(**sampling_fields(cfg))
         self.weights = EngineWeights(self)
         self._encoded: tuple[str, list[list[int]]] | None = None
-        self.executor = LocalExecutor(None, tokenizer, self.weights, task, cfg.sigma, generation_config(cfg),
+        self.executor = LocalExecutor(None, tokenizer, self.weights, task, make_strategy(cfg), generation_config(cfg),
                                       generate_fn=self._generate)
 
     # -- engine plumbing

