@@ -11,10 +11,9 @@ from fractions import Fraction
 import pytest
 
 from esft.tasks import get_task
-from esft.tasks.countdown import (
-    CountdownTask, check_expression, generate_countdown, hub_row_to_example, parse_expression, puzzle_key,
-    solve_countdown,
-)
+from esft.tasks.countdown import CountdownTask, hub_row_to_example
+from esft.tasks.countdown_expression import check_expression, parse_expression, puzzle_key, solve_countdown
+from esft.tasks.countdown_variants import generate_countdown
 
 EX = {"nums": [44, 19, 35], "target": 98}
 EX4 = {"nums": [96, 7, 37, 74], "target": 55}  # test[0]

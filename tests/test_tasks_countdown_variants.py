@@ -8,9 +8,10 @@ import pytest
 
 from esft.evaluation import EvalConfig, task_options
 from esft.tasks import get_task, is_task_name, parse_task_name, split_task_list, task_file_stem
-from esft.tasks.countdown import (
-    MAX_COUNT, CountdownTask, check_expression, format_shot, generate_variant, is_heldout, parse_count_range, parse_ops,
-    puzzle_key,
+from esft.tasks.countdown import CountdownTask
+from esft.tasks.countdown_expression import check_expression, puzzle_key
+from esft.tasks.countdown_variants import (
+    MAX_COUNT, format_shot, generate_variant, is_heldout, parse_count_range, parse_ops,
 )
 
 SMALL = "countdown:numbers=2,max_number=20,ops=+*"

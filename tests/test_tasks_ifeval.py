@@ -17,7 +17,7 @@ from langdetect.lang_detect_exception import LangDetectException
 from esft.tasks import get_task
 from esft.tasks.base import wilson_interval
 from esft.tasks.ifeval import INSTRUCTIONS, IFEvalTask, SYSTEM_PROMPT, evaluate, loose_variants, missing_params
-from esft.tasks.ifeval.evaluate import check_instruction
+from esft.tasks.ifeval.instructions import check_instruction
 from esft.tasks.ifeval.text import count_capital_words, count_sentences, count_words, detect_language
 
 

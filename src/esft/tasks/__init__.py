@@ -5,7 +5,7 @@ Holdout tasks (forgetting): mmlu, ifeval.
 
 A task name may carry constructor options after a colon, as comma-separated `key=value` pairs:
 
-    countdown:numbers=2,max_number=20,ops=+*          procedural Countdown (esft.tasks.countdown)
+    countdown:numbers=2,max_number=20,ops=+*          procedural Countdown (esft.tasks.countdown_variants)
     countdown:numbers=2..3,ops=+-*,ask_format=true    2 or 3 numbers; the user turn shows the answer format
     boolq:max_passage_chars=400
 

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import gzip
 import json
-import math
 import re
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any, Callable, Iterable
+
+from esft.tasks.labels import constant_baseline, wilson_interval
 
 Example = dict[str, Any]
 Messages = list[dict[str, str]]
@@ -24,17 +25,6 @@ def read_bundled_jsonl(filename: str) -> list[Example]:
     path = resources.files("esft.data").joinpath(filename)
     with path.open("rb") as raw, gzip.open(raw, "rt", encoding="utf-8") as fh:
         return [json.loads(line) for line in fh if line.strip()]
-
-
-def wilson_interval(successes: float, n: int, z: float = 1.96) -> tuple[float, float]:
-    """95% Wilson score interval for a binomial proportion (well-behaved at 0 and 1, unlike Wald)."""
-    if n <= 0:
-        return (0.0, 1.0)
-    p = successes / n
-    denom = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / denom
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    return (max(0.0, centre - half), min(1.0, centre + half))
 
 
 #: Tasks whose gold answer is one of a few labels.
@@ -121,8 +111,6 @@ class Task:
         examples), its `constant_baseline_ci95` and the `constant_answer`; empty when a gold answer is unknown.
 
         Each example counts once (records of several samples of one question share its `index`)."""
-        from esft.tasks.labels import constant_baseline
-
         examples: dict[Any, Example] = {}
         for i, r in enumerate(records):
             if r.get("example") is not None:

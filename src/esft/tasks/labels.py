@@ -7,21 +7,32 @@ same examples, the share of the most frequent gold answer, reported with its 95%
 climb there cannot come from the prior. `class_balanced_weights` is the training-side counterpart: per-example
 reward weights that make each label weigh the same in a batch mean.
 
-These are pure functions of gold labels; `Task.gold_key` turns an example into its label.
+These are pure functions of gold labels (with the Wilson interval every accuracy in esft carries); `Task.gold_key`
+turns an example into its label.
 """
 
 from __future__ import annotations
 
+import math
 import random
 from collections import Counter
 from typing import Any, Hashable, Sequence, TypeVar
-
-from esft.tasks.base import wilson_interval
 
 T = TypeVar("T")
 
 #: Seed of balanced subsets: like the data splits, they must not move when a run's seed changes.
 BALANCE_SEED = 42
+
+
+def wilson_interval(successes: float, n: int, z: float = 1.96) -> tuple[float, float]:
+    """95% Wilson score interval for a binomial proportion (well-behaved at 0 and 1, unlike Wald)."""
+    if n <= 0:
+        return (0.0, 1.0)
+    p = successes / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return (max(0.0, centre - half), min(1.0, centre + half))
 
 
 def constant_baseline(labels: Sequence[Hashable]) -> dict[str, Any] | None:

@@ -40,7 +40,7 @@ memoised decisions, and language detection reads at most the first 20,000 charac
 """
 
 from esft.tasks.ifeval.checkers import INSTRUCTIONS, missing_params
-from esft.tasks.ifeval.evaluate import Result, evaluate, loose_variants
+from esft.tasks.ifeval.instructions import Result, evaluate, loose_variants
 from esft.tasks.ifeval.task import SYSTEM_PROMPT, IFEvalTask
 
 __all__ = ["INSTRUCTIONS", "IFEvalTask", "Result", "SYSTEM_PROMPT", "evaluate", "loose_variants", "missing_params"]

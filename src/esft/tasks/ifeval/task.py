@@ -7,7 +7,7 @@ from functools import lru_cache
 from typing import Any
 
 from esft.tasks.base import Example, Messages, Task, chat, completion_text, read_bundled_jsonl, wilson_interval
-from esft.tasks.ifeval.evaluate import evaluate, evaluate_strict
+from esft.tasks.ifeval.instructions import evaluate, evaluate_strict
 
 DATA_FILE = "ifeval.jsonl.gz"
 
