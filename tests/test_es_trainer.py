@@ -75,7 +75,7 @@ def test_run_directory_contents(tmp_path):
     assert (out / "checkpoints" / "final" / "model.safetensors").exists()
     with pytest.raises(FileExistsError):  # never silently overwrite a run
         run(config)
-    from esft.es.report import plot_run, summarize
+    from esft.es.curve import plot_run, summarize
 
     summary = summarize(out)
     assert summary["iterations"] == 6 and summary["eval_last"]["step"] == 6 and summary["peak_rss_mb"] > 0

@@ -7,7 +7,7 @@ takes a step function: the Hugging Face forward (hf_step.py) or, for the models 
 """
 
 from esft.generation.cancel import GenerationCancelled, cancel_on, check_cancelled
-from esft.generation.config import Generation, GenerationConfig
+from esft.generation.generation_config import Generation, GenerationConfig
 from esft.generation.engine import decode, generate
 from esft.generation.hf_step import decode_hf
 from esft.generation.loop import sample_next

@@ -11,7 +11,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from esft.generation.cancel import check_cancelled
-from esft.generation.config import Generation, GenerationConfig
+from esft.generation.generation_config import Generation, GenerationConfig
 from esft.generation.hf_step import decode_hf
 from esft.generation.lean import lean_decode
 from esft.generation.lean_step import unsupported_reason

@@ -11,7 +11,7 @@ from typing import Sequence
 
 import torch
 
-from esft.generation.config import Generation
+from esft.generation.generation_config import Generation
 from esft.tasks.base import Messages
 
 

@@ -1,8 +1,12 @@
 """Summaries and the learning-curve figure of an ES run, read from its run directory only.
 
-    from esft.es.report import summarize, plot_run
+    from esft.es.curve import summarize, plot_run
     summarize("runs/es-demo")                 # seconds/iteration, time split, peak RSS, first/last evaluation
     plot_run("runs/es-demo", "curve.png")     # train fitness (mean, min-max band) and held-out accuracy (95% CI)
+
+Held-out accuracy is shown beside the constant-answer baseline of the same held-out examples (always giving their
+most frequent gold answer, with its 95% Wilson interval; `heldout_constant_baseline`): a curve that climbs only
+to that band has learned the answer prior, not the task.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import yaml
 
 from esft import rundir
 
@@ -18,6 +23,44 @@ from esft import rundir
 def _split(run_dir: str | Path) -> tuple[list[dict], list[dict]]:
     metrics = rundir.read_jsonl(Path(run_dir) / "metrics.jsonl")
     return [m for m in metrics if m.get("kind") == "train"], [m for m in metrics if m.get("kind") == "eval"]
+
+
+def heldout_constant_baseline(run_dir: str | Path) -> dict[str, Any] | None:
+    """`constant_baseline`, `constant_baseline_ci95`, `constant_answer` of the run's held-out examples, or None.
+
+    Taken from the evaluations when they recorded it (`test_constant_baseline`), else recomputed from
+    config.yaml: the first `eval_limit` test examples of the task (with its options), which is what the trainer
+    evaluated. None when the task has no gold answers (IFEval), cannot be built or loaded here, or the recomputed
+    count differs from the logged `test_n` (then they were not the same examples)."""
+    from esft.tasks import get_task
+    from esft.tasks.labels import constant_baseline
+
+    _, evals = _split(run_dir)
+    ev = [e for e in evals if "test_n" in e]
+    for e in ev:
+        if e.get("test_constant_baseline") is not None:
+            return {"constant_baseline": e["test_constant_baseline"],
+                    "constant_baseline_ci95": e.get("test_constant_baseline_ci95"),
+                    "constant_answer": e.get("test_constant_answer")}
+    path = Path(run_dir) / "config.yaml"
+    if not ev or not path.exists():
+        return None
+    cfg = yaml.safe_load(path.read_text()) or {}
+    if not cfg.get("task") or not cfg.get("eval_limit"):
+        return None
+    options = dict(cfg.get("task_options") or {})
+    if cfg.get("max_passage_chars") is not None:
+        options.setdefault("max_passage_chars", cfg["max_passage_chars"])
+    try:
+        task = get_task(cfg["task"], **options)
+        examples = task.load("test", int(cfg["eval_limit"]))
+    except (ValueError, TypeError, RuntimeError, OSError):  # e.g. a hub dataset that cannot be reached here
+        return None
+    labels = [task.gold_key(x) for x in examples]
+    if len(labels) != ev[0]["test_n"] or not labels or any(label is None for label in labels):
+        return None
+    summary = constant_baseline(labels) or {}
+    return {k: summary[k] for k in ("constant_baseline", "constant_baseline_ci95", "constant_answer")}
 
 
 def summarize(run_dir: str | Path) -> dict[str, Any]:
@@ -46,11 +89,15 @@ def summarize(run_dir: str | Path) -> dict[str, Any]:
                 "train_reward")
         out["eval_first"] = {k: evals[0].get(k) for k in keep}
         out["eval_last"] = {k: evals[-1].get(k) for k in keep}
+        constant = heldout_constant_baseline(run_dir)
+        if constant:
+            out["heldout_constant_baseline"] = constant
     return out
 
 
 def plot_run(run_dir: str | Path, path: str | Path | None = None) -> Path:
-    """Two panels: train fitness per iteration (mean and min-max band) and held-out accuracy with its 95% CI."""
+    """Two panels: train fitness per iteration (mean and min-max band) and held-out accuracy with its 95% CI,
+    beside the held-out examples' constant-answer baseline (band: its 95% CI) when it is known."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -77,6 +124,12 @@ def plot_run(run_dir: str | Path, path: str | Path | None = None) -> Path:
         hi = np.array([e["test_ci95"][1] for e in ev]) - acc
         ax2.errorbar(steps, acc, yerr=[lo, hi], marker="o", capsize=3, label=f"held-out accuracy (n={ev[0]['test_n']})")
         ax2.plot(steps, [e["test_format_rate"] for e in ev], ls="--", marker="x", label="held-out format rate")
+        constant = heldout_constant_baseline(run_dir)
+        if constant:
+            lo_c, hi_c = constant["constant_baseline_ci95"] or (constant["constant_baseline"],) * 2
+            ax2.axhspan(lo_c, hi_c, color="grey", alpha=0.2)
+            ax2.axhline(constant["constant_baseline"], color="grey", ls=":",
+                        label=f"constant answer \"{constant['constant_answer']}\" (95% CI)")
     ax2.set_xlabel("iteration (updates applied)")
     ax2.set_title("unperturbed model")
     ax2.legend(fontsize=8)
@@ -87,7 +140,7 @@ def plot_run(run_dir: str | Path, path: str | Path | None = None) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """python -m esft.es.report RUN_DIR [PNG]: print the summary as JSON and write the figure."""
+    """python -m esft.es.curve RUN_DIR [PNG]: print the summary as JSON and write the figure."""
     import json
     import sys
 
