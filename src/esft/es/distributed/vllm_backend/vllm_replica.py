@@ -108,7 +108,7 @@ def make_llm(spec: ReplicaSpec) -> Any:
     """The vLLM engine of one replica, on the device vLLM finds here, in the dtype the driver's replica uses."""
     from vllm import LLM
 
-    from esft.es.distributed.vllm_backend import require_vllm
+    from esft.es.distributed.vllm_backend.availability import require_vllm
     from esft.es.distributed.vllm_backend.extension import keep_cpu_linear_weights
 
     require_vllm()

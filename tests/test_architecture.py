@@ -1,0 +1,198 @@
+"""The package's shape, checked statically from the source (docs/architecture.md draws it).
+
+* layers: a module imports only from its own layer or the layers below it (every import counts, module-level or
+  inside a function; only `if TYPE_CHECKING:` blocks are skipped);
+* no import cycle among the modules of `esft`;
+* no private name imported from another module;
+* module names say what they do: no two modules share a file name (`__init__` aside);
+* size: no module over 500 lines, no function over 80 lines.
+
+Run: . .venv/bin/activate && pytest -q tests/test_architecture.py   (~1 s)
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+#: Layer of each module, by the longest matching dotted prefix. Lower layers never import higher ones.
+LAYERS: dict[str, int] = {
+    # 0 ground floor: configs, models, tasks, run directories, tables, kernels, pure helpers
+    "esft.version": 0, "esft.config": 0, "esft.models": 0, "esft.tasks": 0, "esft.data": 0, "esft.rundir": 0,
+    "esft.kernels": 0, "esft.passk": 0, "esft.tables": 0, "esft.paper": 0,
+    # 1 generation (one decode loop) and evaluation on top of it
+    "esft.generation": 1, "esft.evaluation": 1,
+    # 2 ES core (noise, strategy, fitness rules, local executor, trainer loop) and GRPO (on TRL)
+    "esft.es": 2, "esft.grpo": 2,
+    # 3 distributed ES: executor factory, replicas, Ray, vLLM
+    "esft.es.distributed": 3,
+    # 4 one-call entry points, experiments, the benchmark
+    "esft.api": 4, "esft.experiments": 4, "esft.bench": 4,
+    # 5 analyses and the report
+    "esft.analysis": 5,
+    # 6 command line, environment report and the package facade
+    "esft.cli": 6, "esft.environment": 6, "esft": 6,
+}
+MAX_MODULE_LINES = 500
+MAX_FUNCTION_LINES = 80
+
+
+def module_files() -> dict[str, Path]:
+    mods = {}
+    for path in sorted((SRC / "esft").rglob("*.py")):
+        parts = list(path.relative_to(SRC).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        mods[".".join(parts)] = path
+    return mods
+
+
+def layer_of(module: str) -> int | None:
+    best = None
+    for prefix, layer in LAYERS.items():
+        if (module == prefix or module.startswith(prefix + ".")) and (best is None or len(prefix) > len(best[0])):
+            best = (prefix, layer)
+    return None if best is None else best[1]
+
+
+def _skip_type_checking(tree: ast.AST) -> list[ast.AST]:
+    """Every node of `tree` except those under `if TYPE_CHECKING:` (imports for annotations only)."""
+    out, stack = [], [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            stack.extend(node.orelse)
+            continue
+        out.append(node)
+        stack.extend(ast.iter_child_nodes(node))
+    return out
+
+
+def imports(module: str, path: Path, mods: dict[str, Path]) -> list[tuple[str, list[str], int]]:
+    """(imported esft module, names taken from it, line) for every import statement of `module`."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found = []
+    for node in _skip_type_checking(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if not target.startswith("esft"):
+                continue
+            names = [a.name for a in node.names]
+            submodules = [f"{target}.{n}" for n in names if f"{target}.{n}" in mods]
+            if submodules:  # `from esft.es import noise`: the submodule is what is imported
+                found += [(m, [], node.lineno) for m in submodules]
+                names = [n for n in names if f"{target}.{n}" not in mods]
+                if not names:
+                    continue
+            found.append((target, names, node.lineno))
+        elif isinstance(node, ast.Import):
+            found += [(a.name, [], node.lineno) for a in node.names if a.name.startswith("esft")]
+    return found
+
+
+def graph() -> tuple[dict[str, Path], dict[str, list[tuple[str, list[str], int]]]]:
+    mods = module_files()
+    return mods, {m: imports(m, p, mods) for m, p in mods.items()}
+
+
+def test_every_module_has_a_layer():
+    missing = [m for m in module_files() if layer_of(m) is None]
+    assert not missing, f"modules with no layer in LAYERS (add them, and to docs/architecture.md): {missing}"
+
+
+def test_no_import_goes_up_a_layer():
+    mods, edges = graph()
+    bad = []
+    for module, found in edges.items():
+        for target, _, line in found:
+            if target in mods and layer_of(target) is not None and layer_of(module) is not None \
+                    and layer_of(target) > layer_of(module):
+                bad.append(f"{mods[module].relative_to(SRC)}:{line} {module} (layer {layer_of(module)}) imports "
+                           f"{target} (layer {layer_of(target)})")
+    assert not bad, "imports that cross a layer upward:\n" + "\n".join(bad)
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan, iterative)."""
+    index, low, on_stack, stack, out, counter = {}, {}, set(), [], [], [0]
+    for root in edges:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(edges[root])))]
+        index[root] = low[root] = counter[0]
+        counter[0] += 1
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = counter[0]
+                    counter[0] += 1
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(edges[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                comp = []
+                while True:
+                    top = stack.pop()
+                    on_stack.discard(top)
+                    comp.append(top)
+                    if top == node:
+                        break
+                if len(comp) > 1:
+                    out.append(sorted(comp))
+    return out
+
+
+def test_cycle_finder_finds_a_cycle():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_cycle():
+    mods, edges = graph()
+    simple = {m: {t for t, _, _ in found if t in mods and t != m} for m, found in edges.items()}
+    assert cycles(simple) == []
+
+
+def test_no_private_name_is_imported_from_another_module():
+    mods, edges = graph()
+    bad = [f"{mods[m].relative_to(SRC)}:{line} imports {n} from {t}"
+           for m, found in edges.items() for t, names, line in found
+           for n in names if n.startswith("_") and not n.startswith("__") and t != m]
+    assert not bad, "\n".join(bad)
+
+
+def test_module_names_do_not_repeat():
+    seen: dict[str, list[str]] = {}
+    for module, path in module_files().items():
+        if path.name != "__init__.py":
+            seen.setdefault(path.stem, []).append(module)
+    repeated = {name: ms for name, ms in seen.items() if len(ms) > 1}
+    assert not repeated, f"module names used more than once: {repeated}"
+
+
+@pytest.mark.parametrize("module", sorted(module_files()))
+def test_module_and_function_sizes(module):
+    path = module_files()[module]
+    text = path.read_text()
+    assert text.count("\n") <= MAX_MODULE_LINES, f"{path.relative_to(SRC)} has {text.count(chr(10))} lines"
+    long = [(f.name, f.lineno, f.end_lineno - f.lineno + 1) for f in ast.walk(ast.parse(text))
+            if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) and f.end_lineno - f.lineno + 1 > MAX_FUNCTION_LINES]
+    assert not long, f"{path.relative_to(SRC)}: functions over {MAX_FUNCTION_LINES} lines: {long}"
