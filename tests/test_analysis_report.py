@@ -13,7 +13,7 @@ import pytest
 
 from es_tiny import one_thread  # noqa: F401  (autouse: tiny matmuls on one thread)
 from analysis_runs import make_base, make_es_run, make_grpo_run
-from esft.analysis.report import ReportConfig, build_report
+from esft.analysis.report_builder import ReportConfig, build_report
 from esft.analysis.runs import build_chains, build_pairs, find_runs
 from esft.cli import main
 

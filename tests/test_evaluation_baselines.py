@@ -137,7 +137,8 @@ def _experiment(root: Path, with_constant: bool) -> Path:
 
 
 def test_tables_show_the_constant_answer(tmp_path):
-    from esft.experiments.tables import load_experiment, method_tables, results_csv, table1, task_name
+    from esft.experiments.records import load_experiment, task_name
+    from esft.experiments.study_tables import method_tables, results_csv, table1
 
     exp = load_experiment(_experiment(tmp_path / "a", True))
     md = table1(exp).markdown()

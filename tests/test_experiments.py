@@ -15,7 +15,9 @@ import pytest
 
 from esft.experiments import SpecError, load_spec, shipped_specs
 from esft.experiments.plan import build_plan
-from esft.experiments.tables import load_experiment, table1, table2, table18, tables5_8, write_all_tables
+from esft.experiments.compute_tables import table18
+from esft.experiments.records import load_experiment
+from esft.experiments.study_tables import table1, table2, tables5_8, write_all_tables
 
 GOOD = """\
 name: t
@@ -156,7 +158,7 @@ def test_es_steps_of_a_chain_get_distinct_noise_streams(tmp_path):
     # a stage trained before streams existed has no noise_stream in its fingerprint: stream 0 stages still match,
     # a later stage (trained on the shared noise) is refused before any compute
     from esft.experiments.runner import STATUS, _fingerprint, _step_configs, check_existing
-    from esft.experiments.evaluate import write_json
+    from esft.experiments.stage_eval import write_json
 
     root, smap = tmp_path / "out", {s.key: s for s in stages}
     for key in ("seed-42/sequential/es@2/1-countdown", "seed-42/sequential/es@4/2-math"):

@@ -95,7 +95,7 @@ def _analyze(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from esft.analysis.report import ReportConfig, build_report
+    from esft.analysis.report_builder import ReportConfig, build_report
 
     overrides = _explicit(args, ReportConfig)
     overrides["dir"] = args.dir
@@ -189,7 +189,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_train_grpo)
 
     from esft.analysis.commands import COMMANDS
-    from esft.analysis.report import ReportConfig
+    from esft.analysis.report_builder import ReportConfig
 
     analyze = sub.add_parser("analyze", help="one weight-space / behaviour analysis (JSON + PNG)")
     kinds = analyze.add_subparsers(dest="analysis", required=True)
@@ -205,7 +205,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_dataclass_arguments(p, ReportConfig, skip=("dir",))
     p.set_defaults(func=_report)
 
-    from esft.experiments.cli import add_experiment_parser
+    from esft.experiments.experiment_cli import add_experiment_parser
 
     add_experiment_parser(sub)
     return parser

@@ -1,7 +1,8 @@
 """`esft analyze weights|kl|landscape|drift|sparsity`: one analysis each, writing JSON + PNG to --output-dir.
 
 Each command is a dataclass config (flags via esft.config, like `esft eval`) and a thin function over the
-library functions of its module. `esft report DIR` runs all of them over discovered runs (esft.analysis.report).
+library functions of its module. `esft report DIR` runs all of them over discovered runs
+(esft.analysis.report_builder).
 
     esft analyze weights --base smollm2-135m --tuned runs/es/checkpoints/final,runs/grpo/checkpoints/final
     esft analyze drift --run runs/es --grpo-run runs/grpo
@@ -16,6 +17,9 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from esft import paper
+from esft.analysis.sparsity import SWEEP_TARGETS
 
 
 def _resolve(spec: str) -> str:
@@ -69,7 +73,7 @@ class WeightsConfig:
     """fine-tuned checkpoint folders (comma-separated); two give cosine and norm ratio"""
     labels: list[str] = field(default_factory=lambda: ["es", "grpo"])
     """names of the tuned checkpoints, in order"""
-    eps: float = 1e-5
+    eps: float = paper.SPARSITY_EPS
     """sparsity threshold |d| <= eps (paper Table 4)"""
     stable_ranks: bool = True
     """compute stable ranks of attention / MLP update matrices (one SVD each)"""
@@ -82,8 +86,7 @@ class WeightsConfig:
 
 
 def run_weights(cfg: WeightsConfig) -> dict[str, Any]:
-    from esft.analysis.report import plot_weights
-    from esft.analysis.weights import compare_updates
+    from esft.analysis.weights import compare_updates, plot_weights
 
     if not cfg.tuned:
         raise ValueError("give at least one --tuned checkpoint")
@@ -343,7 +346,7 @@ def run_landscape(cfg: LandscapeConfig) -> dict[str, Any]:
         hold = L.prepare_tasks(cfg.holdout_tasks, cfg.limit, task_options=opts)
         res["holdout"] = {}
         for (lab, p), d in zip(ends, dirs):
-            mags5 = [0.0] + [f * d.norm for f in (0.25, 0.5, 1.0)]
+            mags5 = [0.0] + [f * d.norm for f in L.HOLDOUT_FRACTIONS]
             res["holdout"][lab] = L.direction_sweep(model, tok, p, [d], mags5, hold, gc, progress=True)
             L.plot_direction_sweep(res["holdout"][lab], out / f"holdout_{lab.lower()}.png",
                                    title=f"holdout tasks from the {lab} checkpoint")
@@ -377,7 +380,7 @@ class SparsityConfig:
     """name of the update in the figure"""
     tasks: list[str] = field(default_factory=lambda: ["boolq"])
     """evaluation tasks"""
-    targets: list[float] = field(default_factory=lambda: [0.0, 0.5, 0.78, 0.9, 0.99])
+    targets: list[float] = field(default_factory=lambda: list(SWEEP_TARGETS))
     """target sparsities (thresholds chosen from a histogram of |d|)"""
     taus: list[float] = field(default_factory=list)
     """explicit thresholds instead of targets"""

@@ -25,6 +25,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from esft.analysis.canonical import canonical_name, kind_of, layer_of, parse_name, role_of
+from esft.tables import short
 
 
 # ---- pure math ---------------------------------------------------------------------------------------------------
@@ -266,14 +267,14 @@ def plot_total(series: DriftSeries, alpha: float, population: int, path: str | P
     fit = fit_drift(steps, series.total, alpha, population, d)
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     ax = axes[0]
-    ax.plot(steps, series.total, color=color("es"), lw=2, label=f"ES (R$^2$ vs theory = {_fmt(fit['r2_theory'])})")
+    ax.plot(steps, series.total, color=color("es"), lw=2, label=f"ES (R$^2$ vs theory = {short(fit['r2_theory'])})")
     ax.plot(steps, pred, "k--", lw=1, label=r"$\alpha^2 T d / N$")
     if series.expected is not None:
         ax.plot(steps, series.expected, ":", color="gray", lw=1.5, label="expectation from the logged updates")
     ax.set_xlabel("step T")
     ax.set_ylabel(r"$\|\Delta\theta_T\|^2$")
     ax.set_title(title or f"d = {d:.3g}, N = {population}, alpha = {alpha:g}")
-    ax.text(0.03, 0.97, f"free fit: R$^2$ = {_fmt(fit['r2_fit'])}, rho = {_fmt(fit['rho'])}",
+    ax.text(0.03, 0.97, f"free fit: R$^2$ = {short(fit['r2_fit'])}, rho = {short(fit['rho'])}",
             transform=ax.transAxes, va="top", fontsize=8)
     ax.legend(loc="upper left", bbox_to_anchor=(0.0, 0.9), fontsize=8)
     if grpo is not None and grpo.steps:
@@ -354,8 +355,8 @@ def plot_tensor_curves(series: DriftSeries, result: Mapping[str, Any], alpha: fl
             ax.plot(steps, predicted_sq_drift(alpha, steps, n, population), "k--", lw=1)
         s = result["families"].get(fam, {})
         ax.set_title(fam, fontsize=9)
-        ax.text(0.03, 0.97, f"median R$^2$ {_fmt(s.get('r2_fit', {}).get('median'))}\n"
-                            f"median rho {_fmt(s.get('rho', {}).get('median'))}",
+        ax.text(0.03, 0.97, f"median R$^2$ {short(s.get('r2_fit', {}).get('median'))}\n"
+                            f"median rho {short(s.get('rho', {}).get('median'))}",
                 transform=ax.transAxes, va="top", fontsize=7)
         ax.set_xlabel("step T")
     axes[0][0].set_ylabel(r"$\|\Delta\theta_{p,T}\|^2$")
@@ -381,12 +382,6 @@ def plot_rho_r2(result: Mapping[str, Any], path: str | Path) -> Path:
     ax.set_ylabel("R$^2$")
     ax.legend(fontsize=7)
     return save(fig, path)
-
-
-def _fmt(x: float | None) -> str:
-    if x is None:
-        return "n/a"
-    return f"{x:.4f}" if abs(x) < 10 else f"{x:.3g}"
 
 
 def _is_matrix_role(role: str) -> bool:

@@ -5,6 +5,8 @@ A run directory holds `config.yaml` and some of `metrics.jsonl`, `seeds.jsonl` (
 checkpoint folder of another run (stage t starts from stage t-1's weights); a single-task run is a chain of one.
 Chains of ES and GRPO that start from the same base model and train the same task sequence form pairs, matched by
 seed where seeds agree. Nothing here loads a model.
+
+`run_rows` and `accuracy_rows` are the report's first two sections (esft.analysis.report_builder).
 """
 
 from __future__ import annotations
@@ -13,9 +15,12 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import yaml
+
+from esft import paper
+from esft.tables import NA, pct
 
 CHECKPOINTS = "checkpoints"
 
@@ -397,3 +402,56 @@ def build_pairs(chains: list[Chain]) -> list[Pair]:
                 used.add(id(match))
                 pairs.append(Pair(e, match))
     return pairs
+
+
+# ---- the report's first sections: the runs, and the held-out accuracy they logged ----------------------------------
+
+def logged_steps(r: Run) -> int | None:
+    """Training steps a run logged: seed-log lines (ES), drift records (GRPO), else the largest metrics step."""
+    for log in (r.seed_log, r.drift_log):
+        if log is not None:
+            with open(log, encoding="utf-8") as fh:
+                return sum(1 for line in fh if line.strip() and '"header"' not in line[:20])
+    steps = [m.get("step") for m in r.metrics if isinstance(m.get("step"), (int, float))]
+    if steps:
+        return int(max(steps))
+    finite = [s for s, _ in r.checkpoints if s != float("inf")]
+    return int(max(finite)) if finite else None
+
+
+def precision(r: Run) -> str:
+    """The run's recorded precision, weight dtypes and master-weight dtype."""
+    info = r.config.get("_run") or {}
+    dt = info.get("param_dtypes") or r.config.get("dtype") or r.config.get("torch_dtype")
+    master = info.get("master_dtype") or r.config.get("master_dtype")
+    parts = []
+    if info.get("precision"):
+        parts.append(str(info["precision"]))
+    if dt:
+        parts.append(f"weights {dt if isinstance(dt, str) else ','.join(dt)}")
+    if master:
+        parts.append(f"masters {master}")
+    return "; ".join(parts) or "not recorded"
+
+
+def run_rows(runs: list[Run], name: Callable[[Run], str]) -> list[list[Any]]:
+    """One row per run: name, algorithm, task, seed, start, steps, final checkpoint, precision."""
+    return [[name(r), r.algorithm, r.task or "?", r.seed, r.model or "?", logged_steps(r),
+             r.final.name if r.final else "none", precision(r)] for r in runs]
+
+
+def accuracy_rows(runs: list[Run], name: Callable[[Run], str]) -> list[list[Any]]:
+    """First and last held-out accuracy each run logged, beside the study's Table 1 row for its task."""
+    rows = []
+    for r in runs:
+        first, last = r.accuracy_at("first"), r.accuracy_at("last")
+        if last is None:
+            continue
+        ci = last.get("ci95")
+        rows.append([name(r), r.algorithm, r.task or "?",
+                     pct(first["accuracy"]) + f" (step {first['step']})" if first else NA,
+                     pct(last["accuracy"]) + f" (step {last['step']})",
+                     f"[{pct(ci[0])}, {pct(ci[1])}]" if ci else NA, last.get("n") or NA,
+                     pct(last.get("format_rate")) if last.get("format_rate") is not None else NA,
+                     paper.accuracy_reference(r.task)])
+    return rows

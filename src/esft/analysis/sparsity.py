@@ -4,20 +4,32 @@ Keep only the update coordinates with |d| > tau, revert the others to the base w
 sweep of tau. The reported sparsity at tau is the fraction of reverted coordinates, |d| <= tau (so at tau = 1e-5
 it is the sparsity of paper Table 4). Thresholds can be given directly or chosen to hit target sparsities
 from a streamed log-histogram of |d|; the sparsity actually reached is always measured exactly.
+
+`report_sparsity` is the report's section (esft.analysis.report_builder): one sweep per method and task
+sequence.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 import torch
 
-from esft.analysis.landscape import DeltaDirection, Direction, accuracy, set_weights
+from esft import paper
+from esft.analysis.landscape import DeltaDirection, Direction, accuracy, prepare_tasks, set_weights
+from esft.analysis.report_cache import fingerprint, slug
 from esft.analysis.sources import DEFAULT_CHUNK_ELEMS, aligned_refs, as_source, iter_chunks
+from esft.tables import fmt, pct
+
+if TYPE_CHECKING:
+    from esft.analysis.report_context import ReportContext
 
 DEFAULT_TARGETS = (0.0, 0.5, 0.75, 0.9, 0.97, 0.99)
+#: the targets `esft analyze sparsity` and `esft report` sweep by default: the study's level among them
+SWEEP_TARGETS = (0.0, 0.5, paper.FUNCTIONAL_SPARSITY_LEVEL, 0.9, 0.99)
 
 
 def threshold_update(delta: torch.Tensor, tau: float) -> torch.Tensor:
@@ -142,3 +154,63 @@ def plot_sparsity_sweep(results: Mapping[str, Mapping[str, Any]], path: str | Pa
         ax.legend(fontsize=7)
     return save(fig, path)
 
+
+
+# ---- the report's section ------------------------------------------------------------------------------------------
+
+@dataclass
+class SparsitySweep:
+    """One chain's sweep: its label, the tasks it evaluated and the result of `sparsity_sweep`."""
+
+    label: str
+    tasks: list[str]
+    result: dict[str, Any]
+
+
+def report_sparsity(ctx: ReportContext) -> tuple[list[SparsitySweep], Path] | None:
+    """The sweep of the first seed of every method and task sequence with a final checkpoint, and the figure of
+    all of them; None when no chain has one."""
+    opts = ctx.task_options()
+    chains = [c for c in ctx.chains if c.base is not None and c.stages[-1].checkpoint is not None]
+    seen: set[tuple] = set()
+    todo = []
+    for c in chains:  # one per algorithm and task sequence (the first seed)
+        key = (c.name or c.algorithm, tuple(c.tasks))
+        if key not in seen:
+            seen.add(key)
+            todo.append(c)
+    if not todo:
+        ctx.skip("functional sparsity", "no run with a base model folder and a final checkpoint")
+        return None
+    results, sweeps, all_cached, loaded = {}, [], True, []
+    targets, limit = ctx.config.sparsity_targets, ctx.config.limit
+    for c in todo:
+        gc = ctx.gen_config(c)
+        tasks = list(dict.fromkeys(c.tasks))
+        fin = c.stages[-1].checkpoint
+        params = {"base": fingerprint([c.base]), "tuned": fingerprint([fin]), "limit": limit,
+                  "max_new_tokens": gc.max_new_tokens, "targets": targets, "options": opts}
+
+        def compute(c=c, fin=fin, gc=gc, tasks=tasks):
+            if not loaded:
+                loaded.extend(ctx.load(c.base))
+            return sparsity_sweep(loaded[0], loaded[1], c.base, fin, prepare_tasks(tasks, limit, task_options=opts),
+                                  gc, targets=targets, progress=ctx.progress)
+
+        res, cached = ctx.cache.get(f"sparsity_{slug(c.label)}", params, compute)
+        all_cached = all_cached and cached
+        label = c.name or c.algorithm
+        results[label if label not in results else c.label] = res
+        sweeps.append(SparsitySweep(c.label, tasks, res))
+    figure = ctx.plot(all_cached, ctx.fig("functional_sparsity"),
+                      lambda: plot_sparsity_sweep(results, ctx.fig("functional_sparsity")))
+    ctx.results["sparsity"] = results
+    return sweeps, figure
+
+
+def sweep_table_rows(sweep: SparsitySweep) -> list[list[Any]]:
+    """Per threshold: tau, the sparsity reached, the accuracy per task; then the base model (all reverted)."""
+    res, tasks = sweep.result, sweep.tasks
+    rows = [[fmt(r["tau"]), pct(r["sparsity"])] + [pct(r["accuracy"][t]) for t in tasks] for r in res["rows"]]
+    rows.append(["base (all reverted)", "100%"] + [pct(res["base_accuracy"][t]) for t in tasks])
+    return rows

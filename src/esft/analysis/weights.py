@@ -12,6 +12,9 @@ Streaming comparisons of checkpoints (folders, modules or dicts; see esft.analys
 Deltas are formed and accumulated in float64 (a bf16 or fp32 subtraction would round away ~1e-6 updates), one
 row chunk at a time, so no model is ever fully in memory; only stable ranks need a whole matrix (one at a time).
 Tensors are matched by canonical name, so fused layouts (qkv_proj, gate_up_proj, c_attn) report per q/k/v/gate/up.
+
+`report_weights` is the report's section (esft.analysis.report_builder): Tables 3, 4, 20 per chain, beside the
+study's.
 """
 
 from __future__ import annotations
@@ -19,15 +22,24 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from contextlib import contextmanager
-from typing import Any, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 import numpy as np
 import torch
 
+from esft import paper
 from esft.analysis.canonical import STABLE_RANK_ROLES, is_matrix_family, kind_of, layer_of, role_of
+from esft.analysis.report_cache import fingerprint, slug
 from esft.analysis.sources import DEFAULT_CHUNK_ELEMS, aligned_refs, as_source, iter_chunks, read_full
+from esft.tables import NA, pct
 
-DEFAULT_EPS = 1e-5  # paper Table 4
+if TYPE_CHECKING:
+    from esft.analysis.report_context import ReportContext
+    from esft.analysis.runs import Chain
+
+DEFAULT_EPS = paper.SPARSITY_EPS
 
 
 # ---- pure metrics ------------------------------------------------------------------------------------------------
@@ -240,3 +252,146 @@ def summarize(rows: list[dict[str, Any]], labels: list[str], pairs: list[tuple[s
         out["cos:" + key] = _nan_to_none(_cos(dot, out[a]["sq"], out[b]["sq"]))
         out["norm_ratio:" + key] = (out[a]["norm"] / out[b]["norm"]) if out[b]["norm"] > 0 else None
     return out
+
+
+# ---- the report's section: Tables 3, 4, 20 ---------------------------------------------------------------------------
+
+@dataclass
+class UpdateComparison:
+    """Tables 3, 4 and 20 of one chain (and of its ES-GRPO partner when `paired`), one row per stage, beside the
+    study's values; the last stage per family and its figure."""
+
+    label: str
+    base: Path
+    algorithm: str
+    paired: bool
+    norms: list[list[Any]] = field(default_factory=list)
+    sparsity: list[list[Any]] = field(default_factory=list)
+    cosines: list[list[Any]] = field(default_factory=list)
+    families: tuple[list[str], list[list[Any]]] | None = None
+    figure: Path | None = None
+
+
+def report_weights(ctx: ReportContext) -> list[UpdateComparison] | None:
+    """Every chain's update against its base, stage by stage (ES-GRPO pairs side by side); None without runs."""
+    items: list[tuple[str, Chain, Chain | None]] = [(p.label, p.es, p.grpo) for p in ctx.pairs]
+    paired = {id(p.es) for p in ctx.pairs} | {id(p.grpo) for p in ctx.pairs}
+    items += [(c.label, c, None) for c in ctx.chains if id(c) not in paired]
+    if not items:
+        ctx.skip("weights", "no runs with checkpoints")
+        return None
+    out, results = [], {}
+    for label, a, b in items:
+        if a.base is None:
+            ctx.skip(f"weights ({label})", f"base model {a.base_spec!r} is not a folder on disk")
+            continue
+        comp = UpdateComparison(label, a.base, a.algorithm, b is not None)
+        last_rep, cached = None, False
+        for i, (stage, task) in enumerate(zip(a.stages, a.tasks)):
+            ck_a = stage.checkpoint
+            ck_b = b.stages[i].checkpoint if b is not None and i < len(b.stages) else None
+            if ck_a is None or (b is not None and ck_b is None):
+                ctx.skip(f"weights ({label}, stage {i + 1})", "a stage has no checkpoint")
+                continue
+            la, lb = a.algorithm, (b.algorithm if b is not None else None)
+            tuned = {la: ck_a} if lb is None else {la: ck_a, lb: ck_b}
+            if lb == la:
+                tuned = {la: ck_a, f"{lb}_2": ck_b}
+            params = {"base": fingerprint([a.base]), "tuned": {k: fingerprint([v]) for k, v in tuned.items()},
+                      "eps": ctx.config.eps}
+            rep, cached = ctx.cache.get(f"weights_{slug(label)}_stage{i + 1}", params,
+                                        lambda: compare_updates(a.base, tuned, eps=ctx.config.eps,
+                                                                progress=ctx.progress))
+            last_rep = rep
+            results[f"{label} stage {i + 1}"] = rep["total"]
+            _stage_rows(comp, rep["total"], f"{i + 1}: {task}", paper.stage_index(task), list(tuned))
+        if not comp.paired:
+            ctx.skip(f"ES/GRPO norm ratio and cosine (Tables 3, 20) for {label}",
+                     "no run of the other algorithm from the same base model on the same task sequence")
+        if last_rep is not None:
+            comp.families = family_rows(last_rep)
+            path = ctx.fig(f"weights_{slug(label)}")
+            comp.figure = ctx.plot(cached, path, lambda rep=last_rep, path=path: plot_weights(rep, path))
+        out.append(comp)
+    ctx.results["weights"] = results
+    return out
+
+
+def _stage_rows(comp: UpdateComparison, tot: dict[str, Any], stage: str, k: int | None, names: list[str]) -> None:
+    """One stage's rows of Tables 3, 4 (and 20 when paired), the study's values after the same task last."""
+    la = names[0]
+    if comp.paired:
+        ea, gb = tot[la], tot[names[1]]
+        ratio = tot.get(f"norm_ratio:{la}|{names[1]}")
+        p3 = paper.TABLE3[k] if k is not None else None
+        comp.norms.append([stage, ea["norm"], gb["norm"], f"{ratio:.3g}x" if ratio else NA,
+                           f"{p3[0]} / {p3[1]} / {p3[2]}x (after {paper.stage_label(k)})" if p3 else NA])
+        p4 = paper.TABLE4[k] if k is not None else None
+        comp.sparsity.append([stage, pct(ea["sparsity"]), pct(gb["sparsity"]), ea["stable_rank_mean"],
+                              gb["stable_rank_mean"],
+                              f"{pct(p4[0])} / {pct(p4[1])} / {p4[2]} / {p4[3]}" if p4 else NA])
+        cos = tot.get(f"cos:{la}|{names[1]}")
+        p20 = paper.TABLE20[k] if k is not None else None
+        comp.cosines.append([stage, cos, f"{p20[0]:.1e} (Qwen) / {p20[1]:.1e} (Llama)" if p20 else NA])
+        return
+    ea = tot[la]
+    if la not in ("es", "grpo"):
+        k = None  # mixed chains (grpo->es): the study has no such run
+    p3 = paper.TABLE3[k] if k is not None else None
+    p4 = paper.TABLE4[k] if k is not None else None
+    col = 0 if la == "es" else 1
+    comp.norms.append([stage, ea["norm"], f"{p3[col]}" if p3 else NA])
+    comp.sparsity.append([stage, pct(ea["sparsity"]), ea["stable_rank_mean"],
+                          f"{pct(p4[col])} / {p4[2 + col]}" if p4 else NA])
+
+
+def family_rows(rep: dict[str, Any]) -> tuple[list[str], list[list[Any]]]:
+    """(header, rows) of norm, sparsity and stable rank per matrix family, and the cosine of each pair."""
+    labels = rep["labels"]
+    head = ["family", "tensors", "entries"]
+    for lab in labels:
+        head += [f"{lab} norm", f"{lab} sparsity", f"{lab} stable rank"]
+    pairs = rep.get("pairs", [])
+    head += [f"cos {p}" for p in pairs]
+    rows = []
+    for fam, v in rep["families"].items():
+        row = [fam, v["tensors"], v["numel"]]
+        for lab in labels:
+            row += [v[lab]["norm"], pct(v[lab]["sparsity"]), v[lab]["stable_rank_mean"]]
+        row += [v.get(f"cos:{p}") for p in pairs]
+        rows.append(row)
+    return head, rows
+
+
+def plot_weights(rep: dict[str, Any], path: Path) -> Path:
+    """Per-layer update norm and stable rank of each matrix family, one shade per family and update (ES blues,
+    GRPO reds)."""
+    from matplotlib.ticker import MaxNLocator
+
+    from esft.analysis.plots import pyplot, save
+
+    plt = pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+    fams = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    maps = {"es": "Blues", "grpo": "Reds"}
+    for j, lab in enumerate(rep["labels"]):
+        cmap = plt.get_cmap(maps.get(lab.split("_")[0], ["Greens", "Purples", "Oranges"][j % 3]))
+        for k, fam in enumerate(fams):
+            rows = sorted((r for r in rep["tensors"] if r["role"] == fam and r["layer"] is not None),
+                          key=lambda r: r["layer"])
+            if not rows:
+                continue
+            layers = [r["layer"] for r in rows]
+            kw = dict(color=cmap(0.35 + 0.65 * k / (len(fams) - 1)), lw=1.2, marker=".", ms=3)
+            axes[0].plot(layers, [math.sqrt(r[lab]["sq"]) for r in rows], label=f"{lab} {fam}", **kw)
+            sr = [r[lab]["stable_rank"] for r in rows]
+            if any(v is not None for v in sr):
+                axes[1].plot(layers, [v if v is not None else float("nan") for v in sr], **kw)
+    axes[0].set_yscale("log")
+    axes[0].set_ylabel(r"$\|\Delta W\|_F$")
+    axes[1].set_ylabel("stable rank")
+    for ax in axes:
+        ax.set_xlabel("layer")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    axes[0].legend(fontsize=5, ncol=2)
+    return save(fig, path)

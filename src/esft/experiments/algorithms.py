@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from esft import paper
+
 CHECKPOINTS = "checkpoints"
 
 
@@ -93,8 +95,9 @@ def es_accounting(run_dir: Path, budget: int) -> dict[str, Any]:
 
 def es_formula(config: Any, budget: int) -> dict[str, Any]:
     """Table 18: 2 * iters * N * batch * P * L (one forward pass per generated sequence, no backward)."""
-    c = 2 * budget * config.population_size * config.batch_size
-    return {"coefficient": c, "text": f"2({budget})({config.population_size})({config.batch_size})PL"}
+    k = paper.ES_FLOPS_PER_TOKEN
+    c = k * budget * config.population_size * config.batch_size
+    return {"coefficient": c, "text": f"{k}({budget})({config.population_size})({config.batch_size})PL"}
 
 
 def es_done_step(run_dir: Path) -> int | None:
@@ -137,8 +140,9 @@ def grpo_accounting(run_dir: Path, budget: int) -> dict[str, Any]:
 
 def grpo_formula(config: Any, budget: int) -> dict[str, Any]:
     """Table 18: 8 * T * prompts * K * P * L (2 for generation + 6 for forward and backward per token)."""
-    c = 8 * budget * config.prompts_per_step * config.num_generations
-    return {"coefficient": c, "text": f"8({budget})({config.prompts_per_step})({config.num_generations})PL"}
+    k = paper.GRPO_FLOPS_PER_TOKEN
+    c = k * budget * config.prompts_per_step * config.num_generations
+    return {"coefficient": c, "text": f"{k}({budget})({config.prompts_per_step})({config.num_generations})PL"}
 
 
 def grpo_done_step(run_dir: Path) -> int | None:

@@ -30,9 +30,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from esft.experiments.evaluate import evaluate_stage, read_json, write_json
+from esft.experiments.stage_eval import evaluate_stage, read_json, write_json
 from esft.experiments.plan import BASE, Stage, Step, as_dict, build_plan, describe, has_noise_stream
-from esft.experiments.spec import Spec, SpecError
+from esft.experiments.spec import Spec
+from esft.experiments.yamlines import SpecError
 
 STATUS = "status.json"
 RESULT = "result.json"
@@ -365,7 +366,7 @@ def _log(hooks: Hooks, message: str) -> None:
 
 def _evaluation_current(spec: Spec, stage: Stage, root: Path) -> bool:
     """True when every task of the stage was evaluated with today's settings (limits, tokens, model)."""
-    from esft.experiments.evaluate import is_current
+    from esft.experiments.stage_eval import is_current
 
     model = spec.model if stage.kind == BASE else str((root / stage.model_dir()).resolve())
     return all(is_current(root / stage.key, spec, task, model) for task in stage.eval_tasks)
@@ -430,7 +431,7 @@ def run_experiment(spec: Spec, output_dir: str | Path | None = None, hooks: Hook
                 fh.write(json.dumps({"started": started, "finished": _now(), "wall_s": result.wall_s,
                                      "interrupted": interrupted, "statuses": result.statuses}) + "\n")
     if write_tables:
-        from esft.experiments.tables import write_all_tables
+        from esft.experiments.study_tables import write_all_tables
 
         write_all_tables(root)
     return result

@@ -23,21 +23,20 @@ a chain: esft.experiments.plan) may not appear in option blocks; neither may tas
 from __future__ import annotations
 
 import dataclasses
-import difflib
-import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from esft.experiments.algorithms import ALGORITHMS, Algorithm, get_algorithm
-from esft.experiments.yamlines import LineDict, LineList, SpecError, load_file, plain
+from esft.experiments.spec_checks import (
+    SpecContext, as_mapping, check_int, check_keys, check_options, check_task_list, did_you_mean,
+)
+from esft.experiments.yamlines import LineDict, LineList, load_file
 
 KINDS = ("single-task", "sequential")
 TOP_KEYS = ("name", "description", "kind", "model", "tasks", "seeds", "algorithms", "task_options", "evaluation",
             "sequential", "tables", "output_dir")
-RUNNER_FIELDS = ("model", "task", "seed", "output_dir", "resume", "noise_stream")
-TASK_OPTION_FIELDS = ("max_passage_chars", "task_options")
 BLOCK_KEYS = ("algorithm", "preset", "display", "per_task")
 EVAL_KEYS = ("tasks", "holdout", "limit", "max_new_tokens", "batch_size", "dtype", "device", "per_task",
              "after_single_task", "passk")
@@ -172,166 +171,22 @@ class Spec:
 
 # ---- parsing ------------------------------------------------------------------------------------------------------
 
-class _Ctx:
-    """Formats `file:line: message` errors."""
-
-    def __init__(self, path: str):
-        self.path = path
-
-    def error(self, line: int, message: str) -> SpecError:
-        return SpecError(f"{self.path}:{line}: {message}" if line else f"{self.path}: {message}")
-
-
-def _did_you_mean(name: Any, choices: typing.Iterable[str]) -> str:
-    close = difflib.get_close_matches(str(name), list(choices), n=3)
-    return f" (did you mean {', '.join(close)}?)" if close else ""
-
-
-def _mapping(ctx: _Ctx, value: Any, where: str, line: int) -> LineDict:
-    if value is None:
-        out = LineDict()
-        out.line = line
-        return out
-    if not isinstance(value, dict):
-        raise ctx.error(line, f"{where} must be a mapping, got {value!r}")
-    if not isinstance(value, LineDict):  # built from Python (tests, API): no lines
-        out = LineDict(value)
-        out.line = line
-        return out
-    return value
-
-
-def _check_keys(ctx: _Ctx, block: LineDict, allowed: typing.Iterable[str], where: str) -> None:
-    allowed = list(allowed)
-    for key in block:
-        if key not in allowed:
-            raise ctx.error(block.line_of(key), f"unknown key {key!r} in {where}{_did_you_mean(key, allowed)}; "
-                                                f"allowed: {', '.join(allowed)}")
-
-
-def _int(ctx: _Ctx, value: Any, line: int, where: str, minimum: int | None = None, optional: bool = False) -> Any:
-    if value is None and optional:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ctx.error(line, f"{where} must be an integer, got {value!r}")
-    if minimum is not None and value < minimum:
-        raise ctx.error(line, f"{where} must be >= {minimum}, got {value}")
-    return value
-
-
-def _task_list(ctx: _Ctx, value: Any, line: int, where: str, allowed: typing.Sequence[str]) -> list[str]:
-    from esft.tasks import get_task, split_task_list
-
-    if isinstance(value, str):
-        try:  # "countdown:numbers=2,ops=+, boolq" is two tasks: the comma inside options does not split
-            value = split_task_list(value)
-        except ValueError as exc:
-            raise ctx.error(line, f"{where}: {exc}") from None
-    if not isinstance(value, list):
-        raise ctx.error(line, f"{where} must be a list of task names, got {value!r}")
-    out = []
-    for i, name in enumerate(value):
-        item_line = value.line_of(i) if isinstance(value, LineList) else line
-        key = str(name).strip().lower()
-        if key not in allowed and key.partition(":")[0].strip() in allowed and ":" in key:
-            try:  # a task with options (esft.tasks): checked by building it, before any compute
-                get_task(key)
-            except ValueError as exc:
-                raise ctx.error(item_line, f"{where}: {exc}") from None
-        elif key not in allowed:
-            raise ctx.error(item_line, f"unknown task {name!r} in {where}{_did_you_mean(key, allowed)}; "
-                                       f"known: {', '.join(allowed)}")
-        if key in out:
-            raise ctx.error(item_line, f"task {name!r} appears twice in {where}")
-        out.append(key)
-    return out
-
-
-def _type_ok(value: Any, hint: Any) -> bool:
-    """Loose check of a YAML value against a dataclass field type (ints pass for floats; None for optionals)."""
-    origin = typing.get_origin(hint)
-    if origin in (typing.Union, types.UnionType):
-        return any(_type_ok(value, h) for h in typing.get_args(hint))
-    if hint is type(None):
-        return value is None
-    if hint is Any:
-        return True
-    if hint is bool:
-        return isinstance(value, bool)
-    if hint is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if hint is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if hint is str:
-        return isinstance(value, str)
-    if origin in (list, tuple) or hint in (list, tuple):
-        return isinstance(value, list)
-    if origin is dict or hint is dict:
-        return isinstance(value, dict)
-    return True
-
-
-def _options(ctx: _Ctx, block: LineDict, algo: Algorithm, where: str, skip: typing.Iterable[str] = (),
-             allow_budget_list: bool = False) -> dict[str, Any]:
-    """Field overrides of an option block, each key checked against the config dataclass with its line."""
-    from esft.config import coerce
-
-    names = {f.name for f in dataclasses.fields(algo.config_cls)}
-    hints = typing.get_type_hints(algo.config_cls)
-    out: dict[str, Any] = {}
-    for key, value in block.items():
-        if key in skip:
-            continue
-        line = block.line_of(key)
-        name = str(key).replace("-", "_")
-        if name in RUNNER_FIELDS:
-            raise ctx.error(line, f"{where}: {key!r} is set by the experiment (top-level model / tasks / seeds, "
-                                  f"--output-dir, the stage's place in a chain), not per algorithm")
-        if name in TASK_OPTION_FIELDS:
-            raise ctx.error(line, f"{where}: {key!r} is a task option; put it under the top-level task_options "
-                                  f"(e.g. task_options: {{boolq: {{max_passage_chars: 400}}}}) so training and "
-                                  f"evaluation see the same prompts")
-        if name not in names:
-            raise ctx.error(line, f"unknown option {key!r} in {where} for {algo.name} "
-                                  f"({algo.config_cls.__name__}){_did_you_mean(name, names)}")
-        if name == algo.budget_field and isinstance(value, list):
-            if not allow_budget_list:
-                raise ctx.error(line, f"{where}: {key} must be one number here ({algo.name} "
-                                      + ("cannot extend a finished run, so one run cannot serve several budgets; "
-                                         "use one label per budget)" if not algo.extendable else
-                                         "inside a chain or a per-task block)"))
-            budgets = [_int(ctx, b, value.line_of(i) if isinstance(value, LineList) else line, f"{where}.{key}", 1)
-                       for i, b in enumerate(value)]
-            if not budgets or sorted(set(budgets)) != budgets:
-                raise ctx.error(line, f"{where}.{key}: budgets must be a non-empty increasing list, got {value!r}")
-            out[name] = list(budgets)
-            continue
-        try:
-            converted = coerce(algo.config_cls, {name: value}, where)[name]
-        except (ValueError, TypeError) as exc:
-            raise ctx.error(line, f"{where}.{key}: {exc}") from None
-        if not _type_ok(converted, hints[name]):
-            raise ctx.error(line, f"{where}.{key}: expected {hints[name]}, got {value!r}")
-        out[name] = plain(converted)  # no line-keeping containers in trainer configs (they are saved as YAML)
-    return out
-
-
-def _component(ctx: _Ctx, block: LineDict, algo_name: str, where: str, tasks: list[str],
+def _component(ctx: SpecContext, block: LineDict, algo_name: str, where: str, tasks: list[str],
                allow_budget_list: bool) -> Component:
     algo = get_algorithm(algo_name)
     preset = block.get("preset")
     if preset is not None and preset not in algo.presets:
         raise ctx.error(block.line_of("preset"), f"{where}: unknown preset {preset!r} for {algo_name}; "
                                                  f"available: {', '.join(algo.presets)}")
-    options = _options(ctx, block, algo, where, skip=BLOCK_KEYS, allow_budget_list=allow_budget_list)
+    options = check_options(ctx, block, algo, where, skip=BLOCK_KEYS, allow_budget_list=allow_budget_list)
     per_task: dict[str, dict[str, Any]] = {}
-    raw = _mapping(ctx, block.get("per_task"), f"{where}.per_task", block.line_of("per_task"))
+    raw = as_mapping(ctx, block.get("per_task"), f"{where}.per_task", block.line_of("per_task"))
     for task, sub in raw.items():
         line = raw.line_of(task)
         if task not in tasks:
             raise ctx.error(line, f"{where}.per_task: {task!r} is not one of the spec's tasks ({', '.join(tasks)})")
-        sub = _mapping(ctx, sub, f"{where}.per_task.{task}", line)
-        per_task[task] = _options(ctx, sub, algo, f"{where}.per_task.{task}")
+        sub = as_mapping(ctx, sub, f"{where}.per_task.{task}", line)
+        per_task[task] = check_options(ctx, sub, algo, f"{where}.per_task.{task}")
     return Component(algorithm=algo_name, preset=preset, options=options, per_task=per_task)
 
 
@@ -339,7 +194,7 @@ def _default_display(label: str) -> str:
     return CHAIN.join(part.upper() for part in label.split(CHAIN))
 
 
-def _methods(ctx: _Ctx, raw: Any, line: int, tasks: list[str]) -> list[Method]:
+def _methods(ctx: SpecContext, raw: Any, line: int, tasks: list[str]) -> list[Method]:
     if isinstance(raw, list):  # `algorithms: [es, grpo]`: defaults for each
         items = LineDict()
         items.line = line
@@ -347,14 +202,14 @@ def _methods(ctx: _Ctx, raw: Any, line: int, tasks: list[str]) -> list[Method]:
             items[str(name)] = None
             items.key_lines[str(name)] = raw.line_of(i) if isinstance(raw, LineList) else line
         raw = items
-    raw = _mapping(ctx, raw, "algorithms", line)
+    raw = as_mapping(ctx, raw, "algorithms", line)
     if not raw:
         raise ctx.error(line, "algorithms: at least one algorithm is needed (es, grpo, ...)")
     methods = []
     for label, block in raw.items():
         label = str(label)
         bline = raw.line_of(label)
-        block = _mapping(ctx, block, f"algorithms.{label}", bline)
+        block = as_mapping(ctx, block, f"algorithms.{label}", bline)
         name = block.get("algorithm", label)
         where = f"algorithms.{label}"
         if not isinstance(name, str):
@@ -363,7 +218,7 @@ def _methods(ctx: _Ctx, raw: Any, line: int, tasks: list[str]) -> list[Method]:
         for part in parts:
             if part not in ALGORITHMS:
                 at = block.line_of("algorithm") if "algorithm" in block else bline
-                raise ctx.error(at, f"unknown algorithm {part!r} in {where}{_did_you_mean(part, ALGORITHMS)}; "
+                raise ctx.error(at, f"unknown algorithm {part!r} in {where}{did_you_mean(part, ALGORITHMS)}; "
                                     f"known: {', '.join(ALGORITHMS)} (or a chain such as grpo->es)")
         display = block.get("display") or _default_display(label)
         if len(parts) == 1:
@@ -382,12 +237,12 @@ def _methods(ctx: _Ctx, raw: Any, line: int, tasks: list[str]) -> list[Method]:
             methods.append(Method(label, str(display), [comp], budgets or [], bline))
             continue
         # a chain: each component starts from the base block of the same name (if any), then its sub-block
-        _check_keys(ctx, block, ("algorithm", "display", *dict.fromkeys(parts)), where)
+        check_keys(ctx, block, ("algorithm", "display", *dict.fromkeys(parts)), where)
         comps = []
         for part in parts:
             base = raw.get(part) if part in raw and CHAIN not in part else None
-            base = _mapping(ctx, base, f"algorithms.{part}", raw.line_of(part))
-            sub = _mapping(ctx, block.get(part), f"{where}.{part}", block.line_of(part))
+            base = as_mapping(ctx, base, f"algorithms.{part}", raw.line_of(part))
+            sub = as_mapping(ctx, block.get(part), f"{where}.{part}", block.line_of(part))
             merged = LineDict({**base, **sub})
             merged.line = sub.line or base.line
             merged.key_lines = {**base.key_lines, **sub.key_lines}
@@ -396,23 +251,24 @@ def _methods(ctx: _Ctx, raw: Any, line: int, tasks: list[str]) -> list[Method]:
     return methods
 
 
-def _evaluation(ctx: _Ctx, raw: Any, line: int, tasks: list[str], known: typing.Sequence[str]) -> EvalSpec:
+def _evaluation(ctx: SpecContext, raw: Any, line: int, tasks: list[str], known: typing.Sequence[str]) -> EvalSpec:
     from esft.tasks import HOLDOUT_TASKS
 
-    block = _mapping(ctx, raw, "evaluation", line)
-    _check_keys(ctx, block, EVAL_KEYS, "evaluation")
+    block = as_mapping(ctx, raw, "evaluation", line)
+    check_keys(ctx, block, EVAL_KEYS, "evaluation")
     ev = EvalSpec(tasks=list(tasks), holdout=list(HOLDOUT_TASKS))
     if "tasks" in block:
-        ev.tasks = _task_list(ctx, block["tasks"], block.line_of("tasks"), "evaluation.tasks", known)
+        ev.tasks = check_task_list(ctx, block["tasks"], block.line_of("tasks"), "evaluation.tasks", known)
     if "holdout" in block:
-        ev.holdout = _task_list(ctx, block["holdout"] or [], block.line_of("holdout"), "evaluation.holdout", known)
+        ev.holdout = check_task_list(ctx, block["holdout"] or [], block.line_of("holdout"), "evaluation.holdout",
+                                     known)
     if "limit" in block:
-        ev.limit = _int(ctx, block["limit"], block.line_of("limit"), "evaluation.limit", 1, optional=True)
+        ev.limit = check_int(ctx, block["limit"], block.line_of("limit"), "evaluation.limit", 1, optional=True)
     if "max_new_tokens" in block:
-        ev.max_new_tokens = _int(ctx, block["max_new_tokens"], block.line_of("max_new_tokens"),
-                                 "evaluation.max_new_tokens", 1)
+        ev.max_new_tokens = check_int(ctx, block["max_new_tokens"], block.line_of("max_new_tokens"),
+                                      "evaluation.max_new_tokens", 1)
     if "batch_size" in block:
-        ev.batch_size = _int(ctx, block["batch_size"], block.line_of("batch_size"), "evaluation.batch_size", 1)
+        ev.batch_size = check_int(ctx, block["batch_size"], block.line_of("batch_size"), "evaluation.batch_size", 1)
     for key in ("dtype", "device"):
         if key in block and block[key] is not None and not isinstance(block[key], str):
             raise ctx.error(block.line_of(key), f"evaluation.{key} must be a string, got {block[key]!r}")
@@ -426,25 +282,25 @@ def _evaluation(ctx: _Ctx, raw: Any, line: int, tasks: list[str], known: typing.
         ev.after_single_task = value
     if block.get("passk") is not None:
         ev.passk = _passk(ctx, block["passk"], block.line_of("passk"), tasks, ev.all_tasks)
-    per = _mapping(ctx, block.get("per_task"), "evaluation.per_task", block.line_of("per_task"))
+    per = as_mapping(ctx, block.get("per_task"), "evaluation.per_task", block.line_of("per_task"))
     for task, sub in per.items():
         tline = per.line_of(task)
         if task not in ev.all_tasks:
             raise ctx.error(tline, f"evaluation.per_task: {task!r} is not evaluated by this spec "
                                    f"({', '.join(ev.all_tasks)})")
-        sub = _mapping(ctx, sub, f"evaluation.per_task.{task}", tline)
-        _check_keys(ctx, sub, EVAL_TASK_KEYS, f"evaluation.per_task.{task}")
-        ev.per_task[task] = {k: _int(ctx, v, sub.line_of(k), f"evaluation.per_task.{task}.{k}", 1,
-                                     optional=(k == "limit")) for k, v in sub.items()}
+        sub = as_mapping(ctx, sub, f"evaluation.per_task.{task}", tline)
+        check_keys(ctx, sub, EVAL_TASK_KEYS, f"evaluation.per_task.{task}")
+        ev.per_task[task] = {k: check_int(ctx, v, sub.line_of(k), f"evaluation.per_task.{task}.{k}", 1,
+                                          optional=(k == "limit")) for k, v in sub.items()}
     return ev
 
 
-def _passk(ctx: _Ctx, raw: Any, line: int, tasks: list[str], evaluated: list[str]) -> PassKSpec:
-    block = _mapping(ctx, raw, "evaluation.passk", line)
-    _check_keys(ctx, block, PASSK_KEYS, "evaluation.passk")
+def _passk(ctx: SpecContext, raw: Any, line: int, tasks: list[str], evaluated: list[str]) -> PassKSpec:
+    block = as_mapping(ctx, raw, "evaluation.passk", line)
+    check_keys(ctx, block, PASSK_KEYS, "evaluation.passk")
     if "samples" not in block:
         raise ctx.error(line, "evaluation.passk needs samples (completions per question, e.g. 8)")
-    samples = _int(ctx, block["samples"], block.line_of("samples"), "evaluation.passk.samples", 2)
+    samples = check_int(ctx, block["samples"], block.line_of("samples"), "evaluation.passk.samples", 2)
     ks = block.get("k", [1, samples])
     ks = ks if isinstance(ks, list) else [ks]
     for k in ks:
@@ -458,25 +314,25 @@ def _passk(ctx: _Ctx, raw: Any, line: int, tasks: list[str], evaluated: list[str
             raise ctx.error(block.line_of(key), f"evaluation.passk.{key} must be a number in (0, {high}], "
                                                 f"got {value!r} (sampling needs temperature > 0)")
         numbers[key] = float(value)
-    seed = _int(ctx, block.get("seed", 0), block.line_of("seed") if "seed" in block else line,
-                "evaluation.passk.seed", 0)
+    seed = check_int(ctx, block.get("seed", 0), block.line_of("seed") if "seed" in block else line,
+                     "evaluation.passk.seed", 0)
     chosen = list(tasks)
     if "tasks" in block:
-        chosen = _task_list(ctx, block["tasks"], block.line_of("tasks"), "evaluation.passk.tasks", evaluated)
+        chosen = check_task_list(ctx, block["tasks"], block.line_of("tasks"), "evaluation.passk.tasks", evaluated)
     return PassKSpec(samples=samples, k=sorted(set(ks)), seed=seed, tasks=chosen, **numbers)
 
 
-def _task_options(ctx: _Ctx, raw: Any, line: int, known: typing.Sequence[str]) -> dict[str, dict[str, Any]]:
+def _task_options(ctx: SpecContext, raw: Any, line: int, known: typing.Sequence[str]) -> dict[str, dict[str, Any]]:
     """Per-task constructor options, checked by building each task (cheap: data loads lazily)."""
     from esft.tasks import get_task
 
-    block = _mapping(ctx, raw, "task_options", line)
+    block = as_mapping(ctx, raw, "task_options", line)
     out = {}
     for task, opts in block.items():
         tline = block.line_of(task)
         if task not in known:
-            raise ctx.error(tline, f"task_options: unknown task {task!r}{_did_you_mean(task, known)}")
-        opts = dict(_mapping(ctx, opts, f"task_options.{task}", tline))
+            raise ctx.error(tline, f"task_options: unknown task {task!r}{did_you_mean(task, known)}")
+        opts = dict(as_mapping(ctx, opts, f"task_options.{task}", tline))
         try:
             get_task(task, **opts)
         except TypeError as exc:
@@ -489,19 +345,19 @@ def parse_spec(data: Any, path: str = "<spec>", name: str | None = None) -> Spec
     """Validate a loaded YAML document (LineDict) into a Spec; every error names its line."""
     from esft.tasks import TASK_NAMES
 
-    ctx = _Ctx(path)
+    ctx = SpecContext(path)
     if not isinstance(data, dict):
         raise ctx.error(1, "an experiment spec is a mapping of keys (kind, model, tasks, seeds, algorithms, ...)")
-    data = _mapping(ctx, data, "spec", 1)
-    _check_keys(ctx, data, TOP_KEYS, "the spec")
+    data = as_mapping(ctx, data, "spec", 1)
+    check_keys(ctx, data, TOP_KEYS, "the spec")
     for key in ("kind", "tasks", "algorithms"):
         if key not in data:
             raise ctx.error(data.line or 1, f"missing required key {key!r}")
     kind = data["kind"]
     if kind not in KINDS:
-        raise ctx.error(data.line_of("kind"), f"unknown kind {kind!r}{_did_you_mean(kind, KINDS)}; "
+        raise ctx.error(data.line_of("kind"), f"unknown kind {kind!r}{did_you_mean(kind, KINDS)}; "
                                               f"one of: {', '.join(KINDS)}")
-    tasks = _task_list(ctx, data["tasks"], data.line_of("tasks"), "tasks", TASK_NAMES)
+    tasks = check_task_list(ctx, data["tasks"], data.line_of("tasks"), "tasks", TASK_NAMES)
     if not tasks:
         raise ctx.error(data.line_of("tasks"), "tasks: at least one task is needed")
     seeds_raw = data.get("seeds", [42])
@@ -509,8 +365,8 @@ def parse_spec(data: Any, path: str = "<spec>", name: str | None = None) -> Spec
         seeds_raw = [seeds_raw]
     if not isinstance(seeds_raw, list) or not seeds_raw:
         raise ctx.error(data.line_of("seeds"), f"seeds must be a non-empty list of integers, got {seeds_raw!r}")
-    seeds = [_int(ctx, s, seeds_raw.line_of(i) if isinstance(seeds_raw, LineList) else data.line_of("seeds"),
-                  "seeds[]") for i, s in enumerate(seeds_raw)]
+    seeds = [check_int(ctx, s, seeds_raw.line_of(i) if isinstance(seeds_raw, LineList) else data.line_of("seeds"),
+                       "seeds[]") for i, s in enumerate(seeds_raw)]
     if len(set(seeds)) != len(seeds):
         raise ctx.error(data.line_of("seeds"), f"seeds repeat: {seeds}")
     model = data.get("model", "smollm2-135m")
@@ -520,15 +376,15 @@ def parse_spec(data: Any, path: str = "<spec>", name: str | None = None) -> Spec
     evaluation = _evaluation(ctx, data.get("evaluation"), data.line_of("evaluation"), tasks, TASK_NAMES)
     task_options = _task_options(ctx, data.get("task_options"), data.line_of("task_options"), TASK_NAMES)
 
-    seq = _mapping(ctx, data.get("sequential"), "sequential", data.line_of("sequential"))
-    _check_keys(ctx, seq, ("carry_optimizer_state",), "sequential")
+    seq = as_mapping(ctx, data.get("sequential"), "sequential", data.line_of("sequential"))
+    check_keys(ctx, seq, ("carry_optimizer_state",), "sequential")
     carry = seq.get("carry_optimizer_state", False)
     if not isinstance(carry, bool):
         raise ctx.error(seq.line_of("carry_optimizer_state"), "sequential.carry_optimizer_state must be true/false")
     if seq and kind != "sequential":
         raise ctx.error(data.line_of("sequential"), "the `sequential` block only applies to kind: sequential")
-    tables = _mapping(ctx, data.get("tables"), "tables", data.line_of("tables"))
-    _check_keys(ctx, tables, ("ifeval_metric",), "tables")
+    tables = as_mapping(ctx, data.get("tables"), "tables", data.line_of("tables"))
+    check_keys(ctx, tables, ("ifeval_metric",), "tables")
     metric = tables.get("ifeval_metric", "prompt_strict")
     if metric not in IFEVAL_METRICS:
         raise ctx.error(tables.line_of("ifeval_metric"), f"tables.ifeval_metric must be one of "
@@ -541,10 +397,10 @@ def parse_spec(data: Any, path: str = "<spec>", name: str | None = None) -> Spec
     return spec
 
 
-def _check_configs(ctx: _Ctx, spec: Spec, data: LineDict) -> None:
+def _check_configs(ctx: SpecContext, spec: Spec, data: LineDict) -> None:
     """Build every trainer config the experiment will use (each method x task x budget), so a value the config
     itself rejects (e.g. GRPO batch shapes that do not divide) fails here, at the method's line."""
-    algos = _mapping(ctx, data["algorithms"], "algorithms", data.line_of("algorithms")) \
+    algos = as_mapping(ctx, data["algorithms"], "algorithms", data.line_of("algorithms")) \
         if isinstance(data["algorithms"], dict) else None
     for method in spec.methods:
         line = algos.line_of(method.label) if algos is not None else method.line

@@ -1,4 +1,6 @@
-"""Reference values from the study (docs/es-vs-grpo-paper.txt), printed next to our measurements.
+"""Reference values from the study (docs/es-vs-grpo-paper.txt): the numbers printed next to our measurements
+(esft.analysis.report_builder), the names and accounting its tables use (esft.experiments), and the few settings
+taken from it. Every number of the study that esft uses is here, nowhere else.
 
 The study trains Qwen3-4B-Instruct (d = 4.02e9) and Llama-3.2-3B-Instruct (d = 3.21e9) sequentially on
 Countdown -> Math -> Chemistry -> BoolQ; tables below are indexed by stage (0-based). Qwen unless noted.
@@ -7,6 +9,11 @@ Countdown -> Math -> Chemistry -> BoolQ; tables below are indexed by stage (0-ba
 from __future__ import annotations
 
 STAGE_TASKS = ("countdown", "math", "chemistry", "boolq")
+
+#: The study's display names of the tasks (Tables 1, 2); the header of its Tables 5-8 calls chemistry "SciK".
+TASK_DISPLAY = {"countdown": "Countdown", "math": "Math", "chemistry": "Chemistry", "boolq": "BoolQ",
+                "mmlu": "MMLU", "ifeval": "IFEval"}
+TASK_DISPLAY_SHORT = {**TASK_DISPLAY, "chemistry": "SciK"}
 
 # Table 3: ||dtheta||_2 from the base at each sequential checkpoint: (ES, GRPO, ratio)
 TABLE3 = [(87.28, 1.00, 87), (122.76, 1.15, 107), (149.99, 1.65, 91), (173.00, 1.84, 94)]
@@ -58,7 +65,47 @@ LANDSCAPE = {
 }
 
 FUNCTIONAL_SPARSITY = "Ba et al.: ~78% functional sparsity of the ES update costs < 0.5 pp accuracy"
+#: that sparsity level, one of the targets of the functional-sparsity sweep
+FUNCTIONAL_SPARSITY_LEVEL = 0.78
+
+#: Table 4's sparsity threshold: an update entry with |d| <= SPARSITY_EPS counts as unchanged
+SPARSITY_EPS = 1e-5
+
+# Table 18's FLOP accounting, per parameter and processed token: 2 for a forward pass, 6 for forward + backward.
+# An ES iteration generates (forward only): 2 * iters * N * batch * P * L; a GRPO step generates and trains:
+# (2 + 6) * T * prompts * K * P * L.
+FLOPS_FORWARD = 2
+FLOPS_FORWARD_BACKWARD = 6
+ES_FLOPS_PER_TOKEN = FLOPS_FORWARD
+GRPO_FLOPS_PER_TOKEN = FLOPS_FORWARD + FLOPS_FORWARD_BACKWARD
 
 
 def stage_label(i: int) -> str:
     return f"T{i} {STAGE_TASKS[i].capitalize()}" if 0 <= i < len(STAGE_TASKS) else f"T{i}"
+
+
+def stage_index(task: str | None) -> int | None:
+    """Index of `task` in the study's training sequence, None when the study did not train it."""
+    return STAGE_TASKS.index(task) if task in STAGE_TASKS else None
+
+
+def kl_reference(algo: str, kind: str, task: str, trained: str) -> str | None:
+    """The study's KL cell on `task` after training `trained` (wherever that task sits in the study's sequence),
+    as it prints it: "median [min, max]" (Table 12) or "mean +- std" (Tables 13, 14); None where it gives none."""
+    if trained not in STAGE_TASKS or task not in STAGE_TASKS:
+        return None
+    k, j = STAGE_TASKS.index(trained), STAGE_TASKS.index(task)
+    if kind == "incremental" and algo == "grpo":
+        med, lo, hi = TABLE12_GRPO_INCREMENTAL[task][k]
+        return f"{med} [{lo}, {hi}]"
+    if kind == "cumulative" or k == 0:  # after the first stage incremental == cumulative
+        tab = TABLE13_ES_CUMULATIVE if algo == "es" else TABLE14_GRPO_CUMULATIVE
+        mean, sd = tab[k][j]
+        return f"{mean} +- {sd}"
+    return None
+
+
+def accuracy_reference(task: str | None) -> str:
+    """Table 1's row for `task` (base, ES at 100 and 300 iterations, GRPO; %), or "n/a"."""
+    ref = TABLE1.get(task or "")
+    return f"base {ref[0]}, ES(100) {ref[1]}, ES(300) {ref[2]}, GRPO {ref[3]}" if ref else "n/a"

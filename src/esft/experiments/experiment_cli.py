@@ -39,7 +39,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _tables(args: argparse.Namespace) -> int:
-    from esft.experiments.tables import write_all_tables
+    from esft.experiments.study_tables import write_all_tables
 
     path = write_all_tables(args.dir)
     print(path.read_text())

@@ -1,0 +1,297 @@
+"""`esft report DIR`: one Markdown report of every table and figure that the runs in DIR support.
+
+DIR is a run directory or an experiment directory holding several. Runs are found and organised by
+esft.analysis.runs (sequential chains, ES-GRPO pairs). Each analysis writes its JSON (and PNG figures) under the
+output folder (default DIR/report) and is reused on the next call when its inputs and settings are unchanged, so
+a report can be regenerated cheaply. Every measured table sits next to the study's value where the study gives
+one (esft.paper); every analysis the runs cannot support is listed with the reason.
+
+Analyses that generate text (KL, landscape, functional sparsity) evaluate the first `limit` test examples with
+`max_new_tokens` per completion; the report states both, since both change the numbers.
+
+This module only assembles the report: each section's rows and figures come from its analysis module
+(`report_weights` in esft.analysis.weights, `report_drift` in esft.analysis.drift_runs, `report_kl`,
+`report_landscape`, `report_sparsity`; the runs and their accuracy from esft.analysis.runs), which share an
+esft.analysis.report_context.ReportContext; esft.tables renders the Markdown.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from esft import paper
+from esft.analysis.drift_runs import RunDrift, drift_notes, family_rows, grpo_family_rows, law_rows, report_drift
+from esft.analysis.kl import kl_rows, report_kl
+from esft.analysis.landscape import interpolation_rows, report_landscape, sweep_rows
+from esft.analysis.report_cache import json_default
+from esft.analysis.report_context import ReportContext
+from esft.analysis.runs import accuracy_rows, run_rows
+from esft.analysis.sparsity import SWEEP_TARGETS, report_sparsity, sweep_table_rows
+from esft.analysis.weights import UpdateComparison, report_weights
+from esft.rundir import peak_rss_mb
+from esft.tables import NA, fmt, grid
+
+ANALYSES = ("weights", "drift", "kl", "landscape", "sparsity")
+
+
+@dataclass
+class ReportConfig:
+    """What `esft report` analyses and how much it evaluates."""
+
+    dir: str = "runs"
+    """a run directory or an experiment directory holding several runs"""
+    output_dir: str | None = None
+    """where report.md, JSON results and PNG figures go (default: DIR/report)"""
+    analyses: list[str] = field(default_factory=lambda: list(ANALYSES))
+    """which analyses to run: weights, drift, kl, landscape, sparsity"""
+    limit: int = 50
+    """test examples per task for the analyses that evaluate (KL, landscape, sparsity)"""
+    max_new_tokens: int | None = None
+    """generation budget; None = the runs' own max_new_tokens (max_completion_length for GRPO), else 256"""
+    batch_size: int = 16
+    """prompts per generation batch"""
+    kl_batch_size: int = 4
+    """sequences per KL scoring batch (two models' full logits are held per batch)"""
+    holdout_tasks: list[str] = field(default_factory=lambda: ["mmlu", "ifeval"])
+    """tasks for Figure 5 (perturbation from the final checkpoints); empty to skip"""
+    interpolation_points: int = 5
+    """points on the ES-GRPO path (Figure 3), endpoints included"""
+    magnitude_points: int = 4
+    """geometric grid points per direction (Figure 4), besides 0 and the two update norms"""
+    sparsity_targets: list[float] = field(default_factory=lambda: list(SWEEP_TARGETS))
+    """target sparsities of the functional-sparsity sweep (thresholds chosen from a histogram of |d|)"""
+    eps: float = paper.SPARSITY_EPS
+    """sparsity threshold of Table 4"""
+    device: str | None = None
+    """device for evaluation and replay (None: CUDA if available)"""
+    dtype: str = "auto"
+    """model dtype for evaluation (auto: fp32 on CPU, bf16 on GPU)"""
+    recompute: bool = False
+    """ignore cached analysis results"""
+    threads: int | None = None
+    """torch CPU threads (None = torch's default); 1 is fastest on a busy machine, where idle OpenMP threads spin"""
+    exclude: list[str] = field(default_factory=list)
+    """regular expressions: runs whose path (relative to DIR) matches one are left out"""
+
+
+
+DRIFT_PAPER = paper.DRIFT["matrices"] + "; " + paper.DRIFT["norms"] + "."
+
+
+class Report(ReportContext):
+    """The report's sections, in order, and report.md / results.json from them."""
+
+    def __init__(self, config: ReportConfig, progress: bool = True):
+        super().__init__(config, progress)
+        self.sections: list[str] = []
+        self.timings: dict[str, float] = {}
+
+    def build(self) -> Path:
+        if self.config.threads:
+            import torch
+
+            torch.set_num_threads(int(self.config.threads))
+        t_start = time.perf_counter()
+        self.discover()
+        self.log(f"{len(self.runs)} runs, {len(self.chains)} chains, {len(self.pairs)} ES-GRPO pairs")
+        self.section_runs()
+        self.section_accuracy()
+        wanted = [a for a in self.config.analyses]
+        for a in wanted:
+            if a not in ANALYSES:
+                raise ValueError(f"unknown analysis {a!r}; choose from {', '.join(ANALYSES)}")
+        for a in ANALYSES:
+            if a not in wanted:
+                self.skip(a, "not requested (--analyses)")
+                continue
+            t0 = time.perf_counter()
+            self.log(f"{a} ...")
+            try:
+                getattr(self, f"section_{a}")()
+            except Exception as exc:  # one failing analysis must not lose the others
+                self.sections.append(f"## {a}\n\nFailed: `{type(exc).__name__}: {exc}`\n")
+                self.skip(a, f"failed with {type(exc).__name__}: {exc}")
+                self.log(f"{a} failed: {exc!r}")
+            self.timings[a] = time.perf_counter() - t0
+        self.timings["total"] = time.perf_counter() - t_start
+        return self.write()
+
+    def write(self) -> Path:
+        cfg = self.config
+        lines = [f"# esft report: {self.root}", ""]
+        lines.append(f"Generated {time.strftime('%Y-%m-%d %H:%M:%S')}. Runs: {len(self.runs)}, sequential chains: "
+                     f"{len(self.chains)}, ES-GRPO pairs (same base model and task sequence): {len(self.pairs)}. "
+                     f"Evaluations use the first {cfg.limit} test examples per task, greedy decoding, "
+                     f"max_new_tokens {self.gen_config().max_new_tokens if self.chains else 'n/a'}. "
+                     "Paper values are from the study (Qwen3-4B-Instruct unless noted), at its scale.")
+        lines.append("")
+        lines.extend(self.sections)
+        lines.append("## What these runs could not support\n")
+        if self.unsupported:
+            for a, why in self.unsupported:
+                lines.append(f"- **{a}**: {why}")
+        else:
+            lines.append("Nothing: every analysis ran.")
+        lines.append("")
+        lines.append("## Cost\n")
+        lines.append(grid(["analysis", "seconds"], [[k, f"{v:.1f}"] for k, v in self.timings.items()]))
+        lines.append(f"\nPeak resident memory of the report process: {peak_rss_mb():.0f} MiB.")
+        path = self.out / "report.md"
+        path.write_text("\n".join(lines) + "\n")
+        (self.out / "results.json").write_text(json.dumps(
+            {"config": asdict(cfg), "results": self.results, "unsupported": self.unsupported,
+             "timings": self.timings, "peak_rss_mb": peak_rss_mb()}, indent=1, default=json_default))
+        return path
+
+    # -- sections ------------------------------------------------------------------------------------------------------
+    def section_runs(self) -> None:
+        rows = run_rows(self.runs, self.rel_run)
+        s = ["## Runs\n", grid(["run", "algorithm", "task", "seed", "started from", "steps", "final checkpoint",
+                                "precision"], rows) if rows else "No run directories found."]
+        if self.chains:
+            s.append("\nChains (stage order): " + "; ".join(c.label for c in self.chains))
+        self.sections.append("\n".join(s) + "\n")
+        if not self.runs:
+            self.skip("everything", f"no run directory (config.yaml with metrics/seeds/drift/checkpoints) under {self.root}")
+
+    def section_accuracy(self) -> None:
+        tables = self.root / "tables" / "tables.md"
+        if tables.exists():
+            # an `esft experiment run` directory: its runner already wrote the accuracy tables per stage
+            self.sections.append("## Accuracy per stage (paper Tables 1, 2, 5-8, 18)\n\nWritten by the experiment "
+                                 f"runner from its stage evaluations: [{self.rel(tables)}]({self.rel(tables)}).\n")
+        rows = accuracy_rows(self.runs, self.rel_run)
+        if rows:
+            self.sections.append("## Held-out accuracy during training (paper Table 1)\n\n" + grid(
+                ["run", "algorithm", "task", "first eval", "last eval", "95% CI", "n", "format rate",
+                 "paper (%)"], rows) + "\n\nFrom each run's own `metrics.jsonl` evaluations.\n")
+        else:
+            self.skip("accuracy (Table 1)", "no evaluation records (kind=eval with test_accuracy) in metrics.jsonl")
+
+    def section_weights(self) -> None:
+        comparisons = report_weights(self)
+        if comparisons is None:
+            return
+        s = ["## Weight-space geometry (paper Tables 3, 4, 20)\n",
+             f"Update = checkpoint - base model, float64. Sparsity: fraction of entries with |d| <= {self.config.eps:g}. "
+             "Stable rank ||dW||_F^2/||dW||_2^2 averaged over attention q/k/v/o and MLP gate/up/down matrices. "
+             "Tied embeddings are counted once.\n"]
+        for c in comparisons:
+            s += self._weights_tables(c)
+        self.sections.append("\n".join(s) + "\n")
+
+    def _weights_tables(self, c: UpdateComparison) -> list[str]:
+        s = [f"### {c.label}\n", f"Base model: `{c.base}`.\n"]
+        if c.paired:
+            s.append("**Table 3: update norm ||dtheta||_2**\n\n" + grid(
+                ["stage", "ES norm", "GRPO norm", "ES/GRPO", "paper ES / GRPO / ratio"], c.norms))
+            s.append("\n**Table 4: sparsity and stable rank**\n\n" + grid(
+                ["stage", "sparsity ES", "sparsity GRPO", "stable rank ES", "stable rank GRPO",
+                 "paper sp. ES / GRPO / s.r. ES / GRPO"], c.sparsity))
+            s.append("\n**Table 20: cosine(ES update, GRPO update)**\n\n" + grid(
+                ["stage", "cosine", "paper"], c.cosines))
+        else:
+            s.append("**Table 3: update norm**\n\n" + grid(["stage", f"{c.algorithm.upper()} norm", "paper"], c.norms))
+            s.append("\n**Table 4: sparsity and stable rank**\n\n" + grid(
+                ["stage", "sparsity", "stable rank", "paper sparsity / stable rank"], c.sparsity))
+        if c.families is not None:
+            s.append("\n" + "Per family, last stage:\n\n" + grid(*c.families))
+        if c.figure is not None:
+            s.append(f"\n![per-layer update norms and stable ranks]({self.rel(c.figure)})\n")
+        return s
+
+    def section_drift(self) -> None:
+        s = ["## Drift against the random-walk law (paper Figures 6, 9, 10, 11)\n",
+             "Prediction for ES with z-scored fitness: ||dtheta_T||^2 = alpha^2 T d / N, no fitted parameter. "
+             "Per tensor, a fit through the origin gives d_eff and rho = d_eff / d_p; R^2 is centred (can be "
+             "negative). Paper: " + DRIFT_PAPER + "\n"]
+        runs, grpo_only = report_drift(self)
+        for d in runs:
+            s.append(self._drift_text(d))
+            s.append("".join(f"![{caption}]({self.rel(path)})\n" for caption, path in d.figures))
+        for name, gs in grpo_only:
+            s.append(f"### GRPO {name}\n\n{len(gs.steps)} steps, final ||dtheta||^2 = "
+                     f"{fmt(gs.total[-1]) if gs.total else NA} (no ES run to compare with).\n")
+        self.sections.append("\n".join(s) + "\n")
+
+    def _drift_text(self, d: RunDrift) -> str:
+        out = [f"### ES {d.name}\n", grid(["quantity", "value"], law_rows(d.result, d.grpo is not None))]
+        notes = drift_notes(d.run)
+        if notes:
+            out.append("\nNotes: " + "; ".join(notes) + ".")
+        fam = family_rows(d.result)
+        if fam:
+            out.append("\nPer family (median [IQR] over tensors; paper: matrices rho ~ 1, R^2 ~ 1; norms scatter):\n\n"
+                       + grid(["family", "tensors", "entries each", "rho", "R^2 (fit)", "R^2 (theory) median"], fam))
+        grpo_fam = grpo_family_rows(d.result) if d.grpo is not None else []
+        if grpo_fam:
+            out.append("\nGRPO with the same scaling (rho in units of the ES law; no law is expected):\n\n"
+                       + grid(["family", "tensors", "rho", "R^2 (fit)"], grpo_fam))
+        return "\n".join(out) + "\n"
+
+    def section_kl(self) -> None:
+        found = report_kl(self)
+        if found is None:
+            return
+        groups, figure = found
+        s = ["## KL(pi_after || pi_before) on test prompts (paper Figure 2, Tables 11-16)\n",
+             "Completions generated greedily by pi_after and scored token-aligned by both models. Headline "
+             "estimator: k3 per-token mean; k1 and the exact next-token KL are in the JSON (the study does not "
+             "say which estimator its tables use). Incremental: stage t vs t-1; cumulative: stage t vs base.\n"]
+        for g in groups:
+            n = len(g.seeds)
+            s.append(f"### {g.title} ({n} seed{'s' if n != 1 else ''})\n")
+            for kind in ("incremental", "cumulative"):
+                s.append(f"**{kind}** ({'median [min, max] over seeds' if n > 1 else 'one seed'})\n\n"
+                         + grid(*kl_rows(g, kind)) + "\n")
+            s.append("Paper values are the study's cell for the same evaluation task after training the same task "
+                     "in its sequence (Countdown -> Math -> Chemistry -> BoolQ, Qwen3-4B), whatever stage that is "
+                     "here; the study gives no per-cell values for ES's incremental KL (Table 11).\n")
+        if figure is not None:
+            s.append(f"![incremental KL heatmap (Figure 2)]({self.rel(figure)})\n")
+        self.sections.append("\n".join(s) + "\n")
+
+    def section_landscape(self) -> None:
+        found = report_landscape(self)
+        if found is None:
+            return
+        s = ["## Loss landscape along straight lines (paper Figures 3, 4, 5)\n"]
+        if found.note:
+            s.append(found.note + "\n")
+        la, lb = found.labels
+        if found.interpolation is not None:
+            res = found.interpolation
+            s.append(f"### Figure 3: {la.upper()} (t=0) to {lb.upper()} (t=1), distance {fmt(res['distance'])}\n\n"
+                     + grid(["task", f"{la.upper()} acc", f"{lb.upper()} acc", "min on path",
+                             "largest drop below the line", "binomial SE", "barrier (> 2 SE)"],
+                            interpolation_rows(res, found.tasks))
+                     + f"\n\nPaper: {paper.LANDSCAPE['interpolation']}.\n\n"
+                       f"![interpolation]({self.rel(found.interpolation_figure)})\n")
+        s.append("### Figure 4: from the base along each update and a norm-matched random direction\n\n"
+                 + grid(*sweep_rows(found.directions)) + f"\n\nPaper: {paper.LANDSCAPE['directions']}.\n\n"
+                 f"![directions]({self.rel(found.directions_figure)})\n")
+        for lab, r5, path in found.holdout:
+            s.append(f"### Figure 5: holdout tasks, from the final {lab.upper()} checkpoint along its own update\n\n"
+                     + grid(*sweep_rows(r5)) + f"\n\n![holdout {lab}]({self.rel(path)})\n")
+        self.sections.append("\n".join(s) + "\n")
+
+    def section_sparsity(self) -> None:
+        found = report_sparsity(self)
+        if found is None:
+            return
+        sweeps, figure = found
+        s = ["## Functional sparsity (keep |d| > tau, revert the rest, re-evaluate)\n",
+             f"Reference: {paper.FUNCTIONAL_SPARSITY}.\n"]
+        for sw in sweeps:
+            s.append(f"### {sw.label}\n\n" + grid(["tau", "sparsity"] + [f"{t} acc" for t in sw.tasks],
+                                                    sweep_table_rows(sw)) + "\n")
+        s.append(f"![functional sparsity]({self.rel(figure)})\n")
+        self.sections.append("\n".join(s) + "\n")
+
+
+def build_report(config: ReportConfig, progress: bool = True) -> Path:
+    """Write report.md (and JSON, figures) for the runs under config.dir; returns the report's path."""
+    return Report(config, progress).build()

@@ -1,0 +1,58 @@
+"""The report's cache (esft.analysis.report_context): each analysis result is JSON under the output folder's
+data/, reused while the identity of its inputs (paths and weight-file times) and its settings are unchanged."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+
+def fingerprint(paths: Sequence[Path | None]) -> list[Any]:
+    """Identity of the inputs of a cached result: paths and the modification times of their weight files."""
+    out = []
+    for p in paths:
+        if p is None:
+            out.append(None)
+            continue
+        p = Path(p)
+        files = sorted(p.glob("*.safetensors")) if p.is_dir() else [p]
+        out.append([str(p), [round(f.stat().st_mtime, 3) for f in files if f.exists()]])
+    return out
+
+
+def json_default(x: Any) -> Any:
+    if isinstance(x, Path):
+        return str(x)
+    if hasattr(x, "tolist"):
+        return x.tolist()
+    return str(x)
+
+
+def slug(text: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_" else "_" for c in text).strip("_")[:80]
+
+
+class Cache:
+    """JSON results under the output folder, reused when their `params` match."""
+
+    def __init__(self, root: Path, recompute: bool):
+        self.root, self.recompute = root, recompute
+
+    def get(self, name: str, params: Any, compute: Callable[[], Any]) -> tuple[Any, bool]:
+        path = self.root / "data" / f"{name}.json"
+        params = json.loads(json.dumps(params, default=str))
+        if path.exists() and not self.recompute:
+            try:
+                data = json.loads(path.read_text())
+                if data.get("params") == params:
+                    return data["result"], True
+            except (json.JSONDecodeError, KeyError):
+                pass
+        t0 = time.perf_counter()
+        result = compute()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"params": params, "seconds": time.perf_counter() - t0, "result": result},
+                                   default=json_default))
+        return json.loads(json.dumps(result, default=json_default)), False

@@ -1,0 +1,127 @@
+"""What the sections of `esft report` share (esft.analysis.report_builder): the runs found under DIR, the output
+folder (JSON results reused while their inputs are unchanged, figure paths, links relative to report.md), model
+loading, and the list of analyses the runs could not support.
+
+Each analysis module's report function (`report_weights`, `report_kl`, ...) takes a `ReportContext` and returns
+rows and figures; the report itself only assembles them into Markdown.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+from esft.analysis.report_cache import Cache
+from esft.analysis.runs import Chain, Pair, Run, build_chains, build_pairs, find_runs
+
+
+def load_model_only(base: Path, dtype: str, device: str | None):
+    """The weights of `base`, loaded as esft.models.load_model does, without reading its tokenizer again."""
+    from transformers import AutoModelForCausalLM
+
+    from esft.models import default_device, parse_dtype
+
+    device = device or default_device()
+    model = AutoModelForCausalLM.from_pretrained(str(base), dtype=parse_dtype(dtype, device))
+    model.to(device)
+    model.eval()
+    model.requires_grad_(False)
+    return model
+
+
+class ReportContext:
+    """The runs under `config.dir` and the report's output folder (`config`: a ReportConfig of
+    esft.analysis.report_builder)."""
+
+    def __init__(self, config: Any, progress: bool = True):
+        self.config = config
+        self.root = Path(config.dir)
+        self.out = Path(config.output_dir) if config.output_dir else self.root / "report"
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.cache = Cache(self.out, config.recompute)
+        self.progress = progress
+        self.unsupported: list[tuple[str, str]] = []
+        self.results: dict[str, Any] = {}
+        self.runs: list[Run] = []
+        self.chains: list[Chain] = []
+        self.pairs: list[Pair] = []
+        self.tokenizers: dict[str, Any] = {}
+
+    def discover(self) -> None:
+        """Find the runs under DIR (less the excluded ones), their sequential chains and ES-GRPO pairs."""
+        self.runs = [r for r in find_runs(self.root)
+                     if not any(re.search(p, self.rel_run(r)) for p in self.config.exclude)]
+        self.chains = build_chains(self.runs, self.root)
+        self.pairs = build_pairs(self.chains)
+
+    def log(self, msg: str) -> None:
+        if self.progress:
+            print(f"esft report: {msg}", file=sys.stderr, flush=True)
+
+    def skip(self, analysis: str, reason: str) -> None:
+        self.unsupported.append((analysis, reason))
+
+    def fig(self, name: str) -> Path:
+        return self.out / "figures" / f"{name}.png"
+
+    def rel(self, path: Path) -> str:
+        """`path` relative to the report's folder (links in report.md keep working when DIR is moved)."""
+        return os.path.relpath(Path(path).resolve(), self.out.resolve())
+
+    def rel_run(self, r: Run) -> str:
+        try:
+            return str(r.path.relative_to(self.root.resolve())) or "."
+        except ValueError:
+            return str(r.path)
+
+    def gen_config(self, chain: Chain | None = None):
+        from esft.generation import GenerationConfig
+
+        mnt = self.config.max_new_tokens
+        if mnt is None:
+            vals = [r.hyper("max_new_tokens", "max_completion_length") for c in ([chain] if chain else self.chains)
+                    for r in c.runs]
+            vals = [int(v) for v in vals if v]
+            mnt = max(vals) if vals else 256
+        return GenerationConfig(max_new_tokens=int(mnt), temperature=0.0, batch_size=self.config.batch_size)
+
+    def task_options(self) -> dict[str, dict[str, Any]]:
+        """Task constructor options the runs trained with (e.g. BoolQ passage cuts), so evaluation matches."""
+        opts: dict[str, dict[str, Any]] = {}
+        for r in self.runs:
+            t = r.task
+            if not t:
+                continue
+            o = dict(r.config.get("task_options") or {})
+            if r.config.get("max_passage_chars"):
+                o.setdefault("max_passage_chars", r.config["max_passage_chars"])
+            if o:
+                opts.setdefault(t, o)
+        return opts
+
+    def load(self, base: Path, weights: Path | None = None):
+        """A model with `weights` (a checkpoint folder) on the architecture and tokenizer of `base` (checkpoint
+        folders need not carry a tokenizer)."""
+        from esft.analysis.landscape import set_weights
+        from esft.models import load_model
+
+        key = str(Path(base).resolve())
+        if key not in self.tokenizers:
+            model, tok = load_model(str(base), dtype=self.config.dtype, device=self.config.device)
+            self.tokenizers[key] = tok
+        else:
+            # same weights loading as load_model, without reading the tokenizer again (~0.3 s a time)
+            model, tok = load_model_only(base, self.config.dtype, self.config.device), self.tokenizers[key]
+        if weights is not None and Path(weights).resolve() != Path(base).resolve():
+            set_weights(model, weights)
+        return model, tok
+
+    def plot(self, cached: bool, path: Path, draw: Callable[[], Any]) -> Path:
+        """Draw a figure unless its data came from the cache and the PNG is already there (figures cost
+        ~0.4 s each)."""
+        if not (cached and path.exists()):
+            draw()
+        return path

@@ -1,0 +1,160 @@
+"""An experiment folder's measured records, as the tables read them: the plan, every finished stage's
+`result.json` and `status.json`, and the values a table cell takes from them (accuracy, the constant-answer
+baseline, the evaluation settings)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from esft import paper
+from esft.tables import DASH, Cell
+
+CONSTANT_LABEL = "Constant answer"
+CONSTANT_NOTE = ("Constant answer: accuracy (%) of always giving the most frequent gold answer of the evaluated "
+                 "examples, with its 95% Wilson interval.")
+
+
+def task_name(task: str, short: bool = False) -> str:
+    """Display name; a task with options (countdown:numbers=2,ops=+) shows them: Countdown (numbers=2, ops=+)."""
+    base, _, options = task.partition(":")
+    name = (paper.TASK_DISPLAY_SHORT if short else paper.TASK_DISPLAY).get(base, base)
+    return f"{name} ({options.replace(',', ', ')})" if options else name
+
+
+@dataclass
+class Experiment:
+    root: Path
+    spec: dict[str, Any]
+    stages: list[dict[str, Any]]
+    """plan entries (plan.json), in execution order"""
+    results: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """stage key -> result.json of finished stages"""
+    statuses: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    @property
+    def seeds(self) -> list[int]:
+        return list(self.spec.get("seeds", []))
+
+    @property
+    def tasks(self) -> list[str]:
+        return list(self.spec.get("tasks", []))
+
+    @property
+    def holdout(self) -> list[str]:
+        return list(self.spec.get("evaluation", {}).get("holdout", []))
+
+    @property
+    def ifeval_metric(self) -> str:
+        return self.spec.get("ifeval_metric", "prompt_strict")
+
+    def tracks(self, kind: str) -> list[tuple[str, str]]:
+        """(track, display) of the training stages of a kind ("single-task" / "sequential"), in plan order."""
+        seen: dict[str, str] = {}
+        for s in self.stages:
+            if s["kind"] == "train" and f"/{kind}/" in f"/{s['key']}/":
+                seen.setdefault(s["track"], s["display"])
+        return list(seen.items())
+
+    def find(self, kind: str, seed: int, track: str, task: str | None = None, index: int | None = None
+             ) -> dict[str, Any] | None:
+        for s in self.stages:
+            if (s["kind"] == "train" and s["seed"] == seed and s["track"] == track and f"/{kind}/" in f"/{s['key']}/"
+                    and (task is None or s["task"] == task) and (index is None or s["index"] == index)):
+                return self.results.get(s["key"])
+        return None
+
+    @property
+    def base(self) -> dict[str, Any] | None:
+        return self.results.get("base")
+
+    def cell(self, get: Callable[[int], float | None], bold: bool = False) -> Cell:
+        """A table cell holding `get(seed)` for every seed of the experiment."""
+        return Cell({seed: get(seed) for seed in self.seeds}, bold)
+
+
+def load_experiment(root: str | Path) -> Experiment:
+    root = Path(root)
+    plan_path = root / "plan.json"
+    if not plan_path.exists():
+        raise FileNotFoundError(f"{root} is not an experiment folder (no plan.json; run `esft experiment run` first)")
+    plan = json.loads(plan_path.read_text())
+    exp = Experiment(root, plan["spec"], plan["stages"])
+    for s in exp.stages:
+        for name, target in (("result.json", exp.results), ("status.json", exp.statuses)):
+            path = root / s["key"] / name
+            if path.exists():
+                try:
+                    target[s["key"]] = json.loads(path.read_text())
+                except json.JSONDecodeError:
+                    pass
+    return exp
+
+
+def accuracy(record: dict[str, Any] | None, task: str, ifeval_metric: str = "prompt_strict") -> float | None:
+    """Accuracy in % of `task` in a stage record (IFEval: the chosen strict/loose level)."""
+    if not record:
+        return None
+    summary = record.get("eval", {}).get(task)
+    if not summary:
+        return None
+    key = ifeval_metric if task == "ifeval" and ifeval_metric in summary else "accuracy"
+    value = summary.get(key)
+    return None if value is None else 100.0 * float(value)
+
+
+def constant_baseline(exp: Experiment, task: str) -> dict[str, Any] | None:
+    """The constant-answer baseline of `task`'s evaluated examples: from the base model's evaluation, else from
+    the first stage that recorded one (every stage evaluates the same examples)."""
+    for rec in [exp.base, *exp.results.values()]:
+        summary = ((rec or {}).get("eval") or {}).get(task) or {}
+        if summary.get("constant_baseline") is not None:
+            return summary
+    return None
+
+
+def constant_text(summary: dict[str, Any] | None, ci: bool = True) -> str:
+    """`63.5 [56.6, 69.9]` (%, with the Wilson interval), or a dash."""
+    if not summary:
+        return DASH
+    text = f"{100 * float(summary['constant_baseline']):.1f}"
+    interval = summary.get("constant_baseline_ci95")
+    return f"{text} [{100 * interval[0]:.1f}, {100 * interval[1]:.1f}]" if ci and interval else text
+
+
+def constant_row(exp: Experiment, tasks: Sequence[str], repeat: int = 1) -> tuple[str, list[Cell | str]] | None:
+    """A table row of constant-answer baselines, one per task, each repeated `repeat` times; None without any."""
+    found = [constant_baseline(exp, t) for t in tasks]
+    if not any(found):
+        return None
+    return CONSTANT_LABEL, [constant_text(f) for f in found for _ in range(repeat)]
+
+
+def eval_note(exp: Experiment, tasks: Sequence[str]) -> str:
+    ev = exp.spec.get("evaluation", {})
+    parts = []
+    for t in tasks:
+        per = ev.get("per_task", {}).get(t, {})
+        limit = per.get("limit", ev.get("limit"))
+        tokens = per.get("max_new_tokens", ev.get("max_new_tokens"))
+        n = eval_n(exp, t)
+        parts.append(f"{task_name(t)} n={n if n is not None else limit or 'all'}, {tokens} new tokens")
+    return "Greedy evaluation on the test split: " + "; ".join(parts) + "."
+
+
+def eval_n(exp: Experiment, task: str) -> int | None:
+    for r in exp.results.values():
+        s = r.get("eval", {}).get(task)
+        if s and "n" in s:
+            return int(s["n"])
+    return None
+
+
+def seed_note(exp: Experiment) -> str:
+    n = len(exp.seeds)
+    if n == 1:
+        return f"Seed {exp.seeds[0]}."
+    return f"Mean ± sample std (ddof=1) over {n} seeds ({', '.join(map(str, exp.seeds))}); the base model is " \
+           f"evaluated once (greedy decoding does not depend on the seed)."

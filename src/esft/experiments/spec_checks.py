@@ -1,0 +1,164 @@
+"""The checks experiment specs are parsed with (esft.experiments.spec): each value against what it must be, the
+error naming the file and line (`SpecContext.error`), with close matches for a misspelt name."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from typing import Any
+
+from esft.experiments.algorithms import Algorithm
+from esft.experiments.yamlines import LineDict, LineList, SpecError, plain
+
+#: fields the experiment sets itself (esft.experiments.plan), never an option block
+RUNNER_FIELDS = ("model", "task", "seed", "output_dir", "resume", "noise_stream")
+#: task options, which live at the spec's top level so that training and evaluation see the same prompts
+TASK_OPTION_FIELDS = ("max_passage_chars", "task_options")
+
+
+class SpecContext:
+    """Formats `file:line: message` errors."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def error(self, line: int, message: str) -> SpecError:
+        return SpecError(f"{self.path}:{line}: {message}" if line else f"{self.path}: {message}")
+
+
+def did_you_mean(name: Any, choices: typing.Iterable[str]) -> str:
+    close = difflib.get_close_matches(str(name), list(choices), n=3)
+    return f" (did you mean {', '.join(close)}?)" if close else ""
+
+
+def as_mapping(ctx: SpecContext, value: Any, where: str, line: int) -> LineDict:
+    if value is None:
+        out = LineDict()
+        out.line = line
+        return out
+    if not isinstance(value, dict):
+        raise ctx.error(line, f"{where} must be a mapping, got {value!r}")
+    if not isinstance(value, LineDict):  # built from Python (tests, API): no lines
+        out = LineDict(value)
+        out.line = line
+        return out
+    return value
+
+
+def check_keys(ctx: SpecContext, block: LineDict, allowed: typing.Iterable[str], where: str) -> None:
+    allowed = list(allowed)
+    for key in block:
+        if key not in allowed:
+            raise ctx.error(block.line_of(key), f"unknown key {key!r} in {where}{did_you_mean(key, allowed)}; "
+                                                f"allowed: {', '.join(allowed)}")
+
+
+def check_int(ctx: SpecContext, value: Any, line: int, where: str, minimum: int | None = None,
+              optional: bool = False) -> Any:
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ctx.error(line, f"{where} must be an integer, got {value!r}")
+    if minimum is not None and value < minimum:
+        raise ctx.error(line, f"{where} must be >= {minimum}, got {value}")
+    return value
+
+
+def check_task_list(ctx: SpecContext, value: Any, line: int, where: str,
+                    allowed: typing.Sequence[str]) -> list[str]:
+    from esft.tasks import get_task, split_task_list
+
+    if isinstance(value, str):
+        try:  # "countdown:numbers=2,ops=+, boolq" is two tasks: the comma inside options does not split
+            value = split_task_list(value)
+        except ValueError as exc:
+            raise ctx.error(line, f"{where}: {exc}") from None
+    if not isinstance(value, list):
+        raise ctx.error(line, f"{where} must be a list of task names, got {value!r}")
+    out = []
+    for i, name in enumerate(value):
+        item_line = value.line_of(i) if isinstance(value, LineList) else line
+        key = str(name).strip().lower()
+        if key not in allowed and key.partition(":")[0].strip() in allowed and ":" in key:
+            try:  # a task with options (esft.tasks): checked by building it, before any compute
+                get_task(key)
+            except ValueError as exc:
+                raise ctx.error(item_line, f"{where}: {exc}") from None
+        elif key not in allowed:
+            raise ctx.error(item_line, f"unknown task {name!r} in {where}{did_you_mean(key, allowed)}; "
+                                       f"known: {', '.join(allowed)}")
+        if key in out:
+            raise ctx.error(item_line, f"task {name!r} appears twice in {where}")
+        out.append(key)
+    return out
+
+
+def type_ok(value: Any, hint: Any) -> bool:
+    """Loose check of a YAML value against a dataclass field type (ints pass for floats; None for optionals)."""
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(type_ok(value, h) for h in typing.get_args(hint))
+    if hint is type(None):
+        return value is None
+    if hint is Any:
+        return True
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is str:
+        return isinstance(value, str)
+    if origin in (list, tuple) or hint in (list, tuple):
+        return isinstance(value, list)
+    if origin is dict or hint is dict:
+        return isinstance(value, dict)
+    return True
+
+
+def check_options(ctx: SpecContext, block: LineDict, algo: Algorithm, where: str, skip: typing.Iterable[str] = (),
+                  allow_budget_list: bool = False) -> dict[str, Any]:
+    """Field overrides of an option block, each key checked against the config dataclass with its line."""
+    from esft.config import coerce
+
+    names = {f.name for f in dataclasses.fields(algo.config_cls)}
+    hints = typing.get_type_hints(algo.config_cls)
+    out: dict[str, Any] = {}
+    for key, value in block.items():
+        if key in skip:
+            continue
+        line = block.line_of(key)
+        name = str(key).replace("-", "_")
+        if name in RUNNER_FIELDS:
+            raise ctx.error(line, f"{where}: {key!r} is set by the experiment (top-level model / tasks / seeds, "
+                                  f"--output-dir, the stage's place in a chain), not per algorithm")
+        if name in TASK_OPTION_FIELDS:
+            raise ctx.error(line, f"{where}: {key!r} is a task option; put it under the top-level task_options "
+                                  f"(e.g. task_options: {{boolq: {{max_passage_chars: 400}}}}) so training and "
+                                  f"evaluation see the same prompts")
+        if name not in names:
+            raise ctx.error(line, f"unknown option {key!r} in {where} for {algo.name} "
+                                  f"({algo.config_cls.__name__}){did_you_mean(name, names)}")
+        if name == algo.budget_field and isinstance(value, list):
+            if not allow_budget_list:
+                raise ctx.error(line, f"{where}: {key} must be one number here ({algo.name} "
+                                      + ("cannot extend a finished run, so one run cannot serve several budgets; "
+                                         "use one label per budget)" if not algo.extendable else
+                                         "inside a chain or a per-task block)"))
+            budgets = [check_int(ctx, b, value.line_of(i) if isinstance(value, LineList) else line,
+                                 f"{where}.{key}", 1) for i, b in enumerate(value)]
+            if not budgets or sorted(set(budgets)) != budgets:
+                raise ctx.error(line, f"{where}.{key}: budgets must be a non-empty increasing list, got {value!r}")
+            out[name] = list(budgets)
+            continue
+        try:
+            converted = coerce(algo.config_cls, {name: value}, where)[name]
+        except (ValueError, TypeError) as exc:
+            raise ctx.error(line, f"{where}.{key}: {exc}") from None
+        if not type_ok(converted, hints[name]):
+            raise ctx.error(line, f"{where}.{key}: expected {hints[name]}, got {value!r}")
+        out[name] = plain(converted)  # no line-keeping containers in trainer configs (they are saved as YAML)
+    return out

@@ -1,0 +1,259 @@
+"""The study's tables from an experiment folder's measured stage records (`result.json`), as Markdown and CSV.
+
+    Table 1      single-task accuracy: rows tasks; columns Base, then each method (ES (iter=100), ..., GRPO)
+    Table 2      holdout accuracy through the sequence: rows Base model, After Task k (Name), Δ (base → final);
+                 columns method x holdout, holdout-major (ES (MMLU), GRPO (MMLU), ES (IFEval), GRPO (IFEval))
+    Tables 5-8   one per sequential method: rows Base, After <task>; columns the trained tasks; the task just
+                 trained in bold
+    Table 18     compute per task: the study's formulas (2*iters*N*batch*P*L, 8*T*prompts*K*P*L) beside what the
+                 runs actually generated (generations, prompt and generated tokens, FLOPs from those counts;
+                 esft.experiments.compute_tables)
+
+Cells are accuracies in %: one seed prints the value; several print mean ± std (sample std, ddof = 1), and the
+per-seed values follow in a second table. CSV files keep the layout, with numeric mean / std / per-seed columns.
+
+Where the evaluations recorded it (`constant_baseline`, esft.evaluation), every accuracy table also shows the
+*constant answer* baseline: the accuracy of always giving the most frequent gold answer of the evaluated examples,
+with its 95% Wilson interval (a column of Table 1, a row of the others). An accuracy inside that interval is
+what a prior alone reaches.
+
+The records are read by esft.experiments.records; every table is an `esft.tables.Table` (rows of cells), which
+renders the Markdown and CSV.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from esft.experiments.compute_tables import compute_row, table18
+from esft.experiments.records import (
+    CONSTANT_LABEL, CONSTANT_NOTE, Experiment, accuracy, constant_baseline, constant_row, constant_text, eval_note,
+    load_experiment, seed_note, task_name,
+)
+from esft.tables import DASH, Cell, Row, Table, csv_text
+
+TABLES_DIR = "tables"
+
+
+# ---- the tables ------------------------------------------------------------------------------------------------------
+
+def table1(exp: Experiment) -> Table | None:
+    tracks = exp.tracks("single-task")
+    if not tracks:
+        return None
+    constants = [constant_baseline(exp, t) for t in exp.tasks]
+    with_constant = any(constants)
+    cols = ["Task"] + ([CONSTANT_LABEL] if with_constant else []) + ["Base"] + [d for _, d in tracks]
+    rows = []
+    for task, constant in zip(exp.tasks, constants):
+        cells: list[Cell | str] = [constant_text(constant)] if with_constant else []
+        cells.append(exp.cell(lambda s, t=task: accuracy(exp.base, t, exp.ifeval_metric)))
+        for track, _ in tracks:
+            cells.append(exp.cell(lambda s, tr=track, t=task: accuracy(exp.find("single-task", s, tr, t), t,
+                                                                         exp.ifeval_metric)))
+        rows.append((task_name(task), cells))
+    notes = [seed_note(exp), eval_note(exp, exp.tasks)] + ([CONSTANT_NOTE] if with_constant else [])
+    return Table("table1_single_task", f"Table 1: Accuracy (%) for single task training ({exp.spec.get('model')}).",
+                 cols, rows, notes, seeds=exp.seeds)
+
+
+def table2(exp: Experiment) -> Table | None:
+    tracks = exp.tracks("sequential")
+    if not tracks or not exp.holdout:
+        return None
+    cols = ["Stage"] + [f"{d} ({task_name(h)})" for h in exp.holdout for _, d in tracks]
+    k_max = len(exp.tasks)
+
+    def value(seed: int, track: str, h: str, k: int) -> float | None:
+        rec = exp.base if k == 0 else exp.find("sequential", seed, track, index=k)
+        return accuracy(rec, h, exp.ifeval_metric)
+
+    def delta(seed: int, track: str, h: str) -> float | None:
+        a, b = value(seed, track, h, 0), value(seed, track, h, k_max)
+        return None if a is None or b is None else b - a
+
+    rows: list[Row] = []
+    constant = constant_row(exp, exp.holdout, repeat=len(tracks))
+    if constant:
+        rows.append(constant)
+    for k in range(k_max + 1):
+        label = "Base model" if k == 0 else f"After Task {k} ({task_name(exp.tasks[k - 1])})"
+        rows.append((label, [exp.cell(lambda s, tr=tr, h=h, k=k: value(s, tr, h, k))
+                             for h in exp.holdout for tr, _ in tracks]))
+    delta_label = "Δ (base → final)"
+    rows.append((delta_label, [exp.cell(lambda s, tr=tr, h=h: delta(s, tr, h)) for h in exp.holdout
+                               for tr, _ in tracks]))
+    notes = [seed_note(exp), eval_note(exp, exp.holdout)] + ([CONSTANT_NOTE] if constant else [])
+    if "ifeval" in exp.holdout:
+        notes.append(f"IFEval: {exp.ifeval_metric.replace('_', '-')} accuracy.")
+    return Table("table2_holdout", "Table 2: Holdout benchmark accuracy (%) throughout sequential training.",
+                 cols, rows, notes, signed_rows={delta_label}, seeds=exp.seeds)
+
+
+def tables5_8(exp: Experiment) -> list[Table]:
+    out = []
+    for track, display in exp.tracks("sequential"):
+        cols = ["Stage"] + [task_name(t, short=True) for t in exp.tasks]
+        constant = constant_row(exp, exp.tasks)
+        rows: list[Row] = [constant] if constant else []
+        rows.append(("Base", [exp.cell(lambda s, t=t: accuracy(exp.base, t, exp.ifeval_metric))
+                              for t in exp.tasks]))
+        for k, trained in enumerate(exp.tasks, start=1):
+            rows.append((f"After {task_name(trained)}",
+                         [exp.cell(lambda s, t=t, k=k: accuracy(exp.find("sequential", s, track, index=k), t,
+                                                                  exp.ifeval_metric), bold=(t == trained))
+                          for t in exp.tasks]))
+        seeds = len(exp.seeds)
+        what = f"mean ± std over {seeds} seeds" if seeds > 1 else "single seed"
+        title = (f"Tables 5-8 layout: {exp.spec.get('model')}: accuracy (%, {what}) throughout sequential "
+                 f"training with {display}. Bold indicates the task just trained at that stage.")
+        slug = track.replace("@", "_").replace("->", "-").replace("/", "-")
+        out.append(Table(f"table5-8_sequential_{slug}", title, cols, rows,
+                         [seed_note(exp), eval_note(exp, exp.tasks)] + ([CONSTANT_NOTE] if constant else []),
+                         seeds=exp.seeds))
+    return out
+
+
+# ---- method comparison (issue 8: plain ES, DART-ES, low-rank ES, GRPO on one task) --------------------------------
+
+def _summary(record: dict[str, Any] | None, task: str) -> dict[str, Any]:
+    return ((record or {}).get("eval") or {}).get(task) or {}
+
+
+def _percent(value: Any) -> float | None:
+    return None if value is None else 100.0 * float(value)
+
+
+def _ci_text(summary: dict[str, Any]) -> str:
+    ci = summary.get("ci95")
+    return f"[{100 * ci[0]:.1f}, {100 * ci[1]:.1f}]" if ci and None not in ci else DASH
+
+
+def method_tables(exp: Experiment) -> list[Table]:
+    """Per trained task of a single-task experiment: every method beside the base model, greedy accuracy with its
+    Wilson CI, format rate, pass@k of the sampled evaluation (when the spec has `evaluation.passk`) with bootstrap
+    CIs, and the measured training wall time."""
+    tracks = exp.tracks("single-task")
+    if not tracks:
+        return []
+    pk = exp.spec.get("evaluation", {}).get("passk") or {}
+    ks = [str(k) for k in pk.get("k", [])]
+    out = []
+    for task in exp.tasks:
+        first = exp.seeds[0] if exp.seeds else None
+        cols = ["Method", "Accuracy %", "95% CI", "Format %"]
+        cols += [c for k in ks for c in (f"pass@{k} %", f"pass@{k} CI")] + ["Train wall s"]
+
+        def row(get_record: Any, timed: bool) -> list[Cell | str]:
+            cells: list[Cell | str] = [
+                exp.cell(lambda s: _percent(_summary(get_record(s), task).get("accuracy"))),
+                _ci_text(_summary(get_record(first), task)) if len(exp.seeds) == 1 else DASH,
+                exp.cell(lambda s: _percent(_summary(get_record(s), task).get("format_rate")))]
+            for k in ks:
+                cells.append(exp.cell(lambda s, k=k: _percent(((_summary(get_record(s), task).get("sampled") or {})
+                                                               .get("pass@k") or {}).get(k, {}).get("value"))))
+                sampled = (_summary(get_record(first), task).get("sampled") or {}).get("pass@k", {}).get(k, {})
+                cells.append(_ci_text(sampled) if len(exp.seeds) == 1 else DASH)
+            if timed:
+                cells.append(exp.cell(lambda s: (compute_row(get_record(s) or {}) or {}).get("train_seconds")))
+            else:
+                cells.append(DASH)
+            return cells
+
+        rows: list[Row] = []
+        constant = constant_baseline(exp, task)
+        if constant:
+            ci = constant.get("constant_baseline_ci95")
+            rows.append((CONSTANT_LABEL, [constant_text(constant, ci=False),
+                                          f"[{100 * ci[0]:.1f}, {100 * ci[1]:.1f}]" if ci else DASH]
+                         + [DASH] * (len(cols) - 3)))
+        rows.append(("Base", row(lambda s: exp.base, False)))
+        for track, display in tracks:
+            rows.append((display, row(lambda s, tr=track: exp.find("single-task", s, tr, task), True)))
+        notes = [seed_note(exp), eval_note(exp, [task]),
+                 "95% CI: Wilson interval of the greedy accuracy; pass@k: unbiased estimator over the sampled "
+                 "completions with a bootstrap CI over questions."] + ([CONSTANT_NOTE] if constant else [])
+        if pk:
+            notes.append(f"Sampled evaluation: {pk.get('samples')} completions per question at temperature "
+                         f"{pk.get('temperature')}, top_p {pk.get('top_p')}.")
+        out.append(Table(f"methods_{task}", f"Methods on {task_name(task)} ({exp.spec.get('model')}): accuracy, "
+                                            f"pass@k and training time.", cols, rows, notes, seeds=exp.seeds))
+    return out
+
+
+# ---- long format and writing -------------------------------------------------------------------------------------------
+
+def results_csv(exp: Experiment) -> str:
+    """Every evaluation of every finished stage, one row per (stage, task)."""
+    keys = ["n", "accuracy", "ci95_low", "ci95_high", "constant_baseline", "constant_ci95_low", "constant_ci95_high",
+            "constant_answer", "balanced", "format_rate", "accuracy_among_boxed", "prompt_strict", "prompt_loose",
+            "instruction_strict", "instruction_loose", "completion_tokens", "truncated_rate"]
+    rows = []
+    for s in exp.stages:
+        rec = exp.results.get(s["key"])
+        if not rec:
+            continue
+        for task, summ in rec.get("eval", {}).items():
+            ci = summ.get("ci95") or [None, None]
+            cci = summ.get("constant_baseline_ci95") or [None, None]
+            vals = {**summ, "ci95_low": ci[0], "ci95_high": ci[1], "constant_ci95_low": cci[0],
+                    "constant_ci95_high": cci[1]}
+            rows.append([s["key"], s.get("seed") or "", s.get("track") or "", s.get("display") or "",
+                         s.get("index"), s.get("task") or "", task,
+                         *["" if vals.get(k) is None else vals.get(k) for k in keys]])
+    return csv_text(["stage", "seed", "track", "method", "index", "trained_task", "eval_task", *keys], rows)
+
+
+def all_tables(exp: Experiment) -> list[Table]:
+    out: list[Table] = []
+    for t in (table1(exp), table2(exp)):
+        if t is not None:
+            out.append(t)
+    out += tables5_8(exp)
+    out += method_tables(exp)
+    t18 = table18(exp)
+    if t18:
+        out += list(t18)
+    return out
+
+
+def write_all_tables(root: str | Path) -> Path:
+    """Write tables/<name>.md and .csv for every table the finished stages support, tables.md with all of them
+    and the stage statuses, and results.csv (long format). Returns tables.md."""
+    exp = load_experiment(root)
+    folder = Path(root) / TABLES_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    tables = all_tables(exp)
+    parts = [f"# {exp.spec.get('name')}: {exp.spec.get('kind')} experiment, {exp.spec.get('model')}", ""]
+    if exp.spec.get("description"):
+        parts += [exp.spec["description"].strip(), ""]
+    for t in tables:
+        (folder / f"{t.name}.md").write_text(t.markdown())
+        (folder / f"{t.name}.csv").write_text(t.csv())
+        parts += [t.markdown(), ""]
+    (folder / "results.csv").write_text(results_csv(exp))
+    bad = {k: v for k, v in exp.statuses.items() if v.get("status") != "done"}
+    done = sum(1 for v in exp.statuses.values() if v.get("status") == "done")
+    parts += ["### Stages", "", f"{done} of {len(exp.stages)} stages done."]
+    for key, st in bad.items():
+        parts.append(f"- {key}: {st.get('status')}" + (f" ({st['error']})" if st.get("error") else ""))
+    wall = _wall_time(Path(root))
+    if wall:
+        parts.append(f"\nWall time of all `esft experiment run` invocations: {wall:,.0f} s ({wall / 3600:.2f} h).")
+    path = folder / "tables.md"
+    path.write_text("\n".join(parts).rstrip() + "\n")
+    return path
+
+
+def _wall_time(root: Path) -> float:
+    total = 0.0
+    path = root / "invocations.jsonl"
+    if path.exists():
+        for line in path.read_text().splitlines():
+            try:
+                total += float(json.loads(line).get("wall_s", 0.0))
+            except (json.JSONDecodeError, ValueError):
+                continue
+    return total
