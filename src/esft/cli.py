@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from typing import Any, Callable, Sequence
@@ -106,8 +107,6 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _explicit(args: argparse.Namespace, cls: type) -> dict[str, Any]:
-    import dataclasses
-
     names = {f.name for f in dataclasses.fields(cls)}
     return {k: v for k, v in vars(args).items() if k in names}
 
@@ -125,7 +124,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser.add_argument("--version", action="version", version=f"esft {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
+    _add_eval_env_bench(sub)
+    _add_train(sub)
+    _add_analysis(sub)
+    from esft.experiments.experiment_cli import add_experiment_parser
 
+    add_experiment_parser(sub)
+    return parser
+
+
+def _add_eval_env_bench(sub: argparse._SubParsersAction) -> None:
+    from esft.bench import BenchConfig
     from esft.evaluation import EvalConfig
 
     p = sub.add_parser("eval", help="evaluate a model on tasks (accuracy with 95%% CI, completions as JSONL)")
@@ -138,30 +147,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_env)
 
     p = sub.add_parser("bench", help="ES iteration speed vs this machine's matmul roofline and vs naive ES code")
-    p.add_argument("--workloads", default="decode-heavy,cpu-preset", help="comma-separated: decode-heavy,cpu-preset")
-    p.add_argument("--repeats", type=int, default=1, help="iterations per engine and workload (fastest reported)")
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    # generation overrides come as --set KEY=VALUE; the bench reads no --config file, so its flags carry the
+    # config's defaults
+    add_dataclass_arguments(p, BenchConfig, skip=("generation",))
+    p.set_defaults(**{f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
+                      for f in dataclasses.fields(BenchConfig) if f.name != "generation"})
     p.add_argument("--json", action="store_true", help="one JSON object instead of the table")
-    p.add_argument("--model", default="smollm2-135m", help="model name or folder")
-    p.add_argument("--population", type=int, default=4, help="N members (the acceptance numbers use 4)")
-    p.add_argument("--noise", default=None,
-                   help="esft noise mode: table (default), per-tensor (default with --exact), lowrank, ...")
-    p.add_argument("--exact", action="store_true",
-                   help="measure the bit-exact defaults (per-tensor noise, no shared-prefix prefill)")
-    p.add_argument("--rank", type=int, default=1, help="rank r of --noise lowrank")
-    p.add_argument("--no-naive", action="store_true", help="skip the naive iteration (no speedup)")
-    p.add_argument("--workers", type=int, default=1,
-                   help="evaluate members in parallel on this many Ray worker processes, threads/workers torch "
-                        "threads each (esft's --executor ray); 1 = one process")
-    p.add_argument("--parallel-members", type=int, default=None,
-                   help="members the local executor evaluates at once, one thread each (default: 2; 1 with --exact)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="GenerationConfig override for the esft engine (lever experiments), e.g. lean=false")
-    p.add_argument("--check-outputs", action="store_true",
-                   help="also compare esft's greedy completions with model.generate's on each workload's batch "
-                        "(unperturbed model; one extra generation per engine)")
     p.set_defaults(func=_bench)
 
+
+def _add_train(sub: argparse._SubParsersAction) -> None:
     train = sub.add_parser("train", help="fine-tune with ES or GRPO")
     algos = train.add_subparsers(dest="algorithm", required=True)
     try:
@@ -188,6 +185,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_dataclass_arguments(p, GRPOConfig)
     p.set_defaults(func=_train_grpo)
 
+
+def _add_analysis(sub: argparse._SubParsersAction) -> None:
     from esft.analysis.commands import COMMANDS
     from esft.analysis.report_builder import ReportConfig
 
@@ -204,11 +203,6 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run_options(p, None)
     add_dataclass_arguments(p, ReportConfig, skip=("dir",))
     p.set_defaults(func=_report)
-
-    from esft.experiments.experiment_cli import add_experiment_parser
-
-    add_experiment_parser(sub)
-    return parser
 
 
 COMPUTE_COMMANDS = ("train", "eval", "bench", "experiment", "report", "analyze")

@@ -1,0 +1,366 @@
+"""`esft bench`: how close an ES iteration gets to this machine's arithmetic limit, and how much faster it is than
+the way public ES code does it. One run measures everything on the current machine:
+
+* `matmul_gflops`: a 2048^3 matmul in the model's dtype with the bench's thread count, best of five, measured
+  before the first workload and after each (`matmul_gflops_readings`), the best reading kept: the machine's
+  capability, so that a reading taken while other processes held the cores does not inflate the roofline ratio;
+  `matmul_gflops_bf16` likewise in bf16 when the screened lm_head runs its bf16 matmul;
+* per workload, one full esft ES iteration (`LocalExecutor` perturb -> generate -> score -> restore per member,
+  `ES.tell`, `MasterWeights.apply`) and the same iteration done the naive way (perturb in place with noise
+  regenerated from the seed, `model.generate` over the batch, restore by regenerating the noise and subtracting
+  it, update by regenerating every member's noise again).
+
+The esft iteration runs esft's fast configuration by default (FAST_GENERATION, FAST_NOISE, FAST_PARALLEL_MEMBERS:
+shared-prefix and length-bucketed prefill, packed oneDNN linears, the compiled attention kernel, the screened
+lm_head, table noise, two members at once on one thread each; all recorded in the report); `--exact` measures the
+bit-exact defaults.
+
+Definitions:
+
+* roofline_ratio = (executed fp32 FLOPs / matmul_gflops + executed bf16 FLOPs / matmul_gflops_bf16) / iteration_s:
+  the fastest the arithmetic the iteration really executed could run at this machine's measured matmul rates,
+  over the time it took. Executed FLOPs are counted by `executed_flops` (prefill of the positions really computed,
+  after prefix sharing and with bucket padding; lm_head only where logits were computed; one decode step per live
+  row; attention over the attended columns). It cannot exceed 1 unless some kernel runs faster than the 2048^3
+  matmul of the same dtype (possible: the oneDNN prefill matmuls reached ~210 GFLOP/s fp32 on a machine where
+  the 2048^3 matmul read ~190, so a prefill-bound iteration could come out above 1).
+  `executed_gflop` is that FLOP count, `executed_flops` its fp32 / bf16 split; generate_roofline_ratio is the same
+  over the generation time alone (per-member generate times, summed over the lanes, divided by the lanes).
+* delivered_tokens_per_s = (prompt + generated tokens) / iteration_s: every token the iteration served, including
+  prompt tokens that prefix sharing never computed; generated_tokens_per_s = generated tokens / iteration_s.
+  Token counts are unpadded prompt tokens plus generated tokens up to and including eos, summed over the N
+  members.
+* overhead_fraction = (perturb + restore + update) / iteration_s; speedup_vs_naive = naive_iteration_s /
+  iteration_s.
+
+Workloads:
+
+* `decode-heavy`: 32 chat prompts of 60-64 tokens (BoolQ passages cut to length), 256 new tokens, N 4. eos is
+  suppressed for the first 256 tokens in both engines (`min_new_tokens`), so every completion has full length and
+  both engines process exactly the same tokens.
+* `cpu-preset`: the ES `cpu` preset's batch (16 BoolQ prompts, passages cut to 400 characters, ~200 tokens),
+  completion budget (24 tokens, eos allowed) and generation batch size, N 4.
+
+The fitness is a deterministic pseudo-score of each completion's text (not the task's 0/1 score) plus a tiny
+member-dependent term, so that the update is never all-zero and its cost is always measured. Timings mean
+nothing on a loaded machine: the 1-minute load average is recorded beside each workload. Low-rank populations and
+Ray workers report no executed FLOPs (their completions' lengths per row are not seen here), so no roofline ratio.
+
+Modules: roofline (executed FLOPs, matmul rates, machine facts), workloads (prompts and the pseudo-task),
+iterations (esft's and the naive iteration, the output check); this one holds `BenchConfig` (its fields are the
+command's flags, through esft.config) and the driver.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import torch
+
+from esft.bench.iterations import check_outputs, esft_iteration, esft_iteration_parallel, naive_iteration
+from esft.bench.roofline import (
+    ModelShape, count_params, cpu_info, effective_layout, executed_flops, load_average, matmul_gflops, roofline_ratio,
+)
+from esft.bench.workloads import WORKLOADS, PseudoTask, Workload, bench_fitness, build_workload
+from esft.config import FAST_CPU_GENERATION, build_config
+
+__all__ = ["BenchConfig", "FAST_GENERATION", "FAST_NOISE", "FAST_PARALLEL_MEMBERS", "ModelShape", "PseudoTask",
+           "WORKLOADS", "Workload", "bench_fitness", "build_workload", "check_outputs", "count_params", "cpu_info",
+           "effective_layout", "esft_iteration", "esft_iteration_parallel", "executed_flops", "format_table",
+           "load_average", "main", "matmul_gflops", "naive_iteration", "parse_overrides", "roofline_ratio",
+           "run_bench"]
+
+#: esft's fast configuration, measured by default: esft.config.FAST_CPU_GENERATION (shared-prefix and
+#: length-bucketed prefill, oneDNN packed linears, the compiled attention kernel) and noise from the shared table.
+#: `--exact` measures the bit-exact defaults instead (per-tensor noise, plain prefill, torch ops: outputs
+#: bit-identical to model.generate's arithmetic).
+FAST_GENERATION: dict[str, Any] = dict(FAST_CPU_GENERATION)
+FAST_NOISE = "table"
+FAST_PARALLEL_MEMBERS = 2
+
+
+@dataclass
+class BenchConfig:
+    """What `esft bench` runs (one flag per field, via esft.config; `--set KEY=VALUE` adds generation overrides)."""
+
+    model: str = "smollm2-135m"
+    """model name or folder"""
+    workloads: list[str] = field(default_factory=lambda: list(WORKLOADS))
+    """comma-separated: decode-heavy,cpu-preset"""
+    repeats: int = 1
+    """esft and naive iterations per workload; the fastest of each is reported (the rest are in `runs`)"""
+    threads: int | None = None
+    """torch intra-op threads (None = torch's default)"""
+    population: int = 4
+    """N members (the acceptance numbers use 4)"""
+    exact: bool = False
+    """measure the bit-exact defaults (per-tensor noise, no shared-prefix prefill, one member at a time) instead of
+    esft's fast configuration"""
+    noise: str | None = None
+    """esft noise mode for the esft iteration (`MasterWeights` noise modes, "per-tensor" being the ES default, or
+    "lowrank": EGGROLL populations, all members in one batched generation, esft.es.lowrank); None = table, or
+    per-tensor with --exact"""
+    rank: int = 1
+    """rank r of the "lowrank" noise"""
+    naive: bool = True
+    """also time the naive iteration (needed for speedup_vs_naive)"""
+    generation: dict[str, Any] | None = None
+    """overrides of `GenerationConfig` fields for the esft engine (None = FAST_GENERATION, or none with --exact;
+    lever experiments)"""
+    parallel_members: int | None = None
+    """members the local executor evaluates at once, one thread each (`ESConfig.parallel_members`); the lanes'
+    model copies are made before the timed iteration, as a training run makes them once; None = 2, or 1 with
+    --exact"""
+    workers: int = 1
+    """members evaluated in parallel, each by its own model replica in a Ray worker process with
+    `threads // workers` torch threads (esft's `--executor ray`); 1 = the local executor in this process"""
+    seed: int = 0
+    """seed of the ES population (its member noise)"""
+    check_outputs: bool = False
+    """also generate each workload's batch once with esft's engine (these generation options) and once with
+    `model.generate`, on the unperturbed model, and report how many greedy completions are identical"""
+
+    def __post_init__(self) -> None:
+        # unset options take esft's fast configuration, or the bit-exact defaults with `exact`
+        if self.noise is None:
+            self.noise = "per-tensor" if self.exact else FAST_NOISE
+        if self.generation is None:
+            self.generation = {} if self.exact else dict(FAST_GENERATION)
+        if self.parallel_members is None:
+            self.parallel_members = 1 if self.exact else FAST_PARALLEL_MEMBERS
+
+    def check(self) -> None:
+        """Fail before any measurement on a workload name or lane count that cannot run."""
+        for w in self.workloads:
+            if w not in WORKLOADS:
+                raise ValueError(f"unknown workload {w!r}; choose from {', '.join(WORKLOADS)}")
+        if self.parallel_members < 1:
+            raise ValueError(f"--parallel-members must be >= 1, got {self.parallel_members}")
+
+
+# ---- driver -------------------------------------------------------------------------------------------------
+
+def _snapshot(model) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+@torch.no_grad()
+def _reset(model, snapshot: dict[str, torch.Tensor]) -> None:
+    for n, p in model.named_parameters():
+        p.copy_(snapshot[n])
+
+
+def run_bench(config: BenchConfig, model=None, tokenizer=None, log=print) -> dict[str, Any]:
+    if config.threads:
+        torch.set_num_threads(int(config.threads))
+    if model is None:
+        from esft.models import load_model
+
+        model, tokenizer = load_model(config.model, dtype="float32", device="cpu")
+    model.eval()
+    model.requires_grad_(False)
+    dtype = next(model.parameters()).dtype
+    log(f"threads {torch.get_num_threads()}, load {load_average()}: measuring matmul ...")
+    from esft.generation import GenerationConfig
+
+    # the screened lm_head's full-vocabulary matmul runs in bf16: its FLOPs are weighed at the bf16 rate
+    screened = effective_layout(model, dataclasses.replace(GenerationConfig(temperature=0.0, engine="esft"),
+                                                           **config.generation))["screened_lm_head"]
+    counted = config.noise != "lowrank" and config.workers == 1  # where executed FLOPs are known (module doc)
+    readings: dict[str, list[float]] = {"fp32": [], "bf16": []}
+
+    def measure() -> None:
+        readings["fp32"].append(round(matmul_gflops(dtype), 2))
+        if screened and counted:
+            readings["bf16"].append(round(matmul_gflops(torch.bfloat16), 2))
+
+    measure()
+    timed: dict[str, tuple[dict[str, int], dict[str, float]]] = {}  # workload -> executed FLOPs, unrounded timings
+    report = _report_head(config, model, dtype, readings)
+    snapshot = _snapshot(model)
+    # Write every parameter once before timing anything: a checkpoint loaded through safetensors is memory-mapped,
+    # and the first write to each page is a copy-on-write page fault (~0.8 s for 540 MB here) that would land in
+    # whichever iteration perturbs first. A training run pays it once, at its first perturbation.
+    _reset(model, snapshot)
+    for name in config.workloads:
+        work = build_workload(name, tokenizer)
+        check = None
+        if config.check_outputs:
+            log(f"{name}: checking greedy outputs against model.generate ...")
+            check = check_outputs(model, tokenizer, work, config.generation)
+        loads = [load_average()]
+        runs = _iterations(config, model, tokenizer, name, work, snapshot, loads, log)
+        entry, flops, timings = _workload_entry(runs, loads, config.noise)
+        if flops is not None:
+            timed[name] = (flops, timings)
+        if check is not None:
+            entry["outputs_vs_hf_generate"] = check
+        report["workloads"][name] = entry
+        log(f"{name}: measuring matmul again (load {load_average()}) ...")
+        measure()
+    _rooflines(report, readings, timed)
+    report["load_avg_1min_end"] = load_average()
+    return report
+
+
+def _report_head(config: BenchConfig, model, dtype: torch.dtype, readings: dict[str, list[float]]) -> dict[str, Any]:
+    """The report's machine, model and configuration fields; `workloads` to fill, the matmul rates to come."""
+    return {"matmul_gflops": None, "matmul_gflops_bf16": None, "matmul_gflops_readings": readings,
+            "workloads": {},
+            "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "cpu": cpu_info(),
+            "threads": torch.get_num_threads(), "dtype": str(dtype).replace("torch.", ""),
+            "params": count_params(model), "model": config.model, "noise": config.noise,
+            "torch": torch.__version__, "cpu_count": os.cpu_count(),
+            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+            "population": config.population, "generation_overrides": dict(config.generation),
+            "workers": config.workers,
+            "parallel_members": 1 if config.noise == "lowrank" or config.workers > 1 else config.parallel_members}
+
+
+def _iterations(config: BenchConfig, model, tokenizer, name: str, work: Workload,
+                snapshot: dict[str, torch.Tensor], loads: list[float | None], log) -> dict[str, list[dict]]:
+    """`repeats` esft iterations (and naive ones), each from the same weights; the load average after each."""
+    runs: dict[str, list[dict]] = {"esft": [], "naive": []}
+    for r in range(config.repeats):
+        log(f"{name}: esft iteration {r + 1}/{config.repeats} (load {load_average()}) ...")
+        if config.workers > 1 and config.noise == "lowrank":
+            raise ValueError("--workers: a low-rank population is one batched generation in one process")
+        if config.workers > 1:
+            runs["esft"].append(esft_iteration_parallel(
+                model, work, config.population, config.noise, config.generation, config.workers,
+                max(1, torch.get_num_threads() // config.workers), config.model, config.seed))
+        else:
+            runs["esft"].append(esft_iteration(
+                model, tokenizer, work, config.population, config.noise, config.generation, config.seed,
+                config.rank, 1 if config.noise == "lowrank" else config.parallel_members))
+        _reset(model, snapshot)
+        loads.append(load_average())
+        if config.naive:
+            log(f"{name}: naive iteration {r + 1}/{config.repeats} (load {load_average()}) ...")
+            runs["naive"].append(naive_iteration(model, tokenizer, work, config.population, config.seed))
+            _reset(model, snapshot)
+            loads.append(load_average())
+    return runs
+
+
+def _workload_entry(runs: dict[str, list[dict]], loads: list[float | None], noise: str
+                    ) -> tuple[dict[str, Any], dict[str, int] | None, dict[str, float]]:
+    """The workload's report entry from its fastest iterations (roofline ratios once the matmul rates are in),
+    its executed FLOPs and the fastest esft iteration's unrounded timings."""
+    best = min(runs["esft"], key=lambda x: x["timings"]["iteration"])
+    t = best["timings"]
+    it = t["iteration"]
+    tokens = best["prompt_tokens"] + best["generated_tokens"]
+    flops = best.get("executed_flops")
+    entry: dict[str, Any] = {
+        "roofline_ratio": None,  # below, once every matmul reading is in
+        "generated_tokens_per_s": round(best["generated_tokens"] / it, 2),
+        "delivered_tokens_per_s": round(tokens / it, 2),
+        "executed_gflop": None if flops is None else round(sum(flops.values()) / 1e9, 3),
+        "executed_flops": flops,
+        "iteration_s": round(it, 3),
+        "naive_iteration_s": None,
+        "speedup_vs_naive": None,
+        "overhead_fraction": round((t["perturb"] + t["restore"] + t["update"]) / it, 4),
+        "prompt_tokens": best["prompt_tokens"],
+        "generated_tokens": best["generated_tokens"],
+        "generate_roofline_ratio": None,
+        "timings_s": {k: round(v, 3) for k, v in t.items()},
+        "esft_iterations_s": [round(x["timings"]["iteration"], 3) for x in runs["esft"]],
+        "lanes": best.get("lanes", 1),
+        "load_avg_1min": loads,
+    }
+    if runs["naive"]:
+        nb = min(runs["naive"], key=lambda x: x["timings"]["iteration"])
+        entry["naive_iteration_s"] = round(nb["timings"]["iteration"], 3)
+        entry["speedup_vs_naive"] = round(nb["timings"]["iteration"] / it, 3)
+        entry["naive_timings_s"] = {k: round(v, 3) for k, v in nb["timings"].items()}
+        entry["naive_iterations_s"] = [round(x["timings"]["iteration"], 3) for x in runs["naive"]]
+        entry["naive_generated_tokens"] = nb["generated_tokens"]
+        # with per-tensor noise member 0 sees identical weights in both (later naive members carry the naive
+        # restore-by-subtraction error); other noise modes perturb differently, so no comparison
+        entry["member0_outputs_match"] = best["texts"][0] == nb["texts"][0] if noise == "per-tensor" else None
+    return entry, flops, t
+
+
+def _rooflines(report: dict[str, Any], readings: dict[str, list[float]],
+               timed: dict[str, tuple[dict[str, int], dict[str, float]]]) -> None:
+    """The best matmul readings, and each workload's roofline ratios at those rates."""
+    gflops = report["matmul_gflops"] = max(readings["fp32"])
+    gflops_bf16 = report["matmul_gflops_bf16"] = max(readings["bf16"]) if readings["bf16"] else None
+    for name, (flops, t) in timed.items():
+        entry = report["workloads"][name]
+        entry["roofline_ratio"] = round(roofline_ratio(flops, t["iteration"], gflops, gflops_bf16), 4)
+        # per-member generate times are summed over the lanes, each lane having 1/lanes of the threads
+        entry["generate_roofline_ratio"] = round(
+            roofline_ratio(flops, t["generate"] / entry["lanes"], gflops, gflops_bf16), 4)
+
+
+def format_table(report: dict[str, Any]) -> str:
+    bf16 = report.get("matmul_gflops_bf16")
+    head = (f"matmul {report['matmul_gflops']:.1f} GFLOP/s ({report['dtype']}, {report['threads']} threads)"
+            + (f", bf16 {bf16:.1f}" if bf16 else "") + "; "
+            f"{report['params'] / 1e6:.1f}M params; N {report['population']}; noise {report['noise']}; "
+            f"generation {report['generation_overrides'] or 'defaults'}")
+    cols = ("workload", "roofline", "GFLOP", "gen tok/s", "tok/s", "iter s", "naive s", "speedup", "overhead",
+            "load")
+    rows = [cols]
+    for name, w in report["workloads"].items():
+        def f(v, fmt):
+            return "-" if v is None else format(v, fmt)
+
+        rows.append((name, f(w["roofline_ratio"], ".3f"), f(w.get("executed_gflop"), ".1f"),
+                     f(w["generated_tokens_per_s"], ".1f"), f(w.get("delivered_tokens_per_s"), ".1f"),
+                     f(w["iteration_s"], ".1f"), f(w["naive_iteration_s"], ".1f"), f(w["speedup_vs_naive"], ".2f"),
+                     f(w["overhead_fraction"], ".3f"), "/".join(str(x) for x in w["load_avg_1min"])))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(cols))]
+    lines = [head, "roofline: executed FLOPs at the measured matmul rate(s) / iteration time; GFLOP: executed per "
+             "iteration; tok/s: prompt + generated tokens delivered per second", ""]
+    for k, r in enumerate(rows):
+        lines.append("  ".join(c.ljust(widths[i]) if i == 0 else c.rjust(widths[i]) for i, c in enumerate(r)))
+        if k == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    for name, w in report["workloads"].items():
+        if (check := w.get("outputs_vs_hf_generate")) is not None:
+            lines.append(f"{name}: {check['identical']}/{check['completions']} greedy completions identical to "
+                         f"model.generate's ({check['tokens']} tokens)")
+    return "\n".join(lines)
+
+
+def parse_overrides(items: Sequence[str]) -> dict[str, Any]:
+    """`key=value` pairs for GenerationConfig (values parsed as YAML scalars: true, 64, 0.5, hf)."""
+    import yaml
+
+    from esft.generation import GenerationConfig
+
+    names = {f.name for f in dataclasses.fields(GenerationConfig)}
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or key not in names:
+            raise ValueError(f"--set expects KEY=VALUE with KEY a GenerationConfig field ({', '.join(sorted(names))})")
+        out[key] = yaml.safe_load(value)
+    return out
+
+
+def main(args) -> int:
+    """`esft bench`: `args` holds BenchConfig's fields (their flags), `set` (KEY=VALUE generation overrides) and
+    `json`."""
+    import sys
+
+    names = {f.name for f in dataclasses.fields(BenchConfig)}
+    config = build_config(BenchConfig, None, None, None, {k: v for k, v in vars(args).items() if k in names})
+    config.check()
+    config.generation.update(parse_overrides(getattr(args, "set", None) or []))
+    log = (lambda msg: print(msg, file=sys.stderr, flush=True))
+    report = run_bench(config, log=log)
+    if getattr(args, "json", False):
+        print(json.dumps(report))
+    else:
+        print(format_table(report))
+    return 0

@@ -1,0 +1,179 @@
+"""What an ES iteration executes and what this machine can do (esft.bench): the matmul FLOPs one generate call
+of esft's lean engine really runs (`executed_flops`, from the model's shape and the prompts' token ids), the
+measured matmul rates, and the roofline ratio of the two; the load average and CPU facts recorded beside them."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+
+
+def load_average() -> float | None:
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:  # pragma: no cover - platforms without getloadavg
+        return None
+
+
+def matmul_gflops(dtype: torch.dtype = torch.float32, size: int = 2048, reps: int = 5) -> float:
+    """Best-of-`reps` GFLOP/s of a size^3 matmul (with the current torch thread setting)."""
+    a = torch.randn(size, size, dtype=dtype)
+    b = torch.randn(size, size, dtype=dtype)
+    torch.matmul(a, b)
+    best = float("inf")
+    for _ in range(reps):
+        t = time.perf_counter()
+        torch.matmul(a, b)
+        best = min(best, time.perf_counter() - t)
+    return 2 * size**3 / best / 1e9
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The matmul dimensions of a Llama-family decoder, all that `executed_flops` needs."""
+
+    layers: int
+    hidden: int
+    intermediate: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+
+    @classmethod
+    def of(cls, model) -> ModelShape:
+        cfg = model.config
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        return cls(layers=cfg.num_hidden_layers, hidden=cfg.hidden_size, intermediate=cfg.intermediate_size,
+                   heads=cfg.num_attention_heads, kv_heads=cfg.num_key_value_heads, head_dim=head_dim,
+                   vocab=model.lm_head.weight.shape[0])
+
+    @property
+    def layer_weights(self) -> int:
+        """Weights one position multiplies by in one layer: q, k, v, o and gate, up, down."""
+        q = self.heads * self.head_dim
+        kv = self.kv_heads * self.head_dim
+        return self.hidden * (2 * q + 2 * kv) + 3 * self.hidden * self.intermediate
+
+
+def executed_flops(shape: ModelShape, prompts: Sequence[Sequence[int]], completion_lengths: Sequence[int], *,
+                   batch_size: int, share_prefix: bool = False, prefill_buckets: int = 1,
+                   screened_lm_head: bool = False, bucket_tokens: int | None = None,
+                   min_prefix: int | None = None) -> dict[str, int]:
+    """Matmul FLOPs that one `esft.generation.generate` call of esft's lean engine executes on `prompts` (token
+    ids) when it generates `completion_lengths[i]` tokens (eos included) for prompt i. The layout is the
+    engine's: rows sorted by length, longest first, in batches of `batch_size`; per batch, with `share_prefix`,
+    the common prefix (capped so every row keeps one token, unused below `min_prefix` tokens) prefilled once at
+    batch 1, and the remainders in up to `prefill_buckets` groups (`esft.lean.length_buckets`, each group padded to
+    its longest). Counted, as 2 FLOPs per multiply-add:
+
+    * linear layers (q, k, v, o, gate, up, down): every position a forward computes, the bucket's padding
+      included, the shared prefix once per batch;
+    * lm_head: one position per prefill forward row (the prefix forward's included), one per decode step;
+    * decode: a row that generates c tokens runs c - 1 steps (it leaves the batch once it emits eos);
+    * attention (q.k and the weighted sum of v, every head): per unmasked (query, key) pair only, each token
+      attending itself and its row's earlier tokens; masked columns are not counted, whatever a kernel does
+      with them.
+
+    Not counted: embedding lookups, norms, rotary, activations, softmax (no matmul), and the screened lm_head's
+    fp32 logits of its few candidate tokens. With `screened_lm_head` the decode steps' lm_head is counted as bf16
+    (the screen's full-vocabulary matmul); everything else is fp32. Returns the position counts and the FLOPs:
+    {"prefill_positions", "prefill_logit_rows", "decode_rows", "attention_pairs", "fp32", "bf16"}."""
+    from esft.generation.prefill import PREFILL_BUCKET_TOKENS, common_prefix, layout_prefill, length_buckets
+
+    if bucket_tokens is None:
+        bucket_tokens = PREFILL_BUCKET_TOKENS
+    if min_prefix is None:
+        import inspect
+
+        min_prefix = inspect.signature(layout_prefill).parameters["min_prefix"].default
+    if len(prompts) != len(completion_lengths):
+        raise ValueError(f"{len(prompts)} prompts but {len(completion_lengths)} completion lengths")
+    positions = logit_rows = pairs = 0
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]), reverse=True)
+    for start in range(0, len(order), batch_size):
+        rows = [list(prompts[i]) for i in order[start:start + batch_size]]
+        lengths = [len(r) for r in rows]
+        p = min(common_prefix(rows), min(lengths) - 1) if share_prefix and len(rows) > 1 else 0
+        if p < min_prefix:
+            p = 0
+        if p:
+            positions += p
+            logit_rows += 1
+            pairs += p * (p + 1) // 2
+        rest = [n - p for n in lengths]
+        groups = length_buckets(rest, prefill_buckets, bucket_tokens) if prefill_buckets > 1 else [range(len(rows))]
+        for group in groups:
+            positions += len(group) * max(rest[r] for r in group)
+            logit_rows += len(group)
+        pairs += sum(s * p + s * (s + 1) // 2 for s in rest)
+    decode_rows = 0
+    for prompt, c in zip(prompts, completion_lengths):
+        steps = max(int(c) - 1, 0)
+        decode_rows += steps
+        pairs += steps * len(prompt) + steps * (steps + 1) // 2  # step k attends the prompt and k new tokens
+    linear = 2 * shape.layers * shape.layer_weights * (positions + decode_rows)
+    attention = 4 * shape.layers * shape.heads * shape.head_dim * pairs
+    head = 2 * shape.hidden * shape.vocab
+    fp32 = linear + attention + head * logit_rows
+    bf16 = 0
+    if screened_lm_head:
+        bf16 = head * decode_rows
+    else:
+        fp32 += head * decode_rows
+    return {"prefill_positions": positions, "prefill_logit_rows": logit_rows, "decode_rows": decode_rows,
+            "attention_pairs": pairs, "fp32": fp32, "bf16": bf16}
+
+
+def roofline_ratio(flops: dict[str, float], seconds: float, gflops: float, gflops_bf16: float | None = None) -> float:
+    """The shortest time `flops` ({"fp32": ..., "bf16": ...}) could take at the measured matmul rates (GFLOP/s),
+    over the `seconds` they took: 1 means the work ran as fast as a 2048^3 matmul of its dtype."""
+    ideal = flops.get("fp32", 0) / (gflops * 1e9)
+    if flops.get("bf16", 0):
+        if not gflops_bf16:
+            raise ValueError("bf16 FLOPs need the measured bf16 matmul rate")
+        ideal += flops["bf16"] / (gflops_bf16 * 1e9)
+    return ideal / seconds
+
+
+def effective_layout(model, gen) -> dict[str, Any]:
+    """The prefill layout and lm_head `esft.generation.generate(model, ..., gen)` really runs (`executed_flops`
+    options): the options the lean engine would drop on this model or machine (with a warning there) are off."""
+    from esft.generation.lean_step import fused_attention_reason, unsupported_reason
+    from esft.generation.packed import packed_linear_reason, screen_lm_head_reason
+
+    lean = gen.engine == "esft" and bool(gen.lean) and unsupported_reason(model) is None
+    dtype = model.lm_head.weight.dtype
+    packed = lean and bool(gen.packed_linear) and packed_linear_reason(dtype) is None
+    fused = lean and bool(gen.fused_attention) and fused_attention_reason(dtype) is None
+    screened = (lean and bool(gen.screened_lm_head) and gen.temperature == 0
+                and screen_lm_head_reason(model, packed, fused) is None)
+    return {"share_prefix": lean and bool(gen.share_prefix),
+            "prefill_buckets": int(gen.prefill_buckets or 1) if lean else 1,
+            "screened_lm_head": screened}
+
+
+def cpu_info() -> dict[str, Any]:
+    """CPU model name and feature flags (Linux /proc/cpuinfo), and torch's CPU kernel capability."""
+    model = flags = None
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name" and model is None:
+                    model = value.strip()
+                elif key.strip() == "flags" and flags is None:
+                    flags = value.split()
+    except OSError:  # pragma: no cover - not Linux
+        pass
+    capability = getattr(getattr(torch.backends, "cpu", None), "get_cpu_capability", lambda: None)()
+    return {"model": model, "flags": flags, "torch_capability": capability}
+
+
+def count_params(model) -> int:
+    """Parameters a forward pass multiplies by (tied embedding / lm_head counted once, as in 134.5M)."""
+    return sum(p.numel() for p in model.parameters())
