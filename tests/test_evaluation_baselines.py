@@ -167,7 +167,7 @@ def _run_dir(root: Path, n: int, **eval_extra) -> Path:
 
 
 def test_es_report_shows_the_heldout_constant_baseline(tmp_path):
-    from esft.es.report import heldout_constant_baseline, plot_run, summarize
+    from esft.es.curve import heldout_constant_baseline, plot_run, summarize
 
     task = get_task("boolq")
     expected = constant_baseline([task.gold_key(x) for x in task.load("test", 20)])
