@@ -283,10 +283,11 @@ def test_run_bench_roofline_is_executed_flops_over_the_matmul_rate(tokenizer, mo
     assert report["matmul_gflops"] == 0.05 and report["matmul_gflops_bf16"] == (0.2 if screened else None)
     assert w["executed_flops"] == counter.flops and counter.calls["decode"] > 0
     ideal = counter.flops["fp32"] / 0.05e9 + counter.flops["bf16"] / 0.2e9
-    assert w["roofline_ratio"] == pytest.approx(ideal / w["iteration_s"], rel=5e-3)
+    rel = 5e-3 + 0.0005 / w["iteration_s"]  # the report rounds iteration_s to the millisecond
+    assert w["roofline_ratio"] == pytest.approx(ideal / w["iteration_s"], rel=rel)
     assert w["executed_gflop"] == pytest.approx(sum(counter.flops.values()) / 1e9, abs=1e-3)
     delivered = w["prompt_tokens"] + w["generated_tokens"]
-    assert w["delivered_tokens_per_s"] == pytest.approx(delivered / w["iteration_s"], rel=5e-3)
+    assert w["delivered_tokens_per_s"] == pytest.approx(delivered / w["iteration_s"], rel=rel)
     # delivered prompt tokens: every member's whole prompts, shared prefix included
     assert w["prompt_tokens"] == 2 * sum(len(x) for x in encode_prompts(tokenizer, small_workload().prompts))
 

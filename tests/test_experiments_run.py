@@ -52,7 +52,7 @@ def test_single_task_end_to_end_and_rerun_skips_everything(tmp_path, tokenizer):
     assert set(r1["eval"]) == {"boolq", "mmlu"} and r1["eval"]["boolq"]["n"] == 1
     assert set(_json(out / "base/result.json")["eval"]) == {"boolq", "mmlu"}
     table1 = (out / "tables/table1_single_task.md").read_text()
-    assert "| Task | Base | ES (iter=1) | ES (iter=2) | GRPO |" in table1
+    assert "| Task | Constant answer | Base | ES (iter=1) | ES (iter=2) | GRPO |" in table1  # the prior beside every accuracy
     assert (out / "tables/table18_compute.csv").exists()
 
     again = TinyHooks(tokenizer)
