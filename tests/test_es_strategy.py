@@ -140,7 +140,7 @@ class _Wide(torch.nn.Module):
 
 
 def test_random_walk_law():
-    """z-scored fitness: ||theta_T - theta_0||^2 = alpha^2 T d / N whatever the rewards (REFERENCE section 2)."""
+    """z-scored fitness: ||theta_T - theta_0||^2 = alpha^2 T d / N whatever the rewards (the random-walk law of the ES vs GRPO study)."""
     torch.manual_seed(0)
     model = _Wide()
     w = MasterWeights(model)
