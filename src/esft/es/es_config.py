@@ -125,6 +125,15 @@ PRESETS: dict[str, dict[str, Any]] = {
                 sigma=3e-3, alpha=1.5e-3, format_bonus=0.1, iterations=28, eval_every=14, eval_limit=200,
                 generation_batch_size=16, dtype="float32", device="cpu", checkpoint_every=7, noise="table",
                 generation_options=dict(FAST_CPU_GENERATION), parallel_members=2),
+    # 2-core CPU, a task whose answers cannot be guessed: Countdown with two numbers from 1-50 and a target made
+    # with + or * (held-out puzzles disjoint from the train ones), one worked puzzle in the prompt so the base model
+    # boxes its answers (35% held-out). Same ES settings as "cpu" without the format bonus (the base model already
+    # has 93.5% well-formed answers). docs/results/cpu-study says what it learns (and what it does not).
+    "cpu-countdown": dict(task="countdown:numbers=2,max_number=50,ops=+*,ask_format=1", population_size=8,
+                          batch_size=16, max_new_tokens=40, sigma=3e-3, alpha=1.5e-3, format_bonus=0.0,
+                          iterations=30, eval_every=10, eval_limit=200, generation_batch_size=16, dtype="float32",
+                          device="cpu", checkpoint_every=10, noise="table",
+                          generation_options=dict(FAST_CPU_GENERATION), parallel_members=2),
 }
 
 # fields that may change when resuming (everything else must match the original run)
