@@ -24,7 +24,7 @@ The update sum_k c_k E_k is built full rank in fp32, one tensor at a time, as a 
 outer products (torch.addr): each element is computed independently of thread count, so a replay of seeds.jsonl
 rebuilds the weights bit for bit, as in full-rank mode. The generation loop is esft's decode loop (rows dropped
 when they finish), tracking each row's member as rows leave the batch: the prefill runs through the Hugging Face
-forward with the hooks, the decode steps through the lean step (esft.lean), which adds the same per-row terms
+forward with the hooks, the decode steps through the lean step (esft.generation.lean), which adds the same per-row terms
 itself (`add_linear` / `add_embedding`; bit-identical to the hook path). Rows per forward are the generation
 config's batch_size: on CPU, set it to N x B so that the whole population shares each weight read.
 """
@@ -226,7 +226,7 @@ def _decode_rows(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, c
                  pert: PopulationPerturbation) -> list[list[int]]:
     """esft's decode loop (prefill, then one token per step, finished rows dropped from batch, KV cache and
     member mapping). The prefill runs through the Hugging Face forward, where the hooks see every projection;
-    the decode steps take the lean path (esft.lean) with the same per-row terms added explicitly
+    the decode steps take the lean path (esft.generation.lean) with the same per-row terms added explicitly
     (`delta=pert`), or the HF forward where the lean path does not support the model."""
     from esft.generation import decode
 
