@@ -20,39 +20,14 @@ import json
 import subprocess
 import sys
 import time
-from fractions import Fraction
 from pathlib import Path
 
 import yaml
 
 from esft.tasks import get_task
+from esft.tasks.countdown_variants import fixed_rule_baselines, target_operator
 from esft.tasks.base import wilson_interval
 from esft.tasks.labels import constant_baseline
-
-
-def fixed_rule_value(nums: list[int], op: str) -> Fraction | None:
-    """The value of nums[0] op nums[1] op ... evaluated left to right (None on division by zero)."""
-    value = Fraction(nums[0])
-    for x in nums[1:]:
-        if op == "/" and x == 0:
-            return None
-        value = value + x if op == "+" else value - x if op == "-" else value * x if op == "*" else value / x
-    return value
-
-
-def fixed_rule_baselines(examples: list[dict]) -> dict[str, float]:
-    """Accuracy of each fixed-operator rule on Countdown examples (numbers in the order the prompt gives)."""
-    out = {}
-    for op in "+-*/":
-        hits = sum(fixed_rule_value(list(e["nums"]), op) == Fraction(e["target"]) for e in examples)
-        out[op] = hits / len(examples)
-    return out
-
-
-def target_operator(example: dict) -> str:
-    """Which single operator reaches the target ('+', '*', ..., or 'other' when none or several do)."""
-    ops = [op for op in "+-*/" if fixed_rule_value(list(example["nums"]), op) == Fraction(example["target"])]
-    return ops[0] if len(ops) == 1 else "other"
 
 
 def run_config(grid: dict, name: str, runs: Path) -> Path:

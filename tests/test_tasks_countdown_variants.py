@@ -202,3 +202,25 @@ def test_the_worked_puzzle_is_correct_for_every_variant(ops, count):
     nums, target, expr = format_shot(ops, count)
     assert len(nums) == count and target >= 1 and check_expression(expr, nums, target)[0]
     assert ops[0] in expr
+
+
+def test_fixed_rule_baselines_on_hand_made_puzzles():
+    """The operator prior: the accuracy of "always add" / "always multiply" ... on puzzles, in the given order."""
+    from esft.tasks.countdown_variants import fixed_rule_baselines, fixed_rule_value, target_operator
+
+    puzzles = [{"nums": [3, 5], "target": 8}, {"nums": [3, 5], "target": 15}, {"nums": [9, 4], "target": 5},
+               {"nums": [2, 2], "target": 4}, {"nums": [7, 0], "target": 1}]
+    assert fixed_rule_value([7, 0], "/") is None and fixed_rule_value([9, 4], "-") == 5
+    assert fixed_rule_baselines(puzzles) == {"+": 0.4, "-": 0.2, "*": 0.4, "/": 0.0}
+    # 2 + 2 == 2 * 2: a target two rules reach has no single operator
+    assert [target_operator(p) for p in puzzles] == ["+", "*", "-", "other", "other"]
+
+
+def test_fixed_rule_baseline_of_the_cpu_study_variant():
+    """On the +/* variant the 'always add' rule is the prior the CPU study measures ES against."""
+    from esft.tasks.countdown_variants import fixed_rule_baselines
+
+    task = get_task("countdown:numbers=2,max_number=50,ops=+*,ask_format=1")
+    rules = fixed_rule_baselines(task.load("test", 200))
+    assert rules["+"] == pytest.approx(0.555) and rules["*"] == pytest.approx(0.445)
+    assert rules["-"] == 0.0 and rules["/"] == 0.0

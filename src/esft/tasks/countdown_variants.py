@@ -192,3 +192,27 @@ def format_shot(ops: str, count: int) -> tuple[list[int], int, str]:
     nums = FORMAT_SHOT_NUMBERS[op][:count]
     expr = f" {op} ".join(str(x) for x in nums)
     return nums, int(eval_postfix(parse_expression(expr))), expr
+
+
+# ---- the operator prior ---------------------------------------------------------------------------------------------
+def fixed_rule_value(nums: list[int], op: str) -> Fraction | None:
+    """nums[0] op nums[1] op ... evaluated left to right, in the order the prompt gives (None on division by 0)."""
+    value = Fraction(nums[0])
+    for x in nums[1:]:
+        if op == "/" and x == 0:
+            return None
+        value = value + x if op == "+" else value - x if op == "-" else value * x if op == "*" else value / x
+    return value
+
+
+def fixed_rule_baselines(examples: list[Example]) -> dict[str, float]:
+    """Accuracy of each fixed-operator rule ("always add", ...) on Countdown examples: the prior a model can learn
+    without choosing anything, a stronger baseline than the best constant answer on a variant like `ops=+*`."""
+    return {op: sum(fixed_rule_value(list(e["nums"]), op) == Fraction(e["target"]) for e in examples) / len(examples)
+            for op in OPS}
+
+
+def target_operator(example: Example) -> str:
+    """The single operator that reaches the target ("+", "*", ...), or "other" when none or several do."""
+    ops = [op for op in OPS if fixed_rule_value(list(example["nums"]), op) == Fraction(example["target"])]
+    return ops[0] if len(ops) == 1 else "other"
