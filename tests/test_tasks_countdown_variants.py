@@ -224,3 +224,16 @@ def test_fixed_rule_baseline_of_the_cpu_study_variant():
     rules = fixed_rule_baselines(task.load("test", 200))
     assert rules["+"] == pytest.approx(0.555) and rules["*"] == pytest.approx(0.445)
     assert rules["-"] == 0.0 and rules["/"] == 0.0
+
+
+def test_shots_show_one_worked_puzzle_per_operator():
+    """`shots=2` with ops +* shows an addition and a multiplication; the default shows only the first operator."""
+    two = get_task("countdown:numbers=2,max_number=50,ops=+*,ask_format=1,shots=2")
+    one = get_task("countdown:numbers=2,max_number=50,ops=+*,ask_format=1")
+    example = two.load("test", 1)[0]
+    answers = [m["content"] for m in two.prompt(example) if m["role"] == "assistant"]
+    assert answers == ["3 + 5 = 8, so the answer is \\boxed{3 + 5}.", "3 * 5 = 15, so the answer is \\boxed{3 * 5}."]
+    assert [m["content"] for m in one.prompt(example) if m["role"] == "assistant"] == answers[:1]
+    assert two.prompt(example)[-1] == one.prompt(example)[-1]  # the real puzzle comes last, unchanged
+    with pytest.raises(ValueError, match="shots"):
+        get_task("countdown:numbers=2,ops=+*,ask_format=1,shots=0")

@@ -6,7 +6,8 @@ Holdout tasks (forgetting): mmlu, ifeval.
 A task name may carry constructor options after a colon, as comma-separated `key=value` pairs:
 
     countdown:numbers=2,max_number=20,ops=+*          procedural Countdown (esft.tasks.countdown_variants)
-    countdown:numbers=2..3,ops=+-*,ask_format=true    2 or 3 numbers; the user turn shows the answer format
+    countdown:numbers=2..3,ops=+-*,ask_format=true    2 or 3 numbers; a worked puzzle shows the answer format
+    countdown:numbers=2,ops=+*,ask_format=1,shots=2   two worked puzzles: one addition, one multiplication
     boolq:max_passage_chars=400
 
 Such a name works wherever a task name is accepted (`--task`, `--tasks`, experiment specs). In a comma-separated

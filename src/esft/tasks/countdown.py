@@ -64,10 +64,15 @@ class CountdownTask(Task):
     test_size: int | None = None
     #: show the answer format on a worked puzzle before the real one (`format_shot`), for the bundled data too
     ask_format: bool = False
+    #: with ask_format: how many worked puzzles, the k-th built with the k-th operator of `ops` (cycling), so that
+    #: e.g. `ops=+*,shots=2` shows one addition and one multiplication instead of only the first operator
+    shots: int = 1
     _variant: bool = field(default=False, init=False, repr=False, compare=False)
     _cache: dict[str, list[Example]] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        if isinstance(self.shots, bool) or not isinstance(self.shots, int) or self.shots < 1:
+            raise ValueError(f"shots must be an integer >= 1, got {self.shots!r}")
         given = {k: getattr(self, k) for k in VARIANT_DEFAULTS if getattr(self, k) is not None}
         if not given:
             return
@@ -119,10 +124,13 @@ class CountdownTask(Task):
     def prompt(self, example: Example) -> Messages:
         messages = chat(self.system_prompt, self._user_turn(example["nums"], example["target"]))
         if self.ask_format:
-            nums, target, expr = format_shot(self.ops if self._variant else OPS, self.numbers[0] if self._variant else 3)
-            shot = [{"role": "user", "content": self._user_turn(nums, target)},
-                    {"role": "assistant", "content": f"{expr} = {target}, so the answer is \\boxed{{{expr}}}."}]
-            messages = messages[:1] + shot + messages[1:]
+            ops = self.ops if self._variant else OPS
+            shots = []
+            for k in range(self.shots):
+                nums, target, expr = format_shot(ops[k % len(ops):], self.numbers[0] if self._variant else 3)
+                shots += [{"role": "user", "content": self._user_turn(nums, target)},
+                          {"role": "assistant", "content": f"{expr} = {target}, so the answer is \\boxed{{{expr}}}."}]
+            messages = messages[:1] + shots + messages[1:]
         return messages
 
     def _check(self, completion: str, example: Example) -> tuple[bool, str | None, str | None]:
