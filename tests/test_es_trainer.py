@@ -265,6 +265,8 @@ def test_presets_and_cli_args(tmp_path):
     assert c.sigma == 0.01 and c.iterations == 9 and c.population_size == 8 and c.exclude == ["norm", "bias"]
     assert c.resume is False and c.antithetic is False and c.task_kwargs() == {"foo": 1, "max_passage_chars": 400}
     assert ESConfig(task_options="{a: 2}").task_options == {"a": 2}
+    # the preset's BoolQ passage cut does not follow an overridden task without passages
+    assert preset("cpu", task="countdown:numbers=2").task_kwargs() == {}
 
 
 def test_generation_options_reach_the_rollouts_and_cannot_override_es_fields():

@@ -51,9 +51,10 @@ class RunConfig:
                 raise ValueError(f"{name} must be a mapping, got {value!r}")
 
     def task_kwargs(self) -> dict[str, Any]:
-        """Keyword options of the task's constructor (task_options, plus max_passage_chars when set)."""
+        """Keyword options of the task's constructor (task_options, plus max_passage_chars when set and the task is
+        BoolQ: a preset's passage cut must not reach a task without passages when only `task` is overridden)."""
         kw = dict(self.task_options)
-        if self.max_passage_chars is not None:
+        if self.max_passage_chars is not None and str(self.task).partition(":")[0].strip().lower() == "boolq":
             kw.setdefault("max_passage_chars", self.max_passage_chars)
         return kw
 
