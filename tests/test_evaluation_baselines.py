@@ -110,6 +110,20 @@ def test_balanced_evaluation_examples():
     assert load_examples(cd, "test", 5, balanced=True) == cd.load("test", 5)
 
 
+def test_countdown_variant_balances_over_the_target_operator():
+    from esft.tasks.countdown_variants import fixed_rule_baselines, target_operator
+
+    task = get_task("countdown:numbers=2,max_number=50,ops=+*")
+    assert task.label_set() == ("+", "*")
+    assert task.balance_key({"nums": [3, 5], "target": 15}) == "*" and task.balance_key({"nums": [3, 5], "target": 8}) == "+"
+    assert task.balance_key({"nums": [2, 2], "target": 4}) == "other"  # both rules reach it: never drawn
+    rows = load_examples(task, "test", 400, balanced=True)
+    assert Counter(target_operator(r) for r in rows) == {"+": 200, "*": 200}
+    # on the balanced set the operator prior ("always add") is worth exactly one half
+    assert fixed_rule_baselines(rows)["+"] == fixed_rule_baselines(rows)["*"] == 0.5
+    assert get_task("countdown:numbers=2,ops=+").label_set() is None  # one operator: nothing to balance
+
+
 # ---- experiment tables ---------------------------------------------------------------------------------------------
 def _summary(acc: float, constant: float | None = None) -> dict:
     out = {"n": 200, "accuracy": acc, "ci95": [acc - 0.05, acc + 0.05]}

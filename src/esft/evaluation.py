@@ -104,7 +104,7 @@ def load_examples(task: Task, split: str, limit: int | None = None, balanced: bo
     if labels is None:
         return task.load(split, limit=limit)
     rows = task.load(split)
-    return balanced_subset(rows, [task.gold_key(r) for r in rows], limit, seed, labels)
+    return balanced_subset(rows, [task.balance_key(r) for r in rows], limit, seed, labels)
 
 
 def evaluate_task(

@@ -106,6 +106,12 @@ class Task:
         one), else None."""
         return _LABEL_SETS.get(self.name)
 
+    def balance_key(self, example: Example) -> Any:
+        """What a balanced evaluation subset balances over (one of `label_set()`): the gold label by default;
+        a task whose prior is not a single answer balances over something else (a Countdown variant over the
+        operator that reaches the target)."""
+        return self.gold_key(example)
+
     def constant_baseline(self, records: list[dict[str, Any]]) -> dict[str, Any]:
         """`constant_baseline` (accuracy of always giving the most frequent gold answer of the evaluated
         examples), its `constant_baseline_ci95` and the `constant_answer`; empty when a gold answer is unknown.

@@ -20,7 +20,7 @@ from esft.tasks.base import Example, Messages, Task, chat, last_boxed
 from esft.tasks.common import TEST_SIZE, TRAIN_SIZE, bundled, load_hub_rows, seeded_sample
 from esft.tasks.countdown_expression import OPS, check_expression, check_puzzle, parse_ok, puzzle_key
 from esft.tasks.countdown_variants import (
-    VARIANT_DEFAULTS, format_shot, generate_countdown, generate_variant, variant_options,
+    VARIANT_DEFAULTS, format_shot, generate_countdown, generate_variant, target_operator, variant_options,
 )
 
 HF_DATASET = "Jiayi-Pan/Countdown-Tasks-3to4"
@@ -132,6 +132,14 @@ class CountdownTask(Task):
                           {"role": "assistant", "content": f"{expr} = {target}, so the answer is \\boxed{{{expr}}}."}]
             messages = messages[:1] + shots + messages[1:]
         return messages
+
+    def label_set(self) -> tuple[str, ...] | None:
+        """A variant with several operators balances its held-out puzzles over the operator that reaches the
+        target (`target_operator`): on `ops=+*` "always add" then scores 50%, not the split's share of additions."""
+        return tuple(self.ops) if self._variant and len(self.ops) > 1 else None
+
+    def balance_key(self, example: Example) -> Any:
+        return target_operator(example)
 
     def _check(self, completion: str, example: Example) -> tuple[bool, str | None, str | None]:
         nums, target = example["nums"], example["target"]
