@@ -57,6 +57,7 @@ def _spec(tmp_path: Path, text: str):
     ("  grpo:\n", "  es:\n", 9, ["duplicate key 'es'", "first on line 6"]),
     ("tasks: [countdown, boolq]", "tasks: [countdown, boolq", 4, ["YAML syntax error"]),
     ("evaluation:\n", "task_options:\n  boolq: {max_chars: 3}\nevaluation:\n", 12, ["task_options.boolq"]),
+    ("  limit: 3\n", "  limit: 3\n  balanced: yes please\n", 13, ["evaluation.balanced must be true or false"]),
 ])
 def test_spec_errors_name_the_line(tmp_path, old, new, line, words):
     assert old in GOOD
@@ -90,6 +91,18 @@ def test_valid_spec_and_shipped_specs_parse(tmp_path):
     assert type(variants["lowrank-es"].generation_options) is dict
     import yaml
     yaml.safe_dump(variants["lowrank-es"].to_dict())
+
+
+def test_balanced_evaluation_reaches_the_stage_settings(tmp_path):
+    from esft.experiments.stage_eval import task_settings
+
+    spec = _spec(tmp_path, GOOD.replace("  limit: 3\n", "  limit: 3\n  balanced: true\n"
+                                        "  per_task: {boolq: {balanced: false}}\n"))
+    assert spec.evaluation.for_task("countdown").balanced and not spec.evaluation.for_task("boolq").balanced
+    assert task_settings(spec, "countdown", "m")["balanced"] is True
+    # unset: the settings are those of results evaluated before the option existed, so they stay current
+    assert "balanced" not in task_settings(spec, "boolq", "m")
+    assert "balanced" not in task_settings(_spec(tmp_path, GOOD), "countdown", "m")
 
 
 def test_option_blocks_reach_trainer_configs(tmp_path):

@@ -39,9 +39,9 @@ TOP_KEYS = ("name", "description", "kind", "model", "tasks", "seeds", "algorithm
             "sequential", "tables", "output_dir")
 BLOCK_KEYS = ("algorithm", "preset", "display", "per_task")
 EVAL_KEYS = ("tasks", "holdout", "limit", "max_new_tokens", "batch_size", "dtype", "device", "per_task",
-             "after_single_task", "passk")
+             "after_single_task", "passk", "balanced")
 PASSK_KEYS = ("samples", "temperature", "top_p", "k", "tasks", "seed")
-EVAL_TASK_KEYS = ("limit", "max_new_tokens", "batch_size")
+EVAL_TASK_KEYS = ("limit", "max_new_tokens", "batch_size", "balanced")
 AFTER_SINGLE_TASK = ("all", "trained", "trained+holdout")
 IFEVAL_METRICS = ("accuracy", "prompt_strict", "prompt_loose", "instruction_strict", "instruction_loose")
 CHAIN = "->"
@@ -86,6 +86,7 @@ class TaskEval:
     limit: int | None
     max_new_tokens: int
     batch_size: int
+    balanced: bool = False
 
 
 @dataclass
@@ -117,6 +118,9 @@ class EvalSpec:
     device: str | None = None
     per_task: dict[str, dict[str, Any]] = field(default_factory=dict)
     passk: PassKSpec | None = None
+    balanced: bool = False
+    """evaluate tasks that have a label set on a label-balanced subset of `limit` held-out examples
+    (esft.evaluation.load_examples; a Countdown variant balances over the target's operator); per_task overrides"""
     after_single_task: str = "all"
     """after a single-task stage evaluate "all" (every spec task and the holdouts), "trained" (its own task) or
     "trained+holdout" (its own task and the holdouts)"""
@@ -124,7 +128,7 @@ class EvalSpec:
     def for_task(self, task: str) -> TaskEval:
         o = self.per_task.get(task, {})
         return TaskEval(limit=o.get("limit", self.limit), max_new_tokens=o.get("max_new_tokens", self.max_new_tokens),
-                        batch_size=o.get("batch_size", self.batch_size))
+                        batch_size=o.get("batch_size", self.batch_size), balanced=o.get("balanced", self.balanced))
 
     @property
     def all_tasks(self) -> list[str]:
@@ -280,6 +284,8 @@ def _evaluation(ctx: SpecContext, raw: Any, line: int, tasks: list[str], known: 
             raise ctx.error(block.line_of("after_single_task"), f"evaluation.after_single_task must be one of "
                                                                 f"{', '.join(AFTER_SINGLE_TASK)}, got {value!r}")
         ev.after_single_task = value
+    if "balanced" in block:
+        ev.balanced = _check_bool(ctx, block["balanced"], block.line_of("balanced"), "evaluation.balanced")
     if block.get("passk") is not None:
         ev.passk = _passk(ctx, block["passk"], block.line_of("passk"), tasks, ev.all_tasks)
     per = as_mapping(ctx, block.get("per_task"), "evaluation.per_task", block.line_of("per_task"))
@@ -290,9 +296,17 @@ def _evaluation(ctx: SpecContext, raw: Any, line: int, tasks: list[str], known: 
                                    f"({', '.join(ev.all_tasks)})")
         sub = as_mapping(ctx, sub, f"evaluation.per_task.{task}", tline)
         check_keys(ctx, sub, EVAL_TASK_KEYS, f"evaluation.per_task.{task}")
-        ev.per_task[task] = {k: check_int(ctx, v, sub.line_of(k), f"evaluation.per_task.{task}.{k}", 1,
-                                          optional=(k == "limit")) for k, v in sub.items()}
+        ev.per_task[task] = {k: _check_bool(ctx, v, sub.line_of(k), f"evaluation.per_task.{task}.{k}")
+                             if k == "balanced" else
+                             check_int(ctx, v, sub.line_of(k), f"evaluation.per_task.{task}.{k}", 1,
+                                       optional=(k == "limit")) for k, v in sub.items()}
     return ev
+
+
+def _check_bool(ctx: SpecContext, value: Any, line: int, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise ctx.error(line, f"{where} must be true or false, got {value!r}")
+    return value
 
 
 def _passk(ctx: SpecContext, raw: Any, line: int, tasks: list[str], evaluated: list[str]) -> PassKSpec:

@@ -23,9 +23,12 @@ EVAL_DIR = "eval"
 def task_settings(spec: Spec, task: str, model: str) -> dict[str, Any]:
     ev = spec.evaluation
     te = ev.for_task(task)
-    return {"model": model, "split": "test", "limit": te.limit, "max_new_tokens": te.max_new_tokens,
-            "batch_size": te.batch_size, "temperature": 0.0, "dtype": ev.dtype, "device": ev.device,
-            "task_options": spec.task_options.get(task, {})}
+    settings = {"model": model, "split": "test", "limit": te.limit, "max_new_tokens": te.max_new_tokens,
+                "batch_size": te.batch_size, "temperature": 0.0, "dtype": ev.dtype, "device": ev.device,
+                "task_options": spec.task_options.get(task, {})}
+    if te.balanced:  # only when set, so results evaluated before the option existed stay current
+        settings["balanced"] = True
+    return settings
 
 
 def passk_settings(spec: Spec, task: str, model: str) -> dict[str, Any] | None:
@@ -68,7 +71,7 @@ def evaluate_stage(spec: Spec, model_ref: str, tasks: list[str], stage_dir: Path
                    load_model: Callable[[str, str, str | None], tuple[Any, Any]], progress: bool = True
                    ) -> dict[str, Any]:
     """{task: summary} for `tasks`, reusing finished task files; loads the model only if something is left."""
-    from esft.evaluation import evaluate_task, format_row
+    from esft.evaluation import evaluate_task, format_row, load_examples
     from esft.generation import GenerationConfig
     from esft.tasks import get_task
 
@@ -91,7 +94,7 @@ def evaluate_stage(spec: Spec, model_ref: str, tasks: list[str], stage_dir: Path
     try:
         for task, settings, summary, sampled_settings, sampled in todo:
             t = get_task(task, **spec.task_options.get(task, {}))
-            examples = t.load("test", settings["limit"])
+            examples = load_examples(t, "test", settings["limit"], balanced=settings.get("balanced", False))
             gen = GenerationConfig(max_new_tokens=settings["max_new_tokens"], temperature=0.0,
                                    batch_size=settings["batch_size"])
             if summary is None:
@@ -99,6 +102,8 @@ def evaluate_stage(spec: Spec, model_ref: str, tasks: list[str], stage_dir: Path
                 summary = evaluate_task(model, tokenizer, t, examples, gen, output_path=out_dir / f"{task}.jsonl",
                                         progress=progress)
                 summary["seconds"] = time.perf_counter() - t0
+                if settings.get("balanced") and t.label_set() is not None:
+                    summary["balanced"] = True
                 write_json(out_dir / f"{task}.json", {"settings": settings, "summary": summary})
                 if progress:
                     print(f"  {format_row(task, summary)}  ({summary['seconds']:.0f} s)", flush=True)
