@@ -201,3 +201,20 @@ def test_es_report_shows_the_heldout_constant_baseline(tmp_path):
                       test_constant_answer="no")
     assert heldout_constant_baseline(logged) == {"constant_baseline": 0.9, "constant_baseline_ci95": [0.8, 0.95],
                                                  "constant_answer": "no"}
+
+
+def test_es_and_curve_evaluate_the_balanced_subset_when_asked(tmp_path):
+    from es_tiny import stub_generate, tiny_llama
+    from esft.es.es_config import ESConfig
+    from esft.es.trainer import ESTrainer
+
+    name = "countdown:numbers=2,max_number=50,ops=+*"
+    task = get_task(name)
+
+    def test_set(balanced: bool) -> list:
+        config = ESConfig(model="tiny", task=name, eval_limit=400, eval_balanced=balanced,
+                          output_dir=str(tmp_path / f"run{balanced}"))
+        return ESTrainer(config, model=tiny_llama(), task=task, generate_fn=stub_generate, progress=False).test_set
+
+    assert test_set(True) == load_examples(task, "test", 400, balanced=True)
+    assert test_set(False) == task.load("test", 400) != test_set(True)

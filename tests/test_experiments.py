@@ -76,11 +76,15 @@ def test_valid_spec_and_shipped_specs_parse(tmp_path):
     assert spec.evaluation.all_tasks == ["countdown", "boolq", "mmlu", "ifeval"]
     names = set(shipped_specs())
     assert {"paper-single", "paper-sequential", "cpu-mini-single", "cpu-mini-sequential", "cpu-compare"} <= names
-    for name in names - {"cpu-compare"}:
+    for name in names - {"cpu-compare", "cpu-study"}:
         shipped = load_spec(name)  # by name, as on the command line
         assert set(shipped.tasks) == {"countdown", "math", "chemistry", "boolq"}
         assert {m.components[0].algorithm for m in shipped.methods} == {"es", "grpo"}
         assert shipped.evaluation.holdout == ["mmlu", "ifeval"]
+    study = load_spec("cpu-study")  # issue 17: two Countdown variants, evaluated balanced over the operator
+    assert [t.split(":")[0] for t in study.tasks] == ["countdown", "countdown"] and study.evaluation.balanced
+    assert study.method("es").budgets == [15, 30] and study.evaluation.holdout == ["mmlu", "ifeval"]
+    assert len(study.seeds) >= 2 and not study.evaluation.for_task("ifeval").balanced
     compare = load_spec("cpu-compare")  # issue 8: the ES variants and GRPO on one task, with pass@k
     assert [m.label for m in compare.methods] == ["es", "dart-es", "lowrank-es", "grpo"]
     assert compare.evaluation.passk.k == [1, 4] and compare.evaluation.passk.tasks == ["boolq"]
@@ -91,6 +95,16 @@ def test_valid_spec_and_shipped_specs_parse(tmp_path):
     assert type(variants["lowrank-es"].generation_options) is dict
     import yaml
     yaml.safe_dump(variants["lowrank-es"].to_dict())
+
+
+def test_task_slug_is_file_safe_readable_and_one_to_one():
+    from esft.experiments.plan import task_slug
+
+    assert task_slug("countdown") == "countdown"
+    assert task_slug("countdown:numbers=2,ops=+*") == "countdown.numbers=2.ops=plustimes"
+    assert task_slug("countdown:numbers=2,ops=+-") == "countdown.numbers=2.ops=plus-"
+    odd = [task_slug("x:a=b c"), task_slug("x:a=b|c")]
+    assert odd[0] != odd[1] and all(set(s) <= set("abcdefghijklmnopqrstuvwxyz0123456789_.=-x") for s in odd)
 
 
 def test_balanced_evaluation_reaches_the_stage_settings(tmp_path):

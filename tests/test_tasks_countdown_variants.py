@@ -214,6 +214,9 @@ def test_fixed_rule_baselines_on_hand_made_puzzles():
     assert fixed_rule_baselines(puzzles) == {"+": 0.4, "-": 0.2, "*": 0.4, "/": 0.0}
     # 2 + 2 == 2 * 2: a target two rules reach has no single operator
     assert [target_operator(p) for p in puzzles] == ["+", "*", "-", "other", "other"]
+    # the operator is found in any order of the numbers (50 - 26 given [26, 50]), unlike the fixed rules
+    assert target_operator({"nums": [26, 50], "target": 24}) == "-" and fixed_rule_value([26, 50], "-") == -24
+    assert target_operator({"nums": [2, 8], "target": 4}) == "/"
 
 
 def test_fixed_rule_baseline_of_the_cpu_study_variant():

@@ -18,6 +18,7 @@ import numpy as np
 import yaml
 
 from esft import rundir
+from esft.evaluation import load_examples
 
 
 def _split(run_dir: str | Path) -> tuple[list[dict], list[dict]]:
@@ -49,11 +50,11 @@ def heldout_constant_baseline(run_dir: str | Path) -> dict[str, Any] | None:
     if not cfg.get("task") or not cfg.get("eval_limit"):
         return None
     options = dict(cfg.get("task_options") or {})
-    if cfg.get("max_passage_chars") is not None:
+    if cfg.get("max_passage_chars") is not None and str(cfg["task"]).partition(":")[0].strip().lower() == "boolq":
         options.setdefault("max_passage_chars", cfg["max_passage_chars"])
     try:
         task = get_task(cfg["task"], **options)
-        examples = task.load("test", int(cfg["eval_limit"]))
+        examples = load_examples(task, "test", int(cfg["eval_limit"]), bool(cfg.get("eval_balanced")))
     except (ValueError, TypeError, RuntimeError, OSError):  # e.g. a hub dataset that cannot be reached here
         return None
     labels = [task.gold_key(x) for x in examples]

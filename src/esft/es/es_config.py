@@ -82,6 +82,9 @@ class ESConfig(RunConfig):
     """evaluate the unperturbed model every k iterations (and at start and end); 0 = never"""
     eval_limit: int = 200
     """held-out (test split) examples for those evaluations"""
+    eval_balanced: bool = False
+    """those examples are a label-balanced subset of the test split (`limit` in all; boolq/mmlu/chemistry labels, a
+    Countdown variant's target operator: esft.evaluation.load_examples), so a prior cannot pass for a skill"""
     checkpoint_every: int = 0
     """save a Hugging Face checkpoint every k iterations (0 = only the final one); seeds.jsonl covers the rest"""
     samples_per_iteration: int = 4
@@ -127,13 +130,14 @@ PRESETS: dict[str, dict[str, Any]] = {
                 generation_batch_size=16, dtype="float32", device="cpu", checkpoint_every=7, noise="table",
                 generation_options=dict(FAST_CPU_GENERATION), parallel_members=2),
     # 2-core CPU, a task whose answers cannot be guessed: Countdown with two numbers from 1-50 and a target made
-    # with + or * (held-out puzzles disjoint from the train ones), one worked puzzle in the prompt so the base model
-    # boxes its answers (35% held-out). Same ES settings as "cpu" without the format bonus (the base model already
-    # has 93.5% well-formed answers). docs/results/cpu-study says what it learns (and what it does not).
-    "cpu-countdown": dict(task="countdown:numbers=2,max_number=50,ops=+*,ask_format=1", population_size=8,
+    # with + or * (held-out puzzles disjoint from the train ones), two worked puzzles in the prompt (one addition,
+    # one multiplication) so the base model boxes its answers and sees both operators. Held-out accuracy on 400
+    # puzzles balanced over the target's operator, where the "always add" prior scores 50%. Same ES settings as
+    # "cpu" without the format bonus. docs/results/cpu-study says what it learns (and what it does not).
+    "cpu-countdown": dict(task="countdown:numbers=2,max_number=50,ops=+*,ask_format=1,shots=2", population_size=8,
                           batch_size=16, max_new_tokens=40, sigma=3e-3, alpha=1.5e-3, format_bonus=0.0,
-                          iterations=30, eval_every=10, eval_limit=200, generation_batch_size=16, dtype="float32",
-                          device="cpu", checkpoint_every=10, noise="table",
+                          iterations=30, eval_every=10, eval_limit=400, eval_balanced=True, generation_batch_size=16,
+                          dtype="float32", device="cpu", checkpoint_every=10, noise="table",
                           generation_options=dict(FAST_CPU_GENERATION), parallel_members=2),
 }
 

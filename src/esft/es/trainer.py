@@ -32,6 +32,7 @@ from esft.es.build import (check_layout, fitness_rule as config_fitness_rule, ge
 from esft.es.es_config import RESUMABLE_CHANGES, ESConfig, read_run_config, save_yaml
 from esft.es.executor import Executor, PopulationResult
 from esft.es.fitness import FitnessRule, as_fitness_rule
+from esft.evaluation import load_examples
 from esft.rundir import TrainResult, peak_rss_mb
 from esft.version import __version__
 
@@ -111,7 +112,8 @@ class ESTrainer:
     @property
     def test_set(self) -> list:
         if self._test_set is None:
-            self._test_set = self.task.load("test", self.config.eval_limit) if self.config.eval_limit else []
+            self._test_set = (load_examples(self.task, "test", self.config.eval_limit, self.config.eval_balanced)
+                              if self.config.eval_limit else [])
         return self._test_set
 
     def run_info(self) -> dict[str, Any]:

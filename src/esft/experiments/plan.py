@@ -37,6 +37,21 @@ def slug(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.@+=-]+", "-", name.replace("->", "-to-")).strip("-") or "x"
 
 
+_TASK_CHARS = {"+": "plus", "*": "times", "/": "div", ":": ".", ",": "."}
+
+
+def task_slug(task: str) -> str:
+    """A folder- and file-safe form of a task name with options, readable and one-to-one:
+    `countdown:numbers=2,ops=+*` -> `countdown.numbers=2.ops=plustimes`; a name of plain characters is itself.
+    Any other character becomes `_` and a hash of the name keeps two such names apart."""
+    import hashlib
+    import re
+
+    out = "".join(_TASK_CHARS.get(c, c) for c in task)
+    safe = re.sub(r"[^A-Za-z0-9_.=-]", "_", out)
+    return safe if safe == out else f"{safe}-{hashlib.sha1(task.encode()).hexdigest()[:6]}"
+
+
 @dataclass
 class Step:
     component: Component
@@ -146,10 +161,10 @@ def _single_task(spec: Spec, seed: int) -> list[Stage]:
         for method in spec.methods:
             ts = tracks(method, spec)
             top = max((t.budget or 0) for t in ts)
-            run_base = f"seed-{seed}/single-task/{task}/{slug(method.label)}/run"
+            run_base = f"seed-{seed}/single-task/{task_slug(task)}/{slug(method.label)}/run"
             previous: str | None = None
             for t in ts:
-                key = f"seed-{seed}/single-task/{task}/{slug(t.name)}"
+                key = f"seed-{seed}/single-task/{task_slug(task)}/{slug(t.name)}"
                 shared = len(ts) > 1
                 out.append(Stage(key=key, kind="train", seed=seed, track=t.name, label=method.label,
                                  display=t.display, task=task, index=1, parent=None,
@@ -171,11 +186,11 @@ def _sequential(spec: Spec, seed: int) -> list[Stage]:
         for t in ts:
             parent: str | None = None
             for k, task in enumerate(spec.tasks, start=1):
-                key = f"seed-{seed}/sequential/{slug(t.name)}/{k}-{task}"
+                key = f"seed-{seed}/sequential/{slug(t.name)}/{k}-{task_slug(task)}"
                 after = [parent] if parent else []
                 if k == 1 and len(ts) > 1:
                     # every budget track starts from the base model on the same task: one run, snapshotted
-                    run_base = f"seed-{seed}/sequential/{slug(method.label)}/1-{task}/run"
+                    run_base = f"seed-{seed}/sequential/{slug(method.label)}/1-{task_slug(task)}/run"
                     lower = [first_stage[b] for b in sorted(first_stage) if b < (t.budget or 0)]
                     after += lower[-1:]
                     steps = _steps(spec, method, task, seed, run_base, t.budget, (t.budget or 0) < top, k)
@@ -216,4 +231,5 @@ def as_dict(stage: Stage) -> dict[str, Any]:
                       for st in stage.steps]}
 
 
-__all__ = ["BASE", "Stage", "Step", "Track", "build_plan", "describe", "stage_map", "tracks", "as_dict", "slug"]
+__all__ = ["BASE", "Stage", "Step", "Track", "build_plan", "describe", "stage_map", "tracks", "as_dict", "slug",
+           "task_slug"]

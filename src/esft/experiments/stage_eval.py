@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from esft.experiments.plan import task_slug
 from esft.experiments.spec import Spec
 
 EVAL_DIR = "eval"
@@ -43,8 +44,8 @@ def is_current(stage_dir: Path, spec: Spec, task: str, model: str) -> bool:
     """True when `task` was evaluated in `stage_dir` with today's settings (greedy and, if asked, sampled)."""
     folder = stage_dir / EVAL_DIR
     sampled = passk_settings(spec, task, model)
-    return _done(folder / f"{task}.json", task_settings(spec, task, model)) is not None and (
-        sampled is None or _done(folder / f"{task}.passk.json", sampled) is not None)
+    return _done(folder / f"{task_slug(task)}.json", task_settings(spec, task, model)) is not None and (
+        sampled is None or _done(folder / f"{task_slug(task)}.passk.json", sampled) is not None)
 
 
 def _done(path: Path, settings: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -80,9 +81,9 @@ def evaluate_stage(spec: Spec, model_ref: str, tasks: list[str], stage_dir: Path
     todo = []
     for task in tasks:
         settings = task_settings(spec, task, model_ref)
-        greedy = _done(out_dir / f"{task}.json", settings)
+        greedy = _done(out_dir / f"{task_slug(task)}.json", settings)
         sampled_settings = passk_settings(spec, task, model_ref)
-        sampled = _done(out_dir / f"{task}.passk.json", sampled_settings) if sampled_settings else None
+        sampled = _done(out_dir / f"{task_slug(task)}.passk.json", sampled_settings) if sampled_settings else None
         if greedy is not None and (sampled_settings is None or sampled is not None):
             results[task] = {**greedy, "sampled": sampled} if sampled else greedy
         else:
@@ -99,18 +100,18 @@ def evaluate_stage(spec: Spec, model_ref: str, tasks: list[str], stage_dir: Path
                                    batch_size=settings["batch_size"])
             if summary is None:
                 t0 = time.perf_counter()
-                summary = evaluate_task(model, tokenizer, t, examples, gen, output_path=out_dir / f"{task}.jsonl",
-                                        progress=progress)
+                summary = evaluate_task(model, tokenizer, t, examples, gen,
+                                        output_path=out_dir / f"{task_slug(task)}.jsonl", progress=progress)
                 summary["seconds"] = time.perf_counter() - t0
                 if settings.get("balanced") and t.label_set() is not None:
                     summary["balanced"] = True
-                write_json(out_dir / f"{task}.json", {"settings": settings, "summary": summary})
+                write_json(out_dir / f"{task_slug(task)}.json", {"settings": settings, "summary": summary})
                 if progress:
                     print(f"  {format_row(task, summary)}  ({summary['seconds']:.0f} s)", flush=True)
             if sampled_settings is not None:
                 if sampled is None:
                     sampled = _sample(model, tokenizer, t, examples, gen, sampled_settings,
-                                      out_dir / f"{task}.passk", progress)
+                                      out_dir / f"{task_slug(task)}.passk", progress)
                 summary = {**summary, "sampled": sampled}
             results[task] = summary
     finally:

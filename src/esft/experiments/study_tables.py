@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from esft.experiments.compute_tables import compute_row, table18
+from esft.experiments.plan import task_slug
 from esft.experiments.records import (
     CONSTANT_LABEL, CONSTANT_NOTE, Experiment, accuracy, constant_baseline, constant_row, constant_text, eval_note,
     load_experiment, seed_note, task_name,
@@ -178,8 +179,8 @@ def method_tables(exp: Experiment) -> list[Table]:
         if pk:
             notes.append(f"Sampled evaluation: {pk.get('samples')} completions per question at temperature "
                          f"{pk.get('temperature')}, top_p {pk.get('top_p')}.")
-        out.append(Table(f"methods_{task}", f"Methods on {task_name(task)} ({exp.spec.get('model')}): accuracy, "
-                                            f"pass@k and training time.", cols, rows, notes, seeds=exp.seeds))
+        title = f"Methods on {task_name(task)} ({exp.spec.get('model')}): accuracy, pass@k and training time."
+        out.append(Table(f"methods_{task_slug(task)}", title, cols, rows, notes, seeds=exp.seeds))
     return out
 
 

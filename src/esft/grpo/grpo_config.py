@@ -87,6 +87,9 @@ class GRPOConfig(RunConfig):
     """greedy held-out evaluation every k steps and at start and end (0 = never; `esft eval` does it afterwards)"""
     eval_limit: int = 200
     """held-out (test split) examples for those evaluations"""
+    eval_balanced: bool = False
+    """those examples are a label-balanced subset of the test split (`limit` in all; boolq/mmlu/chemistry labels, a
+    Countdown variant's target operator: esft.evaluation.load_examples), so a prior cannot pass for a skill"""
     eval_max_new_tokens: int | None = None
     """generation budget of those evaluations; None = max_completion_length"""
     samples_per_iteration: int = 4
@@ -137,6 +140,14 @@ PRESETS: dict[str, dict[str, Any]] = {
     "cpu": dict(task="boolq", max_passage_chars=400, format_bonus=0.1, num_generations=8, prompts_per_step=4,
                 per_device_train_batch_size=8, max_steps=10, learning_rate=5e-5, max_completion_length=24,
                 temperature=1.0, top_p=0.95, precision="fp32", device="cpu", save_steps=5, eval_every=0),
+    # The ES cpu-countdown preset's task (two worked puzzles, + and *), sampled rollouts: 32 completions per step
+    # (4 prompts x K = 8) of ~300 prompt + ~30 generated tokens; measured ~110 s per step on 2 cores (training
+    # forward/backward ~87 s of it; bf16 autocast was no faster), so the CPU budget is steps, not samples.
+    "cpu-countdown": dict(task="countdown:numbers=2,max_number=50,ops=+*,ask_format=1,shots=2", format_bonus=0.0,
+                          num_generations=8, prompts_per_step=4, per_device_train_batch_size=4, max_steps=10,
+                          learning_rate=2e-5, max_completion_length=40, temperature=1.0, top_p=0.95,
+                          precision="fp32", device="cpu", save_steps=5, eval_every=0, eval_limit=400,
+                          eval_balanced=True, log_kl=False),
 }
 
 # fields that may change when resuming (everything else, the LR schedule's max_steps included, must match)

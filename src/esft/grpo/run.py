@@ -132,6 +132,7 @@ def train_grpo(config: GRPOConfig, *, model: Any = None, tokenizer: Any = None, 
                callbacks: Sequence[Any] = (), progress: bool = True) -> GRPOTrainResult:
     """Run (or resume, with config.resume) GRPO fine-tuning. Seams for tests: model, tokenizer, task, callbacks.
     Returns the run directory, steps done, final checkpoint and the last held-out evaluation (if any)."""
+    from esft.evaluation import load_examples
     from esft.grpo.callbacks import EvalCallback, RunLogCallback
     from esft.grpo.drift_log import DriftCallback, snapshot
     from esft.models import default_device
@@ -179,7 +180,8 @@ def train_grpo(config: GRPOConfig, *, model: Any = None, tokenizer: Any = None, 
     trainer.add_callback(runlog)
     evaluator = None
     if config.eval_every and config.eval_limit:
-        evaluator = EvalCallback(out, task, tokenizer, task.load("test", config.eval_limit), config.eval_every,
+        test_set = load_examples(task, "test", config.eval_limit, config.eval_balanced)
+        evaluator = EvalCallback(out, task, tokenizer, test_set, config.eval_every,
                                  config.eval_max_new_tokens or config.max_completion_length,
                                  {r["step"] for r in prior if r.get("kind") == "eval"}, progress)
         trainer.add_callback(evaluator)

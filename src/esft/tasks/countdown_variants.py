@@ -9,6 +9,7 @@ scorer's own checker (esft.tasks.countdown_expression), so every puzzle is solva
 from __future__ import annotations
 
 import hashlib
+import itertools
 import random
 from fractions import Fraction
 from typing import Any
@@ -213,6 +214,9 @@ def fixed_rule_baselines(examples: list[Example]) -> dict[str, float]:
 
 
 def target_operator(example: Example) -> str:
-    """The single operator that reaches the target ("+", "*", ...), or "other" when none or several do."""
-    ops = [op for op in OPS if fixed_rule_value(list(example["nums"]), op) == Fraction(example["target"])]
+    """The single operator that reaches the target from the numbers taken in some order ("+", "*", "-" for
+    50 - 26 = 24 given [26, 50], ...), or "other" when none or several do."""
+    target = Fraction(example["target"])
+    orders = set(itertools.permutations(example["nums"]))
+    ops = [op for op in OPS if any(fixed_rule_value(list(o), op) == target for o in orders)]
     return ops[0] if len(ops) == 1 else "other"
