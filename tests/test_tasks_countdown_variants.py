@@ -240,3 +240,15 @@ def test_shots_show_one_worked_puzzle_per_operator():
     assert two.prompt(example)[-1] == one.prompt(example)[-1]  # the real puzzle comes last, unchanged
     with pytest.raises(ValueError, match="shots"):
         get_task("countdown:numbers=2,ops=+*,ask_format=1,shots=0")
+
+
+def test_operator_breakdown_counts_puzzles_solved_and_boxed_operators():
+    from esft.tasks.countdown_variants import operator_breakdown
+
+    examples = [{"nums": [3, 5], "target": 8}, {"nums": [3, 5], "target": 15}, {"nums": [4, 6], "target": 24},
+                {"nums": [2, 2], "target": 4}]
+    records = [{"index": 0, "score": 1.0, "extracted": "3 + 5"}, {"index": 1, "score": 0.0, "extracted": "3 + 5"},
+               {"index": 2, "score": 1.0, "extracted": "4 * 6"}, {"index": 3, "score": 1.0, "extracted": "2 * 2"}]
+    assert operator_breakdown(examples, records) == {
+        "+": {"puzzles": 1, "solved": 1, "boxed": 2}, "*": {"puzzles": 2, "solved": 1, "boxed": 2},
+        "other": {"puzzles": 1, "solved": 1, "boxed": 0}}

@@ -220,3 +220,22 @@ def target_operator(example: Example) -> str:
     orders = set(itertools.permutations(example["nums"]))
     ops = [op for op in OPS if any(fixed_rule_value(list(o), op) == target for o in orders)]
     return ops[0] if len(ops) == 1 else "other"
+
+
+def operator_breakdown(examples: list[Example], records: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
+    """Per target operator (`target_operator`): puzzles, puzzles solved, and answers whose box uses that operator
+    (over all records), from evaluation records (`index` into `examples`, `score`, `extracted`).
+
+    A model that picks its operator without looking at the target solves each operator's puzzles at most at the
+    rate it writes that operator; solving more of every kind than such a blind mix would is a choice that follows
+    the target."""
+    out: dict[str, dict[str, int]] = {}
+    for r in records:
+        op = target_operator(examples[r["index"]])
+        row = out.setdefault(op, {"puzzles": 0, "solved": 0, "boxed": 0})
+        row["puzzles"] += 1
+        row["solved"] += r["score"] == 1.0
+    for op in out:
+        if op != "other":
+            out[op]["boxed"] = sum(op in (r.get("extracted") or "") for r in records)
+    return out
