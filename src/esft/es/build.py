@@ -13,7 +13,7 @@ from typing import Any
 
 from esft.es.es_config import ESConfig
 from esft.es.executor import LocalExecutor
-from esft.es.fitness import FITNESS_RULES, FitnessRule, MeanReward, sample_batch
+from esft.es.fitness import FITNESS_RULES, ClassBalancedMean, FitnessRule, MeanReward, sample_batch
 from esft.es.noise import MasterWeights
 from esft.es.strategy import ES
 
@@ -51,12 +51,19 @@ def generation_config(config: ESConfig) -> Any:
     return GenerationConfig(**fields)
 
 
-def make_fitness_rule(name: str, format_bonus: float = 0.0, options: dict | None = None) -> FitnessRule:
-    """"mean" (the paper, options unused) or "dart" (DART-ES, esft.es.dart; options = DartOptions fields)."""
+def make_fitness_rule(name: str, format_bonus: float = 0.0, options: dict | None = None,
+                      task: Any = None) -> FitnessRule:
+    """"mean" (the paper, options unused), "dart" (DART-ES, esft.es.dart; options = DartOptions fields) or
+    "balanced" (class-balanced mean over the task's `balance_key` labels; needs `task`)."""
+    if name in ("mean", "balanced") and options:
+        raise ValueError(f"fitness rule {name!r} takes no fitness_options, got {sorted(options)}")
     if name == "mean":
-        if options:
-            raise ValueError(f"fitness rule 'mean' takes no fitness_options, got {sorted(options)}")
         return MeanReward(format_bonus)
+    if name == "balanced":
+        if task is None or task.label_set() is None:
+            raise ValueError("fitness rule 'balanced' needs a task with labels (boolq, chemistry, mmlu, a Countdown "
+                             f"variant with several operators); {getattr(task, 'name', task)!r} has none")
+        return ClassBalancedMean(task.balance_key, format_bonus)
     if name == "dart":
         from esft.es.dart import make_dart
 
@@ -64,8 +71,8 @@ def make_fitness_rule(name: str, format_bonus: float = 0.0, options: dict | None
     raise ValueError(f"unknown fitness rule {name!r}; available: {', '.join(FITNESS_RULES)}")
 
 
-def fitness_rule(config: ESConfig) -> FitnessRule:
-    return make_fitness_rule(config.fitness_rule, config.format_bonus, config.fitness_options)
+def fitness_rule(config: ESConfig, task: Any = None) -> FitnessRule:
+    return make_fitness_rule(config.fitness_rule, config.format_bonus, config.fitness_options, task)
 
 
 def check_layout(config: ESConfig) -> None:

@@ -65,8 +65,10 @@ class ESConfig(RunConfig):
     format_bonus: float = 0.0
     """reward added for a well-formed answer (DART-ES / Qiu et al.); 0 = the paper's binary reward"""
     fitness_rule: str = "mean"
-    """how per-example rewards become member fitness: "mean" (the paper) or "dart" (DART-ES: difficulty-weighted
-    fitness, replay of hard problems; esft.es.dart). CLI alias: --fitness"""
+    """how per-example rewards become member fitness: "mean" (the paper), "dart" (DART-ES: difficulty-weighted
+    fitness, replay of hard problems; esft.es.dart) or "balanced" (opt-in class-balanced reward: each label's
+    mean counts the same, so a majority-label prior earns nothing; esft.es.fitness.ClassBalancedMean).
+    CLI alias: --fitness"""
     fitness_options: dict[str, Any] = field(default_factory=dict)
     """options of the fitness rule, e.g. {replay_fraction: 0.2, format_coef: 0.1} for dart (esft.es.dart.DartOptions)"""
     generation_batch_size: int = 32

@@ -99,6 +99,23 @@ class MeanReward(FitnessRule):
         return self.rewards(result).mean(axis=1)
 
 
-FITNESS_RULES = ("mean", "dart")
+class ClassBalancedMean(MeanReward):
+    """Fitness = the mean over labels of each label's mean reward in the batch (`class_balanced_weights` of the
+    batch's labels, e.g. BoolQ yes/no or a Countdown variant's target operator): a member that always answers
+    the majority label gains no more than one that always answers the minority one, so the prior earns nothing.
+    Opt-in (`fitness_rule: balanced`); the paper's rule is `MeanReward`."""
 
-__all__ = ["FITNESS_RULES", "CallableRule", "FitnessRule", "MeanReward", "as_fitness_rule", "sample_batch"]
+    def __init__(self, label_of: Callable[[dict], Any], format_bonus: float = 0.0):
+        super().__init__(format_bonus)
+        self.label_of = label_of
+
+    def __call__(self, result: PopulationResult, batch: Sequence[dict]) -> np.ndarray:
+        from esft.tasks.labels import class_balanced_weights
+
+        weights = np.asarray(class_balanced_weights([self.label_of(ex) for ex in batch]), dtype=np.float64)
+        return (self.rewards(result) * weights).mean(axis=1)
+
+
+FITNESS_RULES = ("mean", "dart", "balanced")
+
+__all__ = ["FITNESS_RULES", "CallableRule", "ClassBalancedMean", "FitnessRule", "MeanReward", "as_fitness_rule", "sample_batch"]

@@ -85,7 +85,7 @@ class ESTrainer:
         self.executor = executor
         # a bare fitness function becomes a stateless rule; stateful rules (DART-ES, esft.es.dart) keep
         # per-train-problem state and draw their own batches through the FitnessRule hooks
-        self.rule = as_fitness_rule(config_fitness_rule(config) if fitness_rule is None else fitness_rule)
+        self.rule = as_fitness_rule(config_fitness_rule(config, task) if fitness_rule is None else fitness_rule)
         self.progress = progress
         self.out = Path(config.output_dir)
         self.train_set = task.load("train")

@@ -1,0 +1,48 @@
+"""The opt-in class-balanced fitness rule (esft.es.fitness.ClassBalancedMean, `fitness_rule: balanced`)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from esft.es.build import make_fitness_rule
+from esft.es.executor import PopulationResult
+from esft.es.fitness import ClassBalancedMean, MeanReward
+from esft.tasks import get_task
+
+
+def _result(scores):
+    scores = np.asarray(scores, dtype=np.float64)
+    return PopulationResult(scores=scores, well_formed=np.ones_like(scores, dtype=bool), texts=[])
+
+
+def test_majority_prior_earns_nothing_over_the_minority_prior():
+    boolq = get_task("boolq")
+    batch = [{"answer": True}] * 6 + [{"answer": False}] * 2  # 6 yes, 2 no
+    always_yes = [1.0] * 6 + [0.0] * 2
+    always_no = [0.0] * 6 + [1.0] * 2
+    both = _result([always_yes, always_no])
+    assert MeanReward()(both, batch).tolist() == [0.75, 0.25]  # the plain mean rewards the prior
+    balanced = make_fitness_rule("balanced", task=boolq)
+    assert isinstance(balanced, ClassBalancedMean)
+    assert balanced(both, batch).tolist() == [0.5, 0.5]
+    # a member right on every "no" and half the "yes" beats the always-yes prior under the balanced rule only
+    skilled = _result([[1, 1, 1, 0, 0, 0, 1, 1]])
+    assert balanced(skilled, batch)[0] == pytest.approx(0.75) and MeanReward()(skilled, batch)[0] == 0.625
+
+
+def test_countdown_variant_balances_over_the_target_operator_and_format_bonus_is_kept():
+    task = get_task("countdown:numbers=2,max_number=50,ops=+*")
+    batch = [{"nums": [3, 5], "target": 8}] * 3 + [{"nums": [3, 5], "target": 15}]
+    rule = make_fitness_rule("balanced", 0.1, task=task)
+    res = PopulationResult(scores=np.array([[1.0, 1.0, 1.0, 0.0]]), well_formed=np.array([[True, True, True, False]]),
+                           texts=[])
+    # "+" mean (1.1), "*" mean (0.0): balanced = 0.55
+    assert rule(res, batch)[0] == pytest.approx(0.55)
+
+
+def test_balanced_rule_needs_a_labelled_task():
+    with pytest.raises(ValueError, match="needs a task with labels"):
+        make_fitness_rule("balanced", task=get_task("math"))
+    with pytest.raises(ValueError, match="takes no fitness_options"):
+        make_fitness_rule("balanced", options={"x": 1}, task=get_task("boolq"))
