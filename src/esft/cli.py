@@ -19,13 +19,17 @@ import sys
 from typing import Any, Callable, Sequence
 
 from esft.config import add_dataclass_arguments, build_config
+from esft.tasks.custom import add_task_flags
 
 
 def _eval(args: argparse.Namespace) -> int:
     from esft.evaluation import EvalConfig, format_table, run_eval
 
+    from esft.tasks.custom import apply_task_flags
+
     overrides = _explicit(args, EvalConfig)
     config = build_config(EvalConfig, None, None, args.config, overrides)
+    config = apply_task_flags(config, args, config.tasks)  # --prompt-field/--reward ... (data tasks)
     results = run_eval(config)
     print()
     print(format_table(results))
@@ -63,6 +67,9 @@ def _train_es(args: argparse.Namespace) -> int:
         config = resume_config(args.resume_dir, _explicit(args, ESConfig))
     else:
         config = build_config(ESConfig, PRESETS, args.preset, args.config, _explicit(args, ESConfig))
+    from esft.tasks.custom import apply_task_flags
+
+    config = apply_task_flags(config, args, [config.task])  # --prompt-field/--reward ... (data tasks)
     # Ray itself is imported only when used
     from esft.es.distributed.ray_executor import ReplicaDivergence, WorkersLost
 
@@ -77,7 +84,10 @@ def _train_es(args: argparse.Namespace) -> int:
 def _train_grpo(args: argparse.Namespace) -> int:
     from esft.grpo import PRESETS, GRPOConfig, train_grpo
 
+    from esft.tasks.custom import apply_task_flags
+
     config = build_config(GRPOConfig, PRESETS, args.preset, args.config, _explicit(args, GRPOConfig))
+    config = apply_task_flags(config, args, [config.task])  # --prompt-field/--reward ... (data tasks)
     result = train_grpo(config)
     print(f"\n{result.steps} steps in {result.output_dir}; final checkpoint: {result.final_checkpoint}")
     return 0
@@ -140,6 +150,10 @@ def _add_eval_env_bench(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("eval", help="evaluate a model on tasks (accuracy with 95%% CI, completions as JSONL)")
     _add_run_options(p, None)
     add_dataclass_arguments(p, EvalConfig)
+    # `--task` as in `esft train`: one more task for --tasks (argparse would find the prefix ambiguous otherwise)
+    p.add_argument("--task", dest="tasks", type=lambda t: [t], default=argparse.SUPPRESS, metavar="TASK",
+                   help="alias of --tasks for one task (a data file, module:Class or a task name)")
+    add_task_flags(p)
     p.set_defaults(func=_eval)
 
     p = sub.add_parser("env", help="print versions, device and threads (paste into bug reports)")
@@ -169,6 +183,7 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
         p = algos.add_parser("es", help="Evolution Strategies (full-parameter, gradient-free)")
         _add_run_options(p, PRESETS)
         add_dataclass_arguments(p, ESConfig, skip=("resume",))
+        add_task_flags(p)
         p.add_argument("--resume", dest="resume_dir", metavar="RUN_DIR", default=None,
                        help="continue RUN_DIR from its latest checkpoint and seed log (ends bit-identical to an "
                             "uninterrupted run); flags may only change e.g. --iterations")
@@ -183,6 +198,7 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p = algos.add_parser("grpo", help="GRPO baseline (TRL GRPOTrainer; needs `pip install esft[grpo]`)")
     _add_run_options(p, GRPO_PRESETS)
     add_dataclass_arguments(p, GRPOConfig)
+    add_task_flags(p)
     p.set_defaults(func=_train_grpo)
 
 
