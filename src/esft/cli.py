@@ -6,6 +6,7 @@
     esft train grpo --preset cpu --output-dir runs/grpo-demo
     esft analyze weights --base smollm2-135m --tuned runs/es/checkpoints/final,runs/grpo/checkpoints/final
     esft report runs/experiment
+    esft export runs/es-demo --to exported/es-demo   (a Hugging Face folder with a model card)
     esft experiment run cpu-mini-sequential        (a shipped spec, or a YAML file; esft experiment list)
     esft env
 """
@@ -116,6 +117,15 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _export(args: argparse.Namespace) -> int:
+    from esft.export import export_run
+
+    result = export_run(args.run, args.to, overwrite=args.overwrite)
+    print(f"exported {result.checkpoint} to {result.folder}: {', '.join(result.files)}")
+    print(f"upload: huggingface-cli upload ORG/NAME {result.folder} .")
+    return 0
+
+
 def _explicit(args: argparse.Namespace, cls: type) -> dict[str, Any]:
     names = {f.name for f in dataclasses.fields(cls)}
     return {k: v for k, v in vars(args).items() if k in names}
@@ -213,6 +223,12 @@ def _add_analysis(sub: argparse._SubParsersAction) -> None:
         _add_run_options(p, None)
         add_dataclass_arguments(p, cls)
         p.set_defaults(func=_analyze)
+
+    p = sub.add_parser("export", help="a run's final model as a clean Hugging Face folder with a model card")
+    p.add_argument("run", metavar="RUN", help="a run directory (its checkpoints/final) or a checkpoint folder")
+    p.add_argument("--to", required=True, metavar="DIR", help="the folder to write (then: huggingface-cli upload)")
+    p.add_argument("--overwrite", action="store_true", help="write into a folder that already holds files")
+    p.set_defaults(func=_export)
 
     p = sub.add_parser("report", help="report.md with every table and figure the runs in DIR support")
     p.add_argument("dir", metavar="DIR", help="a run directory or an experiment directory holding several runs")
