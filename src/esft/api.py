@@ -27,6 +27,8 @@ def with_task(config: Any, task: Any) -> tuple[Any, Any]:
 
     if isinstance(task, type):  # a class: built without options, like `--task module:Class`
         task = instantiate(task, task.__name__, {})
+    if callable(getattr(task, "validate", None)):  # a data task: its file, fields and reward, before any model
+        task.validate()
     spec = task_spec(task)
     if spec is not None:
         config = config.replace(task=spec[0], task_options=spec[1])
