@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from esft.es.distributed.factory import make_executor
@@ -30,9 +31,20 @@ def with_task(config: Any, task: Any) -> tuple[Any, Any]:
     if callable(getattr(task, "validate", None)):  # a data task: its file, fields and reward, before any model
         task.validate()
     spec = task_spec(task)
-    if spec is not None:
+    if spec is not None and _recorded_task(config) in (None, spec[0]):
         config = config.replace(task=spec[0], task_options=spec[1])
     return config, task
+
+
+def _recorded_task(config: Any) -> str | None:
+    """The task text the run being resumed recorded (None for a fresh run): a resume keeps what the run started
+    with, so a run begun through the trainer directly, with its own task text, still resumes."""
+    import yaml
+
+    saved = Path(config.output_dir) / "config.yaml"
+    if not getattr(config, "resume", False) or not saved.exists():
+        return None
+    return str((yaml.safe_load(saved.read_text()) or {}).get("task"))
 
 
 def es_trainer(config: ESConfig, **kwargs: Any) -> ESTrainer:
