@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from esft.es.distributed.factory import make_executor
@@ -14,10 +15,43 @@ from esft.es.trainer import ESTrainer
 from esft.rundir import TrainResult
 
 
+def with_task(config: Any, task: Any) -> tuple[Any, Any]:
+    """(config, task object or None) for `task=` of train_es / train_grpo: a string (a task name, `module:Class`, a
+    data file) becomes the config's task and is built by the trainer; an object is used as it is, and the config
+    records the string that rebuilds it (`module:Class` and its non-default fields; a data task's file and options)
+    so that config.yaml can resume and replay the run; an object without one keeps the config's task text."""
+    if task is None:
+        return config, None
+    if isinstance(task, str):
+        return config.replace(task=task), None
+    from esft.tasks.custom import instantiate, task_spec
+
+    if isinstance(task, type):  # a class: built without options, like `--task module:Class`
+        task = instantiate(task, task.__name__, {})
+    if callable(getattr(task, "validate", None)):  # a data task: its file, fields and reward, before any model
+        task.validate()
+    spec = task_spec(task)
+    if spec is not None and _recorded_task(config) in (None, spec[0]):
+        config = config.replace(task=spec[0], task_options=spec[1])
+    return config, task
+
+
+def _recorded_task(config: Any) -> str | None:
+    """The task text the run being resumed recorded (None for a fresh run): a resume keeps what the run started
+    with, so a run begun through the trainer directly, with its own task text, still resumes."""
+    import yaml
+
+    saved = Path(config.output_dir) / "config.yaml"
+    if not getattr(config, "resume", False) or not saved.exists():
+        return None
+    return str((yaml.safe_load(saved.read_text()) or {}).get("task"))
+
+
 def es_trainer(config: ESConfig, **kwargs: Any) -> ESTrainer:
     """The `ESTrainer` of `train_es`, not yet run: its executor is built by esft.es.distributed unless `executor`
     or `executor_factory` is given (keyword seams as ESTrainer: model, tokenizer, task, generate_fn,
-    fitness_rule, progress)."""
+    fitness_rule, progress). `task` may be a task object or class, or a task string (see with_task)."""
+    config, kwargs["task"] = with_task(config, kwargs.get("task"))
     if kwargs.get("executor") is None:
         kwargs.setdefault("executor_factory", make_executor)
     return ESTrainer(config, **kwargs)
@@ -25,16 +59,18 @@ def es_trainer(config: ESConfig, **kwargs: Any) -> ESTrainer:
 
 def train_es(config: ESConfig, **kwargs: Any) -> TrainResult:
     """Run (or resume, with config.resume) ES fine-tuning on the executor the config asks for. Keyword seams:
-    model, tokenizer, task, executor, executor_factory, generate_fn, fitness_rule, progress. Returns the run
+    model, tokenizer, task (an object, a class or a task string), executor, executor_factory, generate_fn, fitness_rule, progress. Returns the run
     directory, steps done, final checkpoint, last eval."""
     return es_trainer(config, **kwargs).train()
 
 
 def train_grpo(config: Any, **kwargs: Any) -> TrainResult:
-    """Run (or resume) GRPO fine-tuning (esft.grpo.run.train_grpo; TRL is imported only here)."""
+    """Run (or resume) GRPO fine-tuning (esft.grpo.run.train_grpo; TRL is imported only here). `task` may be a task
+    object or class, or a task string (see with_task)."""
     from esft.grpo.run import train_grpo as _train_grpo
 
+    config, kwargs["task"] = with_task(config, kwargs.get("task"))
     return _train_grpo(config, **kwargs)
 
 
-__all__ = ["es_trainer", "train_es", "train_grpo"]
+__all__ = ["es_trainer", "train_es", "train_grpo", "with_task"]

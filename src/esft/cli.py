@@ -6,6 +6,7 @@
     esft train grpo --preset cpu --output-dir runs/grpo-demo
     esft analyze weights --base smollm2-135m --tuned runs/es/checkpoints/final,runs/grpo/checkpoints/final
     esft report runs/experiment
+    esft export runs/es-demo --to exported/es-demo   (a Hugging Face folder with a model card)
     esft experiment run cpu-mini-sequential        (a shipped spec, or a YAML file; esft experiment list)
     esft env
 """
@@ -19,13 +20,17 @@ import sys
 from typing import Any, Callable, Sequence
 
 from esft.config import add_dataclass_arguments, build_config
+from esft.tasks.custom import add_task_flags
 
 
 def _eval(args: argparse.Namespace) -> int:
     from esft.evaluation import EvalConfig, format_table, run_eval
 
+    from esft.tasks.custom import apply_task_flags
+
     overrides = _explicit(args, EvalConfig)
     config = build_config(EvalConfig, None, None, args.config, overrides)
+    config = apply_task_flags(config, args, config.tasks)  # --prompt-field/--reward ... (data tasks)
     results = run_eval(config)
     print()
     print(format_table(results))
@@ -63,6 +68,9 @@ def _train_es(args: argparse.Namespace) -> int:
         config = resume_config(args.resume_dir, _explicit(args, ESConfig))
     else:
         config = build_config(ESConfig, PRESETS, args.preset, args.config, _explicit(args, ESConfig))
+    from esft.tasks.custom import apply_task_flags
+
+    config = apply_task_flags(config, args, [config.task])  # --prompt-field/--reward ... (data tasks)
     # Ray itself is imported only when used
     from esft.es.distributed.ray_executor import ReplicaDivergence, WorkersLost
 
@@ -77,7 +85,10 @@ def _train_es(args: argparse.Namespace) -> int:
 def _train_grpo(args: argparse.Namespace) -> int:
     from esft.grpo import PRESETS, GRPOConfig, train_grpo
 
+    from esft.tasks.custom import apply_task_flags
+
     config = build_config(GRPOConfig, PRESETS, args.preset, args.config, _explicit(args, GRPOConfig))
+    config = apply_task_flags(config, args, [config.task])  # --prompt-field/--reward ... (data tasks)
     result = train_grpo(config)
     print(f"\n{result.steps} steps in {result.output_dir}; final checkpoint: {result.final_checkpoint}")
     return 0
@@ -103,6 +114,15 @@ def _report(args: argparse.Namespace) -> int:
     config = build_config(ReportConfig, None, None, args.config, overrides)
     path = build_report(config)
     print(f"wrote {path}")
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    from esft.export import export_run
+
+    result = export_run(args.run, args.to, overwrite=args.overwrite)
+    print(f"exported {result.checkpoint} to {result.folder}: {', '.join(result.files)}")
+    print(f"upload: huggingface-cli upload ORG/NAME {result.folder} .")
     return 0
 
 
@@ -140,6 +160,10 @@ def _add_eval_env_bench(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("eval", help="evaluate a model on tasks (accuracy with 95%% CI, completions as JSONL)")
     _add_run_options(p, None)
     add_dataclass_arguments(p, EvalConfig)
+    # `--task` as in `esft train`: one more task for --tasks (argparse would find the prefix ambiguous otherwise)
+    p.add_argument("--task", dest="tasks", type=lambda t: [t], default=argparse.SUPPRESS, metavar="TASK",
+                   help="alias of --tasks for one task (a data file, module:Class or a task name)")
+    add_task_flags(p)
     p.set_defaults(func=_eval)
 
     p = sub.add_parser("env", help="print versions, device and threads (paste into bug reports)")
@@ -169,6 +193,7 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
         p = algos.add_parser("es", help="Evolution Strategies (full-parameter, gradient-free)")
         _add_run_options(p, PRESETS)
         add_dataclass_arguments(p, ESConfig, skip=("resume",))
+        add_task_flags(p)
         p.add_argument("--resume", dest="resume_dir", metavar="RUN_DIR", default=None,
                        help="continue RUN_DIR from its latest checkpoint and seed log (ends bit-identical to an "
                             "uninterrupted run); flags may only change e.g. --iterations")
@@ -183,6 +208,7 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p = algos.add_parser("grpo", help="GRPO baseline (TRL GRPOTrainer; needs `pip install esft[grpo]`)")
     _add_run_options(p, GRPO_PRESETS)
     add_dataclass_arguments(p, GRPOConfig)
+    add_task_flags(p)
     p.set_defaults(func=_train_grpo)
 
 
@@ -197,6 +223,12 @@ def _add_analysis(sub: argparse._SubParsersAction) -> None:
         _add_run_options(p, None)
         add_dataclass_arguments(p, cls)
         p.set_defaults(func=_analyze)
+
+    p = sub.add_parser("export", help="a run's final model as a clean Hugging Face folder with a model card")
+    p.add_argument("run", metavar="RUN", help="a run directory (its checkpoints/final) or a checkpoint folder")
+    p.add_argument("--to", required=True, metavar="DIR", help="the folder to write (then: huggingface-cli upload)")
+    p.add_argument("--overwrite", action="store_true", help="write into a folder that already holds files")
+    p.set_defaults(func=_export)
 
     p = sub.add_parser("report", help="report.md with every table and figure the runs in DIR support")
     p.add_argument("dir", metavar="DIR", help="a run directory or an experiment directory holding several runs")

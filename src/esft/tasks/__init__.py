@@ -10,7 +10,10 @@ A task name may carry constructor options after a colon, as comma-separated `key
     countdown:numbers=2,ops=+*,ask_format=1,shots=2   two worked puzzles: one addition, one multiplication
     boolq:max_passage_chars=400
 
-Such a name works wherever a task name is accepted (`--task`, `--tasks`, experiment specs). In a comma-separated
+Such a name works wherever a task name is accepted (`--task`, `--tasks`, experiment specs), and so do tasks from
+outside the package (esft.tasks.custom, docs/custom-tasks.md): `my_package.module:MyTask`, a name an installed
+package registers in the entry-point group `esft.tasks`, and a data file or Hugging Face dataset with a reward
+(`data.jsonl:prompt_field=question,reward=math`). In a comma-separated
 list of tasks a piece that starts with `key=` continues the previous task's options, so
 `--tasks countdown:numbers=2,ops=+,boolq` is two tasks. Values are converted by the option's type (integers,
 true/false, text); an unknown option or a bad value is a ValueError naming the task's options.
@@ -88,11 +91,20 @@ def split_task_list(items: str | typing.Iterable[str]) -> list[str]:
     return out
 
 
-def _task_class(base: str, name: str) -> type:
-    if base not in _REGISTRY:
-        raise ValueError(f"unknown task {name!r}; available tasks: {', '.join(TASK_NAMES)}")
-    module_name, cls_name = _REGISTRY[base].split(":")
-    return getattr(import_module(module_name), cls_name)
+def _task_class(base: str, name: str) -> typing.Any:
+    """The registered class of `base`, else what an installed package registers under it (esft.tasks.custom)."""
+    if base in _REGISTRY:
+        module_name, cls_name = _REGISTRY[base].split(":")
+        return getattr(import_module(module_name), cls_name)
+    from esft.tasks.custom import entry_point_names, entry_point_task
+
+    found = entry_point_task(base)
+    if found is None:
+        plugins = entry_point_names()
+        extra = f"; installed: {', '.join(plugins)}" if plugins else ""
+        raise ValueError(f"unknown task {name!r}; available tasks: {', '.join(TASK_NAMES)}{extra} (or module:Class, "
+                         "a data file .jsonl/.json/.csv with --prompt-field/--answer-field/--reward, or owner/dataset)")
+    return found
 
 
 def _convert_options(cls: type, name: str, raw: dict[str, str]) -> dict[str, typing.Any]:
@@ -115,12 +127,22 @@ def _convert_options(cls: type, name: str, raw: dict[str, str]) -> dict[str, typ
 def get_task(name: str, **options) -> Task:
     """Instantiate a task by name (case-insensitive), with any `:key=value` options of the name (see the module
     docstring). `options` go to the task's constructor too; giving one option both ways is an error."""
+    from esft.tasks.custom import external_kind, external_task, instantiate
+
+    if external_kind(name) is not None:  # module:Class, a data file, a hub dataset (esft.tasks.custom)
+        return external_task(name, options)
     base, raw = parse_task_name(name)
     cls = _task_class(base, name)
+    if base not in _REGISTRY and not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):
+        if raw:
+            raise ValueError(f"task {name!r}: options in the name need a dataclass task; pass them as task options")
+        return instantiate(cls, name, options)
     named = _convert_options(cls, name, raw)
     clash = sorted(set(named) & set(options))
     if clash:
         raise ValueError(f"task {name!r}: option {clash[0]!r} is set in the name and as an option")
+    if base not in _REGISTRY:  # an installed dataclass task: also wrapped when it is not a Task subclass
+        return instantiate(cls, name, {**named, **options})
     try:
         return cls(**named, **options)
     except TypeError as exc:

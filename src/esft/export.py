@@ -1,0 +1,124 @@
+"""`esft export RUN --to DIR`: a run's final model as a clean Hugging Face folder, ready for
+`huggingface-cli upload ORG/NAME DIR` (or `hf upload`).
+
+The folder holds only what `AutoModelForCausalLM.from_pretrained` / `AutoTokenizer.from_pretrained` read: the
+weights (safetensors, as the checkpoint stores them), config.json, generation_config.json and the tokenizer files,
+plus a model card (README.md) with the training config and the run's held-out results. Checkpoint-only state
+(ES fp32 masters and seed-log position, GRPO optimizer / scheduler / RNG state) is left behind.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from esft.rundir import CHECKPOINTS, read_jsonl
+
+#: files of a Hugging Face model folder (exact names, then suffixes)
+_MODEL_FILES = ("config.json", "generation_config.json", "model.safetensors.index.json", "tokenizer.json",
+                "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt", "added_tokens.json",
+                "chat_template.jinja", "chat_template.json", "tokenizer.model")
+
+
+@dataclass
+class ExportResult:
+    folder: Path
+    checkpoint: Path
+    files: list[str]
+
+
+def find_checkpoint(run: str | Path) -> Path:
+    """The checkpoint to export: RUN itself when it is a model folder, else RUN/checkpoints/final, else the latest
+    numbered checkpoint."""
+    run = Path(run)
+    if (run / "config.json").exists():
+        return run
+    root = run / CHECKPOINTS
+    if (root / "final" / "config.json").exists():
+        return root / "final"
+    numbered = sorted((p for p in root.glob("*") if p.is_dir() and p.name.split("-")[-1].isdigit()
+                       and (p / "config.json").exists()), key=lambda p: int(p.name.split("-")[-1]))
+    if not numbered:
+        raise FileNotFoundError(f"{run}: no checkpoint to export (expected {root}/final or a model folder)")
+    return numbered[-1]
+
+
+def model_files(checkpoint: Path) -> list[Path]:
+    return sorted(p for p in checkpoint.iterdir() if p.is_file() and
+                  (p.name in _MODEL_FILES or (p.name.startswith("model") and p.suffix == ".safetensors")))
+
+
+def held_out_results(run: Path) -> list[dict[str, Any]]:
+    """The run's held-out evaluations (metrics.jsonl records of kind eval with a test accuracy), in step order."""
+    rows = [r for r in read_jsonl(run / "metrics.jsonl") if r.get("kind") == "eval"]
+    out = []
+    for r in rows:
+        acc = r.get("test_accuracy", r.get("accuracy"))
+        if acc is None:
+            continue
+        out.append({"step": r.get("step"), "n": r.get("test_n", r.get("n")), "accuracy": acc,
+                    "ci95": r.get("test_ci95", r.get("ci95"))})
+    return out
+
+
+def model_card(run: Path, config: dict[str, Any], results: list[dict[str, Any]]) -> str:
+    """README.md: YAML front matter, what was trained, the held-out results, the training config."""
+    algorithm = "GRPO" if "num_generations" in config else "ES"
+    base = str(config.get("model", ""))
+    front = {"library_name": "transformers", "pipeline_tag": "text-generation",
+             "tags": ["esft", "evolution-strategies" if algorithm == "ES" else "grpo"]}
+    if "/" in base and not Path(base).exists():
+        front["base_model"] = base  # a hub id; local folders and embedded names are not hub links
+    lines = ["---", yaml.safe_dump(front, sort_keys=False).strip(), "---", "",
+             f"# {run.name}", "",
+             f"Fine-tuned with esft ({algorithm}) from `{base}` on task `{config.get('task', '')}`.", ""]
+    if results:
+        lines += ["## Held-out results", "", "| step | n | accuracy | 95% CI |", "|---|---|---|---|"]
+        for r in results:
+            ci = r.get("ci95") or []
+            ci_text = f"[{ci[0]:.3f}, {ci[1]:.3f}]" if len(ci) == 2 else ""
+            lines.append(f"| {r['step']} | {r['n']} | {r['accuracy']:.3f} | {ci_text} |")
+        lines += ["", "Step 0 is the model before training.", ""]
+    else:
+        lines += ["The run recorded no held-out evaluation.", ""]
+    lines += ["## Use", "", "```python", "from transformers import AutoModelForCausalLM, AutoTokenizer", "",
+              'model = AutoModelForCausalLM.from_pretrained("PATH_OR_REPO")',
+              'tokenizer = AutoTokenizer.from_pretrained("PATH_OR_REPO")', "```", "",
+              "## Training config", "", "```yaml", yaml.safe_dump(config, sort_keys=False).strip(), "```", ""]
+    return "\n".join(lines)
+
+
+def export_run(run: str | Path, to: str | Path, overwrite: bool = False) -> ExportResult:
+    """Copy the run's final model into `to` as a clean Hugging Face folder with a model card."""
+    run, to = Path(run), Path(to)
+    checkpoint = find_checkpoint(run)
+    run_dir = run if checkpoint != run else run.parent.parent
+    if to.exists() and any(to.iterdir()) and not overwrite:
+        raise ValueError(f"{to} is not empty (pass --overwrite to replace its files)")
+    to.mkdir(parents=True, exist_ok=True)
+    files = model_files(checkpoint)
+    if not any(p.suffix == ".safetensors" for p in files):
+        raise FileNotFoundError(f"{checkpoint}: no safetensors weights")
+    for p in files:
+        shutil.copy2(p, to / p.name)
+    if not (to / "generation_config.json").exists():
+        from transformers import GenerationConfig
+
+        config = json.loads((checkpoint / "config.json").read_text())
+        GenerationConfig.from_dict({k: config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id")
+                                    if config.get(k) is not None}).save_pretrained(to)
+    if not (to / "tokenizer_config.json").exists():
+        raise FileNotFoundError(f"{checkpoint}: no tokenizer files to export")
+    config_path = run_dir / "config.yaml"
+    train_config = yaml.safe_load(config_path.read_text()) if config_path.exists() else {}
+    train_config = {k: v for k, v in (train_config or {}).items() if k != "_run"}
+    (to / "README.md").write_text(model_card(run_dir, train_config, held_out_results(run_dir)))
+    return ExportResult(to, checkpoint, sorted(p.name for p in to.iterdir()))
+
+
+__all__ = ["ExportResult", "export_run", "find_checkpoint", "held_out_results", "model_card", "model_files"]

@@ -1,0 +1,235 @@
+"""Tasks from outside the package, resolved by `esft.tasks.get_task` like the built-in names:
+
+    my_package.module:MyTask      a Task subclass (built with the task options), a Task instance, or any object
+                                  with load(split) / prompt(example) / score(completion, example)
+    NAME                          a name an installed package registers in the entry-point group `esft.tasks`
+                                  (pyproject: [project.entry-points."esft.tasks"] NAME = "pkg.module:MyTask")
+    data.jsonl | data.csv         the user's rows and a reward (esft.tasks.dataset_task.DatasetTask); options as
+    owner/dataset                 for every task: `data.jsonl:prompt_field=question,reward=math` or task_options
+                                  (the CLI's --prompt-field, --answer-field, --system-prompt, --reward)
+
+Every form is a string, so a config that names such a task still rebuilds it from `config.yaml` (resume, replay,
+experiments). `task_spec(obj)` gives the string of a task object passed to the Python API, where it has one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Any
+
+from esft.tasks.base import Example, Messages, Task
+from esft.tasks.dataset_task import DatasetTask, is_data_file
+from esft.tasks.verifiers import import_object
+
+ENTRY_POINT_GROUP = "esft.tasks"
+
+_IDENT = r"[A-Za-z_]\w*"
+_IMPORT_PATH = re.compile(rf"{_IDENT}(?:\.{_IDENT})*:{_IDENT}(?:\.{_IDENT})*")
+_HUB_NAME = re.compile(r"[\w.-]+/[\w.-]+")
+#: the CLI's data-task flags, as DatasetTask options
+DATA_TASK_FLAGS = ("prompt_field", "answer_field", "system_prompt", "reward")
+
+
+_DATA_SPEC = re.compile(r"(.*?\.(?:jsonl|json|csv|tsv)(?:\.gz)?)(?::(.*))?", re.IGNORECASE | re.DOTALL)
+
+
+def _split_options(spec: str) -> tuple[str, str]:
+    """(source, option text) of `data.jsonl:key=value,...` or `owner/name[:config]:key=value,...` (a hub config
+    has no '=': the options begin at the first ':'-separated part that holds one)."""
+    m = _DATA_SPEC.fullmatch(spec)
+    if m:
+        return m.group(1), m.group(2) or ""
+    parts = spec.split(":")
+    for i in range(1, len(parts)):
+        if "=" in parts[i]:
+            return ":".join(parts[:i]), ":".join(parts[i:])
+    return spec, ""
+
+
+def external_kind(name: str) -> str | None:
+    """"import", "data" or "hub" for a task string that names a task outside the registry, else None (a registered
+    or entry-point name, with or without options)."""
+    text = str(name).strip()
+    source, _ = _split_options(text)
+    if is_data_file(source):
+        return "data"
+    if _IMPORT_PATH.fullmatch(text):
+        return "import"
+    if _HUB_NAME.fullmatch(source.partition(":")[0]) and not Path(source).exists():
+        return "hub"
+    return None
+
+
+def parse_options(name: str, text: str) -> dict[str, str]:
+    """`key=value,...` -> dict of text values (keys lower-cased); ValueError on a malformed or repeated option."""
+    options: dict[str, str] = {}
+    for piece in text.split(","):
+        key, eq, value = piece.partition("=")
+        key, value = key.strip().lower(), value.strip()
+        if not eq or not key or not value:
+            raise ValueError(f"task {name!r}: option {piece.strip()!r} is not key=value")
+        if key in options:
+            raise ValueError(f"task {name!r}: option {key!r} given twice")
+        options[key] = value
+    return options
+
+
+def _data_task(name: str, kind: str, options: dict[str, Any]) -> DatasetTask:
+    from esft.config import converter  # ground floor too: option text -> the field's type
+    import typing
+
+    source, text = _split_options(str(name).strip())
+    named = parse_options(name, text) if text else {}
+    fields = {f.name: f for f in dataclasses.fields(DatasetTask) if f.init and f.name not in ("splits", "source")}
+    hints = typing.get_type_hints(DatasetTask)
+    values: dict[str, Any] = {}
+    for key, value in {**named, **options}.items():
+        if key not in fields:
+            raise ValueError(f"task {name!r}: unknown option {key!r}; options of a data task: "
+                             f"{', '.join(sorted(fields))}")
+        values[key] = converter(hints[key])(value) if isinstance(value, str) and hints[key] is not str else value
+    clash = sorted(set(named) & set(options))
+    if clash:
+        raise ValueError(f"task {name!r}: option {clash[0]!r} is set in the name and as an option")
+    task = DatasetTask(source=source, **values)
+    task.validate()  # the data and the reward, checked before any model loads
+    return task
+
+
+def entry_point_names() -> list[str]:
+    """Names installed packages register in the `esft.tasks` entry-point group."""
+    return sorted({ep.name.lower() for ep in entry_points(group=ENTRY_POINT_GROUP)})
+
+
+def entry_point_task(base: str) -> Any | None:
+    """The object an installed package registers under `base` (lower-case match), or None."""
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        if ep.name.lower() == base:
+            try:
+                return ep.load()
+            except Exception as exc:  # a broken plug-in: say which one
+                raise ValueError(f"task {base!r} (entry point {ep.value!r}): cannot load: "
+                                 f"{type(exc).__name__}: {exc}") from None
+    return None
+
+
+def instantiate(obj: Any, name: str, options: dict[str, Any]) -> Task:
+    """A task from what an import path or an entry point names: a class is built with `options`, an object is used
+    as it is (then options are an error). Objects that are not Task instances get the Task defaults around them."""
+    if isinstance(obj, type):
+        try:
+            obj = obj(**options)
+        except TypeError as exc:
+            raise ValueError(f"task {name!r}: cannot build {obj.__name__}: {exc}") from None
+    elif options:
+        raise ValueError(f"task {name!r} is an object, not a class: it takes no options (got {sorted(options)})")
+    missing = [m for m in ("load", "prompt", "score") if not callable(getattr(obj, m, None))]
+    if missing:
+        raise ValueError(f"task {name!r} ({type(obj).__name__}) is not a task: it has no {', '.join(missing)} "
+                         "(a task needs load(split), prompt(example) and score(completion, example))")
+    return obj if isinstance(obj, Task) else TaskAdapter(obj)
+
+
+def external_task(name: str, options: dict[str, Any]) -> Task:
+    """The task an import path, a data file or a hub dataset name stands for (see external_kind)."""
+    kind = external_kind(name)
+    if kind in ("data", "hub"):
+        return _data_task(name, kind, options)
+    if kind == "import":
+        return instantiate(import_object(str(name).strip(), "task"), name, options)
+    raise ValueError(f"task {name!r} is neither an import path (module:Class) nor a data file nor a dataset name")
+
+
+class TaskAdapter(Task):
+    """Any object with load / prompt / score behind the Task interface (defaults for what it lacks)."""
+
+    def __init__(self, obj: Any):
+        super().__init__(name=str(getattr(obj, "name", type(obj).__name__)),
+                         splits=tuple(getattr(obj, "splits", ("train", "test"))))
+        self.obj = obj
+
+    def _load(self, split: str) -> list[Example]:
+        return list(self.obj.load(split))
+
+    def prompt(self, example: Example) -> Messages:
+        out = self.obj.prompt(example)
+        return [{"role": "user", "content": out}] if isinstance(out, str) else out
+
+    def score(self, completion: str, example: Example) -> float:
+        return float(self.obj.score(completion, example))
+
+    def is_well_formed(self, completion: str, example: Example) -> bool:
+        check = getattr(self.obj, "is_well_formed", None)
+        return bool(check(completion, example)) if callable(check) else bool(completion.strip())
+
+    def details(self, completion: str, example: Example) -> dict[str, Any]:
+        details = getattr(self.obj, "details", None)
+        return dict(details(completion, example)) if callable(details) else {}
+
+
+def add_task_flags(parser: Any) -> None:
+    """The data-task flags of `esft eval` / `esft train es|grpo` (argparse); they become task options."""
+    helps = {"prompt_field": "data task: column of the prompt (text, or chat messages)",
+             "answer_field": "data task: column of the gold answer",
+             "system_prompt": "data task: system message before each prompt",
+             "reward": "data task: exact, boxed, math, mcq, regex:PATTERN, or module:function with TRL's reward "
+                       "signature (completions, **kwargs) -> list[float]"}
+    for key in DATA_TASK_FLAGS:
+        parser.add_argument("--" + key.replace("_", "-"), dest=key, default=None, metavar=key.split("_")[0].upper(),
+                            help=helps[key] + " (docs/custom-tasks.md)")
+
+
+def apply_task_flags(config: Any, args: Any, tasks: list[str]) -> Any:
+    """`config` with the data-task flags given in `args` added to its task_options; an error when none of `tasks`
+    is a data task (the flags would be ignored)."""
+    flags = {k: getattr(args, k) for k in DATA_TASK_FLAGS if getattr(args, k, None) is not None}
+    if not flags:
+        return config
+    if not any(external_kind(t) in ("data", "hub") for t in tasks):
+        names = ", ".join("--" + k.replace("_", "-") for k in flags)
+        raise ValueError(f"{names} apply to a task read from a data file or dataset (--task data.jsonl), "
+                         f"not to {', '.join(tasks)}")
+    return dataclasses.replace(config, task_options={**config.task_options, **flags})
+
+
+def task_spec(task: Any) -> tuple[str, dict[str, Any]] | None:
+    """(task string, task options) that rebuild `task` through get_task, or None when it has none: a data task
+    gives its source and options; a dataclass task whose class is importable (not defined in __main__) gives
+    `module:Class` and the fields that differ from the defaults, when they are plain YAML values."""
+    if isinstance(task, DatasetTask):
+        defaults = DatasetTask(source=task.source, reward="exact")
+        opts = {f.name: getattr(task, f.name) for f in dataclasses.fields(task)
+                if f.init and f.name not in ("source", "name", "splits")
+                and getattr(task, f.name) != getattr(defaults, f.name)}
+        return task.source, opts
+    cls = type(task)
+    if cls.__module__ in ("__main__", "builtins") or "<locals>" in cls.__qualname__:
+        return None
+    path = f"{cls.__module__}:{cls.__qualname__}"
+    try:
+        if import_object(path, "task") is not cls:
+            return None
+    except ValueError:
+        return None
+    if not dataclasses.is_dataclass(task):
+        return path, {}
+    opts = {}
+    for f in dataclasses.fields(task):
+        if not f.init or f.name.startswith("_"):
+            continue
+        value = getattr(task, f.name)
+        default = f.default if f.default is not dataclasses.MISSING else (
+            f.default_factory() if f.default_factory is not dataclasses.MISSING else dataclasses.MISSING)
+        if value != default:
+            if not isinstance(value, (str, int, float, bool, type(None), list, tuple, dict)):
+                return None
+            opts[f.name] = list(value) if isinstance(value, tuple) else value
+    return path, opts
+
+
+__all__ = ["DATA_TASK_FLAGS", "ENTRY_POINT_GROUP", "TaskAdapter", "add_task_flags", "apply_task_flags",
+           "entry_point_names", "entry_point_task",
+           "external_kind", "external_task", "instantiate", "parse_options", "task_spec"]

@@ -1,0 +1,234 @@
+"""`DatasetTask`: a task made of the user's data (a JSONL / JSON / CSV file, or a Hugging Face dataset) and a reward.
+
+    esft train es --task data.jsonl --prompt-field question --answer-field answer --reward math
+    esft eval --tasks data.csv --reward my_rewards:correctness          (a TRL reward function)
+
+The prompt field holds the user turn (text) or a whole chat (a list of {role, content} messages, TRL's
+conversational format); `system_prompt` goes before it. The held-out split is a seeded `test_size` draw from the
+rows (or `test_file`, or the hub dataset's `test_split`); the rest is the train split. Everything is checked when the
+task is built, before any model loads: the file, the fields (named), the reward (imported and called once on two
+rows, so a wrong length or a non-number shows up front).
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import json
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from esft.tasks.base import Example, Messages, Task, completion_text
+from esft.tasks.common import SPLIT_SEED, load_hub_rows
+from esft.tasks.verifiers import (COMPLETION_FORMATS, Verifier, builtin_verifier, call_trl_reward, check_rewards,
+                                  import_object)
+
+#: file suffixes read as data (".gz" allowed after the JSON ones)
+DATA_SUFFIXES = (".jsonl", ".json", ".csv", ".tsv", ".jsonl.gz", ".json.gz")
+
+
+def is_data_file(path: str) -> bool:
+    return str(path).lower().endswith(DATA_SUFFIXES)
+
+
+def read_rows(path: str | Path) -> list[dict[str, Any]]:
+    """Rows of a JSONL, JSON (a list of objects, or JSONL) or CSV / TSV file; errors name the file and line."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"task data file {path} does not exist")
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8", newline="") as fh:
+        text = fh.read()
+    name = path.name.lower().removesuffix(".gz")
+    if name.endswith((".csv", ".tsv")):
+        rows = [dict(r) for r in csv.DictReader(text.splitlines(), delimiter="\t" if name.endswith(".tsv") else ",")]
+    elif name.endswith(".json") and text.lstrip().startswith("["):
+        rows = json.loads(text)
+    else:
+        rows = []
+        for lineno, line in enumerate(text.splitlines(), 1):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as exc:
+                    raise ValueError(f"{path}:{lineno}: not a JSON object: {exc}") from None
+    if not rows:
+        raise ValueError(f"task data file {path} holds no rows")
+    bad = next((i for i, r in enumerate(rows) if not isinstance(r, dict)), None)
+    if bad is not None:
+        raise ValueError(f"{path}: row {bad + 1} is {type(rows[bad]).__name__}, not an object of fields")
+    return rows
+
+
+def split_sizes(n: int, test_size: float) -> int:
+    """Held-out rows out of n: a fraction when test_size < 1, a count otherwise; at least one row stays in train."""
+    if test_size < 0:
+        raise ValueError(f"test_size must be >= 0, got {test_size}")
+    k = round(n * test_size) if test_size < 1 else int(test_size)
+    if k >= n:
+        raise ValueError(f"test_size {test_size} leaves no train rows out of {n}")
+    return k
+
+
+@dataclass
+class DatasetTask(Task):
+    """The user's data and reward as a task (module docstring)."""
+
+    source: str = ""
+    """a data file (.jsonl, .json, .csv, .tsv) or a Hugging Face dataset name (owner/name or owner/name:config)"""
+    prompt_field: str = "prompt"
+    """column holding the user turn (text) or the whole chat (a list of {role, content} messages)"""
+    answer_field: str = "answer"
+    """column holding the gold answer (needed by the built-in verifiers; optional for a reward function)"""
+    system_prompt: str = ""
+    """system message put before the prompt (none when empty)"""
+    reward: str = "exact"
+    """exact, boxed, math, mcq, regex:PATTERN, or module:function with TRL's reward signature (esft.tasks.verifiers)"""
+    completion_format: str = "messages"
+    """how a reward function gets completions: "messages" (as TRL for chat prompts) or "text" (plain strings)"""
+    test_size: float = 0.2
+    """held-out rows: a fraction (< 1) or a count, drawn with split_seed; ignored with test_file or test_split"""
+    split_seed: int = SPLIT_SEED
+    """seed of the held-out draw"""
+    test_file: str | None = None
+    """a separate held-out data file (then every row of source is train)"""
+    train_split: str = "train"
+    """hub datasets: split read as train"""
+    test_split: str | None = None
+    """hub datasets: split read as held-out (None = a test_size draw from train_split)"""
+    _rows: dict[str, list[Example]] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _verifier: Verifier | None = field(default=None, init=False, repr=False, compare=False)
+    _reward_fn: Callable[..., Any] | None = field(default=None, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not self.source:
+            raise ValueError("a data task needs a source (a data file or a Hugging Face dataset name)")
+        if not self.name:
+            base = Path(self.source).name if is_data_file(self.source) else self.source.replace("/", "_")
+            self.name = base.split(".")[0] or "data"
+        if self.completion_format not in COMPLETION_FORMATS:
+            raise ValueError(f"completion_format must be one of {', '.join(COMPLETION_FORMATS)}, "
+                             f"got {self.completion_format!r}")
+        self._verifier = builtin_verifier(self.reward)
+        if self._verifier is None:
+            if ":" not in self.reward:
+                raise ValueError(f"unknown reward {self.reward!r}: use exact, boxed, math, mcq, regex:PATTERN or "
+                                 "module:function (a TRL reward function)")
+            fn = import_object(self.reward, "reward")
+            if not callable(fn):
+                raise ValueError(f"reward {self.reward!r} is {type(fn).__name__}, not a function")
+            self._reward_fn = fn
+
+    # ---- data ---------------------------------------------------------------------------------------------------
+    def _read(self) -> dict[str, list[Example]]:
+        if self._rows:
+            return self._rows
+        if is_data_file(self.source):
+            rows = read_rows(self.source)
+            test = read_rows(self.test_file) if self.test_file else None
+        else:
+            try:
+                rows = load_hub_rows(self.source, self.train_split)
+                test = load_hub_rows(self.source, self.test_split) if self.test_split else None
+            except RuntimeError as exc:  # no `datasets`, an unreachable hub: a bad task, reported as such
+                raise ValueError(str(exc)) from None
+            if not rows:
+                raise ValueError(f"Hugging Face dataset {self.source!r} split {self.train_split!r} holds no rows")
+        if test is None:
+            order = list(range(len(rows)))
+            random.Random(self.split_seed).shuffle(order)
+            k = split_sizes(len(rows), self.test_size)
+            held = set(order[:k])
+            test = [rows[i] for i in sorted(held)]
+            rows = [r for i, r in enumerate(rows) if i not in held]
+        self._rows = {"train": [dict(r) for r in rows], "test": [dict(r) for r in test]}
+        for split, data in self._rows.items():
+            self._check_fields(split, data)
+        return self._rows
+
+    def _check_fields(self, split: str, rows: list[Example]) -> None:
+        needed = [("prompt_field", self.prompt_field)]
+        if self._verifier is not None:
+            needed.append(("answer_field", self.answer_field))
+        for i, row in enumerate(rows):
+            for option, name in needed:
+                if name not in row or row[name] is None:
+                    raise ValueError(f"task {self.source!r}: {split} row {i + 1} has no field {name!r} ({option}); "
+                                     f"fields: {', '.join(map(str, row)) or 'none'}")
+
+    def _load(self, split: str) -> list[Example]:
+        return [dict(r) for r in self._read()[split]]
+
+    def validate(self) -> None:
+        """Read the data and call the reward once on (at most) two train rows, with their gold answers as
+        completions: a missing field, an empty file or a reward of the wrong shape fails here, before training."""
+        rows = self._read()["train"][:2]
+        texts = [str(r.get(self.answer_field, "")) for r in rows]
+        if self._reward_fn is not None:
+            call_trl_reward(self._reward_fn, self.reward, texts, [self.prompt(r) for r in rows], rows,
+                            self.completion_format)
+
+    # ---- prompting and scoring ----------------------------------------------------------------------------------
+    def prompt(self, example: Example) -> Messages:
+        value = example[self.prompt_field]
+        if isinstance(value, list):  # a chat already (TRL conversational format)
+            messages = [{"role": str(m["role"]), "content": str(m["content"])} for m in value]
+        else:
+            messages = [{"role": "user", "content": str(value)}]
+        if self.system_prompt and not any(m["role"] == "system" for m in messages):
+            messages.insert(0, {"role": "system", "content": self.system_prompt})
+        return messages
+
+    def score(self, completion: str, example: Example) -> float:
+        if self._verifier is not None:
+            return self._verifier.score(completion_text(completion), str(example[self.answer_field]))
+        return self.score_batch([completion_text(completion)], [example])[0]
+
+    def score_batch(self, texts: list[str], examples: list[Example]) -> list[float]:
+        """Rewards of several completions in one call (one call of a TRL reward function)."""
+        if self._reward_fn is None:
+            return [self.score(t, ex) for t, ex in zip(texts, examples)]
+        return call_trl_reward(self._reward_fn, self.reward, texts, [self.prompt(ex) for ex in examples], examples,
+                               self.completion_format)
+
+    def is_well_formed(self, completion: str, example: Example) -> bool:
+        """A built-in verifier found an answer in the completion; with a reward function, the completion is not
+        blank."""
+        if self._verifier is not None:
+            return self._verifier.extract(completion) is not None
+        return bool(completion.strip())
+
+    def details(self, completion: str, example: Example) -> dict[str, Any]:
+        if self._verifier is None or self._verifier.name == "exact":
+            return {}
+        return {"extracted": self._verifier.extract(completion)}
+
+    def gold_key(self, example: Example) -> Any:
+        answer = example.get(self.answer_field)
+        if answer is None or isinstance(answer, (list, dict)):
+            return None
+        return str(answer).strip() or None
+
+    def reward_function(self, format_bonus: float = 0.0) -> Callable[..., list[float]]:
+        """TRL's signature, scoring a batch with one call of the user's function (see Task.reward_function)."""
+        if self._reward_fn is None:
+            return super().reward_function(format_bonus)
+        base = super().reward_function(0.0)
+
+        def reward(completions: list[Any], **kwargs: Any) -> list[float]:
+            examples = kwargs.get("examples")
+            if examples is None:
+                return base(completions, **kwargs)
+            texts = [completion_text(c) for c in completions]
+            out = self.score_batch(texts, examples)
+            if format_bonus:
+                out = [r + format_bonus * self.is_well_formed(t, ex) for r, t, ex in zip(out, texts, examples)]
+            return check_rewards(out, len(texts), self.reward)
+
+        reward.__name__ = f"{self.name}_reward"
+        return reward
+
+
+__all__ = ["DATA_SUFFIXES", "DatasetTask", "is_data_file", "read_rows", "split_sizes"]

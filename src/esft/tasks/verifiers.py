@@ -1,0 +1,164 @@
+"""Rewards of tasks read from a data file: built-in verifiers, or a Python function with TRL's reward signature.
+
+A reward is named by a string so that it survives `config.yaml` (resume, replay, experiments):
+
+    exact         the whole completion equals the gold answer (case, surrounding space and a final period ignored)
+    boxed         the last \\boxed{...} of the completion equals the gold answer (same normalisation)
+    math          the last \\boxed{...} is mathematically equal to the gold answer (esft.tasks.hendrycks_math rules)
+    mcq           the answer letter the MMLU / chemistry scorer extracts equals the gold letter (esft.tasks.mcq)
+    regex:PATTERN the last match of PATTERN (its first group when it has one) equals the gold answer
+    module:func   a function `func(completions, **kwargs) -> list[float]` exactly as TRL's GRPOTrainer calls it
+
+A TRL reward function receives `completions` (one per example; with esft's chat prompts each is a list holding one
+assistant message, as TRL passes them for conversational datasets), `prompts` (the chat messages) and every other
+column of the data as a keyword list. It must return one number per completion.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from esft.tasks.base import Example, Messages, last_boxed
+from esft.tasks.hendrycks_math import answers_match
+from esft.tasks.mcq import extract_letter
+
+BUILTIN_VERIFIERS = ("exact", "boxed", "math", "mcq", "regex:PATTERN")
+#: completions as TRL passes them for chat prompts ("messages") or as plain strings ("text")
+COMPLETION_FORMATS = ("messages", "text")
+
+
+def normalize(text: Any) -> str:
+    """Text compared by the exact-match verifiers: case-folded, inner space collapsed, ends stripped of space and
+    of one final period."""
+    out = " ".join(str(text).split()).casefold()
+    return out[:-1].rstrip() if out.endswith(".") else out
+
+
+def import_object(spec: str, what: str) -> Any:
+    """The object `module.path:attr.sub` names. A module in the current folder is found even when the current folder
+    is not on sys.path (the `esft` console script does not put it there). Any failure is a ValueError saying so."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"{what} {spec!r}: expected module:name (e.g. my_rewards:correctness)")
+    try:
+        module = _import_module(module_name)
+    except Exception as exc:  # any import-time error of user code: report it instead of a traceback
+        raise ValueError(f"{what} {spec!r}: cannot import module {module_name!r}: {type(exc).__name__}: {exc}") \
+            from None
+    obj: Any = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ValueError(f"{what} {spec!r}: module {module_name!r} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    return obj
+
+
+def _import_module(name: str) -> Any:
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        top = name.partition(".")[0]
+        cwd = Path.cwd()
+        local = (cwd / f"{top}.py").exists() or (cwd / top / "__init__.py").exists()
+        if exc.name != top or not local or str(cwd) in sys.path:
+            raise
+        sys.path.append(str(cwd))
+        return importlib.import_module(name)
+
+
+def _regex_extract(pattern: re.Pattern[str], text: str) -> str | None:
+    last = None
+    for m in pattern.finditer(text):
+        last = m
+    if last is None:
+        return None
+    return last.group(1) if pattern.groups else last.group(0)
+
+
+@dataclass
+class Verifier:
+    """A built-in verifier: `extract(completion)` (None = no answer in the completion) and `match(pred, gold)`."""
+
+    name: str
+    extract: Callable[[str], str | None]
+    match: Callable[[str, str], bool]
+
+    def score(self, completion: str, gold: str) -> float:
+        pred = self.extract(completion)
+        return 1.0 if pred is not None and self.match(pred, gold) else 0.0
+
+
+def _same(pred: str, gold: str) -> bool:
+    return normalize(pred) == normalize(gold)
+
+
+def builtin_verifier(spec: str) -> Verifier | None:
+    """The verifier `spec` names, None when `spec` is not a built-in (then it is a `module:function`)."""
+    name = spec.strip()
+    if name == "exact":
+        return Verifier("exact", lambda text: text, _same)
+    if name == "boxed":
+        return Verifier("boxed", last_boxed, _same)
+    if name == "math":
+        return Verifier("math", last_boxed, answers_match)
+    if name == "mcq":
+        return Verifier("mcq", lambda text: extract_letter(text)[0], lambda p, g: p == str(g).strip().upper())
+    if name.startswith("regex:"):
+        try:
+            pattern = re.compile(name[len("regex:"):])
+        except re.error as exc:
+            raise ValueError(f"reward {spec!r}: bad regular expression: {exc}") from None
+        return Verifier("regex", lambda text: _regex_extract(pattern, text), _same)
+    return None
+
+
+def as_completions(texts: list[str], completion_format: str) -> list[Any]:
+    """Completions in the form a TRL reward function gets them (see COMPLETION_FORMATS)."""
+    if completion_format == "text":
+        return list(texts)
+    return [[{"role": "assistant", "content": t}] for t in texts]
+
+
+def trl_columns(examples: list[Example]) -> dict[str, list[Any]]:
+    """Every column of the examples as a keyword list, as TRL passes dataset columns (its `prompt` column goes as
+    `prompts` instead, so a column of that name is left out here)."""
+    keys = [k for k in examples[0] if k not in ("prompt", "prompts", "completion", "completions")] if examples else []
+    return {k: [ex.get(k) for ex in examples] for k in keys}
+
+
+def call_trl_reward(fn: Callable[..., Any], name: str, texts: list[str], prompts: list[Messages],
+                    examples: list[Example], completion_format: str) -> list[float]:
+    """`fn` called as TRL calls a reward function, its result checked: one finite number per completion."""
+    out = fn(completions=as_completions(texts, completion_format), prompts=prompts, **trl_columns(examples))
+    return check_rewards(out, len(texts), name)
+
+
+def check_rewards(out: Any, n: int, name: str) -> list[float]:
+    """`out` as a list of n floats; a ValueError naming the reward when it is not one number per completion."""
+    try:
+        values = list(out)
+    except TypeError:
+        raise ValueError(f"reward {name!r} returned {type(out).__name__} {out!r}, not a list of numbers "
+                         f"(TRL's reward signature: completions, **kwargs -> list[float])") from None
+    if len(values) != n:
+        raise ValueError(f"reward {name!r} returned {len(values)} values for {n} completions "
+                         "(it must return one number per completion)")
+    result = []
+    for i, v in enumerate(values):
+        if isinstance(v, (str, bytes)) or not hasattr(v, "__float__"):  # numpy scalars and bools count
+            raise ValueError(f"reward {name!r} returned {v!r} ({type(v).__name__}) for completion {i}: not a number")
+        f = float(v)
+        if not math.isfinite(f):
+            raise ValueError(f"reward {name!r} returned {f} for completion {i}: rewards must be finite")
+        result.append(f)
+    return result
+
+
+__all__ = ["BUILTIN_VERIFIERS", "COMPLETION_FORMATS", "Verifier", "as_completions", "builtin_verifier",
+           "call_trl_reward", "check_rewards", "import_object", "normalize", "trl_columns"]

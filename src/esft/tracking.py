@@ -1,0 +1,178 @@
+"""Experiment trackers for ES runs: `report_to` (TRL's name and values) = none, tensorboard, wandb, trackio or a
+comma-separated list of them. Off by default; each backend is an optional extra (`pip install 'esft[tensorboard]'`,
+`'esft[wandb]'`, `'esft[trackio]'`). GRPO hands the same value to TRL, which logs through its own integrations.
+
+    tracker = open_tracker("tensorboard", run_dir, run_name, config_dict)
+    tracker.log({"fitness": {"mean": 0.4}, "test_ci95": [0.2, 0.6]}, step=3, prefix="train")
+    tracker.log_table("samples", [{"score": 1.0, "completion": "..."}], step=3)
+    tracker.close()
+
+Records are flattened to scalars (`train/fitness/mean`, `eval/test_ci95/low` and `/high`); text and flags are left
+out. TensorBoard writes event files to `<run_dir>/tensorboard`; wandb and trackio use their own places and settings
+(`WANDB_PROJECT`, `WANDB_MODE=offline` runs without a network, `TRACKIO_PROJECT`).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+REPORT_TO = ("none", "tensorboard", "wandb", "trackio")
+_EXTRAS = {"tensorboard": "tensorboard", "wandb": "wandb", "trackio": "trackio"}
+
+
+def parse_report_to(value: str | Iterable[str] | None) -> list[str]:
+    """The backends `value` names ("none" and empty = none); a ValueError for an unknown one."""
+    if value is None:
+        return []
+    items = value.split(",") if isinstance(value, str) else list(value)
+    names = [str(v).strip().lower() for v in items if str(v).strip()]
+    bad = [n for n in names if n not in REPORT_TO]
+    if bad:
+        raise ValueError(f"report_to: unknown tracker {bad[0]!r}; one of {', '.join(REPORT_TO)} (or a comma list)")
+    return list(dict.fromkeys(n for n in names if n != "none"))
+
+
+def flatten(record: Mapping[str, Any], prefix: str = "") -> dict[str, float]:
+    """Finite numbers of a (nested) record under slash-joined keys; a two-number list is an interval (low/high)."""
+    out: dict[str, float] = {}
+    for key, value in record.items():
+        name = f"{prefix}/{key}" if prefix else str(key)
+        if isinstance(value, Mapping):
+            out.update(flatten(value, name))
+        elif isinstance(value, (list, tuple)) and len(value) == 2 and all(_is_number(v) for v in value):
+            out[f"{name}/low"], out[f"{name}/high"] = float(value[0]), float(value[1])
+        elif _is_number(value) and math.isfinite(float(value)):
+            out[name] = float(value)
+    return out
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def table_markdown(rows: list[Mapping[str, Any]], max_chars: int = 300) -> str:
+    """Rows as a Markdown table (TensorBoard's text plugin renders it); long cells are cut."""
+    if not rows:
+        return ""
+    columns = list(dict.fromkeys(k for r in rows for k in r))
+
+    def cell(v: Any) -> str:
+        text = str(v).replace("|", "\\|").replace("\n", " ")
+        return text if len(text) <= max_chars else text[:max_chars] + "..."
+
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(cell(r.get(c, "")) for c in columns) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+class Tracker:
+    """Sends records to every opened backend (none: does nothing)."""
+
+    def __init__(self, backends: list[Any] | None = None):
+        self.backends = backends or []
+
+    def log(self, record: Mapping[str, Any], step: int, prefix: str = "") -> None:
+        scalars = flatten(record, prefix)
+        if scalars:
+            for b in self.backends:
+                b.log(scalars, step)
+
+    def log_table(self, name: str, rows: list[Mapping[str, Any]], step: int) -> None:
+        if rows:
+            for b in self.backends:
+                b.log_table(name, [dict(r) for r in rows], step)
+
+    def close(self) -> None:
+        for b in self.backends:
+            b.close()
+        self.backends = []
+
+
+class TensorBoardBackend:
+    def __init__(self, run_dir: Path, run_name: str, config: Mapping[str, Any]):
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+        self.writer.add_text("config", "```\n" + "\n".join(f"{k}: {v}" for k, v in config.items()) + "\n```", 0)
+
+    def log(self, scalars: Mapping[str, float], step: int) -> None:
+        for key, value in scalars.items():
+            self.writer.add_scalar(key, value, step)
+        self.writer.flush()
+
+    def log_table(self, name: str, rows: list[dict[str, Any]], step: int) -> None:
+        self.writer.add_text(name, table_markdown(rows), step)
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class WandbBackend:
+    def __init__(self, run_dir: Path, run_name: str, config: Mapping[str, Any]):
+        import wandb
+
+        self.wandb = wandb
+        self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", "esft"), name=run_name, dir=str(run_dir),
+                              config=dict(config), reinit="finish_previous")
+
+    def log(self, scalars: Mapping[str, float], step: int) -> None:
+        self.run.log(dict(scalars), step=step)
+
+    def log_table(self, name: str, rows: list[dict[str, Any]], step: int) -> None:
+        columns = list(dict.fromkeys(k for r in rows for k in r))
+        table = self.wandb.Table(columns=columns, data=[[r.get(c) for c in columns] for r in rows])
+        self.run.log({name: table}, step=step)
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+class TrackioBackend:
+    def __init__(self, run_dir: Path, run_name: str, config: Mapping[str, Any]):
+        import trackio
+
+        self.trackio = trackio
+        self.run = trackio.init(project=os.environ.get("TRACKIO_PROJECT", "esft"), name=run_name, config=dict(config))
+
+    def log(self, scalars: Mapping[str, float], step: int) -> None:
+        self.trackio.log(dict(scalars), step=step)
+
+    def log_table(self, name: str, rows: list[dict[str, Any]], step: int) -> None:
+        table_cls = getattr(self.trackio, "Table", None)
+        if table_cls is not None:  # older trackio releases log scalars only
+            columns = list(dict.fromkeys(k for r in rows for k in r))
+            self.trackio.log({name: table_cls(columns=columns, data=[[r.get(c) for c in columns] for r in rows])},
+                             step=step)
+
+    def close(self) -> None:
+        self.trackio.finish()
+
+
+_BACKENDS = {"tensorboard": TensorBoardBackend, "wandb": WandbBackend, "trackio": TrackioBackend}
+
+
+def check_backends(report_to: str | Iterable[str] | None) -> list[str]:
+    """The backends of `report_to`, each importable: a missing one is a ValueError naming its extra, raised before
+    a run starts."""
+    import importlib.util
+
+    names = parse_report_to(report_to)
+    for name in names:
+        module = "tensorboard" if name == "tensorboard" else name
+        if importlib.util.find_spec(module) is None:
+            raise ValueError(f"report_to {name!r} needs the {module} package: pip install 'esft[{_EXTRAS[name]}]'")
+    return names
+
+
+def open_tracker(report_to: str | Iterable[str] | None, run_dir: str | Path, run_name: str,
+                 config: Mapping[str, Any]) -> Tracker:
+    """A Tracker over the backends `report_to` names (an empty one for none)."""
+    names = check_backends(report_to)
+    return Tracker([_BACKENDS[n](Path(run_dir), run_name, config) for n in names])
+
+
+__all__ = ["REPORT_TO", "Tracker", "check_backends", "flatten", "open_tracker", "parse_report_to", "table_markdown"]

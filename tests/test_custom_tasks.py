@@ -1,0 +1,231 @@
+"""Tasks from outside the package (esft.tasks.custom): a data file with a TRL reward function through the CLI
+(eval, ES, GRPO), import paths, entry points, built-in verifiers, and the errors raised before any model loads."""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+from importlib.metadata import EntryPoint
+from pathlib import Path
+
+import pytest
+
+from conftest import make_tiny_model
+from esft.cli import main
+from esft.tasks import get_task
+from esft.tasks.custom import ENTRY_POINT_GROUP, TaskAdapter, external_kind, task_spec
+from esft.tasks.dataset_task import DatasetTask
+
+REWARD_MODULE = '''
+def contains_answer(completions, answer, **kwargs):
+    """TRL reward signature: completions (chat messages) and the dataset's columns as keyword lists."""
+    return [1.0 if str(a) in c[0]["content"] else 0.0 for c, a in zip(completions, answer)]
+
+def length_bonus(completions, **kwargs):
+    return [min(len(c[0]["content"]), 10) / 10 for c in completions]
+
+def one_value(completions, **kwargs):
+    return [0.0]
+
+def words(completions, **kwargs):
+    return ["good" for _ in completions]
+
+class Echo:
+    name = "echo"
+    splits = ("train", "test")
+    def load(self, split):
+        return [{"q": f"say {i}", "a": str(i)} for i in range(6)]
+    def prompt(self, example):
+        return example["q"]
+    def score(self, completion, example):
+        return float(example["a"] in completion)
+'''
+
+
+@pytest.fixture()
+def user_files(tmp_path, monkeypatch):
+    """A 40-row JSONL task and a module of TRL-style reward functions importable as `user_rewards`."""
+    (tmp_path / "user_rewards.py").write_text(REWARD_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    sys.modules.pop("user_rewards", None)
+    data = tmp_path / "sums.jsonl"
+    data.write_text("".join(json.dumps({"question": f"What is {i} + {i}?", "answer": str(2 * i), "level": i % 3})
+                            + "\n" for i in range(40)))
+    return tmp_path, data
+
+
+def test_data_task_splits_prompts_and_trl_reward(user_files):
+    _, data = user_files
+    task = get_task(str(data), prompt_field="question", reward="user_rewards:contains_answer",
+                    system_prompt="Answer with a number.")
+    train, test = task.load("train"), task.load("test")
+    assert (len(train), len(test)) == (32, 8)  # test_size 0.2, seeded
+    assert not {r["question"] for r in train} & {r["question"] for r in test}
+    assert get_task(str(data), prompt_field="question", reward="exact").load("test") == test  # same draw
+    ex = test[0]
+    assert task.prompt(ex) == [{"role": "system", "content": "Answer with a number."},
+                               {"role": "user", "content": ex["question"]}]
+    assert task.score(f"It is {ex['answer']}.", ex) == 1.0 and task.score("no idea", ex) == 0.0
+    # GRPO's path: one call of the user's function for the whole batch, format bonus on top
+    reward = task.reward_function(format_bonus=0.5)
+    assert reward([[{"role": "assistant", "content": ex["answer"]}], "x"], examples=[ex, ex]) == [1.5, 0.5]
+
+
+def test_builtin_verifiers():
+    ex = {"answer": "42"}
+    cases = {"exact": ("42.", "it is 42"), "boxed": (r"so \boxed{42}", "42"),
+             "math": (r"\boxed{42.0}", r"\boxed{41}"), "regex:answer: (\\d+)": ("answer: 42", "answer 42")}
+    for reward, (good, bad) in cases.items():
+        task = DatasetTask(source="x.jsonl", reward=reward)
+        assert task.score(good, ex) == 1.0, reward
+        assert task.score(bad, ex) == 0.0, reward
+    mcq = DatasetTask(source="x.jsonl", reward="mcq")
+    assert mcq.score('{"answer": "C"}', {"answer": "C"}) == 1.0 and mcq.score("A", {"answer": "C"}) == 0.0
+
+
+@pytest.mark.parametrize("options, words", [
+    ({"prompt_field": "prompt"}, ["no field 'prompt'", "prompt_field", "question, answer, level"]),
+    ({"prompt_field": "question", "answer_field": "gold"}, ["no field 'gold'", "answer_field"]),
+    ({"prompt_field": "question", "reward": "user_rewards:one_value"}, ["returned 1 values for 2 completions"]),
+    ({"prompt_field": "question", "reward": "user_rewards:words"}, ["'good'", "not a number"]),
+    ({"prompt_field": "question", "reward": "no_such_module:f"}, ["cannot import module 'no_such_module'"]),
+    ({"prompt_field": "question", "reward": "user_rewards:nothing"}, ["has no attribute 'nothing'"]),
+    ({"prompt_field": "question", "reward": "bleu"}, ["unknown reward 'bleu'"]),
+    ({"prompt_field": "question", "colour": "red"}, ["unknown option 'colour'"]),
+])
+def test_bad_input_is_a_clear_error(user_files, options, words):
+    _, data = user_files
+    with pytest.raises(ValueError) as exc:
+        get_task(str(data), **options)
+    for word in words:
+        assert word in str(exc.value)
+
+
+def test_empty_and_missing_files(tmp_path):
+    (tmp_path / "empty.jsonl").write_text("\n")
+    with pytest.raises(ValueError, match="holds no rows"):
+        get_task(str(tmp_path / "empty.jsonl"))
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        get_task(str(tmp_path / "absent.csv"))
+
+
+def test_csv_and_options_in_the_name(tmp_path):
+    path = tmp_path / "qa.csv"
+    path.write_text("q,a\n" + "".join(f"say {i},{i}\n" for i in range(10)))
+    task = get_task(f"{path}:prompt_field=q,answer_field=a,test_size=3")
+    assert len(task.load("test")) == 3 and task.score("7", {"q": "", "a": "7"}) == 1.0
+
+
+def test_import_path_entry_point_and_spec(user_files, monkeypatch):
+    assert external_kind("user_rewards:Echo") == "import" and external_kind("countdown:numbers=2") is None
+    task = get_task("user_rewards:Echo")
+    assert isinstance(task, TaskAdapter)  # a duck-typed object gets the Task defaults
+    assert task.prompt({"q": "say 1"}) == [{"role": "user", "content": "say 1"}]
+    assert task.load("test", limit=2) == [{"q": "say 0", "a": "0"}, {"q": "say 1", "a": "1"}]
+    mcq = get_task("esft.tasks.mcq:MMLUTask")
+    assert type(mcq).__name__ == "MMLUTask" and task_spec(mcq) == ("esft.tasks.mcq:MMLUTask", {})
+    ep = EntryPoint(name="echo", value="user_rewards:Echo", group=ENTRY_POINT_GROUP)
+    monkeypatch.setattr("esft.tasks.custom.entry_points", lambda group: [ep] if group == ENTRY_POINT_GROUP else [])
+    assert get_task("Echo").name == "echo"
+    with pytest.raises(ValueError, match="installed: echo"):
+        get_task("nosuch")
+
+
+def _tiny_model_dir(root: Path, tokenizer) -> Path:
+    folder = root / "tiny"
+    make_tiny_model(hidden=32, layers=2).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def test_cli_eval_es_grpo_on_a_jsonl_task(user_files, tokenizer, capsys):
+    """The acceptance path: a 40-row JSONL task, a TRL reward function in a module of the user's, three commands."""
+    root, data = user_files
+    model = str(_tiny_model_dir(root, tokenizer))
+    task = ["--prompt-field", "question", "--answer-field", "answer", "--reward", "user_rewards:contains_answer",
+            "--system-prompt", "Answer with a number."]
+    assert main(["eval", "--model", model, "--task", str(data), *task, "--limit", "5", "--max-new-tokens", "4",
+                 "--device", "cpu", "--output-dir", str(root / "eval")]) == 0
+    summary = json.loads((root / "eval" / "summary.json").read_text())
+    (result,) = summary["results"].values()
+    assert result["n"] == 5 and 0.0 <= result["accuracy"] <= 1.0 and len(result["ci95"]) == 2
+
+    es_dir = root / "es"
+    assert main(["train", "es", "--model", model, "--task", str(data), *task, "--iterations", "2",
+                 "--population-size", "2", "--batch-size", "4", "--max-new-tokens", "4", "--eval-every", "1",
+                 "--eval-limit", "4", "--device", "cpu", "--dtype", "float32", "--output-dir", str(es_dir)]) == 0
+    metrics = _read_jsonl(es_dir / "metrics.jsonl")
+    assert [r["step"] for r in metrics if r["kind"] == "train"] == [1, 2]
+    assert [r["step"] for r in metrics if r["kind"] == "eval"] == [0, 1, 2]
+    assert all(r["test_n"] == 4 for r in metrics if r["kind"] == "eval")
+    saved = (es_dir / "config.yaml").read_text()
+    assert "user_rewards:contains_answer" in saved and "prompt_field: question" in saved  # resume rebuilds it
+    assert (es_dir / "checkpoints" / "final" / "config.json").exists()
+
+    grpo_dir = root / "grpo"
+    assert main(["train", "grpo", "--model", model, "--task", str(data), *task, "--max-steps", "1",
+                 "--prompts-per-step", "2", "--num-generations", "2", "--per-device-train-batch-size", "4",
+                 "--max-completion-length", "4", "--eval-every", "1", "--eval-limit", "2", "--device", "cpu",
+                 "--precision", "fp32", "--output-dir", str(grpo_dir)]) == 0
+    grpo = _read_jsonl(grpo_dir / "metrics.jsonl")
+    train = [r for r in grpo if r.get("kind") == "train"]
+    assert len(train) == 1 and train[0]["step"] == 1
+    assert any(r.get("kind") == "eval" for r in grpo)
+
+
+def test_cli_errors_before_the_model_loads(user_files, monkeypatch, capsys):
+    _, data = user_files
+
+    def no_model(*a, **k):
+        raise AssertionError("the model was loaded before the task was checked")
+
+    monkeypatch.setattr("esft.models.load_model", no_model)
+    assert main(["train", "es", "--task", str(data), "--prompt-field", "nope", "--output-dir", "x"]) == 2
+    assert "no field 'nope'" in capsys.readouterr().err
+    assert main(["train", "grpo", "--task", str(data), "--prompt-field", "question", "--reward",
+                 "user_rewards:one_value", "--output-dir", "x"]) == 2
+    assert "returned 1 values" in capsys.readouterr().err
+    assert main(["eval", "--task", str(data), "--prompt-field", "question", "--reward", "missing_mod:f"]) == 2
+    assert "cannot import module 'missing_mod'" in capsys.readouterr().err
+    assert main(["train", "es", "--task", "boolq", "--reward", "math"]) == 2  # flags a built-in task ignores
+    assert "apply to a task read from a data file" in capsys.readouterr().err
+
+
+def test_python_api_records_the_task(user_files, tmp_path):
+    from esft.api import with_task
+    from esft.es import ESConfig
+
+    _, data = user_files
+    task = get_task(str(data), prompt_field="question", reward="boxed")
+    config, obj = with_task(ESConfig(output_dir=str(tmp_path)), task)
+    assert obj is task and config.task == str(data)
+    assert config.task_options == {"prompt_field": "question", "reward": "boxed"}
+    assert get_task(config.task, **config.task_options).load("test") == task.load("test")
+    config, obj = with_task(ESConfig(), "user_rewards:Echo")
+    assert obj is None and config.task == "user_rewards:Echo"
+
+
+def test_spec_accepts_a_data_task(user_files):
+    from esft.experiments.spec import parse_spec
+    from esft.experiments.yamlines import load as load_text
+
+    _, data = user_files
+    text = textwrap.dedent(f"""\
+        kind: single-task
+        model: smollm2-135m
+        tasks: [{data}]
+        algorithms: {{es: {{preset: cpu, iterations: 1, report_to: tensorboard}}}}
+        task_options: {{{data}: {{prompt_field: question, reward: "user_rewards:contains_answer"}}}}
+        evaluation: {{limit: 2, holdout: []}}
+        """)
+    spec = parse_spec(load_text(text), "spec.yaml")
+    assert spec.tasks == [str(data)]
+    comp = spec.methods[0].components[0]
+    cfg = spec.config(comp, str(data), 42, output_dir="<x>")
+    assert cfg.task == str(data) and cfg.task_options["reward"] == "user_rewards:contains_answer"
+    assert cfg.report_to == "tensorboard"

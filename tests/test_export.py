@@ -1,0 +1,75 @@
+"""`esft export RUN --to DIR`: a clean Hugging Face folder that generates what the run's final checkpoint does."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from conftest import make_tiny_model
+from esft.cli import main
+
+
+@pytest.fixture()
+def es_run(tmp_path, tokenizer):
+    folder = tmp_path / "tiny"
+    make_tiny_model(hidden=32, layers=2).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    data = tmp_path / "q.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"Say {i}.", "answer": str(i)}) + "\n" for i in range(20)))
+    out = tmp_path / "run"
+    # a large sigma/alpha so the exported weights differ from the base model's
+    assert main(["train", "es", "--model", str(folder), "--task", str(data), "--iterations", "2",
+                 "--population-size", "2", "--batch-size", "2", "--max-new-tokens", "3", "--eval-every", "2",
+                 "--eval-limit", "3", "--sigma", "0.05", "--alpha", "0.05", "--fitness-shaping", "raw",
+                 "--format-bonus", "1", "--device", "cpu", "--dtype", "float32", "--output-dir", str(out)]) == 0
+    return out, folder
+
+
+def _greedy(path, tokenizer, prompts):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    enc = tokenizer(prompts, return_tensors="pt", padding=True)
+    with torch.no_grad():
+        out = model.generate(**enc, max_new_tokens=12, do_sample=False, pad_token_id=tokenizer.pad_token_id)
+    return out[:, enc["input_ids"].shape[1]:].tolist(), model
+
+
+def test_export_loads_and_generates_like_the_final_checkpoint(es_run, tmp_path, capsys):
+    from transformers import AutoTokenizer
+
+    run, base = es_run
+    dest = tmp_path / "exported"
+    assert main(["export", str(run), "--to", str(dest)]) == 0
+    assert "huggingface-cli upload" in capsys.readouterr().out
+    names = {p.name for p in dest.iterdir()}
+    assert {"config.json", "generation_config.json", "model.safetensors", "tokenizer_config.json",
+            "README.md"} <= names
+    assert not names & {"es_state.json", "optimizer.pt", "masters.safetensors"}  # checkpoint state stays behind
+    card = (dest / "README.md").read_text()
+    assert "## Held-out results" in card and "| 0 | 3 |" in card and "| 2 | 3 |" in card
+    assert "population_size: 2" in card and "library_name: transformers" in card
+
+    tokenizer = AutoTokenizer.from_pretrained(dest)
+    tokenizer.padding_side = "left"
+    prompts = ["Say 3.", "What is two plus two?"]
+    exported, model = _greedy(dest, tokenizer, prompts)
+    final, _ = _greedy(run / "checkpoints" / "final", tokenizer, prompts)
+    assert exported == final
+    from transformers import AutoModelForCausalLM
+
+    base_weights = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32).state_dict()
+    assert any(not torch.equal(t, base_weights[n]) for n, t in model.state_dict().items())  # trained, not base
+
+
+def test_export_refuses_a_full_folder_and_a_run_without_checkpoints(es_run, tmp_path, capsys):
+    run, _ = es_run
+    full = tmp_path / "full"
+    full.mkdir()
+    (full / "x").write_text("x")
+    assert main(["export", str(run), "--to", str(full)]) == 2
+    assert "not empty" in capsys.readouterr().err
+    assert main(["export", str(tmp_path / "nothing"), "--to", str(tmp_path / "o")]) == 2
+    assert "no checkpoint" in capsys.readouterr().err

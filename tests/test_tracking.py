@@ -1,0 +1,116 @@
+"""`--report-to` (esft.tracking): ES metrics reach TensorBoard event files (read back here), wandb offline, and GRPO
+hands the value to TRL."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import make_tiny_model
+from esft.cli import main
+from esft.tracking import flatten, parse_report_to, table_markdown
+
+
+def test_flatten_and_parse():
+    rec = {"fitness": {"mean": 0.5, "std": 0.1}, "test_ci95": [0.2, 0.7], "zero_update": False, "kind": "train",
+           "update_norm": 3.0, "nan": float("nan"), "answers": {"yes": 3}}
+    assert flatten(rec, "train") == {"train/fitness/mean": 0.5, "train/fitness/std": 0.1,
+                                     "train/test_ci95/low": 0.2, "train/test_ci95/high": 0.7,
+                                     "train/update_norm": 3.0, "train/answers/yes": 3.0}
+    assert parse_report_to("none") == [] and parse_report_to("tensorboard, wandb") == ["tensorboard", "wandb"]
+    with pytest.raises(ValueError, match="unknown tracker 'mlflow'"):
+        parse_report_to("mlflow")
+    assert table_markdown([{"a": 1, "b": "x|y"}]) == "| a | b |\n|---|---|\n| 1 | x\\|y |"
+
+
+@pytest.fixture()
+def es_cli(tmp_path, tokenizer):
+    folder = tmp_path / "tiny"
+    make_tiny_model(hidden=32, layers=2).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    data = tmp_path / "q.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"Say {i}.", "answer": str(i)}) + "\n" for i in range(20)))
+
+    def run(out, *extra):
+        return main(["train", "es", "--model", str(folder), "--task", str(data), "--iterations", "2",
+                     "--population-size", "2", "--batch-size", "2", "--max-new-tokens", "3", "--eval-every", "1",
+                     "--eval-limit", "2", "--device", "cpu", "--dtype", "float32", "--output-dir", str(out),
+                     *extra])
+    return run
+
+
+def test_es_run_writes_tensorboard_scalars(tmp_path, es_cli):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out = tmp_path / "run"
+    assert es_cli(out, "--report-to", "tensorboard") == 0
+    acc = EventAccumulator(str(out / "tensorboard"), size_guidance={"scalars": 0, "tensors": 0})
+    acc.Reload()
+    tags = set(acc.Tags()["scalars"])
+    for tag in ("train/fitness/mean", "train/fitness/std", "train/update_norm", "train/tokens_generated",
+                "train/time/total", "eval/train_reward", "eval/test_accuracy", "eval/test_ci95/low",
+                "eval/test_ci95/high"):
+        assert tag in tags, tag
+    assert [e.step for e in acc.Scalars("train/fitness/mean")] == [1, 2]
+    assert [e.step for e in acc.Scalars("eval/test_accuracy")] == [0, 1, 2]
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    norms = [r["update_norm"] for r in metrics if r["kind"] == "train"]
+    assert [e.value for e in acc.Scalars("train/update_norm")] == pytest.approx(norms, rel=1e-6)
+    # the sample completions of every iteration, as a Markdown table (TensorBoard's text plugin)
+    samples = acc.Tensors("samples/text_summary")
+    assert [e.step for e in samples] == [1, 2]
+    assert b"| member | seed | sign | index | score | well_formed | completion |" in samples[0].tensor_proto.string_val[0]
+
+
+def test_es_run_without_report_to_writes_no_events(tmp_path, es_cli):
+    out = tmp_path / "run"
+    assert es_cli(out) == 0
+    assert not (out / "tensorboard").exists()
+
+
+def test_wandb_offline(tmp_path, es_cli, monkeypatch):
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wb"))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    out = tmp_path / "run"
+    assert es_cli(out, "--report-to", "wandb") == 0
+    runs = list((out / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert len(runs) == 1 and runs[0].stat().st_size > 0
+
+
+def test_grpo_passes_report_to_to_trl(tmp_path):
+    pytest.importorskip("trl")
+    pytest.importorskip("tensorboard")
+    from esft.grpo.grpo_config import GRPOConfig, to_trl_config
+
+    cfg = GRPOConfig(output_dir=str(tmp_path), report_to="tensorboard", device="cpu")
+    assert to_trl_config(cfg, str(tmp_path), "fp32", progress=False).report_to == ["tensorboard"]
+    assert to_trl_config(cfg.replace(report_to="none"), str(tmp_path), "fp32", progress=False).report_to in ([], "none")
+
+
+def test_missing_backend_fails_before_training(monkeypatch, tmp_path, capsys):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "trackio" else real(name, *a))
+    assert main(["train", "es", "--report-to", "trackio", "--output-dir", str(tmp_path)]) == 2
+    assert "pip install 'esft[trackio]'" in capsys.readouterr().err
+
+
+def test_trackio_local(tmp_path, es_cli, monkeypatch):
+    import sys
+
+    monkeypatch.setenv("TRACKIO_DIR", str(tmp_path / "trackio"))  # read when trackio is imported
+    for name in [m for m in sys.modules if m == "trackio" or m.startswith("trackio.")]:
+        monkeypatch.delitem(sys.modules, name)
+    pytest.importorskip("trackio")
+    monkeypatch.setenv("TRACKIO_PROJECT", "esft-test")
+    assert es_cli(tmp_path / "run", "--report-to", "trackio") == 0
+    from trackio.sqlite_storage import SQLiteStorage
+
+    metrics = SQLiteStorage.get_logs(project="esft-test", run="run")
+    steps = [m["step"] for m in metrics if "train/fitness/mean" in m]
+    assert steps == [1, 2]
