@@ -233,3 +233,20 @@ def test_lean_bf16_path_follows_the_fp32_path_on_rounded_weights(tokenizer, kind
     # activations are rounded to bf16 only at the matmul inputs: greedy completions agree on these prompts
     agree = np.mean([a.completion_ids == b.completion_ids for a, b in zip(ours, ref)])
     assert agree >= 0.8, agree
+
+
+# ---- the rank correlation the precision study reports --------------------------------------------------------
+
+def test_rank_correlation_is_spearmans_rho_with_average_ranks_for_ties():
+    from scipy.stats import spearmanr
+
+    from esft.es.strategy import rank_correlation
+
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        a = rng.integers(0, 5, size=8).astype(float)  # fitness of 8 members on 16 prompts: many ties
+        b = a + rng.integers(-1, 2, size=8)
+        if len(set(a)) > 1 and len(set(b)) > 1:
+            assert rank_correlation(a, b) == pytest.approx(spearmanr(a, b).statistic)
+    assert rank_correlation([1, 2, 3], [3, 2, 1]) == pytest.approx(-1.0)
+    assert np.isnan(rank_correlation([1, 1, 1], [1, 2, 3]))
