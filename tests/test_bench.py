@@ -90,7 +90,9 @@ class EngineCounter:
                 past = mask.shape[1] - t
                 own, before = mask[:, past:].sum(-1), mask[:, :past].sum(-1)
                 pairs = int((own * before + own * (own + 1) // 2).sum())
-                add("fp32", "prefill", b * t * per_position + pairs * per_pair + b * per_logit)
+                low = "bf16" if getattr(lean_model, "low_precision", False) else "fp32"  # bf16 rollout weights
+                add(low, "prefill", b * t * per_position + b * per_logit)
+                add("fp32", "prefill", pairs * per_pair)
                 return prefill(model, ids, mask, positions, cache)
 
             return real_layout(model, lean_model, input_ids, attention_mask, counted, *args, **kwargs)
@@ -99,9 +101,11 @@ class EngineCounter:
         def step(lean_model, cache, token, position, cos, sin, suppress=None):
             n = cache.rows
             pairs = int(cache.mask[:n, :cache.length].sum()) + n  # each row's unmasked columns plus its new one
-            add("fp32", "decode", n * per_position + pairs * per_pair)
+            low = getattr(lean_model, "low_precision", False)
+            add("bf16" if low else "fp32", "decode", n * per_position)
+            add("fp32", "decode", pairs * per_pair)
             screened = lean_model.screen is not None and suppress is not None
-            add("bf16" if screened else "fp32", "decode", n * per_logit)
+            add("bf16" if screened or low else "fp32", "decode", n * per_logit)
             return real_step(lean_model, cache, token, position, cos, sin, suppress)
 
         monkeypatch.setattr(lean, "layout_prefill", layout)
@@ -257,6 +261,13 @@ def test_run_bench_report_shape(tokenizer, monkeypatch):
         assert all(isinstance(w[k], float) for k in REQUIRED)
         assert 0 < w["overhead_fraction"] < 1
         assert len(w["esft_iterations_s"]) == 2 and w["member0_outputs_match"]
+        # pure generation of the same prompts, population times: the same tokens, so the ratio is one of times
+        pure = w["pure_generation"][0]
+        assert pure["engine"] == "esft" and w["inference_engine"] == "esft"
+        assert (pure["prompt_tokens"], pure["generated_tokens"]) == (w["prompt_tokens"], w["generated_tokens"])
+        assert w["inference_ratio"] == pytest.approx(w["delivered_tokens_per_s"] / pure["delivered_tokens_per_s"],
+                                                     rel=1e-2)
+        assert w["vllm"] in ("not installed", "installed, not timed by this bench")
     with open("/proc/cpuinfo") as f:
         model_name = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), None)
     assert report["cpu"]["model"] == model_name and isinstance(report["cpu"]["flags"], list)
@@ -265,7 +276,8 @@ def test_run_bench_report_shape(tokenizer, monkeypatch):
     assert "decode-heavy" in table and "speedup" in table
 
 
-def test_run_bench_roofline_is_executed_flops_over_the_matmul_rate(tokenizer, monkeypatch):
+@pytest.mark.parametrize("rollout", ["float32", "bfloat16"])
+def test_run_bench_roofline_is_executed_flops_over_the_matmul_rate(tokenizer, monkeypatch, rollout):
     """With given matmul readings, the report's roofline ratio is the FLOPs the engine was seen to execute (counted
     from its calls) at the best reading of each dtype, over the iteration's time; delivered tokens keep their own
     rate."""
@@ -275,16 +287,22 @@ def test_run_bench_roofline_is_executed_flops_over_the_matmul_rate(tokenizer, mo
     readings = {torch.float32: iter([0.02, 0.05]), torch.bfloat16: iter([0.2, 0.1])}
     monkeypatch.setattr(bench, "matmul_gflops", lambda dtype: next(readings[dtype]))
     counter = EngineCounter(model, monkeypatch)
-    cfg = bench.BenchConfig(workloads=["cpu-preset"], population=2, noise="table", naive=False)
+    cfg = bench.BenchConfig(workloads=["cpu-preset"], population=2, noise="table", naive=False,
+                            rollout_dtype=rollout, compare_fp32=False, inference=False)
     report = bench.run_bench(cfg, model=model, tokenizer=tokenizer, log=lambda m: None)
     w = report["workloads"]["cpu-preset"]
-    screened = bench.effective_layout(model, GenerationConfig(**cfg.generation))["screened_lm_head"]
-    assert report["matmul_gflops_readings"] == {"fp32": [0.02, 0.05], "bf16": [0.2, 0.1] if screened else []}
-    assert report["matmul_gflops"] == 0.05 and report["matmul_gflops_bf16"] == (0.2 if screened else None)
+    bf16 = torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    assert report["matmul_gflops_readings"] == {"fp32": [0.02, 0.05], "bf16": [0.2, 0.1] if bf16 else []}
+    assert report["matmul_gflops"] == 0.05 and report["matmul_gflops_bf16"] == (0.2 if bf16 else None)
+    assert report["rollout_precision"]["rollout_dtype"] == rollout
     assert w["executed_flops"] == counter.flops and counter.calls["decode"] > 0
+    if rollout == "bfloat16":  # every linear in bf16, only the attention in fp32
+        assert counter.flops["bf16"] > 10 * counter.flops["fp32"] > 0
     ideal = counter.flops["fp32"] / 0.05e9 + counter.flops["bf16"] / 0.2e9
+    best = sum(counter.flops.values()) / (0.2e9 if bf16 else 0.05e9)  # everything at the best dtype's rate
     rel = 5e-3 + 0.0005 / w["iteration_s"]  # the report rounds iteration_s to the millisecond
-    assert w["roofline_ratio"] == pytest.approx(ideal / w["iteration_s"], rel=rel)
+    assert w["roofline_ratio_per_dtype"] == pytest.approx(ideal / w["iteration_s"], rel=rel)
+    assert w["roofline_ratio"] == pytest.approx(best / w["iteration_s"], rel=rel)
     assert w["executed_gflop"] == pytest.approx(sum(counter.flops.values()) / 1e9, abs=1e-3)
     delivered = w["prompt_tokens"] + w["generated_tokens"]
     assert w["delivered_tokens_per_s"] == pytest.approx(delivered / w["iteration_s"], rel=rel)

@@ -1,10 +1,14 @@
 """`esft bench`: how close an ES iteration gets to this machine's arithmetic limit, and how much faster it is than
 the way public ES code does it. One run measures everything on the current machine:
 
-* `matmul_gflops`: a 2048^3 matmul in the model's dtype with the bench's thread count, best of five, measured
-  before the first workload and after each (`matmul_gflops_readings`), the best reading kept: the machine's
-  capability, so that a reading taken while other processes held the cores does not inflate the roofline ratio;
-  `matmul_gflops_bf16` likewise in bf16 when the screened lm_head runs its bf16 matmul;
+* `matmul_gflops` / `matmul_gflops_bf16` (`matmul_gflops_by_dtype`, `best_dtype`): a 2048^3 matmul in fp32 and,
+  where torch's oneDNN has bf16, in bf16, with the bench's thread count, best of five, measured before the first
+  workload and after each (`matmul_gflops_readings`), the best reading kept: the machine's capability, so that a
+  reading taken while other processes held the cores does not inflate the roofline ratio;
+* `rollout_precision`: the members' rollout dtype (`--rollout-dtype`, auto = bf16 on CPUs with native bf16,
+  esft.generation.precision) and why; with bf16, the same iteration with fp32 rollouts too (`speedup_vs_fp32`);
+* per workload, pure batched generation of the same prompts, N times, same lanes and dtype (esft.bench.inference):
+  `inference_ratio` = the iteration's delivered tokens/s over that;
 * per workload, one full esft ES iteration (`LocalExecutor` perturb -> generate -> score -> restore per member,
   `ES.tell`, `MasterWeights.apply`) and the same iteration done the naive way (perturb in place with noise
   regenerated from the seed, `model.generate` over the batch, restore by regenerating the noise and subtracting
@@ -17,9 +21,10 @@ bit-exact defaults.
 
 Definitions:
 
-* roofline_ratio = (executed fp32 FLOPs / matmul_gflops + executed bf16 FLOPs / matmul_gflops_bf16) / iteration_s:
-  the fastest the arithmetic the iteration really executed could run at this machine's measured matmul rates,
-  over the time it took. Executed FLOPs are counted by `executed_flops` (prefill of the positions really computed,
+* roofline_ratio = (all executed FLOPs / the best dtype's matmul rate) / iteration_s: the fastest the arithmetic
+  the iteration really executed could run at this machine's best measured matmul rate, over the time it took
+  (`roofline_ratio_per_dtype` weighs fp32 and bf16 FLOPs at their own rates instead). Executed FLOPs are counted by
+  `executed_flops` (prefill of the positions really computed,
   after prefix sharing and with bucket padding; lm_head only where logits were computed; one decode step per live
   row; attention over the attended columns). It cannot exceed 1 unless some kernel runs faster than the 2048^3
   matmul of the same dtype (possible: the oneDNN prefill matmuls reached ~210 GFLOP/s fp32 on a machine where
@@ -62,9 +67,11 @@ from typing import Any, Sequence
 
 import torch
 
+from esft.bench.inference import esft_generation, inference_entry
 from esft.bench.iterations import check_outputs, esft_iteration, esft_iteration_parallel, naive_iteration
 from esft.bench.roofline import (
-    ModelShape, count_params, cpu_info, effective_layout, executed_flops, load_average, matmul_gflops, roofline_ratio,
+    ModelShape, best_dtype_roofline_ratio, count_params, cpu_info, effective_layout, executed_flops, load_average,
+    matmul_gflops, roofline_ratio,
 )
 from esft.bench.workloads import WORKLOADS, PseudoTask, Workload, bench_fitness, build_workload
 from esft.config import FAST_CPU_GENERATION, build_config
@@ -124,6 +131,14 @@ class BenchConfig:
     check_outputs: bool = False
     """also generate each workload's batch once with esft's engine (these generation options) and once with
     `model.generate`, on the unperturbed model, and report how many greedy completions are identical"""
+    rollout_dtype: str | None = None
+    """members' rollout precision (`ESConfig.rollout_dtype`): auto (bf16 on CPUs with native bf16, confirmed by a
+    probe), float32 or bfloat16; None = auto, or float32 with --exact"""
+    compare_fp32: bool = True
+    """when the rollouts run in bf16, also time the same iteration with fp32 rollouts (`speedup_vs_fp32`)"""
+    inference: bool = True
+    """also time pure batched generation of the same prompts (population times, same lanes and dtype) for
+    `inference_ratio`"""
 
     def __post_init__(self) -> None:
         # unset options take esft's fast configuration, or the bit-exact defaults with `exact`
@@ -133,6 +148,8 @@ class BenchConfig:
             self.generation = {} if self.exact else dict(FAST_GENERATION)
         if self.parallel_members is None:
             self.parallel_members = 1 if self.exact else FAST_PARALLEL_MEMBERS
+        if self.rollout_dtype is None:
+            self.rollout_dtype = "float32" if self.exact else "auto"
 
     def check(self) -> None:
         """Fail before any measurement on a workload name or lane count that cannot run."""
@@ -166,22 +183,24 @@ def run_bench(config: BenchConfig, model=None, tokenizer=None, log=print) -> dic
     model.requires_grad_(False)
     dtype = next(model.parameters()).dtype
     log(f"threads {torch.get_num_threads()}, load {load_average()}: measuring matmul ...")
-    from esft.generation import GenerationConfig
+    from esft.generation.precision import resolve_rollout_dtype
 
-    # the screened lm_head's full-vocabulary matmul runs in bf16: its FLOPs are weighed at the bf16 rate
-    screened = effective_layout(model, dataclasses.replace(GenerationConfig(temperature=0.0, engine="esft"),
-                                                           **config.generation))["screened_lm_head"]
-    counted = config.noise != "lowrank" and config.workers == 1  # where executed FLOPs are known (module doc)
+    local = config.noise != "lowrank" and config.workers == 1
+    precision = resolve_rollout_dtype(config.rollout_dtype if local else "float32",
+                                      generation_options=config.generation)
     readings: dict[str, list[float]] = {"fp32": [], "bf16": []}
+    bf16_ok = bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
-    def measure() -> None:
+    def measure() -> None:  # every dtype the machine offers: the roofline takes the best
         readings["fp32"].append(round(matmul_gflops(dtype), 2))
-        if screened and counted:
+        if bf16_ok:
             readings["bf16"].append(round(matmul_gflops(torch.bfloat16), 2))
 
     measure()
     timed: dict[str, tuple[dict[str, int], dict[str, float]]] = {}  # workload -> executed FLOPs, unrounded timings
     report = _report_head(config, model, dtype, readings)
+    report["rollout_precision"] = precision.record()
+    rollout = precision.torch_dtype if precision.dtype != "float32" else None
     snapshot = _snapshot(model)
     # Write every parameter once before timing anything: a checkpoint loaded through safetensors is memory-mapped,
     # and the first write to each page is a copy-on-write page fault (~0.8 s for 540 MB here) that would land in
@@ -194,12 +213,21 @@ def run_bench(config: BenchConfig, model=None, tokenizer=None, log=print) -> dic
             log(f"{name}: checking greedy outputs against model.generate ...")
             check = check_outputs(model, tokenizer, work, config.generation)
         loads = [load_average()]
-        runs = _iterations(config, model, tokenizer, name, work, snapshot, loads, log)
+        runs = _iterations(config, model, tokenizer, name, work, snapshot, loads, log, rollout)
         entry, flops, timings = _workload_entry(runs, loads, config.noise)
         if flops is not None:
             timed[name] = (flops, timings)
         if check is not None:
             entry["outputs_vs_hf_generate"] = check
+        if runs["fp32"]:
+            fp32_s = min(x["timings"]["iteration"] for x in runs["fp32"])
+            entry["fp32_rollout_iteration_s"] = round(fp32_s, 3)
+            entry["speedup_vs_fp32"] = round(fp32_s / timings["iteration"], 3)
+        if config.inference and local:
+            log(f"{name}: pure generation (load {load_average()}) ...")
+            pure = esft_generation(model, tokenizer, work, config.population, config.generation,
+                                   entry["lanes"], rollout)
+            entry.update(inference_entry(pure, entry["delivered_tokens_per_s"]))
         report["workloads"][name] = entry
         log(f"{name}: measuring matmul again (load {load_average()}) ...")
         measure()
@@ -223,9 +251,11 @@ def _report_head(config: BenchConfig, model, dtype: torch.dtype, readings: dict[
 
 
 def _iterations(config: BenchConfig, model, tokenizer, name: str, work: Workload,
-                snapshot: dict[str, torch.Tensor], loads: list[float | None], log) -> dict[str, list[dict]]:
-    """`repeats` esft iterations (and naive ones), each from the same weights; the load average after each."""
-    runs: dict[str, list[dict]] = {"esft": [], "naive": []}
+                snapshot: dict[str, torch.Tensor], loads: list[float | None], log,
+                rollout: torch.dtype | None = None) -> dict[str, list[dict]]:
+    """`repeats` esft iterations (and naive ones, and fp32-rollout ones when `rollout` is bf16), each from the
+    same weights; the load average after each."""
+    runs: dict[str, list[dict]] = {"esft": [], "naive": [], "fp32": []}
     for r in range(config.repeats):
         log(f"{name}: esft iteration {r + 1}/{config.repeats} (load {load_average()}) ...")
         if config.workers > 1 and config.noise == "lowrank":
@@ -235,9 +265,16 @@ def _iterations(config: BenchConfig, model, tokenizer, name: str, work: Workload
                 model, work, config.population, config.noise, config.generation, config.workers,
                 max(1, torch.get_num_threads() // config.workers), config.model, config.seed))
         else:
+            lanes = 1 if config.noise == "lowrank" else config.parallel_members
             runs["esft"].append(esft_iteration(
                 model, tokenizer, work, config.population, config.noise, config.generation, config.seed,
-                config.rank, 1 if config.noise == "lowrank" else config.parallel_members))
+                config.rank, lanes, rollout))
+            if rollout is not None and config.compare_fp32:
+                _reset(model, snapshot)
+                log(f"{name}: esft iteration with fp32 rollouts {r + 1}/{config.repeats} ...")
+                runs["fp32"].append(esft_iteration(
+                    model, tokenizer, work, config.population, config.noise, config.generation, config.seed,
+                    config.rank, lanes))
         _reset(model, snapshot)
         loads.append(load_average())
         if config.naive:
@@ -293,9 +330,14 @@ def _rooflines(report: dict[str, Any], readings: dict[str, list[float]],
     """The best matmul readings, and each workload's roofline ratios at those rates."""
     gflops = report["matmul_gflops"] = max(readings["fp32"])
     gflops_bf16 = report["matmul_gflops_bf16"] = max(readings["bf16"]) if readings["bf16"] else None
+    rates = {"fp32": gflops, "bf16": gflops_bf16}
+    report["matmul_gflops_by_dtype"] = rates
+    report["best_dtype"] = max((k for k in rates if rates[k]), key=lambda k: rates[k])
     for name, (flops, t) in timed.items():
         entry = report["workloads"][name]
-        entry["roofline_ratio"] = round(roofline_ratio(flops, t["iteration"], gflops, gflops_bf16), 4)
+        # executed FLOPs at the best rate this CPU offers in any dtype (the headline), and at each dtype's own
+        entry["roofline_ratio"] = round(best_dtype_roofline_ratio(flops, t["iteration"], rates), 4)
+        entry["roofline_ratio_per_dtype"] = round(roofline_ratio(flops, t["iteration"], gflops, gflops_bf16), 4)
         # per-member generate times are summed over the lanes, each lane having 1/lanes of the threads
         entry["generate_roofline_ratio"] = round(
             roofline_ratio(flops, t["generate"] / entry["lanes"], gflops, gflops_bf16), 4)
@@ -306,9 +348,11 @@ def format_table(report: dict[str, Any]) -> str:
     head = (f"matmul {report['matmul_gflops']:.1f} GFLOP/s ({report['dtype']}, {report['threads']} threads)"
             + (f", bf16 {bf16:.1f}" if bf16 else "") + "; "
             f"{report['params'] / 1e6:.1f}M params; N {report['population']}; noise {report['noise']}; "
-            f"generation {report['generation_overrides'] or 'defaults'}")
+            f"generation {report['generation_overrides'] or 'defaults'}; rollouts "
+            f"{(report.get('rollout_precision') or {}).get('rollout_dtype', 'float32')}; "
+            f"CPU {(report.get('cpu') or {}).get('model')}")
     cols = ("workload", "roofline", "GFLOP", "gen tok/s", "tok/s", "iter s", "naive s", "speedup", "overhead",
-            "load")
+            "vs fp32", "inference", "load")
     rows = [cols]
     for name, w in report["workloads"].items():
         def f(v, fmt):
@@ -317,7 +361,8 @@ def format_table(report: dict[str, Any]) -> str:
         rows.append((name, f(w["roofline_ratio"], ".3f"), f(w.get("executed_gflop"), ".1f"),
                      f(w["generated_tokens_per_s"], ".1f"), f(w.get("delivered_tokens_per_s"), ".1f"),
                      f(w["iteration_s"], ".1f"), f(w["naive_iteration_s"], ".1f"), f(w["speedup_vs_naive"], ".2f"),
-                     f(w["overhead_fraction"], ".3f"), "/".join(str(x) for x in w["load_avg_1min"])))
+                     f(w["overhead_fraction"], ".3f"), f(w.get("speedup_vs_fp32"), ".2f"),
+                     f(w.get("inference_ratio"), ".3f"), "/".join(str(x) for x in w["load_avg_1min"])))
     widths = [max(len(r[i]) for r in rows) for i in range(len(cols))]
     lines = [head, "roofline: executed FLOPs at the measured matmul rate(s) / iteration time; GFLOP: executed per "
              "iteration; tok/s: prompt + generated tokens delivered per second", ""]

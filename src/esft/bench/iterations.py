@@ -16,8 +16,10 @@ from esft.bench.workloads import PseudoTask, Workload, bench_fitness
 
 
 def esft_iteration(model, tokenizer, work: Workload, population: int, noise: str, gen_overrides: dict,
-                   seed: int = 0, rank: int = 1, parallel_members: int = 1) -> dict[str, Any]:
-    """One ES iteration of esft; returns timings, token counts and the completions of member 0."""
+                   seed: int = 0, rank: int = 1, parallel_members: int = 1,
+                   rollout_dtype: torch.dtype | None = None) -> dict[str, Any]:
+    """One ES iteration of esft; returns timings, token counts and the completions of member 0. `rollout_dtype`
+    bf16: members roll out on bf16 copies (esft.generation.precision), the masters sharing the model's storage."""
     from esft.es.executor import LocalExecutor
     from esft.es.noise import MasterWeights
     from esft.generation import GenerationConfig
@@ -34,8 +36,10 @@ def esft_iteration(model, tokenizer, work: Workload, population: int, noise: str
         executor = LowRankExecutor(model, tokenizer, weights, task, work.sigma, gen)
         lanes = 1
     else:
-        weights = MasterWeights(model, noise=noise)
-        executor = LocalExecutor(model, tokenizer, weights, task, work.sigma, gen, parallel_members=parallel_members)
+        low = rollout_dtype not in (None, torch.float32)
+        weights = MasterWeights(model, noise=noise, share_storage=low)
+        executor = LocalExecutor(model, tokenizer, weights, task, work.sigma, gen, parallel_members=parallel_members,
+                                 rollout_dtype=rollout_dtype if low else None)
         executor.start()
         lanes = executor.lanes_for(population)
         calls = record_generations(executor)
@@ -45,7 +49,7 @@ def esft_iteration(model, tokenizer, work: Workload, population: int, noise: str
     finally:
         executor.close()
     if noise != "lowrank":
-        out["executed_flops"] = executed(model, tokenizer, work, gen, calls)
+        out["executed_flops"] = executed(model, tokenizer, work, gen, calls, rollout_dtype)
     return out
 
 
@@ -64,11 +68,11 @@ def record_generations(executor) -> list[tuple[list[list[int]] | None, list[int]
     return calls
 
 
-def executed(model, tokenizer, work: Workload, gen, calls) -> dict[str, int]:
-    """FLOPs of the recorded generate calls (`executed_flops`), summed."""
+def executed(model, tokenizer, work: Workload, gen, calls, dtype: torch.dtype | None = None) -> dict[str, int]:
+    """FLOPs of the recorded generate calls (`executed_flops`), summed; `dtype`: the rollout copies' weights."""
     from esft.generation import encode_prompts
 
-    shape, layout = ModelShape.of(model), effective_layout(model, gen)
+    shape, layout = ModelShape.of(model), effective_layout(model, gen, dtype)
     total = {"fp32": 0, "bf16": 0}
     for ids, lengths in calls:
         ids = ids if ids is not None else encode_prompts(tokenizer, work.prompts)

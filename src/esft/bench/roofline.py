@@ -63,7 +63,7 @@ class ModelShape:
 def executed_flops(shape: ModelShape, prompts: Sequence[Sequence[int]], completion_lengths: Sequence[int], *,
                    batch_size: int, share_prefix: bool = False, prefill_buckets: int = 1,
                    screened_lm_head: bool = False, bucket_tokens: int | None = None,
-                   min_prefix: int | None = None) -> dict[str, int]:
+                   min_prefix: int | None = None, bf16_weights: bool = False) -> dict[str, int]:
     """Matmul FLOPs that one `esft.generation.generate` call of esft's lean engine executes on `prompts` (token
     ids) when it generates `completion_lengths[i]` tokens (eos included) for prompt i. The layout is the
     engine's: rows sorted by length, longest first, in batches of `batch_size`; per batch, with `share_prefix`,
@@ -81,8 +81,9 @@ def executed_flops(shape: ModelShape, prompts: Sequence[Sequence[int]], completi
 
     Not counted: embedding lookups, norms, rotary, activations, softmax (no matmul), and the screened lm_head's
     fp32 logits of its few candidate tokens. With `screened_lm_head` the decode steps' lm_head is counted as bf16
-    (the screen's full-vocabulary matmul); everything else is fp32. Returns the position counts and the FLOPs:
-    {"prefill_positions", "prefill_logit_rows", "decode_rows", "attention_pairs", "fp32", "bf16"}."""
+    (the screen's full-vocabulary matmul); everything else is fp32. With `bf16_weights` (bf16 rollouts) every
+    linear and the lm_head are bf16 matmuls and only the attention is fp32. Returns the position counts and the
+    FLOPs: {"prefill_positions", "prefill_logit_rows", "decode_rows", "attention_pairs", "fp32", "bf16"}."""
     from esft.generation.prefill import PREFILL_BUCKET_TOKENS, common_prefix, layout_prefill, length_buckets
 
     if bucket_tokens is None:
@@ -121,7 +122,9 @@ def executed_flops(shape: ModelShape, prompts: Sequence[Sequence[int]], completi
     head = 2 * shape.hidden * shape.vocab
     fp32 = linear + attention + head * logit_rows
     bf16 = 0
-    if screened_lm_head:
+    if bf16_weights:
+        fp32, bf16 = attention, linear + head * (logit_rows + decode_rows)
+    elif screened_lm_head:
         bf16 = head * decode_rows
     else:
         fp32 += head * decode_rows
@@ -140,21 +143,31 @@ def roofline_ratio(flops: dict[str, float], seconds: float, gflops: float, gflop
     return ideal / seconds
 
 
-def effective_layout(model, gen) -> dict[str, Any]:
+def best_dtype_roofline_ratio(flops: dict[str, float], seconds: float, rates: dict[str, float | None]) -> float:
+    """All executed FLOPs at the machine's best measured matmul rate (any dtype), over the `seconds` they took:
+    how far the iteration is from the fastest arithmetic this CPU offers, whatever dtype it chose."""
+    best = max(r for r in rates.values() if r)
+    return (flops.get("fp32", 0) + flops.get("bf16", 0)) / (best * 1e9) / seconds
+
+
+def effective_layout(model, gen, dtype: torch.dtype | None = None) -> dict[str, Any]:
     """The prefill layout and lm_head `esft.generation.generate(model, ..., gen)` really runs (`executed_flops`
-    options): the options the lean engine would drop on this model or machine (with a warning there) are off."""
+    options): the options the lean engine would drop on this model or machine (with a warning there) are off.
+    `dtype`: the weights' dtype of the copies the rollouts ran on (bf16 rollouts), if not the model's."""
     from esft.generation.lean_step import fused_attention_reason, unsupported_reason
     from esft.generation.packed import packed_linear_reason, screen_lm_head_reason
 
     lean = gen.engine == "esft" and bool(gen.lean) and unsupported_reason(model) is None
-    dtype = model.lm_head.weight.dtype
+    dtype = model.lm_head.weight.dtype if dtype is None else dtype
     packed = lean and bool(gen.packed_linear) and packed_linear_reason(dtype) is None
     fused = lean and bool(gen.fused_attention) and fused_attention_reason(dtype) is None
+    if dtype == torch.bfloat16 and packed != fused:  # as esft.generation.lean: bf16 needs both or neither
+        packed = fused = False
     screened = (lean and bool(gen.screened_lm_head) and gen.temperature == 0
                 and screen_lm_head_reason(model, packed, fused) is None)
     return {"share_prefix": lean and bool(gen.share_prefix),
             "prefill_buckets": int(gen.prefill_buckets or 1) if lean else 1,
-            "screened_lm_head": screened}
+            "screened_lm_head": screened, "bf16_weights": lean and packed and dtype == torch.bfloat16}
 
 
 def cpu_info() -> dict[str, Any]:

@@ -11,6 +11,8 @@ import warnings
 from types import SimpleNamespace
 from typing import Any
 
+import torch
+
 from esft.es.es_config import ESConfig
 from esft.es.executor import LocalExecutor
 from esft.es.fitness import FITNESS_RULES, ClassBalancedMean, FitnessRule, MeanReward, sample_batch
@@ -27,13 +29,31 @@ def make_strategy(config: ESConfig) -> ES:
               stream=config.noise_stream)
 
 
+def rollout_precision(config: ESConfig, flags: Any = None, probe: Any = None) -> Any:
+    """The run's rollout dtype (esft.generation.precision.resolve_rollout_dtype): bf16 rollouts exist on the local
+    executor's member-by-member path only, so Ray and low-rank runs roll out in fp32 ("bfloat16" asked there is
+    an error). Returns a `RolloutPrecision`."""
+    from esft.generation.precision import RolloutPrecision, resolve_rollout_dtype  # lazy, as generation_config
+
+    if config.executor != "local" or config.noise == "lowrank":
+        if config.rollout_dtype == "bfloat16":
+            raise ValueError("rollout_dtype 'bfloat16' runs on the local executor with member-by-member noise")
+        where = "low-rank populations" if config.noise == "lowrank" else f"executor {config.executor!r}"
+        return RolloutPrecision("float32", config.rollout_dtype, f"{where} roll out in the model's dtype")
+    return resolve_rollout_dtype(config.rollout_dtype, device=config.device,
+                                 generation_options=config.generation_options, flags=flags, probe=probe)
+
+
 def make_weights(model: Any, config: ESConfig) -> MasterWeights:
     if config.noise == "lowrank":  # matrices only, low-rank noise (esft.es.lowrank)
         from esft.es.lowrank import LowRankWeights
 
         return LowRankWeights(model, rank=config.rank, include=config.include or None,
                               exclude=config.exclude or None)
-    return MasterWeights(model, include=config.include or None, exclude=config.exclude or None, noise=config.noise)
+    # bf16 rollouts run on bf16 copies, never on the model: its fp32 parameters can be the masters themselves
+    share = config.rollout_dtype == "bfloat16" and config.executor == "local"
+    return MasterWeights(model, include=config.include or None, exclude=config.exclude or None, noise=config.noise,
+                         share_storage=share)
 
 
 def generation_config(config: ESConfig) -> Any:
@@ -105,8 +125,10 @@ def make_local_executor(config: ESConfig, *, model: Any, tokenizer: Any, weights
 
         return LowRankExecutor(model, tokenizer, weights, task, strategy, gen_config, generate_fn=generate_fn)
     return LocalExecutor(model, tokenizer, weights, task, strategy, gen_config, generate_fn=generate_fn,
-                         parallel_members=config.parallel_members)
+                         parallel_members=config.parallel_members,
+                         rollout_dtype=torch.bfloat16 if config.rollout_dtype == "bfloat16" else None)
 
 
 __all__ = ["EXECUTORS", "WORKER_BACKENDS", "check_layout", "fitness_rule", "generation_config",
-           "make_fitness_rule", "make_local_executor", "make_strategy", "make_weights", "sample_batch"]
+           "make_fitness_rule", "make_local_executor", "make_strategy", "make_weights", "rollout_precision",
+           "sample_batch"]

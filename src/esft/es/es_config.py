@@ -79,6 +79,12 @@ class ESConfig(RunConfig):
     prefill_buckets: 4}: ~25% faster prefill on CPU, logits equal to a plain prefill to ~1e-6 (docs/performance.md)"""
     dtype: str | None = None
     """model dtype ("float32", "bfloat16"); None = the loader's default. Masters are fp32 regardless."""
+    rollout_dtype: str = "auto"
+    """precision of the members' rollouts (local executor): "float32" (exact mode), "bfloat16" (weights
+    round(master + sigma * eps) in bf16, fp32 activations; masters, noise, fitness and updates stay fp32) or
+    "auto": bf16 on CPUs with a native bf16 dot product (flags + a start-up probe, esft.generation.precision) when
+    the rollouts take the packed fused path (generation_options), fp32 elsewhere. The run directory records the
+    choice (config.yaml holds the resolved dtype; a run directory without it resumes in fp32)"""
     device: str | None = None
     """torch device; None = the loader's default"""
     eval_every: int = 10
@@ -178,6 +184,7 @@ def read_run_config(run_dir: str | Path) -> tuple[ESConfig, dict[str, Any]]:
 
     data = yaml.safe_load((Path(run_dir) / "config.yaml").read_text()) or {}
     extra = data.pop("_run", {}) or {}
+    data.setdefault("rollout_dtype", "float32")  # runs made before bf16 rollouts existed ran in fp32
     return build_config(ESConfig, overrides=data), extra
 
 

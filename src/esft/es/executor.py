@@ -69,6 +69,20 @@ class Executor:
         return None
 
 
+def rollout_replica(model: Any, dtype: torch.dtype | None = None) -> Any:
+    """A copy of `model` for a member lane. With `dtype` (bf16 rollouts) its floating parameters are new, empty
+    tensors of that dtype (to be written by `MasterWeights.bind(...).perturb` / `restore`; unselected ones by the
+    executor's sync), so the copy never holds a second fp32 model, not even while it is made; tied weights stay
+    tied. Buffers are copied as they are."""
+    if dtype is None:
+        return copy.deepcopy(model)
+    memo: dict[int, Any] = {}
+    for p in model.parameters():  # de-duplicated: a tied weight gets one copy
+        if p.is_floating_point():
+            memo[id(p)] = torch.nn.Parameter(torch.empty(p.shape, dtype=dtype, device=p.device), requires_grad=False)
+    return copy.deepcopy(model, memo)
+
+
 @functools.lru_cache(maxsize=1)
 def _openmp_backend() -> bool:
     """torch's intra-op pool is OpenMP: `torch.set_num_threads` then sets the calling thread's team size."""
@@ -90,8 +104,11 @@ class LocalExecutor(Executor):
     `parallel_members` > 1 evaluates that many members at once, each on its own thread ("lane") with an equal
     share of torch's intra-op threads. Lane 0 is the calling thread on `model`; every other lane holds a deep
     copy of the model (one more model in memory per lane), made at its first use (or by `start`), whose
-    parameters `weights.bind` perturbs from the same masters. Why: a batch-32 decode step is a string of small
-    matmuls and memory-bound attention reads, and two threads splitting each op meet at a barrier after every
+    parameters `weights.bind` perturbs from the same masters. With `rollout_dtype` (bf16 rollouts,
+    esft.generation.precision) every lane, lane 0 and the centre's evaluations included, runs on a bf16 copy
+    (`rollout_replica`: half a model each) holding round(master + sigma * eps); `model` stays at the masters
+    (which may then share its storage: `MasterWeights(share_storage=True)`).
+    Why lanes: a batch-32 decode step is a string of small matmuls and memory-bound attention reads, and two threads splitting each op meet at a barrier after every
     one; two members side by side, one core each, keep both cores busy, and one lane's memory-bound phases
     overlap the other's compute (docs/performance.md, "Session 5"). torch releases the GIL inside its kernels and
     esft's compiled kernels do too. Lanes only perturb and generate; completions are scored on the calling thread
@@ -105,11 +122,15 @@ class LocalExecutor(Executor):
     """
 
     def __init__(self, model: Any, tokenizer: Any, weights: MasterWeights, task: Any, strategy: ES | float,
-                 gen_config: Any, generate_fn: GenerateFn | None = None, parallel_members: int = 1):
+                 gen_config: Any, generate_fn: GenerateFn | None = None, parallel_members: int = 1,
+                 rollout_dtype: torch.dtype | None = None):
         if int(parallel_members) < 1:
             raise ValueError(f"parallel_members must be >= 1, got {parallel_members}")
         self.parallel_members = int(parallel_members)
-        self._lanes: list[tuple[Any, MasterWeights]] = []  # lanes 1..: (model copy, weights bound to it)
+        # rollouts in another dtype (bf16, esft.generation.precision): every lane, lane 0 included, generates on
+        # a copy whose parameters are round(master + sigma * eps); `model` is never perturbed
+        self.rollout_dtype = None if rollout_dtype in (None, torch.float32) else rollout_dtype
+        self._lanes: list[tuple[Any, MasterWeights]] = []  # (model copy, weights bound to it), lane order
         self._synced_versions: dict[str, int] = {}  # unselected parameters' versions when last copied to lanes
         self._pool: ThreadPoolExecutor | None = None
         self._pool_size = 0
@@ -194,10 +215,13 @@ class LocalExecutor(Executor):
         result = self._empty(len(members), len(batch))
         lanes = self.lanes_for(len(members))
         if lanes <= 1:
-            rows = self._perturbed_members(self.weights, range(len(members)), members, result.timings)
+            self._ensure_lanes(1)
+            model, weights = self._lane(0)
+            rows = self._perturbed_members(weights, range(len(members)), members, result.timings,
+                                           restore=weights is self.weights)
             try:
                 for row in rows:
-                    self._run(prompts, batch, result, row)
+                    self._run(prompts, batch, result, row, model)
             finally:
                 rows.close()  # restores now, not when the generator is garbage-collected
         else:
@@ -212,7 +236,11 @@ class LocalExecutor(Executor):
         prompts = self._prompts(batch)
         result = self._empty(1, len(batch))
         if batch:
-            self._run(prompts, batch, result, 0)
+            self._ensure_lanes(1)
+            model, weights = self._lane(0)
+            if weights is not self.weights:
+                weights.restore()  # the copy holds the masters, rounded once
+            self._run(prompts, batch, result, 0, model)
         result.timings["evaluate"] = time.perf_counter() - start
         return result
 
@@ -241,7 +269,7 @@ class LocalExecutor(Executor):
         """Make the lanes' model copies and threads now rather than at the first `evaluate_members` (a benchmark
         keeps this set-up out of its timed iteration). Nothing to do with one lane."""
         lanes = self.lanes_for(self.parallel_members)
-        if lanes > 1:
+        if lanes > 1 or self.rollout_dtype is not None:
             self._ensure_lanes(lanes)
 
     def _drain(self) -> list[BaseException]:
@@ -256,10 +284,17 @@ class LocalExecutor(Executor):
                 errors.append(exc)
         return errors
 
+    def _lane(self, k: int) -> tuple[Any, MasterWeights]:
+        """Lane k's model and weights: lane 0 is `model` itself unless rollouts run in another dtype."""
+        if self.rollout_dtype is None:
+            return (self.model, self.weights) if k == 0 else self._lanes[k - 1]
+        return self._lanes[k]
+
     def _ensure_lanes(self, lanes: int) -> None:
-        while len(self._lanes) < lanes - 1:
-            replica = copy.deepcopy(self.model)
-            self._lanes.append((replica, self.weights.bind(replica)))
+        copies = lanes if self.rollout_dtype is not None else lanes - 1
+        while len(self._lanes) < copies:
+            replica = rollout_replica(self.model, self.rollout_dtype)
+            self._lanes.append((replica, self.weights.bind(replica, cast=self.rollout_dtype is not None)))
             self._synced_versions = {}
         # Parameters outside the ES selection are never perturbed: keep the copies' equal to the model's, which a
         # resumed or reloaded model may have changed since the copy (checked by version counter: no data pass).
@@ -271,7 +306,7 @@ class LocalExecutor(Executor):
                 for replica, _ in self._lanes:
                     replica.get_parameter(name).copy_(param)
                 self._synced_versions[name] = param._version
-        if self._pool is None or self._pool_size < lanes - 1:
+        if lanes > 1 and (self._pool is None or self._pool_size < lanes - 1):
             if self._pool is not None:
                 self._pool.shutdown(wait=True)
             self._pool = ThreadPoolExecutor(max_workers=lanes - 1, thread_name_prefix="esft-lane")
@@ -302,7 +337,8 @@ class LocalExecutor(Executor):
             try:
                 torch.get_num_threads()  # a new thread's first ATen call sets its team size from the global default
                 torch.set_num_threads(share[k])  # then this thread's own share
-                rows = self._perturbed_members(weights, handed_out(), members, lane_timings[k], restore=k == 0)
+                rows = self._perturbed_members(weights, handed_out(), members, lane_timings[k],
+                                               restore=weights is self.weights)
                 with torch.no_grad(), cancel_on(stop):  # grad mode and cancellation are per thread
                     try:
                         for row in rows:
@@ -315,9 +351,11 @@ class LocalExecutor(Executor):
 
         error: BaseException | None = None
         try:
-            for k, (model, weights) in enumerate(self._lanes[:lanes - 1], start=1):
+            for k in range(1, lanes):
+                model, weights = self._lane(k)
                 self._pending.append(self._pool.submit(lane, k, weights, model))
-            lane(0, self.weights, self.model)  # the calling thread, on the real model: Ctrl-C lands here
+            model, weights = self._lane(0)
+            lane(0, weights, model)  # the calling thread (on the real model unless bf16): Ctrl-C lands here
         except BaseException as exc:
             stop.set()
             error = exc

@@ -189,14 +189,20 @@ class MasterWeights:
     """
 
     def __init__(self, model: torch.nn.Module, include: Iterable[str] | None = None,
-                 exclude: Iterable[str] | None = None, noise: str = "per-tensor", workers: int | None = None):
+                 exclude: Iterable[str] | None = None, noise: str = "per-tensor", workers: int | None = None,
+                 share_storage: bool = False):
         if noise not in NOISE_MODES:
             raise ValueError(f"unknown noise mode {noise!r}; choose one of {NOISE_MODES}")
         self.mode = noise
         self.params = select_parameters(model, include, exclude)
+        # share_storage: the masters *are* the model's fp32 parameters (no second copy). Only for a model that is
+        # never perturbed, because rollouts run on other copies bound with `bind` (bf16 rollouts): perturb() on
+        # this object is then refused, and restore/apply have nothing to copy.
+        self.shared = bool(share_storage) and all(p.dtype == torch.float32 for p in self.params.values())
         with torch.no_grad():
             self.master: dict[str, torch.Tensor] = {
-                n: p.detach().to(dtype=torch.float32, copy=True) for n, p in self.params.items()
+                n: p.detach() if self.shared else p.detach().to(dtype=torch.float32, copy=True)
+                for n, p in self.params.items()
             }
         self._largest = max(p.numel() for p in self.params.values())
         self._device = next(iter(self.params.values())).device
@@ -208,20 +214,23 @@ class MasterWeights:
         if noise == "table":  # built (or fetched) now: a one-time cost of the run, not of its first perturbation
             self._table = noise_table(table_size(self._largest), self._device)
 
-    def bind(self, model: torch.nn.Module) -> "MasterWeights":
+    def bind(self, model: torch.nn.Module, cast: bool = False) -> "MasterWeights":
         """The same masters, selection and noise acting on another copy of the model (a parallel member lane of
         `esft.es.executor.LocalExecutor`): its perturb / restore write that copy's parameters. The masters are
         shared, not copied, so an update applied through `self` reaches every bound copy at its next perturb or
-        restore. Each bound object has its own perturbation state."""
+        restore. Each bound object has its own perturbation state. `cast`: the copy's parameters may have another
+        floating dtype (bf16 rollouts: perturb writes round(master + sign * sigma * eps) into them)."""
         other = copy.copy(self)
         theirs = dict(model.named_parameters())
-        if any(n not in theirs or theirs[n].shape != p.shape or theirs[n].dtype != p.dtype
+        if any(n not in theirs or theirs[n].shape != p.shape
+               or (theirs[n].dtype != p.dtype and not (cast and theirs[n].is_floating_point()))
                for n, p in self.params.items()):
             raise ValueError("bind(): the model's selected parameters differ in names, shapes or dtypes")
         other.params = {n: theirs[n] for n in self.params}
         if any(other.params[n] is p for n, p in self.params.items()):
             raise ValueError("bind(): the model shares parameters with the bound one; pass a copy")
         other.perturbed = None
+        other.shared = False
         return other
 
     # -- introspection
@@ -309,6 +318,8 @@ class MasterWeights:
         without the restore's copy (an executor evaluating members back to back restores once, at the end)."""
         if self.perturbed is not None and not replace:
             raise RuntimeError("perturb() called on already perturbed weights; call restore() first")
+        if self.shared:
+            raise RuntimeError("perturb() on masters that share the model's storage; perturb a bound copy")
         step = float(sign) * float(sigma)
         # marked before the first write, so that an exception or Ctrl-C part-way still gets the model restored
         self.perturbed = (int(seed), int(sign))
@@ -325,9 +336,11 @@ class MasterWeights:
 
     @torch.no_grad()
     def restore(self) -> None:
-        """param <- master: bit-identical to the unperturbed weights (a copy, never a subtraction)."""
-        for name, param in self.params.items():
-            param.copy_(self.master[name])
+        """param <- master: bit-identical to the unperturbed weights (a copy, never a subtraction); for a
+        lower-precision copy (`bind(cast=True)`), the masters rounded once."""
+        if not self.shared:
+            for name, param in self.params.items():
+                param.copy_(self.master[name])
         self.perturbed = None
 
     # -- update
@@ -366,7 +379,8 @@ class MasterWeights:
                 acc = self.direction(name, update, acc=bufs[0], scratch=bufs[1])
                 acc.mul_(float(update.scale))
                 master.add_(acc)
-                param.copy_(master)
+                if not self.shared:
+                    param.copy_(master)
                 # vector_norm reduces without a temporary (a .double().pow(2) would allocate 3x the tensor)
                 return float(torch.linalg.vector_norm(acc)) ** 2
 
@@ -391,7 +405,8 @@ class MasterWeights:
             optimizer.step()
             master.grad = None
             sq += float(torch.linalg.vector_norm(before.sub_(master))) ** 2
-            param.copy_(master)
+            if not self.shared:
+                param.copy_(master)
         return sq ** 0.5
 
     # -- state

@@ -68,6 +68,18 @@ def centered_rank(fitness: np.ndarray) -> np.ndarray:
     return ranks / (n - 1) - 0.5
 
 
+def rank_correlation(a: Sequence[float], b: Sequence[float]) -> float:
+    """Spearman's rank correlation of two fitness vectors of one population (ties get their average rank): the
+    Pearson correlation of their centred ranks, an affine map of the average ranks. NaN when either vector is
+    constant (no order to compare). How much a change of rollout (bf16 vs fp32) reorders the members."""
+    x, y = centered_rank(np.asarray(a, dtype=np.float64)), centered_rank(np.asarray(b, dtype=np.float64))
+    if len(x) != len(y):
+        raise ValueError(f"{len(x)} vs {len(y)} members")
+    x, y = x - x.mean(), y - y.mean()
+    denom = float(np.sqrt((x * x).sum() * (y * y).sum()))
+    return float((x * y).sum() / denom) if denom > 0 else float("nan")
+
+
 def raw(fitness: np.ndarray) -> np.ndarray:
     """No shaping (for experiments); note the step then scales with the reward's magnitude."""
     return np.asarray(fitness, dtype=np.float64).copy()

@@ -28,7 +28,7 @@ import torch
 
 from esft.es import es_rundir
 from esft.es.build import (check_layout, fitness_rule as config_fitness_rule, generation_config, make_local_executor,
-                           make_strategy, make_weights, sample_batch)
+                           make_strategy, make_weights, rollout_precision, sample_batch)
 from esft.es.es_config import RESUMABLE_CHANGES, ESConfig, read_run_config, save_yaml
 from esft.es.executor import Executor, PopulationResult
 from esft.es.fitness import FitnessRule, as_fitness_rule
@@ -55,6 +55,21 @@ def _check_resumable(run_dir: Path, config: ESConfig) -> None:
         raise ValueError(f"cannot resume {run_dir}: config differs from the original run in {diffs}")
 
 
+def _rollout_precision(config: ESConfig, injected: bool) -> Any:
+    """The run's `RolloutPrecision`: "auto" on resume means the dtype the run directory recorded (fp32 for one
+    made before the option existed), so a resumed run continues exactly as it started."""
+    from esft.generation.precision import RolloutPrecision
+
+    out = Path(config.output_dir)
+    if injected:
+        return RolloutPrecision("float32" if config.rollout_dtype == "auto" else config.rollout_dtype,
+                                config.rollout_dtype, "the injected executor decides how members roll out")
+    if config.resume and config.rollout_dtype == "auto" and (out / "config.yaml").exists():
+        saved, _ = read_run_config(out)
+        config = config.replace(rollout_dtype=saved.rollout_dtype)
+    return rollout_precision(config)
+
+
 class ESTrainer:
     """Holds the state of one run; `esft.api.train_es(config)` is the one-call entry point."""
 
@@ -76,6 +91,10 @@ class ESTrainer:
         self.model.eval()
         for p in self.model.parameters():  # ES needs no autograd; this also keeps generate() graph-free
             p.requires_grad_(False)
+        # the rollout dtype is resolved once, before the masters exist (bf16 rollouts let them share the model's
+        # storage), and the resolved one is what config.yaml records and a resume compares
+        self.precision = _rollout_precision(config, injected=executor is not None)
+        config = self.config = config.replace(rollout_dtype=self.precision.dtype)
         self.weights = make_weights(model, config)
         self.strategy = make_strategy(config)
         self.optimizer = self.strategy.make_optimizer(list(self.weights.master.values()))
@@ -128,7 +147,7 @@ class ESTrainer:
                 "torch_threads": torch.get_num_threads(),
                 # decides how fast the CPU rollouts run (docs/performance.md, "threads"); chosen at start-up
                 "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "OpenMP default"),
-                "train_examples": len(self.train_set)}
+                "train_examples": len(self.train_set), **self.precision.record()}
 
     def _prepare_dir(self) -> None:
         self.out.mkdir(parents=True, exist_ok=True)

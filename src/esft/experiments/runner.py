@@ -114,6 +114,10 @@ def _fingerprint(stage: Stage, configs: list[Any]) -> list[dict[str, Any]]:
         if data.get("noise_stream") == 0:
             # left out at 0 so that fingerprints recorded without the field (all of them stream 0) still match
             del data["noise_stream"]
+        if data.get("rollout_dtype") == "auto":
+            # likewise: stages recorded before the option ran fp32, which "auto" resumes them in (the trainer
+            # adopts the dtype a run directory recorded)
+            del data["rollout_dtype"]
         out.append({"algorithm": step.algorithm, "config": json.loads(json.dumps(data, default=str))})
     return out
 

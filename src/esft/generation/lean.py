@@ -62,6 +62,9 @@ def _options(model, config, delta) -> tuple[bool, bool, bool]:
     if fused and (why := fused_attention_reason(dtype)) is not None:
         _warn_once(f"fused_attention ignored: {why}")
         fused = False
+    if dtype == torch.bfloat16 and packed != fused:  # bf16 weights: both (fp32 activations) or neither (HF's bf16)
+        _warn_once("packed_linear and fused_attention ignored: bf16 weights need both")
+        packed = fused = False
     # greedy only, and not under a low-rank population (its rows perturb the lm_head): skipped silently there
     screen = bool(getattr(config, "screened_lm_head", False)) and config.temperature == 0 and delta is None
     if screen and (why := screen_lm_head_reason(model, packed, fused, delta)) is not None:
@@ -104,7 +107,7 @@ def _lean_prefill(lean: LeanModel) -> Callable:
         cache = DynamicCache(config=model.config) if cache is None else cache
         b, t = input_ids.shape
         past = attention_mask.shape[1] - t
-        x = F.embedding(input_ids, lean.embed, lean.padding_idx).reshape(b * t, -1)
+        x = F.embedding(input_ids, lean.embed, lean.padding_idx).reshape(b * t, -1).to(torch.float32)
         cos, sin = lean.rotary(x, position_ids=position_ids)  # [b, t, hd]
         cos, sin = cos[:, None], sin[:, None]
         cols = torch.arange(past + t, device=x.device)

@@ -41,6 +41,7 @@ from esft.generation.packed import (
     ScreenedLogits,
     pack_weight,
     packed_linear,
+    packed_linear_bf16,
     packed_linear_reason,
     screen_lm_head_reason,
 )
@@ -127,9 +128,10 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def fused_attention_reason(dtype: torch.dtype) -> str | None:
-    """None when the compiled decode-attention kernel (esft.kernels) can run here, else why not (builds it)."""
-    if dtype != torch.float32:
-        return f"dtype {dtype} (the kernel is fp32 only)"
+    """None when the compiled decode-attention kernel (esft.kernels) can run here for weights of `dtype`, else why
+    not (builds it). The kernel is fp32; bf16 weights run it on fp32 activations (with packed linears only)."""
+    if dtype not in (torch.float32, torch.bfloat16):
+        return f"dtype {dtype} (the kernel runs fp32 activations for fp32 or bf16 weights)"
     from esft.kernels import build_error, load_decode_attention
 
     if load_decode_attention() is None:
@@ -170,21 +172,27 @@ class LeanModel:
             raise ValueError(f"lean decode does not support this model: {reason}")
         self.fused = _load_fused_attention(model) if fused_attention else None
         self.key_tile = int(self.fused.KEY_TILE) if self.fused is not None else None  # KVCache(key_tile=)
-        if packed and (why := packed_linear_reason(model.lm_head.weight.dtype)) is not None:
+        weight_dtype = model.lm_head.weight.dtype
+        if packed and (why := packed_linear_reason(weight_dtype)) is not None:
             raise ValueError(f"packed linears are not available: {why}")
+        # bf16 weights with fp32 activations (bf16 rollouts) exist only on the stacked path below
+        self.low_precision = packed and weight_dtype == torch.bfloat16
+        if self.low_precision and (self.fused is None or delta is not None):
+            raise ValueError("bf16 packed weights need fused_attention and no low-rank delta")
         self.packed_linear = packed
         w = _Handles(model, packed, batch_hint)
         # `delta` (a low-rank population) adds each row's perturbation term after every linear and the embedding,
         # exactly what its forward hooks do under the HF forward
         self.delta = delta
         self.embed_name = w.param_names.get(id(model.model.embed_tokens.weight))
-        self.linear = _row_linear(packed_linear if packed else F.linear, delta, w.names)
+        base = packed_linear_bf16 if self.low_precision else packed_linear if packed else F.linear
+        self.linear = _row_linear(base, delta, w.names)
         self.model = model
         self._read_config(model.config)
         inner = model.model
         self.embed = inner.embed_tokens.weight
         self.padding_idx = inner.embed_tokens.padding_idx
-        self.final_norm = inner.norm.weight
+        self.final_norm = _gain(inner.norm.weight, self.low_precision)
         self.final_eps = inner.norm.variance_epsilon
         self.lm_head = w(model.lm_head.weight)
         self.lm_bias = model.lm_head.bias
@@ -196,7 +204,8 @@ class LeanModel:
         self.layers: list[_Layer] = []
         for layer in inner.layers:
             self.scaling = layer.self_attn.scaling
-            self.layers.append(_stacked_layer(layer, w) if self.fused_projections else _plain_layer(layer, w))
+            self.layers.append(_stacked_layer(layer, w, self.low_precision) if self.fused_projections
+                               else _plain_layer(layer, w))
         self.qk_eps = self.eps
         # the RMSNorm after each layer's MLP residual: the next layer's input norm, the final norm after the last
         self.next_norm = [(L.ln1, self.eps) for L in self.layers[1:]] + [(self.final_norm, self.final_eps)]
@@ -254,15 +263,23 @@ def _plain_layer(layer, w: _Handles) -> _Layer:
         qn=a.q_norm.weight if hasattr(a, "q_norm") else None, kn=a.k_norm.weight if hasattr(a, "k_norm") else None)
 
 
-def _stacked_layer(layer, w: _Handles) -> _Layer:
-    """LeanModel.fused_projections' layout: q|k|v and gate|up stacked into one weight each."""
+def _gain(weight: torch.Tensor | None, low_precision: bool) -> torch.Tensor | None:
+    """A norm gain as the fp32 kernels read it: the parameter itself, or an fp32 copy of a bf16 one."""
+    return weight.to(torch.float32) if low_precision and weight is not None else weight
+
+
+def _stacked_layer(layer, w: _Handles, low_precision: bool = False) -> _Layer:
+    """LeanModel.fused_projections' layout: q|k|v and gate|up stacked into one weight each (norm gains in fp32
+    with bf16 weights, `_gain`)."""
     a, m = layer.self_attn, layer.mlp
     biases = (a.q_proj.bias, a.k_proj.bias, a.v_proj.bias)
+    qn, kn = (getattr(getattr(a, name, None), "weight", None) for name in ("q_norm", "k_norm"))
     return _Layer(
-        ln1=layer.input_layernorm.weight, ln2=layer.post_attention_layernorm.weight,
+        ln1=_gain(layer.input_layernorm.weight, low_precision),
+        ln2=_gain(layer.post_attention_layernorm.weight, low_precision),
         wq=None, bq=None, wk=None, bk=None, wv=None, bv=None,
         wo=w(a.o_proj.weight), bo=a.o_proj.bias, wg=None, wu=None, wd=w(m.down_proj.weight),
-        qn=a.q_norm.weight if hasattr(a, "q_norm") else None, kn=a.k_norm.weight if hasattr(a, "k_norm") else None,
+        qn=_gain(qn, low_precision), kn=_gain(kn, low_precision),
         wqkv=w(torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]).detach()),
         bqkv=None if biases[0] is None else torch.cat(biases).detach(),
         wgu=w(torch.cat([m.gate_proj.weight, m.up_proj.weight]).detach()))
@@ -280,7 +297,7 @@ def _fused_step(lean: LeanModel, cache: KVCache, token: torch.Tensor, cos_rows: 
     q_end, k_end = heads * hd, (heads + kv) * hd
     eps, scaling, mask = lean.eps, lean.scaling, cache.mask
     layers = lean.layers
-    x = F.embedding(token, lean.embed, lean.padding_idx)
+    x = F.embedding(token, lean.embed, lean.padding_idx).to(torch.float32)  # (a bf16 table's rows -> fp32)
     h = K.rms_norm(x, layers[0].ln1, eps)
     for i, L in enumerate(layers):
         qkv = lin(h, L.wqkv, L.bqkv)

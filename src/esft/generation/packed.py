@@ -14,14 +14,17 @@ import torch.nn.functional as F
 
 
 def packed_linear_reason(dtype: torch.dtype) -> str | None:
-    """None when oneDNN packed linears (`LeanModel(packed=True)`) can run here, else why not."""
-    if dtype != torch.float32:
-        return f"dtype {dtype} (packed linears are fp32 only)"
+    """None when oneDNN packed linears (`LeanModel(packed=True)`) can run here for weights of `dtype` (fp32, or
+    bf16 weights with fp32 activations: `packed_linear_bf16`), else why not."""
+    if dtype not in (torch.float32, torch.bfloat16):
+        return f"dtype {dtype} (packed linears take fp32 or bf16 weights)"
     if not torch.backends.mkldnn.is_available():
         return "torch was built without oneDNN (mkldnn)"
     ops = torch.ops.mkldnn
     if not (hasattr(ops, "_reorder_linear_weight") and hasattr(ops, "_linear_pointwise")):
         return "this torch has no mkldnn._linear_pointwise"
+    if dtype == torch.bfloat16 and not bool(ops._is_mkldnn_bf16_supported()):
+        return "this torch's oneDNN has no bf16 matmul"
     return None
 
 
@@ -59,6 +62,13 @@ def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | No
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
+def packed_linear_bf16(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """`packed_linear` with bf16 weights (bf16 rollouts, esft.generation.precision): the fp32 activations are
+    rounded to bf16 for the matmul, which accumulates in fp32 (oneDNN), and the bf16 result comes back as fp32,
+    so the residual stream, norms, attention and KV cache stay fp32."""
+    return torch.ops.mkldnn._linear_pointwise(x.to(torch.bfloat16), packed, bias, "none", [], "").to(torch.float32)
+
+
 class LMHeadScreen:
     """Greedy decoding's lm_head at half the cost: logits first in bf16 (oneDNN, half the bytes and ~2x the FLOP
     rate of fp32 on CPUs with AVX512-BF16 or AMX), then fp32 logits only for the tokens that a rigorous error
@@ -79,7 +89,8 @@ class LMHeadScreen:
         weight = weight.detach()
         self.weight = weight  # the live parameter (ES perturbs it in place; this object lives for one call)
         self.packed_bf16 = torch.ops.mkldnn._reorder_linear_weight(weight.to(torch.bfloat16), batch_hint)
-        self.row_norms = torch.linalg.vector_norm(weight, dim=1)
+        # fp32 norms also for bf16 weights (bf16 rollouts): the bound needs them at full precision
+        self.row_norms = torch.linalg.vector_norm(weight, dim=1, dtype=torch.float32)
         k = weight.shape[1]
         u = 2.0 ** -8
         gamma = k * 2.0 ** -24 / (1 - k * 2.0 ** -24)
@@ -97,7 +108,9 @@ class LMHeadScreen:
         cols, keep = kernels.screen_candidates(approx, hnorm, self.row_norms, self.c_prod, self.c_out)
         if not bool(keep.any(1).all()):  # a non-finite row (a diverged member): no bound holds; caller goes full
             return None
-        values = F.linear(h, self.weight.index_select(0, cols)).masked_fill_(~keep, float("-inf"))
+        # (bf16 weights: the candidates' fp32 logits of the bf16 rows, so the pick is the bf16 model's argmax)
+        rows = self.weight.index_select(0, cols).to(h.dtype)
+        values = F.linear(h, rows).masked_fill_(~keep, float("-inf"))
         if suppress.numel():  # only reachable if every other logit of a row were below -3e38; keep the rule exact
             values[:, torch.isin(cols, suppress)] = float("-inf")
         return ScreenedLogits(cols, values)

@@ -1,0 +1,132 @@
+"""Which precision ES rollouts run in on this machine: bf16 where the CPU multiplies bf16 natively, fp32 elsewhere.
+
+Why: on CPUs with bf16 dot-product instructions (AVX512-BF16, AMX) oneDNN's bf16 matmul runs ~2x (small batch)
+to ~3-4x (large) the fp32 rate and moves half the bytes, while on CPUs without them it is emulated and slower
+than fp32. So `auto` picks bf16 only when the CPU's flags name a native bf16 instruction *and* a start-up
+micro-benchmark (a decode-shaped packed matmul in both dtypes) confirms bf16 is faster here; "float32" is the exact
+mode and always available. Only the rollouts change: masters, noise, fitness shaping and updates stay fp32
+(esft.es.noise.MasterWeights rounds master + sigma * eps to bf16 once per member).
+
+`resolve_rollout_dtype` is a pure function of its inputs (flags, probe result, request), so both branches are
+tested on any machine with mocked flags and probes.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterable, Mapping
+
+import torch
+
+ROLLOUT_DTYPES = ("auto", "float32", "bfloat16")
+#: /proc/cpuinfo flags of native bf16 dot products (x86); Arm's "bf16" (FEAT_BF16) is listed as well
+NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")
+#: bf16 must beat fp32 by this factor in the start-up probe for `auto` to pick it (noise margin)
+MIN_PROBE_SPEEDUP = 1.2
+
+
+def cpu_flags() -> list[str]:
+    """This CPU's feature flags (Linux /proc/cpuinfo 'flags' or 'Features'); empty elsewhere."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() in ("flags", "Features"):
+                    return value.split()
+    except OSError:
+        pass
+    return []
+
+
+def native_bf16_flags(flags: Iterable[str]) -> list[str]:
+    """The flags among `flags` that mean a native bf16 dot product."""
+    have = set(flags)
+    return [f for f in NATIVE_BF16_FLAGS if f in have]
+
+
+def _best_time(fn: Callable[[], object], reps: int) -> float:
+    fn()
+    best = float("inf")
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+@functools.lru_cache(maxsize=1)
+def probe_bf16_speedup(rows: int = 16, out: int = 1536, inner: int = 576, reps: int = 20) -> float | None:
+    """fp32 time / bf16 time of a decode-shaped oneDNN packed linear ([rows, inner] x [inner, out], the rollout's
+    kind of matmul) with the current thread setting; None where oneDNN's packed linear or bf16 is missing.
+    ~20 ms, once per process."""
+    ops = getattr(torch.ops, "mkldnn", None)
+    if not (torch.backends.mkldnn.is_available() and hasattr(ops, "_reorder_linear_weight")
+            and hasattr(ops, "_linear_pointwise") and bool(ops._is_mkldnn_bf16_supported())):
+        return None
+    gen = torch.Generator().manual_seed(0)
+    w = torch.randn(out, inner, generator=gen)
+    x = torch.randn(rows, inner, generator=gen)
+    times = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        packed = ops._reorder_linear_weight(w.to(dtype), rows)
+        xd = x.to(dtype)
+        times[dtype] = _best_time(lambda: ops._linear_pointwise(xd, packed, None, "none", [], ""), reps)
+    return times[torch.float32] / max(times[torch.bfloat16], 1e-12)
+
+
+@dataclass(frozen=True)
+class RolloutPrecision:
+    """What `resolve_rollout_dtype` chose, and why (recorded in the run directory)."""
+
+    dtype: str
+    """"float32" or "bfloat16": the dtype of the rollout weights"""
+    requested: str
+    reason: str
+    native_flags: tuple[str, ...] = ()
+    probe_speedup: float | None = None
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return torch.bfloat16 if self.dtype == "bfloat16" else torch.float32
+
+    def record(self) -> dict[str, object]:
+        return {"rollout_dtype": self.dtype, "rollout_dtype_requested": self.requested,
+                "rollout_dtype_reason": self.reason, "cpu_native_bf16_flags": list(self.native_flags),
+                "bf16_probe_speedup": None if self.probe_speedup is None else round(self.probe_speedup, 3)}
+
+
+def fast_path(generation_options: Mapping[str, object]) -> bool:
+    """bf16 rollouts run on the lean engine's packed, fused path (bf16 oneDNN weights, fp32 activations)."""
+    return bool(generation_options.get("packed_linear")) and bool(generation_options.get("fused_attention"))
+
+
+def resolve_rollout_dtype(requested: str | None, *, device: str | None = "cpu",
+                          generation_options: Mapping[str, object] | None = None,
+                          flags: Iterable[str] | None = None,
+                          probe: Callable[[], float | None] | None = None) -> RolloutPrecision:
+    """The rollout dtype of a run. `requested`: "float32" (exact, always), "bfloat16" (always, even where slow),
+    "auto" (bf16 when the device is a CPU, the rollouts take the packed fused path, the CPU's `flags` name a
+    native bf16 dot product and `probe()` (fp32 / bf16 time) is at least MIN_PROBE_SPEEDUP; fp32 otherwise).
+    None means "float32" (run directories made before this option existed). `flags` / `probe` default to this
+    machine's (`cpu_flags`, `probe_bf16_speedup`); tests pass their own."""
+    requested = "float32" if requested is None else str(requested)
+    if requested not in ROLLOUT_DTYPES:
+        raise ValueError(f"unknown rollout_dtype {requested!r}; choose one of {ROLLOUT_DTYPES}")
+    if requested != "auto":
+        return RolloutPrecision(requested, requested, "requested")
+    if device not in (None, "cpu") and not str(device).startswith("cpu"):
+        return RolloutPrecision("float32", requested, f"device {device}: bf16 rollouts are a CPU option")
+    if not fast_path(generation_options or {}):
+        return RolloutPrecision("float32", requested, "generation_options lack packed_linear + fused_attention")
+    native = tuple(native_bf16_flags(cpu_flags() if flags is None else flags))
+    if not native:
+        return RolloutPrecision("float32", requested, "no native bf16 dot product in the CPU flags")
+    speedup = (probe_bf16_speedup if probe is None else probe)()
+    if speedup is None:
+        return RolloutPrecision("float32", requested, "torch's oneDNN has no bf16 packed linear", native)
+    if speedup < MIN_PROBE_SPEEDUP:
+        return RolloutPrecision("float32", requested, f"bf16 probe only {speedup:.2f}x fp32", native, speedup)
+    return RolloutPrecision("bfloat16", requested, f"native bf16 ({', '.join(native)}), probe {speedup:.2f}x fp32",
+                            native, speedup)
