@@ -141,7 +141,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     "cpu": dict(task="boolq", max_passage_chars=400, population_size=8, batch_size=16, max_new_tokens=24,
                 sigma=3e-3, alpha=1.5e-3, format_bonus=0.1, iterations=28, eval_every=14, eval_limit=200,
                 generation_batch_size=16, dtype="float32", device="cpu", checkpoint_every=7, noise="table",
-                generation_options=dict(FAST_CPU_GENERATION), parallel_members=2),
+                generation_options=dict(FAST_CPU_GENERATION), parallel_members=2, rollout_dtype="float32"),
     # 2-core CPU, a task whose answers cannot be guessed: Countdown with two numbers from 1-50 and a target made
     # with + or * (held-out puzzles disjoint from the train ones), two worked puzzles in the prompt (one addition,
     # one multiplication) so the base model boxes its answers and sees both operators. Held-out accuracy on 400
@@ -151,8 +151,11 @@ PRESETS: dict[str, dict[str, Any]] = {
                           batch_size=16, max_new_tokens=40, sigma=3e-3, alpha=1.5e-3, format_bonus=0.0,
                           iterations=30, eval_every=10, eval_limit=400, eval_balanced=True, generation_batch_size=16,
                           dtype="float32", device="cpu", checkpoint_every=10, noise="table",
-                          generation_options=dict(FAST_CPU_GENERATION), parallel_members=2),
+                          generation_options=dict(FAST_CPU_GENERATION), parallel_members=2, rollout_dtype="float32"),
 }
+# The CPU presets pin fp32 rollouts: their committed results (docs/results) then reproduce bit for bit on every CPU,
+# with or without native bf16 (bf16 rollouts reorder members: rank correlation 0.38-0.75 with fp32 on the cpu
+# preset's populations, docs/performance.md). `--rollout-dtype auto` takes the faster path where the CPU has it.
 
 # fields that may change when resuming (everything else must match the original run)
 RESUMABLE_CHANGES = {"iterations", "eval_every", "eval_limit", "checkpoint_every", "samples_per_iteration",
