@@ -156,7 +156,9 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 # fields that may change when resuming (everything else, the LR schedule's max_steps included, must match)
 RESUMABLE_CHANGES = {"save_steps", "eval_every", "eval_limit", "eval_max_new_tokens", "samples_per_iteration",
-                     "resume", "output_dir", "device"}
+                     "resume", "output_dir", "device",
+                     # recomputes the same activations in the backward pass: memory and time change, not the math
+                     "gradient_checkpointing"}
 
 
 def preset(name: str, config_file: str | None = None, **overrides: Any) -> GRPOConfig:
