@@ -233,14 +233,23 @@ def test_experiment_dry_run_rejects_bad_values_at_their_line(tmp_path, capsys, o
 # ---- run directories ------------------------------------------------------------------------------------------
 
 def test_concurrent_writer_is_refused(tiny_dir, tmp_path, capsys):
-    from esft.rundir import RunLock
+    import subprocess
+    import sys
 
     out = tmp_path / "run"
-    with RunLock(out):  # another trainer at work in the same folder
+    holder = ("import sys, time; from esft.rundir import RunLock; lock = RunLock(sys.argv[1]).acquire(); "
+              "print('locked', flush=True); time.sleep(60)")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    other = subprocess.Popen([sys.executable, "-c", holder, str(out)], stdout=subprocess.PIPE, text=True, env=env)
+    try:  # another process (a trainer at work) holds the folder
+        assert other.stdout.readline().strip() == "locked"
         assert main(es_args(tiny_dir, out)) == 1
         assert "another esft process" in error_of(capsys)
         assert not (out / "seeds.jsonl").exists()
-    assert main(es_args(tiny_dir, out)) == 0  # the lock goes with its holder
+    finally:
+        other.kill()
+        other.wait()
+    assert main(es_args(tiny_dir, out)) == 0  # the lock goes with its holder, even one killed
 
 
 def test_rerun_into_a_used_folder_is_a_clean_error(tiny_dir, reference, tmp_path, capsys):
@@ -385,15 +394,27 @@ def final_weights_of(folder: Path) -> dict[str, np.ndarray]:
     return load_file(str(folder / "model.safetensors"))
 
 
-def test_grpo_non_finite_loss_is_refused():
-    from esft.grpo.callbacks import check_finite_logs
+def test_grpo_non_finite_loss_stops_before_the_step_is_saved(tmp_path, tokenizer, monkeypatch):
+    pytest.importorskip("trl")
+    from conftest import make_tiny_model
+    from esft.grpo.run import list_checkpoints, train_grpo
+    from esft.grpo.trl_trainer import EsftGRPOTrainer
     from esft.rundir import NonFiniteError
+    from grpo_tiny import ParityTask, tiny_config
 
-    check_finite_logs({"loss": 0.5, "grad_norm": 1.0}, 3)
-    with pytest.raises(NonFiniteError, match="step 3"):
-        check_finite_logs({"loss": float("nan"), "grad_norm": 1.0}, 3)
-    with pytest.raises(NonFiniteError):
-        check_finite_logs({"loss": 0.1, "grad_norm": float("inf")}, 3)
+    compute_loss = EsftGRPOTrainer.compute_loss
+
+    def nan_at_second_step(self, *args, **kwargs):
+        loss = compute_loss(self, *args, **kwargs)
+        return loss * float("nan") if self.state.global_step == 1 else loss
+
+    monkeypatch.setattr(EsftGRPOTrainer, "compute_loss", nan_at_second_step)
+    out = tmp_path / "grpo"
+    config = tiny_config(out, max_steps=3, save_steps=1, eval_every=0)
+    with pytest.raises(NonFiniteError, match="step 2"):
+        train_grpo(config, model=make_tiny_model(), tokenizer=tokenizer, task=ParityTask(), progress=False)
+    assert [s for s, _ in list_checkpoints(out)] == [1]  # the last good step; step 2's weights never written
+    assert not (out / "checkpoints" / "final").exists()
 
 
 def test_replay_verify_reports_a_missing_file_as_damage(reference, tmp_path, capsys):

@@ -73,15 +73,15 @@ class ESTrainer:
                  generate_fn: Any = None, fitness_rule: FitnessRule | Callable[..., Any] | None = None,
                  progress: bool = True):
         self.config = config
-        check_output_dir(config.output_dir)  # before the model loads
-        if model is None:
-            from esft.models import load_model
-
-            model, tokenizer = load_model(config.model, dtype=config.dtype, device=config.device)
+        check_output_dir(config.output_dir)  # the output folder and the task before the model loads
         if task is None:
             from esft.tasks import get_task
 
             task = get_task(config.task, **config.task_kwargs())
+        if model is None:
+            from esft.models import load_model
+
+            model, tokenizer = load_model(config.model, dtype=config.dtype, device=config.device)
         self.model, self.tokenizer, self.task = model, tokenizer, task
         self.model.eval()
         for p in self.model.parameters():  # ES needs no autograd; this also keeps generate() graph-free

@@ -153,6 +153,10 @@ def _train_locked(config: GRPOConfig, out: Path, model: Any, tokenizer: Any, tas
             print(f"{out}: already trained for {start} steps (max_steps {config.max_steps}); nothing to do")
         return GRPOTrainResult(out, start, resume_from, None)
 
+    if task is None:  # built before the model loads: a bad task option fails in a second, not a minute
+        from esft.tasks import get_task
+
+        task = get_task(config.task, **config.task_kwargs())
     if model is None:
         from esft.models import load_model
 
@@ -160,10 +164,6 @@ def _train_locked(config: GRPOConfig, out: Path, model: Any, tokenizer: Any, tas
     if any(p.dtype != torch.float32 for p in model.parameters()):
         model.to(torch.float32)  # fp32 masters always; bf16 only as autocast (pure bf16 rounds small updates away)
     model.requires_grad_(True)
-    if task is None:
-        from esft.tasks import get_task
-
-        task = get_task(config.task, **config.task_kwargs())
     train_set = task.load("train")
 
     trl_args = to_trl_config(config, str(out), precision, progress)
