@@ -361,10 +361,13 @@ def build_config(cls: type[T], presets: Mapping[str, Mapping[str, Any]] | None =
         values.update(coerce(cls, presets[preset], f"preset {preset!r}"))
         origin = {**{k: f"preset {preset!r}" for k in presets[preset]}, **origin}
     values.update(file_values)
-    flags = coerce(cls, overrides or {}, overrides_source,
-                   lambda k: f"{overrides_source} (--{k.replace('_', '-')})")
+    def named(key: str) -> str:  # flags are named as typed; other override sources by the key
+        flag = f"--{key.replace('_', '-')}" if overrides_source == "command line" else key
+        return f"{overrides_source} ({flag})"
+
+    flags = coerce(cls, overrides or {}, overrides_source, named)
     values.update(flags)
-    origin.update({k: f"{overrides_source} (--{k.replace('_', '-')})" for k in flags})
+    origin.update({k: named(k) for k in flags})
     try:
         config = cls(**values)
         check_fields(config)
