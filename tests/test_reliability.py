@@ -136,6 +136,8 @@ def test_bad_grpo_batch_is_an_error_not_a_zero_division(tmp_path, capsys, no_mod
     ("sigma: [1, 2\n", 2, ["not valid YAML"]),
     ("- just\n- a list\n", None, ["mapping"]),
     ("sigmaa: 0.1\n", None, ["unknown option", "did you mean sigma"]),
+    ("sigma: 0.01\npreset: gpu\n", 2, ["preset = 'gpu'", "cpu-countdown"]),
+    ("task: boolq\ntask_options: {max_chars: 3}\n", 2, ["task_options", "max_chars"]),
 ])
 def test_bad_yaml_config_names_file_and_line(tmp_path, capsys, no_model_load, text, line, words):
     cfg = tmp_path / "run.yaml"

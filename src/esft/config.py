@@ -350,8 +350,12 @@ def build_config(cls: type[T], presets: Mapping[str, Mapping[str, Any]] | None =
     file_values: dict[str, Any] = {}
     if config_file:
         data, lines = load_yaml_lines(config_file)
-        preset = preset or data.pop("preset", None)
-        data.pop("preset", None)
+        file_preset = data.pop("preset", None)
+        if file_preset and not preset:
+            if not presets or file_preset not in presets:
+                raise ConfigError("preset", file_preset, f"one of {', '.join(presets or {}) or 'no presets'}",
+                                  f"{config_file}:{lines.get('preset', '?')}")
+            preset = file_preset
         file_values = coerce(cls, data, str(config_file), lambda k: f"{config_file}:{lines.get(k, '?')}")
         origin.update({k.replace("-", "_"): f"{config_file}:{lines.get(k, '?')}" for k in data})
     values: dict[str, Any] = {}
@@ -361,6 +365,7 @@ def build_config(cls: type[T], presets: Mapping[str, Mapping[str, Any]] | None =
         values.update(coerce(cls, presets[preset], f"preset {preset!r}"))
         origin = {**{k: f"preset {preset!r}" for k in presets[preset]}, **origin}
     values.update(file_values)
+
     def named(key: str) -> str:  # flags are named as typed; other override sources by the key
         flag = f"--{key.replace('_', '-')}" if overrides_source == "command line" else key
         return f"{overrides_source} ({flag})"

@@ -48,7 +48,14 @@ def check_names(config: Any) -> None:
     if hasattr(config, "model"):
         check_model("model", config.model)
     if hasattr(config, "task") and hasattr(config, "task_kwargs"):
-        check_task("task", config.task, config.task_kwargs())
+        check_task("task", config.task)
+        options = config.task_kwargs()
+        if options:  # the name is fine: a failure now is the options' (task_options, max_passage_chars)
+            try:
+                check_task("task", config.task, options)
+            except ConfigError as exc:
+                raise ConfigError("task_options", options, f"options of task {config.task!r} "
+                                  f"({exc.accepted.partition('(')[2].rstrip(')')})") from None
     if hasattr(config, "tasks"):
         from esft.tasks import parse_task_name
 
