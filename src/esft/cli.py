@@ -21,6 +21,8 @@ from typing import Any, Callable, Sequence
 
 from esft.config import add_dataclass_arguments, build_config
 from esft.tasks.custom import add_task_flags
+from esft.rundir import check_output_dir
+from esft.validation import check_names
 
 
 def _eval(args: argparse.Namespace) -> int:
@@ -29,8 +31,11 @@ def _eval(args: argparse.Namespace) -> int:
     from esft.tasks.custom import apply_task_flags
 
     overrides = _explicit(args, EvalConfig)
-    config = build_config(EvalConfig, None, None, args.config, overrides)
+    config = build_config(EvalConfig, None, None, args.config, overrides,
+                          check=_names_with_task_flags(args, lambda c: c.tasks))
     config = apply_task_flags(config, args, config.tasks)  # --prompt-field/--reward ... (data tasks)
+    if config.output_dir:
+        check_output_dir(config.output_dir)  # before the evaluation, not after it
     results = run_eval(config)
     print()
     print(format_table(results))
@@ -66,11 +71,14 @@ def _train_es(args: argparse.Namespace) -> int:
         from esft.es.es_config import resume_config
 
         config = resume_config(args.resume_dir, _explicit(args, ESConfig))
+        check_names(config)
     else:
-        config = build_config(ESConfig, PRESETS, args.preset, args.config, _explicit(args, ESConfig))
+        config = build_config(ESConfig, PRESETS, args.preset, args.config, _explicit(args, ESConfig),
+                              check=_names_with_task_flags(args, lambda c: [c.task]))
     from esft.tasks.custom import apply_task_flags
 
     config = apply_task_flags(config, args, [config.task])  # --prompt-field/--reward ... (data tasks)
+    _check_run_dir(config.output_dir)
     # Ray itself is imported only when used
     from esft.es.distributed.ray_executor import ReplicaDivergence, WorkersLost
 
@@ -84,14 +92,32 @@ def _train_es(args: argparse.Namespace) -> int:
 
 def _train_grpo(args: argparse.Namespace) -> int:
     from esft.grpo import PRESETS, GRPOConfig, train_grpo
-
     from esft.tasks.custom import apply_task_flags
 
-    config = build_config(GRPOConfig, PRESETS, args.preset, args.config, _explicit(args, GRPOConfig))
+    config = build_config(GRPOConfig, PRESETS, args.preset, args.config, _explicit(args, GRPOConfig),
+                          check=_names_with_task_flags(args, lambda c: [c.task]))
     config = apply_task_flags(config, args, [config.task])  # --prompt-field/--reward ... (data tasks)
+    _check_run_dir(config.output_dir)
     result = train_grpo(config)
     print(f"\n{result.steps} steps in {result.output_dir}; final checkpoint: {result.final_checkpoint}")
     return 0
+
+
+def _names_with_task_flags(args: argparse.Namespace, tasks_of: Callable[[Any], list[str]]) -> Callable[[Any], None]:
+    """esft.validation.check_names on the config as it will run: with the data-task flags (--prompt-field,
+    --reward ...) applied, so a data file's task is checked with its fields before any model loads."""
+    from esft.tasks.custom import apply_task_flags
+
+    return lambda config: check_names(apply_task_flags(config, args, tasks_of(config)))
+
+
+def _check_run_dir(path: str) -> None:
+    """Before any model loads: the output folder can be written and no other esft process is writing it (the
+    trainer itself holds the lock while it runs)."""
+    from esft.rundir import RunLock
+
+    check_output_dir(path)
+    RunLock(path).acquire().release()
 
 
 def _analyze(args: argparse.Namespace) -> int:
@@ -109,6 +135,10 @@ def _analyze(args: argparse.Namespace) -> int:
 def _report(args: argparse.Namespace) -> int:
     from esft.analysis.report_builder import ReportConfig, build_report
 
+    from pathlib import Path
+
+    if not Path(args.dir).is_dir():
+        raise FileNotFoundError(f"{args.dir} is not a folder (a run directory or an experiment directory)")
     overrides = _explicit(args, ReportConfig)
     overrides["dir"] = args.dir
     config = build_config(ReportConfig, None, None, args.config, overrides)
@@ -143,6 +173,9 @@ def build_parser() -> argparse.ArgumentParser:
     from esft import __version__
 
     parser.add_argument("--version", action="version", version=f"esft {__version__}")
+    parser.add_argument("--debug", action="store_true",
+                        help="show the traceback of an error instead of one `esft: error: ...` line (also accepted "
+                             "anywhere after the sub-command)")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_eval_env_bench(sub)
     _add_train(sub)
@@ -254,17 +287,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         policy = choose_omp_wait_policy(busy_cores())
         if policy is not None:
             os.environ["OMP_WAIT_POLICY"] = policy
+    debug = "--debug" in args_list
+    args_list = [a for a in args_list if a != "--debug"]
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(args_list)
     func: Callable[[argparse.Namespace], int] = args.func
     try:
         return func(args)
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)
         return 130
-    except (ValueError, FileNotFoundError) as exc:
+    except (ValueError, OSError, RuntimeError) as exc:
+        if debug:
+            raise
         print(f"esft: error: {exc}", file=sys.stderr)
-        return 2
+        return exit_code(exc)
+
+
+def exit_code(exc: BaseException) -> int:
+    """2 for bad input (a value, a name, a path the user gave), 1 for a failure at run time (a busy or damaged
+    run directory, a non-finite update, a disk error)."""
+    bad_input = (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError,
+                 PermissionError)
+    return 2 if isinstance(exc, bad_input) else 1
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -3,6 +3,12 @@
 Every run is described by one dataclass (CleanRL style: a docstring under each field). This module turns such a
 dataclass into argparse flags (help text = the field docstring) and merges, in increasing priority:
 dataclass defaults < `--preset NAME` < `--config run.yaml` < explicit flags. Unknown YAML keys fail loudly.
+
+It is also the first half of esft's one validation layer (the second, names of tasks and models, is
+esft.validation): every value is checked against its field's type (an integer field takes no 2.7, a boolean no
+"maybe") and against the range rules its config declares (`Rule`: sigma > 0, alpha finite, sizes >= 1, ...), so a
+bad value fails as a `ConfigError` naming the key, the value, where it came from (`run.yaml:4`, `--sigma`,
+`preset 'cpu'`) and what would be accepted, before any model loads.
 """
 
 from __future__ import annotations
@@ -12,11 +18,13 @@ import ast
 import difflib
 import dataclasses
 import inspect
+import math
+import numbers
 import textwrap
 import types
 import typing
 from pathlib import Path
-from typing import Any, Mapping, TypeVar
+from typing import Any, Callable, Mapping, TypeVar
 
 import yaml
 
@@ -39,6 +47,8 @@ class RunConfig:
 
     task_options: dict[str, Any]
     max_passage_chars: int | None
+    #: what each field accepts beyond its type (`check_fields`); each config module sets its own
+    rules: typing.ClassVar[Mapping[str, "Rule"]] = {}
 
     def parse_mappings(self, *names: str) -> None:
         """Fields given on the command line as a YAML / JSON mapping string become dicts; anything else fails."""
@@ -63,6 +73,115 @@ class RunConfig:
 
     def replace(self, **changes: Any):
         return dataclasses.replace(self, **changes)  # type: ignore[type-var]
+
+
+# ---- validation: types and ranges ---------------------------------------------------------------------------------
+
+class ConfigError(ValueError):
+    """A config value that is not accepted: the key, the value, where it came from (when known) and what is
+    accepted. esft's CLI prints it as `esft: error: ...` and exits 2."""
+
+    def __init__(self, key: str, value: Any, accepted: str, where: str | None = None):
+        self.key, self.value, self.accepted, self.where = key, value, accepted, where
+        at = f"{where}: " if where else ""
+        super().__init__(f"{at}{key} = {value!r} is not accepted; expected {accepted}")
+
+    def located(self, where: str | None) -> "ConfigError":
+        """The same error with its origin (a file and line, a flag, a preset) when it had none."""
+        return self if self.where or not where else ConfigError(self.key, self.value, self.accepted, where)
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    """What a field accepts beyond its type: `ok(value)` and the words for the error message."""
+
+    accepted: str
+    ok: Callable[[Any], bool]
+
+
+def at_least(n: int) -> Rule:
+    return Rule(f"an integer >= {n}", lambda v: v >= n)
+
+
+def positive() -> Rule:
+    return Rule("a finite number > 0", lambda v: math.isfinite(v) and v > 0)
+
+
+def non_negative() -> Rule:
+    return Rule("a finite number >= 0", lambda v: math.isfinite(v) and v >= 0)
+
+
+def finite() -> Rule:
+    return Rule("a finite number", lambda v: math.isfinite(v))
+
+
+def in_range(low: float, high: float, low_open: bool = True) -> Rule:
+    bracket = "(" if low_open else "["
+    return Rule(f"a number in {bracket}{low}, {high}]",
+                lambda v: math.isfinite(v) and (v > low if low_open else v >= low) and v <= high)
+
+
+def one_of(*choices: Any) -> Rule:
+    return Rule(f"one of {', '.join(repr(c) for c in choices)}", lambda v: v in choices)
+
+
+def type_ok(value: Any, hint: Any) -> bool:
+    """`value` has the field type `hint`: ints pass for floats (never the reverse: no silent truncation), bools
+    are not numbers, None only for optionals."""
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(type_ok(value, h) for h in typing.get_args(hint))
+    if hint is type(None):
+        return value is None
+    if hint is Any:
+        return True
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, numbers.Real) and not isinstance(value, bool)
+    if hint is str:
+        return isinstance(value, str)
+    if origin in (list, tuple) or hint in (list, tuple):
+        return isinstance(value, (list, tuple))
+    if origin is dict or hint is dict:
+        return isinstance(value, dict)
+    return True
+
+
+def type_words(hint: Any) -> str:
+    """`hint` in an error message's words ("an integer", "a number or null", ...)."""
+    inner, optional = _unwrap_optional(hint)
+    origin = typing.get_origin(inner)
+    words = {bool: "true or false", int: "an integer", float: "a number", str: "text"}.get(inner)
+    if words is None:
+        words = ("a list" if origin in (list, tuple) or inner in (list, tuple) else
+                 "a mapping" if origin is dict or inner is dict else str(inner))
+    return f"{words} or null" if optional else words
+
+
+def check_value(cls: type, name: str, value: Any) -> None:
+    """One field's value against its type and the class's `rules` (an option block of an experiment spec)."""
+    hint = typing.get_type_hints(cls)[name]
+    if not type_ok(value, hint):
+        raise ConfigError(name, value, type_words(hint))
+    rule = getattr(cls, "rules", {}).get(name)
+    if rule is not None and value is not None and not rule.ok(value):
+        raise ConfigError(name, value, rule.accepted)
+
+
+def check_fields(config: Any, rules: Mapping[str, Rule] | None = None) -> None:
+    """Every field of the dataclass `config` against its type, then against its `Rule` (None passes the rule of
+    an optional field). Raises ConfigError for the first bad value."""
+    hints = typing.get_type_hints(type(config))
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if not type_ok(value, hints[f.name]):
+            raise ConfigError(f.name, value, type_words(hints[f.name]))
+        rule = (rules or {}).get(f.name)
+        if rule is not None and value is not None and not rule.ok(value):
+            raise ConfigError(f.name, value, rule.accepted)
 
 
 def field_docs(cls: type) -> dict[str, str]:
@@ -154,50 +273,114 @@ def add_dataclass_arguments(parser: argparse.ArgumentParser, cls: type, skip: tu
 
 
 def load_yaml(path: str | Path) -> dict[str, Any]:
+    return load_yaml_lines(path)[0]
+
+
+def load_yaml_lines(path: str | Path) -> tuple[dict[str, Any], dict[str, int]]:
+    """(top-level mapping, line of each top-level key) of a YAML config file; unreadable, malformed or
+    non-mapping files fail as ValueError naming the file (and the line YAML stopped at)."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"config file {path} does not exist")
-    data = yaml.safe_load(path.read_text()) or {}
+    try:
+        text = path.read_text()
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = f":{mark.line + 1}" if mark is not None else ""
+        raise ValueError(f"{path}{line}: not valid YAML: {exc.problem or exc.context}") from None
+    except (yaml.YAMLError, OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path}: cannot read it as YAML ({exc})") from None
+    if data is None:
+        return {}, {}
     if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected a mapping of option: value at the top level")
+        raise ValueError(f"{path}: expected a mapping of option: value at the top level, got {type(data).__name__}")
+    lines = {}
+    if isinstance(node, yaml.MappingNode):
+        lines = {str(k.value): k.start_mark.line + 1 for k, _ in node.value}
+    return data, lines
+
+
+def read_saved_config(run_dir: str | Path) -> dict[str, Any]:
+    """The mapping a trainer saved in `<run_dir>/config.yaml`, for resuming: a missing, empty or unreadable file
+    is refused (resuming it with default settings would train another run on this run's state)."""
+    path = Path(run_dir) / "config.yaml"
+    if not path.is_file():
+        raise FileNotFoundError(f"cannot resume {run_dir}: it holds no config.yaml (start a new run without "
+                                f"--resume, or restore the run's config.yaml)")
+    data, _ = load_yaml_lines(path)
+    if not data:
+        raise ValueError(f"cannot resume {run_dir}: {path} is empty; restore the run's config.yaml (resuming "
+                         f"with default settings would train another run on this run's state)")
     return data
 
 
-def coerce(cls: type, values: Mapping[str, Any], source: str) -> dict[str, Any]:
-    """Check keys against the dataclass and convert strings where YAML left them as strings."""
+def coerce(cls: type, values: Mapping[str, Any], source: str,
+           where: Callable[[str], str] | None = None) -> dict[str, Any]:
+    """Check keys against the dataclass and convert strings where YAML left them as strings. `where(key)` names
+    a key's origin in errors (default: `source`)."""
     names = {f.name: f for f in dataclasses.fields(cls)}
     hints = typing.get_type_hints(cls)
     out = {}
     for key, value in values.items():
         name = key.replace("-", "_")
+        at = where(key) if where else source
         if name not in names:
             close = difflib.get_close_matches(name, list(names), n=3)
             hint = f" (did you mean {', '.join(close)}?)" if close else ""
-            raise ValueError(f"{source}: unknown option {key!r}{hint}")
+            raise ValueError(f"{at}: unknown option {key!r}{hint}")
         if isinstance(value, str) and hints[name] is not str:
-            value = converter(hints[name])(value)
+            try:
+                value = converter(hints[name])(value)
+            except (ValueError, TypeError, argparse.ArgumentTypeError):
+                raise ConfigError(name, value, type_words(hints[name]), at) from None
         out[name] = value
     return out
 
 
 def build_config(cls: type[T], presets: Mapping[str, Mapping[str, Any]] | None = None,
                  preset: str | None = None, config_file: str | None = None,
-                 overrides: Mapping[str, Any] | None = None) -> T:
-    """defaults < preset < YAML file < explicit overrides."""
+                 overrides: Mapping[str, Any] | None = None, check: Callable[[T], None] | None = None,
+                 overrides_source: str = "command line") -> T:
+    """defaults < preset < YAML file (its own `preset:` key applies when no preset is given) < explicit
+    overrides; then the type / range checks (the config's own `__post_init__`, `check_fields`) and `check`
+    (e.g. esft.validation.check_names). A rejected value's error names where it was set."""
+    origin: dict[str, str] = {}
+    file_values: dict[str, Any] = {}
+    if config_file:
+        data, lines = load_yaml_lines(config_file)
+        file_preset = data.pop("preset", None)
+        if file_preset and not preset:
+            if not presets or file_preset not in presets:
+                raise ConfigError("preset", file_preset, f"one of {', '.join(presets or {}) or 'no presets'}",
+                                  f"{config_file}:{lines.get('preset', '?')}")
+            preset = file_preset
+        file_values = coerce(cls, data, str(config_file), lambda k: f"{config_file}:{lines.get(k, '?')}")
+        origin.update({k.replace("-", "_"): f"{config_file}:{lines.get(k, '?')}" for k in data})
     values: dict[str, Any] = {}
     if preset:
         if not presets or preset not in presets:
             raise ValueError(f"unknown preset {preset!r}; available: {', '.join(presets or {})}")
         values.update(coerce(cls, presets[preset], f"preset {preset!r}"))
-    if config_file:
-        data = load_yaml(config_file)
-        file_preset = data.pop("preset", None)
-        if file_preset and not preset:
-            return build_config(cls, presets, file_preset, config_file=None,
-                                overrides={**coerce(cls, data, str(config_file)), **(overrides or {})})
-        values.update(coerce(cls, data, str(config_file)))
-    values.update(coerce(cls, overrides or {}, "command line"))
-    return cls(**values)
+        origin = {**{k: f"preset {preset!r}" for k in presets[preset]}, **origin}
+    values.update(file_values)
+
+    def named(key: str) -> str:  # flags are named as typed; other override sources by the key
+        flag = f"--{key.replace('_', '-')}" if overrides_source == "command line" else key
+        return f"{overrides_source} ({flag})"
+
+    flags = coerce(cls, overrides or {}, overrides_source, named)
+    values.update(flags)
+    origin.update({k: named(k) for k in flags})
+    try:
+        config = cls(**values)
+        check_fields(config)
+        if check is not None:
+            check(config)
+    except ConfigError as exc:
+        raise exc.located(origin.get(exc.key)) from None
+    return config
 
 
 def to_dict(config: Any) -> dict[str, Any]:

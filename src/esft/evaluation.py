@@ -25,6 +25,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from esft.config import Rule, at_least, check_fields, in_range, non_negative, one_of
 from esft.generation import Generation, GenerationConfig, generate
 from esft.passk import answer_key, parse_ks, pass_at_k, summarize_samples
 from esft.tasks import Task, get_task, parse_task_name, split_task_list, task_file_stem
@@ -84,8 +85,7 @@ class EvalConfig:
             self.task_options = yaml.safe_load(self.task_options) or {}
         if not isinstance(self.task_options, dict):
             raise ValueError(f"task_options must be a mapping, got {self.task_options!r}")
-        if self.samples < 1:
-            raise ValueError(f"samples must be >= 1, got {self.samples}")
+        check_fields(self, EVAL_RULES)
         if self.samples > 1 and self.temperature <= 0:
             # greedy decoding would give n identical completions: pass@k would equal pass@1
             raise ValueError("samples > 1 needs temperature > 0 (e.g. --temperature 0.6)")
@@ -96,6 +96,16 @@ class EvalConfig:
     def sampled(self) -> bool:
         """True when the pass@k protocol runs (several samples, or k asked for explicitly)."""
         return self.samples > 1 or bool(self.k)
+
+
+#: what each EvalConfig field accepts beyond its type (esft.config.check_fields)
+EVAL_RULES: dict[str, Rule] = {
+    "tasks": Rule("at least one task name", bool), "limit": at_least(1), "balance_seed": at_least(0),
+    "max_new_tokens": at_least(1), "batch_size": at_least(1), "temperature": non_negative(),
+    "top_p": in_range(0.0, 1.0), "seed": at_least(0), "samples": at_least(1), "max_passage_chars": at_least(1),
+    "dtype": one_of("auto", "fp32", "float32", "bf16", "bfloat16", "fp16", "float16"),
+    "model": Rule("a model name, folder or hub id (non-empty)", bool),
+}
 
 
 def task_options(name: str, max_passage_chars: int | None = None) -> dict[str, Any]:

@@ -29,6 +29,11 @@ class ModelNotFoundError(FileNotFoundError):
     """A model name or path could not be resolved; the message says what to install or where we looked."""
 
 
+def known_model_names() -> tuple[str, ...]:
+    """Names `load_model` resolves without a folder or the hub (embedded models and their aliases)."""
+    return (*_EMBEDDED, *_EMBEDDED_ALIASES)
+
+
 def cache_dir() -> Path:
     """Root of esft's cache (converted models). Set `ESFT_CACHE` to move it."""
     return Path(os.environ.get("ESFT_CACHE", Path.home() / ".cache" / "esft"))

@@ -4,12 +4,16 @@ Both trainers write the same layout (`config.yaml`, `metrics.jsonl`, `samples/`,
 `checkpoints/final/`), so analyses walk either kind of run the same way. What only ES writes (seeds.jsonl, fp32
 masters in its checkpoints) is in esft.es.es_rundir; GRPO's TRL checkpoints in esft.grpo.trl_trainer.
 
-Each JSONL line is written whole and fsynced, so a crash leaves at most a torn last line, which readers skip.
-Checkpoint folders are written aside and renamed into place (`replace_dir`), so a checkpoint is complete or absent.
+Each JSONL line is written whole and fsynced, so a crash leaves at most a torn last line, which readers skip; an
+unreadable line with records after it is damage, not a crash, and reading fails naming the file and line
+(`CorruptLogError`) rather than dropping what follows. Checkpoint folders are written aside and renamed into place
+(`replace_dir`), so a checkpoint is complete or absent. One writer per run directory: `RunLock` (an flock on
+`<dir>/.lock`) is held by every trainer and experiment runner while it writes.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import resource
@@ -36,6 +40,83 @@ def peak_rss_mb() -> float:
     return peak / (1024 * 1024) if sys.platform == "darwin" else peak / 1024
 
 
+class CorruptLogError(RuntimeError):
+    """A JSONL log has an unreadable record before its last line (damage, not a torn write)."""
+
+
+class NonFiniteError(RuntimeError):
+    """A NaN or infinite fitness, update or loss: training stops before the bad weights are written."""
+
+
+class RunDirBusy(RuntimeError):
+    """Another process holds the lock of a run (or experiment) directory."""
+
+
+class RunLock:
+    """An exclusive, non-blocking flock on `<folder>/.lock` for as long as one writer works in `folder`; the
+    kernel drops it when the process dies, so a killed run never leaves a stale lock."""
+
+    def __init__(self, folder: str | Path, what: str = "run"):
+        self.path = Path(folder) / ".lock"
+        self.what = what
+        self.fh: Any = None
+
+    def acquire(self) -> "RunLock":
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.fh = open(self.path, "a+")
+        try:
+            fcntl.flock(self.fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self.fh.close()
+            self.fh = None
+            raise RunDirBusy(f"another esft process is writing the {self.what} in {self.path.parent} "
+                             f"(it holds {self.path}); wait for it or choose another output folder") from None
+        self.fh.seek(0)
+        self.fh.truncate()
+        self.fh.write(str(os.getpid()))
+        self.fh.flush()
+        return self
+
+    def release(self) -> None:
+        if self.fh is not None:
+            fcntl.flock(self.fh, fcntl.LOCK_UN)
+            self.fh.close()
+            self.fh = None
+
+    def __enter__(self) -> "RunLock":
+        return self.acquire()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()
+
+
+def check_output_dir(path: str | Path, what: str = "output_dir") -> None:
+    """Fail before any work when `path` cannot become a writable folder: it is a file, sits under a file, or its
+    nearest existing folder is not writable."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise NotADirectoryError(f"{what} {path} is a file, not a folder")
+    parent = path
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise NotADirectoryError(f"{what} {path} cannot be created: {parent} is a file")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise PermissionError(f"{what} {path} is not writable ({parent} does not allow writing)")
+
+
+def write_text_atomic(path: str | Path, text: str) -> None:
+    """Replace a small file (config.yaml) whole: written aside, fsynced, renamed over, so a crash leaves the old
+    or the new file, never an empty one."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
 # ---- JSONL logs -----------------------------------------------------------------------------------------------------
 
 def append_jsonl(path: Path, record: dict[str, Any], sync: bool = True) -> None:
@@ -48,22 +129,31 @@ def append_jsonl(path: Path, record: dict[str, Any], sync: bool = True) -> None:
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """Records of a JSONL file; a torn (unparsable or unterminated) last line is ignored."""
+    """Records of a JSONL file. A torn last line (unterminated or unreadable: a crash mid-write) is ignored; an
+    unreadable line with records after it raises CorruptLogError naming the file and line."""
     path = Path(path)
     if not path.exists():
         return []
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        lines = fh.readlines()
+    last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
     records = []
-    with open(path, encoding="utf-8") as fh:
-        for line in fh:
-            if not line.endswith("\n"):
-                break  # torn write at a crash
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError:
-                break
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line) if line.endswith("\n") or i < last else None
+        except json.JSONDecodeError as exc:
+            record, problem = None, str(exc)
+        else:
+            problem = "not a JSON object"
+        if isinstance(record, dict):
+            records.append(record)
+        elif i == last:
+            break  # torn write at a crash
+        else:
+            raise CorruptLogError(f"{path}:{i + 1}: unreadable record ({problem}); the {last - i} line(s) after it "
+                                  f"are not dropped silently: repair or delete line {i + 1} and retry")
     return records
 
 
@@ -125,5 +215,6 @@ def list_checkpoints(run_dir: Path, state_file: str, step_key: str = "step") -> 
     return sorted(out, key=lambda x: (x[0], x[1].name))
 
 
-__all__ = ["CHECKPOINTS", "TrainResult", "append_jsonl", "checkpoint_name", "filter_jsonl", "list_checkpoints",
-           "peak_rss_mb", "read_jsonl", "replace_dir", "rewrite_jsonl"]
+__all__ = ["CHECKPOINTS", "CorruptLogError", "NonFiniteError", "RunDirBusy", "RunLock", "TrainResult", "append_jsonl",
+           "check_output_dir", "checkpoint_name", "filter_jsonl", "list_checkpoints", "peak_rss_mb", "read_jsonl",
+           "replace_dir", "rewrite_jsonl", "write_text_atomic"]

@@ -13,7 +13,8 @@ from typing import Any
 
 import yaml
 
-from esft.config import FAST_CPU_GENERATION, RunConfig
+from esft.config import (FAST_CPU_GENERATION, ConfigError, Rule, RunConfig, at_least, check_fields, finite, one_of,
+                         positive)
 from esft.tracking import parse_report_to
 
 
@@ -127,6 +128,27 @@ class ESConfig(RunConfig):
     def __post_init__(self) -> None:
         self.parse_mappings("fitness_options", "task_options", "generation_options", "executor_options")
         parse_report_to(self.report_to)  # an unknown tracker fails with the other flags
+        check_fields(self, self.rules)
+        if self.antithetic and self.population_size % 2:
+            raise ConfigError("population_size", self.population_size,
+                              "an even number when antithetic (members come in mirrored pairs)")
+
+
+#: what each field accepts beyond its type (esft.config.check_fields); checked whenever an ESConfig is built
+RULES: dict[str, Rule] = {
+    "population_size": at_least(1), "sigma": positive(), "alpha": positive(), "batch_size": at_least(1),
+    "iterations": at_least(0), "max_new_tokens": at_least(1), "seed": at_least(0), "noise_stream": at_least(0),
+    "noise": one_of("per-tensor", "table", "shared-seed", "lowrank"), "rank": at_least(1),
+    "fitness_shaping": one_of("zscore", "centered_rank", "raw"), "optimizer": one_of("sgd", "adam"),
+    "format_bonus": finite(), "fitness_rule": one_of("mean", "dart", "balanced"), "generation_batch_size": at_least(1),
+    "dtype": one_of("float32", "fp32", "bfloat16", "bf16", "float16", "fp16", "auto"), "eval_every": at_least(0),
+    "eval_limit": at_least(0), "checkpoint_every": at_least(0), "samples_per_iteration": at_least(0),
+    "max_passage_chars": at_least(1), "parallel_members": at_least(1), "executor": one_of("local", "ray"),
+    "num_workers": at_least(0), "worker_backend": one_of("hf", "vllm"),
+    "rollout_dtype": one_of("auto", "float32", "bfloat16"),
+    "model": Rule("a model name or folder (non-empty)", bool), "output_dir": Rule("a folder (non-empty)", bool),
+}
+ESConfig.rules = RULES
 
 
 PRESETS: dict[str, dict[str, Any]] = {
@@ -178,17 +200,19 @@ def save_yaml(config: ESConfig, path: str | Path, extra: dict[str, Any] | None =
     data = config.to_dict()
     if extra:
         data = {**data, "_run": extra}
-    Path(path).write_text(yaml.safe_dump(data, sort_keys=False))
+    from esft.rundir import write_text_atomic
+
+    write_text_atomic(path, yaml.safe_dump(data, sort_keys=False))
 
 
 def read_run_config(run_dir: str | Path) -> tuple[ESConfig, dict[str, Any]]:
     """(config, run info) from `<run_dir>/config.yaml` as written by the trainer."""
-    from esft.config import build_config
+    from esft.config import build_config, read_saved_config
 
-    data = yaml.safe_load((Path(run_dir) / "config.yaml").read_text()) or {}
+    data = read_saved_config(run_dir)
     extra = data.pop("_run", {}) or {}
     data.setdefault("rollout_dtype", "float32")  # runs made before bf16 rollouts existed ran in fp32
-    return build_config(ESConfig, overrides=data), extra
+    return build_config(ESConfig, overrides=data, overrides_source=f"{Path(run_dir) / 'config.yaml'}"), extra
 
 
 def resume_config(run_dir: str | Path, overrides: dict[str, Any] | None = None) -> ESConfig:

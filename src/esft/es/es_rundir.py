@@ -83,35 +83,63 @@ def parameter_aliases(model: Any) -> dict[str, list[str]]:
     return {name: by_id.get(id(p), [name]) for name, p in model.named_parameters()}
 
 
+class CheckpointDamaged(ValueError):
+    """A checkpoint folder that cannot be loaded (a file missing, unreadable or incomplete)."""
+
+
+def _read_checkpoint(folder: Path, model: Any, with_optimizer: bool) -> tuple[dict, dict, dict | None, Any]:
+    """(state, tensors by parameter name, masters or None, optimizer state or None), all read before anything is
+    loaded, so a damaged checkpoint leaves the model untouched. Raises CheckpointDamaged."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        state = json.loads((folder / STATE_FILE).read_text())
+        tensors = _read_safetensors_folder(folder)
+        masters = load_file(str(folder / MASTERS_FILE)) if state.get("has_masters") else None
+        optim = None
+        if with_optimizer:
+            if not state.get("has_optimizer"):
+                raise CheckpointDamaged(f"checkpoint {folder} has no optimizer state")
+            optim = torch.load(folder / OPTIMIZER_FILE, weights_only=True)
+    except (OSError, ValueError, KeyError, RuntimeError, SafetensorError) as exc:
+        if isinstance(exc, CheckpointDamaged):
+            raise
+        raise CheckpointDamaged(f"checkpoint {folder} is damaged ({type(exc).__name__}: {exc})") from None
+    aliases = parameter_aliases(model)
+    found = {}
+    for name, _ in model.named_parameters():
+        hit = next((a for a in aliases.get(name, [name]) if a in tensors), None)
+        if hit is not None:
+            found[name] = tensors[hit]
+    return state, found, masters, optim
+
+
 @torch.no_grad()
 def load_checkpoint(folder: Path, model: Any, weights: MasterWeights,
                     optimizer: torch.optim.Optimizer | None = None) -> int:
     """Load a checkpoint into an already built model (same architecture and dtype); returns its step.
 
     Every perturbed tensor must be found in the file under one of its names (tied weights are saved once,
-    under either alias). Masters come from masters.safetensors when present, else from the (fp32) weights.
+    under either alias). Masters come from masters.safetensors when present, else from the (fp32) weights. A
+    damaged checkpoint (missing or unreadable file, missing tensor) raises CheckpointDamaged before the model or
+    the optimizer is touched.
     """
     folder = Path(folder)
-    state = json.loads((folder / STATE_FILE).read_text())
-    tensors = _read_safetensors_folder(folder)
-    aliases = parameter_aliases(model)
+    state, tensors, masters, optim = _read_checkpoint(folder, model, optimizer is not None)
+    missing = [name for name, _ in model.named_parameters() if name in weights.params and name not in tensors]
+    if missing:
+        raise CheckpointDamaged(f"checkpoint {folder} lacks parameter {missing[0]} (model.safetensors missing or "
+                                f"incomplete)")
     for name, param in model.named_parameters():
-        found = next((a for a in aliases.get(name, [name]) if a in tensors), None)
-        if found is None:
-            if name in weights.params:
-                raise KeyError(f"checkpoint {folder} lacks parameter {name}")
-            continue
-        param.copy_(tensors[found].to(param.dtype))
-    if state.get("has_masters"):
-        from safetensors.torch import load_file
-
-        weights.load_masters(load_file(str(folder / MASTERS_FILE)))
+        if name in tensors:
+            param.copy_(tensors[name].to(param.dtype))
+    if masters is not None:
+        weights.load_masters(masters)
     else:
         weights.sync_from_model()
     if optimizer is not None:
-        if not state.get("has_optimizer"):
-            raise ValueError(f"checkpoint {folder} has no optimizer state")
-        optimizer.load_state_dict(torch.load(folder / OPTIMIZER_FILE, weights_only=True))
+        optimizer.load_state_dict(optim)
     return int(state["step"])
 
 
@@ -156,16 +184,19 @@ def update_from_record(record: dict[str, Any]) -> Update:
 
 
 def read_seed_log(run_dir: Path) -> list[dict[str, Any]]:
-    """Records of seeds.jsonl for iterations 0, 1, 2, ... (stops at the first gap or torn line)."""
+    """Records of seeds.jsonl for iterations 0, 1, 2, ... (a torn last line is skipped; an unreadable line or an
+    iteration out of order raises esft.rundir.CorruptLogError naming the file and record)."""
+    path = Path(run_dir) / "seeds.jsonl"
     out = []
-    for rec in read_jsonl(Path(run_dir) / "seeds.jsonl"):
+    for rec in read_jsonl(path):
         if rec.get("iteration") != len(out):
-            break
+            raise rundir.CorruptLogError(f"{path}: record {len(out) + 1} is iteration {rec.get('iteration')!r}, "
+                                         f"expected {len(out)}: the seed log is out of order")
         out.append(rec)
     return out
 
 
-__all__ = ["CHECKPOINTS", "MASTERS_FILE", "OPTIMIZER_FILE", "STATE_FILE", "append_jsonl", "check_noise_stream",
+__all__ = ["CHECKPOINTS", "CheckpointDamaged", "MASTERS_FILE", "OPTIMIZER_FILE", "STATE_FILE", "append_jsonl", "check_noise_stream",
            "checkpoint_name", "filter_jsonl", "list_checkpoints", "load_checkpoint", "parameter_aliases",
            "read_jsonl", "read_seed_log", "replace_dir", "rewrite_jsonl", "save_checkpoint", "seed_record",
            "update_from_record"]

@@ -107,19 +107,26 @@ def drift(model: torch.nn.Module, run_dir: str | Path, upto: int | None = None,
 
 @torch.no_grad()
 def matches_checkpoint(model: torch.nn.Module, weights: MasterWeights, folder: str | Path) -> bool:
-    """True when the masters equal a checkpoint's weights bit for bit (its fp32 masters when it saved them)."""
+    """True when the masters equal a checkpoint's weights bit for bit (its fp32 masters when it saved them).
+    A checkpoint that lacks a tensor or cannot be read raises es_rundir.CheckpointDamaged: damage is not a
+    mismatch."""
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     folder = Path(folder)
     masters_file = folder / es_rundir.MASTERS_FILE
-    if masters_file.exists():
-        saved = load_file(str(masters_file))
-        return all(n in saved and torch.equal(saved[n], m.cpu()) for n, m in weights.iter_masters())
-    saved = es_rundir._read_safetensors_folder(folder)
-    aliases = es_rundir.parameter_aliases(model)
+    try:
+        saved = (load_file(str(masters_file)) if masters_file.exists()
+                 else es_rundir._read_safetensors_folder(folder))
+    except (OSError, SafetensorError) as exc:
+        raise es_rundir.CheckpointDamaged(f"checkpoint {folder} is damaged ({exc})") from None
+    aliases = {n: [n] for n in saved} if masters_file.exists() else es_rundir.parameter_aliases(model)
     for name, m in weights.iter_masters():
         found = next((a for a in aliases.get(name, [name]) if a in saved), None)
-        if found is None or not torch.equal(saved[found].to(torch.float32), m.cpu()):
+        if found is None:
+            raise es_rundir.CheckpointDamaged(f"checkpoint {folder} lacks {name} (its weights file is missing or "
+                                              f"incomplete)")
+        if not torch.equal(saved[found].to(torch.float32), m.cpu()):
             return False
     return True
 
@@ -135,8 +142,12 @@ def verify(run_dir: str | Path, model: torch.nn.Module | None = None) -> dict[st
     folders = [f for s, f in es_rundir.list_checkpoints(Path(run_dir)) if s == step]
     if not folders:
         return {"step": step, "checkpoint": None, "bit_identical": None, "noise_stream": stream}
-    return {"step": step, "checkpoint": str(folders[-1]),
-            "bit_identical": all(matches_checkpoint(model, weights, f) for f in folders), "noise_stream": stream}
+    try:
+        same = all(matches_checkpoint(model, weights, f) for f in folders)
+    except es_rundir.CheckpointDamaged as exc:  # cannot be compared: neither identical nor different
+        return {"step": step, "checkpoint": str(folders[-1]), "bit_identical": None, "damaged": str(exc),
+                "noise_stream": stream}
+    return {"step": step, "checkpoint": str(folders[-1]), "bit_identical": same, "noise_stream": stream}
 
 
 def main(argv: list[str] | None = None) -> int:

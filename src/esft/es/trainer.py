@@ -2,12 +2,16 @@
 
 Per iteration t:  batch = sample(seed, t);  members = ES.ask(t);  rewards = executor.evaluate_members(...)
 (perturb -> greedy generate -> score per member, restore at the end);  fitness = rule(rewards);  update = ES.tell(...);
-masters += update;  append seeds.jsonl (fsynced: from here on the iteration survives a crash);  metrics, samples,
-evaluation and checkpoint when due.
+masters += update;  append metrics.jsonl, then seeds.jsonl (fsynced: from here on the iteration survives a crash;
+resume drops a metrics record whose seed-log line is missing, so the two are there or absent together);  samples,
+evaluation and checkpoint when due. A non-finite fitness, update or update norm stops the run before anything of
+that iteration is logged or saved (`NonFiniteError`): the last checkpoint and the seed log stay the last good state.
 
-Resume rebuilds the state from the latest checkpoint plus the seed-log lines after it (replay is exact), so an
-interruption loses at most the iteration in flight, and the resumed run ends bit-identical to an uninterrupted
-one. esft maximises reward.
+Resume rebuilds the state from the latest intact checkpoint (a damaged one is skipped for the one before it, or
+the base model) plus the seed-log lines after it (replay is exact), so an interruption loses at most the iteration
+in flight, and the resumed run ends bit-identical to an uninterrupted one; an evaluation or checkpoint that was
+due when the run stopped is done on resume. One trainer per run directory (esft.rundir.RunLock). esft maximises
+reward.
 
 The executor is injected (`executor`, or `executor_factory` called with the trainer's model, weights, strategy
 and optimizer); without either, `executor: local` gets the local executor of esft.es.build. Distributed
@@ -19,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -33,7 +38,7 @@ from esft.es.es_config import RESUMABLE_CHANGES, ESConfig, read_run_config, save
 from esft.es.executor import Executor, PopulationResult
 from esft.es.fitness import FitnessRule, as_fitness_rule
 from esft.evaluation import load_examples
-from esft.rundir import TrainResult, peak_rss_mb
+from esft.rundir import NonFiniteError, RunLock, TrainResult, check_output_dir, peak_rss_mb
 from esft.tracking import Tracker, check_backends, open_tracker
 from esft.version import __version__
 
@@ -45,6 +50,13 @@ ExecutorFactory = Callable[..., Executor]
 def _summary(values: np.ndarray) -> dict[str, float]:
     return {"mean": float(values.mean()), "std": float(values.std()), "min": float(values.min()),
             "max": float(values.max())}
+
+
+def _check_finite(what: str, values: Any, iteration: int) -> None:
+    values = np.asarray(values, dtype=np.float64)
+    if not np.isfinite(values).all():
+        raise NonFiniteError(f"iteration {iteration}: non-finite {what} {values.tolist()[:8]}; the run stops before "
+                             f"this update is applied or logged (the last checkpoint and seeds.jsonl are intact)")
 
 
 def _check_resumable(run_dir: Path, config: ESConfig) -> None:
@@ -79,7 +91,8 @@ class ESTrainer:
                  progress: bool = True):
         self.config = config
         check_backends(config.report_to)  # a missing tracker package fails before the model loads
-        if task is None:  # before the model: a bad task (file, fields, reward) fails fast
+        check_output_dir(config.output_dir)  # the output folder and the task before the model loads
+        if task is None:
             from esft.tasks import get_task
 
             task = get_task(config.task, **config.task_kwargs())
@@ -152,10 +165,11 @@ class ESTrainer:
     def _prepare_dir(self) -> None:
         self.out.mkdir(parents=True, exist_ok=True)
         (self.out / "samples").mkdir(exist_ok=True)
-        if self.config.resume and (self.out / "config.yaml").exists():
-            _check_resumable(self.out, self.config)
+        holds_run = bool(es_rundir.read_jsonl(self.out / "seeds.jsonl") or es_rundir.list_checkpoints(self.out))
+        if self.config.resume and (holds_run or (self.out / "config.yaml").exists()):
+            _check_resumable(self.out, self.config)  # a missing, empty or unreadable config.yaml refuses here
             self._resume()
-        elif es_rundir.read_jsonl(self.out / "seeds.jsonl") or es_rundir.list_checkpoints(self.out):
+        elif holds_run:
             # never mix two runs in one directory: a later resume would pick up the other run's state
             raise FileExistsError(f"{self.out} already holds a run; pass resume=True (--resume) or a new output_dir")
         else:
@@ -167,15 +181,13 @@ class ESTrainer:
         """Latest checkpoint not past the seed log, then exact replay of the logged iterations after it."""
         records = es_rundir.read_seed_log(self.out)
         es_rundir.check_noise_stream(records, self.config.noise_stream, self.out)
-        usable = [(s, f) for s, f in es_rundir.list_checkpoints(self.out) if s <= len(records)]
-        start = 0
+        start, folder = self._load_latest_intact(len(records))
         rule_state = None
-        if usable:
-            start = es_rundir.load_checkpoint(usable[-1][1], self.model, self.weights, self.optimizer)
-            rule_state = json.loads((usable[-1][1] / es_rundir.STATE_FILE).read_text()).get("fitness_rule_state")
+        if folder is not None:
+            rule_state = json.loads((folder / es_rundir.STATE_FILE).read_text()).get("fitness_rule_state")
         stateful = self.rule.stateful
         if stateful and start and rule_state is None:
-            raise ValueError(f"checkpoint {usable[-1][1]} holds no state of fitness rule {self.config.fitness_rule!r}")
+            raise ValueError(f"checkpoint {folder} holds no state of fitness rule {self.config.fitness_rule!r}")
         if stateful and rule_state is not None:
             self.rule.load_state_dict(rule_state)
         for rec in records[start:]:
@@ -187,6 +199,18 @@ class ESTrainer:
         es_rundir.rewrite_jsonl(self.out / "seeds.jsonl", records)
         kept = es_rundir.filter_jsonl(self.out / "metrics.jsonl", lambda r: r.get("step", 0) <= self.step)
         self._evaluated = {r["step"] for r in kept if r.get("kind") == "eval"}
+
+    def _load_latest_intact(self, logged: int) -> tuple[int, Path | None]:
+        """(step, folder) of the newest checkpoint not past the seed log that loads; a damaged one (a file missing
+        or unreadable) is reported and skipped. (0, None): none loads, replay starts from the base model."""
+        usable = [(s, f) for s, f in es_rundir.list_checkpoints(self.out) if s <= logged]
+        for _, folder in reversed(usable):
+            try:
+                return es_rundir.load_checkpoint(folder, self.model, self.weights, self.optimizer), folder
+            except es_rundir.CheckpointDamaged as exc:
+                print(f"esft: warning: {exc}; resuming from the checkpoint before it and the seed log",
+                      file=sys.stderr)
+        return 0, None
 
     # ---- evaluation ---------------------------------------------------------------------------------------------
     def evaluate(self) -> dict[str, Any]:
@@ -259,26 +283,27 @@ class ESTrainer:
         result: PopulationResult = self.executor.evaluate_members(members, batch)
         t_eval = time.perf_counter() - t_eval
         fitness = np.asarray(self.rule(result, batch), dtype=np.float64)
+        _check_finite("fitness", fitness, it)
         shaped = self.strategy.shape(fitness)
         update = self.strategy.tell(members, fitness)
+        _check_finite("update coefficients", [*update.coefficients, update.scale], it)
         self.executor.on_update(update, it + 1)  # remote replicas apply the same update (seeds, not weights)
         t0 = time.perf_counter()
         norm = self.weights.apply(update, self.optimizer)
         t_update = time.perf_counter() - t0
+        _check_finite("update norm", [norm], it)
         # the iteration is committed once its seed-log line is on disk
         seed_line = es_rundir.seed_record(it, idx, members, fitness.tolist(), shaped.tolist(), update, norm,
                                           noise_stream=self.strategy.stream)
         rule_log = self.rule.log_record()  # what a stateful rule needs to replay this iteration on resume
         if rule_log is not None:
             seed_line["fitness_rule"] = rule_log
-        es_rundir.append_jsonl(self.out / "seeds.jsonl", seed_line)
-        self.step = it + 1
         # "evaluate": the wall time of the population's evaluation, whatever the executor (per-member timings are
         # summed over members, so with parallel lanes or Ray workers they can add up to more)
         timings = {**result.timings, "evaluate": t_eval, "update": t_update}
         timings["total"] = time.perf_counter() - t_start
         rec = {
-            "kind": "train", "iteration": it, "step": self.step,
+            "kind": "train", "iteration": it, "step": it + 1,
             "fitness": _summary(fitness), "accuracy": float(np.asarray(result.scores).mean()),
             "format_rate": float(np.asarray(result.well_formed).mean()),
             "update_norm": norm, "zero_update": update.is_zero,
@@ -290,7 +315,11 @@ class ESTrainer:
         rule_summary = self.rule.summary()
         if rule_summary is not None:
             rec["fitness_rule"] = rule_summary
+        # metrics first: a crash between the two appends leaves a metrics record past the seed log, which resume
+        # drops (the iteration is redone), never a committed iteration without its metrics
         es_rundir.append_jsonl(self.out / "metrics.jsonl", rec)
+        es_rundir.append_jsonl(self.out / "seeds.jsonl", seed_line)
+        self.step = it + 1
         self.tracker.log(rec, self.step, prefix="train")
         k = min(cfg.samples_per_iteration, len(batch))
         if k and result.texts and result.texts[0]:
@@ -306,11 +335,25 @@ class ESTrainer:
         from tqdm.auto import tqdm
 
         cfg = self.config
+        lock = RunLock(self.out).acquire()
+        try:
+            return self._train_locked(tqdm)
+        finally:
+            lock.release()
+
+    def _checkpoint_due(self, step: int) -> bool:
+        every = self.config.checkpoint_every
+        return bool(every) and step % every == 0 and 0 < step < self.config.iterations
+
+    def _train_locked(self, tqdm: Any) -> TrainResult:
+        cfg = self.config
         self._prepare_dir()
         self.tracker = open_tracker(cfg.report_to, self.out, self.out.name, cfg.to_dict())
-        # the evaluation of the current step may be missing (fresh run, or a crash during evaluation)
+        # the evaluation and checkpoint of the current step may be missing (fresh run, or a stop during them)
         if cfg.eval_every and (self.step == 0 or self._eval_due(self.step)) and self.step not in self._evaluated:
             self.evaluate()
+        if self._checkpoint_due(self.step) and self.step not in {s for s, _ in es_rundir.list_checkpoints(self.out)}:
+            self.checkpoint()
         bar = tqdm(total=cfg.iterations, initial=min(self.step, cfg.iterations), desc="ES", unit="it",
                    disable=not self.progress, dynamic_ncols=True)
         try:
@@ -324,7 +367,7 @@ class ESTrainer:
                     if "test_accuracy" in ev and self.progress:
                         bar.write(f"step {self.step}: held-out accuracy {ev['test_accuracy']:.3f} "
                                   f"(format {ev['test_format_rate']:.2f}), train reward {ev['train_reward']:.3f}")
-                if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0 and self.step < cfg.iterations:
+                if self._checkpoint_due(self.step):
                     self.checkpoint()
         except KeyboardInterrupt:
             if self.weights.perturbed is not None:

@@ -16,9 +16,10 @@ from pathlib import Path
 
 def _run(args: argparse.Namespace) -> int:
     from esft.experiments.runner import output_dir_for, plan_text, run_experiment
-    from esft.experiments.spec import load_spec
+    from esft.experiments.spec import check_spec_model, load_spec
 
     spec = load_spec(args.spec)  # validation: fails here, before any compute, naming the line
+    check_spec_model(spec)
     out = output_dir_for(spec, args.output_dir)
     if args.dry_run:
         print(f"spec {spec.path} is valid; output folder {out}\n")

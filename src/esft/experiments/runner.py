@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import fcntl
 import gc
 import json
 import os
@@ -34,6 +33,7 @@ from esft.experiments.stage_eval import evaluate_stage, read_json, write_json
 from esft.experiments.plan import BASE, Stage, Step, as_dict, build_plan, describe, has_noise_stream
 from esft.experiments.spec import Spec
 from esft.experiments.yamlines import SpecError
+from esft.rundir import RunDirBusy, RunLock
 
 STATUS = "status.json"
 RESULT = "result.json"
@@ -283,31 +283,22 @@ def _record_failure(folder: Path, exc: BaseException) -> None:
     write_json(folder / STATUS, status)
 
 
-class ExperimentBusy(RuntimeError):
+class ExperimentBusy(RunDirBusy):
     """Another runner holds the experiment folder."""
 
 
-class _Lock:
-    """One runner per experiment folder (two would write the same run directories)."""
+def _lock(root: Path) -> RunLock:
+    """One runner per experiment folder (two would write the same run directories): esft.rundir's lock, with the
+    runner's own error."""
 
-    def __init__(self, root: Path):
-        self.path = root / ".lock"
-        self.fh: Any = None
+    class _ExperimentLock(RunLock):
+        def acquire(self) -> RunLock:
+            try:
+                return super().acquire()
+            except RunDirBusy:
+                raise ExperimentBusy(f"another `esft experiment run` is working in {root}") from None
 
-    def __enter__(self) -> "_Lock":
-        self.fh = open(self.path, "w")
-        try:
-            fcntl.flock(self.fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            self.fh.close()
-            raise ExperimentBusy(f"another `esft experiment run` is working in {self.path.parent}") from None
-        self.fh.write(str(os.getpid()))
-        self.fh.flush()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        fcntl.flock(self.fh, fcntl.LOCK_UN)
-        self.fh.close()
+    return _ExperimentLock(root, "experiment")
 
 
 HEARTBEAT = ".heartbeat.json"
@@ -419,7 +410,7 @@ def run_experiment(spec: Spec, output_dir: str | Path | None = None, hooks: Hook
     check_existing(spec, stages, root)  # before any compute
     result = ExperimentResult(root)
     started, t0 = _now(), time.perf_counter()
-    with _Lock(root), _Heartbeat(root, started):
+    with _lock(root), _Heartbeat(root, started):
         if spec.path and Path(spec.path).exists():
             shutil.copyfile(spec.path, root / "spec.yaml")
         write_json(root / "plan.json", {"spec": spec.to_dict(), "stages": [as_dict(s) for s in stages]})

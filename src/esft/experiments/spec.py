@@ -32,7 +32,7 @@ from esft.experiments.algorithms import ALGORITHMS, Algorithm, get_algorithm
 from esft.experiments.spec_checks import (
     SpecContext, as_mapping, check_int, check_keys, check_options, check_task_list, did_you_mean,
 )
-from esft.experiments.yamlines import LineDict, LineList, load_file
+from esft.experiments.yamlines import LineDict, LineList, SpecError, load_file
 
 KINDS = ("single-task", "sequential")
 TOP_KEYS = ("name", "description", "kind", "model", "tasks", "seeds", "algorithms", "task_options", "evaluation",
@@ -427,6 +427,18 @@ def _check_configs(ctx: SpecContext, spec: Spec, data: LineDict) -> None:
                     except (ValueError, TypeError) as exc:
                         raise ctx.error(line, f"algorithms.{method.label} ({comp.algorithm}) on {task}: {exc}") \
                             from None
+
+
+def check_spec_model(spec: Spec) -> None:
+    """The spec's model is an embedded model, a model folder or a hub id (esft.validation), as `esft experiment
+    run` loads it; not part of parse_spec, since a runner given its own model loader may name anything."""
+    from esft.validation import check_model
+
+    try:
+        check_model("model", spec.model)
+    except ValueError as exc:
+        path = spec.path or "<spec>"
+        raise SpecError(f"{path}: {exc}") from None
 
 
 def load_spec(path_or_name: str | Path) -> Spec:

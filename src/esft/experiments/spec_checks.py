@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import types
 import typing
 from typing import Any
 
@@ -102,37 +101,12 @@ def check_task_list(ctx: SpecContext, value: Any, line: int, where: str,
     return out
 
 
-def type_ok(value: Any, hint: Any) -> bool:
-    """Loose check of a YAML value against a dataclass field type (ints pass for floats; None for optionals)."""
-    origin = typing.get_origin(hint)
-    if origin in (typing.Union, types.UnionType):
-        return any(type_ok(value, h) for h in typing.get_args(hint))
-    if hint is type(None):
-        return value is None
-    if hint is Any:
-        return True
-    if hint is bool:
-        return isinstance(value, bool)
-    if hint is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if hint is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if hint is str:
-        return isinstance(value, str)
-    if origin in (list, tuple) or hint in (list, tuple):
-        return isinstance(value, list)
-    if origin is dict or hint is dict:
-        return isinstance(value, dict)
-    return True
-
-
 def check_options(ctx: SpecContext, block: LineDict, algo: Algorithm, where: str, skip: typing.Iterable[str] = (),
                   allow_budget_list: bool = False) -> dict[str, Any]:
     """Field overrides of an option block, each key checked against the config dataclass with its line."""
-    from esft.config import coerce
+    from esft.config import ConfigError, check_value, coerce
 
     names = {f.name for f in dataclasses.fields(algo.config_cls)}
-    hints = typing.get_type_hints(algo.config_cls)
     out: dict[str, Any] = {}
     for key, value in block.items():
         if key in skip:
@@ -163,9 +137,11 @@ def check_options(ctx: SpecContext, block: LineDict, algo: Algorithm, where: str
             continue
         try:
             converted = coerce(algo.config_cls, {name: value}, where)[name]
+            check_value(algo.config_cls, name, converted)
+        except ConfigError as exc:
+            raise ctx.error(line, f"{where}.{key} = {exc.value!r} is not accepted; expected {exc.accepted}") \
+                from None
         except (ValueError, TypeError) as exc:
             raise ctx.error(line, f"{where}.{key}: {exc}") from None
-        if not type_ok(converted, hints[name]):
-            raise ctx.error(line, f"{where}.{key}: expected {hints[name]}, got {value!r}")
         out[name] = plain(converted)  # no line-keeping containers in trainer configs (they are saved as YAML)
     return out

@@ -18,13 +18,23 @@ from typing import Any
 from transformers import TrainerCallback
 
 from esft.grpo.ledger import StepLedger, add_totals
-from esft.rundir import append_jsonl, peak_rss_mb, rewrite_jsonl
+from esft.rundir import NonFiniteError, append_jsonl, peak_rss_mb, rewrite_jsonl
 
 
 def _finite(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return value
+
+
+def check_finite_logs(logs: dict[str, Any], step: int) -> None:
+    """A NaN or infinite loss or gradient norm stops the run here: transformers logs a step before it saves it,
+    so the weights of that step are never written and the last checkpoint stays the last good one."""
+    bad = {k: logs[k] for k in ("loss", "grad_norm") if isinstance(logs.get(k), (int, float))
+           and not math.isfinite(logs[k])}
+    if bad:
+        raise NonFiniteError(f"step {step}: non-finite {bad}; GRPO stops before this step is saved (the last "
+                             f"checkpoint is intact; lower learning_rate or check the rewards)")
 
 
 class RunLogCallback(TrainerCallback):
@@ -61,6 +71,7 @@ class RunLogCallback(TrainerCallback):
         logs = dict(logs or {})
         if "train_runtime" in logs or "loss" not in logs and "reward" not in logs:
             return  # the end-of-training summary, not a step
+        check_finite_logs(logs, int(state.global_step))
         ledger: StepLedger = self.trainer.ledger
         self.trainer.ledger = StepLedger()
         step = int(state.global_step)

@@ -14,7 +14,8 @@ from typing import Any
 
 import yaml
 
-from esft.config import RunConfig
+from esft.config import (ConfigError, Rule, RunConfig, at_least, check_fields, finite, in_range, non_negative,
+                         one_of, positive)
 from esft.tracking import parse_report_to
 
 
@@ -109,14 +110,12 @@ class GRPOConfig(RunConfig):
     def __post_init__(self) -> None:
         self.parse_mappings("task_options", "trl_args")
         parse_report_to(self.report_to)  # an unknown tracker fails with the other flags
-        if self.precision not in ("auto", "fp32", "bf16-autocast"):
-            raise ValueError(f"precision must be auto, fp32 or bf16-autocast, got {self.precision!r}")
-        if self.num_generations < 2:
-            raise ValueError("num_generations must be >= 2 (the advantage is relative to the group)")
+        check_fields(self, self.rules)
         if self.completions_per_step % self.per_device_train_batch_size:
-            raise ValueError(
-                f"prompts_per_step * num_generations = {self.completions_per_step} completions per step is not a "
-                f"multiple of per_device_train_batch_size = {self.per_device_train_batch_size}")
+            raise ConfigError(
+                "per_device_train_batch_size", self.per_device_train_batch_size,
+                f"a divisor of prompts_per_step * num_generations = {self.completions_per_step} completions per step "
+                f"({self.completions_per_step} is not a multiple of {self.per_device_train_batch_size})")
 
     @property
     def completions_per_step(self) -> int:
@@ -126,6 +125,22 @@ class GRPOConfig(RunConfig):
     def gradient_accumulation_steps(self) -> int:
         return self.completions_per_step // self.per_device_train_batch_size
 
+
+#: what each field accepts beyond its type (esft.config.check_fields); checked whenever a GRPOConfig is built
+RULES: dict[str, Rule] = {
+    "max_steps": at_least(1), "prompts_per_step": at_least(1),
+    # the advantage is relative to the group: one completion has none
+    "num_generations": at_least(2), "per_device_train_batch_size": at_least(1), "learning_rate": positive(),
+    "weight_decay": non_negative(), "max_grad_norm": non_negative(), "warmup_steps": at_least(0),
+    "epsilon": positive(), "beta": non_negative(), "scale_rewards": one_of("group", "batch", "none"),
+    "num_iterations": at_least(1), "temperature": positive(), "top_p": in_range(0.0, 1.0),
+    "max_completion_length": at_least(1), "format_bonus": finite(), "seed": at_least(0),
+    "precision": one_of("auto", "fp32", "bf16-autocast"), "save_steps": at_least(0), "eval_every": at_least(0),
+    "eval_limit": at_least(0), "eval_max_new_tokens": at_least(1), "samples_per_iteration": at_least(0),
+    "max_passage_chars": at_least(1), "model": Rule("a model name, folder or hub id (non-empty)", bool),
+    "output_dir": Rule("a folder (non-empty)", bool),
+}
+GRPOConfig.rules = RULES
 
 PRESETS: dict[str, dict[str, Any]] = {
     # Paper, Table 17 and the study's public GRPO config: K = 8, 63 prompts per step (21 per GPU x 3), lr 3e-6,
@@ -155,8 +170,10 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 # fields that may change when resuming (everything else, the LR schedule's max_steps included, must match)
-RESUMABLE_CHANGES = {"report_to", "save_steps", "eval_every", "eval_limit", "eval_max_new_tokens", "samples_per_iteration",
-                     "resume", "output_dir", "device"}
+RESUMABLE_CHANGES = {"report_to", "save_steps", "eval_every", "eval_limit", "eval_max_new_tokens",
+                     "samples_per_iteration", "resume", "output_dir", "device",
+                     # recomputes the same activations in the backward pass: memory and time change, not the math
+                     "gradient_checkpointing"}
 
 
 def preset(name: str, config_file: str | None = None, **overrides: Any) -> GRPOConfig:

@@ -51,15 +51,15 @@ def list_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
 
 def read_run_config(run_dir: str | Path) -> tuple[GRPOConfig, dict[str, Any]]:
     """(config, run info) from `<run_dir>/config.yaml` as written by train_grpo."""
-    from esft.config import build_config
+    from esft.config import build_config, read_saved_config
 
-    data = yaml.safe_load((Path(run_dir) / "config.yaml").read_text()) or {}
+    data = read_saved_config(run_dir)
     extra = data.pop("_run", {}) or {}
-    return build_config(GRPOConfig, overrides=data), extra
+    return build_config(GRPOConfig, overrides=data, overrides_source=f"{Path(run_dir) / 'config.yaml'}"), extra
 
 
 def _write_config(config: GRPOConfig, path: Path, extra: dict[str, Any]) -> None:
-    path.write_text(yaml.safe_dump({**config.to_dict(), "_run": extra}, sort_keys=False))
+    rundir.write_text_atomic(path, yaml.safe_dump({**config.to_dict(), "_run": extra}, sort_keys=False))
 
 
 def _check_resumable(run_dir: Path, config: GRPOConfig) -> None:
@@ -77,12 +77,13 @@ def _prepare_dir(out: Path, config: GRPOConfig) -> tuple[Path | None, int]:
     for stale in out.glob("checkpoint-*"):  # a save interrupted before it was moved into checkpoints/
         shutil.rmtree(stale, ignore_errors=True)
     resume_from, start = None, 0
-    if config.resume and (out / "config.yaml").exists():
-        _check_resumable(out, config)
+    holds_run = bool(read_jsonl(out / "metrics.jsonl") or list_checkpoints(out))
+    if config.resume and (holds_run or (out / "config.yaml").exists()):
+        _check_resumable(out, config)  # a missing, empty or unreadable config.yaml refuses here
         ckpts = list_checkpoints(out)
         if ckpts:
             start, resume_from = ckpts[-1]
-    elif read_jsonl(out / "metrics.jsonl"):
+    elif holds_run:
         raise FileExistsError(f"{out} already holds a run; pass resume=True (--resume) or a new output_dir")
     for name in ("metrics.jsonl", "drift.jsonl"):
         filter_jsonl(out / name, lambda r: r.get("step", 0) <= start)
@@ -132,6 +133,14 @@ def train_grpo(config: GRPOConfig, *, model: Any = None, tokenizer: Any = None, 
                callbacks: Sequence[Any] = (), progress: bool = True) -> GRPOTrainResult:
     """Run (or resume, with config.resume) GRPO fine-tuning. Seams for tests: model, tokenizer, task, callbacks.
     Returns the run directory, steps done, final checkpoint and the last held-out evaluation (if any)."""
+    out = Path(config.output_dir)
+    rundir.check_output_dir(out)
+    with rundir.RunLock(out):  # one writer per run directory
+        return _train_locked(config, out, model, tokenizer, task, callbacks, progress)
+
+
+def _train_locked(config: GRPOConfig, out: Path, model: Any, tokenizer: Any, task: Any, callbacks: Sequence[Any],
+                  progress: bool) -> GRPOTrainResult:
     from esft.evaluation import load_examples
     from esft.grpo.callbacks import EvalCallback, RunLogCallback
     from esft.grpo.drift_log import DriftCallback, snapshot
@@ -139,7 +148,6 @@ def train_grpo(config: GRPOConfig, *, model: Any = None, tokenizer: Any = None, 
 
     device = config.device or default_device()
     precision = resolve_precision(config.precision, device)
-    out = Path(config.output_dir)
     resume_from, start = _prepare_dir(out, config)
     if resume_from is not None and start >= config.max_steps:
         if progress:

@@ -1,0 +1,78 @@
+"""The names half of esft's one validation layer: the task (with its options) and the model a config names exist,
+checked without loading either. esft.config checks types and ranges whenever a config is built; this module adds
+what needs the task registry and the model registry, so `esft train ...`, `esft eval` and experiment specs refuse a
+misspelt task, a bad task option or a missing model folder before any model loads.
+
+    build_config(ESConfig, PRESETS, preset, file, flags, check=check_names)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from esft.config import ConfigError
+
+
+def check_task(key: str, name: Any, options: dict[str, Any] | None = None) -> None:
+    """`name` builds a task with `options` (cheap: task data loads lazily); else ConfigError under `key`."""
+    from esft.tasks import TASK_NAMES, get_task
+
+    try:
+        get_task(str(name), **(options or {}))
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(key, name, f"a task of {', '.join(TASK_NAMES)} with valid options ({exc})") from None
+
+
+def check_model(key: str, name: Any) -> None:
+    """`name` is an embedded model, a Hugging Face model folder, or a hub id `org/name` (tried only at load)."""
+    from esft.models import known_model_names
+
+    text = str(name)
+    if text.lower() in known_model_names():
+        return
+    path = Path(text).expanduser()
+    accepted = (f"an embedded model ({', '.join(known_model_names())}), a Hugging Face model folder "
+                "(with config.json) or a hub id org/name")
+    if path.exists():
+        if not (path / "config.json").exists():
+            raise ConfigError(key, name, f"{accepted}; {path} has no config.json")
+        return
+    looks_like_hub_id = text.count("/") == 1 and not text.startswith((".", "/", "~")) and all(text.split("/"))
+    if not looks_like_hub_id:
+        raise ConfigError(key, name, accepted)
+
+
+def check_names(config: Any) -> None:
+    """The task(s) and model of an ESConfig, GRPOConfig or EvalConfig (fields it lacks are skipped)."""
+    if hasattr(config, "model"):
+        check_model("model", config.model)
+    from esft.tasks.custom import external_kind
+
+    if hasattr(config, "task") and hasattr(config, "task_kwargs"):
+        options = config.task_kwargs()
+        if external_kind(str(config.task)):  # a data file's task needs its field options to build at all
+            check_task("task", config.task, options)
+            options = {}
+        else:
+            check_task("task", config.task)
+        if options:  # the name is fine: a failure now is the options' (task_options, max_passage_chars)
+            try:
+                check_task("task", config.task, options)
+            except ConfigError as exc:
+                raise ConfigError("task_options", options, f"options of task {config.task!r} "
+                                  f"({exc.accepted.partition('(')[2].rstrip(')')})") from None
+    if hasattr(config, "tasks"):
+        from esft.tasks import parse_task_name
+
+        cut = getattr(config, "max_passage_chars", None)
+        for name in config.tasks:  # the passage cut reaches BoolQ only (as in esft.evaluation.task_options)
+            base, named = parse_task_name(name) if str(name).strip() else ("", {})
+            use = base == "boolq" and cut and "max_passage_chars" not in named
+            options = {"max_passage_chars": cut} if use else {}
+            if external_kind(str(name)):  # as esft.evaluation builds it: the data-task options reach data tasks
+                options.update(getattr(config, "task_options", None) or {})
+            check_task("tasks", name, options)
+
+
+__all__ = ["check_model", "check_names", "check_task"]

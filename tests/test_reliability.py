@@ -1,0 +1,437 @@
+"""Reliability probes through the `esft` command line with tiny settings (issue #22): bad values, empty, corrupt
+or garbage configs, torn and corrupted logs, a deleted checkpoint file, concurrent writers, an interrupted
+evaluation, a crash between the two log appends and a non-finite fitness. Each probe asserts its outcome: a clear
+`esft: error: ...` (exit 2 for bad input, 1 at run time) before any model loads, or a correct recovery (the
+resumed run ends with the weights of an uninterrupted one).
+
+Real runs use a random-init Llama with the SmolLM2 tokenizer saved as a model folder, and a generated Countdown
+variant (no download); a run of 3 iterations takes about a second after loading.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from esft.cli import main
+
+TASK = "countdown:numbers=2,max_number=20,ops=+"
+
+
+# ---- fixtures -------------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory) -> Path:
+    from conftest import make_tiny_model
+    from esft.models import load_tokenizer
+
+    folder = tmp_path_factory.mktemp("tiny-model")
+    make_tiny_model().save_pretrained(folder)
+    load_tokenizer("smollm2-135m").save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture()
+def no_model_load(monkeypatch):
+    """Any model load fails the test: validation must refuse before it."""
+    import esft.models
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model was loaded before the input was checked")
+
+    monkeypatch.setattr(esft.models, "load_model", refuse)
+
+
+@pytest.fixture()
+def varied_fitness(monkeypatch):
+    """Member fitness that differs across members (the random tiny model scores 0 everywhere, which would make
+    every update zero and the weight comparisons below trivial); deterministic, so runs are comparable."""
+    from esft.es.fitness import MeanReward
+
+    def fitness(self, result, batch):
+        n = np.asarray(result.scores).shape[0]
+        return np.arange(n, dtype=np.float64) * (1.0 + len(batch)) % 5.0
+
+    monkeypatch.setattr(MeanReward, "__call__", fitness)
+
+
+def es_args(model: Path, out: Path, *extra: str, iterations: int = 3) -> list[str]:
+    return ["train", "es", "--model", str(model), "--task", TASK, "--population-size", "4", "--batch-size", "2",
+            "--max-new-tokens", "2", "--iterations", str(iterations), "--eval-every", "0", "--eval-limit", "2",
+            "--checkpoint-every", "1", "--generation-batch-size", "2", "--device", "cpu", "--dtype", "float32",
+            "--samples-per-iteration", "0", "--output-dir", str(out), *extra]
+
+
+def final_weights(run: Path) -> dict[str, np.ndarray]:
+    from safetensors.numpy import load_file
+
+    return load_file(str(run / "checkpoints" / "final" / "model.safetensors"))
+
+
+def assert_same_weights(a: Path, b: Path) -> None:
+    wa, wb = final_weights(a), final_weights(b)
+    assert wa.keys() == wb.keys()
+    for name in wa:
+        assert np.array_equal(wa[name], wb[name]), name
+
+
+def error_of(capsys) -> str:
+    err = capsys.readouterr().err
+    assert "esft: error:" in err, err
+    assert "Traceback" not in err, err
+    return err
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_dir, tmp_path_factory) -> Path:
+    """An uninterrupted 3-iteration run (varied fitness) the recovered runs must end equal to."""
+    from esft.es.fitness import MeanReward
+
+    out = tmp_path_factory.mktemp("reference") / "run"
+    mp = pytest.MonkeyPatch()
+    mp.setattr(MeanReward, "__call__",
+               lambda self, result, batch: np.arange(np.asarray(result.scores).shape[0], dtype=np.float64)
+               * (1.0 + len(batch)) % 5.0)
+    try:
+        assert main(es_args(tiny_dir, out)) == 0
+    finally:
+        mp.undo()
+    norms = [json.loads(x)["update_norm"] for x in (out / "seeds.jsonl").read_text().splitlines()]
+    assert len(norms) == 3 and min(norms) > 0  # real updates: the weight comparisons below are not trivial
+    return out
+
+
+# ---- bad values: refused before any model loads ----------------------------------------------------------------
+
+@pytest.mark.parametrize("flag, value, key", [
+    ("--alpha", "nan", "alpha"), ("--alpha", "inf", "alpha"), ("--sigma", "0", "sigma"),
+    ("--sigma", "-0.5", "sigma"), ("--batch-size", "0", "batch_size"), ("--batch-size", "-3", "batch_size"),
+    ("--population-size", "0", "population_size"), ("--max-new-tokens", "0", "max_new_tokens"),
+    ("--task", "nosuchtask", "task"), ("--task", "countdown:bogus=1", "task"), ("--model", "no-such-model", "model"),
+    ("--noise", "gaussian", "noise"),
+])
+def test_bad_es_flag_is_refused_before_the_model_loads(tmp_path, capsys, no_model_load, flag, value, key):
+    args = ["train", "es", "--preset", "cpu", "--output-dir", str(tmp_path / "run"), flag, value]
+    assert main(args) == 2
+    err = error_of(capsys)
+    assert f"{key} = " in err and "expected" in err and f"--{key.replace('_', '-')}" in err
+
+
+def test_bad_grpo_batch_is_an_error_not_a_zero_division(tmp_path, capsys, no_model_load):
+    assert main(["train", "grpo", "--preset", "cpu", "--per-device-train-batch-size", "0",
+                 "--output-dir", str(tmp_path / "g")]) == 2
+    assert "per_device_train_batch_size = 0" in error_of(capsys)
+    assert main(["train", "grpo", "--preset", "cpu", "--top-p", "1.5", "--output-dir", str(tmp_path / "g")]) == 2
+    assert "top_p" in error_of(capsys)
+
+
+@pytest.mark.parametrize("text, line, words", [
+    ("sigma: 0.01\npopulation_size: 2.7\n", 2, ["population_size = 2.7", "an integer"]),
+    ("alpha: .nan\n", 1, ["alpha = nan", "finite"]),
+    ("antithetic: maybe\n", 1, ["antithetic", "true or false"]),
+    ("sigma: [1, 2\n", 2, ["not valid YAML"]),
+    ("- just\n- a list\n", None, ["mapping"]),
+    ("sigmaa: 0.1\n", None, ["unknown option", "did you mean sigma"]),
+    ("sigma: 0.01\npreset: gpu\n", 2, ["preset = 'gpu'", "cpu-countdown"]),
+    ("task: boolq\ntask_options: {max_chars: 3}\n", 2, ["task_options", "max_chars"]),
+])
+def test_bad_yaml_config_names_file_and_line(tmp_path, capsys, no_model_load, text, line, words):
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(text)
+    assert main(["train", "es", "--config", str(cfg), "--output-dir", str(tmp_path / "run")]) == 2
+    err = error_of(capsys)
+    assert str(cfg) + (f":{line}" if line else "") in err, err
+    for word in words:
+        assert word in err, err
+
+
+def test_debug_keeps_the_traceback(tmp_path, no_model_load):
+    from esft.config import ConfigError
+
+    with pytest.raises(ConfigError):
+        main(["train", "es", "--sigma", "0", "--output-dir", str(tmp_path / "r"), "--debug"])
+
+
+def test_output_paths_are_checked_before_work(tmp_path, capsys, no_model_load, monkeypatch):
+    a_file = tmp_path / "file.txt"
+    a_file.write_text("x")
+    assert main(["train", "es", "--preset", "cpu", "--output-dir", str(a_file)]) == 2
+    assert "is a file" in error_of(capsys)
+    assert main(["train", "grpo", "--preset", "cpu", "--output-dir", str(a_file / "run")]) == 2
+    assert "is a file" in error_of(capsys)
+    import esft.evaluation
+
+    monkeypatch.setattr(esft.evaluation, "run_eval", lambda *a, **k: pytest.fail("evaluated before the path check"))
+    assert main(["eval", "--tasks", TASK, "--limit", "1", "--output-dir", str(a_file)]) == 2
+    assert "is a file" in error_of(capsys)
+
+
+def test_unwritable_output_dir_is_refused(tmp_path, capsys, no_model_load, monkeypatch):
+    import esft.rundir
+
+    locked = tmp_path / "ro"
+    locked.mkdir()
+    locked.chmod(0o500)
+    if os.geteuid() == 0:  # root may write anywhere: the permission bits are read, as for any other user
+        monkeypatch.setattr(esft.rundir.os, "access", lambda path, mode: Path(path) != locked)
+    try:
+        assert main(["train", "es", "--preset", "cpu", "--output-dir", str(locked / "run")]) == 2
+        assert "not writable" in error_of(capsys)
+    finally:
+        locked.chmod(0o700)
+
+
+def test_report_of_a_missing_folder_fails(tmp_path, capsys):
+    assert main(["report", str(tmp_path / "typo")]) == 2
+    assert "not a folder" in error_of(capsys)
+    assert not (tmp_path / "typo").exists()
+
+
+def test_eval_bad_values_and_unknown_task(capsys, no_model_load):
+    assert main(["eval", "--tasks", "boolq", "--batch-size", "0"]) == 2
+    assert "batch_size = 0" in error_of(capsys)
+    assert main(["eval", "--tasks", "boolq,nosuch"]) == 2
+    assert "nosuch" in error_of(capsys)
+
+
+# ---- experiment specs: --dry-run rejects each bad value at its line ---------------------------------------------
+
+SPEC = """name: probe
+kind: sequential
+tasks: [countdown]
+algorithms:
+  es:
+    preset: cpu
+    iterations: 2
+    population_size: 8
+  grpo:
+    preset: cpu
+    max_steps: 2
+evaluation:
+  limit: 2
+"""
+
+
+@pytest.mark.parametrize("old, new, line, key", [
+    ("population_size: 8", "population_size: 0", 8, "population_size = 0"),
+    ("population_size: 8", "population_size: 2.7", 8, "population_size = 2.7"),
+    ("population_size: 8", "population_size: 8\n    sigma: -0.5", 9, "sigma = -0.5"),
+    ("population_size: 8", "population_size: 8\n    alpha: .nan", 9, "alpha = nan"),
+    ("population_size: 8", "population_size: 8\n    max_new_tokens: 0", 9, "max_new_tokens = 0"),
+    ("max_steps: 2", "max_steps: 2\n    max_completion_length: 0", 12, "max_completion_length = 0"),
+    ("max_steps: 2", "max_steps: 2\n    learning_rate: -1", 12, "learning_rate = -1"),
+])
+def test_experiment_dry_run_rejects_bad_values_at_their_line(tmp_path, capsys, old, new, line, key):
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SPEC.replace(old, new, 1))
+    assert main(["experiment", "run", str(spec), "--dry-run"]) == 2
+    err = error_of(capsys)
+    assert f"spec.yaml:{line}:" in err and key in err, err
+    spec.write_text(SPEC)
+    assert main(["experiment", "run", str(spec), "--dry-run"]) == 0
+
+
+# ---- run directories ------------------------------------------------------------------------------------------
+
+def test_concurrent_writer_is_refused(tiny_dir, tmp_path, capsys):
+    import subprocess
+    import sys
+
+    out = tmp_path / "run"
+    holder = ("import sys, time; from esft.rundir import RunLock; lock = RunLock(sys.argv[1]).acquire(); "
+              "print('locked', flush=True); time.sleep(60)")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    other = subprocess.Popen([sys.executable, "-c", holder, str(out)], stdout=subprocess.PIPE, text=True, env=env)
+    try:  # another process (a trainer at work) holds the folder
+        assert other.stdout.readline().strip() == "locked"
+        assert main(es_args(tiny_dir, out)) == 1
+        assert "another esft process" in error_of(capsys)
+        assert not (out / "seeds.jsonl").exists()
+    finally:
+        other.kill()
+        other.wait()
+    assert main(es_args(tiny_dir, out)) == 0  # the lock goes with its holder, even one killed
+
+
+def test_rerun_into_a_used_folder_is_a_clean_error(tiny_dir, reference, tmp_path, capsys):
+    import shutil
+
+    out = tmp_path / "run"
+    shutil.copytree(reference, out)
+    assert main(es_args(tiny_dir, out)) == 2
+    assert "already holds a run" in error_of(capsys)
+
+
+@pytest.mark.parametrize("content", ["", "\n", b"\x00\xff\xfe garbage \x81", "sigma: [1,\n"])
+def test_resume_refuses_an_empty_or_unreadable_config(tiny_dir, reference, tmp_path, capsys, content):
+    import shutil
+
+    out = tmp_path / "run"
+    shutil.copytree(reference, out)
+    cfg = out / "config.yaml"
+    cfg.write_bytes(content if isinstance(content, bytes) else content.encode())
+    before = cfg.read_bytes()
+    assert main(["train", "es", "--resume", str(out)]) == 2
+    error_of(capsys)
+    assert cfg.read_bytes() == before  # not overwritten with defaults
+    cfg.unlink()
+    assert main(["train", "es", "--resume", str(out)]) == 2
+    assert "no config.yaml" in error_of(capsys)
+
+
+@pytest.mark.parametrize("log", ["metrics.jsonl", "seeds.jsonl"])
+def test_corrupt_middle_line_is_reported_not_truncated(tiny_dir, reference, tmp_path, capsys, log):
+    import shutil
+
+    out = tmp_path / "run"
+    shutil.copytree(reference, out)
+    path = out / log
+    lines = path.read_text().splitlines(keepends=True)
+    lines[1] = '{"iteration": 1, "broken\n'
+    path.write_text("".join(lines))
+    before = path.read_bytes()
+    assert main(["train", "es", "--resume", str(out)]) == 1
+    err = error_of(capsys)
+    assert f"{log}:2:" in err, err
+    assert path.read_bytes() == before  # nothing after the bad line was dropped
+
+
+def test_torn_last_line_resumes_bit_identical(tiny_dir, reference, tmp_path, varied_fitness):
+    out = tmp_path / "run"
+    assert main(es_args(tiny_dir, out, iterations=2)) == 0
+    with open(out / "seeds.jsonl", "a") as fh:
+        fh.write('{"iteration": 2, "batch": [1')  # a crash mid-write
+    assert main(es_args(tiny_dir, out, "--resume", str(out), iterations=3)) == 0
+    assert [json.loads(x)["iteration"] for x in (out / "seeds.jsonl").read_text().splitlines()] == [0, 1, 2]
+    assert_same_weights(out, reference)
+
+
+def test_damaged_final_checkpoint_falls_back_to_the_previous_one(tiny_dir, reference, tmp_path, capsys,
+                                                                 varied_fitness):
+    import shutil
+
+    out = tmp_path / "run"
+    shutil.copytree(reference, out)
+    (out / "checkpoints" / "final" / "model.safetensors").unlink()
+    (out / "checkpoints" / "iter_000002" / "model.safetensors").write_bytes(b"truncated")
+    assert main(["train", "es", "--resume", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "final" in err and "iter_000002" in err  # both damaged ones are reported
+    assert_same_weights(out, reference)  # iter_000001 + the seed log's iterations 1 and 2
+
+
+def test_interrupted_evaluation_writes_its_checkpoint_on_resume(tiny_dir, tmp_path, monkeypatch, varied_fitness):
+    from esft.es.trainer import ESTrainer
+
+    out = tmp_path / "run"
+    args = es_args(tiny_dir, out, "--eval-every", "2", "--checkpoint-every", "2", iterations=4)
+    evaluate = ESTrainer.evaluate
+
+    def stop_at_step_two(self):
+        if self.step == 2:
+            raise KeyboardInterrupt
+        return evaluate(self)
+
+    monkeypatch.setattr(ESTrainer, "evaluate", stop_at_step_two)
+    assert main(args) == 130
+    assert not (out / "checkpoints" / "iter_000002").exists()
+    monkeypatch.setattr(ESTrainer, "evaluate", evaluate)
+    assert main(["train", "es", "--resume", str(out)]) == 0
+    assert (out / "checkpoints" / "iter_000002").exists()
+    evals = [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()
+             if json.loads(x)["kind"] == "eval"]
+    assert evals == [0, 2, 4]
+    reference = tmp_path / "reference"
+    assert main(es_args(tiny_dir, reference, "--eval-every", "2", "--checkpoint-every", "2", iterations=4)) == 0
+    assert_same_weights(out, reference)
+
+
+def test_crash_between_log_appends_keeps_the_pair(tiny_dir, reference, tmp_path, monkeypatch, varied_fitness):
+    from esft.es import es_rundir
+
+    out = tmp_path / "run"
+    append = es_rundir.append_jsonl
+
+    def crash_before_second_seed_line(path, record, sync=True):
+        if Path(path).name == "seeds.jsonl" and record.get("iteration") == 1:
+            raise KeyboardInterrupt  # the process dies between the metrics and the seed-log append
+        append(path, record, sync)
+
+    monkeypatch.setattr(es_rundir, "append_jsonl", crash_before_second_seed_line)
+    assert main(es_args(tiny_dir, out)) == 130
+    monkeypatch.setattr(es_rundir, "append_jsonl", append)
+    assert main(["train", "es", "--resume", str(out)]) == 0
+    seeds = [json.loads(x)["iteration"] for x in (out / "seeds.jsonl").read_text().splitlines()]
+    train = [json.loads(x)["iteration"] for x in (out / "metrics.jsonl").read_text().splitlines()
+             if json.loads(x)["kind"] == "train"]
+    assert seeds == train == [0, 1, 2]
+    assert_same_weights(out, reference)
+
+
+def test_non_finite_fitness_stops_before_anything_is_written(tiny_dir, tmp_path, capsys, monkeypatch):
+    from esft.es.fitness import MeanReward
+
+    out = tmp_path / "run"
+    calls = {"n": 0}
+
+    def fitness(self, result, batch):
+        calls["n"] += 1
+        n = np.asarray(result.scores).shape[0]
+        return np.full(n, np.nan) if calls["n"] == 2 else np.arange(n, dtype=np.float64)
+
+    monkeypatch.setattr(MeanReward, "__call__", fitness)
+    assert main(es_args(tiny_dir, out)) == 1
+    assert "non-finite fitness" in error_of(capsys)
+    assert len((out / "seeds.jsonl").read_text().splitlines()) == 1  # the bad iteration is not logged
+    assert (out / "checkpoints" / "iter_000001" / "model.safetensors").exists()  # the last good one
+    assert not (out / "checkpoints" / "final").exists()
+    weights = final_weights_of(out / "checkpoints" / "iter_000001")
+    assert all(np.isfinite(w).all() for w in weights.values())
+
+
+def final_weights_of(folder: Path) -> dict[str, np.ndarray]:
+    from safetensors.numpy import load_file
+
+    return load_file(str(folder / "model.safetensors"))
+
+
+def test_grpo_non_finite_loss_stops_before_the_step_is_saved(tmp_path, tokenizer, monkeypatch):
+    pytest.importorskip("trl")
+    from conftest import make_tiny_model
+    from esft.grpo.run import list_checkpoints, train_grpo
+    from esft.grpo.trl_trainer import EsftGRPOTrainer
+    from esft.rundir import NonFiniteError
+    from grpo_tiny import ParityTask, tiny_config
+
+    compute_loss = EsftGRPOTrainer.compute_loss
+
+    def nan_at_second_step(self, *args, **kwargs):
+        loss = compute_loss(self, *args, **kwargs)
+        return loss * float("nan") if self.state.global_step == 1 else loss
+
+    monkeypatch.setattr(EsftGRPOTrainer, "compute_loss", nan_at_second_step)
+    out = tmp_path / "grpo"
+    config = tiny_config(out, max_steps=3, save_steps=1, eval_every=0)
+    with pytest.raises(NonFiniteError, match="step 2"):
+        train_grpo(config, model=make_tiny_model(), tokenizer=tokenizer, task=ParityTask(), progress=False)
+    assert [s for s, _ in list_checkpoints(out)] == [1]  # the last good step; step 2's weights never written
+    assert not (out / "checkpoints" / "final").exists()
+
+
+def test_replay_verify_reports_a_missing_file_as_damage(reference, tmp_path, capsys):
+    import shutil
+
+    from esft.es.replay import main as replay_main
+
+    out = tmp_path / "run"
+    shutil.copytree(reference, out)
+    assert replay_main(["verify", str(out)]) == 0
+    assert json.loads(capsys.readouterr().out)["bit_identical"] is True
+    (out / "checkpoints" / "final" / "model.safetensors").unlink()
+    assert replay_main(["verify", str(out)]) == 1
+    result = json.loads(capsys.readouterr().out)
+    assert result["bit_identical"] is None and "lacks" in result["damaged"]
