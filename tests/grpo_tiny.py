@@ -28,7 +28,9 @@ class ParityTask(Task):
     n: int = 6  # 3 steps per epoch at 2 prompts per step: a 4-step run crosses an epoch boundary
 
     def _load(self, split: str) -> list[dict[str, Any]]:
-        return [{"id": i, "question": f"Say something about the number {i}."} for i in range(self.n)]
+        # "answer" is a label for the constant-answer baseline only (even 2, odd 1 of 3); the reward ignores it
+        return [{"id": i, "question": f"Say something about the number {i}.", "answer": "odd" if i % 3 == 1 else "even"}
+                for i in range(self.n)]
 
     def prompt(self, example: dict[str, Any]):
         return chat("Be brief.", example["question"])

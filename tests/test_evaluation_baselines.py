@@ -218,3 +218,25 @@ def test_es_and_curve_evaluate_the_balanced_subset_when_asked(tmp_path):
 
     assert test_set(True) == load_examples(task, "test", 400, balanced=True)
     assert test_set(False) == task.load("test", 400) != test_set(True)
+
+
+def test_es_evaluation_records_the_constant_baseline_of_its_examples(tmp_path):
+    from es_tiny import stub_generate, tiny_llama
+    from esft.es.es_config import ESConfig
+    from esft.es.trainer import ESTrainer
+
+    from es_tiny import ToyTask
+    from esft.tasks.base import Task
+
+    class LabelledToy(ToyTask, Task):  # the toy yes/no task as an esft Task: gold labels "yes" / "no"
+        def __init__(self):
+            ToyTask.__init__(self)
+
+    task = LabelledToy()
+    config = ESConfig(model="tiny", task="toy", eval_limit=12, eval_every=1, iterations=0, batch_size=2,
+                      population_size=2, max_new_tokens=2, output_dir=str(tmp_path / "run"))
+    rec = ESTrainer(config, model=tiny_llama(), task=task, generate_fn=stub_generate, progress=False).train().last_eval
+    expected = constant_baseline([x["answer"] for x in task.load("test", 12)])  # 8 yes, 4 no
+    assert rec["test_constant_baseline"] == expected["constant_baseline"] == 8 / 12
+    assert rec["test_constant_answer"] == "yes"
+    assert rec["test_constant_baseline_ci95"] == list(expected["constant_baseline_ci95"])

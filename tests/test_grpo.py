@@ -100,6 +100,8 @@ def test_held_out_evaluation_records(run):
         assert e["test_n"] == 3 and 0 <= e["test_accuracy"] <= 1 and len(e["test_ci95"]) == 2
         assert e["test_tokens_generated"] > 0 and e["peak_rss_mb"] > 0
         assert len(read_jsonl(run["out"] / "samples" / f"eval_{e['step']:06d}.jsonl")) == 3
+        # the first 3 held-out examples are labelled even, odd, even: the constant answer "even" scores 2/3
+        assert e["test_constant_baseline"] == 2 / 3 and e["test_constant_answer"] == "even"
     assert run["result"].last_eval["step"] == 4
 
 
@@ -231,7 +233,7 @@ def test_presets_and_trl_mapping(tmp_path):
     assert args.save_steps == 80 and args.logging_steps == 1
     cpu = preset("cpu")
     assert (cpu.task, cpu.max_passage_chars, cpu.format_bonus, cpu.max_completion_length) == ("boolq", 400, 0.1, 24)
-    assert cpu.completions_per_step == 32 and set(PRESETS) == {"paper", "cpu"}
+    assert cpu.completions_per_step == 32 and set(PRESETS) == {"paper", "cpu", "cpu-countdown"}
     with pytest.raises(ValueError, match="multiple"):
         GRPOConfig(prompts_per_step=3, num_generations=2, per_device_train_batch_size=4)
     with pytest.raises(ValueError, match="may not override"):

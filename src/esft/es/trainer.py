@@ -38,6 +38,7 @@ from esft.es.es_config import RESUMABLE_CHANGES, ESConfig, read_run_config, save
 from esft.es.executor import Executor, PopulationResult
 from esft.es.fitness import FitnessRule, as_fitness_rule
 from esft.evaluation import load_examples
+from esft.tasks.base import Task
 from esft.rundir import NonFiniteError, RunLock, TrainResult, check_output_dir, peak_rss_mb
 from esft.tracking import Tracker, check_backends, open_tracker
 from esft.version import __version__
@@ -235,6 +236,11 @@ class ESTrainer:
                 "test_accuracy_among_well_formed": float(test.scores[0][wf].mean()) if wf.any() else None,
                 "test_tokens_generated": test.tokens_generated,
             })
+            # what a prior alone scores on the same examples, beside the accuracy (esft.tasks.labels); a task
+            # object that is not an esft Task (load/prompt/score only) has no gold labels to count
+            if isinstance(self.task, Task):
+                baseline = self.task.constant_baseline([{"example": ex} for ex in self.test_set])
+                rec.update({f"test_{k}": v for k, v in baseline.items()})
             rows = []
             answers: dict[str, int] = {}
             for j, ex in enumerate(self.test_set):

@@ -150,6 +150,9 @@ class EvalCallback(TrainerCallback):
                "test_accuracy_among_well_formed": summary.get("accuracy_among_boxed"),
                "test_tokens_generated": summary.get("completion_tokens"), "test_summary": summary,
                "seconds": time.perf_counter() - t0, "peak_rss_mb": peak_rss_mb()}
+        # the constant-answer baseline of the same examples, under the names ES's records use
+        rec.update({f"test_{k}": summary[k] for k in ("constant_baseline", "constant_baseline_ci95", "constant_answer")
+                    if k in summary})
         append_jsonl(self.out / "metrics.jsonl", rec)
         self.evaluated.add(step)
         self.last = rec
