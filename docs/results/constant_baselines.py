@@ -50,5 +50,38 @@ def main() -> None:
         print(f"| {task} | {n} | {shares} | {best} | {100 * counts[best] / n:.1f}% | {where} |")
 
 
+# (Countdown variant, n, balanced over the target operator, where evaluated)
+COUNTDOWN_SETS = [
+    ("countdown:numbers=2,max_number=50,ops=+*,ask_format=1", 200, False, "cpu-study sweep runs A-E (eval_limit 200)"),
+    ("countdown:numbers=2,max_number=50,ops=+*,ask_format=1,shots=2", 400, True,
+     "cpu-study/main-job (`--preset cpu-countdown`) and the cpu-study spec's task 1"),
+    ("countdown:numbers=2,max_number=50,ops=+-,ask_format=1,shots=2", 400, True, "the cpu-study spec's task 2"),
+]
+
+
+def countdown_table() -> None:
+    from esft.evaluation import load_examples
+    from esft.tasks.countdown_variants import fixed_rule_baselines
+    from esft.tasks.labels import constant_baseline, wilson_interval
+
+    print()
+    print("Countdown variants: the best constant answer is the most frequent target (a boxed number uses none of the")
+    print("given numbers, so it scores 0: the row is an upper bound); the fixed-operator rules (numbers in the given")
+    print("order) are the stronger prior.")
+    print()
+    print("| task | n | balanced over the operator | best constant answer [95% CI] | fixed rules | evaluated in |")
+    print("|---|---|---|---|---|---|")
+    for name, n, balanced, where in COUNTDOWN_SETS:
+        task = get_task(name)
+        examples = load_examples(task, "test", n, balanced=balanced)
+        assert len(examples) == n, (name, n, len(examples))
+        c = constant_baseline([task.gold_key(e) for e in examples])
+        lo, hi = wilson_interval(c["constant_answer_count"], n)
+        rules = ", ".join(f"{op} {100 * v:.1f}%" for op, v in fixed_rule_baselines(examples).items() if v)
+        print(f"| `{name}` | {n} | {'yes' if balanced else 'no (first n)'} | {c['constant_answer']}: "
+              f"{100 * c['constant_baseline']:.1f}% [{100 * lo:.1f}, {100 * hi:.1f}] | {rules} | {where} |")
+
+
 if __name__ == "__main__":
     main()
+    countdown_table()
