@@ -189,6 +189,10 @@ def test_a_run_directory_from_before_the_option_resumes_in_fp32(tmp_path, monkey
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     assert read_run_config(old.output_dir)[0].rollout_dtype == "float32"
     # resume_config (the CLI's --resume) and a fresh config with resume=True ("auto") both continue in fp32
+    # an explicit --rollout-dtype auto (the default, re-typed with the original command) is not a change
+    assert resume_config(old.output_dir, {"iterations": 4, "rollout_dtype": "auto"}).rollout_dtype == "float32"
+    with pytest.raises(ValueError, match="cannot change"):
+        resume_config(old.output_dir, {"rollout_dtype": "bfloat16"})
     resumed = _run(resume_config(old.output_dir, {"iterations": 4}))
     assert read_run_config(resumed.output_dir)[0].rollout_dtype == "float32"
     assert es_rundir.read_jsonl(resumed.output_dir / "seeds.jsonl") == \

@@ -46,3 +46,17 @@ def test_balanced_rule_needs_a_labelled_task():
         make_fitness_rule("balanced", task=get_task("math"))
     with pytest.raises(ValueError, match="takes no fitness_options"):
         make_fitness_rule("balanced", options={"x": 1}, task=get_task("boolq"))
+
+
+def test_examples_outside_the_label_set_do_not_count():
+    """x * 1 is also x / 1: its target has no single operator ("other") and must not become a heavy class."""
+    task = get_task("countdown:numbers=2,max_number=50,ops=+*")
+    batch = [{"nums": [3, 5], "target": 8}] * 2 + [{"nums": [3, 5], "target": 15}] * 2 + [{"nums": [7, 1], "target": 7}]
+    assert task.balance_key(batch[-1]) == "other"
+    rule = make_fitness_rule("balanced", task=task)
+    right_on_other_only = _result([[0, 0, 0, 0, 1]])
+    right_on_sums = _result([[1, 1, 0, 0, 0]])
+    assert rule(right_on_other_only, batch)[0] == 0.0
+    assert rule(right_on_sums, batch)[0] == pytest.approx(0.5)
+    # a batch with no labelled example falls back to the plain mean
+    assert rule(_result([[1.0]]), batch[-1:])[0] == 1.0

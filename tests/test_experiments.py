@@ -387,3 +387,34 @@ def test_carry_optimizer_state_loads_moments_not_learning_rates(tmp_path):
     for p in model.parameters():
         assert torch.equal(new.state[p]["exp_avg"], old.state[p]["exp_avg"])
     assert new.param_groups[0]["lr"] == 0.5  # the new stage's schedule, not the old stage's last lr
+
+
+def test_fingerprints_recorded_before_newer_fields_still_match(tmp_path):
+    """A stage recorded by an earlier esft (no eval_balanced, rollout_dtype, report_to or noise_stream; GRPO with
+    gradient_checkpointing) resumes: fields that cannot change a stage's result are compared on neither side."""
+    import dataclasses
+    import json
+
+    from esft.experiments.runner import STATUS, _step_configs, check_existing
+    from esft.experiments.stage_eval import write_json
+
+    spec = _spec(tmp_path, GOOD)
+    stages = build_plan(spec)
+    root, smap = tmp_path / "out", {s.key: s for s in stages}
+    newer = {"eval_balanced", "rollout_dtype", "report_to", "noise_stream"}
+    for key in ("seed-42/sequential/es@2/1-countdown", "seed-42/sequential/grpo/1-countdown"):
+        configs = _step_configs(spec, smap[key], root, smap)
+        old = [{"algorithm": st.algorithm,
+                "config": {k: v for k, v in json.loads(json.dumps(dataclasses.asdict(c), default=str)).items()
+                           if k not in newer}} for st, c in zip(smap[key].steps, configs)]
+        if "grpo" in key:
+            old[0]["config"]["gradient_checkpointing"] = True
+        (root / key).mkdir(parents=True)
+        write_json(root / key / STATUS, {"status": "done", "fingerprint": old})
+    check_existing(spec, stages, root)  # no SpecError
+    # a field that does change the result still counts
+    status = json.loads((root / "seed-42/sequential/grpo/1-countdown" / STATUS).read_text())
+    status["fingerprint"][0]["config"]["learning_rate"] = 1.0
+    write_json(root / "seed-42/sequential/grpo/1-countdown" / STATUS, status)
+    with pytest.raises(SpecError, match=r"grpo/1-countdown was trained with other options \(learning_rate: 1.0 ->"):
+        check_existing(spec, stages, root)

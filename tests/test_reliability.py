@@ -121,6 +121,17 @@ def test_bad_es_flag_is_refused_before_the_model_loads(tmp_path, capsys, no_mode
     assert f"{key} = " in err and "expected" in err and f"--{key.replace('_', '-')}" in err
 
 
+@pytest.mark.parametrize("extra, key", [
+    (["--fitness-rule", "balanced", "--task", "math"], "fitness_rule"),          # no labels to balance over
+    (["--eval-balanced", "--eval-limit", "100000"], "eval_limit"),               # more than the rarest label has
+    (["--rollout-dtype", "bfloat16", "--noise", "lowrank"], "rollout_dtype"),    # bf16 lanes are member-by-member
+])
+def test_cross_field_es_errors_come_before_the_model_loads(tmp_path, capsys, no_model_load, extra, key):
+    assert main(["train", "es", "--preset", "cpu", "--output-dir", str(tmp_path / "run"), *extra]) == 2
+    err = error_of(capsys)
+    assert f"{key} = " in err and "expected" in err
+
+
 def test_bad_grpo_batch_is_an_error_not_a_zero_division(tmp_path, capsys, no_model_load):
     assert main(["train", "grpo", "--preset", "cpu", "--per-device-train-batch-size", "0",
                  "--output-dir", str(tmp_path / "g")]) == 2

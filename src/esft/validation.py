@@ -14,14 +14,33 @@ from typing import Any
 from esft.config import ConfigError
 
 
-def check_task(key: str, name: Any, options: dict[str, Any] | None = None) -> None:
-    """`name` builds a task with `options` (cheap: task data loads lazily); else ConfigError under `key`."""
+def check_task(key: str, name: Any, options: dict[str, Any] | None = None) -> Any:
+    """`name` builds a task with `options` (cheap: task data loads lazily), returned; else ConfigError under
+    `key`."""
     from esft.tasks import TASK_NAMES, get_task
 
     try:
-        get_task(str(name), **(options or {}))
+        return get_task(str(name), **(options or {}))
     except (ValueError, TypeError) as exc:
         raise ConfigError(key, name, f"a task of {', '.join(TASK_NAMES)} with valid options ({exc})") from None
+
+
+def check_labels(config: Any, task: Any) -> None:
+    """What needs the task's labels: the class-balanced fitness rule and a balanced held-out set (its size
+    within what the rarest label allows)."""
+    from esft.tasks.base import Task
+
+    labels = task.label_set() if isinstance(task, Task) else None
+    if getattr(config, "fitness_rule", None) == "balanced" and labels is None:
+        raise ConfigError("fitness_rule", "balanced", "'mean' or 'dart' for this task: 'balanced' needs a task with "
+                          "labels (boolq, chemistry, mmlu, a Countdown variant with several operators)")
+    if getattr(config, "eval_balanced", False) and labels is not None and getattr(config, "eval_limit", 0):
+        from esft.tasks.labels import balanced_indices
+
+        try:
+            balanced_indices([task.balance_key(r) for r in task.load("test")], config.eval_limit, label_set=labels)
+        except ValueError as exc:
+            raise ConfigError("eval_limit", config.eval_limit, f"a balanced held-out set that exists ({exc})") from None
 
 
 def check_model(key: str, name: Any) -> None:
@@ -52,16 +71,17 @@ def check_names(config: Any) -> None:
     if hasattr(config, "task") and hasattr(config, "task_kwargs"):
         options = config.task_kwargs()
         if external_kind(str(config.task)):  # a data file's task needs its field options to build at all
-            check_task("task", config.task, options)
+            task = check_task("task", config.task, options)
             options = {}
         else:
-            check_task("task", config.task)
+            task = check_task("task", config.task)
         if options:  # the name is fine: a failure now is the options' (task_options, max_passage_chars)
             try:
-                check_task("task", config.task, options)
+                task = check_task("task", config.task, options)
             except ConfigError as exc:
                 raise ConfigError("task_options", options, f"options of task {config.task!r} "
                                   f"({exc.accepted.partition('(')[2].rstrip(')')})") from None
+        check_labels(config, task)
     if hasattr(config, "tasks"):
         from esft.tasks import parse_task_name
 
@@ -75,4 +95,4 @@ def check_names(config: Any) -> None:
             check_task("tasks", name, options)
 
 
-__all__ = ["check_model", "check_names", "check_task"]
+__all__ = ["check_labels", "check_model", "check_names", "check_task"]

@@ -40,7 +40,10 @@ def rollout_precision(config: ESConfig, flags: Any = None, probe: Any = None) ->
             raise ValueError("rollout_dtype 'bfloat16' runs on the local executor with member-by-member noise")
         where = "low-rank populations" if config.noise == "lowrank" else f"executor {config.executor!r}"
         return RolloutPrecision("float32", config.rollout_dtype, f"{where} roll out in the model's dtype")
-    return resolve_rollout_dtype(config.rollout_dtype, device=config.device,
+    from esft.models import default_device
+
+    # device None is what load_model picks (CUDA when present), not necessarily the CPU
+    return resolve_rollout_dtype(config.rollout_dtype, device=config.device or default_device(),
                                  generation_options=config.generation_options, flags=flags, probe=probe)
 
 
@@ -83,7 +86,7 @@ def make_fitness_rule(name: str, format_bonus: float = 0.0, options: dict | None
         if task is None or task.label_set() is None:
             raise ValueError("fitness rule 'balanced' needs a task with labels (boolq, chemistry, mmlu, a Countdown "
                              f"variant with several operators); {getattr(task, 'name', task)!r} has none")
-        return ClassBalancedMean(task.balance_key, format_bonus)
+        return ClassBalancedMean(task.balance_key, task.label_set(), format_bonus)
     if name == "dart":
         from esft.es.dart import make_dart
 

@@ -129,6 +129,9 @@ class ESConfig(RunConfig):
         self.parse_mappings("fitness_options", "task_options", "generation_options", "executor_options")
         parse_report_to(self.report_to)  # an unknown tracker fails with the other flags
         check_fields(self, self.rules)
+        if self.rollout_dtype == "bfloat16" and (self.executor != "local" or self.noise == "lowrank"):
+            raise ConfigError("rollout_dtype", self.rollout_dtype, "'float32' or 'auto' with the Ray executor or "
+                              "low-rank noise (bf16 rollouts run on the local executor's member-by-member path)")
         if self.antithetic and self.population_size % 2:
             raise ConfigError("population_size", self.population_size,
                               "an even number when antithetic (members come in mirrored pairs)")
@@ -180,8 +183,8 @@ PRESETS: dict[str, dict[str, Any]] = {
 # preset's populations, docs/performance.md). `--rollout-dtype auto` takes the faster path where the CPU has it.
 
 # fields that may change when resuming (everything else must match the original run)
-RESUMABLE_CHANGES = {"iterations", "eval_every", "eval_limit", "checkpoint_every", "samples_per_iteration",
-                     "resume", "output_dir", "parallel_members",
+RESUMABLE_CHANGES = {"iterations", "eval_every", "eval_limit", "eval_balanced", "checkpoint_every",
+                     "samples_per_iteration", "resume", "output_dir", "parallel_members",
                      # the layout does not change the result (the Ray executor is bit-identical to the local one)
                      "executor", "ray_address", "num_workers", "worker_backend", "executor_options",
                      "report_to"}
@@ -220,7 +223,9 @@ def resume_config(run_dir: str | Path, overrides: dict[str, Any] | None = None) 
     RESUMABLE_CHANGES may differ, e.g. a larger `iterations`). For `esft train es --resume --output-dir D`, where
     the flags alone would otherwise fall back to defaults."""
     config, _ = read_run_config(run_dir)
-    changes = {k: v for k, v in (overrides or {}).items() if getattr(config, k) != v}
+    # "auto" on a resume means the dtype the run recorded (the trainer adopts it), not a change
+    changes = {k: v for k, v in (overrides or {}).items()
+               if getattr(config, k) != v and not (k == "rollout_dtype" and v == "auto")}
     bad = sorted(set(changes) - RESUMABLE_CHANGES)
     if bad:
         raise ValueError(f"cannot change {bad} when resuming {run_dir}")

@@ -103,17 +103,27 @@ class ClassBalancedMean(MeanReward):
     """Fitness = the mean over labels of each label's mean reward in the batch (`class_balanced_weights` of the
     batch's labels, e.g. BoolQ yes/no or a Countdown variant's target operator): a member that always answers
     the majority label gains no more than one that always answers the minority one, so the prior earns nothing.
-    Opt-in (`fitness_rule: balanced`); the paper's rule is `MeanReward`."""
+    Examples whose label is outside `labels` (a Countdown target two operators reach) do not count, rather than
+    forming a class of their own with a large weight. Opt-in (`fitness_rule: balanced`); the paper's rule is
+    `MeanReward`."""
 
-    def __init__(self, label_of: Callable[[dict], Any], format_bonus: float = 0.0):
+    def __init__(self, label_of: Callable[[dict], Any], labels: Sequence[Any] | None = None,
+                 format_bonus: float = 0.0):
         super().__init__(format_bonus)
         self.label_of = label_of
+        self.labels = None if labels is None else set(labels)
 
     def __call__(self, result: PopulationResult, batch: Sequence[dict]) -> np.ndarray:
         from esft.tasks.labels import class_balanced_weights
 
-        weights = np.asarray(class_balanced_weights([self.label_of(ex) for ex in batch]), dtype=np.float64)
-        return (self.rewards(result) * weights).mean(axis=1)
+        labels = [self.label_of(ex) for ex in batch]
+        known = [i for i, label in enumerate(labels) if self.labels is None or label in self.labels]
+        rewards = self.rewards(result)
+        if not known:  # no labelled example in the batch: the plain mean
+            return rewards.mean(axis=1)
+        weights = np.zeros(len(labels), dtype=np.float64)
+        weights[known] = class_balanced_weights([labels[i] for i in known])
+        return (rewards * weights).sum(axis=1) / len(known)
 
 
 FITNESS_RULES = ("mean", "dart", "balanced")

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from esft.experiments.algorithms import ALGORITHMS, get_algorithm
 from esft.experiments.stage_eval import evaluate_stage, read_json, write_json
 from esft.experiments.plan import BASE, Stage, Step, as_dict, build_plan, describe, has_noise_stream
 from esft.experiments.spec import Spec
@@ -101,24 +102,33 @@ def _step_configs(spec: Spec, stage: Stage, root: Path, stages: dict[str, Stage]
 
 
 def _fingerprint(stage: Stage, configs: list[Any]) -> list[dict[str, Any]]:
+    out = [{"algorithm": step.algorithm, "config": json.loads(json.dumps(dataclasses.asdict(cfg), default=str))}
+           for step, cfg in zip(stage.steps, configs)]
+    return comparable(out)
+
+
+def comparable(fingerprint: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A stage fingerprint without what cannot change a stage's result, applied alike to a recorded fingerprint
+    and today's, so that fingerprints written by earlier versions (before a field existed) still match:
+    fields a trainer lets a resume change (executor layout, eval cadence and set, ...; the budget does count),
+    noise_stream 0, and rollout_dtype "auto" / "float32" (runs recorded before the option ran fp32, and a resume
+    adopts the dtype its run directory recorded)."""
     from esft.es.es_config import RESUMABLE_CHANGES as ES_FREE
     from esft.grpo.grpo_config import RESUMABLE_CHANGES as GRPO_FREE
 
     free = {"es": ES_FREE, "grpo": GRPO_FREE}
     out = []
-    for step, cfg in zip(stage.steps, configs):
-        # fields a trainer lets a resume change (executor layout, eval cadence ...) do not change the result;
-        # the budget does
-        skip = set(free.get(step.algorithm, ())) - {step.component.spec.budget_field}
-        data = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in skip}
+    for step in fingerprint:
+        algorithm = step.get("algorithm")
+        skip = set(free.get(algorithm, ()))
+        if algorithm in ALGORITHMS:
+            skip -= {get_algorithm(algorithm).budget_field}
+        data = {k: v for k, v in (step.get("config") or {}).items() if k not in skip}
         if data.get("noise_stream") == 0:
-            # left out at 0 so that fingerprints recorded without the field (all of them stream 0) still match
             del data["noise_stream"]
-        if data.get("rollout_dtype") == "auto":
-            # likewise: stages recorded before the option ran fp32, which "auto" resumes them in (the trainer
-            # adopts the dtype a run directory recorded)
+        if data.get("rollout_dtype") in ("auto", "float32"):
             del data["rollout_dtype"]
-        out.append({"algorithm": step.algorithm, "config": json.loads(json.dumps(data, default=str))})
+        out.append({"algorithm": algorithm, "config": data})
     return out
 
 
@@ -148,6 +158,7 @@ def check_existing(spec: Spec, stages: list[Stage], root: Path) -> None:
         if not old:
             continue
         new = _fingerprint(stage, _step_configs(spec, stage, root, smap))
+        old = comparable(old)
         if old != new:
             raise SpecError(f"{root / stage.key} was trained with other options ({_diff(old, new)}); "
                             f"use another --output-dir, or delete that stage folder (and those after it) to retrain")

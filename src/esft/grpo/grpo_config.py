@@ -160,8 +160,9 @@ PRESETS: dict[str, dict[str, Any]] = {
                 per_device_train_batch_size=8, max_steps=10, learning_rate=5e-5, max_completion_length=24,
                 temperature=1.0, top_p=0.95, precision="fp32", device="cpu", save_steps=5, eval_every=0),
     # The ES cpu-countdown preset's task (two worked puzzles, + and *), sampled rollouts: 32 completions per step
-    # (4 prompts x K = 8) of ~300 prompt + ~30 generated tokens; measured ~110 s per step on 2 cores (training
-    # forward/backward ~87 s of it; bf16 autocast was no faster), so the CPU budget is steps, not samples.
+    # (4 prompts x K = 8) of ~300 prompt + ~30 generated tokens; 110 s per step on 2 cores (training forward and
+    # backward 87 s of it; bf16 autocast was no faster: docs/results/cpu-study/grpo-probe), so the CPU budget is
+    # steps, not samples.
     "cpu-countdown": dict(task="countdown:numbers=2,max_number=50,ops=+*,ask_format=1,shots=2", format_bonus=0.0,
                           num_generations=8, prompts_per_step=4, per_device_train_batch_size=4, max_steps=10,
                           learning_rate=2e-5, max_completion_length=40, temperature=1.0, top_p=0.95,
@@ -170,7 +171,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 # fields that may change when resuming (everything else, the LR schedule's max_steps included, must match)
-RESUMABLE_CHANGES = {"report_to", "save_steps", "eval_every", "eval_limit", "eval_max_new_tokens",
+RESUMABLE_CHANGES = {"report_to", "save_steps", "eval_every", "eval_limit", "eval_balanced", "eval_max_new_tokens",
                      "samples_per_iteration", "resume", "output_dir", "device",
                      # recomputes the same activations in the backward pass: memory and time change, not the math
                      "gradient_checkpointing"}

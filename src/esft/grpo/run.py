@@ -133,6 +133,9 @@ def train_grpo(config: GRPOConfig, *, model: Any = None, tokenizer: Any = None, 
                callbacks: Sequence[Any] = (), progress: bool = True) -> GRPOTrainResult:
     """Run (or resume, with config.resume) GRPO fine-tuning. Seams for tests: model, tokenizer, task, callbacks.
     Returns the run directory, steps done, final checkpoint and the last held-out evaluation (if any)."""
+    from esft.tracking import check_backends
+
+    check_backends(config.report_to)  # a missing tracker package fails before the model loads
     out = Path(config.output_dir)
     rundir.check_output_dir(out)
     with rundir.RunLock(out):  # one writer per run directory
