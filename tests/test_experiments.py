@@ -105,6 +105,10 @@ def test_task_slug_is_file_safe_readable_and_one_to_one():
     assert task_slug("countdown:numbers=2,ops=+-") == "countdown.numbers=2.ops=plus-"
     odd = [task_slug("x:a=b c"), task_slug("x:a=b|c")]
     assert odd[0] != odd[1] and all(set(s) <= set("abcdefghijklmnopqrstuvwxyz0123456789_.=-x") for s in odd)
+    # names whose readable forms would coincide get hashes: never one folder for two tasks
+    pairs = [("a.b:c=1", "a:b.c=1"), ("x:a=1,b=2", "x:a=1.b=2"), ("t:w=plus", "t:w=+")]
+    for one, other in pairs:
+        assert task_slug(one) != task_slug(other), (one, other)
 
 
 def test_balanced_evaluation_reaches_the_stage_settings(tmp_path):

@@ -73,3 +73,15 @@ def test_export_refuses_a_full_folder_and_a_run_without_checkpoints(es_run, tmp_
     assert "not empty" in capsys.readouterr().err
     assert main(["export", str(tmp_path / "nothing"), "--to", str(tmp_path / "o")]) == 2
     assert "no checkpoint" in capsys.readouterr().err
+
+
+def test_overwrite_replaces_the_folder_without_stale_files(es_run, tmp_path):
+    run, _ = es_run
+    target = tmp_path / "full"
+    target.mkdir()
+    (target / "model-00002-of-00002.safetensors").write_text("stale shard of an earlier export")
+    assert main(["export", str(run), "--to", str(target), "--overwrite"]) == 0
+    names = {p.name for p in target.iterdir()}
+    assert "model-00002-of-00002.safetensors" not in names and "model.safetensors" in names
+    assert {"config.json", "generation_config.json", "tokenizer_config.json", "README.md"} <= names
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".full.")]  # no staging folder left behind

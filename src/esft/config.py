@@ -272,10 +272,6 @@ def add_dataclass_arguments(parser: argparse.ArgumentParser, cls: type, skip: tu
                                 metavar=f.name.upper(), help=help_text)
 
 
-def load_yaml(path: str | Path) -> dict[str, Any]:
-    return load_yaml_lines(path)[0]
-
-
 def load_yaml_lines(path: str | Path) -> tuple[dict[str, Any], dict[str, int]]:
     """(top-level mapping, line of each top-level key) of a YAML config file; unreadable, malformed or
     non-mapping files fail as ValueError naming the file (and the line YAML stopped at)."""

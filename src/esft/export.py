@@ -10,7 +10,9 @@ plus a model card (README.md) with the training config and the run's held-out re
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -100,24 +102,34 @@ def export_run(run: str | Path, to: str | Path, overwrite: bool = False) -> Expo
     run_dir = run if checkpoint != run else run.parent.parent
     if to.exists() and any(to.iterdir()) and not overwrite:
         raise ValueError(f"{to} is not empty (pass --overwrite to replace its files)")
-    to.mkdir(parents=True, exist_ok=True)
     files = model_files(checkpoint)
     if not any(p.suffix == ".safetensors" for p in files):
         raise FileNotFoundError(f"{checkpoint}: no safetensors weights")
-    for p in files:
-        shutil.copy2(p, to / p.name)
-    if not (to / "generation_config.json").exists():
-        from transformers import GenerationConfig
-
-        config = json.loads((checkpoint / "config.json").read_text())
-        GenerationConfig.from_dict({k: config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id")
-                                    if config.get(k) is not None}).save_pretrained(to)
-    if not (to / "tokenizer_config.json").exists():
+    if not any(p.name == "tokenizer_config.json" for p in files):
         raise FileNotFoundError(f"{checkpoint}: no tokenizer files to export")
-    config_path = run_dir / "config.yaml"
-    train_config = yaml.safe_load(config_path.read_text()) if config_path.exists() else {}
-    train_config = {k: v for k, v in (train_config or {}).items() if k != "_run"}
-    (to / "README.md").write_text(model_card(run_dir, train_config, held_out_results(run_dir)))
+    # built in a fresh folder beside the target and moved into place: an --overwrite export never keeps files of
+    # an earlier one (stale shards, tokenizer files), and an interrupted export leaves the target as it was
+    to.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{to.name}.", dir=to.parent))
+    try:
+        for p in files:
+            shutil.copy2(p, staging / p.name)
+        if not (staging / "generation_config.json").exists():
+            from transformers import GenerationConfig
+
+            config = json.loads((checkpoint / "config.json").read_text())
+            GenerationConfig.from_dict({k: config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id")
+                                        if config.get(k) is not None}).save_pretrained(staging)
+        config_path = run_dir / "config.yaml"
+        train_config = yaml.safe_load(config_path.read_text()) if config_path.exists() else {}
+        train_config = {k: v for k, v in (train_config or {}).items() if k != "_run"}
+        (staging / "README.md").write_text(model_card(run_dir, train_config, held_out_results(run_dir)))
+        if to.exists():
+            shutil.rmtree(to)
+        os.replace(staging, to)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging)
     return ExportResult(to, checkpoint, sorted(p.name for p in to.iterdir()))
 
 

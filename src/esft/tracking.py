@@ -161,10 +161,9 @@ def check_backends(report_to: str | Iterable[str] | None) -> list[str]:
     import importlib.util
 
     names = parse_report_to(report_to)
-    for name in names:
-        module = "tensorboard" if name == "tensorboard" else name
-        if importlib.util.find_spec(module) is None:
-            raise ValueError(f"report_to {name!r} needs the {module} package: pip install 'esft[{_EXTRAS[name]}]'")
+    for name in names:  # each tracker's import name is its report_to name
+        if importlib.util.find_spec(name) is None:
+            raise ValueError(f"report_to {name!r} needs the {name} package: pip install 'esft[{_EXTRAS[name]}]'")
     return names
 
 

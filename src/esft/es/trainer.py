@@ -340,7 +340,6 @@ class ESTrainer:
     def train(self) -> TrainResult:
         from tqdm.auto import tqdm
 
-        cfg = self.config
         lock = RunLock(self.out).acquire()
         try:
             return self._train_locked(tqdm)

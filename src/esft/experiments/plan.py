@@ -43,13 +43,25 @@ _TASK_CHARS = {"+": "plus", "*": "times", "/": "div", ":": ".", ",": "."}
 def task_slug(task: str) -> str:
     """A folder- and file-safe form of a task name with options, readable and one-to-one:
     `countdown:numbers=2,ops=+*` -> `countdown.numbers=2.ops=plustimes`; a name of plain characters is itself.
-    Any other character becomes `_` and a hash of the name keeps two such names apart."""
+    When the readable form does not decode back to the name (a `.` or a word like `plus` in it, a character
+    outside [A-Za-z0-9_.=-]), a hash of the name is appended, so two names never share a folder."""
     import hashlib
     import re
 
     out = "".join(_TASK_CHARS.get(c, c) for c in task)
+    if re.fullmatch(r"[A-Za-z0-9_.=-]*", out) and _untask_slug(out) == task:
+        return out
     safe = re.sub(r"[^A-Za-z0-9_.=-]", "_", out)
-    return safe if safe == out else f"{safe}-{hashlib.sha1(task.encode()).hexdigest()[:6]}"
+    return f"{safe}-{hashlib.sha1(task.encode()).hexdigest()[:6]}"
+
+
+def _untask_slug(slug: str) -> str:
+    """The inverse of the readable form: the first `.` was the `:` before the options, the others commas."""
+    head, dot, tail = slug.partition(".")
+    text = head + (":" + tail.replace(".", ",") if dot else "")
+    for char, word in (("+", "plus"), ("*", "times"), ("/", "div")):
+        text = text.replace(word, char)
+    return text
 
 
 @dataclass
