@@ -112,7 +112,7 @@ def reference(tiny_dir, tmp_path_factory) -> Path:
     ("--sigma", "-0.5", "sigma"), ("--batch-size", "0", "batch_size"), ("--batch-size", "-3", "batch_size"),
     ("--population-size", "0", "population_size"), ("--max-new-tokens", "0", "max_new_tokens"),
     ("--task", "nosuchtask", "task"), ("--task", "countdown:bogus=1", "task"), ("--model", "no-such-model", "model"),
-    ("--noise", "gaussian", "noise"),
+    ("--noise", "gaussian", "noise"), ("--report-to", "tensorbord", "report_to"),
 ])
 def test_bad_es_flag_is_refused_before_the_model_loads(tmp_path, capsys, no_model_load, flag, value, key):
     args = ["train", "es", "--preset", "cpu", "--output-dir", str(tmp_path / "run"), flag, value]

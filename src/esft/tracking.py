@@ -35,6 +35,20 @@ def parse_report_to(value: str | Iterable[str] | None) -> list[str]:
     return list(dict.fromkeys(n for n in names if n != "none"))
 
 
+def report_to_rule() -> Any:
+    """The `report_to` field's rule for esft.config.check_fields (so its error names where the value was set)."""
+    from esft.config import Rule
+
+    def ok(value: Any) -> bool:
+        try:
+            parse_report_to(value)
+        except ValueError:
+            return False
+        return True
+
+    return Rule(f"one of {', '.join(REPORT_TO)} or a comma list of them", ok)
+
+
 def flatten(record: Mapping[str, Any], prefix: str = "") -> dict[str, float]:
     """Finite numbers of a (nested) record under slash-joined keys; a two-number list is an interval (low/high)."""
     out: dict[str, float] = {}

@@ -15,7 +15,7 @@ import yaml
 
 from esft.config import (FAST_CPU_GENERATION, ConfigError, Rule, RunConfig, at_least, check_fields, finite, one_of,
                          positive)
-from esft.tracking import parse_report_to
+from esft.tracking import report_to_rule
 
 
 @dataclass
@@ -127,7 +127,6 @@ class ESConfig(RunConfig):
 
     def __post_init__(self) -> None:
         self.parse_mappings("fitness_options", "task_options", "generation_options", "executor_options")
-        parse_report_to(self.report_to)  # an unknown tracker fails with the other flags
         check_fields(self, self.rules)
         if self.rollout_dtype == "bfloat16" and (self.executor != "local" or self.noise == "lowrank"):
             raise ConfigError("rollout_dtype", self.rollout_dtype, "'float32' or 'auto' with the Ray executor or "
@@ -150,6 +149,7 @@ RULES: dict[str, Rule] = {
     "num_workers": at_least(0), "worker_backend": one_of("hf", "vllm"),
     "rollout_dtype": one_of("auto", "float32", "bfloat16"),
     "model": Rule("a model name or folder (non-empty)", bool), "output_dir": Rule("a folder (non-empty)", bool),
+    "report_to": report_to_rule(),
 }
 ESConfig.rules = RULES
 

@@ -16,7 +16,7 @@ import yaml
 
 from esft.config import (ConfigError, Rule, RunConfig, at_least, check_fields, finite, in_range, non_negative,
                          one_of, positive)
-from esft.tracking import parse_report_to
+from esft.tracking import report_to_rule
 
 
 @dataclass
@@ -109,7 +109,6 @@ class GRPOConfig(RunConfig):
 
     def __post_init__(self) -> None:
         self.parse_mappings("task_options", "trl_args")
-        parse_report_to(self.report_to)  # an unknown tracker fails with the other flags
         check_fields(self, self.rules)
         if self.completions_per_step % self.per_device_train_batch_size:
             raise ConfigError(
@@ -138,7 +137,7 @@ RULES: dict[str, Rule] = {
     "precision": one_of("auto", "fp32", "bf16-autocast"), "save_steps": at_least(0), "eval_every": at_least(0),
     "eval_limit": at_least(0), "eval_max_new_tokens": at_least(1), "samples_per_iteration": at_least(0),
     "max_passage_chars": at_least(1), "model": Rule("a model name, folder or hub id (non-empty)", bool),
-    "output_dir": Rule("a folder (non-empty)", bool),
+    "output_dir": Rule("a folder (non-empty)", bool), "report_to": report_to_rule(),
 }
 GRPOConfig.rules = RULES
 
