@@ -60,3 +60,43 @@ def test_examples_outside_the_label_set_do_not_count():
     assert rule(right_on_sums, batch)[0] == pytest.approx(0.5)
     # a batch with no labelled example falls back to the plain mean
     assert rule(_result([[1.0]]), batch[-1:])[0] == 1.0
+
+
+# ---- GRPO: the same opt-in as a reward weighting (esft.grpo.trl_trainer.balanced_rewards) --------------------------
+
+def test_grpo_balanced_rewards_weigh_each_label_the_same():
+    from esft.grpo.trl_trainer import balanced_rewards
+
+    labels = ["yes"] * 6 + ["no"] * 2
+    always_yes = [1.0] * 6 + [0.0] * 2
+    always_no = [0.0] * 6 + [1.0] * 2
+    assert np.mean(balanced_rewards(always_yes, labels, ("yes", "no"))) == pytest.approx(0.5)
+    assert np.mean(balanced_rewards(always_no, labels, ("yes", "no"))) == pytest.approx(0.5)
+    # a label outside the set keeps its reward as is
+    assert balanced_rewards([1.0, 1.0, 1.0], ["+", "*", "other"], ("+", "*")) == [1.0, 1.0, 1.0]
+    assert balanced_rewards([1.0, 0.0, 0.0, 1.0], ["+", "+", "+", "*"], ("+", "*")) == [2 / 3, 0.0, 0.0, 2.0]
+
+
+def test_grpo_class_balanced_needs_batch_scaling_and_labels(tmp_path, capsys):
+    from esft.cli import main
+    from esft.config import ConfigError
+    from esft.grpo import GRPOConfig
+
+    with pytest.raises(ConfigError, match="scale_rewards"):
+        GRPOConfig(class_balanced=True, scale_rewards="group")
+    assert GRPOConfig(class_balanced=True, scale_rewards="batch").class_balanced
+    assert main(["train", "grpo", "--preset", "cpu", "--task", "math", "--class-balanced", "--scale-rewards", "batch",
+                 "--output-dir", str(tmp_path / "g")]) == 2
+    assert "class_balanced" in capsys.readouterr().err
+
+
+def test_grpo_task_reward_applies_the_weights_only_when_asked():
+    from esft.grpo.ledger import StepLedger
+    from esft.grpo.trl_trainer import TaskReward
+
+    boolq = get_task("boolq")
+    examples = [{"question": "q", "passage": "p", "answer": a} for a in (True, True, True, False)]
+    completions = ["\\boxed{yes}"] * 4  # the always-yes prior: right on 3 of 4
+    plain = TaskReward(boolq, examples, 0.0, StepLedger)(completions, example_index=[0, 1, 2, 3])
+    balanced = TaskReward(boolq, examples, 0.0, StepLedger, class_balanced=True)(completions, example_index=[0, 1, 2, 3])
+    assert np.mean(plain) == 0.75 and np.mean(balanced) == pytest.approx(0.5)

@@ -34,6 +34,9 @@ def check_labels(config: Any, task: Any) -> None:
     if getattr(config, "fitness_rule", None) == "balanced" and labels is None:
         raise ConfigError("fitness_rule", "balanced", "'mean' or 'dart' for this task: 'balanced' needs a task with "
                           "labels (boolq, chemistry, mmlu, a Countdown variant with several operators)")
+    if getattr(config, "class_balanced", False) and labels is None:
+        raise ConfigError("class_balanced", True, "false for this task: a class-balanced reward needs a task with "
+                          "labels (boolq, chemistry, mmlu, a Countdown variant with several operators)")
     if getattr(config, "eval_balanced", False) and labels is not None and getattr(config, "eval_limit", 0):
         from esft.tasks.labels import balanced_indices
 

@@ -76,6 +76,11 @@ class GRPOConfig(RunConfig):
     """generation budget per completion (tokens)"""
     format_bonus: float = 0.0
     """reward added for a well-formed answer (same meaning as in ES); 0 = the paper's binary reward"""
+    class_balanced: bool = False
+    """opt-in class-balanced reward: each completion's reward weighted by n / (K * count of its label) over the
+    generation batch (the task's `balance_key` labels, e.g. BoolQ yes/no), so a majority-label prior earns no
+    more than a minority one. Needs scale_rewards "batch" or "none": with "group" every prompt's group shares
+    one weight, which the per-group normalisation cancels"""
     precision: str = "auto"
     """"auto" (bf16 autocast where the device supports it, else fp32), "fp32" or "bf16-autocast". Master weights,
     gradients and optimizer state are fp32 in every case."""
@@ -115,6 +120,9 @@ class GRPOConfig(RunConfig):
                 "per_device_train_batch_size", self.per_device_train_batch_size,
                 f"a divisor of prompts_per_step * num_generations = {self.completions_per_step} completions per step "
                 f"({self.completions_per_step} is not a multiple of {self.per_device_train_batch_size})")
+        if self.class_balanced and self.scale_rewards == "group":
+            raise ConfigError("scale_rewards", self.scale_rewards, "'batch' or 'none' with class_balanced (a "
+                              "per-group normalisation cancels a weight shared by the group's completions)")
 
     @property
     def completions_per_step(self) -> int:

@@ -173,7 +173,7 @@ def _train_locked(config: GRPOConfig, out: Path, model: Any, tokenizer: Any, tas
     trl_args = to_trl_config(config, str(out), precision, progress)
     trainer_box: list[EsftGRPOTrainer] = []
     reward = TaskReward(task, train_set, config.format_bonus, lambda: trainer_box[0].ledger,
-                        config.samples_per_iteration)
+                        config.samples_per_iteration, class_balanced=config.class_balanced)
     trainer = EsftGRPOTrainer(model, reward_funcs=[reward], args=trl_args, train_dataset=build_dataset(train_set, task),
                               processing_class=tokenizer, run_dir=out, log_kl=config.log_kl)
     trainer_box.append(trainer)

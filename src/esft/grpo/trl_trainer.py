@@ -24,7 +24,7 @@ import contextlib
 import copy
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 from trl import GRPOTrainer
@@ -35,6 +35,22 @@ from esft.rundir import CHECKPOINTS, checkpoint_name, replace_dir
 from esft.tasks.base import completion_text
 
 
+def balanced_rewards(rewards: Sequence[float], labels: Sequence[Any],
+                     label_set: Sequence[Any] | None) -> list[float]:
+    """Rewards weighted by `class_balanced_weights` of their labels; a label outside `label_set` (a Countdown
+    target two operators reach) keeps weight 1. Their mean is the mean over labels of each label's mean reward."""
+    from esft.tasks.labels import class_balanced_weights
+
+    allowed = None if label_set is None else set(label_set)
+    known = [i for i, label in enumerate(labels) if allowed is None or label in allowed]
+    out = [float(r) for r in rewards]
+    if known:
+        weights = class_balanced_weights([labels[i] for i in known])
+        for i, w in zip(known, weights):
+            out[i] *= w
+    return out
+
+
 class TaskReward:
     """The task's scorer as a TRL reward function (same reward as ES: score + format_bonus * well_formed).
 
@@ -43,8 +59,9 @@ class TaskReward:
     """
 
     def __init__(self, task: Any, examples: list[dict[str, Any]], format_bonus: float,
-                 ledger: Callable[[], StepLedger], samples_per_iteration: int = 4):
+                 ledger: Callable[[], StepLedger], samples_per_iteration: int = 4, class_balanced: bool = False):
         self.task, self.examples, self.format_bonus = task, examples, format_bonus
+        self.class_balanced = class_balanced
         self._reward = task.reward_function(format_bonus)
         self._ledger = ledger
         self.samples_per_iteration = samples_per_iteration
@@ -53,6 +70,9 @@ class TaskReward:
     def __call__(self, completions: list[Any], example_index: list[int], **kwargs: Any) -> list[float]:
         examples = [self.examples[int(i)] for i in example_index]
         rewards = self._reward(completions, examples=examples)
+        if self.class_balanced:
+            rewards = balanced_rewards(rewards, [self.task.balance_key(ex) for ex in examples],
+                                       self.task.label_set())
         texts = [completion_text(c) for c in completions]
         scores = [float(self.task.score(t, ex)) for t, ex in zip(texts, examples)]
         formed = [bool(self.task.is_well_formed(t, ex)) for t, ex in zip(texts, examples)]
