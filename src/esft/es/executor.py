@@ -298,14 +298,15 @@ class LocalExecutor(Executor):
             self._synced_versions = {}
         # Parameters outside the ES selection are never perturbed: keep the copies' equal to the model's, which a
         # resumed or reloaded model may have changed since the copy (checked by version counter: no data pass).
-        chosen = {id(p) for p in self.weights.params.values()}
-        with torch.no_grad():
-            for name, param in self.model.named_parameters():
-                if id(param) in chosen or self._synced_versions.get(name) == param._version:
-                    continue
-                for replica, _ in self._lanes:
-                    replica.get_parameter(name).copy_(param)
-                self._synced_versions[name] = param._version
+        if self._lanes:  # one lane on the model itself (or an engine's weights) has no copies to keep in sync
+            chosen = {id(p) for p in self.weights.params.values()}
+            with torch.no_grad():
+                for name, param in self.model.named_parameters():
+                    if id(param) in chosen or self._synced_versions.get(name) == param._version:
+                        continue
+                    for replica, _ in self._lanes:
+                        replica.get_parameter(name).copy_(param)
+                    self._synced_versions[name] = param._version
         if lanes > 1 and (self._pool is None or self._pool_size < lanes - 1):
             if self._pool is not None:
                 self._pool.shutdown(wait=True)
