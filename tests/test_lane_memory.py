@@ -129,3 +129,13 @@ def test_parallel_lanes_on_copies_give_the_completions_of_the_model_perturbed_in
     # the lanes' projections were freed after packing (lane 0 generated the centre last, so it holds them freed)
     assert any(n.endswith("q_proj.weight") for n in _released(lane_models[0]))
     ex.close()
+
+
+def test_large_blocks_are_mapped_one_by_one_under_glibc():
+    import platform
+
+    from esft.es.executor import map_large_blocks
+
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        pytest.skip("mallopt is glibc's")
+    assert map_large_blocks() is True

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import ctypes
 import functools
 import numbers
 import threading
@@ -82,6 +83,21 @@ def rollout_replica(model: Any, dtype: torch.dtype | None = None) -> Any:
         if p.is_floating_point():
             memo[id(p)] = torch.nn.Parameter(torch.empty(p.shape, dtype=dtype, device=p.device), requires_grad=False)
     return copy.deepcopy(model, memo)
+
+
+@functools.lru_cache(maxsize=1)
+def map_large_blocks(threshold: int = 1 << 20) -> bool:
+    """Have glibc's malloc map every block of `threshold` bytes or more on its own and unmap it when freed (True
+    where it took). Lane copies free their projections at every generation and allocate them again at the next
+    perturbation, on two threads; with glibc's default, which raises its mapping threshold to the largest block
+    freed (up to 32 MB), those blocks stay in per-thread heaps, and each lane's heap keeps the other generation's
+    packed weights and caches beside its own: +1.2 GB resident on the cpu preset (docs/performance.md,
+    "Memory"). Process-wide, set once, when the first lane copy is made."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        return bool(libc.mallopt(-3, int(threshold)))  # -3: M_MMAP_THRESHOLD (fixed, no longer dynamic)
+    except (OSError, AttributeError):  # not glibc
+        return False
 
 
 @functools.lru_cache(maxsize=1)
@@ -311,6 +327,7 @@ class LocalExecutor(Executor):
     def _ensure_lanes(self, lanes: int) -> None:
         copies = lanes if self._replicas else lanes - 1
         while len(self._lanes) < copies:
+            map_large_blocks()
             replica = rollout_replica(self.model, self.rollout_dtype or (torch.float32 if self._replicas else None))
             self._lanes.append((replica, self.weights.bind(replica, cast=self.rollout_dtype is not None)))
             self._synced_versions = {}
