@@ -53,8 +53,9 @@ def make_weights(model: Any, config: ESConfig) -> MasterWeights:
 
         return LowRankWeights(model, rank=config.rank, include=config.include or None,
                               exclude=config.exclude or None)
-    # bf16 rollouts run on bf16 copies, never on the model: its fp32 parameters can be the masters themselves
-    share = config.rollout_dtype == "bfloat16" and config.executor == "local"
+    # bf16 rollouts and parallel lanes run on copies, never on the model (esft.es.executor.LocalExecutor): its
+    # fp32 parameters can then be the masters themselves, not a second fp32 model beside them
+    share = config.executor == "local" and (config.rollout_dtype == "bfloat16" or int(config.parallel_members) > 1)
     return MasterWeights(model, include=config.include or None, exclude=config.exclude or None, noise=config.noise,
                          share_storage=share)
 

@@ -10,7 +10,9 @@ it), read when a member is perturbed.
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import ctypes
 import functools
 import numbers
 import threading
@@ -84,6 +86,21 @@ def rollout_replica(model: Any, dtype: torch.dtype | None = None) -> Any:
 
 
 @functools.lru_cache(maxsize=1)
+def map_large_blocks(threshold: int = 1 << 20) -> bool:
+    """Have glibc's malloc map every block of `threshold` bytes or more on its own and unmap it when freed (True
+    where it took). Lane copies free their projections at every generation and allocate them again at the next
+    perturbation, on two threads; with glibc's default, which raises its mapping threshold to the largest block
+    freed (up to 32 MB), those blocks stay in per-thread heaps, and each lane's heap keeps the other generation's
+    packed weights and caches beside its own: +1.2 GB resident on the cpu preset (docs/performance.md,
+    "Memory"). Process-wide, set once, when the first lane copy is made."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        return bool(libc.mallopt(-3, int(threshold)))  # -3: M_MMAP_THRESHOLD (fixed, no longer dynamic)
+    except (OSError, AttributeError):  # not glibc
+        return False
+
+
+@functools.lru_cache(maxsize=1)
 def _openmp_backend() -> bool:
     """torch's intra-op pool is OpenMP: `torch.set_num_threads` then sets the calling thread's team size."""
     info = torch.__config__.parallel_info()
@@ -105,9 +122,13 @@ class LocalExecutor(Executor):
     share of torch's intra-op threads. Lane 0 is the calling thread on `model`; every other lane holds a deep
     copy of the model (one more model in memory per lane), made at its first use (or by `start`), whose
     parameters `weights.bind` perturbs from the same masters. With `rollout_dtype` (bf16 rollouts,
-    esft.generation.precision) every lane, lane 0 and the centre's evaluations included, runs on a bf16 copy
-    (`rollout_replica`: half a model each) holding round(master + sigma * eps); `model` stays at the masters
-    (which may then share its storage: `MasterWeights(share_storage=True)`).
+    esft.generation.precision), or with masters that share the model's storage (`MasterWeights(share_storage=
+    True)`, what `esft.es.build` makes for bf16 rollouts and for parallel lanes), every lane, lane 0 and the
+    centre's evaluations included, runs on a copy (`rollout_replica`; bf16: half a model each) holding
+    (master + sigma * eps) in its dtype, and `model` stays at the masters.
+    Memory: a copy's projections are rewritten in full at every perturbation, so while the lean engine holds
+    their packed copies the plain ones are freed (`esft.generation.releasing`; re-allocated by the next perturb
+    or restore): a lane holds one copy of its projections, not two (docs/performance.md, "Memory").
     Why lanes: a batch-32 decode step is a string of small matmuls and memory-bound attention reads, and two threads splitting each op meet at a barrier after every
     one; two members side by side, one core each, keep both cores busy, and one lane's memory-bound phases
     overlap the other's compute (docs/performance.md, "Session 5"). torch releases the GIL inside its kernels and
@@ -130,6 +151,8 @@ class LocalExecutor(Executor):
         # rollouts in another dtype (bf16, esft.generation.precision): every lane, lane 0 included, generates on
         # a copy whose parameters are round(master + sigma * eps); `model` is never perturbed
         self.rollout_dtype = None if rollout_dtype in (None, torch.float32) else rollout_dtype
+        # masters in the model's own storage cannot be perturbed there: then every lane is a copy as well
+        self._replicas = self.rollout_dtype is not None or bool(getattr(weights, "shared", False))
         self._lanes: list[tuple[Any, MasterWeights]] = []  # (model copy, weights bound to it), lane order
         self._synced_versions: dict[str, int] = {}  # unselected parameters' versions when last copied to lanes
         self._pool: ThreadPoolExecutor | None = None
@@ -161,11 +184,22 @@ class LocalExecutor(Executor):
         extra = {"prompt_ids": self._encode(prompts)} if self._encode is not None else {}
         return prompts, extra
 
-    def _generate(self, model: Any, prompts: tuple[list, dict], timings: dict[str, float]) -> list:
+    def _generate(self, model: Any, prompts: tuple[list, dict], timings: dict[str, float],
+                  weights: MasterWeights | None = None) -> list:
         t0 = time.perf_counter()
-        gens = self.generate_fn(model, self.tokenizer, prompts[0], self.gen_config, **prompts[1])
+        with self._releasing(weights):
+            gens = self.generate_fn(model, self.tokenizer, prompts[0], self.gen_config, **prompts[1])
         timings["generate"] += time.perf_counter() - t0
         return gens
+
+    def _releasing(self, weights: MasterWeights | None) -> Any:
+        """A lane copy's perturbed parameters may be freed once packed (perturb and restore rewrite them all);
+        the model's own never are."""
+        if weights is None or weights is self.weights:
+            return contextlib.nullcontext()
+        from esft.generation import releasing  # lazy, as generate_fn in __init__
+
+        return releasing(weights.params.values())
 
     def _score(self, gens: list, batch: Sequence[dict], result: PopulationResult, row: int) -> None:
         t0 = time.perf_counter()
@@ -180,8 +214,8 @@ class LocalExecutor(Executor):
         result.timings["score"] += time.perf_counter() - t0
 
     def _run(self, prompts: tuple[list, dict], batch: Sequence[dict], result: PopulationResult, row: int,
-             model: Any = None) -> None:
-        gens = self._generate(self.model if model is None else model, prompts, result.timings)
+             model: Any = None, weights: MasterWeights | None = None) -> None:
+        gens = self._generate(self.model if model is None else model, prompts, result.timings, weights)
         self._score(gens, batch, result, row)
 
     def _empty(self, rows: int, cols: int) -> PopulationResult:
@@ -221,7 +255,7 @@ class LocalExecutor(Executor):
                                            restore=weights is self.weights)
             try:
                 for row in rows:
-                    self._run(prompts, batch, result, row, model)
+                    self._run(prompts, batch, result, row, model, weights)
             finally:
                 rows.close()  # restores now, not when the generator is garbage-collected
         else:
@@ -240,7 +274,7 @@ class LocalExecutor(Executor):
             model, weights = self._lane(0)
             if weights is not self.weights:
                 weights.restore()  # the copy holds the masters, rounded once
-            self._run(prompts, batch, result, 0, model)
+            self._run(prompts, batch, result, 0, model, weights)
         result.timings["evaluate"] = time.perf_counter() - start
         return result
 
@@ -269,7 +303,7 @@ class LocalExecutor(Executor):
         """Make the lanes' model copies and threads now rather than at the first `evaluate_members` (a benchmark
         keeps this set-up out of its timed iteration). Nothing to do with one lane."""
         lanes = self.lanes_for(self.parallel_members)
-        if lanes > 1 or self.rollout_dtype is not None:
+        if lanes > 1 or self._replicas:
             self._ensure_lanes(lanes)
 
     def _drain(self) -> list[BaseException]:
@@ -285,15 +319,16 @@ class LocalExecutor(Executor):
         return errors
 
     def _lane(self, k: int) -> tuple[Any, MasterWeights]:
-        """Lane k's model and weights: lane 0 is `model` itself unless rollouts run in another dtype."""
-        if self.rollout_dtype is None:
+        """Lane k's model and weights: lane 0 is `model` itself unless every lane is a copy (`_replicas`)."""
+        if not self._replicas:
             return (self.model, self.weights) if k == 0 else self._lanes[k - 1]
         return self._lanes[k]
 
     def _ensure_lanes(self, lanes: int) -> None:
-        copies = lanes if self.rollout_dtype is not None else lanes - 1
+        copies = lanes if self._replicas else lanes - 1
         while len(self._lanes) < copies:
-            replica = rollout_replica(self.model, self.rollout_dtype)
+            map_large_blocks()
+            replica = rollout_replica(self.model, self.rollout_dtype or (torch.float32 if self._replicas else None))
             self._lanes.append((replica, self.weights.bind(replica, cast=self.rollout_dtype is not None)))
             self._synced_versions = {}
         # Parameters outside the ES selection are never perturbed: keep the copies' equal to the model's, which a
@@ -343,7 +378,7 @@ class LocalExecutor(Executor):
                 with torch.no_grad(), cancel_on(stop):  # grad mode and cancellation are per thread
                     try:
                         for row in rows:
-                            generations[row] = self._generate(model, prompts, lane_timings[k])
+                            generations[row] = self._generate(model, prompts, lane_timings[k], weights)
                     finally:
                         rows.close()
             except BaseException:

@@ -178,6 +178,17 @@ class Update:
         return self.scale == 0.0 or all(c == 0.0 for c in self.coefficients)
 
 
+def materialise(param: torch.Tensor) -> torch.Tensor:
+    """`param` with storage for all its elements again: a lane copy's projections are freed while the lean engine
+    holds their packed copies (esft.generation.releasing) and come back here, just before perturb or restore
+    rewrites every element (their old contents are gone, and nothing reads them first)."""
+    storage = param.untyped_storage()
+    needed = (param.storage_offset() + param.numel()) * param.element_size()
+    if storage.nbytes() < needed:
+        storage.resize_(needed)
+    return param
+
+
 # ---- master weights -------------------------------------------------------------------------------------------
 
 class MasterWeights:
@@ -325,7 +336,7 @@ class MasterWeights:
         self.perturbed = (int(seed), int(sign))
 
         def one(name: str, bufs: list[torch.Tensor]) -> None:
-            param = self.params[name]
+            param = materialise(self.params[name])
             eps = self.noise(seed, name, out=bufs[0] if bufs else None)
             if param.dtype == torch.float32:
                 torch.add(self.master[name], eps, alpha=step, out=param.data)  # one pass, no temporary
@@ -340,7 +351,7 @@ class MasterWeights:
         lower-precision copy (`bind(cast=True)`), the masters rounded once."""
         if not self.shared:
             for name, param in self.params.items():
-                param.copy_(self.master[name])
+                materialise(param).copy_(self.master[name])
         self.perturbed = None
 
     # -- update

@@ -11,9 +11,11 @@ from esft.generation.generation_config import Generation, GenerationConfig
 from esft.generation.engine import decode, generate
 from esft.generation.hf_step import decode_hf
 from esft.generation.loop import sample_next
+from esft.generation.packed import releasing
 from esft.generation.prompts import encode_prompts, eos_token_ids, left_pad, to_generation
 
 __all__ = [
     "Generation", "GenerationCancelled", "GenerationConfig", "cancel_on", "check_cancelled", "decode", "decode_hf",
-    "encode_prompts", "eos_token_ids", "generate", "left_pad", "sample_next", "to_generation",
+    "encode_prompts", "eos_token_ids", "generate", "left_pad", "releasing", "sample_next",
+    "to_generation",
 ]

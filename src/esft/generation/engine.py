@@ -6,6 +6,7 @@ the caller's order, as ids (for token-aligned KL) and as text.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Callable, Sequence
 
 import torch
@@ -15,6 +16,7 @@ from esft.generation.generation_config import Generation, GenerationConfig
 from esft.generation.hf_step import decode_hf
 from esft.generation.lean import lean_decode
 from esft.generation.lean_step import unsupported_reason
+from esft.generation.packed import releasing
 from esft.generation.prompts import encode_prompts, eos_token_ids, left_pad, to_generation
 from esft.tasks.base import Messages
 
@@ -54,7 +56,10 @@ def generate(
         if config.engine == "hf":
             new = _hf_generate(model, input_ids, attention_mask, config, pad_id, eos)
         elif config.engine == "esft":
-            new = decode(model, input_ids, attention_mask, config, eos)
+            # weights freed once packed (`releasing`, an ES lane's copy) are packed again by the next batch: freed
+            # by the last batch only
+            with contextlib.nullcontext() if start + config.batch_size >= len(order) else releasing(()):
+                new = decode(model, input_ids, attention_mask, config, eos)
         else:
             raise ValueError(f"unknown generation engine {config.engine!r}; use 'esft' or 'hf'")
         for row, i in zip(new, idx):

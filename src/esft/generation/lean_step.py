@@ -43,6 +43,7 @@ from esft.generation.packed import (
     packed_linear,
     packed_linear_bf16,
     packed_linear_reason,
+    release_packed,
     screen_lm_head_reason,
 )
 
@@ -274,7 +275,7 @@ def _stacked_layer(layer, w: _Handles, low_precision: bool = False) -> _Layer:
     a, m = layer.self_attn, layer.mlp
     biases = (a.q_proj.bias, a.k_proj.bias, a.v_proj.bias)
     qn, kn = (getattr(getattr(a, name, None), "weight", None) for name in ("q_norm", "k_norm"))
-    return _Layer(
+    out = _Layer(
         ln1=_gain(layer.input_layernorm.weight, low_precision),
         ln2=_gain(layer.post_attention_layernorm.weight, low_precision),
         wq=None, bq=None, wk=None, bk=None, wv=None, bv=None,
@@ -283,6 +284,10 @@ def _stacked_layer(layer, w: _Handles, low_precision: bool = False) -> _Layer:
         wqkv=w(torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]).detach()),
         bqkv=None if biases[0] is None else torch.cat(biases).detach(),
         wgu=w(torch.cat([m.gate_proj.weight, m.up_proj.weight]).detach()))
+    # layer by layer, so that a released lane copy never holds its plain and its packed projections in full at once
+    release_packed(a.q_proj.weight, a.k_proj.weight, a.v_proj.weight, a.o_proj.weight, m.gate_proj.weight,
+                   m.up_proj.weight, m.down_proj.weight)
+    return out
 
 
 def _fused_step(lean: LeanModel, cache: KVCache, token: torch.Tensor, cos_rows: torch.Tensor,

@@ -7,7 +7,10 @@ functions say why an option cannot run here (None when it can).
 
 from __future__ import annotations
 
+import threading
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Iterable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -54,6 +57,33 @@ def screen_lm_head_reason(model, packed: bool, fused_attention: bool, delta=None
 def pack_weight(weight: torch.Tensor, batch_hint: int) -> torch.Tensor:
     """`weight` reordered once into oneDNN's blocked layout for about `batch_hint` rows per call (`packed_linear`)."""
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), batch_hint)
+
+
+_RELEASABLE = threading.local()
+
+
+@contextmanager
+def releasing(weights: Iterable[torch.Tensor]) -> Iterator[None]:
+    """Inside this context (on this thread only), the lean engine frees the storage of these plain weights once
+    it has packed them (`release_packed`): an ES lane's copy whose weights are rewritten in full before its next
+    use (`esft.es.noise.MasterWeights.perturb` re-allocates them) then holds one copy of its projections while it
+    generates, the packed one, instead of two. Never for weights anything else reads: a released tensor keeps its
+    shape but has no storage. Only the stacked path (`LeanModel.fused_projections`, whose prefill and decode
+    read packed weights only) releases; the embedding, the lm_head and the norm gains are always kept."""
+    previous = getattr(_RELEASABLE, "ids", frozenset())
+    _RELEASABLE.ids = frozenset(id(w) for w in weights)
+    try:
+        yield
+    finally:
+        _RELEASABLE.ids = previous
+
+
+def release_packed(*weights: torch.Tensor | None) -> None:
+    """Free the storage of those `weights` that the enclosing `releasing` context names (no-op outside it)."""
+    ids = getattr(_RELEASABLE, "ids", frozenset())
+    for w in weights:
+        if w is not None and id(w) in ids:
+            w.untyped_storage().resize_(0)
 
 
 def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
