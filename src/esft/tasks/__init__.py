@@ -129,7 +129,8 @@ def get_task(name: str, **options) -> Task:
     docstring). `options` go to the task's constructor too; giving one option both ways is an error."""
     from esft.tasks.custom import external_kind, external_task, instantiate
 
-    if external_kind(name) is not None:  # module:Class, a data file, a hub dataset (esft.tasks.custom)
+    registered = str(name).partition(":")[0].strip().lower() in _REGISTRY  # `countdown:numbers` is not module:Class
+    if not registered and external_kind(name) is not None:  # module:Class, a data file, a hub dataset
         return external_task(name, options)
     base, raw = parse_task_name(name)
     cls = _task_class(base, name)

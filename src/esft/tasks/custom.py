@@ -56,17 +56,11 @@ def external_kind(name: str) -> str | None:
     source, _ = _split_options(text)
     if is_data_file(source):
         return "data"
-    if _IMPORT_PATH.fullmatch(text) and not _is_registered(text.partition(":")[0]):
-        return "import"  # `countdown:numbers` is a built-in task with a malformed option, not module:Class
+    if _IMPORT_PATH.fullmatch(text):
+        return "import"
     if _HUB_NAME.fullmatch(source.partition(":")[0]) and not Path(source).exists():
         return "hub"
     return None
-
-
-def _is_registered(base: str) -> bool:
-    from esft.tasks import TASK_NAMES
-
-    return base.strip().lower() in TASK_NAMES
 
 
 def parse_options(name: str, text: str) -> dict[str, str]:
