@@ -83,8 +83,9 @@ def parameter_aliases(model: Any) -> dict[str, list[str]]:
     return {name: by_id.get(id(p), [name]) for name, p in model.named_parameters()}
 
 
-class CheckpointDamaged(ValueError):
-    """A checkpoint folder that cannot be loaded (a file missing, unreadable or incomplete)."""
+class CheckpointDamaged(RuntimeError):
+    """A checkpoint folder that cannot be loaded (a file missing, unreadable or incomplete): a run-time failure
+    of the run directory (the CLI exits 1), not bad input."""
 
 
 def _read_checkpoint(folder: Path, model: Any, with_optimizer: bool) -> tuple[dict, dict, dict | None, Any]:
