@@ -335,6 +335,25 @@ def test_damaged_final_checkpoint_falls_back_to_the_previous_one(tiny_dir, refer
     assert_same_weights(out, reference)  # iter_000001 + the seed log's iterations 1 and 2
 
 
+def test_damaged_checkpoint_at_the_resume_step_is_written_again(tiny_dir, reference, tmp_path, capsys,
+                                                                 varied_fitness):
+    import shutil
+
+    from safetensors.numpy import load_file
+
+    out = tmp_path / "run"
+    shutil.copytree(reference, out)
+    shutil.rmtree(out / "checkpoints" / "final")  # stopped after iteration 2 (step 2) was logged
+    lines = (out / "seeds.jsonl").read_text().splitlines()[:2]
+    (out / "seeds.jsonl").write_text("\n".join(lines) + "\n")
+    damaged = out / "checkpoints" / "iter_000002" / "model.safetensors"
+    damaged.write_bytes(b"truncated")
+    assert main(["train", "es", "--resume", str(out)]) == 0
+    assert "iter_000002" in capsys.readouterr().err
+    assert load_file(str(damaged)) and damaged.stat().st_size > 1000  # step 2's checkpoint is due: rewritten
+    assert_same_weights(out, reference)
+
+
 def test_interrupted_evaluation_writes_its_checkpoint_on_resume(tiny_dir, tmp_path, monkeypatch, varied_fitness):
     from esft.es.trainer import ESTrainer
 

@@ -130,6 +130,7 @@ class ESTrainer:
         self.step = 0
         self.last_eval: dict[str, Any] | None = None
         self._evaluated: set[int] = set()
+        self._damaged_checkpoints: set[int] = set()  # steps whose checkpoint folder failed to load on resume
         self.tracker = Tracker()  # opened by train() (esft.tracking; none by default)
 
     def _make_executor(self, factory: ExecutorFactory | None, generate_fn: Any) -> Executor:
@@ -205,10 +206,11 @@ class ESTrainer:
         """(step, folder) of the newest checkpoint not past the seed log that loads; a damaged one (a file missing
         or unreadable) is reported and skipped. (0, None): none loads, replay starts from the base model."""
         usable = [(s, f) for s, f in es_rundir.list_checkpoints(self.out) if s <= logged]
-        for _, folder in reversed(usable):
+        for step, folder in reversed(usable):
             try:
                 return es_rundir.load_checkpoint(folder, self.model, self.weights, self.optimizer), folder
             except es_rundir.CheckpointDamaged as exc:
+                self._damaged_checkpoints.add(step)  # rewritten when due again (the resume step's is due now)
                 print(f"esft: warning: {exc}; resuming from the checkpoint before it and the seed log",
                       file=sys.stderr)
         return 0, None
@@ -357,7 +359,8 @@ class ESTrainer:
         # the evaluation and checkpoint of the current step may be missing (fresh run, or a stop during them)
         if cfg.eval_every and (self.step == 0 or self._eval_due(self.step)) and self.step not in self._evaluated:
             self.evaluate()
-        if self._checkpoint_due(self.step) and self.step not in {s for s, _ in es_rundir.list_checkpoints(self.out)}:
+        written = {s for s, _ in es_rundir.list_checkpoints(self.out)} - self._damaged_checkpoints
+        if self._checkpoint_due(self.step) and self.step not in written:
             self.checkpoint()
         bar = tqdm(total=cfg.iterations, initial=min(self.step, cfg.iterations), desc="ES", unit="it",
                    disable=not self.progress, dynamic_ncols=True)
