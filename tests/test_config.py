@@ -77,3 +77,13 @@ def test_percent_sign_in_field_docstring_does_not_break_help():
     parser = argparse.ArgumentParser()
     add_dataclass_arguments(parser, _Percent)
     assert "~25% faster" in parser.format_help()
+
+
+def test_passage_cut_reaches_boolq_only_and_never_twice():
+    from esft.config import passage_cut
+
+    assert passage_cut("boolq", 400) == {"max_passage_chars": 400}
+    assert passage_cut("BoolQ", 400) == {"max_passage_chars": 400}
+    assert passage_cut("countdown:numbers=2", 400) == {} and passage_cut("mmlu", 400) == {}
+    assert passage_cut("boolq", None) == {}
+    assert passage_cut("boolq:max_passage_chars=100", 400) == {}  # the name's own cut wins, no clash

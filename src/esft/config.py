@@ -42,6 +42,16 @@ FAST_CPU_GENERATION: dict[str, object] = {"share_prefix": True, "prefill_buckets
                                           "fused_attention": True, "screened_lm_head": True}
 
 
+def passage_cut(task: Any, max_passage_chars: int | None) -> dict[str, Any]:
+    """{"max_passage_chars": n} when a passage cut is set and `task` is BoolQ without one in its name, else {}:
+    a preset's cut must not reach a task without passages when only the task is overridden. The one rule for
+    trainer configs, evaluation, validation and curves."""
+    base, _, options = str(task).partition(":")
+    if max_passage_chars is None or base.strip().lower() != "boolq" or "max_passage_chars" in options.lower():
+        return {}
+    return {"max_passage_chars": max_passage_chars}
+
+
 class RunConfig:
     """Shared behaviour of the trainers' config dataclasses (ESConfig, GRPOConfig)."""
 
@@ -61,12 +71,9 @@ class RunConfig:
                 raise ValueError(f"{name} must be a mapping, got {value!r}")
 
     def task_kwargs(self) -> dict[str, Any]:
-        """Keyword options of the task's constructor (task_options, plus max_passage_chars when set and the task is
-        BoolQ: a preset's passage cut must not reach a task without passages when only `task` is overridden)."""
-        kw = dict(self.task_options)
-        if self.max_passage_chars is not None and str(self.task).partition(":")[0].strip().lower() == "boolq":
-            kw.setdefault("max_passage_chars", self.max_passage_chars)
-        return kw
+        """Keyword options of the task's constructor: task_options, plus the passage cut where it applies
+        (`passage_cut`)."""
+        return {**passage_cut(self.task, self.max_passage_chars), **self.task_options}
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)  # type: ignore[call-overload]

@@ -25,10 +25,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from esft.config import Rule, at_least, check_fields, in_range, non_negative, one_of
+from esft.config import Rule, at_least, check_fields, in_range, non_negative, one_of, passage_cut
 from esft.generation import Generation, GenerationConfig, generate
 from esft.passk import answer_key, parse_ks, pass_at_k, summarize_samples
-from esft.tasks import Task, get_task, parse_task_name, split_task_list, task_file_stem
+from esft.tasks import Task, get_task, split_task_list, task_file_stem
 from esft.tasks.labels import BALANCE_SEED, balanced_subset
 
 
@@ -109,9 +109,8 @@ EVAL_RULES: dict[str, Rule] = {
 
 
 def task_options(name: str, max_passage_chars: int | None = None) -> dict[str, Any]:
-    base, named = parse_task_name(name)
-    use = base == "boolq" and max_passage_chars and "max_passage_chars" not in named
-    return {"max_passage_chars": max_passage_chars} if use else {}
+    """The constructor options `esft eval` gives task `name` (esft.config.passage_cut)."""
+    return passage_cut(name, max_passage_chars)
 
 
 def load_examples(task: Task, split: str, limit: int | None = None, balanced: bool = False,

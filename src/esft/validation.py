@@ -86,13 +86,10 @@ def check_names(config: Any) -> None:
                                   f"({exc.accepted.partition('(')[2].rstrip(')')})") from None
         check_labels(config, task)
     if hasattr(config, "tasks"):
-        from esft.tasks import parse_task_name
+        from esft.config import passage_cut
 
-        cut = getattr(config, "max_passage_chars", None)
-        for name in config.tasks:  # the passage cut reaches BoolQ only (as in esft.evaluation.task_options)
-            base, named = parse_task_name(name) if str(name).strip() else ("", {})
-            use = base == "boolq" and cut and "max_passage_chars" not in named
-            options = {"max_passage_chars": cut} if use else {}
+        for name in config.tasks:  # as esft.evaluation builds them
+            options = passage_cut(name, getattr(config, "max_passage_chars", None))
             if external_kind(str(name)):  # as esft.evaluation builds it: the data-task options reach data tasks
                 options.update(getattr(config, "task_options", None) or {})
             check_task("tasks", name, options)

@@ -18,6 +18,7 @@ import numpy as np
 import yaml
 
 from esft import rundir
+from esft.config import passage_cut
 from esft.evaluation import load_examples
 
 
@@ -49,9 +50,7 @@ def heldout_constant_baseline(run_dir: str | Path) -> dict[str, Any] | None:
     cfg = yaml.safe_load(path.read_text()) or {}
     if not cfg.get("task") or not cfg.get("eval_limit"):
         return None
-    options = dict(cfg.get("task_options") or {})
-    if cfg.get("max_passage_chars") is not None and str(cfg["task"]).partition(":")[0].strip().lower() == "boolq":
-        options.setdefault("max_passage_chars", cfg["max_passage_chars"])
+    options = {**passage_cut(cfg["task"], cfg.get("max_passage_chars")), **(cfg.get("task_options") or {})}
     try:
         task = get_task(cfg["task"], **options)
         examples = load_examples(task, "test", int(cfg["eval_limit"]), bool(cfg.get("eval_balanced")))
