@@ -70,6 +70,13 @@ class RunConfig:
             if not isinstance(value, dict):
                 raise ValueError(f"{name} must be a mapping, got {value!r}")
 
+    def task_checks(self) -> list[tuple[str, str, dict[str, Any]]]:
+        """(config key, task name, constructor options) of the task the run builds (esft.validation.check_names)."""
+        return [("task", self.task, self.task_kwargs())]
+
+    def check_task_fit(self, task: Any) -> None:
+        """Cross-checks of the config against its built task, before any model loads (none by default)."""
+
     def task_kwargs(self) -> dict[str, Any]:
         """Keyword options of the task's constructor: task_options, plus the passage cut where it applies
         (`passage_cut`)."""

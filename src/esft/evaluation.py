@@ -92,6 +92,16 @@ class EvalConfig:
         if self.k:
             parse_ks(self.k, self.samples)  # fail before loading the model
 
+    def task_checks(self) -> list[tuple[str, str, dict[str, Any]]]:
+        """(config key, task name, constructor options) of every task evaluated, as `run_eval` builds them."""
+        from esft.tasks.custom import external_kind
+
+        return [("tasks", name, {**task_options(name, self.max_passage_chars),
+                                 **(self.task_options if external_kind(name) else {})}) for name in self.tasks]
+
+    def check_task_fit(self, task: Any) -> None:
+        """`balanced` on a task without labels evaluates its first `limit` examples: nothing to refuse."""
+
     @property
     def sampled(self) -> bool:
         """True when the pass@k protocol runs (several samples, or k asked for explicitly)."""

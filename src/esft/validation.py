@@ -9,7 +9,7 @@ misspelt task, a bad task option or a missing model folder before any model load
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from esft.config import ConfigError
 
@@ -25,25 +25,31 @@ def check_task(key: str, name: Any, options: dict[str, Any] | None = None) -> An
         raise ConfigError(key, name, f"a task of {', '.join(TASK_NAMES)} with valid options ({exc})") from None
 
 
-def check_labels(config: Any, task: Any) -> None:
-    """What needs the task's labels: the class-balanced fitness rule and a balanced held-out set (its size
-    within what the rarest label allows)."""
+def task_labels(task: Any) -> tuple[Any, ...] | None:
+    """The task's label set (None for an unlabelled task, or a task object that is not an esft Task)."""
     from esft.tasks.base import Task
 
-    labels = task.label_set() if isinstance(task, Task) else None
-    if getattr(config, "fitness_rule", None) == "balanced" and labels is None:
-        raise ConfigError("fitness_rule", "balanced", "'mean' or 'dart' for this task: 'balanced' needs a task with "
-                          "labels (boolq, chemistry, mmlu, a Countdown variant with several operators)")
-    if getattr(config, "class_balanced", False) and labels is None:
-        raise ConfigError("class_balanced", True, "false for this task: a class-balanced reward needs a task with "
-                          "labels (boolq, chemistry, mmlu, a Countdown variant with several operators)")
-    if getattr(config, "eval_balanced", False) and labels is not None and getattr(config, "eval_limit", 0):
-        from esft.tasks.labels import balanced_indices
+    return task.label_set() if isinstance(task, Task) else None
 
-        try:
-            balanced_indices([task.balance_key(r) for r in task.load("test")], config.eval_limit, label_set=labels)
-        except ValueError as exc:
-            raise ConfigError("eval_limit", config.eval_limit, f"a balanced held-out set that exists ({exc})") from None
+
+def require_labels(key: str, value: Any, accepted: str, task: Any) -> None:
+    """`key = value` needs a labelled task (boolq, chemistry, mmlu, a Countdown variant with several operators)."""
+    if task_labels(task) is None:
+        raise ConfigError(key, value, f"{accepted} for this task: it needs a task with labels (boolq, chemistry, "
+                          "mmlu, a Countdown variant with several operators)")
+
+
+def check_balanced_set(task: Any, limit: int) -> None:
+    """A label-balanced held-out set of `limit` examples exists (within what the rarest label allows)."""
+    labels = task_labels(task)
+    if labels is None or not limit:
+        return
+    from esft.tasks.labels import balanced_indices
+
+    try:
+        balanced_indices([task.balance_key(r) for r in task.load("test")], limit, label_set=labels)
+    except ValueError as exc:
+        raise ConfigError("eval_limit", limit, f"a balanced held-out set that exists ({exc})") from None
 
 
 def check_model(key: str, name: Any) -> None:
@@ -65,34 +71,36 @@ def check_model(key: str, name: Any) -> None:
         raise ConfigError(key, name, accepted)
 
 
-def check_names(config: Any) -> None:
-    """The task(s) and model of an ESConfig, GRPOConfig or EvalConfig (fields it lacks are skipped)."""
-    if hasattr(config, "model"):
-        check_model("model", config.model)
+class Checked(Protocol):
+    """What a config declares for these checks (ESConfig, GRPOConfig, EvalConfig)."""
+
+    model: str
+
+    def task_checks(self) -> list[tuple[str, str, dict[str, Any]]]:
+        """(config key, task name, constructor options) of every task the config builds."""
+
+    def check_task_fit(self, task: Any) -> None:
+        """Cross-checks of the config against a built task (labels for balanced rules, ...); ConfigError."""
+
+
+def check_names(config: Checked) -> None:
+    """The model and the task(s) a config names exist, and fit the config (its `check_task_fit`)."""
     from esft.tasks.custom import external_kind
 
-    if hasattr(config, "task") and hasattr(config, "task_kwargs"):
-        options = config.task_kwargs()
-        if external_kind(str(config.task)):  # a data file's task needs its field options to build at all
-            task = check_task("task", config.task, options)
-            options = {}
+    check_model("model", config.model)
+    for key, name, options in config.task_checks():
+        if external_kind(str(name)):  # a data file's task needs its field options to build at all
+            task = check_task(key, name, options)
         else:
-            task = check_task("task", config.task)
-        if options:  # the name is fine: a failure now is the options' (task_options, max_passage_chars)
-            try:
-                task = check_task("task", config.task, options)
-            except ConfigError as exc:
-                raise ConfigError("task_options", options, f"options of task {config.task!r} "
-                                  f"({exc.accepted.partition('(')[2].rstrip(')')})") from None
-        check_labels(config, task)
-    if hasattr(config, "tasks"):
-        from esft.config import passage_cut
-
-        for name in config.tasks:  # as esft.evaluation builds them
-            options = passage_cut(name, getattr(config, "max_passage_chars", None))
-            if external_kind(str(name)):  # as esft.evaluation builds it: the data-task options reach data tasks
-                options.update(getattr(config, "task_options", None) or {})
-            check_task("tasks", name, options)
+            task = check_task(key, name)
+            if options:  # the name is fine: a failure now is the options' (task_options, max_passage_chars)
+                try:
+                    task = check_task(key, name, options)
+                except ConfigError as exc:
+                    raise ConfigError("task_options", options, f"options of task {name!r} "
+                                      f"({exc.accepted.partition('(')[2].rstrip(')')})") from None
+        config.check_task_fit(task)
 
 
-__all__ = ["check_labels", "check_model", "check_names", "check_task"]
+__all__ = ["Checked", "check_balanced_set", "check_model", "check_names", "check_task", "require_labels",
+           "task_labels"]

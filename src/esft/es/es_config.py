@@ -135,6 +135,14 @@ class ESConfig(RunConfig):
             raise ConfigError("population_size", self.population_size,
                               "an even number when antithetic (members come in mirrored pairs)")
 
+    def check_task_fit(self, task: Any) -> None:
+        from esft.validation import check_balanced_set, require_labels
+
+        if self.fitness_rule == "balanced":
+            require_labels("fitness_rule", self.fitness_rule, "'mean' or 'dart'", task)
+        if self.eval_balanced:
+            check_balanced_set(task, self.eval_limit)
+
 
 #: what each field accepts beyond its type (esft.config.check_fields); checked whenever an ESConfig is built
 RULES: dict[str, Rule] = {

@@ -124,6 +124,14 @@ class GRPOConfig(RunConfig):
             raise ConfigError("scale_rewards", self.scale_rewards, "'batch' or 'none' with class_balanced (a "
                               "per-group normalisation cancels a weight shared by the group's completions)")
 
+    def check_task_fit(self, task: Any) -> None:
+        from esft.validation import check_balanced_set, require_labels
+
+        if self.class_balanced:
+            require_labels("class_balanced", self.class_balanced, "false", task)
+        if self.eval_balanced:
+            check_balanced_set(task, self.eval_limit)
+
     @property
     def completions_per_step(self) -> int:
         return self.prompts_per_step * self.num_generations
