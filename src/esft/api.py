@@ -13,6 +13,7 @@ from esft.es.distributed.factory import make_executor
 from esft.es.es_config import ESConfig
 from esft.es.trainer import ESTrainer
 from esft.rundir import TrainResult
+from esft.tasks.base import Task
 
 
 def with_task(config: Any, task: Any) -> tuple[Any, Any]:
@@ -28,7 +29,7 @@ def with_task(config: Any, task: Any) -> tuple[Any, Any]:
 
     if isinstance(task, type):  # a class: built without options, like `--task module:Class`
         task = instantiate(task, task.__name__, {})
-    if callable(getattr(task, "validate", None)):  # a data task: its file, fields and reward, before any model
+    if isinstance(task, Task):  # e.g. a data task: its file, fields and reward, before any model
         task.validate()
     spec = task_spec(task)
     if spec is not None and _recorded_task(config) in (None, spec[0]):

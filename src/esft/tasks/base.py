@@ -106,6 +106,10 @@ class Task:
         one), else None."""
         return _LABEL_SETS.get(self.name)
 
+    def validate(self) -> None:
+        """Check what can be checked before any model loads (a data task: its file, fields and reward); raise
+        ValueError. Nothing by default: a built-in task's options are checked when it is built."""
+
     def balance_key(self, example: Example) -> Any:
         """What a balanced evaluation subset balances over (one of `label_set()`): the gold label by default;
         a task whose prior is not a single answer balances over something else (a Countdown variant over the
