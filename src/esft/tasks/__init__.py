@@ -57,19 +57,13 @@ def parse_task_name(name: str) -> tuple[str, dict[str, str]]:
     base = base.strip().lower()
     if not base:
         raise ValueError(f"empty task name in {name!r}")
-    options: dict[str, str] = {}
-    if sep:
-        if not rest.strip():
-            raise ValueError(f"task {name!r}: no options after ':' (write e.g. {base}:key=value)")
-        for piece in rest.split(","):
-            key, eq, value = piece.partition("=")
-            key, value = key.strip().lower(), value.strip()
-            if not eq or not key or not value:
-                raise ValueError(f"task {name!r}: option {piece.strip()!r} is not key=value")
-            if key in options:
-                raise ValueError(f"task {name!r}: option {key!r} given twice")
-            options[key] = value
-    return base, options
+    if not sep:
+        return base, {}
+    if not rest.strip():
+        raise ValueError(f"task {name!r}: no options after ':' (write e.g. {base}:key=value)")
+    from esft.tasks.custom import parse_options
+
+    return base, parse_options(name, rest)
 
 
 def split_task_list(items: str | typing.Iterable[str]) -> list[str]:
