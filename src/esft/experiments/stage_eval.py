@@ -29,6 +29,8 @@ def task_settings(spec: Spec, task: str, model: str) -> dict[str, Any]:
                 "task_options": spec.task_options.get(task, {})}
     if te.balanced:  # only when set, so results evaluated before the option existed stay current
         settings["balanced"] = True
+    if ev.generation_options:  # likewise: the exact path's results stay current
+        settings["generation_options"] = dict(ev.generation_options)
     return settings
 
 
@@ -97,7 +99,7 @@ def evaluate_stage(spec: Spec, model_ref: str, tasks: list[str], stage_dir: Path
             t = get_task(task, **spec.task_options.get(task, {}))
             examples = load_examples(t, "test", settings["limit"], balanced=settings.get("balanced", False))
             gen = GenerationConfig(max_new_tokens=settings["max_new_tokens"], temperature=0.0,
-                                   batch_size=settings["batch_size"])
+                                   batch_size=settings["batch_size"], **settings.get("generation_options", {}))
             if summary is None:
                 t0 = time.perf_counter()
                 summary = evaluate_task(model, tokenizer, t, examples, gen,

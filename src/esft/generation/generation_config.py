@@ -62,3 +62,37 @@ class Generation:
     """Number of prompt tokens (after the chat template)."""
     finished: bool = False
     """True when the completion ended with an eos token rather than the length limit."""
+
+
+#: GenerationConfig fields that choose *how* the engine runs (not *what* it generates): what evaluation and the
+#: experiment specs accept as `generation_options`
+ENGINE_OPTIONS: dict[str, type] = {"engine": str, "lean": bool, "share_prefix": bool, "prefill_buckets": int,
+                                   "packed_linear": bool, "fused_attention": bool, "screened_lm_head": bool}
+
+
+def engine_options(value: object) -> dict[str, object]:
+    """`generation_options` as given (None, "exact", "fast" or a mapping of ENGINE_OPTIONS) -> GenerationConfig
+    fields. "fast" is esft.config.FAST_CPU_GENERATION, the ES CPU presets' rollout path: ~5x faster greedy
+    evaluation on CPU, logits equal to the exact path's to ~1e-6 relative (docs/performance.md). Raises
+    ValueError naming what is accepted."""
+    from esft.config import FAST_CPU_GENERATION
+
+    if value is None or value == "exact":
+        return {}
+    if value == "fast":
+        return dict(FAST_CPU_GENERATION)
+    if not isinstance(value, dict):
+        raise ValueError(f"generation_options must be 'fast', 'exact' or a mapping of {', '.join(ENGINE_OPTIONS)}; "
+                         f"got {value!r}")
+    out: dict[str, object] = {}
+    for key, val in value.items():
+        kind = ENGINE_OPTIONS.get(key)
+        if kind is None:
+            raise ValueError(f"generation_options: unknown option {key!r}; accepted: {', '.join(ENGINE_OPTIONS)}")
+        if not isinstance(val, kind) or (kind is int and (isinstance(val, bool) or val < 1)):
+            raise ValueError(f"generation_options.{key} = {val!r} is not accepted; expected "
+                             f"{'a positive integer' if kind is int else 'true or false' if kind is bool else 'esft or hf'}")
+        if key == "engine" and val not in ("esft", "hf"):
+            raise ValueError(f"generation_options.engine = {val!r} is not accepted; expected esft or hf")
+        out[key] = val
+    return out
