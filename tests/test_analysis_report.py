@@ -147,3 +147,28 @@ def test_chains_follow_budget_snapshots(tmp_path):
     got = sorted((c.name, c.algorithm, c.stages[0].checkpoint.name) for c in chains)
     assert got == [("es@100", "es", "iter_000100"), ("es@300", "es", "final"), ("grpo", "grpo", "final")]
     assert len(build_pairs(chains)) == 2  # both ES budgets pair with the seed's GRPO run
+
+
+def test_prepare_tasks_takes_the_balanced_subset():
+    from esft.analysis.landscape import prepare_tasks
+
+    name = "countdown:numbers=2,max_number=50,ops=+*"
+    task, first = prepare_tasks([name], 40)[name]
+    _, balanced = prepare_tasks([name], 40, balanced=True)[name]
+    assert first == task.load("test", 40)
+    keys = [task.balance_key(ex) for ex in balanced]
+    assert len(balanced) == 40 and keys.count("+") == keys.count("*") == 20
+
+
+def test_report_evaluates_balanced_examples_on_the_fast_path_when_asked(experiment, tmp_path):
+    cfg = ReportConfig(dir=str(experiment), output_dir=str(tmp_path / "r"), limit=2, max_new_tokens=2,
+                       analyses=["landscape"], holdout_tasks=[], interpolation_points=3, magnitude_points=2,
+                       batch_size=2, balanced=True, generation_options="fast")
+    assert cfg.generation_options["packed_linear"] is True
+    path = build_report(cfg, progress=False)
+    assert "Failed" not in path.read_text()
+    assert "Evaluations use a label-balanced subset of 2 test examples" in path.read_text()
+    cached = [json.loads(p.read_text())["params"] for p in (path.parent / "data").glob("*.json")]
+    evaluating = [p for p in cached if "limit" in p]
+    assert evaluating and all(p["balanced"] is True and p["generation_options"]["packed_linear"] is True
+                              for p in evaluating)

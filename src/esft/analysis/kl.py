@@ -197,8 +197,9 @@ def _free(model) -> None:
 def kl_stages(base: Any, stages: Sequence[tuple[str, Any]], tasks: Sequence[str], limit: int | None = 50,
               gen_config: Any = None, batch_size: int = 4, task_options: Mapping[str, Mapping] | None = None,
               loader: Callable[..., tuple[Any, Any]] | None = None, dtype: str | None = None,
-              device: str | None = None, progress: bool = False) -> dict[str, Any]:
-    """Incremental and cumulative KL after every stage, on every task's first `limit` test examples.
+              device: str | None = None, progress: bool = False, balanced: bool = False) -> dict[str, Any]:
+    """Incremental and cumulative KL after every stage, on every task's first `limit` test examples (with
+    `balanced`, a label-balanced subset of `limit`: esft.evaluation.load_examples).
 
     `base`, `stages[i][1]`: model specs for `loader` (default: esft.models.load_model on a path/name).
     Returns {"stages": labels, "tasks": names, "incremental": {task: {stage: summary}}, "cumulative": {...}}.
@@ -209,7 +210,9 @@ def kl_stages(base: Any, stages: Sequence[tuple[str, Any]], tasks: Sequence[str]
     load = loader or (lambda spec: _default_loader(spec, dtype, device))
     gen_config = gen_config or GenerationConfig(max_new_tokens=256, temperature=0.0)
     task_objs = {t: get_task(t, **dict((task_options or {}).get(t, {}))) for t in tasks}
-    examples = {t: task_objs[t].load("test", limit) for t in tasks}
+    from esft.evaluation import load_examples
+
+    examples = {t: load_examples(task_objs[t], "test", limit, balanced) for t in tasks}
     out: dict[str, Any] = {"stages": [s for s, _ in stages], "tasks": list(tasks), "limit": limit,
                            "generation": {"max_new_tokens": gen_config.max_new_tokens,
                                           "temperature": gen_config.temperature, "top_p": gen_config.top_p},
@@ -333,11 +336,13 @@ def report_kl(ctx: ReportContext) -> tuple[list[KLGroup], Path | None] | None:
         gc_ = ctx.gen_config(c)
         stages = c.checkpoints()
         params = {"base": fingerprint([c.base]), "stages": [(l, fingerprint([p])) for l, p in stages],
-                  "tasks": tasks, "limit": ctx.config.limit, "max_new_tokens": gc_.max_new_tokens, "options": opts}
+                  "tasks": tasks, "limit": ctx.config.limit, "max_new_tokens": gc_.max_new_tokens, "options": opts,
+                  **ctx.eval_params()}
 
         def compute(c=c, stages=stages, tasks=tasks, gc_=gc_):
             return kl_stages(c.base, stages, tasks, ctx.config.limit, gc_, ctx.config.kl_batch_size, opts,
-                             loader=lambda spec: ctx.load(c.base, Path(spec)), progress=ctx.progress)
+                             loader=lambda spec: ctx.load(c.base, Path(spec)), progress=ctx.progress,
+                             balanced=ctx.config.balanced)
 
         res, cached = ctx.cache.get(f"kl_{slug(c.label)}", params, compute)
         all_cached = all_cached and cached

@@ -165,13 +165,17 @@ def set_weights(model: torch.nn.Module, origin: Any, terms: Sequence[tuple[float
 # ---- evaluation ------------------------------------------------------------------------------------------------------
 
 def prepare_tasks(names: Sequence[str], limit: int | None, split: str = "test",
-                  task_options: Mapping[str, Mapping] | None = None) -> dict[str, tuple[Any, list]]:
+                  task_options: Mapping[str, Mapping] | None = None, balanced: bool = False
+                  ) -> dict[str, tuple[Any, list]]:
+    """{name: (task, examples)}: the first `limit` examples of `split`, or with `balanced` a label-balanced subset
+    of `limit` (esft.evaluation.load_examples)."""
+    from esft.evaluation import load_examples
     from esft.tasks import get_task
 
     out = {}
     for n in names:
         task = get_task(n, **dict((task_options or {}).get(n, {})))
-        out[n] = (task, task.load(split, limit))
+        out[n] = (task, load_examples(task, split, limit, balanced))
     return out
 
 
@@ -352,7 +356,8 @@ class _Endpoints:
         self.fa, self.fb = a.stages[-1].checkpoint, (b.stages[-1].checkpoint if b is not None else None)
         self.la, self.lb = a.algorithm, (b.algorithm if b is not None else None)
         self.common = {"base": fingerprint([a.base]), "a": fingerprint([self.fa]), "b": fingerprint([self.fb]),
-                       "limit": self.n, "max_new_tokens": self.gc.max_new_tokens, "options": self.opts}
+                       "limit": self.n, "max_new_tokens": self.gc.max_new_tokens, "options": self.opts,
+                       **ctx.eval_params()}
         self.loaded: tuple[Any, Any] | None = None
 
     def model(self) -> tuple[Any, Any]:
@@ -361,7 +366,7 @@ class _Endpoints:
         return self.loaded
 
     def prepared(self, names: Sequence[str]) -> dict[str, tuple[Any, list]]:
-        return prepare_tasks(names, self.n, task_options=self.opts)
+        return prepare_tasks(names, self.n, task_options=self.opts, balanced=self.ctx.config.balanced)
 
     def figure3(self, out: LandscapeReport) -> None:
         points = self.ctx.config.interpolation_points

@@ -21,6 +21,7 @@ import json
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from esft import paper
 from esft.analysis.drift_runs import RunDrift, drift_notes, family_rows, grpo_family_rows, law_rows, report_drift
@@ -49,6 +50,13 @@ class ReportConfig:
     """which analyses to run: weights, drift, kl, landscape, sparsity"""
     limit: int = 50
     """test examples per task for the analyses that evaluate (KL, landscape, sparsity)"""
+    balanced: bool = False
+    """those analyses evaluate a label-balanced subset of `limit` test examples (tasks with a label set: BoolQ,
+    chemistry, MMLU, a Countdown variant over the target's operator; esft.evaluation.load_examples) instead of the
+    first `limit`, so a prior cannot pass for a skill on the curves"""
+    generation_options: dict[str, Any] = field(default_factory=dict)
+    """how the engine runs those evaluations: empty = the exact path, "fast" = esft.config.FAST_CPU_GENERATION
+    (~5x faster on CPU, logits equal to ~1e-6), or a mapping of esft.generation.ENGINE_OPTIONS"""
     max_new_tokens: int | None = None
     """generation budget; None = the runs' own max_new_tokens (max_completion_length for GRPO), else 256"""
     batch_size: int = 16
@@ -75,6 +83,16 @@ class ReportConfig:
     """torch CPU threads (None = torch's default); 1 is fastest on a busy machine, where idle OpenMP threads spin"""
     exclude: list[str] = field(default_factory=list)
     """regular expressions: runs whose path (relative to DIR) matches one are left out"""
+
+    def __post_init__(self) -> None:
+        from esft.generation import engine_options
+
+        value = self.generation_options
+        if isinstance(value, str) and value not in ("fast", "exact"):
+            import yaml
+
+            value = yaml.safe_load(value)
+        self.generation_options = engine_options(value)
 
 
 
@@ -124,7 +142,8 @@ class Report(ReportContext):
         lines = [f"# esft report: {self.root}", ""]
         lines.append(f"Generated {time.strftime('%Y-%m-%d %H:%M:%S')}. Runs: {len(self.runs)}, sequential chains: "
                      f"{len(self.chains)}, ES-GRPO pairs (same base model and task sequence): {len(self.pairs)}. "
-                     f"Evaluations use the first {cfg.limit} test examples per task, greedy decoding, "
+                     f"Evaluations use {'a label-balanced subset of' if cfg.balanced else 'the first'} {cfg.limit} test "
+                     f"examples per task, greedy decoding, "
                      f"max_new_tokens {self.gen_config().max_new_tokens if self.chains else 'n/a'}. "
                      "Paper values are from the study (Qwen3-4B-Instruct unless noted), at its scale.")
         lines.append("")

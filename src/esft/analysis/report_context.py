@@ -86,7 +86,18 @@ class ReportContext:
                     for r in c.runs]
             vals = [int(v) for v in vals if v]
             mnt = max(vals) if vals else 256
-        return GenerationConfig(max_new_tokens=int(mnt), temperature=0.0, batch_size=self.config.batch_size)
+        return GenerationConfig(max_new_tokens=int(mnt), temperature=0.0, batch_size=self.config.batch_size,
+                                **self.config.generation_options)
+
+    def eval_params(self) -> dict[str, Any]:
+        """What, besides limit and max_new_tokens, decides an evaluating analysis's result (part of its cache key;
+        empty at the defaults, so results cached before these options existed stay valid)."""
+        out: dict[str, Any] = {}
+        if self.config.balanced:
+            out["balanced"] = True
+        if self.config.generation_options:
+            out["generation_options"] = dict(self.config.generation_options)
+        return out
 
     def task_options(self) -> dict[str, dict[str, Any]]:
         """Task constructor options the runs trained with (e.g. BoolQ passage cuts), so evaluation matches."""

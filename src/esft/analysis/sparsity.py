@@ -189,12 +189,13 @@ def report_sparsity(ctx: ReportContext) -> tuple[list[SparsitySweep], Path] | No
         tasks = list(dict.fromkeys(c.tasks))
         fin = c.stages[-1].checkpoint
         params = {"base": fingerprint([c.base]), "tuned": fingerprint([fin]), "limit": limit,
-                  "max_new_tokens": gc.max_new_tokens, "targets": targets, "options": opts}
+                  "max_new_tokens": gc.max_new_tokens, "targets": targets, "options": opts, **ctx.eval_params()}
 
         def compute(c=c, fin=fin, gc=gc, tasks=tasks):
             if not loaded:
                 loaded.extend(ctx.load(c.base))
-            return sparsity_sweep(loaded[0], loaded[1], c.base, fin, prepare_tasks(tasks, limit, task_options=opts),
+            return sparsity_sweep(loaded[0], loaded[1], c.base, fin, prepare_tasks(tasks, limit, task_options=opts,
+                                                                                balanced=ctx.config.balanced),
                                   gc, targets=targets, progress=ctx.progress)
 
         res, cached = ctx.cache.get(f"sparsity_{slug(c.label)}", params, compute)
