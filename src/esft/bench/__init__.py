@@ -189,7 +189,9 @@ def run_bench(config: BenchConfig, model=None, tokenizer=None, log=print) -> dic
     precision = resolve_rollout_dtype(config.rollout_dtype if local else "float32",
                                       generation_options=config.generation)
     readings: dict[str, list[float]] = {"fp32": [], "bf16": []}
-    bf16_ok = bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    from esft.generation.packed import onednn_bf16
+
+    bf16_ok = onednn_bf16()
 
     def measure() -> None:  # every dtype the machine offers: the roofline takes the best
         readings["fp32"].append(round(matmul_gflops(dtype), 2))

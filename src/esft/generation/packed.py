@@ -26,9 +26,15 @@ def packed_linear_reason(dtype: torch.dtype) -> str | None:
     ops = torch.ops.mkldnn
     if not (hasattr(ops, "_reorder_linear_weight") and hasattr(ops, "_linear_pointwise")):
         return "this torch has no mkldnn._linear_pointwise"
-    if dtype == torch.bfloat16 and not bool(ops._is_mkldnn_bf16_supported()):
+    if dtype == torch.bfloat16 and not onednn_bf16():
         return "this torch's oneDNN has no bf16 matmul"
     return None
+
+
+def onednn_bf16() -> bool:
+    """True where this torch's oneDNN runs bf16 matmuls at all (natively or emulated: `bf16_matmul_is_native`
+    tells which). The one place esft asks."""
+    return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 def bf16_matmul_is_native() -> bool:
@@ -38,7 +44,7 @@ def bf16_matmul_is_native() -> bool:
     cpu = getattr(torch, "cpu", None)
     native = any(bool(getattr(cpu, name, lambda: False)()) for name in ("_is_avx512_bf16_supported",
                                                                         "_is_amx_tile_supported"))
-    return native and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    return native and onednn_bf16()
 
 
 def screen_lm_head_reason(model, packed: bool, fused_attention: bool, delta=None) -> str | None:

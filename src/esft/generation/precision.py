@@ -61,10 +61,11 @@ def probe_bf16_speedup(rows: int = 16, out: int = 1536, inner: int = 576, reps: 
     """fp32 time / bf16 time of a decode-shaped oneDNN packed linear ([rows, inner] x [inner, out], the rollout's
     kind of matmul) with the current thread setting; None where oneDNN's packed linear or bf16 is missing.
     ~20 ms, once per process."""
-    ops = getattr(torch.ops, "mkldnn", None)
-    if not (torch.backends.mkldnn.is_available() and hasattr(ops, "_reorder_linear_weight")
-            and hasattr(ops, "_linear_pointwise") and bool(ops._is_mkldnn_bf16_supported())):
+    from esft.generation.packed import packed_linear_reason
+
+    if packed_linear_reason(torch.bfloat16) is not None:
         return None
+    ops = torch.ops.mkldnn
     gen = torch.Generator().manual_seed(0)
     w = torch.randn(out, inner, generator=gen)
     x = torch.randn(rows, inner, generator=gen)
