@@ -132,6 +132,35 @@ def test_parallel_lanes_on_copies_give_the_completions_of_the_model_perturbed_in
     ex.close()
 
 
+def test_one_lane_on_the_packed_path_generates_on_a_released_copy(tokenizer):
+    """One lane with packed linears: the masters are the model's parameters and the lane a copy whose projections
+    are freed while packed (no second fp32 model, no restore), with the completions of the in-place path."""
+    from esft.generation import GenerationConfig
+    from test_lean import PROMPTS, _tiny
+
+    _fast_ready()
+    task = _Chat(PROMPTS)
+    batch = task.load()
+    gen = GenerationConfig(**FAST_CPU_GENERATION, max_new_tokens=10, batch_size=5)
+    members = [(21, 1), (22, -1)]
+
+    plain = _tiny("llama")
+    in_place = LocalExecutor(plain, tokenizer, MasterWeights(plain, noise="table"), task, 0.02, gen)
+    expected = in_place.evaluate_members(members, batch).texts
+
+    model = _tiny("llama")
+    centre = state(model)
+    weights = make_weights(model, ESConfig(noise="table", generation_options=dict(FAST_CPU_GENERATION)))
+    assert weights.shared
+    assert not make_weights(_tiny("llama"), ESConfig(noise="table")).shared  # exact path: in place, as before
+    ex = LocalExecutor(model, tokenizer, weights, task, 0.02, gen)
+    assert ex.evaluate_members(members, batch).texts == expected
+    lane = ex._lane(0)[0]
+    assert lane is not model and bit_equal(state(model), centre) and not _released(model)
+    assert any(n.endswith("q_proj.weight") for n in _released(lane))
+    ex.close()
+
+
 def test_large_blocks_are_mapped_one_by_one_under_glibc():
     import platform
 

@@ -53,9 +53,12 @@ def make_weights(model: Any, config: ESConfig) -> MasterWeights:
 
         return LowRankWeights(model, rank=config.rank, include=config.include or None,
                               exclude=config.exclude or None)
-    # bf16 rollouts and parallel lanes run on copies, never on the model (esft.es.executor.LocalExecutor): its
-    # fp32 parameters can then be the masters themselves, not a second fp32 model beside them
-    share = config.executor == "local" and (config.rollout_dtype == "bfloat16" or int(config.parallel_members) > 1)
+    # bf16 rollouts, parallel lanes and the packed path run on copies, never on the model
+    # (esft.es.executor.LocalExecutor): its fp32 parameters can then be the masters themselves, not a second fp32
+    # model beside them. On the packed path even one lane gains: the copy's projections are freed while packed
+    # (esft.generation.releasing), so it holds one copy of them, not two (docs/performance.md, "Memory")
+    share = config.executor == "local" and (config.rollout_dtype == "bfloat16" or int(config.parallel_members) > 1
+                                             or bool(config.generation_options.get("packed_linear")))
     return MasterWeights(model, include=config.include or None, exclude=config.exclude or None, noise=config.noise,
                          share_storage=share)
 
