@@ -210,7 +210,8 @@ def test_es_steps_of_a_chain_get_distinct_noise_streams(tmp_path):
 # ---- tables from hand-made stage records ----------------------------------------------------------------------------
 
 def _rec(evals: dict[str, float], **extra) -> dict:
-    out = {"eval": {t: {"n": 10, "accuracy": a / 100, "ci95": [0, 1]} for t, a in evals.items()}}
+    out = {"eval": {t: {"n": 10, "accuracy": a / 100, "ci95": [(a - 5) / 100, (a + 5) / 100]}
+                    for t, a in evals.items()}}
     if "ifeval" in evals:
         out["eval"]["ifeval"].update(prompt_strict=evals["ifeval"] / 100, prompt_loose=0.9)
     out.update(extra)
@@ -279,13 +280,14 @@ Per seed (42 / 52):
 
 | Stage | ES (iter=2) (MMLU) | GRPO (MMLU) | ES (iter=2) (IFEval) | GRPO (IFEval) |
 | --- | --- | --- | --- | --- |
-| Base model | 50.0 / 50.0 | 50.0 / 50.0 | 60.0 / 60.0 | 60.0 / 60.0 |
-| After Task 1 (Countdown) | 48.0 / 46.0 | 51.0 / 50.0 | 61.0 / 63.0 | 60.0 / 59.0 |
-| After Task 2 (BoolQ) | 45.0 / 43.0 | 52.0 / — | 62.0 / 60.0 | 58.0 / — |
+| Base model | 50.0 [45.0, 55.0] / 50.0 [45.0, 55.0] | 50.0 [45.0, 55.0] / 50.0 [45.0, 55.0] | 60.0 [55.0, 65.0] / 60.0 [55.0, 65.0] | 60.0 [55.0, 65.0] / 60.0 [55.0, 65.0] |
+| After Task 1 (Countdown) | 48.0 [43.0, 53.0] / 46.0 [41.0, 51.0] | 51.0 [46.0, 56.0] / 50.0 [45.0, 55.0] | 61.0 [56.0, 66.0] / 63.0 [58.0, 68.0] | 60.0 [55.0, 65.0] / 59.0 [54.0, 64.0] |
+| After Task 2 (BoolQ) | 45.0 [40.0, 50.0] / 43.0 [38.0, 48.0] | 52.0 [47.0, 57.0] / — | 62.0 [57.0, 67.0] / 60.0 [55.0, 65.0] | 58.0 [53.0, 63.0] / — |
 | Δ (base → final) | −5.0 / −7.0 | +2.0 / — | +2.0 / +0.0 | −2.0 / — |
 
 Mean ± sample std (ddof=1) over 2 seeds (42, 52); the base model is evaluated once (greedy decoding does not depend on the seed).
 Greedy evaluation on the test split: MMLU n=10, 8 new tokens; IFEval n=10, 8 new tokens.
+[a, b]: the 95% Wilson interval of that seed's evaluation.
 IFEval: prompt-strict accuracy.
 """
 
@@ -315,7 +317,11 @@ def test_tables_from_hand_made_stage_records(tmp_path):
     assert TABLE5_ES in es.markdown()
     assert "with ES (iter=2). Bold indicates the task just trained" in es.markdown()
     assert "| After BoolQ | 66.00 (n=1) | **85.00 (n=1)** |" in grpo.markdown()
-    assert table1(exp) is None  # no single-task stages
+    # no single-task stages: Table 1 is stage 1 of the sequence, the first task's row, each seed's interval below
+    t1 = table1(exp).markdown()
+    assert "| Countdown | 20.00 ± 0.00 | 71.00 ± 1.41 | 66.00 ± 1.41 |" in t1
+    assert "| Countdown | 20.0 [15.0, 25.0] / 20.0 [15.0, 25.0] | 70.0 [65.0, 75.0] / 72.0 [67.0, 77.0] | " in t1
+    assert "BoolQ |" not in t1 and "Stage 1 of the sequential runs" in t1
     main, detail = table18(exp)
     md = main.markdown()
     # measured: ES 2*P*(3000 + 1000) = 8e6; GRPO 2*P*(800 + 200) + 6*P*500 = 5e6 (P = 1000)
@@ -347,8 +353,8 @@ def test_table1_layout(tmp_path):
         "### Table 1: Accuracy (%) for single task training (m).\n\n"
         "| Task | Base | ES (iter=100) | ES (iter=300) | GRPO |\n"
         "| --- | --- | --- | --- | --- |\n"
-        "| Countdown | 20.5 | 75.1 | 78.6 | 74.5 |\n"
-        "| Math | 61.8 | 72.4 | 74.0 | 68.8 |\n")
+        "| Countdown | 20.5 [15.5, 25.5] | 75.1 [70.1, 80.1] | 78.6 [73.6, 83.6] | 74.5 [69.5, 79.5] |\n"
+        "| Math | 61.8 [56.8, 66.8] | 72.4 [67.4, 77.4] | 74.0 [69.0, 79.0] | 68.8 [63.8, 73.8] |\n")
     assert t1.csv().splitlines() == [
         "Task,Base,Base std,Base seed 42,ES (iter=100),ES (iter=100) std,ES (iter=100) seed 42,ES (iter=300),"
         "ES (iter=300) std,ES (iter=300) seed 42,GRPO,GRPO std,GRPO seed 42",

@@ -108,6 +108,12 @@ class Cell:
 
     per_seed: dict[int, float | None]
     bold: bool = False
+    ci: dict[int, tuple[float, float] | None] = field(default_factory=dict)
+    """per seed, the 95% interval of that seed's value where its evaluation gave one (shown beside the value)"""
+
+    def _interval(self, seed: int) -> str:
+        ci = self.ci.get(seed)
+        return f" [{ci[0]:.1f}, {ci[1]:.1f}]" if ci else ""
 
     @property
     def values(self) -> list[float]:
@@ -133,13 +139,14 @@ class Cell:
         if len(self.per_seed) > 1:
             s = f"{signed(m, 2, with_sign)} ± {self.std:.2f}" if self.std is not None else signed(m, 2, with_sign)
         else:
-            s = signed(m, 1, with_sign)
+            s = signed(m, 1, with_sign) + "".join(self._interval(seed) for seed in self.per_seed)
         if len(self.values) < len(self.per_seed):
             s += f" (n={len(self.values)})"
         return f"**{s}**" if self.bold else s
 
     def seeds_text(self, with_sign: bool = False) -> str:
-        return " / ".join(DASH if v is None else signed(v, 1, with_sign) for v in self.per_seed.values())
+        return " / ".join(DASH if v is None else signed(v, 1, with_sign) + self._interval(seed)
+                          for seed, v in self.per_seed.items())
 
 
 Row = tuple[str, list[Cell | str]]

@@ -70,9 +70,11 @@ class Experiment:
     def base(self) -> dict[str, Any] | None:
         return self.results.get("base")
 
-    def cell(self, get: Callable[[int], float | None], bold: bool = False) -> Cell:
-        """A table cell holding `get(seed)` for every seed of the experiment."""
-        return Cell({seed: get(seed) for seed in self.seeds}, bold)
+    def cell(self, get: Callable[[int], float | None], bold: bool = False,
+             ci: Callable[[int], tuple[float, float] | None] | None = None) -> Cell:
+        """A table cell holding `get(seed)` for every seed of the experiment (and `ci(seed)`, its 95% interval)."""
+        return Cell({seed: get(seed) for seed in self.seeds}, bold,
+                    {seed: ci(seed) for seed in self.seeds} if ci is not None else {})
 
 
 def load_experiment(root: str | Path) -> Experiment:
@@ -103,6 +105,17 @@ def accuracy(record: dict[str, Any] | None, task: str, ifeval_metric: str = "pro
     key = ifeval_metric if task == "ifeval" and ifeval_metric in summary else "accuracy"
     value = summary.get(key)
     return None if value is None else 100.0 * float(value)
+
+
+def interval(record: dict[str, Any] | None, task: str, ifeval_metric: str = "prompt_strict"
+             ) -> tuple[float, float] | None:
+    """The 95% Wilson interval (in %) of `accuracy(record, task, ifeval_metric)`, None where the evaluation gave
+    none for that metric (IFEval's intervals are of its `accuracy`, the prompt-strict level)."""
+    summary = ((record or {}).get("eval") or {}).get(task) or {}
+    ci = summary.get("ci95")
+    if not ci or None in ci or (task == "ifeval" and summary.get(ifeval_metric) != summary.get("accuracy")):
+        return None
+    return 100.0 * float(ci[0]), 100.0 * float(ci[1])
 
 
 def constant_baseline(exp: Experiment, task: str) -> dict[str, Any] | None:

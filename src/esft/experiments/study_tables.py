@@ -31,7 +31,7 @@ from esft.experiments.compute_tables import compute_row, table18
 from esft.experiments.plan import task_slug
 from esft.experiments.records import (
     CONSTANT_LABEL, CONSTANT_NOTE, Experiment, accuracy, constant_baseline, constant_row, constant_text, eval_note,
-    load_experiment, seed_note, task_name,
+    interval, load_experiment, seed_note, task_name,
 )
 from esft.tables import DASH, Cell, Row, Table, csv_text
 
@@ -40,22 +40,39 @@ TABLES_DIR = "tables"
 
 # ---- the tables ------------------------------------------------------------------------------------------------------
 
+#: note of every table whose cells carry each seed's interval
+INTERVAL_NOTE = "[a, b]: the 95% Wilson interval of that seed's evaluation."
+
+
+def accuracy_cell(exp: Experiment, record_of: Any, task: str, bold: bool = False) -> Cell:
+    """The accuracy of `task` in `record_of(seed)` for every seed, with each evaluation's 95% interval."""
+    return exp.cell(lambda s: accuracy(record_of(s), task, exp.ifeval_metric), bold,
+                    ci=lambda s: interval(record_of(s), task, exp.ifeval_metric))
+
+
 def table1(exp: Experiment) -> Table | None:
-    tracks = exp.tracks("single-task")
+    """Single-task accuracy; a sequential-only experiment's first stage is single-task training on its first task,
+    so there Table 1 has that task's row."""
+    kind, tasks = "single-task", exp.tasks
+    tracks = exp.tracks(kind)
+    if not tracks:
+        kind, tracks, tasks = "sequential", exp.tracks("sequential"), exp.tasks[:1]
     if not tracks:
         return None
-    constants = [constant_baseline(exp, t) for t in exp.tasks]
+    constants = [constant_baseline(exp, t) for t in tasks]
     with_constant = any(constants)
     cols = ["Task"] + ([CONSTANT_LABEL] if with_constant else []) + ["Base"] + [d for _, d in tracks]
     rows = []
-    for task, constant in zip(exp.tasks, constants):
+    for task, constant in zip(tasks, constants):
         cells: list[Cell | str] = [constant_text(constant)] if with_constant else []
-        cells.append(exp.cell(lambda s, t=task: accuracy(exp.base, t, exp.ifeval_metric)))
+        cells.append(accuracy_cell(exp, lambda s: exp.base, task))
         for track, _ in tracks:
-            cells.append(exp.cell(lambda s, tr=track, t=task: accuracy(exp.find("single-task", s, tr, t), t,
-                                                                         exp.ifeval_metric)))
+            where = {"task": task} if kind == "single-task" else {"index": 1}
+            cells.append(accuracy_cell(exp, lambda s, tr=track, w=where: exp.find(kind, s, tr, **w), task))
         rows.append((task_name(task), cells))
-    notes = [seed_note(exp), eval_note(exp, exp.tasks)] + ([CONSTANT_NOTE] if with_constant else [])
+    notes = [seed_note(exp), eval_note(exp, tasks), INTERVAL_NOTE] + ([CONSTANT_NOTE] if with_constant else [])
+    if kind == "sequential":
+        notes.insert(0, "Stage 1 of the sequential runs: single-task training on the first task.")
     return Table("table1_single_task", f"Table 1: Accuracy (%) for single task training ({exp.spec.get('model')}).",
                  cols, rows, notes, seeds=exp.seeds)
 
@@ -81,12 +98,13 @@ def table2(exp: Experiment) -> Table | None:
         rows.append(constant)
     for k in range(k_max + 1):
         label = "Base model" if k == 0 else f"After Task {k} ({task_name(exp.tasks[k - 1])})"
-        rows.append((label, [exp.cell(lambda s, tr=tr, h=h, k=k: value(s, tr, h, k))
+        rows.append((label, [accuracy_cell(exp, lambda s, tr=tr, k=k: exp.base if k == 0 else
+                                           exp.find("sequential", s, tr, index=k), h)
                              for h in exp.holdout for tr, _ in tracks]))
     delta_label = "Δ (base → final)"
     rows.append((delta_label, [exp.cell(lambda s, tr=tr, h=h: delta(s, tr, h)) for h in exp.holdout
                                for tr, _ in tracks]))
-    notes = [seed_note(exp), eval_note(exp, exp.holdout)] + ([CONSTANT_NOTE] if constant else [])
+    notes = [seed_note(exp), eval_note(exp, exp.holdout), INTERVAL_NOTE] + ([CONSTANT_NOTE] if constant else [])
     if "ifeval" in exp.holdout:
         notes.append(f"IFEval: {exp.ifeval_metric.replace('_', '-')} accuracy.")
     return Table("table2_holdout", "Table 2: Holdout benchmark accuracy (%) throughout sequential training.",
@@ -99,12 +117,11 @@ def tables5_8(exp: Experiment) -> list[Table]:
         cols = ["Stage"] + [task_name(t, short=True) for t in exp.tasks]
         constant = constant_row(exp, exp.tasks)
         rows: list[Row] = [constant] if constant else []
-        rows.append(("Base", [exp.cell(lambda s, t=t: accuracy(exp.base, t, exp.ifeval_metric))
-                              for t in exp.tasks]))
+        rows.append(("Base", [accuracy_cell(exp, lambda s: exp.base, t) for t in exp.tasks]))
         for k, trained in enumerate(exp.tasks, start=1):
             rows.append((f"After {task_name(trained)}",
-                         [exp.cell(lambda s, t=t, k=k: accuracy(exp.find("sequential", s, track, index=k), t,
-                                                                  exp.ifeval_metric), bold=(t == trained))
+                         [accuracy_cell(exp, lambda s, k=k: exp.find("sequential", s, track, index=k), t,
+                                        bold=(t == trained))
                           for t in exp.tasks]))
         seeds = len(exp.seeds)
         what = f"mean ± std over {seeds} seeds" if seeds > 1 else "single seed"
@@ -112,7 +129,8 @@ def tables5_8(exp: Experiment) -> list[Table]:
                  f"training with {display}. Bold indicates the task just trained at that stage.")
         slug = track.replace("@", "_").replace("->", "-").replace("/", "-")
         out.append(Table(f"table5-8_sequential_{slug}", title, cols, rows,
-                         [seed_note(exp), eval_note(exp, exp.tasks)] + ([CONSTANT_NOTE] if constant else []),
+                         [seed_note(exp), eval_note(exp, exp.tasks), INTERVAL_NOTE]
+                         + ([CONSTANT_NOTE] if constant else []),
                          seeds=exp.seeds))
     return out
 
