@@ -149,6 +149,35 @@ def test_chains_follow_budget_snapshots(tmp_path):
     assert len(build_pairs(chains)) == 2  # both ES budgets pair with the seed's GRPO run
 
 
+def test_chains_end_at_the_last_stage_present(tmp_path):
+    """Stage 2 left out (`esft report --exclude '/2-'`): each track's chain is its stage 1, and ES still pairs
+    with GRPO."""
+    base = tmp_path / "base"
+    base.mkdir()
+    (base / "config.json").write_text("{}")
+    a = fake_run(tmp_path / "s/es/1-countdown/run", "es", base, "countdown", ("iter_000100", "final"))
+    fake_run(tmp_path / "s/es@300/2-math/run", "es", a / "checkpoints/final", "math")
+    g = fake_run(tmp_path / "s/grpo/1-countdown/run", "grpo", base, "countdown")
+    fake_run(tmp_path / "s/grpo/2-math/run", "grpo", g / "checkpoints/final", "math")
+    stages = [("s/es@300/1-countdown", "es@300", None, "s/es/1-countdown/run", "final", "countdown", 1),
+              ("s/es@300/2-math", "es@300", "s/es@300/1-countdown", "s/es@300/2-math/run", "final", "math", 2),
+              ("s/grpo/1-countdown", "grpo", None, "s/grpo/1-countdown/run", "final", "countdown", 1),
+              ("s/grpo/2-math", "grpo", "s/grpo/1-countdown", "s/grpo/2-math/run", "final", "math", 2)]
+    for key, track, parent, run_dir, ckpt, task, index in stages:
+        (tmp_path / key).mkdir(parents=True, exist_ok=True)
+        model = f"{run_dir}/checkpoints/{ckpt}"
+        (tmp_path / key / "result.json").write_text(json.dumps({
+            "key": key, "kind": "train", "seed": 42, "track": track, "task": task, "index": index, "parent": parent,
+            "model": model, "steps": [{"algorithm": track[:4].strip("@"), "run_dir": run_dir, "model_dir": model}]}))
+    whole = build_chains(find_runs(tmp_path), tmp_path)
+    assert sorted((c.name, c.tasks) for c in whole) == [("es@300", ["countdown", "math"]),
+                                                        ("grpo", ["countdown", "math"])]
+    kept = [r for r in find_runs(tmp_path) if "/2-" not in str(r.path)]
+    chains = build_chains(kept, tmp_path)
+    assert sorted((c.name, c.tasks) for c in chains) == [("es@300", ["countdown"]), ("grpo", ["countdown"])]
+    assert len(build_pairs(chains)) == 1
+
+
 def test_prepare_tasks_takes_the_balanced_subset():
     from esft.analysis.landscape import prepare_tasks
 

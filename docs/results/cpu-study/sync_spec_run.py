@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 KEEP = ("plan.json", "spec.yaml", "result.json", "status.json", "config.yaml", "metrics.jsonl", "seeds.jsonl",
-        "invocations.jsonl")
+        "invocations.jsonl", "drift.jsonl")
 
 src, dst = Path(sys.argv[1]), Path(sys.argv[2])
 for path in sorted(src.rglob("*")):

@@ -314,7 +314,8 @@ def build_chains(runs: list[Run], root: Path | None = None) -> list[Chain]:
 
 
 def chains_from_stage_records(runs: list[Run], root: Path, max_depth: int = 7) -> list[Chain]:
-    """Chains of an `esft experiment run` directory, one per (seed, kind, track), from its stage records."""
+    """Chains of an `esft experiment run` directory, one per (seed, kind, track), from its stage records; a chain
+    whose later stages' runs are missing from `runs` ends at the last stage present."""
     by_path = {r.path: r for r in runs}
     records: dict[str, dict[str, Any]] = {}
     for f in _walk(root, "result.json", max_depth):
@@ -343,8 +344,9 @@ def chains_from_stage_records(runs: list[Run], root: Path, max_depth: int = 7) -
                 break
             ck = root / (st.get("model") or st["steps"][-1]["model_dir"])
             stages.append(StageRef(stage_runs, ck if (ck / "config.json").exists() else None, st.get("task")))
-        if len(stages) != len(seq):
+        if not stages:  # its first stage's runs are not among `runs` (left out by --exclude)
             continue
+        # later stages left out (--exclude '/2-'): the chain ends at the last stage present
         first = stages[0].runs[0]
         algo = _algorithm_of([r for s in stages for r in s.runs])  # from the runs: labels are free text
         chains.append(Chain(algo, stages, resolve_model(first.model, first, root), first.model,
