@@ -91,12 +91,7 @@ class EvalConfig:
             raise ValueError(f"task_options must be a mapping, got {self.task_options!r}")
         from esft.generation import engine_options
 
-        value = self.generation_options
-        if isinstance(value, str) and value not in ("fast", "exact"):
-            import yaml
-
-            value = yaml.safe_load(value)
-        self.generation_options = engine_options(value)
+        self.generation_options = engine_options(self.generation_options)
         check_fields(self, EVAL_RULES)
         if self.samples > 1 and self.temperature <= 0:
             # greedy decoding would give n identical completions: pass@k would equal pass@1

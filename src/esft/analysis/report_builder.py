@@ -87,12 +87,7 @@ class ReportConfig:
     def __post_init__(self) -> None:
         from esft.generation import engine_options
 
-        value = self.generation_options
-        if isinstance(value, str) and value not in ("fast", "exact"):
-            import yaml
-
-            value = yaml.safe_load(value)
-        self.generation_options = engine_options(value)
+        self.generation_options = engine_options(self.generation_options)
 
 
 

@@ -71,12 +71,19 @@ ENGINE_OPTIONS: dict[str, type] = {"engine": str, "lean": bool, "share_prefix": 
 
 
 def engine_options(value: object) -> dict[str, object]:
-    """`generation_options` as given (None, "exact", "fast" or a mapping of ENGINE_OPTIONS) -> GenerationConfig
-    fields. "fast" is esft.config.FAST_CPU_GENERATION, the ES CPU presets' rollout path: ~5x faster greedy
+    """`generation_options` as given (None, "exact", "fast", a mapping of ENGINE_OPTIONS, or that mapping as
+    YAML / JSON text from a command line) -> GenerationConfig fields. "fast" is esft.config.FAST_CPU_GENERATION, the ES CPU presets' rollout path: ~5x faster greedy
     evaluation on CPU, logits equal to the exact path's to ~1e-6 relative (docs/performance.md). Raises
     ValueError naming what is accepted."""
     from esft.config import FAST_CPU_GENERATION
 
+    if isinstance(value, str) and value not in ("fast", "exact"):
+        import yaml
+
+        try:
+            value = yaml.safe_load(value)
+        except yaml.YAMLError as exc:
+            raise ValueError(f"generation_options: {value!r} is not 'fast', 'exact' or YAML ({exc})") from None
     if value is None or value == "exact":
         return {}
     if value == "fast":
