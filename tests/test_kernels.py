@@ -85,6 +85,65 @@ def test_decode_attention_matches_torch(ext, rows, capacity, heads, kv, hd, col,
     torch.testing.assert_close(out, ref, atol=2e-6, rtol=1e-5)
 
 
+@pytest.mark.parametrize("rows, capacity, heads, kv, hd, col", [
+    (30, 32, 9, 3, 64, 200), (5, 8, 14, 2, 64, 17), (3, 3, 4, 4, 32, 49), (4, 4, 16, 2, 16, 70)])
+@pytest.mark.parametrize("use_mask", [True, False])
+def test_bf16_cache_rounds_once_and_attends_in_fp32(ext, rows, capacity, heads, kv, hd, col, use_mask):
+    """bf16 rollouts: q, k, v (a bf16 matmul's output), the caches and the output in bf16. The rotated key is
+    appended rounded as torch rounds (`.to(torch.bfloat16)`), and the output is fp32 attention over the widened
+    values, rounded once."""
+    g = torch.Generator().manual_seed(rows * 7 + col)
+    q, k, v = (torch.randn(rows, h, hd, generator=g).to(torch.bfloat16) for h in (heads, kv, kv))
+    cos, sin = torch.randn(rows, hd, generator=g), torch.randn(rows, hd, generator=g)
+    length = -(-(col + 12) // ext.KEY_TILE) * ext.KEY_TILE
+    k_cache = torch.randn(capacity, kv, length, hd, generator=g).to(torch.bfloat16)
+    v_cache = torch.randn(capacity, kv, length, hd, generator=g).to(torch.bfloat16)
+    mask = torch.ones(capacity, length, dtype=torch.bool)
+    if use_mask:
+        mask[:, : col // 2 + 1] = torch.rand(capacity, col // 2 + 1, generator=g) > 0.4
+    mask[:, col] = True
+    keys_t, values = _tiled(k_cache, ext.KEY_TILE), v_cache.clone()
+    out = ext.decode_attention(q, k, v, cos, sin, keys_t, values, mask, col, hd ** -0.5, use_mask)
+    # the fp32 reference appends the new column unrounded: the kernel must have stored it rounded
+    ref_k, ref_v = k_cache.float(), v_cache.float()
+    _reference(q.float(), k.float(), v.float(), cos, sin, ref_k, ref_v, mask, col, hd ** -0.5, use_mask)
+    assert torch.equal(_untiled(keys_t), ref_k.to(torch.bfloat16))
+    assert torch.equal(values, ref_v.to(torch.bfloat16))
+    wide_k, wide_v = ref_k.to(torch.bfloat16).float(), ref_v.to(torch.bfloat16).float()  # with the new column
+    ref = _attend_only(q.float(), cos, sin, wide_k, wide_v, mask, col, hd ** -0.5, use_mask, kv)
+    assert out.dtype == torch.bfloat16 and out.shape == (rows, heads, hd)
+    # one rounding of an output that matches the fp32 reference to ~1e-6
+    torch.testing.assert_close(out.float(), ref, atol=1e-5, rtol=2.0 ** -8)
+    assert (out == ref.to(torch.bfloat16)).float().mean() > 0.99
+
+
+def _attend_only(q, cos, sin, k_cache, v_cache, mask, col, scale, use_mask, kv):
+    """SDPA of the rotated query over columns 0..col of fp32 caches that already hold the new column."""
+    n, heads, hd = q.shape
+    qq = q[:, None].transpose(1, 2)
+    qq = qq * cos[:, None, None, :] + _rotate_half(qq) * sin[:, None, None, :]
+    keys, values = k_cache[:n, :, : col + 1], v_cache[:n, :, : col + 1]
+    if use_mask:
+        add = torch.zeros(n, col + 1).masked_fill_(~mask[:n, : col + 1], float("-inf"))[:, None, None, :]
+        out = F.scaled_dot_product_attention(qq.reshape(n, kv, heads // kv, hd), keys, values, attn_mask=add,
+                                             scale=scale)
+    else:
+        out = F.scaled_dot_product_attention(qq, keys, values, scale=scale, enable_gqa=True)
+    return out.reshape(n, heads, hd)
+
+
+def test_cache_dtypes_must_agree(ext):
+    rows, kv, heads, hd, col = 2, 1, 2, 8, 3
+    q, k = torch.randn(rows, heads, hd), torch.randn(rows, kv, hd)
+    keys_t = torch.zeros(rows, kv, 1, hd, ext.KEY_TILE)
+    values = torch.zeros(rows, kv, ext.KEY_TILE, hd, dtype=torch.bfloat16)
+    mask = torch.ones(rows, ext.KEY_TILE, dtype=torch.bool)
+    with pytest.raises(RuntimeError, match="caches must both be fp32 or both bf16"):
+        ext.decode_attention(q, k, k, q[:, 0], q[:, 0], keys_t, values, mask, col, 1.0, False)
+    with pytest.raises(RuntimeError, match="must have the caches' dtype"):  # fp32 projections, bf16 caches
+        ext.decode_attention(q, k, k, q[:, 0], q[:, 0], keys_t.bfloat16(), values, mask, col, 1.0, False)
+
+
 def test_masked_columns_are_ignored_whatever_they_hold(ext):
     """Padding columns get exactly zero weight: NaN or huge values there must not leak."""
     rows, kv, heads, hd, col = 2, 1, 2, 8, 4
@@ -157,6 +216,35 @@ def test_silu_mul_matches_torch_over_the_whole_range(ext):
     gu[0, :6] = torch.tensor([-120.0, -88.5, -30.0, 0.0, 40.0, 100.0])  # the clamped ends of the exp
     ref = F.silu(gu[:, :1536]) * gu[:, 1536:]
     torch.testing.assert_close(ext.silu_mul(gu), ref, atol=1e-6, rtol=2e-6)
+
+
+def _same_bits(a, b):
+    """Equal bit for bit, except that any NaN equals any NaN (torch's vectorised bf16 conversion keeps other NaN
+    bits than its scalar one)."""
+    ints = {torch.float32: torch.int32, torch.bfloat16: torch.int16}
+    nan = a.isnan()
+    return (a.dtype == b.dtype and torch.equal(nan, b.isnan())
+            and torch.equal(a.view(ints[a.dtype])[~nan], b.view(ints[b.dtype])[~nan]))
+
+
+def test_bf16_glue_is_the_fp32_glue_rounded_once(ext):
+    """bf16 rollouts: the glue reads a bf16 matmul output (widened exactly) and writes the next bf16 matmul's
+    input: bit for bit the fp32 kernel on the widened input, then torch's rounding (`.to(torch.bfloat16)`)."""
+    g = torch.Generator().manual_seed(2)
+    x, w = torch.randn(7, 576, generator=g) * 3, torch.randn(576, generator=g)
+    d = torch.randn(7, 576, generator=g).to(torch.bfloat16)
+    x[0, 2] = float("nan")  # a diverged row
+    x[1, :2] = torch.tensor([1e-30, 3.0e37])  # tiny and huge values in one row
+    low = ext.rms_norm(x, w, 1e-5, True)
+    assert low.dtype == torch.bfloat16 and _same_bits(low, ext.rms_norm(x, w, 1e-5).to(torch.bfloat16))
+    x2 = x.clone()
+    h_low = ext.add_rms_norm(x, d, w, 1e-5, True)
+    h_ref = ext.add_rms_norm(x2, d.float(), w, 1e-5)
+    assert _same_bits(x, x2)  # the residual stream stays fp32, += the widened bf16 delta
+    assert _same_bits(h_low, h_ref.to(torch.bfloat16))
+    gu = (torch.randn(9, 2 * 1536, generator=g) * 8).to(torch.bfloat16)
+    out = ext.silu_mul(gu)
+    assert out.dtype == torch.bfloat16 and torch.equal(out, ext.silu_mul(gu.float()).to(torch.bfloat16))
 
 
 def _bf16_logits(h, w):

@@ -53,6 +53,7 @@ class KVCache:
     def put_keys(self, layer: int, rows: torch.Tensor, cols: torch.Tensor, keys: torch.Tensor) -> None:
         """Write keys [len(rows), kv_heads, len(cols), head_dim] at rows x columns (1-D index tensors)."""
         buf = self.k[layer]
+        keys = keys.to(buf.dtype)  # (a bf16 cache rounds fp32 keys once, here)
         if not self.key_tile:
             buf[rows[:, None], :, cols[None, :]] = keys.transpose(1, 2)
             return
@@ -83,7 +84,7 @@ class KVCache:
                 self.put_keys(i, torch.arange(rows), torch.arange(width), layer.keys)
             else:
                 self.k[i][:, :, :width].copy_(layer.keys)
-            self.v[i][:, :, :width].copy_(layer.values)
+            self.v[i][:, :, :width].copy_(layer.values)  # (copy_ rounds to a bf16 cache)
         self.mask[:, :width] = attention_mask.bool()
         self.length = width
 

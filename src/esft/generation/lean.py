@@ -101,7 +101,8 @@ def _lean_prefill(lean: LeanModel) -> Callable:
 
     heads, kv, hd = lean.n_heads, lean.n_kv, lean.head_dim
     q_end, k_end = heads * hd, (heads + kv) * hd
-    K, lin, layers = lean.fused, lean.linear, lean.layers
+    K, lin, layers = lean.fused, lean.layer_linear, lean.layers
+    low = lean.low_precision  # bf16 matmul inputs and outputs (LeanModel.layer_linear); attention in fp32
 
     def prefill(model, input_ids, attention_mask, position_ids, cache=None):
         cache = DynamicCache(config=model.config) if cache is None else cache
@@ -115,9 +116,10 @@ def _lean_prefill(lean: LeanModel) -> Callable:
         allowed = attention_mask.bool()[:, None, :] & (cols[None, :] <= rows[:, None])[None]  # [b, t, past + t]
         allowed |= (cols[None, :] == rows[:, None])[None]
         mask = allowed[:, None]
-        h = K.rms_norm(x, layers[0].ln1, lean.eps)
+        h = K.rms_norm(x, layers[0].ln1, lean.eps, low)
+        last_layer = len(layers) - 1
         for i, L in enumerate(layers):
-            qkv = lin(h, L.wqkv, L.bqkv)
+            qkv = lin(h, L.wqkv, L.bqkv).to(torch.float32)
             q = qkv[:, :q_end].view(b, t, heads, hd)
             k = qkv[:, q_end:k_end].view(b, t, kv, hd)
             v = qkv[:, k_end:].view(b, t, kv, hd).transpose(1, 2)
@@ -128,11 +130,11 @@ def _lean_prefill(lean: LeanModel) -> Callable:
             k = (k * cos) + (rotate_half(k) * sin)
             keys, values = cache.update(k, v, i)
             a = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=lean.scaling, enable_gqa=True)
-            a = a.transpose(1, 2).reshape(b * t, q_end)
-            h = K.add_rms_norm(x, lin(a, L.wo, L.bo), L.ln2, lean.eps)
-            h = K.add_rms_norm(x, lin(K.silu_mul(lin(h, L.wgu)), L.wd), *lean.next_norm[i])
+            a = a.transpose(1, 2).reshape(b * t, q_end).to(h.dtype)
+            h = K.add_rms_norm(x, lin(a, L.wo, L.bo), L.ln2, lean.eps, low)
+            h = K.add_rms_norm(x, lin(K.silu_mul(lin(h, L.wgu)), L.wd), *lean.next_norm[i], low and i < last_layer)
         last = h.view(b, t, -1)[:, -1].contiguous()
-        return lin(last, lean.lm_head, lean.lm_bias), cache
+        return lean.linear(last, lean.lm_head, lean.lm_bias), cache
 
     return prefill
 
@@ -145,7 +147,8 @@ class LeanStep:
                  min_new_tokens: int = 0):
         self.lean, self.cache, self.next_pos = lean, cache, next_pos
         # computed once: a few KB even for a 1024-token budget
-        self.cos, self.sin = lean.rope_tables(int(next_pos.max()) + budget + 1, cache.k[0].new_empty(1))
+        self.cos, self.sin = lean.rope_tables(int(next_pos.max()) + budget + 1,
+                                              cache.k[0].new_empty(1, dtype=torch.float32))
         self.eos = torch.tensor(eos, device=next_pos.device)
         self.no_suppress = self.eos[:0]
         self.min_new = min_new_tokens

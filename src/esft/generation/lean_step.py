@@ -180,6 +180,9 @@ class LeanModel:
         self.low_precision = packed and weight_dtype == torch.bfloat16
         if self.low_precision and (self.fused is None or delta is not None):
             raise ValueError("bf16 packed weights need fused_attention and no low-rank delta")
+        # bf16 weights keep their K/V cache in bf16 too: decode attention streams the whole cache every step, and
+        # half the bytes is most of its cost; the kernel widens it back to fp32 for the arithmetic
+        self.cache_dtype: torch.dtype | None = torch.bfloat16 if self.low_precision else None
         self.packed_linear = packed
         w = _Handles(model, packed, batch_hint)
         # `delta` (a low-rank population) adds each row's perturbation term after every linear and the embedding,
@@ -188,6 +191,10 @@ class LeanModel:
         self.embed_name = w.param_names.get(id(model.model.embed_tokens.weight))
         base = packed_linear_bf16 if self.low_precision else packed_linear if packed else F.linear
         self.linear = _row_linear(base, delta, w.names)
+        # The stacked layers' matmuls: with bf16 weights, bf16 in and bf16 out (the compiled glue rounds its
+        # outputs to bf16 and widens its inputs itself, `low=True`), the same bits as `packed_linear_bf16`'s
+        # conversions without their passes; fp32 elsewhere and for the lm_head.
+        self.layer_linear = packed_linear if self.low_precision else self.linear
         self.model = model
         self._read_config(model.config)
         inner = model.model
@@ -297,13 +304,14 @@ def _fused_step(lean: LeanModel, cache: KVCache, token: torch.Tensor, cos_rows: 
     x += o; h = RMSNorm(x) is one `add_rms_norm`, silu(g) * u one `silu_mul`."""
     n, col = cache.rows, cache.length
     heads, kv, hd = lean.n_heads, lean.n_kv, lean.head_dim
-    lin, K = lean.linear, lean.fused
+    lin, K, low = lean.layer_linear, lean.fused, lean.low_precision
     attend, add_rms, silu_mul = K.decode_attention, K.add_rms_norm, K.silu_mul
     q_end, k_end = heads * hd, (heads + kv) * hd
     eps, scaling, mask = lean.eps, lean.scaling, cache.mask
     layers = lean.layers
     x = F.embedding(token, lean.embed, lean.padding_idx).to(torch.float32)  # (a bf16 table's rows -> fp32)
-    h = K.rms_norm(x, layers[0].ln1, eps)
+    h = K.rms_norm(x, layers[0].ln1, eps, low)
+    last = len(layers) - 1
     for i, L in enumerate(layers):
         qkv = lin(h, L.wqkv, L.bqkv)
         q = qkv[:, :q_end].view(n, heads, hd)
@@ -311,9 +319,12 @@ def _fused_step(lean: LeanModel, cache: KVCache, token: torch.Tensor, cos_rows: 
         v = qkv[:, k_end:].view(n, kv, hd)
         if L.qn is not None:
             q, k = rms(q, L.qn, lean.qk_eps), rms(k, L.kn, lean.qk_eps)
+            if low:  # (the kernel takes q, k and v in the cache's dtype)
+                q, k = q.to(torch.bfloat16), k.to(torch.bfloat16)
         a = attend(q, k, v, cos_rows, sin_rows, cache.k[i], cache.v[i], mask, col, scaling, packed)
-        h = add_rms(x, lin(a.view(n, q_end), L.wo, L.bo), L.ln2, eps)
-        h = add_rms(x, lin(silu_mul(lin(h, L.wgu)), L.wd), *lean.next_norm[i])
+        h = add_rms(x, lin(a.view(n, q_end), L.wo, L.bo), L.ln2, eps, low)
+        # the final norm's output stays fp32: the lm_head (and its screen) take fp32 hidden states
+        h = add_rms(x, lin(silu_mul(lin(h, L.wgu)), L.wd), *lean.next_norm[i], low and i < last)
     if lean.screen is not None and suppress is not None:
         logits = lean.screen.logits(h, K, suppress)
         if logits is not None:

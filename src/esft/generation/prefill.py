@@ -79,7 +79,7 @@ def layout_prefill(model, lean: LeanModel, input_ids: torch.Tensor, attention_ma
     if p == 0 and len(groups) == 1:
         position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
         logits, hf_cache = prefill(model, input_ids, attention_mask, position_ids)
-        cache = KVCache(lean, batch, width + extra_columns, hf_cache.layers[0].keys.dtype, device,
+        cache = KVCache(lean, batch, width + extra_columns, lean.cache_dtype or hf_cache.layers[0].keys.dtype, device,
                         key_tile=lean.key_tile)
         cache.load_prefill(hf_cache, attention_mask)
         return logits, cache, position_ids[:, -1] + 1
@@ -108,7 +108,7 @@ def layout_prefill(model, lean: LeanModel, input_ids: torch.Tensor, attention_ma
         positions = (suffix_mask.cumsum(-1) - 1).clamp(min=0) + p
         group_logits, hf_cache = prefill(model, suffix, mask.to(attention_mask.dtype), positions, hf_cache)
         if cache is None:
-            cache = KVCache(lean, batch, total + extra_columns, hf_cache.layers[0].keys.dtype, device,
+            cache = KVCache(lean, batch, total + extra_columns, lean.cache_dtype or hf_cache.layers[0].keys.dtype, device,
                             key_tile=lean.key_tile)
             cache.zero(total)
             logits = group_logits.new_empty((batch, group_logits.shape[-1]))
@@ -117,7 +117,7 @@ def layout_prefill(model, lean: LeanModel, input_ids: torch.Tensor, attention_ma
         cols = torch.cat([torch.arange(p), torch.arange(total - w, total)]).to(device)
         for i, layer in enumerate(hf_cache.layers):
             cache.put_keys(i, idx, cols, layer.keys)
-            cache.v[i][idx[:, None], :, cols[None, :]] = layer.values.transpose(1, 2)
+            cache.v[i][idx[:, None], :, cols[None, :]] = layer.values.transpose(1, 2).to(cache.v[i].dtype)
         cache.mask[idx[:, None], cols[None, :]] = mask.bool()
     cache.length = total
     return logits, cache, next_pos
