@@ -353,3 +353,10 @@ def test_check_outputs_compares_fast_engine_with_model_generate(tokenizer, monke
                              log=lambda m: None)
     assert report["workloads"]["cpu-preset"]["outputs_vs_hf_generate"]["identical"] == 5
     assert "5/5 greedy completions identical" in bench.format_table(report)
+
+
+def test_overhead_fraction_divides_the_lanes_concurrent_perturbations():
+    """Two lanes perturb concurrently: 2 s of lane-summed perturbation is 1 s of the iteration's wall time."""
+    t = {"perturb": 2.0, "restore": 0.4, "update": 0.3, "iteration": 10.0}
+    assert bench.overhead_fraction(t, 2) == pytest.approx((1.2 + 0.3) / 10)
+    assert bench.overhead_fraction(t, 1) == pytest.approx(2.7 / 10)  # one lane: the plain sum

@@ -113,6 +113,29 @@ def test_bf16_rollout_weights_are_the_rounded_fp32_perturbation_for_every_tensor
         weights.bind(rollout_replica(model, torch.bfloat16))  # another dtype only when asked for
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_blockwise_rounding_is_the_whole_tensor_sum_rounded(threads):
+    """`add_rounded` (bf16 perturbations of tensors larger than a block) equals torch.add(...).to(bf16) bit for
+    bit: across block boundaries, on a ragged last block, for either thread count."""
+    from esft.es.noise import ROUNDING_BLOCK, add_rounded
+
+    g = torch.Generator().manual_seed(0)
+    n = 3 * ROUNDING_BLOCK + 1237
+    master, eps = torch.randn(n, generator=g), torch.randn(n, generator=g)
+    out = torch.empty(n, dtype=torch.bfloat16)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for step in (0.05, -0.003, 1e-30):
+            add_rounded(master, eps, step, out)
+            assert torch.equal(out, torch.add(master, eps, alpha=step).to(torch.bfloat16)), step
+        small = torch.empty(10, dtype=torch.bfloat16)
+        add_rounded(master[:10], eps[:10], 0.5, small)
+        assert torch.equal(small, torch.add(master[:10], eps[:10], alpha=0.5).to(torch.bfloat16))
+    finally:
+        torch.set_num_threads(before)
+
+
 @pytest.mark.parametrize("lanes", [1, 2])
 def test_bf16_executor_rolls_out_on_rounded_copies_and_leaves_the_model_at_the_masters(lanes):
     torch.set_num_threads(2)

@@ -35,8 +35,11 @@ Definitions:
   prompt tokens that prefix sharing never computed; generated_tokens_per_s = generated tokens / iteration_s.
   Token counts are unpadded prompt tokens plus generated tokens up to and including eos, summed over the N
   members.
-* overhead_fraction = (perturb + restore + update) / iteration_s; speedup_vs_naive = naive_iteration_s /
-  iteration_s.
+* overhead_fraction = ((perturb + restore) / lanes + update) / iteration_s: the share of the iteration's wall time
+  a lane spends outside generation (perturb and restore are summed over the lanes, which run them concurrently,
+  so they are divided by the lanes as generate_roofline_ratio divides generation; the update runs once).
+  `overhead_fraction_summed_lanes` keeps the lane sum undivided (its value before 2026-12-01).
+  speedup_vs_naive = naive_iteration_s / iteration_s.
 
 Workloads:
 
@@ -287,6 +290,13 @@ def _iterations(config: BenchConfig, model, tokenizer, name: str, work: Workload
     return runs
 
 
+def overhead_fraction(timings: dict[str, float], lanes: int) -> float:
+    """The iteration's share of wall time outside generation: ((perturb + restore) / lanes + update) / iteration,
+    perturb and restore being summed over `lanes` concurrent lanes (see the module docstring)."""
+    t = timings
+    return ((t["perturb"] + t["restore"]) / max(1, int(lanes)) + t["update"]) / t["iteration"]
+
+
 def _workload_entry(runs: dict[str, list[dict]], loads: list[float | None], noise: str
                     ) -> tuple[dict[str, Any], dict[str, int] | None, dict[str, float]]:
     """The workload's report entry from its fastest iterations (roofline ratios once the matmul rates are in),
@@ -305,7 +315,8 @@ def _workload_entry(runs: dict[str, list[dict]], loads: list[float | None], nois
         "iteration_s": round(it, 3),
         "naive_iteration_s": None,
         "speedup_vs_naive": None,
-        "overhead_fraction": round((t["perturb"] + t["restore"] + t["update"]) / it, 4),
+        "overhead_fraction": round(overhead_fraction(t, best.get("lanes", 1)), 4),
+        "overhead_fraction_summed_lanes": round(overhead_fraction(t, 1), 4),
         "prompt_tokens": best["prompt_tokens"],
         "generated_tokens": best["generated_tokens"],
         "generate_roofline_ratio": None,
