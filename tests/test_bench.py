@@ -360,3 +360,18 @@ def test_overhead_fraction_divides_the_lanes_concurrent_perturbations():
     t = {"perturb": 2.0, "restore": 0.4, "update": 0.3, "iteration": 10.0}
     assert bench.overhead_fraction(t, 2) == pytest.approx((1.2 + 0.3) / 10)
     assert bench.overhead_fraction(t, 1) == pytest.approx(2.7 / 10)  # one lane: the plain sum
+
+
+def test_inference_ratio_is_taken_against_the_faster_engine():
+    from esft.bench.inference import inference_entry
+
+    ours = {"engine": "esft", "delivered_tokens_per_s": 1000.0}
+    slower = {"engine": "vllm", "delivered_tokens_per_s": 400.0}
+    faster = {"engine": "vllm", "delivered_tokens_per_s": 2000.0}
+    e = inference_entry(ours, 900.0, slower)
+    assert e["inference_engine"] == "esft" and e["inference_ratio"] == 0.9 and e["vllm"] == "timed"
+    assert e["pure_generation"] == [ours, slower]
+    e = inference_entry(ours, 900.0, faster)
+    assert e["inference_engine"] == "vllm" and e["inference_ratio"] == 0.45
+    e = inference_entry(ours, 900.0, "failed: no engine")
+    assert e["inference_engine"] == "esft" and e["vllm"] == "failed: no engine"

@@ -262,6 +262,25 @@ def test_lean_bf16_path_follows_the_fp32_path_on_rounded_weights(tokenizer, kind
     assert agree >= 0.8, agree
 
 
+def test_bf16_lean_model_holds_its_vocabulary_matrix_once():
+    """With bf16 weights the greedy screen reads the lean model's own packed bf16 lm_head (no second copy of
+    the largest matrix per lane), and greedy picks stay those of the unscreened bf16 head."""
+    from esft.generation import lean_step, packed
+    from test_lean import _tiny
+
+    if packed.screen_lm_head_reason(_tiny("llama"), True, True) or lean_step.fused_attention_reason(torch.bfloat16):
+        pytest.skip("no native bf16 dot product or no compiled kernel here")
+    low = rollout_replica(_tiny("llama"), torch.bfloat16)
+    lm = lean_step.LeanModel(low, packed=True, fused_attention=True, screen_lm_head=True, batch_hint=4)
+    assert lm.screen.packed_bf16 is lm.lm_head
+    fp32 = lean_step.LeanModel(_tiny("llama"), packed=True, fused_attention=True, screen_lm_head=True, batch_hint=4)
+    assert fp32.screen.packed_bf16 is not fp32.lm_head  # fp32 weights: the screen needs its own bf16 copy
+    h = torch.randn(4, low.config.hidden_size, generator=torch.Generator().manual_seed(0))
+    screened = lm.screen.logits(h, lm.fused, torch.tensor([], dtype=torch.long))
+    exact = torch.nn.functional.linear(h, low.lm_head.weight.float())  # fp32 h times the bf16 rows
+    assert torch.equal(screened.greedy(), exact.argmax(-1))
+
+
 # ---- the rank correlation the precision study reports --------------------------------------------------------
 
 def test_rank_correlation_is_spearmans_rho_with_average_ranks_for_ties():

@@ -198,3 +198,24 @@ def test_greedy_completions_agree_with_esfts_decode_loop(engine):
         assert r["vllm_margin"] is not None and abs(r["esft_margin"]) <= limit and abs(r["vllm_margin"]) <= limit, r
     if engine.dtype == "float32":
         assert agree >= 29  # >= 90% of 32
+
+
+def test_bench_times_vllms_pure_generation_of_a_workload():
+    """`esft bench`'s vLLM timing (esft.bench.inference.vllm_generation): an engine in a spawned process generates
+    the workload's batch `population` times with the workload's budget, every completion full length when
+    min_tokens equals max_tokens, and reports the tokens it served."""
+    from esft.bench.inference import inference_entry, vllm_generation, vllm_job
+    from esft.bench.workloads import build_workload
+    from esft.models import load_tokenizer, resolve_model_path
+
+    tokenizer = load_tokenizer("smollm2-135m")
+    job = vllm_job(tokenizer, build_workload("decode-heavy", tokenizer))
+    job = {**job, "prompt_ids": job["prompt_ids"][:3], "max_new_tokens": 8, "min_new_tokens": 8}
+    timed = vllm_generation(resolve_model_path("smollm2-135m"), {"decode-heavy": job}, 2, "bfloat16", 2)
+    t = timed["decode-heavy"]
+    print(f"\nvLLM pure generation: {t}")
+    assert t["engine"] == "vllm" and t["generated_tokens"] == 2 * 3 * 8
+    assert t["prompt_tokens"] == 2 * sum(len(p) for p in job["prompt_ids"])
+    assert t["seconds"] > 0 and t["delivered_tokens_per_s"] > t["generated_tokens_per_s"] > 0
+    entry = inference_entry({"engine": "esft", "delivered_tokens_per_s": 1e-9}, 1.0, t)
+    assert entry["inference_engine"] == "vllm" and entry["vllm"] == "timed"

@@ -7,8 +7,9 @@ the way public ES code does it. One run measures everything on the current machi
   reading taken while other processes held the cores does not inflate the roofline ratio;
 * `rollout_precision`: the members' rollout dtype (`--rollout-dtype`, auto = bf16 on CPUs with native bf16,
   esft.generation.precision) and why; with bf16, the same iteration with fp32 rollouts too (`speedup_vs_fp32`);
-* per workload, pure batched generation of the same prompts, N times, same lanes and dtype (esft.bench.inference):
-  `inference_ratio` = the iteration's delivered tokens/s over that;
+* per workload, pure batched generation of the same prompts, N times, same lanes and dtype (esft.bench.inference),
+  by esft's engine and, where vLLM is installed (its CPU build: scripts/vllm_venv.sh), by vLLM in a spawned
+  process: `inference_ratio` = the iteration's delivered tokens/s over the faster engine's;
 * per workload, one full esft ES iteration (`LocalExecutor` perturb -> generate -> score -> restore per member,
   `ES.tell`, `MasterWeights.apply`) and the same iteration done the naive way (perturb in place with noise
   regenerated from the seed, `model.generate` over the batch, restore by regenerating the noise and subtracting
@@ -70,7 +71,7 @@ from typing import Any, Sequence
 
 import torch
 
-from esft.bench.inference import esft_generation, inference_entry
+from esft.bench.inference import esft_generation, inference_entry, vllm_available, vllm_generation, vllm_job
 from esft.bench.iterations import check_outputs, esft_iteration, esft_iteration_parallel, naive_iteration
 from esft.bench.roofline import (
     ModelShape, best_dtype_roofline_ratio, count_params, cpu_info, effective_layout, executed_flops, load_average,
@@ -142,6 +143,9 @@ class BenchConfig:
     inference: bool = True
     """also time pure batched generation of the same prompts (population times, same lanes and dtype) for
     `inference_ratio`"""
+    vllm: bool = True
+    """with --inference, also time vLLM's pure generation of the same prompts where vLLM is installed (its CPU
+    build in its own environment, scripts/vllm_venv.sh), in a spawned process after esft's measurements"""
 
     def __post_init__(self) -> None:
         # unset options take esft's fast configuration, or the bit-exact defaults with `exact`
@@ -211,6 +215,7 @@ def run_bench(config: BenchConfig, model=None, tokenizer=None, log=print) -> dic
     # and the first write to each page is a copy-on-write page fault (~0.8 s for 540 MB here) that would land in
     # whichever iteration perturbs first. A training run pays it once, at its first perturbation.
     _reset(model, snapshot)
+    pures: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}  # workload -> esft's pure generation, vLLM's job
     for name in config.workloads:
         work = build_workload(name, tokenizer)
         check = None
@@ -233,12 +238,35 @@ def run_bench(config: BenchConfig, model=None, tokenizer=None, log=print) -> dic
             pure = esft_generation(model, tokenizer, work, config.population, config.generation,
                                    entry["lanes"], rollout)
             entry.update(inference_entry(pure, entry["delivered_tokens_per_s"]))
+            pures[name] = (pure, vllm_job(tokenizer, work))
         report["workloads"][name] = entry
         log(f"{name}: measuring matmul again (load {load_average()}) ...")
         measure()
+    if pures and config.vllm and vllm_available():
+        _time_vllm(config, report, pures, precision.dtype if rollout is not None else str(dtype).replace("torch.", ""),
+                   log)
     _rooflines(report, readings, timed)
     report["load_avg_1min_end"] = load_average()
     return report
+
+
+def _time_vllm(config: "BenchConfig", report: dict[str, Any], pures: dict[str, tuple[dict, dict]], dtype: str,
+               log) -> None:
+    """vLLM's pure generation of every workload (one engine, in a spawned process), folded into each entry's
+    inference fields; a failure is recorded, not raised (the esft measurements stand on their own)."""
+    from esft.models import resolve_model_path
+
+    log(f"vllm: pure generation of {', '.join(pures)} in {dtype} (load {load_average()}; engine start-up is not "
+        "timed) ...")
+    try:
+        timings: dict[str, Any] = vllm_generation(resolve_model_path(config.model),
+                                                  {name: job for name, (_, job) in pures.items()},
+                                                  config.population, dtype, torch.get_num_threads())
+    except Exception as exc:
+        timings = {name: f"failed: {exc}" for name in pures}
+    for name, (pure, _) in pures.items():
+        entry = report["workloads"][name]
+        entry.update(inference_entry(pure, entry["delivered_tokens_per_s"], timings[name]))
 
 
 def _report_head(config: BenchConfig, model, dtype: torch.dtype, readings: dict[str, list[float]]) -> dict[str, Any]:

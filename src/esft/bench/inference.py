@@ -96,11 +96,94 @@ def esft_generation(model, tokenizer, work: Workload, population: int, gen_overr
             "generated_tokens_per_s": round(counts["generated_tokens"] / seconds, 2)}
 
 
-def inference_entry(esft_gen: dict[str, Any], delivered_tokens_per_s: float) -> dict[str, Any]:
-    """The report's pure-generation fields: engines timed, the fastest, and inference_ratio."""
-    engines = [esft_gen]
+def vllm_job(tokenizer, work: Workload) -> dict[str, Any]:
+    """What `vllm_generation` needs of a workload: its prompts as token ids (the same chat template esft uses)
+    and its token budget."""
+    from esft.generation import encode_prompts
+
+    return {"prompt_ids": [list(map(int, p)) for p in encode_prompts(tokenizer, work.prompts)],
+            "max_new_tokens": int(work.max_new_tokens), "min_new_tokens": int(work.min_new_tokens)}
+
+
+def vllm_generation(model_path: str, jobs: dict[str, dict[str, Any]], population: int, dtype: str,
+                    threads: int) -> dict[str, dict[str, Any]]:
+    """Pure batched generation with vLLM (its CPU build here, or whatever platform it finds) for each workload:
+    `population` `LLM.generate` calls of the whole batch, greedy, the workload's budget (`min_tokens` as esft's
+    `min_new_tokens`), after one warm-up call; engine start-up is not timed. The engine runs in a spawned
+    process, because vLLM's CPU worker freezes `torch.set_num_threads` for the process that starts it and holds
+    its memory until that process ends. Returns {workload: the same fields as `esft_generation`}."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=_vllm_child, args=(queue, model_path, jobs, population, dtype, threads))
+    proc.start()
+    try:
+        ok, payload = queue.get()
+    finally:
+        proc.join()
+    if not ok:
+        raise RuntimeError(f"vLLM generation failed: {payload}")
+    return payload
+
+
+def _vllm_child(queue, model_path: str, jobs: dict[str, dict[str, Any]], population: int, dtype: str,
+                threads: int) -> None:
+    try:
+        import os
+
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine core in this process
+        from esft.es.distributed.vllm_backend.vllm_replica import (
+            DEFAULT_CPU_KV_CACHE_BYTES,
+            platform_device_type,
+            prepare_cpu_process,
+        )
+
+        on_cpu = platform_device_type() == "cpu"
+        if on_cpu:
+            prepare_cpu_process(threads)
+        from vllm import LLM, SamplingParams
+
+        longest = max(len(p) + job["max_new_tokens"] for job in jobs.values() for p in job["prompt_ids"])
+        kwargs: dict[str, Any] = dict(model=model_path, tokenizer=model_path, dtype=dtype, seed=0,
+                                      tensor_parallel_size=1, max_model_len=longest + 8, enforce_eager=on_cpu)
+        if on_cpu:
+            kwargs["kv_cache_memory_bytes"] = DEFAULT_CPU_KV_CACHE_BYTES
+        llm = LLM(**kwargs)
+        out = {}
+        for name, job in jobs.items():
+            sampling = SamplingParams(n=1, temperature=0.0, max_tokens=job["max_new_tokens"],
+                                      min_tokens=job["min_new_tokens"])
+            prompts = [{"prompt_token_ids": p} for p in job["prompt_ids"]]
+            llm.generate(prompts[:2], sampling, use_tqdm=False)  # warm-up
+            generated = 0
+            t0 = time.perf_counter()
+            for _ in range(population):
+                results = llm.generate(prompts, sampling, use_tqdm=False)
+                generated += sum(len(r.outputs[0].token_ids) for r in results)
+            seconds = time.perf_counter() - t0
+            prompt_tokens = population * sum(len(p) for p in job["prompt_ids"])
+            out[name] = {"engine": "vllm", "seconds": round(seconds, 3), "dtype": dtype,
+                         "device": platform_device_type(), "prompt_tokens": prompt_tokens,
+                         "generated_tokens": generated,
+                         "delivered_tokens_per_s": round((prompt_tokens + generated) / seconds, 2),
+                         "generated_tokens_per_s": round(generated / seconds, 2)}
+        queue.put((True, out))
+    except BaseException as exc:  # reported to the parent, which raises it
+        queue.put((False, f"{type(exc).__name__}: {exc}"))
+
+
+def inference_entry(esft_gen: dict[str, Any], delivered_tokens_per_s: float,
+                    vllm_gen: dict[str, Any] | str | None = None) -> dict[str, Any]:
+    """The report's pure-generation fields: engines timed, the fastest, and inference_ratio. `vllm_gen`: vLLM's
+    timing of the same workload (`vllm_generation`), or why there is none."""
+    engines = [esft_gen] + ([vllm_gen] if isinstance(vllm_gen, dict) else [])
     best = max(engines, key=lambda e: e["delivered_tokens_per_s"])
+    if isinstance(vllm_gen, dict):
+        status = "timed"
+    elif isinstance(vllm_gen, str):
+        status = vllm_gen
+    else:
+        status = "installed, not timed (--no-vllm)" if vllm_available() else "not installed"
     return {"inference_ratio": round(delivered_tokens_per_s / best["delivered_tokens_per_s"], 4),
-            "inference_engine": best["engine"], "pure_generation": engines,
-            "vllm": "timed" if len(engines) > 1 else ("installed, not timed by this bench" if vllm_available()
-                                                      else "not installed")}
+            "inference_engine": best["engine"], "pure_generation": engines, "vllm": status}

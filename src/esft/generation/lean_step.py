@@ -221,7 +221,8 @@ class LeanModel:
         if screen_lm_head:
             if (why := screen_lm_head_reason(model, packed, fused_attention, delta)) is not None:
                 raise ValueError(f"lm_head screening is not available: {why}")
-            self.screen = LMHeadScreen(model.lm_head.weight, batch_hint)
+            self.screen = LMHeadScreen(model.lm_head.weight, batch_hint,
+                                       packed_bf16=self.lm_head if self.low_precision else None)
 
     def _read_config(self, cfg) -> None:
         self.n_heads = cfg.num_attention_heads

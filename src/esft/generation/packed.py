@@ -121,10 +121,14 @@ class LMHeadScreen:
     of the survivors come from F.linear on their rows (`ScreenedLogits`).
     """
 
-    def __init__(self, weight: torch.Tensor, batch_hint: int):
+    def __init__(self, weight: torch.Tensor, batch_hint: int, packed_bf16: torch.Tensor | None = None):
         weight = weight.detach()
         self.weight = weight  # the live parameter (ES perturbs it in place; this object lives for one call)
-        self.packed_bf16 = torch.ops.mkldnn._reorder_linear_weight(weight.to(torch.bfloat16), batch_hint)
+        # `packed_bf16`: the caller's own packed copy when the weight is bf16 already (bf16 rollouts: the lean
+        # model's packed lm_head), so the vocabulary matrix is not held twice
+        if packed_bf16 is None:
+            packed_bf16 = torch.ops.mkldnn._reorder_linear_weight(weight.to(torch.bfloat16), batch_hint)
+        self.packed_bf16 = packed_bf16
         # fp32 norms also for bf16 weights (bf16 rollouts): the bound needs them at full precision
         self.row_norms = torch.linalg.vector_norm(weight, dim=1, dtype=torch.float32)
         k = weight.shape[1]
