@@ -189,8 +189,9 @@ def materialise(param: torch.Tensor) -> torch.Tensor:
     return param
 
 
-#: elements per block of `add_rounded`: 256 KB of fp32, which stays in the L2 cache between its two passes
-ROUNDING_BLOCK = 1 << 16
+#: elements per block of `add_rounded`: 1 MB of fp32, within the L2 or L3 cache between its two passes. One
+#: SmolLM2-135M perturbation on one Zen 4 core took 0.11 s with 2^16, 0.075 s with 2^18, 0.067 s with 2^20.
+ROUNDING_BLOCK = 1 << 18
 
 
 def add_rounded(master: torch.Tensor, eps: torch.Tensor, step: float, out: torch.Tensor) -> None:

@@ -1,0 +1,8 @@
+set -x
+E=/work/main/.venv/bin/esft
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+/usr/bin/time -v $E eval --tasks boolq --limit 16 --max-new-tokens 24 --max-passage-chars 400 --batch-size 16 > eval-exact.out 2> eval-exact.time.txt
+/usr/bin/time -v $E eval --tasks boolq --limit 16 --max-new-tokens 24 --max-passage-chars 400 --batch-size 16 --generation-options fast > eval-fast.out 2> eval-fast.time.txt
+/usr/bin/time -v $E train es --preset cpu --iterations 1 --eval-every 0 --output-dir /tmp/mem/es-shipped > es-shipped.out 2> es-shipped.time.txt
+/usr/bin/time -v $E train es --preset cpu --iterations 1 --eval-every 0 --rollout-dtype auto --output-dir /tmp/mem/es-auto > es-auto.out 2> es-auto.time.txt
+echo done > done.txt
