@@ -57,7 +57,9 @@ def test_generation_frees_only_the_named_projections_and_completions_do_not_chan
 
 
 @pytest.mark.parametrize("noise", ["table", "per-tensor"])
-def test_a_released_copy_is_rewritten_exactly_by_perturb_and_restore(noise):
+def test_a_released_copy_is_written_exactly_when_the_engine_reads_it(noise):
+    """perturb / restore leave a bound copy's released parameters unwritten (`deferred`) and `fill` writes them
+    later with the same bits as an immediate write, tensor by tensor; parameters with storage are written at once."""
     from es_tiny import tiny_llama
     from esft.es.executor import rollout_replica
 
@@ -65,18 +67,101 @@ def test_a_released_copy_is_rewritten_exactly_by_perturb_and_restore(noise):
     weights = MasterWeights(model, noise=noise, share_storage=True)
     replica = rollout_replica(model, torch.float32)
     bound = weights.bind(replica)
-    for p in replica.parameters():
-        p.untyped_storage().resize_(0)
-    bound.perturb(7, -1, 0.05, replace=True)
     params = dict(replica.named_parameters())
-    for name, master in weights.master.items():
-        assert torch.equal(params[name], torch.add(master, weights.noise(7, name), alpha=-0.05)), name
+    freed = [n for n in params if "layers.0." in n]
+    for n in freed:
+        params[n].untyped_storage().resize_(0)
+    bound.perturb(7, -1, 0.05, replace=True)
+    assert sorted(bound.deferred) == sorted(freed) and set(_released(replica)) == set(freed)
+    expected = {n: torch.add(m, weights.noise(7, n), alpha=-0.05) for n, m in weights.master.items()}
+    assert all(torch.equal(params[n], expected[n]) for n in params if n not in freed)  # written at once
+    first = params[freed[0]]
+    bound.fill([first])  # one tensor: only that one is written
+    assert torch.equal(first, expected[freed[0]]) and sorted(bound.deferred) == sorted(freed[1:])
+    bound.fill()
+    assert not bound.deferred and all(torch.equal(params[n], expected[n]) for n in params)
+    # a later member replaces an older deferred write: the fill writes the newest member, not the first
+    for n in freed:
+        params[n].untyped_storage().resize_(0)
+    bound.perturb(8, 1, 0.05, replace=True)
+    bound.perturb(9, 1, 0.05, replace=True)
+    bound.fill()
+    assert all(torch.equal(params[n], torch.add(weights.master[n], weights.noise(9, n), alpha=0.05)) for n in params)
     for p in replica.parameters():
         p.untyped_storage().resize_(0)
     bound.restore()
+    assert sorted(bound.deferred) == sorted(params)
+    bound.fill()
     assert all(torch.equal(p, weights.master[n]) for n, p in replica.named_parameters())
+    assert weights.deferred == []  # the masters' own object never defers
     kept = torch.ones(3)
     assert materialise(kept) is kept and torch.equal(kept, torch.ones(3))  # a full tensor is left as it is
+
+
+def test_a_deferred_write_is_dropped_once_the_tensor_is_written_directly():
+    from es_tiny import tiny_llama
+    from esft.es.executor import rollout_replica
+
+    model = tiny_llama()
+    weights = MasterWeights(model, noise="table", share_storage=True)
+    replica = rollout_replica(model, torch.float32)
+    bound = weights.bind(replica)
+    name, param = next((n, p) for n, p in replica.named_parameters() if "q_proj" in n)
+    param.untyped_storage().resize_(0)
+    bound.perturb(3, 1, 0.1, replace=True)
+    assert bound.deferred == [name]
+    bound.fill()  # storage again: the next perturb writes it at once and must forget the deferred one
+    bound.perturb(4, 1, 0.1, replace=True)
+    assert bound.deferred == []
+    bound.fill()
+    assert torch.equal(param, torch.add(weights.master[name], weights.noise(4, name), alpha=0.1))
+
+
+def test_generation_fills_a_lanes_deferred_projections_layer_by_layer(tokenizer):
+    """Inside `releasing(..., fill=)` the stacked path asks for each layer's projections just before packing them:
+    the lane never holds two layers' plain projections at once, and the completions are those of weights written
+    up front."""
+    from esft.generation import GenerationConfig, generate, releasing
+    from test_lean import PROMPTS, _tiny
+
+    _fast_ready()
+    model = _tiny("llama")
+    lane = copy.deepcopy(model)
+    cfg = GenerationConfig(**FAST_CPU_GENERATION, max_new_tokens=12, batch_size=len(PROMPTS))
+    ref = generate(model, tokenizer, PROMPTS, cfg)
+    backup = {n: p.detach().clone() for n, p in lane.named_parameters()}
+    names = {id(p): n for n, p in lane.named_parameters()}
+    projections = [p for n, p in lane.named_parameters() if any(k in n for k in PROJECTIONS)]
+    for p in projections:
+        p.untyped_storage().resize_(0)
+    asked: list[list[str]] = []
+    held: list[int] = []
+
+    def fill(tensors):
+        asked.append(sorted(names[id(t)] for t in tensors) if tensors is not None else ["*"])
+        for t in tensors or projections:
+            if t.untyped_storage().nbytes() == 0:
+                materialise(t).copy_(backup[names[id(t)]])
+        held.append(sum(1 for p in projections if p.untyped_storage().nbytes() > 0))
+
+    with releasing(projections, fill=fill):
+        ours = generate(lane, tokenizer, PROMPTS, cfg)
+    assert [g.completion_ids for g in ours] == [g.completion_ids for g in ref]
+    layers = model.config.num_hidden_layers
+    assert len(asked) == layers
+    assert all(len(a) == len(PROJECTIONS) and all(f"layers.{i}." in n for n in a) for i, a in enumerate(asked))
+    assert max(held) == len(PROJECTIONS)  # one layer's plain projections at a time
+    assert len(_released(lane)) == len(projections)  # and all freed again once packed
+
+    # a path that reads the plain weights (here model.generate) asks for all of them first
+    asked.clear()
+    for p in projections:
+        p.untyped_storage().resize_(0)
+    hf = GenerationConfig(engine="hf", max_new_tokens=12, batch_size=len(PROMPTS))
+    with releasing(projections, fill=fill):
+        theirs = generate(lane, tokenizer, PROMPTS, hf)
+    assert asked[0] == ["*"] and not _released(lane)
+    assert [g.completion_ids for g in theirs] == [g.completion_ids for g in generate(model, tokenizer, PROMPTS, hf)]
 
 
 class _Chat:

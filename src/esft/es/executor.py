@@ -85,14 +85,23 @@ def rollout_replica(model: Any, dtype: torch.dtype | None = None) -> Any:
     return copy.deepcopy(model, memo)
 
 
+#: glibc's mmap threshold while lanes run (`map_large_blocks`): above every per-layer block of SmolLM2-sized models
+#: (plain and packed projections, a layer's K/V cache: under 8 MB in fp32), below the whole-model ones (embedding,
+#: lm_head, noise table). Measured on the cpu preset, two lanes, Zen 4 (docs/performance.md, "Page faults"):
+#: with 1 MiB every member's packed weights and caches came from fresh mappings, faulted in and zeroed by the
+#: kernel: +25-30% generation time and 2x the perturbation time against 8 MiB, for 0.07-0.34 GB less peak RSS.
+MMAP_THRESHOLD = 8 << 20
+
+
 @functools.lru_cache(maxsize=1)
-def map_large_blocks(threshold: int = 1 << 20) -> bool:
-    """Have glibc's malloc map every block of `threshold` bytes or more on its own and unmap it when freed (True
-    where it took). Lane copies free their projections at every generation and allocate them again at the next
-    perturbation, on two threads; with glibc's default, which raises its mapping threshold to the largest block
-    freed (up to 32 MB), those blocks stay in per-thread heaps, and each lane's heap keeps the other generation's
-    packed weights and caches beside its own: +1.2 GB resident on the cpu preset (docs/performance.md,
-    "Memory"). Process-wide, set once, when the first lane copy is made."""
+def map_large_blocks(threshold: int = MMAP_THRESHOLD) -> bool:
+    """Fix glibc's malloc mmap threshold at `threshold` bytes (True where it took). Lane copies free their
+    projections, packed weights and caches at every generation and allocate them again for the next member, on
+    two threads. glibc's default raises its threshold to the largest block freed (up to 32 MB), after which
+    whole-model blocks stay in per-thread heaps beside the other lane's: +1.2 GB resident on the cpu preset
+    (docs/performance.md, "Memory"). A fixed threshold maps whole-model blocks one by one and gives them back
+    when freed, while per-layer blocks are reused from the heap, already faulted in (`MMAP_THRESHOLD`).
+    Process-wide, set once, when the first lane copy is made."""
     try:
         libc = ctypes.CDLL("libc.so.6")
         return bool(libc.mallopt(-3, int(threshold)))  # -3: M_MMAP_THRESHOLD (fixed, no longer dynamic)
@@ -187,19 +196,29 @@ class LocalExecutor(Executor):
     def _generate(self, model: Any, prompts: tuple[list, dict], timings: dict[str, float],
                   weights: MasterWeights | None = None) -> list:
         t0 = time.perf_counter()
-        with self._releasing(weights):
+        filled = [0.0]
+        with self._releasing(weights, filled):
             gens = self.generate_fn(model, self.tokenizer, prompts[0], self.gen_config, **prompts[1])
-        timings["generate"] += time.perf_counter() - t0
+        # the deferred perturbation written during generation is perturbation work: timed as such
+        timings["generate"] += time.perf_counter() - t0 - filled[0]
+        timings["perturb"] += filled[0]
         return gens
 
-    def _releasing(self, weights: MasterWeights | None) -> Any:
+    def _releasing(self, weights: MasterWeights | None, filled: list[float]) -> Any:
         """A lane copy's perturbed parameters may be freed once packed (perturb and restore rewrite them all);
-        the model's own never are."""
+        the model's own never are. Freed ones are written again only when the engine reads them (`weights.fill`,
+        layer by layer on the stacked path), so a lane never holds all its plain projections beside their packed
+        copies; `filled[0]` accumulates the seconds those writes took."""
         if weights is None or weights is self.weights:
             return contextlib.nullcontext()
         from esft.generation import releasing  # lazy, as generate_fn in __init__
 
-        return releasing(weights.params.values())
+        def fill(tensors: Iterable[torch.Tensor] | None) -> None:
+            t0 = time.perf_counter()
+            weights.fill(tensors)
+            filled[0] += time.perf_counter() - t0
+
+        return releasing(weights.params.values(), fill=fill)
 
     def _score(self, gens: list, batch: Sequence[dict], result: PopulationResult, row: int) -> None:
         t0 = time.perf_counter()

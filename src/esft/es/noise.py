@@ -243,6 +243,11 @@ class MasterWeights:
         self._largest = max(p.numel() for p in self.params.values())
         self._device = next(iter(self.params.values())).device
         self.perturbed: tuple[int, int] | None = None
+        # Deferred writes (bound copies only, `bind`): name -> what perturb / restore left unwritten, because the
+        # lean engine had freed that parameter (esft.generation.releasing) and will ask for it again when it reads
+        # it (`fill`). None here: the model's own parameters are never freed, so never deferred.
+        self._deferred: dict[str, tuple] | None = None
+        self._names_by_id: dict[int, str] = {}
         self.workers = workers
         """threads drawing noise in perturb / apply (None: torch.get_num_threads() for generated noise, 1 for
         "table" noise, whose adds are memory-bound and already parallel inside torch)"""
@@ -267,6 +272,9 @@ class MasterWeights:
             raise ValueError("bind(): the model shares parameters with the bound one; pass a copy")
         other.perturbed = None
         other.shared = False
+        # a copy's released parameters are written when the engine reads them (`fill`), not by perturb / restore
+        other._deferred = {}
+        other._names_by_id = {id(p): n for n, p in other.params.items()}
         return other
 
     # -- introspection
@@ -359,14 +367,11 @@ class MasterWeights:
         step = float(sign) * float(sigma)
         # marked before the first write, so that an exception or Ctrl-C part-way still gets the model restored
         self.perturbed = (int(seed), int(sign))
+        op = ("perturb", int(seed), step)
 
         def one(name: str, bufs: list[torch.Tensor]) -> None:
-            param = materialise(self.params[name])
-            eps = self.noise(seed, name, out=bufs[0] if bufs else None)
-            if param.dtype == torch.float32:
-                torch.add(self.master[name], eps, alpha=step, out=param.data)  # one pass, no temporary
-            else:
-                add_rounded(self.master[name], eps, step, param.data)
+            if not self._defer(name, op):
+                self._write(name, op, bufs[0] if bufs else None)
 
         self._map(one, buffers=0 if self.mode == "table" else 1)
 
@@ -375,9 +380,55 @@ class MasterWeights:
         """param <- master: bit-identical to the unperturbed weights (a copy, never a subtraction); for a
         lower-precision copy (`bind(cast=True)`), the masters rounded once."""
         if not self.shared:
-            for name, param in self.params.items():
-                materialise(param).copy_(self.master[name])
+            for name in self.params:
+                if not self._defer(name, ("restore",)):
+                    self._write(name, ("restore",))
         self.perturbed = None
+
+    def _defer(self, name: str, op: tuple) -> bool:
+        """Leave a bound copy's released parameter unwritten until the engine reads it (`fill`); True if so."""
+        if self._deferred is None:
+            return False
+        param = self.params[name]
+        if param.numel() == 0 or param.untyped_storage().nbytes() > 0:
+            self._deferred.pop(name, None)  # written now: an older deferred write must not overwrite it later
+            return False
+        self._deferred[name] = op
+        return True
+
+    def _write(self, name: str, op: tuple, buf: torch.Tensor | None = None) -> None:
+        """One parameter of the current member (op ("perturb", seed, step)) or of the centre (("restore",))."""
+        param = materialise(self.params[name])
+        if op[0] == "restore":
+            param.copy_(self.master[name])
+            return
+        _, seed, step = op
+        eps = self.noise(seed, name, out=buf)
+        if param.dtype == torch.float32:
+            torch.add(self.master[name], eps, alpha=step, out=param.data)  # one pass, no temporary
+        else:
+            add_rounded(self.master[name], eps, step, param.data)
+
+    @torch.no_grad()
+    def fill(self, tensors: Iterable[torch.Tensor] | None = None) -> None:
+        """Write the deferred parameters among `tensors` (None: all of them) exactly as perturb / restore would
+        have: the same function of (master, seed, sign, sigma) per tensor, so the bits do not depend on when.
+        The lean engine calls this layer by layer as it packs (esft.generation.fill_released), so a lane copy
+        holds one layer of plain projections at a time. Masters must not change between the perturb / restore
+        and the fill (the executor applies updates only between populations, after every lane's generation)."""
+        if not self._deferred:
+            return
+        if tensors is None:
+            names = list(self._deferred)
+        else:
+            names = [n for n in (self._names_by_id.get(id(t)) for t in tensors) if n in self._deferred]
+        for name in names:
+            self._write(name, self._deferred.pop(name))
+
+    @property
+    def deferred(self) -> list[str]:
+        """Names of the parameters whose write waits for `fill` (empty unless this is a bound copy)."""
+        return list(self._deferred or ())
 
     # -- update
     @torch.no_grad()

@@ -16,7 +16,7 @@ from esft.generation.generation_config import Generation, GenerationConfig
 from esft.generation.hf_step import decode_hf
 from esft.generation.lean import lean_decode
 from esft.generation.lean_step import unsupported_reason
-from esft.generation.packed import releasing
+from esft.generation.packed import fill_released, releasing
 from esft.generation.prompts import encode_prompts, eos_token_ids, left_pad, to_generation
 from esft.tasks.base import Messages
 
@@ -54,6 +54,7 @@ def generate(
         idx = order[start : start + config.batch_size]
         input_ids, attention_mask = left_pad([encoded[i] for i in idx], pad_id, device)
         if config.engine == "hf":
+            fill_released()  # model.generate reads every weight
             new = _hf_generate(model, input_ids, attention_mask, config, pad_id, eos)
         elif config.engine == "esft":
             # weights freed once packed (`releasing`, an ES lane's copy) are packed again by the next batch: freed
@@ -98,4 +99,5 @@ def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, config:
     """
     if config.lean and unsupported_reason(model, ignore_hooks=delta is not None) is None:
         return lean_decode(model, input_ids, attention_mask, config, eos, delta=delta, on_keep=on_keep)
+    fill_released()  # the HF forward reads every weight
     return decode_hf(model, input_ids, attention_mask, config, eos, on_keep=on_keep)

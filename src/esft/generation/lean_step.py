@@ -39,6 +39,7 @@ from esft.generation.kv_cache import KVCache
 from esft.generation.packed import (
     LMHeadScreen,
     ScreenedLogits,
+    fill_released,
     pack_weight,
     packed_linear,
     packed_linear_bf16,
@@ -184,6 +185,12 @@ class LeanModel:
         # half the bytes is most of its cost; the kernel widens it back to fp32 for the arithmetic
         self.cache_dtype: torch.dtype | None = torch.bfloat16 if self.low_precision else None
         self.packed_linear = packed
+        # With packed weights, the compiled kernels and no per-projection delta, the step multiplies by q|k|v and
+        # gate|up stacked into one weight each (4 matmuls per layer instead of 7: fewer calls, and the thin k/v
+        # projections no longer run alone) and does the norm/residual/SwiGLU glue in compiled code (_fused_step).
+        self.fused_projections = packed and self.fused is not None and delta is None
+        if not self.fused_projections:
+            fill_released()  # the plain layers read every projection (only the stacked path fills layer by layer)
         w = _Handles(model, packed, batch_hint)
         # `delta` (a low-rank population) adds each row's perturbation term after every linear and the embedding,
         # exactly what its forward hooks do under the HF forward
@@ -205,10 +212,6 @@ class LeanModel:
         self.lm_head = w(model.lm_head.weight)
         self.lm_bias = model.lm_head.bias
         self.rotary = inner.rotary_emb
-        # With packed weights, the compiled kernels and no per-projection delta, the step multiplies by q|k|v and
-        # gate|up stacked into one weight each (4 matmuls per layer instead of 7: fewer calls, and the thin k/v
-        # projections no longer run alone) and does the norm/residual/SwiGLU glue in compiled code (_fused_step).
-        self.fused_projections = packed and self.fused is not None and delta is None
         self.layers: list[_Layer] = []
         for layer in inner.layers:
             self.scaling = layer.self_attn.scaling
@@ -281,6 +284,9 @@ def _stacked_layer(layer, w: _Handles, low_precision: bool = False) -> _Layer:
     """LeanModel.fused_projections' layout: q|k|v and gate|up stacked into one weight each (norm gains in fp32
     with bf16 weights, `_gain`)."""
     a, m = layer.self_attn, layer.mlp
+    projections = (a.q_proj.weight, a.k_proj.weight, a.v_proj.weight, a.o_proj.weight, m.gate_proj.weight,
+                   m.up_proj.weight, m.down_proj.weight)
+    fill_released(*projections)  # a lane's deferred perturbation of this layer, written now (`releasing`)
     biases = (a.q_proj.bias, a.k_proj.bias, a.v_proj.bias)
     qn, kn = (getattr(getattr(a, name, None), "weight", None) for name in ("q_norm", "k_norm"))
     out = _Layer(
@@ -293,8 +299,7 @@ def _stacked_layer(layer, w: _Handles, low_precision: bool = False) -> _Layer:
         bqkv=None if biases[0] is None else torch.cat(biases).detach(),
         wgu=w(torch.cat([m.gate_proj.weight, m.up_proj.weight]).detach()))
     # layer by layer, so that a released lane copy never holds its plain and its packed projections in full at once
-    release_packed(a.q_proj.weight, a.k_proj.weight, a.v_proj.weight, a.o_proj.weight, m.gate_proj.weight,
-                   m.up_proj.weight, m.down_proj.weight)
+    release_packed(*projections)
     return out
 
 

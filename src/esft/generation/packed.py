@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -67,21 +67,31 @@ def pack_weight(weight: torch.Tensor, batch_hint: int) -> torch.Tensor:
 
 _RELEASABLE = threading.local()
 
+#: fill(weights) writes those of `weights` whose contents the caller deferred (None: all of them)
+Fill = Callable[[Iterable[torch.Tensor] | None], None]
+
 
 @contextmanager
-def releasing(weights: Iterable[torch.Tensor]) -> Iterator[None]:
+def releasing(weights: Iterable[torch.Tensor], fill: Fill | None = None) -> Iterator[None]:
     """Inside this context (on this thread only), the lean engine frees the storage of these plain weights once
     it has packed them (`release_packed`): an ES lane's copy whose weights are rewritten in full before its next
-    use (`esft.es.noise.MasterWeights.perturb` re-allocates them) then holds one copy of its projections while it
-    generates, the packed one, instead of two. Never for weights anything else reads: a released tensor keeps its
-    shape but has no storage. Only the stacked path (`LeanModel.fused_projections`, whose prefill and decode
-    read packed weights only) releases; the embedding, the lm_head and the norm gains are always kept."""
-    previous = getattr(_RELEASABLE, "ids", frozenset())
+    use then holds one copy of its projections while it generates, the packed one, instead of two. Never for
+    weights anything else reads: a released tensor keeps its shape but has no storage. Only the stacked path
+    (`LeanModel.fused_projections`, whose prefill and decode read packed weights only) releases; the embedding,
+    the lm_head and the norm gains are always kept.
+
+    `fill`: the owner of the weights may leave released ones unwritten (an ES lane's perturbation of its freed
+    projections, `esft.es.noise.MasterWeights.fill`) and have the engine ask for them just before it reads them
+    (`fill_released`): the stacked path asks layer by layer, right before packing, so the lane never holds its
+    plain projections in full, only one layer's at a time; every other path asks for all of them first. A
+    nested context without `fill` keeps the enclosing one's."""
+    previous = (getattr(_RELEASABLE, "ids", frozenset()), getattr(_RELEASABLE, "fill", None))
     _RELEASABLE.ids = frozenset(id(w) for w in weights)
+    _RELEASABLE.fill = fill if fill is not None else previous[1]
     try:
         yield
     finally:
-        _RELEASABLE.ids = previous
+        _RELEASABLE.ids, _RELEASABLE.fill = previous
 
 
 def release_packed(*weights: torch.Tensor | None) -> None:
@@ -90,6 +100,14 @@ def release_packed(*weights: torch.Tensor | None) -> None:
     for w in weights:
         if w is not None and id(w) in ids:
             w.untyped_storage().resize_(0)
+
+
+def fill_released(*weights: torch.Tensor | None) -> None:
+    """Have the enclosing `releasing` context's `fill` write these weights if their owner deferred them; with
+    no arguments, every deferred weight (a path that reads the plain weights). No-op outside such a context."""
+    fill = getattr(_RELEASABLE, "fill", None)
+    if fill is not None:
+        fill([w for w in weights if w is not None] if weights else None)
 
 
 def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
