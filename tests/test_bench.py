@@ -246,6 +246,28 @@ def test_esft_iteration_in_parallel_lanes_does_the_same_work(tokenizer):
     assert bench.BenchConfig().parallel_members == bench.FAST_PARALLEL_MEMBERS == 2
 
 
+def test_warm_up_runs_one_member_per_lane_for_one_token_and_restores_the_generation_config():
+    from esft.bench.iterations import warm_up
+
+    class Recorder:
+        def __init__(self):
+            self.gen_config = bench_gen = GenerationConfig(max_new_tokens=24, min_new_tokens=8)
+            self.original = bench_gen
+            self.calls = []
+
+        def evaluate_members(self, members, batch):
+            self.calls.append((list(members), len(batch), self.gen_config.max_new_tokens,
+                               self.gen_config.min_new_tokens))
+
+    work = small_workload()
+    ex = Recorder()
+    warm_up(ex, work, lanes=2, seed=0)
+    (members, rows, budget, forced), = ex.calls
+    assert len(members) == 2 and len({m.seed for m in members}) == 2 and rows == len(work.prompts)
+    assert (budget, forced) == (1, 0)
+    assert ex.gen_config is ex.original  # the timed iteration generates with the workload's own settings
+
+
 def test_run_bench_report_shape(tokenizer, monkeypatch):
     model = make_tiny_model()
     monkeypatch.setattr(bench, "build_workload", lambda name, tok: small_workload(name))

@@ -125,8 +125,8 @@ class BenchConfig:
     lever experiments)"""
     parallel_members: int | None = None
     """members the local executor evaluates at once, one thread each (`ESConfig.parallel_members`); the lanes'
-    model copies are made before the timed iteration, as a training run makes them once; None = 2, or 1 with
-    --exact"""
+    model copies are made and warmed (one member per lane, one token: `esft.bench.iterations.warm_up`) before
+    the timed iteration, as a training run's later iterations find them; None = 2, or 1 with --exact"""
     workers: int = 1
     """members evaluated in parallel, each by its own model replica in a Ray worker process with
     `threads // workers` torch threads (esft's `--executor ray`); 1 = the local executor in this process"""

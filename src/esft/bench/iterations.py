@@ -42,6 +42,7 @@ def esft_iteration(model, tokenizer, work: Workload, population: int, noise: str
                                  rollout_dtype=rollout_dtype if low else None)
         executor.start()
         lanes = executor.lanes_for(population)
+        warm_up(executor, work, lanes, seed)
         calls = record_generations(executor)
     setup = time.perf_counter() - start
     try:
@@ -51,6 +52,23 @@ def esft_iteration(model, tokenizer, work: Workload, population: int, noise: str
     if noise != "lowrank":
         out["executed_flops"] = executed(model, tokenizer, work, gen, calls, rollout_dtype)
     return out
+
+
+def warm_up(executor, work: Workload, lanes: int, seed: int) -> None:
+    """One member per lane, one new token each, before the timed iteration (in `setup`): what a training run's
+    second and later iterations find in place. A new lane copy's parameters, packed weights and caches are first
+    touched by its first member; the kernel then faults in and zeroes every page (~0.3 GB a bf16 lane), a cost
+    a run pays once, in its first iteration, not in the other 29-299. Its members are not the timed ones, and its
+    generations are not counted (the FLOP recorder is installed after it)."""
+    from esft.es.strategy import ES
+
+    members = ES(population_size=2 * lanes, sigma=work.sigma, alpha=work.alpha, seed=seed + 1).ask(0)[::2]
+    config = executor.gen_config
+    executor.gen_config = dataclasses.replace(config, max_new_tokens=1, min_new_tokens=0)
+    try:
+        executor.evaluate_members(members[:lanes], [{"messages": p} for p in work.prompts])
+    finally:
+        executor.gen_config = config
 
 
 def record_generations(executor) -> list[tuple[list[list[int]] | None, list[int]]]:
