@@ -309,6 +309,16 @@ def test_run_bench_roofline_is_executed_flops_over_the_matmul_rate(tokenizer, mo
     readings = {torch.float32: iter([0.02, 0.05]), torch.bfloat16: iter([0.2, 0.1])}
     monkeypatch.setattr(bench, "matmul_gflops", lambda dtype: next(readings[dtype]))
     counter = EngineCounter(model, monkeypatch)
+    from esft.bench import iterations
+
+    real_warm_up = iterations.warm_up
+
+    def warm_up(*args, **kwargs):  # the warm-up is outside the timed iteration: its FLOPs are not the iteration's
+        real_warm_up(*args, **kwargs)
+        assert counter.calls["prefill"] > 0  # it ran through the engine
+        counter.flops = {"fp32": 0, "bf16": 0}
+
+    monkeypatch.setattr(iterations, "warm_up", warm_up)
     cfg = bench.BenchConfig(workloads=["cpu-preset"], population=2, noise="table", naive=False,
                             rollout_dtype=rollout, compare_fp32=False, inference=False)
     report = bench.run_bench(cfg, model=model, tokenizer=tokenizer, log=lambda m: None)
