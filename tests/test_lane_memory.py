@@ -1,6 +1,6 @@
 """ES lanes' memory (docs/performance.md, "Memory"): a lane copy's projections are freed while the lean engine holds
 their packed copies (`esft.generation.releasing`) and re-allocated by the next perturb / restore
-(`esft.es.noise.materialise`); with parallel lanes the masters share the model's storage and every lane is a copy.
+(`esft.es.param_writes.materialise`); with parallel lanes the masters share the model's storage and every lane is a copy.
 None of it changes a completion.
 
 Run: pytest -q tests/test_lane_memory.py   (~1 min on 2 cores, no download)
@@ -18,7 +18,8 @@ from esft.config import FAST_CPU_GENERATION
 from esft.es.build import make_weights
 from esft.es.es_config import ESConfig
 from esft.es.executor import LocalExecutor
-from esft.es.noise import MasterWeights, materialise
+from esft.es.noise import MasterWeights
+from esft.es.param_writes import materialise
 
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
