@@ -117,7 +117,7 @@ def test_bf16_rollout_weights_are_the_rounded_fp32_perturbation_for_every_tensor
 def test_blockwise_rounding_is_the_whole_tensor_sum_rounded(threads):
     """`add_rounded` (bf16 perturbations of tensors larger than a block) equals torch.add(...).to(bf16) bit for
     bit: across block boundaries, on a ragged last block, for either thread count."""
-    from esft.es.noise import ROUNDING_BLOCK, add_rounded
+    from esft.es.param_writes import ROUNDING_BLOCK, add_rounded
 
     g = torch.Generator().manual_seed(0)
     n = 3 * ROUNDING_BLOCK + 1237
@@ -270,7 +270,9 @@ def test_bf16_lean_model_holds_its_vocabulary_matrix_once():
 
     if packed.screen_lm_head_reason(_tiny("llama"), True, True) or lean_step.fused_attention_reason(torch.bfloat16):
         pytest.skip("no native bf16 dot product or no compiled kernel here")
-    low = rollout_replica(_tiny("llama"), torch.bfloat16)
+    model = _tiny("llama")
+    low = rollout_replica(model, torch.bfloat16)  # new, unwritten bf16 parameters: write the model's, rounded
+    MasterWeights(model, noise="table", share_storage=True).bind(low, cast=True).restore()
     lm = lean_step.LeanModel(low, packed=True, fused_attention=True, screen_lm_head=True, batch_hint=4)
     assert lm.screen.packed_bf16 is lm.lm_head
     fp32 = lean_step.LeanModel(_tiny("llama"), packed=True, fused_attention=True, screen_lm_head=True, batch_hint=4)
