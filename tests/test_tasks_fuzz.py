@@ -2,9 +2,11 @@
 
 A scorer runs on every sampled completion of training and evaluation, three times (`score`, `is_well_formed`,
 `details`), so one super-linear corner (a regex that backtracks over a run of spaces, a quadratic loop, a
-huge-number evaluation) costs seconds per call. Each call below must take under 50 ms on completions built to hit
+huge-number evaluation) costs seconds per call. Each call below must take under 100 ms on completions built to hit
 such corners: runs of whitespace, brackets (`{{{{`, `\\boxed{` repeated, unbalanced), repeated fragments and
-digit/operator soup, each 100,000 characters long.
+digit/operator soup, each 100,000 characters long. (The slowest calls, IFEval's sentence count and language
+detection over the whole completion, are linear and took 52-53 ms on a 2-core Zen 4 VM; a super-linear corner
+costs seconds.)
 
 A call's time is the CPU time of the process during the call (other processes on a shared machine do not
 count), the fastest of up to three runs with the scorers' memos cleared before each: the test fails only when
@@ -25,7 +27,7 @@ from esft.tasks.ifeval import IFEvalTask
 from esft.tasks.ifeval.text import clear_caches
 
 N = 100_000
-BUDGET_S = 0.050
+BUDGET_S = 0.100
 METHODS = ("score", "is_well_formed", "details")
 
 
@@ -162,4 +164,4 @@ def test_every_scorer_call_is_fast_on_hostile_completions(name):
                 if best >= BUDGET_S:
                     slow.append(f"{where}: {best * 1000:.0f} ms")
     print(f"\n{name}: slowest call {slowest[1]} {slowest[0] * 1000:.1f} ms")
-    assert not slow, "calls over 50 ms:\n" + "\n".join(slow)
+    assert not slow, f"calls over {BUDGET_S * 1000:.0f} ms:\n" + "\n".join(slow)
