@@ -325,7 +325,8 @@ class MasterWeights:
         formula everywhere, so a member's weights are a deterministic function of (master, seed, sign, sigma).
         Every selected parameter is written from the masters, never from its current value, so `replace=True`
         may perturb weights that are already perturbed: the result is bit-identical to restore() then perturb(),
-        without the restore's copy (an executor evaluating members back to back restores once, at the end)."""
+        without the restore's copy (an executor evaluating members back to back restores once, at the end).
+        On a bound copy, parameters the lean engine has freed are written later, when it reads them (`fill`)."""
         if self.perturbed is not None and not replace:
             raise RuntimeError("perturb() called on already perturbed weights; call restore() first")
         if self.shared:
