@@ -55,11 +55,13 @@ def esft_iteration(model, tokenizer, work: Workload, population: int, noise: str
 
 
 def warm_up(executor, work: Workload, lanes: int, seed: int) -> None:
-    """One member per lane, one new token each, before the timed iteration (in `setup`): what a training run's
-    second and later iterations find in place. A new lane copy's parameters, packed weights and caches are first
-    touched by its first member; the kernel then faults in and zeroes every page (~0.3 GB a bf16 lane), a cost
-    a run pays once, in its first iteration, not in the other 29-299. Its members are not the timed ones, and its
-    generations are not counted (the FLOP recorder is installed after it)."""
+    """One member per lane (as the lanes take members from a shared queue: normally one each), one new token each,
+    before the timed iteration (in `setup`): what a training run's second and later iterations find in place. A new
+    lane copy's parameters, packed weights and prefill buffers are first touched by its first member; the kernel
+    then faults in and zeroes every page (~0.3 GB a bf16 lane), a cost a run pays once, in its first iteration,
+    not in the other 29-299. One token is the prefill's: no decode step runs, so the decode step's K/V cache
+    (sized for the budget) and its kernels' first calls stay in the timed iteration. Its members are not the
+    timed ones, and its generations are not counted (the FLOP recorder is installed after it)."""
     from esft.es.strategy import ES
 
     members = ES(population_size=2 * lanes, sigma=work.sigma, alpha=work.alpha, seed=seed + 1).ask(0)[::2]
