@@ -89,7 +89,8 @@ def rollout_replica(model: Any, dtype: torch.dtype | None = None) -> Any:
 #: (plain and packed projections, a layer's K/V cache: under 8 MB in fp32), below the whole-model ones (embedding,
 #: lm_head, noise table). Measured on the cpu preset, two lanes, Zen 4 (docs/performance.md, "Page faults"):
 #: with 1 MiB every member's packed weights and caches came from fresh mappings, faulted in and zeroed by the
-#: kernel: +25-30% generation time and 2x the perturbation time against 8 MiB, for 0.07-0.34 GB less peak RSS.
+#: kernel: 13-44% more generation time and ~2x the perturbation time than with 8 MiB, for 0.05-0.34 GB less
+#: peak RSS.
 MMAP_THRESHOLD = 8 << 20
 
 
