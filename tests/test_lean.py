@@ -115,6 +115,16 @@ def test_greedy_equals_hf_generate(tokenizer, kind):
     assert max(lengths) == 300  # and some row outgrew the initial KV buffer
 
 
+def test_bf16_model_greedy_equals_hf_generate(tokenizer):
+    """A bf16 model on the exact path computes in bf16 throughout, as the HF forward does (rotary tables included):
+    the same completions as `model.generate`."""
+    model = _eosy(_tiny("llama").to(torch.bfloat16), tokenizer, at=30)
+    cfg = dict(max_new_tokens=60, batch_size=5)
+    ours = generate(model, tokenizer, PROMPTS, GenerationConfig(engine="esft", **cfg))
+    ref = generate(model, tokenizer, PROMPTS, GenerationConfig(engine="hf", **cfg))
+    assert [g.completion_ids for g in ours] == [g.completion_ids for g in ref]
+
+
 def test_lean_equals_hf_forward_loop(tokenizer):
     model = _eosy(_tiny("llama", seed=3), tokenizer, at=20)
     cfg = dict(max_new_tokens=40, batch_size=3)

@@ -148,7 +148,7 @@ class LeanStep:
         self.lean, self.cache, self.next_pos = lean, cache, next_pos
         # computed once: a few KB even for a 1024-token budget
         self.cos, self.sin = lean.rope_tables(int(next_pos.max()) + budget + 1,
-                                              cache.k[0].new_empty(1, dtype=torch.float32))
+                                              cache.k[0].new_empty(1, dtype=lean.activation_dtype))
         self.eos = torch.tensor(eos, device=next_pos.device)
         self.no_suppress = self.eos[:0]
         self.min_new = min_new_tokens

@@ -184,6 +184,9 @@ class LeanModel:
         # bf16 weights keep their K/V cache in bf16 too: decode attention streams the whole cache every step, and
         # half the bytes is most of its cost; the kernel widens it back to fp32 for the arithmetic
         self.cache_dtype: torch.dtype | None = torch.bfloat16 if self.low_precision else None
+        # the dtype the step's activations (and so its rotary tables) have: fp32 around bf16 packed weights, the
+        # weights' own dtype on every other path, as in the HF forward
+        self.activation_dtype = torch.float32 if self.low_precision else weight_dtype
         self.packed_linear = packed
         # With packed weights, the compiled kernels and no per-projection delta, the step multiplies by q|k|v and
         # gate|up stacked into one weight each (4 matmuls per layer instead of 7: fewer calls, and the thin k/v
