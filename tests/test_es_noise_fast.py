@@ -11,6 +11,7 @@ import torch
 from es_tiny import one_thread  # noqa: F401  (autouse fixture)
 from es_tiny import bit_equal, state, tiny_llama
 from esft.es import noise as N
+from esft.es import param_writes
 from esft.es.noise import MasterWeights, Update
 
 UPDATE = Update(seeds=(11, 12, 13), coefficients=(0.7, -1.3, 0.2), scale=0.01)
@@ -101,8 +102,8 @@ def test_blocked_table_update_equals_whole_tensor_passes(monkeypatch, shared, dt
     """The table-noise "sgd" update runs block by block (UPDATE_BLOCK, small here so every tensor spans several
     blocks and most end in a partial one): masters bit for bit the whole-tensor passes of `direction`, scale and
     add, parameters their copy (rounded for a bf16 model), and a norm within 1e-6 of the float64 norm."""
-    monkeypatch.setattr(N, "UPDATE_BLOCK", 96)
-    monkeypatch.setattr(N, "NORM_ROW", 32)
+    monkeypatch.setattr(param_writes, "UPDATE_BLOCK", 96)
+    monkeypatch.setattr(param_writes, "NORM_ROW", 32)
     model = tiny_llama(dtype=dtype)
     w = MasterWeights(model, noise="table", share_storage=shared)
     assert w.shared == (shared and dtype == torch.float32)
@@ -118,9 +119,9 @@ def test_blocked_table_update_equals_whole_tensor_passes(monkeypatch, shared, dt
     assert norm == pytest.approx(sq ** 0.5, rel=1e-6)
 
 
-def test_block_sq_norm_is_accurate_where_one_fp32_reduction_is_not():
+def test_sq_norm_is_accurate_where_one_fp32_reduction_is_not():
     """2^24 equal values: one fp32 reduction drifts (measured 4e-4 relative on a SmolLM2 update); the blocked norm
     stays within 1e-6 of the exact value."""
     t = torch.full((1 << 24,), 0.1)
     exact = float(t.double().pow(2).sum())
-    assert N.block_sq_norm(t) == pytest.approx(exact, rel=1e-6)
+    assert param_writes.sq_norm(t) == pytest.approx(exact, rel=1e-6)

@@ -38,7 +38,8 @@ from typing import Callable, Iterable, Iterator, Sequence
 
 import torch
 
-from esft.es.param_writes import add_rounded, materialise
+from esft.es import param_writes
+from esft.es.param_writes import add_rounded, add_update, materialise, sq_norm
 
 NOISE_MODES = ("per-tensor", "shared-seed", "table")
 _SEED_MASK = (1 << 63) - 1
@@ -47,11 +48,6 @@ _SEED_MASK = (1 << 63) - 1
 #: same prefix; at least 2^26 floats (256 MB) and at least twice the largest perturbed tensor
 TABLE_BLOCK = 1 << 22
 TABLE_MIN = 1 << 26
-#: elements per block of the table-noise "sgd" update (`MasterWeights.apply`), a multiple of every vector width;
-#: set from the timings in docs/performance.md
-UPDATE_BLOCK = 1 << 20
-#: elements per row of `block_sq_norm` (fp32 accumulation over 1024 elements stays within ~1e-6)
-NORM_ROW = 1 << 10
 _TABLES: dict[tuple[int, str], torch.Tensor] = {}
 _TABLES_LOCK = threading.Lock()
 
@@ -161,19 +157,6 @@ def select_parameters(model: torch.nn.Module, include: Iterable[str] | None = No
     if not chosen:
         raise ValueError(f"no parameters selected (include={list(include or [])}, exclude={list(exclude or [])})")
     return chosen
-
-
-def block_sq_norm(t: torch.Tensor) -> float:
-    """Squared L2 norm of `t`: fp32 norms of rows of NORM_ROW elements (the tail its own row), squared and summed
-    in float64. Accurate (within 1e-6 of the float64 norm even for 2^24 equal values; one fp32 reduction over a
-    whole SmolLM2-135M update was 4e-4 off, measured), the same bits at any thread count (each row is reduced on
-    one thread), and as fast as one fp32 reduction."""
-    flat = t.reshape(-1)
-    k = flat.numel() // NORM_ROW * NORM_ROW
-    sq = float(torch.linalg.vector_norm(flat[:k].view(-1, NORM_ROW), dim=1).double().square().sum()) if k else 0.0
-    if k < flat.numel():
-        sq += float(torch.linalg.vector_norm(flat[k:])) ** 2
-    return sq
 
 
 # ---- the update description shared with the strategy ---------------------------------------------------------
@@ -455,14 +438,11 @@ class MasterWeights:
                 master.add_(acc)
                 if not self.shared:
                     param.copy_(master)
-                return block_sq_norm(acc)
+                return sq_norm(acc)
 
             # tensors are independent, so they may run on several threads; the norm is summed in parameter
-            # order afterwards, exactly as a single loop would
-            sq = 0.0
-            for part in self._map(one, buffers=2):
-                sq += part
-            return sq ** 0.5
+            # order afterwards (sum adds left to right), exactly as a single loop would
+            return sum(self._map(one, buffers=2), 0.0) ** 0.5
         sq = 0.0
         acc_buf, scratch = self._scratch(), self._scratch()  # one tensor's accumulator at a time
         for name, param in self.params.items():
@@ -477,40 +457,19 @@ class MasterWeights:
             # the same result as one global step and needs one gradient buffer instead of a model's worth.
             optimizer.step()
             master.grad = None
-            sq += block_sq_norm(before.sub_(master))
+            sq += sq_norm(before.sub_(master))
             if not self.shared:
                 param.copy_(master)
         return sq ** 0.5
 
     def _apply_table_sgd(self, update: Update) -> float:
-        """The "sgd" update with table noise, block by block: each block of a tensor is accumulated, scaled, added
-        to its master and copied into the parameter while it sits in the cache, instead of one whole-tensor pass
-        per step (zero, one add per seed, scale, master add, copy, norm: ~2.5x the memory traffic). The table's
-        windows are views, so a block of noise costs no draw. The arithmetic per element is the one of `direction`
-        then `acc.mul_` then `master.add_` (elementwise ops, blocks a multiple of every vector width), so the
-        masters are bit for bit the same as the whole-tensor passes'; the returned norm sums the blocks' squared
-        norms, a fixed order for a given tensor size (it may differ from a whole-tensor norm in the last bits)."""
+        """The "sgd" update with table noise block by block (`add_update`: the masters of whole-tensor passes, bit
+        for bit, with ~2.5x less memory traffic); the table's windows are views, so noise costs no draw."""
         terms = [(seed, float(coef)) for seed, coef in zip(update.seeds, update.coefficients) if coef != 0.0]
-        scale = float(update.scale)
-        buf = torch.empty(min(UPDATE_BLOCK, self._largest), dtype=torch.float32, device=self._device)
-        sq = 0.0
+        buf, sq = param_writes.update_buffer(self._largest, self._device), 0.0
         for name, param in self.params.items():
-            master = self.master[name].view(-1)
-            out = None if self.shared or not param.is_contiguous() else param.view(-1)
-            eps = [(self.noise(seed, name).reshape(-1), coef) for seed, coef in terms]
-            n = master.numel()
-            for start in range(0, n, UPDATE_BLOCK):
-                stop = min(n, start + UPDATE_BLOCK)
-                acc = buf[: stop - start]
-                acc.zero_()
-                for e, coef in eps:
-                    acc.add_(e[start:stop], alpha=coef)
-                acc.mul_(scale)
-                block = master[start:stop]
-                block.add_(acc)
-                if out is not None:
-                    out[start:stop].copy_(block)
-                sq += block_sq_norm(acc)
+            out = None if self.shared or not param.is_contiguous() else param
+            sq += add_update(self.master[name], [(self.noise(s, name), c) for s, c in terms], update.scale, buf, out)
             if out is None and not self.shared:
                 param.copy_(self.master[name])
         return sq ** 0.5
