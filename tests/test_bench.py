@@ -407,3 +407,20 @@ def test_inference_ratio_is_taken_against_the_faster_engine():
     assert e["inference_engine"] == "vllm" and e["inference_ratio"] == 0.45
     e = inference_entry(ours, 900.0, "failed: no engine")
     assert e["inference_engine"] == "esft" and e["vllm"] == "failed: no engine"
+
+
+def test_bench_vllm_engine_is_built_as_an_es_replica_without_prefix_caching():
+    """The population's calls repeat one batch of prompts: with a prefix cache vLLM would skip their prefill
+    after the first call, which an ES member (new weights) cannot. The bench's engine is built as a replica's."""
+    from esft.bench.inference import bench_engine_kwargs
+    from esft.es.distributed.vllm_backend.vllm_replica import engine_kwargs
+    from esft.es.distributed.hf_replica import ReplicaSpec
+    from esft.es.es_config import ESConfig
+
+    jobs = {"w": {"prompt_ids": [[1, 2, 3], [4] * 10], "max_new_tokens": 5}}
+    kw = bench_engine_kwargs("/m", jobs, "bfloat16", True, 1 << 30)
+    replica = engine_kwargs(ReplicaSpec(config=ESConfig(model="smollm2-135m", task="boolq"), threads=1, options={}),
+                            "cpu")
+    assert kw["enable_prefix_caching"] is False and replica["enable_prefix_caching"] is False
+    assert kw["max_model_len"] == 10 + 5 + 8 and kw["enforce_eager"] and kw["kv_cache_memory_bytes"] == 1 << 30
+    assert "kv_cache_memory_bytes" not in bench_engine_kwargs("/m", jobs, "bfloat16", False, 1 << 30)

@@ -127,6 +127,20 @@ def vllm_generation(model_path: str, jobs: dict[str, dict[str, Any]], population
     return payload
 
 
+def bench_engine_kwargs(model_path: str, jobs: dict[str, dict[str, Any]], dtype: str, on_cpu: bool,
+                        cpu_kv_cache_bytes: int) -> dict[str, Any]:
+    """`LLM(...)` arguments of the bench's engine: an ES replica's (esft.es.distributed.vllm_backend), prefix
+    caching off included. The population's calls repeat the same prompts, so a prefix cache would serve every
+    call after the first without its prefill, which no ES member can skip (its weights differ from the last
+    member's); on the prefill-heavy cpu-preset that made vLLM look ~20% faster than it is as a rollout engine."""
+    longest = max(len(p) + job["max_new_tokens"] for job in jobs.values() for p in job["prompt_ids"])
+    kwargs: dict[str, Any] = dict(model=model_path, tokenizer=model_path, dtype=dtype, seed=0, tensor_parallel_size=1,
+                                  max_model_len=longest + 8, enforce_eager=on_cpu, enable_prefix_caching=False)
+    if on_cpu:
+        kwargs["kv_cache_memory_bytes"] = cpu_kv_cache_bytes
+    return kwargs
+
+
 def _vllm_child(queue, model_path: str, jobs: dict[str, dict[str, Any]], population: int, dtype: str,
                 threads: int) -> None:
     try:
@@ -144,12 +158,7 @@ def _vllm_child(queue, model_path: str, jobs: dict[str, dict[str, Any]], populat
             prepare_cpu_process(threads)
         from vllm import LLM, SamplingParams
 
-        longest = max(len(p) + job["max_new_tokens"] for job in jobs.values() for p in job["prompt_ids"])
-        kwargs: dict[str, Any] = dict(model=model_path, tokenizer=model_path, dtype=dtype, seed=0,
-                                      tensor_parallel_size=1, max_model_len=longest + 8, enforce_eager=on_cpu)
-        if on_cpu:
-            kwargs["kv_cache_memory_bytes"] = DEFAULT_CPU_KV_CACHE_BYTES
-        llm = LLM(**kwargs)
+        llm = LLM(**bench_engine_kwargs(model_path, jobs, dtype, on_cpu, DEFAULT_CPU_KV_CACHE_BYTES))
         out = {}
         for name, job in jobs.items():
             sampling = SamplingParams(n=1, temperature=0.0, max_tokens=job["max_new_tokens"],
