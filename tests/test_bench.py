@@ -275,14 +275,22 @@ def test_run_bench_report_shape(tokenizer, monkeypatch):
     assert bench.BenchConfig().noise == "table" and bench.BenchConfig().generation == bench.FAST_GENERATION
     cfg = bench.BenchConfig(workloads=["decode-heavy", "cpu-preset"], population=2, repeats=2, noise="per-tensor",
                             generation={"lean": True})
-    report = bench.run_bench(cfg, model=model, tokenizer=tokenizer, log=lambda m: None)
+    logged: list[str] = []
+    report = bench.run_bench(cfg, model=model, tokenizer=tokenizer, log=logged.append)
     json.dumps(report)
     assert set(report["workloads"]) == {"decode-heavy", "cpu-preset"}
+    # each esft iteration is followed at once by the pure generation it is held against (side by side)
+    steps = [m.split(" (")[0] for m in logged if "iteration" in m or "pure generation" in m]
+    for name in ("decode-heavy", "cpu-preset"):
+        ours = [m for m in steps if m.startswith(name)]
+        assert ours == [f"{name}: {what} {r}/2" for r in (1, 2)
+                        for what in ("esft iteration", "pure generation", "naive iteration")]
     for w in report["workloads"].values():
         assert REQUIRED <= set(w)
         assert all(isinstance(w[k], float) for k in REQUIRED)
         assert 0 < w["overhead_fraction"] < 1
         assert len(w["esft_iterations_s"]) == 2 and w["member0_outputs_match"]
+        assert len(w["pure_generations_s"]) == 2 and w["pure_generation"][0]["seconds"] == min(w["pure_generations_s"])
         # pure generation of the same prompts, population times: the same tokens, so the ratio is one of times
         pure = w["pure_generation"][0]
         assert pure["engine"] == "esft" and w["inference_engine"] == "esft"

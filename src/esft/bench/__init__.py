@@ -8,8 +8,10 @@ the way public ES code does it. One run measures everything on the current machi
 * `rollout_precision`: the members' rollout dtype (`--rollout-dtype`, auto = bf16 on CPUs with native bf16,
   esft.generation.precision) and why; with bf16, the same iteration with fp32 rollouts too (`speedup_vs_fp32`);
 * per workload, pure batched generation of the same prompts, N times, same lanes and dtype (esft.bench.inference),
-  by esft's engine and, where vLLM is installed (its CPU build: scripts/vllm_venv.sh), by vLLM in a spawned
-  process: `inference_ratio` = the iteration's delivered tokens/s over the faster engine's;
+  by esft's engine right after each esft iteration (side by side; the fastest reported, all in
+  `pure_generations_s`) and, where vLLM is installed (its CPU build: scripts/vllm_venv.sh), by vLLM in a spawned
+  process with an ES replica's engine settings: `inference_ratio` = the iteration's delivered tokens/s over the
+  faster engine's;
 * per workload, one full esft ES iteration (`LocalExecutor` perturb -> generate -> score -> restore per member,
   `ES.tell`, `MasterWeights.apply`) and the same iteration done the naive way (perturb in place with noise
   regenerated from the seed, `model.generate` over the batch, restore by regenerating the noise and subtracting
@@ -233,11 +235,10 @@ def run_bench(config: BenchConfig, model=None, tokenizer=None, log=print) -> dic
             fp32_s = min(x["timings"]["iteration"] for x in runs["fp32"])
             entry["fp32_rollout_iteration_s"] = round(fp32_s, 3)
             entry["speedup_vs_fp32"] = round(fp32_s / timings["iteration"], 3)
-        if config.inference and local:
-            log(f"{name}: pure generation (load {load_average()}) ...")
-            pure = esft_generation(model, tokenizer, work, config.population, config.generation,
-                                   entry["lanes"], rollout)
+        if runs["pure"]:
+            pure = min(runs["pure"], key=lambda x: x["seconds"])  # the fastest, as for the iterations
             entry.update(inference_entry(pure, entry["delivered_tokens_per_s"]))
+            entry["pure_generations_s"] = [x["seconds"] for x in runs["pure"]]
             pures[name] = (pure, vllm_job(tokenizer, work))
         report["workloads"][name] = entry
         log(f"{name}: measuring matmul again (load {load_average()}) ...")
@@ -287,8 +288,11 @@ def _iterations(config: BenchConfig, model, tokenizer, name: str, work: Workload
                 snapshot: dict[str, torch.Tensor], loads: list[float | None], log,
                 rollout: torch.dtype | None = None) -> dict[str, list[dict]]:
     """`repeats` esft iterations (and naive ones, and fp32-rollout ones when `rollout` is bf16), each from the
-    same weights; the load average after each."""
-    runs: dict[str, list[dict]] = {"esft": [], "naive": [], "fp32": []}
+    same weights; the load average after each. With `inference`, esft's pure generation of the same prompts right
+    after each esft iteration, so that the two meet the same machine state (`inference_ratio` is their ratio;
+    measured minutes apart, after the naive iteration, it read 0.83, 0.85 and 1.05 in three runs on one idle
+    machine)."""
+    runs: dict[str, list[dict]] = {"esft": [], "naive": [], "fp32": [], "pure": []}
     for r in range(config.repeats):
         log(f"{name}: esft iteration {r + 1}/{config.repeats} (load {load_average()}) ...")
         if config.workers > 1 and config.noise == "lowrank":
@@ -302,6 +306,11 @@ def _iterations(config: BenchConfig, model, tokenizer, name: str, work: Workload
             runs["esft"].append(esft_iteration(
                 model, tokenizer, work, config.population, config.noise, config.generation, config.seed,
                 config.rank, lanes, rollout))
+            if config.inference and config.noise != "lowrank":
+                _reset(model, snapshot)  # the update moved the weights
+                log(f"{name}: pure generation {r + 1}/{config.repeats} (load {load_average()}) ...")
+                runs["pure"].append(esft_generation(model, tokenizer, work, config.population, config.generation,
+                                                    runs["esft"][-1]["lanes"], rollout))
             if rollout is not None and config.compare_fp32:
                 _reset(model, snapshot)
                 log(f"{name}: esft iteration with fp32 rollouts {r + 1}/{config.repeats} ...")
