@@ -132,7 +132,8 @@ def bench_engine_kwargs(model_path: str, jobs: dict[str, dict[str, Any]], dtype:
     """`LLM(...)` arguments of the bench's engine: an ES replica's (esft.es.distributed.vllm_backend), prefix
     caching off included. The population's calls repeat the same prompts, so a prefix cache would serve every
     call after the first without its prefill, which no ES member can skip (its weights differ from the last
-    member's); on the prefill-heavy cpu-preset that made vLLM look ~20% faster than it is as a rollout engine."""
+    member's). On the prefill-heavy cpu-preset, two bench runs 20 minutes apart (docs/results/bench, 2026-12-02) had
+    vLLM at 8.4 s with the cache and 13.4 s without, while esft's own generation took 8.7 and 10.6 s."""
     longest = max(len(p) + job["max_new_tokens"] for job in jobs.values() for p in job["prompt_ids"])
     kwargs: dict[str, Any] = dict(model=model_path, tokenizer=model_path, dtype=dtype, seed=0, tensor_parallel_size=1,
                                   max_model_len=longest + 8, enforce_eager=on_cpu, enable_prefix_caching=False)
