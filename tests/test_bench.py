@@ -304,6 +304,7 @@ def test_run_bench_report_shape(tokenizer, monkeypatch):
     assert report["date_utc"].endswith("Z")
     table = bench.format_table(report)
     assert "decode-heavy" in table and "speedup" in table
+    assert "cpu-preset: pure generation of the same prompts: esft " in table and "inference ratio against esft" in table
 
 
 @pytest.mark.parametrize("rollout", ["float32", "bfloat16"])

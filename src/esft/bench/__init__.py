@@ -421,6 +421,10 @@ def format_table(report: dict[str, Any]) -> str:
         if k == 0:
             lines.append("  ".join("-" * w for w in widths))
     for name, w in report["workloads"].items():
+        if w.get("pure_generation"):
+            engines = ", ".join(f"{e['engine']} {e['seconds']:.1f} s" for e in w["pure_generation"])
+            lines.append(f"{name}: pure generation of the same prompts: {engines} (vLLM: {w['vllm']}); "
+                         f"inference ratio against {w['inference_engine']}")
         if (check := w.get("outputs_vs_hf_generate")) is not None:
             lines.append(f"{name}: {check['identical']}/{check['completions']} greedy completions identical to "
                          f"model.generate's ({check['tokens']} tokens)")
