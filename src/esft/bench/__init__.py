@@ -306,13 +306,12 @@ def _iterations(config: BenchConfig, model, tokenizer, name: str, work: Workload
             runs["esft"].append(esft_iteration(
                 model, tokenizer, work, config.population, config.noise, config.generation, config.seed,
                 config.rank, lanes, rollout))
+            _reset(model, snapshot)  # the update moved the weights
             if config.inference and config.noise != "lowrank":
-                _reset(model, snapshot)  # the update moved the weights
                 log(f"{name}: pure generation {r + 1}/{config.repeats} (load {load_average()}) ...")
                 runs["pure"].append(esft_generation(model, tokenizer, work, config.population, config.generation,
                                                     runs["esft"][-1]["lanes"], rollout))
             if rollout is not None and config.compare_fp32:
-                _reset(model, snapshot)
                 log(f"{name}: esft iteration with fp32 rollouts {r + 1}/{config.repeats} ...")
                 runs["fp32"].append(esft_iteration(
                     model, tokenizer, work, config.population, config.noise, config.generation, config.seed,

@@ -38,8 +38,7 @@ from typing import Callable, Iterable, Iterator, Sequence
 
 import torch
 
-from esft.es import param_writes
-from esft.es.param_writes import add_rounded, add_update, materialise, sq_norm
+from esft.es.param_writes import add_rounded, add_update, materialise, sq_norm, update_buffer
 
 NOISE_MODES = ("per-tensor", "shared-seed", "table")
 _SEED_MASK = (1 << 63) - 1
@@ -466,7 +465,7 @@ class MasterWeights:
         """The "sgd" update with table noise block by block (`add_update`: the masters of whole-tensor passes, bit
         for bit, with ~2.5x less memory traffic); the table's windows are views, so noise costs no draw."""
         terms = [(seed, float(coef)) for seed, coef in zip(update.seeds, update.coefficients) if coef != 0.0]
-        buf, sq = param_writes.update_buffer(self._largest, self._device), 0.0
+        buf, sq = update_buffer(self._largest, self._device), 0.0
         for name, param in self.params.items():
             out = None if self.shared or not param.is_contiguous() else param
             sq += add_update(self.master[name], [(self.noise(s, name), c) for s, c in terms], update.scale, buf, out)

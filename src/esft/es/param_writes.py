@@ -48,8 +48,9 @@ def add_rounded(master: torch.Tensor, eps: torch.Tensor, step: float, out: torch
 
 
 #: elements per block of `add_update`: its working set (accumulator, noise windows, master and parameter blocks,
-#: ~20 MB in fp32) stays in a 32 MB L3. Measured on SmolLM2-135M, Zen 4, 2 threads (docs/performance.md): one
-#: update 0.20-0.26 s with whole-tensor passes, 0.17-0.19 s with 2^18, 0.13 s with 2^20.
+#: ~20 MB in fp32) stays in a 32 MB L3. Measured on SmolLM2-135M, Zen 4, 2 threads (docs/performance.md), median
+#: of one update: 0.19-0.23 s with whole-tensor passes, 0.26-0.32 s with 2^16, 0.18-0.21 s with 2^18, 0.14-0.17 s
+#: with 2^20.
 UPDATE_BLOCK = 1 << 20
 
 #: elements per row of `sq_norm`: an fp32 sum over 1024 squares stays within ~1e-7 relative
