@@ -307,6 +307,34 @@ def test_run_bench_report_shape(tokenizer, monkeypatch):
     assert "cpu-preset: pure generation of the same prompts: esft " in table and "inference ratio against esft" in table
 
 
+def test_bf16_iteration_sits_between_its_fp32_comparison_and_its_pure_generation(monkeypatch):
+    """With bf16 rollouts, every repeat runs the fp32-rollout iteration, the bf16 one, then the pure generation,
+    each from the snapshot weights: the iteration is adjacent to both runs its two ratios are taken against."""
+    order: list[str] = []
+    model = torch.nn.Linear(2, 2)
+    snapshot = {k: v.clone() for k, v in model.state_dict().items()}
+
+    def iteration(model_, tokenizer, work, population, noise, generation, seed, rank, lanes, rollout=None):
+        assert torch.equal(model_.weight, snapshot["weight"])  # reset before each
+        model_.weight.data.add_(1.0)  # an update
+        order.append("bf16" if rollout is torch.bfloat16 else "fp32")
+        return {"lanes": lanes}
+
+    def pure(model_, tokenizer, work, population, generation, lanes, rollout):
+        assert torch.equal(model_.weight, snapshot["weight"]) and rollout is torch.bfloat16 and lanes == 2
+        order.append("pure")
+        return {"seconds": 1.0}
+
+    monkeypatch.setattr(bench, "esft_iteration", iteration)
+    monkeypatch.setattr(bench, "esft_generation", pure)
+    monkeypatch.setattr(bench, "naive_iteration", lambda *a: order.append("naive") or {})
+    cfg = bench.BenchConfig(workloads=["cpu-preset"], repeats=2, parallel_members=2)
+    runs = bench._iterations(cfg, model, None, "cpu-preset", small_workload("cpu-preset"), snapshot, [],
+                             lambda m: None, torch.bfloat16)
+    assert order == ["fp32", "bf16", "pure", "naive"] * 2
+    assert [len(runs[k]) for k in ("fp32", "esft", "pure", "naive")] == [2, 2, 2, 2]
+
+
 @pytest.mark.parametrize("rollout", ["float32", "bfloat16"])
 def test_run_bench_roofline_is_executed_flops_over_the_matmul_rate(tokenizer, monkeypatch, rollout):
     """With given matmul readings, the report's roofline ratio is the FLOPs the engine was seen to execute (counted

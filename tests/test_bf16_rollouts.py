@@ -283,6 +283,21 @@ def test_bf16_lean_model_holds_its_vocabulary_matrix_once():
     assert torch.equal(screened.greedy(), exact.argmax(-1))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_screen_row_norms_are_the_fp32_norms_of_the_rows_block_by_block(dtype, monkeypatch):
+    """The screen's row norms (its error bound's ||w_v||) equal the fp32 norm of each row, whatever the block size
+    and for a row count that is not a multiple of it."""
+    from esft.generation import packed
+
+    w = (torch.randn(1003, 40, generator=torch.Generator().manual_seed(1)) * 3).to(dtype)
+    expected = torch.linalg.vector_norm(w.to(torch.float32), dim=1)
+    for block in (7, 256, 4096):
+        monkeypatch.setattr(packed, "ROW_NORM_BLOCK", block)
+        got = packed.row_norms(w)
+        assert got.dtype == torch.float32 and got.shape == (1003,)
+        assert torch.equal(got, expected), block
+
+
 # ---- the rank correlation the precision study reports --------------------------------------------------------
 
 def test_rank_correlation_is_spearmans_rho_with_average_ranks_for_ties():

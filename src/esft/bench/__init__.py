@@ -288,10 +288,11 @@ def _iterations(config: BenchConfig, model, tokenizer, name: str, work: Workload
                 snapshot: dict[str, torch.Tensor], loads: list[float | None], log,
                 rollout: torch.dtype | None = None) -> dict[str, list[dict]]:
     """`repeats` esft iterations (and naive ones, and fp32-rollout ones when `rollout` is bf16), each from the
-    same weights; the load average after each. With `inference`, esft's pure generation of the same prompts right
-    after each esft iteration, so that the two meet the same machine state (`inference_ratio` is their ratio;
-    measured minutes apart, after the naive iteration, it read 0.83, 0.85 and 1.05 in three runs on one idle
-    machine)."""
+    same weights; the load average after each. Each esft iteration sits between the two runs it is compared with,
+    so that they meet the same machine state (this VM's speed drifts by 10-30% within minutes): the fp32-rollout
+    iteration right before it (`speedup_vs_fp32`) and, with `inference`, esft's pure generation of the same prompts
+    right after it (`inference_ratio`; measured minutes apart, after the naive iteration, it read 0.83, 0.85 and
+    1.05 in three runs on one idle machine)."""
     runs: dict[str, list[dict]] = {"esft": [], "naive": [], "fp32": [], "pure": []}
     for r in range(config.repeats):
         log(f"{name}: esft iteration {r + 1}/{config.repeats} (load {load_average()}) ...")
@@ -303,6 +304,12 @@ def _iterations(config: BenchConfig, model, tokenizer, name: str, work: Workload
                 max(1, torch.get_num_threads() // config.workers), config.model, config.seed))
         else:
             lanes = 1 if config.noise == "lowrank" else config.parallel_members
+            if rollout is not None and config.compare_fp32:  # just before the esft iteration it is compared with
+                log(f"{name}: esft iteration with fp32 rollouts {r + 1}/{config.repeats} ...")
+                runs["fp32"].append(esft_iteration(
+                    model, tokenizer, work, config.population, config.noise, config.generation, config.seed,
+                    config.rank, lanes))
+                _reset(model, snapshot)
             runs["esft"].append(esft_iteration(
                 model, tokenizer, work, config.population, config.noise, config.generation, config.seed,
                 config.rank, lanes, rollout))
@@ -311,11 +318,6 @@ def _iterations(config: BenchConfig, model, tokenizer, name: str, work: Workload
                 log(f"{name}: pure generation {r + 1}/{config.repeats} (load {load_average()}) ...")
                 runs["pure"].append(esft_generation(model, tokenizer, work, config.population, config.generation,
                                                     runs["esft"][-1]["lanes"], rollout))
-            if rollout is not None and config.compare_fp32:
-                log(f"{name}: esft iteration with fp32 rollouts {r + 1}/{config.repeats} ...")
-                runs["fp32"].append(esft_iteration(
-                    model, tokenizer, work, config.population, config.noise, config.generation, config.seed,
-                    config.rank, lanes))
         _reset(model, snapshot)
         loads.append(load_average())
         if config.naive:
