@@ -329,9 +329,18 @@ def test_bf16_iteration_sits_between_its_fp32_comparison_and_its_pure_generation
     monkeypatch.setattr(bench, "esft_generation", pure)
     monkeypatch.setattr(bench, "naive_iteration", lambda *a: order.append("naive") or {})
     cfg = bench.BenchConfig(workloads=["cpu-preset"], repeats=2, parallel_members=2)
-    runs = bench._iterations(cfg, model, None, "cpu-preset", small_workload("cpu-preset"), snapshot, [],
-                             lambda m: None, torch.bfloat16)
-    assert order == ["fp32", "bf16", "pure", "naive"] * 2
+    logged: list[str] = []
+
+    def log(message):  # each step's line comes just before that step
+        logged.append(message)
+        order.append("log")
+
+    runs = bench._iterations(cfg, model, None, "cpu-preset", small_workload("cpu-preset"), snapshot, [], log,
+                             torch.bfloat16)
+    assert order == ["log", "fp32", "log", "bf16", "log", "pure", "log", "naive"] * 2
+    assert [m.split(" (")[0] for m in logged[:4]] == [
+        "cpu-preset: esft iteration with fp32 rollouts 1/2", "cpu-preset: esft iteration 1/2",
+        "cpu-preset: pure generation 1/2", "cpu-preset: naive iteration 1/2"]
     assert [len(runs[k]) for k in ("fp32", "esft", "pure", "naive")] == [2, 2, 2, 2]
 
 

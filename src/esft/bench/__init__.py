@@ -295,21 +295,23 @@ def _iterations(config: BenchConfig, model, tokenizer, name: str, work: Workload
     1.05 in three runs on one idle machine)."""
     runs: dict[str, list[dict]] = {"esft": [], "naive": [], "fp32": [], "pure": []}
     for r in range(config.repeats):
-        log(f"{name}: esft iteration {r + 1}/{config.repeats} (load {load_average()}) ...")
         if config.workers > 1 and config.noise == "lowrank":
             raise ValueError("--workers: a low-rank population is one batched generation in one process")
         if config.workers > 1:
+            log(f"{name}: esft iteration {r + 1}/{config.repeats} (load {load_average()}) ...")
             runs["esft"].append(esft_iteration_parallel(
                 model, work, config.population, config.noise, config.generation, config.workers,
                 max(1, torch.get_num_threads() // config.workers), config.model, config.seed))
         else:
             lanes = 1 if config.noise == "lowrank" else config.parallel_members
             if rollout is not None and config.compare_fp32:  # just before the esft iteration it is compared with
-                log(f"{name}: esft iteration with fp32 rollouts {r + 1}/{config.repeats} ...")
+                log(f"{name}: esft iteration with fp32 rollouts {r + 1}/{config.repeats} "
+                    f"(load {load_average()}) ...")
                 runs["fp32"].append(esft_iteration(
                     model, tokenizer, work, config.population, config.noise, config.generation, config.seed,
                     config.rank, lanes))
                 _reset(model, snapshot)
+            log(f"{name}: esft iteration {r + 1}/{config.repeats} (load {load_average()}) ...")
             runs["esft"].append(esft_iteration(
                 model, tokenizer, work, config.population, config.noise, config.generation, config.seed,
                 config.rank, lanes, rollout))
