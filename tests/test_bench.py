@@ -344,6 +344,28 @@ def test_bf16_iteration_sits_between_its_fp32_comparison_and_its_pure_generation
     assert [len(runs[k]) for k in ("fp32", "esft", "pure", "naive")] == [2, 2, 2, 2]
 
 
+def test_speedup_vs_fp32_is_the_fastest_fp32_over_the_fastest_bf16_iteration_and_each_pair(tokenizer, monkeypatch):
+    """`speedup_vs_fp32` takes the fastest of each kind; `speedup_vs_fp32_per_repeat` each repeat's fp32 iteration
+    over the bf16 one that ran right after it (the pair that met the same machine state)."""
+    seconds = {"fp32": iter([20.0, 18.0, 19.0]), "bf16": iter([10.0, 12.0, 9.5])}
+
+    def iteration(model, tokenizer, work, population, noise, generation, seed, rank, lanes, rollout=None):
+        it = next(seconds["bf16" if rollout is torch.bfloat16 else "fp32"])
+        return {"timings": {"iteration": it, "perturb": 0.1, "restore": 0.1, "update": 0.1, "generate": it - 0.3},
+                "prompt_tokens": 100, "generated_tokens": 50, "texts": ["x"], "lanes": lanes}
+
+    monkeypatch.setattr(bench, "esft_iteration", iteration)
+    monkeypatch.setattr(bench, "build_workload", lambda name, tok: small_workload(name))
+    monkeypatch.setattr(bench, "matmul_gflops", lambda dtype: 10.0)
+    cfg = bench.BenchConfig(workloads=["cpu-preset"], repeats=3, rollout_dtype="bfloat16", naive=False,
+                            inference=False)
+    report = bench.run_bench(cfg, model=make_tiny_model(), tokenizer=tokenizer, log=lambda m: None)
+    w = report["workloads"]["cpu-preset"]
+    assert w["esft_iterations_s"] == [10.0, 12.0, 9.5] and w["fp32_rollout_iterations_s"] == [20.0, 18.0, 19.0]
+    assert w["fp32_rollout_iteration_s"] == 18.0 and w["speedup_vs_fp32"] == round(18.0 / 9.5, 3)
+    assert w["speedup_vs_fp32_per_repeat"] == [2.0, 1.5, 2.0]
+
+
 @pytest.mark.parametrize("rollout", ["float32", "bfloat16"])
 def test_run_bench_roofline_is_executed_flops_over_the_matmul_rate(tokenizer, monkeypatch, rollout):
     """With given matmul readings, the report's roofline ratio is the FLOPs the engine was seen to execute (counted
