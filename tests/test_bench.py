@@ -364,6 +364,8 @@ def test_speedup_vs_fp32_is_the_fastest_fp32_over_the_fastest_bf16_iteration_and
     assert w["esft_iterations_s"] == [10.0, 12.0, 9.5] and w["fp32_rollout_iterations_s"] == [20.0, 18.0, 19.0]
     assert w["fp32_rollout_iteration_s"] == 18.0 and w["speedup_vs_fp32"] == round(18.0 / 9.5, 3)
     assert w["speedup_vs_fp32_per_repeat"] == [2.0, 1.5, 2.0]
+    assert "cpu-preset: fp32-rollout iteration over the bf16 one right after it, per repeat: 2.00, 1.50, 2.00" in (
+        bench.format_table(report))
 
 
 @pytest.mark.parametrize("rollout", ["float32", "bfloat16"])

@@ -432,6 +432,9 @@ def format_table(report: dict[str, Any]) -> str:
             engines = ", ".join(f"{e['engine']} {e['seconds']:.1f} s" for e in w["pure_generation"])
             lines.append(f"{name}: pure generation of the same prompts: {engines} (vLLM: {w['vllm']}); "
                          f"inference ratio against {w['inference_engine']}")
+        if len(pairs := w.get("speedup_vs_fp32_per_repeat") or []) > 1:
+            lines.append(f"{name}: fp32-rollout iteration over the bf16 one right after it, per repeat: "
+                         + ", ".join(f"{x:.2f}" for x in pairs))
         if (check := w.get("outputs_vs_hf_generate")) is not None:
             lines.append(f"{name}: {check['identical']}/{check['completions']} greedy completions identical to "
                          f"model.generate's ({check['tokens']} tokens)")
