@@ -6,7 +6,9 @@ the way public ES code does it. One run measures everything on the current machi
   workload and after each (`matmul_gflops_readings`), the best reading kept: the machine's capability, so that a
   reading taken while other processes held the cores does not inflate the roofline ratio;
 * `rollout_precision`: the members' rollout dtype (`--rollout-dtype`, auto = bf16 on CPUs with native bf16,
-  esft.generation.precision) and why; with bf16, the same iteration with fp32 rollouts too (`speedup_vs_fp32`);
+  esft.generation.precision) and why; with bf16, the same iteration with fp32 rollouts too, right before each bf16
+  one (`speedup_vs_fp32`: the fastest fp32 over the fastest bf16 iteration; `speedup_vs_fp32_per_repeat`: each
+  repeat's back-to-back pair, which this VM's drift between minutes does not reach);
 * per workload, pure batched generation of the same prompts, N times, same lanes and dtype (esft.bench.inference),
   by esft's engine right after each esft iteration (side by side; the fastest reported, all in
   `pure_generations_s`) and, where vLLM is installed (its CPU build: scripts/vllm_venv.sh), by vLLM in a spawned

@@ -123,14 +123,15 @@ def packed_linear_bf16(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor
     return torch.ops.mkldnn._linear_pointwise(x.to(torch.bfloat16), packed, bias, "none", [], "").to(torch.float32)
 
 
-#: Rows per block in `row_norms`: 2048 x 576 fp32 is 4.5 MB, within a core's share of L3.
+#: Rows per block in `row_norms`: 2048 x 576 widened to fp32 is 4.5 MB, a block that stays in L3 while it is reduced.
 ROW_NORM_BLOCK = 2048
 
 
 def row_norms(weight: torch.Tensor) -> torch.Tensor:
     """fp32 Euclidean norm of each row of a [V, D] matrix. A bf16 matrix is widened block by block: ATen's
-    `vector_norm(..., dtype=float32)` on bf16 takes a scalar path, ~77 ms for SmolLM2's 49152 x 576 lm_head on one
-    Zen 4 core against ~8 ms this way, and the screen rebuilds its norms at every generate call (every member)."""
+    `vector_norm(..., dtype=float32)` on bf16 takes a scalar path, 86 ms for SmolLM2's 49152 x 576 lm_head on one
+    Zen 4 core against 10 ms this way (docs/performance.md, "the screen's row norms"), and the screen rebuilds its
+    norms at every generate call (every member)."""
     if weight.dtype == torch.float32:
         return torch.linalg.vector_norm(weight, dim=1)
     out = torch.empty(weight.shape[0], dtype=torch.float32, device=weight.device)
