@@ -308,6 +308,7 @@ def _iterations(config: BenchConfig, model, tokenizer, name: str, work: Workload
             runs["esft"].append(esft_iteration_parallel(
                 model, work, config.population, config.noise, config.generation, config.workers,
                 max(1, torch.get_num_threads() // config.workers), config.model, config.seed))
+            _reset(model, snapshot)  # the update moved the weights
         else:
             lanes = 1 if config.noise == "lowrank" else config.parallel_members
             if rollout is not None and config.compare_fp32:  # just before the esft iteration it is compared with
@@ -326,7 +327,6 @@ def _iterations(config: BenchConfig, model, tokenizer, name: str, work: Workload
                 log(f"{name}: pure generation {r + 1}/{config.repeats} (load {load_average()}) ...")
                 runs["pure"].append(esft_generation(model, tokenizer, work, config.population, config.generation,
                                                     runs["esft"][-1]["lanes"], rollout))
-        _reset(model, snapshot)
         loads.append(load_average())
         if config.naive:
             log(f"{name}: naive iteration {r + 1}/{config.repeats} (load {load_average()}) ...")
