@@ -73,7 +73,7 @@ class EngineCounter:
         per_pair = 4 * cfg.num_attention_heads * head_dim * cfg.num_hidden_layers
         per_logit = 2 * model.lm_head.weight.numel()
         self.flops = {"fp32": 0, "bf16": 0}
-        self.calls = {"prefill": 0, "decode": 0}
+        self.calls = {"prefill": 0, "decode": 0, "head": 0}
         lock = threading.Lock()
 
         def add(kind: str, call: str, flops: int) -> None:
@@ -85,16 +85,24 @@ class EngineCounter:
 
         @functools.wraps(real_layout)  # keeps its signature (the bench reads its defaults)
         def layout(model, lean_model, input_ids, attention_mask, prefill, *args, **kwargs):
+            low = "bf16" if getattr(lean_model, "low_precision", False) else "fp32"  # bf16 rollout weights
+            head = kwargs.get("head")  # given: the prefill returns hidden states, logits come from head calls
+
             def counted(model, ids, mask, positions, cache=None):
                 b, t = ids.shape
                 past = mask.shape[1] - t
                 own, before = mask[:, past:].sum(-1), mask[:, :past].sum(-1)
                 pairs = int((own * before + own * (own + 1) // 2).sum())
-                low = "bf16" if getattr(lean_model, "low_precision", False) else "fp32"  # bf16 rollout weights
-                add(low, "prefill", b * t * per_position + b * per_logit)
+                add(low, "prefill", b * t * per_position + (0 if head is not None else b * per_logit))
                 add("fp32", "prefill", pairs * per_pair)
                 return prefill(model, ids, mask, positions, cache)
 
+            def counted_head(hidden):
+                add(low, "head", hidden.shape[0] * per_logit)
+                return head(hidden)
+
+            if head is not None:
+                kwargs["head"] = counted_head
             return real_layout(model, lean_model, input_ids, attention_mask, counted, *args, **kwargs)
 
         @functools.wraps(real_step)
@@ -140,6 +148,10 @@ COMPLETIONS = [4, 1, 2]  # tokens generated per prompt (eos included)
     ({"share_prefix": True, "screened_lm_head": True},
      {"prefill_positions": 25, "prefill_logit_rows": 4, "decode_rows": 4, "attention_pairs": 217,
       "fp32": 66816 + 13888 + 640, "bf16": 640}),
+    # the packed lean prefill projects no prefix row: one fp32 logit row (160) fewer
+    ({"share_prefix": True, "prefix_logit_row": False},
+     {"prefill_positions": 25, "prefill_logit_rows": 3, "decode_rows": 4, "attention_pairs": 217,
+      "fp32": 66816 + 13888 + 1120, "bf16": 0}),
     # no sharing: one forward of 3 x 15 positions, 3 logit rows, pairs 120 + 78 + 66 = 264
     ({}, {"prefill_positions": 45, "prefill_logit_rows": 3, "decode_rows": 4, "attention_pairs": 327,
           "fp32": 49 * 2304 + 327 * 64 + 7 * 160, "bf16": 0}),
@@ -191,6 +203,7 @@ def test_executed_flops_match_the_engines_calls(tokenizer, monkeypatch, fast):
     counted = bench.executed_flops(bench.ModelShape.of(model), ids, lengths, batch_size=gen.batch_size, **layout)
     assert {k: counted[k] for k in ("fp32", "bf16")} == counter.flops
     assert (counter.flops["bf16"] > 0) == layout["screened_lm_head"]
+    assert (counter.calls["head"] > 0) == (not layout["prefix_logit_row"])  # packed: logits after the layout
 
 
 def test_workloads_have_the_specified_shapes(tokenizer):

@@ -63,7 +63,8 @@ class ModelShape:
 def executed_flops(shape: ModelShape, prompts: Sequence[Sequence[int]], completion_lengths: Sequence[int], *,
                    batch_size: int, share_prefix: bool = False, prefill_buckets: int = 1,
                    screened_lm_head: bool = False, bucket_tokens: int | None = None,
-                   min_prefix: int | None = None, bf16_weights: bool = False) -> dict[str, int]:
+                   min_prefix: int | None = None, bf16_weights: bool = False,
+                   prefix_logit_row: bool = True) -> dict[str, int]:
     """Matmul FLOPs that one `esft.generation.generate` call of esft's lean engine executes on `prompts` (token
     ids) when it generates `completion_lengths[i]` tokens (eos included) for prompt i. The layout is the
     engine's: rows sorted by length, longest first, in batches of `batch_size`; per batch, with `share_prefix`,
@@ -73,7 +74,9 @@ def executed_flops(shape: ModelShape, prompts: Sequence[Sequence[int]], completi
 
     * linear layers (q, k, v, o, gate, up, down): every position a forward computes, the bucket's padding
       included, the shared prefix once per batch;
-    * lm_head: one position per prefill forward row (the prefix forward's included), one per decode step;
+    * lm_head: one position per prefill forward row, one per decode step; the prefix forward's row only with
+      `prefix_logit_row` (the HF prefill computes it; the packed lean prefill projects only the rows it decodes
+      from, `esft.generation.prefill.layout_prefill`'s `head`);
     * decode: a row that generates c tokens runs c - 1 steps (it leaves the batch once it emits eos);
     * attention (q.k and the weighted sum of v, every head): per unmasked (query, key) pair only, each token
       attending itself and its row's earlier tokens; masked columns are not counted, whatever a kernel does
@@ -104,7 +107,7 @@ def executed_flops(shape: ModelShape, prompts: Sequence[Sequence[int]], completi
             p = 0
         if p:
             positions += p
-            logit_rows += 1
+            logit_rows += int(prefix_logit_row)
             pairs += p * (p + 1) // 2
         rest = [n - p for n in lengths]
         groups = length_buckets(rest, prefill_buckets, bucket_tokens) if prefill_buckets > 1 else [range(len(rows))]
@@ -167,7 +170,9 @@ def effective_layout(model, gen, dtype: torch.dtype | None = None) -> dict[str, 
                 and screen_lm_head_reason(model, packed, fused) is None)
     return {"share_prefix": lean and bool(gen.share_prefix),
             "prefill_buckets": int(gen.prefill_buckets or 1) if lean else 1,
-            "screened_lm_head": screened, "bf16_weights": lean and packed and dtype == torch.bfloat16}
+            "screened_lm_head": screened, "bf16_weights": lean and packed and dtype == torch.bfloat16,
+            # packed linears prefill through esft.generation.lean's own prefills, which project no prefix row
+            "prefix_logit_row": not packed}
 
 
 def cpu_info() -> dict[str, Any]:

@@ -74,17 +74,17 @@ def _options(model, config, delta) -> tuple[bool, bool, bool]:
 
 
 def _lean_head_prefill(lean: LeanModel) -> Callable:
-    """A `prefill` that runs the HF base model and the last position's logits through the lean lm_head: the HF
-    head multiplies a strided [B, 1, D] slice by a batched matmul, ~36 ms for 8 rows of SmolLM2 here (~13
-    GFLOP/s). Same logits to ~1e-6 relative (packed_linear's caveat)."""
+    """A `prefill` that runs the HF base model and returns the last position's hidden states, for the lean
+    lm_head (`LeanModel.head_logits`, applied by `layout_prefill`): the HF head multiplies a strided [B, 1, D]
+    slice by a batched matmul, ~36 ms for 8 rows of SmolLM2 here (~13 GFLOP/s). Same logits to ~1e-6 relative
+    (packed_linear's caveat)."""
     from transformers import DynamicCache
 
     def prefill(model, input_ids, attention_mask, position_ids, cache=None):
         cache = DynamicCache(config=model.config) if cache is None else cache
         out = model.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                           use_cache=True, **{cache_kwarg(model.model): cache})
-        h = out.last_hidden_state[:, -1, :].contiguous()
-        return lean.linear(h, lean.lm_head, lean.lm_bias), cache
+        return out.last_hidden_state[:, -1, :].contiguous(), cache
 
     return prefill
 
@@ -92,7 +92,8 @@ def _lean_head_prefill(lean: LeanModel) -> Callable:
 def _lean_prefill(lean: LeanModel) -> Callable:
     """A `prefill` for LeanModel.fused_projections: the prompt through the same packed, stacked matmuls and
     compiled glue as the decode step (oneDNN reaches ~210 GFLOP/s on a prompt batch here, MKL's sgemm under the
-    HF forward ~175), SDPA for the attention, K/V into the DynamicCache that `layout_prefill` reads.
+    HF forward ~175), SDPA for the attention, K/V into the DynamicCache that `layout_prefill` reads. Returns the
+    last positions' hidden states: `layout_prefill` applies the lm_head (`LeanModel.head_logits`).
 
     Masking: a query attends to the unpadded cached and new columns up to its own position, as in the HF forward.
     A padding query (left padding) also attends to itself, so that no row of the softmax is empty; its outputs
@@ -133,8 +134,7 @@ def _lean_prefill(lean: LeanModel) -> Callable:
             a = a.transpose(1, 2).reshape(b * t, q_end).to(h.dtype)
             h = K.add_rms_norm(x, lin(a, L.wo, L.bo), L.ln2, lean.eps, low)
             h = K.add_rms_norm(x, lin(K.silu_mul(lin(h, L.wgu)), L.wd), *lean.next_norm[i], low and i < last_layer)
-        last = h.view(b, t, -1)[:, -1].contiguous()
-        return lean.linear(last, lean.lm_head, lean.lm_bias), cache
+        return h.view(b, t, -1)[:, -1].contiguous(), cache
 
     return prefill
 
@@ -181,16 +181,17 @@ def lean_decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, co
                      screen_lm_head=screen)
     budget = config.max_new_tokens
     min_new = int(getattr(config, "min_new_tokens", 0) or 0)
-    prefill = hf_prefill
+    prefill, head = hf_prefill, None
     if lean.fused_projections:
-        prefill = _lean_prefill(lean)
+        prefill, head = _lean_prefill(lean), lean.head_logits
     elif packed and delta is None:
-        prefill = _lean_head_prefill(lean)
+        prefill, head = _lean_head_prefill(lean), lean.head_logits
     # room for 256 tokens (or the forced minimum) up front; longer completions grow the buffer by doubling
     logits, cache, next_pos = layout_prefill(
         model, lean, input_ids, attention_mask, prefill, extra_columns=min(budget, max(256, config.min_new_tokens)),
         # a per-row perturbation (delta) maps hook rows to batch rows, so its prefill stays one plain batch
         share_prefix=bool(getattr(config, "share_prefix", False)) and delta is None,
-        buckets=int(getattr(config, "prefill_buckets", 1) or 1) if delta is None else 1)
+        buckets=int(getattr(config, "prefill_buckets", 1) or 1) if delta is None else 1, head=head)
+    lean.drop_prefill_head()
     step = LeanStep(lean, cache, next_pos, budget, eos, min_new)
     return decode_loop(step, logits, config, eos, on_keep=on_keep)

@@ -212,7 +212,12 @@ class LeanModel:
         self.padding_idx = inner.embed_tokens.padding_idx
         self.final_norm = _gain(inner.norm.weight, self.low_precision)
         self.final_eps = inner.norm.variance_epsilon
-        self.lm_head = w(model.lm_head.weight)
+        # The packed fp32 lm_head is read at every decode step unless the bf16 screen picks the tokens; then only
+        # the prompts' last positions need it (and a diverged member's fallback), so it is packed when first read
+        # and dropped once the prefill's logits exist (`drop_prefill_head`): an ES lane decodes without it.
+        self._pack, self._head_weight = w, model.lm_head.weight
+        self._head_on_demand = screen_lm_head and packed and not self.low_precision
+        self._lm_head = None if self._head_on_demand else w(model.lm_head.weight)
         self.lm_bias = model.lm_head.bias
         self.rotary = inner.rotary_emb
         self.layers: list[_Layer] = []
@@ -229,6 +234,23 @@ class LeanModel:
                 raise ValueError(f"lm_head screening is not available: {why}")
             self.screen = LMHeadScreen(model.lm_head.weight, batch_hint,
                                        packed_bf16=self.lm_head if self.low_precision else None)
+
+    @property
+    def lm_head(self) -> torch.Tensor:
+        """The lm_head weight as the linears take it (packed where `packed`), packed on first read if deferred."""
+        if self._lm_head is None:
+            self._lm_head = self._pack(self._head_weight)
+        return self._lm_head
+
+    def head_logits(self, h: torch.Tensor) -> torch.Tensor:
+        """Full-vocabulary logits of final hidden states h [n, D]."""
+        return self.linear(h, self.lm_head, self.lm_bias)
+
+    def drop_prefill_head(self) -> None:
+        """Free the packed fp32 lm_head after the prefill where the screen computes the decode steps' logits
+        without it (108 MB for SmolLM2-135M); a later read packs it again, with the same bits."""
+        if self._head_on_demand:
+            self._lm_head = None
 
     def _read_config(self, cfg) -> None:
         self.n_heads = cfg.num_attention_heads

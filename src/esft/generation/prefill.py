@@ -55,7 +55,8 @@ def length_buckets(lengths: list[int], max_buckets: int, bucket_tokens: int = 0)
 
 
 def layout_prefill(model, lean: LeanModel, input_ids: torch.Tensor, attention_mask: torch.Tensor, prefill: Callable,
-                   extra_columns: int, share_prefix: bool, buckets: int, min_prefix: int = 8):
+                   extra_columns: int, share_prefix: bool, buckets: int, min_prefix: int = 8,
+                   head: Callable[[torch.Tensor], torch.Tensor] | None = None):
     """Prompt prefill into a fresh KVCache, optionally (1) prefilling the rows' common token prefix once, at
     batch 1, and giving every row a copy of its K/V, and (2) prefilling the remainders in up to `buckets` groups of
     similar length instead of one batch padded to the longest.
@@ -66,6 +67,12 @@ def layout_prefill(model, lean: LeanModel, input_ids: torch.Tensor, attention_ma
     the prefix K/V come from a batch-1 forward and attention sums run over a different column layout, so logits
     match a plain prefill to ~1e-6 relative, not bit for bit (hence opt-in: GenerationConfig.share_prefix,
     prefill_buckets).
+
+    `head`: `prefill` returns the last positions' hidden states instead of logits, and head(hidden) [g, V] is
+    applied to each forward's rows after the whole layout is in the cache (the same calls on the same rows, so
+    the same logits), when no prefill's working set is left: the lean engine packs its fp32 lm_head for these
+    calls only where the screen computes the decode steps' logits (`LeanModel.drop_prefill_head`). The shared
+    prefix's forward then projects nothing.
     """
     batch, width = input_ids.shape
     device = input_ids.device
@@ -78,18 +85,19 @@ def layout_prefill(model, lean: LeanModel, input_ids: torch.Tensor, attention_ma
               else [list(range(batch))])
     if p == 0 and len(groups) == 1:
         position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-        logits, hf_cache = prefill(model, input_ids, attention_mask, position_ids)
+        out, hf_cache = prefill(model, input_ids, attention_mask, position_ids)
         cache = KVCache(lean, batch, width + extra_columns, lean.cache_dtype or hf_cache.layers[0].keys.dtype, device,
                         key_tile=lean.key_tile)
         cache.load_prefill(hf_cache, attention_mask)
-        return logits, cache, position_ids[:, -1] + 1
+        del hf_cache
+        return (head(out) if head is not None else out), cache, position_ids[:, -1] + 1
     prefix_cache = None
     if p:
         pre = torch.tensor([rows[0][:p]], dtype=torch.long, device=device)
         _, prefix_cache = prefill(model, pre, torch.ones_like(pre), torch.arange(p, device=device)[None])
     suffix_width = max(lengths) - p
     total = p + suffix_width
-    logits = None
+    outs: list[tuple[torch.Tensor, torch.Tensor]] = []  # (rows, their last positions' prefill outputs)
     next_pos = torch.empty(batch, dtype=torch.long, device=device)
     cache = None
     for group in groups:
@@ -106,13 +114,12 @@ def layout_prefill(model, lean: LeanModel, input_ids: torch.Tensor, attention_ma
                                 layer.values.expand(g, -1, -1, -1).contiguous(), i)
         mask = torch.cat([suffix_mask.new_ones((g, p)), suffix_mask], dim=1)
         positions = (suffix_mask.cumsum(-1) - 1).clamp(min=0) + p
-        group_logits, hf_cache = prefill(model, suffix, mask.to(attention_mask.dtype), positions, hf_cache)
+        group_out, hf_cache = prefill(model, suffix, mask.to(attention_mask.dtype), positions, hf_cache)
         if cache is None:
             cache = KVCache(lean, batch, total + extra_columns, lean.cache_dtype or hf_cache.layers[0].keys.dtype, device,
                             key_tile=lean.key_tile)
             cache.zero(total)
-            logits = group_logits.new_empty((batch, group_logits.shape[-1]))
-        logits[idx] = group_logits
+        outs.append((idx, group_out))
         next_pos[idx] = positions[:, -1] + 1
         cols = torch.cat([torch.arange(p), torch.arange(total - w, total)]).to(device)
         for i, layer in enumerate(hf_cache.layers):
@@ -120,4 +127,17 @@ def layout_prefill(model, lean: LeanModel, input_ids: torch.Tensor, attention_ma
             cache.v[i][idx[:, None], :, cols[None, :]] = layer.values.transpose(1, 2).to(cache.v[i].dtype)
         cache.mask[idx[:, None], cols[None, :]] = mask.bool()
     cache.length = total
-    return logits, cache, next_pos
+    del hf_cache, prefix_cache
+    return _gather_logits(outs, batch, head), cache, next_pos
+
+
+def _gather_logits(outs: list[tuple[torch.Tensor, torch.Tensor]], batch: int,
+                   head: Callable[[torch.Tensor], torch.Tensor] | None) -> torch.Tensor:
+    """Logits [batch, V] from each prefill forward's (rows, last-position outputs), `head` applied per forward."""
+    logits = None
+    for idx, out in outs:
+        group_logits = head(out) if head is not None else out
+        if logits is None:
+            logits = group_logits.new_empty((batch, group_logits.shape[-1]))
+        logits[idx] = group_logits
+    return logits

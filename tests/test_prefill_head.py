@@ -1,0 +1,112 @@
+"""The prefill's lm_head applied after the layout (`layout_prefill(head=...)`), and the packed fp32 lm_head held
+only for it where the bf16 screen computes the decode steps' logits (`LeanModel.drop_prefill_head`).
+
+Both must change no bit: the same head calls on the same rows give the same logits, and a head packed again
+(a diverged member's fallback) is the same packed matrix."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from esft.generation import GenerationConfig, encode_prompts, generate, lean, left_pad
+
+from test_lean import PROMPTS, _eosy, _fast_kernels, _one_thread, _tiny  # noqa: F401  (_one_thread: autouse)
+
+SHARED = [[{"role": "system", "content": "Answer with \\boxed{yes} or \\boxed{no}."},
+           {"role": "user", "content": text}]
+          for text in ("Is water wet?", "Is the sea salty? Think first.", "Do cats fly?", "Is ice cold, really?")]
+
+
+def _fast_lean(model, batch_hint: int, screen: bool = False) -> "lean.LeanModel":
+    options = _fast_kernels()
+    if not (options.get("packed_linear") and options.get("fused_attention")):
+        pytest.skip("the lean prefill needs both fast kernels")
+    if screen and "screened_lm_head" not in options:
+        pytest.skip("lm_head screening needs a CPU with native bf16")
+    return lean.LeanModel(model, packed=True, fused_attention=True, batch_hint=batch_hint, screen_lm_head=screen)
+
+
+@pytest.mark.parametrize("share, buckets", [(True, 3), (False, 1), (False, 2)])
+def test_head_after_the_layout_gives_the_logits_the_prefill_computed(tokenizer, share, buckets):
+    """layout_prefill(head=...) equals, bit for bit, a prefill that projects its rows itself (what the lean
+    prefills did before): logits, cache and positions."""
+    model = _tiny("llama")
+    ids, mask = left_pad(encode_prompts(tokenizer, SHARED), 2, "cpu")
+    with torch.inference_mode():
+        lm = _fast_lean(model, ids.shape[0])
+        hidden_prefill = lean._lean_prefill(lm)
+
+        def projecting(model, ids, mask, pos, cache=None):  # the head inside the prefill
+            out, cache = hidden_prefill(model, ids, mask, pos, cache)
+            return lm.head_logits(out), cache
+
+        got, got_cache, got_pos = lean.layout_prefill(model, lm, ids, mask, hidden_prefill, 4, share, buckets,
+                                                      head=lm.head_logits)
+        ref, ref_cache, ref_pos = lean.layout_prefill(model, lm, ids, mask, projecting, 4, share, buckets)
+    assert got.shape == (ids.shape[0], model.config.vocab_size)
+    assert torch.equal(got, ref) and torch.equal(got_pos, ref_pos)
+    assert torch.equal(got_cache.mask, ref_cache.mask)
+    n = got_cache.length  # (the columns beyond are unwritten buffer)
+    assert n == ref_cache.length
+    for i in range(len(lm.layers)):
+        assert torch.equal(got_cache.keys(i), ref_cache.keys(i))
+        assert torch.equal(got_cache.v[i][:, :, :n], ref_cache.v[i][:, :, :n])
+
+
+def test_prefix_forward_projects_no_row(tokenizer):
+    """With a shared prefix, head() sees the remainders' rows only: one call per bucket, every prompt once."""
+    model = _tiny("llama")
+    ids, mask = left_pad(encode_prompts(tokenizer, SHARED), 2, "cpu")
+    rows = []
+    with torch.inference_mode():
+        lm = _fast_lean(model, ids.shape[0])
+
+        def head(hidden):
+            rows.append(hidden.shape[0])
+            return lm.head_logits(hidden)
+
+        lean.layout_prefill(model, lm, ids, mask, lean._lean_prefill(lm), 4, True, 2, head=head)
+    assert sum(rows) == ids.shape[0] and 1 <= len(rows) <= 2
+
+
+def test_screened_decoding_holds_no_packed_fp32_head_and_changes_no_token(tokenizer, monkeypatch):
+    """With the screen, every decode step runs without the packed fp32 lm_head (dropped after the prefill),
+    and greedy completions equal those of a lean model that keeps it for the whole call."""
+    model = _eosy(_tiny("llama", seed=4), tokenizer, at=12)
+    _fast_lean(model, 5, screen=True)  # skips where the screen cannot run
+    options = _fast_kernels()
+    cfg = GenerationConfig(max_new_tokens=40, batch_size=5, share_prefix=True, prefill_buckets=2, **options)
+    held = []
+    real_step = lean.decode_step
+
+    def step(lean_model, *args, **kwargs):
+        held.append(lean_model._lm_head is not None)
+        return real_step(lean_model, *args, **kwargs)
+
+    monkeypatch.setattr(lean, "decode_step", step)
+    dropped = generate(model, tokenizer, PROMPTS, cfg)
+    assert len(held) > 10 and not any(held)
+    monkeypatch.setattr(lean.LeanModel, "drop_prefill_head", lambda self: None)
+    held.clear()
+    kept = generate(model, tokenizer, PROMPTS, cfg)
+    assert held and all(held)
+    assert [g.completion_ids for g in dropped] == [g.completion_ids for g in kept]
+
+
+def test_a_dropped_head_is_packed_again_with_the_same_bits():
+    """The fallback of a step the screen gives up on reads `lm_head` again: packed anew, the same logits."""
+    model = _tiny("llama")
+    lm = _fast_lean(model, 4, screen=True)
+    assert lm._lm_head is None  # deferred: nothing packed until a prefill asks
+    h = torch.randn(4, model.config.hidden_size, generator=torch.Generator().manual_seed(1))
+    first = lm.head_logits(h)
+    assert lm._lm_head is not None
+    lm.drop_prefill_head()
+    assert lm._lm_head is None
+    assert torch.equal(lm.head_logits(h), first)
+    unscreened = _fast_lean(model, 4)
+    assert unscreened._lm_head is not None  # every step reads it: packed up front, never dropped
+    unscreened.drop_prefill_head()
+    assert unscreened._lm_head is not None
+    assert torch.equal(unscreened.head_logits(h), first)
