@@ -1,8 +1,9 @@
-"""The prefill's lm_head applied after the layout (`layout_prefill(head=...)`), and the packed fp32 lm_head held
-only for it where the bf16 screen computes the decode steps' logits (`LeanModel.drop_prefill_head`).
+"""The prefill's lm_head applied after the layout (`layout_prefill(head=...)`), and, where the bf16 screen
+computes the decode steps' logits, the fp32 lm_head packed slice by slice for the prefill only
+(`LeanModel.head_logits`), never whole.
 
-Both must change no bit: the same head calls on the same rows give the same logits, and a head packed again
-(a diverged member's fallback) is the same packed matrix."""
+Both must change no bit: the same head calls on the same rows give the same logits, and the slices' logits are
+those of the whole packed matrix."""
 
 from __future__ import annotations
 
@@ -70,13 +71,12 @@ def test_prefix_forward_projects_no_row(tokenizer):
     assert sum(rows) == ids.shape[0] and 1 <= len(rows) <= 2
 
 
-def test_screened_decoding_holds_no_packed_fp32_head_and_changes_no_token(tokenizer, monkeypatch):
-    """With the screen, every decode step runs without the packed fp32 lm_head (dropped after the prefill),
-    and greedy completions equal those of a lean model that keeps it for the whole call."""
+def test_screened_decoding_never_packs_the_whole_fp32_head_and_changes_no_token(tokenizer, monkeypatch):
+    """With the screen, no step of a generate call holds the whole packed fp32 lm_head, and greedy completions
+    equal those of a lean model whose prefill multiplies by the whole packed matrix."""
     model = _eosy(_tiny("llama", seed=4), tokenizer, at=12)
     _fast_lean(model, 5, screen=True)  # skips where the screen cannot run
-    options = _fast_kernels()
-    cfg = GenerationConfig(max_new_tokens=40, batch_size=5, share_prefix=True, prefill_buckets=2, **options)
+    cfg = GenerationConfig(max_new_tokens=40, batch_size=5, share_prefix=True, prefill_buckets=2, **_fast_kernels())
     held = []
     real_step = lean.decode_step
 
@@ -85,28 +85,32 @@ def test_screened_decoding_holds_no_packed_fp32_head_and_changes_no_token(tokeni
         return real_step(lean_model, *args, **kwargs)
 
     monkeypatch.setattr(lean, "decode_step", step)
-    dropped = generate(model, tokenizer, PROMPTS, cfg)
+    sliced = generate(model, tokenizer, PROMPTS, cfg)
     assert len(held) > 10 and not any(held)
-    monkeypatch.setattr(lean.LeanModel, "drop_prefill_head", lambda self: None)
+    monkeypatch.setattr(lean.LeanModel, "head_logits", lambda self, h: self.linear(h, self.lm_head, self.lm_bias))
     held.clear()
-    kept = generate(model, tokenizer, PROMPTS, cfg)
-    assert held and all(held)
-    assert [g.completion_ids for g in dropped] == [g.completion_ids for g in kept]
+    whole = generate(model, tokenizer, PROMPTS, cfg)
+    assert held and all(held)  # (the whole matrix, packed by the prefill, kept)
+    assert [g.completion_ids for g in sliced] == [g.completion_ids for g in whole]
 
 
-def test_a_dropped_head_is_packed_again_with_the_same_bits():
-    """The fallback of a step the screen gives up on reads `lm_head` again: packed anew, the same logits."""
+@pytest.mark.parametrize("rows", [8192, 5000, 49152])
+def test_sliced_head_gives_the_bits_of_the_whole_packed_head(monkeypatch, rows):
+    """Slices of 8192 rows, of 5000 (a short last slice) and one slice: the logits of the whole packed matrix,
+    bit for bit, at the row counts the prefill's buckets produce; nothing kept afterwards."""
+    from esft.generation import lean_step
+    from esft.generation.packed import pack_weight, packed_linear
+
+    monkeypatch.setattr(lean_step, "HEAD_SLICE_ROWS", rows)
     model = _tiny("llama")
-    lm = _fast_lean(model, 4, screen=True)
-    assert lm._lm_head is None  # deferred: nothing packed until a prefill asks
-    h = torch.randn(4, model.config.hidden_size, generator=torch.Generator().manual_seed(1))
-    first = lm.head_logits(h)
-    assert lm._lm_head is not None
-    lm.drop_prefill_head()
-    assert lm._lm_head is None
-    assert torch.equal(lm.head_logits(h), first)
+    weight = model.lm_head.weight
+    for n in (1, 3, 4, 9, 16):
+        lm = _fast_lean(model, n, screen=True)
+        assert lm._lm_head is None  # on demand: nothing packed by the constructor
+        h = torch.randn(n, model.config.hidden_size, generator=torch.Generator().manual_seed(n))
+        assert torch.equal(lm.head_logits(h), packed_linear(h, pack_weight(weight, n)))
+        assert lm._lm_head is None
     unscreened = _fast_lean(model, 4)
-    assert unscreened._lm_head is not None  # every step reads it: packed up front, never dropped
-    unscreened.drop_prefill_head()
-    assert unscreened._lm_head is not None
-    assert torch.equal(unscreened.head_logits(h), first)
+    assert unscreened._lm_head is not None  # every step reads it: packed whole, up front
+    h = torch.randn(4, model.config.hidden_size, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(unscreened.head_logits(h), packed_linear(h, pack_weight(weight, 4)))

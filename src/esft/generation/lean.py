@@ -192,6 +192,5 @@ def lean_decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, co
         # a per-row perturbation (delta) maps hook rows to batch rows, so its prefill stays one plain batch
         share_prefix=bool(getattr(config, "share_prefix", False)) and delta is None,
         buckets=int(getattr(config, "prefill_buckets", 1) or 1) if delta is None else 1, head=head)
-    lean.drop_prefill_head()
     step = LeanStep(lean, cache, next_pos, budget, eos, min_new)
     return decode_loop(step, logits, config, eos, on_keep=on_keep)

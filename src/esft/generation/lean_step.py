@@ -157,6 +157,10 @@ class _Handles:
         return handle
 
 
+#: lm_head rows packed at once by `LeanModel.head_logits` where the whole packed matrix is not kept.
+HEAD_SLICE_ROWS = 8192
+
+
 class LeanModel:
     """Weight references (not copies: ES perturbs parameters in place) plus the few constants of one model.
 
@@ -213,8 +217,8 @@ class LeanModel:
         self.final_norm = _gain(inner.norm.weight, self.low_precision)
         self.final_eps = inner.norm.variance_epsilon
         # The packed fp32 lm_head is read at every decode step unless the bf16 screen picks the tokens; then only
-        # the prompts' last positions need it (and a diverged member's fallback), so it is packed when first read
-        # and dropped once the prefill's logits exist (`drop_prefill_head`): an ES lane decodes without it.
+        # the prompts' last positions need it (`head_logits`, packed slice by slice) and a diverged member's
+        # fallback (packed whole, when read): an ES lane never holds it.
         self._pack, self._head_weight = w, model.lm_head.weight
         self._head_on_demand = screen_lm_head and packed and not self.low_precision
         self._lm_head = None if self._head_on_demand else w(model.lm_head.weight)
@@ -243,14 +247,19 @@ class LeanModel:
         return self._lm_head
 
     def head_logits(self, h: torch.Tensor) -> torch.Tensor:
-        """Full-vocabulary logits of final hidden states h [n, D]."""
-        return self.linear(h, self.lm_head, self.lm_bias)
-
-    def drop_prefill_head(self) -> None:
-        """Free the packed fp32 lm_head after the prefill where the screen computes the decode steps' logits
-        without it (108 MB for SmolLM2-135M); a later read packs it again, with the same bits."""
-        if self._head_on_demand:
-            self._lm_head = None
+        """Full-vocabulary logits of final hidden states h [n, D]. Where the lm_head is packed on demand, its
+        rows are packed and multiplied `HEAD_SLICE_ROWS` at a time: one slice (18 MB for SmolLM2) exists at once
+        instead of the whole 108 MB matrix. The same bits as the whole packed matrix: oneDNN's inner product sums
+        each logit over the hidden dimension alone, in an order the number of output columns does not change
+        (tests/test_prefill_head.py checks this on the CPU at hand)."""
+        if self._lm_head is not None or not self._head_on_demand:
+            return self.linear(h, self.lm_head, self.lm_bias)
+        weight, hint = self._head_weight, self._pack.batch_hint  # (on demand: no bias, no low-rank delta)
+        out = h.new_empty((h.shape[0], weight.shape[0]))
+        for start in range(0, weight.shape[0], HEAD_SLICE_ROWS):
+            rows = weight[start:start + HEAD_SLICE_ROWS]
+            out[:, start:start + rows.shape[0]] = packed_linear(h, pack_weight(rows, hint))
+        return out
 
     def _read_config(self, cfg) -> None:
         self.n_heads = cfg.num_attention_heads

@@ -70,9 +70,9 @@ def layout_prefill(model, lean: LeanModel, input_ids: torch.Tensor, attention_ma
 
     `head`: `prefill` returns the last positions' hidden states instead of logits, and head(hidden) [g, V] is
     applied to each forward's rows after the whole layout is in the cache (the same calls on the same rows, so
-    the same logits), when no prefill's working set is left: the lean engine packs its fp32 lm_head for these
-    calls only where the screen computes the decode steps' logits (`LeanModel.drop_prefill_head`). The shared
-    prefix's forward then projects nothing.
+    the same logits), when no prefill's working set is left (`LeanModel.head_logits`, which packs the fp32
+    lm_head slice by slice where the screen computes the decode steps' logits). The shared prefix's forward
+    then projects nothing.
     """
     batch, width = input_ids.shape
     device = input_ids.device
