@@ -98,7 +98,7 @@ class EngineCounter:
                 return prefill(model, ids, mask, positions, cache)
 
             def counted_head(hidden):
-                add(low, "head", hidden.shape[0] * per_logit)
+                add(low, "head", sum(h.shape[0] for h in hidden) * per_logit)
                 return head(hidden)
 
             if head is not None:

@@ -275,7 +275,7 @@ def test_lean_prefill_matches_hf_prefill(tokenizer, kind):
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
         ref, ref_cache = _prefill(model, ids, mask, pos)
         hidden, got_cache = fast_prefill(model, ids, mask, pos)
-        got = lm.head_logits(hidden)  # the lean prefill returns hidden states; layout_prefill applies the head
+        got = lm.head_logits([hidden])[0]  # the lean prefill returns hidden states; layout_prefill applies the head
         torch.testing.assert_close(got, ref, atol=2e-5, rtol=1e-4)
         keep = mask.bool()[:, None, :, None]  # padding columns hold don't-care values in both
         for a, b in zip(got_cache.layers, ref_cache.layers):
@@ -295,7 +295,7 @@ def test_lean_prefill_matches_hf_prefill(tokenizer, kind):
             caches.append(c)
         full_mask = torch.cat([mask.new_ones((ids.shape[0], p)), mask], dim=1)
         ref, _ = _prefill(model, ids, full_mask, pos + p, caches[0])
-        got = lm.head_logits(fast_prefill(model, ids, full_mask, pos + p, caches[1])[0])
+        got = lm.head_logits([fast_prefill(model, ids, full_mask, pos + p, caches[1])[0]])[0]
         torch.testing.assert_close(got, ref, atol=2e-5, rtol=1e-4)
 
 

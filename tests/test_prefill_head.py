@@ -28,23 +28,32 @@ def _fast_lean(model, batch_hint: int, screen: bool = False) -> "lean.LeanModel"
     return lean.LeanModel(model, packed=True, fused_attention=True, batch_hint=batch_hint, screen_lm_head=screen)
 
 
+def _whole_head(lm: "lean.LeanModel"):
+    """The head as a prefill projecting its own rows applied it: the whole packed matrix, forward by forward."""
+    return lambda hidden: [lm.linear(h, lm.lm_head, lm.lm_bias) for h in hidden]
+
+
+@pytest.mark.parametrize("screen", [False, True])
 @pytest.mark.parametrize("share, buckets", [(True, 3), (False, 1), (False, 2)])
-def test_head_after_the_layout_gives_the_logits_the_prefill_computed(tokenizer, share, buckets):
-    """layout_prefill(head=...) equals, bit for bit, a prefill that projects its rows itself (what the lean
-    prefills did before): logits, cache and positions."""
+def test_head_after_the_layout_gives_the_logits_the_prefill_computed(tokenizer, share, buckets, screen):
+    """layout_prefill(head=...) equals, bit for bit, a prefill that projects its rows itself with the whole
+    packed lm_head (what the lean prefills did before): logits, cache and positions. `screen`: the head is
+    packed slice by slice and multiplies buckets of fewer rows than the batch hint."""
     model = _tiny("llama")
     ids, mask = left_pad(encode_prompts(tokenizer, SHARED), 2, "cpu")
     with torch.inference_mode():
-        lm = _fast_lean(model, ids.shape[0])
+        lm = _fast_lean(model, ids.shape[0], screen=screen)
+        whole = _whole_head(_fast_lean(model, ids.shape[0]))
         hidden_prefill = lean._lean_prefill(lm)
 
         def projecting(model, ids, mask, pos, cache=None):  # the head inside the prefill
             out, cache = hidden_prefill(model, ids, mask, pos, cache)
-            return lm.head_logits(out), cache
+            return whole([out])[0], cache
 
         got, got_cache, got_pos = lean.layout_prefill(model, lm, ids, mask, hidden_prefill, 4, share, buckets,
                                                       head=lm.head_logits)
         ref, ref_cache, ref_pos = lean.layout_prefill(model, lm, ids, mask, projecting, 4, share, buckets)
+    assert lm._lm_head is None if screen else lm._lm_head is not None  # sliced: the whole matrix never packed
     assert got.shape == (ids.shape[0], model.config.vocab_size)
     assert torch.equal(got, ref) and torch.equal(got_pos, ref_pos)
     assert torch.equal(got_cache.mask, ref_cache.mask)
@@ -56,19 +65,25 @@ def test_head_after_the_layout_gives_the_logits_the_prefill_computed(tokenizer, 
 
 
 def test_prefix_forward_projects_no_row(tokenizer):
-    """With a shared prefix, head() sees the remainders' rows only: one call per bucket, every prompt once."""
+    """With a shared prefix, head() sees the remainders' rows only, in one call: every prompt once."""
     model = _tiny("llama")
     ids, mask = left_pad(encode_prompts(tokenizer, SHARED), 2, "cpu")
-    rows = []
+    calls, forwards = [], []
     with torch.inference_mode():
         lm = _fast_lean(model, ids.shape[0])
+        prefill = lean._lean_prefill(lm)
+
+        def counted(model, ids, *args):
+            forwards.append(ids.shape[0])
+            return prefill(model, ids, *args)
 
         def head(hidden):
-            rows.append(hidden.shape[0])
+            calls.append([h.shape[0] for h in hidden])
             return lm.head_logits(hidden)
 
-        lean.layout_prefill(model, lm, ids, mask, lean._lean_prefill(lm), 4, True, 2, head=head)
-    assert sum(rows) == ids.shape[0] and 1 <= len(rows) <= 2
+        lean.layout_prefill(model, lm, ids, mask, counted, 4, True, 2, head=head)
+    assert forwards[0] == 1 and len(forwards) >= 2  # the prefix's batch-1 forward ran, then the remainders'
+    assert calls == [forwards[1:]] and sum(forwards[1:]) == ids.shape[0]
 
 
 def test_screened_decoding_never_packs_the_whole_fp32_head_and_changes_no_token(tokenizer, monkeypatch):
@@ -87,7 +102,7 @@ def test_screened_decoding_never_packs_the_whole_fp32_head_and_changes_no_token(
     monkeypatch.setattr(lean, "decode_step", step)
     sliced = generate(model, tokenizer, PROMPTS, cfg)
     assert len(held) > 10 and not any(held)
-    monkeypatch.setattr(lean.LeanModel, "head_logits", lambda self, h: self.linear(h, self.lm_head, self.lm_bias))
+    monkeypatch.setattr(lean.LeanModel, "head_logits", lambda self, hidden: _whole_head(self)(hidden))
     held.clear()
     whole = generate(model, tokenizer, PROMPTS, cfg)
     assert held and all(held)  # (the whole matrix, packed by the prefill, kept)
@@ -97,20 +112,26 @@ def test_screened_decoding_never_packs_the_whole_fp32_head_and_changes_no_token(
 @pytest.mark.parametrize("rows", [8192, 5000, 49152])
 def test_sliced_head_gives_the_bits_of_the_whole_packed_head(monkeypatch, rows):
     """Slices of 8192 rows, of 5000 (a short last slice) and one slice: the logits of the whole packed matrix,
-    bit for bit, at the row counts the prefill's buckets produce; nothing kept afterwards."""
+    bit for bit, for row counts at and below the batch hint (a bucket of a batch), several forwards in one call;
+    nothing kept afterwards."""
     from esft.generation import lean_step
     from esft.generation.packed import pack_weight, packed_linear
 
     monkeypatch.setattr(lean_step, "HEAD_SLICE_ROWS", rows)
     model = _tiny("llama")
     weight = model.lm_head.weight
-    for n in (1, 3, 4, 9, 16):
-        lm = _fast_lean(model, n, screen=True)
+    g = torch.Generator().manual_seed(rows)
+    for hint, counts in ((16, (16, 5, 3, 1)), (4, (4,)), (9, (9, 1))):
+        lm = _fast_lean(model, hint, screen=True)
         assert lm._lm_head is None  # on demand: nothing packed by the constructor
-        h = torch.randn(n, model.config.hidden_size, generator=torch.Generator().manual_seed(n))
-        assert torch.equal(lm.head_logits(h), packed_linear(h, pack_weight(weight, n)))
+        hidden = [torch.randn(n, model.config.hidden_size, generator=g) for n in counts]
+        whole = pack_weight(weight, hint)
+        got = lm.head_logits(hidden)
+        assert len(got) == len(hidden)
+        for h, logits in zip(hidden, got):
+            assert torch.equal(logits, packed_linear(h, whole))
         assert lm._lm_head is None
     unscreened = _fast_lean(model, 4)
     assert unscreened._lm_head is not None  # every step reads it: packed whole, up front
-    h = torch.randn(4, model.config.hidden_size, generator=torch.Generator().manual_seed(0))
-    assert torch.equal(unscreened.head_logits(h), packed_linear(h, pack_weight(weight, 4)))
+    h = torch.randn(4, model.config.hidden_size, generator=g)
+    assert torch.equal(unscreened.head_logits([h])[0], packed_linear(h, pack_weight(weight, 4)))

@@ -246,19 +246,22 @@ class LeanModel:
             self._lm_head = self._pack(self._head_weight)
         return self._lm_head
 
-    def head_logits(self, h: torch.Tensor) -> torch.Tensor:
-        """Full-vocabulary logits of final hidden states h [n, D]. Where the lm_head is packed on demand, its
-        rows are packed and multiplied `HEAD_SLICE_ROWS` at a time: one slice (18 MB for SmolLM2) exists at once
-        instead of the whole 108 MB matrix. The same bits as the whole packed matrix: oneDNN's inner product sums
-        each logit over the hidden dimension alone, in an order the number of output columns does not change
-        (tests/test_prefill_head.py checks this on the CPU at hand)."""
+    def head_logits(self, hidden: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Full-vocabulary logits of each tensor of final hidden states [n_i, D] in `hidden` (one per prefill
+        forward). Where the lm_head is packed on demand, its rows are packed `HEAD_SLICE_ROWS` at a time and each
+        slice multiplies every tensor before the next is packed: one slice (18 MiB for SmolLM2) exists at once
+        instead of the whole 108 MiB matrix, and each is packed once per call. On the CPUs tested, the logits
+        have the bits of the whole packed matrix (oneDNN sums each logit over the hidden dimension in an order
+        the number of output columns did not change; tests/test_prefill_head.py checks it on the CPU at hand)."""
         if self._lm_head is not None or not self._head_on_demand:
-            return self.linear(h, self.lm_head, self.lm_bias)
+            return [self.linear(h, self.lm_head, self.lm_bias) for h in hidden]
         weight, hint = self._head_weight, self._pack.batch_hint  # (on demand: no bias, no low-rank delta)
-        out = h.new_empty((h.shape[0], weight.shape[0]))
+        out = [h.new_empty((h.shape[0], weight.shape[0])) for h in hidden]
         for start in range(0, weight.shape[0], HEAD_SLICE_ROWS):
             rows = weight[start:start + HEAD_SLICE_ROWS]
-            out[:, start:start + rows.shape[0]] = packed_linear(h, pack_weight(rows, hint))
+            packed = pack_weight(rows, hint)
+            for h, logits in zip(hidden, out):
+                logits[:, start:start + rows.shape[0]] = packed_linear(h, packed)
         return out
 
     def _read_config(self, cfg) -> None:

@@ -56,7 +56,7 @@ def length_buckets(lengths: list[int], max_buckets: int, bucket_tokens: int = 0)
 
 def layout_prefill(model, lean: LeanModel, input_ids: torch.Tensor, attention_mask: torch.Tensor, prefill: Callable,
                    extra_columns: int, share_prefix: bool, buckets: int, min_prefix: int = 8,
-                   head: Callable[[torch.Tensor], torch.Tensor] | None = None):
+                   head: Callable[[list[torch.Tensor]], list[torch.Tensor]] | None = None):
     """Prompt prefill into a fresh KVCache, optionally (1) prefilling the rows' common token prefix once, at
     batch 1, and giving every row a copy of its K/V, and (2) prefilling the remainders in up to `buckets` groups of
     similar length instead of one batch padded to the longest.
@@ -68,11 +68,11 @@ def layout_prefill(model, lean: LeanModel, input_ids: torch.Tensor, attention_ma
     match a plain prefill to ~1e-6 relative, not bit for bit (hence opt-in: GenerationConfig.share_prefix,
     prefill_buckets).
 
-    `head`: `prefill` returns the last positions' hidden states instead of logits, and head(hidden) [g, V] is
-    applied to each forward's rows after the whole layout is in the cache (the same calls on the same rows, so
-    the same logits), when no prefill's working set is left (`LeanModel.head_logits`, which packs the fp32
-    lm_head slice by slice where the screen computes the decode steps' logits). The shared prefix's forward
-    then projects nothing.
+    `head`: `prefill` returns the last positions' hidden states instead of logits, and head([hidden, ...])
+    gives each forward's logits [g, V] once the whole layout is in the cache and the forwards' caches are freed
+    (the same rows per call as a prefill projecting its own rows, so the same logits). `LeanModel.head_logits`
+    packs the fp32 lm_head slice by slice there where the screen computes the decode steps' logits. The shared
+    prefix's forward then projects nothing.
     """
     batch, width = input_ids.shape
     device = input_ids.device
@@ -90,7 +90,7 @@ def layout_prefill(model, lean: LeanModel, input_ids: torch.Tensor, attention_ma
                         key_tile=lean.key_tile)
         cache.load_prefill(hf_cache, attention_mask)
         del hf_cache
-        return (head(out) if head is not None else out), cache, position_ids[:, -1] + 1
+        return (head([out])[0] if head is not None else out), cache, position_ids[:, -1] + 1
     prefix_cache = None
     if p:
         pre = torch.tensor([rows[0][:p]], dtype=torch.long, device=device)
@@ -132,12 +132,10 @@ def layout_prefill(model, lean: LeanModel, input_ids: torch.Tensor, attention_ma
 
 
 def _gather_logits(outs: list[tuple[torch.Tensor, torch.Tensor]], batch: int,
-                   head: Callable[[torch.Tensor], torch.Tensor] | None) -> torch.Tensor:
-    """Logits [batch, V] from each prefill forward's (rows, last-position outputs), `head` applied per forward."""
-    logits = None
-    for idx, out in outs:
-        group_logits = head(out) if head is not None else out
-        if logits is None:
-            logits = group_logits.new_empty((batch, group_logits.shape[-1]))
-        logits[idx] = group_logits
+                   head: Callable[[list[torch.Tensor]], list[torch.Tensor]] | None) -> torch.Tensor:
+    """Logits [batch, V] from each prefill forward's (rows, last-position outputs), `head` applied to them all."""
+    parts = head([out for _, out in outs]) if head is not None else [out for _, out in outs]
+    logits = parts[0].new_empty((batch, parts[0].shape[-1]))
+    for (idx, _), part in zip(outs, parts):
+        logits[idx] = part
     return logits
