@@ -1,4 +1,5 @@
-# usage: watch.sh outprefix cmd...
+# usage: watch_rss.sh outprefix cmd...
+# Samples /proc/PID/status VmRSS of the command, sleeping 50 ms between reads (~76 ms apart in practice).
 out=$1; shift
 "$@" > $out.log 2>&1 &
 pid=$!
