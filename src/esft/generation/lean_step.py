@@ -169,6 +169,8 @@ class LeanModel:
     the 135M model) and runs the decode matmuls through oneDNN: at batch 32 on this CPU they reach ~150-180
     GFLOP/s instead of MKL's ~100, but sum in another order, so logits differ from `F.linear`'s by ~1e-6
     relative (GenerationConfig.packed_linear, opt-in like share_prefix). `batch_hint` is the expected rows.
+    With `screen_lm_head` on fp32 weights the lm_head is not held packed: the screen computes the decode steps'
+    logits, and the prefill's come from `head_logits`, slice by slice.
     """
 
     def __init__(self, model, packed: bool = False, batch_hint: int = 32, fused_attention: bool = False,
