@@ -82,6 +82,8 @@ def test_interpolation_path_and_direction_sweep(monkeypatch):
 def test_threshold_and_sparsity_against_numpy():
     d = torch.tensor([-3e-5, 1e-6, 0.0, 2e-5, -5e-6])
     assert SP.threshold_update(d, 1e-5).tolist() == pytest.approx([-3e-5, 0, 0, 2e-5, 0])
+    # |d| <= tau reverts, boundary included (what sparsity_at counts as sparse)
+    assert SP.threshold_update(torch.tensor([0.25, -0.25, 0.5, -0.75]), 0.25).tolist() == [0.0, 0.0, 0.5, -0.75]
     base, tuned = tiny(0), tiny(0)
     with torch.no_grad():
         g = torch.Generator().manual_seed(0)

@@ -31,6 +31,9 @@ def test_sparsity_matches_numpy():
     both = np.concatenate([d.numpy().ravel(), np.zeros(10)])
     assert W.sparsity(parts, eps=1e-5) == pytest.approx(float(np.mean(np.abs(both) <= 1e-5)))
     assert W.sparsity(d, eps=0.0) == 0.0
+    # |d| <= eps, boundary included: untouched weights count at eps = 0, an entry equal to eps counts
+    assert W.sparsity(torch.zeros(4), eps=0.0) == 1.0
+    assert W.sparsity(torch.tensor([0.25, -0.25, 0.5, 0.0]), eps=0.25) == 0.75
 
 
 @pytest.mark.parametrize("shape", [(30, 20), (7, 64), (1, 5)])

@@ -35,10 +35,12 @@ def test_countdown_variant_balances_over_the_target_operator_and_format_bonus_is
     task = get_task("countdown:numbers=2,max_number=50,ops=+*")
     batch = [{"nums": [3, 5], "target": 8}] * 3 + [{"nums": [3, 5], "target": 15}]
     rule = make_fitness_rule("balanced", 0.1, task=task)
-    res = PopulationResult(scores=np.array([[1.0, 1.0, 1.0, 0.0]]), well_formed=np.array([[True, True, True, False]]),
+    # the bonus follows well_formed, not the score: the third "+" answer is wrong but well formed, the second is
+    # right but not well formed, and the "*" answer is wrong and well formed
+    res = PopulationResult(scores=np.array([[1.0, 1.0, 0.0, 0.0]]), well_formed=np.array([[True, False, True, True]]),
                            texts=[])
-    # "+" mean (1.1), "*" mean (0.0): balanced = 0.55
-    assert rule(res, batch)[0] == pytest.approx(0.55)
+    # "+" mean ((1.1 + 1.0 + 0.1) / 3), "*" mean (0.1): balanced = their mean
+    assert rule(res, batch)[0] == pytest.approx(((1.1 + 1.0 + 0.1) / 3 + 0.1) / 2)
 
 
 def test_balanced_rule_needs_a_labelled_task():

@@ -242,6 +242,10 @@ def test_sample_batch_is_deterministic():
     assert sample_batch(1, 2, 50, 10) == sample_batch(1, 2, 50, 10)
     assert sample_batch(1, 2, 50, 10) != sample_batch(1, 3, 50, 10)
     assert len(set(sample_batch(1, 2, 50, 10))) == 10
+    # without replacement: near the whole set a draw with replacement would repeat an index
+    for iteration in range(5):
+        assert sorted(set(sample_batch(1, iteration, 50, 45))) == sorted(sample_batch(1, iteration, 50, 45))
+        assert len(sample_batch(1, iteration, 50, 45)) == 45
     assert sample_batch(1, 2, 5, 10) == [0, 1, 2, 3, 4]
 
 

@@ -125,11 +125,51 @@ def test_bad_es_flag_is_refused_before_the_model_loads(tmp_path, capsys, no_mode
     (["--fitness-rule", "balanced", "--task", "math"], "fitness_rule"),          # no labels to balance over
     (["--eval-balanced", "--eval-limit", "100000"], "eval_limit"),               # more than the rarest label has
     (["--rollout-dtype", "bfloat16", "--noise", "lowrank"], "rollout_dtype"),    # bf16 lanes are member-by-member
+    (["--antithetic", "--population-size", "5"], "population_size"),             # mirrored pairs need an even N
 ])
 def test_cross_field_es_errors_come_before_the_model_loads(tmp_path, capsys, no_model_load, extra, key):
     assert main(["train", "es", "--preset", "cpu", "--output-dir", str(tmp_path / "run"), *extra]) == 2
     err = error_of(capsys)
     assert f"{key} = " in err and "expected" in err
+
+
+@pytest.mark.parametrize("value, words", [
+    ('{"nosuch": 1}', ["unknown option 'nosuch'", "packed_linear"]),               # not an engine option
+    ('{"temperature": 0.7}', ["['temperature'] have their own ESConfig fields"]),  # rollouts are greedy
+    ('{"min_new_tokens": -1}', ["min_new_tokens as an integer >= 0"]),
+    ("[1, 2]", ["'fast', 'exact' or a mapping"]),
+])
+def test_bad_es_generation_options_are_refused_before_the_model_loads(tmp_path, capsys, no_model_load, value, words):
+    assert main(["train", "es", "--preset", "cpu", "--output-dir", str(tmp_path / "run"),
+                 "--generation-options", value]) == 2
+    err = error_of(capsys)
+    assert "generation_options = " in err and all(w in err for w in words), err
+
+
+@pytest.mark.parametrize("command", [["train", "es", "--preset", "cpu"], ["train", "grpo", "--preset", "cpu"],
+                                     ["eval", "--tasks", "boolq", "--limit", "2"]])
+@pytest.mark.parametrize("device, words", [("nonsense", ["a torch device"]), ("cuda:99", ["a torch device", "cuda"])])
+def test_a_device_this_torch_cannot_use_is_refused_before_the_model_loads(tmp_path, capsys, no_model_load, command,
+                                                                          device, words):
+    import torch
+
+    if device.startswith("cuda") and torch.cuda.device_count() > 99:
+        pytest.skip("this machine has a cuda:99")
+    out = [] if command[0] == "eval" else ["--output-dir", str(tmp_path / "run")]
+    assert main([*command, *out, "--device", device]) == 2
+    err = error_of(capsys)
+    assert f"device = '{device}'" in err and all(w in err for w in words), err
+
+
+def test_es_generation_options_accept_the_named_paths_and_the_forced_length():
+    from esft.config import FAST_CPU_GENERATION
+    from esft.es.build import generation_config
+    from esft.es.es_config import ESConfig
+
+    assert ESConfig(generation_options="fast").generation_options == dict(FAST_CPU_GENERATION)
+    assert ESConfig(generation_options="exact").generation_options == {}
+    gen = generation_config(ESConfig(max_new_tokens=9, generation_options='{"min_new_tokens": 9, "lean": false}'))
+    assert (gen.min_new_tokens, gen.lean, gen.max_new_tokens, gen.temperature) == (9, False, 9, 0.0)
 
 
 def test_bad_grpo_batch_is_an_error_not_a_zero_division(tmp_path, capsys, no_model_load):

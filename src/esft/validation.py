@@ -71,10 +71,36 @@ def check_model(key: str, name: Any) -> None:
         raise ConfigError(key, name, accepted)
 
 
+def check_device(key: str, value: Any) -> None:
+    """`value` is a torch device this machine's torch can use (None: the loader's default), so that a run asking
+    for a GPU on a CPU-only build fails here, not with a traceback once the model has loaded."""
+    if value is None:
+        return
+    import torch
+
+    accepted = "a torch device: cpu, cuda, cuda:N or mps (or leave it unset for the default)"
+    try:
+        device = torch.device(str(value))
+    except (RuntimeError, ValueError):
+        raise ConfigError(key, value, accepted) from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(key, value, f"{accepted}; this torch ({torch.__version__}) sees no CUDA device, so "
+                              "use cpu here")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ConfigError(key, value, f"{accepted}; this machine has {torch.cuda.device_count()} CUDA "
+                              "device(s)")
+    elif device.type == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError(key, value, f"{accepted}; MPS is not available here")
+    elif device.type not in ("cpu", "cuda", "mps"):
+        raise ConfigError(key, value, accepted)
+
+
 class Checked(Protocol):
     """What a config declares for these checks (ESConfig, GRPOConfig, EvalConfig)."""
 
     model: str
+    device: str | None
 
     def task_checks(self) -> list[tuple[str, str, dict[str, Any]]]:
         """(config key, task name, constructor options) of every task the config builds."""
@@ -84,10 +110,11 @@ class Checked(Protocol):
 
 
 def check_names(config: Checked) -> None:
-    """The model and the task(s) a config names exist, and fit the config (its `check_task_fit`)."""
+    """The model, the device and the task(s) a config names exist, and fit the config (its `check_task_fit`)."""
     from esft.tasks.custom import external_kind
 
     check_model("model", config.model)
+    check_device("device", config.device)
     for key, name, options in config.task_checks():
         if external_kind(str(name)):  # a data file's task needs its field options to build at all
             task = check_task(key, name, options)
@@ -102,5 +129,5 @@ def check_names(config: Checked) -> None:
         config.check_task_fit(task)
 
 
-__all__ = ["Checked", "check_balanced_set", "check_model", "check_names", "check_task", "require_labels",
+__all__ = ["Checked", "check_balanced_set", "check_device", "check_model", "check_names", "check_task", "require_labels",
            "task_labels"]

@@ -126,7 +126,8 @@ class ESConfig(RunConfig):
     rewards, held-out accuracy with its interval, update norm, tokens, timings and sample tables (esft.tracking)"""
 
     def __post_init__(self) -> None:
-        self.parse_mappings("fitness_options", "task_options", "generation_options", "executor_options")
+        self.generation_options = rollout_options(self.generation_options)
+        self.parse_mappings("fitness_options", "task_options", "executor_options")
         check_fields(self, self.rules)
         if self.rollout_dtype == "bfloat16" and (self.executor != "local" or self.noise == "lowrank"):
             raise ConfigError("rollout_dtype", self.rollout_dtype, "'float32' or 'auto' with the Ray executor or "
@@ -142,6 +143,41 @@ class ESConfig(RunConfig):
             require_labels("fitness_rule", self.fitness_rule, "'mean' or 'dart'", task)
         if self.eval_balanced:
             check_balanced_set(task, self.eval_limit)
+
+
+#: GenerationConfig fields an ES run sets from its own fields (greedy rollouts of max_new_tokens tokens, in batches
+#: of generation_batch_size): generation_options may not set them
+ROLLOUT_FIELDS = ("max_new_tokens", "temperature", "top_p", "batch_size", "seed")
+
+
+def rollout_options(value: Any) -> dict[str, Any]:
+    """`generation_options` of an ES run, checked before any model loads: "fast", "exact", or a mapping (or its YAML
+    text) of the engine options (esft.generation.ENGINE_OPTIONS) plus `min_new_tokens` (benchmarks force full-length
+    completions with it). ConfigError otherwise."""
+    from esft.generation import engine_options
+
+    if isinstance(value, str) and value not in ("fast", "exact"):
+        try:
+            value = yaml.safe_load(value)
+        except yaml.YAMLError as exc:
+            raise ConfigError("generation_options", value, f"'fast', 'exact' or a YAML mapping ({exc})") from None
+    if isinstance(value, dict):
+        taken = sorted(set(value) & set(ROLLOUT_FIELDS))
+        if taken:
+            raise ConfigError("generation_options", value, f"engine options only: {taken} have their own ESConfig "
+                              "fields (ES rollouts are greedy)")
+        floor = value.get("min_new_tokens", 0)
+        if isinstance(floor, bool) or not isinstance(floor, int) or floor < 0:
+            raise ConfigError("generation_options", value, "min_new_tokens as an integer >= 0")
+        rest = {k: v for k, v in value.items() if k != "min_new_tokens"}
+        forced = {"min_new_tokens": floor} if "min_new_tokens" in value else {}
+    else:
+        rest, forced = value, {}
+    try:
+        return {**engine_options(rest), **forced}
+    except ValueError as exc:
+        accepted = str(exc).removeprefix("generation_options: ").removeprefix("generation_options must be ")
+        raise ConfigError("generation_options", value, accepted) from None
 
 
 #: what each field accepts beyond its type (esft.config.check_fields); checked whenever an ESConfig is built
