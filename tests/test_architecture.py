@@ -3,7 +3,7 @@
 * layers: a module imports only from its own layer or the layers below it (every import counts, module-level or
   inside a function; only `if TYPE_CHECKING:` blocks are skipped);
 * no import cycle among the modules of `esft`;
-* no private name imported from another module;
+* no private name imported from another module, nor read as an attribute of an imported esft module;
 * module names say what they do: no two modules share a file name (`__init__` aside);
 * size: no module over 500 lines, no function over 80 lines.
 
@@ -177,6 +177,49 @@ def test_no_private_name_is_imported_from_another_module():
            for m, found in edges.items() for t, names, line in found
            for n in names if n.startswith("_") and not n.startswith("__") and t != m]
     assert not bad, "\n".join(bad)
+
+
+def module_aliases(module: str, path: Path, mods: dict[str, Path], tree: ast.AST) -> dict[str, str]:
+    """Local names bound to other esft modules by `from esft.a import b` or `import esft.a.b as c`."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    out = {}
+    for node in _skip_type_checking(tree):
+        if isinstance(node, ast.ImportFrom):
+            base = (package.split(".")[: len(package.split(".")) - (node.level - 1)] if node.level else [])
+            target = ".".join(base + ([node.module] if node.module else []))
+            for a in node.names:
+                if f"{target}.{a.name}" in mods:
+                    out[a.asname or a.name] = f"{target}.{a.name}"
+        elif isinstance(node, ast.Import):
+            out.update({a.asname: a.name for a in node.names if a.asname and a.name in mods})
+    return {name: target for name, target in out.items() if target != module}
+
+
+def test_no_private_name_is_read_from_another_module():
+    mods = module_files()
+    bad = []
+    for module, path in mods.items():
+        tree = ast.parse(path.read_text())
+        aliases = module_aliases(module, path, mods, tree)
+        for node in _skip_type_checking(tree):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases \
+                    and node.attr.startswith("_") and not node.attr.startswith("__"):
+                bad.append(f"{path.relative_to(SRC)}:{node.lineno} reads {aliases[node.value.id]}.{node.attr}")
+    assert not bad, "\n".join(bad)
+
+
+def test_private_attribute_finder_sees_an_aliased_module(tmp_path):
+    pkg = tmp_path / "esft"
+    pkg.mkdir()
+    source = "from esft import other\nimport esft.other as o\nx = other._hidden + o._also + other.public\n"
+    (pkg / "user.py").write_text(source)
+    (pkg / "other.py").write_text("_hidden = _also = public = 1\n")
+    mods = {"esft.user": pkg / "user.py", "esft.other": pkg / "other.py"}
+    tree = ast.parse(source)
+    aliases = module_aliases("esft.user", pkg / "user.py", mods, tree)
+    assert aliases == {"other": "esft.other", "o": "esft.other"}
+    read = sorted(n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr.startswith("_"))
+    assert read == ["_also", "_hidden"]
 
 
 def test_module_names_do_not_repeat():

@@ -188,14 +188,14 @@ def test_bf16_run_is_recorded_and_resumes_exactly(tmp_path):
     assert saved.rollout_dtype == "bfloat16" and info["rollout_dtype"] == "bfloat16"
     assert info["rollout_dtype_reason"] == "requested" and info["master_dtype"] == "float32"
     # checkpoints hold the fp32 masters (the model itself), not bf16 weights
-    tensors = es_rundir._read_safetensors_folder(full.final_checkpoint)
+    tensors = es_rundir.read_checkpoint_tensors(full.final_checkpoint)
     assert all(t.dtype == torch.float32 for t in tensors.values())
     half = _run(_cfg(tmp_path, "cut", rollout_dtype="bfloat16", iterations=2))
     assert half.steps == 2
     resumed = _run(resume_config(half.output_dir, {"iterations": 4}))
     assert es_rundir.read_jsonl(resumed.output_dir / "seeds.jsonl") == \
         es_rundir.read_jsonl(full.output_dir / "seeds.jsonl")
-    assert bit_equal(es_rundir._read_safetensors_folder(resumed.final_checkpoint), tensors)
+    assert bit_equal(es_rundir.read_checkpoint_tensors(resumed.final_checkpoint), tensors)
 
 
 def test_a_run_directory_from_before_the_option_resumes_in_fp32(tmp_path, monkeypatch):

@@ -87,8 +87,8 @@ def test_same_seed_is_bit_identical_and_replay_reproduces_weights(tmp_path):
     a = run(cfg(tmp_path, "a"))
     b = run(cfg(tmp_path, "b"))
     assert seeds_log(a.output_dir) == seeds_log(b.output_dir)
-    sa = runlog._read_safetensors_folder(a.final_checkpoint)
-    sb = runlog._read_safetensors_folder(b.final_checkpoint)
+    sa = runlog.read_checkpoint_tensors(a.final_checkpoint)
+    sb = runlog.read_checkpoint_tensors(b.final_checkpoint)
     assert bit_equal(sa, sb)
     model, weights = final_masters(a.output_dir)  # base model + seeds.jsonl only
     assert matches_checkpoint(model, weights, a.final_checkpoint)
@@ -194,8 +194,8 @@ def test_resume_equals_uninterrupted(tmp_path, opts):
     res = run(config.replace(resume=True), dtype=dtype)
     assert res.steps == 6
     assert seeds_log(res.output_dir) == seeds_log(full.output_dir)
-    assert bit_equal(runlog._read_safetensors_folder(res.final_checkpoint),
-                     runlog._read_safetensors_folder(full.final_checkpoint))
+    assert bit_equal(runlog.read_checkpoint_tensors(res.final_checkpoint),
+                     runlog.read_checkpoint_tensors(full.final_checkpoint))
     if dtype != torch.float32:
         from safetensors.torch import load_file
 

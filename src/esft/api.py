@@ -43,7 +43,7 @@ def _recorded_task(config: Any) -> str | None:
     import yaml
 
     saved = Path(config.output_dir) / "config.yaml"
-    if not getattr(config, "resume", False) or not saved.exists():
+    if not config.resume or not saved.exists():
         return None
     return str((yaml.safe_load(saved.read_text()) or {}).get("task"))
 

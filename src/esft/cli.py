@@ -218,22 +218,19 @@ def _add_eval_env_bench(sub: argparse._SubParsersAction) -> None:
 def _add_train(sub: argparse._SubParsersAction) -> None:
     train = sub.add_parser("train", help="fine-tune with ES or GRPO")
     algos = train.add_subparsers(dest="algorithm", required=True)
-    try:
-        from esft.es.es_config import PRESETS, ESConfig
-    except ImportError:  # pragma: no cover - during development
-        ESConfig = None  # type: ignore[assignment]
-    if ESConfig is not None:
-        p = algos.add_parser("es", help="Evolution Strategies (full-parameter, gradient-free)")
-        _add_run_options(p, PRESETS)
-        add_dataclass_arguments(p, ESConfig, skip=("resume",))
-        add_task_flags(p)
-        p.add_argument("--resume", dest="resume_dir", metavar="RUN_DIR", default=None,
-                       help="continue RUN_DIR from its latest checkpoint and seed log (ends bit-identical to an "
-                            "uninterrupted run); flags may only change e.g. --iterations")
-        # short alias of --fitness-rule (an exact flag: argparse would reject the ambiguous prefix otherwise)
-        p.add_argument("--fitness", dest="fitness_rule", metavar="RULE", default=argparse.SUPPRESS,
-                       help="alias of --fitness-rule: mean (paper) or dart (DART-ES)")
-        p.set_defaults(func=_train_es)
+    from esft.es.es_config import PRESETS, ESConfig
+
+    p = algos.add_parser("es", help="Evolution Strategies (full-parameter, gradient-free)")
+    _add_run_options(p, PRESETS)
+    add_dataclass_arguments(p, ESConfig, skip=("resume",))
+    add_task_flags(p)
+    p.add_argument("--resume", dest="resume_dir", metavar="RUN_DIR", default=None,
+                   help="continue RUN_DIR from its latest checkpoint and seed log (ends bit-identical to an "
+                        "uninterrupted run); flags may only change e.g. --iterations")
+    # short alias of --fitness-rule (an exact flag: argparse would reject the ambiguous prefix otherwise)
+    p.add_argument("--fitness", dest="fitness_rule", metavar="RULE", default=argparse.SUPPRESS,
+                   help="alias of --fitness-rule: mean (paper) or dart (DART-ES)")
+    p.set_defaults(func=_train_es)
 
     # GRPOConfig itself imports nothing heavy; TRL is imported only when training starts.
     from esft.grpo.grpo_config import PRESETS as GRPO_PRESETS, GRPOConfig

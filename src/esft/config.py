@@ -175,12 +175,12 @@ def type_words(hint: Any) -> str:
     return f"{words} or null" if optional else words
 
 
-def check_value(cls: type, name: str, value: Any) -> None:
+def check_value(cls: type[RunConfig], name: str, value: Any) -> None:
     """One field's value against its type and the class's `rules` (an option block of an experiment spec)."""
     hint = typing.get_type_hints(cls)[name]
     if not type_ok(value, hint):
         raise ConfigError(name, value, type_words(hint))
-    rule = getattr(cls, "rules", {}).get(name)
+    rule = cls.rules.get(name)
     if rule is not None and value is not None and not rule.ok(value):
         raise ConfigError(name, value, rule.accepted)
 

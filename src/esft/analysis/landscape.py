@@ -79,9 +79,10 @@ class DeltaDirection(Direction):
         self.label = label
         self._keys: dict[str, tuple[str, str]] = {}
         self._norms: dict[str, float] | None = None
+        self._bound: torch.nn.Module | None = None
 
     def bind(self, model: torch.nn.Module) -> "DeltaDirection":
-        if getattr(self, "_bound", None) is model:
+        if self._bound is model:
             return self  # already resolved (its per-tensor norms cost a full pass over both checkpoints)
         self._bound = model
         aliases = _aliases(model)

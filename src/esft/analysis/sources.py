@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Protocol, Sequence
+from typing import Any, Iterator, Mapping, Protocol, Sequence, runtime_checkable
 
 import torch
 
@@ -25,6 +25,7 @@ INDEX_FILE = "model.safetensors.index.json"
 DEFAULT_CHUNK_ELEMS = 1 << 24  # 16M entries: 128 MiB per float64 chunk
 
 
+@runtime_checkable
 class TensorSource(Protocol):
     name: str
     config: dict[str, Any] | None
@@ -128,7 +129,7 @@ def as_source(x: Any) -> TensorSource:
         return module_source(x)
     if isinstance(x, Mapping):
         return StateDictSource(x)
-    if hasattr(x, "read") and hasattr(x, "shapes"):
+    if isinstance(x, TensorSource):
         return x
     raise TypeError(f"cannot read tensors from {type(x).__name__}; pass a folder, a module or a dict of tensors")
 

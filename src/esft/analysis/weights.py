@@ -124,14 +124,6 @@ def _cos(dot: float, aa: float, bb: float) -> float:
     return dot / math.sqrt(aa * bb) if aa > 0 and bb > 0 else math.nan
 
 
-def delta_state(base: Any, tuned: Any) -> dict[str, torch.Tensor]:
-    """In-memory float64 deltas by canonical name (small models and tests; the streaming functions do not
-    materialise this)."""
-    sb, st = as_source(base), as_source(tuned)
-    rows, _ = aligned_refs([sb, st])
-    return {name: read_full(st, rt) - read_full(sb, rb) for name, (rb, rt) in rows}
-
-
 # ---- streaming comparisons -----------------------------------------------------------------------------------------
 
 def update_norm(base: Any, tuned: Any, chunk_elems: int = DEFAULT_CHUNK_ELEMS) -> dict[str, Any]:

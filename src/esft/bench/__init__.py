@@ -467,10 +467,10 @@ def main(args) -> int:
     names = {f.name for f in dataclasses.fields(BenchConfig)}
     config = build_config(BenchConfig, None, None, None, {k: v for k, v in vars(args).items() if k in names})
     config.check()
-    config.generation.update(parse_overrides(getattr(args, "set", None) or []))
+    config.generation.update(parse_overrides(args.set or []))
     log = (lambda msg: print(msg, file=sys.stderr, flush=True))
     report = run_bench(config, log=log)
-    if getattr(args, "json", False):
+    if args.json:
         print(json.dumps(report))
     else:
         print(format_table(report))

@@ -164,7 +164,7 @@ def esft_iteration_parallel(model, work: Workload, population: int, noise: str, 
             def apply(update):
                 executor.on_update(update, 1)
                 weights.apply(update)
-                executor._settle()  # every worker has applied it too (what the executor does before its next call)
+                executor.settle()  # every worker has applied it too (what the executor does before its next call)
 
             return timed_iteration(executor, work, population, seed, setup, apply)
         finally:

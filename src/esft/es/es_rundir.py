@@ -64,7 +64,8 @@ def list_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
     return rundir.list_checkpoints(run_dir, STATE_FILE, "step")
 
 
-def _read_safetensors_folder(folder: Path) -> dict[str, torch.Tensor]:
+def read_checkpoint_tensors(folder: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a checkpoint folder's model files (its fp32 masters file aside), by name."""
     from safetensors.torch import load_file
 
     tensors: dict[str, torch.Tensor] = {}
@@ -96,7 +97,7 @@ def _read_checkpoint(folder: Path, model: Any, with_optimizer: bool) -> tuple[di
 
     try:
         state = json.loads((folder / STATE_FILE).read_text())
-        tensors = _read_safetensors_folder(folder)
+        tensors = read_checkpoint_tensors(folder)
         masters = load_file(str(folder / MASTERS_FILE)) if state.get("has_masters") else None
         optim = None
         if with_optimizer:

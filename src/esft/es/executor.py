@@ -49,6 +49,16 @@ class PopulationResult:
     timings: dict[str, float] = field(default_factory=dict)
     """seconds: perturb, generate, score, restore"""
 
+    def record(self, row: int, col: int, gen: Any, task: Any, example: dict) -> None:
+        """Score one completion (an esft.generation.Generation) of `example` into cell [row, col] and add its
+        counters; completions must be recorded in column order (texts are appended)."""
+        self.texts[row].append(gen.text)
+        self.scores[row, col] = float(task.score(gen.text, example))
+        self.well_formed[row, col] = bool(task.is_well_formed(gen.text, example))
+        self.tokens_generated += len(gen.completion_ids)
+        self.prompt_tokens += int(gen.prompt_tokens)
+        self.finished += int(bool(gen.finished))
+
 
 class Executor:
     """Evaluates populations for the trainer. Subclasses implement `evaluate_members` and `evaluate_center`; the
@@ -162,7 +172,7 @@ class LocalExecutor(Executor):
         # a copy whose parameters are round(master + sigma * eps); `model` is never perturbed
         self.rollout_dtype = None if rollout_dtype in (None, torch.float32) else rollout_dtype
         # masters in the model's own storage cannot be perturbed there: then every lane is a copy as well
-        self._replicas = self.rollout_dtype is not None or bool(getattr(weights, "shared", False))
+        self._replicas = self.rollout_dtype is not None or weights.shared
         self._lanes: list[tuple[Any, MasterWeights]] = []  # (model copy, weights bound to it), lane order
         self._synced_versions: dict[str, int] = {}  # unselected parameters' versions when last copied to lanes
         self._pool: ThreadPoolExecutor | None = None
@@ -224,13 +234,7 @@ class LocalExecutor(Executor):
     def _score(self, gens: list, batch: Sequence[dict], result: PopulationResult, row: int) -> None:
         t0 = time.perf_counter()
         for j, (gen, example) in enumerate(zip(gens, batch)):
-            text = gen.text
-            result.texts[row].append(text)
-            result.scores[row, j] = float(self.task.score(text, example))
-            result.well_formed[row, j] = bool(self.task.is_well_formed(text, example))
-            result.tokens_generated += len(getattr(gen, "completion_ids", ()) or ())
-            result.prompt_tokens += int(getattr(gen, "prompt_tokens", 0) or 0)
-            result.finished += int(bool(getattr(gen, "finished", False)))
+            result.record(row, j, gen, self.task, example)
         result.timings["score"] += time.perf_counter() - t0
 
     def _run(self, prompts: tuple[list, dict], batch: Sequence[dict], result: PopulationResult, row: int,

@@ -295,13 +295,7 @@ class LowRankExecutor(LocalExecutor):
             t2 = time.perf_counter()
         for row, gen in enumerate(gens):
             i, j = divmod(row, b)
-            text = gen.text
-            result.texts[i].append(text)
-            result.scores[i, j] = float(self.task.score(text, batch[j]))
-            result.well_formed[i, j] = bool(self.task.is_well_formed(text, batch[j]))
-            result.tokens_generated += len(getattr(gen, "completion_ids", ()) or ())
-            result.prompt_tokens += int(getattr(gen, "prompt_tokens", 0) or 0)
-            result.finished += int(bool(getattr(gen, "finished", False)))
+            result.record(i, j, gen, self.task, batch[j])
         result.timings["generate"] += t1 - t0
         result.timings["restore"] += t2 - t1
         result.timings["score"] += time.perf_counter() - t2

@@ -117,7 +117,7 @@ def matches_checkpoint(model: torch.nn.Module, weights: MasterWeights, folder: s
     masters_file = folder / es_rundir.MASTERS_FILE
     try:
         saved = (load_file(str(masters_file)) if masters_file.exists()
-                 else es_rundir._read_safetensors_folder(folder))
+                 else es_rundir.read_checkpoint_tensors(folder))
     except (OSError, SafetensorError) as exc:
         raise es_rundir.CheckpointDamaged(f"checkpoint {folder} is damaged ({exc})") from None
     aliases = {n: [n] for n in saved} if masters_file.exists() else es_rundir.parameter_aliases(model)

@@ -54,11 +54,11 @@ def _warn_once(message: str) -> None:
 def _options(model, config, delta) -> tuple[bool, bool, bool]:
     """(packed_linear, fused_attention, screened_lm_head) as `config` asks, less what cannot run here (warned)."""
     dtype = model.lm_head.weight.dtype
-    packed = bool(getattr(config, "packed_linear", False))
+    packed = bool(config.packed_linear)
     if packed and (why := packed_linear_reason(dtype)) is not None:
         _warn_once(f"packed_linear ignored: {why}")
         packed = False
-    fused = bool(getattr(config, "fused_attention", False))
+    fused = bool(config.fused_attention)
     if fused and (why := fused_attention_reason(dtype)) is not None:
         _warn_once(f"fused_attention ignored: {why}")
         fused = False
@@ -66,7 +66,7 @@ def _options(model, config, delta) -> tuple[bool, bool, bool]:
         _warn_once("packed_linear and fused_attention ignored: bf16 weights need both")
         packed = fused = False
     # greedy only, and not under a low-rank population (its rows perturb the lm_head): skipped silently there
-    screen = bool(getattr(config, "screened_lm_head", False)) and config.temperature == 0 and delta is None
+    screen = bool(config.screened_lm_head) and config.temperature == 0 and delta is None
     if screen and (why := screen_lm_head_reason(model, packed, fused, delta)) is not None:
         _warn_once(f"screened_lm_head ignored: {why}")
         screen = False
@@ -180,7 +180,7 @@ def lean_decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, co
     lean = LeanModel(model, packed=packed, batch_hint=input_ids.shape[0], fused_attention=fused, delta=delta,
                      screen_lm_head=screen)
     budget = config.max_new_tokens
-    min_new = int(getattr(config, "min_new_tokens", 0) or 0)
+    min_new = int(config.min_new_tokens)
     prefill, head = hf_prefill, None
     if lean.fused_projections:
         prefill, head = _lean_prefill(lean), lean.head_logits
@@ -190,7 +190,7 @@ def lean_decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, co
     logits, cache, next_pos = layout_prefill(
         model, lean, input_ids, attention_mask, prefill, extra_columns=min(budget, max(256, config.min_new_tokens)),
         # a per-row perturbation (delta) maps hook rows to batch rows, so its prefill stays one plain batch
-        share_prefix=bool(getattr(config, "share_prefix", False)) and delta is None,
-        buckets=int(getattr(config, "prefill_buckets", 1) or 1) if delta is None else 1, head=head)
+        share_prefix=bool(config.share_prefix) and delta is None,
+        buckets=int(config.prefill_buckets) if delta is None else 1, head=head)
     step = LeanStep(lean, cache, next_pos, budget, eos, min_new)
     return decode_loop(step, logits, config, eos, on_keep=on_keep)

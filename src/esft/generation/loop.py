@@ -14,6 +14,7 @@ from typing import Any, Callable, Protocol
 import torch
 
 from esft.generation.cancel import check_cancelled
+from esft.generation.generation_config import GenerationConfig
 
 
 def sample_next(logits: torch.Tensor, temperature: float, top_p: float,
@@ -32,11 +33,11 @@ def sample_next(logits: torch.Tensor, temperature: float, top_p: float,
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
-def _sampler(config: Any, eos: list[int]):
+def _sampler(config: GenerationConfig, eos: list[int]):
     """next-token rule of the decode loop: `sample_next`, with eos masked out before `min_new_tokens` (in place on
     the logits, as transformers' MinNewTokensLengthLogitsProcessor does)."""
 
-    min_new = int(getattr(config, "min_new_tokens", 0) or 0)  # duck-typed configs may lack it
+    min_new = int(config.min_new_tokens)
 
     def sample(logits: torch.Tensor, step: int, generator) -> torch.Tensor:
         if step < min_new:
@@ -58,7 +59,7 @@ class DecodeStep(Protocol):
         step's bf16-screened lm_head, only where decoding is greedy)."""
 
 
-def decode_loop(step_fn: DecodeStep, logits: torch.Tensor, config: Any, eos: list[int],
+def decode_loop(step_fn: DecodeStep, logits: torch.Tensor, config: GenerationConfig, eos: list[int],
                 on_keep: Callable[[torch.Tensor], None] | None = None) -> list[list[int]]:
     """Decode from the prefill's last-position `logits` [B, V] until every row has emitted eos or
     config.max_new_tokens tokens; returns each row's generated ids (the first eos included).

@@ -65,7 +65,7 @@ class TaskReward:
         self._reward = task.reward_function(format_bonus)
         self._ledger = ledger
         self.samples_per_iteration = samples_per_iteration
-        self.__name__ = f"{getattr(task, 'name', 'task')}_reward"  # TRL names the reward metric after it
+        self.__name__ = f"{task.name}_reward"  # TRL names the reward metric after it
 
     def __call__(self, completions: list[Any], example_index: list[int], **kwargs: Any) -> list[float]:
         examples = [self.examples[int(i)] for i in example_index]

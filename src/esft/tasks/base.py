@@ -12,7 +12,7 @@ import json
 import re
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
 from esft.tasks.labels import constant_baseline, wilson_interval
 
@@ -196,13 +196,3 @@ def last_boxed(text: str) -> str | None:
                 best = (j, k)
     return None if best is None else text[best[0] + 1 : best[1]]
 
-
-def iter_batches(items: Iterable[Any], size: int) -> Iterable[list[Any]]:
-    batch: list[Any] = []
-    for item in items:
-        batch.append(item)
-        if len(batch) == size:
-            yield batch
-            batch = []
-    if batch:
-        yield batch

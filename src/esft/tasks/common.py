@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import random
 from functools import lru_cache
-from typing import Any, Callable, Sequence, TypeVar
+from typing import Any, Sequence, TypeVar
 
 from esft.tasks.base import Example, read_bundled_jsonl
 
@@ -70,7 +70,3 @@ def load_hub_rows(spec: str, split: str, default_config: str | None = None) -> l
         ) from exc
     return [dict(row) for row in ds]
 
-
-def map_rows(rows: Sequence[dict[str, Any]], fn: Callable[[dict[str, Any], int], Example]) -> list[Example]:
-    """Apply a field-mapping function `fn(row, index)` to every row."""
-    return [fn(row, i) for i, row in enumerate(rows)]

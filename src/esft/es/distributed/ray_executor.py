@@ -259,7 +259,7 @@ class RayExecutor(Executor):
                     self._lose(w, exc)
         return out
 
-    def _settle(self) -> None:
+    def settle(self) -> None:
         """Confirm the updates sent to every worker (they normally finished long ago), then a due checksum."""
         for w in self.alive:
             pending, w.pending = w.pending, []
@@ -282,7 +282,7 @@ class RayExecutor(Executor):
     # ---- the Executor interface -------------------------------------------------------------------------------------
     def evaluate_members(self, members: Sequence[Member], batch: Sequence[dict]) -> PopulationResult:
         self.start()
-        self._settle()
+        self.settle()
         ray = _ray()
         t0 = time.perf_counter()
         batch_ref = ray.put(list(batch))  # one copy in the object store, read by every worker
@@ -334,7 +334,7 @@ class RayExecutor(Executor):
         """The unperturbed model on one worker: generation sorts and chunks the whole batch, so splitting it
         across workers would change batch composition (and greedy outputs in the last bits)."""
         self.start()
-        self._settle()
+        self.settle()
         ray = _ray()
         while True:
             alive = self.alive
