@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Bundle the study's datasets (except IFEval, bundled separately) into `src/esft/data/*.jsonl.gz`.
 
-    python scripts/bundle_data.py [SHARED_DATA_DIR]      # default: ../shared/data relative to the repo root
+    python scripts/bundle_data.py DATA_DIR      # the folder of the datasets' verbatim copies, one subfolder per task
 
 Reads the verbatim copies in the shared data folder, checks them against the checksums and counts recorded
 in their SOURCE.md files, keeps only the fields the tasks need and writes gzip-compressed JSONL. Output is
@@ -295,8 +295,8 @@ def write_sources(out_dir: Path, written: dict[str, tuple[int, bytes]]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("data_dir", nargs="?", default=str(REPO.parent / "shared" / "data"),
-                        help="shared data folder (default: ../shared/data relative to the repo root)")
+    parser.add_argument("data_dir", help="folder of the datasets' verbatim copies (one subfolder per task, each "
+                        "with its SOURCE.md)")
     parser.add_argument("--out", default=str(OUT_DIR), help="output folder (default: src/esft/data)")
     args = parser.parse_args(argv)
     root, out_dir = Path(args.data_dir), Path(args.out)

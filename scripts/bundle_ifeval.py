@@ -1,6 +1,6 @@
 """Bundle IFEval into `src/esft/data/ifeval.jsonl.gz` and (re)write its section of `src/esft/data/SOURCES.md`.
 
-Usage: python scripts/bundle_ifeval.py [path/to/shared/data]   (default: ../shared/data next to the repo)
+Usage: python scripts/bundle_ifeval.py DATA_DIR   (the folder of the datasets' verbatim copies, with ifeval/)
 
 The 541 records are copied byte for byte (only gzip-compressed, mtime 0, no file name in the header), so
 running it twice gives identical files. The original's sha256 is checked first. The IFEval section of
@@ -65,7 +65,7 @@ def replace_section(text: str, section: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("data_dir", nargs="?", default=str(REPO.parent / "shared" / "data"))
+    parser.add_argument("data_dir", help="folder of the datasets' verbatim copies (with ifeval/ and its SOURCE.md)")
     args = parser.parse_args(argv)
     src = Path(args.data_dir) / "ifeval" / "input_data.jsonl"
     if not src.is_file():

@@ -32,13 +32,15 @@ def answer_key(task: str, example: dict) -> str:
 
 
 def main() -> None:
+    from esft.tasks.labels import wilson_interval
+
     print("# Constant-answer baselines of the evaluated test examples")
     print()
     print("Written by `python docs/results/constant_baselines.py` (this folder) from the package's bundled data.")
     print("Each row: the first n test examples of the task; the share of each gold answer; the best constant")
     print("answer and its accuracy (what a model that always gives that answer, well formed, would score).")
     print()
-    print("| task | first n | gold answers | best constant answer | its accuracy | evaluated in |")
+    print("| task | first n | gold answers | best constant answer | its accuracy [95% CI] | evaluated in |")
     print("|---|---|---|---|---|---|")
     for task, n, where in SETS:
         examples = get_task(task).load("test", n)
@@ -47,7 +49,9 @@ def main() -> None:
         keys = ("yes", "no") if task == "boolq" else ("A", "B", "C", "D")
         best = max(keys, key=lambda k: counts[k])
         shares = ", ".join(f"{k} {counts[k]}" for k in keys)
-        print(f"| {task} | {n} | {shares} | {best} | {100 * counts[best] / n:.1f}% | {where} |")
+        lo, hi = wilson_interval(counts[best], n)
+        print(f"| {task} | {n} | {shares} | {best} | {100 * counts[best] / n:.1f}% [{100 * lo:.1f}, {100 * hi:.1f}] "
+              f"| {where} |")
 
 
 # (Countdown variant, n, balanced over the target operator, where evaluated)
