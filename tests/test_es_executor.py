@@ -439,3 +439,55 @@ def test_real_model_in_lanes_equals_one_at_a_time(tokenizer, two_threads):
     got, expected = lanes_vs_one(model, tokenizer, fast_generation(max_new_tokens=16, batch_size=4), members, 3e-3)
     same_result(got, expected)
     assert expected.tokens_generated >= 3 * 4 * 4
+
+
+MORE_PROMPTS = PROMPTS + [[{"role": "user", "content": text}] for text in
+                          ("Count to five.", "Why?", "Write a haiku about autumn leaves falling in a quiet park.")]
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_centre_evaluation_in_lanes_equals_one_lane(tokenizer, two_threads, shared):
+    """Held-out evaluations split across lanes by whole generation batches (7 prompts, batches of 2: four batches,
+    the last one short) give the one-lane completions, on the model itself (lane 0) and on copies (`shared`
+    masters: every lane a copy, as the CPU presets run)."""
+    from esft.generation import generation_batches
+
+    model = make_tiny_model(hidden=128, layers=2)
+    with torch.no_grad():  # a random init answers every prompt alike; shaken weights tell the prompts apart
+        g = torch.Generator().manual_seed(1)
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.2)
+    task = EchoTask(MORE_PROMPTS)
+    batch = [{"messages": p} for p in MORE_PROMPTS]
+    gen = fast_generation(max_new_tokens=10, batch_size=2)
+    one = LocalExecutor(model, tokenizer, MasterWeights(model, noise="table", share_storage=shared), task, 0.02, gen)
+    expected = one.evaluate_center(batch)
+    ex = LocalExecutor(model, tokenizer, MasterWeights(model, noise="table", share_storage=shared), task, 0.02, gen,
+                       parallel_members=2)
+    calls = []
+    real = ex.generate_fn
+
+    def recording(model, tokenizer, prompts, cfg, **kwargs):
+        calls.append((threading.current_thread().name, kwargs["prompt_ids"]))
+        return real(model, tokenizer, prompts, cfg, **kwargs)
+
+    ex.generate_fn = recording
+    got = ex.evaluate_center(batch)
+    same_result(got, expected)
+    assert expected.tokens_generated > 0 and len(set(expected.texts[0])) > 1
+    # two lanes, each one call on whole batches dealt in turn: batches 0 and 2 (4 prompts), 1 and 3 (2 + 1)
+    ids = ex._prompts(batch)[1]["prompt_ids"]
+    batches = generation_batches(ids, 2)
+    assert [len(b) for b in batches] == [2, 2, 2, 1]
+    shares = [[ids[i] for b in batches[k::2] for i in b] for k in range(2)]
+    assert len({thread for thread, _ in calls}) == 2 and sorted(c for _, c in calls) == sorted(shares)
+    ex.close()
+
+
+def test_generation_batches_are_longest_first_and_stable():
+    from esft.generation import generation_batches
+
+    ids = [[1] * 3, [1] * 5, [1] * 3, [1] * 1, [1] * 5]
+    assert generation_batches(ids, 2) == [[1, 4], [0, 2], [3]]
+    assert generation_batches(ids, 10) == [[1, 4, 0, 2, 3]]
+    assert generation_batches([], 4) == []

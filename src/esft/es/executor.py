@@ -139,7 +139,7 @@ class LocalExecutor(Executor):
     sigma); a number in its place is a fixed sigma (benchmarks, tests).
 
     `parallel_members` > 1 evaluates that many members at once, each on its own thread ("lane") with an equal
-    share of torch's intra-op threads. Lane 0 is the calling thread on `model`; every other lane holds a deep
+    share of torch's intra-op threads; the centre's evaluations split their generation batches across the lanes. Lane 0 is the calling thread on `model`; every other lane holds a deep
     copy of the model (one more model in memory per lane), made at its first use (or by `start`), whose
     parameters `weights.bind` perturbs from the same masters. With `rollout_dtype` (bf16 rollouts,
     esft.generation.precision), or with masters that share the model's storage (`MasterWeights(share_storage=
@@ -288,19 +288,59 @@ class LocalExecutor(Executor):
         return result
 
     def evaluate_center(self, batch: Sequence[dict]) -> PopulationResult:
-        """The unperturbed model on a batch (train-batch reward, held-out accuracy)."""
+        """The unperturbed model on a batch (train-batch reward, held-out accuracy). With lanes, each lane generates
+        whole generation batches of the one-lane call (`esft.generation.generation_batches`, dealt in turn), so the
+        completions are the same."""
         start = time.perf_counter()
         self._drain()
         prompts = self._prompts(batch)
         result = self._empty(1, len(batch))
         if batch:
-            self._ensure_lanes(1)
-            model, weights = self._lane(0)
-            if weights is not self.weights:
-                weights.restore()  # the copy holds the masters, rounded once
-            self._run(prompts, batch, result, 0, model, weights)
+            batches = self._center_batches(prompts)
+            lanes = self.lanes_for(len(batches))
+            if lanes > 1:
+                gens = self._center_in_lanes(lanes, prompts, batches, result.timings)
+            else:
+                self._ensure_lanes(1)
+                model, weights = self._lane(0)
+                if weights is not self.weights:
+                    weights.restore()  # the copy holds the masters, rounded once
+                gens = self._generate(model, prompts, result.timings, weights)
+            self._score(gens, batch, result, 0)
         result.timings["evaluate"] = time.perf_counter() - start
         return result
+
+    def _center_batches(self, prompts: tuple[list, dict]) -> list[list[int]]:
+        """The generation batches of a one-lane call (one batch when the prompts' token ids are not known here,
+        e.g. under an injected generate function: nothing to split then)."""
+        ids = prompts[1].get("prompt_ids")
+        if ids is None:
+            return [list(range(len(prompts[0])))]
+        from esft.generation import generation_batches  # lazy, as generate_fn in __init__
+
+        return generation_batches(ids, self.gen_config.batch_size)
+
+    def _center_in_lanes(self, lanes: int, prompts: tuple[list, dict], batches: list[list[int]],
+                         timings: dict[str, float]) -> list:
+        texts, ids = prompts[0], prompts[1]["prompt_ids"]
+        # batches sorted longest first and dealt in turn: a lane's share is whole batches in the one-lane order,
+        # which one `generate` call batches exactly as before; the lanes' loads differ by at most one batch
+        shares = [[i for b in batches[k::lanes] for i in b] for k in range(lanes)]
+        gens: list = [None] * len(texts)
+
+        def run(k: int, model: Any, weights: MasterWeights, lane_timings: dict[str, float], stop: threading.Event):
+            if weights is not self.weights:
+                t0 = time.perf_counter()
+                weights.restore()
+                lane_timings["restore"] += time.perf_counter() - t0
+            mine = shares[k]
+            out = self._generate(model, ([texts[i] for i in mine], {"prompt_ids": [ids[i] for i in mine]}),
+                                 lane_timings, weights)
+            for i, gen in zip(mine, out):
+                gens[i] = gen
+
+        self._in_lanes(lanes, run, timings)
+        return gens
 
     # -- parallel lanes
     def lanes_for(self, members: int) -> int:
@@ -374,37 +414,49 @@ class LocalExecutor(Executor):
 
     def _evaluate_in_lanes(self, lanes: int, members: Sequence[Member], prompts: tuple[list, dict],
                            batch: Sequence[dict], result: PopulationResult) -> None:
+        queue: "SimpleQueue[int]" = SimpleQueue()
+        for i in range(len(members)):
+            queue.put(i)
+        generations: dict[int, list] = {}  # row -> completions; each row is written by one lane only
+
+        def run(k: int, model: Any, weights: MasterWeights, lane_timings: dict[str, float], stop: threading.Event):
+            def handed_out() -> Iterator[int]:  # members go one at a time to whichever lane is free
+                while not stop.is_set():
+                    try:
+                        yield queue.get_nowait()
+                    except Empty:
+                        return
+
+            rows = self._perturbed_members(weights, handed_out(), members, lane_timings,
+                                           restore=weights is self.weights)
+            try:
+                for row in rows:
+                    generations[row] = self._generate(model, prompts, lane_timings, weights)
+            finally:
+                rows.close()
+
+        self._in_lanes(lanes, run, result.timings)
+        for row in range(len(members)):
+            self._score(generations[row], batch, result, row)
+
+    def _in_lanes(self, lanes: int, run: Callable[..., None], timings: dict[str, float]) -> None:
+        """run(k, model, weights, lane_timings, stop) on lanes 0..lanes-1 at once, lane 0 on the calling thread, each
+        with its share of torch's threads; its timings are added to `timings`. If one lane fails or Ctrl-C reaches
+        the calling thread, `stop` is set and the other lanes stop at their next decode step."""
         from esft.generation import GenerationCancelled, cancel_on  # lazy, as generate_fn above
 
         total = torch.get_num_threads()
         share = [total // lanes + (1 if k < total % lanes else 0) for k in range(lanes)]
         self._ensure_lanes(lanes)
-        queue: "SimpleQueue[int]" = SimpleQueue()
-        for i in range(len(members)):
-            queue.put(i)
         stop = threading.Event()
-        generations: dict[int, list] = {}  # row -> completions; each row is written by one lane only
         lane_timings = [{"perturb": 0.0, "generate": 0.0, "restore": 0.0} for _ in range(lanes)]
-
-        def handed_out() -> Iterator[int]:  # members go one at a time to whichever lane is free
-            while not stop.is_set():
-                try:
-                    yield queue.get_nowait()
-                except Empty:
-                    return
 
         def lane(k: int, weights: MasterWeights, model: Any) -> None:
             try:
                 torch.get_num_threads()  # a new thread's first ATen call sets its team size from the global default
                 torch.set_num_threads(share[k])  # then this thread's own share
-                rows = self._perturbed_members(weights, handed_out(), members, lane_timings[k],
-                                               restore=weights is self.weights)
                 with torch.no_grad(), cancel_on(stop):  # grad mode and cancellation are per thread
-                    try:
-                        for row in rows:
-                            generations[row] = self._generate(model, prompts, lane_timings[k], weights)
-                    finally:
-                        rows.close()
+                    run(k, model, weights, lane_timings[k], stop)
             except BaseException:
                 stop.set()  # the other lanes stop at their next decode step
                 raise
@@ -429,11 +481,9 @@ class LocalExecutor(Executor):
             causes = [e for e in ([error] if error is not None else []) + errors
                       if not isinstance(e, GenerationCancelled)]
             raise (causes[0] if causes else error or errors[0])
-        for timings in lane_timings:
-            for key, value in timings.items():
-                result.timings[key] += value
-        for row in range(len(members)):
-            self._score(generations[row], batch, result, row)
+        for each in lane_timings:
+            for key, value in each.items():
+                timings[key] += value
 
     def close(self) -> None:
         """Stop the lane threads and drop the model copies (the executor can still be used: lanes come back)."""

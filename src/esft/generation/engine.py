@@ -40,7 +40,7 @@ def generate(
     eos = eos_token_ids(model, tokenizer)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
     device = next(model.parameters()).device
-    order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]), reverse=True)
+    batches = generation_batches(encoded, config.batch_size)
     results: list[Generation | None] = [None] * len(encoded)
     if config.temperature > 0 and config.engine == "hf":
         torch.manual_seed(config.seed)
@@ -49,9 +49,8 @@ def generate(
         from tqdm.auto import tqdm
 
         bar = tqdm(total=len(encoded), desc="generate", unit="prompt", leave=False)
-    for start in range(0, len(order), config.batch_size):
+    for number, idx in enumerate(batches):
         check_cancelled()
-        idx = order[start : start + config.batch_size]
         input_ids, attention_mask = left_pad([encoded[i] for i in idx], pad_id, device)
         if config.engine == "hf":
             fill_released()  # model.generate reads every weight
@@ -59,7 +58,7 @@ def generate(
         elif config.engine == "esft":
             # weights freed once packed (`releasing`, an ES lane's copy) are packed again by the next batch: freed
             # by the last batch only
-            with contextlib.nullcontext() if start + config.batch_size >= len(order) else releasing(()):
+            with contextlib.nullcontext() if number == len(batches) - 1 else releasing(()):
                 new = decode(model, input_ids, attention_mask, config, eos)
         else:
             raise ValueError(f"unknown generation engine {config.engine!r}; use 'esft' or 'hf'")
@@ -70,6 +69,14 @@ def generate(
     if bar is not None:
         bar.close()
     return results  # type: ignore[return-value]
+
+
+def generation_batches(encoded: Sequence[Sequence[int]], batch_size: int) -> list[list[int]]:
+    """The batches `generate` runs, as prompt indices: longest prompt first (a stable sort, so ties keep their
+    order), `batch_size` at a time, so a batch pads little. A batch's greedy completions depend on that batch
+    alone: whole batches handed, in this order, to separate `generate` calls come back the same."""
+    order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]), reverse=True)
+    return [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
 
 
 def _hf_generate(model, input_ids, attention_mask, config, pad_id, eos) -> list[list[int]]:
