@@ -201,3 +201,17 @@ def test_report_evaluates_balanced_examples_on_the_fast_path_when_asked(experime
     evaluating = [p for p in cached if "limit" in p]
     assert evaluating and all(p["balanced"] is True and p["generation_options"]["packed_linear"] is True
                               for p in evaluating)
+
+
+def test_report_shows_paths_relative_to_its_root_or_home(tmp_path, monkeypatch):
+    from esft.analysis.report_context import shown_path
+
+    root = tmp_path / "runs"
+    (root / "a" / "run").mkdir(parents=True)
+    assert shown_path(root / "a" / "run" / "checkpoints" / "final", root) == "a/run/checkpoints/final"
+    assert shown_path(root, root) == "."
+    assert shown_path("smollm2-135m", root) == "smollm2-135m"  # a model name, not a path
+    assert shown_path("runs/es-demo", root) == "runs/es-demo"  # relative as given
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert shown_path(tmp_path / "home" / ".cache" / "m", root) == "~/.cache/m"
+    assert shown_path("/opt/models/x", root) == "/opt/models/x"  # elsewhere: as given

@@ -162,7 +162,7 @@ class Report(ReportContext):
 
     # -- sections ------------------------------------------------------------------------------------------------------
     def section_runs(self) -> None:
-        rows = run_rows(self.runs, self.rel_run)
+        rows = run_rows(self.runs, self.rel_run, self.shown)
         s = ["## Runs\n", grid(["run", "algorithm", "task", "seed", "started from", "steps", "final checkpoint",
                                 "precision"], rows) if rows else "No run directories found."]
         if self.chains:
@@ -198,7 +198,7 @@ class Report(ReportContext):
         self.sections.append("\n".join(s) + "\n")
 
     def _weights_tables(self, c: UpdateComparison) -> list[str]:
-        s = [f"### {c.label}\n", f"Base model: `{c.base}`.\n"]
+        s = [f"### {c.label}\n", f"Base model: `{self.shown(c.base)}`.\n"]
         if c.paired:
             s.append("**Table 3: update norm ||dtheta||_2**\n\n" + grid(
                 ["stage", "ES norm", "GRPO norm", "ES/GRPO", "paper ES / GRPO / ratio"], c.norms))

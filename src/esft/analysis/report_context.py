@@ -32,6 +32,24 @@ def load_model_only(base: Path, dtype: str, device: str | None):
     return model
 
 
+def shown_path(where: Any, root: Path) -> str:
+    """`where` for a reader of the report: relative to `root` when inside it ("." for root itself), `~/...` when
+    under the home folder, else as given; a model name that is not a path is returned as it is. So a report
+    shows no machine's absolute paths for the runs and checkpoints it was given."""
+    text = str(where)
+    path = Path(text).expanduser()
+    if not path.is_absolute():
+        return text
+    try:
+        return str(path.resolve().relative_to(Path(root).resolve())) or "."
+    except ValueError:
+        pass
+    try:
+        return str(Path("~") / path.relative_to(Path.home()))
+    except ValueError:
+        return text
+
+
 class ReportContext:
     """The runs under `config.dir` and the report's output folder (`config`: a ReportConfig of
     esft.analysis.report_builder)."""
@@ -72,10 +90,11 @@ class ReportContext:
         return os.path.relpath(Path(path).resolve(), self.out.resolve())
 
     def rel_run(self, r: Run) -> str:
-        try:
-            return str(r.path.relative_to(self.root.resolve())) or "."
-        except ValueError:
-            return str(r.path)
+        return self.shown(r.path)
+
+    def shown(self, where: Any) -> str:
+        """A path as report.md shows it (`shown_path` under the report's root DIR); other values as they are."""
+        return shown_path(where, self.root)
 
     def gen_config(self, chain: Chain | None = None):
         from esft.generation import GenerationConfig

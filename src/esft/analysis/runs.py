@@ -436,9 +436,10 @@ def precision(r: Run) -> str:
     return "; ".join(parts) or "not recorded"
 
 
-def run_rows(runs: list[Run], name: Callable[[Run], str]) -> list[list[Any]]:
-    """One row per run: name, algorithm, task, seed, start, steps, final checkpoint, precision."""
-    return [[name(r), r.algorithm, r.task or "?", r.seed, r.model or "?", logged_steps(r),
+def run_rows(runs: list[Run], name: Callable[[Run], str], shown: Callable[[Any], str] = str) -> list[list[Any]]:
+    """One row per run: name, algorithm, task, seed, start (model or checkpoint, through `shown`), steps, final
+    checkpoint, precision."""
+    return [[name(r), r.algorithm, r.task or "?", r.seed, shown(r.model) if r.model else "?", logged_steps(r),
              r.final.name if r.final else "none", precision(r)] for r in runs]
 
 

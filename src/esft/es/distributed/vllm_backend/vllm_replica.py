@@ -135,6 +135,9 @@ def _vllm_sampling_params(**fields: Any) -> Any:
 class EngineWeights:
     """The `MasterWeights` calls LocalExecutor makes (perturb, restore), forwarded into the engine."""
 
+    #: as `MasterWeights.shared`: False, the engine's own weights are perturbed in place (no lane copies)
+    shared = False
+
     def __init__(self, replica: "VLLMReplica"):
         self.replica = replica
         self.perturbed: tuple[int, int] | None = None
