@@ -445,13 +445,16 @@ MORE_PROMPTS = PROMPTS + [[{"role": "user", "content": text}] for text in
                           ("Count to five.", "Why?", "Write a haiku about autumn leaves falling in a quiet park.")]
 
 
-@pytest.mark.parametrize("shared", [False, True])
-def test_centre_evaluation_in_lanes_equals_one_lane(tokenizer, two_threads, shared):
+@pytest.mark.parametrize("shared, dtype", [(False, None), (True, None), (True, torch.bfloat16)])
+def test_centre_evaluation_in_lanes_equals_one_lane(tokenizer, two_threads, shared, dtype):
     """Held-out evaluations split across lanes by whole generation batches (7 prompts, batches of 2: four batches,
     the last one short) give the one-lane completions, on the model itself (lane 0) and on copies (`shared`
-    masters: every lane a copy, as the CPU presets run)."""
+    masters: every lane a copy, as the CPU presets run; bf16 rollouts: copies holding the rounded masters)."""
     from esft.generation import generation_batches
+    from esft.generation.packed import bf16_matmul_is_native
 
+    if dtype is not None and not bf16_matmul_is_native():
+        pytest.skip("bf16 rollouts take the packed path only where the CPU has native bf16 (its bits are tested there)")
     model = make_tiny_model(hidden=128, layers=2)
     with torch.no_grad():  # a random init answers every prompt alike; shaken weights tell the prompts apart
         g = torch.Generator().manual_seed(1)
@@ -460,10 +463,11 @@ def test_centre_evaluation_in_lanes_equals_one_lane(tokenizer, two_threads, shar
     task = EchoTask(MORE_PROMPTS)
     batch = [{"messages": p} for p in MORE_PROMPTS]
     gen = fast_generation(max_new_tokens=10, batch_size=2)
-    one = LocalExecutor(model, tokenizer, MasterWeights(model, noise="table", share_storage=shared), task, 0.02, gen)
+    one = LocalExecutor(model, tokenizer, MasterWeights(model, noise="table", share_storage=shared), task, 0.02, gen,
+                        rollout_dtype=dtype)
     expected = one.evaluate_center(batch)
     ex = LocalExecutor(model, tokenizer, MasterWeights(model, noise="table", share_storage=shared), task, 0.02, gen,
-                       parallel_members=2)
+                       parallel_members=2, rollout_dtype=dtype)
     calls = []
     real = ex.generate_fn
 
