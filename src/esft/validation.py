@@ -129,5 +129,5 @@ def check_names(config: Checked) -> None:
         config.check_task_fit(task)
 
 
-__all__ = ["Checked", "check_balanced_set", "check_device", "check_model", "check_names", "check_task", "require_labels",
-           "task_labels"]
+__all__ = ["Checked", "check_balanced_set", "check_device", "check_model", "check_names", "check_task",
+           "require_labels", "task_labels"]

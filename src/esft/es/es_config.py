@@ -154,30 +154,21 @@ def rollout_options(value: Any) -> dict[str, Any]:
     """`generation_options` of an ES run, checked before any model loads: "fast", "exact", or a mapping (or its YAML
     text) of the engine options (esft.generation.ENGINE_OPTIONS) plus `min_new_tokens` (benchmarks force full-length
     completions with it). ConfigError otherwise."""
-    from esft.generation import engine_options
+    from esft.generation import engine_options, options_mapping
 
-    if isinstance(value, str) and value not in ("fast", "exact"):
-        try:
-            value = yaml.safe_load(value)
-        except yaml.YAMLError as exc:
-            raise ConfigError("generation_options", value, f"'fast', 'exact' or a YAML mapping ({exc})") from None
-    if isinstance(value, dict):
-        taken = sorted(set(value) & set(ROLLOUT_FIELDS))
-        if taken:
-            raise ConfigError("generation_options", value, f"engine options only: {taken} have their own ESConfig "
-                              "fields (ES rollouts are greedy)")
-        floor = value.get("min_new_tokens", 0)
-        if isinstance(floor, bool) or not isinstance(floor, int) or floor < 0:
-            raise ConfigError("generation_options", value, "min_new_tokens as an integer >= 0")
-        rest = {k: v for k, v in value.items() if k != "min_new_tokens"}
-        forced = {"min_new_tokens": floor} if "min_new_tokens" in value else {}
-    else:
-        rest, forced = value, {}
     try:
-        return {**engine_options(rest), **forced}
+        mapping = options_mapping(value)
+        taken = sorted(set(mapping) & set(ROLLOUT_FIELDS))
+        if taken:
+            raise ValueError(f"engine options only: {taken} have their own ESConfig fields (ES rollouts are greedy)")
+        floor = mapping.pop("min_new_tokens", None)
+        if floor is not None and (isinstance(floor, bool) or not isinstance(floor, int) or floor < 0):
+            raise ValueError("min_new_tokens as an integer >= 0")
+        options = engine_options(mapping)
     except ValueError as exc:
         accepted = str(exc).removeprefix("generation_options: ").removeprefix("generation_options must be ")
         raise ConfigError("generation_options", value, accepted) from None
+    return options if floor is None else {**options, "min_new_tokens": floor}
 
 
 #: what each field accepts beyond its type (esft.config.check_fields); checked whenever an ESConfig is built

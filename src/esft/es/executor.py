@@ -139,8 +139,8 @@ class LocalExecutor(Executor):
     sigma); a number in its place is a fixed sigma (benchmarks, tests).
 
     `parallel_members` > 1 evaluates that many members at once, each on its own thread ("lane") with an equal
-    share of torch's intra-op threads; the centre's evaluations split their generation batches across the lanes. Lane 0 is the calling thread on `model`; every other lane holds a deep
-    copy of the model (one more model in memory per lane), made at its first use (or by `start`), whose
+    share of torch's intra-op threads; the centre's evaluations split their generation batches across the lanes.
+    Lane 0 is the calling thread on `model`; every other lane holds a deep copy of the model (one more model in memory per lane), made at its first use (or by `start`), whose
     parameters `weights.bind` perturbs from the same masters. With `rollout_dtype` (bf16 rollouts,
     esft.generation.precision), or with masters that share the model's storage (`MasterWeights(share_storage=
     True)`, what `esft.es.build` makes for bf16 rollouts and for parallel lanes), every lane, lane 0 and the
@@ -303,12 +303,18 @@ class LocalExecutor(Executor):
             else:
                 self._ensure_lanes(1)
                 model, weights = self._lane(0)
-                if weights is not self.weights:
-                    weights.restore()  # the copy holds the masters, rounded once
+                self._at_centre(weights, result.timings)
                 gens = self._generate(model, prompts, result.timings, weights)
             self._score(gens, batch, result, 0)
         result.timings["evaluate"] = time.perf_counter() - start
         return result
+
+    def _at_centre(self, weights: MasterWeights, timings: dict[str, float]) -> None:
+        """A lane copy is set to the masters (rounded once for bf16); the model itself already holds them."""
+        if weights is not self.weights:
+            t0 = time.perf_counter()
+            weights.restore()
+            timings["restore"] += time.perf_counter() - t0
 
     def _center_batches(self, prompts: tuple[list, dict]) -> list[list[int]]:
         """The generation batches of a one-lane call (one batch when the prompts' token ids are not known here,
@@ -329,10 +335,7 @@ class LocalExecutor(Executor):
         gens: list = [None] * len(texts)
 
         def run(k: int, model: Any, weights: MasterWeights, lane_timings: dict[str, float], stop: threading.Event):
-            if weights is not self.weights:
-                t0 = time.perf_counter()
-                weights.restore()
-                lane_timings["restore"] += time.perf_counter() - t0
+            self._at_centre(weights, lane_timings)
             mine = shares[k]
             out = self._generate(model, ([texts[i] for i in mine], {"prompt_ids": [ids[i] for i in mine]}),
                                  lane_timings, weights)
@@ -343,10 +346,11 @@ class LocalExecutor(Executor):
         return gens
 
     # -- parallel lanes
-    def lanes_for(self, members: int) -> int:
-        """Lanes an `evaluate_members` call with this many members uses: parallel_members, capped by the members
-        and torch's threads, or 1 (with a warning, once) without torch's OpenMP backend or on a non-CPU model."""
-        lanes = min(self.parallel_members, members, torch.get_num_threads())
+    def lanes_for(self, jobs: int) -> int:
+        """Lanes a call with this many jobs (members, or a centre evaluation's generation batches) uses:
+        parallel_members, capped by the jobs and torch's threads, or 1 (with a warning, once) without torch's OpenMP
+        backend or on a non-CPU model."""
+        lanes = min(self.parallel_members, jobs, torch.get_num_threads())
         if lanes <= 1:
             return 1
         reason = None

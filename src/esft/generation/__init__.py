@@ -7,7 +7,8 @@ takes a step function: the Hugging Face forward (hf_step.py) or, for the models 
 """
 
 from esft.generation.cancel import GenerationCancelled, cancel_on, check_cancelled
-from esft.generation.generation_config import ENGINE_OPTIONS, Generation, GenerationConfig, engine_options
+from esft.generation.generation_config import (ENGINE_OPTIONS, Generation, GenerationConfig, engine_options,
+                                               options_mapping)
 from esft.generation.engine import decode, generate, generation_batches
 from esft.generation.hf_step import decode_hf
 from esft.generation.loop import sample_next
@@ -17,5 +18,5 @@ from esft.generation.prompts import encode_prompts, eos_token_ids, left_pad, to_
 __all__ = [
     "ENGINE_OPTIONS", "Generation", "GenerationCancelled", "GenerationConfig", "cancel_on", "check_cancelled", "decode",
     "decode_hf", "encode_prompts", "engine_options", "eos_token_ids", "generate", "generation_batches", "left_pad",
-    "releasing", "sample_next", "to_generation",
+    "options_mapping", "releasing", "sample_next", "to_generation",
 ]

@@ -70,11 +70,10 @@ ENGINE_OPTIONS: dict[str, type] = {"engine": str, "lean": bool, "share_prefix": 
                                    "packed_linear": bool, "fused_attention": bool, "screened_lm_head": bool}
 
 
-def engine_options(value: object) -> dict[str, object]:
-    """`generation_options` as given (None, "exact", "fast", a mapping of ENGINE_OPTIONS, or that mapping as
-    YAML / JSON text from a command line) -> GenerationConfig fields. "fast" is esft.config.FAST_CPU_GENERATION, the ES CPU presets' rollout path: ~5x faster greedy
-    evaluation on CPU, logits equal to the exact path's to ~1e-6 relative (docs/performance.md). Raises
-    ValueError naming what is accepted."""
+def options_mapping(value: object) -> dict[str, object]:
+    """`generation_options` as given (None, "exact", "fast", a mapping, or a mapping as YAML / JSON text from a
+    command line) -> a new dict, keys not yet checked (`engine_options` checks them). "fast" is
+    esft.config.FAST_CPU_GENERATION. Raises ValueError naming what is accepted."""
     from esft.config import FAST_CPU_GENERATION
 
     if isinstance(value, str) and value not in ("fast", "exact"):
@@ -91,8 +90,15 @@ def engine_options(value: object) -> dict[str, object]:
     if not isinstance(value, dict):
         raise ValueError(f"generation_options must be 'fast', 'exact' or a mapping of {', '.join(ENGINE_OPTIONS)}; "
                          f"got {value!r}")
+    return dict(value)
+
+
+def engine_options(value: object) -> dict[str, object]:
+    """`generation_options` as given (see `options_mapping`) -> GenerationConfig fields, each an ENGINE_OPTIONS key
+    of the right type. "fast", the ES CPU presets' rollout path: ~5x faster greedy evaluation on CPU, logits equal
+    to the exact path's to ~1e-6 relative (docs/performance.md). Raises ValueError naming what is accepted."""
     out: dict[str, object] = {}
-    for key, val in value.items():
+    for key, val in options_mapping(value).items():
         kind = ENGINE_OPTIONS.get(key)
         if kind is None:
             raise ValueError(f"generation_options: unknown option {key!r}; accepted: {', '.join(ENGINE_OPTIONS)}")
