@@ -167,7 +167,10 @@ def _add_run_options(p: argparse.ArgumentParser, presets: Sequence[str] | None) 
         p.add_argument("--preset", default=None, choices=list(presets), help="named set of options")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The `esft` parser. With `command` (the sub-command the user typed), only that sub-command's options are
+    built: the others are listed with their help line but import nothing, so `esft --version` and `esft --help`
+    load no torch. None builds every sub-command (tests, documentation)."""
     parser = argparse.ArgumentParser(prog="esft", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     from esft import __version__
@@ -177,20 +180,16 @@ def build_parser() -> argparse.ArgumentParser:
                         help="show the traceback of an error instead of one `esft: error: ...` line (also accepted "
                              "anywhere after the sub-command)")
     sub = parser.add_subparsers(dest="command", required=True)
-    _add_eval_env_bench(sub)
-    _add_train(sub)
-    _add_analysis(sub)
-    from esft.experiments.experiment_cli import add_experiment_parser
-
-    add_experiment_parser(sub)
+    for name, (help_line, add_options) in SUBCOMMANDS.items():
+        p = sub.add_parser(name, help=help_line)
+        if command is None or command == name:
+            add_options(p)
     return parser
 
 
-def _add_eval_env_bench(sub: argparse._SubParsersAction) -> None:
-    from esft.bench import BenchConfig
+def _eval_options(p: argparse.ArgumentParser) -> None:
     from esft.evaluation import EvalConfig
 
-    p = sub.add_parser("eval", help="evaluate a model on tasks (accuracy with 95%% CI, completions as JSONL)")
     _add_run_options(p, None)
     add_dataclass_arguments(p, EvalConfig)
     # `--task` as in `esft train`: one more task for --tasks (argparse would find the prefix ambiguous otherwise)
@@ -199,11 +198,15 @@ def _add_eval_env_bench(sub: argparse._SubParsersAction) -> None:
     add_task_flags(p)
     p.set_defaults(func=_eval)
 
-    p = sub.add_parser("env", help="print versions, device and threads (paste into bug reports)")
+
+def _env_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="one JSON object")
     p.set_defaults(func=_env)
 
-    p = sub.add_parser("bench", help="ES iteration speed vs this machine's matmul roofline and vs naive ES code")
+
+def _bench_options(p: argparse.ArgumentParser) -> None:
+    from esft.bench import BenchConfig
+
     # generation overrides come as --set KEY=VALUE; the bench reads no --config file, so its flags carry the
     # config's defaults
     add_dataclass_arguments(p, BenchConfig, skip=("generation",))
@@ -215,8 +218,7 @@ def _add_eval_env_bench(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_bench)
 
 
-def _add_train(sub: argparse._SubParsersAction) -> None:
-    train = sub.add_parser("train", help="fine-tune with ES or GRPO")
+def _train_options(train: argparse.ArgumentParser) -> None:
     algos = train.add_subparsers(dest="algorithm", required=True)
     from esft.es.es_config import PRESETS, ESConfig
 
@@ -242,11 +244,9 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_train_grpo)
 
 
-def _add_analysis(sub: argparse._SubParsersAction) -> None:
+def _analyze_options(analyze: argparse.ArgumentParser) -> None:
     from esft.analysis.commands import COMMANDS
-    from esft.analysis.report_builder import ReportConfig
 
-    analyze = sub.add_parser("analyze", help="one weight-space / behaviour analysis (JSON + PNG)")
     kinds = analyze.add_subparsers(dest="analysis", required=True)
     for name, (cls, _, _) in COMMANDS.items():
         p = kinds.add_parser(name, help=(cls.__doc__ or "").split("\n")[0])
@@ -254,17 +254,40 @@ def _add_analysis(sub: argparse._SubParsersAction) -> None:
         add_dataclass_arguments(p, cls)
         p.set_defaults(func=_analyze)
 
-    p = sub.add_parser("export", help="a run's final model as a clean Hugging Face folder with a model card")
+
+def _export_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("run", metavar="RUN", help="a run directory (its checkpoints/final) or a checkpoint folder")
     p.add_argument("--to", required=True, metavar="DIR", help="the folder to write (then: huggingface-cli upload)")
     p.add_argument("--overwrite", action="store_true", help="write into a folder that already holds files")
     p.set_defaults(func=_export)
 
-    p = sub.add_parser("report", help="report.md with every table and figure the runs in DIR support")
+
+def _report_options(p: argparse.ArgumentParser) -> None:
+    from esft.analysis.report_builder import ReportConfig
+
     p.add_argument("dir", metavar="DIR", help="a run directory or an experiment directory holding several runs")
     _add_run_options(p, None)
     add_dataclass_arguments(p, ReportConfig, skip=("dir",))
     p.set_defaults(func=_report)
+
+
+def _experiment_options(p: argparse.ArgumentParser) -> None:
+    from esft.experiments.experiment_cli import add_experiment_commands
+
+    add_experiment_commands(p)
+
+
+# sub-command -> (its line in `esft --help`, the function adding its options, which does the heavy imports)
+SUBCOMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
+    "eval": ("evaluate a model on tasks (accuracy with 95%% CI, completions as JSONL)", _eval_options),
+    "env": ("print versions, device and threads (paste into bug reports)", _env_options),
+    "bench": ("ES iteration speed vs this machine's matmul roofline and vs naive ES code", _bench_options),
+    "train": ("fine-tune with ES or GRPO", _train_options),
+    "analyze": ("one weight-space / behaviour analysis (JSON + PNG)", _analyze_options),
+    "export": ("a run's final model as a clean Hugging Face folder with a model card", _export_options),
+    "report": ("report.md with every table and figure the runs in DIR support", _report_options),
+    "experiment": ("run a study experiment from a YAML spec; write its tables", _experiment_options),
+}
 
 
 COMPUTE_COMMANDS = ("train", "eval", "bench", "experiment", "report", "analyze")
@@ -273,7 +296,7 @@ COMPUTE_COMMANDS = ("train", "eval", "bench", "experiment", "report", "analyze")
 def main(argv: Sequence[str] | None = None) -> int:
     import os
 
-    # Before torch loads OpenMP (build_parser imports it): on a machine other jobs keep busy, idle OpenMP threads
+    # Before torch loads OpenMP (a sub-command's options import it): on a machine other jobs keep busy, idle OpenMP threads
     # must sleep instead of spinning (PASSIVE), on an idle one spinning is ~20% faster
     # (esft.environment.choose_omp_wait_policy). Only the compute commands pay the 0.15 s sample; an explicit
     # OMP_WAIT_POLICY wins.
@@ -286,7 +309,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             os.environ["OMP_WAIT_POLICY"] = policy
     debug = "--debug" in args_list
     args_list = [a for a in args_list if a != "--debug"]
-    parser = build_parser()
+    # only the typed sub-command's options are built (see build_parser); "" for `esft --help`, `--version`
+    parser = build_parser(args_list[0] if args_list and not args_list[0].startswith("-") else "")
     args = parser.parse_args(args_list)
     func: Callable[[argparse.Namespace], int] = args.func
     try:

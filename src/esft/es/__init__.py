@@ -18,8 +18,19 @@ distributed  executors on other processes: factory, HF replica, Ray executor (es
 """
 
 from esft.es.es_config import PRESETS, ESConfig, preset
-from esft.es.noise import MasterWeights, Update, gaussian, select_parameters, tensor_seed
-from esft.es.strategy import ES, Member, centered_rank, zscore
+
+# noise and strategy import torch: loaded on first use, so that the config (and `esft train es --help`) stays light
+_LAZY = {"MasterWeights": "noise", "Update": "noise", "gaussian": "noise", "select_parameters": "noise",
+         "tensor_seed": "noise", "ES": "strategy", "Member": "strategy", "centered_rank": "strategy",
+         "zscore": "strategy"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f"esft.es.{_LAZY[name]}"), name)
+    raise AttributeError(f"module 'esft.es' has no attribute {name!r}")
 
 __all__ = ["ES", "ESConfig", "MasterWeights", "Member", "PRESETS", "Update", "centered_rank", "gaussian",
            "preset", "select_parameters", "tensor_seed", "zscore", "train_es"]

@@ -70,8 +70,8 @@ def _list(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_experiment_parser(sub: argparse._SubParsersAction) -> None:
-    exp = sub.add_parser("experiment", help="run a study experiment from a YAML spec; write its tables")
+def add_experiment_commands(exp: argparse.ArgumentParser) -> None:
+    """`esft experiment`'s sub-commands, added to its parser."""
     cmds = exp.add_subparsers(dest="experiment_command", required=True)
     p = cmds.add_parser("run", help="run (or continue) an experiment; finished stages are skipped")
     p.add_argument("spec", metavar="SPEC", help="YAML spec file, or the name of a shipped spec (esft experiment list)")

@@ -1,0 +1,44 @@
+"""The command line builds only the typed sub-command: `esft --version` and `--help` import no torch, and each
+sub-command built alone has exactly the options it has in the full parser."""
+
+import argparse
+import subprocess
+import sys
+
+import pytest
+
+from esft.cli import SUBCOMMANDS, build_parser
+
+
+def _options(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> dict[tuple[str, ...], list[str]]:
+    """Every (sub-)parser's option strings, keyed by the sub-command path that reaches it."""
+    found = {path: sorted(s for a in parser._actions for s in a.option_strings)}
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, child in action.choices.items():
+                found.update(_options(child, path + (name,)))
+    return found
+
+
+@pytest.mark.parametrize("command", list(SUBCOMMANDS))
+def test_a_sub_command_built_alone_has_the_options_of_the_full_parser(command):
+    full = {k: v for k, v in _options(build_parser()).items() if k[:1] == (command,)}
+    alone = {k: v for k, v in _options(build_parser(command)).items() if k[:1] == (command,)}
+    assert alone == full
+    assert len(full[(command,)]) > 1 or len(full) > 1  # more than --help: the options were built
+
+
+def test_the_other_sub_commands_are_listed_but_not_built():
+    options = _options(build_parser("export"))
+    assert set(k[0] for k in options if k) == set(SUBCOMMANDS)
+    assert options[("train",)] == ["--help", "-h"]
+    assert "--to" in options[("export",)]
+
+
+@pytest.mark.parametrize("argv", [["--version"], ["--help"], ["train", "es", "--help"], ["export", "--help"],
+                                  ["experiment", "--help"]])
+def test_version_and_help_load_no_torch(argv):
+    code = ("import sys\nfrom esft.cli import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
+            "print('torch loaded' if 'torch' in sys.modules else 'no torch')")
+    out = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip().splitlines()[-1] == "no torch", out.stdout + out.stderr
