@@ -288,6 +288,7 @@ def test_screen_row_norms_are_the_fp32_norms_of_the_rows_block_by_block(dtype, m
     """The screen's row norms (its error bound's ||w_v||) equal the fp32 norm of each row, whatever the block size
     and for a row count that is not a multiple of it."""
     from esft.generation import packed
+    from esft.generation.vocab import VocabRows
 
     w = (torch.randn(1003, 40, generator=torch.Generator().manual_seed(1)) * 3).to(dtype)
     expected = torch.linalg.vector_norm(w.to(torch.float32), dim=1)
@@ -299,8 +300,8 @@ def test_screen_row_norms_are_the_fp32_norms_of_the_rows_block_by_block(dtype, m
     # the screen takes its bound's norms from row_norms (ATen's own bf16 -> fp32 norm is ~9x slower)
     calls = []
     monkeypatch.setattr(packed, "row_norms", lambda weight: calls.append(weight) or expected)
-    screen = packed.LMHeadScreen(w, 4, packed_bf16=torch.empty(0))
-    assert len(calls) == 1 and torch.equal(calls[0], w) and screen.row_norms is expected
+    screen = packed.LMHeadScreen(VocabRows(w), 4, packed_bf16=torch.empty(0))
+    assert len(calls) == 1 and torch.equal(calls[0], w) and torch.equal(screen.row_norms, expected)
 
 
 # ---- the rank correlation the precision study reports --------------------------------------------------------

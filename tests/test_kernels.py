@@ -254,9 +254,8 @@ def _bf16_logits(h, w):
 @pytest.mark.parametrize("spread", [0.02, 1.0])
 def test_screen_keeps_every_possible_argmax(ext, spread):
     """The exact argmax is always among the candidates, and the candidates are few (near-ties are kept)."""
-    from esft.generation.packed import LMHeadScreen
-
-    from esft.generation.packed import bf16_matmul_is_native
+    from esft.generation.packed import LMHeadScreen, bf16_matmul_is_native
+    from esft.generation.vocab import VocabRows
 
     if not bf16_matmul_is_native():
         pytest.skip("no native bf16 matmul on this CPU (the screen is not used here)")
@@ -265,7 +264,7 @@ def test_screen_keeps_every_possible_argmax(ext, spread):
     w[7] = w[9] * (1 + 1e-6)  # a near-tie
     h = torch.randn(12, 64, generator=g) * 4
     h[0] = w[9] * 50
-    screen = LMHeadScreen(w, 12)
+    screen = LMHeadScreen(VocabRows(w), 12)
     approx = _bf16_logits(h, w)
     cols, keep = ext.screen_candidates(approx, torch.linalg.vector_norm(h, dim=1), screen.row_norms, screen.c_prod,
                                        screen.c_out)

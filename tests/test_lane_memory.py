@@ -99,6 +99,65 @@ def test_a_released_copy_is_written_exactly_when_the_engine_reads_it(noise):
     assert materialise(kept) is kept and torch.equal(kept, torch.ones(3))  # a full tensor is left as it is
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rows_of_a_copy_are_the_bits_of_its_whole_write(dtype):
+    """`MasterWeights.rows`, the source of a freed vocabulary matrix (esft.generation.vocab), gives for row ids and
+    for blocks the bits that perturb / restore write into the whole tensor (fp32, and bf16 copies rounded once),
+    whether the copy's tensor is written or freed; a tensor freed after its write is written again by `fill`."""
+    from es_tiny import tiny_llama
+    from esft.es.executor import rollout_replica
+
+    model = tiny_llama(vocab_size=4096, hidden=128)
+    weights = MasterWeights(model, noise="table", share_storage=True)
+    replica = rollout_replica(model, dtype)
+    bound = weights.bind(replica, cast=dtype != torch.float32)
+    param = replica.model.embed_tokens.weight
+    ids = torch.tensor([5, 0, 5, param.shape[0] - 1, 17, 2048])
+    for member in ((11, -1), None, (12, 1)):
+        if member is None:
+            bound.restore()
+        else:
+            bound.perturb(*member, 0.03, replace=True)
+        whole = param.detach().clone()
+        assert torch.equal(bound.rows(param, ids), whole[ids])
+        assert torch.equal(bound.rows(param, slice(1000, 3000)), whole[1000:3000])
+        param.untyped_storage().resize_(0)  # freed by the engine after the write: rows are computed all the same
+        assert torch.equal(bound.rows(param, ids), whole[ids])
+        bound.fill([param])
+        assert torch.equal(param, whole)
+    per_tensor = MasterWeights(model, noise="per-tensor", share_storage=True).bind(rollout_replica(model, dtype),
+                                                                                   cast=True)
+    with pytest.raises(ValueError, match="table noise"):
+        per_tensor.rows(dict(per_tensor.params.items())["model.embed_tokens.weight"], ids)
+
+
+def test_vocab_rows_are_computed_only_for_aligned_matrices_the_context_may_free():
+    """VocabRows reads through the context's `rows` only for a named weight whose rows are a multiple of 64
+    elements (the same SIMD lanes as the whole-matrix write); otherwise it reads, and never frees, the weight."""
+    from esft.generation import releasing
+    from esft.generation.vocab import VocabRows
+
+    aligned, odd, other = torch.randn(10, 64), torch.randn(10, 40), torch.randn(10, 64)
+    asked = []
+
+    def rows(weight, index):
+        asked.append(index)
+        n = len(range(weight.shape[0])[index]) if isinstance(index, slice) else len(index)
+        return torch.full((n, weight.shape[1]), 7.0)
+
+    with releasing([aligned, odd], rows=rows):
+        vocab = [VocabRows(aligned), VocabRows(odd), VocabRows(other)]
+        assert [v.computed for v in vocab] == [True, False, False]
+        for v in vocab:
+            v.free()
+        assert [t.untyped_storage().nbytes() == 0 for t in (aligned, odd, other)] == [True, False, False]
+        ids = torch.tensor([3, 1])
+        assert torch.equal(vocab[0].embed(ids[None]), torch.full((1, 2, 64), 7.0))
+        assert torch.equal(vocab[1].embed(ids[None]), odd[ids][None])
+        assert [b.shape[0] for _, b in vocab[0].blocks(4)] == [4, 4, 2]
+    assert len(asked) == 4
+
+
 def test_a_deferred_write_is_dropped_once_the_tensor_is_written_directly():
     from es_tiny import tiny_llama
     from esft.es.executor import rollout_replica
@@ -244,6 +303,8 @@ def test_one_lane_on_the_packed_path_generates_on_a_released_copy(tokenizer):
     lane = ex._lane(0)[0]
     assert lane is not model and bit_equal(state(model), centre) and not _released(model)
     assert any(n.endswith("q_proj.weight") for n in _released(lane))
+    # table noise: the vocabulary matrix is freed too, its rows computed from the masters (esft.generation.vocab)
+    assert "model.embed_tokens.weight" in _released(lane)
     ex.close()
 
 

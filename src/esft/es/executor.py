@@ -11,9 +11,6 @@ it), read when a member is perturbed.
 from __future__ import annotations
 
 import contextlib
-import copy
-import ctypes
-import functools
 import numbers
 import threading
 import time
@@ -26,6 +23,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 import numpy as np
 import torch
 
+from esft.es.lanes import map_large_blocks, openmp_backend, rollout_replica  # noqa: F401 (re-exported)
 from esft.es.noise import MasterWeights, Update
 from esft.es.strategy import ES, Member
 
@@ -79,52 +77,6 @@ class Executor:
     def close(self) -> None:
         """Release what the executor started (threads, model copies, workers)."""
         return None
-
-
-def rollout_replica(model: Any, dtype: torch.dtype | None = None) -> Any:
-    """A copy of `model` for a member lane. With `dtype` (bf16 rollouts) its floating parameters are new, empty
-    tensors of that dtype (to be written by `MasterWeights.bind(...).perturb` / `restore`; unselected ones by the
-    executor's sync), so the copy never holds a second fp32 model, not even while it is made; tied weights stay
-    tied. Buffers are copied as they are."""
-    if dtype is None:
-        return copy.deepcopy(model)
-    memo: dict[int, Any] = {}
-    for p in model.parameters():  # de-duplicated: a tied weight gets one copy
-        if p.is_floating_point():
-            memo[id(p)] = torch.nn.Parameter(torch.empty(p.shape, dtype=dtype, device=p.device), requires_grad=False)
-    return copy.deepcopy(model, memo)
-
-
-#: glibc's mmap threshold while lanes run (`map_large_blocks`): above every per-layer block of SmolLM2-sized models
-#: (plain and packed projections, a layer's K/V cache: under 8 MB in fp32), below the whole-model ones (embedding,
-#: lm_head, noise table). Measured on the cpu preset, two lanes, Zen 4 (docs/performance.md, "Page faults"):
-#: with 1 MiB every member's packed weights and caches came from fresh mappings, faulted in and zeroed by the
-#: kernel: 13-44% more generation time and ~2x the perturbation time than with 8 MiB, for 0.05-0.34 GB less
-#: peak RSS.
-MMAP_THRESHOLD = 8 << 20
-
-
-@functools.lru_cache(maxsize=1)
-def map_large_blocks(threshold: int = MMAP_THRESHOLD) -> bool:
-    """Fix glibc's malloc mmap threshold at `threshold` bytes (True where it took). Lane copies free their
-    projections, packed weights and caches at every generation and allocate them again for the next member, on
-    two threads. glibc's default raises its threshold to the largest block freed (up to 32 MB), after which
-    whole-model blocks stay in per-thread heaps beside the other lane's: +1.2 GB resident on the cpu preset
-    (docs/performance.md, "Memory"). A fixed threshold maps whole-model blocks one by one and gives them back
-    when freed, while per-layer blocks are reused from the heap, already faulted in (`MMAP_THRESHOLD`).
-    Process-wide, set once, when the first lane copy is made."""
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        return bool(libc.mallopt(-3, int(threshold)))  # -3: M_MMAP_THRESHOLD (fixed, no longer dynamic)
-    except (OSError, AttributeError):  # not glibc
-        return False
-
-
-@functools.lru_cache(maxsize=1)
-def _openmp_backend() -> bool:
-    """torch's intra-op pool is OpenMP: `torch.set_num_threads` then sets the calling thread's team size."""
-    info = torch.__config__.parallel_info()
-    return "ATen parallel backend: OpenMP" in info
 
 
 class LocalExecutor(Executor):
@@ -229,7 +181,13 @@ class LocalExecutor(Executor):
             weights.fill(tensors)
             filled[0] += time.perf_counter() - t0
 
-        return releasing(weights.params.values(), fill=fill)
+        def rows(tensor: torch.Tensor, index: Any) -> torch.Tensor:  # a freed vocabulary matrix's rows
+            t0 = time.perf_counter()
+            out = weights.rows(tensor, index)
+            filled[0] += time.perf_counter() - t0
+            return out
+
+        return releasing(weights.params.values(), fill=fill, rows=rows if weights.mode == "table" else None)
 
     def _score(self, gens: list, batch: Sequence[dict], result: PopulationResult, row: int) -> None:
         t0 = time.perf_counter()
@@ -355,7 +313,7 @@ class LocalExecutor(Executor):
             return 1
         reason = None
         param = next(self.model.parameters(), None) if self.model is not None else None
-        if not _openmp_backend():
+        if not openmp_backend():
             reason = "torch's parallel backend is not OpenMP, so thread counts are not per thread"
         elif param is None or param.device.type != "cpu":
             reason = "the model is not a CPU torch model"

@@ -29,7 +29,6 @@ sequence), so the ES estimator and the random-walk law hold in expectation; the 
 from __future__ import annotations
 
 import copy
-import hashlib
 import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -38,69 +37,10 @@ from typing import Callable, Iterable, Iterator, Sequence
 
 import torch
 
-from esft.es.param_writes import add_rounded, add_update, materialise, sq_norm, update_buffer
+from esft.es.param_writes import add_rounded, add_update, materialise, released, sq_norm, update_buffer
 
-NOISE_MODES = ("per-tensor", "shared-seed", "table")
-_SEED_MASK = (1 << 63) - 1
-
-#: noise-table geometry: blocks of 2^22 floats, each from its own seeded generator, so a table of any size has the
-#: same prefix; at least 2^26 floats (256 MB) and at least twice the largest perturbed tensor
-TABLE_BLOCK = 1 << 22
-TABLE_MIN = 1 << 26
-_TABLES: dict[tuple[int, str], torch.Tensor] = {}
-_TABLES_LOCK = threading.Lock()
-
-
-def tensor_seed(seed: int, name: str, mode: str = "per-tensor") -> int:
-    """Generator seed for one tensor of one member.
-
-    "per-tensor": sha256(f"{seed}:{name}") truncated to 63 bits, stable across processes and Python versions
-    (Python's `hash` is salted per process). "shared-seed": the member seed itself for every tensor, which
-    reproduces the public code's trap (same-shaped tensors get identical noise); only for comparison studies.
-    """
-    if mode in ("per-tensor", "table"):
-        digest = hashlib.sha256(f"{int(seed)}:{name}".encode()).digest()
-        return int.from_bytes(digest[:8], "little") & _SEED_MASK
-    if mode == "shared-seed":
-        return int(seed) & _SEED_MASK
-    raise ValueError(f"unknown noise mode {mode!r}; choose one of {NOISE_MODES}")
-
-
-def table_size(largest: int) -> int:
-    """Floats in the noise table for tensors of at most `largest` elements."""
-    blocks = -(-max(TABLE_MIN, 2 * int(largest)) // TABLE_BLOCK)
-    return blocks * TABLE_BLOCK
-
-
-def noise_table(size: int, device: torch.device | str = "cpu") -> torch.Tensor:
-    """The shared fp32 N(0,1) table of `size` floats (a multiple of TABLE_BLOCK), built once per process and
-    device. Block b is drawn by a generator seeded with tensor_seed(b, "noise-table"), so it is the same on every
-    replica and for every table size. Read-only: callers must never modify it."""
-    device = torch.device(device)
-    key = (int(size), str(device))
-    with _TABLES_LOCK:
-        table = _TABLES.get(key)
-        if table is None:
-            if size % TABLE_BLOCK:
-                raise ValueError(f"table size must be a multiple of {TABLE_BLOCK}")
-            table = torch.empty(size, dtype=torch.float32, device=device)
-            gen = torch.Generator(device=device)
-            for b in range(size // TABLE_BLOCK):
-                gen.manual_seed(tensor_seed(b, "noise-table"))
-                torch.randn(TABLE_BLOCK, generator=gen, dtype=torch.float32, device=device,
-                            out=table[b * TABLE_BLOCK:(b + 1) * TABLE_BLOCK])
-            _TABLES[key] = table
-    return table
-
-
-def table_window(seed: int, name: str, shape: Sequence[int] | torch.Size, table: torch.Tensor) -> torch.Tensor:
-    """eps of (seed, tensor) in "table" mode: a read-only view of `table` at an offset hashed from (seed, name)."""
-    shape = torch.Size(shape)
-    n = shape.numel()
-    if n > table.numel():
-        raise ValueError(f"tensor of {n} elements does not fit a noise table of {table.numel()}")
-    offset = tensor_seed(seed, name, "table") % (table.numel() - n + 1)
-    return table[offset:offset + n].view(shape)
+from esft.es.noise_seeds import (NOISE_MODES, TABLE_BLOCK, TABLE_MIN, noise_table, table_size,  # noqa: F401
+                                 table_window, tensor_seed)
 
 
 def gaussian(seed: int, name: str, shape: Sequence[int] | torch.Size, *, mode: str = "per-tensor",
@@ -213,6 +153,7 @@ class MasterWeights:
         # lean engine had freed that parameter (esft.generation.releasing) and will ask for it again when it reads
         # it (`fill`). None here: the model's own parameters are never freed, so never deferred.
         self._deferred: dict[str, tuple] | None = None
+        self._op: tuple = ("restore",)  # the latest perturb / restore: what every parameter of a copy should hold
         self._names_by_id: dict[int, str] = {}
         self.workers = workers
         """threads drawing noise in perturb / apply (None: torch.get_num_threads() for generated noise, 1 for
@@ -334,7 +275,7 @@ class MasterWeights:
         step = float(sign) * float(sigma)
         # marked before the first write, so that an exception or Ctrl-C part-way still gets the model restored
         self.perturbed = (int(seed), int(sign))
-        op = ("perturb", int(seed), step)
+        op = self._op = ("perturb", int(seed), step)
 
         def one(name: str, bufs: list[torch.Tensor]) -> None:
             if not self._defer(name, op):
@@ -346,6 +287,7 @@ class MasterWeights:
     def restore(self) -> None:
         """param <- master: bit-identical to the unperturbed weights (a copy, never a subtraction); for a
         lower-precision copy (`bind(cast=True)`), the masters rounded once."""
+        self._op = ("restore",)
         if not self.shared:
             for name in self.params:
                 if not self._defer(name, ("restore",)):
@@ -383,14 +325,37 @@ class MasterWeights:
         The lean engine calls this layer by layer as it packs (esft.generation.fill_released), so a lane copy
         holds one layer of plain projections at a time. Masters must not change between the perturb / restore
         and the fill (the executor applies updates only between populations, after every lane's generation)."""
-        if not self._deferred:
+        if self._deferred is None:
             return
-        if tensors is None:
-            names = list(self._deferred)
-        else:
-            names = [n for n in (self._names_by_id.get(id(t)) for t in tensors) if n in self._deferred]
+        names = list(self.params) if tensors is None else [self._names_by_id[id(t)] for t in tensors
+                                                            if id(t) in self._names_by_id]
         for name in names:
-            self._write(name, self._deferred.pop(name))
+            if name in self._deferred:
+                self._write(name, self._deferred.pop(name))
+            elif released(self.params[name]):  # freed by the engine after it was written (`VocabRows.free`)
+                self._write(name, self._op)
+
+    @torch.no_grad()
+    def rows(self, tensor: torch.Tensor, index: torch.Tensor | slice) -> torch.Tensor:
+        """Rows `index` (int64 row ids, or a slice) of a bound copy's 2-D parameter `tensor` as the latest perturb /
+        restore makes them, computed from the masters whether or not the parameter is written or freed: the
+        engine's source for a freed vocabulary matrix (esft.generation.vocab). The same elementwise arithmetic as
+        the whole-tensor write, so the same bits for rows whose length is a multiple of the vector widths (the
+        engine asks only then). Table noise only: other modes would draw the whole tensor's noise per call.
+        Read-only: a slice of a restore may be a view of the masters."""
+        if self.mode != "table":
+            raise ValueError("rows() needs table noise")
+        name = self._names_by_id[id(tensor)]
+        master = self.master[name][index]
+        if self._op[0] == "restore":
+            return master.to(tensor.dtype)
+        _, seed, step = self._op
+        eps = self.noise(seed, name)[index]
+        if tensor.dtype == torch.float32:
+            return torch.add(master, eps, alpha=step)
+        out = torch.empty(master.shape, dtype=tensor.dtype, device=master.device)
+        add_rounded(master, eps, step, out)
+        return out
 
     @property
     def deferred(self) -> list[str]:

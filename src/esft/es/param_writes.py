@@ -22,6 +22,12 @@ def materialise(param: torch.Tensor) -> torch.Tensor:
     return param
 
 
+def released(param: torch.Tensor) -> bool:
+    """True when `param` has elements but no storage for them (freed by the lean engine, `materialise` undoes it)."""
+    return param.numel() > 0 and param.untyped_storage().nbytes() < (param.storage_offset() + param.numel()) * \
+        param.element_size()
+
+
 #: elements per block of `add_rounded`: 1 MB of fp32, within the L2 or L3 cache between its two passes. One
 #: SmolLM2-135M perturbation on one Zen 4 core took 0.11 s with 2^16, 0.075 s with 2^18, 0.067 s with 2^20.
 ROUNDING_BLOCK = 1 << 18

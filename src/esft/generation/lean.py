@@ -109,7 +109,7 @@ def _lean_prefill(lean: LeanModel) -> Callable:
         cache = DynamicCache(config=model.config) if cache is None else cache
         b, t = input_ids.shape
         past = attention_mask.shape[1] - t
-        x = F.embedding(input_ids, lean.embed, lean.padding_idx).reshape(b * t, -1).to(torch.float32)
+        x = lean.vocab.embed(input_ids).reshape(b * t, -1).to(torch.float32)
         cos, sin = lean.rotary(x, position_ids=position_ids)  # [b, t, hd]
         cos, sin = cos[:, None], sin[:, None]
         cols = torch.arange(past + t, device=x.device)

@@ -47,6 +47,7 @@ from esft.generation.packed import (
     release_packed,
     screen_lm_head_reason,
 )
+from esft.generation.vocab import VocabRows
 
 SUPPORTED_TYPES = ("llama", "qwen2", "qwen3")
 
@@ -214,16 +215,19 @@ class LeanModel:
         self.model = model
         self._read_config(model.config)
         inner = model.model
-        self.embed = inner.embed_tokens.weight
-        self.padding_idx = inner.embed_tokens.padding_idx
+        # the vocabulary matrix by rows: an ES lane's copy is freed on the stacked path and its rows computed from
+        # the masters when read (esft.generation.vocab); a tied lm_head is the same object
+        self.vocab = VocabRows(inner.embed_tokens.weight)
+        head = model.lm_head.weight
+        self.head_rows = self.vocab if head is inner.embed_tokens.weight else VocabRows(head)
         self.final_norm = _gain(inner.norm.weight, self.low_precision)
         self.final_eps = inner.norm.variance_epsilon
         # The packed fp32 lm_head is read at every decode step unless the bf16 screen picks the tokens; then only
         # the prompts' last positions need it (`head_logits`, packed slice by slice) and a diverged member's
         # fallback (packed whole, when read): an ES lane never holds it.
-        self._pack, self._head_weight = w, model.lm_head.weight
+        self._pack = w
         self._head_on_demand = screen_lm_head and packed and not self.low_precision
-        self._lm_head = None if self._head_on_demand else w(model.lm_head.weight)
+        self._lm_head = None if self._head_on_demand else w(self.head_rows.whole())
         self.lm_bias = model.lm_head.bias
         self.rotary = inner.rotary_emb
         self.layers: list[_Layer] = []
@@ -238,14 +242,17 @@ class LeanModel:
         if screen_lm_head:
             if (why := screen_lm_head_reason(model, packed, fused_attention, delta)) is not None:
                 raise ValueError(f"lm_head screening is not available: {why}")
-            self.screen = LMHeadScreen(model.lm_head.weight, batch_hint,
+            self.screen = LMHeadScreen(self.head_rows, batch_hint,
                                        packed_bf16=self.lm_head if self.low_precision else None)
+        if self.fused_projections:  # from here on only rows and blocks are read (`lm_head` writes it back if not)
+            self.vocab.free()
+            self.head_rows.free()
 
     @property
     def lm_head(self) -> torch.Tensor:
         """The lm_head weight as the linears take it (packed where `packed`), packed on first read if deferred."""
         if self._lm_head is None:
-            self._lm_head = self._pack(self._head_weight)
+            self._lm_head = self._pack(self.head_rows.whole())
         return self._lm_head
 
     def head_logits(self, hidden: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -257,10 +264,9 @@ class LeanModel:
         the number of output columns did not change; tests/test_prefill_head.py checks it on the CPU at hand)."""
         if self._lm_head is not None or not self._head_on_demand:
             return [self.linear(h, self.lm_head, self.lm_bias) for h in hidden]
-        weight, hint = self._head_weight, self._pack.batch_hint  # (on demand: no bias, no low-rank delta)
-        out = [h.new_empty((h.shape[0], weight.shape[0])) for h in hidden]
-        for start in range(0, weight.shape[0], HEAD_SLICE_ROWS):
-            rows = weight[start:start + HEAD_SLICE_ROWS]
+        hint = self._pack.batch_hint  # (on demand: no bias, no low-rank delta)
+        out = [h.new_empty((h.shape[0], self.head_rows.shape[0])) for h in hidden]
+        for start, rows in self.head_rows.blocks(HEAD_SLICE_ROWS):
             packed = pack_weight(rows, hint)
             for h, logits in zip(hidden, out):
                 logits[:, start:start + rows.shape[0]] = packed_linear(h, packed)
@@ -354,7 +360,7 @@ def _fused_step(lean: LeanModel, cache: KVCache, token: torch.Tensor, cos_rows: 
     q_end, k_end = heads * hd, (heads + kv) * hd
     eps, scaling, mask = lean.eps, lean.scaling, cache.mask
     layers = lean.layers
-    x = F.embedding(token, lean.embed, lean.padding_idx).to(torch.float32)  # (a bf16 table's rows -> fp32)
+    x = lean.vocab.embed(token).to(torch.float32)  # (a bf16 table's rows -> fp32)
     h = K.rms_norm(x, layers[0].ln1, eps, low)
     last = len(layers) - 1
     for i, L in enumerate(layers):
@@ -411,7 +417,7 @@ def decode_step(lean: LeanModel, cache: KVCache, token: torch.Tensor, position: 
             attn_mask = torch.zeros(mask.shape, dtype=cache.k[0].dtype, device=mask.device)
             attn_mask.masked_fill_(~mask, float("-inf"))
             attn_mask = attn_mask[:, None, None, :]
-    x = F.embedding(token[:, None], lean.embed, lean.padding_idx)
+    x = lean.vocab.embed(token[:, None])
     if lean.delta is not None and lean.embed_name in lean.delta.factors:
         x = lean.delta.add_embedding(lean.embed_name, token[:, None], x)
     for i, L in enumerate(lean.layers):

@@ -69,29 +69,42 @@ _RELEASABLE = threading.local()
 
 #: fill(weights) writes those of `weights` whose contents the caller deferred (None: all of them)
 Fill = Callable[[Iterable[torch.Tensor] | None], None]
+#: rows(weight, index) -> rows `index` (int64 row ids or a slice) of a freed weight, as its owner's write makes them
+Rows = Callable[[torch.Tensor, "torch.Tensor | slice"], torch.Tensor]
 
 
 @contextmanager
-def releasing(weights: Iterable[torch.Tensor], fill: Fill | None = None) -> Iterator[None]:
+def releasing(weights: Iterable[torch.Tensor], fill: Fill | None = None, rows: Rows | None = None) -> Iterator[None]:
     """Inside this context (on this thread only), the lean engine frees the storage of these plain weights once
     it has packed them (`release_packed`): an ES lane's copy whose weights are rewritten in full before its next
     use then holds one copy of its projections while it generates, the packed one, instead of two. Never for
     weights anything else reads: a released tensor keeps its shape but has no storage. Only the stacked path
-    (`LeanModel.fused_projections`, whose prefill and decode read packed weights only) releases; the embedding,
-    the lm_head and the norm gains are always kept.
+    (`LeanModel.fused_projections`, whose prefill and decode read packed weights only) releases; the norm gains
+    are always kept.
 
     `fill`: the owner of the weights may leave released ones unwritten (an ES lane's perturbation of its freed
     projections, `esft.es.noise.MasterWeights.fill`) and have the engine ask for them just before it reads them
     (`fill_released`): the stacked path asks layer by layer, right before packing, so the lane never holds its
-    plain projections in full, only one layer's at a time; every other path asks for all of them first. A
-    nested context without `fill` keeps the enclosing one's."""
-    previous = (getattr(_RELEASABLE, "ids", frozenset()), getattr(_RELEASABLE, "fill", None))
+    plain projections in full, only one layer's at a time; every other path asks for all of them first.
+    `rows`: the owner can also compute any rows of such a weight (`MasterWeights.rows`); then the stacked path
+    frees the vocabulary matrix too and reads its rows when it needs them (`esft.generation.vocab.VocabRows`).
+    A nested context without `fill` / `rows` keeps the enclosing one's."""
+    previous = (getattr(_RELEASABLE, "ids", frozenset()), getattr(_RELEASABLE, "fill", None),
+                getattr(_RELEASABLE, "rows", None))
     _RELEASABLE.ids = frozenset(id(w) for w in weights)
     _RELEASABLE.fill = fill if fill is not None else previous[1]
+    _RELEASABLE.rows = rows if rows is not None else previous[2]
     try:
         yield
     finally:
-        _RELEASABLE.ids, _RELEASABLE.fill = previous
+        _RELEASABLE.ids, _RELEASABLE.fill, _RELEASABLE.rows = previous
+
+
+def released_rows(weight: torch.Tensor) -> Rows | None:
+    """The enclosing `releasing` context's `rows` where that context may free `weight`, else None."""
+    if id(weight) in getattr(_RELEASABLE, "ids", frozenset()):
+        return getattr(_RELEASABLE, "rows", None)
+    return None
 
 
 def release_packed(*weights: torch.Tensor | None) -> None:
@@ -157,17 +170,20 @@ class LMHeadScreen:
     of the survivors come from F.linear on their rows (`ScreenedLogits`).
     """
 
-    def __init__(self, weight: torch.Tensor, batch_hint: int, packed_bf16: torch.Tensor | None = None):
-        weight = weight.detach()
-        self.weight = weight  # the live parameter (ES perturbs it in place; this object lives for one call)
+    def __init__(self, vocab: "VocabRows", batch_hint: int, packed_bf16: torch.Tensor | None = None):
+        self.vocab = vocab  # the live lm_head's rows (ES perturbs it; this object lives for one generate call)
         # `packed_bf16`: the caller's own packed copy when the weight is bf16 already (bf16 rollouts: the lean
-        # model's packed lm_head), so the vocabulary matrix is not held twice
-        if packed_bf16 is None:
-            packed_bf16 = torch.ops.mkldnn._reorder_linear_weight(weight.to(torch.bfloat16), batch_hint)
-        self.packed_bf16 = packed_bf16
-        # fp32 norms also for bf16 weights (bf16 rollouts): the bound needs them at full precision
-        self.row_norms = row_norms(weight)
-        k = weight.shape[1]
+        # model's packed lm_head), so the vocabulary matrix is not held twice. Otherwise the bf16 copy is made
+        # block by block, with the fp32 norms (also for bf16 weights: the bound needs them at full precision)
+        self.row_norms = torch.empty(vocab.shape[0], dtype=torch.float32)
+        plain = None if packed_bf16 is not None else torch.empty(vocab.shape, dtype=torch.bfloat16)
+        for start, block in vocab.blocks(ROW_NORM_BLOCK):
+            self.row_norms[start:start + block.shape[0]] = row_norms(block)
+            if plain is not None:
+                plain[start:start + block.shape[0]] = block
+        self.packed_bf16 = packed_bf16 if plain is None else torch.ops.mkldnn._reorder_linear_weight(plain,
+                                                                                                      batch_hint)
+        k = vocab.shape[1]
         u = 2.0 ** -8
         gamma = k * 2.0 ** -24 / (1 - k * 2.0 ** -24)
         self.c_prod = (2 * u + u * u + 2.1 * gamma) * 1.001
@@ -185,7 +201,7 @@ class LMHeadScreen:
         if not bool(keep.any(1).all()):  # a non-finite row (a diverged member): no bound holds; caller goes full
             return None
         # (bf16 weights: the candidates' fp32 logits of the bf16 rows, so the pick is the bf16 model's argmax)
-        rows = self.weight.index_select(0, cols).to(h.dtype)
+        rows = self.vocab.take(cols).to(h.dtype)
         values = F.linear(h, rows).masked_fill_(~keep, float("-inf"))
         if suppress.numel():  # only reachable if every other logit of a row were below -3e38; keep the rule exact
             values[:, torch.isin(cols, suppress)] = float("-inf")
