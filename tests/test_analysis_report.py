@@ -215,3 +215,18 @@ def test_report_shows_paths_relative_to_its_root_or_home(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     assert shown_path(tmp_path / "home" / ".cache" / "m", root) == "~/.cache/m"
     assert shown_path("/opt/models/x", root) == "/opt/models/x"  # elsewhere: as given
+
+
+def test_task_options_give_the_passage_cut_to_boolq_only(tmp_path):
+    """A cpu-preset run records max_passage_chars whatever its task; the report's evaluations pass it to BoolQ
+    only, as training does (a Countdown or data task would reject the option)."""
+    from esft.analysis.report_builder import ReportConfig
+    from esft.analysis.report_context import ReportContext
+    from esft.analysis.runs import Run
+
+    ctx = ReportContext(ReportConfig(dir=str(tmp_path)), progress=False)
+    ctx.runs = [Run(tmp_path / "a", "es", {"task": "countdown", "max_passage_chars": 400}),
+                Run(tmp_path / "b", "es", {"task": "boolq", "max_passage_chars": 400}),
+                Run(tmp_path / "c", "grpo", {"task": "sums.jsonl", "max_passage_chars": 400,
+                                             "task_options": {"prompt_field": "q"}})]
+    assert ctx.task_options() == {"boolq": {"max_passage_chars": 400}, "sums.jsonl": {"prompt_field": "q"}}

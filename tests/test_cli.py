@@ -42,3 +42,18 @@ def test_version_and_help_load_no_torch(argv):
             "print('torch loaded' if 'torch' in sys.modules else 'no torch')")
     out = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=120)
     assert out.stdout.strip().splitlines()[-1] == "no torch", out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("analysis", ["kl", "landscape", "sparsity"])
+def test_analysis_tasks_keep_their_options_whole(analysis):
+    """`--tasks` of the analyses takes task names with options as `esft eval` does (split at commas only between
+    tasks)."""
+    from esft.analysis.commands import COMMANDS
+    from esft.cli import _explicit
+    from esft.config import build_config
+
+    args = build_parser("analyze").parse_args(["analyze", analysis, "--tasks", "countdown:numbers=2,max_number=20,"
+                                               "ops=+*,boolq"])
+    cls = COMMANDS[analysis][0]
+    config = build_config(cls, None, None, None, _explicit(args, cls))
+    assert config.tasks == ["countdown:numbers=2,max_number=20,ops=+*", "boolq"]

@@ -229,3 +229,27 @@ def test_spec_accepts_a_data_task(user_files):
     cfg = spec.config(comp, str(data), 42, output_dir="<x>")
     assert cfg.task == str(data) and cfg.task_options["reward"] == "user_rewards:contains_answer"
     assert cfg.report_to == "tensorboard"
+
+
+def test_a_data_tasks_path_is_recorded_absolute(tmp_path, monkeypatch):
+    """config.yaml rebuilds a data task from any directory: ES and GRPO configs hold its file's absolute path
+    (options kept); built-in tasks, absolute paths and missing files (reported later by name) are unchanged."""
+    from esft.es.es_config import ESConfig, read_run_config, resume_config, save_yaml
+    from esft.grpo.grpo_config import GRPOConfig
+
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "sums.jsonl").write_text('{"prompt": "1+1?", "answer": "2"}\n')
+    monkeypatch.chdir(work)
+    full = str(work / "sums.jsonl")
+    assert ESConfig(task="sums.jsonl").task == full
+    assert GRPOConfig(task="sums.jsonl:reward=exact").task == full + ":reward=exact"
+    assert ESConfig(task="countdown:numbers=2,ops=+*").task == "countdown:numbers=2,ops=+*"
+    assert ESConfig(task="missing.jsonl").task == "missing.jsonl"
+    run = tmp_path / "run"
+    run.mkdir()
+    save_yaml(ESConfig(task="sums.jsonl", output_dir=str(run)), run / "config.yaml")
+    monkeypatch.chdir(tmp_path)
+    assert read_run_config(run)[0].task == full
+    monkeypatch.chdir(work)  # the same file named relative again on a resume is no change
+    assert resume_config(run, {"task": "sums.jsonl", "iterations": 5}).iterations == 5

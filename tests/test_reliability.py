@@ -334,6 +334,22 @@ def test_resume_refuses_an_empty_or_unreadable_config(tiny_dir, reference, tmp_p
     assert "no config.yaml" in error_of(capsys)
 
 
+def test_resume_refuses_fewer_iterations_and_another_folder(reference, tmp_path, capsys, no_model_load):
+    """A resume that would end before the logged iterations, or that names another --output-dir, is refused
+    before any model loads, and the run's files stay as they were."""
+    import shutil
+
+    out = tmp_path / "run"
+    shutil.copytree(reference, out)
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    assert main(["train", "es", "--resume", str(out), "--iterations", "2"]) == 2
+    assert "3 iterations logged" in error_of(capsys)
+    other = tmp_path / "other"
+    assert main(["train", "es", "--resume", str(out), "--output-dir", str(other)]) == 2
+    assert "in place" in error_of(capsys) and not other.exists()
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+
+
 @pytest.mark.parametrize("log", ["metrics.jsonl", "seeds.jsonl"])
 def test_corrupt_middle_line_is_reported_not_truncated(tiny_dir, reference, tmp_path, capsys, log):
     import shutil

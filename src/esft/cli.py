@@ -83,10 +83,11 @@ def _train_es(args: argparse.Namespace) -> int:
     from esft.es.distributed.ray_executor import ReplicaDivergence, WorkersLost
 
     try:
-        train_es(config)
+        result = train_es(config)
     except (WorkersLost, ReplicaDivergence) as exc:
         print(f"esft: error: {exc}", file=sys.stderr)
         return 3
+    print(f"\n{result.steps} iterations in {result.output_dir}; final checkpoint: {result.final_checkpoint}")
     return 0
 
 
@@ -98,7 +99,12 @@ def _train_grpo(args: argparse.Namespace) -> int:
                           check=_names_with_task_flags(args, lambda c: [c.task]))
     config = apply_task_flags(config, args, [config.task])  # --prompt-field/--reward ... (data tasks)
     _check_run_dir(config.output_dir)
-    result = train_grpo(config)
+    try:
+        result = train_grpo(config)
+    except KeyboardInterrupt:  # GRPO resumes from its config flags, not from the folder alone
+        print(f"\ninterrupted: continue with `esft train grpo --resume --output-dir {config.output_dir}` and the "
+              "same options", file=sys.stderr)
+        return 130
     print(f"\n{result.steps} steps in {result.output_dir}; final checkpoint: {result.final_checkpoint}")
     return 0
 

@@ -20,6 +20,7 @@ from typing import Any
 
 from esft import paper
 from esft.analysis.sparsity import SWEEP_TARGETS
+from esft.tasks import split_task_list
 
 
 def _resolve(spec: str) -> str:
@@ -227,6 +228,10 @@ class KLConfig:
     threads: int | None = None
     """torch CPU threads (None = torch's default); 1 is fastest on a busy machine, where idle OpenMP threads spin"""
 
+    def __post_init__(self) -> None:
+        # `--tasks countdown:numbers=2,ops=+*` arrives split at every comma: join a task's options again
+        self.tasks = split_task_list(self.tasks)
+
 
 def run_kl(cfg: KLConfig) -> dict[str, Any]:
     from esft.analysis import kl as K
@@ -319,6 +324,11 @@ class LandscapeConfig:
     threads: int | None = None
     """torch CPU threads (None = torch's default); 1 is fastest on a busy machine, where idle OpenMP threads spin"""
 
+    def __post_init__(self) -> None:
+        # `--tasks countdown:numbers=2,ops=+*` arrives split at every comma: join a task's options again
+        self.tasks = split_task_list(self.tasks)
+        self.holdout_tasks = split_task_list(self.holdout_tasks)
+
 
 def run_landscape(cfg: LandscapeConfig) -> dict[str, Any]:
     from esft.analysis import landscape as L
@@ -400,6 +410,10 @@ class SparsityConfig:
     """where sparsity.json and the figure go"""
     threads: int | None = None
     """torch CPU threads (None = torch's default); 1 is fastest on a busy machine, where idle OpenMP threads spin"""
+
+    def __post_init__(self) -> None:
+        # `--tasks countdown:numbers=2,ops=+*` arrives split at every comma: join a task's options again
+        self.tasks = split_task_list(self.tasks)
 
 
 def run_sparsity(cfg: SparsityConfig) -> dict[str, Any]:

@@ -86,8 +86,10 @@ class ReportConfig:
 
     def __post_init__(self) -> None:
         from esft.generation import engine_options
+        from esft.tasks import split_task_list
 
         self.generation_options = engine_options(self.generation_options)
+        self.holdout_tasks = split_task_list(self.holdout_tasks)
 
 
 

@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 from esft.analysis.report_cache import Cache
 from esft.analysis.runs import Chain, Pair, Run, build_chains, build_pairs, find_runs
+from esft.config import passage_cut
 
 
 def load_model_only(base: Path, dtype: str, device: str | None):
@@ -126,8 +127,9 @@ class ReportContext:
             if not t:
                 continue
             o = dict(r.config.get("task_options") or {})
-            if r.config.get("max_passage_chars"):
-                o.setdefault("max_passage_chars", r.config["max_passage_chars"])
+            # the passage cut reaches BoolQ only, as in training (a Countdown run of the cpu preset records it too)
+            for key, value in passage_cut(t, r.config.get("max_passage_chars")).items():
+                o.setdefault(key, value)
             if o:
                 opts.setdefault(t, o)
         return opts

@@ -126,6 +126,9 @@ class ESConfig(RunConfig):
     rewards, held-out accuracy with its interval, update norm, tokens, timings and sample tables (esft.tracking)"""
 
     def __post_init__(self) -> None:
+        from esft.tasks.custom import absolute_data_task
+
+        self.task = absolute_data_task(self.task)  # config.yaml must rebuild it from any directory
         self.generation_options = rollout_options(self.generation_options)
         self.parse_mappings("fitness_options", "task_options", "executor_options")
         check_fields(self, self.rules)
@@ -258,8 +261,23 @@ def resume_config(run_dir: str | Path, overrides: dict[str, Any] | None = None) 
     RESUMABLE_CHANGES may differ, e.g. a larger `iterations`). For `esft train es --resume --output-dir D`, where
     the flags alone would otherwise fall back to defaults."""
     config, _ = read_run_config(run_dir)
+    overrides = dict(overrides or {})
+    other = overrides.pop("output_dir", None)
+    if other is not None and Path(other).resolve() != Path(run_dir).resolve():
+        raise ValueError(f"--resume continues {run_dir} in place; --output-dir {other} names another folder")
+    from esft.es.es_rundir import read_seed_log
+
+    logged = len(read_seed_log(Path(run_dir)))
+    if overrides.get("iterations", config.iterations) < logged:
+        raise ValueError(f"{run_dir} has {logged} iterations logged; --iterations "
+                         f"{overrides.get('iterations', config.iterations)} would end before them (give at least "
+                         f"{logged} to continue it)")
+    if "task" in overrides:  # as the run's config recorded it (a data file's absolute path)
+        from esft.tasks.custom import absolute_data_task
+
+        overrides["task"] = absolute_data_task(overrides["task"])
     # "auto" on a resume means the dtype the run recorded (the trainer adopts it), not a change
-    changes = {k: v for k, v in (overrides or {}).items()
+    changes = {k: v for k, v in overrides.items()
                if getattr(config, k) != v and not (k == "rollout_dtype" and v == "auto")}
     bad = sorted(set(changes) - RESUMABLE_CHANGES)
     if bad:

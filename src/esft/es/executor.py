@@ -181,9 +181,9 @@ class LocalExecutor(Executor):
             weights.fill(tensors)
             filled[0] += time.perf_counter() - t0
 
-        def rows(tensor: torch.Tensor, index: Any) -> torch.Tensor:  # a freed vocabulary matrix's rows
+        def rows(tensor: torch.Tensor, index: Any, buffer: torch.Tensor | None) -> torch.Tensor:  # freed vocabulary
             t0 = time.perf_counter()
-            out = weights.rows(tensor, index)
+            out = weights.rows(tensor, index, buffer)
             filled[0] += time.perf_counter() - t0
             return out
 

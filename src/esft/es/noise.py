@@ -336,13 +336,14 @@ class MasterWeights:
                 self._write(name, self._op)
 
     @torch.no_grad()
-    def rows(self, tensor: torch.Tensor, index: torch.Tensor | slice) -> torch.Tensor:
+    def rows(self, tensor: torch.Tensor, index: torch.Tensor | slice, out: torch.Tensor | None = None) -> torch.Tensor:
         """Rows `index` (int64 row ids, or a slice) of a bound copy's 2-D parameter `tensor` as the latest perturb /
         restore makes them, computed from the masters whether or not the parameter is written or freed: the
         engine's source for a freed vocabulary matrix (esft.generation.vocab). The same elementwise arithmetic as
         the whole-tensor write, so the same bits for rows whose length is a multiple of the vector widths (the
         engine asks only then). Table noise only: other modes would draw the whole tensor's noise per call.
-        Read-only: a slice of a restore may be a view of the masters."""
+        `out`: a buffer of the rows' shape and dtype the result may be written to. Read-only: a slice of a restore
+        may be a view of the masters."""
         if self.mode != "table":
             raise ValueError("rows() needs table noise")
         name = self._names_by_id[id(tensor)]
@@ -352,8 +353,8 @@ class MasterWeights:
         _, seed, step = self._op
         eps = self.noise(seed, name)[index]
         if tensor.dtype == torch.float32:
-            return torch.add(master, eps, alpha=step)
-        out = torch.empty(master.shape, dtype=tensor.dtype, device=master.device)
+            return torch.add(master, eps, alpha=step, out=out)
+        out = torch.empty(master.shape, dtype=tensor.dtype, device=master.device) if out is None else out
         add_rounded(master, eps, step, out)
         return out
 

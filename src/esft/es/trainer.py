@@ -380,7 +380,8 @@ class ESTrainer:
         except KeyboardInterrupt:
             if self.weights.perturbed is not None:
                 self.weights.restore()
-            bar.write(f"interrupted: {self.step} iterations are logged in {self.out}; continue with --resume")
+            bar.write(f"interrupted: {self.step} iterations are logged in {self.out}; continue with "
+                      f"`esft train es --resume {self.out}`")
             raise
         finally:
             bar.close()

@@ -69,8 +69,9 @@ _RELEASABLE = threading.local()
 
 #: fill(weights) writes those of `weights` whose contents the caller deferred (None: all of them)
 Fill = Callable[[Iterable[torch.Tensor] | None], None]
-#: rows(weight, index) -> rows `index` (int64 row ids or a slice) of a freed weight, as its owner's write makes them
-Rows = Callable[[torch.Tensor, "torch.Tensor | slice"], torch.Tensor]
+#: rows(weight, index, out) -> rows `index` (int64 row ids or a slice) of a freed weight, as its owner's write makes
+#: them; `out` (or None) a buffer of their shape and dtype the result may be written to
+Rows = Callable[[torch.Tensor, "torch.Tensor | slice", "torch.Tensor | None"], torch.Tensor]
 
 
 @contextmanager

@@ -40,22 +40,31 @@ class VocabRows:
         """True when rows are computed by the weights' owner instead of read from the weight."""
         return self._rows is not None
 
+    def _read_weight(self) -> bool:
+        # a weight that holds its values (nothing freed it yet in this call) is read: the same bits, no arithmetic
+        return self._rows is None or self.weight.untyped_storage().nbytes() > 0
+
     def take(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows `ids` (1-D int64) as a new [len(ids), D] tensor."""
-        return self.weight.index_select(0, ids) if self._rows is None else self._rows(self.weight, ids)
+        return self.weight.index_select(0, ids) if self._read_weight() else self._rows(self.weight, ids, None)
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         """The embedding of token ids of any shape: ids.shape + (D,) (`F.embedding` without gradients)."""
         return self.take(ids.reshape(-1)).view(*ids.shape, self.shape[1])
 
-    def block(self, start: int, stop: int) -> torch.Tensor:
-        """Rows start..stop-1; read-only (it may be a view of the weight or of the masters)."""
-        return self.weight[start:stop] if self._rows is None else self._rows(self.weight, slice(start, stop))
-
     def blocks(self, size: int) -> Iterator[tuple[int, torch.Tensor]]:
-        """(start, block) over the whole matrix, `size` rows at a time."""
+        """(start, rows start..start+size-1) over the whole matrix. Read-only, and only until the next block:
+        computed blocks share one buffer (whole-matrix-sized blocks would be fresh mappings, faulted in each)."""
+        buffer = None
         for start in range(0, self.shape[0], size):
-            yield start, self.block(start, min(self.shape[0], start + size))
+            stop = min(self.shape[0], start + size)
+            if self._read_weight():
+                yield start, self.weight[start:stop]
+                continue
+            if buffer is None:
+                buffer = torch.empty((min(size, self.shape[0]), self.shape[1]), dtype=self.weight.dtype,
+                                     device=self.weight.device)
+            yield start, self._rows(self.weight, slice(start, stop), buffer[:stop - start])
 
     def whole(self) -> torch.Tensor:
         """The weight itself, written (a freed one comes back): for packing it whole."""

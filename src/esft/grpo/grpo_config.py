@@ -113,6 +113,9 @@ class GRPOConfig(RunConfig):
     """continue the run in output_dir from its latest checkpoint (step count, optimizer and LR schedule continue)"""
 
     def __post_init__(self) -> None:
+        from esft.tasks.custom import absolute_data_task
+
+        self.task = absolute_data_task(self.task)  # config.yaml must rebuild it from any directory
         self.parse_mappings("task_options", "trl_args")
         check_fields(self, self.rules)
         if self.completions_per_step % self.per_device_train_batch_size:

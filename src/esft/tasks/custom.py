@@ -63,6 +63,20 @@ def external_kind(name: str) -> str | None:
     return None
 
 
+def absolute_data_task(name: str) -> str:
+    """`name` with its data file's path made absolute where it names an existing file relative to the working
+    directory (options kept), so that a run's config.yaml rebuilds the task from any directory (--resume, replay,
+    report); any other task string unchanged."""
+    text = str(name).strip()
+    if external_kind(text) != "data":
+        return name
+    source, options = _split_options(text)
+    path = Path(source).expanduser()
+    if path.is_absolute() or not path.is_file():
+        return name
+    return str(path.resolve()) + (f":{options}" if options else "")
+
+
 def parse_options(name: str, text: str) -> dict[str, str]:
     """`key=value,...` -> dict of text values (keys lower-cased); ValueError on a malformed or repeated option."""
     options: dict[str, str] = {}
