@@ -79,6 +79,24 @@ def test_es_only_report_via_cli(tmp_path, tokenizer, capsys):
     assert "Table 3" in text and "Figure 4" in text
 
 
+def test_a_failing_analysis_is_reported_and_the_command_exits_1(tmp_path, tokenizer, capsys, monkeypatch):
+    from esft.analysis.report_builder import Report
+
+    base = make_base(tmp_path, tokenizer, hidden=16)
+    make_es_run(tmp_path / "exp", base, steps=2)
+
+    def broken(self):
+        raise TypeError("an option this task does not take")
+
+    monkeypatch.setattr(Report, "section_weights", broken)
+    out = tmp_path / "rep"
+    assert main(["report", str(tmp_path / "exp"), "--output-dir", str(out), "--analyses", "weights,drift"]) == 1
+    err = capsys.readouterr().err
+    assert "1 analyses failed (weights)" in err
+    text = (out / "report.md").read_text()
+    assert "Failed: `TypeError: an option this task does not take`" in text and "## Drift" in text
+
+
 def test_analyze_commands(experiment, tmp_path, capsys):
     es, grpo = experiment / "es" / "checkpoints" / "final", experiment / "grpo" / "checkpoints" / "final"
     base = experiment / "base"

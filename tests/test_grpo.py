@@ -254,3 +254,32 @@ def test_cli_builds_grpo_config(tmp_path):
     with pytest.raises(SystemExit) as exit_info:  # every field's help text renders (argparse %-formats it)
         build_parser().parse_args(["train", "grpo", "--help"])
     assert exit_info.value.code == 0
+
+
+def test_the_learning_curve_reads_a_grpo_run(run):
+    """esft.es.curve.plot_run (what esft.api writes at the end of every run) draws a GRPO run's reward per step."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from esft.es.curve import plot_run
+
+    drawn = []
+    real = plt.subplots
+
+    def spy(*args, **kwargs):
+        fig, axes = real(*args, **kwargs)
+        drawn.append(axes)
+        return fig, axes
+
+    plt.subplots = spy
+    try:
+        path = plot_run(run["out"], run["out"] / "grpo-curve.png")
+    finally:
+        plt.subplots = real
+    assert path.stat().st_size > 1000
+    train_axis = drawn[0][0]
+    assert train_axis.get_xlabel() == "optimizer step"
+    assert [line.get_label() for line in train_axis.get_lines()][0] == "reward mean"
+    assert list(train_axis.get_lines()[0].get_ydata()) == [m["reward"]["mean"] for m in run["metrics"]]

@@ -240,6 +240,11 @@ def test_report_of_a_missing_folder_fails(tmp_path, capsys):
     assert main(["report", str(tmp_path / "typo")]) == 2
     assert "not a folder" in error_of(capsys)
     assert not (tmp_path / "typo").exists()
+    (tmp_path / "empty").mkdir()  # a folder holding no run is an error too, not an empty report
+    assert main(["report", str(tmp_path / "empty")]) == 2
+    assert "no run directory" in error_of(capsys)
+    assert main(["analyze", "drift", "--run", str(tmp_path / "typo"), "--output-dir", str(tmp_path / "d")]) == 2
+    assert "no such run directory" in error_of(capsys)
 
 
 def test_eval_bad_values_and_unknown_task(capsys, no_model_load):
@@ -375,6 +380,7 @@ def test_torn_last_line_resumes_bit_identical(tiny_dir, reference, tmp_path, var
     assert main(es_args(tiny_dir, out, "--resume", str(out), iterations=3)) == 0
     assert [json.loads(x)["iteration"] for x in (out / "seeds.jsonl").read_text().splitlines()] == [0, 1, 2]
     assert_same_weights(out, reference)
+    assert (out / "curve.png").stat().st_size > 1000  # the run's learning curve, written by every training run
 
 
 def test_damaged_final_checkpoint_falls_back_to_the_previous_one(tiny_dir, reference, tmp_path, capsys,

@@ -62,7 +62,7 @@ def train_es(config: ESConfig, **kwargs: Any) -> TrainResult:
     """Run (or resume, with config.resume) ES fine-tuning on the executor the config asks for. Keyword seams:
     model, tokenizer, task (an object, a class or a task string), executor, executor_factory, generate_fn, fitness_rule, progress. Returns the run
     directory, steps done, final checkpoint, last eval."""
-    return es_trainer(config, **kwargs).train()
+    return _with_curve(es_trainer(config, **kwargs).train())
 
 
 def train_grpo(config: Any, **kwargs: Any) -> TrainResult:
@@ -71,7 +71,15 @@ def train_grpo(config: Any, **kwargs: Any) -> TrainResult:
     from esft.grpo.run import train_grpo as _train_grpo
 
     config, kwargs["task"] = with_task(config, kwargs.get("task"))
-    return _train_grpo(config, **kwargs)
+    return _with_curve(_train_grpo(config, **kwargs))
+
+
+def _with_curve(result: TrainResult) -> TrainResult:
+    """The run's learning curve (`<run>/curve.png`, esft.es.curve.plot_run) written beside its metrics."""
+    from esft.es.curve import plot_run
+
+    plot_run(result.output_dir)
+    return result
 
 
 __all__ = ["es_trainer", "train_es", "train_grpo", "with_task"]

@@ -139,7 +139,7 @@ def _analyze(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from esft.analysis.report_builder import ReportConfig, build_report
+    from esft.analysis.report_builder import Report, ReportConfig
 
     from pathlib import Path
 
@@ -148,8 +148,13 @@ def _report(args: argparse.Namespace) -> int:
     overrides = _explicit(args, ReportConfig)
     overrides["dir"] = args.dir
     config = build_config(ReportConfig, None, None, args.config, overrides)
-    path = build_report(config)
+    report = Report(config)
+    path = report.build()
     print(f"wrote {path}")
+    if report.failed:
+        print(f"esft: error: {len(report.failed)} analyses failed ({', '.join(report.failed)}); "
+              f"{path} says why", file=sys.stderr)
+        return 1
     return 0
 
 

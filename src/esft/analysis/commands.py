@@ -142,6 +142,8 @@ def run_drift(cfg: DriftConfig) -> dict[str, Any]:
     from esft.analysis.runs import read_config
 
     src = Path(cfg.run)
+    if not src.exists():
+        raise FileNotFoundError(f"--run {src}: no such run directory or drift file")
     out = Path(cfg.output_dir)
     alpha, n = cfg.alpha, cfg.population
     if src.is_dir():
@@ -182,12 +184,16 @@ def run_drift(cfg: DriftConfig) -> dict[str, Any]:
 
 
 def format_drift(res: dict[str, Any]) -> str:
+    def g(x: Any) -> str:  # four significant digits (drift.json keeps the full values)
+        return f"{x:.4g}" if isinstance(x, (int, float)) else str(x)
+
     t = res.get("total", {})
     lines = [f"T={res['steps']} d={res['num_params']} alpha={res['alpha']:g} N={res['population']}: "
-             f"R^2(theory)={t.get('r2_theory')}, fit rho={t.get('rho')}, fit R^2={t.get('r2_fit')}, "
-             f"measured/predicted={t.get('final_ratio')}"]
+             f"R^2(theory)={g(t.get('r2_theory'))}, fit rho={g(t.get('rho'))}, fit R^2={g(t.get('r2_fit'))}, "
+             f"measured/predicted={g(t.get('final_ratio'))}"]
     for fam, v in res["families"].items():
-        lines.append(f"  {fam:<28} n={v['n']:<3} rho median {v['rho']['median']}  R^2 median {v['r2_fit']['median']}")
+        lines.append(f"  {fam:<28} n={v['n']:<3} rho median {g(v['rho']['median'])}  "
+                     f"R^2 median {g(v['r2_fit']['median'])}")
     return "\n".join(lines)
 
 

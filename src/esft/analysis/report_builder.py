@@ -105,12 +105,16 @@ class Report(ReportContext):
         self.timings: dict[str, float] = {}
 
     def build(self) -> Path:
+        self.failed: list[str] = []  # analyses that raised (the report records why; the CLI exits 1)
         if self.config.threads:
             import torch
 
             torch.set_num_threads(int(self.config.threads))
         t_start = time.perf_counter()
         self.discover()
+        if not self.runs:  # a mistyped folder must not look like an empty success
+            raise ValueError(f"no run directory under {self.root} (a folder with config.yaml and metrics.jsonl, "
+                             "seeds.jsonl, drift.jsonl or checkpoints)")
         self.log(f"{len(self.runs)} runs, {len(self.chains)} chains, {len(self.pairs)} ES-GRPO pairs")
         self.section_runs()
         self.section_accuracy()
@@ -129,6 +133,7 @@ class Report(ReportContext):
             except Exception as exc:  # one failing analysis must not lose the others
                 self.sections.append(f"## {a}\n\nFailed: `{type(exc).__name__}: {exc}`\n")
                 self.skip(a, f"failed with {type(exc).__name__}: {exc}")
+                self.failed.append(a)
                 self.log(f"{a} failed: {exc!r}")
             self.timings[a] = time.perf_counter() - t0
         self.timings["total"] = time.perf_counter() - t_start

@@ -91,7 +91,9 @@ class ReportContext:
         return os.path.relpath(Path(path).resolve(), self.out.resolve())
 
     def rel_run(self, r: Run) -> str:
-        return self.shown(r.path)
+        # a report of one run directory names the run by its folder, not "."
+        shown = self.shown(r.path)
+        return r.path.resolve().name if shown == "." else shown
 
     def shown(self, where: Any) -> str:
         """A path as report.md shows it (`shown_path` under the report's root DIR); other values as they are."""

@@ -1,4 +1,4 @@
-"""Summaries and the learning-curve figure of an ES run, read from its run directory only.
+"""Summaries and the learning-curve figure of a run (ES; the figure also GRPO), read from its run directory only.
 
     from esft.es.curve import summarize, plot_run
     summarize("runs/es-demo")                 # seconds/iteration, time split, peak RSS, first/last evaluation
@@ -96,8 +96,9 @@ def summarize(run_dir: str | Path) -> dict[str, Any]:
 
 
 def plot_run(run_dir: str | Path, path: str | Path | None = None) -> Path:
-    """Two panels: train fitness per iteration (mean and min-max band) and held-out accuracy with its 95% CI,
-    beside the held-out examples' constant-answer baseline (band: its 95% CI) when it is known."""
+    """Two panels: train fitness per iteration (mean and min-max band; a GRPO run's reward per step) and held-out
+    accuracy with its 95% CI, beside the held-out examples' constant-answer baseline (band: its 95% CI) when it
+    is known. Written to `<run_dir>/curve.png` by default (esft.api does it at the end of every training run)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -107,14 +108,18 @@ def plot_run(run_dir: str | Path, path: str | Path | None = None) -> Path:
     path = Path(path) if path else run_dir / "curve.png"
     train, evals = _split(run_dir)
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
+    es = not train or "fitness" in train[0]
+    key, who = ("fitness", "members") if es else ("reward", "completions")
+    train = [m for m in train if isinstance(m.get(key), dict)]
     if train:
         steps = [m["step"] for m in train]
-        ax1.plot(steps, [m["fitness"]["mean"] for m in train], marker="o", label="fitness mean")
-        ax1.fill_between(steps, [m["fitness"]["min"] for m in train], [m["fitness"]["max"] for m in train],
-                         alpha=0.25, label="min-max over members")
+        ax1.plot(steps, [m[key]["mean"] for m in train], marker="o", label=f"{key} mean")
+        ax1.fill_between(steps, [m[key]["min"] for m in train], [m[key]["max"] for m in train],
+                         alpha=0.25, label=f"min-max over {who}")
         ax1.plot(steps, [m["format_rate"] for m in train], ls="--", label="format rate")
-    ax1.set_xlabel("iteration (updates applied)")
-    ax1.set_title("train batch (perturbed members)")
+    xlabel = "iteration (updates applied)" if es else "optimizer step"
+    ax1.set_xlabel(xlabel)
+    ax1.set_title("train batch (perturbed members)" if es else "train batch (sampled completions)")
     ax1.legend(fontsize=8)
     ev = [e for e in evals if "test_accuracy" in e]
     if ev:
@@ -130,8 +135,8 @@ def plot_run(run_dir: str | Path, path: str | Path | None = None) -> Path:
             ax2.axhspan(lo_c, hi_c, color="grey", alpha=0.2)
             ax2.axhline(constant["constant_baseline"], color="grey", ls=":",
                         label=f"constant answer \"{constant['constant_answer']}\" (95% CI)")
-    ax2.set_xlabel("iteration (updates applied)")
-    ax2.set_title("unperturbed model")
+    ax2.set_xlabel(xlabel)
+    ax2.set_title("unperturbed model" if es else "model")
     ax2.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
