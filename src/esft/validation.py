@@ -18,10 +18,13 @@ def check_task(key: str, name: Any, options: dict[str, Any] | None = None) -> An
     """`name` builds a task with `options` (cheap: task data loads lazily), returned; else ConfigError under
     `key`."""
     from esft.tasks import TASK_NAMES, get_task
+    from esft.tasks.custom import external_kind
 
     try:
         return get_task(str(name), **(options or {}))
     except (ValueError, TypeError) as exc:
+        if external_kind(str(name)):  # a data file, dataset or module: what is wrong with it, not the registry
+            raise ConfigError(key, name, f"a task esft can build from it: {exc}") from None
         raise ConfigError(key, name, f"a task of {', '.join(TASK_NAMES)} with valid options ({exc})") from None
 
 
