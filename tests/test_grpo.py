@@ -8,6 +8,7 @@ Run: . .venv/bin/activate && pytest -q tests/test_grpo.py   (~30 s on 2 CPU core
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -283,3 +284,25 @@ def test_the_learning_curve_reads_a_grpo_run(run):
     assert train_axis.get_xlabel() == "optimizer step"
     assert [line.get_label() for line in train_axis.get_lines()][0] == "reward mean"
     assert list(train_axis.get_lines()[0].get_ydata()) == [m["reward"]["mean"] for m in run["metrics"]]
+
+
+def test_resume_reads_the_runs_own_config(run, monkeypatch, capsys):
+    """`esft train grpo --resume --output-dir RUN` continues from the run's config.yaml without its flags again;
+    a flag that changes the training (not a resumable one) is refused before any model loads."""
+    import esft.models
+    from esft.cli import main
+    from esft.grpo.grpo_config import resume_config
+
+    out = run["out"]
+    saved, _ = read_run_config(out)
+    config = resume_config(str(out), {"eval_every": 3, "resume": True, "output_dir": str(out)})
+    assert config == dataclasses.replace(saved, eval_every=3, resume=True, output_dir=str(out))
+    assert resume_config(str(out), {"learning_rate": saved.learning_rate}) == dataclasses.replace(
+        saved, resume=True, output_dir=str(out))  # the original flags repeated unchanged are accepted
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model was loaded before the flags were checked")
+
+    monkeypatch.setattr(esft.models, "load_model", refuse)
+    assert main(["train", "grpo", "--resume", "--output-dir", str(out), "--learning-rate", "0.5"]) == 2
+    assert "cannot change ['learning_rate']" in capsys.readouterr().err

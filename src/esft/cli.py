@@ -95,15 +95,25 @@ def _train_grpo(args: argparse.Namespace) -> int:
     from esft.grpo import PRESETS, GRPOConfig, train_grpo
     from esft.tasks.custom import apply_task_flags
 
-    config = build_config(GRPOConfig, PRESETS, args.preset, args.config, _explicit(args, GRPOConfig),
-                          check=_names_with_task_flags(args, lambda c: [c.task]))
+    from pathlib import Path
+
+    run_dir = getattr(args, "output_dir", None)
+    if getattr(args, "resume", False) and run_dir and (Path(run_dir) / "config.yaml").exists():
+        # `--resume --output-dir RUN_DIR`: the run's own config.yaml, plus the flags a resume may change
+        from esft.grpo.grpo_config import resume_config
+
+        config = resume_config(run_dir, _explicit(args, GRPOConfig))
+        check_names(config)
+    else:
+        config = build_config(GRPOConfig, PRESETS, args.preset, args.config, _explicit(args, GRPOConfig),
+                              check=_names_with_task_flags(args, lambda c: [c.task]))
     config = apply_task_flags(config, args, [config.task])  # --prompt-field/--reward ... (data tasks)
     _check_run_dir(config.output_dir)
     try:
         result = train_grpo(config)
-    except KeyboardInterrupt:  # GRPO resumes from its config flags, not from the folder alone
-        print(f"\ninterrupted: continue with `esft train grpo --resume --output-dir {config.output_dir}` and the "
-              "same options", file=sys.stderr)
+    except KeyboardInterrupt:
+        print(f"\ninterrupted: continue with `esft train grpo --resume --output-dir {config.output_dir}`",
+              file=sys.stderr)
         return 130
     print(f"\n{result.steps} steps in {result.output_dir}; final checkpoint: {result.final_checkpoint}")
     return 0

@@ -95,6 +95,13 @@ def summarize(run_dir: str | Path) -> dict[str, Any]:
     return out
 
 
+def _legend_or_note(ax: Any, note: str) -> None:
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
+    else:
+        ax.text(0.5, 0.5, note, ha="center", va="center", transform=ax.transAxes, color="grey")
+
+
 def plot_run(run_dir: str | Path, path: str | Path | None = None) -> Path:
     """Two panels: train fitness per iteration (mean and min-max band; a GRPO run's reward per step) and held-out
     accuracy with its 95% CI, beside the held-out examples' constant-answer baseline (band: its 95% CI) when it
@@ -120,7 +127,7 @@ def plot_run(run_dir: str | Path, path: str | Path | None = None) -> Path:
     xlabel = "iteration (updates applied)" if es else "optimizer step"
     ax1.set_xlabel(xlabel)
     ax1.set_title("train batch (perturbed members)" if es else "train batch (sampled completions)")
-    ax1.legend(fontsize=8)
+    _legend_or_note(ax1, "no training iteration logged")
     ev = [e for e in evals if "test_accuracy" in e]
     if ev:
         steps = [e["step"] for e in ev]
@@ -137,7 +144,7 @@ def plot_run(run_dir: str | Path, path: str | Path | None = None) -> Path:
                         label=f"constant answer \"{constant['constant_answer']}\" (95% CI)")
     ax2.set_xlabel(xlabel)
     ax2.set_title("unperturbed model" if es else "model")
-    ax2.legend(fontsize=8)
+    _legend_or_note(ax2, "no held-out evaluation (eval_every 0)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

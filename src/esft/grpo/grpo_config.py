@@ -195,6 +195,29 @@ RESUMABLE_CHANGES = {"report_to", "save_steps", "eval_every", "eval_limit", "eva
                      "gradient_checkpointing"}
 
 
+def resume_config(run_dir: str, overrides: dict[str, Any] | None = None) -> GRPOConfig:
+    """Config to continue `run_dir` (`esft train grpo --resume --output-dir RUN_DIR`): its saved config.yaml, plus
+    the explicit flags among RESUMABLE_CHANGES, with resume=True. The other flags need not be repeated; one that
+    differs from the run's own value is an error (repeating them unchanged is accepted)."""
+    from pathlib import Path
+
+    from esft.config import build_config, read_saved_config
+    from esft.tasks.custom import absolute_data_task
+
+    data = read_saved_config(run_dir)
+    data.pop("_run", None)
+    config = build_config(GRPOConfig, overrides=data, overrides_source=f"{Path(run_dir) / 'config.yaml'}")
+    overrides = {k: v for k, v in (overrides or {}).items() if k not in ("resume", "output_dir")}
+    if "task" in overrides:  # as config.yaml recorded it (a data file's absolute path)
+        overrides["task"] = absolute_data_task(overrides["task"])
+    changes = {k: v for k, v in overrides.items() if getattr(config, k) != v}
+    bad = sorted(set(changes) - RESUMABLE_CHANGES)
+    if bad:
+        raise ValueError(f"cannot change {bad} when resuming {run_dir} (a resume may change only "
+                         f"{', '.join(sorted(RESUMABLE_CHANGES - {'resume', 'output_dir'}))})")
+    return dataclasses.replace(config, **changes, resume=True, output_dir=str(run_dir))
+
+
 def preset(name: str, config_file: str | None = None, **overrides: Any) -> GRPOConfig:
     """GRPOConfig from a preset ("paper" or "cpu"), an optional YAML file and overrides (esft.config rules)."""
     from esft.config import build_config
