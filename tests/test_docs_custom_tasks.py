@@ -70,7 +70,8 @@ def test_python_blocks_run_as_written(tmp_path, monkeypatch, capsys):
     es_run = tmp_path / "runs" / "sums-es"
     assert (es_run / "checkpoints" / "final" / "config.json").exists()
     saved = (es_run / "config.yaml").read_text()
-    assert "task: sums.jsonl" in saved and "my_rewards:correct_sum" in saved
+    # the data file by its absolute path: --resume and replay work from any directory
+    assert f"task: {tmp_path / 'sums.jsonl'}" in saved and "my_rewards:correct_sum" in saved
     grpo_run = tmp_path / "runs" / "doubling-grpo"
     assert "task: my_tasks:Doubling" in (grpo_run / "config.yaml").read_text()
     assert namespace["result"].steps == 1
