@@ -283,3 +283,11 @@ def test_generation_options_reach_the_rollouts_and_cannot_override_es_fields():
         generation_config(ESConfig(generation_options={"temperature": 1.0}))
     with pytest.raises(ValueError, match="mapping"):
         ESConfig(generation_options="[1, 2]")
+
+
+def test_progress_prints_every_held_out_evaluation_the_first_included(tmp_path, capsys):
+    train_es(cfg(tmp_path, iterations=3, eval_every=3, checkpoint_every=0), model=tiny_llama(), tokenizer=None,
+             task=ToyTask(), generate_fn=stub_generate, progress=True)
+    out = capsys.readouterr()
+    text = out.out + out.err
+    assert "step 0: held-out accuracy" in text and "step 3: held-out accuracy" in text

@@ -352,13 +352,18 @@ class ESTrainer:
         every = self.config.checkpoint_every
         return bool(every) and step % every == 0 and 0 < step < self.config.iterations
 
+    def _say_eval(self, ev: dict[str, Any], write: Callable[[str], None]) -> None:
+        if "test_accuracy" in ev and self.progress:
+            write(f"step {self.step}: held-out accuracy {ev['test_accuracy']:.3f} (format "
+                  f"{ev['test_format_rate']:.2f}), train reward {ev['train_reward']:.3f}")
+
     def _train_locked(self, tqdm: Any) -> TrainResult:
         cfg = self.config
         self._prepare_dir()
         self.tracker = open_tracker(cfg.report_to, self.out, self.out.name, cfg.to_dict())
         # the evaluation and checkpoint of the current step may be missing (fresh run, or a stop during them)
         if cfg.eval_every and (self.step == 0 or self._eval_due(self.step)) and self.step not in self._evaluated:
-            self.evaluate()
+            self._say_eval(self.evaluate(), tqdm.write)
         written = {s for s, _ in es_rundir.list_checkpoints(self.out)} - self._damaged_checkpoints
         if self._checkpoint_due(self.step) and self.step not in written:
             self.checkpoint()
@@ -371,10 +376,7 @@ class ESTrainer:
                 bar.set_postfix(fit=f"{rec['fitness']['mean']:.3f}", fmt=f"{rec['format_rate']:.2f}",
                                 s_it=f"{rec['time']['total']:.1f}")
                 if self._eval_due(self.step):
-                    ev = self.evaluate()
-                    if "test_accuracy" in ev and self.progress:
-                        bar.write(f"step {self.step}: held-out accuracy {ev['test_accuracy']:.3f} "
-                                  f"(format {ev['test_format_rate']:.2f}), train reward {ev['train_reward']:.3f}")
+                    self._say_eval(self.evaluate(), bar.write)
                 if self._checkpoint_due(self.step):
                     self.checkpoint()
         except KeyboardInterrupt:
