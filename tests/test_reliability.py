@@ -236,6 +236,13 @@ def test_unwritable_output_dir_is_refused(tmp_path, capsys, no_model_load, monke
         locked.chmod(0o700)
 
 
+@pytest.mark.parametrize("algorithm", ["es", "grpo"])
+def test_a_misspelt_preset_is_one_line_naming_the_presets(tmp_path, capsys, no_model_load, algorithm):
+    assert main(["train", algorithm, "--preset", "cpu-countdwn", "--output-dir", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "unknown preset 'cpu-countdwn'" in err and "cpu" in err
+
+
 def test_report_of_a_missing_folder_fails(tmp_path, capsys):
     assert main(["report", str(tmp_path / "typo")]) == 2
     assert "not a folder" in error_of(capsys)

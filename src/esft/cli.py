@@ -185,7 +185,9 @@ def _explicit(args: argparse.Namespace, cls: type) -> dict[str, Any]:
 def _add_run_options(p: argparse.ArgumentParser, presets: Sequence[str] | None) -> None:
     p.add_argument("--config", default=None, metavar="FILE", help="YAML file of options (flags override it)")
     if presets is not None:
-        p.add_argument("--preset", default=None, choices=list(presets), help="named set of options")
+        # checked by build_config (one line naming the presets), not by argparse `choices` (its whole usage)
+        p.add_argument("--preset", default=None, metavar="NAME",
+                       help=f"named set of options: {', '.join(presets)}")
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
