@@ -57,3 +57,10 @@ def test_analysis_tasks_keep_their_options_whole(analysis):
     cls = COMMANDS[analysis][0]
     config = build_config(cls, None, None, None, _explicit(args, cls))
     assert config.tasks == ["countdown:numbers=2,max_number=20,ops=+*", "boolq"]
+
+
+def test_an_abbreviated_top_level_option_before_the_sub_command_still_parses():
+    from esft.cli import main
+
+    # `--deb` is argparse's prefix of --debug; the sub-command is the first word that is not an option
+    assert main(["--deb", "train", "es", "--preset", "no-such-preset"]) == 2

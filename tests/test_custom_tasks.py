@@ -255,3 +255,23 @@ def test_a_data_tasks_path_is_recorded_absolute(tmp_path, monkeypatch):
     assert read_run_config(run)[0].task == full
     monkeypatch.chdir(work)  # the same file named relative again on a resume is no change
     assert resume_config(run, {"task": "sums.jsonl", "iterations": 5}).iterations == 5
+
+
+def test_the_api_resumes_a_run_of_a_data_task_object_named_relative(user_files, tmp_path, monkeypatch):
+    """A DatasetTask built from a relative path records the file's absolute path; resuming with the same object
+    keeps it (the recorded text and the object's spec compare as absolute paths)."""
+    from esft.api import with_task
+    from esft.es import ESConfig
+    from esft.es.es_config import save_yaml
+
+    _, data = user_files
+    monkeypatch.chdir(data.parent)
+    task = get_task(data.name, prompt_field="question", reward="boxed")
+    run = tmp_path / "run"
+    run.mkdir()
+    config, _ = with_task(ESConfig(output_dir=str(run)), task)
+    assert config.task == str(data.resolve())
+    save_yaml(config, run / "config.yaml")
+    resumed, obj = with_task(ESConfig(output_dir=str(run), resume=True), task)
+    assert obj is task and resumed.task == str(data.resolve())
+    assert resumed.task_options == {"prompt_field": "question", "reward": "boxed"}

@@ -257,29 +257,28 @@ def test_cli_builds_grpo_config(tmp_path):
     assert exit_info.value.code == 0
 
 
-def test_the_learning_curve_reads_a_grpo_run(run):
-    """esft.es.curve.plot_run (what esft.api writes at the end of every run) draws a GRPO run's reward per step."""
-    import matplotlib
+def test_the_learning_curve_reads_a_grpo_run(run, monkeypatch):
+    """esft.es.curve.plot_run (what esft.api writes at the end of every run) draws a GRPO run's reward per step,
+    without pyplot (a notebook's backend and figures stay as they are)."""
+    import sys
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
 
     from esft.es.curve import plot_run
 
     drawn = []
-    real = plt.subplots
+    real = Figure.subplots
 
-    def spy(*args, **kwargs):
-        fig, axes = real(*args, **kwargs)
+    def spy(self, *args, **kwargs):
+        axes = real(self, *args, **kwargs)
         drawn.append(axes)
-        return fig, axes
+        return axes
 
-    plt.subplots = spy
-    try:
-        path = plot_run(run["out"], run["out"] / "grpo-curve.png")
-    finally:
-        plt.subplots = real
+    monkeypatch.setattr(Figure, "subplots", spy)
+    had_pyplot = "matplotlib.pyplot" in sys.modules
+    path = plot_run(run["out"], run["out"] / "grpo-curve.png")
     assert path.stat().st_size > 1000
+    assert ("matplotlib.pyplot" in sys.modules) == had_pyplot
     train_axis = drawn[0][0]
     assert train_axis.get_xlabel() == "optimizer step"
     assert [line.get_label() for line in train_axis.get_lines()][0] == "reward mean"

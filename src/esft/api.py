@@ -25,14 +25,15 @@ def with_task(config: Any, task: Any) -> tuple[Any, Any]:
         return config, None
     if isinstance(task, str):
         return config.replace(task=task), None
-    from esft.tasks.custom import instantiate, task_spec
+    from esft.tasks.custom import absolute_data_task, instantiate, task_spec
 
     if isinstance(task, type):  # a class: built without options, like `--task module:Class`
         task = instantiate(task, task.__name__, {})
     if isinstance(task, Task):  # e.g. a data task: its file, fields and reward, before any model
         task.validate()
     spec = task_spec(task)
-    if spec is not None and _recorded_task(config) in (None, spec[0]):
+    # (config.yaml records a data file by its absolute path: compare it so)
+    if spec is not None and _recorded_task(config) in (None, absolute_data_task(spec[0])):
         config = config.replace(task=spec[0], task_options=spec[1])
     return config, task
 
@@ -76,9 +77,14 @@ def train_grpo(config: Any, **kwargs: Any) -> TrainResult:
 
 def _with_curve(result: TrainResult) -> TrainResult:
     """The run's learning curve (`<run>/curve.png`, esft.es.curve.plot_run) written beside its metrics."""
+    import sys
+
     from esft.es.curve import plot_run
 
-    plot_run(result.output_dir)
+    try:
+        plot_run(result.output_dir)
+    except Exception as exc:  # the run is finished and saved: a figure that cannot be drawn must not fail it
+        print(f"esft: warning: {result.output_dir}/curve.png not drawn: {type(exc).__name__}: {exc}", file=sys.stderr)
     return result
 
 

@@ -333,7 +333,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     debug = "--debug" in args_list
     args_list = [a for a in args_list if a != "--debug"]
     # only the typed sub-command's options are built (see build_parser); "" for `esft --help`, `--version`
-    parser = build_parser(args_list[0] if args_list and not args_list[0].startswith("-") else "")
+    # (the top-level options take no value: the first word that is not an option names the sub-command)
+    parser = build_parser(next((a for a in args_list if not a.startswith("-")), ""))
     args = parser.parse_args(args_list)
     func: Callable[[argparse.Namespace], int] = args.func
     try:

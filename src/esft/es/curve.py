@@ -106,15 +106,14 @@ def plot_run(run_dir: str | Path, path: str | Path | None = None) -> Path:
     """Two panels: train fitness per iteration (mean and min-max band; a GRPO run's reward per step) and held-out
     accuracy with its 95% CI, beside the held-out examples' constant-answer baseline (band: its 95% CI) when it
     is known. Written to `<run_dir>/curve.png` by default (esft.api does it at the end of every training run)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    # a Figure without pyplot: no backend is switched, no figure of the caller's (a notebook's) is touched
+    from matplotlib.figure import Figure
 
     run_dir = Path(run_dir)
     path = Path(path) if path else run_dir / "curve.png"
     train, evals = _split(run_dir)
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
+    fig = Figure(figsize=(10, 3.8))
+    ax1, ax2 = fig.subplots(1, 2)
     es = not train or "fitness" in train[0]
     key, who = ("fitness", "members") if es else ("reward", "completions")
     train = [m for m in train if isinstance(m.get(key), dict)]
@@ -147,7 +146,6 @@ def plot_run(run_dir: str | Path, path: str | Path | None = None) -> Path:
     _legend_or_note(ax2, "no held-out evaluation (eval_every 0)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-    plt.close(fig)
     return path
 
 
