@@ -149,10 +149,10 @@ class MasterWeights:
         self._largest = max(p.numel() for p in self.params.values())
         self._device = next(iter(self.params.values())).device
         self.perturbed: tuple[int, int] | None = None
-        # Deferred writes (bound copies only, `bind`): name -> what perturb / restore left unwritten, because the
-        # lean engine had freed that parameter (esft.generation.releasing) and will ask for it again when it reads
-        # it (`fill`). None here: the model's own parameters are never freed, so never deferred.
-        self._deferred: dict[str, tuple] | None = None
+        # Deferred writes (bound copies only, `bind`): a parameter the lean engine has freed (esft.generation.
+        # releasing) is left unwritten by perturb / restore and written with the latest of them, `_op`, when the
+        # engine reads it (`fill`). The model's own parameters are never freed, so never deferred.
+        self._bound = False
         self._op: tuple = ("restore",)  # the latest perturb / restore: what every parameter of a copy should hold
         self._names_by_id: dict[int, str] = {}
         self.workers = workers
@@ -180,7 +180,7 @@ class MasterWeights:
         other.perturbed = None
         other.shared = False
         # a copy's released parameters are written when the engine reads them (`fill`), not by perturb / restore
-        other._deferred = {}
+        other._bound = True
         other._names_by_id = {id(p): n for n, p in other.params.items()}
         return other
 
@@ -278,7 +278,7 @@ class MasterWeights:
         op = self._op = ("perturb", int(seed), step)
 
         def one(name: str, bufs: list[torch.Tensor]) -> None:
-            if not self._defer(name, op):
+            if not self._defer(name):
                 self._write(name, op, bufs[0] if bufs else None)
 
         self._map(one, buffers=0 if self.mode == "table" else 1)
@@ -290,20 +290,13 @@ class MasterWeights:
         self._op = ("restore",)
         if not self.shared:
             for name in self.params:
-                if not self._defer(name, ("restore",)):
+                if not self._defer(name):
                     self._write(name, ("restore",))
         self.perturbed = None
 
-    def _defer(self, name: str, op: tuple) -> bool:
+    def _defer(self, name: str) -> bool:
         """Leave a bound copy's released parameter unwritten until the engine reads it (`fill`); True if so."""
-        if self._deferred is None:
-            return False
-        param = self.params[name]
-        if param.numel() == 0 or param.untyped_storage().nbytes() > 0:
-            self._deferred.pop(name, None)  # written now: an older deferred write must not overwrite it later
-            return False
-        self._deferred[name] = op
-        return True
+        return self._bound and released(self.params[name])
 
     def _write(self, name: str, op: tuple, buf: torch.Tensor | None = None) -> None:
         """One parameter of the current member (op ("perturb", seed, step)) or of the centre (("restore",))."""
@@ -325,14 +318,12 @@ class MasterWeights:
         The lean engine calls this layer by layer as it packs (esft.generation.fill_released), so a lane copy
         holds one layer of plain projections at a time. Masters must not change between the perturb / restore
         and the fill (the executor applies updates only between populations, after every lane's generation)."""
-        if self._deferred is None:
+        if not self._bound:
             return
         names = list(self.params) if tensors is None else [self._names_by_id[id(t)] for t in tensors
                                                             if id(t) in self._names_by_id]
-        for name in names:
-            if name in self._deferred:
-                self._write(name, self._deferred.pop(name))
-            elif released(self.params[name]):  # freed by the engine after it was written (`VocabRows.free`)
+        for name in names:  # freed before the latest perturb / restore, or after it (`VocabRows.free`)
+            if released(self.params[name]):
                 self._write(name, self._op)
 
     @torch.no_grad()
@@ -361,7 +352,7 @@ class MasterWeights:
     @property
     def deferred(self) -> list[str]:
         """Names of the parameters whose write waits for `fill` (empty unless this is a bound copy)."""
-        return list(self._deferred or ())
+        return [n for n, p in self.params.items() if released(p)] if self._bound else []
 
     # -- update
     @torch.no_grad()
