@@ -67,9 +67,43 @@ def test_data_task_splits_prompts_and_trl_reward(user_files):
     assert task.prompt(ex) == [{"role": "system", "content": "Answer with a number."},
                                {"role": "user", "content": ex["question"]}]
     assert task.score(f"It is {ex['answer']}.", ex) == 1.0 and task.score("no idea", ex) == 0.0
-    # GRPO's path: one call of the user's function for the whole batch, format bonus on top
+    # GRPO's path: one call of the user's function for the whole batch; a reward function checks no format, so a
+    # format bonus adds nothing (it once rewarded any non-blank reply)
     reward = task.reward_function(format_bonus=0.5)
-    assert reward([[{"role": "assistant", "content": ex["answer"]}], "x"], examples=[ex, ex]) == [1.5, 0.5]
+    assert reward([[{"role": "assistant", "content": ex["answer"]}], "x"], examples=[ex, ex]) == [1.0, 0.0]
+
+
+def test_a_reward_function_checks_no_format(user_files):
+    """Only tasks that check an answer format report a format rate and pay a format bonus (Task.checks_format)."""
+    from esft.evaluation import completion_record
+    from esft.generation import Generation
+    from esft.tasks.base import checks_format, format_bonus_warning
+
+    _, data = user_files
+    scored = get_task(str(data), prompt_field="question", reward="user_rewards:contains_answer")
+    boxed = get_task(str(data), prompt_field="question", reward="boxed")
+    ex = scored.load("test")[0]
+    reply = f"It is \\boxed{{{ex['answer']}}}"
+    assert not checks_format(scored) and not scored.is_well_formed(reply, ex)
+    assert checks_format(boxed) and boxed.is_well_formed(reply, ex) and not boxed.is_well_formed("no box", ex)
+    assert boxed.reward_function(0.5)([reply, "no box"], examples=[ex, ex]) == [1.5, 0.0]
+    assert "has no effect" in format_bonus_warning(scored, 0.1)
+    assert format_bonus_warning(scored, 0.0) is None and format_bonus_warning(boxed, 0.1) is None
+    gen = Generation(text=reply, completion_ids=[1], prompt_tokens=3, finished=True)
+    assert "well_formed" not in completion_record(scored, ex, gen, {})
+    assert completion_record(boxed, ex, gen, {})["well_formed"] is True
+    assert "format_rate" not in scored.aggregate([completion_record(scored, ex, gen, {})])
+    # a task object: its own is_well_formed, or none
+    echo = get_task("user_rewards:Echo")
+    assert isinstance(echo, TaskAdapter) and not checks_format(echo) and not echo.is_well_formed("say 1", {})
+
+    class Checked:
+        name, splits = "checked", ("train", "test")
+        load, prompt, score = (lambda self, s: []), (lambda self, e: "q"), (lambda self, c, e: 0.0)
+        is_well_formed = staticmethod(lambda c, e: c == "ok")
+
+    adapted = TaskAdapter(Checked())
+    assert checks_format(adapted) and adapted.is_well_formed("ok", {}) and not adapted.is_well_formed("no", {})
 
 
 def test_builtin_verifiers():
@@ -154,12 +188,18 @@ def test_cli_eval_es_grpo_on_a_jsonl_task(user_files, tokenizer, capsys):
     summary = json.loads((root / "eval" / "summary.json").read_text())
     (result,) = summary["results"].values()
     assert result["n"] == 5 and 0.0 <= result["accuracy"] <= 1.0 and len(result["ci95"]) == 2
+    assert "format_rate" not in result  # a reward function checks no format
 
     es_dir = root / "es"
-    assert main(["train", "es", "--model", model, "--task", str(data), *task, "--iterations", "2",
-                 "--population-size", "2", "--batch-size", "4", "--max-new-tokens", "4", "--eval-every", "1",
-                 "--eval-limit", "4", "--device", "cpu", "--dtype", "float32", "--output-dir", str(es_dir)]) == 0
+    with pytest.warns(UserWarning, match="format bonus 0.1 has no effect"):
+        assert main(["train", "es", "--model", model, "--task", str(data), *task, "--iterations", "2",
+                     "--population-size", "2", "--batch-size", "4", "--max-new-tokens", "4", "--eval-every", "1",
+                     "--eval-limit", "4", "--device", "cpu", "--dtype", "float32", "--format-bonus", "0.1",
+                     "--output-dir", str(es_dir)]) == 0
     metrics = _read_jsonl(es_dir / "metrics.jsonl")
+    assert all(r["format_rate"] is None for r in metrics if r["kind"] == "train")
+    assert all(r["test_format_rate"] is None for r in metrics if r["kind"] == "eval")
+    assert all(r["well_formed"] is None for r in _read_jsonl(es_dir / "samples" / "eval_000000.jsonl"))
     assert [r["step"] for r in metrics if r["kind"] == "train"] == [1, 2]
     assert [r["step"] for r in metrics if r["kind"] == "eval"] == [0, 1, 2]
     assert all(r["test_n"] == 4 for r in metrics if r["kind"] == "eval")
@@ -174,8 +214,9 @@ def test_cli_eval_es_grpo_on_a_jsonl_task(user_files, tokenizer, capsys):
                  "--precision", "fp32", "--output-dir", str(grpo_dir)]) == 0
     grpo = _read_jsonl(grpo_dir / "metrics.jsonl")
     train = [r for r in grpo if r.get("kind") == "train"]
-    assert len(train) == 1 and train[0]["step"] == 1
+    assert len(train) == 1 and train[0]["step"] == 1 and "format_rate" not in train[0]
     assert any(r.get("kind") == "eval" for r in grpo)
+    assert all(r["test_format_rate"] is None for r in grpo if r.get("kind") == "eval")
 
 
 def test_cli_errors_before_the_model_loads(user_files, monkeypatch, capsys):

@@ -29,6 +29,7 @@ from esft.config import Rule, at_least, check_fields, in_range, non_negative, on
 from esft.generation import Generation, GenerationConfig, generate
 from esft.passk import answer_key, parse_ks, pass_at_k, summarize_samples
 from esft.tasks import Task, get_task, split_task_list, task_file_stem
+from esft.tasks.base import checks_format
 from esft.tasks.labels import BALANCE_SEED, balanced_subset
 
 
@@ -168,7 +169,8 @@ def completion_record(task: Task, example: dict, g: Generation, head: dict[str, 
     """One JSONL row: ids first, then score, format flag, the task's details, the completion and its example."""
     rec = dict(head)
     rec["score"] = task.score(g.text, example) if score is None else score
-    rec["well_formed"] = task.is_well_formed(g.text, example)
+    if checks_format(task):  # no format rate for a task that checks none
+        rec["well_formed"] = task.is_well_formed(g.text, example)
     rec.update(task.details(g.text, example) if details is None else details)
     rec.update({"completion": g.text, "finished": g.finished, "prompt_tokens": g.prompt_tokens,
                 "completion_tokens": len(g.completion_ids), "example": example})

@@ -79,7 +79,7 @@ def summarize(run_dir: str | Path) -> dict[str, Any]:
             "generated_tokens_per_s": float(np.mean([m["generated_tokens_per_s"] for m in train])),
             "zero_updates": sum(bool(m.get("zero_update")) for m in train),
             "fitness_mean_first": train[0]["fitness"]["mean"], "fitness_mean_last": train[-1]["fitness"]["mean"],
-            "format_rate_first": train[0]["format_rate"], "format_rate_last": train[-1]["format_rate"],
+            "format_rate_first": train[0].get("format_rate"), "format_rate_last": train[-1].get("format_rate"),
         })
     rss = [m["peak_rss_mb"] for m in train + evals if "peak_rss_mb" in m]
     if rss:
@@ -122,7 +122,8 @@ def plot_run(run_dir: str | Path, path: str | Path | None = None) -> Path:
         ax1.plot(steps, [m[key]["mean"] for m in train], marker="o", label=f"{key} mean")
         ax1.fill_between(steps, [m[key]["min"] for m in train], [m[key]["max"] for m in train],
                          alpha=0.25, label=f"min-max over {who}")
-        ax1.plot(steps, [m["format_rate"] for m in train], ls="--", label="format rate")
+        if all(m.get("format_rate") is not None for m in train):  # none for a task that checks no format
+            ax1.plot(steps, [m["format_rate"] for m in train], ls="--", label="format rate")
     xlabel = "iteration (updates applied)" if es else "optimizer step"
     ax1.set_xlabel(xlabel)
     ax1.set_title("train batch (perturbed members)" if es else "train batch (sampled completions)")
@@ -134,7 +135,8 @@ def plot_run(run_dir: str | Path, path: str | Path | None = None) -> Path:
         lo = acc - np.array([e["test_ci95"][0] for e in ev])
         hi = np.array([e["test_ci95"][1] for e in ev]) - acc
         ax2.errorbar(steps, acc, yerr=[lo, hi], marker="o", capsize=3, label=f"held-out accuracy (n={ev[0]['test_n']})")
-        ax2.plot(steps, [e["test_format_rate"] for e in ev], ls="--", marker="x", label="held-out format rate")
+        if all(e.get("test_format_rate") is not None for e in ev):
+            ax2.plot(steps, [e["test_format_rate"] for e in ev], ls="--", marker="x", label="held-out format rate")
         constant = heldout_constant_baseline(run_dir)
         if constant:
             lo_c, hi_c = constant["constant_baseline_ci95"] or (constant["constant_baseline"],) * 2

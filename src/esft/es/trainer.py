@@ -25,6 +25,7 @@ import os
 import platform
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Callable
 
@@ -38,7 +39,7 @@ from esft.es.es_config import RESUMABLE_CHANGES, ESConfig, read_run_config, save
 from esft.es.executor import Executor, PopulationResult
 from esft.es.fitness import FitnessRule, as_fitness_rule
 from esft.evaluation import load_examples
-from esft.tasks.base import Task
+from esft.tasks.base import Task, checks_format, format_bonus_warning
 from esft.rundir import NonFiniteError, RunLock, TrainResult, check_output_dir, peak_rss_mb
 from esft.tracking import Tracker, check_backends, open_tracker
 from esft.version import __version__
@@ -97,6 +98,9 @@ class ESTrainer:
             from esft.tasks import get_task
 
             task = get_task(config.task, **config.task_kwargs())
+        note = format_bonus_warning(task, config.format_bonus)
+        if note is not None:
+            warnings.warn(note, stacklevel=2)
         if model is None:
             from esft.models import load_model
 
@@ -226,7 +230,7 @@ class ESTrainer:
         rewards = self.rule.rewards(train)
         rec: dict[str, Any] = {"kind": "eval", "step": self.step, "train_reward": float(rewards.mean()),
                                "train_accuracy": float(train.scores.mean()),
-                               "train_format_rate": float(train.well_formed.mean())}
+                               "train_format_rate": self._format_rate(train.well_formed)}
         if self.test_set:
             test = self.executor.evaluate_center(self.test_set)
             n = len(self.test_set)
@@ -234,7 +238,7 @@ class ESTrainer:
             wf = test.well_formed[0]
             rec.update({
                 "test_n": n, "test_accuracy": correct / n, "test_ci95": list(wilson_interval(correct, n)),
-                "test_format_rate": float(wf.mean()),
+                "test_format_rate": self._format_rate(wf),
                 "test_accuracy_among_well_formed": float(test.scores[0][wf].mean()) if wf.any() else None,
                 "test_tokens_generated": test.tokens_generated,
             })
@@ -254,7 +258,7 @@ class ESTrainer:
                 if "extracted" in details:  # e.g. a yes-bias shows here (docs/results/es-cpu-demo)
                     key = str(details["extracted"])
                     answers[key] = answers.get(key, 0) + 1
-                rows.append({"index": j, "score": float(test.scores[0, j]), "well_formed": bool(wf[j]),
+                rows.append({"index": j, "score": float(test.scores[0, j]), "well_formed": self._formed(wf[j]),
                              "completion": text, **details})
             if answers:
                 rec["test_answer_counts"] = dict(sorted(answers.items(), key=lambda kv: -kv[1])[:10])
@@ -313,7 +317,7 @@ class ESTrainer:
         rec = {
             "kind": "train", "iteration": it, "step": it + 1,
             "fitness": _summary(fitness), "accuracy": float(np.asarray(result.scores).mean()),
-            "format_rate": float(np.asarray(result.well_formed).mean()),
+            "format_rate": self._format_rate(result.well_formed),
             "update_norm": norm, "zero_update": update.is_zero,
             "time": timings, "tokens_generated": result.tokens_generated, "prompt_tokens": result.prompt_tokens,
             "finished_rate": result.finished / max(1, result.scores.size),
@@ -332,7 +336,7 @@ class ESTrainer:
         k = min(cfg.samples_per_iteration, len(batch))
         if k and result.texts and result.texts[0]:
             rows = [{"member": 0, "seed": members[0][0], "sign": members[0][1], "index": idx[j],
-                     "score": float(result.scores[0, j]), "well_formed": bool(result.well_formed[0, j]),
+                     "score": float(result.scores[0, j]), "well_formed": self._formed(result.well_formed[0, j]),
                      "completion": result.texts[0][j]} for j in range(k)]
             es_rundir.rewrite_jsonl(self.out / "samples" / f"iter_{it:06d}.jsonl", rows)
             self.tracker.log_table("samples", rows, self.step)
@@ -352,10 +356,18 @@ class ESTrainer:
         every = self.config.checkpoint_every
         return bool(every) and step % every == 0 and 0 < step < self.config.iterations
 
+    def _format_rate(self, well_formed: Any) -> float | None:
+        """The share of well-formed completions; None for a task that checks no format (esft.tasks.base)."""
+        return float(np.asarray(well_formed).mean()) if checks_format(self.task) else None
+
+    def _formed(self, flag: Any) -> bool | None:
+        return bool(flag) if checks_format(self.task) else None
+
     def _say_eval(self, ev: dict[str, Any], write: Callable[[str], None]) -> None:
         if "test_accuracy" in ev and self.progress:
-            write(f"step {self.step}: held-out accuracy {ev['test_accuracy']:.3f} (format "
-                  f"{ev['test_format_rate']:.2f}), train reward {ev['train_reward']:.3f}")
+            fmt = "" if ev["test_format_rate"] is None else f" (format {ev['test_format_rate']:.2f})"
+            write(f"step {self.step}: held-out accuracy {ev['test_accuracy']:.3f}{fmt}, "
+                  f"train reward {ev['train_reward']:.3f}")
 
     def _train_locked(self, tqdm: Any) -> TrainResult:
         cfg = self.config
@@ -373,8 +385,8 @@ class ESTrainer:
             while self.step < cfg.iterations:
                 rec = self.iteration()
                 bar.update(1)
-                bar.set_postfix(fit=f"{rec['fitness']['mean']:.3f}", fmt=f"{rec['format_rate']:.2f}",
-                                s_it=f"{rec['time']['total']:.1f}")
+                fmt = {} if rec["format_rate"] is None else {"fmt": f"{rec['format_rate']:.2f}"}
+                bar.set_postfix(fit=f"{rec['fitness']['mean']:.3f}", **fmt, s_it=f"{rec['time']['total']:.1f}")
                 if self._eval_due(self.step):
                     self._say_eval(self.evaluate(), bar.write)
                 if self._checkpoint_due(self.step):

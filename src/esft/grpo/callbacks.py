@@ -101,8 +101,8 @@ class RunLogCallback(TrainerCallback):
         if self.bar is not None:
             self.bar.update(step - self.bar.n)
             reward = rec.get("reward", {}).get("mean", float("nan"))
-            self.bar.set_postfix(reward=f"{reward:.3f}", fmt=f"{rec.get('format_rate', 0.0):.2f}",
-                                 s_step=f"{total:.0f}")
+            fmt = {"fmt": f"{rec['format_rate']:.2f}"} if "format_rate" in rec else {}
+            self.bar.set_postfix(reward=f"{reward:.3f}", **fmt, s_step=f"{total:.0f}")
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any):
         if self.bar is not None:
@@ -158,8 +158,8 @@ class EvalCallback(TrainerCallback):
         self.last = rec
         if self.progress:
             lo, hi = rec["test_ci95"]
-            print(f"step {step}: held-out accuracy {rec['test_accuracy']:.3f} [{lo:.3f}, {hi:.3f}] "
-                  f"(format {rec['test_format_rate']})", flush=True)
+            fmt = "" if rec["test_format_rate"] is None else f" (format {rec['test_format_rate']:.3f})"
+            print(f"step {step}: held-out accuracy {rec['test_accuracy']:.3f} [{lo:.3f}, {hi:.3f}]{fmt}", flush=True)
         return rec
 
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any):

@@ -66,7 +66,8 @@ class StepLedger:
             rec["reward"] = {"mean": float(rewards.mean()), "std": float(rewards.std()),
                              "min": float(rewards.min()), "max": float(rewards.max())}
             rec["accuracy"] = float(np.mean(self.scores))
-            rec["format_rate"] = float(np.mean(self.well_formed))
+            if self.well_formed:  # none for a task that checks no format
+                rec["format_rate"] = float(np.mean(self.well_formed))
         rec["finished_rate"] = self.finished / max(1, self.completions)
         return rec
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import platform
 import shutil
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -28,6 +29,7 @@ from esft import rundir
 from esft.grpo.grpo_config import RESUMABLE_CHANGES, GRPOConfig, resolve_precision, to_trl_config
 from esft.grpo.trl_trainer import EsftGRPOTrainer, TaskReward
 from esft.rundir import CHECKPOINTS, TrainResult, filter_jsonl, read_jsonl
+from esft.tasks.base import format_bonus_warning
 from esft.version import __version__
 
 TRAINER_STATE = "trainer_state.json"
@@ -161,6 +163,9 @@ def _train_locked(config: GRPOConfig, out: Path, model: Any, tokenizer: Any, tas
         from esft.tasks import get_task
 
         task = get_task(config.task, **config.task_kwargs())
+    note = format_bonus_warning(task, config.format_bonus)
+    if note is not None:
+        warnings.warn(note, stacklevel=3)
     if model is None:
         from esft.models import load_model
 

@@ -32,7 +32,7 @@ from trl.trainer.utils import RepeatSampler
 
 from esft.grpo.ledger import StepLedger
 from esft.rundir import CHECKPOINTS, checkpoint_name, replace_dir
-from esft.tasks.base import completion_text
+from esft.tasks.base import checks_format, completion_text
 
 
 def balanced_rewards(rewards: Sequence[float], labels: Sequence[Any],
@@ -75,12 +75,14 @@ class TaskReward:
                                        self.task.label_set())
         texts = [completion_text(c) for c in completions]
         scores = [float(self.task.score(t, ex)) for t, ex in zip(texts, examples)]
-        formed = [bool(self.task.is_well_formed(t, ex)) for t, ex in zip(texts, examples)]
+        # (a task that checks no format has no format flags: esft.tasks.base.checks_format)
+        formed = ([bool(self.task.is_well_formed(t, ex)) for t, ex in zip(texts, examples)]
+                  if checks_format(self.task) else [None] * len(texts))
         trainer_state = kwargs.get("trainer_state")
         ledger = self._ledger()
         ledger.rewards += rewards
         ledger.scores += scores
-        ledger.well_formed += formed
+        ledger.well_formed += [f for f in formed if f is not None]
         room = self.samples_per_iteration - len(ledger.samples)
         for j in range(min(max(room, 0), len(texts))):
             ledger.samples.append({"index": int(example_index[j]), "reward": rewards[j], "score": scores[j],

@@ -12,7 +12,7 @@ import json
 import re
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar
 
 from esft.tasks.labels import constant_baseline, wilson_interval
 
@@ -42,6 +42,10 @@ class Task:
     splits: tuple[str, ...] = ("train", "test")
     #: system prompt that states the answer format (paper Table 19)
     system_prompt: str = ""
+    #: whether `is_well_formed` checks an answer format. False for a task scored by an opaque reward function (a
+    #: data task's `reward: module:function`, a task object without `is_well_formed`): it then has no format rate,
+    #: and a format bonus adds nothing (esft.tasks.base.format_bonus_warning says so before any model loads).
+    checks_format: ClassVar[bool] = True
 
     # ---- data -------------------------------------------------------------------------------------
     def load(self, split: str = "test", limit: int | None = None) -> list[Example]:
@@ -67,7 +71,8 @@ class Task:
         raise NotImplementedError
 
     def is_well_formed(self, completion: str, example: Example) -> bool:
-        """True when the completion contains an answer in the required format (used by the format bonus)."""
+        """True when the completion contains an answer in the required format (used by the format bonus);
+        always False for a task that does not check a format (`checks_format`)."""
         return False
 
     def details(self, completion: str, example: Example) -> dict[str, Any]:
@@ -196,3 +201,18 @@ def last_boxed(text: str) -> str | None:
                 best = (j, k)
     return None if best is None else text[best[0] + 1 : best[1]]
 
+
+
+def checks_format(task: Any) -> bool:
+    """Whether `task` checks an answer format (`Task.checks_format`); a task object that is not an esft Task
+    brings its own `is_well_formed`, so it does."""
+    return task.checks_format if isinstance(task, Task) else True
+
+
+def format_bonus_warning(task: Any, bonus: float) -> str | None:
+    """The warning a run with format bonus `bonus` on `task` prints before any model loads, or None: a task that
+    checks no format (`checks_format`) gets no bonus, whatever the setting."""
+    if not bonus or checks_format(task):
+        return None
+    return (f"format bonus {bonus} has no effect: task {getattr(task, 'name', task)!r} checks no answer format "
+            "(a reward function scores it), so no completion counts as well formed; set the format bonus to 0")

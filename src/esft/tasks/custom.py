@@ -175,9 +175,13 @@ class TaskAdapter(Task):
     def score(self, completion: str, example: Example) -> float:
         return float(self.obj.score(completion, example))
 
+    @property
+    def checks_format(self) -> bool:  # type: ignore[override]
+        """The object brings its own format check (`is_well_formed`), or has none."""
+        return callable(getattr(self.obj, "is_well_formed", None))
+
     def is_well_formed(self, completion: str, example: Example) -> bool:
-        check = getattr(self.obj, "is_well_formed", None)
-        return bool(check(completion, example)) if callable(check) else bool(completion.strip())
+        return self.checks_format and bool(self.obj.is_well_formed(completion, example))
 
     def details(self, completion: str, example: Example) -> dict[str, Any]:
         details = getattr(self.obj, "details", None)

@@ -193,12 +193,15 @@ class DatasetTask(Task):
         return call_trl_reward(self._reward_fn, self.reward, texts, [self.prompt(ex) for ex in examples], examples,
                                self.completion_format)
 
+    @property
+    def checks_format(self) -> bool:  # type: ignore[override]
+        """A built-in verifier extracts an answer in a format; a reward function's format is its own business."""
+        return self._verifier is not None
+
     def is_well_formed(self, completion: str, example: Example) -> bool:
-        """A built-in verifier found an answer in the completion; with a reward function, the completion is not
-        blank."""
-        if self._verifier is not None:
-            return self._verifier.extract(completion) is not None
-        return bool(completion.strip())
+        """A built-in verifier found an answer in the completion; always False with a reward function (no
+        format to check: `checks_format`)."""
+        return self._verifier is not None and self._verifier.extract(completion) is not None
 
     def details(self, completion: str, example: Example) -> dict[str, Any]:
         if self._verifier is None or self._verifier.name == "exact":
