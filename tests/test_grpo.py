@@ -305,3 +305,42 @@ def test_resume_reads_the_runs_own_config(run, monkeypatch, capsys):
     monkeypatch.setattr(esft.models, "load_model", refuse)
     assert main(["train", "grpo", "--resume", "--output-dir", str(out), "--learning-rate", "0.5"]) == 2
     assert "cannot change ['learning_rate']" in capsys.readouterr().err
+
+
+def test_a_run_on_a_constant_schedule_is_extended(tmp_path, tokenizer, capsys):
+    """Where the LR schedule does not depend on max_steps, `--resume` with a larger max_steps continues a
+    finished run, and the result equals a run started with that max_steps (the same prompts, samples and
+    updates; the same checkpoint folders). A linear schedule, or fewer steps than done, is refused."""
+    from esft.cli import main
+    from esft.grpo.grpo_config import resume_config
+
+    def go(out, **kw):
+        return train_grpo(tiny_config(out, lr_scheduler_type="constant", eval_every=0, **kw),
+                          model=make_tiny_model(), tokenizer=tokenizer, task=ParityTask(), progress=False)
+
+    whole, short = tmp_path / "whole", tmp_path / "short"
+    go(whole, max_steps=4)
+    go(short, max_steps=2)
+    assert [s.name for _, s in list_checkpoints(short)] == ["final"]
+    with pytest.raises(ValueError, match="trained for 2 steps already"):
+        go(short, max_steps=1, resume=True)
+    assert resume_config(str(short), {"max_steps": 4}).max_steps == 4  # the CLI's resume accepts it
+    result = go(short, max_steps=4, resume=True)
+    assert result.steps == 4
+    assert [p.name for _, p in list_checkpoints(short)] == [p.name for _, p in list_checkpoints(whole)] \
+        == ["iter_000002", "final"]
+    train = {d: [r for r in read_jsonl(d / "metrics.jsonl") if r["kind"] == "train"] for d in (whole, short)}
+    assert [m["step"] for m in train[short]] == [1, 2, 3, 4]
+    assert [m["reward"] for m in train[short]] == [m["reward"] for m in train[whole]]
+    assert [m["learning_rate"] for m in train[short]] == [1e-3] * 4
+    assert read_run_config(short)[0].max_steps == 4
+    saved, reference = (_load_safetensors(d / "checkpoints" / "final") for d in (short, whole))
+    assert all(torch.equal(saved[k], reference[k]) for k in reference)
+
+    linear = tmp_path / "linear"
+    train_grpo(tiny_config(linear, max_steps=1, eval_every=0), model=make_tiny_model(), tokenizer=tokenizer,
+               task=ParityTask(), progress=False)
+    with pytest.raises(ValueError, match="'linear' LR schedule"):
+        resume_config(str(linear), {"max_steps": 2})
+    assert main(["train", "grpo", "--resume", "--output-dir", str(linear), "--max-steps", "2"]) == 2
+    assert "can be extended" in capsys.readouterr().err

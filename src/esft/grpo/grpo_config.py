@@ -49,7 +49,8 @@ class GRPOConfig(RunConfig):
     max_grad_norm: float = 1.0
     """gradient clipping by global norm (0 = off)"""
     lr_scheduler_type: str = "linear"
-    """learning-rate schedule (transformers name): "linear" decays to 0 at max_steps"""
+    """learning-rate schedule (transformers name): "linear" decays to 0 at max_steps; with "constant" or
+    "constant_with_warmup" a finished run can be extended (`--resume` with a larger max_steps)"""
     warmup_steps: int = 0
     """linear warm-up steps"""
     epsilon: float = 0.2
@@ -188,7 +189,19 @@ PRESETS: dict[str, dict[str, Any]] = {
                           eval_balanced=True, log_kl=False),
 }
 
-# fields that may change when resuming (everything else, the LR schedule's max_steps included, must match)
+# LR schedules that do not depend on max_steps: a run on one of them may be extended (resumed with a larger
+# max_steps) and then equals a run started with that max_steps (tests/test_grpo.py)
+SCHEDULES_WITHOUT_END = ("constant", "constant_with_warmup")
+
+
+def resumable_changes(config: "GRPOConfig") -> set[str]:
+    """Fields a resume of a run made with `config` may change: RESUMABLE_CHANGES, plus max_steps where the LR
+    schedule does not depend on it."""
+    return RESUMABLE_CHANGES | ({"max_steps"} if config.lr_scheduler_type in SCHEDULES_WITHOUT_END else set())
+
+
+# fields that may change when resuming (everything else, the LR schedule's max_steps included unless the schedule
+# does not depend on it, must match)
 RESUMABLE_CHANGES = {"report_to", "save_steps", "eval_every", "eval_limit", "eval_balanced", "eval_max_new_tokens",
                      "samples_per_iteration", "resume", "output_dir", "device",
                      # recomputes the same activations in the backward pass: memory and time change, not the math
@@ -211,10 +224,13 @@ def resume_config(run_dir: str, overrides: dict[str, Any] | None = None) -> GRPO
     if "task" in overrides:  # as config.yaml recorded it (a data file's absolute path)
         overrides["task"] = absolute_data_task(overrides["task"])
     changes = {k: v for k, v in overrides.items() if getattr(config, k) != v}
-    bad = sorted(set(changes) - RESUMABLE_CHANGES)
+    allowed = resumable_changes(config)
+    bad = sorted(set(changes) - allowed)
     if bad:
+        why = (f"; max_steps sets the {config.lr_scheduler_type!r} LR schedule (runs on "
+               f"{' or '.join(SCHEDULES_WITHOUT_END)} can be extended)" if "max_steps" in bad else "")
         raise ValueError(f"cannot change {bad} when resuming {run_dir} (a resume may change only "
-                         f"{', '.join(sorted(RESUMABLE_CHANGES - {'resume', 'output_dir'}))})")
+                         f"{', '.join(sorted(allowed - {'resume', 'output_dir'}))}){why}")
     return dataclasses.replace(config, **changes, resume=True, output_dir=str(run_dir))
 
 

@@ -10,7 +10,8 @@ Layout of `output_dir` (the ES layout, plus drift.jsonl):
 
 Resume (`resume=True`) restarts from the latest checkpoint through transformers' own resume (weights, AdamW
 moments, LR scheduler, RNG and step count), drops log lines written after that checkpoint, and continues. The
-config must match the original run except for RESUMABLE_CHANGES (max_steps is not one: it sets the LR schedule).
+config must match the original run except for RESUMABLE_CHANGES; max_steps may grow only where the LR schedule does
+not depend on it (SCHEDULES_WITHOUT_END: the extended run then equals one started with the larger max_steps).
 """
 
 from __future__ import annotations
@@ -26,9 +27,10 @@ import torch
 import yaml
 
 from esft import rundir
-from esft.grpo.grpo_config import RESUMABLE_CHANGES, GRPOConfig, resolve_precision, to_trl_config
+from esft.grpo.grpo_config import (SCHEDULES_WITHOUT_END, GRPOConfig, resolve_precision,
+                                   resumable_changes, to_trl_config)
 from esft.grpo.trl_trainer import EsftGRPOTrainer, TaskReward
-from esft.rundir import CHECKPOINTS, TrainResult, filter_jsonl, read_jsonl
+from esft.rundir import CHECKPOINTS, TrainResult, checkpoint_name, filter_jsonl, read_jsonl
 from esft.tasks.base import format_bonus_warning
 from esft.version import __version__
 
@@ -66,10 +68,13 @@ def _write_config(config: GRPOConfig, path: Path, extra: dict[str, Any]) -> None
 
 def _check_resumable(run_dir: Path, config: GRPOConfig) -> None:
     old, _ = read_run_config(run_dir)
+    allowed = resumable_changes(old)
     diffs = {k: (getattr(old, k), getattr(config, k)) for k in old.to_dict()
-             if k not in RESUMABLE_CHANGES and getattr(old, k) != getattr(config, k)}
+             if k not in allowed and getattr(old, k) != getattr(config, k)}
     if diffs:
-        raise ValueError(f"cannot resume {run_dir}: config differs from the original run in {diffs}")
+        why = (f" (max_steps sets the {old.lr_scheduler_type!r} LR schedule; runs on "
+               f"{' or '.join(SCHEDULES_WITHOUT_END)} can be extended)" if "max_steps" in diffs else "")
+        raise ValueError(f"cannot resume {run_dir}: config differs from the original run in {diffs}{why}")
 
 
 def _prepare_dir(out: Path, config: GRPOConfig) -> tuple[Path | None, int]:
@@ -85,6 +90,12 @@ def _prepare_dir(out: Path, config: GRPOConfig) -> tuple[Path | None, int]:
         ckpts = list_checkpoints(out)
         if ckpts:
             start, resume_from = ckpts[-1]
+        if start > config.max_steps:
+            raise ValueError(f"cannot resume {out} with max_steps {config.max_steps}: it has trained for {start} "
+                             "steps already")
+        if resume_from is not None and resume_from.name == "final" and start < config.max_steps:
+            # an extended run: its last checkpoint is no longer final, and is named as an uninterrupted run's is
+            resume_from = resume_from.replace(resume_from.with_name(checkpoint_name(start)))
     elif holds_run:
         raise FileExistsError(f"{out} already holds a run; pass resume=True (--resume) or a new output_dir")
     for name in ("metrics.jsonl", "drift.jsonl"):
