@@ -225,6 +225,8 @@ def test_resume_rejects_changed_config(tmp_path):
     assert again.resume and again.iterations == 3 and again.sigma == config.sigma
     res = run(again)
     assert res.steps == 3 and len(seeds_log(res.output_dir)) == 3
+    # the finished run's final checkpoint is kept under its step: the extension writes a new final
+    assert [(s, f.name) for s, f in runlog.list_checkpoints(res.output_dir)] == [(2, "iter_000002"), (3, "final")]
 
 
 def test_drift_follows_logged_random_walk(tmp_path):

@@ -188,6 +188,10 @@ class ESTrainer:
         records = es_rundir.read_seed_log(self.out)
         es_rundir.check_noise_stream(records, self.config.noise_stream, self.out)
         start, folder = self._load_latest_intact(len(records))
+        if folder is not None and folder.name == "final" and start < self.config.iterations:
+            # an extended run: its last checkpoint is no longer final; keep it under its step, as a run started
+            # with more iterations would (the new final replaces nothing)
+            folder = folder.replace(folder.with_name(es_rundir.checkpoint_name(start)))
         rule_state = None
         if folder is not None:
             rule_state = json.loads((folder / es_rundir.STATE_FILE).read_text()).get("fitness_rule_state")
