@@ -58,6 +58,10 @@ def _spec(tmp_path: Path, text: str):
     ("tasks: [countdown, boolq]", "tasks: [countdown, boolq", 4, ["YAML syntax error"]),
     ("evaluation:\n", "task_options:\n  boolq: {max_chars: 3}\nevaluation:\n", 12, ["task_options.boolq"]),
     ("  limit: 3\n", "  limit: 3\n  balanced: yes please\n", 13, ["evaluation.balanced must be true or false"]),
+    ("    preset: cpu\n", "    preset: cpu\n    fitness_rule: dart\n    fitness_options: {replay_fraction: 2}\n", 6,
+     ["algorithms.es", "replay_fraction", "[0, 1]"]),
+    ("    preset: cpu\n", "    preset: cpu\n    fitness_rule: dart\n    format_bonus: 0.5\n", 6, ["format_bonus"]),
+    ("    preset: cpu\n", "    preset: cpu\n    noise: lowrank\n    executor: ray\n", 6, ["lowrank", "local"]),
 ])
 def test_spec_errors_name_the_line(tmp_path, old, new, line, words):
     assert old in GOOD
