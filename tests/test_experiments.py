@@ -62,6 +62,13 @@ def _spec(tmp_path: Path, text: str):
      ["algorithms.es", "replay_fraction", "[0, 1]"]),
     ("    preset: cpu\n", "    preset: cpu\n    fitness_rule: dart\n    format_bonus: 0.5\n", 6, ["format_bonus"]),
     ("    preset: cpu\n", "    preset: cpu\n    noise: lowrank\n    executor: ray\n", 6, ["lowrank", "local"]),
+    # checks against the built task (esft train runs them before the model loads; a stage used to fail at its start)
+    ("    preset: cpu\n", "    preset: cpu\n    fitness_rule: balanced\n", 6,
+     ["algorithms.es (es) on countdown", "fitness_rule = 'balanced'", "labels"]),
+    ("    max_steps: 2\n", "    max_steps: 2\n    class_balanced: true\n    scale_rewards: batch\n", 9,
+     ["algorithms.grpo (grpo) on countdown", "class_balanced", "labels"]),
+    ("    max_steps: 2\n", "    max_steps: 2\n    eval_balanced: true\n    eval_limit: 100000\n", 9,
+     ["on boolq", "eval_limit = 100000", "rarest label"]),
 ])
 def test_spec_errors_name_the_line(tmp_path, old, new, line, words):
     assert old in GOOD
