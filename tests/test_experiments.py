@@ -389,6 +389,27 @@ def test_cli_dry_run_and_errors(tmp_path, capsys):
     assert "cpu-mini-single" in capsys.readouterr().out
 
 
+def test_status_says_stopped_for_a_stage_no_runner_is_working_on(tmp_path, capsys):
+    """A stage interrupted by Ctrl-C (or killed) keeps status.json "running" so that the next run resumes it;
+    `esft experiment status` printed "running" for it although nothing ran. Only a runner holding the folder's
+    lock makes a stage running."""
+    from esft.cli import main
+    from esft.experiments.runner import _lock
+
+    root = tmp_path / "exp"
+    (root / "base").mkdir(parents=True)
+    (root / "plan.json").write_text(json.dumps({"stages": [{"key": "base"}, {"key": "s/es"}]}))
+    (root / "base" / "status.json").write_text(json.dumps({"status": "running", "pid": 1}))
+    assert main(["experiment", "status", str(root)]) == 0
+    out = capsys.readouterr().out
+    assert "stopped" in out and "resumes it" in out and "running" not in out and "pending" in out
+    assert not (root / ".lock").exists()  # the probe creates nothing
+    with _lock(root):
+        assert main(["experiment", "status", str(root)]) == 0
+        out = capsys.readouterr().out
+        assert "running" in out and "stopped" not in out
+
+
 def test_carry_optimizer_state_loads_moments_not_learning_rates(tmp_path):
     import torch
 
