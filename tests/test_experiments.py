@@ -76,6 +76,7 @@ def test_spec_errors_name_the_line(tmp_path, old, new, line, words):
         _spec(tmp_path, GOOD.replace(old, new, 1))
     message = str(info.value)
     assert f"spec.yaml:{line}:" in message, message
+    assert "command line" not in message, message  # a spec's values are not flags
     for word in words:
         assert word in message, message
 

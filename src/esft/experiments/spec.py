@@ -171,7 +171,7 @@ class Spec:
                   **{k: v for k, v in task_fields.items() if k in names}, **runner}
         if budget is not None:
             values[algo.budget_field] = budget
-        return build_config(algo.config_cls, algo.presets, component.preset, None, values)
+        return build_config(algo.config_cls, algo.presets, component.preset, None, values, overrides_source="spec")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
