@@ -166,7 +166,29 @@ def test_options_and_factory():
         make_dart(0.0, {"nope": 1})
     with pytest.raises(ValueError):
         make_fitness_rule("mean", 0.0, {"replay_fraction": 0.5})
-    assert ESConfig(fitness_options="{replay_fraction: 0.3}").fitness_options == {"replay_fraction": 0.3}
+    assert ESConfig(fitness_rule="dart", fitness_options="{replay_fraction: 0.3}").fitness_options == \
+        {"replay_fraction": 0.3}
+
+
+@pytest.mark.parametrize("options, words", [
+    ({"replay_fraction": 2}, "[0, 1]"), ({"replay_fraction": -0.1}, "[0, 1]"), ({"ema_decay": 5}, "[0, 1)"),
+    ({"ema_decay": 1}, "[0, 1)"), ({"learned_threshold": 0}, "(0, 1]"), ({"hopeless_after": 0}, ">= 1"),
+    ({"cooldown": 1.5}, "an integer"), ({"max_replays_per_epoch": -1}, ">= 0"),
+    ({"format_coef": float("nan")}, "finite"), ({"priority_temperature": "hot"}, ">= 0"),
+    ({"weight_floor": True}, ">= 0"),
+])
+def test_dart_options_out_of_range_are_refused(options, words):
+    """An out-of-range DART-ES constant (replay_fraction 2 reserves more replay slots than the batch has; an EMA
+    decay of 5 diverges) used to run silently; the config refuses it when built, before any model loads."""
+    from esft.config import ConfigError
+
+    name = next(iter(options))
+    with pytest.raises(ValueError, match=name) as info:
+        DartOptions.from_dict(options)
+    assert words in str(info.value)
+    with pytest.raises(ConfigError, match="fitness_options"):
+        ESConfig(fitness_rule="dart", fitness_options=options)
+    assert DartOptions.from_dict({"replay_fraction": 1, "ema_decay": 0, "cooldown": 0}).replay_fraction == 1
 
 
 # ---- trainer integration -------------------------------------------------------------------------------------------

@@ -58,6 +58,17 @@ def _spec(tmp_path: Path, text: str):
     ("tasks: [countdown, boolq]", "tasks: [countdown, boolq", 4, ["YAML syntax error"]),
     ("evaluation:\n", "task_options:\n  boolq: {max_chars: 3}\nevaluation:\n", 12, ["task_options.boolq"]),
     ("  limit: 3\n", "  limit: 3\n  balanced: yes please\n", 13, ["evaluation.balanced must be true or false"]),
+    ("    preset: cpu\n", "    preset: cpu\n    fitness_rule: dart\n    fitness_options: {replay_fraction: 2}\n", 6,
+     ["algorithms.es", "replay_fraction", "[0, 1]"]),
+    ("    preset: cpu\n", "    preset: cpu\n    fitness_rule: dart\n    format_bonus: 0.5\n", 6, ["format_bonus"]),
+    ("    preset: cpu\n", "    preset: cpu\n    noise: lowrank\n    executor: ray\n", 6, ["lowrank", "local"]),
+    # checks against the built task (esft train runs them before the model loads; a stage used to fail at its start)
+    ("    preset: cpu\n", "    preset: cpu\n    fitness_rule: balanced\n", 6,
+     ["algorithms.es (es) on countdown", "fitness_rule = 'balanced'", "labels"]),
+    ("    max_steps: 2\n", "    max_steps: 2\n    class_balanced: true\n    scale_rewards: batch\n", 9,
+     ["algorithms.grpo (grpo) on countdown", "class_balanced", "labels"]),
+    ("    max_steps: 2\n", "    max_steps: 2\n    eval_balanced: true\n    eval_limit: 100000\n", 9,
+     ["on boolq", "eval_limit = 100000", "rarest label"]),
 ])
 def test_spec_errors_name_the_line(tmp_path, old, new, line, words):
     assert old in GOOD
@@ -65,6 +76,7 @@ def test_spec_errors_name_the_line(tmp_path, old, new, line, words):
         _spec(tmp_path, GOOD.replace(old, new, 1))
     message = str(info.value)
     assert f"spec.yaml:{line}:" in message, message
+    assert "command line" not in message, message  # a spec's values are not flags
     for word in words:
         assert word in message, message
 
@@ -376,6 +388,27 @@ def test_cli_dry_run_and_errors(tmp_path, capsys):
     assert not (tmp_path / "runs").exists()
     assert main(["experiment", "list"]) == 0
     assert "cpu-mini-single" in capsys.readouterr().out
+
+
+def test_status_says_stopped_for_a_stage_no_runner_is_working_on(tmp_path, capsys):
+    """A stage interrupted by Ctrl-C (or killed) keeps status.json "running" so that the next run resumes it;
+    `esft experiment status` printed "running" for it although nothing ran. Only a runner holding the folder's
+    lock makes a stage running."""
+    from esft.cli import main
+    from esft.experiments.runner import _lock
+
+    root = tmp_path / "exp"
+    (root / "base").mkdir(parents=True)
+    (root / "plan.json").write_text(json.dumps({"stages": [{"key": "base"}, {"key": "s/es"}]}))
+    (root / "base" / "status.json").write_text(json.dumps({"status": "running", "pid": 1}))
+    assert main(["experiment", "status", str(root)]) == 0
+    out = capsys.readouterr().out
+    assert "stopped" in out and "resumes it" in out and "running" not in out and "pending" in out
+    assert not (root / ".lock").exists()  # the probe creates nothing
+    with _lock(root):
+        assert main(["experiment", "status", str(root)]) == 0
+        out = capsys.readouterr().out
+        assert "running" in out and "stopped" not in out
 
 
 def test_carry_optimizer_state_loads_moments_not_learning_rates(tmp_path):

@@ -85,3 +85,55 @@ def test_overwrite_replaces_the_folder_without_stale_files(es_run, tmp_path):
     assert "model-00002-of-00002.safetensors" not in names and "model.safetensors" in names
     assert {"config.json", "generation_config.json", "tokenizer_config.json", "README.md"} <= names
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".full.")]  # no staging folder left behind
+
+
+@pytest.fixture()
+def es_run_with_checkpoints(tmp_path, tokenizer):
+    """Two iterations, a checkpoint and a held-out evaluation after each: iter_000001 and final."""
+    folder = tmp_path / "tiny"
+    make_tiny_model(hidden=32, layers=2).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    data = tmp_path / "q.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"Say {i}.", "answer": str(i)}) + "\n" for i in range(20)))
+    out = tmp_path / "run"
+    assert main(["train", "es", "--model", str(folder), "--task", str(data), "--iterations", "2",
+                 "--population-size", "2", "--batch-size", "2", "--max-new-tokens", "3", "--eval-every", "1",
+                 "--eval-limit", "3", "--checkpoint-every", "1", "--sigma", "0.05", "--alpha", "0.05",
+                 "--fitness-shaping", "raw", "--format-bonus", "1", "--device", "cpu", "--dtype", "float32",
+                 "--output-dir", str(out)]) == 0
+    assert (out / "checkpoints" / "iter_000001" / "config.json").exists()
+    return out
+
+
+def test_a_run_stopped_before_its_final_checkpoint_exports_its_latest_one(es_run_with_checkpoints, tmp_path):
+    """A run interrupted before `checkpoints/final` holds only `iter_XXXXXX` folders; export used to look for
+    `name-N` folders only and refused the run ("no checkpoint to export")."""
+    import shutil
+
+    from safetensors.torch import load_file
+
+    run = es_run_with_checkpoints
+    shutil.rmtree(run / "checkpoints" / "final")
+    dest = tmp_path / "exported"
+    assert main(["export", str(run), "--to", str(dest)]) == 0
+    exported = load_file(str(dest / "model.safetensors"))
+    saved = load_file(str(run / "checkpoints" / "iter_000001" / "model.safetensors"))
+    assert exported.keys() == saved.keys() and all(torch.equal(exported[k], saved[k]) for k in saved)
+    card = (dest / "README.md").read_text()
+    assert "checkpoint `iter_000001`, step 1" in card
+    assert "| 0 | 3 |" in card and "| 1 | 3 |" in card and "| 2 | 3 |" not in card
+
+
+def test_exporting_an_earlier_checkpoint_says_so_in_the_card(es_run_with_checkpoints, tmp_path):
+    """The card of `esft export RUN/checkpoints/iter_000001` was the final model's: no word of which weights, and
+    the held-out results of later steps, which describe other weights."""
+    run = es_run_with_checkpoints
+    early, final = tmp_path / "early", tmp_path / "final"
+    assert main(["export", str(run / "checkpoints" / "iter_000001"), "--to", str(early)]) == 0
+    assert main(["export", str(run), "--to", str(final)]) == 0
+    card = (early / "README.md").read_text()
+    assert "checkpoint `iter_000001`, step 1, not the run's final checkpoint" in card
+    assert "| 1 | 3 |" in card and "| 2 | 3 |" not in card
+    assert "population_size: 2" in card  # the run's config is still found from the checkpoint folder
+    card = (final / "README.md").read_text()
+    assert "not the run's final checkpoint" not in card and "| 2 | 3 |" in card

@@ -126,6 +126,15 @@ def test_bad_es_flag_is_refused_before_the_model_loads(tmp_path, capsys, no_mode
     (["--eval-balanced", "--eval-limit", "100000"], "eval_limit"),               # more than the rarest label has
     (["--rollout-dtype", "bfloat16", "--noise", "lowrank"], "rollout_dtype"),    # bf16 lanes are member-by-member
     (["--antithetic", "--population-size", "5"], "population_size"),             # mirrored pairs need an even N
+    # the executor layout and the fitness rule's options were refused only once the trainer built them, after the
+    # model had loaded (or silently accepted: DART-ES options out of range)
+    (["--noise", "lowrank", "--executor", "ray"], "noise"),                      # one batched pass: local only
+    (["--worker-backend", "vllm"], "worker_backend"),                            # vLLM engines are Ray actors
+    (["--fitness-rule", "dart", "--format-bonus", "0.5"], "format_bonus"),       # DART has its own format_coef
+    (["--fitness-rule", "dart", "--fitness-options", "{nope: 1}"], "fitness_options"),
+    (["--fitness-rule", "dart", "--fitness-options", "{replay_fraction: 2}"], "fitness_options"),
+    (["--fitness-rule", "dart", "--fitness-options", "{ema_decay: 5}"], "fitness_options"),
+    (["--fitness-options", "{replay_fraction: 0.5}"], "fitness_options"),        # the mean rule takes none
 ])
 def test_cross_field_es_errors_come_before_the_model_loads(tmp_path, capsys, no_model_load, extra, key):
     assert main(["train", "es", "--preset", "cpu", "--output-dir", str(tmp_path / "run"), *extra]) == 2

@@ -279,7 +279,8 @@ def _analyze_options(analyze: argparse.ArgumentParser) -> None:
 
 
 def _export_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("run", metavar="RUN", help="a run directory (its checkpoints/final) or a checkpoint folder")
+    p.add_argument("run", metavar="RUN", help="a run directory (its checkpoints/final, else its latest "
+                   "iter_XXXXXX) or a checkpoint folder")
     p.add_argument("--to", required=True, metavar="DIR", help="the folder to write (then: huggingface-cli upload)")
     p.add_argument("--overwrite", action="store_true", help="write into a folder that already holds files")
     p.set_defaults(func=_export)

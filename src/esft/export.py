@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -27,6 +28,12 @@ _MODEL_FILES = ("config.json", "generation_config.json", "model.safetensors.inde
                 "chat_template.jinja", "chat_template.json", "tokenizer.model")
 
 
+#: numbered checkpoint folders (esft.rundir.checkpoint_name; TRL's own name before esft moves it)
+_NUMBERED = re.compile(r"(?:iter_|checkpoint-)(\d+)")
+#: (state file, key) holding a checkpoint's step: ES (esft.es.es_rundir), GRPO (TRL's trainer state)
+_STEP_FILES = (("es_state.json", "step"), ("trainer_state.json", "global_step"))
+
+
 @dataclass
 class ExportResult:
     folder: Path
@@ -36,18 +43,36 @@ class ExportResult:
 
 def find_checkpoint(run: str | Path) -> Path:
     """The checkpoint to export: RUN itself when it is a model folder, else RUN/checkpoints/final, else the latest
-    numbered checkpoint."""
+    numbered checkpoint (`iter_XXXXXX`, as both trainers name them: a run stopped before its final one)."""
     run = Path(run)
     if (run / "config.json").exists():
         return run
     root = run / CHECKPOINTS
     if (root / "final" / "config.json").exists():
         return root / "final"
-    numbered = sorted((p for p in root.glob("*") if p.is_dir() and p.name.split("-")[-1].isdigit()
-                       and (p / "config.json").exists()), key=lambda p: int(p.name.split("-")[-1]))
+    numbered = sorted((p for p in (root.glob("*") if root.is_dir() else []) if p.is_dir()
+                       and _NUMBERED.fullmatch(p.name) and (p / "config.json").exists()),
+                      key=lambda p: int(_NUMBERED.fullmatch(p.name).group(1)))
     if not numbered:
         raise FileNotFoundError(f"{run}: no checkpoint to export (expected {root}/final or a model folder)")
     return numbered[-1]
+
+
+def checkpoint_step(checkpoint: Path) -> int | None:
+    """The training step a checkpoint holds: its ES state's `step`, its TRL state's `global_step`, else the number
+    in its name; None when unknown."""
+    for name, key in _STEP_FILES:
+        try:
+            return int(json.loads((checkpoint / name).read_text())[key])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    match = _NUMBERED.fullmatch(checkpoint.name)
+    return int(match.group(1)) if match else None
+
+
+def run_dir_of(checkpoint: Path) -> Path:
+    """The run directory of a checkpoint folder `RUN/checkpoints/NAME`; a model folder elsewhere is its own."""
+    return checkpoint.parent.parent if checkpoint.parent.name == CHECKPOINTS else checkpoint
 
 
 def model_files(checkpoint: Path) -> list[Path]:
@@ -68,8 +93,10 @@ def held_out_results(run: Path) -> list[dict[str, Any]]:
     return out
 
 
-def model_card(run: Path, config: dict[str, Any], results: list[dict[str, Any]]) -> str:
-    """README.md: YAML front matter, what was trained, the held-out results, the training config."""
+def model_card(run: Path, config: dict[str, Any], results: list[dict[str, Any]],
+               checkpoint: Path | None = None) -> str:
+    """README.md: YAML front matter, what was trained, which checkpoint, the held-out results up to its step, the
+    training config."""
     algorithm = "GRPO" if "num_generations" in config else "ES"
     base = str(config.get("model", ""))
     front = {"library_name": "transformers", "pipeline_tag": "text-generation",
@@ -78,7 +105,14 @@ def model_card(run: Path, config: dict[str, Any], results: list[dict[str, Any]])
         front["base_model"] = base  # a hub id; local folders and embedded names are not hub links
     lines = ["---", yaml.safe_dump(front, sort_keys=False).strip(), "---", "",
              f"# {run.name}", "",
-             f"Fine-tuned with esft ({algorithm}) from `{base}` on task `{config.get('task', '')}`.", ""]
+             f"Fine-tuned with esft ({algorithm}) from `{base}` on task `{config.get('task', '')}`." if config else
+             "Exported with esft from a model folder with no training config (`config.yaml`) beside it.", ""]
+    step = None if checkpoint is None else checkpoint_step(checkpoint)
+    if checkpoint is not None and checkpoint.parent.name == CHECKPOINTS and checkpoint.name != "final":
+        lines += [f"Weights: checkpoint `{checkpoint.name}`" + (f", step {step}" if step is not None else "")
+                  + ", not the run's final checkpoint.", ""]
+    if step is not None:  # evaluations after the exported weights describe other weights
+        results = [r for r in results if r.get("step") is None or r["step"] <= step]
     if results:
         lines += ["## Held-out results", "", "| step | n | accuracy | 95% CI |", "|---|---|---|---|"]
         for r in results:
@@ -99,7 +133,7 @@ def export_run(run: str | Path, to: str | Path, overwrite: bool = False) -> Expo
     """Copy the run's final model into `to` as a clean Hugging Face folder with a model card."""
     run, to = Path(run), Path(to)
     checkpoint = find_checkpoint(run)
-    run_dir = run if checkpoint != run else run.parent.parent
+    run_dir = run if checkpoint != run else run_dir_of(checkpoint)
     if to.exists() and any(to.iterdir()) and not overwrite:
         raise ValueError(f"{to} is not empty (pass --overwrite to replace its files)")
     files = model_files(checkpoint)
@@ -123,7 +157,7 @@ def export_run(run: str | Path, to: str | Path, overwrite: bool = False) -> Expo
         config_path = run_dir / "config.yaml"
         train_config = yaml.safe_load(config_path.read_text()) if config_path.exists() else {}
         train_config = {k: v for k, v in (train_config or {}).items() if k != "_run"}
-        (staging / "README.md").write_text(model_card(run_dir, train_config, held_out_results(run_dir)))
+        (staging / "README.md").write_text(model_card(run_dir, train_config, held_out_results(run_dir), checkpoint))
         if to.exists():
             shutil.rmtree(to)
         os.replace(staging, to)
@@ -133,4 +167,5 @@ def export_run(run: str | Path, to: str | Path, overwrite: bool = False) -> Expo
     return ExportResult(to, checkpoint, sorted(p.name for p in to.iterdir()))
 
 
-__all__ = ["ExportResult", "export_run", "find_checkpoint", "held_out_results", "model_card", "model_files"]
+__all__ = ["ExportResult", "checkpoint_step", "export_run", "find_checkpoint", "held_out_results", "model_card",
+           "model_files", "run_dir_of"]

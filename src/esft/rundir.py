@@ -90,6 +90,23 @@ class RunLock:
         self.release()
 
 
+def lock_held(folder: str | Path) -> bool:
+    """True while a process holds the RunLock of `folder` (read-only probe: a shared non-blocking flock on its
+    `.lock`, released at once; the file is neither created nor written)."""
+    path = Path(folder) / ".lock"
+    try:
+        fh = open(path, "r")
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fh, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        fh.close()  # closing drops a lock taken here
+    return False
+
+
 def check_output_dir(path: str | Path, what: str = "output_dir") -> None:
     """Fail before any work when `path` cannot become a writable folder: it is a file, sits under a file, or its
     nearest existing folder is not writable."""
@@ -216,5 +233,5 @@ def list_checkpoints(run_dir: Path, state_file: str, step_key: str = "step") -> 
 
 
 __all__ = ["CHECKPOINTS", "CorruptLogError", "NonFiniteError", "RunDirBusy", "RunLock", "TrainResult", "append_jsonl",
-           "check_output_dir", "checkpoint_name", "filter_jsonl", "list_checkpoints", "peak_rss_mb", "read_jsonl",
-           "replace_dir", "rewrite_jsonl", "write_text_atomic"]
+           "check_output_dir", "checkpoint_name", "filter_jsonl", "list_checkpoints", "lock_held", "peak_rss_mb",
+           "read_jsonl", "replace_dir", "rewrite_jsonl", "write_text_atomic"]

@@ -70,6 +70,13 @@ class DartOptions:
     format_coef: float = 0.1
     """F_i += format_coef * mean_j format[i, j]"""
 
+    def __post_init__(self) -> None:
+        for name, (kind, ok, words) in _OPTION_RANGES.items():
+            value = getattr(self, name)
+            number = isinstance(value, (int, float)) and not isinstance(value, bool)
+            if not number or (kind is int and not isinstance(value, int)) or not ok(value):
+                raise ValueError(f"DART-ES option {name} = {value!r} is not accepted; expected {words}")
+
     @classmethod
     def from_dict(cls, options: dict[str, Any] | None) -> "DartOptions":
         options = dict(options or {})
@@ -78,6 +85,25 @@ class DartOptions:
         if unknown:
             raise ValueError(f"unknown DART-ES options {unknown}; known: {sorted(names)}")
         return cls(**options)
+
+
+def _finite(v: float) -> bool:
+    return bool(np.isfinite(v))
+
+
+#: what each DartOptions field accepts: (type, check, words for the error)
+_OPTION_RANGES: dict[str, tuple[type, Any, str]] = {
+    "ema_decay": (float, lambda v: 0 <= v < 1, "a number in [0, 1)"),
+    "learned_threshold": (float, lambda v: 0 < v <= 1, "a number in (0, 1]"),
+    "hopeless_after": (int, lambda v: v >= 1, "an integer >= 1"),
+    "replay_fraction": (float, lambda v: 0 <= v <= 1, "a number in [0, 1]"),
+    "max_replays_per_epoch": (int, lambda v: v >= 0, "an integer >= 0"),
+    "cooldown": (int, lambda v: v >= 0, "an integer >= 0"),
+    "priority_temperature": (float, lambda v: _finite(v) and v >= 0, "a finite number >= 0"),
+    "weight_floor": (float, lambda v: _finite(v) and v >= 0, "a finite number >= 0"),
+    "weight_temperature": (float, lambda v: _finite(v) and v >= 0, "a finite number >= 0"),
+    "format_coef": (float, _finite, "a finite number"),
+}
 
 
 # ---- pure rules (arrays in, arrays out) ---------------------------------------------------------------------------

@@ -138,6 +138,7 @@ class ESConfig(RunConfig):
         if self.antithetic and self.population_size % 2:
             raise ConfigError("population_size", self.population_size,
                               "an even number when antithetic (members come in mirrored pairs)")
+        check_combinations(self)
 
     def check_task_fit(self, task: Any) -> None:
         from esft.validation import check_balanced_set, require_labels
@@ -146,6 +147,34 @@ class ESConfig(RunConfig):
             require_labels("fitness_rule", self.fitness_rule, "'mean' or 'dart'", task)
         if self.eval_balanced:
             check_balanced_set(task, self.eval_limit)
+
+
+def check_combinations(config: ESConfig) -> None:
+    """Field combinations the run cannot use, refused when the config is built (before any model loads, and in
+    `esft experiment run --dry-run`) rather than when the trainer builds its executor and fitness rule: the
+    executor layout (esft.es.build.check_layout refuses the same) and the fitness rule's options (DART-ES option
+    names and ranges, its format coefficient against format_bonus; no options for the other rules)."""
+    if config.noise == "lowrank" and config.executor != "local":
+        raise ConfigError("noise", config.noise, "another noise with the Ray executor ('lowrank' evaluates the "
+                          "population in one batched pass: use --executor local)")
+    if config.worker_backend != "hf" and config.executor == "local":
+        raise ConfigError("worker_backend", config.worker_backend, "'hf' with the local executor (vLLM engines run "
+                          "as Ray actors: use --executor ray)")
+    if config.fitness_rule != "dart":
+        if config.fitness_options:
+            raise ConfigError("fitness_options", config.fitness_options,
+                              f"no options for fitness rule {config.fitness_rule!r} (they are DART-ES's)")
+        return
+    from esft.es.dart import DartOptions
+
+    try:
+        coef = DartOptions.from_dict(config.fitness_options).format_coef
+    except (ValueError, TypeError) as exc:
+        raise ConfigError("fitness_options", config.fitness_options, f"options DART-ES accepts ({exc})") from None
+    if config.format_bonus and config.format_bonus != coef:  # as esft.es.dart.make_dart
+        raise ConfigError("format_bonus", config.format_bonus, f"0 or {coef} with fitness rule 'dart' (DART-ES has "
+                          f"its own format coefficient: set fitness_options {{format_coef: {config.format_bonus}}} "
+                          "and leave format_bonus at 0)")
 
 
 #: GenerationConfig fields an ES run sets from its own fields (greedy rollouts of max_new_tokens tokens, in batches

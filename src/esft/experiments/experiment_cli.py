@@ -53,11 +53,17 @@ def _status(args: argparse.Namespace) -> int:
     plan = root / "plan.json"
     if not plan.exists():
         raise FileNotFoundError(f"{root} is not an experiment folder (no plan.json)")
+    from esft.rundir import lock_held
+
+    active = lock_held(root)  # a runner working here now (its lock); else a "running" stage was interrupted
     for stage in json.loads(plan.read_text())["stages"]:
         path = root / stage["key"] / "status.json"
         status = json.loads(path.read_text()) if path.exists() else {"status": "pending"}
+        state = status.get("status", "?")
         error = f"  {status['error']}" if status.get("error") else ""
-        print(f"{stage['key']:<52} {status.get('status', '?'):<8}{error}")
+        if state == "running" and not active:
+            state, error = "stopped", "  interrupted or killed: `esft experiment run` resumes it"
+        print(f"{stage['key']:<52} {state:<8}{error}")
     return 0
 
 

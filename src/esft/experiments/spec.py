@@ -30,7 +30,7 @@ from typing import Any
 
 from esft.experiments.algorithms import ALGORITHMS, Algorithm, get_algorithm
 from esft.experiments.spec_checks import (
-    SpecContext, as_mapping, check_int, check_keys, check_options, check_task_list, did_you_mean,
+    SpecContext, as_mapping, check_int, check_keys, check_options, check_task_fit, check_task_list, did_you_mean,
 )
 from esft.experiments.yamlines import LineDict, LineList, SpecError, load_file
 
@@ -171,7 +171,7 @@ class Spec:
                   **{k: v for k, v in task_fields.items() if k in names}, **runner}
         if budget is not None:
             values[algo.budget_field] = budget
-        return build_config(algo.config_cls, algo.presets, component.preset, None, values)
+        return build_config(algo.config_cls, algo.presets, component.preset, None, values, overrides_source="spec")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -428,13 +428,14 @@ def _check_configs(ctx: SpecContext, spec: Spec, data: LineDict) -> None:
     itself rejects (e.g. GRPO batch shapes that do not divide) fails here, at the method's line."""
     algos = as_mapping(ctx, data["algorithms"], "algorithms", data.line_of("algorithms")) \
         if isinstance(data["algorithms"], dict) else None
+    built: dict[Any, Any] = {}
     for method in spec.methods:
         line = algos.line_of(method.label) if algos is not None else method.line
         for comp in method.components:
             for task in spec.tasks:
                 for budget in method.budgets or [None]:
                     try:
-                        spec.config(comp, task, spec.seeds[0], budget, output_dir="<check>")
+                        check_task_fit(spec.config(comp, task, spec.seeds[0], budget, output_dir="<check>"), built)
                     except (ValueError, TypeError) as exc:
                         raise ctx.error(line, f"algorithms.{method.label} ({comp.algorithm}) on {task}: {exc}") \
                             from None

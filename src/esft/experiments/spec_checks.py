@@ -145,3 +145,18 @@ def check_options(ctx: SpecContext, block: LineDict, algo: Algorithm, where: str
             raise ctx.error(line, f"{where}.{key}: {exc}") from None
         out[name] = plain(converted)  # no line-keeping containers in trainer configs (they are saved as YAML)
     return out
+
+
+def check_task_fit(config: Any, built: dict[Any, Any]) -> None:
+    """A trainer config's cross-checks against the task it builds (labels for a class-balanced reward, a balanced
+    held-out set that exists: `check_task_fit`), as `esft train` runs them before any model loads
+    (esft.validation.check_names); without them such a stage failed only when it started, after the stages before
+    it had run. `built` caches the tasks by name and options. ConfigError (a ValueError) otherwise."""
+    from esft.validation import check_task
+
+    for key, name, options in config.task_checks():
+        cache = (key, name, repr(sorted(options.items())))
+        if cache not in built:
+            built[cache] = check_task(key, name, options)
+        config.check_task_fit(built[cache])
+
