@@ -64,3 +64,15 @@ def test_an_abbreviated_top_level_option_before_the_sub_command_still_parses():
 
     # `--deb` is argparse's prefix of --debug; the sub-command is the first word that is not an option
     assert main(["--deb", "train", "es", "--preset", "no-such-preset"]) == 2
+
+
+def test_a_reader_that_leaves_is_not_an_error():
+    """`esft ... | head`: output into a closed pipe ends quietly (no error line, no traceback), exit 141."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-m", "esft", "env"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # before the child writes (its start-up takes longer than this)
+    err = proc.stderr.read().decode()
+    assert proc.wait() == 141, err
+    assert "Broken pipe" not in err and "Traceback" not in err and "Exception ignored" not in err

@@ -336,10 +336,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     # only the typed sub-command's options are built (see build_parser); "" for `esft --help`, `--version`
     # (the top-level options take no value: the first word that is not an option names the sub-command)
     parser = build_parser(next((a for a in args_list if not a.startswith("-")), ""))
-    args = parser.parse_args(args_list)
-    func: Callable[[argparse.Namespace], int] = args.func
     try:
-        return func(args)
+        args = parser.parse_args(args_list)
+        func: Callable[[argparse.Namespace], int] = args.func
+        code = func(args)
+        sys.stdout.flush()  # here, where a reader that left is handled, not at the interpreter's exit
+        return code
+    except BrokenPipeError:
+        # the reader of the output left (`esft ... | head`): nothing to report. stdout goes to /dev/null so that
+        # the interpreter's last flush does not fail again (what the Python docs advise for SIGPIPE)
+        _silence_stdout()
+        return 141  # 128 + SIGPIPE, as a shell reports a writer whose reader left
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)
         return 130
@@ -348,6 +355,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"esft: error: {exc}", file=sys.stderr)
         return exit_code(exc)
+
+
+def _silence_stdout() -> None:
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # stdout is not a file (captured, replaced): nothing to flush
+        pass
 
 
 def exit_code(exc: BaseException) -> int:
