@@ -15,6 +15,7 @@ import pytest
 from esft import evaluation
 from esft.evaluation import EvalConfig, pass_at_k, run_eval
 from esft.generation import Generation
+from esft.tasks.labels import wilson_interval
 from esft.passk import (answer_key, bootstrap_ci, maj_at_k, majority_score, parse_ks, pass_at_k_per_question,
                         summarize_samples)
 
@@ -77,7 +78,10 @@ def test_maj_at_k_exact_and_subset_average():
 
 
 def test_bootstrap_ci_and_summary():
-    assert bootstrap_ci([1, 1, 1]) == (1.0, 1.0)
+    # every question alike: the Wilson interval over the questions, not a point
+    assert bootstrap_ci([1, 1, 1]) == pytest.approx((0.4385, 1.0), abs=1e-4)
+    assert bootstrap_ci([0] * 3) == pytest.approx((0.0, 0.5615), abs=1e-4)
+    assert bootstrap_ci([0.5] * 10) == wilson_interval(5, 10)
     lo, hi = bootstrap_ci([0, 1] * 50, seed=3)
     assert lo < 0.5 < hi and hi - lo == pytest.approx(2 * 1.96 * 0.05, abs=0.03)
     scores = np.array([[1, 0, 0, 0], [0, 0, 0, 0], [1, 1, 1, 1]], dtype=float)
