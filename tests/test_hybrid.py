@@ -19,7 +19,9 @@ CPU = {"es": {"preset": "cpu", "population_size": 8, "batch_size": 16},
 def test_split_budget():
     assert split_budget(4000, [100, 200], [0.5, 0.5]) == [20, 10]
     assert split_budget(4000, [100, 200], [1, 3]) == [10, 15]  # shares are normalised
-    assert split_budget(10, [100, 100], [0.5, 0.5]) == [1, 1]  # at least one step each
+    with pytest.raises(ValueError, match="at least 200 gives every stage one step"):  # never over the total
+        split_budget(10, [100, 100], [0.5, 0.5])
+    assert split_budget(200, [100, 100], [0.5, 0.5]) == [1, 1]
     assert split_budget(999, [100], [1]) == [9]  # never above the total
     for bad in [(0, [1], [1]), (10, [0], [1]), (10, [1, 1], [1]), (10, [1], [-1])]:
         with pytest.raises(ValueError):

@@ -11,8 +11,8 @@ What it does not decide is how many steps each stage gets when the *total* must 
   iteration costs 2 N B (forward only), a GRPO step 8 x prompts x K (generation 2 + forward/backward 6), taken
   from the registered algorithms' own formulas so that the budget and the runner's Table 18 agree.
 
-Stage i gets floor(total x share_i / cost_i) steps (at least 1), so a chain never exceeds the total; the report
-says what each stage actually uses.
+Stage i gets floor(total x share_i / cost_i) steps, so a chain never exceeds the total (a share too small for one
+step of its stage is an error naming the smallest total that fits); the report says what each stage actually uses.
 
     methods = hybrid_methods(total=8000, split=0.5, options={"es": {"preset": "cpu"}, "grpo": {"preset": "cpu"}})
     spec["algorithms"].update(methods)       # {"grpo->es": {...}, "es->grpo": {...}} for esft.experiments
@@ -55,7 +55,8 @@ def step_cost(algorithm: str, config: Any, unit: str = "completions") -> float:
 
 
 def split_budget(total: float, costs: Sequence[float], shares: Sequence[float]) -> list[int]:
-    """Steps per stage: floor(total * share / cost), at least 1. Shares are normalised to sum to 1."""
+    """Steps per stage: floor(total * share / cost). Shares are normalised to sum to 1. A stage with a share
+    whose budget buys no step is an error: rounding it up to one step would exceed the total."""
     if total <= 0:
         raise ValueError(f"total budget must be > 0, got {total}")
     if len(costs) != len(shares) or not costs:
@@ -64,7 +65,14 @@ def split_budget(total: float, costs: Sequence[float], shares: Sequence[float]) 
         raise ValueError(f"costs must be > 0 and shares >= 0 with a positive sum: {costs}, {shares}")
     norm = float(sum(shares))
     # a tiny epsilon keeps exact multiples (e.g. 0.5 * 4000 / 100 = 20) from flooring to 19 through rounding
-    return [max(1, math.floor(total * s / norm / c + 1e-9)) for c, s in zip(costs, shares)]
+    steps = [math.floor(total * s / norm / c + 1e-9) for c, s in zip(costs, shares)]
+    short = [i for i, (n, s) in enumerate(zip(steps, shares)) if n < 1 and s > 0]
+    if short:
+        need = max(costs[i] * norm / shares[i] for i in short)
+        raise ValueError(f"a total of {total:g} buys no step of stage {short[0] + 1} (one step costs "
+                         f"{costs[short[0]]:g}, its share is {shares[short[0]] / norm:.2f}): a total of at least "
+                         f"{need:g} gives every stage one step")
+    return steps
 
 
 def hybrid_block(order: str, total: float, split: float = 0.5, unit: str = "completions",
