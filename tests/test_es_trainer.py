@@ -293,3 +293,17 @@ def test_progress_prints_every_held_out_evaluation_the_first_included(tmp_path, 
     out = capsys.readouterr()
     text = out.out + out.err
     assert "step 0: held-out accuracy" in text and "step 3: held-out accuracy" in text
+
+
+def test_save_total_limit_keeps_the_newest_checkpoints(tmp_path):
+    """save_total_limit deletes the oldest numbered checkpoints as new ones come (final is kept apart), and a
+    resume from what is left equals the uninterrupted run."""
+    full = run(cfg(tmp_path, "full", eval_every=0, checkpoint_every=1))
+    config = cfg(tmp_path, "limited", eval_every=0, checkpoint_every=1, save_total_limit=2)
+    trainer, _ = interrupted_run(config, at=4)
+    assert [f.name for _, f in runlog.list_checkpoints(trainer.out)] == ["iter_000003", "iter_000004"]
+    res = run(config.replace(resume=True))
+    assert [f.name for _, f in runlog.list_checkpoints(res.output_dir)] == ["iter_000004", "iter_000005", "final"]
+    assert bit_equal(runlog.read_checkpoint_tensors(res.final_checkpoint),
+                     runlog.read_checkpoint_tensors(full.final_checkpoint))
+    assert len(runlog.list_checkpoints(full.output_dir)) == 6  # 0 keeps all (iterations 1-5 and final)

@@ -344,3 +344,10 @@ def test_a_run_on_a_constant_schedule_is_extended(tmp_path, tokenizer, capsys):
         resume_config(str(linear), {"max_steps": 2})
     assert main(["train", "grpo", "--resume", "--output-dir", str(linear), "--max-steps", "2"]) == 2
     assert "can be extended" in capsys.readouterr().err
+
+
+def test_save_total_limit_keeps_the_newest_checkpoints(tmp_path, tokenizer):
+    out = tmp_path / "limited"
+    train_grpo(tiny_config(out, save_steps=1, save_total_limit=1, eval_every=0), model=make_tiny_model(),
+               tokenizer=tokenizer, task=ParityTask(), progress=False)
+    assert [(s, p.name) for s, p in list_checkpoints(out)] == [(3, "iter_000003"), (4, "final")]

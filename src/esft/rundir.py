@@ -232,6 +232,23 @@ def list_checkpoints(run_dir: Path, state_file: str, step_key: str = "step") -> 
     return sorted(out, key=lambda x: (x[0], x[1].name))
 
 
+def prune_checkpoints(checkpoints: list[tuple[int, Path]], limit: int) -> list[Path]:
+    """Delete the oldest numbered checkpoints (`iter_XXXXXX`) of `checkpoints` ((step, folder), as
+    `list_checkpoints` returns them) beyond the newest `limit`; `final` is never counted or deleted, nor is
+    anything when `limit` is 0 (keep all). Resuming needs only the newest checkpoint (ES replays its seed log
+    past it), so a limit bounds the disk a long run takes. Returns the folders deleted."""
+    if limit <= 0:
+        return []
+    numbered = [folder for _, folder in checkpoints if folder.name.startswith("iter_")]
+    gone = numbered[:-limit]
+    for folder in gone:
+        aside = folder.with_name(f".old_{folder.name}")  # out of list_checkpoints' sight first: never half a folder
+        os.replace(folder, aside)
+        shutil.rmtree(aside)
+    return gone
+
+
 __all__ = ["CHECKPOINTS", "CorruptLogError", "NonFiniteError", "RunDirBusy", "RunLock", "TrainResult", "append_jsonl",
            "check_output_dir", "checkpoint_name", "filter_jsonl", "list_checkpoints", "lock_held", "peak_rss_mb",
+           "prune_checkpoints",
            "read_jsonl", "replace_dir", "rewrite_jsonl", "write_text_atomic"]

@@ -97,6 +97,9 @@ class ESConfig(RunConfig):
     Countdown variant's target operator: esft.evaluation.load_examples), so a prior cannot pass for a skill"""
     checkpoint_every: int = 0
     """save a Hugging Face checkpoint every k iterations (0 = only the final one); seeds.jsonl covers the rest"""
+    save_total_limit: int = 0
+    """keep at most this many of those checkpoints, deleting the oldest as new ones are written (0 = keep all; the
+    final checkpoint is always kept): a resume needs only the newest, plus seeds.jsonl"""
     samples_per_iteration: int = 4
     """completions of member 0 written to samples/ each iteration"""
     max_passage_chars: int | None = None
@@ -211,7 +214,7 @@ RULES: dict[str, Rule] = {
     "fitness_shaping": one_of("zscore", "centered_rank", "raw"), "optimizer": one_of("sgd", "adam"),
     "format_bonus": finite(), "fitness_rule": one_of("mean", "dart", "balanced"), "generation_batch_size": at_least(1),
     "dtype": one_of("float32", "fp32", "bfloat16", "bf16", "float16", "fp16", "auto"), "eval_every": at_least(0),
-    "eval_limit": at_least(0), "checkpoint_every": at_least(0), "samples_per_iteration": at_least(0),
+    "eval_limit": at_least(0), "checkpoint_every": at_least(0), "save_total_limit": at_least(0), "samples_per_iteration": at_least(0),
     "max_passage_chars": at_least(1), "parallel_members": at_least(1), "executor": one_of("local", "ray"),
     "num_workers": at_least(0), "worker_backend": one_of("hf", "vllm"),
     "rollout_dtype": one_of("auto", "float32", "bfloat16"),
@@ -250,7 +253,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 # preset's populations, docs/performance.md). `--rollout-dtype auto` takes the faster path where the CPU has it.
 
 # fields that may change when resuming (everything else must match the original run)
-RESUMABLE_CHANGES = {"iterations", "eval_every", "eval_limit", "eval_balanced", "checkpoint_every",
+RESUMABLE_CHANGES = {"iterations", "eval_every", "eval_limit", "eval_balanced", "checkpoint_every", "save_total_limit",
                      "samples_per_iteration", "resume", "output_dir", "parallel_members",
                      # the layout does not change the result (the Ray executor is bit-identical to the local one)
                      "executor", "ray_address", "num_workers", "worker_backend", "executor_options",

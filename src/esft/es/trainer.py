@@ -40,7 +40,7 @@ from esft.es.executor import Executor, PopulationResult
 from esft.es.fitness import FitnessRule, as_fitness_rule
 from esft.evaluation import load_examples
 from esft.tasks.base import Task, checks_format, format_bonus_warning
-from esft.rundir import NonFiniteError, RunLock, TrainResult, check_output_dir, peak_rss_mb
+from esft.rundir import NonFiniteError, RunLock, TrainResult, check_output_dir, peak_rss_mb, prune_checkpoints
 from esft.tracking import Tracker, check_backends, open_tracker
 from esft.version import __version__
 
@@ -280,9 +280,11 @@ class ESTrainer:
         return bool(every) and (step % every == 0 or step == self.config.iterations)
 
     def checkpoint(self, name: str | None = None) -> Path:
-        return es_rundir.save_checkpoint(self.out, name or es_rundir.checkpoint_name(self.step), self.step,
-                                         self.model, self.tokenizer, self.weights, self.optimizer,
-                                         extra={"seed_log_lines": self.step, **self._rule_state()})
+        folder = es_rundir.save_checkpoint(self.out, name or es_rundir.checkpoint_name(self.step), self.step,
+                                           self.model, self.tokenizer, self.weights, self.optimizer,
+                                           extra={"seed_log_lines": self.step, **self._rule_state()})
+        prune_checkpoints(es_rundir.list_checkpoints(self.out), self.config.save_total_limit)
+        return folder
 
     def _rule_state(self) -> dict[str, Any]:
         state = self.rule.state_dict()

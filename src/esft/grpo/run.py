@@ -29,12 +29,10 @@ import yaml
 from esft import rundir
 from esft.grpo.grpo_config import (SCHEDULES_WITHOUT_END, GRPOConfig, resolve_precision,
                                    resumable_changes, to_trl_config)
-from esft.grpo.trl_trainer import EsftGRPOTrainer, TaskReward
+from esft.grpo.trl_trainer import TRAINER_STATE, EsftGRPOTrainer, TaskReward
 from esft.rundir import CHECKPOINTS, TrainResult, checkpoint_name, filter_jsonl, read_jsonl
 from esft.tasks.base import format_bonus_warning
 from esft.version import __version__
-
-TRAINER_STATE = "trainer_state.json"
 
 
 @dataclass
@@ -191,7 +189,8 @@ def _train_locked(config: GRPOConfig, out: Path, model: Any, tokenizer: Any, tas
     reward = TaskReward(task, train_set, config.format_bonus, lambda: trainer_box[0].ledger,
                         config.samples_per_iteration, class_balanced=config.class_balanced)
     trainer = EsftGRPOTrainer(model, reward_funcs=[reward], args=trl_args, train_dataset=build_dataset(train_set, task),
-                              processing_class=tokenizer, run_dir=out, log_kl=config.log_kl)
+                              processing_class=tokenizer, run_dir=out, log_kl=config.log_kl,
+                              save_total_limit=config.save_total_limit)
     trainer_box.append(trainer)
     _remove_default_printers(trainer)
 

@@ -31,7 +31,7 @@ from trl import GRPOTrainer
 from trl.trainer.utils import RepeatSampler
 
 from esft.grpo.ledger import StepLedger
-from esft.rundir import CHECKPOINTS, checkpoint_name, replace_dir
+from esft.rundir import CHECKPOINTS, checkpoint_name, list_checkpoints, prune_checkpoints, replace_dir
 from esft.tasks.base import checks_format, completion_text
 
 
@@ -50,6 +50,9 @@ def balanced_rewards(rewards: Sequence[float], labels: Sequence[Any],
             out[i] *= w
     return out
 
+
+#: the transformers state file of a checkpoint (its `global_step` is the checkpoint's step)
+TRAINER_STATE = "trainer_state.json"
 
 class TaskReward:
     """The task's scorer as a TRL reward function (same reward as ES: score + format_bonus * well_formed).
@@ -112,13 +115,15 @@ class EpochSeededRepeatSampler(RepeatSampler):
 class EsftGRPOTrainer(GRPOTrainer):
     """`GRPOTrainer` plus accounting, KL tracking at beta = 0 and esft's checkpoint layout (see module doc)."""
 
-    def __init__(self, model: Any, *args: Any, run_dir: str | Path, log_kl: bool = True, **kwargs: Any):
+    def __init__(self, model: Any, *args: Any, run_dir: str | Path, log_kl: bool = True, save_total_limit: int = 0,
+                 **kwargs: Any):
         grpo_args = kwargs.get("args")
         beta = getattr(grpo_args, "beta", 0.0)
         # Copy before TRL patches the model's forward (its fused LM head); the copy gets its own patch below.
         reference = copy.deepcopy(model) if log_kl and beta == 0.0 else None
         super().__init__(model, *args, **kwargs)
         self.run_dir = Path(run_dir)
+        self.save_total_limit = save_total_limit  # esft.rundir.prune_checkpoints (TRL's own rotation never sees them)
         self.ledger = StepLedger()
         self.last_rollout: dict[str, Any] | None = None  # tensors of the latest generation round (tests, debugging)
         self.kl_reference = None
@@ -242,6 +247,7 @@ class EsftGRPOTrainer(GRPOTrainer):
         src = Path(self._get_output_dir(trial=trial)) / f"checkpoint-{step}"
         name = "final" if step >= self.state.max_steps else checkpoint_name(step)
         move_checkpoint(src, self.run_dir / CHECKPOINTS / name)
+        prune_checkpoints(list_checkpoints(self.run_dir, TRAINER_STATE, "global_step"), self.save_total_limit)
 
 
 def masked_k3_kl(logps: torch.Tensor, ref_logps: torch.Tensor, mask: torch.Tensor) -> float:
