@@ -76,3 +76,21 @@ def test_a_reader_that_leaves_is_not_an_error():
     err = proc.stderr.read().decode()
     assert proc.wait() == 141, err
     assert "Broken pipe" not in err and "Traceback" not in err and "Exception ignored" not in err
+
+
+
+def test_another_broken_pipe_is_reported(monkeypatch, capsys):
+    """A BrokenPipeError that is not stdout's (a worker's or a tracker's pipe) is a failure like any other: an
+    error line and exit 1 (with --debug, the traceback)."""
+    import pytest
+
+    import esft.cli as cli
+
+    def broken(args):
+        raise BrokenPipeError(32, "Broken pipe (a worker's connection)")
+
+    monkeypatch.setattr(cli, "_env", broken)  # what `esft env` runs
+    assert cli.main(["env"]) == 1
+    assert "esft: error:" in capsys.readouterr().err
+    with pytest.raises(BrokenPipeError):
+        cli.main(["env", "--debug"])

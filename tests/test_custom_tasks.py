@@ -9,6 +9,7 @@ import textwrap
 from importlib.metadata import EntryPoint
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from conftest import make_tiny_model
@@ -104,6 +105,32 @@ def test_a_reward_function_checks_no_format(user_files):
 
     adapted = TaskAdapter(Checked())
     assert checks_format(adapted) and adapted.is_well_formed("ok", {}) and not adapted.is_well_formed("no", {})
+    # an esft Task subclass: it checks a format when it defines is_well_formed (or says otherwise)
+    from esft.tasks.base import Task
+
+    class Plain(Task):
+        def score(self, completion, example):
+            return 1.0
+
+    class Formed(Plain):
+        def is_well_formed(self, completion, example):
+            return True
+
+    class Declined(Formed):
+        checks_format = False
+
+    assert not checks_format(Plain()) and "has no effect" in format_bonus_warning(Plain(), 0.1)
+    assert checks_format(Formed()) and not checks_format(Declined())
+    # and only a format it checks earns the bonus (ES records it through esft.es.executor, GRPO through the reward)
+    from esft.es.executor import PopulationResult
+
+    assert Formed().reward_function(0.5)(["x"], examples=[{}]) == [1.5]
+    assert Declined().reward_function(0.5)(["x"], examples=[{}]) == [1.0]
+    result = PopulationResult(scores=np.zeros((1, 2)), well_formed=np.zeros((1, 2), dtype=bool), texts=[[]])
+    result.record(0, 0, Generation(text="x"), Formed(), {})
+    result.record(0, 1, Generation(text="x"), Declined(), {})
+    assert result.well_formed.tolist() == [[True, False]]
+    assert get_task("countdown").checks_format and get_task("boolq").checks_format
 
 
 def test_builtin_verifiers():

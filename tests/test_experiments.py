@@ -68,7 +68,8 @@ def _spec(tmp_path: Path, text: str):
     ("    max_steps: 2\n", "    max_steps: 2\n    class_balanced: true\n    scale_rewards: batch\n", 9,
      ["algorithms.grpo (grpo) on countdown", "class_balanced", "labels"]),
     ("    max_steps: 2\n", "    max_steps: 2\n    eval_balanced: true\n    eval_limit: 100000\n", 9,
-     ["on boolq", "eval_limit = 100000", "rarest label"]),
+     ["on boolq", "eval_limit = 100000", "rarest label"]),    # a list of budgets shares one run, snapshotted at each budget: a checkpoint limit would delete the snapshots
+    ("    preset: cpu\n", "    preset: cpu\n    save_total_limit: 1\n", 6, ["save_total_limit", "budgets"]),
 ])
 def test_spec_errors_name_the_line(tmp_path, old, new, line, words):
     assert old in GOOD

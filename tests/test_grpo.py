@@ -307,6 +307,10 @@ def test_resume_reads_the_runs_own_config(run, monkeypatch, capsys):
     assert "cannot change ['learning_rate']" in capsys.readouterr().err
 
 
+def _fail(*args, **kwargs):
+    raise RuntimeError("a failure before training (model load, memory, Ctrl-C)")
+
+
 def test_a_run_on_a_constant_schedule_is_extended(tmp_path, tokenizer, capsys):
     """Where the LR schedule does not depend on max_steps, `--resume` with a larger max_steps continues a
     finished run, and the result equals a run started with that max_steps (the same prompts, samples and
@@ -325,6 +329,12 @@ def test_a_run_on_a_constant_schedule_is_extended(tmp_path, tokenizer, capsys):
     with pytest.raises(ValueError, match="trained for 2 steps already"):
         go(short, max_steps=1, resume=True)
     assert resume_config(str(short), {"max_steps": 4}).max_steps == 4  # the CLI's resume accepts it
+    # an extension that fails before training leaves the finished run as it was (its final checkpoint, its config)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("esft.grpo.run.format_bonus_warning", _fail)
+        with pytest.raises(RuntimeError, match="before training"):
+            go(short, max_steps=4, resume=True)
+    assert [s.name for _, s in list_checkpoints(short)] == ["final"] and read_run_config(short)[0].max_steps == 2
     result = go(short, max_steps=4, resume=True)
     assert result.steps == 4
     assert [p.name for _, p in list_checkpoints(short)] == [p.name for _, p in list_checkpoints(whole)] \
@@ -344,6 +354,12 @@ def test_a_run_on_a_constant_schedule_is_extended(tmp_path, tokenizer, capsys):
         resume_config(str(linear), {"max_steps": 2})
     assert main(["train", "grpo", "--resume", "--output-dir", str(linear), "--max-steps", "2"]) == 2
     assert "can be extended" in capsys.readouterr().err
+    # a warmup given as a share of max_steps makes even a constant schedule depend on it
+    from esft.grpo.grpo_config import resumable_changes
+
+    assert "max_steps" in resumable_changes(GRPOConfig(lr_scheduler_type="constant_with_warmup"))
+    assert "max_steps" not in resumable_changes(GRPOConfig(lr_scheduler_type="constant_with_warmup",
+                                                           trl_args={"warmup_ratio": 0.1}))
 
 
 def test_save_total_limit_keeps_the_newest_checkpoints(tmp_path, tokenizer):

@@ -82,6 +82,7 @@ def test_bootstrap_ci_and_summary():
     assert bootstrap_ci([1, 1, 1]) == pytest.approx((0.4385, 1.0), abs=1e-4)
     assert bootstrap_ci([0] * 3) == pytest.approx((0.0, 0.5615), abs=1e-4)
     assert bootstrap_ci([0.5] * 10) == wilson_interval(5, 10)
+    assert bootstrap_ci([2.0] * 4) == (2.0, 2.0)  # a custom score outside [0, 1]: no binomial model, no crash
     lo, hi = bootstrap_ci([0, 1] * 50, seed=3)
     assert lo < 0.5 < hi and hi - lo == pytest.approx(2 * 1.96 * 0.05, abs=0.03)
     scores = np.array([[1, 0, 0, 0], [0, 0, 0, 0], [1, 1, 1, 1]], dtype=float)

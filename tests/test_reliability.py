@@ -543,3 +543,20 @@ def test_replay_verify_reports_a_missing_file_as_damage(reference, tmp_path, cap
     assert replay_main(["verify", str(out)]) == 1
     result = json.loads(capsys.readouterr().out)
     assert result["bit_identical"] is None and "lacks" in result["damaged"]
+
+
+def test_checkpoint_folder_moves_survive_leftovers(tmp_path):
+    """demote_final replaces a folder already holding its new name (a damaged copy); prune_checkpoints deletes
+    past a leftover `.old_*` folder of a killed process and sweeps such folders."""
+    from esft.rundir import demote_final, prune_checkpoints
+
+    root = tmp_path / "checkpoints"
+    for name in ("iter_000001", "iter_000002", "final", ".old_iter_000001", ".old_final"):
+        (root / name).mkdir(parents=True)
+        (root / name / "weights").write_text(name)
+    moved = demote_final(root / "final", 2)
+    assert moved == root / "iter_000002" and (moved / "weights").read_text() == "final"
+    assert not (root / "final").exists()
+    gone = prune_checkpoints([(1, root / "iter_000001"), (2, root / "iter_000002")], 1)
+    assert gone == [root / "iter_000001"]
+    assert sorted(p.name for p in root.iterdir()) == ["iter_000002"]

@@ -342,7 +342,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         code = func(args)
         sys.stdout.flush()  # here, where a reader that left is handled, not at the interpreter's exit
         return code
-    except BrokenPipeError:
+    except BrokenPipeError as exc:
+        if not _stdout_reader_gone():  # another pipe broke (a worker, a tracker): a failure like any other
+            if debug:
+                raise
+            print(f"esft: error: {exc}", file=sys.stderr)
+            return exit_code(exc)
         # the reader of the output left (`esft ... | head`): nothing to report. stdout goes to /dev/null so that
         # the interpreter's last flush does not fail again (what the Python docs advise for SIGPIPE)
         _silence_stdout()
@@ -355,6 +360,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"esft: error: {exc}", file=sys.stderr)
         return exit_code(exc)
+
+
+def _stdout_reader_gone() -> bool:
+    """stdout is a pipe or socket whose reader has closed it (poll reports an error condition on it)."""
+    import select
+
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poller.poll(0))
+    except (OSError, ValueError, AttributeError):  # stdout is not a file (captured, replaced)
+        return False
 
 
 def _silence_stdout() -> None:

@@ -14,7 +14,9 @@ Given n sampled completions per question, c of them correct:
 
 Confidence intervals: percentile bootstrap over questions (questions are resampled with replacement, the n
 samples of a question stay together), because questions, not samples, are the independent units: the samples
-of one question are correlated, so a Wilson interval over all Q*n completions would be too narrow.
+of one question are correlated, so a Wilson interval over all Q*n completions would be too narrow. When every
+question has the same value in [0, 1] (all solved, none solved) the bootstrap has no spread to resample; the
+interval is then the Wilson interval of that mean over the Q questions.
 
 Everything here is a pure function of arrays; `esft.evaluation` turns generations into those arrays.
 """
@@ -29,7 +31,7 @@ import numpy as np
 
 from esft.tasks.labels import wilson_interval
 
-CI_METHOD = "percentile bootstrap over questions"
+CI_METHOD = "percentile bootstrap over questions (Wilson over questions when all score alike)"
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -103,13 +105,16 @@ def bootstrap_ci(values: Sequence[float], level: float = 0.95, resamples: int = 
     """Percentile bootstrap interval of the mean of per-question values in [0, 1] (resampling questions).
 
     When every question has the same value the bootstrap collapses to a point (every resample has the same
-    mean), which would claim certainty from a few questions: the 95% Wilson interval of that mean over the
-    questions is returned instead (0 of 3 questions: [0, 0.56], as the greedy accuracy's interval)."""
+    mean), which would claim certainty from a few questions: for a value in [0, 1] and the 95% level, the Wilson
+    interval of that mean over the questions is returned instead (0 of 3 questions: [0, 0.56], as the greedy
+    accuracy's interval)."""
     v = np.asarray(values, dtype=np.float64)
     if v.size == 0:
         return (0.0, 1.0)
     if np.ptp(v) == 0.0:
-        return wilson_interval(float(v.sum()), int(v.size))
+        if level == 0.95 and 0.0 <= v[0] <= 1.0:
+            return wilson_interval(float(v.sum()), int(v.size))
+        return (float(v[0]), float(v[0]))  # a score outside [0, 1] (a custom task's) or another level: no model
     rng = np.random.default_rng(seed)
     means = v[rng.integers(0, v.size, size=(resamples, v.size))].mean(axis=1)
     tail = (1.0 - level) / 2.0

@@ -232,6 +232,15 @@ def list_checkpoints(run_dir: Path, state_file: str, step_key: str = "step") -> 
     return sorted(out, key=lambda x: (x[0], x[1].name))
 
 
+def demote_final(folder: Path, step: int) -> Path:
+    """The `final` checkpoint of a run being extended, renamed as the numbered checkpoint of its step (what a run
+    started with more steps holds there), replacing any folder of that name (a damaged copy, or the same
+    weights)."""
+    target = folder.with_name(checkpoint_name(step))
+    replace_dir(folder, target)
+    return target
+
+
 def prune_checkpoints(checkpoints: list[tuple[int, Path]], limit: int) -> list[Path]:
     """Delete the oldest numbered checkpoints (`iter_XXXXXX`) of `checkpoints` ((step, folder), as
     `list_checkpoints` returns them) beyond the newest `limit`; `final` is never counted or deleted, nor is
@@ -243,12 +252,16 @@ def prune_checkpoints(checkpoints: list[tuple[int, Path]], limit: int) -> list[P
     gone = numbered[:-limit]
     for folder in gone:
         aside = folder.with_name(f".old_{folder.name}")  # out of list_checkpoints' sight first: never half a folder
+        if aside.exists():  # left by a process killed while it deleted
+            shutil.rmtree(aside)
         os.replace(folder, aside)
         shutil.rmtree(aside)
+    for stale in (numbered[0].parent.glob(".old_*") if numbered else ()):  # from a replace_dir that was killed
+        shutil.rmtree(stale, ignore_errors=True)
     return gone
 
 
 __all__ = ["CHECKPOINTS", "CorruptLogError", "NonFiniteError", "RunDirBusy", "RunLock", "TrainResult", "append_jsonl",
            "check_output_dir", "checkpoint_name", "filter_jsonl", "list_checkpoints", "lock_held", "peak_rss_mb",
-           "prune_checkpoints",
+           "demote_final", "prune_checkpoints",
            "read_jsonl", "replace_dir", "rewrite_jsonl", "write_text_atomic"]

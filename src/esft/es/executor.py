@@ -26,6 +26,7 @@ import torch
 from esft.es.lanes import map_large_blocks, openmp_backend, rollout_replica  # noqa: F401 (re-exported)
 from esft.es.noise import MasterWeights, Update
 from esft.es.strategy import ES, Member
+from esft.tasks.base import checks_format
 
 GenerateFn = Callable[..., list]  # generate(model, tokenizer, prompts, cfg) -> list[Generation]
 
@@ -52,7 +53,7 @@ class PopulationResult:
         counters; completions must be recorded in column order (texts are appended)."""
         self.texts[row].append(gen.text)
         self.scores[row, col] = float(task.score(gen.text, example))
-        self.well_formed[row, col] = bool(task.is_well_formed(gen.text, example))
+        self.well_formed[row, col] = checks_format(task) and bool(task.is_well_formed(gen.text, example))
         self.tokens_generated += len(gen.completion_ids)
         self.prompt_tokens += int(gen.prompt_tokens)
         self.finished += int(bool(gen.finished))

@@ -40,7 +40,8 @@ from esft.es.executor import Executor, PopulationResult
 from esft.es.fitness import FitnessRule, as_fitness_rule
 from esft.evaluation import load_examples
 from esft.tasks.base import Task, checks_format, format_bonus_warning
-from esft.rundir import NonFiniteError, RunLock, TrainResult, check_output_dir, peak_rss_mb, prune_checkpoints
+from esft.rundir import (NonFiniteError, RunLock, TrainResult, check_output_dir, demote_final, peak_rss_mb,
+                         prune_checkpoints)
 from esft.tracking import Tracker, check_backends, open_tracker
 from esft.version import __version__
 
@@ -191,7 +192,7 @@ class ESTrainer:
         if folder is not None and folder.name == "final" and start < self.config.iterations:
             # an extended run: its last checkpoint is no longer final; keep it under its step, as a run started
             # with more iterations would (the new final replaces nothing)
-            folder = folder.replace(folder.with_name(es_rundir.checkpoint_name(start)))
+            folder = demote_final(folder, start)
         rule_state = None
         if folder is not None:
             rule_state = json.loads((folder / es_rundir.STATE_FILE).read_text()).get("fitness_rule_state")

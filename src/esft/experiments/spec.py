@@ -435,7 +435,12 @@ def _check_configs(ctx: SpecContext, spec: Spec, data: LineDict) -> None:
             for task in spec.tasks:
                 for budget in method.budgets or [None]:
                     try:
-                        check_task_fit(spec.config(comp, task, spec.seeds[0], budget, output_dir="<check>"), built)
+                        config = spec.config(comp, task, spec.seeds[0], budget, output_dir="<check>")
+                        check_task_fit(config, built)
+                        if len(method.budgets) > 1 and getattr(config, "save_total_limit", 0):
+                            # the budgets share one run, snapshotted at each budget as a numbered checkpoint
+                            raise ValueError("save_total_limit would delete the checkpoints this method keeps at "
+                                             "each of its budgets; leave it at 0 with a list of budgets")
                     except (ValueError, TypeError) as exc:
                         raise ctx.error(line, f"algorithms.{method.label} ({comp.algorithm}) on {task}: {exc}") \
                             from None

@@ -200,7 +200,9 @@ SCHEDULES_WITHOUT_END = ("constant", "constant_with_warmup")
 def resumable_changes(config: "GRPOConfig") -> set[str]:
     """Fields a resume of a run made with `config` may change: RESUMABLE_CHANGES, plus max_steps where the LR
     schedule does not depend on it."""
-    return RESUMABLE_CHANGES | ({"max_steps"} if config.lr_scheduler_type in SCHEDULES_WITHOUT_END else set())
+    # (a warmup given as a ratio through trl_args is a share of max_steps, so that schedule depends on it after all)
+    without_end = config.lr_scheduler_type in SCHEDULES_WITHOUT_END and "warmup_ratio" not in config.trl_args
+    return RESUMABLE_CHANGES | ({"max_steps"} if without_end else set())
 
 
 # fields that may change when resuming (everything else, the LR schedule's max_steps included unless the schedule

@@ -30,7 +30,7 @@ from esft import rundir
 from esft.grpo.grpo_config import (SCHEDULES_WITHOUT_END, GRPOConfig, resolve_precision,
                                    resumable_changes, to_trl_config)
 from esft.grpo.trl_trainer import TRAINER_STATE, EsftGRPOTrainer, TaskReward
-from esft.rundir import CHECKPOINTS, TrainResult, checkpoint_name, filter_jsonl, read_jsonl
+from esft.rundir import CHECKPOINTS, TrainResult, filter_jsonl, read_jsonl
 from esft.tasks.base import format_bonus_warning
 from esft.version import __version__
 
@@ -91,9 +91,6 @@ def _prepare_dir(out: Path, config: GRPOConfig) -> tuple[Path | None, int]:
         if start > config.max_steps:
             raise ValueError(f"cannot resume {out} with max_steps {config.max_steps}: it has trained for {start} "
                              "steps already")
-        if resume_from is not None and resume_from.name == "final" and start < config.max_steps:
-            # an extended run: its last checkpoint is no longer final, and is named as an uninterrupted run's is
-            resume_from = resume_from.replace(resume_from.with_name(checkpoint_name(start)))
     elif holds_run:
         raise FileExistsError(f"{out} already holds a run; pass resume=True (--resume) or a new output_dir")
     for name in ("metrics.jsonl", "drift.jsonl"):
@@ -217,6 +214,10 @@ def _train_locked(config: GRPOConfig, out: Path, model: Any, tokenizer: Any, tas
     _write_config(config.replace(resume=False), out / "config.yaml",
                   _run_info(model, config, precision, str(trainer.accelerator.device), len(train_set),
                             trainer.kl_reference is not None))
+    # an extended run (start < max_steps here): its last checkpoint is no longer final. Renamed only now, once
+    # config.yaml holds the new max_steps: a failure before this leaves the finished run as it was
+    if resume_from is not None and resume_from.name == "final":
+        resume_from = rundir.demote_final(resume_from, start)
     trainer.train(resume_from_checkpoint=str(resume_from) if resume_from is not None else None)
     final = out / CHECKPOINTS / "final"
     return GRPOTrainResult(out, int(trainer.state.global_step), final if final.exists() else None,

@@ -12,7 +12,7 @@ import json
 import re
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any, Callable, ClassVar
+from typing import Any, Callable
 
 from esft.tasks.labels import constant_baseline, wilson_interval
 
@@ -42,10 +42,6 @@ class Task:
     splits: tuple[str, ...] = ("train", "test")
     #: system prompt that states the answer format (paper Table 19)
     system_prompt: str = ""
-    #: whether `is_well_formed` checks an answer format. False for a task scored by an opaque reward function (a
-    #: data task's `reward: module:function`, a task object without `is_well_formed`): it then has no format rate,
-    #: and a format bonus adds nothing (esft.tasks.base.format_bonus_warning says so before any model loads).
-    checks_format: ClassVar[bool] = True
 
     # ---- data -------------------------------------------------------------------------------------
     def load(self, split: str = "test", limit: int | None = None) -> list[Example]:
@@ -69,6 +65,14 @@ class Task:
         """1.0 if the completion is correct under the paper's protocol, else 0.0. Never raises on a completion,
         whatever its text; a malformed example (a data bug) raises KeyError, TypeError or ValueError."""
         raise NotImplementedError
+
+    @property
+    def checks_format(self) -> bool:
+        """Whether `is_well_formed` checks an answer format: a task class that defines it does. False for a task
+        scored by an opaque reward function (a data task's `reward: module:function`, a task object or class
+        without `is_well_formed`): it then has no format rate, and a format bonus adds nothing
+        (`format_bonus_warning` says so before any model loads). A subclass may also set it to False."""
+        return type(self).is_well_formed is not Task.is_well_formed
 
     def is_well_formed(self, completion: str, example: Example) -> bool:
         """True when the completion contains an answer in the required format (used by the format bonus);
@@ -154,7 +158,7 @@ class Task:
             for completion, example in zip(completions, examples):
                 text = completion_text(completion)
                 r = self.score(text, example)
-                if format_bonus and self.is_well_formed(text, example):
+                if format_bonus and self.checks_format and self.is_well_formed(text, example):
                     r += format_bonus
                 out.append(float(r))
             return out

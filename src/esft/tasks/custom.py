@@ -176,7 +176,7 @@ class TaskAdapter(Task):
         return float(self.obj.score(completion, example))
 
     @property
-    def checks_format(self) -> bool:  # type: ignore[override]
+    def checks_format(self) -> bool:
         """The object brings its own format check (`is_well_formed`), or has none."""
         return callable(getattr(self.obj, "is_well_formed", None))
 

@@ -194,7 +194,7 @@ class DatasetTask(Task):
                                self.completion_format)
 
     @property
-    def checks_format(self) -> bool:  # type: ignore[override]
+    def checks_format(self) -> bool:
         """A built-in verifier extracts an answer in a format; a reward function's format is its own business."""
         return self._verifier is not None
 
