@@ -11,8 +11,8 @@ from conftest import make_tiny_model
 from esft.cli import main
 
 
-@pytest.fixture()
-def es_run(tmp_path, tokenizer):
+def _tiny_es_run(tmp_path, tokenizer, *flags: str):
+    """Two ES iterations of a tiny model on a 20-row data task (`flags` added); returns (run, model folder)."""
     folder = tmp_path / "tiny"
     make_tiny_model(hidden=32, layers=2).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
@@ -21,10 +21,15 @@ def es_run(tmp_path, tokenizer):
     out = tmp_path / "run"
     # a large sigma/alpha so the exported weights differ from the base model's
     assert main(["train", "es", "--model", str(folder), "--task", str(data), "--iterations", "2",
-                 "--population-size", "2", "--batch-size", "2", "--max-new-tokens", "3", "--eval-every", "2",
-                 "--eval-limit", "3", "--sigma", "0.05", "--alpha", "0.05", "--fitness-shaping", "raw",
-                 "--format-bonus", "1", "--device", "cpu", "--dtype", "float32", "--output-dir", str(out)]) == 0
+                 "--population-size", "2", "--batch-size", "2", "--max-new-tokens", "3", "--eval-limit", "3",
+                 "--sigma", "0.05", "--alpha", "0.05", "--fitness-shaping", "raw", "--format-bonus", "1",
+                 "--device", "cpu", "--dtype", "float32", "--output-dir", str(out), *flags]) == 0
     return out, folder
+
+
+@pytest.fixture()
+def es_run(tmp_path, tokenizer):
+    return _tiny_es_run(tmp_path, tokenizer, "--eval-every", "2")
 
 
 def _greedy(path, tokenizer, prompts):
@@ -90,17 +95,7 @@ def test_overwrite_replaces_the_folder_without_stale_files(es_run, tmp_path):
 @pytest.fixture()
 def es_run_with_checkpoints(tmp_path, tokenizer):
     """Two iterations, a checkpoint and a held-out evaluation after each: iter_000001 and final."""
-    folder = tmp_path / "tiny"
-    make_tiny_model(hidden=32, layers=2).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    data = tmp_path / "q.jsonl"
-    data.write_text("".join(json.dumps({"prompt": f"Say {i}.", "answer": str(i)}) + "\n" for i in range(20)))
-    out = tmp_path / "run"
-    assert main(["train", "es", "--model", str(folder), "--task", str(data), "--iterations", "2",
-                 "--population-size", "2", "--batch-size", "2", "--max-new-tokens", "3", "--eval-every", "1",
-                 "--eval-limit", "3", "--checkpoint-every", "1", "--sigma", "0.05", "--alpha", "0.05",
-                 "--fitness-shaping", "raw", "--format-bonus", "1", "--device", "cpu", "--dtype", "float32",
-                 "--output-dir", str(out)]) == 0
+    out, _ = _tiny_es_run(tmp_path, tokenizer, "--eval-every", "1", "--checkpoint-every", "1")
     assert (out / "checkpoints" / "iter_000001" / "config.json").exists()
     return out
 
