@@ -94,3 +94,27 @@ def test_another_broken_pipe_is_reported(monkeypatch, capsys):
     assert "esft: error:" in capsys.readouterr().err
     with pytest.raises(BrokenPipeError):
         cli.main(["env", "--debug"])
+
+
+def test_sigterm_stops_a_command_as_ctrl_c_does(monkeypatch, capsys):
+    """`kill PID` during a compute command ends it through the Ctrl-C path (exit 130, "interrupted"), so runs
+    restore their weights and print how to resume."""
+    import os
+    import signal
+    import time
+
+    import esft.cli as cli
+
+    def work(args):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(10)  # the handler raises KeyboardInterrupt here
+        return 0
+
+    monkeypatch.setattr(cli, "_eval", work)  # what `esft eval` runs
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        start = time.perf_counter()
+        assert cli.main(["eval", "--tasks", "boolq"]) == 130
+        assert time.perf_counter() - start < 5 and "interrupted" in capsys.readouterr().err
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -331,6 +331,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         policy = choose_omp_wait_policy(busy_cores())
         if policy is not None:
             os.environ["OMP_WAIT_POLICY"] = policy
+    if args_list and args_list[0] in COMPUTE_COMMANDS:
+        _stop_on_sigterm()
     debug = "--debug" in args_list
     args_list = [a for a in args_list if a != "--debug"]
     # only the typed sub-command's options are built (see build_parser); "" for `esft --help`, `--version`
@@ -360,6 +362,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"esft: error: {exc}", file=sys.stderr)
         return exit_code(exc)
+
+
+def _stop_on_sigterm() -> None:
+    """SIGTERM (`kill PID`, a cluster scheduler's preemption) stops a command as Ctrl-C does: an ES run restores
+    its weights and prints the resume command, an experiment marks its stage stopped, instead of the process
+    vanishing without a word."""
+    import signal
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    try:
+        signal.signal(signal.SIGTERM, interrupt)
+    except ValueError:  # not the main thread (main() called from a worker thread): leave the default
+        pass
 
 
 def _stdout_reader_gone() -> bool:
