@@ -98,8 +98,8 @@ class ESConfig(RunConfig):
     checkpoint_every: int = 0
     """save a Hugging Face checkpoint every k iterations (0 = only the final one); seeds.jsonl covers the rest"""
     save_total_limit: int = 0
-    """keep at most this many of those checkpoints, deleting the oldest as new ones are written (0 = keep all; the
-    final checkpoint is always kept): a resume needs only the newest, plus seeds.jsonl"""
+    """keep at most this many numbered checkpoints (iter_XXXXXX), deleting the oldest as new ones are written
+    (0 = keep all; the final checkpoint is always kept): a resume needs only the newest, plus seeds.jsonl"""
     samples_per_iteration: int = 4
     """completions of member 0 written to samples/ each iteration"""
     max_passage_chars: int | None = None
@@ -214,7 +214,8 @@ RULES: dict[str, Rule] = {
     "fitness_shaping": one_of("zscore", "centered_rank", "raw"), "optimizer": one_of("sgd", "adam"),
     "format_bonus": finite(), "fitness_rule": one_of("mean", "dart", "balanced"), "generation_batch_size": at_least(1),
     "dtype": one_of("float32", "fp32", "bfloat16", "bf16", "float16", "fp16", "auto"), "eval_every": at_least(0),
-    "eval_limit": at_least(0), "checkpoint_every": at_least(0), "save_total_limit": at_least(0), "samples_per_iteration": at_least(0),
+    "eval_limit": at_least(0), "checkpoint_every": at_least(0), "save_total_limit": at_least(0),
+    "samples_per_iteration": at_least(0),
     "max_passage_chars": at_least(1), "parallel_members": at_least(1), "executor": one_of("local", "ray"),
     "num_workers": at_least(0), "worker_backend": one_of("hf", "vllm"),
     "rollout_dtype": one_of("auto", "float32", "bfloat16"),

@@ -92,8 +92,9 @@ class GRPOConfig(RunConfig):
     save_steps: int = 0
     """save a Hugging Face checkpoint every k steps (0 = only the final one); drift.jsonl covers every step"""
     save_total_limit: int = 0
-    """keep at most this many of those checkpoints (each with its AdamW state: ~3x the weights), deleting the
-    oldest as new ones are written (0 = keep all; the final checkpoint is always kept): a resume needs the newest"""
+    """keep at most this many numbered checkpoints (iter_XXXXXX, each with its AdamW state: ~3x the weights),
+    deleting the oldest as new ones are written (0 = keep all; the final checkpoint is always kept): a resume
+    needs the newest"""
     eval_every: int = 0
     """greedy held-out evaluation every k steps and at start and end (0 = never; `esft eval` does it afterwards)"""
     eval_limit: int = 200
@@ -157,7 +158,8 @@ RULES: dict[str, Rule] = {
     "epsilon": positive(), "beta": non_negative(), "scale_rewards": one_of("group", "batch", "none"),
     "num_iterations": at_least(1), "temperature": positive(), "top_p": in_range(0.0, 1.0),
     "max_completion_length": at_least(1), "format_bonus": finite(), "seed": at_least(0),
-    "precision": one_of("auto", "fp32", "bf16-autocast"), "save_steps": at_least(0), "save_total_limit": at_least(0), "eval_every": at_least(0),
+    "precision": one_of("auto", "fp32", "bf16-autocast"), "save_steps": at_least(0), "save_total_limit": at_least(0),
+    "eval_every": at_least(0),
     "eval_limit": at_least(0), "eval_max_new_tokens": at_least(1), "samples_per_iteration": at_least(0),
     "max_passage_chars": at_least(1), "model": Rule("a model name, folder or hub id (non-empty)", bool),
     "output_dir": Rule("a folder (non-empty)", bool), "report_to": report_to_rule(),
