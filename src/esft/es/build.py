@@ -20,6 +20,9 @@ from esft.es.strategy import ES
 
 EXECUTORS = ("local", "ray")
 WORKER_BACKENDS = ("hf", "vllm")
+# keys of `executor_options` (esft.es.distributed.factory reads them)
+RAY_OPTIONS = {"threads_per_worker", "checksum_every", "start_timeout_s", "num_cpus_per_worker", "use_gpu"}
+VLLM_OPTIONS = {"gpu_memory_utilization", "enforce_eager", "max_model_len", "kv_cache_memory_bytes", "vllm_kwargs"}
 
 
 def make_strategy(config: ESConfig) -> ES:
@@ -113,6 +116,15 @@ def check_layout(config: ESConfig) -> None:
         warnings.warn(f"parallel_members={config.parallel_members} ignored: {where}", stacklevel=3)
 
 
+def check_executor_options(config: ESConfig) -> None:
+    """Refuse unknown `executor_options` keys of a Ray run: the trainer calls it before the model loads."""
+    if config.executor == "local":
+        return  # the local executor reads none of them
+    unknown = set(config.executor_options or {}) - RAY_OPTIONS - VLLM_OPTIONS
+    if unknown:
+        raise ValueError(f"unknown executor_options {sorted(unknown)}; known: {sorted(RAY_OPTIONS | VLLM_OPTIONS)}")
+
+
 def make_local_executor(config: ESConfig, *, model: Any, tokenizer: Any, weights: MasterWeights, task: Any,
                         strategy: ES, gen_config: Any, generate_fn: Any = None) -> LocalExecutor:
     """The in-process executor of `executor: local` (after `check_layout`): member after member, or the whole
@@ -128,6 +140,6 @@ def make_local_executor(config: ESConfig, *, model: Any, tokenizer: Any, weights
                          rollout_dtype=torch.bfloat16 if config.rollout_dtype == "bfloat16" else None)
 
 
-__all__ = ["EXECUTORS", "WORKER_BACKENDS", "check_layout", "fitness_rule", "generation_config",
-           "make_fitness_rule", "make_local_executor", "make_strategy", "make_weights", "rollout_precision",
-           "sample_batch"]
+__all__ = ["EXECUTORS", "RAY_OPTIONS", "VLLM_OPTIONS", "WORKER_BACKENDS", "check_executor_options", "check_layout",
+           "fitness_rule", "generation_config", "make_fitness_rule", "make_local_executor", "make_strategy",
+           "make_weights", "rollout_precision", "sample_batch"]

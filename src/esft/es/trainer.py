@@ -33,8 +33,8 @@ import numpy as np
 import torch
 
 from esft.es import es_rundir
-from esft.es.build import (check_layout, fitness_rule as config_fitness_rule, generation_config, make_local_executor,
-                           make_strategy, make_weights, rollout_precision, sample_batch)
+from esft.es.build import (check_executor_options, check_layout, fitness_rule as config_fitness_rule, generation_config,
+                           make_local_executor, make_strategy, make_weights, rollout_precision, sample_batch)
 from esft.es.es_config import RESUMABLE_CHANGES, ESConfig, read_run_config, save_yaml
 from esft.es.executor import Executor, PopulationResult
 from esft.es.fitness import FitnessRule, as_fitness_rule
@@ -95,6 +95,7 @@ class ESTrainer:
         self.config = config
         check_backends(config.report_to)  # a missing tracker package fails before the model loads
         check_output_dir(config.output_dir)  # the output folder and the task before the model loads
+        check_executor_options(config)  # a Ray run's unknown option keys, too
         if task is None:
             from esft.tasks import get_task
 

@@ -8,14 +8,13 @@ import os
 from pathlib import Path
 from typing import Any
 
-from esft.es.build import check_layout, make_local_executor, make_strategy
+from esft.es.build import (RAY_OPTIONS, VLLM_OPTIONS, check_executor_options, check_layout, make_local_executor,
+                            make_strategy)
 from esft.es.es_config import ESConfig
 from esft.es.executor import Executor
 from esft.es.noise import MasterWeights
 from esft.es.strategy import ES
 
-RAY_OPTIONS = {"threads_per_worker", "checksum_every", "start_timeout_s", "num_cpus_per_worker", "use_gpu"}
-VLLM_OPTIONS = {"gpu_memory_utilization", "enforce_eager", "max_model_len", "kv_cache_memory_bytes", "vllm_kwargs"}
 
 
 def make_executor(config: ESConfig, *, model: Any, tokenizer: Any, weights: MasterWeights, task: Any,
@@ -35,10 +34,8 @@ def make_ray_executor(config: ESConfig, *, weights: MasterWeights, optimizer: An
     from esft.es.distributed.hf_replica import HFReplica, ReplicaSpec
     from esft.es.distributed.ray_executor import RayExecutor
 
+    check_executor_options(config)  # the trainer checked already, before its model loaded
     opts = dict(config.executor_options)
-    unknown = set(opts) - RAY_OPTIONS - VLLM_OPTIONS
-    if unknown:
-        raise ValueError(f"unknown executor_options {sorted(unknown)}; known: {sorted(RAY_OPTIONS | VLLM_OPTIONS)}")
     on_cpu = (config.device or "cpu") == "cpu"
     if config.worker_backend == "vllm" and on_cpu:
         # one CPU engine per machine by default: vLLM batches a member's prompts itself and uses every thread

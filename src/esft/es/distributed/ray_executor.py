@@ -28,6 +28,7 @@ import logging
 import os
 import time
 from collections import deque
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -93,6 +94,23 @@ def _ray():
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise ImportError("the ray executor needs Ray: pip install 'esft[ray]'") from exc
     return ray
+
+
+@contextmanager
+def _keep_sigterm_handler():
+    """ray.init replaces the driver's SIGTERM handler by `sys.exit(15)`, which would bypass esft's Ctrl-C path
+    (esft.cli: weights restored, the resume command printed, exit 130); put back a Python handler it replaced.
+    Without one (the default action) Ray's stays: its exit shuts down the Ray processes this driver started."""
+    import signal
+    import threading
+
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.getsignal(signal.SIGTERM) if main else None
+    try:
+        yield
+    finally:
+        if callable(previous):
+            signal.signal(signal.SIGTERM, previous)
 
 
 def _is_worker_death(exc: BaseException) -> bool:
@@ -161,7 +179,8 @@ class RayExecutor(Executor):
             return  # a caller (script, test) owns the connection
         # address=None lets Ray resolve $RAY_ADDRESS or a running local cluster, else start one; auth is left
         # at Ray's defaults (token auth on clusters that use it).
-        ray.init(address=self.address or None, logging_level=logging.WARNING)
+        with _keep_sigterm_handler():
+            ray.init(address=self.address or None, logging_level=logging.WARNING)
         self._owns_ray = True
 
     def _resources(self) -> tuple[int, dict[str, Any]]:
