@@ -8,13 +8,11 @@ import os
 from pathlib import Path
 from typing import Any
 
-from esft.es.build import (RAY_OPTIONS, VLLM_OPTIONS, check_executor_options, check_layout, make_local_executor,
-                            make_strategy)
+from esft.es.build import VLLM_OPTIONS, check_executor_options, check_layout, make_local_executor, make_strategy
 from esft.es.es_config import ESConfig
 from esft.es.executor import Executor
 from esft.es.noise import MasterWeights
 from esft.es.strategy import ES
-
 
 
 def make_executor(config: ESConfig, *, model: Any, tokenizer: Any, weights: MasterWeights, task: Any,
