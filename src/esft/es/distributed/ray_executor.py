@@ -293,7 +293,7 @@ class RayExecutor(Executor):
         step = "?" if self.step is None else self.step
         run_dir = str(self.event_log.parent) if self.event_log is not None else "RUN_DIR"
         msg = (f"all {len(self.workers)} Ray workers are lost (after {step} updates); the run stops here. The run "
-               "directory holds every logged iteration and its last checkpoint, untouched; continue with "
+               "directory holds every logged iteration (seeds.jsonl) and its checkpoints, untouched; continue with "
                f"`esft train es --resume {run_dir}` (on any number of workers, or --executor local)")
         self._event("all_workers_lost", logging.ERROR, msg)
         return WorkersLost(msg)
