@@ -249,19 +249,16 @@ def prune_checkpoints(checkpoints: list[tuple[int, Path]], limit: int) -> list[P
     if limit <= 0:
         return []
     numbered = [folder for _, folder in checkpoints if folder.name.startswith("iter_")]
+    for stale in (numbered[0].parent.glob(".old_*") if numbered else ()):  # left by a process killed mid-delete
+        shutil.rmtree(stale, ignore_errors=True)
     gone = numbered[:-limit]
     for folder in gone:
         aside = folder.with_name(f".old_{folder.name}")  # out of list_checkpoints' sight first: never half a folder
-        if aside.exists():  # left by a process killed while it deleted
-            shutil.rmtree(aside)
         os.replace(folder, aside)
         shutil.rmtree(aside)
-    for stale in (numbered[0].parent.glob(".old_*") if numbered else ()):  # from a replace_dir that was killed
-        shutil.rmtree(stale, ignore_errors=True)
     return gone
 
 
 __all__ = ["CHECKPOINTS", "CorruptLogError", "NonFiniteError", "RunDirBusy", "RunLock", "TrainResult", "append_jsonl",
-           "check_output_dir", "checkpoint_name", "filter_jsonl", "list_checkpoints", "lock_held", "peak_rss_mb",
-           "demote_final", "prune_checkpoints",
-           "read_jsonl", "replace_dir", "rewrite_jsonl", "write_text_atomic"]
+           "check_output_dir", "checkpoint_name", "demote_final", "filter_jsonl", "list_checkpoints", "lock_held",
+           "peak_rss_mb", "prune_checkpoints", "read_jsonl", "replace_dir", "rewrite_jsonl", "write_text_atomic"]
