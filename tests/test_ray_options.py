@@ -48,3 +48,106 @@ def test_ray_init_keeps_the_drivers_sigterm_handler(monkeypatch):
     finally:
         executor.close()
         signal.signal(signal.SIGTERM, before)
+
+
+def _closed_port() -> int:
+    """A local TCP port nothing listens on (bound, then released)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_cluster_endpoint_parses_the_addresses_ray_accepts():
+    from esft.es.distributed.connection import cluster_endpoint
+
+    assert cluster_endpoint("10.0.0.5:6379") == ("10.0.0.5", 6379)
+    assert cluster_endpoint("ray://head.example:10001") == ("head.example", 10001)
+    assert cluster_endpoint("[::1]:6379") == ("::1", 6379)
+    for resolved_by_ray in (None, "", "auto", "local", "head.example", "ray://head", "http://h:8265/x"):
+        assert cluster_endpoint(resolved_by_ray) is None, resolved_by_ray
+
+
+def test_unreachable_ray_address_fails_fast_and_before_the_model_loads(tmp_path, monkeypatch):
+    """Ray 2.60 retries a HOST:PORT with nothing behind it without end; esft probes the port first, before the
+    model loads and before Ray starts, and names the address."""
+    import time
+
+    ray = pytest.importorskip("ray")
+    import esft.models
+
+    if ray.is_initialized():
+        pytest.skip("Ray is already initialised in this process")
+
+    def load_model(*args, **kwargs):
+        raise AssertionError("the model was loaded before the Ray address was tried")
+
+    monkeypatch.setattr(esft.models, "load_model", load_model)
+    address = f"127.0.0.1:{_closed_port()}"
+    cfg = ESConfig(model="smollm2-135m", task="boolq", executor="ray", num_workers=1, device="cpu",
+                   ray_address=address, output_dir=str(tmp_path / "run"))
+    t0 = time.perf_counter()
+    with pytest.raises(ConnectionError, match=rf"cannot reach a Ray cluster at '{address}' \(.*refused"):
+        es_trainer(cfg, progress=False)
+    assert time.perf_counter() - t0 < 5
+    assert not ray.is_initialized()
+
+
+def test_unreachable_ray_address_env_is_probed_too(monkeypatch):
+    from esft.es.distributed.connection import check_reachable
+
+    address = f"ray://127.0.0.1:{_closed_port()}"
+    monkeypatch.setenv("RAY_ADDRESS", address)
+    with pytest.raises(ConnectionError, match="cannot reach a Ray cluster at 'ray://127.0.0.1:"):
+        check_reachable(None)
+    check_reachable("auto")  # resolved by Ray itself (it fails fast when no cluster runs): not probed
+
+
+def test_a_listening_ray_address_passes_the_probe():
+    import socket
+
+    from esft.es.distributed.connection import check_reachable
+
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(1)
+        check_reachable(f"127.0.0.1:{server.getsockname()[1]}", timeout_s=5)
+
+
+def test_a_ray_run_connects_before_the_model_loads_and_the_executor_owns_the_connection(tmp_path, monkeypatch):
+    """A local Ray start (no address) happens before the model loads; the run's executor then shuts it down."""
+    ray = pytest.importorskip("ray")
+    import esft.models
+
+    if ray.is_initialized():
+        pytest.skip("Ray is already initialised in this process")
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    seen = []
+
+    def load_model(*args, **kwargs):
+        seen.append(ray.is_initialized())
+        raise RuntimeError("stop after the connection")
+
+    monkeypatch.setattr(esft.models, "load_model", load_model)
+    cfg = ESConfig(model="smollm2-135m", task="boolq", executor="ray", num_workers=1, device="cpu",
+                   output_dir=str(tmp_path / "run"))
+    with pytest.raises(RuntimeError, match="stop after the connection"):
+        es_trainer(cfg, progress=False)
+    assert seen == [True]  # connected when the model was about to load
+    assert not ray.is_initialized()  # and the failed run let its connection go
+
+
+def test_an_executor_that_owns_an_earlier_connection_shuts_it_down():
+    ray = pytest.importorskip("ray")
+    from esft.es.distributed.connection import connect_ray
+    from esft.es.distributed.ray_executor import RayExecutor
+
+    if ray.is_initialized():
+        pytest.skip("Ray is already initialised in this process")
+    assert connect_ray(None)
+    borrowed = RayExecutor(spec=None, weights=None)  # a connection it did not make is not its own to end
+    borrowed.close()
+    assert ray.is_initialized()
+    RayExecutor(spec=None, weights=None, owns_ray=True).close()
+    assert not ray.is_initialized()

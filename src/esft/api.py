@@ -6,13 +6,15 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
-from esft.es.distributed.factory import make_executor
+from esft.es.build import check_executor_options
+from esft.es.distributed.factory import connect, disconnect, make_executor
 from esft.es.es_config import ESConfig
 from esft.es.trainer import ESTrainer
-from esft.rundir import TrainResult
+from esft.rundir import TrainResult, check_output_dir
 from esft.tasks.base import Task
 
 
@@ -54,9 +56,19 @@ def es_trainer(config: ESConfig, **kwargs: Any) -> ESTrainer:
     or `executor_factory` is given (keyword seams as ESTrainer: model, tokenizer, task, generate_fn,
     fitness_rule, progress). `task` may be a task object or class, or a task string (see with_task)."""
     config, kwargs["task"] = with_task(config, kwargs.get("task"))
-    if kwargs.get("executor") is None:
-        kwargs.setdefault("executor_factory", make_executor)
-    return ESTrainer(config, **kwargs)
+    if kwargs.get("executor") is not None or kwargs.get("executor_factory") is not None:
+        return ESTrainer(config, **kwargs)
+    check_output_dir(config.output_dir)  # the checks the trainer makes first, before a Ray connection's seconds
+    check_executor_options(config)
+    # a Ray run joins its cluster before the model loads: a wrong address fails before minutes of loading
+    owns_ray = connect(config)
+    kwargs["executor_factory"] = functools.partial(make_executor, owns_ray=owns_ray)
+    try:
+        return ESTrainer(config, **kwargs)
+    except BaseException:
+        if owns_ray:
+            disconnect()
+        raise
 
 
 def train_es(config: ESConfig, **kwargs: Any) -> TrainResult:

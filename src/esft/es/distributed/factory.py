@@ -5,6 +5,7 @@ the trainer as its `executor_factory`."""
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,14 +18,37 @@ from esft.es.strategy import ES
 
 def make_executor(config: ESConfig, *, model: Any, tokenizer: Any, weights: MasterWeights, task: Any,
                   gen_config: Any, generate_fn: Any = None, optimizer: Any = None,
-                  strategy: ES | None = None) -> Executor:
-    """`strategy`: the driver's, whose sigma a local executor reads (default: one built from the config)."""
+                  strategy: ES | None = None, owns_ray: bool = False) -> Executor:
+    """`strategy`: the driver's, whose sigma a local executor reads (default: one built from the config).
+    `owns_ray`: the Ray connection was made for this run (`connect`), so the executor shuts it down on close."""
     check_layout(config)
     if config.executor == "local":
         return make_local_executor(config, model=model, tokenizer=tokenizer, weights=weights, task=task,
                                    strategy=strategy if strategy is not None else make_strategy(config),
                                    gen_config=gen_config, generate_fn=generate_fn)
-    return make_ray_executor(config, weights=weights, optimizer=optimizer, generate_fn=generate_fn, model=model)
+    return make_ray_executor(config, weights=weights, optimizer=optimizer, generate_fn=generate_fn, model=model,
+                             owns_ray=owns_ray)
+
+
+def connect(config: ESConfig) -> bool:
+    """Join the Ray cluster a `executor: ray` config names, before the model loads, so that a wrong or
+    unreachable `ray_address` fails in seconds rather than after the model has loaded; True when this call
+    connected (the run then owns the connection: `make_executor(owns_ray=True)`). False for a local run or when
+    the process is already connected."""
+    if config.executor != "ray":
+        return False
+    from esft.es.distributed.connection import connect_ray
+
+    where = config.ray_address or os.environ.get("RAY_ADDRESS") or "a new local Ray instance (or a running one)"
+    print(f"esft: connecting to Ray: {where} ...", file=sys.stderr, flush=True)
+    return connect_ray(config.ray_address)
+
+
+def disconnect() -> None:
+    """Undo `connect` (a run that failed before its executor took the connection over)."""
+    from esft.es.distributed.connection import disconnect_ray
+
+    disconnect_ray()
 
 
 def make_ray_executor(config: ESConfig, *, weights: MasterWeights, optimizer: Any = None, generate_fn: Any = None,

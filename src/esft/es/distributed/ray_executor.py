@@ -28,13 +28,13 @@ import logging
 import os
 import time
 from collections import deque
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from esft.es.distributed.connection import connect_ray, import_ray
 from esft.es.distributed.hf_replica import HFReplica, ReplicaSpec, checksum_diff, checksum_digest, masters_checksum
 from esft.es.executor import Executor, PopulationResult
 from esft.es.noise import MasterWeights, Update
@@ -89,28 +89,7 @@ def merge_rows(rows: Sequence[PopulationResult]) -> PopulationResult:
 
 
 def _ray():
-    try:
-        import ray
-    except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise ImportError("the ray executor needs Ray: pip install 'esft[ray]'") from exc
-    return ray
-
-
-@contextmanager
-def _keep_sigterm_handler():
-    """ray.init replaces the driver's SIGTERM handler by `sys.exit(15)`, which would bypass esft's Ctrl-C path
-    (esft.cli: weights restored, the resume command printed, exit 130); put back a Python handler it replaced.
-    Without one (the default action) Ray's stays: its exit shuts down the Ray processes this driver started."""
-    import signal
-    import threading
-
-    main = threading.current_thread() is threading.main_thread()
-    previous = signal.getsignal(signal.SIGTERM) if main else None
-    try:
-        yield
-    finally:
-        if callable(previous):
-            signal.signal(signal.SIGTERM, previous)
+    return import_ray()
 
 
 def _is_worker_death(exc: BaseException) -> bool:
@@ -132,13 +111,15 @@ class RayExecutor(Executor):
     event_log: metrics.jsonl of the run, for `{"kind": "executor"}` records. replica_cls: the worker class
     (HFReplica; the vLLM backend passes VLLMReplica). actor_options: extra `ray.remote` options.
     on_result: test/monitoring hook `on_result(executor, worker, member_index)` after each member's row arrives.
+    owns_ray: `close` shuts Ray down although it was connected before `start` (by `connect_ray`, for this run);
+    a connection this executor makes itself is always its own.
     """
 
     def __init__(self, spec: ReplicaSpec, weights: MasterWeights, optimizer: Any = None, *, num_workers: int = 0,
                  address: str | None = None, checksum_every: int = 10, event_log: str | Path | None = None,
                  replica_cls: type = HFReplica, actor_options: dict[str, Any] | None = None,
                  use_gpu: bool | None = None, start_timeout_s: float = 1800.0,
-                 on_result: Callable[["RayExecutor", Worker, int], None] | None = None):
+                 on_result: Callable[["RayExecutor", Worker, int], None] | None = None, owns_ray: bool = False):
         self.spec = spec
         self.weights = weights
         self.optimizer = optimizer
@@ -157,7 +138,7 @@ class RayExecutor(Executor):
         self.history: list[dict[str, Any]] = []
         self._check_due = False
         self._started = False
-        self._owns_ray = False
+        self._owns_ray = bool(owns_ray)
 
     # ---- events ------------------------------------------------------------------------------------------------
     def _event(self, event: str, level: int = logging.INFO, message: str | None = None, **fields: Any) -> None:
@@ -174,14 +155,8 @@ class RayExecutor(Executor):
 
     # ---- start-up ----------------------------------------------------------------------------------------------
     def _connect(self) -> None:
-        ray = _ray()
-        if ray.is_initialized():
-            return  # a caller (script, test) owns the connection
-        # address=None lets Ray resolve $RAY_ADDRESS or a running local cluster, else start one; auth is left
-        # at Ray's defaults (token auth on clusters that use it).
-        with _keep_sigterm_handler():
-            ray.init(address=self.address or None, logging_level=logging.WARNING)
-        self._owns_ray = True
+        if connect_ray(self.address):
+            self._owns_ray = True
 
     def _resources(self) -> tuple[int, dict[str, Any]]:
         ray = _ray()

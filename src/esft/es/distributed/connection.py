@@ -1,0 +1,94 @@
+"""Joining a Ray cluster for a run: `connect_ray` (after `check_reachable`, since Ray itself waits without end
+for an address that does not answer) and `disconnect_ray`; the driver's SIGTERM handler survives `ray.init`."""
+
+from __future__ import annotations
+
+import logging
+import os
+from contextlib import contextmanager
+
+
+def import_ray():
+    """`ray`, or an ImportError that says how to install it."""
+    try:
+        import ray
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise ImportError("the ray executor needs Ray: pip install 'esft[ray]'") from exc
+    return ray
+
+
+@contextmanager
+def _keep_sigterm_handler():
+    """ray.init replaces the driver's SIGTERM handler by `sys.exit(15)`, which would bypass esft's Ctrl-C path
+    (esft.cli: weights restored, the resume command printed, exit 130); put back a Python handler it replaced.
+    Without one (the default action) Ray's stays: its exit shuts down the Ray processes this driver started."""
+    import signal
+    import threading
+
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.getsignal(signal.SIGTERM) if main else None
+    try:
+        yield
+    finally:
+        if callable(previous):
+            signal.signal(signal.SIGTERM, previous)
+
+
+#: seconds `check_reachable` waits for a cluster's port to accept a connection
+PROBE_TIMEOUT_S = 10.0
+
+
+def cluster_endpoint(address: str | None) -> tuple[str, int] | None:
+    """(host, port) that joining `address` connects to: "HOST:PORT" (the head's GCS) or "ray://HOST:PORT" (Ray
+    Client); None for what Ray resolves itself ("auto", "local", None, anything else). "[v6]:PORT" is unbracketed."""
+    text = (address or "").strip()
+    if text.startswith("ray://"):
+        text = text[len("ray://"):]
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or "/" in text:
+        return None
+    return host.strip("[]"), int(port)
+
+
+def check_reachable(address: str | None, timeout_s: float = PROBE_TIMEOUT_S) -> None:
+    """Raise ConnectionError unless the cluster `address` names (or $RAY_ADDRESS, when it is None) accepts a TCP
+    connection within `timeout_s`. Ray 2.60's `ray.init` retries an unreachable HOST:PORT without end (measured:
+    over 10 minutes for a closed port, logging a warning every ~40 s), so a typo would hang the run."""
+    import socket
+
+    address = address or os.environ.get("RAY_ADDRESS")
+    endpoint = cluster_endpoint(address)
+    if endpoint is None:
+        return
+    try:
+        socket.create_connection(endpoint, timeout=timeout_s).close()
+    except OSError as exc:
+        why = "host name not found" if isinstance(exc, socket.gaierror) else (
+            f"no answer within {timeout_s:g} s" if isinstance(exc, TimeoutError) else exc.strerror or str(exc))
+        raise ConnectionError(
+            f"cannot reach a Ray cluster at {address!r} ({why}): is `ray start --head` running on {endpoint[0]} "
+            f"with that port? Fix --ray-address or $RAY_ADDRESS (docs/distributed.md)") from exc
+
+
+def connect_ray(address: str | None) -> bool:
+    """Connect this process to Ray (`ray.init`) unless it already is; True when this call connected. address None
+    lets Ray resolve $RAY_ADDRESS or a running local cluster, else start one; auth is left at Ray's defaults
+    (token auth on clusters that use it). An address whose port does not answer raises ConnectionError
+    (`check_reachable`) before Ray is asked."""
+    ray = import_ray()
+    if ray.is_initialized():
+        return False  # a caller (script, test) owns the connection
+    check_reachable(address)
+    with _keep_sigterm_handler():
+        try:
+            ray.init(address=address or None, logging_level=logging.WARNING)
+        except ConnectionError as exc:  # e.g. "auto" with no cluster: Ray's message names its own `--address`
+            raise ConnectionError(f"{exc} (esft's flag is --ray-address)") from exc
+    return True
+
+
+def disconnect_ray() -> None:
+    """Shut down this process's Ray connection (and the local instance it started), if any."""
+    ray = import_ray()
+    if ray.is_initialized():
+        ray.shutdown()
