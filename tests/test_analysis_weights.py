@@ -238,3 +238,12 @@ def test_aligned_reads_report_unmatched_and_chunks_cover_tensor():
     chunks = list(iter_chunks([a, b], refs, chunk_elems=12))
     assert len(chunks) == 4  # 3 rows (12 entries) per chunk
     assert torch.equal(torch.cat([c[0] for c in chunks]), read_full(a, refs[0]))
+
+
+def test_sparsity_compares_low_precision_deltas_at_the_exact_eps():
+    # bf16 rounds 1e-5 up to 1.0014e-5: an entry equal to that is above eps and must not count as unchanged
+    d = torch.tensor([1.0e-5, 2e-6, 1.01e-5, 0.0], dtype=torch.bfloat16)
+    want = float(np.mean(np.abs(d.double().numpy()) <= 1e-5))
+    assert want == 0.5
+    assert W.sparsity(d) == want
+    assert W.sparsity(d.half()) == float(np.mean(np.abs(d.half().double().numpy()) <= 1e-5))
