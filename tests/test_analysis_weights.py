@@ -247,3 +247,19 @@ def test_sparsity_compares_low_precision_deltas_at_the_exact_eps():
     assert want == 0.5
     assert W.sparsity(d) == want
     assert W.sparsity(d.half()) == float(np.mean(np.abs(d.half().double().numpy()) <= 1e-5))
+
+
+def test_non_finite_updates_are_not_hidden():
+    w = rand(4, 3)
+    for bad in (float("nan"), float("inf")):
+        m = w.clone()
+        m[1, 2] = bad
+        assert np.isnan(W.stable_rank(m))  # an SVD of it would not converge: undefined, like a zero matrix
+    base = {"model.layers.0.self_attn.q_proj.weight": rand(4, 3), "model.norm.weight": rand(3, seed=1)}
+    tuned = {k: v + 1e-3 for k, v in base.items()}
+    tuned["model.layers.0.self_attn.q_proj.weight"][0, 0] = float("nan")
+    rep = W.compare_updates(base, tuned, chunk_elems=3)
+    q = next(r for r in rep["tensors"] if r["name"] == "layers.0.q_proj")
+    assert np.isnan(q["tuned"]["max_abs"]) and q["tuned"]["stable_rank"] is None
+    assert np.isnan(rep["total"]["tuned"]["max_abs"]) and np.isnan(rep["total"]["tuned"]["norm"])
+    assert rep["families"]["norm"]["tuned"]["max_abs"] == pytest.approx(1e-3)

@@ -65,15 +65,16 @@ def sparsity(delta: torch.Tensor | Mapping[str, torch.Tensor] | Iterable[torch.T
 
 
 def stable_rank(matrix: torch.Tensor) -> float:
-    """||W||_F^2 / ||W||_2^2 in float64 (1 for a rank-one matrix, up to min(m, n)); NaN for a zero matrix.
-    Tensors with more than two dims are flattened to (shape[0], -1)."""
+    """||W||_F^2 / ||W||_2^2 in float64 (1 for a rank-one matrix, up to min(m, n)); NaN for a zero matrix and
+    for one with NaN/inf entries (whose SVD would not converge). Tensors with more than two dims are flattened to
+    (shape[0], -1)."""
     w = matrix.detach().to(torch.float64)
     if w.dim() < 2:
         raise ValueError(f"stable rank needs a matrix, got shape {tuple(matrix.shape)}")
     if w.dim() > 2:
         w = w.reshape(w.shape[0], -1)
     fro_sq = float(w.pow(2).sum())
-    if fro_sq == 0.0:
+    if fro_sq == 0.0 or not math.isfinite(fro_sq):
         return math.nan
     # svdvals, not matrix_norm(ord=2): same largest singular value, but matrix_norm also forms singular vectors
     # on some backends and was 2x slower here (420 matrices of SmolLM2-135M updates per pair)
@@ -169,7 +170,7 @@ def compare_updates(base: Any, tuned: Any | Mapping[str, Any], eps: float = DEFA
                 a["sq"] += float(d.pow(2).sum())
                 a["small"] += int((d.abs() <= eps).sum())
                 if d.numel():
-                    a["max_abs"] = max(a["max_abs"], float(d.abs().max()))
+                    a["max_abs"] = _nanmax([a["max_abs"], float(d.abs().max())])
             for p in pairs:
                 dots[p] += float((deltas[p[0]] * deltas[p[1]]).sum())
             del chunk, deltas
@@ -217,6 +218,11 @@ def _group(rows: list[dict[str, Any]], key: str) -> dict[str, list[dict[str, Any
     return dict(out)
 
 
+def _nanmax(values: list[float]) -> float:
+    """Largest value, NaN if any is NaN (Python's max(0.0, nan) is 0.0: a NaN update would read as no change)."""
+    return math.nan if any(math.isnan(v) for v in values) else max(values, default=0.0)
+
+
 def _nan_to_none(x: float) -> float | None:
     return None if x is None or (isinstance(x, float) and math.isnan(x)) else x
 
@@ -233,7 +239,7 @@ def summarize(rows: list[dict[str, Any]], labels: list[str], pairs: list[tuple[s
         out[lab] = {
             "norm": math.sqrt(sq), "sq": sq,
             "sparsity": (sum(r[lab]["small"] for r in rows) / numel) if numel else None,
-            "max_abs": max((r[lab]["max_abs"] for r in rows), default=0.0),
+            "max_abs": _nanmax([r[lab]["max_abs"] for r in rows]),
             "stable_rank_mean": float(np.mean(ranks)) if ranks else None,
             "stable_rank_median": float(np.median(ranks)) if ranks else None,
             "stable_rank_n": len(ranks),
