@@ -263,3 +263,10 @@ def test_non_finite_updates_are_not_hidden():
     assert np.isnan(q["tuned"]["max_abs"]) and q["tuned"]["stable_rank"] is None
     assert np.isnan(rep["total"]["tuned"]["max_abs"]) and np.isnan(rep["total"]["tuned"]["norm"])
     assert rep["families"]["norm"]["tuned"]["max_abs"] == pytest.approx(1e-3)
+
+
+def test_cosine_refuses_tensors_of_different_shapes():
+    with pytest.raises(ValueError, match="shapes differ"):
+        W.cosine_similarity(rand(2, 3), rand(3, 2))
+    with pytest.raises(ValueError, match="tensor x: shapes differ"):
+        W.cosine_similarity({"x": rand(6)}, {"x": rand(3)})

@@ -104,8 +104,10 @@ def _one_thread_if_small(numel: int | None):
 def cosine_similarity(delta_a: torch.Tensor | Mapping[str, torch.Tensor],
                       delta_b: torch.Tensor | Mapping[str, torch.Tensor]) -> float | dict[str, Any]:
     """Cosine of two updates. Two tensors -> float. Two mappings -> {"total": cosine of the concatenated
-    vectors (names in both), "per_tensor": {name: cosine}}; NaN where a norm is zero."""
+    vectors (names in both), "per_tensor": {name: cosine}}; NaN where a norm is zero. Tensors compared must have
+    the same shape (equal sizes alone would pair unrelated coordinates)."""
     if isinstance(delta_a, torch.Tensor) and isinstance(delta_b, torch.Tensor):
+        _same_shape("the two updates", delta_a, delta_b)
         a, b = delta_a.double().flatten(), delta_b.double().flatten()
         return _cos(float(a @ b), float(a @ a), float(b @ b))
     if not (isinstance(delta_a, Mapping) and isinstance(delta_b, Mapping)):
@@ -115,11 +117,17 @@ def cosine_similarity(delta_a: torch.Tensor | Mapping[str, torch.Tensor],
     for name, ta in delta_a.items():
         if name not in delta_b:
             continue
+        _same_shape(f"tensor {name}", ta, delta_b[name])
         a, b = ta.double().flatten(), delta_b[name].double().flatten()
         d, na, nb = float(a @ b), float(a @ a), float(b @ b)
         per[name] = _cos(d, na, nb)
         dot, aa, bb = dot + d, aa + na, bb + nb
     return {"total": _cos(dot, aa, bb), "per_tensor": per}
+
+
+def _same_shape(what: str, a: torch.Tensor, b: torch.Tensor) -> None:
+    if a.shape != b.shape:
+        raise ValueError(f"cosine of {what}: shapes differ, {tuple(a.shape)} vs {tuple(b.shape)}")
 
 
 def _cos(dot: float, aa: float, bb: float) -> float:
