@@ -270,3 +270,32 @@ def test_cosine_refuses_tensors_of_different_shapes():
         W.cosine_similarity(rand(2, 3), rand(3, 2))
     with pytest.raises(ValueError, match="tensor x: shapes differ"):
         W.cosine_similarity({"x": rand(6)}, {"x": rand(3)})
+
+
+def test_tensors_left_out_of_the_totals_are_said_in_the_output(tmp_path):
+    from types import SimpleNamespace
+
+    from safetensors.torch import save_file
+
+    from esft.analysis.commands import format_weights
+
+    base = make_tiny_model(vocab_size=64, hidden=16)
+    base.save_pretrained(tmp_path / "base")
+    tuned = {n: p.detach() + 1e-3 for n, p in base.named_parameters() if "layers.1.mlp.up_proj" not in n}
+    (tmp_path / "t").mkdir()
+    save_file({n: t.contiguous() for n, t in tuned.items()}, str(tmp_path / "t" / "model.safetensors"))
+    (tmp_path / "t" / "config.json").write_text((tmp_path / "base" / "config.json").read_text())
+    rep = W.compare_updates(tmp_path / "base", {"es": tmp_path / "t"}, stable_ranks=False)
+    assert rep["unmatched"] == {str(tmp_path / "base"): ["layers.1.up_proj"]}
+    assert "not compared (missing from another checkpoint): 1 tensor(s)" in format_weights(rep)
+    assert "layers.1.up_proj" in format_weights(rep)
+    # the report says it too, beside the tables
+    skipped = []
+    chain = SimpleNamespace(label="es", base=tmp_path / "base", base_spec="base", algorithm="es", tasks=["countdown"],
+                            stages=[SimpleNamespace(checkpoint=tmp_path / "t")])
+    ctx = SimpleNamespace(pairs=[], chains=[chain], skip=lambda a, why: skipped.append((a, why)), results={},
+                          cache=SimpleNamespace(get=lambda name, params, fn: (fn(), False)), progress=False,
+                          config=SimpleNamespace(eps=1e-5), fig=lambda name: tmp_path / f"{name}.png",
+                          plot=lambda cached, path, fn: None)
+    W.report_weights(ctx)
+    assert any("layers.1.up_proj" in why and "left out of every total" in why for _, why in skipped), skipped

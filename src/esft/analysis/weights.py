@@ -310,6 +310,9 @@ def report_weights(ctx: ReportContext) -> list[UpdateComparison] | None:
                                         lambda: compare_updates(a.base, tuned, eps=ctx.config.eps,
                                                                 progress=ctx.progress))
             last_rep = rep
+            for src, names in rep["unmatched"].items():
+                ctx.skip(f"weights ({label}, stage {i + 1}): {len(names)} tensor(s) of {src}",
+                         "missing from another checkpoint, so left out of every total: " + ", ".join(names[:5]))
             results[f"{label} stage {i + 1}"] = rep["total"]
             _stage_rows(comp, rep["total"], f"{i + 1}: {task}", paper.stage_index(task), list(tuned))
         if not comp.paired:
