@@ -112,3 +112,10 @@ def test_sparsity_sweep_reverts_small_entries(monkeypatch):
     assert res["rows"][1]["accuracy"]["t"] < 1.0
     # the last call restored the base weights for the base accuracy
     assert all(torch.allclose(v, pb[n], atol=1e-7) for n, v in params(work).items())
+
+
+def test_threshold_update_compares_low_precision_deltas_at_the_exact_tau():
+    d = torch.tensor([1.0e-5, -1.0e-5, 2e-6, 3e-5], dtype=torch.bfloat16)  # |1e-5| rounds to 1.0014e-5 > tau
+    kept = SP.threshold_update(d, 1e-5)
+    assert kept.dtype == torch.bfloat16
+    assert kept.tolist() == [d[0].item(), d[1].item(), 0.0, d[3].item()]

@@ -238,3 +238,64 @@ def test_aligned_reads_report_unmatched_and_chunks_cover_tensor():
     chunks = list(iter_chunks([a, b], refs, chunk_elems=12))
     assert len(chunks) == 4  # 3 rows (12 entries) per chunk
     assert torch.equal(torch.cat([c[0] for c in chunks]), read_full(a, refs[0]))
+
+
+def test_sparsity_compares_low_precision_deltas_at_the_exact_eps():
+    # bf16 rounds 1e-5 up to 1.0014e-5: an entry equal to that is above eps and must not count as unchanged
+    d = torch.tensor([1.0e-5, 2e-6, 1.01e-5, 0.0], dtype=torch.bfloat16)
+    want = float(np.mean(np.abs(d.double().numpy()) <= 1e-5))
+    assert want == 0.5
+    assert W.sparsity(d) == want
+    assert W.sparsity(d.half()) == float(np.mean(np.abs(d.half().double().numpy()) <= 1e-5))
+
+
+def test_non_finite_updates_are_not_hidden():
+    w = rand(4, 3)
+    for bad in (float("nan"), float("inf")):
+        m = w.clone()
+        m[1, 2] = bad
+        assert np.isnan(W.stable_rank(m))  # an SVD of it would not converge: undefined, like a zero matrix
+    base = {"model.layers.0.self_attn.q_proj.weight": rand(4, 3), "model.norm.weight": rand(3, seed=1)}
+    tuned = {k: v + 1e-3 for k, v in base.items()}
+    tuned["model.layers.0.self_attn.q_proj.weight"][0, 0] = float("nan")
+    rep = W.compare_updates(base, tuned, chunk_elems=3)
+    q = next(r for r in rep["tensors"] if r["name"] == "layers.0.q_proj")
+    assert np.isnan(q["tuned"]["max_abs"]) and q["tuned"]["stable_rank"] is None
+    assert np.isnan(rep["total"]["tuned"]["max_abs"]) and np.isnan(rep["total"]["tuned"]["norm"])
+    assert rep["families"]["norm"]["tuned"]["max_abs"] == pytest.approx(1e-3)
+
+
+def test_cosine_refuses_tensors_of_different_shapes():
+    with pytest.raises(ValueError, match="shapes differ"):
+        W.cosine_similarity(rand(2, 3), rand(3, 2))
+    with pytest.raises(ValueError, match="tensor x: shapes differ"):
+        W.cosine_similarity({"x": rand(6)}, {"x": rand(3)})
+
+
+def test_tensors_left_out_of_the_totals_are_said_in_the_output(tmp_path):
+    from types import SimpleNamespace
+
+    from safetensors.torch import save_file
+
+    from esft.analysis.commands import format_weights
+
+    base = make_tiny_model(vocab_size=64, hidden=16)
+    base.save_pretrained(tmp_path / "base")
+    tuned = {n: p.detach() + 1e-3 for n, p in base.named_parameters() if "layers.1.mlp.up_proj" not in n}
+    (tmp_path / "t").mkdir()
+    save_file({n: t.contiguous() for n, t in tuned.items()}, str(tmp_path / "t" / "model.safetensors"))
+    (tmp_path / "t" / "config.json").write_text((tmp_path / "base" / "config.json").read_text())
+    rep = W.compare_updates(tmp_path / "base", {"es": tmp_path / "t"}, stable_ranks=False)
+    assert rep["unmatched"] == {str(tmp_path / "base"): ["layers.1.up_proj"]}
+    assert "not compared (missing from another checkpoint): 1 tensor(s)" in format_weights(rep)
+    assert "layers.1.up_proj" in format_weights(rep)
+    # the report says it too, beside the tables
+    skipped = []
+    chain = SimpleNamespace(label="es", base=tmp_path / "base", base_spec="base", algorithm="es", tasks=["countdown"],
+                            stages=[SimpleNamespace(checkpoint=tmp_path / "t")])
+    ctx = SimpleNamespace(pairs=[], chains=[chain], skip=lambda a, why: skipped.append((a, why)), results={},
+                          cache=SimpleNamespace(get=lambda name, params, fn: (fn(), False)), progress=False,
+                          config=SimpleNamespace(eps=1e-5), fig=lambda name: tmp_path / f"{name}.png",
+                          plot=lambda cached, path, fn: None)
+    W.report_weights(ctx)
+    assert any("layers.1.up_proj" in why and "left out of every total" in why for _, why in skipped), skipped

@@ -112,6 +112,9 @@ def format_weights(rep: dict[str, Any]) -> str:
                      f"stable rank (mean attn+MLP) {v['stable_rank_mean'] if v['stable_rank_mean'] is None else round(v['stable_rank_mean'], 2)}")
     for p in rep["pairs"]:
         lines.append(f"{p}: cosine {t['cos:' + p]}, norm ratio {t['norm_ratio:' + p]}")
+    for src, names in rep.get("unmatched", {}).items():
+        lines.append(f"not compared (missing from another checkpoint): {len(names)} tensor(s) of {src}: "
+                     f"{', '.join(names[:5])}{' ...' if len(names) > 5 else ''}")
     return "\n".join(lines)
 
 

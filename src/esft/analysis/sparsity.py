@@ -33,8 +33,9 @@ SWEEP_TARGETS = (0.0, 0.5, paper.FUNCTIONAL_SPARSITY_LEVEL, 0.9, 0.99)
 
 
 def threshold_update(delta: torch.Tensor, tau: float) -> torch.Tensor:
-    """delta with every entry |d| <= tau set to zero (those coordinates revert to the base)."""
-    return torch.where(delta.abs() > tau, delta, torch.zeros_like(delta))
+    """delta with every entry |d| <= tau set to zero (those coordinates revert to the base); compared in float64,
+    as `sparsity_at` counts (torch would round tau to a bf16/fp16 delta's dtype)."""
+    return torch.where(delta.abs().to(torch.float64) > tau, delta, torch.zeros_like(delta))
 
 
 def sparsity_at(base: Any, tuned: Any, taus: Sequence[float], chunk_elems: int = DEFAULT_CHUNK_ELEMS) -> list[float]:

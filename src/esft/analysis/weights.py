@@ -53,10 +53,11 @@ def _tensors(x: torch.Tensor | Mapping[str, torch.Tensor] | Iterable[torch.Tenso
 
 
 def sparsity(delta: torch.Tensor | Mapping[str, torch.Tensor] | Iterable[torch.Tensor], eps: float = DEFAULT_EPS) -> float:
-    """Fraction of entries with |d| <= eps, over one tensor or all tensors of a mapping/iterable."""
+    """Fraction of entries with |d| <= eps, over one tensor or all tensors of a mapping/iterable. Compared in
+    float64: against a bf16/fp16 tensor, torch would round eps to that dtype (1e-5 -> 1.0014e-5 in bf16)."""
     small = total = 0
     for t in _tensors(delta):
-        small += int((t.abs() <= eps).sum())
+        small += int((t.detach().abs().to(torch.float64) <= eps).sum())
         total += t.numel()
     if total == 0:
         raise ValueError("sparsity of an empty update")
@@ -64,15 +65,16 @@ def sparsity(delta: torch.Tensor | Mapping[str, torch.Tensor] | Iterable[torch.T
 
 
 def stable_rank(matrix: torch.Tensor) -> float:
-    """||W||_F^2 / ||W||_2^2 in float64 (1 for a rank-one matrix, up to min(m, n)); NaN for a zero matrix.
-    Tensors with more than two dims are flattened to (shape[0], -1)."""
+    """||W||_F^2 / ||W||_2^2 in float64 (1 for a rank-one matrix, up to min(m, n)); NaN for a zero matrix and
+    for one with NaN/inf entries (whose SVD would not converge). Tensors with more than two dims are flattened to
+    (shape[0], -1)."""
     w = matrix.detach().to(torch.float64)
     if w.dim() < 2:
         raise ValueError(f"stable rank needs a matrix, got shape {tuple(matrix.shape)}")
     if w.dim() > 2:
         w = w.reshape(w.shape[0], -1)
     fro_sq = float(w.pow(2).sum())
-    if fro_sq == 0.0:
+    if fro_sq == 0.0 or not math.isfinite(fro_sq):
         return math.nan
     # svdvals, not matrix_norm(ord=2): same largest singular value, but matrix_norm also forms singular vectors
     # on some backends and was 2x slower here (420 matrices of SmolLM2-135M updates per pair)
@@ -102,8 +104,10 @@ def _one_thread_if_small(numel: int | None):
 def cosine_similarity(delta_a: torch.Tensor | Mapping[str, torch.Tensor],
                       delta_b: torch.Tensor | Mapping[str, torch.Tensor]) -> float | dict[str, Any]:
     """Cosine of two updates. Two tensors -> float. Two mappings -> {"total": cosine of the concatenated
-    vectors (names in both), "per_tensor": {name: cosine}}; NaN where a norm is zero."""
+    vectors (names in both), "per_tensor": {name: cosine}}; NaN where a norm is zero. Tensors compared must have
+    the same shape (equal sizes alone would pair unrelated coordinates)."""
     if isinstance(delta_a, torch.Tensor) and isinstance(delta_b, torch.Tensor):
+        _same_shape("the two updates", delta_a, delta_b)
         a, b = delta_a.double().flatten(), delta_b.double().flatten()
         return _cos(float(a @ b), float(a @ a), float(b @ b))
     if not (isinstance(delta_a, Mapping) and isinstance(delta_b, Mapping)):
@@ -113,11 +117,17 @@ def cosine_similarity(delta_a: torch.Tensor | Mapping[str, torch.Tensor],
     for name, ta in delta_a.items():
         if name not in delta_b:
             continue
+        _same_shape(f"tensor {name}", ta, delta_b[name])
         a, b = ta.double().flatten(), delta_b[name].double().flatten()
         d, na, nb = float(a @ b), float(a @ a), float(b @ b)
         per[name] = _cos(d, na, nb)
         dot, aa, bb = dot + d, aa + na, bb + nb
     return {"total": _cos(dot, aa, bb), "per_tensor": per}
+
+
+def _same_shape(what: str, a: torch.Tensor, b: torch.Tensor) -> None:
+    if a.shape != b.shape:
+        raise ValueError(f"cosine of {what}: shapes differ, {tuple(a.shape)} vs {tuple(b.shape)}")
 
 
 def _cos(dot: float, aa: float, bb: float) -> float:
@@ -168,7 +178,7 @@ def compare_updates(base: Any, tuned: Any | Mapping[str, Any], eps: float = DEFA
                 a["sq"] += float(d.pow(2).sum())
                 a["small"] += int((d.abs() <= eps).sum())
                 if d.numel():
-                    a["max_abs"] = max(a["max_abs"], float(d.abs().max()))
+                    a["max_abs"] = _nanmax([a["max_abs"], float(d.abs().max())])
             for p in pairs:
                 dots[p] += float((deltas[p[0]] * deltas[p[1]]).sum())
             del chunk, deltas
@@ -216,6 +226,11 @@ def _group(rows: list[dict[str, Any]], key: str) -> dict[str, list[dict[str, Any
     return dict(out)
 
 
+def _nanmax(values: list[float]) -> float:
+    """Largest value, NaN if any is NaN (Python's max(0.0, nan) is 0.0: a NaN update would read as no change)."""
+    return math.nan if any(math.isnan(v) for v in values) else max(values, default=0.0)
+
+
 def _nan_to_none(x: float) -> float | None:
     return None if x is None or (isinstance(x, float) and math.isnan(x)) else x
 
@@ -232,7 +247,7 @@ def summarize(rows: list[dict[str, Any]], labels: list[str], pairs: list[tuple[s
         out[lab] = {
             "norm": math.sqrt(sq), "sq": sq,
             "sparsity": (sum(r[lab]["small"] for r in rows) / numel) if numel else None,
-            "max_abs": max((r[lab]["max_abs"] for r in rows), default=0.0),
+            "max_abs": _nanmax([r[lab]["max_abs"] for r in rows]),
             "stable_rank_mean": float(np.mean(ranks)) if ranks else None,
             "stable_rank_median": float(np.median(ranks)) if ranks else None,
             "stable_rank_n": len(ranks),
@@ -295,6 +310,9 @@ def report_weights(ctx: ReportContext) -> list[UpdateComparison] | None:
                                         lambda: compare_updates(a.base, tuned, eps=ctx.config.eps,
                                                                 progress=ctx.progress))
             last_rep = rep
+            for src, names in rep["unmatched"].items():
+                ctx.skip(f"weights ({label}, stage {i + 1}): {len(names)} tensor(s) of {src}",
+                         "missing from another checkpoint, so left out of every total: " + ", ".join(names[:5]))
             results[f"{label} stage {i + 1}"] = rep["total"]
             _stage_rows(comp, rep["total"], f"{i + 1}: {task}", paper.stage_index(task), list(tuned))
         if not comp.paired:
