@@ -119,3 +119,14 @@ def test_threshold_update_compares_low_precision_deltas_at_the_exact_tau():
     kept = SP.threshold_update(d, 1e-5)
     assert kept.dtype == torch.bfloat16
     assert kept.tolist() == [d[0].item(), d[1].item(), 0.0, d[3].item()]
+
+
+def test_an_interpolation_path_needs_its_two_endpoints():
+    """`--interpolation-points 1` divided by zero inside the analysis; both configs refuse it up front."""
+    from esft.analysis.commands import LandscapeConfig
+    from esft.analysis.report_builder import ReportConfig
+
+    for make in (lambda n: LandscapeConfig(interpolation_points=n), lambda n: ReportConfig(dir=".", interpolation_points=n)):
+        with pytest.raises(ValueError, match="interpolation_points must be >= 2, got 1"):
+            make(1)
+        assert make(2).interpolation_points == 2

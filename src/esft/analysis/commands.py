@@ -337,6 +337,8 @@ class LandscapeConfig:
         # `--tasks countdown:numbers=2,ops=+*` arrives split at every comma: join a task's options again
         self.tasks = split_task_list(self.tasks)
         self.holdout_tasks = split_task_list(self.holdout_tasks)
+        if self.interpolation_points < 2:  # the path's two endpoints at least
+            raise ValueError(f"interpolation_points must be >= 2, got {self.interpolation_points}")
 
 
 def run_landscape(cfg: LandscapeConfig) -> dict[str, Any]:

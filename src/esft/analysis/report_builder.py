@@ -90,6 +90,8 @@ class ReportConfig:
 
         self.generation_options = engine_options(self.generation_options)
         self.holdout_tasks = split_task_list(self.holdout_tasks)
+        if self.interpolation_points < 2:  # the path's two endpoints at least
+            raise ValueError(f"interpolation_points must be >= 2, got {self.interpolation_points}")
 
 
 
