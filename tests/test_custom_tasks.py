@@ -16,7 +16,7 @@ from conftest import make_tiny_model
 from esft.cli import main
 from esft.tasks import get_task
 from esft.tasks.custom import ENTRY_POINT_GROUP, TaskAdapter, external_kind, task_spec
-from esft.tasks.dataset_task import DatasetTask
+from esft.tasks.dataset_task import DatasetTask, read_rows
 
 REWARD_MODULE = '''
 def contains_answer(completions, answer, **kwargs):
@@ -31,6 +31,9 @@ def one_value(completions, **kwargs):
 
 def words(completions, **kwargs):
     return ["good" for _ in completions]
+
+def as_strings(completions, **kwargs):
+    return [float(c.strip() == "1") for c in completions]  # written for plain strings: fails on messages
 
 class Echo:
     name = "echo"
@@ -154,6 +157,9 @@ def test_builtin_verifiers():
     ({"prompt_field": "question", "reward": "user_rewards:nothing"}, ["has no attribute 'nothing'"]),
     ({"prompt_field": "question", "reward": "bleu"}, ["unknown reward 'bleu'"]),
     ({"prompt_field": "question", "colour": "red"}, ["unknown option 'colour'"]),
+    ({"prompt_field": "question", "test_size": "abc"}, ["bad value 'abc' for option 'test_size'"]),
+    ({"prompt_field": "question", "reward": "user_rewards:as_strings"},
+     ["reward 'user_rewards:as_strings' raised AttributeError", "lists holding one assistant message"]),
 ])
 def test_bad_input_is_a_clear_error(user_files, options, words):
     _, data = user_files
@@ -169,6 +175,23 @@ def test_empty_and_missing_files(tmp_path):
         get_task(str(tmp_path / "empty.jsonl"))
     with pytest.raises(FileNotFoundError, match="does not exist"):
         get_task(str(tmp_path / "absent.csv"))
+
+
+def test_file_encodings_and_layouts(tmp_path):
+    """A spreadsheet's UTF-8 CSV (byte-order mark, quoted line breaks) reads as written; a file that is not UTF-8,
+    a broken JSON list or a short CSV row is an error naming the file and the row."""
+    path = tmp_path / "qa.csv"
+    path.write_bytes("\ufeffq,a\r\n".encode() + b"".join(f'"say\r\n{i}",{i}\r\n'.encode() for i in range(5)))
+    assert read_rows(path)[0] == {"q": "say\r\n0", "a": "0"}
+    (tmp_path / "latin.jsonl").write_bytes('{"q": "a", "a": "1"}\n{"q": "caf\u00e9", "a": "2"}\n'.encode("latin-1"))
+    with pytest.raises(ValueError, match=r"latin.jsonl:2: not UTF-8 text"):
+        read_rows(tmp_path / "latin.jsonl")
+    (tmp_path / "list.json").write_text('[{"q": "a", "a": "1"},\n {"q": "b" "a": "2"}]')
+    with pytest.raises(ValueError, match=r"list.json:2: not a JSON list of objects"):
+        read_rows(tmp_path / "list.json")
+    (tmp_path / "short.csv").write_text("q,a\n" + "".join(f"say {i},{i}\n" for i in range(6)) + "say 6\n")
+    with pytest.raises(ValueError, match=r"short.csv: row 7 has no value in field 'a' \(answer_field\)"):
+        get_task(str(tmp_path / "short.csv"), prompt_field="q", answer_field="a")
 
 
 def test_csv_and_options_in_the_name(tmp_path):
@@ -264,6 +287,67 @@ def test_cli_errors_before_the_model_loads(user_files, monkeypatch, capsys):
     assert "cannot import module 'missing_mod'" in capsys.readouterr().err
     assert main(["train", "es", "--task", "boolq", "--reward", "math"]) == 2  # flags a built-in task ignores
     assert "apply to a task read from a data file" in capsys.readouterr().err
+
+
+USER_TASKS = '''
+from dataclasses import dataclass
+from esft.tasks import Task
+
+@dataclass
+class TrainOnly(Task):
+    name: str = "train-only"
+    splits: tuple = ("train",)
+    count: int = 4
+    def _load(self, split):
+        return [{"n": n} for n in range(self.count)]
+    def prompt(self, example):
+        return [{"role": "user", "content": str(example["n"])}]
+    def score(self, completion, example):
+        return 0.0
+
+@dataclass
+class NoRows(TrainOnly):
+    splits: tuple = ("train", "test")
+    count: int = 0
+
+class Broken(TrainOnly):
+    def __init__(self):
+        raise RuntimeError("no settings file")
+'''
+
+
+def test_cli_checks_a_task_class_before_the_model_loads(user_files, monkeypatch, capsys):
+    """A task class without the split a command reads, with no train rows, whose constructor or _load fails, or
+    malformed --task-options: a one-line error before any model loads and before the output folder exists."""
+    root, _ = user_files
+    (root / "user_tasks.py").write_text(USER_TASKS)
+    sys.modules.pop("user_tasks", None)
+
+    def no_model(*a, **k):
+        raise AssertionError("the model was loaded before the task was checked")
+
+    monkeypatch.setattr("esft.models.load_model", no_model)
+    out = str(root / "run")
+    grpo = ["train", "grpo", "--eval-every", "1", "--eval-limit", "2", "--output-dir", out]
+    cases = [(["train", "es", "--task", "user_tasks:TrainOnly", "--output-dir", out],
+              "the split(s) test (task 'train-only' has train)"),
+             (["eval", "--task", "user_tasks:TrainOnly", "--output-dir", out], "the split(s) test"),
+             (["train", "es", "--task", "ifeval", "--output-dir", out], "the split(s) train (task 'ifeval' has test)"),
+             ([*grpo, "--task", "user_tasks:TrainOnly"], "the split(s) test"),
+             ([*grpo, "--task", "user_tasks:NoRows"], "its train split is empty"),
+             (["train", "es", "--task", "user_tasks:NoRows", "--output-dir", out], "its train split is empty"),
+             (["train", "es", "--task", "user_tasks:TrainOnly", "--task-options", "{count: many}", "--eval-limit",
+               "0", "--output-dir", out], "train split loads (task 'train-only': TypeError"),
+             (["eval", "--task", "user_tasks:Broken"], "cannot build Broken: RuntimeError: no settings file"),
+             (["eval", "--task", str(root / "sums.jsonl"), "--task-options", "prompt_field: q: x"],
+              "task_options 'prompt_field: q: x' is not a YAML / JSON mapping"),
+             (["train", "es", "--task", str(root / "sums.jsonl"), "--task-options", "prompt_field: q: x"],
+              "is not a YAML / JSON mapping")]
+    for argv, words in cases:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert words in err and len(err.strip().splitlines()) == 1, (argv, err)
+        assert not (root / "run").exists(), argv
 
 
 def test_python_api_records_the_task(user_files, tmp_path):

@@ -42,6 +42,18 @@ FAST_CPU_GENERATION: dict[str, object] = {"share_prefix": True, "prefill_buckets
                                           "fused_attention": True, "screened_lm_head": True}
 
 
+def mapping_text(name: str, text: str) -> Any:
+    """A YAML / JSON option value (`--task-options '{count: 50}'`) parsed; {} when empty; a ValueError naming the
+    option and where YAML stopped, not a parser traceback."""
+    try:
+        return yaml.safe_load(text) or {}
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" at column {mark.column + 1}" if mark is not None else ""
+        raise ValueError(f"{name} {text!r} is not a YAML / JSON mapping{at}: "
+                         f"{getattr(exc, 'problem', None) or exc}") from None
+
+
 def passage_cut(task: Any, max_passage_chars: int | None) -> dict[str, Any]:
     """{"max_passage_chars": n} when a passage cut is set and `task` is BoolQ without one in its name, else {}:
     a preset's cut must not reach a task without passages when only the task is overridden. The one rule for
@@ -65,7 +77,7 @@ class RunConfig:
         for name in names:
             value = getattr(self, name)
             if isinstance(value, str):
-                value = yaml.safe_load(value) or {}
+                value = mapping_text(name, value)
                 setattr(self, name, value)
             if not isinstance(value, dict):
                 raise ValueError(f"{name} must be a mapping, got {value!r}")

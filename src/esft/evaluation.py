@@ -25,7 +25,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from esft.config import Rule, at_least, check_fields, in_range, non_negative, one_of, passage_cut
+from esft.config import (Rule, at_least, check_fields, in_range, mapping_text, non_negative, one_of,
+                         passage_cut)
 from esft.generation import Generation, GenerationConfig, generate
 from esft.passk import answer_key, parse_ks, pass_at_k, summarize_samples
 from esft.tasks import Task, get_task, split_task_list, task_file_stem
@@ -85,9 +86,7 @@ class EvalConfig:
         # a comma-separated --tasks is split at every comma, also inside one task's options: join them again
         self.tasks = split_task_list(self.tasks)
         if isinstance(self.task_options, str):  # --task-options as YAML / JSON text
-            import yaml
-
-            self.task_options = yaml.safe_load(self.task_options) or {}
+            self.task_options = mapping_text("task_options", self.task_options)
         if not isinstance(self.task_options, dict):
             raise ValueError(f"task_options must be a mapping, got {self.task_options!r}")
         from esft.generation import engine_options
@@ -108,7 +107,11 @@ class EvalConfig:
                                  **(self.task_options if external_kind(name) else {})}) for name in self.tasks]
 
     def check_task_fit(self, task: Any) -> None:
-        """`balanced` on a task without labels evaluates its first `limit` examples: nothing to refuse."""
+        """The task has the split evaluated (`balanced` on a task without labels evaluates its first `limit`
+        examples: nothing to refuse)."""
+        from esft.validation import check_splits
+
+        check_splits("split", self.split, task, (self.split,))
 
     @property
     def sampled(self) -> bool:

@@ -55,6 +55,26 @@ def check_balanced_set(task: Any, limit: int) -> None:
         raise ConfigError("eval_limit", limit, f"a balanced held-out set that exists ({exc})") from None
 
 
+def check_splits(key: str, value: Any, task: Any, splits: tuple[str, ...], rows: str | None = None) -> None:
+    """`task` has the splits the run reads, and its split `rows` (when given) holds examples: a task class of the
+    user's without a test split (or holdout-only ifeval trained on) fails here, not once the model has loaded."""
+    have = tuple(getattr(task, "splits", splits))
+    name = getattr(task, "name", "") or value
+    missing = [s for s in splits if s not in have]
+    if missing:
+        raise ConfigError(key, value, f"a task with the split(s) {', '.join(missing)} (task {name!r} has "
+                          f"{', '.join(have) or 'none'})")
+    if rows is None:
+        return
+    try:
+        n = len(task.load(rows))
+    except Exception as exc:  # the user's _load: named, before any model loads
+        raise ConfigError(key, value, f"a task whose {rows} split loads (task {name!r}: {type(exc).__name__}: "
+                          f"{exc})") from None
+    if not n:
+        raise ConfigError(key, value, f"a task with {rows} examples (task {name!r}: its {rows} split is empty)")
+
+
 def check_model(key: str, name: Any) -> None:
     """`name` is an embedded model, a Hugging Face model folder, or a hub id `org/name` (tried only at load)."""
     from esft.models import known_model_names
@@ -132,5 +152,5 @@ def check_names(config: Checked) -> None:
         config.check_task_fit(task)
 
 
-__all__ = ["Checked", "check_balanced_set", "check_device", "check_model", "check_names", "check_task",
+__all__ = ["Checked", "check_balanced_set", "check_device", "check_model", "check_names", "check_splits", "check_task",
            "require_labels", "task_labels"]

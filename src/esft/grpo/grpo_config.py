@@ -133,8 +133,10 @@ class GRPOConfig(RunConfig):
                               "per-group normalisation cancels a weight shared by the group's completions)")
 
     def check_task_fit(self, task: Any) -> None:
-        from esft.validation import check_balanced_set, require_labels
+        from esft.validation import check_balanced_set, check_splits, require_labels
 
+        held_out = ("test",) if self.eval_every and self.eval_limit else ()
+        check_splits("task", self.task, task, ("train", *held_out), rows="train")
         if self.class_balanced:
             require_labels("class_balanced", self.class_balanced, "false", task)
         if self.eval_balanced:

@@ -104,7 +104,10 @@ def _data_task(name: str, kind: str, options: dict[str, Any]) -> DatasetTask:
         if key not in fields:
             raise ValueError(f"task {name!r}: unknown option {key!r}; options of a data task: "
                              f"{', '.join(sorted(fields))}")
-        values[key] = converter(hints[key])(value) if isinstance(value, str) and hints[key] is not str else value
+        try:
+            values[key] = converter(hints[key])(value) if isinstance(value, str) and hints[key] is not str else value
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"task {name!r}: bad value {value!r} for option {key!r}: {exc}") from None
     clash = sorted(set(named) & set(options))
     if clash:
         raise ValueError(f"task {name!r}: option {clash[0]!r} is set in the name and as an option")
@@ -136,8 +139,8 @@ def instantiate(obj: Any, name: str, options: dict[str, Any]) -> Task:
     if isinstance(obj, type):
         try:
             obj = obj(**options)
-        except TypeError as exc:
-            raise ValueError(f"task {name!r}: cannot build {obj.__name__}: {exc}") from None
+        except Exception as exc:  # the user's constructor: a bad option, or its own error
+            raise ValueError(f"task {name!r}: cannot build {obj.__name__}: {type(exc).__name__}: {exc}") from exc
     elif options:
         raise ValueError(f"task {name!r} is an object, not a class: it takes no options (got {sorted(options)})")
     missing = [m for m in ("load", "prompt", "score") if not callable(getattr(obj, m, None))]

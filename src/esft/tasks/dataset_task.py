@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import csv
 import gzip
+import io
 import json
 import random
 from dataclasses import dataclass, field
@@ -39,13 +40,24 @@ def read_rows(path: str | Path) -> list[dict[str, Any]]:
     if not path.is_file():
         raise FileNotFoundError(f"task data file {path} does not exist")
     opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8", newline="") as fh:
-        text = fh.read()
+    with opener(path, "rb") as fh:
+        data = fh.read()
+    try:  # utf-8-sig: a byte-order mark (spreadsheet CSV exports) is not part of the first column's name
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        lineno = data[:exc.start].count(b"\n") + 1
+        raise ValueError(f"{path}:{lineno}: not UTF-8 text ({exc.reason} at byte {exc.start}): save the file as "
+                         "UTF-8") from None
     name = path.name.lower().removesuffix(".gz")
     if name.endswith((".csv", ".tsv")):
-        rows = [dict(r) for r in csv.DictReader(text.splitlines(), delimiter="\t" if name.endswith(".tsv") else ",")]
+        # newline="": a quoted field keeps its line breaks (the csv module's advice for a file it reads)
+        reader = csv.DictReader(io.StringIO(text, newline=""), delimiter="\t" if name.endswith(".tsv") else ",")
+        rows = [dict(r) for r in reader]
     elif name.endswith(".json") and text.lstrip().startswith("["):
-        rows = json.loads(text)
+        try:
+            rows = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}:{exc.lineno}: not a JSON list of objects: {exc.msg}") from None
     else:
         rows = []
         for lineno, line in enumerate(text.splitlines(), 1):
@@ -136,7 +148,10 @@ class DatasetTask(Task):
                 raise ValueError(str(exc)) from None
             if not rows:
                 raise ValueError(f"Hugging Face dataset {self.source!r} split {self.train_split!r} holds no rows")
-        if test is None:
+        self._check_fields(self.source if is_data_file(self.source) else f"{self.source} ({self.train_split})", rows)
+        if test is not None:
+            self._check_fields(self.test_file or f"{self.source} ({self.test_split})", test)
+        else:
             order = list(range(len(rows)))
             random.Random(self.split_seed).shuffle(order)
             k = split_sizes(len(rows), self.test_size)
@@ -144,19 +159,21 @@ class DatasetTask(Task):
             test = [rows[i] for i in sorted(held)]
             rows = [r for i, r in enumerate(rows) if i not in held]
         self._rows = {"train": [dict(r) for r in rows], "test": [dict(r) for r in test]}
-        for split, data in self._rows.items():
-            self._check_fields(split, data)
         return self._rows
 
-    def _check_fields(self, split: str, rows: list[Example]) -> None:
+    def _check_fields(self, where: str, rows: list[Example]) -> None:
+        """Every row (numbered as in the file, from 1; a CSV's header not counted) has the fields the task reads."""
         needed = [("prompt_field", self.prompt_field)]
         if self._verifier is not None:
             needed.append(("answer_field", self.answer_field))
         for i, row in enumerate(rows):
             for option, name in needed:
-                if name not in row or row[name] is None:
-                    raise ValueError(f"task {self.source!r}: {split} row {i + 1} has no field {name!r} ({option}); "
+                if name not in row:
+                    raise ValueError(f"{where}: row {i + 1} has no field {name!r} ({option}); "
                                      f"fields: {', '.join(map(str, row)) or 'none'}")
+                if row[name] is None:
+                    raise ValueError(f"{where}: row {i + 1} has no value in field {name!r} ({option}): null, or "
+                                     "a CSV row with fewer columns than the header")
 
     def _load(self, split: str) -> list[Example]:
         return [dict(r) for r in self._read()[split]]

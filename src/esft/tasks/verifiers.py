@@ -135,7 +135,13 @@ def trl_columns(examples: list[Example]) -> dict[str, list[Any]]:
 def call_trl_reward(fn: Callable[..., Any], name: str, texts: list[str], prompts: list[Messages],
                     examples: list[Example], completion_format: str) -> list[float]:
     """`fn` called as TRL calls a reward function, its result checked: one finite number per completion."""
-    out = fn(completions=as_completions(texts, completion_format), prompts=prompts, **trl_columns(examples))
+    try:
+        out = fn(completions=as_completions(texts, completion_format), prompts=prompts, **trl_columns(examples))
+    except Exception as exc:  # the user's code: say whose and on what it failed, as esft's CLI prints a ValueError
+        kind = "plain strings" if completion_format == "text" else "lists holding one assistant message"
+        columns = ", ".join(trl_columns(examples)) or "none"
+        raise ValueError(f"reward {name!r} raised {type(exc).__name__}: {exc} (called with {len(texts)} "
+                         f"completions as {kind}, prompts, and the columns {columns})") from exc
     return check_rewards(out, len(texts), name)
 
 
