@@ -328,6 +328,8 @@ def test_cli_checks_a_task_class_before_the_model_loads(user_files, monkeypatch,
 
     monkeypatch.setattr("esft.models.load_model", no_model)
     out = str(root / "run")
+    tiny = root / "two.jsonl"
+    tiny.write_text('{"prompt": "1+1?", "answer": "2"}\n{"prompt": "2+2?", "answer": "4"}\n')
     grpo = ["train", "grpo", "--eval-every", "1", "--eval-limit", "2", "--output-dir", out]
     cases = [(["train", "es", "--task", "user_tasks:TrainOnly", "--output-dir", out],
               "the split(s) test (task 'train-only' has train)"),
@@ -342,7 +344,12 @@ def test_cli_checks_a_task_class_before_the_model_loads(user_files, monkeypatch,
              (["eval", "--task", str(root / "sums.jsonl"), "--task-options", "prompt_field: q: x"],
               "task_options 'prompt_field: q: x' is not a YAML / JSON mapping"),
              (["train", "es", "--task", str(root / "sums.jsonl"), "--task-options", "prompt_field: q: x"],
-              "is not a YAML / JSON mapping")]
+              "is not a YAML / JSON mapping"),
+             # two rows leave no held-out row (test_size 0.2): an evaluation of n = 0 or a run without held-out
+             # numbers is refused; training alone (--eval-limit 0) needs only the train split
+             (["eval", "--task", str(tiny), "--reward", "exact"], "its test split is empty"),
+             (["train", "es", "--task", str(tiny), "--reward", "exact", "--output-dir", out],
+              "its test split is empty")]
     for argv, words in cases:
         assert main(argv) == 2, argv
         err = capsys.readouterr().err

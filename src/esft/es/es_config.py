@@ -146,7 +146,7 @@ class ESConfig(RunConfig):
     def check_task_fit(self, task: Any) -> None:
         from esft.validation import check_balanced_set, check_splits, require_labels
 
-        check_splits("task", self.task, task, ("train", "test") if self.eval_limit else ("train",), rows="train")
+        check_splits("task", self.task, task, ("train", "test") if self.eval_limit else ("train",))
         if self.fitness_rule == "balanced":
             require_labels("fitness_rule", self.fitness_rule, "'mean' or 'dart'", task)
         if self.eval_balanced:

@@ -136,7 +136,7 @@ class GRPOConfig(RunConfig):
         from esft.validation import check_balanced_set, check_splits, require_labels
 
         held_out = ("test",) if self.eval_every and self.eval_limit else ()
-        check_splits("task", self.task, task, ("train", *held_out), rows="train")
+        check_splits("task", self.task, task, ("train", *held_out))
         if self.class_balanced:
             require_labels("class_balanced", self.class_balanced, "false", task)
         if self.eval_balanced:
