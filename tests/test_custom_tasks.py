@@ -158,6 +158,8 @@ def test_builtin_verifiers():
     ({"prompt_field": "question", "reward": "bleu"}, ["unknown reward 'bleu'"]),
     ({"prompt_field": "question", "colour": "red"}, ["unknown option 'colour'"]),
     ({"prompt_field": "question", "test_size": "abc"}, ["bad value 'abc' for option 'test_size'"]),
+    ({"prompt_field": ["question"]}, ["option 'prompt_field' takes text, got ['question']"]),
+    ({"prompt_field": "question", "test_file": 3}, ["option 'test_file' takes text, got 3"]),
     ({"prompt_field": "question", "reward": "user_rewards:as_strings"},
      ["reward 'user_rewards:as_strings' raised AttributeError", "lists holding one assistant message"]),
 ])

@@ -104,6 +104,8 @@ def _data_task(name: str, kind: str, options: dict[str, Any]) -> DatasetTask:
         if key not in fields:
             raise ValueError(f"task {name!r}: unknown option {key!r}; options of a data task: "
                              f"{', '.join(sorted(fields))}")
+        if value is not None and not isinstance(value, str) and _takes_text(hints[key]):
+            raise ValueError(f"task {name!r}: option {key!r} takes text, got {value!r}")
         try:
             values[key] = converter(hints[key])(value) if isinstance(value, str) and hints[key] is not str else value
         except (ValueError, TypeError) as exc:
@@ -114,6 +116,14 @@ def _data_task(name: str, kind: str, options: dict[str, Any]) -> DatasetTask:
     task = DatasetTask(source=source, **values)
     task.validate()  # the data and the reward, checked before any model loads
     return task
+
+
+def _takes_text(hint: Any) -> bool:
+    """A field typed `str` or `str | None` (a field name, a path, a prompt), where a YAML list or number is a
+    mistake that would surface later as an unrelated error (e.g. "unhashable type: 'list'")."""
+    import typing
+
+    return hint is str or set(typing.get_args(hint)) == {str, type(None)}
 
 
 def entry_point_names() -> list[str]:
