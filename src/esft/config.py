@@ -20,6 +20,7 @@ import dataclasses
 import inspect
 import math
 import numbers
+import re
 import textwrap
 import types
 import typing
@@ -63,12 +64,7 @@ class RunConfig:
     def parse_mappings(self, *names: str) -> None:
         """Fields given on the command line as a YAML / JSON mapping string become dicts; anything else fails."""
         for name in names:
-            value = getattr(self, name)
-            if isinstance(value, str):
-                value = yaml.safe_load(value) or {}
-                setattr(self, name, value)
-            if not isinstance(value, dict):
-                raise ValueError(f"{name} must be a mapping, got {value!r}")
+            setattr(self, name, parse_mapping(name, getattr(self, name)))
 
     def task_checks(self) -> list[tuple[str, str, dict[str, Any]]]:
         """(config key, task name, constructor options) of the task the run builds (esft.validation.check_names)."""
@@ -87,6 +83,20 @@ class RunConfig:
 
     def replace(self, **changes: Any):
         return dataclasses.replace(self, **changes)  # type: ignore[type-var]
+
+
+def parse_mapping(name: str, value: Any) -> dict[str, Any]:
+    """A mapping field's value: a dict, or its YAML / JSON text from a command line (`{replay_fraction: 0.2}`);
+    anything else, malformed YAML included, fails as ValueError naming the field."""
+    if isinstance(value, str):
+        try:
+            value = yaml.safe_load(value) or {}
+        except yaml.YAMLError as exc:
+            problem = getattr(exc, "problem", None) or "not valid YAML"
+            raise ValueError(f"{name} must be a mapping such as {{key: value}}, got {value!r} ({problem})") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{name} must be a mapping, got {value!r}")
+    return value
 
 
 # ---- validation: types and ranges ---------------------------------------------------------------------------------
@@ -133,6 +143,17 @@ def in_range(low: float, high: float, low_open: bool = True) -> Rule:
     bracket = "(" if low_open else "["
     return Rule(f"a number in {bracket}{low}, {high}]",
                 lambda v: math.isfinite(v) and (v > low if low_open else v >= low) and v <= high)
+
+
+def regexes() -> Rule:
+    def compiles(pattern: Any) -> bool:
+        try:
+            re.compile(str(pattern))
+        except re.error:
+            return False
+        return True
+
+    return Rule("a list of valid regular expressions (Python re syntax)", lambda v: all(map(compiles, v)))
 
 
 def one_of(*choices: Any) -> Rule:

@@ -25,7 +25,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from esft.config import Rule, at_least, check_fields, in_range, non_negative, one_of, passage_cut
+from esft.config import Rule, at_least, check_fields, in_range, non_negative, one_of, parse_mapping, passage_cut
 from esft.generation import Generation, GenerationConfig, generate
 from esft.passk import answer_key, parse_ks, pass_at_k, summarize_samples
 from esft.tasks import Task, get_task, split_task_list, task_file_stem
@@ -62,7 +62,7 @@ class EvalConfig:
     seed: int = 0
     """Sampling seed."""
     dtype: str = "auto"
-    """auto (fp32 on CPU, bf16 on GPU), fp32, bf16."""
+    """auto (fp32 on CPU, bf16 on GPU), fp32, bf16, fp16."""
     device: str | None = None
     """cpu, cuda, cuda:1 ...; None = CUDA if available."""
     output_dir: str | None = None
@@ -84,12 +84,7 @@ class EvalConfig:
     def __post_init__(self) -> None:
         # a comma-separated --tasks is split at every comma, also inside one task's options: join them again
         self.tasks = split_task_list(self.tasks)
-        if isinstance(self.task_options, str):  # --task-options as YAML / JSON text
-            import yaml
-
-            self.task_options = yaml.safe_load(self.task_options) or {}
-        if not isinstance(self.task_options, dict):
-            raise ValueError(f"task_options must be a mapping, got {self.task_options!r}")
+        self.task_options = parse_mapping("task_options", self.task_options)  # --task-options as YAML / JSON text
         from esft.generation import engine_options
 
         self.generation_options = engine_options(self.generation_options)
@@ -108,7 +103,12 @@ class EvalConfig:
                                  **(self.task_options if external_kind(name) else {})}) for name in self.tasks]
 
     def check_task_fit(self, task: Any) -> None:
-        """`balanced` on a task without labels evaluates its first `limit` examples: nothing to refuse."""
+        """The split exists in the task (before the model loads). `balanced` on a task without labels evaluates
+        its first `limit` examples: nothing to refuse."""
+        from esft.config import ConfigError
+
+        if isinstance(task, Task) and type(task).load is Task.load and self.split not in task.splits:  # its check
+            raise ConfigError("split", self.split, f"a split of task {task.name!r}: {', '.join(task.splits)}")
 
     @property
     def sampled(self) -> bool:
