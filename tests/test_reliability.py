@@ -270,6 +270,52 @@ def test_eval_bad_values_and_unknown_task(capsys, no_model_load):
     assert "nosuch" in error_of(capsys)
 
 
+@pytest.mark.parametrize("command", [["train", "es", "--fitness-options"], ["train", "es", "--task-options"],
+                                     ["train", "grpo", "--trl-args"], ["eval", "--limit", "1", "--task-options"],
+                                     ["eval", "--limit", "1", "--generation-options"]])
+def test_malformed_mapping_flag_is_one_line_not_a_yaml_traceback(tmp_path, capsys, no_model_load, command):
+    out = [] if command[0] == "eval" else ["--output-dir", str(tmp_path / "run")]
+    assert main([*command, "{bad", *out]) == 2
+    err = error_of(capsys).strip()
+    assert err.count("\n") == 0 and "'{bad'" in err, err
+
+
+@pytest.mark.parametrize("extra, key", [
+    (["train", "es", "--include", "["], "include"), (["train", "es", "--exclude", "norm,("], "exclude"),
+    (["train", "grpo", "--optim", "adamw_bogus"], "optim"),
+    (["train", "grpo", "--lr-scheduler-type", "linaer"], "lr_scheduler_type"),
+    (["train", "grpo", "--loss-type", "grpoo"], "loss_type"),  # TRL refused it only at the first loss
+])
+def test_names_refused_only_after_loading_are_checked_first(tmp_path, capsys, no_model_load, extra, key):
+    assert main([*extra, "--preset", "cpu", "--output-dir", str(tmp_path / "run")]) == 2
+    err = error_of(capsys)
+    assert f"{key} = " in err and "expected" in err and f"--{key.replace('_', '-')}" in err, err
+    assert not (tmp_path / "run").exists()
+
+
+def test_eval_unknown_split_is_refused_before_the_model_loads(capsys, no_model_load):
+    assert main(["eval", "--tasks", "boolq", "--limit", "1", "--split", "tset"]) == 2
+    err = error_of(capsys)
+    assert "split = 'tset'" in err and "train, test" in err and "--split" in err, err
+
+
+def test_output_dir_that_is_a_file_is_refused_by_experiment_and_report(tmp_path, capsys):
+    a_file = tmp_path / "file.txt"
+    a_file.write_text("x")
+    for dry in (["--dry-run"], []):
+        assert main(["experiment", "run", "cpu-mini-single", "--output-dir", str(a_file), *dry]) == 2
+        assert "is a file" in error_of(capsys)
+    (tmp_path / "runs").mkdir()
+    assert main(["report", str(tmp_path / "runs"), "--output-dir", str(a_file)]) == 2
+    assert "is a file" in error_of(capsys)
+    assert a_file.read_text() == "x"
+
+
+def test_grpo_resume_of_a_folder_without_a_run_starts_nothing(tmp_path, capsys, no_model_load):
+    assert main(["train", "grpo", "--preset", "cpu", "--resume", "--output-dir", str(tmp_path / "typo")]) == 2
+    assert "cannot resume" in error_of(capsys)
+    assert not (tmp_path / "typo").exists()
+
 # ---- experiment specs: --dry-run rejects each bad value at its line ---------------------------------------------
 
 SPEC = """name: probe

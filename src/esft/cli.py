@@ -108,6 +108,10 @@ def _train_grpo(args: argparse.Namespace) -> int:
         config = build_config(GRPOConfig, PRESETS, args.preset, args.config, _explicit(args, GRPOConfig),
                               check=_names_with_task_flags(args, lambda c: [c.task]))
     config = apply_task_flags(config, args, [config.task])  # --prompt-field/--reward ... (data tasks)
+    if config.resume and not (Path(config.output_dir) / "config.yaml").is_file():
+        # as `esft train es --resume`: a misspelt folder must not start a new run with the default settings
+        raise FileNotFoundError(f"cannot resume {config.output_dir}: it holds no config.yaml (start a new run "
+                                "without --resume)")
     _check_run_dir(config.output_dir)
     try:
         result = train_grpo(config)
@@ -158,6 +162,7 @@ def _report(args: argparse.Namespace) -> int:
     overrides = _explicit(args, ReportConfig)
     overrides["dir"] = args.dir
     config = build_config(ReportConfig, None, None, args.config, overrides)
+    check_output_dir(config.output_dir or Path(args.dir) / "report")
     report = Report(config)
     path = report.build()
     print(f"wrote {path}")

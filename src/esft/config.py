@@ -20,6 +20,7 @@ import dataclasses
 import inspect
 import math
 import numbers
+import re
 import textwrap
 import types
 import typing
@@ -40,18 +41,6 @@ T = TypeVar("T")
 #: `esft bench` and the ES `cpu` preset use it.
 FAST_CPU_GENERATION: dict[str, object] = {"share_prefix": True, "prefill_buckets": 4, "packed_linear": True,
                                           "fused_attention": True, "screened_lm_head": True}
-
-
-def mapping_text(name: str, text: str) -> Any:
-    """A YAML / JSON option value (`--task-options '{count: 50}'`) parsed; {} when empty; a ValueError naming the
-    option and where YAML stopped, not a parser traceback."""
-    try:
-        return yaml.safe_load(text) or {}
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        at = f" at column {mark.column + 1}" if mark is not None else ""
-        raise ValueError(f"{name} {text!r} is not a YAML / JSON mapping{at}: "
-                         f"{getattr(exc, 'problem', None) or exc}") from None
 
 
 def passage_cut(task: Any, max_passage_chars: int | None) -> dict[str, Any]:
@@ -75,12 +64,7 @@ class RunConfig:
     def parse_mappings(self, *names: str) -> None:
         """Fields given on the command line as a YAML / JSON mapping string become dicts; anything else fails."""
         for name in names:
-            value = getattr(self, name)
-            if isinstance(value, str):
-                value = mapping_text(name, value)
-                setattr(self, name, value)
-            if not isinstance(value, dict):
-                raise ValueError(f"{name} must be a mapping, got {value!r}")
+            setattr(self, name, parse_mapping(name, getattr(self, name)))
 
     def task_checks(self) -> list[tuple[str, str, dict[str, Any]]]:
         """(config key, task name, constructor options) of the task the run builds (esft.validation.check_names)."""
@@ -99,6 +83,22 @@ class RunConfig:
 
     def replace(self, **changes: Any):
         return dataclasses.replace(self, **changes)  # type: ignore[type-var]
+
+
+def parse_mapping(name: str, value: Any) -> dict[str, Any]:
+    """A mapping field's value: a dict, or its YAML / JSON text from a command line (`{replay_fraction: 0.2}`);
+    anything else, malformed YAML included, fails as ValueError naming the field."""
+    if isinstance(value, str):
+        try:
+            value = yaml.safe_load(value) or {}
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            at = f" at column {mark.column + 1}" if mark is not None else ""
+            raise ValueError(f"{name} {value!r} is not a YAML / JSON mapping such as {{key: value}}{at}: "
+                             f"{getattr(exc, 'problem', None) or 'not valid YAML'}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{name} must be a mapping, got {value!r}")
+    return value
 
 
 # ---- validation: types and ranges ---------------------------------------------------------------------------------
@@ -145,6 +145,17 @@ def in_range(low: float, high: float, low_open: bool = True) -> Rule:
     bracket = "(" if low_open else "["
     return Rule(f"a number in {bracket}{low}, {high}]",
                 lambda v: math.isfinite(v) and (v > low if low_open else v >= low) and v <= high)
+
+
+def regexes() -> Rule:
+    def compiles(pattern: Any) -> bool:
+        try:
+            re.compile(str(pattern))
+        except re.error:
+            return False
+        return True
+
+    return Rule("a list of valid regular expressions (Python re syntax)", lambda v: all(map(compiles, v)))
 
 
 def one_of(*choices: Any) -> Rule:

@@ -25,8 +25,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from esft.config import (Rule, at_least, check_fields, in_range, mapping_text, non_negative, one_of,
-                         passage_cut)
+from esft.config import Rule, at_least, check_fields, in_range, non_negative, one_of, parse_mapping, passage_cut
 from esft.generation import Generation, GenerationConfig, generate
 from esft.passk import answer_key, parse_ks, pass_at_k, summarize_samples
 from esft.tasks import Task, get_task, split_task_list, task_file_stem
@@ -63,7 +62,7 @@ class EvalConfig:
     seed: int = 0
     """Sampling seed."""
     dtype: str = "auto"
-    """auto (fp32 on CPU, bf16 on GPU), fp32, bf16."""
+    """auto (fp32 on CPU, bf16 on GPU), fp32, bf16, fp16."""
     device: str | None = None
     """cpu, cuda, cuda:1 ...; None = CUDA if available."""
     output_dir: str | None = None
@@ -85,10 +84,7 @@ class EvalConfig:
     def __post_init__(self) -> None:
         # a comma-separated --tasks is split at every comma, also inside one task's options: join them again
         self.tasks = split_task_list(self.tasks)
-        if isinstance(self.task_options, str):  # --task-options as YAML / JSON text
-            self.task_options = mapping_text("task_options", self.task_options)
-        if not isinstance(self.task_options, dict):
-            raise ValueError(f"task_options must be a mapping, got {self.task_options!r}")
+        self.task_options = parse_mapping("task_options", self.task_options)  # --task-options as YAML / JSON text
         from esft.generation import engine_options
 
         self.generation_options = engine_options(self.generation_options)
@@ -107,8 +103,8 @@ class EvalConfig:
                                  **(self.task_options if external_kind(name) else {})}) for name in self.tasks]
 
     def check_task_fit(self, task: Any) -> None:
-        """The task has the split evaluated (`balanced` on a task without labels evaluates its first `limit`
-        examples: nothing to refuse)."""
+        """The task has the split evaluated, holding examples (esft.validation.check_splits), before the model
+        loads. `balanced` on a task without labels evaluates its first `limit` examples: nothing to refuse."""
         from esft.validation import check_splits
 
         check_splits("split", self.split, task, (self.split,))

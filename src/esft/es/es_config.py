@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 
 from esft.config import (FAST_CPU_GENERATION, ConfigError, Rule, RunConfig, at_least, check_fields, finite, one_of,
-                         positive)
+                         positive, regexes)
 from esft.tracking import report_to_rule
 
 
@@ -219,7 +219,7 @@ RULES: dict[str, Rule] = {
     "samples_per_iteration": at_least(0),
     "max_passage_chars": at_least(1), "parallel_members": at_least(1), "executor": one_of("local", "ray"),
     "num_workers": at_least(0), "worker_backend": one_of("hf", "vllm"),
-    "rollout_dtype": one_of("auto", "float32", "bfloat16"),
+    "rollout_dtype": one_of("auto", "float32", "bfloat16"), "include": regexes(), "exclude": regexes(),
     "model": Rule("a model name or folder (non-empty)", bool), "output_dir": Rule("a folder (non-empty)", bool),
     "report_to": report_to_rule(),
 }

@@ -21,6 +21,9 @@ def _run(args: argparse.Namespace) -> int:
     spec = load_spec(args.spec)  # validation: fails here, before any compute, naming the line
     check_spec_model(spec)
     out = output_dir_for(spec, args.output_dir)
+    from esft.rundir import check_output_dir
+
+    check_output_dir(out)  # a file there is refused here, also by --dry-run, not as an OSError once running
     if args.dry_run:
         print(f"spec {spec.path} is valid; output folder {out}\n")
         print(plan_text(spec))

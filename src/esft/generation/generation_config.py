@@ -82,7 +82,8 @@ def options_mapping(value: object) -> dict[str, object]:
         try:
             value = yaml.safe_load(value)
         except yaml.YAMLError as exc:
-            raise ValueError(f"generation_options: {value!r} is not 'fast', 'exact' or YAML ({exc})") from None
+            problem = getattr(exc, "problem", None) or "not valid YAML"  # one line, not YAML's marked excerpt
+            raise ValueError(f"generation_options: {value!r} is not 'fast', 'exact' or YAML ({problem})") from None
     if value is None or value == "exact":
         return {}
     if value == "fast":

@@ -151,6 +151,21 @@ class GRPOConfig(RunConfig):
         return self.completions_per_step // self.per_device_train_batch_size
 
 
+def transformers_name(enum: str, examples: str) -> Rule:
+    """A value of transformers' enum `enum` ("training_args.OptimizerNames"), imported only to check one: TRL
+    would refuse another only once the model has loaded."""
+    def ok(value: Any) -> bool:
+        import importlib
+
+        module, _, name = enum.rpartition(".")
+        return value in {e.value for e in getattr(importlib.import_module(f"transformers.{module}"), name)}
+
+    return Rule(f"a name of transformers' {enum.rpartition('.')[2]} ({examples}, ...)", ok)
+
+
+#: TRL 1.16's GRPO loss aggregations (GRPOTrainer refuses another only at its first loss, after a generation round)
+TRL_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "vespo", "luspo")
+
 #: what each field accepts beyond its type (esft.config.check_fields); checked whenever a GRPOConfig is built
 RULES: dict[str, Rule] = {
     "max_steps": at_least(1), "prompts_per_step": at_least(1),
@@ -165,6 +180,10 @@ RULES: dict[str, Rule] = {
     "eval_limit": at_least(0), "eval_max_new_tokens": at_least(1), "samples_per_iteration": at_least(0),
     "max_passage_chars": at_least(1), "model": Rule("a model name, folder or hub id (non-empty)", bool),
     "output_dir": Rule("a folder (non-empty)", bool), "report_to": report_to_rule(),
+    "optim": transformers_name("training_args.OptimizerNames", "adamw_torch, adamw_torch_fused, sgd, adafactor"),
+    "lr_scheduler_type": transformers_name("trainer_utils.SchedulerType", "linear, cosine, constant, "
+                                           "constant_with_warmup"),
+    "loss_type": one_of(*TRL_LOSS_TYPES),
 }
 GRPOConfig.rules = RULES
 
