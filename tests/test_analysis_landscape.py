@@ -126,8 +126,9 @@ def test_an_interpolation_path_needs_its_two_endpoints():
     from esft.analysis.commands import LandscapeConfig
     from esft.analysis.report_builder import ReportConfig
 
-    for make in (lambda n: LandscapeConfig(interpolation_points=n),
-                 lambda n: ReportConfig(dir=".", interpolation_points=n)):
-        with pytest.raises(ValueError, match="interpolation_points must be >= 2, got 1"):
-            make(1)
-        assert make(2).interpolation_points == 2
+    with pytest.raises(ValueError, match="interpolation_points = 1 is not accepted; expected an integer >= 2"):
+        LandscapeConfig(interpolation_points=1)
+    with pytest.raises(ValueError, match="interpolation_points must be >= 2, got 1"):
+        ReportConfig(dir=".", interpolation_points=1)
+    assert LandscapeConfig(interpolation_points=2).interpolation_points == 2
+    assert ReportConfig(dir=".", interpolation_points=2).interpolation_points == 2

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from esft import paper
+from esft.analysis.checks import check_analysis
 from esft.analysis.sparsity import SWEEP_TARGETS
 from esft.tasks import split_task_list
 
@@ -85,6 +86,9 @@ class WeightsConfig:
     threads: int | None = None
     """torch CPU threads (None = torch's default); 1 is fastest on a busy machine, where idle OpenMP threads spin"""
 
+    def __post_init__(self) -> None:
+        check_analysis(self)
+
 
 def run_weights(cfg: WeightsConfig) -> dict[str, Any]:
     from esft.analysis.weights import compare_updates, plot_weights
@@ -138,6 +142,9 @@ class DriftConfig:
     """where drift.json, the replayed series and figures go"""
     threads: int | None = None
     """torch CPU threads (None = torch's default); 1 is fastest on a busy machine, where idle OpenMP threads spin"""
+
+    def __post_init__(self) -> None:
+        check_analysis(self)
 
 
 def run_drift(cfg: DriftConfig) -> dict[str, Any]:
@@ -240,6 +247,7 @@ class KLConfig:
     def __post_init__(self) -> None:
         # `--tasks countdown:numbers=2,ops=+*` arrives split at every comma: join a task's options again
         self.tasks = split_task_list(self.tasks)
+        check_analysis(self)
 
 
 def run_kl(cfg: KLConfig) -> dict[str, Any]:
@@ -337,8 +345,7 @@ class LandscapeConfig:
         # `--tasks countdown:numbers=2,ops=+*` arrives split at every comma: join a task's options again
         self.tasks = split_task_list(self.tasks)
         self.holdout_tasks = split_task_list(self.holdout_tasks)
-        if self.interpolation_points < 2:  # the path's two endpoints at least
-            raise ValueError(f"interpolation_points must be >= 2, got {self.interpolation_points}")
+        check_analysis(self)  # interpolation_points >= 2: the path's two endpoints at least
 
 
 def run_landscape(cfg: LandscapeConfig) -> dict[str, Any]:
@@ -425,6 +432,7 @@ class SparsityConfig:
     def __post_init__(self) -> None:
         # `--tasks countdown:numbers=2,ops=+*` arrives split at every comma: join a task's options again
         self.tasks = split_task_list(self.tasks)
+        check_analysis(self)
 
 
 def run_sparsity(cfg: SparsityConfig) -> dict[str, Any]:

@@ -1,0 +1,45 @@
+"""What the `esft analyze` commands accept: ranges checked when their configs are built, and the checkpoints, runs
+and files they read checked to exist, so that a typo fails before the base model loads (seconds to minutes)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from esft.config import ConfigError, Rule, at_least, check_fields, non_negative, positive
+
+
+def _fractions(what: str) -> Rule:
+    return Rule(f"a list of {what} in [0, 1]", lambda v: all(math.isfinite(x) and 0 <= x <= 1 for x in v))
+
+
+#: rules by field name, for whichever of these fields an analysis config has
+RULES: dict[str, Rule] = {
+    "eps": non_negative(), "limit": at_least(1), "max_new_tokens": at_least(1), "batch_size": at_least(1),
+    "kl_batch_size": at_least(1), "temperature": non_negative(), "population": at_least(1), "alpha": positive(),
+    "interpolation_points": at_least(2), "magnitude_points": at_least(0), "threads": at_least(1),
+    "max_passage_chars": at_least(1), "targets": _fractions("target sparsities"),
+    "taus": Rule("a list of thresholds >= 0", lambda v: all(math.isfinite(x) and x >= 0 for x in v)),
+}
+
+#: fields naming what an analysis reads, and the words for it
+PATHS: dict[str, str] = {
+    "tuned": "checkpoint folder", "stages": "checkpoint folder", "es": "checkpoint folder",
+    "grpo": "checkpoint folder", "aggregate": "kl.json file", "run": "run folder or drift JSONL file",
+    "grpo_run": "run folder or drift JSONL file",
+}
+
+
+def check_analysis(config: Any) -> None:
+    """Raise ConfigError for the first field of `config` (an analysis dataclass) out of range, or naming a path
+    that does not exist."""
+    check_fields(config, RULES)
+    for name, what in PATHS.items():
+        value = getattr(config, name, None)
+        for path in [value] if isinstance(value, str) else list(value or []):
+            if path and not Path(path).exists():
+                raise ConfigError(name, path, f"an existing {what}")
+
+
+__all__ = ["PATHS", "RULES", "check_analysis"]

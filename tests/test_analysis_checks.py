@@ -1,0 +1,52 @@
+"""`esft analyze`: out-of-range values and missing checkpoints are refused when the config is built, before the
+base model loads (it once loaded first for kl, landscape and sparsity, and accepted --eps -1 or --targets 1.5)."""
+
+from __future__ import annotations
+
+import pytest
+
+from esft.cli import main
+
+
+@pytest.fixture
+def no_model_load(monkeypatch):
+    def load_model(*args, **kwargs):
+        raise AssertionError("the model was loaded before the analysis options were checked")
+
+    monkeypatch.setattr("esft.models.load_model", load_model)
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["weights", "--tuned", "{missing}"],
+     "tuned = '{missing}' is not accepted; expected an existing checkpoint folder"),
+    (["weights", "--tuned", "{here}", "--eps", "-1"], "eps = -1.0 is not accepted; expected a finite number >= 0"),
+    (["kl", "--stages", "{here},{missing}"], "stages = '{missing}'"),
+    (["kl", "--stages", "{here}", "--limit", "0"], "limit = 0 is not accepted; expected an integer >= 1"),
+    (["kl", "--stages", "{here}", "--temperature", "-1"], "temperature = -1.0"),
+    (["kl", "--aggregate", "{missing}"], "expected an existing kl.json file"),
+    (["landscape", "--es", "{here}", "--grpo", "{missing}"], "grpo = '{missing}'"),
+    (["landscape", "--es", "{here}", "--magnitude-points", "-1"], "magnitude_points = -1"),
+    (["sparsity", "--tuned", "{missing}"], "tuned = '{missing}'"),
+    (["sparsity", "--tuned", "{here}", "--targets", "0.5,1.5"], "expected a list of target sparsities in [0, 1]"),
+    (["sparsity", "--tuned", "{here}", "--taus=-1e-5"], "expected a list of thresholds >= 0"),
+    (["drift", "--run", "{missing}"], "expected an existing run folder or drift JSONL file"),
+    (["drift", "--run", "{here}", "--population", "0"], "population = 0"),
+    (["drift", "--run", "{here}", "--alpha", "0"], "alpha = 0.0 is not accepted; expected a finite number > 0"),
+    (["kl", "--stages", "{here}", "--threads", "0"], "threads = 0"),
+])
+def test_bad_analysis_options_fail_before_the_model_loads(tmp_path, capsys, no_model_load, argv, words):
+    paths = {"here": str(tmp_path), "missing": str(tmp_path / "missing")}
+    argv = [a.format(**paths) for a in argv]
+    assert main(["analyze", *argv, "--output-dir", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert words.format(**paths) in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_good_analysis_options_pass_the_checks(tmp_path):
+    from esft.analysis.commands import DriftConfig, KLConfig, SparsityConfig, WeightsConfig
+
+    assert WeightsConfig(tuned=[str(tmp_path)], eps=0.0).eps == 0.0
+    assert KLConfig(stages=[str(tmp_path)], temperature=1.0, limit=1).limit == 1
+    assert SparsityConfig(tuned=str(tmp_path), targets=[0.0, 1.0], taus=[0.0]).targets == [0.0, 1.0]
+    assert DriftConfig(run=str(tmp_path), alpha=1e-3, population=2).population == 2
