@@ -462,3 +462,16 @@ def test_fingerprints_recorded_before_newer_fields_still_match(tmp_path):
     write_json(root / "seed-42/sequential/grpo/1-countdown" / STATUS, status)
     with pytest.raises(SpecError, match=r"grpo/1-countdown was trained with other options \(learning_rate: 1.0 ->"):
         check_existing(spec, stages, root)
+
+
+def test_a_folder_given_as_the_spec_is_named_and_its_spec_pointed_to(tmp_path, capsys):
+    """`esft experiment run DIR` read a folder as YAML ("[Errno 21] Is a directory"); an experiment's output folder
+    keeps its spec as spec.yaml, which the message names."""
+    from esft.cli import main
+
+    assert main(["experiment", "run", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert f"{tmp_path} is a folder, not a spec file (YAML)" in err and "spec.yaml" not in err, err
+    (tmp_path / "spec.yaml").write_text("kind: single-task\n")
+    assert main(["experiment", "run", str(tmp_path), "--dry-run"]) == 2
+    assert f"its spec is {tmp_path / 'spec.yaml'}" in capsys.readouterr().err

@@ -472,6 +472,9 @@ def shipped_specs() -> dict[str, Path]:
 
 def resolve_spec_path(path_or_name: str | Path) -> Path:
     path = Path(path_or_name)
+    if path.is_dir():  # e.g. an experiment's output folder, which keeps its spec as spec.yaml
+        hint = f": its spec is {path / 'spec.yaml'}" if (path / "spec.yaml").is_file() else ""
+        raise IsADirectoryError(f"{path} is a folder, not a spec file (YAML){hint}")
     if path.exists():
         return path
     shipped = shipped_specs()
