@@ -260,7 +260,8 @@ def test_report_of_a_missing_folder_fails(tmp_path, capsys):
     assert main(["report", str(tmp_path / "empty")]) == 2
     assert "no run directory" in error_of(capsys)
     assert main(["analyze", "drift", "--run", str(tmp_path / "typo"), "--output-dir", str(tmp_path / "d")]) == 2
-    assert "no such run directory" in error_of(capsys)
+    err = error_of(capsys)
+    assert f"run = '{tmp_path / 'typo'}' is not accepted; expected an existing run folder or drift JSONL file" in err
 
 
 def test_eval_bad_values_and_unknown_task(capsys, no_model_load):
