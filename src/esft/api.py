@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from esft.es.build import check_executor_options
-from esft.es.distributed.factory import connect, disconnect, make_executor
+from esft.es.distributed.connection import disconnect_ray
+from esft.es.distributed.factory import connect, make_executor
 from esft.es.es_config import ESConfig
 from esft.es.trainer import ESTrainer
 from esft.rundir import TrainResult, check_output_dir
@@ -67,7 +68,7 @@ def es_trainer(config: ESConfig, **kwargs: Any) -> ESTrainer:
         return ESTrainer(config, **kwargs)
     except BaseException:
         if owns_ray:
-            disconnect()
+            disconnect_ray()
         raise
 
 

@@ -151,9 +151,7 @@ def run_drift(cfg: DriftConfig) -> dict[str, Any]:
     from esft.analysis import drift as D
     from esft.analysis.runs import read_config
 
-    src = Path(cfg.run)
-    if not src.exists():
-        raise FileNotFoundError(f"--run {src}: no such run directory or drift file")
+    src = Path(cfg.run)  # exists: DriftConfig checked it (esft.analysis.checks)
     out = Path(cfg.output_dir)
     alpha, n = cfg.alpha, cfg.population
     if src.is_dir():

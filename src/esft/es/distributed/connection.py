@@ -1,5 +1,5 @@
-"""Joining a Ray cluster for a run: `connect_ray` (after `check_reachable`, since Ray itself waits without end
-for an address that does not answer) and `disconnect_ray`; the driver's SIGTERM handler survives `ray.init`."""
+"""Joining a Ray cluster for a run: `connect_ray` (after `check_reachable`, since Ray itself keeps retrying an address
+that does not answer) and `disconnect_ray`; the driver's SIGTERM handler survives `ray.init`."""
 
 from __future__ import annotations
 
@@ -52,8 +52,9 @@ def cluster_endpoint(address: str | None) -> tuple[str, int] | None:
 
 def check_reachable(address: str | None, timeout_s: float = PROBE_TIMEOUT_S) -> None:
     """Raise ConnectionError unless the cluster `address` names (or $RAY_ADDRESS, when it is None) accepts a TCP
-    connection within `timeout_s`. Ray 2.60's `ray.init` retries an unreachable HOST:PORT without end (measured:
-    over 10 minutes for a closed port, logging a warning every ~40 s), so a typo would hang the run."""
+    connection within `timeout_s`. Ray 2.60's `ray.init` keeps retrying an unreachable HOST:PORT (measured:
+    a closed port was still retried, with a warning every ~40 s, when stopped after 60 s:
+    docs/results/bench/ray-unreachable-2026-12-02), so a typo would hang the run."""
     import socket
 
     address = address or os.environ.get("RAY_ADDRESS")

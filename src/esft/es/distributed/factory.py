@@ -44,12 +44,6 @@ def connect(config: ESConfig) -> bool:
     return connect_ray(config.ray_address)
 
 
-def disconnect() -> None:
-    """Undo `connect` (a run that failed before its executor took the connection over)."""
-    from esft.es.distributed.connection import disconnect_ray
-
-    disconnect_ray()
-
 
 def make_ray_executor(config: ESConfig, *, weights: MasterWeights, optimizer: Any = None, generate_fn: Any = None,
                       builder: Any = None, model: Any = None, **overrides: Any):

@@ -88,13 +88,9 @@ def merge_rows(rows: Sequence[PopulationResult]) -> PopulationResult:
     )
 
 
-def _ray():
-    return import_ray()
-
-
 def _is_worker_death(exc: BaseException) -> bool:
     """True for a dead actor (process or node gone); False for an exception raised by our own code in it."""
-    ray = _ray()
+    ray = import_ray()
     errors = tuple(getattr(ray.exceptions, n) for n in ("RayActorError", "ActorDiedError", "ActorUnavailableError",
                                                           "NodeDiedError", "WorkerCrashedError",
                                                           "OwnerDiedError") if hasattr(ray.exceptions, n))
@@ -159,7 +155,7 @@ class RayExecutor(Executor):
             self._owns_ray = True
 
     def _resources(self) -> tuple[int, dict[str, Any]]:
-        ray = _ray()
+        ray = import_ray()
         cluster = ray.cluster_resources()
         gpus = int(cluster.get("GPU", 0))
         use_gpu = self.use_gpu if self.use_gpu is not None else (gpus > 0 and self.spec.config.device != "cpu")
@@ -182,7 +178,7 @@ class RayExecutor(Executor):
             return
         t0 = time.perf_counter()
         self._connect()
-        ray = _ray()
+        ray = import_ray()
         n, opts = self._resources()
         # No automatic restarts: a restarted actor would come back with the base weights; the executor drops it
         # and re-queues its work instead (a replacement would need a weight sync).
@@ -211,7 +207,7 @@ class RayExecutor(Executor):
 
     def _sync_at_start(self) -> None:
         """Workers loaded the base model; after a resume the driver is further on: send its masters once."""
-        ray = _ray()
+        ray = import_ray()
         ref_sum = masters_checksum(self.weights)
         sums = self._gather([(w, w.actor.checksum.remote()) for w in self.alive])
         stale = [w for w, s in sums if s != ref_sum]
@@ -241,7 +237,7 @@ class RayExecutor(Executor):
 
     def _gather(self, calls: list[tuple[Worker, Any]]) -> list[tuple[Worker, Any]]:
         """ray.get per call; a dead worker is dropped (logged) instead of failing the run."""
-        ray = _ray()
+        ray = import_ray()
         out = []
         for w, ref in calls:
             try:
@@ -277,7 +273,7 @@ class RayExecutor(Executor):
     def evaluate_members(self, members: Sequence[Member], batch: Sequence[dict]) -> PopulationResult:
         self.start()
         self.settle()
-        ray = _ray()
+        ray = import_ray()
         t0 = time.perf_counter()
         batch_ref = ray.put(list(batch))  # one copy in the object store, read by every worker
         queue: deque[int] = deque(range(len(members)))
@@ -329,7 +325,7 @@ class RayExecutor(Executor):
         across workers would change batch composition (and greedy outputs in the last bits)."""
         self.start()
         self.settle()
-        ray = _ray()
+        ray = import_ray()
         while True:
             alive = self.alive
             if not alive:
@@ -359,7 +355,7 @@ class RayExecutor(Executor):
         """Compare every worker's master checksum with the driver's; raise `ReplicaDivergence` naming the
         worker(s) that drifted (or the driver, when all workers agree among themselves but not with it)."""
         self.start()
-        ray = _ray()
+        ray = import_ray()
         for w in self.alive:  # updates sent but not yet confirmed must be applied before comparing
             pending, w.pending = w.pending, []
             self._gather([(w, ref) for ref in pending])
@@ -381,7 +377,7 @@ class RayExecutor(Executor):
         raise ReplicaDivergence(msg + " (the driver's replica is the reference; see docs/distributed.md)")
 
     def close(self) -> None:
-        ray = _ray()
+        ray = import_ray()
         for w in self.workers:
             if w.alive:
                 try:
