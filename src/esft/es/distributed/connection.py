@@ -1,5 +1,5 @@
-"""Joining a Ray cluster for a run: `connect_ray` (after `check_reachable`, since Ray itself keeps retrying an address
-that does not answer) and `disconnect_ray`; the driver's SIGTERM handler survives `ray.init`."""
+"""Joining a Ray cluster for a run: `connect_ray` (after `check_reachable`, since Ray itself keeps retrying an
+address that does not answer) and `disconnect_ray`; the driver's SIGTERM handler survives `ray.init`."""
 
 from __future__ import annotations
 
