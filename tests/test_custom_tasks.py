@@ -315,12 +315,34 @@ class NoRows(TrainOnly):
 class Broken(TrainOnly):
     def __init__(self):
         raise RuntimeError("no settings file")
+
+@dataclass
+class BadScore(TrainOnly):
+    splits: tuple = ("train", "test")
+    def score(self, completion, example):
+        return float(example["answer"] == completion)
+
+@dataclass
+class NanScore(BadScore):
+    def score(self, completion, example):
+        return float("nan")
+
+@dataclass
+class TextPrompt(BadScore):
+    def prompt(self, example):
+        return "What is " + str(example["n"]) + "?"
+
+@dataclass
+class NoneScore(BadScore):
+    def score(self, completion, example):
+        return None
 '''
 
 
 def test_cli_checks_a_task_class_before_the_model_loads(user_files, monkeypatch, capsys):
-    """A task class without the split a command reads, with no train rows, whose constructor or _load fails, or
-    malformed --task-options: a one-line error before any model loads and before the output folder exists."""
+    """A task class without the split a command reads, with no train rows, whose constructor, _load, prompt or
+    score fails (or score is not a finite number), or malformed --task-options: a one-line error before any model
+    loads and before the output folder exists."""
     root, _ = user_files
     (root / "user_tasks.py").write_text(USER_TASKS)
     sys.modules.pop("user_tasks", None)
@@ -351,7 +373,18 @@ def test_cli_checks_a_task_class_before_the_model_loads(user_files, monkeypatch,
              # numbers is refused; training alone (--eval-limit 0) needs only the train split
              (["eval", "--task", str(tiny), "--reward", "exact"], "its test split is empty"),
              (["train", "es", "--task", str(tiny), "--reward", "exact", "--output-dir", out],
-              "its test split is empty")]
+              "its test split is empty"),
+             # the user's prompt and score run once on the first example, so their errors come before the model
+             (["train", "es", "--task", "user_tasks:BadScore", "--output-dir", out],
+              "can score its first train example (task 'train-only': score raised KeyError: 'answer')"),
+             ([*grpo, "--task", "user_tasks:BadScore"], "score raised KeyError"),
+             (["eval", "--task", "user_tasks:BadScore"], "can score its first test example"),
+             (["eval", "--task", "user_tasks:NanScore"], "returns a finite number (task 'train-only' scored an "
+              "empty completion float nan)"),
+             (["eval", "--task", "user_tasks:NoneScore"], "scored an empty completion NoneType None"),
+             (["train", "es", "--task", "user_tasks:TextPrompt", "--output-dir", out],
+              "returns chat messages, a list of {'role': ..., 'content': ...} (task 'train-only' returned str "
+              "'What is 0?')")]
     for argv, words in cases:
         assert main(argv) == 2, argv
         err = capsys.readouterr().err

@@ -74,6 +74,41 @@ def check_splits(key: str, value: Any, task: Any, splits: tuple[str, ...]) -> No
         if not n:
             raise ConfigError(key, value, f"a task with {split} examples (task {name!r}: its {split} split is "
                               "empty)")
+        check_first_example(key, value, task, split)
+
+
+def check_first_example(key: str, value: Any, task: Any, split: str) -> None:
+    """The task prompts the first example of `split` as chat messages and scores an empty completion as a finite
+    number: a `prompt` or `score` of the user's that raises (a missing field, a typo) fails here, not at the
+    first population once the model has loaded. An empty completion is what every scorer must take without
+    raising (Task.score: "never raises on a completion, whatever its text")."""
+    import math
+    from numbers import Real
+
+    name = getattr(task, "name", "") or value
+    example = task.load(split, limit=1)[0]
+    for method, call in (("prompt", lambda: task.prompt(example)), ("score", lambda: task.score("", example))):
+        try:
+            out = call()
+        except Exception as exc:  # the user's code: named with the example it failed on
+            raise ConfigError(key, value, f"a task that can {method} its first {split} example (task {name!r}: "
+                              f"{method} raised {type(exc).__name__}: {exc})") from None
+        if method == "prompt" and not _is_messages(out):
+            raise ConfigError(key, value, f"a task whose prompt(example) returns chat messages, a list of "
+                              f"{{'role': ..., 'content': ...}} (task {name!r} returned {_brief(out)})")
+    if not isinstance(out, Real) or not math.isfinite(out):
+        raise ConfigError(key, value, f"a task whose score(completion, example) returns a finite number (task "
+                          f"{name!r} scored an empty completion {_brief(out)})")
+
+
+def _is_messages(out: Any) -> bool:
+    return (isinstance(out, list) and bool(out) and all(isinstance(m, dict) and isinstance(m.get("role"), str)
+                                                        and isinstance(m.get("content"), str) for m in out))
+
+
+def _brief(obj: Any) -> str:
+    text = repr(obj)
+    return f"{type(obj).__name__} {text[:60]}{'...' if len(text) > 60 else ''}"
 
 
 def check_model(key: str, name: Any) -> None:
@@ -153,5 +188,5 @@ def check_names(config: Checked) -> None:
         config.check_task_fit(task)
 
 
-__all__ = ["Checked", "check_balanced_set", "check_device", "check_model", "check_names", "check_splits", "check_task",
-           "require_labels", "task_labels"]
+__all__ = ["Checked", "check_balanced_set", "check_device", "check_first_example", "check_model", "check_names",
+           "check_splits", "check_task", "require_labels", "task_labels"]
