@@ -392,6 +392,21 @@ def test_cli_checks_a_task_class_before_the_model_loads(user_files, monkeypatch,
         assert not (root / "run").exists(), argv
 
 
+def test_debug_shows_the_error_of_the_users_code(user_files, monkeypatch):
+    """--debug shows the user's own exception behind a one-line error, not only esft's ConfigError."""
+    import traceback
+
+    from esft.config import ConfigError
+
+    root, _ = user_files
+    (root / "user_tasks.py").write_text(USER_TASKS)
+    sys.modules.pop("user_tasks", None)
+    with pytest.raises(ConfigError) as info:
+        main(["eval", "--task", "user_tasks:BadScore", "--debug"])
+    shown = "".join(traceback.format_exception(info.value))
+    assert "KeyError: 'answer'" in shown and 'return float(example["answer"] == completion)' in shown, shown
+
+
 def test_python_api_records_the_task(user_files, tmp_path):
     from esft.api import with_task
     from esft.es import ESConfig

@@ -364,9 +364,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except (ValueError, OSError, RuntimeError) as exc:
         if debug:
+            _show_context(exc)
             raise
         print(f"esft: error: {exc}", file=sys.stderr)
         return exit_code(exc)
+
+
+def _show_context(exc: BaseException) -> None:
+    """Under --debug, the exceptions that one-line errors replace (`raise ConfigError(...) from None` around the
+    user's task code, an import, a file read) are shown too: Python keeps them as `__context__`, and the
+    traceback prints them once `__suppress_context__` is unset."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        exc.__suppress_context__ = False
+        exc = exc.__cause__ or exc.__context__
 
 
 def _stop_on_sigterm() -> None:
