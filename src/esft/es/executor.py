@@ -23,7 +23,8 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 import numpy as np
 import torch
 
-from esft.es.lanes import map_large_blocks, openmp_backend, rollout_replica  # noqa: F401 (re-exported)
+from esft.es.lanes import (available_memory, lane_bytes, lanes_that_fit, map_large_blocks,  # noqa: F401 (re-exported)
+                           openmp_backend, rollout_replica)
 from esft.es.noise import MasterWeights, Update
 from esft.es.strategy import ES, Member
 from esft.tasks.base import checks_format
@@ -132,6 +133,7 @@ class LocalExecutor(Executor):
         self._pool_size = 0
         self._pending: list[Future] = []
         self._warned = False
+        self._memory_lanes: int | None = None  # lanes whose copies fit in memory, decided once (`lanes_for`)
         self.model = model
         self.tokenizer = tokenizer
         self.weights = weights
@@ -319,12 +321,27 @@ class LocalExecutor(Executor):
         elif param is None or param.device.type != "cpu":
             reason = "the model is not a CPU torch model"
         if reason is None:
-            return lanes
+            return min(lanes, self._lanes_in_memory())
         if not self._warned:
             warnings.warn(f"parallel_members={self.parallel_members} ignored: {reason}; one member at a time",
                           stacklevel=3)
             self._warned = True
         return 1
+
+    def _lanes_in_memory(self) -> int:
+        """parallel_members, lowered to the lanes whose model copies fit in the memory available before the first
+        copy is made (with a warning): a large model on a small machine runs one member at a time instead of
+        being killed for memory. Decided once; members' results do not depend on the lanes."""
+        if self._memory_lanes is None:
+            per_lane = lane_bytes(self.model, self.rollout_dtype)
+            available = available_memory()
+            fit = lanes_that_fit(self.parallel_members, int(self._replicas), per_lane, available)
+            if fit < self.parallel_members:
+                warnings.warn(f"parallel_members={self.parallel_members} lowered to {fit}: a lane's model copy "
+                              f"needs ~{per_lane / 2**30:.1f} GiB and {available / 2**30:.1f} GiB of memory are "
+                              "available (the results are the same with any number of lanes)", stacklevel=4)
+            self._memory_lanes = fit
+        return self._memory_lanes
 
     def start(self) -> None:
         """Make the lanes' model copies and threads now rather than at the first `evaluate_members` (a benchmark

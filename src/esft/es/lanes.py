@@ -1,12 +1,14 @@
 """What a member lane of esft.es.executor.LocalExecutor needs from the process: its own copy of the model
-(`rollout_replica`), glibc's allocator kept from hoarding the copies' freed blocks (`map_large_blocks`), and
-torch's OpenMP backend, whose per-thread team sizes give each lane its share of the cores (`openmp_backend`)."""
+(`rollout_replica`), the memory for it (`lanes_that_fit`), glibc's allocator kept from hoarding the copies' freed
+blocks (`map_large_blocks`), and torch's OpenMP backend, whose per-thread team sizes give each lane its share of the
+cores (`openmp_backend`)."""
 
 from __future__ import annotations
 
 import copy
 import ctypes
 import functools
+import math
 from typing import Any
 
 import torch
@@ -56,3 +58,76 @@ def openmp_backend() -> bool:
     """torch's intra-op pool is OpenMP: `torch.set_num_threads` then sets the calling thread's team size."""
     info = torch.__config__.parallel_info()
     return "ATen parallel backend: OpenMP" in info
+
+
+#: A lane's peak over its weights' bytes (its rollout dtype's). Measured on the cpu preset with SmolLM2-135M
+#: (docs/results/bench/peak-rss-2026-12-02b): each fp32 lane added ~892 MiB for 513 MiB of weights, each bf16
+#: lane ~539 MiB for 257 MiB (packed projections, K/V cache, the lm_head screen, freed heap kept by glibc), so
+#: 1.74x and 2.10x. A larger model's K/V cache and screen weigh less beside its weights: 2.1x overestimates it.
+LANE_PEAK_OVER_WEIGHTS = 2.1
+
+
+def lane_bytes(model: Any, dtype: torch.dtype | None = None) -> int:
+    """Estimated peak bytes of one lane copy of `model` whose floating parameters are `dtype` (None: as they
+    are), tied weights counted once."""
+    seen: dict[int, int] = {}
+    for p in model.parameters():
+        size = torch.empty((), dtype=dtype).element_size() if dtype is not None and p.is_floating_point() \
+            else p.element_size()
+        seen[id(p)] = p.numel() * size
+    return int(sum(seen.values()) * LANE_PEAK_OVER_WEIGHTS)
+
+
+def lanes_that_fit(lanes: int, copies_per_lane_zero: int, per_lane: int, available: int | None) -> int:
+    """How many of `lanes` lanes (1 <= result <= lanes) have memory for their copies: lane 0 needs
+    `copies_per_lane_zero` (0 when it runs on the model itself, 1 when every lane is a copy), every other lane one
+    copy of `per_lane` bytes. `available` None (unknown) leaves `lanes` as they are; one lane is never refused
+    (its copy, if any, is part of running at all)."""
+    if available is None or lanes <= 1 or per_lane <= 0:
+        return max(1, lanes)
+    spare = available - copies_per_lane_zero * per_lane
+    return max(1, min(lanes, 1 + math.floor(spare / per_lane)))
+
+
+def available_memory(meminfo: str = "/proc/meminfo", cgroup: str = "/sys/fs/cgroup") -> int | None:
+    """Bytes the process can still take without swapping: the kernel's MemAvailable, lowered to what a cgroup
+    memory limit (v2 `memory.max`, v1 `memory/memory.limit_in_bytes`) leaves over the group's usage net of its
+    inactive page cache, which the kernel reclaims first. None when neither is readable."""
+    available = _meminfo_available(meminfo)
+    for limit_name, usage_name, stat_name in (("memory.max", "memory.current", "memory.stat"),
+                                              ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes",
+                                               "memory/memory.stat")):
+        try:
+            limit_text = open(f"{cgroup}/{limit_name}").read().strip()
+            usage = int(open(f"{cgroup}/{usage_name}").read())
+        except (OSError, ValueError):
+            continue
+        if limit_text == "max" or int(limit_text) >= 1 << 60:  # no limit (v1 writes a huge page-aligned number)
+            break
+        left = int(limit_text) - max(0, usage - _stat_value(f"{cgroup}/{stat_name}", "inactive_file"))
+        available = left if available is None else min(available, left)
+        break
+    return available
+
+
+def _meminfo_available(path: str) -> int | None:
+    try:
+        with open(path) as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _stat_value(path: str, key: str) -> int:
+    try:
+        with open(path) as f:
+            for line in f:
+                name, _, value = line.partition(" ")
+                if name == key:
+                    return int(value)
+    except (OSError, ValueError):
+        pass
+    return 0
