@@ -60,6 +60,10 @@ COUNTDOWN_SETS = [
     ("countdown:numbers=2,max_number=50,ops=+*,ask_format=1,shots=2", 400, True,
      "cpu-study/main-job (`--preset cpu-countdown`) and the cpu-study spec's task 1"),
     ("countdown:numbers=2,max_number=50,ops=+-,ask_format=1,shots=2", 400, True, "the cpu-study spec's task 2"),
+    ("countdown:numbers=2,max_number=50,ops=+*,ask_format=1,shots=2", 128, True,
+     "bench/eval-lanes-2026-12-02 (128 puzzles) and bench/vocab-rows-2026-12-02 `evalmem/` (eval_limit 128)"),
+    # (..., first): the first `first` of the n examples
+    ("countdown:numbers=2,max_number=50,ops=+*,ask_format=1,shots=2", 400, True, "eval-speed (its first 80)", 80),
 ]
 
 
@@ -75,14 +79,18 @@ def countdown_table() -> None:
     print()
     print("| task | n | balanced over the operator | best constant answer [95% CI] | fixed rules | evaluated in |")
     print("|---|---|---|---|---|---|")
-    for name, n, balanced, where in COUNTDOWN_SETS:
+    for name, n, balanced, where, *first in COUNTDOWN_SETS:
         task = get_task(name)
         examples = load_examples(task, "test", n, balanced=balanced)
         assert len(examples) == n, (name, n, len(examples))
+        shown, how = f"{n}", "yes" if balanced else "no (first n)"
+        if first:
+            examples = examples[: first[0]]
+            shown, how = f"{first[0]}", f"no: the first {first[0]} of the balanced {n}"
         c = constant_baseline([task.gold_key(e) for e in examples])
-        lo, hi = wilson_interval(c["constant_answer_count"], n)
+        lo, hi = wilson_interval(c["constant_answer_count"], len(examples))
         rules = ", ".join(f"{op} {100 * v:.1f}%" for op, v in fixed_rule_baselines(examples).items() if v)
-        print(f"| `{name}` | {n} | {'yes' if balanced else 'no (first n)'} | {c['constant_answer']}: "
+        print(f"| `{name}` | {shown} | {how} | {c['constant_answer']}: "
               f"{100 * c['constant_baseline']:.1f}% [{100 * lo:.1f}, {100 * hi:.1f}] | {rules} | {where} |")
 
 
