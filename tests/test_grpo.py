@@ -237,8 +237,35 @@ def test_presets_and_trl_mapping(tmp_path):
     assert cpu.completions_per_step == 32 and set(PRESETS) == {"paper", "cpu", "cpu-countdown"}
     with pytest.raises(ValueError, match="multiple"):
         GRPOConfig(prompts_per_step=3, num_generations=2, per_device_train_batch_size=4)
-    with pytest.raises(ValueError, match="may not override"):
+    with pytest.raises(ValueError, match="may not"):
         to_trl_config(GRPOConfig(trl_args={"max_steps": 3}), str(tmp_path), "fp32")
+
+
+def test_trl_args_are_checked_before_the_model_loads(tmp_path, monkeypatch):
+    """trl_args may not override an option esft sets (config.yaml would record a seed or learning rate the run did
+    not use), and a key TRL does not know, or use_vllm without vLLM, is one ConfigError before any model loads
+    (TRL raised a TypeError / ImportError traceback after the model had loaded)."""
+    import esft.models
+    from esft.config import ConfigError
+    from esft.grpo.grpo_config import ESFT_TRL_ARGS, trl_arguments
+
+    assert set(trl_arguments(GRPOConfig(), str(tmp_path), "fp32")) == set(ESFT_TRL_ARGS)
+    for managed in ({"seed": 7}, {"learning_rate": 1e-4}, {"logging_steps": 5}, {"bf16": True}):
+        with pytest.raises(ConfigError, match="may not be overridden"):
+            GRPOConfig(trl_args=managed)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model was loaded before trl_args were checked")
+
+    monkeypatch.setattr(esft.models, "load_model", refuse)
+    with pytest.raises(ConfigError, match=r"\['bogus'\] are not"):
+        train_grpo(tiny_config(tmp_path / "bogus", trl_args={"bogus": 1}), task=ParityTask(), progress=False)
+    import importlib
+
+    # as on a machine without vLLM (trl's lazy package does not expose the submodule as an attribute)
+    monkeypatch.setattr(importlib.import_module("trl.import_utils"), "is_vllm_available", lambda: False)
+    with pytest.raises(ConfigError, match="vLLM is installed"):
+        train_grpo(tiny_config(tmp_path / "vllm", trl_args={"use_vllm": True}), task=ParityTask(), progress=False)
 
 
 def test_cli_builds_grpo_config(tmp_path):

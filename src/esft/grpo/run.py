@@ -165,6 +165,8 @@ def _train_locked(config: GRPOConfig, out: Path, model: Any, tokenizer: Any, tas
             print(f"{out}: already trained for {start} steps (max_steps {config.max_steps}); nothing to do")
         return GRPOTrainResult(out, start, resume_from, None)
 
+    # before the task and the model: TRL's own option checks (and esft's on trl_args) fail fast
+    trl_args = to_trl_config(config, str(out), precision, progress)
     if task is None:  # before the model: a bad task (file, fields, reward) fails fast
         from esft.tasks import get_task
 
@@ -181,7 +183,6 @@ def _train_locked(config: GRPOConfig, out: Path, model: Any, tokenizer: Any, tas
     model.requires_grad_(True)
     train_set = task.load("train")
 
-    trl_args = to_trl_config(config, str(out), precision, progress)
     trainer_box: list[EsftGRPOTrainer] = []
     reward = TaskReward(task, train_set, config.format_bonus, lambda: trainer_box[0].ledger,
                         config.samples_per_iteration, class_balanced=config.class_balanced)
