@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -310,6 +311,26 @@ def test_the_learning_curve_reads_a_grpo_run(run, monkeypatch):
     assert train_axis.get_xlabel() == "optimizer step"
     assert [line.get_label() for line in train_axis.get_lines()][0] == "reward mean"
     assert list(train_axis.get_lines()[0].get_ydata()) == [m["reward"]["mean"] for m in run["metrics"]]
+
+
+def test_the_cli_draws_the_learning_curve(run, tmp_path, monkeypatch):
+    """`esft train grpo` ends with the run's curve.png, as `esft train es` does and the README says of every run
+    (the CLI called esft.grpo.train_grpo, which draws none)."""
+    import shutil
+
+    import esft.grpo.run
+    from esft.cli import main
+    from esft.grpo.run import GRPOTrainResult
+
+    def trained(config, **kwargs):  # the run's files, without the minutes of training
+        out = Path(config.output_dir)
+        shutil.copy(run["out"] / "metrics.jsonl", out / "metrics.jsonl")
+        return GRPOTrainResult(out, 4, None, None)
+
+    monkeypatch.setattr(esft.grpo.run, "train_grpo", trained)
+    out = tmp_path / "cli-run"
+    assert main(["train", "grpo", "--output-dir", str(out), "--max-steps", "4"]) == 0
+    assert (out / "curve.png").stat().st_size > 1000
 
 
 def test_resume_reads_the_runs_own_config(run, monkeypatch, capsys):
