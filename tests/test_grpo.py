@@ -219,6 +219,50 @@ def test_resume_continues_step_count_and_schedule(run, tmp_path, tokenizer):
     assert evals == [0, 2, 4]  # step 0 and 2 evaluated before the crash are not repeated
 
 
+class InterruptAt(TrainerCallback):
+    """Ctrl-C in step `step`, after its generation round and loss: just before its optimizer update, or (`updated`)
+    just after it, while the step count still names the step before."""
+
+    def __init__(self, step: int, updated: bool = False):
+        self.step, self.updated = step, updated
+
+    def on_pre_optimizer_step(self, args, state, control, **kwargs):
+        if state.global_step == self.step - 1 and not self.updated:
+            raise KeyboardInterrupt
+
+    def on_optimizer_step(self, args, state, control, **kwargs):
+        if state.global_step == self.step - 1 and self.updated:
+            raise KeyboardInterrupt
+
+
+def test_an_interrupt_saves_the_last_finished_step(run, tmp_path, tokenizer):
+    """Ctrl-C / SIGTERM between scheduled checkpoints (here only the final one is scheduled) writes the checkpoint
+    of the last finished step; the resumed run then ends equal to the uninterrupted one (the same samples: the
+    RNG states are those of the step's end, not of the interrupted generation round). Before, nothing was saved
+    and a resume restarted from step 0, dropping the logged steps."""
+    out = tmp_path / "ctrl-c"
+    with pytest.raises(KeyboardInterrupt):
+        train_grpo(tiny_config(out, save_steps=0), model=make_tiny_model(), tokenizer=tokenizer, task=ParityTask(),
+                   callbacks=[InterruptAt(3)], progress=False)
+    assert [(s, p.name) for s, p in list_checkpoints(out)] == [(2, "iter_000002")]
+    result = train_grpo(tiny_config(out, save_steps=0, resume=True), model=make_tiny_model(), tokenizer=tokenizer,
+                        task=ParityTask(), progress=False)
+    assert result.steps == 4
+    records = read_jsonl(out / "metrics.jsonl")
+    metrics = [r for r in records if r["kind"] == "train"]
+    assert [m["step"] for m in metrics] == [1, 2, 3, 4]
+    assert [r["step"] for r in records if r["kind"] == "eval"] == [0, 2, 4]
+    assert [m["reward"] for m in metrics] == [m["reward"] for m in run["metrics"]]
+    saved, reference = (_load_safetensors(d / "checkpoints" / "final") for d in (out, run["out"]))
+    assert all(torch.equal(saved[k], reference[k]) for k in reference)
+    # stopped inside an update, the weights are no step's: nothing is saved under step 2's name
+    mid = tmp_path / "mid-update"
+    with pytest.raises(KeyboardInterrupt):
+        train_grpo(tiny_config(mid, save_steps=0, eval_every=0), model=make_tiny_model(), tokenizer=tokenizer,
+                   task=ParityTask(), callbacks=[InterruptAt(3, updated=True)], progress=False)
+    assert list_checkpoints(mid) == []
+
+
 def test_presets_and_trl_mapping(tmp_path):
     paper = preset("paper", output_dir=str(tmp_path / "p"))
     assert (paper.num_generations, paper.prompts_per_step, paper.max_steps) == (8, 63, 80)
