@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -218,6 +219,50 @@ def test_resume_continues_step_count_and_schedule(run, tmp_path, tokenizer):
     assert evals == [0, 2, 4]  # step 0 and 2 evaluated before the crash are not repeated
 
 
+class InterruptAt(TrainerCallback):
+    """Ctrl-C in step `step`, after its generation round and loss: just before its optimizer update, or (`updated`)
+    just after it, while the step count still names the step before."""
+
+    def __init__(self, step: int, updated: bool = False):
+        self.step, self.updated = step, updated
+
+    def on_pre_optimizer_step(self, args, state, control, **kwargs):
+        if state.global_step == self.step - 1 and not self.updated:
+            raise KeyboardInterrupt
+
+    def on_optimizer_step(self, args, state, control, **kwargs):
+        if state.global_step == self.step - 1 and self.updated:
+            raise KeyboardInterrupt
+
+
+def test_an_interrupt_saves_the_last_finished_step(run, tmp_path, tokenizer):
+    """Ctrl-C / SIGTERM between scheduled checkpoints (here only the final one is scheduled) writes the checkpoint
+    of the last finished step; the resumed run then ends equal to the uninterrupted one (the same samples: the
+    RNG states are those of the step's end, not of the interrupted generation round). Before, nothing was saved
+    and a resume restarted from step 0, dropping the logged steps."""
+    out = tmp_path / "ctrl-c"
+    with pytest.raises(KeyboardInterrupt):
+        train_grpo(tiny_config(out, save_steps=0), model=make_tiny_model(), tokenizer=tokenizer, task=ParityTask(),
+                   callbacks=[InterruptAt(3)], progress=False)
+    assert [(s, p.name) for s, p in list_checkpoints(out)] == [(2, "iter_000002")]
+    result = train_grpo(tiny_config(out, save_steps=0, resume=True), model=make_tiny_model(), tokenizer=tokenizer,
+                        task=ParityTask(), progress=False)
+    assert result.steps == 4
+    records = read_jsonl(out / "metrics.jsonl")
+    metrics = [r for r in records if r["kind"] == "train"]
+    assert [m["step"] for m in metrics] == [1, 2, 3, 4]
+    assert [r["step"] for r in records if r["kind"] == "eval"] == [0, 2, 4]
+    assert [m["reward"] for m in metrics] == [m["reward"] for m in run["metrics"]]
+    saved, reference = (_load_safetensors(d / "checkpoints" / "final") for d in (out, run["out"]))
+    assert all(torch.equal(saved[k], reference[k]) for k in reference)
+    # stopped inside an update, the weights are no step's: nothing is saved under step 2's name
+    mid = tmp_path / "mid-update"
+    with pytest.raises(KeyboardInterrupt):
+        train_grpo(tiny_config(mid, save_steps=0, eval_every=0), model=make_tiny_model(), tokenizer=tokenizer,
+                   task=ParityTask(), callbacks=[InterruptAt(3, updated=True)], progress=False)
+    assert list_checkpoints(mid) == []
+
+
 def test_presets_and_trl_mapping(tmp_path):
     paper = preset("paper", output_dir=str(tmp_path / "p"))
     assert (paper.num_generations, paper.prompts_per_step, paper.max_steps) == (8, 63, 80)
@@ -237,8 +282,35 @@ def test_presets_and_trl_mapping(tmp_path):
     assert cpu.completions_per_step == 32 and set(PRESETS) == {"paper", "cpu", "cpu-countdown"}
     with pytest.raises(ValueError, match="multiple"):
         GRPOConfig(prompts_per_step=3, num_generations=2, per_device_train_batch_size=4)
-    with pytest.raises(ValueError, match="may not override"):
+    with pytest.raises(ValueError, match="may not"):
         to_trl_config(GRPOConfig(trl_args={"max_steps": 3}), str(tmp_path), "fp32")
+
+
+def test_trl_args_are_checked_before_the_model_loads(tmp_path, monkeypatch):
+    """trl_args may not override an option esft sets (config.yaml would record a seed or learning rate the run did
+    not use), and a key TRL does not know, or use_vllm without vLLM, is one ConfigError before any model loads
+    (TRL raised a TypeError / ImportError traceback after the model had loaded)."""
+    import esft.models
+    from esft.config import ConfigError
+    from esft.grpo.grpo_config import ESFT_TRL_ARGS, trl_arguments
+
+    assert set(trl_arguments(GRPOConfig(), str(tmp_path), "fp32")) == set(ESFT_TRL_ARGS)
+    for managed in ({"seed": 7}, {"learning_rate": 1e-4}, {"logging_steps": 5}, {"bf16": True}):
+        with pytest.raises(ConfigError, match="may not be overridden"):
+            GRPOConfig(trl_args=managed)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model was loaded before trl_args were checked")
+
+    monkeypatch.setattr(esft.models, "load_model", refuse)
+    with pytest.raises(ConfigError, match=r"\['bogus'\] are not"):
+        train_grpo(tiny_config(tmp_path / "bogus", trl_args={"bogus": 1}), task=ParityTask(), progress=False)
+    import importlib
+
+    # as on a machine without vLLM (trl's lazy package does not expose the submodule as an attribute)
+    monkeypatch.setattr(importlib.import_module("trl.import_utils"), "is_vllm_available", lambda: False)
+    with pytest.raises(ConfigError, match="vLLM is installed"):
+        train_grpo(tiny_config(tmp_path / "vllm", trl_args={"use_vllm": True}), task=ParityTask(), progress=False)
 
 
 def test_cli_builds_grpo_config(tmp_path):
@@ -283,6 +355,26 @@ def test_the_learning_curve_reads_a_grpo_run(run, monkeypatch):
     assert train_axis.get_xlabel() == "optimizer step"
     assert [line.get_label() for line in train_axis.get_lines()][0] == "reward mean"
     assert list(train_axis.get_lines()[0].get_ydata()) == [m["reward"]["mean"] for m in run["metrics"]]
+
+
+def test_the_cli_draws_the_learning_curve(run, tmp_path, monkeypatch):
+    """`esft train grpo` ends with the run's curve.png, as `esft train es` does and the README says of every run
+    (the CLI called esft.grpo.train_grpo, which draws none)."""
+    import shutil
+
+    import esft.grpo.run
+    from esft.cli import main
+    from esft.grpo.run import GRPOTrainResult
+
+    def trained(config, **kwargs):  # the run's files, without the minutes of training
+        out = Path(config.output_dir)
+        shutil.copy(run["out"] / "metrics.jsonl", out / "metrics.jsonl")
+        return GRPOTrainResult(out, 4, None, None)
+
+    monkeypatch.setattr(esft.grpo.run, "train_grpo", trained)
+    out = tmp_path / "cli-run"
+    assert main(["train", "grpo", "--output-dir", str(out), "--max-steps", "4"]) == 0
+    assert (out / "curve.png").stat().st_size > 1000
 
 
 def test_resume_reads_the_runs_own_config(run, monkeypatch, capsys):

@@ -92,7 +92,8 @@ def _train_es(args: argparse.Namespace) -> int:
 
 
 def _train_grpo(args: argparse.Namespace) -> int:
-    from esft.grpo import PRESETS, GRPOConfig, train_grpo
+    from esft.api import train_grpo  # as `esft train es`: the run's curve.png is drawn at its end
+    from esft.grpo import PRESETS, GRPOConfig
     from esft.tasks.custom import apply_task_flags
 
     from pathlib import Path

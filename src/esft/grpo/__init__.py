@@ -5,6 +5,7 @@ trl_trainer  EsftGRPOTrainer: TRL's trainer plus measured accounting, KL at beta
 ledger       per-step counts of prompts, completions and tokens generated / trained on
 drift_log    ||theta_t - theta_0||^2 after every optimizer step (drift.jsonl), no per-step checkpoints
 callbacks    metrics.jsonl records (ES vocabulary), samples/, held-out evaluation callback
+interrupt    on Ctrl-C / SIGTERM, the checkpoint of the last finished step
 run          train_grpo(config): the entry point, run directory, resume (also esft.train_grpo, esft.api)
 
 Run-directory files shared with ES (JSONL logs, checkpoint names, TrainResult) are esft.rundir's.

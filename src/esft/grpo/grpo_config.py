@@ -113,7 +113,8 @@ class GRPOConfig(RunConfig):
     report_to: str = "none"
     """experiment trackers, passed to TRL: none, tensorboard, wandb, trackio, or a comma list"""
     trl_args: dict[str, Any] = field(default_factory=dict)
-    """further TRL GRPOConfig options, passed through unchanged (e.g. {use_vllm: true})"""
+    """further TRL GRPOConfig options, passed through unchanged (e.g. {use_vllm: true}); not those esft sets
+    itself (ESFT_TRL_ARGS: seed, learning_rate, logging_steps, ...), which go through esft's own options"""
     resume: bool = False
     """continue the run in output_dir from its latest checkpoint (step count, optimizer and LR schedule continue)"""
 
@@ -128,6 +129,13 @@ class GRPOConfig(RunConfig):
                 "per_device_train_batch_size", self.per_device_train_batch_size,
                 f"a divisor of prompts_per_step * num_generations = {self.completions_per_step} completions per step "
                 f"({self.completions_per_step} is not a multiple of {self.per_device_train_batch_size})")
+        managed = sorted(set(self.trl_args) & set(ESFT_TRL_ARGS))
+        if managed:
+            raise ConfigError("trl_args", self.trl_args, f"TRL options esft does not set itself; {managed} may not "
+                              "be overridden there: set them through esft's own options (same name where one "
+                              "exists; bf16/fp16: precision, use_cpu: device, steps_per_generation and "
+                              "gradient_accumulation_steps: prompts_per_step, num_generations and "
+                              "per_device_train_batch_size), so that config.yaml records what ran")
         if self.class_balanced and self.scale_rewards == "group":
             raise ConfigError("scale_rewards", self.scale_rewards, "'batch' or 'none' with class_balanced (a "
                               "per-group normalisation cancels a weight shared by the group's completions)")
@@ -281,11 +289,20 @@ def resolve_precision(precision: str, device: str) -> str:
     return "fp32"
 
 
-def to_trl_config(config: GRPOConfig, trl_output_dir: str, precision: str, progress: bool = True):
-    """TRL's GRPOConfig for this run: one generation round per optimizer step (steps_per_generation =
-    gradient_accumulation_steps), logging every step, checkpoints every save_steps and at the end."""
-    from trl import GRPOConfig as TRLGRPOConfig
+#: the TRL GRPOConfig options esft sets itself (trl_arguments); trl_args may not override them
+ESFT_TRL_ARGS = (
+    "output_dir", "seed", "max_steps", "per_device_train_batch_size", "gradient_accumulation_steps",
+    "steps_per_generation", "num_generations", "learning_rate", "optim", "weight_decay", "max_grad_norm",
+    "lr_scheduler_type", "warmup_steps", "epsilon", "beta", "loss_type", "scale_rewards", "num_iterations",
+    "mask_truncated_completions", "temperature", "top_p", "max_completion_length", "bf16", "fp16", "use_cpu",
+    "gradient_checkpointing", "disable_dropout", "logging_steps", "save_strategy", "save_steps", "report_to",
+    "disable_tqdm", "remove_unused_columns", "dataloader_num_workers")
 
+
+def trl_arguments(config: GRPOConfig, trl_output_dir: str, precision: str, progress: bool = True) -> dict[str, Any]:
+    """The keyword arguments of TRL's GRPOConfig for this run (ESFT_TRL_ARGS, then config.trl_args): one
+    generation round per optimizer step (steps_per_generation = gradient_accumulation_steps), logging every step,
+    checkpoints every save_steps and at the end."""
     from esft.tracking import check_backends
 
     save_steps = config.save_steps if config.save_steps > 0 else config.max_steps
@@ -326,9 +343,22 @@ def to_trl_config(config: GRPOConfig, trl_output_dir: str, precision: str, progr
         remove_unused_columns=False,  # the reward needs the example_index column
         dataloader_num_workers=0,
     )
-    overlap = set(config.trl_args) & {"output_dir", "max_steps", "num_generations", "steps_per_generation",
-                                      "gradient_accumulation_steps", "per_device_train_batch_size"}
-    if overlap:
-        raise ValueError(f"trl_args may not override {sorted(overlap)}: set them through esft's own options")
-    args.update(config.trl_args)
-    return TRLGRPOConfig(**args)
+    return {**args, **config.trl_args}
+
+
+def to_trl_config(config: GRPOConfig, trl_output_dir: str, precision: str, progress: bool = True):
+    """TRL's GRPOConfig for this run (trl_arguments). A trl_args key TRL does not know, or `use_vllm` without
+    vLLM installed, is a ConfigError here, which train_grpo reaches before the model loads (TRL itself raises a
+    TypeError, or an ImportError once the trainer is built)."""
+    import dataclasses as dc
+
+    from trl import GRPOConfig as TRLGRPOConfig
+    from trl.import_utils import is_vllm_available
+
+    unknown = sorted(set(config.trl_args) - {f.name for f in dc.fields(TRLGRPOConfig)})
+    if unknown:
+        raise ConfigError("trl_args", config.trl_args, f"options of TRL's GRPOConfig ({unknown} are not)")
+    if config.trl_args.get("use_vllm") and not is_vllm_available():
+        raise ConfigError("trl_args", config.trl_args, "use_vllm only where vLLM is installed: pip install "
+                          "'esft[vllm]'")
+    return TRLGRPOConfig(**trl_arguments(config, trl_output_dir, precision, progress))

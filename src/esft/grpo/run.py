@@ -12,12 +12,15 @@ Resume (`resume=True`) restarts from the latest checkpoint through transformers'
 moments, LR scheduler, RNG and step count), drops log lines written after that checkpoint, and continues. The
 config must match the original run except for RESUMABLE_CHANGES; max_steps may grow only where the LR schedule does
 not depend on it (SCHEDULES_WITHOUT_END: the extended run then equals one started with the larger max_steps).
+An interrupt (Ctrl-C, SIGTERM) first writes the checkpoint of the last finished step (esft.grpo.interrupt), so
+a resume continues from there, not from the last scheduled checkpoint.
 """
 
 from __future__ import annotations
 
 import platform
 import shutil
+import sys
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +32,7 @@ import yaml
 from esft import rundir
 from esft.grpo.grpo_config import (SCHEDULES_WITHOUT_END, GRPOConfig, resolve_precision,
                                    resumable_changes, to_trl_config)
+from esft.grpo.interrupt import StepBoundary
 from esft.grpo.trl_trainer import TRAINER_STATE, EsftGRPOTrainer, TaskReward
 from esft.rundir import CHECKPOINTS, TrainResult, filter_jsonl, read_jsonl
 from esft.tasks.base import format_bonus_warning
@@ -165,6 +169,8 @@ def _train_locked(config: GRPOConfig, out: Path, model: Any, tokenizer: Any, tas
             print(f"{out}: already trained for {start} steps (max_steps {config.max_steps}); nothing to do")
         return GRPOTrainResult(out, start, resume_from, None)
 
+    # before the task and the model: TRL's own option checks (and esft's on trl_args) fail fast
+    trl_args = to_trl_config(config, str(out), precision, progress)
     if task is None:  # before the model: a bad task (file, fields, reward) fails fast
         from esft.tasks import get_task
 
@@ -181,7 +187,6 @@ def _train_locked(config: GRPOConfig, out: Path, model: Any, tokenizer: Any, tas
     model.requires_grad_(True)
     train_set = task.load("train")
 
-    trl_args = to_trl_config(config, str(out), precision, progress)
     trainer_box: list[EsftGRPOTrainer] = []
     reward = TaskReward(task, train_set, config.format_bonus, lambda: trainer_box[0].ledger,
                         config.samples_per_iteration, class_balanced=config.class_balanced)
@@ -218,7 +223,24 @@ def _train_locked(config: GRPOConfig, out: Path, model: Any, tokenizer: Any, tas
     # config.yaml holds the new max_steps: a failure before this leaves the finished run as it was
     if resume_from is not None and resume_from.name == "final":
         resume_from = rundir.demote_final(resume_from, start)
-    trainer.train(resume_from_checkpoint=str(resume_from) if resume_from is not None else None)
+    _train_or_save(trainer, resume_from, progress)
     final = out / CHECKPOINTS / "final"
     return GRPOTrainResult(out, int(trainer.state.global_step), final if final.exists() else None,
                            evaluator.last if evaluator is not None else None, trainer)
+
+
+def _train_or_save(trainer: EsftGRPOTrainer, resume_from: Path | None, progress: bool) -> None:
+    """trainer.train; on Ctrl-C or SIGTERM, first the checkpoint of the last finished step (esft.grpo.interrupt),
+    so that a resume continues from there instead of from the last scheduled checkpoint."""
+    boundary = StepBoundary()
+    trainer.add_callback(boundary)  # last: its on_log of a step follows the step's metrics and evaluation
+    try:
+        trainer.train(resume_from_checkpoint=str(resume_from) if resume_from is not None else None)
+    except KeyboardInterrupt:
+        saved = trainer.save_finished_step(boundary)
+        if progress:
+            done = list_checkpoints(trainer.run_dir)
+            print(f"\ninterrupted at step {trainer.state.global_step}: "
+                  f"{f'saved {saved}' if saved is not None else 'no finished step left to save'}; a resume "
+                  f"continues from step {done[-1][0] if done else 0}", file=sys.stderr, flush=True)
+        raise

@@ -10,7 +10,8 @@ What the subclass adds, each as a thin wrapper around one TRL method (pinned TRL
 - rollouts in bf16 autocast when training uses it (TRL autocasts the loss forward but not `generate`);
 - a prompt order that depends only on (seed, epoch), so a resumed run samples the same prompts as an
   uninterrupted one (TRL's sampler advances one generator across epochs, which a restart re-seeds);
-- checkpoints moved into esft's run-directory layout (`checkpoints/iter_XXXXXX`, `checkpoints/final`);
+- checkpoints moved into esft's run-directory layout (`checkpoints/iter_XXXXXX`, `checkpoints/final`), and
+  the last finished step's checkpoint written when the run is interrupted (esft.grpo.interrupt);
 - no model card (TRL writes one to the output folder and may look the base model up on the hub).
 
 Masks: TRL pads prompts and completions from their lengths (explicit attention masks, never `ids != pad`), and a
@@ -30,6 +31,7 @@ import torch
 from trl import GRPOTrainer
 from trl.trainer.utils import RepeatSampler
 
+from esft.grpo.interrupt import StepBoundary, set_rng_states
 from esft.grpo.ledger import StepLedger
 from esft.rundir import CHECKPOINTS, checkpoint_name, list_checkpoints, prune_checkpoints, replace_dir
 from esft.tasks.base import checks_format, completion_text
@@ -248,6 +250,16 @@ class EsftGRPOTrainer(GRPOTrainer):
         name = "final" if step >= self.state.max_steps else checkpoint_name(step)
         move_checkpoint(src, self.run_dir / CHECKPOINTS / name)
         prune_checkpoints(list_checkpoints(self.run_dir, TRAINER_STATE, "global_step"), self.save_total_limit)
+
+    def save_finished_step(self, boundary: StepBoundary) -> Path | None:
+        """After an interrupt: the checkpoint of the last finished step when it has none yet, with the RNG states
+        of that step's end (esft.grpo.interrupt); None when there is nothing to save."""
+        step = boundary.unsaved_step(self.state)
+        if step is None or boundary.rng is None:
+            return None
+        set_rng_states(boundary.rng)
+        self._save_checkpoint(self.model, trial=None)
+        return self.run_dir / CHECKPOINTS / ("final" if step >= self.state.max_steps else checkpoint_name(step))
 
 
 def masked_k3_kl(logps: torch.Tensor, ref_logps: torch.Tensor, mask: torch.Tensor) -> float:

@@ -1,0 +1,71 @@
+"""The checkpoint of the last finished step when a GRPO run is interrupted (Ctrl-C, SIGTERM).
+
+Checkpoints come every save_steps (by default only the final one), and a resume starts from the newest one and
+drops the log lines after it: without this, a run stopped at step 79 of 80 would restart from step 0. A step is
+finished once its metrics record (and its evaluation, when due) is written; the weights, AdamW state and LR
+schedule then stay those of that step until the next optimizer update begins, so an interrupt outside an update
+can save them. The RNG states saved with them are the ones a scheduled checkpoint of that step would have held
+(taken when the step finished, before the next generation round draws from them), so the resumed run samples
+what an uninterrupted one would.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import numpy as np
+import torch
+from transformers import TrainerCallback
+
+
+def rng_states() -> dict[str, Any]:
+    """The states transformers saves in a checkpoint's rng_state.pth (one process)."""
+    states: dict[str, Any] = {"python": random.getstate(), "numpy": np.random.get_state(),
+                              "cpu": torch.random.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        states["cuda"] = torch.cuda.random.get_rng_state_all()
+    return states
+
+
+def set_rng_states(states: dict[str, Any]) -> None:
+    random.setstate(states["python"])
+    np.random.set_state(states["numpy"])
+    torch.random.set_rng_state(states["cpu"])
+    if "cuda" in states:
+        torch.cuda.random.set_rng_state_all(states["cuda"])
+
+
+class StepBoundary(TrainerCallback):
+    """Tracks whether the trainer's weights and optimizer are those of a finished step. Added after every other
+    callback, so its on_log of a step follows that step's metrics and evaluation records."""
+
+    def __init__(self) -> None:
+        self.finished: int | None = None  # the latest finished step (its records written)
+        self.saved: int | None = None  # the latest step with a checkpoint
+        self.updating = False  # inside an optimizer update: the weights are between two steps
+        self.rng: dict[str, Any] | None = None
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any):
+        self.finished = self.saved = int(state.global_step)  # a fresh run (0) or the checkpoint resumed from
+        self.updating = False
+
+    def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any):
+        self.updating = True
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any):
+        if logs and "train_runtime" not in logs:  # a step's record, not the end-of-training summary
+            self.updating = False
+            self.finished = int(state.global_step)
+            self.rng = rng_states()
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any):
+        self.saved = int(state.global_step)
+
+    def unsaved_step(self, state: Any) -> int | None:
+        """The finished step to checkpoint now, or None: none finished since the last checkpoint, or the weights
+        are mid-update (or a step's records are not all written yet)."""
+        step = int(state.global_step)
+        if self.updating or self.finished != step or step == self.saved or self.rng is None:
+            return None
+        return step
