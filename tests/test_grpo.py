@@ -459,3 +459,24 @@ def test_save_total_limit_keeps_the_newest_checkpoints(tmp_path, tokenizer):
     train_grpo(tiny_config(out, save_steps=1, save_total_limit=1, eval_every=0), model=make_tiny_model(),
                tokenizer=tokenizer, task=ParityTask(), progress=False)
     assert [(s, p.name) for s, p in list_checkpoints(out)] == [(3, "iter_000003"), (4, "final")]
+
+
+def test_loss_types_are_the_installed_trls():
+    """loss_type is checked against the installed TRL's own list (its help text), so a newer TRL's loss type is
+    accepted; the list read from TRL 1.16 is the one esft falls back to."""
+    import trl
+
+    from esft.config import ConfigError
+    from esft.grpo.grpo_config import TRL_LOSS_TYPES, loss_types_in, trl_loss_types
+
+    if trl.__version__ == "1.16.0":
+        assert sorted(trl_loss_types()) == sorted(TRL_LOSS_TYPES)
+    else:
+        assert "grpo" in trl_loss_types()
+    newer = "Specifies the loss. Supported values are 'grpo', 'dapo', and 'new_loss2'. 'grpo': token means..."
+    assert loss_types_in(newer) == ("grpo", "dapo", "new_loss2")
+    assert loss_types_in("no such sentence here") == ()
+    for name in trl_loss_types():
+        assert GRPOConfig(loss_type=name).loss_type == name
+    with pytest.raises(ConfigError, match="a loss type of the installed TRL"):
+        GRPOConfig(loss_type="grpoo")

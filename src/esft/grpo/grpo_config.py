@@ -171,8 +171,37 @@ def transformers_name(enum: str, examples: str) -> Rule:
     return Rule(f"a name of transformers' {enum.rpartition('.')[2]} ({examples}, ...)", ok)
 
 
-#: TRL 1.16's GRPO loss aggregations (GRPOTrainer refuses another only at its first loss, after a generation round)
+#: TRL 1.16's GRPO loss aggregations, used where the installed TRL's own list cannot be read (`trl_loss_types`)
 TRL_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "vespo", "luspo")
+
+
+def trl_loss_types() -> tuple[str, ...]:
+    """The loss types the installed TRL supports, read from its GRPOConfig's `loss_type` help, so that a TRL which
+    adds one is not refused; TRL_LOSS_TYPES where that help cannot be read. GRPOTrainer itself refuses an unknown
+    type only at its first loss, after a generation round."""
+    import dataclasses
+
+    try:
+        from trl import GRPOConfig as TRLGRPOConfig
+    except ImportError:
+        return TRL_LOSS_TYPES
+    fields = {f.name: f for f in dataclasses.fields(TRLGRPOConfig)}
+    help_text = fields["loss_type"].metadata.get("help", "") if "loss_type" in fields else ""
+    return loss_types_in(help_text) or TRL_LOSS_TYPES
+
+
+def loss_types_in(help_text: str) -> tuple[str, ...]:
+    """The names quoted in the sentence "Supported values are 'grpo', 'dr_grpo', ... and 'vespo'." of TRL's help;
+    () without that sentence."""
+    import re
+
+    sentence = re.search(r"Supported values are ([^.]*)\.", help_text)
+    return tuple(re.findall(r"'([a-z0-9_]+)'", sentence.group(1))) if sentence else ()
+
+
+def trl_loss_type() -> Rule:
+    return Rule(f"a loss type of the installed TRL (TRL 1.16's: {', '.join(TRL_LOSS_TYPES)})",
+                lambda value: value in trl_loss_types())
 
 #: what each field accepts beyond its type (esft.config.check_fields); checked whenever a GRPOConfig is built
 RULES: dict[str, Rule] = {
@@ -191,7 +220,7 @@ RULES: dict[str, Rule] = {
     "optim": transformers_name("training_args.OptimizerNames", "adamw_torch, adamw_torch_fused, sgd, adafactor"),
     "lr_scheduler_type": transformers_name("trainer_utils.SchedulerType", "linear, cosine, constant, "
                                            "constant_with_warmup"),
-    "loss_type": one_of(*TRL_LOSS_TYPES),
+    "loss_type": trl_loss_type(),
 }
 GRPOConfig.rules = RULES
 
