@@ -110,6 +110,34 @@ def test_valid_spec_and_shipped_specs_parse(tmp_path):
     yaml.safe_dump(variants["lowrank-es"].to_dict())
 
 
+@pytest.mark.parametrize("new,line,words", [
+    ("  es@2:\n    algorithm: es\n    iterations: 2\n  grpo:\n", 9,
+     ["algorithms.es@2", "seed-42/sequential/es@2/1-countdown", "algorithms.es's"]),
+    ("  grpo->es: {grpo: {max_steps: 1}, es: {iterations: 1}}\n"
+     "  grpo-to-es: {algorithm: grpo->es, es: {iterations: 1}}\n  grpo:\n", 10,
+     ["algorithms.grpo-to-es", "grpo-to-es/1-countdown", "algorithms.grpo->es's"]),
+    ("  my es: {algorithm: grpo, max_steps: 1}\n  my-es: {algorithm: grpo, max_steps: 2}\n  grpo:\n", 10,
+     ["algorithms.my-es", "algorithms.my es's"]),
+])
+def test_labels_that_share_a_folder_are_refused_before_compute(tmp_path, capsys, new, line, words):
+    """Two labels whose stages land in one folder: the later stage used to be skipped as done, reporting the
+    other label's training as its own."""
+    from esft.cli import main
+
+    spec = _spec(tmp_path, GOOD.replace("  grpo:\n", new, 1))
+    with pytest.raises(SpecError) as info:
+        build_plan(spec)
+    message = str(info.value)
+    assert f"spec.yaml:{line}:" in message and "rename one of the two labels" in message, message
+    for word in words:
+        assert word in message, message
+    assert main(["experiment", "run", str(tmp_path / "spec.yaml"), "--output-dir", str(tmp_path / "out"),
+                 "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("esft: error: ") and err.count("\n") == 1 and "rename one" in err, err
+    assert not (tmp_path / "out").exists()
+
+
 def test_task_slug_is_file_safe_readable_and_one_to_one():
     from esft.experiments.plan import task_slug
 
