@@ -68,8 +68,11 @@ def _spec(tmp_path: Path, text: str):
     ("    max_steps: 2\n", "    max_steps: 2\n    class_balanced: true\n    scale_rewards: batch\n", 9,
      ["algorithms.grpo (grpo) on countdown", "class_balanced", "labels"]),
     ("    max_steps: 2\n", "    max_steps: 2\n    eval_balanced: true\n    eval_limit: 100000\n", 9,
-     ["on boolq", "eval_limit = 100000", "rarest label"]),    # a list of budgets shares one run, snapshotted at each budget: a checkpoint limit would delete the snapshots
+     ["on boolq", "eval_limit = 100000", "rarest label"]),
+    # a list of budgets shares one run, snapshotted at each budget: a checkpoint limit would delete the snapshots
     ("    preset: cpu\n", "    preset: cpu\n    save_total_limit: 1\n", 6, ["save_total_limit", "budgets"]),
+    ("name: t\n", "name: t\noutput_dir: [runs, x]\n", 2, ["output_dir must be a folder path"]),
+    ("name: t\n", "name: [a, b]\n", 1, ["name must be a name"]),
 ])
 def test_spec_errors_name_the_line(tmp_path, old, new, line, words):
     assert old in GOOD
@@ -98,6 +101,8 @@ def test_valid_spec_and_shipped_specs_parse(tmp_path):
     assert [t.split(":")[0] for t in study.tasks] == ["countdown", "countdown"] and study.evaluation.balanced
     assert study.method("es").budgets == [15, 30] and study.evaluation.holdout == ["mmlu", "ifeval"]
     assert len(study.seeds) >= 2 and not study.evaluation.for_task("ifeval").balanced
+    # a number is a folder name (the runner joins it into a path: it used to be passed on as an int)
+    assert _spec(tmp_path, GOOD.replace("name: t\n", "name: 7\noutput_dir: 2024\n")).output_dir == "2024"
     compare = load_spec("cpu-compare")  # issue 8: the ES variants and GRPO on one task, with pass@k
     assert [m.label for m in compare.methods] == ["es", "dart-es", "lowrank-es", "grpo"]
     assert compare.evaluation.passk.k == [1, 4] and compare.evaluation.passk.tasks == ["boolq"]

@@ -65,6 +65,17 @@ def check_int(ctx: SpecContext, value: Any, line: int, where: str, minimum: int 
     return value
 
 
+def check_text(ctx: SpecContext, block: LineDict, key: str, what: str) -> str | None:
+    """A scalar top-level value (name, description, output_dir) as text, None when absent; a mapping or a list
+    there is refused at its line (an output_dir of 5 used to fail only when the runner made the folder)."""
+    value = block.get(key)
+    if value is None:
+        return None
+    if isinstance(value, (dict, list, bool)) or value == "":
+        raise ctx.error(block.line_of(key), f"{key} must be {what}, got {value!r}")
+    return str(value)
+
+
 def check_task_list(ctx: SpecContext, value: Any, line: int, where: str,
                     allowed: typing.Sequence[str]) -> list[str]:
     from esft.tasks import get_task, split_task_list
