@@ -239,7 +239,7 @@ def test_es_steps_of_a_chain_get_distinct_noise_streams(tmp_path):
 
     root, smap = tmp_path / "out", {s.key: s for s in stages}
     for key in ("seed-42/sequential/es@2/1-countdown", "seed-42/sequential/es@4/2-math"):
-        old = _fingerprint(smap[key], _step_configs(spec, smap[key], root, smap))
+        old = _fingerprint(spec, smap[key], _step_configs(spec, smap[key], root, smap), smap)
         for entry in old:
             entry["config"].pop("noise_stream", None)
         (root / key).mkdir(parents=True)
@@ -464,6 +464,37 @@ def test_carry_optimizer_state_loads_moments_not_learning_rates(tmp_path):
     for p in model.parameters():
         assert torch.equal(new.state[p]["exp_avg"], old.state[p]["exp_avg"])
     assert new.param_groups[0]["lr"] == 0.5  # the new stage's schedule, not the old stage's last lr
+
+
+def test_turning_on_carry_optimizer_state_after_a_partial_run_is_refused(tmp_path):
+    """sequential.carry_optimizer_state is no trainer field, so it was not in a stage's fingerprint: switching it
+    on after some stages had trained went unnoticed and the experiment mixed stages trained each way."""
+    import dataclasses
+
+    from esft.experiments.runner import STATUS, _step_configs, check_existing
+    from esft.experiments.stage_eval import write_json
+
+    text = GOOD.replace("  grpo:\n", "  grpo->es: {grpo: {max_steps: 1}, es: {iterations: 1}}\n  grpo:\n", 1)
+    spec = _spec(tmp_path, text)
+    stages = build_plan(spec)
+    root, smap = tmp_path / "out", {s.key: s for s in stages}
+    keys = ["seed-42/sequential/grpo/1-countdown", "seed-42/sequential/grpo/2-boolq",
+            "seed-42/sequential/grpo-to-es/1-countdown", "seed-42/sequential/grpo-to-es/2-boolq"]
+    for key in keys:
+        (root / key).mkdir(parents=True)
+        configs = _step_configs(spec, smap[key], root, smap)  # as a run without carried state records them
+        write_json(root / key / STATUS, {"status": "done", "fingerprint": [
+            {"algorithm": st.algorithm, "config": json.loads(json.dumps(dataclasses.asdict(c), default=str))}
+            for st, c in zip(smap[key].steps, configs)]})
+    carried = _spec(tmp_path, text + "sequential: {carry_optimizer_state: true}\n")
+    with pytest.raises(SpecError, match=r"grpo/2-boolq was trained with other options "
+                                        r"\(carry_optimizer_state: None -> True\)"):
+        check_existing(carried, stages, root)
+    # stage 1 starts from the base model, and a chain's GRPO step after ES weights has no AdamW state to carry
+    # (ES with Adam leaves an optimizer.pt of its own): neither changes, so neither is refused
+    import shutil
+    shutil.rmtree(root / keys[1])
+    check_existing(carried, build_plan(carried), root)
 
 
 def test_fingerprints_recorded_before_newer_fields_still_match(tmp_path):

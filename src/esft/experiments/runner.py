@@ -101,9 +101,21 @@ def _step_configs(spec: Spec, stage: Stage, root: Path, stages: dict[str, Stage]
     return configs
 
 
-def _fingerprint(stage: Stage, configs: list[Any]) -> list[dict[str, Any]]:
+def _carries_optimizer(spec: Spec, stage: Stage, stages: dict[str, Stage]) -> bool:
+    """The stage's first step starts from its parent's AdamW moments (spec: sequential.carry_optimizer_state):
+    a GRPO step after a stage whose weights a GRPO step left, with its optimizer.pt."""
+    if not (spec.carry_optimizer_state and stage.parent is not None and stage.steps):
+        return False
+    parent = stages[stage.parent]
+    return stage.steps[0].algorithm == "grpo" and bool(parent.steps) and parent.steps[-1].algorithm == "grpo"
+
+
+def _fingerprint(spec: Spec, stage: Stage, configs: list[Any], stages: dict[str, Stage]) -> list[dict[str, Any]]:
     out = [{"algorithm": step.algorithm, "config": json.loads(json.dumps(dataclasses.asdict(cfg), default=str))}
            for step, cfg in zip(stage.steps, configs)]
+    if _carries_optimizer(spec, stage, stages):
+        # not a trainer field, but it changes what the stage trains; absent when off, as recorded before it counted
+        out[0]["config"]["carry_optimizer_state"] = True
     return comparable(out)
 
 
@@ -157,7 +169,7 @@ def check_existing(spec: Spec, stages: list[Stage], root: Path) -> None:
         old = status.get("fingerprint")
         if not old:
             continue
-        new = _fingerprint(stage, _step_configs(spec, stage, root, smap))
+        new = _fingerprint(spec, stage, _step_configs(spec, stage, root, smap), smap)
         old = comparable(old)
         if old != new:
             raise SpecError(f"{root / stage.key} was trained with other options ({_diff(old, new)}); "
@@ -215,7 +227,7 @@ def _run_step(spec: Spec, stage: Stage, step: Step, config: Any, root: Path, sta
         return
     kwargs: dict[str, Any] = dict(hooks.train_kwargs(step, config) if hooks.train_kwargs else {})
     kwargs.setdefault("progress", hooks.progress)
-    if (spec.carry_optimizer_state and first and step.algorithm == "grpo" and stage.parent is not None):
+    if first and _carries_optimizer(spec, stage, stages):
         previous = root / stages[stage.parent].model_dir()
         if (previous / "optimizer.pt").exists():
             kwargs["callbacks"] = [*kwargs.get("callbacks", ()), _carry_optimizer_callback(previous)]
@@ -251,7 +263,7 @@ def run_stage(spec: Spec, stage: Stage, root: Path, stages: dict[str, Stage], ho
     status.update({"status": "running", "started": _now(), "attempts": int(status.get("attempts", 0)) + 1,
                    "pid": os.getpid()})
     if configs:
-        status["fingerprint"] = _fingerprint(stage, configs)
+        status["fingerprint"] = _fingerprint(spec, stage, configs, stages)
     write_json(folder / STATUS, status)
     load_model = hooks.load_model or _default_load_model
     t0 = time.perf_counter()
