@@ -381,6 +381,23 @@ def test_tables_from_hand_made_stage_records(tmp_path):
     assert (root / "tables" / "results.csv").read_text().count("\n") == 1 + 4 + 7 * 4
 
 
+def test_results_csv_keeps_seed_zero(tmp_path):
+    """results.csv printed seed 0 as an empty cell, the base stage's mark, so seed 0's rows lost their seed."""
+    from esft.experiments.study_tables import results_csv
+
+    root = tmp_path / "exp"
+    spec = {"name": "s", "kind": "single-task", "model": "m", "tasks": ["countdown"], "seeds": [0, 1],
+            "evaluation": {"holdout": [], "limit": 10, "max_new_tokens": 8, "per_task": {}}}
+    stages = [_stage("base", kind="base")] + [
+        _stage(f"seed-{seed}/single-task/countdown/es", seed=seed, track="es", display="ES", task="countdown",
+               index=1) for seed in (0, 1)]
+    results = {"base": _rec({"countdown": 20}), "seed-0/single-task/countdown/es": _rec({"countdown": 30}),
+               "seed-1/single-task/countdown/es": _rec({"countdown": 40})}
+    _write(root, spec, stages, results)
+    rows = [line.split(",")[:2] for line in results_csv(load_experiment(root)).splitlines()[1:]]
+    assert rows == [["base", ""], ["seed-0/single-task/countdown/es", "0"], ["seed-1/single-task/countdown/es", "1"]]
+
+
 def test_table1_layout(tmp_path):
     root = tmp_path / "exp"
     spec = {"name": "s", "kind": "single-task", "model": "m", "tasks": ["countdown", "math"], "seeds": [42],
