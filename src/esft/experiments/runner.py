@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from esft.experiments.algorithms import ALGORITHMS, get_algorithm
-from esft.experiments.stage_eval import evaluate_stage, read_json, write_json
+from esft.experiments.stage_eval import evaluate_stage, read_json, same_model, write_json
 from esft.experiments.plan import BASE, Stage, Step, as_dict, build_plan, describe, has_noise_stream
 from esft.experiments.spec import Spec
 from esft.experiments.yamlines import SpecError
@@ -171,6 +171,10 @@ def check_existing(spec: Spec, stages: list[Stage], root: Path) -> None:
             continue
         new = _fingerprint(spec, stage, _step_configs(spec, stage, root, smap), smap)
         old = comparable(old)
+        for before, now in zip(old, new):  # the start weights, where the experiment folder has moved (same_model)
+            model = before["config"].get("model")
+            if isinstance(model, str) and same_model(model, str(now["config"].get("model")), root, True):
+                before["config"]["model"] = now["config"].get("model")
         if old != new:
             raise SpecError(f"{root / stage.key} was trained with other options ({_diff(old, new)}); "
                             f"use another --output-dir, or delete that stage folder (and those after it) to retrain")
@@ -277,7 +281,7 @@ def run_stage(spec: Spec, stage: Stage, root: Path, stages: dict[str, Stage], ho
         status["trained"] = True
         write_json(folder / STATUS, status)
     t1 = time.perf_counter()
-    evals = evaluate_stage(spec, model, stage.eval_tasks, folder, load_model, hooks.progress)
+    evals = evaluate_stage(spec, model, stage.eval_tasks, folder, load_model, hooks.progress, root)
     _free_memory(hooks)
     record = _stage_record(spec, stage, root, configs, evals,
                            {"train": t_train, "eval": time.perf_counter() - t1})
@@ -387,7 +391,7 @@ def _evaluation_current(spec: Spec, stage: Stage, root: Path) -> bool:
     from esft.experiments.stage_eval import is_current
 
     model = spec.model if stage.kind == BASE else str((root / stage.model_dir()).resolve())
-    return all(is_current(root / stage.key, spec, task, model) for task in stage.eval_tasks)
+    return all(is_current(root / stage.key, spec, task, model, root) for task in stage.eval_tasks)
 
 
 def _visit(spec: Spec, stage: Stage, root: Path, smap: dict[str, Stage], hooks: Hooks, tag: str) -> str:
