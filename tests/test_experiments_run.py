@@ -309,3 +309,23 @@ def test_a_moved_folder_and_an_added_budget_resume_without_retraining(tmp_path, 
     assert _json(run / "iter_000002/es_state.json")["step"] == 2 and _json(run / "final/es_state.json")["step"] == 3
     assert _json(moved / seq / "es@2/1-countdown/result.json")["model"].endswith("checkpoints/iter_000002")
 
+
+def test_dropping_the_largest_budget_is_refused_not_evaluated_on_later_weights(tmp_path, tokenizer):
+    """ES budgets [1, 2, 3] share one run; listing [1, 2] afterwards made budget 2 the run's last, read from its
+    final checkpoint, which holds step 3: ES (iter=2) was evaluated and reported on step 3's weights."""
+    spec_path = write_spec(tmp_path / "single.yaml", "single-task", ["boolq"],
+                           {"es": {**ES_BLOCK, "iterations": [1, 2, 3]}},
+                           evaluation={"limit": 1, "max_new_tokens": 2, "batch_size": 8, "holdout": []})
+    out = tmp_path / "out"
+    tiny = TinyHooks(tokenizer)
+    assert run_experiment(load_spec(spec_path), out, tiny.hooks).ok
+    before = _json(out / "seed-42/single-task/boolq/es@2/result.json")
+    data = yaml.safe_load(spec_path.read_text())
+    data["algorithms"]["es"]["iterations"] = [1, 2]
+    spec_path.write_text(yaml.safe_dump(data))
+    tiny.trained.clear()
+    result = run_experiment(load_spec(spec_path), out, tiny.hooks)
+    stage = out / "seed-42/single-task/boolq/es@2"
+    assert result.statuses["seed-42/single-task/boolq/es@2"] == "failed" and tiny.trained == []
+    assert "has trained to 3 steps, past this stage's budget of 2" in _json(stage / "status.json")["error"]
+    assert _json(stage / "result.json") == before  # the record of step 2's weights is kept

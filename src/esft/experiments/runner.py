@@ -228,6 +228,11 @@ def _run_step(spec: Spec, stage: Stage, step: Step, config: Any, root: Path, sta
             if done != step.budget:
                 raise RuntimeError(f"{run_dir} is past {step.budget} steps and its snapshot {model_dir} is missing")
             snapshot_checkpoint(run_dir / "checkpoints" / "final", model_dir)
+        elif not step.snapshot and done > step.budget:
+            # the run served a larger budget the spec no longer lists: its final weights are not this budget's
+            raise RuntimeError(f"{run_dir} has trained to {done} steps, past this stage's budget of {step.budget}, "
+                               f"so {model_dir} holds other weights; list the larger budget again (the run keeps a "
+                               f"snapshot at each listed budget) or use another --output-dir")
         return
     kwargs: dict[str, Any] = dict(hooks.train_kwargs(step, config) if hooks.train_kwargs else {})
     kwargs.setdefault("progress", hooks.progress)
