@@ -71,6 +71,13 @@ def _spec(tmp_path: Path, text: str):
      ["on boolq", "eval_limit = 100000", "rarest label"]),
     # a list of budgets shares one run, snapshotted at each budget: a checkpoint limit would delete the snapshots
     ("    preset: cpu\n", "    preset: cpu\n    save_total_limit: 1\n", 6, ["save_total_limit", "budgets"]),
+    # evaluated tasks are built and their test split checked before compute: these failed after each stage's training
+    ("  limit: 3\n", "  limit: 3\n  holdout: [/nonexistent/held.jsonl]\n", 13,
+     ["evaluation of /nonexistent/held.jsonl", "does not exist"]),
+    ("  limit: 3\n", "  limit: 100000\n  balanced: true\n", 12, ["evaluation of boolq (balanced)", "limit 100000",
+                                                                 "rarest label"]),
+    ("tasks: [countdown, boolq]", "tasks: [countdown, /nonexistent/train.jsonl]", 6,
+     ["algorithms.es (es) on /nonexistent/train.jsonl", "does not exist"]),
     ("name: t\n", "name: t\noutput_dir: [runs, x]\n", 2, ["output_dir must be a folder path"]),
     ("name: t\n", "name: [a, b]\n", 1, ["name must be a name"]),
 ])
@@ -160,7 +167,8 @@ def test_task_slug_is_file_safe_readable_and_one_to_one():
 def test_balanced_evaluation_reaches_the_stage_settings(tmp_path):
     from esft.experiments.stage_eval import task_settings
 
-    spec = _spec(tmp_path, GOOD.replace("  limit: 3\n", "  limit: 3\n  balanced: true\n"
+    # (a limit of 4: a balanced subset of MMLU's 4 answer letters needs at least one question of each)
+    spec = _spec(tmp_path, GOOD.replace("  limit: 3\n", "  limit: 4\n  balanced: true\n"
                                         "  per_task: {boolq: {balanced: false}}\n"))
     assert spec.evaluation.for_task("countdown").balanced and not spec.evaluation.for_task("boolq").balanced
     assert task_settings(spec, "countdown", "m")["balanced"] is True
