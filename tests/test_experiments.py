@@ -68,8 +68,18 @@ def _spec(tmp_path: Path, text: str):
     ("    max_steps: 2\n", "    max_steps: 2\n    class_balanced: true\n    scale_rewards: batch\n", 9,
      ["algorithms.grpo (grpo) on countdown", "class_balanced", "labels"]),
     ("    max_steps: 2\n", "    max_steps: 2\n    eval_balanced: true\n    eval_limit: 100000\n", 9,
-     ["on boolq", "eval_limit = 100000", "rarest label"]),    # a list of budgets shares one run, snapshotted at each budget: a checkpoint limit would delete the snapshots
+     ["on boolq", "eval_limit = 100000", "rarest label"]),
+    # a list of budgets shares one run, snapshotted at each budget: a checkpoint limit would delete the snapshots
     ("    preset: cpu\n", "    preset: cpu\n    save_total_limit: 1\n", 6, ["save_total_limit", "budgets"]),
+    # evaluated tasks are built and their test split checked before compute: these failed after each stage's training
+    ("  limit: 3\n", "  limit: 3\n  holdout: [/nonexistent/held.jsonl]\n", 13,
+     ["evaluation of /nonexistent/held.jsonl", "does not exist"]),
+    ("  limit: 3\n", "  limit: 100000\n  balanced: true\n", 12, ["evaluation of boolq (balanced)", "limit 100000",
+                                                                 "rarest label"]),
+    ("tasks: [countdown, boolq]", "tasks: [countdown, /nonexistent/train.jsonl]", 6,
+     ["algorithms.es (es) on /nonexistent/train.jsonl", "does not exist"]),
+    ("name: t\n", "name: t\noutput_dir: [runs, x]\n", 2, ["output_dir must be a folder path"]),
+    ("name: t\n", "name: [a, b]\n", 1, ["name must be a name"]),
 ])
 def test_spec_errors_name_the_line(tmp_path, old, new, line, words):
     assert old in GOOD
@@ -98,6 +108,8 @@ def test_valid_spec_and_shipped_specs_parse(tmp_path):
     assert [t.split(":")[0] for t in study.tasks] == ["countdown", "countdown"] and study.evaluation.balanced
     assert study.method("es").budgets == [15, 30] and study.evaluation.holdout == ["mmlu", "ifeval"]
     assert len(study.seeds) >= 2 and not study.evaluation.for_task("ifeval").balanced
+    # a number is a folder name (the runner joins it into a path: it used to be passed on as an int)
+    assert _spec(tmp_path, GOOD.replace("name: t\n", "name: 7\noutput_dir: 2024\n")).output_dir == "2024"
     compare = load_spec("cpu-compare")  # issue 8: the ES variants and GRPO on one task, with pass@k
     assert [m.label for m in compare.methods] == ["es", "dart-es", "lowrank-es", "grpo"]
     assert compare.evaluation.passk.k == [1, 4] and compare.evaluation.passk.tasks == ["boolq"]
@@ -108,6 +120,34 @@ def test_valid_spec_and_shipped_specs_parse(tmp_path):
     assert type(variants["lowrank-es"].generation_options) is dict
     import yaml
     yaml.safe_dump(variants["lowrank-es"].to_dict())
+
+
+@pytest.mark.parametrize("new,line,words", [
+    ("  es@2:\n    algorithm: es\n    iterations: 2\n  grpo:\n", 9,
+     ["algorithms.es@2", "seed-42/sequential/es@2/1-countdown", "algorithms.es's"]),
+    ("  grpo->es: {grpo: {max_steps: 1}, es: {iterations: 1}}\n"
+     "  grpo-to-es: {algorithm: grpo->es, es: {iterations: 1}}\n  grpo:\n", 10,
+     ["algorithms.grpo-to-es", "grpo-to-es/1-countdown", "algorithms.grpo->es's"]),
+    ("  my es: {algorithm: grpo, max_steps: 1}\n  my-es: {algorithm: grpo, max_steps: 2}\n  grpo:\n", 10,
+     ["algorithms.my-es", "algorithms.my es's"]),
+])
+def test_labels_that_share_a_folder_are_refused_before_compute(tmp_path, capsys, new, line, words):
+    """Two labels whose stages land in one folder: the later stage used to be skipped as done, reporting the
+    other label's training as its own."""
+    from esft.cli import main
+
+    spec = _spec(tmp_path, GOOD.replace("  grpo:\n", new, 1))
+    with pytest.raises(SpecError) as info:
+        build_plan(spec)
+    message = str(info.value)
+    assert f"spec.yaml:{line}:" in message and "rename one of the two labels" in message, message
+    for word in words:
+        assert word in message, message
+    assert main(["experiment", "run", str(tmp_path / "spec.yaml"), "--output-dir", str(tmp_path / "out"),
+                 "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("esft: error: ") and err.count("\n") == 1 and "rename one" in err, err
+    assert not (tmp_path / "out").exists()
 
 
 def test_task_slug_is_file_safe_readable_and_one_to_one():
@@ -127,7 +167,8 @@ def test_task_slug_is_file_safe_readable_and_one_to_one():
 def test_balanced_evaluation_reaches_the_stage_settings(tmp_path):
     from esft.experiments.stage_eval import task_settings
 
-    spec = _spec(tmp_path, GOOD.replace("  limit: 3\n", "  limit: 3\n  balanced: true\n"
+    # (a limit of 4: a balanced subset of MMLU's 4 answer letters needs at least one question of each)
+    spec = _spec(tmp_path, GOOD.replace("  limit: 3\n", "  limit: 4\n  balanced: true\n"
                                         "  per_task: {boolq: {balanced: false}}\n"))
     assert spec.evaluation.for_task("countdown").balanced and not spec.evaluation.for_task("boolq").balanced
     assert task_settings(spec, "countdown", "m")["balanced"] is True
@@ -206,7 +247,7 @@ def test_es_steps_of_a_chain_get_distinct_noise_streams(tmp_path):
 
     root, smap = tmp_path / "out", {s.key: s for s in stages}
     for key in ("seed-42/sequential/es@2/1-countdown", "seed-42/sequential/es@4/2-math"):
-        old = _fingerprint(smap[key], _step_configs(spec, smap[key], root, smap))
+        old = _fingerprint(spec, smap[key], _step_configs(spec, smap[key], root, smap), smap)
         for entry in old:
             entry["config"].pop("noise_stream", None)
         (root / key).mkdir(parents=True)
@@ -348,6 +389,23 @@ def test_tables_from_hand_made_stage_records(tmp_path):
     assert (root / "tables" / "results.csv").read_text().count("\n") == 1 + 4 + 7 * 4
 
 
+def test_results_csv_keeps_seed_zero(tmp_path):
+    """results.csv printed seed 0 as an empty cell, the base stage's mark, so seed 0's rows lost their seed."""
+    from esft.experiments.study_tables import results_csv
+
+    root = tmp_path / "exp"
+    spec = {"name": "s", "kind": "single-task", "model": "m", "tasks": ["countdown"], "seeds": [0, 1],
+            "evaluation": {"holdout": [], "limit": 10, "max_new_tokens": 8, "per_task": {}}}
+    stages = [_stage("base", kind="base")] + [
+        _stage(f"seed-{seed}/single-task/countdown/es", seed=seed, track="es", display="ES", task="countdown",
+               index=1) for seed in (0, 1)]
+    results = {"base": _rec({"countdown": 20}), "seed-0/single-task/countdown/es": _rec({"countdown": 30}),
+               "seed-1/single-task/countdown/es": _rec({"countdown": 40})}
+    _write(root, spec, stages, results)
+    rows = [line.split(",")[:2] for line in results_csv(load_experiment(root)).splitlines()[1:]]
+    assert rows == [["base", ""], ["seed-0/single-task/countdown/es", "0"], ["seed-1/single-task/countdown/es", "1"]]
+
+
 def test_table1_layout(tmp_path):
     root = tmp_path / "exp"
     spec = {"name": "s", "kind": "single-task", "model": "m", "tasks": ["countdown", "math"], "seeds": [42],
@@ -431,6 +489,37 @@ def test_carry_optimizer_state_loads_moments_not_learning_rates(tmp_path):
     for p in model.parameters():
         assert torch.equal(new.state[p]["exp_avg"], old.state[p]["exp_avg"])
     assert new.param_groups[0]["lr"] == 0.5  # the new stage's schedule, not the old stage's last lr
+
+
+def test_turning_on_carry_optimizer_state_after_a_partial_run_is_refused(tmp_path):
+    """sequential.carry_optimizer_state is no trainer field, so it was not in a stage's fingerprint: switching it
+    on after some stages had trained went unnoticed and the experiment mixed stages trained each way."""
+    import dataclasses
+
+    from esft.experiments.runner import STATUS, _step_configs, check_existing
+    from esft.experiments.stage_eval import write_json
+
+    text = GOOD.replace("  grpo:\n", "  grpo->es: {grpo: {max_steps: 1}, es: {iterations: 1}}\n  grpo:\n", 1)
+    spec = _spec(tmp_path, text)
+    stages = build_plan(spec)
+    root, smap = tmp_path / "out", {s.key: s for s in stages}
+    keys = ["seed-42/sequential/grpo/1-countdown", "seed-42/sequential/grpo/2-boolq",
+            "seed-42/sequential/grpo-to-es/1-countdown", "seed-42/sequential/grpo-to-es/2-boolq"]
+    for key in keys:
+        (root / key).mkdir(parents=True)
+        configs = _step_configs(spec, smap[key], root, smap)  # as a run without carried state records them
+        write_json(root / key / STATUS, {"status": "done", "fingerprint": [
+            {"algorithm": st.algorithm, "config": json.loads(json.dumps(dataclasses.asdict(c), default=str))}
+            for st, c in zip(smap[key].steps, configs)]})
+    carried = _spec(tmp_path, text + "sequential: {carry_optimizer_state: true}\n")
+    with pytest.raises(SpecError, match=r"grpo/2-boolq was trained with other options "
+                                        r"\(carry_optimizer_state: None -> True\)"):
+        check_existing(carried, stages, root)
+    # stage 1 starts from the base model, and a chain's GRPO step after ES weights has no AdamW state to carry
+    # (ES with Adam leaves an optimizer.pt of its own): neither changes, so neither is refused
+    import shutil
+    shutil.rmtree(root / keys[1])
+    check_existing(carried, build_plan(carried), root)
 
 
 def test_fingerprints_recorded_before_newer_fields_still_match(tmp_path):

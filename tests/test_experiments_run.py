@@ -276,3 +276,56 @@ def test_wall_time_of_a_sigkilled_invocation_is_recovered(tmp_path, tokenizer):
     assert killed["wall_s"] == 750.0 and killed["killed"] and killed["interrupted"]
     assert this["interrupted"] is False and not (out / HEARTBEAT).exists()
     assert "Wall time of all" in (out / "tables/tables.md").read_text()
+
+
+def test_a_moved_folder_and_an_added_budget_resume_without_retraining(tmp_path, tokenizer):
+    """Stage records keep absolute paths of the weights a stage started from and was evaluated on: an experiment
+    folder moved (or copied) elsewhere was refused as "trained with other options (model: ...)", and adding a
+    larger budget to a sequential ES list was refused the same way (stage 1 of the old largest budget now starts
+    from its snapshot, the same weights as the run's final then)."""
+    import shutil
+
+    spec_path = write_spec(tmp_path / "seq.yaml", "sequential", ["countdown", "boolq"],
+                           {"es": {**ES_BLOCK, "iterations": [1, 2]}},
+                           evaluation={"limit": 1, "max_new_tokens": 2, "batch_size": 8, "holdout": []})
+    tiny = TinyHooks(tokenizer)
+    assert run_experiment(load_spec(spec_path), tmp_path / "out", tiny.hooks).ok
+    moved = tmp_path / "elsewhere" / "out"
+    shutil.move(str(tmp_path / "out"), str(moved))
+    again, loads = TinyHooks(tokenizer), []
+    again.hooks.load_model = lambda *a: loads.append(a) or tiny.load_model(*a)
+    result = run_experiment(load_spec(spec_path), moved, again.hooks)
+    assert result.ok and again.trained == [] and loads == []  # nothing trained, nothing evaluated again
+
+    data = yaml.safe_load(spec_path.read_text())
+    data["algorithms"]["es"]["iterations"] = [1, 2, 3]
+    spec_path.write_text(yaml.safe_dump(data))
+    result = run_experiment(load_spec(spec_path), moved, again.hooks)
+    seq = "seed-42/sequential"
+    assert result.ok, result.statuses
+    # only the new budget trains: the shared stage-1 run continues from 2 to 3, then its stage 2
+    assert again.trained == [("es", f"{seq}/es/1-countdown/run"), ("es", f"{seq}/es@3/2-boolq/run")]
+    run = moved / seq / "es/1-countdown/run/checkpoints"
+    assert _json(run / "iter_000002/es_state.json")["step"] == 2 and _json(run / "final/es_state.json")["step"] == 3
+    assert _json(moved / seq / "es@2/1-countdown/result.json")["model"].endswith("checkpoints/iter_000002")
+
+
+def test_dropping_the_largest_budget_is_refused_not_evaluated_on_later_weights(tmp_path, tokenizer):
+    """ES budgets [1, 2, 3] share one run; listing [1, 2] afterwards made budget 2 the run's last, read from its
+    final checkpoint, which holds step 3: ES (iter=2) was evaluated and reported on step 3's weights."""
+    spec_path = write_spec(tmp_path / "single.yaml", "single-task", ["boolq"],
+                           {"es": {**ES_BLOCK, "iterations": [1, 2, 3]}},
+                           evaluation={"limit": 1, "max_new_tokens": 2, "batch_size": 8, "holdout": []})
+    out = tmp_path / "out"
+    tiny = TinyHooks(tokenizer)
+    assert run_experiment(load_spec(spec_path), out, tiny.hooks).ok
+    before = _json(out / "seed-42/single-task/boolq/es@2/result.json")
+    data = yaml.safe_load(spec_path.read_text())
+    data["algorithms"]["es"]["iterations"] = [1, 2]
+    spec_path.write_text(yaml.safe_dump(data))
+    tiny.trained.clear()
+    result = run_experiment(load_spec(spec_path), out, tiny.hooks)
+    stage = out / "seed-42/single-task/boolq/es@2"
+    assert result.statuses["seed-42/single-task/boolq/es@2"] == "failed" and tiny.trained == []
+    assert "has trained to 3 steps, past this stage's budget of 2" in _json(stage / "status.json")["error"]
+    assert _json(stage / "result.json") == before  # the record of step 2's weights is kept

@@ -153,7 +153,8 @@ def _steps(spec: Spec, method: Method, task: str, seed: int, run_base: str, budg
 
 
 def build_plan(spec: Spec) -> list[Stage]:
-    """Every stage of the experiment, in execution order (seed by seed; a stage comes after its prerequisites)."""
+    """Every stage of the experiment, in execution order (seed by seed; a stage comes after its prerequisites).
+    SpecError when two labels of the spec would share a folder."""
     ev = spec.evaluation
     stages = [Stage(key=BASE, kind="base", eval_tasks=ev.all_tasks)]
     for seed in spec.seeds:
@@ -161,6 +162,7 @@ def build_plan(spec: Spec) -> list[Stage]:
             stages += _single_task(spec, seed)
         else:
             stages += _sequential(spec, seed)
+    _check_folders(spec, stages)
     return stages
 
 
@@ -214,6 +216,31 @@ def _sequential(spec: Spec, seed: int) -> list[Stage]:
                                  eval_tasks=ev.all_tasks, budget=t.budget))
                 parent = key
     return out
+
+
+def _check_folders(spec: Spec, stages: list[Stage]) -> None:
+    """Every stage and every run of the plan in a folder of its own: labels that differ only in characters the
+    folder names drop (`my es` / `my-es`, `grpo->es` / `grpo-to-es`) or that spell another label's budget track
+    (`es@100` beside `es: {iterations: [100, 300]}`) would otherwise train into one folder, and the later stage
+    would be skipped as done with the other's result. SpecError naming the second label's line. The budget
+    tracks of one label share its run on purpose (one ES run snapshotted at each budget)."""
+    from esft.experiments.yamlines import SpecError
+
+    stage_owner: dict[str, str] = {}
+    run_owner: dict[str, str] = {}
+    for stage in stages:
+        label = stage.label or ""
+        clashes = [(stage.key, stage_owner.get(stage.key))]
+        clashes += [(step.run_dir, run_owner.get(step.run_dir)) for step in stage.steps]
+        stage_owner[stage.key] = label
+        for step in stage.steps:
+            run_owner.setdefault(step.run_dir, label)
+        for folder, first in clashes:
+            if first is not None and (first != label or folder == stage.key):
+                line = spec.method(label).line
+                where = f"{spec.path or '<spec>'}:{line}" if line else spec.path or "<spec>"
+                raise SpecError(f"{where}: algorithms.{label} would train in the folder {folder}, which is "
+                                f"algorithms.{first}'s; rename one of the two labels")
 
 
 def describe(stages: list[Stage]) -> str:

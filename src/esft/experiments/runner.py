@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from esft.experiments.algorithms import ALGORITHMS, get_algorithm
-from esft.experiments.stage_eval import evaluate_stage, read_json, write_json
+from esft.experiments.stage_eval import evaluate_stage, read_json, same_model, write_json
 from esft.experiments.plan import BASE, Stage, Step, as_dict, build_plan, describe, has_noise_stream
 from esft.experiments.spec import Spec
 from esft.experiments.yamlines import SpecError
@@ -101,9 +101,21 @@ def _step_configs(spec: Spec, stage: Stage, root: Path, stages: dict[str, Stage]
     return configs
 
 
-def _fingerprint(stage: Stage, configs: list[Any]) -> list[dict[str, Any]]:
+def _carries_optimizer(spec: Spec, stage: Stage, stages: dict[str, Stage]) -> bool:
+    """The stage's first step starts from its parent's AdamW moments (spec: sequential.carry_optimizer_state):
+    a GRPO step after a stage whose weights a GRPO step left, with its optimizer.pt."""
+    if not (spec.carry_optimizer_state and stage.parent is not None and stage.steps):
+        return False
+    parent = stages[stage.parent]
+    return stage.steps[0].algorithm == "grpo" and bool(parent.steps) and parent.steps[-1].algorithm == "grpo"
+
+
+def _fingerprint(spec: Spec, stage: Stage, configs: list[Any], stages: dict[str, Stage]) -> list[dict[str, Any]]:
     out = [{"algorithm": step.algorithm, "config": json.loads(json.dumps(dataclasses.asdict(cfg), default=str))}
            for step, cfg in zip(stage.steps, configs)]
+    if _carries_optimizer(spec, stage, stages):
+        # not a trainer field, but it changes what the stage trains; absent when off, as recorded before it counted
+        out[0]["config"]["carry_optimizer_state"] = True
     return comparable(out)
 
 
@@ -157,8 +169,12 @@ def check_existing(spec: Spec, stages: list[Stage], root: Path) -> None:
         old = status.get("fingerprint")
         if not old:
             continue
-        new = _fingerprint(stage, _step_configs(spec, stage, root, smap))
+        new = _fingerprint(spec, stage, _step_configs(spec, stage, root, smap), smap)
         old = comparable(old)
+        for before, now in zip(old, new):  # the start weights, where the experiment folder has moved (same_model)
+            model = before["config"].get("model")
+            if isinstance(model, str) and same_model(model, str(now["config"].get("model")), root, True):
+                before["config"]["model"] = now["config"].get("model")
         if old != new:
             raise SpecError(f"{root / stage.key} was trained with other options ({_diff(old, new)}); "
                             f"use another --output-dir, or delete that stage folder (and those after it) to retrain")
@@ -212,10 +228,15 @@ def _run_step(spec: Spec, stage: Stage, step: Step, config: Any, root: Path, sta
             if done != step.budget:
                 raise RuntimeError(f"{run_dir} is past {step.budget} steps and its snapshot {model_dir} is missing")
             snapshot_checkpoint(run_dir / "checkpoints" / "final", model_dir)
+        elif not step.snapshot and done > step.budget:
+            # the run served a larger budget the spec no longer lists: its final weights are not this budget's
+            raise RuntimeError(f"{run_dir} has trained to {done} steps, past this stage's budget of {step.budget}, "
+                               f"so {model_dir} holds other weights; list the larger budget again (the run keeps a "
+                               f"snapshot at each listed budget) or use another --output-dir")
         return
     kwargs: dict[str, Any] = dict(hooks.train_kwargs(step, config) if hooks.train_kwargs else {})
     kwargs.setdefault("progress", hooks.progress)
-    if (spec.carry_optimizer_state and first and step.algorithm == "grpo" and stage.parent is not None):
+    if first and _carries_optimizer(spec, stage, stages):
         previous = root / stages[stage.parent].model_dir()
         if (previous / "optimizer.pt").exists():
             kwargs["callbacks"] = [*kwargs.get("callbacks", ()), _carry_optimizer_callback(previous)]
@@ -251,7 +272,7 @@ def run_stage(spec: Spec, stage: Stage, root: Path, stages: dict[str, Stage], ho
     status.update({"status": "running", "started": _now(), "attempts": int(status.get("attempts", 0)) + 1,
                    "pid": os.getpid()})
     if configs:
-        status["fingerprint"] = _fingerprint(stage, configs)
+        status["fingerprint"] = _fingerprint(spec, stage, configs, stages)
     write_json(folder / STATUS, status)
     load_model = hooks.load_model or _default_load_model
     t0 = time.perf_counter()
@@ -265,7 +286,7 @@ def run_stage(spec: Spec, stage: Stage, root: Path, stages: dict[str, Stage], ho
         status["trained"] = True
         write_json(folder / STATUS, status)
     t1 = time.perf_counter()
-    evals = evaluate_stage(spec, model, stage.eval_tasks, folder, load_model, hooks.progress)
+    evals = evaluate_stage(spec, model, stage.eval_tasks, folder, load_model, hooks.progress, root)
     _free_memory(hooks)
     record = _stage_record(spec, stage, root, configs, evals,
                            {"train": t_train, "eval": time.perf_counter() - t1})
@@ -375,7 +396,7 @@ def _evaluation_current(spec: Spec, stage: Stage, root: Path) -> bool:
     from esft.experiments.stage_eval import is_current
 
     model = spec.model if stage.kind == BASE else str((root / stage.model_dir()).resolve())
-    return all(is_current(root / stage.key, spec, task, model) for task in stage.eval_tasks)
+    return all(is_current(root / stage.key, spec, task, model, root) for task in stage.eval_tasks)
 
 
 def _visit(spec: Spec, stage: Stage, root: Path, smap: dict[str, Stage], hooks: Hooks, tag: str) -> str:

@@ -30,7 +30,8 @@ from typing import Any
 
 from esft.experiments.algorithms import ALGORITHMS, Algorithm, get_algorithm
 from esft.experiments.spec_checks import (
-    SpecContext, as_mapping, check_int, check_keys, check_options, check_task_fit, check_task_list, did_you_mean,
+    SpecContext, as_mapping, check_evaluated_tasks, check_int, check_keys, check_options, check_task_fit,
+    check_task_list, check_text, did_you_mean,
 )
 from esft.experiments.yamlines import LineDict, LineList, SpecError, load_file
 
@@ -415,11 +416,13 @@ def parse_spec(data: Any, path: str = "<spec>", name: str | None = None) -> Spec
     if metric not in IFEVAL_METRICS:
         raise ctx.error(tables.line_of("ifeval_metric"), f"tables.ifeval_metric must be one of "
                                                           f"{', '.join(IFEVAL_METRICS)}, got {metric!r}")
-    spec = Spec(name=str(data.get("name") or name or "experiment"), kind=kind, model=model, tasks=tasks,
-                seeds=seeds, methods=methods, evaluation=evaluation, task_options=task_options,
-                carry_optimizer_state=carry, ifeval_metric=metric, output_dir=data.get("output_dir"),
-                description=str(data.get("description") or ""), path=path)
+    spec = Spec(name=check_text(ctx, data, "name", "a name") or name or "experiment", kind=kind, model=model,
+                tasks=tasks, seeds=seeds, methods=methods, evaluation=evaluation, task_options=task_options,
+                carry_optimizer_state=carry, ifeval_metric=metric,
+                output_dir=check_text(ctx, data, "output_dir", "a folder path"),
+                description=check_text(ctx, data, "description", "a text") or "", path=path)
     _check_configs(ctx, spec, data)
+    check_evaluated_tasks(ctx, spec, data)
     return spec
 
 
@@ -441,7 +444,7 @@ def _check_configs(ctx: SpecContext, spec: Spec, data: LineDict) -> None:
                             # the budgets share one run, snapshotted at each budget as a numbered checkpoint
                             raise ValueError("save_total_limit would delete the checkpoints this method keeps at "
                                              "each of its budgets; leave it at 0 with a list of budgets")
-                    except (ValueError, TypeError) as exc:
+                    except (ValueError, TypeError, FileNotFoundError) as exc:  # a data file task that is not there
                         raise ctx.error(line, f"algorithms.{method.label} ({comp.algorithm}) on {task}: {exc}") \
                             from None
 

@@ -65,6 +65,17 @@ def check_int(ctx: SpecContext, value: Any, line: int, where: str, minimum: int 
     return value
 
 
+def check_text(ctx: SpecContext, block: LineDict, key: str, what: str) -> str | None:
+    """A scalar top-level value (name, description, output_dir) as text, None when absent; a mapping or a list
+    there is refused at its line (an output_dir of 5 used to fail only when the runner made the folder)."""
+    value = block.get(key)
+    if value is None:
+        return None
+    if isinstance(value, (dict, list, bool)) or value == "":
+        raise ctx.error(block.line_of(key), f"{key} must be {what}, got {value!r}")
+    return str(value)
+
+
 def check_task_list(ctx: SpecContext, value: Any, line: int, where: str,
                     allowed: typing.Sequence[str]) -> list[str]:
     from esft.tasks import get_task, split_task_list
@@ -160,3 +171,33 @@ def check_task_fit(config: Any, built: dict[Any, Any]) -> None:
             built[cache] = check_task(key, name, options)
         config.check_task_fit(built[cache])
 
+
+def check_evaluated_tasks(ctx: SpecContext, spec: Any, data: LineDict) -> None:
+    """Every task the stages of `spec` (a parsed esft.experiments.spec.Spec) evaluate builds with its task_options
+    and has a test split holding examples, and, evaluated balanced, a balanced subset of its limit, as `esft eval`
+    checks before the model loads. The trainers' checks cover only the splits they read, so a missing holdout data
+    file or a balanced limit beyond the rarest label failed in every stage's evaluation, after its training."""
+    from esft.config import ConfigError
+    from esft.validation import check_balanced_set, check_splits, check_task
+
+    block = data.get("evaluation") if isinstance(data.get("evaluation"), LineDict) else LineDict()
+    for task in spec.evaluation.all_tasks:
+        line = block.line_of("holdout") if task in spec.evaluation.holdout and task not in spec.tasks else \
+            block.line_of("tasks") if "tasks" in block else data.line_of("tasks")
+        try:
+            built = check_task("task", task, spec.task_options.get(task, {}))
+            check_splits("task", task, built, ("test",))
+        except ConfigError as exc:
+            raise ctx.error(line, f"evaluation of {task}: expected {exc.accepted}") from None
+        except (ValueError, TypeError, OSError) as exc:
+            raise ctx.error(line, f"evaluation of {task}: {exc}") from None
+        settings = spec.evaluation.for_task(task)
+        if settings.balanced and settings.limit:
+            try:
+                check_balanced_set(built, settings.limit)
+            except ConfigError as exc:
+                per_task = as_mapping(ctx, block.get("per_task"), "evaluation.per_task", block.line_of("per_task"))
+                limit_line = per_task.get(task).line_of("limit") if isinstance(per_task.get(task), LineDict) \
+                    and "limit" in per_task[task] else block.line_of("limit")
+                raise ctx.error(limit_line, f"evaluation of {task} (balanced): limit {settings.limit} is not "
+                                            f"accepted; expected {exc.accepted}") from None

@@ -42,17 +42,43 @@ def passk_settings(spec: Spec, task: str, model: str) -> dict[str, Any] | None:
     return {**task_settings(spec, task, model), **pk.settings()}
 
 
-def is_current(stage_dir: Path, spec: Spec, task: str, model: str) -> bool:
-    """True when `task` was evaluated in `stage_dir` with today's settings (greedy and, if asked, sampled)."""
+def is_current(stage_dir: Path, spec: Spec, task: str, model: str, root: Path | None = None) -> bool:
+    """True when `task` was evaluated in `stage_dir` with today's settings (greedy and, if asked, sampled);
+    `root`, the experiment folder, lets a model inside it match where the folder has moved (`same_model`)."""
     folder = stage_dir / EVAL_DIR
     sampled = passk_settings(spec, task, model)
-    return _done(folder / f"{task_slug(task)}.json", task_settings(spec, task, model)) is not None and (
-        sampled is None or _done(folder / f"{task_slug(task)}.passk.json", sampled) is not None)
+    return _done(folder / f"{task_slug(task)}.json", task_settings(spec, task, model), root) is not None and (
+        sampled is None or _done(folder / f"{task_slug(task)}.passk.json", sampled, root) is not None)
 
 
-def _done(path: Path, settings: dict[str, Any] | None) -> dict[str, Any] | None:
+def same_model(old: str, new: str, root: Path | None, final_is_snapshot: bool = False) -> bool:
+    """`old`, a model path recorded earlier, names the weights `new` (an absolute path) does: the same path, or the
+    same place inside the experiment folder `root` recorded where the folder was before it moved (the records keep
+    absolute paths). With `final_is_snapshot`, a budget's snapshot `<run>/checkpoints/iter_N` also matches
+    `<run>/checkpoints/final`, recorded while N was the run's largest budget (a larger one was added since): the
+    run ended at N then, as the fingerprint of the stage that owns the run checks. Not for evaluations: a done
+    stage whose model moved to its snapshot is evaluated again, and that visit is what writes the snapshot."""
+    if old == new:
+        return True
+    if root is None:
+        return False
+    try:
+        rel = Path(new).relative_to(Path(root).resolve()).as_posix()
+    except ValueError:
+        return False
+    run, _, name = rel.rpartition("/checkpoints/")
+    same = [rel] + ([f"{run}/checkpoints/final"] if final_is_snapshot and run and name.startswith("iter_") else [])
+    return any(old == f"{Path(root).resolve().as_posix()}/{r}" or old.endswith(f"/{r}") for r in same)
+
+
+def _done(path: Path, settings: dict[str, Any] | None, root: Path | None = None) -> dict[str, Any] | None:
     prior = read_json(path)
-    return prior["summary"] if prior and prior.get("settings") == settings and "summary" in prior else None
+    if not prior or "summary" not in prior or not isinstance(prior.get("settings"), dict) or settings is None:
+        return None
+    recorded = prior["settings"]
+    if same_model(str(recorded.get("model")), str(settings.get("model")), root):
+        recorded = {**recorded, "model": settings.get("model")}
+    return prior["summary"] if recorded == settings else None
 
 
 def write_json(path: Path, data: Any) -> None:
@@ -71,9 +97,10 @@ def read_json(path: Path) -> Any:
 
 
 def evaluate_stage(spec: Spec, model_ref: str, tasks: list[str], stage_dir: Path,
-                   load_model: Callable[[str, str, str | None], tuple[Any, Any]], progress: bool = True
-                   ) -> dict[str, Any]:
-    """{task: summary} for `tasks`, reusing finished task files; loads the model only if something is left."""
+                   load_model: Callable[[str, str, str | None], tuple[Any, Any]], progress: bool = True,
+                   root: Path | None = None) -> dict[str, Any]:
+    """{task: summary} for `tasks`, reusing finished task files; loads the model only if something is left.
+    `root`: the experiment folder (is_current)."""
     from esft.evaluation import evaluate_task, format_row, load_examples
     from esft.generation import GenerationConfig
     from esft.tasks import get_task
@@ -83,9 +110,10 @@ def evaluate_stage(spec: Spec, model_ref: str, tasks: list[str], stage_dir: Path
     todo = []
     for task in tasks:
         settings = task_settings(spec, task, model_ref)
-        greedy = _done(out_dir / f"{task_slug(task)}.json", settings)
+        greedy = _done(out_dir / f"{task_slug(task)}.json", settings, root)
         sampled_settings = passk_settings(spec, task, model_ref)
-        sampled = _done(out_dir / f"{task_slug(task)}.passk.json", sampled_settings) if sampled_settings else None
+        sampled = _done(out_dir / f"{task_slug(task)}.passk.json", sampled_settings, root) if sampled_settings \
+            else None
         if greedy is not None and (sampled_settings is None or sampled is not None):
             results[task] = {**greedy, "sampled": sampled} if sampled else greedy
         else:

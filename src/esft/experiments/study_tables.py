@@ -219,7 +219,8 @@ def results_csv(exp: Experiment) -> str:
             cci = summ.get("constant_baseline_ci95") or [None, None]
             vals = {**summ, "ci95_low": ci[0], "ci95_high": ci[1], "constant_ci95_low": cci[0],
                     "constant_ci95_high": cci[1]}
-            rows.append([s["key"], s.get("seed") or "", s.get("track") or "", s.get("display") or "",
+            seed = s.get("seed")  # seed 0 is a seed: only the base stage, which has none, leaves the column empty
+            rows.append([s["key"], "" if seed is None else seed, s.get("track") or "", s.get("display") or "",
                          s.get("index"), s.get("task") or "", task,
                          *["" if vals.get(k) is None else vals.get(k) for k in keys]])
     return csv_text(["stage", "seed", "track", "method", "index", "trained_task", "eval_task", *keys], rows)
