@@ -9,11 +9,14 @@ Per train problem j it keeps
                  (learned) or when nobody solved it twice in a row (hopeless)
     replays_j    replays of j in the current epoch;  last_seen_j  the last iteration j was in a batch
 
+A batch belongs to the epoch of the fresh stream where it starts (cursor // n): its replays are checked against,
+and counted in, that epoch's counts, so no problem is replayed more than twice among one epoch's batches.
+
 Batches: fresh problems come from a stream of seeded per-epoch permutations of the train split (the fresh
-window); round(0.2 B) slots are reserved for replay candidates (in the buffer, not in the fresh window, replayed
-< 2 times this epoch, last seen more than 1 iteration ago, EMA < 0.5), drawn without replacement with priority
-exp(-3 EMA). Reserved slots that find no candidate go to further fresh problems, so a batch always holds B
-distinct problems (min(B, n)).
+window); round(0.2 B) slots (halves rounded up, not Python's round-half-to-even) are reserved for replay
+candidates (in the buffer, not in the fresh window, replayed < 2 times this epoch, last seen more than 1 iteration
+ago, EMA < 0.5), drawn without replacement with priority exp(-3 EMA). Reserved slots that find no candidate go
+to further fresh problems, so a batch always holds B distinct problems (min(B, n)).
 
 Fitness: F_i = mean_j(A[i, j] w_j) + 0.1 mean_j(format[i, j]), w_j = 0.8 + exp(-3 EMA_j); the strategy's
 fitness shaping ("zscore", the default) then z-scores it. The weights use the EMA *after* this iteration's
@@ -36,6 +39,7 @@ replay(seed_log_record).
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -254,7 +258,8 @@ class DartES(FitnessRule):
 
     # -- batches
     def replay_slots(self, batch_size: int) -> int:
-        return int(round(self.opts.replay_fraction * min(batch_size, self.n)))
+        # floor(x + 0.5), the rule's round: Python's round() sends halves to even (round(2.5) == 2)
+        return int(math.floor(self.opts.replay_fraction * min(batch_size, self.n) + 0.5))
 
     def propose(self, iteration: int, batch_size: int) -> Proposal:
         """The batch of `iteration` from the current state (pure: the state is not changed)."""
@@ -262,7 +267,9 @@ class DartES(FitnessRule):
         size = min(int(batch_size), self.n)
         slots = self.replay_slots(size)
         fresh, cursor = take_fresh(self.seed, self.n, self.cursor, size - slots)
-        cands = replay_candidates(self.in_buffer, self.ema, self.replays, self.last_seen, fresh, iteration, self.opts)
+        # counts of the batch's epoch (module docstring): none yet when the fresh stream has moved on to a new one
+        replays = self.replays if self.cursor // self.n == self.epoch else np.zeros_like(self.replays)
+        cands = replay_candidates(self.in_buffer, self.ema, replays, self.last_seen, fresh, iteration, self.opts)
         rng = np.random.default_rng(np.random.SeedSequence([self.seed, int(iteration), 0xDA28]))
         picks = draw_replays(cands, self.ema, slots, rng, self.opts.priority_temperature)
         # reserved slots without a candidate are filled from the fresh stream
@@ -289,14 +296,14 @@ class DartES(FitnessRule):
         self.seen[idx] = True
         self.in_buffer[idx], self.zero_pass[idx] = buffer_update(
             self.in_buffer[idx], self.zero_pass[idx], ema, p, self.opts.learned_threshold, self.opts.hopeless_after)
+        epoch = self.cursor // self.n  # the batch's epoch: where the fresh stream stood when it was drawn
+        if epoch != self.epoch:  # a new epoch: replay counts start again, before this batch's replays count
+            self.epoch = epoch
+            self.replays[:] = 0
         flags = np.asarray(proposal.replay, dtype=bool)
         self.replays[idx[flags]] += 1
         self.last_seen[idx] = proposal.iteration
         self.cursor = int(proposal.cursor)
-        epoch = (self.cursor - 1) // self.n if self.cursor else 0  # epoch of the last fresh problem taken
-        if epoch != self.epoch:  # a new epoch: replay counts start again
-            self.epoch = epoch
-            self.replays[:] = 0
         self._pending = None
         return difficulty_weights(ema, self.opts.weight_floor, self.opts.weight_temperature)
 

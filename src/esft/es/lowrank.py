@@ -96,7 +96,8 @@ class LowRankWeights(MasterWeights):
     @torch.no_grad()
     def direction(self, name: str, update: Update, acc: torch.Tensor | None = None,
                   scratch: torch.Tensor | None = None) -> torch.Tensor:
-        """sum_k c_k A_k B_k^T / sqrt(r) for one tensor, in fp32, in a fixed order (full rank once N r > min(m, n))."""
+        """sum_k c_k A_k B_k^T / sqrt(r) for one tensor, in fp32, in a fixed order. Its rank is min(K r, m, n) for K
+        seeds with a nonzero coefficient (N, or N / 2 with antithetic pairs), so full once K r >= min(m, n)."""
         m = self.master[name]
         acc = torch.empty_like(m) if acc is None else self._view(acc, m)
         acc.zero_()

@@ -15,7 +15,9 @@ update (SGD) is
     theta += (alpha / N) * sum_n z_n * eps_n,   z = (f - mean f) / (population std f + 1e-8).
 
 Alternatively the estimate is handed to a `torch.optim` optimizer (e.g. Adam) as the gradient
--(1 / (N sigma)) * sum_n z_n eps_n: torch minimises, so the sign is flipped to maximise reward.
+-(1 / (N sigma)) * sum_n z_n eps_n: torch minimises, so the sign is flipped to maximise reward. An iteration
+whose fitness has no spread gives a zero estimate and no optimizer step at all (MasterWeights.apply skips zero
+updates), so Adam's moments and bias-correction step count advance only on iterations that carry a signal.
 """
 
 from __future__ import annotations
