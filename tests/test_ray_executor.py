@@ -158,6 +158,25 @@ def test_worker_killed_mid_iteration_then_all_workers_lost(model_dir, tmp_path, 
     assert same(masters(t2), ref_masters) and fitness_log(out) == ref_fitness
 
 
+def test_workers_that_cannot_be_placed_are_refused_at_once(model_dir, tmp_path):
+    """3 workers of 2 CPUs each on this 4-CPU Ray instance: Ray would keep the third pending and start() would
+    wait start_timeout_s (30 min by default) for it; it fails at once instead, before any worker starts."""
+    import time
+
+    from esft.es.distributed.factory import make_ray_executor
+
+    cfg = config(model_dir, tmp_path / "run", executor="ray", num_workers=3,
+                 executor_options={"threads_per_worker": 2})
+    ex = make_ray_executor(cfg, weights=None, start_timeout_s=30)
+    t0 = time.perf_counter()
+    try:
+        with pytest.raises(ValueError, match=r"3 Ray workers requested .* nodes fit 2"):
+            ex.start()
+    finally:
+        ex.close()
+    assert time.perf_counter() - t0 < 10 and not ex.workers
+
+
 def test_bench_parallel_iteration_does_what_the_local_one_does(model_dir, tokenizer):
     """`esft bench --workers 2`: the members run on two Ray replicas, with the same completions, fitness and
     update (so the same weights afterwards) as the one-process iteration."""

@@ -151,3 +151,14 @@ def test_an_executor_that_owns_an_earlier_connection_shuts_it_down():
     assert ray.is_initialized()
     RayExecutor(spec=None, weights=None, owns_ray=True).close()
     assert not ray.is_initialized()
+
+
+def test_actor_slots_count_what_each_node_holds():
+    """An actor runs on one node: what is left on several nodes does not add up to a slot."""
+    from esft.es.distributed.ray_executor import actor_slots
+
+    nodes = [{"CPU": 4.0, "GPU": 2.0, "memory": 1e9}, {"CPU": 3.0}]
+    assert actor_slots(nodes, 2, 0) == 2 + 1
+    assert actor_slots(nodes, 1, 1) == 2  # GPU workers fit only where the GPUs are
+    assert actor_slots(nodes, 1 / 3, 0) == 12 + 9
+    assert actor_slots(nodes, 5, 0) == 0

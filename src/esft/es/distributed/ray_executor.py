@@ -88,6 +88,18 @@ def merge_rows(rows: Sequence[PopulationResult]) -> PopulationResult:
     )
 
 
+def actor_slots(nodes: Sequence[dict[str, float]], num_cpus: float, num_gpus: float) -> int:
+    """How many actors asking for `num_cpus` CPUs and `num_gpus` GPUs each the nodes (their total resources, as
+    `ray.nodes()` reports them) hold at once: an actor runs on one node, so a node's leftovers do not add up."""
+    total = 0
+    for res in nodes:
+        # Ray counts fractional resources in units of 1e-4: a small tolerance keeps 1.0 // (1 / 3) at 3
+        counts = [int((float(res.get(key, 0)) + 1e-6) // need) for key, need in (("CPU", num_cpus), ("GPU", num_gpus))
+                  if need > 0]
+        total += min(counts) if counts else 1 << 30
+    return total
+
+
 def _is_worker_death(exc: BaseException) -> bool:
     """True for a dead actor (process or node gone); False for an exception raised by our own code in it."""
     ray = import_ray()
@@ -160,16 +172,18 @@ class RayExecutor(Executor):
         gpus = int(cluster.get("GPU", 0))
         use_gpu = self.use_gpu if self.use_gpu is not None else (gpus > 0 and self.spec.config.device != "cpu")
         threads = int(self.spec.threads or 1)
-        if use_gpu:
-            n = self.num_workers or gpus
-            if n > gpus:
-                raise ValueError(f"{n} GPU workers requested but the Ray cluster has {gpus} GPUs ({cluster})")
-            opts = {"num_gpus": 1, "num_cpus": 1}  # one engine / replica per GPU
-        else:
-            cpus = int(cluster.get("CPU", 1))
-            n = self.num_workers or max(1, cpus // threads)
-            opts = {"num_gpus": 0, "num_cpus": threads}
+        # one engine / replica per GPU; on CPUs, one replica per `threads` cores
+        opts = {"num_gpus": 1, "num_cpus": 1} if use_gpu else {"num_gpus": 0, "num_cpus": threads}
         opts.update(self.actor_options)
+        nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive", True)]
+        fit = actor_slots(nodes, float(opts.get("num_cpus") or 0), float(opts.get("num_gpus") or 0))
+        n = self.num_workers or (min(gpus, fit) if use_gpu else max(1, fit))
+        if use_gpu and n > gpus:
+            raise ValueError(f"{n} GPU workers requested but the Ray cluster has {gpus} GPUs ({cluster})")
+        if n > fit or n < 1:
+            # Ray would keep the extra actors pending, and start() would wait start_timeout_s for them
+            raise ValueError(f"{n} Ray workers requested with {opts} each, but the cluster's nodes fit {fit} "
+                             f"({cluster}): lower --num-workers, threads_per_worker or num_cpus_per_worker")
         return n, opts
 
     def start(self) -> None:
