@@ -162,3 +162,28 @@ def test_actor_slots_count_what_each_node_holds():
     assert actor_slots(nodes, 1, 1) == 2  # GPU workers fit only where the GPUs are
     assert actor_slots(nodes, 1 / 3, 0) == 12 + 9
     assert actor_slots(nodes, 5, 0) == 0
+
+
+def test_vllm_workers_with_adam_are_refused_when_the_config_is_built():
+    from esft.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"optimizer = 'adam' .*'sgd' with worker_backend 'vllm'"):
+        ESConfig(executor="ray", worker_backend="vllm", optimizer="adam")
+    ESConfig(executor="ray", worker_backend="hf", optimizer="adam")  # PyTorch replicas carry Adam's state
+
+
+def test_missing_vllm_is_reported_before_ray_starts_and_the_model_loads(tmp_path, monkeypatch):
+    import esft.es.distributed.connection
+    import esft.es.distributed.vllm_backend.availability as availability
+    import esft.models
+
+    def never(*args, **kwargs):
+        raise AssertionError("Ray or the model started although vLLM cannot run here")
+
+    monkeypatch.setattr(availability, "vllm_unavailable_reason", lambda: "vLLM is not installed (test)")
+    monkeypatch.setattr(esft.models, "load_model", never)
+    monkeypatch.setattr(esft.es.distributed.connection, "connect_ray", never)
+    cfg = ESConfig(model="smollm2-135m", task="boolq", executor="ray", worker_backend="vllm", num_workers=1,
+                   device="cpu", output_dir=str(tmp_path / "run"))
+    with pytest.raises(RuntimeError, match=r"worker_backend 'vllm' is not available here: vLLM is not installed"):
+        es_trainer(cfg, progress=False)

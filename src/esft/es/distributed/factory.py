@@ -37,12 +37,15 @@ def connect(config: ESConfig) -> bool:
     the process is already connected."""
     if config.executor != "ray":
         return False
+    if config.worker_backend == "vllm":  # vLLM missing or without a device: say so before Ray and the model start
+        from esft.es.distributed.vllm_backend import require_vllm
+
+        require_vllm()
     from esft.es.distributed.connection import connect_ray
 
     where = config.ray_address or os.environ.get("RAY_ADDRESS") or "a new local Ray instance (or a running one)"
     print(f"esft: connecting to Ray: {where} ...", file=sys.stderr, flush=True)
     return connect_ray(config.ray_address)
-
 
 
 def make_ray_executor(config: ESConfig, *, weights: MasterWeights, optimizer: Any = None, generate_fn: Any = None,
