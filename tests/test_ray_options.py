@@ -187,3 +187,23 @@ def test_missing_vllm_is_reported_before_ray_starts_and_the_model_loads(tmp_path
                    device="cpu", output_dir=str(tmp_path / "run"))
     with pytest.raises(RuntimeError, match=r"worker_backend 'vllm' is not available here: vLLM is not installed"):
         es_trainer(cfg, progress=False)
+
+
+@pytest.mark.parametrize("backend", ["hf", "vllm"])
+def test_all_workers_lost_names_a_local_resume_that_the_run_accepts(tmp_path, backend):
+    """The WorkersLost message offers `--resume DIR ... --executor local`; those flags must resume this run (a vLLM
+    run's worker_backend cannot stay 'vllm' on the local executor)."""
+    import re
+
+    from esft.es.distributed.hf_replica import ReplicaSpec
+    from esft.es.distributed.ray_executor import RayExecutor
+    from esft.es.es_config import resume_config, save_yaml
+
+    cfg = ESConfig(executor="ray", worker_backend=backend, output_dir=str(tmp_path))
+    save_yaml(cfg, tmp_path / "config.yaml")
+    lost = RayExecutor(ReplicaSpec(config=cfg), weights=None, event_log=tmp_path / "metrics.jsonl")._all_lost()
+    flags = re.search(rf"--resume {re.escape(str(tmp_path))}` \(on any number of workers, or ([^)]*)\)",
+                      str(lost)).group(1).split()
+    overrides = {flag.removeprefix("--").replace("-", "_"): value for flag, value in zip(flags[::2], flags[1::2])}
+    resumed = resume_config(tmp_path, overrides)
+    assert resumed.executor == "local" and resumed.worker_backend == "hf" and resumed.resume

@@ -277,9 +277,12 @@ class RayExecutor(Executor):
     def _all_lost(self) -> WorkersLost:
         step = "?" if self.step is None else self.step
         run_dir = str(self.event_log.parent) if self.event_log is not None else "RUN_DIR"
+        # the local executor generates with esft's own loop: a vLLM run must say so to resume there
+        vllm = getattr(getattr(self.spec, "config", None), "worker_backend", "hf") == "vllm"
+        local = "--executor local --worker-backend hf" if vllm else "--executor local"
         msg = (f"all {len(self.workers)} Ray workers are lost (after {step} updates); the run stops here. The run "
                "directory holds every logged iteration (seeds.jsonl) and its checkpoints, untouched; continue with "
-               f"`esft train es --resume {run_dir}` (on any number of workers, or --executor local)")
+               f"`esft train es --resume {run_dir}` (on any number of workers, or {local})")
         self._event("all_workers_lost", logging.ERROR, msg)
         return WorkersLost(msg)
 
