@@ -78,6 +78,10 @@ def make_ray_executor(config: ESConfig, *, weights: MasterWeights, optimizer: An
                                                   else weights.params.items())}
         spec.options["layout"] = {"selected": weights.names, "shapes": shapes}
         replica_cls = VLLMReplica
+    else:  # a PyTorch replica holds the whole model: its frozen parameters are compared at start-up
+        from esft.es.distributed.hf_replica import frozen_checksum
+
+        overrides.setdefault("frozen", frozen_checksum(model, weights.names) if model is not None else None)
     actor_options = {}
     if "num_cpus_per_worker" in opts:
         actor_options["num_cpus"] = opts["num_cpus_per_worker"]

@@ -35,7 +35,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from esft.es.distributed.connection import connect_ray, import_ray
-from esft.es.distributed.hf_replica import HFReplica, ReplicaSpec, checksum_diff, checksum_digest, masters_checksum
+from esft.es.distributed.hf_replica import (HFReplica, ReplicaSpec, checksum_diff, checksum_digest,
+                                            masters_checksum)
 from esft.es.executor import Executor, PopulationResult
 from esft.es.noise import MasterWeights, Update
 from esft.es.strategy import Member
@@ -118,6 +119,8 @@ class RayExecutor(Executor):
     checksum_every: compare replicas every k updates (0 = never; start-up is always checked).
     event_log: metrics.jsonl of the run, for `{"kind": "executor"}` records. replica_cls: the worker class
     (HFReplica; the vLLM backend passes VLLMReplica). actor_options: extra `ray.remote` options.
+    frozen: the driver's `frozen_checksum` of the parameters ES never perturbs, compared with each worker's at
+    start-up (replicas with a `frozen_checksum` method; None = not compared).
     on_result: test/monitoring hook `on_result(executor, worker, member_index)` after each member's row arrives.
     owns_ray: `close` shuts Ray down although it was connected before `start` (by `connect_ray`, for this run);
     a connection this executor makes itself is always its own.
@@ -127,7 +130,8 @@ class RayExecutor(Executor):
                  address: str | None = None, checksum_every: int = 10, event_log: str | Path | None = None,
                  replica_cls: type = HFReplica, actor_options: dict[str, Any] | None = None,
                  use_gpu: bool | None = None, start_timeout_s: float = 1800.0,
-                 on_result: Callable[["RayExecutor", Worker, int], None] | None = None, owns_ray: bool = False):
+                 on_result: Callable[["RayExecutor", Worker, int], None] | None = None, owns_ray: bool = False,
+                 frozen: dict[str, int] | None = None):
         self.spec = spec
         self.weights = weights
         self.optimizer = optimizer
@@ -140,6 +144,7 @@ class RayExecutor(Executor):
         self.use_gpu = use_gpu
         self.start_timeout_s = float(start_timeout_s)
         self.on_result = on_result
+        self.frozen = frozen
         self.workers: list[Worker] = []
         self.step: int | None = None  # updates applied, as told by the trainer (None until the first one)
         self.events: list[dict[str, Any]] = []
@@ -222,6 +227,7 @@ class RayExecutor(Executor):
     def _sync_at_start(self) -> None:
         """Workers loaded the base model; after a resume the driver is further on: send its masters once."""
         ray = import_ray()
+        self._check_frozen()
         ref_sum = masters_checksum(self.weights)
         sums = self._gather([(w, w.actor.checksum.remote()) for w in self.alive])
         stale = [w for w, s in sums if s != ref_sum]
@@ -235,6 +241,20 @@ class RayExecutor(Executor):
             self._event("sync", message=f"ray executor: sent the driver's masters to {len(stale)} worker(s)",
                         workers=[w.rank for w in stale], digest=checksum_digest(ref_sum))
         self._event("checksum", digest=checksum_digest(ref_sum), workers=len(self.alive), ok=True)
+
+    def _check_frozen(self) -> None:
+        """Parameters outside the ES selection are never sent: a worker whose copy differs (another revision of
+        the model on its node, or base files changed since the run's checkpoint) cannot be repaired, only named."""
+        if not self.frozen:
+            return
+        sums = self._gather([(w, w.actor.frozen_checksum.remote()) for w in self.alive])
+        bad = [(w, checksum_diff(self.frozen, s)) for w, s in sums if s != self.frozen]
+        if bad:
+            parts = [f"{w.label}: {len(names)} tensors differ, first {names[0]}" for w, names in bad]
+            msg = ("workers hold other values than the driver in parameters ES does not perturb (include / exclude), "
+                   "so they evaluate another model: " + "; ".join(parts) + ". Give every node the same model files")
+            self._event("frozen", logging.ERROR, msg, ok=False, drifted=[w.rank for w, _ in bad])
+            raise ReplicaDivergence(msg)
 
     # ---- bookkeeping ---------------------------------------------------------------------------------------------
     @property
