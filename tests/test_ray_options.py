@@ -207,3 +207,20 @@ def test_all_workers_lost_names_a_local_resume_that_the_run_accepts(tmp_path, ba
     overrides = {flag.removeprefix("--").replace("-", "_"): value for flag, value in zip(flags[::2], flags[1::2])}
     resumed = resume_config(tmp_path, overrides)
     assert resumed.executor == "local" and resumed.worker_backend == "hf" and resumed.resume
+
+
+def test_a_dropped_worker_is_ended_not_left_holding_its_resources(monkeypatch):
+    """A worker dropped on ActorUnavailableError may still be running; the executor never calls it again, so it
+    kills it rather than leave its process (and CPUs or GPU) until the driver exits."""
+    ray = pytest.importorskip("ray")
+    from esft.es.distributed.ray_executor import RayExecutor, Worker
+
+    killed = []
+    monkeypatch.setattr(ray, "kill", lambda actor, **kw: killed.append(actor))
+    executor = RayExecutor(spec=None, weights=None)
+    lost, kept = Worker(rank=0, actor="actor-0"), Worker(rank=1, actor="actor-1")
+    executor.workers = [lost, kept]
+    executor._lose(lost, RuntimeError("unavailable"))
+    assert killed == ["actor-0"] and not lost.alive and kept.alive
+    executor.close()
+    assert sorted(killed) == ["actor-0", "actor-1"]

@@ -263,6 +263,11 @@ class RayExecutor(Executor):
 
     def _lose(self, worker: Worker, exc: BaseException, requeued: Sequence[int] = ()) -> None:
         worker.alive = False
+        # an actor reported unavailable may still run (and hold its CPUs or GPU): it is never used again, so end it
+        try:
+            import_ray().kill(worker.actor)
+        except Exception:  # already gone
+            pass
         left = len(self.alive)
         self._event("worker_lost", logging.WARNING,
                     f"ray executor: lost {worker.label}: {type(exc).__name__}; re-queued members {list(requeued)}; "
