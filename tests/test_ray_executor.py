@@ -158,6 +158,50 @@ def test_worker_killed_mid_iteration_then_all_workers_lost(model_dir, tmp_path, 
     assert same(masters(t2), ref_masters) and fitness_log(out) == ref_fitness
 
 
+def test_workers_that_cannot_be_placed_are_refused_at_once(model_dir, tmp_path):
+    """3 workers of 2 CPUs each on this 4-CPU Ray instance: Ray would keep the third pending and start() would
+    wait start_timeout_s (30 min by default) for it; it fails at once instead, before any worker starts."""
+    import time
+
+    from esft.es.distributed.factory import make_ray_executor
+
+    cfg = config(model_dir, tmp_path / "run", executor="ray", num_workers=3,
+                 executor_options={"threads_per_worker": 2})
+    ex = make_ray_executor(cfg, weights=None, start_timeout_s=30)
+    t0 = time.perf_counter()
+    try:
+        with pytest.raises(ValueError, match=r"3 Ray workers requested .* nodes fit 2"):
+            ex.start()
+    finally:
+        ex.close()
+    assert time.perf_counter() - t0 < 10 and not ex.workers
+
+
+def test_a_worker_whose_frozen_parameters_differ_is_named_at_start_up(model_dir, tmp_path):
+    """With `exclude`, ES never perturbs, updates or checksums the norms, so a worker whose copy of the model
+    differs there (another revision on its node) would evaluate another model unnoticed; start-up compares them."""
+    from esft.es.distributed.factory import make_ray_executor
+    from esft.es.noise import MasterWeights
+    from esft.models import load_model
+
+    cfg = config(model_dir, tmp_path / "run", executor="ray", num_workers=1, exclude=["norm"])
+    model, _ = load_model(str(model_dir), dtype="float32", device="cpu")
+    for changed in (False, True):
+        if changed:
+            with torch.no_grad():
+                model.model.norm.weight[0] += 1.0
+        ex = make_ray_executor(cfg, weights=MasterWeights(model, exclude=["norm"]), model=model)
+        try:
+            if changed:
+                with pytest.raises(ReplicaDivergence, match=r"worker 0 .*1 tensors differ, first model\.norm\.weight"):
+                    ex.start()
+            else:
+                ex.start()  # the same files on both sides: nothing differs
+                assert ex._started
+        finally:
+            ex.close()
+
+
 def test_bench_parallel_iteration_does_what_the_local_one_does(model_dir, tokenizer):
     """`esft bench --workers 2`: the members run on two Ray replicas, with the same completions, fitness and
     update (so the same weights afterwards) as the one-process iteration."""

@@ -151,3 +151,76 @@ def test_an_executor_that_owns_an_earlier_connection_shuts_it_down():
     assert ray.is_initialized()
     RayExecutor(spec=None, weights=None, owns_ray=True).close()
     assert not ray.is_initialized()
+
+
+def test_actor_slots_count_what_each_node_holds():
+    """An actor runs on one node: what is left on several nodes does not add up to a slot."""
+    from esft.es.distributed.ray_executor import actor_slots
+
+    nodes = [{"CPU": 4.0, "GPU": 2.0, "memory": 1e9}, {"CPU": 3.0}]
+    assert actor_slots(nodes, 2, 0) == 2 + 1
+    assert actor_slots(nodes, 1, 1) == 2  # GPU workers fit only where the GPUs are
+    assert actor_slots(nodes, 1 / 3, 0) == 12 + 9
+    assert actor_slots(nodes, 5, 0) == 0
+
+
+def test_vllm_workers_with_adam_are_refused_when_the_config_is_built():
+    from esft.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"optimizer = 'adam' .*'sgd' with worker_backend 'vllm'"):
+        ESConfig(executor="ray", worker_backend="vllm", optimizer="adam")
+    ESConfig(executor="ray", worker_backend="hf", optimizer="adam")  # PyTorch replicas carry Adam's state
+
+
+def test_missing_vllm_is_reported_before_ray_starts_and_the_model_loads(tmp_path, monkeypatch):
+    import esft.es.distributed.connection
+    import esft.es.distributed.vllm_backend.availability as availability
+    import esft.models
+
+    def never(*args, **kwargs):
+        raise AssertionError("Ray or the model started although vLLM cannot run here")
+
+    monkeypatch.setattr(availability, "vllm_unavailable_reason", lambda: "vLLM is not installed (test)")
+    monkeypatch.setattr(esft.models, "load_model", never)
+    monkeypatch.setattr(esft.es.distributed.connection, "connect_ray", never)
+    cfg = ESConfig(model="smollm2-135m", task="boolq", executor="ray", worker_backend="vllm", num_workers=1,
+                   device="cpu", output_dir=str(tmp_path / "run"))
+    with pytest.raises(RuntimeError, match=r"worker_backend 'vllm' is not available here: vLLM is not installed"):
+        es_trainer(cfg, progress=False)
+
+
+@pytest.mark.parametrize("backend", ["hf", "vllm"])
+def test_all_workers_lost_names_a_local_resume_that_the_run_accepts(tmp_path, backend):
+    """The WorkersLost message offers `--resume DIR ... --executor local`; those flags must resume this run (a vLLM
+    run's worker_backend cannot stay 'vllm' on the local executor)."""
+    import re
+
+    from esft.es.distributed.hf_replica import ReplicaSpec
+    from esft.es.distributed.ray_executor import RayExecutor
+    from esft.es.es_config import resume_config, save_yaml
+
+    cfg = ESConfig(executor="ray", worker_backend=backend, output_dir=str(tmp_path))
+    save_yaml(cfg, tmp_path / "config.yaml")
+    lost = RayExecutor(ReplicaSpec(config=cfg), weights=None, event_log=tmp_path / "metrics.jsonl")._all_lost()
+    flags = re.search(rf"--resume {re.escape(str(tmp_path))}` \(on any number of workers, or ([^)]*)\)",
+                      str(lost)).group(1).split()
+    overrides = {flag.removeprefix("--").replace("-", "_"): value for flag, value in zip(flags[::2], flags[1::2])}
+    resumed = resume_config(tmp_path, overrides)
+    assert resumed.executor == "local" and resumed.worker_backend == "hf" and resumed.resume
+
+
+def test_a_dropped_worker_is_ended_not_left_holding_its_resources(monkeypatch):
+    """A worker dropped on ActorUnavailableError may still be running; the executor never calls it again, so it
+    kills it rather than leave its process (and CPUs or GPU) until the driver exits."""
+    ray = pytest.importorskip("ray")
+    from esft.es.distributed.ray_executor import RayExecutor, Worker
+
+    killed = []
+    monkeypatch.setattr(ray, "kill", lambda actor, **kw: killed.append(actor))
+    executor = RayExecutor(spec=None, weights=None)
+    lost, kept = Worker(rank=0, actor="actor-0"), Worker(rank=1, actor="actor-1")
+    executor.workers = [lost, kept]
+    executor._lose(lost, RuntimeError("unavailable"))
+    assert killed == ["actor-0"] and not lost.alive and kept.alive
+    executor.close()
+    assert sorted(killed) == ["actor-0", "actor-1"]

@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from es_tiny import ToyTask, one_thread, tiny_llama  # noqa: F401  (one_thread: autouse fixture)
+from esft.es.build import generation_config
 from esft.es.es_config import ESConfig
 from esft.es.noise import MasterWeights, Update
 from esft.es.distributed.hf_replica import ReplicaSpec, masters_checksum
@@ -244,6 +245,9 @@ def test_engine_arguments_follow_the_platform(monkeypatch):
         engine_kwargs(ReplicaSpec(config=cfg, options={"enforce_eager": False}), "cpu")
     assert sampling_fields(cfg) == {"n": 1, "temperature": 0.0, "top_p": 1.0, "max_tokens": 1024, "seed": 5,
                                     "skip_special_tokens": True}
+    # a completion floor (benchmarks force full-length completions with it) holds in the engine as in esft's loop
+    floor = cfg.replace(generation_options={"min_new_tokens": 16})
+    assert sampling_fields(floor)["min_tokens"] == 16 == generation_config(floor).min_new_tokens
 
 
 def test_vllm_backend_refused_with_a_clear_message_where_unavailable(tmp_path):

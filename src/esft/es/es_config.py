@@ -164,6 +164,9 @@ def check_combinations(config: ESConfig) -> None:
     if config.worker_backend != "hf" and config.executor == "local":
         raise ConfigError("worker_backend", config.worker_backend, "'hf' with the local executor (vLLM engines run "
                           "as Ray actors: use --executor ray)")
+    if config.worker_backend == "vllm" and config.optimizer != "sgd":
+        raise ConfigError("optimizer", config.optimizer, "'sgd' with worker_backend 'vllm' (vLLM engines hold no "
+                          "optimizer state; Adam runs with --worker-backend hf)")
     if config.fitness_rule != "dart":
         if config.fitness_options:
             raise ConfigError("fitness_options", config.fitness_options,

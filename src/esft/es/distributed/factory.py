@@ -37,12 +37,15 @@ def connect(config: ESConfig) -> bool:
     the process is already connected."""
     if config.executor != "ray":
         return False
+    if config.worker_backend == "vllm":  # vLLM missing or without a device: say so before Ray and the model start
+        from esft.es.distributed.vllm_backend import require_vllm
+
+        require_vllm()
     from esft.es.distributed.connection import connect_ray
 
     where = config.ray_address or os.environ.get("RAY_ADDRESS") or "a new local Ray instance (or a running one)"
     print(f"esft: connecting to Ray: {where} ...", file=sys.stderr, flush=True)
     return connect_ray(config.ray_address)
-
 
 
 def make_ray_executor(config: ESConfig, *, weights: MasterWeights, optimizer: Any = None, generate_fn: Any = None,
@@ -75,6 +78,10 @@ def make_ray_executor(config: ESConfig, *, weights: MasterWeights, optimizer: An
                                                   else weights.params.items())}
         spec.options["layout"] = {"selected": weights.names, "shapes": shapes}
         replica_cls = VLLMReplica
+    else:  # a PyTorch replica holds the whole model: its frozen parameters are compared at start-up
+        from esft.es.distributed.hf_replica import frozen_checksum
+
+        overrides.setdefault("frozen", frozen_checksum(model, weights.names) if model is not None else None)
     actor_options = {}
     if "num_cpus_per_worker" in opts:
         actor_options["num_cpus"] = opts["num_cpus_per_worker"]

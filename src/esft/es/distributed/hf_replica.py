@@ -40,6 +40,17 @@ def masters_checksum(weights: MasterWeights) -> Checksum:
     return {name: int(m.view(torch.int32).sum(dtype=torch.int64)) for name, m in weights.iter_masters()}
 
 
+@torch.no_grad()
+def frozen_checksum(model: torch.nn.Module, selected: Sequence[str]) -> Checksum:
+    """Per-tensor checksum of the parameters ES never perturbs (`include` / `exclude`; names outside `selected`),
+    as the model holds them: the sum of their bit patterns as integers of their own width, in int64. No update
+    touches them, so they are compared once, at start-up (a node whose copy of the model differs there)."""
+    ints = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+    chosen = set(selected)
+    return {name: int(p.detach().contiguous().view(ints[p.element_size()]).sum(dtype=torch.int64))
+            for name, p in model.named_parameters() if name not in chosen}
+
+
 def checksum_digest(checksum: Checksum) -> str:
     """Short printable summary of a checksum (for logs)."""
     return hashlib.sha256(json.dumps(sorted(checksum.items())).encode()).hexdigest()[:16]
@@ -118,6 +129,9 @@ class HFReplica:
 
     def checksum(self) -> Checksum:
         return masters_checksum(self.weights)
+
+    def frozen_checksum(self) -> Checksum:
+        return frozen_checksum(self.model, self.weights.names)
 
     def load_state(self, masters: dict[str, torch.Tensor], optimizer_state: dict | None = None) -> Checksum:
         """Take the driver's masters (start-up after a resume, or a repair); returns the new checksum."""

@@ -35,7 +35,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from esft.es.distributed.connection import connect_ray, import_ray
-from esft.es.distributed.hf_replica import HFReplica, ReplicaSpec, checksum_diff, checksum_digest, masters_checksum
+from esft.es.distributed.hf_replica import (HFReplica, ReplicaSpec, checksum_diff, checksum_digest,
+                                            masters_checksum)
 from esft.es.executor import Executor, PopulationResult
 from esft.es.noise import MasterWeights, Update
 from esft.es.strategy import Member
@@ -88,6 +89,18 @@ def merge_rows(rows: Sequence[PopulationResult]) -> PopulationResult:
     )
 
 
+def actor_slots(nodes: Sequence[dict[str, float]], num_cpus: float, num_gpus: float) -> int:
+    """How many actors asking for `num_cpus` CPUs and `num_gpus` GPUs each the nodes (their total resources, as
+    `ray.nodes()` reports them) hold at once: an actor runs on one node, so a node's leftovers do not add up."""
+    total = 0
+    for res in nodes:
+        # Ray counts fractional resources in units of 1e-4: a small tolerance keeps 1.0 // (1 / 3) at 3
+        counts = [int((float(res.get(key, 0)) + 1e-6) // need) for key, need in (("CPU", num_cpus), ("GPU", num_gpus))
+                  if need > 0]
+        total += min(counts) if counts else 1 << 30
+    return total
+
+
 def _is_worker_death(exc: BaseException) -> bool:
     """True for a dead actor (process or node gone); False for an exception raised by our own code in it."""
     ray = import_ray()
@@ -106,6 +119,8 @@ class RayExecutor(Executor):
     checksum_every: compare replicas every k updates (0 = never; start-up is always checked).
     event_log: metrics.jsonl of the run, for `{"kind": "executor"}` records. replica_cls: the worker class
     (HFReplica; the vLLM backend passes VLLMReplica). actor_options: extra `ray.remote` options.
+    frozen: the driver's `frozen_checksum` of the parameters ES never perturbs, compared with each worker's at
+    start-up (replicas with a `frozen_checksum` method; None = not compared).
     on_result: test/monitoring hook `on_result(executor, worker, member_index)` after each member's row arrives.
     owns_ray: `close` shuts Ray down although it was connected before `start` (by `connect_ray`, for this run);
     a connection this executor makes itself is always its own.
@@ -115,7 +130,8 @@ class RayExecutor(Executor):
                  address: str | None = None, checksum_every: int = 10, event_log: str | Path | None = None,
                  replica_cls: type = HFReplica, actor_options: dict[str, Any] | None = None,
                  use_gpu: bool | None = None, start_timeout_s: float = 1800.0,
-                 on_result: Callable[["RayExecutor", Worker, int], None] | None = None, owns_ray: bool = False):
+                 on_result: Callable[["RayExecutor", Worker, int], None] | None = None, owns_ray: bool = False,
+                 frozen: dict[str, int] | None = None):
         self.spec = spec
         self.weights = weights
         self.optimizer = optimizer
@@ -128,6 +144,7 @@ class RayExecutor(Executor):
         self.use_gpu = use_gpu
         self.start_timeout_s = float(start_timeout_s)
         self.on_result = on_result
+        self.frozen = frozen
         self.workers: list[Worker] = []
         self.step: int | None = None  # updates applied, as told by the trainer (None until the first one)
         self.events: list[dict[str, Any]] = []
@@ -160,16 +177,18 @@ class RayExecutor(Executor):
         gpus = int(cluster.get("GPU", 0))
         use_gpu = self.use_gpu if self.use_gpu is not None else (gpus > 0 and self.spec.config.device != "cpu")
         threads = int(self.spec.threads or 1)
-        if use_gpu:
-            n = self.num_workers or gpus
-            if n > gpus:
-                raise ValueError(f"{n} GPU workers requested but the Ray cluster has {gpus} GPUs ({cluster})")
-            opts = {"num_gpus": 1, "num_cpus": 1}  # one engine / replica per GPU
-        else:
-            cpus = int(cluster.get("CPU", 1))
-            n = self.num_workers or max(1, cpus // threads)
-            opts = {"num_gpus": 0, "num_cpus": threads}
+        # one engine / replica per GPU; on CPUs, one replica per `threads` cores
+        opts = {"num_gpus": 1, "num_cpus": 1} if use_gpu else {"num_gpus": 0, "num_cpus": threads}
         opts.update(self.actor_options)
+        nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive", True)]
+        fit = actor_slots(nodes, float(opts.get("num_cpus") or 0), float(opts.get("num_gpus") or 0))
+        n = self.num_workers or (min(gpus, fit) if use_gpu else max(1, fit))
+        if use_gpu and n > gpus:
+            raise ValueError(f"{n} GPU workers requested but the Ray cluster has {gpus} GPUs ({cluster})")
+        if n > fit or n < 1:
+            # Ray would keep the extra actors pending, and start() would wait start_timeout_s for them
+            raise ValueError(f"{n} Ray workers requested with {opts} each, but the cluster's nodes fit {fit} "
+                             f"({cluster}): lower --num-workers, threads_per_worker or num_cpus_per_worker")
         return n, opts
 
     def start(self) -> None:
@@ -208,6 +227,7 @@ class RayExecutor(Executor):
     def _sync_at_start(self) -> None:
         """Workers loaded the base model; after a resume the driver is further on: send its masters once."""
         ray = import_ray()
+        self._check_frozen()
         ref_sum = masters_checksum(self.weights)
         sums = self._gather([(w, w.actor.checksum.remote()) for w in self.alive])
         stale = [w for w, s in sums if s != ref_sum]
@@ -222,6 +242,20 @@ class RayExecutor(Executor):
                         workers=[w.rank for w in stale], digest=checksum_digest(ref_sum))
         self._event("checksum", digest=checksum_digest(ref_sum), workers=len(self.alive), ok=True)
 
+    def _check_frozen(self) -> None:
+        """Parameters outside the ES selection are never sent: a worker whose copy differs (another revision of
+        the model on its node, or base files changed since the run's checkpoint) cannot be repaired, only named."""
+        if not self.frozen:
+            return
+        sums = self._gather([(w, w.actor.frozen_checksum.remote()) for w in self.alive])
+        bad = [(w, checksum_diff(self.frozen, s)) for w, s in sums if s != self.frozen]
+        if bad:
+            parts = [f"{w.label}: {len(names)} tensors differ, first {names[0]}" for w, names in bad]
+            msg = ("workers hold other values than the driver in parameters ES does not perturb (include / exclude), "
+                   "so they evaluate another model: " + "; ".join(parts) + ". Give every node the same model files")
+            self._event("frozen", logging.ERROR, msg, ok=False, drifted=[w.rank for w, _ in bad])
+            raise ReplicaDivergence(msg)
+
     # ---- bookkeeping ---------------------------------------------------------------------------------------------
     @property
     def alive(self) -> list[Worker]:
@@ -229,6 +263,11 @@ class RayExecutor(Executor):
 
     def _lose(self, worker: Worker, exc: BaseException, requeued: Sequence[int] = ()) -> None:
         worker.alive = False
+        # an actor reported unavailable may still run (and hold its CPUs or GPU): it is never used again, so end it
+        try:
+            import_ray().kill(worker.actor)
+        except Exception:  # already gone
+            pass
         left = len(self.alive)
         self._event("worker_lost", logging.WARNING,
                     f"ray executor: lost {worker.label}: {type(exc).__name__}; re-queued members {list(requeued)}; "
@@ -263,9 +302,12 @@ class RayExecutor(Executor):
     def _all_lost(self) -> WorkersLost:
         step = "?" if self.step is None else self.step
         run_dir = str(self.event_log.parent) if self.event_log is not None else "RUN_DIR"
+        # the local executor generates with esft's own loop: a vLLM run must say so to resume there
+        vllm = getattr(getattr(self.spec, "config", None), "worker_backend", "hf") == "vllm"
+        local = "--executor local --worker-backend hf" if vllm else "--executor local"
         msg = (f"all {len(self.workers)} Ray workers are lost (after {step} updates); the run stops here. The run "
                "directory holds every logged iteration (seeds.jsonl) and its checkpoints, untouched; continue with "
-               f"`esft train es --resume {run_dir}` (on any number of workers, or --executor local)")
+               f"`esft train es --resume {run_dir}` (on any number of workers, or {local})")
         self._event("all_workers_lost", logging.ERROR, msg)
         return WorkersLost(msg)
 

@@ -121,9 +121,15 @@ def make_llm(spec: ReplicaSpec) -> Any:
 
 
 def sampling_fields(config: Any, max_tokens: int | None = None) -> dict[str, Any]:
-    """Greedy decoding with the run's token budget (the paper's protocol), as SamplingParams keyword args."""
-    return dict(n=1, temperature=0.0, top_p=1.0, max_tokens=int(max_tokens or config.max_new_tokens),
-                seed=int(config.seed), skip_special_tokens=True)
+    """Greedy decoding with the run's token budget (the paper's protocol), as SamplingParams keyword args; a
+    `min_new_tokens` floor in generation_options (eos held back until then, as esft.generation does) is vLLM's
+    `min_tokens`."""
+    fields = dict(n=1, temperature=0.0, top_p=1.0, max_tokens=int(max_tokens or config.max_new_tokens),
+                  seed=int(config.seed), skip_special_tokens=True)
+    floor = int((getattr(config, "generation_options", None) or {}).get("min_new_tokens") or 0)
+    if floor:
+        fields["min_tokens"] = floor
+    return fields
 
 
 def _vllm_sampling_params(**fields: Any) -> Any:
