@@ -6,6 +6,7 @@ The esft decode loop (drops finished rows from the batch and KV cache) must give
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from esft.generation import GenerationConfig, encode_prompts, generate, left_pad, sample_next
@@ -118,3 +119,14 @@ def test_inverse_cdf_draws_follow_the_nucleus():
     picks = sample_next(logits[:1].expand(20000, -1), 1.0, 1.0, None, uniforms=u)
     freq = torch.bincount(picks, minlength=4).double() / 20000
     assert torch.allclose(freq, torch.tensor([0.5, 0.3, 0.15, 0.05], dtype=torch.float64), atol=0.015)
+
+
+def test_empty_prompt_is_refused_by_name(tiny_model, tokenizer):
+    """A prompt of no tokens (an empty plain-text prompt) has nothing to predict from: it is refused, naming it,
+    instead of being generated from a fully masked row (mixed batches) or failing inside the model's forward."""
+    for prompts in (["hello there", ""], [""]):
+        for engine in ("esft", "hf"):
+            with pytest.raises(ValueError, match=f"prompt {len(prompts) - 1} encodes to no tokens"):
+                generate(tiny_model, tokenizer, prompts, GenerationConfig(max_new_tokens=2, engine=engine))
+    (g,) = generate(tiny_model, tokenizer, [" "], GenerationConfig(max_new_tokens=2))  # whitespace is a token
+    assert g.prompt_tokens == 1 and len(g.completion_ids) == 2

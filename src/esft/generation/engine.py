@@ -42,6 +42,10 @@ def generate(
     if config.batch_size < 1:
         raise ValueError("batch_size must be >= 1")
     encoded = prompt_ids if prompt_ids is not None else encode_prompts(tokenizer, prompts)
+    empty = [i for i, ids in enumerate(encoded) if len(ids) == 0]
+    if empty:  # a row with no tokens has no position to predict from: its whole attention row would be masked
+        raise ValueError(f"prompt {empty[0]} encodes to no tokens ({len(empty)} empty prompt(s)); give each prompt "
+                         "at least one token")
     eos = eos_token_ids(model, tokenizer)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
     device = next(model.parameters()).device
