@@ -6,6 +6,7 @@ The esft decode loop (drops finished rows from the batch and KV cache) must give
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from esft.generation import GenerationConfig, encode_prompts, generate, left_pad, sample_next
@@ -66,3 +67,66 @@ def test_sampling_is_seeded_and_respects_top_p():
     assert set(a.tolist()) <= {0, 1} and 0 in a.tolist() and 1 in a.tolist()
     assert set(sample_next(logits, 1.0, 0.5, g1).tolist()) == {0}  # nucleus of mass 0.5 is the top token
     assert sample_next(logits, 0.0, 1.0, None).tolist() == [0] * 200
+
+
+def _flat_tiny_model():
+    """The tiny model with its logits scaled down: temperature-1 samples spread over many tokens."""
+    from conftest import make_tiny_model
+
+    model = make_tiny_model()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(0.1)
+    return model
+
+
+def test_sampled_streams_are_per_prompt_not_per_batch(tokenizer):
+    """Each prompt samples from its own stream (seed, prompt index): a prompt repeated in other batches gets its
+    own samples (one generator per batch, restarted from the seed, would give every copy of a prompt at batch_size
+    1 the same completion), and a prompt's samples do not depend on batch_size."""
+    model = _flat_tiny_model()
+    q = [{"role": "user", "content": "Tell me a random animal."}]
+    prompts = [q, "short", q, "a somewhat longer plain prompt here", q]
+    runs = {bs: [g.completion_ids for g in generate(model, tokenizer, prompts, GenerationConfig(
+        max_new_tokens=6, temperature=1.0, batch_size=bs, seed=3))] for bs in (1, 2, 5)}
+    assert runs[1] == runs[2] == runs[5]
+    copies = [runs[1][i] for i in (0, 2, 4)]
+    assert len({tuple(c) for c in copies}) == 3  # three independent samples of the same prompt
+    again = generate(model, tokenizer, prompts, GenerationConfig(max_new_tokens=6, temperature=1.0, batch_size=2,
+                                                                  seed=3))
+    assert [g.completion_ids for g in again] == runs[1]  # same seed, same samples
+    other = generate(model, tokenizer, prompts, GenerationConfig(max_new_tokens=6, temperature=1.0, seed=4))
+    assert [g.completion_ids for g in other] != runs[1]
+
+
+def test_hf_engine_sampling_leaves_the_callers_random_state(tokenizer):
+    model = _flat_tiny_model()
+    torch.manual_seed(123)
+    before = torch.get_rng_state()
+    cfg = GenerationConfig(max_new_tokens=3, temperature=1.0, engine="hf", seed=9)
+    a = generate(model, tokenizer, PROMPTS[:2], cfg)
+    assert torch.equal(torch.get_rng_state(), before)
+    b = generate(model, tokenizer, PROMPTS[:2], cfg)
+    assert [g.completion_ids for g in a] == [g.completion_ids for g in b]
+
+
+def test_inverse_cdf_draws_follow_the_nucleus():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]] * 4))
+    edges = torch.tensor([0.0, 0.49, 0.51, 1 - 1e-12], dtype=torch.float64)  # the last rounds to 1.0 in fp32
+    assert sample_next(logits, 1.0, 1.0, None, uniforms=edges).tolist() == [0, 0, 1, 3]
+    # top_p 0.7 keeps {0, 1} (mass 0.8): a draw near 1 stays inside the nucleus
+    assert sample_next(logits, 1.0, 0.7, None, uniforms=edges).tolist() == [0, 0, 0, 1]
+    u = torch.rand(20000, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    picks = sample_next(logits[:1].expand(20000, -1), 1.0, 1.0, None, uniforms=u)
+    freq = torch.bincount(picks, minlength=4).double() / 20000
+    assert torch.allclose(freq, torch.tensor([0.5, 0.3, 0.15, 0.05], dtype=torch.float64), atol=0.015)
+
+
+def test_empty_prompt_is_refused_by_name(tiny_model, tokenizer):
+    """A prompt of no tokens (an empty plain-text prompt) has nothing to predict from: it is refused, naming it,
+    instead of being generated from a fully masked row (mixed batches) or failing inside the model's forward."""
+    for prompts in (["hello there", ""], [""]):
+        for engine in ("esft", "hf"):
+            with pytest.raises(ValueError, match=f"prompt {len(prompts) - 1} encodes to no tokens"):
+                generate(tiny_model, tokenizer, prompts, GenerationConfig(max_new_tokens=2, engine=engine))
+    (g,) = generate(tiny_model, tokenizer, [" "], GenerationConfig(max_new_tokens=2))  # whitespace is a token
+    assert g.prompt_tokens == 1 and len(g.completion_ids) == 2

@@ -205,9 +205,9 @@ def evaluate_task_sampled(model, tokenizer, task: Task, examples: Sequence[dict]
                           progress: bool = True) -> dict[str, Any]:
     """n sampled completions per question; the task's summary plus pass@k, mean@n, maj@k (bootstrap CIs).
 
-    One generate() call per sample index, each over all questions with its own seed: the decode loop seeds one
-    generator per batch, so repeating a prompt n times inside one call could give batches with identical random
-    streams, i.e. duplicated samples."""
+    One generate() call per sample index, each over all questions with its own seed (`sample_seed`): sample s of
+    question i is drawn from the stream keyed by (sample seed s, i), so it is the same whatever `samples` is and
+    whatever the batch size."""
     t0 = time.perf_counter()
     prompts = [task.prompt(ex) for ex in examples]
     per_sample: list[list[Generation]] = []

@@ -30,20 +30,38 @@ def generate(
     progress: bool = False,
     prompt_ids: list[list[int]] | None = None,
 ) -> list[Generation]:
-    """Generate one completion per prompt; results in the order of `prompts`."""
+    """Generate one completion per prompt; results in the order of `prompts`.
+
+    Sampling (temperature > 0) on the esft engine draws prompt i's tokens from its own stream, keyed by
+    (config.seed, i): a prompt's samples do not depend on batch_size or on which prompts share its batch (beyond
+    the logits' rounding), and a prompt repeated in one call gets independent samples. The "hf" engine samples
+    from torch's global generator, seeded with config.seed for this call and restored afterwards."""
     config = config or GenerationConfig()
     if config.max_new_tokens < 1:
         raise ValueError("max_new_tokens must be >= 1")
     if config.batch_size < 1:
         raise ValueError("batch_size must be >= 1")
     encoded = prompt_ids if prompt_ids is not None else encode_prompts(tokenizer, prompts)
+    empty = [i for i, ids in enumerate(encoded) if len(ids) == 0]
+    if empty:  # a row with no tokens has no position to predict from: its whole attention row would be masked
+        raise ValueError(f"prompt {empty[0]} encodes to no tokens ({len(empty)} empty prompt(s)); give each prompt "
+                         "at least one token")
     eos = eos_token_ids(model, tokenizer)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
     device = next(model.parameters()).device
     batches = generation_batches(encoded, config.batch_size)
     results: list[Generation | None] = [None] * len(encoded)
-    if config.temperature > 0 and config.engine == "hf":
-        torch.manual_seed(config.seed)
+    hf_sampling = config.temperature > 0 and config.engine == "hf"
+    # model.generate samples from the global generator: seeded for this call, the caller's state restored after it
+    forked = torch.random.fork_rng(devices=[device] if device.type == "cuda" else []) if hf_sampling else None
+    with forked or contextlib.nullcontext():
+        if hf_sampling:
+            torch.manual_seed(config.seed)
+        _run_batches(model, tokenizer, encoded, batches, config, pad_id, eos, device, results, progress)
+    return results  # type: ignore[return-value]
+
+
+def _run_batches(model, tokenizer, encoded, batches, config, pad_id, eos, device, results, progress) -> None:
     bar = None
     if progress:
         from tqdm.auto import tqdm
@@ -59,7 +77,7 @@ def generate(
             # weights freed once packed (`releasing`, an ES lane's copy) are packed again by the next batch: freed
             # by the last batch only
             with contextlib.nullcontext() if number == len(batches) - 1 else releasing(()):
-                new = decode(model, input_ids, attention_mask, config, eos)
+                new = decode(model, input_ids, attention_mask, config, eos, row_keys=idx)
         else:
             raise ValueError(f"unknown generation engine {config.engine!r}; use 'esft' or 'hf'")
         for row, i in zip(new, idx):
@@ -68,7 +86,6 @@ def generate(
             bar.update(len(idx))
     if bar is not None:
         bar.close()
-    return results  # type: ignore[return-value]
 
 
 def generation_batches(encoded: Sequence[Sequence[int]], batch_size: int) -> list[list[int]]:
@@ -93,8 +110,8 @@ def _hf_generate(model, input_ids, attention_mask, config, pad_id, eos) -> list[
 
 
 def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, config: GenerationConfig,
-           eos: list[int], delta: Any = None, on_keep: Callable[[torch.Tensor], None] | None = None
-           ) -> list[list[int]]:
+           eos: list[int], delta: Any = None, on_keep: Callable[[torch.Tensor], None] | None = None,
+           row_keys: Sequence[int] | None = None) -> list[list[int]]:
     """The esft engine on one left-padded batch: prefill once, then `loop.decode_loop`, which drops finished rows
     from the batch and the KV cache. Supported architectures take the lean step (`lean.lean_decode`,
     config.lean); others step through the HF forward (`hf_step.decode_hf`). Greedy outputs equal
@@ -102,9 +119,11 @@ def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, config:
 
     `delta` (a low-rank population, esft.es.lowrank.PopulationPerturbation) owns forward hooks that perturb each
     row; the lean step, which bypasses module hooks, then adds the same terms through `delta` itself.
-    `on_keep(indices)` is called with the rows kept whenever finished rows are dropped.
+    `on_keep(indices)` is called with the rows kept whenever finished rows are dropped. `row_keys` key the rows'
+    sampling streams with config.seed (`generate` passes the prompts' indices; default: the rows' positions).
     """
     if config.lean and unsupported_reason(model, ignore_hooks=delta is not None) is None:
-        return lean_decode(model, input_ids, attention_mask, config, eos, delta=delta, on_keep=on_keep)
+        return lean_decode(model, input_ids, attention_mask, config, eos, delta=delta, on_keep=on_keep,
+                           row_keys=row_keys)
     fill_released()  # the HF forward reads every weight
-    return decode_hf(model, input_ids, attention_mask, config, eos, on_keep=on_keep)
+    return decode_hf(model, input_ids, attention_mask, config, eos, on_keep=on_keep, row_keys=row_keys)

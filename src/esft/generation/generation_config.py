@@ -18,7 +18,7 @@ class GenerationConfig:
     batch_size: int = 32
     """Prompts per forward batch."""
     seed: int = 0
-    """Seed for sampling (unused when greedy)."""
+    """Seed for sampling (unused when greedy); the esft engine keys each prompt's stream by (seed, its index)."""
     engine: str = "esft"
     """"esft": our decode loop that drops finished rows from the batch and KV cache; "hf": `model.generate`."""
     min_new_tokens: int = 0

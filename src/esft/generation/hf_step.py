@@ -3,7 +3,7 @@ path on which module forward hooks see every projection."""
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -52,11 +52,13 @@ class HFStep:
 
 
 def decode_hf(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, config: Any,
-              eos: list[int], on_keep: Callable[[torch.Tensor], None] | None = None) -> list[list[int]]:
+              eos: list[int], on_keep: Callable[[torch.Tensor], None] | None = None,
+              row_keys: Sequence[int] | None = None) -> list[list[int]]:
     """Prefill through the HF forward, then `decode_loop` with `HFStep` (so forward hooks see every projection).
     `on_keep(indices)` is called whenever finished rows are dropped, with the indices of the rows kept, so a
-    caller holding per-row state (e.g. the low-rank population's member of each row) can drop them too."""
+    caller holding per-row state (e.g. the low-rank population's member of each row) can drop them too.
+    `row_keys`: the rows' sampling stream keys (`loop.decode_loop`)."""
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     logits, cache = hf_prefill(model, input_ids, attention_mask, position_ids)
     step = HFStep(model, cache, attention_mask, position_ids[:, -1] + 1)
-    return decode_loop(step, logits, config, eos, on_keep=on_keep)
+    return decode_loop(step, logits, config, eos, on_keep=on_keep, row_keys=row_keys)

@@ -8,7 +8,7 @@ the engine's parts are re-exported here, so `esft.generation.lean` is the lean e
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -169,7 +169,8 @@ class LeanStep:
 
 
 def lean_decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, config,
-                eos: list[int], delta=None, on_keep: Callable[[torch.Tensor], None] | None = None) -> list[list[int]]:
+                eos: list[int], delta=None, on_keep: Callable[[torch.Tensor], None] | None = None,
+                row_keys: Sequence[int] | None = None) -> list[list[int]]:
     """`esft.generation.decode` with the lean step: same contract (greedy-identical to `model.generate`).
 
     The prompt runs through the HF forward (`hf_prefill`); with packed linears (and no low-rank `delta`) through
@@ -193,4 +194,4 @@ def lean_decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, co
         share_prefix=bool(config.share_prefix) and delta is None,
         buckets=int(config.prefill_buckets) if delta is None else 1, head=head)
     step = LeanStep(lean, cache, next_pos, budget, eos, min_new)
-    return decode_loop(step, logits, config, eos, on_keep=on_keep)
+    return decode_loop(step, logits, config, eos, on_keep=on_keep, row_keys=row_keys)

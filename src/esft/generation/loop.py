@@ -9,7 +9,8 @@ step function, from its KV cache), so every forward pass stays useful. Greedy ou
 
 from __future__ import annotations
 
-from typing import Any, Callable, Protocol
+import random
+from typing import Any, Callable, Protocol, Sequence
 
 import torch
 
@@ -17,20 +18,44 @@ from esft.generation.cancel import check_cancelled
 from esft.generation.generation_config import GenerationConfig
 
 
-def sample_next(logits: torch.Tensor, temperature: float, top_p: float,
-                generator: torch.Generator | None) -> torch.Tensor:
-    """Next token per row: argmax when temperature == 0, else nucleus sampling at that temperature."""
+def sample_next(logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator | None,
+                uniforms: torch.Tensor | None = None) -> torch.Tensor:
+    """Next token per row: argmax when temperature == 0, else nucleus sampling at that temperature.
+
+    `uniforms` (float [n] in [0, 1), one per row): row r takes the first token, in the order sampled from (vocabulary
+    order, or descending probability under top_p), at which the cumulative probability exceeds uniforms[r] times
+    the row's total (inverse CDF), so each row's draw depends on its own number only. Without it, rows draw from
+    `generator` through `torch.multinomial`, one after another."""
     if temperature <= 0:
         return logits.argmax(dim=-1)
     probs = torch.softmax(logits.float() / temperature, dim=-1)
+    order = None
     if top_p < 1.0:
-        sorted_p, sorted_i = probs.sort(dim=-1, descending=True)
+        probs, order = probs.sort(dim=-1, descending=True)
         # keep the smallest prefix whose mass reaches top_p (the first token is always kept)
-        drop = sorted_p.cumsum(dim=-1) - sorted_p > top_p
-        sorted_p = sorted_p.masked_fill(drop, 0.0)
-        choice = torch.multinomial(sorted_p, 1, generator=generator).squeeze(-1)
-        return sorted_i.gather(-1, choice[:, None]).squeeze(-1)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+        drop = probs.cumsum(dim=-1) - probs > top_p
+        probs = probs.masked_fill(drop, 0.0)
+    if uniforms is None:
+        choice = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    else:
+        choice = _inverse_cdf(probs, uniforms.to(device=probs.device, dtype=probs.dtype))
+    return choice if order is None else order.gather(-1, choice[:, None]).squeeze(-1)
+
+
+def _inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """Per row, the first index whose cumulative probability exceeds uniforms * total: never a zero-probability
+    token (its cumulative sum equals its predecessor's), and at most the first index reaching the total (u * total
+    can round up to the total itself)."""
+    cdf = probs.cumsum(dim=-1)
+    total = cdf[:, -1:].contiguous()
+    picked = torch.searchsorted(cdf, uniforms[:, None] * total, right=True)
+    return torch.minimum(picked, torch.searchsorted(cdf, total)).squeeze(-1)
+
+
+def row_streams(seed: int, keys: Sequence[int]) -> list[random.Random]:
+    """One random stream per row, keyed by (seed, the row's key): `generate` keys rows by prompt index, so a
+    prompt's samples do not depend on the batch it lands in or on when the other rows finish."""
+    return [random.Random(f"esft-sample:{int(seed)}:{int(k)}") for k in keys]
 
 
 def _sampler(config: GenerationConfig, eos: list[int]):
@@ -39,10 +64,13 @@ def _sampler(config: GenerationConfig, eos: list[int]):
 
     min_new = int(config.min_new_tokens)
 
-    def sample(logits: torch.Tensor, step: int, generator) -> torch.Tensor:
+    def sample(logits: torch.Tensor, step: int, streams: list[random.Random] | None) -> torch.Tensor:
         if step < min_new:
             logits[:, eos] = -float("inf")
-        return sample_next(logits, config.temperature, config.top_p, generator)
+        if streams is None:
+            return sample_next(logits, config.temperature, config.top_p, None)
+        uniforms = torch.tensor([s.random() for s in streams], dtype=torch.float64)
+        return sample_next(logits, config.temperature, config.top_p, None, uniforms=uniforms)
 
     return sample
 
@@ -60,27 +88,33 @@ class DecodeStep(Protocol):
 
 
 def decode_loop(step_fn: DecodeStep, logits: torch.Tensor, config: GenerationConfig, eos: list[int],
-                on_keep: Callable[[torch.Tensor], None] | None = None) -> list[list[int]]:
+                on_keep: Callable[[torch.Tensor], None] | None = None,
+                row_keys: Sequence[int] | None = None) -> list[list[int]]:
     """Decode from the prefill's last-position `logits` [B, V] until every row has emitted eos or
     config.max_new_tokens tokens; returns each row's generated ids (the first eos included).
 
-    Per step: cancellation check (`cancel_on`), next token per live row (config.temperature / top_p / seed, eos
+    Per step: cancellation check (`cancel_on`), next token per live row (config.temperature / top_p, eos
     suppressed before config.min_new_tokens), finished rows dropped from the step's state (`step_fn.keep`) and
     from the caller's (`on_keep(indices kept)`, e.g. a low-rank population's member of each row), then one
-    forward (`step_fn(token, step)`)."""
+    forward (`step_fn(token, step)`). Sampling draws one number per live row and step from that row's stream,
+    keyed by (config.seed, row_keys[r]) (`row_streams`; default keys: the rows' positions in the batch)."""
     sample = _sampler(config, eos)
     batch, device = logits.shape[0], logits.device
-    generator = None
+    streams = None
     if config.temperature > 0:
-        generator = torch.Generator(device=device).manual_seed(config.seed)
+        streams = row_streams(config.seed, range(batch) if row_keys is None else row_keys)
     budget = config.max_new_tokens
     rows = torch.arange(batch, device=device)  # original row index of each live row
+    live = list(range(batch))
     outputs: list[list[int]] = [[] for _ in range(batch)]
     eos_t = torch.tensor(eos, device=device)
     for step in range(budget):
         check_cancelled()
-        token = sample(logits, step, generator) if isinstance(logits, torch.Tensor) else logits.greedy()
-        for r, t in zip(rows.tolist(), token.tolist()):
+        if not isinstance(logits, torch.Tensor):
+            token = logits.greedy()
+        else:
+            token = sample(logits, step, None if streams is None else [streams[r] for r in live])
+        for r, t in zip(live, token.tolist()):
             outputs[r].append(t)
         if step == budget - 1:
             break
@@ -93,5 +127,6 @@ def decode_loop(step_fn: DecodeStep, logits: torch.Tensor, config: GenerationCon
             if on_keep is not None:
                 on_keep(keep)
             rows, token = rows[keep], token[keep]
+            live = rows.tolist()
         logits = step_fn(token, step)
     return outputs
