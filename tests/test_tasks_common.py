@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from esft.tasks import get_task
+from esft.tasks import get_task, last_boxed
 from esft.tasks.common import load_hub_rows, parse_hf_spec
 
 TASKS = ("countdown", "math", "chemistry", "mmlu", "boolq")
@@ -164,6 +164,31 @@ class FakeDatasets(types.ModuleType):
         if "[:" in split:
             rows = rows[: int(split.split("[:")[1].rstrip("]"))]
         return rows
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("\\boxed{5}", "5"),
+    ("\\boxed{1} then \\boxed{\\frac{1}{2}}", "\\frac{1}{2}"),
+    ("\\boxed{\\boxed{7}}", "7"),                           # the box that opens last is the inner one
+    ("\\boxed{\\boxed{7}", "7"),
+    ("\\boxed{5}}", "5"),
+    ("{ \\boxed{5}", "5"),
+    ("\\boxed{5} ... no, it is \\boxed{7", None),            # cut off: the replaced answer is not the answer
+    ("\\boxed{yes}. Wait, actually \\boxed{\\text{no}", None),
+    ("\\boxed{", None),
+    ("no box", None),
+])
+def test_last_boxed_reads_the_box_that_opens_last(text, expected):
+    assert last_boxed(text) == expected
+
+
+@pytest.mark.parametrize("name", TASKS[:2] + ("boolq",))
+def test_an_unclosed_last_box_scores_zero_even_after_a_right_one(tasks, name):
+    example, right, _ = CASES[name]
+    completion = right + " Hmm, let me redo that. \\boxed{" + "\\frac{1}{"
+    assert tasks[name].score(right, example) == 1.0
+    assert tasks[name].score(completion, example) == 0.0
+    assert not tasks[name].is_well_formed(completion, example)
 
 
 def test_parse_hf_spec():

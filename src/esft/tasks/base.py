@@ -184,27 +184,30 @@ _BOX_OPEN = re.compile(r"\\(?:boxed|fbox)\s*\{")
 
 
 def last_boxed(text: str) -> str | None:
-    """Content of the last balanced `\\boxed{...}` (or `\\fbox{...}`), nested braces allowed, else None.
+    """Content of the last `\\boxed{...}` (or `\\fbox{...}`), nested braces allowed; None when there is none or
+    when the last one is never closed.
 
-    One left-to-right pass with a brace stack, so adversarial 1 MB completions stay linear-time.
-    "Last" means the balanced box that opens last (for `\\boxed{\\boxed{x}}` that is the inner one).
+    "Last" means the box that opens last (for `\\boxed{\\boxed{x}}` that is the inner one). An unclosed last box
+    (a completion cut off mid-answer) is no answer: falling back to an earlier closed box would score an answer the
+    completion went on to replace. One linear scan from that box, so adversarial 1 MB completions stay fast.
     """
     if not isinstance(text, str) or "box" not in text:
         return None
-    box_opens = {m.end() - 1 for m in _BOX_OPEN.finditer(text)}
-    if not box_opens:
+    start = None
+    for m in _BOX_OPEN.finditer(text):
+        start = m.end()
+    if start is None:
         return None
-    stack: list[int] = []
-    best: tuple[int, int] | None = None
-    for k, c in enumerate(text):
+    depth = 1
+    for k in range(start, len(text)):
+        c = text[k]
         if c == "{":
-            stack.append(k)
-        elif c == "}" and stack:
-            j = stack.pop()
-            if j in box_opens and (best is None or j > best[0]):
-                best = (j, k)
-    return None if best is None else text[best[0] + 1 : best[1]]
-
+            depth += 1
+        elif c == "}":
+            depth -= 1
+            if depth == 0:
+                return text[start:k]
+    return None
 
 
 def checks_format(task: Any) -> bool:
