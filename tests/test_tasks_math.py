@@ -99,6 +99,20 @@ def test_no_box_scores_zero_and_is_not_well_formed(task):
     assert task.is_well_formed("\\boxed{5}", ex("6"))
 
 
+@pytest.mark.parametrize("gold, pred, expected", [
+    ("\\frac{1}{23426}", "\\frac{1}{23427}", False),      # bundled train golds: a tiny gold is not "within 1e-6"
+    (".0000672", "0.000067", False),                      # of every small number
+    ("-\\frac{2}{39203}", "0", False),
+    ("0", "0.0000001", False),
+    ("\\frac{1}{2048}", "0.00048828125", True),          # exact
+    ("\\frac{1}{3}", "0.3333333", True),                  # below 1: within 1e-6 of the gold's size
+    ("1000000", "1000000.0000005", True),                # from 1 up: within 1e-6
+    ("1000000", "1000000.5", False),
+])
+def test_numeric_tolerance_is_relative_below_one(gold, pred, expected):
+    assert answers_match(pred, gold) is expected
+
+
 def test_parse_number():
     assert parse_number("3") == 3 and parse_number("-2.5") == -2.5 and parse_number(".5") == 0.5
     assert parse_number("\\frac{3}{4}") == 0.75 and parse_number("-\\frac{3}{4}") == -0.75
