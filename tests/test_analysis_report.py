@@ -248,3 +248,38 @@ def test_task_options_give_the_passage_cut_to_boolq_only(tmp_path):
                 Run(tmp_path / "c", "grpo", {"task": "sums.jsonl", "max_passage_chars": 400,
                                              "task_options": {"prompt_field": "q"}})]
     assert ctx.task_options() == {"boolq": {"max_passage_chars": 400}, "sums.jsonl": {"prompt_field": "q"}}
+
+
+def test_an_experiment_folder_reports_the_runs_of_its_plan(tmp_path):
+    """Stage folders of a label removed from the spec stay on disk; the report follows plan.json, names the runs
+    it left out and why, and `all_runs` brings them back."""
+    from esft.analysis.report_builder import Report
+
+    base = tmp_path / "base"
+    base.mkdir()
+    (base / "config.json").write_text("{}")
+    plan = []
+    for track, algo in (("es", "es"), ("grpo", "grpo"), ("old-es", "es")):
+        key, run_dir = f"single/boolq/{track}", f"single/boolq/{track}/run"
+        fake_run(tmp_path / run_dir, algo, base, "boolq")
+        stage = {"key": key, "kind": "train", "seed": 42, "track": track, "task": "boolq", "index": 1,
+                 "parent": None, "model": f"{run_dir}/checkpoints/final",
+                 "steps": [{"algorithm": algo, "run_dir": run_dir, "model_dir": f"{run_dir}/checkpoints/final"}]}
+        (tmp_path / key / "result.json").write_text(json.dumps(stage))
+        if track != "old-es":  # the label `old-es` was removed from the spec before the last `experiment run`
+            plan.append(stage)
+    (tmp_path / "plan.json").write_text(json.dumps({"spec": {}, "stages": plan}))
+
+    report = Report(ReportConfig(dir=str(tmp_path)), progress=False)
+    report.discover()
+    assert sorted(r.path.parent.name for r in report.runs) == ["es", "grpo"]
+    assert sorted(c.name for c in report.chains) == ["es", "grpo"] and len(report.pairs) == 1
+    report.section_runs()
+    text = report.sections[0]
+    assert "experiment folder: the runs of the 2 training stages its plan.json lists" in text
+    assert "`single/boolq/old-es/run`: no stage of the experiment's plan" in text
+
+    everything = Report(ReportConfig(dir=str(tmp_path), all_runs=True, exclude=["grpo"]), progress=False)
+    everything.discover()
+    assert sorted(c.name for c in everything.chains) == ["es", "old-es"]
+    assert everything.left_out == [("single/boolq/grpo/run", "matches --exclude 'grpo'")]

@@ -83,6 +83,9 @@ class ReportConfig:
     """torch CPU threads (None = torch's default); 1 is fastest on a busy machine, where idle OpenMP threads spin"""
     exclude: list[str] = field(default_factory=list)
     """regular expressions: runs whose path (relative to DIR) matches one are left out"""
+    all_runs: bool = False
+    """in an experiment folder (one with plan.json), report every run under DIR; by default only the runs of the
+    stages its plan lists, as stage folders of labels or tasks since removed from its spec stay on disk"""
 
     def __post_init__(self) -> None:
         from esft.generation import engine_options
@@ -117,7 +120,8 @@ class Report(ReportContext):
         if not self.runs:  # a mistyped folder must not look like an empty success
             raise ValueError(f"no run directory under {self.root} (a folder with config.yaml and metrics.jsonl, "
                              "seeds.jsonl, drift.jsonl or checkpoints)")
-        self.log(f"{len(self.runs)} runs, {len(self.chains)} chains, {len(self.pairs)} ES-GRPO pairs")
+        self.log(f"{len(self.runs)} runs, {len(self.chains)} chains, {len(self.pairs)} ES-GRPO pairs"
+                 + (f"; {len(self.left_out)} runs left out (listed under Runs)" if self.left_out else ""))
         self.section_runs()
         self.section_accuracy()
         wanted = [a for a in self.config.analyses]
@@ -174,6 +178,11 @@ class Report(ReportContext):
         rows = run_rows(self.runs, self.rel_run, self.shown)
         s = ["## Runs\n", grid(["run", "algorithm", "task", "seed", "started from", "steps", "final checkpoint",
                                 "precision"], rows) if rows else "No run directories found."]
+        if self.plan is not None:
+            s.append(f"\nDIR is an experiment folder: the runs of the {len(self.plan.keys)} training stages its "
+                     "plan.json lists (`--all-runs` reports every run under DIR).")
+        if self.left_out:
+            s.append("\nLeft out:\n\n" + "\n".join(f"- `{name}`: {why}" for name, why in self.left_out))
         if self.chains:
             s.append("\nChains (stage order): " + "; ".join(c.label for c in self.chains))
         self.sections.append("\n".join(s) + "\n")
