@@ -215,6 +215,9 @@ def test_report_evaluates_balanced_examples_on_the_fast_path_when_asked(experime
     path = build_report(cfg, progress=False)
     assert "Failed" not in path.read_text()
     assert "Evaluations use a label-balanced subset of 2 test examples" in path.read_text()
+    assert "Generation: engine options share_prefix=True, prefill_buckets=4, packed_linear=True" in path.read_text()
+    again = build_report(cfg, progress=False).read_text()  # nothing changed: every result from the cache
+    assert re.search(r"\| landscape \| 0\.\d \| (\d) of \1 \| \d+\.\d \|", again), again.split("## Cost")[1]
     cached = [json.loads(p.read_text())["params"] for p in (path.parent / "data").glob("*.json")]
     evaluating = [p for p in cached if "limit" in p]
     assert evaluating and all(p["balanced"] is True and p["generation_options"]["packed_linear"] is True
@@ -283,3 +286,32 @@ def test_an_experiment_folder_reports_the_runs_of_its_plan(tmp_path):
     everything.discover()
     assert sorted(c.name for c in everything.chains) == ["es", "old-es"]
     assert everything.left_out == [("single/boolq/grpo/run", "matches --exclude 'grpo'")]
+
+
+def test_the_cache_survives_an_interrupted_computation_and_keys_the_dtype(tmp_path):
+    from esft.analysis.report_cache import Cache
+    from esft.analysis.report_context import ReportContext
+
+    cache = Cache(tmp_path, recompute=False)
+    assert cache.get("a", {"x": 1}, lambda: [1.0]) == ([1.0], False)
+    assert cache.get("a", {"x": 1}, lambda: [2.0]) == ([1.0], True)
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        Cache(tmp_path, recompute=True).get("a", {"x": 1}, interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        cache.get("b", {"x": 1}, interrupted)
+    assert sorted(p.name for p in (tmp_path / "data").iterdir()) == ["a.json"]  # the old entry intact, no other
+    assert cache.get("a", {"x": 1}, lambda: [3.0]) == ([1.0], True)
+    (tmp_path / "data" / "a.json").write_text('{"params": {"x": 1}, "res')  # truncated by an older esft
+    assert cache.get("a", {"x": 1}, lambda: [4.0]) == ([4.0], False)
+    assert [(name, reused) for name, reused, _ in cache.entries] == [("a", False), ("a", True), ("a", True),
+                                                                      ("a", False)]
+
+    def params(dtype):
+        return ReportContext(ReportConfig(dir=str(tmp_path), dtype=dtype, device="cpu"), progress=False).eval_params()
+
+    assert params("auto") == params("fp32") == {}  # results cached before the key existed were float32
+    assert params("bf16") == {"dtype": "bfloat16"}

@@ -128,11 +128,26 @@ class ReportContext:
         """What, besides limit and max_new_tokens, decides an evaluating analysis's result (part of its cache key;
         empty at the defaults, so results cached before these options existed stay valid)."""
         out: dict[str, Any] = {}
+        if self.eval_dtype() != "float32":  # keyless at float32, the dtype results cached without this key had
+            out["dtype"] = self.eval_dtype()
         if self.config.balanced:
             out["balanced"] = True
         if self.config.generation_options:
             out["generation_options"] = dict(self.config.generation_options)
         return out
+
+    def eval_dtype(self) -> str:
+        """The dtype the evaluating analyses load models in (`--dtype auto`: float32 on CPU, bfloat16 on GPU)."""
+        from esft.models import default_device, parse_dtype
+
+        return str(parse_dtype(self.config.dtype, self.config.device or default_device())).replace("torch.", "")
+
+    def generation_text(self) -> str:
+        """How the evaluating analyses generate, for the report's header."""
+        opts = self.config.generation_options
+        how = (f"engine options {', '.join(f'{k}={v}' for k, v in opts.items())}" if opts else
+               "the exact path (esft engine defaults; `--generation-options fast` is ~5x faster on CPU)")
+        return f"Generation: {how}; models in {self.eval_dtype()} on {self.config.device or 'the default device'}."
 
     def task_options(self) -> dict[str, dict[str, Any]]:
         """Task constructor options the runs trained with (e.g. BoolQ passage cuts), so evaluation matches."""
