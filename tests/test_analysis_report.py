@@ -315,3 +315,22 @@ def test_the_cache_survives_an_interrupted_computation_and_keys_the_dtype(tmp_pa
 
     assert params("auto") == params("fp32") == {}  # results cached before the key existed were float32
     assert params("bf16") == {"dtype": "bfloat16"}
+
+
+def test_functional_sparsity_names_each_chain_it_cannot_sweep(tmp_path):
+    """A GRPO run whose final checkpoint lost its weights: the sweep of the others goes on, and the report says
+    which chain was left out and why (it was dropped silently)."""
+    from esft.analysis.report_context import ReportContext
+    from esft.analysis.sparsity import report_sparsity
+
+    base = tmp_path / "base"
+    base.mkdir()
+    (base / "config.json").write_text("{}")
+    fake_run(tmp_path / "es", "es", "/nowhere/model", "boolq")
+    fake_run(tmp_path / "grpo", "grpo", base, "boolq", checkpoints=())
+    ctx = ReportContext(ReportConfig(dir=str(tmp_path)), progress=False)
+    ctx.discover()
+    assert report_sparsity(ctx) is None
+    reasons = dict(ctx.unsupported)
+    assert reasons["functional sparsity (ES boolq seed 42 (es))"] == "no base model folder on disk"
+    assert reasons["functional sparsity (GRPO boolq seed 42 (grpo))"] == "its last stage has no checkpoint with weights"
