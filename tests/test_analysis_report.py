@@ -215,6 +215,9 @@ def test_report_evaluates_balanced_examples_on_the_fast_path_when_asked(experime
     path = build_report(cfg, progress=False)
     assert "Failed" not in path.read_text()
     assert "Evaluations use a label-balanced subset of 2 test examples" in path.read_text()
+    assert "Generation: engine options share_prefix=True, prefill_buckets=4, packed_linear=True" in path.read_text()
+    again = build_report(cfg, progress=False).read_text()  # nothing changed: every result from the cache
+    assert re.search(r"\| landscape \| 0\.\d \| (\d) of \1 \| \d+\.\d \|", again), again.split("## Cost")[1]
     cached = [json.loads(p.read_text())["params"] for p in (path.parent / "data").glob("*.json")]
     evaluating = [p for p in cached if "limit" in p]
     assert evaluating and all(p["balanced"] is True and p["generation_options"]["packed_linear"] is True
@@ -248,3 +251,86 @@ def test_task_options_give_the_passage_cut_to_boolq_only(tmp_path):
                 Run(tmp_path / "c", "grpo", {"task": "sums.jsonl", "max_passage_chars": 400,
                                              "task_options": {"prompt_field": "q"}})]
     assert ctx.task_options() == {"boolq": {"max_passage_chars": 400}, "sums.jsonl": {"prompt_field": "q"}}
+
+
+def test_an_experiment_folder_reports_the_runs_of_its_plan(tmp_path):
+    """Stage folders of a label removed from the spec stay on disk; the report follows plan.json, names the runs
+    it left out and why, and `all_runs` brings them back."""
+    from esft.analysis.report_builder import Report
+
+    base = tmp_path / "base"
+    base.mkdir()
+    (base / "config.json").write_text("{}")
+    plan = []
+    for track, algo in (("es", "es"), ("grpo", "grpo"), ("old-es", "es")):
+        key, run_dir = f"single/boolq/{track}", f"single/boolq/{track}/run"
+        fake_run(tmp_path / run_dir, algo, base, "boolq")
+        stage = {"key": key, "kind": "train", "seed": 42, "track": track, "task": "boolq", "index": 1,
+                 "parent": None, "model": f"{run_dir}/checkpoints/final",
+                 "steps": [{"algorithm": algo, "run_dir": run_dir, "model_dir": f"{run_dir}/checkpoints/final"}]}
+        (tmp_path / key / "result.json").write_text(json.dumps(stage))
+        if track != "old-es":  # the label `old-es` was removed from the spec before the last `experiment run`
+            plan.append(stage)
+    (tmp_path / "plan.json").write_text(json.dumps({"spec": {}, "stages": plan}))
+
+    report = Report(ReportConfig(dir=str(tmp_path)), progress=False)
+    report.discover()
+    assert sorted(r.path.parent.name for r in report.runs) == ["es", "grpo"]
+    assert sorted(c.name for c in report.chains) == ["es", "grpo"] and len(report.pairs) == 1
+    report.section_runs()
+    text = report.sections[0]
+    assert "experiment folder: the runs of the 2 training stages its plan.json lists" in text
+    assert "`single/boolq/old-es/run`: no stage of the experiment's plan" in text
+
+    everything = Report(ReportConfig(dir=str(tmp_path), all_runs=True, exclude=["grpo"]), progress=False)
+    everything.discover()
+    assert sorted(c.name for c in everything.chains) == ["es", "old-es"]
+    assert everything.left_out == [("single/boolq/grpo/run", "matches --exclude 'grpo'")]
+
+
+def test_the_cache_survives_an_interrupted_computation_and_keys_the_dtype(tmp_path):
+    from esft.analysis.report_cache import Cache
+    from esft.analysis.report_context import ReportContext
+
+    cache = Cache(tmp_path, recompute=False)
+    assert cache.get("a", {"x": 1}, lambda: [1.0]) == ([1.0], False)
+    assert cache.get("a", {"x": 1}, lambda: [2.0]) == ([1.0], True)
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        Cache(tmp_path, recompute=True).get("a", {"x": 1}, interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        cache.get("b", {"x": 1}, interrupted)
+    assert sorted(p.name for p in (tmp_path / "data").iterdir()) == ["a.json"]  # the old entry intact, no other
+    assert cache.get("a", {"x": 1}, lambda: [3.0]) == ([1.0], True)
+    (tmp_path / "data" / "a.json").write_text('{"params": {"x": 1}, "res')  # truncated by an older esft
+    assert cache.get("a", {"x": 1}, lambda: [4.0]) == ([4.0], False)
+    assert [(name, reused) for name, reused, _ in cache.entries] == [("a", False), ("a", True), ("a", True),
+                                                                      ("a", False)]
+
+    def params(dtype):
+        return ReportContext(ReportConfig(dir=str(tmp_path), dtype=dtype, device="cpu"), progress=False).eval_params()
+
+    assert params("auto") == params("fp32") == {}  # results cached before the key existed were float32
+    assert params("bf16") == {"dtype": "bfloat16"}
+
+
+def test_functional_sparsity_names_each_chain_it_cannot_sweep(tmp_path):
+    """A GRPO run whose final checkpoint lost its weights: the sweep of the others goes on, and the report says
+    which chain was left out and why (it was dropped silently)."""
+    from esft.analysis.report_context import ReportContext
+    from esft.analysis.sparsity import report_sparsity
+
+    base = tmp_path / "base"
+    base.mkdir()
+    (base / "config.json").write_text("{}")
+    fake_run(tmp_path / "es", "es", "/nowhere/model", "boolq")
+    fake_run(tmp_path / "grpo", "grpo", base, "boolq", checkpoints=())
+    ctx = ReportContext(ReportConfig(dir=str(tmp_path)), progress=False)
+    ctx.discover()
+    assert report_sparsity(ctx) is None
+    reasons = dict(ctx.unsupported)
+    assert reasons["functional sparsity (ES boolq seed 42 (es))"] == "no base model folder on disk"
+    assert reasons["functional sparsity (GRPO boolq seed 42 (grpo))"] == "its last stage has no checkpoint with weights"

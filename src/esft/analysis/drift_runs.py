@@ -65,6 +65,7 @@ def _replayed(ctx: ReportContext, r: Run, name: str) -> tuple[D.DriftSeries, boo
 
         model, _ = load_model(r.model, dtype=r.config.get("dtype"), device=ctx.config.device)
     series = D.es_series(r.path, model=model, progress=ctx.progress)
+    meta.unlink(missing_ok=True)  # the series is valid only once its key is written after it (Ctrl-C mid-write)
     series.write(cache_path)
     meta.write_text(key)
     return series, False

@@ -83,6 +83,9 @@ class ReportConfig:
     """torch CPU threads (None = torch's default); 1 is fastest on a busy machine, where idle OpenMP threads spin"""
     exclude: list[str] = field(default_factory=list)
     """regular expressions: runs whose path (relative to DIR) matches one are left out"""
+    all_runs: bool = False
+    """in an experiment folder (one with plan.json), report every run under DIR; by default only the runs of the
+    stages its plan lists, as stage folders of labels or tasks since removed from its spec stay on disk"""
 
     def __post_init__(self) -> None:
         from esft.generation import engine_options
@@ -105,6 +108,13 @@ class Report(ReportContext):
         super().__init__(config, progress)
         self.sections: list[str] = []
         self.timings: dict[str, float] = {}
+        self.cost: dict[str, list[tuple[str, bool, float]]] = {}
+        """analysis -> the cached results it asked for: (name, reused, seconds of their computation)"""
+
+    def _cost_note(self, a: str) -> str:
+        entries = self.cost.get(a) or []
+        reused = [e for e in entries if e[1]]
+        return f" ({len(reused)} of {len(entries)} results from the cache)" if reused else ""
 
     def build(self) -> Path:
         self.failed: list[str] = []  # analyses that raised (the report records why; the CLI exits 1)
@@ -117,7 +127,8 @@ class Report(ReportContext):
         if not self.runs:  # a mistyped folder must not look like an empty success
             raise ValueError(f"no run directory under {self.root} (a folder with config.yaml and metrics.jsonl, "
                              "seeds.jsonl, drift.jsonl or checkpoints)")
-        self.log(f"{len(self.runs)} runs, {len(self.chains)} chains, {len(self.pairs)} ES-GRPO pairs")
+        self.log(f"{len(self.runs)} runs, {len(self.chains)} chains, {len(self.pairs)} ES-GRPO pairs"
+                 + (f"; {len(self.left_out)} runs left out (listed under Runs)" if self.left_out else ""))
         self.section_runs()
         self.section_accuracy()
         wanted = [a for a in self.config.analyses]
@@ -128,7 +139,7 @@ class Report(ReportContext):
             if a not in wanted:
                 self.skip(a, "not requested (--analyses)")
                 continue
-            t0 = time.perf_counter()
+            t0, n0 = time.perf_counter(), len(self.cache.entries)
             self.log(f"{a} ...")
             try:
                 getattr(self, f"section_{a}")()
@@ -138,6 +149,8 @@ class Report(ReportContext):
                 self.failed.append(a)
                 self.log(f"{a} failed: {exc!r}")
             self.timings[a] = time.perf_counter() - t0
+            self.cost[a] = self.cache.entries[n0:]
+            self.log(f"{a}: {self.timings[a]:.1f} s" + self._cost_note(a))
         self.timings["total"] = time.perf_counter() - t_start
         return self.write()
 
@@ -149,6 +162,7 @@ class Report(ReportContext):
                      f"Evaluations use {'a label-balanced subset of' if cfg.balanced else 'the first'} {cfg.limit} test "
                      f"examples per task, greedy decoding, "
                      f"max_new_tokens {self.gen_config().max_new_tokens if self.chains else 'n/a'}. "
+                     f"{self.generation_text()} "
                      "Paper values are from the study (Qwen3-4B-Instruct unless noted), at its scale.")
         lines.append("")
         lines.extend(self.sections)
@@ -160,20 +174,36 @@ class Report(ReportContext):
             lines.append("Nothing: every analysis ran.")
         lines.append("")
         lines.append("## Cost\n")
-        lines.append(grid(["analysis", "seconds"], [[k, f"{v:.1f}"] for k, v in self.timings.items()]))
+        lines.append(grid(["analysis", "seconds (this call)", "results from the cache", "seconds to compute them"],
+                          [self._cost_row(k, v) for k, v in self.timings.items()]))
+        lines.append("\nA result from the cache took no time in this call; the last column is the time its "
+                     "computation took when it was made.")
         lines.append(f"\nPeak resident memory of the report process: {peak_rss_mb():.0f} MiB.")
         path = self.out / "report.md"
         path.write_text("\n".join(lines) + "\n")
         (self.out / "results.json").write_text(json.dumps(
             {"config": asdict(cfg), "results": self.results, "unsupported": self.unsupported,
-             "timings": self.timings, "peak_rss_mb": peak_rss_mb()}, indent=1, default=json_default))
+             "timings": self.timings, "cache": self.cost, "peak_rss_mb": peak_rss_mb()},
+            indent=1, default=json_default))
         return path
+
+    def _cost_row(self, analysis: str, seconds: float) -> list[str]:
+        entries = [e for k, es in self.cost.items() for e in es if analysis in (k, "total")]
+        if not entries:
+            return [analysis, f"{seconds:.1f}", NA, NA]
+        return [analysis, f"{seconds:.1f}", f"{sum(e[1] for e in entries)} of {len(entries)}",
+                f"{sum(e[2] for e in entries):.1f}"]
 
     # -- sections ------------------------------------------------------------------------------------------------------
     def section_runs(self) -> None:
         rows = run_rows(self.runs, self.rel_run, self.shown)
         s = ["## Runs\n", grid(["run", "algorithm", "task", "seed", "started from", "steps", "final checkpoint",
                                 "precision"], rows) if rows else "No run directories found."]
+        if self.plan is not None:
+            s.append(f"\nDIR is an experiment folder: the runs of the {len(self.plan.keys)} training stages its "
+                     "plan.json lists (`--all-runs` reports every run under DIR).")
+        if self.left_out:
+            s.append("\nLeft out:\n\n" + "\n".join(f"- `{name}`: {why}" for name, why in self.left_out))
         if self.chains:
             s.append("\nChains (stage order): " + "; ".join(c.label for c in self.chains))
         self.sections.append("\n".join(s) + "\n")

@@ -4,6 +4,7 @@ data/, reused while the identity of its inputs (paths and weight-file times) and
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -35,10 +36,12 @@ def slug(text: str) -> str:
 
 
 class Cache:
-    """JSON results under the output folder, reused when their `params` match."""
+    """JSON results under the output folder, reused when their `params` match. `entries` records each result
+    asked for in this process: (name, reused from the cache, seconds its computation took)."""
 
     def __init__(self, root: Path, recompute: bool):
         self.root, self.recompute = root, recompute
+        self.entries: list[tuple[str, bool, float]] = []
 
     def get(self, name: str, params: Any, compute: Callable[[], Any]) -> tuple[Any, bool]:
         path = self.root / "data" / f"{name}.json"
@@ -47,12 +50,23 @@ class Cache:
             try:
                 data = json.loads(path.read_text())
                 if data.get("params") == params:
+                    self.entries.append((name, True, float(data.get("seconds") or 0.0)))
                     return data["result"], True
-            except (json.JSONDecodeError, KeyError):
+            except (json.JSONDecodeError, KeyError, AttributeError, TypeError, ValueError):
                 pass
         t0 = time.perf_counter()
         result = compute()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"params": params, "seconds": time.perf_counter() - t0, "result": result},
-                                   default=json_default))
+        seconds = time.perf_counter() - t0
+        write_atomic(path, json.dumps({"params": params, "seconds": seconds, "result": result},
+                                      default=json_default))
+        self.entries.append((name, False, seconds))
         return json.loads(json.dumps(result, default=json_default)), False
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write `text` to `path` through a temporary file and a rename, so a report interrupted while writing
+    (Ctrl-C, a kill) leaves the previous entry or none, never a truncated one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)

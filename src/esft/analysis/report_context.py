@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from esft.analysis.report_cache import Cache
-from esft.analysis.runs import Chain, Pair, Run, build_chains, build_pairs, find_runs
+from esft.analysis.runs import Chain, Pair, Plan, Run, build_chains, build_pairs, experiment_plan, find_runs
 from esft.config import passage_cut
 
 
@@ -67,13 +67,26 @@ class ReportContext:
         self.runs: list[Run] = []
         self.chains: list[Chain] = []
         self.pairs: list[Pair] = []
+        self.plan: Plan | None = None
+        self.left_out: list[tuple[str, str]] = []
         self.tokenizers: dict[str, Any] = {}
 
     def discover(self) -> None:
-        """Find the runs under DIR (less the excluded ones), their sequential chains and ES-GRPO pairs."""
-        self.runs = [r for r in find_runs(self.root)
-                     if not any(re.search(p, self.rel_run(r)) for p in self.config.exclude)]
-        self.chains = build_chains(self.runs, self.root)
+        """Find the runs under DIR, their sequential chains and ES-GRPO pairs; runs left out (by --exclude, or
+        outside the plan of an experiment folder) go to `left_out` with the reason."""
+        self.plan = None if self.config.all_runs else experiment_plan(self.root)
+        self.runs, self.left_out = [], []
+        for r in find_runs(self.root):
+            name = self.rel_run(r)
+            pattern = next((p for p in self.config.exclude if re.search(p, name)), None)
+            if pattern is not None:
+                self.left_out.append((name, f"matches --exclude {pattern!r}"))
+            elif self.plan is not None and r.path not in self.plan.run_dirs:
+                self.left_out.append((name, "no stage of the experiment's plan (plan.json) trains in it: a label or "
+                                            "task since removed from the spec"))
+            else:
+                self.runs.append(r)
+        self.chains = build_chains(self.runs, self.root, self.plan)
         self.pairs = build_pairs(self.chains)
 
     def log(self, msg: str) -> None:
@@ -115,11 +128,26 @@ class ReportContext:
         """What, besides limit and max_new_tokens, decides an evaluating analysis's result (part of its cache key;
         empty at the defaults, so results cached before these options existed stay valid)."""
         out: dict[str, Any] = {}
+        if self.eval_dtype() != "float32":  # keyless at float32, the dtype results cached without this key had
+            out["dtype"] = self.eval_dtype()
         if self.config.balanced:
             out["balanced"] = True
         if self.config.generation_options:
             out["generation_options"] = dict(self.config.generation_options)
         return out
+
+    def eval_dtype(self) -> str:
+        """The dtype the evaluating analyses load models in (`--dtype auto`: float32 on CPU, bfloat16 on GPU)."""
+        from esft.models import default_device, parse_dtype
+
+        return str(parse_dtype(self.config.dtype, self.config.device or default_device())).replace("torch.", "")
+
+    def generation_text(self) -> str:
+        """How the evaluating analyses generate, for the report's header."""
+        opts = self.config.generation_options
+        how = (f"engine options {', '.join(f'{k}={v}' for k, v in opts.items())}" if opts else
+               "the exact path (esft engine defaults; `--generation-options fast` is ~5x faster on CPU)")
+        return f"Generation: {how}; models in {self.eval_dtype()} on {self.config.device or 'the default device'}."
 
     def task_options(self) -> dict[str, dict[str, Any]]:
         """Task constructor options the runs trained with (e.g. BoolQ passage cuts), so evaluation matches."""

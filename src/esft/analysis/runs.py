@@ -266,13 +266,33 @@ def _algorithm_of(runs: list[Run]) -> str:
     return uniq[0] if len(set(algos)) == 1 else "->".join(uniq)
 
 
-def build_chains(runs: list[Run], root: Path | None = None) -> list[Chain]:
+@dataclass
+class Plan:
+    """The training stages an experiment folder's plan.json lists: what `esft experiment run` last planned from
+    its spec (stage folders of labels or tasks since removed from the spec stay on disk, outside the plan)."""
+
+    keys: set[str]
+    run_dirs: set[Path]
+
+
+def experiment_plan(root: Path) -> Plan | None:
+    """The plan of an experiment folder, None when `root` has no readable plan.json."""
+    try:
+        plan = json.loads((Path(root) / "plan.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    stages = [s for s in plan.get("stages", []) if isinstance(s, dict) and s.get("steps")]
+    return Plan({s["key"] for s in stages},
+                {(Path(root) / st["run_dir"]).resolve() for s in stages for st in s["steps"]})
+
+
+def build_chains(runs: list[Run], root: Path | None = None, plan: Plan | None = None) -> list[Chain]:
     """Chains from an experiment's stage records (`result.json` with steps, written by `esft experiment run`) when
-    DIR holds them, else by linking runs whose model is another run's checkpoint folder. A stage's checkpoint is
-    the folder the next stage started from (a budget snapshot such as iter_000100 of a run continued to 300), else
-    the run's final checkpoint."""
+    DIR holds them (those of `plan`'s stages only, when given), else by linking runs whose model is another run's
+    checkpoint folder. A stage's checkpoint is the folder the next stage started from (a budget snapshot such as
+    iter_000100 of a run continued to 300), else the run's final checkpoint."""
     if root is not None:
-        staged = chains_from_stage_records(runs, root)
+        staged = chains_from_stage_records(runs, root, keys=plan.keys if plan is not None else None)
         if staged:
             return staged
     by_ckpt: dict[Path, Run] = {}
@@ -313,9 +333,11 @@ def build_chains(runs: list[Run], root: Path | None = None) -> list[Chain]:
     return chains
 
 
-def chains_from_stage_records(runs: list[Run], root: Path, max_depth: int = 7) -> list[Chain]:
-    """Chains of an `esft experiment run` directory, one per (seed, kind, track), from its stage records; a chain
-    whose later stages' runs are missing from `runs` ends at the last stage present."""
+def chains_from_stage_records(runs: list[Run], root: Path, max_depth: int = 7,
+                              keys: set[str] | None = None) -> list[Chain]:
+    """Chains of an `esft experiment run` directory, one per (seed, kind, track), from its stage records (those
+    whose key is in `keys`, when given); a chain whose later stages' runs are missing from `runs` ends at the last
+    stage present."""
     by_path = {r.path: r for r in runs}
     records: dict[str, dict[str, Any]] = {}
     for f in _walk(root, "result.json", max_depth):
@@ -324,7 +346,8 @@ def chains_from_stage_records(runs: list[Run], root: Path, max_depth: int = 7) -
         except (json.JSONDecodeError, OSError):
             continue
         if isinstance(rec, dict) and rec.get("kind") == "train" and rec.get("steps") and rec.get("key"):
-            records[rec["key"]] = rec
+            if keys is None or rec["key"] in keys:
+                records[rec["key"]] = rec
     if not records:
         return []
     has_child = {rec.get("parent") for rec in records.values() if rec.get("parent")}

@@ -173,6 +173,10 @@ def report_sparsity(ctx: ReportContext) -> tuple[list[SparsitySweep], Path] | No
     all of them; None when no chain has one."""
     opts = ctx.task_options()
     chains = [c for c in ctx.chains if c.base is not None and c.stages[-1].checkpoint is not None]
+    for c in ctx.chains:
+        if c.base is None or c.stages[-1].checkpoint is None:
+            ctx.skip(f"functional sparsity ({c.label})", "no base model folder on disk" if c.base is None else
+                     "its last stage has no checkpoint with weights")
     seen: set[tuple] = set()
     todo = []
     for c in chains:  # one per algorithm and task sequence (the first seed)
