@@ -294,7 +294,9 @@ def test_trl_args_are_checked_before_the_model_loads(tmp_path, monkeypatch):
     from esft.config import ConfigError
     from esft.grpo.grpo_config import ESFT_TRL_ARGS, trl_arguments
 
-    assert set(trl_arguments(GRPOConfig(), str(tmp_path), "fp32")) == set(ESFT_TRL_ARGS)
+    # both names of the checkpointing switch are esft's (transformers 5.x renamed it); the run passes one
+    assert set(trl_arguments(GRPOConfig(), str(tmp_path), "fp32")) | {"gradient_checkpointing",
+                                                                        "activation_checkpointing"} == set(ESFT_TRL_ARGS)
     for managed in ({"seed": 7}, {"learning_rate": 1e-4}, {"logging_steps": 5}, {"bf16": True}):
         with pytest.raises(ConfigError, match="may not be overridden"):
             GRPOConfig(trl_args=managed)
@@ -480,3 +482,21 @@ def test_loss_types_are_the_installed_trls():
         assert GRPOConfig(loss_type=name).loss_type == name
     with pytest.raises(ConfigError, match="a loss type of the installed TRL"):
         GRPOConfig(loss_type="grpoo")
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_a_run_shows_no_deprecation_warning_of_the_checkpointing_switch(tmp_path, tokenizer, checkpointing):
+    """Every `esft train grpo` printed two FutureWarnings from transformers 5.x (`gradient_checkpointing` is
+    deprecated ..., `is_gradient_checkpointing` is deprecated ...) that a user can do nothing about; the switch
+    still reaches TRL under its current name."""
+    import warnings
+
+    args = to_trl_config(GRPOConfig(gradient_checkpointing=checkpointing), str(tmp_path / "trl"), "fp32")
+    assert args.gradient_checkpointing is checkpointing
+    config = tiny_config(tmp_path / "run", max_steps=1, eval_every=0, gradient_checkpointing=checkpointing)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        to_trl_config(config, str(tmp_path / "trl"), "fp32")
+        train_grpo(config, model=make_tiny_model(), tokenizer=tokenizer, task=ParityTask(), progress=False)
+    deprecated = [str(w.message) for w in caught if "checkpointing" in str(w.message)]
+    assert deprecated == []

@@ -260,7 +260,8 @@ def _train_options(train: argparse.ArgumentParser) -> None:
                         "uninterrupted run); flags may only change e.g. --iterations")
     # short alias of --fitness-rule (an exact flag: argparse would reject the ambiguous prefix otherwise)
     p.add_argument("--fitness", dest="fitness_rule", metavar="RULE", default=argparse.SUPPRESS,
-                   help="alias of --fitness-rule: mean (paper) or dart (DART-ES)")
+                   help="alias of --fitness-rule: mean (paper), dart (DART-ES) or balanced (class-balanced reward; "
+                        "see --fitness-rule)")
     p.set_defaults(func=_train_es)
 
     # GRPOConfig itself imports nothing heavy; TRL is imported only when training starts.
@@ -278,7 +279,9 @@ def _analyze_options(analyze: argparse.ArgumentParser) -> None:
 
     kinds = analyze.add_subparsers(dest="analysis", required=True)
     for name, (cls, _, _) in COMMANDS.items():
-        p = kinds.add_parser(name, help=(cls.__doc__ or "").split("\n")[0])
+        # the docstring's whole first paragraph: its first line alone can stop mid-sentence
+        summary = " ".join((cls.__doc__ or "").split("\n\n")[0].split())
+        p = kinds.add_parser(name, help=summary)
         _add_run_options(p, None)
         add_dataclass_arguments(p, cls)
         p.set_defaults(func=_analyze)

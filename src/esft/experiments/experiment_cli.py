@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import textwrap
 from pathlib import Path
 
 
@@ -74,9 +75,20 @@ def _list(args: argparse.Namespace) -> int:
     from esft.experiments.spec import shipped_specs
 
     for name, path in shipped_specs().items():
-        first = next((ln[1:].strip() for ln in path.read_text().splitlines() if ln.startswith("#")), "")
-        print(f"{name:<24} {first}")
+        print(textwrap.fill(spec_summary(path.read_text()), width=116, initial_indent=f"{name:<24} ",
+                            subsequent_indent=" " * 25))
     return 0
+
+
+def spec_summary(text: str) -> str:
+    """A spec's description: the first paragraph of its leading comment (its first line alone can stop
+    mid-sentence), on one line."""
+    lines = []
+    for line in text.splitlines():
+        if not line.startswith("#") or not line[1:].strip():
+            break
+        lines.append(line[1:].strip())
+    return " ".join(lines)
 
 
 def add_experiment_commands(exp: argparse.ArgumentParser) -> None:

@@ -324,7 +324,8 @@ ESFT_TRL_ARGS = (
     "steps_per_generation", "num_generations", "learning_rate", "optim", "weight_decay", "max_grad_norm",
     "lr_scheduler_type", "warmup_steps", "epsilon", "beta", "loss_type", "scale_rewards", "num_iterations",
     "mask_truncated_completions", "temperature", "top_p", "max_completion_length", "bf16", "fp16", "use_cpu",
-    "gradient_checkpointing", "disable_dropout", "logging_steps", "save_strategy", "save_steps", "report_to",
+    "gradient_checkpointing", "activation_checkpointing", "disable_dropout", "logging_steps", "save_strategy",
+    "save_steps", "report_to",
     "disable_tqdm", "remove_unused_columns", "dataloader_num_workers")
 
 
@@ -362,7 +363,7 @@ def trl_arguments(config: GRPOConfig, trl_output_dir: str, precision: str, progr
         bf16=precision == "bf16-autocast",
         fp16=False,
         use_cpu=str(config.device or "").startswith("cpu"),
-        gradient_checkpointing=config.gradient_checkpointing,
+        **{checkpointing_argument(): config.gradient_checkpointing},
         disable_dropout=True,
         logging_steps=1,
         save_strategy="steps",
@@ -373,6 +374,16 @@ def trl_arguments(config: GRPOConfig, trl_output_dir: str, precision: str, progr
         dataloader_num_workers=0,
     )
     return {**args, **config.trl_args}
+
+
+def checkpointing_argument() -> str:
+    """TRL's (transformers') name of the activation-recomputation switch: transformers 5.x renamed
+    `gradient_checkpointing` to `activation_checkpointing` and warns (FutureWarning) on every run given the old
+    name; older versions know only the old one. esft's own option keeps TRL's documented name."""
+    from transformers import TrainingArguments
+
+    fields = getattr(TrainingArguments, "__dataclass_fields__", {})
+    return "activation_checkpointing" if "activation_checkpointing" in fields else "gradient_checkpointing"
 
 
 def to_trl_config(config: GRPOConfig, trl_output_dir: str, precision: str, progress: bool = True):

@@ -235,7 +235,13 @@ def _train_or_save(trainer: EsftGRPOTrainer, resume_from: Path | None, progress:
     boundary = StepBoundary()
     trainer.add_callback(boundary)  # last: its on_log of a step follows the step's metrics and evaluation
     try:
-        trainer.train(resume_from_checkpoint=str(resume_from) if resume_from is not None else None)
+        with warnings.catch_warnings():
+            # TRL's own code still calls transformers' deprecated `model.is_gradient_checkpointing`,
+            # `gradient_checkpointing_enable/disable` (FutureWarnings a user can do nothing about); esft passes the
+            # new option name itself (grpo_config.checkpointing_argument)
+            warnings.filterwarnings("ignore", message=r"`(is_)?gradient_checkpointing\w*` is deprecated",
+                                    category=FutureWarning)
+            trainer.train(resume_from_checkpoint=str(resume_from) if resume_from is not None else None)
     except KeyboardInterrupt:
         saved = trainer.save_finished_step(boundary)
         if progress:

@@ -1,0 +1,56 @@
+"""What a newcomer reads first: the one-line descriptions of `esft analyze --help` and `esft experiment list`
+are whole sentences (not a docstring's or comment's first line, cut mid-sentence), and an alias's help names
+every value its option accepts.
+
+    pytest -q tests/test_help_texts.py
+"""
+
+import argparse
+import re
+
+import pytest
+
+from esft.cli import build_parser
+from esft.experiments.experiment_cli import _list
+from esft.experiments.spec import shipped_specs
+
+
+def _sub_helps(parser: argparse.ArgumentParser) -> dict[str, str]:
+    action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return {choice.dest: choice.help for choice in action._choices_actions}
+
+
+def _subparser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+    action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return action.choices[name]
+
+
+def test_each_analysis_is_described_by_a_whole_sentence():
+    helps = _sub_helps(_subparser(build_parser("analyze"), "analyze"))
+    assert set(helps) == {"weights", "drift", "kl", "landscape", "sparsity"}
+    for name, text in helps.items():
+        assert text.endswith("."), (name, text)
+    # the landscape docstring's first line ends with a comma; its paragraph goes on to Figure 5
+    assert "holdout tasks from the final checkpoints (Figure 5)." in helps["landscape"]
+
+
+@pytest.mark.parametrize("name", sorted(shipped_specs()))
+def test_experiment_list_shows_each_spec_description_whole(name, capsys):
+    _list(argparse.Namespace())
+    out = capsys.readouterr().out
+    entries = dict(re.findall(r"^(\S+) +(.*(?:\n {25}.*)*)", out, flags=re.M))
+    text = " ".join(entries[name].split())
+    assert text.endswith("."), text
+    first = shipped_specs()[name].read_text().splitlines()[0].lstrip("# ").strip()
+    assert text.startswith(" ".join(first.split()))
+
+
+def test_the_fitness_alias_names_every_fitness_rule():
+    from esft.es.es_config import RULES
+
+    rules = re.findall(r"'([^']+)'", RULES["fitness_rule"].accepted)
+    assert rules == ["mean", "dart", "balanced"]
+    es = _subparser(_subparser(build_parser("train"), "train"), "es")
+    alias = next(a for a in es._actions if "--fitness" in a.option_strings)
+    for rule in rules:
+        assert rule in alias.help, rule
