@@ -118,3 +118,22 @@ def test_sigterm_stops_a_command_as_ctrl_c_does(monkeypatch, capsys):
         assert time.perf_counter() - start < 5 and "interrupted" in capsys.readouterr().err
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def test_esft_warnings_print_as_one_line():
+    """Inside a command an esft warning is formatted `esft: warning: ...`, without Python's file:line and source
+    line; another library's warning keeps Python's format, --debug keeps it for all, and the format is restored
+    after the command."""
+    import warnings
+
+    import esft.cli
+
+    default = warnings.formatwarning
+    with esft.cli._plain_warnings(False):
+        assert warnings.formatwarning("msg", UserWarning, esft.cli.__file__, 12) == "esft: warning: msg\n"
+        other = warnings.formatwarning("msg", UserWarning, "/usr/lib/python3/site-packages/torch/x.py", 3)
+        assert other.startswith("/usr/lib/python3/site-packages/torch/x.py:3: UserWarning: msg")
+    assert warnings.formatwarning is default
+    with esft.cli._plain_warnings(True):  # --debug: Python's format
+        assert warnings.formatwarning("msg", UserWarning, esft.cli.__file__, 12).startswith(esft.cli.__file__)
+    assert warnings.formatwarning is default

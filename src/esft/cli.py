@@ -14,10 +14,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import sys
-from typing import Any, Callable, Sequence
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence
 
 from esft.config import add_dataclass_arguments, build_config
 from esft.tasks.custom import add_task_flags
@@ -347,6 +349,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     # only the typed sub-command's options are built (see build_parser); "" for `esft --help`, `--version`
     # (the top-level options take no value: the first word that is not an option names the sub-command)
     parser = build_parser(next((a for a in args_list if not a.startswith("-")), ""))
+    with _plain_warnings(debug):
+        return _run(parser, args_list, debug)
+
+
+def _run(parser: argparse.ArgumentParser, args_list: list[str], debug: bool) -> int:
     try:
         args = parser.parse_args(args_list)
         func: Callable[[argparse.Namespace], int] = args.func
@@ -372,6 +379,28 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"esft: error: {exc}", file=sys.stderr)
         return exit_code(exc)
+
+
+@contextlib.contextmanager
+def _plain_warnings(debug: bool) -> Iterator[None]:
+    """esft's own warnings (a format bonus with no effect, lanes lowered for memory, ...) print as one line,
+    `esft: warning: ...`, not with Python's file:line and source line, which read like a traceback to a user;
+    other libraries' warnings keep Python's format, and --debug keeps it for all."""
+    import warnings
+
+    default = warnings.formatwarning
+    package = str(Path(__file__).resolve().parent)
+
+    def plain(message: Any, category: type, filename: str, lineno: int, line: str | None = None) -> str:
+        if debug or not str(Path(filename).resolve()).startswith(package):
+            return default(message, category, filename, lineno, line)
+        return f"esft: warning: {message}\n"
+
+    warnings.formatwarning = plain
+    try:
+        yield
+    finally:
+        warnings.formatwarning = default
 
 
 def _show_context(exc: BaseException) -> None:
