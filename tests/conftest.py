@@ -38,3 +38,14 @@ def make_tiny_model(vocab_size: int = 49152, seed: int = 0, hidden: int = 64, la
 @pytest.fixture()
 def tiny_model():
     return make_tiny_model()
+
+
+@pytest.fixture()
+def two_threads():
+    """Lanes split torch's threads: 2 threads -> 2 lanes of 1 (this machine's layout)."""
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(previous)

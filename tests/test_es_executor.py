@@ -24,15 +24,6 @@ from esft.es.noise import MasterWeights, Update
 from esft.es.strategy import ES
 
 
-@pytest.fixture()
-def two_threads():
-    """Lanes split torch's threads: 2 threads -> 2 lanes of 1 (this machine's layout)."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(2)
-    yield
-    torch.set_num_threads(previous)
-
-
 def same_result(a, b) -> None:
     np.testing.assert_array_equal(a.scores, b.scores)
     np.testing.assert_array_equal(a.well_formed, b.well_formed)

@@ -16,14 +16,6 @@ from esft.es.strategy import ES
 GiB = 2**30
 
 
-@pytest.fixture()
-def two_threads():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(2)
-    yield
-    torch.set_num_threads(previous)
-
-
 @pytest.mark.parametrize("lanes, lane_zero, available, expected", [
     (2, 0, 10 * GiB, 2),  # lane 0 on the model, one copy of 1 GiB: fits
     (2, 0, GiB - 1, 1),  # one byte short of the copy
