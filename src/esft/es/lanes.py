@@ -69,13 +69,10 @@ LANE_PEAK_OVER_WEIGHTS = 2.1
 
 def lane_bytes(model: Any, dtype: torch.dtype | None = None) -> int:
     """Estimated peak bytes of one lane copy of `model` whose floating parameters are `dtype` (None: as they
-    are), tied weights counted once."""
-    seen: dict[int, int] = {}
-    for p in model.parameters():
-        size = torch.empty((), dtype=dtype).element_size() if dtype is not None and p.is_floating_point() \
-            else p.element_size()
-        seen[id(p)] = p.numel() * size
-    return int(sum(seen.values()) * LANE_PEAK_OVER_WEIGHTS)
+    are); `parameters()` yields a tied weight once."""
+    weights = sum(p.numel() * (dtype.itemsize if dtype is not None and p.is_floating_point() else p.element_size())
+                  for p in model.parameters())
+    return int(weights * LANE_PEAK_OVER_WEIGHTS)
 
 
 def lanes_that_fit(lanes: int, copies_per_lane_zero: int, per_lane: int, available: int | None) -> int:

@@ -9,6 +9,7 @@ Options TRL has and esft does not surface (e.g. `use_vllm`) go through `trl_args
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -175,6 +176,7 @@ def transformers_name(enum: str, examples: str) -> Rule:
 TRL_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "vespo", "luspo")
 
 
+@functools.lru_cache(maxsize=1)  # read once per process: every GRPOConfig built checks its loss_type
 def trl_loss_types() -> tuple[str, ...]:
     """The loss types the installed TRL supports, read from its GRPOConfig's `loss_type` help, so that a TRL which
     adds one is not refused; TRL_LOSS_TYPES where that help cannot be read. GRPOTrainer itself refuses an unknown
@@ -325,8 +327,7 @@ ESFT_TRL_ARGS = (
     "lr_scheduler_type", "warmup_steps", "epsilon", "beta", "loss_type", "scale_rewards", "num_iterations",
     "mask_truncated_completions", "temperature", "top_p", "max_completion_length", "bf16", "fp16", "use_cpu",
     "gradient_checkpointing", "activation_checkpointing", "disable_dropout", "logging_steps", "save_strategy",
-    "save_steps", "report_to",
-    "disable_tqdm", "remove_unused_columns", "dataloader_num_workers")
+    "save_steps", "report_to", "disable_tqdm", "remove_unused_columns", "dataloader_num_workers")
 
 
 def trl_arguments(config: GRPOConfig, trl_output_dir: str, precision: str, progress: bool = True) -> dict[str, Any]:
