@@ -92,28 +92,30 @@ class LocalExecutor(Executor):
     `strategy` is the ES strategy whose `sigma` scales every perturbation (read at each one: the strategy owns
     sigma); a number in its place is a fixed sigma (benchmarks, tests).
 
-    `parallel_members` > 1 evaluates that many members at once, each on its own thread ("lane") with an equal
-    share of torch's intra-op threads; the centre's evaluations split their generation batches across the lanes.
-    Lane 0 is the calling thread on `model`; every other lane holds a deep copy of the model (one more model in memory per lane), made at its first use (or by `start`), whose
-    parameters `weights.bind` perturbs from the same masters. With `rollout_dtype` (bf16 rollouts,
-    esft.generation.precision), or with masters that share the model's storage (`MasterWeights(share_storage=
-    True)`, what `esft.es.build` makes for bf16 rollouts and for parallel lanes), every lane, lane 0 and the
-    centre's evaluations included, runs on a copy (`rollout_replica`; bf16: half a model each) holding
-    (master + sigma * eps) in its dtype, and `model` stays at the masters.
-    Memory: a copy's projections are rewritten in full at every perturbation, so while the lean engine holds
-    their packed copies the plain ones are freed (`esft.generation.releasing`; re-allocated by the next perturb
-    or restore): a lane holds one copy of its projections, not two (docs/performance.md, "Memory").
-    Why lanes: a batch-32 decode step is a string of small matmuls and memory-bound attention reads, and two threads splitting each op meet at a barrier after every
-    one; two members side by side, one core each, keep both cores busy, and one lane's memory-bound phases
-    overlap the other's compute (docs/performance.md, "Session 5"). torch releases the GIL inside its kernels and
-    esft's compiled kernels do too. Lanes only perturb and generate; completions are scored on the calling thread
-    afterwards, in member order, so tasks need not be thread-safe. Each member's completions, scores and
-    counters are the same as with one lane (tested), provided the matmul kernels give the same bits at either
-    thread count (oneDNN's and MKL's do here: tests/test_es_executor.py). Lanes need torch's OpenMP backend
-    (per-thread thread counts) and a CPU model; elsewhere the executor warns and uses one lane. If one lane
-    fails or Ctrl-C reaches the calling thread, the other lanes stop at their next decode step
-    (`esft.generation.cancel_on`). Per-member timings are summed over members (so over lanes: their sum can
-    exceed the wall time); `timings["evaluate"]` is the wall time of the call.
+    `parallel_members` > 1 evaluates that many members at once, each on its own thread ("lane") with an equal share
+    of torch's intra-op threads; the centre's evaluations split their generation batches across the lanes. Lane 0 is
+    the calling thread on `model`; every other lane holds a deep copy of the model (one more model in memory per
+    lane), made at its first use (or by `start`), whose parameters `weights.bind` perturbs from the same masters.
+    With `rollout_dtype` (bf16 rollouts, esft.generation.precision), or with masters that share the model's storage
+    (`MasterWeights(share_storage=True)`, what `esft.es.build` makes for bf16 rollouts and for parallel lanes),
+    every lane, lane 0 and the centre's evaluations included, runs on a copy (`rollout_replica`; bf16: half a model
+    each) holding (master + sigma * eps) in its dtype, and `model` stays at the masters.
+
+    Memory: a copy's projections are rewritten in full at every perturbation, so while the lean engine holds their
+    packed copies the plain ones are freed (`esft.generation.releasing`; re-allocated by the next perturb or
+    restore): a lane holds one copy of its projections, not two (docs/performance.md, "Memory").
+
+    Why lanes: a batch-32 decode step is a string of small matmuls and memory-bound attention reads, and two threads
+    splitting each op meet at a barrier after every one; two members side by side, one core each, keep both cores
+    busy, and one lane's memory-bound phases overlap the other's compute (docs/performance.md, "Session 5"). torch
+    releases the GIL inside its kernels and esft's compiled kernels do too. Lanes only perturb and generate;
+    completions are scored on the calling thread afterwards, in member order, so tasks need not be thread-safe. Each
+    member's completions, scores and counters are the same as with one lane (tested), provided the matmul kernels
+    give the same bits at either thread count (oneDNN's and MKL's do here: tests/test_es_executor.py). Lanes need
+    torch's OpenMP backend (per-thread thread counts) and a CPU model; elsewhere the executor warns and uses one
+    lane. If one lane fails or Ctrl-C reaches the calling thread, the other lanes stop at their next decode step
+    (`esft.generation.cancel_on`). Per-member timings are summed over members (so over lanes: their sum can exceed
+    the wall time); `timings["evaluate"]` is the wall time of the call.
     """
 
     def __init__(self, model: Any, tokenizer: Any, weights: MasterWeights, task: Any, strategy: ES | float,

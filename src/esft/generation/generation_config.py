@@ -104,8 +104,8 @@ def engine_options(value: object) -> dict[str, object]:
         if kind is None:
             raise ValueError(f"generation_options: unknown option {key!r}; accepted: {', '.join(ENGINE_OPTIONS)}")
         if not isinstance(val, kind) or (kind is int and (isinstance(val, bool) or val < 1)):
-            raise ValueError(f"generation_options.{key} = {val!r} is not accepted; expected "
-                             f"{'a positive integer' if kind is int else 'true or false' if kind is bool else 'esft or hf'}")
+            wanted = 'a positive integer' if kind is int else 'true or false' if kind is bool else 'esft or hf'
+            raise ValueError(f"generation_options.{key} = {val!r} is not accepted; expected {wanted}")
         if key == "engine" and val not in ("esft", "hf"):
             raise ValueError(f"generation_options.engine = {val!r} is not accepted; expected esft or hf")
         out[key] = val

@@ -116,8 +116,8 @@ def layout_prefill(model, lean: LeanModel, input_ids: torch.Tensor, attention_ma
         positions = (suffix_mask.cumsum(-1) - 1).clamp(min=0) + p
         group_out, hf_cache = prefill(model, suffix, mask.to(attention_mask.dtype), positions, hf_cache)
         if cache is None:
-            cache = KVCache(lean, batch, total + extra_columns, lean.cache_dtype or hf_cache.layers[0].keys.dtype, device,
-                            key_tile=lean.key_tile)
+            dtype = lean.cache_dtype or hf_cache.layers[0].keys.dtype
+            cache = KVCache(lean, batch, total + extra_columns, dtype, device, key_tile=lean.key_tile)
             cache.zero(total)
         outs.append((idx, group_out))
         next_pos[idx] = positions[:, -1] + 1
