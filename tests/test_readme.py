@@ -90,3 +90,32 @@ def test_generated_results_summaries_are_current():
         run = subprocess.run([sys.executable, str(ROOT / script)], capture_output=True, text=True, cwd=ROOT,
                              check=True)
         assert run.stdout == (ROOT / out).read_text(), f"{out} is stale: run `python {script} > {out}`"
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def _relative_links(text: str) -> list[str]:
+    prose = re.sub(r"```.*?```", "", text, flags=re.S)
+    targets = re.findall(r"\]\(([^)\s]+)\)", prose) + re.findall(r"^\[[^\]]+\]:\s*(\S+)", prose, flags=re.M)
+    return [t for t in targets if not re.match(r"[a-z][a-z0-9+.-]*:", t)]
+
+
+def test_relative_links_in_readme_and_docs_resolve():
+    """Every relative link (file or #anchor) in README.md and docs/*.md points at a committed file and, for an
+    anchor, at a heading of the target page."""
+    broken = []
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for target in _relative_links(page.read_text()):
+            path, _, anchor = target.partition("#")
+            dest = (page.parent / path) if path else page
+            if not dest.exists():
+                broken.append(f"{page.relative_to(ROOT)}: {target}")
+            elif anchor and dest.suffix == ".md":
+                headings = re.findall(r"^#+ (.+)$", re.sub(r"```.*?```", "", dest.read_text(), flags=re.S),
+                                      flags=re.M)
+                if anchor not in {_slug(h) for h in headings}:
+                    broken.append(f"{page.relative_to(ROOT)}: {target} (no such heading)")
+    assert not broken, broken
