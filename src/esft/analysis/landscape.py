@@ -264,7 +264,7 @@ def direction_sweep(model, tokenizer, origin: Any, directions: Sequence[Directio
 
 def plot_interpolation(result: Mapping[str, Any], path: str | Path, labels: tuple[str, str] = ("ES", "GRPO")) -> Path:
     """Figure 3: accuracy along the path, with the dashed straight line between endpoint accuracies."""
-    from esft.analysis.plots import pyplot, save
+    from esft.analysis.plots import accuracy_axis, pyplot, save
 
     plt = pyplot()
     tasks = list(result["accuracy"])
@@ -276,7 +276,7 @@ def plot_interpolation(result: Mapping[str, Any], path: str | Path, labels: tupl
         b = result["barrier"][n]
         ax.set_title(f"{n}: max drop {b['max_drop']:+.3f}" + (" (barrier)" if b["barrier"] else ""), fontsize=9)
         ax.set_xlabel(f"t  ({labels[0]} = 0, {labels[1]} = 1)")
-        ax.set_ylabel("accuracy")
+        accuracy_axis(ax)
     return save(fig, path)
 
 
@@ -284,7 +284,7 @@ def plot_direction_sweep(result: Mapping[str, Any], path: str | Path, reference:
                          title: str = "") -> Path:
     """Figure 4/5: accuracy vs distance moved along each direction; dashed verticals at each update's norm,
     dotted horizontals at reference accuracies (e.g. base and checkpoints; {label: {task: acc}})."""
-    from esft.analysis.plots import color, pyplot, save
+    from esft.analysis.plots import accuracy_axis, color, pyplot, save
 
     plt = pyplot()
     mags = np.asarray(result["magnitudes"], dtype=np.float64)
@@ -303,7 +303,7 @@ def plot_direction_sweep(result: Mapping[str, Any], path: str | Path, reference:
         if pos.size and pos.max() / pos.min() > 20:
             ax.set_xscale("symlog", linthresh=float(pos.min()))
         ax.set_xlabel(r"distance moved $\|\Delta\theta\|_2$")
-        ax.set_ylabel("accuracy")
+        accuracy_axis(ax)
         ax.set_title(n, fontsize=9)
         ax.legend(fontsize=7)
     if title:
