@@ -192,7 +192,8 @@ def fuse(state: dict, layout: str) -> dict:
 
 @pytest.mark.parametrize("layout,config", [
     ("phi3", {"num_attention_heads": 4, "num_key_value_heads": 4, "hidden_size": 32}),
-    ("gpt2", {"n_head": 4, "n_embd": 32, "model_type": "gpt2"}),
+    # the fused state dicts keep the Llama's own (untied) lm_head; GPT-2 ties by default, so the config says not
+    ("gpt2", {"n_head": 4, "n_embd": 32, "model_type": "gpt2", "tie_word_embeddings": False}),
     ("neox", {"num_attention_heads": 4, "hidden_size": 32, "model_type": "gpt_neox"}),
 ])
 def test_fused_layouts_split_onto_canonical_tensors(layout, config):

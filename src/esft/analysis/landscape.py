@@ -328,14 +328,26 @@ class LandscapeReport:
 
 
 def _endpoints(ctx: ReportContext) -> tuple[Chain, Chain | None] | None:
-    """The first ES-GRPO pair, else the first chain with a final checkpoint (no Figure 3); None, skipped, when
-    there is none or its base model is not on disk."""
-    items: list[tuple[Chain, Chain | None]] = [(p.es, p.grpo) for p in ctx.pairs[:1]]
+    """The first ES-GRPO pair, else (no Figure 3) the side of it that has a final checkpoint, or the first chain
+    with one; None, skipped, when there is none or its base model is not on disk."""
+    items: list[tuple[Chain, Chain | None]] = []
+    if ctx.pairs:
+        pair = ctx.pairs[0]
+        present = [c for c in (pair.es, pair.grpo) if c.stages[-1].checkpoint is not None]
+        if len(present) == 2:
+            items = [(pair.es, pair.grpo)]
+        else:
+            missing = [c for c in (pair.es, pair.grpo) if c.stages[-1].checkpoint is None]
+            ctx.skip("interpolation ES <-> GRPO (Figure 3)", "; ".join(
+                f"the {c.algorithm.upper()} side ({c.label}) has no final checkpoint with weights" for c in missing)
+                + (f"; Figures 4-5 use the {present[0].algorithm.upper()} update alone" if present else ""))
+            items = [(present[0], None)] if present else []
     if not items:
         cands = [c for c in ctx.chains if c.base is not None and c.stages[-1].checkpoint is not None]
         items = [(cands[0], None)] if cands else []
-        ctx.skip("interpolation ES <-> GRPO (Figure 3)", "needs an ES and a GRPO run from the same base on the "
-                 "same tasks")
+        if not ctx.pairs:
+            ctx.skip("interpolation ES <-> GRPO (Figure 3)", "needs an ES and a GRPO run from the same base on "
+                     "the same tasks")
     if not items:
         ctx.skip("landscape (Figures 3-5)", "no run with a base model folder and a final checkpoint")
         return None
