@@ -132,3 +132,31 @@ def test_an_interpolation_path_needs_its_two_endpoints():
         ReportConfig(dir=".", interpolation_points=1)
     assert LandscapeConfig(interpolation_points=2).interpolation_points == 2
     assert ReportConfig(dir=".", interpolation_points=2).interpolation_points == 2
+
+
+def test_accuracy_axes_of_the_report_figures_are_held_to_zero_one(tmp_path, monkeypatch):
+    """A flat accuracy curve (0.50 -> 0.51) must look flat: every accuracy panel spans [0, 1], not autoscaled
+    to the curve's own range."""
+    from esft.analysis import plots
+
+    drawn = []
+    real_save = plots.save
+
+    def keep(fig, path):
+        drawn.append([(ax.get_ylabel(), ax.get_ylim()) for ax in fig.get_axes()])
+        return real_save(fig, path)
+
+    monkeypatch.setattr(plots, "save", keep)
+    flat = [0.50, 0.505, 0.51]
+    L.plot_interpolation({"t": [0.0, 0.5, 1.0], "accuracy": {"boolq": flat},
+                          "barrier": {"boolq": L.barrier([0.0, 0.5, 1.0], flat, 200)}}, tmp_path / "i.png")
+    L.plot_direction_sweep({"magnitudes": [0.0, 1.0, 90.0],
+                            "directions": {"ES": {"norm": 90.0, "accuracy": {"boolq": flat}},
+                                           "GRPO": {"norm": 1.0, "accuracy": {"boolq": [0.5, 0.5, 0.5]}}}},
+                           tmp_path / "d.png", reference={"base": {"boolq": 0.5}})
+    SP.plot_sparsity_sweep({"es": {"rows": [{"sparsity": s, "accuracy": {"boolq": a}} for s, a in
+                                            zip([0.0, 0.5, 0.9], flat)], "base_accuracy": {"boolq": 0.5}}},
+                           tmp_path / "s.png")
+    assert len(drawn) == 3
+    for axes in drawn:
+        assert axes and all(label == "accuracy" and limits == (0.0, 1.0) for label, limits in axes), axes

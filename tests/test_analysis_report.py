@@ -334,3 +334,63 @@ def test_functional_sparsity_names_each_chain_it_cannot_sweep(tmp_path):
     reasons = dict(ctx.unsupported)
     assert reasons["functional sparsity (ES boolq seed 42 (es))"] == "no base model folder on disk"
     assert reasons["functional sparsity (GRPO boolq seed 42 (grpo))"] == "its last stage has no checkpoint with weights"
+
+
+def test_a_pair_with_one_side_missing_names_it_and_measures_the_other(tmp_path, tokenizer):
+    """ES and GRPO paired, one side's checkpoint gone: the report says which side is missing and still shows
+    the other side's update (norm, sparsity, stable rank against the base) and its Figure 4 sweep, instead of
+    dropping the pair's stage silently (weights) or failing (landscape)."""
+    import shutil
+
+    root = tmp_path / "exp"
+    base = make_base(root, tokenizer, hidden=16)
+    make_es_run(root, base, steps=2)
+    make_grpo_run(root, base, steps=2)
+    shutil.move(root / "grpo" / "checkpoints", tmp_path / "grpo_checkpoints")
+    cfg = ReportConfig(dir=str(root), output_dir=str(tmp_path / "r"), analyses=["weights", "landscape"], limit=1,
+                       max_new_tokens=2, holdout_tasks=[], magnitude_points=2, batch_size=2)
+    text = build_report(cfg, progress=False).read_text()
+    assert "Failed" not in text
+    table3 = text.split("**Table 3: update norm ||dtheta||_2**")[1].split("**Table 4")[0]
+    row = next(line for line in table3.splitlines() if line.startswith("| 1: boolq"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert float(cells[1]) > 0 and cells[2] == "missing" and cells[3] == "n/a"
+    table4 = text.split("**Table 4: sparsity and stable rank**")[1].split("**Table 20")[0]
+    cells = [c.strip() for c in next(line for line in table4.splitlines() if line.startswith("| 1: boolq"))
+             .strip("|").split("|")]
+    assert cells[1].endswith("%") and cells[2] == "missing" and float(cells[3]) > 1 and cells[4] == "missing"
+    assert "Missing checkpoints: Stage 1 (boolq): the GRPO run `grpo` left no checkpoint with weights" in text
+    unsupported = text.split("## What these runs could not support")[1]
+    assert "weights (ES vs GRPO, boolq, seed 42, stage 1, GRPO side)**: the GRPO run `grpo`" in unsupported
+    assert "the GRPO side (GRPO boolq seed 42 (grpo)) has no final checkpoint with weights; Figures 4-5 use " \
+           "the ES update alone" in unsupported
+    figure4 = text.split("### Figure 4")[1]
+    assert "| ES |" in figure4 and "| GRPO |" not in figure4
+
+    # the other way round: GRPO measured alone
+    shutil.move(tmp_path / "grpo_checkpoints", root / "grpo" / "checkpoints")
+    shutil.move(root / "es" / "checkpoints", tmp_path / "es_checkpoints")
+    text = build_report(ReportConfig(dir=str(root), output_dir=str(tmp_path / "r2"), analyses=["weights"]),
+                        progress=False).read_text()
+    table3 = text.split("**Table 3: update norm ||dtheta||_2**")[1].split("**Table 4")[0]
+    cells = [c.strip() for c in next(line for line in table3.splitlines() if line.startswith("| 1: boolq"))
+             .strip("|").split("|")]
+    assert cells[1] == "missing" and float(cells[2]) > 0
+    assert "the ES run `es` left no checkpoint with weights for this stage; GRPO measured alone" in text
+
+
+def test_kl_names_the_missing_side_of_each_chain_it_cannot_measure(tmp_path):
+    from esft.analysis.kl import report_kl
+    from esft.analysis.report_context import ReportContext
+
+    base = tmp_path / "base"
+    base.mkdir()
+    (base / "config.json").write_text("{}")
+    fake_run(tmp_path / "es", "es", "/nowhere/model", "boolq")
+    fake_run(tmp_path / "grpo", "grpo", base, "boolq", checkpoints=())
+    ctx = ReportContext(ReportConfig(dir=str(tmp_path)), progress=False)
+    ctx.discover()
+    assert report_kl(ctx) is None
+    reasons = dict(ctx.unsupported)
+    assert reasons["KL (ES boolq seed 42 (es))"] == "base model '/nowhere/model' is not a folder on disk"
+    assert reasons["KL (GRPO boolq seed 42 (grpo))"] == "no checkpoint with weights for stage 1 (boolq, run `grpo`)"

@@ -192,7 +192,8 @@ def fuse(state: dict, layout: str) -> dict:
 
 @pytest.mark.parametrize("layout,config", [
     ("phi3", {"num_attention_heads": 4, "num_key_value_heads": 4, "hidden_size": 32}),
-    ("gpt2", {"n_head": 4, "n_embd": 32, "model_type": "gpt2"}),
+    # the fused state dicts keep the Llama's own (untied) lm_head; GPT-2 ties by default, so the config says not
+    ("gpt2", {"n_head": 4, "n_embd": 32, "model_type": "gpt2", "tie_word_embeddings": False}),
     ("neox", {"num_attention_heads": 4, "hidden_size": 32, "model_type": "gpt_neox"}),
 ])
 def test_fused_layouts_split_onto_canonical_tensors(layout, config):
@@ -299,3 +300,54 @@ def test_tensors_left_out_of_the_totals_are_said_in_the_output(tmp_path):
                           plot=lambda cached, path, fn: None)
     W.report_weights(ctx)
     assert any("layers.1.up_proj" in why and "left out of every total" in why for _, why in skipped), skipped
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_a_config_without_tie_word_embeddings_ties_as_transformers_loads_it(tmp_path, arch):
+    """config.json without `tie_word_embeddings`: transformers ties by its config class's default for the
+    model_type (GPT-2 True, Llama False); the update's entry count follows it, on a checkpoint that stores
+    both lm_head and the embedding (as exporters other than save_pretrained do)."""
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+    from esft.models import parameter_count, ties_word_embeddings
+    from esft.analysis.sources import refs_of
+
+    torch.manual_seed(0)
+    if arch == "gpt2":
+        model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_embd=16, n_layer=1, n_head=2, n_positions=16,
+                                           bos_token_id=1, eos_token_id=2))
+        embed = "transformer.wte.weight"
+    else:
+        model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                             num_attention_heads=2, tie_word_embeddings=False))
+        embed = "model.embed_tokens.weight"
+    folder = tmp_path / arch
+    model.save_pretrained(folder)
+    tensors = load_file(str(folder / "model.safetensors"))
+    tensors["lm_head.weight"] = model.lm_head.weight.detach().clone()
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(folder / "model.safetensors"))
+    config = json.loads((folder / "config.json").read_text())
+    del config["tie_word_embeddings"]
+    (folder / "config.json").write_text(json.dumps(config))
+
+    loaded = AutoModelForCausalLM.from_pretrained(folder)
+    tied = loaded.lm_head.weight is loaded.get_input_embeddings().weight
+    assert tied == (arch == "gpt2") == ties_word_embeddings(config)
+    assert ("lm_head" in refs_of(CheckpointSource(folder))) == (not tied)
+    assert embed in tensors
+    rep = W.compare_updates(folder, {"tuned": folder}, stable_ranks=False)
+    assert rep["total"]["numel"] == parameter_count(loaded)
+
+
+def test_tie_word_embeddings_follows_the_config_then_its_model_types_default():
+    from transformers import GPT2Config, LlamaConfig
+
+    from esft.models import ties_word_embeddings
+
+    assert ties_word_embeddings({"model_type": "gpt2"}) is GPT2Config().tie_word_embeddings is True
+    assert ties_word_embeddings({"model_type": "llama"}) is LlamaConfig().tie_word_embeddings is False
+    assert ties_word_embeddings({"model_type": "gpt2", "tie_word_embeddings": False}) is False
+    assert ties_word_embeddings({"model_type": "x", "text_config": {"model_type": "gpt2"}}) is True
+    assert ties_word_embeddings({"model_type": "not-a-model-type"}) is False
+    assert ties_word_embeddings(None) is False

@@ -12,8 +12,9 @@ import importlib.util
 import os
 import shutil
 import tempfile
+from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import torch
 
@@ -185,3 +186,41 @@ def load_model(
 def parameter_count(model: torch.nn.Module) -> int:
     """Number of distinct parameters (tied weights counted once)."""
     return sum(p.numel() for p in model.parameters())
+
+
+def ties_word_embeddings(config: Mapping[str, Any] | None) -> bool:
+    """Whether a checkpoint with this config.json (as a dict) ties its lm_head to the input embedding, as the
+    installed transformers would load it: the config's own `tie_word_embeddings` (its text_config's first, for
+    composite models), else the default of transformers' config class for its model_type, which differs by
+    architecture (GPT-2, Gemma, OPT: True; Llama, Qwen2, Mistral: False). False when transformers does not know
+    the model_type (nothing is then assumed shared, so nothing is dropped from a count)."""
+    if not config:
+        return False
+    text = config.get("text_config") if isinstance(config.get("text_config"), Mapping) else config
+    for part in (text, config):
+        if part.get("tie_word_embeddings") is not None:
+            return bool(part["tie_word_embeddings"])
+    for part in (text, config):
+        default = _config_class_default(str(part.get("model_type") or ""))
+        if default is not None:
+            return default
+    return False
+
+
+@lru_cache(maxsize=None)
+def _config_class_default(model_type: str) -> bool | None:
+    """`tie_word_embeddings` of a default-built config of `model_type` (None: unknown type, or no such field)."""
+    from huggingface_hub import errors
+    from transformers import CONFIG_MAPPING
+
+    # transformers 5 validates configs as huggingface_hub strict dataclasses (older hubs have no such error)
+    invalid = getattr(errors, "StrictDataclassError", ValueError)
+    if model_type not in CONFIG_MAPPING:
+        return None
+    cls = CONFIG_MAPPING[model_type]
+    try:
+        # an instance, not the class field: some configs set it while they are built (T5, ShieldGemma2)
+        value = getattr(cls(), "tie_word_embeddings", None)
+    except (invalid, ValueError, TypeError, KeyError):
+        value = getattr(cls, "tie_word_embeddings", None)  # a config that needs arguments to be built
+    return None if value is None else bool(value)

@@ -227,12 +227,11 @@ def canonical_refs(shapes: Mapping[str, Sequence[int]], config: Mapping[str, Any
 
 def tied_lm_head(shapes: Mapping[str, Sequence[int]], config: Mapping[str, Any] | None) -> list[str]:
     """Stored names of an lm_head that is tied to the input embedding (dropped so it is counted once)."""
-    if not config:
-        return []
-    text = config.get("text_config") if isinstance(config.get("text_config"), Mapping) else config
-    # only when the config says so: HF omits a tied lm_head from its files anyway, and an untied one that
-    # happens to be stored must be counted
-    if not (text.get("tie_word_embeddings", config.get("tie_word_embeddings", False))):
+    from esft.models import ties_word_embeddings
+
+    # only when transformers would tie them (the config's key, else its model_type's default): HF omits a tied
+    # lm_head from its files anyway, and an untied one that happens to be stored must be counted
+    if not ties_word_embeddings(config):
         return []
     heads = [k for k in shapes if parse_name(k)[1] == "lm_head"]
     embeds = [k for k in shapes if parse_name(k)[1] == "embed_tokens"]

@@ -323,8 +323,12 @@ def report_kl(ctx: ReportContext) -> tuple[list[KLGroup], Path | None] | None:
     es@300) and task sequence aggregated; the incremental heatmap. None when no chain can be measured."""
     chains = [c for c in ctx.chains if c.base is not None and all(st.checkpoint is not None for st in c.stages)]
     for c in ctx.chains:
-        if c not in chains:
-            ctx.skip(f"KL ({c.label})", "base model not on disk or a stage without checkpoint")
+        if c.base is None:
+            ctx.skip(f"KL ({c.label})", f"base model {c.base_spec!r} is not a folder on disk")
+        elif c not in chains:
+            gone = [f"{i + 1} ({t}, run `{ctx.rel_run(st.run)}`)" for i, (st, t) in enumerate(zip(c.stages, c.tasks))
+                    if st.checkpoint is None]
+            ctx.skip(f"KL ({c.label})", f"no checkpoint with weights for stage {', '.join(gone)}")
     if not chains:
         ctx.skip("KL", "no chain with a base model folder and checkpoints")
         return None

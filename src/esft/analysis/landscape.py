@@ -264,7 +264,7 @@ def direction_sweep(model, tokenizer, origin: Any, directions: Sequence[Directio
 
 def plot_interpolation(result: Mapping[str, Any], path: str | Path, labels: tuple[str, str] = ("ES", "GRPO")) -> Path:
     """Figure 3: accuracy along the path, with the dashed straight line between endpoint accuracies."""
-    from esft.analysis.plots import pyplot, save
+    from esft.analysis.plots import accuracy_axis, pyplot, save
 
     plt = pyplot()
     tasks = list(result["accuracy"])
@@ -276,7 +276,7 @@ def plot_interpolation(result: Mapping[str, Any], path: str | Path, labels: tupl
         b = result["barrier"][n]
         ax.set_title(f"{n}: max drop {b['max_drop']:+.3f}" + (" (barrier)" if b["barrier"] else ""), fontsize=9)
         ax.set_xlabel(f"t  ({labels[0]} = 0, {labels[1]} = 1)")
-        ax.set_ylabel("accuracy")
+        accuracy_axis(ax)
     return save(fig, path)
 
 
@@ -284,7 +284,7 @@ def plot_direction_sweep(result: Mapping[str, Any], path: str | Path, reference:
                          title: str = "") -> Path:
     """Figure 4/5: accuracy vs distance moved along each direction; dashed verticals at each update's norm,
     dotted horizontals at reference accuracies (e.g. base and checkpoints; {label: {task: acc}})."""
-    from esft.analysis.plots import color, pyplot, save
+    from esft.analysis.plots import accuracy_axis, color, pyplot, save
 
     plt = pyplot()
     mags = np.asarray(result["magnitudes"], dtype=np.float64)
@@ -303,7 +303,7 @@ def plot_direction_sweep(result: Mapping[str, Any], path: str | Path, reference:
         if pos.size and pos.max() / pos.min() > 20:
             ax.set_xscale("symlog", linthresh=float(pos.min()))
         ax.set_xlabel(r"distance moved $\|\Delta\theta\|_2$")
-        ax.set_ylabel("accuracy")
+        accuracy_axis(ax)
         ax.set_title(n, fontsize=9)
         ax.legend(fontsize=7)
     if title:
@@ -328,14 +328,26 @@ class LandscapeReport:
 
 
 def _endpoints(ctx: ReportContext) -> tuple[Chain, Chain | None] | None:
-    """The first ES-GRPO pair, else the first chain with a final checkpoint (no Figure 3); None, skipped, when
-    there is none or its base model is not on disk."""
-    items: list[tuple[Chain, Chain | None]] = [(p.es, p.grpo) for p in ctx.pairs[:1]]
+    """The first ES-GRPO pair, else (no Figure 3) the side of it that has a final checkpoint, or the first chain
+    with one; None, skipped, when there is none or its base model is not on disk."""
+    items: list[tuple[Chain, Chain | None]] = []
+    if ctx.pairs:
+        pair = ctx.pairs[0]
+        present = [c for c in (pair.es, pair.grpo) if c.stages[-1].checkpoint is not None]
+        if len(present) == 2:
+            items = [(pair.es, pair.grpo)]
+        else:
+            missing = [c for c in (pair.es, pair.grpo) if c.stages[-1].checkpoint is None]
+            ctx.skip("interpolation ES <-> GRPO (Figure 3)", "; ".join(
+                f"the {c.algorithm.upper()} side ({c.label}) has no final checkpoint with weights" for c in missing)
+                + (f"; Figures 4-5 use the {present[0].algorithm.upper()} update alone" if present else ""))
+            items = [(present[0], None)] if present else []
     if not items:
         cands = [c for c in ctx.chains if c.base is not None and c.stages[-1].checkpoint is not None]
         items = [(cands[0], None)] if cands else []
-        ctx.skip("interpolation ES <-> GRPO (Figure 3)", "needs an ES and a GRPO run from the same base on the "
-                 "same tasks")
+        if not ctx.pairs:
+            ctx.skip("interpolation ES <-> GRPO (Figure 3)", "needs an ES and a GRPO run from the same base on "
+                     "the same tasks")
     if not items:
         ctx.skip("landscape (Figures 3-5)", "no run with a base model folder and a final checkpoint")
         return None

@@ -250,6 +250,8 @@ class Report(ReportContext):
             s.append("**Table 3: update norm**\n\n" + grid(["stage", f"{c.algorithm.upper()} norm", "paper"], c.norms))
             s.append("\n**Table 4: sparsity and stable rank**\n\n" + grid(
                 ["stage", "sparsity", "stable rank", "paper sparsity / stable rank"], c.sparsity))
+        if c.notes:
+            s.append("\nMissing checkpoints: " + " ".join(c.notes))
         if c.families is not None:
             s.append("\n" + "Per family, last stage:\n\n" + grid(*c.families))
         if c.figure is not None:

@@ -137,7 +137,7 @@ def sparsity_sweep(model, tokenizer, base: Any, tuned: Any, tasks: Mapping[str, 
 
 def plot_sparsity_sweep(results: Mapping[str, Mapping[str, Any]], path: str | Path) -> Path:
     """Accuracy vs sparsity of the kept update, one line per method, per task; base accuracy dotted."""
-    from esft.analysis.plots import color, pyplot, save
+    from esft.analysis.plots import accuracy_axis, color, pyplot, save
 
     plt = pyplot()
     tasks = sorted({t for r in results.values() for row in r["rows"] for t in row["accuracy"]})
@@ -150,7 +150,7 @@ def plot_sparsity_sweep(results: Mapping[str, Mapping[str, Any]], path: str | Pa
             if t in r.get("base_accuracy", {}):
                 ax.axhline(r["base_accuracy"][t], color=color(label), ls=":", lw=1)
         ax.set_xlabel(r"sparsity (fraction of $|\Delta\theta_i| \leq \tau$ reverted)")
-        ax.set_ylabel("accuracy")
+        accuracy_axis(ax)
         ax.set_title(t, fontsize=9)
         ax.legend(fontsize=7)
     return save(fig, path)

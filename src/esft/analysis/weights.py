@@ -266,7 +266,8 @@ def summarize(rows: list[dict[str, Any]], labels: list[str], pairs: list[tuple[s
 @dataclass
 class UpdateComparison:
     """Tables 3, 4 and 20 of one chain (and of its ES-GRPO partner when `paired`), one row per stage, beside the
-    study's values; the last stage per family and its figure."""
+    study's values; the last stage per family and its figure; `notes`: stages where one side has no checkpoint
+    (its cells read "missing", the other side's update is still measured)."""
 
     label: str
     base: Path
@@ -277,6 +278,10 @@ class UpdateComparison:
     cosines: list[list[Any]] = field(default_factory=list)
     families: tuple[list[str], list[list[Any]]] | None = None
     figure: Path | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+MISSING = "missing"  # the cell of a side whose checkpoint is not on disk
 
 
 def report_weights(ctx: ReportContext) -> list[UpdateComparison] | None:
@@ -294,27 +299,12 @@ def report_weights(ctx: ReportContext) -> list[UpdateComparison] | None:
             continue
         comp = UpdateComparison(label, a.base, a.algorithm, b is not None)
         last_rep, cached = None, False
-        for i, (stage, task) in enumerate(zip(a.stages, a.tasks)):
-            ck_a = stage.checkpoint
-            ck_b = b.stages[i].checkpoint if b is not None and i < len(b.stages) else None
-            if ck_a is None or (b is not None and ck_b is None):
-                ctx.skip(f"weights ({label}, stage {i + 1})", "a stage has no checkpoint")
+        for i in range(len(a.stages)):
+            found = _weights_stage(ctx, comp, a, b, i)
+            if found is None:
                 continue
-            la, lb = a.algorithm, (b.algorithm if b is not None else None)
-            tuned = {la: ck_a} if lb is None else {la: ck_a, lb: ck_b}
-            if lb == la:
-                tuned = {la: ck_a, f"{lb}_2": ck_b}
-            params = {"base": fingerprint([a.base]), "tuned": {k: fingerprint([v]) for k, v in tuned.items()},
-                      "eps": ctx.config.eps}
-            rep, cached = ctx.cache.get(f"weights_{slug(label)}_stage{i + 1}", params,
-                                        lambda: compare_updates(a.base, tuned, eps=ctx.config.eps,
-                                                                progress=ctx.progress))
-            last_rep = rep
-            for src, names in rep["unmatched"].items():
-                ctx.skip(f"weights ({label}, stage {i + 1}): {len(names)} tensor(s) of {src}",
-                         "missing from another checkpoint, so left out of every total: " + ", ".join(names[:5]))
-            results[f"{label} stage {i + 1}"] = rep["total"]
-            _stage_rows(comp, rep["total"], f"{i + 1}: {task}", paper.stage_index(task), list(tuned))
+            last_rep, cached = found
+            results[f"{label} stage {i + 1}"] = last_rep["total"]
         if not comp.paired:
             ctx.skip(f"ES/GRPO norm ratio and cosine (Tables 3, 20) for {label}",
                      "no run of the other algorithm from the same base model on the same task sequence")
@@ -327,22 +317,66 @@ def report_weights(ctx: ReportContext) -> list[UpdateComparison] | None:
     return out
 
 
+def _weights_stage(ctx: ReportContext, comp: UpdateComparison, a: Chain, b: Chain | None,
+                   i: int) -> tuple[dict[str, Any], bool] | None:
+    """Stage i of chain `a` (and of its partner `b`): the update of each side that has a checkpoint, its rows
+    added to `comp`; a side without one is named (report notes, unsupported list). None when neither has one."""
+    label, task = comp.label, a.tasks[i]
+    la = a.algorithm
+    lb = None if b is None else (b.algorithm if b.algorithm != la else f"{b.algorithm}_2")
+    sides = {la: a.stages[i].checkpoint}
+    if b is not None:
+        sides[lb] = b.stages[i].checkpoint if i < len(b.stages) else None
+    tuned = {k: v for k, v in sides.items() if v is not None}
+    for side, chain in ((la, a), (lb, b)):
+        if chain is not None and sides[side] is None:
+            why = _missing_checkpoint(ctx, chain, i)
+            rest = (f"{', '.join(x.upper() for x in tuned)} measured alone" if tuned else "nothing measured")
+            comp.notes.append(f"Stage {i + 1} ({task}): {why}; {rest}.")
+            ctx.skip(f"weights ({label}, stage {i + 1}, {side.upper()} side)", f"{why}; {rest}")
+    if not tuned:
+        return None
+    params = {"base": fingerprint([a.base]), "tuned": {k: fingerprint([v]) for k, v in tuned.items()},
+              "eps": ctx.config.eps}
+    rep, cached = ctx.cache.get(f"weights_{slug(label)}_stage{i + 1}", params,
+                                lambda: compare_updates(a.base, tuned, eps=ctx.config.eps, progress=ctx.progress))
+    for src, names in rep["unmatched"].items():
+        ctx.skip(f"weights ({label}, stage {i + 1}): {len(names)} tensor(s) of {src}",
+                 "missing from another checkpoint, so left out of every total: " + ", ".join(names[:5]))
+    _stage_rows(comp, rep["total"], f"{i + 1}: {task}", paper.stage_index(task), list(sides))
+    return rep, cached
+
+
+def _missing_checkpoint(ctx: ReportContext, chain: Chain, i: int) -> str:
+    """Which side of a comparison has no weights at stage i, and where they were looked for."""
+    who = chain.algorithm.upper()
+    if i >= len(chain.stages):
+        return f"the {who} chain ends before stage {i + 1}"
+    return f"the {who} run `{ctx.rel_run(chain.stages[i].run)}` left no checkpoint with weights for this stage"
+
+
 def _stage_rows(comp: UpdateComparison, tot: dict[str, Any], stage: str, k: int | None, names: list[str]) -> None:
-    """One stage's rows of Tables 3, 4 (and 20 when paired), the study's values after the same task last."""
+    """One stage's rows of Tables 3, 4 (and 20 when paired), the study's values after the same task last; the
+    cells of a side absent from `tot` (no checkpoint) read "missing"."""
     la = names[0]
     if comp.paired:
-        ea, gb = tot[la], tot[names[1]]
+        ea, gb = tot.get(la), tot.get(names[1])
+
+        def cell(side: dict[str, Any] | None, key: str, show=lambda x: x) -> Any:
+            return MISSING if side is None else show(side[key])
+
         ratio = tot.get(f"norm_ratio:{la}|{names[1]}")
         p3 = paper.TABLE3[k] if k is not None else None
-        comp.norms.append([stage, ea["norm"], gb["norm"], f"{ratio:.3g}x" if ratio else NA,
+        comp.norms.append([stage, cell(ea, "norm"), cell(gb, "norm"), f"{ratio:.3g}x" if ratio else NA,
                            f"{p3[0]} / {p3[1]} / {p3[2]}x (after {paper.stage_label(k)})" if p3 else NA])
         p4 = paper.TABLE4[k] if k is not None else None
-        comp.sparsity.append([stage, pct(ea["sparsity"]), pct(gb["sparsity"]), ea["stable_rank_mean"],
-                              gb["stable_rank_mean"],
+        comp.sparsity.append([stage, cell(ea, "sparsity", pct), cell(gb, "sparsity", pct),
+                              cell(ea, "stable_rank_mean"), cell(gb, "stable_rank_mean"),
                               f"{pct(p4[0])} / {pct(p4[1])} / {p4[2]} / {p4[3]}" if p4 else NA])
         cos = tot.get(f"cos:{la}|{names[1]}")
         p20 = paper.TABLE20[k] if k is not None else None
-        comp.cosines.append([stage, cos, f"{p20[0]:.1e} (Qwen) / {p20[1]:.1e} (Llama)" if p20 else NA])
+        comp.cosines.append([stage, cos if ea is not None and gb is not None else MISSING,
+                             f"{p20[0]:.1e} (Qwen) / {p20[1]:.1e} (Llama)" if p20 else NA])
         return
     ea = tot[la]
     if la not in ("es", "grpo"):
