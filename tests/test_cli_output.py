@@ -111,3 +111,35 @@ def test_evaluation_flags_without_evaluation_are_refused(algorithm, flags, tmp_p
     flag = next(f for f in flags if f.startswith("--eval-") and f != "--eval-every")
     assert err.startswith(f"esft: error: command line ({flag}):") and "eval_every is 0" in err
     assert "--eval-every 10" in err and not out.exists()
+
+
+def test_an_unknown_option_is_reported_by_its_sub_command_with_the_closest_option(capsys):
+    """argparse printed the top-level usage (which lists none of `esft train es`'s options) and no suggestion."""
+    with pytest.raises(SystemExit) as stop:
+        main(["train", "es", "--eval-limt", "3"])
+    assert stop.value.code == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "esft train es: error: unrecognized arguments: --eval-limt 3; did you mean --eval-limit? "
+        "(`esft train es --help` lists the options)"]
+
+
+@pytest.mark.parametrize("argv, choices", [([], "eval, env, bench, train, analyze, export, report, experiment"),
+                                           (["train"], "es, grpo"), (["experiment"], "run, tables, status, list")])
+def test_a_missing_sub_command_is_named_with_its_choices(argv, choices, capsys):
+    """argparse said "the following arguments are required: command" (or algorithm, experiment_command): names
+    that appear nowhere in the usage."""
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    assert stop.value.code == 2
+    last = capsys.readouterr().err.splitlines()[-1]
+    assert last == f"{' '.join(['esft', *argv])}: error: a sub-command is required: {choices} " \
+                   f"(`{' '.join(['esft', *argv])} --help` describes them)"
+
+
+def test_a_misspelt_task_lists_the_tasks_once_and_suggests_the_closest(capsys):
+    assert main(["eval", "--tasks", "boolqq", "--limit", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("countdown") == 1 and err.rstrip().endswith("did you mean 'boolq'?")
+    assert main(["eval", "--tasks", "boolq:bogus=1", "--limit", "1"]) == 2
+    err = capsys.readouterr().err  # the name is fine: the option is what is wrong
+    assert "unknown option 'bogus'" in err and "countdown" not in err

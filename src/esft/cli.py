@@ -19,7 +19,7 @@ import dataclasses
 import json
 import sys
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, NoReturn, Sequence
 
 from esft.config import add_dataclass_arguments, build_config
 from esft.tasks.custom import add_task_flags
@@ -196,12 +196,38 @@ def _add_run_options(p: argparse.ArgumentParser, presets: Sequence[str] | None) 
                        help=f"named set of options: {', '.join(presets)}")
 
 
+class _Parser(argparse.ArgumentParser):
+    """The `esft` parser; its sub-parsers are of this class too (add_subparsers). An option a sub-command does not
+    have is reported by that sub-command, as one line with its closest option: argparse reported it with the
+    top-level usage, which lists none of a sub-command's options."""
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> tuple[argparse.Namespace, list[str]]:
+        namespace, extra = super().parse_known_args(args, namespace)
+        if extra:  # a sub-parser runs inside its parent's parse: the deepest one that got the option reports it
+            import difflib
+
+            known = [s for action in self._actions for s in action.option_strings if s.startswith("--")]
+            word = extra[0].split("=")[0]
+            close = difflib.get_close_matches(word, known, n=1) if word.startswith("-") else []
+            hint = f"; did you mean {close[0]}?" if close else ""
+            self.exit(2, f"{self.prog}: error: unrecognized arguments: {' '.join(extra)}{hint} "
+                         f"(`{self.prog} --help` lists the options)\n")
+        return namespace, extra
+
+    def error(self, message: str) -> NoReturn:
+        # a missing sub-command: argparse names it by its dest (command, algorithm, ...), which no usage shows
+        for action in self._actions:
+            if isinstance(action.choices, dict) and message == f"the following arguments are required: {action.dest}":
+                message = (f"a sub-command is required: {', '.join(action.choices)} (`{self.prog} --help` "
+                           "describes them)")
+        super().error(message)
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The `esft` parser. With `command` (the sub-command the user typed), only that sub-command's options are
     built: the others are listed with their help line but import nothing, so `esft --version` and `esft --help`
     load no torch. None builds every sub-command (tests, documentation)."""
-    parser = argparse.ArgumentParser(prog="esft", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = _Parser(prog="esft", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     from esft import __version__
 
     parser.add_argument("--version", action="version", version=f"esft {__version__}")
