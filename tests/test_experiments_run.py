@@ -106,6 +106,7 @@ def test_sequential_end_to_end(tmp_path, tokenizer):
 
 def test_resume_after_kill_mid_stage(tmp_path, tokenizer, monkeypatch):
     from esft.es import trainer as es_trainer
+    from esft.rundir import RunInterrupted
 
     spec = write_spec(tmp_path / "seq.yaml", "sequential", ["countdown", "boolq"],
                       {"es": {**ES_BLOCK, "iterations": 3}},
@@ -121,7 +122,10 @@ def test_resume_after_kill_mid_stage(tmp_path, tokenizer, monkeypatch):
         return original(self)
 
     monkeypatch.setattr(es_trainer.ESTrainer, "iteration", killed_in_stage_2)
-    with pytest.raises(KeyboardInterrupt):
+    # the line `esft experiment run` prints in place of the trainer's `esft train es --resume` (which would bypass
+    # the experiment)
+    with pytest.raises(RunInterrupted, match="^interrupted in seed-42/sequential/es/2-boolq; run the same command "
+                       "again to resume$"):
         run_experiment(load_spec(spec), out, TinyHooks(tokenizer).hooks)
     stage1, stage2 = out / "seed-42/sequential/es/1-countdown", out / "seed-42/sequential/es/2-boolq"
     assert _json(stage1 / "status.json")["status"] == "done"

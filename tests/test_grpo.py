@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -105,6 +106,29 @@ def test_held_out_evaluation_records(run):
         # the first 3 held-out examples are labelled even, odd, even: the constant answer "even" scores 2/3
         assert e["test_constant_baseline"] == 2 / 3 and e["test_constant_answer"] == "even"
     assert run["result"].last_eval["step"] == 4
+
+
+def test_es_and_grpo_eval_records_have_the_same_keys(run, tmp_path):
+    """One schema for both trainers' evaluation records (esft.rundir.EVAL_KEYS): GRPO's had a `test_summary` and
+    no `train_*` keys, ES's no `test_summary`, and GRPO's accuracy among well-formed answers was None for every
+    task but BoolQ. Checked against the eval samples both wrote."""
+    from es_tiny import ToyTask, stub_generate, tiny_llama
+    from esft.api import train_es
+    from esft.es.es_config import ESConfig
+    from esft.rundir import EVAL_KEYS, HELD_OUT_KEYS
+
+    es = ESConfig(model="tiny", task="toy", population_size=2, sigma=0.05, alpha=0.02, batch_size=2, iterations=1,
+                  max_new_tokens=2, seed=5, output_dir=str(tmp_path / "es"), eval_every=1, eval_limit=4)
+    train_es(es, model=tiny_llama(), tokenizer=None, task=ToyTask(), generate_fn=stub_generate, progress=False)
+    for out in (tmp_path / "es", run["out"]):
+        for rec in (r for r in read_jsonl(out / "metrics.jsonl") if r["kind"] == "eval"):
+            assert list(rec) == [*EVAL_KEYS[:5], *HELD_OUT_KEYS, *EVAL_KEYS[5:]]
+            rows = read_jsonl(out / "samples" / f"eval_{rec['step']:06d}.jsonl")
+            formed = [r["score"] for r in rows if r["well_formed"]]
+            assert rec["test_format_rate"] == len(formed) / len(rows)
+            assert rec["test_accuracy_among_well_formed"] == (sum(formed) / len(formed) if formed else None)
+    grpo_eval = next(r for r in read_jsonl(run["out"] / "metrics.jsonl") if r["kind"] == "eval")
+    assert grpo_eval["train_reward"] is None  # GRPO does not re-score a train batch when it evaluates
 
 
 def test_drift_matches_saved_checkpoints(run):
@@ -240,8 +264,12 @@ def test_an_interrupt_saves_the_last_finished_step(run, tmp_path, tokenizer):
     of the last finished step; the resumed run then ends equal to the uninterrupted one (the same samples: the
     RNG states are those of the step's end, not of the interrupted generation round). Before, nothing was saved
     and a resume restarted from step 0, dropping the logged steps."""
+    from esft.rundir import RunInterrupted
+
     out = tmp_path / "ctrl-c"
-    with pytest.raises(KeyboardInterrupt):
+    # the one line `esft train grpo` prints: what was saved and how to continue
+    with pytest.raises(RunInterrupted, match=r"^interrupted at step 2: saved .*iter_000002; continue from step 2 "
+                       + re.escape(f"with `esft train grpo --resume --output-dir {out}`") + "$"):
         train_grpo(tiny_config(out, save_steps=0), model=make_tiny_model(), tokenizer=tokenizer, task=ParityTask(),
                    callbacks=[InterruptAt(3)], progress=False)
     assert [(s, p.name) for s, p in list_checkpoints(out)] == [(2, "iter_000002")]

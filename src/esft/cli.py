@@ -19,12 +19,12 @@ import dataclasses
 import json
 import sys
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, NoReturn, Sequence
 
 from esft.config import add_dataclass_arguments, build_config
 from esft.tasks.custom import add_task_flags
 from esft.rundir import check_output_dir
-from esft.validation import check_names
+from esft.validation import check_eval_options, check_names
 
 
 def _eval(args: argparse.Namespace) -> int:
@@ -38,9 +38,10 @@ def _eval(args: argparse.Namespace) -> int:
     config = apply_task_flags(config, args, config.tasks)  # --prompt-field/--reward ... (data tasks)
     if config.output_dir:
         check_output_dir(config.output_dir)  # before the evaluation, not after it
-    results = run_eval(config)
-    print()
-    print(format_table(results))
+    results = run_eval(config)  # prints each task's line as it finishes
+    if len(results) > 1:  # then all of them together, below the progress bars they were printed between
+        print()
+        print(format_table(results))
     if config.output_dir:
         print(f"\nwrote {config.output_dir}/summary.json and one JSONL of completions per task")
     return 0
@@ -80,6 +81,7 @@ def _train_es(args: argparse.Namespace) -> int:
     from esft.tasks.custom import apply_task_flags
 
     config = apply_task_flags(config, args, [config.task])  # --prompt-field/--reward ... (data tasks)
+    check_eval_options(config, _explicit(args, ESConfig))
     _check_run_dir(config.output_dir)
     # Ray itself is imported only when used
     from esft.es.distributed.ray_executor import ReplicaDivergence, WorkersLost
@@ -111,17 +113,13 @@ def _train_grpo(args: argparse.Namespace) -> int:
         config = build_config(GRPOConfig, PRESETS, args.preset, args.config, _explicit(args, GRPOConfig),
                               check=_names_with_task_flags(args, lambda c: [c.task]))
     config = apply_task_flags(config, args, [config.task])  # --prompt-field/--reward ... (data tasks)
+    check_eval_options(config, _explicit(args, GRPOConfig))
     if config.resume and not (Path(config.output_dir) / "config.yaml").is_file():
         # as `esft train es --resume`: a misspelt folder must not start a new run with the default settings
         raise FileNotFoundError(f"cannot resume {config.output_dir}: it holds no config.yaml (start a new run "
                                 "without --resume)")
     _check_run_dir(config.output_dir)
-    try:
-        result = train_grpo(config)
-    except KeyboardInterrupt:
-        print(f"\ninterrupted: continue with `esft train grpo --resume --output-dir {config.output_dir}`",
-              file=sys.stderr)
-        return 130
+    result = train_grpo(config)  # Ctrl-C: esft.rundir.RunInterrupted, whose resume hint `_run` prints
     print(f"\n{result.steps} steps in {result.output_dir}; final checkpoint: {result.final_checkpoint}")
     return 0
 
@@ -198,12 +196,38 @@ def _add_run_options(p: argparse.ArgumentParser, presets: Sequence[str] | None) 
                        help=f"named set of options: {', '.join(presets)}")
 
 
+class _Parser(argparse.ArgumentParser):
+    """The `esft` parser; its sub-parsers are of this class too (add_subparsers). An option a sub-command does not
+    have is reported by that sub-command, as one line with its closest option: argparse reported it with the
+    top-level usage, which lists none of a sub-command's options."""
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> tuple[argparse.Namespace, list[str]]:
+        namespace, extra = super().parse_known_args(args, namespace)
+        if extra:  # a sub-parser runs inside its parent's parse: the deepest one that got the option reports it
+            import difflib
+
+            known = [s for action in self._actions for s in action.option_strings if s.startswith("--")]
+            word = extra[0].split("=")[0]
+            close = difflib.get_close_matches(word, known, n=1) if word.startswith("-") else []
+            hint = f"; did you mean {close[0]}?" if close else ""
+            self.exit(2, f"{self.prog}: error: unrecognized arguments: {' '.join(extra)}{hint} "
+                         f"(`{self.prog} --help` lists the options)\n")
+        return namespace, extra
+
+    def error(self, message: str) -> NoReturn:
+        # a missing sub-command: argparse names it by its dest (command, algorithm, ...), which no usage shows
+        for action in self._actions:
+            if isinstance(action.choices, dict) and message == f"the following arguments are required: {action.dest}":
+                message = (f"a sub-command is required: {', '.join(action.choices)} (`{self.prog} --help` "
+                           "describes them)")
+        super().error(message)
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The `esft` parser. With `command` (the sub-command the user typed), only that sub-command's options are
     built: the others are listed with their help line but import nothing, so `esft --version` and `esft --help`
     load no torch. None builds every sub-command (tests, documentation)."""
-    parser = argparse.ArgumentParser(prog="esft", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = _Parser(prog="esft", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     from esft import __version__
 
     parser.add_argument("--version", action="version", version=f"esft {__version__}")
@@ -370,8 +394,9 @@ def _run(parser: argparse.ArgumentParser, args_list: list[str], debug: bool) -> 
         # the interpreter's last flush does not fail again (what the Python docs advise for SIGPIPE)
         _silence_stdout()
         return 141  # 128 + SIGPIPE, as a shell reports a writer whose reader left
-    except KeyboardInterrupt:
-        print("\ninterrupted", file=sys.stderr)
+    except KeyboardInterrupt as exc:
+        # a run's RunInterrupted says what was saved and how to continue; a bare Ctrl-C says nothing more
+        print(f"\n{str(exc) or 'interrupted'}", file=sys.stderr)
         return 130
     except (ValueError, OSError, RuntimeError) as exc:
         if debug:

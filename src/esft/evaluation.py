@@ -150,8 +150,10 @@ def evaluate_task(
     gen_config: GenerationConfig,
     output_path: Path | None = None,
     progress: bool = True,
+    records_out: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """Generate for `examples`, score each completion, return the task's summary metrics."""
+    """Generate for `examples`, score each completion, return the task's summary metrics; `records_out`, when
+    given, receives the per-completion records (the rows of `output_path`)."""
     t0 = time.perf_counter()
     prompts = [task.prompt(ex) for ex in examples]
     gens: list[Generation] = generate(model, tokenizer, prompts, gen_config, progress=progress)
@@ -160,6 +162,8 @@ def evaluate_task(
     summary = task.aggregate(records)
     summary.update(generation_stats(gens, gen_s))
     write_jsonl(output_path, records)
+    if records_out is not None:
+        records_out.extend(records)
     return summary
 
 

@@ -40,6 +40,49 @@ def peak_rss_mb() -> float:
     return peak / (1024 * 1024) if sys.platform == "darwin" else peak / 1024
 
 
+class RunInterrupted(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM stopped a run, which saved what it could; the message says how to continue it. The
+    command line prints the message once, in place of its plain "interrupted"."""
+
+
+#: The keys of every `kind: eval` record in metrics.jsonl, ES's and GRPO's alike (esft.analysis, esft.export and
+#: esft.es.curve read them). `train_*` is the current weights on the step's train batch, which only ES measures:
+#: None in a GRPO run. HELD_OUT_KEYS follow when the run has a held-out set (eval_limit > 0).
+EVAL_KEYS = ("kind", "step", "train_reward", "train_accuracy", "train_format_rate", "seconds", "peak_rss_mb")
+HELD_OUT_KEYS = ("test_n", "test_accuracy", "test_ci95", "test_format_rate", "test_accuracy_among_well_formed",
+                 "test_tokens_generated", "test_constant_baseline", "test_constant_baseline_ci95",
+                 "test_constant_answer", "test_answer_counts")
+
+
+def held_out_fields(rows: list[dict[str, Any]], tokens_generated: int,
+                    baseline: dict[str, Any] | None) -> dict[str, Any]:
+    """The HELD_OUT_KEYS of an evaluation record, from one row per held-out example: `score`, `well_formed`
+    (None or absent for a task that checks no format) and `extracted` where the task extracts an answer;
+    `baseline` is the task's constant_baseline of the same examples ({} or None when gold answers are unknown).
+    A value the task does not give (format rate, answer counts, baseline) is None."""
+    import math
+
+    from esft.tasks.labels import wilson_interval
+
+    n = len(rows)
+    correct = math.fsum(float(r["score"]) for r in rows)
+    checked = bool(rows) and rows[0].get("well_formed") is not None
+    formed = [float(r["score"]) for r in rows if r.get("well_formed")]
+    answers: dict[str, int] = {}
+    for r in rows:
+        if "extracted" in r:  # e.g. a yes-bias shows here (docs/results/es-cpu-demo)
+            answers[str(r["extracted"])] = answers.get(str(r["extracted"]), 0) + 1
+    baseline = baseline or {}
+    return {
+        "test_n": n, "test_accuracy": correct / n if n else 0.0, "test_ci95": list(wilson_interval(correct, n)),
+        "test_format_rate": sum(bool(r.get("well_formed")) for r in rows) / n if checked else None,
+        "test_accuracy_among_well_formed": math.fsum(formed) / len(formed) if checked and formed else None,
+        "test_tokens_generated": tokens_generated,
+        **{f"test_{k}": baseline.get(k) for k in ("constant_baseline", "constant_baseline_ci95", "constant_answer")},
+        "test_answer_counts": dict(sorted(answers.items(), key=lambda kv: -kv[1])[:10]) if answers else None,
+    }
+
+
 class CorruptLogError(RuntimeError):
     """A JSONL log has an unreadable record before its last line (damage, not a torn write)."""
 
@@ -259,6 +302,7 @@ def prune_checkpoints(checkpoints: list[tuple[int, Path]], limit: int) -> list[P
     return gone
 
 
-__all__ = ["CHECKPOINTS", "CorruptLogError", "NonFiniteError", "RunDirBusy", "RunLock", "TrainResult", "append_jsonl",
-           "check_output_dir", "checkpoint_name", "demote_final", "filter_jsonl", "list_checkpoints", "lock_held",
-           "peak_rss_mb", "prune_checkpoints", "read_jsonl", "replace_dir", "rewrite_jsonl", "write_text_atomic"]
+__all__ = ["CHECKPOINTS", "EVAL_KEYS", "HELD_OUT_KEYS", "CorruptLogError", "NonFiniteError", "RunDirBusy",
+           "RunInterrupted", "RunLock", "TrainResult", "append_jsonl", "check_output_dir", "checkpoint_name",
+           "demote_final", "filter_jsonl", "held_out_fields", "list_checkpoints", "lock_held", "peak_rss_mb",
+           "prune_checkpoints", "read_jsonl", "replace_dir", "rewrite_jsonl", "write_text_atomic"]

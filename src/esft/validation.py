@@ -25,7 +25,13 @@ def check_task(key: str, name: Any, options: dict[str, Any] | None = None) -> An
     except (ValueError, TypeError) as exc:
         if external_kind(str(name)):  # a data file, dataset or module: what is wrong with it, not the registry
             raise ConfigError(key, name, f"a task esft can build from it: {exc}") from None
-        raise ConfigError(key, name, f"a task of {', '.join(TASK_NAMES)} with valid options ({exc})") from None
+        if str(exc).startswith("unknown task"):  # the message lists the tasks: not a second time here
+            import difflib
+
+            close = difflib.get_close_matches(str(name).split(":")[0], TASK_NAMES, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(key, name, f"a known task name ({exc}){hint}") from None
+        raise ConfigError(key, name, f"a task with valid options ({exc})") from None
 
 
 def task_labels(task: Any) -> tuple[Any, ...] | None:
@@ -155,6 +161,24 @@ def check_device(key: str, value: Any) -> None:
         raise ConfigError(key, value, accepted)
 
 
+#: the options of the periodic held-out evaluation, which a run with eval_every = 0 never reads
+EVAL_OPTIONS = ("eval_limit", "eval_balanced", "eval_max_new_tokens")
+
+
+def check_eval_options(config: Any, given: dict[str, Any]) -> None:
+    """A training run with eval_every = 0 evaluates nothing: an evaluation option the user gave (`given`: the
+    flags typed) would be ignored without a word, so it is refused before any model loads. A zero or false value
+    (`--eval-limit 0`) asks for no evaluation either and passes."""
+    if getattr(config, "eval_every", None) != 0:
+        return
+    for key in EVAL_OPTIONS:
+        if given.get(key):
+            flag = "--" + key.replace("_", "-")
+            raise ConfigError(key, given[key], "a run that evaluates: eval_every is 0, so no held-out evaluation "
+                              f"runs and {flag} would be ignored (add e.g. --eval-every 10, or drop {flag})",
+                              f"command line ({flag})")
+
+
 class Checked(Protocol):
     """What a config declares for these checks (ESConfig, GRPOConfig, EvalConfig)."""
 
@@ -188,5 +212,5 @@ def check_names(config: Checked) -> None:
         config.check_task_fit(task)
 
 
-__all__ = ["Checked", "check_balanced_set", "check_device", "check_first_example", "check_model", "check_names",
-           "check_splits", "check_task", "require_labels", "task_labels"]
+__all__ = ["EVAL_OPTIONS", "Checked", "check_balanced_set", "check_device", "check_eval_options", "check_first_example",
+           "check_model", "check_names", "check_splits", "check_task", "require_labels", "task_labels"]

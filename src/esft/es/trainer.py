@@ -40,8 +40,8 @@ from esft.es.executor import Executor, PopulationResult
 from esft.es.fitness import FitnessRule, as_fitness_rule
 from esft.evaluation import load_examples
 from esft.tasks.base import Task, checks_format, format_bonus_warning
-from esft.rundir import (NonFiniteError, RunLock, TrainResult, check_output_dir, demote_final, peak_rss_mb,
-                         prune_checkpoints)
+from esft.rundir import (NonFiniteError, RunInterrupted, RunLock, TrainResult, check_output_dir, demote_final,
+                         held_out_fields, peak_rss_mb, prune_checkpoints)
 from esft.tracking import Tracker, check_backends, open_tracker
 from esft.version import __version__
 
@@ -228,8 +228,6 @@ class ESTrainer:
     # ---- evaluation ---------------------------------------------------------------------------------------------
     def evaluate(self) -> dict[str, Any]:
         """Unperturbed model: reward on the train batch of iteration `step`, accuracy on the held-out split."""
-        from esft.tasks.base import wilson_interval
-
         t0 = time.perf_counter()
         idx = sample_batch(self.config.seed, self.step, len(self.train_set), self.config.batch_size)
         train = self.executor.evaluate_center([self.train_set[i] for i in idx])
@@ -239,35 +237,21 @@ class ESTrainer:
                                "train_format_rate": self._format_rate(train.well_formed)}
         if self.test_set:
             test = self.executor.evaluate_center(self.test_set)
-            n = len(self.test_set)
-            correct = float(test.scores.sum())
             wf = test.well_formed[0]
-            rec.update({
-                "test_n": n, "test_accuracy": correct / n, "test_ci95": list(wilson_interval(correct, n)),
-                "test_format_rate": self._format_rate(wf),
-                "test_accuracy_among_well_formed": float(test.scores[0][wf].mean()) if wf.any() else None,
-                "test_tokens_generated": test.tokens_generated,
-            })
-            # what a prior alone scores on the same examples, beside the accuracy (esft.tasks.labels); a task
-            # object that is not an esft Task (load/prompt/score only) has no gold labels to count
-            if isinstance(self.task, Task):
-                baseline = self.task.constant_baseline([{"example": ex} for ex in self.test_set])
-                rec.update({f"test_{k}": v for k, v in baseline.items()})
             rows = []
-            answers: dict[str, int] = {}
             for j, ex in enumerate(self.test_set):
                 text = test.texts[0][j]
                 try:
                     details = self.task.details(text, ex)
                 except Exception:  # details are diagnostics only
                     details = {}
-                if "extracted" in details:  # e.g. a yes-bias shows here (docs/results/es-cpu-demo)
-                    key = str(details["extracted"])
-                    answers[key] = answers.get(key, 0) + 1
                 rows.append({"index": j, "score": float(test.scores[0, j]), "well_formed": self._formed(wf[j]),
                              "completion": text, **details})
-            if answers:
-                rec["test_answer_counts"] = dict(sorted(answers.items(), key=lambda kv: -kv[1])[:10])
+            # what a prior alone scores on the same examples, beside the accuracy (esft.tasks.labels); a task
+            # object that is not an esft Task (load/prompt/score only) has no gold labels to count
+            baseline = (self.task.constant_baseline([{"example": ex} for ex in self.test_set])
+                        if isinstance(self.task, Task) else None)
+            rec.update(held_out_fields(rows, test.tokens_generated, baseline))
             es_rundir.rewrite_jsonl(self.out / "samples" / f"eval_{self.step:06d}.jsonl", rows)
             self.tracker.log_table("eval_samples", rows[: self.config.samples_per_iteration], self.step)
         rec["seconds"] = time.perf_counter() - t0
@@ -402,9 +386,9 @@ class ESTrainer:
         except KeyboardInterrupt:
             if self.weights.perturbed is not None:
                 self.weights.restore()
-            bar.write(f"interrupted: {self.step} iterations are logged in {self.out}; continue with "
-                      f"`esft train es --resume {self.out}`")
-            raise
+            # the message is the one line the command line prints (esft.cli); a script sees it in the exception
+            raise RunInterrupted(f"interrupted: {self.step} iterations are logged in {self.out}; continue with "
+                                 f"`esft train es --resume {self.out}`") from None
         finally:
             bar.close()
             if self._owns_executor:

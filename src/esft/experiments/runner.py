@@ -34,7 +34,7 @@ from esft.experiments.stage_eval import evaluate_stage, read_json, same_model, w
 from esft.experiments.plan import BASE, Stage, Step, as_dict, build_plan, describe, has_noise_stream
 from esft.experiments.spec import Spec
 from esft.experiments.yamlines import SpecError
-from esft.rundir import RunDirBusy, RunLock
+from esft.rundir import RunDirBusy, RunInterrupted, RunLock
 
 STATUS = "status.json"
 RESULT = "result.json"
@@ -420,9 +420,9 @@ def _visit(spec: Spec, stage: Stage, root: Path, smap: dict[str, Stage], hooks: 
         run_stage(spec, stage, root, smap, hooks)
         return "done"
     except KeyboardInterrupt:
-        # status stays "running": the next run resumes this stage
-        _log(hooks, f"interrupted in {stage.key}; run the same command again to resume")
-        raise
+        # status stays "running": the next run resumes this stage. The trainer's own hint (`esft train es
+        # --resume`) would bypass the experiment: this one replaces it, printed once by the command line
+        raise RunInterrupted(f"interrupted in {stage.key}; run the same command again to resume") from None
     except Exception as exc:  # noqa: BLE001 - one stage's failure must not stop the others
         _record_failure(folder, exc)
         _free_memory(hooks)

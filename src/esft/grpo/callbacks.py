@@ -5,7 +5,7 @@ A train record (one per optimizer step) has the ES trainer's keys where they mea
 `generated_tokens_per_s`, `time`, `peak_rss_mb`), `reward` where ES has `fitness` (same summary keys), the
 measured accounting of `esft.grpo.ledger` with running `totals`, and GRPO's own: `kl`, `clip_ratio`, `entropy`,
 `loss`, `grad_norm`, `learning_rate`, `frac_reward_zero_std`, `drift_total`; everything TRL logged is kept under
-`trl`. Eval records match ES's (`test_accuracy`, `test_ci95`, `test_format_rate`, ...).
+`trl`. Eval records have ES's keys (esft.rundir.EVAL_KEYS: `test_accuracy`, `test_ci95`, `test_format_rate`, ...).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from esft.grpo.ledger import StepLedger, add_totals
-from esft.rundir import NonFiniteError, append_jsonl, peak_rss_mb, rewrite_jsonl
+from esft.rundir import NonFiniteError, append_jsonl, held_out_fields, peak_rss_mb, rewrite_jsonl
 
 
 def _finite(value: Any) -> Any:
@@ -139,20 +139,19 @@ class EvalCallback(TrainerCallback):
         t0 = time.perf_counter()
         was_training = model.training
         model.eval()
+        rows: list[dict[str, Any]] = []
         try:
             summary = evaluate_task(model, self.tokenizer, self.task, self.examples,
                                     GenerationConfig(max_new_tokens=self.max_new_tokens, temperature=0.0),
-                                    output_path=self.out / "samples" / f"eval_{step:06d}.jsonl", progress=False)
+                                    output_path=self.out / "samples" / f"eval_{step:06d}.jsonl", progress=False,
+                                    records_out=rows)
         finally:
             model.train(was_training)
-        rec = {"kind": "eval", "step": step, "test_n": summary["n"], "test_accuracy": summary["accuracy"],
-               "test_ci95": list(summary["ci95"]), "test_format_rate": summary.get("format_rate"),
-               "test_accuracy_among_well_formed": summary.get("accuracy_among_boxed"),
-               "test_tokens_generated": summary.get("completion_tokens"), "test_summary": summary,
+        # ES's record (esft.rundir.EVAL_KEYS): GRPO does not re-score a train batch with the current weights; its
+        # train records hold the sampled batch's reward
+        rec = {"kind": "eval", "step": step, "train_reward": None, "train_accuracy": None, "train_format_rate": None,
+               **held_out_fields(rows, summary["completion_tokens"], summary),
                "seconds": time.perf_counter() - t0, "peak_rss_mb": peak_rss_mb()}
-        # the constant-answer baseline of the same examples, under the names ES's records use
-        rec.update({f"test_{k}": summary[k] for k in ("constant_baseline", "constant_baseline_ci95", "constant_answer")
-                    if k in summary})
         append_jsonl(self.out / "metrics.jsonl", rec)
         self.evaluated.add(step)
         self.last = rec

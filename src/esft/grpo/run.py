@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import platform
 import shutil
-import sys
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,7 +33,7 @@ from esft.grpo.grpo_config import (SCHEDULES_WITHOUT_END, GRPOConfig, resolve_pr
                                    resumable_changes, to_trl_config)
 from esft.grpo.interrupt import StepBoundary
 from esft.grpo.trl_trainer import TRAINER_STATE, EsftGRPOTrainer, TaskReward
-from esft.rundir import CHECKPOINTS, TrainResult, filter_jsonl, read_jsonl
+from esft.rundir import CHECKPOINTS, RunInterrupted, TrainResult, filter_jsonl, read_jsonl
 from esft.tasks.base import format_bonus_warning
 from esft.version import __version__
 
@@ -223,13 +222,13 @@ def _train_locked(config: GRPOConfig, out: Path, model: Any, tokenizer: Any, tas
     # config.yaml holds the new max_steps: a failure before this leaves the finished run as it was
     if resume_from is not None and resume_from.name == "final":
         resume_from = rundir.demote_final(resume_from, start)
-    _train_or_save(trainer, resume_from, progress)
+    _train_or_save(trainer, resume_from)
     final = out / CHECKPOINTS / "final"
     return GRPOTrainResult(out, int(trainer.state.global_step), final if final.exists() else None,
                            evaluator.last if evaluator is not None else None, trainer)
 
 
-def _train_or_save(trainer: EsftGRPOTrainer, resume_from: Path | None, progress: bool) -> None:
+def _train_or_save(trainer: EsftGRPOTrainer, resume_from: Path | None) -> None:
     """trainer.train; on Ctrl-C or SIGTERM, first the checkpoint of the last finished step (esft.grpo.interrupt),
     so that a resume continues from there instead of from the last scheduled checkpoint."""
     boundary = StepBoundary()
@@ -244,9 +243,9 @@ def _train_or_save(trainer: EsftGRPOTrainer, resume_from: Path | None, progress:
             trainer.train(resume_from_checkpoint=str(resume_from) if resume_from is not None else None)
     except KeyboardInterrupt:
         saved = trainer.save_finished_step(boundary)
-        if progress:
-            done = list_checkpoints(trainer.run_dir)
-            print(f"\ninterrupted at step {trainer.state.global_step}: "
-                  f"{f'saved {saved}' if saved is not None else 'no finished step left to save'}; a resume "
-                  f"continues from step {done[-1][0] if done else 0}", file=sys.stderr, flush=True)
-        raise
+        done = list_checkpoints(trainer.run_dir)
+        # the message is the one line the command line prints (esft.cli); a script sees it in the exception
+        raise RunInterrupted(
+            f"interrupted at step {trainer.state.global_step}: "
+            f"{f'saved {saved}' if saved is not None else 'no finished step left to save'}; continue from step "
+            f"{done[-1][0] if done else 0} with `esft train grpo --resume --output-dir {trainer.run_dir}`") from None

@@ -1,0 +1,145 @@
+"""What `esft` prints: an interrupted run's resume hint once, `esft eval`'s result line once per task, and
+evaluation flags that a run without evaluation would ignore refused before any model loads.
+
+Run: pytest -q tests/test_cli_output.py   (a few seconds; tiny random models, no download)
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from es_tiny import one_thread  # noqa: F401  (autouse fixture)
+from es_tiny import ToyTask, stub_generate, tiny_llama
+from esft.cli import main
+
+
+def test_an_interrupted_es_run_prints_its_resume_hint_once(tmp_path, monkeypatch, capsys):
+    """SIGTERM in the middle of `esft train es`: the hint names the logged iterations and the resume command, once,
+    and no bare "interrupted" line follows it (the trainer printed its hint, then the command line its own)."""
+    import esft.api
+
+    real_train_es = esft.api.train_es
+    calls = []
+
+    def generate_then_stop(model, tokenizer, prompts, cfg):
+        calls.append(len(prompts))
+        if len(calls) == 5:  # in iteration 2 (2 members x 2 prompts: one call per member)
+            os.kill(os.getpid(), signal.SIGTERM)  # the handler raises KeyboardInterrupt here
+        return stub_generate(model, tokenizer, prompts, cfg)
+
+    def tiny_train_es(config):  # the config as the command line built it, on a tiny model
+        return real_train_es(config, model=tiny_llama(), tokenizer=None, task=ToyTask(),
+                             generate_fn=generate_then_stop)
+
+    monkeypatch.setattr(esft.api, "train_es", tiny_train_es)
+    out = tmp_path / "run"
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        code = main(["train", "es", "--model", "smollm2-135m", "--task", "boolq", "--population-size", "2",
+                     "--batch-size", "2", "--iterations", "4", "--eval-every", "0", "--checkpoint-every", "0",
+                     "--max-new-tokens", "2", "--output-dir", str(out)])
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert code == 130
+    captured = capsys.readouterr()
+    printed = (captured.out + captured.err).splitlines()
+    hints = [line for line in printed if "esft train es --resume" in line]
+    assert hints == [f"interrupted: 2 iterations are logged in {out}; continue with `esft train es --resume {out}`"]
+    assert [line for line in printed if line.strip() == "interrupted"] == []
+
+
+def test_a_bare_ctrl_c_still_says_interrupted(monkeypatch, capsys):
+    import esft.cli as cli
+
+    def stop(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "_env", stop)
+    assert cli.main(["env"]) == 130
+    assert capsys.readouterr().err.splitlines() == ["", "interrupted"]
+
+
+@pytest.fixture()
+def tiny_eval_model(monkeypatch, tokenizer):
+    """`esft eval --model smollm2-135m` on a tiny random Llama with the real tokenizer (no conversion, no load)."""
+    import esft.models
+    from conftest import make_tiny_model
+
+    monkeypatch.setattr(esft.models, "load_model", lambda *a, **k: (make_tiny_model(), tokenizer))
+
+
+def _eval_lines(capsys, tasks: str) -> list[str]:
+    assert main(["eval", "--model", "smollm2-135m", "--tasks", tasks, "--limit", "1", "--max-new-tokens", "2"]) == 0
+    return [line for line in capsys.readouterr().out.splitlines() if line.strip()]
+
+
+def test_eval_of_one_task_prints_its_result_once(tiny_eval_model, capsys):
+    """The line printed as the task finished was printed again as a one-row table."""
+    lines = _eval_lines(capsys, "boolq")
+    assert len(lines) == 1 and lines[0].startswith("boolq ") and "acc " in lines[0]
+
+
+def test_eval_of_several_tasks_ends_with_them_all_together(tiny_eval_model, capsys):
+    """Each task's line as it finishes (between the progress bars), then all of them together."""
+    lines = _eval_lines(capsys, "boolq,countdown")
+    assert [line.split()[0] for line in lines] == ["boolq", "countdown", "boolq", "countdown"]
+    assert lines[:2] == lines[2:]
+
+
+@pytest.mark.parametrize("algorithm, flags", [
+    ("es", ["--eval-every", "0", "--eval-limit", "50"]),
+    ("es", ["--eval-every", "0", "--eval-balanced"]),
+    ("grpo", ["--eval-limit", "50"]),  # the GRPO default is eval_every 0
+    ("grpo", ["--preset", "cpu", "--eval-max-new-tokens", "64"]),
+])
+def test_evaluation_flags_without_evaluation_are_refused(algorithm, flags, tmp_path, monkeypatch, capsys):
+    """--eval-limit (or another evaluation option) with eval_every 0 was ignored without a word: the run trained
+    and never evaluated. Refused (exit 2) naming the flag and the fix, before any model loads."""
+    import esft.models
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the model loaded")
+
+    monkeypatch.setattr(esft.models, "load_model", no_load)
+    out = tmp_path / "run"
+    assert main(["train", algorithm, "--model", "smollm2-135m", "--task", "boolq", *flags,
+                 "--output-dir", str(out)]) == 2
+    err = capsys.readouterr().err
+    flag = next(f for f in flags if f.startswith("--eval-") and f != "--eval-every")
+    assert err.startswith(f"esft: error: command line ({flag}):") and "eval_every is 0" in err
+    assert "--eval-every 10" in err and not out.exists()
+
+
+def test_an_unknown_option_is_reported_by_its_sub_command_with_the_closest_option(capsys):
+    """argparse printed the top-level usage (which lists none of `esft train es`'s options) and no suggestion."""
+    with pytest.raises(SystemExit) as stop:
+        main(["train", "es", "--eval-limt", "3"])
+    assert stop.value.code == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "esft train es: error: unrecognized arguments: --eval-limt 3; did you mean --eval-limit? "
+        "(`esft train es --help` lists the options)"]
+
+
+@pytest.mark.parametrize("argv, choices", [([], "eval, env, bench, train, analyze, export, report, experiment"),
+                                           (["train"], "es, grpo"), (["experiment"], "run, tables, status, list")])
+def test_a_missing_sub_command_is_named_with_its_choices(argv, choices, capsys):
+    """argparse said "the following arguments are required: command" (or algorithm, experiment_command): names
+    that appear nowhere in the usage."""
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    assert stop.value.code == 2
+    last = capsys.readouterr().err.splitlines()[-1]
+    assert last == f"{' '.join(['esft', *argv])}: error: a sub-command is required: {choices} " \
+                   f"(`{' '.join(['esft', *argv])} --help` describes them)"
+
+
+def test_a_misspelt_task_lists_the_tasks_once_and_suggests_the_closest(capsys):
+    assert main(["eval", "--tasks", "boolqq", "--limit", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("countdown") == 1 and err.rstrip().endswith("did you mean 'boolq'?")
+    assert main(["eval", "--tasks", "boolq:bogus=1", "--limit", "1"]) == 2
+    err = capsys.readouterr().err  # the name is fine: the option is what is wrong
+    assert "unknown option 'bogus'" in err and "countdown" not in err
