@@ -181,7 +181,7 @@ def _run_dir(root: Path, n: int, **eval_extra) -> Path:
 
 
 def test_es_report_shows_the_heldout_constant_baseline(tmp_path):
-    from esft.es.curve import heldout_constant_baseline, plot_run, summarize
+    from esft.es.curve import heldout_constant_baseline, plot_run, run_figure, summarize
 
     task = get_task("boolq")
     expected = constant_baseline([task.gold_key(x) for x in task.load("test", 20)])
@@ -191,6 +191,9 @@ def test_es_report_shows_the_heldout_constant_baseline(tmp_path):
     assert got["constant_baseline_ci95"] == expected["constant_baseline_ci95"]
     assert summarize(run)["heldout_constant_baseline"] == got
     assert plot_run(run).stat().st_size > 1000
+    # a flat accuracy curve must not fill the panel: the held-out axis is held to [0, 1]
+    flat = _run_dir(tmp_path / "flat", 20)
+    assert run_figure(flat).axes[1].get_ylim() == (0.0, 1.0)
     # a logged count that the recomputed examples do not match: unknown, not a wrong number
     mismatch = _run_dir(tmp_path / "other", 20)
     (mismatch / "metrics.jsonl").write_text((mismatch / "metrics.jsonl").read_text().replace('"test_n": 20',

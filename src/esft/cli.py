@@ -91,7 +91,8 @@ def _train_es(args: argparse.Namespace) -> int:
     except (WorkersLost, ReplicaDivergence) as exc:
         print(f"esft: error: {exc}", file=sys.stderr)
         return 3
-    print(f"\n{result.steps} iterations in {result.output_dir}; final checkpoint: {result.final_checkpoint}")
+    noun = "iteration" if result.steps == 1 else "iterations"
+    print(f"\n{result.steps} {noun} in {result.output_dir}; final checkpoint: {result.final_checkpoint}")
     return 0
 
 

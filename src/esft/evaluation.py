@@ -45,7 +45,8 @@ class EvalConfig:
     split: str = "test"
     """Which split to evaluate."""
     limit: int | None = None
-    """Examples per task (the first `limit` of the deterministic split); None = the whole split."""
+    """Examples per task (the first `limit` of the deterministic split); None (`--limit none`, the default) = the
+    whole split."""
     balanced: bool = False
     """Labelled tasks (boolq, chemistry, mmlu): evaluate a label-balanced subset of the split (equal count per
     gold label, `limit` in all, drawn by balance_seed) instead of its first `limit` examples; use >= 400."""

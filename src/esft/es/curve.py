@@ -103,14 +103,23 @@ def _legend_or_note(ax: Any, note: str) -> None:
 
 
 def plot_run(run_dir: str | Path, path: str | Path | None = None) -> Path:
+    """`run_figure(run_dir)` written to `<run_dir>/curve.png` by default (esft.api does it at the end of every
+    training run)."""
+    run_dir = Path(run_dir)
+    path = Path(path) if path else run_dir / "curve.png"
+    run_figure(run_dir).savefig(path, dpi=120)
+    return path
+
+
+def run_figure(run_dir: str | Path) -> Any:
     """Two panels: train fitness per iteration (mean and min-max band; a GRPO run's reward per step) and held-out
     accuracy with its 95% CI, beside the held-out examples' constant-answer baseline (band: its 95% CI) when it
-    is known. Written to `<run_dir>/curve.png` by default (esft.api does it at the end of every training run)."""
+    is known. The held-out panel's axis is held to [0, 1]: autoscaled, a flat curve (0.50 to 0.51) would fill the
+    panel and read as large swings. A matplotlib Figure (not registered with pyplot)."""
     # a Figure without pyplot: no backend is switched, no figure of the caller's (a notebook's) is touched
     from matplotlib.figure import Figure
 
     run_dir = Path(run_dir)
-    path = Path(path) if path else run_dir / "curve.png"
     train, evals = _split(run_dir)
     fig = Figure(figsize=(10, 3.8))
     ax1, ax2 = fig.subplots(1, 2)
@@ -134,7 +143,8 @@ def plot_run(run_dir: str | Path, path: str | Path | None = None) -> Path:
         acc = np.array([e["test_accuracy"] for e in ev])
         lo = acc - np.array([e["test_ci95"][0] for e in ev])
         hi = np.array([e["test_ci95"][1] for e in ev]) - acc
-        ax2.errorbar(steps, acc, yerr=[lo, hi], marker="o", capsize=3, label=f"held-out accuracy (n={ev[0]['test_n']})")
+        ax2.errorbar(steps, acc, yerr=[lo, hi], marker="o", capsize=3,
+                     label=f"held-out accuracy (n={ev[0]['test_n']})")
         if all(e.get("test_format_rate") is not None for e in ev):
             ax2.plot(steps, [e["test_format_rate"] for e in ev], ls="--", marker="x", label="held-out format rate")
         constant = heldout_constant_baseline(run_dir)
@@ -144,11 +154,13 @@ def plot_run(run_dir: str | Path, path: str | Path | None = None) -> Path:
             ax2.axhline(constant["constant_baseline"], color="grey", ls=":",
                         label=f"constant answer \"{constant['constant_answer']}\" (95% CI)")
     ax2.set_xlabel(xlabel)
+    ax2.set_ylim(0.0, 1.0)
+    for line in ax2.get_lines():  # markers on 0 or 1 show whole on the frame
+        line.set_clip_on(False)
     ax2.set_title("unperturbed model" if es else "model")
     _legend_or_note(ax2, "no held-out evaluation (eval_every 0)")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    return path
+    return fig
 
 
 def main(argv: list[str] | None = None) -> int:
