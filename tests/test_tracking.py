@@ -126,6 +126,24 @@ def test_missing_backend_fails_before_training(monkeypatch, tmp_path, capsys):
     assert "pip install 'esft[trackio]'" in capsys.readouterr().err
 
 
+def test_an_experiment_with_a_tracker_not_installed_fails_at_its_line(monkeypatch):
+    """An experiment whose option block asks for a tracker that is not installed ran its base-model evaluations
+    (minutes) before its first training stage failed; the spec check names the line instead."""
+    import importlib.util
+
+    from esft.experiments.spec import SpecError, parse_spec
+    from esft.experiments.yamlines import load
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
+    text = ("kind: single-task\ntasks: [countdown]\nalgorithms:\n  es: {preset: cpu, iterations: 2}\n"
+            "  grpo: {preset: cpu, max_steps: 2, report_to: 'tensorboard,wandb'}\n")
+    with pytest.raises(SpecError, match=r"spec.yaml:5: .*report_to 'wandb' needs the wandb package: pip install "
+                                        r"'esft\[wandb\]'"):
+        parse_spec(load(text), "spec.yaml")
+    parse_spec(load(text.replace(",wandb", "")), "spec.yaml")
+
+
 def test_trackio_local(tmp_path, es_cli, monkeypatch):
     import sys
 
