@@ -484,3 +484,59 @@ def test_the_api_resumes_a_run_of_a_data_task_object_named_relative(user_files, 
     resumed, obj = with_task(ESConfig(output_dir=str(run), resume=True), task)
     assert obj is task and resumed.task == str(data.resolve())
     assert resumed.task_options == {"prompt_field": "question", "reward": "boxed"}
+
+
+def test_a_task_object_of_a_scripts_class_is_recorded_by_its_class(tmp_path, capsys):
+    """config.yaml recorded the config's default task (boolq) for a task object whose class the script itself
+    defines, so `esft train es --resume RUN` went on training boolq without a word; it now records the class, and
+    a resume from the command line says to continue from the script."""
+    from dataclasses import dataclass
+
+    from esft.api import with_task
+    from esft.es import ESConfig
+    from esft.es.es_config import save_yaml
+    from esft.tasks import Task
+
+    @dataclass
+    class Local(Task):
+        name: str = "local"
+
+        def _load(self, split):
+            return [{"n": 1}]
+
+        def prompt(self, example):
+            return [{"role": "user", "content": "Say 1."}]
+
+        def score(self, completion, example):
+            return float("1" in completion)
+
+    run = tmp_path / "run"
+    run.mkdir()
+    config, obj = with_task(ESConfig(output_dir=str(run)), Local())
+    assert config.task == f"{__name__}:{Local.__qualname__}" and config.task_options == {}
+    with pytest.raises(ValueError, match="class of the script that trained the run .defined inside a function."):
+        get_task(config.task)
+    save_yaml(config, run / "config.yaml")
+    assert main(["train", "es", "--resume", str(run), "--iterations", "2"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "continue the run from that script" in err
+    resumed, _ = with_task(ESConfig(output_dir=str(run), resume=True), obj)  # the script itself resumes it
+    assert resumed.task == config.task
+    missing = "__main__:NoSuchTask"
+    with pytest.raises(ValueError, match=r"'__main__:NoSuchTask' is a class of the script .* \(its __main__\)"):
+        get_task(missing)
+
+
+def test_a_wrapped_task_object_is_recorded_by_the_users_class(user_files):
+    """An object with load / prompt / score that is not a Task is wrapped in a TaskAdapter; config.yaml recorded
+    the wrapper, `esft.tasks.custom:TaskAdapter`, which no resume can build."""
+    from esft.api import with_task
+    from esft.es import ESConfig
+    from esft.tasks.custom import instantiate
+
+    import user_rewards
+
+    task = instantiate(user_rewards.Echo(), "echo", {})
+    config, obj = with_task(ESConfig(), task)
+    assert obj is task and config.task == "user_rewards:Echo"
+    assert get_task(config.task).load("test") == task.load("test")

@@ -132,3 +132,37 @@ def test_exporting_an_earlier_checkpoint_says_so_in_the_card(es_run_with_checkpo
     assert "population_size: 2" in card  # the run's config is still found from the checkpoint folder
     card = (final / "README.md").read_text()
     assert "not the run's final checkpoint" not in card and "| 2 | 3 |" in card
+
+
+def test_a_grpo_run_exports_and_generates_as_esft_eval_of_its_checkpoint(tmp_path, tokenizer):
+    """The exported folder of a GRPO run holds no trainer state, loads with transformers' Auto classes and
+    generates, greedily, the completion `esft eval` writes for the run's final checkpoint."""
+    pytest.importorskip("trl")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from esft.grpo import train_grpo
+    from grpo_tiny import ParityTask, tiny_config
+
+    run = tmp_path / "run"
+    train_grpo(tiny_config(run, max_steps=1, eval_every=0), model=make_tiny_model(hidden=32, layers=2),
+               tokenizer=tokenizer, task=ParityTask(), progress=False)
+    dest = tmp_path / "exported"
+    assert main(["export", str(run), "--to", str(dest)]) == 0
+    names = {p.name for p in dest.iterdir()}
+    assert {"config.json", "model.safetensors", "tokenizer_config.json", "README.md"} <= names
+    assert not names & {"optimizer.pt", "scheduler.pt", "rng_state.pth", "trainer_state.json", "training_args.bin"}
+    assert "tags:\n- esft\n- grpo" in (dest / "README.md").read_text()
+
+    evaluated = tmp_path / "eval"
+    assert main(["eval", "--model", str(run / "checkpoints" / "final"), "--task", "grpo_tiny:ParityTask",
+                 "--limit", "1", "--max-new-tokens", "8", "--device", "cpu", "--dtype", "float32",
+                 "--output-dir", str(evaluated)]) == 0
+    (record,) = [json.loads(line) for line in next(evaluated.glob("*.jsonl")).read_text().splitlines()]
+    tok = AutoTokenizer.from_pretrained(dest)
+    model = AutoModelForCausalLM.from_pretrained(dest, dtype=torch.float32).eval()
+    enc = tok.apply_chat_template(ParityTask().prompt(record["example"]), add_generation_prompt=True,
+                                  return_tensors="pt", return_dict=True)
+    with torch.no_grad():
+        out = model.generate(**enc, max_new_tokens=8, do_sample=False)
+    assert record["completion_tokens"] == 8  # eight tokens compared, not an empty completion
+    assert tok.decode(out[0, enc["input_ids"].shape[1]:], skip_special_tokens=True) == record["completion"]

@@ -91,6 +91,32 @@ def test_grpo_passes_report_to_to_trl(tmp_path):
     assert to_trl_config(cfg.replace(report_to="none"), str(tmp_path), "fp32", progress=False).report_to in ([], "none")
 
 
+def test_grpo_run_writes_tensorboard_where_es_does_with_its_evaluations(tmp_path, tokenizer):
+    """GRPO's event files go to `<run>/tensorboard` as ES's do (they went to transformers' dated
+    `<run>/runs/<time>_<host>`), and its held-out evaluations reach them under ES's names (they reached only
+    metrics.jsonl: no held-out accuracy to compare with an ES run in TensorBoard)."""
+    pytest.importorskip("trl")
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from esft.grpo import train_grpo
+    from grpo_tiny import ParityTask, tiny_config
+
+    out = tmp_path / "run"
+    train_grpo(tiny_config(out, max_steps=2, report_to="tensorboard", eval_every=1, eval_limit=2),
+               model=make_tiny_model(hidden=32, layers=2), tokenizer=tokenizer, task=ParityTask(), progress=False)
+    assert not (out / "runs").exists()
+    acc = EventAccumulator(str(out / "tensorboard"), size_guidance={"scalars": 0})
+    acc.Reload()
+    tags = set(acc.Tags()["scalars"])
+    for tag in ("train/reward", "train/kl", "train/loss", "train/completions/mean_length", "eval/test_accuracy",
+                "eval/test_ci95/low", "eval/test_ci95/high", "eval/test_format_rate"):
+        assert tag in tags, tag
+    evals = [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "eval"]
+    assert [e.step for e in acc.Scalars("eval/test_accuracy")] == [r["step"] for r in evals] == [0, 1, 2]
+    assert [e.value for e in acc.Scalars("eval/test_accuracy")] == pytest.approx([r["test_accuracy"] for r in evals])
+
+
 def test_missing_backend_fails_before_training(monkeypatch, tmp_path, capsys):
     import importlib.util
 
@@ -98,6 +124,24 @@ def test_missing_backend_fails_before_training(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "trackio" else real(name, *a))
     assert main(["train", "es", "--report-to", "trackio", "--output-dir", str(tmp_path)]) == 2
     assert "pip install 'esft[trackio]'" in capsys.readouterr().err
+
+
+def test_an_experiment_with_a_tracker_not_installed_fails_at_its_line(monkeypatch):
+    """An experiment whose option block asks for a tracker that is not installed ran its base-model evaluations
+    (minutes) before its first training stage failed; the spec check names the line instead."""
+    import importlib.util
+
+    from esft.experiments.spec import SpecError, parse_spec
+    from esft.experiments.yamlines import load
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
+    text = ("kind: single-task\ntasks: [countdown]\nalgorithms:\n  es: {preset: cpu, iterations: 2}\n"
+            "  grpo: {preset: cpu, max_steps: 2, report_to: 'tensorboard,wandb'}\n")
+    with pytest.raises(SpecError, match=r"spec.yaml:5: .*report_to 'wandb' needs the wandb package: pip install "
+                                        r"'esft\[wandb\]'"):
+        parse_spec(load(text), "spec.yaml")
+    parse_spec(load(text.replace(",wandb", "")), "spec.yaml")
 
 
 def test_trackio_local(tmp_path, es_cli, monkeypatch):

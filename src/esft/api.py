@@ -23,20 +23,22 @@ def with_task(config: Any, task: Any) -> tuple[Any, Any]:
     """(config, task object or None) for `task=` of train_es / train_grpo: a string (a task name, `module:Class`, a
     data file) becomes the config's task and is built by the trainer; an object is used as it is, and the config
     records the string that rebuilds it (`module:Class` and its non-default fields; a data task's file and options)
-    so that config.yaml can resume and replay the run; an object without one keeps the config's task text."""
+    so that config.yaml can resume and replay the run. An object without one (its class defined in the script,
+    `__main__`, or inside a function) is recorded by its class, `__main__:MyTask`: config.yaml then names the
+    task trained, and `esft train --resume` says to continue from the script instead of training another task."""
     if task is None:
         return config, None
     if isinstance(task, str):
         return config.replace(task=task), None
-    from esft.tasks.custom import absolute_data_task, instantiate, task_spec
+    from esft.tasks.custom import absolute_data_task, instantiate, recorded_class, task_spec
 
     if isinstance(task, type):  # a class: built without options, like `--task module:Class`
         task = instantiate(task, task.__name__, {})
     if isinstance(task, Task):  # e.g. a data task: its file, fields and reward, before any model
         task.validate()
-    spec = task_spec(task)
+    spec = task_spec(task) or (recorded_class(task), {})
     # (config.yaml records a data file by its absolute path: compare it so)
-    if spec is not None and _recorded_task(config) in (None, absolute_data_task(spec[0])):
+    if _recorded_task(config) in (None, absolute_data_task(spec[0])):
         config = config.replace(task=spec[0], task_options=spec[1])
     return config, task
 
@@ -74,8 +76,8 @@ def es_trainer(config: ESConfig, **kwargs: Any) -> ESTrainer:
 
 def train_es(config: ESConfig, **kwargs: Any) -> TrainResult:
     """Run (or resume, with config.resume) ES fine-tuning on the executor the config asks for. Keyword seams:
-    model, tokenizer, task (an object, a class or a task string), executor, executor_factory, generate_fn, fitness_rule, progress. Returns the run
-    directory, steps done, final checkpoint, last eval."""
+    model, tokenizer, task (an object, a class or a task string), executor, executor_factory, generate_fn,
+    fitness_rule, progress. Returns the run directory, steps done, final checkpoint, last eval."""
     return _with_curve(es_trainer(config, **kwargs).train())
 
 

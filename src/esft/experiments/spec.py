@@ -429,6 +429,8 @@ def parse_spec(data: Any, path: str = "<spec>", name: str | None = None) -> Spec
 def _check_configs(ctx: SpecContext, spec: Spec, data: LineDict) -> None:
     """Build every trainer config the experiment will use (each method x task x budget), so a value the config
     itself rejects (e.g. GRPO batch shapes that do not divide) fails here, at the method's line."""
+    from esft.tracking import check_backends
+
     algos = as_mapping(ctx, data["algorithms"], "algorithms", data.line_of("algorithms")) \
         if isinstance(data["algorithms"], dict) else None
     built: dict[Any, Any] = {}
@@ -440,6 +442,7 @@ def _check_configs(ctx: SpecContext, spec: Spec, data: LineDict) -> None:
                     try:
                         config = spec.config(comp, task, spec.seeds[0], budget, output_dir="<check>")
                         check_task_fit(config, built)
+                        check_backends(config.report_to)  # a tracker not installed, before the base model's eval
                         if len(method.budgets) > 1 and getattr(config, "save_total_limit", 0):
                             # the budgets share one run, snapshotted at each budget as a numbered checkpoint
                             raise ValueError("save_total_limit would delete the checkpoints this method keeps at "

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from transformers import TrainerCallback
 
@@ -110,6 +110,44 @@ class RunLogCallback(TrainerCallback):
             self.bar = None
 
 
+def tracker_callbacks(trainer: Any) -> list[Any]:
+    """The trainer's tracker callbacks: the transformers integrations TRL adds for `report_to`."""
+    from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK
+
+    kinds = tuple(INTEGRATION_TO_CALLBACK.values())
+    return [cb for cb in trainer.callback_handler.callbacks if isinstance(cb, kinds)]
+
+
+def point_tensorboard(trainer: Any, folder: Path) -> None:
+    """TensorBoard event files in `folder` (`<run>/tensorboard`, where ES writes them) instead of transformers'
+    dated `<run>/runs/<time>_<host>`: one place per run, whichever the algorithm."""
+    from transformers.integrations import TensorBoardCallback
+
+    for cb in tracker_callbacks(trainer):
+        if isinstance(cb, TensorBoardCallback) and cb.tb_writer is None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            cb.tb_writer = SummaryWriter(log_dir=str(folder))
+
+
+def tracker_report(trainer: Any) -> Callable[[dict[str, Any]], None] | None:
+    """A function sending an eval record to the trainer's trackers under `eval/` (the names ES logs:
+    `eval/test_accuracy`, `eval/test_ci95/low`, ...), at the trainer's current step; None without trackers."""
+    from esft.tracking import flatten
+
+    callbacks = tracker_callbacks(trainer)
+    if not callbacks:
+        return None
+
+    def report(record: dict[str, Any]) -> None:
+        # transformers' integrations file a key `eval_X` under `eval/X`
+        logs = {f"eval_{k}": v for k, v in flatten({k: v for k, v in record.items() if k != "test_summary"}).items()}
+        for cb in callbacks:
+            cb.on_log(trainer.args, trainer.state, trainer.control, logs=logs)
+
+    return report
+
+
 def _last_drift(drift: Any, step: int) -> float | None:
     if drift is None or drift.last is None or drift.last[0] != step:
         return None
@@ -121,11 +159,13 @@ class EvalCallback(TrainerCallback):
     `eval_every` steps and at the end; writes a `kind: eval` record and `samples/eval_XXXXXX.jsonl`."""
 
     def __init__(self, run_dir: Path, task: Any, tokenizer: Any, examples: list[dict[str, Any]], every: int,
-                 max_new_tokens: int, evaluated: set[int] | None = None, progress: bool = True):
+                 max_new_tokens: int, evaluated: set[int] | None = None, progress: bool = True,
+                 report: Callable[[dict[str, Any]], None] | None = None):
         self.out, self.task, self.tokenizer, self.examples = Path(run_dir), task, tokenizer, examples
         self.every, self.max_new_tokens = every, max_new_tokens
         self.evaluated = set(evaluated or ())
         self.progress = progress
+        self.report = report  # the record to the run's trackers (report_to), as ES logs its evaluations
         self.last: dict[str, Any] | None = None
 
     def due(self, step: int, max_steps: int) -> bool:
@@ -153,6 +193,8 @@ class EvalCallback(TrainerCallback):
                **held_out_fields(rows, summary["completion_tokens"], summary),
                "seconds": time.perf_counter() - t0, "peak_rss_mb": peak_rss_mb()}
         append_jsonl(self.out / "metrics.jsonl", rec)
+        if self.report is not None:
+            self.report(rec)
         self.evaluated.add(step)
         self.last = rec
         if self.progress:

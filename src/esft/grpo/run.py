@@ -156,7 +156,7 @@ def train_grpo(config: GRPOConfig, *, model: Any = None, tokenizer: Any = None, 
 def _train_locked(config: GRPOConfig, out: Path, model: Any, tokenizer: Any, task: Any, callbacks: Sequence[Any],
                   progress: bool) -> GRPOTrainResult:
     from esft.evaluation import load_examples
-    from esft.grpo.callbacks import EvalCallback, RunLogCallback
+    from esft.grpo.callbacks import EvalCallback, RunLogCallback, point_tensorboard, tracker_report
     from esft.grpo.drift_log import DriftCallback, snapshot
     from esft.models import default_device
 
@@ -194,6 +194,7 @@ def _train_locked(config: GRPOConfig, out: Path, model: Any, tokenizer: Any, tas
                               save_total_limit=config.save_total_limit)
     trainer_box.append(trainer)
     _remove_default_printers(trainer)
+    point_tensorboard(trainer, out / "tensorboard")
 
     model = trainer.accelerator.unwrap_model(trainer.model)
     # theta_0 = the initial weights, taken before a resume loads the checkpoint into the model
@@ -210,7 +211,8 @@ def _train_locked(config: GRPOConfig, out: Path, model: Any, tokenizer: Any, tas
         test_set = load_examples(task, "test", config.eval_limit, config.eval_balanced)
         evaluator = EvalCallback(out, task, tokenizer, test_set, config.eval_every,
                                  config.eval_max_new_tokens or config.max_completion_length,
-                                 {r["step"] for r in prior if r.get("kind") == "eval"}, progress)
+                                 {r["step"] for r in prior if r.get("kind") == "eval"}, progress,
+                                 tracker_report(trainer))
         trainer.add_callback(evaluator)
     for cb in callbacks:
         trainer.add_callback(cb)

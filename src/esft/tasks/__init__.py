@@ -121,10 +121,11 @@ def _convert_options(cls: type, name: str, raw: dict[str, str]) -> dict[str, typ
 def get_task(name: str, **options) -> Task:
     """Instantiate a task by name (case-insensitive), with any `:key=value` options of the name (see the module
     docstring). `options` go to the task's constructor too; giving one option both ways is an error."""
-    from esft.tasks.custom import external_kind, external_task, instantiate
+    from esft.tasks.custom import external_kind, external_task, instantiate, script_class
 
     registered = str(name).partition(":")[0].strip().lower() in _REGISTRY  # `countdown:numbers` is not module:Class
-    if not registered and external_kind(name) is not None:  # module:Class, a data file, a hub dataset
+    # module:Class, a data file, a hub dataset, a script's class recorded for a task object
+    if not registered and (external_kind(name) is not None or script_class(name)):
         return external_task(name, options)
     base, raw = parse_task_name(name)
     cls = _task_class(base, name)

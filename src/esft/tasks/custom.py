@@ -160,13 +160,35 @@ def instantiate(obj: Any, name: str, options: dict[str, Any]) -> Task:
     return obj if isinstance(obj, Task) else TaskAdapter(obj)
 
 
+def script_class(name: str) -> bool:
+    """Whether a task string names a class of a script's `__main__` or one defined inside a function: what
+    config.yaml records for a task object of such a class (`recorded_class`), which only that script can rebuild."""
+    module, sep, attr = str(name).strip().partition(":")
+    return bool(sep) and (module == "__main__" or "<locals>" in attr)
+
+
+def recorded_class(task: Any) -> str:
+    """`module:Qualname` of the user's class behind a task object (a TaskAdapter's object's class)."""
+    cls = type(task.obj if isinstance(task, TaskAdapter) else task)
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
 def external_task(name: str, options: dict[str, Any]) -> Task:
     """The task an import path, a data file or a hub dataset name stands for (see external_kind)."""
     kind = external_kind(name)
     if kind in ("data", "hub"):
         return _data_task(name, kind, options)
-    if kind == "import":
-        return instantiate(import_object(str(name).strip(), "task"), name, options)
+    if kind == "import" or script_class(name):
+        try:
+            found = import_object(str(name).strip(), "task")
+        except ValueError:
+            if not script_class(name):
+                raise
+            where = "defined inside a function" if "<locals>" in name else "its __main__"
+            raise ValueError(f"task {name!r} is a class of the script that trained the run ({where}), which "
+                             "config.yaml cannot rebuild: continue the run from that script, passing the task object "
+                             "again (esft.train_es(config, task=...), docs/custom-tasks.md)") from None
+        return instantiate(found, name, options)
     raise ValueError(f"task {name!r} is neither an import path (module:Class) nor a data file nor a dataset name")
 
 
@@ -230,6 +252,8 @@ def task_spec(task: Any) -> tuple[str, dict[str, Any]] | None:
     """(task string, task options) that rebuild `task` through get_task, or None when it has none: a data task
     gives its source and options; a dataclass task whose class is importable (not defined in __main__) gives
     `module:Class` and the fields that differ from the defaults, when they are plain YAML values."""
+    if isinstance(task, TaskAdapter):  # rebuilt from the user's class, which get_task wraps again
+        task = task.obj
     if isinstance(task, DatasetTask):
         defaults = DatasetTask(source=task.source, reward="exact")
         opts = {f.name: getattr(task, f.name) for f in dataclasses.fields(task)
@@ -263,4 +287,5 @@ def task_spec(task: Any) -> tuple[str, dict[str, Any]] | None:
 
 __all__ = ["DATA_TASK_FLAGS", "ENTRY_POINT_GROUP", "TaskAdapter", "add_task_flags", "apply_task_flags",
            "entry_point_names", "entry_point_task",
-           "external_kind", "external_task", "instantiate", "parse_options", "task_spec"]
+           "external_kind", "external_task", "instantiate", "parse_options", "recorded_class", "script_class",
+           "task_spec"]
