@@ -166,3 +166,16 @@ def test_a_grpo_run_exports_and_generates_as_esft_eval_of_its_checkpoint(tmp_pat
         out = model.generate(**enc, max_new_tokens=8, do_sample=False)
     assert record["completion_tokens"] == 8  # eight tokens compared, not an empty completion
     assert tok.decode(out[0, enc["input_ids"].shape[1]:], skip_special_tokens=True) == record["completion"]
+
+
+def test_the_card_names_no_local_folder(tmp_path):
+    """A card is made to be published: a data-file task and the run's folders appear by their last component."""
+    from esft.export import model_card
+
+    config = {"model": "/home/me/models/smol", "task": "/home/me/data/sums.jsonl:prompt_field=q",
+              "output_dir": "/home/me/runs/a", "population_size": 2, "task_options": {"files": ["/srv/x.jsonl"]}}
+    card = model_card(tmp_path / "a", config, [])
+    assert "/home/me" not in card and "/srv" not in card
+    assert "on task `sums.jsonl:prompt_field=q`" in card and "from `smol`" in card
+    assert "output_dir: a" in card and "- x.jsonl" in card and "population_size: 2" in card
+    assert "base_model" not in card  # a local folder is no hub id

@@ -325,6 +325,9 @@ def test_trl_args_are_checked_before_the_model_loads(tmp_path, monkeypatch):
     # both names of the checkpointing switch are esft's (transformers 5.x renamed it); the run passes one
     assert set(trl_arguments(GRPOConfig(), str(tmp_path), "fp32")) | {"gradient_checkpointing",
                                                                         "activation_checkpointing"} == set(ESFT_TRL_ARGS)
+    # no GPU here: pinned memory would serve nothing, and torch warns about it on every dataloader
+    assert trl_arguments(GRPOConfig(), str(tmp_path), "fp32")["dataloader_pin_memory"] is False
+    assert trl_arguments(GRPOConfig(device="cpu"), str(tmp_path), "fp32")["dataloader_pin_memory"] is False
     for managed in ({"seed": 7}, {"learning_rate": 1e-4}, {"logging_steps": 5}, {"bf16": True}):
         with pytest.raises(ConfigError, match="may not be overridden"):
             GRPOConfig(trl_args=managed)

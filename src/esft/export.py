@@ -93,10 +93,25 @@ def held_out_results(run: Path) -> list[dict[str, Any]]:
     return out
 
 
+def without_local_dirs(value: Any) -> Any:
+    """`value` (a config, or one of its values) with every absolute local path cut to its last component, options
+    kept (`/home/me/data/sums.jsonl:prompt_field=q` -> `sums.jsonl:prompt_field=q`): a card is made to be
+    published, and the folders of the machine that trained the model say nothing about it."""
+    if isinstance(value, dict):
+        return {k: without_local_dirs(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [without_local_dirs(v) for v in value]
+    if isinstance(value, str) and value.startswith(("/", "~")):
+        path, sep, options = value.partition(":")
+        return Path(path).name + sep + options
+    return value
+
+
 def model_card(run: Path, config: dict[str, Any], results: list[dict[str, Any]],
                checkpoint: Path | None = None) -> str:
     """README.md: YAML front matter, what was trained, which checkpoint, the held-out results up to its step, the
-    training config."""
+    training config (local folders cut, `without_local_dirs`)."""
+    config = without_local_dirs(config)
     algorithm = "GRPO" if "num_generations" in config else "ES"
     base = str(config.get("model", ""))
     front = {"library_name": "transformers", "pipeline_tag": "text-generation",

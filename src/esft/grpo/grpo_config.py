@@ -327,7 +327,8 @@ ESFT_TRL_ARGS = (
     "lr_scheduler_type", "warmup_steps", "epsilon", "beta", "loss_type", "scale_rewards", "num_iterations",
     "mask_truncated_completions", "temperature", "top_p", "max_completion_length", "bf16", "fp16", "use_cpu",
     "gradient_checkpointing", "activation_checkpointing", "disable_dropout", "logging_steps", "save_strategy",
-    "save_steps", "report_to", "disable_tqdm", "remove_unused_columns", "dataloader_num_workers")
+    "save_steps", "report_to", "disable_tqdm", "remove_unused_columns", "dataloader_num_workers",
+    "dataloader_pin_memory")
 
 
 def trl_arguments(config: GRPOConfig, trl_output_dir: str, precision: str, progress: bool = True) -> dict[str, Any]:
@@ -337,6 +338,7 @@ def trl_arguments(config: GRPOConfig, trl_output_dir: str, precision: str, progr
     from esft.tracking import check_backends
 
     save_steps = config.save_steps if config.save_steps > 0 else config.max_steps
+    use_cpu = str(config.device or "").startswith("cpu")
     args: dict[str, Any] = dict(
         output_dir=trl_output_dir,
         seed=config.seed,
@@ -363,7 +365,7 @@ def trl_arguments(config: GRPOConfig, trl_output_dir: str, precision: str, progr
         # TRL defaults bf16 to True; esft decides precision explicitly (fp32 masters either way)
         bf16=precision == "bf16-autocast",
         fp16=False,
-        use_cpu=str(config.device or "").startswith("cpu"),
+        use_cpu=use_cpu,
         **{checkpointing_argument(): config.gradient_checkpointing},
         disable_dropout=True,
         logging_steps=1,
@@ -373,8 +375,16 @@ def trl_arguments(config: GRPOConfig, trl_output_dir: str, precision: str, progr
         disable_tqdm=not progress,
         remove_unused_columns=False,  # the reward needs the example_index column
         dataloader_num_workers=0,
+        # pinned host memory only serves copies to a GPU; without one, torch warns on every dataloader
+        dataloader_pin_memory=not use_cpu and cuda_available(),
     )
     return {**args, **config.trl_args}
+
+
+def cuda_available() -> bool:
+    import torch  # lazy: parsing a GRPO config needs no torch
+
+    return bool(torch.cuda.is_available())
 
 
 def checkpointing_argument() -> str:
