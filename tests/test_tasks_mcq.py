@@ -60,6 +60,12 @@ def mmlu() -> MMLUTask:
     ("Between A and C I choose C", "C", 3),
     ('The letter "B"', "B", 3),
     ("Choose A", "A", 3),                                                 # mid-sentence A counts
+    # the paper's cascade has no boxed level and no hedge rule: the last match found wins (module docstring)
+    ("\\boxed{D}", "D", 3),
+    ("So \\boxed{B}.\n\nC is wrong because it ignores resonance.", "C", 3),
+    ("The answer is A or B.", "B", 3),
+    ("Answer: A or B", "A", 2),
+    ('\\boxed{B} ... {"answer": "C"}', "C", 1),
 ])
 def test_cascade(text, letter, level):
     assert extract_letter(text) == (letter, level)

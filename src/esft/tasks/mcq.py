@@ -18,6 +18,13 @@ starts a sentence (text start, or after `.`, `!`, `?` or a newline, ignoring spa
 is a verb that shows A is being named ("A is correct", "A was", "A would", "A seems", "A appears"). A mid-sentence
 capital "A" is always a candidate.
 
+Boxed and hedged answers follow the same cascade, as the paper's protocol specifies ("use the last match found";
+it has no `\\boxed{}` level and no notion of a hedge; its public implementation does the same): `\\boxed{B}` then
+"C is wrong" reads C, "A or B" reads B (level 3), "Answer: A or B" reads A (level 2). Kept on purpose: the
+study's Chemistry and MMLU accuracies are defined by this cascade, and neither case pays a model to hedge, since
+a reply always yields one letter (a hedge over two options scores as one of them). The stated format, JSON, is
+read first.
+
 The score uses the whole cascade. The format bonus (`is_well_formed`) asks for the format the system prompt states:
 the reply's last non-blank line is `{"answer": "X"}` (a closing code fence may follow it).
 """
