@@ -11,7 +11,8 @@ from esft.models import load_model
 torch.set_num_threads(2)
 model, tok = load_model("smollm2-135m", dtype=torch.float32, device="cpu")
 cpu = [line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")][0]
-print(f"{cpu}, torch {torch.__version__} ({torch.backends.cpu.get_cpu_capability()}), threads {torch.get_num_threads()}")
+capability = torch.backends.cpu.get_cpu_capability()
+print(f"{cpu}, torch {torch.__version__} ({capability}), threads {torch.get_num_threads()}")
 texts = ["Question: Is the sky blue during a clear day? Think step by step, then answer with \\boxed{yes} or "
          "\\boxed{no}. The sky looks blue because shorter wavelengths scatter more in the atmosphere, so",
          "Using the numbers 12, 7 and 3, write an expression that equals 33. Let me try: 12 + 7 = 19, then"]
