@@ -98,6 +98,9 @@ def test_exact_fraction_arithmetic_and_tolerance():
     assert ok and value == Fraction(10)
     ok, value, _ = check_expression("7 / 3", [7, 3], 2)
     assert not ok and value == Fraction(7, 3)
+    # the paper's tolerance is "< 1e-5": a value exactly 1e-5 from the target is wrong, a closer one is right
+    assert not check_expression("7 + 1 / 100000", [7, 1, 100000], 7)[0]
+    assert check_expression("7 + 1 / 100001", [7, 1, 100001], 7)[0]
 
 
 def test_division_by_zero_is_zero_not_an_error(task):

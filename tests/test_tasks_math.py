@@ -108,6 +108,10 @@ def test_no_box_scores_zero_and_is_not_well_formed(task):
     ("\\frac{1}{3}", "0.3333333", True),                  # below 1: within 1e-6 of the gold's size
     ("1000000", "1000000.0000005", True),                # from 1 up: within 1e-6
     ("1000000", "1000000.5", False),
+    ("1", "1.000001", False),                             # exactly 1e-6 away: the paper's tolerance is "< 1e-6"
+    ("1", "0.9999991", True),
+    ("0.5", "0.5000005", False),                          # exactly 1e-6 of the gold's size
+    ("0.0", "0", True),                                   # equal numbers, however written (a gold 0 included)
 ])
 def test_numeric_tolerance_is_relative_below_one(gold, pred, expected):
     assert answers_match(pred, gold) is expected

@@ -60,6 +60,19 @@ def mmlu() -> MMLUTask:
     ("Between A and C I choose C", "C", 3),
     ('The letter "B"', "B", 3),
     ("Choose A", "A", 3),                                                 # mid-sentence A counts
+    # the paper's cascade has no boxed level and no hedge rule: the last match found wins (module docstring)
+    ("\\boxed{D}", "D", 3),
+    ("So \\boxed{B}.\n\nC is wrong because it ignores resonance.", "C", 3),
+    ("The answer is A or B.", "B", 3),
+    ("Answer: A or B", "A", 2),
+    ('\\boxed{B} ... {"answer": "C"}', "C", 1),
+    # the paper's code reads an unquoted JSON value at level 1, and "answer:" may be followed by math formatting
+    ('{"answer": B}\nC is wrong because ...', "B", 1),
+    ("{'answer': D} and not C", "D", 1),
+    ('"answer": "Because C', "C", 3),                                     # "Because" is no letter
+    ("**Final Answer:** $\\boxed{B}$\n\nC is wrong because ...", "B", 2),
+    ("Answer: \\boxed{\\text{(D)}}. Not C.", "D", 2),
+    ("answer: \\boxed{Because} C", "C", 3),
 ])
 def test_cascade(text, letter, level):
     assert extract_letter(text) == (letter, level)
@@ -110,7 +123,7 @@ def test_last_standalone_scan_equals_the_rule_written_out():
     ("**Answer**" + " " * 20_000 + ":" + " " * 20_000 + "B", "B", 2),
     ("Answer:" + " " * 20_000, None, None),
     ("Answer:" + " \n*_" * 10_000 + "x", None, None),
-    ('"answer":' + " " * 20_000 + '"' + " " * 20_000 + "D", "D", 3),
+    ('"answer":' + " " * 20_000 + '"' + " " * 20_000 + "D", "D", 1),     # an unclosed value quote is tolerated
 ], ids=["plain", "bracket", "markdown", "no-letter", "mixed-run", "json-like"])
 def test_runs_of_spaces_after_answer_cost_linear_time(text, letter, level):
     # Two whitespace quantifiers around the colon can backtrack over every split of a long run of spaces

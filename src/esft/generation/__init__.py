@@ -3,7 +3,8 @@
 `generate` (engine.py) encodes the prompts, batches them by length and runs each batch through `model.generate`
 or through esft's decode loop (loop.py), which drops finished rows from the batch and its KV cache. The loop
 takes a step function: the Hugging Face forward (hf_step.py) or, for the models it supports, the lean step
-(lean.py: the lean engine; its parts lean_step.py, kv_cache.py, packed.py, prefill.py).
+(lean.py: the lean engine; its parts lean_step.py, kv_cache.py, packed.py, prefill.py), and picks each next
+token with `sample_next` (sampling.py).
 """
 
 from esft.generation.cancel import GenerationCancelled, cancel_on, check_cancelled
@@ -11,7 +12,7 @@ from esft.generation.generation_config import (ENGINE_OPTIONS, Generation, Gener
                                                options_mapping)
 from esft.generation.engine import decode, generate, generation_batches
 from esft.generation.hf_step import decode_hf
-from esft.generation.loop import sample_next
+from esft.generation.sampling import sample_next
 from esft.generation.packed import releasing
 from esft.generation.prompts import encode_prompts, eos_token_ids, left_pad, to_generation
 

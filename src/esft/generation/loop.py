@@ -16,40 +16,7 @@ import torch
 
 from esft.generation.cancel import check_cancelled
 from esft.generation.generation_config import GenerationConfig
-
-
-def sample_next(logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator | None,
-                uniforms: torch.Tensor | None = None) -> torch.Tensor:
-    """Next token per row: argmax when temperature == 0, else nucleus sampling at that temperature.
-
-    `uniforms` (float [n] in [0, 1), one per row): row r takes the first token, in the order sampled from (vocabulary
-    order, or descending probability under top_p), at which the cumulative probability exceeds uniforms[r] times
-    the row's total (inverse CDF), so each row's draw depends on its own number only. Without it, rows draw from
-    `generator` through `torch.multinomial`, one after another."""
-    if temperature <= 0:
-        return logits.argmax(dim=-1)
-    probs = torch.softmax(logits.float() / temperature, dim=-1)
-    order = None
-    if top_p < 1.0:
-        probs, order = probs.sort(dim=-1, descending=True)
-        # keep the smallest prefix whose mass reaches top_p (the first token is always kept)
-        drop = probs.cumsum(dim=-1) - probs > top_p
-        probs = probs.masked_fill(drop, 0.0)
-    if uniforms is None:
-        choice = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
-    else:
-        choice = _inverse_cdf(probs, uniforms.to(device=probs.device, dtype=probs.dtype))
-    return choice if order is None else order.gather(-1, choice[:, None]).squeeze(-1)
-
-
-def _inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
-    """Per row, the first index whose cumulative probability exceeds uniforms * total: never a zero-probability
-    token (its cumulative sum equals its predecessor's), and at most the first index reaching the total (u * total
-    can round up to the total itself)."""
-    cdf = probs.cumsum(dim=-1)
-    total = cdf[:, -1:].contiguous()
-    picked = torch.searchsorted(cdf, uniforms[:, None] * total, right=True)
-    return torch.minimum(picked, torch.searchsorted(cdf, total)).squeeze(-1)
+from esft.generation.sampling import sample_next
 
 
 def row_streams(seed: int, keys: Sequence[int]) -> list[random.Random]:

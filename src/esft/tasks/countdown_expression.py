@@ -2,7 +2,7 @@
 
 Scoring (paper Table 19): the last `\\boxed{...}` must hold an expression made only of digits, + - * / ( ) and
 whitespace (spaces, tabs, line breaks), using each given number exactly once (as a multiset), whose exact value
-equals the target within 1e-5.
+is less than 1e-5 from the target (the paper's "tolerance < 1e-5": a value exactly 1e-5 away is wrong).
 
 The expression is never passed to `eval`. A small hand-written parser (recursive descent, depth bounded by a
 pre-scan) turns it into postfix, the literals are checked against the numbers *before* any arithmetic (so at
@@ -202,7 +202,7 @@ def check_expression(expr: str, nums: list[int], target: int | float) -> tuple[b
         value = eval_postfix(postfix)
     except ExpressionError as exc:
         return False, None, str(exc)
-    if abs(value - goal) <= TOLERANCE:
+    if abs(value - goal) < TOLERANCE:
         return True, value, None
     return False, value, f"value {value} != target {target}"
 

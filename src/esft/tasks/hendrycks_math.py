@@ -2,8 +2,9 @@
 
 Scoring (paper Table 19): take the last `\\boxed{}` (nested braces handled), normalise prediction and gold the
 same way (LaTeX wrappers, spacing, currency, degrees, percent, units, trailing period), compare the strings, and
-on a mismatch compare them as numbers (integers, decimals, `\\frac{a}{b}`, `a/b`, thousands separators)
-within 1e-6, relative to the gold when it is below 1 in size (a gold 0 needs an exact 0). A unit is dropped only
+on a mismatch compare them as numbers (integers, decimals, `\\frac{a}{b}`, `a/b`, thousands separators):
+equal, or less than 1e-6 apart (the paper's "tolerance < 1e-6"), relative to the gold when it is below 1 in size
+(a gold 0 needs an exact 0). A unit is dropped only
 where it is one: a trailing `\\text{ cm}` / `\\mbox{ inches}^2` after a quantity (`strip_unit`); other wrappers
 keep their content (`\\text{Evelyn}` -> `Evelyn`), and the joining words of a list of answers read as commas
 (`-2 \\text{ or } -12` = `-2, -12`), so a hedged `5 \\text{ or } 7` does not match 5.
@@ -160,7 +161,7 @@ def answers_match(prediction: str, gold: str) -> bool:
         return bool(p)  # two empty answers are not a match
     a, b = parse_number(p), parse_number(g)
     # Relative below 1: a flat 1e-6 would let \\frac{1}{23427} match a gold \\frac{1}{23426}.
-    return a is not None and b is not None and abs(a - b) <= TOLERANCE * min(1, abs(b))
+    return a is not None and b is not None and (a == b or abs(a - b) < TOLERANCE * min(1, abs(b)))
 
 
 def gold_answer(example: Example) -> str:

@@ -2,8 +2,9 @@
 
 Both ask for the JSON answer `{"answer": "X"}` and share one letter-extraction cascade (paper Table 19):
 
-1. JSON style  `"answer": "X"`             (key case-insensitive; single quotes as in a Python dict too)
-2. unquoted    `answer: X`                 (also `**Answer:** X`, `Answer: (X)`)
+1. JSON style  `"answer": "X"`             (key case-insensitive; single quotes as in a Python dict too; a missing
+                                           quote around the value is tolerated, as by the paper's code)
+2. unquoted    `answer: X`                 (also `**Answer:** X`, `Answer: (X)`, `Answer: $\\boxed{X}$`)
 3. the last standalone A/B/C/D token
 
 The first level that matches decides, and within it the *last* match wins. Only capital letters count, so the
@@ -17,6 +18,13 @@ starts a sentence (text start, or after `.`, `!`, `?` or a newline, ignoring spa
 16 characters before it are examined) and is followed by one space and a lower-case word or a digit, unless that word
 is a verb that shows A is being named ("A is correct", "A was", "A would", "A seems", "A appears"). A mid-sentence
 capital "A" is always a candidate.
+
+Boxed and hedged answers follow the same cascade, as the paper's protocol specifies ("use the last match found";
+it has no `\\boxed{}` level and no notion of a hedge; its public implementation does the same): `\\boxed{B}` then
+"C is wrong" reads C, "A or B" reads B (level 3), "Answer: A or B" reads A (level 2). Kept on purpose: the
+study's Chemistry and MMLU accuracies are defined by this cascade, and neither case pays a model to hedge, since
+a reply always yields one letter (a hedge over two options scores as one of them). The stated format, JSON, is
+read first.
 
 The score uses the whole cascade. The format bonus (`is_well_formed`) asks for the format the system prompt states:
 the reply's last non-blank line is `{"answer": "X"}` (a closing code fence may follow it).
@@ -44,9 +52,14 @@ SYSTEM_PROMPT = (
 # ---- letter extraction ------------------------------------------------------------------------------------------
 # Every pattern below is linear in the text: no two adjacent quantifiers can match the same characters, so a run of
 # spaces after "Answer:" is consumed once instead of being split every possible way (quadratic backtracking).
-_JSON_ANSWER = re.compile(r"""["'](?i:answer)["']\s*:\s*["']\s*([A-D])\s*["']""")  # JSON or a Python dict
-_PLAIN_ANSWER = re.compile(r"\b(?i:answer)[*_\s]*:[*_\s]*(?:[(\[\"']\s*)?([A-D])(?![A-Za-z0-9])")
 _JOINERS = r"A-Za-z0-9_\-=+#/\\^&@~"
+# JSON or a Python dict; the value's quotes may be missing, as in the paper's reference regex (`"answer": B`)
+_JSON_ANSWER = re.compile(
+    rf"""["'](?i:answer)["']\s*+:\s*+(?:["']\s*+)?([A-D])(?:\s*+["']|(?![{_JOINERS}]))""")
+# `answer: X`, also as a markdown, quoted or dict key, with X in brackets, quotes or math (`$\boxed{B}$`)
+_PLAIN_ANSWER = re.compile(
+    r"\b(?i:answer)[\"'*_\s]*:[*_\s$]*(?:\\(?:boxed|text|textbf|mathbf|mathrm)\s*\{\s*){0,2}"
+    r"(?:[(\[\"']\s*)?([A-D])(?![A-Za-z0-9])")
 _NAMING_VERBS = ("is", "was", "would", "seems", "appears")
 _MARKUP = r" \t*#>\-"      # skipped when looking back for the start of a sentence
 _SENTENCE_END = r".!?\n"

@@ -1,0 +1,105 @@
+"""Nucleus sampling (esft.generation.sampling): the top-k shortcut picks exactly the token the full sort picks.
+
+Run: pytest tests/test_sampling.py -q
+"""
+
+from __future__ import annotations
+
+import torch
+
+from esft.generation import sample_next
+
+
+def _reference(logits, temperature, top_p, generator, uniforms=None):
+    """The full-sort sampler, as esft sampled before the shortcut: softmax, sort the whole vocabulary, zero the
+    tokens past the smallest prefix reaching top_p, draw a sorted position, map it back through the sort."""
+    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    order = None
+    if top_p < 1.0:
+        probs, order = probs.sort(dim=-1, descending=True)
+        drop = probs.cumsum(dim=-1) - probs > top_p
+        probs = probs.masked_fill(drop, 0.0)
+    if uniforms is None:
+        choice = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    else:
+        u = uniforms.to(dtype=probs.dtype)
+        cdf = probs.cumsum(dim=-1)
+        total = cdf[:, -1:].contiguous()
+        picked = torch.searchsorted(cdf, u[:, None] * total, right=True)
+        choice = torch.minimum(picked, torch.searchsorted(cdf, total)).squeeze(-1)
+    return choice if order is None else order.gather(-1, choice[:, None]).squeeze(-1)
+
+
+def _logits(kind: str, rows: int, vocab: int, g: torch.Generator) -> torch.Tensor:
+    """Random logits of one family: smooth, bf16-rounded (ties among likely tokens), small integers (large tie
+    groups, in and across the nucleus boundary), an exactly repeated top, and eos-style -inf masks."""
+    scale = float(torch.empty(1).uniform_(0.2, 12.0, generator=g))
+    x = torch.randn(rows, vocab, generator=g) * scale
+    if kind == "bf16":
+        x = x.bfloat16().float()
+    elif kind == "integer":
+        x = torch.randint(-6, 7, (rows, vocab), generator=g).float() + torch.randint(0, 4, (rows, 1), generator=g)
+    elif kind == "repeated_top":
+        top = x.max(dim=-1, keepdim=True).values
+        x[:, :3] = top
+    elif kind == "masked":
+        x[:, torch.randint(0, vocab, (vocab // 2,), generator=g)] = -float("inf")
+        x[:, 0] = 0.0
+        x[0, 1:] = -float("inf")  # one row with a single possible token
+    return x
+
+
+KINDS = ("smooth", "bf16", "integer", "repeated_top", "masked")
+TOP_PS = (0.01, 0.3, 0.5, 0.8, 0.9, 0.95, 0.99, 0.999, 0.9999999, 1 - 1e-9)
+
+
+def test_shortcut_picks_the_full_sorts_token_for_every_draw():
+    g = torch.Generator().manual_seed(0)
+    for case in range(300):
+        kind = KINDS[case % len(KINDS)]
+        vocab = (4096, 9000, 700, 2048, 20000, 65)[case % 6] if case % 25 else 49152
+        logits = _logits(kind, rows=int(torch.randint(1, 9, (1,), generator=g)), vocab=vocab, g=g)
+        temperature = (0.2, 0.6, 1.0, 1.3)[case % 4]
+        top_p = TOP_PS[case % len(TOP_PS)]
+        u = torch.rand(logits.shape[0], generator=g, dtype=torch.float64)
+        u[: case % 3] = (0.0, 1 - 1e-12)[case % 2]  # the edges: first token, and a draw that rounds up to 1
+        new = sample_next(logits, temperature, top_p, None, uniforms=u)
+        assert torch.equal(new, _reference(logits, temperature, top_p, None, uniforms=u)), (case, kind, top_p)
+        seed = 1000 + case
+        g_new, g_ref = torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed)
+        assert torch.equal(sample_next(logits, temperature, top_p, g_new), _reference(logits, temperature, top_p,
+                                                                                       g_ref)), (case, kind, top_p)
+        assert torch.equal(g_new.get_state(), g_ref.get_state())  # the generator moved on by as much
+
+
+def test_many_draws_from_one_tied_row_match():
+    """One row of bf16 logits (likely tokens tie) with a tie group of 10 near the top, drawn at 400 evenly spaced
+    points: every draw that lands on a tied token is placed by the full sort's tie order."""
+    g = torch.Generator().manual_seed(1)
+    row = (torch.randn(1, 8192, generator=g) * 3).bfloat16().float()
+    row[0, 100:110] = row.max() - 0.25
+    logits = row.expand(400, -1)
+    u = (torch.arange(400, dtype=torch.float64) + 0.5) / 400
+    for top_p in (0.5, 0.9, 0.95):
+        new = sample_next(logits, 1.0, top_p, None, uniforms=u)
+        assert torch.equal(new, _reference(logits, 1.0, top_p, None, uniforms=u))
+        assert len(set(new[u < 0.3].tolist()) & set(range(100, 110))) > 1  # the tie group was drawn from
+
+
+def test_a_peaked_row_is_sampled_without_sorting_the_vocabulary(monkeypatch):
+    """The point of the shortcut: a nucleus of a few tokens costs a topk, not a sort of all 49,152 tokens."""
+    sorted_widths = []
+    real_sort = torch.Tensor.sort
+
+    def counting_sort(self, *args, **kwargs):
+        sorted_widths.append(self.shape[-1])
+        return real_sort(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "sort", counting_sort)
+    g = torch.Generator().manual_seed(2)
+    logits = torch.randn(4, 49152, generator=g) * 4
+    u = torch.rand(4, generator=g, dtype=torch.float64)
+    token = sample_next(logits, 1.0, 0.95, None, uniforms=u)
+    monkeypatch.undo()
+    assert sorted_widths == []
+    assert torch.equal(token, _reference(logits, 1.0, 0.95, None, uniforms=u))
