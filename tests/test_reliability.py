@@ -61,7 +61,7 @@ def varied_fitness(monkeypatch):
 
 def es_args(model: Path, out: Path, *extra: str, iterations: int = 3) -> list[str]:
     return ["train", "es", "--model", str(model), "--task", TASK, "--population-size", "4", "--batch-size", "2",
-            "--max-new-tokens", "2", "--iterations", str(iterations), "--eval-every", "0", "--eval-limit", "2",
+            "--max-new-tokens", "2", "--iterations", str(iterations), "--eval-every", "0",
             "--checkpoint-every", "1", "--generation-batch-size", "2", "--device", "cpu", "--dtype", "float32",
             "--samples-per-iteration", "0", "--output-dir", str(out), *extra]
 
@@ -483,7 +483,7 @@ def test_interrupted_evaluation_writes_its_checkpoint_on_resume(tiny_dir, tmp_pa
     from esft.es.trainer import ESTrainer
 
     out = tmp_path / "run"
-    args = es_args(tiny_dir, out, "--eval-every", "2", "--checkpoint-every", "2", iterations=4)
+    args = es_args(tiny_dir, out, "--eval-every", "2", "--eval-limit", "2", "--checkpoint-every", "2", iterations=4)
     evaluate = ESTrainer.evaluate
 
     def stop_at_step_two(self):
@@ -501,7 +501,8 @@ def test_interrupted_evaluation_writes_its_checkpoint_on_resume(tiny_dir, tmp_pa
              if json.loads(x)["kind"] == "eval"]
     assert evals == [0, 2, 4]
     reference = tmp_path / "reference"
-    assert main(es_args(tiny_dir, reference, "--eval-every", "2", "--checkpoint-every", "2", iterations=4)) == 0
+    assert main(es_args(tiny_dir, reference, "--eval-every", "2", "--eval-limit", "2", "--checkpoint-every", "2",
+                        iterations=4)) == 0
     assert_same_weights(out, reference)
 
 
