@@ -408,3 +408,24 @@ def test_member_deadlines_follow_the_slowest_member_unless_set():
     fixed.observe(100.0, 4)
     assert fixed.for_prompts(4) == 5 and fixed.for_prompts(12) == 15
     assert fixed.source() == "executor_options member_timeout_s"
+
+
+def test_an_error_in_the_first_evaluation_ends_the_workers(model_dir, tmp_path):
+    """The step-0 evaluation is where the workers start: a scorer raising there stops the run with one line, and
+    train() ends the workers it started (a script or notebook goes on with its CPUs or GPUs free)."""
+    from esft.es.distributed.worker_faults import WorkerError
+
+    t = trainer(config(model_dir, tmp_path / "run", executor="ray", num_workers=1))
+    ex: RayExecutor = t.executor
+    ex.replica_cls = raising_replica(ValueError("no answer field"))
+    with pytest.raises(WorkerError, match=r"^worker 0 .* raised ValueError: no answer field in the unperturbed "
+                                          r"model on \d+ prompts; the run stops"):
+        t.train()
+    pid = ex.worker_pids()[0]
+    assert not ex.alive
+    for _ in range(100):
+        if not running(pid):
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError(f"worker pid {pid} still runs after train() stopped")
