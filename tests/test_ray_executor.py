@@ -1,12 +1,13 @@
 """Ray executor on CPU with local workers (esft.es.ray_executor): bit-identity with the local executor, load
-balancing, replica checksums, a worker killed mid-iteration, and the loss of every worker.
+balancing, replica checksums, a worker killed mid-iteration, a worker that hangs, the loss of every worker, and a
+worker's own exception reported in one line.
 
 Real path end to end: a tiny random Llama saved as a Hugging Face folder with the SmolLM2 tokenizer, which the
 driver and each worker load by themselves; BoolQ prompts through the chat template; esft.generation greedy
 decoding. A random model never answers BoolQ, so the fitness rule here scores the completions' characters,
 which differ from member to member: every iteration makes a real update.
 
-Run: . .venv/bin/activate && pytest -q tests/test_ray_executor.py   (~50-90 s on 2 cores, with load; one Ray instance)
+Run: . .venv/bin/activate && pytest -q tests/test_ray_executor.py   (~160 s on 2 cores shared with other jobs; one Ray instance)
 """
 
 from __future__ import annotations
