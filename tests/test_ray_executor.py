@@ -7,7 +7,7 @@ driver and each worker load by themselves; BoolQ prompts through the chat templa
 decoding. A random model never answers BoolQ, so the fitness rule here scores the completions' characters,
 which differ from member to member: every iteration makes a real update.
 
-Run: . .venv/bin/activate && pytest -q tests/test_ray_executor.py   (~160 s on 2 cores shared with other jobs; one Ray instance)
+Run: . .venv/bin/activate && pytest -q tests/test_ray_executor.py   (~160 s on 2 busy cores; one Ray instance)
 """
 
 from __future__ import annotations
