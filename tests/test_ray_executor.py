@@ -1,17 +1,21 @@
 """Ray executor on CPU with local workers (esft.es.ray_executor): bit-identity with the local executor, load
-balancing, replica checksums, a worker killed mid-iteration, and the loss of every worker.
+balancing, replica checksums, a worker killed mid-iteration, a worker that hangs, the loss of every worker, and a
+worker's own exception reported in one line.
 
 Real path end to end: a tiny random Llama saved as a Hugging Face folder with the SmolLM2 tokenizer, which the
 driver and each worker load by themselves; BoolQ prompts through the chat template; esft.generation greedy
 decoding. A random model never answers BoolQ, so the fitness rule here scores the completions' characters,
 which differ from member to member: every iteration makes a real update.
 
-Run: . .venv/bin/activate && pytest -q tests/test_ray_executor.py   (~50-90 s on 2 cores, with load; one Ray instance)
+Run: . .venv/bin/activate && pytest -q tests/test_ray_executor.py   (~160 s on 2 busy cores; one Ray instance)
 """
 
 from __future__ import annotations
 
 import logging
+import re
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -161,8 +165,6 @@ def test_worker_killed_mid_iteration_then_all_workers_lost(model_dir, tmp_path, 
 def test_workers_that_cannot_be_placed_are_refused_at_once(model_dir, tmp_path):
     """3 workers of 2 CPUs each on this 4-CPU Ray instance: Ray would keep the third pending and start() would
     wait start_timeout_s (30 min by default) for it; it fails at once instead, before any worker starts."""
-    import time
-
     from esft.es.distributed.factory import make_ray_executor
 
     cfg = config(model_dir, tmp_path / "run", executor="ray", num_workers=3,
@@ -228,3 +230,203 @@ def test_bench_parallel_iteration_does_what_the_local_one_does(model_dir, tokeni
     t = par["timings"]
     assert t["iteration"] >= t["update"] > 0 and t["generate"] > 0 and t["setup"] > 0
     assert t["iteration"] < t["setup"]  # worker start-up (model and kernel loading) is not in the iteration
+
+
+def train_or_fail_after(t: ESTrainer, seconds: float) -> BaseException | None:
+    """t.train() in a thread: the exception it ended with, or a test failure when it still runs after `seconds`
+    (a hung run; its workers are then ended so that the thread returns). Under pytest a SIGALRM handler did not
+    interrupt the driver's wait on Ray, hence the thread."""
+    ended: list[BaseException | None] = []
+
+    def run():
+        try:
+            t.train()
+            ended.append(None)
+        except BaseException as exc:
+            ended.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        t.executor.close()
+        thread.join(60)
+        pytest.fail(f"the run still hung after {seconds:.0f} s")
+    return ended[0]
+
+
+def running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def hanging_replica(hang_at: dict[int, tuple[str, int]]) -> type:
+    """An HFReplica whose worker of rank r stays alive but never answers (sleeps) in its first member evaluation
+    after `n` updates (hang_at[r] = ("evaluate", n)) or in the n-th update (("apply", n)). Defined here, inside a
+    function, so that Ray ships the class itself to the workers."""
+    from esft.es.distributed.hf_replica import HFReplica
+
+    class Hanging(HFReplica):
+        def __init__(self, spec, rank=0):
+            super().__init__(spec, rank)
+            self.updates = 0
+
+        def evaluate(self, members, batch):
+            if hang_at.get(self.rank) == ("evaluate", self.updates):
+                time.sleep(3600)
+            return super().evaluate(members, batch)
+
+        def apply(self, update):
+            self.updates += 1
+            if hang_at.get(self.rank) == ("apply", self.updates):
+                time.sleep(3600)
+            return super().apply(update)
+
+    return Hanging
+
+
+def test_a_hung_worker_is_dropped_after_member_timeout_s(model_dir, tmp_path, reference):
+    """Worker 1 hangs (alive, silent) in a member of iteration 1: after member_timeout_s it is dropped and ended,
+    its member re-queued, and the iteration ends with the local run's fitness. Worker 0 then hangs in the update
+    of step 3: the run stops with WorkersLost, iterations 0-2 and their checkpoints intact, and a local resume
+    ends bit for bit where the uninterrupted run ended."""
+    ref_masters, ref_fitness, _ = reference
+    out = tmp_path / "hung"
+    options = {"threads_per_worker": 1, "checksum_every": 1, "member_timeout_s": 6}
+    t = trainer(config(model_dir, out, executor="ray", num_workers=2, executor_options=options))
+    ex: RayExecutor = t.executor
+    ex.replica_cls = hanging_replica({1: ("evaluate", 1), 0: ("apply", 3)})
+    pids: dict[int, int] = {}
+    ex.on_result = lambda executor, worker, index: pids.update(executor.worker_pids())
+    error = train_or_fail_after(t, 240)
+    assert isinstance(error, WorkersLost) and re.match("all 2 Ray workers are lost .*--resume", str(error))
+    assert fitness_log(out) == ref_fitness[:3]
+    assert ex.history[1]["requeued"] == 1 and ex.history[2]["members_per_worker"] == {0: 4}
+    lost = [m for m in runlog.read_jsonl(out / "metrics.jsonl") if m.get("event") == "worker_lost"]
+    assert [(m["worker"], m["error"]) for m in lost] == [(1, "WorkerTimeout"), (0, "WorkerTimeout")]
+    assert lost[0]["requeued"] and "member" in lost[0]["detail"] and "update to step 3" in lost[1]["detail"]
+    assert all("within 6 s (executor_options member_timeout_s)" in m["detail"] for m in lost)
+    assert [s for s, _ in runlog.list_checkpoints(out)] == [1, 2, 3]
+    for pid in pids.values():  # a hung worker is ended, not left holding its CPU
+        for _ in range(100):
+            if not running(pid):
+                break
+            time.sleep(0.1)
+        else:
+            raise AssertionError(f"hung worker pid {pid} still runs")
+    t2 = ESTrainer(resume_config(out, {"executor": "local"}), fitness_rule=TextFitness(), progress=False)
+    t2.train()
+    assert same(masters(t2), ref_masters) and fitness_log(out) == ref_fitness
+
+
+def raising_replica(error: Exception) -> type:
+    """An HFReplica whose task scorer raises `error` (a bug in a user's reward function)."""
+    from esft.es.distributed.hf_replica import HFReplica
+
+    class BrokenScorer:
+        def __init__(self, task):
+            self.task = task
+
+        def __getattr__(self, name):
+            return getattr(self.task, name)
+
+        def score(self, text, example):
+            raise error
+
+    class Raising(HFReplica):
+        def __init__(self, spec, rank=0):
+            super().__init__(spec, rank)
+            self.executor.task = BrokenScorer(self.executor.task)
+
+    return Raising
+
+
+def test_an_exception_in_a_worker_is_one_line_naming_worker_member_and_error(model_dir, tmp_path, monkeypatch,
+                                                                                capsys):
+    """A scorer that raises in a worker: the run stops with one line naming the worker, the member and the
+    original exception, not Ray's RayTaskError with the worker's traceback; `esft --debug` shows that traceback."""
+    import esft.api
+    import esft.cli as cli
+    from esft.es.distributed.worker_faults import WorkerError
+
+    out = tmp_path / "run"
+    t = trainer(config(model_dir, out, executor="ray", num_workers=1, eval_every=0))
+    t.executor.replica_cls = raising_replica(KeyError("answer"))
+    with pytest.raises(WorkerError) as caught:
+        t.train()
+    msg = str(caught.value)
+    assert "\n" not in msg and "Traceback" not in msg
+    assert re.match(r"worker 0 \(pid \d+ on .+, cpu\) raised KeyError: 'answer' in member 0 \(seed \d+, "
+                    r"sign [+-]1\); the run stops .* `esft train es --resume .*run`", msg), msg
+    assert isinstance(caught.value.__cause__, ray.exceptions.RayTaskError)
+    assert "raise error" in str(caught.value.__cause__)  # the worker's traceback, for --debug
+    assert fitness_log(out) == []  # nothing of the iteration is logged
+    # what the CLI prints: one line, or with --debug the traceback of the worker's exception
+    monkeypatch.setattr(esft.api, "train_es", lambda config: (_ for _ in ()).throw(caught.value))
+    args = ["train", "es", "--model", str(model_dir), "--task", "boolq", "--output-dir", str(tmp_path / "cli")]
+    capsys.readouterr()
+    assert cli.main(args) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"esft: error: {msg}"]
+    with pytest.raises(WorkerError) as debug:
+        cli.main(args + ["--debug"])
+    assert debug.value.__cause__ is caught.value.__cause__
+
+
+def test_a_worker_that_cannot_load_its_model_is_named_in_one_line(tmp_path, model_dir):
+    """The replica's model is missing on the worker's node: start-up stops with one line naming the worker and
+    the loader's error, not Ray's ActorDiedError with the constructor's traceback; the workers are ended."""
+    from esft.es.distributed.factory import make_ray_executor
+    from esft.es.distributed.worker_faults import WorkerError
+
+    cfg = config(model_dir, tmp_path / "run", executor="ray", num_workers=1)
+    cfg.model = str(tmp_path / "missing-model")
+    ex = make_ray_executor(cfg, weights=None)
+    try:
+        with pytest.raises(WorkerError, match=r"^worker 0 \(not started\) raised esft.models.ModelNotFoundError: "
+                                              r"model folder .*missing-model does not exist in its start-up") as caught:
+            ex.start()
+        assert "\n" not in str(caught.value) and not ex.alive
+    finally:
+        ex.close()
+
+
+def test_member_deadlines_follow_the_slowest_member_unless_set():
+    from esft.es.distributed.worker_faults import Deadlines
+
+    auto = Deadlines(first_s=1800, batch_size=16)
+    assert auto.for_prompts(16) == 1800 and auto.for_prompts(64) == 4 * 1800  # nothing timed yet
+    auto.observe(30.0, 16)
+    auto.observe(200.0, 160)  # a test-set evaluation: 10 members' worth, 20 s each
+    assert auto.member_s() == 600  # the floor: 10 x 30 s is less
+    auto.observe(90.0, 16)
+    assert auto.for_prompts(16) == 900 and auto.for_prompts(8) == 900 and auto.for_prompts(32) == 1800
+    assert "90.0 s" in auto.source()
+    fixed = Deadlines(member_timeout_s=5, batch_size=4)
+    fixed.observe(100.0, 4)
+    assert fixed.for_prompts(4) == 5 and fixed.for_prompts(12) == 15
+    assert fixed.source() == "executor_options member_timeout_s"
+
+
+def test_an_error_in_the_first_evaluation_ends_the_workers(model_dir, tmp_path):
+    """The step-0 evaluation is where the workers start: a scorer raising there stops the run with one line, and
+    train() ends the workers it started (a script or notebook goes on with its CPUs or GPUs free)."""
+    from esft.es.distributed.worker_faults import WorkerError
+
+    t = trainer(config(model_dir, tmp_path / "run", executor="ray", num_workers=1))
+    ex: RayExecutor = t.executor
+    ex.replica_cls = raising_replica(ValueError("no answer field"))
+    with pytest.raises(WorkerError, match=r"^worker 0 .* raised ValueError: no answer field in the unperturbed "
+                                          r"model on \d+ prompts; the run stops"):
+        t.train()
+    pid = ex.worker_pids()[0]
+    assert not ex.alive
+    for _ in range(100):
+        if not running(pid):
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError(f"worker pid {pid} still runs after train() stopped")

@@ -59,6 +59,72 @@ def _closed_port() -> int:
         return sock.getsockname()[1]
 
 
+def _processes_naming(text: str) -> list[int]:
+    """Pids of the live (not zombie) processes whose command line contains `text`."""
+    import os
+
+    pids = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmdline = f.read().decode(errors="replace")
+            with open(f"/proc/{pid}/stat") as f:
+                zombie = f.read().rsplit(")", 1)[1].split()[0] == "Z"
+        except OSError:  # ended meanwhile
+            continue
+        if text in cmdline and not zombie:
+            pids.append(int(pid))
+    return pids
+
+
+def test_ctrl_c_during_ray_init_leaves_no_ray_process_behind(monkeypatch):
+    """Ctrl-C while `ray.init` starts a local Ray (seconds): Ray 2.60 interrupted halfway left the processes it had
+    started running on (its agents for about a minute) or crashed the driver at exit. The interrupt is held until
+    ray.init returns, then Ray is shut down and KeyboardInterrupt raised."""
+    import os
+    import shutil
+    import tempfile
+    import threading
+    import time
+
+    ray = pytest.importorskip("ray")
+    from esft.es.distributed.connection import connect_ray
+
+    if ray.is_initialized():
+        pytest.skip("Ray is already initialised in this process")
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    root = tempfile.mkdtemp(prefix="esft-ray-", dir="/tmp")  # short: Ray's socket paths live under it
+    monkeypatch.setenv("RAY_TMPDIR", root)  # every process of this Ray names its session folder under root
+
+    def interrupt_once_ray_runs():
+        for _ in range(600):
+            if _processes_naming(root):
+                break
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    timer = threading.Thread(target=interrupt_once_ray_runs, daemon=True)
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            connect_ray(None)
+            time.sleep(30)  # the interrupt must have come during ray.init or right after it
+        timer.join()
+        assert not ray.is_initialized()
+        for _ in range(100):
+            left = _processes_naming(root)
+            if not left:
+                break
+            time.sleep(0.1)
+        assert not left, f"Ray processes still running after the interrupt: {left}"
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+        for pid in _processes_naming(root):  # old code: the processes the interrupted ray.init left
+            os.kill(pid, signal.SIGKILL)
+        shutil.rmtree(root, ignore_errors=True)
+
+
 def test_cluster_endpoint_parses_the_addresses_ray_accepts():
     from esft.es.distributed.connection import cluster_endpoint
 

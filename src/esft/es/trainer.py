@@ -365,15 +365,15 @@ class ESTrainer:
         cfg = self.config
         self._prepare_dir()
         self.tracker = open_tracker(cfg.report_to, self.out, self.out.name, cfg.to_dict())
-        # the evaluation and checkpoint of the current step may be missing (fresh run, or a stop during them)
-        if cfg.eval_every and (self.step == 0 or self._eval_due(self.step)) and self.step not in self._evaluated:
-            self._say_eval(self.evaluate(), tqdm.write)
-        written = {s for s, _ in es_rundir.list_checkpoints(self.out)} - self._damaged_checkpoints
-        if self._checkpoint_due(self.step) and self.step not in written:
-            self.checkpoint()
         bar = tqdm(total=cfg.iterations, initial=min(self.step, cfg.iterations), desc="ES", unit="it",
                    disable=not self.progress, dynamic_ncols=True)
-        try:
+        try:  # from the first evaluation on, which is where Ray workers start: an error or Ctrl-C there ends them
+            # the evaluation and checkpoint of the current step may be missing (fresh run, or a stop during them)
+            if cfg.eval_every and (self.step == 0 or self._eval_due(self.step)) and self.step not in self._evaluated:
+                self._say_eval(self.evaluate(), bar.write)
+            written = {s for s, _ in es_rundir.list_checkpoints(self.out)} - self._damaged_checkpoints
+            if self._checkpoint_due(self.step) and self.step not in written:
+                self.checkpoint()
             while self.step < cfg.iterations:
                 rec = self.iteration()
                 bar.update(1)

@@ -1,5 +1,6 @@
 """Joining a Ray cluster for a run: `connect_ray` (after `check_reachable`, since Ray itself keeps retrying an
-address that does not answer) and `disconnect_ray`; the driver's SIGTERM handler survives `ray.init`."""
+address that does not answer) and `disconnect_ray`; the driver's SIGTERM handler survives `ray.init`, and a Ctrl-C
+during it stops the run once Ray can be shut down cleanly."""
 
 from __future__ import annotations
 
@@ -32,6 +33,35 @@ def _keep_sigterm_handler():
     finally:
         if callable(previous):
             signal.signal(signal.SIGTERM, previous)
+
+
+@contextmanager
+def _interrupt_after():
+    """Hold a Ctrl-C (or esft's SIGTERM, which acts as one) that arrives during `ray.init`, which a second one
+    interrupts at once; the caller shuts Ray down and raises it afterwards. A ray.init (Ray 2.60) interrupted
+    halfway left the processes it had started running after the driver exited, or the driver ended with a
+    segmentation fault at exit. Yields a list that holds the held signal, if any."""
+    import signal
+    import threading
+
+    held: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield held
+        return
+
+    def hold(signum: int, frame: object) -> None:
+        if held:
+            raise KeyboardInterrupt
+        held.append(signum)
+
+    # SIGTERM only where a Python handler acts on it (esft's CLI); by default it ends the process, Ray included
+    signals = [signal.SIGINT] + ([signal.SIGTERM] if callable(signal.getsignal(signal.SIGTERM)) else [])
+    previous = {s: signal.signal(s, hold) for s in signals}
+    try:
+        yield held
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 #: seconds `check_reachable` waits for a cluster's port to accept a connection
@@ -80,11 +110,14 @@ def connect_ray(address: str | None) -> bool:
     if ray.is_initialized():
         return False  # a caller (script, test) owns the connection
     check_reachable(address)
-    with _keep_sigterm_handler():
+    with _keep_sigterm_handler(), _interrupt_after() as interrupted:
         try:
             ray.init(address=address or None, logging_level=logging.WARNING)
         except ConnectionError as exc:  # e.g. "auto" with no cluster: Ray's message names its own `--address`
             raise ConnectionError(f"{exc} (esft's flag is --ray-address)") from exc
+    if interrupted:
+        ray.shutdown()
+        raise KeyboardInterrupt
     return True
 
 

@@ -89,6 +89,7 @@ def make_ray_executor(config: ESConfig, *, weights: MasterWeights, optimizer: An
                   checksum_every=int(opts.get("checksum_every", 10)),
                   event_log=Path(config.output_dir) / "metrics.jsonl", replica_cls=replica_cls,
                   actor_options=actor_options, use_gpu=opts.get("use_gpu"),
-                  start_timeout_s=float(opts.get("start_timeout_s", 1800)))
+                  start_timeout_s=float(opts.get("start_timeout_s", 1800)),
+                  member_timeout_s=float(opts.get("member_timeout_s", 0)))
     kwargs.update(overrides)
     return RayExecutor(spec, weights, optimizer, **kwargs)

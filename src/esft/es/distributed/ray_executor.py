@@ -16,10 +16,13 @@ rows are put back in member order, so fitness, updates and final weights are bit
 the same hardware and thread count (tested on CPU). Noise is drawn on each replica's device: the driver's
 replica must be on the workers' device type (checked at start-up).
 
-Faults: a worker that dies (process killed, node lost) is dropped; its in-flight member goes back to the queue
-and the others finish the iteration with the same result. Each event is a `{"kind": "executor", ...}` line in
+Faults: a worker that dies (process killed, node lost) or hangs (no answer within its deadline: `Deadlines`,
+executor_options `member_timeout_s`) is dropped and ended; its in-flight member goes back to the queue and the
+others finish the iteration with the same result. Each event is a `{"kind": "executor", ...}` line in
 metrics.jsonl and a logging warning. With no worker left, `WorkersLost` stops the run before the iteration is
-logged, so the run directory stays consistent (resume with `--resume`, on any layout).
+logged, so the run directory stays consistent (resume with `--resume`, on any layout). A Python exception raised
+in a worker by the code it ran (a task's scorer) stops the run the same way, as a one-line `WorkerError` naming
+the worker, the member and the exception (esft.es.distributed.worker_faults).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ import numpy as np
 from esft.es.distributed.connection import connect_ray, import_ray
 from esft.es.distributed.hf_replica import (HFReplica, ReplicaSpec, checksum_diff, checksum_digest,
                                             masters_checksum)
+from esft.es.distributed.worker_faults import Deadlines, WorkerTimeout, is_worker_death, worker_error
 from esft.es.executor import Executor, PopulationResult
 from esft.es.noise import MasterWeights, Update
 from esft.es.strategy import Member
@@ -51,6 +55,10 @@ class WorkersLost(RuntimeError):
 
 class ReplicaDivergence(RuntimeError):
     """A replica's fp32 masters no longer match the driver's."""
+
+
+class _Dropped(Exception):
+    """The worker of a call is lost (dead or hung) and has been dropped; the caller re-queues its work."""
 
 
 @dataclass
@@ -101,15 +109,6 @@ def actor_slots(nodes: Sequence[dict[str, float]], num_cpus: float, num_gpus: fl
     return total
 
 
-def _is_worker_death(exc: BaseException) -> bool:
-    """True for a dead actor (process or node gone); False for an exception raised by our own code in it."""
-    ray = import_ray()
-    errors = tuple(getattr(ray.exceptions, n) for n in ("RayActorError", "ActorDiedError", "ActorUnavailableError",
-                                                          "NodeDiedError", "WorkerCrashedError",
-                                                          "OwnerDiedError") if hasattr(ray.exceptions, n))
-    return isinstance(exc, errors)
-
-
 class RayExecutor(Executor):
     """`Executor` whose members run on Ray workers, one model replica each (see the module docstring).
 
@@ -121,6 +120,8 @@ class RayExecutor(Executor):
     (HFReplica; the vLLM backend passes VLLMReplica). actor_options: extra `ray.remote` options.
     frozen: the driver's `frozen_checksum` of the parameters ES never perturbs, compared with each worker's at
     start-up (replicas with a `frozen_checksum` method; None = not compared).
+    member_timeout_s: seconds a worker may take for one member before it is treated as hung and lost (0 = derived
+    from the run: `worker_faults.Deadlines`; calls on more prompts than a member get proportionally more).
     on_result: test/monitoring hook `on_result(executor, worker, member_index)` after each member's row arrives.
     owns_ray: `close` shuts Ray down although it was connected before `start` (by `connect_ray`, for this run);
     a connection this executor makes itself is always its own.
@@ -129,7 +130,7 @@ class RayExecutor(Executor):
     def __init__(self, spec: ReplicaSpec, weights: MasterWeights, optimizer: Any = None, *, num_workers: int = 0,
                  address: str | None = None, checksum_every: int = 10, event_log: str | Path | None = None,
                  replica_cls: type = HFReplica, actor_options: dict[str, Any] | None = None,
-                 use_gpu: bool | None = None, start_timeout_s: float = 1800.0,
+                 use_gpu: bool | None = None, start_timeout_s: float = 1800.0, member_timeout_s: float = 0.0,
                  on_result: Callable[["RayExecutor", Worker, int], None] | None = None, owns_ray: bool = False,
                  frozen: dict[str, int] | None = None):
         self.spec = spec
@@ -143,6 +144,9 @@ class RayExecutor(Executor):
         self.actor_options = dict(actor_options or {})
         self.use_gpu = use_gpu
         self.start_timeout_s = float(start_timeout_s)
+        config = getattr(spec, "config", None)
+        self.deadlines = Deadlines(float(member_timeout_s), first_s=self.start_timeout_s,
+                                   batch_size=int(getattr(config, "batch_size", 0) or 0))
         self.on_result = on_result
         self.frozen = frozen
         self.workers: list[Worker] = []
@@ -210,7 +214,12 @@ class RayExecutor(Executor):
             raise WorkersLost(f"{len(not_ready)} of {n} Ray workers did not start within {self.start_timeout_s:.0f} s "
                               f"(requested {opts} each; cluster has {ray.cluster_resources()})")
         for w, ref in zip(self.workers, refs):
-            w.info = ray.get(ref)  # an exception here (model not found, ...) is a configuration error: raise it
+            try:
+                w.info = ray.get(ref)
+            except Exception as exc:  # model not found on its node, ...: a configuration error, named in one line
+                self.close()
+                raise worker_error(w.label, "its start-up (loading the model, tokenizer and task)", exc,
+                                   "the run cannot start") from exc
         self._started = True
         drv = next(iter(self.weights.params.values())).device.type
         kinds = {w.info["device_type"] for w in self.workers}
@@ -229,12 +238,13 @@ class RayExecutor(Executor):
         ray = import_ray()
         self._check_frozen()
         ref_sum = masters_checksum(self.weights)
-        sums = self._gather([(w, w.actor.checksum.remote()) for w in self.alive])
+        sums = self._gather([(w, w.actor.checksum.remote()) for w in self.alive], "a checksum", self.start_timeout_s)
         stale = [w for w, s in sums if s != ref_sum]
         if stale:
             masters = ray.put({n: t.detach().cpu() for n, t in self.weights.iter_masters()})
             opt = ray.put(self.optimizer.state_dict()) if self.optimizer is not None else None
-            after = self._gather([(w, w.actor.load_state.remote(masters, opt)) for w in stale])
+            after = self._gather([(w, w.actor.load_state.remote(masters, opt)) for w in stale],
+                                 "loading the driver's weights", self.start_timeout_s)
             bad = [w.label for w, s in after if s != ref_sum]
             if bad:
                 raise ReplicaDivergence(f"could not bring {', '.join(bad)} to the driver's weights")
@@ -247,7 +257,8 @@ class RayExecutor(Executor):
         the model on its node, or base files changed since the run's checkpoint) cannot be repaired, only named."""
         if not self.frozen:
             return
-        sums = self._gather([(w, w.actor.frozen_checksum.remote()) for w in self.alive])
+        sums = self._gather([(w, w.actor.frozen_checksum.remote()) for w in self.alive], "a checksum",
+                            self.start_timeout_s)
         bad = [(w, checksum_diff(self.frozen, s)) for w, s in sums if s != self.frozen]
         if bad:
             parts = [f"{w.label}: {len(names)} tensors differ, first {names[0]}" for w, names in bad]
@@ -263,36 +274,68 @@ class RayExecutor(Executor):
 
     def _lose(self, worker: Worker, exc: BaseException, requeued: Sequence[int] = ()) -> None:
         worker.alive = False
-        # an actor reported unavailable may still run (and hold its CPUs or GPU): it is never used again, so end it
+        # an actor reported unavailable (or hung) may still run and hold its CPUs or GPU: it is never used again,
+        # so end it
         try:
             import_ray().kill(worker.actor)
         except Exception:  # already gone
             pass
         left = len(self.alive)
+        why = f"{type(exc).__name__}: {exc}" if isinstance(exc, WorkerTimeout) else type(exc).__name__
         self._event("worker_lost", logging.WARNING,
-                    f"ray executor: lost {worker.label}: {type(exc).__name__}; re-queued members {list(requeued)}; "
+                    f"ray executor: lost {worker.label}: {why}; re-queued members {list(requeued)}; "
                     f"{left} worker(s) left", worker=worker.rank, info=worker.info, error=type(exc).__name__,
-                    requeued=list(requeued), workers_left=left)
+                    requeued=list(requeued), workers_left=left,
+                    **({"detail": str(exc)} if isinstance(exc, WorkerTimeout) else {}))
 
-    def _gather(self, calls: list[tuple[Worker, Any]]) -> list[tuple[Worker, Any]]:
-        """ray.get per call; a dead worker is dropped (logged) instead of failing the run."""
+    def _stop_hint(self) -> str:
+        run_dir = str(self.event_log.parent) if self.event_log is not None else "RUN_DIR"
+        return ("the run stops with every logged iteration and checkpoint intact: fix the cause and continue with "
+                f"`esft train es --resume {run_dir}`")
+
+    def _get(self, worker: Worker, ref: Any, what: str, deadline: float, limit: str,
+             requeued: Sequence[int] = ()) -> Any:
+        """The result of one call to `worker`, waited for until `deadline` (time.perf_counter; `limit` says how
+        long that is, for the message). A dead or hung worker is dropped (`_Dropped`); an exception raised by the
+        code it ran stops the run as a one-line `WorkerError`."""
         ray = import_ray()
+        ready, _ = ray.wait([ref], timeout=max(0.0, deadline - time.perf_counter()))
+        if not ready:
+            hung = WorkerTimeout(f"no answer to {what} within {limit}")
+            if worker.alive:
+                self._lose(worker, hung, requeued)
+            raise _Dropped(what) from hung
+        try:
+            return ray.get(ref)
+        except Exception as exc:
+            if not is_worker_death(exc):
+                raise worker_error(worker.label, what, exc, self._stop_hint()) from exc
+            if worker.alive:
+                self._lose(worker, exc, requeued)
+            raise _Dropped(what) from exc
+
+    def _gather(self, calls: list[tuple[Worker, Any]], what: str,
+                timeout_s: float | None = None) -> list[tuple[Worker, Any]]:
+        """The results of calls that run at once on different workers (at most `timeout_s` in all, default one
+        member's deadline); a dead or hung worker is dropped (logged) instead of failing the run."""
+        if timeout_s is None:
+            timeout_s, source = self.deadlines.member_s(), self.deadlines.source()
+        else:
+            source = "start_timeout_s"
+        deadline, limit = time.perf_counter() + timeout_s, f"{timeout_s:.0f} s ({source})"
         out = []
         for w, ref in calls:
             try:
-                out.append((w, ray.get(ref)))
-            except Exception as exc:
-                if not _is_worker_death(exc):
-                    raise
-                if w.alive:
-                    self._lose(w, exc)
+                out.append((w, self._get(w, ref, what, deadline, limit)))
+            except _Dropped:
+                pass
         return out
 
     def settle(self) -> None:
         """Confirm the updates sent to every worker (they normally finished long ago), then a due checksum."""
         for w in self.alive:
             pending, w.pending = w.pending, []
-            self._gather([(w, ref) for ref in pending])
+            self._gather([(w, ref) for ref in pending], f"the update to step {self.step}")
         if self._check_due:
             self._check_due = False
             self.verify()
@@ -320,33 +363,36 @@ class RayExecutor(Executor):
         batch_ref = ray.put(list(batch))  # one copy in the object store, read by every worker
         queue: deque[int] = deque(range(len(members)))
         rows: list[PopulationResult | None] = [None] * len(members)
-        inflight: dict[Any, tuple[Worker, int]] = {}
+        inflight: dict[Any, tuple[Worker, int, float, float]] = {}  # ref -> (worker, member, sent, deadline)
         idle: deque[Worker] = deque(self.alive)
         per_worker: dict[int, int] = {}
         requeued = 0
+        self.deadlines.batch_size = len(batch)
         while queue or inflight:
             # Work queue: each idle worker pulls the next member, so a faster worker simply takes more of them.
             while queue and idle:
-                w, i = idle.popleft(), queue.popleft()
-                if not w.alive:
-                    queue.appendleft(i)
-                    continue
-                inflight[w.actor.evaluate.remote([members[i]], batch_ref)] = (w, i)
+                w = idle.popleft()
+                if w.alive:
+                    i = queue.popleft()
+                    sent = time.perf_counter()
+                    deadline = sent + self.deadlines.for_prompts(len(batch))
+                    inflight[w.actor.evaluate.remote([members[i]], batch_ref)] = (w, i, sent, deadline)
             if not inflight:
                 raise self._all_lost()
-            ready, _ = ray.wait(list(inflight), num_returns=1)
-            for ref in ready:
-                w, i = inflight.pop(ref)
+            first = min(d for *_, d in inflight.values())
+            ready, _ = ray.wait(list(inflight), num_returns=1, timeout=max(0.0, first - time.perf_counter()))
+            # nothing returned before the earliest deadline: the calls past theirs are collected as hung
+            for ref in ready or [r for r, (*_, d) in inflight.items() if d <= time.perf_counter()]:
+                w, i, sent, deadline = inflight.pop(ref)
+                limit = f"{deadline - sent:.0f} s ({self.deadlines.source()})"
                 try:
-                    rows[i] = ray.get(ref)
-                except Exception as exc:
-                    if not _is_worker_death(exc):
-                        raise
+                    rows[i] = self._get(w, ref, f"member {i} (seed {members[i][0]}, sign {members[i][1]:+d})",
+                                        deadline, limit, requeued=[i])
+                except _Dropped:
                     queue.appendleft(i)
                     requeued += 1
-                    if w.alive:
-                        self._lose(w, exc, requeued=[i])
                     continue
+                self.deadlines.observe(time.perf_counter() - sent, len(batch))
                 w.members_done += 1
                 per_worker[w.rank] = per_worker.get(w.rank, 0) + 1
                 idle.append(w)
@@ -367,18 +413,20 @@ class RayExecutor(Executor):
         across workers would change batch composition (and greedy outputs in the last bits)."""
         self.start()
         self.settle()
-        ray = import_ray()
         while True:
             alive = self.alive
             if not alive:
                 raise self._all_lost()
             w = min(alive, key=lambda x: x.rank)
+            t0, limit_s = time.perf_counter(), self.deadlines.for_prompts(len(batch))
             try:
-                return ray.get(w.actor.evaluate_center.remote(list(batch)))
-            except Exception as exc:
-                if not _is_worker_death(exc):
-                    raise
-                self._lose(w, exc)
+                out = self._get(w, w.actor.evaluate_center.remote(list(batch)),
+                                f"the unperturbed model on {len(batch)} prompts", t0 + limit_s,
+                                f"{limit_s:.0f} s ({self.deadlines.source()})")
+            except _Dropped:
+                continue
+            self.deadlines.observe(time.perf_counter() - t0, len(batch))
+            return out
 
     # ---- updates and checks --------------------------------------------------------------------------------------------
     def on_update(self, update: Update, step: int) -> None:
@@ -397,12 +445,11 @@ class RayExecutor(Executor):
         """Compare every worker's master checksum with the driver's; raise `ReplicaDivergence` naming the
         worker(s) that drifted (or the driver, when all workers agree among themselves but not with it)."""
         self.start()
-        ray = import_ray()
         for w in self.alive:  # updates sent but not yet confirmed must be applied before comparing
             pending, w.pending = w.pending, []
-            self._gather([(w, ref) for ref in pending])
+            self._gather([(w, ref) for ref in pending], f"the update to step {self.step}")
         reference = masters_checksum(self.weights)
-        sums = self._gather([(w, w.actor.checksum.remote()) for w in self.alive])
+        sums = self._gather([(w, w.actor.checksum.remote()) for w in self.alive], "a checksum")
         bad = [(w, checksum_diff(reference, s)) for w, s in sums if s != reference]
         if not bad:
             self._event("checksum", digest=checksum_digest(reference), workers=len(sums), ok=True)
