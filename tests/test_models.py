@@ -59,3 +59,21 @@ def test_embedded_model_loads_from_cache_fast():
     assert models.parameter_count(model) == 134_515_008
     assert tok.eos_token == "<|im_end|>" and tok.padding_side == "left"
     assert elapsed < 15, f"cached load took {elapsed:.1f}s"
+
+
+def test_checkpoints_and_local_loads_draw_no_transformers_bar(tmp_path, tiny_model, tokenizer, capfd):
+    """A checkpoint written mid-run drew transformers' "Writing model shards" bars under the run's own bar; a
+    local load its "Loading weights" bar. Both are off inside esft, and transformers' switch is restored after."""
+    from transformers.utils import logging as hf_logging
+
+    from esft.es.es_rundir import save_checkpoint
+    from esft.es.noise import MasterWeights
+
+    assert hf_logging.is_progress_bar_enabled()
+    save_checkpoint(tmp_path, "final", 0, tiny_model, tokenizer, MasterWeights(tiny_model))
+    load_model(str(tmp_path / "checkpoints" / "final"), device="cpu")
+    err = capfd.readouterr().err
+    assert "Writing model shards" not in err and "Loading weights" not in err
+    assert hf_logging.is_progress_bar_enabled()
+    tiny_model.save_pretrained(tmp_path / "plain")  # outside esft's calls, transformers draws its bar as before
+    assert "Writing model shards" in capfd.readouterr().err

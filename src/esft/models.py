@@ -8,13 +8,14 @@ cache (`$ESFT_CACHE`, default `~/.cache/esft`), which later loads in about a sec
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import shutil
 import tempfile
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 import torch
 
@@ -148,6 +149,22 @@ def _prepare_tokenizer(tokenizer) -> None:
         tokenizer.pad_token = tokenizer.eos_token
 
 
+@contextlib.contextmanager
+def without_transformers_bars() -> Iterator[None]:
+    """transformers' own progress bars off inside ("Loading weights", "Writing model shards"): a checkpoint written
+    mid-run would draw them under the run's own bar, twice per save, for a write of a second. transformers'
+    switch also silences huggingface_hub's download bars, so loads from the hub keep them (`load_model`)."""
+    from transformers.utils import logging as hf_logging
+
+    was_on = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_on:
+            hf_logging.enable_progress_bar()
+
+
 def load_model(
     name_or_path: str = DEFAULT_MODEL,
     dtype: str | torch.dtype | None = None,
@@ -166,7 +183,9 @@ def load_model(
     torch_dtype = parse_dtype(dtype, device)
     path = resolve_model_path(name_or_path)
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, **from_pretrained_kwargs)
+        # a local folder loads in a second: no bar; a hub id may download gigabytes: its bars stay
+        with without_transformers_bars() if Path(path).exists() else contextlib.nullcontext():
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, **from_pretrained_kwargs)
     except OSError as exc:
         if Path(path).exists():
             raise

@@ -22,6 +22,7 @@ import torch
 
 from esft import rundir
 from esft.es.noise import MasterWeights, Update
+from esft.models import without_transformers_bars
 from esft.rundir import (CHECKPOINTS, append_jsonl, checkpoint_name, filter_jsonl, read_jsonl, replace_dir,
                          rewrite_jsonl)
 
@@ -41,7 +42,8 @@ def save_checkpoint(run_dir: Path, name: str, step: int, model: Any, tokenizer: 
     tmp = root / f".tmp_{name}"
     if tmp.exists():
         shutil.rmtree(tmp)
-    model.save_pretrained(tmp, safe_serialization=True)
+    with without_transformers_bars():
+        model.save_pretrained(tmp, safe_serialization=True)
     if tokenizer is not None and hasattr(tokenizer, "save_pretrained"):
         tokenizer.save_pretrained(tmp)
     state: dict[str, Any] = {"step": int(step), "has_masters": False, "has_optimizer": optimizer is not None}

@@ -33,6 +33,7 @@ from esft.grpo.grpo_config import (SCHEDULES_WITHOUT_END, GRPOConfig, resolve_pr
                                    resumable_changes, to_trl_config)
 from esft.grpo.interrupt import StepBoundary
 from esft.grpo.trl_trainer import TRAINER_STATE, EsftGRPOTrainer, TaskReward
+from esft.models import without_transformers_bars
 from esft.rundir import CHECKPOINTS, RunInterrupted, TrainResult, filter_jsonl, read_jsonl
 from esft.tasks.base import format_bonus_warning
 from esft.version import __version__
@@ -236,7 +237,7 @@ def _train_or_save(trainer: EsftGRPOTrainer, resume_from: Path | None) -> None:
     boundary = StepBoundary()
     trainer.add_callback(boundary)  # last: its on_log of a step follows the step's metrics and evaluation
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), without_transformers_bars():  # the step bar only, not one per checkpoint
             # TRL's own code still calls transformers' deprecated `model.is_gradient_checkpointing`,
             # `gradient_checkpointing_enable/disable` (FutureWarnings a user can do nothing about); esft passes the
             # new option name itself (grpo_config.checkpointing_argument)
