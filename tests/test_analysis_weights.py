@@ -351,3 +351,27 @@ def test_tie_word_embeddings_follows_the_config_then_its_model_types_default():
     assert ties_word_embeddings({"model_type": "x", "text_config": {"model_type": "gpt2"}}) is True
     assert ties_word_embeddings({"model_type": "not-a-model-type"}) is False
     assert ties_word_embeddings(None) is False
+
+
+@pytest.mark.parametrize("variant", [{"new_decoder_architecture": True, "num_kv_heads": 2},
+                                     {"new_decoder_architecture": False, "multi_query": True},
+                                     {"new_decoder_architecture": False, "multi_query": False}])
+def test_falcon_query_key_value_rows_are_those_its_attention_reads(variant):
+    """The rows of each q/k/v view are the rows FalconAttention._split_heads gives q, k and v, in all three of
+    Falcon's layouts (the new decoder architecture was split as contiguous q|k|v blocks, mixing the roles)."""
+    from transformers import FalconConfig
+    from transformers.models.falcon.modeling_falcon import FalconAttention
+
+    from esft.analysis.canonical import split_refs
+
+    config = FalconConfig(vocab_size=64, hidden_size=32, num_attention_heads=4, num_hidden_layers=1, **variant)
+    attention = FalconAttention(config)
+    rows = attention.query_key_value.weight.shape[0]
+    q, k, v = attention._split_heads(torch.arange(rows, dtype=torch.float32).view(1, 1, rows))
+    # k/v are broadcast to every query head of their group: each row once, in order
+    expected = [q.flatten().tolist()] + [list(dict.fromkeys(t.flatten().tolist())) for t in (k, v)]
+    refs = split_refs("transformer.h.0.self_attention.query_key_value.weight", (rows, 32), config.to_dict())
+    assert [ref.canonical for ref in refs] == ["layers.0.q_proj", "layers.0.k_proj", "layers.0.v_proj"]
+    for ref, want in zip(refs, expected):
+        got = [float(r) for a, b in ref.segments for r in range(a, b)]
+        assert got == want and ref.shape[0] == len(want)

@@ -6,7 +6,7 @@ GPT-2 `attn.c_attn`, GPT-NeoX `attention.query_key_value` ...). The study's tabl
 names `layers.<i>.<role>` (or `<role>` outside the layers, e.g. `embed_tokens`, `norm`, `lm_head`), and a fused
 tensor is split into the views its split counterparts would have: the q/k/v rows of a `qkv_proj`, the gate and
 up halves of a `gate_up_proj`, the q/k/v columns of GPT-2's Conv1D `c_attn`, the per-head interleaved rows of
-NeoX's `query_key_value`. A split is described by `TensorRef` (row segments and an optional column range), so
+NeoX's `query_key_value`, Falcon's three layouts of it. A split is described by `TensorRef` (row segments and an optional column range), so
 readers can stream it without materialising the fused tensor.
 
 GPT-2 Conv1D weights are stored transposed ([in, out]); canonical views keep the stored orientation, which
@@ -181,6 +181,8 @@ def _split_qkv(key: str, shape: tuple[int, ...], config, model_type: str):
             return [(r, (shape[0], w), None, (i * w, (i + 1) * w)) for i, r in enumerate(("q_proj", "k_proj", "v_proj"))]
         return [(r, (w,), ((i * w, (i + 1) * w),), None) for i, r in enumerate(("q_proj", "k_proj", "v_proj"))]
     rest = shape[1:]
+    if model_type == "falcon" and dims is not None:
+        return _split_falcon(shape, config, dims)
     if model_type in ("gpt_neox", "bloom") and dims is not None:
         # rows grouped per head: [head 0: q(hd) k(hd) v(hd), head 1: ...]
         heads, _, hd = dims
@@ -202,6 +204,35 @@ def _split_qkv(key: str, shape: tuple[int, ...], config, model_type: str):
         return [(r, (third, *rest), ((i * third, (i + 1) * third),), None)
                 for i, r in enumerate(("q_proj", "k_proj", "v_proj"))]
     return None
+
+
+def _split_falcon(shape: tuple[int, ...], config: Mapping[str, Any], dims: tuple[int, int, int]):
+    """Falcon's `query_key_value` rows, in the three layouts its attention reads (FalconAttention._split_heads):
+    the new decoder architecture groups them per kv head, [group g: its heads/kv query heads, one key, one value];
+    multi-query puts every query head first, then one key and one value; otherwise each head holds q, k, v."""
+    heads, _, hd = dims
+    rest = shape[1:]
+    if config.get("new_decoder_architecture"):
+        kv = int(config.get("num_kv_heads") or heads)
+        per = heads // kv + 2  # rows of hd per group: the group's query heads, its key, its value
+        if heads % kv or shape[0] != kv * per * hd:
+            return None
+        base = [g * per * hd for g in range(kv)]
+        q = tuple((b, b + (per - 2) * hd) for b in base)
+        k = tuple((b + (per - 2) * hd, b + (per - 1) * hd) for b in base)
+        v = tuple((b + (per - 1) * hd, b + per * hd) for b in base)
+        return [("q_proj", (heads * hd, *rest), q, None), ("k_proj", (kv * hd, *rest), k, None),
+                ("v_proj", (kv * hd, *rest), v, None)]
+    if config.get("multi_query", True):
+        if shape[0] != (heads + 2) * hd:
+            return None
+        q = heads * hd
+        return [("q_proj", (q, *rest), ((0, q),), None), ("k_proj", (hd, *rest), ((q, q + hd),), None),
+                ("v_proj", (hd, *rest), ((q + hd, q + 2 * hd),), None)]
+    if shape[0] != 3 * heads * hd:
+        return None
+    return [(r, (heads * hd, *rest), tuple((h * 3 * hd + j * hd, h * 3 * hd + (j + 1) * hd) for h in range(heads)),
+             None) for j, r in enumerate(("q_proj", "k_proj", "v_proj"))]
 
 
 def canonical_refs(shapes: Mapping[str, Sequence[int]], config: Mapping[str, Any] | None = None,
