@@ -394,6 +394,18 @@ def test_a_worker_that_cannot_load_its_model_is_named_in_one_line(tmp_path, mode
         ex.close()
 
 
+def test_a_worker_killed_for_memory_is_lost_not_a_code_error():
+    """Ray's memory monitor kills a worker with OutOfMemoryError: that worker is lost (its member re-queued), unlike
+    an exception our own code raised in it, which stops the run."""
+    import ray
+
+    from esft.es.distributed.worker_faults import is_worker_death
+
+    assert is_worker_death(ray.exceptions.OutOfMemoryError("node low on memory"))
+    assert is_worker_death(ray.exceptions.ActorDiedError())
+    assert not is_worker_death(KeyError("answer"))
+
+
 def test_member_deadlines_follow_the_slowest_member_unless_set():
     from esft.es.distributed.worker_faults import Deadlines
 

@@ -26,11 +26,12 @@ class WorkerError(RuntimeError):
 
 
 def is_worker_death(exc: BaseException) -> bool:
-    """True for a dead actor (process or node gone); False for an exception raised by our own code in it."""
+    """True for a dead actor (process or node gone, or killed by Ray's memory monitor: its member goes to another
+    worker); False for an exception raised by our own code in it."""
     ray = import_ray()
     errors = tuple(getattr(ray.exceptions, n) for n in ("RayActorError", "ActorDiedError", "ActorUnavailableError",
-                                                          "NodeDiedError", "WorkerCrashedError",
-                                                          "OwnerDiedError") if hasattr(ray.exceptions, n))
+                                                          "NodeDiedError", "WorkerCrashedError", "OwnerDiedError",
+                                                          "OutOfMemoryError") if hasattr(ray.exceptions, n))
     return isinstance(exc, errors)
 
 
