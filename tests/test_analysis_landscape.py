@@ -160,3 +160,28 @@ def test_accuracy_axes_of_the_report_figures_are_held_to_zero_one(tmp_path, monk
     assert len(drawn) == 3
     for axes in drawn:
         assert axes and all(label == "accuracy" and limits == (0.0, 1.0) for label, limits in axes), axes
+
+
+def test_an_accuracy_axis_widens_to_a_reward_outside_zero_one(tmp_path):
+    """A custom reward may score -1 or 2: its points stay inside the panel (they are drawn unclipped, so an axis
+    held to [0, 1] drew them across the neighbouring panel), and the axis still starts at 0 and reaches 1."""
+    from esft.analysis.plots import accuracy_axis, pyplot
+    from esft.es.curve import run_figure
+
+    fig, ax = pyplot().subplots()
+    ax.plot([0, 1, 2], [-1.0, 0.5, 2.0])
+    accuracy_axis(ax)
+    assert ax.get_ylim() == (-1.0, 2.0) and ax.get_ylabel() == "accuracy"
+    pyplot().close(fig)
+    fig, ax = pyplot().subplots()
+    accuracy_axis(ax)  # nothing drawn: the plain [0, 1]
+    assert ax.get_ylim() == (0.0, 1.0)
+    pyplot().close(fig)
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("task: boolq\neval_limit: 2\n")
+    (run / "metrics.jsonl").write_text(
+        '{"kind": "eval", "step": 1, "test_n": 2, "test_accuracy": 1.5, "test_ci95": [1.2, 1.8]}\n')
+    low, high = run_figure(run).axes[1].get_ylim()
+    assert low == 0.0 and high >= 1.8

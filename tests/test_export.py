@@ -179,3 +179,18 @@ def test_the_card_names_no_local_folder(tmp_path):
     assert "on task `sums.jsonl:prompt_field=q`" in card and "from `smol`" in card
     assert "output_dir: a" in card and "- x.jsonl" in card and "population_size: 2" in card
     assert "base_model" not in card  # a local folder is no hub id
+
+
+def test_the_card_keeps_prose_that_starts_with_a_slash(tmp_path):
+    """Only paths are cut: a system prompt opening with Qwen3's "/no_think" is the run's setting, kept whole."""
+    from esft.export import model_card
+
+    data = tmp_path / "My Data" / "sums.jsonl"  # a folder with a space: cut because it is on disk
+    data.parent.mkdir()
+    data.write_text("{}\n")
+    prompt = "/no_think Reply with the fraction a/b only."
+    card = model_card(tmp_path / "a", {"model": "m", "task": "t", "population_size": 2,
+                                       "task_options": {"system_prompt": prompt, "switch": "/no_think",
+                                                        "data": str(data)}}, [])
+    assert prompt in card and "switch: /no_think" in card
+    assert str(tmp_path) not in card and "data: sums.jsonl" in card

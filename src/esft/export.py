@@ -103,8 +103,21 @@ def without_local_dirs(value: Any) -> Any:
         return [without_local_dirs(v) for v in value]
     if isinstance(value, str) and value.startswith(("/", "~")):
         path, sep, options = value.partition(":")
-        return Path(path).name + sep + options
+        if _local_path(path):
+            return Path(path).name + sep + options
     return value
+
+
+def _local_path(text: str) -> bool:
+    """Whether `text`, which starts with / or ~, names a local file or folder rather than being prose that starts
+    so (a system prompt "/no_think Reply with a/b", Qwen3's switch): one on disk, else a path of two or more
+    folders without spaces."""
+    try:
+        if Path(text).expanduser().exists():
+            return True
+    except (OSError, RuntimeError):  # a name too long for the file system; a ~user that does not exist
+        pass
+    return text.count("/") >= 2 and not any(c.isspace() for c in text)
 
 
 def model_card(run: Path, config: dict[str, Any], results: list[dict[str, Any]],

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from esft.es.curve import accuracy_axis  # the training curve holds its held-out panel the same way
+
 COLORS = {"es": "tab:blue", "grpo": "tab:red", "random": "tab:gray"}
 
 
@@ -19,15 +21,6 @@ def pyplot():
 
 def color(label: str) -> str:
     return COLORS.get(label.lower(), "tab:green")
-
-
-def accuracy_axis(ax, label: str = "accuracy") -> None:
-    """Hold an accuracy axis to [0, 1]: autoscaled, a flat curve (0.50 to 0.51) would fill the panel and read as
-    large swings. Markers on 0 or 1 are drawn unclipped, so they show whole on the frame."""
-    ax.set_ylim(0.0, 1.0)
-    ax.set_ylabel(label)
-    for line in ax.get_lines():
-        line.set_clip_on(False)
 
 
 def save(fig, path: str | Path) -> Path:

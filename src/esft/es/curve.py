@@ -95,6 +95,19 @@ def summarize(run_dir: str | Path) -> dict[str, Any]:
     return out
 
 
+def accuracy_axis(ax: Any, label: str = "accuracy") -> None:
+    """Hold an accuracy axis to [0, 1]: autoscaled, a flat curve (0.50 to 0.51) would fill the panel and read as
+    large swings. A custom reward may score outside [0, 1] (a -1 penalty, a bonus above 1): the axis then widens
+    to the data, since the lines are drawn unclipped (markers on 0 or 1 show whole on the frame) and would
+    otherwise cross into the next panel."""
+    low, high = ax.dataLim.intervaly  # (inf, -inf) before anything is drawn
+    ax.set_ylim(min(0.0, low) if np.isfinite(low) else 0.0, max(1.0, high) if np.isfinite(high) else 1.0)
+    if label:
+        ax.set_ylabel(label)
+    for line in ax.get_lines():
+        line.set_clip_on(False)
+
+
 def _legend_or_note(ax: Any, note: str) -> None:
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=8)
@@ -154,9 +167,7 @@ def run_figure(run_dir: str | Path) -> Any:
             ax2.axhline(constant["constant_baseline"], color="grey", ls=":",
                         label=f"constant answer \"{constant['constant_answer']}\" (95% CI)")
     ax2.set_xlabel(xlabel)
-    ax2.set_ylim(0.0, 1.0)
-    for line in ax2.get_lines():  # markers on 0 or 1 show whole on the frame
-        line.set_clip_on(False)
+    accuracy_axis(ax2, "")
     ax2.set_title("unperturbed model" if es else "model")
     _legend_or_note(ax2, "no held-out evaluation (eval_every 0)")
     fig.tight_layout()

@@ -141,7 +141,7 @@ def tracker_report(trainer: Any) -> Callable[[dict[str, Any]], None] | None:
 
     def report(record: dict[str, Any]) -> None:
         # transformers' integrations file a key `eval_X` under `eval/X`
-        logs = {f"eval_{k}": v for k, v in flatten({k: v for k, v in record.items() if k != "test_summary"}).items()}
+        logs = {f"eval_{k}": v for k, v in flatten(record).items()}
         for cb in callbacks:
             cb.on_log(trainer.args, trainer.state, trainer.control, logs=logs)
 
