@@ -317,11 +317,9 @@ def test_the_cache_survives_an_interrupted_computation_and_keys_the_dtype(tmp_pa
     assert params("bf16") == {"dtype": "bfloat16"}
 
 
-def test_functional_sparsity_names_each_chain_it_cannot_sweep(tmp_path):
-    """A GRPO run whose final checkpoint lost its weights: the sweep of the others goes on, and the report says
-    which chain was left out and why (it was dropped silently)."""
+def runs_missing_a_base_and_a_checkpoint(tmp_path):
+    """A report context over an ES run whose base model is not on disk and a GRPO run without checkpoints."""
     from esft.analysis.report_context import ReportContext
-    from esft.analysis.sparsity import report_sparsity
 
     base = tmp_path / "base"
     base.mkdir()
@@ -330,6 +328,15 @@ def test_functional_sparsity_names_each_chain_it_cannot_sweep(tmp_path):
     fake_run(tmp_path / "grpo", "grpo", base, "boolq", checkpoints=())
     ctx = ReportContext(ReportConfig(dir=str(tmp_path)), progress=False)
     ctx.discover()
+    return ctx
+
+
+def test_functional_sparsity_names_each_chain_it_cannot_sweep(tmp_path):
+    """A GRPO run whose final checkpoint lost its weights: the sweep of the others goes on, and the report says
+    which chain was left out and why (it was dropped silently)."""
+    from esft.analysis.sparsity import report_sparsity
+
+    ctx = runs_missing_a_base_and_a_checkpoint(tmp_path)
     assert report_sparsity(ctx) is None
     reasons = dict(ctx.unsupported)
     assert reasons["functional sparsity (ES boolq seed 42 (es))"] == "no base model folder on disk"
@@ -381,15 +388,8 @@ def test_a_pair_with_one_side_missing_names_it_and_measures_the_other(tmp_path, 
 
 def test_kl_names_the_missing_side_of_each_chain_it_cannot_measure(tmp_path):
     from esft.analysis.kl import report_kl
-    from esft.analysis.report_context import ReportContext
 
-    base = tmp_path / "base"
-    base.mkdir()
-    (base / "config.json").write_text("{}")
-    fake_run(tmp_path / "es", "es", "/nowhere/model", "boolq")
-    fake_run(tmp_path / "grpo", "grpo", base, "boolq", checkpoints=())
-    ctx = ReportContext(ReportConfig(dir=str(tmp_path)), progress=False)
-    ctx.discover()
+    ctx = runs_missing_a_base_and_a_checkpoint(tmp_path)
     assert report_kl(ctx) is None
     reasons = dict(ctx.unsupported)
     assert reasons["KL (ES boolq seed 42 (es))"] == "base model '/nowhere/model' is not a folder on disk"

@@ -263,6 +263,15 @@ def running(pid: int) -> bool:
         return False
 
 
+def assert_ends(pid: int, what: str) -> None:
+    """The process `pid` is gone (or a zombie) within 10 s."""
+    for _ in range(100):
+        if not running(pid):
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"{what} pid {pid} still runs")
+
+
 def hanging_replica(hang_at: dict[int, tuple[str, int]]) -> type:
     """An HFReplica whose worker of rank r stays alive but never answers (sleeps) in its first member evaluation
     after `n` updates (hang_at[r] = ("evaluate", n)) or in the n-th update (("apply", n)). Defined here, inside a
@@ -311,12 +320,7 @@ def test_a_hung_worker_is_dropped_after_member_timeout_s(model_dir, tmp_path, re
     assert all("within 6 s (executor_options member_timeout_s)" in m["detail"] for m in lost)
     assert [s for s, _ in runlog.list_checkpoints(out)] == [1, 2, 3]
     for pid in pids.values():  # a hung worker is ended, not left holding its CPU
-        for _ in range(100):
-            if not running(pid):
-                break
-            time.sleep(0.1)
-        else:
-            raise AssertionError(f"hung worker pid {pid} still runs")
+        assert_ends(pid, "hung worker")
     t2 = ESTrainer(resume_config(out, {"executor": "local"}), fitness_rule=TextFitness(), progress=False)
     t2.train()
     assert same(masters(t2), ref_masters) and fitness_log(out) == ref_fitness
@@ -436,9 +440,4 @@ def test_an_error_in_the_first_evaluation_ends_the_workers(model_dir, tmp_path):
         t.train()
     pid = ex.worker_pids()[0]
     assert not ex.alive
-    for _ in range(100):
-        if not running(pid):
-            break
-        time.sleep(0.1)
-    else:
-        raise AssertionError(f"worker pid {pid} still runs after train() stopped")
+    assert_ends(pid, "worker (after train() stopped)")
