@@ -139,11 +139,12 @@ def test_accuracy_axes_of_the_report_figures_are_held_to_zero_one(tmp_path, monk
     to the curve's own range."""
     from esft.analysis import plots
 
-    drawn = []
+    drawn, lefts = [], []
     real_save = plots.save
 
     def keep(fig, path):
         drawn.append([(ax.get_ylabel(), ax.get_ylim()) for ax in fig.get_axes()])
+        lefts.extend(ax.get_xlim()[0] for ax in fig.get_axes() if "distance" in ax.get_xlabel())
         return real_save(fig, path)
 
     monkeypatch.setattr(plots, "save", keep)
@@ -158,6 +159,7 @@ def test_accuracy_axes_of_the_report_figures_are_held_to_zero_one(tmp_path, monk
                                             zip([0.0, 0.5, 0.9], flat)], "base_accuracy": {"boolq": 0.5}}},
                            tmp_path / "s.png")
     assert len(drawn) == 3
+    assert lefts == [0.0]  # the sweep's distance axis starts at 0, not at a margin of negative distances
     for axes in drawn:
         assert axes and all(label == "accuracy" and limits == (0.0, 1.0) for label, limits in axes), axes
 

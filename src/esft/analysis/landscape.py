@@ -302,6 +302,7 @@ def plot_direction_sweep(result: Mapping[str, Any], path: str | Path, reference:
                 ax.text(mags.max(), accs[n], lab, fontsize=6, ha="right", va="bottom")
         if pos.size and pos.max() / pos.min() > 20:
             ax.set_xscale("symlog", linthresh=float(pos.min()))
+        ax.set_xlim(left=0.0)  # distances are >= 0: no margin of negative distances (markers on 0 drawn unclipped)
         ax.set_xlabel(r"distance moved $\|\Delta\theta\|_2$")
         accuracy_axis(ax)
         ax.set_title(n, fontsize=9)
