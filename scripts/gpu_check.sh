@@ -6,14 +6,24 @@
 #      bit, greedy agreement with esft's decode loop, a 3-iteration `esft train es --worker-backend vllm` run;
 #   3. a timed 2-iteration paper-preset ES run (N 30, B 200, 1024 new tokens, Countdown) of a 1.5B hub model
 #      through one vLLM worker, its seconds per iteration next to the prediction of docs/distributed.md, and its
-#      replay. Skipped, with a message, when the model is neither in the Hugging Face cache nor downloadable.
+#      replay. When the model is neither in the Hugging Face cache nor downloadable, the timed run cannot happen:
+#      the script says so and exits 3, so that a check that did not measure anything never reads as passed.
 #
-#   ESFT_GPU_CHECK_MODEL (default Qwen/Qwen2.5-1.5B-Instruct)   ESFT_GPU_CHECK_OUT (default: a fresh temp folder)
+#   ESFT_GPU_CHECK_MODEL (default Qwen/Qwen2.5-1.5B-Instruct)
+#   ESFT_GPU_CHECK_OUT   the timed run's directory (default: a fresh temp folder; it holds checkpoints, GBs)
+#   ESFT_GPU_CHECK_LOGS  a folder that receives gpu_check.log, everything the script prints (default: none)
 #   Extra arguments go to the timed `esft train es` (e.g. --batch-size 64).
+#   Exit status: 0 all checks ran and passed, 2 no GPU, 3 the timed run could not start, else a failed step.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 MODEL=${ESFT_GPU_CHECK_MODEL:-Qwen/Qwen2.5-1.5B-Instruct}
-OUT=${ESFT_GPU_CHECK_OUT:-$(mktemp -d)/es-vllm-gpu-check}
+RUN_DIR=${ESFT_GPU_CHECK_OUT:-$(mktemp -d)/es-vllm-gpu-check}
+if [ -n "${ESFT_GPU_CHECK_LOGS:-}" ]; then
+    mkdir -p "$ESFT_GPU_CHECK_LOGS"
+    exec > >(tee -a "$ESFT_GPU_CHECK_LOGS/gpu_check.log") 2>&1
+    TEE_PID=$!
+    trap 'exec >&- 2>&-; wait "$TEE_PID"' EXIT  # the log is complete when the script returns
+fi
 
 if ! command -v nvidia-smi >/dev/null || ! nvidia-smi -L >/dev/null 2>&1; then
     echo "gpu_check: no NVIDIA GPU here (nvidia-smi finds none); on CPUs run scripts/test_vllm.sh" >&2
@@ -51,15 +61,16 @@ except Exception:
         sys.exit(1)
 PY
 then
-    exit 0
+    echo "gpu_check: INCOMPLETE: the engine tests passed but the timed run did not happen (see above)" >&2
+    exit 3
 fi
 
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_LOGGING_LEVEL=${VLLM_LOGGING_LEVEL:-WARNING}
 start=$(date +%s)
 "$VENV/bin/esft" train es --preset paper --model "$MODEL" --task countdown --iterations 2 --eval-every 0 \
-    --dtype bfloat16 --device cuda --executor ray --num-workers 1 --worker-backend vllm --output-dir "$OUT" "$@"
+    --dtype bfloat16 --device cuda --executor ray --num-workers 1 --worker-backend vllm --output-dir "$RUN_DIR" "$@"
 wall=$(( $(date +%s) - start ))
-"$VENV/bin/python" - "$OUT" "$wall" <<'PY'
+"$VENV/bin/python" - "$RUN_DIR" "$wall" <<'PY'
 import json, math, sys
 from pathlib import Path
 
@@ -86,5 +97,5 @@ later = train[1:] or train  # the first iteration includes the workers' start an
 print(f"gpu_check: {sum(r['time']['total'] for r in later) / len(later):.1f} s per iteration "
       "(prediction for a 1.5B model on one H100/H200-class GPU: docs/distributed.md)")
 PY
-"$VENV/bin/python" -m esft.es.replay verify "$OUT"
-echo "gpu_check: done; run directory $OUT"
+"$VENV/bin/python" -m esft.es.replay verify "$RUN_DIR"
+echo "gpu_check: done; run directory $RUN_DIR"

@@ -39,8 +39,23 @@ def load_base(run_dir: str | Path) -> tuple[Any, Any]:
     """The run's base model and tokenizer, loaded with the run's dtype and device (needs esft.models)."""
     from esft.models import load_model
 
-    config, _ = read_run_config(run_dir)
-    return load_model(config.model, dtype=config.dtype, device=config.device)
+    config, info = read_run_config(run_dir)
+    dtype, device = base_placement(config, info)
+    return load_model(config.model, dtype=dtype, device=device)
+
+
+def base_placement(config: ESConfig, info: dict[str, Any]) -> tuple[str | None, str | None]:
+    """(dtype, device type) the run's model had. A run that left them to the loader (`dtype` / `device` None)
+    is replayed with what its config.yaml recorded, not with this machine's defaults: a CPU run replayed on a
+    GPU machine would otherwise draw CUDA noise from a bf16 base, and its replay would silently differ."""
+    device = config.device
+    if device is None and info.get("device"):
+        device = torch.device(str(info["device"])).type
+    dtype = config.dtype
+    recorded = info.get("param_dtypes") or {}
+    if dtype in (None, "auto") and len(recorded) == 1:
+        dtype = str(next(iter(recorded)))
+    return dtype, device
 
 
 def replay(model: torch.nn.Module, run_dir: str | Path, upto: int | None = None) -> Iterator[ReplayState]:
