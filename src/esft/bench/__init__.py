@@ -34,15 +34,18 @@ Definitions:
   row; attention over the attended columns). It cannot exceed 1 unless some kernel runs faster than the 2048^3
   matmul of the same dtype (possible: the oneDNN prefill matmuls reached ~210 GFLOP/s fp32 on a machine where
   the 2048^3 matmul read ~190, so a prefill-bound iteration could come out above 1).
-  `executed_gflop` is that FLOP count, `executed_flops` its fp32 / bf16 split; generate_roofline_ratio is the same
-  over the generation time alone (per-member generate times, summed over the lanes, divided by the lanes).
+  `executed_gflop` is that FLOP count (GFLOP per iteration), `executed_flops` its fp32 / bf16 split (FLOPs, not
+  FLOP/s); generate_roofline_ratio is roofline_ratio (best dtype's rate) over the generation time alone
+  (per-member generate times, summed over the lanes, divided by the lanes). `timings_s` holds lane sums for
+  perturb, generate and restore (so generate can exceed iteration_s with two lanes), wall time for the rest.
 * delivered_tokens_per_s = (prompt + generated tokens) / iteration_s: every token the iteration served, including
   prompt tokens that prefix sharing never computed; generated_tokens_per_s = generated tokens / iteration_s.
   Token counts are unpadded prompt tokens plus generated tokens up to and including eos, summed over the N
   members.
-* overhead_fraction = ((perturb + restore) / lanes + update) / iteration_s: the share of the iteration's wall time
-  a lane spends outside generation (perturb and restore are summed over the lanes, which run them concurrently,
-  so they are divided by the lanes as generate_roofline_ratio divides generation; the update runs once).
+* overhead_fraction = ((perturb + restore) / lanes + score + update) / iteration_s: the share of the iteration's
+  wall time spent outside generation (perturb and restore are summed over the lanes, which run them concurrently,
+  so they are divided by the lanes as generate_roofline_ratio divides generation; scoring, on the calling thread
+  after the lanes, and the update run once).
   `overhead_fraction_summed_lanes` keeps the lane sum undivided (its value before 2026-12-01).
   speedup_vs_naive = naive_iteration_s / iteration_s.
 
@@ -337,10 +340,11 @@ def _iterations(config: BenchConfig, model, tokenizer, name: str, work: Workload
 
 
 def overhead_fraction(timings: dict[str, float], lanes: int) -> float:
-    """The iteration's share of wall time outside generation: ((perturb + restore) / lanes + update) / iteration,
-    perturb and restore being summed over `lanes` concurrent lanes (see the module docstring)."""
+    """The iteration's share of wall time outside generation: ((perturb + restore) / lanes + score + update) /
+    iteration, perturb and restore being summed over `lanes` concurrent lanes; scoring runs on the calling thread
+    after the lanes (esft.es.executor), so it counts in full (see the module docstring)."""
     t = timings
-    return ((t["perturb"] + t["restore"]) / max(1, int(lanes)) + t["update"]) / t["iteration"]
+    return ((t["perturb"] + t["restore"]) / max(1, int(lanes)) + t.get("score", 0.0) + t["update"]) / t["iteration"]
 
 
 def _workload_entry(runs: dict[str, list[dict]], loads: list[float | None], noise: str
@@ -399,7 +403,7 @@ def _rooflines(report: dict[str, Any], readings: dict[str, list[float]],
         entry["roofline_ratio_per_dtype"] = round(roofline_ratio(flops, t["iteration"], gflops, gflops_bf16), 4)
         # per-member generate times are summed over the lanes, each lane having 1/lanes of the threads
         entry["generate_roofline_ratio"] = round(
-            roofline_ratio(flops, t["generate"] / entry["lanes"], gflops, gflops_bf16), 4)
+            best_dtype_roofline_ratio(flops, t["generate"] / entry["lanes"], rates), 4)
 
 
 def format_table(report: dict[str, Any]) -> str:

@@ -46,7 +46,9 @@ def _lane_models(model, lanes: int, dtype: torch.dtype | None) -> list:
 def esft_generation(model, tokenizer, work: Workload, population: int, gen_overrides: dict, lanes: int = 1,
                     dtype: torch.dtype | None = None) -> dict[str, Any]:
     """`population` generate calls of the workload's batch with esft's engine, `lanes` at once on one thread
-    share each (as `LocalExecutor`); returns seconds and token counts."""
+    share each (as `LocalExecutor`); returns seconds and token counts. Each lane first generates one token of the
+    batch, untimed and uncounted, as the ES iteration's lanes do before theirs (esft.bench.iterations.warm_up): a
+    fresh lane copy's first call faults in its packed weights and buffers, a cost the ES side does not time."""
     from esft.generation import GenerationConfig, encode_prompts, generate
 
     gen = GenerationConfig(max_new_tokens=work.max_new_tokens, min_new_tokens=work.min_new_tokens,
@@ -61,12 +63,17 @@ def esft_generation(model, tokenizer, work: Workload, population: int, gen_overr
     lock = threading.Lock()
     counts = {"prompt_tokens": 0, "generated_tokens": 0}
     errors: list[BaseException] = []
+    warm = dataclasses.replace(gen, max_new_tokens=1, min_new_tokens=0)
+    started: list[float] = []
+    ready = threading.Barrier(lanes, action=lambda: started.append(time.perf_counter()))
 
     def lane(k: int) -> None:
         try:
             torch.get_num_threads()  # a new thread's first ATen call sets its team size from the global default
             torch.set_num_threads(share[k])
             with torch.no_grad():
+                generate(models[k], tokenizer, work.prompts, warm, prompt_ids=ids)
+                ready.wait()  # the clock starts once every lane is warm
                 while True:
                     with lock:
                         if not jobs:
@@ -78,18 +85,19 @@ def esft_generation(model, tokenizer, work: Workload, population: int, gen_overr
                         counts["generated_tokens"] += sum(len(g.completion_ids) for g in gens)
         except BaseException as exc:  # re-raised on the calling thread below
             errors.append(exc)
+            ready.abort()  # the other lanes stop waiting (after the error is recorded, so it is the one raised)
 
-    t0 = time.perf_counter()
     threads = [threading.Thread(target=lane, args=(k,)) for k in range(1, lanes)]
     for t in threads:
         t.start()
     lane(0)
     for t in threads:
         t.join()
-    seconds = time.perf_counter() - t0
+    end = time.perf_counter()
     torch.set_num_threads(total)
     if errors:
         raise errors[0]
+    seconds = end - started[0]
     tokens = counts["prompt_tokens"] + counts["generated_tokens"]
     return {"engine": "esft", "seconds": round(seconds, 3), "lanes": lanes, **counts,
             "delivered_tokens_per_s": round(tokens / seconds, 2),
