@@ -1,0 +1,155 @@
+"""GPU smoke check of esft's ES path on the Hugging Face engine, in one command of a few minutes.
+
+    PYTHONPATH=src python3 scripts/gpu_smoke.py --out "$OUT" --tokenizer .gputok [--device cuda]
+
+Made for the lent H200 (docs/distributed.md, "What only a GPU can check"): its image has torch, transformers,
+safetensors, numpy, pyyaml, tqdm and matplotlib but no network, no vLLM, no Ray and no TRL, so this needs only those
+and the checkout (`PYTHONPATH=src`). The model is a random-init SmolLM2-135M-shaped Llama (nothing to download);
+the tokenizer is a folder carried with the checkout: here, `python -c "from esft.models import load_tokenizer;
+load_tokenizer('smollm2-135m').save_pretrained('.gputok')"`, then `carry: [".gputok"]`.
+
+Checks, each recorded in OUT/gpu_smoke.json ("ok" per check; exit status 1 if any fails):
+1. exact restore on the device: perturb then restore gives the masters back bit for bit, for fp32 and bf16 weights;
+2. the same update on two copies gives the same weights (what every replica of a distributed run relies on);
+3. a 3-iteration ES run of a 2-layer model on a 20-row data task, and the same run stopped after 1 iteration and
+   resumed: the final weights moved and are bit-identical (exact resume on the device);
+4. greedy generation throughput of the 135M-shaped model: tokens/s for a batch of 32 x 64 new tokens, esft's
+   generate on the device (timed after one warm-up call; reported, not judged).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+
+def llama(layers: int, hidden: int, heads: int, kv: int, inter: int, dtype: torch.dtype, device: str, seed: int):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=49152, hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
+                         num_attention_heads=heads, num_key_value_heads=kv, max_position_embeddings=2048,
+                         tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=2)
+    return LlamaForCausalLM(config).eval().to(dtype=dtype, device=device).requires_grad_(False)
+
+
+def exact_restore(device: str) -> dict:
+    from esft.es.noise import MasterWeights, Update
+
+    out = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        model = llama(2, 64, 4, 2, 128, dtype, device, seed=0)
+        weights = MasterWeights(model)
+        before = {n: p.detach().clone() for n, p in model.named_parameters()}
+        weights.perturb(seed=7, sign=1, sigma=1e-2)
+        moved = any(not torch.equal(before[n], p) for n, p in model.named_parameters())
+        weights.restore()
+        back = all(torch.equal(before[n], p) for n, p in model.named_parameters())
+        twin = llama(2, 64, 4, 2, 128, dtype, device, seed=0)
+        twin_weights = MasterWeights(twin)
+        update = Update(seeds=(3, 5), coefficients=(0.7, -0.2), scale=1e-3)
+        weights.apply(update)
+        twin_weights.apply(update)
+        same = all(torch.equal(p, q) for p, q in zip(model.parameters(), twin.parameters()))
+        out[str(dtype).removeprefix("torch.")] = {"perturb_moves": moved, "restore_exact": back,
+                                                   "same_update_same_weights": same}
+    return {"ok": all(all(v.values()) for v in out.values()), **out}
+
+
+def exact_resume(device: str, tokenizer: str, work: Path) -> dict:
+    from safetensors.torch import load_file
+
+    from esft.cli import main
+
+    folder = work / "tiny"
+    llama(2, 64, 4, 2, 128, torch.float32, "cpu", seed=0).save_pretrained(folder)
+    from transformers import AutoTokenizer
+
+    AutoTokenizer.from_pretrained(tokenizer).save_pretrained(folder)
+    data = work / "say.jsonl"  # every completion earns the format bonus of a data task: fitness is never all 0
+    data.write_text("".join(json.dumps({"prompt": f"Say {i}.", "answer": str(i)}) + "\n" for i in range(20)))
+    common = ["train", "es", "--model", str(folder), "--task", str(data),
+              "--population-size", "4", "--batch-size", "4", "--max-new-tokens", "8", "--eval-every", "0",
+              "--checkpoint-every", "1", "--device", device, "--dtype", "float32", "--sigma", "0.05",
+              "--alpha", "0.05", "--fitness-shaping", "raw", "--format-bonus", "1"]
+    t0 = time.perf_counter()
+    whole = main([*common, "--iterations", "3", "--output-dir", str(work / "whole")])
+    part = main([*common, "--iterations", "1", "--output-dir", str(work / "part")])
+    resumed = main(["train", "es", "--resume", str(work / "part"), "--iterations", "3"])
+    seconds = time.perf_counter() - t0
+    codes = [whole, part, resumed]
+    if any(codes):
+        return {"ok": False, "exit_codes": codes}
+    a = load_file(str(work / "whole" / "checkpoints" / "final" / "model.safetensors"))
+    b = load_file(str(work / "part" / "checkpoints" / "final" / "model.safetensors"))
+    base = load_file(str(folder / "model.safetensors"))
+    same = a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    trained = any(not torch.equal(a[k], base[k]) for k in a if k in base)
+    return {"ok": bool(same and trained), "resumed_equals_uninterrupted": same, "weights_moved": trained,
+            "exit_codes": codes, "seconds": round(seconds, 1)}
+
+
+def throughput(device: str, tokenizer: str, rows: int, new_tokens: int) -> dict:
+    from transformers import AutoTokenizer
+
+    from esft.generation import GenerationConfig, generate
+
+    tok = AutoTokenizer.from_pretrained(tokenizer)
+    tok.padding_side = "left"
+    dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+    model = llama(30, 576, 9, 3, 1536, dtype, device, seed=0)  # SmolLM2-135M's shape
+    prompts = [[{"role": "user", "content": f"Count from {i} to {i + 50}, one number per line."}]
+               for i in range(rows)]
+    config = GenerationConfig(max_new_tokens=new_tokens, min_new_tokens=new_tokens)
+    generate(model, tok, prompts[:2], config)  # warm-up: kernels, allocator
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    outs = generate(model, tok, prompts, config)
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - t0
+    generated = sum(len(o.completion_ids) for o in outs)
+    return {"ok": generated == rows * new_tokens, "dtype": str(dtype).removeprefix("torch."), "rows": rows,
+            "new_tokens": new_tokens, "generated_tokens": generated, "seconds": round(seconds, 3),
+            "generated_tokens_per_s": round(generated / seconds, 1)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True, help="folder for gpu_smoke.json and the runs")
+    parser.add_argument("--tokenizer", required=True, help="a folder holding SmolLM2's tokenizer files")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--rows", type=int, default=32)
+    parser.add_argument("--new-tokens", type=int, default=64)
+    args = parser.parse_args(argv)
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        print("gpu_smoke: no CUDA device visible to torch", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    report = {"device": args.device, "torch": torch.__version__, "python": platform.python_version(),
+              "gpu": torch.cuda.get_device_name(0) if args.device.startswith("cuda") else None,
+              "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    for name, check in (("exact_restore", lambda: exact_restore(args.device)),
+                        ("exact_resume", lambda: exact_resume(args.device, args.tokenizer, out / "runs")),
+                        ("throughput", lambda: throughput(args.device, args.tokenizer, args.rows, args.new_tokens))):
+        try:
+            report[name] = check()
+        except Exception as exc:  # noqa: BLE001 - recorded, and the exit status says a check failed
+            report[name] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+        print(f"gpu_smoke: {name}: {json.dumps(report[name])}", flush=True)
+        (out / "gpu_smoke.json").write_text(json.dumps(report, indent=2))
+    ok = all(report[k]["ok"] for k in ("exact_restore", "exact_resume", "throughput"))
+    print("gpu_smoke: " + ("all checks passed" if ok else "FAILED"), flush=True)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
