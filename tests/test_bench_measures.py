@@ -12,15 +12,8 @@ from esft import bench
 from esft.bench import inference
 
 from conftest import make_tiny_model
+from es_tiny import one_thread  # noqa: F401  (autouse: tiny matmuls on one thread)
 from test_bench import small_workload
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def test_generate_roofline_ratio_weighs_every_flop_at_the_best_dtype_rate_as_roofline_ratio():
