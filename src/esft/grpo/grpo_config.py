@@ -335,6 +335,7 @@ def trl_arguments(config: GRPOConfig, trl_output_dir: str, precision: str, progr
     """The keyword arguments of TRL's GRPOConfig for this run (ESFT_TRL_ARGS, then config.trl_args): one
     generation round per optimizer step (steps_per_generation = gradient_accumulation_steps), logging every step,
     checkpoints every save_steps and at the end."""
+    from esft.models import default_device  # lazy: parsing a GRPO config needs no torch
     from esft.tracking import check_backends
 
     save_steps = config.save_steps if config.save_steps > 0 else config.max_steps
@@ -376,15 +377,10 @@ def trl_arguments(config: GRPOConfig, trl_output_dir: str, precision: str, progr
         remove_unused_columns=False,  # the reward needs the example_index column
         dataloader_num_workers=0,
         # pinned host memory only serves copies to a GPU; without one, torch warns on every dataloader
-        dataloader_pin_memory=not use_cpu and cuda_available(),
+        dataloader_pin_memory=not use_cpu and default_device() == "cuda",
     )
     return {**args, **config.trl_args}
 
-
-def cuda_available() -> bool:
-    import torch  # lazy: parsing a GRPO config needs no torch
-
-    return bool(torch.cuda.is_available())
 
 
 def checkpointing_argument() -> str:
