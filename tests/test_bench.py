@@ -507,3 +507,29 @@ def test_bench_vllm_engine_is_built_as_an_es_replica_without_prefix_caching():
     assert kw["enable_prefix_caching"] is False and replica["enable_prefix_caching"] is False
     assert kw["max_model_len"] == 10 + 5 + 8 and kw["enforce_eager"] and kw["kv_cache_memory_bytes"] == 1 << 30
     assert "kv_cache_memory_bytes" not in bench_engine_kwargs("/m", jobs, "bfloat16", False, 1 << 30)
+
+
+def test_bench_vllm_warm_up_runs_the_whole_batch_untimed_before_the_population():
+    """vLLM's timed calls must find the batch's prefill and decode shapes seen once, as esft's lanes (warmed on
+    the full batch) do: the warm-up call gets every prompt, a few tokens, and is not counted."""
+    from types import SimpleNamespace
+
+    from esft.bench.inference import VLLM_WARM_UP_TOKENS, timed_vllm_generation
+
+    calls = []
+
+    class Recorder:  # stands in for vllm.LLM: records each call's prompts and limits, answers max_tokens tokens
+        def generate(self, prompts, sampling, use_tqdm):
+            calls.append((len(prompts), sampling["max_tokens"], sampling["min_tokens"]))
+            return [SimpleNamespace(outputs=[SimpleNamespace(token_ids=[0] * sampling["max_tokens"])])
+                    for _ in prompts]
+
+    job = {"prompt_ids": [[1, 2, 3]] * 5, "max_new_tokens": 24, "min_new_tokens": 24}
+    out = timed_vllm_generation(Recorder(), dict, job, population=3)
+    assert calls[0] == (5, VLLM_WARM_UP_TOKENS, VLLM_WARM_UP_TOKENS)
+    assert calls[1:] == [(5, 24, 24)] * 3
+    assert out["generated_tokens"] == 3 * 5 * 24 and out["prompt_tokens"] == 3 * 5 * 3
+    short = {"prompt_ids": [[1]] * 2, "max_new_tokens": 2, "min_new_tokens": 0}
+    calls.clear()
+    timed_vllm_generation(Recorder(), dict, short, population=1)
+    assert calls[0] == (2, 2, 0)

@@ -15,7 +15,7 @@ import dataclasses
 import importlib.util
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -117,8 +117,8 @@ def vllm_generation(model_path: str, jobs: dict[str, dict[str, Any]], population
                     threads: int) -> dict[str, dict[str, Any]]:
     """Pure batched generation with vLLM (its CPU build here, or whatever platform it finds) for each workload:
     `population` `LLM.generate` calls of the whole batch, greedy, the workload's budget (`min_tokens` as esft's
-    `min_new_tokens`), after one warm-up call; engine start-up is not timed. The engine runs in a spawned
-    process, because vLLM's CPU worker freezes `torch.set_num_threads` for the process that starts it and holds
+    `min_new_tokens`), after one untimed warm-up call on the whole batch (`vllm_warm_up`); engine start-up is not
+    timed. The engine runs in a spawned process, because vLLM's CPU worker freezes `torch.set_num_threads` for the process that starts it and holds
     its memory until that process ends. Returns {workload: the same fields as `esft_generation`}."""
     import multiprocessing
 
@@ -135,6 +135,18 @@ def vllm_generation(model_path: str, jobs: dict[str, dict[str, Any]], population
     return payload
 
 
+#: decode steps of vLLM's untimed warm-up call: its first prefill of the full batch and first decode steps at the
+#: timed batch size, as esft's lanes are warmed on the full batch (their warm-up runs one token, no decode step)
+VLLM_WARM_UP_TOKENS = 4
+
+
+def vllm_warm_up(job: dict[str, Any]) -> dict[str, int]:
+    """`SamplingParams` limits of vLLM's warm-up call, which runs on the workload's whole batch: a few tokens, so
+    the timed calls find the batch's prefill and decode shapes seen once, as esft's warmed lanes do."""
+    tokens = min(VLLM_WARM_UP_TOKENS, int(job["max_new_tokens"]))
+    return {"max_tokens": tokens, "min_tokens": min(tokens, int(job["min_new_tokens"]))}
+
+
 def bench_engine_kwargs(model_path: str, jobs: dict[str, dict[str, Any]], dtype: str, on_cpu: bool,
                         cpu_kv_cache_bytes: int) -> dict[str, Any]:
     """`LLM(...)` arguments of the bench's engine: an ES replica's (esft.es.distributed.vllm_backend), prefix
@@ -148,6 +160,26 @@ def bench_engine_kwargs(model_path: str, jobs: dict[str, dict[str, Any]], dtype:
     if on_cpu:
         kwargs["kv_cache_memory_bytes"] = cpu_kv_cache_bytes
     return kwargs
+
+
+def timed_vllm_generation(llm: Any, sampling_params: Callable[..., Any], job: dict[str, Any],
+                          population: int) -> dict[str, Any]:
+    """One workload on a started engine: an untimed warm-up call on the whole batch, then `population` timed
+    calls of it, greedy. `sampling_params` is vLLM's `SamplingParams`."""
+    sampling = sampling_params(n=1, temperature=0.0, max_tokens=job["max_new_tokens"],
+                               min_tokens=job["min_new_tokens"])
+    prompts = [{"prompt_token_ids": p} for p in job["prompt_ids"]]
+    llm.generate(prompts, sampling_params(n=1, temperature=0.0, **vllm_warm_up(job)), use_tqdm=False)
+    generated = 0
+    t0 = time.perf_counter()
+    for _ in range(population):
+        results = llm.generate(prompts, sampling, use_tqdm=False)
+        generated += sum(len(r.outputs[0].token_ids) for r in results)
+    seconds = time.perf_counter() - t0
+    prompt_tokens = population * sum(len(p) for p in job["prompt_ids"])
+    return {"engine": "vllm", "seconds": round(seconds, 3), "prompt_tokens": prompt_tokens,
+            "generated_tokens": generated, "delivered_tokens_per_s": round((prompt_tokens + generated) / seconds, 2),
+            "generated_tokens_per_s": round(generated / seconds, 2)}
 
 
 def _vllm_child(queue, model_path: str, jobs: dict[str, dict[str, Any]], population: int, dtype: str,
@@ -168,24 +200,9 @@ def _vllm_child(queue, model_path: str, jobs: dict[str, dict[str, Any]], populat
         from vllm import LLM, SamplingParams
 
         llm = LLM(**bench_engine_kwargs(model_path, jobs, dtype, on_cpu, DEFAULT_CPU_KV_CACHE_BYTES))
-        out = {}
-        for name, job in jobs.items():
-            sampling = SamplingParams(n=1, temperature=0.0, max_tokens=job["max_new_tokens"],
-                                      min_tokens=job["min_new_tokens"])
-            prompts = [{"prompt_token_ids": p} for p in job["prompt_ids"]]
-            llm.generate(prompts[:2], sampling, use_tqdm=False)  # warm-up
-            generated = 0
-            t0 = time.perf_counter()
-            for _ in range(population):
-                results = llm.generate(prompts, sampling, use_tqdm=False)
-                generated += sum(len(r.outputs[0].token_ids) for r in results)
-            seconds = time.perf_counter() - t0
-            prompt_tokens = population * sum(len(p) for p in job["prompt_ids"])
-            out[name] = {"engine": "vllm", "seconds": round(seconds, 3), "dtype": dtype,
-                         "device": platform_device_type(), "prompt_tokens": prompt_tokens,
-                         "generated_tokens": generated,
-                         "delivered_tokens_per_s": round((prompt_tokens + generated) / seconds, 2),
-                         "generated_tokens_per_s": round(generated / seconds, 2)}
+        out = {name: timed_vllm_generation(llm, SamplingParams, job, population) | {"dtype": dtype,
+                                                                                     "device": platform_device_type()}
+               for name, job in jobs.items()}
         queue.put((True, out))
     except BaseException as exc:  # reported to the parent, which raises it
         queue.put((False, f"{type(exc).__name__}: {exc}"))
