@@ -375,3 +375,17 @@ def test_falcon_query_key_value_rows_are_those_its_attention_reads(variant):
     for ref, want in zip(refs, expected):
         got = [float(r) for a, b in ref.segments for r in range(a, b)]
         assert got == want and ref.shape[0] == len(want)
+
+
+def test_masters_whose_names_match_no_model_weight_are_refused(tmp_path):
+    """A model file that stores other names than the module's parameters (masters.safetensors uses the latter)
+    would leave those tensors measured from their bf16 copies without a word: refused, naming the tensor."""
+    from safetensors.torch import save_file
+
+    base = make_tiny_model(vocab_size=512, hidden=32)
+    base.to(torch.bfloat16).save_pretrained(tmp_path / "t")
+    masters = {("renamed." + n): p.detach().float().contiguous() for n, p in base.named_parameters()}
+    save_file(masters, str(tmp_path / "t" / "masters.safetensors"))
+    with pytest.raises(ValueError, match="renamed.model.embed_tokens.weight"):
+        CheckpointSource(tmp_path / "t")
+    assert not CheckpointSource(tmp_path / "t", prefer_masters=False).uses_masters

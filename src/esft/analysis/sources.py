@@ -69,10 +69,16 @@ class CheckpointSource:
         if prefer_masters and masters.exists():
             h = safe_open(str(masters), framework="pt", device="cpu")
             self._handles[MASTERS_FILE] = h
+            unmatched = [k for k in h.keys() if k not in self._where]
+            if unmatched:
+                # masters are saved under the module's parameter names; a model file that stores other names would
+                # leave those tensors measured from their rounded copies, silently
+                raise ValueError(f"{masters}: {len(unmatched)} fp32 master tensor(s) match no weight name in the "
+                                 f"model files (first: {unmatched[0]!r}); this checkpoint's names cannot be paired "
+                                 "with its masters, so its update would be measured from rounded weights")
             for k in h.keys():
-                if k in self._where:  # masters are saved under the module's parameter names
-                    self._where[k] = (h, k)
-                    self.uses_masters = True
+                self._where[k] = (h, k)
+                self.uses_masters = True
 
     def shapes(self) -> dict[str, tuple[int, ...]]:
         return {k: tuple(h.get_slice(n).get_shape()) for k, (h, n) in self._where.items()}
