@@ -238,3 +238,14 @@ def test_cli_fitness_alias():
 
     args = build_parser().parse_args(["train", "es", "--fitness", "dart", "--fitness-options", "{cooldown: 2}"])
     assert args.fitness_rule == "dart" and args.fitness_options == "{cooldown: 2}"
+
+
+def test_draw_replays_large_temperature_does_not_underflow():
+    """exp(-t EMA) underflows to 0 for every candidate at t = 2000 (0/0 probabilities before); the draw must
+    still follow the priority, which at that temperature is all on the lowest EMA."""
+    cands, ema = np.array([0, 1, 2]), np.array([0.4, 0.45, 0.42])
+    rng = np.random.default_rng(0)
+    assert all(draw_replays(cands, ema, 1, rng, 2000.0) == [0] for _ in range(50))
+    assert sorted(draw_replays(cands, ema, 3, rng, 2000.0)) == [0, 1, 2]
+    rule = DartES({"priority_temperature": 2000.0})  # the option range accepts it
+    assert rule.opts.priority_temperature == 2000.0

@@ -116,6 +116,28 @@ def test_update_equals_explicit_sum_and_is_full_rank():
     assert all(torch.equal(params[n], t) for n, t in frozen.items())  # non-matrix parameters never move
 
 
+def test_rank_above_a_matrix_dimension_keeps_unit_variance_and_the_batched_forward():
+    """r > min(m, n) (EGGROLL allows it): E = A B^T / sqrt(r) then has rank min(m, n), and every entry still has the
+    unit variance of full-rank noise, E[E_ij^2] = sum_k E[a_ik^2 b_jk^2] / r = 1, estimated here over members."""
+    model = tiny_llama(hidden=16, vocab_size=32)
+    r = 24
+    w = LowRankWeights(model, rank=r)
+    name = "model.layers.0.self_attn.k_proj.weight"
+    m, n = w.master[name].shape
+    assert max(m, n) < r
+    assert torch.linalg.matrix_rank(w.noise(5, name)).item() == min(m, n)
+    second = torch.stack([w.noise(s, name) for s in range(400)]).double().pow(2).mean(0)  # per-entry E[E_ij^2]
+    assert second.mean().item() == pytest.approx(1.0, abs=0.05) and (second - 1).abs().max().item() < 0.4
+    x = torch.randint(3, 32, (2, 5), generator=torch.Generator().manual_seed(1))
+    batched = population_logits(model, w, MEMBERS, 0.05, x)
+    for i, (seed, sign) in enumerate(MEMBERS):
+        w.perturb(seed, sign, 0.05)
+        with torch.inference_mode():
+            single = model(input_ids=x).logits
+        w.restore()
+        torch.testing.assert_close(batched[i], single, rtol=1e-4, atol=1e-5)
+
+
 class TinyTokenizer:
     pad_token_id = 0
     eos_token_id = 2

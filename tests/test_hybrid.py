@@ -65,3 +65,35 @@ def test_runner_accepts_the_chains():
     configs = [spec.config(c, "boolq", 42, output_dir="x") for c in chain.components]
     assert configs[0].max_steps == 10 and configs[1].iterations == 10
     assert [c.algorithm for c in spec.method("es->grpo").components] == ["es", "grpo"]
+
+
+def test_chain_stages_cost_what_the_budget_assumed_whatever_the_base_blocks():
+    """A chain's sub-block inherits the spec's base block of its algorithm: sizes set there must not change the
+    cost of the stages the budget was split for (before: a base `es: {population_size: 30}` made the chain's ES
+    stage generate ~7x the completions of its share)."""
+    from esft.experiments.algorithms import get_algorithm
+    from esft.experiments.spec import parse_spec
+
+    options = {"es": {"preset": "cpu"}, "grpo": {"preset": "cpu"}}
+    total = 4096
+    base = {"es": {"preset": "cpu", "population_size": 30, "batch_size": 32},
+            "grpo": {"preset": "cpu", "prompts_per_step": 4, "num_generations": 16}}
+    for unit in ("completions", "flops"):
+        spec = parse_spec({"kind": "single-task", "tasks": ["boolq"],
+                           "algorithms": {**base, **hybrid_methods(total, 0.5, unit, options)}})
+        for order in ("grpo->es", "es->grpo"):
+            _, report = hybrid_block(order, total, 0.5, unit, options)
+            used = []
+            for comp in spec.method(order).components:
+                config = spec.config(comp, "boolq", 42, output_dir="x")
+                steps = getattr(config, get_algorithm(comp.algorithm).budget_field)
+                used.append(steps * step_cost(comp.algorithm, config, unit))
+            assert used == [s["used"] for s in report["stages"]] and sum(used) <= total, (unit, order)
+
+
+def test_per_task_sizes_are_refused_other_per_task_options_pass_through():
+    per_task = {"es": {"preset": "cpu", "per_task": {"boolq": {"max_new_tokens": 8}}}, "grpo": {"preset": "cpu"}}
+    block, _ = hybrid_block("grpo->es", 4096, 0.5, options=per_task)
+    assert block["es"]["per_task"] == {"boolq": {"max_new_tokens": 8}}
+    with pytest.raises(ValueError, match="one step cost for every task"):
+        hybrid_block("grpo->es", 4096, 0.5, options={"es": {"per_task": {"boolq": {"batch_size": 4}}}})

@@ -167,7 +167,10 @@ def draw_replays(candidates: np.ndarray, ema: np.ndarray, slots: int, rng: np.ra
     k = min(int(slots), candidates.size)
     if k <= 0:
         return []
-    prio = np.exp(-temperature * np.asarray(ema, np.float64)[candidates])
+    e = np.asarray(ema, np.float64)[candidates]
+    # shifted by the smallest EMA: the same probabilities once normalised, but the largest priority is exactly 1,
+    # so a large temperature (accepted by DartOptions) cannot underflow every priority to 0 (0/0 = NaN)
+    prio = np.exp(-temperature * (e - e.min()))
     return [int(i) for i in rng.choice(candidates, size=k, replace=False, p=prio / prio.sum())]
 
 

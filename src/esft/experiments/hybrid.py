@@ -14,6 +14,11 @@ What it does not decide is how many steps each stage gets when the *total* must 
 Stage i gets floor(total x share_i / cost_i) steps, so a chain never exceeds the total (a share too small for one
 step of its stage is an error naming the smallest total that fits); the report says what each stage actually uses.
 
+A chain's sub-block inherits the spec's base block of the same algorithm (esft.experiments.spec), so each stage's
+block pins the fields its step cost is computed from (COST_FIELDS): a base `es: {population_size: 30}` cannot
+silently change the size of the chain's ES iterations after the budget was split. A `per_task` override of those
+fields would make the cost differ by task and is refused.
+
     methods = hybrid_methods(total=8000, split=0.5, options={"es": {"preset": "cpu"}, "grpo": {"preset": "cpu"}})
     spec["algorithms"].update(methods)       # {"grpo->es": {...}, "es->grpo": {...}} for esft.experiments
 """
@@ -25,6 +30,8 @@ from typing import Any, Mapping, Sequence
 
 UNITS = ("completions", "flops")
 CHAIN = "->"
+#: the config fields one step's cost depends on, in both units
+COST_FIELDS = {"es": ("population_size", "batch_size"), "grpo": ("prompts_per_step", "num_generations")}
 
 
 def _config(algorithm: str, options: Mapping[str, Any]) -> Any:
@@ -36,6 +43,11 @@ def _config(algorithm: str, options: Mapping[str, Any]) -> Any:
     opts = dict(options)
     preset = opts.pop("preset", None)
     opts.pop("display", None)
+    for task, sub in dict(opts.pop("per_task", None) or {}).items():
+        pinned = sorted(set(sub) & set(COST_FIELDS.get(algorithm, ())))
+        if pinned:
+            raise ValueError(f"{algorithm}.per_task.{task} sets {pinned}: a hybrid budget needs one step cost for "
+                             "every task")
     return build_config(algo.config_cls, algo.presets, preset, None, opts)
 
 
@@ -47,10 +59,8 @@ def step_cost(algorithm: str, config: Any, unit: str = "completions") -> float:
         from esft.experiments.algorithms import get_algorithm
 
         return float(get_algorithm(algorithm).formula(config, 1)["coefficient"])
-    if algorithm == "es":
-        return float(config.population_size * config.batch_size)
-    if algorithm == "grpo":
-        return float(config.prompts_per_step * config.num_generations)
+    if algorithm in COST_FIELDS:  # ES: N members x B prompts; GRPO: prompts x K samples
+        return float(math.prod(getattr(config, f) for f in COST_FIELDS[algorithm]))
     raise ValueError(f"no completion count known for algorithm {algorithm!r}")
 
 
@@ -94,9 +104,10 @@ def hybrid_block(order: str, total: float, split: float = 0.5, unit: str = "comp
     steps = split_budget(total, costs, [split, 1.0 - split])
     block: dict[str, Any] = {}
     stages = []
-    for part, cost, n in zip(parts, costs, steps):
+    for part, config, cost, n in zip(parts, configs, costs, steps):
         field = get_algorithm(part).budget_field
-        block[part] = {**dict(options.get(part, {})), field: n}
+        pinned = {f: getattr(config, f) for f in COST_FIELDS.get(part, ())}
+        block[part] = {**dict(options.get(part, {})), **pinned, field: n}
         stages.append({"algorithm": part, field: n, "cost_per_step": cost, "used": n * cost})
     report = {"order": order, "unit": unit, "total": total, "split": split, "stages": stages,
               "used": sum(s["used"] for s in stages)}
@@ -116,4 +127,4 @@ def single_budget(algorithm: str, total: float, unit: str = "completions",
     return split_budget(total, [step_cost(algorithm, _config(algorithm, options or {}), unit)], [1.0])[0]
 
 
-__all__ = ["UNITS", "step_cost", "split_budget", "hybrid_block", "hybrid_methods", "single_budget"]
+__all__ = ["UNITS", "COST_FIELDS", "step_cost", "split_budget", "hybrid_block", "hybrid_methods", "single_budget"]
