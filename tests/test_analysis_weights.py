@@ -389,3 +389,16 @@ def test_masters_whose_names_match_no_model_weight_are_refused(tmp_path):
     with pytest.raises(ValueError, match="renamed.model.embed_tokens.weight"):
         CheckpointSource(tmp_path / "t")
     assert not CheckpointSource(tmp_path / "t", prefer_masters=False).uses_masters
+
+
+def test_a_mixture_of_experts_router_is_not_a_gate_projection():
+    """Qwen-MoE / OLMoE / DeepSeek store the router as `mlp.gate` ([experts, hidden]): it must not enter the
+    stable-rank average as a gate projection; the dense `gate_proj` / `w1` still do."""
+    router = "model.layers.3.mlp.gate.weight"
+    layer, role, leaf = C.parse_name(router)
+    canon = C.canonical_name(layer, role, leaf)
+    assert canon == "layers.3.mlp.gate" and C.kind_of(canon) == "other"
+    assert not C.is_matrix_family(canon, (8, 64))
+    for dense in ("model.layers.3.mlp.gate_proj.weight", "layers.3.feed_forward.w1.weight"):
+        layer, role, leaf = C.parse_name(dense)
+        assert C.is_matrix_family(C.canonical_name(layer, role, leaf), (128, 64)), dense

@@ -41,7 +41,9 @@ _LAYER_ROLES: list[tuple[str, str]] = [
     (r"(self_attn|attn|attention)\.(k_proj|wk|k|key)", "k_proj"),
     (r"(self_attn|attn|attention)\.(v_proj|wv|v|value)", "v_proj"),
     (r"(self_attn|attn|attention|self_attention)\.(o_proj|wo|c_proj|dense|out_proj|o)", "o_proj"),
-    (r"(mlp|feed_forward|ffn)\.(gate_proj|w1|gate)", "gate_proj"),
+    # a bare `mlp.gate` is a mixture-of-experts router (Qwen-MoE, OLMoE, DeepSeek), not a gate projection: it stays
+    # under its own name ("other"), out of the stable-rank average, as do the experts' own projections
+    (r"(mlp|feed_forward|ffn)\.(gate_proj|w1)", "gate_proj"),
     (r"(mlp|feed_forward|ffn)\.(up_proj|w3|c_fc|dense_h_to_4h|fc1|fc_in)", "up_proj"),
     (r"(mlp|feed_forward|ffn)\.(down_proj|w2|c_proj|dense_4h_to_h|fc2|fc_out)", "down_proj"),
     (r"(self_attn|attn|attention)\.(q_norm|q_layernorm)", "q_norm"),
