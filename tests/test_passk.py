@@ -197,3 +197,15 @@ def test_eval_config_validation_and_cli():
     args = build_parser().parse_args(["eval", "--samples", "8", "--temperature", "0.6", "--k", "1,8"])
     assert args.samples == 8 and args.k == [1, 8]
     assert main(["eval", "--tasks", "boolq", "--samples", "8", "--k", "1,8"]) == 2
+
+
+def test_pass_at_k_refuses_fractional_counts():
+    """A correct count of 2.5 (e.g. summed partial-credit scores) is not a count: it used to be truncated to 2."""
+    from esft.passk import pass_at_k, pass_at_k_per_question
+
+    with pytest.raises(ValueError, match="whole numbers"):
+        pass_at_k(8, 2.5, 2)
+    with pytest.raises(ValueError, match="whole numbers"):
+        pass_at_k_per_question(np.array([1.0, 2.5]), 8, 2)
+    assert pass_at_k(8.0, 2.0, 2) == pass_at_k(8, 2, 2)
+    assert pass_at_k_per_question(np.array([2, 0], dtype=np.int64), 8, 2).tolist() == [pass_at_k(8, 2, 2), 0.0]

@@ -39,6 +39,8 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
     Requires 0 <= c <= n and 1 <= k <= n: with fewer samples than k the estimator is undefined (raises
     ValueError, so a too-small `--samples` fails loudly instead of reporting a biased number)."""
+    if any(float(v) != int(v) for v in (n, c, k)):  # a fractional count would be truncated into another question
+        raise ValueError(f"pass@k needs whole numbers, got n={n}, c={c}, k={k}")
     n, c, k = int(n), int(c), int(k)
     if n < 1:
         raise ValueError(f"pass@k needs n >= 1 samples, got n={n}")
@@ -57,7 +59,7 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 def pass_at_k_per_question(correct: np.ndarray, n: int, k: int) -> np.ndarray:
     """pass@k of each question from its correct count (vectorised over questions)."""
-    return np.array([pass_at_k(n, int(c), k) for c in np.asarray(correct).ravel()], dtype=np.float64)
+    return np.array([pass_at_k(n, c, k) for c in np.asarray(correct).ravel().tolist()], dtype=np.float64)
 
 
 # ---- majority vote ---------------------------------------------------------------------------------------------
