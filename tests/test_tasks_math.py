@@ -61,6 +61,10 @@ def ex(answer: str) -> dict:
     ("-9", "-9."),                                       # trailing period
     ("12", "12\\%"),
     ("1/3", "0.3333333"),                                # within 1e-6
+    ("284", "+284"),                                     # a leading plus sign: still the number
+    ("\\frac{3}{56}", "+\\frac{3}{56}"),
+    ("0.5", "+ 1/2"),
+    ("1000", "+1,000"),
     ("\\begin{pmatrix} -1 & 0 \\\\ 0 & -1 \\end{pmatrix}", "\\begin{pmatrix}-1&0\\\\0&-1\\end{pmatrix}"),
 ])
 def test_equivalent_answers_match(task, gold, pred):
@@ -71,6 +75,8 @@ def test_equivalent_answers_match(task, gold, pred):
     ("\\frac{1}{2}", "\\frac{1}{3}"),
     ("1/3", "0.3333"),                                   # off by 3.3e-5 > 1e-6
     ("5", "-5"),
+    ("-5", "+5"),
+    ("-5", "+-5"),                                       # not a number
     ("5", "55"),
     ("\\sqrt{2}", "\\sqrt{3}"),
     ("\\sqrt{2}", "1.41421356"),                         # irrational gold: no numeric fallback
@@ -125,6 +131,8 @@ def test_parse_number():
     assert parse_number("٣") is None            # non-ASCII digits are not numbers here
     assert parse_number("1" * 100) is None      # too long to bother
     assert parse_number("(1,2)") is None and parse_number("x") is None
+    assert parse_number("+3") == 3 and parse_number("+\\frac{3}{4}") == 0.75 and parse_number("+.5") == 0.5
+    assert parse_number("+") is None and parse_number("+-3") is None and parse_number("++3") is None
 
 
 def test_normalize_keeps_row_breaks():

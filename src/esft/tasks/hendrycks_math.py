@@ -2,7 +2,8 @@
 
 Scoring (paper Table 19): take the last `\\boxed{}` (nested braces handled), normalise prediction and gold the
 same way (LaTeX wrappers, spacing, currency, degrees, percent, units, trailing period), compare the strings, and
-on a mismatch compare them as numbers (integers, decimals, `\\frac{a}{b}`, `a/b`, thousands separators):
+on a mismatch compare them as numbers (integers, decimals, `\\frac{a}{b}`, `a/b`, thousands separators, a leading
+`+`):
 equal, or less than 1e-6 apart (the paper's "tolerance < 1e-6"), relative to the gold when it is below 1 in size
 (a gold 0 needs an exact 0). A unit is dropped only
 where it is one: a trailing `\\text{ cm}` / `\\mbox{ inches}^2` after a quantity (`strip_unit`); other wrappers
@@ -136,6 +137,10 @@ def parse_number(s: str) -> Fraction | None:
     """Exact value of a normalised answer that is a plain number or a simple fraction, else None."""
     if not s or len(s) > MAX_NUMBER_CHARS:
         return None
+    if s[0] == "+":  # an explicit sign: "+5" is the number 5; "+-5" and a lone "+" are not numbers
+        s = s[1:]
+        if s[:1] in ("", "+", "-"):
+            return None
     if _THOUSANDS.match(s):
         s = s.replace(",", "")
     try:
