@@ -227,6 +227,19 @@ class TaskAdapter(Task):
         details = getattr(self.obj, "details", None)
         return dict(details(completion, example)) if callable(details) else {}
 
+    # the gold labels, where the object brings them (constant-answer baseline, balanced subsets)
+    def gold_key(self, example: Example) -> Any:
+        own = getattr(self.obj, "gold_key", None)
+        return own(example) if callable(own) else super().gold_key(example)
+
+    def label_set(self) -> tuple[str, ...] | None:
+        own = getattr(self.obj, "label_set", None)
+        return own() if callable(own) else super().label_set()
+
+    def balance_key(self, example: Example) -> Any:
+        own = getattr(self.obj, "balance_key", None)
+        return own(example) if callable(own) else super().balance_key(example)
+
 
 def add_task_flags(parser: Any) -> None:
     """The data-task flags of `esft eval` / `esft train es|grpo` (argparse); they become task options."""
@@ -277,6 +290,8 @@ def task_record(task: Any) -> tuple[str, dict[str, Any]]:
         opts = {f.name: _recordable(getattr(task, f.name)) for f in dataclasses.fields(task)
                 if f.init and f.name not in ("source", "name", "splits")
                 and not _same(getattr(task, f.name), getattr(defaults, f.name))}
+        if callable(task.reward):  # a reward function passed itself: its import path, where it names the same one
+            opts["reward"] = _import_path(task.reward) or opts["reward"]
         return task.source, opts
     cls = type(task)
     path = recorded_class(task)
@@ -288,6 +303,17 @@ def task_record(task: Any) -> tuple[str, dict[str, Any]]:
         if found is not cls:  # e.g. a class made by a factory function under another name
             return path, {"class": "<not recorded: not importable by this name>"}
     return path, _constructor_values(task)
+
+
+def _import_path(obj: Any) -> str | None:
+    """`module:qualname` that imports `obj` itself, or None (a lambda, a function of __main__ or inside one)."""
+    path = f"{getattr(obj, '__module__', None)}:{getattr(obj, '__qualname__', '')}"
+    if script_class(path) or not _IMPORT_PATH.fullmatch(path):
+        return None
+    try:
+        return path if import_object(path, "reward") is obj else None
+    except ValueError:
+        return None
 
 
 #: config.yaml's stand-in for a constructor value it cannot hold (`task_record`)
