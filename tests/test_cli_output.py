@@ -21,7 +21,6 @@ def test_an_interrupted_es_run_prints_its_resume_hint_once(tmp_path, monkeypatch
     and no bare "interrupted" line follows it (the trainer printed its hint, then the command line its own)."""
     import esft.api
 
-    real_train_es = esft.api.train_es
     calls = []
 
     def generate_then_stop(model, tokenizer, prompts, cfg):
@@ -31,8 +30,10 @@ def test_an_interrupted_es_run_prints_its_resume_hint_once(tmp_path, monkeypatch
         return stub_generate(model, tokenizer, prompts, cfg)
 
     def tiny_train_es(config):  # the config as the command line built it, on a tiny model
-        return real_train_es(config, model=tiny_llama(), tokenizer=None, task=ToyTask(),
-                             generate_fn=generate_then_stop)
+        # (the trainer itself: train_es would say to resume a run of this task object from the script, as config.yaml
+        # cannot rebuild it, where a command-line run's task is always a string)
+        return esft.api.es_trainer(config, model=tiny_llama(), tokenizer=None, task=ToyTask(),
+                                   generate_fn=generate_then_stop).train()
 
     monkeypatch.setattr(esft.api, "train_es", tiny_train_es)
     out = tmp_path / "run"

@@ -6,9 +6,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from esft.es.build import check_executor_options
 from esft.es.distributed.connection import disconnect_ray
@@ -24,19 +26,21 @@ def with_task(config: Any, task: Any) -> tuple[Any, Any]:
     data file) becomes the config's task and is built by the trainer; an object is used as it is, and the config
     records the string that rebuilds it (`module:Class` and its non-default fields; a data task's file and options)
     so that config.yaml can resume and replay the run. An object without one (its class defined in the script,
-    `__main__`, or inside a function) is recorded by its class, `__main__:MyTask`: config.yaml then names the
-    task trained, and `esft train --resume` says to continue from the script instead of training another task."""
+    `__main__`, or inside a function; a constructor value YAML cannot hold, such as a function or an array) is
+    recorded by its class and such values as `<not recorded: TYPE>` (esft.tasks.custom.task_record): config.yaml
+    then names the task trained, and `esft train --resume` says to continue from the script instead of training
+    another task."""
     if task is None:
         return config, None
     if isinstance(task, str):
         return config.replace(task=task), None
-    from esft.tasks.custom import absolute_data_task, instantiate, recorded_class, task_spec
+    from esft.tasks.custom import absolute_data_task, instantiate, task_record
 
     if isinstance(task, type):  # a class: built without options, like `--task module:Class`
         task = instantiate(task, task.__name__, {})
     if isinstance(task, Task):  # e.g. a data task: its file, fields and reward, before any model
         task.validate()
-    spec = task_spec(task) or (recorded_class(task), {})
+    spec = task_record(task)
     # (config.yaml records a data file by its absolute path: compare it so)
     if _recorded_task(config) in (None, absolute_data_task(spec[0])):
         config = config.replace(task=spec[0], task_options=spec[1])
@@ -54,11 +58,25 @@ def _recorded_task(config: Any) -> str | None:
     return str((yaml.safe_load(saved.read_text()) or {}).get("task"))
 
 
+def _check_workers_rebuild(config: ESConfig, task: Any) -> None:
+    """A Ray run's workers each build the task from the config's task string (esft.es.distributed.hf_replica), not
+    from the object: refuse an object that string does not rebuild, before Ray or the model start."""
+    from esft.tasks.custom import task_spec
+
+    if config.executor == "ray" and task_spec(task) is None:
+        raise ValueError(f"executor 'ray' builds the task on each worker from its task string, which cannot rebuild "
+                         f"this task object ({config.task}: a class of the script, or a constructor value such as a "
+                         "function or an array): train it with executor 'local', or pass a module:Class whose "
+                         "constructor values are plain numbers, text and lists")
+
+
 def es_trainer(config: ESConfig, **kwargs: Any) -> ESTrainer:
     """The `ESTrainer` of `train_es`, not yet run: its executor is built by esft.es.distributed unless `executor`
     or `executor_factory` is given (keyword seams as ESTrainer: model, tokenizer, task, generate_fn,
     fitness_rule, progress). `task` may be a task object or class, or a task string (see with_task)."""
     config, kwargs["task"] = with_task(config, kwargs.get("task"))
+    if kwargs["task"] is not None and kwargs.get("executor") is None and kwargs.get("executor_factory") is None:
+        _check_workers_rebuild(config, kwargs["task"])
     if kwargs.get("executor") is not None or kwargs.get("executor_factory") is not None:
         return ESTrainer(config, **kwargs)
     check_output_dir(config.output_dir)  # the checks the trainer makes first, before a Ray connection's seconds
@@ -78,7 +96,10 @@ def train_es(config: ESConfig, **kwargs: Any) -> TrainResult:
     """Run (or resume, with config.resume) ES fine-tuning on the executor the config asks for. Keyword seams:
     model, tokenizer, task (an object, a class or a task string), executor, executor_factory, generate_fn,
     fitness_rule, progress. Returns the run directory, steps done, final checkpoint, last eval."""
-    return _with_curve(es_trainer(config, **kwargs).train())
+    given = kwargs.get("task") is not None and not isinstance(kwargs.get("task"), str)
+    trainer = es_trainer(config, **kwargs)
+    with _script_resume_hint(trainer.task if given else None, "esft.train_es"):
+        return _with_curve(trainer.train())
 
 
 def train_grpo(config: Any, **kwargs: Any) -> TrainResult:
@@ -87,7 +108,26 @@ def train_grpo(config: Any, **kwargs: Any) -> TrainResult:
     from esft.grpo.run import train_grpo as _train_grpo
 
     config, kwargs["task"] = with_task(config, kwargs.get("task"))
-    return _with_curve(_train_grpo(config, **kwargs))
+    with _script_resume_hint(kwargs["task"], "esft.train_grpo"):
+        return _with_curve(_train_grpo(config, **kwargs))
+
+
+@contextlib.contextmanager
+def _script_resume_hint(task: Any, call: str) -> Iterator[None]:
+    """An interrupted run of a task object (None: a task string) that config.yaml cannot rebuild
+    (esft.tasks.custom.task_record) says to continue from the script, not with `esft train ... --resume`, which
+    refuses such a task."""
+    from esft.rundir import RunInterrupted
+    from esft.tasks.custom import task_spec
+
+    try:
+        yield
+    except RunInterrupted as exc:
+        if task is None or task_spec(task) is not None:
+            raise
+        again = (f"`{call}(config.replace(resume=True), task=...)` from this script, with the same task object "
+                 "(config.yaml cannot rebuild it)")
+        raise RunInterrupted(re.sub(r"`esft train [^`]*`", lambda _: again, str(exc))) from None
 
 
 def _with_curve(result: TrainResult) -> TrainResult:

@@ -105,10 +105,13 @@ class EvalConfig:
 
     def check_task_fit(self, task: Any) -> None:
         """The task has the split evaluated, holding examples (esft.validation.check_splits), before the model
-        loads. `balanced` on a task without labels evaluates its first `limit` examples: nothing to refuse."""
-        from esft.validation import check_splits
+        loads, and with `balanced` a balanced subset of it exists (a label missing from a small data file's split).
+        `balanced` on a task without labels evaluates its first `limit` examples: nothing to refuse."""
+        from esft.validation import check_balanced_set, check_splits
 
         check_splits("split", self.split, task, (self.split,))
+        if self.balanced:
+            check_balanced_set(task, self.limit, self.split, key="limit")
 
     @property
     def sampled(self) -> bool:

@@ -48,17 +48,19 @@ def require_labels(key: str, value: Any, accepted: str, task: Any) -> None:
                           "mmlu, a Countdown variant with several operators)")
 
 
-def check_balanced_set(task: Any, limit: int) -> None:
-    """A label-balanced held-out set of `limit` examples exists (within what the rarest label allows)."""
+def check_balanced_set(task: Any, limit: int | None, split: str = "test", key: str = "eval_limit") -> None:
+    """A label-balanced set of `limit` examples of `split` exists (within what the rarest label allows; None = as
+    many as it allows): every label occurs. Nothing to check without labels or with limit 0 (no evaluation)."""
     labels = task_labels(task)
-    if labels is None or not limit:
+    if labels is None or limit == 0:
         return
     from esft.tasks.labels import balanced_indices
 
     try:
-        balanced_indices([task.balance_key(r) for r in task.load("test")], limit, label_set=labels)
+        balanced_indices([task.balance_key(r) for r in task.load(split)], limit, label_set=labels)
     except ValueError as exc:
-        raise ConfigError("eval_limit", limit, f"a balanced held-out set that exists ({exc})") from None
+        where = "held-out set" if split == "test" else f"set of split {split!r}"
+        raise ConfigError(key, limit, f"a balanced {where} that exists ({exc})") from None
 
 
 def check_splits(key: str, value: Any, task: Any, splits: tuple[str, ...]) -> None:
@@ -129,7 +131,11 @@ def check_model(key: str, name: Any) -> None:
                 "(with config.json) or a hub id org/name")
     if path.exists():
         if not (path / "config.json").exists():
-            raise ConfigError(key, name, f"{accepted}; {path} has no config.json")
+            run = (path / "checkpoints").is_dir() and (path / "config.yaml").exists()
+            final = path / "checkpoints" / "final"
+            hint = (f"; {path} is a run directory: its model is a checkpoint folder, e.g. {final}" if run
+                    else f"; {path} has no config.json")
+            raise ConfigError(key, name, accepted + hint)
         return
     looks_like_hub_id = text.count("/") == 1 and not text.startswith((".", "/", "~")) and all(text.split("/"))
     if not looks_like_hub_id:

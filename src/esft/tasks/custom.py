@@ -147,6 +147,9 @@ def instantiate(obj: Any, name: str, options: dict[str, Any]) -> Task:
     """A task from what an import path or an entry point names: a class is built with `options`, an object is used
     as it is (then options are an error). Objects that are not Task instances get the Task defaults around them."""
     if isinstance(obj, type):
+        if dataclasses.is_dataclass(obj):  # YAML holds a tuple field as a list (task_record): the tuple again
+            tuples = {f.name for f in dataclasses.fields(obj) if isinstance(f.default, tuple)}
+            options = {k: tuple(v) if k in tuples and isinstance(v, list) else v for k, v in options.items()}
         try:
             obj = obj(**options)
         except Exception as exc:  # the user's constructor: a bad option, or its own error
@@ -177,6 +180,7 @@ def external_task(name: str, options: dict[str, Any]) -> Task:
     """The task an import path, a data file or a hub dataset name stands for (see external_kind)."""
     kind = external_kind(name)
     if kind in ("data", "hub"):
+        check_recorded(name, options)
         return _data_task(name, kind, options)
     if kind == "import" or script_class(name):
         try:
@@ -188,6 +192,7 @@ def external_task(name: str, options: dict[str, Any]) -> Task:
             raise ValueError(f"task {name!r} is a class of the script that trained the run ({where}), which "
                              "config.yaml cannot rebuild: continue the run from that script, passing the task object "
                              "again (esft.train_es(config, task=...), docs/custom-tasks.md)") from None
+        check_recorded(name, options)
         return instantiate(found, name, options)
     raise ValueError(f"task {name!r} is neither an import path (module:Class) nor a data file nor a dataset name")
 
@@ -222,6 +227,19 @@ class TaskAdapter(Task):
         details = getattr(self.obj, "details", None)
         return dict(details(completion, example)) if callable(details) else {}
 
+    # the gold labels, where the object brings them (constant-answer baseline, balanced subsets)
+    def gold_key(self, example: Example) -> Any:
+        own = getattr(self.obj, "gold_key", None)
+        return own(example) if callable(own) else super().gold_key(example)
+
+    def label_set(self) -> tuple[str, ...] | None:
+        own = getattr(self.obj, "label_set", None)
+        return own() if callable(own) else super().label_set()
+
+    def balance_key(self, example: Example) -> Any:
+        own = getattr(self.obj, "balance_key", None)
+        return own(example) if callable(own) else super().balance_key(example)
+
 
 def add_task_flags(parser: Any) -> None:
     """The data-task flags of `esft eval` / `esft train es|grpo` (argparse); they become task options."""
@@ -249,43 +267,128 @@ def apply_task_flags(config: Any, args: Any, tasks: list[str]) -> Any:
 
 
 def task_spec(task: Any) -> tuple[str, dict[str, Any]] | None:
-    """(task string, task options) that rebuild `task` through get_task, or None when it has none: a data task
-    gives its source and options; a dataclass task whose class is importable (not defined in __main__) gives
-    `module:Class` and the fields that differ from the defaults, when they are plain YAML values."""
+    """(task string, task options) that rebuild `task` exactly through get_task, or None when it has none: a data
+    task gives its source and options; an object whose class is importable (not defined in __main__ or inside a
+    function) gives `module:Class` and its constructor values that differ from the defaults (`task_record`), when
+    every one of them is a plain YAML value."""
+    record = task_record(task)
+    if script_class(record[0]) or unrecorded_options(record[1]):
+        return None
+    return record
+
+
+def task_record(task: Any) -> tuple[str, dict[str, Any]]:
+    """What a run's config.yaml records for a task object: its task string and options. Where they cannot rebuild
+    it, the string names its class all the same (`recorded_class`) and each constructor value YAML cannot hold (a
+    function, an array), or whose value is unknown (an argument of a constructor that is not a dataclass's), is
+    `<not recorded: TYPE>`: get_task refuses such options (`check_recorded`), so a resume from config.yaml says
+    to continue from the script instead of building the task with other values."""
     if isinstance(task, TaskAdapter):  # rebuilt from the user's class, which get_task wraps again
         task = task.obj
     if isinstance(task, DatasetTask):
         defaults = DatasetTask(source=task.source, reward="exact")
-        opts = {f.name: getattr(task, f.name) for f in dataclasses.fields(task)
+        opts = {f.name: _recordable(getattr(task, f.name)) for f in dataclasses.fields(task)
                 if f.init and f.name not in ("source", "name", "splits")
-                and getattr(task, f.name) != getattr(defaults, f.name)}
+                and not _same(getattr(task, f.name), getattr(defaults, f.name))}
+        if callable(task.reward):  # a reward function passed itself: its import path, where it names the same one
+            opts["reward"] = _import_path(task.reward) or opts["reward"]
         return task.source, opts
     cls = type(task)
-    if cls.__module__ in ("__main__", "builtins") or "<locals>" in cls.__qualname__:
+    path = recorded_class(task)
+    if cls.__module__ != "builtins" and not script_class(path):
+        try:
+            found = import_object(path, "task")
+        except ValueError:
+            found = None
+        if found is not cls:  # e.g. a class made by a factory function under another name
+            return path, {"class": "<not recorded: not importable by this name>"}
+    return path, _constructor_values(task)
+
+
+def _import_path(obj: Any) -> str | None:
+    """`module:qualname` that imports `obj` itself, or None (a lambda, a function of __main__ or inside one)."""
+    path = f"{getattr(obj, '__module__', None)}:{getattr(obj, '__qualname__', '')}"
+    if script_class(path) or not _IMPORT_PATH.fullmatch(path):
         return None
-    path = f"{cls.__module__}:{cls.__qualname__}"
     try:
-        if import_object(path, "task") is not cls:
-            return None
+        return path if import_object(path, "reward") is obj else None
     except ValueError:
         return None
-    if not dataclasses.is_dataclass(task):
-        return path, {}
-    opts = {}
-    for f in dataclasses.fields(task):
-        if not f.init or f.name.startswith("_"):
+
+
+#: config.yaml's stand-in for a constructor value it cannot hold (`task_record`)
+NOT_RECORDED = "<not recorded>"
+_NOT_RECORDED = re.compile(r"<not recorded(?:: ([^<>]*))?>")
+
+
+def _constructor_values(task: Any) -> dict[str, Any]:
+    """The constructor arguments of `task`'s class with a value other than their default: a dataclass field's as it
+    is, when YAML can hold it; NOT_RECORDED for an argument that is not a dataclass field (the value it was given
+    is unknown)."""
+    import inspect
+
+    try:
+        params = inspect.signature(type(task)).parameters
+    except (TypeError, ValueError):  # a class whose signature cannot be read: nothing known to rebuild it with
+        return {"class": NOT_RECORDED}
+    fields = {f.name: f for f in dataclasses.fields(task) if f.init} if dataclasses.is_dataclass(task) else {}
+    opts: dict[str, Any] = {}
+    for name in params:
+        f = fields.get(name)
+        if f is None:
+            opts[name] = NOT_RECORDED
             continue
-        value = getattr(task, f.name)
+        value = getattr(task, name)
         default = f.default if f.default is not dataclasses.MISSING else (
             f.default_factory() if f.default_factory is not dataclasses.MISSING else dataclasses.MISSING)
-        if value != default:
-            if not isinstance(value, (str, int, float, bool, type(None), list, tuple, dict)):
-                return None
-            opts[f.name] = list(value) if isinstance(value, tuple) else value
-    return path, opts
+        if default is dataclasses.MISSING or not _same(value, default):
+            opts[name] = _recordable(value)
+    return opts
 
 
-__all__ = ["DATA_TASK_FLAGS", "ENTRY_POINT_GROUP", "TaskAdapter", "add_task_flags", "apply_task_flags",
+def _same(value: Any, default: Any) -> bool:
+    """`value == default` for values of the same type (an array compares elementwise: never the same here)."""
+    try:
+        return type(value) is type(default) and bool(value == default)
+    except Exception:
+        return False
+
+
+def _recordable(value: Any) -> Any:
+    """`value` as YAML holds it (a tuple as a list), or `<not recorded: TYPE>` when YAML cannot hold it exactly."""
+    def plain(v: Any) -> bool:
+        if type(v) in (str, int, float, bool, type(None)):
+            return True
+        if type(v) in (list, tuple):
+            return all(map(plain, v))
+        return type(v) is dict and all(type(k) is str and plain(x) for k, x in v.items())
+
+    if plain(value):
+        return list(value) if isinstance(value, tuple) else value
+    cls = type(value)
+    kind = cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+    return f"<not recorded: {kind}>"
+
+
+def unrecorded_options(options: dict[str, Any]) -> list[str]:
+    """The options that stand for a constructor value config.yaml could not hold (`task_record`)."""
+    return [k for k, v in options.items() if isinstance(v, str) and _NOT_RECORDED.fullmatch(v)]
+
+
+def check_recorded(name: str, options: dict[str, Any]) -> None:
+    """Refuse a task whose options stand for values config.yaml could not hold: the run trained a task object that
+    only its script can pass again."""
+    missing = unrecorded_options(options)
+    if missing:
+        what = ", ".join(f"{k}: {_NOT_RECORDED.fullmatch(options[k]).group(1) or 'value unknown'}"
+                         for k in missing)
+        raise ValueError(f"task {name!r} was a task object whose constructor values config.yaml cannot hold ({what}),"
+                         " so only the script that trained the run can build it: resume the run from that script, "
+                         "passing the same task object again (esft.train_es(config, task=...) or esft.train_grpo, "
+                         "docs/custom-tasks.md)")
+
+
+__all__ = ["DATA_TASK_FLAGS", "ENTRY_POINT_GROUP", "NOT_RECORDED", "TaskAdapter", "add_task_flags", "apply_task_flags",
            "entry_point_names", "entry_point_task",
-           "external_kind", "external_task", "instantiate", "parse_options", "recorded_class", "script_class",
-           "task_spec"]
+           "check_recorded", "external_kind", "external_task", "instantiate", "parse_options", "recorded_class",
+           "script_class", "task_record", "task_spec", "unrecorded_options"]

@@ -96,8 +96,9 @@ class DatasetTask(Task):
     """column holding the gold answer (needed by the built-in verifiers; optional for a reward function)"""
     system_prompt: str = ""
     """system message put before the prompt (none when empty)"""
-    reward: str = "exact"
-    """exact, boxed, math, mcq, regex:PATTERN, or module:function with TRL's reward signature (esft.tasks.verifiers)"""
+    reward: str | Callable[..., Any] = "exact"
+    """exact, boxed, math, mcq, regex:PATTERN, or module:function with TRL's reward signature (esft.tasks.verifiers);
+    through the Python API also such a function itself"""
     completion_format: str = "messages"
     """how a reward function gets completions: "messages" (as TRL for chat prompts) or "text" (plain strings)"""
     test_size: float = 0.2
@@ -123,6 +124,12 @@ class DatasetTask(Task):
         if self.completion_format not in COMPLETION_FORMATS:
             raise ValueError(f"completion_format must be one of {', '.join(COMPLETION_FORMATS)}, "
                              f"got {self.completion_format!r}")
+        if callable(self.reward):  # the function itself (Python API): messages name it by its import path
+            self._reward_fn = self.reward
+            return
+        if not isinstance(self.reward, str):
+            raise ValueError(f"reward must be a built-in verifier's name, 'module:function' or a function, got "
+                             f"{self.reward!r}")
         self._verifier = builtin_verifier(self.reward)
         if self._verifier is None:
             if ":" not in self.reward:
@@ -132,6 +139,12 @@ class DatasetTask(Task):
             if not callable(fn):
                 raise ValueError(f"reward {self.reward!r} is {type(fn).__name__}, not a function")
             self._reward_fn = fn
+
+    @property
+    def reward_name(self) -> str:
+        """The reward as text: its spec, or a function's `module:name`."""
+        fn = self.reward
+        return fn if isinstance(fn, str) else f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', fn)}"
 
     # ---- data ---------------------------------------------------------------------------------------------------
     def _read(self) -> dict[str, list[Example]]:
@@ -184,7 +197,7 @@ class DatasetTask(Task):
         rows = self._read()["train"][:2]
         texts = [str(r.get(self.answer_field, "")) for r in rows]
         if self._reward_fn is not None:
-            call_trl_reward(self._reward_fn, self.reward, texts, [self.prompt(r) for r in rows], rows,
+            call_trl_reward(self._reward_fn, self.reward_name, texts, [self.prompt(r) for r in rows], rows,
                             self.completion_format)
 
     # ---- prompting and scoring ----------------------------------------------------------------------------------
@@ -207,8 +220,8 @@ class DatasetTask(Task):
         """Rewards of several completions in one call (one call of a TRL reward function)."""
         if self._reward_fn is None:
             return [self.score(t, ex) for t, ex in zip(texts, examples)]
-        return call_trl_reward(self._reward_fn, self.reward, texts, [self.prompt(ex) for ex in examples], examples,
-                               self.completion_format)
+        return call_trl_reward(self._reward_fn, self.reward_name, texts, [self.prompt(ex) for ex in examples],
+                               examples, self.completion_format)
 
     @property
     def checks_format(self) -> bool:
@@ -229,7 +242,21 @@ class DatasetTask(Task):
         answer = example.get(self.answer_field)
         if answer is None or isinstance(answer, (list, dict)):
             return None
-        return str(answer).strip() or None
+        text = str(answer).strip()
+        return (text.upper() if self._is_mcq() else text) or None  # (the mcq verifier compares in upper case)
+
+    def label_set(self) -> tuple[str, ...] | None:
+        """With the `mcq` reward, the answer letters (A-D) the data's gold answers use: a multiple-choice data task
+        is labelled as mmlu is (balanced evaluation, the balanced fitness rule, GRPO's class_balanced); None for
+        any other reward (an open answer)."""
+        if not self._is_mcq():
+            return None
+        rows = self._read()
+        used = {self.gold_key(r) for split in ("train", "test") for r in rows[split]}
+        return tuple(letter for letter in "ABCD" if letter in used) or None
+
+    def _is_mcq(self) -> bool:
+        return self._verifier is not None and self._verifier.name == "mcq"
 
     def reward_function(self, format_bonus: float = 0.0) -> Callable[..., list[float]]:
         """TRL's signature, scoring a batch with one call of the user's function (see Task.reward_function)."""
@@ -245,7 +272,7 @@ class DatasetTask(Task):
             out = self.score_batch(texts, examples)
             if format_bonus:
                 out = [r + format_bonus * self.is_well_formed(t, ex) for r, t, ex in zip(out, texts, examples)]
-            return check_rewards(out, len(texts), self.reward)
+            return check_rewards(out, len(texts), self.reward_name)
 
         reward.__name__ = f"{self.name}_reward"
         return reward

@@ -156,10 +156,17 @@ def check_rewards(out: Any, n: int, name: str) -> list[float]:
         raise ValueError(f"reward {name!r} returned {len(values)} values for {n} completions "
                          "(it must return one number per completion)")
     result = []
+    # TRL reads None (and NaN) as "this reward does not apply" and leaves the completion out of its group's
+    # baseline; ES's fitness and esft's accuracy need a score for every completion, so the reward must give one
+    unscored = "every completion needs a score: return e.g. 0.0 where the reward does not apply"
     for i, v in enumerate(values):
+        if v is None:
+            raise ValueError(f"reward {name!r} returned None for completion {i}: {unscored}")
         if isinstance(v, (str, bytes)) or not hasattr(v, "__float__"):  # numpy scalars and bools count
             raise ValueError(f"reward {name!r} returned {v!r} ({type(v).__name__}) for completion {i}: not a number")
         f = float(v)
+        if math.isnan(f):
+            raise ValueError(f"reward {name!r} returned nan for completion {i}: {unscored}")
         if not math.isfinite(f):
             raise ValueError(f"reward {name!r} returned {f} for completion {i}: rewards must be finite")
         result.append(f)

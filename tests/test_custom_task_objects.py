@@ -1,0 +1,174 @@
+"""Task objects passed to the Python API (esft.train_es / esft.train_grpo): what config.yaml records for them, and
+what a resume from config.yaml (`esft train es --resume`, `esft train grpo --resume`) does with a task object whose
+constructor values YAML cannot hold (a function, an array): it refuses before any model loads and says to resume
+from the script, instead of building the class with its default values."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+import yaml
+
+from esft.api import with_task
+from esft.cli import main
+from esft.es import ESConfig
+from esft.grpo import GRPOConfig
+from esft.tasks import get_task
+from esft.tasks.custom import task_record, task_spec
+
+USER_TASKS = '''
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from esft.tasks import Task
+
+
+def contains(completion, example):
+    return float(example["answer"] in completion)
+
+
+@dataclass
+class Weighted(Task):
+    """A task whose scorer and weights are Python objects."""
+    name: str = "weighted"
+    count: int = 6
+    scorer: Callable = contains
+    weights: Any = None
+    tags: tuple = ("a",)
+
+    def _load(self, split):
+        return [{"q": f"Say {i}.", "answer": str(i)} for i in range(self.count)]
+
+    def prompt(self, example):
+        return [{"role": "user", "content": example["q"]}]
+
+    def score(self, completion, example):
+        return float(self.scorer(completion, example))
+
+
+class Plain:
+    """Not a dataclass: its constructor's arguments are unknown once it is built."""
+    def __init__(self, rows=4):
+        self.rows = [{"q": f"Say {i}.", "answer": str(i)} for i in range(rows)]
+    def load(self, split):
+        return self.rows
+    def prompt(self, example):
+        return example["q"]
+    def score(self, completion, example):
+        return float(example["answer"] in completion)
+
+
+class NoArgs(Plain):
+    def __init__(self):
+        super().__init__(3)
+'''
+
+
+@pytest.fixture()
+def user_tasks(tmp_path, monkeypatch):
+    (tmp_path / "obj_tasks.py").write_text(USER_TASKS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    sys.modules.pop("obj_tasks", None)
+    import obj_tasks
+
+    return obj_tasks
+
+
+def _save(config, run) -> None:
+    run.mkdir(exist_ok=True)
+    (run / "config.yaml").write_text(yaml.safe_dump(config.replace(resume=False).to_dict(), sort_keys=False))
+
+
+def test_plain_constructor_values_rebuild_the_task_exactly(user_tasks):
+    task = user_tasks.Weighted(count=9, tags=("a", "b"))
+    assert task_spec(task) == ("obj_tasks:Weighted", {"count": 9, "tags": ["a", "b"]})
+    name, options = task_spec(task)
+    rebuilt = get_task(name, **options)
+    assert rebuilt == task  # the tuple field a tuple again, not the list YAML holds
+    assert task_spec(user_tasks.NoArgs()) == ("obj_tasks:NoArgs", {})
+
+
+def test_values_yaml_cannot_hold_are_recorded_as_not_recorded(user_tasks):
+    """An array field made with_task fail (`value != default` of an array has no truth value); a function field
+    was left out of config.yaml."""
+    task = user_tasks.Weighted(count=9, scorer=lambda c, ex: 1.0, weights=np.arange(3))
+    assert task_spec(task) is None
+    assert task_record(task) == ("obj_tasks:Weighted", {"count": 9, "scorer": "<not recorded: function>",
+                                                         "weights": "<not recorded: numpy.ndarray>"})
+    name, options = task_record(task)
+    with pytest.raises(ValueError, match=r"cannot hold \(scorer: function, weights: numpy.ndarray\), so only the "
+                                         r"script that trained the run can build it"):
+        get_task(name, **options)
+    # a numpy number is not a YAML number either (yaml.safe_dump refuses it)
+    assert task_record(user_tasks.Weighted(count=np.int64(9)))[1] == {"count": "<not recorded: numpy.int64>"}
+    # not a dataclass: what its constructor was given is unknown
+    assert task_record(user_tasks.Plain(rows=2)) == ("obj_tasks:Plain", {"rows": "<not recorded>"})
+    with pytest.raises(ValueError, match=r"\(rows: value unknown\)"):
+        get_task("obj_tasks:Plain", rows="<not recorded>")
+
+
+@pytest.mark.parametrize("trainer", ["es", "grpo"])
+def test_cli_resume_refuses_a_task_object_config_yaml_cannot_rebuild(user_tasks, tmp_path, monkeypatch, capsys,
+                                                                     trainer):
+    """config.yaml recorded `obj_tasks:Weighted` and no options for this object, so `--resume` trained a
+    Weighted() with the default count, scorer and weights, without a word."""
+    def no_model(*a, **k):
+        raise AssertionError("the model was loaded before the task was checked")
+
+    monkeypatch.setattr("esft.models.load_model", no_model)
+    task = user_tasks.Weighted(count=9, scorer=lambda completion, example: 1.0)
+    run = tmp_path / "run"
+    base = ESConfig(output_dir=str(run)) if trainer == "es" else GRPOConfig(output_dir=str(run))
+    config, obj = with_task(base, task)
+    assert obj is task and config.task_options["count"] == 9
+    _save(config, run)
+    saved = yaml.safe_load((run / "config.yaml").read_text())
+    assert saved["task_options"] == {"count": 9, "scorer": "<not recorded: function>"}
+    args = (["train", "es", "--resume", str(run), "--iterations", "2"] if trainer == "es" else
+            ["train", "grpo", "--resume", "--output-dir", str(run)])
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert "scorer: function" in err and "passing the same task object again" in err
+    # the script resumes it: the same object records the same options, so the run's config matches
+    resumed, again = with_task(base.replace(resume=True), task)
+    assert again is task and resumed.task == saved["task"] and resumed.task_options == saved["task_options"]
+
+
+def test_a_ray_run_refuses_a_task_object_its_workers_cannot_rebuild(user_tasks, monkeypatch):
+    """Ray workers build the task from the config's task string: they would train Weighted() with its defaults."""
+    from esft.api import es_trainer
+
+    def no_ray(config):
+        raise AssertionError("Ray was joined before the task was checked")
+
+    monkeypatch.setattr("esft.api.connect", no_ray)
+    task = user_tasks.Weighted(scorer=lambda c, ex: 0.0)
+    with pytest.raises(ValueError, match="executor 'ray' builds the task on each worker"):
+        es_trainer(ESConfig(executor="ray", output_dir="unused"), task=task)
+
+
+def test_an_interrupted_run_of_such_a_task_object_says_to_resume_from_the_script(tmp_path):
+    """The interrupted run's message said `esft train es --resume RUN`, which refuses this task."""
+    from es_tiny import ToyTask, stub_generate, tiny_llama
+    from esft.api import train_es
+    from esft.rundir import RunInterrupted
+
+    calls = []
+
+    def generate_then_stop(model, tokenizer, prompts, cfg):
+        calls.append(1)
+        if len(calls) == 5:  # in iteration 2
+            raise KeyboardInterrupt
+        return stub_generate(model, tokenizer, prompts, cfg)
+
+    config = ESConfig(model="tiny", population_size=2, batch_size=2, iterations=4, max_new_tokens=2, eval_every=0,
+                      checkpoint_every=0, output_dir=str(tmp_path / "run"))
+    with pytest.raises(RunInterrupted) as info:  # ToyTask is not a dataclass: its constructor values are unknown
+        train_es(config, model=tiny_llama(), tokenizer=None, task=ToyTask(n_train=8), generate_fn=generate_then_stop,
+                 progress=False)
+    message = str(info.value)
+    assert message.startswith("interrupted: 2 iterations are logged in") and "esft train es" not in message
+    assert "`esft.train_es(config.replace(resume=True), task=...)` from this script" in message

@@ -1,0 +1,150 @@
+"""A researcher's own task, continued (tests/test_custom_tasks.py has the acceptance path): a reward function passed
+itself through the Python API, a reward that gives no number for some completions, and multiple-choice data whose
+answer letters are labels (balanced evaluation, the balanced fitness rule, GRPO's class_balanced)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from esft.cli import main
+from esft.config import ConfigError, build_config
+from esft.tasks import get_task
+from esft.tasks.custom import TaskAdapter, task_record, task_spec
+from esft.tasks.dataset_task import DatasetTask
+from esft.validation import check_names
+
+REWARDS = '''
+import re
+
+def last_number(completions, answer, **kwargs):
+    out = []
+    for c, a in zip(completions, answer):
+        numbers = re.findall(r"-?\\d+", c[0]["content"])
+        out.append(1.0 if numbers and numbers[-1] == str(a) else 0.0)
+    return out
+
+def none_when_long(completions, **kwargs):
+    return [None if len(c[0]["content"]) > 6 else 0.5 for c in completions]
+
+def nan_when_long(completions, **kwargs):
+    return [float("nan") if len(c[0]["content"]) > 6 else 0.5 for c in completions]
+
+class Letters:
+    """A duck-typed multiple-choice task with its own labels."""
+    name = "letters"
+    def load(self, split):
+        return [{"q": f"Pick {x}.", "gold": x} for x in "ABAB"]
+    def prompt(self, example):
+        return example["q"]
+    def score(self, completion, example):
+        return float(completion.strip() == example["gold"])
+    def label_set(self):
+        return ("A", "B")
+    def gold_key(self, example):
+        return example["gold"]
+'''
+
+
+@pytest.fixture()
+def files(tmp_path, monkeypatch):
+    """sums.jsonl (numbers), mcq.jsonl (letters A-D, lower-case in the file for some rows), a reward module."""
+    (tmp_path / "byot_rewards.py").write_text(REWARDS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    sys.modules.pop("byot_rewards", None)
+    sums = tmp_path / "sums.jsonl"
+    sums.write_text("".join(json.dumps({"question": f"What is {i} + {i}?", "answer": str(2 * i)}) + "\n"
+                            for i in range(20)))
+    mcq = tmp_path / "mcq.jsonl"
+    rows = [{"question": f"Which is {i}?\nA. {i}\nB. {i + 1}\nC. {i + 2}\nD. {i + 3}",
+             "answer": "ABCD"[i % 4] if i % 3 else "abcd"[i % 4]} for i in range(40)]
+    mcq.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return tmp_path
+
+
+def test_a_reward_function_passed_itself(files):
+    """DatasetTask(reward=fn) failed with "AttributeError: 'function' object has no attribute 'strip'"."""
+    import byot_rewards
+
+    task = get_task(str(files / "sums.jsonl"), prompt_field="question", reward=byot_rewards.last_number)
+    assert task.score("It is 8", {"question": "What is 4 + 4?", "answer": "8"}) == 1.0
+    assert task.reward_function()([[{"role": "assistant", "content": "2"}]], question=["1 + 1?"], answer=["2"]) == [1.0]
+    # recorded by its import path: config.yaml rebuilds the same task
+    name, options = task_spec(task)
+    assert options == {"prompt_field": "question", "reward": "byot_rewards:last_number"}
+    assert get_task(name, **options).score("8", {"question": "4 + 4?", "answer": "8"}) == 1.0
+    # a lambda has none: recorded as not recorded, which a resume from config.yaml refuses
+    anonymous = DatasetTask(source=str(files / "sums.jsonl"), prompt_field="question",
+                            reward=lambda completions, **kwargs: [0.0] * len(completions))
+    name, options = task_record(anonymous)
+    assert task_spec(anonymous) is None and options["reward"] == "<not recorded: function>"
+    with pytest.raises(ValueError, match=r"\(reward: function\), so only the script that trained the run"):
+        get_task(name, **options)
+    with pytest.raises(ValueError, match="reward must be a built-in verifier's name, 'module:function' or a function"):
+        DatasetTask(source=str(files / "sums.jsonl"), reward=3)
+
+
+@pytest.mark.parametrize("reward, word", [("none_when_long", "returned None"), ("nan_when_long", "returned nan")])
+def test_a_reward_without_a_number_for_a_completion_says_what_to_return(files, reward, word):
+    """TRL reads None (and NaN) as "does not apply"; esft needs a score for every completion and says so."""
+    task = get_task(str(files / "sums.jsonl"), prompt_field="question", reward=f"byot_rewards:{reward}")
+    example = task.load("train", limit=1)[0]
+    assert task.score("short", example) == 0.5  # the check when the task was built passed
+    with pytest.raises(ValueError, match=rf"{word} for completion 0: every completion needs a score: return e.g. "
+                                         r"0.0 where the reward does not apply"):
+        task.score("a long completion", example)
+
+
+def test_multiple_choice_data_has_labels(files):
+    """A data task scored by the `mcq` verifier had no labels: --eval-balanced was ignored without a word, and
+    --fitness-rule balanced / --class-balanced were refused as for an open-answer task."""
+    task = get_task(str(files / "mcq.jsonl"), prompt_field="question", reward="mcq")
+    assert task.label_set() == ("A", "B", "C", "D")
+    assert {task.gold_key(r) for r in task.load("train")} == {"A", "B", "C", "D"}  # "b" in the file is B
+    assert get_task(str(files / "sums.jsonl"), prompt_field="question").label_set() is None
+    from esft.es import ESConfig
+    from esft.grpo import GRPOConfig
+
+    options = {"task": str(files / "mcq.jsonl"), "task_options": {"prompt_field": "question", "reward": "mcq"},
+               "eval_limit": 4, "eval_balanced": True}
+    build_config(ESConfig, overrides={**options, "fitness_rule": "balanced"}, check=check_names)
+    build_config(GRPOConfig, overrides={**options, "class_balanced": True, "scale_rewards": "batch"},
+                 check=check_names)
+    adapter = get_task("byot_rewards:Letters")
+    assert isinstance(adapter, TaskAdapter) and adapter.label_set() == ("A", "B")
+    assert adapter.aggregate([{"score": 0.0, "example": r} for r in adapter.load("test")])["constant_baseline"] == 0.5
+
+
+def test_eval_balanced_refuses_a_subset_that_does_not_exist_before_the_model_loads(files, monkeypatch, capsys):
+    """`esft eval --balanced` found a split without some label, or too few examples, only after the model loaded."""
+    def no_model(*a, **k):
+        raise AssertionError("the model was loaded before the balanced subset was checked")
+
+    monkeypatch.setattr("esft.models.load_model", no_model)
+    data = files / "mcq.jsonl"
+    one_letter = files / "one.jsonl"
+    one_letter.write_text("".join(json.dumps({"question": f"q{i}", "answer": "A"}) + "\n" for i in range(10))
+                          + json.dumps({"question": "q", "answer": "B"}) + "\n")
+    args = ["eval", "--prompt-field", "question", "--reward", "mcq", "--balanced", "--limit", "4"]
+    assert main([*args, "--task", f"{one_letter}:test_size=2"]) == 2
+    assert "expected a balanced held-out set that exists (cannot balance: no example has label 'B')" in \
+        capsys.readouterr().err
+    assert main([*args[:-1], "400", "--task", str(data), "--split", "train"]) == 2
+    assert "expected a balanced set of split 'train' that exists (a balanced subset of 400" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match="a balanced held-out set that exists"):
+        from esft.evaluation import EvalConfig
+
+        build_config(EvalConfig, overrides={"tasks": ["boolq"], "balanced": True, "limit": 100000},
+                     check=check_names)
+
+
+def test_a_run_directory_given_as_the_model_names_its_checkpoints(tmp_path, capsys):
+    """`esft eval --model RUN` said only "RUN has no config.json"."""
+    run = tmp_path / "run"
+    (run / "checkpoints" / "final").mkdir(parents=True)
+    (run / "config.yaml").write_text("task: boolq\n")
+    assert main(["eval", "--model", str(run), "--tasks", "boolq", "--limit", "1"]) == 2
+    assert f"{run} is a run directory: its model is a checkpoint folder, e.g. {run}/checkpoints/final" in \
+        capsys.readouterr().err
