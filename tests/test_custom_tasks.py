@@ -148,6 +148,21 @@ def test_builtin_verifiers():
     assert mcq.score('{"answer": "C"}', {"answer": "C"}) == 1.0 and mcq.score("A", {"answer": "C"}) == 0.0
 
 
+def test_an_empty_box_is_no_answer_for_the_boxed_verifiers():
+    """As the built-in MATH task reads it: `\\boxed{}` or `\\boxed{ }` is not a well-formed answer (it would earn
+    a format bonus otherwise), while a boxed answer, right or wrong, is."""
+    from esft.tasks import get_task
+
+    ex = {"answer": "42"}
+    for reward in ("math", "boxed"):
+        task = DatasetTask(source="x.jsonl", reward=reward)
+        assert not task.is_well_formed(r"so \boxed{}", ex) and not task.is_well_formed(r"\boxed{ }", ex), reward
+        assert task.is_well_formed(r"\boxed{41}", ex) and task.score(r"\boxed{42}", ex) == 1.0, reward
+        assert task.details(r"\boxed{}", ex)["extracted"] is None, reward
+    math = get_task("math")
+    assert not math.is_well_formed(r"\boxed{}", {"answer": "42"})
+
+
 @pytest.mark.parametrize("options, words", [
     ({"prompt_field": "prompt"}, ["no field 'prompt'", "prompt_field", "question, answer, level"]),
     ({"prompt_field": "question", "answer_field": "gold"}, ["no field 'gold'", "answer_field"]),

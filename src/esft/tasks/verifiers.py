@@ -94,6 +94,12 @@ class Verifier:
         return 1.0 if pred is not None and self.match(pred, gold) else 0.0
 
 
+def _boxed_answer(text: str) -> str | None:
+    """The last \\boxed{...}'s content; None when there is none or it is empty (no answer, as the MATH task reads it)."""
+    pred = last_boxed(text)
+    return pred if pred is not None and pred.strip() else None
+
+
 def _same(pred: str, gold: str) -> bool:
     return normalize(pred) == normalize(gold)
 
@@ -104,9 +110,9 @@ def builtin_verifier(spec: str) -> Verifier | None:
     if name == "exact":
         return Verifier("exact", lambda text: text, _same)
     if name == "boxed":
-        return Verifier("boxed", last_boxed, _same)
+        return Verifier("boxed", _boxed_answer, _same)
     if name == "math":
-        return Verifier("math", last_boxed, answers_match)
+        return Verifier("math", _boxed_answer, answers_match)
     if name == "mcq":
         return Verifier("mcq", lambda text: extract_letter(text)[0], lambda p, g: p == str(g).strip().upper())
     if name.startswith("regex:"):
