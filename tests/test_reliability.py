@@ -608,3 +608,186 @@ def test_checkpoint_folder_moves_survive_leftovers(tmp_path):
     gone = prune_checkpoints([(1, root / "iter_000001"), (2, root / "iter_000002")], 1)
     assert gone == [root / "iter_000001"]
     assert sorted(p.name for p in root.iterdir()) == ["iter_000002"]
+
+
+def test_a_new_es_run_leaves_a_grpo_run_in_its_folder_alone(tiny_dir, tmp_path, capsys):
+    """A folder holding a GRPO run (metrics, TRL checkpoints, no seed log) is a used folder for ES too: a new ES
+    run there refuses. It used to delete the GRPO run's metrics.jsonl and replace its config.yaml and final
+    checkpoint."""
+    out = tmp_path / "grpo-run"
+    (out / "checkpoints" / "final").mkdir(parents=True)
+    (out / "checkpoints" / "final" / "trainer_state.json").write_text('{"global_step": 4}')
+    (out / "metrics.jsonl").write_text('{"kind":"eval","step":0}\n{"kind":"train","step":1,"reward":0.5}\n')
+    (out / "config.yaml").write_text("task: parity\nmax_steps: 4\n")
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    assert main(es_args(tiny_dir, out)) == 2
+    assert "already holds a run" in error_of(capsys)
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file() and p.name != ".lock"} == before
+
+
+# ---- SIGKILL and a full disk: resume continues bit-identically ---------------------------------------------------
+
+#: A child that runs `esft train es` (varied fitness, as the fixture above) and SIGKILLs itself at one moment
+KILLED_RUN = """
+import json, os, signal, sys
+from pathlib import Path
+import numpy as np
+from esft.cli import main
+from esft.es import es_rundir
+from esft.es.fitness import MeanReward
+
+MeanReward.__call__ = lambda self, result, batch: (np.arange(np.asarray(result.scores).shape[0], dtype=np.float64)
+                                                   * (1.0 + len(batch)) % 5.0)
+point = sys.argv[1]
+append, rewrite, replace = es_rundir.append_jsonl, es_rundir.rewrite_jsonl, es_rundir.replace_dir
+
+def die():
+    os.kill(os.getpid(), signal.SIGKILL)
+
+def append_or_die(path, record, sync=True):
+    if point == "torn-metrics-line" and record.get("kind") == "train" and record["step"] == 3:
+        with open(path, "a") as fh:
+            fh.write(json.dumps(record)[:40])
+            fh.flush()
+        die()
+    append(path, record, sync)
+    if point == "after-seed-line" and Path(path).name == "seeds.jsonl" and record["iteration"] == 2:
+        die()
+
+def rewrite_or_die(path, records):
+    rewrite(path, records)
+    if point == "mid-evaluation" and Path(path).name == "eval_000002.jsonl":
+        die()
+
+def replace_or_die(src, dst):
+    if point == "mid-checkpoint" and dst.name == "iter_000002":
+        die()
+    replace(src, dst)
+
+es_rundir.append_jsonl, es_rundir.rewrite_jsonl, es_rundir.replace_dir = append_or_die, rewrite_or_die, replace_or_die
+sys.exit(main(sys.argv[2:]))
+"""
+
+VOLATILE = ("seconds", "peak_rss_mb", "time", "generated_tokens_per_s")
+
+
+def run_records(run: Path) -> dict[str, object]:
+    """What a resumed run must reproduce exactly: its log records (timings aside), seed log, samples, weights."""
+    metrics = [{k: v for k, v in json.loads(line).items() if k not in VOLATILE}
+               for line in (run / "metrics.jsonl").read_text().splitlines()]
+    samples = {p.name: p.read_bytes() for p in sorted((run / "samples").iterdir())}
+    checkpoints = sorted(p.name for p in (run / "checkpoints").iterdir())
+    return {"metrics": metrics, "seeds": (run / "seeds.jsonl").read_bytes(), "samples": samples,
+            "checkpoints": checkpoints, "weights": {k: v.tobytes() for k, v in final_weights(run).items()}}
+
+
+def eval_args(model: Path, out: Path) -> list[str]:
+    return [*es_args(model, out, "--eval-every", "2", "--eval-limit", "2", "--checkpoint-every", "2",
+                     "--samples-per-iteration", "1", iterations=4)]
+
+
+@pytest.fixture(scope="module")
+def reference_with_evals(tiny_dir, tmp_path_factory) -> dict[str, object]:
+    from esft.es.fitness import MeanReward
+
+    out = tmp_path_factory.mktemp("reference-evals") / "run"
+    mp = pytest.MonkeyPatch()
+    mp.setattr(MeanReward, "__call__",
+               lambda self, result, batch: np.arange(np.asarray(result.scores).shape[0], dtype=np.float64)
+               * (1.0 + len(batch)) % 5.0)
+    try:
+        assert main(eval_args(tiny_dir, out)) == 0
+    finally:
+        mp.undo()
+    return run_records(out)
+
+
+@pytest.mark.parametrize("point", ["torn-metrics-line", "after-seed-line", "mid-evaluation", "mid-checkpoint"])
+def test_sigkill_then_resume_is_bit_identical(tiny_dir, reference_with_evals, tmp_path, varied_fitness, point):
+    """A real SIGKILL (no handler runs) at one moment of iteration 3 or of step 2's evaluation / checkpoint, then
+    `--resume`: the run's records, samples and weights equal an uninterrupted run's. After the seed-log line the
+    iteration is committed: its samples file used to be written only after it, so the kill lost it for good."""
+    import signal
+    import subprocess
+    import sys
+
+    out = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    killed = subprocess.run([sys.executable, "-c", KILLED_RUN, point, *eval_args(tiny_dir, out)], env=env,
+                            capture_output=True, text=True)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    assert main(["train", "es", "--resume", str(out)]) == 0
+    assert run_records(out) == reference_with_evals
+
+
+def test_a_full_disk_during_a_checkpoint_leaves_no_half_copy(tiny_dir, reference, tmp_path, capsys, monkeypatch,
+                                                             varied_fitness):
+    """ENOSPC while the model file of a checkpoint is written: one line naming the file and the resume command,
+    no half-written `.tmp_*` folder left taking the space; the resume then ends as an uninterrupted run."""
+    import errno
+
+    from transformers import PreTrainedModel
+
+    save = PreTrainedModel.save_pretrained
+
+    def disk_full_at_step_two(self, folder, *args, **kwargs):
+        if "iter_000002" in str(folder):
+            Path(folder).mkdir(parents=True, exist_ok=True)
+            (Path(folder) / "model.safetensors").write_bytes(b"\0" * 4096)  # as much as fitted
+            raise OSError(errno.ENOSPC, "No space left on device", str(Path(folder) / "model.safetensors"))
+        return save(self, folder, *args, **kwargs)
+
+    monkeypatch.setattr(PreTrainedModel, "save_pretrained", disk_full_at_step_two)
+    out = tmp_path / "run"
+    assert main(es_args(tiny_dir, out)) == 1
+    err = error_of(capsys).strip().splitlines()[-1]  # after the progress bar: the one line of the error
+    assert err.startswith("esft: error:") and "No space left on device" in err and "iter_000002" in err, err
+    assert f"--resume {out}" in err, err
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["iter_000001"]
+    monkeypatch.setattr(PreTrainedModel, "save_pretrained", save)
+    assert main(["train", "es", "--resume", str(out)]) == 0
+    assert_same_weights(out, reference)
+
+
+def test_a_full_disk_while_appending_a_log_names_the_log(tiny_dir, reference, tmp_path, capsys, monkeypatch,
+                                                         varied_fitness):
+    """ENOSPC in the middle of a metrics.jsonl append (a write names no file by itself): the error names the log
+    and the resume command; the torn line is dropped on resume."""
+    import errno
+
+    import esft.rundir
+
+    class FullDisk:
+        def __init__(self, fh):
+            self.fh = fh
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.fh.close()
+
+        def write(self, text):
+            self.fh.write(text[: len(text) // 2])
+            self.fh.flush()
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    appends = {"train": 0}
+
+    def open_on_a_full_disk(path, mode="r", *args, **kwargs):
+        fh = open(path, mode, *args, **kwargs)
+        if Path(path).name == "metrics.jsonl" and mode == "a":
+            appends["train"] += 1
+            if appends["train"] == 2:
+                return FullDisk(fh)
+        return fh
+
+    monkeypatch.setattr(esft.rundir, "open", open_on_a_full_disk, raising=False)
+    out = tmp_path / "run"
+    assert main(es_args(tiny_dir, out)) == 1
+    err = error_of(capsys).strip().splitlines()[-1]
+    assert err.startswith("esft: error:") and "No space left on device" in err and f"{out}/metrics.jsonl" in err
+    assert f"--resume {out}" in err, err
+    monkeypatch.delattr(esft.rundir, "open")
+    assert main(["train", "es", "--resume", str(out)]) == 0
+    assert_same_weights(out, reference)

@@ -150,6 +150,16 @@ def lock_held(folder: str | Path) -> bool:
     return False
 
 
+def holds_run(folder: str | Path) -> bool:
+    """True when `folder` holds records or checkpoints of any run, ES or GRPO: a new run there (without resume)
+    would delete or overwrite them. A trainer that recognised only its own kind of run would wipe the other's."""
+    folder = Path(folder)
+    if any(read_jsonl(folder / name) for name in ("metrics.jsonl", "seeds.jsonl")):
+        return True
+    root = folder / CHECKPOINTS
+    return root.is_dir() and any(not p.name.startswith(".") for p in root.iterdir())
+
+
 def check_output_dir(path: str | Path, what: str = "output_dir") -> None:
     """Fail before any work when `path` cannot become a writable folder: it is a file, sits under a file, or its
     nearest existing folder is not writable."""
@@ -181,11 +191,16 @@ def write_text_atomic(path: str | Path, text: str) -> None:
 
 def append_jsonl(path: Path, record: dict[str, Any], sync: bool = True) -> None:
     line = json.dumps(record, separators=(",", ":")) + "\n"
-    with open(path, "a", encoding="utf-8") as fh:
-        fh.write(line)
-        fh.flush()
-        if sync:
-            os.fsync(fh.fileno())
+    try:
+        with open(path, "a", encoding="utf-8") as fh:
+            fh.write(line)
+            fh.flush()
+            if sync:
+                os.fsync(fh.fileno())
+    except OSError as exc:
+        if exc.filename is None:  # a failed write or flush (a full disk) names no file by itself
+            exc.filename = str(path)
+        raise
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -304,5 +319,5 @@ def prune_checkpoints(checkpoints: list[tuple[int, Path]], limit: int) -> list[P
 
 __all__ = ["CHECKPOINTS", "EVAL_KEYS", "HELD_OUT_KEYS", "CorruptLogError", "NonFiniteError", "RunDirBusy",
            "RunInterrupted", "RunLock", "TrainResult", "append_jsonl", "check_output_dir", "checkpoint_name",
-           "demote_final", "filter_jsonl", "held_out_fields", "list_checkpoints", "lock_held", "peak_rss_mb",
-           "prune_checkpoints", "read_jsonl", "replace_dir", "rewrite_jsonl", "write_text_atomic"]
+           "demote_final", "filter_jsonl", "held_out_fields", "holds_run", "list_checkpoints", "lock_held",
+           "peak_rss_mb", "prune_checkpoints", "read_jsonl", "replace_dir", "rewrite_jsonl", "write_text_atomic"]

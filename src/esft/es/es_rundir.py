@@ -42,6 +42,18 @@ def save_checkpoint(run_dir: Path, name: str, step: int, model: Any, tokenizer: 
     tmp = root / f".tmp_{name}"
     if tmp.exists():
         shutil.rmtree(tmp)
+    try:
+        _write_checkpoint(tmp, step, model, tokenizer, weights, optimizer, extra)
+    except BaseException:
+        # a failed write (a full disk) must not leave a half-written copy of the model taking the space
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    replace_dir(tmp, final)
+    return final
+
+
+def _write_checkpoint(tmp: Path, step: int, model: Any, tokenizer: Any, weights: MasterWeights,
+                      optimizer: torch.optim.Optimizer | None, extra: dict[str, Any] | None) -> None:
     with without_transformers_bars():
         model.save_pretrained(tmp, safe_serialization=True)
     if tokenizer is not None and hasattr(tokenizer, "save_pretrained"):
@@ -56,9 +68,7 @@ def save_checkpoint(run_dir: Path, name: str, step: int, model: Any, tokenizer: 
     if optimizer is not None:
         torch.save(optimizer.state_dict(), tmp / OPTIMIZER_FILE)
     state.update(extra or {})
-    (tmp / STATE_FILE).write_text(json.dumps(state, indent=1))
-    replace_dir(tmp, final)
-    return final
+    (tmp / STATE_FILE).write_text(json.dumps(state, indent=1))  # last: the folder counts once this is there
 
 
 def list_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:

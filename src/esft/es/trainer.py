@@ -2,10 +2,11 @@
 
 Per iteration t:  batch = sample(seed, t);  members = ES.ask(t);  rewards = executor.evaluate_members(...)
 (perturb -> greedy generate -> score per member, restore at the end);  fitness = rule(rewards);  update = ES.tell(...);
-masters += update;  append metrics.jsonl, then seeds.jsonl (fsynced: from here on the iteration survives a crash;
-resume drops a metrics record whose seed-log line is missing, so the two are there or absent together);  samples,
-evaluation and checkpoint when due. A non-finite fitness, update or update norm stops the run before anything of
-that iteration is logged or saved (`NonFiniteError`): the last checkpoint and the seed log stay the last good state.
+masters += update;  write samples/, append metrics.jsonl, then seeds.jsonl (fsynced: from here on the iteration
+survives a crash; resume drops a metrics record whose seed-log line is missing, so the three are there or absent
+together);  evaluation and checkpoint when due. A non-finite fitness, update or update norm stops the run before
+anything of that iteration is logged or saved (`NonFiniteError`): the last checkpoint and the seed log stay the last
+good state.
 
 Resume rebuilds the state from the latest intact checkpoint (a damaged one is skipped for the one before it, or
 the base model) plus the seed-log lines after it (replay is exact), so an interruption loses at most the iteration
@@ -20,6 +21,7 @@ executors (`executor: ray`) are built by esft.es.distributed, which `esft.api.tr
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import platform
@@ -41,7 +43,7 @@ from esft.es.fitness import FitnessRule, as_fitness_rule
 from esft.evaluation import load_examples
 from esft.tasks.base import Task, checks_format, format_bonus_warning
 from esft.rundir import (NonFiniteError, RunInterrupted, RunLock, TrainResult, check_output_dir, demote_final,
-                         held_out_fields, peak_rss_mb, prune_checkpoints)
+                         held_out_fields, holds_run, peak_rss_mb, prune_checkpoints)
 from esft.tracking import Tracker, check_backends, open_tracker
 from esft.version import __version__
 
@@ -173,11 +175,11 @@ class ESTrainer:
     def _prepare_dir(self) -> None:
         self.out.mkdir(parents=True, exist_ok=True)
         (self.out / "samples").mkdir(exist_ok=True)
-        holds_run = bool(es_rundir.read_jsonl(self.out / "seeds.jsonl") or es_rundir.list_checkpoints(self.out))
-        if self.config.resume and (holds_run or (self.out / "config.yaml").exists()):
+        occupied = holds_run(self.out)  # a GRPO run's too: its metrics and checkpoints are never wiped
+        if self.config.resume and (occupied or (self.out / "config.yaml").exists()):
             _check_resumable(self.out, self.config)  # a missing, empty or unreadable config.yaml refuses here
             self._resume()
-        elif holds_run:
+        elif occupied:
             # never mix two runs in one directory: a later resume would pick up the other run's state
             raise FileExistsError(f"{self.out} already holds a run; pass resume=True (--resume) or a new output_dir")
         else:
@@ -319,18 +321,21 @@ class ESTrainer:
         rule_summary = self.rule.summary()
         if rule_summary is not None:
             rec["fitness_rule"] = rule_summary
-        # metrics first: a crash between the two appends leaves a metrics record past the seed log, which resume
-        # drops (the iteration is redone), never a committed iteration without its metrics
-        es_rundir.append_jsonl(self.out / "metrics.jsonl", rec)
-        es_rundir.append_jsonl(self.out / "seeds.jsonl", seed_line)
-        self.step = it + 1
-        self.tracker.log(rec, self.step, prefix="train")
+        # samples, then metrics, then the seed-log line that commits the iteration: a crash before the commit
+        # leaves files that resume drops or the redone iteration rewrites alike, never a committed iteration
+        # without its metrics or samples
         k = min(cfg.samples_per_iteration, len(batch))
+        rows = []
         if k and result.texts and result.texts[0]:
             rows = [{"member": 0, "seed": members[0][0], "sign": members[0][1], "index": idx[j],
                      "score": float(result.scores[0, j]), "well_formed": self._formed(result.well_formed[0, j]),
                      "completion": result.texts[0][j]} for j in range(k)]
             es_rundir.rewrite_jsonl(self.out / "samples" / f"iter_{it:06d}.jsonl", rows)
+        es_rundir.append_jsonl(self.out / "metrics.jsonl", rec)
+        es_rundir.append_jsonl(self.out / "seeds.jsonl", seed_line)
+        self.step = it + 1
+        self.tracker.log(rec, self.step, prefix="train")
+        if rows:
             self.tracker.log_table("samples", rows, self.step)
         return rec
 
@@ -389,13 +394,29 @@ class ESTrainer:
             # the message is the one line the command line prints (esft.cli); a script sees it in the exception
             raise RunInterrupted(f"interrupted: {self.step} iterations are logged in {self.out}; continue with "
                                  f"`esft train es --resume {self.out}`") from None
+        except OSError as exc:
+            self._raise_if_disk_full(exc)
+            raise
         finally:
             bar.close()
             if self._owns_executor:
                 self.executor.close()
             self.tracker.close()
-        final = self.checkpoint("final")
+        try:
+            final = self.checkpoint("final")
+        except OSError as exc:
+            self._raise_if_disk_full(exc)
+            raise
         return TrainResult(self.out, self.step, final, self.last_eval)
+
+    def _raise_if_disk_full(self, exc: OSError) -> None:
+        """A full disk (or quota) while the run writes: the error says where, what is kept and how to go on
+        (a failed checkpoint is removed whole, a torn last log line is dropped on resume)."""
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            where = f" writing {exc.filename}" if exc.filename else ""
+            message = (f"{exc.strerror}{where}: {self.step} iterations are logged in {self.out}; free disk space, "
+                       f"then continue with `esft train es --resume {self.out}`")
+            raise OSError(exc.errno, message) from None
 
 
 __all__ = ["ESTrainer", "ExecutorFactory"]
