@@ -137,3 +137,25 @@ def test_esft_warnings_print_as_one_line():
     with esft.cli._plain_warnings(True):  # --debug: Python's format
         assert warnings.formatwarning("msg", UserWarning, esft.cli.__file__, 12).startswith(esft.cli.__file__)
     assert warnings.formatwarning is default
+
+
+@pytest.mark.parametrize("source, command", [
+    ("docs/results/cpu-study/grpo-lr5e-6", ["train", "es", "--resume", "{dir}"]),
+    ("docs/results/cpu-study/main-job-2026-12-03", ["train", "grpo", "--resume", "--output-dir", "{dir}"]),
+])
+def test_resume_names_the_other_algorithms_run_and_its_command(tmp_path, capsys, source, command):
+    """The ES trainer's resume of a GRPO run folder (and the reverse) said "unknown option 'max_steps'"; it now
+    says which run the folder holds and how to continue it, before any model loads. Committed runs' configs."""
+    import shutil
+    from pathlib import Path
+
+    from esft.cli import main
+
+    repo = Path(__file__).resolve().parents[1]
+    run = tmp_path / "run"
+    run.mkdir()
+    shutil.copy(repo / source / "config.yaml", run / "config.yaml")
+    assert main([a.format(dir=run) for a in command]) != 0
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    other = "grpo --resume --output-dir" if "grpo" in source else "es --resume"
+    assert "holds a" in err and f"esft train {other} {run}" in err, err

@@ -289,7 +289,7 @@ def read_run_config(run_dir: str | Path) -> tuple[ESConfig, dict[str, Any]]:
     """(config, run info) from `<run_dir>/config.yaml` as written by the trainer."""
     from esft.config import build_config, read_saved_config
 
-    data = read_saved_config(run_dir)
+    data = read_saved_config(run_dir, "es")
     extra = data.pop("_run", {}) or {}
     data.setdefault("rollout_dtype", "float32")  # runs made before bf16 rollouts existed ran in fp32
     return build_config(ESConfig, overrides=data, overrides_source=f"{Path(run_dir) / 'config.yaml'}"), extra

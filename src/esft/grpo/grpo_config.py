@@ -284,7 +284,7 @@ def resume_config(run_dir: str, overrides: dict[str, Any] | None = None) -> GRPO
     from esft.config import build_config, read_saved_config
     from esft.tasks.custom import absolute_data_task
 
-    data = read_saved_config(run_dir)
+    data = read_saved_config(run_dir, "grpo")
     data.pop("_run", None)
     config = build_config(GRPOConfig, overrides=data, overrides_source=f"{Path(run_dir) / 'config.yaml'}")
     overrides = {k: v for k, v in (overrides or {}).items() if k not in ("resume", "output_dir")}

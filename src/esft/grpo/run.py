@@ -59,7 +59,7 @@ def read_run_config(run_dir: str | Path) -> tuple[GRPOConfig, dict[str, Any]]:
     """(config, run info) from `<run_dir>/config.yaml` as written by train_grpo."""
     from esft.config import build_config, read_saved_config
 
-    data = read_saved_config(run_dir)
+    data = read_saved_config(run_dir, "grpo")
     extra = data.pop("_run", {}) or {}
     return build_config(GRPOConfig, overrides=data, overrides_source=f"{Path(run_dir) / 'config.yaml'}"), extra
 
