@@ -425,12 +425,39 @@ _SENTENCE_PIECES = ["Dr.", "Mr.", "He", "he", "went", "home", ".", "!", "?", " "
                     "\u00a0", "𝐀𝐁"]
 
 
-def test_counters_equal_punkt_and_stop_where_asked():
+def _nltk_like_punkt(monkeypatch):
+    """`punkt`'s sentence tokenizer with its two departures from NLTK switched off (NLTK's Punkt is what the
+    reference counts sentences with): it leaves the inner marks of a spaced ellipsis ". . ." candidates, and it
+    keeps a span of sentence-ending marks only ("!" after "Wow!") as a sentence of its own. Checked against NLTK
+    itself, with the same model, on random text like the one below (NLTK and its data are not installed here)."""
+    import punkt
+    import punkt.inference.tokenizer
+    import punkt.rules.boundaries
+
+    monkeypatch.setattr(punkt.rules.boundaries, "_multi_char_interior", lambda text, rules: frozenset())
+    monkeypatch.setattr(punkt.inference.tokenizer.PunktSentenceTokenizer, "_absorb_punctuation_only",
+                        lambda self, text, spans: (span for span in spans if span[0] < span[1]))
+    return punkt.PunktSentenceTokenizer(punkt.load_model("english"))
+
+
+@pytest.mark.parametrize("text,sentences", [
+    ("What a day!!", 2),  # NLTK: "What a day!", "!"
+    ("Really?!", 2),
+    ("We won!!! Great game.", 2),  # a run followed by more text breaks after its last mark only
+    ("He paused. . . Then he spoke.", 4),  # NLTK: "He paused.", ".", ".", "Then he spoke."
+    ("He paused... Then he spoke.", 1),  # an unspaced ellipsis before a capital is no break for this model
+])
+def test_sentences_are_counted_as_nltk_counts_them(text, sentences, monkeypatch):
+    assert count_sentences(text) == sentences
+    assert len(_nltk_like_punkt(monkeypatch).tokenize(text)) == sentences
+
+
+def test_counters_equal_punkt_and_stop_where_asked(monkeypatch):
     import punkt
 
     from esft.tasks.ifeval.text import _word_chunks
 
-    tokenizer = punkt.PunktSentenceTokenizer(punkt.load_model("english"))
+    tokenizer = _nltk_like_punkt(monkeypatch)
     rng = random.Random(11)
     for _ in range(5_000):
         text = "".join(rng.choices(_SENTENCE_PIECES, k=rng.randint(0, 40)))
