@@ -102,6 +102,10 @@ CASES = [
      "See you soon.\n\nP.P.S. Bring snacks.", "See you soon.\n\nP.S. Bring snacks."),
     ("detectable_content:postscript", {"postscript_marker": "P.S."},
      "See you soon.\n\np. s. Bring snacks.", "See you soon.\n\nPS Bring snacks."),
+    # Case is ignored by lower-casing, as in the reference: a long s "ſ" is no "s" (a case-insensitive regex
+    # would take it for one).
+    ("detectable_content:postscript", {"postscript_marker": "P.S."},
+     "See you soon.\n\nP.S. Bring snacks.", "See you soon.\n\nP.ſ. Bring snacks."),
     ("detectable_format:number_bullet_lists", {"num_bullets": 3},
      "Reasons:\n* one\n* two\n  - three", "**Reasons**\n* one\n* two"),
     # As in the reference: a "*" needs a character after it, so a lone "*" closing the text is no bullet, and a

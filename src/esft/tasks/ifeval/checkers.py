@@ -153,19 +153,21 @@ def number_placeholders(response: str, kw: Kwargs) -> bool:
 
 
 def postscript_pattern(marker: str) -> re.Pattern[str]:
-    """ "P.S." -> `p\\.\\s?s\\.`: the marker's letters, case-insensitive, one optional space after each
-    inner period (so "P. S." and "p.s." count); a trailing period is required only if the marker has one."""
-    parts = [re.escape(p) for p in marker.strip().split(".")]
-    # "P.S." splits to ["P", "S", ""]: the empty last part stands for the trailing period.
+    """ "P.S." -> `p\\.\\s?s\\.`: the marker's letters in lower case, one optional space after each inner period
+    (so "P. S." and "p.s." count once the text is in lower case); a trailing period is required only if the
+    marker has one. Match it against `text.lower()`."""
+    parts = [re.escape(p) for p in marker.strip().lower().split(".")]
+    # "P.S." splits to ["p", "s", ""]: the empty last part stands for the trailing period.
     if len(parts) > 1 and parts[-1] == "":
-        return re.compile(r"\.\s?".join(parts[:-1]) + r"\.", re.IGNORECASE)
-    return re.compile(r"\.\s?".join(parts), re.IGNORECASE)
+        return re.compile(r"\.\s?".join(parts[:-1]) + r"\.")
+    return re.compile(r"\.\s?".join(parts))
 
 
 def postscript(response: str, kw: Kwargs) -> bool:
     """The response contains a postscript starting with the marker ("P.S." or "P.P.S"). Like the
-    reference, the marker is looked for anywhere, not only in the last paragraph."""
-    return postscript_pattern(str(kw["postscript_marker"])).search(response) is not None
+    reference, the marker is looked for anywhere, not only in the last paragraph, and case is ignored by
+    lower-casing the text (a case-insensitive match would also take the long s "ſ" for an "s")."""
+    return postscript_pattern(str(kw["postscript_marker"])).search(response.lower()) is not None
 
 
 # ---- detectable format ------------------------------------------------------------------------------
