@@ -83,6 +83,14 @@ CASES = [
      {"first_word": "weekend", "num_paragraphs": 4, "nth_paragraph": 1},
      '"Weekend," she said, "is for rest."\n\nTwo.\n\nThree.\n\nFour.',
      "The weekend is for rest.\n\nTwo.\n\nThree.\n\nFour."),
+    # Paragraphs are indexed in the raw "\n\n" split, as in the reference: four line breaks leave an empty chunk
+    # at index 2, and that is the paragraph looked at (three line breaks leave none).
+    ("length_constraints:nth_paragraph_first_word",
+     {"first_word": "weekend", "num_paragraphs": 2, "nth_paragraph": 2},
+     "Rest.\n\n\nWeekend plans.", "Rest.\n\n\n\nWeekend plans."),
+    ("length_constraints:nth_paragraph_first_word",
+     {"first_word": "weekend", "num_paragraphs": 2, "nth_paragraph": 1},
+     "Weekend plans.\n\nRest.", "\n\nWeekend plans.\n\nRest."),
     ("length_constraints:nth_paragraph_first_word",
      {"first_word": "president", "num_paragraphs": 6, "nth_paragraph": 2},
      "One.\n\nPresident Lincoln spoke.\n\nThree.\n\nFour.\n\nFive.\n\nSix.",
@@ -94,8 +102,18 @@ CASES = [
      "See you soon.\n\nP.P.S. Bring snacks.", "See you soon.\n\nP.S. Bring snacks."),
     ("detectable_content:postscript", {"postscript_marker": "P.S."},
      "See you soon.\n\np. s. Bring snacks.", "See you soon.\n\nPS Bring snacks."),
+    # Case is ignored by lower-casing, as in the reference: a long s "ſ" is no "s" (a case-insensitive regex
+    # would take it for one).
+    ("detectable_content:postscript", {"postscript_marker": "P.S."},
+     "See you soon.\n\nP.S. Bring snacks.", "See you soon.\n\nP.ſ. Bring snacks."),
     ("detectable_format:number_bullet_lists", {"num_bullets": 3},
      "Reasons:\n* one\n* two\n  - three", "**Reasons**\n* one\n* two"),
+    # As in the reference: a "*" needs a character after it, so a lone "*" closing the text is no bullet, and a
+    # line that is only "*" runs on into the next line, which then is no "*" bullet of its own.
+    ("detectable_format:number_bullet_lists", {"num_bullets": 2},
+     "Steps:\n* mix\n* bake\n*", "Steps:\n* mix\n* bake\n- cool\n*"),
+    ("detectable_format:number_bullet_lists", {"num_bullets": 3},
+     "Steps:\n* mix\n*\n* bake\n* serve", "Steps:\n* mix\n* \n* bake\n* serve"),
     ("detectable_format:constrained_response", {},
      "My answer is maybe.", "Maybe, it depends."),
     ("detectable_format:number_highlighted_sections", {"num_highlights": 3},
@@ -105,6 +123,11 @@ CASES = [
      "Section 1\na\nSection 2\nb\nSection 3\nc\nSection 4\nd"),  # the splitter is case-sensitive
     ("detectable_format:json_format", {},
      '```json\n{"name": "Ada", "tags": [1, 2]}\n```', 'Here is the JSON: {"name": "Ada"}'),
+    # As in the reference: "```json" opens a fence in three spellings only, and a bare "```" is removed after it.
+    ("detectable_format:json_format", {},
+     '```JSON\n{"name": "Ada"}\n```', '```jSoN\n{"name": "Ada"}\n```'),
+    ("detectable_format:json_format", {},
+     '```json```{"name": "Ada"}```', '```python\n{"name": "Ada"}\n```'),
     ("detectable_format:title", {},
      "<<Ode to Joy>>\nA poem follows.", "Ode to Joy\nA poem follows. << >>"),
     ("combination:two_responses", {},
@@ -340,8 +363,21 @@ def _plain_placeholders(text):
 
 
 def _plain_bullets(text):
-    stripped = [line.lstrip() for line in text.split("\n")]
-    return sum(1 for s in stripped if s.startswith("-") or (s.startswith("*") and not s.startswith("**")))
+    """The reference's count, line by line: a line whose first non-blank character is "-" is a bullet; so is one
+    whose first non-blank character is a "*" followed by something other than "*", and when that is the line
+    break the next line is part of the same bullet (it may still be a "-" bullet, counted on its own)."""
+    lines = text.split("\n")
+    dashes = sum(1 for line in lines if line.lstrip().startswith("-"))
+    stars, i = 0, 0
+    while i < len(lines):
+        s = lines[i].lstrip()
+        if s.startswith("*") and len(s) > 1 and s[1] != "*":
+            stars += 1
+        elif s == "*" and i + 1 < len(lines):
+            stars += 1
+            i += 1
+        i += 1
+    return dashes + stars
 
 
 def _plain_title(text):
@@ -376,8 +412,6 @@ _LINE_PIECES = ["[", "]", "<<", ">>", "<", ">", "*", "**", "***", "-", " ", "\t"
 
 def test_line_checkers_equal_their_plain_definitions():
     from esft.tasks.ifeval import checkers
-    from esft.tasks.ifeval.text import nonempty_paragraphs
-
     rng = random.Random(7)
     for _ in range(10_000):
         text = "".join(rng.choices(_LINE_PIECES, k=rng.randint(0, 24)))
@@ -387,7 +421,6 @@ def test_line_checkers_equal_their_plain_definitions():
         assert checkers.count_highlights(text) == _plain_highlights(text), text
         for n in (1, 2, 3):
             assert checkers.number_paragraphs(text, {"num_paragraphs": n}) == _plain_paragraphs(text, n), text
-        assert nonempty_paragraphs(text) == [p.strip() for p in text.split("\n\n") if p.strip()]
 
 
 _SENTENCE_PIECES = ["Dr.", "Mr.", "He", "he", "went", "home", ".", "!", "?", " ", "  ", "\n", "\n\n", '"', "'", ")",
@@ -396,12 +429,39 @@ _SENTENCE_PIECES = ["Dr.", "Mr.", "He", "he", "went", "home", ".", "!", "?", " "
                     "\u00a0", "𝐀𝐁"]
 
 
-def test_counters_equal_punkt_and_stop_where_asked():
+def _nltk_like_punkt(monkeypatch):
+    """`punkt`'s sentence tokenizer with its two departures from NLTK switched off (NLTK's Punkt is what the
+    reference counts sentences with): it leaves the inner marks of a spaced ellipsis ". . ." candidates, and it
+    keeps a span of sentence-ending marks only ("!" after "Wow!") as a sentence of its own. Checked against NLTK
+    itself, with the same model, on random text like the one below (NLTK and its data are not installed here)."""
+    import punkt
+    import punkt.inference.tokenizer
+    import punkt.rules.boundaries
+
+    monkeypatch.setattr(punkt.rules.boundaries, "_multi_char_interior", lambda text, rules: frozenset())
+    monkeypatch.setattr(punkt.inference.tokenizer.PunktSentenceTokenizer, "_absorb_punctuation_only",
+                        lambda self, text, spans: (span for span in spans if span[0] < span[1]))
+    return punkt.PunktSentenceTokenizer(punkt.load_model("english"))
+
+
+@pytest.mark.parametrize("text,sentences", [
+    ("What a day!!", 2),  # NLTK: "What a day!", "!"
+    ("Really?!", 2),
+    ("We won!!! Great game.", 2),  # a run followed by more text breaks after its last mark only
+    ("He paused. . . Then he spoke.", 4),  # NLTK: "He paused.", ".", ".", "Then he spoke."
+    ("He paused... Then he spoke.", 1),  # an unspaced ellipsis before a capital is no break for this model
+])
+def test_sentences_are_counted_as_nltk_counts_them(text, sentences, monkeypatch):
+    assert count_sentences(text) == sentences
+    assert len(_nltk_like_punkt(monkeypatch).tokenize(text)) == sentences
+
+
+def test_counters_equal_punkt_and_stop_where_asked(monkeypatch):
     import punkt
 
     from esft.tasks.ifeval.text import _word_chunks
 
-    tokenizer = punkt.PunktSentenceTokenizer(punkt.load_model("english"))
+    tokenizer = _nltk_like_punkt(monkeypatch)
     rng = random.Random(11)
     for _ in range(5_000):
         text = "".join(rng.choices(_SENTENCE_PIECES, k=rng.randint(0, 40)))

