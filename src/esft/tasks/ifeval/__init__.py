@@ -1,7 +1,7 @@
 """IFEval (Zhou et al. 2023): 541 prompts with 25 types of verifiable instructions, scored offline.
 
 Layout: `text.py` (word/sentence/capital-word counting, language detection), `checkers.py`
-(the 25 instruction checkers and their registry), `evaluate.py` (strict and loose verdicts), `task.py`
+(the 25 instruction checkers and their registry), `instructions.py` (strict and loose verdicts), `task.py`
 (`IFEvalTask`: data, prompt, score, details, aggregate).
 
 Why our own checkers rather than a PyPI package (both read from their wheels and tried in a throwaway venv
@@ -22,7 +22,7 @@ behaviour where the paper is silent (documented per checker). Offline building b
 - language: `langdetect` (profiles inside the package), with a fixed seed so results are repeatable.
 
 Compared with the published checkers (google-research `instruction_following_eval`, run offline with NLTK's Punkt
-English parameters under NLTK 3.10.4 and langdetect seeded as here) on 44,606 synthetic responses to the 541
+English parameters under NLTK 3.10.4 and langdetect seeded as here) on synthetic responses to the 541
 bundled prompts (boundary counts, markdown, fences, postscripts, paragraphs, line-level and Unicode junk; strict
 and loose; that comparison's script and output are not part of this repository): verdicts agree except for
 these known, documented differences:
