@@ -291,6 +291,31 @@ def test_an_interrupt_saves_the_last_finished_step(run, tmp_path, tokenizer):
     assert list_checkpoints(mid) == []
 
 
+class DiskFullAt(TrainerCallback):
+    """A full disk while step `step`'s checkpoint is saved (transformers' own save, after the step's update)."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_save(self, args, state, control, **kwargs):
+        if state.global_step == self.step:
+            import errno
+
+            raise OSError(errno.ENOSPC, "No space left on device", f"checkpoint-{self.step}/model.safetensors")
+
+
+def test_a_full_disk_names_the_file_and_the_resume_command(tmp_path, tokenizer):
+    """ENOSPC during a GRPO run: one line with the file, the step and how to continue (it had no resume hint)."""
+    out = tmp_path / "full"
+    with pytest.raises(OSError) as failed:
+        train_grpo(tiny_config(out, eval_every=0), model=make_tiny_model(), tokenizer=tokenizer, task=ParityTask(),
+                   callbacks=[DiskFullAt(2)], progress=False)
+    last = list_checkpoints(out)[-1][0] if list_checkpoints(out) else 0
+    assert str(failed.value) == ("[Errno 28] No space left on device (checkpoint-2/model.safetensors) at step 2: "
+                                 f"free disk space, then continue from step {last} with "
+                                 f"`esft train grpo --resume --output-dir {out}`")
+
+
 def test_presets_and_trl_mapping(tmp_path):
     paper = preset("paper", output_dir=str(tmp_path / "p"))
     assert (paper.num_generations, paper.prompts_per_step, paper.max_steps) == (8, 63, 80)

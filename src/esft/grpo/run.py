@@ -18,6 +18,7 @@ a resume continues from there, not from the last scheduled checkpoint.
 
 from __future__ import annotations
 
+import errno
 import platform
 import shutil
 import warnings
@@ -244,6 +245,14 @@ def _train_or_save(trainer: EsftGRPOTrainer, resume_from: Path | None) -> None:
             warnings.filterwarnings("ignore", message=r"`(is_)?gradient_checkpointing\w*` is deprecated",
                                     category=FutureWarning)
             trainer.train(resume_from_checkpoint=str(resume_from) if resume_from is not None else None)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        done = list_checkpoints(trainer.run_dir)
+        where = f" ({exc.filename})" if exc.filename else ""
+        raise OSError(exc.errno, f"{exc.strerror}{where} at step {trainer.state.global_step}: free disk space, then "
+                      f"continue from step {done[-1][0] if done else 0} with `esft train grpo --resume --output-dir "
+                      f"{trainer.run_dir}`") from None
     except KeyboardInterrupt:
         saved = trainer.save_finished_step(boundary)
         done = list_checkpoints(trainer.run_dir)
