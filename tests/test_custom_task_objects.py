@@ -48,6 +48,13 @@ class Weighted(Task):
         return float(self.scorer(completion, example))
 
 
+@dataclass
+class Tupled(Weighted):
+    """Tuple fields that a default alone does not show: a default_factory's, an optional one's."""
+    ids: tuple = field(default_factory=tuple)
+    extra: tuple[int, ...] | None = None
+
+
 class Plain:
     """Not a dataclass: its constructor's arguments are unknown once it is built."""
     def __init__(self, rows=4):
@@ -88,6 +95,10 @@ def test_plain_constructor_values_rebuild_the_task_exactly(user_tasks):
     rebuilt = get_task(name, **options)
     assert rebuilt == task  # the tuple field a tuple again, not the list YAML holds
     assert task_spec(user_tasks.NoArgs()) == ("obj_tasks:NoArgs", {})
+    # tuple fields known by their annotation rebuild as tuples too (they came back as lists)
+    tupled = user_tasks.Tupled(ids=(3, 4), extra=(5,))
+    name, options = task_spec(tupled)
+    assert options == {"ids": [3, 4], "extra": [5]} and get_task(name, **options) == tupled
 
 
 def test_values_yaml_cannot_hold_are_recorded_as_not_recorded(user_tasks):
