@@ -48,6 +48,13 @@ class Weighted(Task):
         return float(self.scorer(completion, example))
 
 
+@dataclass
+class Tupled(Weighted):
+    """Tuple fields that a default alone does not show: a default_factory's, an optional one's."""
+    ids: tuple = field(default_factory=tuple)
+    extra: tuple[int, ...] | None = None
+
+
 class Plain:
     """Not a dataclass: its constructor's arguments are unknown once it is built."""
     def __init__(self, rows=4):
@@ -88,6 +95,10 @@ def test_plain_constructor_values_rebuild_the_task_exactly(user_tasks):
     rebuilt = get_task(name, **options)
     assert rebuilt == task  # the tuple field a tuple again, not the list YAML holds
     assert task_spec(user_tasks.NoArgs()) == ("obj_tasks:NoArgs", {})
+    # tuple fields known by their annotation rebuild as tuples too (they came back as lists)
+    tupled = user_tasks.Tupled(ids=(3, 4), extra=(5,))
+    name, options = task_spec(tupled)
+    assert options == {"ids": [3, 4], "extra": [5]} and get_task(name, **options) == tupled
 
 
 def test_values_yaml_cannot_hold_are_recorded_as_not_recorded(user_tasks):
@@ -172,3 +183,30 @@ def test_an_interrupted_run_of_such_a_task_object_says_to_resume_from_the_script
     message = str(info.value)
     assert message.startswith("interrupted: 2 iterations are logged in") and "esft train es" not in message
     assert "`esft.train_es(config.replace(resume=True), task=...)` from this script" in message
+
+
+@pytest.mark.parametrize("trainer", ["es", "grpo"])
+def test_a_run_an_older_esft_recorded_without_options_resumes_from_the_script(user_tasks, tmp_path, trainer):
+    """Before `<not recorded: TYPE>`, config.yaml held the class and no options for such an object (a function
+    field, or a class that is not a dataclass): its script resumed it by passing the object again, and must still,
+    instead of "config differs from the original run in task_options"."""
+    if trainer == "es":
+        from esft.es.trainer import _check_resumable
+    else:
+        from esft.grpo.run import _check_resumable
+
+    for name, task in [("Weighted", user_tasks.Weighted(count=9, scorer=lambda c, ex: 1.0)),
+                       ("Plain", user_tasks.Plain(rows=2))]:
+        run = tmp_path / f"{trainer}-{name}"
+        base = ESConfig(output_dir=str(run)) if trainer == "es" else GRPOConfig(output_dir=str(run))
+        _save(base.replace(task=f"obj_tasks:{name}", task_options={}), run)  # what the older esft wrote
+        resumed, again = with_task(base.replace(resume=True), task)
+        assert again is task and resumed.task_options == {}
+        _check_resumable(run, resumed)
+    # a run this esft recorded keeps comparing what it recorded: another count is another task
+    run = tmp_path / f"{trainer}-new"
+    base = ESConfig(output_dir=str(run)) if trainer == "es" else GRPOConfig(output_dir=str(run))
+    _save(with_task(base, user_tasks.Weighted(count=9, scorer=lambda c, ex: 1.0))[0], run)
+    resumed, _ = with_task(base.replace(resume=True), user_tasks.Weighted(count=8, scorer=lambda c, ex: 1.0))
+    with pytest.raises(ValueError, match="config differs from the original run in .*task_options"):
+        _check_resumable(run, resumed)

@@ -249,3 +249,14 @@ def test_draw_replays_large_temperature_does_not_underflow():
     assert sorted(draw_replays(cands, ema, 3, rng, 2000.0)) == [0, 1, 2]
     rule = DartES({"priority_temperature": 2000.0})  # the option range accepts it
     assert rule.opts.priority_temperature == 2000.0
+
+
+def test_draw_replays_fills_every_slot_when_most_priorities_underflow():
+    """At t = 2000 an EMA gap of 0.49 gives exp(-980) = 0: numpy refused a draw of 2 ("Fewer non-zero entries in p
+    than size") although two candidates exist; the lowest EMA is still drawn first."""
+    cands, ema = np.array([0, 1, 2]), np.array([0.0, 0.49, 0.45])
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        picks = draw_replays(cands, ema, 2, rng, 2000.0)
+        assert len(picks) == 2 and 0 in picks
+    assert sorted(draw_replays(cands, ema, 3, rng, 2000.0)) == [0, 1, 2]

@@ -43,7 +43,8 @@ def test_step_costs_match_presets_and_table18():
 
 def test_hybrid_blocks_equal_budget():
     block, report = hybrid_block("grpo->es", 2560, 0.5, "completions", CPU)
-    assert block == {"grpo": {**CPU["grpo"], "max_steps": 10}, "es": {**CPU["es"], "iterations": 10}}
+    assert block == {"grpo": {**CPU["grpo"], "per_task": {}, "max_steps": 10},
+                     "es": {**CPU["es"], "per_task": {}, "iterations": 10}}
     assert report["used"] == 2560 and single_budget("es", 2560, options=CPU["es"]) == 20
     # in FLOPs a GRPO step costs 4x an ES iteration of the same size (backward pass)
     block, report = hybrid_block("es->grpo", 2560 * 2, 0.5, "flops", CPU)
@@ -95,5 +96,31 @@ def test_per_task_sizes_are_refused_other_per_task_options_pass_through():
     per_task = {"es": {"preset": "cpu", "per_task": {"boolq": {"max_new_tokens": 8}}}, "grpo": {"preset": "cpu"}}
     block, _ = hybrid_block("grpo->es", 4096, 0.5, options=per_task)
     assert block["es"]["per_task"] == {"boolq": {"max_new_tokens": 8}}
-    with pytest.raises(ValueError, match="one step cost for every task"):
+    with pytest.raises(ValueError, match="one step cost and one step count for every task"):
         hybrid_block("grpo->es", 4096, 0.5, options={"es": {"per_task": {"boolq": {"batch_size": 4}}}})
+    # a per-task step count would override the split as well (before: ES took 100 iterations on boolq)
+    with pytest.raises(ValueError, match=r"es.per_task.boolq sets \['iterations'\]"):
+        hybrid_block("grpo->es", 4096, 0.5, options={"es": {"per_task": {"boolq": {"iterations": 100}}}})
+
+
+def test_the_base_blocks_per_task_sizes_do_not_reach_the_chain():
+    """The chain's sub-block inherited the base block's `per_task`, whose sizes override the pinned ones task by
+    task: a base `es: {per_task: {boolq: {population_size: 30}}}` made the chain's ES stage cost 7680 completions
+    of its 2048 share on boolq."""
+    from esft.experiments.algorithms import get_algorithm
+    from esft.experiments.spec import parse_spec
+
+    options = {"es": {"preset": "cpu"}, "grpo": {"preset": "cpu"}}
+    base = {"es": {"preset": "cpu", "per_task": {"boolq": {"population_size": 30, "iterations": 3}}},
+            "grpo": {"preset": "cpu", "per_task": {"boolq": {"num_generations": 16, "max_steps": 3}}}}
+    spec = parse_spec({"kind": "single-task", "tasks": ["boolq"],
+                       "algorithms": {**base, **hybrid_methods(4096, 0.5, "completions", options)}})
+    for order in ("grpo->es", "es->grpo"):
+        _, report = hybrid_block(order, 4096, 0.5, "completions", options)
+        used = []
+        for comp in spec.method(order).components:
+            config = spec.config(comp, "boolq", 42, output_dir="x")
+            used.append(getattr(config, get_algorithm(comp.algorithm).budget_field)
+                        * step_cost(comp.algorithm, config))
+        assert used == [s["used"] for s in report["stages"]], order
+    assert spec.config(spec.method("es").components[0], "boolq", 42, output_dir="x").population_size == 30

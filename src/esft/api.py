@@ -34,28 +34,32 @@ def with_task(config: Any, task: Any) -> tuple[Any, Any]:
         return config, None
     if isinstance(task, str):
         return config.replace(task=task), None
-    from esft.tasks.custom import absolute_data_task, instantiate, task_record
+    from esft.tasks.custom import absolute_data_task, instantiate, task_record, unrecorded_options
 
     if isinstance(task, type):  # a class: built without options, like `--task module:Class`
         task = instantiate(task, task.__name__, {})
     if isinstance(task, Task):  # e.g. a data task: its file, fields and reward, before any model
         task.validate()
-    spec = task_record(task)
+    name, options = task_record(task)
+    recorded = _recorded_task(config)
     # (config.yaml records a data file by its absolute path: compare it so)
-    if _recorded_task(config) in (None, absolute_data_task(spec[0])):
-        config = config.replace(task=spec[0], task_options=spec[1])
+    if recorded is None or recorded[0] == absolute_data_task(name):
+        if recorded is not None and recorded[1] == {} and unrecorded_options(options):
+            options = {}  # an older esft recorded no options for such an object: the run resumes as it started
+        config = config.replace(task=name, task_options=options)
     return config, task
 
 
-def _recorded_task(config: Any) -> str | None:
-    """The task text the run being resumed recorded (None for a fresh run): a resume keeps what the run started
-    with, so a run begun through the trainer directly, with its own task text, still resumes."""
+def _recorded_task(config: Any) -> tuple[str, dict[str, Any]] | None:
+    """The task text and options the run being resumed recorded (None for a fresh run): a resume keeps what the
+    run started with, so a run begun through the trainer directly, with its own task text, still resumes."""
     import yaml
 
     saved = Path(config.output_dir) / "config.yaml"
     if not config.resume or not saved.exists():
         return None
-    return str((yaml.safe_load(saved.read_text()) or {}).get("task"))
+    data = yaml.safe_load(saved.read_text()) or {}
+    return str(data.get("task")), dict(data.get("task_options") or {})
 
 
 def _check_workers_rebuild(config: ESConfig, task: Any) -> None:

@@ -74,8 +74,8 @@ class CheckpointSource:
                 # masters are saved under the module's parameter names; a model file that stores other names would
                 # leave those tensors measured from their rounded copies, silently
                 raise ValueError(f"{masters}: {len(unmatched)} fp32 master tensor(s) match no weight name in the "
-                                 f"model files (first: {unmatched[0]!r}); this checkpoint's names cannot be paired "
-                                 "with its masters, so its update would be measured from rounded weights")
+                                 f"model files (first: {unmatched[0]!r}): they cannot be paired; to measure its "
+                                 f"rounded weights instead, give a copy of the folder without {MASTERS_FILE}")
             for k in h.keys():
                 self._where[k] = (h, k)
                 self.uses_masters = True

@@ -169,8 +169,9 @@ def draw_replays(candidates: np.ndarray, ema: np.ndarray, slots: int, rng: np.ra
         return []
     e = np.asarray(ema, np.float64)[candidates]
     # shifted by the smallest EMA: the same probabilities once normalised, but the largest priority is exactly 1,
-    # so a large temperature (accepted by DartOptions) cannot underflow every priority to 0 (0/0 = NaN)
-    prio = np.exp(-temperature * (e - e.min()))
+    # so a large temperature (accepted by DartOptions) cannot underflow every priority to 0 (0/0 = NaN); those that
+    # still underflow keep the smallest positive weight, as a draw of k needs k candidates of nonzero probability
+    prio = np.maximum(np.exp(-temperature * (e - e.min())), np.finfo(np.float64).tiny)
     return [int(i) for i in rng.choice(candidates, size=k, replace=False, p=prio / prio.sum())]
 
 

@@ -16,8 +16,10 @@ step of its stage is an error naming the smallest total that fits); the report s
 
 A chain's sub-block inherits the spec's base block of the same algorithm (esft.experiments.spec), so each stage's
 block pins the fields its step cost is computed from (COST_FIELDS): a base `es: {population_size: 30}` cannot
-silently change the size of the chain's ES iterations after the budget was split. A `per_task` override of those
-fields would make the cost differ by task and is refused.
+silently change the size of the chain's ES iterations after the budget was split. For the same reason each stage's
+block carries its own `per_task` (that of `options`, else none): the base block's is not inherited, as a per-task
+size or step count there would override the pinned ones. A `per_task` override of those fields in `options` would
+make the cost or the steps differ by task and is refused.
 
     methods = hybrid_methods(total=8000, split=0.5, options={"es": {"preset": "cpu"}, "grpo": {"preset": "cpu"}})
     spec["algorithms"].update(methods)       # {"grpo->es": {...}, "es->grpo": {...}} for esft.experiments
@@ -44,10 +46,10 @@ def _config(algorithm: str, options: Mapping[str, Any]) -> Any:
     preset = opts.pop("preset", None)
     opts.pop("display", None)
     for task, sub in dict(opts.pop("per_task", None) or {}).items():
-        pinned = sorted(set(sub) & set(COST_FIELDS.get(algorithm, ())))
+        pinned = sorted(set(sub) & {*COST_FIELDS.get(algorithm, ()), algo.budget_field})
         if pinned:
-            raise ValueError(f"{algorithm}.per_task.{task} sets {pinned}: a hybrid budget needs one step cost for "
-                             "every task")
+            raise ValueError(f"{algorithm}.per_task.{task} sets {pinned}: a hybrid budget needs one step cost and "
+                             "one step count for every task")
     return build_config(algo.config_cls, algo.presets, preset, None, opts)
 
 
@@ -107,7 +109,9 @@ def hybrid_block(order: str, total: float, split: float = 0.5, unit: str = "comp
     for part, config, cost, n in zip(parts, configs, costs, steps):
         field = get_algorithm(part).budget_field
         pinned = {f: getattr(config, f) for f in COST_FIELDS.get(part, ())}
-        block[part] = {**dict(options.get(part, {})), **pinned, field: n}
+        # its own per_task, even empty: the base block's would override the pinned fields task by task
+        own = dict(options.get(part, {}))
+        block[part] = {**own, **pinned, "per_task": dict(own.get("per_task") or {}), field: n}
         stages.append({"algorithm": part, field: n, "cost_per_step": cost, "used": n * cost})
     report = {"order": order, "unit": unit, "total": total, "split": split, "stages": stages,
               "used": sum(s["used"] for s in stages)}

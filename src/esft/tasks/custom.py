@@ -148,7 +148,7 @@ def instantiate(obj: Any, name: str, options: dict[str, Any]) -> Task:
     as it is (then options are an error). Objects that are not Task instances get the Task defaults around them."""
     if isinstance(obj, type):
         if dataclasses.is_dataclass(obj):  # YAML holds a tuple field as a list (task_record): the tuple again
-            tuples = {f.name for f in dataclasses.fields(obj) if isinstance(f.default, tuple)}
+            tuples = _tuple_fields(obj)
             options = {k: tuple(v) if k in tuples and isinstance(v, list) else v for k, v in options.items()}
         try:
             obj = obj(**options)
@@ -161,6 +161,26 @@ def instantiate(obj: Any, name: str, options: dict[str, Any]) -> Task:
         raise ValueError(f"task {name!r} ({type(obj).__name__}) is not a task: it has no {', '.join(missing)} "
                          "(a task needs load(split), prompt(example) and score(completion, example))")
     return obj if isinstance(obj, Task) else TaskAdapter(obj)
+
+
+def _tuple_fields(cls: type) -> set[str]:
+    """The fields of a dataclass that hold a tuple: by their default, or by their annotation (`tuple`,
+    `tuple[int, ...] | None`, a default_factory's field)."""
+    import types
+    import typing
+
+    try:
+        hints = typing.get_type_hints(cls)
+    except Exception:  # an annotation that does not resolve here: the defaults alone tell
+        hints = {}
+    out = set()
+    for f in dataclasses.fields(cls):
+        hint = hints.get(f.name)
+        union = typing.get_origin(hint) in (typing.Union, types.UnionType)
+        kinds = {typing.get_origin(h) or h for h in (typing.get_args(hint) if union else (hint,))}
+        if isinstance(f.default, tuple) or tuple in kinds:
+            out.add(f.name)
+    return out
 
 
 def script_class(name: str) -> bool:
