@@ -49,3 +49,13 @@ def two_threads():
     torch.set_num_threads(2)
     yield
     torch.set_num_threads(previous)
+
+
+def importable_module(tmp_path, monkeypatch, name: str, source: str) -> None:
+    """`source` written as module `name` in `tmp_path`, importable for this test (a user's reward or task module,
+    imported afresh even when an earlier test imported one of that name)."""
+    import sys
+
+    (tmp_path / f"{name}.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    sys.modules.pop(name, None)

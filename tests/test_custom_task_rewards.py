@@ -5,10 +5,10 @@ answer letters are labels (balanced evaluation, the balanced fitness rule, GRPO'
 from __future__ import annotations
 
 import json
-import sys
 
 import pytest
 
+from conftest import importable_module
 from esft.cli import main
 from esft.config import ConfigError, build_config
 from esft.tasks import get_task
@@ -51,9 +51,7 @@ class Letters:
 @pytest.fixture()
 def files(tmp_path, monkeypatch):
     """sums.jsonl (numbers), mcq.jsonl (letters A-D, lower-case in the file for some rows), a reward module."""
-    (tmp_path / "byot_rewards.py").write_text(REWARDS)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    sys.modules.pop("byot_rewards", None)
+    importable_module(tmp_path, monkeypatch, "byot_rewards", REWARDS)
     sums = tmp_path / "sums.jsonl"
     sums.write_text("".join(json.dumps({"question": f"What is {i} + {i}?", "answer": str(2 * i)}) + "\n"
                             for i in range(20)))

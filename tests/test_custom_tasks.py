@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import make_tiny_model
+from conftest import importable_module, make_tiny_model
 from esft.cli import main
 from esft.tasks import get_task
 from esft.tasks.custom import ENTRY_POINT_GROUP, TaskAdapter, external_kind, task_spec
@@ -50,9 +50,7 @@ class Echo:
 @pytest.fixture()
 def user_files(tmp_path, monkeypatch):
     """A 40-row JSONL task and a module of TRL-style reward functions importable as `user_rewards`."""
-    (tmp_path / "user_rewards.py").write_text(REWARD_MODULE)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    sys.modules.pop("user_rewards", None)
+    importable_module(tmp_path, monkeypatch, "user_rewards", REWARD_MODULE)
     data = tmp_path / "sums.jsonl"
     data.write_text("".join(json.dumps({"question": f"What is {i} + {i}?", "answer": str(2 * i), "level": i % 3})
                             + "\n" for i in range(40)))
@@ -359,8 +357,7 @@ def test_cli_checks_a_task_class_before_the_model_loads(user_files, monkeypatch,
     score fails (or score is not a finite number), or malformed --task-options: a one-line error before any model
     loads and before the output folder exists."""
     root, _ = user_files
-    (root / "user_tasks.py").write_text(USER_TASKS)
-    sys.modules.pop("user_tasks", None)
+    importable_module(root, monkeypatch, "user_tasks", USER_TASKS)
 
     def no_model(*a, **k):
         raise AssertionError("the model was loaded before the task was checked")
@@ -414,8 +411,7 @@ def test_debug_shows_the_error_of_the_users_code(user_files, monkeypatch):
     from esft.config import ConfigError
 
     root, _ = user_files
-    (root / "user_tasks.py").write_text(USER_TASKS)
-    sys.modules.pop("user_tasks", None)
+    importable_module(root, monkeypatch, "user_tasks", USER_TASKS)
     with pytest.raises(ConfigError) as info:
         main(["eval", "--task", "user_tasks:BadScore", "--debug"])
     shown = "".join(traceback.format_exception(info.value))

@@ -47,6 +47,19 @@ def test_factors_and_noise_scale():
     assert torch.equal(a, a2)  # a pure function of (seed, name)
 
 
+def member_logits_match(model, w, x, batched) -> list[torch.Tensor]:
+    """Each member's logits from its materialised perturbation (perturb, forward, restore) equal the batched
+    forward's row; returns them."""
+    out = []
+    for i, (seed, sign) in enumerate(MEMBERS):
+        w.perturb(seed, sign, 0.05)
+        with torch.inference_mode():
+            out.append(model(input_ids=x).logits)
+        w.restore()
+        torch.testing.assert_close(batched[i], out[-1], rtol=1e-4, atol=1e-5)
+    return out
+
+
 @pytest.mark.parametrize("rank", [1, 3])
 def test_batched_forward_equals_separate_materialised_forwards(rank):
     model = tiny_llama()
@@ -57,12 +70,7 @@ def test_batched_forward_equals_separate_materialised_forwards(rank):
     assert bit_equal(before, state(model))  # the fast path never touches the weights
     with torch.inference_mode():
         center = model(input_ids=x).logits
-    for i, (seed, sign) in enumerate(MEMBERS):
-        w.perturb(seed, sign, 0.05)
-        with torch.inference_mode():
-            single = model(input_ids=x).logits
-        w.restore()
-        torch.testing.assert_close(batched[i], single, rtol=1e-4, atol=1e-5)
+    for single in member_logits_match(model, w, x, batched):
         assert (single - center).abs().max() > 1e-3  # the perturbation is not negligible
     assert bit_equal(before, state(model))  # restore is exact
     with torch.inference_mode():  # hooks are gone
@@ -129,13 +137,7 @@ def test_rank_above_a_matrix_dimension_keeps_unit_variance_and_the_batched_forwa
     second = torch.stack([w.noise(s, name) for s in range(400)]).double().pow(2).mean(0)  # per-entry E[E_ij^2]
     assert second.mean().item() == pytest.approx(1.0, abs=0.05) and (second - 1).abs().max().item() < 0.4
     x = torch.randint(3, 32, (2, 5), generator=torch.Generator().manual_seed(1))
-    batched = population_logits(model, w, MEMBERS, 0.05, x)
-    for i, (seed, sign) in enumerate(MEMBERS):
-        w.perturb(seed, sign, 0.05)
-        with torch.inference_mode():
-            single = model(input_ids=x).logits
-        w.restore()
-        torch.testing.assert_close(batched[i], single, rtol=1e-4, atol=1e-5)
+    member_logits_match(model, w, x, population_logits(model, w, MEMBERS, 0.05, x))
 
 
 class TinyTokenizer:

@@ -86,20 +86,26 @@ def error_of(capsys) -> str:
     return err
 
 
-@pytest.fixture(scope="module")
-def reference(tiny_dir, tmp_path_factory) -> Path:
-    """An uninterrupted 3-iteration run (varied fitness) the recovered runs must end equal to."""
+def run_with_varied_fitness(args: list[str]) -> None:
+    """`esft` with `args`, each member's fitness a fixed function of its index and the batch size (every update
+    real), for the module-scoped reference runs (a function-scoped monkeypatch cannot serve them)."""
     from esft.es.fitness import MeanReward
 
-    out = tmp_path_factory.mktemp("reference") / "run"
     mp = pytest.MonkeyPatch()
     mp.setattr(MeanReward, "__call__",
                lambda self, result, batch: np.arange(np.asarray(result.scores).shape[0], dtype=np.float64)
                * (1.0 + len(batch)) % 5.0)
     try:
-        assert main(es_args(tiny_dir, out)) == 0
+        assert main(args) == 0
     finally:
         mp.undo()
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_dir, tmp_path_factory) -> Path:
+    """An uninterrupted 3-iteration run (varied fitness) the recovered runs must end equal to."""
+    out = tmp_path_factory.mktemp("reference") / "run"
+    run_with_varied_fitness(es_args(tiny_dir, out))
     norms = [json.loads(x)["update_norm"] for x in (out / "seeds.jsonl").read_text().splitlines()]
     assert len(norms) == 3 and min(norms) > 0  # real updates: the weight comparisons below are not trivial
     return out
@@ -688,17 +694,8 @@ def eval_args(model: Path, out: Path) -> list[str]:
 
 @pytest.fixture(scope="module")
 def reference_with_evals(tiny_dir, tmp_path_factory) -> dict[str, object]:
-    from esft.es.fitness import MeanReward
-
     out = tmp_path_factory.mktemp("reference-evals") / "run"
-    mp = pytest.MonkeyPatch()
-    mp.setattr(MeanReward, "__call__",
-               lambda self, result, batch: np.arange(np.asarray(result.scores).shape[0], dtype=np.float64)
-               * (1.0 + len(batch)) % 5.0)
-    try:
-        assert main(eval_args(tiny_dir, out)) == 0
-    finally:
-        mp.undo()
+    run_with_varied_fitness(eval_args(tiny_dir, out))
     return run_records(out)
 
 
