@@ -157,8 +157,9 @@ def test_a_ray_run_refuses_a_task_object_its_workers_cannot_rebuild(user_tasks, 
 
     monkeypatch.setattr("esft.api.connect", no_ray)
     task = user_tasks.Weighted(scorer=lambda c, ex: 0.0)
-    with pytest.raises(ValueError, match="executor 'ray' builds the task on each worker"):
+    with pytest.raises(ValueError, match="executor 'ray' builds the task on each worker") as info:
         es_trainer(ESConfig(executor="ray", output_dir="unused"), task=task)
+    assert "scorer: <not recorded: function>" in str(info.value)  # the value it cannot pass names itself
 
 
 def test_an_interrupted_run_of_such_a_task_object_says_to_resume_from_the_script(tmp_path):

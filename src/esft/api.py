@@ -65,13 +65,17 @@ def _recorded_task(config: Any) -> tuple[str, dict[str, Any]] | None:
 def _check_workers_rebuild(config: ESConfig, task: Any) -> None:
     """A Ray run's workers each build the task from the config's task string (esft.es.distributed.hf_replica), not
     from the object: refuse an object that string does not rebuild, before Ray or the model start."""
-    from esft.tasks.custom import task_spec
+    from esft.tasks.custom import script_class, task_record, unrecorded_options
 
-    if config.executor == "ray" and task_spec(task) is None:
+    if config.executor != "ray":
+        return
+    name, options = task_record(task)
+    why = ("its class is defined in the script, which the workers cannot import" if script_class(name) else
+           "constructor values YAML cannot hold: " + ", ".join(f"{k}: {options[k]}" for k in unrecorded_options(options)))
+    if script_class(name) or unrecorded_options(options):
         raise ValueError(f"executor 'ray' builds the task on each worker from its task string, which cannot rebuild "
-                         f"this task object ({config.task}: a class of the script, or a constructor value such as a "
-                         "function or an array): train it with executor 'local', or pass a module:Class whose "
-                         "constructor values are plain numbers, text and lists")
+                         f"this task object ({config.task}; {why}): train it with executor 'local', or pass a "
+                         "module:Class whose constructor values are plain numbers, text and lists")
 
 
 def es_trainer(config: ESConfig, **kwargs: Any) -> ESTrainer:
