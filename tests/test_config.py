@@ -115,3 +115,16 @@ def test_the_cli_refuses_a_glued_mapping_in_one_line(argv, tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert "YAML needs a space after the colon" in err and len(err.splitlines()) == 1, err
     assert not out.exists()
+
+
+def test_eval_refuses_task_options_that_no_evaluated_task_takes(tmp_path, capsys):
+    """Built-in tasks take their options in the name; `--task-options` on them alone ran as if it were absent."""
+    from esft.cli import main
+
+    out = tmp_path / "out"
+    argv = ["eval", "--tasks", "countdown,boolq", "--limit", "1", "--max-new-tokens", "1", "--task-options",
+            "{numbers: 2}", "--output-dir", str(out)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert "built-in tasks take theirs in the name (countdown:numbers=2)" in err and len(err.splitlines()) == 1, err
+    assert not out.exists()
