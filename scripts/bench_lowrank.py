@@ -7,8 +7,6 @@ machine affects both alike; wall and process-CPU seconds are reported per phase.
 
     python scripts/bench_lowrank.py --population 4 --batch 4 --max-new-tokens 16 --threads 1
 
-No esft bench command exists yet; when one does, this is its "lowrank" workload.
-
 Measured on the 2-core CPU (SmolLM2-135M fp32, BoolQ passages cut to 200 characters, greedy, r = 1, 1 thread,
 machine shared, load ~8.5-9.3, so CPU seconds are the figure to compare; wall was ~2.5-3x CPU):
     N=4 B=4, 16 rows per forward:  full 19.5 s CPU / iteration (eval 17.1 incl. perturb+restore, update 2.3);

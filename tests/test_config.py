@@ -87,3 +87,44 @@ def test_passage_cut_reaches_boolq_only_and_never_twice():
     assert passage_cut("countdown:numbers=2", 400) == {} and passage_cut("mmlu", 400) == {}
     assert passage_cut("boolq", None) == {}
     assert passage_cut("boolq:max_passage_chars=100", 400) == {}  # the name's own cut wins, no clash
+
+
+@pytest.mark.parametrize("text, hint", [("{replay_fraction:0.2}", "{replay_fraction: 0.2}"),
+                                        ("{prompt_field:question}", "{prompt_field: question}")])
+def test_a_mapping_without_a_space_after_the_colon_is_refused_with_the_fix(text, hint):
+    """YAML reads `{a:0.2}` as the key 'a:0.2' with no value: a flag given that way was ignored or refused as
+    an unknown option, without saying why."""
+    from esft.config import parse_mapping
+
+    with pytest.raises(ValueError, match="without a value: YAML needs a space after the colon") as info:
+        parse_mapping("fitness_options", text)
+    assert hint in str(info.value)
+    assert parse_mapping("fitness_options", "{replay_fraction: 0.2}") == {"replay_fraction": 0.2}
+    assert parse_mapping("task_options", {"reward": "regex:(\\d+)"}) == {"reward": "regex:(\\d+)"}
+
+
+@pytest.mark.parametrize("argv", [
+    ["eval", "--tasks", "countdown", "--limit", "1", "--max-new-tokens", "1", "--task-options", "{numbers:2}"],
+    ["train", "es", "--fitness", "dart", "--fitness-options", "{replay_fraction:0.2}"]])
+def test_the_cli_refuses_a_glued_mapping_in_one_line(argv, tmp_path, capsys):
+    """`esft eval` gave built-in tasks' --task-options no check at all, so this one ran as if it were absent."""
+    from esft.cli import main
+
+    out = tmp_path / "out"
+    assert main([*argv, "--output-dir", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "YAML needs a space after the colon" in err and len(err.splitlines()) == 1, err
+    assert not out.exists()
+
+
+def test_eval_refuses_task_options_that_no_evaluated_task_takes(tmp_path, capsys):
+    """Built-in tasks take their options in the name; `--task-options` on them alone ran as if it were absent."""
+    from esft.cli import main
+
+    out = tmp_path / "out"
+    argv = ["eval", "--tasks", "countdown,boolq", "--limit", "1", "--max-new-tokens", "1", "--task-options",
+            "{numbers: 2}", "--output-dir", str(out)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert "built-in tasks take theirs in the name (countdown:numbers=2)" in err and len(err.splitlines()) == 1, err
+    assert not out.exists()

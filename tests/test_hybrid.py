@@ -28,6 +28,21 @@ def test_split_budget():
             split_budget(*bad)
 
 
+@pytest.mark.parametrize("total", [float("nan"), float("inf")])
+def test_a_non_finite_total_is_refused_by_name(total):
+    with pytest.raises(ValueError, match="total budget must be a finite number > 0"):
+        split_budget(total, [100, 100], [0.5, 0.5])
+    with pytest.raises(ValueError, match="total budget must be a finite number > 0"):
+        hybrid_methods(total, 0.5, options=CPU)
+
+
+def test_a_non_finite_share_or_cost_is_refused_by_name():
+    for costs, shares in [([100, float("nan")], [0.5, 0.5]), ([100, 100], [0.5, float("nan")]),
+                          ([100, 100], [float("inf"), 0.5])]:
+        with pytest.raises(ValueError, match="costs and shares must be finite"):
+            split_budget(4000, costs, shares)
+
+
 def test_step_costs_match_presets_and_table18():
     from esft.es.es_config import preset as es_preset
     from esft.grpo.grpo_config import preset as grpo_preset

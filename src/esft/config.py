@@ -89,6 +89,7 @@ def parse_mapping(name: str, value: Any) -> dict[str, Any]:
     """A mapping field's value: a dict, or its YAML / JSON text from a command line (`{replay_fraction: 0.2}`);
     anything else, malformed YAML included, fails as ValueError naming the field."""
     if isinstance(value, str):
+        text = value
         try:
             value = yaml.safe_load(value) or {}
         except yaml.YAMLError as exc:
@@ -96,6 +97,12 @@ def parse_mapping(name: str, value: Any) -> dict[str, Any]:
             at = f" at column {mark.column + 1}" if mark is not None else ""
             raise ValueError(f"{name} {value!r} is not a YAML / JSON mapping such as {{key: value}}{at}: "
                              f"{getattr(exc, 'problem', None) or 'not valid YAML'}") from None
+        if isinstance(value, dict):
+            glued = [k for k, v in value.items() if v is None and isinstance(k, str) and ":" in k]
+            if glued:  # YAML reads `{replay_fraction:0.2}` as the key 'replay_fraction:0.2' with no value
+                key, _, rest = glued[0].partition(":")
+                raise ValueError(f"{name} {text!r} has the key {glued[0]!r} without a value: YAML needs a space "
+                                 f"after the colon ({{{key}: {rest}}})")
     if not isinstance(value, dict):
         raise ValueError(f"{name} must be a mapping, got {value!r}")
     return value

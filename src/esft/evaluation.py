@@ -95,6 +95,13 @@ class EvalConfig:
             raise ValueError("samples > 1 needs temperature > 0 (e.g. --temperature 0.6)")
         if self.k:
             parse_ks(self.k, self.samples)  # fail before loading the model
+        from esft.tasks.custom import external_kind
+
+        if self.task_options and not any(external_kind(name) for name in self.tasks):
+            # only tasks read from a data file, dataset or module take them: the run would ignore them
+            raise ValueError(f"task_options {self.task_options} apply only to tasks read from a data file, dataset "
+                             f"or module, and none of {self.tasks} is one; built-in tasks take theirs in the name "
+                             "(countdown:numbers=2)")
 
     def task_checks(self) -> list[tuple[str, str, dict[str, Any]]]:
         """(config key, task name, constructor options) of every task evaluated, as `run_eval` builds them."""

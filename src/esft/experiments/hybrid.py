@@ -69,10 +69,14 @@ def step_cost(algorithm: str, config: Any, unit: str = "completions") -> float:
 def split_budget(total: float, costs: Sequence[float], shares: Sequence[float]) -> list[int]:
     """Steps per stage: floor(total * share / cost). Shares are normalised to sum to 1. A stage with a share
     whose budget buys no step is an error: rounding it up to one step would exceed the total."""
-    if total <= 0:
-        raise ValueError(f"total budget must be > 0, got {total}")
+    # a NaN passes every comparison below and an infinity has no step count: both would end in a bare
+    # float-to-int error far from the argument that caused it
+    if not (math.isfinite(total) and total > 0):
+        raise ValueError(f"total budget must be a finite number > 0, got {total}")
     if len(costs) != len(shares) or not costs:
         raise ValueError("one cost and one share per stage")
+    if not all(math.isfinite(v) for v in (*costs, *shares)):
+        raise ValueError(f"costs and shares must be finite numbers: {costs}, {shares}")
     if any(c <= 0 for c in costs) or any(s < 0 for s in shares) or sum(shares) <= 0:
         raise ValueError(f"costs must be > 0 and shares >= 0 with a positive sum: {costs}, {shares}")
     norm = float(sum(shares))
