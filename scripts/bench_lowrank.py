@@ -56,11 +56,15 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--lean", action="store_true",
-                    help="full rank uses the lean decode step if esft.generation has it (low rank always steps "
-                         "through the HF forward, where its hooks live)")
+                    help="full rank uses the lean decode step if esft.generation has it (low rank's decode steps "
+                         "take the lean step where the model supports it, with its per-row terms added directly)")
     ap.add_argument("--skip-update", action="store_true")
     ap.add_argument("--json", default=None, help="write the results here")
     args = ap.parse_args()
+    small = [f"--{k.replace('_', '-')}" for k in ("rank", "population", "batch", "max_new_tokens", "repeats", "threads")
+             if getattr(args, k) < 1]
+    if small:
+        ap.error(f"{', '.join(small)} must be at least 1")
     torch.set_num_threads(args.threads)
 
     from esft.es.executor import LocalExecutor

@@ -265,3 +265,16 @@ def test_population_generation_lean_equals_hf_hooks(fast):
     assert [g.completion_ids for g in ours] == [g.completion_ids for g in ref]
     lengths = [len(g.completion_ids) for g in ref]
     assert min(lengths) < 30 and max(lengths) == 30  # rows were dropped mid-generation
+
+
+def test_bench_lowrank_script_refuses_a_rank_below_one():
+    """`scripts/bench_lowrank.py --rank 0` ended in a traceback from inside the noise code after the model loaded."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "bench_lowrank.py"
+    done = subprocess.run([sys.executable, str(script), "--rank", "0", "--population", "0"], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 2 and done.stderr.strip().splitlines()[-1].endswith(
+        "error: --rank, --population must be at least 1"), done.stderr
