@@ -70,9 +70,10 @@ def _check_workers_rebuild(config: ESConfig, task: Any) -> None:
     if config.executor != "ray":
         return
     name, options = task_record(task)
-    why = ("its class is defined in the script, which the workers cannot import" if script_class(name) else
-           "constructor values YAML cannot hold: " + ", ".join(f"{k}: {options[k]}" for k in unrecorded_options(options)))
-    if script_class(name) or unrecorded_options(options):
+    missing = unrecorded_options(options)
+    if script_class(name) or missing:
+        why = ("its class is defined in the script, which the workers cannot import" if script_class(name) else
+               "constructor values YAML cannot hold: " + ", ".join(f"{k}: {options[k]}" for k in missing))
         raise ValueError(f"executor 'ray' builds the task on each worker from its task string, which cannot rebuild "
                          f"this task object ({config.task}; {why}): train it with executor 'local', or pass a "
                          "module:Class whose constructor values are plain numbers, text and lists")

@@ -13,6 +13,7 @@ unreadable line with records after it is damage, not a crash, and reading fails 
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
@@ -148,6 +149,10 @@ def lock_held(folder: str | Path) -> bool:
     finally:
         fh.close()  # closing drops a lock taken here
     return False
+
+
+#: errno values of a full disk or quota: a run's writes stop with the resume command (its trainer says which)
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
 def holds_run(folder: str | Path) -> bool:
@@ -317,7 +322,7 @@ def prune_checkpoints(checkpoints: list[tuple[int, Path]], limit: int) -> list[P
     return gone
 
 
-__all__ = ["CHECKPOINTS", "EVAL_KEYS", "HELD_OUT_KEYS", "CorruptLogError", "NonFiniteError", "RunDirBusy",
+__all__ = ["CHECKPOINTS", "DISK_FULL", "EVAL_KEYS", "HELD_OUT_KEYS", "CorruptLogError", "NonFiniteError", "RunDirBusy",
            "RunInterrupted", "RunLock", "TrainResult", "append_jsonl", "check_output_dir", "checkpoint_name",
            "demote_final", "filter_jsonl", "held_out_fields", "holds_run", "list_checkpoints", "lock_held",
            "peak_rss_mb", "prune_checkpoints", "read_jsonl", "replace_dir", "rewrite_jsonl", "write_text_atomic"]

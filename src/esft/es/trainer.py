@@ -21,7 +21,6 @@ executors (`executor: ray`) are built by esft.es.distributed, which `esft.api.tr
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import platform
@@ -42,8 +41,8 @@ from esft.es.executor import Executor, PopulationResult
 from esft.es.fitness import FitnessRule, as_fitness_rule
 from esft.evaluation import load_examples
 from esft.tasks.base import Task, checks_format, format_bonus_warning
-from esft.rundir import (NonFiniteError, RunInterrupted, RunLock, TrainResult, check_output_dir, demote_final,
-                         held_out_fields, holds_run, peak_rss_mb, prune_checkpoints)
+from esft.rundir import (DISK_FULL, NonFiniteError, RunInterrupted, RunLock, TrainResult, check_output_dir,
+                         demote_final, held_out_fields, holds_run, peak_rss_mb, prune_checkpoints)
 from esft.tracking import Tracker, check_backends, open_tracker
 from esft.version import __version__
 
@@ -412,7 +411,7 @@ class ESTrainer:
     def _raise_if_disk_full(self, exc: OSError) -> None:
         """A full disk (or quota) while the run writes: the error says where, what is kept and how to go on
         (a failed checkpoint is removed whole, a torn last log line is dropped on resume)."""
-        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        if exc.errno in DISK_FULL:
             where = f" writing {exc.filename}" if exc.filename else ""
             message = (f"{exc.strerror}{where}: {self.step} iterations are logged in {self.out}; free disk space, "
                        f"then continue with `esft train es --resume {self.out}`")

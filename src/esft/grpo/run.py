@@ -18,7 +18,6 @@ a resume continues from there, not from the last scheduled checkpoint.
 
 from __future__ import annotations
 
-import errno
 import platform
 import shutil
 import warnings
@@ -35,7 +34,7 @@ from esft.grpo.grpo_config import (SCHEDULES_WITHOUT_END, GRPOConfig, resolve_pr
 from esft.grpo.interrupt import StepBoundary
 from esft.grpo.trl_trainer import TRAINER_STATE, EsftGRPOTrainer, TaskReward
 from esft.models import without_transformers_bars
-from esft.rundir import CHECKPOINTS, RunInterrupted, TrainResult, filter_jsonl, read_jsonl
+from esft.rundir import CHECKPOINTS, DISK_FULL, RunInterrupted, TrainResult, filter_jsonl, read_jsonl
 from esft.tasks.base import format_bonus_warning
 from esft.version import __version__
 
@@ -246,7 +245,7 @@ def _train_or_save(trainer: EsftGRPOTrainer, resume_from: Path | None) -> None:
                                     category=FutureWarning)
             trainer.train(resume_from_checkpoint=str(resume_from) if resume_from is not None else None)
     except OSError as exc:
-        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+        if exc.errno not in DISK_FULL:
             raise
         done = list_checkpoints(trainer.run_dir)
         where = f" ({exc.filename})" if exc.filename else ""
