@@ -197,9 +197,11 @@ def _free(model) -> None:
 def kl_stages(base: Any, stages: Sequence[tuple[str, Any]], tasks: Sequence[str], limit: int | None = 50,
               gen_config: Any = None, batch_size: int = 4, task_options: Mapping[str, Mapping] | None = None,
               loader: Callable[..., tuple[Any, Any]] | None = None, dtype: str | None = None,
-              device: str | None = None, progress: bool = False, balanced: bool = False) -> dict[str, Any]:
+              device: str | None = None, progress: bool = False, balanced: bool = False,
+              build: Callable[[str], Any] | None = None) -> dict[str, Any]:
     """Incremental and cumulative KL after every stage, on every task's first `limit` test examples (with
-    `balanced`, a label-balanced subset of `limit`: esft.evaluation.load_examples).
+    `balanced`, a label-balanced subset of `limit`: esft.evaluation.load_examples). `build(name)` makes a task
+    (default: esft.tasks.get_task with `task_options`).
 
     `base`, `stages[i][1]`: model specs for `loader` (default: esft.models.load_model on a path/name).
     Returns {"stages": labels, "tasks": names, "incremental": {task: {stage: summary}}, "cumulative": {...}}.
@@ -209,7 +211,8 @@ def kl_stages(base: Any, stages: Sequence[tuple[str, Any]], tasks: Sequence[str]
 
     load = loader or (lambda spec: _default_loader(spec, dtype, device))
     gen_config = gen_config or GenerationConfig(max_new_tokens=256, temperature=0.0)
-    task_objs = {t: get_task(t, **dict((task_options or {}).get(t, {}))) for t in tasks}
+    build = build or (lambda t: get_task(t, **dict((task_options or {}).get(t, {}))))
+    task_objs = {t: build(t) for t in tasks}
     from esft.evaluation import load_examples
 
     examples = {t: load_examples(task_objs[t], "test", limit, balanced) for t in tasks}
@@ -332,6 +335,9 @@ def report_kl(ctx: ReportContext) -> tuple[list[KLGroup], Path | None] | None:
     if not chains:
         ctx.skip("KL", "no chain with a base model folder and checkpoints")
         return None
+    chains = ctx.evaluable(chains, "KL")
+    if not chains:
+        return None
     tables: dict[tuple[str, str, tuple[str, ...]], list[dict[str, Any]]] = {}
     all_cached = True
     opts = ctx.task_options()
@@ -346,7 +352,7 @@ def report_kl(ctx: ReportContext) -> tuple[list[KLGroup], Path | None] | None:
         def compute(c=c, stages=stages, tasks=tasks, gc_=gc_):
             return kl_stages(c.base, stages, tasks, ctx.config.limit, gc_, ctx.config.kl_batch_size, opts,
                              loader=lambda spec: ctx.load(c.base, Path(spec)), progress=ctx.progress,
-                             balanced=ctx.config.balanced)
+                             balanced=ctx.config.balanced, build=ctx.build_task)
 
         res, cached = ctx.cache.get(f"kl_{slug(c.label)}", params, compute)
         all_cached = all_cached and cached

@@ -20,7 +20,7 @@ import hashlib
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -166,16 +166,17 @@ def set_weights(model: torch.nn.Module, origin: Any, terms: Sequence[tuple[float
 # ---- evaluation ------------------------------------------------------------------------------------------------------
 
 def prepare_tasks(names: Sequence[str], limit: int | None, split: str = "test",
-                  task_options: Mapping[str, Mapping] | None = None, balanced: bool = False
-                  ) -> dict[str, tuple[Any, list]]:
+                  task_options: Mapping[str, Mapping] | None = None, balanced: bool = False,
+                  build: Callable[[str], Any] | None = None) -> dict[str, tuple[Any, list]]:
     """{name: (task, examples)}: the first `limit` examples of `split`, or with `balanced` a label-balanced subset
-    of `limit` (esft.evaluation.load_examples)."""
+    of `limit` (esft.evaluation.load_examples). `build(name)` makes a task (default: esft.tasks.get_task with
+    `task_options`)."""
     from esft.evaluation import load_examples
     from esft.tasks import get_task
 
     out = {}
     for n in names:
-        task = get_task(n, **dict((task_options or {}).get(n, {})))
+        task = build(n) if build is not None else get_task(n, **dict((task_options or {}).get(n, {})))
         out[n] = (task, load_examples(task, split, limit, balanced))
     return out
 
@@ -356,6 +357,9 @@ def _endpoints(ctx: ReportContext) -> tuple[Chain, Chain | None] | None:
     if a.base is None:
         ctx.skip("landscape", f"base model {a.base_spec!r} is not on disk")
         return None
+    ends = [c for c in (a, b) if c is not None]
+    if len(ctx.evaluable(ends, "landscape (Figures 3-5)")) < len(ends):
+        return None
     return a, b
 
 
@@ -380,7 +384,8 @@ class _Endpoints:
         return self.loaded
 
     def prepared(self, names: Sequence[str]) -> dict[str, tuple[Any, list]]:
-        return prepare_tasks(names, self.n, task_options=self.opts, balanced=self.ctx.config.balanced)
+        return prepare_tasks(names, self.n, task_options=self.opts, balanced=self.ctx.config.balanced,
+                             build=self.ctx.build_task)
 
     def figure3(self, out: LandscapeReport) -> None:
         points = self.ctx.config.interpolation_points

@@ -21,7 +21,7 @@ import json
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from esft import paper
 from esft.analysis.drift_runs import RunDrift, drift_notes, family_rows, grpo_family_rows, law_rows, report_drift
@@ -104,8 +104,8 @@ DRIFT_PAPER = paper.DRIFT["matrices"] + "; " + paper.DRIFT["norms"] + "."
 class Report(ReportContext):
     """The report's sections, in order, and report.md / results.json from them."""
 
-    def __init__(self, config: ReportConfig, progress: bool = True):
-        super().__init__(config, progress)
+    def __init__(self, config: ReportConfig, progress: bool = True, tasks: Sequence[Any] = ()):
+        super().__init__(config, progress, tasks)
         self.sections: list[str] = []
         self.timings: dict[str, float] = {}
         self.cost: dict[str, list[tuple[str, bool, float]]] = {}
@@ -347,6 +347,11 @@ class Report(ReportContext):
         self.sections.append("\n".join(s) + "\n")
 
 
-def build_report(config: ReportConfig, progress: bool = True) -> Path:
-    """Write report.md (and JSON, figures) for the runs under config.dir; returns the report's path."""
-    return Report(config, progress).build()
+def build_report(config: ReportConfig, progress: bool = True, tasks: Sequence[Any] = ()) -> Path:
+    """Write report.md (and JSON, figures) for the runs under config.dir; returns the report's path.
+
+    `tasks`: the task objects of runs trained through the Python API whose config.yaml cannot rebuild them (a
+    class of the training script, a value such as a function: esft.tasks.custom.task_record), each the same
+    object (class and values) the run trained; the analyses that evaluate (KL, landscape, functional sparsity)
+    skip a run's chain without it. An object no run recorded is refused."""
+    return Report(config, progress, tasks).build()

@@ -12,7 +12,7 @@ import os
 import re
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from esft.analysis.report_cache import Cache
 from esft.analysis.runs import Chain, Pair, Plan, Run, build_chains, build_pairs, experiment_plan, find_runs
@@ -55,7 +55,7 @@ class ReportContext:
     """The runs under `config.dir` and the report's output folder (`config`: a ReportConfig of
     esft.analysis.report_builder)."""
 
-    def __init__(self, config: Any, progress: bool = True):
+    def __init__(self, config: Any, progress: bool = True, tasks: Sequence[Any] = ()):
         self.config = config
         self.root = Path(config.dir)
         self.out = Path(config.output_dir) if config.output_dir else self.root / "report"
@@ -70,6 +70,9 @@ class ReportContext:
         self.plan: Plan | None = None
         self.left_out: list[tuple[str, str]] = []
         self.tokenizers: dict[str, Any] = {}
+        self.given_tasks = list(tasks)
+        """task objects of the runs, for the analyses that evaluate (`build_task`)"""
+        self.task_objects: dict[str, Any] = {}
 
     def discover(self) -> None:
         """Find the runs under DIR, their sequential chains and ES-GRPO pairs; runs left out (by --exclude, or
@@ -88,6 +91,50 @@ class ReportContext:
                 self.runs.append(r)
         self.chains = build_chains(self.runs, self.root, self.plan)
         self.pairs = build_pairs(self.chains)
+        self.match_tasks()
+
+    def match_tasks(self) -> None:
+        """Pair each given task object with the runs that recorded it (the same task string and options in
+        config.yaml: esft.tasks.custom.task_record), before any model loads; an object no run recorded is refused
+        (it would be evaluated in place of nothing, or a task of other options would be taken for it)."""
+        from esft.tasks.custom import absolute_data_task, instantiate, task_record, unrecorded_options
+
+        recorded = {r.task: dict(r.config.get("task_options") or {}) for r in self.runs if r.task}
+        self.task_objects = {}
+        for obj in self.given_tasks:
+            name, options = task_record(obj)
+            name = absolute_data_task(name)
+            older = recorded.get(name) == {} and unrecorded_options(options)  # an older esft recorded no options
+            if name not in recorded or (recorded[name] != options and not older):
+                runs = "; ".join(f"{t} {o}" for t, o in recorded.items()) or "none"
+                raise ValueError(f"task object {type(obj).__name__} records as {name} {options}, which no run under "
+                                 f"{self.root} trained (their tasks and options: {runs})")
+            self.task_objects[name] = instantiate(obj, name, {})
+
+    def build_task(self, name: str) -> Any:
+        """The task `name` of the runs: the object given for it, else built from its name and the options the
+        runs recorded (esft.tasks.get_task)."""
+        from esft.tasks import get_task
+
+        given = self.task_objects.get(name)
+        return given if given is not None else get_task(name, **self.task_options().get(name, {}))
+
+    def evaluable(self, chains: Sequence[Chain], analysis: str) -> list[Chain]:
+        """The chains whose tasks can be built for an evaluation; each other one is skipped with the reason: a
+        run that trained a task object config.yaml cannot rebuild needs that object (`build_report(tasks=...)`)."""
+        from esft.tasks.custom import script_class, unrecorded_options
+
+        keep = []
+        for c in chains:
+            lost = [t for t in dict.fromkeys(c.tasks) if t not in self.task_objects
+                    and (script_class(t) or unrecorded_options(self.task_options().get(t, {})))]
+            if not lost:
+                keep.append(c)
+                continue
+            self.skip(f"{analysis} ({c.label})", f"task {lost[0]} was a task object that config.yaml cannot rebuild "
+                      "(a class of the training script, or a value such as a function): pass the same object from "
+                      "a script: esft.analysis.report_builder.build_report(config, tasks=[task])")
+        return keep
 
     def log(self, msg: str) -> None:
         if self.progress:

@@ -187,6 +187,9 @@ def report_sparsity(ctx: ReportContext) -> tuple[list[SparsitySweep], Path] | No
     if not todo:
         ctx.skip("functional sparsity", "no run with a base model folder and a final checkpoint")
         return None
+    todo = ctx.evaluable(todo, "functional sparsity")
+    if not todo:
+        return None
     results, sweeps, all_cached, loaded = {}, [], True, []
     targets, limit = ctx.config.sparsity_targets, ctx.config.limit
     for c in todo:
@@ -200,7 +203,8 @@ def report_sparsity(ctx: ReportContext) -> tuple[list[SparsitySweep], Path] | No
             if not loaded:
                 loaded.extend(ctx.load(c.base))
             return sparsity_sweep(loaded[0], loaded[1], c.base, fin, prepare_tasks(tasks, limit, task_options=opts,
-                                                                                balanced=ctx.config.balanced),
+                                                                                balanced=ctx.config.balanced,
+                                                                                build=ctx.build_task),
                                   gc, targets=targets, progress=ctx.progress)
 
         res, cached = ctx.cache.get(f"sparsity_{slug(c.label)}", params, compute)
