@@ -394,3 +394,22 @@ def test_kl_names_the_missing_side_of_each_chain_it_cannot_measure(tmp_path):
     reasons = dict(ctx.unsupported)
     assert reasons["KL (ES boolq seed 42 (es))"] == "base model '/nowhere/model' is not a folder on disk"
     assert reasons["KL (GRPO boolq seed 42 (grpo))"] == "no checkpoint with weights for stage 1 (boolq, run `grpo`)"
+
+
+def test_a_replay_on_another_device_type_is_refused_and_one_of_its_type_matches(experiment, tmp_path, capsys):
+    """`--device` loaded the base with `load_model(..., device)` directly: a CPU run replayed on CUDA would draw
+    CUDA noise and rebuild other weights, silently (esft.es.noise: the generator's device sets the numbers)."""
+    run = experiment / "es"
+    assert main(["analyze", "drift", "--run", str(run), "--device", "cuda", "--output-dir", str(tmp_path / "g")]) == 2
+    err = capsys.readouterr().err
+    assert "drew its noise on cpu; a replay on cuda would draw other numbers" in err
+    assert main(["analyze", "drift", "--run", str(run), "--device", "cpu", "--output-dir", str(tmp_path / "c")]) == 0
+    assert main(["analyze", "drift", "--run", str(run), "--output-dir", str(tmp_path / "n")]) == 0
+    assert (tmp_path / "c" / "series.jsonl").read_text() == (tmp_path / "n" / "series.jsonl").read_text()
+
+
+def test_the_report_replays_an_es_run_on_its_own_device_type(experiment, tmp_path):
+    """`esft report --device cuda` (for its evaluations) replayed a CPU run's seed log on CUDA."""
+    cfg = ReportConfig(dir=str(experiment), output_dir=str(tmp_path / "r"), analyses=["drift"], device="cuda")
+    text = build_report(cfg, progress=False).read_text()
+    assert "Failed" not in text and "## Drift" in text

@@ -160,10 +160,10 @@ def run_drift(cfg: DriftConfig) -> dict[str, Any]:
         n = n if n is not None else conf.get("population_size")
         if (src / "seeds.jsonl").exists():
             model = None
-            if cfg.device:
-                from esft.models import load_model
+            if cfg.device:  # the run's dtype, and noise of its device type (esft.es.replay.load_base)
+                from esft.es.replay import load_base
 
-                model, _ = load_model(conf["model"], dtype=conf.get("dtype"), device=cfg.device)
+                model, _ = load_base(src, device=cfg.device)
             series = D.es_series(src, model=model, progress=True)
             series.write(out / "series.jsonl")
         elif (src / "drift.jsonl").exists():

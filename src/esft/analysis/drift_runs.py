@@ -60,10 +60,10 @@ def _replayed(ctx: ReportContext, r: Run, name: str) -> tuple[D.DriftSeries, boo
         return D.read_series(cache_path), True
     ctx.log(f"replaying {name} (one noise regeneration per member per step)")
     model = None
-    if ctx.config.device:
-        from esft.models import load_model
+    if ctx.config.device:  # the run's dtype, and noise of its device type (esft.es.replay.load_base)
+        from esft.es.replay import load_base
 
-        model, _ = load_model(r.model, dtype=r.config.get("dtype"), device=ctx.config.device)
+        model, _ = load_base(r.path, device=ctx.config.device, other_type="recorded")
     series = D.es_series(r.path, model=model, progress=ctx.progress)
     meta.unlink(missing_ok=True)  # the series is valid only once its key is written after it (Ctrl-C mid-write)
     series.write(cache_path)

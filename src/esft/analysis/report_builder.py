@@ -74,7 +74,8 @@ class ReportConfig:
     eps: float = paper.SPARSITY_EPS
     """sparsity threshold of Table 4"""
     device: str | None = None
-    """device for evaluation and replay (None: CUDA if available)"""
+    """device for evaluation (None: CUDA if available) and for an ES run's replay where it is of the run's device
+    type (CPU and CUDA noise differ: a run is replayed on its own device type)"""
     dtype: str = "auto"
     """model dtype for evaluation (auto: fp32 on CPU, bf16 on GPU)"""
     recompute: bool = False

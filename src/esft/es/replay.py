@@ -35,13 +35,21 @@ class ReplayState:
     """the seeds.jsonl line of the last applied update (None at step 0)"""
 
 
-def load_base(run_dir: str | Path) -> tuple[Any, Any]:
-    """The run's base model and tokenizer, loaded with the run's dtype and device (needs esft.models)."""
+def load_base(run_dir: str | Path, device: str | None = None, other_type: str = "refuse") -> tuple[Any, Any]:
+    """The run's base model and tokenizer, loaded with the run's dtype and device (needs esft.models). `device`
+    (e.g. "cuda:1") picks one of the run's device type; another type, whose noise differs, is refused, or with
+    `other_type="recorded"` left for the run's own device."""
     from esft.models import load_model
 
     config, info = read_run_config(run_dir)
-    dtype, device = base_placement(config, info)
-    return load_model(config.model, dtype=dtype, device=device)
+    dtype, recorded = base_placement(config, info)
+    if device is not None and recorded is not None and torch.device(device).type != torch.device(recorded).type:
+        if other_type == "recorded":
+            return load_model(config.model, dtype=dtype, device=recorded)
+        raise ValueError(f"{run_dir} drew its noise on {torch.device(recorded).type}; a replay on {device} would draw "
+                         f"other numbers (CPU and CUDA generators differ) and rebuild other weights: replay it on "
+                         f"{torch.device(recorded).type} (leave the device unset)")
+    return load_model(config.model, dtype=dtype, device=device or recorded)
 
 
 def base_placement(config: ESConfig, info: dict[str, Any]) -> tuple[str | None, str | None]:
