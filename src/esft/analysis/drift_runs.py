@@ -126,8 +126,8 @@ def report_drift(ctx: ReportContext) -> tuple[list[RunDrift], list[tuple[str, D.
         results[name]["tensors"] = res["tensors"]
         out.append(RunDrift(name, r, res, gs))
         out[-1].figures = _figures(ctx, name, series, res, gs, float(alpha), int(n), cached)
-    grpo_only = [(ctx.rel_run(g), grpo_series[g.path]) for g in grpo_runs
-                 if g.path in grpo_series and g.path not in partner.values() and not es_runs]
+    # without ES runs there is nothing to pair with: every GRPO run's drift stands alone
+    grpo_only = [(ctx.rel_run(g), grpo_series[g.path]) for g in grpo_runs if g.path in grpo_series and not es_runs]
     ctx.results["drift"] = results
     return out, grpo_only
 
