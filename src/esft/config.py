@@ -84,6 +84,16 @@ class RunConfig:
     def replace(self, **changes: Any):
         return dataclasses.replace(self, **changes)  # type: ignore[type-var]
 
+    def stored_value(self, name: str, value: Any) -> Any:
+        """`value` for field `name` as this config stores it (a mapping given as YAML text parsed, "fast"
+        generation options spelt out, a data file's path made absolute), so that a flag a resume repeats unchanged
+        compares equal to what config.yaml recorded; `value` itself where the config refuses it (then the caller
+        sees a change and names it)."""
+        try:
+            return getattr(self.replace(**{name: value}), name)
+        except (ValueError, TypeError):
+            return value
+
 
 def parse_mapping(name: str, value: Any) -> dict[str, Any]:
     """A mapping field's value: a dict, or its YAML / JSON text from a command line (`{replay_fraction: 0.2}`);

@@ -317,7 +317,7 @@ def resume_config(run_dir: str | Path, overrides: dict[str, Any] | None = None) 
         overrides["task"] = absolute_data_task(overrides["task"])
     # "auto" on a resume means the dtype the run recorded (the trainer adopts it), not a change
     changes = {k: v for k, v in overrides.items()
-               if getattr(config, k) != v and not (k == "rollout_dtype" and v == "auto")}
+               if getattr(config, k) != config.stored_value(k, v) and not (k == "rollout_dtype" and v == "auto")}
     bad = sorted(set(changes) - RESUMABLE_CHANGES)
     if bad:
         raise ValueError(f"cannot change {bad} when resuming {run_dir}")

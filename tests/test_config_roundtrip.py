@@ -1,0 +1,63 @@
+"""Config values given as flags, YAML text and Python values must give the same config; a resume that repeats a
+run's own flags must accept them. Run: `pytest tests/test_config_roundtrip.py -q`."""
+
+from __future__ import annotations
+
+import pytest
+
+from esft.cli import _explicit, build_parser
+from esft.config import build_config
+
+
+def _train_args(*argv: str):
+    return build_parser("train").parse_args(["train", *argv])
+
+
+@pytest.mark.parametrize("flags", [
+    ["--generation-options", "fast"],
+    ["--generation-options", "{share_prefix: true, prefill_buckets: 4}"],
+    ["--task-options", "{numbers: 2, ops: '+*'}"],
+    ["--fitness-rule", "dart", "--fitness-options", "{replay_fraction: 0.5}"],
+])
+def test_es_resume_accepts_the_runs_own_mapping_flags(tmp_path, flags):
+    """`esft train es --resume RUN` with a flag the run was started with, unchanged, is accepted (as for
+    --sigma): a mapping flag arrives as YAML text (or "fast") and was compared, as text, with the parsed mapping
+    config.yaml holds, so the resume was refused with "cannot change ['generation_options']"."""
+    from esft.es.es_config import PRESETS, ESConfig, resume_config, save_yaml
+
+    run = str(tmp_path / "run")
+    started = build_config(ESConfig, PRESETS, None, None,
+                           _explicit(_train_args("es", "--output-dir", run, "--task", "countdown", *flags), ESConfig))
+    (tmp_path / "run").mkdir()
+    save_yaml(started, tmp_path / "run" / "config.yaml")
+    again = _explicit(_train_args("es", "--resume", run, "--task", "countdown", "--iterations", "200", *flags),
+                      ESConfig)
+    config = resume_config(run, again)
+    assert config.iterations == 200 and config.resume
+    assert config.replace(iterations=started.iterations, resume=False) == started
+    with pytest.raises(ValueError, match="cannot change"):  # a different value is still a change
+        resume_config(run, {**again, "generation_options": "{lean: true}"})
+
+
+@pytest.mark.parametrize("flags", [
+    ["--task-options", "{numbers: 2}"],
+    ["--trl-args", "{warmup_ratio: 0.1}"],
+])
+def test_grpo_resume_accepts_the_runs_own_mapping_flags(tmp_path, flags):
+    """`esft train grpo --resume --output-dir RUN` repeating the run's --task-options / --trl-args unchanged is
+    accepted (GRPO's resume_config promises it); the YAML text was compared with the recorded mapping."""
+    from esft.grpo.grpo_config import PRESETS, GRPOConfig, resume_config
+    from esft.grpo.run import _write_config
+
+    run = str(tmp_path / "run")
+    started = build_config(GRPOConfig, PRESETS, None, None,
+                           _explicit(_train_args("grpo", "--output-dir", run, "--task", "countdown", *flags),
+                                     GRPOConfig))
+    (tmp_path / "run").mkdir()
+    _write_config(started, tmp_path / "run" / "config.yaml", {"algorithm": "grpo"})
+    again = _explicit(_train_args("grpo", "--resume", "--output-dir", run, "--task", "countdown", *flags),
+                      GRPOConfig)
+    assert resume_config(run, again).replace(resume=False) == started
+    with pytest.raises(ValueError, match="cannot change"):
+        resume_config(run, {**again, flags[0][2:].replace("-", "_"): "{other: 1}"})
+
