@@ -61,3 +61,36 @@ def test_grpo_resume_accepts_the_runs_own_mapping_flags(tmp_path, flags):
     with pytest.raises(ValueError, match="cannot change"):
         resume_config(run, {**again, flags[0][2:].replace("-", "_"): "{other: 1}"})
 
+
+@pytest.mark.parametrize("text, value", [
+    ("{replay_fraction: 1e-3}", {"replay_fraction": 0.001}),
+    ("{format_coef: 5E-2, ema_decay: 5e-1}", {"format_coef": 0.05, "ema_decay": 0.5}),
+    ("{cooldown: '3', weight_floor: '1.5'}", {"cooldown": 3, "weight_floor": 1.5}),
+])
+def test_dart_options_in_exponent_form_are_numbers(tmp_path, text, value):
+    """YAML 1.1 (PyYAML) reads `1e-3` as text; `sigma: 1e-3` was accepted (top-level fields are converted by
+    their type) but `--fitness-options '{replay_fraction: 1e-3}'` and the same line in a --config file were
+    refused ("replay_fraction = '1e-3' is not accepted"). The text is read as a number of the option's type, and
+    config.yaml records the number."""
+    from esft.es.es_config import PRESETS, ESConfig, read_run_config, save_yaml
+
+    flags = _explicit(_train_args("es", "--fitness", "dart", "--fitness-options", text), ESConfig)
+    from_flags = build_config(ESConfig, PRESETS, None, None, flags)
+    assert from_flags.fitness_options == value
+    assert all(type(from_flags.fitness_options[k]) is type(v) for k, v in value.items())
+    file = tmp_path / "run.yaml"
+    file.write_text(f"fitness_rule: dart\nfitness_options: {text}\n")
+    assert build_config(ESConfig, PRESETS, None, str(file), {}) == from_flags
+    save_yaml(from_flags, tmp_path / "config.yaml")
+    assert read_run_config(tmp_path)[0] == from_flags
+
+
+def test_dart_options_text_that_is_no_number_is_still_refused():
+    from esft.config import ConfigError
+    from esft.es.es_config import ESConfig
+
+    for options in ({"cooldown": "1.5"}, {"replay_fraction": "lots"}, {"ema_decay": "nan"}):
+        with pytest.raises(ConfigError, match=next(iter(options))):
+            ESConfig(fitness_rule="dart", fitness_options=options)
+
+

@@ -177,9 +177,12 @@ def check_combinations(config: ESConfig) -> None:
     from esft.es.dart import DartOptions
 
     try:
-        coef = DartOptions.from_dict(config.fitness_options).format_coef
+        options = DartOptions.from_dict(config.fitness_options)
     except (ValueError, TypeError) as exc:
         raise ConfigError("fitness_options", config.fitness_options, f"options DART-ES accepts ({exc})") from None
+    # as DART-ES reads them (`1e-3` given as text is a number), so config.yaml records the numbers
+    config.fitness_options = {k: getattr(options, k) for k in config.fitness_options}
+    coef = options.format_coef
     if config.format_bonus and config.format_bonus != coef:  # as esft.es.dart.make_dart
         raise ConfigError("format_bonus", config.format_bonus, f"0 or {coef} with fitness rule 'dart' (DART-ES has "
                           f"its own format coefficient: set fitness_options {{format_coef: {config.format_bonus}}} "
