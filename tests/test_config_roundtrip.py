@@ -94,3 +94,26 @@ def test_dart_options_text_that_is_no_number_is_still_refused():
             ESConfig(fitness_rule="dart", fitness_options=options)
 
 
+@pytest.mark.parametrize("options, field, value", [
+    ({"ask_format": "false"}, "ask_format", False),
+    ({"ask_format": "no", "numbers": 2}, "ask_format", False),
+    ({"hf_dataset": "none"}, "hf_dataset", None),
+])
+def test_task_options_given_as_text_are_read_by_the_options_type(options, field, value):
+    """Task options given as text (a quoted YAML value in task_options, an experiment spec) are converted by the
+    option's type, as `countdown:ask_format=false` in the name is: `{ask_format: "false"}` reached the task as the
+    text "false", which is true, and the task showed the worked puzzle the user turned off."""
+    from esft.tasks import get_task
+
+    task = get_task("countdown", **options)
+    assert getattr(task, field) == value and type(getattr(task, field)) is type(value)
+    named = get_task("countdown:" + ",".join(f"{k}={v}" for k, v in options.items()))
+    assert named == task
+
+
+def test_task_option_text_of_a_wrong_type_is_refused():
+    from esft.tasks import get_task
+
+    with pytest.raises(ValueError, match="ask_format"):
+        get_task("countdown", ask_format="maybe")
+
