@@ -3,10 +3,12 @@ run's own flags must accept them. Run: `pytest tests/test_config_roundtrip.py -q
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from esft.cli import _explicit, build_parser
-from esft.config import build_config
+from esft.config import build_config, converter
 
 
 def _train_args(*argv: str):
@@ -117,3 +119,28 @@ def test_task_option_text_of_a_wrong_type_is_refused():
     with pytest.raises(ValueError, match="ask_format"):
         get_task("countdown", ask_format="maybe")
 
+
+@pytest.mark.parametrize("text, items", [
+    (r"layers\.[0-9]{1,2}\.mlp", [r"layers\.[0-9]{1,2}\.mlp"]),
+    (r"norm,layers\.[0-9]{1,2}\.", ["norm", r"layers\.[0-9]{1,2}\."]),
+    (r"(q|k)_proj,[,;]x", ["(q|k)_proj", "[,;]x"]),
+    (r"a\,b,c", [r"a\,b", "c"]),
+])
+def test_regex_list_flags_keep_commas_inside_a_pattern(text, items):
+    """`--include` / `--exclude` take a comma list of regexes; a comma inside a quantifier `{1,2}`, a class `[...]`
+    or a group, or after a backslash, belongs to the pattern: `--exclude 'layers\\.[0-9]{1,2}\\.'` was split into
+    'layers\\.[0-9]{1' and '2}\\.', which compile (as literals) and match nothing, so the layers were perturbed."""
+    from esft.es.es_config import PRESETS, ESConfig
+
+    assert converter(list[str])(text) == items
+    flags = _explicit(_train_args("es", "--exclude", text), ESConfig)
+    assert build_config(ESConfig, PRESETS, None, None, flags).exclude == items
+
+
+def test_plain_comma_lists_split_as_before():
+    rng = random.Random(0)
+    words = ["boolq", "countdown:numbers=2", "ops=+*", "runs/a", "x.jsonl:reward=math", "es", "grpo"]
+    for _ in range(200):
+        chosen = rng.sample(words, rng.randint(1, 5))
+        assert converter(list[str])(",".join(chosen)) == chosen
+    assert converter(list[str])("norm, mlp,") == ["norm", "mlp"]
