@@ -84,6 +84,16 @@ class RunConfig:
     def replace(self, **changes: Any):
         return dataclasses.replace(self, **changes)  # type: ignore[type-var]
 
+    def stored_value(self, name: str, value: Any) -> Any:
+        """`value` for field `name` as this config stores it (a mapping given as YAML text parsed, "fast"
+        generation options spelt out, a data file's path made absolute), so that a flag a resume repeats unchanged
+        compares equal to what config.yaml recorded; `value` itself where the config refuses it (then the caller
+        sees a change and names it)."""
+        try:
+            return getattr(self.replace(**{name: value}), name)
+        except (ValueError, TypeError):
+            return value
+
 
 def parse_mapping(name: str, value: Any) -> dict[str, Any]:
     """A mapping field's value: a dict, or its YAML / JSON text from a command line (`{replay_fraction: 0.2}`);
@@ -263,9 +273,34 @@ def _none_or(conv):
     return parse
 
 
+def split_items(text: str) -> list[str]:
+    """The items of a comma list, stripped, empty ones dropped. A comma inside (), [] or {}, or after a backslash,
+    is part of its item: list flags take regular expressions (`--exclude 'layers\\.[0-9]{1,2}\\.'`)."""
+    items, current, depth, escaped = [], "", 0, False
+    opened = -1  # where the character class being read began (-1: none); it holds any bracket, up to its `]`
+    for ch in text:
+        if escaped:
+            escaped = False
+        elif ch == "\\":
+            escaped = True
+        elif opened >= 0:  # a `]` right after `[` or `[^` is a character of the class
+            opened = -1 if ch == "]" and current[opened + 1:] not in ("", "^") else opened
+        elif ch == "[":
+            opened = len(current)
+        elif ch in "({":
+            depth += 1
+        elif ch in ")}":
+            depth = max(depth - 1, 0)
+        elif ch == "," and not depth:
+            items, current = items + [current], ""
+            continue
+        current += ch
+    return [x.strip() for x in items + [current] if x.strip()]
+
+
 def _list_of(conv):
     def parse(text: str):
-        return [conv(x.strip()) for x in text.split(",") if x.strip()]
+        return [conv(x) for x in split_items(text)]
     parse.__name__ = "list"
     return parse
 

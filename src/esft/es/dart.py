@@ -88,7 +88,18 @@ class DartOptions:
         unknown = sorted(set(options) - names)
         if unknown:
             raise ValueError(f"unknown DART-ES options {unknown}; known: {sorted(names)}")
-        return cls(**options)
+        return cls(**{k: _number(v, _OPTION_RANGES[k][0]) if k in _OPTION_RANGES else v for k, v in options.items()})
+
+
+def _number(value: Any, kind: type) -> Any:
+    """Text read as a number of the option's type (YAML 1.1 reads `1e-3` as text, and a quoted number is text);
+    other text unchanged, for the range check to refuse."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return kind(value.strip())
+    except ValueError:
+        return value
 
 
 def _finite(v: float) -> bool:

@@ -177,9 +177,12 @@ def check_combinations(config: ESConfig) -> None:
     from esft.es.dart import DartOptions
 
     try:
-        coef = DartOptions.from_dict(config.fitness_options).format_coef
+        options = DartOptions.from_dict(config.fitness_options)
     except (ValueError, TypeError) as exc:
         raise ConfigError("fitness_options", config.fitness_options, f"options DART-ES accepts ({exc})") from None
+    # as DART-ES reads them (`1e-3` given as text is a number), so config.yaml records the numbers
+    config.fitness_options = {k: getattr(options, k) for k in config.fitness_options}
+    coef = options.format_coef
     if config.format_bonus and config.format_bonus != coef:  # as esft.es.dart.make_dart
         raise ConfigError("format_bonus", config.format_bonus, f"0 or {coef} with fitness rule 'dart' (DART-ES has "
                           f"its own format coefficient: set fitness_options {{format_coef: {config.format_bonus}}} "
@@ -317,7 +320,7 @@ def resume_config(run_dir: str | Path, overrides: dict[str, Any] | None = None) 
         overrides["task"] = absolute_data_task(overrides["task"])
     # "auto" on a resume means the dtype the run recorded (the trainer adopts it), not a change
     changes = {k: v for k, v in overrides.items()
-               if getattr(config, k) != v and not (k == "rollout_dtype" and v == "auto")}
+               if getattr(config, k) != config.stored_value(k, v) and not (k == "rollout_dtype" and v == "auto")}
     bad = sorted(set(changes) - RESUMABLE_CHANGES)
     if bad:
         raise ValueError(f"cannot change {bad} when resuming {run_dir}")

@@ -290,7 +290,7 @@ def resume_config(run_dir: str, overrides: dict[str, Any] | None = None) -> GRPO
     overrides = {k: v for k, v in (overrides or {}).items() if k not in ("resume", "output_dir")}
     if "task" in overrides:  # as config.yaml recorded it (a data file's absolute path)
         overrides["task"] = absolute_data_task(overrides["task"])
-    changes = {k: v for k, v in overrides.items() if getattr(config, k) != v}
+    changes = {k: v for k, v in overrides.items() if getattr(config, k) != config.stored_value(k, v)}
     allowed = resumable_changes(config)
     bad = sorted(set(changes) - allowed)
     if bad:

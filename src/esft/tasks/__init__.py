@@ -137,6 +137,12 @@ def get_task(name: str, **options) -> Task:
     clash = sorted(set(named) & set(options))
     if clash:
         raise ValueError(f"task {name!r}: option {clash[0]!r} is set in the name and as an option")
+    # text given as an option (a quoted YAML value) is read as the same text in the name would be: "false" is
+    # no true value
+    settable = {f.name for f in dataclasses.fields(cls) if f.init and f.name not in _FIXED_FIELDS}
+    text = {k: v for k, v in options.items() if isinstance(v, str) and k in settable}
+    if text:
+        options = {**options, **_convert_options(cls, name, text)}
     if base not in _REGISTRY:  # an installed dataclass task: also wrapped when it is not a Task subclass
         return instantiate(cls, name, {**named, **options})
     try:
