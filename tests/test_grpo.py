@@ -556,3 +556,25 @@ def test_a_run_shows_no_deprecation_warning_of_the_checkpointing_switch(tmp_path
         train_grpo(config, model=make_tiny_model(), tokenizer=tokenizer, task=ParityTask(), progress=False)
     deprecated = [str(w.message) for w in caught if "checkpointing" in str(w.message)]
     assert deprecated == []
+
+
+def test_trl_args_given_as_text_reach_trl_as_numbers(tmp_path, monkeypatch):
+    """`--trl-args '{adam_epsilon: 1e-8}'` (YAML 1.1 reads 1e-8 as text): TRL kept the text and torch's AdamW
+    refused it ("'<=' not supported between 'float' and 'str'") once the model had loaded."""
+    import esft.models
+    from esft.config import ConfigError
+
+    config = GRPOConfig(trl_args="{adam_epsilon: 1e-8, adam_beta2: '0.99', top_k: '5', "
+                                 "gradient_checkpointing_kwargs: {use_reentrant: false}}")
+    assert config.trl_args["adam_epsilon"] == "1e-8"  # as YAML read it
+    trl = to_trl_config(config, str(tmp_path), "fp32")
+    assert (trl.adam_epsilon, trl.adam_beta2, trl.top_k) == (1e-8, 0.99, 5)
+    assert type(trl.adam_epsilon) is float and type(trl.top_k) is int
+    assert trl.gradient_checkpointing_kwargs == {"use_reentrant": False}
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model was loaded before trl_args were checked")
+
+    monkeypatch.setattr(esft.models, "load_model", refuse)
+    with pytest.raises(ConfigError, match=r"top_k: an integer \(TRL's GRPOConfig\), not '1.5'"):
+        train_grpo(tiny_config(tmp_path / "frac", trl_args={"top_k": "1.5"}), task=ParityTask(), progress=False)

@@ -8,8 +8,10 @@ Options TRL has and esft does not surface (e.g. `use_vllm`) go through `trl_args
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import functools
+import types
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -405,7 +407,33 @@ def to_trl_config(config: GRPOConfig, trl_output_dir: str, precision: str, progr
     unknown = sorted(set(config.trl_args) - {f.name for f in dc.fields(TRLGRPOConfig)})
     if unknown:
         raise ConfigError("trl_args", config.trl_args, f"options of TRL's GRPOConfig ({unknown} are not)")
-    if config.trl_args.get("use_vllm") and not is_vllm_available():
+    args = trl_arguments(config, trl_output_dir, precision, progress)
+    args.update(_typed_trl_args(config, TRLGRPOConfig))
+    if args.get("use_vllm") and not is_vllm_available():
         raise ConfigError("trl_args", config.trl_args, "use_vllm only where vLLM is installed: pip install "
                           "'esft[vllm]'")
-    return TRLGRPOConfig(**trl_arguments(config, trl_output_dir, precision, progress))
+    return TRLGRPOConfig(**args)
+
+
+_KINDS = {int: "an integer", float: "a number", bool: "true or false"}
+
+
+def _typed_trl_args(config: GRPOConfig, trl_class: type) -> dict[str, Any]:
+    """The trl_args given as text for a number or boolean option of TRL's GRPOConfig, as that type: YAML 1.1 reads
+    `adam_epsilon: 1e-8` as text, which TRL keeps and torch's optimizer refuses only after the model has loaded."""
+    import typing
+
+    from esft.config import converter
+
+    hints = typing.get_type_hints(trl_class)
+    out = {}
+    for key, value in config.trl_args.items():
+        kind = typing.get_args(hints[key]) if typing.get_origin(hints[key]) in (typing.Union, types.UnionType) else ()
+        inner = next((t for t in kind if t is not type(None)), None) if kind else hints[key]
+        if isinstance(value, str) and inner in (int, float, bool):
+            try:
+                out[key] = converter(hints[key])(value)
+            except (ValueError, argparse.ArgumentTypeError):
+                raise ConfigError("trl_args", config.trl_args, f"{key}: {_KINDS[inner]} (TRL's GRPOConfig), "
+                                  f"not {value!r}") from None
+    return out
