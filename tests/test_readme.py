@@ -119,3 +119,40 @@ def test_relative_links_in_readme_and_docs_resolve():
                 if anchor not in {_slug(h) for h in headings}:
                     broken.append(f"{page.relative_to(ROOT)}: {target} (no such heading)")
     assert not broken, broken
+
+
+
+def esft_imports_missing(source: str) -> list[str]:
+    """`from esft... import name` statements of a script (at any depth) whose module or name esft lacks."""
+    import ast
+    import importlib
+    import importlib.util
+
+    missing = []
+    for node in ast.walk(ast.parse(source)):
+        if not (isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "esft"):
+            continue
+        try:
+            module = importlib.import_module(node.module)
+        except ModuleNotFoundError:
+            missing.append(f"line {node.lineno}: no module {node.module}")
+            continue
+        for alias in node.names:
+            if not hasattr(module, alias.name) and importlib.util.find_spec(f"{node.module}.{alias.name}") is None:
+                missing.append(f"line {node.lineno}: {node.module} has no {alias.name}")
+    return missing
+
+
+def test_import_checker_finds_a_moved_module():
+    assert esft_imports_missing("def run():\n    from esft.es.config import preset\n") == [
+        "line 2: no module esft.es.config"]
+    assert esft_imports_missing("from esft.es import runlog, es_config\nfrom esft.rundir import read_jsonl\n") == [
+        "line 1: esft.es has no runlog"]
+
+
+def test_scripts_import_only_what_esft_has():
+    """The scripts the docs tell users to run (scripts/*.py) import esft's modules inside their functions, where
+    no import error shows until a run reaches them: a module that moved must fail here instead."""
+    bad = [f"{script.relative_to(ROOT)} {m}" for script in sorted((ROOT / "scripts").glob("*.py"))
+           for m in esft_imports_missing(script.read_text())]
+    assert not bad, "\n".join(bad)
