@@ -23,9 +23,10 @@ from pathlib import Path
 def run(layout: str, args: argparse.Namespace, out: Path) -> dict:
     import torch
 
-    from esft.es import runlog
-    from esft.es.config import preset
-    from esft.es.trainer import ESTrainer
+    from esft.api import es_trainer
+    from esft.es.es_config import preset
+    from esft.es.es_rundir import read_seed_log
+    from esft.rundir import read_jsonl
 
     torch.set_num_threads(args.local_threads)
     extra = {}
@@ -36,13 +37,14 @@ def run(layout: str, args: argparse.Namespace, out: Path) -> dict:
                  max_new_tokens=args.new_tokens, eval_every=0, checkpoint_every=0, output_dir=str(out / layout),
                  **extra)
     t0 = time.perf_counter()
-    trainer = ESTrainer(cfg, progress=False)
+    # es_trainer builds the Ray executor the config asks for (ESTrainer alone refuses executor "ray")
+    trainer = es_trainer(cfg, progress=False)
     trainer.train()
     wall = time.perf_counter() - t0
-    train = [m for m in runlog.read_jsonl(out / layout / "metrics.jsonl") if m.get("kind") == "train"]
+    train = [m for m in read_jsonl(out / layout / "metrics.jsonl") if m.get("kind") == "train"]
     per_it = [m["time"]["total"] for m in train]
     tokens = sum(m["tokens_generated"] for m in train)
-    norms = [round(r["update_norm"], 6) for r in runlog.read_seed_log(out / layout)]  # 0 = no fitness spread
+    norms = [round(r["update_norm"], 6) for r in read_seed_log(out / layout)]  # 0 = no fitness spread
     return {"layout": layout, "wall_s": round(wall, 1), "s_per_iteration": [round(x, 1) for x in per_it],
             "generated_tokens_per_s": round(tokens / sum(per_it), 1), "update_norms": norms,
             "masters": {k: v.clone() for k, v in trainer.weights.iter_masters()}}

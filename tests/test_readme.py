@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from pathlib import Path
 
@@ -119,3 +120,135 @@ def test_relative_links_in_readme_and_docs_resolve():
                 if anchor not in {_slug(h) for h in headings}:
                     broken.append(f"{page.relative_to(ROOT)}: {target} (no such heading)")
     assert not broken, broken
+
+
+# ---- commands shown in the docs are commands esft has --------------------------------------------------------------
+DOC_PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def _code_spans(text: str) -> list[str]:
+    """Each line of a fenced block (continuation lines joined, `#` comments cut) and each inline code span."""
+    spans = []
+    for block in re.findall(r"```[\w-]*\n(.*?)```", text, flags=re.S):
+        spans += [line.split(" #")[0] for line in block.replace("\\\n", " ").splitlines()]
+    prose = re.sub(r"```.*?```", "", text, flags=re.S)
+    # an inline span may wrap onto the next line, never across a paragraph
+    spans += [s.replace("\n", " ") for s in re.findall(r"`([^`]+)`", prose) if "\n\n" not in s]
+    return spans
+
+
+def esft_commands(text: str) -> list[list[str]]:
+    """The words after `esft` of every command the page shows (one list per command; `&&` and `;` end one)."""
+    commands = []
+    for span in _code_spans(text):
+        for part in re.split(r"&&|;", span):
+            found = re.search(r"(?:^|\s)esft ((?:-|[a-z]).*)", part)
+            if found:
+                commands.append(found.group(1).split())
+    return commands
+
+
+def _sub_parsers(parser) -> dict:
+    import argparse
+
+    return next((a.choices for a in parser._actions if isinstance(a, argparse._SubParsersAction)), {})
+
+
+@functools.cache
+def _esft_parser():
+    from esft.cli import build_parser
+
+    return build_parser()
+
+
+def command_parsers(words: list[str]) -> list:
+    """The parsers of the sub-command the words name (`train es|grpo` names two), the top-level one for none."""
+    parsers = [_esft_parser()]
+    for word in words:
+        if word.startswith("-") and parsers[0].prog == "esft":
+            continue  # a top-level option (--debug) before the sub-command
+        choices = _sub_parsers(parsers[0])
+        alternatives = word.split("|")
+        if not choices or not all(a in choices for a in alternatives):
+            break
+        parsers = [choices[a] for a in alternatives]
+    return parsers
+
+
+def unknown_flags(text: str) -> list[str]:
+    bad = []
+    for words in esft_commands(text):
+        parsers = command_parsers(words)
+        for flag in re.findall(r"(?<![\w-])--[a-z][\w-]*", " ".join(words)):
+            if flag in ("--debug", "--help"):  # accepted after any sub-command (esft.cli.main)
+                continue
+            for parser in parsers:
+                if flag not in {s for action in parser._actions for s in action.option_strings}:
+                    bad.append(f"`{parser.prog}` has no {flag}: esft {' '.join(words)}")
+    return bad
+
+
+def test_flag_checker_finds_a_flag_of_another_command():
+    assert esft_commands("run `esft train es|grpo --resume` or\n\n```bash\nesft bench --json  # one object\n```") == [
+        ["bench", "--json"], ["train", "es|grpo", "--resume"]]
+    assert unknown_flags("`esft train es|grpo --resume --output-dir RUN`") == []
+    assert unknown_flags("`esft train grpo --checkpoint-every 5`") == [
+        "`esft train grpo` has no --checkpoint-every: esft train grpo --checkpoint-every 5"]
+    assert unknown_flags("```bash\nesft bench \\\n    --iterations 2\n```") == [
+        "`esft bench` has no --iterations: esft bench --iterations 2"]
+
+
+def test_every_flag_in_the_docs_is_an_option_of_its_command():
+    """Every `--flag` of an `esft ...` command in README.md and docs/*.md (code blocks and inline code) is an option
+    of the sub-command it follows: a renamed or removed option, or one put on the wrong command, fails here."""
+    bad = [f"{page.relative_to(ROOT)}: {b}" for page in DOC_PAGES for b in unknown_flags(page.read_text())]
+    assert not bad, "\n".join(bad)
+
+
+def test_every_sub_command_in_the_docs_exists():
+    """`esft WORD` in the docs names a sub-command (and `esft train`/`analyze`/`experiment` WORD one of theirs)."""
+    bad = []
+    for page in DOC_PAGES:
+        for words in esft_commands(page.read_text()):
+            parser = command_parsers(words)[0]
+            rest = [w for w in words[len(parser.prog.split()) - 1:] if not w.startswith("-") and w != "..."]
+            if _sub_parsers(parser) and rest:
+                bad.append(f"{page.relative_to(ROOT)}: `{parser.prog}` has no sub-command {rest[0]!r}: "
+                           f"esft {' '.join(words)}")
+    assert not bad, "\n".join(bad)
+
+
+def esft_imports_missing(source: str) -> list[str]:
+    """`from esft... import name` statements of a script (at any depth) whose module or name esft lacks."""
+    import ast
+    import importlib
+    import importlib.util
+
+    missing = []
+    for node in ast.walk(ast.parse(source)):
+        if not (isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "esft"):
+            continue
+        try:
+            module = importlib.import_module(node.module)
+        except ModuleNotFoundError:
+            missing.append(f"line {node.lineno}: no module {node.module}")
+            continue
+        for alias in node.names:
+            if not hasattr(module, alias.name) and importlib.util.find_spec(f"{node.module}.{alias.name}") is None:
+                missing.append(f"line {node.lineno}: {node.module} has no {alias.name}")
+    return missing
+
+
+def test_import_checker_finds_a_moved_module():
+    assert esft_imports_missing("def run():\n    from esft.es.config import preset\n") == [
+        "line 2: no module esft.es.config"]
+    assert esft_imports_missing("from esft.es import runlog, es_config\nfrom esft.rundir import read_jsonl\n") == [
+        "line 1: esft.es has no runlog"]
+
+
+def test_scripts_import_only_what_esft_has():
+    """The scripts the docs tell users to run (scripts/*.py) import esft's modules inside their functions, where
+    no import error shows until a run reaches them: a module that moved must fail here instead."""
+    bad = [f"{script.relative_to(ROOT)} {m}" for script in sorted((ROOT / "scripts").glob("*.py"))
+           for m in esft_imports_missing(script.read_text())]
+    assert not bad, "\n".join(bad)
