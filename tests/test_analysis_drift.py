@@ -123,3 +123,45 @@ def test_plots_write_files(tmp_path):
     paths = [D.plot_total(s, 0.01, 4, tmp_path / "a.png", grpo=s), D.plot_families(res, tmp_path / "b.png"),
              D.plot_tensor_curves(s, res, 0.01, 4, tmp_path / "c.png"), D.plot_rho_r2(res, tmp_path / "d.png")]
     assert all(p.stat().st_size > 5000 for p in paths)
+
+
+def test_fit_through_origin_refuses_an_all_zero_x():
+    with pytest.raises(ValueError, match="nonzero x"):
+        D.fit_through_origin([0.0, 0.0], [1.0, 2.0])
+    assert D.fit_through_origin([1.0], [3.0])["slope"] == 3.0  # sum x^2 = 1 is an ordinary x
+
+
+def test_quartiles_are_the_25_50_75_percentiles_of_the_values_given():
+    q = D.quartiles([1.0, None, 2.0, float("nan"), 3.0, 4.0, 100.0])  # None and NaN: no value
+    assert q == {"n": 5, "median": 3.0, "q1": 2.0, "q3": 4.0, "min": 1.0, "max": 100.0}
+
+
+def test_records_without_a_step_or_a_total_are_skipped():
+    recs = [{"step": 1, "total": 1.0}, {"step": 2, "loss": 0.3}, {"note": "eval"}, {"step": 2, "total": 2.5}]
+    s = D.series_from_records(recs)
+    assert s.steps == [1, 2] and s.total == [1.0, 2.5]
+
+
+def test_final_drift_is_compared_at_the_last_step():
+    """final_sq, its ratio to alpha^2 T d / N and to the logged expectation are those of the last step."""
+    # the first step had no fitness spread: no update, expectation 0
+    s = D.DriftSeries([1, 2, 3], [0.0, 2.0, 6.0], num_params=100, expected=[0.0, 3.0, 4.0])
+    res = D.analyze_series(s, alpha=0.1, population=5)
+    pred = 0.01 * 3 * 100 / 5
+    assert res["total"]["final_sq"] == 6.0 and res["total"]["predicted_final_sq"] == pytest.approx(pred)
+    assert res["total"]["final_ratio"] == pytest.approx(6.0 / pred)
+    assert res["final_over_logged_expectation"] == pytest.approx(6.0 / 4.0)
+    assert res["r2_logged_expectation"] == pytest.approx(D.r2_score([0.0, 2.0, 6.0], [0.0, 3.0, 4.0]))
+    s.expected = [1.0, 3.0, 0.0]
+    assert D.analyze_series(s, alpha=0.1, population=5)["final_over_logged_expectation"] is None
+
+
+def test_displacement_ratio_falls_back_to_the_last_common_step():
+    es = D.DriftSeries([1, 2, 3], [4.0, 8.0, 12.0])
+    grpo = D.DriftSeries([1, 2, 3, 4, 5], [0.01, 0.02, 0.04, 0.05, 0.06])  # ES stopped before GRPO's last step
+    r = D.displacement_ratio(es, grpo)
+    assert r["step"] == 3 and r["ratio"] == pytest.approx(np.sqrt(12.0 / 0.04))
+    assert D.displacement_ratio(es, grpo, step=2) == {"step": 2, "es_sq": 8.0, "grpo_sq": 0.02,
+                                                      "ratio": pytest.approx(20.0)}
+    assert D.displacement_ratio(es, D.DriftSeries([], [])) is None
+    assert D.displacement_ratio(D.DriftSeries([], []), grpo) is None

@@ -5,6 +5,8 @@ Run: `pytest -q tests/test_analysis_kl.py` (about 10 s: tiny random Llamas with 
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -122,3 +124,63 @@ def test_seed_aggregation_and_heatmap(tmp_path):
     assert m.shape == (1, 1) and m[0, 0] == 0.2
     p = K.plot_heatmap({"ES": (m, ["a"], ["1:a"]), "GRPO": (m / 2, ["a"], ["1:a"])}, tmp_path / "h.png")
     assert p.stat().st_size > 5000
+
+
+def test_seed_summary_std_is_the_sample_std_and_zero_for_one_seed():
+    two = K.seed_summary([0.1, None, 0.3])
+    assert two["n"] == 2 and two["std"] == pytest.approx(np.std([0.1, 0.3], ddof=1))
+    one = K.seed_summary([0.2, float("nan")])
+    assert (one["n"], one["median"], one["mean"], one["std"]) == (1, 0.2, 0.2, 0.0)
+    assert K.seed_summary([None, float("nan")]) == {"n": 0, "median": None, "min": None, "max": None,
+                                                     "mean": None, "std": None}
+
+
+def tiny_gpt2(seed):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(seed)
+    cfg = GPT2Config(vocab_size=64, n_positions=64, n_embd=16, n_layer=1, n_head=2)
+    return GPT2LMHeadModel(cfg).eval().requires_grad_(False)
+
+
+def test_left_padded_scoring_keeps_absolute_positions():
+    """A model with learned absolute positions (GPT-2): each row is scored at the positions it has alone, so
+    left padding must not shift them (a rotary model would not notice a uniform shift)."""
+    a, b = tiny_gpt2(0), tiny_gpt2(1)
+    prompts = [[5, 6, 7, 8, 9, 10], [11, 12], [13, 14, 15]]
+    comps = [[20, 21, 22, 24, 25], [23], []]
+    # positions in chunks of 2: the 5-token completion is read in three slices
+    seqs = K.score_pair(a, b, prompts, comps, batch_size=3, pad_id=0, position_chunk=2)
+    assert len(seqs) == 3
+    for p, c, s in zip(prompts, comps, seqs):
+        k1, k3, ex = direct(a, b, p, c) if c else (0.0, 0.0, 0.0)
+        assert s.tokens == len(c)
+        assert (s.k1, s.k3, s.exact) == pytest.approx((k1, k3, ex), abs=1e-6)
+    # completions of one token each: scored, not taken for empty ones
+    ones = K.score_pair(a, b, prompts, [[30], [31], [32]], batch_size=3, pad_id=0)
+    for p, c, s in zip(prompts, [[30], [31], [32]], ones):
+        assert s.tokens == 1 and s.exact > 0 and s.k3 == pytest.approx(direct(a, b, p, c)[1], abs=1e-6)
+
+
+def test_default_generation_of_kl_stages_is_greedy(monkeypatch, tokenizer):
+    """Without a generation config, pi_after's completions are greedy, as the paper's evaluation."""
+    seen = []
+
+    def fake_completions(model, tok, examples, task, gen_config):
+        seen.append(gen_config)
+        return [[1, 2]] * len(examples), [[3]] * len(examples)
+
+    monkeypatch.setattr(K, "generate_completions", fake_completions)
+    model = tiny_gpt2(0)
+    res = K.kl_stages("base", [("1:boolq", "s1")], ["boolq"], limit=1, loader=lambda spec: (model, tokenizer),
+                      task_options={"boolq": {"max_passage_chars": 80}})
+    assert seen and all(c.temperature == 0.0 for c in seen) and res["generation"]["temperature"] == 0.0
+
+
+def test_one_seed_aggregates_and_a_missing_cell_reads_nan():
+    table = {"stages": ["1:a", "2:b"], "tasks": ["a"], "incremental": {"a": {"1:a": {"k3_token_mean": 0.5}}},
+             "cumulative": {"a": {}}}
+    agg = K.aggregate_seeds([table])
+    assert agg["seeds"] == 1 and agg["incremental"]["a"]["1:a"]["std"] == 0.0
+    m = K.matrix(table)
+    assert m[0, 0] == 0.5 and math.isnan(m[0, 1])

@@ -187,3 +187,87 @@ def test_an_accuracy_axis_widens_to_a_reward_outside_zero_one(tmp_path):
         '{"kind": "eval", "step": 1, "test_n": 2, "test_accuracy": 1.5, "test_ci95": [1.2, 1.8]}\n')
     low, high = run_figure(run).axes[1].get_ylim()
     assert low == 0.0 and high >= 1.8
+
+
+def test_abs_histogram_bins_each_entry_by_its_magnitude():
+    """Bins [e_i, e_(i+1)); below the first edge (zeros too) counted apart; at or above the last edge: last bin."""
+    base = {"w": torch.zeros(7, dtype=torch.float64)}
+    tuned = {"w": torch.tensor([0.0, -0.5, 1.0, 1.5, -3.0, 8.0, 100.0], dtype=torch.float64)}
+    counts, below, total = SP.abs_histogram(base, tuned, np.array([1.0, 2.0, 4.0, 8.0]))
+    assert counts.tolist() == [2.0, 1.0, 2.0] and below == 2 and total == 7
+
+
+def test_a_thresholded_update_has_the_norms_of_its_kept_entries():
+    base, tuned = tiny(0), tiny(1)
+    tau = 0.05
+    thr = SP.ThresholdedDelta(L.DeltaDirection(base, tuned, "update"), tau).bind(tiny(2))
+    pb, pt = params(base), params(tuned)
+    want = {n: float(np.linalg.norm(np.where(np.abs(d) > tau, d, 0.0)))
+            for n, d in ((n, (pt[n] - pb[n]).numpy()) for n in pb)}
+    norms = thr.tensor_norms()
+    assert set(norms) == set(want) and all(norms[n] == pytest.approx(want[n], rel=1e-12) for n in want)
+    assert thr.norm == pytest.approx(np.sqrt(sum(v * v for v in want.values())), rel=1e-12)
+    assert thr.norm < L.DeltaDirection(base, tuned).bind(tiny(2)).norm
+
+
+def test_a_tied_head_stored_under_its_own_name_is_read_for_the_embedding():
+    """A tied model lists the shared tensor once (the embedding); a checkpoint that stores it only as lm_head
+    still sets it, and a direction between two such checkpoints moves it."""
+    model = tiny(0)
+    state = {n: p.detach().clone() for n, p in model.named_parameters()}
+    emb = state.pop("model.embed_tokens.weight")
+    origin = {**state, "lm_head.weight": emb + 1.0}
+    end = {**state, "lm_head.weight": emb + 3.0}
+    d = L.DeltaDirection(origin, end).bind(model)
+    assert d.tensor("model.embed_tokens.weight") == pytest.approx(torch.full_like(emb, 2.0, dtype=torch.float64))
+    L.set_weights(model, origin, [(0.5, d)])
+    assert torch.allclose(model.lm_head.weight, emb + 2.0)
+
+
+def test_a_direction_without_a_tensor_contributes_zero_and_unrelated_sources_are_refused():
+    model = tiny(0)
+    state = {n: p.detach().clone() for n, p in model.named_parameters()}
+    only_norm = {"model.norm.weight": state["model.norm.weight"] + 1.0}
+    d = L.DeltaDirection({"model.norm.weight": state["model.norm.weight"]}, only_norm).bind(model)
+    assert d.tensor("model.layers.0.self_attn.q_proj.weight") is None
+    L.set_weights(model, state, [(1.0, d)])
+    assert torch.allclose(model.model.norm.weight, state["model.norm.weight"] + 1.0)
+    assert torch.equal(model.model.layers[0].self_attn.q_proj.weight, state["model.layers.0.self_attn.q_proj.weight"])
+    with pytest.raises(ValueError, match="no parameter of the model"):
+        L.DeltaDirection({"other.weight": torch.zeros(2)}, {"other.weight": torch.ones(2)}).bind(model)
+
+
+def test_set_weights_keeps_parameters_the_origin_lacks():
+    model = tiny(0)
+    before = params(model)
+    L.set_weights(model, {"model.norm.weight": torch.full_like(model.model.norm.weight, 3.0)})
+    after = params(model)
+    assert torch.equal(after["model.norm.weight"], torch.full_like(before["model.norm.weight"], 3.0))
+    assert all(torch.equal(after[n], before[n]) for n in before if n != "model.norm.weight")
+
+
+def test_barrier_standard_error_and_its_strict_threshold():
+    b = L.barrier([0, 0.5, 1], [0.6, 0.2, 0.8], n=100)
+    assert b["se"] == pytest.approx(np.sqrt(0.7 * 0.3 / 100), rel=1e-12)
+    # a drop of exactly twice the standard error is not "more than" it: line 0.5, n = 4, se = 0.25
+    edge = L.barrier([0, 0.5, 1], [0.5, 0.0, 0.5], n=4)
+    assert edge["max_drop"] == 0.5 and edge["se"] == 0.25 and not edge["barrier"]
+    # the straight line runs between the endpoints wherever the path's parameter starts
+    shifted = L.barrier([1, 2, 3], [0.6, 0.2, 0.8], n=100)
+    assert shifted["linear"] == pytest.approx([0.6, 0.7, 0.8]) and shifted["at"] == 2.0
+    # between two and three standard errors: a barrier (line 0.7, n = 100: 2 se = 0.092, drop 0.12)
+    assert L.barrier([0, 0.5, 1], [0.6, 0.58, 0.8], n=100)["barrier"]
+
+
+def test_magnitudes_without_a_positive_norm_are_the_origin_alone():
+    assert L.default_magnitudes([0.0, None]) == [0.0] and L.default_magnitudes([]) == [0.0]
+
+
+def test_every_direction_starts_at_the_origins_accuracy(monkeypatch):
+    a, b, work = tiny(0), tiny(1), tiny(2)
+    monkeypatch.setattr(L, "accuracy", fake_accuracy(a))
+    tasks = {"t": (None, [0] * 10)}
+    dirs = [L.DeltaDirection(a, b, "ES"), L.RandomDirection(L.DeltaDirection(a, b), seed=1, label="random")]
+    sw = L.direction_sweep(work, None, a, dirs, [0.0, 0.1], tasks, None)
+    for label in ("ES", "random"):
+        assert sw["directions"][label]["accuracy"]["t"] == pytest.approx([1.0, 0.9], abs=1e-5)

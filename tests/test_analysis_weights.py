@@ -6,6 +6,7 @@ Run: `pytest -q tests/test_analysis_weights.py` (a few seconds; no model downloa
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pytest
@@ -402,3 +403,84 @@ def test_a_mixture_of_experts_router_is_not_a_gate_projection():
     for dense in ("model.layers.3.mlp.gate_proj.weight", "layers.3.feed_forward.w1.weight"):
         layer, role, leaf = C.parse_name(dense)
         assert C.is_matrix_family(C.canonical_name(layer, role, leaf), (128, 64)), dense
+
+
+def test_sparsity_of_an_empty_update_is_refused_and_of_one_entry_is_that_entry():
+    with pytest.raises(ValueError, match="empty update"):
+        W.sparsity(torch.zeros(0))
+    with pytest.raises(ValueError, match="empty update"):
+        W.sparsity({})
+    assert W.sparsity(torch.tensor([0.0])) == 1.0 and W.sparsity(torch.tensor([1.0])) == 0.0
+
+
+def test_stable_rank_flattens_a_tensor_of_more_than_two_dims_along_its_first():
+    t = rand(4, 3, 5, seed=7)
+    flat = t.reshape(4, 15).numpy()
+    want = np.linalg.norm(flat, "fro") ** 2 / scipy.linalg.svdvals(flat)[0] ** 2
+    assert W.stable_rank(t) == pytest.approx(want, rel=1e-10)
+    with pytest.raises(ValueError, match="needs a matrix"):
+        W.stable_rank(torch.ones(3))
+
+
+def test_cosine_of_a_zero_update_is_nan_and_mixed_arguments_are_refused():
+    x = rand(3, 4, seed=8)
+    assert math.isnan(W.cosine_similarity(torch.zeros(3, 4), x))
+    res = W.cosine_similarity({"a": torch.zeros(2), "b": x}, {"a": torch.ones(2), "b": x})
+    assert math.isnan(res["per_tensor"]["a"]) and res["per_tensor"]["b"] == pytest.approx(1.0)
+    for a, b in ((x, {"a": x}), ({"a": x}, x), ([x], [x])):
+        with pytest.raises(TypeError, match="two tensors or two mappings"):
+            W.cosine_similarity(a, b)
+
+
+def test_compare_updates_reads_each_source_under_its_own_stored_names(tmp_path):
+    """Sources are matched by canonical name: a base stored as `model.layers...` and updates stored as
+    `layers...` (or fused) give per-tensor norms, stable ranks and cosines of the right tensors."""
+    names = ["layers.0.self_attn.q_proj.weight", "layers.0.mlp.down_proj.weight", "norm.weight"]
+    shapes = [(6, 5), (5, 7), (5,)]
+    base = {"model." + n: rand(*s, seed=i) for i, (n, s) in enumerate(zip(names, shapes))}
+    da = {n: rand(*s, seed=10 + i) * 1e-3 for i, (n, s) in enumerate(zip(names, shapes))}
+    db = {n: rand(*s, seed=20 + i) * 1e-2 for i, (n, s) in enumerate(zip(names, shapes))}
+    es = {n: base["model." + n] + da[n] for n in names}
+    grpo = {n: base["model." + n] + db[n] for n in names}
+    from safetensors.torch import save_file
+
+    for label, sd in (("base", base), ("es", es), ("grpo", grpo)):
+        (tmp_path / label).mkdir()
+        save_file({k: v.contiguous() for k, v in sd.items()}, str(tmp_path / label / "model.safetensors"))
+    rep = W.compare_updates(tmp_path / "base", {"es": tmp_path / "es", "grpo": tmp_path / "grpo"})
+    assert rep["unmatched"] == {}
+    rows = {r["name"]: r for r in rep["tensors"]}
+    for n, canon in zip(names, ["layers.0.q_proj", "layers.0.down_proj", "norm"]):
+        a, b = da[n].numpy().ravel(), db[n].numpy().ravel()
+        row = rows[canon]
+        assert row["es"]["sq"] == pytest.approx(a @ a, rel=1e-9)
+        assert row["cos:es|grpo"] == pytest.approx(a @ b / np.linalg.norm(a) / np.linalg.norm(b), rel=1e-9)
+        if da[n].dim() == 2:
+            for lab, d in (("es", da[n]), ("grpo", db[n])):
+                m = d.numpy()
+                want = np.linalg.norm(m) ** 2 / scipy.linalg.svdvals(m)[0] ** 2
+                assert row[lab]["stable_rank"] == pytest.approx(want, rel=1e-6)
+        else:
+            assert row["es"]["stable_rank"] is None
+    assert rep["sources"] == {k: str(tmp_path / k) for k in ("base", "es", "grpo")}
+
+
+def test_summary_of_no_tensors():
+    s = W.summarize([], ["es"], [])
+    assert s["numel"] == 0 and s["es"]["norm"] == 0.0 and s["es"]["max_abs"] == 0.0
+    assert s["es"]["sparsity"] is None and s["es"]["stable_rank_mean"] is None
+
+
+def test_fused_biases_and_odd_widths():
+    """A fused gate_up bias splits like its weight; a c_attn whose width is no multiple of 3 is not guessed at
+    (it stays one fused tensor); a bare `layers.3` name has no layer of its own."""
+    gate, up = C.split_refs("model.layers.0.mlp.gate_up_proj.bias", (8,))
+    assert (gate.canonical, gate.shape, gate.segments) == ("layers.0.gate_proj.bias", (4,), ((0, 4),))
+    assert (up.canonical, up.shape, up.segments) == ("layers.0.up_proj.bias", (4,), ((4, 8),))
+    (odd,) = C.split_refs("transformer.h.0.attn.c_attn.weight", (4, 10))
+    assert odd.canonical == "layers.0.qkv_proj" and odd.shape == (4, 10) and odd.columns is None
+    assert C.layer_of("layers.3") is None and C.role_of("layers.3") == "layers.3"
+    # a Falcon query_key_value whose rows fit none of its layouts stays fused
+    falcon = {"model_type": "falcon", "num_attention_heads": 4, "hidden_size": 32, "multi_query": False}
+    (qkv,) = C.split_refs("transformer.h.0.self_attention.query_key_value.weight", (80, 32), falcon)
+    assert qkv.canonical == "layers.0.qkv_proj" and qkv.segments is None

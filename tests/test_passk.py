@@ -209,3 +209,44 @@ def test_pass_at_k_refuses_fractional_counts():
         pass_at_k_per_question(np.array([1.0, 2.5]), 8, 2)
     assert pass_at_k(8.0, 2.0, 2) == pass_at_k(8, 2, 2)
     assert pass_at_k_per_question(np.array([2, 0], dtype=np.int64), 8, 2).tolist() == [pass_at_k(8, 2, 2), 0.0]
+
+
+def test_maj_at_k_draws_k_distinct_samples():
+    """Each k-subset holds k different samples (without replacement): with one right 'a' among three wrong 'b's,
+    every 3-subset has at least two 'b's, so maj@3 is exactly 0; drawing with replacement would let 'a' win."""
+    keys, scores = ["a", "b", "b", "b"], [1.0, 0.0, 0.0, 0.0]
+    assert maj_at_k(keys, scores, 3, np.random.default_rng(0), draws=500) == 0.0
+    assert maj_at_k(["a", "a", "a", "b"], [1.0, 1.0, 1.0, 0.0], 3, np.random.default_rng(0), draws=500) == 1.0
+    for bad in (0, 5):
+        with pytest.raises(ValueError, match="1 <= k <= n"):
+            maj_at_k(keys, scores, bad)
+
+
+def test_bootstrap_ci_is_the_central_percentile_interval_of_the_level():
+    """For many continuous per-question values the percentile bootstrap of the mean is close to mean +- z SE,
+    z = 1.96 at 95% and 1.645 at 90% (the tails are (1 - level) / 2 each, not a narrower or wider cut)."""
+    v = np.linspace(0.0, 1.0, 400)
+    se = v.std() / np.sqrt(v.size)
+    for level, z in ((0.95, 1.959964), (0.9, 1.644854)):
+        lo, hi = bootstrap_ci(v, level=level, seed=1)
+        assert hi - lo == pytest.approx(2 * z * se, rel=0.04)
+        assert (lo + hi) / 2 == pytest.approx(0.5, abs=0.2 * se)
+    assert bootstrap_ci([]) == (0.0, 1.0)  # no question: nothing is known
+
+
+def test_summary_of_one_sample_per_question_and_k_range():
+    scores = np.array([[1.0], [0.0], [1.0], [1.0]])
+    out = summarize_samples(scores, [["x"], [None], ["y"], ["z"]], [1], resamples=200)
+    assert out["samples"] == 1 and out["pass@k"]["1"]["value"] == 0.75 and out["maj@k"]["1"]["value"] == 0.75
+    assert parse_ks(None, 1) == [1]
+    for bad in ([0, 1], [2]):
+        with pytest.raises(ValueError, match="not in"):
+            parse_ks(bad, 1)
+
+
+def test_answer_key_of_blank_and_non_string_answers():
+    """A blank answer is no answer (no vote); a non-string answer (a custom task's) votes as itself, or as its
+    text when it is not hashable."""
+    assert answer_key({"extracted": "  \n"}) is None
+    assert answer_key({"extracted": 42}) == 42
+    assert answer_key({"extracted": ["a", "b"]}) == "['a', 'b']"
