@@ -58,6 +58,15 @@ def test_table_is_deterministic_and_prefix_stable():
     assert torch.equal(small[3 * N.TABLE_BLOCK:4 * N.TABLE_BLOCK], block)
     assert N.table_size(10) == N.TABLE_MIN and N.table_size(N.TABLE_MIN) == 2 * N.TABLE_MIN
     assert abs(float(small[: 1 << 22].mean())) < 2e-3 and abs(float(small[: 1 << 22].std()) - 1) < 2e-3
+    with pytest.raises(ValueError, match="multiple"):  # a partial last block would be left uninitialised
+        N.noise_table(N.TABLE_BLOCK + 8)
+
+
+def test_table_window_of_a_tensor_the_size_of_the_table():
+    table = torch.arange(12, dtype=torch.float32)
+    assert torch.equal(N.table_window(5, "w", (3, 4), table), table.view(3, 4))  # fits exactly: offset 0
+    with pytest.raises(ValueError, match="does not fit"):
+        N.table_window(5, "w", (13,), table)
 
 
 def test_table_windows_behave_like_independent_noise():
