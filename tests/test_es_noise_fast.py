@@ -82,6 +82,7 @@ def test_table_windows_behave_like_independent_noise():
     g = N.gaussian(1, "w", (1000, 1000), mode="table", table=table)
     out = torch.empty(2_000_000)
     assert torch.equal(g, a) and torch.equal(N.gaussian(1, "w", (1000, 1000), mode="table", table=table, out=out), a)
+    assert torch.equal(N.gaussian(1, "w", (1000, 1000), mode="table"), a)  # default: the table sized for it
     g.add_(1.0)
     assert torch.equal(a, N.table_window(1, "w", (1000, 1000), table))  # the table itself is untouched
 
