@@ -135,3 +135,37 @@ def test_sq_norm_is_accurate_where_one_fp32_reduction_is_not():
     t = torch.full((1 << 24,), 0.1)
     exact = float(t.double().pow(2).sum())
     assert param_writes.sq_norm(t) == pytest.approx(exact, rel=1e-6)
+
+
+class _TransposedWeight(torch.nn.Module):
+    """A parameter stored transposed (not contiguous), as a model may hold one after loading or tying."""
+
+    def __init__(self, dtype):
+        super().__init__()
+        torch.manual_seed(0)
+        self.w = torch.nn.Parameter(torch.randn(6, 5).t().to(dtype))
+        self.v = torch.nn.Parameter(torch.randn(7).to(dtype))
+
+
+@pytest.mark.parametrize("mode", ["table", "per-tensor"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_non_contiguous_parameter_is_perturbed_restored_and_updated(mode, dtype):
+    """Coefficients of exactly 1.0 and 0.0 included: a centred-rank antithetic pair of the best and the worst
+    member folds to 1.0, and a zero coefficient is skipped."""
+    model = _TransposedWeight(dtype)
+    assert not model.w.is_contiguous()
+    assert not MasterWeights(model, noise=mode, share_storage=True).shared  # shared masters must be contiguous
+    before = state(model)
+    w = MasterWeights(model, noise=mode)
+    masters = {n: m.clone() for n, m in w.iter_masters()}
+    w.perturb(7, -1, 0.1)
+    for name, p in w.params.items():
+        assert torch.equal(p, torch.add(masters[name], w.noise(7, name), alpha=-0.1).to(dtype))
+    w.restore()
+    assert bit_equal(state(model), before)
+    update = Update(seeds=(3, 4, 5), coefficients=(1.0, 0.0, -0.5), scale=0.1)
+    w.apply(update)
+    for name, m in w.iter_masters():
+        acc = w.noise(3, name).clone().add_(w.noise(5, name), alpha=-0.5)
+        assert torch.equal(m, masters[name] + acc * 0.1)
+        assert torch.equal(w.params[name], m.to(dtype))
