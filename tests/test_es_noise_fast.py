@@ -169,3 +169,15 @@ def test_a_non_contiguous_parameter_is_perturbed_restored_and_updated(mode, dtyp
         acc = w.noise(3, name).clone().add_(w.noise(5, name), alpha=-0.5)
         assert torch.equal(m, masters[name] + acc * 0.1)
         assert torch.equal(w.params[name], m.to(dtype))
+
+
+def test_blocked_bf16_perturbation_is_the_rounded_fp32_sum(monkeypatch):
+    """add_rounded writes a bf16 copy block by block (ROUNDING_BLOCK, small here so tensors span several blocks
+    and most end in a partial one): each element is round(master + step * eps), as in one whole-tensor add."""
+    monkeypatch.setattr(param_writes, "ROUNDING_BLOCK", 96)
+    model = tiny_llama(dtype=torch.bfloat16)
+    w = MasterWeights(model)
+    assert max(m.numel() for _, m in w.iter_masters()) > 10 * 96
+    w.perturb(9, 1, 0.05)
+    for name, p in w.params.items():
+        assert torch.equal(p, torch.add(w.master[name], w.noise(9, name), alpha=0.05).to(torch.bfloat16))
