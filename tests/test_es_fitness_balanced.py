@@ -26,6 +26,8 @@ def test_majority_prior_earns_nothing_over_the_minority_prior():
     balanced = make_fitness_rule("balanced", task=boolq)
     assert isinstance(balanced, ClassBalancedMean)
     assert balanced(both, batch).tolist() == [0.5, 0.5]
+    # built directly, the rule adds no format bonus unless given one (the paper's rule has none)
+    assert ClassBalancedMean(boolq.balance_key, boolq.label_set())(both, batch).tolist() == [0.5, 0.5]
     # a member right on every "no" and half the "yes" beats the always-yes prior under the balanced rule only
     skilled = _result([[1, 1, 1, 0, 0, 0, 1, 1]])
     assert balanced(skilled, batch)[0] == pytest.approx(0.75) and MeanReward()(skilled, batch)[0] == 0.625
@@ -60,8 +62,8 @@ def test_examples_outside_the_label_set_do_not_count():
     right_on_sums = _result([[1, 1, 0, 0, 0]])
     assert rule(right_on_other_only, batch)[0] == 0.0
     assert rule(right_on_sums, batch)[0] == pytest.approx(0.5)
-    # a batch with no labelled example falls back to the plain mean
-    assert rule(_result([[1.0]]), batch[-1:])[0] == 1.0
+    # a batch with no labelled example falls back to the plain mean, per member
+    assert rule(_result([[1.0, 0.0], [1.0, 1.0]]), batch[-1:] * 2).tolist() == [0.5, 1.0]
 
 
 # ---- GRPO: the same opt-in as a reward weighting (esft.grpo.trl_trainer.balanced_rewards) --------------------------

@@ -347,3 +347,5 @@ def test_table_run_is_rebuilt_from_logged_seeds_and_fitness(tmp_path):
     # the replayed random-walk expectation: sum_t (alpha / N)^2 sum_k c_k^2 * d
     last = list(drift(tiny_llama(), res.output_dir, per_tensor=False))[-1]
     assert last["num_params"] == d and last["expected"] == pytest.approx(unit * d, rel=1e-12)
+    with pytest.raises(ValueError, match="not in the seed log"):  # a step past the log is not the last one
+        list(drift(tiny_llama(), res.output_dir, upto=4))

@@ -141,6 +141,28 @@ def test_sgd_update_matches_formula():
     assert norm == pytest.approx(sq**0.5, rel=1e-4)
 
 
+def test_gradient_update_returns_the_norm_of_the_optimizer_step():
+    lin = torch.nn.Linear(40, 30)
+    w = MasterWeights(lin)
+    base = {n: m.clone() for n, m in w.iter_masters()}
+    opt = torch.optim.Adam(list(w.master.values()), lr=0.01)
+    norm = w.apply(Update(seeds=(3, 4), coefficients=(1.0, -0.5), scale=-2.0, kind="gradient"), opt)
+    change = sum(float((m.double() - base[n].double()).pow(2).sum()) for n, m in w.iter_masters()) ** 0.5
+    assert change > 0.1 and norm == pytest.approx(change, rel=1e-5)
+    assert all(torch.equal(w.params[n], m) for n, m in w.iter_masters())
+
+
+def test_apply_refuses_a_gradient_without_optimizer_and_unknown_kinds():
+    lin = torch.nn.Linear(4, 3)
+    w = MasterWeights(lin)
+    before = state(lin)
+    with pytest.raises(ValueError, match="needs an optimizer"):
+        w.apply(Update(seeds=(1,), coefficients=(1.0,), scale=-0.5, kind="gradient"))
+    with pytest.raises(ValueError, match="unknown update kind"):
+        w.apply(Update(seeds=(1,), coefficients=(1.0,), scale=0.5, kind="adam"), torch.optim.SGD(lin.parameters()))
+    assert bit_equal(state(lin), before)
+
+
 def test_bf16_tiny_updates_accumulate_in_fp32_master():
     model = tiny_llama(dtype=torch.bfloat16)
     w = MasterWeights(model)

@@ -58,6 +58,15 @@ def test_table_is_deterministic_and_prefix_stable():
     assert torch.equal(small[3 * N.TABLE_BLOCK:4 * N.TABLE_BLOCK], block)
     assert N.table_size(10) == N.TABLE_MIN and N.table_size(N.TABLE_MIN) == 2 * N.TABLE_MIN
     assert abs(float(small[: 1 << 22].mean())) < 2e-3 and abs(float(small[: 1 << 22].std()) - 1) < 2e-3
+    with pytest.raises(ValueError, match="multiple"):  # a partial last block would be left uninitialised
+        N.noise_table(N.TABLE_BLOCK + 8)
+
+
+def test_table_window_of_a_tensor_the_size_of_the_table():
+    table = torch.arange(12, dtype=torch.float32)
+    assert torch.equal(N.table_window(5, "w", (3, 4), table), table.view(3, 4))  # fits exactly: offset 0
+    with pytest.raises(ValueError, match="does not fit"):
+        N.table_window(5, "w", (13,), table)
 
 
 def test_table_windows_behave_like_independent_noise():
@@ -73,6 +82,7 @@ def test_table_windows_behave_like_independent_noise():
     g = N.gaussian(1, "w", (1000, 1000), mode="table", table=table)
     out = torch.empty(2_000_000)
     assert torch.equal(g, a) and torch.equal(N.gaussian(1, "w", (1000, 1000), mode="table", table=table, out=out), a)
+    assert torch.equal(N.gaussian(1, "w", (1000, 1000), mode="table"), a)  # default: the table sized for it
     g.add_(1.0)
     assert torch.equal(a, N.table_window(1, "w", (1000, 1000), table))  # the table itself is untouched
 
@@ -125,3 +135,49 @@ def test_sq_norm_is_accurate_where_one_fp32_reduction_is_not():
     t = torch.full((1 << 24,), 0.1)
     exact = float(t.double().pow(2).sum())
     assert param_writes.sq_norm(t) == pytest.approx(exact, rel=1e-6)
+
+
+class _TransposedWeight(torch.nn.Module):
+    """A parameter stored transposed (not contiguous), as a model may hold one after loading or tying."""
+
+    def __init__(self, dtype):
+        super().__init__()
+        torch.manual_seed(0)
+        self.w = torch.nn.Parameter(torch.randn(6, 5).t().to(dtype))
+        self.v = torch.nn.Parameter(torch.randn(7).to(dtype))
+
+
+@pytest.mark.parametrize("mode", ["table", "per-tensor"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_non_contiguous_parameter_is_perturbed_restored_and_updated(mode, dtype):
+    """Coefficients of exactly 1.0 and 0.0 included: a centred-rank antithetic pair of the best and the worst
+    member folds to 1.0, and a zero coefficient is skipped."""
+    model = _TransposedWeight(dtype)
+    assert not model.w.is_contiguous()
+    assert not MasterWeights(model, noise=mode, share_storage=True).shared  # shared masters must be contiguous
+    before = state(model)
+    w = MasterWeights(model, noise=mode)
+    masters = {n: m.clone() for n, m in w.iter_masters()}
+    w.perturb(7, -1, 0.1)
+    for name, p in w.params.items():
+        assert torch.equal(p, torch.add(masters[name], w.noise(7, name), alpha=-0.1).to(dtype))
+    w.restore()
+    assert bit_equal(state(model), before)
+    update = Update(seeds=(3, 4, 5), coefficients=(1.0, 0.0, -0.5), scale=0.1)
+    w.apply(update)
+    for name, m in w.iter_masters():
+        acc = w.noise(3, name).clone().add_(w.noise(5, name), alpha=-0.5)
+        assert torch.equal(m, masters[name] + acc * 0.1)
+        assert torch.equal(w.params[name], m.to(dtype))
+
+
+def test_blocked_bf16_perturbation_is_the_rounded_fp32_sum(monkeypatch):
+    """add_rounded writes a bf16 copy block by block (ROUNDING_BLOCK, small here so tensors span several blocks
+    and most end in a partial one): each element is round(master + step * eps), as in one whole-tensor add."""
+    monkeypatch.setattr(param_writes, "ROUNDING_BLOCK", 96)
+    model = tiny_llama(dtype=torch.bfloat16)
+    w = MasterWeights(model)
+    assert max(m.numel() for _, m in w.iter_masters()) > 10 * 96
+    w.perturb(9, 1, 0.05)
+    for name, p in w.params.items():
+        assert torch.equal(p, torch.add(w.master[name], w.noise(9, name), alpha=0.05).to(torch.bfloat16))

@@ -30,6 +30,7 @@ def test_all_equal_fitness_gives_exact_zeros(shape):
         for value in (0.0, 0.1, 0.3, 1 / 3, 0.7, 7.1):
             out = shape(np.full(n, value))
             assert np.all(out == 0.0) and np.all(np.isfinite(out)), (n, value)
+    assert shape(np.array([])).shape == (0,)  # no member, no weights (np.ptp of nothing would raise)
 
 
 def test_centered_rank():
@@ -50,6 +51,26 @@ def test_ask_is_deterministic_and_distinct():
     assert member_seeds(1, 2, 5) == member_seeds(1, 2, 5)
     with pytest.raises(ValueError):
         ES(population_size=5, sigma=0.1, alpha=0.1, antithetic=True)
+    assert ES(population_size=1, sigma=0.1, alpha=0.1).ask(0)[0].sign == 1  # one member is a population
+    with pytest.raises(ValueError, match="population_size"):
+        ES(population_size=0, sigma=0.1, alpha=0.1)
+    with pytest.raises(ValueError, match="stream"):  # refused when built, not at the first ask
+        ES(population_size=2, sigma=0.1, alpha=0.1, stream=-1)
+
+
+def test_member_seeds_redraw_past_a_collision():
+    """70000 32-bit draws of SeedSequence([0, 0]) repeat 5 values: the member seeds are the first 70000 distinct
+    values of the same stream, drawn in order."""
+    import threading
+
+    count, found = 70_000, []
+    stream = np.random.SeedSequence([0, 0]).generate_state(count + 100, dtype=np.uint32).tolist()
+    assert len(set(stream[:count])) < count  # the case: a plain draw of `count` has duplicates
+    worker = threading.Thread(target=lambda: found.append(member_seeds(0, 0, count)), daemon=True)
+    worker.start()
+    worker.join(timeout=30)  # a re-draw that never grows would loop for ever
+    assert found, "member_seeds did not return"
+    assert found[0] == list(dict.fromkeys(stream))[:count]
 
 
 def test_stream_0_seeds_are_the_original_derivation():
@@ -91,6 +112,13 @@ def test_tell_sgd_scale_and_folding():
     assert upd.coefficients == pytest.approx((z[0] - z[1], z[2] - z[3]))
     with pytest.raises(ValueError):
         es.tell(members, [1.0, float("nan"), 0, 0])
+    # Adam gets the gradient estimate -(1 / (N sigma)) sum z eps (torch minimises), with torch's default moments
+    adam = ES(population_size=4, sigma=0.1, alpha=0.2, seed=0, antithetic=True, optimizer="adam")
+    grad = adam.tell(members, f)
+    assert grad.kind == "gradient" and grad.scale == pytest.approx(-1 / (4 * 0.1))
+    assert grad.coefficients == upd.coefficients
+    opt = adam.make_optimizer([torch.zeros(3)])
+    assert opt.defaults["lr"] == 0.2 and opt.defaults["betas"] == (0.9, 0.999) and opt.defaults["eps"] == 1e-8
 
 
 def test_all_equal_fitness_makes_no_update_and_no_nan():

@@ -249,6 +249,7 @@ def test_sample_batch_is_deterministic():
         assert sorted(set(sample_batch(1, iteration, 50, 45))) == sorted(sample_batch(1, iteration, 50, 45))
         assert len(sample_batch(1, iteration, 50, 45)) == 45
     assert sample_batch(1, 2, 5, 10) == [0, 1, 2, 3, 4]
+    assert sample_batch(1, 2, 8, 8) == list(range(8))  # the paper's 200 of 200: the split in order
 
 
 def test_presets_and_cli_args(tmp_path):

@@ -140,10 +140,14 @@ class MasterWeights:
         # share_storage: the masters *are* the model's fp32 parameters (no second copy). Only for a model that is
         # never perturbed, because rollouts run on other copies bound with `bind` (bf16 rollouts): perturb() on
         # this object is then refused, and restore/apply have nothing to copy.
-        self.shared = bool(share_storage) and all(p.dtype == torch.float32 for p in self.params.values())
+        # Masters are contiguous (the table update walks them as flat blocks), so a parameter stored transposed
+        # gets a contiguous copy rather than shared storage.
+        self.shared = bool(share_storage) and all(p.dtype == torch.float32 and p.is_contiguous()
+                                                  for p in self.params.values())
         with torch.no_grad():
             self.master: dict[str, torch.Tensor] = {
-                n: p.detach() if self.shared else p.detach().to(dtype=torch.float32, copy=True)
+                n: p.detach() if self.shared else p.detach().to(dtype=torch.float32, copy=True,
+                                                                memory_format=torch.contiguous_format)
                 for n, p in self.params.items()
             }
         self._largest = max(p.numel() for p in self.params.values())

@@ -40,6 +40,9 @@ def add_rounded(master: torch.Tensor, eps: torch.Tensor, step: float, out: torch
     embedding), whose pages the kernel must fault in on every perturbation; a block is reused hot from the cache.
     The sum is elementwise and the blocks are multiples of every vector width, so each element goes through the
     same arithmetic as in the whole-tensor call: the result is bit for bit the same."""
+    if not out.is_contiguous():  # a parameter stored transposed: no flat view to write blocks through
+        out.copy_(torch.add(master, eps, alpha=step))
+        return
     m, e, o = master.reshape(-1), eps.reshape(-1), out.view(-1)
     n = m.numel()
     if n <= ROUNDING_BLOCK:
