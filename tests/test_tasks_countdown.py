@@ -174,6 +174,7 @@ def test_scorer_limits_reject_only_past_them():
     # nesting depth, not the number of parentheses: 60 of them, 30 deep, are fine
     wide = "(" * 30 + "44" + ")" * 30 + " + " + "(" * 30 + "19" + ")" * 30 + " + 35"
     assert check_expression(wide, [44, 19, 35], 98)[0]
+    assert not check_expression("(44) + " + "(" * 51 + "19" + ")" * 51 + " + 35", [44, 19, 35], 98)[0]  # 51 deep
     # under 1,000 characters but far too deep for the recursive parser: a rejection, not a RecursionError
     ok, _, reason = check_expression("(" * 450 + "44" + ")" * 450, [44], 44)
     assert not ok and "nested deeper" in reason

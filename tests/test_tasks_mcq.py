@@ -76,6 +76,7 @@ def mmlu() -> MMLUTask:
     # only the 16 characters before an "A" are examined for the start of a sentence (module docstring)
     ("Choose B then" + " " * 15 + "A dog", "A", 3),
     ("Choose B then" + " " * 16 + "A dog", "B", 3),
+    ("The nonanswer: B. C is wrong", "C", 3),                           # "answer" must be a word of its own
 ])
 def test_cascade(text, letter, level):
     assert extract_letter(text) == (letter, level)
