@@ -135,3 +135,25 @@ def test_a_draw_never_lands_on_a_zero_probability_token():
     logits = torch.tensor([[-float("inf"), 0.0, -float("inf"), 0.0]] * 2)
     u = torch.tensor([0.0, 0.5], dtype=torch.float64)
     assert sample_next(logits, 1.0, 1.0, None, uniforms=u).tolist() == [1, 3]
+
+
+def test_temperature_divides_the_logits():
+    """Probabilities 0.6 / 0.4 become 0.69 / 0.31 at temperature 0.5 and 0.55 / 0.45 at temperature 2."""
+    logits = torch.log(torch.tensor([[0.6, 0.4]]))
+    for temperature, u, token in ((0.5, 0.65, 0), (2.0, 0.6, 1)):
+        uniforms = torch.tensor([u], dtype=torch.float64)
+        assert sample_next(logits, temperature, 1.0, None, uniforms=uniforms).tolist() == [token], temperature
+
+
+def test_a_peaked_and_a_flat_row_match_the_full_sort_with_either_draw():
+    """A fast slice of the 300-case check: one row whose nucleus lies in its first 512 candidates and one whose
+    nucleus needs more than 4096 (the full sort), drawn from uniforms and from a generator."""
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(2, 20000, generator=g)
+    logits[0] *= 12.0
+    logits[1] *= 0.2
+    u = torch.rand(2, generator=g, dtype=torch.float64)
+    drawn = sample_next(logits, 1.0, 0.95, None, uniforms=u)
+    assert torch.equal(drawn, _reference(logits, 1.0, 0.95, None, uniforms=u))
+    g_new, g_ref = torch.Generator().manual_seed(7), torch.Generator().manual_seed(7)
+    assert torch.equal(sample_next(logits, 1.0, 0.95, g_new), _reference(logits, 1.0, 0.95, g_ref))
