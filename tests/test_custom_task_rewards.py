@@ -14,6 +14,7 @@ from esft.config import ConfigError, build_config
 from esft.tasks import get_task
 from esft.tasks.custom import TaskAdapter, task_record, task_spec
 from esft.tasks.dataset_task import DatasetTask
+from esft.tasks.verifiers import builtin_verifier
 from esft.validation import check_names
 
 REWARDS = '''
@@ -146,3 +147,14 @@ def test_a_run_directory_given_as_the_model_names_its_checkpoints(tmp_path, caps
     assert main(["eval", "--model", str(run), "--tasks", "boolq", "--limit", "1"]) == 2
     assert f"{run} is a run directory: its model is a checkpoint folder, e.g. {run}/checkpoints/final" in \
         capsys.readouterr().err
+
+
+def test_a_regex_reward_without_a_group_compares_the_whole_match():
+    task = DatasetTask(source="x.jsonl", reward="regex:\\d+$")
+    assert task.score("so it is 42", {"answer": "42"}) == 1.0
+    assert task.score("42, or 41", {"answer": "42"}) == 0.0
+
+
+def test_a_bad_regex_reward_is_refused_when_it_is_named():
+    with pytest.raises(ValueError, match="bad regular expression"):
+        builtin_verifier("regex:(")

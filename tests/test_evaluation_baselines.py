@@ -44,6 +44,8 @@ def test_balanced_subset_has_equal_label_counts_and_is_deterministic():
         balanced_indices(labels, 10, label_set=("yes", "no", "maybe"))
     with pytest.raises(ValueError, match="labels"):
         balanced_subset(items[:5], labels, 4)
+    with pytest.raises(ValueError, match="needs size >= 2"):                 # not an empty subset
+        balanced_indices(labels, 1)
     # items outside the label set are never drawn
     assert all(labels[i] != "no" for i in balanced_indices(labels, 10, label_set=("yes",)))
 
@@ -243,3 +245,7 @@ def test_es_evaluation_records_the_constant_baseline_of_its_examples(tmp_path):
     assert rec["test_constant_baseline"] == expected["constant_baseline"] == 8 / 12
     assert rec["test_constant_answer"] == "yes"
     assert rec["test_constant_baseline_ci95"] == list(expected["constant_baseline_ci95"])
+
+
+def test_wilson_interval_of_no_trials_is_the_whole_range():
+    assert wilson_interval(0, 0) == (0.0, 1.0)

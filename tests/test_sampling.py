@@ -17,7 +17,8 @@ def _reference(logits, temperature, top_p, generator, uniforms=None):
     order = None
     if top_p < 1.0:
         probs, order = probs.sort(dim=-1, descending=True)
-        drop = probs.cumsum(dim=-1) - probs > top_p
+        drop = probs.cumsum(dim=-1) - probs >= top_p
+        drop[:, 0] = False
         probs = probs.masked_fill(drop, 0.0)
     if uniforms is None:
         choice = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
@@ -103,3 +104,56 @@ def test_a_peaked_row_is_sampled_without_sorting_the_vocabulary(monkeypatch):
     monkeypatch.undo()
     assert sorted_widths == []
     assert torch.equal(token, _reference(logits, 1.0, 0.95, None, uniforms=u))
+
+
+def test_top_p_one_draws_in_vocabulary_order():
+    """top_p >= 1 samples the whole row in vocabulary order (the order `uniforms` is read in), not by descending
+    probability: with probabilities 0.1, 0.6, 0.3 the draws at 0.05, 0.65 and 0.75 are tokens 0, 1 and 2."""
+    logits = torch.log(torch.tensor([[0.1, 0.6, 0.3]] * 3))
+    u = torch.tensor([0.05, 0.65, 0.75], dtype=torch.float64)
+    assert sample_next(logits, 1.0, 1.0, None, uniforms=u).tolist() == [0, 1, 2]
+
+
+def test_nucleus_is_the_smallest_prefix_reaching_top_p():
+    """The nucleus (Holtzman et al.) is the smallest prefix of the sorted tokens whose mass reaches top_p: of four
+    equally likely tokens (0.25 each, exact in fp32), top_p 0.5 keeps two, not three (the mass before the third is
+    0.5, so it is not needed). The first token is kept whatever top_p is."""
+    u = (torch.arange(400, dtype=torch.float64) + 0.5) / 400
+    for vocab in (4, 4096):  # the full sort; the top-k shortcut (4 likely tokens, the rest impossible)
+        logits = torch.full((400, vocab), -float("inf"))
+        logits[:, :4] = 0.0
+        for top_p, kept in ((0.25, 1), (0.5, 2), (0.75, 3), (0.8, 4), (0.0, 1)):
+            drawn = sample_next(logits, 1.0, top_p, None, uniforms=u)
+            assert len(set(drawn.tolist())) == kept, (vocab, top_p)
+            assert torch.equal(drawn, _reference(logits, 1.0, top_p, None, uniforms=u))
+        g = torch.Generator().manual_seed(0)
+        assert len(set(sample_next(logits, 1.0, 0.5, g).tolist())) == 2
+
+
+def test_a_draw_never_lands_on_a_zero_probability_token():
+    """u = 0 and a draw at exactly a cumulative probability go past impossible tokens (`_inverse_cdf`)."""
+    logits = torch.tensor([[-float("inf"), 0.0, -float("inf"), 0.0]] * 2)
+    u = torch.tensor([0.0, 0.5], dtype=torch.float64)
+    assert sample_next(logits, 1.0, 1.0, None, uniforms=u).tolist() == [1, 3]
+
+
+def test_temperature_divides_the_logits():
+    """Probabilities 0.6 / 0.4 become 0.69 / 0.31 at temperature 0.5 and 0.55 / 0.45 at temperature 2."""
+    logits = torch.log(torch.tensor([[0.6, 0.4]]))
+    for temperature, u, token in ((0.5, 0.65, 0), (2.0, 0.6, 1)):
+        uniforms = torch.tensor([u], dtype=torch.float64)
+        assert sample_next(logits, temperature, 1.0, None, uniforms=uniforms).tolist() == [token], temperature
+
+
+def test_a_peaked_and_a_flat_row_match_the_full_sort_with_either_draw():
+    """A fast slice of the 300-case check: one row whose nucleus lies in its first 512 candidates and one whose
+    nucleus needs more than 4096 (the full sort), drawn from uniforms and from a generator."""
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(2, 20000, generator=g)
+    logits[0] *= 12.0
+    logits[1] *= 0.2
+    u = torch.rand(2, generator=g, dtype=torch.float64)
+    drawn = sample_next(logits, 1.0, 0.95, None, uniforms=u)
+    assert torch.equal(drawn, _reference(logits, 1.0, 0.95, None, uniforms=u))
+    g_new, g_ref = torch.Generator().manual_seed(7), torch.Generator().manual_seed(7)
+    assert torch.equal(sample_next(logits, 1.0, 0.95, g_new), _reference(logits, 1.0, 0.95, g_ref))

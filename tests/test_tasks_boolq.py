@@ -27,6 +27,8 @@ def task() -> BoolQTask:
     ("\\text{yes}", True), ("\\textbf{No}", False), ("yes.", True),
     ("maybe", None), ("yes or no", None), ("y", None), ("", None), ("2", None), ("oui", None),
     ("yes, because", None), ("\\text{yes} \\text{no}", None), ("{yes}", None), ("yes" * 100, None),
+    ("\\text{yes} indeed", None),                       # the wrapper must hold the whole box
+    (" " * 97 + "yes", True), (" " * 98 + "yes", None),  # boxes of up to 100 characters are read
 ])
 def test_parse_yes_no(boxed, value):
     assert parse_yes_no(boxed) is value

@@ -195,6 +195,7 @@ def test_parse_hf_spec():
     assert parse_hf_spec("cais/mmlu") == ("cais/mmlu", None)
     assert parse_hf_spec("cais/mmlu", "all") == ("cais/mmlu", "all")
     assert parse_hf_spec("cais/mmlu:anatomy", "all") == ("cais/mmlu", "anatomy")
+    assert parse_hf_spec("cais/mmlu:", "all") == ("cais/mmlu", "all")        # an empty config is no config
     with pytest.raises(ValueError):
         parse_hf_spec(":x")
 

@@ -12,7 +12,9 @@ import pytest
 
 from esft.tasks import get_task
 from esft.tasks.countdown import CountdownTask, hub_row_to_example
-from esft.tasks.countdown_expression import check_expression, parse_expression, puzzle_key, solve_countdown
+from esft.tasks.countdown_expression import (
+    check_expression, parse_expression, parse_ok, puzzle_key, solve_countdown,
+)
 from esft.tasks.countdown_variants import generate_countdown
 
 EX = {"nums": [44, 19, 35], "target": 98}
@@ -62,6 +64,8 @@ def test_correct_answers_score_one(task, completion):
     (boxed("__import__('os')"), "'_'"),
     (boxed("44 + 19 + 35 )"), "unexpected ')'"),
     (boxed("(44 + 19 + 35"), "unbalanced"),
+    (boxed("44 + 19 * / 35"), "unexpected '/'"),              # an operator where a number belongs
+    (boxed("() + 44 + 19 + 35"), "unexpected ')'"),           # empty parentheses
     (boxed("44 + 19 +"), "ends early"),
     (boxed(""), "empty"),
     (boxed("44 + 19 + 35 / 0"), "numbers used"),
@@ -90,6 +94,7 @@ def test_precedence_and_associativity():
     assert check_expression("24 / 4 / 2", [24, 4, 2], 3)[0]
     assert check_expression("-3 + 5", [3, 5], 2)[0]
     assert check_expression("- - 3 + 5", [3, 5], 8)[0]
+    assert check_expression("+3 + +5", [3, 5], 8)[0]            # unary plus is accepted too
 
 
 def test_exact_fraction_arithmetic_and_tolerance():
@@ -151,6 +156,42 @@ def test_adversarial_inputs_are_fast_and_safe(task, completion):
     # Only the two boxes that really hold "44 + 19 + 35" (and the 1 MB prefix case) are correct.
     expected = 1.0 if completion in (ADVERSARIAL[12], ADVERSARIAL[17]) else 0.0
     assert score == expected
+
+
+def test_scorer_limits_reject_only_past_them():
+    """1,000 characters, 6-digit literals and parentheses nested 50 deep are read; one more is a rejection with
+    the limit as its reason (the limits are written out: they are the scorer's contract, not its constants)."""
+    expr = "44 + 19 + 35"
+    assert check_expression(expr + " " * (1000 - len(expr)), [44, 19, 35], 98)[0]
+    ok, _, reason = check_expression(expr + " " * (1001 - len(expr)), [44, 19, 35], 98)
+    assert not ok and "longer than 1000 characters" in reason
+    assert check_expression("123456 - 123400 + 42", [123456, 123400, 42], 98)[0]
+    ok, _, reason = check_expression("1234567 - 1234500 + 31", [1234567, 1234500, 31], 98)
+    assert not ok and "longer than 6 digits" in reason
+    assert check_expression("(" * 50 + "44" + ")" * 50 + " + 19 + 35", [44, 19, 35], 98)[0]
+    ok, _, reason = check_expression("(" * 51 + "44" + ")" * 51 + " + 19 + 35", [44, 19, 35], 98)
+    assert not ok and "nested deeper than 50" in reason
+    # nesting depth, not the number of parentheses: 60 of them, 30 deep, are fine
+    wide = "(" * 30 + "44" + ")" * 30 + " + " + "(" * 30 + "19" + ")" * 30 + " + 35"
+    assert check_expression(wide, [44, 19, 35], 98)[0]
+    assert not check_expression("(44) + " + "(" * 51 + "19" + ")" * 51 + " + 35", [44, 19, 35], 98)[0]  # 51 deep
+    # under 1,000 characters but far too deep for the recursive parser: a rejection, not a RecursionError
+    ok, _, reason = check_expression("(" * 450 + "44" + ")" * 450, [44], 44)
+    assert not ok and "nested deeper" in reason
+
+
+def test_well_formed_and_parse_ok_are_bools(task):
+    # evaluation records store `well_formed` and average it: None would not read as False there
+    assert parse_ok("44 +") is False and parse_ok("44 + 1") is True
+    assert task.is_well_formed("\\boxed{44 +}", EX) is False
+    assert task.is_well_formed("no box", EX) is False
+    assert task.is_well_formed("\\boxed{1 + 2}", EX) is True
+
+
+def test_details_cut_the_extracted_box_at_200_characters(task):
+    long_box = "1 + " * 50                                                  # exactly 200 characters
+    assert task.details(f"\\boxed{{{long_box}}}", EX)["extracted"] == long_box
+    assert task.details(f"\\boxed{{{long_box}2}}", EX)["extracted"] == long_box + "..."
 
 
 def test_double_braces_are_not_an_expression(task):

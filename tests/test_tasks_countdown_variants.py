@@ -157,6 +157,11 @@ def test_a_small_puzzle_space_runs_out_and_is_split_whole():
     assert set(keys(train)) | set(keys(test)) == {(a + b, (a, b)) for a in range(1, 6) for b in range(a, 6)}
 
 
+def test_division_variants_have_division_puzzles():
+    puzzles = generate_variant(10, "train", numbers=(2, 2), num_range=(1, 20), ops="/", max_misses=2000)
+    assert len(puzzles) == 10 and all("/" in p["solution"] for p in puzzles)
+
+
 def test_generate_variant_rejects_other_splits():
     with pytest.raises(ValueError, match="train and test"):
         generate_variant(3, "generated", numbers=(2, 2), num_range=(1, 9), ops="+")

@@ -66,6 +66,16 @@ def ex(answer: str) -> dict:
     ("0.5", "+ 1/2"),
     ("1000", "+1,000"),
     ("\\begin{pmatrix} -1 & 0 \\\\ 0 & -1 \\end{pmatrix}", "\\begin{pmatrix}-1&0\\\\0&-1\\end{pmatrix}"),
+    ("1.85", "1.85\\ \\text{USD}"),                      # a unit of capitals (strip_unit's docstring)
+    ("2.5", "2.5\\text{ US Dollars}"),                    # a unit of two capitalised words
+    ("5", "5 \\text{m}"),                                  # a one-letter unit set off by a space before it
+    ("5", "5\\text{ m}"),                                  # ... or inside the braces
+    ("5", "5\\text{cm}"),                                  # two letters need no space
+    ("1000", "1\\,000"),                                    # a thin space
+    ("(1,2)", "(1,\\quad 2)"),
+    ("90", "90\\degree"),
+    ("5", "{5}"),                                            # one pair of outer braces
+    ("12", "{12}"),
 ])
 def test_equivalent_answers_match(task, gold, pred):
     assert task.score(f"The answer is $\\boxed{{{pred}}}$.", ex(gold)) == 1.0, (normalize_answer(gold), normalize_answer(pred))
@@ -86,6 +96,8 @@ def test_equivalent_answers_match(task, gold, pred):
     ("0", "\\text{}"),
     ("3", "3,4"),
     ("\\begin{pmatrix} -1 \\\\ 2 \\end{pmatrix}", "\\begin{pmatrix} -1 & 2 \\end{pmatrix}"),  # column vs row
+    ("24", "2x=4"),                                      # only a leading "x=" is a variable prefix
+    ("10001", "1,0001"),                                 # not a thousands separator
 ])
 def test_different_answers_do_not_match(task, gold, pred):
     assert task.score(f"\\boxed{{{pred}}}", ex(gold)) == 0.0
@@ -118,6 +130,8 @@ def test_no_box_scores_zero_and_is_not_well_formed(task):
     ("1", "0.9999991", True),
     ("0.5", "0.5000005", False),                          # exactly 1e-6 of the gold's size
     ("0.0", "0", True),                                   # equal numbers, however written (a gold 0 included)
+    ("1", "1.0000009999995", True),                       # just under 1e-6
+    ("1.5", "1.5000014", False),                          # from 1 up the tolerance is 1e-6, not 1e-6 of the gold
 ])
 def test_numeric_tolerance_is_relative_below_one(gold, pred, expected):
     assert answers_match(pred, gold) is expected
@@ -133,6 +147,18 @@ def test_parse_number():
     assert parse_number("(1,2)") is None and parse_number("x") is None
     assert parse_number("+3") == 3 and parse_number("+\\frac{3}{4}") == 0.75 and parse_number("+.5") == 0.5
     assert parse_number("+") is None and parse_number("+-3") is None and parse_number("++3") is None
+
+
+def test_size_limits_are_exact():
+    """Predictions of up to 1,000 characters are read, numbers of up to 60 characters are compared numerically."""
+    assert answers_match("5" + " " * 999, "5") and not answers_match("5" + " " * 1000, "5")
+    assert parse_number("1" * 60) == int("1" * 60) and parse_number("1" * 61) is None
+
+
+def test_many_wrappers_do_not_break_normalisation():
+    # `_unwrap` stops after 64 wrappers; the rest stay as text, and the answer is still a string
+    assert normalize_answer("\\text{a}" * 70) == "a" * 64 + "\\text{a}" * 6
+    assert not answers_match("\\text{a}" * 70, "a" * 70)
 
 
 def test_normalize_keeps_row_breaks():

@@ -73,6 +73,10 @@ def mmlu() -> MMLUTask:
     ("**Final Answer:** $\\boxed{B}$\n\nC is wrong because ...", "B", 2),
     ("Answer: \\boxed{\\text{(D)}}. Not C.", "D", 2),
     ("answer: \\boxed{Because} C", "C", 3),
+    # only the 16 characters before an "A" are examined for the start of a sentence (module docstring)
+    ("Choose B then" + " " * 15 + "A dog", "A", 3),
+    ("Choose B then" + " " * 16 + "A dog", "B", 3),
+    ("The nonanswer: B. C is wrong", "C", 3),                           # "answer" must be a word of its own
 ])
 def test_cascade(text, letter, level):
     assert extract_letter(text) == (letter, level)
@@ -87,6 +91,7 @@ def test_cascade(text, letter, level):
     "E",                                     # not a choice letter
     "A dog chased the cat.",                 # only the article
     "C-H bond, C=O group, D-glucose, A/B test, A's, H2O, CO2, ABCD, Bb",
+    "Answer: ABCD",                          # a letter glued to capitals is no answer at level 2 either
     "\\boxed{}",
     "😀 ∞",
 ])
@@ -160,6 +165,8 @@ def test_scoring_uses_the_cascade(chem):
     ('Reasoning.\n{"answer": "C"}', "C"),
     ('Reasoning.\n  {"answer":"D"}  \n\n', "D"),
     ('Reasoning.\n```json\n{"answer": "A"}\n```', "A"),
+    ('Reasoning.\n```\n{"answer": "A"}\n  ```  \n', "A"),     # a closing fence, spaced
+    ('{ "answer" : "C" }', "C"),                                 # JSON spacing
     ('{"answer": "A"}\nOn reflection:\n{"answer": "B"}', "B"),
 ])
 def test_well_formed_means_the_stated_json_last_line(chem, completion, letter):
@@ -183,6 +190,7 @@ def test_well_formed_means_the_stated_json_last_line(chem, completion, letter):
     '{"answer": "B", "confidence": 0.9}',
     '```json\n{"answer": "B"}```',               # the fence is not on a line of its own
     "",
+    None,                                       # not a string: no answer, no exception
 ])
 def test_other_answers_are_not_well_formed(chem, mmlu, completion):
     ex = {"question": "q", "choices": ["w", "x", "y", "z"], "answer": "B"}

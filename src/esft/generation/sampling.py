@@ -108,8 +108,10 @@ def _nucleus_groups(probs: torch.Tensor, top_p: float) -> list[_Group]:
 
 def _nucleus(sorted_probs: torch.Tensor, top_p: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(probabilities with the tokens past the nucleus zeroed, the drop mask): the smallest prefix whose mass
-    reaches top_p is kept (the first token always is)."""
-    drop = sorted_probs.cumsum(dim=-1) - sorted_probs > top_p
+    reaches top_p is kept (the first token always is). A token goes once the mass before it reaches top_p: it is
+    not needed, as in transformers' TopPLogitsWarper (0.5, 0.5 at top_p 0.5 keeps one token)."""
+    drop = sorted_probs.cumsum(dim=-1) - sorted_probs >= top_p
+    drop[..., 0] = False
     return sorted_probs.masked_fill(drop, 0.0), drop
 
 
