@@ -59,3 +59,18 @@ def importable_module(tmp_path, monkeypatch, name: str, source: str) -> None:
     (tmp_path / f"{name}.py").write_text(source)
     monkeypatch.syspath_prepend(str(tmp_path))
     sys.modules.pop(name, None)
+
+
+@pytest.fixture()
+def user_tasks(tmp_path, monkeypatch):
+    """The module `obj_tasks` of tests/user_task_classes.py, importable as a user's script module would be."""
+    import sys
+
+    from user_task_classes import USER_TASKS
+
+    (tmp_path / "obj_tasks.py").write_text(USER_TASKS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    sys.modules.pop("obj_tasks", None)
+    import obj_tasks
+
+    return obj_tasks
