@@ -271,3 +271,15 @@ def test_every_direction_starts_at_the_origins_accuracy(monkeypatch):
     sw = L.direction_sweep(work, None, a, dirs, [0.0, 0.1], tasks, None)
     for label in ("ES", "random"):
         assert sw["directions"][label]["accuracy"]["t"] == pytest.approx([1.0, 0.9], abs=1e-5)
+
+
+def test_sparsity_of_weights_with_no_tensor_in_common_is_refused():
+    """sparsity_at read 0.0 and taus_for_sparsity put every threshold at the histogram's top (1000) for a base and
+    a tuned model that share no weight, as if an update had been measured."""
+    from esft.analysis.sparsity import sparsity_at, taus_for_sparsity
+
+    base, tuned = {"a.weight": torch.zeros(3)}, {"b.weight": torch.ones(3)}
+    for measure in (lambda: sparsity_at(base, tuned, [0.1]), lambda: taus_for_sparsity(base, tuned, [0.5])):
+        with pytest.raises(ValueError, match="no tensor in common"):
+            measure()
+    assert sparsity_at({"a.weight": torch.zeros(4)}, {"a.weight": torch.tensor([0.0, 0.0, 1.0, 1.0])}, [0.5]) == [0.5]

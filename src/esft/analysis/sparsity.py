@@ -52,7 +52,16 @@ def sparsity_at(base: Any, tuned: Any, taus: Sequence[float], chunk_elems: int =
             s, _ = torch.sort(a)
             small += torch.searchsorted(s, taus_t, right=True).to(torch.float64)
             total += a.numel()
-    return (small / max(1, total)).tolist()
+    _check_shared(total)
+    return (small / total).tolist()
+
+
+def _check_shared(total: int) -> None:
+    """A base and a tuned model with no weight in common (another architecture, a wrong folder) have no update to
+    measure: a sparsity of 0 or a threshold at the top of the histogram would pass for one."""
+    if total == 0:
+        raise ValueError("the base and the tuned weights have no tensor in common (same names and shapes): no "
+                         "update to measure")
 
 
 def abs_histogram(base: Any, tuned: Any, edges: np.ndarray, chunk_elems: int = DEFAULT_CHUNK_ELEMS) -> tuple[np.ndarray, int, int]:
@@ -71,6 +80,7 @@ def abs_histogram(base: Any, tuned: Any, edges: np.ndarray, chunk_elems: int = D
             below += int(low.sum())
             idx = (torch.bucketize(a[~low], e, right=True) - 1).clamp(0, len(edges) - 2)
             counts += torch.bincount(idx, minlength=len(edges) - 1).to(torch.float64)
+    _check_shared(total)
     return counts.numpy(), below, total
 
 
