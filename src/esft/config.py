@@ -206,7 +206,7 @@ def type_ok(value: Any, hint: Any) -> bool:
 
 def type_words(hint: Any) -> str:
     """`hint` in an error message's words ("an integer", "a number or null", ...)."""
-    inner, optional = _unwrap_optional(hint)
+    inner, optional = unwrap_optional(hint)
     origin = typing.get_origin(inner)
     words = {bool: "true or false", int: "an integer", float: "a number", str: "text"}.get(inner)
     if words is None:
@@ -257,7 +257,8 @@ def field_docs(cls: type) -> dict[str, str]:
     return docs
 
 
-def _unwrap_optional(tp: Any) -> tuple[Any, bool]:
+def unwrap_optional(tp: Any) -> tuple[Any, bool]:
+    """(X, True) for a type `X | None`, else (the type, False)."""
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(tp) if a is not type(None)]
@@ -307,7 +308,7 @@ def _list_of(conv):
 
 def converter(tp: Any):
     """A function str -> value for a field type (int, float, str, bool, list[X], X | None)."""
-    inner, optional = _unwrap_optional(tp)
+    inner, optional = unwrap_optional(tp)
     if typing.get_origin(inner) in (list, tuple):
         (item,) = typing.get_args(inner)[:1] or (str,)
         conv = _list_of(item if item in (int, float, str) else str)
@@ -342,7 +343,7 @@ def add_dataclass_arguments(parser: argparse.ArgumentParser, cls: type, skip: tu
                    else f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
         # argparse %-formats help strings: a literal "%" in a docstring must be doubled
         help_text = f"{docs.get(f.name, '')} (default: {default!r})".replace("%", "%%")
-        inner, _ = _unwrap_optional(tp)
+        inner, _ = unwrap_optional(tp)
         if inner is bool:
             parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction,
                                 default=argparse.SUPPRESS, help=help_text)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
-import types
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -423,13 +422,12 @@ def _typed_trl_args(config: GRPOConfig, trl_class: type) -> dict[str, Any]:
     `adam_epsilon: 1e-8` as text, which TRL keeps and torch's optimizer refuses only after the model has loaded."""
     import typing
 
-    from esft.config import converter
+    from esft.config import converter, unwrap_optional
 
     hints = typing.get_type_hints(trl_class)
     out = {}
     for key, value in config.trl_args.items():
-        kind = typing.get_args(hints[key]) if typing.get_origin(hints[key]) in (typing.Union, types.UnionType) else ()
-        inner = next((t for t in kind if t is not type(None)), None) if kind else hints[key]
+        inner, _ = unwrap_optional(hints[key])
         if isinstance(value, str) and inner in (int, float, bool):
             try:
                 out[key] = converter(hints[key])(value)
