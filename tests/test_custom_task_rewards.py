@@ -1,6 +1,7 @@
 """A researcher's own task, continued (tests/test_custom_tasks.py has the acceptance path): a reward function passed
-itself through the Python API, a reward that gives no number for some completions, and multiple-choice data whose
-answer letters are labels (balanced evaluation, the balanced fitness rule, GRPO's class_balanced)."""
+itself through the Python API, a reward that gives no number for some completions (None, as TRL allows: the
+multi-function cases are in tests/test_custom_task_none_rewards.py), and multiple-choice data whose answer letters
+are labels (balanced evaluation, the balanced fitness rule, GRPO's class_balanced)."""
 
 from __future__ import annotations
 
@@ -85,15 +86,22 @@ def test_a_reward_function_passed_itself(files):
         DatasetTask(source=str(files / "sums.jsonl"), reward=3)
 
 
-@pytest.mark.parametrize("reward, word", [("none_when_long", "returned None"), ("nan_when_long", "returned nan")])
-def test_a_reward_without_a_number_for_a_completion_says_what_to_return(files, reward, word):
-    """TRL reads None (and NaN) as "does not apply"; esft needs a score for every completion and says so."""
+@pytest.mark.parametrize("reward", ["none_when_long", "nan_when_long"])
+def test_a_reward_without_a_number_for_a_completion_is_read_as_trl_reads_it(files, reward):
+    """A reward returning None (or NaN) for a completion stopped the run ("returned None for completion 0: every
+    completion needs a score"), though TRL's GRPOTrainer takes None as "this reward does not apply". With one
+    function, such a completion is one no reward applies to: TRL leaves it out of its group's baseline (advantage
+    0), so the GRPO path gives TRL None; ES fitness and accuracy count it 0 (nansum over no reward), with a warning
+    naming the reward and the count."""
     task = get_task(str(files / "sums.jsonl"), prompt_field="question", reward=f"byot_rewards:{reward}")
     example = task.load("train", limit=1)[0]
-    assert task.score("short", example) == 0.5  # the check when the task was built passed
-    with pytest.raises(ValueError, match=rf"{word} for completion 0: every completion needs a score: return e.g. "
-                                         r"0.0 where the reward does not apply"):
-        task.score("a long completion", example)
+    assert task.score("short", example) == 0.5
+    with pytest.warns(UserWarning, match=rf"reward 'byot_rewards:{reward}' returned None for 1 of 2 completions "
+                                         r"scored so far: no reward applies to them, so ES fitness and accuracy "
+                                         r"count each as 0"):
+        assert task.score("a long completion", example) == 0.0
+    completions = [[{"role": "assistant", "content": t}] for t in ("short", "a long completion")]
+    assert task.reward_function()(completions, examples=[example, example]) == [0.5, None]
 
 
 def test_multiple_choice_data_has_labels(files):

@@ -37,19 +37,20 @@ from esft.rundir import CHECKPOINTS, checkpoint_name, list_checkpoints, prune_ch
 from esft.tasks.base import checks_format, completion_text
 
 
-def balanced_rewards(rewards: Sequence[float], labels: Sequence[Any],
-                     label_set: Sequence[Any] | None) -> list[float]:
+def balanced_rewards(rewards: Sequence[float | None], labels: Sequence[Any],
+                     label_set: Sequence[Any] | None) -> list[float | None]:
     """Rewards weighted by `class_balanced_weights` of their labels; a label outside `label_set` (a Countdown
-    target two operators reach) keeps weight 1. Their mean is the mean over labels of each label's mean reward."""
+    target two operators reach) keeps weight 1. Their mean is the mean over labels of each label's mean reward.
+    None (no reward applies: TRL's unscorable completion) stays None."""
     from esft.tasks.labels import class_balanced_weights
 
     allowed = None if label_set is None else set(label_set)
     known = [i for i, label in enumerate(labels) if allowed is None or label in allowed]
-    out = [float(r) for r in rewards]
+    out = [None if r is None else float(r) for r in rewards]
     if known:
         weights = class_balanced_weights([labels[i] for i in known])
         for i, w in zip(known, weights):
-            out[i] *= w
+            out[i] = None if out[i] is None else out[i] * w
     return out
 
 
@@ -72,7 +73,7 @@ class TaskReward:
         self.samples_per_iteration = samples_per_iteration
         self.__name__ = f"{task.name}_reward"  # TRL names the reward metric after it
 
-    def __call__(self, completions: list[Any], example_index: list[int], **kwargs: Any) -> list[float]:
+    def __call__(self, completions: list[Any], example_index: list[int], **kwargs: Any) -> list[float | None]:
         examples = [self.examples[int(i)] for i in example_index]
         rewards = self._reward(completions, examples=examples)
         if self.class_balanced:
@@ -85,7 +86,7 @@ class TaskReward:
                   if checks_format(self.task) else [None] * len(texts))
         trainer_state = kwargs.get("trainer_state")
         ledger = self._ledger()
-        ledger.rewards += rewards
+        ledger.rewards += [r for r in rewards if r is not None]  # as TRL's reward metric, unscorable ones left out
         ledger.scores += scores
         ledger.well_formed += [f for f in formed if f is not None]
         room = self.samples_per_iteration - len(ledger.samples)

@@ -152,8 +152,7 @@ class Task:
         def reward(completions: list[Any], **kwargs: Any) -> list[float]:
             examples = kwargs.get("examples")
             if examples is None:
-                keys = [k for k, v in kwargs.items() if isinstance(v, list) and len(v) == len(completions)]
-                examples = [{k: kwargs[k][i] for k in keys} for i in range(len(completions))]
+                examples = examples_from_kwargs(completions, kwargs)
             out = []
             for completion, example in zip(completions, examples):
                 text = completion_text(completion)
@@ -165,6 +164,12 @@ class Task:
 
         reward.__name__ = f"{self.name}_reward"
         return reward
+
+
+def examples_from_kwargs(completions: list[Any], kwargs: dict[str, Any]) -> list[Example]:
+    """The examples of a TRL reward call: every keyword list as long as `completions` is a column."""
+    keys = [k for k, v in kwargs.items() if isinstance(v, list) and len(v) == len(completions)]
+    return [{k: kwargs[k][i] for k in keys} for i in range(len(completions))]
 
 
 def completion_text(completion: Any) -> str:

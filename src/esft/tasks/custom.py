@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from esft.tasks.base import Example, Messages, Task
-from esft.tasks.dataset_task import DatasetTask, is_data_file
+from esft.tasks.dataset_task import DatasetTask, is_data_file, reward_parts
 from esft.tasks.verifiers import import_object
 
 ENTRY_POINT_GROUP = "esft.tasks"
@@ -267,7 +267,8 @@ def add_task_flags(parser: Any) -> None:
              "answer_field": "data task: column of the gold answer",
              "system_prompt": "data task: system message before each prompt",
              "reward": "data task: exact, boxed, math, mcq, regex:PATTERN, or module:function with TRL's reward "
-                       "signature (completions, **kwargs) -> list[float]"}
+                       "signature (completions, **kwargs) -> list[float] (None where it does not apply); several "
+                       "functions joined by '+' add up as in TRL"}
     for key in DATA_TASK_FLAGS:
         parser.add_argument("--" + key.replace("_", "-"), dest=key, default=None, metavar=key.split("_")[0].upper(),
                             help=helps[key] + " (docs/custom-tasks.md)")
@@ -310,8 +311,9 @@ def task_record(task: Any) -> tuple[str, dict[str, Any]]:
         opts = {f.name: _recordable(getattr(task, f.name)) for f in dataclasses.fields(task)
                 if f.init and f.name not in ("source", "name", "splits")
                 and not _same(getattr(task, f.name), getattr(defaults, f.name))}
-        if callable(task.reward):  # a reward function passed itself: its import path, where it names the same one
-            opts["reward"] = _import_path(task.reward) or opts["reward"]
+        if not isinstance(task.reward, str):  # functions passed themselves: their import paths, where they name them
+            paths = [_import_path(fn) for fn in reward_parts(task.reward)]
+            opts["reward"] = "+".join(paths) if all(paths) else opts["reward"]  # type: ignore[arg-type]
         return task.source, opts
     cls = type(task)
     path = recorded_class(task)

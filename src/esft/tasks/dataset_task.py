@@ -17,13 +17,14 @@ import gzip
 import io
 import json
 import random
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from esft.tasks.base import Example, Messages, Task, completion_text
+from esft.tasks.base import Example, Messages, Task, completion_text, examples_from_kwargs
 from esft.tasks.common import SPLIT_SEED, load_hub_rows
-from esft.tasks.verifiers import (COMPLETION_FORMATS, Verifier, builtin_verifier, call_trl_reward, check_rewards,
+from esft.tasks.verifiers import (COMPLETION_FORMATS, Verifier, builtin_verifier, call_trl_reward, combine_rewards,
                                   import_object)
 
 #: file suffixes read as data (".gz" allowed after the JSON ones)
@@ -84,6 +85,32 @@ def split_sizes(n: int, test_size: float) -> int:
     return k
 
 
+def reward_parts(reward: Any) -> list[Any]:
+    """The rewards `reward` names: a function, a list of functions or names, or a string of names joined by "+"
+    (a regex:PATTERN is one reward, whatever its pattern holds)."""
+    if callable(reward):
+        return [reward]
+    if isinstance(reward, str):
+        text = reward.strip()
+        return [text] if text.startswith("regex:") else [p.strip() for p in text.split("+")]
+    if isinstance(reward, (list, tuple)) and reward and all(isinstance(r, str) or callable(r) for r in reward):
+        return [r.strip() if isinstance(r, str) else r for r in reward]
+    raise ValueError(f"reward must be a built-in verifier's name, 'module:function' or a function (or a list of "
+                     f"functions), got {reward!r}")
+
+
+def function_name(fn: Callable[..., Any]) -> str:
+    return f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', fn)}"
+
+
+def unscorable_warning(names: list[str], unscored: int, scored: int) -> str:
+    """The warning of `DatasetTask.score_batch` when completions got no reward (TRL warns alike)."""
+    who = f"reward {names[0]!r}" if len(names) == 1 else f"every reward function ({', '.join(names)})"
+    return (f"{who} returned None for {unscored} of {scored} completions scored so far: no reward applies to them, "
+            "so ES fitness and accuracy count each as 0 (TRL's nansum over no reward) and GRPO gives TRL None, "
+            "which leaves them out of their group's baseline with advantage 0 (docs/custom-tasks.md)")
+
+
 @dataclass
 class DatasetTask(Task):
     """The user's data and reward as a task (module docstring)."""
@@ -96,9 +123,10 @@ class DatasetTask(Task):
     """column holding the gold answer (needed by the built-in verifiers; optional for a reward function)"""
     system_prompt: str = ""
     """system message put before the prompt (none when empty)"""
-    reward: str | Callable[..., Any] = "exact"
-    """exact, boxed, math, mcq, regex:PATTERN, or module:function with TRL's reward signature (esft.tasks.verifiers);
-    through the Python API also such a function itself"""
+    reward: str | Callable[..., Any] | list[Any] = "exact"
+    """exact, boxed, math, mcq, regex:PATTERN, or module:function with TRL's reward signature (esft.tasks.verifiers),
+    or several such functions joined by "+" (combined by TRL's rule); through the Python API also such a function
+    itself, or a list of functions or their names"""
     completion_format: str = "messages"
     """how a reward function gets completions: "messages" (as TRL for chat prompts) or "text" (plain strings)"""
     test_size: float = 0.2
@@ -113,7 +141,10 @@ class DatasetTask(Task):
     """hub datasets: split read as held-out (None = a test_size draw from train_split)"""
     _rows: dict[str, list[Example]] = field(default_factory=dict, init=False, repr=False, compare=False)
     _verifier: Verifier | None = field(default=None, init=False, repr=False, compare=False)
-    _reward_fn: Callable[..., Any] | None = field(default=None, init=False, repr=False, compare=False)
+    _reward_fns: list[tuple[str, Callable[..., Any]]] = field(default_factory=list, init=False, repr=False,
+                                                              compare=False)
+    _unscorable: list[int] = field(default_factory=lambda: [0, 0], init=False, repr=False, compare=False)
+    """[completions no reward function scored, completions scored] by `score_batch`, for its warning"""
 
     def __post_init__(self) -> None:
         if not self.source:
@@ -124,27 +155,32 @@ class DatasetTask(Task):
         if self.completion_format not in COMPLETION_FORMATS:
             raise ValueError(f"completion_format must be one of {', '.join(COMPLETION_FORMATS)}, "
                              f"got {self.completion_format!r}")
-        if callable(self.reward):  # the function itself (Python API): messages name it by its import path
-            self._reward_fn = self.reward
-            return
-        if not isinstance(self.reward, str):
-            raise ValueError(f"reward must be a built-in verifier's name, 'module:function' or a function, got "
-                             f"{self.reward!r}")
-        self._verifier = builtin_verifier(self.reward)
-        if self._verifier is None:
-            if ":" not in self.reward:
-                raise ValueError(f"unknown reward {self.reward!r}: use exact, boxed, math, mcq, regex:PATTERN or "
-                                 "module:function (a TRL reward function)")
-            fn = import_object(self.reward, "reward")
+        if isinstance(self.reward, (list, tuple)) and self.reward and all(isinstance(r, str) for r in self.reward):
+            self.reward = "+".join(r.strip() for r in self.reward)  # names: one string, as config.yaml records it
+        parts = reward_parts(self.reward)
+        if len(parts) == 1 and isinstance(parts[0], str):
+            self._verifier = builtin_verifier(parts[0])
+            if self._verifier is not None:
+                return
+        for part in parts:
+            if callable(part):  # the function itself (Python API): messages name it by its import path
+                self._reward_fns.append((function_name(part), part))
+                continue
+            if builtin_verifier(part) is not None:
+                raise ValueError(f"reward {self.reward!r}: a built-in verifier ({part}) cannot be combined with "
+                                 "other rewards; combine reward functions (module:function) only")
+            if ":" not in part:
+                raise ValueError(f"unknown reward {part!r}: use exact, boxed, math, mcq, regex:PATTERN, "
+                                 "module:function (a TRL reward function) or several functions joined by '+'")
+            fn = import_object(part, "reward")
             if not callable(fn):
-                raise ValueError(f"reward {self.reward!r} is {type(fn).__name__}, not a function")
-            self._reward_fn = fn
+                raise ValueError(f"reward {part!r} is {type(fn).__name__}, not a function")
+            self._reward_fns.append((part, fn))
 
     @property
     def reward_name(self) -> str:
-        """The reward as text: its spec, or a function's `module:name`."""
-        fn = self.reward
-        return fn if isinstance(fn, str) else f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', fn)}"
+        """The reward as text: its spec, or the functions' `module:name` joined by "+"."""
+        return self.reward if isinstance(self.reward, str) else "+".join(name for name, _ in self._reward_fns)
 
     # ---- data ---------------------------------------------------------------------------------------------------
     def _read(self) -> dict[str, list[Example]]:
@@ -196,9 +232,8 @@ class DatasetTask(Task):
         completions: a missing field, an empty file or a reward of the wrong shape fails here, before training."""
         rows = self._read()["train"][:2]
         texts = [str(r.get(self.answer_field, "")) for r in rows]
-        if self._reward_fn is not None:
-            call_trl_reward(self._reward_fn, self.reward_name, texts, [self.prompt(r) for r in rows], rows,
-                            self.completion_format)
+        for name, fn in self._reward_fns:
+            call_trl_reward(fn, name, texts, [self.prompt(r) for r in rows], rows, self.completion_format)
 
     # ---- prompting and scoring ----------------------------------------------------------------------------------
     def prompt(self, example: Example) -> Messages:
@@ -217,11 +252,26 @@ class DatasetTask(Task):
         return self.score_batch([completion_text(completion)], [example])[0]
 
     def score_batch(self, texts: list[str], examples: list[Example]) -> list[float]:
-        """Rewards of several completions in one call (one call of a TRL reward function)."""
-        if self._reward_fn is None:
+        """Rewards of several completions in one call of each reward function. A completion no function scored
+        (`rewards` gives None) scores 0, TRL's nansum over no reward: ES fitness and accuracy need a number for
+        every completion. A warning says so, each time the count of such completions reaches a power of two."""
+        if not self._reward_fns:
             return [self.score(t, ex) for t, ex in zip(texts, examples)]
-        return call_trl_reward(self._reward_fn, self.reward_name, texts, [self.prompt(ex) for ex in examples],
-                               examples, self.completion_format)
+        out = self.rewards(texts, examples)
+        unscored = out.count(None)
+        before = self._unscorable[0]
+        self._unscorable[0] += unscored
+        self._unscorable[1] += len(out)
+        if unscored and (self._unscorable[0]).bit_length() > before.bit_length():
+            warnings.warn(unscorable_warning([name for name, _ in self._reward_fns], *self._unscorable), stacklevel=2)
+        return [0.0 if r is None else r for r in out]
+
+    def rewards(self, texts: list[str], examples: list[Example]) -> list[float | None]:
+        """The reward functions' rewards of completions, combined as TRL combines its reward_funcs (esft.tasks.
+        verifiers.combine_rewards): None where none applies."""
+        prompts = [self.prompt(ex) for ex in examples]
+        return combine_rewards([call_trl_reward(fn, name, texts, prompts, examples, self.completion_format)
+                                for name, fn in self._reward_fns])
 
     @property
     def checks_format(self) -> bool:
@@ -258,24 +308,23 @@ class DatasetTask(Task):
     def _is_mcq(self) -> bool:
         return self._verifier is not None and self._verifier.name == "mcq"
 
-    def reward_function(self, format_bonus: float = 0.0) -> Callable[..., list[float]]:
-        """TRL's signature, scoring a batch with one call of the user's function (see Task.reward_function)."""
-        if self._reward_fn is None:
+    def reward_function(self, format_bonus: float = 0.0) -> Callable[..., list[float | None]]:
+        """TRL's signature, scoring a batch with one call of each of the user's functions (see
+        Task.reward_function). A completion none of them scored gets None, so TRL treats it as its own
+        reward_funcs' unscorable completions: left out of its group's baseline, advantage 0. (No format bonus: a
+        reward function checks no format, `checks_format`.)"""
+        if not self._reward_fns:
             return super().reward_function(format_bonus)
-        base = super().reward_function(0.0)
 
-        def reward(completions: list[Any], **kwargs: Any) -> list[float]:
+        def reward(completions: list[Any], **kwargs: Any) -> list[float | None]:
             examples = kwargs.get("examples")
             if examples is None:
-                return base(completions, **kwargs)
-            texts = [completion_text(c) for c in completions]
-            out = self.score_batch(texts, examples)
-            if format_bonus:
-                out = [r + format_bonus * self.is_well_formed(t, ex) for r, t, ex in zip(out, texts, examples)]
-            return check_rewards(out, len(texts), self.reward_name)
+                examples = examples_from_kwargs(completions, kwargs)
+            return self.rewards([completion_text(c) for c in completions], examples)
 
         reward.__name__ = f"{self.name}_reward"
         return reward
 
 
-__all__ = ["DATA_SUFFIXES", "DatasetTask", "is_data_file", "read_rows", "split_sizes"]
+__all__ = ["DATA_SUFFIXES", "DatasetTask", "function_name", "is_data_file", "read_rows", "reward_parts", "split_sizes",
+           "unscorable_warning"]

@@ -8,10 +8,14 @@ A reward is named by a string so that it survives `config.yaml` (resume, replay,
     mcq           the answer letter the MMLU / chemistry scorer extracts equals the gold letter (esft.tasks.mcq)
     regex:PATTERN the last match of PATTERN (its first group when it has one) equals the gold answer
     module:func   a function `func(completions, **kwargs) -> list[float]` exactly as TRL's GRPOTrainer calls it
+    m:f+m:g       several such functions, combined as TRL's GRPOTrainer combines its reward_funcs
 
 A TRL reward function receives `completions` (one per example; with esft's chat prompts each is a list holding one
 assistant message, as TRL passes them for conversational datasets), `prompts` (the chat messages) and every other
-column of the data as a keyword list. It must return one number per completion.
+column of the data as a keyword list. It returns one value per completion: a number, or None (NaN alike) where the
+reward does not apply, as in TRL. Several functions combine by TRL's rule (`combine_rewards`, TRL >= 1.16,
+GRPOTrainer._calculate_rewards and _generate_and_score_completions): a completion's reward is the sum of the
+rewards that apply to it (TRL's nansum with its default weights of 1); when none applies it is unscorable (None).
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from esft.tasks.base import Example, Messages, last_boxed
 from esft.tasks.hendrycks_math import answers_match
@@ -139,8 +143,9 @@ def trl_columns(examples: list[Example]) -> dict[str, list[Any]]:
 
 
 def call_trl_reward(fn: Callable[..., Any], name: str, texts: list[str], prompts: list[Messages],
-                    examples: list[Example], completion_format: str) -> list[float]:
-    """`fn` called as TRL calls a reward function, its result checked: one finite number per completion."""
+                    examples: list[Example], completion_format: str) -> list[float | None]:
+    """`fn` called as TRL calls a reward function, its result checked: one finite number, or None where the reward
+    does not apply, per completion (`check_rewards`)."""
     try:
         out = fn(completions=as_completions(texts, completion_format), prompts=prompts, **trl_columns(examples))
     except Exception as exc:  # the user's code: say whose and on what it failed, as esft's CLI prints a ValueError
@@ -151,8 +156,10 @@ def call_trl_reward(fn: Callable[..., Any], name: str, texts: list[str], prompts
     return check_rewards(out, len(texts), name)
 
 
-def check_rewards(out: Any, n: int, name: str) -> list[float]:
-    """`out` as a list of n floats; a ValueError naming the reward when it is not one number per completion."""
+def check_rewards(out: Any, n: int, name: str) -> list[float | None]:
+    """`out` as a list of n finite floats, None where the reward returned None or NaN (TRL reads both as "this
+    reward does not apply": it turns None into NaN); a ValueError naming the reward when it is not one value per
+    completion, or a value is not a number or infinite."""
     try:
         values = list(out)
     except TypeError:
@@ -160,24 +167,32 @@ def check_rewards(out: Any, n: int, name: str) -> list[float]:
                          f"(TRL's reward signature: completions, **kwargs -> list[float])") from None
     if len(values) != n:
         raise ValueError(f"reward {name!r} returned {len(values)} values for {n} completions "
-                         "(it must return one number per completion)")
-    result = []
-    # TRL reads None (and NaN) as "this reward does not apply" and leaves the completion out of its group's
-    # baseline; ES's fitness and esft's accuracy need a score for every completion, so the reward must give one
-    unscored = "every completion needs a score: return e.g. 0.0 where the reward does not apply"
+                         "(it must return one number, or None, per completion)")
+    result: list[float | None] = []
     for i, v in enumerate(values):
         if v is None:
-            raise ValueError(f"reward {name!r} returned None for completion {i}: {unscored}")
+            result.append(None)
+            continue
         if isinstance(v, (str, bytes)) or not hasattr(v, "__float__"):  # numpy scalars and bools count
-            raise ValueError(f"reward {name!r} returned {v!r} ({type(v).__name__}) for completion {i}: not a number")
+            raise ValueError(f"reward {name!r} returned {v!r} ({type(v).__name__}) for completion {i}: not a number "
+                             "(or None where the reward does not apply)")
         f = float(v)
-        if math.isnan(f):
-            raise ValueError(f"reward {name!r} returned nan for completion {i}: {unscored}")
-        if not math.isfinite(f):
+        if not math.isfinite(f) and not math.isnan(f):
             raise ValueError(f"reward {name!r} returned {f} for completion {i}: rewards must be finite")
-        result.append(f)
+        result.append(None if math.isnan(f) else f)
     return result
 
 
+def combine_rewards(columns: Sequence[Sequence[float | None]]) -> list[float | None]:
+    """One reward per completion from each function's column (None = does not apply), by TRL's rule: the sum of
+    the rewards that apply (nansum, weights 1), None where none does (TRL's "unscorable" completion, which it
+    leaves out of its group's baseline and gives advantage 0)."""
+    out: list[float | None] = []
+    for row in zip(*columns, strict=True):
+        applied = [r for r in row if r is not None]
+        out.append(math.fsum(applied) if applied else None)  # fsum: the same sum whatever the order of the terms
+    return out
+
+
 __all__ = ["BUILTIN_VERIFIERS", "COMPLETION_FORMATS", "Verifier", "as_completions", "builtin_verifier",
-           "call_trl_reward", "check_rewards", "import_object", "normalize", "trl_columns"]
+           "call_trl_reward", "check_rewards", "combine_rewards", "import_object", "normalize", "trl_columns"]

@@ -1,0 +1,135 @@
+"""Reward functions that return None where they do not apply, read by TRL's rule (TRL >= 1.16, GRPOTrainer): several
+functions sum over those that apply to a completion (nansum, weights 1); a completion none applies to is unscorable,
+which TRL leaves out of its group's baseline with advantage 0, and which ES fitness and accuracy count as 0.
+
+Every expected value below is worked out by hand from the functions' definitions."""
+
+from __future__ import annotations
+
+import json
+import math
+import warnings
+
+import pytest
+
+from conftest import importable_module
+from esft.tasks import get_task
+from esft.tasks.custom import task_spec
+from esft.tasks.dataset_task import DatasetTask
+from esft.tasks.verifiers import check_rewards
+
+REWARDS = '''
+def math_only(completions, kind, answer, **kwargs):
+    """math rows: 1 for the answer, -0.5 otherwise; None on other rows"""
+    return [None if k != "math" else (1.0 if c[0]["content"].strip() == a else -0.5)
+            for c, k, a in zip(completions, kind, answer)]
+
+def code_only(completions, kind, **kwargs):
+    """code rows: 2 with a def, 0.25 without; None on other rows"""
+    return [None if k != "code" else (2.0 if "def " in c[0]["content"] else 0.25) for c, k in zip(completions, kind)]
+
+def brevity(completions, kind, **kwargs):
+    """math and code rows: 0.125 for at most 8 characters, else 0; NaN (TRL reads it as None) on poem rows"""
+    return [float("nan") if k == "poem" else (0.125 if len(c[0]["content"]) <= 8 else 0.0)
+            for c, k in zip(completions, kind)]
+
+def never(completions, **kwargs):
+    return [None] * len(completions)
+'''
+
+ROWS = [{"question": "2 + 2?", "kind": "math", "answer": "4"}, {"question": "3 + 1?", "kind": "math", "answer": "4"},
+        {"question": "Write f.", "kind": "code", "answer": ""}, {"question": "Print.", "kind": "code", "answer": ""},
+        {"question": "A haiku.", "kind": "poem", "answer": ""}]
+TEXTS = ["4", "it is 5 for sure", "def f(): pass", "print", "leaves fall"]
+# math_only + code_only + brevity, by hand (None = does not apply):
+#   math "4"           1.0  + None + 0.125 = 1.125
+#   math "it is 5.."  -0.5  + None + 0.0   = -0.5
+#   code "def f()..."  None + 2.0  + 0.0   = 2.0    (13 characters)
+#   code "print"       None + 0.25 + 0.125 = 0.375
+#   poem               None + None + NaN   -> no reward applies: None for TRL, 0 for ES fitness and accuracy
+TRL_REWARDS = [1.125, -0.5, 2.0, 0.375, None]
+SCORES = [1.125, -0.5, 2.0, 0.375, 0.0]
+NAMES = "byot_multi:math_only, byot_multi:code_only, byot_multi:brevity"
+
+
+@pytest.fixture()
+def multi(tmp_path, monkeypatch):
+    importable_module(tmp_path, monkeypatch, "byot_multi", REWARDS)
+    data = tmp_path / "multi.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in ROWS * 4))
+    return data
+
+
+def test_trl_rule_on_columns():
+    from esft.tasks.verifiers import combine_rewards
+
+    assert combine_rewards([[1.0, None, None, -0.5], [0.5, 2.0, None, None]]) == [1.5, 2.0, None, -0.5]
+    assert combine_rewards([[None, 3.0]]) == [None, 3.0]
+    assert check_rewards([None, float("nan"), 1, True], 4, "r") == [None, None, 1.0, 1.0]
+    with pytest.raises(ValueError, match=r"reward 'r' returned inf for completion 0: rewards must be finite"):
+        check_rewards([math.inf], 1, "r")
+    with pytest.raises(ValueError, match=r"reward 'r' returned 'x' \(str\) for completion 0: not a number"):
+        check_rewards(["x"], 1, "r")
+
+
+def test_each_function_scores_its_own_kind_of_example(multi):
+    """A multi-task data file scored by one function per kind of row (and one for two kinds): before, a reward
+    could not return None and only one reward could be named, so such a task could not be built."""
+    task = get_task(str(multi), prompt_field="question", reward="byot_multi:math_only+byot_multi:code_only+"
+                                                                 "byot_multi:brevity")
+    completions = [[{"role": "assistant", "content": t}] for t in TEXTS]
+    # GRPO path: TRL gets None for the unscorable completion, as from its own reward_funcs
+    assert task.reward_function()(completions, examples=ROWS) == TRL_REWARDS
+    columns = {k: [r[k] for r in ROWS] for k in ROWS[0]}
+    assert task.reward_function()(completions, **columns) == TRL_REWARDS  # the columns as TRL passes them
+    with pytest.warns(UserWarning, match=rf"every reward function \({NAMES}\) returned None for 1 of 5 completions "
+                                         r"scored so far"):
+        assert task.score_batch(TEXTS, ROWS) == SCORES
+    # ES fitness and evaluation score one completion at a time: the same numbers
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert [task.score(t, r) for t, r in zip(TEXTS, ROWS)] == SCORES
+
+
+def test_grpo_reward_gives_trl_none_and_logs_only_scorable_rewards(multi):
+    from esft.grpo.ledger import StepLedger
+    from esft.grpo.trl_trainer import TaskReward, balanced_rewards
+
+    task = get_task(str(multi), prompt_field="question",
+                    reward=["byot_multi:math_only", "byot_multi:code_only", "byot_multi:brevity"])
+    ledger = StepLedger()
+    completions = [[{"role": "assistant", "content": t}] for t in TEXTS]
+    with pytest.warns(UserWarning, match="returned None for 1 of 5 completions"):  # esft's accuracy, per completion
+        assert TaskReward(task, ROWS, 0.0, lambda: ledger)(completions, example_index=[0, 1, 2, 3, 4]) == TRL_REWARDS
+    assert ledger.rewards == TRL_REWARDS[:4]  # TRL's reward metric leaves unscorable completions out too
+    assert ledger.scores == SCORES
+    # class weights n / (K * count) with n = 4, K = 3: a and c 4/3, b 2/3; the unscorable one stays None
+    assert balanced_rewards([1.0, 3.0, None, 2.0], ["a", "b", "b", "c"], None) == [4 / 3, 2.0, None, 8 / 3]
+
+
+def test_all_none_scores_zero_with_a_warning_at_each_power_of_two(multi):
+    """No function applies to any completion: each scores 0 (TRL's nansum over no reward; TRL's own GRPO leaves
+    it out of the baseline) and the warning says which functions and how many, without one line per completion."""
+    task = get_task(str(multi), prompt_field="question", reward="byot_multi:never")
+    with pytest.warns(UserWarning) as caught:
+        assert [task.score(t, r) for t, r in zip(TEXTS, ROWS)] == [0.0] * 5
+    assert [str(w.message).split(": ")[0] for w in caught] == [
+        f"reward 'byot_multi:never' returned None for {k} of {k} completions scored so far" for k in (1, 2, 4)]
+    assert task.reward_function()([[{"role": "assistant", "content": "x"}]], examples=ROWS[:1]) == [None]
+
+
+def test_several_rewards_are_named_and_recorded(multi):
+    import byot_multi
+
+    task = DatasetTask(source=str(multi), prompt_field="question", reward=[byot_multi.math_only, byot_multi.code_only])
+    assert task.reward_name == "byot_multi:math_only+byot_multi:code_only"
+    name, options = task_spec(task)
+    rebuilt = get_task(name, **options)
+    assert rebuilt.reward == "byot_multi:math_only+byot_multi:code_only"
+    assert rebuilt.score_batch(TEXTS[:4], ROWS[:4]) == [1.0, -0.5, 2.0, 0.25]
+    # in a task string (a regex's "+" stays in its pattern)
+    assert get_task(f"{multi}:prompt_field=question,reward=byot_multi:math_only+byot_multi:code_only").reward_name \
+        == "byot_multi:math_only+byot_multi:code_only"
+    assert get_task(str(multi), prompt_field="question", reward=r"regex:(\d+)").score("44", {"answer": "44"}) == 1.0
+    with pytest.raises(ValueError, match=r"a built-in verifier \(exact\) cannot be combined with other rewards"):
+        DatasetTask(source=str(multi), prompt_field="question", reward="exact+byot_multi:math_only")
