@@ -168,7 +168,11 @@ def summarize_samples(scores: np.ndarray, keys: Sequence[Sequence[Hashable | Non
 def answer_key(details: dict[str, Any]) -> Hashable | None:
     """The voting key of one completion from a task's `details()`: the normalised answer when the task gives one
     (MATH), else the extracted answer (letters, yes/no, Countdown expressions with spaces removed); None when
-    the task extracts nothing (IFEval) or the completion has no answer."""
+    the task extracts nothing (IFEval) or the completion has no answer. An extracted answer cut for display
+    votes by the digest of the whole answer that comes with it (`extracted_digest`, esft.tasks.base)."""
+    if "normalized" not in details and "extracted_digest" in details:
+        digest = details["extracted_digest"]
+        return None if digest is None else ("sha256", digest)
     value = details.get("normalized", details.get("extracted"))
     if value is None:
         return None
