@@ -104,7 +104,8 @@ def test_bootstrap_ci_and_summary():
 
 
 def test_answer_key():
-    assert answer_key({"extracted": "1 + 2"}) == "1+2"
+    assert answer_key({"extracted": "1 + 2"}) == answer_key({"extracted": "1+2"}) != answer_key({"extracted": "2+1"})
+    assert answer_key({"extracted": "  "}) is None  # a blank answer casts no vote
     assert answer_key({"extracted": "\\frac12", "normalized": "1/2"}) == "1/2"
     assert answer_key({"extracted": None}) is None and answer_key({"strict": [True]}) is None
 
@@ -296,13 +297,17 @@ def test_long_answers_that_differ_past_the_display_cut_vote_apart(monkeypatch):
 
 def test_long_answers_equal_past_the_cut_still_vote_together():
     """The digest is of the whole answer with whitespace removed, as short answers compare; a short answer keeps
-    its readable key, so maj@k of normal-length answers is unchanged."""
+    no digest in its record; a key compares whitespace-free answers on either side of the cut."""
     from esft.tasks import get_task
 
     task = get_task("countdown")
     ex = {"nums": [44, 19, 35], "target": 98}
     a, b = (task.details(f"\\boxed{{{'(' * 249}1{t}}}", ex) for t in ("+1)", " + 1 )"))
     assert answer_key(a) == answer_key(b) is not None
-    assert answer_key(task.details("\\boxed{44 + 19 + 35}", ex)) == "44+19+35"
-    assert "extracted_digest" not in task.details("\\boxed{44 + 19 + 35}", ex)
+    short = task.details("\\boxed{44 + 19 + 35}", ex)
+    assert "extracted_digest" not in short  # records of normal-length answers are unchanged
+    spaced = task.details("\\boxed{44" + " " * 200 + "+ 19 + 35}", ex)  # the same answer, cut for display
+    assert "extracted_digest" in spaced
+    assert answer_key(short) == answer_key(spaced) == answer_key(task.details("\\boxed{44+19+35}", ex))
+    assert answer_key(short) != answer_key(task.details("\\boxed{44 + 35 + 19}", ex))
     assert answer_key(task.details("\\boxed{" + " " * 300 + "}", ex)) is None  # a blank answer casts no vote

@@ -223,9 +223,13 @@ def extracted_fields(answer: str | None) -> dict[str, Any]:
     the cut do not count as one answer."""
     if answer is None or len(answer) <= DISPLAY_ANSWER_CHARS:
         return {"extracted": answer}
+    return {"extracted": answer[:DISPLAY_ANSWER_CHARS] + "...", "extracted_digest": answer_digest(answer)}
+
+
+def answer_digest(answer: str) -> str | None:
+    """16 hex digits of the sha256 of `answer` with whitespace removed; None when it is blank."""
     squeezed = "".join(answer.split())
-    digest = hashlib.sha256(squeezed.encode("utf-8")).hexdigest()[:16] if squeezed else None
-    return {"extracted": answer[:DISPLAY_ANSWER_CHARS] + "...", "extracted_digest": digest}
+    return hashlib.sha256(squeezed.encode("utf-8")).hexdigest()[:16] if squeezed else None
 
 
 def checks_format(task: Any) -> bool:
