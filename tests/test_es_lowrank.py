@@ -278,3 +278,23 @@ def test_bench_lowrank_script_refuses_a_rank_below_one():
                           text=True, timeout=60)
     assert done.returncode == 2 and done.stderr.strip().splitlines()[-1].endswith(
         "error: --rank, --population must be at least 1"), done.stderr
+
+
+def test_unmapped_rows_and_an_empty_population_are_refused_clearly():
+    """A forward pass (already) or a select() (an AttributeError on None before) with no rows mapped raises a
+    RuntimeError that says to call set_rows(); an empty population is refused at construction (it was
+    torch.cat's "expected a non-empty list of Tensors"), with no hook left on the model."""
+    model = tiny_llama()
+    w = LowRankWeights(model, rank=2)
+    x = ids()
+    with torch.inference_mode():
+        center = model(input_ids=x).logits
+    with torch.inference_mode(), PopulationPerturbation(model, w, MEMBERS, 0.05) as pert:
+        with pytest.raises(RuntimeError, match=r"call PopulationPerturbation\.set_rows\(member_of_row\)"):
+            model(input_ids=x)
+        with pytest.raises(RuntimeError, match=r"set_rows\(member_of_row\)"):
+            pert.select(torch.tensor([0]))
+    with pytest.raises(ValueError, match="at least one member"):
+        PopulationPerturbation(model, w, [], 0.05)
+    with torch.inference_mode():
+        assert torch.equal(model(input_ids=x).logits, center)

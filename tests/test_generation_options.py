@@ -3,6 +3,8 @@ validated before any model loads, recorded in the stage settings, and reaching t
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from esft.config import FAST_CPU_GENERATION
@@ -117,3 +119,40 @@ def test_run_eval_generates_through_the_fast_path_with_the_exact_answers(tiny_mo
     assert not seen[0].packed_linear and not seen[0].share_prefix
     assert all(getattr(seen[1], k) == v for k, v in FAST_CPU_GENERATION.items())
     assert len(texts["fast"]) == 4 and texts["fast"] == texts["exact"]
+
+
+@pytest.mark.parametrize("field, value, accepted", [
+    ("top_p", 0.0, "a number in (0.0, 1.0]"), ("top_p", 1.5, "a number in (0.0, 1.0]"),
+    ("top_p", float("nan"), "a number in (0.0, 1.0]"), ("temperature", -0.5, "a finite number >= 0"),
+    ("temperature", float("inf"), "a finite number >= 0"), ("max_new_tokens", 0, "an integer >= 1"),
+    ("max_new_tokens", 2.5, "an integer"), ("batch_size", 0, "an integer >= 1"),
+    ("min_new_tokens", -1, "an integer >= 0"), ("prefill_buckets", 0, "an integer >= 1"),
+    ("engine", "vllm", "one of 'esft', 'hf'"), ("lean", "yes", "true or false"),
+])
+def test_generation_config_refuses_bad_fields_when_built(field, value, accepted):
+    """A GenerationConfig built from the Python API was not checked at all: temperature -0.5 decoded greedily,
+    top_p 0 sampled from one token and 1.5 from all of them, without a word; a bad value now raises
+    ConfigError (a ValueError) naming the field and what it accepts, before any model is involved."""
+    from esft.config import ConfigError
+
+    with pytest.raises(ConfigError, match=f"{field} = .* is not accepted; expected "
+                                          + accepted.replace("(", r"\(").replace(")", r"\)")):
+        GenerationConfig(**{field: value})
+    ok = GenerationConfig(temperature=0.7, top_p=1.0, max_new_tokens=1, min_new_tokens=0, engine="hf")
+    with pytest.raises(ConfigError, match=field):  # dataclasses.replace builds anew, so it is checked too
+        dataclasses.replace(ok, **{field: value})
+
+
+def test_cli_refuses_bad_sampling_values_before_loading(monkeypatch, capsys):
+    import esft.models
+    from esft.cli import main
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model was loaded before the input was checked")
+
+    monkeypatch.setattr(esft.models, "load_model", refuse)
+    for flags, message in ((["--top-p", "0"], "top_p = 0.0 is not accepted"),
+                           (["--top-p", "1.5"], "top_p = 1.5 is not accepted"),
+                           (["--temperature", "-0.5"], "temperature = -0.5 is not accepted")):
+        assert main(["eval", "--tasks", "countdown", "--limit", "2", "--samples", "2", *flags]) == 2
+        assert message in capsys.readouterr().err

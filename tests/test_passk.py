@@ -104,7 +104,8 @@ def test_bootstrap_ci_and_summary():
 
 
 def test_answer_key():
-    assert answer_key({"extracted": "1 + 2"}) == "1+2"
+    assert answer_key({"extracted": "1 + 2"}) == answer_key({"extracted": "1+2"}) != answer_key({"extracted": "2+1"})
+    assert answer_key({"extracted": "  "}) is None  # a blank answer casts no vote
     assert answer_key({"extracted": "\\frac12", "normalized": "1/2"}) == "1/2"
     assert answer_key({"extracted": None}) is None and answer_key({"strict": [True]}) is None
 
@@ -250,3 +251,63 @@ def test_answer_key_of_blank_and_non_string_answers():
     assert answer_key({"extracted": "  \n"}) is None
     assert answer_key({"extracted": 42}) == 42
     assert answer_key({"extracted": ["a", "b"]}) == "['a', 'b']"
+
+
+def long_answer(tail: str, size: int) -> str:
+    """An answer of `size` characters that ends in `tail` (so answers differ only past the display cut)."""
+    return "(" * (size - len(tail) - 1) + "1" + tail
+
+
+def test_long_answers_that_differ_past_the_display_cut_vote_apart(monkeypatch):
+    """Countdown and MATH cut `extracted` to 200 characters + "..." for the records; maj@k used to vote on that
+    cut text, so two long wrong answers differing only after character 200 (MATH: past the 1000 characters it
+    normalises) counted as one answer with two votes and beat a single right one. Each now votes apart: three
+    answers, one vote each, a three-way tie scores 1/3."""
+    from esft.tasks import get_task
+
+    countdown = get_task("countdown")
+    ex = {"nums": [44, 19, 35], "target": 98}
+    texts = [f"\\boxed{{{long_answer(t, 250)}}}" for t in ("+1)", "+2)")] + ["\\boxed{44 + 19 + 35}"]
+    records = [countdown.details(t, ex) for t in texts]
+    assert records[0]["extracted"] == records[1]["extracted"]  # the display text still cannot tell them apart
+    assert all(len(r["extracted"]) <= 203 for r in records)
+    scores = [countdown.score(t, ex) for t in texts]
+    assert scores == [0.0, 0.0, 1.0]
+    assert majority_score([answer_key(r) for r in records], scores) == pytest.approx(1 / 3)
+
+    math_task = get_task("math")
+    mex = {"problem": "...", "answer": "2"}
+    texts = [f"\\boxed{{{'x' * 1100}{t}}}" for t in "ab"] + ["\\boxed{2}"]
+    records = [math_task.details(t, mex) for t in texts]
+    assert "normalized" not in records[0] and records[0]["extracted"] == records[1]["extracted"]
+    scores = [math_task.score(t, mex) for t in texts]
+    assert majority_score([answer_key(r) for r in records], scores) == pytest.approx(1 / 3)
+
+    # through the sampled evaluation path: the same three completions as samples 0, 1, 2 of one question
+    texts = iter([f"\\boxed{{{long_answer(t, 250)}}}" for t in ("+1)", "+2)")] + ["\\boxed{44 + 19 + 35}"])
+
+    def fixed_generate(model, tokenizer, prompts, cfg, progress=False):
+        return [Generation(text=next(texts), completion_ids=[1], prompt_tokens=1, finished=True) for _ in prompts]
+
+    monkeypatch.setattr(evaluation, "generate", fixed_generate)
+    cfg = evaluation.GenerationConfig(temperature=1.0)
+    res = evaluation.evaluate_task_sampled(None, None, countdown, [ex], cfg, 3, [3], progress=False)
+    assert res["maj@k"]["3"]["value"] == pytest.approx(1 / 3)
+
+
+def test_long_answers_equal_past_the_cut_still_vote_together():
+    """The digest is of the whole answer with whitespace removed, as short answers compare; a short answer keeps
+    no digest in its record; a key compares whitespace-free answers on either side of the cut."""
+    from esft.tasks import get_task
+
+    task = get_task("countdown")
+    ex = {"nums": [44, 19, 35], "target": 98}
+    a, b = (task.details(f"\\boxed{{{'(' * 249}1{t}}}", ex) for t in ("+1)", " + 1 )"))
+    assert answer_key(a) == answer_key(b) is not None
+    short = task.details("\\boxed{44 + 19 + 35}", ex)
+    assert "extracted_digest" not in short  # records of normal-length answers are unchanged
+    spaced = task.details("\\boxed{44" + " " * 200 + "+ 19 + 35}", ex)  # the same answer, cut for display
+    assert "extracted_digest" in spaced
+    assert answer_key(short) == answer_key(spaced) == answer_key(task.details("\\boxed{44+19+35}", ex))
+    assert answer_key(short) != answer_key(task.details("\\boxed{44 + 35 + 19}", ex))
+    assert answer_key(task.details("\\boxed{" + " " * 300 + "}", ex)) is None  # a blank answer casts no vote

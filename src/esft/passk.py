@@ -29,6 +29,7 @@ from typing import Any, Hashable, Sequence
 
 import numpy as np
 
+from esft.tasks.base import answer_digest
 from esft.tasks.labels import wilson_interval
 
 CI_METHOD = "percentile bootstrap over questions (Wilson over questions when all score alike)"
@@ -167,8 +168,16 @@ def summarize_samples(scores: np.ndarray, keys: Sequence[Sequence[Hashable | Non
 
 def answer_key(details: dict[str, Any]) -> Hashable | None:
     """The voting key of one completion from a task's `details()`: the normalised answer when the task gives one
-    (MATH), else the extracted answer (letters, yes/no, Countdown expressions with spaces removed); None when
-    the task extracts nothing (IFEval) or the completion has no answer."""
+    (MATH), else a digest of the extracted answer with whitespace removed (letters, yes/no, Countdown
+    expressions; esft.tasks.base.answer_digest), which for an answer cut for display comes with it
+    (`extracted_digest`); None when the task extracts nothing (IFEval) or the completion has no answer. Only
+    equality of keys matters: a vote counts equal answers."""
+    if "normalized" not in details and isinstance(details.get("extracted"), str):
+        # by digest whether cut for display or not, so one answer spelled with more whitespace (cut) and with
+        # less (whole) is one vote
+        extracted = details["extracted"]
+        digest = details["extracted_digest"] if "extracted_digest" in details else answer_digest(extracted)
+        return None if digest is None else ("sha256", digest)
     value = details.get("normalized", details.get("extracted"))
     if value is None:
         return None

@@ -119,6 +119,8 @@ class PopulationPerturbation:
 
     def __init__(self, model: torch.nn.Module, weights: LowRankWeights, members: Sequence[Member], sigma: float):
         self.members = list(members)
+        if not self.members:  # torch.cat of no factors would fail later with a message that says nothing of this
+            raise ValueError("PopulationPerturbation needs at least one member, got an empty population")
         self.rank = weights.rank
         self.scale = float(sigma) / math.sqrt(self.rank)
         dtype = next(iter(weights.params.values())).dtype
@@ -172,12 +174,18 @@ class PopulationPerturbation:
 
     def select(self, keep: torch.Tensor) -> None:
         """Rows `keep` stay in the batch (same order)."""
-        self._mask = self._mask[keep.to(self._mask.device)]
+        mask = self._mapped()
+        self._mask = mask[keep.to(mask.device)]
+
+    def _mapped(self) -> torch.Tensor:
+        if self._mask is None:
+            raise RuntimeError("no batch rows are mapped to population members yet: call "
+                               "PopulationPerturbation.set_rows(member_of_row), one member index per row, before "
+                               "a forward pass or select()")
+        return self._mask
 
     def _row_mask(self, x: torch.Tensor) -> torch.Tensor:
-        mask = self._mask
-        if mask is None:
-            raise RuntimeError("PopulationPerturbation.set_rows() must be called before a forward pass")
+        mask = self._mapped()
         if mask.shape[0] != x.shape[0]:
             raise RuntimeError(f"batch has {x.shape[0]} rows but {mask.shape[0]} rows are mapped to members")
         return mask.view(mask.shape[0], *([1] * (x.dim() - 2)), mask.shape[1])

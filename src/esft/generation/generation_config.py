@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from esft.config import Rule, at_least, check_fields, in_range, non_negative, one_of
+
 
 @dataclass
 class GenerationConfig:
@@ -50,6 +52,19 @@ class GenerationConfig:
     bound cannot exclude as the argmax (`esft.generation.packed.LMHeadScreen`; ~2 per row). The argmax is
     unchanged; the other logits are returned as -inf. Ignored when sampling, and with a warning where
     unavailable."""
+
+    def __post_init__(self) -> None:
+        # checked when built, before any model loads: a negative temperature decoded greedily and top_p 0 (or
+        # above 1) sampled from one token (or all of them) without a word
+        check_fields(self, GENERATION_RULES)
+
+
+#: what each GenerationConfig field accepts beyond its type (esft.config.check_fields, ConfigError otherwise)
+GENERATION_RULES: dict[str, Rule] = {
+    "max_new_tokens": at_least(1), "temperature": non_negative(), "top_p": in_range(0.0, 1.0),
+    "batch_size": at_least(1), "min_new_tokens": at_least(0), "engine": one_of("esft", "hf"),
+    "prefill_buckets": at_least(1),
+}
 
 
 @dataclass

@@ -8,6 +8,7 @@ evaluation scorer: `score(completion, example)` returns 1.0 or 0.0 and is used u
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 import re
 from dataclasses import dataclass
@@ -213,6 +214,27 @@ def last_boxed(text: str) -> str | None:
             if depth == 0:
                 return text[start:k]
     return None
+
+
+#: Longest extracted answer a record holds whole; a longer one is cut there for display.
+DISPLAY_ANSWER_CHARS = 200
+
+
+def extracted_fields(answer: str | None) -> dict[str, Any]:
+    """`{"extracted": answer}`, cut to DISPLAY_ANSWER_CHARS + "..." when longer so records stay small.
+
+    A cut answer also gets `extracted_digest`, a hash of the whole answer with whitespace removed (None when it
+    is blank): majority votes (esft.passk.answer_key) compare that, so two long answers that differ only past
+    the cut do not count as one answer."""
+    if answer is None or len(answer) <= DISPLAY_ANSWER_CHARS:
+        return {"extracted": answer}
+    return {"extracted": answer[:DISPLAY_ANSWER_CHARS] + "...", "extracted_digest": answer_digest(answer)}
+
+
+def answer_digest(answer: str) -> str | None:
+    """16 hex digits of the sha256 of `answer` with whitespace removed; None when it is blank."""
+    squeezed = "".join(answer.split())
+    return hashlib.sha256(squeezed.encode("utf-8")).hexdigest()[:16] if squeezed else None
 
 
 def checks_format(task: Any) -> bool:

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from esft.tasks.base import Example, Messages, Task, chat, last_boxed
+from esft.tasks.base import Example, Messages, Task, chat, extracted_fields, last_boxed
 from esft.tasks.common import TEST_SIZE, TRAIN_SIZE, bundled, load_hub_rows, seeded_sample
 from esft.tasks.countdown_expression import OPS, check_expression, check_puzzle, parse_ok, puzzle_key
 from esft.tasks.countdown_variants import (
@@ -159,7 +159,7 @@ class CountdownTask(Task):
 
     def details(self, completion: str, example: Example) -> dict[str, Any]:
         ok, expr, reason = self._check(completion, example)
-        out: dict[str, Any] = {"extracted": expr if expr is None or len(expr) <= 200 else expr[:200] + "..."}
+        out: dict[str, Any] = extracted_fields(expr)
         if reason:
             out["error"] = reason
         return out

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
-from esft.tasks.base import Example, Messages, Task, chat, last_boxed
+from esft.tasks.base import Example, Messages, Task, chat, extracted_fields, last_boxed
 from esft.tasks.common import TRAIN_SIZE, bundled, load_hub_rows, seeded_sample
 
 HF_DATASET = "HuggingFaceH4/MATH-500"
@@ -241,7 +241,7 @@ class MathTask(Task):
 
     def details(self, completion: str, example: Example) -> dict[str, Any]:
         pred = last_boxed(completion)
-        out: dict[str, Any] = {"extracted": pred if pred is None or len(pred) <= 200 else pred[:200] + "..."}
+        out: dict[str, Any] = extracted_fields(pred)
         if pred is not None and len(pred) <= MAX_ANSWER_CHARS:
             out["normalized"] = normalize_answer(pred)
             out["gold_normalized"] = normalize_answer(gold_answer(example))
