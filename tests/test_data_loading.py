@@ -117,3 +117,21 @@ def test_tsv_is_split_on_tabs_and_blank_jsonl_lines_are_skipped(tmp_path):
     with pytest.raises(ValueError, match=r"d2.jsonl:3: not a JSON object"):
         (tmp_path / "d2.jsonl").write_text('{"q": 1}\n\n{"q": \n')
         read_rows(tmp_path / "d2.jsonl")
+
+
+def test_a_large_held_out_draw_keeps_the_file_order(tmp_path):
+    """Enough rows that a set of their indices no longer iterates in order: both splits keep the file's order."""
+    rows = [{"prompt": f"q{i}", "answer": str(i)} for i in range(1000)]
+    task = DatasetTask(source=str(write_jsonl(tmp_path / "d.jsonl", rows)))
+    train, test = task.load("train"), task.load("test")
+    assert (len(train), len(test)) == (800, 200)
+    for split in (train, test):
+        order = [int(r["answer"]) for r in split]
+        assert order == sorted(order)
+
+
+def test_a_jsonl_file_holds_one_object_per_line_not_a_list(tmp_path):
+    path = tmp_path / "d.jsonl"
+    path.write_text('[{"prompt": "a", "answer": "1"}, {"prompt": "b", "answer": "2"}]\n')
+    with pytest.raises(ValueError, match="row 1 is list, not an object of fields"):
+        read_rows(path)
