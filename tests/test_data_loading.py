@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import gzip
 import json
+import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -135,3 +137,39 @@ def test_a_jsonl_file_holds_one_object_per_line_not_a_list(tmp_path):
     path.write_text('[{"prompt": "a", "answer": "1"}, {"prompt": "b", "answer": "2"}]\n')
     with pytest.raises(ValueError, match="row 1 is list, not an object of fields"):
         read_rows(path)
+
+
+class FakeHub(types.ModuleType):
+    """`datasets` with load_dataset over in-memory tables; an unknown table is an unreachable hub (an OSError)."""
+
+    def __init__(self, tables: dict[tuple[str, str | None, str], list[dict]]):
+        super().__init__("datasets")
+        self.tables, self.calls = tables, []
+
+    def load_dataset(self, name, config=None, split=None):
+        self.calls.append((name, config, split))
+        if (name, config, split) not in self.tables:
+            raise ConnectionError("hub unreachable")
+        return self.tables[(name, config, split)]
+
+
+def test_a_hub_data_task_reads_its_train_and_test_splits(monkeypatch):
+    train = [{"prompt": f"t{i}", "answer": str(i)} for i in range(10)]
+    test = [{"prompt": "h", "answer": "1"}]
+    hub = FakeHub({("me/qa", "cfg", "train"): train, ("me/qa", "cfg", "validation"): test,
+                   ("me/qa", None, "dev"): train, ("me/empty", None, "train"): []})
+    monkeypatch.setitem(sys.modules, "datasets", hub)
+    task = DatasetTask(source="me/qa:cfg", test_split="validation")
+    assert task.load("train") == train and task.load("test") == test
+    assert hub.calls == [("me/qa", "cfg", "train"), ("me/qa", "cfg", "validation")]
+    drawn = DatasetTask(source="me/qa", train_split="dev", test_size=2)  # no test_split: a draw from train_split
+    assert (len(drawn.load("train")), len(drawn.load("test"))) == (8, 2)
+    assert ("me/qa", None, "validation") not in hub.calls[2:]
+    with pytest.raises(ValueError, match=r"Hugging Face dataset 'me/empty' split 'train' holds no rows"):
+        DatasetTask(source="me/empty").load("train")
+    with pytest.raises(ValueError, match=r"could not load Hugging Face dataset 'me/absent'.*hub unreachable"):
+        DatasetTask(source="me/absent").load("train")  # a ValueError: a bad task, not a crash
+    bad = FakeHub({("me/qa", None, "train"): [{"question": "q", "answer": "1"}]})
+    monkeypatch.setitem(sys.modules, "datasets", bad)
+    with pytest.raises(ValueError, match=r"me/qa \(train\): row 1 has no field 'prompt'"):
+        DatasetTask(source="me/qa").load("train")
