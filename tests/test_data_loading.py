@@ -169,7 +169,10 @@ def test_a_hub_data_task_reads_its_train_and_test_splits(monkeypatch):
         DatasetTask(source="me/empty").load("train")
     with pytest.raises(ValueError, match=r"could not load Hugging Face dataset 'me/absent'.*hub unreachable"):
         DatasetTask(source="me/absent").load("train")  # a ValueError: a bad task, not a crash
-    bad = FakeHub({("me/qa", None, "train"): [{"question": "q", "answer": "1"}]})
+    bad = FakeHub({("me/qa", None, "train"): [{"question": "q", "answer": "1"}],
+                   ("me/ok", None, "train"): train, ("me/ok", None, "test"): [{"answer": "1"}]})
     monkeypatch.setitem(sys.modules, "datasets", bad)
     with pytest.raises(ValueError, match=r"me/qa \(train\): row 1 has no field 'prompt'"):
         DatasetTask(source="me/qa").load("train")
+    with pytest.raises(ValueError, match=r"me/ok \(test\): row 1 has no field 'prompt'"):
+        DatasetTask(source="me/ok", test_split="test").load("test")
