@@ -13,7 +13,7 @@ import pytest
 from esft.tasks import get_task
 from esft.tasks.countdown import CountdownTask, hub_row_to_example
 from esft.tasks.countdown_expression import (
-    check_expression, parse_expression, parse_ok, puzzle_key, solve_countdown,
+    check_expression, parse_expression, parse_ok, puzzle_key, reachable_values, solve_countdown,
 )
 from esft.tasks.countdown_variants import generate_countdown
 
@@ -341,3 +341,61 @@ def test_prompt_states_the_format(task):
 def test_hub_row_mapping():
     ex = hub_row_to_example({"target": "98", "nums": [44, 19, 35], "extra": 1}, 12)
     assert ex == {"id": "hf/12", "nums": [44, 19, 35], "target": 98, "hf_row": 12}
+
+
+# ---- the exact solver against a brute force ----------------------------------------------------------------------
+def brute_force_values(nums: list[Fraction]) -> set[Fraction]:
+    """Every value of a binary expression tree over all of `nums` (pick two, combine, recurse): independent of
+    reachable_values' bitmask dynamic programme."""
+    if len(nums) == 1:
+        return {nums[0]}
+    out: set[Fraction] = set()
+    for i in range(len(nums)):
+        for j in range(len(nums)):
+            if i != j:
+                a, b, rest = nums[i], nums[j], [x for k, x in enumerate(nums) if k not in (i, j)]
+                for v in {a + b, a - b, a * b} | ({a / b} if b else set()):
+                    out |= brute_force_values(rest + [v])
+    return out
+
+
+@pytest.mark.parametrize("nums", [[7], [1, 2], [2, 3, 5], [0, 4, 4], [6, 6, 1], [1, 3, 4, 6], [0, 2, 5, 9]])
+def test_reachable_values_are_exactly_the_brute_force_values(nums):
+    reach = reachable_values(nums)
+    assert set(reach) == brute_force_values([Fraction(x) for x in nums])
+    for value, expr in reach.items():  # each witness uses every number once and has its value
+        ok, got, reason = check_expression(expr, nums, value)  # the scorer's own check, exact for fractions too
+        assert ok and got == value, (nums, value, expr, got, reason)
+
+
+def test_reachable_values_of_two_numbers():
+    assert set(reachable_values([1, 2])) == {3, 2, -1, 1, Fraction(1, 2)}
+    assert set(reachable_values([0, 5])) == {5, 0, -5}  # no division by zero
+
+
+def test_solver_strips_only_an_outer_pair_of_parentheses():
+    assert solve_countdown([3, 5], 8) == "3 + 5"
+    assert solve_countdown([9], 9) == "9" and solve_countdown([123], 123) == "123"  # "2" is no strip of "123"
+    # the solver's (deterministic) answer for 25 here joins two groups: their parentheses are no outer pair
+    expr = solve_countdown([1, 2, 3, 4], 25)
+    assert expr == "(2 + 3) * (1 + 4)" and check_expression(expr, [1, 2, 3, 4], 25)[0]
+    assert solve_countdown((2, 2), Fraction(1)) == "2 / 2"  # any sequence and any exact target
+    assert solve_countdown([3, 5], 9) is None
+
+
+def test_puzzle_key_ignores_the_order_of_the_numbers():
+    assert puzzle_key({"target": 10, "nums": [5, 3, 2]}) == puzzle_key({"target": 10.0, "nums": [2, 5, 3]}) == (
+        10, (2, 3, 5))
+    assert puzzle_key({"target": 10, "nums": [5, 3, 2]}) != puzzle_key({"target": 11, "nums": [5, 3, 2]})
+
+
+@pytest.mark.parametrize("nums, target", [
+    ({1, 2}, 3),            # a set: not a list of the puzzle's numbers
+    ((x for x in (1, 2)), 3),
+    ([1, "2"], 3),          # one text number among integers
+    ([True, 2], 3),
+    ([1, 2], True),         # a boolean target
+])
+def test_check_puzzle_refuses_each_malformed_part(nums, target):
+    with pytest.raises(TypeError, match="malformed Countdown example"):
+        check_expression("1 + 2", nums, target)

@@ -16,6 +16,7 @@ import csv
 import gzip
 import io
 import json
+import math
 import random
 import warnings
 from dataclasses import dataclass, field
@@ -40,7 +41,7 @@ def read_rows(path: str | Path) -> list[dict[str, Any]]:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"task data file {path} does not exist")
-    opener = gzip.open if path.suffix == ".gz" else open
+    opener = gzip.open if path.suffix.lower() == ".gz" else open  # is_data_file takes DATA.JSONL.GZ too
     with opener(path, "rb") as fh:
         data = fh.read()
     try:  # utf-8-sig: a byte-order mark (spreadsheet CSV exports) is not part of the first column's name
@@ -77,8 +78,10 @@ def read_rows(path: str | Path) -> list[dict[str, Any]]:
 
 def split_sizes(n: int, test_size: float) -> int:
     """Held-out rows out of n: a fraction when test_size < 1, a count otherwise; at least one row stays in train."""
-    if test_size < 0:
-        raise ValueError(f"test_size must be >= 0, got {test_size}")
+    if not math.isfinite(test_size) or test_size < 0:
+        raise ValueError(f"test_size must be a finite number >= 0, got {test_size}")
+    if test_size >= 1 and test_size != int(test_size):  # 1.5 rows: neither a fraction nor a count
+        raise ValueError(f"test_size must be a fraction below 1 or a whole number of rows, got {test_size}")
     k = round(n * test_size) if test_size < 1 else int(test_size)
     if k >= n:
         raise ValueError(f"test_size {test_size} leaves no train rows out of {n}")
