@@ -176,3 +176,21 @@ def test_a_hub_data_task_reads_its_train_and_test_splits(monkeypatch):
         DatasetTask(source="me/qa").load("train")
     with pytest.raises(ValueError, match=r"me/ok \(test\): row 1 has no field 'prompt'"):
         DatasetTask(source="me/ok", test_split="test").load("test")
+
+
+def test_a_gzipped_csv_or_tsv_task_file_is_a_data_task(tmp_path, monkeypatch):
+    """The task spec's pattern takes data.csv.gz and data.tsv.gz (esft.tasks.custom), and read_rows reads them;
+    they must also count as data files, or a bare name is an unknown task and a path one is tried on the hub."""
+    from esft.tasks import get_task
+    from esft.tasks.dataset_task import is_data_file
+
+    monkeypatch.chdir(tmp_path)
+    body = {"csv": "question,answer\n" + "".join(f"q{i},a{i}\n" for i in range(10)),
+            "tsv": "question\tanswer\n" + "".join(f"q{i}\ta{i}\n" for i in range(10))}
+    for kind, text in body.items():
+        name = f"data.{kind}.gz"
+        (tmp_path / name).write_bytes(gzip.compress(text.encode()))
+        assert is_data_file(name) and is_data_file(name.upper())
+        task = get_task(f"{name}:prompt_field=question,answer_field=answer,test_size=2")
+        rows = task.load("train") + task.load("test")
+        assert sorted(r["question"] for r in rows) == [f"q{i}" for i in range(10)], kind

@@ -28,8 +28,8 @@ from esft.tasks.common import SPLIT_SEED, load_hub_rows
 from esft.tasks.verifiers import (COMPLETION_FORMATS, Verifier, builtin_verifier, call_trl_reward, combine_rewards,
                                   import_object)
 
-#: file suffixes read as data (".gz" allowed after the JSON ones)
-DATA_SUFFIXES = (".jsonl", ".json", ".csv", ".tsv", ".jsonl.gz", ".json.gz")
+#: file suffixes read as data, each also gzip-compressed (the suffixes esft.tasks.custom's task specs take)
+DATA_SUFFIXES = (".jsonl", ".json", ".csv", ".tsv", ".jsonl.gz", ".json.gz", ".csv.gz", ".tsv.gz")
 
 
 def is_data_file(path: str) -> bool:
