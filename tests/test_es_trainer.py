@@ -308,3 +308,17 @@ def test_save_total_limit_keeps_the_newest_checkpoints(tmp_path):
     assert bit_equal(runlog.read_checkpoint_tensors(res.final_checkpoint),
                      runlog.read_checkpoint_tensors(full.final_checkpoint))
     assert len(runlog.list_checkpoints(full.output_dir)) == 6  # 0 keeps all (iterations 1-5 and final)
+
+
+def test_resuming_a_finished_run_changes_nothing(tmp_path):
+    """A resume with as many iterations as the run has logged keeps its final checkpoint as final: no numbered
+    copy of it (only an extension, with more iterations, demotes final), the same logs, the same weights."""
+    config = cfg(tmp_path, iterations=2, eval_every=0, checkpoint_every=0)
+    full = run(config)
+    before = {name: (full.output_dir / name).read_bytes() for name in ("seeds.jsonl", "metrics.jsonl")}
+    weights = runlog.read_checkpoint_tensors(full.final_checkpoint)
+    res = run(config.replace(resume=True))
+    assert res.steps == 2
+    assert [(s, f.name) for s, f in runlog.list_checkpoints(res.output_dir)] == [(2, "final")]
+    assert {name: (res.output_dir / name).read_bytes() for name in before} == before
+    assert bit_equal(runlog.read_checkpoint_tensors(res.final_checkpoint), weights)
