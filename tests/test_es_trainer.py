@@ -322,3 +322,17 @@ def test_resuming_a_finished_run_changes_nothing(tmp_path):
     assert [(s, f.name) for s, f in runlog.list_checkpoints(res.output_dir)] == [(2, "final")]
     assert {name: (res.output_dir / name).read_bytes() for name in before} == before
     assert bit_equal(runlog.read_checkpoint_tensors(res.final_checkpoint), weights)
+
+
+def test_resume_ignores_a_checkpoint_past_the_seed_log(tmp_path):
+    """A seed log that lost its last lines (cut by hand, or a file system that lost unsynced data) is the truth:
+    a checkpoint of a later step is not loaded, the run resumes from one the log reaches and redoes the rest."""
+    full = run(cfg(tmp_path, "full", iterations=4, eval_every=0, checkpoint_every=2))
+    config = cfg(tmp_path, "cut", iterations=4, eval_every=0, checkpoint_every=2)
+    cut = run(config).output_dir
+    lines = (cut / "seeds.jsonl").read_text().splitlines(keepends=True)
+    (cut / "seeds.jsonl").write_text("".join(lines[:2]))
+    res = run(config.replace(resume=True))
+    assert seeds_log(res.output_dir) == seeds_log(full.output_dir)
+    assert bit_equal(runlog.read_checkpoint_tensors(res.final_checkpoint),
+                     runlog.read_checkpoint_tensors(full.final_checkpoint))

@@ -357,3 +357,36 @@ def test_the_card_lists_only_evaluations_with_a_held_out_accuracy(tmp_path):
     results = held_out_results(tmp_path)
     assert results == [{"step": 1, "n": 4, "accuracy": 0.75, "ci95": [0.3, 0.95]}]
     assert "| 1 | 4 | 0.750 | [0.300, 0.950] |" in model_card(tmp_path, {"task": "t"}, results)
+
+
+def test_a_failed_export_leaves_the_target_and_no_staging_folder(tmp_path, monkeypatch):
+    import esft.export
+    from esft.export import export_run
+
+    checkpoint = model_folder(tmp_path / "run" / "checkpoints" / "final")
+    for name in ("model.safetensors", "tokenizer_config.json", "generation_config.json"):
+        (checkpoint / name).write_text("x")
+    target = tmp_path / "out"
+    target.mkdir()
+    (target / "model.safetensors").write_text("an earlier export")
+    real = esft.export.shutil.copy2
+
+    def disk_full(src, dst):
+        if Path(src).name == "model.safetensors":
+            raise OSError(28, "No space left on device")
+        return real(src, dst)
+
+    monkeypatch.setattr(esft.export.shutil, "copy2", disk_full)
+    with pytest.raises(OSError):
+        export_run(tmp_path / "run", target, overwrite=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "run"]
+    assert (target / "model.safetensors").read_text() == "an earlier export"
+
+
+def test_the_card_names_an_earlier_checkpoint_only_inside_a_run(tmp_path):
+    from esft.export import model_card
+
+    inside = model_folder(tmp_path / "run" / "checkpoints" / "iter_000001")
+    alone = model_folder(tmp_path / "my-model")
+    assert "checkpoint `iter_000001`, step 1, not the run's final" in model_card(tmp_path / "run", {}, [], inside)
+    assert "not the run's final" not in model_card(alone, {}, [], alone)
