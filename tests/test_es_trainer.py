@@ -336,3 +336,15 @@ def test_resume_ignores_a_checkpoint_past_the_seed_log(tmp_path):
     assert seeds_log(res.output_dir) == seeds_log(full.output_dir)
     assert bit_equal(runlog.read_checkpoint_tensors(res.final_checkpoint),
                      runlog.read_checkpoint_tensors(full.final_checkpoint))
+
+
+def test_resume_refuses_a_seed_log_of_another_stream(tmp_path):
+    """config.yaml of another stage beside this stage's seed log: the config check passes (the configs agree),
+    the seed log's stream does not."""
+    config = cfg(tmp_path, iterations=1, eval_every=0, checkpoint_every=0, noise_stream=2)
+    res = run(config)
+    path = res.output_dir / "config.yaml"
+    path.write_text(path.read_text().replace("noise_stream: 2", "noise_stream: 0"))
+    with pytest.raises(ValueError, match="noise_stream 2"):
+        run(config.replace(resume=True, noise_stream=0, iterations=2))
+    assert len(seeds_log(res.output_dir)) == 1
