@@ -308,3 +308,43 @@ def test_save_total_limit_keeps_the_newest_checkpoints(tmp_path):
     assert bit_equal(runlog.read_checkpoint_tensors(res.final_checkpoint),
                      runlog.read_checkpoint_tensors(full.final_checkpoint))
     assert len(runlog.list_checkpoints(full.output_dir)) == 6  # 0 keeps all (iterations 1-5 and final)
+
+
+def test_resuming_a_finished_run_changes_nothing(tmp_path):
+    """A resume with as many iterations as the run has logged keeps its final checkpoint as final: no numbered
+    copy of it (only an extension, with more iterations, demotes final), the same logs, the same weights."""
+    config = cfg(tmp_path, iterations=2, eval_every=0, checkpoint_every=0)
+    full = run(config)
+    before = {name: (full.output_dir / name).read_bytes() for name in ("seeds.jsonl", "metrics.jsonl")}
+    weights = runlog.read_checkpoint_tensors(full.final_checkpoint)
+    res = run(config.replace(resume=True))
+    assert res.steps == 2
+    assert [(s, f.name) for s, f in runlog.list_checkpoints(res.output_dir)] == [(2, "final")]
+    assert {name: (res.output_dir / name).read_bytes() for name in before} == before
+    assert bit_equal(runlog.read_checkpoint_tensors(res.final_checkpoint), weights)
+
+
+def test_resume_ignores_a_checkpoint_past_the_seed_log(tmp_path):
+    """A seed log that lost its last lines (cut by hand, or a file system that lost unsynced data) is the truth:
+    a checkpoint of a later step is not loaded, the run resumes from one the log reaches and redoes the rest."""
+    full = run(cfg(tmp_path, "full", iterations=4, eval_every=0, checkpoint_every=2))
+    config = cfg(tmp_path, "cut", iterations=4, eval_every=0, checkpoint_every=2)
+    cut = run(config).output_dir
+    lines = (cut / "seeds.jsonl").read_text().splitlines(keepends=True)
+    (cut / "seeds.jsonl").write_text("".join(lines[:2]))
+    res = run(config.replace(resume=True))
+    assert seeds_log(res.output_dir) == seeds_log(full.output_dir)
+    assert bit_equal(runlog.read_checkpoint_tensors(res.final_checkpoint),
+                     runlog.read_checkpoint_tensors(full.final_checkpoint))
+
+
+def test_resume_refuses_a_seed_log_of_another_stream(tmp_path):
+    """config.yaml of another stage beside this stage's seed log: the config check passes (the configs agree),
+    the seed log's stream does not."""
+    config = cfg(tmp_path, iterations=1, eval_every=0, checkpoint_every=0, noise_stream=2)
+    res = run(config)
+    path = res.output_dir / "config.yaml"
+    path.write_text(path.read_text().replace("noise_stream: 2", "noise_stream: 0"))
+    with pytest.raises(ValueError, match="noise_stream 2"):
+        run(config.replace(resume=True, noise_stream=0, iterations=2))
+    assert len(seeds_log(res.output_dir)) == 1
