@@ -390,3 +390,35 @@ def test_the_card_names_an_earlier_checkpoint_only_inside_a_run(tmp_path):
     alone = model_folder(tmp_path / "my-model")
     assert "checkpoint `iter_000001`, step 1, not the run's final" in model_card(tmp_path / "run", {}, [], inside)
     assert "not the run's final" not in model_card(alone, {}, [], alone)
+
+
+def test_an_export_interrupted_while_replacing_the_target_leaves_a_whole_one(tmp_path, monkeypatch):
+    """--overwrite: the target is never half deleted. Interrupted while the earlier export is being deleted, the
+    target folder holds one whole export (here the new one; the earlier one is put aside first)."""
+    import shutil as shutil_module
+
+    from esft.export import export_run
+
+    checkpoint = model_folder(tmp_path / "run" / "checkpoints" / "final")
+    for name in ("model.safetensors", "tokenizer_config.json", "generation_config.json"):
+        (checkpoint / name).write_text("new")
+    target = tmp_path / "out"
+    target.mkdir()
+    for name in ("model.safetensors", "tokenizer_config.json", "generation_config.json"):
+        (target / name).write_text("earlier")
+    real = shutil_module.rmtree
+
+    def interrupted(path, *args, **kwargs):
+        if any(Path(path).glob("*.safetensors")):  # a deletion of a whole export: one file goes, then Ctrl-C
+            next(Path(path).glob("*.safetensors")).unlink()
+            raise KeyboardInterrupt
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(shutil_module, "rmtree", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        export_run(tmp_path / "run", target, overwrite=True)
+    assert (target / "model.safetensors").read_text() == "new"
+    assert {p.name for p in target.iterdir()} >= {"model.safetensors", "tokenizer_config.json", "README.md"}
+    monkeypatch.setattr(shutil_module, "rmtree", real)
+    export_run(tmp_path / "run", target, overwrite=True)  # a later export clears what the interruption left aside
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "run"]

@@ -10,7 +10,6 @@ plus a model card (README.md) with the training config and the run's held-out re
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import tempfile
@@ -20,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from esft.rundir import CHECKPOINTS, read_jsonl
+from esft.rundir import CHECKPOINTS, read_jsonl, replace_dir
 
 #: files of a Hugging Face model folder (exact names, then suffixes)
 _MODEL_FILES = ("config.json", "generation_config.json", "model.safetensors.index.json", "tokenizer.json",
@@ -186,9 +185,7 @@ def export_run(run: str | Path, to: str | Path, overwrite: bool = False) -> Expo
         train_config = yaml.safe_load(config_path.read_text()) if config_path.exists() else {}
         train_config = {k: v for k, v in (train_config or {}).items() if k != "_run"}
         (staging / "README.md").write_text(model_card(run_dir, train_config, held_out_results(run_dir), checkpoint))
-        if to.exists():
-            shutil.rmtree(to)
-        os.replace(staging, to)
+        replace_dir(staging, to)  # the old target is renamed aside and deleted last: never half gone
     finally:
         if staging.exists():
             shutil.rmtree(staging)
