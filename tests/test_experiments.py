@@ -564,3 +564,36 @@ def test_a_folder_given_as_the_spec_is_named_and_its_spec_pointed_to(tmp_path, c
     (tmp_path / "spec.yaml").write_text("kind: single-task\n")
     assert main(["experiment", "run", str(tmp_path), "--dry-run"]) == 2
     assert f"its spec is {tmp_path / 'spec.yaml'}" in capsys.readouterr().err
+
+
+def test_each_step_of_a_chain_starts_from_the_weights_the_step_before_left(tmp_path):
+    """grpo->es: the ES step trains from GRPO's final checkpoint, and the next sequential stage from the chain's
+    last step (ES), not its first; the stage's result (what is evaluated) is the last step's checkpoint."""
+    from esft.experiments.runner import _step_configs
+
+    spec = _spec(tmp_path, GOOD.replace(
+        "evaluation:", "  grpo->es:\n    grpo: {max_steps: 1}\n    es: {iterations: 1}\nevaluation:"))
+    stages = build_plan(spec)
+    smap, root = {s.key: s for s in stages}, tmp_path / "out"
+    first, second = smap["seed-42/sequential/grpo-to-es/1-countdown"], smap["seed-42/sequential/grpo-to-es/2-boolq"]
+    grpo, es = _step_configs(spec, first, root, smap)
+    assert grpo.model == spec.model
+    assert es.model == str((root / "seed-42/sequential/grpo-to-es/1-countdown/run-1-grpo/checkpoints/final").resolve())
+    assert first.model_dir() == "seed-42/sequential/grpo-to-es/1-countdown/run-2-es/checkpoints/final"
+    grpo2, es2 = _step_configs(spec, second, root, smap)
+    assert second.parent == first.key and grpo2.model == str((root / first.model_dir()).resolve())
+    assert es2.model == str((root / "seed-42/sequential/grpo-to-es/2-boolq/run-1-grpo/checkpoints/final").resolve())
+    assert [c.task for c in (grpo, es, grpo2, es2)] == ["countdown", "countdown", "boolq", "boolq"]
+
+
+@pytest.mark.parametrize("after,expected", [
+    ("all", ["countdown", "boolq", "mmlu", "ifeval"]), ("trained", ["boolq"]),
+    ("trained+holdout", ["boolq", "mmlu", "ifeval"])])
+def test_after_single_task_picks_the_tasks_each_stage_evaluates(tmp_path, after, expected):
+    spec = _spec(tmp_path, GOOD.replace("kind: sequential", "kind: single-task")
+                 + f"  after_single_task: {after}\n")
+    stages = {s.key: s for s in build_plan(spec)}
+    for key in ("seed-42/single-task/boolq/es@2", "seed-52/single-task/boolq/es@4", "seed-42/single-task/boolq/grpo"):
+        assert stages[key].eval_tasks == expected, key
+    assert stages["seed-42/single-task/countdown/grpo"].eval_tasks[0] == "countdown"
+    assert stages["base"].eval_tasks == ["countdown", "boolq", "mmlu", "ifeval"]  # the base model: always all
