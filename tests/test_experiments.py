@@ -597,3 +597,17 @@ def test_after_single_task_picks_the_tasks_each_stage_evaluates(tmp_path, after,
         assert stages[key].eval_tasks == expected, key
     assert stages["seed-42/single-task/countdown/grpo"].eval_tasks[0] == "countdown"
     assert stages["base"].eval_tasks == ["countdown", "boolq", "mmlu", "ifeval"]  # the base model: always all
+
+
+def test_each_budget_of_a_shared_run_waits_for_the_budget_just_below(tmp_path):
+    """Budget tracks share stage 1's run: the run continues to 6 only after the snapshot at 4 is taken, else a
+    failed stage at 4 would be trained past and its snapshot could never be made."""
+    spec = _spec(tmp_path, GOOD.replace("iterations: [2, 4]", "iterations: [2, 4, 6]"))
+    stages = {s.key: s for s in build_plan(spec)}
+    first = "seed-42/sequential/es@{}/1-countdown"
+    assert stages[first.format(2)].after == []
+    assert stages[first.format(4)].after == [first.format(2)]
+    assert stages[first.format(6)].after == [first.format(4)]
+    assert [stages[first.format(b)].steps[0].snapshot for b in (2, 4, 6)] == [True, True, False]
+    # later stages wait for their own track's previous stage only
+    assert stages["seed-42/sequential/es@6/2-boolq"].after == [first.format(6)]
