@@ -611,3 +611,19 @@ def test_each_budget_of_a_shared_run_waits_for_the_budget_just_below(tmp_path):
     assert [stages[first.format(b)].steps[0].snapshot for b in (2, 4, 6)] == [True, True, False]
     # later stages wait for their own track's previous stage only
     assert stages["seed-42/sequential/es@6/2-boolq"].after == [first.format(6)]
+
+
+def test_only_a_grpo_step_after_grpo_weights_carries_the_optimizer_state(tmp_path):
+    """sequential.carry_optimizer_state: the stage's first step must be GRPO and the parent's last step must have
+    left GRPO weights (with their optimizer.pt); a chain's other step does not count."""
+    from esft.experiments.runner import _carries_optimizer
+
+    spec = _spec(tmp_path, GOOD.replace(
+        "evaluation:", "  grpo->es:\n    grpo: {max_steps: 1}\n    es: {iterations: 1}\n"
+                       "  es->grpo:\n    grpo: {max_steps: 1}\n    es: {iterations: 1}\nevaluation:")
+        + "sequential: {carry_optimizer_state: true}\n")
+    smap = {s.key: s for s in build_plan(spec)}
+    carries = {label: _carries_optimizer(spec, smap[f"seed-42/sequential/{label}/2-boolq"], smap)
+               for label in ("grpo", "es@4", "grpo-to-es", "es-to-grpo")}
+    assert carries == {"grpo": True, "es@4": False, "grpo-to-es": False, "es-to-grpo": False}
+    assert not _carries_optimizer(spec, smap["seed-42/sequential/grpo/1-countdown"], smap)  # from the base model
