@@ -627,3 +627,16 @@ def test_only_a_grpo_step_after_grpo_weights_carries_the_optimizer_state(tmp_pat
                for label in ("grpo", "es@4", "grpo-to-es", "es-to-grpo")}
     assert carries == {"grpo": True, "es@4": False, "grpo-to-es": False, "es-to-grpo": False}
     assert not _carries_optimizer(spec, smap["seed-42/sequential/grpo/1-countdown"], smap)  # from the base model
+
+
+def test_ifeval_cells_take_the_chosen_metric_and_only_its_own_interval():
+    from esft.experiments.records import accuracy, interval
+
+    rec = {"eval": {"ifeval": {"accuracy": 0.6, "prompt_strict": 0.6, "prompt_loose": 0.9, "ci95": [0.5, 0.7]},
+                    "boolq": {"accuracy": 0.25, "prompt_loose": 0.99, "ci95": [0.2, 0.3]}}}
+    assert accuracy(rec, "ifeval", "prompt_loose") == 90.0 and accuracy(rec, "ifeval", "prompt_strict") == 60.0
+    assert accuracy(rec, "boolq", "prompt_loose") == 25.0  # the IFEval metric is IFEval's alone
+    # the recorded interval is of `accuracy`: it belongs to no other IFEval level
+    assert interval(rec, "ifeval", "prompt_loose") is None and interval(rec, "ifeval", "prompt_strict") == (50.0, 70.0)
+    assert interval(rec, "boolq", "prompt_loose") == (20.0, 30.0)
+    assert accuracy(None, "boolq") is None and accuracy({"eval": {}}, "boolq") is None
