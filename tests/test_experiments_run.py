@@ -250,6 +250,15 @@ def test_method_comparison_with_passk_sampling(tmp_path, tokenizer):
     loads = []
     again.hooks.load_model = lambda *a: loads.append(a) or tiny.load_model(*a)
     assert run_experiment(load_spec(spec), out, again.hooks).ok and loads == [] and again.trained == []
+    # done stages were skipped, not visited again to rebuild the same record
+    assert _json(stage / "dart-es/status.json")["attempts"] == 1 and _json(stage / "dart-es/result.json") == result
+
+    # a lost sampled evaluation is sampled again, from the kept weights, beside the kept greedy one
+    greedy = (stage / "dart-es/eval/boolq.json").read_text()
+    (stage / "dart-es/eval/boolq.passk.json").unlink()
+    assert run_experiment(load_spec(spec), out, again.hooks).ok and len(loads) == 1 and again.trained == []
+    assert (stage / "dart-es/eval/boolq.json").read_text() == greedy  # not evaluated again
+    assert _json(stage / "dart-es/result.json")["eval"]["boolq"]["sampled"]["completions"] == 6
 
 
 def test_passk_block_is_validated_before_compute(tmp_path):
