@@ -80,6 +80,8 @@ def _spec(tmp_path: Path, text: str):
      ["algorithms.es (es) on /nonexistent/train.jsonl", "does not exist"]),
     ("name: t\n", "name: t\noutput_dir: [runs, x]\n", 2, ["output_dir must be a folder path"]),
     ("name: t\n", "name: [a, b]\n", 1, ["name must be a name"]),
+    # a task listed twice would train the sequence on it twice and share its stage folders
+    ("tasks: [countdown, boolq]", "tasks: [countdown, boolq, Countdown]", 3, ["task 'Countdown' appears twice"]),
 ])
 def test_spec_errors_name_the_line(tmp_path, old, new, line, words):
     assert old in GOOD
