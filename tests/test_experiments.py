@@ -80,6 +80,8 @@ def _spec(tmp_path: Path, text: str):
      ["algorithms.es (es) on /nonexistent/train.jsonl", "does not exist"]),
     ("name: t\n", "name: t\noutput_dir: [runs, x]\n", 2, ["output_dir must be a folder path"]),
     ("name: t\n", "name: [a, b]\n", 1, ["name must be a name"]),
+    # a task listed twice would train the sequence on it twice and share its stage folders
+    ("tasks: [countdown, boolq]", "tasks: [countdown, boolq, Countdown]", 3, ["task 'Countdown' appears twice"]),
 ])
 def test_spec_errors_name_the_line(tmp_path, old, new, line, words):
     assert old in GOOD
@@ -564,3 +566,79 @@ def test_a_folder_given_as_the_spec_is_named_and_its_spec_pointed_to(tmp_path, c
     (tmp_path / "spec.yaml").write_text("kind: single-task\n")
     assert main(["experiment", "run", str(tmp_path), "--dry-run"]) == 2
     assert f"its spec is {tmp_path / 'spec.yaml'}" in capsys.readouterr().err
+
+
+def test_each_step_of_a_chain_starts_from_the_weights_the_step_before_left(tmp_path):
+    """grpo->es: the ES step trains from GRPO's final checkpoint, and the next sequential stage from the chain's
+    last step (ES), not its first; the stage's result (what is evaluated) is the last step's checkpoint."""
+    from esft.experiments.runner import _step_configs
+
+    spec = _spec(tmp_path, GOOD.replace(
+        "evaluation:", "  grpo->es:\n    grpo: {max_steps: 1}\n    es: {iterations: 1}\nevaluation:"))
+    stages = build_plan(spec)
+    smap, root = {s.key: s for s in stages}, tmp_path / "out"
+    first, second = smap["seed-42/sequential/grpo-to-es/1-countdown"], smap["seed-42/sequential/grpo-to-es/2-boolq"]
+    grpo, es = _step_configs(spec, first, root, smap)
+    assert grpo.model == spec.model
+    assert es.model == str((root / "seed-42/sequential/grpo-to-es/1-countdown/run-1-grpo/checkpoints/final").resolve())
+    assert first.model_dir() == "seed-42/sequential/grpo-to-es/1-countdown/run-2-es/checkpoints/final"
+    grpo2, es2 = _step_configs(spec, second, root, smap)
+    assert second.parent == first.key and grpo2.model == str((root / first.model_dir()).resolve())
+    assert es2.model == str((root / "seed-42/sequential/grpo-to-es/2-boolq/run-1-grpo/checkpoints/final").resolve())
+    assert [c.task for c in (grpo, es, grpo2, es2)] == ["countdown", "countdown", "boolq", "boolq"]
+
+
+@pytest.mark.parametrize("after,expected", [
+    ("all", ["countdown", "boolq", "mmlu", "ifeval"]), ("trained", ["boolq"]),
+    ("trained+holdout", ["boolq", "mmlu", "ifeval"])])
+def test_after_single_task_picks_the_tasks_each_stage_evaluates(tmp_path, after, expected):
+    spec = _spec(tmp_path, GOOD.replace("kind: sequential", "kind: single-task")
+                 + f"  after_single_task: {after}\n")
+    stages = {s.key: s for s in build_plan(spec)}
+    for key in ("seed-42/single-task/boolq/es@2", "seed-52/single-task/boolq/es@4", "seed-42/single-task/boolq/grpo"):
+        assert stages[key].eval_tasks == expected, key
+    assert stages["seed-42/single-task/countdown/grpo"].eval_tasks[0] == "countdown"
+    assert stages["base"].eval_tasks == ["countdown", "boolq", "mmlu", "ifeval"]  # the base model: always all
+
+
+def test_each_budget_of_a_shared_run_waits_for_the_budget_just_below(tmp_path):
+    """Budget tracks share stage 1's run: the run continues to 6 only after the snapshot at 4 is taken, else a
+    failed stage at 4 would be trained past and its snapshot could never be made."""
+    spec = _spec(tmp_path, GOOD.replace("iterations: [2, 4]", "iterations: [2, 4, 6]"))
+    stages = {s.key: s for s in build_plan(spec)}
+    first = "seed-42/sequential/es@{}/1-countdown"
+    assert stages[first.format(2)].after == []
+    assert stages[first.format(4)].after == [first.format(2)]
+    assert stages[first.format(6)].after == [first.format(4)]
+    assert [stages[first.format(b)].steps[0].snapshot for b in (2, 4, 6)] == [True, True, False]
+    # later stages wait for their own track's previous stage only
+    assert stages["seed-42/sequential/es@6/2-boolq"].after == [first.format(6)]
+
+
+def test_only_a_grpo_step_after_grpo_weights_carries_the_optimizer_state(tmp_path):
+    """sequential.carry_optimizer_state: the stage's first step must be GRPO and the parent's last step must have
+    left GRPO weights (with their optimizer.pt); a chain's other step does not count."""
+    from esft.experiments.runner import _carries_optimizer
+
+    spec = _spec(tmp_path, GOOD.replace(
+        "evaluation:", "  grpo->es:\n    grpo: {max_steps: 1}\n    es: {iterations: 1}\n"
+                       "  es->grpo:\n    grpo: {max_steps: 1}\n    es: {iterations: 1}\nevaluation:")
+        + "sequential: {carry_optimizer_state: true}\n")
+    smap = {s.key: s for s in build_plan(spec)}
+    carries = {label: _carries_optimizer(spec, smap[f"seed-42/sequential/{label}/2-boolq"], smap)
+               for label in ("grpo", "es@4", "grpo-to-es", "es-to-grpo")}
+    assert carries == {"grpo": True, "es@4": False, "grpo-to-es": False, "es-to-grpo": False}
+    assert not _carries_optimizer(spec, smap["seed-42/sequential/grpo/1-countdown"], smap)  # from the base model
+
+
+def test_ifeval_cells_take_the_chosen_metric_and_only_its_own_interval():
+    from esft.experiments.records import accuracy, interval
+
+    rec = {"eval": {"ifeval": {"accuracy": 0.6, "prompt_strict": 0.6, "prompt_loose": 0.9, "ci95": [0.5, 0.7]},
+                    "boolq": {"accuracy": 0.25, "prompt_loose": 0.99, "ci95": [0.2, 0.3]}}}
+    assert accuracy(rec, "ifeval", "prompt_loose") == 90.0 and accuracy(rec, "ifeval", "prompt_strict") == 60.0
+    assert accuracy(rec, "boolq", "prompt_loose") == 25.0  # the IFEval metric is IFEval's alone
+    # the recorded interval is of `accuracy`: it belongs to no other IFEval level
+    assert interval(rec, "ifeval", "prompt_loose") is None and interval(rec, "ifeval", "prompt_strict") == (50.0, 70.0)
+    assert interval(rec, "boolq", "prompt_loose") == (20.0, 30.0)
+    assert accuracy(None, "boolq") is None and accuracy({"eval": {}}, "boolq") is None

@@ -250,6 +250,15 @@ def test_method_comparison_with_passk_sampling(tmp_path, tokenizer):
     loads = []
     again.hooks.load_model = lambda *a: loads.append(a) or tiny.load_model(*a)
     assert run_experiment(load_spec(spec), out, again.hooks).ok and loads == [] and again.trained == []
+    # done stages were skipped, not visited again to rebuild the same record
+    assert _json(stage / "dart-es/status.json")["attempts"] == 1 and _json(stage / "dart-es/result.json") == result
+
+    # a lost sampled evaluation is sampled again, from the kept weights, beside the kept greedy one
+    greedy = (stage / "dart-es/eval/boolq.json").read_text()
+    (stage / "dart-es/eval/boolq.passk.json").unlink()
+    assert run_experiment(load_spec(spec), out, again.hooks).ok and len(loads) == 1 and again.trained == []
+    assert (stage / "dart-es/eval/boolq.json").read_text() == greedy  # not evaluated again
+    assert _json(stage / "dart-es/result.json")["eval"]["boolq"]["sampled"]["completions"] == 6
 
 
 def test_passk_block_is_validated_before_compute(tmp_path):
@@ -333,3 +342,35 @@ def test_dropping_the_largest_budget_is_refused_not_evaluated_on_later_weights(t
     assert result.statuses["seed-42/single-task/boolq/es@2"] == "failed" and tiny.trained == []
     assert "has trained to 3 steps, past this stage's budget of 2" in _json(stage / "status.json")["error"]
     assert _json(stage / "result.json") == before  # the record of step 2's weights is kept
+
+
+def test_a_failed_evaluation_keeps_the_weights_for_the_next_stage_and_a_lost_result_is_rebuilt(tmp_path, tokenizer):
+    """A stage whose training finished but whose evaluation failed has its weights: the next stage trains from
+    them instead of being blocked, and the re-run evaluates it again without training. A done stage whose
+    result.json is gone is visited again (from its kept weights and evaluations), not skipped with no record."""
+    spec = write_spec(tmp_path / "seq.yaml", "sequential", ["countdown", "boolq"],
+                      {"es": {**ES_BLOCK, "iterations": 1}}, evaluation={"limit": 1, "max_new_tokens": 2, "holdout": []})
+    out, seq = tmp_path / "out", "seed-42/sequential/es"
+    tiny = TinyHooks(tokenizer)
+    good = tiny.hooks.load_model
+
+    def failing(ref, *args):
+        if ref.endswith("1-countdown/run/checkpoints/final"):
+            raise RuntimeError("evaluation boom")
+        return good(ref, *args)
+
+    tiny.hooks.load_model = failing
+    result = run_experiment(load_spec(spec), out, tiny.hooks, write_tables=False)
+    assert result.statuses == {"base": "done", f"{seq}/1-countdown": "failed", f"{seq}/2-boolq": "done"}
+    assert _json(out / seq / "1-countdown/status.json")["trained"] is True
+    tiny.hooks.load_model = good
+    tiny.trained.clear()
+    assert run_experiment(load_spec(spec), out, tiny.hooks, write_tables=False).ok and tiny.trained == []
+    assert set(_json(out / seq / "1-countdown/result.json")["eval"]) == {"countdown", "boolq"}
+
+    (out / seq / "2-boolq/result.json").unlink()
+    loads = []
+    tiny.hooks.load_model = lambda *a: loads.append(a) or good(*a)
+    assert run_experiment(load_spec(spec), out, tiny.hooks, write_tables=False).ok
+    assert tiny.trained == [] and loads == []  # neither trained nor evaluated again: only the record is rebuilt
+    assert set(_json(out / seq / "2-boolq/result.json")["eval"]) == {"countdown", "boolq"}

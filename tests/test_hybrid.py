@@ -139,3 +139,45 @@ def test_the_base_blocks_per_task_sizes_do_not_reach_the_chain():
                         * step_cost(comp.algorithm, config))
         assert used == [s["used"] for s in report["stages"]], order
     assert spec.config(spec.method("es").components[0], "boolq", 42, output_dir="x").population_size == 30
+
+
+def test_a_zero_share_gives_its_stage_no_steps_and_no_error():
+    """Only a stage with a positive share must buy a step: a zero share is a stage left out on purpose."""
+    assert split_budget(4000, [100, 200], [1, 0]) == [40, 0]
+    assert split_budget(4000, [100, 200], [0, 1]) == [0, 20]
+
+
+@pytest.mark.parametrize("split", [0.0, 1.0, 1.5, -0.5])
+def test_a_split_outside_the_open_interval_is_refused_by_name(split):
+    # a total large enough for one step of either stage alone, so only the split itself can be refused
+    with pytest.raises(ValueError, match=r"split must be in \(0, 1\)"):
+        hybrid_block("grpo->es", 10 ** 6, split=split, options=CPU)
+
+
+def test_the_split_is_the_first_stage_share_in_either_order():
+    # 128 completions a step for both algorithms (CPU): a quarter of 2560 buys 5 steps, three quarters 15
+    for order, first, second in [("grpo->es", "grpo", "es"), ("es->grpo", "es", "grpo")]:
+        block, report = hybrid_block(order, 2560, 0.25, "completions", CPU)
+        field = {"es": "iterations", "grpo": "max_steps"}
+        assert block[first][field[first]] == 5 and block[second][field[second]] == 15, order
+        assert [s["algorithm"] for s in report["stages"]] == [first, second]
+        assert [s["used"] for s in report["stages"]] == [640, 1920] and report["used"] == 2560
+
+
+def test_bad_totals_and_shares_are_refused_by_name():
+    with pytest.raises(ValueError, match="total budget must be a finite number > 0, got 0"):
+        split_budget(0, [1], [1])
+    # a negative share beside a larger positive one still sums to > 0: it must not give a negative step count
+    with pytest.raises(ValueError, match="shares >= 0 with a positive sum"):
+        split_budget(10, [1, 1], [-0.5, 1])
+    with pytest.raises(ValueError, match="shares >= 0 with a positive sum"):
+        split_budget(10, [1, 1], [0, 0])
+    # both stages short: the smallest total named must buy a step of the dearer one as well
+    with pytest.raises(ValueError, match="at least 600 gives every stage one step"):
+        split_budget(10, [100, 300], [0.5, 0.5])
+
+
+def test_a_chain_of_one_algorithm_twice_is_refused_by_name():
+    for order in ("es->es", "grpo->grpo", "grpo->es->grpo", "es"):
+        with pytest.raises(ValueError, match="chains two different algorithms"):
+            hybrid_block(order, 10 ** 6, options=CPU)
