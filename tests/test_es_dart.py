@@ -321,19 +321,28 @@ def test_correct_means_score_at_least_one_half():
 def test_sample_batch_refuses_another_split_or_seed_and_redraws_for_another_iteration():
     n = 10
     rule = DartES()
+    for unbound in (rule.state_dict, rule.summary, lambda: rule.sample_batch(2, 0, n, 5),
+                    lambda: rule.propose(0, 5)):
+        with pytest.raises(RuntimeError, match="bind"):
+            unbound()
     rule.bind(n, seed=2)
     with pytest.raises(ValueError, match="bound to"):
         rule.sample_batch(2, 0, n + 1, 5)
     with pytest.raises(ValueError, match="bound to"):
         rule.sample_batch(3, 0, n, 5)
-    # every problem a candidate from iteration 2 on (last batched at 0): the batch of iteration 0 holds no replay
-    state = rule.state_dict()
-    state.update(in_buffer=[1] * n, seen=[1] * n, ema=[0.2] * n, last_seen=[0] * n)
-    rule.load_state_dict(state)
     first = rule.sample_batch(2, 0, n, 5)
-    later = rule.sample_batch(2, 4, n, 5)  # not scored in between: the proposal is drawn again for iteration 4
-    assert later == rule.propose(4, 5).indices != first
-    assert rule.propose(4, 5).replay == [False] * 4 + [True] and rule.propose(0, 5).replay == [False] * 5
+    assert rule.sample_batch(2, 4, n, 5) == first  # empty buffer: fresh problems only, whatever the iteration
+    # one candidate, outside the first five fresh problems, batched last at 0: no replay at 0, replayed at 4
+    j = next(k for k in range(n) if k not in first)
+    state = rule.state_dict()
+    state.update(in_buffer=[int(k == j) for k in range(n)], seen=[1] * n, ema=[0.2] * n, last_seen=[0] * n)
+    rule.load_state_dict(state)  # a new state: the batch proposed before it is void
+    assert rule.sample_batch(2, 4, n, 5) == first[:4] + [j]
+    assert rule.sample_batch(2, 0, n, 5) == first  # not scored in between: drawn again for iteration 0
+    assert rule.sample_batch(2, 4, n, 5) == first[:4] + [j]
+    rule(fake_result(np.ones((2, 5))), [{}] * 5)
+    with pytest.raises(RuntimeError, match="only batches it proposed"):  # a batch is scored once
+        rule(fake_result(np.ones((2, 5))), [{}] * 5)
 
 
 def test_replay_counts_of_the_current_epoch_bar_a_third_replay_mid_epoch():
