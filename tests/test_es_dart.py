@@ -321,11 +321,17 @@ def test_correct_means_score_at_least_one_half():
 def test_sample_batch_refuses_another_split_or_seed_and_redraws_for_another_iteration():
     n = 10
     rule = DartES()
+    line = {"iteration": 0, "batch": [0], "members": [[0]],
+            "fitness_rule": {"solved": [0], "replay": [0], "cursor": 1}}
     for unbound in (rule.state_dict, rule.summary, lambda: rule.sample_batch(2, 0, n, 5),
-                    lambda: rule.propose(0, 5)):
+                    lambda: rule.propose(0, 5), lambda: rule.replay(line)):
         with pytest.raises(RuntimeError, match="bind"):
             unbound()
     rule.bind(n, seed=2)
+    with pytest.raises(RuntimeError, match="no iteration scored"):
+        rule.log_record()
+    with pytest.raises(ValueError, match="no DART-ES record"):
+        rule.replay({"iteration": 0, "batch": [0], "members": [[0]]})
     with pytest.raises(ValueError, match="bound to"):
         rule.sample_batch(2, 0, n + 1, 5)
     with pytest.raises(ValueError, match="bound to"):
@@ -414,3 +420,5 @@ def test_dart_option_ranges_at_their_bounds(name, accepted, refused):
     for value in refused:
         with pytest.raises(ValueError, match=name):
             DartOptions(**{name: value})
+    with pytest.raises(ValueError, match="'lots'"):  # text that is no number is refused as given
+        DartOptions.from_dict({name: "lots"})
