@@ -142,6 +142,7 @@ def test_dart_state_machine_and_replay_of_logged_history():
     for rec in logs:
         again.replay(json.loads(json.dumps(rec)))
     assert again.state_dict() == final
+    assert again.log_record() == logs[-1]["fitness_rule"]  # the last replayed line, as after scoring it
     # and from a mid-run snapshot (a checkpoint) plus the remaining lines
     mid = DartES()
     mid.bind(n, seed=3)
@@ -260,3 +261,164 @@ def test_draw_replays_fills_every_slot_when_most_priorities_underflow():
         picks = draw_replays(cands, ema, 2, rng, 2000.0)
         assert len(picks) == 2 and 0 in picks
     assert sorted(draw_replays(cands, ema, 3, rng, 2000.0)) == [0, 1, 2]
+
+
+def test_replay_candidates_learned_boundary_and_draw_default_temperature():
+    """A buffered problem at exactly the learned threshold is no candidate (EMA < 0.5, as the buffer drops it at
+    EMA >= 0.5); draw_replays hands numpy the priorities exp(-3 EMA) normalised (3: the default temperature)."""
+    in_buf, ema = np.ones(3, bool), np.array([0.5, 0.4999, 0.2])
+    cands = replay_candidates(in_buf, ema, np.zeros(3), np.full(3, -10), [], iteration=0, opts=OPTS)
+    assert cands.tolist() == [1, 2]
+
+    class Spy:
+        def choice(self, a, size, replace, p):
+            self.args = (a.tolist(), size, replace, p)
+            return a[:size]
+
+    spy = Spy()
+    assert draw_replays([2, 0], ema, 1, spy) == [2]  # a list of candidates is fine
+    prio = np.exp(-3 * ema[[2, 0]])
+    assert spy.args[:3] == ([2, 0], 1, False)
+    np.testing.assert_allclose(spy.args[3], prio / prio.sum(), rtol=1e-12)
+
+
+def test_pure_rules_accept_lists():
+    assert ema_update([0.5, 0.0], [True, False], [1.0, 0.25], 0.7).tolist() == pytest.approx([0.65, 0.25])
+    buf, zero = buffer_update([True, False], [1, 0], [0.1, 0.2], [0.0, 0.5], 0.5, 2)
+    assert buf.tolist() == [False, True] and zero.tolist() == [2, 0]
+
+
+def test_take_fresh_asked_for_more_than_remain_returns_what_remains():
+    """count is capped at the problems not excluded: a larger count would otherwise loop for ever."""
+    import signal
+
+    def hung(*_):
+        raise TimeoutError("take_fresh did not return")
+
+    old = signal.signal(signal.SIGALRM, hung)
+    signal.setitimer(signal.ITIMER_REAL, 5.0)
+    try:
+        got, _ = take_fresh(7, 10, 0, 8, exclude=[0, 1, 2, 3, 4, 5, 42])
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    assert sorted(got) == [6, 7, 8, 9]
+
+
+def test_correct_means_score_at_least_one_half():
+    """A is score >= 0.5 (module docstring): a partial score counts as solved from 0.5 up."""
+    rule = DartES()
+    rule.bind(4, seed=0)
+    idx = rule.sample_batch(0, 0, 4, 4)
+    scores = np.array([[0.5, 0.49, 0.6, 0.0], [0.0, 0.0, 0.0, 0.0]])
+    f = rule(fake_result(scores, np.zeros((2, 4), bool)), [{}] * 4)
+    assert rule.log_record()["solved"] == [1, 0, 1, 0]
+    w = 0.8 + np.exp(-3 * 0.5)  # the two solved problems: p = 1/2, first value
+    np.testing.assert_allclose(f, [2 * w / 4, 0.0])
+    assert [rule.state_dict()["ema"][j] for j in idx] == [0.5, 0.0, 0.5, 0.0]
+
+
+def test_sample_batch_refuses_another_split_or_seed_and_redraws_for_another_iteration():
+    n = 10
+    rule = DartES()
+    line = {"iteration": 0, "batch": [0], "members": [[0]],
+            "fitness_rule": {"solved": [0], "replay": [0], "cursor": 1}}
+    for unbound in (rule.state_dict, rule.summary, lambda: rule.sample_batch(2, 0, n, 5),
+                    lambda: rule.propose(0, 5), lambda: rule.replay(line)):
+        with pytest.raises(RuntimeError, match="bind"):
+            unbound()
+    rule.bind(n, seed=2)
+    with pytest.raises(RuntimeError, match="no iteration scored"):
+        rule.log_record()
+    with pytest.raises(ValueError, match="no DART-ES record"):
+        rule.replay({"iteration": 0, "batch": [0], "members": [[0]]})
+    with pytest.raises(ValueError, match="bound to"):
+        rule.sample_batch(2, 0, n + 1, 5)
+    with pytest.raises(ValueError, match="bound to"):
+        rule.sample_batch(3, 0, n, 5)
+    first = rule.sample_batch(2, 0, n, 5)
+    assert rule.sample_batch(2, 4, n, 5) == first  # empty buffer: fresh problems only, whatever the iteration
+    # one candidate, outside the first five fresh problems, batched last at 0: no replay at 0, replayed at 4
+    j = next(k for k in range(n) if k not in first)
+    state = rule.state_dict()
+    state.update(in_buffer=[int(k == j) for k in range(n)], seen=[1] * n, ema=[0.2] * n, last_seen=[0] * n)
+    rule.load_state_dict(state)  # a new state: the batch proposed before it is void
+    assert rule.sample_batch(2, 4, n, 5) == first[:4] + [j]
+    assert rule.sample_batch(2, 0, n, 5) == first  # not scored in between: drawn again for iteration 0
+    assert rule.sample_batch(2, 4, n, 5) == first[:4] + [j]
+    rule(fake_result(np.ones((2, 5))), [{}] * 5)
+    with pytest.raises(RuntimeError, match="only batches it proposed"):  # a batch is scored once
+        rule(fake_result(np.ones((2, 5))), [{}] * 5)
+
+
+def test_replay_counts_of_the_current_epoch_bar_a_third_replay_mid_epoch():
+    """In the middle of an epoch (cursor 5 of 10), problems already replayed twice in it are no candidates."""
+    n = 10
+    rule = DartES()
+    rule.bind(n, seed=1)
+    state = rule.state_dict()
+    state.update(cursor=5, epoch=0, in_buffer=[1] * n, seen=[1] * n, ema=[0.2] * n, replays=[2] * n,
+                 last_seen=[0] * n)
+    rule.load_state_dict(state)
+    assert rule.propose(5, 5).replay == [False] * 5
+    fresh, _ = take_fresh(1, n, 5, 4)
+    once = next(j for j in range(n) if j not in fresh)  # replayed once: the one candidate
+    state["replays"][once] = 1
+    rule.load_state_dict(state)
+    prop = rule.propose(5, 5)
+    assert prop.indices == fresh + [once] and prop.replay == [False] * 4 + [True]
+
+
+def test_summary_and_log_record_report_the_state():
+    n = 12
+    rule = DartES()
+    rule.bind(n, seed=0)
+    assert rule.summary() == {"buffer_size": 0, "seen": 0, "mean_ema_seen": None, "epoch": 0,
+                              "replayed_this_epoch": 0}
+    assert rule.state_dict()["epoch"] == 0 and rule.state_dict()["cursor"] == 0
+    assert rule.replay_slots(100) == 2  # round(0.2 min(B, n))
+    idx = rule.sample_batch(0, 0, n, 4)
+    correct = np.array([[1, 0, 0, 1], [1, 1, 0, 0], [0, 0, 0, 0], [1, 0, 0, 0]], float)
+    rule(fake_result(correct), [{}] * 4)
+    # p = [3/4, 1/4, 0, 1/4]: the first is learned (EMA 0.75), two are buffered
+    log = rule.log_record()
+    assert log["solved"] == [3, 1, 0, 1] and log["buffer_size"] == 2 and log["cursor"] == 4
+    assert log["weights_mean"] == pytest.approx(np.mean(0.8 + np.exp(-3 * np.array([0.75, 0.25, 0.0, 0.25]))))
+    assert rule.summary() == {"buffer_size": 2, "seen": 4, "mean_ema_seen": pytest.approx(0.3125), "epoch": 0,
+                              "replayed_this_epoch": 0}
+    assert sorted(np.flatnonzero(rule.state_dict()["in_buffer"]).tolist()) == sorted([idx[1], idx[3]])
+    # iteration 1: the buffered two are cooling down, so 4 fresh problems, none solved; the buffer is the run's
+    nxt = rule.sample_batch(0, 1, n, 4)
+    assert not set(nxt) & set(idx)
+    rule(fake_result(np.zeros((4, 4))), [{}] * 4)
+    assert rule.log_record()["buffer_size"] == 2 and rule.summary()["seen"] == 8
+    state = rule.state_dict()
+    state["replays"] = [2, 1] + [0] * (n - 2)
+    rule.load_state_dict(state)
+    assert rule.summary()["replayed_this_epoch"] == 2  # problems replayed, not replays
+
+
+INF, NAN = float("inf"), float("nan")
+
+
+@pytest.mark.parametrize("name, accepted, refused", [
+    ("ema_decay", [0, 0.999], [-1e-9, 1, NAN]),
+    ("learned_threshold", [1e-9, 1], [0, -0.5, 1.0001]),
+    ("hopeless_after", [1, 7], [0, -1, 1.0, True]),
+    ("replay_fraction", [0, 0.5, 1], [-1e-9, 1.0001]),
+    ("max_replays_per_epoch", [0, 3], [-1, 0.5]),
+    ("cooldown", [0, 4], [-1, 2.0]),
+    ("priority_temperature", [0, 2000.0], [-1e-9, INF, NAN]),
+    ("weight_floor", [0, 5], [-0.1, INF]),
+    ("weight_temperature", [0, 7.5], [-0.1, INF]),
+    ("format_coef", [-1.0, 0, 2], [INF, -INF, NAN, "x", None]),
+])
+def test_dart_option_ranges_at_their_bounds(name, accepted, refused):
+    """Each documented range, both sides of each bound (the range words in the error message)."""
+    for value in accepted:
+        assert getattr(DartOptions(**{name: value}), name) == value
+    for value in refused:
+        with pytest.raises(ValueError, match=name):
+            DartOptions(**{name: value})
+    with pytest.raises(ValueError, match="'lots'"):  # text that is no number is refused as given
+        DartOptions.from_dict({name: "lots"})

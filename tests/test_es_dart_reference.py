@@ -21,8 +21,12 @@ from esft.es.dart import DartES, epoch_permutation
 class ReferenceDart:
     """The rule, problem by problem. A batch belongs to the epoch of the fresh stream where it starts."""
 
-    def __init__(self, n, seed, fraction=0.2):
+    def __init__(self, n, seed, fraction=0.2, decay=0.7, learned=0.5, hopeless=2, max_replays=2, cooldown=1,
+                 priority_t=3.0, floor=0.8, weight_t=3.0, format_coef=0.1):
         self.n, self.seed, self.fraction = n, seed, fraction
+        self.decay, self.learned, self.hopeless, self.max_replays = decay, learned, hopeless, max_replays
+        self.cooldown, self.priority_t, self.floor, self.weight_t = cooldown, priority_t, floor, weight_t
+        self.format_coef = format_coef
         self.ema, self.seen = np.zeros(n), np.zeros(n, bool)
         self.zero, self.buf = np.zeros(n, int), np.zeros(n, bool)
         self.replays, self.last = np.zeros(n, int), np.full(n, -10**9)
@@ -44,12 +48,12 @@ class ReferenceDart:
         slots = math.floor(self.fraction * size + 0.5)
         fresh = self.fresh(size - slots, set())
         counts = self.replays if self.start // self.n == self.epoch else np.zeros(self.n, int)
-        cands = [j for j in range(self.n) if self.buf[j] and j not in fresh and counts[j] < 2
-                 and it - self.last[j] > 1 and self.ema[j] < 0.5]
+        cands = [j for j in range(self.n) if self.buf[j] and j not in fresh and counts[j] < self.max_replays
+                 and it - self.last[j] > self.cooldown and self.ema[j] < self.learned]
         picks = []
         if cands and slots:
             rng = np.random.default_rng(np.random.SeedSequence([self.seed, it, 0xDA28]))
-            prio = np.exp(-3 * self.ema[cands])
+            prio = np.exp(-self.priority_t * (self.ema[cands] - self.ema[cands].min()))
             picks = [int(x) for x in rng.choice(np.array(cands, dtype=np.int64), size=min(slots, len(cands)),
                                                 replace=False, p=prio / prio.sum())]
         fresh += self.fresh(size - len(fresh) - len(picks), set(fresh) | set(picks))
@@ -60,31 +64,55 @@ class ReferenceDart:
             self.epoch, self.replays[:] = self.start // self.n, 0
         for k, j in enumerate(idx):
             p = correct[:, k].mean()
-            self.ema[j] = 0.7 * self.ema[j] + 0.3 * p if self.seen[j] else p
+            self.ema[j] = self.decay * self.ema[j] + (1 - self.decay) * p if self.seen[j] else p
             self.seen[j] = True
             self.zero[j] = 0 if p > 0 else self.zero[j] + 1
-            self.buf[j] = (self.buf[j] or p > 0) and not (self.ema[j] >= 0.5 or self.zero[j] >= 2)
+            self.buf[j] = (self.buf[j] or p > 0) and not (self.ema[j] >= self.learned or self.zero[j] >= self.hopeless)
             self.replays[j] += flags[k]
             self.last[j] = it
-        w = 0.8 + np.exp(-3 * self.ema[idx])
-        return (correct * w).mean(axis=1) + 0.1 * fmt.mean(axis=1)
+        w = self.floor + np.exp(-self.weight_t * self.ema[idx])
+        return (correct * w).mean(axis=1) + self.format_coef * fmt.mean(axis=1)
 
 
 def result(correct, fmt):
     return SimpleNamespace(scores=correct.astype(float), well_formed=fmt)
 
 
+#: DartOptions field -> ReferenceDart argument
+REFERENCE_ARGS = {"replay_fraction": "fraction", "ema_decay": "decay", "learned_threshold": "learned",
+                  "hopeless_after": "hopeless", "max_replays_per_epoch": "max_replays", "cooldown": "cooldown",
+                  "priority_temperature": "priority_t", "weight_floor": "floor", "weight_temperature": "weight_t",
+                  "format_coef": "format_coef"}
+
+
 @pytest.mark.parametrize("n,batch,pop", [(12, 5, 4), (10, 10, 3), (7, 12, 2), (30, 8, 5), (9, 4, 3), (30, 10, 8)])
 def test_dart_follows_the_reference_rule_through_epochs_and_resume(n, batch, pop):
+    follow_reference(n, batch, pop, {})
+
+
+@pytest.mark.parametrize("options", [
+    dict(replay_fraction=0.4, ema_decay=0.5, learned_threshold=0.6, hopeless_after=3, max_replays_per_epoch=1,
+         cooldown=2, priority_temperature=1.5, weight_floor=0.5, weight_temperature=2.0, format_coef=0.3),
+    dict(replay_fraction=0.3, ema_decay=0.9, learned_threshold=0.4, hopeless_after=1, max_replays_per_epoch=3,
+         cooldown=0, priority_temperature=6.0, weight_floor=1.2, weight_temperature=0.5, format_coef=-0.2),
+])
+def test_dart_options_follow_the_reference_rule(options):
+    """Every DartOptions constant takes effect where the rule uses it (the test above runs the defaults only)."""
+    for n, batch, pop in [(12, 5, 4), (30, 10, 8), (9, 4, 3), (7, 12, 2)]:
+        follow_reference(n, batch, pop, options)
+
+
+def follow_reference(n, batch, pop, options):
+    """DartES and ReferenceDart, same options, 45 iterations on random answers, with a JSON resume at 20."""
     for seed in range(3):
-        rule, ref = DartES(), ReferenceDart(n, seed)
+        rule, ref = DartES(options), ReferenceDart(n, seed, **{REFERENCE_ARGS[k]: v for k, v in options.items()})
         rule.bind(n, seed)
         rng = np.random.default_rng(seed)
         solve = rng.uniform(0.05, 0.6, n)  # per-problem difficulty, so the buffer fills and drains
         for it in range(45):
             if it == 20:  # resume from a JSON checkpoint of the state
                 state = json.loads(json.dumps(rule.state_dict()))
-                rule = DartES()
+                rule = DartES(options)
                 rule.load_state_dict(state)
             idx = rule.sample_batch(seed, it, n, batch)
             want_idx, flags = ref.propose(it, batch)
