@@ -580,3 +580,36 @@ def test_trl_args_given_as_text_reach_trl_as_numbers(tmp_path, monkeypatch):
     monkeypatch.setattr(esft.models, "load_model", refuse)
     with pytest.raises(ConfigError, match=r"top_k: an integer \(TRL's GRPOConfig\), not '1.5'"):
         train_grpo(tiny_config(tmp_path / "frac", trl_args={"top_k": "1.5"}), task=ParityTask(), progress=False)
+
+
+def test_a_damaged_newest_checkpoint_resumes_from_the_one_before(run, tmp_path, tokenizer):
+    """A truncated model.safetensors in `final` (or a torch file that is no whole archive) is skipped with a
+    warning: the resume takes the step-2 checkpoint and trains steps 3-4 again, to the same weights. Before, the
+    newest checkpoint was taken whatever its state: here the run counted as finished, its final unloadable."""
+    import shutil
+
+    from esft.grpo.run import checkpoint_damage, resume_checkpoint
+
+    out = tmp_path / "run"
+    shutil.copytree(run["out"], out)
+    final = out / "checkpoints" / "final"
+    assert checkpoint_damage(final) is None and resume_checkpoint(out)[0] == 4
+    weights = final / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-64])
+    assert "model.safetensors" in checkpoint_damage(final)
+    with pytest.warns(UserWarning, match="final is damaged"):
+        result = train_grpo(tiny_config(out, resume=True), model=make_tiny_model(), tokenizer=tokenizer,
+                            task=ParityTask(), progress=False)
+    assert result.steps == 4
+    assert [r["step"] for r in read_jsonl(out / "drift.jsonl")] == [1, 2, 3, 4]
+    saved = _load_safetensors(final)
+    reference = _load_safetensors(run["out"] / "checkpoints" / "final")
+    assert all(torch.equal(saved[k], reference[k]) for k in reference)
+
+    (out / "checkpoints" / "final" / "optimizer.pt").write_bytes(b"PK\x03\x04 torn")
+    earlier = [folder for step, folder in list_checkpoints(out) if folder.name != "final"]
+    for folder in earlier:
+        (folder / "optimizer.pt").write_bytes(b"")
+    assert "optimizer.pt" in checkpoint_damage(final)
+    with pytest.warns(UserWarning, match="damaged"):
+        assert resume_checkpoint(out) == (0, None)

@@ -8,10 +8,11 @@ Layout of `output_dir` (the ES layout, plus drift.jsonl):
     checkpoints/iter_XXXXXX/   Hugging Face folder (safetensors, config, tokenizer) + TRL/transformers
     checkpoints/final/         optimizer, scheduler, RNG and trainer state; XXXXXX = optimizer steps done
 
-Resume (`resume=True`) restarts from the latest checkpoint through transformers' own resume (weights, AdamW
-moments, LR scheduler, RNG and step count), drops log lines written after that checkpoint, and continues. The
-config must match the original run except for RESUMABLE_CHANGES; max_steps may grow only where the LR schedule does
-not depend on it (SCHEDULES_WITHOUT_END: the extended run then equals one started with the larger max_steps).
+Resume (`resume=True`) restarts from the latest intact checkpoint (`resume_checkpoint`) through transformers' own
+resume (weights, AdamW moments, LR scheduler, RNG and step count), drops log lines written after that checkpoint,
+and continues. The config must match the original run except for RESUMABLE_CHANGES; max_steps may grow only where
+the LR schedule does not depend on it (SCHEDULES_WITHOUT_END: the extended run then equals one started with the
+larger max_steps).
 An interrupt (Ctrl-C, SIGTERM) first writes the checkpoint of the last finished step (esft.grpo.interrupt), so
 a resume continues from there, not from the last scheduled checkpoint.
 """
@@ -55,6 +56,44 @@ def list_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
     return sorted(found, key=lambda x: (x[0], x[1].name == "final"))
 
 
+def checkpoint_damage(folder: Path) -> str | None:
+    """Why transformers could not resume from `folder`, or None: no weights, a safetensors file whose header does
+    not cover it (a truncated copy), or a torch-saved file (optimizer, scheduler, RNG, arguments) that is no whole
+    zip archive."""
+    import zipfile
+
+    from safetensors import safe_open
+
+    weights = sorted(folder.glob("*.safetensors"))
+    if not weights:
+        return "no safetensors weights"
+    for path in weights:
+        try:
+            with safe_open(str(path), "pt"):
+                pass
+        except Exception as exc:  # safetensors raises its own error type for every kind of bad file
+            return f"{path.name}: {exc}"
+    for path in sorted([*folder.glob("*.pt"), *folder.glob("*.pth"), *folder.glob("*.bin")]):
+        try:
+            with zipfile.ZipFile(path):
+                pass
+        except (zipfile.BadZipFile, OSError) as exc:
+            return f"{path.name}: {exc}"
+    return None
+
+
+def resume_checkpoint(run_dir: Path) -> tuple[int, Path | None]:
+    """(step, folder) of the newest checkpoint transformers can resume from, (0, None) when there is none; a
+    damaged newer one is skipped with a warning, as the ES trainer skips one, and the steps after the one taken are
+    trained again."""
+    for step, folder in reversed(list_checkpoints(run_dir)):
+        damage = checkpoint_damage(folder)
+        if damage is None:
+            return step, folder
+        warnings.warn(f"checkpoint {folder} is damaged ({damage}); resuming from the one before it", stacklevel=2)
+    return 0, None
+
+
 def read_run_config(run_dir: str | Path) -> tuple[GRPOConfig, dict[str, Any]]:
     """(config, run info) from `<run_dir>/config.yaml` as written by train_grpo."""
     from esft.config import build_config, read_saved_config
@@ -89,9 +128,7 @@ def _prepare_dir(out: Path, config: GRPOConfig) -> tuple[Path | None, int]:
     holds_run = bool(read_jsonl(out / "metrics.jsonl") or list_checkpoints(out))
     if config.resume and (holds_run or (out / "config.yaml").exists()):
         _check_resumable(out, config)  # a missing, empty or unreadable config.yaml refuses here
-        ckpts = list_checkpoints(out)
-        if ckpts:
-            start, resume_from = ckpts[-1]
+        start, resume_from = resume_checkpoint(out)
         if start > config.max_steps:
             raise ValueError(f"cannot resume {out} with max_steps {config.max_steps}: it has trained for {start} "
                              "steps already")
