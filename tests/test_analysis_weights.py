@@ -354,11 +354,44 @@ def test_tie_word_embeddings_follows_the_config_then_its_model_types_default():
     assert ties_word_embeddings(None) is False
 
 
+def _falcon_attention_inputs(attention, config, fused_row_values):
+    """The q, k and v that FalconAttention's forward pass hands to scaled-dot-product attention when its fused
+    projection outputs `fused_row_values`: read from the public forward, not a private helper, so the check holds
+    across transformers releases (5.25 dropped `_split_heads` and split inline). Rotary is made the identity
+    (cos 1, sin 0) so q and k arrive as split."""
+    import inspect
+
+    from torch.overrides import TorchFunctionMode
+
+    seen = []
+
+    class Capture(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            if func is torch.nn.functional.scaled_dot_product_attention:
+                seen.append(tuple(a.detach().clone() for a in args[:3]))
+            return func(*args, **(kwargs or {}))
+
+    rows, hidden = attention.query_key_value.weight.shape
+    with torch.no_grad():
+        attention.query_key_value.weight.zero_()
+        attention.query_key_value.weight[:, 0] = fused_row_values
+    x = torch.zeros(1, 1, hidden)
+    x[0, 0, 0] = 1.0
+    head_dim = config.hidden_size // config.num_attention_heads
+    kwargs = {"attention_mask": None, "position_embeddings": (torch.ones(1, 1, head_dim), torch.zeros(1, 1, head_dim))}
+    if "alibi" in inspect.signature(attention.forward).parameters:  # transformers <= 5.24 takes it positionally
+        kwargs["alibi"] = None
+    with Capture(), torch.no_grad():
+        attention(x, **kwargs)
+    assert len(seen) == 1, "FalconAttention no longer reaches scaled_dot_product_attention once: update this test"
+    return seen[0]
+
+
 @pytest.mark.parametrize("variant", [{"new_decoder_architecture": True, "num_kv_heads": 2},
                                      {"new_decoder_architecture": False, "multi_query": True},
                                      {"new_decoder_architecture": False, "multi_query": False}])
 def test_falcon_query_key_value_rows_are_those_its_attention_reads(variant):
-    """The rows of each q/k/v view are the rows FalconAttention._split_heads gives q, k and v, in all three of
+    """The rows of each q/k/v view are the rows FalconAttention's forward pass uses as q, k and v, in all three of
     Falcon's layouts (the new decoder architecture was split as contiguous q|k|v blocks, mixing the roles)."""
     from transformers import FalconConfig
     from transformers.models.falcon.modeling_falcon import FalconAttention
@@ -366,11 +399,13 @@ def test_falcon_query_key_value_rows_are_those_its_attention_reads(variant):
     from esft.analysis.canonical import split_refs
 
     config = FalconConfig(vocab_size=64, hidden_size=32, num_attention_heads=4, num_hidden_layers=1, **variant)
-    attention = FalconAttention(config)
+    config._attn_implementation = "sdpa"
+    attention = FalconAttention(config, layer_idx=0).eval()
     rows = attention.query_key_value.weight.shape[0]
-    q, k, v = attention._split_heads(torch.arange(rows, dtype=torch.float32).view(1, 1, rows))
-    # k/v are broadcast to every query head of their group: each row once, in order
+    q, k, v = _falcon_attention_inputs(attention, config, torch.arange(rows, dtype=torch.float32))
+    # [batch, heads, seq, head_dim]; k/v may come repeated for every query head of their group: each row once
     expected = [q.flatten().tolist()] + [list(dict.fromkeys(t.flatten().tolist())) for t in (k, v)]
+    assert sorted(expected[0] + expected[1] + expected[2]) == [float(r) for r in range(rows)]
     refs = split_refs("transformer.h.0.self_attention.query_key_value.weight", (rows, 32), config.to_dict())
     assert [ref.canonical for ref in refs] == ["layers.0.q_proj", "layers.0.k_proj", "layers.0.v_proj"]
     for ref, want in zip(refs, expected):

@@ -209,9 +209,10 @@ def _split_qkv(key: str, shape: tuple[int, ...], config, model_type: str):
 
 
 def _split_falcon(shape: tuple[int, ...], config: Mapping[str, Any], dims: tuple[int, int, int]):
-    """Falcon's `query_key_value` rows, in the three layouts its attention reads (FalconAttention._split_heads):
-    the new decoder architecture groups them per kv head, [group g: its heads/kv query heads, one key, one value];
-    multi-query puts every query head first, then one key and one value; otherwise each head holds q, k, v."""
+    """Falcon's `query_key_value` rows, in the three layouts its attention reads (as FalconAttention's forward
+    splits them): the new decoder architecture groups them per kv head, [group g: its heads/kv query heads, one
+    key, one value]; multi-query puts every query head first, then one key and one value; otherwise each head holds
+    q, k, v."""
     heads, _, hd = dims
     rest = shape[1:]
     if config.get("new_decoder_architecture"):
