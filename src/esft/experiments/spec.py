@@ -30,8 +30,8 @@ from typing import Any
 
 from esft.experiments.algorithms import ALGORITHMS, Algorithm, get_algorithm
 from esft.experiments.spec_checks import (
-    SpecContext, as_mapping, check_evaluated_tasks, check_int, check_keys, check_options, check_task_fit,
-    check_task_list, check_text, did_you_mean,
+    SpecContext, as_mapping, check_evaluated_tasks, check_eval_dtype, check_int, check_keys, check_options,
+    check_task_fit, check_task_list, check_text, did_you_mean,
 )
 from esft.experiments.yamlines import LineDict, LineList, SpecError, load_file
 
@@ -281,7 +281,7 @@ def _evaluation(ctx: SpecContext, raw: Any, line: int, tasks: list[str], known: 
     for key in ("dtype", "device"):
         if key in block and block[key] is not None and not isinstance(block[key], str):
             raise ctx.error(block.line_of(key), f"evaluation.{key} must be a string, got {block[key]!r}")
-    ev.dtype = block.get("dtype", ev.dtype) or "auto"
+    ev.dtype = check_eval_dtype(ctx, block.get("dtype", ev.dtype) or "auto", block.line_of("dtype"))
     ev.device = block.get("device", ev.device)
     if "after_single_task" in block:
         value = block["after_single_task"]
@@ -392,7 +392,7 @@ def parse_spec(data: Any, path: str = "<spec>", name: str | None = None) -> Spec
     if not isinstance(seeds_raw, list) or not seeds_raw:
         raise ctx.error(data.line_of("seeds"), f"seeds must be a non-empty list of integers, got {seeds_raw!r}")
     seeds = [check_int(ctx, s, seeds_raw.line_of(i) if isinstance(seeds_raw, LineList) else data.line_of("seeds"),
-                       "seeds[]") for i, s in enumerate(seeds_raw)]
+                       "seeds[]", 0) for i, s in enumerate(seeds_raw)]
     if len(set(seeds)) != len(seeds):
         raise ctx.error(data.line_of("seeds"), f"seeds repeat: {seeds}")
     model = data.get("model", "smollm2-135m")

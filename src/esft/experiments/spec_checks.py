@@ -65,6 +65,17 @@ def check_int(ctx: SpecContext, value: Any, line: int, where: str, minimum: int 
     return value
 
 
+def check_eval_dtype(ctx: SpecContext, dtype: str, line: int) -> str:
+    """The dtype every evaluation loads its model in, as `esft eval` accepts it: a name the loader does not know
+    failed each stage's evaluation only after its training had run."""
+    from esft.evaluation import EVAL_RULES
+
+    rule = EVAL_RULES["dtype"]
+    if not rule.ok(dtype):
+        raise ctx.error(line, f"evaluation.dtype must be {rule.accepted}, got {dtype!r}")
+    return dtype
+
+
 def check_text(ctx: SpecContext, block: LineDict, key: str, what: str) -> str | None:
     """A scalar top-level value (name, description, output_dir) as text, None when absent; a mapping or a list
     there is refused at its line (an output_dir of 5 used to fail only when the runner made the folder)."""

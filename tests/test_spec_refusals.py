@@ -1,0 +1,229 @@
+"""Experiment-spec refusals and the values parsing hands on (esft.experiments.spec, spec_checks) and the DART-ES
+branches of esft.es.es_config.check_combinations; no model loads (a few seconds each).
+
+Each bad spec must be refused at its line with words that say what is wrong: a check that silently disappears
+would let the experiment train for hours and fail (or, worse, run with a value nobody asked for).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from esft.experiments import SpecError, load_spec
+
+# one task and no holdouts: each parse builds only Countdown
+BASE = """\
+name: audit
+kind: single-task
+tasks: [countdown]
+algorithms:
+  es:
+    iterations: 2
+  grpo:
+    max_steps: 2
+evaluation:
+  limit: 3
+  holdout: []
+"""
+
+
+def _spec(tmp_path: Path, text: str):
+    path = tmp_path / "spec.yaml"
+    path.write_text(text)
+    return load_spec(path)
+
+
+def _edit(old: str, new: str) -> str:
+    assert old in BASE
+    return BASE.replace(old, new, 1)
+
+
+ES = "  es:\n    iterations: 2\n"
+EVAL = "  limit: 3\n"
+TOP = "name: audit\n"
+
+
+@pytest.mark.parametrize("old,new,line,match", [
+    # top level
+    ("kind: single-task\n", "", 1, r"missing required key 'kind'"),
+    ("tasks: [countdown]", "tasks: []", 3, r"tasks: at least one task is needed"),
+    ("tasks: [countdown]", "tasks: {countdown: 1}", 3, r"tasks must be a list of task names"),
+    ("tasks: [countdown]", "tasks: [countdown]\nseeds: [3, 3]", 4, r"seeds repeat: \[3, 3\]"),
+    ("tasks: [countdown]", "tasks: [countdown]\nseeds: [42, -1]", 4, r"seeds\[\] must be >= 0, got -1"),
+    ("tasks: [countdown]", "tasks: [countdown]\nseeds: [42, true]", 4, r"seeds\[\] must be an integer, got True"),
+    (TOP, TOP + "model: ''\n", 2, r"model must be a name or a path, got ''"),
+    (TOP, TOP + "description: true\n", 2, r"description must be a text, got True"),
+    (TOP, TOP + "sequential: [x]\n", 2, r"sequential must be a mapping, got \[.x.\]"),
+    (TOP, TOP + "task_options: {countdwn: {}}\n", 2, r"task_options: unknown task 'countdwn' \(did you mean countdown"),
+    (TOP, TOP + "sequential: {carry_optimizer_state: true}\n", 2,
+     r"the `sequential` block only applies to kind: sequential"),
+    ("kind: single-task", "kind: sequential\nsequential: {carry: true}", 3, r"unknown key 'carry' in sequential"),
+    ("kind: single-task", "kind: sequential\nsequential: {carry_optimizer_state: 1}", 3,
+     r"sequential.carry_optimizer_state must be true/false"),
+    (TOP, TOP + "tables: {ifeval: strict}\n", 2, r"unknown key 'ifeval' in tables"),
+    (TOP, TOP + "tables: {ifeval_metric: strict}\n", 2, r"tables.ifeval_metric must be one of accuracy, prompt_strict"),
+    # algorithms
+    ("algorithms:\n" + ES + "  grpo:\n    max_steps: 2\n", "algorithms: {}\n", 4,
+     r"algorithms: at least one algorithm is needed"),
+    (ES, ES + "    algorithm: 5\n", 7, r"algorithms.es.algorithm must be a name, got 5"),
+    (ES, ES + "  grpo->ppo: {}\n", 7, r"unknown algorithm 'ppo' in algorithms.grpo->ppo"),
+    (ES, ES + "    per_task: {boolq: {iterations: 1}}\n", 7,
+     r"algorithms.es.per_task: 'boolq' is not one of the spec's tasks \(countdown\)"),
+    (ES, ES + "    per_task: {countdown: {sigmaa: 1}}\n", 7,
+     r"unknown option 'sigmaa' in algorithms.es.per_task.countdown for es"),
+    (ES, ES + "    per_task: {countdown: {iterations: [1, 2]}}\n", 7,
+     r"algorithms.es.per_task.countdown: iterations must be one number here \(es inside a chain"),
+    ("    iterations: 2\n", "    iterations: [1, 2]\n    per_task: {countdown: {iterations: 3}}\n", 6,
+     r"algorithms.es.per_task.countdown: a per-task iterations cannot be combined with the budget list \[1, 2\]"),
+    ("    iterations: 2\n", "    iterations: [4, 2]\n", 6, r"budgets must be a non-empty increasing list, got \[4, 2\]"),
+    ("    iterations: 2\n", "    iterations: []\n", 6, r"budgets must be a non-empty increasing list, got \[\]"),
+    ("    iterations: 2\n", "    iterations: [0, 2]\n", 6, r"algorithms.es.iterations must be >= 1, got 0"),
+    (ES, ES + "  grpo->es: {preset: cpu}\n", 7, r"unknown key 'preset' in algorithms.grpo->es"),
+    (ES, ES + "  grpo->es: {es: {iterations: [1, 2]}}\n", 7,
+     r"algorithms.grpo->es.es: iterations must be one number here \(es inside a chain"),
+    # evaluation
+    (EVAL, EVAL + "  dtype: 16\n", 11, r"evaluation.dtype must be a string, got 16"),
+    (EVAL, EVAL + "  dtype: float99\n", 11, r"evaluation.dtype must be one of 'auto', 'fp32'.*got 'float99'"),
+    (EVAL, EVAL + "  after_single_task: some\n", 11,
+     r"evaluation.after_single_task must be one of all, trained, trained\+holdout, got 'some'"),
+    (EVAL, "  limit: true\n", 10, r"evaluation.limit must be an integer, got True"),
+    (EVAL, EVAL + "  per_task: {boolq: {limit: 2}}\n", 11,
+     r"evaluation.per_task: 'boolq' is not evaluated by this spec \(countdown\)"),
+    (EVAL, EVAL + "  per_task: {countdown: {temperature: 2}}\n", 11,
+     r"unknown key 'temperature' in evaluation.per_task.countdown"),
+    (EVAL, EVAL + "  per_task: {countdown: {max_new_tokens: null}}\n", 11,
+     r"evaluation.per_task.countdown.max_new_tokens must be an integer, got None"),
+    (EVAL, EVAL + "  per_task: {countdown: {balanced: 1}}\n", 11,
+     r"evaluation.per_task.countdown.balanced must be true or false, got 1"),
+    # pass@k sampling
+    (EVAL, EVAL + "  passk: {k: 1}\n", 11, r"evaluation.passk needs samples"),
+    (EVAL, EVAL + "  passk: {samples: 1}\n", 11, r"evaluation.passk.samples must be >= 2, got 1"),
+    (EVAL, EVAL + "  passk: {samples: 4, k: [1, 8]}\n", 11,
+     r"evaluation.passk.k must be integers between 1 and samples \(4\), got 8"),
+    (EVAL, EVAL + "  passk: {samples: 4, k: [0]}\n", 11, r"evaluation.passk.k must be integers .*got 0"),
+    (EVAL, EVAL + "  passk: {samples: 4, k: [true]}\n", 11, r"evaluation.passk.k must be integers .*got True"),
+    (EVAL, EVAL + "  passk: {samples: 4, top_p: 1.5}\n", 11, r"evaluation.passk.top_p must be a number in \(0, 1.0\]"),
+    (EVAL, EVAL + "  passk: {samples: 4, seed: -1}\n", 11, r"evaluation.passk.seed must be >= 0, got -1"),
+])
+def test_bad_specs_are_refused_at_their_line(tmp_path, old, new, line, match):
+    """Each refusal names the file, the line and what is wrong, before any compute."""
+    with pytest.raises(SpecError, match=match) as info:
+        _spec(tmp_path, _edit(old, new))
+    assert f"spec.yaml:{line}: " in str(info.value), str(info.value)
+
+
+def test_a_spec_that_is_not_a_mapping_is_refused(tmp_path):
+    with pytest.raises(SpecError, match=r"spec.yaml:1: an experiment spec is a mapping of keys"):
+        _spec(tmp_path, "- countdown\n- es\n")
+
+
+def test_base_spec_parses_with_the_values_it_names(tmp_path):
+    """The spec all refusals above edit is itself valid (each refusal is caused by its edit), and its values arrive."""
+    spec = _spec(tmp_path, BASE)
+    assert spec.name == "audit" and spec.kind == "single-task" and spec.tasks == ["countdown"]
+    assert spec.seeds == [42] and spec.evaluation.all_tasks == ["countdown"] and spec.evaluation.limit == 3
+    assert spec.config(spec.method("es").components[0], "countdown", 42).iterations == 2
+    assert spec.config(spec.method("grpo").components[0], "countdown", 42).max_steps == 2
+
+
+def test_lowest_accepted_values_pass(tmp_path):
+    """The bounds are inclusive: limit 1, 2 samples, k = samples, seed 0, one budget."""
+    spec = _spec(tmp_path, _edit(EVAL, "  limit: 1\n  passk: {samples: 2, k: [2, 1, 2], seed: 0}\n")
+                 .replace("    iterations: 2\n", "    iterations: [1]\n"))
+    assert spec.evaluation.limit == 1 and spec.method("es").budgets == [1]
+    assert spec.evaluation.passk.k == [1, 2] and spec.evaluation.passk.seed == 0  # sorted, repeats dropped
+    assert _spec(tmp_path, _edit("tasks: [countdown]", "tasks: [countdown]\nseeds: [0, 7]")).seeds == [0, 7]
+    assert _spec(tmp_path, _edit("tasks: [countdown]", "tasks: [countdown]\nseeds: 7")).seeds == [7]
+
+
+def test_per_task_options_override_the_block_for_their_task_only(tmp_path):
+    text = BASE.replace("tasks: [countdown]", "tasks: [countdown, countdown:numbers=2]").replace(
+        ES, "  es:\n    iterations: 2\n    max-new-tokens: 20\n    per_task: {'countdown:numbers=2': "
+            "{max_new_tokens: 64}}\n")
+    spec = _spec(tmp_path, text)
+    es = spec.method("es").components[0]
+    assert es.options == {"iterations": 2, "max_new_tokens": 20}  # the dashed spelling is the field's
+    assert spec.config(es, "countdown:numbers=2", 42).max_new_tokens == 64
+    assert spec.config(es, "countdown", 42).max_new_tokens == 20
+
+
+def test_evaluation_settings_per_task_and_default(tmp_path):
+    from esft.experiments.spec import TaskEval
+
+    spec = _spec(tmp_path, _edit(EVAL, "  limit: 5\n  max_new_tokens: 10\n  batch_size: 4\n  dtype: bf16\n"
+                                       "  device: cpu\n  tasks: [countdown, countdown:numbers=2]\n"
+                                       "  per_task: {'countdown:numbers=2': {limit: null, max_new_tokens: 3, "
+                                       "batch_size: 1, balanced: true}}\n"))
+    assert spec.evaluation.for_task("countdown") == TaskEval(limit=5, max_new_tokens=10, batch_size=4)
+    assert spec.evaluation.for_task("countdown:numbers=2") == TaskEval(None, 3, 1, True)
+    assert (spec.evaluation.dtype, spec.evaluation.device) == ("bf16", "cpu")
+
+
+def test_a_chain_starts_from_the_base_blocks_and_its_sub_blocks_win(tmp_path):
+    """`grpo->es` takes each step's options from the block of the same name, its own sub-block on top; a scalar
+    budget of a plain block stays that block's budget (no budget list, no snapshots)."""
+    text = _edit(ES, "  es:\n    iterations: 5\n    sigma: 0.01\n"
+                     "  grpo->es: {display: Hybrid, es: {iterations: 2}}\n  es->grpo: {}\n")
+    spec = _spec(tmp_path, text)
+    chain = spec.method("grpo->es")
+    assert chain.display == "Hybrid" and spec.method("es->grpo").display == "ES->GRPO"
+    assert spec.method("es").display == "ES" and spec.method("es").budgets == []
+    assert [c.algorithm for c in chain.components] == ["grpo", "es"]
+    assert chain.components[1].options == {"iterations": 2, "sigma": 0.01}
+    assert chain.components[0].options == {"max_steps": 2}
+    assert spec.config(spec.method("es").components[0], "countdown", 42).iterations == 5
+
+
+def test_the_spec_name_beats_the_file_name(tmp_path):
+    assert _spec(tmp_path, BASE).name == "audit"
+    assert _spec(tmp_path, BASE.replace(TOP, "")).name == "spec"  # the file's stem
+
+
+def test_a_shipped_spec_is_found_with_or_without_its_suffix():
+    from esft.experiments.spec import resolve_spec_path, shipped_specs
+
+    assert resolve_spec_path("cpu-compare.yaml") == resolve_spec_path("cpu-compare") == shipped_specs()["cpu-compare"]
+    with pytest.raises(FileNotFoundError, match=r"no spec file 'cpu-comparee', and no shipped spec of that name"):
+        resolve_spec_path("cpu-comparee")
+
+
+def test_a_model_folder_that_does_not_exist_is_refused_by_check_spec_model(tmp_path):
+    from esft.experiments.spec import check_spec_model
+
+    spec = _spec(tmp_path, _edit(TOP, TOP + f"model: {tmp_path / 'missing'}/\n"))
+    with pytest.raises(SpecError, match=re.escape(f"{tmp_path / 'spec.yaml'}: ") + r".*missing"):
+        check_spec_model(spec)
+
+
+# ---- DART-ES options of the ES config (esft.es.es_config.check_combinations) -------------------------------------
+
+@pytest.mark.parametrize("rule", ["mean", "balanced"])
+def test_fitness_options_of_another_rule_are_refused(rule):
+    from esft.config import ConfigError
+    from esft.es.es_config import ESConfig
+
+    with pytest.raises(ConfigError, match=f"no options for fitness rule '{rule}' \\(they are DART-ES's\\)"):
+        ESConfig(fitness_rule=rule, fitness_options={"cooldown": 1})
+    assert ESConfig(fitness_rule=rule, format_bonus=0.3).format_bonus == 0.3  # the mean rule's knob: no DART check
+
+
+def test_format_bonus_with_dart_must_be_zero_or_dart_s_own_coefficient():
+    from esft.config import ConfigError
+    from esft.es.dart import DartOptions
+    from esft.es.es_config import ESConfig
+
+    coef = DartOptions().format_coef
+    assert ESConfig(fitness_rule="dart", format_bonus=0.0, fitness_options={"format_coef": 0.3}).format_bonus == 0
+    assert ESConfig(fitness_rule="dart", format_bonus=coef).format_bonus == coef
+    custom = ESConfig(fitness_rule="dart", format_bonus=0.3, fitness_options={"format_coef": "0.3"})
+    assert custom.fitness_options == {"format_coef": 0.3}  # as DART-ES reads it
+    for bonus in (coef / 2, coef * 2):  # below and above the coefficient
+        with pytest.raises(ConfigError, match=rf"0 or {coef} with fitness rule 'dart'.*format_coef: {bonus}"):
+            ESConfig(fitness_rule="dart", format_bonus=bonus)
+    with pytest.raises(ConfigError, match=r"0 or 0.3 with fitness rule 'dart'"):
+        ESConfig(fitness_rule="dart", format_bonus=coef, fitness_options={"format_coef": 0.3})
+    with pytest.raises(ConfigError, match=r"options DART-ES accepts \(unknown DART-ES options \['nope'\]"):
+        ESConfig(fitness_rule="dart", fitness_options={"nope": 1})
