@@ -59,6 +59,42 @@ def test_class_balanced_weights_make_each_label_count_the_same():
     assert class_balanced_weights(["A", "A"]) == [1.0, 1.0]
 
 
+def test_wilson_interval_matches_the_textbook_values_and_stays_in_the_unit_range():
+    """Interior values of the Wilson interval (5/10 and 3/4, as tabulated), and that its ends never leave [0, 1]
+    by a rounding error at 0 or n successes."""
+    assert wilson_interval(5, 10) == pytest.approx((0.2366, 0.7634), abs=1e-4)
+    assert wilson_interval(3, 4) == pytest.approx((0.3006, 0.9544), abs=1e-4)
+    for n in range(1, 300):
+        lo, hi = wilson_interval(0, n)[0], wilson_interval(n, n)[1]
+        assert 0.0 <= lo < 1e-12 and 1 - 1e-12 < hi <= 1.0
+
+
+def test_balanced_draw_is_pinned_and_independent_of_the_label_order():
+    """The default draw (BALANCE_SEED) is fixed, so balanced evaluations stay comparable across versions, and it
+    does not depend on the order `label_set` names the labels in."""
+    labels = ["yes"] * 70 + ["no"] * 30
+    labels = labels[::2] + labels[1::2]
+    assert balanced_indices(labels, 6) == [28, 31, 35, 38, 50, 90]
+    assert balanced_indices(labels, 6, label_set=("yes", "no")) == balanced_indices(labels, 6, label_set=("no", "yes"))
+    assert balanced_indices(labels, 60) == balanced_indices(labels)     # exactly what the rarest label allows
+    assert Counter(labels[i] for i in balanced_indices(labels, 2)) == {"yes": 1, "no": 1}  # size = K: one each
+    with pytest.raises(ValueError, match="needs size >= 2, got 0"):       # 0 is a size, not "as many as allowed"
+        balanced_indices(labels, 0)
+    with pytest.raises(ValueError, match="no labels to balance over"):
+        balanced_indices([])
+
+
+def test_a_repeated_label_in_the_label_set_counts_once():
+    """A label named twice in `label_set` (a user's task may list its labels with repeats) is balanced like any
+    other: no example drawn twice, every label the same count."""
+    labels = ["yes", "no"] * 5
+    idx = balanced_indices(labels, None, label_set=["yes", "no", "yes"])
+    assert len(idx) == len(set(idx)) == 10 and Counter(labels[i] for i in idx) == {"yes": 5, "no": 5}
+    assert balanced_indices(labels, 4, label_set=["yes", "no", "yes"]) == balanced_indices(labels, 4)
+    sub = balanced_subset(list("abcdefghij"), labels, 4, label_set=("no", "no"))
+    assert len(set(sub)) == 4 and set(sub) <= set("bdfhj")
+
+
 # ---- Task hooks and aggregate -------------------------------------------------------------------------------------
 def test_gold_keys_and_label_sets_of_the_tasks():
     boolq, mmlu, countdown, ifeval = (get_task(n) for n in ("boolq", "mmlu", "countdown", "ifeval"))

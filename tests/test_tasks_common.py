@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from esft.tasks import get_task, last_boxed
-from esft.tasks.common import load_hub_rows, parse_hf_spec
+from esft.tasks.common import load_hub_rows, parse_hf_spec, seeded_sample, seeded_shuffle
 
 TASKS = ("countdown", "math", "chemistry", "mmlu", "boolq")
 REPO = Path(__file__).resolve().parents[1]
@@ -198,6 +198,18 @@ def test_parse_hf_spec():
     assert parse_hf_spec("cais/mmlu:", "all") == ("cais/mmlu", "all")        # an empty config is no config
     with pytest.raises(ValueError):
         parse_hf_spec(":x")
+    assert parse_hf_spec("  cais/mmlu:anatomy \n") == ("cais/mmlu", "anatomy")  # surrounding blanks dropped
+    with pytest.raises(ValueError):
+        parse_hf_spec("   ")
+
+
+def test_seeded_sample_and_shuffle_follow_their_seed():
+    """A sample asking for more rows than there are is all of them; the `seed` argument picks the draw."""
+    rows = list(range(50))
+    assert sorted(seeded_sample("abc", 5)) == ["a", "b", "c"]
+    assert seeded_sample(rows, 10) == seeded_sample(rows, 10, seed=42) != seeded_sample(rows, 10, seed=1)
+    assert seeded_shuffle(rows) == seeded_shuffle(rows, seed=42) != seeded_shuffle(rows, seed=1)
+    assert sorted(seeded_shuffle(rows, seed=1)) == rows
 
 
 def test_missing_datasets_package_gives_a_clear_error(monkeypatch):
@@ -212,6 +224,20 @@ def test_unreachable_hub_gives_a_clear_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "datasets", FakeDatasets({}))
     with pytest.raises(RuntimeError, match=r"could not load Hugging Face dataset 'google/boolq'.*hub unreachable"):
         get_task("boolq", hf_dataset="google/boolq").load("test")
+
+
+def test_unknown_split_or_config_gives_a_clear_error(monkeypatch):
+    """`datasets` raises ValueError for a split or config the dataset lacks: that too becomes the RuntimeError
+    that names the dataset, not a bare traceback."""
+    fake = FakeDatasets({})
+
+    def load_dataset(name, config=None, split=None):
+        raise ValueError(f"Unknown split {split!r}")
+
+    fake.load_dataset = load_dataset
+    monkeypatch.setitem(sys.modules, "datasets", fake)
+    with pytest.raises(RuntimeError, match=r"'cais/mmlu' \(config 'x', split 'dev'\): ValueError: Unknown split"):
+        load_hub_rows("cais/mmlu:x", "dev")
 
 
 def test_hub_loading_maps_fields_and_cuts_splits(monkeypatch):

@@ -318,6 +318,17 @@ def test_generated_split_avoids_test_puzzles():
     assert not test & {(r["target"], tuple(sorted(r["nums"]))) for r in gen}
 
 
+def test_generated_split_follows_its_seed_and_excludes_test_puzzles_it_would_draw():
+    """`generated_seed` picks the puzzles, and the test set is excluded: seed 0's first 700 draws hold a test
+    puzzle (draw 637) that the split must skip."""
+    seed0 = CountdownTask(generated_size=700).load("generated")
+    test = {puzzle_key(r) for r in CountdownTask().load("test")}
+    assert {puzzle_key(r) for r in generate_countdown(700, 0)} & test      # the draw itself would leak
+    assert len(seed0) == 700 and not {puzzle_key(r) for r in seed0} & test
+    seed1 = CountdownTask(generated_size=5, generated_seed=1).load("generated")
+    assert [r["id"] for r in seed1] == [f"generated/1/{i}" for i in range(5)] and seed1 != seed0[:5]
+
+
 def test_loaded_examples_are_fresh_copies(task):
     task.load("train")[0]["nums"].append(1000)
     assert 1000 not in task.load("train")[0]["nums"]
@@ -341,6 +352,7 @@ def test_prompt_states_the_format(task):
 def test_hub_row_mapping():
     ex = hub_row_to_example({"target": "98", "nums": [44, 19, 35], "extra": 1}, 12)
     assert ex == {"id": "hf/12", "nums": [44, 19, 35], "target": 98, "hf_row": 12}
+    assert hub_row_to_example({"target": 7, "nums": ["3", "4"]}, 0)["nums"] == [3, 4]  # numbers as text too
 
 
 # ---- the exact solver against a brute force ----------------------------------------------------------------------

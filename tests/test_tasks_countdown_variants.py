@@ -132,7 +132,8 @@ def test_generation_is_deterministic_in_the_seed():
 
 
 @pytest.mark.parametrize("name", [SMALL, "countdown:numbers=2..3,max_number=30,ops=+-*/",
-                                  "countdown:numbers=2..3,max_number=20,ops=+*,data_seed=7"])
+                                  "countdown:numbers=2..3,max_number=20,ops=+*,data_seed=7",
+                                  "countdown:numbers=2,min_number=10,max_number=40,ops=+-"])
 def test_train_and_test_are_disjoint_solvable_and_within_the_options(name):
     task = get_task(name)
     train, test = task.load("train"), task.load("test")
@@ -245,6 +246,20 @@ def test_shots_show_one_worked_puzzle_per_operator():
     assert two.prompt(example)[-1] == one.prompt(example)[-1]  # the real puzzle comes last, unchanged
     with pytest.raises(ValueError, match="shots"):
         get_task("countdown:numbers=2,ops=+*,ask_format=1,shots=0")
+    with pytest.raises(ValueError, match="shots"):
+        CountdownTask(ask_format=True, shots=True)   # a bool is no count of puzzles
+
+
+def test_shots_cycle_through_the_operators_and_use_the_fewest_numbers():
+    """More shots than operators start over at the first operator; a worked puzzle has as many numbers as the
+    variant's smallest puzzle (2 for numbers=2..3)."""
+    task = get_task("countdown:numbers=2..3,max_number=20,ops=+*,ask_format=1,shots=3")
+    messages = task.prompt({"nums": [4, 6, 7], "target": 31})
+    answers = [m["content"] for m in messages if m["role"] == "assistant"]
+    assert answers == ["3 + 5 = 8, so the answer is \\boxed{3 + 5}.", "3 * 5 = 15, so the answer is \\boxed{3 * 5}.",
+                       "3 + 5 = 8, so the answer is \\boxed{3 + 5}."]
+    assert messages[1]["content"].startswith("Numbers: [3, 5]\nTarget: 8\n")
+    assert messages[-1]["content"].startswith("Numbers: [4, 6, 7]\nTarget: 31\n")
 
 
 def test_operator_breakdown_counts_puzzles_solved_and_boxed_operators():

@@ -1,8 +1,9 @@
 """Measurements that a prior cannot fool: the best constant answer, label-balanced subsets, balanced rewards.
 
 A weak model can lift its accuracy by learning the answer prior alone (always "yes" scores 63.5% on the first 200
-questions of BoolQ's test split, docs/results/constant_baselines.md). An accuracy therefore means something only next to the accuracy of the best *constant* answer on the
-same examples, the share of the most frequent gold answer, reported with its 95% Wilson interval. On a
+questions of BoolQ's test split, docs/results/constant_baselines.md). An accuracy therefore means something only
+next to the accuracy of the best *constant* answer on the same examples, the share of the most frequent gold
+answer, reported with its 95% Wilson interval. On a
 *label-balanced* subset (the same number of examples per gold label) that baseline is 1/K for K labels, so a
 climb there cannot come from the prior. `class_balanced_weights` is the training-side counterpart: per-example
 reward weights that make each label weigh the same in a batch mean.
@@ -54,15 +55,16 @@ def balanced_indices(labels: Sequence[Hashable], size: int | None = None, seed: 
                      label_set: Sequence[Hashable] | None = None) -> list[int]:
     """Indices of a label-balanced subset: the same count for every label, drawn by `random.Random(seed)`.
 
-    `label_set` names the labels to balance over (every one must occur); None = the labels that occur. Items whose
-    label is outside it are never drawn. `size` is the total; it is rounded down to a multiple of the number of
-    labels, and asking for more per label than the rarest label has raises ValueError. None = as many as the
-    rarest label allows. The indices come back in their original order, so the subset keeps the split's order.
+    `label_set` names the labels to balance over (every one must occur; a repeat counts once); None = the labels
+    that occur. Items whose label is outside it are never drawn. `size` is the total; it is rounded down to a
+    multiple of the number of labels, and asking for more per label than the rarest label has raises ValueError.
+    None = as many as the rarest label allows. The indices come back in their original order, so the subset keeps
+    the split's order.
     """
     groups: dict[Hashable, list[int]] = {}
     for i, label in enumerate(labels):
         groups.setdefault(label, []).append(i)
-    keys = list(label_set) if label_set is not None else list(groups)
+    keys = list(dict.fromkeys(label_set)) if label_set is not None else list(groups)
     if not keys:
         raise ValueError("no labels to balance over")
     missing = [k for k in keys if not groups.get(k)]
