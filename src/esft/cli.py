@@ -356,8 +356,8 @@ COMPUTE_COMMANDS = ("train", "eval", "bench", "experiment", "report", "analyze")
 def main(argv: Sequence[str] | None = None) -> int:
     import os
 
-    # Before torch loads OpenMP (a sub-command's options import it): on a machine other jobs keep busy, idle OpenMP threads
-    # must sleep instead of spinning (PASSIVE), on an idle one spinning is ~20% faster
+    # Before torch loads OpenMP (a sub-command's options import it): on a machine other jobs keep busy, idle OpenMP
+    # threads must sleep instead of spinning (PASSIVE), on an idle one spinning is ~20% faster
     # (esft.environment.choose_omp_wait_policy). Only the compute commands pay the 0.15 s sample; an explicit
     # OMP_WAIT_POLICY wins.
     args_list = list(sys.argv[1:] if argv is None else argv)

@@ -10,8 +10,9 @@ questions (`esft.passk`); `pass_at_k(n, c, k)` is re-exported here.
 Every summary carries, next to the accuracy and its 95% Wilson interval, the *constant-answer baseline* of the same
 examples (`constant_baseline`, `constant_baseline_ci95`, `constant_answer`: always giving the most frequent gold
 answer), so that an accuracy a prior alone could reach is visible as such. With `balanced` the labelled tasks
-(boolq, chemistry, mmlu; a Countdown variant with several operators, over the target's operator) are evaluated on a label-balanced subset of the split instead of its first `limit`
-examples (`esft.tasks.labels`), where that baseline is 1/K; the task's scorer is the same either way.
+(boolq, chemistry, mmlu; a Countdown variant with several operators, over the target's operator) are evaluated
+on a label-balanced subset of the split instead of its first `limit` examples (`esft.tasks.labels`), where that
+baseline is 1/K; the task's scorer is the same either way.
 """
 
 from __future__ import annotations

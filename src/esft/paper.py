@@ -53,7 +53,8 @@ TABLE14_GRPO_CUMULATIVE = [
 
 # Drift (Figures 6, 9-11 and text): the theory alpha^2 T d / N with alpha = sigma / 2 = 0.00075, N = 30, 500 steps
 DRIFT = {
-    "matrices": "rho ~ 1 and R^2 indistinguishable from 1 (within the top 2e-4 of the R^2 range) for every weight matrix",
+    "matrices": ("rho ~ 1 and R^2 indistinguishable from 1 (within the top 2e-4 of the R^2 range) "
+                 "for every weight matrix"),
     "norms": "RMSNorm gains rise steeply and saturate: rho and R^2 scatter widely, R^2 often negative",
     "total": "total drift follows alpha^2 T d / N with no fitted parameter (R^2 ~ 1) for ES; GRPO does not",
 }

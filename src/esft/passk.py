@@ -104,7 +104,8 @@ def maj_at_k(keys: Sequence[Hashable | None], scores: Sequence[float], k: int, r
 
 # ---- confidence intervals ------------------------------------------------------------------------------------------
 
-def bootstrap_ci(values: Sequence[float], level: float = 0.95, resamples: int = 2000, seed: int = 0) -> tuple[float, float]:
+def bootstrap_ci(values: Sequence[float], level: float = 0.95, resamples: int = 2000,
+                 seed: int = 0) -> tuple[float, float]:
     """Percentile bootstrap interval of the mean of per-question values in [0, 1] (resampling questions).
 
     When every question has the same value the bootstrap collapses to a point (every resample has the same

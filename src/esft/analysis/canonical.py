@@ -6,8 +6,8 @@ GPT-2 `attn.c_attn`, GPT-NeoX `attention.query_key_value` ...). The study's tabl
 names `layers.<i>.<role>` (or `<role>` outside the layers, e.g. `embed_tokens`, `norm`, `lm_head`), and a fused
 tensor is split into the views its split counterparts would have: the q/k/v rows of a `qkv_proj`, the gate and
 up halves of a `gate_up_proj`, the q/k/v columns of GPT-2's Conv1D `c_attn`, the per-head interleaved rows of
-NeoX's `query_key_value`, Falcon's three layouts of it. A split is described by `TensorRef` (row segments and an optional column range), so
-readers can stream it without materialising the fused tensor.
+NeoX's `query_key_value`, Falcon's three layouts of it. A split is described by `TensorRef` (row segments and an
+optional column range), so readers can stream it without materialising the fused tensor.
 
 GPT-2 Conv1D weights are stored transposed ([in, out]); canonical views keep the stored orientation, which
 changes no metric here (norms, sparsity, cosine and stable rank are all transpose-invariant).
@@ -180,7 +180,8 @@ def _split_qkv(key: str, shape: tuple[int, ...], config, model_type: str):
             return None
         w = width // 3
         if len(shape) == 2:
-            return [(r, (shape[0], w), None, (i * w, (i + 1) * w)) for i, r in enumerate(("q_proj", "k_proj", "v_proj"))]
+            return [(r, (shape[0], w), None, (i * w, (i + 1) * w))
+                    for i, r in enumerate(("q_proj", "k_proj", "v_proj"))]
         return [(r, (w,), ((i * w, (i + 1) * w),), None) for i, r in enumerate(("q_proj", "k_proj", "v_proj"))]
     rest = shape[1:]
     if model_type == "falcon" and dims is not None:

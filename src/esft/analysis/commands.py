@@ -112,8 +112,9 @@ def format_weights(rep: dict[str, Any]) -> str:
     lines = []
     for lab in rep["labels"]:
         v = t[lab]
+        stable = v["stable_rank_mean"] if v["stable_rank_mean"] is None else round(v["stable_rank_mean"], 2)
         lines.append(f"{lab:<8} ||d||_2 {v['norm']:.6g}  sparsity(|d|<={rep['eps']:g}) {100 * v['sparsity']:.2f}%  "
-                     f"stable rank (mean attn+MLP) {v['stable_rank_mean'] if v['stable_rank_mean'] is None else round(v['stable_rank_mean'], 2)}")
+                     f"stable rank (mean attn+MLP) {stable}")
     for p in rep["pairs"]:
         lines.append(f"{p}: cosine {t['cos:' + p]}, norm ratio {t['norm_ratio:' + p]}")
     for src, names in rep.get("unmatched", {}).items():
@@ -122,7 +123,7 @@ def format_weights(rep: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-# ---- drift ------------------------------------------------------------------------------------------------------------
+# ---- drift -----------------------------------------------------------------------------------------------------------
 
 @dataclass
 class DriftConfig:
@@ -299,7 +300,7 @@ def format_kl(res: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-# ---- landscape ----------------------------------------------------------------------------------------------------------
+# ---- landscape -------------------------------------------------------------------------------------------------------
 
 @dataclass
 class LandscapeConfig:
@@ -392,7 +393,7 @@ def format_landscape(res: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-# ---- functional sparsity ----------------------------------------------------------------------------------------------
+# ---- functional sparsity ---------------------------------------------------------------------------------------------
 
 @dataclass
 class SparsityConfig:

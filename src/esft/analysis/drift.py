@@ -252,7 +252,7 @@ def displacement_ratio(es: DriftSeries, grpo: DriftSeries, step: int | None = No
     return {"step": step, "es_sq": e, "grpo_sq": g, "ratio": math.sqrt(e / g) if g > 0 else None}
 
 
-# ---- figures ----------------------------------------------------------------------------------------------------------
+# ---- figures ---------------------------------------------------------------------------------------------------------
 
 def plot_total(series: DriftSeries, alpha: float, population: int, path: str | Path,
                grpo: DriftSeries | None = None, title: str = "") -> Path:

@@ -281,8 +281,8 @@ def plot_interpolation(result: Mapping[str, Any], path: str | Path, labels: tupl
     return save(fig, path)
 
 
-def plot_direction_sweep(result: Mapping[str, Any], path: str | Path, reference: Mapping[str, Mapping[str, float]] | None = None,
-                         title: str = "") -> Path:
+def plot_direction_sweep(result: Mapping[str, Any], path: str | Path,
+                         reference: Mapping[str, Mapping[str, float]] | None = None, title: str = "") -> Path:
     """Figure 4/5: accuracy vs distance moved along each direction; dashed verticals at each update's norm,
     dotted horizontals at reference accuracies (e.g. base and checkpoints; {label: {task: acc}})."""
     from esft.analysis.plots import accuracy_axis, color, pyplot, save

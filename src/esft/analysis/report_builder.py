@@ -160,7 +160,8 @@ class Report(ReportContext):
         lines = [f"# esft report: {self.root}", ""]
         lines.append(f"Generated {time.strftime('%Y-%m-%d %H:%M:%S')}. Runs: {len(self.runs)}, sequential chains: "
                      f"{len(self.chains)}, ES-GRPO pairs (same base model and task sequence): {len(self.pairs)}. "
-                     f"Evaluations use {'a label-balanced subset of' if cfg.balanced else 'the first'} {cfg.limit} test "
+                     f"Evaluations use {'a label-balanced subset of' if cfg.balanced else 'the first'} {cfg.limit} "
+                     "test "
                      f"examples per task, greedy decoding, "
                      f"max_new_tokens {self.gen_config().max_new_tokens if self.chains else 'n/a'}. "
                      f"{self.generation_text()} "
@@ -209,7 +210,8 @@ class Report(ReportContext):
             s.append("\nChains (stage order): " + "; ".join(c.label for c in self.chains))
         self.sections.append("\n".join(s) + "\n")
         if not self.runs:
-            self.skip("everything", f"no run directory (config.yaml with metrics/seeds/drift/checkpoints) under {self.root}")
+            self.skip("everything",
+                      f"no run directory (config.yaml with metrics/seeds/drift/checkpoints) under {self.root}")
 
     def section_accuracy(self) -> None:
         tables = self.root / "tables" / "tables.md"
@@ -230,7 +232,8 @@ class Report(ReportContext):
         if comparisons is None:
             return
         s = ["## Weight-space geometry (paper Tables 3, 4, 20)\n",
-             f"Update = checkpoint - base model, float64. Sparsity: fraction of entries with |d| <= {self.config.eps:g}. "
+             "Update = checkpoint - base model, float64. "
+             f"Sparsity: fraction of entries with |d| <= {self.config.eps:g}. "
              "Stable rank ||dW||_F^2/||dW||_2^2 averaged over attention q/k/v/o and MLP gate/up/down matrices. "
              "Tied embeddings are counted once.\n"]
         for c in comparisons:

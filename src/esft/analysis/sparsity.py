@@ -64,7 +64,8 @@ def _check_shared(total: int) -> None:
                          "update to measure")
 
 
-def abs_histogram(base: Any, tuned: Any, edges: np.ndarray, chunk_elems: int = DEFAULT_CHUNK_ELEMS) -> tuple[np.ndarray, int, int]:
+def abs_histogram(base: Any, tuned: Any, edges: np.ndarray,
+                  chunk_elems: int = DEFAULT_CHUNK_ELEMS) -> tuple[np.ndarray, int, int]:
     """Counts of |d| in bins [edges[i], edges[i+1]); returns (counts, entries below edges[0] (exact zeros
     included), total entries). Values >= edges[-1] land in the last bin."""
     sb, st = as_source(base), as_source(tuned)

@@ -52,7 +52,8 @@ def _tensors(x: torch.Tensor | Mapping[str, torch.Tensor] | Iterable[torch.Tenso
     return list(x)
 
 
-def sparsity(delta: torch.Tensor | Mapping[str, torch.Tensor] | Iterable[torch.Tensor], eps: float = DEFAULT_EPS) -> float:
+def sparsity(delta: torch.Tensor | Mapping[str, torch.Tensor] | Iterable[torch.Tensor],
+             eps: float = DEFAULT_EPS) -> float:
     """Fraction of entries with |d| <= eps, over one tensor or all tensors of a mapping/iterable. Compared in
     float64: against a bf16/fp16 tensor, torch would round eps to that dtype (1e-5 -> 1.0014e-5 in bf16)."""
     small = total = 0
@@ -235,7 +236,8 @@ def _nan_to_none(x: float) -> float | None:
     return None if x is None or (isinstance(x, float) and math.isnan(x)) else x
 
 
-def summarize(rows: list[dict[str, Any]], labels: list[str], pairs: list[tuple[str, str]] | list[str]) -> dict[str, Any]:
+def summarize(rows: list[dict[str, Any]], labels: list[str],
+              pairs: list[tuple[str, str]] | list[str]) -> dict[str, Any]:
     """Aggregate per-tensor rows: norm = sqrt(sum sq), sparsity = sum small / sum numel, stable rank = mean over
     the attention QKVO and MLP gate/up/down matrices (paper Table 4), cosine = sum dot / (|a| |b|)."""
     numel = sum(r["numel"] for r in rows)

@@ -118,8 +118,9 @@ def vllm_generation(model_path: str, jobs: dict[str, dict[str, Any]], population
     """Pure batched generation with vLLM (its CPU build here, or whatever platform it finds) for each workload:
     `population` `LLM.generate` calls of the whole batch, greedy, the workload's budget (`min_tokens` as esft's
     `min_new_tokens`), after one untimed warm-up call on the whole batch (`vllm_warm_up`); engine start-up is not
-    timed. The engine runs in a spawned process, because vLLM's CPU worker freezes `torch.set_num_threads` for the process that starts it and holds
-    its memory until that process ends. Returns {workload: the same fields as `esft_generation`}."""
+    timed. The engine runs in a spawned process, because vLLM's CPU worker freezes `torch.set_num_threads` for
+    the process that starts it and holds its memory until that process ends. Returns {workload: the same fields
+    as `esft_generation`}."""
     import multiprocessing
 
     ctx = multiprocessing.get_context("spawn")

@@ -69,8 +69,8 @@ def executed_flops(shape: ModelShape, prompts: Sequence[Sequence[int]], completi
     ids) when it generates `completion_lengths[i]` tokens (eos included) for prompt i. The layout is the
     engine's: rows sorted by length, longest first, in batches of `batch_size`; per batch, with `share_prefix`,
     the common prefix (capped so every row keeps one token, unused below `min_prefix` tokens) prefilled once at
-    batch 1, and the remainders in up to `prefill_buckets` groups (`esft.generation.prefill.length_buckets`, each group padded to
-    its longest). Counted, as 2 FLOPs per multiply-add:
+    batch 1, and the remainders in up to `prefill_buckets` groups (`esft.generation.prefill.length_buckets`,
+    each group padded to its longest). Counted, as 2 FLOPs per multiply-add:
 
     * linear layers (q, k, v, o, gate, up, down): every position a forward computes, the bucket's padding
       included, the shared prefix once per batch;

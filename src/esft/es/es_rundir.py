@@ -210,7 +210,7 @@ def read_seed_log(run_dir: Path) -> list[dict[str, Any]]:
     return out
 
 
-__all__ = ["CHECKPOINTS", "CheckpointDamaged", "MASTERS_FILE", "OPTIMIZER_FILE", "STATE_FILE", "append_jsonl", "check_noise_stream",
-           "checkpoint_name", "filter_jsonl", "list_checkpoints", "load_checkpoint", "parameter_aliases",
-           "read_jsonl", "read_seed_log", "replace_dir", "rewrite_jsonl", "save_checkpoint", "seed_record",
-           "update_from_record"]
+__all__ = ["CHECKPOINTS", "CheckpointDamaged", "MASTERS_FILE", "OPTIMIZER_FILE", "STATE_FILE", "append_jsonl",
+           "check_noise_stream", "checkpoint_name", "filter_jsonl", "list_checkpoints", "load_checkpoint",
+           "parameter_aliases", "read_jsonl", "read_seed_log", "replace_dir", "rewrite_jsonl", "save_checkpoint",
+           "seed_record", "update_from_record"]

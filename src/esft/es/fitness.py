@@ -128,4 +128,5 @@ class ClassBalancedMean(MeanReward):
 
 FITNESS_RULES = ("mean", "dart", "balanced")
 
-__all__ = ["FITNESS_RULES", "CallableRule", "ClassBalancedMean", "FitnessRule", "MeanReward", "as_fitness_rule", "sample_batch"]
+__all__ = ["FITNESS_RULES", "CallableRule", "ClassBalancedMean", "FitnessRule", "MeanReward", "as_fitness_rule",
+           "sample_batch"]

@@ -137,8 +137,8 @@ class ES:
     """
 
     def __init__(self, population_size: int, sigma: float, alpha: float, seed: int = 0, antithetic: bool = False,
-                 fitness_shaping: str = "zscore", optimizer: str = "sgd", adam_betas: tuple[float, float] = (0.9, 0.999),
-                 adam_eps: float = 1e-8, stream: int = 0):
+                 fitness_shaping: str = "zscore", optimizer: str = "sgd",
+                 adam_betas: tuple[float, float] = (0.9, 0.999), adam_eps: float = 1e-8, stream: int = 0):
         if population_size < 1:
             raise ValueError("population_size must be >= 1")
         if antithetic and population_size % 2:

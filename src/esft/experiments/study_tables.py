@@ -202,7 +202,7 @@ def method_tables(exp: Experiment) -> list[Table]:
     return out
 
 
-# ---- long format and writing -------------------------------------------------------------------------------------------
+# ---- long format and writing -----------------------------------------------------------------------------------------
 
 def results_csv(exp: Experiment) -> str:
     """Every evaluation of every finished stage, one row per (stage, task)."""

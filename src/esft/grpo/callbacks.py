@@ -90,7 +90,8 @@ class RunLogCallback(TrainerCallback):
             "frac_reward_zero_std": logs.get("frac_reward_zero_std"),
             "drift_total": _last_drift(self.drift, step),
             "time": timings, "peak_rss_mb": peak_rss_mb(),
-            "peak_rss_mb_after": {"setup": self.setup_rss, **ledger.peak_rss_mb, "step": peak_rss_mb()}, "totals": self.totals,
+            "peak_rss_mb_after": {"setup": self.setup_rss, **ledger.peak_rss_mb, "step": peak_rss_mb()},
+            "totals": self.totals,
             "trl": {k: _finite(v) for k, v in logs.items() if isinstance(v, (int, float)) or v is None},
         })
         rec = {k: _finite(v) for k, v in rec.items()}

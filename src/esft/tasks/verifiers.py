@@ -99,7 +99,8 @@ class Verifier:
 
 
 def _boxed_answer(text: str) -> str | None:
-    """The last \\boxed{...}'s content; None when there is none or it is empty (no answer, as the MATH task reads it)."""
+    """The last \\boxed{...}'s content; None when there is none or it is empty (no answer, as the MATH task
+    reads it)."""
     pred = last_boxed(text)
     return pred if pred is not None and pred.strip() else None
 

@@ -428,7 +428,7 @@ class RayExecutor(Executor):
             self.deadlines.observe(time.perf_counter() - t0, len(batch))
             return out
 
-    # ---- updates and checks --------------------------------------------------------------------------------------------
+    # ---- updates and checks ------------------------------------------------------------------------------------------
     def on_update(self, update: Update, step: int) -> None:
         """Called by the trainer with every update (before the driver applies it to its own replica): each
         worker applies the same (seeds, coefficients). Fire-and-forget: Ray runs an actor's calls in submission
@@ -479,7 +479,7 @@ class RayExecutor(Executor):
             self._owns_ray = False
         self._started = False
 
-    # ---- convenience for tests and monitoring -------------------------------------------------------------------------
+    # ---- convenience for tests and monitoring ------------------------------------------------------------------------
     def worker_pids(self) -> dict[int, int]:
         return {w.rank: int(w.info["pid"]) for w in self.workers if "pid" in w.info}
 

@@ -65,7 +65,8 @@ def hf_views(model: torch.nn.Module, shapes: dict[str, Sequence[int]],
     order of `packed_modules_mapping`.
     """
     params = dict(model.named_parameters())
-    packed: dict[str, list[str]] = {k: list(v) for k, v in (getattr(model, "packed_modules_mapping", None) or {}).items()}
+    mapping = getattr(model, "packed_modules_mapping", None) or {}
+    packed: dict[str, list[str]] = {k: list(v) for k, v in mapping.items()}
     part_of = {part: (fused, parts) for fused, parts in packed.items() for part in parts}
     views: dict[str, torch.Tensor] = {}
     for name in selected:
