@@ -5,7 +5,7 @@
 * no import cycle among the modules of `esft`;
 * no private name imported from another module, nor read as an attribute of an imported esft module;
 * module names say what they do: no two modules share a file name (`__init__` aside);
-* size: no module over 500 lines, no function over 80 lines.
+* size: no module over 500 lines, no function over 80 lines, no source line over 120 characters.
 
 Run: . .venv/bin/activate && pytest -q tests/test_architecture.py   (~1 s)
 """
@@ -39,6 +39,7 @@ LAYERS: dict[str, int] = {
 }
 MAX_MODULE_LINES = 500
 MAX_FUNCTION_LINES = 80
+MAX_LINE_CHARS = 120
 
 
 def module_files() -> dict[str, Path]:
@@ -237,5 +238,8 @@ def test_module_and_function_sizes(module):
     text = path.read_text()
     assert text.count("\n") <= MAX_MODULE_LINES, f"{path.relative_to(SRC)} has {text.count(chr(10))} lines"
     long = [(f.name, f.lineno, f.end_lineno - f.lineno + 1) for f in ast.walk(ast.parse(text))
-            if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) and f.end_lineno - f.lineno + 1 > MAX_FUNCTION_LINES]
+            if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and f.end_lineno - f.lineno + 1 > MAX_FUNCTION_LINES]
     assert not long, f"{path.relative_to(SRC)}: functions over {MAX_FUNCTION_LINES} lines: {long}"
+    wide = [n for n, line in enumerate(text.splitlines(), 1) if len(line) > MAX_LINE_CHARS]
+    assert not wide, f"{path.relative_to(SRC)}: lines over {MAX_LINE_CHARS} characters: {wide}"

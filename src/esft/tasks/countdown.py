@@ -40,7 +40,8 @@ def hub_row_to_example(row: dict[str, Any], index: int) -> Example:
 
 
 def _bundled_example(row: dict[str, Any], split: str) -> Example:
-    return {"id": f"{split}/{row['hf_row']}", "nums": list(row["nums"]), "target": row["target"], "hf_row": row["hf_row"]}
+    return {"id": f"{split}/{row['hf_row']}", "nums": list(row["nums"]), "target": row["target"],
+            "hf_row": row["hf_row"]}
 
 
 @dataclass
