@@ -87,6 +87,8 @@ TOP = "name: audit\n"
     # evaluation
     (EVAL, EVAL + "  dtype: 16\n", 11, r"evaluation.dtype must be a string, got 16"),
     (EVAL, EVAL + "  dtype: float99\n", 11, r"evaluation.dtype must be one of 'auto', 'fp32'.*got 'float99'"),
+    (EVAL, EVAL + "  device: cdua\n", 11, r"evaluation.device must be a torch device \(cpu, cuda.*got 'cdua'"),
+    (EVAL, EVAL + "  device: meta\n", 11, r"evaluation.device must be a torch device \(cpu, cuda.*got 'meta'"),
     (EVAL, EVAL + "  after_single_task: some\n", 11,
      r"evaluation.after_single_task must be one of all, trained, trained\+holdout, got 'some'"),
     (EVAL, "  limit: true\n", 10, r"evaluation.limit must be an integer, got True"),

@@ -30,8 +30,8 @@ from typing import Any
 
 from esft.experiments.algorithms import ALGORITHMS, Algorithm, get_algorithm
 from esft.experiments.spec_checks import (
-    SpecContext, as_mapping, check_evaluated_tasks, check_eval_dtype, check_int, check_keys, check_options,
-    check_task_fit, check_task_list, check_text, did_you_mean,
+    SpecContext, as_mapping, check_eval_device, check_eval_dtype, check_evaluated_tasks, check_int, check_keys,
+    check_options, check_task_fit, check_task_list, check_text, did_you_mean,
 )
 from esft.experiments.yamlines import LineDict, LineList, SpecError, load_file
 
@@ -282,7 +282,7 @@ def _evaluation(ctx: SpecContext, raw: Any, line: int, tasks: list[str], known: 
         if key in block and block[key] is not None and not isinstance(block[key], str):
             raise ctx.error(block.line_of(key), f"evaluation.{key} must be a string, got {block[key]!r}")
     ev.dtype = check_eval_dtype(ctx, block.get("dtype", ev.dtype) or "auto", block.line_of("dtype"))
-    ev.device = block.get("device", ev.device)
+    ev.device = check_eval_device(ctx, block.get("device", ev.device), block.line_of("device"))
     if "after_single_task" in block:
         value = block["after_single_task"]
         if value not in AFTER_SINGLE_TASK:

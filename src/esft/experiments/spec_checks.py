@@ -76,6 +76,24 @@ def check_eval_dtype(ctx: SpecContext, dtype: str, line: int) -> str:
     return dtype
 
 
+def check_eval_device(ctx: SpecContext, device: str | None, line: int) -> str | None:
+    """The device every evaluation loads its model on (None: the loader's default), as a torch device name: a name
+    torch does not know failed each stage's evaluation only after its training had run. Whether this machine has
+    that device is not asked here: a spec is read on other machines than the one it runs on (the shipped paper
+    specs name cuda and parse on a laptop)."""
+    if device is None:
+        return None
+    import torch
+
+    try:
+        kind = torch.device(device).type
+    except (RuntimeError, ValueError):
+        kind = None
+    if kind not in ("cpu", "cuda", "mps"):
+        raise ctx.error(line, f"evaluation.device must be a torch device (cpu, cuda, cuda:N or mps), got {device!r}")
+    return device
+
+
 def check_text(ctx: SpecContext, block: LineDict, key: str, what: str) -> str | None:
     """A scalar top-level value (name, description, output_dir) as text, None when absent; a mapping or a list
     there is refused at its line (an output_dir of 5 used to fail only when the runner made the folder)."""
