@@ -157,3 +157,68 @@ def test_a_peaked_and_a_flat_row_match_the_full_sort_with_either_draw():
     assert torch.equal(drawn, _reference(logits, 1.0, 0.95, None, uniforms=u))
     g_new, g_ref = torch.Generator().manual_seed(7), torch.Generator().manual_seed(7)
     assert torch.equal(sample_next(logits, 1.0, 0.95, g_new), _reference(logits, 1.0, 0.95, g_ref))
+
+
+def _float64_nucleus_draws(logits: torch.Tensor, temperature: float, top_p: float, u: torch.Tensor) -> list[int]:
+    """Independent reference, row by row in float64 Python: the nucleus is the smallest set of most probable tokens
+    whose mass reaches top_p, and a draw u takes the first of them (most probable first) at which the cumulative
+    mass exceeds u times the nucleus's mass."""
+    tokens = []
+    for row, draw in zip(logits.double().tolist(), u.tolist()):
+        peak = max(row)
+        weights = [0.0 if x == -float("inf") else 2.718281828459045 ** ((x - peak) / temperature) for x in row]
+        total = sum(weights)
+        order = sorted(range(len(row)), key=lambda i: -weights[i])
+        nucleus, mass = [], 0.0
+        for i in order:
+            nucleus.append(i)
+            mass += weights[i] / total
+            if mass >= top_p:
+                break
+        target, running = draw * mass, 0.0
+        for i in nucleus:
+            running += weights[i] / total
+            if running > target:
+                tokens.append(i)
+                break
+        else:
+            tokens.append(nucleus[-1])
+    return tokens
+
+
+def test_nucleus_draws_match_a_float64_reference_in_every_group():
+    """One batch of rows of every peakedness (nuclei of a few tokens, of hundreds, of thousands: the 512 and 4096
+    candidate groups and the full sort), untied logits, drawn at fixed points: each row takes the token the float64
+    definition of the nucleus gives. Draws and top_p sit away from float32 rounding of the boundaries."""
+    g = torch.Generator().manual_seed(5)
+    scales = torch.tensor([8.0, 0.3, 3.0, 0.05, 1.0, 12.0])  # row 3: nucleus of ~18k tokens; row 5: a handful
+    logits = torch.randn(6, 20000, generator=g, dtype=torch.float64) * scales[:, None]
+    u = torch.tensor([0.1, 0.35, 0.5, 0.62, 0.8, 0.97], dtype=torch.float64)
+    for temperature, top_p in ((1.0, 0.9), (0.7, 0.5), (1.3, 0.95)):
+        drawn = sample_next(logits.float(), temperature, top_p, None, uniforms=u)
+        assert drawn.tolist() == _float64_nucleus_draws(logits.float(), temperature, top_p, u), (temperature, top_p)
+
+
+def test_a_tied_row_behind_a_flat_row_is_placed_by_its_own_sort():
+    """A peaked row with a tie among its likely tokens, batched behind a flat row (which goes to the full sort):
+    the tied draw is resolved by sorting that row, so it gets the token it gets alone and the full sort gives."""
+    g = torch.Generator().manual_seed(6)
+    logits = torch.randn(2, 8192, generator=g)
+    logits[1] *= 6.0
+    logits[1, 10:14] = logits[1].max() + 1.0  # four tokens tie at the top
+    logits[0] *= 0.05
+    u = torch.tensor([0.4, 0.3], dtype=torch.float64)
+    together = sample_next(logits, 1.0, 0.9, None, uniforms=u)
+    assert together[1] == sample_next(logits[1:], 1.0, 0.9, None, uniforms=u[1:])[0]
+    assert torch.equal(together, _reference(logits, 1.0, 0.9, None, uniforms=u))
+    assert 10 <= int(together[1]) < 14
+
+
+def test_top_p_zero_keeps_the_first_token_with_either_draw():
+    """top_p 0 (or below) still keeps the most probable token, so both draws, from a generator and from uniforms,
+    give the argmax rather than failing on a row of zeros."""
+    logits = torch.tensor([[0.1, 2.0, 1.0, -1.0]] * 8)
+    for top_p in (0.0, -0.5):
+        assert sample_next(logits, 1.0, top_p, torch.Generator().manual_seed(0)).tolist() == [1] * 8
+        u = torch.linspace(0, 0.999, 8, dtype=torch.float64)
+        assert sample_next(logits, 1.0, top_p, None, uniforms=u).tolist() == [1] * 8

@@ -1,0 +1,120 @@
+"""The rollout precision dispatch (esft.generation.precision) in detail: the CPU flags read from /proc/cpuinfo, the
+probe's ratio, what a choice records, and the edges of `auto` (device names, the probe threshold).
+
+Run: pytest -q tests/test_rollout_precision.py   (~1 s)
+"""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+import torch
+
+from esft.config import FAST_CPU_GENERATION
+from esft.generation import packed, precision
+
+FAST = dict(FAST_CPU_GENERATION)
+AMX = ["avx512f", "amx_bf16"]
+
+
+def _cpuinfo(monkeypatch, text: str | None) -> None:
+    """Make `cpu_flags` read `text` as /proc/cpuinfo (None: the file cannot be opened)."""
+    def fake_open(path, *args, **kwargs):
+        assert path == "/proc/cpuinfo"
+        if text is None:
+            raise FileNotFoundError(path)
+        return io.StringIO(text)
+
+    monkeypatch.setattr(precision, "open", fake_open, raising=False)
+
+
+def test_cpu_flags_are_read_from_the_x86_flags_or_the_arm_features_line(monkeypatch):
+    """x86 lists its flags on a 'flags\\t\\t:' line, Arm on 'Features\\t:'; tabs and repeated spaces separate
+    nothing but the words, and the first such line is the one read."""
+    _cpuinfo(monkeypatch, "processor\t: 0\nmodel name\t: x\nflags\t\t: fpu  avx512f\tavx512_bf16\n"
+                          "flags\t\t: other\n")
+    assert precision.cpu_flags() == ["fpu", "avx512f", "avx512_bf16"]
+    _cpuinfo(monkeypatch, "processor\t: 0\nFeatures\t: fp asimd bf16 i8mm\nCPU part\t: 0xd4f\n")
+    assert precision.cpu_flags() == ["fp", "asimd", "bf16", "i8mm"]
+    assert precision.native_bf16_flags(precision.cpu_flags()) == ["bf16"]  # Arm's FEAT_BF16 counts
+
+
+def test_cpu_flags_are_empty_without_a_readable_cpuinfo_or_a_flags_line(monkeypatch):
+    """A machine without /proc/cpuinfo (macOS, Windows) or without a flags line reports no flags: fp32."""
+    _cpuinfo(monkeypatch, None)
+    assert precision.cpu_flags() == []
+    assert precision.resolve_rollout_dtype("auto", generation_options=FAST, probe=lambda: 3.0).dtype == "float32"
+    _cpuinfo(monkeypatch, "processor\t: 0\nvendor_id\t: x\n")
+    assert precision.cpu_flags() == []
+
+
+def test_probe_is_fp32_time_over_bf16_time(monkeypatch):
+    """The probe's number is fp32 time / bf16 time of the same packed linear run in each dtype (a bf16 run twice as
+    fast reads 2.0), and None where oneDNN has no bf16 packed linear (without timing anything)."""
+    if packed.packed_linear_reason(torch.bfloat16) is not None:
+        pytest.skip("this torch has no bf16 packed linear")
+    seen = []
+
+    def fake_time(fn, reps):
+        dtype = fn().dtype  # the output of the timed linear says which dtype ran
+        seen.append(dtype)
+        return {torch.float32: 0.006, torch.bfloat16: 0.002}[dtype]
+
+    monkeypatch.setattr(precision, "_best_time", fake_time)
+    assert precision.probe_bf16_speedup.__wrapped__() == pytest.approx(3.0)
+    assert sorted(map(str, seen)) == ["torch.bfloat16", "torch.float32"]
+    monkeypatch.setattr(packed, "packed_linear_reason", lambda dtype: "no bf16 here")
+    assert precision.probe_bf16_speedup.__wrapped__() is None
+    assert len(seen) == 2
+
+
+def test_best_time_is_the_fastest_of_the_timed_runs_after_a_warm_up(monkeypatch):
+    """`_best_time` runs once untimed, then `reps` timed runs, and keeps the shortest."""
+    clock = iter([0.0, 5.0, 10.0, 11.0, 20.0, 23.0])  # three timed runs of 5, 1 and 3 s
+    monkeypatch.setattr(precision.time, "perf_counter", lambda: next(clock))
+    calls = []
+    assert precision._best_time(lambda: calls.append(1), 3) == 1.0
+    assert len(calls) == 4
+
+
+def test_choices_record_what_was_requested_chosen_and_why():
+    """The run directory records the dtype, the request, the reason, the native flags and the probe (rounded to
+    3 places), for a bf16 choice and for each fp32 fallback that got as far as reading flags or probing."""
+    resolve = precision.resolve_rollout_dtype
+    chosen = resolve("auto", generation_options=FAST, flags=AMX, probe=lambda: 2.34567)
+    assert chosen.record() == {"rollout_dtype": "bfloat16", "rollout_dtype_requested": "auto",
+                               "rollout_dtype_reason": "native bf16 (amx_bf16), probe 2.35x fp32",
+                               "cpu_native_bf16_flags": ["amx_bf16"], "bf16_probe_speedup": 2.346}
+    slow = resolve("auto", generation_options=FAST, flags=AMX, probe=lambda: 1.1)
+    assert (slow.native_flags, slow.probe_speedup, slow.torch_dtype) == (("amx_bf16",), 1.1, torch.float32)
+    missing = resolve("auto", generation_options=FAST, flags=AMX, probe=lambda: None)
+    assert missing.native_flags == ("amx_bf16",) and missing.record()["bf16_probe_speedup"] is None
+    asked = resolve("float32", generation_options=FAST, flags=AMX, probe=lambda: 3.0)
+    assert asked.record()["rollout_dtype_requested"] == "float32" and asked.reason == "requested"
+    assert asked.torch_dtype == torch.float32
+
+
+def test_auto_needs_both_packed_linear_and_fused_attention():
+    """bf16 rollouts exist only on the lean engine's packed, fused path: one of the two options is not enough."""
+    for options in ({"packed_linear": True}, {"fused_attention": True}, {**FAST, "packed_linear": False}):
+        assert not precision.fast_path(options)
+        assert precision.resolve_rollout_dtype("auto", generation_options=options, flags=AMX,
+                                               probe=lambda: 3.0).dtype == "float32"
+    assert precision.fast_path(FAST)
+
+
+@pytest.mark.parametrize("device", [None, "cpu", "cpu:0"])
+def test_auto_counts_every_spelling_of_the_cpu(device):
+    """No device, "cpu" and an indexed "cpu:0" are all the CPU, where `auto` may pick bf16."""
+    assert precision.resolve_rollout_dtype("auto", device=device, generation_options=FAST, flags=AMX,
+                                           probe=lambda: 2.0).dtype == "bfloat16"
+
+
+@pytest.mark.parametrize("speedup,dtype", [(1.19, "float32"), (1.2, "bfloat16"), (1.3, "bfloat16"),
+                                           (150.0, "bfloat16")])
+def test_auto_takes_bf16_from_a_probe_of_at_least_min_speedup(speedup, dtype):
+    """The probe threshold is MIN_PROBE_SPEEDUP = 1.2, inclusive, with no upper bound."""
+    assert precision.MIN_PROBE_SPEEDUP == 1.2
+    assert precision.resolve_rollout_dtype("auto", generation_options=FAST, flags=AMX,
+                                           probe=lambda: speedup).dtype == dtype
