@@ -104,11 +104,14 @@ def test_auto_needs_both_packed_linear_and_fused_attention():
     assert precision.fast_path(FAST)
 
 
-@pytest.mark.parametrize("device", [None, "cpu", "cpu:0"])
-def test_auto_counts_every_spelling_of_the_cpu(device):
-    """No device, "cpu" and an indexed "cpu:0" are all the CPU, where `auto` may pick bf16."""
+@pytest.mark.parametrize("device,dtype", [(None, "bfloat16"), ("cpu", "bfloat16"), ("cpu:0", "bfloat16"),
+                                          (torch.device("cpu"), "bfloat16"), (torch.device("cuda"), "float32"),
+                                          ("cuda:0", "float32"), ("meta", "float32")])
+def test_auto_counts_every_spelling_of_the_cpu(device, dtype):
+    """No device, "cpu", an indexed "cpu:0" and a torch.device are all the CPU, where `auto` may pick bf16; any
+    other device, as a string or a torch.device, rolls out in fp32."""
     assert precision.resolve_rollout_dtype("auto", device=device, generation_options=FAST, flags=AMX,
-                                           probe=lambda: 2.0).dtype == "bfloat16"
+                                           probe=lambda: 2.0).dtype == dtype
 
 
 @pytest.mark.parametrize("speedup,dtype", [(1.19, "float32"), (1.2, "bfloat16"), (1.3, "bfloat16"),
