@@ -35,6 +35,19 @@ def test_rules_accept_and_refuse_at_their_boundaries(rule, good, bad):
     assert [rule.ok(v) for v in bad] == [False] * len(bad)
 
 
+def test_a_yaml_integer_too_large_for_a_float_is_a_config_error(tmp_path):
+    """`sigma: 1000...0` (400 digits) in a run file is refused as ConfigError at its line, not an OverflowError
+    traceback (YAML reads it as an exact int, which passes a float field's type check)."""
+    from esft.config import build_config
+    from esft.es.es_config import ESConfig
+
+    run = tmp_path / "run.yaml"
+    run.write_text(f"max_new_tokens: 8\nsigma: {HUGE}\n")
+    with pytest.raises(ConfigError,
+                       match=r"run\.yaml:2: sigma = 10{400} is not accepted; expected a finite number > 0$"):
+        build_config(ESConfig, None, None, str(run), {})
+
+
 def test_rule_words_name_the_bounds_and_choices():
     """The `accepted` text names the bound, the open or closed end, and the choices as written in a config."""
     assert at_least(3).accepted == "an integer >= 3"
@@ -229,7 +242,7 @@ def test_check_model_accepts_names_folders_and_hub_ids(tmp_path):
     validation.check_model("model", "org/name")
 
 
-@pytest.mark.parametrize("name", ["a/b/c", "./org/x", "org/", "plainword", "/no/such/folder"])
+@pytest.mark.parametrize("name", ["a/b/c", "./org/x", "./x", "~nobody/x", "org/", "plainword", "/no/such/folder"])
 def test_check_model_refuses_what_is_neither(name):
     """A name that is no embedded model, no existing folder and no org/name id is refused."""
     with pytest.raises(ConfigError, match=r"expected an embedded model .* or a hub id org/name$"):
@@ -288,7 +301,7 @@ def test_check_task_hints_a_close_name():
     with pytest.raises(ConfigError, match=r"a known task name .*did you mean 'boolq'\?"):
         validation.check_task("task", "boolk")
     with pytest.raises(ConfigError, match=r"did you mean 'countdown'\?"):
-        validation.check_task("task", "countdwn:ops=+")
+        validation.check_task("task", "countdwn:ops=+-,numbers=4,target_max=99")
 
 
 def test_check_task_names_bad_options():
@@ -321,3 +334,70 @@ def test_require_labels_and_task_labels():
     with pytest.raises(ConfigError, match=r"^fitness_rule = 'balanced' is not accepted; expected balanced for "
                                           r"this task: it needs a task with labels"):
         validation.require_labels("fitness_rule", "balanced", "balanced", FakeTask())
+
+
+def test_check_device_refuses_mps_where_it_is_missing(monkeypatch):
+    """mps is refused on a machine whose torch has no MPS backend."""
+    import torch
+
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    with pytest.raises(ConfigError, match="MPS is not available here"):
+        validation.check_device("device", "mps")
+
+
+@dataclass
+class NamesConfig:
+    """The fields and hooks esft.validation.check_names reads, with a record of the tasks it fitted."""
+
+    model: str = "org/name"
+    device: str | None = None
+    tasks: tuple = (("task", "boolq", {}),)
+    fitted: list = field(default_factory=list)
+
+    def task_checks(self):
+        return list(self.tasks)
+
+    def check_task_fit(self, task):
+        self.fitted.append(task.name)
+
+
+def test_check_names_checks_model_device_and_fits_each_task():
+    """check_names refuses a bad model and a bad device under their keys, and hands every built task to
+    check_task_fit."""
+    with pytest.raises(ConfigError, match=r"^model = 'plainword' is not accepted"):
+        validation.check_names(NamesConfig(model="plainword"))
+    with pytest.raises(ConfigError, match=r"^device = 'gpu' is not accepted"):
+        validation.check_names(NamesConfig(device="gpu"))
+    config = NamesConfig(tasks=(("task", "boolq", {}), ("eval_task", "countdown", {})))
+    validation.check_names(config)
+    assert config.fitted == ["boolq", "countdown"]
+
+
+def test_unwrap_optional_only_unwraps_x_or_none():
+    """`X | None` is optional X; a union of two real types is neither unwrapped nor optional."""
+    from esft.config import unwrap_optional
+
+    assert unwrap_optional(int | None) == (int, True)
+    assert unwrap_optional(int | str) == (int | str, False)
+    assert unwrap_optional(int) == (int, False)
+
+
+def test_check_model_expands_the_home_folder(tmp_path, monkeypatch):
+    """`~/model` names a folder under the user's home, found there."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text("{}")
+    validation.check_model("model", "~/m")
+
+
+def test_check_task_reports_what_is_wrong_with_a_data_file(tmp_path):
+    """A data-file task that cannot be built is refused with the file's problem, not as an unknown task name."""
+    data = tmp_path / "rows.jsonl"
+    data.write_text('{"question": "q", "answer": "a"}\n')
+    with pytest.raises(ConfigError, match=r"expected a task esft can build from it: "):
+        validation.check_task("task", str(data), {"no_such_option": 1})
+
+
+def test_check_balanced_set_needs_labels_and_a_limit():
+    """Nothing is checked for a task without labels (a plain task object), whatever the limit."""
+    assert validation.check_balanced_set(FakeTask(), 5) is None
