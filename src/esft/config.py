@@ -142,26 +142,35 @@ class Rule:
     ok: Callable[[Any], bool]
 
 
+def _finite(v: Any) -> bool:
+    """math.isfinite, but False (not OverflowError) for an integer too large for a float: runs compute in floats,
+    and a YAML file can hold such an integer."""
+    try:
+        return math.isfinite(v)
+    except OverflowError:
+        return False
+
+
 def at_least(n: int) -> Rule:
     return Rule(f"an integer >= {n}", lambda v: v >= n)
 
 
 def positive() -> Rule:
-    return Rule("a finite number > 0", lambda v: math.isfinite(v) and v > 0)
+    return Rule("a finite number > 0", lambda v: _finite(v) and v > 0)
 
 
 def non_negative() -> Rule:
-    return Rule("a finite number >= 0", lambda v: math.isfinite(v) and v >= 0)
+    return Rule("a finite number >= 0", lambda v: _finite(v) and v >= 0)
 
 
 def finite() -> Rule:
-    return Rule("a finite number", lambda v: math.isfinite(v))
+    return Rule("a finite number", _finite)
 
 
 def in_range(low: float, high: float, low_open: bool = True) -> Rule:
     bracket = "(" if low_open else "["
     return Rule(f"a number in {bracket}{low}, {high}]",
-                lambda v: math.isfinite(v) and (v > low if low_open else v >= low) and v <= high)
+                lambda v: _finite(v) and (v > low if low_open else v >= low) and v <= high)
 
 
 def regexes() -> Rule:
