@@ -24,3 +24,16 @@ def test_a_plain_function_becomes_a_stateless_rule_called_with_result_then_batch
     assert len(calls) == 1 and calls[0][0] is result and calls[0][1] is batch
     assert not rule.stateful and rule.state_dict() is None
     assert rule.sample_batch(1, 2, 8, 8) == list(range(8))
+
+
+def test_uniform_batches_are_the_original_draws_without_replacement():
+    """Literal batches of SeedSequence([run seed, t, 0xBA7C]): a resumed `mean`/`balanced` run re-draws the batches
+    of the iterations it has not run yet, and logged runs and the committed results used exactly these."""
+    from esft.es.fitness import sample_batch
+
+    assert sample_batch(42, 0, 200, 8) == [14, 168, 72, 81, 54, 151, 1, 51]
+    assert sample_batch(5, 3, 24, 6) == [6, 18, 1, 7, 4, 11]
+    assert sample_batch(2**40 + 3, 1, 10, 4) == [0, 8, 5, 9]
+    for t in range(20):  # without replacement: B distinct problems, even for B close to n
+        batch = sample_batch(7, t, 12, 11)
+        assert len(set(batch)) == 11 and all(0 <= i < 12 for i in batch)

@@ -83,6 +83,8 @@ def test_stream_0_seeds_are_the_original_derivation():
     anti = ES(population_size=4, sigma=0.1, alpha=0.1, seed=42, antithetic=True, stream=0).ask(3)
     assert anti == [Member(2541583436, 1), Member(2541583436, -1), Member(4223867394, 1), Member(4223867394, -1)]
     assert ES(population_size=4, sigma=0.1, alpha=0.1, seed=42).stream == 0
+    # the run seed defaults to 0 (stream 0): the members of SeedSequence([0, t])
+    assert ES(population_size=3, sigma=0.1, alpha=0.1).ask(2) == [Member(s, 1) for s in member_seeds(0, 2, 3)]
 
 
 def test_noise_streams_are_independent():
@@ -190,3 +192,31 @@ def test_random_walk_law():
     predicted = alpha**2 * T * d / N
     print(f"random walk: measured/predicted = {sq / predicted:.5f}")
     assert sq == pytest.approx(predicted, rel=0.03)
+
+
+def test_es_refuses_an_unknown_optimizer_and_a_fitness_count_that_is_not_the_members():
+    with pytest.raises(ValueError, match="optimizer"):
+        ES(population_size=2, sigma=0.1, alpha=0.1, optimizer="sgd-momentum")
+    es = ES(population_size=4, sigma=0.1, alpha=0.1, seed=0)
+    with pytest.raises(ValueError, match="4 members but 3 fitness values"):  # zip would drop a member silently
+        es.tell(es.ask(0), [0.1, 0.2, 0.3])
+    # the paper's SGD rule has no optimizer state; Adam is the only stateful one
+    assert es.make_optimizer([torch.zeros(3)]) is None
+    assert isinstance(ES(population_size=4, sigma=0.1, alpha=0.1, optimizer="adam").make_optimizer([torch.zeros(3)]),
+                      torch.optim.Adam)
+
+
+def test_rank_correlation_is_spearman_on_hand_made_orders():
+    """rho = 1 - 6 sum d^2 / (n (n^2 - 1)) without ties: one swapped neighbour pair of 4 gives 1 - 12 / 60."""
+    from esft.es.strategy import rank_correlation
+
+    assert rank_correlation([1.0, 2.0, 3.0, 4.0], [10.0, 30.0, 20.0, 40.0]) == pytest.approx(0.8)
+    assert rank_correlation([0.1, 0.5, 0.9], [-5.0, 0.0, 7.0]) == pytest.approx(1.0)  # ranks only, not values
+    for a, b in (([1.0, 2.0, 3.0], [1.0, 2.0]), ([1.0, 2.0], [5.0])):  # a length-1 vector would broadcast
+        with pytest.raises(ValueError, match="members"):
+            rank_correlation(a, b)
+    import warnings
+
+    with warnings.catch_warnings():  # a constant vector has no order: NaN, returned without a 0/0 division
+        warnings.simplefilter("error")
+        assert np.isnan(rank_correlation([2.0, 2.0, 2.0], [1.0, 3.0, 2.0]))
