@@ -19,7 +19,7 @@ from esft.api import train_es
 from esft.es import es_rundir as runlog
 from esft.es.build import make_fitness_rule
 from esft.es.dart import (DartES, DartOptions, buffer_update, dart_fitness, difficulty_weights, draw_replays,
-                          ema_update, make_dart, pass_rates, replay_candidates, take_fresh)
+                          ema_update, epoch_permutation, make_dart, pass_rates, replay_candidates, take_fresh)
 from esft.es.es_config import ESConfig
 
 OPTS = DartOptions()
@@ -88,6 +88,13 @@ def test_draw_replays_priority_and_no_replacement():
     prio = np.exp(-3 * ema)
     np.testing.assert_allclose(counts / counts.sum(), prio / prio.sum(), atol=0.03)
     assert draw_replays(np.array([], dtype=int), ema, 2, rng) == []
+
+
+def test_epoch_permutations_are_the_original_draws():
+    """Literal orders of SeedSequence([run seed, epoch, 0xDA27]): a resumed DART-ES run continues the fresh stream
+    from its checkpointed cursor, so the orders must be those the interrupted run drew."""
+    assert epoch_permutation(42, 0, 10).tolist() == [2, 1, 0, 8, 4, 5, 3, 9, 6, 7]
+    assert epoch_permutation(5, 1, 8).tolist() == [4, 7, 3, 6, 0, 2, 1, 5]
 
 
 def test_fresh_stream_covers_each_epoch():
@@ -163,6 +170,7 @@ def test_options_and_factory():
     assert isinstance(make_fitness_rule("dart", 0.1), DartES)  # equal to DART's own coefficient: fine
     with pytest.raises(ValueError, match="format_coef"):
         make_dart(0.3)
+    assert make_dart().opts == DartOptions()  # no format bonus given: the published rule
     with pytest.raises(ValueError, match="unknown DART-ES options"):
         make_dart(0.0, {"nope": 1})
     with pytest.raises(ValueError):
