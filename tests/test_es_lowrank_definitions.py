@@ -185,3 +185,29 @@ def test_a_linear_whose_forward_is_overridden_is_refused():
     with pytest.raises(NotImplementedError, match="overrides forward"):
         PopulationPerturbation(model, w, [Member(1, 1)], 0.1)
     assert not model[0]._forward_hooks
+
+
+def test_the_embedding_scale_is_the_one_its_forward_multiplies_by():
+    """A buffer is cast to the weight's dtype before the product (Gemma), a Python float is used as it is (BART)."""
+    from esft.es.lowrank import _embedding_output_scale
+
+    class FloatScaled(torch.nn.Embedding):
+        def __init__(self):
+            super().__init__(5, 3)
+            self.embed_scale = 3 ** 0.5
+
+        def forward(self, ids):
+            return super().forward(ids) * self.embed_scale
+
+    class BufferScaled(torch.nn.Embedding):
+        def __init__(self):
+            super().__init__(5, 3)
+            self.embed_scale = torch.nn.Buffer(torch.tensor(3 ** 0.5))
+
+        def forward(self, ids):
+            return super().forward(ids) * self.embed_scale.to(self.weight.dtype)
+
+    assert _embedding_output_scale(torch.nn.Embedding(5, 3)) == 1.0 == _embedding_output_scale(torch.nn.Linear(3, 2))
+    assert _embedding_output_scale(FloatScaled().to(torch.bfloat16)) == 3 ** 0.5
+    bf16 = BufferScaled().to(torch.bfloat16)
+    assert _embedding_output_scale(bf16) == float(torch.tensor(3 ** 0.5).to(torch.bfloat16)) != 3 ** 0.5

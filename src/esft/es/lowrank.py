@@ -123,7 +123,8 @@ def _embedding_output_scale(module: torch.nn.Module) -> float | None:
     scale = getattr(module, "embed_scale", None)
     # a further parameter (T5Gemma2's end-of-image row) means the forward does more than scale the rows
     if base is torch.nn.Embedding and scale is not None and [n for n, _ in module.named_parameters()] == ["weight"]:
-        return float(torch.as_tensor(scale).to(module.weight.dtype))
+        # as those forwards multiply: a buffer (Gemma) cast to the weight's dtype, a Python float as it is
+        return float(scale.to(module.weight.dtype)) if isinstance(scale, torch.Tensor) else float(scale)
     return None
 
 
