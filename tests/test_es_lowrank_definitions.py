@@ -8,6 +8,7 @@ Run: pytest -q tests/test_es_lowrank_definitions.py   (seconds, CPU)
 from __future__ import annotations
 
 import math
+import time
 
 import pytest
 import torch
@@ -120,6 +121,8 @@ def test_row_mapping_checks_member_indices_and_follows_kept_rows():
         torch.testing.assert_close(kept, full[[2, 0]], rtol=0, atol=1e-6)
         pert.set_rows([])
         assert pert.add_linear(NAME, x[:0], torch.zeros(0, w.master[NAME].shape[0])).shape[0] == 0
+    with pytest.raises(RuntimeError, match="set_rows"):  # closed: no row is mapped any more
+        pert.select(torch.tensor([0]))
 
 
 class _OwnMatrix(torch.nn.Module):
@@ -180,11 +183,11 @@ class _DoubledLinear(torch.nn.Linear):
 
 
 def test_a_linear_whose_forward_is_overridden_is_refused():
-    model = torch.nn.Sequential(_DoubledLinear(3, 4))
+    model = torch.nn.Sequential(torch.nn.Linear(3, 3), _DoubledLinear(3, 4))
     w = LowRankWeights(model, rank=1)
     with pytest.raises(NotImplementedError, match="overrides forward"):
         PopulationPerturbation(model, w, [Member(1, 1)], 0.1)
-    assert not model[0]._forward_hooks
+    assert all(not m._forward_hooks for m in model.modules())  # the plain Linear's hook is removed too
 
 
 def test_the_embedding_scale_is_the_one_its_forward_multiplies_by():
@@ -211,3 +214,55 @@ def test_the_embedding_scale_is_the_one_its_forward_multiplies_by():
     assert _embedding_output_scale(FloatScaled().to(torch.bfloat16)) == 3 ** 0.5
     bf16 = BufferScaled().to(torch.bfloat16)
     assert _embedding_output_scale(bf16) == float(torch.tensor(3 ** 0.5).to(torch.bfloat16)) != 3 ** 0.5
+
+
+def test_the_executor_times_every_phase_of_the_batched_pass():
+    from es_tiny import ToyTask, stub_generate
+    from esft.es.lowrank import LowRankExecutor
+
+    model = tiny_llama()
+    w = LowRankWeights(model, rank=1)
+    task = ToyTask()
+    start = time.perf_counter()
+    result = LowRankExecutor(model, None, w, task, 0.05, None, generate_fn=stub_generate).evaluate_members(
+        [Member(1, 1), Member(1, -1)], task.load("train")[:2])
+    wall = time.perf_counter() - start
+    assert result.scores.shape == (2, 2)
+    assert set(result.timings) == {"perturb", "generate", "score", "restore"}
+    assert all(t > 0 for t in result.timings.values()), result.timings
+    assert sum(result.timings.values()) <= wall  # the phases are disjoint parts of the call
+    executor = LowRankExecutor(model, None, w, task, 0.05, None, generate_fn=stub_generate)
+    for members, batch in (([], task.load("train")[:2]), ([Member(1, 1)], [])):  # nothing to evaluate: no pass
+        empty = executor.evaluate_members(members, batch)
+        assert empty.scores.shape == (len(members), len(batch))
+
+
+def test_population_logits_with_a_full_attention_mask_equal_those_without():
+    from esft.es.lowrank import population_logits
+
+    model = tiny_llama()
+    w = LowRankWeights(model, rank=2)
+    members = [Member(1, 1), Member(1, -1), Member(2, 1)]
+    x = torch.randint(3, 256, (2, 4), generator=torch.Generator().manual_seed(3))
+    plain = population_logits(model, w, members, 0.05, x)
+    masked = population_logits(model, w, members, 0.05, x, torch.ones_like(x))
+    assert plain.shape == (3, 2, 4, 256)
+    torch.testing.assert_close(masked, plain, rtol=0, atol=1e-6)
+
+
+def test_population_logits_follow_each_sequences_attention_mask():
+    """A left-padded sequence: every member's logits are those of its materialised perturbation with that mask."""
+    from esft.es.lowrank import population_logits
+
+    model = tiny_llama()
+    w = LowRankWeights(model, rank=2)
+    members = [Member(1, 1), Member(2, -1)]
+    x = torch.randint(3, 256, (2, 4), generator=torch.Generator().manual_seed(4))
+    mask = torch.tensor([[0, 0, 1, 1], [1, 1, 1, 1]])
+    batched = population_logits(model, w, members, 0.05, x, mask)
+    for i, (seed, sign) in enumerate(members):
+        w.perturb(seed, sign, 0.05)
+        with torch.inference_mode():
+            single = model(input_ids=x, attention_mask=mask).logits
+        w.restore()
+        torch.testing.assert_close(batched[i][mask.bool()], single[mask.bool()], rtol=1e-4, atol=1e-5)
