@@ -8,8 +8,9 @@ Member (seed, sign) perturbs every selected weight matrix W [m, n] by sign * sig
 x (W + s E)^T = x W^T + (s / sqrt(r)) (x B) A^T, the whole population can answer in ONE batched generation: the
 N x B (member, prompt) rows share the model's GEMMs and each row adds its own member's rank-r term. This module
 does that with forward hooks on the nn.Linear / nn.Embedding modules that own selected matrices (a tied
-embedding / lm_head pair is hooked twice with the same factors); the weights themselves are never touched, so
-"restore" is removing the hooks and is exact by construction.
+embedding / lm_head pair is hooked twice with the same factors; a scaled word embedding, Gemma's, scales its term as it
+scales its rows); the weights themselves are never touched, so "restore" is removing the hooks and is exact by
+construction.
 
 Per-row terms without a Python loop over members: the factors of all members are concatenated, A_cat [m, N r],
 B_cat [n, N r] (member i owns columns i r .. i r + r - 1, its sign folded into A), and a 0/1 mask M [rows, N r]
@@ -111,6 +112,22 @@ class LowRankWeights(MasterWeights):
 
 # ---- the batched population forward --------------------------------------------------------------------------------
 
+def _embedding_output_scale(module: torch.nn.Module) -> float | None:
+    """The factor by which `module`'s output is its weight's rows (1.0 for a plain nn.Linear / nn.Embedding), or
+    None when its forward is unknown. A scaled word embedding (Gemma and the other transformers classes that return
+    `super().forward(input_ids) * self.embed_scale`) multiplies the perturbation's rows by embed_scale too, so the
+    per-row term must be scaled alike to equal the forward of the materialised W + sigma E."""
+    base = torch.nn.Embedding if isinstance(module, torch.nn.Embedding) else torch.nn.Linear
+    if type(module).forward is base.forward:
+        return 1.0
+    scale = getattr(module, "embed_scale", None)
+    # a further parameter (T5Gemma2's end-of-image row) means the forward does more than scale the rows
+    if base is torch.nn.Embedding and scale is not None and [n for n, _ in module.named_parameters()] == ["weight"]:
+        # as those forwards multiply: a buffer (Gemma) cast to the weight's dtype, a Python float as it is
+        return float(scale.to(module.weight.dtype)) if isinstance(scale, torch.Tensor) else float(scale)
+    return None
+
+
 class PopulationPerturbation:
     """Forward hooks that make row k of every batch behave as member `member_of_row[k]` of `members`.
 
@@ -138,9 +155,15 @@ class PopulationPerturbation:
                 self.close()
                 raise NotImplementedError(f"low-rank population forward: {type(module).__name__} owning {name} "
                                           "is not nn.Linear / nn.Embedding")
+            embed_scale = _embedding_output_scale(module)
+            if embed_scale is None:
+                self.close()
+                raise NotImplementedError(f"low-rank population forward: {type(module).__name__} owning {name} "
+                                          "overrides forward, so its per-row term is unknown")
             if name not in self.factors:
                 self.factors[name] = self._concat(weights, name, dtype)
-            hook = self._embedding_hook(name) if isinstance(module, torch.nn.Embedding) else self._linear_hook(name)
+            hook = self._embedding_hook(name, embed_scale) if isinstance(module, torch.nn.Embedding) \
+                else self._linear_hook(name)
             self._handles.append(module.register_forward_hook(hook))
             hooked.add(name)
         missing = set(weights.params) - hooked
@@ -198,21 +221,23 @@ class PopulationPerturbation:
         xb.mul_(self._row_mask(x))                         # keep the row's own member
         return output.add_(torch.matmul(xb, a_cat_t), alpha=self.scale)
 
-    def add_embedding(self, name: str, ids: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
-        """output += sigma/sqrt(r) * A_i[token] B_i^T for each row's member i, in place."""
+    def add_embedding(self, name: str, ids: torch.Tensor, output: torch.Tensor, embed_scale: float = 1.0
+                      ) -> torch.Tensor:
+        """output += embed_scale * sigma/sqrt(r) * A_i[token] B_i^T for each row's member i, in place (embed_scale:
+        the factor a scaled word embedding multiplies its rows by, Gemma's sqrt(hidden))."""
         a_cat_t, b_cat = self.factors[name]
         rows = a_cat_t.t()[ids]                             # [rows, T, N r]: A_i[token] of every member
         rows = rows * self._row_mask(output)
-        return output.add_(torch.matmul(rows, b_cat.t()), alpha=self.scale)
+        return output.add_(torch.matmul(rows, b_cat.t()), alpha=self.scale * embed_scale)
 
     def _linear_hook(self, name: str):
         def hook(module, inputs, output):
             return self.add_linear(name, inputs[0], output)
         return hook
 
-    def _embedding_hook(self, name: str):
+    def _embedding_hook(self, name: str, embed_scale: float = 1.0):
         def hook(module, inputs, output):
-            return self.add_embedding(name, inputs[0], output)
+            return self.add_embedding(name, inputs[0], output, embed_scale)
         return hook
 
     # -- lifetime

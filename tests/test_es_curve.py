@@ -1,0 +1,126 @@
+"""A run's summary and learning-curve figure (esft.es.curve) against their documented content: means over logged
+iterations, the time split as fractions of the total, the first and last evaluation, the held-out accuracy's 95%
+interval and the constant-answer band as drawn.
+
+Run: pytest -q tests/test_es_curve.py   (seconds)
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from esft.es import curve
+
+TRAIN = [
+    {"kind": "train", "step": 1, "time": {"total": 2.0, "generate": 1.0, "update": 0.5, "evaluate": 1.5},
+     "fitness": {"mean": 0.1, "min": 0.0, "max": 0.3}, "format_rate": 0.4, "generated_tokens_per_s": 10.0,
+     "peak_rss_mb": 100.0, "zero_update": True},
+    {"kind": "train", "step": 2, "time": {"total": 4.0, "generate": 3.0, "update": 1.0, "evaluate": 3.5},
+     "fitness": {"mean": 0.5, "min": 0.2, "max": 0.9}, "format_rate": 0.8, "generated_tokens_per_s": 30.0,
+     "peak_rss_mb": 120.0, "zero_update": False},
+]
+EVALS = [
+    {"kind": "eval", "step": 0, "test_n": 10, "test_accuracy": 0.3, "test_ci95": [0.1, 0.6], "test_format_rate": 0.5,
+     "peak_rss_mb": 150.0},
+    {"kind": "eval", "step": 2, "test_n": 10, "test_accuracy": 0.6, "test_ci95": [0.3, 0.8], "test_format_rate": 0.9,
+     "train_reward": 0.55, "test_constant_baseline": 0.5, "test_constant_baseline_ci95": [0.25, 0.75],
+     "test_constant_answer": "yes"},
+]
+
+
+def _run(root: Path, lines: list[dict]) -> Path:
+    root.mkdir(parents=True)
+    (root / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in lines))
+    return root
+
+
+def test_summary_is_means_over_iterations_and_the_first_and_last_evaluation(tmp_path):
+    s = curve.summarize(_run(tmp_path / "run", TRAIN + EVALS))
+    assert s["iterations"] == 2 and s["evaluations"] == 2
+    assert s["seconds_per_iteration"] == 3.0
+    assert s["time_split_s"] == {"total": 3.0, "generate": 2.0, "update": 0.75, "evaluate": 2.5}
+    # "evaluate" spans the other parts, so it is no fraction of the split; "total" is the denominator
+    assert s["time_split_fraction"] == pytest.approx({"generate": 2.0 / 3.0, "update": 0.25})
+    assert s["generated_tokens_per_s"] == 20.0 and s["zero_updates"] == 1
+    assert (s["fitness_mean_first"], s["fitness_mean_last"]) == (0.1, 0.5)
+    assert (s["format_rate_first"], s["format_rate_last"]) == (0.4, 0.8)
+    assert s["peak_rss_mb"] == 150.0  # the largest over training and evaluation records
+    assert s["eval_first"]["step"] == 0 and s["eval_first"]["test_accuracy"] == 0.3
+    assert s["eval_first"]["train_reward"] is None
+    assert s["eval_last"] == {"step": 2, "test_accuracy": 0.6, "test_ci95": [0.3, 0.8], "test_format_rate": 0.9,
+                              "test_accuracy_among_well_formed": None, "train_reward": 0.55}
+    assert s["heldout_constant_baseline"] == {"constant_baseline": 0.5, "constant_baseline_ci95": [0.25, 0.75],
+                                              "constant_answer": "yes"}
+
+
+def test_a_phase_missing_from_an_iteration_took_no_time_there(tmp_path):
+    lines = [dict(TRAIN[0], time={"total": 2.0, "generate": 1.0}), dict(TRAIN[1], time={"total": 4.0, "replay": 1.0})]
+    s = curve.summarize(_run(tmp_path / "run", lines))
+    assert s["time_split_s"] == {"total": 3.0, "generate": 0.5, "replay": 0.5}
+
+
+def test_summary_of_an_empty_run_and_of_a_run_without_evaluations(tmp_path):
+    assert curve.summarize(_run(tmp_path / "empty", [])) == {"iterations": 0, "evaluations": 0}
+    s = curve.summarize(_run(tmp_path / "train", TRAIN[:1]))
+    assert s["iterations"] == 1 and "eval_first" not in s and "heldout_constant_baseline" not in s
+    assert s["peak_rss_mb"] == 100.0 and s["seconds_per_iteration"] == 2.0
+
+
+def test_no_constant_baseline_without_a_recorded_one_or_a_config(tmp_path):
+    assert curve.heldout_constant_baseline(_run(tmp_path / "a", TRAIN + EVALS[:1])) is None  # no config.yaml
+    assert curve.heldout_constant_baseline(_run(tmp_path / "b", TRAIN)) is None
+    run = _run(tmp_path / "c", EVALS[:1])
+    (run / "config.yaml").write_text("task: boolq\n")  # no eval_limit: the held-out examples are unknown
+    assert curve.heldout_constant_baseline(run) is None
+    (run / "config.yaml").write_text("eval_limit: 5\n")  # no task
+    assert curve.heldout_constant_baseline(run) is None
+
+
+def test_figure_draws_the_interval_and_the_constant_band_of_the_records(tmp_path):
+    run = _run(tmp_path / "run", TRAIN + EVALS)
+    fig = curve.run_figure(run)
+    train_ax, heldout_ax = fig.axes
+    assert train_ax.get_xlabel() == "iteration (updates applied)"
+    labels = [line.get_label() for line in train_ax.get_lines()]
+    assert labels == ["fitness mean", "format rate"]
+    assert list(train_ax.get_lines()[0].get_ydata()) == [0.1, 0.5]
+    band = train_ax.collections[0].get_paths()[0].vertices[:, 1]  # the min-max band spans the extremes
+    assert min(band) == 0.0 and max(band) == 0.9
+    (bars,) = [c for c in heldout_ax.collections if len(c.get_segments()) == 2]
+    assert [tuple(seg[:, 1]) for seg in bars.get_segments()] == [(0.1, 0.6), (0.3, 0.8)]
+    (span,) = heldout_ax.patches
+    # a Rectangle (matplotlib >= 3.9) or a Polygon (before)
+    ys = [span.get_y(), span.get_y() + span.get_height()] if hasattr(span, "get_height") else span.get_xy()[:, 1]
+    assert min(ys) == 0.25 and max(ys) == 0.75
+    assert heldout_ax.get_ylim() == (0.0, 1.0)
+
+
+def test_accuracy_lines_are_unclipped_and_empty_panels_say_why(tmp_path):
+    fig = curve.run_figure(_run(tmp_path / "run", TRAIN + EVALS))
+    train_ax, heldout_ax = fig.axes
+    assert heldout_ax.get_lines() and all(not line.get_clip_on() for line in heldout_ax.get_lines())
+    assert train_ax.get_legend() is not None and heldout_ax.get_legend() is not None and not train_ax.texts
+    empty_train, empty_heldout = curve.run_figure(_run(tmp_path / "empty", [])).axes
+    assert [t.get_text() for t in empty_train.texts] == ["no training iteration logged"]
+    assert [t.get_text() for t in empty_heldout.texts] == ["no held-out evaluation (eval_every 0)"]
+    assert empty_train.get_legend() is None and empty_heldout.get_ylim() == (0.0, 1.0)
+
+
+def test_figure_of_a_grpo_run_shows_its_reward_per_step(tmp_path):
+    lines = [{"kind": "train", "step": s, "reward": {"mean": 0.2 * s, "min": 0.0, "max": 1.0}} for s in (1, 2)]
+    train_ax, _ = curve.run_figure(_run(tmp_path / "grpo", lines)).axes
+    assert train_ax.get_xlabel() == "optimizer step"
+    assert [line.get_label() for line in train_ax.get_lines()] == ["reward mean"]  # no format rate logged
+
+
+def test_main_prints_the_summary_and_writes_the_figure(tmp_path, capsys):
+    assert curve.main([]) == 2
+    run = _run(tmp_path / "run", TRAIN + EVALS)
+    assert curve.main([str(run), str(tmp_path / "c.png")]) == 0
+    out = capsys.readouterr().out
+    assert json.loads(out[out.index("{"):out.rindex("}") + 1])["iterations"] == 2
+    assert (tmp_path / "c.png").stat().st_size > 1000
+    assert curve.plot_run(run) == run / "curve.png" and (run / "curve.png").exists()
