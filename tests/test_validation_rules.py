@@ -282,6 +282,23 @@ def test_check_device(monkeypatch):
         validation.check_device("device", "cuda:2")
 
 
+def test_check_device_name_asks_torch_not_the_machine(monkeypatch):
+    """A name torch knows of type cpu, cuda or mps passes as its torch.device whether or not this machine has that
+    device (a spec names cuda and is read on a laptop); any other name is refused under the key given."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    for name, kind, index in (("cpu", "cpu", None), ("cuda", "cuda", None), ("cuda:7", "cuda", 7),
+                              ("mps", "mps", None)):
+        device = validation.check_device_name("device", name)
+        assert isinstance(device, torch.device) and (device.type, device.index) == (kind, index)
+    for bad in ("gpu", "meta", "cdua", "cuda:x", ""):
+        with pytest.raises(ConfigError, match=r"^evaluation.device = .* is not accepted; expected a torch device: "
+                                              r"cpu, cuda, cuda:N or mps"):
+            validation.check_device_name("evaluation.device", bad)
+
+
 def test_check_eval_options():
     """With eval_every = 0 a given, truthy evaluation option is refused naming its flag; a zero value, or a run
     that evaluates, passes."""
