@@ -423,21 +423,19 @@ def parse_spec(data: Any, path: str = "<spec>", name: str | None = None) -> Spec
                 carry_optimizer_state=carry, ifeval_metric=metric,
                 output_dir=check_text(ctx, data, "output_dir", "a folder path"),
                 description=check_text(ctx, data, "description", "a text") or "", path=path)
-    _check_configs(ctx, spec, data)
+    _check_configs(ctx, spec)
     check_evaluated_tasks(ctx, spec, data)
     return spec
 
 
-def _check_configs(ctx: SpecContext, spec: Spec, data: LineDict) -> None:
+def _check_configs(ctx: SpecContext, spec: Spec) -> None:
     """Build every trainer config the experiment will use (each method x task x budget), so a value the config
     itself rejects (e.g. GRPO batch shapes that do not divide) fails here, at the method's line."""
     from esft.tracking import check_backends
 
-    algos = as_mapping(ctx, data["algorithms"], "algorithms", data.line_of("algorithms")) \
-        if isinstance(data["algorithms"], dict) else None
     built: dict[Any, Any] = {}
     for method in spec.methods:
-        line = algos.line_of(method.label) if algos is not None else method.line
+        line = method.line
         for comp in method.components:
             for task in spec.tasks:
                 for budget in method.budgets or [None]:
