@@ -393,3 +393,15 @@ def test_a_balanced_evaluation_without_a_limit_is_checked_too(tmp_path):
         _spec(tmp_path, _edit(EVAL + "  holdout: []\n", f"  limit: null\n  holdout: "
                                                         f"['{one}:prompt_field=question,reward=mcq,test_size=2']\n"
                                                         "  balanced: true\n"))
+
+
+def test_a_spec_built_from_python_mappings_parses_and_names_its_path():
+    """parse_spec takes plain dicts (the Python API, a spec built in code), which carry no lines."""
+    from esft.experiments.spec import parse_spec
+
+    spec = parse_spec({"kind": "single-task", "tasks": ["countdown"], "algorithms": {"es": {"iterations": 2}},
+                       "evaluation": {"limit": 3, "holdout": []}}, path="built")
+    assert spec.config(spec.method("es").components[0], "countdown", 42).iterations == 2
+    with pytest.raises(SpecError, match=r"^built:1: unknown key 'limt' in evaluation"):
+        parse_spec({"kind": "single-task", "tasks": ["countdown"], "algorithms": ["es"],
+                    "evaluation": {"limt": 3}}, path="built")
