@@ -231,6 +231,55 @@ def test_import_path_entry_point_and_spec(user_files, monkeypatch):
         get_task("nosuch")
 
 
+TAGGED_MODULE = '''
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from esft.tasks import Task
+
+
+@dataclass
+class Tagged(Task):
+    name: str = "tagged"
+    tag: str | None = "x"
+    note: str = "plain"
+    count: int | None = 3
+    strict: bool = True
+    ids: tuple[int, ...] = (1,)
+
+    def _load(self, split):
+        return [{"q": "say 1", "answer": "1"}]
+
+    def prompt(self, example):
+        return [{"role": "user", "content": example["q"]}]
+
+    def score(self, completion, example):
+        return 0.0
+'''
+
+
+def test_text_options_of_a_dataclass_task_class_are_read_by_the_field_type(tmp_path, monkeypatch):
+    """Task options given as text (`--task-options '{tag: none}'`, task_options in a spec: YAML reads `none` as
+    text) reach a dataclass task named by its import path as its fields' types read them, as they do for an
+    installed plug-in and in a name's `key=value`: `none` is None for a field that may be None and stays text for a
+    `str` field, `false` is False, `5` is 5. The import path passed the text itself: tag 'none', strict 'false'
+    (which is true)."""
+    importable_module(tmp_path, monkeypatch, "tagged_tasks", TAGGED_MODULE)
+    ep = EntryPoint(name="tagged", value="tagged_tasks:Tagged", group=ENTRY_POINT_GROUP)
+    monkeypatch.setattr("esft.tasks.custom.entry_points", lambda group: [ep] if group == ENTRY_POINT_GROUP else [])
+    for name in ("tagged_tasks:Tagged", "tagged"):
+        task = get_task(name, tag="none", note="none", count="null", strict="false")
+        assert (task.tag, task.note, task.count, task.strict) == (None, "none", None, False), name
+        task = get_task(name, tag="y", count="5", strict="yes", ids="2,3")
+        assert (task.tag, task.count, task.strict, task.ids) == ("y", 5, True, (2, 3)), name
+        assert get_task(name, tag=None, count=7).count == 7  # values that are not text pass as they are
+        with pytest.raises(ValueError, match=r"bad value 'many' for option 'count'"):
+            get_task(name, count="many")
+    assert get_task("tagged:tag=none,count=none").tag is None  # the name's own options, for comparison
+    assert task_spec(get_task("tagged_tasks:Tagged", tag="none")) == ("tagged_tasks:Tagged", {"tag": None})
+
+
 def _tiny_model_dir(root: Path, tokenizer) -> Path:
     folder = root / "tiny"
     make_tiny_model(hidden=32, layers=2).save_pretrained(folder)
@@ -374,8 +423,10 @@ def test_cli_checks_a_task_class_before_the_model_loads(user_files, monkeypatch,
              ([*grpo, "--task", "user_tasks:TrainOnly"], "the split(s) test"),
              ([*grpo, "--task", "user_tasks:NoRows"], "its train split is empty"),
              (["train", "es", "--task", "user_tasks:NoRows", "--output-dir", out], "its train split is empty"),
-             (["train", "es", "--task", "user_tasks:TrainOnly", "--task-options", "{count: many}", "--eval-limit",
+             (["train", "es", "--task", "user_tasks:TrainOnly", "--task-options", "{count: [4]}", "--eval-limit",
                "0", "--output-dir", out], "train split loads (task 'train-only': TypeError"),
+             (["train", "es", "--task", "user_tasks:TrainOnly", "--task-options", "{count: many}", "--eval-limit",
+               "0", "--output-dir", out], "bad value 'many' for option 'count': invalid literal for int()"),
              (["eval", "--task", "user_tasks:Broken"], "cannot build Broken: RuntimeError: no settings file"),
              (["eval", "--task", str(root / "sums.jsonl"), "--task-options", "prompt_field: q: x"],
               "task_options 'prompt_field: q: x' is not a YAML / JSON mapping"),

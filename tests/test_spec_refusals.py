@@ -65,7 +65,30 @@ TOP = "name: audit\n"
      r"sequential.carry_optimizer_state must be true/false"),
     (TOP, TOP + "tables: {ifeval: strict}\n", 2, r"unknown key 'ifeval' in tables"),
     (TOP, TOP + "tables: {ifeval_metric: strict}\n", 2, r"tables.ifeval_metric must be one of accuracy, prompt_strict"),
+    ("algorithms:\n" + ES + "  grpo:\n    max_steps: 2\n", "", 1, r"missing required key 'algorithms'"),
+    ("kind: single-task", "kind: sequentail", 2,
+     r"unknown kind 'sequentail' \(did you mean sequential\?\); one of: single-task, sequential"),
+    ("tasks: [countdown]", "tasks: [countdown]\nseeds: true", 4,
+     r"seeds must be a non-empty list of integers, got True"),
+    ("tasks: [countdown]", "tasks: [countdown]\nseeds: []", 4, r"seeds must be a non-empty list of integers, got \[\]"),
+    (TOP, "name: ''\n", 1, r"name must be a name, got ''"),
+    ("tasks: [countdown]", "tasks: [countdown, Countdown]", 3, r"task 'Countdown' appears twice in tasks"),
+    (TOP, TOP + "task_options: {countdown: {nope: 1}}\n", 2, r"task_options.countdown: .*'nope'"),
     # algorithms
+    ("algorithms:\n" + ES + "  grpo:\n    max_steps: 2\n", "algorithms:\n  - es\n  - ppo\n", 6,
+     r"unknown algorithm 'ppo' in algorithms.ppo"),
+    (ES, ES + "  mine:\n    iterations: 2\n    algorithm: ppo\n", 9, r"unknown algorithm 'ppo' in algorithms.mine"),
+    (ES, ES + "    seed: 3\n", 7, r"algorithms.es: 'seed' is set by the experiment"),
+    (ES, ES + "    max_passage_chars: 400\n", 7,
+     r"algorithms.es: 'max_passage_chars' is a task option; put it under the top-level task_options"),
+    (ES, ES + "    sigma: -1\n", 7, r"algorithms.es.sigma = -1 is not accepted; expected a finite number > 0"),
+    ("    iterations: 2\n", "    iterations: [1, 1]\n", 6,
+     r"budgets must be a non-empty increasing list, got \[1, 1\]"),
+    # configs built from the blocks, refused at the method's line
+    (ES, ES + "    fitness_rule: balanced\n", 5,
+     r"algorithms.es \(es\) on countdown: fitness_rule = 'balanced' is not accepted.*needs a task with labels"),
+    ("    iterations: 2\n", "    iterations: [1, 2]\n    save_total_limit: 1\n", 5,
+     r"algorithms.es \(es\) on countdown: save_total_limit would delete the checkpoints"),
     ("algorithms:\n" + ES + "  grpo:\n    max_steps: 2\n", "algorithms: {}\n", 4,
      r"algorithms: at least one algorithm is needed"),
     (ES, ES + "    algorithm: 5\n", 7, r"algorithms.es.algorithm must be a name, got 5"),
@@ -76,8 +99,14 @@ TOP = "name: audit\n"
      r"unknown option 'sigmaa' in algorithms.es.per_task.countdown for es"),
     (ES, ES + "    per_task: {countdown: {iterations: [1, 2]}}\n", 7,
      r"algorithms.es.per_task.countdown: iterations must be one number here \(es inside a chain"),
-    ("    iterations: 2\n", "    iterations: [1, 2]\n    per_task: {countdown: {iterations: 3}}\n", 6,
+    ("    iterations: 2\n", "    iterations: [1, 2]\n    per_task: {countdown: {iterations: 3}}\n", 7,
      r"algorithms.es.per_task.countdown: a per-task iterations cannot be combined with the budget list \[1, 2\]"),
+    # the per-task entry's own line, not the es block's (6) nor per_task's (8) nor the task's (9)
+    ("    iterations: 2\n", "    iterations: [1, 2]\n    sigma: 0.01\n    per_task:\n      countdown:\n"
+                          "        sigma: 0.02\n        iterations: 3\n", 11,
+     r"algorithms.es.per_task.countdown: a per-task iterations cannot be combined with the budget list \[1, 2\]"),
+    ("    iterations: 2\n", "    iterations: [1, 2]\n    per_task:\n      countdown:\n        iterations: 3\n", 9,
+     r"algorithms.es.per_task.countdown: a per-task iterations cannot"),
     ("    iterations: 2\n", "    iterations: [4, 2]\n", 6, r"budgets must be a non-empty increasing list, got \[4, 2\]"),
     ("    iterations: 2\n", "    iterations: []\n", 6, r"budgets must be a non-empty increasing list, got \[\]"),
     ("    iterations: 2\n", "    iterations: [0, 2]\n", 6, r"algorithms.es.iterations must be >= 1, got 0"),
@@ -92,6 +121,10 @@ TOP = "name: audit\n"
     (EVAL, EVAL + "  after_single_task: some\n", 11,
      r"evaluation.after_single_task must be one of all, trained, trained\+holdout, got 'some'"),
     (EVAL, "  limit: true\n", 10, r"evaluation.limit must be an integer, got True"),
+    (EVAL, "  limit: 0\n", 10, r"evaluation.limit must be >= 1, got 0"),
+    (EVAL, EVAL + "  max_new_tokens: 0\n", 11, r"evaluation.max_new_tokens must be >= 1, got 0"),
+    (EVAL, EVAL + "  batch_size: 0\n", 11, r"evaluation.batch_size must be >= 1, got 0"),
+    (EVAL, EVAL + "  generation_options: {nope: 1}\n", 11, r"evaluation.generation_options: unknown option 'nope'"),
     (EVAL, EVAL + "  per_task: {boolq: {limit: 2}}\n", 11,
      r"evaluation.per_task: 'boolq' is not evaluated by this spec \(countdown\)"),
     (EVAL, EVAL + "  per_task: {countdown: {temperature: 2}}\n", 11,
@@ -106,7 +139,14 @@ TOP = "name: audit\n"
     (EVAL, EVAL + "  passk: {samples: 4, k: [1, 8]}\n", 11,
      r"evaluation.passk.k must be integers between 1 and samples \(4\), got 8"),
     (EVAL, EVAL + "  passk: {samples: 4, k: [0]}\n", 11, r"evaluation.passk.k must be integers .*got 0"),
+    (EVAL, EVAL + "  passk: {samples: 4, k: []}\n", 11,
+     r"evaluation.passk.k must name at least one k between 1 and samples \(4\), got \[\]"),
+    (EVAL, EVAL + "  passk:\n    samples: 4\n    k: []\n", 13, r"evaluation.passk.k must name at least one k"),
     (EVAL, EVAL + "  passk: {samples: 4, k: [true]}\n", 11, r"evaluation.passk.k must be integers .*got True"),
+    (EVAL, EVAL + "  passk: {samples: 4, temperature: 0}\n", 11,
+     r"evaluation.passk.temperature must be a number in \(0, 10.0\], got 0"),
+    (EVAL, EVAL + "  passk: {samples: 4, temperature: 10.5}\n", 11, r"evaluation.passk.temperature must be a number"),
+    (EVAL, EVAL + "  passk: {samples: 4, temperature: true}\n", 11, r"evaluation.passk.temperature .*got True"),
     (EVAL, EVAL + "  passk: {samples: 4, top_p: 1.5}\n", 11, r"evaluation.passk.top_p must be a number in \(0, 1.0\]"),
     (EVAL, EVAL + "  passk: {samples: 4, seed: -1}\n", 11, r"evaluation.passk.seed must be >= 0, got -1"),
 ])
@@ -229,3 +269,139 @@ def test_format_bonus_with_dart_must_be_zero_or_dart_s_own_coefficient():
         ESConfig(fitness_rule="dart", format_bonus=coef, fitness_options={"format_coef": 0.3})
     with pytest.raises(ConfigError, match=r"options DART-ES accepts \(unknown DART-ES options \['nope'\]"):
         ESConfig(fitness_rule="dart", fitness_options={"nope": 1})
+
+
+# ---- values parsing hands on, and defaults the module docstring and the dataclasses name -------------------------
+
+def test_evaluation_defaults_and_values_arrive(tmp_path):
+    """Null means the default (no holdouts, every example, dtype auto, no pass@k); the other keys arrive as given."""
+    spec = _spec(tmp_path, _edit(EVAL + "  holdout: []\n", "  limit: null\n  holdout: null\n  dtype: null\n"
+                                                        "  passk: null\n  after_single_task: trained\n"
+                                                        "  balanced: true\n"))
+    ev = spec.evaluation
+    assert (ev.limit, ev.holdout, ev.dtype, ev.passk, ev.after_single_task, ev.balanced) == \
+        (None, [], "auto", None, "trained", True)
+    assert spec.model == "smollm2-135m" and spec.ifeval_metric == "prompt_strict"
+
+
+def test_passk_defaults_and_values(tmp_path):
+    """k defaults to [1, samples] and a single k is a list of one; temperature and top_p default to 1.0 (floats even
+    when written as integers), the seed to 0, the sampled tasks to the training tasks. The bounds of (0, high] take
+    any positive value from 1e-6 on."""
+    pk = _spec(tmp_path, _edit(EVAL, EVAL + "  passk: {samples: 4}\n")).evaluation.passk
+    assert (pk.k, pk.temperature, pk.top_p, pk.seed, pk.tasks) == ([1, 4], 1.0, 1.0, 0, ["countdown"])
+    assert pk.settings() == {"samples": 4, "k": [1, 4], "temperature": 1.0, "top_p": 1.0, "seed": 0}
+    pk = _spec(tmp_path, _edit(EVAL, EVAL + "  passk: {samples: 4, k: 2, temperature: 2, top_p: 0.000001, "
+                                            "seed: 5}\n")).evaluation.passk
+    assert (pk.k, pk.temperature, pk.top_p) == ([2], 2.0, 1e-6) and type(pk.temperature) is float
+    assert pk.settings()["seed"] == 5  # a finished sampled evaluation with another seed is not the same one
+    assert _spec(tmp_path, _edit(EVAL, EVAL + "  passk: {samples: 4, temperature: 0.000001}\n")) \
+        .evaluation.passk.temperature == 1e-6
+
+
+def test_holdout_tasks_take_per_task_settings_and_pass_at_k(tmp_path):
+    """A holdout task is evaluated, so evaluation.per_task and passk.tasks may name it; the training tasks come
+    first in all_tasks."""
+    spec = _spec(tmp_path, _edit("  holdout: []\n", "  holdout: [boolq]\n  per_task: {boolq: {limit: 2}}\n"
+                                                    "  passk: {samples: 2, tasks: [boolq]}\n"))
+    assert spec.evaluation.all_tasks == ["countdown", "boolq"]
+    assert spec.evaluation.for_task("boolq").limit == 2 and spec.evaluation.passk.tasks == ["boolq"]
+
+
+def test_algorithm_and_task_forms(tmp_path):
+    """`algorithms: [es, grpo]` gives each its defaults; a task list may be one comma-separated string, and task
+    names are case-insensitive."""
+    spec = _spec(tmp_path, _edit("algorithms:\n" + ES + "  grpo:\n    max_steps: 2\n", "algorithms: [es, grpo]\n"))
+    assert [m.label for m in spec.methods] == ["es", "grpo"] and spec.methods[0].components[0].options == {}
+    spec = _spec(tmp_path, _edit("tasks: [countdown]", "tasks: 'countdown:numbers=2,ops=+, Countdown'"))
+    assert spec.tasks == ["countdown:numbers=2,ops=+", "countdown"]
+
+
+def test_budgets_reach_the_config(tmp_path):
+    """A budget list is the method's budgets, each reaching the trainer's budget field; a per-task budget beside one
+    budget number wins for its task; save_total_limit is fine with a single budget."""
+    spec = _spec(tmp_path, _edit("    iterations: 2\n", "    iterations: [1, 3]\n"))
+    es = spec.method("es")
+    assert es.budgets == [1, 3] and spec.config(es.components[0], "countdown", 42, budget=3).iterations == 3
+    spec = _spec(tmp_path, _edit(ES, ES + "    per_task: {countdown: {iterations: 3}}\n"))
+    assert spec.config(spec.method("es").components[0], "countdown", 42).iterations == 3
+    spec = _spec(tmp_path, _edit("    iterations: 2\n", "    iterations: [2]\n    save_total_limit: 1\n"))
+    assert spec.method("es").budgets == [2]
+
+
+def test_a_preset_passage_cut_does_not_reach_the_config_and_options_are_plain(tmp_path):
+    """The cpu preset's BoolQ passage cut is a task option, not the spec's (task_options hold those); option values
+    are plain lists and dicts, which config.yaml (yaml.safe_dump) can hold."""
+    import dataclasses
+
+    import yaml
+
+    spec = _spec(tmp_path, _edit(ES, "  es:\n    preset: cpu\n    iterations: 2\n    exclude: ['lm_head']\n"))
+    config = spec.config(spec.method("es").components[0], "countdown", 42)
+    assert config.max_passage_chars is None and config.exclude == ["lm_head"]
+    yaml.safe_dump(dataclasses.asdict(config))
+
+
+def test_a_tracker_that_is_not_installed_is_refused_at_the_method_line(tmp_path, monkeypatch):
+    def missing(report_to):
+        raise ValueError(f"report_to {report_to!r} needs a package")
+
+    monkeypatch.setattr("esft.tracking.check_backends", missing)
+    with pytest.raises(SpecError, match=r"spec.yaml:5: algorithms.es \(es\) on countdown: report_to .* needs a "
+                                        r"package"):
+        _spec(tmp_path, BASE)
+
+
+def test_evaluated_tasks_are_built_and_checked_at_their_line(tmp_path):
+    """An evaluated task that does not build, or has no test examples, is refused at the line that names it: the
+    evaluation's tasks line, or the holdout line."""
+    two = tmp_path / "two.jsonl"
+    two.write_text('{"prompt": "1+1?", "answer": "2"}\n{"prompt": "2+2?", "answer": "4"}\n')
+    with pytest.raises(SpecError, match=r"spec.yaml:11: evaluation of .*missing.jsonl:reward=exact: task data "
+                                        r"file .* does not exist"):
+        _spec(tmp_path, _edit(EVAL, EVAL + f"  tasks: [countdown, '{tmp_path / 'missing.jsonl'}:reward=exact']\n"))
+    with pytest.raises(SpecError, match=r"spec.yaml:11: evaluation of .*two.jsonl.*its test split is empty"):
+        _spec(tmp_path, _edit("  holdout: []\n", f"  holdout: ['{two}:reward=exact']\n"))
+
+
+def test_a_balanced_limit_beyond_the_rarest_label_is_refused_at_its_per_task_line(tmp_path):
+    with pytest.raises(SpecError, match=r"spec.yaml:15: evaluation of boolq \(balanced\): limit 100000 is not "
+                                        r"accepted; expected a balanced held-out set that exists"):
+        _spec(tmp_path, _edit("  holdout: []\n", "  holdout: [boolq]\n  per_task:\n    boolq:\n      balanced: true\n"
+                                                 "      limit: 100000\n"))
+
+
+def test_a_folder_is_not_a_spec_file(tmp_path):
+    from esft.experiments.spec import resolve_spec_path
+
+    (tmp_path / "spec.yaml").write_text(BASE)
+    with pytest.raises(IsADirectoryError, match=r"is a folder, not a spec file \(YAML\): its spec is .*spec.yaml"):
+        resolve_spec_path(tmp_path)
+
+
+def test_a_balanced_evaluation_without_a_limit_is_checked_too(tmp_path):
+    """limit null balances as many examples as the rarest label allows, which still needs every label in the test
+    split (as `esft eval --balanced` checks): a label missing there failed each stage's evaluation after training."""
+    import json
+
+    one = tmp_path / "one.jsonl"
+    one.write_text("".join(json.dumps({"question": f"q{i}", "answer": "A"}) + "\n" for i in range(10))
+                   + json.dumps({"question": "q", "answer": "B"}) + "\n")
+    with pytest.raises(SpecError, match=r"spec.yaml:10: evaluation of .*one.jsonl.* \(balanced\): limit None is not "
+                                        r"accepted; expected a balanced held-out set that exists \(cannot balance: "
+                                        r"no example has label 'B'\)"):
+        _spec(tmp_path, _edit(EVAL + "  holdout: []\n", f"  limit: null\n  holdout: "
+                                                        f"['{one}:prompt_field=question,reward=mcq,test_size=2']\n"
+                                                        "  balanced: true\n"))
+
+
+def test_a_spec_built_from_python_mappings_parses_and_names_its_path():
+    """parse_spec takes plain dicts (the Python API, a spec built in code), which carry no lines."""
+    from esft.experiments.spec import parse_spec
+
+    spec = parse_spec({"kind": "single-task", "tasks": ["countdown"], "algorithms": {"es": {"iterations": 2}},
+                       "evaluation": {"limit": 3, "holdout": []}}, path="built")
+    assert spec.config(spec.method("es").components[0], "countdown", 42).iterations == 2
+    with pytest.raises(SpecError, match=r"^built:1: unknown key 'limt' in evaluation"):
+        parse_spec({"kind": "single-task", "tasks": ["countdown"], "algorithms": ["es"],
+                    "evaluation": {"limt": 3}}, path="built")

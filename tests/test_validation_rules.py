@@ -12,6 +12,7 @@ from typing import Any, ClassVar
 import pytest
 
 from esft import validation
+from esft.tasks.base import Task
 from esft.config import (ConfigError, RunConfig, at_least, check_fields, check_value, coerce, converter, finite,
                          in_range, non_negative, one_of, parse_bool, positive, regexes, type_ok, type_words)
 
@@ -282,6 +283,23 @@ def test_check_device(monkeypatch):
         validation.check_device("device", "cuda:2")
 
 
+def test_check_device_name_asks_torch_not_the_machine(monkeypatch):
+    """A name torch knows of type cpu, cuda or mps passes as its torch.device whether or not this machine has that
+    device (a spec names cuda and is read on a laptop); any other name is refused under the key given."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    for name, kind, index in (("cpu", "cpu", None), ("cuda", "cuda", None), ("cuda:7", "cuda", 7),
+                              ("mps", "mps", None)):
+        device = validation.check_device_name("device", name)
+        assert isinstance(device, torch.device) and (device.type, device.index) == (kind, index)
+    for bad in ("gpu", "meta", "cdua", "cuda:x", ""):
+        with pytest.raises(ConfigError, match=r"^evaluation.device = .* is not accepted; expected a torch device: "
+                                              r"cpu, cuda, cuda:N or mps"):
+            validation.check_device_name("evaluation.device", bad)
+
+
 def test_check_eval_options():
     """With eval_every = 0 a given, truthy evaluation option is refused naming its flag; a zero value, or a run
     that evaluates, passes."""
@@ -401,3 +419,48 @@ def test_check_task_reports_what_is_wrong_with_a_data_file(tmp_path):
 def test_check_balanced_set_needs_labels_and_a_limit():
     """Nothing is checked for a task without labels (a plain task object), whatever the limit."""
     assert validation.check_balanced_set(FakeTask(), 5) is None
+
+
+@dataclass
+class LabelledTask(Task):
+    """A labelled task (labels A and B) whose train split is balanced and whose test split has no B."""
+
+    name: str = "labelled"
+    rows: dict = field(default_factory=lambda: {"train": [{"answer": "A"}, {"answer": "B"}] * 3,
+                                                "test": [{"answer": "A"}] * 6})
+
+    def _load(self, split):
+        return list(self.rows[split])
+
+    def prompt(self, example):
+        return [{"role": "user", "content": "?"}]
+
+    def score(self, completion, example):
+        return 0.0
+
+    def label_set(self):
+        return ("A", "B")
+
+
+def test_check_balanced_set_skips_limit_zero_but_not_an_unset_limit():
+    """Limit 0 evaluates nothing, so no balanced set is needed even where none exists; an unset limit (None: as
+    many as the rarest label allows) still needs every label, as does any positive limit."""
+    task = LabelledTask()
+    assert validation.check_balanced_set(task, 0) is None
+    for limit in (None, 1, 2, 4):
+        with pytest.raises(ConfigError, match=r"no example has label 'B'"):
+            validation.check_balanced_set(task, limit)
+
+
+def test_check_balanced_set_reads_the_split_it_is_given_and_names_it():
+    """The held-out wording is the test split's; another split is named as such, under the key given, with the
+    reason balanced_indices gives."""
+    task = LabelledTask()
+    with pytest.raises(ConfigError, match=r"^eval_limit = 4 is not accepted; expected a balanced held-out set that "
+                                          r"exists \(cannot balance: no example has label 'B'\)$"):
+        validation.check_balanced_set(task, 4)
+    validation.check_balanced_set(task, 6, split="train")  # 3 of each label there
+    with pytest.raises(ConfigError, match=r"^limit = 8 is not accepted; expected a balanced set of split 'train' "
+                                          r"that exists \(a balanced subset of 8 needs 4 examples per label, but the "
+                                          r"rarest label has 3 \(at most 6 in all\)\)$"):
+        validation.check_balanced_set(task, 8, split="train", key="limit")

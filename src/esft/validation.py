@@ -142,6 +142,25 @@ def check_model(key: str, name: Any) -> None:
         raise ConfigError(key, name, accepted)
 
 
+#: what check_device_name and check_device accept
+_DEVICE_ACCEPTED = "a torch device: cpu, cuda, cuda:N or mps (or leave it unset for the default)"
+
+
+def check_device_name(key: str, value: Any) -> Any:
+    """The torch.device `value` names, when torch knows the name and its type is cpu, cuda or mps; else ConfigError
+    under `key`. Whether this machine has that device is not asked (check_device does): an experiment spec is read
+    on other machines than the one it runs on."""
+    import torch
+
+    try:
+        device = torch.device(str(value))
+    except (RuntimeError, ValueError):
+        raise ConfigError(key, value, _DEVICE_ACCEPTED) from None
+    if device.type not in ("cpu", "cuda", "mps"):
+        raise ConfigError(key, value, _DEVICE_ACCEPTED)
+    return device
+
+
 def check_device(key: str, value: Any) -> None:
     """`value` is a torch device this machine's torch can use (None: the loader's default), so that a run asking
     for a GPU on a CPU-only build fails here, not with a traceback once the model has loaded."""
@@ -149,22 +168,16 @@ def check_device(key: str, value: Any) -> None:
         return
     import torch
 
-    accepted = "a torch device: cpu, cuda, cuda:N or mps (or leave it unset for the default)"
-    try:
-        device = torch.device(str(value))
-    except (RuntimeError, ValueError):
-        raise ConfigError(key, value, accepted) from None
+    device = check_device_name(key, value)
     if device.type == "cuda":
         if not torch.cuda.is_available():
-            raise ConfigError(key, value, f"{accepted}; this torch ({torch.__version__}) sees no CUDA device, so "
-                              "use cpu here")
+            raise ConfigError(key, value, f"{_DEVICE_ACCEPTED}; this torch ({torch.__version__}) sees no CUDA device, "
+                              "so use cpu here")
         if device.index is not None and device.index >= torch.cuda.device_count():
-            raise ConfigError(key, value, f"{accepted}; this machine has {torch.cuda.device_count()} CUDA "
+            raise ConfigError(key, value, f"{_DEVICE_ACCEPTED}; this machine has {torch.cuda.device_count()} CUDA "
                               "device(s)")
     elif device.type == "mps" and not torch.backends.mps.is_available():
-        raise ConfigError(key, value, f"{accepted}; MPS is not available here")
-    elif device.type not in ("cpu", "cuda", "mps"):
-        raise ConfigError(key, value, accepted)
+        raise ConfigError(key, value, f"{_DEVICE_ACCEPTED}; MPS is not available here")
 
 
 #: the options of the periodic held-out evaluation, which a run with eval_every = 0 never reads
@@ -218,5 +231,6 @@ def check_names(config: Checked) -> None:
         config.check_task_fit(task)
 
 
-__all__ = ["EVAL_OPTIONS", "Checked", "check_balanced_set", "check_device", "check_eval_options", "check_first_example",
-           "check_model", "check_names", "check_splits", "check_task", "require_labels", "task_labels"]
+__all__ = ["EVAL_OPTIONS", "Checked", "check_balanced_set", "check_device", "check_device_name",
+           "check_eval_options", "check_first_example", "check_model", "check_names", "check_splits", "check_task",
+           "require_labels", "task_labels"]

@@ -196,6 +196,11 @@ def _component(ctx: SpecContext, block: LineDict, algo_name: str, where: str, ta
             raise ctx.error(line, f"{where}.per_task: {task!r} is not one of the spec's tasks ({', '.join(tasks)})")
         sub = as_mapping(ctx, sub, f"{where}.per_task.{task}", line)
         per_task[task] = check_options(ctx, sub, algo, f"{where}.per_task.{task}")
+        budgets = options.get(algo.budget_field)
+        if isinstance(budgets, list) and algo.budget_field in per_task[task]:
+            key = next(k for k in sub if str(k).replace("-", "_") == algo.budget_field)  # as written: iterations
+            raise ctx.error(sub.line_of(key), f"{where}.per_task.{task}: a per-task {algo.budget_field} cannot be "
+                                              f"combined with the budget list {budgets}")
     return Component(algorithm=algo_name, preset=preset, options=options, per_task=per_task)
 
 
@@ -233,13 +238,7 @@ def _methods(ctx: SpecContext, raw: Any, line: int, tasks: list[str]) -> list[Me
         if len(parts) == 1:
             comp = _component(ctx, block, parts[0], where, tasks, allow_budget_list=get_algorithm(parts[0]).extendable)
             budgets = comp.options.pop(comp.spec.budget_field, None)
-            if isinstance(budgets, list):
-                for task, sub in comp.per_task.items():
-                    if comp.spec.budget_field in sub:
-                        raise ctx.error(block.line, f"{where}.per_task.{task}: a per-task "
-                                                    f"{comp.spec.budget_field} cannot be combined with the "
-                                                    f"budget list {budgets}")
-            else:
+            if not isinstance(budgets, list):
                 if budgets is not None:
                     comp.options[comp.spec.budget_field] = budgets
                 budgets = None
@@ -329,6 +328,9 @@ def _passk(ctx: SpecContext, raw: Any, line: int, tasks: list[str], evaluated: l
     samples = check_int(ctx, block["samples"], block.line_of("samples"), "evaluation.passk.samples", 2)
     ks = block.get("k", [1, samples])
     ks = ks if isinstance(ks, list) else [ks]
+    if not ks:  # no k would leave mean@n alone, silently: pass@k and maj@k are what passk is asked for
+        raise ctx.error(block.line_of("k"), f"evaluation.passk.k must name at least one k between 1 and samples "
+                                            f"({samples}), got []")
     for k in ks:
         if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= samples:
             raise ctx.error(block.line_of("k") if "k" in block else line,
@@ -421,21 +423,19 @@ def parse_spec(data: Any, path: str = "<spec>", name: str | None = None) -> Spec
                 carry_optimizer_state=carry, ifeval_metric=metric,
                 output_dir=check_text(ctx, data, "output_dir", "a folder path"),
                 description=check_text(ctx, data, "description", "a text") or "", path=path)
-    _check_configs(ctx, spec, data)
+    _check_configs(ctx, spec)
     check_evaluated_tasks(ctx, spec, data)
     return spec
 
 
-def _check_configs(ctx: SpecContext, spec: Spec, data: LineDict) -> None:
+def _check_configs(ctx: SpecContext, spec: Spec) -> None:
     """Build every trainer config the experiment will use (each method x task x budget), so a value the config
     itself rejects (e.g. GRPO batch shapes that do not divide) fails here, at the method's line."""
     from esft.tracking import check_backends
 
-    algos = as_mapping(ctx, data["algorithms"], "algorithms", data.line_of("algorithms")) \
-        if isinstance(data["algorithms"], dict) else None
     built: dict[Any, Any] = {}
     for method in spec.methods:
-        line = algos.line_of(method.label) if algos is not None else method.line
+        line = method.line
         for comp in method.components:
             for task in spec.tasks:
                 for budget in method.budgets or [None]:

@@ -83,14 +83,14 @@ def check_eval_device(ctx: SpecContext, device: str | None, line: int) -> str | 
     specs name cuda and parse on a laptop)."""
     if device is None:
         return None
-    import torch
+    from esft.config import ConfigError
+    from esft.validation import check_device_name
 
     try:
-        kind = torch.device(device).type
-    except (RuntimeError, ValueError):
-        kind = None
-    if kind not in ("cpu", "cuda", "mps"):
-        raise ctx.error(line, f"evaluation.device must be a torch device (cpu, cuda, cuda:N or mps), got {device!r}")
+        check_device_name("evaluation.device", device)
+    except ConfigError:
+        raise ctx.error(line, f"evaluation.device must be a torch device (cpu, cuda, cuda:N or mps), got {device!r}") \
+            from None
     return device
 
 
@@ -221,7 +221,7 @@ def check_evaluated_tasks(ctx: SpecContext, spec: Any, data: LineDict) -> None:
         except (ValueError, TypeError, OSError) as exc:
             raise ctx.error(line, f"evaluation of {task}: {exc}") from None
         settings = spec.evaluation.for_task(task)
-        if settings.balanced and settings.limit:
+        if settings.balanced:  # limit None: as many as the rarest label allows, which still needs every label
             try:
                 check_balanced_set(built, settings.limit)
             except ConfigError as exc:

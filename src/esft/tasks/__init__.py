@@ -16,7 +16,10 @@ package registers in the entry-point group `esft.tasks`, and a data file or Hugg
 (`data.jsonl:prompt_field=question,reward=math`). In a comma-separated
 list of tasks a piece that starts with `key=` continues the previous task's options, so
 `--tasks countdown:numbers=2,ops=+,boolq` is two tasks. Values are converted by the option's type (integers,
-true/false, text); an unknown option or a bad value is a ValueError naming the task's options.
+true/false, text; `none` or `null` is None for an option that may be None, `str | None` included, while a `str`
+option keeps the text); an unknown option or a bad value is a ValueError naming the task's options. Task options
+given as text (`--task-options '{tag: none}'`, a spec's task_options) are read the same way for a dataclass task:
+built-in, installed or `module:Class`.
 """
 
 from __future__ import annotations

@@ -148,6 +148,7 @@ def instantiate(obj: Any, name: str, options: dict[str, Any]) -> Task:
     as it is (then options are an error). Objects that are not Task instances get the Task defaults around them."""
     if isinstance(obj, type):
         if dataclasses.is_dataclass(obj):  # YAML holds a tuple field as a list (task_record): the tuple again
+            options = _typed_text(obj, name, options)
             tuples = _tuple_fields(obj)
             options = {k: tuple(v) if k in tuples and isinstance(v, list) else v for k, v in options.items()}
         try:
@@ -161,6 +162,30 @@ def instantiate(obj: Any, name: str, options: dict[str, Any]) -> Task:
         raise ValueError(f"task {name!r} ({type(obj).__name__}) is not a task: it has no {', '.join(missing)} "
                          "(a task needs load(split), prompt(example) and score(completion, example))")
     return obj if isinstance(obj, Task) else TaskAdapter(obj)
+
+
+def _typed_text(cls: type, name: str, options: dict[str, Any]) -> dict[str, Any]:
+    """`options` with each text value of a dataclass field read by the field's type, as the same text in a task
+    name is (esft.tasks): `none` is None for a field that may be None, `false` is False, `5` is 5; a `str` field
+    keeps its text, and values that are not text pass as they are. A ValueError names a text the type refuses."""
+    import argparse
+    import typing
+
+    from esft.config import converter
+
+    try:
+        hints = typing.get_type_hints(cls)
+    except Exception:  # an annotation that does not resolve here: no type to read the text by
+        return options
+    settable = {f.name for f in dataclasses.fields(cls) if f.init}
+    out = dict(options)
+    for key, value in options.items():
+        if isinstance(value, str) and key in settable and key in hints:
+            try:
+                out[key] = converter(hints[key])(value)
+            except (ValueError, TypeError, argparse.ArgumentTypeError) as exc:  # the last: a bad true/false
+                raise ValueError(f"task {name!r}: bad value {value!r} for option {key!r}: {exc}") from None
+    return out
 
 
 def _tuple_fields(cls: type) -> set[str]:
