@@ -405,3 +405,8 @@ def test_a_spec_built_from_python_mappings_parses_and_names_its_path():
     with pytest.raises(SpecError, match=r"^built:1: unknown key 'limt' in evaluation"):
         parse_spec({"kind": "single-task", "tasks": ["countdown"], "algorithms": ["es"],
                     "evaluation": {"limt": 3}}, path="built")
+
+
+def test_a_task_name_is_case_insensitive_but_its_option_values_are_kept(tmp_path):
+    spec = _spec(tmp_path, _edit("tasks: [countdown]", "tasks: ['Countdown:system_prompt=Be Brief']"))
+    assert spec.tasks == ["countdown:system_prompt=Be Brief"]

@@ -124,7 +124,9 @@ def check_task_list(ctx: SpecContext, value: Any, line: int, where: str,
         if external_kind(str(name)) is not None:  # a data file or module:Class: built with its task_options
             out.append(str(name).strip())
             continue
-        key = str(name).strip().lower()
+        # task names are case-insensitive, option values are not (a system prompt, a dataset path)
+        base, sep, options = str(name).strip().partition(":")
+        key = base.strip().lower() + sep + options
         if key in entry_point_names() and key not in allowed:  # a task an installed package registers
             allowed = [*allowed, key]
         if key not in allowed and key.partition(":")[0].strip() in allowed and ":" in key:
