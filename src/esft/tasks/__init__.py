@@ -24,7 +24,6 @@ built-in, installed or `module:Class`.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import typing
 from importlib import import_module
@@ -106,19 +105,13 @@ def _task_class(base: str, name: str) -> typing.Any:
 
 def _convert_options(cls: type, name: str, raw: dict[str, str]) -> dict[str, typing.Any]:
     """Text option values converted by the type of the constructor field they set."""
-    from esft.config import converter
+    from esft.tasks.custom import typed_options
 
-    fields = {f.name: f for f in dataclasses.fields(cls) if f.init and f.name not in _FIXED_FIELDS}
-    hints = typing.get_type_hints(cls)
-    out = {}
-    for key, text in raw.items():
+    fields = {f.name for f in dataclasses.fields(cls) if f.init and f.name not in _FIXED_FIELDS}
+    for key in raw:
         if key not in fields:
             raise ValueError(f"task {name!r}: unknown option {key!r}; options: {', '.join(sorted(fields))}")
-        try:
-            out[key] = converter(hints[key])(text)
-        except (ValueError, TypeError, argparse.ArgumentTypeError) as exc:  # the last: a bad true/false
-            raise ValueError(f"task {name!r}: bad value {text!r} for option {key!r}: {exc}") from None
-    return out
+    return typed_options(cls, name, raw)
 
 
 def get_task(name: str, **options) -> Task:

@@ -148,7 +148,7 @@ def instantiate(obj: Any, name: str, options: dict[str, Any]) -> Task:
     as it is (then options are an error). Objects that are not Task instances get the Task defaults around them."""
     if isinstance(obj, type):
         if dataclasses.is_dataclass(obj):  # YAML holds a tuple field as a list (task_record): the tuple again
-            options = _typed_text(obj, name, options)
+            options = typed_options(obj, name, options)
             tuples = _tuple_fields(obj)
             options = {k: tuple(v) if k in tuples and isinstance(v, list) else v for k, v in options.items()}
         try:
@@ -164,7 +164,7 @@ def instantiate(obj: Any, name: str, options: dict[str, Any]) -> Task:
     return obj if isinstance(obj, Task) else TaskAdapter(obj)
 
 
-def _typed_text(cls: type, name: str, options: dict[str, Any]) -> dict[str, Any]:
+def typed_options(cls: type, name: str, options: dict[str, Any]) -> dict[str, Any]:
     """`options` with each text value of a dataclass field read by the field's type, as the same text in a task
     name is (esft.tasks): `none` is None for a field that may be None, `false` is False, `5` is 5; a `str` field
     keeps its text, and values that are not text pass as they are. A ValueError names a text the type refuses."""
