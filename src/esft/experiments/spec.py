@@ -346,7 +346,8 @@ def _passk(ctx: SpecContext, raw: Any, line: int, tasks: list[str], evaluated: l
                      "evaluation.passk.seed", 0)
     chosen = list(tasks)
     if "tasks" in block:
-        chosen = check_task_list(ctx, block["tasks"], block.line_of("tasks"), "evaluation.passk.tasks", evaluated)
+        chosen = check_task_list(ctx, block["tasks"], block.line_of("tasks"), "evaluation.passk.tasks", evaluated,
+                                 closed=True)
     return PassKSpec(samples=samples, k=sorted(set(ks)), seed=seed, tasks=chosen, **numbers)
 
 
@@ -402,7 +403,9 @@ def parse_spec(data: Any, path: str = "<spec>", name: str | None = None) -> Spec
         raise ctx.error(data.line_of("model"), f"model must be a name or a path, got {model!r}")
     methods = _methods(ctx, data["algorithms"], data.line_of("algorithms"), tasks)
     evaluation = _evaluation(ctx, data.get("evaluation"), data.line_of("evaluation"), tasks, TASK_NAMES)
-    known = list(dict.fromkeys([*TASK_NAMES, *tasks]))  # the spec's own tasks may be data files or module:Class
+    # the evaluated tasks may be data files, module:Class or installed tasks too; evaluation builds each with its
+    # task_options
+    known = list(dict.fromkeys([*TASK_NAMES, *tasks, *evaluation.all_tasks]))
     task_options = _task_options(ctx, data.get("task_options"), data.line_of("task_options"), known)
 
     seq = as_mapping(ctx, data.get("sequential"), "sequential", data.line_of("sequential"))

@@ -105,9 +105,15 @@ def check_text(ctx: SpecContext, block: LineDict, key: str, what: str) -> str | 
     return str(value)
 
 
-def check_task_list(ctx: SpecContext, value: Any, line: int, where: str,
-                    allowed: typing.Sequence[str]) -> list[str]:
+def check_task_list(ctx: SpecContext, value: Any, line: int, where: str, allowed: typing.Sequence[str],
+                    closed: bool = False) -> list[str]:
+    """The task names of a spec list, as the spec keys them: a registered or installed task's name lower-cased
+    (its option values kept as written), a data file or module:Class without the blanks around it. An open list
+    takes any task that builds: a name of `allowed` or one an installed package registers (entry point), either
+    with `:key=value` options, or a task outside the registry; a `closed` list (evaluation.passk.tasks) only the
+    names of `allowed`, which it picks from: a name outside it would be accepted and never used."""
     from esft.tasks import get_task, split_task_list
+    from esft.tasks.custom import entry_point_names, external_kind
 
     if isinstance(value, str):
         try:  # "countdown:numbers=2,ops=+, boolq" is two tasks: the comma inside options does not split
@@ -116,27 +122,24 @@ def check_task_list(ctx: SpecContext, value: Any, line: int, where: str,
             raise ctx.error(line, f"{where}: {exc}") from None
     if not isinstance(value, list):
         raise ctx.error(line, f"{where} must be a list of task names, got {value!r}")
-    from esft.tasks.custom import entry_point_names, external_kind
-
-    out = []
+    known = list(allowed) if closed else list(dict.fromkeys([*allowed, *entry_point_names()]))
+    out: list[str] = []
     for i, name in enumerate(value):
         item_line = value.line_of(i) if isinstance(value, LineList) else line
-        if external_kind(str(name)) is not None:  # a data file or module:Class: built with its task_options
-            out.append(str(name).strip())
-            continue
+        text = str(name).strip()
+        external = external_kind(text) is not None  # a data file or module:Class: built with its task_options
         # task names are case-insensitive, option values are not (a system prompt, a dataset path)
-        base, sep, options = str(name).strip().partition(":")
-        key = base.strip().lower() + sep + options
-        if key in entry_point_names() and key not in allowed:  # a task an installed package registers
-            allowed = [*allowed, key]
-        if key not in allowed and key.partition(":")[0].strip() in allowed and ":" in key:
-            try:  # a task with options (esft.tasks): checked by building it, before any compute
+        base, sep, options = text.partition(":")
+        key = text if external else base.strip().lower() + sep + options
+        if key not in known and (closed or not (external or sep and key.partition(":")[0] in known)):
+            what, listed = (f"task {name!r} in {where} is not evaluated by this spec", "evaluated") if closed \
+                else (f"unknown task {name!r} in {where}", "known")
+            raise ctx.error(item_line, f"{what}{did_you_mean(key, known)}; {listed}: {', '.join(known)}")
+        if key not in known and not external and key.partition(":")[0] in allowed:
+            try:  # a registered task with options (esft.tasks): checked by building it, before any compute
                 get_task(key)
             except ValueError as exc:
                 raise ctx.error(item_line, f"{where}: {exc}") from None
-        elif key not in allowed:
-            raise ctx.error(item_line, f"unknown task {name!r} in {where}{did_you_mean(key, allowed)}; "
-                                       f"known: {', '.join(allowed)}")
         if key in out:
             raise ctx.error(item_line, f"task {name!r} appears twice in {where}")
         out.append(key)
@@ -212,8 +215,8 @@ def check_evaluated_tasks(ctx: SpecContext, spec: Any, data: LineDict) -> None:
     from esft.validation import check_balanced_set, check_splits, check_task
 
     block = data.get("evaluation") if isinstance(data.get("evaluation"), LineDict) else LineDict()
-    for task in spec.evaluation.all_tasks:
-        line = block.line_of("holdout") if task in spec.evaluation.holdout and task not in spec.tasks else \
+    for task in spec.evaluation.all_tasks:  # named at the list it is evaluated for first, which names it
+        line = block.line_of("holdout") if task not in spec.evaluation.tasks else \
             block.line_of("tasks") if "tasks" in block else data.line_of("tasks")
         try:
             built = check_task("task", task, spec.task_options.get(task, {}))
