@@ -272,3 +272,47 @@ def test_operator_breakdown_counts_puzzles_solved_and_boxed_operators():
     assert operator_breakdown(examples, records) == {
         "+": {"puzzles": 1, "solved": 1, "boxed": 2}, "*": {"puzzles": 2, "solved": 1, "boxed": 2},
         "other": {"puzzles": 1, "solved": 1, "boxed": 0}}
+
+
+def test_target_operator_over_given_operators():
+    """`ops` restricts the operators looked at: x * 1 is also x / 1 ("other" over all four), "*" over "+*"; 2 + 2 is
+    2 * 2 ("other"), "+" over "+" alone. The order of `ops` does not choose the label."""
+    from esft.tasks.countdown_variants import target_operator
+
+    times_one, two_twos = {"nums": [7, 1], "target": 7}, {"nums": [2, 2], "target": 4}
+    assert target_operator(times_one) == target_operator(times_one, "+-*/") == "other"
+    assert target_operator(times_one, "+*") == target_operator(times_one, "*+") == "*"
+    assert target_operator(two_twos) == target_operator(two_twos, "+*") == "other"
+    assert target_operator(two_twos, "+") == "+" and target_operator(two_twos, "-") == "other"
+
+
+CPU_STUDY = Path(__file__).resolve().parents[1] / "docs" / "results" / "cpu-study" / "spec-run" / "base" / "eval"
+
+
+@pytest.mark.parametrize("ops,slug,others,digest", [
+    ("+*", "plustimes", 9, "413eef52c8037510"),
+    ("+-", "plus-", 0, "87f069d788bfba9a"),
+])
+def test_the_cpu_study_held_out_sets_are_the_ones_its_results_were_evaluated_on(ops, slug, others, digest):
+    """The balanced held-out sets of the committed CPU study (400 puzzles per task): its base evaluation's constant
+    baseline comes back, and the puzzles are pinned. Labels are taken over all four operators, which the scorer
+    accepts: on +* the 9 test puzzles x * 1 (also x / 1) are "other" and never drawn. Labels over the variant's own
+    operators would call them "*" and replace 61 of the 400 puzzles (constant baseline 0.0225, not 0.02)."""
+    import hashlib
+    import json
+    from collections import Counter
+
+    from esft.evaluation import load_examples
+    from esft.tasks.labels import constant_baseline
+
+    task = get_task(f"countdown:numbers=2,max_number=50,ops={ops},ask_format=1,shots=2")
+    labels = Counter(task.balance_key(r) for r in task.load("test"))
+    assert labels["other"] == others and len(labels) == 2 + bool(others)
+    rows = load_examples(task, "test", 400, balanced=True)
+    recorded = json.loads((CPU_STUDY / f"countdown.numbers=2.max_number=50.ops={slug}.ask_format=1.shots=2.json")
+                          .read_text())["summary"]
+    const = constant_baseline([task.gold_key(r) for r in rows])
+    assert (const["constant_answer"], const["constant_baseline"]) == \
+        (recorded["constant_answer"], recorded["constant_baseline"])
+    puzzles = json.dumps([[r["nums"], r["target"]] for r in rows]).encode()
+    assert hashlib.sha256(puzzles).hexdigest()[:16] == digest

@@ -136,7 +136,10 @@ class CountdownTask(Task):
 
     def label_set(self) -> tuple[str, ...] | None:
         """A variant with several operators balances its held-out puzzles over the operator that reaches the
-        target (`target_operator`): on `ops=+*` "always add" then scores 50%, not the split's share of additions."""
+        target (`target_operator`): on `ops=+*` "always add" then scores 50%, not the split's share of additions.
+        The label looks over all four operators, as the scorer accepts all four: x * 1 (also x / 1) is "other" on
+        `ops=+*` and never drawn. The CPU study's held-out sets and results (docs/results/cpu-study) are drawn
+        with these labels."""
         return tuple(self.ops) if self._variant and len(self.ops) > 1 else None
 
     def balance_key(self, example: Example) -> Any:
