@@ -274,18 +274,6 @@ def test_operator_breakdown_counts_puzzles_solved_and_boxed_operators():
         "other": {"puzzles": 1, "solved": 1, "boxed": 0}}
 
 
-def test_target_operator_over_given_operators():
-    """`ops` restricts the operators looked at: x * 1 is also x / 1 ("other" over all four), "*" over "+*"; 2 + 2 is
-    2 * 2 ("other"), "+" over "+" alone. The order of `ops` does not choose the label."""
-    from esft.tasks.countdown_variants import target_operator
-
-    times_one, two_twos = {"nums": [7, 1], "target": 7}, {"nums": [2, 2], "target": 4}
-    assert target_operator(times_one) == target_operator(times_one, "+-*/") == "other"
-    assert target_operator(times_one, "+*") == target_operator(times_one, "*+") == "*"
-    assert target_operator(two_twos) == target_operator(two_twos, "+*") == "other"
-    assert target_operator(two_twos, "+") == "+" and target_operator(two_twos, "-") == "other"
-
-
 CPU_STUDY = Path(__file__).resolve().parents[1] / "docs" / "results" / "cpu-study" / "spec-run" / "base" / "eval"
 
 

@@ -213,13 +213,13 @@ def fixed_rule_baselines(examples: list[Example]) -> dict[str, float]:
             for op in OPS}
 
 
-def target_operator(example: Example, ops: str = OPS) -> str:
-    """The single operator of `ops` that reaches the target from the numbers taken in some order ("+", "*", "-"
-    for 50 - 26 = 24 given [26, 50], ...), or "other" when none or several do. `ops` defaults to all four."""
+def target_operator(example: Example) -> str:
+    """The single operator that reaches the target from the numbers taken in some order ("+", "*", "-" for
+    50 - 26 = 24 given [26, 50], ...), or "other" when none or several do."""
     target = Fraction(example["target"])
     orders = set(itertools.permutations(example["nums"]))
-    hits = [op for op in ops if any(fixed_rule_value(list(o), op) == target for o in orders)]
-    return hits[0] if len(hits) == 1 else "other"
+    ops = [op for op in OPS if any(fixed_rule_value(list(o), op) == target for o in orders)]
+    return ops[0] if len(ops) == 1 else "other"
 
 
 def operator_breakdown(examples: list[Example], records: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
