@@ -103,7 +103,12 @@ def _number(value: Any, kind: type) -> Any:
 
 
 def _finite(v: float) -> bool:
-    return bool(np.isfinite(v))
+    # math, not numpy: np.isfinite raises TypeError for a Python int beyond 64 bits (YAML reads 1 followed by 30
+    # zeros as one); such an int is finite if it converts to a float, and too large for one otherwise
+    try:
+        return math.isfinite(v)
+    except OverflowError:
+        return False
 
 
 #: what each DartOptions field accepts: (type, check, words for the error)
