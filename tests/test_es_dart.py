@@ -441,3 +441,14 @@ def test_integer_options_beyond_64_bits_are_checked_as_numbers():
     for name in ("priority_temperature", "weight_floor", "weight_temperature", "format_coef"):
         with pytest.raises(ValueError, match=f"{name} = 1000.* is not accepted; expected a finite number"):
             DartOptions(**{name: 10**400})
+
+
+def test_unknown_option_names_of_mixed_types_are_listed():
+    """A YAML mapping may mix int and text keys ({1: 2, nope: 3}); they are refused as unknown options by name, not
+    by a TypeError from sorting them."""
+    from esft.config import ConfigError
+
+    with pytest.raises(ValueError, match=r"unknown DART-ES options \[1, 'nope'\]"):
+        DartOptions.from_dict({1: 2, "nope": 3})
+    with pytest.raises(ConfigError, match="unknown DART-ES options"):
+        ESConfig(fitness_rule="dart", fitness_options="{1: 2, nope: 3}")

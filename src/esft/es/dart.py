@@ -85,7 +85,7 @@ class DartOptions:
     def from_dict(cls, options: dict[str, Any] | None) -> "DartOptions":
         options = dict(options or {})
         names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(options) - names)
+        unknown = sorted(set(options) - names, key=str)  # by text: YAML keys may mix ints and text
         if unknown:
             raise ValueError(f"unknown DART-ES options {unknown}; known: {sorted(names)}")
         return cls(**{k: _number(v, _OPTION_RANGES[k][0]) if k in _OPTION_RANGES else v for k, v in options.items()})
