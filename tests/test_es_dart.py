@@ -430,3 +430,25 @@ def test_dart_option_ranges_at_their_bounds(name, accepted, refused):
             DartOptions(**{name: value})
     with pytest.raises(ValueError, match="'lots'"):  # text that is no number is refused as given
         DartOptions.from_dict({name: "lots"})
+
+
+def test_integer_options_beyond_64_bits_are_checked_as_numbers():
+    """The finite checks of a large integer option (YAML reads `1` followed by 30 zeros as an int): one a float can
+    hold is a finite number and accepted; one beyond float range is refused with the option's range words, as
+    ValueError, not numpy's TypeError about ufunc casting."""
+    assert DartOptions(priority_temperature=10**30).priority_temperature == 10**30
+    assert DartOptions.from_dict({"format_coef": -(10**30)}).format_coef == -(10**30)
+    for name in ("priority_temperature", "weight_floor", "weight_temperature", "format_coef"):
+        with pytest.raises(ValueError, match=f"{name} = 1000.* is not accepted; expected a finite number"):
+            DartOptions(**{name: 10**400})
+
+
+def test_unknown_option_names_of_mixed_types_are_listed():
+    """A YAML mapping may mix int and text keys ({1: 2, nope: 3}); they are refused as unknown options by name, not
+    by a TypeError from sorting them."""
+    from esft.config import ConfigError
+
+    with pytest.raises(ValueError, match=r"unknown DART-ES options \[1, 'nope'\]"):
+        DartOptions.from_dict({1: 2, "nope": 3})
+    with pytest.raises(ConfigError, match="unknown DART-ES options"):
+        ESConfig(fitness_rule="dart", fitness_options="{1: 2, nope: 3}")

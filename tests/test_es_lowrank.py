@@ -166,6 +166,44 @@ def test_population_generation_matches_member_by_member():
         w.restore()
         for j, g in enumerate(single):
             assert batched[i * len(prompts) + j].completion_ids == g.completion_ids
+            assert batched[i * len(prompts) + j].prompt_tokens == g.prompt_tokens == len(prompts[j])
+
+
+class _IdsTokenizer(TinyTokenizer):
+    """ToyTask prompts are token ids already: the chat template returns them as they are."""
+
+    def apply_chat_template(self, ids, add_generation_prompt=True, tokenize=True):
+        return list(ids)
+
+
+class _TokenTask(ToyTask):
+    """Scores a completion by its token ids (position-weighted), so a row scored against the wrong example or
+    member shows."""
+
+    def score(self, completion: str, example) -> float:
+        return float(sum((k + 1) * int(t) for k, t in enumerate(completion.split())))
+
+    def is_well_formed(self, completion: str, example) -> bool:
+        return True
+
+
+def test_executor_default_path_scores_each_members_completion_of_each_example():
+    """LowRankExecutor without a generate_fn (a run's path: encode once, `generate_population` over members x
+    examples): score [i, j] is member i's completion of example j, as generated member by member."""
+    from esft.generation import GenerationConfig, generate
+
+    model = tiny_llama()
+    w = LowRankWeights(model, rank=2)
+    tok, task = _IdsTokenizer(), _TokenTask()
+    batch = task.load("train")[:3]
+    cfg = GenerationConfig(max_new_tokens=4, batch_size=64)
+    got = LowRankExecutor(model, tok, w, task, 0.05, cfg).evaluate_members(MEMBERS, batch)
+    for i, (seed, sign) in enumerate(MEMBERS):
+        w.perturb(seed, sign, 0.05)
+        single = generate(model, tok, [[]] * len(batch), cfg, prompt_ids=[ex["ids"] for ex in batch])
+        w.restore()
+        assert got.scores[i].tolist() == [task.score(g.text, ex) for g, ex in zip(single, batch)]
+    assert len(set(got.scores.ravel().tolist())) > len(batch)  # rows differ: a mix-up of rows would show
 
 
 def test_executor_equals_local_executor_on_materialised_weights():
@@ -231,7 +269,7 @@ def test_bench_lowrank_workload(tokenizer):
 
 
 @pytest.mark.parametrize("fast", [False, True])
-def test_population_generation_lean_equals_hf_hooks(fast):
+def test_population_generation_lean_equals_hf_hooks(fast, monkeypatch):
     """The lean decode step adds the population's per-row terms itself (hooks do not fire there): same tokens as
     the HF forward with hooks, bit for bit without the fast CPU options, greedy-equal with them; rows that emit
     eos are dropped from the batch and from the row -> member mapping in step."""
@@ -260,8 +298,19 @@ def test_population_generation_lean_equals_hf_hooks(fast):
         lean_cfg = dataclasses.replace(lean_cfg, **options)
     with PopulationPerturbation(model, w, MEMBERS, 0.05) as pert:
         ref = generate_population(model, tok, rows, members, pert, hf_cfg)
+    from esft.generation import engine
+
+    lean_calls = []
+    lean_decode = engine.lean_decode
+
+    def spy(*args, delta=None, **kw):
+        lean_calls.append(delta)
+        return lean_decode(*args, delta=delta, **kw)
+
+    monkeypatch.setattr(engine, "lean_decode", spy)
     with PopulationPerturbation(model, w, MEMBERS, 0.05) as pert:
         ours = generate_population(model, tok, rows, members, pert, lean_cfg)
+    assert lean_calls and all(d is pert for d in lean_calls)  # the lean step ran, adding the population's terms
     assert [g.completion_ids for g in ours] == [g.completion_ids for g in ref]
     lengths = [len(g.completion_ids) for g in ref]
     assert min(lengths) < 30 and max(lengths) == 30  # rows were dropped mid-generation

@@ -121,6 +121,12 @@ def test_row_mapping_checks_member_indices_and_follows_kept_rows():
         torch.testing.assert_close(kept, full[[2, 0]], rtol=0, atol=1e-6)
         pert.set_rows([])
         assert pert.add_linear(NAME, x[:0], torch.zeros(0, w.master[NAME].shape[0])).shape[0] == 0
+        # one mapped row would broadcast to every row of a larger batch: all rows silently member 0's
+        pert.set_rows([0])
+        with pytest.raises(RuntimeError, match="3 rows but 1 rows are mapped"):
+            pert.add_linear(NAME, x, torch.zeros(3, w.master[NAME].shape[0]))
+        with pytest.raises(RuntimeError, match="2 rows but 1 rows are mapped"):
+            pert.add_embedding(EMBED, torch.tensor([[3, 4], [5, 6]]), torch.zeros(2, 2, w.master[EMBED].shape[1]))
     with pytest.raises(RuntimeError, match="set_rows"):  # closed: no row is mapped any more
         pert.select(torch.tensor([0]))
 
@@ -266,3 +272,27 @@ def test_population_logits_follow_each_sequences_attention_mask():
             single = model(input_ids=x, attention_mask=mask).logits
         w.restore()
         torch.testing.assert_close(batched[i][mask.bool()], single[mask.bool()], rtol=1e-4, atol=1e-5)
+
+
+def test_a_bf16_model_gets_its_members_terms_in_bf16():
+    """A bf16 model (Linear and Embedding rows alike): the factors and the row mask are cast to the model's dtype,
+    so the per-row terms run in its GEMMs, and each member's logits are those of its materialised perturbation."""
+    from esft.es.lowrank import population_logits
+
+    model = tiny_llama().to(torch.bfloat16)
+    w = LowRankWeights(model, rank=2)
+    members = [Member(3, 1), Member(3, -1), Member(4, 1)]
+    x = torch.randint(3, 256, (2, 4), generator=torch.Generator().manual_seed(5))
+    with PopulationPerturbation(model, w, members, 0.05) as pert:
+        assert all(a.dtype == b.dtype == torch.bfloat16 for a, b in pert.factors.values())
+    batched = population_logits(model, w, members, 0.05, x)
+    assert batched.dtype == torch.bfloat16
+    with torch.inference_mode():
+        centre = model(input_ids=x).logits.float()
+    for i, (seed, sign) in enumerate(members):
+        w.perturb(seed, sign, 0.05)
+        with torch.inference_mode():
+            single = model(input_ids=x).logits.float()
+        w.restore()
+        # bf16 rounding differs between W + sigma E and W x + term; the member's own shift is far larger
+        assert (batched[i].float() - single).abs().max() < 0.25 * (single - centre).abs().max()

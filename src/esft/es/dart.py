@@ -85,7 +85,7 @@ class DartOptions:
     def from_dict(cls, options: dict[str, Any] | None) -> "DartOptions":
         options = dict(options or {})
         names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(options) - names)
+        unknown = sorted(set(options) - names, key=str)  # by text: YAML keys may mix ints and text
         if unknown:
             raise ValueError(f"unknown DART-ES options {unknown}; known: {sorted(names)}")
         return cls(**{k: _number(v, _OPTION_RANGES[k][0]) if k in _OPTION_RANGES else v for k, v in options.items()})
@@ -103,7 +103,12 @@ def _number(value: Any, kind: type) -> Any:
 
 
 def _finite(v: float) -> bool:
-    return bool(np.isfinite(v))
+    # math, not numpy: np.isfinite raises TypeError for a Python int beyond 64 bits (YAML reads 1 followed by 30
+    # zeros as one); such an int is finite if it converts to a float, and too large for one otherwise
+    try:
+        return math.isfinite(v)
+    except OverflowError:
+        return False
 
 
 #: what each DartOptions field accepts: (type, check, words for the error)
