@@ -264,7 +264,7 @@ def test_method_comparison_with_passk_sampling(tmp_path, tokenizer):
 def test_passk_block_is_validated_before_compute(tmp_path):
     for bad, words in (({"samples": 1}, "samples must be >= 2"), ({"samples": 4, "k": [8]}, "between 1 and"),
                        ({"samples": 4, "temperature": 0}, "temperature"), ({"k": [1]}, "needs samples"),
-                       ({"samples": 4, "tasks": ["mmlu"]}, "unknown task")):
+                       ({"samples": 4, "tasks": ["mmlu"]}, "mmlu.* is not evaluated by this spec; evaluated: boolq")):
         spec = write_spec(tmp_path / "bad.yaml", "single-task", ["boolq"], {"es": {**ES_BLOCK, "iterations": 1}},
                           evaluation={**EVAL_BLOCK_NO_HOLDOUT, "passk": bad})
         with pytest.raises(SpecError, match=words):
