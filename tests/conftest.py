@@ -51,6 +51,15 @@ def two_threads():
     torch.set_num_threads(previous)
 
 
+def load_spec_text(tmp_path, text: str):
+    """An experiment spec parsed from `text`, written as spec.yaml in `tmp_path` (errors name its lines)."""
+    from esft.experiments import load_spec
+
+    path = tmp_path / "spec.yaml"
+    path.write_text(text)
+    return load_spec(path)
+
+
 def importable_module(tmp_path, monkeypatch, name: str, source: str) -> None:
     """`source` written as module `name` in `tmp_path`, importable for this test (a user's reward or task module,
     imported afresh even when an earlier test imported one of that name)."""

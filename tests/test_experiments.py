@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import load_spec_text
 from esft.experiments import SpecError, load_spec, shipped_specs
 from esft.experiments.plan import build_plan
 from esft.experiments.compute_tables import table18
@@ -33,12 +34,6 @@ algorithms:
 evaluation:
   limit: 3
 """
-
-
-def _spec(tmp_path: Path, text: str):
-    path = tmp_path / "spec.yaml"
-    path.write_text(text)
-    return load_spec(path)
 
 
 @pytest.mark.parametrize("old,new,line,words", [
@@ -86,7 +81,7 @@ def _spec(tmp_path: Path, text: str):
 def test_spec_errors_name_the_line(tmp_path, old, new, line, words):
     assert old in GOOD
     with pytest.raises(SpecError) as info:
-        _spec(tmp_path, GOOD.replace(old, new, 1))
+        load_spec_text(tmp_path, GOOD.replace(old, new, 1))
     message = str(info.value)
     assert f"spec.yaml:{line}:" in message, message
     assert "command line" not in message, message  # a spec's values are not flags
@@ -95,7 +90,7 @@ def test_spec_errors_name_the_line(tmp_path, old, new, line, words):
 
 
 def test_valid_spec_and_shipped_specs_parse(tmp_path):
-    spec = _spec(tmp_path, GOOD)
+    spec = load_spec_text(tmp_path, GOOD)
     assert [m.label for m in spec.methods] == ["es", "grpo"]
     assert spec.method("es").budgets == [2, 4]
     assert spec.evaluation.all_tasks == ["countdown", "boolq", "mmlu", "ifeval"]
@@ -111,7 +106,7 @@ def test_valid_spec_and_shipped_specs_parse(tmp_path):
     assert study.method("es").budgets == [15, 30] and study.evaluation.holdout == ["mmlu", "ifeval"]
     assert len(study.seeds) >= 2 and not study.evaluation.for_task("ifeval").balanced
     # a number is a folder name (the runner joins it into a path: it used to be passed on as an int)
-    assert _spec(tmp_path, GOOD.replace("name: t\n", "name: 7\noutput_dir: 2024\n")).output_dir == "2024"
+    assert load_spec_text(tmp_path, GOOD.replace("name: t\n", "name: 7\noutput_dir: 2024\n")).output_dir == "2024"
     compare = load_spec("cpu-compare")  # issue 8: the ES variants and GRPO on one task, with pass@k
     assert [m.label for m in compare.methods] == ["es", "dart-es", "lowrank-es", "grpo"]
     assert compare.evaluation.passk.k == [1, 4] and compare.evaluation.passk.tasks == ["boolq"]
@@ -138,7 +133,7 @@ def test_labels_that_share_a_folder_are_refused_before_compute(tmp_path, capsys,
     other label's training as its own."""
     from esft.cli import main
 
-    spec = _spec(tmp_path, GOOD.replace("  grpo:\n", new, 1))
+    spec = load_spec_text(tmp_path, GOOD.replace("  grpo:\n", new, 1))
     with pytest.raises(SpecError) as info:
         build_plan(spec)
     message = str(info.value)
@@ -170,17 +165,17 @@ def test_balanced_evaluation_reaches_the_stage_settings(tmp_path):
     from esft.experiments.stage_eval import task_settings
 
     # (a limit of 4: a balanced subset of MMLU's 4 answer letters needs at least one question of each)
-    spec = _spec(tmp_path, GOOD.replace("  limit: 3\n", "  limit: 4\n  balanced: true\n"
+    spec = load_spec_text(tmp_path, GOOD.replace("  limit: 3\n", "  limit: 4\n  balanced: true\n"
                                         "  per_task: {boolq: {balanced: false}}\n"))
     assert spec.evaluation.for_task("countdown").balanced and not spec.evaluation.for_task("boolq").balanced
     assert task_settings(spec, "countdown", "m")["balanced"] is True
     # unset: the settings are those of results evaluated before the option existed, so they stay current
     assert "balanced" not in task_settings(spec, "boolq", "m")
-    assert "balanced" not in task_settings(_spec(tmp_path, GOOD), "countdown", "m")
+    assert "balanced" not in task_settings(load_spec_text(tmp_path, GOOD), "countdown", "m")
 
 
 def test_option_blocks_reach_trainer_configs(tmp_path):
-    spec = _spec(tmp_path, GOOD.replace("    max_steps: 2\n", "    max_steps: 2\n    per_task:\n"
+    spec = load_spec_text(tmp_path, GOOD.replace("    max_steps: 2\n", "    max_steps: 2\n    per_task:\n"
                                         "      boolq: {learning_rate: 0.5}\n"))
     grpo = spec.method("grpo").components[0]
     cfg = spec.config(grpo, "boolq", 52, output_dir="x")
@@ -193,7 +188,7 @@ def test_option_blocks_reach_trainer_configs(tmp_path):
 
 
 def test_plan_shares_es_runs_across_budgets(tmp_path):
-    stages = {s.key: s for s in build_plan(_spec(tmp_path, GOOD))}
+    stages = {s.key: s for s in build_plan(load_spec_text(tmp_path, GOOD))}
     a, b = stages["seed-42/sequential/es@2/1-countdown"], stages["seed-42/sequential/es@4/1-countdown"]
     # stage 1 of both budget tracks is one run: trained to 2, snapshotted, continued to 4
     assert a.steps[0].run_dir == b.steps[0].run_dir == "seed-42/sequential/es/1-countdown/run"
@@ -206,7 +201,7 @@ def test_plan_shares_es_runs_across_budgets(tmp_path):
     assert stages["seed-52/sequential/grpo/2-boolq"].parent == "seed-52/sequential/grpo/1-countdown"
     assert list(stages)[0] == "base" and stages["base"].eval_tasks == ["countdown", "boolq", "mmlu", "ifeval"]
 
-    single = _spec(tmp_path, GOOD.replace("kind: sequential", "kind: single-task")
+    single = load_spec_text(tmp_path, GOOD.replace("kind: sequential", "kind: single-task")
                    + "  after_single_task: trained+holdout\n")
     stages = {s.key: s for s in build_plan(single)}
     a, b = stages["seed-42/single-task/boolq/es@2"], stages["seed-42/single-task/boolq/es@4"]
@@ -215,7 +210,7 @@ def test_plan_shares_es_runs_across_budgets(tmp_path):
 
 
 def test_chain_components_and_folder_names(tmp_path):
-    spec = _spec(tmp_path, GOOD.replace(
+    spec = load_spec_text(tmp_path, GOOD.replace(
         "evaluation:", "  grpo->es:\n    grpo: {max_steps: 1}\n    es: {iterations: 1}\nevaluation:"))
     chain = spec.method("grpo->es")
     assert [c.algorithm for c in chain.components] == ["grpo", "es"]
@@ -228,7 +223,7 @@ def test_chain_components_and_folder_names(tmp_path):
 
 
 def test_es_steps_of_a_chain_get_distinct_noise_streams(tmp_path):
-    spec = _spec(tmp_path, GOOD.replace("tasks: [countdown, boolq]", "tasks: [countdown, math, boolq]").replace(
+    spec = load_spec_text(tmp_path, GOOD.replace("tasks: [countdown, boolq]", "tasks: [countdown, math, boolq]").replace(
         "evaluation:", "  grpo->es:\n    grpo: {max_steps: 1}\n    es: {iterations: 1}\nevaluation:"))
     stages = build_plan(spec)
     for seed in (42, 52):
@@ -240,7 +235,7 @@ def test_es_steps_of_a_chain_get_distinct_noise_streams(tmp_path):
             assert [spec.config(st.component, "boolq", seed, noise_stream=st.noise_stream).noise_stream
                     for st in es] == [0, 1, 2]
     assert all(st.noise_stream == 0 for s in stages for st in s.steps if st.algorithm == "grpo")
-    single = build_plan(_spec(tmp_path, GOOD.replace("kind: sequential", "kind: single-task")))
+    single = build_plan(load_spec_text(tmp_path, GOOD.replace("kind: sequential", "kind: single-task")))
     assert all(st.noise_stream == 0 for s in single for st in s.steps)
     # a stage trained before streams existed has no noise_stream in its fingerprint: stream 0 stages still match,
     # a later stage (trained on the shared noise) is refused before any compute
@@ -260,7 +255,7 @@ def test_es_steps_of_a_chain_get_distinct_noise_streams(tmp_path):
         check_existing(spec, stages, root)
     # the stream is the experiment's to set, not an option of a block
     with pytest.raises(SpecError, match="set by the experiment"):
-        _spec(tmp_path, GOOD.replace("    preset: cpu\n", "    preset: cpu\n    noise_stream: 1\n", 1))
+        load_spec_text(tmp_path, GOOD.replace("    preset: cpu\n", "    preset: cpu\n    noise_stream: 1\n", 1))
 
 
 # ---- tables from hand-made stage records ----------------------------------------------------------------------------
@@ -502,7 +497,7 @@ def test_turning_on_carry_optimizer_state_after_a_partial_run_is_refused(tmp_pat
     from esft.experiments.stage_eval import write_json
 
     text = GOOD.replace("  grpo:\n", "  grpo->es: {grpo: {max_steps: 1}, es: {iterations: 1}}\n  grpo:\n", 1)
-    spec = _spec(tmp_path, text)
+    spec = load_spec_text(tmp_path, text)
     stages = build_plan(spec)
     root, smap = tmp_path / "out", {s.key: s for s in stages}
     keys = ["seed-42/sequential/grpo/1-countdown", "seed-42/sequential/grpo/2-boolq",
@@ -513,7 +508,7 @@ def test_turning_on_carry_optimizer_state_after_a_partial_run_is_refused(tmp_pat
         write_json(root / key / STATUS, {"status": "done", "fingerprint": [
             {"algorithm": st.algorithm, "config": json.loads(json.dumps(dataclasses.asdict(c), default=str))}
             for st, c in zip(smap[key].steps, configs)]})
-    carried = _spec(tmp_path, text + "sequential: {carry_optimizer_state: true}\n")
+    carried = load_spec_text(tmp_path, text + "sequential: {carry_optimizer_state: true}\n")
     with pytest.raises(SpecError, match=r"grpo/2-boolq was trained with other options "
                                         r"\(carry_optimizer_state: None -> True\)"):
         check_existing(carried, stages, root)
@@ -533,7 +528,7 @@ def test_fingerprints_recorded_before_newer_fields_still_match(tmp_path):
     from esft.experiments.runner import STATUS, _step_configs, check_existing
     from esft.experiments.stage_eval import write_json
 
-    spec = _spec(tmp_path, GOOD)
+    spec = load_spec_text(tmp_path, GOOD)
     stages = build_plan(spec)
     root, smap = tmp_path / "out", {s.key: s for s in stages}
     newer = {"eval_balanced", "rollout_dtype", "report_to", "noise_stream"}
@@ -573,7 +568,7 @@ def test_each_step_of_a_chain_starts_from_the_weights_the_step_before_left(tmp_p
     last step (ES), not its first; the stage's result (what is evaluated) is the last step's checkpoint."""
     from esft.experiments.runner import _step_configs
 
-    spec = _spec(tmp_path, GOOD.replace(
+    spec = load_spec_text(tmp_path, GOOD.replace(
         "evaluation:", "  grpo->es:\n    grpo: {max_steps: 1}\n    es: {iterations: 1}\nevaluation:"))
     stages = build_plan(spec)
     smap, root = {s.key: s for s in stages}, tmp_path / "out"
@@ -592,7 +587,7 @@ def test_each_step_of_a_chain_starts_from_the_weights_the_step_before_left(tmp_p
     ("all", ["countdown", "boolq", "mmlu", "ifeval"]), ("trained", ["boolq"]),
     ("trained+holdout", ["boolq", "mmlu", "ifeval"])])
 def test_after_single_task_picks_the_tasks_each_stage_evaluates(tmp_path, after, expected):
-    spec = _spec(tmp_path, GOOD.replace("kind: sequential", "kind: single-task")
+    spec = load_spec_text(tmp_path, GOOD.replace("kind: sequential", "kind: single-task")
                  + f"  after_single_task: {after}\n")
     stages = {s.key: s for s in build_plan(spec)}
     for key in ("seed-42/single-task/boolq/es@2", "seed-52/single-task/boolq/es@4", "seed-42/single-task/boolq/grpo"):
@@ -604,7 +599,7 @@ def test_after_single_task_picks_the_tasks_each_stage_evaluates(tmp_path, after,
 def test_each_budget_of_a_shared_run_waits_for_the_budget_just_below(tmp_path):
     """Budget tracks share stage 1's run: the run continues to 6 only after the snapshot at 4 is taken, else a
     failed stage at 4 would be trained past and its snapshot could never be made."""
-    spec = _spec(tmp_path, GOOD.replace("iterations: [2, 4]", "iterations: [2, 4, 6]"))
+    spec = load_spec_text(tmp_path, GOOD.replace("iterations: [2, 4]", "iterations: [2, 4, 6]"))
     stages = {s.key: s for s in build_plan(spec)}
     first = "seed-42/sequential/es@{}/1-countdown"
     assert stages[first.format(2)].after == []
@@ -620,7 +615,7 @@ def test_only_a_grpo_step_after_grpo_weights_carries_the_optimizer_state(tmp_pat
     left GRPO weights (with their optimizer.pt); a chain's other step does not count."""
     from esft.experiments.runner import _carries_optimizer
 
-    spec = _spec(tmp_path, GOOD.replace(
+    spec = load_spec_text(tmp_path, GOOD.replace(
         "evaluation:", "  grpo->es:\n    grpo: {max_steps: 1}\n    es: {iterations: 1}\n"
                        "  es->grpo:\n    grpo: {max_steps: 1}\n    es: {iterations: 1}\nevaluation:")
         + "sequential: {carry_optimizer_state: true}\n")

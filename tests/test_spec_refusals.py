@@ -8,11 +8,11 @@ would let the experiment train for hours and fail (or, worse, run with a value n
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 
-from esft.experiments import SpecError, load_spec
+from conftest import load_spec_text
+from esft.experiments import SpecError
 
 # one task and no holdouts: each parse builds only Countdown
 BASE = """\
@@ -28,12 +28,6 @@ evaluation:
   limit: 3
   holdout: []
 """
-
-
-def _spec(tmp_path: Path, text: str):
-    path = tmp_path / "spec.yaml"
-    path.write_text(text)
-    return load_spec(path)
 
 
 def _edit(old: str, new: str) -> str:
@@ -153,18 +147,18 @@ TOP = "name: audit\n"
 def test_bad_specs_are_refused_at_their_line(tmp_path, old, new, line, match):
     """Each refusal names the file, the line and what is wrong, before any compute."""
     with pytest.raises(SpecError, match=match) as info:
-        _spec(tmp_path, _edit(old, new))
+        load_spec_text(tmp_path, _edit(old, new))
     assert f"spec.yaml:{line}: " in str(info.value), str(info.value)
 
 
 def test_a_spec_that_is_not_a_mapping_is_refused(tmp_path):
     with pytest.raises(SpecError, match=r"spec.yaml:1: an experiment spec is a mapping of keys"):
-        _spec(tmp_path, "- countdown\n- es\n")
+        load_spec_text(tmp_path, "- countdown\n- es\n")
 
 
 def test_base_spec_parses_with_the_values_it_names(tmp_path):
     """The spec all refusals above edit is itself valid (each refusal is caused by its edit), and its values arrive."""
-    spec = _spec(tmp_path, BASE)
+    spec = load_spec_text(tmp_path, BASE)
     assert spec.name == "audit" and spec.kind == "single-task" and spec.tasks == ["countdown"]
     assert spec.seeds == [42] and spec.evaluation.all_tasks == ["countdown"] and spec.evaluation.limit == 3
     assert spec.config(spec.method("es").components[0], "countdown", 42).iterations == 2
@@ -173,19 +167,19 @@ def test_base_spec_parses_with_the_values_it_names(tmp_path):
 
 def test_lowest_accepted_values_pass(tmp_path):
     """The bounds are inclusive: limit 1, 2 samples, k = samples, seed 0, one budget."""
-    spec = _spec(tmp_path, _edit(EVAL, "  limit: 1\n  passk: {samples: 2, k: [2, 1, 2], seed: 0}\n")
+    spec = load_spec_text(tmp_path, _edit(EVAL, "  limit: 1\n  passk: {samples: 2, k: [2, 1, 2], seed: 0}\n")
                  .replace("    iterations: 2\n", "    iterations: [1]\n"))
     assert spec.evaluation.limit == 1 and spec.method("es").budgets == [1]
     assert spec.evaluation.passk.k == [1, 2] and spec.evaluation.passk.seed == 0  # sorted, repeats dropped
-    assert _spec(tmp_path, _edit("tasks: [countdown]", "tasks: [countdown]\nseeds: [0, 7]")).seeds == [0, 7]
-    assert _spec(tmp_path, _edit("tasks: [countdown]", "tasks: [countdown]\nseeds: 7")).seeds == [7]
+    assert load_spec_text(tmp_path, _edit("tasks: [countdown]", "tasks: [countdown]\nseeds: [0, 7]")).seeds == [0, 7]
+    assert load_spec_text(tmp_path, _edit("tasks: [countdown]", "tasks: [countdown]\nseeds: 7")).seeds == [7]
 
 
 def test_per_task_options_override_the_block_for_their_task_only(tmp_path):
     text = BASE.replace("tasks: [countdown]", "tasks: [countdown, countdown:numbers=2]").replace(
         ES, "  es:\n    iterations: 2\n    max-new-tokens: 20\n    per_task: {'countdown:numbers=2': "
             "{max_new_tokens: 64}}\n")
-    spec = _spec(tmp_path, text)
+    spec = load_spec_text(tmp_path, text)
     es = spec.method("es").components[0]
     assert es.options == {"iterations": 2, "max_new_tokens": 20}  # the dashed spelling is the field's
     assert spec.config(es, "countdown:numbers=2", 42).max_new_tokens == 64
@@ -195,7 +189,7 @@ def test_per_task_options_override_the_block_for_their_task_only(tmp_path):
 def test_evaluation_settings_per_task_and_default(tmp_path):
     from esft.experiments.spec import TaskEval
 
-    spec = _spec(tmp_path, _edit(EVAL, "  limit: 5\n  max_new_tokens: 10\n  batch_size: 4\n  dtype: bf16\n"
+    spec = load_spec_text(tmp_path, _edit(EVAL, "  limit: 5\n  max_new_tokens: 10\n  batch_size: 4\n  dtype: bf16\n"
                                        "  device: cpu\n  tasks: [countdown, countdown:numbers=2]\n"
                                        "  per_task: {'countdown:numbers=2': {limit: null, max_new_tokens: 3, "
                                        "batch_size: 1, balanced: true}}\n"))
@@ -209,7 +203,7 @@ def test_a_chain_starts_from_the_base_blocks_and_its_sub_blocks_win(tmp_path):
     budget of a plain block stays that block's budget (no budget list, no snapshots)."""
     text = _edit(ES, "  es:\n    iterations: 5\n    sigma: 0.01\n"
                      "  grpo->es: {display: Hybrid, es: {iterations: 2}}\n  es->grpo: {}\n")
-    spec = _spec(tmp_path, text)
+    spec = load_spec_text(tmp_path, text)
     chain = spec.method("grpo->es")
     assert chain.display == "Hybrid" and spec.method("es->grpo").display == "ES->GRPO"
     assert spec.method("es").display == "ES" and spec.method("es").budgets == []
@@ -220,8 +214,8 @@ def test_a_chain_starts_from_the_base_blocks_and_its_sub_blocks_win(tmp_path):
 
 
 def test_the_spec_name_beats_the_file_name(tmp_path):
-    assert _spec(tmp_path, BASE).name == "audit"
-    assert _spec(tmp_path, BASE.replace(TOP, "")).name == "spec"  # the file's stem
+    assert load_spec_text(tmp_path, BASE).name == "audit"
+    assert load_spec_text(tmp_path, BASE.replace(TOP, "")).name == "spec"  # the file's stem
 
 
 def test_a_shipped_spec_is_found_with_or_without_its_suffix():
@@ -235,7 +229,7 @@ def test_a_shipped_spec_is_found_with_or_without_its_suffix():
 def test_a_model_folder_that_does_not_exist_is_refused_by_check_spec_model(tmp_path):
     from esft.experiments.spec import check_spec_model
 
-    spec = _spec(tmp_path, _edit(TOP, TOP + f"model: {tmp_path / 'missing'}/\n"))
+    spec = load_spec_text(tmp_path, _edit(TOP, TOP + f"model: {tmp_path / 'missing'}/\n"))
     with pytest.raises(SpecError, match=re.escape(f"{tmp_path / 'spec.yaml'}: ") + r".*missing"):
         check_spec_model(spec)
 
@@ -275,7 +269,7 @@ def test_format_bonus_with_dart_must_be_zero_or_dart_s_own_coefficient():
 
 def test_evaluation_defaults_and_values_arrive(tmp_path):
     """Null means the default (no holdouts, every example, dtype auto, no pass@k); the other keys arrive as given."""
-    spec = _spec(tmp_path, _edit(EVAL + "  holdout: []\n", "  limit: null\n  holdout: null\n  dtype: null\n"
+    spec = load_spec_text(tmp_path, _edit(EVAL + "  holdout: []\n", "  limit: null\n  holdout: null\n  dtype: null\n"
                                                         "  passk: null\n  after_single_task: trained\n"
                                                         "  balanced: true\n"))
     ev = spec.evaluation
@@ -288,21 +282,21 @@ def test_passk_defaults_and_values(tmp_path):
     """k defaults to [1, samples] and a single k is a list of one; temperature and top_p default to 1.0 (floats even
     when written as integers), the seed to 0, the sampled tasks to the training tasks. The bounds of (0, high] take
     any positive value from 1e-6 on."""
-    pk = _spec(tmp_path, _edit(EVAL, EVAL + "  passk: {samples: 4}\n")).evaluation.passk
+    pk = load_spec_text(tmp_path, _edit(EVAL, EVAL + "  passk: {samples: 4}\n")).evaluation.passk
     assert (pk.k, pk.temperature, pk.top_p, pk.seed, pk.tasks) == ([1, 4], 1.0, 1.0, 0, ["countdown"])
     assert pk.settings() == {"samples": 4, "k": [1, 4], "temperature": 1.0, "top_p": 1.0, "seed": 0}
-    pk = _spec(tmp_path, _edit(EVAL, EVAL + "  passk: {samples: 4, k: 2, temperature: 2, top_p: 0.000001, "
+    pk = load_spec_text(tmp_path, _edit(EVAL, EVAL + "  passk: {samples: 4, k: 2, temperature: 2, top_p: 0.000001, "
                                             "seed: 5}\n")).evaluation.passk
     assert (pk.k, pk.temperature, pk.top_p) == ([2], 2.0, 1e-6) and type(pk.temperature) is float
     assert pk.settings()["seed"] == 5  # a finished sampled evaluation with another seed is not the same one
-    assert _spec(tmp_path, _edit(EVAL, EVAL + "  passk: {samples: 4, temperature: 0.000001}\n")) \
+    assert load_spec_text(tmp_path, _edit(EVAL, EVAL + "  passk: {samples: 4, temperature: 0.000001}\n")) \
         .evaluation.passk.temperature == 1e-6
 
 
 def test_holdout_tasks_take_per_task_settings_and_pass_at_k(tmp_path):
     """A holdout task is evaluated, so evaluation.per_task and passk.tasks may name it; the training tasks come
     first in all_tasks."""
-    spec = _spec(tmp_path, _edit("  holdout: []\n", "  holdout: [boolq]\n  per_task: {boolq: {limit: 2}}\n"
+    spec = load_spec_text(tmp_path, _edit("  holdout: []\n", "  holdout: [boolq]\n  per_task: {boolq: {limit: 2}}\n"
                                                     "  passk: {samples: 2, tasks: [boolq]}\n"))
     assert spec.evaluation.all_tasks == ["countdown", "boolq"]
     assert spec.evaluation.for_task("boolq").limit == 2 and spec.evaluation.passk.tasks == ["boolq"]
@@ -311,21 +305,21 @@ def test_holdout_tasks_take_per_task_settings_and_pass_at_k(tmp_path):
 def test_algorithm_and_task_forms(tmp_path):
     """`algorithms: [es, grpo]` gives each its defaults; a task list may be one comma-separated string, and task
     names are case-insensitive."""
-    spec = _spec(tmp_path, _edit("algorithms:\n" + ES + "  grpo:\n    max_steps: 2\n", "algorithms: [es, grpo]\n"))
+    spec = load_spec_text(tmp_path, _edit("algorithms:\n" + ES + "  grpo:\n    max_steps: 2\n", "algorithms: [es, grpo]\n"))
     assert [m.label for m in spec.methods] == ["es", "grpo"] and spec.methods[0].components[0].options == {}
-    spec = _spec(tmp_path, _edit("tasks: [countdown]", "tasks: 'countdown:numbers=2,ops=+, Countdown'"))
+    spec = load_spec_text(tmp_path, _edit("tasks: [countdown]", "tasks: 'countdown:numbers=2,ops=+, Countdown'"))
     assert spec.tasks == ["countdown:numbers=2,ops=+", "countdown"]
 
 
 def test_budgets_reach_the_config(tmp_path):
     """A budget list is the method's budgets, each reaching the trainer's budget field; a per-task budget beside one
     budget number wins for its task; save_total_limit is fine with a single budget."""
-    spec = _spec(tmp_path, _edit("    iterations: 2\n", "    iterations: [1, 3]\n"))
+    spec = load_spec_text(tmp_path, _edit("    iterations: 2\n", "    iterations: [1, 3]\n"))
     es = spec.method("es")
     assert es.budgets == [1, 3] and spec.config(es.components[0], "countdown", 42, budget=3).iterations == 3
-    spec = _spec(tmp_path, _edit(ES, ES + "    per_task: {countdown: {iterations: 3}}\n"))
+    spec = load_spec_text(tmp_path, _edit(ES, ES + "    per_task: {countdown: {iterations: 3}}\n"))
     assert spec.config(spec.method("es").components[0], "countdown", 42).iterations == 3
-    spec = _spec(tmp_path, _edit("    iterations: 2\n", "    iterations: [2]\n    save_total_limit: 1\n"))
+    spec = load_spec_text(tmp_path, _edit("    iterations: 2\n", "    iterations: [2]\n    save_total_limit: 1\n"))
     assert spec.method("es").budgets == [2]
 
 
@@ -336,7 +330,7 @@ def test_a_preset_passage_cut_does_not_reach_the_config_and_options_are_plain(tm
 
     import yaml
 
-    spec = _spec(tmp_path, _edit(ES, "  es:\n    preset: cpu\n    iterations: 2\n    exclude: ['lm_head']\n"))
+    spec = load_spec_text(tmp_path, _edit(ES, "  es:\n    preset: cpu\n    iterations: 2\n    exclude: ['lm_head']\n"))
     config = spec.config(spec.method("es").components[0], "countdown", 42)
     assert config.max_passage_chars is None and config.exclude == ["lm_head"]
     yaml.safe_dump(dataclasses.asdict(config))
@@ -349,7 +343,7 @@ def test_a_tracker_that_is_not_installed_is_refused_at_the_method_line(tmp_path,
     monkeypatch.setattr("esft.tracking.check_backends", missing)
     with pytest.raises(SpecError, match=r"spec.yaml:5: algorithms.es \(es\) on countdown: report_to .* needs a "
                                         r"package"):
-        _spec(tmp_path, BASE)
+        load_spec_text(tmp_path, BASE)
 
 
 def test_evaluated_tasks_are_built_and_checked_at_their_line(tmp_path):
@@ -359,15 +353,15 @@ def test_evaluated_tasks_are_built_and_checked_at_their_line(tmp_path):
     two.write_text('{"prompt": "1+1?", "answer": "2"}\n{"prompt": "2+2?", "answer": "4"}\n')
     with pytest.raises(SpecError, match=r"spec.yaml:11: evaluation of .*missing.jsonl:reward=exact: task data "
                                         r"file .* does not exist"):
-        _spec(tmp_path, _edit(EVAL, EVAL + f"  tasks: [countdown, '{tmp_path / 'missing.jsonl'}:reward=exact']\n"))
+        load_spec_text(tmp_path, _edit(EVAL, EVAL + f"  tasks: [countdown, '{tmp_path / 'missing.jsonl'}:reward=exact']\n"))
     with pytest.raises(SpecError, match=r"spec.yaml:11: evaluation of .*two.jsonl.*its test split is empty"):
-        _spec(tmp_path, _edit("  holdout: []\n", f"  holdout: ['{two}:reward=exact']\n"))
+        load_spec_text(tmp_path, _edit("  holdout: []\n", f"  holdout: ['{two}:reward=exact']\n"))
 
 
 def test_a_balanced_limit_beyond_the_rarest_label_is_refused_at_its_per_task_line(tmp_path):
     with pytest.raises(SpecError, match=r"spec.yaml:15: evaluation of boolq \(balanced\): limit 100000 is not "
                                         r"accepted; expected a balanced held-out set that exists"):
-        _spec(tmp_path, _edit("  holdout: []\n", "  holdout: [boolq]\n  per_task:\n    boolq:\n      balanced: true\n"
+        load_spec_text(tmp_path, _edit("  holdout: []\n", "  holdout: [boolq]\n  per_task:\n    boolq:\n      balanced: true\n"
                                                  "      limit: 100000\n"))
 
 
@@ -390,7 +384,7 @@ def test_a_balanced_evaluation_without_a_limit_is_checked_too(tmp_path):
     with pytest.raises(SpecError, match=r"spec.yaml:10: evaluation of .*one.jsonl.* \(balanced\): limit None is not "
                                         r"accepted; expected a balanced held-out set that exists \(cannot balance: "
                                         r"no example has label 'B'\)"):
-        _spec(tmp_path, _edit(EVAL + "  holdout: []\n", f"  limit: null\n  holdout: "
+        load_spec_text(tmp_path, _edit(EVAL + "  holdout: []\n", f"  limit: null\n  holdout: "
                                                         f"['{one}:prompt_field=question,reward=mcq,test_size=2']\n"
                                                         "  balanced: true\n"))
 
@@ -408,5 +402,5 @@ def test_a_spec_built_from_python_mappings_parses_and_names_its_path():
 
 
 def test_a_task_name_is_case_insensitive_but_its_option_values_are_kept(tmp_path):
-    spec = _spec(tmp_path, _edit("tasks: [countdown]", "tasks: ['Countdown:system_prompt=Be Brief']"))
+    spec = load_spec_text(tmp_path, _edit("tasks: [countdown]", "tasks: ['Countdown:system_prompt=Be Brief']"))
     assert spec.tasks == ["countdown:system_prompt=Be Brief"]

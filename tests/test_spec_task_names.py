@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import importable_module
-from esft.experiments import SpecError, load_spec
+from conftest import importable_module, load_spec_text
+from esft.experiments import SpecError
 from esft.experiments.spec_checks import did_you_mean
 from esft.tasks.custom import ENTRY_POINT_GROUP
 
@@ -31,12 +31,6 @@ evaluation:
 """
 
 
-def _spec(tmp_path: Path, text: str):
-    path = tmp_path / "spec.yaml"
-    path.write_text(text)
-    return load_spec(path)
-
-
 def _edit(old: str, new: str) -> str:
     assert old in BASE
     return BASE.replace(old, new, 1)
@@ -44,7 +38,7 @@ def _edit(old: str, new: str) -> str:
 
 def _refused(tmp_path: Path, text: str) -> str:
     with pytest.raises(SpecError) as info:
-        _spec(tmp_path, text)
+        load_spec_text(tmp_path, text)
     return str(info.value)
 
 
@@ -130,7 +124,7 @@ def _built(spec, task: str):
 
 def test_an_installed_task_is_a_task_of_the_spec(tmp_path, plugin):
     """Named as registered (any case), it trains and is evaluated like a built-in task, and the stage builds it."""
-    spec = _spec(tmp_path, _edit("tasks: [countdown]", "tasks: [countdown, Tagged]"))
+    spec = load_spec_text(tmp_path, _edit("tasks: [countdown]", "tasks: [countdown, Tagged]"))
     assert spec.tasks == ["countdown", "tagged"] and spec.evaluation.all_tasks == ["countdown", "tagged"]
     config, task = _built(spec, "tagged")
     assert config.task == "tagged" and type(task).__name__ == "Tagged" and task.tag == "x"
@@ -139,9 +133,9 @@ def test_an_installed_task_is_a_task_of_the_spec(tmp_path, plugin):
 def test_an_installed_task_takes_options_in_its_name_and_from_task_options(tmp_path, plugin):
     """`tagged:tag=y`, as `esft train --task tagged:tag=y` takes it; a holdout installed task takes its
     task_options (evaluation builds every evaluated task with them)."""
-    spec = _spec(tmp_path, _edit("tasks: [countdown]", "tasks: ['Tagged:tag=y']"))
+    spec = load_spec_text(tmp_path, _edit("tasks: [countdown]", "tasks: ['Tagged:tag=y']"))
     assert spec.tasks == ["tagged:tag=y"] and _built(spec, "tagged:tag=y")[1].tag == "y"
-    spec = _spec(tmp_path, _edit("  holdout: []\n", "  holdout: [tagged]\ntask_options: {tagged: {tag: z}}\n"))
+    spec = load_spec_text(tmp_path, _edit("  holdout: []\n", "  holdout: [tagged]\ntask_options: {tagged: {tag: z}}\n"))
     assert spec.evaluation.holdout == ["tagged"] and spec.task_options == {"tagged": {"tag": "z"}}
     err = _refused(tmp_path, _edit("tasks: [countdown]", "tasks: ['tagged:nope=1']"))
     assert "'nope'" in err and "tagged:nope=1" in err, err
@@ -160,7 +154,7 @@ def test_pass_at_k_samples_only_evaluated_tasks(tmp_path, plugin, name):
     err = _refused(tmp_path, _edit("  holdout: []\n", f"  holdout: []\n  passk: {{samples: 2, tasks: [{name}]}}\n"))
     assert re.search(rf"spec.yaml:11: task {re.escape(repr(name.strip(chr(39))))} in evaluation.passk.tasks is not "
                      rf"evaluated by this spec( \(did you mean countdown\?\))?; evaluated: countdown$", err), err
-    spec = _spec(tmp_path, _edit("  holdout: []\n", f"  holdout: [{name}]\n  passk: {{samples: 2, tasks: [{name}]}}\n"))
+    spec = load_spec_text(tmp_path, _edit("  holdout: []\n", f"  holdout: [{name}]\n  passk: {{samples: 2, tasks: [{name}]}}\n"))
     assert spec.evaluation.passk.tasks == spec.evaluation.holdout == [name.strip("'")]
 
 
@@ -195,7 +189,7 @@ def test_blanks_around_an_external_task_name_are_not_part_of_it(tmp_path, plugin
     name without blanks."""
     path = tmp_path / "rows.jsonl"
     path.write_text("".join(json.dumps({"question": f"{i}+{i}?", "answer": str(2 * i)}) + "\n" for i in range(20)))
-    spec = _spec(tmp_path, _edit("tasks: [countdown]", f"tasks: [' {path} ', '  tagged_tasks:Tagged ']\n"
+    spec = load_spec_text(tmp_path, _edit("tasks: [countdown]", f"tasks: [' {path} ', '  tagged_tasks:Tagged ']\n"
                                                        f"task_options: {{'{path}': {{prompt_field: question}}, "
                                                        f"'tagged_tasks:Tagged': {{tag: w}}}}"))
     assert spec.tasks == [str(path), "tagged_tasks:Tagged"]
