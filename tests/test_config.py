@@ -47,6 +47,19 @@ def test_preset_named_inside_yaml(tmp_path):
     assert (cfg.lr, cfg.steps) == (0.5, 9)
 
 
+def test_an_abbreviated_yaml_key_is_answered_with_the_option_it_begins(tmp_path):
+    """`temp` is too far from `temperature` for difflib's cutoff (ratio 0.53): the options it begins are named."""
+    @dataclass
+    class Sampling:
+        temperature: float = 1.0
+        """Softmax temperature."""
+
+    cfg_file = tmp_path / "run.yaml"
+    cfg_file.write_text("temp: 0.7\n")
+    with pytest.raises(ValueError, match=r"unknown option 'temp' \(did you mean temperature\?\)"):
+        build_config(Sampling, {}, None, str(cfg_file), {})
+
+
 def test_unknown_yaml_key_is_named(tmp_path):
     cfg_file = tmp_path / "run.yaml"
     cfg_file.write_text("step: 7\n")

@@ -199,3 +199,17 @@ def test_blanks_around_an_external_task_name_are_not_part_of_it(tmp_path, plugin
     assert "spec.yaml:3: task ' tagged_tasks:Tagged' appears twice in tasks" in err, err
     err = _refused(tmp_path, _edit("tasks: [countdown]", "tasks: ['tagged_tasks : Tagged']"))
     assert "spec.yaml:3: unknown task 'tagged_tasks : Tagged' in tasks" in err, err
+
+
+def test_an_abbreviation_is_answered_with_the_names_it_begins():
+    """`temp` is too far from temperature for difflib (ratio 0.53); a name of 3+ characters that begins names is
+    answered with them. Two characters are too few to guess from."""
+    from esft.names import close_names
+
+    keys = ["temperature", "top_p", "max_new_tokens", "description"]
+    assert close_names("temp", keys) == ["temperature"]
+    assert close_names("DESC", keys) == ["description"]
+    assert close_names("te", keys) == [] and close_names("zzz", keys) == []
+    assert did_you_mean("temp", keys) == " (did you mean temperature?)"
+    long = ["embedding_scale", "embedding_dtype", "embedding_rows", "embedding_seed"]  # ratios 0.5 from "embed"
+    assert close_names("embed", long) == long[:3]

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import ast
-import difflib
 import dataclasses
 import inspect
 import math
@@ -28,6 +27,8 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, TypeVar
 
 import yaml
+
+from esft.names import close_names
 
 T = TypeVar("T")
 
@@ -433,7 +434,7 @@ def coerce(cls: type, values: Mapping[str, Any], source: str,
         name = key.replace("-", "_")
         at = where(key) if where else source
         if name not in names:
-            close = difflib.get_close_matches(name, list(names), n=3)
+            close = close_names(name, names)
             hint = f" (did you mean {', '.join(close)}?)" if close else ""
             raise ValueError(f"{at}: unknown option {key!r}{hint}")
         if isinstance(value, str) and hints[name] is not str:

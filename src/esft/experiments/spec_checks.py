@@ -4,7 +4,6 @@ error naming the file and line (`SpecContext.error`), with close matches for a m
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import typing
 from typing import Any
 
@@ -28,7 +27,9 @@ class SpecContext:
 
 
 def did_you_mean(name: Any, choices: typing.Iterable[str]) -> str:
-    close = difflib.get_close_matches(str(name), list(choices), n=3)
+    from esft.names import close_names
+
+    close = close_names(str(name), choices)
     return f" (did you mean {', '.join(close)}?)" if close else ""
 
 
