@@ -320,6 +320,8 @@ def test_check_task_hints_a_close_name():
         validation.check_task("task", "boolk")
     with pytest.raises(ConfigError, match=r"did you mean 'countdown'\?"):
         validation.check_task("task", "countdwn:ops=+-,numbers=4,target_max=99")
+    with pytest.raises(ConfigError, match=r"did you mean 'countdown'\?"):  # an abbreviation: difflib's ratio is 0.5
+        validation.check_task("task", "cou")
 
 
 def test_check_task_names_bad_options():

@@ -26,9 +26,9 @@ def check_task(key: str, name: Any, options: dict[str, Any] | None = None) -> An
         if external_kind(str(name)):  # a data file, dataset or module: what is wrong with it, not the registry
             raise ConfigError(key, name, f"a task esft can build from it: {exc}") from None
         if str(exc).startswith("unknown task"):  # the message lists the tasks: not a second time here
-            import difflib
+            from esft.names import close_names
 
-            close = difflib.get_close_matches(str(name).split(":")[0], TASK_NAMES, n=1)
+            close = close_names(str(name).split(":")[0], TASK_NAMES, n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
             raise ConfigError(key, name, f"a known task name ({exc}){hint}") from None
         raise ConfigError(key, name, f"a task with valid options ({exc})") from None
