@@ -174,6 +174,46 @@ def test_perturbation_state_guards_apply_and_replace():
     w.restore()
 
 
+def test_a_perturbation_that_fails_part_way_is_marked_so_restore_undoes_it(monkeypatch):
+    """perturb marks the weights perturbed before its first write: when it stops part-way (an error, Ctrl-C), the
+    tensors already written are known to be off the centre, apply() refuses them and restore() brings all back."""
+    model = tiny_llama()
+    before = state(model)
+    w = MasterWeights(model, workers=1)
+    draw, drawn = w.noise, []
+
+    def failing(seed, name, out=None):
+        drawn.append(name)
+        if len(drawn) == 3:
+            raise RuntimeError("draw failed")
+        return draw(seed, name, out=out)
+
+    monkeypatch.setattr(w, "noise", failing)
+    with pytest.raises(RuntimeError, match="draw failed"):
+        w.perturb(5, -1, 0.1)
+    assert not bit_equal(state(model), before)  # two tensors were written before the failure
+    assert w.perturbed == (5, -1)
+    with pytest.raises(RuntimeError, match="restore"):
+        w.apply(Update(seeds=(1,), coefficients=(1.0,), scale=0.1))
+    w.restore()
+    assert w.perturbed is None and bit_equal(state(model), before)
+
+
+def test_a_zero_gradient_update_does_not_step_the_optimizer():
+    """A zero update is skipped entirely, the "gradient" kind included: Adam's momentum from an earlier step would
+    otherwise move the masters on an iteration whose members all scored the same."""
+    lin = torch.nn.Linear(6, 4)
+    w = MasterWeights(lin)
+    opt = torch.optim.Adam(list(w.master.values()), lr=0.01)
+    assert w.apply(Update(seeds=(3,), coefficients=(1.0,), scale=-1.0, kind="gradient"), opt) > 0
+    stepped = state(lin)
+    for zero in (Update(seeds=(3, 4), coefficients=(0.0, 0.0), scale=-1.0, kind="gradient"),
+                 Update(seeds=(3,), coefficients=(1.0,), scale=0.0, kind="gradient")):
+        assert w.apply(zero, opt) == 0.0
+        assert bit_equal(state(lin), stepped)
+    assert all(int(s["step"]) == 1 for s in opt.state.values())
+
+
 def test_masters_load_and_sync():
     model = tiny_llama()
     w = MasterWeights(model)
@@ -198,6 +238,10 @@ def test_bind_refuses_a_model_that_does_not_match():
         w.bind(tiny_llama(hidden=32))
     with pytest.raises(ValueError, match="names, shapes or dtypes"):
         w.bind(tiny_llama(dtype=torch.bfloat16))
+    ints = _Mixed()  # cast admits another floating dtype, never an integer one
+    ints.alpha = torch.nn.Parameter(torch.ones(3, dtype=torch.int64), requires_grad=False)
+    with pytest.raises(ValueError, match="names, shapes or dtypes"):
+        MasterWeights(_Mixed()).bind(ints, cast=True)
     w.perturb(5, 1, 0.1)
     bound = w.bind(tiny_llama(seed=3, dtype=torch.bfloat16), cast=True)
     assert bound.perturbed is None  # a bound copy starts unperturbed whatever the state of the one it binds

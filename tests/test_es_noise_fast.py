@@ -78,13 +78,37 @@ def test_table_windows_behave_like_independent_noise():
     for x, y in ((a, b), (a, c)):
         corr = float((x * y).mean() / (x.std() * y.std()))
         assert abs(corr) < 5e-3  # |corr| of independent 1e6-vectors is ~1e-3
-    # gaussian() in table mode returns a copy with the same values, with or without `out`
+    # gaussian() in table mode returns a copy with the same values, with or without `out`; `out` receives them
+    # at its start (no fresh tensor) and is untouched beyond the tensor
     g = N.gaussian(1, "w", (1000, 1000), mode="table", table=table)
-    out = torch.empty(2_000_000)
-    assert torch.equal(g, a) and torch.equal(N.gaussian(1, "w", (1000, 1000), mode="table", table=table, out=out), a)
+    out = torch.full((2_000_000,), 7.0)
+    into = N.gaussian(1, "w", (1000, 1000), mode="table", table=table, out=out)
+    assert torch.equal(g, a) and torch.equal(into, a)
+    assert into.data_ptr() == out.data_ptr() and torch.equal(out[1_000_000:], torch.full((1_000_000,), 7.0))
     assert torch.equal(N.gaussian(1, "w", (1000, 1000), mode="table"), a)  # default: the table sized for it
+    kept = a.clone()  # `a` is a view of the table: compare with the values, not with the view
     g.add_(1.0)
-    assert torch.equal(a, N.table_window(1, "w", (1000, 1000), table))  # the table itself is untouched
+    into.add_(1.0)
+    assert torch.equal(N.table_window(1, "w", (1000, 1000), table), kept)  # the table itself is untouched
+
+
+def test_the_table_is_built_with_the_weights_not_at_the_first_perturbation(monkeypatch):
+    """Table noise: MasterWeights builds (or fetches) its table when it is made, a one-time cost of the run; perturb,
+    update and a bound copy read that table and never ask for one again."""
+    model = tiny_llama()
+    w = MasterWeights(model, noise="table")
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("noise_table() called after MasterWeights was made")
+
+    monkeypatch.setattr(N, "noise_table", refuse)
+    w.perturb(3, 1, 0.1)
+    w.restore()
+    assert w.apply(UPDATE) > 0
+    bound = w.bind(tiny_llama(seed=1))
+    bound.perturb(3, 1, 0.1)
+    name = w.names[0]
+    assert torch.equal(bound.params[name], torch.add(w.master[name], w.noise(3, name), alpha=0.1))
 
 
 def test_table_mode_perturb_restore_update_formula():

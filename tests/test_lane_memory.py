@@ -99,6 +99,46 @@ def test_a_released_copy_is_written_exactly_when_the_engine_reads_it(noise):
     assert materialise(kept) is kept and torch.equal(kept, torch.ones(3))  # a full tensor is left as it is
 
 
+def test_fill_passes_over_tensors_outside_the_selection():
+    """The engine asks `fill` for every weight of a layer it packs; those the masters do not select (here the
+    attention projections, with include=mlp) are not the copy's to write and are passed over."""
+    from es_tiny import tiny_llama
+    from esft.es.executor import rollout_replica
+
+    model = tiny_llama()
+    weights = MasterWeights(model, noise="table", share_storage=True, include=[r"\.mlp\."])
+    replica = rollout_replica(model, torch.float32)
+    bound = weights.bind(replica)
+    params = dict(replica.named_parameters())
+    name = "model.layers.0.mlp.up_proj.weight"
+    up, q = params[name], params["model.layers.0.self_attn.q_proj.weight"]
+    assert name in bound.params and "model.layers.0.self_attn.q_proj.weight" not in bound.params
+    up.untyped_storage().resize_(0)
+    bound.perturb(5, 1, 0.1, replace=True)
+    assert bound.deferred == [name]
+    bound.fill([q, up])
+    assert bound.deferred == [] and torch.equal(up, torch.add(weights.master[name], weights.noise(5, name), alpha=0.1))
+
+
+def test_the_models_own_weights_are_written_at_once_even_without_storage():
+    """Only a bound copy defers writes to `fill`; the masters' own object writes every parameter at perturb and
+    restore, giving storage back to one that has none, so its `deferred` is always empty."""
+    from es_tiny import tiny_llama
+    from esft.es.param_writes import released
+
+    model = tiny_llama()
+    weights = MasterWeights(model)
+    name = "model.layers.1.self_attn.q_proj.weight"
+    param = weights.params[name]
+    param.untyped_storage().resize_(0)
+    weights.perturb(3, 1, 0.1)
+    assert weights.deferred == [] and not released(param)  # checked first: a released tensor must not be read
+    assert torch.equal(param, torch.add(weights.master[name], weights.noise(3, name), alpha=0.1))
+    param.untyped_storage().resize_(0)
+    weights.restore()
+    assert not released(param) and torch.equal(param, weights.master[name])
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_rows_of_a_copy_are_the_bits_of_its_whole_write(dtype):
     """`MasterWeights.rows`, the source of a freed vocabulary matrix (esft.generation.vocab), gives for row ids and
