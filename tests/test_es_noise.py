@@ -160,6 +160,11 @@ def test_apply_refuses_a_gradient_without_optimizer_and_unknown_kinds():
         w.apply(Update(seeds=(1,), coefficients=(1.0,), scale=-0.5, kind="gradient"))
     with pytest.raises(ValueError, match="unknown update kind"):
         w.apply(Update(seeds=(1,), coefficients=(1.0,), scale=0.5, kind="adam"), torch.optim.SGD(lin.parameters()))
+    # a zero update is refused the same: a caller's malformed update cannot pass while its values happen to be zero
+    with pytest.raises(ValueError, match="needs an optimizer"):
+        w.apply(Update(seeds=(1,), coefficients=(0.0,), scale=-0.5, kind="gradient"))
+    with pytest.raises(ValueError, match="unknown update kind"):
+        w.apply(Update(seeds=(1,), coefficients=(1.0,), scale=0.0, kind="adam"))
     assert bit_equal(state(lin), before)
 
 

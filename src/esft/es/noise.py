@@ -382,12 +382,13 @@ class MasterWeights:
         """
         if self.perturbed is not None:
             raise RuntimeError("apply() on perturbed weights; call restore() first")
-        if update.is_zero:
-            return 0.0
-        if update.kind == "gradient" and optimizer is None:
-            raise ValueError("a 'gradient' update needs an optimizer")
+        # a malformed call is refused whatever its values, so a caller's bug cannot hide behind a zero update
         if update.kind not in ("sgd", "gradient"):
             raise ValueError(f"unknown update kind {update.kind!r}")
+        if update.kind == "gradient" and optimizer is None:
+            raise ValueError("a 'gradient' update needs an optimizer")
+        if update.is_zero:
+            return 0.0
         if update.kind == "sgd" and self.mode == "table":
             return self._apply_table_sgd(update)
         if update.kind == "sgd":
