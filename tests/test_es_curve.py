@@ -105,7 +105,7 @@ def test_accuracy_lines_are_unclipped_and_empty_panels_say_why(tmp_path):
     assert train_ax.get_legend() is not None and heldout_ax.get_legend() is not None and not train_ax.texts
     empty_train, empty_heldout = curve.run_figure(_run(tmp_path / "empty", [])).axes
     assert [t.get_text() for t in empty_train.texts] == ["no training iteration logged"]
-    assert [t.get_text() for t in empty_heldout.texts] == ["no held-out evaluation (eval_every 0)"]
+    assert [t.get_text() for t in empty_heldout.texts] == ["no held-out evaluation (eval_every or eval_limit 0)"]
     assert empty_train.get_legend() is None and empty_heldout.get_ylim() == (0.0, 1.0)
 
 
@@ -124,3 +124,113 @@ def test_main_prints_the_summary_and_writes_the_figure(tmp_path, capsys):
     assert json.loads(out[out.index("{"):out.rindex("}") + 1])["iterations"] == 2
     assert (tmp_path / "c.png").stat().st_size > 1000
     assert curve.plot_run(run) == run / "curve.png" and (run / "curve.png").exists()
+
+
+# ---- records that are not one more ES iteration or held-out evaluation --------------------------------------------
+EXECUTOR = {"kind": "executor", "event": "started", "time": 1733300000.0}  # a Ray run's event line, in the same file
+
+
+def test_executor_events_are_neither_iterations_nor_evaluations(tmp_path):
+    run = _run(tmp_path / "run", [EXECUTOR] + TRAIN + [dict(EXECUTOR, step=2)] + EVALS)
+    s = curve.summarize(run)
+    assert (s["iterations"], s["evaluations"], s["seconds_per_iteration"]) == (2, 2, 3.0)
+    assert s["eval_first"]["step"] == 0
+    train_ax, _ = curve.run_figure(run).axes
+    assert train_ax.get_xlabel() == "iteration (updates applied)"
+
+
+def test_first_and_last_are_the_ends_of_a_longer_run(tmp_path):
+    middle_train = dict(TRAIN[0], step=3, fitness={"mean": 0.7, "min": 0.6, "max": 0.8}, format_rate=0.6)
+    middle_eval = dict(EVALS[0], step=1, test_accuracy=0.9, test_ci95=[0.7, 1.0])
+    s = curve.summarize(_run(tmp_path / "run", [TRAIN[0], middle_train, TRAIN[1], EVALS[0], middle_eval, EVALS[1]]))
+    assert (s["fitness_mean_first"], s["fitness_mean_last"]) == (0.1, 0.5)
+    assert (s["format_rate_first"], s["format_rate_last"]) == (0.4, 0.8)
+    assert (s["eval_first"]["step"], s["eval_last"]["step"]) == (0, 2)
+
+
+def test_summary_leaves_out_an_unknown_constant_baseline(tmp_path):
+    s = curve.summarize(_run(tmp_path / "run", TRAIN + EVALS[:1]))  # no recorded baseline, no config.yaml
+    assert s["evaluations"] == 1 and "heldout_constant_baseline" not in s
+
+
+def test_summary_of_a_grpo_run_names_its_reward(tmp_path):
+    """A GRPO train record has `reward`, not `fitness`; a step that sampled no completion logs no reward."""
+    steps = [{"kind": "train", "step": s, "time": {"total": 1.0}, "generated_tokens_per_s": 5.0,
+              **({"reward": {"mean": 0.2 * s, "min": 0.0, "max": 1.0}, "format_rate": 0.1 * s} if s != 1 else {})}
+             for s in (1, 2, 3)]
+    s = curve.summarize(_run(tmp_path / "grpo", steps))
+    assert s["iterations"] == 3 and "fitness_mean_first" not in s
+    assert s["reward_mean_first"] == pytest.approx(0.4) and s["reward_mean_last"] == pytest.approx(0.6)
+    assert s["format_rate_first"] == pytest.approx(0.2) and s["format_rate_last"] == pytest.approx(0.3)
+    train_ax, _ = curve.run_figure(tmp_path / "grpo").axes
+    assert list(train_ax.get_lines()[0].get_xdata()) == [2, 3]  # the step without a reward is left out
+    assert train_ax.get_title() == "train batch (sampled completions)"
+
+
+# ---- the held-out constant baseline, recomputed from config.yaml -----------------------------------------------
+def _boolq_run(root: Path, evals: list[dict], **config) -> Path:
+    run = _run(root, evals)
+    (run / "config.yaml").write_text(json.dumps({"task": "boolq", "eval_limit": 20, **config}))  # JSON is YAML
+    return run
+
+
+def _expected(balanced: bool) -> dict:
+    from esft.evaluation import load_examples
+    from esft.tasks import get_task
+    from esft.tasks.labels import constant_baseline
+
+    task = get_task("boolq")
+    return constant_baseline([task.gold_key(x) for x in load_examples(task, "test", 20, balanced)])
+
+
+def test_recomputed_baseline_needs_a_held_out_evaluation_and_follows_eval_balanced(tmp_path):
+    assert curve.heldout_constant_baseline(_boolq_run(tmp_path / "none", TRAIN)) is None
+    held_out = {"kind": "eval", "step": 2, "test_n": 20, "test_accuracy": 0.5, "test_ci95": [0.3, 0.7]}
+    # an evaluation without a held-out set (eval_limit was 0 before a resume) is not the one counted
+    run = _boolq_run(tmp_path / "resumed", [{"kind": "eval", "step": 0, "train_reward": 0.5}, held_out])
+    assert curve.heldout_constant_baseline(run)["constant_baseline"] == _expected(False)["constant_baseline"]
+    balanced = curve.heldout_constant_baseline(_boolq_run(tmp_path / "balanced", [held_out], eval_balanced=True))
+    assert balanced["constant_baseline_ci95"] == _expected(True)["constant_baseline_ci95"] != \
+        _expected(False)["constant_baseline_ci95"]
+
+
+def test_no_recomputed_baseline_when_a_gold_answer_is_unknown(tmp_path, monkeypatch):
+    import esft.tasks
+
+    class NoGold:  # as IFEval: nothing to compare a constant answer with
+        def gold_key(self, example):
+            return None
+
+    monkeypatch.setattr(esft.tasks, "get_task", lambda name, **options: NoGold())
+    monkeypatch.setattr(curve, "load_examples", lambda task, split, n, balanced: [{}] * n)
+    run = _run(tmp_path / "run", [dict(EVALS[0], test_n=5)])
+    (run / "config.yaml").write_text("task: ifeval\neval_limit: 5\n")
+    assert curve.heldout_constant_baseline(run) is None
+
+
+# ---- what the figure draws ---------------------------------------------------------------------------------------
+def test_figure_plots_against_the_logged_steps_and_names_what_it_draws(tmp_path):
+    lines = [dict(TRAIN[0], step=5), dict(TRAIN[1], step=9), dict(EVALS[0], step=4), dict(EVALS[1], step=9)]
+    train_ax, heldout_ax = curve.run_figure(_run(tmp_path / "run", lines)).axes
+    assert list(train_ax.get_lines()[0].get_xdata()) == [5, 9]
+    labels = heldout_ax.get_legend_handles_labels()[1]
+    assert labels == ["held-out format rate", "constant answer \"yes\" (95% CI)", "held-out accuracy (n=10)"]
+    accuracy = heldout_ax.containers[0].lines[0]  # the errorbar's data line
+    assert list(accuracy.get_xdata()) == [4, 9] and list(accuracy.get_ydata()) == [0.3, 0.6]
+    (constant,) = [line for line in heldout_ax.get_lines() if line.get_linestyle() == ":"]
+    assert set(constant.get_ydata()) == {0.5}  # the baseline itself, inside its band [0.25, 0.75]
+
+
+def test_a_baseline_without_its_interval_is_drawn_as_a_line(tmp_path):
+    run = _run(tmp_path / "run", [dict(EVALS[1], test_constant_baseline_ci95=None)])
+    (span,) = curve.run_figure(run).axes[1].patches
+    ys = [span.get_y(), span.get_y() + span.get_height()] if hasattr(span, "get_height") else span.get_xy()[:, 1]
+    assert min(ys) == max(ys) == 0.5
+
+
+def test_an_es_run_that_only_evaluated_and_a_run_without_a_held_out_set(tmp_path):
+    train_ax, heldout_ax = curve.run_figure(_run(tmp_path / "base", EVALS[:1])).axes  # iterations: 0
+    assert train_ax.get_xlabel() == "iteration (updates applied)" and heldout_ax.get_title() == "unperturbed model"
+    no_held_out = [{"kind": "eval", "step": s, "train_reward": 0.5} for s in (0, 2)]  # eval_limit: 0
+    _, heldout_ax = curve.run_figure(_run(tmp_path / "no-held-out", TRAIN + no_held_out)).axes
+    assert [t.get_text() for t in heldout_ax.texts] == ["no held-out evaluation (eval_every or eval_limit 0)"]

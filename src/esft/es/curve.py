@@ -1,4 +1,4 @@
-"""Summaries and the learning-curve figure of a run (ES; the figure also GRPO), read from its run directory only.
+"""Summaries and the learning-curve figure of an ES or GRPO run, read from its run directory only.
 
     from esft.es.curve import summarize, plot_run
     summarize("runs/es-demo")                 # seconds/iteration, time split, peak RSS, first/last evaluation
@@ -63,11 +63,21 @@ def heldout_constant_baseline(run_dir: str | Path) -> dict[str, Any] | None:
     return {k: summary[k] for k in ("constant_baseline", "constant_baseline_ci95", "constant_answer")}
 
 
+def _scored(train: list[dict]) -> tuple[bool, str, list[dict]]:
+    """(ES run?, "fitness" or a GRPO run's "reward", the train records that carry it as a summary dict): a GRPO
+    step that sampled no completion logs no reward."""
+    es = not train or "fitness" in train[0]
+    key = "fitness" if es else "reward"
+    return es, key, [m for m in train if isinstance(m.get(key), dict)]
+
+
 def summarize(run_dir: str | Path) -> dict[str, Any]:
-    """Means over logged iterations: seconds per iteration and its split, tokens/s; peak RSS; evaluations."""
+    """Means over logged iterations: seconds per iteration and its split, tokens/s; peak RSS; evaluations.
+    The first and last train batch's mean score is `fitness_mean_*` in an ES run, `reward_mean_*` in GRPO's."""
     train, evals = _split(run_dir)
     out: dict[str, Any] = {"iterations": len(train), "evaluations": len(evals)}
     if train:
+        _, key, scored = _scored(train)
         keys = sorted({k for m in train for k in m["time"]})
         split = {k: float(np.mean([m["time"].get(k, 0.0) for m in train])) for k in keys}
         total = split.get("total", 0.0) or 1e-9
@@ -78,8 +88,10 @@ def summarize(run_dir: str | Path) -> dict[str, Any]:
             "time_split_fraction": {k: v / total for k, v in split.items() if k not in ("total", "evaluate")},
             "generated_tokens_per_s": float(np.mean([m["generated_tokens_per_s"] for m in train])),
             "zero_updates": sum(bool(m.get("zero_update")) for m in train),
-            "fitness_mean_first": train[0]["fitness"]["mean"], "fitness_mean_last": train[-1]["fitness"]["mean"],
-            "format_rate_first": train[0].get("format_rate"), "format_rate_last": train[-1].get("format_rate"),
+            f"{key}_mean_first": scored[0][key]["mean"] if scored else None,
+            f"{key}_mean_last": scored[-1][key]["mean"] if scored else None,
+            "format_rate_first": scored[0].get("format_rate") if scored else None,
+            "format_rate_last": scored[-1].get("format_rate") if scored else None,
         })
     rss = [m["peak_rss_mb"] for m in train + evals if "peak_rss_mb" in m]
     if rss:
@@ -136,9 +148,8 @@ def run_figure(run_dir: str | Path) -> Any:
     train, evals = _split(run_dir)
     fig = Figure(figsize=(10, 3.8))
     ax1, ax2 = fig.subplots(1, 2)
-    es = not train or "fitness" in train[0]
-    key, who = ("fitness", "members") if es else ("reward", "completions")
-    train = [m for m in train if isinstance(m.get(key), dict)]
+    es, key, train = _scored(train)
+    who = "members" if es else "completions"
     if train:
         steps = [m["step"] for m in train]
         ax1.plot(steps, [m[key]["mean"] for m in train], marker="o", label=f"{key} mean")
@@ -169,7 +180,7 @@ def run_figure(run_dir: str | Path) -> Any:
     ax2.set_xlabel(xlabel)
     accuracy_axis(ax2, "")
     ax2.set_title("unperturbed model" if es else "model")
-    _legend_or_note(ax2, "no held-out evaluation (eval_every 0)")
+    _legend_or_note(ax2, "no held-out evaluation (eval_every or eval_limit 0)")
     fig.tight_layout()
     return fig
 
