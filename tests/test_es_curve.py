@@ -50,8 +50,10 @@ def test_summary_is_means_over_iterations_and_the_first_and_last_evaluation(tmp_
     assert s["peak_rss_mb"] == 150.0  # the largest over training and evaluation records
     assert s["eval_first"]["step"] == 0 and s["eval_first"]["test_accuracy"] == 0.3
     assert s["eval_first"]["train_reward"] is None
-    assert s["eval_last"] == {"step": 2, "test_accuracy": 0.6, "test_ci95": [0.3, 0.8], "test_format_rate": 0.9,
-                              "test_accuracy_among_well_formed": None, "train_reward": 0.55}
+    assert s["eval_last"] == {"step": 2, "test_n": 10, "test_accuracy": 0.6, "test_ci95": [0.3, 0.8],
+                              "test_format_rate": 0.9, "test_accuracy_among_well_formed": None, "train_reward": 0.55,
+                              "test_constant_baseline": 0.5, "test_constant_baseline_ci95": [0.25, 0.75],
+                              "test_constant_answer": "yes"}
     assert s["heldout_constant_baseline"] == {"constant_baseline": 0.5, "constant_baseline_ci95": [0.25, 0.75],
                                               "constant_answer": "yes"}
 
@@ -234,3 +236,35 @@ def test_an_es_run_that_only_evaluated_and_a_run_without_a_held_out_set(tmp_path
     no_held_out = [{"kind": "eval", "step": s, "train_reward": 0.5} for s in (0, 2)]  # eval_limit: 0
     _, heldout_ax = curve.run_figure(_run(tmp_path / "no-held-out", TRAIN + no_held_out)).axes
     assert [t.get_text() for t in heldout_ax.texts] == ["no held-out evaluation (eval_every or eval_limit 0)"]
+
+
+# a resumed run whose eval_limit changed: 10 held-out examples (baseline 0.5), then 20 others (baseline 0.7)
+RESUMED = [EVALS[1], dict(EVALS[1], step=4, test_n=20, test_accuracy=0.8, test_ci95=[0.6, 0.9],
+                          test_constant_baseline=0.7, test_constant_baseline_ci95=[0.5, 0.85], test_constant_answer="no")]
+
+
+def test_a_held_out_set_changed_on_resume_has_no_single_baseline(tmp_path):
+    """Resuming may change eval_limit / eval_balanced: the evaluations then ran on different examples, so no one
+    baseline (nor the first evaluation's n) describes them; each evaluation keeps its own in the summary."""
+    assert not curve.heldout_set_changed(EVALS)  # one set: the first evaluation recorded no baseline, same n
+    assert curve.heldout_set_changed(RESUMED)
+    assert curve.heldout_set_changed([dict(EVALS[0]), dict(EVALS[0], test_n=11)])  # counts alone differ
+    run = _run(tmp_path / "run", TRAIN + RESUMED)
+    (run / "config.yaml").write_text("task: boolq\neval_limit: 20\n")  # the last set only: no recompute either
+    assert curve.heldout_constant_baseline(run) is None
+    s = curve.summarize(run)
+    assert "heldout_constant_baseline" not in s
+    assert (s["eval_first"]["test_n"], s["eval_first"]["test_constant_baseline"]) == (10, 0.5)
+    assert (s["eval_last"]["test_n"], s["eval_last"]["test_constant_baseline"]) == (20, 0.7)
+
+
+def test_figure_draws_each_evaluations_own_baseline_when_the_held_out_set_changed(tmp_path):
+    heldout_ax = curve.run_figure(_run(tmp_path / "run", TRAIN + RESUMED)).axes[1]
+    assert not heldout_ax.patches  # no single band across both sets
+    labels = heldout_ax.get_legend_handles_labels()[1]
+    assert "held-out accuracy (n=10-20; set changed on resume)" in labels
+    assert "constant answer of each evaluation (95% CI)" in labels
+    accuracy, own = heldout_ax.containers
+    assert list(own.lines[0].get_xdata()) == [2, 4] and list(own.lines[0].get_ydata()) == [0.5, 0.7]
+    (bars,) = own.lines[2]
+    assert [tuple(seg[:, 1]) for seg in bars.get_segments()] == [(0.25, 0.75), (0.5, 0.85)]

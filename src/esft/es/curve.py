@@ -33,12 +33,16 @@ def heldout_constant_baseline(run_dir: str | Path) -> dict[str, Any] | None:
     Taken from the evaluations when they recorded it (`test_constant_baseline`), else recomputed from
     config.yaml: the first `eval_limit` test examples of the task (with its options), which is what the trainer
     evaluated. None when the task has no gold answers (IFEval), cannot be built or loaded here, or the recomputed
-    count differs from the logged `test_n` (then they were not the same examples)."""
+    count differs from the logged `test_n` (then they were not the same examples). None too when the evaluations
+    were on different held-out sets (`eval_limit` or `eval_balanced` changed on resume): each evaluation's own
+    baseline is then in its record."""
     from esft.tasks import get_task
     from esft.tasks.labels import constant_baseline
 
     _, evals = _split(run_dir)
     ev = [e for e in evals if "test_n" in e]
+    if heldout_set_changed(ev):
+        return None
     for e in ev:
         if e.get("test_constant_baseline") is not None:
             return {"constant_baseline": e["test_constant_baseline"],
@@ -61,6 +65,14 @@ def heldout_constant_baseline(run_dir: str | Path) -> dict[str, Any] | None:
         return None
     summary = constant_baseline(labels) or {}
     return {k: summary[k] for k in ("constant_baseline", "constant_baseline_ci95", "constant_answer")}
+
+
+def heldout_set_changed(evals: list[dict]) -> bool:
+    """Whether a run's held-out evaluations were not all on the same examples: their counts, or the constant
+    baselines they recorded, differ. Resuming may change `eval_limit` and `eval_balanced`."""
+    recorded = {(e["test_constant_baseline"], e.get("test_constant_answer")) for e in evals
+                if e.get("test_constant_baseline") is not None}
+    return len({e["test_n"] for e in evals if "test_n" in e}) > 1 or len(recorded) > 1
 
 
 def _scored(train: list[dict]) -> tuple[bool, str, list[dict]]:
@@ -97,8 +109,9 @@ def summarize(run_dir: str | Path) -> dict[str, Any]:
     if rss:
         out["peak_rss_mb"] = max(rss)
     if evals:
-        keep = ("step", "test_accuracy", "test_ci95", "test_format_rate", "test_accuracy_among_well_formed",
-                "train_reward")
+        keep = ("step", "test_n", "test_accuracy", "test_ci95", "test_format_rate",
+                "test_accuracy_among_well_formed", "train_reward", "test_constant_baseline",
+                "test_constant_baseline_ci95", "test_constant_answer")
         out["eval_first"] = {k: evals[0].get(k) for k in keep}
         out["eval_last"] = {k: evals[-1].get(k) for k in keep}
         constant = heldout_constant_baseline(run_dir)
@@ -125,6 +138,38 @@ def _legend_or_note(ax: Any, note: str) -> None:
         ax.legend(fontsize=8)
     else:
         ax.text(0.5, 0.5, note, ha="center", va="center", transform=ax.transAxes, color="grey")
+
+
+def _heldout_panel(ax: Any, ev: list[dict], run_dir: Path) -> None:
+    """Held-out accuracy with its 95% CI and the constant-answer baseline: one band for one held-out set, or
+    each evaluation's own (with its CI) when resuming changed the set, so no point sits beside another set's."""
+    if not ev:
+        return
+    steps = [e["step"] for e in ev]
+    acc = np.array([e["test_accuracy"] for e in ev])
+    lo = acc - np.array([e["test_ci95"][0] for e in ev])
+    hi = np.array([e["test_ci95"][1] for e in ev]) - acc
+    changed = heldout_set_changed(ev)
+    counts = sorted({e["test_n"] for e in ev})
+    n = f"n={counts[0]}-{counts[-1]}" if len(counts) > 1 else f"n={counts[0]}"
+    ax.errorbar(steps, acc, yerr=[lo, hi], marker="o", capsize=3,
+                label=f"held-out accuracy ({n}{'; set changed on resume' if changed else ''})")
+    if all(e.get("test_format_rate") is not None for e in ev):
+        ax.plot(steps, [e["test_format_rate"] for e in ev], ls="--", marker="x", label="held-out format rate")
+    if changed:
+        own = [e for e in ev if e.get("test_constant_baseline") is not None]
+        if own:
+            base = np.array([e["test_constant_baseline"] for e in own])
+            ci = np.array([e.get("test_constant_baseline_ci95") or (b, b) for e, b in zip(own, base)])
+            ax.errorbar([e["step"] for e in own], base, yerr=[base - ci[:, 0], ci[:, 1] - base], fmt="_",
+                        color="grey", capsize=3, markersize=12, label="constant answer of each evaluation (95% CI)")
+        return
+    constant = heldout_constant_baseline(run_dir)
+    if constant:
+        lo_c, hi_c = constant["constant_baseline_ci95"] or (constant["constant_baseline"],) * 2
+        ax.axhspan(lo_c, hi_c, color="grey", alpha=0.2)
+        ax.axhline(constant["constant_baseline"], color="grey", ls=":",
+                   label=f"constant answer \"{constant['constant_answer']}\" (95% CI)")
 
 
 def plot_run(run_dir: str | Path, path: str | Path | None = None) -> Path:
@@ -161,22 +206,7 @@ def run_figure(run_dir: str | Path) -> Any:
     ax1.set_xlabel(xlabel)
     ax1.set_title("train batch (perturbed members)" if es else "train batch (sampled completions)")
     _legend_or_note(ax1, "no training iteration logged")
-    ev = [e for e in evals if "test_accuracy" in e]
-    if ev:
-        steps = [e["step"] for e in ev]
-        acc = np.array([e["test_accuracy"] for e in ev])
-        lo = acc - np.array([e["test_ci95"][0] for e in ev])
-        hi = np.array([e["test_ci95"][1] for e in ev]) - acc
-        ax2.errorbar(steps, acc, yerr=[lo, hi], marker="o", capsize=3,
-                     label=f"held-out accuracy (n={ev[0]['test_n']})")
-        if all(e.get("test_format_rate") is not None for e in ev):
-            ax2.plot(steps, [e["test_format_rate"] for e in ev], ls="--", marker="x", label="held-out format rate")
-        constant = heldout_constant_baseline(run_dir)
-        if constant:
-            lo_c, hi_c = constant["constant_baseline_ci95"] or (constant["constant_baseline"],) * 2
-            ax2.axhspan(lo_c, hi_c, color="grey", alpha=0.2)
-            ax2.axhline(constant["constant_baseline"], color="grey", ls=":",
-                        label=f"constant answer \"{constant['constant_answer']}\" (95% CI)")
+    _heldout_panel(ax2, [e for e in evals if "test_accuracy" in e], run_dir)
     ax2.set_xlabel(xlabel)
     accuracy_axis(ax2, "")
     ax2.set_title("unperturbed model" if es else "model")
