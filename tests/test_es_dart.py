@@ -452,3 +452,20 @@ def test_unknown_option_names_of_mixed_types_are_listed():
         DartOptions.from_dict({1: 2, "nope": 3})
     with pytest.raises(ConfigError, match="unknown DART-ES options"):
         ESConfig(fitness_rule="dart", fitness_options="{1: 2, nope: 3}")
+
+
+def test_resume_refuses_a_dart_checkpoint_without_the_rule_state(tmp_path):
+    """A DART-ES checkpoint past step 0 that lacks the rule's state cannot be resumed exactly: refused, not run
+    on with a fresh rule."""
+    import shutil
+
+    part = cfg(tmp_path, "part", iterations=3, eval_every=0)
+    run(part)
+    shutil.rmtree(part.output_dir + "/checkpoints/final")
+    state_file = tmp_path / "part" / "checkpoints" / "iter_000002" / runlog.STATE_FILE
+    state = json.loads(state_file.read_text())
+    del state["fitness_rule_state"]
+    state_file.write_text(json.dumps(state))
+    with pytest.raises(ValueError, match="holds no state"):
+        run(part.replace(iterations=4, resume=True))
+    assert len(runlog.read_jsonl(tmp_path / "part" / "seeds.jsonl")) == 3

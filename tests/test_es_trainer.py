@@ -65,13 +65,17 @@ def test_run_directory_contents(tmp_path):
         assert key in m["time"]
     assert set(m["fitness"]) == {"mean", "std", "min", "max"} and m["peak_rss_mb"] > 0
     assert m["tokens_generated"] == 6 * 8 * 2 and 0 <= m["format_rate"] <= 1
+    assert all(t["finished_rate"] == 1.0 for t in train)  # the stub finishes every completion of every member
     assert evals[0]["test_n"] == 6 and len(evals[0]["test_ci95"]) == 2
     seeds = seeds_log(out)
     assert len(seeds) == 6 and len(seeds[0]["members"]) == 6 and len(seeds[0]["batch"]) == 8
     assert any(np.ptp(r["fitness"]) > 0 for r in seeds)  # the stub gives a real fitness signal
+    assert [t["zero_update"] for t in train] == [r["update_norm"] == 0 for r in seeds]
     assert (out / "samples" / "iter_000000.jsonl").exists() and (out / "samples" / "eval_000006.jsonl").exists()
     ckpts = [s for s, _ in runlog.list_checkpoints(out)]
     assert ckpts == [2, 4, 6]
+    for step, folder in runlog.list_checkpoints(out):  # each checkpoint names the seed-log lines it covers
+        assert json.loads((folder / runlog.STATE_FILE).read_text())["seed_log_lines"] == step
     assert (out / "checkpoints" / "final" / "model.safetensors").exists()
     with pytest.raises(FileExistsError):  # never silently overwrite a run
         run(config)
@@ -348,3 +352,76 @@ def test_resume_refuses_a_seed_log_of_another_stream(tmp_path):
     with pytest.raises(ValueError, match="noise_stream 2"):
         run(config.replace(resume=True, noise_stream=0, iterations=2))
     assert len(seeds_log(res.output_dir)) == 1
+
+
+def test_the_last_iteration_is_evaluated_when_eval_every_does_not_divide_it(tmp_path):
+    """eval_every 3 over 4 iterations: steps 0 and 3 by the schedule, and step 4, the end of the run, too."""
+    res = run(cfg(tmp_path, iterations=4, eval_every=3, checkpoint_every=3))
+    evals = [m["step"] for m in runlog.read_jsonl(res.output_dir / "metrics.jsonl") if m["kind"] == "eval"]
+    assert evals == [0, 3, 4] and res.last_eval["step"] == 4
+    assert [(s, f.name) for s, f in runlog.list_checkpoints(res.output_dir)] == [(3, "iter_000003"), (4, "final")]
+
+
+class Spy(LocalExecutor):
+    """Records the examples of each unperturbed evaluation and the step the trainer gives with each update."""
+
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        self.center, self.updates = [], []
+
+    def evaluate_center(self, examples):
+        self.center.append(list(examples))
+        return super().evaluate_center(examples)
+
+    def on_update(self, update, step):
+        self.updates.append(step)
+
+
+def test_executor_sees_the_train_batch_of_each_evaluated_step_and_the_step_of_each_update(tmp_path):
+    config = cfg(tmp_path, iterations=3, eval_every=3, checkpoint_every=0)
+    trainer = ESTrainer(config, model=tiny_llama(), tokenizer=None, task=ToyTask(), generate_fn=stub_generate,
+                        progress=False)
+    trainer.executor = spy = Spy(trainer.model, None, trainer.weights, trainer.task, config.sigma, None,
+                                 generate_fn=stub_generate)
+    trainer.train()
+    train_set = trainer.train_set
+    batches = [[train_set[i] for i in sample_batch(5, step, len(train_set), 8)] for step in (0, 3)]
+    assert batches[0] != batches[1]  # the steps draw different batches: the check below tells them apart
+    assert spy.center == [batches[0], trainer.test_set, batches[1], trainer.test_set]
+    assert spy.updates == [1, 2, 3]  # updates applied once this one is: what Ray workers count replicas by
+
+
+def test_resume_of_a_folder_with_only_its_config_still_refuses_a_changed_config(tmp_path, monkeypatch):
+    """Stopped in the step-0 evaluation: no log line and no checkpoint yet, but config.yaml is written; a resume
+    that changes sigma is refused all the same."""
+    config = cfg(tmp_path, iterations=2, checkpoint_every=0)
+
+    def stop(self):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ESTrainer, "evaluate", stop)
+    with pytest.raises(KeyboardInterrupt):
+        run(config)
+    monkeypatch.undo()
+    assert (tmp_path / "run" / "config.yaml").exists() and not (tmp_path / "run" / "seeds.jsonl").exists()
+    with pytest.raises(ValueError, match="sigma"):
+        run(config.replace(resume=True, sigma=0.1))
+    assert run(config.replace(resume=True)).steps == 2
+
+
+def test_verify_compares_every_checkpoint_of_the_last_step(tmp_path):
+    """Two folders of the last step (final and a numbered copy): verify compares both, so a final that differs
+    is reported even when the numbered one matches."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from esft.es.replay import verify
+
+    res = run(cfg(tmp_path, iterations=2, eval_every=0, checkpoint_every=0))
+    root = res.output_dir / "checkpoints"
+    shutil.copytree(root / "final", root / "iter_000002")
+    assert verify(res.output_dir, model=tiny_llama())["bit_identical"] is True
+    path = root / "final" / "model.safetensors"
+    save_file({k: t + 1 for k, t in load_file(str(path)).items()}, str(path), metadata={"format": "pt"})
+    assert verify(res.output_dir, model=tiny_llama())["bit_identical"] is False
