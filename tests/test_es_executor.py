@@ -276,8 +276,10 @@ def test_the_failing_lanes_error_is_raised_not_the_cancellation(two_threads):
         raise RuntimeError("lane 1 failed")
 
     ex = executor(model, MasterWeights(model), generate, 2)
+    t0 = time.monotonic()
     with pytest.raises(RuntimeError, match="lane 1 failed"):
         ex.evaluate_members(members, batch)
+    assert time.monotonic() - t0 < 10  # lane 0's generation was cancelled, not run to its end
     assert bit_equal(state(model), centre) and ex._pending == []
     ex.close()
 
@@ -459,6 +461,8 @@ def test_centre_evaluation_in_lanes_equals_one_lane(tokenizer, two_threads, shar
     expected = one.evaluate_center(batch)
     ex = LocalExecutor(model, tokenizer, MasterWeights(model, noise="table", share_storage=shared), task, 0.02, gen,
                        parallel_members=2, rollout_dtype=dtype)
+    members = ex.evaluate_members([(7, 1), (7, -1)], batch)  # leaves the lane copies at a member: set back first
+    assert members.texts[0] != expected.texts[0] or members.texts[1] != expected.texts[0]
     calls = []
     real = ex.generate_fn
 
