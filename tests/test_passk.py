@@ -311,3 +311,72 @@ def test_long_answers_equal_past_the_cut_still_vote_together():
     assert answer_key(short) == answer_key(spaced) == answer_key(task.details("\\boxed{44+19+35}", ex))
     assert answer_key(short) != answer_key(task.details("\\boxed{44 + 35 + 19}", ex))
     assert answer_key(task.details("\\boxed{" + " " * 300 + "}", ex)) is None  # a blank answer casts no vote
+
+
+# ---- audit: behaviours pinned against mutants (each test below failed on one) -----------------------------------
+
+def test_maj_at_1_counts_a_sample_without_an_answer_as_no_vote():
+    """maj@1 is the average over the 1-subsets of the majority score, and a lone sample without an answer key
+    casts no vote (scores 0) even when the task scored it right, as it does with k = n."""
+    keys, scores = [None, "a", "b"], [1.0, 1.0, 0.0]
+    brute = np.mean([majority_score([keys[i]], [scores[i]]) for i in range(3)])
+    assert brute == pytest.approx(1 / 3)
+    assert maj_at_k(keys, scores, 1) == pytest.approx(brute, abs=1e-12)
+    assert maj_at_k([None], [1.0], 1) == 0.0 == majority_score([None], [1.0])
+
+
+def test_bootstrap_ci_of_constant_values_outside_the_wilson_case_is_the_point():
+    """The Wilson fallback is for the 95% level and values in [0, 1]; any other level or value is the point."""
+    assert bootstrap_ci([1.0] * 3, level=0.9) == (1.0, 1.0)
+    assert bootstrap_ci([0.25] * 5, level=0.5) == (0.25, 0.25)
+    assert bootstrap_ci([-0.5] * 3) == (-0.5, -0.5)  # below 0: no binomial model either
+
+
+def test_bootstrap_ci_resamples_every_question():
+    """Two questions, 0 and 1: resampled means are 0, 1/2, 1 with probabilities 1/4, 1/2, 1/4, so the central 95%
+    reaches both ends (a resampler that never picked the last question would give (0, 0))."""
+    assert bootstrap_ci([0.0, 1.0]) == (0.0, 1.0)
+    assert bootstrap_ci([1.0, 0.0]) == (0.0, 1.0)
+
+
+def test_summary_counts_a_score_of_one_half_as_correct_and_mean_at_n_as_counts():
+    """A score >= 0.5 is correct (0.5 included, 0.49 not); mean@n is c / n of those counts, not the mean of the
+    raw partial scores."""
+    scores = np.array([[0.5, 0.49, 0.0, 0.0], [0.7, 0.7, 0.2, 0.2]])
+    out = summarize_samples(scores, None, [1, 2], resamples=50)
+    assert out["mean@n"]["value"] == pytest.approx((1 / 4 + 2 / 4) / 2)
+    assert out["pass@k"]["2"]["value"] == pytest.approx((comb_pass_at_k(4, 1, 2) + comb_pass_at_k(4, 2, 2)) / 2)
+
+
+def test_summary_intervals_are_the_bootstrap_of_the_per_question_values_with_its_seed_and_resamples():
+    scores = np.array([[1, 0, 0, 1], [0, 0, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0], [0, 1, 0, 0]], dtype=float)
+    correct = [2, 0, 4, 1, 1]
+    per_q = [comb_pass_at_k(4, c, 2) for c in correct]
+    for seed, resamples in ((7, 300), (11, 40)):
+        out = summarize_samples(scores, None, [2], seed=seed, resamples=resamples)
+        # approx: the binomial form and esft's product form differ in the last bit
+        assert out["pass@k"]["2"]["ci95"] == pytest.approx(bootstrap_ci(per_q, resamples=resamples, seed=seed),
+                                                           abs=1e-12)
+        assert out["mean@n"]["ci95"] == list(bootstrap_ci([c / 4 for c in correct], resamples=resamples, seed=seed))
+
+
+def test_summary_of_no_questions_reports_zero_and_the_uninformative_interval():
+    out = summarize_samples(np.zeros((0, 4)), None, [1, 4])
+    assert out["questions"] == 0 and out["samples"] == 4
+    assert out["mean@n"] == {"value": 0.0, "ci95": [0.0, 1.0]}
+    assert out["pass@k"]["4"] == {"value": 0.0, "ci95": [0.0, 1.0]}
+
+
+def test_answer_key_of_a_blank_normalised_answer_is_no_vote():
+    assert answer_key({"extracted": "x", "normalized": " \n"}) is None
+    assert answer_key({"extracted": "x", "normalized": " 1 / 2 "}) == "1/2"
+
+
+def test_maj_at_n_is_exact_and_draws_nothing():
+    """With k = n there is one subset: maj@n is the majority score itself, to the last bit (an average of 64
+    equal Monte Carlo draws of 1/3 is 0.33333333333333320), and the shared generator is left untouched, so the
+    estimates of the other questions do not depend on it."""
+    keys, scores = ["a", "b", "c"], [1.0, 0.0, 0.0]
+    rng = np.random.default_rng(5)
+    assert maj_at_k(keys, scores, 3, rng) == 1 / 3 == majority_score(keys, scores)
+    assert rng.random() == np.random.default_rng(5).random()

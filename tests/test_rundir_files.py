@@ -422,3 +422,29 @@ def test_an_export_interrupted_while_replacing_the_target_leaves_a_whole_one(tmp
     monkeypatch.setattr(shutil_module, "rmtree", real)
     export_run(tmp_path / "run", target, overwrite=True)  # a later export clears what the interruption left aside
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "run"]
+
+
+def test_prune_orders_checkpoints_by_step_number_not_name(tmp_path):
+    """Step 10 is newer than step 9 whatever the names sort as ("iter_10" < "iter_9"; past six digits
+    "iter_1000000" < "iter_999999")."""
+    for name, step in (("iter_9", 9), ("iter_10", 10)):
+        make_checkpoint(tmp_path, name, step)
+    assert [p.name for p in prune_checkpoints(list_checkpoints(tmp_path, "es_state.json"), 1)] == ["iter_9"]
+    for step in (999_999, 1_000_000):
+        make_checkpoint(tmp_path, checkpoint_name(step), step)
+    gone = prune_checkpoints(list_checkpoints(tmp_path, "es_state.json"), 1)
+    assert [p.name for p in gone] == ["iter_10", "iter_999999"]
+    assert [f.name for _, f in list_checkpoints(tmp_path, "es_state.json")] == ["iter_1000000"]
+
+
+def test_prune_deletes_only_numbered_checkpoints_and_nothing_at_limit_zero(tmp_path):
+    """A folder not named iter_* (final, a copy kept by hand) is never counted or deleted; limit 0 deletes
+    nothing at all, not even a leftover of a killed delete."""
+    for name, step in (("best", 1), ("iter_000002", 2), ("iter_000003", 3), ("final", 4)):
+        make_checkpoint(tmp_path, name, step)
+    (tmp_path / "checkpoints" / ".old_iter_000001").mkdir()
+    assert prune_checkpoints(list_checkpoints(tmp_path, "es_state.json"), 0) == []
+    assert (tmp_path / "checkpoints" / ".old_iter_000001").exists()
+    gone = prune_checkpoints(list_checkpoints(tmp_path, "es_state.json"), 1)
+    assert [p.name for p in gone] == ["iter_000002"]
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["best", "final", "iter_000003"]

@@ -158,3 +158,155 @@ def test_trackio_local(tmp_path, es_cli, monkeypatch):
     metrics = SQLiteStorage.get_logs(project="esft-test", run="run")
     steps = [m["step"] for m in metrics if "train/fitness/mean" in m]
     assert steps == [1, 2]
+
+
+# ---- audit: the Tracker and each backend with recording stand-ins (no tracker package, no network) -------------
+
+def test_parse_report_to_normalises_and_deduplicates():
+    assert parse_report_to(None) == [] and parse_report_to("") == [] and parse_report_to(" none ") == []
+    assert parse_report_to("TensorBoard") == ["tensorboard"]
+    assert parse_report_to("tensorboard,") == ["tensorboard"]  # a trailing comma names nothing
+    assert parse_report_to("wandb,tensorboard,wandb") == ["wandb", "tensorboard"]  # each backend opened once
+    assert parse_report_to(["none", "Trackio"]) == ["trackio"]
+
+
+def test_flatten_without_prefix_and_what_is_not_an_interval():
+    assert flatten({"a": 1, 3: 2.0, 2: {"b": 0.5}}) == {"a": 1.0, "3": 2.0, "2/b": 0.5}  # str keys, no leading /
+    assert flatten({"three": [0.1, 0.2, 0.3], "flags": [True, False], "text": ["a", "b"], "s": "x"}) == {}
+    assert flatten({"ci": (0.25, 0.75)}, "eval") == {"eval/ci/low": 0.25, "eval/ci/high": 0.75}
+
+
+def test_flatten_keeps_only_finite_interval_ends():
+    """Only finite numbers reach a tracker, inside an interval as outside it (a NaN scalar is left out)."""
+    nan, inf = float("nan"), float("inf")
+    assert flatten({"ci": [nan, 0.5], "x": nan}) == {"ci/high": 0.5}
+    assert flatten({"ci": [0.1, inf]}) == {"ci/low": 0.1}
+
+
+def test_table_markdown_joins_columns_of_all_rows_and_cuts_long_cells():
+    assert table_markdown([]) == ""
+    text = table_markdown([{"a": "x\ny"}, {"b": "z" * 5}], max_chars=4)
+    assert text == "| a | b |\n|---|---|\n| x y |  |\n|  | zzzz... |"
+    assert table_markdown([{"a": "abcd"}], max_chars=4) == "| a |\n|---|\n| abcd |"  # at the limit: whole
+
+
+class RecordingBackend:
+    def __init__(self, calls, name):
+        self.calls, self.name = calls, name
+
+    def log(self, scalars, step):
+        self.calls.append((self.name, "log", dict(scalars), step))
+
+    def log_table(self, name, rows, step):
+        rows[0]["mutated"] = True  # a backend may change what it is given
+        self.calls.append((self.name, "table", name, [dict(r) for r in rows], step))
+
+    def close(self):
+        self.calls.append((self.name, "close"))
+
+
+def test_tracker_sends_exactly_the_scalars_with_their_step_and_closes_each_backend_once():
+    from esft.tracking import Tracker
+
+    calls = []
+    tracker = Tracker([RecordingBackend(calls, "a"), RecordingBackend(calls, "b")])
+    tracker.log({"fitness": {"mean": 0.5}, "kind": "train", "ok": True}, step=3, prefix="train")
+    tracker.log({"kind": "eval", "note": "no numbers"}, step=4)  # nothing to send: no call
+    rows = [{"score": 1.0}]
+    tracker.log_table("samples", rows, step=5)
+    tracker.log_table("samples", [], step=6)  # no rows: no table
+    assert rows == [{"score": 1.0}]  # the caller's rows are not the backend's
+    tracker.close()
+    tracker.close()
+    tracker.log({"x": 1.0}, step=7)  # after close: nowhere
+    assert calls == [("a", "log", {"train/fitness/mean": 0.5}, 3), ("b", "log", {"train/fitness/mean": 0.5}, 3),
+                     ("a", "table", "samples", [{"score": 1.0, "mutated": True}], 5),
+                     ("b", "table", "samples", [{"score": 1.0, "mutated": True}], 5),
+                     ("a", "close"), ("b", "close")]
+
+
+def fake_module(monkeypatch, name, **attrs):
+    import importlib.machinery
+    import sys
+    import types
+
+    module = types.ModuleType(name)
+    module.__spec__ = importlib.machinery.ModuleSpec(name, None)  # importlib.util.find_spec reads it
+    for key, value in attrs.items():
+        setattr(module, key, value)
+    monkeypatch.setitem(sys.modules, name, module)
+    return module
+
+
+def test_tensorboard_backend_writes_scalars_at_their_step_flushes_and_closes(tmp_path, monkeypatch):
+    from esft.tracking import open_tracker
+
+    calls = []
+
+    class Writer:
+        def __init__(self, log_dir):
+            calls.append(("init", log_dir))
+
+        def add_text(self, tag, text, step):
+            calls.append(("text", tag, text, step))
+
+        def add_scalar(self, tag, value, step):
+            calls.append(("scalar", tag, value, step))
+
+        def flush(self):
+            calls.append(("flush",))
+
+        def close(self):
+            calls.append(("close",))
+
+    fake_module(monkeypatch, "torch.utils.tensorboard", SummaryWriter=Writer)
+    tracker = open_tracker("tensorboard", tmp_path, "run", {"lr": 0.1})
+    tracker.log({"a": 1.0, "ci": [0.2, 0.4]}, step=2, prefix="eval")
+    tracker.log_table("samples", [{"x": 1}], step=2)
+    tracker.close()
+    assert calls == [("init", str(tmp_path / "tensorboard")), ("text", "config", "```\nlr: 0.1\n```", 0),
+                     ("scalar", "eval/a", 1.0, 2), ("scalar", "eval/ci/low", 0.2, 2),
+                     ("scalar", "eval/ci/high", 0.4, 2), ("flush",),
+                     ("text", "samples", "| x |\n|---|\n| 1 |", 2), ("flush",), ("close",)]
+
+
+def test_wandb_and_trackio_backends_log_at_the_step_and_finish(tmp_path, monkeypatch):
+    from esft.tracking import open_tracker
+
+    calls = []
+
+    class Table:
+        def __init__(self, columns, data):
+            self.columns, self.data = columns, data
+
+        def __eq__(self, other):
+            return (self.columns, self.data) == (other.columns, other.data)
+
+    class Run:
+        def log(self, data, step):
+            calls.append(("wandb.log", data, step))
+
+        def finish(self):
+            calls.append(("wandb.finish",))
+
+    def wandb_init(**kw):
+        calls.append(("wandb.init", kw["project"], kw["name"], kw["dir"], kw["config"]))
+        return Run()
+
+    fake_module(monkeypatch, "wandb", init=wandb_init, Table=Table)
+    fake_module(monkeypatch, "trackio", Table=Table,
+                init=lambda **kw: calls.append(("trackio.init", kw["project"], kw["name"], kw["config"])),
+                log=lambda data, step: calls.append(("trackio.log", data, step)),
+                finish=lambda: calls.append(("trackio.finish",)))
+    monkeypatch.setenv("WANDB_PROJECT", "wp")
+    monkeypatch.delenv("TRACKIO_PROJECT", raising=False)
+    tracker = open_tracker("wandb,trackio", tmp_path, "run", {"seed": 1})
+    tracker.log({"a": 2}, step=9)
+    tracker.log_table("t", [{"x": 1}, {"y": 2}], step=9)
+    tracker.close()
+    table = Table(["x", "y"], [[1, None], [None, 2]])
+    assert calls == [("wandb.init", "wp", "run", str(tmp_path), {"seed": 1}),
+                     ("trackio.init", "esft", "run", {"seed": 1}),
+                     ("wandb.log", {"a": 2.0}, 9), ("trackio.log", {"a": 2.0}, 9),
+                     ("wandb.log", {"t": table}, 9), ("trackio.log", {"t": table}, 9),
+                     ("wandb.finish",), ("trackio.finish",)]

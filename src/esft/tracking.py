@@ -58,7 +58,9 @@ def flatten(record: Mapping[str, Any], prefix: str = "") -> dict[str, float]:
         if isinstance(value, Mapping):
             out.update(flatten(value, name))
         elif isinstance(value, (list, tuple)) and len(value) == 2 and all(_is_number(v) for v in value):
-            out[f"{name}/low"], out[f"{name}/high"] = float(value[0]), float(value[1])
+            for end, v in zip(("low", "high"), value):
+                if math.isfinite(float(v)):  # the rule of every scalar: a NaN end is left out
+                    out[f"{name}/{end}"] = float(v)
         elif _is_number(value) and math.isfinite(float(value)):
             out[name] = float(value)
     return out
