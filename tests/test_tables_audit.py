@@ -20,6 +20,9 @@ def test_fmt_significant_digits_and_the_scientific_range():
     assert fmt(0.00099) == "9.900e-04" and fmt(-2e-4) == "-2.000e-04"
     assert fmt(1.234567e-5) == "1.235e-05"  # digits significant digits: one before the point, digits-1 after
     assert fmt(1.234567e-5, digits=1) == "1.2e-05"
+    assert fmt(1234.56) == "1235"
+    # inside the range but past `digits` digits: plain, where the `g` format alone would write 1.234e+04
+    assert fmt(12345.0) == "12345" and fmt(-9999.7) == "-10000" and fmt(123.4, digits=2) == "123"
     assert fmt(1e5) == "1.000e+05"  # the upper end is outside
     assert fmt(-1e6) == "-1.000e+06" and fmt(math.inf) == "inf"
 

@@ -37,7 +37,9 @@ def fmt(x: Any, digits: int = 4) -> str:
             return NA
         if x != 0 and (abs(x) < 1e-3 or abs(x) >= 1e5):
             return f"{x:.{max(1, digits - 1)}e}"
-        return f"{x:.{digits}g}"
+        text = f"{x:.{digits}g}"
+        # `g` turns to an exponent from 10**digits on (1.234e+04), inside the range promised plain
+        return f"{x:.0f}" if "e" in text else text
     return str(x)
 
 
