@@ -225,6 +225,24 @@ def test_tracker_sends_exactly_the_scalars_with_their_step_and_closes_each_backe
                      ("a", "close"), ("b", "close")]
 
 
+class FailingClose(RecordingBackend):
+    def close(self):
+        super().close()
+        raise OSError(f"{self.name}: disk full")
+
+
+def test_tracker_close_closes_every_backend_when_one_fails_and_raises_the_first_failure():
+    from esft.tracking import Tracker
+
+    calls = []
+    tracker = Tracker([FailingClose(calls, "a"), RecordingBackend(calls, "b"), FailingClose(calls, "c")])
+    with pytest.raises(OSError, match="a: disk full"):
+        tracker.close()
+    assert calls == [("a", "close"), ("b", "close"), ("c", "close")]
+    tracker.close()  # already closed: nothing is closed twice
+    assert len(calls) == 3
+
+
 def fake_module(monkeypatch, name, **attrs):
     import importlib.machinery
     import sys

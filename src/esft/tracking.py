@@ -103,9 +103,16 @@ class Tracker:
                 b.log_table(name, [dict(r) for r in rows], step)
 
     def close(self) -> None:
-        for b in self.backends:
-            b.close()
-        self.backends = []
+        """Closes every backend, even after one fails to (its unflushed data would be lost); then raises the
+        first failure."""
+        backends, self.backends, error = self.backends, [], None
+        for b in backends:
+            try:
+                b.close()
+            except Exception as exc:  # re-raised below, once the others are closed
+                error = error or exc
+        if error is not None:
+            raise error
 
 
 class TensorBoardBackend:
