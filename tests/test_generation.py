@@ -130,3 +130,64 @@ def test_empty_prompt_is_refused_by_name(tiny_model, tokenizer):
                 generate(tiny_model, tokenizer, prompts, GenerationConfig(max_new_tokens=2, engine=engine))
     (g,) = generate(tiny_model, tokenizer, [" "], GenerationConfig(max_new_tokens=2))  # whitespace is a token
     assert g.prompt_tokens == 1 and len(g.completion_ids) == 2
+
+
+def test_hf_engine_sampling_is_seeded_by_the_config_not_the_callers_state(tokenizer):
+    """The hf engine seeds torch's generator with config.seed for the call: the caller's random state before the
+    call does not change the samples, config.seed does."""
+    model = _flat_tiny_model()
+    cfg = GenerationConfig(max_new_tokens=4, temperature=1.0, engine="hf", seed=9)
+    runs = []
+    for state in (1, 2):
+        torch.manual_seed(state)
+        runs.append([g.completion_ids for g in generate(model, tokenizer, PROMPTS[:2], cfg)])
+    assert runs[0] == runs[1]
+    other = generate(model, tokenizer, PROMPTS[:2], GenerationConfig(max_new_tokens=4, temperature=1.0, engine="hf",
+                                                                      seed=10))
+    assert [g.completion_ids for g in other] != runs[0]
+
+
+def test_hf_engine_samples_beyond_transformers_default_top_k(tokenizer):
+    """temperature > 0 and top_p 1 sample the whole vocabulary on the hf engine too (top_k off: transformers would
+    otherwise keep only the 50 most likely tokens). On the flat tiny model nearly every sampled token ranks far
+    below the top 50 of its step's logits."""
+    model = _flat_tiny_model()
+    (g,) = generate(model, tokenizer, ["a plain prompt"], GenerationConfig(max_new_tokens=6, temperature=1.0,
+                                                                            engine="hf", seed=0))
+    (prompt,) = encode_prompts(tokenizer, ["a plain prompt"])
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + g.completion_ids])).logits[0, len(prompt) - 1: -1]
+    ranks = [int((row > row[t]).sum()) for row, t in zip(logits, g.completion_ids)]
+    assert max(ranks) >= 50, ranks
+
+
+def test_lean_false_steps_through_the_hf_forward_once_per_token(tiny_model, tokenizer):
+    """lean=False decodes through the model's forward: the prefill and one forward per further token (the last
+    token costs none). The lean step calls the forward for the prefill only."""
+    import functools
+
+    calls = []
+    forward = tiny_model.forward
+
+    @functools.wraps(forward)
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return forward(*args, **kwargs)
+
+    tiny_model.forward = counting
+    for lean, forwards in ((False, 4), (True, 1)):
+        calls.clear()
+        (g,) = generate(tiny_model, tokenizer, PROMPTS[:1], GenerationConfig(max_new_tokens=4, min_new_tokens=4,
+                                                                             lean=lean))
+        assert len(calls) == forwards, lean
+        assert len(g.completion_ids) == 4 and not g.finished  # ended by the length limit, not by eos
+
+
+def test_budget_and_batch_size_changed_after_construction_are_still_refused(tiny_model, tokenizer):
+    """GenerationConfig checks its fields when built; `generate` checks the two it divides by or loops over again,
+    so a config edited afterwards (a plain attribute write) is refused rather than returning empty completions."""
+    for field in ("max_new_tokens", "batch_size"):
+        cfg = GenerationConfig()
+        setattr(cfg, field, 0)
+        with pytest.raises(ValueError, match=f"{field} must be >= 1"):
+            generate(tiny_model, tokenizer, ["hello"], cfg)

@@ -222,3 +222,32 @@ def test_top_p_zero_keeps_the_first_token_with_either_draw():
         assert sample_next(logits, 1.0, top_p, torch.Generator().manual_seed(0)).tolist() == [1] * 8
         u = torch.linspace(0, 0.999, 8, dtype=torch.float64)
         assert sample_next(logits, 1.0, top_p, None, uniforms=u).tolist() == [1] * 8
+
+
+def test_top_p_one_with_a_generator_draws_the_softmax_from_that_generator():
+    """Without uniforms, top_p >= 1 is one torch.multinomial draw per row from softmax(logits / T) with the given
+    generator: the same seed gives the same tokens, whatever the global random state."""
+    g = torch.Generator().manual_seed(4)
+    logits = torch.randn(64, 50, generator=g)
+    want = torch.multinomial(torch.softmax(logits / 0.7, dim=-1), 1,
+                             generator=torch.Generator().manual_seed(11)).squeeze(-1)
+    for global_seed in (0, 1):
+        torch.manual_seed(global_seed)
+        got = sample_next(logits, 0.7, 1.0, torch.Generator().manual_seed(11))
+        assert torch.equal(got, want)
+
+
+def test_low_precision_logits_are_sampled_in_float32():
+    """bf16 logits (a bf16 model's lm_head) are sampled from their float32 softmax, so a draw resolves the CDF to
+    float32 precision rather than to bf16's 8 bits: V equally likely tokens drawn at the middle of each token's
+    interval of the CDF give every token once, in order, with and without top_p."""
+    vocab = 1024
+    logits = torch.zeros(vocab, vocab, dtype=torch.bfloat16)
+    u = (torch.arange(vocab, dtype=torch.float64) + 0.5) / vocab
+    assert sample_next(logits, 1.0, 1.0, None, uniforms=u).tolist() == list(range(vocab))
+    drawn = sample_next(logits, 1.0, 0.9999, None, uniforms=u)  # the nucleus: every token (ties: any order)
+    assert sorted(drawn.tolist()) == list(range(vocab))
+    peaked = torch.randn(3, 5000, generator=torch.Generator().manual_seed(0)).mul(4).bfloat16()
+    v = torch.tensor([0.2, 0.5, 0.9], dtype=torch.float64)
+    assert torch.equal(sample_next(peaked, 0.8, 0.9, None, uniforms=v),
+                       sample_next(peaked.float(), 0.8, 0.9, None, uniforms=v))
