@@ -528,7 +528,8 @@ def test_global_names_match_whole_components_and_position_embeddings_are_embeddi
         layer, role, leaf = C.parse_name(stored)
         assert (layer, role) == (None, "other:" + stored.removesuffix(".weight")), stored
     layer, role, leaf = C.parse_name("transformer.wpe.weight")
-    assert C.canonical_name(layer, role, leaf) == "position_embeddings" and C.kind_of("position_embeddings") == "embedding"
+    assert C.canonical_name(layer, role, leaf) == "position_embeddings"
+    assert C.kind_of("position_embeddings") == "embedding"
 
 
 def test_biases_count_with_their_matrix_kind_but_not_as_matrices():
