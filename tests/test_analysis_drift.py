@@ -165,3 +165,76 @@ def test_displacement_ratio_falls_back_to_the_last_common_step():
                                                       "ratio": pytest.approx(20.0)}
     assert D.displacement_ratio(es, D.DriftSeries([], [])) is None
     assert D.displacement_ratio(D.DriftSeries([], []), grpo) is None
+
+
+def test_fit_drift_against_hand_computed_random_walk_values():
+    """sq = 2T with alpha = 0.1, N = 5: slope 2, d_eff = 2 * 5 / 0.01 = 1000; against a tensor of 1000 entries
+    the law alpha^2 T d / N = 2T is the data itself (rho 1, both R^2 = 1); against 500 entries it predicts T:
+    rho 2 and R^2 of the theory 1 - sum(T^2) / sum((2T - 4)^2) = 1 - 14 / 8."""
+    steps, sq = [1, 2, 3], [2.0, 4.0, 6.0]
+    f = D.fit_drift(steps, sq, alpha=0.1, population=5, numel=1000)
+    assert f["slope"] == pytest.approx(2.0) and f["d_eff"] == pytest.approx(1000.0)
+    assert f["rho"] == pytest.approx(1.0) and f["r2_fit"] == pytest.approx(1.0) and f["r2_theory"] == pytest.approx(1.0)
+    half = D.fit_drift(steps, sq, alpha=0.1, population=5, numel=500)
+    assert half["rho"] == pytest.approx(2.0) and half["r2_theory"] == pytest.approx(1 - 14 / 8)
+    assert D.fit_drift(steps, sq, alpha=0.1, population=5, numel=0)["rho"] is None  # no entries: no ratio
+
+
+def test_a_zero_update_and_a_single_step_have_no_r2():
+    """R^2 is undefined (None, not NaN) when the squared drift is constant: no update at all, or one step."""
+    zero = D.fit_drift([1, 2, 3], [0.0, 0.0, 0.0], alpha=0.1, population=5, numel=10)
+    assert zero["slope"] == 0.0 and zero["rho"] == 0.0 and zero["r2_fit"] is None and zero["r2_theory"] is None
+    one = D.fit_drift([4], [0.8], alpha=0.1, population=5, numel=10)
+    assert one["slope"] == pytest.approx(0.2) and one["r2_fit"] is None and one["r2_theory"] is None
+    res = D.analyze_series(D.DriftSeries([1, 2], [0.0, 0.0], num_params=10), alpha=0.1, population=5)
+    assert res["total"]["r2_fit"] is None and res["total"]["final_ratio"] == 0.0
+
+
+def test_quartiles_interpolate_between_values():
+    assert D.quartiles([1.0, 2.0, 3.0, 4.0]) == {"n": 4, "median": 2.5, "q1": 1.75, "q3": 3.25, "min": 1.0,
+                                                 "max": 4.0}
+    assert D.quartiles([None, float("nan")])["median"] is None
+
+
+def test_series_keeps_complete_tensor_series_and_counts_the_logged_tensors_once():
+    """A tensor missing from a step is dropped (its series would not line up with the steps); d counts the
+    entries of the logged tensors only, so a tied lm_head listed in `numel` but not logged is not counted twice."""
+    recs = [{"step": 1, "total": 1.0, "per_tensor": {"model.norm.weight": 0.1, "model.embed_tokens.weight": 0.9}},
+            {"step": 2, "total": 2.0, "per_tensor": {"model.norm.weight": 0.2}},
+            {"step": 3, "total": 3.0, "per_tensor": {"model.norm.weight": 0.3}}]
+    numel = {"model.norm.weight": 8, "model.embed_tokens.weight": 64, "lm_head.weight": 64}
+    s = D.series_from_records(recs, numel=numel)
+    assert s.per_tensor == {"norm": [0.1, 0.2, 0.3]}
+    assert s.num_params == 8
+    header = [{"header": True, "num_params": 1000, "numel": numel}] + recs
+    assert D.series_from_records(header).num_params == 1000  # a logged count is kept
+
+
+def test_the_logged_expectation_needs_every_step():
+    recs = [{"step": 1, "total": 1.0, "expected": 1.0}, {"step": 2, "total": 2.0}]
+    assert D.series_from_records(recs).expected is None
+    recs[1]["expected"] = 2.0
+    assert D.series_from_records(recs).expected == [1.0, 2.0]
+
+
+def test_bias_drift_keeps_its_own_name():
+    assert D.canonical_drift_name("model.layers.2.self_attn.q_proj.bias") == "layers.2.q_proj.bias"
+    assert D.canonical_drift_name("model.layers.2.self_attn.q_proj.weight") == "layers.2.q_proj"
+
+
+def test_analyze_series_reports_the_last_step_and_skips_what_it_cannot_fit():
+    """`steps` is the last step (not the record count); the final values are those of the last record; no total
+    fit without a parameter count; tensors without an entry count are left out; a family whose tensors differ
+    in size has no common numel; an empty series is refused."""
+    s = D.DriftSeries([10, 30, 20], [1.0, 3.0, 2.0], num_params=100, expected=[1.0, 5.0, 2.0],
+                      per_tensor={"layers.0.q_proj": [1, 3, 2], "layers.1.q_proj": [1, 3, 2], "norm": [0, 1, 1]},
+                      numel={"layers.0.q_proj": 10, "layers.1.q_proj": 20})
+    res = D.analyze_series(s, alpha=0.1, population=5)
+    assert res["steps"] == 30
+    assert res["total"]["predicted_final_sq"] == pytest.approx(0.01 * 20 * 100 / 5)  # the last record's step
+    assert res["final_over_logged_expectation"] == pytest.approx(1.0)
+    assert [r["name"] for r in res["tensors"]] == ["layers.0.q_proj", "layers.1.q_proj"]
+    assert res["families"]["q_proj"]["n"] == 2 and res["families"]["q_proj"]["numel"] is None
+    assert "total" not in D.analyze_series(D.DriftSeries([1], [1.0]), alpha=0.1, population=5)
+    with pytest.raises(ValueError, match="no drift records"):
+        D.analyze_series(D.DriftSeries([], []), alpha=0.1, population=5)

@@ -283,3 +283,83 @@ def test_sparsity_of_weights_with_no_tensor_in_common_is_refused():
         with pytest.raises(ValueError, match="no tensor in common"):
             measure()
     assert sparsity_at({"a.weight": torch.zeros(4)}, {"a.weight": torch.tensor([0.0, 0.0, 1.0, 1.0])}, [0.5]) == [0.5]
+
+
+def test_interpolation_endpoints_are_the_two_models_exactly():
+    a, b, work = tiny(0), tiny(1), tiny(2)
+    d = L.DeltaDirection(a, b).bind(work)
+    for t, want in ((0.0, params(a)), (1.0, params(b))):
+        L.set_weights(work, a, [(t, d)])
+        assert all(torch.equal(v, want[n]) for n, v in params(work).items()), t
+
+
+def test_weights_of_another_shape_are_refused_not_reshaped():
+    """A stored tensor whose shape differs from the model's (here transposed: same entries, other layout) would
+    be reshaped into scrambled weights; refused, naming the tensor."""
+    model = tiny(0)
+    state = {n: p.detach().clone() for n, p in model.named_parameters()}
+    name = "model.layers.0.mlp.up_proj.weight"
+    bad = {**state, name: state[name].T.contiguous()}
+    with pytest.raises(ValueError, match=name):
+        L.set_weights(model, bad)
+    with pytest.raises(ValueError, match=name):
+        L.DeltaDirection(state, bad).bind(model)
+
+
+def test_a_direction_needs_the_tensor_at_both_ends():
+    model = tiny(0)
+    state = {n: p.detach().clone() for n, p in model.named_parameters()}
+    end = {"model.norm.weight": state["model.norm.weight"] + 2.0}
+    d = L.DeltaDirection(state, end).bind(model)
+    assert set(d.tensor_norms()) == {"model.norm.weight"} and d.norm == pytest.approx(2.0 * 4.0)  # sqrt(16 * 4)
+    assert d.tensor("model.layers.0.self_attn.q_proj.weight") is None
+    r = L.RandomDirection(d, seed=0).bind(model)
+    assert r.tensor("model.layers.0.self_attn.q_proj.weight") is None  # no reference norm: not moved
+
+
+def test_rebinding_to_another_model_recomputes_the_norms():
+    state = {n: p.detach().clone() for n, p in tiny(0).named_parameters()}
+    end = {n: v + 1.0 for n, v in state.items()}
+    d = L.DeltaDirection(state, end).bind(tiny(0))
+    assert len(d.tensor_norms()) == len(state)
+    only_norm = torch.nn.Module()
+    only_norm.model = torch.nn.Module()
+    only_norm.model.norm = torch.nn.Module()
+    only_norm.model.norm.weight = torch.nn.Parameter(state["model.norm.weight"].clone())
+    assert d.bind(only_norm).tensor_norms() == {"model.norm.weight": pytest.approx(4.0)}
+
+
+def test_random_directions_differ_by_seed_and_by_tensor():
+    """Unit-normalised, two q_proj tensors of one shape get different noise, and so do two seeds."""
+    base, tuned, work = tiny(0), tiny(1), tiny(2)
+    d = L.DeltaDirection(base, tuned).bind(work)
+    q0, q1 = "model.layers.0.self_attn.q_proj.weight", "model.layers.1.self_attn.q_proj.weight"
+
+    def unit(r, n):
+        t = r.tensor(n)
+        return t / t.norm()
+
+    r0, r1 = L.RandomDirection(d, seed=0).bind(work), L.RandomDirection(d, seed=1).bind(work)
+    assert float((unit(r0, q0) * unit(r0, q1)).sum()) < 0.5
+    assert float((unit(r0, q0) * unit(r1, q0)).sum()) < 0.5
+
+
+def test_barrier_without_a_sample_size_and_with_the_minimum_at_an_end():
+    b = L.barrier([0, 0.5, 1], [0.6, 0.2, 0.8])
+    assert b["se"] is None and not b["barrier"] and b["max_drop"] == pytest.approx(0.5)
+    rising = L.barrier([0, 0.5, 1], [0.2, 0.5, 0.8], n=10)
+    assert rising["min_accuracy"] == 0.2 and rising["max_drop"] == pytest.approx(0.0, abs=1e-12)
+
+
+def test_interpolation_barrier_uses_each_tasks_sample_size(monkeypatch):
+    a, b, work = tiny(0), tiny(1), tiny(2)
+    monkeypatch.setattr(L, "accuracy", lambda *args: {"t": 0.5})
+    res = L.interpolation_path(work, None, a, b, [0.5], {"t": (None, [0] * 25)}, None)
+    assert res["n"] == {"t": 25} and res["barrier"]["t"]["se"] == pytest.approx(np.sqrt(0.25 / 25))
+
+
+def test_default_magnitudes_grid_against_hand_computation():
+    """0, the norms, and geomspace(min / 4, 1.5 max): for norms 1 and 90, 0.25 ... 135; non-positive ignored."""
+    want = sorted({0.0, 1.0, 90.0, *np.geomspace(0.25, 135.0, 4).tolist()})
+    assert L.default_magnitudes([1.0, 90.0], 4) == pytest.approx(want)
+    assert L.default_magnitudes([-1.0, 1.0, 90.0], 4) == pytest.approx(want)

@@ -519,3 +519,86 @@ def test_fused_biases_and_odd_widths():
     falcon = {"model_type": "falcon", "num_attention_heads": 4, "hidden_size": 32, "multi_query": False}
     (qkv,) = C.split_refs("transformer.h.0.self_attention.query_key_value.weight", (80, 32), falcon)
     assert qkv.canonical == "layers.0.qkv_proj" and qkv.segments is None
+
+
+def test_global_names_match_whole_components_and_position_embeddings_are_embeddings():
+    """`norm` or `embed_tokens` inside a longer name is not that tensor (BART's layernorm_embedding, Gemma's
+    per-layer embeddings); GPT-2's wpe is a position embedding."""
+    for stored in ("model.layernorm_embedding.weight", "model.embed_tokens_per_layer.weight"):
+        layer, role, leaf = C.parse_name(stored)
+        assert (layer, role) == (None, "other:" + stored.removesuffix(".weight")), stored
+    layer, role, leaf = C.parse_name("transformer.wpe.weight")
+    assert C.canonical_name(layer, role, leaf) == "position_embeddings"
+    assert C.kind_of("position_embeddings") == "embedding"
+
+
+def test_biases_count_with_their_matrix_kind_but_not_as_matrices():
+    assert C.kind_of("layers.0.q_proj.bias") == "attention" and C.kind_of("layers.0.down_proj.bias") == "mlp"
+    assert not C.is_matrix_family("layers.0.q_proj.bias", (16, 16))
+    assert not C.is_matrix_family("layers.0.q_proj", (16,))  # only 2-D weights enter the stable-rank average
+    scalar = C.TensorRef("x", "x", ())
+    assert scalar.rows == 1 and scalar.numel == 1
+
+
+def _segments(refs):
+    return [(r.canonical, r.shape, r.segments, r.columns) for r in refs]
+
+
+def test_fused_qkv_with_grouped_kv_heads_explicit_head_dim_and_text_config():
+    """q|k|v blocks of q = heads*hd and k = v = kv*hd rows: 4 heads, 2 kv heads, hd 8 (hidden / heads) gives
+    32|16|16 rows; an explicit head_dim of 16 gives 64|32|32; a multimodal config holds them in text_config."""
+    key = "model.layers.0.self_attn.qkv_proj.weight"
+    gqa = {"num_attention_heads": 4, "num_key_value_heads": 2, "hidden_size": 32}
+    assert _segments(C.split_refs(key, (64, 32), gqa)) == [
+        ("layers.0.q_proj", (32, 32), ((0, 32),), None), ("layers.0.k_proj", (16, 32), ((32, 48),), None),
+        ("layers.0.v_proj", (16, 32), ((48, 64),), None)]
+    wide = C.split_refs(key, (128, 32), {**gqa, "head_dim": 16})
+    assert [r.segments for r in wide] == [((0, 64),), ((64, 96),), ((96, 128),)]
+    nested = C.split_refs(key, (64, 32), {"model_type": "some_vlm", "text_config": gqa})
+    assert _segments(nested) == _segments(C.split_refs(key, (64, 32), gqa))
+    bias = C.split_refs("model.layers.0.self_attn.qkv_proj.bias", (64,), gqa)
+    assert _segments(bias) == [("layers.0.q_proj.bias", (32,), ((0, 32),), None),
+                               ("layers.0.k_proj.bias", (16,), ((32, 48),), None),
+                               ("layers.0.v_proj.bias", (16,), ((48, 64),), None)]
+
+
+def test_fused_tensors_whose_rows_fit_no_layout_stay_fused():
+    """Rows that do not match the configured heads are not guessed at (not cut in thirds, not truncated)."""
+    mha = {"num_attention_heads": 4, "hidden_size": 32}
+    for key, shape, config in [
+        ("model.layers.0.self_attn.qkv_proj.weight", (99, 32), mha),
+        ("model.layers.0.self_attn.qkv_proj.weight", (90, 32), {"n_head": 4, "n_embd": 32}),
+        ("gpt_neox.layers.0.attention.query_key_value.weight", (90, 32), {**mha, "model_type": "gpt_neox"}),
+        # Falcon's new architecture needs whole groups: 4 heads cannot share 3 kv heads
+        ("transformer.h.0.self_attention.query_key_value.weight", (72, 32),
+         {**mha, "model_type": "falcon", "new_decoder_architecture": True, "num_kv_heads": 3}),
+    ]:
+        (ref,) = C.split_refs(key, shape, config)
+        assert (ref.canonical, ref.shape, ref.segments) == ("layers.0.qkv_proj", shape, None), (key, config)
+    (odd,) = C.split_refs("model.layers.0.mlp.gate_up_proj.weight", (7, 4))
+    assert (odd.canonical, odd.segments) == ("layers.0.gate_up_proj", None)
+
+
+def test_gpt2_bias_bloom_rows_and_falcon_multi_query_by_default():
+    """GPT-2's c_attn bias is q|k|v thirds; BLOOM interleaves q, k, v per head like NeoX; a Falcon config without
+    `multi_query` is multi-query (FalconConfig's default): every query head, then one key and one value."""
+    q, k, v = C.split_refs("transformer.h.0.attn.c_attn.bias", (96,))
+    assert [r.segments for r in (q, k, v)] == [((0, 32),), ((32, 64),), ((64, 96),)]
+    assert [r.canonical for r in (q, k, v)] == ["layers.0.q_proj.bias", "layers.0.k_proj.bias", "layers.0.v_proj.bias"]
+    bloom = {"model_type": "bloom", "num_attention_heads": 2, "hidden_size": 16}
+    q, k, v = C.split_refs("transformer.h.0.self_attention.query_key_value.weight", (48, 16), bloom)
+    assert q.segments == ((0, 8), (24, 32)) and k.segments == ((8, 16), (32, 40)) and v.segments == ((16, 24), (40, 48))
+    falcon = {"model_type": "falcon", "num_attention_heads": 4, "hidden_size": 32}
+    q, k, v = C.split_refs("transformer.h.0.self_attention.query_key_value.weight", (48, 32), falcon)
+    assert _segments([q, k, v]) == [("layers.0.q_proj", (32, 32), ((0, 32),), None),
+                                    ("layers.0.k_proj", (8, 32), ((32, 40),), None),
+                                    ("layers.0.v_proj", (8, 32), ((40, 48),), None)]
+
+
+def test_canonical_refs_never_merge_two_tensors_and_drop_a_tied_head_only_beside_its_embedding():
+    refs = C.canonical_refs({"model.layers.0.self_attn.q_proj.weight": (4, 4), "layers.0.attn.q_proj.weight": (4, 4)})
+    assert {n: r.key for n, r in refs.items()} == {"layers.0.q_proj": "model.layers.0.self_attn.q_proj.weight",
+                                                   "layers.0.attn.q_proj.weight": "layers.0.attn.q_proj.weight"}
+    tie = {"tie_word_embeddings": True}
+    assert C.tied_lm_head({"model.embed_tokens.weight": (8, 4), "lm_head.weight": (8, 4)}, tie) == ["lm_head.weight"]
+    assert C.tied_lm_head({"lm_head.weight": (8, 4), "model.norm.weight": (4,)}, tie) == []  # nothing to tie to

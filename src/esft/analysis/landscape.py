@@ -88,9 +88,12 @@ class DeltaDirection(Direction):
         aliases = _aliases(model)
         ks, ke = self.start.shapes(), self.end.shapes()
         self._keys = {}
-        for name, _ in model.named_parameters():
+        for name, p in model.named_parameters():
             a, b = _key_for(name, aliases, ks), _key_for(name, aliases, ke)
             if a is not None and b is not None:
+                if not tuple(ks[a]) == tuple(ke[b]) == tuple(p.shape):
+                    raise ValueError(f"{name}: shape {tuple(ks[a])} in {self.start.name}, {tuple(ke[b])} in "
+                                     f"{self.end.name}, {tuple(p.shape)} in the model")
                 self._keys[name] = (a, b)
         if not self._keys:
             raise ValueError(f"no parameter of the model found in {self.start.name} and {self.end.name}")
@@ -145,7 +148,8 @@ class RandomDirection(Direction):
 @torch.no_grad()
 def set_weights(model: torch.nn.Module, origin: Any, terms: Sequence[tuple[float, Direction]] = ()) -> None:
     """model <- origin + sum_i c_i direction_i, computed per tensor in float64 and cast to each parameter's dtype.
-    Parameters absent from `origin` keep their values; a direction without a tensor contributes zero."""
+    Parameters absent from `origin` keep their values; a direction without a tensor contributes zero; a stored
+    tensor of another shape than its parameter is refused."""
     src: TensorSource = as_source(origin)
     keys = src.shapes()
     aliases = _aliases(model)
@@ -153,6 +157,8 @@ def set_weights(model: torch.nn.Module, origin: Any, terms: Sequence[tuple[float
         key = _key_for(name, aliases, keys)
         if key is None:
             continue
+        if tuple(keys[key]) != tuple(param.shape):  # a reshape would scramble it (e.g. a transposed layout)
+            raise ValueError(f"{key}: shape {tuple(keys[key])} in {src.name}, {tuple(param.shape)} in the model")
         value = src.read(key).to(torch.float64)
         for coef, direction in terms:
             if coef == 0.0:
