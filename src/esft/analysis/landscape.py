@@ -235,7 +235,7 @@ def default_magnitudes(norms: Sequence[float], points: int = 6) -> list[float]:
     if not pos:
         return [0.0]
     lo, hi = min(pos) / 4, 1.5 * max(pos)
-    grid = np.geomspace(lo, hi, max(2, points)) if hi / lo > 4 else np.linspace(0, hi, max(2, points))
+    grid = np.geomspace(lo, hi, max(2, points))  # hi / lo = 6 max / min >= 6: a geometric grid always has room
     vals = sorted(set([0.0, *[float(x) for x in grid], *pos]))
     return vals
 
