@@ -58,6 +58,14 @@ def test_report_has_every_table_and_says_what_is_unsupported(experiment, tmp_pat
     results = json.loads((path.parent / "results.json").read_text())
     w = next(iter(results["results"]["weights"].values()))
     assert w["es"]["norm"] > 10 * w["grpo"]["norm"] and w["grpo"]["sparsity"] > 0.8
+    # Figure 3: interpolation_points=3 is t = 0, 1/2, 1; Figure 5: 0 and 1/4, 1/2, 1 of each update's own norm
+    data = path.parent / "data"
+    assert json.loads((data / "landscape_interpolation.json").read_text())["result"]["t"] == [0.0, 0.5, 1.0]
+    holdout = json.loads((data / "landscape_holdout.json").read_text())["result"]
+    assert sorted(holdout) == ["es", "grpo"]
+    for lab, sweep in holdout.items():
+        norm = sweep["directions"][lab.upper()]["norm"]
+        assert norm > 0 and sweep["magnitudes"] == pytest.approx([0.0, norm / 4, norm / 2, norm], rel=1e-12)
     # a second report reuses every cached analysis
     before = {p.name: p.read_text() for p in (path.parent / "data").glob("*.json")}
     build_report(cfg, progress=False)
