@@ -121,3 +121,42 @@ def test_auto_takes_bf16_from_a_probe_of_at_least_min_speedup(speedup, dtype):
     assert precision.MIN_PROBE_SPEEDUP == 1.2
     assert precision.resolve_rollout_dtype("auto", generation_options=FAST, flags=AMX,
                                            probe=lambda: speedup).dtype == dtype
+
+
+def test_native_flags_are_listed_once_in_a_fixed_order():
+    """The recorded native flags do not depend on where or how often /proc/cpuinfo lists them."""
+    assert precision.native_bf16_flags(["amx_bf16", "sse", "avx512_bf16", "amx_bf16"]) == ["avx512_bf16", "amx_bf16"]
+    chosen = precision.resolve_rollout_dtype("auto", generation_options=FAST, flags=["bf16", "amx_bf16"],
+                                             probe=lambda: 2.0)
+    assert chosen.native_flags == ("amx_bf16", "bf16")
+    assert chosen.record()["cpu_native_bf16_flags"] == ["amx_bf16", "bf16"]
+
+
+def _never():
+    raise AssertionError("the probe must not run")
+
+
+def test_auto_without_generation_options_is_fp32_unprobed():
+    """No generation options at all means neither fast kernel: fp32, decided before the flags or the probe."""
+    chosen = precision.resolve_rollout_dtype("auto", generation_options=None, flags=AMX, probe=_never)
+    assert chosen.dtype == "float32" and "packed_linear" in chosen.reason
+    assert chosen.record()["cpu_native_bf16_flags"] == [] and chosen.probe_speedup is None
+
+
+def test_explicit_requests_record_themselves_on_any_device():
+    """"bfloat16" and "float32" are honoured on any device and options, recorded as requested, unprobed."""
+    for requested in ("bfloat16", "float32"):
+        chosen = precision.resolve_rollout_dtype(requested, device="cuda", generation_options={}, flags=[],
+                                                 probe=_never)
+        assert chosen.record() == {"rollout_dtype": requested, "rollout_dtype_requested": requested,
+                                   "rollout_dtype_reason": "requested", "cpu_native_bf16_flags": [],
+                                   "bf16_probe_speedup": None}
+        assert chosen.torch_dtype == {"bfloat16": torch.bfloat16, "float32": torch.float32}[requested]
+
+
+def test_probe_survives_a_bf16_time_of_zero(monkeypatch):
+    """A bf16 run below the clock's resolution reads as a huge speedup, not a division by zero."""
+    if packed.packed_linear_reason(torch.bfloat16) is not None:
+        pytest.skip("this torch has no bf16 packed linear")
+    monkeypatch.setattr(precision, "_best_time", lambda fn, reps: 0.0 if fn().dtype == torch.bfloat16 else 0.003)
+    assert precision.probe_bf16_speedup.__wrapped__() == pytest.approx(0.003 / 1e-12)
