@@ -245,3 +245,24 @@ def test_scores_do_not_depend_on_the_pad_id():
     s1 = K.score_pair(a, b, prompts, comps, batch_size=2, pad_id=63)
     for x, y in zip(s0, s1):
         assert (x.tokens, x.k1, x.k3, x.exact) == pytest.approx((y.tokens, y.k1, y.k3, y.exact), abs=1e-9)
+
+
+def test_kl_rows_print_median_min_max_over_seeds_next_to_the_studys_cell():
+    from esft import paper
+
+    tables = [{"stages": ["1:countdown", "2:boolq"], "tasks": ["countdown", "a"],
+               "incremental": {t: {"1:countdown": {"k3_token_mean": v}, "2:boolq": {"k3_token_mean": 2 * v}}
+                               for t in ("countdown", "a")},
+               "cumulative": {t: {"1:countdown": {"k3_token_mean": v}, "2:boolq": {"k3_token_mean": 3 * v}}
+                              for t in ("countdown", "a")}} for v in (0.1, 0.3, 0.2)]
+    group = K.KLGroup("grpo", "grpo", ("countdown", "boolq"), tables, K.aggregate_seeds(tables))
+    head, rows = K.kl_rows(group, "cumulative")
+    assert head == ["eval task", "after 1:countdown", "after 2:boolq"]
+    # the study's cell is looked up by the task trained at that stage (the label after the colon)
+    ref1 = paper.kl_reference("grpo", "cumulative", "countdown", "countdown")
+    ref2 = paper.kl_reference("grpo", "cumulative", "countdown", "boolq")
+    assert ref1 and ref2 and ref1 != ref2
+    assert rows[0] == ["countdown", f"0.2 [0.1, 0.3] (paper {ref1})", f"0.6 [0.3, 0.9] (paper {ref2})"]
+    assert rows[1] == ["a", "0.2 [0.1, 0.3]", "0.6 [0.3, 0.9]"]  # a task the study does not have: no cell
+    one = K.KLGroup("es", "es", ("a",), tables[:1], K.aggregate_seeds(tables[:1]))
+    assert K.kl_rows(one, "incremental")[1][1] == ["a", "0.1", "0.2"]  # one seed: the value alone
