@@ -266,3 +266,13 @@ def test_kl_rows_print_median_min_max_over_seeds_next_to_the_studys_cell():
     assert rows[1] == ["a", "0.2 [0.1, 0.3]", "0.6 [0.3, 0.9]"]  # a task the study does not have: no cell
     one = K.KLGroup("es", "es", ("a",), tables[:1], K.aggregate_seeds(tables[:1]))
     assert K.kl_rows(one, "incremental")[1][1] == ["a", "0.1", "0.2"]  # one seed: the value alone
+
+
+def test_progress_line_of_a_task_with_no_generated_token(monkeypatch, tokenizer, capsys):
+    """Empty completions (max_new_tokens=0) have no per-token mean (None): the progress line says n/a."""
+    monkeypatch.setattr(K, "generate_completions", lambda m, tok, ex, task, cfg: ([[1, 2]] * len(ex), [[]] * len(ex)))
+    model = tiny_gpt2(0)
+    res = K.kl_stages("base", [("1:boolq", "s1")], ["boolq"], limit=1, loader=lambda spec: (model, tokenizer),
+                      task_options={"boolq": {"max_passage_chars": 80}}, progress=True)
+    assert res["incremental"]["boolq"]["1:boolq"]["k3_token_mean"] is None
+    assert "k3/token n/a" in capsys.readouterr().out
