@@ -184,3 +184,95 @@ def test_one_seed_aggregates_and_a_missing_cell_reads_nan():
     assert agg["seeds"] == 1 and agg["incremental"]["a"]["1:a"]["std"] == 0.0
     m = K.matrix(table)
     assert m[0, 0] == 0.5 and math.isnan(m[0, 1])
+
+
+def test_summarize_pools_tokens_for_the_token_mean_and_averages_sequences_for_the_seq_mean():
+    """Hand-computed: 3 sequences of 2, 0 and 4 tokens whose k1 sums are 1, 0 and 2."""
+    seqs = [K.SequenceKL(2, 1.0, 0.5, 0.25), K.SequenceKL(0, 0.0, 0.0, 0.0), K.SequenceKL(4, 2.0, 1.0, 0.5)]
+    s = K.summarize(seqs)
+    assert (s["n"], s["tokens"]) == (3, 6)
+    assert (s["k1_token_mean"], s["k3_token_mean"], s["exact_token_mean"]) == pytest.approx((0.5, 0.25, 0.125))
+    assert (s["k1_seq_mean"], s["k3_seq_mean"], s["exact_seq_mean"]) == pytest.approx((1.0, 0.5, 0.25))
+    # only empty completions: no token to average over (not a KL of 0); the per-sequence sum is 0
+    empty = K.summarize([K.SequenceKL(0, 0.0, 0.0, 0.0)] * 2)
+    assert empty["k3_token_mean"] is None and empty["k3_seq_mean"] == 0.0
+    assert K.summarize([])["k1_token_mean"] is None and K.summarize([])["k1_seq_mean"] is None
+
+
+def test_estimators_keep_float64_for_nearly_equal_models():
+    """k3 ~ r^2/2 and the exact KL of close distributions are differences of nearly equal numbers: float32
+    inputs are promoted before subtracting (a float32 r = 1e-7 at log p ~ -1.2 is pure rounding)."""
+    la = torch.tensor([math.log(0.3)], dtype=torch.float64)
+    r = 1e-7
+    est = K.kl_estimates(la, la + r)
+    assert float(est["k1"][0]) == pytest.approx(-r, rel=1e-6)
+    assert float(est["k3"][0]) == pytest.approx(r * r / 2, rel=1e-3)
+    # exact KL of float32 logits: softmax(a) vs softmax(a + eps * noise); KL ~ eps^2/2 Var_p(noise)
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(4, 50, generator=g).float()
+    b = (a.double() + 1e-3 * torch.randn(4, 50, generator=g, dtype=torch.float64)).float()
+    pa = np.exp(a.double().numpy()) / np.exp(a.double().numpy()).sum(-1, keepdims=True)
+    pb = np.exp(b.double().numpy()) / np.exp(b.double().numpy()).sum(-1, keepdims=True)
+    want = (pa * (np.log(pa) - np.log(pb))).sum(-1)
+    assert np.allclose(K.exact_kl(a, b).numpy(), want, rtol=1e-6, atol=0)
+    # direction: KL(p || q) with p = softmax(after) = (1/2, 1/2), q = softmax(before) = (0.9, 0.1) is ln(5/3)
+    got = K.exact_kl(torch.tensor([[0.0, 0.0]]), torch.log(torch.tensor([[0.9, 0.1]], dtype=torch.float64)))
+    assert float(got[0]) == pytest.approx(math.log(5 / 3), rel=1e-12)
+
+
+def test_seed_summary_mean_and_median_differ_on_a_skewed_sample():
+    s = K.seed_summary([0.1, 0.9, 0.2])
+    assert (s["median"], s["min"], s["max"]) == (0.2, 0.1, 0.9)
+    assert s["mean"] == pytest.approx(0.4) and s["std"] == pytest.approx(np.std([0.1, 0.9, 0.2], ddof=1))
+
+
+def test_aggregate_seeds_reads_each_kind_from_its_own_table():
+    tables = [{"stages": ["1:a", "2:b"], "tasks": ["a"],
+               "incremental": {"a": {"1:a": {"k3_token_mean": v}, "2:b": {"k3_token_mean": 10 * v}}},
+               "cumulative": {"a": {"1:a": {"k3_token_mean": v}, "2:b": {"k3_token_mean": 100 * v}}}}
+              for v in (1.0, 2.0)]
+    agg = K.aggregate_seeds(tables)
+    assert agg["incremental"]["a"]["2:b"]["mean"] == pytest.approx(15.0)
+    assert agg["cumulative"]["a"]["2:b"]["mean"] == pytest.approx(150.0)
+    assert agg["cumulative"]["a"]["1:a"]["median"] == pytest.approx(1.5)
+
+
+def test_scores_do_not_depend_on_the_pad_id():
+    """Padding is masked out and positions come from the mask: the pad token's id cannot change any score."""
+    a, b = tiny_gpt2(0), tiny_gpt2(1)
+    prompts, comps = [[5, 6, 7, 8, 9, 10], [11, 12]], [[20, 21], [23, 24, 25, 26]]
+    s0 = K.score_pair(a, b, prompts, comps, batch_size=2, pad_id=0)
+    s1 = K.score_pair(a, b, prompts, comps, batch_size=2, pad_id=63)
+    for x, y in zip(s0, s1):
+        assert (x.tokens, x.k1, x.k3, x.exact) == pytest.approx((y.tokens, y.k1, y.k3, y.exact), abs=1e-9)
+
+
+def test_kl_rows_print_median_min_max_over_seeds_next_to_the_studys_cell():
+    from esft import paper
+
+    tables = [{"stages": ["1:countdown", "2:boolq"], "tasks": ["countdown", "a"],
+               "incremental": {t: {"1:countdown": {"k3_token_mean": v}, "2:boolq": {"k3_token_mean": 2 * v}}
+                               for t in ("countdown", "a")},
+               "cumulative": {t: {"1:countdown": {"k3_token_mean": v}, "2:boolq": {"k3_token_mean": 3 * v}}
+                              for t in ("countdown", "a")}} for v in (0.1, 0.3, 0.2)]
+    group = K.KLGroup("grpo", "grpo", ("countdown", "boolq"), tables, K.aggregate_seeds(tables))
+    head, rows = K.kl_rows(group, "cumulative")
+    assert head == ["eval task", "after 1:countdown", "after 2:boolq"]
+    # the study's cell is looked up by the task trained at that stage (the label after the colon)
+    ref1 = paper.kl_reference("grpo", "cumulative", "countdown", "countdown")
+    ref2 = paper.kl_reference("grpo", "cumulative", "countdown", "boolq")
+    assert ref1 and ref2 and ref1 != ref2
+    assert rows[0] == ["countdown", f"0.2 [0.1, 0.3] (paper {ref1})", f"0.6 [0.3, 0.9] (paper {ref2})"]
+    assert rows[1] == ["a", "0.2 [0.1, 0.3]", "0.6 [0.3, 0.9]"]  # a task the study does not have: no cell
+    one = K.KLGroup("es", "es", ("a",), tables[:1], K.aggregate_seeds(tables[:1]))
+    assert K.kl_rows(one, "incremental")[1][1] == ["a", "0.1", "0.2"]  # one seed: the value alone
+
+
+def test_progress_line_of_a_task_with_no_generated_token(monkeypatch, tokenizer, capsys):
+    """Empty completions (max_new_tokens=0) have no per-token mean (None): the progress line says n/a."""
+    monkeypatch.setattr(K, "generate_completions", lambda m, tok, ex, task, cfg: ([[1, 2]] * len(ex), [[]] * len(ex)))
+    model = tiny_gpt2(0)
+    res = K.kl_stages("base", [("1:boolq", "s1")], ["boolq"], limit=1, loader=lambda spec: (model, tokenizer),
+                      task_options={"boolq": {"max_passage_chars": 80}}, progress=True)
+    assert res["incremental"]["boolq"]["1:boolq"]["k3_token_mean"] is None
+    assert "k3/token n/a" in capsys.readouterr().out

@@ -363,3 +363,57 @@ def test_default_magnitudes_grid_against_hand_computation():
     want = sorted({0.0, 1.0, 90.0, *np.geomspace(0.25, 135.0, 4).tolist()})
     assert L.default_magnitudes([1.0, 90.0], 4) == pytest.approx(want)
     assert L.default_magnitudes([-1.0, 1.0, 90.0], 4) == pytest.approx(want)
+
+
+def test_abs_histogram_bins_are_closed_on_the_left_and_the_top_bin_takes_the_overflow():
+    base = {"a.weight": torch.zeros(6)}
+    tuned = {"a.weight": torch.tensor([0.5, -1.0, 2.0, -3.0, 4.0, -5.0])}
+    counts, below, total = SP.abs_histogram(base, tuned, np.array([1.0, 2.0, 4.0]))
+    # [1, 2): |-1|; [2, 4): 2, |-3|, and 4, |-5| (>= the last edge); below 1: 0.5
+    assert counts.tolist() == [1.0, 4.0] and (below, total) == (1, 6)
+
+
+def test_taus_for_sparsity_against_a_hand_computed_histogram():
+    """Edges 1, 2, 4, 8, 16; |d| = 0.5, 1.5, 3, 5: the fraction below each upper edge is 1/2, 3/4, 1, 1. A target
+    takes the first upper edge whose fraction reaches it; 0 keeps the whole update, 1 reverts all of it."""
+    base, tuned = {"a.weight": torch.zeros(4)}, {"a.weight": torch.tensor([0.5, -1.5, 3.0, -5.0])}
+    targets = [0.0, 0.5, 0.6, 0.75, 1.0]
+    taus = SP.taus_for_sparsity(base, tuned, targets, bins=4, lo=1.0, hi=16.0)
+    assert taus == pytest.approx([0.0, 2.0, 4.0, 4.0, 8.0], rel=1e-12)
+    assert SP.sparsity_at(base, tuned, taus) == [0.0, 0.5, 0.75, 0.75, 1.0]
+    # the kept entries are the largest |d|: at the 0.5 target, 3 and -5 survive
+    assert SP.threshold_update(tuned["a.weight"], taus[1]).tolist() == [0.0, 0.0, 3.0, -5.0]
+
+
+def test_threshold_update_leaves_its_input_alone():
+    d = torch.tensor([0.1, -0.2, 0.3], dtype=torch.float64)
+    kept = SP.threshold_update(d, 0.15)
+    assert kept.tolist() == [0.0, -0.2, 0.3] and d.tolist() == [0.1, -0.2, 0.3]
+    assert SP.threshold_update(d, 0.0).tolist() == d.tolist()  # tau 0: the full update
+
+
+def test_sparsity_sweep_sorts_thresholds_skips_repeats_and_keeps_base_and_tuned(monkeypatch):
+    """Thresholds given out of order are swept in increasing order; one that reverts exactly the same entries
+    as the previous one is not evaluated again; the base and tuned models are read, never written."""
+    base, tuned, work = tiny(0), tiny(1), tiny(2)
+    pb, pt = params(base), params(tuned)
+    calls = []
+    acc = fake_accuracy(tuned)
+    monkeypatch.setattr(SP, "accuracy", lambda *a: calls.append(1) or acc(*a))
+    res = SP.sparsity_sweep(work, None, base, tuned, {"t": (None, [0])}, None, taus=[1e3, 0.0, 1e-30])
+    assert [r["tau"] for r in res["rows"]] == [0.0, 1e3]
+    assert res["rows"][1]["sparsity"] == 1.0 and res["rows"][1]["accuracy"]["t"] < 1.0
+    assert len(calls) == 3  # two rows and the base
+    norm = np.sqrt(sum(float(((pt[n] - pb[n]) ** 2).sum()) for n in pb))
+    assert res["update_norm"] == pytest.approx(norm, rel=1e-9)
+    assert all(torch.equal(v, pb[n]) for n, v in params(base).items())
+    assert all(torch.equal(v, pt[n]) for n, v in params(tuned).items())
+
+
+def test_sweep_table_rows_print_tau_sparsity_and_accuracy_then_the_base():
+    res = {"rows": [{"tau": 0.0, "sparsity": 0.125, "accuracy": {"a": 0.5, "b": 0.25}},
+                    {"tau": 2e-5, "sparsity": 0.78, "accuracy": {"a": 0.375, "b": 0.0}}],
+           "base_accuracy": {"a": 0.1, "b": 0.2}}
+    rows = SP.sweep_table_rows(SP.SparsitySweep("es", ["b", "a"], res))
+    assert rows == [["0", "12.5%", "25.0%", "50.0%"], ["2.000e-05", "78.0%", "0.0%", "37.5%"],
+                    ["base (all reverted)", "100%", "20.0%", "10.0%"]]

@@ -237,8 +237,8 @@ def kl_stages(base: Any, stages: Sequence[tuple[str, Any]], tasks: Sequence[str]
                 if prev_spec is base:
                     out["cumulative"][t][label] = summ
                 if progress:
-                    print(f"KL {kind:<11} {label:<20} {t:<10} k3/token {summ['k3_token_mean']:.4g}  "
-                          f"exact/token {summ['exact_token_mean']:.4g}", flush=True)
+                    print(f"KL {kind:<11} {label:<20} {t:<10} k3/token {fmt(summ['k3_token_mean'])}  "
+                          f"exact/token {fmt(summ['exact_token_mean'])}", flush=True)
             _free(before)
         _free(after)
         prev_spec = spec
