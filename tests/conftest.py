@@ -41,6 +41,17 @@ def tiny_model():
 
 
 @pytest.fixture()
+def one_thread():
+    """torch on one thread for the test (fast and deterministic on a shared 2-core machine), then as before."""
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+@pytest.fixture()
 def two_threads():
     """Lanes split torch's threads: 2 threads -> 2 lanes of 1 (this machine's layout)."""
     import torch

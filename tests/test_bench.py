@@ -21,12 +21,7 @@ REQUIRED = {"roofline_ratio", "generated_tokens_per_s", "delivered_tokens_per_s"
             "naive_iteration_s", "speedup_vs_naive", "overhead_fraction"}
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def small_workload(name: str = "small", min_new: int = 6) -> bench.Workload:

@@ -20,12 +20,7 @@ from esft.generation.prompts import left_pad
 from conftest import make_tiny_model
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # ---- common_prefix ----------------------------------------------------------------------------------------------
