@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import pytest
@@ -40,26 +41,31 @@ def tiny_model():
     return make_tiny_model()
 
 
-@pytest.fixture()
-def one_thread():
-    """torch on one thread for the test (fast and deterministic on a shared 2-core machine), then as before."""
+@contextlib.contextmanager
+def torch_threads(n: int):
+    """torch on `n` threads inside the block, then as before."""
     import torch
 
     previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+@pytest.fixture()
+def one_thread():
+    """One thread: fast and deterministic on a shared 2-core machine."""
+    with torch_threads(1):
+        yield
 
 
 @pytest.fixture()
 def two_threads():
     """Lanes split torch's threads: 2 threads -> 2 lanes of 1 (this machine's layout)."""
-    import torch
-
-    previous = torch.get_num_threads()
-    torch.set_num_threads(2)
-    yield
-    torch.set_num_threads(previous)
+    with torch_threads(2):
+        yield
 
 
 def load_spec_text(tmp_path, text: str):
