@@ -162,6 +162,15 @@ def test_left_padded_scoring_keeps_absolute_positions():
         assert s.tokens == 1 and s.exact > 0 and s.k3 == pytest.approx(direct(a, b, p, c)[1], abs=1e-6)
 
 
+def test_a_completion_without_a_prompt_token_is_refused_not_misaligned():
+    """Nothing predicts the first token of a completion with an empty prompt; an empty prompt with an empty
+    completion is simply nothing to score."""
+    a, b = tiny_gpt2(0), tiny_gpt2(1)
+    with pytest.raises(ValueError, match="row 1: a completion needs at least one prompt token"):
+        K.score_pair(a, b, [[5, 6], [], [7]], [[20], [21, 22], [23]], batch_size=3, pad_id=0)
+    assert K.score_pair(a, b, [[5, 6], []], [[20], []], batch_size=2, pad_id=0)[1].tokens == 0
+
+
 def test_default_generation_of_kl_stages_is_greedy(monkeypatch, tokenizer):
     """Without a generation config, pi_after's completions are greedy, as the paper's evaluation."""
     seen = []

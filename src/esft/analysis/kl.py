@@ -119,6 +119,10 @@ def score_pair(model_after, model_before, prompt_ids: Sequence[Sequence[int]],
                position_chunk: int = 256) -> list[SequenceKL]:
     """k1, k3 and exact KL summed over each completion's tokens, scored on the given ids by both models."""
     results: list[SequenceKL] = []
+    # a completion's first token is predicted from the prompt's last one: without it, nothing predicts that token
+    for i, (p, c) in enumerate(zip(prompt_ids, completion_ids)):
+        if len(c) and not len(p):
+            raise ValueError(f"row {i}: a completion needs at least one prompt token before it to be scored")
     order = list(range(len(prompt_ids)))
     for start in range(0, len(order), batch_size):
         idx = order[start:start + batch_size]
