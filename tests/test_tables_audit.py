@@ -43,6 +43,7 @@ def test_csv_number_has_at_most_four_decimals_and_no_trailing_zeros():
     assert csv_number(None) == "" and csv_number(0) == "0" and csv_number(0.0) == "0"
     assert csv_number(0.5) == "0.5" and csv_number(2.0) == "2" and csv_number(100.0) == "100"
     assert csv_number(1 / 3) == "0.3333" and csv_number(0.12346) == "0.1235" and csv_number(-0.25) == "-0.25"
+    assert csv_number(-1e-5) == "0" and csv_number(-0.0) == "0" and csv_number(-0.00006) == "-0.0001"
 
 
 def test_grid_formats_non_strings_and_escapes_pipes():

@@ -81,7 +81,10 @@ def sci(x: float | None) -> str:
 
 def csv_number(x: float | None) -> str:
     """A number for a CSV cell: at most four decimals, no trailing zeros; empty for None."""
-    return "" if x is None else f"{x:.4f}".rstrip("0").rstrip(".") if x != 0 else "0"
+    if x is None:
+        return ""
+    text = f"{x:.4f}".rstrip("0").rstrip(".")
+    return "0" if text in ("0", "-0", "") else text  # a value that rounds to zero has no sign
 
 
 # ---- Markdown ----------------------------------------------------------------------------------------------------
