@@ -108,6 +108,8 @@ def test_a_cache_converted_with_the_wrong_end_token_is_converted_again(monkeypat
     assert "has end-of-sequence token '<|im_start|>', not '<|im_end|>'" in capsys.readouterr().out
     assert models.cached_eos(stale) == "<|im_end|>"
     assert load_model(str(stale))[1].eos_token_id == 2
+    # the cache holds plain weights: a GGUF quantization_config would send other readers (vLLM) to the GGUF file
+    assert "quantization_config" not in json.loads((stale / "config.json").read_text())
 
 
 @pytest.mark.slow
