@@ -154,6 +154,10 @@ def test_cache_dir_follows_esft_cache(monkeypatch, tmp_path):
     monkeypatch.delenv("ESFT_CACHE")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     assert models.cache_dir() == tmp_path / "home" / ".cache" / "esft"
+    monkeypatch.setenv("ESFT_CACHE", "")  # set but empty: the default, not the working folder
+    assert models.cache_dir() == tmp_path / "home" / ".cache" / "esft"
+    monkeypatch.setenv("ESFT_CACHE", "~/esft-cache")
+    assert models.cache_dir() == tmp_path / "home" / "esft-cache"
 
 
 @pytest.mark.parametrize("name", ["plainword", "org/", "smollm3"])

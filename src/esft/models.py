@@ -38,8 +38,9 @@ def known_model_names() -> tuple[str, ...]:
 
 
 def cache_dir() -> Path:
-    """Root of esft's cache (converted models). Set `ESFT_CACHE` to move it."""
-    return Path(os.environ.get("ESFT_CACHE", Path.home() / ".cache" / "esft"))
+    """Root of esft's cache (converted models). Set `ESFT_CACHE` to move it (`~` expands; empty is unset, not the
+    working folder)."""
+    return Path(os.environ.get("ESFT_CACHE") or Path.home() / ".cache" / "esft").expanduser()
 
 
 def default_device() -> str:
