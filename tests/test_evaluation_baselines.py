@@ -285,3 +285,12 @@ def test_es_evaluation_records_the_constant_baseline_of_its_examples(tmp_path):
 
 def test_wilson_interval_of_no_trials_is_the_whole_range():
     assert wilson_interval(0, 0) == (0.0, 1.0)
+
+
+def test_wilson_interval_at_all_correct_and_all_wrong_by_hand():
+    """At p = 1 the formula reduces to (n / (n + z^2), 1), at p = 0 to (0, z^2 / (n + z^2)) (z = 1.96)."""
+    z2 = 1.96 ** 2
+    for n in (1, 4, 10, 250):
+        assert wilson_interval(n, n) == pytest.approx((n / (n + z2), 1.0), abs=1e-12)
+        assert wilson_interval(0, n) == pytest.approx((0.0, z2 / (n + z2)), abs=1e-12)
+    assert wilson_interval(10, 10)[0] == pytest.approx(0.7225, abs=1e-4)
