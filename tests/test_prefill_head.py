@@ -12,7 +12,9 @@ import torch
 
 from esft.generation import GenerationConfig, encode_prompts, generate, lean, left_pad
 
-from test_lean import PROMPTS, _eosy, _fast_kernels, _one_thread, _tiny  # noqa: F401  (_one_thread: autouse)
+from test_lean import PROMPTS, _eosy, _fast_kernels, _tiny
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 SHARED = [[{"role": "system", "content": "Answer with \\boxed{yes} or \\boxed{no}."},
            {"role": "user", "content": text}]
