@@ -67,6 +67,11 @@ def parse_dtype(dtype: str | torch.dtype | None, device: str | torch.device) -> 
     return names[dtype]
 
 
+def is_hub_id(name: str) -> bool:
+    """`org/name`: the only form besides embedded names and existing folders that esft passes to the hub."""
+    return name.count("/") == 1 and not name.startswith((".", "/", "~")) and all(name.split("/"))
+
+
 def resolve_model_path(name_or_path: str) -> str:
     """Return a local folder (or, failing that, a hub id) for `name_or_path`, converting the embedded GGUF once."""
     key = _EMBEDDED_ALIASES.get(name_or_path.lower(), name_or_path.lower())
@@ -81,7 +86,7 @@ def resolve_model_path(name_or_path: str) -> str:
     looks_like_path = name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") > 1
     if looks_like_path:
         raise ModelNotFoundError(f"model folder {path.resolve()} does not exist")
-    if name_or_path.count("/") != 1 or not all(name_or_path.split("/")):
+    if not is_hub_id(name_or_path):
         # refused here, as esft.validation does, rather than after a hub lookup that fails offline or hangs
         raise ModelNotFoundError(
             f"unknown model {name_or_path!r}: not an embedded model ({', '.join(known_model_names())}), "

@@ -121,7 +121,7 @@ def _brief(obj: Any) -> str:
 
 def check_model(key: str, name: Any) -> None:
     """`name` is an embedded model, a Hugging Face model folder, or a hub id `org/name` (tried only at load)."""
-    from esft.models import known_model_names
+    from esft.models import is_hub_id, known_model_names
 
     text = str(name)
     if text.lower() in known_model_names():
@@ -137,8 +137,7 @@ def check_model(key: str, name: Any) -> None:
                     else f"; {path} has no config.json")
             raise ConfigError(key, name, accepted + hint)
         return
-    looks_like_hub_id = text.count("/") == 1 and not text.startswith((".", "/", "~")) and all(text.split("/"))
-    if not looks_like_hub_id:
+    if not is_hub_id(text):
         raise ConfigError(key, name, accepted)
 
 
