@@ -359,3 +359,32 @@ def test_a_text_configs_tie_setting_wins_over_the_outer_one():
     config = {"tie_word_embeddings": True, "text_config": {"tie_word_embeddings": False}}
     assert models.ties_word_embeddings(config) is False
     assert models.ties_word_embeddings({**config, "text_config": {"model_type": "gpt2"}}) is True
+
+
+def test_safetensors_complete_reads_the_header_and_size(tmp_path):
+    from safetensors.torch import save_file
+
+    path = tmp_path / "w.safetensors"
+    save_file({"a": torch.arange(6.0).reshape(2, 3), "b": torch.ones(5, dtype=torch.bfloat16)}, str(path),
+              metadata={"format": "pt"})
+    data = path.read_bytes()
+    assert models.safetensors_complete(path)
+    for cut in (len(data) - 1, len(data) - 10, 9, 3, 0):
+        path.write_bytes(data[:cut])
+        assert not models.safetensors_complete(path), cut
+    path.write_bytes(data + b"\0")  # longer than the header promises: not what save_file wrote
+    assert not models.safetensors_complete(path)
+    path.write_bytes((2**62).to_bytes(8, "little") + data[8:])  # a header length past the end is not read
+    assert not models.safetensors_complete(path)
+    assert not models.safetensors_complete(tmp_path / "missing.safetensors")
+
+
+def test_a_cache_with_truncated_weights_is_converted_again(fake_conversion, tmp_path, capsys):
+    """A cached model.safetensors cut short (disk full, a partial copy) is not loaded: it is converted again."""
+    target = models.embedded_model_dir()
+    weights = target / "model.safetensors"
+    whole = weights.read_bytes()
+    weights.write_bytes(whole[: len(whole) // 2])
+    assert models.embedded_model_dir() == target and len(fake_conversion) == 2
+    assert weights.read_bytes() == whole and "truncated" in capsys.readouterr().out
+    assert models.embedded_model_dir() == target and len(fake_conversion) == 2

@@ -98,7 +98,13 @@ def embedded_model_dir(key: str = DEFAULT_MODEL) -> Path:
     """Folder with the embedded model as safetensors, converting the packaged GGUF on first use."""
     package, gguf_name, folder, eos = _EMBEDDED[key]
     target = cache_dir() / "models" / folder
-    if (target / "model.safetensors").exists() and (target / "config.json").exists():
+    weights = target / "model.safetensors"
+    if weights.exists() and (target / "config.json").exists() and not safetensors_complete(weights):
+        # a copy cut short (disk full, an interrupted rsync): loading it would fail deep inside safetensors
+        print(f"esft: the cached {folder} has a truncated or unreadable model.safetensors; converting it again",
+              flush=True)
+        shutil.rmtree(target)
+    if weights.exists() and (target / "config.json").exists():
         found = cached_eos(target)
         if found == eos:
             return target
@@ -124,6 +130,25 @@ def embedded_model_dir(key: str = DEFAULT_MODEL) -> Path:
         raise ModelNotFoundError(f"{gguf_name} not found in {gguf_dir}; reinstall '{package}'")
     _convert_gguf(gguf_dir, gguf_name, target, eos)
     return target
+
+
+def safetensors_complete(path: Path) -> bool:
+    """Whether a safetensors file holds every byte its header promises (a cheap check: header and size only).
+
+    The format is an 8-byte little-endian header length, a JSON header whose tensors give `data_offsets`
+    relative to the end of the header, then the data; a complete file ends exactly at the largest offset."""
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            head = f.read(8)
+            length = int.from_bytes(head, "little")
+            if len(head) < 8 or length > size - 8:  # garbage or cut inside the header: do not read it
+                return False
+            header = json.loads(f.read(length))
+        ends = [int(entry["data_offsets"][1]) for name, entry in header.items() if name != "__metadata__"]
+    except (OSError, ValueError, TypeError, KeyError, IndexError, AttributeError):
+        return False
+    return size == 8 + length + max(ends, default=0)
 
 
 def cached_eos(folder: Path) -> str | None:
