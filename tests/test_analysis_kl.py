@@ -285,3 +285,60 @@ def test_progress_line_of_a_task_with_no_generated_token(monkeypatch, tokenizer,
                       task_options={"boolq": {"max_passage_chars": 80}}, progress=True)
     assert res["incremental"]["boolq"]["1:boolq"]["k3_token_mean"] is None
     assert "k3/token n/a" in capsys.readouterr().out
+
+
+@pytest.fixture()
+def heatmap_figure(monkeypatch, tmp_path):
+    """plot_heatmap's figure as it is about to be saved (the PNG's bytes say little about its colour scale)."""
+    import esft.analysis.plots as plots
+
+    figures = []
+    monkeypatch.setattr(plots, "save", lambda fig, path: figures.append(fig) or path)
+
+    def draw(panels):
+        K.plot_heatmap(panels, tmp_path / "h.png")
+        (fig,) = figures[-1:]
+        plots.pyplot().close(fig)
+        return fig
+
+    return draw
+
+
+def test_heatmap_panels_share_one_colour_scale_from_zero_to_the_largest_kl(heatmap_figure):
+    """Figure 2: one viridis scale for every panel, from 0 (no change) to the largest cell of any panel, so the
+    methods' colours compare; each finite cell's value written on it, white on the darker half of the scale."""
+    es = np.array([[0.3, np.nan], [0.05, 0.4]])
+    grpo = np.array([[0.01, 0.02], [0.03, 0.1]])
+    fig = heatmap_figure({"ES": (es, ["a", "b"], ["1:a", "2:b"]), "GRPO": (grpo, ["a", "b"], ["1:a", "2:b"])})
+    panels = [ax for ax in fig.axes if ax.get_title()]
+    assert [ax.get_title() for ax in panels] == ["ES", "GRPO"]
+    for ax, m in zip(panels, (es, grpo)):
+        (im,) = ax.get_images()
+        assert im.cmap.name == "viridis"
+        assert (im.norm.vmin, im.norm.vmax) == (0.0, 0.4)
+        np.testing.assert_array_equal(np.ma.filled(im.get_array(), np.nan), m)
+    assert len(fig.axes) == 3  # and a colour bar
+    written = [[(t.get_text(), t.get_color()) for t in ax.texts] for ax in panels]
+    assert written == [[("0.3", "k"), ("0.05", "w"), ("0.4", "k")],
+                       [("0.01", "w"), ("0.02", "w"), ("0.03", "w"), ("0.1", "w")]]
+
+
+def test_heatmap_scale_of_negative_equal_and_missing_values(heatmap_figure):
+    """A negative estimate (k1, or rounding) extends the scale below 0; panels of one value (two equal models:
+    all 0) and panels of no finite value still get a scale of positive width."""
+    def norm(m):
+        (im,) = heatmap_figure({"ES": (np.array(m), ["a"], ["1:a", "2:a"])}).axes[0].get_images()
+        return im.norm.vmin, im.norm.vmax
+
+    assert norm([[-0.1, 0.2]]) == (-0.1, 0.2)
+    assert norm([[0.5, 0.5]]) == (0.0, 0.5)
+    lo, hi = norm([[0.0, 0.0]])
+    assert lo == 0.0 and 0.0 < hi < 1e-9
+    assert norm([[np.nan, np.nan]]) == (0.0, 1.0)
+
+
+def test_kl_rows_of_two_seeds_give_their_range():
+    tables = [{"stages": ["1:a"], "tasks": ["a"], "incremental": {"a": {"1:a": {"k3_token_mean": v}}},
+               "cumulative": {"a": {"1:a": {"k3_token_mean": v}}}} for v in (0.1, 0.3)]
+    group = K.KLGroup("es", "es", ("a",), tables, K.aggregate_seeds(tables))
+    assert K.kl_rows(group, "incremental")[1] == [["a", "0.2 [0.1, 0.3]"]]

@@ -194,3 +194,76 @@ def test_the_card_keeps_prose_that_starts_with_a_slash(tmp_path):
                                                         "data": str(data)}}, [])
     assert prompt in card and "switch: /no_think" in card
     assert str(tmp_path) not in card and "data: sums.jsonl" in card
+
+
+def checkpoint_folder(path, names=("model.safetensors", "tokenizer_config.json"), config=None):
+    """A model folder as a checkpoint leaves it (files of placeholder content: export copies, it does not load)."""
+    path.mkdir(parents=True)
+    (path / "config.json").write_text(json.dumps(config or {"bos_token_id": 1, "eos_token_id": 2}))
+    for name in names:
+        (path / name).write_text("x")
+    return path
+
+
+def test_a_checkpoint_without_generation_config_gets_one_from_its_model_config(tmp_path):
+    """The special token ids of config.json (those set; pad 0 is one) make the exported generation_config.json."""
+    from esft.export import export_run
+
+    checkpoint_folder(tmp_path / "run" / "checkpoints" / "final",
+                      config={"bos_token_id": 1, "eos_token_id": [2, 3], "pad_token_id": 0, "hidden_size": 8})
+    export_run(tmp_path / "run", tmp_path / "out")
+    saved = json.loads((tmp_path / "out" / "generation_config.json").read_text())
+    assert (saved["bos_token_id"], saved["eos_token_id"], saved["pad_token_id"]) == (1, [2, 3], 0)
+    assert "hidden_size" not in saved
+
+
+def test_export_refuses_a_checkpoint_without_weights_or_tokenizer_and_takes_an_empty_target(tmp_path):
+    from esft.export import export_run
+
+    with pytest.raises(FileNotFoundError, match="no safetensors weights"):
+        export_run(checkpoint_folder(tmp_path / "a", names=("tokenizer_config.json", "pytorch_model.bin")),
+                   tmp_path / "out")
+    with pytest.raises(FileNotFoundError, match="no tokenizer files"):
+        export_run(checkpoint_folder(tmp_path / "b", names=("model.safetensors", "tokenizer.json")), tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    (tmp_path / "empty").mkdir()  # made by the user beforehand: nothing to overwrite
+    result = export_run(checkpoint_folder(tmp_path / "c"), tmp_path / "empty")
+    assert result.files == ["README.md", "config.json", "generation_config.json", "model.safetensors",
+                            "tokenizer_config.json"]
+
+
+def test_the_card_leaves_out_the_runs_own_record_and_reads_a_final_folder_only_with_a_model(tmp_path):
+    """config.yaml's `_run` (esft's record of how the run was started) is not a training setting; a `final`
+    folder without config.json (a save that never finished) is passed over for the latest numbered checkpoint."""
+    import yaml
+
+    from esft.export import export_run, find_checkpoint
+
+    run = tmp_path / "run"
+    checkpoint_folder(run / "checkpoints" / "iter_000004")
+    (run / "checkpoints" / "final").mkdir()
+    (run / "config.yaml").write_text(yaml.safe_dump({"model": "m", "task": "boolq", "population_size": 2,
+                                                     "_run": {"algorithm": "es", "argv": ["esft", "train"]}}))
+    assert find_checkpoint(run) == run / "checkpoints" / "iter_000004"
+    export_run(run, tmp_path / "out")
+    card = (tmp_path / "out" / "README.md").read_text()
+    assert "population_size: 2" in card and "_run" not in card and "argv" not in card
+    assert "checkpoint `iter_000004`, step 4, not the run's final checkpoint" in card
+
+
+def test_the_card_links_a_hub_base_model_only(tmp_path, monkeypatch):
+    """base_model in the front matter is a hub link: an org/name id, not a local folder (relative, as a later
+    stage of a sequence names the checkpoint it starts from, or ~/...)."""
+    from esft.export import model_card
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "models" / "smol").mkdir(parents=True)
+    (tmp_path / "models" / "smol" / "config.json").write_text("{}")
+
+    def front(model):
+        return model_card(tmp_path / "a", {"model": model, "task": "t", "population_size": 2}, []).split("---")[1]
+
+    assert "base_model: HuggingFaceTB/SmolLM2-135M" in front("HuggingFaceTB/SmolLM2-135M")
+    for local in ("models/smol", "runs/seq/1-countdown/run/checkpoints/final", "~/models/smol", "./smol/x"):
+        assert "base_model" not in front(local), local
+    assert "from `smol`" in model_card(tmp_path / "a", {"model": "~/models/smol", "task": "t"}, [])

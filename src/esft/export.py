@@ -123,12 +123,14 @@ def model_card(run: Path, config: dict[str, Any], results: list[dict[str, Any]],
                checkpoint: Path | None = None) -> str:
     """README.md: YAML front matter, what was trained, which checkpoint, the held-out results up to its step, the
     training config (local folders cut, `without_local_dirs`)."""
+    from esft.models import is_hub_id
+
     config = without_local_dirs(config)
     algorithm = "GRPO" if "num_generations" in config else "ES"
     base = str(config.get("model", ""))
     front = {"library_name": "transformers", "pipeline_tag": "text-generation",
              "tags": ["esft", "evolution-strategies" if algorithm == "ES" else "grpo"]}
-    if "/" in base and not Path(base).exists():
+    if is_hub_id(base) and not Path(base).exists():
         front["base_model"] = base  # a hub id; local folders and embedded names are not hub links
     lines = ["---", yaml.safe_dump(front, sort_keys=False).strip(), "---", "",
              f"# {run.name}", "",

@@ -211,9 +211,9 @@ def report_sparsity(ctx: ReportContext) -> tuple[list[SparsitySweep], Path] | No
                   "max_new_tokens": gc.max_new_tokens, "targets": targets, "options": opts, **ctx.eval_params()}
 
         def compute(c=c, fin=fin, gc=gc, tasks=tasks):
-            if not loaded:
-                loaded.extend(ctx.load(c.base))
-            return sparsity_sweep(loaded[0], loaded[1], c.base, fin, prepare_tasks(tasks, limit, task_options=opts,
+            if not loaded or loaded[0] != c.base:  # one model at a time, loaded again for another base
+                loaded[:] = [c.base, *ctx.load(c.base)]
+            return sparsity_sweep(loaded[1], loaded[2], c.base, fin, prepare_tasks(tasks, limit, task_options=opts,
                                                                                 balanced=ctx.config.balanced,
                                                                                 build=ctx.build_task),
                                   gc, targets=targets, progress=ctx.progress)
