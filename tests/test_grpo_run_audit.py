@@ -1,0 +1,290 @@
+"""Contracts of esft.grpo.run and esft.grpo.trl_trainer that the end-to-end tests of tests/test_grpo.py leave open:
+every esft option reaches TRL's GRPOConfig under its own name with its own value (not only where the paper preset
+equals TRL's default), the reward TRL trains on is the task's (score + format_bonus * well_formed), the prompt
+order of each epoch depends on (seed, epoch), the KL metric is the k3 estimator of KL(policy || reference) over
+the loss mask, and the run options that only a non-default value shows (samples_per_iteration, eval budget, log_kl,
+mask_truncated_completions, bf16 autocast of the rollouts, a bf16 model) reach the trainer.
+
+Run: pytest -q tests/test_grpo_run_audit.py   (~25 s on 2 CPU cores; tiny random-init model, no download)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+pytest.importorskip("trl")
+
+from conftest import make_tiny_model  # noqa: E402
+from esft.grpo import GRPOConfig  # noqa: E402
+from esft.grpo.grpo_config import to_trl_config  # noqa: E402
+from esft.grpo.run import build_dataset, list_checkpoints, read_run_config, train_grpo  # noqa: E402
+from esft.grpo.trl_trainer import EpochSeededRepeatSampler, masked_k3_kl  # noqa: E402
+from esft.rundir import read_jsonl  # noqa: E402
+from grpo_tiny import ParityTask, tiny_config  # noqa: E402
+
+# every esft option TRL has, each away from both esft's and TRL's default, so a value taken from the wrong field
+# (or a default left in place) shows
+OPTIONS = dict(seed=7, max_steps=5, prompts_per_step=3, num_generations=4, per_device_train_batch_size=6,
+               learning_rate=2e-5, optim="adamw_torch_fused", weight_decay=0.01, max_grad_norm=0.5,
+               lr_scheduler_type="cosine", warmup_steps=2, epsilon=0.3, beta=0.04, loss_type="dapo",
+               scale_rewards="batch", num_iterations=2, mask_truncated_completions=True, temperature=0.7, top_p=0.9,
+               max_completion_length=33, save_steps=2)
+
+
+def test_every_option_reaches_trl_under_its_own_name(tmp_path):
+    config = GRPOConfig(**OPTIONS, device="cpu")
+    args = to_trl_config(config, str(tmp_path), "bf16-autocast", progress=False)
+    for name, value in OPTIONS.items():
+        if name != "prompts_per_step":
+            got = getattr(args, name)
+            assert getattr(got, "value", got) == value, name  # optim and the schedule are transformers enums
+    # one generation round of prompts_per_step * num_generations completions per optimizer step
+    assert args.gradient_accumulation_steps == args.steps_per_generation == 3 * 4 // 6
+    assert args.generation_batch_size == 12
+    assert (args.bf16, args.fp16, args.use_cpu, args.disable_tqdm) == (True, False, True, True)
+    assert (args.logging_steps, args.save_strategy, args.disable_dropout, args.remove_unused_columns) == (
+        1, "steps", True, False)
+    fp32 = to_trl_config(config.replace(save_steps=0), str(tmp_path), "fp32")
+    assert (fp32.bf16, fp32.save_steps, fp32.disable_tqdm) == (False, 5, False)  # save_steps 0: the final one only
+
+
+def test_epoch_order_depends_on_seed_and_epoch_only():
+    """A resumed run re-creates the sampler and calls set_epoch(e): it must draw epoch e's order as the
+    uninterrupted run did, while different epochs (and seeds) draw different orders."""
+    data = list(range(40))
+
+    def order(seed, epoch, warm=False):
+        sampler = EpochSeededRepeatSampler(data, mini_repeat_count=2, batch_size=4, repeat_count=1, shuffle=True,
+                                           seed=seed)
+        if warm:  # an uninterrupted run: the earlier epochs were iterated first
+            for e in range(epoch):
+                sampler.set_epoch(e)
+                list(sampler)
+        sampler.set_epoch(epoch)
+        return list(sampler)
+
+    first = order(5, 0)
+    assert sorted(first) == sorted(data * 2) and first[0] == first[1]  # each prompt twice in a row (its group)
+    assert order(5, 1) == order(5, 1, warm=True) and order(5, 2) == order(5, 2, warm=True)
+    assert order(5, 1) != first and order(5, 2) != order(5, 1)
+    assert order(6, 0) != first
+    unshuffled = EpochSeededRepeatSampler(data[:3], mini_repeat_count=2, batch_size=3, shuffle=False, seed=5)
+    unshuffled.set_epoch(4)
+    assert list(unshuffled) == [0, 0, 1, 1, 2, 2]
+
+
+def test_the_kl_metric_is_k3_of_policy_to_reference_over_the_mask():
+    logps = torch.tensor([[-1.0, -2.0, -0.5], [-0.3, -4.0, -9.0]])
+    ref = torch.tensor([[-1.5, -1.0, -0.5], [-0.1, -9.0, -1.0]])
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0]])
+    pairs = ((-1.5, -1.0), (-1.0, -2.0), (-0.5, -0.5), (-0.1, -0.3))  # (reference, policy) of the masked tokens
+    expected = sum(math.exp(r - p) - (r - p) - 1 for r, p in pairs) / 4
+    assert masked_k3_kl(logps, ref, mask) == pytest.approx(expected, rel=1e-6)
+    # k3 is not symmetric: the reference and the policy may not trade places
+    assert masked_k3_kl(ref, logps, mask) != pytest.approx(expected, rel=1e-3)
+    assert masked_k3_kl(logps, ref, torch.zeros_like(mask)) == 0.0
+
+
+def test_final_sorts_after_a_numbered_checkpoint_of_its_step(tmp_path):
+    for name, step in (("final", 4), ("iter_000004", 4), ("iter_000002", 2)):
+        (tmp_path / "checkpoints" / name).mkdir(parents=True)
+        (tmp_path / "checkpoints" / name / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+    assert [(s, p.name) for s, p in list_checkpoints(tmp_path)] == [
+        (2, "iter_000002"), (4, "iter_000004"), (4, "final")]
+
+
+def test_each_dataset_row_points_at_its_own_example():
+    task = ParityTask(n=5)
+    examples = task.load("train")
+    rows = list(build_dataset(examples, task))
+    assert [r["example_index"] for r in rows] == list(range(5))
+    assert all(r["prompt"] == task.prompt(examples[r["example_index"]]) for r in rows)
+
+
+def test_a_stale_trl_folder_is_removed_and_a_config_only_run_dir_is_checked(tmp_path):
+    """A `checkpoint-N` folder left by a save killed before its move into checkpoints/ is deleted; a folder holding
+    only config.yaml (a run that failed before its first step) resumes only with the same config."""
+    from esft.grpo.run import _prepare_dir, _write_config
+
+    out = tmp_path / "run"
+    (out / "checkpoint-3").mkdir(parents=True)
+    assert _prepare_dir(out, tiny_config(out)) == (None, 0)
+    assert not (out / "checkpoint-3").exists() and (out / "samples").is_dir()
+    _write_config(tiny_config(out), out / "config.yaml", {})
+    with pytest.raises(ValueError, match="learning_rate"):
+        _prepare_dir(out, tiny_config(out, learning_rate=0.5, resume=True))
+    assert _prepare_dir(out, tiny_config(out, resume=True)) == (None, 0)
+
+
+class AutocastSpy:
+    """Wraps `model.generate`: whether each call ran under CPU autocast, and the rows it returned."""
+
+    def __init__(self, model):
+        self.original, self.autocast = model.generate, []
+        model.generate = self
+
+    def __call__(self, *args, **kwargs):
+        self.autocast.append(torch.is_autocast_enabled("cpu"))
+        return self.original(*args, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def options_run(tmp_path_factory, tokenizer):
+    """A 1-step run of a bf16 model under bf16 autocast with non-default options, then extended to 2 steps."""
+    out = tmp_path_factory.mktemp("grpo-options") / "run"
+    options = dict(max_steps=1, lr_scheduler_type="constant", precision="bf16-autocast", format_bonus=0.5,
+                   samples_per_iteration=2, eval_every=1, eval_limit=2, eval_max_new_tokens=2, temperature=1.5,
+                   mask_truncated_completions=True, max_completion_length=4, seed=11)
+    model = make_tiny_model().to(torch.bfloat16)
+    from transformers import TrainerCallback
+
+    class Install(TrainerCallback):
+        def on_train_begin(self, args, state, control, model=None, **kwargs):
+            self.spy = AutocastSpy(model)
+
+    install = Install()
+    first = train_grpo(tiny_config(out, **options), model=model, tokenizer=tokenizer, task=ParityTask(),
+                       callbacks=[install], progress=False)
+    config_after_first = read_run_config(out)
+    second = train_grpo(tiny_config(out, **{**options, "max_steps": 2, "resume": True}), model=make_tiny_model(),
+                        tokenizer=tokenizer, task=ParityTask(), progress=False)
+    return {"out": out, "first": first, "second": second, "spy": install.spy, "model": model,
+            "config_after_first": config_after_first}
+
+
+def test_the_reward_is_the_tasks_reward_with_the_format_bonus(options_run):
+    out, task = options_run["out"], ParityTask()
+    reward = task.reward_function(0.5)
+    examples = task.load("train")
+    rows = read_jsonl(out / "samples" / "iter_000000.jsonl")
+    assert len(rows) == 2  # samples_per_iteration
+    for row in rows:
+        example = examples[row["index"]]
+        assert row["score"] == task.score(row["completion"], example)
+        assert row["well_formed"] == task.is_well_formed(row["completion"], example)
+        assert row["reward"] == pytest.approx(row["score"] + 0.5 * row["well_formed"])
+        assert row["reward"] == pytest.approx(reward([row["completion"]], examples=[example])[0])
+
+
+def test_run_options_reach_the_trainer(options_run):
+    out, first = options_run["out"], options_run["first"]
+    trainer, rollout = first.trainer, first.trainer.last_rollout
+    assert trainer._get_train_sampler().seed == 11
+    train = [r for r in read_jsonl(out / "metrics.jsonl") if r["kind"] == "train"]
+    # mask_truncated_completions: only completions that ended with eos are trained on
+    assert train[0]["trained_completions"] == train[0]["finished"] < train[0]["completions"]
+    assert train[0]["signal_completions"] == int((rollout["advantages"] != 0).sum())
+    assert train[0]["forward_tokens"] == rollout["prompt_ids"].numel() + rollout["completion_ids"].numel()
+    # step 1 samples from the initial model: the reference scores at the policy's temperature (1.5) too
+    assert train[0]["kl"] == pytest.approx(0.0, abs=1e-3)
+    evals = [r for r in read_jsonl(out / "metrics.jsonl") if r["kind"] == "eval"]
+    assert [e["step"] for e in evals] == [0, 1, 2]
+    assert all(0 < e["test_tokens_generated"] <= 2 * e["test_n"] for e in evals)  # eval_max_new_tokens
+    # fp32 master weights even for a bf16 model; the rollouts sampled under bf16 autocast
+    assert all(p.dtype == torch.float32 for p in options_run["model"].parameters())
+    config, info = options_run["config_after_first"]
+    assert info["param_dtypes"] == {"float32": info["num_tensors"]} and info["kl_reference"] is True
+    assert (info["precision"], info["autocast_dtype"]) == ("bf16-autocast", "bfloat16")
+    assert (info["train_examples"], info["completions_per_step"]) == (6, 8)
+    assert options_run["spy"].autocast and all(options_run["spy"].autocast)
+
+
+def test_the_kl_reference_exists_only_for_log_kl_at_beta_zero(tmp_path, tokenizer):
+    """log_kl=False keeps no frozen copy (and logs no KL); beta > 0 keeps none either, as TRL's loss has its
+    own reference and logs the KL itself. The class-balanced option reaches the reward TRL calls."""
+    def run(name, **options):
+        config = tiny_config(tmp_path / name, max_steps=1, eval_every=0, **options)
+        model = make_tiny_model()
+        model.save_pretrained(tmp_path / "base")  # TRL loads its own reference (beta > 0) from the model's path
+        model.config._name_or_path = str(tmp_path / "base")
+        result = train_grpo(config, model=model, tokenizer=tokenizer, task=ParityTask(), progress=False)
+        train = [r for r in read_jsonl(config.output_dir + "/metrics.jsonl") if r["kind"] == "train"]
+        return result.trainer, read_run_config(config.output_dir)[1], train[0]
+
+    trainer, info, record = run("no-kl", log_kl=False, class_balanced=True, scale_rewards="batch")
+    assert trainer.kl_reference is None and info["kl_reference"] is False and record.get("kl") is None
+    assert trainer.reward_funcs[0].class_balanced is True
+    trainer, info, record = run("beta", beta=0.04)
+    assert trainer.kl_reference is None and info["kl_reference"] is False
+    assert record["kl"] is not None  # TRL's own measurement
+    assert trainer.reward_funcs[0].class_balanced is False
+
+
+def test_an_extended_run_records_its_new_config_without_the_resume_flag(options_run):
+    out = options_run["out"]
+    assert options_run["second"].steps == 2
+    config, info = read_run_config(out)
+    assert config.max_steps == 2 and config.resume is False
+    assert [(s, p.name) for s, p in list_checkpoints(out)] == [(1, "iter_000001"), (2, "final")]
+
+
+def test_a_resume_from_step_0_does_not_evaluate_step_0_again(tmp_path, tokenizer):
+    """A crash after step 1 with no checkpoint yet: the resume restarts from step 0, and the step-0 evaluation
+    already in metrics.jsonl is not written a second time."""
+    from transformers import TrainerCallback
+
+    class CrashAfterFirstStep(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            raise KeyError("simulated crash")  # not an interrupt: nothing is saved
+
+    out = tmp_path / "run"
+    options = dict(max_steps=2, save_steps=0, eval_every=2, eval_limit=2, max_completion_length=3)
+    with pytest.raises(KeyError, match="simulated crash"):
+        train_grpo(tiny_config(out, **options), model=make_tiny_model(), tokenizer=tokenizer, task=ParityTask(),
+                   callbacks=[CrashAfterFirstStep()], progress=False)
+    assert list_checkpoints(out) == [] and [r["step"] for r in read_jsonl(out / "metrics.jsonl")] == [0]
+    train_grpo(tiny_config(out, resume=True, **options), model=make_tiny_model(), tokenizer=tokenizer,
+               task=ParityTask(), progress=False)
+    records = read_jsonl(out / "metrics.jsonl")
+    assert [(r["kind"], r["step"]) for r in records] == [("eval", 0), ("train", 1), ("train", 2), ("eval", 2)]
+
+
+def test_a_failed_run_names_its_newest_checkpoint_to_continue_from(tmp_path, tokenizer):
+    """With several checkpoints written, the full-disk and the Ctrl-C messages name the newest one's step."""
+    import errno
+
+    from transformers import TrainerCallback
+
+    from esft.rundir import RunInterrupted
+
+    class FailAtStep3(TrainerCallback):
+        def __init__(self, error):
+            self.error = error
+
+        def on_pre_optimizer_step(self, args, state, control, **kwargs):
+            if state.global_step == 2:
+                raise self.error
+
+    def run(name, error):
+        config = tiny_config(tmp_path / name, max_steps=3, save_steps=1, eval_every=0, max_completion_length=3)
+        train_grpo(config, model=make_tiny_model(), tokenizer=tokenizer, task=ParityTask(),
+                   callbacks=[FailAtStep3(error)], progress=False)
+
+    with pytest.raises(OSError, match=r"at step 2: free disk space, then continue from step 2 with"):
+        run("full", OSError(errno.ENOSPC, "No space left on device"))
+    assert [s for s, _ in list_checkpoints(tmp_path / "full")] == [1, 2]
+    with pytest.raises(RunInterrupted, match=r"^interrupted at step 2: no finished step left to save; continue "
+                                             r"from step 2 with"):
+        run("ctrl-c", KeyboardInterrupt())
+
+
+def test_each_completion_is_scored_against_its_own_example():
+    """TRL passes the example_index column of each completion's row; the reward and the logged score and sample
+    of each completion are those of that example (BoolQ: the same answer is right for one, wrong for the other)."""
+    from esft.grpo.ledger import StepLedger
+    from esft.grpo.trl_trainer import TaskReward
+    from esft.tasks import get_task
+
+    boolq = get_task("boolq")
+    examples = [{"question": "q", "passage": "p", "answer": a} for a in (True, False)]
+    ledger = StepLedger()
+    reward = TaskReward(boolq, examples, 0.25, lambda: ledger, samples_per_iteration=3)
+    completions = [[{"role": "assistant", "content": "\\boxed{yes}"}]] * 3
+    assert reward(completions, example_index=[1, 0, 0]) == [0.25, 1.25, 1.25]
+    assert ledger.scores == [0.0, 1.0, 1.0] and ledger.well_formed == [True] * 3
+    assert [(s["index"], s["reward"], s["score"]) for s in ledger.samples] == [(1, 0.25, 0.0), (0, 1.25, 1.0),
+                                                                                (0, 1.25, 1.0)]
