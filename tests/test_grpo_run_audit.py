@@ -288,3 +288,23 @@ def test_each_completion_is_scored_against_its_own_example():
     assert ledger.scores == [0.0, 1.0, 1.0] and ledger.well_formed == [True] * 3
     assert [(s["index"], s["reward"], s["score"]) for s in ledger.samples] == [(1, 0.25, 0.0), (0, 1.25, 1.0),
                                                                                 (0, 1.25, 1.0)]
+
+
+def test_beta_above_zero_refuses_an_in_memory_model_before_training(tmp_path, tokenizer):
+    """TRL reloads its reference from config._name_or_path when beta > 0: a model built in memory is refused with a
+    message naming the fix, before any folder is written; the same model saved and named is accepted."""
+    from esft.grpo.run import check_reference_source
+
+    model = make_tiny_model()
+    config = tiny_config(tmp_path / "run", max_steps=1, eval_every=0, beta=0.04)
+    with pytest.raises(ValueError, match="save_pretrained"):
+        train_grpo(config, model=model, tokenizer=tokenizer, task=ParityTask(), progress=False)
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+    for name in ("", "plainword", str(tmp_path / "missing")):
+        model.config._name_or_path = name
+        with pytest.raises(ValueError, match="KL reference"):
+            check_reference_source(model)
+    model.save_pretrained(tmp_path / "base")
+    for name in (str(tmp_path / "base"), "HuggingFaceTB/SmolLM2-135M-Instruct"):
+        model.config._name_or_path = name
+        check_reference_source(model)  # a folder or a hub id: TRL can load it

@@ -191,6 +191,18 @@ def train_grpo(config: GRPOConfig, *, model: Any = None, tokenizer: Any = None, 
         return _train_locked(config, out, model, tokenizer, task, callbacks, progress)
 
 
+def check_reference_source(model: Any) -> None:
+    """With beta > 0 TRL loads its reference model again from `model.config._name_or_path`: a model object built in
+    memory (no folder, no hub id there) would fail deep inside TRL, so it is refused here, before training."""
+    from esft.models import is_hub_id
+
+    name = str(getattr(getattr(model, "config", None), "_name_or_path", "") or "")
+    if not (name and (Path(name).is_dir() or is_hub_id(name))):
+        raise ValueError(f"beta > 0 needs a model TRL can load again as the KL reference, and this model's "
+                         f"config._name_or_path is {name!r} (no folder, no hub id): save it with "
+                         "save_pretrained(folder) and pass the model loaded from that folder, or set beta 0")
+
+
 def _train_locked(config: GRPOConfig, out: Path, model: Any, tokenizer: Any, task: Any, callbacks: Sequence[Any],
                   progress: bool) -> GRPOTrainResult:
     from esft.evaluation import load_examples
@@ -219,6 +231,8 @@ def _train_locked(config: GRPOConfig, out: Path, model: Any, tokenizer: Any, tas
         from esft.models import load_model
 
         model, tokenizer = load_model(config.model, dtype="float32", device=device)
+    elif config.beta > 0:
+        check_reference_source(model)
     if any(p.dtype != torch.float32 for p in model.parameters()):
         model.to(torch.float32)  # fp32 masters always; bf16 only as autocast (pure bf16 rounds small updates away)
     model.requires_grad_(True)
