@@ -85,7 +85,7 @@ def test_rows_follow_members_and_row_drops():
     # rows in a scrambled member order, then a row drop: each row must stay its member
     order = [2, 0, 1, 1, 2]
     prompts = [0, 2, 1, 0, 1]
-    with torch.inference_mode(), PopulationPerturbation(model, w, MEMBERS, 0.05) as pert:
+    with torch.inference_mode(), PopulationPerturbation(model, w, MEMBERS, sigma) as pert:
         pert.set_rows(order)
         out = model(input_ids=x[prompts]).logits
         for k, (m, p) in enumerate(zip(order, prompts)):
@@ -158,7 +158,7 @@ def test_population_generation_matches_member_by_member():
     cfg = GenerationConfig(max_new_tokens=6, batch_size=4)
     rows = [p for _ in MEMBERS for p in prompts]
     members = [i for i in range(len(MEMBERS)) for _ in prompts]
-    with PopulationPerturbation(model, w, MEMBERS, 0.05) as pert:
+    with PopulationPerturbation(model, w, MEMBERS, sigma) as pert:
         batched = generate_population(model, tok, rows, members, pert, cfg)
     for i, (seed, sign) in enumerate(MEMBERS):
         w.perturb(seed, sign, 0.05)
@@ -268,11 +268,12 @@ def test_bench_lowrank_workload(tokenizer):
     assert {"perturb", "generate", "restore", "update", "iteration"} <= set(low["timings"])
 
 
-@pytest.mark.parametrize("fast", [False, True])
-def test_population_generation_lean_equals_hf_hooks(fast, monkeypatch):
+@pytest.mark.parametrize("fast, sigma", [(False, 0.05), (True, 0.05), (True, 1.0)])
+def test_population_generation_lean_equals_hf_hooks(fast, sigma, monkeypatch):
     """The lean decode step adds the population's per-row terms itself (hooks do not fire there): same tokens as
     the HF forward with hooks, bit for bit without the fast CPU options, greedy-equal with them; rows that emit
-    eos are dropped from the batch and from the row -> member mapping in step."""
+    eos are dropped from the batch and from the row -> member mapping in step. sigma 1.0 makes the per-row terms of
+    the lm_head decide the first token too (a prefill through the lean head without them would differ)."""
     import dataclasses
 
     from esft.generation import GenerationConfig
@@ -286,7 +287,7 @@ def test_population_generation_lean_equals_hf_hooks(fast, monkeypatch):
     rows = [p for _ in MEMBERS for p in prompts]
     members = [i for i in range(len(MEMBERS)) for _ in prompts]
     hf_cfg = GenerationConfig(max_new_tokens=30, batch_size=len(rows), lean=False)
-    with PopulationPerturbation(model, w, MEMBERS, 0.05) as pert:
+    with PopulationPerturbation(model, w, MEMBERS, sigma) as pert:
         probe = generate_population(model, tok, rows, members, pert, hf_cfg)
     tok.eos_token_id = probe[0].completion_ids[4]  # a token row 0 emits at step 4 now ends rows: some stop early
     lean_cfg = dataclasses.replace(hf_cfg, lean=True)
@@ -296,7 +297,7 @@ def test_population_generation_lean_equals_hf_hooks(fast, monkeypatch):
         if not options:
             pytest.skip("no fast CPU option available here")
         lean_cfg = dataclasses.replace(lean_cfg, **options)
-    with PopulationPerturbation(model, w, MEMBERS, 0.05) as pert:
+    with PopulationPerturbation(model, w, MEMBERS, sigma) as pert:
         ref = generate_population(model, tok, rows, members, pert, hf_cfg)
     from esft.generation import engine
 
@@ -308,7 +309,7 @@ def test_population_generation_lean_equals_hf_hooks(fast, monkeypatch):
         return lean_decode(*args, delta=delta, **kw)
 
     monkeypatch.setattr(engine, "lean_decode", spy)
-    with PopulationPerturbation(model, w, MEMBERS, 0.05) as pert:
+    with PopulationPerturbation(model, w, MEMBERS, sigma) as pert:
         ours = generate_population(model, tok, rows, members, pert, lean_cfg)
     assert lean_calls and all(d is pert for d in lean_calls)  # the lean step ran, adding the population's terms
     assert [g.completion_ids for g in ours] == [g.completion_ids for g in ref]
@@ -338,7 +339,7 @@ def test_unmapped_rows_and_an_empty_population_are_refused_clearly():
     x = ids()
     with torch.inference_mode():
         center = model(input_ids=x).logits
-    with torch.inference_mode(), PopulationPerturbation(model, w, MEMBERS, 0.05) as pert:
+    with torch.inference_mode(), PopulationPerturbation(model, w, MEMBERS, sigma) as pert:
         with pytest.raises(RuntimeError, match=r"call PopulationPerturbation\.set_rows\(member_of_row\)"):
             model(input_ids=x)
         with pytest.raises(RuntimeError, match=r"set_rows\(member_of_row\)"):
