@@ -1,0 +1,150 @@
+"""Mutation-audit tests: build wires each ESConfig field to its component, the edges of the noise table and of
+parameter writes, and an ES checkpoint / seed record round trip (masters, optimizer, coefficients)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from es_tiny import one_thread, tiny_llama  # noqa: F401  (one_thread: autouse fixture)
+
+from esft.es import build, es_rundir
+from esft.es.es_config import ESConfig
+from esft.es.noise import MasterWeights
+from esft.es.noise_seeds import tensor_seed
+from esft.es.param_writes import NORM_ROW, materialise, released, sq_norm, update_buffer
+
+
+def test_make_strategy_takes_every_field_from_the_config():
+    cfg = ESConfig(population_size=6, sigma=0.01, alpha=0.002, seed=7, antithetic=True, fitness_shaping="centered_rank",
+                   optimizer="adam", noise_stream=3)
+    es = build.make_strategy(cfg)
+    assert (es.population_size, es.sigma, es.alpha, es.seed) == (6, 0.01, 0.002, 7)
+    assert (es.antithetic, es.shaping_name, es.optimizer_name, es.stream) == (True, "centered_rank", "adam", 3)
+
+
+def test_make_weights_selects_by_include_and_exclude_with_the_configs_noise():
+    model = tiny_llama(hidden=16, layers=1)
+    w = build.make_weights(model, ESConfig(include=["mlp"], exclude=["up_proj"], noise="table"))
+    assert sorted(w.params) == ["model.layers.0.mlp.down_proj.weight", "model.layers.0.mlp.gate_proj.weight"]
+    assert w.mode == "table"
+    lowrank = build.make_weights(model, ESConfig(noise="lowrank", rank=3, exclude=["embed"]))
+    assert lowrank.rank == 3 and not any("embed" in n for n in lowrank.params)
+
+
+def test_masters_share_the_models_storage_only_when_rollouts_run_on_copies():
+    """One lane, fp32 rollouts, no packed path: members are written into the model itself, so the fp32 masters
+    must be their own copy (a shared one would be overwritten by the first perturbation)."""
+    model = tiny_llama(hidden=16, layers=1)
+    assert not build.make_weights(model, ESConfig(rollout_dtype="float32", parallel_members=1)).shared
+    assert build.make_weights(model, ESConfig(rollout_dtype="float32", parallel_members=2)).shared
+    assert build.make_weights(model, ESConfig(rollout_dtype="bfloat16")).shared
+
+
+def test_generation_config_is_greedy_with_the_configs_lengths():
+    gc = build.generation_config(ESConfig(max_new_tokens=17, generation_batch_size=5))
+    assert (gc.max_new_tokens, gc.batch_size, gc.temperature, gc.top_p) == (17, 5, 0.0, 1.0)
+
+
+def test_the_mean_rule_carries_the_format_bonus_and_takes_no_options():
+    assert build.make_fitness_rule("mean", 0.25).format_bonus == 0.25
+    assert build.fitness_rule(ESConfig(format_bonus=0.5)).format_bonus == 0.5
+    with pytest.raises(ValueError, match="takes no fitness_options"):
+        build.make_fitness_rule("mean", 0.0, {"alpha": 1.0})
+
+
+@pytest.mark.parametrize("field, value, match", [
+    ("executor", "slurm", "unknown executor"), ("worker_backend", "tgi", "unknown worker_backend"),
+    ("parallel_members", 0, ">= 1"), ("noise", "lowrank", "one batched pass")])
+def test_check_layout_refuses_a_layout_changed_after_the_config_was_checked(field, value, match):
+    """check_layout guards the executors by itself (replicas and replay call it on configs they did not build)."""
+    cfg = ESConfig(executor="ray")
+    setattr(cfg, field, value)
+    with pytest.raises(ValueError, match=match):
+        build.check_layout(cfg)
+
+
+def test_executor_options_of_both_backends_are_accepted_and_others_refused():
+    build.check_executor_options(ESConfig(executor="ray", executor_options={"gpu_memory_utilization": 0.5,
+                                                                            "threads_per_worker": 1}))
+    with pytest.raises(ValueError, match="unknown executor_options"):
+        build.check_executor_options(ESConfig(executor="ray", executor_options={"bogus": 1}))
+
+
+def test_make_local_executor_passes_the_layout_and_refuses_vllm():
+    model = tiny_llama(hidden=16, layers=1)
+    cfg = ESConfig(parallel_members=3, rollout_dtype="float32")
+    kw = dict(model=model, tokenizer=None, weights=build.make_weights(model, cfg), task=None,
+              strategy=build.make_strategy(cfg), gen_config=None)
+    ex = build.make_local_executor(cfg, **kw)
+    assert ex.parallel_members == 3 and ex.rollout_dtype is None
+    cfg.worker_backend = "vllm"
+    with pytest.raises(ValueError, match="use --executor ray"):
+        build.make_local_executor(cfg, **kw)
+
+
+# ---- seeds and parameter-write edges ------------------------------------------------------------------------
+
+def test_tensor_seeds_are_pinned_across_versions():
+    """Old seed logs replay only while these stay put (sha256 of "seed:name", first 8 bytes little-endian, top
+    bit cleared)."""
+    assert tensor_seed(42, "model.embed_tokens.weight") == 8297689256022487937
+    assert tensor_seed(1, "lm_head.weight") == 8434574950256779075  # a digest with its top bit set
+    assert tensor_seed(3, "noise-table", "table") == 7966648288525360442
+    assert tensor_seed(-5, "x", "shared-seed") == 2 ** 63 - 5
+
+
+def test_materialise_gives_a_freed_view_with_an_offset_storage_for_all_its_elements():
+    t = torch.zeros(10)[2:]
+    t.untyped_storage().resize_(0)
+    assert released(t)
+    materialise(t).fill_(1.0)
+    assert not released(t) and t.untyped_storage().nbytes() >= 10 * 4 and bool((t == 1).all())
+
+
+def test_sq_norm_counts_a_tail_of_one_element():
+    assert sq_norm(torch.tensor([3.0])) == 9.0
+    assert sq_norm(torch.full((NORM_ROW + 1,), 2.0)) == 4.0 * (NORM_ROW + 1)
+
+
+def test_update_buffer_is_no_larger_than_the_largest_tensor():
+    assert update_buffer(10, "cpu").numel() == 10 and update_buffer(10, "cpu").dtype == torch.float32
+
+
+# ---- checkpoints and seed records ---------------------------------------------------------------------------------
+
+def test_a_bf16_checkpoint_restores_the_fp32_masters_the_optimizer_and_the_step(tmp_path):
+    model = tiny_llama(hidden=16, layers=1, dtype=torch.bfloat16)
+    weights = MasterWeights(model)
+    masters = {n: t.clone() + 1e-4 for n, t in weights.iter_masters()}  # off the bf16 grid
+    weights.load_masters(masters)
+    optimizer = torch.optim.Adam(list(weights.master.values()), lr=0.1)
+    for t in weights.master.values():
+        t.grad = torch.ones_like(t)
+    optimizer.step()
+    expected = {n: t.clone() for n, t in weights.iter_masters()}
+    folder = es_rundir.save_checkpoint(tmp_path, "iter_000004", 4, model, None, weights, optimizer)
+    fresh = tiny_llama(seed=1, hidden=16, layers=1, dtype=torch.bfloat16)
+    fresh_w = MasterWeights(fresh)
+    fresh_opt = torch.optim.Adam(list(fresh_w.master.values()), lr=0.1)
+    assert es_rundir.load_checkpoint(folder, fresh, fresh_w, fresh_opt) == 4
+    assert all(torch.equal(t, expected[n]) for n, t in fresh_w.iter_masters())
+    state = fresh_opt.state_dict()["state"]
+    assert len(state) == len(expected) and all(int(s["step"]) == 1 for s in state.values())
+    no_opt = es_rundir.save_checkpoint(tmp_path, "final", 4, model, None, weights)
+    with pytest.raises(es_rundir.CheckpointDamaged, match="no optimizer state"):
+        es_rundir.load_checkpoint(no_opt, fresh, fresh_w, fresh_opt)
+
+
+def test_tied_weights_are_aliased_under_both_names():
+    aliases = es_rundir.parameter_aliases(tiny_llama(hidden=16, layers=1))
+    assert sorted(aliases["model.embed_tokens.weight"]) == ["lm_head.weight", "model.embed_tokens.weight"]
+
+
+def test_a_seed_record_round_trips_members_coefficients_and_the_update_kind():
+    from esft.es.noise import Update
+
+    update = Update(seeds=(11, 12), coefficients=(0.1 + 0.2, -1 / 3), scale=2.5e-4, kind="sgd")
+    rec = es_rundir.seed_record(0, [3, 1], [(11, 0), (12, 0)], [0.5, 0.25], [1.0, -1.0], update, 0.125)
+    assert rec["members"] == [[11, 0], [12, 0]]
+    del rec["kind"]  # logs from before the optimizer option: plain SGD
+    assert es_rundir.update_from_record(rec) == update
