@@ -1,0 +1,232 @@
+"""`esft analyze` commands (esft.analysis.commands): each argument reaches the library function it names. The
+analyses themselves are replaced by recorders; paths are folders under tmp_path."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+
+def run_dir(path: Path, config: dict) -> Path:
+    path.mkdir(parents=True)
+    (path / "config.yaml").write_text(yaml.safe_dump(config))
+    return path
+
+
+def test_weights_command_passes_labels_eps_and_paths(tmp_path, monkeypatch):
+    from esft.analysis import commands as C
+    from esft.analysis import weights as W
+
+    seen = {}
+
+    def compare(base, tuned, **kw):
+        seen.update(base=base, tuned=tuned, **kw)
+        return {"labels": list(tuned), "total": {}, "pairs": []}
+
+    monkeypatch.setattr(W, "compare_updates", compare)
+    monkeypatch.setattr(W, "plot_weights", lambda rep, path: seen.setdefault("plot", path))
+    monkeypatch.setattr(C, "_resolve", lambda spec: f"resolved:{spec}")
+    x, y, z = (str(tmp_path / n) for n in "xyz")
+    for p in (x, y, z):
+        Path(p).mkdir()
+    cfg = C.WeightsConfig(base="b", tuned=[x, y, z], labels=["one"], eps=1e-3, stable_ranks=False,
+                          stable_rank_device="cuda", output_dir=str(tmp_path / "o"))
+    C.run_weights(cfg)
+    assert seen["base"] == "resolved:b" and seen["tuned"] == {"one": x, "tuned0": y, "tuned1": z}
+    assert (seen["eps"], seen["stable_ranks"], seen["stable_rank_device"]) == (1e-3, False, "cuda")
+    assert seen["plot"] == tmp_path / "o" / "weights.png"
+    assert json.loads((tmp_path / "o" / "weights.json").read_text())["config"]["eps"] == 1e-3
+    with pytest.raises(ValueError, match="distinct"):
+        C.run_weights(C.WeightsConfig(base="b", tuned=[x, y], labels=["a", "a"], output_dir=str(tmp_path)))
+
+
+def test_drift_command_takes_alpha_and_population_from_the_run_unless_given(tmp_path, monkeypatch):
+    from esft.analysis import commands as C
+    from esft.analysis import drift as D
+
+    grpo = run_dir(tmp_path / "grpo", {"algorithm": "grpo"})
+    (grpo / "drift.jsonl").write_text("{}\n")
+    es = run_dir(tmp_path / "es", {"alpha": 0.5, "population_size": 8})
+    (es / "drift.jsonl").write_text("{}\n")
+    calls = []
+    monkeypatch.setattr(D, "read_series", lambda p: f"series:{Path(p).parent.name}")
+    monkeypatch.setattr(D, "analyze_series", lambda s, a, n: calls.append((s, a, n)) or {"tensors": {}})
+    monkeypatch.setattr(D, "displacement_ratio", lambda s, g: (s, g))
+    monkeypatch.setattr(D, "plot_total", lambda *a, **k: None)
+    res = C.run_drift(C.DriftConfig(run=str(es), grpo_run=str(grpo), output_dir=str(tmp_path / "o")))
+    assert calls == [("series:es", 0.5, 8)] and res["grpo_ratio_at_matched_step"] == ("series:es", "series:grpo")
+    C.run_drift(C.DriftConfig(run=str(es), alpha=0.25, population=2, output_dir=str(tmp_path / "o")))
+    assert calls[-1] == ("series:es", 0.25, 2)
+    bare = run_dir(tmp_path / "bare", {"alpha": 0.5, "population_size": 8})
+    with pytest.raises(FileNotFoundError, match="bare"):
+        C.run_drift(C.DriftConfig(run=str(bare), output_dir=str(tmp_path / "o")))
+    (bare / "drift.jsonl").write_text("{}\n")
+    (bare / "config.yaml").write_text("{}")
+    with pytest.raises(ValueError, match="alpha and population"):
+        C.run_drift(C.DriftConfig(run=str(bare), output_dir=str(tmp_path / "o")))
+
+
+def test_kl_command_names_stages_by_run_and_passes_its_options(tmp_path, monkeypatch):
+    from esft.analysis import commands as C
+    from esft.analysis import kl as K
+
+    seen = {}
+
+    def kl_stages(base, stages, tasks, limit, gen, kl_batch, opts, loader, progress):
+        seen.update(base=base, stages=stages, tasks=tasks, limit=limit, gen=gen, kl_batch=kl_batch, opts=opts)
+        return {"tasks": tasks, "stages": [s for s, _ in stages]}
+
+    monkeypatch.setattr(K, "kl_stages", kl_stages)
+    monkeypatch.setattr(K, "matrix", lambda *a, **k: None)
+    monkeypatch.setattr(K, "plot_heatmap", lambda *a, **k: None)
+    monkeypatch.setattr(C, "_resolve", lambda spec: spec)
+    es, grpo = tmp_path / "runs" / "es" / "checkpoints" / "final", tmp_path / "runs" / "grpo"
+    es.mkdir(parents=True)
+    grpo.mkdir()
+    cfg = C.KLConfig(base="b", stages=[str(es), str(grpo)], tasks=["boolq"], limit=3,
+                     max_new_tokens=7, temperature=1.0, batch_size=5, kl_batch_size=2, max_passage_chars=80,
+                     output_dir=str(tmp_path / "o"))
+    C.run_kl(cfg)
+    assert seen["stages"] == [("es", str(es)), ("grpo", str(grpo))]
+    assert (seen["base"], seen["tasks"], seen["limit"], seen["kl_batch"]) == ("b", ["boolq"], 3, 2)
+    assert (seen["gen"].max_new_tokens, seen["gen"].temperature, seen["gen"].batch_size) == (7, 1.0, 5)
+    assert seen["opts"] == {"boolq": {"max_passage_chars": 80}}
+    cfg.stage_labels = ["s1", "s2"]
+    C.run_kl(cfg)
+    assert [s for s, _ in seen["stages"]] == ["s1", "s2"]
+
+
+def test_landscape_command_sweeps_each_update_and_its_holdout_fractions(tmp_path, monkeypatch):
+    from esft.analysis import commands as C
+    from esft.analysis import landscape as L
+
+    es, grpo = tmp_path / "es", tmp_path / "grpo"
+    es.mkdir()
+    grpo.mkdir()
+    seen: dict = {"sweeps": []}
+
+    class Dir:
+        def __init__(self, *args):
+            self.args, self.norm = args, 2.0 if args[-1] == "ES" else 8.0
+
+        def bind(self, model):
+            return self
+
+    monkeypatch.setattr(C, "_resolve", lambda spec: f"resolved:{spec}")
+    monkeypatch.setattr(C, "_load", lambda base, w, dtype, device: (("model", base, w, dtype, device), "tok"))
+    monkeypatch.setattr(L, "prepare_tasks",
+                        lambda names, limit, task_options: {n: (limit, task_options) for n in names})
+    monkeypatch.setattr(L, "DeltaDirection", Dir)
+    monkeypatch.setattr(L, "RandomDirection", Dir)
+    monkeypatch.setattr(L, "interpolation_path",
+                        lambda model, tok, a, b, ts, tasks, gc, progress: seen.update(path=(a, b, ts)) or {})
+    monkeypatch.setattr(L, "default_magnitudes", lambda norms, points: seen.update(mags=(norms, points)) or [0.0])
+    monkeypatch.setattr(L, "direction_sweep", lambda model, tok, origin, dirs, mags, tasks, gc, progress:
+                        seen["sweeps"].append((origin, [d.args for d in dirs], mags, sorted(tasks), gc)) or {})
+    monkeypatch.setattr(L, "plot_interpolation", lambda *a: None)
+    monkeypatch.setattr(L, "plot_direction_sweep", lambda *a, **k: None)
+    cfg = C.LandscapeConfig(base="b", es=str(es), grpo=str(grpo), tasks=["boolq"], holdout_tasks=["mmlu"], limit=3,
+                            max_new_tokens=5, batch_size=2, interpolation_points=5, magnitude_points=3,
+                            random_seed=7, dtype="float32", device="cpu", output_dir=str(tmp_path / "o"))
+    C.run_landscape(cfg)
+    assert seen["path"] == (str(es), str(grpo), [0.0, 0.25, 0.5, 0.75, 1.0])
+    assert seen["mags"] == ([2.0, 8.0], 3)
+    origin, dirs, _, tasks, gc = seen["sweeps"][0]
+    assert origin == "resolved:b" and tasks == ["boolq"] and (gc.max_new_tokens, gc.batch_size) == (5, 2)
+    assert dirs[:2] == [("resolved:b", str(es), "ES"), ("resolved:b", str(grpo), "GRPO")]
+    assert dirs[2][1:] == (7, "random (per-tensor norms of ES)")
+    assert seen["sweeps"][1][:4] == (str(es), [dirs[0]], [0.0, 0.5, 1.0, 2.0], ["mmlu"])
+    assert seen["sweeps"][2][:4] == (str(grpo), [dirs[1]], [0.0, 2.0, 4.0, 8.0], ["mmlu"])
+    assert json.loads((tmp_path / "o" / "landscape.json").read_text())["config"]["random_seed"] == 7
+
+
+def test_sparsity_command_passes_base_tuned_and_thresholds_in_order(tmp_path, monkeypatch):
+    from esft.analysis import commands as C
+    from esft.analysis import landscape as L
+    from esft.analysis import sparsity as SP
+
+    tuned = tmp_path / "t"
+    tuned.mkdir()
+    seen = {}
+    monkeypatch.setattr(C, "_resolve", lambda spec: f"resolved:{spec}")
+    monkeypatch.setattr(C, "_load", lambda base, w, dtype, device: ("model", "tok"))
+    monkeypatch.setattr(L, "prepare_tasks", lambda names, limit, task_options: {})
+    monkeypatch.setattr(SP, "sparsity_sweep", lambda model, tok, base, t, tasks, gc, taus, targets, progress:
+                        seen.update(base=base, tuned=t, taus=taus, targets=targets) or {})
+    monkeypatch.setattr(SP, "plot_sparsity_sweep", lambda *a: None)
+    C.run_sparsity(C.SparsityConfig(base="b", tuned=str(tuned), taus=[0.5], targets=[0.9],
+                                    output_dir=str(tmp_path / "o")))
+    assert seen == {"base": "resolved:b", "tuned": str(tuned), "taus": [0.5], "targets": [0.9]}
+    C.run_sparsity(C.SparsityConfig(base="b", tuned=str(tuned), targets=[0.9], output_dir=str(tmp_path / "o")))
+    assert seen["taus"] is None
+
+
+def test_kl_aggregate_reads_cached_results_and_plain_tables(tmp_path, monkeypatch):
+    from esft.analysis import commands as C
+    from esft.analysis import kl as K
+
+    (tmp_path / "a.json").write_text(json.dumps({"result": {"seed": 1}}))
+    (tmp_path / "b.json").write_text(json.dumps({"seed": 2}))
+    seen = {}
+    monkeypatch.setattr(K, "aggregate_seeds", lambda tables: seen.setdefault("tables", tables) and
+                        {"tasks": [], "stages": []})
+    monkeypatch.setattr(K, "matrix", lambda *a, **k: None)
+    monkeypatch.setattr(K, "plot_heatmap", lambda *a, **k: None)
+    C.run_kl(C.KLConfig(aggregate=[str(tmp_path / "a.json"), str(tmp_path / "b.json")],
+                        output_dir=str(tmp_path / "o")))
+    assert seen["tables"] == [{"seed": 1}, {"seed": 2}]
+
+
+def test_a_model_spec_that_is_not_on_disk_is_named(monkeypatch, tmp_path):
+    from esft import models
+    from esft.analysis import commands as C
+
+    monkeypatch.setattr(models, "resolve_model_path", lambda spec: str(tmp_path / "absent"))
+    with pytest.raises(FileNotFoundError, match="'org/model'"):
+        C._resolve("org/model")
+
+
+def test_load_puts_a_checkpoint_s_weights_on_the_base_unless_it_is_the_base(monkeypatch, tmp_path):
+    from esft import models
+    from esft.analysis import commands as C
+    from esft.analysis import landscape as L
+
+    loaded, set_to = [], []
+    monkeypatch.setattr(models, "load_model", lambda base, dtype, device: loaded.append((base, dtype, device)) or
+                        ("model", "tok"))
+    monkeypatch.setattr(L, "set_weights", lambda model, weights: set_to.append(weights))
+    assert C._load(str(tmp_path), str(tmp_path / "ck"), "bfloat16", "cpu") == ("model", "tok")
+    C._load(str(tmp_path), str(tmp_path), "bfloat16", "cpu")
+    C._load(str(tmp_path), None, "bfloat16", "cpu")
+    assert loaded == [(str(tmp_path), "bfloat16", "cpu")] * 3 and set_to == [str(tmp_path / "ck")]
+
+
+def test_set_threads(monkeypatch):
+    from esft.analysis import commands as C
+
+    calls = []
+    monkeypatch.setattr(torch, "set_num_threads", calls.append)
+    C.set_threads(None)
+    C.set_threads(3)
+    assert calls == [3]
+
+
+def test_kl_command_loads_each_stage_with_its_dtype_and_device(tmp_path, monkeypatch):
+    from esft.analysis import commands as C
+    from esft.analysis import kl as K
+
+    stage = tmp_path / "s"
+    stage.mkdir()
+    loads = []
+    monkeypatch.setattr(C, "_resolve", lambda spec: "B")
+    monkeypatch.setattr(C, "_load", lambda *a: loads.append(a))
+    monkeypatch.setattr(K, "kl_stages", lambda base, stages, *a, loader, progress: loader(stages[0][1]) or
+                        {"tasks": [], "stages": []})
+    monkeypatch.setattr(K, "matrix", lambda *a, **k: None)
+    monkeypatch.setattr(K, "plot_heatmap", lambda *a, **k: None)
+    C.run_kl(C.KLConfig(base="b", stages=[str(stage)], dtype="bfloat16", device="cuda", output_dir=str(tmp_path)))
+    assert loads == [("B", str(stage), "bfloat16", "cuda")]
