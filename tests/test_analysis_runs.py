@@ -119,6 +119,17 @@ def test_a_partly_written_metrics_log_keeps_its_complete_records(tmp_path):
     assert R.read_metrics(tmp_path / "missing") == []
 
 
+def test_a_damaged_middle_line_of_metrics_is_an_error_naming_it_not_a_silent_cut(tmp_path):
+    """Everything after a damaged record would otherwise vanish from the report without a word."""
+    from esft.rundir import CorruptLogError
+
+    run = run_dir(tmp_path / "r", {"algorithm": "grpo"})
+    (run / "metrics.jsonl").write_text('{"step": 1, "test_accuracy": 0.25}\n{"step": 2, "te\n'
+                                       '{"step": 3, "test_accuracy": 0.5}\n')
+    with pytest.raises(CorruptLogError, match="metrics.jsonl:2"):
+        R.load_run(run)
+
+
 def test_logged_steps_counts_seed_and_drift_lines_without_headers(tmp_path):
     es = run_dir(tmp_path / "es", {"algorithm": "es"}, [{"step": 50}])
     (es / "seeds.jsonl").write_text('{"header": true}\n{"iteration": 0}\n\n{"iteration": 1}\n')

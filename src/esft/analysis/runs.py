@@ -143,17 +143,11 @@ def list_checkpoints(run_dir: Path) -> list[tuple[float, Path]]:
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
-    p = run_dir / "metrics.jsonl"
-    out = []
-    if not p.exists():
-        return out
-    with open(p, encoding="utf-8") as fh:
-        for line in fh:
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                break
-    return out
+    """metrics.jsonl's records, read as every other reader of a run does (esft.rundir.read_jsonl): a torn last
+    line is ignored, an unreadable line with records after it is an error naming it, not a silent cut."""
+    from esft.rundir import read_jsonl
+
+    return read_jsonl(run_dir / "metrics.jsonl")
 
 
 def load_run(path: Path) -> Run:
