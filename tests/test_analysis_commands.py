@@ -36,7 +36,7 @@ def test_weights_command_passes_labels_eps_and_paths(tmp_path, monkeypatch):
     cfg = C.WeightsConfig(base="b", tuned=[x, y, z], labels=["one"], eps=1e-3, stable_ranks=False,
                           stable_rank_device="cuda", output_dir=str(tmp_path / "o"))
     C.run_weights(cfg)
-    assert seen["base"] == "resolved:b" and seen["tuned"] == {"one": x, "tuned0": y, "tuned1": z}
+    assert seen["base"] == "resolved:b" and seen["tuned"] == {"one": x, "tuned1": y, "tuned2": z}
     assert (seen["eps"], seen["stable_ranks"], seen["stable_rank_device"]) == (1e-3, False, "cuda")
     assert seen["plot"] == tmp_path / "o" / "weights.png"
     assert json.loads((tmp_path / "o" / "weights.json").read_text())["config"]["eps"] == 1e-3

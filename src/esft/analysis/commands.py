@@ -95,7 +95,8 @@ def run_weights(cfg: WeightsConfig) -> dict[str, Any]:
 
     if not cfg.tuned:
         raise ValueError("give at least one --tuned checkpoint")
-    labels = (list(cfg.labels) + [f"tuned{i}" for i in range(len(cfg.tuned))])[:len(cfg.tuned)]
+    # a checkpoint past the given labels is named by its place in --tuned (tuned2 is the third)
+    labels = list(cfg.labels)[:len(cfg.tuned)] + [f"tuned{i}" for i in range(len(cfg.labels), len(cfg.tuned))]
     if len(set(labels)) != len(labels):
         raise ValueError(f"labels must be distinct, got {labels}")
     rep = compare_updates(_resolve(cfg.base), dict(zip(labels, cfg.tuned)), eps=cfg.eps,
