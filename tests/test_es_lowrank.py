@@ -85,7 +85,7 @@ def test_rows_follow_members_and_row_drops():
     # rows in a scrambled member order, then a row drop: each row must stay its member
     order = [2, 0, 1, 1, 2]
     prompts = [0, 2, 1, 0, 1]
-    with torch.inference_mode(), PopulationPerturbation(model, w, MEMBERS, sigma) as pert:
+    with torch.inference_mode(), PopulationPerturbation(model, w, MEMBERS, 0.05) as pert:
         pert.set_rows(order)
         out = model(input_ids=x[prompts]).logits
         for k, (m, p) in enumerate(zip(order, prompts)):
@@ -158,7 +158,7 @@ def test_population_generation_matches_member_by_member():
     cfg = GenerationConfig(max_new_tokens=6, batch_size=4)
     rows = [p for _ in MEMBERS for p in prompts]
     members = [i for i in range(len(MEMBERS)) for _ in prompts]
-    with PopulationPerturbation(model, w, MEMBERS, sigma) as pert:
+    with PopulationPerturbation(model, w, MEMBERS, 0.05) as pert:
         batched = generate_population(model, tok, rows, members, pert, cfg)
     for i, (seed, sign) in enumerate(MEMBERS):
         w.perturb(seed, sign, 0.05)
@@ -339,7 +339,7 @@ def test_unmapped_rows_and_an_empty_population_are_refused_clearly():
     x = ids()
     with torch.inference_mode():
         center = model(input_ids=x).logits
-    with torch.inference_mode(), PopulationPerturbation(model, w, MEMBERS, sigma) as pert:
+    with torch.inference_mode(), PopulationPerturbation(model, w, MEMBERS, 0.05) as pert:
         with pytest.raises(RuntimeError, match=r"call PopulationPerturbation\.set_rows\(member_of_row\)"):
             model(input_ids=x)
         with pytest.raises(RuntimeError, match=r"set_rows\(member_of_row\)"):
