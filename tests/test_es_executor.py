@@ -490,3 +490,16 @@ def test_generation_batches_are_longest_first_and_stable():
     assert generation_batches(ids, 2) == [[1, 4], [0, 2], [3]]
     assert generation_batches(ids, 10) == [[1, 4, 0, 2, 3]]
     assert generation_batches([], 4) == []
+
+
+def test_a_nested_cancel_on_restores_the_outer_event():
+    from esft.generation import GenerationCancelled, cancel_on, check_cancelled
+
+    outer, inner = threading.Event(), threading.Event()
+    outer.set()
+    with cancel_on(outer):
+        with cancel_on(inner):
+            check_cancelled()  # the inner event, not set, is the one in force
+        with pytest.raises(GenerationCancelled):
+            check_cancelled()  # back to the outer one, which is set
+    check_cancelled()  # outside every block: nothing to cancel

@@ -637,3 +637,14 @@ def test_ifeval_cells_take_the_chosen_metric_and_only_its_own_interval():
     assert interval(rec, "ifeval", "prompt_loose") is None and interval(rec, "ifeval", "prompt_strict") == (50.0, 70.0)
     assert interval(rec, "boolq", "prompt_loose") == (20.0, 30.0)
     assert accuracy(None, "boolq") is None and accuracy({"eval": {}}, "boolq") is None
+
+
+def test_stage_settings_are_greedy_on_the_test_split_and_same_model_needs_the_folder(tmp_path):
+    from esft.experiments.stage_eval import same_model, task_settings
+
+    settings = task_settings(load_spec_text(tmp_path, GOOD), "countdown", "m")
+    assert settings["split"] == "test" and settings["temperature"] == 0.0 and settings["model"] == "m"
+    # a model recorded inside the folder before it moved is the same place in the moved folder, and only then
+    assert same_model("/old/exp/es/checkpoints/final", "/new/exp/es/checkpoints/final", Path("/new/exp"))
+    assert not same_model("/old/exp/es/checkpoints/final", "/new/exp/es/checkpoints/final", None)
+    assert not same_model("/old/exp/grpo/checkpoints/final", "/new/exp/es/checkpoints/final", Path("/new/exp"))

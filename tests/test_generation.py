@@ -43,6 +43,65 @@ def test_esft_engine_matches_hf_generate_greedy(tiny_model, tokenizer):
     assert all(len(g.completion_ids) <= 24 for g in ours)
 
 
+def test_hf_forward_step_matches_hf_generate_greedy(tiny_model, tokenizer):
+    """lean=False decodes through HFStep (the model's own forward with its DynamicCache): the greedy tokens of
+    `model.generate` on left-padded prompts of different lengths, rows dropped as they finish."""
+    with torch.no_grad():
+        tiny_model.lm_head.weight[2] += 0.1 * torch.randn_like(tiny_model.lm_head.weight[2])
+    cfg = dict(max_new_tokens=24, batch_size=4)
+    ours = generate(tiny_model, tokenizer, PROMPTS, GenerationConfig(engine="esft", lean=False, **cfg))
+    ref = generate(tiny_model, tokenizer, PROMPTS, GenerationConfig(engine="hf", **cfg))
+    assert [g.completion_ids for g in ours] == [g.completion_ids for g in ref]
+    assert len({len(g.completion_ids) for g in ref}) > 1  # some row finished early and was dropped
+
+
+def test_hf_step_gives_the_models_own_logits_with_the_cache(tiny_model, tokenizer):
+    """Prefill and each cached HFStep give the logits of one uncached forward over the whole left-padded sequence
+    (mask and positions as `decode_hf` builds them), the row dropped by `keep` included."""
+    from esft.generation.hf_step import HFStep, hf_prefill
+
+    ids, mask = left_pad(encode_prompts(tokenizer, PROMPTS[:3]), tokenizer.pad_token_id, "cpu")
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        logits, cache = hf_prefill(tiny_model, ids, mask, pos)
+        step = HFStep(tiny_model, cache, mask, pos[:, -1] + 1)
+        for k in range(4):
+            full = tiny_model(input_ids=ids, attention_mask=mask, position_ids=pos).logits[:, -1, :]
+            torch.testing.assert_close(logits, full, atol=1e-4, rtol=1e-4)
+            token = torch.tensor([100 + k] * len(ids))
+            if k == 2:  # drop the middle row, as decode_loop does for a finished one
+                keep = torch.tensor([0, 2])
+                step.keep(keep)
+                ids, mask, pos, token = ids[keep], mask[keep], pos[keep], token[keep]
+            ids = torch.cat([ids, token[:, None]], dim=1)
+            mask = torch.cat([mask, mask.new_ones((len(ids), 1))], dim=1)
+            pos = torch.cat([pos, pos[:, -1:] + 1], dim=1)
+            logits = step(token, k)
+
+
+def test_hf_decode_positions_count_real_tokens_from_zero(tiny_model, tokenizer):
+    """lean=False: each row's positions are 0.. over its real (unpadded) prompt tokens, as `model.generate` numbers
+    them, and every generated token takes the next one (no repeat of the prompt's last position)."""
+    import functools
+
+    seen = []
+    forward = tiny_model.forward
+
+    @functools.wraps(forward)
+    def recording(*args, **kwargs):
+        seen.append(kwargs["position_ids"].clone())
+        return forward(*args, **kwargs)
+
+    tiny_model.forward = recording
+    lengths = [len(x) for x in encode_prompts(tokenizer, PROMPTS[2:4])]
+    generate(tiny_model, tokenizer, PROMPTS[2:4], GenerationConfig(max_new_tokens=3, min_new_tokens=3,
+                                                                   batch_size=2, lean=False))
+    assert lengths[0] != lengths[1] and len(seen) == 3
+    rows = sorted(lengths, reverse=True)  # the engine batches rows longest first
+    assert [row[-n:].tolist() for row, n in zip(seen[0], rows)] == [list(range(n)) for n in rows]
+    assert [p[:, 0].tolist() for p in seen[1:]] == [rows, [n + 1 for n in rows]]
+
+
 def test_order_preserved_and_batch_size_invariant(tiny_model, tokenizer):
     a = generate(tiny_model, tokenizer, PROMPTS, GenerationConfig(max_new_tokens=8, batch_size=1))
     b = generate(tiny_model, tokenizer, PROMPTS[::-1], GenerationConfig(max_new_tokens=8, batch_size=3))

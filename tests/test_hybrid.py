@@ -181,3 +181,20 @@ def test_a_chain_of_one_algorithm_twice_is_refused_by_name():
     for order in ("es->es", "grpo->grpo", "grpo->es->grpo", "es"):
         with pytest.raises(ValueError, match="chains two different algorithms"):
             hybrid_block(order, 10 ** 6, options=CPU)
+
+
+def test_an_exact_multiple_reached_through_float_rounding_is_not_floored_one_short():
+    # 1.0 - 0.8 is 0.19999999999999996: 100 x that / 10 must still buy 2 steps, as the docstring's floor promises
+    assert split_budget(100, [10, 10], [0.8, 1.0 - 0.8]) == [8, 2]
+    assert hybrid_block("grpo->es", 100 * 64, 0.8, "completions", CPU)[1]["used"] <= 100 * 64
+
+
+def test_a_short_second_stage_is_named_with_its_own_cost():
+    with pytest.raises(ValueError, match=r"buys no step of stage 2 \(one step costs 300, its share is 0.50\)"):
+        split_budget(400, [100, 300], [0.5, 0.5])
+
+
+def test_a_display_name_in_an_option_block_is_not_a_config_field():
+    options = {"es": {**CPU["es"], "display": "ES (cpu)"}, "grpo": CPU["grpo"]}
+    block, _ = hybrid_block("es->grpo", 2560, 0.5, "completions", options)
+    assert block["es"]["display"] == "ES (cpu)" and block["es"]["iterations"] == 10
