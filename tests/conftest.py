@@ -36,6 +36,21 @@ def make_tiny_model(vocab_size: int = 49152, seed: int = 0, hidden: int = 64, la
     return model
 
 
+def prefix_caches(model, prefix_cache, rows: int, copies: int = 2) -> list:
+    """`copies` independent DynamicCaches, each holding `prefix_cache`'s one row of keys and values repeated for
+    `rows` rows: a shared prompt prefix already in the cache (share_prefix), one per prefill compared."""
+    from transformers import DynamicCache
+
+    caches = []
+    for _ in range(copies):
+        c = DynamicCache(config=model.config)
+        for i, layer in enumerate(prefix_cache.layers):
+            c.update(layer.keys.expand(rows, -1, -1, -1).contiguous(),
+                     layer.values.expand(rows, -1, -1, -1).contiguous(), i)
+        caches.append(c)
+    return caches
+
+
 @pytest.fixture()
 def tiny_model():
     return make_tiny_model()

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from esft.generation import GenerationConfig, generate, lean
 from esft.generation.hf_step import hf_prefill as _prefill
 
-from conftest import make_tiny_model
+from conftest import make_tiny_model, prefix_caches
 
 PROMPTS = [
     [{"role": "system", "content": "Answer with \\boxed{yes} or \\boxed{no}."},
@@ -70,32 +70,6 @@ def _eosy(model, tokenizer, at: int = 100):
 @pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3"])
 def test_supported(kind):
     assert lean.unsupported_reason(_tiny(kind)) is None
-
-
-@pytest.mark.parametrize("padded", [True, False])
-def test_step_logits_bit_identical_to_hf_forward(tokenizer, padded):
-    model = _tiny("qwen3")
-    b, w = 5, 9
-    ids = torch.randint(3, 40000, (b, w), generator=torch.Generator().manual_seed(1))
-    mask = torch.ones(b, w, dtype=torch.long)
-    if padded:
-        mask[::2, :4] = 0
-    with torch.inference_mode():
-        pos = (mask.cumsum(-1) - 1).clamp(min=0)
-        logits, hf_cache = _prefill(model, ids, mask, pos)
-        lm = lean.LeanModel(model)
-        cache = lean.KVCache(lm, b, w + 2, torch.float32, "cpu")  # capacity grows during the loop
-        cache.load_prefill(hf_cache, mask)
-        cos, sin = lm.rope_tables(64, logits)
-        token, p = logits.argmax(-1), pos[:, -1] + 1
-        for _ in range(6):
-            mask = torch.cat([mask, mask.new_ones(b, 1)], 1)
-            ref = model(input_ids=token[:, None], attention_mask=mask, position_ids=p[:, None], cache=hf_cache,
-                        use_cache=True).logits[:, -1]
-            cache.ensure(cache.length + 1)
-            ours = lean.decode_step(lm, cache, token, p, cos, sin)
-            assert torch.equal(ours, ref)
-            token, p = ref.argmax(-1), p + 1
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3"])
@@ -254,8 +228,6 @@ def test_tiled_key_cache_holds_what_the_plain_layout_holds():
 def test_lean_prefill_matches_hf_prefill(tokenizer, kind):
     """The fast path's prefill (stacked packed matmuls, compiled glue, SDPA) against the HF forward: same logits
     and K/V to float rounding, with left padding and with a shared prefix passed as the cache."""
-    from transformers import DynamicCache
-
     from esft.generation import encode_prompts, left_pad
 
     options = _fast_kernels()
@@ -281,13 +253,7 @@ def test_lean_prefill_matches_hf_prefill(tokenizer, kind):
         pre = ids[:1, :p].clone()
         pre[0] = torch.tensor([11, 12, 13])
         _, pre_cache = _prefill(model, pre, torch.ones_like(pre), torch.arange(p)[None])
-        caches = []
-        for _ in range(2):
-            c = DynamicCache(config=model.config)
-            for i, layer in enumerate(pre_cache.layers):
-                c.update(layer.keys.expand(ids.shape[0], -1, -1, -1).contiguous(),
-                         layer.values.expand(ids.shape[0], -1, -1, -1).contiguous(), i)
-            caches.append(c)
+        caches = prefix_caches(model, pre_cache, ids.shape[0])
         full_mask = torch.cat([mask.new_ones((ids.shape[0], p)), mask], dim=1)
         ref, _ = _prefill(model, ids, full_mask, pos + p, caches[0])
         got = lm.head_logits([fast_prefill(model, ids, full_mask, pos + p, caches[1])[0]])[0]

@@ -14,7 +14,7 @@ import torch
 
 from esft.generation import GenerationConfig, generate, lean
 
-from conftest import make_tiny_model
+from conftest import make_tiny_model, prefix_caches
 
 PROMPTS = [
     [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name three primes and explain."}],
@@ -134,8 +134,6 @@ def test_head_prefill_matches_hf_prefill(tokenizer):
     """packed_linear alone prefills through the HF base model and the lean lm_head (`_lean_head_prefill`): the
     logits and K/V of the HF prefill, for left-padded rows (each at its own positions) and with a shared prefix
     passed in as the cache (share_prefix), which the suffix must attend to."""
-    from transformers import DynamicCache
-
     from esft.generation import encode_prompts, left_pad
     from esft.generation.hf_step import hf_prefill
 
@@ -159,13 +157,7 @@ def test_head_prefill_matches_hf_prefill(tokenizer):
         p = 3
         pre = torch.tensor([[11, 12, 13]])
         _, pre_cache = hf_prefill(model, pre, torch.ones_like(pre), torch.arange(p)[None])
-        caches = []
-        for _ in range(2):
-            c = DynamicCache(config=model.config)
-            for i, layer in enumerate(pre_cache.layers):
-                c.update(layer.keys.expand(ids.shape[0], -1, -1, -1).contiguous(),
-                         layer.values.expand(ids.shape[0], -1, -1, -1).contiguous(), i)
-            caches.append(c)
+        caches = prefix_caches(model, pre_cache, ids.shape[0])
         full_mask = torch.cat([mask.new_ones((ids.shape[0], p)), mask], dim=1)
         ref, _ = hf_prefill(model, ids, full_mask, pos + p, caches[0])
         hidden, cache = prefill(model, ids, full_mask, pos + p, caches[1])

@@ -45,10 +45,10 @@ def _variant(kind: str):
 
         model = LlamaForCausalLM(LlamaConfig(attention_bias=True, **common))
         assert model.model.layers[0].self_attn.o_proj.bias is not None
-    elif kind == "qwen3_eps":
+    elif kind in ("qwen3", "qwen3_eps"):  # q/k norms; with the default eps and another
         from transformers import Qwen3Config, Qwen3ForCausalLM
 
-        model = Qwen3ForCausalLM(Qwen3Config(rms_norm_eps=0.05, **common))
+        model = Qwen3ForCausalLM(Qwen3Config(**common, **({"rms_norm_eps": 0.05} if kind == "qwen3_eps" else {})))
     else:
         raise ValueError(kind)
     return _perturbed(model)
@@ -86,7 +86,7 @@ def _steps_against_hf(model, padded: bool, exact: bool, **lean_options) -> None:
 
 
 @pytest.mark.parametrize("padded", [True, False])
-@pytest.mark.parametrize("kind", ["llama_bias", "qwen3_eps", "bf16"])
+@pytest.mark.parametrize("kind", ["qwen3", "llama_bias", "qwen3_eps", "bf16"])
 def test_plain_step_logits_bit_identical_to_hf_forward(kind, padded):
     _steps_against_hf(_variant(kind), padded, exact=True)
 
