@@ -99,12 +99,14 @@ def embedded_model_dir(key: str = DEFAULT_MODEL) -> Path:
     package, gguf_name, folder, eos = _EMBEDDED[key]
     target = cache_dir() / "models" / folder
     weights = target / "model.safetensors"
-    if weights.exists() and (target / "config.json").exists() and not safetensors_complete(weights):
+    present = weights.exists() and (target / "config.json").exists()
+    if present and not safetensors_complete(weights):
         # a copy cut short (disk full, an interrupted rsync): loading it would fail deep inside safetensors
         print(f"esft: the cached {folder} has a truncated or unreadable model.safetensors; converting it again",
               flush=True)
         shutil.rmtree(target)
-    if weights.exists() and (target / "config.json").exists():
+        present = False
+    if present:
         found = cached_eos(target)
         if found == eos:
             return target

@@ -20,6 +20,7 @@ from typing import Any, Callable
 import yaml
 
 from esft import paper
+from esft.rundir import read_jsonl
 from esft.tables import NA, pct
 
 CHECKPOINTS = "checkpoints"
@@ -145,8 +146,6 @@ def list_checkpoints(run_dir: Path) -> list[tuple[float, Path]]:
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     """metrics.jsonl's records, read as every other reader of a run does (esft.rundir.read_jsonl): a torn last
     line is ignored, an unreadable line with records after it is an error naming it, not a silent cut."""
-    from esft.rundir import read_jsonl
-
     return read_jsonl(run_dir / "metrics.jsonl")
 
 
