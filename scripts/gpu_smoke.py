@@ -13,8 +13,12 @@ Checks, each recorded in OUT/gpu_smoke.json ("ok" per check; exit status 1 if an
 2. the same update on two copies gives the same weights (what every replica of a distributed run relies on);
 3. a 3-iteration ES run of a 2-layer model on a 20-row data task, and the same run stopped after 1 iteration and
    resumed: the final weights moved and are bit-identical (exact resume on the device);
-4. greedy generation throughput of the 135M-shaped model: tokens/s for a batch of 32 x 64 new tokens, esft's
-   generate on the device (timed after one warm-up call; reported, not judged).
+4. greedy generation throughput of the 135M-shaped model: tokens/s for a batch of 32 x 64 new tokens, through
+   esft's engine and through `model.generate` (engine "hf"), each timed after one warm-up call (reported, not
+   judged; "ok" says every row got its tokens);
+5. a timed 2-iteration `esft train es` of the 135M-shaped model on the device (bf16 weights, a data task): seconds
+   per iteration and generated tokens/s from its metrics.jsonl (reported, not judged; "ok" says the run finished
+   and the weights moved).
 """
 
 from __future__ import annotations
@@ -106,19 +110,58 @@ def throughput(device: str, tokenizer: str, rows: int, new_tokens: int) -> dict:
     model = llama(30, 576, 9, 3, 1536, dtype, device, seed=0)  # SmolLM2-135M's shape
     prompts = [[{"role": "user", "content": f"Count from {i} to {i + 50}, one number per line."}]
                for i in range(rows)]
-    config = GenerationConfig(max_new_tokens=new_tokens, min_new_tokens=new_tokens)
-    generate(model, tok, prompts[:2], config)  # warm-up: kernels, allocator
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
+    out = {"dtype": str(dtype).removeprefix("torch."), "rows": rows, "new_tokens": new_tokens}
+    for engine in ("esft", "hf"):
+        config = GenerationConfig(max_new_tokens=new_tokens, min_new_tokens=new_tokens, engine=engine)
+        generate(model, tok, prompts[:2], config)  # warm-up: kernels, allocator
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        outs = generate(model, tok, prompts, config)
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        seconds = time.perf_counter() - t0
+        generated = sum(len(o.completion_ids) for o in outs)
+        out[engine] = {"generated_tokens": generated, "seconds": round(seconds, 3),
+                       "generated_tokens_per_s": round(generated / seconds, 1)}
+    ok = all(out[e]["generated_tokens"] == rows * new_tokens for e in ("esft", "hf"))
+    return {"ok": ok, **out}
+
+
+def es_iteration(device: str, tokenizer: str, work: Path, layers: int, population: int, batch: int,
+                 new_tokens: int) -> dict:
+    from safetensors.torch import load_file
+    from transformers import AutoTokenizer
+
+    from esft.cli import main
+
+    folder = work / "smollm2-shaped"
+    llama(layers, 576, 9, 3, 1536, torch.float32, "cpu", seed=0).save_pretrained(folder)
+    AutoTokenizer.from_pretrained(tokenizer).save_pretrained(folder)
+    data = work / "count.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"Count from {i} to {i + 50}.", "answer": str(i + 50)}) + "\n"
+                            for i in range(max(64, batch))))
+    run = work / "es"
     t0 = time.perf_counter()
-    outs = generate(model, tok, prompts, config)
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
+    code = main(["train", "es", "--model", str(folder), "--task", str(data), "--population-size", str(population),
+                 "--batch-size", str(batch), "--max-new-tokens", str(new_tokens), "--iterations", "2",
+                 "--eval-every", "0", "--device", device, "--dtype", "bfloat16" if device.startswith("cuda")
+                 else "float32", "--fitness-shaping", "raw", "--format-bonus", "1",  # a random model earns only that
+                 "--output-dir", str(run)])
     seconds = time.perf_counter() - t0
-    generated = sum(len(o.completion_ids) for o in outs)
-    return {"ok": generated == rows * new_tokens, "dtype": str(dtype).removeprefix("torch."), "rows": rows,
-            "new_tokens": new_tokens, "generated_tokens": generated, "seconds": round(seconds, 3),
-            "generated_tokens_per_s": round(generated / seconds, 1)}
+    if code:
+        return {"ok": False, "exit_code": code}
+    recs = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in recs if r.get("kind") == "train"]
+    final = load_file(str(run / "checkpoints" / "final" / "model.safetensors"))
+    base = load_file(str(folder / "model.safetensors"))
+    moved = any(not torch.equal(final[k].float(), base[k].float()) for k in final if k in base)
+    return {"ok": bool(len(train) == 2 and moved), "layers": layers, "population_size": population,
+            "batch_size": batch, "max_new_tokens": new_tokens, "whole_command_s": round(seconds, 1),
+            "weights_moved": moved,
+            "iterations": [{"total_s": round(r["time"]["total"], 2), "evaluate_s": round(r["time"]["evaluate"], 2),
+                            "update_s": round(r["time"]["update"], 3), "tokens_generated": r["tokens_generated"],
+                            "generated_tokens_per_s": round(r["generated_tokens_per_s"], 1)} for r in train]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -128,6 +171,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--rows", type=int, default=32)
     parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--es-layers", type=int, default=30, help="check 5's model depth (30 = SmolLM2-135M's)")
+    parser.add_argument("--es-population", type=int, default=16)
+    parser.add_argument("--es-batch", type=int, default=64)
+    parser.add_argument("--es-new-tokens", type=int, default=128)
     args = parser.parse_args(argv)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print("gpu_smoke: no CUDA device visible to torch", file=sys.stderr)
@@ -139,14 +186,16 @@ def main(argv: list[str] | None = None) -> int:
               "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     for name, check in (("exact_restore", lambda: exact_restore(args.device)),
                         ("exact_resume", lambda: exact_resume(args.device, args.tokenizer, out / "runs")),
-                        ("throughput", lambda: throughput(args.device, args.tokenizer, args.rows, args.new_tokens))):
+                        ("throughput", lambda: throughput(args.device, args.tokenizer, args.rows, args.new_tokens)),
+                        ("es_iteration", lambda: es_iteration(args.device, args.tokenizer, out / "runs", args.es_layers,
+                                                              args.es_population, args.es_batch, args.es_new_tokens))):
         try:
             report[name] = check()
         except Exception as exc:  # noqa: BLE001 - recorded, and the exit status says a check failed
             report[name] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
         print(f"gpu_smoke: {name}: {json.dumps(report[name])}", flush=True)
         (out / "gpu_smoke.json").write_text(json.dumps(report, indent=2))
-    ok = all(report[k]["ok"] for k in ("exact_restore", "exact_resume", "throughput"))
+    ok = all(report[k]["ok"] for k in ("exact_restore", "exact_resume", "throughput", "es_iteration"))
     print("gpu_smoke: " + ("all checks passed" if ok else "FAILED"), flush=True)
     return 0 if ok else 1
 

@@ -17,13 +17,19 @@ def test_gpu_smoke_passes_on_the_cpu(tmp_path, tokenizer, monkeypatch):
     tokenizer.save_pretrained(tmp_path / "tok")
     out = tmp_path / "out"
     assert gpu_smoke.main(["--out", str(out), "--tokenizer", str(tmp_path / "tok"), "--device", "cpu",
-                           "--rows", "2", "--new-tokens", "3"]) == 0
+                           "--rows", "2", "--new-tokens", "3", "--es-layers", "1", "--es-population", "2",
+                           "--es-batch", "2", "--es-new-tokens", "3"]) == 0
     report = json.loads((out / "gpu_smoke.json").read_text())
     assert report["exact_restore"]["float32"] == report["exact_restore"]["bfloat16"] == {
         "perturb_moves": True, "restore_exact": True, "same_update_same_weights": True}
     resume = report["exact_resume"]
     assert resume["resumed_equals_uninterrupted"] and resume["weights_moved"] and resume["exit_codes"] == [0, 0, 0]
-    assert report["throughput"]["generated_tokens"] == 6 and report["throughput"]["generated_tokens_per_s"] > 0
+    for engine in ("esft", "hf"):
+        assert report["throughput"][engine]["generated_tokens"] == 6
+        assert report["throughput"][engine]["generated_tokens_per_s"] > 0
+    es = report["es_iteration"]
+    assert es["ok"] and es["weights_moved"] and len(es["iterations"]) == 2
+    assert all(it["tokens_generated"] > 0 and it["total_s"] > 0 for it in es["iterations"])
 
 
 def test_gpu_smoke_says_when_there_is_no_gpu(tmp_path, monkeypatch, capsys):
