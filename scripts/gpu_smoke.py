@@ -13,9 +13,9 @@ Checks, each recorded in OUT/gpu_smoke.json ("ok" per check; exit status 1 if an
 2. the same update on two copies gives the same weights (what every replica of a distributed run relies on);
 3. a 3-iteration ES run of a 2-layer model on a 20-row data task, and the same run stopped after 1 iteration and
    resumed: the final weights moved and are bit-identical (exact resume on the device);
-4. greedy generation throughput of the 135M-shaped model: tokens/s for a batch of 32 x 64 new tokens, through
-   esft's engine and through `model.generate` (engine "hf"), each timed after one warm-up call (reported, not
-   judged; "ok" says every row got its tokens);
+4. greedy generation throughput of the 135M-shaped model: tokens/s for one batch of `--rows` x 64 new tokens,
+   through esft's engine and through `model.generate` (engine "hf"), each timed after a warm-up call of the same
+   shapes (reported, not judged; "ok" says every row got its tokens);
 5. a timed 2-iteration `esft train es` of the 135M-shaped model on the device (bf16 weights, a data task): seconds
    per iteration and generated tokens/s from its metrics.jsonl (reported, not judged; "ok" says the run finished
    and the weights moved).
@@ -31,6 +31,9 @@ import time
 from pathlib import Path
 
 import torch
+
+
+CHECKS = ("exact_restore", "exact_resume", "throughput", "es_iteration")
 
 
 def llama(layers: int, hidden: int, heads: int, kv: int, inter: int, dtype: torch.dtype, device: str, seed: int):
@@ -99,7 +102,7 @@ def exact_resume(device: str, tokenizer: str, work: Path) -> dict:
             "exit_codes": codes, "seconds": round(seconds, 1)}
 
 
-def throughput(device: str, tokenizer: str, rows: int, new_tokens: int) -> dict:
+def throughput(device: str, tokenizer: str, rows_list: list[int], new_tokens: int) -> dict:
     from transformers import AutoTokenizer
 
     from esft.generation import GenerationConfig, generate
@@ -108,28 +111,34 @@ def throughput(device: str, tokenizer: str, rows: int, new_tokens: int) -> dict:
     tok.padding_side = "left"
     dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
     model = llama(30, 576, 9, 3, 1536, dtype, device, seed=0)  # SmolLM2-135M's shape
-    prompts = [[{"role": "user", "content": f"Count from {i} to {i + 50}, one number per line."}]
-               for i in range(rows)]
-    out = {"dtype": str(dtype).removeprefix("torch."), "rows": rows, "new_tokens": new_tokens}
-    for engine in ("esft", "hf"):
-        config = GenerationConfig(max_new_tokens=new_tokens, min_new_tokens=new_tokens, engine=engine)
-        generate(model, tok, prompts[:2], config)  # warm-up: kernels, allocator
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        outs = generate(model, tok, prompts, config)
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
-        seconds = time.perf_counter() - t0
-        generated = sum(len(o.completion_ids) for o in outs)
-        out[engine] = {"generated_tokens": generated, "seconds": round(seconds, 3),
-                       "generated_tokens_per_s": round(generated / seconds, 1)}
-    ok = all(out[e]["generated_tokens"] == rows * new_tokens for e in ("esft", "hf"))
+    out: dict = {"dtype": str(dtype).removeprefix("torch."), "new_tokens": new_tokens, "by_rows": {}}
+    ok = True
+    for rows in rows_list:
+        prompts = [[{"role": "user", "content": f"Count from {i} to {i + 50}, one number per line."}]
+                   for i in range(rows)]
+        measured = {}
+        for engine in ("esft", "hf"):
+            config = GenerationConfig(max_new_tokens=new_tokens, min_new_tokens=new_tokens, engine=engine,
+                                      batch_size=rows)
+            generate(model, tok, prompts, config)  # warm-up at the timed shapes: kernels, allocator
+            if device.startswith("cuda"):
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            outs = generate(model, tok, prompts, config)
+            if device.startswith("cuda"):
+                torch.cuda.synchronize()
+            seconds = time.perf_counter() - t0
+            generated = sum(len(o.completion_ids) for o in outs)
+            ok = ok and generated == rows * new_tokens
+            measured[engine] = {"generated_tokens": generated, "seconds": round(seconds, 3),
+                                "generated_tokens_per_s": round(generated / seconds, 1),
+                                "ms_per_step": round(1000 * seconds / new_tokens, 2)}
+        out["by_rows"][str(rows)] = measured
     return {"ok": ok, **out}
 
 
 def es_iteration(device: str, tokenizer: str, work: Path, layers: int, population: int, batch: int,
-                 new_tokens: int) -> dict:
+                 new_tokens: int, generation_batch: int) -> dict:
     from safetensors.torch import load_file
     from transformers import AutoTokenizer
 
@@ -144,7 +153,8 @@ def es_iteration(device: str, tokenizer: str, work: Path, layers: int, populatio
     run = work / "es"
     t0 = time.perf_counter()
     code = main(["train", "es", "--model", str(folder), "--task", str(data), "--population-size", str(population),
-                 "--batch-size", str(batch), "--max-new-tokens", str(new_tokens), "--iterations", "2",
+                 "--batch-size", str(batch), "--generation-batch-size", str(generation_batch),
+                 "--max-new-tokens", str(new_tokens), "--iterations", "2",
                  "--eval-every", "0", "--device", device, "--dtype", "bfloat16" if device.startswith("cuda")
                  else "float32", "--fitness-shaping", "raw", "--format-bonus", "1",  # a random model earns only that
                  "--output-dir", str(run)])
@@ -157,8 +167,8 @@ def es_iteration(device: str, tokenizer: str, work: Path, layers: int, populatio
     base = load_file(str(folder / "model.safetensors"))
     moved = any(not torch.equal(final[k].float(), base[k].float()) for k in final if k in base)
     return {"ok": bool(len(train) == 2 and moved), "layers": layers, "population_size": population,
-            "batch_size": batch, "max_new_tokens": new_tokens, "whole_command_s": round(seconds, 1),
-            "weights_moved": moved,
+            "batch_size": batch, "generation_batch_size": generation_batch, "max_new_tokens": new_tokens,
+            "whole_command_s": round(seconds, 1), "weights_moved": moved,
             "iterations": [{"total_s": round(r["time"]["total"], 2), "evaluate_s": round(r["time"]["evaluate"], 2),
                             "update_s": round(r["time"]["update"], 3), "tokens_generated": r["tokens_generated"],
                             "generated_tokens_per_s": round(r["generated_tokens_per_s"], 1)} for r in train]}
@@ -169,13 +179,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True, help="folder for gpu_smoke.json and the runs")
     parser.add_argument("--tokenizer", required=True, help="a folder holding SmolLM2's tokenizer files")
     parser.add_argument("--device", default="cuda")
-    parser.add_argument("--rows", type=int, default=32)
+    parser.add_argument("--rows", default="32", help="check 4's batch sizes, comma-separated (e.g. 32,256)")
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--es-layers", type=int, default=30, help="check 5's model depth (30 = SmolLM2-135M's)")
     parser.add_argument("--es-population", type=int, default=16)
     parser.add_argument("--es-batch", type=int, default=64)
     parser.add_argument("--es-new-tokens", type=int, default=128)
+    parser.add_argument("--es-generation-batch-size", type=int, default=32, help="rows per generate call in check 5")
+    parser.add_argument("--checks", default=",".join(CHECKS), help="which checks to run, comma-separated")
     args = parser.parse_args(argv)
+    checks = args.checks.split(",")
+    unknown = sorted(set(checks) - set(CHECKS))
+    if unknown:
+        parser.error(f"unknown check(s) {', '.join(unknown)}; choose from {', '.join(CHECKS)}")
+    rows = [int(r) for r in args.rows.split(",")]
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print("gpu_smoke: no CUDA device visible to torch", file=sys.stderr)
         return 2
@@ -184,18 +201,21 @@ def main(argv: list[str] | None = None) -> int:
     report = {"device": args.device, "torch": torch.__version__, "python": platform.python_version(),
               "gpu": torch.cuda.get_device_name(0) if args.device.startswith("cuda") else None,
               "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    for name, check in (("exact_restore", lambda: exact_restore(args.device)),
-                        ("exact_resume", lambda: exact_resume(args.device, args.tokenizer, out / "runs")),
-                        ("throughput", lambda: throughput(args.device, args.tokenizer, args.rows, args.new_tokens)),
-                        ("es_iteration", lambda: es_iteration(args.device, args.tokenizer, out / "runs", args.es_layers,
-                                                              args.es_population, args.es_batch, args.es_new_tokens))):
+    runs = {"exact_restore": lambda: exact_restore(args.device),
+            "exact_resume": lambda: exact_resume(args.device, args.tokenizer, out / "runs"),
+            "throughput": lambda: throughput(args.device, args.tokenizer, rows, args.new_tokens),
+            "es_iteration": lambda: es_iteration(args.device, args.tokenizer, out / "runs", args.es_layers,
+                                                 args.es_population, args.es_batch, args.es_new_tokens,
+                                                 args.es_generation_batch_size)}
+    for name in checks:
+        check = runs[name]
         try:
             report[name] = check()
         except Exception as exc:  # noqa: BLE001 - recorded, and the exit status says a check failed
             report[name] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
         print(f"gpu_smoke: {name}: {json.dumps(report[name])}", flush=True)
         (out / "gpu_smoke.json").write_text(json.dumps(report, indent=2))
-    ok = all(report[k]["ok"] for k in ("exact_restore", "exact_resume", "throughput", "es_iteration"))
+    ok = all(report[k]["ok"] for k in checks)
     print("gpu_smoke: " + ("all checks passed" if ok else "FAILED"), flush=True)
     return 0 if ok else 1
 
