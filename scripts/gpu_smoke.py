@@ -138,7 +138,7 @@ def throughput(device: str, tokenizer: str, rows_list: list[int], new_tokens: in
 
 
 def es_iteration(device: str, tokenizer: str, work: Path, layers: int, population: int, batch: int,
-                 new_tokens: int, generation_batch: int) -> dict:
+                 new_tokens: int, generation_batch: int, noise: str) -> dict:
     from safetensors.torch import load_file
     from transformers import AutoTokenizer
 
@@ -154,7 +154,7 @@ def es_iteration(device: str, tokenizer: str, work: Path, layers: int, populatio
     t0 = time.perf_counter()
     code = main(["train", "es", "--model", str(folder), "--task", str(data), "--population-size", str(population),
                  "--batch-size", str(batch), "--generation-batch-size", str(generation_batch),
-                 "--max-new-tokens", str(new_tokens), "--iterations", "2",
+                 "--max-new-tokens", str(new_tokens), "--iterations", "2", "--noise", noise,
                  "--eval-every", "0", "--device", device, "--dtype", "bfloat16" if device.startswith("cuda")
                  else "float32", "--fitness-shaping", "raw", "--format-bonus", "1",  # a random model earns only that
                  "--output-dir", str(run)])
@@ -167,7 +167,8 @@ def es_iteration(device: str, tokenizer: str, work: Path, layers: int, populatio
     base = load_file(str(folder / "model.safetensors"))
     moved = any(not torch.equal(final[k].float(), base[k].float()) for k in final if k in base)
     return {"ok": bool(len(train) == 2 and moved), "layers": layers, "population_size": population,
-            "batch_size": batch, "generation_batch_size": generation_batch, "max_new_tokens": new_tokens,
+            "batch_size": batch, "generation_batch_size": generation_batch, "noise": noise,
+            "max_new_tokens": new_tokens,
             "whole_command_s": round(seconds, 1), "weights_moved": moved,
             "iterations": [{"total_s": round(r["time"]["total"], 2), "evaluate_s": round(r["time"]["evaluate"], 2),
                             "update_s": round(r["time"]["update"], 3), "tokens_generated": r["tokens_generated"],
@@ -186,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--es-batch", type=int, default=64)
     parser.add_argument("--es-new-tokens", type=int, default=128)
     parser.add_argument("--es-generation-batch-size", type=int, default=32, help="rows per generate call in check 5")
+    parser.add_argument("--es-noise", default="per-tensor", help="check 5's --noise (lowrank: one batched pass)")
     parser.add_argument("--checks", default=",".join(CHECKS), help="which checks to run, comma-separated")
     args = parser.parse_args(argv)
     checks = args.checks.split(",")
@@ -206,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
             "throughput": lambda: throughput(args.device, args.tokenizer, rows, args.new_tokens),
             "es_iteration": lambda: es_iteration(args.device, args.tokenizer, out / "runs", args.es_layers,
                                                  args.es_population, args.es_batch, args.es_new_tokens,
-                                                 args.es_generation_batch_size)}
+                                                 args.es_generation_batch_size, args.es_noise)}
     for name in checks:
         check = runs[name]
         try:
