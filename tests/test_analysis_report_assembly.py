@@ -313,3 +313,25 @@ def test_a_task_option_the_run_recorded_wins_over_its_passage_cut_as_in_training
     ctx.runs = [Run(tmp_path / "a", "es", {"task": "boolq", "max_passage_chars": 400,
                                            "task_options": {"max_passage_chars": 100}})]
     assert ctx.task_options() == {"boolq": {"max_passage_chars": 100}}
+
+
+def test_a_task_trained_with_different_options_is_not_evaluated_for_any_run(tmp_path):
+    """Runs of one task name with different options (a BoolQ passage cut of 400 and none) would all be evaluated
+    with the options of whichever run came first: the analyses that evaluate skip their chains and say which runs
+    disagree, while a task the runs agree on is still evaluated."""
+    from esft.analysis.runs import Chain, StageRef
+
+    ctx = ReportContext(ReportConfig(dir=str(tmp_path)), progress=False)
+    es = Run(tmp_path / "es", "es", {"task": "boolq", "max_passage_chars": 400})
+    grpo = Run(tmp_path / "grpo", "grpo", {"task": "boolq"})
+    other = Run(tmp_path / "cd", "es", {"task": "countdown", "max_passage_chars": 400})
+    ctx.runs = [es, grpo, other]
+    chains = [Chain(r.algorithm, [StageRef([r], None, r.task)], None, "m", r.path.name) for r in ctx.runs]
+    assert ctx.option_conflicts().keys() == {"boolq"}
+    assert [c.name for c in ctx.evaluable(chains, "KL")] == ["cd"]
+    assert [a.split()[:2] for a, _ in ctx.unsupported] == [["KL", "(es"], ["KL", "(grpo"]]
+    reason = ctx.unsupported[0][1]
+    assert "es: {'max_passage_chars': 400}" in reason and "grpo: none" in reason and "--exclude" in reason
+    ctx.runs, ctx.unsupported = [es, other], []  # the same options in every run: evaluated with them
+    assert not ctx.option_conflicts()
+    assert [c.name for c in ctx.evaluable(chains[::2], "KL")] == ["es", "cd"] and not ctx.unsupported

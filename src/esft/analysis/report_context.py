@@ -121,11 +121,17 @@ class ReportContext:
 
     def evaluable(self, chains: Sequence[Chain], analysis: str) -> list[Chain]:
         """The chains whose tasks can be built for an evaluation; each other one is skipped with the reason: a
-        run that trained a task object config.yaml cannot rebuild needs that object (`build_report(tasks=...)`)."""
+        run that trained a task object config.yaml cannot rebuild needs that object (`build_report(tasks=...)`),
+        and a task that runs trained with different options has no one evaluation that fits them all."""
         from esft.tasks.custom import script_class, unrecorded_options
 
+        conflicts = self.option_conflicts()
         keep = []
         for c in chains:
+            clash = next((t for t in dict.fromkeys(c.tasks) if t in conflicts), None)
+            if clash is not None:
+                self.skip(f"{analysis} ({c.label})", conflicts[clash])
+                continue
             lost = [t for t in dict.fromkeys(c.tasks) if t not in self.task_objects
                     and (script_class(t) or unrecorded_options(self.task_options().get(t, {})))]
             if not lost:
@@ -196,20 +202,36 @@ class ReportContext:
                "the exact path (esft engine defaults; `--generation-options fast` is ~5x faster on CPU)")
         return f"Generation: {how}; models in {self.eval_dtype()} on {self.config.device or 'the default device'}."
 
+    def run_task_options(self, r: Run) -> dict[str, Any]:
+        """The task constructor options run `r` trained with: its recorded task_options, plus the passage cut,
+        which reaches BoolQ only, as in training (a Countdown run of the cpu preset records it too)."""
+        o = dict(r.config.get("task_options") or {})
+        for key, value in passage_cut(r.task, r.config.get("max_passage_chars")).items():
+            o.setdefault(key, value)
+        return o
+
     def task_options(self) -> dict[str, dict[str, Any]]:
-        """Task constructor options the runs trained with (e.g. BoolQ passage cuts), so evaluation matches."""
+        """Task constructor options the runs trained with (e.g. BoolQ passage cuts), so evaluation matches. A task
+        that runs trained with different options (`option_conflicts`) is not evaluated (`evaluable`)."""
         opts: dict[str, dict[str, Any]] = {}
         for r in self.runs:
-            t = r.task
-            if not t:
-                continue
-            o = dict(r.config.get("task_options") or {})
-            # the passage cut reaches BoolQ only, as in training (a Countdown run of the cpu preset records it too)
-            for key, value in passage_cut(t, r.config.get("max_passage_chars")).items():
-                o.setdefault(key, value)
+            o = self.run_task_options(r) if r.task else {}
             if o:
-                opts.setdefault(t, o)
+                opts.setdefault(r.task, o)
         return opts
+
+    def option_conflicts(self) -> dict[str, str]:
+        """Each task that the runs trained with more than one set of options, with the runs and options to show:
+        evaluating it with any one of them would judge the other runs on a task they did not train on."""
+        seen: dict[str, dict[str, tuple[dict[str, Any], str]]] = {}
+        for r in self.runs:
+            if r.task:
+                o = self.run_task_options(r)
+                seen.setdefault(r.task, {}).setdefault(repr(sorted(o.items())), (o, self.rel_run(r)))
+        return {t: (f"runs trained task {t} with different options ("
+                    + "; ".join(f"{run}: {o or 'none'}" for o, run in kinds.values())
+                    + "), so no one evaluation fits them all: report them apart (--exclude)")
+                for t, kinds in seen.items() if len(kinds) > 1}
 
     def load(self, base: Path, weights: Path | None = None):
         """A model with `weights` (a checkpoint folder) on the architecture and tokenizer of `base` (checkpoint
