@@ -64,7 +64,7 @@ def executed_flops(shape: ModelShape, prompts: Sequence[Sequence[int]], completi
                    batch_size: int, share_prefix: bool = False, prefill_buckets: int = 1,
                    screened_lm_head: bool = False, bucket_tokens: int | None = None,
                    min_prefix: int | None = None, bf16_weights: bool = False,
-                   prefix_logit_row: bool = True) -> dict[str, int]:
+                   prefix_logit_row: bool = True, bf16_activations: bool = False) -> dict[str, int]:
     """Matmul FLOPs that one `esft.generation.generate` call of esft's lean engine executes on `prompts` (token
     ids) when it generates `completion_lengths[i]` tokens (eos included) for prompt i. The layout is the
     engine's: rows sorted by length, longest first, in batches of `batch_size`; per batch, with `share_prefix`,
@@ -85,8 +85,10 @@ def executed_flops(shape: ModelShape, prompts: Sequence[Sequence[int]], completi
     Not counted: embedding lookups, norms, rotary, activations, softmax (no matmul), and the screened lm_head's
     fp32 logits of its few candidate tokens. With `screened_lm_head` the decode steps' lm_head is counted as bf16
     (the screen's full-vocabulary matmul); everything else is fp32. With `bf16_weights` (bf16 rollouts) every
-    linear and the lm_head are bf16 matmuls and only the attention is fp32. Returns the position counts and the
-    FLOPs: {"prefill_positions", "prefill_logit_rows", "decode_rows", "attention_pairs", "fp32", "bf16"}."""
+    linear and the lm_head are bf16 matmuls and only the attention is fp32; with `bf16_activations` (bf16 weights
+    off the packed path: the step computes in the weights' dtype, as the HF forward) every matmul is bf16, the
+    attention's too. Returns the position counts and the FLOPs: {"prefill_positions", "prefill_logit_rows",
+    "decode_rows", "attention_pairs", "fp32", "bf16"}."""
     from esft.generation.prefill import PREFILL_BUCKET_TOKENS, common_prefix, layout_prefill, length_buckets
 
     if bucket_tokens is None:
@@ -125,7 +127,9 @@ def executed_flops(shape: ModelShape, prompts: Sequence[Sequence[int]], completi
     head = 2 * shape.hidden * shape.vocab
     fp32 = linear + attention + head * logit_rows
     bf16 = 0
-    if bf16_weights:
+    if bf16_activations:
+        fp32, bf16 = 0, fp32 + head * decode_rows
+    elif bf16_weights:
         fp32, bf16 = attention, linear + head * (logit_rows + decode_rows)
     elif screened_lm_head:
         bf16 = head * decode_rows
@@ -171,6 +175,8 @@ def effective_layout(model, gen, dtype: torch.dtype | None = None) -> dict[str, 
     return {"share_prefix": lean and bool(gen.share_prefix),
             "prefill_buckets": int(gen.prefill_buckets or 1) if lean else 1,
             "screened_lm_head": screened, "bf16_weights": lean and packed and dtype == torch.bfloat16,
+            # off the packed path bf16 weights take bf16 activations (esft.generation.lean_step.LeanModel)
+            "bf16_activations": lean and not packed and dtype == torch.bfloat16,
             # packed linears prefill through esft.generation.lean's own prefills, which project no prefix row
             "prefix_logit_row": not packed}
 
