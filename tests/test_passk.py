@@ -380,3 +380,21 @@ def test_maj_at_n_is_exact_and_draws_nothing():
     rng = np.random.default_rng(5)
     assert maj_at_k(keys, scores, 3, rng) == 1 / 3 == majority_score(keys, scores)
     assert rng.random() == np.random.default_rng(5).random()
+
+
+def test_bootstrap_ci_resamples_as_many_questions_as_there_are():
+    """Five questions, one solved: a resample's mean is B/5 with B ~ Binomial(5, 1/5), P(B <= 2) = 0.942 and
+    P(B <= 3) = 0.993, so the 97.5% point is 3/5 (resamples of four questions would put it at 2/4 or 3/4)."""
+    assert bootstrap_ci([0.0, 0.0, 0.0, 0.0, 1.0]) == (0.0, 0.6)
+
+
+def test_summary_maj_at_k_estimate_follows_the_seed():
+    """maj@k with k < n is a seeded Monte Carlo estimate: the seed of the summary seeds it too, so another seed
+    gives another (equally valid) estimate and the same seed the same one."""
+    scores = np.array([[1.0, 0.0, 0.0, 1.0, 0.0, 1.0]] * 3)
+    keys = [["a", "b", "c", "a", "b", "a"]] * 3
+    values = {seed: summarize_samples(scores, keys, [3], seed=seed, resamples=10, maj_draws=5)["maj@k"]["3"]["value"]
+              for seed in range(6)}
+    assert len(set(values.values())) > 1
+    again = summarize_samples(scores, keys, [3], seed=2, resamples=10, maj_draws=5)["maj@k"]["3"]["value"]
+    assert again == values[2]
