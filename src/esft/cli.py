@@ -36,6 +36,7 @@ def _eval(args: argparse.Namespace) -> int:
     config = build_config(EvalConfig, None, None, args.config, overrides,
                           check=_names_with_task_flags(args, lambda c: c.tasks))
     config = apply_task_flags(config, args, config.tasks)  # --prompt-field/--reward ... (data tasks)
+    check_eval_options(config, overrides)  # a --max-passage-chars no task reads
     if config.output_dir:
         check_output_dir(config.output_dir)  # before the evaluation, not after it
     results = run_eval(config)  # prints each task's line as it finishes
