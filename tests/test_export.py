@@ -282,3 +282,16 @@ def test_export_refuses_a_target_that_holds_the_run_and_names_a_file_target(tmp_
     (tmp_path / "a-file").write_text("x")
     assert main(["export", str(run), "--to", str(tmp_path / "a-file")]) == 2
     assert "is a file, not a folder" in capsys.readouterr().err
+
+
+def test_export_refuses_an_empty_target(tmp_path, capsys, monkeypatch):
+    """`--to ""` (an unset shell variable) was read as the current folder: ". is not empty", and with --overwrite
+    the export would replace the folder the user stands in."""
+    run = checkpoint_folder(tmp_path / "elsewhere" / "run" / "checkpoints" / "final").parent.parent
+    (tmp_path / "cwd").mkdir()
+    (tmp_path / "cwd" / "notes.txt").write_text("mine")
+    monkeypatch.chdir(tmp_path / "cwd")
+    for target in ("", "  "):
+        assert main(["export", str(run), "--to", target, "--overwrite"]) == 2
+        assert "--to is empty" in capsys.readouterr().err
+    assert (tmp_path / "cwd" / "notes.txt").read_text() == "mine"

@@ -160,6 +160,8 @@ def model_card(run: Path, config: dict[str, Any], results: list[dict[str, Any]],
 
 def export_run(run: str | Path, to: str | Path, overwrite: bool = False) -> ExportResult:
     """Copy the run's final model into `to` as a clean Hugging Face folder with a model card."""
+    if not str(to).strip():  # Path("") is the current folder, which --overwrite would replace
+        raise ValueError("--to is empty: name the folder to write")
     run, to = Path(run), Path(to)
     checkpoint = find_checkpoint(run)
     run_dir = run if checkpoint != run else run_dir_of(checkpoint)
