@@ -50,3 +50,16 @@ def test_good_analysis_options_pass_the_checks(tmp_path):
     assert KLConfig(stages=[str(tmp_path)], temperature=1.0, limit=1).limit == 1
     assert SparsityConfig(tuned=str(tmp_path), targets=[0.0, 1.0], taus=[0.0]).targets == [0.0, 1.0]
     assert DriftConfig(run=str(tmp_path), alpha=1e-3, population=2).population == 2
+
+
+@pytest.mark.parametrize("argv", [["weights", "--base", "smollm2-135m", "--tuned", "{run}"],
+                                  ["kl", "--base", "smollm2-135m", "--stages", "{run}"]])
+def test_a_run_directory_given_for_a_checkpoint_names_its_final_checkpoint(tmp_path, capsys, argv):
+    """`--tuned runs/es` (the run, not its checkpoint) said only "no *.safetensors weights in runs/es"; it is
+    refused, as `esft eval --model` refuses it, with the checkpoint folder to give instead."""
+    run = tmp_path / "run"
+    (run / "checkpoints" / "final").mkdir(parents=True)
+    (run / "config.yaml").write_text("task: boolq\n")
+    assert main(["analyze", *[a.format(run=run) for a in argv], "--output-dir", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert f"{run} is a run directory: its model is a checkpoint folder, e.g. {run / 'checkpoints' / 'final'}" in err

@@ -70,6 +70,25 @@ def test_drift_command_takes_alpha_and_population_from_the_run_unless_given(tmp_
         C.run_drift(C.DriftConfig(run=str(bare), output_dir=str(tmp_path / "o")))
 
 
+def test_drift_command_refuses_a_grpo_run_folder_without_drift_jsonl(tmp_path, monkeypatch):
+    """`--grpo-run` naming a folder without drift.jsonl (an ES run, a misspelt run) was read as an empty series:
+    the command printed its ES results, with no GRPO comparison and no word about it."""
+    from esft.analysis import commands as C
+    from esft.analysis import drift as D
+
+    es = run_dir(tmp_path / "es", {"alpha": 0.5, "population_size": 8})
+    (es / "drift.jsonl").write_text("{}\n")
+    other_es = run_dir(tmp_path / "other-es", {"alpha": 0.5, "population_size": 8})
+    (other_es / "seeds.jsonl").write_text("{}\n")
+    monkeypatch.setattr(D, "read_series", lambda p: f"series:{Path(p).parent.name}")
+    monkeypatch.setattr(D, "analyze_series", lambda s, a, n: {"tensors": {}})
+    monkeypatch.setattr(D, "displacement_ratio", lambda s, g: None)
+    monkeypatch.setattr(D, "plot_total", lambda *a, **k: None)
+    with pytest.raises(FileNotFoundError, match="other-es has no drift.jsonl"):
+        C.run_drift(C.DriftConfig(run=str(es), grpo_run=str(other_es), output_dir=str(tmp_path / "o")))
+    assert not (tmp_path / "o").exists()
+
+
 def test_kl_command_names_stages_by_run_and_passes_its_options(tmp_path, monkeypatch):
     from esft.analysis import commands as C
     from esft.analysis import kl as K

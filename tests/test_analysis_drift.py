@@ -238,3 +238,16 @@ def test_analyze_series_reports_the_last_step_and_skips_what_it_cannot_fit():
     assert "total" not in D.analyze_series(D.DriftSeries([1], [1.0]), alpha=0.1, population=5)
     with pytest.raises(ValueError, match="no drift records"):
         D.analyze_series(D.DriftSeries([], []), alpha=0.1, population=5)
+
+
+def test_rho_r2_figure_without_a_fitted_tensor_warns_nothing(tmp_path):
+    """A run whose tensors have no fit (one step, or no movement) drew an empty legend: matplotlib's "No artists
+    with labels found to put in legend" reached the user as `esft: warning: ...` from `esft analyze drift`."""
+    import warnings
+
+    from esft.analysis.drift import plot_rho_r2
+
+    tensors = [{"kind": "attention", "rho": 0.0, "r2_fit": None}, {"kind": "norm", "rho": None, "r2_fit": None}]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert plot_rho_r2({"tensors": tensors}, tmp_path / "rho.png").exists()

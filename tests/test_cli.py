@@ -159,3 +159,33 @@ def test_resume_names_the_other_algorithms_run_and_its_command(tmp_path, capsys,
     err = capsys.readouterr().err.strip().splitlines()[-1]
     other = "grpo --resume --output-dir" if "grpo" in source else "es --resume"
     assert "holds a" in err and f"esft train {other} {run}" in err, err
+
+
+@pytest.mark.parametrize("source, command", [
+    ("docs/results/cpu-study/main-job-2026-12-03", ["train", "es", "--resume", "{dir}"]),
+    ("docs/results/cpu-study/grpo-lr5e-6", ["train", "grpo", "--resume", "--output-dir", "{dir}"]),
+])
+@pytest.mark.parametrize("extra", [["--preset", "cpu"], ["--config", "{dir}/other.yaml"]])
+def test_resume_refuses_a_preset_or_config_file_it_would_not_read(tmp_path, capsys, monkeypatch, source, command,
+                                                                   extra):
+    """A resume takes every option from the run's config.yaml: `--preset` and `--config` were accepted and silently
+    ignored (the run went on with its own settings, a misspelt YAML key unnoticed). Refused before any model loads."""
+    import shutil
+    from pathlib import Path
+
+    import esft.api
+    from esft.cli import main
+
+    def trained(*args, **kwargs):
+        raise AssertionError("the resume started training")
+
+    monkeypatch.setattr(esft.api, "train_es", trained)
+    monkeypatch.setattr(esft.api, "train_grpo", trained)
+    repo = Path(__file__).resolve().parents[1]
+    run = tmp_path / "run"
+    run.mkdir()
+    shutil.copy(repo / source / "config.yaml", run / "config.yaml")
+    (run / "other.yaml").write_text("populaton_size: 4\n")
+    assert main([a.format(dir=run) for a in command + extra]) == 2
+    err = capsys.readouterr().err
+    assert f"{extra[0]} is not read when resuming" in err and "config.yaml" in err, err

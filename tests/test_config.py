@@ -141,3 +141,23 @@ def test_eval_refuses_task_options_that_no_evaluated_task_takes(tmp_path, capsys
     err = capsys.readouterr().err.strip()
     assert "built-in tasks take theirs in the name (countdown:numbers=2)" in err and len(err.splitlines()) == 1, err
     assert not out.exists()
+
+
+def test_es_include_exclude_refuse_a_yaml_list_given_as_one_flag_value():
+    """The --exclude help read `e.g. ["norm"]`: typed as a flag, that is one regex, a character class matching
+    almost every parameter name (`--include '[mlp, attn]'` perturbed every tensor without a word). A pattern that
+    looks like a YAML list is refused with the comma-list form; a real character class passes."""
+    from esft.cli import _explicit, build_parser
+    from esft.config import ConfigError
+    from esft.es.es_config import PRESETS, ESConfig
+
+    def build(*argv):
+        args = build_parser("train").parse_args(["train", "es", *argv])
+        return build_config(ESConfig, PRESETS, None, None, _explicit(args, ESConfig), overrides_source="command line")
+
+    assert build("--exclude", "norm,embed").exclude == ["norm", "embed"]
+    assert build("--include", "[qk]_proj").include == ["[qk]_proj"]
+    for flag, text in (("--exclude", '["norm"]'), ("--include", "[mlp, attn]"), ("--exclude", "['norm']")):
+        with pytest.raises(ConfigError, match=r"reads as one character class.* comma list"):
+            build(flag, text)
+    assert "e.g. norm" in field_docs(ESConfig)["exclude"]

@@ -63,6 +63,21 @@ def test_check_layout_refuses_a_layout_changed_after_the_config_was_checked(fiel
         build.check_layout(cfg)
 
 
+def test_ray_options_of_a_local_run_are_named_as_ignored():
+    """`--num-workers 4` (or --ray-address, --executor-options) without `--executor ray` ran one local process
+    without a word. A warning, not an error: a Ray run resumed with --executor local keeps them in its config."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        build.warn_unread_ray_options(ESConfig())
+        build.warn_unread_ray_options(ESConfig(executor="ray", num_workers=4))
+    with pytest.warns(UserWarning, match=r"num_workers=4, ray_address='auto' ignored: the local executor"):
+        build.warn_unread_ray_options(ESConfig(num_workers=4, ray_address="auto"))
+    with pytest.warns(UserWarning, match=r"executor_options=\{'threads_per_worker': 1\} ignored"):
+        build.warn_unread_ray_options(ESConfig(executor_options={"threads_per_worker": 1}))
+
+
 def test_executor_options_of_both_backends_are_accepted_and_others_refused():
     build.check_executor_options(ESConfig(executor="ray", executor_options={"gpu_memory_utilization": 0.5,
                                                                             "threads_per_worker": 1}))

@@ -128,6 +128,17 @@ def test_main_prints_the_summary_and_writes_the_figure(tmp_path, capsys):
     assert curve.plot_run(run) == run / "curve.png" and (run / "curve.png").exists()
 
 
+def test_main_refuses_a_folder_that_is_not_a_run(tmp_path, capsys):
+    """`python -m esft.es.curve` on a folder without metrics.jsonl wrote an empty curve.png into it and exited 0;
+    on a missing folder it ended in PIL's FileNotFoundError traceback. Both are one line and exit 2 now."""
+    (tmp_path / "empty").mkdir()
+    for folder in (tmp_path / "empty", tmp_path / "missing"):
+        assert curve.main([str(folder)]) == 2
+        assert capsys.readouterr().err.strip() == f"esft.es.curve: error: {folder} is not a run directory (no " \
+                                                   "metrics.jsonl)"
+    assert not list((tmp_path / "empty").iterdir())
+
+
 # ---- records that are not one more ES iteration or held-out evaluation --------------------------------------------
 EXECUTOR = {"kind": "executor", "event": "started", "time": 1733300000.0}  # a Ray run's event line, in the same file
 

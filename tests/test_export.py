@@ -267,3 +267,31 @@ def test_the_card_links_a_hub_base_model_only(tmp_path, monkeypatch):
     for local in ("models/smol", "runs/seq/1-countdown/run/checkpoints/final", "~/models/smol", "./smol/x"):
         assert "base_model" not in front(local), local
     assert "from `smol`" in model_card(tmp_path / "a", {"model": "~/models/smol", "task": "t"}, [])
+
+
+def test_export_refuses_a_target_that_holds_the_run_and_names_a_file_target(tmp_path, capsys):
+    """`--to` the run folder itself (or a folder holding it) with --overwrite replaced the whole run, seed log,
+    metrics and checkpoints, by the exported model; a `--to` that is a file failed with a bare `[Errno 20]`."""
+    run = tmp_path / "runs" / "es"
+    checkpoint_folder(run / "checkpoints" / "final")
+    (run / "seeds.jsonl").write_text("{}\n")
+    for target in (run, run / "checkpoints", run / "checkpoints" / "final", tmp_path / "runs"):
+        assert main(["export", str(run), "--to", str(target), "--overwrite"]) == 2
+        assert "holds the run being exported" in capsys.readouterr().err
+    assert (run / "seeds.jsonl").exists() and (run / "checkpoints" / "final" / "config.json").exists()
+    (tmp_path / "a-file").write_text("x")
+    assert main(["export", str(run), "--to", str(tmp_path / "a-file")]) == 2
+    assert "is a file, not a folder" in capsys.readouterr().err
+
+
+def test_export_refuses_an_empty_target(tmp_path, capsys, monkeypatch):
+    """`--to ""` (an unset shell variable) was read as the current folder: ". is not empty", and with --overwrite
+    the export would replace the folder the user stands in."""
+    run = checkpoint_folder(tmp_path / "elsewhere" / "run" / "checkpoints" / "final").parent.parent
+    (tmp_path / "cwd").mkdir()
+    (tmp_path / "cwd" / "notes.txt").write_text("mine")
+    monkeypatch.chdir(tmp_path / "cwd")
+    for target in ("", "  "):
+        assert main(["export", str(run), "--to", target, "--overwrite"]) == 2
+        assert "--to is empty" in capsys.readouterr().err
+    assert (tmp_path / "cwd" / "notes.txt").read_text() == "mine"

@@ -613,3 +613,13 @@ def test_a_damaged_newest_checkpoint_resumes_from_the_one_before(run, tmp_path, 
     assert "optimizer.pt" in checkpoint_damage(final)
     with pytest.warns(UserWarning, match="damaged"):
         assert resume_checkpoint(out) == (0, None)
+
+
+def test_unknown_trl_args_are_refused_before_the_run_folder_is_made(tmp_path):
+    """`esft train grpo --trl-args '{bogus: 1}'` was refused only after the run folder, its lock and samples/ were
+    made: a typo left an empty run folder behind."""
+    from esft.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"\['bogus'\] are not"):
+        train_grpo(tiny_config(tmp_path / "bogus", trl_args={"bogus": 1}), task=ParityTask(), progress=False)
+    assert not (tmp_path / "bogus").exists()

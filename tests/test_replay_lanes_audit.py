@@ -90,6 +90,26 @@ def test_main_usage_and_rebuild_of_a_given_step(es_run, tmp_path, monkeypatch, c
     assert [json.loads(line)["step"] for line in out.read_text().splitlines()] == [1, 2, 3]
 
 
+def test_main_refuses_bad_arguments_in_one_line_before_the_model_loads(es_run, tmp_path, monkeypatch, capsys):
+    """A folder that is no ES run ended in a traceback saying "cannot resume ... without --resume"; a STEP that is
+    not a number or past the seed log, and a missing OUT or DIR, ended in tracebacks after the model loaded."""
+    def loaded(run_dir):
+        raise AssertionError("the model loaded")
+
+    monkeypatch.setattr(replay, "load_base", loaded)
+    (tmp_path / "empty").mkdir()
+    for argv, message in ((["verify", str(tmp_path / "empty")], "is not an ES run directory (it lacks seeds.jsonl"),
+                          (["drift", str(tmp_path / "missing"), "o.jsonl"], "is not an ES run directory"),
+                          (["rebuild", str(es_run), "abc", str(tmp_path / "o")], "STEP 'abc' is not a step of"),
+                          (["rebuild", str(es_run), "9", str(tmp_path / "o")], "STEP '9' is not a step of"),
+                          (["rebuild", str(es_run), "1"], "usage"), (["drift", str(es_run)], "usage")):
+        assert replay.main(argv) == 2
+        captured = capsys.readouterr()
+        usage = "python -m esft.es.replay rebuild RUN_DIR STEP DIR"
+        assert (message in captured.err) if message != "usage" else (usage in captured.out), (argv, captured)
+        assert "Traceback" not in captured.err
+
+
 def _placement(tmp_path, info, **fields):
     save_yaml(ESConfig(model="tiny", **fields), tmp_path / "config.yaml", extra=info)
     return replay.base_placement(*replay.read_run_config(tmp_path))

@@ -466,3 +466,24 @@ def test_check_balanced_set_reads_the_split_it_is_given_and_names_it():
                                           r"that exists \(a balanced subset of 8 needs 4 examples per label, but the "
                                           r"rarest label has 3 \(at most 6 in all\)\)$"):
         validation.check_balanced_set(task, 8, split="train", key="limit")
+
+
+def test_check_eval_options_refuses_a_passage_cut_no_task_reads():
+    """`--max-passage-chars` cuts BoolQ passages only: typed for a run or evaluation without BoolQ it was accepted
+    and ignored. A preset's cut (not typed) and a cut given with BoolQ among the tasks pass."""
+    @dataclass
+    class Train:
+        task: str
+        eval_every: int = 10
+
+    @dataclass
+    class Evaluate:
+        tasks: list
+
+    validation.check_eval_options(Train("boolq"), {"max_passage_chars": 400})
+    validation.check_eval_options(Train("countdown"), {})  # e.g. `--preset cpu --task countdown`
+    validation.check_eval_options(Evaluate(["countdown", "BoolQ"]), {"max_passage_chars": 400})
+    for config in (Train("countdown"), Evaluate(["countdown", "mmlu"])):
+        with pytest.raises(ConfigError, match=r"^command line \(--max-passage-chars\): max_passage_chars = 400 is "
+                                              r"not accepted; expected a BoolQ task"):
+            validation.check_eval_options(config, {"max_passage_chars": 400})

@@ -36,6 +36,7 @@ def _eval(args: argparse.Namespace) -> int:
     config = build_config(EvalConfig, None, None, args.config, overrides,
                           check=_names_with_task_flags(args, lambda c: c.tasks))
     config = apply_task_flags(config, args, config.tasks)  # --prompt-field/--reward ... (data tasks)
+    check_eval_options(config, overrides)  # a --max-passage-chars no task reads
     if config.output_dir:
         check_output_dir(config.output_dir)  # before the evaluation, not after it
     results = run_eval(config)  # prints each task's line as it finishes
@@ -73,6 +74,7 @@ def _train_es(args: argparse.Namespace) -> int:
         # `--resume RUN_DIR`: the run's own config.yaml, plus the few flags a resume may change (e.g. iterations)
         from esft.es.es_config import resume_config
 
+        _refuse_unread_on_resume(args, args.resume_dir)
         config = resume_config(args.resume_dir, _explicit(args, ESConfig))
         check_names(config)
     else:
@@ -108,6 +110,7 @@ def _train_grpo(args: argparse.Namespace) -> int:
         # `--resume --output-dir RUN_DIR`: the run's own config.yaml, plus the flags a resume may change
         from esft.grpo.grpo_config import resume_config
 
+        _refuse_unread_on_resume(args, run_dir)
         config = resume_config(run_dir, _explicit(args, GRPOConfig))
         check_names(config)
     else:
@@ -123,6 +126,14 @@ def _train_grpo(args: argparse.Namespace) -> int:
     result = train_grpo(config)  # Ctrl-C: esft.rundir.RunInterrupted, whose resume hint `_run` prints
     print(f"\n{result.steps} steps in {result.output_dir}; final checkpoint: {result.final_checkpoint}")
     return 0
+
+
+def _refuse_unread_on_resume(args: argparse.Namespace, run_dir: str) -> None:
+    """A resume reads every option from the run's config.yaml: a --preset or --config would be silently ignored."""
+    for flag, value in (("--preset", args.preset), ("--config", args.config)):
+        if value is not None:
+            raise ValueError(f"{flag} is not read when resuming: {run_dir} continues with the options of its "
+                             "config.yaml (give only the flags a resume may change, e.g. --iterations)")
 
 
 def _names_with_task_flags(args: argparse.Namespace, tasks_of: Callable[[Any], list[str]]) -> Callable[[Any], None]:

@@ -160,9 +160,17 @@ def model_card(run: Path, config: dict[str, Any], results: list[dict[str, Any]],
 
 def export_run(run: str | Path, to: str | Path, overwrite: bool = False) -> ExportResult:
     """Copy the run's final model into `to` as a clean Hugging Face folder with a model card."""
+    if not str(to).strip():  # Path("") is the current folder, which --overwrite would replace
+        raise ValueError("--to is empty: name the folder to write")
     run, to = Path(run), Path(to)
     checkpoint = find_checkpoint(run)
     run_dir = run if checkpoint != run else run_dir_of(checkpoint)
+    if to.exists() and not to.is_dir():
+        raise NotADirectoryError(f"--to {to} is a file, not a folder (name a new or empty folder)")
+    target = to.resolve()
+    held = [p for p in (run, checkpoint, run_dir) if p.resolve() == target or target in p.resolve().parents]
+    if held:  # --overwrite would replace the run itself (seed log, metrics, checkpoints) by the exported model
+        raise ValueError(f"--to {to} holds the run being exported ({held[0]}): name a folder outside it")
     if to.exists() and any(to.iterdir()) and not overwrite:
         raise ValueError(f"{to} is not empty (pass --overwrite to replace its files)")
     files = model_files(checkpoint)

@@ -186,7 +186,14 @@ EVAL_OPTIONS = ("eval_limit", "eval_balanced", "eval_max_new_tokens")
 def check_eval_options(config: Any, given: dict[str, Any]) -> None:
     """A training run with eval_every = 0 evaluates nothing: an evaluation option the user gave (`given`: the
     flags typed) would be ignored without a word, so it is refused before any model loads. A zero or false value
-    (`--eval-limit 0`) asks for no evaluation either and passes."""
+    (`--eval-limit 0`) asks for no evaluation either and passes. So is a typed --max-passage-chars where no task
+    is BoolQ, the only one it cuts (a preset's cut is not typed: `--preset cpu --task countdown` passes)."""
+    tasks = getattr(config, "tasks", None) or [getattr(config, "task", "")]
+    if given.get("max_passage_chars") is not None and not any(
+            str(t).partition(":")[0].strip().lower() == "boolq" for t in tasks):
+        raise ConfigError("max_passage_chars", given["max_passage_chars"],
+                          f"a BoolQ task among {', '.join(map(str, tasks))}: it cuts BoolQ passages only "
+                          "(drop --max-passage-chars)", "command line (--max-passage-chars)")
     if getattr(config, "eval_every", None) != 0:
         return
     for key in EVAL_OPTIONS:

@@ -40,6 +40,11 @@ def check_analysis(config: Any) -> None:
         for path in [value] if isinstance(value, str) else list(value or []):
             if path and not Path(path).exists():
                 raise ConfigError(name, path, f"an existing {what}")
+            run = Path(str(path))  # a run directory given for its checkpoint: say which folder to give
+            if path and what == "checkpoint folder" and (run / "checkpoints").is_dir() \
+                    and not (run / "config.json").exists():
+                raise ConfigError(name, path, f"a {what}; {run} is a run directory: its model is a checkpoint "
+                                  f"folder, e.g. {run / 'checkpoints' / 'final'}")
 
 
 __all__ = ["PATHS", "RULES", "check_analysis"]

@@ -154,6 +154,9 @@ def run_drift(cfg: DriftConfig) -> dict[str, Any]:
     from esft.analysis.runs import read_config
 
     src = Path(cfg.run)  # exists: DriftConfig checked it (esft.analysis.checks)
+    grpo_file = Path(cfg.grpo_run) / "drift.jsonl" if cfg.grpo_run and Path(cfg.grpo_run).is_dir() else None
+    if grpo_file is not None and not grpo_file.is_file():  # before the replay; read as an empty series otherwise
+        raise FileNotFoundError(f"--grpo-run {cfg.grpo_run} has no drift.jsonl (a GRPO run folder records one)")
     out = Path(cfg.output_dir)
     alpha, n = cfg.alpha, cfg.population
     if src.is_dir():
@@ -178,8 +181,7 @@ def run_drift(cfg: DriftConfig) -> dict[str, Any]:
         raise ValueError("alpha and population are needed (from the run's config.yaml or --alpha/--population)")
     grpo = None
     if cfg.grpo_run:
-        g = Path(cfg.grpo_run)
-        grpo = D.read_series(g / "drift.jsonl" if g.is_dir() else g)
+        grpo = D.read_series(grpo_file or Path(cfg.grpo_run))
     res = D.analyze_series(series, float(alpha), int(n))
     if grpo is not None:
         res["grpo_ratio_at_matched_step"] = D.displacement_ratio(series, grpo)

@@ -380,7 +380,10 @@ def plot_rho_r2(result: Mapping[str, Any], path: str | Path) -> Path:
     ax.axhline(1.0, color="gray", ls=":", lw=1)
     ax.set_xlabel(r"$\rho = d_{eff} / d_{total}$")
     ax.set_ylabel("R$^2$")
-    ax.legend(fontsize=7)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7)
+    else:  # no tensor has both a rho and a fit (one step, or weights that did not move)
+        ax.text(0.5, 0.5, "no tensor has a drift fit", transform=ax.transAxes, ha="center", va="center")
     return save(fig, path)
 
 

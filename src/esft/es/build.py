@@ -120,10 +120,22 @@ def check_layout(config: ESConfig) -> None:
 def check_executor_options(config: ESConfig) -> None:
     """Refuse unknown `executor_options` keys of a Ray run: the trainer calls it before the model loads."""
     if config.executor == "local":
-        return  # the local executor reads none of them
+        return  # the local executor reads none of them (warn_unread_ray_options)
     unknown = set(config.executor_options or {}) - RAY_OPTIONS - VLLM_OPTIONS
     if unknown:
         raise ValueError(f"unknown executor_options {sorted(unknown)}; known: {sorted(RAY_OPTIONS | VLLM_OPTIONS)}")
+
+
+def warn_unread_ray_options(config: ESConfig) -> None:
+    """A local run reads none of the Ray options: those set are named in a warning, not refused (a Ray run resumed
+    with --executor local keeps them in its config). The trainer calls it once, before the model loads."""
+    if config.executor != "local":
+        return
+    unread = [f"{k}={v!r}" for k, v in (("num_workers", config.num_workers), ("ray_address", config.ray_address),
+                                        ("executor_options", config.executor_options)) if v]
+    if unread:
+        warnings.warn(f"{', '.join(unread)} ignored: the local executor runs the members in this process "
+                      "(--executor ray spreads them over Ray workers)", stacklevel=3)
 
 
 def make_local_executor(config: ESConfig, *, model: Any, tokenizer: Any, weights: MasterWeights, task: Any,
@@ -143,4 +155,4 @@ def make_local_executor(config: ESConfig, *, model: Any, tokenizer: Any, weights
 
 __all__ = ["EXECUTORS", "RAY_OPTIONS", "VLLM_OPTIONS", "WORKER_BACKENDS", "check_executor_options", "check_layout",
            "fitness_rule", "generation_config", "make_fitness_rule", "make_local_executor", "make_strategy",
-           "make_weights", "rollout_precision", "sample_batch"]
+           "make_weights", "rollout_precision", "sample_batch", "warn_unread_ray_options"]

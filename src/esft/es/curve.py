@@ -224,6 +224,9 @@ def main(argv: list[str] | None = None) -> int:
     if not args:
         print(main.__doc__)
         return 2
+    if not (Path(args[0]) / "metrics.jsonl").is_file():  # not a run: no empty figure written into it
+        print(f"esft.es.curve: error: {args[0]} is not a run directory (no metrics.jsonl)", file=sys.stderr)
+        return 2
     print(json.dumps(summarize(args[0]), indent=2))
     print(f"wrote {plot_run(args[0], args[1] if len(args) > 1 else None)}")
     return 0

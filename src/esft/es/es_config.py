@@ -7,6 +7,7 @@ CLI `esft train es` uses it). The resolved config is written to `<output_dir>/co
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -63,7 +64,8 @@ class ESConfig(RunConfig):
     include: list[str] = field(default_factory=list)
     """regexes (re.search on parameter names) of parameters to perturb; empty = all"""
     exclude: list[str] = field(default_factory=list)
-    """regexes of parameters to keep frozen, e.g. ["norm"] for RMSNorm gains"""
+    """regexes of parameters to keep frozen, e.g. norm for RMSNorm gains (flags take a comma list, norm,embed;
+    YAML a list)"""
     format_bonus: float = 0.0
     """reward added for a well-formed answer (DART-ES / Qiu et al.); 0 = the paper's binary reward"""
     fitness_rule: str = "mean"
@@ -165,6 +167,11 @@ def check_combinations(config: ESConfig) -> None:
     if config.noise == "lowrank" and config.executor != "local":
         raise ConfigError("noise", config.noise, "another noise with the Ray executor ('lowrank' evaluates the "
                           "population in one batched pass: use --executor local)")
+    for key in ("include", "exclude"):  # `--exclude '["norm"]'`: one regex, a class matching almost any name
+        listed = [p for p in getattr(config, key) if re.fullmatch(r"\[.*(,|'|\").*\]", p)]
+        if listed:
+            raise ConfigError(key, getattr(config, key), f"regular expressions: {listed[0]!r} reads as one "
+                              f"character class; give the flag a comma list (--{key} norm,embed)")
     if config.worker_backend != "hf" and config.executor == "local":
         raise ConfigError("worker_backend", config.worker_backend, "'hf' with the local executor (vLLM engines run "
                           "as Ray actors: use --executor ray)")

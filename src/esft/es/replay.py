@@ -181,10 +181,18 @@ def main(argv: list[str] | None = None) -> int:
     import sys
 
     args = sys.argv[1:] if argv is None else argv
-    if len(args) < 2 or args[0] not in ("verify", "drift", "rebuild"):
+    if len(args) < 2 or {"verify": 2, "drift": 3, "rebuild": 4}.get(args[0]) != len(args):
         print(main.__doc__)
         return 2
     cmd, run_dir = args[0], args[1]
+    problem = None  # bad arguments, named in one line before the model loads
+    if not (Path(run_dir) / "seeds.jsonl").is_file() or not (Path(run_dir) / "config.yaml").is_file():
+        problem = f"{run_dir} is not an ES run directory (it lacks seeds.jsonl or config.yaml)"
+    elif cmd == "rebuild" and not (args[2].isdigit() and int(args[2]) <= len(es_rundir.read_seed_log(run_dir))):
+        problem = f"STEP {args[2]!r} is not a step of {run_dir} (0..{len(es_rundir.read_seed_log(run_dir))})"
+    if problem:
+        print(f"esft.es.replay: error: {problem}", file=sys.stderr)
+        return 2
     if cmd == "verify":
         result = verify(run_dir)
         print(json.dumps(result))

@@ -30,7 +30,7 @@ import torch
 import yaml
 
 from esft import rundir
-from esft.grpo.grpo_config import (SCHEDULES_WITHOUT_END, GRPOConfig, resolve_precision,
+from esft.grpo.grpo_config import (SCHEDULES_WITHOUT_END, GRPOConfig, check_trl_arg_names, resolve_precision,
                                    resumable_changes, to_trl_config)
 from esft.grpo.interrupt import StepBoundary
 from esft.grpo.trl_trainer import TRAINER_STATE, EsftGRPOTrainer, TaskReward
@@ -185,6 +185,7 @@ def train_grpo(config: GRPOConfig, *, model: Any = None, tokenizer: Any = None, 
     from esft.tracking import check_backends
 
     check_backends(config.report_to)  # a missing tracker package fails before the model loads
+    check_trl_arg_names(config)  # and a misspelt trl_args key before the run folder is made
     out = Path(config.output_dir)
     rundir.check_output_dir(out)
     with rundir.RunLock(out):  # one writer per run directory
