@@ -111,7 +111,9 @@ class ESConfig(RunConfig):
     task_options: dict[str, Any] = field(default_factory=dict)
     """further keyword options for the task's constructor"""
     resume: bool = False
-    """continue the run in output_dir from its latest checkpoint and seed log"""
+    """continue the run in output_dir from its latest checkpoint and seed log; where output_dir holds no run yet,
+    start it there (start-or-continue, as `esft experiment run` restarts its stages). The CLI's `--resume RUN`
+    reads RUN's own config.yaml, so it refuses a folder without a run"""
     parallel_members: int = 1
     """members the local executor evaluates at once, each on its own thread with an equal share of torch's threads
     and its own copy of the model (+1 model in memory per extra member). Same results as 1; on a 2-core CPU, 2 is
