@@ -182,7 +182,8 @@ class ESTrainer:
             self._resume()
         elif occupied:
             # never mix two runs in one directory: a later resume would pick up the other run's state
-            raise FileExistsError(f"{self.out} already holds a run; pass resume=True (--resume) or a new output_dir")
+            raise FileExistsError(f"{self.out} already holds a run: continue it with --resume (resume=True in "
+                                  "Python) or choose a new output_dir")
         else:
             for name in ("seeds.jsonl", "metrics.jsonl"):
                 (self.out / name).unlink(missing_ok=True)
