@@ -637,6 +637,10 @@ def test_ifeval_cells_take_the_chosen_metric_and_only_its_own_interval():
     assert interval(rec, "ifeval", "prompt_loose") is None and interval(rec, "ifeval", "prompt_strict") == (50.0, 70.0)
     assert interval(rec, "boolq", "prompt_loose") == (20.0, 30.0)
     assert accuracy(None, "boolq") is None and accuracy({"eval": {}}, "boolq") is None
+    # a summary with `accuracy` alone (IFEval's prompt-strict level): strict reads it, a missing loose level is
+    # no figure rather than the strict one under a loose column
+    bare = {"eval": {"ifeval": {"accuracy": 0.6}}}
+    assert accuracy(bare, "ifeval", "prompt_strict") == 60.0 and accuracy(bare, "ifeval", "prompt_loose") is None
 
 
 def test_stage_settings_are_greedy_on_the_test_split_and_same_model_needs_the_folder(tmp_path):

@@ -102,8 +102,10 @@ def accuracy(record: dict[str, Any] | None, task: str, ifeval_metric: str = "pro
     summary = record.get("eval", {}).get(task)
     if not summary:
         return None
-    key = ifeval_metric if task == "ifeval" and ifeval_metric in summary else "accuracy"
-    value = summary.get(key)
+    key = ifeval_metric if task == "ifeval" else "accuracy"
+    if key == "prompt_strict" and key not in summary:  # IFEval's `accuracy` is its prompt-strict level
+        key = "accuracy"
+    value = summary.get(key)  # a missing loose or instruction level is None, not the strict figure
     return None if value is None else 100.0 * float(value)
 
 
