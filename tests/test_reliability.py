@@ -382,6 +382,19 @@ def test_concurrent_writer_is_refused(tiny_dir, tmp_path, capsys):
     assert main(es_args(tiny_dir, out)) == 0  # the lock goes with its holder, even one killed
 
 
+def test_a_run_refused_before_it_starts_leaves_no_folder_behind(tmp_path, capsys):
+    """The CLI's early busy-folder probe creates nothing: a run refused after it (here: a tracker package that is
+    not installed) leaves no output folder holding only a lock file."""
+    import importlib.util
+
+    missing = next((n for n in ("wandb", "trackio") if importlib.util.find_spec(n) is None), None)  # import names
+    if missing is None:
+        pytest.skip("every tracker package is installed")
+    out = tmp_path / "new"
+    assert main(["train", "es", "--report-to", missing, "--iterations", "1", "--output-dir", str(out)]) == 2
+    assert "needs the" in error_of(capsys) and not out.exists()
+
+
 def test_rerun_into_a_used_folder_is_a_clean_error(tiny_dir, reference, tmp_path, capsys):
     import shutil
 

@@ -147,10 +147,10 @@ def _names_with_task_flags(args: argparse.Namespace, tasks_of: Callable[[Any], l
 def _check_run_dir(path: str) -> None:
     """Before any model loads: the output folder can be written and no other esft process is writing it (the
     trainer itself holds the lock while it runs)."""
-    from esft.rundir import RunLock
+    from esft.rundir import check_not_busy
 
     check_output_dir(path)
-    RunLock(path).acquire().release()
+    check_not_busy(path)
 
 
 def _analyze(args: argparse.Namespace) -> int:

@@ -151,6 +151,13 @@ def lock_held(folder: str | Path) -> bool:
     return False
 
 
+def check_not_busy(folder: str | Path) -> None:
+    """Raise RunDirBusy while another esft process writes in `folder`. The probe (`lock_held`) creates nothing, so a
+    run refused afterwards, before it starts (a missing tracker package, say), leaves no folder or lock behind."""
+    if lock_held(folder):
+        RunLock(folder).acquire().release()  # raises RunDirBusy, naming the holder's lock
+
+
 #: errno values of a full disk or quota: a run's writes stop with the resume command (its trainer says which)
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 
@@ -323,6 +330,7 @@ def prune_checkpoints(checkpoints: list[tuple[int, Path]], limit: int) -> list[P
 
 
 __all__ = ["CHECKPOINTS", "DISK_FULL", "EVAL_KEYS", "HELD_OUT_KEYS", "CorruptLogError", "NonFiniteError", "RunDirBusy",
-           "RunInterrupted", "RunLock", "TrainResult", "append_jsonl", "check_output_dir", "checkpoint_name",
-           "demote_final", "filter_jsonl", "held_out_fields", "holds_run", "list_checkpoints", "lock_held",
-           "peak_rss_mb", "prune_checkpoints", "read_jsonl", "replace_dir", "rewrite_jsonl", "write_text_atomic"]
+           "RunInterrupted", "RunLock", "TrainResult", "append_jsonl", "check_not_busy", "check_output_dir",
+           "checkpoint_name", "demote_final", "filter_jsonl", "held_out_fields", "holds_run", "list_checkpoints",
+           "lock_held", "peak_rss_mb", "prune_checkpoints", "read_jsonl", "replace_dir", "rewrite_jsonl",
+           "write_text_atomic"]
