@@ -426,6 +426,7 @@ def test_the_cli_draws_the_learning_curve(run, tmp_path, monkeypatch):
 
     def trained(config, **kwargs):  # the run's files, without the minutes of training
         out = Path(config.output_dir)
+        out.mkdir(parents=True, exist_ok=True)  # as train_grpo makes it (the CLI's checks create nothing)
         shutil.copy(run["out"] / "metrics.jsonl", out / "metrics.jsonl")
         return GRPOTrainResult(out, 4, None, None)
 
