@@ -220,6 +220,14 @@ def test_the_embedding_scale_is_the_one_its_forward_multiplies_by():
     assert _embedding_output_scale(FloatScaled().to(torch.bfloat16)) == 3 ** 0.5
     bf16 = BufferScaled().to(torch.bfloat16)
     assert _embedding_output_scale(bf16) == float(torch.tensor(3 ** 0.5).to(torch.bfloat16)) != 3 ** 0.5
+    # the buffer left in fp32 beside a bf16 weight: the forward still multiplies by the bf16-rounded scale, so the
+    # per-row term must use that one (else it differs from the materialised W + sigma E forward)
+    mixed = BufferScaled()
+    mixed.weight.data = mixed.weight.data.to(torch.bfloat16)
+    assert mixed.embed_scale.dtype == torch.float32
+    assert _embedding_output_scale(mixed) == float(torch.tensor(3 ** 0.5).to(torch.bfloat16))
+    ids = torch.tensor([[1, 4]])
+    assert torch.equal(mixed(ids), (mixed.weight[ids] * _embedding_output_scale(mixed)).to(torch.bfloat16))
 
 
 def test_the_executor_times_every_phase_of_the_batched_pass():
