@@ -53,6 +53,15 @@ def llama(layers: int, hidden: int, heads: int, kv: int, inter: int, dtype: torc
     return LlamaForCausalLM(config).eval().to(dtype=dtype, device=device).requires_grad_(False)
 
 
+def model_folder(folder: Path, model, tokenizer: str) -> Path:
+    """A Hugging Face folder of `model` with the tokenizer files of `tokenizer`, for `esft train es --model`."""
+    from transformers import AutoTokenizer
+
+    model.save_pretrained(folder)
+    AutoTokenizer.from_pretrained(tokenizer).save_pretrained(folder)
+    return folder
+
+
 def exact_restore(device: str) -> dict:
     from esft.es.noise import MasterWeights, Update
 
@@ -82,10 +91,7 @@ def exact_resume(device: str, tokenizer: str, work: Path) -> dict:
     from esft.cli import main
 
     folder = work / "tiny"
-    llama(2, 64, 4, 2, 128, torch.float32, "cpu", seed=0).save_pretrained(folder)
-    from transformers import AutoTokenizer
-
-    AutoTokenizer.from_pretrained(tokenizer).save_pretrained(folder)
+    model_folder(folder, llama(2, 64, 4, 2, 128, torch.float32, "cpu", seed=0), tokenizer)
     data = work / "say.jsonl"  # every completion earns the format bonus of a data task: fitness is never all 0
     data.write_text("".join(json.dumps({"prompt": f"Say {i}.", "answer": str(i)}) + "\n" for i in range(20)))
     common = ["train", "es", "--model", str(folder), "--task", str(data),
@@ -147,13 +153,11 @@ def throughput(device: str, tokenizer: str, rows_list: list[int], new_tokens: in
 def es_iteration(device: str, tokenizer: str, work: Path, layers: int, population: int, batch: int,
                  new_tokens: int, generation_batch: int, noise: str) -> dict:
     from safetensors.torch import load_file
-    from transformers import AutoTokenizer
 
     from esft.cli import main
 
     folder = work / "smollm2-shaped"
-    llama(layers, 576, 9, 3, 1536, torch.float32, "cpu", seed=0).save_pretrained(folder)
-    AutoTokenizer.from_pretrained(tokenizer).save_pretrained(folder)
+    model_folder(folder, llama(layers, 576, 9, 3, 1536, torch.float32, "cpu", seed=0), tokenizer)
     data = work / "count.jsonl"
     data.write_text("".join(json.dumps({"prompt": f"Count from {i} to {i + 50}.", "answer": str(i + 50)}) + "\n"
                             for i in range(max(64, batch))))

@@ -188,8 +188,10 @@ def main(argv: list[str] | None = None) -> int:
     problem = None  # bad arguments, named in one line before the model loads
     if not (Path(run_dir) / "seeds.jsonl").is_file() or not (Path(run_dir) / "config.yaml").is_file():
         problem = f"{run_dir} is not an ES run directory (it lacks seeds.jsonl or config.yaml)"
-    elif cmd == "rebuild" and not (args[2].isdigit() and int(args[2]) <= len(es_rundir.read_seed_log(run_dir))):
-        problem = f"STEP {args[2]!r} is not a step of {run_dir} (0..{len(es_rundir.read_seed_log(run_dir))})"
+    elif cmd == "rebuild":
+        last = len(es_rundir.read_seed_log(run_dir))
+        if not (args[2].isdigit() and int(args[2]) <= last):
+            problem = f"STEP {args[2]!r} is not a step of {run_dir} (0..{last})"
     if problem:
         print(f"esft.es.replay: error: {problem}", file=sys.stderr)
         return 2
