@@ -126,16 +126,17 @@ def test_esft_warnings_print_as_one_line():
     after the command."""
     import warnings
 
-    import esft.cli
+    import esft.cli_process
 
     default = warnings.formatwarning
-    with esft.cli._plain_warnings(False):
-        assert warnings.formatwarning("msg", UserWarning, esft.cli.__file__, 12) == "esft: warning: msg\n"
+    with esft.cli_process.plain_warnings(False):
+        assert warnings.formatwarning("msg", UserWarning, esft.cli_process.__file__, 12) == "esft: warning: msg\n"
         other = warnings.formatwarning("msg", UserWarning, "/usr/lib/python3/site-packages/torch/x.py", 3)
         assert other.startswith("/usr/lib/python3/site-packages/torch/x.py:3: UserWarning: msg")
     assert warnings.formatwarning is default
-    with esft.cli._plain_warnings(True):  # --debug: Python's format
-        assert warnings.formatwarning("msg", UserWarning, esft.cli.__file__, 12).startswith(esft.cli.__file__)
+    with esft.cli_process.plain_warnings(True):  # --debug: Python's format
+        here = esft.cli_process.__file__
+        assert warnings.formatwarning("msg", UserWarning, here, 12).startswith(here)
     assert warnings.formatwarning is default
 
 

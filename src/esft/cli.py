@@ -14,13 +14,14 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import json
 import sys
 from pathlib import Path
-from typing import Any, Callable, Iterator, NoReturn, Sequence
+from typing import Any, Callable, NoReturn, Sequence
 
+from esft.cli_process import (exit_code, plain_warnings, show_context, silence_stdout, stdout_reader_gone,
+                              stop_on_sigterm)
 from esft.config import add_dataclass_arguments, build_config
 from esft.tasks.custom import add_task_flags
 from esft.rundir import check_output_dir
@@ -379,13 +380,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         if policy is not None:
             os.environ["OMP_WAIT_POLICY"] = policy
     if args_list and args_list[0] in COMPUTE_COMMANDS:
-        _stop_on_sigterm()
+        stop_on_sigterm()
     debug = "--debug" in args_list
     args_list = [a for a in args_list if a != "--debug"]
     # only the typed sub-command's options are built (see build_parser); "" for `esft --help`, `--version`
     # (the top-level options take no value: the first word that is not an option names the sub-command)
     parser = build_parser(next((a for a in args_list if not a.startswith("-")), ""))
-    with _plain_warnings(debug):
+    with plain_warnings(debug):
         return _run(parser, args_list, debug)
 
 
@@ -397,14 +398,14 @@ def _run(parser: argparse.ArgumentParser, args_list: list[str], debug: bool) -> 
         sys.stdout.flush()  # here, where a reader that left is handled, not at the interpreter's exit
         return code
     except BrokenPipeError as exc:
-        if not _stdout_reader_gone():  # another pipe broke (a worker, a tracker): a failure like any other
+        if not stdout_reader_gone():  # another pipe broke (a worker, a tracker): a failure like any other
             if debug:
                 raise
             print(f"esft: error: {exc}", file=sys.stderr)
             return exit_code(exc)
         # the reader of the output left (`esft ... | head`): nothing to report. stdout goes to /dev/null so that
         # the interpreter's last flush does not fail again (what the Python docs advise for SIGPIPE)
-        _silence_stdout()
+        silence_stdout()
         return 141  # 128 + SIGPIPE, as a shell reports a writer whose reader left
     except KeyboardInterrupt as exc:
         # a run's RunInterrupted says what was saved and how to continue; a bare Ctrl-C says nothing more
@@ -412,88 +413,10 @@ def _run(parser: argparse.ArgumentParser, args_list: list[str], debug: bool) -> 
         return 130
     except (ValueError, OSError, RuntimeError) as exc:
         if debug:
-            _show_context(exc)
+            show_context(exc)
             raise
         print(f"esft: error: {exc}", file=sys.stderr)
         return exit_code(exc)
-
-
-@contextlib.contextmanager
-def _plain_warnings(debug: bool) -> Iterator[None]:
-    """esft's own warnings (a format bonus with no effect, lanes lowered for memory, ...) print as one line,
-    `esft: warning: ...`, not with Python's file:line and source line, which read like a traceback to a user;
-    other libraries' warnings keep Python's format, and --debug keeps it for all."""
-    import warnings
-
-    default = warnings.formatwarning
-    package = str(Path(__file__).resolve().parent)
-
-    def plain(message: Any, category: type, filename: str, lineno: int, line: str | None = None) -> str:
-        if debug or not str(Path(filename).resolve()).startswith(package):
-            return default(message, category, filename, lineno, line)
-        return f"esft: warning: {message}\n"
-
-    warnings.formatwarning = plain
-    try:
-        yield
-    finally:
-        warnings.formatwarning = default
-
-
-def _show_context(exc: BaseException) -> None:
-    """Under --debug, the exceptions that one-line errors replace (`raise ConfigError(...) from None` around the
-    user's task code, an import, a file read) are shown too: Python keeps them as `__context__`, and the
-    traceback prints them once `__suppress_context__` is unset."""
-    seen: set[int] = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        exc.__suppress_context__ = False
-        exc = exc.__cause__ or exc.__context__
-
-
-def _stop_on_sigterm() -> None:
-    """SIGTERM (`kill PID`, a cluster scheduler's preemption) stops a command as Ctrl-C does: an ES run restores
-    its weights and prints the resume command, an experiment marks its stage stopped, instead of the process
-    vanishing without a word."""
-    import signal
-
-    def interrupt(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    try:
-        signal.signal(signal.SIGTERM, interrupt)
-    except ValueError:  # not the main thread (main() called from a worker thread): leave the default
-        pass
-
-
-def _stdout_reader_gone() -> bool:
-    """stdout is a pipe or socket whose reader has closed it (poll reports an error condition on it)."""
-    import select
-
-    try:
-        poller = select.poll()
-        poller.register(sys.stdout.fileno(), select.POLLOUT)
-        return any(events & select.POLLERR for _, events in poller.poll(0))
-    except (OSError, ValueError, AttributeError):  # stdout is not a file (captured, replaced)
-        return False
-
-
-def _silence_stdout() -> None:
-    import os
-
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-    except (OSError, ValueError, AttributeError):  # stdout is not a file (captured, replaced): nothing to flush
-        pass
-
-
-def exit_code(exc: BaseException) -> int:
-    """2 for bad input (a value, a name, a path the user gave), 1 for a failure at run time (a busy or damaged
-    run directory, a non-finite update, a disk error)."""
-    bad_input = (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError,
-                 PermissionError)
-    return 2 if isinstance(exc, bad_input) else 1
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,0 +1,87 @@
+"""How the `esft` process behaves around its commands (esft.cli): one-line warnings and errors, the exit codes,
+SIGTERM as Ctrl-C, and a reader of its output that leaves."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from pathlib import Path
+from typing import Any, Iterator
+
+
+@contextlib.contextmanager
+def plain_warnings(debug: bool) -> Iterator[None]:
+    """esft's own warnings (a format bonus with no effect, lanes lowered for memory, ...) print as one line,
+    `esft: warning: ...`, not with Python's file:line and source line, which read like a traceback to a user;
+    other libraries' warnings keep Python's format, and --debug keeps it for all."""
+    import warnings
+
+    default = warnings.formatwarning
+    package = str(Path(__file__).resolve().parent)
+
+    def plain(message: Any, category: type, filename: str, lineno: int, line: str | None = None) -> str:
+        if debug or not str(Path(filename).resolve()).startswith(package):
+            return default(message, category, filename, lineno, line)
+        return f"esft: warning: {message}\n"
+
+    warnings.formatwarning = plain
+    try:
+        yield
+    finally:
+        warnings.formatwarning = default
+
+
+def show_context(exc: BaseException) -> None:
+    """Under --debug, the exceptions that one-line errors replace (`raise ConfigError(...) from None` around the
+    user's task code, an import, a file read) are shown too: Python keeps them as `__context__`, and the
+    traceback prints them once `__suppress_context__` is unset."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        exc.__suppress_context__ = False
+        exc = exc.__cause__ or exc.__context__
+
+
+def stop_on_sigterm() -> None:
+    """SIGTERM (`kill PID`, a cluster scheduler's preemption) stops a command as Ctrl-C does: an ES run restores
+    its weights and prints the resume command, an experiment marks its stage stopped, instead of the process
+    vanishing without a word."""
+    import signal
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    try:
+        signal.signal(signal.SIGTERM, interrupt)
+    except ValueError:  # not the main thread (main() called from a worker thread): leave the default
+        pass
+
+
+def stdout_reader_gone() -> bool:
+    """stdout is a pipe or socket whose reader has closed it (poll reports an error condition on it)."""
+    import select
+
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poller.poll(0))
+    except (OSError, ValueError, AttributeError):  # stdout is not a file (captured, replaced)
+        return False
+
+
+def silence_stdout() -> None:
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # stdout is not a file (captured, replaced): nothing to flush
+        pass
+
+
+def exit_code(exc: BaseException) -> int:
+    """2 for bad input (a value, a name, a path the user gave), 1 for a failure at run time (a busy or damaged
+    run directory, a non-finite update, a disk error)."""
+    bad_input = (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError,
+                 PermissionError)
+    return 2 if isinstance(exc, bad_input) else 1
