@@ -190,3 +190,33 @@ def test_resume_refuses_a_preset_or_config_file_it_would_not_read(tmp_path, caps
     assert main([a.format(dir=run) for a in command + extra]) == 2
     err = capsys.readouterr().err
     assert f"{extra[0]} is not read when resuming" in err and "config.yaml" in err, err
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["train", "es", "--fitness", "dart", "--fitness-rule", "mean"], "--fitness dart and --fitness-rule mean"),
+    (["train", "es", "--fitness-rule", "mean", "--fitness=dart"], "--fitness-rule mean and --fitness dart"),
+    (["eval", "--task", "boolq", "--tasks", "countdown,mmlu"], "--task boolq and --tasks countdown,mmlu"),
+    (["eval", "--tasks", "countdown", "--task", "boolq"], "--tasks countdown and --task boolq")])
+def test_an_alias_and_its_option_given_different_values_are_refused_in_either_order(argv, words, capsys):
+    """`--fitness` is `--fitness-rule` and `--task` one task of `--tasks`: given both, the last one used to win
+    without a word, so a run could train with a rule the user had also typed otherwise."""
+    from esft.cli import build_parser
+
+    with pytest.raises(SystemExit) as info:
+        build_parser().parse_args(argv)
+    assert info.value.code == 2
+    assert f"{words} name the same option with different values: give one of them" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, dest, value", [
+    (["train", "es", "--fitness", "dart"], "fitness_rule", "dart"),
+    (["train", "es", "--fitness", "dart", "--fitness-rule", "dart"], "fitness_rule", "dart"),
+    (["train", "es", "--fitness-rule", "balanced", "--fitness", "balanced"], "fitness_rule", "balanced"),
+    (["eval", "--task", "boolq", "--tasks", "boolq"], "tasks", ["boolq"]),
+    (["eval", "--task", "boolq"], "tasks", ["boolq"])])
+def test_an_alias_alone_or_repeating_its_options_value_is_that_value_and_leaves_no_trace(argv, dest, value):
+    from esft.cli import build_parser
+
+    args = vars(build_parser().parse_args(argv))
+    assert args[dest] == value
+    assert not [k for k in args if "alias" in k]  # the parse's own bookkeeping does not reach the config

@@ -116,6 +116,18 @@ def test_a_mapping_without_a_space_after_the_colon_is_refused_with_the_fix(text,
     assert parse_mapping("task_options", {"reward": "regex:(\\d+)"}) == {"reward": "regex:(\\d+)"}
 
 
+@pytest.mark.parametrize("value, words", [("[1,2]", "task_options '[1,2]' reads as list [1, 2]"),
+                                          ("7", "task_options '7' reads as int 7"),
+                                          ([1], "task_options [1]")])
+def test_a_mapping_field_that_is_not_a_mapping_names_the_field_what_was_typed_and_the_form_expected(value, words):
+    from esft.config import parse_mapping
+
+    with pytest.raises(ValueError) as info:
+        parse_mapping("task_options", value)
+    assert str(info.value).startswith(words) and str(info.value).endswith("it must be a mapping such as {key: value}")
+    assert parse_mapping("task_options", "") == {}  # an empty flag: no options
+
+
 @pytest.mark.parametrize("argv", [
     ["eval", "--tasks", "countdown", "--limit", "1", "--max-new-tokens", "1", "--task-options", "{numbers:2}"],
     ["train", "es", "--fitness", "dart", "--fitness-options", "{replay_fraction:0.2}"]])

@@ -209,6 +209,34 @@ def _add_run_options(p: argparse.ArgumentParser, presets: Sequence[str] | None) 
                        help=f"named set of options: {', '.join(presets)}")
 
 
+#: namespace attribute of an alias's value (`_Alias`), read and removed once the parse ends (`_Parser`)
+_ALIAS_MARK = "alias given: "
+
+
+class _Alias(argparse.Action):
+    """A second spelling of another option (`canonical`, same dest): given both with different values, the command
+    is refused instead of the last one silently winning; the same value twice is accepted."""
+
+    def __init__(self, *args: Any, canonical: str, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.canonical = canonical
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        if hasattr(namespace, self.dest) and getattr(namespace, self.dest) != values:
+            _refuse_both(parser, self.canonical, getattr(namespace, self.dest), option_string, values)
+        setattr(namespace, self.dest, values)
+        setattr(namespace, _ALIAS_MARK + self.dest, (option_string, self.canonical, values))
+
+
+def _refuse_both(parser: argparse.ArgumentParser, first: str, first_value: Any, second: Any, value: Any) -> NoReturn:
+    def shown(v: Any) -> str:
+        return ",".join(map(str, v)) if isinstance(v, list) else str(v)
+
+    parser.error(f"{first} {shown(first_value)} and {second} {shown(value)} name the same option with different "
+                 "values: give one of them")
+
+
 class _Parser(argparse.ArgumentParser):
     """The `esft` parser; its sub-parsers are of this class too (add_subparsers). An option a sub-command does not
     have is reported by that sub-command, as one line with its closest option: argparse reported it with the
@@ -216,6 +244,11 @@ class _Parser(argparse.ArgumentParser):
 
     def parse_known_args(self, args: Any = None, namespace: Any = None) -> tuple[argparse.Namespace, list[str]]:
         namespace, extra = super().parse_known_args(args, namespace)
+        for key in [k for k in vars(namespace) if k.startswith(_ALIAS_MARK)]:  # the alias came before its canonical
+            option, canonical, value = vars(namespace).pop(key)
+            dest = key.removeprefix(_ALIAS_MARK)
+            if getattr(namespace, dest) != value:
+                _refuse_both(self, option, value, canonical, getattr(namespace, dest))
         if extra:  # a sub-parser runs inside its parent's parse: the deepest one that got the option reports it
             import difflib
 
@@ -262,6 +295,7 @@ def _eval_options(p: argparse.ArgumentParser) -> None:
     add_dataclass_arguments(p, EvalConfig)
     # `--task` as in `esft train`: one more task for --tasks (argparse would find the prefix ambiguous otherwise)
     p.add_argument("--task", dest="tasks", type=lambda t: [t], default=argparse.SUPPRESS, metavar="TASK",
+                   action=_Alias, canonical="--tasks",
                    help="alias of --tasks for one task (a data file, module:Class or a task name)")
     add_task_flags(p)
     p.set_defaults(func=_eval)
@@ -298,7 +332,8 @@ def _train_options(train: argparse.ArgumentParser) -> None:
                    help="continue RUN_DIR from its latest checkpoint and seed log (ends bit-identical to an "
                         "uninterrupted run); flags may only change e.g. --iterations")
     # short alias of --fitness-rule (an exact flag: argparse would reject the ambiguous prefix otherwise)
-    p.add_argument("--fitness", dest="fitness_rule", metavar="RULE", default=argparse.SUPPRESS,
+    p.add_argument("--fitness", dest="fitness_rule", metavar="RULE", default=argparse.SUPPRESS, action=_Alias,
+                   canonical="--fitness-rule",
                    help="alias of --fitness-rule: mean (paper), dart (DART-ES) or balanced (class-balanced reward; "
                         "see --fitness-rule)")
     p.set_defaults(func=_train_es)

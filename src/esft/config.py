@@ -99,6 +99,7 @@ class RunConfig:
 def parse_mapping(name: str, value: Any) -> dict[str, Any]:
     """A mapping field's value: a dict, or its YAML / JSON text from a command line (`{replay_fraction: 0.2}`);
     anything else, malformed YAML included, fails as ValueError naming the field."""
+    text = None
     if isinstance(value, str):
         text = value
         try:
@@ -115,7 +116,8 @@ def parse_mapping(name: str, value: Any) -> dict[str, Any]:
                 raise ValueError(f"{name} {text!r} has the key {glued[0]!r} without a value: YAML needs a space "
                                  f"after the colon ({{{key}: {rest}}})")
     if not isinstance(value, dict):
-        raise ValueError(f"{name} must be a mapping, got {value!r}")
+        given = f"{name} {value!r}" if text is None else f"{name} {text!r} reads as {type(value).__name__} {value!r}"
+        raise ValueError(f"{given}: it must be a mapping such as {{key: value}}")
     return value
 
 
