@@ -163,3 +163,28 @@ def test_a_seed_record_round_trips_members_coefficients_and_the_update_kind():
     assert rec["members"] == [[11, 0], [12, 0]]
     del rec["kind"]  # logs from before the optimizer option: plain SGD
     assert es_rundir.update_from_record(rec) == update
+
+
+def test_an_include_that_selects_nothing_is_refused_from_the_skeleton_before_the_weights_load(tmp_path, monkeypatch):
+    """`--include nomatch` used to fail only once the model's weights had loaded (minutes for a large model)."""
+    import esft.models
+    from esft.es.trainer import ESTrainer
+
+    model = tiny_llama(hidden=16, layers=1)
+    model.save_pretrained(tmp_path / "m")
+    skeleton = esft.models.model_skeleton(str(tmp_path / "m"))
+    assert [n for n, _ in skeleton.named_parameters()] == [n for n, _ in model.named_parameters()]
+    assert all(p.is_meta for p in skeleton.parameters())
+
+    def no_weights(*args, **kwargs):
+        raise AssertionError("the weights loaded")
+
+    monkeypatch.setattr(esft.models, "load_model", no_weights)
+    config = dict(model=str(tmp_path / "m"), task="boolq", output_dir=str(tmp_path / "run"))
+    for selection in (dict(include=["nomatch"]), dict(exclude=["."]), dict(include=["mlp"], exclude=["proj"])):
+        with pytest.raises(ValueError, match="no parameters selected"):
+            ESTrainer(ESConfig(**config, **selection), progress=False)
+    # a selection that matches goes on to load the weights (here: the stand-in's refusal)
+    with pytest.raises(AssertionError, match="the weights loaded"):
+        ESTrainer(ESConfig(**config, include=["mlp"], exclude=["up_proj"]), progress=False)
+    build.check_selection(ESConfig(model=str(tmp_path / "absent"), include=["nomatch"]))  # load_model reports it

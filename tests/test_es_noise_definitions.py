@@ -127,8 +127,10 @@ def test_selection_keeps_any_include_and_drops_any_exclude_in_registration_order
     assert list(select_parameters(model, include=["^alpha$", "gamma"])) == ["alpha", "gamma_norm"]
     assert list(select_parameters(model, exclude=["beta", "norm"])) == ["alpha"]
     assert list(select_parameters(model, include=["a"], exclude=["^b"])) == ["alpha", "gamma_norm"]
-    with pytest.raises(ValueError, match="no parameters selected"):
+    with pytest.raises(ValueError, match="no parameters selected") as info:
         select_parameters(model, include=["alpha"], exclude=["alpha"])
+    # the refusal shows how the model's parameters are named, so the user can write a pattern that matches
+    assert str(info.value).endswith("among the model's 3, e.g. alpha, beta, gamma_norm")
     w = MasterWeights(model)
     assert w.names == ["alpha", "beta", "gamma_norm"] and w.num_params == 3 + 4 + 4
     assert w.dtypes == {"float32": 3} and w.all_fp32()

@@ -273,6 +273,17 @@ def load_model(
     return model, tokenizer
 
 
+def model_skeleton(name_or_path: str = DEFAULT_MODEL) -> torch.nn.Module:
+    """The model's modules and parameter names without its weights (on the meta device, no memory): what a check of
+    parameter names needs before the weights load. Raises what reading the model's config raises (OSError for a
+    folder or hub id that is not there)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(resolve_model_path(name_or_path))
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(config)
+
+
 def parameter_count(model: torch.nn.Module) -> int:
     """Number of distinct parameters (tied weights counted once)."""
     return sum(p.numel() for p in model.parameters())

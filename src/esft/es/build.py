@@ -15,7 +15,7 @@ import torch
 from esft.es.es_config import ESConfig
 from esft.es.executor import LocalExecutor
 from esft.es.fitness import FITNESS_RULES, ClassBalancedMean, FitnessRule, MeanReward, sample_batch
-from esft.es.noise import MasterWeights
+from esft.es.noise import MasterWeights, select_parameters
 from esft.es.strategy import ES
 
 EXECUTORS = ("local", "ray")
@@ -48,6 +48,21 @@ def rollout_precision(config: ESConfig, flags: Any = None, probe: Any = None) ->
     # device None is what load_model picks (CUDA when present), not necessarily the CPU
     return resolve_rollout_dtype(config.rollout_dtype, device=config.device or default_device(),
                                  generation_options=config.generation_options, flags=flags, probe=probe)
+
+
+def check_selection(config: ESConfig) -> None:
+    """`include` / `exclude` that select no parameter of `config.model` are refused from the model's skeleton
+    (esft.models.model_skeleton), before its weights load: the same ValueError the masters would raise later. A
+    model whose config cannot be read here is left to `load_model`, which says why."""
+    if not (config.include or config.exclude):
+        return
+    from esft.models import model_skeleton
+
+    try:
+        skeleton = model_skeleton(config.model)
+    except (OSError, ValueError):
+        return
+    select_parameters(skeleton, config.include, config.exclude)
 
 
 def make_weights(model: Any, config: ESConfig) -> MasterWeights:

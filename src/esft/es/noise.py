@@ -94,7 +94,9 @@ def select_parameters(model: torch.nn.Module, include: Iterable[str] | None = No
             continue
         chosen[name] = param
     if not chosen:
-        raise ValueError(f"no parameters selected (include={list(include or [])}, exclude={list(exclude or [])})")
+        names = [name for name, param in model.named_parameters() if param.is_floating_point()]
+        raise ValueError(f"no parameters selected (include={list(include or [])}, exclude={list(exclude or [])}) "
+                         f"among the model's {len(names)}, e.g. {', '.join(names[:2] + names[-1:])}")
     return chosen
 
 

@@ -34,9 +34,9 @@ import numpy as np
 import torch
 
 from esft.es import es_rundir
-from esft.es.build import (check_executor_options, check_layout, fitness_rule as config_fitness_rule, generation_config,
-                           make_local_executor, make_strategy, make_weights, rollout_precision, sample_batch,
-                           warn_unread_ray_options)
+from esft.es.build import (check_executor_options, check_layout, check_selection,
+                           fitness_rule as config_fitness_rule, generation_config, make_local_executor,
+                           make_strategy, make_weights, rollout_precision, sample_batch, warn_unread_ray_options)
 from esft.es.es_config import RESUMABLE_CHANGES, ESConfig, read_run_config, save_yaml
 from esft.es.executor import Executor, PopulationResult
 from esft.es.fitness import FitnessRule, as_fitness_rule
@@ -109,6 +109,7 @@ class ESTrainer:
         if model is None:
             from esft.models import load_model
 
+            check_selection(config)  # parameter names that select nothing fail before the weights load
             model, tokenizer = load_model(config.model, dtype=config.dtype, device=config.device)
         self.model, self.tokenizer, self.task = model, tokenizer, task
         self.model.eval()
