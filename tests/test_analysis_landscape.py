@@ -434,3 +434,17 @@ def test_magnitude_points_counts_the_grid_points_besides_zero_and_the_norms():
     assert ReportConfig(dir=".", magnitude_points=0).magnitude_points == 0
     with pytest.raises(ValueError, match="magnitude_points must be >= 0, got -1"):
         ReportConfig(dir=".", magnitude_points=-1)
+
+
+def test_a_random_direction_matches_the_norm_of_a_one_entry_tensor():
+    """Norm-matched tensor by tensor, however small the tensor: a one-entry parameter whose reference norm is 3
+    gets |r| = 3 for every seed (a single Gaussian draw is often below 1)."""
+    class Fixed(L.Direction):
+        def tensor_norms(self):
+            return {"w": 3.0}
+
+    model = torch.nn.Module()
+    model.w = torch.nn.Parameter(torch.zeros(1))
+    for seed in range(10):
+        r = L.RandomDirection(Fixed(), seed=seed).bind(model).tensor("w")
+        assert float(r.abs()) == pytest.approx(3.0)

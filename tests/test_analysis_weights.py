@@ -633,3 +633,28 @@ def test_only_two_dimensional_tensors_of_the_matrix_families_are_matrices():
     assert not C.is_matrix_family("layers.0.q_proj", (2, 4, 3))
     assert not C.is_matrix_family("layers.0.q_proj.bias", (4,))
     assert not C.is_matrix_family("lm_head", (4, 3))
+
+
+def f64(*values):
+    return torch.tensor(values, dtype=torch.float64)
+
+
+def test_cosine_of_mappings_skips_every_name_missing_from_the_other_side():
+    """Only names in both mappings count, wherever the others sit: a = {x: [1, 0], only_a: [5], y: [0, 1]},
+    b = {x: [1, 0], y: [0, 2]}: per tensor cos(x) = 1, cos(y) = 1; total = 3 / (sqrt 2 sqrt 5) = 0.9487."""
+    a = {"x": f64(1.0, 0.0), "only_a": f64(5.0), "y": f64(0.0, 1.0)}
+    b = {"x": f64(1.0, 0.0), "y": f64(0.0, 2.0)}
+    out = W.cosine_similarity(a, b)
+    assert out["per_tensor"] == pytest.approx({"x": 1.0, "y": 1.0})
+    assert out["total"] == pytest.approx(3 / math.sqrt(10))
+
+
+def test_compare_updates_pairs_each_two_updates_once_and_never_one_with_itself():
+    """Three updates -> the three pairs a|b, a|c, b|c (n (n - 1) / 2), with a cosine key each and no a|a."""
+    base = {"w.weight": torch.zeros(2, dtype=torch.float64)}
+    ups = {k: {"w.weight": torch.tensor(v, dtype=torch.float64)}
+           for k, v in (("a", [1.0, 0.0]), ("b", [1.0, 1.0]), ("c", [0.0, 3.0]))}
+    rep = W.compare_updates(base, ups, stable_ranks=False)
+    assert rep["pairs"] == ["a|b", "a|c", "b|c"]
+    assert sorted(k for k in rep["total"] if k.startswith("cos:")) == ["cos:a|b", "cos:a|c", "cos:b|c"]
+    assert rep["total"]["cos:a|b"] == pytest.approx(1 / math.sqrt(2)) and rep["total"]["cos:a|c"] == 0.0
