@@ -3,6 +3,8 @@ base model loads (it once loaded first for kl, landscape and sparsity, and accep
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from esft.cli import main
@@ -63,3 +65,24 @@ def test_a_run_directory_given_for_a_checkpoint_names_its_final_checkpoint(tmp_p
     assert main(["analyze", *[a.format(run=run) for a in argv], "--output-dir", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert f"{run} is a run directory: its model is a checkpoint folder, e.g. {run / 'checkpoints' / 'final'}" in err
+
+
+def test_an_infinite_threshold_is_refused(tmp_path):
+    """tau = inf would revert every coordinate (the base model, not a threshold of the update): only finite
+    thresholds >= 0 are accepted."""
+    from esft.analysis.commands import SparsityConfig
+    from esft.config import ConfigError
+
+    with pytest.raises(ConfigError, match="expected a list of thresholds >= 0"):
+        SparsityConfig(tuned=str(tmp_path), taus=[0.0, math.inf])
+
+
+def test_a_model_folder_with_a_checkpoints_subfolder_is_still_a_checkpoint(tmp_path):
+    """Only a folder with checkpoints/ and no config.json is a run directory: a model folder (config.json) that
+    also holds a checkpoints/ folder is accepted as the checkpoint it is."""
+    from esft.analysis.commands import WeightsConfig
+
+    model = tmp_path / "model"
+    (model / "checkpoints").mkdir(parents=True)
+    (model / "config.json").write_text("{}")
+    assert WeightsConfig(tuned=[str(model)]).tuned == [str(model)]

@@ -417,3 +417,34 @@ def test_sweep_table_rows_print_tau_sparsity_and_accuracy_then_the_base():
     rows = SP.sweep_table_rows(SP.SparsitySweep("es", ["b", "a"], res))
     assert rows == [["0", "12.5%", "25.0%", "50.0%"], ["2.000e-05", "78.0%", "0.0%", "37.5%"],
                     ["base (all reverted)", "100%", "20.0%", "10.0%"]]
+
+
+def test_magnitude_points_counts_the_grid_points_besides_zero_and_the_norms():
+    """`--magnitude-points N` adds N points of geomspace(min / 4, 1.5 max) (its help: "besides 0 and the update
+    norms"); 0 and 1 once still added the grid's two ends. Norm 2: grid ends 0.5 and 3."""
+    from esft.analysis.commands import LandscapeConfig
+    from esft.analysis.report_builder import ReportConfig
+
+    assert L.default_magnitudes([2.0], 0) == [0.0, 2.0]
+    assert L.default_magnitudes([2.0], 1) == pytest.approx([0.0, 0.5, 2.0])
+    assert L.default_magnitudes([2.0], 2) == pytest.approx([0.0, 0.5, 2.0, 3.0])
+    with pytest.raises(ValueError, match="magnitude points must be >= 0, got -1"):
+        L.default_magnitudes([2.0], -1)
+    assert LandscapeConfig(magnitude_points=0).magnitude_points == 0
+    assert ReportConfig(dir=".", magnitude_points=0).magnitude_points == 0
+    with pytest.raises(ValueError, match="magnitude_points must be >= 0, got -1"):
+        ReportConfig(dir=".", magnitude_points=-1)
+
+
+def test_a_random_direction_matches_the_norm_of_a_one_entry_tensor():
+    """Norm-matched tensor by tensor, however small the tensor: a one-entry parameter whose reference norm is 3
+    gets |r| = 3 for every seed (a single Gaussian draw is often below 1)."""
+    class Fixed(L.Direction):
+        def tensor_norms(self):
+            return {"w": 3.0}
+
+    model = torch.nn.Module()
+    model.w = torch.nn.Parameter(torch.zeros(1))
+    for seed in range(10):
+        r = L.RandomDirection(Fixed(), seed=seed).bind(model).tensor("w")
+        assert float(r.abs()) == pytest.approx(3.0)

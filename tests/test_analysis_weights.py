@@ -602,3 +602,59 @@ def test_canonical_refs_never_merge_two_tensors_and_drop_a_tied_head_only_beside
     tie = {"tie_word_embeddings": True}
     assert C.tied_lm_head({"model.embed_tokens.weight": (8, 4), "lm_head.weight": (8, 4)}, tie) == ["lm_head.weight"]
     assert C.tied_lm_head({"lm_head.weight": (8, 4), "model.norm.weight": (4,)}, tie) == []  # nothing to tie to
+
+
+def test_compare_updates_counts_an_entry_equal_to_eps_as_sparse():
+    """The streamed comparison counts |d| <= eps, boundary included, as `sparsity` does: of the update
+    [0.25, -0.25, 0.5, 0] at eps = 0.25, three entries (0.25, -0.25 and 0) are sparse."""
+    base = {"a.weight": torch.zeros(4, dtype=torch.float64)}
+    tuned = {"a.weight": torch.tensor([0.25, -0.25, 0.5, 0.0], dtype=torch.float64)}
+    rep = W.compare_updates(base, tuned, eps=0.25, stable_ranks=False)
+    assert rep["tensors"][0]["tuned"]["small"] == 3
+    assert rep["total"]["tuned"]["sparsity"] == 0.75
+
+
+def test_summarize_averages_stable_ranks_of_attention_and_mlp_matrices_only():
+    """Table 4's stable rank is the mean over q/k/v/o and gate/up/down matrices: a rank on another family (here
+    lm_head, 11) stays out. Ranks 1 and 3 -> mean 2, median 2, n 2 (not (1 + 3 + 11) / 3 = 5)."""
+    def row(name, role, rank):
+        return {"name": name, "role": role, "numel": 4,
+                "tuned": {"sq": 1.0, "small": 0, "max_abs": 1.0, "stable_rank": rank}}
+
+    rows = [row("layers.0.q_proj", "q_proj", 1.0), row("layers.0.down_proj", "down_proj", 3.0),
+            row("lm_head", "lm_head", 11.0)]
+    out = W.summarize(rows, ["tuned"], [])["tuned"]
+    assert (out["stable_rank_mean"], out["stable_rank_median"], out["stable_rank_n"]) == (2.0, 2.0, 2)
+
+
+def test_only_two_dimensional_tensors_of_the_matrix_families_are_matrices():
+    """The paper's "large weight matrices" are 2-D: a 3-D tensor under a q_proj name is not averaged as one."""
+    assert C.is_matrix_family("layers.0.q_proj", (4, 3))
+    assert not C.is_matrix_family("layers.0.q_proj", (2, 4, 3))
+    assert not C.is_matrix_family("layers.0.q_proj.bias", (4,))
+    assert not C.is_matrix_family("lm_head", (4, 3))
+
+
+def f64(*values):
+    return torch.tensor(values, dtype=torch.float64)
+
+
+def test_cosine_of_mappings_skips_every_name_missing_from_the_other_side():
+    """Only names in both mappings count, wherever the others sit: a = {x: [1, 0], only_a: [5], y: [0, 1]},
+    b = {x: [1, 0], y: [0, 2]}: per tensor cos(x) = 1, cos(y) = 1; total = 3 / (sqrt 2 sqrt 5) = 0.9487."""
+    a = {"x": f64(1.0, 0.0), "only_a": f64(5.0), "y": f64(0.0, 1.0)}
+    b = {"x": f64(1.0, 0.0), "y": f64(0.0, 2.0)}
+    out = W.cosine_similarity(a, b)
+    assert out["per_tensor"] == pytest.approx({"x": 1.0, "y": 1.0})
+    assert out["total"] == pytest.approx(3 / math.sqrt(10))
+
+
+def test_compare_updates_pairs_each_two_updates_once_and_never_one_with_itself():
+    """Three updates -> the three pairs a|b, a|c, b|c (n (n - 1) / 2), with a cosine key each and no a|a."""
+    base = {"w.weight": torch.zeros(2, dtype=torch.float64)}
+    ups = {k: {"w.weight": torch.tensor(v, dtype=torch.float64)}
+           for k, v in (("a", [1.0, 0.0]), ("b", [1.0, 1.0]), ("c", [0.0, 3.0]))}
+    rep = W.compare_updates(base, ups, stable_ranks=False)
+    assert rep["pairs"] == ["a|b", "a|c", "b|c"]
+    assert sorted(k for k in rep["total"] if k.startswith("cos:")) == ["cos:a|b", "cos:a|c", "cos:b|c"]
+    assert rep["total"]["cos:a|b"] == pytest.approx(1 / math.sqrt(2)) and rep["total"]["cos:a|c"] == 0.0

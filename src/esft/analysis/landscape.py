@@ -229,13 +229,16 @@ def interpolation_path(model, tokenizer, a: Any, b: Any, ts: Sequence[float], ta
 
 
 def default_magnitudes(norms: Sequence[float], points: int = 6) -> list[float]:
-    """0, each norm, and a geometric grid from min(norms)/4 to 1.5 max(norms) (the study's ES and GRPO norms
-    differ ~90x, so a linear grid would not resolve the GRPO scale)."""
+    """0, each norm, and `points` points of a geometric grid from min(norms)/4 to 1.5 max(norms) (the study's ES
+    and GRPO norms differ ~90x, so a linear grid would not resolve the GRPO scale); `points` 0 adds none, 1 only
+    min(norms)/4, as `--magnitude-points` reads ("besides 0 and the update norms")."""
+    if points < 0:
+        raise ValueError(f"magnitude points must be >= 0, got {points}")
     pos = [float(x) for x in norms if x and x > 0]
     if not pos:
         return [0.0]
     lo, hi = min(pos) / 4, 1.5 * max(pos)
-    grid = np.geomspace(lo, hi, max(2, points))  # hi / lo = 6 max / min >= 6: a geometric grid always has room
+    grid = np.geomspace(lo, hi, points)  # hi / lo = 6 max / min >= 6: a geometric grid always has room
     vals = sorted(set([0.0, *[float(x) for x in grid], *pos]))
     return vals
 

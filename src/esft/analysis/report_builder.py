@@ -96,6 +96,8 @@ class ReportConfig:
         self.holdout_tasks = split_task_list(self.holdout_tasks)
         if self.interpolation_points < 2:  # the path's two endpoints at least
             raise ValueError(f"interpolation_points must be >= 2, got {self.interpolation_points}")
+        if self.magnitude_points < 0:  # grid points besides 0 and the norms: none at least
+            raise ValueError(f"magnitude_points must be >= 0, got {self.magnitude_points}")
 
 
 
