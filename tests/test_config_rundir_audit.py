@@ -65,3 +65,12 @@ def test_a_checkpoint_whose_state_is_not_a_step_record_is_skipped(tmp_path, stat
     (good / "state.json").write_text(json.dumps({"step": 2}))
     (bad / "state.json").write_text(state)
     assert list_checkpoints(tmp_path, "state.json") == [(2, good)]
+
+
+def test_an_unknown_preset_in_a_config_file_is_named_at_its_line(tmp_path):
+    from esft.config import ConfigError
+
+    cfg_file = tmp_path / "run.yaml"
+    cfg_file.write_text("lr: 0.5\npreset: huge\n")
+    with pytest.raises(ConfigError, match=rf"{cfg_file}:2: preset = 'huge' is not accepted; expected one of small, big"):
+        build_config(Demo, PRESETS, None, str(cfg_file), {})

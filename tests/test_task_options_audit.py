@@ -114,3 +114,11 @@ def test_trl_reward_columns_are_only_the_lists_as_long_as_the_completions():
     kwargs = {"answer": ["1", "2"], "trainer_state": [{"step": 3}], "completion_ids": [[1], [2]], "flag": True}
     assert examples_from_kwargs(["a", "b"], kwargs) == [{"answer": "1", "completion_ids": [1]},
                                                        {"answer": "2", "completion_ids": [2]}]
+
+
+def test_a_data_task_is_named_after_its_file_or_dataset(data):
+    from esft.tasks.dataset_task import DatasetTask
+
+    assert DatasetTask(source=str(data)).name == "qa"
+    assert DatasetTask(source="owner/set.v2").name == "owner_set"
+    assert DatasetTask(source=str(data), name="mine").name == "mine"
