@@ -297,7 +297,7 @@ def list_checkpoints(run_dir: Path, state_file: str, step_key: str = "step") -> 
             continue
         try:
             out.append((int(json.loads(state.read_text())[step_key]), folder))
-        except (ValueError, KeyError, json.JSONDecodeError):
+        except (ValueError, KeyError, TypeError):  # TypeError: JSON that is no object, or a step that is no number
             continue
     return sorted(out, key=lambda x: (x[0], x[1].name))
 
