@@ -190,3 +190,12 @@ def test_fit_prompt_takes_the_most_words_that_fit_the_target(tokenizer):
         prompt = fit_prompt(tokenizer, " ".join(["the"] * 200), target)
         longer = [prompt[0], {"role": "user", "content": prompt[1]["content"] + " the"}]
         assert len(encode_prompts(tokenizer, [prompt])[0]) == target < len(encode_prompts(tokenizer, [longer])[0])
+
+
+def test_esft_iteration_reports_the_lanes_the_executor_really_ran(tokenizer):
+    """On one torch thread the executor runs one lane whatever `parallel_members` asks (lanes_for): the report
+    divides perturb and restore by that lane count, so it must be the executor's, not the request."""
+    assert torch.get_num_threads() == 1
+    out = bench.esft_iteration(make_tiny_model(), tokenizer, small_workload(), population=2, noise="table",
+                               gen_overrides={}, parallel_members=2)
+    assert out["lanes"] == 1
