@@ -350,7 +350,7 @@ def test_cli_errors_before_the_model_loads(user_files, monkeypatch, capsys):
     assert main(["eval", "--task", str(data), "--prompt-field", "question", "--reward", "missing_mod:f"]) == 2
     assert "cannot import module 'missing_mod'" in capsys.readouterr().err
     assert main(["train", "es", "--task", "boolq", "--reward", "math"]) == 2  # flags a built-in task ignores
-    assert "apply to a task read from a data file" in capsys.readouterr().err
+    assert "--reward: only for a task read from a data file" in capsys.readouterr().err
 
 
 USER_TASKS = '''

@@ -80,8 +80,10 @@ def check_splits(key: str, value: Any, task: Any, splits: tuple[str, ...]) -> No
             raise ConfigError(key, value, f"a task whose {split} split loads (task {name!r}: {type(exc).__name__}: "
                               f"{exc})") from None
         if not n:
+            why = getattr(task, "why_empty", None)  # a data task names the options that give the split rows
+            hint = why(split) if callable(why) else ""
             raise ConfigError(key, value, f"a task with {split} examples (task {name!r}: its {split} split is "
-                              "empty)")
+                              f"empty{'; ' + hint if hint else ''})")
         check_first_example(key, value, task, split)
 
 

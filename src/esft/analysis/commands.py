@@ -220,7 +220,7 @@ class KLConfig:
     stages: list[str] = field(default_factory=list)
     """checkpoint folders of stages 1..S in order (comma-separated)"""
     stage_labels: list[str] = field(default_factory=list)
-    """names of the stages (default: the folders' run names)"""
+    """names of the stages (empty: the folders' run names)"""
     tasks: list[str] = field(default_factory=lambda: ["boolq"])
     """evaluation tasks (their test prompts)"""
     limit: int = 50

@@ -45,7 +45,7 @@ class ReportConfig:
     dir: str = "runs"
     """a run directory or an experiment directory holding several runs"""
     output_dir: str | None = None
-    """where report.md, JSON results and PNG figures go (default: DIR/report)"""
+    """where report.md, JSON results and PNG figures go (None: DIR/report)"""
     analyses: list[str] = field(default_factory=lambda: list(ANALYSES))
     """which analyses to run: weights, drift, kl, landscape, sparsity"""
     limit: int = 50

@@ -249,4 +249,5 @@ def format_bonus_warning(task: Any, bonus: float) -> str | None:
     if not bonus or checks_format(task):
         return None
     return (f"format bonus {bonus} has no effect: task {getattr(task, 'name', task)!r} checks no answer format "
-            "(a reward function scores it), so no completion counts as well formed; set the format bonus to 0")
+            "(a reward function scores it, or its class has no is_well_formed), so no completion counts as well "
+            "formed; set it to 0 (--format-bonus 0, or format_bonus: 0 in a config)")

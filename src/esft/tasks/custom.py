@@ -307,8 +307,8 @@ def apply_task_flags(config: Any, args: Any, tasks: list[str]) -> Any:
         return config
     if not any(external_kind(t) in ("data", "hub") for t in tasks):
         names = ", ".join("--" + k.replace("_", "-") for k in flags)
-        raise ValueError(f"{names} apply to a task read from a data file or dataset (--task data.jsonl), "
-                         f"not to {', '.join(tasks)}")
+        raise ValueError(f"{names}: only for a task read from a data file or dataset (--task data.jsonl), "
+                         f"not for {', '.join(tasks)}")
     return dataclasses.replace(config, task_options={**config.task_options, **flags})
 
 

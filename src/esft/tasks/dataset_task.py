@@ -70,10 +70,22 @@ def read_rows(path: str | Path) -> list[dict[str, Any]]:
                     raise ValueError(f"{path}:{lineno}: not a JSON object: {exc}") from None
     if not rows:
         raise ValueError(f"task data file {path} holds no rows")
+    if name.endswith(".json") and len(rows) == 1:
+        check_not_columns(path, rows[0])
     bad = next((i for i, r in enumerate(rows) if not isinstance(r, dict)), None)
     if bad is not None:
         raise ValueError(f"{path}: row {bad + 1} is {type(rows[bad]).__name__}, not an object of fields")
     return rows
+
+
+def check_not_columns(path: Path, obj: dict[str, Any]) -> None:
+    """A .json file holding one object whose every field is a list or a mapping holds its rows by column
+    (pandas' default `to_json`) or under a key ({"data": [...]}), not one row: refused, as reading it as a
+    single row would end in a task with no held-out split."""
+    if obj and all(isinstance(v, (list, dict)) for v in obj.values()):
+        raise ValueError(f"{path}: one JSON object of fields {', '.join(map(str, obj))} holding lists or mappings, "
+                         "not rows: write a JSON list of row objects or JSONL, one object per line (pandas: "
+                         "to_json(orient='records', lines=True))")
 
 
 def split_sizes(n: int, test_size: float) -> int:
@@ -212,6 +224,15 @@ class DatasetTask(Task):
             rows = [r for i, r in enumerate(rows) if i not in held]
         self._rows = {"train": [dict(r) for r in rows], "test": [dict(r) for r in test]}
         return self._rows
+
+    def why_empty(self, split: str) -> str:
+        """Why `split` holds no rows, naming the options that give it some ("" when it is not the test_size draw):
+        a file of one or two rows holds none out at the default 0.2."""
+        if split != "test" or self.test_file or self.test_split:
+            return ""
+        n = len(self._read()["train"])
+        return (f"test_size {self.test_size:g} of its {n} row{'s' * (n != 1)} holds none out: add rows, or give "
+                "test_size a row count (--task FILE:test_size=1) or a separate test_file")
 
     def _check_fields(self, where: str, rows: list[Example]) -> None:
         """Every row (numbered as in the file, from 1; a CSV's header not counted) has the fields the task reads."""

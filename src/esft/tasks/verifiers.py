@@ -53,12 +53,21 @@ def import_object(spec: str, what: str) -> Any:
     try:
         module = _import_module(module_name)
     except Exception as exc:  # any import-time error of user code: report it instead of a traceback
-        raise ValueError(f"{what} {spec!r}: cannot import module {module_name!r}: {type(exc).__name__}: {exc}") \
-            from None
+        top = module_name.partition(".")[0]
+        where = (f" (modules are found in the current folder, installed packages and PYTHONPATH: run from the folder "
+                 f"holding {top}.py or add that folder to PYTHONPATH)"
+                 if isinstance(exc, ModuleNotFoundError) and exc.name == top else "")
+        raise ValueError(f"{what} {spec!r}: cannot import module {module_name!r}: {type(exc).__name__}: {exc}"
+                         f"{where}") from None
     obj: Any = module
     for part in attr.split("."):
         if not hasattr(obj, part):
-            raise ValueError(f"{what} {spec!r}: module {module_name!r} has no attribute {attr!r}")
+            from esft.names import close_names
+
+            public = [n for n in dir(obj) if not n.startswith("_")]
+            close = close_names(part, public)
+            hint = f" (did you mean {' or '.join(close)}?)" if close else ""
+            raise ValueError(f"{what} {spec!r}: module {module_name!r} has no attribute {attr!r}{hint}")
         obj = getattr(obj, part)
     return obj
 
@@ -153,8 +162,18 @@ def call_trl_reward(fn: Callable[..., Any], name: str, texts: list[str], prompts
         kind = "plain strings" if completion_format == "text" else "lists holding one assistant message"
         columns = ", ".join(trl_columns(examples)) or "none"
         raise ValueError(f"reward {name!r} raised {type(exc).__name__}: {exc} (called with {len(texts)} "
-                         f"completions as {kind}, prompts, and the columns {columns})") from exc
+                         f"completions as {kind}, prompts, and the columns {columns}){_call_fix(exc, kind)}") from exc
     return check_rewards(out, len(texts), name)
+
+
+def _call_fix(exc: Exception, kind: str) -> str:
+    """The change a reward function written for another signature needs, for the two mistakes its error shows."""
+    if isinstance(exc, TypeError) and "unexpected keyword argument" in str(exc):
+        return "; end its parameters with **kwargs, as TRL passes every column by name"
+    if isinstance(exc, AttributeError) and str(exc).startswith("'list' object") and kind != "plain strings":
+        return ("; a completion is a list of messages (read completion[0]['content']), or set the task option "
+                "completion_format=text")
+    return ""
 
 
 def check_rewards(out: Any, n: int, name: str) -> list[float | None]:

@@ -1,0 +1,149 @@
+"""What a newcomer bringing their own task meets first (docs/custom-tasks.md): each mistake is refused in one line
+before any model loads, and that line names the fix: a data file too small to hold a row out or holding its rows
+by column, a reward module not found from the folder the command runs in or a misspelt function in it, a reward
+function written for another signature, a format bonus the task cannot earn, a data-task flag on a built-in task;
+and every `--help` states each option's default once.
+
+    pytest -q tests/test_custom_tasks_newcomer.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from conftest import importable_module
+from esft.cli import build_parser, main
+from esft.tasks import get_task
+from esft.tasks.base import Task, format_bonus_warning
+from esft.tasks.dataset_task import read_rows
+
+
+@pytest.fixture()
+def no_model(monkeypatch):
+    def load(*args, **kwargs):
+        raise AssertionError("the model was loaded before the task was checked")
+
+    monkeypatch.setattr("esft.models.load_model", load)
+
+
+def test_a_two_row_data_file_names_the_options_that_give_it_a_held_out_row(tmp_path, monkeypatch, capsys, no_model):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "sums.csv").write_text("question,answer\nWhat is 1+1?,2\nWhat is 2+2?,4\n")
+    assert main(["eval", "--task", "sums.csv", "--prompt-field", "question", "--limit", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "its test split is empty" in err
+    assert "test_size 0.2 of its 2 rows holds none out" in err and "test_size=1" in err and "test_file" in err
+    # the fix it names works: one row held out by count
+    task = get_task("sums.csv", prompt_field="question", test_size=1)
+    assert len(task.load("test")) == 1 and len(task.load("train")) == 1
+    separate = get_task("sums.csv", prompt_field="question", test_file="sums.csv")
+    assert task.why_empty("train") == "" and separate.why_empty("test") == ""
+
+
+@pytest.mark.parametrize("content", [
+    {"question": ["q0", "q1", "q2"], "answer": ["0", "1", "2"]},  # by column
+    {"question": {"0": "q0", "1": "q1"}, "answer": {"0": "0", "1": "1"}},  # pandas' default to_json
+    {"data": [{"question": "q0", "answer": "0"}, {"question": "q1", "answer": "1"}]},  # rows under a key
+])
+def test_a_json_file_of_columns_is_not_read_as_one_row(tmp_path, monkeypatch, capsys, no_model, content):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "sums.json").write_text(json.dumps(content))
+    assert main(["eval", "--task", "sums.json", "--prompt-field", "question"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "not rows" in err and "orient='records', lines=True" in err
+    # one row written as a JSON object is still one row, and its rows as a list are read
+    (tmp_path / "one.json").write_text(json.dumps({"question": "q0", "answer": "0"}))
+    assert read_rows(tmp_path / "one.json") == [{"question": "q0", "answer": "0"}]
+    (tmp_path / "rows.json").write_text(json.dumps([{"question": f"q{i}", "answer": str(i)} for i in range(3)]))
+    assert len(read_rows(tmp_path / "rows.json")) == 3
+
+
+def test_a_reward_module_not_found_names_where_modules_are_looked_for(tmp_path, monkeypatch, capsys, no_model):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "sums.jsonl").write_text("".join(f'{{"question": "q{i}", "answer": "{i}"}}\n' for i in range(10)))
+    assert main(["eval", "--task", "sums.jsonl", "--prompt-field", "question", "--reward",
+                 "my_rewards_nowhere:correct_sum"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "No module named 'my_rewards_nowhere'" in err
+    assert "run from the folder holding my_rewards_nowhere.py or add that folder to PYTHONPATH" in err
+    # a module that is found but fails on an import of its own: that import is the problem, not the folder
+    (tmp_path / "broken_rewards.py").write_text("import not_installed_dependency_xyz\n")
+    with pytest.raises(ValueError) as info:
+        get_task(str(tmp_path / "sums.jsonl"), prompt_field="question", reward="broken_rewards:f")
+    assert "not_installed_dependency_xyz" in str(info.value) and "PYTHONPATH" not in str(info.value)
+
+
+SIGNATURE_MISTAKES = '''
+def no_kwargs(completions):
+    return [0.0 for _ in completions]
+
+def strings(completions, answer, **kwargs):
+    return [float(c.strip() == a) for c, a in zip(completions, answer)]
+'''
+
+
+def test_a_misspelt_function_or_class_name_is_told_the_name_it_meant(tmp_path, monkeypatch):
+    importable_module(tmp_path, monkeypatch, "signature_mistakes", SIGNATURE_MISTAKES)
+    data = tmp_path / "sums.jsonl"
+    data.write_text("".join(f'{{"question": "q{i}", "answer": "{i}"}}\n' for i in range(10)))
+    with pytest.raises(ValueError) as info:
+        get_task(str(data), prompt_field="question", reward="signature_mistakes:string")
+    assert "has no attribute 'string' (did you mean strings?)" in str(info.value)
+    with pytest.raises(ValueError) as info:
+        get_task(str(data), prompt_field="question", reward="signature_mistakes:zzz")
+    assert str(info.value).endswith("has no attribute 'zzz'")  # nothing close: no guess
+
+
+def test_a_reward_written_for_another_signature_is_told_the_change_it_needs(tmp_path, monkeypatch):
+    importable_module(tmp_path, monkeypatch, "signature_mistakes", SIGNATURE_MISTAKES)
+    data = tmp_path / "sums.jsonl"
+    data.write_text("".join(f'{{"question": "q{i}", "answer": "{i}"}}\n' for i in range(10)))
+    with pytest.raises(ValueError) as info:
+        get_task(str(data), prompt_field="question", reward="signature_mistakes:no_kwargs")
+    assert "unexpected keyword argument" in str(info.value) and "end its parameters with **kwargs" in str(info.value)
+    with pytest.raises(ValueError) as info:
+        get_task(str(data), prompt_field="question", reward="signature_mistakes:strings")
+    assert "'list' object has no attribute 'strip'" in str(info.value)
+    assert "read completion[0]['content']" in str(info.value) and "completion_format=text" in str(info.value)
+    # the fix it names works: plain strings in, one reward per completion out
+    task = get_task(str(data), prompt_field="question", reward="signature_mistakes:strings", completion_format="text")
+    example = task.load("test")[0]
+    assert task.score(example["answer"], example) == 1.0 and task.score("no", example) == 0.0
+
+
+def test_the_format_bonus_warning_names_the_setting_that_silences_it():
+    class Doubling(Task):  # a task class without is_well_formed, as docs/custom-tasks.md's example
+        name = "doubling"
+
+        def score(self, completion, example):
+            return 1.0
+
+    warning = format_bonus_warning(Doubling(), 0.1)
+    assert "--format-bonus 0" in warning and "format_bonus: 0" in warning and "is_well_formed" in warning
+
+
+def test_a_data_task_flag_on_a_built_in_task_reads_as_a_sentence(capsys):
+    assert main(["eval", "--task", "countdown", "--prompt-field", "question"]) == 2
+    err = capsys.readouterr().err
+    assert "--prompt-field: only for a task read from a data file or dataset (--task data.jsonl), not for " \
+           "countdown" in err
+
+
+def _parsers(parser: argparse.ArgumentParser, path: str = "esft"):
+    yield path, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _parsers(sub, f"{path} {name}")
+
+
+def test_every_help_line_states_its_default_once():
+    seen = 0
+    for path, parser in _parsers(build_parser()):
+        for action in parser._actions:
+            seen += 1
+            assert (action.help or "").count("(default") <= 1, (path, action.option_strings, action.help)
+    assert seen > 250  # every sub-command's options were built and read
