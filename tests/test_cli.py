@@ -220,3 +220,18 @@ def test_an_alias_alone_or_repeating_its_options_value_is_that_value_and_leaves_
     args = vars(build_parser().parse_args(argv))
     assert args[dest] == value
     assert not [k for k in args if "alias" in k]  # the parse's own bookkeeping does not reach the config
+
+
+@pytest.mark.parametrize("algorithm, steps, line", [("es", 1, "1 iteration in"), ("es", 3, "3 iterations in"),
+                                                    ("grpo", 1, "1 step in"), ("grpo", 2, "2 steps in")])
+def test_a_finished_run_counts_its_steps_in_words_that_agree(algorithm, steps, line, tmp_path, monkeypatch, capsys):
+    """The closing line of `esft train`: GRPO printed "1 steps"."""
+    import types
+
+    import esft.api
+    from esft.cli import main
+
+    done = types.SimpleNamespace(steps=steps, output_dir=str(tmp_path / "run"), final_checkpoint="ckpt")
+    monkeypatch.setattr(esft.api, f"train_{algorithm}", lambda config: done)
+    assert main(["train", algorithm, "--task", "boolq", "--output-dir", str(tmp_path / "run")]) == 0
+    assert f"\n{line} {tmp_path / 'run'}; final checkpoint: ckpt\n" in capsys.readouterr().out

@@ -125,7 +125,8 @@ def _train_grpo(args: argparse.Namespace) -> int:
                                 "without --resume)")
     _check_run_dir(config.output_dir)
     result = train_grpo(config)  # Ctrl-C: esft.rundir.RunInterrupted, whose resume hint `_run` prints
-    print(f"\n{result.steps} steps in {result.output_dir}; final checkpoint: {result.final_checkpoint}")
+    noun = "step" if result.steps == 1 else "steps"
+    print(f"\n{result.steps} {noun} in {result.output_dir}; final checkpoint: {result.final_checkpoint}")
     return 0
 
 

@@ -117,7 +117,9 @@ class EvalConfig:
         `balanced` on a task without labels evaluates its first `limit` examples: nothing to refuse."""
         from esft.validation import check_balanced_set, check_splits
 
-        check_splits("split", self.split, task, (self.split,))
+        # the default split was not the user's choice: the refusal then names the task
+        key, value = ("split", self.split) if self.split != "test" else ("tasks", getattr(task, "name", "") or "test")
+        check_splits(key, value, task, (self.split,))
         if self.balanced:
             check_balanced_set(task, self.limit, self.split, key="limit")
 
