@@ -42,6 +42,7 @@ def test_a_two_row_data_file_names_the_options_that_give_it_a_held_out_row(tmp_p
     assert len(task.load("test")) == 1 and len(task.load("train")) == 1
     separate = get_task("sums.csv", prompt_field="question", test_file="sums.csv")
     assert task.why_empty("train") == "" and separate.why_empty("test") == ""
+    assert get_task("boolq").why_empty("test") == ""  # the Task hook's default: nothing to add
 
 
 @pytest.mark.parametrize("content", [

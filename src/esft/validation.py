@@ -67,6 +67,8 @@ def check_splits(key: str, value: Any, task: Any, splits: tuple[str, ...]) -> No
     """`task` has the splits the run reads and each holds examples: a task class of the user's without a test
     split, holdout-only ifeval trained on, or a data file too small to leave a held-out row fails here, not once
     the model has loaded (or with an evaluation of n = 0). Loading a built-in task's split takes under 0.25 s."""
+    from esft.tasks.base import Task
+
     have = tuple(getattr(task, "splits", splits))
     name = getattr(task, "name", "") or value
     missing = [s for s in splits if s not in have]
@@ -80,8 +82,7 @@ def check_splits(key: str, value: Any, task: Any, splits: tuple[str, ...]) -> No
             raise ConfigError(key, value, f"a task whose {split} split loads (task {name!r}: {type(exc).__name__}: "
                               f"{exc})") from None
         if not n:
-            why = getattr(task, "why_empty", None)  # a data task names the options that give the split rows
-            hint = why(split) if callable(why) else ""
+            hint = task.why_empty(split) if isinstance(task, Task) else ""  # a data task names its options
             raise ConfigError(key, value, f"a task with {split} examples (task {name!r}: its {split} split is "
                               f"empty{'; ' + hint if hint else ''})")
         check_first_example(key, value, task, split)

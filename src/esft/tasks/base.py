@@ -120,6 +120,11 @@ class Task:
         """Check what can be checked before any model loads (a data task: its file, fields and reward); raise
         ValueError. Nothing by default: a built-in task's options are checked when it is built."""
 
+    def why_empty(self, split: str) -> str:
+        """Why `split` holds no examples, naming the options that would give it some, for the refusal before any
+        model loads (esft.validation.check_splits); "" when there is nothing to add (the default)."""
+        return ""
+
     def balance_key(self, example: Example) -> Any:
         """What a balanced evaluation subset balances over (one of `label_set()`): the gold label by default;
         a task whose prior is not a single answer balances over something else (a Countdown variant over the
