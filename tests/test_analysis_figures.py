@@ -192,3 +192,17 @@ def test_heatmap_names_rows_by_task_and_columns_by_stage_and_writes_each_value_i
     assert [t.get_text() for t in ax.get_xticklabels()] == ["after 1:boolq", "after 2:gsm8k", "after 3:arc"]
     assert {t.get_position(): t.get_text() for t in ax.texts} == {
         (j, i): f"{m[i, j]:.3g}" for i in range(2) for j in range(3)}
+
+
+def test_sparsity_lines_take_the_colour_of_their_algorithm_not_of_their_label(drawn):
+    """A report keys each sweep by its track name ("es@100" for one budget of several, a chain's label for a
+    second sequence of a track): colour by the label alone drew those ES and GRPO lines in the same green."""
+    rows = [{"sparsity": 0.0, "accuracy": {"boolq": 0.5}}]
+    results = {"es@100": {"rows": rows, "base_accuracy": {"boolq": 0.4}, "algorithm": "es"},
+               "GRPO boolq seed 2 (run)": {"rows": rows, "algorithm": "grpo"},
+               "tuned": {"rows": rows}}  # esft-analysis sparsity: no algorithm, its label's colour
+    (ax,) = drawn(SP.plot_sparsity_sweep, results).axes
+    colours = [(line.get_label(), to_rgba(line.get_color())) for line in ax.get_lines() if line.get_linestyle() != ":"]
+    assert colours == [("es@100", BLUE), ("GRPO boolq seed 2 (run)", RED), ("tuned", to_rgba("tab:green"))]
+    (base,) = [line for line in ax.get_lines() if line.get_linestyle() == ":"]
+    assert to_rgba(base.get_color()) == BLUE
