@@ -206,3 +206,15 @@ def test_sparsity_lines_take_the_colour_of_their_algorithm_not_of_their_label(dr
     assert colours == [("es@100", BLUE), ("GRPO boolq seed 2 (run)", RED), ("tuned", to_rgba("tab:green"))]
     (base,) = [line for line in ax.get_lines() if line.get_linestyle() == ":"]
     assert to_rgba(base.get_color()) == BLUE
+
+
+def test_direction_sweep_draws_any_number_of_reference_accuracies(drawn):
+    """Each further reference line was drawn 0.25 darker: a fourth one (base and three checkpoints) asked for an
+    alpha of 1.25, and matplotlib's ValueError ended the figure."""
+    result = {"magnitudes": [0.0, 1.0], "directions": {"ES": {"norm": 1.0, "accuracy": {"boolq": [0.5, 0.6]}}}}
+    reference = {lab: {"boolq": acc} for lab, acc in (("base", 0.1), ("ES 1", 0.2), ("ES 2", 0.3), ("GRPO", 0.4))}
+    (ax,) = drawn(L.plot_direction_sweep, result, reference=reference).axes
+    dotted = [line for line in ax.get_lines() if line.get_linestyle() == ":"]
+    assert [line.get_ydata()[0] for line in dotted] == [0.1, 0.2, 0.3, 0.4]
+    assert [t.get_text() for t in ax.texts] == ["base", "ES 1", "ES 2", "GRPO"]
+    assert [line.get_alpha() for line in dotted] == [0.5, 0.75, 1.0, 1.0]
