@@ -218,3 +218,16 @@ def test_direction_sweep_draws_any_number_of_reference_accuracies(drawn):
     assert [line.get_ydata()[0] for line in dotted] == [0.1, 0.2, 0.3, 0.4]
     assert [t.get_text() for t in ax.texts] == ["base", "ES 1", "ES 2", "GRPO"]
     assert [line.get_alpha() for line in dotted] == [0.5, 0.75, 1.0, 1.0]
+
+
+def test_sparsity_panels_hold_only_the_runs_that_evaluated_their_task(drawn):
+    """A report sweeps the first seed of each task sequence (countdown->boolq, boolq->boolq): the panel of a task
+    that one run did not evaluate looked its accuracy up there, and the KeyError ended the report."""
+    results = {"es": {"rows": [{"sparsity": 0.0, "accuracy": {"countdown": 0.2, "boolq": 0.5}}],
+                      "base_accuracy": {"countdown": 0.1, "boolq": 0.4}},
+               "ES boolq->boolq": {"rows": [{"sparsity": 0.0, "accuracy": {"boolq": 0.6}}]}}
+    boolq, countdown = drawn(SP.plot_sparsity_sweep, results).axes
+    assert (boolq.get_title(), countdown.get_title()) == ("boolq", "countdown")
+    assert [(line.get_label(), line.get_ydata()[0]) for line in boolq.get_lines() if line.get_linestyle() != ":"] \
+        == [("es", 0.5), ("ES boolq->boolq", 0.6)]
+    assert [line.get_label() for line in countdown.get_lines() if line.get_linestyle() != ":"] == ["es"]

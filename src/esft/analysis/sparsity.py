@@ -147,8 +147,9 @@ def sparsity_sweep(model, tokenizer, base: Any, tuned: Any, tasks: Mapping[str, 
 
 
 def plot_sparsity_sweep(results: Mapping[str, Mapping[str, Any]], path: str | Path) -> Path:
-    """Accuracy vs sparsity of the kept update, one line per method, per task; base accuracy dotted. A result's
-    "algorithm" (a report's sweeps are keyed by track name, e.g. "es@100") picks its colour, else its label."""
+    """Accuracy vs sparsity of the kept update, one line per method in the panel of each task it evaluated; base
+    accuracy dotted. A result's "algorithm" (a report's sweeps are keyed by track name, e.g. "es@100") picks its
+    colour, else its label."""
     from esft.analysis.plots import accuracy_axis, color, pyplot, save
 
     plt = pyplot()
@@ -156,6 +157,8 @@ def plot_sparsity_sweep(results: Mapping[str, Mapping[str, Any]], path: str | Pa
     fig, axes = plt.subplots(1, max(1, len(tasks)), figsize=(4 * max(1, len(tasks)), 3.3), squeeze=False)
     for ax, t in zip(axes[0], tasks):
         for label, r in results.items():
+            if not all(t in row["accuracy"] for row in r["rows"]):  # a run of another task sequence
+                continue
             col = color(r.get("algorithm") or label)
             xs = [row["sparsity"] for row in r["rows"]]
             ys = [row["accuracy"][t] for row in r["rows"]]
