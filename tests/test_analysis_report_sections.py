@@ -175,7 +175,7 @@ def sweeps(monkeypatch):
         return {"names": list(names), "limit": limit, "balanced": balanced}
 
     def plot(results, path):
-        calls.append({"figure": list(results)})
+        calls.append({"figure": list(results), "algorithms": [r.get("algorithm") for r in results.values()]})
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         Path(path).write_bytes(b"")
         return Path(path)
@@ -212,6 +212,7 @@ def test_sparsity_sweeps_the_first_seed_of_each_track_and_sequence_at_its_last_c
                                                    (chains[2].label, ["boolq"])]
     # the second result of a track is keyed by its chain's label, not written over the first
     assert list(ctx.results["sparsity"]) == ["es", chains[2].label] == sweeps[-1]["figure"]
+    assert sweeps[-1]["algorithms"] == ["es", "es"]  # the figure colours a line by it, not by its label
     assert figure == ctx.fig("functional_sparsity")
 
 

@@ -1,6 +1,6 @@
 """A run's summary and figure (esft.es.curve) on the cases the core tests leave out: means over more than two
-iterations, a zero total time, held-out sets that differ only in their recorded baseline or in size, and an
-accuracy axis widened to a reward outside [0, 1].
+iterations, a zero total time, held-out sets that differ only in their recorded baseline or in size, an
+accuracy axis widened to a reward outside [0, 1], and the data, x range and names of each drawn series.
 
 Run: PYTHONPATH=src pytest -q tests/test_es_curve_audit.py   (seconds)
 """
@@ -69,3 +69,41 @@ def test_accuracy_axis_widens_to_a_reward_outside_zero_one():
     inside.plot([0, 1], [0.5, 0.51])  # a flat curve inside [0, 1] keeps the whole range
     curve.accuracy_axis(inside, "")
     assert inside.get_ylim() == (0.0, 1.0) and inside.get_ylabel() == ""
+
+
+# ---- what each line of the figure is drawn from (a mutation audit found these unchecked) -------------------------
+def _es_lines() -> list[dict]:
+    """Two iterations at steps 3 and 7 and two evaluations at 0 and 7, every series with distinct values."""
+    train = [{"kind": "train", "step": s, "fitness": {"mean": mean, "min": low, "max": high}, "format_rate": rate}
+             for s, mean, low, high, rate in ((3, 0.4, 0.1, 0.6, 0.25), (7, 0.5, 0.2, 0.8, 0.75))]
+    evals = [{"kind": "eval", "step": s, "test_n": 8, "test_accuracy": acc, "test_ci95": [acc - 0.1, acc + 0.1],
+              "test_format_rate": rate} for s, acc, rate in ((0, 0.3, 0.45), (7, 0.6, 0.95))]
+    return train + evals
+
+
+def test_format_rate_lines_plot_the_format_rates_at_their_steps(tmp_path):
+    train_ax, heldout_ax = curve.run_figure(_run(tmp_path / "run", _es_lines())).axes
+    (train_rate,) = [line for line in train_ax.get_lines() if line.get_label() == "format rate"]
+    assert list(train_rate.get_xdata()) == [3, 7] and list(train_rate.get_ydata()) == [0.25, 0.75]
+    (held_rate,) = [line for line in heldout_ax.get_lines() if line.get_label() == "held-out format rate"]
+    assert list(held_rate.get_xdata()) == [0, 7] and list(held_rate.get_ydata()) == [0.45, 0.95]
+
+
+def test_min_max_band_spans_the_logged_steps(tmp_path):
+    train_ax, _ = curve.run_figure(_run(tmp_path / "run", _es_lines())).axes
+    (band,) = train_ax.collections
+    xs = band.get_paths()[0].vertices[:, 0]
+    assert (min(xs), max(xs)) == (3, 7)  # the band sits under the mean line, not shifted by a step
+
+
+def test_both_panels_name_their_x_axis_and_the_algorithms_population(tmp_path):
+    es_train, es_heldout = curve.run_figure(_run(tmp_path / "es", _es_lines())).axes
+    assert es_train.get_xlabel() == es_heldout.get_xlabel() == "iteration (updates applied)"
+    assert es_train.get_title() == "train batch (perturbed members)"
+    assert "min-max over members" in es_train.get_legend_handles_labels()[1]
+    grpo = [{"kind": "train", "step": s, "reward": {"mean": 0.5, "min": 0.0, "max": 1.0}} for s in (1, 2)]
+    grpo += [{"kind": "eval", "step": 2, "test_n": 8, "test_accuracy": 0.5, "test_ci95": [0.2, 0.8]}]
+    grpo_train, grpo_heldout = curve.run_figure(_run(tmp_path / "grpo", grpo)).axes
+    assert grpo_train.get_xlabel() == grpo_heldout.get_xlabel() == "optimizer step"
+    assert grpo_train.get_title() == "train batch (sampled completions)" and grpo_heldout.get_title() == "model"
+    assert "min-max over completions" in grpo_train.get_legend_handles_labels()[1]

@@ -308,7 +308,7 @@ def plot_direction_sweep(result: Mapping[str, Any], path: str | Path,
                 ax.axvline(d["norm"], color=color(label.split()[0]), ls="--", lw=1)
         for j, (lab, accs) in enumerate((reference or {}).items()):
             if n in accs:
-                ax.axhline(accs[n], color="k", ls=":", lw=1, alpha=0.5 + 0.25 * j)
+                ax.axhline(accs[n], color="k", ls=":", lw=1, alpha=min(1.0, 0.5 + 0.25 * j))  # later ones darker
                 ax.text(mags.max(), accs[n], lab, fontsize=6, ha="right", va="bottom")
         if pos.size and pos.max() / pos.min() > 20:
             ax.set_xscale("symlog", linthresh=float(pos.min()))

@@ -147,7 +147,9 @@ def sparsity_sweep(model, tokenizer, base: Any, tuned: Any, tasks: Mapping[str, 
 
 
 def plot_sparsity_sweep(results: Mapping[str, Mapping[str, Any]], path: str | Path) -> Path:
-    """Accuracy vs sparsity of the kept update, one line per method, per task; base accuracy dotted."""
+    """Accuracy vs sparsity of the kept update, one line per method in the panel of each task it evaluated; base
+    accuracy dotted. A result's "algorithm" (a report's sweeps are keyed by track name, e.g. "es@100") picks its
+    colour, else its label."""
     from esft.analysis.plots import accuracy_axis, color, pyplot, save
 
     plt = pyplot()
@@ -155,11 +157,14 @@ def plot_sparsity_sweep(results: Mapping[str, Mapping[str, Any]], path: str | Pa
     fig, axes = plt.subplots(1, max(1, len(tasks)), figsize=(4 * max(1, len(tasks)), 3.3), squeeze=False)
     for ax, t in zip(axes[0], tasks):
         for label, r in results.items():
+            if not all(t in row["accuracy"] for row in r["rows"]):  # a run of another task sequence
+                continue
+            col = color(r.get("algorithm") or label)
             xs = [row["sparsity"] for row in r["rows"]]
             ys = [row["accuracy"][t] for row in r["rows"]]
-            ax.plot(xs, ys, "o-", color=color(label), label=label)
+            ax.plot(xs, ys, "o-", color=col, label=label)
             if t in r.get("base_accuracy", {}):
-                ax.axhline(r["base_accuracy"][t], color=color(label), ls=":", lw=1)
+                ax.axhline(r["base_accuracy"][t], color=col, ls=":", lw=1)
         ax.set_xlabel(r"sparsity (fraction of $|\Delta\theta_i| \leq \tau$ reverted)")
         accuracy_axis(ax)
         ax.set_title(t, fontsize=9)
@@ -221,7 +226,7 @@ def report_sparsity(ctx: ReportContext) -> tuple[list[SparsitySweep], Path] | No
         res, cached = ctx.cache.get(f"sparsity_{slug(c.label)}", params, compute)
         all_cached = all_cached and cached
         label = c.name or c.algorithm
-        results[label if label not in results else c.label] = res
+        results[label if label not in results else c.label] = {**res, "algorithm": c.algorithm}
         sweeps.append(SparsitySweep(c.label, tasks, res))
     figure = ctx.plot(all_cached, ctx.fig("functional_sparsity"),
                       lambda: plot_sparsity_sweep(results, ctx.fig("functional_sparsity")))

@@ -1,0 +1,233 @@
+"""The report's figures as matplotlib objects, just before they are saved: which series each line, band, marker
+and reference line is drawn from, in which colour (ES blue, GRPO red, random grey) and under which label. The
+PNG's bytes say none of this, and a figure is read instead of the tables, so a swapped series or a missing
+baseline misleads.
+
+Run: PYTHONPATH=src pytest -q tests/test_analysis_figures.py   (seconds)
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from matplotlib.colors import to_rgba
+
+from esft.analysis import drift as D
+from esft.analysis import kl as K
+from esft.analysis import landscape as L
+from esft.analysis import plots
+from esft.analysis import sparsity as SP
+from esft.analysis import weights as W
+
+BLUE, RED, GREY = to_rgba("tab:blue"), to_rgba("tab:red"), to_rgba("tab:gray")
+
+
+@pytest.fixture()
+def drawn(monkeypatch, tmp_path):
+    """draw(fn, *args) -> the Figure that fn would have saved (closed afterwards)."""
+    figures = []
+    monkeypatch.setattr(plots, "save", lambda fig, path: figures.append(fig) or path)
+
+    def draw(fn, *args, **kwargs):
+        fn(*args, tmp_path / "f.png", **kwargs)
+        (fig,) = figures[-1:]
+        plots.pyplot().close(fig)
+        return fig
+
+    return draw
+
+
+def _xy(line) -> tuple[list, list]:
+    return [float(x) for x in line.get_xdata()], [float(y) for y in line.get_ydata()]
+
+
+def _by_label(ax) -> dict:
+    return {line.get_label(): line for line in ax.get_lines() if not line.get_label().startswith("_")}
+
+
+# ---- drift (Figures 6, 9, 10, 11) ---------------------------------------------------------------------------------
+def test_total_drift_draws_es_its_prediction_and_grpo_scaled_by_grpos_own_size(drawn):
+    # alpha 0.5, N 4, d 32: the prediction alpha^2 T d / N is 2 T; GRPO's 64 parameters give it the unit 4
+    es = D.DriftSeries(steps=[1, 2, 4], total=[1.0, 3.0, 5.0], num_params=32, expected=[1.5, 2.5, 4.5])
+    grpo = D.DriftSeries(steps=[1, 2], total=[0.5, 1.0], num_params=64)
+    left, right = drawn(D.plot_total, es, 0.5, 4, grpo=grpo).axes
+    lines = left.get_lines()
+    assert [_xy(line) for line in lines] == [([1, 2, 4], [1.0, 3.0, 5.0]), ([1, 2, 4], [2.0, 4.0, 8.0]),
+                                             ([1, 2, 4], [1.5, 2.5, 4.5])]
+    assert lines[0].get_label().startswith("ES") and to_rgba(lines[0].get_color()) == BLUE
+    assert lines[2].get_label() == "expectation from the logged updates"
+    assert (left.get_xlabel(), left.get_ylabel()) == ("step T", r"$\|\Delta\theta_T\|^2$")
+    (inset,) = left.child_axes
+    (g,) = inset.get_lines()
+    assert inset.get_title() == "GRPO" and _xy(g) == ([1, 2], [0.5, 1.0]) and to_rgba(g.get_color()) == RED
+    lab = _by_label(right)
+    assert list(lab) == ["ES", "GRPO (same scaling)", "theory (identity)"]
+    assert _xy(lab["ES"]) == ([1, 2, 4], [0.5, 1.5, 2.5]) and to_rgba(lab["ES"].get_color()) == BLUE
+    assert _xy(lab["GRPO (same scaling)"]) == ([1, 2], [0.125, 0.25])
+    assert to_rgba(lab["GRPO (same scaling)"].get_color()) == RED
+    assert _xy(lab["theory (identity)"]) == ([1, 2, 4], [1, 2, 4])
+    assert right.get_xlabel() == "step T" and right.get_legend() is not None
+
+
+TENSORS = [  # q_proj rho 0.5, 1, 3 (quartiles 0.75, 1, 2); two per-layer norm gains
+    {"name": f"layers.{i}.self_attn.q_proj.weight", "role": "q_proj", "layer": i, "kind": "attention", "numel": 64,
+     "rho": rho, "r2_fit": r2} for i, (rho, r2) in enumerate(((0.5, 0.9), (1.0, 0.8), (3.0, 0.7)))
+] + [
+    {"name": f"layers.{i}.input_layernorm.weight", "role": "input_layernorm", "layer": i, "kind": "norm",
+     "numel": 8, "rho": rho, "r2_fit": r2} for i, (rho, r2) in enumerate(((0.2, 0.4), (0.4, 0.6)))
+]
+
+
+def test_families_figure_puts_each_family_median_and_quartiles_in_its_panel(drawn):
+    fig = drawn(D.plot_families, {"tensors": TENSORS})
+    (rho_m, rho_n), (r2_m, r2_n) = np.asarray(fig.axes).reshape(2, 2)
+    assert (rho_m.get_title(), rho_n.get_title()) == ("matrices", "norms")
+    assert rho_m.get_ylabel() == r"$\rho = d_{eff}/d$" and r2_m.get_ylabel() == "R$^2$ (fit through origin)"
+    for ax, vals in ((rho_m, [0.5, 1.0, 3.0]), (r2_m, [0.9, 0.8, 0.7]), (rho_n, [0.2, 0.4]), (r2_n, [0.4, 0.6])):
+        (points,) = ax.collections[:1]
+        assert sorted(points.get_offsets()[:, 1]) == sorted(vals)
+    (median,) = rho_m.containers
+    assert _xy(median.lines[0]) == ([0.0], [1.0])
+    (bar,) = median.lines[2]
+    assert tuple(bar.get_segments()[0][:, 1]) == (0.75, 2.0)  # first to third quartile
+    assert [t.get_text() for t in r2_m.get_xticklabels()] == ["q_proj"] and not rho_m.get_xticklabels()[0].get_text()
+
+
+def test_tensor_curves_predict_each_family_from_its_own_size(drawn):
+    steps = [1, 2]
+    series = D.DriftSeries(steps=steps, total=[0.0, 0.0], num_params=1000,
+                           per_tensor={r["name"]: [i + 1.0, 2.0 * (i + 1)] for i, r in enumerate(TENSORS)})
+    result = {"tensors": TENSORS, "families": {}}
+    fig = drawn(D.plot_tensor_curves, series, result, 0.5, 4, families=["q_proj", "input_layernorm"])
+    q, norm = fig.axes
+    assert (q.get_title(), norm.get_title()) == ("q_proj", "input_layernorm")
+    (pred,) = [line for line in q.get_lines() if line.get_linestyle() == "--"]
+    assert _xy(pred) == ([1, 2], [4.0, 8.0])  # alpha^2 T d_p / N = 0.25 T 64 / 4
+    curves = [_xy(line)[1] for line in q.get_lines() if line.get_linestyle() != "--"]
+    assert curves == [[1.0, 2.0], [2.0, 4.0], [3.0, 6.0]]  # layers 0, 1, 2
+    (pred,) = [line for line in norm.get_lines() if line.get_linestyle() == "--"]
+    assert _xy(pred)[1] == [0.5, 1.0]  # 0.25 T 8 / 4
+
+
+def test_rho_against_r2_puts_rho_on_x(drawn):
+    fig = drawn(D.plot_rho_r2, {"tensors": TENSORS})
+    (ax,) = fig.axes
+    attention = next(c for c in ax.collections if c.get_label() == "attention")
+    assert [tuple(p) for p in attention.get_offsets()] == [(0.5, 0.9), (1.0, 0.8), (3.0, 0.7)]
+    assert ax.get_xlabel() == r"$\rho = d_{eff} / d_{total}$" and ax.get_ylabel() == "R$^2$"
+
+
+# ---- landscape (Figures 3-5) and functional sparsity ------------------------------------------------------------
+def test_interpolation_draws_the_path_and_the_chord_between_its_endpoints(drawn):
+    acc = [0.6, 0.2, 0.5, 0.4]
+    result = {"t": [0.0, 0.25, 0.75, 1.0], "accuracy": {"boolq": acc},
+              "barrier": {"boolq": {"max_drop": -0.3, "barrier": True}}}
+    (ax,) = drawn(L.plot_interpolation, result, labels=("ES", "GRPO")).axes
+    path, chord = ax.get_lines()
+    assert _xy(path) == ([0.0, 0.25, 0.75, 1.0], acc)
+    assert _xy(chord) == ([0.0, 1.0], [0.6, 0.4])
+    assert ax.get_xlabel() == "t  (ES = 0, GRPO = 1)" and ax.get_title() == "boolq: max drop -0.300 (barrier)"
+
+
+def test_direction_sweep_marks_each_updates_norm_in_its_colour_and_the_reference(drawn):
+    mags = [0.0, 2.0, 5.0]
+    result = {"magnitudes": mags, "directions": {
+        "ES": {"norm": 2.0, "accuracy": {"boolq": [0.5, 0.7, 0.6]}},
+        "GRPO": {"norm": 5.0, "accuracy": {"boolq": [0.5, 0.6, 0.8]}},
+        "random (per-tensor norms of ES)": {"norm": 2.0, "accuracy": {"boolq": [0.5, 0.45, 0.3]}}}}
+    (ax,) = drawn(L.plot_direction_sweep, result, reference={"base": {"boolq": 0.55}}).axes
+    lab = _by_label(ax)
+    assert list(lab) == list(result["directions"])
+    for name, colour in (("ES", BLUE), ("GRPO", RED), ("random (per-tensor norms of ES)", GREY)):
+        assert _xy(lab[name]) == (mags, result["directions"][name]["accuracy"]["boolq"])
+        assert to_rgba(lab[name].get_color()) == colour
+    norms = [(line.get_xdata()[0], to_rgba(line.get_color())) for line in ax.get_lines()
+             if line.get_linestyle() == "--"]
+    assert norms == [(2.0, BLUE), (5.0, RED)]  # none for the random direction
+    (base,) = [line for line in ax.get_lines() if line.get_linestyle() == ":"]
+    assert set(base.get_ydata()) == {0.55} and [t.get_text() for t in ax.texts] == ["base"]
+    assert ax.get_xlabel() == r"distance moved $\|\Delta\theta\|_2$" and ax.get_ylabel() == "accuracy"
+
+
+def test_sparsity_sweep_draws_accuracy_against_sparsity_and_each_base(drawn):
+    results = {"es": {"rows": [{"sparsity": s, "accuracy": {"boolq": a}} for s, a in ((0.0, 0.7), (0.9, 0.65))],
+                      "base_accuracy": {"boolq": 0.4}},
+               "grpo": {"rows": [{"sparsity": s, "accuracy": {"boolq": a}} for s, a in ((0.0, 0.8), (0.5, 0.3))],
+                        "base_accuracy": {"boolq": 0.45}}}
+    (ax,) = drawn(SP.plot_sparsity_sweep, results).axes
+    lab = _by_label(ax)
+    assert _xy(lab["es"]) == ([0.0, 0.9], [0.7, 0.65]) and to_rgba(lab["es"].get_color()) == BLUE
+    assert _xy(lab["grpo"]) == ([0.0, 0.5], [0.8, 0.3]) and to_rgba(lab["grpo"].get_color()) == RED
+    bases = [(line.get_ydata()[0], to_rgba(line.get_color())) for line in ax.get_lines()
+             if line.get_linestyle() == ":"]
+    assert bases == [(0.4, BLUE), (0.45, RED)]
+    assert ax.get_xlabel().startswith("sparsity") and ax.get_ylabel() == "accuracy"
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["es", "grpo"]
+
+
+# ---- weights and KL ---------------------------------------------------------------------------------------------
+def test_weights_figure_draws_norms_and_stable_ranks_per_layer_in_each_methods_shades(drawn):
+    rows = [{"role": "q_proj", "layer": layer, "es": {"sq": es_sq, "stable_rank": es_sr},
+             "grpo": {"sq": g_sq, "stable_rank": g_sr}}
+            for layer, es_sq, es_sr, g_sq, g_sr in ((1, 9.0, 2.0, 1.0, 1.5), (0, 4.0, 3.0, 16.0, None))]
+    norms, ranks = drawn(W.plot_weights, {"labels": ["es", "grpo"], "tensors": rows}).axes
+    lab = _by_label(norms)
+    assert _xy(lab["es q_proj"]) == ([0, 1], [2.0, 3.0]) and _xy(lab["grpo q_proj"]) == ([0, 1], [4.0, 1.0])
+    es_rgb, grpo_rgb = (to_rgba(lab[k].get_color()) for k in ("es q_proj", "grpo q_proj"))
+    assert es_rgb[2] > es_rgb[0] and grpo_rgb[0] > grpo_rgb[2]  # a blue and a red
+    es_sr, grpo_sr = (_xy(line)[1] for line in ranks.get_lines())
+    assert es_sr == [3.0, 2.0] and math.isnan(grpo_sr[0]) and grpo_sr[1] == 1.5
+    assert norms.get_yscale() == "log" and (norms.get_ylabel(), ranks.get_ylabel()) == (r"$\|\Delta W\|_F$",
+                                                                                       "stable rank")
+    assert norms.get_xlabel() == ranks.get_xlabel() == "layer"
+
+
+def test_heatmap_names_rows_by_task_and_columns_by_stage_and_writes_each_value_in_its_cell(drawn):
+    m = np.array([[0.1, 0.2, 0.3], [0.4, 0.5, 0.6]])  # 2 evaluation tasks x 3 stages
+    fig = drawn(K.plot_heatmap, {"ES": (m, ["boolq", "gsm8k"], ["1:boolq", "2:gsm8k", "3:arc"])})
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["boolq", "gsm8k"]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["after 1:boolq", "after 2:gsm8k", "after 3:arc"]
+    assert {t.get_position(): t.get_text() for t in ax.texts} == {
+        (j, i): f"{m[i, j]:.3g}" for i in range(2) for j in range(3)}
+
+
+def test_sparsity_lines_take_the_colour_of_their_algorithm_not_of_their_label(drawn):
+    """A report keys each sweep by its track name ("es@100" for one budget of several, a chain's label for a
+    second sequence of a track): colour by the label alone drew those ES and GRPO lines in the same green."""
+    rows = [{"sparsity": 0.0, "accuracy": {"boolq": 0.5}}]
+    results = {"es@100": {"rows": rows, "base_accuracy": {"boolq": 0.4}, "algorithm": "es"},
+               "GRPO boolq seed 2 (run)": {"rows": rows, "algorithm": "grpo"},
+               "tuned": {"rows": rows}}  # esft-analysis sparsity: no algorithm, its label's colour
+    (ax,) = drawn(SP.plot_sparsity_sweep, results).axes
+    colours = [(line.get_label(), to_rgba(line.get_color())) for line in ax.get_lines() if line.get_linestyle() != ":"]
+    assert colours == [("es@100", BLUE), ("GRPO boolq seed 2 (run)", RED), ("tuned", to_rgba("tab:green"))]
+    (base,) = [line for line in ax.get_lines() if line.get_linestyle() == ":"]
+    assert to_rgba(base.get_color()) == BLUE
+
+
+def test_direction_sweep_draws_any_number_of_reference_accuracies(drawn):
+    """Each further reference line was drawn 0.25 darker: a fourth one (base and three checkpoints) asked for an
+    alpha of 1.25, and matplotlib's ValueError ended the figure."""
+    result = {"magnitudes": [0.0, 1.0], "directions": {"ES": {"norm": 1.0, "accuracy": {"boolq": [0.5, 0.6]}}}}
+    reference = {lab: {"boolq": acc} for lab, acc in (("base", 0.1), ("ES 1", 0.2), ("ES 2", 0.3), ("GRPO", 0.4))}
+    (ax,) = drawn(L.plot_direction_sweep, result, reference=reference).axes
+    dotted = [line for line in ax.get_lines() if line.get_linestyle() == ":"]
+    assert [line.get_ydata()[0] for line in dotted] == [0.1, 0.2, 0.3, 0.4]
+    assert [t.get_text() for t in ax.texts] == ["base", "ES 1", "ES 2", "GRPO"]
+    assert [line.get_alpha() for line in dotted] == [0.5, 0.75, 1.0, 1.0]
+
+
+def test_sparsity_panels_hold_only_the_runs_that_evaluated_their_task(drawn):
+    """A report sweeps the first seed of each task sequence (countdown->boolq, boolq->boolq): the panel of a task
+    that one run did not evaluate looked its accuracy up there, and the KeyError ended the report."""
+    results = {"es": {"rows": [{"sparsity": 0.0, "accuracy": {"countdown": 0.2, "boolq": 0.5}}],
+                      "base_accuracy": {"countdown": 0.1, "boolq": 0.4}},
+               "ES boolq->boolq": {"rows": [{"sparsity": 0.0, "accuracy": {"boolq": 0.6}}]}}
+    boolq, countdown = drawn(SP.plot_sparsity_sweep, results).axes
+    assert (boolq.get_title(), countdown.get_title()) == ("boolq", "countdown")
+    assert [(line.get_label(), line.get_ydata()[0]) for line in boolq.get_lines() if line.get_linestyle() != ":"] \
+        == [("es", 0.5), ("ES boolq->boolq", 0.6)]
+    assert [line.get_label() for line in countdown.get_lines() if line.get_linestyle() != ":"] == ["es"]
