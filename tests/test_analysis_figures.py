@@ -184,6 +184,16 @@ def test_weights_figure_draws_norms_and_stable_ranks_per_layer_in_each_methods_s
     assert norms.get_xlabel() == ranks.get_xlabel() == "layer"
 
 
+def test_weights_figure_of_updates_that_moved_nothing_keeps_a_linear_axis_and_says_so(drawn, recwarn):
+    """Runs whose updates were all zero (e.g. every member scored alike) made matplotlib warn that a log axis
+    had no positive values, and drew an empty panel without a word."""
+    rows = [{"role": "q_proj", "layer": 0, "es": {"sq": 0.0, "stable_rank": None},
+             "grpo": {"sq": 0.0, "stable_rank": None}}]
+    norms, _ = drawn(W.plot_weights, {"labels": ["es", "grpo"], "tensors": rows}).axes
+    assert norms.get_yscale() == "linear" and [t.get_text() for t in norms.texts] == ["every update norm is 0"]
+    assert not [w for w in recwarn if "log" in str(w.message)]
+
+
 def test_heatmap_names_rows_by_task_and_columns_by_stage_and_writes_each_value_in_its_cell(drawn):
     m = np.array([[0.1, 0.2, 0.3], [0.4, 0.5, 0.6]])  # 2 evaluation tasks x 3 stages
     fig = drawn(K.plot_heatmap, {"ES": (m, ["boolq", "gsm8k"], ["1:boolq", "2:gsm8k", "3:arc"])})

@@ -433,7 +433,10 @@ def plot_weights(rep: dict[str, Any], path: Path) -> Path:
             sr = [r[lab]["stable_rank"] for r in rows]
             if any(v is not None for v in sr):
                 axes[1].plot(layers, [v if v is not None else float("nan") for v in sr], **kw)
-    axes[0].set_yscale("log")
+    if any(y > 0 for line in axes[0].get_lines() for y in line.get_ydata()):
+        axes[0].set_yscale("log")
+    else:  # updates that moved nothing (a run of 0 iterations, or rewards all equal): a log axis has no range
+        axes[0].text(0.5, 0.5, "every update norm is 0", transform=axes[0].transAxes, ha="center")
     axes[0].set_ylabel(r"$\|\Delta W\|_F$")
     axes[1].set_ylabel("stable rank")
     for ax in axes:
