@@ -199,3 +199,18 @@ def test_esft_iteration_reports_the_lanes_the_executor_really_ran(tokenizer):
     out = bench.esft_iteration(make_tiny_model(), tokenizer, small_workload(), population=2, noise="table",
                                gen_overrides={}, parallel_members=2)
     assert out["lanes"] == 1
+
+
+def test_compare_completions_counts_equal_rows_the_references_tokens_and_the_first_difference():
+    from esft.bench.iterations import compare_completions
+
+    ref = [[1, 2, 3], [4, 5], [6]]
+    assert compare_completions([[1, 2, 3], [4, 5], [6]], ref) == {
+        "identical": 3, "completions": 3, "tokens": 6, "first_difference": None}
+    # row 1 differs at its second token; row 2 differs too, but only the first differing row is located
+    assert compare_completions([[1, 2, 3], [4, 9], [7]], ref)["first_difference"] == {"row": 1, "token": 1}
+    # one completion a prefix of the other (an early eos): the difference is at the shorter one's end
+    longer = compare_completions([[1, 2, 3, 2], [4, 5], [6]], ref)
+    assert longer["first_difference"] == {"row": 0, "token": 3} and longer["identical"] == 2
+    assert longer["tokens"] == 6  # the reference's tokens, not ours
+    assert compare_completions([[1], [4, 5], [6]], ref)["first_difference"] == {"row": 0, "token": 1}

@@ -235,13 +235,18 @@ def check_outputs(model, tokenizer, work: Workload, gen_overrides: dict) -> dict
         ours = generate(model, tokenizer, work.prompts, dataclasses.replace(
             GenerationConfig(engine="esft", **base), **gen_overrides), prompt_ids=ids)
         ref = generate(model, tokenizer, work.prompts, GenerationConfig(engine="hf", **base), prompt_ids=ids)
-    same = [a.completion_ids == b.completion_ids for a, b in zip(ours, ref)]
+    return compare_completions([g.completion_ids for g in ours], [g.completion_ids for g in ref])
+
+
+def compare_completions(ours: list[list[int]], ref: list[list[int]]) -> dict[str, Any]:
+    """How many completions (token ids) equal the reference's, the reference's token count, and where the first
+    differing row first differs: the first unequal token, or the shorter one's length when one is a prefix of the
+    other (None when all are equal)."""
     first_diff = None
     for row, (a, b) in enumerate(zip(ours, ref)):
-        if a.completion_ids != b.completion_ids:
-            k = next((i for i, (x, y) in enumerate(zip(a.completion_ids, b.completion_ids)) if x != y),
-                     min(len(a.completion_ids), len(b.completion_ids)))
+        if a != b:
+            k = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
             first_diff = {"row": row, "token": k}
             break
-    return {"identical": int(sum(same)), "completions": len(same),
-            "tokens": int(sum(len(g.completion_ids) for g in ref)), "first_difference": first_diff}
+    return {"identical": sum(a == b for a, b in zip(ours, ref)), "completions": len(ref),
+            "tokens": sum(len(b) for b in ref), "first_difference": first_diff}
