@@ -334,5 +334,8 @@ def resume_config(run_dir: str | Path, overrides: dict[str, Any] | None = None) 
                if getattr(config, k) != config.stored_value(k, v) and not (k == "rollout_dtype" and v == "auto")}
     bad = sorted(set(changes) - RESUMABLE_CHANGES)
     if bad:
-        raise ValueError(f"cannot change {bad} when resuming {run_dir}")
+        was = ", ".join(f"{k}={getattr(config, k)!r}" for k in bad)
+        raise ValueError(f"cannot change {bad} when resuming {run_dir} (the run has {was}; a resume may change "
+                         f"only {', '.join(sorted(RESUMABLE_CHANGES - {'resume', 'output_dir'}))}): drop the "
+                         f"flag, or start a new run in another --output-dir")
     return dataclasses.replace(config, **{**changes, "resume": True, "output_dir": str(run_dir)})
