@@ -7,6 +7,7 @@ import pytest
 import torch
 from es_tiny import one_thread, tiny_llama  # noqa: F401  (one_thread: autouse fixture)
 
+from esft.config import ConfigError
 from esft.es import build, es_rundir
 from esft.es.es_config import ESConfig
 from esft.es.noise import MasterWeights
@@ -83,6 +84,26 @@ def test_executor_options_of_both_backends_are_accepted_and_others_refused():
                                                                             "threads_per_worker": 1}))
     with pytest.raises(ValueError, match="unknown executor_options"):
         build.check_executor_options(ESConfig(executor="ray", executor_options={"bogus": 1}))
+
+
+@pytest.mark.parametrize("options, key", [
+    ({"threads_per_worker": "two"}, "threads_per_worker"),
+    ({"threads_per_worker": 1.5}, "threads_per_worker"),
+    ({"checksum_every": -1}, "checksum_every"),
+    ({"member_timeout_s": -5}, "member_timeout_s"),
+    ({"start_timeout_s": 0}, "start_timeout_s"),
+    ({"gpu_memory_utilization": 1.5}, "gpu_memory_utilization"),
+    ({"enforce_eager": "false"}, "enforce_eager"),
+    ({"vllm_kwargs": "x"}, "vllm_kwargs"),
+])
+def test_ray_executor_option_values_are_refused_when_the_config_is_built(options, key):
+    """A Ray run's executor option value the workers cannot use is refused with the config (before Ray starts),
+    naming the option; `threads_per_worker: two` used to fail after Ray's start-up with int()'s bare message."""
+    with pytest.raises(ConfigError, match=rf"expected {key} as "):
+        ESConfig(executor="ray", executor_options=options)
+    ESConfig(executor="local", executor_options=options)  # a local run reads none of them (a warning says so)
+    ESConfig(executor="ray", executor_options={"threads_per_worker": "2", "member_timeout_s": 0, "use_gpu": None,
+                                               "max_model_len": None, "checksum_every": 0})
 
 
 def test_make_local_executor_passes_the_layout_and_refuses_vllm():
