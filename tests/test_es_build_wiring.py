@@ -82,8 +82,10 @@ def test_ray_options_of_a_local_run_are_named_as_ignored():
 def test_executor_options_of_both_backends_are_accepted_and_others_refused():
     build.check_executor_options(ESConfig(executor="ray", executor_options={"gpu_memory_utilization": 0.5,
                                                                             "threads_per_worker": 1}))
+    config = ESConfig(executor="ray")
+    config.executor_options = {"bogus": 1}  # set after the config's own check (which refuses it too)
     with pytest.raises(ValueError, match="unknown executor_options"):
-        build.check_executor_options(ESConfig(executor="ray", executor_options={"bogus": 1}))
+        build.check_executor_options(config)
 
 
 @pytest.mark.parametrize("options, key", [
@@ -104,6 +106,16 @@ def test_ray_executor_option_values_are_refused_when_the_config_is_built(options
     ESConfig(executor="local", executor_options=options)  # a local run reads none of them (a warning says so)
     ESConfig(executor="ray", executor_options={"threads_per_worker": "2", "member_timeout_s": 0, "use_gpu": None,
                                                "max_model_len": None, "checksum_every": 0})
+
+
+def test_unknown_ray_executor_option_is_refused_when_the_config_is_built():
+    """An experiment spec's `executor_options: {bogus: 1}` on a Ray block passed `--dry-run` (which builds configs
+    only) and failed when the stage started; the config refuses it, and knows the keys the executor reads."""
+    from esft.es.es_config import EXECUTOR_VALUES
+
+    assert set(EXECUTOR_VALUES) == build.RAY_OPTIONS | build.VLLM_OPTIONS
+    with pytest.raises(ConfigError, match=r"unknown executor_options \['bogus'\]"):
+        ESConfig(executor="ray", executor_options={"bogus": 1, "threads_per_worker": 1})
 
 
 def test_make_local_executor_passes_the_layout_and_refuses_vllm():

@@ -217,7 +217,7 @@ def _at_least(low: float, integer: bool) -> Any:
 
 
 #: what each Ray / vLLM `executor_options` value accepts (esft.es.distributed.factory and the vLLM replica read
-#: them with int() / float() once Ray has started; unknown keys: esft.es.build.check_executor_options)
+#: them with int() / float() once Ray has started; the keys are esft.es.build's RAY_OPTIONS and VLLM_OPTIONS)
 EXECUTOR_VALUES: dict[str, tuple[str, Any]] = {
     "threads_per_worker": ("an integer >= 0 (0: torch's default thread count)", _at_least(0, True)),
     "checksum_every": ("an integer >= 0 (0: at start-up only)", _at_least(0, True)),
@@ -237,9 +237,13 @@ def check_executor_values(options: dict[str, Any]) -> None:
     """Refuse a Ray run's `executor_options` value its workers could not use, when the config is built (before Ray
     starts or a model loads): the workers' int() / float() would otherwise fail only after Ray's start-up, with
     a message that names no option, and a negative timeout or checksum period would be taken as given."""
+    unknown = sorted(set(options or {}) - set(EXECUTOR_VALUES))
+    if unknown:  # also in `esft experiment run --dry-run`, which builds every stage's config
+        raise ConfigError("executor_options", options, f"known keys only (unknown executor_options {unknown}; "
+                          f"known: {', '.join(sorted(EXECUTOR_VALUES))})")
     for key, value in (options or {}).items():
-        accepted, ok = EXECUTOR_VALUES.get(key, ("", None))
-        if ok is not None and not ok(value):
+        accepted, ok = EXECUTOR_VALUES[key]
+        if not ok(value):
             raise ConfigError("executor_options", options, f"{key} as {accepted} (got {value!r})")
 
 
