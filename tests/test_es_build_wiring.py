@@ -79,6 +79,28 @@ def test_ray_options_of_a_local_run_are_named_as_ignored():
         build.warn_unread_ray_options(ESConfig(executor_options={"threads_per_worker": 1}))
 
 
+def test_a_rank_without_lowrank_noise_is_named_in_a_warning(recwarn):
+    """`--rank 4` without `--noise lowrank` was dropped silently (the run drew full-rank noise)."""
+    with pytest.warns(UserWarning, match=r"rank=4 ignored: noise 'table'"):
+        build.warn_unread_rank(ESConfig(noise="table", rank=4))
+    build.warn_unread_rank(ESConfig(noise="lowrank", rank=4))
+    build.warn_unread_rank(ESConfig(noise="table"))
+    assert not recwarn.list
+
+
+def test_the_trainer_warns_of_an_unread_rank_before_the_model_loads(tmp_path, monkeypatch):
+    import esft.models
+    from esft.api import es_trainer
+
+    def load_model(*args, **kwargs):
+        raise RuntimeError("model loading")
+
+    monkeypatch.setattr(esft.models, "load_model", load_model)
+    config = ESConfig(model="smollm2-135m", task="boolq", noise="table", rank=4, output_dir=str(tmp_path / "run"))
+    with pytest.warns(UserWarning, match="rank=4 ignored"), pytest.raises(RuntimeError, match="model loading"):
+        es_trainer(config, progress=False)
+
+
 def test_executor_options_of_both_backends_are_accepted_and_others_refused():
     build.check_executor_options(ESConfig(executor="ray", executor_options={"gpu_memory_utilization": 0.5,
                                                                             "threads_per_worker": 1}))

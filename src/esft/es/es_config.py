@@ -57,7 +57,7 @@ class ESConfig(RunConfig):
     perturb/update, docs/performance.md), "shared-seed" (public code's correlated noise) or "lowrank"
     (EGGROLL: each matrix gets A B^T / sqrt(rank), the population answers in one batched pass; esft.es.lowrank)"""
     rank: int = 1
-    """rank r of the lowrank noise (ignored otherwise)"""
+    """rank r of the lowrank noise (ignored, with a warning, by the other noises)"""
     fitness_shaping: str = "zscore"
     """"zscore" (paper: (f - mean) / (std + 1e-8)), "centered_rank" or "raw" """
     optimizer: str = "sgd"
