@@ -186,7 +186,8 @@ def check_combinations(config: ESConfig) -> None:
     if config.fitness_rule != "dart":
         if config.fitness_options:
             raise ConfigError("fitness_options", config.fitness_options,
-                              f"no options for fitness rule {config.fitness_rule!r} (they are DART-ES's)")
+                              f"no options for fitness rule {config.fitness_rule!r} (they are DART-ES's: "
+                              "fitness_rule dart, --fitness dart on the command line)")
         return
     from esft.es.dart import DartOptions
 
