@@ -124,6 +124,19 @@ def test_an_unknown_option_is_reported_by_its_sub_command_with_the_closest_optio
         "(`esft train es --help` lists the options)"]
 
 
+def test_grpo_resume_given_a_folder_as_es_takes_it_names_the_grpo_form(capsys):
+    """`esft train grpo --resume RUN` (ES's form) said only "unrecognized arguments: RUN"; GRPO's --resume is a
+    switch and the folder is --output-dir, which the error now names. A stray word without --resume is unchanged."""
+    with pytest.raises(SystemExit) as stop:
+        main(["train", "grpo", "--resume", "runs/g"])
+    assert stop.value.code == 2
+    assert "unrecognized arguments: runs/g; here --resume takes no folder: --resume --output-dir runs/g" in \
+        capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["train", "grpo", "runs/g"])
+    assert "--output-dir" not in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("argv, choices", [([], "eval, env, bench, train, analyze, export, report, experiment"),
                                            (["train"], "es, grpo"), (["experiment"], "run, tables, status, list")])
 def test_a_missing_sub_command_is_named_with_its_choices(argv, choices, capsys):

@@ -41,6 +41,22 @@ def test_es_resume_accepts_the_runs_own_mapping_flags(tmp_path, flags):
         resume_config(run, {**again, "generation_options": "{lean: true}"})
 
 
+def test_es_resume_refusal_names_the_runs_value_and_what_may_change(tmp_path):
+    """A resume that changes a fixed option (here population_size) says what the run has, which options a resume
+    may change and how to proceed, as GRPO's refusal does; it said only "cannot change ['population_size']"."""
+    from esft.es.es_config import ESConfig, resume_config, save_yaml
+
+    run = tmp_path / "run"
+    run.mkdir()
+    save_yaml(ESConfig(output_dir=str(run), population_size=2), run / "config.yaml")
+    with pytest.raises(ValueError) as err:
+        resume_config(run, {"population_size": 4})
+    message = str(err.value)
+    assert "cannot change ['population_size']" in message and "population_size=2" in message
+    assert "may change only checkpoint_every" in message and "iterations" in message
+    assert "another --output-dir" in message
+
+
 @pytest.mark.parametrize("flags", [
     ["--task-options", "{numbers: 2}"],
     ["--trl-args", "{warmup_ratio: 0.1}"],

@@ -7,6 +7,7 @@ import pytest
 import torch
 from es_tiny import one_thread, tiny_llama  # noqa: F401  (one_thread: autouse fixture)
 
+from esft.config import ConfigError
 from esft.es import build, es_rundir
 from esft.es.es_config import ESConfig
 from esft.es.noise import MasterWeights
@@ -78,11 +79,65 @@ def test_ray_options_of_a_local_run_are_named_as_ignored():
         build.warn_unread_ray_options(ESConfig(executor_options={"threads_per_worker": 1}))
 
 
+def test_a_rank_without_lowrank_noise_is_named_in_a_warning(recwarn):
+    """`--rank 4` without `--noise lowrank` was dropped silently (the run drew full-rank noise)."""
+    with pytest.warns(UserWarning, match=r"rank=4 ignored: noise 'table'"):
+        build.warn_unread_rank(ESConfig(noise="table", rank=4))
+    build.warn_unread_rank(ESConfig(noise="lowrank", rank=4))
+    build.warn_unread_rank(ESConfig(noise="table"))
+    assert not recwarn.list
+
+
+def test_the_trainer_warns_of_an_unread_rank_before_the_model_loads(tmp_path, monkeypatch):
+    import esft.models
+    from esft.api import es_trainer
+
+    def load_model(*args, **kwargs):
+        raise RuntimeError("model loading")
+
+    monkeypatch.setattr(esft.models, "load_model", load_model)
+    config = ESConfig(model="smollm2-135m", task="boolq", noise="table", rank=4, output_dir=str(tmp_path / "run"))
+    with pytest.warns(UserWarning, match="rank=4 ignored"), pytest.raises(RuntimeError, match="model loading"):
+        es_trainer(config, progress=False)
+
+
 def test_executor_options_of_both_backends_are_accepted_and_others_refused():
     build.check_executor_options(ESConfig(executor="ray", executor_options={"gpu_memory_utilization": 0.5,
                                                                             "threads_per_worker": 1}))
+    config = ESConfig(executor="ray")
+    config.executor_options = {"bogus": 1}  # set after the config's own check (which refuses it too)
     with pytest.raises(ValueError, match="unknown executor_options"):
-        build.check_executor_options(ESConfig(executor="ray", executor_options={"bogus": 1}))
+        build.check_executor_options(config)
+
+
+@pytest.mark.parametrize("options, key", [
+    ({"threads_per_worker": "two"}, "threads_per_worker"),
+    ({"threads_per_worker": 1.5}, "threads_per_worker"),
+    ({"checksum_every": -1}, "checksum_every"),
+    ({"member_timeout_s": -5}, "member_timeout_s"),
+    ({"start_timeout_s": 0}, "start_timeout_s"),
+    ({"gpu_memory_utilization": 1.5}, "gpu_memory_utilization"),
+    ({"enforce_eager": "false"}, "enforce_eager"),
+    ({"vllm_kwargs": "x"}, "vllm_kwargs"),
+])
+def test_ray_executor_option_values_are_refused_when_the_config_is_built(options, key):
+    """A Ray run's executor option value the workers cannot use is refused with the config (before Ray starts),
+    naming the option; `threads_per_worker: two` used to fail after Ray's start-up with int()'s bare message."""
+    with pytest.raises(ConfigError, match=rf"expected {key} as "):
+        ESConfig(executor="ray", executor_options=options)
+    ESConfig(executor="local", executor_options=options)  # a local run reads none of them (a warning says so)
+    ESConfig(executor="ray", executor_options={"threads_per_worker": "2", "member_timeout_s": 0, "use_gpu": None,
+                                               "max_model_len": None, "checksum_every": 0})
+
+
+def test_unknown_ray_executor_option_is_refused_when_the_config_is_built():
+    """An experiment spec's `executor_options: {bogus: 1}` on a Ray block passed `--dry-run` (which builds configs
+    only) and failed when the stage started; the config refuses it, and knows the keys the executor reads."""
+    from esft.es.es_config import EXECUTOR_VALUES
+
+    assert set(EXECUTOR_VALUES) == build.RAY_OPTIONS | build.VLLM_OPTIONS
+    with pytest.raises(ConfigError, match=r"unknown executor_options \['bogus'\]"):
+        ESConfig(executor="ray", executor_options={"bogus": 1, "threads_per_worker": 1})
 
 
 def test_make_local_executor_passes_the_layout_and_refuses_vllm():

@@ -153,6 +153,28 @@ def test_check_existing_names_the_changed_field_and_passes_an_unchanged_stage(tm
         check_existing(spec, stages, root)
 
 
+def test_dry_run_refuses_a_folder_whose_stage_was_trained_with_other_options(tmp_path, capsys):
+    """`esft experiment run SPEC --output-dir D --dry-run` printed the plan for a folder whose finished stage the
+    real run then refused (population_size changed); the dry run refuses it the same way."""
+    from esft.cli import main
+    from esft.experiments.runner import STATUS, _fingerprint, _step_configs
+    from esft.experiments.stage_eval import write_json
+
+    spec = load_spec_text(tmp_path, SPEC)
+    stages = build_plan(spec)
+    smap, root, key = {s.key: s for s in stages}, tmp_path / "out", "seed-42/sequential/es/1-countdown"
+    old = _fingerprint(spec, smap[key], _step_configs(spec, smap[key], root, smap), smap)
+    (root / key).mkdir(parents=True)
+    write_json(root / key / STATUS, {"status": "done", "fingerprint": old})
+    argv = ["experiment", "run", str(spec.path), "--output-dir", str(root), "--dry-run"]
+    assert main(argv) == 0
+    old[0]["config"]["sigma"] = 0.5
+    write_json(root / key / STATUS, {"status": "done", "fingerprint": old})
+    capsys.readouterr()
+    assert main(argv) == 2
+    assert "1-countdown was trained with other options (sigma: 0.5 -> 0.003)" in capsys.readouterr().err
+
+
 def test_carried_optimizer_state_enters_the_fingerprint(tmp_path):
     from esft.experiments.runner import _fingerprint, _step_configs
 

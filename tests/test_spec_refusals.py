@@ -241,7 +241,8 @@ def test_fitness_options_of_another_rule_are_refused(rule):
     from esft.config import ConfigError
     from esft.es.es_config import ESConfig
 
-    with pytest.raises(ConfigError, match=f"no options for fitness rule '{rule}' \\(they are DART-ES's\\)"):
+    with pytest.raises(ConfigError, match=f"no options for fitness rule '{rule}' \\(they are DART-ES's: "
+                       "fitness_rule dart, --fitness dart on the command line\\)"):
         ESConfig(fitness_rule=rule, fitness_options={"cooldown": 1})
     assert ESConfig(fitness_rule=rule, format_bonus=0.3).format_bonus == 0.3  # the mean rule's knob: no DART check
 

@@ -122,3 +122,11 @@ def test_a_data_task_is_named_after_its_file_or_dataset(data):
     assert DatasetTask(source=str(data)).name == "qa"
     assert DatasetTask(source="owner/set.v2").name == "owner_set"
     assert DatasetTask(source=str(data), name="mine").name == "mine"
+
+
+def test_an_unknown_option_of_a_builtin_task_is_named_with_the_tasks_options():
+    """A spec's `task_options: {mmlu: {max_passage_chars: 100}}` was refused with the constructor's TypeError
+    ("MMLUTask.__init__() got an unexpected keyword argument ..."); it is named as a name option's would be."""
+    with pytest.raises(ValueError, match=r"task 'mmlu': unknown option 'max_passage_chars'; options: .*shuffle"):
+        get_task("mmlu", max_passage_chars=100)
+    assert get_task("boolq", max_passage_chars=100).max_passage_chars == 100

@@ -257,6 +257,8 @@ class _Parser(argparse.ArgumentParser):
             word = extra[0].split("=")[0]
             close = difflib.get_close_matches(word, known, n=1) if word.startswith("-") else []
             hint = f"; did you mean {close[0]}?" if close else ""
+            if getattr(namespace, "resume", None) is True and not word.startswith("-"):  # ES's `--resume RUN` form
+                hint = f"; here --resume takes no folder: --resume --output-dir {word}"
             self.exit(2, f"{self.prog}: error: unrecognized arguments: {' '.join(extra)}{hint} "
                          f"(`{self.prog} --help` lists the options)\n")
         return namespace, extra

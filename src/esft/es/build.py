@@ -153,6 +153,14 @@ def warn_unread_ray_options(config: ESConfig) -> None:
                       "(--executor ray spreads them over Ray workers)", stacklevel=3)
 
 
+def warn_unread_rank(config: ESConfig) -> None:
+    """`rank` is read by low-rank noise only: a rank other than the default with another noise (`--rank 4` without
+    `--noise lowrank`) is named in a warning, as a local run's Ray options are. The trainer calls it once."""
+    if config.noise != "lowrank" and config.rank != 1:
+        warnings.warn(f"rank={config.rank} ignored: noise {config.noise!r} draws full-rank perturbations "
+                      "(--noise lowrank uses the rank)", stacklevel=3)
+
+
 def make_local_executor(config: ESConfig, *, model: Any, tokenizer: Any, weights: MasterWeights, task: Any,
                         strategy: ES, gen_config: Any, generate_fn: Any = None) -> LocalExecutor:
     """The in-process executor of `executor: local` (after `check_layout`): member after member, or the whole
@@ -170,4 +178,5 @@ def make_local_executor(config: ESConfig, *, model: Any, tokenizer: Any, weights
 
 __all__ = ["EXECUTORS", "RAY_OPTIONS", "VLLM_OPTIONS", "WORKER_BACKENDS", "check_executor_options", "check_layout",
            "fitness_rule", "generation_config", "make_fitness_rule", "make_local_executor", "make_strategy",
-           "make_weights", "rollout_precision", "sample_batch", "warn_unread_ray_options"]
+           "make_weights", "rollout_precision", "sample_batch", "warn_unread_rank",
+           "warn_unread_ray_options"]

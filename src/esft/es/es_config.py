@@ -7,6 +7,7 @@ CLI `esft train es` uses it). The resolved config is written to `<output_dir>/co
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,7 +57,7 @@ class ESConfig(RunConfig):
     perturb/update, docs/performance.md), "shared-seed" (public code's correlated noise) or "lowrank"
     (EGGROLL: each matrix gets A B^T / sqrt(rank), the population answers in one batched pass; esft.es.lowrank)"""
     rank: int = 1
-    """rank r of the lowrank noise (ignored otherwise)"""
+    """rank r of the lowrank noise (ignored, with a warning, by the other noises)"""
     fitness_shaping: str = "zscore"
     """"zscore" (paper: (f - mean) / (std + 1e-8)), "centered_rank" or "raw" """
     optimizer: str = "sgd"
@@ -177,13 +178,16 @@ def check_combinations(config: ESConfig) -> None:
     if config.worker_backend != "hf" and config.executor == "local":
         raise ConfigError("worker_backend", config.worker_backend, "'hf' with the local executor (vLLM engines run "
                           "as Ray actors: use --executor ray)")
+    if config.executor == "ray":
+        check_executor_values(config.executor_options)
     if config.worker_backend == "vllm" and config.optimizer != "sgd":
         raise ConfigError("optimizer", config.optimizer, "'sgd' with worker_backend 'vllm' (vLLM engines hold no "
                           "optimizer state; Adam runs with --worker-backend hf)")
     if config.fitness_rule != "dart":
         if config.fitness_options:
             raise ConfigError("fitness_options", config.fitness_options,
-                              f"no options for fitness rule {config.fitness_rule!r} (they are DART-ES's)")
+                              f"no options for fitness rule {config.fitness_rule!r} (they are DART-ES's: "
+                              "fitness_rule dart, --fitness dart on the command line)")
         return
     from esft.es.dart import DartOptions
 
@@ -198,6 +202,50 @@ def check_combinations(config: ESConfig) -> None:
         raise ConfigError("format_bonus", config.format_bonus, f"0 or {coef} with fitness rule 'dart' (DART-ES has "
                           f"its own format coefficient: set fitness_options {{format_coef: {config.format_bonus}}} "
                           "and leave format_bonus at 0)")
+
+
+def _number(value: Any, integer: bool = False) -> float | None:
+    """`value` as the Ray factory reads it (int() / float(), so '2' counts), or None: no bool, no inf or NaN."""
+    try:
+        number = float(value) if not isinstance(value, bool) else math.nan
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) and (not integer or number == int(number)) else None
+
+
+def _at_least(low: float, integer: bool) -> Any:
+    return lambda v: (n := _number(v, integer)) is not None and n >= low
+
+
+#: what each Ray / vLLM `executor_options` value accepts (esft.es.distributed.factory and the vLLM replica read
+#: them with int() / float() once Ray has started; the keys are esft.es.build's RAY_OPTIONS and VLLM_OPTIONS)
+EXECUTOR_VALUES: dict[str, tuple[str, Any]] = {
+    "threads_per_worker": ("an integer >= 0 (0: torch's default thread count)", _at_least(0, True)),
+    "checksum_every": ("an integer >= 0 (0: at start-up only)", _at_least(0, True)),
+    "start_timeout_s": ("a number of seconds > 0", lambda v: (n := _number(v)) is not None and n > 0),
+    "member_timeout_s": ("a number of seconds >= 0 (0: from the slowest member)", _at_least(0, False)),
+    "num_cpus_per_worker": ("a number >= 0", _at_least(0, False)),
+    "use_gpu": ("true, false or null", lambda v: v is None or isinstance(v, bool)),
+    "gpu_memory_utilization": ("a number in (0, 1]", lambda v: (n := _number(v)) is not None and 0 < n <= 1),
+    "enforce_eager": ("true or false", lambda v: isinstance(v, bool)),
+    "max_model_len": ("an integer >= 1 or null", lambda v: v is None or _at_least(1, True)(v)),
+    "kv_cache_memory_bytes": ("an integer >= 1", _at_least(1, True)),
+    "vllm_kwargs": ("a mapping of LLM(...) arguments", lambda v: isinstance(v, dict)),
+}
+
+
+def check_executor_values(options: dict[str, Any]) -> None:
+    """Refuse a Ray run's `executor_options` value its workers could not use, when the config is built (before Ray
+    starts or a model loads): the workers' int() / float() would otherwise fail only after Ray's start-up, with
+    a message that names no option, and a negative timeout or checksum period would be taken as given."""
+    unknown = sorted(set(options or {}) - set(EXECUTOR_VALUES))
+    if unknown:  # also in `esft experiment run --dry-run`, which builds every stage's config
+        raise ConfigError("executor_options", options, f"known keys only (unknown executor_options {unknown}; "
+                          f"known: {', '.join(sorted(EXECUTOR_VALUES))})")
+    for key, value in (options or {}).items():
+        accepted, ok = EXECUTOR_VALUES[key]
+        if not ok(value):
+            raise ConfigError("executor_options", options, f"{key} as {accepted} (got {value!r})")
 
 
 #: GenerationConfig fields an ES run sets from its own fields (greedy rollouts of max_new_tokens tokens, in batches
@@ -334,5 +382,8 @@ def resume_config(run_dir: str | Path, overrides: dict[str, Any] | None = None) 
                if getattr(config, k) != config.stored_value(k, v) and not (k == "rollout_dtype" and v == "auto")}
     bad = sorted(set(changes) - RESUMABLE_CHANGES)
     if bad:
-        raise ValueError(f"cannot change {bad} when resuming {run_dir}")
+        was = ", ".join(f"{k}={getattr(config, k)!r}" for k in bad)
+        raise ValueError(f"cannot change {bad} when resuming {run_dir} (the run has {was}; a resume may change "
+                         f"only {', '.join(sorted(RESUMABLE_CHANGES - {'resume', 'output_dir'}))}): drop the "
+                         f"flag, or start a new run in another --output-dir")
     return dataclasses.replace(config, **{**changes, "resume": True, "output_dir": str(run_dir)})

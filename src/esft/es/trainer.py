@@ -36,7 +36,8 @@ import torch
 from esft.es import es_rundir
 from esft.es.build import (check_executor_options, check_layout, check_selection,
                            fitness_rule as config_fitness_rule, generation_config, make_local_executor,
-                           make_strategy, make_weights, rollout_precision, sample_batch, warn_unread_ray_options)
+                           make_strategy, make_weights, rollout_precision, sample_batch, warn_unread_rank,
+                           warn_unread_ray_options)
 from esft.es.es_config import RESUMABLE_CHANGES, ESConfig, read_run_config, save_yaml
 from esft.es.executor import Executor, PopulationResult
 from esft.es.fitness import FitnessRule, as_fitness_rule
@@ -99,6 +100,7 @@ class ESTrainer:
         check_output_dir(config.output_dir)  # the output folder and the task before the model loads
         check_executor_options(config)  # a Ray run's unknown option keys, too
         warn_unread_ray_options(config)  # and a local run's Ray options
+        warn_unread_rank(config)
         if task is None:
             from esft.tasks import get_task
 

@@ -26,8 +26,9 @@ def _run(args: argparse.Namespace) -> int:
 
     check_output_dir(out)  # a file there is refused here, also by --dry-run, not as an OSError once running
     if args.dry_run:
+        text = plan_text(spec, out)  # the folder's finished stages must match the spec, as in a real run
         print(f"spec {spec.path} is valid; output folder {out}\n")
-        print(plan_text(spec))
+        print(text)
         return 0
     from esft.experiments.runner import ExperimentBusy
 

@@ -464,5 +464,10 @@ def run_experiment(spec: Spec, output_dir: str | Path | None = None, hooks: Hook
     return result
 
 
-def plan_text(spec: Spec) -> str:
-    return describe(build_plan(spec))
+def plan_text(spec: Spec, root: Path | None = None) -> str:
+    """The dry run's stage list; with `root` (an existing experiment folder) its stages trained with other
+    options are refused as the run would refuse them, before anything runs."""
+    stages = build_plan(spec)
+    if root is not None and root.is_dir():
+        check_existing(spec, stages, root)
+    return describe(stages)

@@ -141,6 +141,9 @@ def get_task(name: str, **options) -> Task:
         options = {**options, **_convert_options(cls, name, text)}
     if base not in _REGISTRY:  # an installed dataclass task: also wrapped when it is not a Task subclass
         return instantiate(cls, name, {**named, **options})
+    unknown = sorted(set(options) - settable)  # as for the name's options, not the constructor's TypeError
+    if unknown:
+        raise ValueError(f"task {name!r}: unknown option {unknown[0]!r}; options: {', '.join(sorted(settable))}")
     try:
         return cls(**named, **options)
     except TypeError as exc:
