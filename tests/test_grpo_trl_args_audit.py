@@ -30,3 +30,28 @@ def test_use_vllm_without_vllm_is_refused_before_the_run_folder_is_made(tmp_path
     with pytest.raises(ConfigError, match=r"use_vllm only where vLLM is installed"):
         train_grpo(tiny_config(out, trl_args={"use_vllm": True}), task=ParityTask(), progress=False)
     assert not out.exists()
+
+
+def test_a_bad_trl_args_key_in_a_config_file_names_the_file_and_line(tmp_path):
+    """The error named neither the file nor the flag (README: the error names the key, the value, `file:line`):
+    trl_args were checked only when the run started, outside esft.config's located checks."""
+    from esft.config import build_config
+    from esft.grpo import PRESETS, GRPOConfig
+    from esft.validation import check_names
+
+    path = tmp_path / "bad.yaml"
+    path.write_text("max_steps: 1\ntrl_args: {bogus: 1}\n")
+    with pytest.raises(ConfigError, match=rf"^{path}:2: trl_args = \{{'bogus': 1\}}"):
+        build_config(GRPOConfig, PRESETS, None, str(path), {}, check=check_names)
+
+
+def test_an_experiment_spec_with_a_bad_trl_args_key_fails_its_checks(tmp_path):
+    """`esft experiment run SPEC --dry-run` called such a spec valid: its GRPO stage failed only when it started,
+    after the base model's evaluation."""
+    from esft.experiments.spec import load_spec
+
+    path = tmp_path / "spec.yaml"
+    path.write_text("kind: single-task\nmodel: smollm2-135m\ntasks: [boolq]\nseeds: [1]\n"
+                    "algorithms:\n  grpo: {preset: cpu, max_steps: 1, trl_args: {bogus_key: 1}}\n")
+    with pytest.raises(ValueError, match=r"spec.yaml:6: .*\['bogus_key'\] are not"):
+        load_spec(path)

@@ -147,6 +147,10 @@ class GRPOConfig(RunConfig):
 
         held_out = ("test",) if self.eval_every and self.eval_limit else ()
         check_splits("task", self.task, task, ("train", *held_out))
+        # trl_args need TRL imported, so they are checked with the task (esft.validation.check_names), where flags,
+        # YAML files and experiment specs name their origin, not only when the run starts
+        if self.trl_args:
+            check_trl_arg_names(self)
         if self.class_balanced:
             require_labels("class_balanced", self.class_balanced, "false", task)
         if self.eval_balanced:
