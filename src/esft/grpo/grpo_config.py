@@ -147,6 +147,10 @@ class GRPOConfig(RunConfig):
 
         held_out = ("test",) if self.eval_every and self.eval_limit else ()
         check_splits("task", self.task, task, ("train", *held_out))
+        # trl_args need TRL imported, so they are checked with the task (esft.validation.check_names), where flags,
+        # YAML files and experiment specs name their origin, not only when the run starts
+        if self.trl_args:
+            check_trl_arg_names(self)
         if self.class_balanced:
             require_labels("class_balanced", self.class_balanced, "false", task)
         if self.eval_balanced:
@@ -395,30 +399,31 @@ def checkpointing_argument() -> str:
 
 
 def check_trl_arg_names(config: GRPOConfig) -> None:
-    """A trl_args key TRL's GRPOConfig does not know is a ConfigError (train_grpo asks before it makes the run
-    folder; TRL itself would raise a TypeError)."""
+    """A trl_args key TRL's GRPOConfig does not know, a value that is not of its option's type, or `use_vllm`
+    without vLLM installed is a ConfigError (train_grpo asks before it makes the run folder; TRL itself would
+    raise a TypeError, or an ImportError once the trainer is built)."""
     import dataclasses as dc
 
     from trl import GRPOConfig as TRLGRPOConfig
+    from trl.import_utils import is_vllm_available
 
     unknown = sorted(set(config.trl_args) - {f.name for f in dc.fields(TRLGRPOConfig)})
     if unknown:
         raise ConfigError("trl_args", config.trl_args, f"options of TRL's GRPOConfig ({unknown} are not)")
+    typed = {**config.trl_args, **_typed_trl_args(config, TRLGRPOConfig)}
+    if typed.get("use_vllm") and not is_vllm_available():
+        raise ConfigError("trl_args", config.trl_args, "use_vllm only where vLLM is installed: pip install "
+                          "'esft[vllm]'")
 
 
 def to_trl_config(config: GRPOConfig, trl_output_dir: str, precision: str, progress: bool = True):
-    """TRL's GRPOConfig for this run (trl_arguments). A trl_args key TRL does not know, or `use_vllm` without
-    vLLM installed, is a ConfigError here, which train_grpo reaches before the model loads (TRL itself raises a
-    TypeError, or an ImportError once the trainer is built)."""
+    """TRL's GRPOConfig for this run (trl_arguments); trl_args that TRL would refuse are a ConfigError here
+    (check_trl_arg_names)."""
     from trl import GRPOConfig as TRLGRPOConfig
-    from trl.import_utils import is_vllm_available
 
     check_trl_arg_names(config)
     args = trl_arguments(config, trl_output_dir, precision, progress)
     args.update(_typed_trl_args(config, TRLGRPOConfig))
-    if args.get("use_vllm") and not is_vllm_available():
-        raise ConfigError("trl_args", config.trl_args, "use_vllm only where vLLM is installed: pip install "
-                          "'esft[vllm]'")
     return TRLGRPOConfig(**args)
 
 

@@ -186,7 +186,7 @@ def train_grpo(config: GRPOConfig, *, model: Any = None, tokenizer: Any = None, 
     from esft.tracking import check_backends
 
     check_backends(config.report_to)  # a missing tracker package fails before the model loads
-    check_trl_arg_names(config)  # and a misspelt trl_args key before the run folder is made
+    check_trl_arg_names(config)  # and a misspelt or mistyped trl_args key before the run folder is made
     out = Path(config.output_dir)
     rundir.check_output_dir(out)
     with rundir.RunLock(out):  # one writer per run directory
