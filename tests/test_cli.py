@@ -196,7 +196,9 @@ def test_resume_refuses_a_preset_or_config_file_it_would_not_read(tmp_path, caps
     (["train", "es", "--fitness", "dart", "--fitness-rule", "mean"], "--fitness dart and --fitness-rule mean"),
     (["train", "es", "--fitness-rule", "mean", "--fitness=dart"], "--fitness-rule mean and --fitness dart"),
     (["eval", "--task", "boolq", "--tasks", "countdown,mmlu"], "--task boolq and --tasks countdown,mmlu"),
-    (["eval", "--tasks", "countdown", "--task", "boolq"], "--tasks countdown and --task boolq")])
+    (["eval", "--tasks", "countdown", "--task", "boolq"], "--tasks countdown and --task boolq"),
+    (["train", "es", "--fitness", "dart", "--fitness-rule", "mean", "--fitness", "dart"],
+     "--fitness-rule mean and --fitness dart")])
 def test_an_alias_and_its_option_given_different_values_are_refused_in_either_order(argv, words, capsys):
     """`--fitness` is `--fitness-rule` and `--task` one task of `--tasks`: given both, the last one used to win
     without a word, so a run could train with a rule the user had also typed otherwise."""
@@ -213,7 +215,10 @@ def test_an_alias_and_its_option_given_different_values_are_refused_in_either_or
     (["train", "es", "--fitness", "dart", "--fitness-rule", "dart"], "fitness_rule", "dart"),
     (["train", "es", "--fitness-rule", "balanced", "--fitness", "balanced"], "fitness_rule", "balanced"),
     (["eval", "--task", "boolq", "--tasks", "boolq"], "tasks", ["boolq"]),
-    (["eval", "--task", "boolq"], "tasks", ["boolq"])])
+    (["eval", "--task", "boolq"], "tasks", ["boolq"]),
+    # the alias repeated: the last one wins, as for any repeated option
+    (["train", "es", "--fitness", "dart", "--fitness", "mean"], "fitness_rule", "mean"),
+    (["eval", "--task", "boolq", "--task", "mmlu"], "tasks", ["mmlu"])])
 def test_an_alias_alone_or_repeating_its_options_value_is_that_value_and_leaves_no_trace(argv, dest, value):
     from esft.cli import build_parser
 

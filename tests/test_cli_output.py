@@ -135,6 +135,9 @@ def test_grpo_resume_given_a_folder_as_es_takes_it_names_the_grpo_form(capsys):
     with pytest.raises(SystemExit):
         main(["train", "grpo", "runs/g"])
     assert "--output-dir" not in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # the folder already given: a stray word is only that
+        main(["train", "grpo", "--resume", "--output-dir", "runs/g", "stray"])
+    assert "here --resume takes no folder" not in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv, choices", [([], "eval, env, bench, train, analyze, export, report, experiment"),

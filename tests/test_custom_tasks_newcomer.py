@@ -45,6 +45,18 @@ def test_a_two_row_data_file_names_the_options_that_give_it_a_held_out_row(tmp_p
     assert get_task("boolq").why_empty("test") == ""  # the Task hook's default: nothing to add
 
 
+def test_the_empty_split_hint_names_only_fixes_that_work(tmp_path, monkeypatch):
+    """One row cannot hold one out (split_sizes refuses test_size=1 there), and test_size 0 holds none by request."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "one.csv").write_text("question,answer\nWhat is 1+1?,2\n")
+    one = get_task("one.csv", prompt_field="question").why_empty("test")
+    assert one.endswith("of its 1 row holds none out: add rows, or give a separate test_file")
+    (tmp_path / "sums.csv").write_text("question,answer\n" + "".join(f"q{i},{i}\n" for i in range(5)))
+    zero = get_task("sums.csv", prompt_field="question", test_size=0)
+    assert zero.load("test") == [] and "set test_size above 0" in zero.why_empty("test")
+    assert "add rows" not in zero.why_empty("test")
+
+
 @pytest.mark.parametrize("content", [
     {"question": ["q0", "q1", "q2"], "answer": ["0", "1", "2"]},  # by column
     {"question": {"0": "q0", "1": "q1"}, "answer": {"0": "0", "1": "1"}},  # pandas' default to_json

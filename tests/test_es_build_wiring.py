@@ -119,6 +119,12 @@ def test_executor_options_of_both_backends_are_accepted_and_others_refused():
     ({"gpu_memory_utilization": 1.5}, "gpu_memory_utilization"),
     ({"enforce_eager": "false"}, "enforce_eager"),
     ({"vllm_kwargs": "x"}, "vllm_kwargs"),
+    # text the workers' int() would refuse after Ray's start-up, or that Ray takes as given (num_cpus)
+    ({"threads_per_worker": "2"}, "threads_per_worker"),
+    ({"kv_cache_memory_bytes": "4e9"}, "kv_cache_memory_bytes"),
+    ({"num_cpus_per_worker": "2"}, "num_cpus_per_worker"),
+    ({"member_timeout_s": float("inf")}, "member_timeout_s"),
+    ({"checksum_every": True}, "checksum_every"),
 ])
 def test_ray_executor_option_values_are_refused_when_the_config_is_built(options, key):
     """A Ray run's executor option value the workers cannot use is refused with the config (before Ray starts),
@@ -126,8 +132,10 @@ def test_ray_executor_option_values_are_refused_when_the_config_is_built(options
     with pytest.raises(ConfigError, match=rf"expected {key} as "):
         ESConfig(executor="ray", executor_options=options)
     ESConfig(executor="local", executor_options=options)  # a local run reads none of them (a warning says so)
-    ESConfig(executor="ray", executor_options={"threads_per_worker": "2", "member_timeout_s": 0, "use_gpu": None,
-                                               "max_model_len": None, "checksum_every": 0})
+    ESConfig(executor="ray", executor_options={"threads_per_worker": 2, "member_timeout_s": 0, "use_gpu": None,
+                                               "max_model_len": None, "checksum_every": 0, "vllm_kwargs": None,
+                                               "num_cpus_per_worker": 0.5, "kv_cache_memory_bytes": 10**400})
+    ESConfig(executor="ray", executor_options={"max_model_len": 0, "start_timeout_s": 10**400})  # no overflow
 
 
 def test_unknown_ray_executor_option_is_refused_when_the_config_is_built():
@@ -136,6 +144,7 @@ def test_unknown_ray_executor_option_is_refused_when_the_config_is_built():
     from esft.es.es_config import EXECUTOR_VALUES
 
     assert set(EXECUTOR_VALUES) == build.RAY_OPTIONS | build.VLLM_OPTIONS
+    assert "threads_per_worker" in build.RAY_OPTIONS and "kv_cache_memory_bytes" in build.VLLM_OPTIONS
     with pytest.raises(ConfigError, match=r"unknown executor_options \['bogus'\]"):
         ESConfig(executor="ray", executor_options={"bogus": 1, "threads_per_worker": 1})
 

@@ -130,7 +130,10 @@ def test_selection_keeps_any_include_and_drops_any_exclude_in_registration_order
     with pytest.raises(ValueError, match="no parameters selected") as info:
         select_parameters(model, include=["alpha"], exclude=["alpha"])
     # the refusal shows how the model's parameters are named, so the user can write a pattern that matches
-    assert str(info.value).endswith("among the model's 3, e.g. alpha, beta, gamma_norm")
+    assert str(info.value).endswith("among the model's 3 floating-point parameters, e.g. alpha, beta, gamma_norm")
+    with pytest.raises(ValueError) as info:  # two parameters: each named once
+        select_parameters(torch.nn.Linear(2, 2), include=["nomatch"])
+    assert str(info.value).endswith("among the model's 2 floating-point parameters, e.g. weight, bias")
     w = MasterWeights(model)
     assert w.names == ["alpha", "beta", "gamma_norm"] and w.num_params == 3 + 4 + 4
     assert w.dtypes == {"float32": 3} and w.all_fp32()

@@ -55,3 +55,14 @@ def test_an_experiment_spec_with_a_bad_trl_args_key_fails_its_checks(tmp_path):
                     "algorithms:\n  grpo: {preset: cpu, max_steps: 1, trl_args: {bogus_key: 1}}\n")
     with pytest.raises(ValueError, match=r"spec.yaml:6: .*\['bogus_key'\] are not"):
         load_spec(path)
+
+
+def test_trl_args_checked_where_trl_is_missing_name_the_install_not_a_traceback(monkeypatch):
+    """A spec's --dry-run on a machine without esft[grpo] ended in a ModuleNotFoundError traceback."""
+    import sys
+
+    from esft.grpo.grpo_config import GRPOConfig, check_trl_arg_names
+
+    monkeypatch.setitem(sys.modules, "trl", None)  # `import trl` raises ImportError
+    with pytest.raises(ConfigError, match=r"which is not installed here: pip install 'esft\[grpo\]'"):
+        check_trl_arg_names(GRPOConfig(trl_args={"adam_epsilon": 1e-8}))

@@ -224,8 +224,11 @@ class _Alias(argparse.Action):
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
                  option_string: str | None = None) -> None:
-        if hasattr(namespace, self.dest) and getattr(namespace, self.dest) != values:
-            _refuse_both(parser, self.canonical, getattr(namespace, self.dest), option_string, values)
+        if hasattr(namespace, self.dest):
+            current, previous = getattr(namespace, self.dest), getattr(namespace, _ALIAS_MARK + self.dest, None)
+            # the alias repeated: the last one wins, as for any option; the canonical's value: refused if other
+            if not (previous is not None and previous[2] == current) and current != values:
+                _refuse_both(parser, self.canonical, current, option_string, values)
         setattr(namespace, self.dest, values)
         setattr(namespace, _ALIAS_MARK + self.dest, (option_string, self.canonical, values))
 
@@ -257,7 +260,8 @@ class _Parser(argparse.ArgumentParser):
             word = extra[0].split("=")[0]
             close = difflib.get_close_matches(word, known, n=1) if word.startswith("-") else []
             hint = f"; did you mean {close[0]}?" if close else ""
-            if getattr(namespace, "resume", None) is True and not word.startswith("-"):  # ES's `--resume RUN` form
+            if getattr(namespace, "resume", None) is True and getattr(namespace, "output_dir", None) is None \
+                    and not word.startswith("-"):  # ES's `--resume RUN` form
                 hint = f"; here --resume takes no folder: --resume --output-dir {word}"
             self.exit(2, f"{self.prog}: error: unrecognized arguments: {' '.join(extra)}{hint} "
                          f"(`{self.prog} --help` lists the options)\n")

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from esft.es.es_config import ESConfig
+from esft.es.es_config import RAY_OPTION_VALUES, VLLM_OPTION_VALUES, ESConfig, check_executor_values
 from esft.es.executor import LocalExecutor
 from esft.es.fitness import FITNESS_RULES, ClassBalancedMean, FitnessRule, MeanReward, sample_batch
 from esft.es.noise import MasterWeights, select_parameters
@@ -20,10 +20,9 @@ from esft.es.strategy import ES
 
 EXECUTORS = ("local", "ray")
 WORKER_BACKENDS = ("hf", "vllm")
-# keys of `executor_options` (esft.es.distributed.factory reads them)
-RAY_OPTIONS = {"threads_per_worker", "checksum_every", "start_timeout_s", "member_timeout_s", "num_cpus_per_worker",
-               "use_gpu"}
-VLLM_OPTIONS = {"gpu_memory_utilization", "enforce_eager", "max_model_len", "kv_cache_memory_bytes", "vllm_kwargs"}
+# keys of `executor_options` (esft.es.distributed.factory reads them; es_config says what each value accepts)
+RAY_OPTIONS = set(RAY_OPTION_VALUES)
+VLLM_OPTIONS = set(VLLM_OPTION_VALUES)
 
 
 def make_strategy(config: ESConfig) -> ES:
@@ -133,12 +132,11 @@ def check_layout(config: ESConfig) -> None:
 
 
 def check_executor_options(config: ESConfig) -> None:
-    """Refuse unknown `executor_options` keys of a Ray run: the trainer calls it before the model loads."""
+    """Refuse a Ray run's unknown `executor_options` keys and values its workers could not use: the trainer calls
+    it before the model loads."""
     if config.executor == "local":
         return  # the local executor reads none of them (warn_unread_ray_options)
-    unknown = set(config.executor_options or {}) - RAY_OPTIONS - VLLM_OPTIONS
-    if unknown:
-        raise ValueError(f"unknown executor_options {sorted(unknown)}; known: {sorted(RAY_OPTIONS | VLLM_OPTIONS)}")
+    check_executor_values(config.executor_options)  # again: a config's options may change after it is built
 
 
 def warn_unread_ray_options(config: ESConfig) -> None:
@@ -177,6 +175,6 @@ def make_local_executor(config: ESConfig, *, model: Any, tokenizer: Any, weights
 
 
 __all__ = ["EXECUTORS", "RAY_OPTIONS", "VLLM_OPTIONS", "WORKER_BACKENDS", "check_executor_options", "check_layout",
-           "fitness_rule", "generation_config", "make_fitness_rule", "make_local_executor", "make_strategy",
-           "make_weights", "rollout_precision", "sample_batch", "warn_unread_rank",
+           "check_selection", "fitness_rule", "generation_config", "make_fitness_rule", "make_local_executor",
+           "make_strategy", "make_weights", "rollout_precision", "sample_batch", "warn_unread_rank",
            "warn_unread_ray_options"]

@@ -204,34 +204,39 @@ def check_combinations(config: ESConfig) -> None:
                           "and leave format_bonus at 0)")
 
 
-def _number(value: Any, integer: bool = False) -> float | None:
-    """`value` as the Ray factory reads it (int() / float(), so '2' counts), or None: no bool, no inf or NaN."""
-    try:
-        number = float(value) if not isinstance(value, bool) else math.nan
-    except (TypeError, ValueError):
-        return None
-    return number if math.isfinite(number) and (not integer or number == int(number)) else None
+def _integer(low: int) -> Any:
+    """An int (as YAML reads `2`; not a bool, not the text '2', which the workers' int() would take but not
+    always: '2.0', '4e9') of at least `low`."""
+    return lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= low
 
 
-def _at_least(low: float, integer: bool) -> Any:
-    return lambda v: (n := _number(v, integer)) is not None and n >= low
+def _real(low: float, above: bool = False) -> Any:
+    """A finite int or float (not a bool, not text: Ray takes num_cpus as given) >= `low` (> with `above`)."""
+    def ok(v: Any) -> bool:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or (isinstance(v, float) and not math.isfinite(v)):
+            return False
+        return v > low if above else v >= low
+    return ok
 
 
-#: what each Ray / vLLM `executor_options` value accepts (esft.es.distributed.factory and the vLLM replica read
-#: them with int() / float() once Ray has started; the keys are esft.es.build's RAY_OPTIONS and VLLM_OPTIONS)
-EXECUTOR_VALUES: dict[str, tuple[str, Any]] = {
-    "threads_per_worker": ("an integer >= 0 (0: torch's default thread count)", _at_least(0, True)),
-    "checksum_every": ("an integer >= 0 (0: at start-up only)", _at_least(0, True)),
-    "start_timeout_s": ("a number of seconds > 0", lambda v: (n := _number(v)) is not None and n > 0),
-    "member_timeout_s": ("a number of seconds >= 0 (0: from the slowest member)", _at_least(0, False)),
-    "num_cpus_per_worker": ("a number >= 0", _at_least(0, False)),
+#: what each Ray / vLLM `executor_options` value accepts, by the key esft.es.distributed.factory (Ray) and the vLLM
+#: replica read; esft.es.build's RAY_OPTIONS and VLLM_OPTIONS are these keys
+RAY_OPTION_VALUES: dict[str, tuple[str, Any]] = {
+    "threads_per_worker": ("an integer >= 0 (0: torch's default thread count)", _integer(0)),
+    "checksum_every": ("an integer >= 0 (0: at start-up only)", _integer(0)),
+    "start_timeout_s": ("a number of seconds > 0", _real(0, above=True)),
+    "member_timeout_s": ("a number of seconds >= 0 (0: from the slowest member)", _real(0)),
+    "num_cpus_per_worker": ("a number >= 0", _real(0)),
     "use_gpu": ("true, false or null", lambda v: v is None or isinstance(v, bool)),
-    "gpu_memory_utilization": ("a number in (0, 1]", lambda v: (n := _number(v)) is not None and 0 < n <= 1),
-    "enforce_eager": ("true or false", lambda v: isinstance(v, bool)),
-    "max_model_len": ("an integer >= 1 or null", lambda v: v is None or _at_least(1, True)(v)),
-    "kv_cache_memory_bytes": ("an integer >= 1", _at_least(1, True)),
-    "vllm_kwargs": ("a mapping of LLM(...) arguments", lambda v: isinstance(v, dict)),
 }
+VLLM_OPTION_VALUES: dict[str, tuple[str, Any]] = {
+    "gpu_memory_utilization": ("a number in (0, 1]", lambda v: _real(0, above=True)(v) and v <= 1),
+    "enforce_eager": ("true or false", lambda v: isinstance(v, bool)),
+    "max_model_len": ("an integer >= 0 or null (0 or null: the model's own)", lambda v: v is None or _integer(0)(v)),
+    "kv_cache_memory_bytes": ("an integer >= 1", _integer(1)),
+    "vllm_kwargs": ("a mapping of LLM(...) arguments, or null", lambda v: v is None or isinstance(v, dict)),
+}
+EXECUTOR_VALUES = {**RAY_OPTION_VALUES, **VLLM_OPTION_VALUES}
 
 
 def check_executor_values(options: dict[str, Any]) -> None:
@@ -317,8 +322,8 @@ PRESETS: dict[str, dict[str, Any]] = {
                           dtype="float32", device="cpu", checkpoint_every=10, noise="table",
                           generation_options=dict(FAST_CPU_GENERATION), parallel_members=2, rollout_dtype="float32"),
 }
-# The CPU presets pin fp32 rollouts: their committed results (docs/results) then reproduce bit for bit on every CPU,
-# with or without native bf16 (bf16 rollouts reorder members: rank correlation 0.38-0.75 with fp32 on the cpu
+# The CPU presets pin fp32 rollouts: their results (docs/results) then do not depend on whether the CPU has native
+# bf16 (bf16 rollouts reorder members: rank correlation 0.38-0.75 with fp32 on the cpu
 # preset's populations, docs/performance.md). `--rollout-dtype auto` takes the faster path where the CPU has it.
 
 # fields that may change when resuming (everything else must match the original run)

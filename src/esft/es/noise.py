@@ -96,7 +96,8 @@ def select_parameters(model: torch.nn.Module, include: Iterable[str] | None = No
     if not chosen:
         names = [name for name, param in model.named_parameters() if param.is_floating_point()]
         raise ValueError(f"no parameters selected (include={list(include or [])}, exclude={list(exclude or [])}) "
-                         f"among the model's {len(names)}, e.g. {', '.join(names[:2] + names[-1:])}")
+                         f"among the model's {len(names)} floating-point parameters, e.g. "
+                         f"{', '.join(names[:2] + names[2:][-1:])}")
     return chosen
 
 

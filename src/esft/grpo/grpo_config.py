@@ -404,9 +404,12 @@ def check_trl_arg_names(config: GRPOConfig) -> None:
     raise a TypeError, or an ImportError once the trainer is built)."""
     import dataclasses as dc
 
-    from trl import GRPOConfig as TRLGRPOConfig
-    from trl.import_utils import is_vllm_available
-
+    try:
+        from trl import GRPOConfig as TRLGRPOConfig
+        from trl.import_utils import is_vllm_available
+    except ImportError:  # e.g. an experiment spec's --dry-run on a machine without the GRPO extra
+        raise ConfigError("trl_args", config.trl_args, "options checked against TRL, which is not installed here: "
+                          "pip install 'esft[grpo]'") from None
     unknown = sorted(set(config.trl_args) - {f.name for f in dc.fields(TRLGRPOConfig)})
     if unknown:
         raise ConfigError("trl_args", config.trl_args, f"options of TRL's GRPOConfig ({unknown} are not)")

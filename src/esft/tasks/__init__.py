@@ -107,11 +107,19 @@ def _convert_options(cls: type, name: str, raw: dict[str, str]) -> dict[str, typ
     """Text option values converted by the type of the constructor field they set."""
     from esft.tasks.custom import typed_options
 
-    fields = {f.name for f in dataclasses.fields(cls) if f.init and f.name not in _FIXED_FIELDS}
-    for key in raw:
-        if key not in fields:
-            raise ValueError(f"task {name!r}: unknown option {key!r}; options: {', '.join(sorted(fields))}")
+    _refuse_unknown(name, raw, _settable(cls))
     return typed_options(cls, name, raw)
+
+
+def _settable(cls: type) -> set[str]:
+    """The options a built-in task class takes: its constructor's fields, but those fixed per task."""
+    return {f.name for f in dataclasses.fields(cls) if f.init and f.name not in _FIXED_FIELDS}
+
+
+def _refuse_unknown(name: str, options: typing.Iterable[str], settable: set[str]) -> None:
+    unknown = [key for key in options if key not in settable]
+    if unknown:
+        raise ValueError(f"task {name!r}: unknown option {unknown[0]!r}; options: {', '.join(sorted(settable))}")
 
 
 def get_task(name: str, **options) -> Task:
@@ -135,15 +143,13 @@ def get_task(name: str, **options) -> Task:
         raise ValueError(f"task {name!r}: option {clash[0]!r} is set in the name and as an option")
     # text given as an option (a quoted YAML value) is read as the same text in the name would be: "false" is
     # no true value
-    settable = {f.name for f in dataclasses.fields(cls) if f.init and f.name not in _FIXED_FIELDS}
+    settable = _settable(cls)
     text = {k: v for k, v in options.items() if isinstance(v, str) and k in settable}
     if text:
         options = {**options, **_convert_options(cls, name, text)}
     if base not in _REGISTRY:  # an installed dataclass task: also wrapped when it is not a Task subclass
         return instantiate(cls, name, {**named, **options})
-    unknown = sorted(set(options) - settable)  # as for the name's options, not the constructor's TypeError
-    if unknown:
-        raise ValueError(f"task {name!r}: unknown option {unknown[0]!r}; options: {', '.join(sorted(settable))}")
+    _refuse_unknown(name, sorted(options), settable)  # as for the name's options, not the constructor's TypeError
     try:
         return cls(**named, **options)
     except TypeError as exc:

@@ -231,8 +231,12 @@ class DatasetTask(Task):
         if split != "test" or self.test_file or self.test_split:
             return ""
         n = len(self._read()["train"])
-        return (f"test_size {self.test_size:g} of its {n} row{'s' * (n != 1)} holds none out: add rows, or give "
-                "test_size a row count (--task FILE:test_size=1) or a separate test_file")
+        held = f"test_size {self.test_size:g} of its {n} row{'s' * (n != 1)} holds none out"
+        if n < 2:  # a held-out row would leave none to train on
+            return f"{held}: add rows, or give a separate test_file"
+        if self.test_size == 0:
+            return f"{held}: set test_size above 0 (a fraction, or a row count such as 1), or give a test_file"
+        return f"{held}: add rows, or give test_size a row count (--task FILE:test_size=1) or a separate test_file"
 
     def _check_fields(self, where: str, rows: list[Example]) -> None:
         """Every row (numbered as in the file, from 1; a CSV's header not counted) has the fields the task reads."""
