@@ -99,10 +99,16 @@ def strings(completions, answer, **kwargs):
 '''
 
 
-def test_a_misspelt_function_or_class_name_is_told_the_name_it_meant(tmp_path, monkeypatch):
+def _sums_with_mistakes(tmp_path, monkeypatch):
+    """A ten-row data file beside an importable module of reward functions with newcomers' mistakes."""
     importable_module(tmp_path, monkeypatch, "signature_mistakes", SIGNATURE_MISTAKES)
     data = tmp_path / "sums.jsonl"
     data.write_text("".join(f'{{"question": "q{i}", "answer": "{i}"}}\n' for i in range(10)))
+    return data
+
+
+def test_a_misspelt_function_or_class_name_is_told_the_name_it_meant(tmp_path, monkeypatch):
+    data = _sums_with_mistakes(tmp_path, monkeypatch)
     with pytest.raises(ValueError) as info:
         get_task(str(data), prompt_field="question", reward="signature_mistakes:string")
     assert "has no attribute 'string' (did you mean strings?)" in str(info.value)
@@ -112,9 +118,7 @@ def test_a_misspelt_function_or_class_name_is_told_the_name_it_meant(tmp_path, m
 
 
 def test_a_reward_written_for_another_signature_is_told_the_change_it_needs(tmp_path, monkeypatch):
-    importable_module(tmp_path, monkeypatch, "signature_mistakes", SIGNATURE_MISTAKES)
-    data = tmp_path / "sums.jsonl"
-    data.write_text("".join(f'{{"question": "q{i}", "answer": "{i}"}}\n' for i in range(10)))
+    data = _sums_with_mistakes(tmp_path, monkeypatch)
     with pytest.raises(ValueError) as info:
         get_task(str(data), prompt_field="question", reward="signature_mistakes:no_kwargs")
     assert "unexpected keyword argument" in str(info.value) and "end its parameters with **kwargs" in str(info.value)

@@ -136,19 +136,33 @@ def test_comparable_drops_what_cannot_change_a_result_but_keeps_the_budget():
     assert one("grpo", rollout_dtype="auto") == {}
 
 
-def test_check_existing_names_the_changed_field_and_passes_an_unchanged_stage(tmp_path):
-    from esft.experiments.runner import STATUS, _fingerprint, _step_configs, check_existing
+def _finished_first_stage(tmp_path):
+    """(spec, stages, output folder, a function that records the first ES stage as done with a fingerprint whose
+    sigma is `sigma`, or unchanged when None)."""
+    from esft.experiments.runner import STATUS, _fingerprint, _step_configs
     from esft.experiments.stage_eval import write_json
 
     spec = load_spec_text(tmp_path, SPEC)
     stages = build_plan(spec)
     smap, root, key = {s.key: s for s in stages}, tmp_path / "out", "seed-42/sequential/es/1-countdown"
-    old = _fingerprint(spec, smap[key], _step_configs(spec, smap[key], root, smap), smap)
     (root / key).mkdir(parents=True)
-    write_json(root / key / STATUS, {"status": "done", "fingerprint": old})
+
+    def finish(sigma=None):
+        old = _fingerprint(spec, smap[key], _step_configs(spec, smap[key], root, smap), smap)
+        if sigma is not None:
+            old[0]["config"]["sigma"] = sigma
+        write_json(root / key / STATUS, {"status": "done", "fingerprint": old})
+
+    return spec, stages, root, finish
+
+
+def test_check_existing_names_the_changed_field_and_passes_an_unchanged_stage(tmp_path):
+    from esft.experiments.runner import check_existing
+
+    spec, stages, root, finish = _finished_first_stage(tmp_path)
+    finish()
     check_existing(spec, stages, root)
-    old[0]["config"]["sigma"] = 0.5
-    write_json(root / key / STATUS, {"status": "done", "fingerprint": old})
+    finish(sigma=0.5)
     with pytest.raises(SpecError, match=r"1-countdown was trained with other options \(sigma: 0.5 -> 0.003\);"):
         check_existing(spec, stages, root)
 
@@ -157,19 +171,12 @@ def test_dry_run_refuses_a_folder_whose_stage_was_trained_with_other_options(tmp
     """`esft experiment run SPEC --output-dir D --dry-run` printed the plan for a folder whose finished stage the
     real run then refused (population_size changed); the dry run refuses it the same way."""
     from esft.cli import main
-    from esft.experiments.runner import STATUS, _fingerprint, _step_configs
-    from esft.experiments.stage_eval import write_json
 
-    spec = load_spec_text(tmp_path, SPEC)
-    stages = build_plan(spec)
-    smap, root, key = {s.key: s for s in stages}, tmp_path / "out", "seed-42/sequential/es/1-countdown"
-    old = _fingerprint(spec, smap[key], _step_configs(spec, smap[key], root, smap), smap)
-    (root / key).mkdir(parents=True)
-    write_json(root / key / STATUS, {"status": "done", "fingerprint": old})
+    spec, _, root, finish = _finished_first_stage(tmp_path)
+    finish()
     argv = ["experiment", "run", str(spec.path), "--output-dir", str(root), "--dry-run"]
     assert main(argv) == 0
-    old[0]["config"]["sigma"] = 0.5
-    write_json(root / key / STATUS, {"status": "done", "fingerprint": old})
+    finish(sigma=0.5)
     capsys.readouterr()
     assert main(argv) == 2
     assert "1-countdown was trained with other options (sigma: 0.5 -> 0.003)" in capsys.readouterr().err
