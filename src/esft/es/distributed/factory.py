@@ -48,6 +48,21 @@ def connect(config: ESConfig) -> bool:
     return connect_ray(config.ray_address)
 
 
+def machine_cores() -> int:
+    """The cores this process may run on (its affinity mask where the OS has one)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def cpu_threads_share(cores: int, num_workers: int, num_cpus_per_worker: float | None = None) -> int:
+    """torch threads for each CPU worker under `threads_per_worker: 0`: its fair share of the cores, at least 1,
+    so that the workers together do not run more threads than there are cores (torch's own default is every core,
+    in every worker). The share is the CPUs Ray gives the worker: `num_cpus_per_worker` when set; else `cores`
+    (the driver's machine) split between `num_workers`; with num_workers 0 (one worker per CPU) one core."""
+    if num_cpus_per_worker is not None:
+        return max(1, int(num_cpus_per_worker))
+    return max(1, cores // num_workers) if num_workers else 1
+
+
 def make_ray_executor(config: ESConfig, *, weights: MasterWeights, optimizer: Any = None, generate_fn: Any = None,
                       builder: Any = None, model: Any = None, **overrides: Any):
     from esft.es.distributed.hf_replica import HFReplica, ReplicaSpec
@@ -58,10 +73,12 @@ def make_ray_executor(config: ESConfig, *, weights: MasterWeights, optimizer: An
     on_cpu = (config.device or "cpu") == "cpu"
     if config.worker_backend == "vllm" and on_cpu:
         # one CPU engine per machine by default: vLLM batches a member's prompts itself and uses every thread
-        default_threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        default_threads = machine_cores()
     else:
         default_threads = 1 if on_cpu else 0
     threads = int(opts.get("threads_per_worker", default_threads))
+    if threads == 0 and on_cpu:  # on GPUs 0 leaves torch's default: the work is on the device
+        threads = cpu_threads_share(machine_cores(), config.num_workers, opts.get("num_cpus_per_worker"))
     spec = ReplicaSpec(config=config, builder=builder, generate_fn=generate_fn, threads=threads,
                        options={k: v for k, v in opts.items() if k in VLLM_OPTIONS})
     replica_cls: type = HFReplica
