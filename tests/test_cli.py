@@ -220,11 +220,29 @@ def test_an_alias_and_its_option_given_different_values_are_refused_in_either_or
     (["train", "es", "--fitness", "dart", "--fitness", "mean"], "fitness_rule", "mean"),
     (["eval", "--task", "boolq", "--task", "mmlu"], "tasks", ["mmlu"])])
 def test_an_alias_alone_or_repeating_its_options_value_is_that_value_and_leaves_no_trace(argv, dest, value):
-    from esft.cli import build_parser
+    from esft.cli import _explicit, build_parser
+    from esft.es.es_config import ESConfig
+    from esft.evaluation import EvalConfig
 
-    args = vars(build_parser().parse_args(argv))
-    assert args[dest] == value
-    assert not [k for k in args if "alias" in k]  # the parse's own bookkeeping does not reach the config
+    args = build_parser().parse_args(argv)
+    assert vars(args)[dest] == value
+    # the parse's own bookkeeping does not reach the config: left is only the record of the flag typed
+    assert [k for k in vars(args) if "alias" in k] == ["aliases typed"] and args.__dict__["aliases typed"]
+    assert _explicit(args, ESConfig if argv[0] == "train" else EvalConfig) == {dest: value}
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["train", "es", "--fitness", "bogus"], "--fitness"),
+    (["train", "es", "--fitness-rule", "bogus"], "--fitness-rule"),
+    (["eval", "--task", "bogus"], "--task"),
+    (["eval", "--tasks", "bogus"], "--tasks")])
+def test_a_refused_value_names_the_flag_typed_alias_or_not(argv, flag, capsys):
+    """`--fitness bogus` was refused as `command line (--fitness-rule)`, a flag the user had not typed."""
+    from esft.cli import main
+
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"command line ({flag}): " in err and "'bogus' is not accepted" in err, err
 
 
 @pytest.mark.parametrize("algorithm, steps, line", [("es", 1, "1 iteration in"), ("es", 3, "3 iterations in"),

@@ -35,7 +35,7 @@ def _eval(args: argparse.Namespace) -> int:
 
     overrides = _explicit(args, EvalConfig)
     config = build_config(EvalConfig, None, None, args.config, overrides,
-                          check=_names_with_task_flags(args, lambda c: c.tasks))
+                          check=_names_with_task_flags(args, lambda c: c.tasks), flag_names=_typed(args))
     config = apply_task_flags(config, args, config.tasks)  # --prompt-field/--reward ... (data tasks)
     check_eval_options(config, overrides)  # a --max-passage-chars no task reads
     if config.output_dir:
@@ -80,7 +80,7 @@ def _train_es(args: argparse.Namespace) -> int:
         check_names(config)
     else:
         config = build_config(ESConfig, PRESETS, args.preset, args.config, _explicit(args, ESConfig),
-                              check=_names_with_task_flags(args, lambda c: [c.task]))
+                              check=_names_with_task_flags(args, lambda c: [c.task]), flag_names=_typed(args))
     from esft.tasks.custom import apply_task_flags
 
     config = apply_task_flags(config, args, [config.task])  # --prompt-field/--reward ... (data tasks)
@@ -197,6 +197,11 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _typed(args: argparse.Namespace) -> dict[str, str]:
+    """{field: the alias flag it was given with} (build_config's flag_names)."""
+    return getattr(args, _ALIASES_TYPED, {})
+
+
 def _explicit(args: argparse.Namespace, cls: type) -> dict[str, Any]:
     names = {f.name for f in dataclasses.fields(cls)}
     return {k: v for k, v in vars(args).items() if k in names}
@@ -212,6 +217,8 @@ def _add_run_options(p: argparse.ArgumentParser, presets: Sequence[str] | None) 
 
 #: namespace attribute of an alias's value (`_Alias`), read and removed once the parse ends (`_Parser`)
 _ALIAS_MARK = "alias given: "
+#: namespace attribute {dest: the alias typed for it}, so that a refused value is named by the flag typed
+_ALIASES_TYPED = "aliases typed"
 
 
 class _Alias(argparse.Action):
@@ -253,6 +260,7 @@ class _Parser(argparse.ArgumentParser):
             dest = key.removeprefix(_ALIAS_MARK)
             if getattr(namespace, dest) != value:
                 _refuse_both(self, option, value, canonical, getattr(namespace, dest))
+            vars(namespace).setdefault(_ALIASES_TYPED, {})[dest] = option
         if extra:  # a sub-parser runs inside its parent's parse: the deepest one that got the option reports it
             import difflib
 

@@ -451,10 +451,10 @@ def coerce(cls: type, values: Mapping[str, Any], source: str,
 def build_config(cls: type[T], presets: Mapping[str, Mapping[str, Any]] | None = None,
                  preset: str | None = None, config_file: str | None = None,
                  overrides: Mapping[str, Any] | None = None, check: Callable[[T], None] | None = None,
-                 overrides_source: str = "command line") -> T:
-    """defaults < preset < YAML file (its own `preset:` key applies when no preset is given) < explicit
-    overrides; then the type / range checks (the config's own `__post_init__`, `check_fields`) and `check`
-    (e.g. esft.validation.check_names). A rejected value's error names where it was set."""
+                 overrides_source: str = "command line", flag_names: Mapping[str, str] | None = None) -> T:
+    """defaults < preset < YAML file (its own `preset:` key applies when no preset is given) < explicit overrides;
+    then the type / range checks (the config's own `__post_init__`, `check_fields`) and `check` (e.g.
+    esft.validation.check_names). A rejected value's error names where it was set (an alias as typed: flag_names)."""
     origin: dict[str, str] = {}
     file_values: dict[str, Any] = {}
     if config_file:
@@ -475,9 +475,9 @@ def build_config(cls: type[T], presets: Mapping[str, Mapping[str, Any]] | None =
         origin = {**{k: f"preset {preset!r}" for k in presets[preset]}, **origin}
     values.update(file_values)
 
-    def named(key: str) -> str:  # flags are named as typed; other override sources by the key
+    def named(key: str) -> str:  # flags are named as typed (an alias by its own name); other sources by the key
         flag = f"--{key.replace('_', '-')}" if overrides_source == "command line" else key
-        return f"{overrides_source} ({flag})"
+        return f"{overrides_source} ({(flag_names or {}).get(key, flag)})"
 
     flags = coerce(cls, overrides or {}, overrides_source, named)
     values.update(flags)
