@@ -57,6 +57,29 @@ def test_es_resume_refusal_names_the_runs_value_and_what_may_change(tmp_path):
     assert "another --output-dir" in message
 
 
+@pytest.mark.parametrize("noise", ["per-tensor", "table", "shared-seed"])
+def test_es_resume_takes_a_rank_only_lowrank_noise_reads_as_no_change(tmp_path, noise):
+    """`--rank` is read by lowrank noise only; a resume of a per-tensor (or table) run that passed another rank was
+    refused with "cannot change ['rank']" although it could not change the run. A lowrank run's rank still
+    counts, and so does every other fixed option."""
+    from esft.es.es_config import ESConfig, resume_config, save_yaml
+    from esft.es.trainer import _check_resumable
+
+    run = tmp_path / "run"
+    run.mkdir()
+    save_yaml(ESConfig(output_dir=str(run), noise=noise), run / "config.yaml")
+    resumed = resume_config(run, {"rank": 4, "iterations": 3})
+    assert resumed.rank == 4 and resumed.noise == noise and resumed.resume
+    _check_resumable(run, resumed)  # the trainer's own comparison agrees
+    with pytest.raises(ValueError, match=r"cannot change \['population_size'\]"):
+        resume_config(run, {"rank": 4, "population_size": 2})
+    save_yaml(ESConfig(output_dir=str(run), noise="lowrank", rank=2), run / "config.yaml")
+    with pytest.raises(ValueError, match=r"cannot change \['rank'\]"):
+        resume_config(run, {"rank": 4})
+    with pytest.raises(ValueError, match=r"differs from the original run in \{'rank': \(2, 4\)\}"):
+        _check_resumable(run, resumed.replace(noise="lowrank"))
+
+
 @pytest.mark.parametrize("flags", [
     ["--task-options", "{numbers: 2}"],
     ["--trl-args", "{warmup_ratio: 0.1}"],

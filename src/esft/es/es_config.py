@@ -338,6 +338,12 @@ RESUMABLE_CHANGES = {"iterations", "eval_every", "eval_limit", "eval_balanced", 
 # greedy outputs, which would break bit-identity with the uninterrupted run)
 
 
+def resumable_changes(stored: ESConfig) -> set[str]:
+    """The fields a resume of the run `stored` may change: RESUMABLE_CHANGES, and `rank` unless its noise is
+    'lowrank' (no other noise reads it: a different --rank cannot change the run's result)."""
+    return RESUMABLE_CHANGES | ({"rank"} if stored.noise != "lowrank" else set())
+
+
 def preset(name: str, config_file: str | None = None, **overrides: Any) -> ESConfig:
     """ESConfig from a preset ("paper" or "cpu"), an optional YAML file and overrides (esft.config rules)."""
     from esft.config import build_config
@@ -387,10 +393,11 @@ def resume_config(run_dir: str | Path, overrides: dict[str, Any] | None = None) 
     # "auto" on a resume means the dtype the run recorded (the trainer adopts it), not a change
     changes = {k: v for k, v in overrides.items()
                if getattr(config, k) != config.stored_value(k, v) and not (k == "rollout_dtype" and v == "auto")}
-    bad = sorted(set(changes) - RESUMABLE_CHANGES)
+    free = resumable_changes(config)
+    bad = sorted(set(changes) - free)
     if bad:
         was = ", ".join(f"{k}={getattr(config, k)!r}" for k in bad)
         raise ValueError(f"cannot change {bad} when resuming {run_dir} (the run has {was}; a resume may change "
-                         f"only {', '.join(sorted(RESUMABLE_CHANGES - {'resume', 'output_dir'}))}): drop the "
+                         f"only {', '.join(sorted(free - {'resume', 'output_dir'}))}): drop the "
                          f"flag, or start a new run in another --output-dir")
     return dataclasses.replace(config, **{**changes, "resume": True, "output_dir": str(run_dir)})

@@ -38,7 +38,7 @@ from esft.es.build import (check_executor_options, check_layout, check_selection
                            fitness_rule as config_fitness_rule, generation_config, make_local_executor,
                            make_strategy, make_weights, rollout_precision, sample_batch, warn_unread_rank,
                            warn_unread_ray_options)
-from esft.es.es_config import RESUMABLE_CHANGES, ESConfig, read_run_config, save_yaml
+from esft.es.es_config import ESConfig, read_run_config, resumable_changes, save_yaml
 from esft.es.executor import Executor, PopulationResult
 from esft.es.fitness import FitnessRule, as_fitness_rule
 from esft.evaluation import load_examples
@@ -67,8 +67,9 @@ def _check_finite(what: str, values: Any, iteration: int) -> None:
 
 def _check_resumable(run_dir: Path, config: ESConfig) -> None:
     old, _ = read_run_config(run_dir)
+    free = resumable_changes(old)
     diffs = {k: (getattr(old, k), getattr(config, k)) for k in old.to_dict()
-             if k not in RESUMABLE_CHANGES and getattr(old, k) != getattr(config, k)}
+             if k not in free and getattr(old, k) != getattr(config, k)}
     if diffs:
         raise ValueError(f"cannot resume {run_dir}: config differs from the original run in {diffs}")
 
