@@ -184,6 +184,19 @@ def test_weights_figure_draws_norms_and_stable_ranks_per_layer_in_each_methods_s
     assert norms.get_xlabel() == ranks.get_xlabel() == "layer"
 
 
+def test_weights_figure_tells_two_updates_of_one_algorithm_apart(drawn):
+    """Two ES seeds (labels es_42, es_43) took the same blue for each family, so their lines could not be told
+    apart: the second of one algorithm's colours is dashed, in both panels."""
+    rows = [{"role": "q_proj", "layer": 0, **{lab: {"sq": 1.0, "stable_rank": 2.0}
+                                              for lab in ("es_42", "es_43", "grpo")}}]
+    norms, ranks = drawn(W.plot_weights, {"labels": ["es_42", "es_43", "grpo"], "tensors": rows}).axes
+    lab = _by_label(norms)
+    looks = {k: (to_rgba(lab[k].get_color()), lab[k].get_linestyle()) for k in lab}
+    assert len(set(looks.values())) == 3
+    assert looks["es_42 q_proj"][0] == looks["es_43 q_proj"][0]  # both still ES blue
+    assert [line.get_linestyle() for line in ranks.get_lines()] == ["-", "--", "-"]
+
+
 def test_weights_figure_of_updates_that_moved_nothing_keeps_a_linear_axis_and_says_so(drawn, recwarn):
     """Runs whose updates were all zero (e.g. every member scored alike) made matplotlib warn that a log axis
     had no positive values, and drew an empty panel without a word."""
