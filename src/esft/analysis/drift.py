@@ -40,9 +40,11 @@ def r2_score(y: Sequence[float], prediction: Sequence[float]) -> float:
     """1 - SS_res / SS_tot with SS_tot about the mean of y (may be negative; NaN when y is constant)."""
     y = np.asarray(y, dtype=np.float64)
     p = np.asarray(prediction, dtype=np.float64)
-    ss_tot = float(((y - y.mean()) ** 2).sum())
-    if ss_tot == 0.0:
+    # a constant y (every step after the first moved nothing) has no R^2; its mean can round off the value itself,
+    # which left SS_tot at ~1e-35 and an R^2 of -1e31
+    if y.size == 0 or np.all(y == y[0]):
         return math.nan
+    ss_tot = float(((y - y.mean()) ** 2).sum())
     return 1.0 - float(((y - p) ** 2).sum()) / ss_tot
 
 
