@@ -95,6 +95,16 @@ def test_families_figure_puts_each_family_median_and_quartiles_in_its_panel(draw
     assert [t.get_text() for t in r2_m.get_xticklabels()] == ["q_proj"] and not rho_m.get_xticklabels()[0].get_text()
 
 
+def test_families_figure_says_why_a_panel_has_no_points(drawn):
+    """Every step after an ES run's first moved nothing, so no tensor had an R^2: the R^2 panels were left empty
+    without a word."""
+    flat = [{**r, "r2_fit": None} for r in TENSORS]
+    (rho_m, rho_n), (r2_m, r2_n) = np.asarray(drawn(D.plot_families, {"tensors": flat}).axes).reshape(2, 2)
+    for ax in (r2_m, r2_n):
+        assert [t.get_text() for t in ax.texts] == ["no R$^2$: the displacement did not change over the steps"]
+    assert not rho_m.texts and not rho_n.texts
+
+
 def test_tensor_curves_predict_each_family_from_its_own_size(drawn):
     steps = [1, 2]
     series = D.DriftSeries(steps=steps, total=[0.0, 0.0], num_params=1000,
