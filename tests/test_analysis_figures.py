@@ -227,6 +227,20 @@ def test_heatmap_names_rows_by_task_and_columns_by_stage_and_writes_each_value_i
         (j, i): f"{m[i, j]:.3g}" for i in range(2) for j in range(3)}
 
 
+def test_sparsity_tick_labels_do_not_overlap_when_the_sweeps_are_close(drawn):
+    """One target each, reached at 50.08% (ES) and 50.38% (GRPO): the axis got seven 6-digit labels, printed over
+    each other."""
+    results = {lab: {"rows": [{"sparsity": x, "accuracy": {"t": 0.4}}], "algorithm": lab}
+               for lab, x in (("es", 0.50076), ("grpo", 0.50384))}
+    (ax,) = drawn(SP.plot_sparsity_sweep, results).axes
+    fig = ax.figure
+    fig.canvas.draw()
+    lo, hi = ax.get_xlim()
+    boxes = sorted((t.get_window_extent() for t, x in zip(ax.get_xticklabels(), ax.get_xticks()) if lo <= x <= hi
+                    and t.get_text()), key=lambda b: b.x0)
+    assert len(boxes) >= 2 and all(a.x1 < b.x0 for a, b in zip(boxes, boxes[1:]))
+
+
 def test_sparsity_lines_take_the_colour_of_their_algorithm_not_of_their_label(drawn):
     """A report keys each sweep by its track name ("es@100" for one budget of several, a chain's label for a
     second sequence of a track): colour by the label alone drew those ES and GRPO lines in the same green."""
