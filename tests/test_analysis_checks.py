@@ -35,6 +35,10 @@ def no_model_load(monkeypatch):
     (["drift", "--run", "{here}", "--population", "0"], "population = 0"),
     (["drift", "--run", "{here}", "--alpha", "0"], "alpha = 0.0 is not accepted; expected a finite number > 0"),
     (["kl", "--stages", "{here}", "--threads", "0"], "threads = 0"),
+    # task names were built only after the base model loaded
+    (["kl", "--stages", "{here}", "--tasks", "boolq,bolq"], "tasks = 'bolq' is not accepted; expected a known task"),
+    (["landscape", "--es", "{here}", "--holdout-tasks", "none"], "holdout_tasks = 'none' is not accepted"),
+    (["sparsity", "--tuned", "{here}", "--tasks", "countdown:numbers=x"], "tasks = 'countdown:numbers=x'"),
 ])
 def test_bad_analysis_options_fail_before_the_model_loads(tmp_path, capsys, no_model_load, argv, words):
     paths = {"here": str(tmp_path), "missing": str(tmp_path / "missing")}
@@ -43,6 +47,17 @@ def test_bad_analysis_options_fail_before_the_model_loads(tmp_path, capsys, no_m
     err = capsys.readouterr().err
     assert words.format(**paths) in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_report_refuses_an_unknown_holdout_task_before_any_analysis_runs(tmp_path):
+    """`esft report --holdout-tasks none` ran weights, drift, KL and most of the landscape before Figure 5 failed on
+    the name."""
+    from esft.analysis.report_builder import ReportConfig
+    from esft.config import ConfigError
+
+    with pytest.raises(ConfigError, match="holdout_tasks = 'none' is not accepted; expected a known task name"):
+        ReportConfig(dir=str(tmp_path), holdout_tasks=["none"])
+    assert ReportConfig(dir=str(tmp_path), holdout_tasks=[]).holdout_tasks == []
 
 
 def test_good_analysis_options_pass_the_checks(tmp_path):

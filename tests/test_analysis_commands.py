@@ -44,6 +44,30 @@ def test_weights_command_passes_labels_eps_and_paths(tmp_path, monkeypatch):
         C.run_weights(C.WeightsConfig(base="b", tuned=[x, y], labels=["a", "a"], output_dir=str(tmp_path)))
 
 
+def test_weights_command_names_each_checkpoint_by_its_runs_algorithm(tmp_path, monkeypatch):
+    """Without --labels, the checkpoints of two ES seeds and a GRPO run were named es, grpo and tuned2: the second
+    ES run was reported, and drawn, as GRPO. A checkpoint outside a run folder keeps the es, grpo, tuned2 names."""
+    from esft.analysis import commands as C
+    from esft.analysis import weights as W
+
+    seen = {}
+    monkeypatch.setattr(W, "compare_updates", lambda base, tuned, **kw: seen.update(tuned) or
+                        {"labels": list(tuned), "total": {}, "pairs": []})
+    monkeypatch.setattr(W, "plot_weights", lambda rep, path: path)
+    monkeypatch.setattr(C, "_resolve", lambda spec: spec)
+    runs = [run_dir(tmp_path / n, {"algorithm": a}) for n, a in (("g", "grpo"), ("e1", "es"), ("e2", "es"))]
+    cks = [str(r / "checkpoints" / "final") for r in runs]
+    for ck in cks:
+        Path(ck).mkdir(parents=True)
+    C.run_weights(C.WeightsConfig(base="b", tuned=cks, output_dir=str(tmp_path / "o")))
+    assert seen == {"grpo": cks[0], "es": cks[1], "es_2": cks[2]}
+    seen.clear()
+    loose = tmp_path / "loose"
+    loose.mkdir()
+    C.run_weights(C.WeightsConfig(base="b", tuned=[cks[0], str(loose), cks[1]], output_dir=str(tmp_path / "o")))
+    assert seen == {"es": cks[0], "grpo": str(loose), "tuned2": cks[1]}
+
+
 def test_drift_command_takes_alpha_and_population_from_the_run_unless_given(tmp_path, monkeypatch):
     from esft.analysis import commands as C
     from esft.analysis import drift as D

@@ -35,6 +35,10 @@ def test_fit_through_origin_against_lstsq_and_r2_against_definition():
     saturating = 5 - 5 * np.exp(-x)  # rises then flattens, like an RMSNorm gain
     assert D.fit_through_origin(x, saturating)["r2"] < 0
     assert np.isnan(D.r2_score([1.0, 1.0], [1.0, 1.0]))
+    # a constant whose mean rounds off it (an ES run whose updates after the first were all zero) has no R^2 either:
+    # its SS_tot of ~1e-35 once gave R^2 = -1e31
+    flat = [0.015554449777767616] * 3
+    assert np.mean(flat) != flat[0] and np.isnan(D.r2_score(flat, [0.01, 0.02, 0.03]))
 
 
 def random_walk(alpha, population, steps, shapes, seed=0):

@@ -95,6 +95,16 @@ def test_families_figure_puts_each_family_median_and_quartiles_in_its_panel(draw
     assert [t.get_text() for t in r2_m.get_xticklabels()] == ["q_proj"] and not rho_m.get_xticklabels()[0].get_text()
 
 
+def test_families_figure_says_why_a_panel_has_no_points(drawn):
+    """Every step after an ES run's first moved nothing, so no tensor had an R^2: the R^2 panels were left empty
+    without a word."""
+    flat = [{**r, "r2_fit": None} for r in TENSORS]
+    (rho_m, rho_n), (r2_m, r2_n) = np.asarray(drawn(D.plot_families, {"tensors": flat}).axes).reshape(2, 2)
+    for ax in (r2_m, r2_n):
+        assert [t.get_text() for t in ax.texts] == ["no R$^2$: the displacement did not change over the steps"]
+    assert not rho_m.texts and not rho_n.texts
+
+
 def test_tensor_curves_predict_each_family_from_its_own_size(drawn):
     steps = [1, 2]
     series = D.DriftSeries(steps=steps, total=[0.0, 0.0], num_params=1000,
@@ -184,6 +194,19 @@ def test_weights_figure_draws_norms_and_stable_ranks_per_layer_in_each_methods_s
     assert norms.get_xlabel() == ranks.get_xlabel() == "layer"
 
 
+def test_weights_figure_tells_two_updates_of_one_algorithm_apart(drawn):
+    """Two ES seeds (labels es_42, es_43) took the same blue for each family, so their lines could not be told
+    apart: the second of one algorithm's colours is dashed, in both panels."""
+    rows = [{"role": "q_proj", "layer": 0, **{lab: {"sq": 1.0, "stable_rank": 2.0}
+                                              for lab in ("es_42", "es_43", "grpo")}}]
+    norms, ranks = drawn(W.plot_weights, {"labels": ["es_42", "es_43", "grpo"], "tensors": rows}).axes
+    lab = _by_label(norms)
+    looks = {k: (to_rgba(lab[k].get_color()), lab[k].get_linestyle()) for k in lab}
+    assert len(set(looks.values())) == 3
+    assert looks["es_42 q_proj"][0] == looks["es_43 q_proj"][0]  # both still ES blue
+    assert [line.get_linestyle() for line in ranks.get_lines()] == ["-", "--", "-"]
+
+
 def test_weights_figure_of_updates_that_moved_nothing_keeps_a_linear_axis_and_says_so(drawn, recwarn):
     """Runs whose updates were all zero (e.g. every member scored alike) made matplotlib warn that a log axis
     had no positive values, and drew an empty panel without a word."""
@@ -202,6 +225,20 @@ def test_heatmap_names_rows_by_task_and_columns_by_stage_and_writes_each_value_i
     assert [t.get_text() for t in ax.get_xticklabels()] == ["after 1:boolq", "after 2:gsm8k", "after 3:arc"]
     assert {t.get_position(): t.get_text() for t in ax.texts} == {
         (j, i): f"{m[i, j]:.3g}" for i in range(2) for j in range(3)}
+
+
+def test_sparsity_tick_labels_do_not_overlap_when_the_sweeps_are_close(drawn):
+    """One target each, reached at 50.08% (ES) and 50.38% (GRPO): the axis got seven 6-digit labels, printed over
+    each other."""
+    results = {lab: {"rows": [{"sparsity": x, "accuracy": {"t": 0.4}}], "algorithm": lab}
+               for lab, x in (("es", 0.50076), ("grpo", 0.50384))}
+    (ax,) = drawn(SP.plot_sparsity_sweep, results).axes
+    fig = ax.figure
+    fig.canvas.draw()
+    lo, hi = ax.get_xlim()
+    boxes = sorted((t.get_window_extent() for t, x in zip(ax.get_xticklabels(), ax.get_xticks()) if lo <= x <= hi
+                    and t.get_text()), key=lambda b: b.x0)
+    assert len(boxes) >= 2 and all(a.x1 < b.x0 for a, b in zip(boxes, boxes[1:]))
 
 
 def test_sparsity_lines_take_the_colour_of_their_algorithm_not_of_their_label(drawn):

@@ -26,6 +26,14 @@ def contains_answer(completions, answer, **kwargs):
 def length_bonus(completions, **kwargs):
     return [min(len(c[0]["content"]), 10) / 10 for c in completions]
 
+def fails_on(completions, answer, **kwargs):
+    if "70" in answer or "72" in answer:  # a late train row (What is 35 + 35?) and the last held-out row
+        raise KeyError("no rule for " + "/".join(a for a in answer if a in ("70", "72")))
+    return [1.0 for _ in completions]
+
+def fails_on_test_row(completions, answer, **kwargs):
+    return fails_on(completions, [a.replace("70", "0") for a in answer])
+
 def one_value(completions, **kwargs):
     return [0.0]
 
@@ -164,7 +172,7 @@ def test_an_empty_box_is_no_answer_for_the_boxed_verifiers():
 @pytest.mark.parametrize("options, words", [
     ({"prompt_field": "prompt"}, ["no field 'prompt'", "prompt_field", "question, answer, level"]),
     ({"prompt_field": "question", "answer_field": "gold"}, ["no field 'gold'", "answer_field"]),
-    ({"prompt_field": "question", "reward": "user_rewards:one_value"}, ["returned 1 values for 2 completions"]),
+    ({"prompt_field": "question", "reward": "user_rewards:one_value"}, ["train split (32 rows)", "returned 1 values for 32 completions"]),
     ({"prompt_field": "question", "reward": "user_rewards:words"}, ["'good'", "not a number"]),
     ({"prompt_field": "question", "reward": "no_such_module:f"}, ["cannot import module 'no_such_module'"]),
     ({"prompt_field": "question", "reward": "user_rewards:nothing"}, ["has no attribute 'nothing'"]),
@@ -182,6 +190,20 @@ def test_bad_input_is_a_clear_error(user_files, options, words):
         get_task(str(data), **options)
     for word in words:
         assert word in str(exc.value)
+
+
+@pytest.mark.parametrize("reward, where", [
+    ("fails_on", "train split, row 29 of 32 (question: 'What is 35 + 35?')"),
+    ("fails_on_test_row", "test split, row 8 of 8 (question: 'What is 36 + 36?')"),
+])
+def test_a_reward_that_fails_on_a_late_row_fails_before_any_model_loads(user_files, reward, where):
+    """The reward was tried on the first two train rows only, so one that raised on a later row (or a held-out
+    row) passed and stopped the run after the model had loaded: every row of both splits is tried, and the error
+    names the first row it fails on."""
+    _, data = user_files
+    with pytest.raises(ValueError) as exc:
+        get_task(str(data), prompt_field="question", reward=f"user_rewards:{reward}")
+    assert str(exc.value).startswith(f"{where}: reward 'user_rewards:{reward}' raised KeyError")
 
 
 def test_empty_and_missing_files(tmp_path):

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from esft.config import ConfigError, Rule, at_least, check_fields, non_negative, positive
+from esft.validation import check_task
 
 
 def _fractions(what: str) -> Rule:
@@ -32,9 +33,12 @@ PATHS: dict[str, str] = {
 
 
 def check_analysis(config: Any) -> None:
-    """Raise ConfigError for the first field of `config` (an analysis dataclass) out of range, or naming a path
-    that does not exist."""
+    """Raise ConfigError for the first field of `config` (an analysis dataclass) out of range, naming a task esft
+    cannot build, or naming a path that does not exist."""
     check_fields(config, RULES)
+    for key in ("tasks", "holdout_tasks"):  # built only after the base model has loaded
+        for name in getattr(config, key, None) or []:
+            check_task(key, name)
     for name, what in PATHS.items():
         value = getattr(config, name, None)
         for path in [value] if isinstance(value, str) else list(value or []):

@@ -73,8 +73,9 @@ class WeightsConfig:
     """base model: embedded name or HF folder"""
     tuned: list[str] = field(default_factory=list)
     """fine-tuned checkpoint folders (comma-separated); two give cosine and norm ratio"""
-    labels: list[str] = field(default_factory=lambda: ["es", "grpo"])
-    """names of the tuned checkpoints, in order"""
+    labels: list[str] = field(default_factory=list)
+    """names of the tuned checkpoints, in order; default: the algorithm of each one's run (es, grpo; es_2 for a
+    second ES run), or es, grpo, tuned2, ... when a checkpoint is not inside a run folder"""
     eps: float = paper.SPARSITY_EPS
     """sparsity threshold |d| <= eps (paper Table 4)"""
     stable_ranks: bool = True
@@ -95,8 +96,9 @@ def run_weights(cfg: WeightsConfig) -> dict[str, Any]:
 
     if not cfg.tuned:
         raise ValueError("give at least one --tuned checkpoint")
+    given = list(cfg.labels) or run_labels(cfg.tuned) or ["es", "grpo"]
     # a checkpoint past the given labels is named by its place in --tuned (tuned2 is the third)
-    labels = list(cfg.labels)[:len(cfg.tuned)] + [f"tuned{i}" for i in range(len(cfg.labels), len(cfg.tuned))]
+    labels = given[:len(cfg.tuned)] + [f"tuned{i}" for i in range(len(given), len(cfg.tuned))]
     if len(set(labels)) != len(labels):
         raise ValueError(f"labels must be distinct, got {labels}")
     rep = compare_updates(_resolve(cfg.base), dict(zip(labels, cfg.tuned)), eps=cfg.eps,
@@ -106,6 +108,23 @@ def run_weights(cfg: WeightsConfig) -> dict[str, Any]:
     _write(out, "weights.json", rep)
     plot_weights(rep, out / "weights.png")
     return rep
+
+
+def run_labels(tuned: list[str]) -> list[str]:
+    """Each checkpoint (RUN/checkpoints/NAME) named by its run's algorithm, a second of one algorithm by its place
+    among them (es_2); [] when one is not in a run folder esft recognises. A fixed es, grpo default named the
+    second of two ES checkpoints "grpo" and drew it in GRPO's red."""
+    from esft.analysis.runs import classify, read_config
+
+    algos = []
+    for ck in map(Path, tuned):
+        run = ck.parent.parent
+        if ck.parent.name != "checkpoints" or not (run / "config.yaml").is_file():
+            return []
+        algos.append(classify(run, read_config(run / "config.yaml")))
+    if "unknown" in algos:
+        return []
+    return [a if algos[:i].count(a) == 0 else f"{a}_{algos[:i].count(a) + 1}" for i, a in enumerate(algos)]
 
 
 def format_weights(rep: dict[str, Any]) -> str:

@@ -40,9 +40,11 @@ def r2_score(y: Sequence[float], prediction: Sequence[float]) -> float:
     """1 - SS_res / SS_tot with SS_tot about the mean of y (may be negative; NaN when y is constant)."""
     y = np.asarray(y, dtype=np.float64)
     p = np.asarray(prediction, dtype=np.float64)
-    ss_tot = float(((y - y.mean()) ** 2).sum())
-    if ss_tot == 0.0:
+    # a constant y (every step after the first moved nothing) has no R^2; its mean can round off the value itself,
+    # which left SS_tot at ~1e-35 and an R^2 of -1e31
+    if y.size == 0 or np.all(y == y[0]):
         return math.nan
+    ss_tot = float(((y - y.mean()) ** 2).sum())
     return 1.0 - float(((y - p) ** 2).sum()) / ss_tot
 
 
@@ -322,6 +324,9 @@ def plot_families(result: Mapping[str, Any], path: str | Path) -> Path:
                 ax.errorbar([x], [q["median"]], yerr=[[q["median"] - q["q1"]], [q["q3"] - q["median"]]],
                             fmt="o", color="k", capsize=3)
             ax.axhline(1.0, color="k" if key == "rho" else "gray", ls="--" if key == "rho" else ":", lw=1)
+            if fams and not ax.collections:  # an empty panel would read as a figure drawn wrong
+                ax.text(0.5, 0.5, f"no {'rho' if key == 'rho' else 'R$^2$'}: the displacement did not change over "
+                        "the steps", transform=ax.transAxes, ha="center", fontsize=8)
             ax.set_xticks(range(len(fams)))
             # family names under the bottom panel only (the top one shares its columns)
             ax.set_xticklabels(fams if row_i == 1 else [], rotation=30, ha="right", fontsize=7)

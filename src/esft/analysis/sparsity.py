@@ -150,6 +150,8 @@ def plot_sparsity_sweep(results: Mapping[str, Mapping[str, Any]], path: str | Pa
     """Accuracy vs sparsity of the kept update, one line per method in the panel of each task it evaluated; base
     accuracy dotted. A result's "algorithm" (a report's sweeps are keyed by track name, e.g. "es@100") picks its
     colour, else its label."""
+    from matplotlib.ticker import MaxNLocator
+
     from esft.analysis.plots import accuracy_axis, color, pyplot, save
 
     plt = pyplot()
@@ -165,6 +167,8 @@ def plot_sparsity_sweep(results: Mapping[str, Mapping[str, Any]], path: str | Pa
             ax.plot(xs, ys, "o-", color=col, label=label)
             if t in r.get("base_accuracy", {}):
                 ax.axhline(r["base_accuracy"][t], color=col, ls=":", lw=1)
+        # a few ticks: sparsities a few 1e-4 apart got seven 6-digit labels, printed over each other
+        ax.xaxis.set_major_locator(MaxNLocator(nbins=4))
         ax.set_xlabel(r"sparsity (fraction of $|\Delta\theta_i| \leq \tau$ reverted)")
         accuracy_axis(ax)
         ax.set_title(t, fontsize=9)

@@ -411,7 +411,7 @@ def family_rows(rep: dict[str, Any]) -> tuple[list[str], list[list[Any]]]:
 
 def plot_weights(rep: dict[str, Any], path: Path) -> Path:
     """Per-layer update norm and stable rank of each matrix family, one shade per family and update (ES blues,
-    GRPO reds)."""
+    GRPO reds; a second update of the same colours is dashed, a third dotted)."""
     from matplotlib.ticker import MaxNLocator
 
     from esft.analysis.plots import pyplot, save
@@ -420,15 +420,19 @@ def plot_weights(rep: dict[str, Any], path: Path) -> Path:
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
     fams = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
     maps = {"es": "Blues", "grpo": "Reds"}
+    # two updates of one algorithm (two seeds) share its shades, so each further one gets its own line style
+    styles, shared = ("-", "--", ":", "-."), {}
     for j, lab in enumerate(rep["labels"]):
-        cmap = plt.get_cmap(maps.get(lab.split("_")[0], ["Greens", "Purples", "Oranges"][j % 3]))
+        name = maps.get(lab.split("_")[0], ["Greens", "Purples", "Oranges"][j % 3])
+        cmap, style = plt.get_cmap(name), styles[shared.setdefault(name, 0) % len(styles)]
+        shared[name] += 1
         for k, fam in enumerate(fams):
             rows = sorted((r for r in rep["tensors"] if r["role"] == fam and r["layer"] is not None),
                           key=lambda r: r["layer"])
             if not rows:
                 continue
             layers = [r["layer"] for r in rows]
-            kw = dict(color=cmap(0.35 + 0.65 * k / (len(fams) - 1)), lw=1.2, marker=".", ms=3)
+            kw = dict(color=cmap(0.35 + 0.65 * k / (len(fams) - 1)), ls=style, lw=1.2, marker=".", ms=3)
             axes[0].plot(layers, [math.sqrt(r[lab]["sq"]) for r in rows], label=f"{lab} {fam}", **kw)
             sr = [r[lab]["stable_rank"] for r in rows]
             if any(v is not None for v in sr):

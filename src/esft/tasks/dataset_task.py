@@ -256,12 +256,31 @@ class DatasetTask(Task):
         return [dict(r) for r in self._read()[split]]
 
     def validate(self) -> None:
-        """Read the data and call the reward once on (at most) two train rows, with their gold answers as
-        completions: a missing field, an empty file or a reward of the wrong shape fails here, before training."""
-        rows = self._read()["train"][:2]
-        texts = [str(r.get(self.answer_field, "")) for r in rows]
-        for name, fn in self._reward_fns:
-            call_trl_reward(fn, name, texts, [self.prompt(r) for r in rows], rows, self.completion_format)
+        """Read the data and call each reward on every row of both splits, once per split, with the gold answers as
+        completions: a missing field, an empty file, or a reward that raises on any row or returns the wrong shape
+        fails here, before a model loads. Rewards are cheap next to a model load, and a reward that fails only on
+        a late row would otherwise stop the run after it (or in its first held-out evaluation)."""
+        for split, rows in self._read().items():
+            texts = [str(r.get(self.answer_field, "")) for r in rows]
+            prompts = [self.prompt(r) for r in rows]
+            for name, fn in self._reward_fns if rows else ():
+                try:
+                    call_trl_reward(fn, name, texts, prompts, rows, self.completion_format)
+                except ValueError as exc:
+                    raise ValueError(f"{self._failing_row(split, rows, fn, name, exc)}{exc}") from exc
+
+    def _failing_row(self, split: str, rows: list[Example], fn: Any, name: str, exc: ValueError) -> str:
+        """Where the reward failed on `split`: the first row that fails alone when the reward raised (rows are tried
+        one at a time, on this failure only), else the split (a wrong count or value, whose error says which)."""
+        if exc.__cause__ is not None:
+            for i, row in enumerate(rows):
+                try:
+                    call_trl_reward(fn, name, [str(row.get(self.answer_field, ""))], [self.prompt(row)], [row],
+                                    self.completion_format)
+                except ValueError:
+                    return (f"{split} split, row {i + 1} of {len(rows)} "
+                            f"({self.prompt_field}: {str(row[self.prompt_field])[:60]!r}): ")
+        return f"{split} split ({len(rows)} rows): "
 
     # ---- prompting and scoring ----------------------------------------------------------------------------------
     def prompt(self, example: Example) -> Messages:
