@@ -178,7 +178,7 @@ def test_weights_figure_draws_norms_and_stable_ranks_per_layer_in_each_methods_s
     es_rgb, grpo_rgb = (to_rgba(lab[k].get_color()) for k in ("es q_proj", "grpo q_proj"))
     assert es_rgb[2] > es_rgb[0] and grpo_rgb[0] > grpo_rgb[2]  # a blue and a red
     es_sr, grpo_sr = (_xy(line)[1] for line in ranks.get_lines())
-    assert es_sr == [3.0, 2.0] and math.isnan(grpo_sr[0]) and grpo_sr[1] == 1.5
+    assert es_sr == [3.0, 2.0] and math.isnan(grpo_sr[0]) and grpo_sr[1] == 1.5 and not ranks.texts
     assert norms.get_yscale() == "log" and (norms.get_ylabel(), ranks.get_ylabel()) == (r"$\|\Delta W\|_F$",
                                                                                        "stable rank")
     assert norms.get_xlabel() == ranks.get_xlabel() == "layer"
@@ -189,8 +189,9 @@ def test_weights_figure_of_updates_that_moved_nothing_keeps_a_linear_axis_and_sa
     had no positive values, and drew an empty panel without a word."""
     rows = [{"role": "q_proj", "layer": 0, "es": {"sq": 0.0, "stable_rank": None},
              "grpo": {"sq": 0.0, "stable_rank": None}}]
-    norms, _ = drawn(W.plot_weights, {"labels": ["es", "grpo"], "tensors": rows}).axes
+    norms, ranks = drawn(W.plot_weights, {"labels": ["es", "grpo"], "tensors": rows}).axes
     assert norms.get_yscale() == "linear" and [t.get_text() for t in norms.texts] == ["every update norm is 0"]
+    assert [t.get_text() for t in ranks.texts] == ["no stable rank: no matrix was updated"]
     assert not [w for w in recwarn if "log" in str(w.message)]
 
 
