@@ -70,6 +70,19 @@ def test_total_drift_draws_es_its_prediction_and_grpo_scaled_by_grpos_own_size(d
     assert _xy(lab["theory (identity)"]) == ([1, 2, 4], [1, 2, 4])
     assert right.get_xlabel() == "step T" and right.get_legend() is not None
 
+    assert all(line.get_marker() in ("None", None, "") for ax in (left, right, inset) for line in ax.get_lines())
+
+
+def test_total_drift_of_a_one_step_run_marks_its_points(drawn):
+    """A line through one point draws nothing: a one-iteration ES stage beside a one-step GRPO run left both panels
+    with axes and a legend but no data."""
+    es = D.DriftSeries(steps=[1], total=[2.0], num_params=32, expected=[2.0])
+    grpo = D.DriftSeries(steps=[1], total=[0.5], num_params=64)
+    left, right = drawn(D.plot_total, es, 0.5, 4, grpo=grpo).axes
+    (inset,) = left.child_axes
+    drawn_lines = [*left.get_lines(), *inset.get_lines(), *right.get_lines()]
+    assert len(drawn_lines) == 7 and all(line.get_marker() == "o" for line in drawn_lines)
+
 
 TENSORS = [  # q_proj rho 0.5, 1, 3 (quartiles 0.75, 1, 2); two per-layer norm gains
     {"name": f"layers.{i}.self_attn.q_proj.weight", "role": "q_proj", "layer": i, "kind": "attention", "numel": 64,
