@@ -144,6 +144,18 @@ def test_interpolation_draws_the_path_and_the_chord_between_its_endpoints(drawn)
     assert ax.get_xlabel() == "t  (ES = 0, GRPO = 1)" and ax.get_title() == "boolq: max drop -0.300 (barrier)"
 
 
+
+def test_interpolation_titles_of_task_names_with_options_fit_their_panels(drawn):
+    """`countdown:numbers=2,max_number=20,ops=+*,ask_format=1` in one unbroken title ran into the next panel's."""
+    name = "countdown:numbers=2,max_number=20,ops=+*,ask_format=1"
+    result = {"t": [0.0, 1.0], "accuracy": {name: [0.2, 0.4], "boolq": [0.5, 0.5]},
+              "barrier": {name: {"max_drop": 0.0, "barrier": False}, "boolq": {"max_drop": 0.0, "barrier": False}}}
+    long, short = drawn(L.plot_interpolation, result).axes
+    lines = long.get_title().split("\n")
+    assert len(lines) > 1 and max(map(len, lines)) <= 40, lines
+    assert long.get_title().replace("\n", " ").replace(", ", ",").startswith(name + ": max drop +0.000")
+    assert short.get_title() == "boolq: max drop +0.000"
+
 def test_direction_sweep_marks_each_updates_norm_in_its_colour_and_the_reference(drawn):
     mags = [0.0, 2.0, 5.0]
     result = {"magnitudes": mags, "directions": {

@@ -270,7 +270,8 @@ def plot_total(series: DriftSeries, alpha: float, population: int, path: str | P
     dot = {"marker": "o", "ms": 4} if len(steps) == 1 else {}
     gdot = {"marker": "o", "ms": 4} if grpo is not None and len(grpo.steps) == 1 else {}
     ax = axes[0]
-    ax.plot(steps, series.total, color=color("es"), lw=2, **dot, label=f"ES (R$^2$ vs theory = {short(fit['r2_theory'])})")
+    ax.plot(steps, series.total, color=color("es"), lw=2, **dot,
+            label=f"ES (R$^2$ vs theory = {short(fit['r2_theory'])})")
     ax.plot(steps, pred, "k--", lw=1, **dot, label=r"$\alpha^2 T d / N$")
     if series.expected is not None:
         ax.plot(steps, series.expected, ":", color="gray", lw=1.5, **dot, label="expectation from the logged updates")
