@@ -70,6 +70,19 @@ def test_total_drift_draws_es_its_prediction_and_grpo_scaled_by_grpos_own_size(d
     assert _xy(lab["theory (identity)"]) == ([1, 2, 4], [1, 2, 4])
     assert right.get_xlabel() == "step T" and right.get_legend() is not None
 
+    assert all(line.get_marker() in ("None", None, "") for ax in (left, right, inset) for line in ax.get_lines())
+
+
+def test_total_drift_of_a_one_step_run_marks_its_points(drawn):
+    """A line through one point draws nothing: a one-iteration ES stage beside a one-step GRPO run left both panels
+    with axes and a legend but no data."""
+    es = D.DriftSeries(steps=[1], total=[2.0], num_params=32, expected=[2.0])
+    grpo = D.DriftSeries(steps=[1], total=[0.5], num_params=64)
+    left, right = drawn(D.plot_total, es, 0.5, 4, grpo=grpo).axes
+    (inset,) = left.child_axes
+    drawn_lines = [*left.get_lines(), *inset.get_lines(), *right.get_lines()]
+    assert len(drawn_lines) == 7 and all(line.get_marker() == "o" for line in drawn_lines)
+
 
 TENSORS = [  # q_proj rho 0.5, 1, 3 (quartiles 0.75, 1, 2); two per-layer norm gains
     {"name": f"layers.{i}.self_attn.q_proj.weight", "role": "q_proj", "layer": i, "kind": "attention", "numel": 64,
@@ -141,6 +154,18 @@ def test_interpolation_draws_the_path_and_the_chord_between_its_endpoints(drawn)
     assert ax.get_xlabel() == "t  (ES = 0, GRPO = 1)" and ax.get_title() == "boolq: max drop -0.300 (barrier)"
 
 
+
+def test_interpolation_titles_of_task_names_with_options_fit_their_panels(drawn):
+    """`countdown:numbers=2,max_number=20,ops=+*,ask_format=1` in one unbroken title ran into the next panel's."""
+    name = "countdown:numbers=2,max_number=20,ops=+*,ask_format=1"
+    result = {"t": [0.0, 1.0], "accuracy": {name: [0.2, 0.4], "boolq": [0.5, 0.5]},
+              "barrier": {name: {"max_drop": 0.0, "barrier": False}, "boolq": {"max_drop": 0.0, "barrier": False}}}
+    long, short = drawn(L.plot_interpolation, result).axes
+    lines = long.get_title().split("\n")
+    assert len(lines) > 1 and max(map(len, lines)) <= 40, lines
+    assert long.get_title().replace("\n", " ").replace(", ", ",").startswith(name + ": max drop +0.000")
+    assert short.get_title() == "boolq: max drop +0.000"
+
 def test_direction_sweep_marks_each_updates_norm_in_its_colour_and_the_reference(drawn):
     mags = [0.0, 2.0, 5.0]
     result = {"magnitudes": mags, "directions": {
@@ -188,7 +213,7 @@ def test_weights_figure_draws_norms_and_stable_ranks_per_layer_in_each_methods_s
     es_rgb, grpo_rgb = (to_rgba(lab[k].get_color()) for k in ("es q_proj", "grpo q_proj"))
     assert es_rgb[2] > es_rgb[0] and grpo_rgb[0] > grpo_rgb[2]  # a blue and a red
     es_sr, grpo_sr = (_xy(line)[1] for line in ranks.get_lines())
-    assert es_sr == [3.0, 2.0] and math.isnan(grpo_sr[0]) and grpo_sr[1] == 1.5
+    assert es_sr == [3.0, 2.0] and math.isnan(grpo_sr[0]) and grpo_sr[1] == 1.5 and not ranks.texts
     assert norms.get_yscale() == "log" and (norms.get_ylabel(), ranks.get_ylabel()) == (r"$\|\Delta W\|_F$",
                                                                                        "stable rank")
     assert norms.get_xlabel() == ranks.get_xlabel() == "layer"
@@ -212,8 +237,9 @@ def test_weights_figure_of_updates_that_moved_nothing_keeps_a_linear_axis_and_sa
     had no positive values, and drew an empty panel without a word."""
     rows = [{"role": "q_proj", "layer": 0, "es": {"sq": 0.0, "stable_rank": None},
              "grpo": {"sq": 0.0, "stable_rank": None}}]
-    norms, _ = drawn(W.plot_weights, {"labels": ["es", "grpo"], "tensors": rows}).axes
+    norms, ranks = drawn(W.plot_weights, {"labels": ["es", "grpo"], "tensors": rows}).axes
     assert norms.get_yscale() == "linear" and [t.get_text() for t in norms.texts] == ["every update norm is 0"]
+    assert [t.get_text() for t in ranks.texts] == ["no stable rank: no matrix was updated"]
     assert not [w for w in recwarn if "log" in str(w.message)]
 
 

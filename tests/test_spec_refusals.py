@@ -230,8 +230,26 @@ def test_a_model_folder_that_does_not_exist_is_refused_by_check_spec_model(tmp_p
     from esft.experiments.spec import check_spec_model
 
     spec = load_spec_text(tmp_path, _edit(TOP, TOP + f"model: {tmp_path / 'missing'}/\n"))
-    with pytest.raises(SpecError, match=re.escape(f"{tmp_path / 'spec.yaml'}: ") + r".*missing"):
+    with pytest.raises(SpecError, match=re.escape(f"{tmp_path / 'spec.yaml'}:2: ") + r".*missing"):
         check_spec_model(spec)
+
+
+def test_a_misspelt_model_name_is_refused_at_its_line(tmp_path):
+    from esft.experiments.spec import check_spec_model
+
+    spec = load_spec_text(tmp_path, _edit(TOP, TOP + "model: smollm2-136m\n"))
+    with pytest.raises(SpecError, match=re.escape(f"{tmp_path / 'spec.yaml'}:2: model = 'smollm2-136m'")):
+        check_spec_model(spec)
+
+
+def test_after_single_task_in_a_sequential_spec_is_refused_at_its_line(tmp_path):
+    """A sequential stage evaluates every task, so the key would change nothing there: refused, not ignored."""
+    text = _edit(EVAL, EVAL + "  after_single_task: trained\n").replace("kind: single-task", "kind: sequential")
+    with pytest.raises(SpecError, match=r"spec.yaml:11: evaluation.after_single_task only applies to kind: "
+                                        r"single-task"):
+        load_spec_text(tmp_path, text)
+    spec = load_spec_text(tmp_path, text.replace("kind: sequential", "kind: single-task"))
+    assert spec.evaluation.after_single_task == "trained"
 
 
 # ---- DART-ES options of the ES config (esft.es.es_config.check_combinations) -------------------------------------

@@ -268,11 +268,15 @@ def plot_total(series: DriftSeries, alpha: float, population: int, path: str | P
     pred = predicted_sq_drift(alpha, steps, d, population)
     fit = fit_drift(steps, series.total, alpha, population, d)
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    # a line through one point draws nothing: a run of one step (ES to 1 iteration) shows its points as markers
+    dot = {"marker": "o", "ms": 4} if len(steps) == 1 else {}
+    gdot = {"marker": "o", "ms": 4} if grpo is not None and len(grpo.steps) == 1 else {}
     ax = axes[0]
-    ax.plot(steps, series.total, color=color("es"), lw=2, label=f"ES (R$^2$ vs theory = {short(fit['r2_theory'])})")
-    ax.plot(steps, pred, "k--", lw=1, label=r"$\alpha^2 T d / N$")
+    ax.plot(steps, series.total, color=color("es"), lw=2, **dot,
+            label=f"ES (R$^2$ vs theory = {short(fit['r2_theory'])})")
+    ax.plot(steps, pred, "k--", lw=1, **dot, label=r"$\alpha^2 T d / N$")
     if series.expected is not None:
-        ax.plot(steps, series.expected, ":", color="gray", lw=1.5, label="expectation from the logged updates")
+        ax.plot(steps, series.expected, ":", color="gray", lw=1.5, **dot, label="expectation from the logged updates")
     ax.set_xlabel("step T")
     ax.set_ylabel(r"$\|\Delta\theta_T\|^2$")
     ax.set_title(title or f"d = {d:.3g}, N = {population}, alpha = {alpha:g}")
@@ -281,7 +285,7 @@ def plot_total(series: DriftSeries, alpha: float, population: int, path: str | P
     ax.legend(loc="upper left", bbox_to_anchor=(0.0, 0.9), fontsize=8)
     if grpo is not None and grpo.steps:
         inset = ax.inset_axes([0.6, 0.12, 0.36, 0.3])
-        inset.plot(grpo.steps, grpo.total, color=color("grpo"))
+        inset.plot(grpo.steps, grpo.total, color=color("grpo"), **gdot)
         inset.set_title("GRPO", fontsize=7)
         inset.tick_params(labelsize=6)
         ratio = displacement_ratio(series, grpo)
@@ -290,12 +294,12 @@ def plot_total(series: DriftSeries, alpha: float, population: int, path: str | P
                        fontsize=6, va="top")
     ax = axes[1]
     unit = alpha ** 2 * d / population
-    ax.plot(steps, np.asarray(series.total) / unit, color=color("es"), lw=2, label="ES")
+    ax.plot(steps, np.asarray(series.total) / unit, color=color("es"), lw=2, **dot, label="ES")
     if grpo is not None and grpo.steps:
         gd = grpo.num_params or d
         ax.plot(grpo.steps, np.asarray(grpo.total) / (alpha ** 2 * gd / population), color=color("grpo"), lw=2,
-                label="GRPO (same scaling)")
-    ax.plot(steps, steps, "k--", lw=1, label="theory (identity)")
+                **gdot, label="GRPO (same scaling)")
+    ax.plot(steps, steps, "k--", lw=1, **dot, label="theory (identity)")
     ax.set_xlabel("step T")
     ax.set_ylabel(r"$\|\Delta\theta_T\|^2 / (\alpha^2 d / N)$")
     ax.legend(fontsize=8)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
@@ -284,7 +285,8 @@ def plot_interpolation(result: Mapping[str, Any], path: str | Path, labels: tupl
         ax.plot(ts, acc, "o-", color="tab:purple")
         ax.plot([ts[0], ts[-1]], [acc[0], acc[-1]], "--", color="gray")
         b = result["barrier"][n]
-        ax.set_title(f"{n}: max drop {b['max_drop']:+.3f}" + (" (barrier)" if b["barrier"] else ""), fontsize=9)
+        name = textwrap.fill(n.replace(",", ", "), 36) if len(n) > 36 else n  # task options: wider than a panel
+        ax.set_title(f"{name}: max drop {b['max_drop']:+.3f}" + (" (barrier)" if b["barrier"] else ""), fontsize=9)
         ax.set_xlabel(f"t  ({labels[0]} = 0, {labels[1]} = 1)")
         accuracy_axis(ax)
     return save(fig, path)

@@ -440,7 +440,9 @@ def plot_weights(rep: dict[str, Any], path: Path) -> Path:
     if any(y > 0 for line in axes[0].get_lines() for y in line.get_ydata()):
         axes[0].set_yscale("log")
     else:  # updates that moved nothing (a run of 0 iterations, or rewards all equal): a log axis has no range
-        axes[0].text(0.5, 0.5, "every update norm is 0", transform=axes[0].transAxes, ha="center")
+        axes[0].text(0.5, 0.6, "every update norm is 0", transform=axes[0].transAxes, ha="center")
+    if not axes[1].get_lines():  # ||dW||_2 = 0 leaves the ratio undefined: say why the panel is empty
+        axes[1].text(0.5, 0.5, "no stable rank: no matrix was updated", transform=axes[1].transAxes, ha="center")
     axes[0].set_ylabel(r"$\|\Delta W\|_F$")
     axes[1].set_ylabel("stable rank")
     for ax in axes:

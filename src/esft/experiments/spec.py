@@ -415,6 +415,10 @@ def parse_spec(data: Any, path: str = "<spec>", name: str | None = None) -> Spec
         raise ctx.error(seq.line_of("carry_optimizer_state"), "sequential.carry_optimizer_state must be true/false")
     if seq and kind != "sequential":
         raise ctx.error(data.line_of("sequential"), "the `sequential` block only applies to kind: sequential")
+    ev_raw = as_mapping(ctx, data.get("evaluation"), "evaluation", data.line_of("evaluation"))
+    if "after_single_task" in ev_raw and kind != "single-task":  # sequential stages evaluate every task
+        raise ctx.error(ev_raw.line_of("after_single_task"), "evaluation.after_single_task only applies to kind: "
+                                                              "single-task (a sequential stage evaluates every task)")
     tables = as_mapping(ctx, data.get("tables"), "tables", data.line_of("tables"))
     check_keys(ctx, tables, ("ifeval_metric",), "tables")
     metric = tables.get("ifeval_metric", "prompt_strict")
@@ -464,7 +468,8 @@ def check_spec_model(spec: Spec) -> None:
         check_model("model", spec.model)
     except ValueError as exc:
         path = spec.path or "<spec>"
-        raise SpecError(f"{path}: {exc}") from None
+        line = load_file(spec.path).line_of("model") if spec.path and Path(spec.path).is_file() else 0
+        raise SpecError(f"{path}:{line}: {exc}" if line else f"{path}: {exc}") from None
 
 
 def load_spec(path_or_name: str | Path) -> Spec:
