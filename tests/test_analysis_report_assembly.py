@@ -18,7 +18,7 @@ import yaml
 from esft.analysis import drift as D
 from esft.analysis.drift_runs import drift_notes, law_rows, report_drift
 from esft.analysis.report_builder import Report, ReportConfig
-from esft.analysis.report_cache import Cache, fingerprint
+from esft.analysis.report_cache import Cache, fingerprint, slug
 from esft.analysis.report_context import ReportContext
 from esft.analysis.runs import Run
 
@@ -94,6 +94,16 @@ def test_a_cached_result_is_reused_only_while_its_params_are_unchanged(tmp_path)
     assert cache.get("b", {"x": 1, "p": Path("/m")}, lambda: [5]) == ([5], False)  # another name, its own entry
     assert Cache(tmp_path, recompute=True).get("b", {"x": 1, "p": Path("/m")}, lambda: [6]) == ([6], False)
     assert cache.get("b", {"x": 1, "p": Path("/m")}, lambda: [7]) == ([6], True)
+
+
+def test_report_file_names_keep_plain_labels_and_never_share_one_between_two_labels():
+    assert slug("es") == "es" and slug("grpo_2") == "grpo_2"  # the names tests and users see stay as they are
+    labels = ["countdown:ops=+", "countdown:ops=*", "countdown_ops__", "es@100", "es_100", "a" * 90, "a" * 91,
+              "/runs/es", "_runs_es"]
+    names = [slug(t) for t in labels]
+    assert len(set(names)) == len(labels), names
+    assert slug("countdown:ops=+*").startswith("countdown_ops_plustimes-")  # spelt as experiment folders spell it
+    assert all(len(n) <= 80 and all(c.isalnum() or c in "-_" for c in n) for n in names)
 
 
 def test_the_fingerprint_follows_each_weight_file_time(tmp_path):

@@ -31,8 +31,22 @@ def json_default(x: Any) -> Any:
     return str(x)
 
 
+#: characters a report's file names spell out, as experiment folders do (esft.experiments.plan.task_slug)
+_SPELT = {"+": "plus", "*": "times"}
+
+
 def slug(text: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_" else "_" for c in text).strip("_")[:80]
+    """A file-name form of a label or path: ASCII letters, digits, `-` and `_` kept, `+` and `*` spelt out, any
+    other character `_`. When that form could be another text's (a character replaced, or the form cut at 80), a
+    hash of the text is appended: `countdown:ops=+` and `countdown:ops=*` once both became `countdown_ops__`, and
+    the second figure overwrote the first."""
+    import hashlib
+    import re
+
+    if re.fullmatch(r"[A-Za-z0-9_-]{1,80}", text):
+        return text
+    readable = "".join(_SPELT.get(c, c if re.fullmatch(r"[A-Za-z0-9_-]", c) else "_") for c in text).strip("_")
+    return f"{readable[:72]}-{hashlib.sha1(text.encode()).hexdigest()[:6]}"
 
 
 class Cache:
