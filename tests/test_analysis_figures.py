@@ -207,7 +207,9 @@ def test_weights_figure_draws_norms_and_stable_ranks_per_layer_in_each_methods_s
     rows = [{"role": "q_proj", "layer": layer, "es": {"sq": es_sq, "stable_rank": es_sr},
              "grpo": {"sq": g_sq, "stable_rank": g_sr}}
             for layer, es_sq, es_sr, g_sq, g_sr in ((1, 9.0, 2.0, 1.0, 1.5), (0, 4.0, 3.0, 16.0, None))]
-    norms, ranks = drawn(W.plot_weights, {"labels": ["es", "grpo"], "tensors": rows}).axes
+    fig = drawn(W.plot_weights, {"labels": ["es", "grpo"], "tensors": rows}, title="es, stage 2: boolq")
+    assert fig.get_suptitle() == "es, stage 2: boolq"
+    norms, ranks = fig.axes
     lab = _by_label(norms)
     assert _xy(lab["es q_proj"]) == ([0, 1], [2.0, 3.0]) and _xy(lab["grpo q_proj"]) == ([0, 1], [4.0, 1.0])
     es_rgb, grpo_rgb = (to_rgba(lab[k].get_color()) for k in ("es q_proj", "grpo q_proj"))

@@ -303,6 +303,35 @@ def test_tensors_left_out_of_the_totals_are_said_in_the_output(tmp_path):
     assert any("layers.1.up_proj" in why and "left out of every total" in why for _, why in skipped), skipped
 
 
+def test_the_report_weights_figure_and_family_table_name_the_stage_they_show(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from safetensors.torch import save_file
+
+    from esft.analysis.report_builder import Report
+
+    base = make_tiny_model(vocab_size=64, hidden=16)
+    base.save_pretrained(tmp_path / "base")
+    for k, name in enumerate(("s1", "s2")):  # two stages; the second has moved further
+        tuned = {n: p.detach() + (k + 1) * 1e-3 for n, p in base.named_parameters()}
+        base.save_pretrained(tmp_path / name)
+        save_file({n: t.contiguous() for n, t in tuned.items()}, str(tmp_path / name / "model.safetensors"))
+    chain = SimpleNamespace(label="es", base=tmp_path / "base", base_spec="base", algorithm="es",
+                            tasks=["countdown", "boolq"],
+                            stages=[SimpleNamespace(checkpoint=tmp_path / s) for s in ("s1", "s2")])
+    titles = []
+    monkeypatch.setattr(W, "plot_weights", lambda rep, path, title=None: titles.append(title) or path)
+    ctx = SimpleNamespace(pairs=[], chains=[chain], skip=lambda *a: None, results={},
+                          cache=SimpleNamespace(get=lambda name, params, fn: (fn(), False)), progress=False,
+                          config=SimpleNamespace(eps=1e-5), fig=lambda name: tmp_path / f"{name}.png",
+                          plot=lambda cached, path, fn: fn())
+    (comp,) = W.report_weights(ctx)
+    assert comp.last_stage == "2: boolq"
+    assert titles == ["es, stage 2: boolq: update from the base model"]
+    lines = "\n".join(Report._weights_tables(SimpleNamespace(rel=str, shown=str), comp))
+    assert "Per family, last stage (2: boolq):" in lines and "stable ranks, stage 2: boolq]" in lines
+
+
 @pytest.mark.parametrize("arch", ["gpt2", "llama"])
 def test_a_config_without_tie_word_embeddings_ties_as_transformers_loads_it(tmp_path, arch):
     """config.json without `tie_word_embeddings`: transformers ties by its config class's default for the

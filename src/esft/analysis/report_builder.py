@@ -262,9 +262,9 @@ class Report(ReportContext):
         if c.notes:
             s.append("\nMissing checkpoints: " + " ".join(c.notes))
         if c.families is not None:
-            s.append("\n" + "Per family, last stage:\n\n" + grid(*c.families))
+            s.append("\n" + f"Per family, last stage ({c.last_stage}):\n\n" + grid(*c.families))
         if c.figure is not None:
-            s.append(f"\n![per-layer update norms and stable ranks]({self.rel(c.figure)})\n")
+            s.append(f"\n![per-layer update norms and stable ranks, stage {c.last_stage}]({self.rel(c.figure)})\n")
         return s
 
     def section_drift(self) -> None:

@@ -280,6 +280,8 @@ class UpdateComparison:
     cosines: list[list[Any]] = field(default_factory=list)
     families: tuple[list[str], list[list[Any]]] | None = None
     figure: Path | None = None
+    last_stage: str = ""
+    """the stage `families` and `figure` show ("2: countdown")"""
     notes: list[str] = field(default_factory=list)
 
 
@@ -306,6 +308,7 @@ def report_weights(ctx: ReportContext) -> list[UpdateComparison] | None:
             if found is None:
                 continue
             last_rep, cached = found
+            comp.last_stage = f"{i + 1}: {a.tasks[i]}"
             results[f"{label} stage {i + 1}"] = last_rep["total"]
         if not comp.paired:
             ctx.skip(f"ES/GRPO norm ratio and cosine (Tables 3, 20) for {label}",
@@ -313,7 +316,8 @@ def report_weights(ctx: ReportContext) -> list[UpdateComparison] | None:
         if last_rep is not None:
             comp.families = family_rows(last_rep)
             path = ctx.fig(f"weights_{slug(label)}")
-            comp.figure = ctx.plot(cached, path, lambda rep=last_rep, path=path: plot_weights(rep, path))
+            title = f"{label}, stage {comp.last_stage}: update from the base model"
+            comp.figure = ctx.plot(cached, path, lambda rep=last_rep, path=path: plot_weights(rep, path, title))
         out.append(comp)
     ctx.results["weights"] = results
     return out
@@ -409,15 +413,17 @@ def family_rows(rep: dict[str, Any]) -> tuple[list[str], list[list[Any]]]:
     return head, rows
 
 
-def plot_weights(rep: dict[str, Any], path: Path) -> Path:
+def plot_weights(rep: dict[str, Any], path: Path, title: str | None = None) -> Path:
     """Per-layer update norm and stable rank of each matrix family, one shade per family and update (ES blues,
-    GRPO reds; a second update of the same colours is dashed, a third dotted)."""
+    GRPO reds; a second update of the same colours is dashed, a third dotted); `title` says which updates."""
     from matplotlib.ticker import MaxNLocator
 
     from esft.analysis.plots import pyplot, save
 
     plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+    if title:
+        fig.suptitle(title, fontsize=9)
     fams = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
     maps = {"es": "Blues", "grpo": "Reds"}
     # two updates of one algorithm (two seeds) share its shades, so each further one gets its own line style
