@@ -199,7 +199,9 @@ def test_sparsity_sweep_draws_accuracy_against_sparsity_and_each_base(drawn):
              if line.get_linestyle() == ":"]
     assert bases == [(0.4, BLUE), (0.45, RED)]
     assert ax.get_xlabel().startswith("sparsity") and ax.get_ylabel() == "accuracy"
-    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["es", "grpo"]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["es", "grpo", "base model (dotted)"]
+    (ax,) = drawn(SP.plot_sparsity_sweep, {"es": {"rows": results["es"]["rows"]}}).axes  # no base line drawn
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["es"]
 
 
 # ---- weights and KL ---------------------------------------------------------------------------------------------

@@ -150,6 +150,7 @@ def plot_sparsity_sweep(results: Mapping[str, Mapping[str, Any]], path: str | Pa
     """Accuracy vs sparsity of the kept update, one line per method in the panel of each task it evaluated; base
     accuracy dotted. A result's "algorithm" (a report's sweeps are keyed by track name, e.g. "es@100") picks its
     colour, else its label."""
+    from matplotlib.lines import Line2D
     from matplotlib.ticker import MaxNLocator
 
     from esft.analysis.plots import accuracy_axis, color, pyplot, save
@@ -158,6 +159,7 @@ def plot_sparsity_sweep(results: Mapping[str, Mapping[str, Any]], path: str | Pa
     tasks = sorted({t for r in results.values() for row in r["rows"] for t in row["accuracy"]})
     fig, axes = plt.subplots(1, max(1, len(tasks)), figsize=(4 * max(1, len(tasks)), 3.3), squeeze=False)
     for ax, t in zip(axes[0], tasks):
+        bases = False
         for label, r in results.items():
             if not all(t in row["accuracy"] for row in r["rows"]):  # a run of another task sequence
                 continue
@@ -167,12 +169,17 @@ def plot_sparsity_sweep(results: Mapping[str, Mapping[str, Any]], path: str | Pa
             ax.plot(xs, ys, "o-", color=col, label=label)
             if t in r.get("base_accuracy", {}):
                 ax.axhline(r["base_accuracy"][t], color=col, ls=":", lw=1)
+                bases = True
         # a few ticks: sparsities a few 1e-4 apart got seven 6-digit labels, printed over each other
         ax.xaxis.set_major_locator(MaxNLocator(nbins=4))
         ax.set_xlabel(r"sparsity (fraction of $|\Delta\theta_i| \leq \tau$ reverted)")
         accuracy_axis(ax)
         ax.set_title(t, fontsize=9)
-        ax.legend(fontsize=7)
+        handles, names = ax.get_legend_handles_labels()
+        if bases:  # one entry for the dotted lines, each in its method's colour
+            handles.append(Line2D([], [], color="gray", ls=":", lw=1))
+            names.append("base model (dotted)")
+        ax.legend(handles, names, fontsize=7)
     return save(fig, path)
 
 
