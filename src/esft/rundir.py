@@ -63,10 +63,11 @@ def held_out_fields(rows: list[dict[str, Any]], tokens_generated: int,
     A value the task does not give (format rate, answer counts, baseline) is None."""
     import math
 
-    from esft.tasks.labels import wilson_interval
+    from esft.tasks.labels import scores_interval
 
     n = len(rows)
-    correct = math.fsum(float(r["score"]) for r in rows)
+    scores = [float(r["score"]) for r in rows]
+    correct = math.fsum(scores)
     checked = bool(rows) and rows[0].get("well_formed") is not None
     formed = [float(r["score"]) for r in rows if r.get("well_formed")]
     answers: dict[str, int] = {}
@@ -75,7 +76,7 @@ def held_out_fields(rows: list[dict[str, Any]], tokens_generated: int,
             answers[str(r["extracted"])] = answers.get(str(r["extracted"]), 0) + 1
     baseline = baseline or {}
     return {
-        "test_n": n, "test_accuracy": correct / n if n else 0.0, "test_ci95": list(wilson_interval(correct, n)),
+        "test_n": n, "test_accuracy": correct / n if n else 0.0, "test_ci95": list(scores_interval(scores)),
         "test_format_rate": sum(bool(r.get("well_formed")) for r in rows) / n if checked else None,
         "test_accuracy_among_well_formed": math.fsum(formed) / len(formed) if checked and formed else None,
         "test_tokens_generated": tokens_generated,
