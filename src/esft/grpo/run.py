@@ -306,7 +306,8 @@ def _train_or_save(trainer: EsftGRPOTrainer, resume_from: Path | None) -> None:
                       f"continue from step {done[-1][0] if done else 0} with `esft train grpo --resume --output-dir "
                       f"{trainer.run_dir}`") from None
     except KeyboardInterrupt:
-        saved = trainer.save_finished_step(boundary)
+        with without_transformers_bars():  # the interrupt's one line, not a "Writing model shards" bar under it
+            saved = trainer.save_finished_step(boundary)
         done = list_checkpoints(trainer.run_dir)
         # the message is the one line the command line prints (esft.cli); a script sees it in the exception
         raise RunInterrupted(
