@@ -253,6 +253,19 @@ class _LogRecords(logging.Handler):
         self.messages.append(record.getMessage())
 
 
+def test_a_folder_holding_an_es_run_names_the_es_resume(tmp_path, tokenizer):
+    """A new GRPO run in an ES run's folder is refused with ES's resume command: `--resume` of GRPO, which the
+    message used to suggest, refuses an ES run in turn."""
+    out = tmp_path / "es-run"
+    out.mkdir()
+    (out / "config.yaml").write_text("task: parity\npopulation_size: 4\niterations: 2\n")
+    (out / "metrics.jsonl").write_text('{"kind":"train","step":1}\n')
+    with pytest.raises(FileExistsError, match=re.escape(
+            f"{out} already holds an ES run (continue it with `esft train es --resume {out}`): choose a new "
+            "output_dir for this GRPO run")):
+        train_grpo(tiny_config(out), model=make_tiny_model(), tokenizer=tokenizer, task=ParityTask(), progress=False)
+
+
 class InterruptAt(TrainerCallback):
     """Ctrl-C in step `step`, after its generation round and loss: just before its optimizer update, or (`updated`)
     just after it, while the step count still names the step before."""

@@ -173,6 +173,25 @@ def holds_run(folder: str | Path) -> bool:
     return root.is_dir() and any(not p.name.startswith(".") for p in root.iterdir())
 
 
+def occupied_error(folder: str | Path, algorithm: str) -> FileExistsError:
+    """The refusal of a new `algorithm` ('es' or 'grpo') run in a folder that holds a run: its advice to resume is
+    the other trainer's command when config.yaml shows the other algorithm wrote the run (this trainer's --resume
+    would refuse it)."""
+    from esft.config import RESUME_COMMAND, load_yaml_lines, saved_algorithm
+
+    try:
+        found = saved_algorithm(load_yaml_lines(Path(folder) / "config.yaml")[0])
+    except (OSError, ValueError):  # no or unreadable config.yaml: the resume itself says what is wrong
+        found = None
+    if found is not None and found != algorithm:
+        kinds = {"es": "an ES", "grpo": "a GRPO"}
+        return FileExistsError(f"{folder} already holds {kinds[found]} run (continue it with "
+                               f"`{RESUME_COMMAND[found].format(dir=folder)}`): choose a new output_dir for this "
+                               f"{algorithm.upper()} run")
+    return FileExistsError(f"{folder} already holds a run: continue it with --resume (resume=True in Python) or "
+                           "choose a new output_dir")
+
+
 def check_output_dir(path: str | Path, what: str = "output_dir") -> None:
     """Fail before any work when `path` cannot become a writable folder: it is a file, sits under a file, or its
     nearest existing folder is not writable."""

@@ -133,8 +133,7 @@ def _prepare_dir(out: Path, config: GRPOConfig) -> tuple[Path | None, int]:
             raise ValueError(f"cannot resume {out} with max_steps {config.max_steps}: it has trained for {start} "
                              "steps already")
     elif holds_run:
-        raise FileExistsError(f"{out} already holds a run: continue it with --resume (resume=True in "
-                              "Python) or choose a new output_dir")
+        raise rundir.occupied_error(out, "grpo")
     for name in ("metrics.jsonl", "drift.jsonl"):
         filter_jsonl(out / name, lambda r: r.get("step", 0) <= start)
     return resume_from, start
