@@ -18,7 +18,7 @@ import yaml
 
 from esft.config import (ConfigError, Rule, RunConfig, at_least, check_fields, finite, in_range, non_negative,
                          one_of, positive)
-from esft.tracking import report_to_rule
+from esft.tracking import report_to_rule, report_to_text
 
 
 @dataclass
@@ -124,6 +124,7 @@ class GRPOConfig(RunConfig):
         from esft.tasks.custom import absolute_data_task
 
         self.task = absolute_data_task(self.task)  # config.yaml must rebuild it from any directory
+        self.report_to = report_to_text(self.report_to)
         self.parse_mappings("task_options", "trl_args")
         check_fields(self, self.rules)
         if self.completions_per_step % self.per_device_train_batch_size:
