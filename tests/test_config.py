@@ -67,6 +67,26 @@ def test_unknown_yaml_key_is_named(tmp_path):
         build_config(Demo, PRESETS, None, str(cfg_file), {})
 
 
+@pytest.mark.parametrize("line, hint", [
+    ("bf16: true", "(TRL's option; esft sets it from precision)"),
+    ("gradient_accumulation_steps: 4", "(TRL's option; esft sets it from prompts_per_step and "
+                                       "per_device_train_batch_size)"),
+    ("disable_dropout: true", "(TRL's option, which esft sets itself)"),
+    ("num_train_epochs: 1", "(did you mean num_iterations? another option of TRL's GRPOConfig goes under trl_args: "
+                            "{num_train_epochs: ...})"),
+])
+def test_a_trl_key_in_a_grpo_config_file_says_where_it_goes(tmp_path, line, hint):
+    """A TRL user's config file: TRL's keys that esft sets from its own options name them, and the rest of TRL's
+    options are pointed to trl_args (it said only "unknown option")."""
+    from esft.grpo import GRPOConfig
+
+    cfg_file = tmp_path / "run.yaml"
+    cfg_file.write_text(line + "\n")
+    with pytest.raises(ValueError) as refused:
+        build_config(GRPOConfig, {}, None, str(cfg_file), {})
+    assert str(refused.value) == f"{cfg_file}:1: unknown option {line.split(':')[0]!r} {hint}"
+
+
 def test_unknown_preset():
     with pytest.raises(ValueError, match="unknown preset 'huge'"):
         build_config(Demo, PRESETS, "huge")

@@ -294,3 +294,26 @@ def test_wilson_interval_at_all_correct_and_all_wrong_by_hand():
         assert wilson_interval(n, n) == pytest.approx((n / (n + z2), 1.0), abs=1e-12)
         assert wilson_interval(0, n) == pytest.approx((0.0, z2 / (n + z2)), abs=1e-12)
     assert wilson_interval(10, 10)[0] == pytest.approx(0.7225, abs=1e-4)
+
+
+def test_a_reward_on_another_scale_gets_an_interval_of_its_mean():
+    """A reward function may return any number (`reward: module:function`): the held-out record of a training
+    evaluation and `esft eval`'s summary give an interval around the mean, mean +- 1.96 s / sqrt(n), where
+    Wilson's interval failed on a mean above 1 (`math domain error` stopped a GRPO run at its first evaluation)
+    or lay below it; scores in [0, 1] keep Wilson's."""
+    import statistics
+
+    from esft.rundir import held_out_fields
+
+    scores = [5.0, 1.9, 3.2]
+    mean, half = sum(scores) / 3, 1.96 * statistics.stdev(scores) / 3 ** 0.5
+    rec = held_out_fields([{"score": s} for s in scores], 24, None)
+    assert rec["test_accuracy"] == pytest.approx(mean)
+    assert rec["test_ci95"] == pytest.approx([mean - half, mean + half])
+    negative = held_out_fields([{"score": s} for s in (-1.0, 0.0, 1.0)], 24, None)["test_ci95"]
+    assert negative == pytest.approx([-1.96 / 3 ** 0.5, 1.96 / 3 ** 0.5])
+    summary = get_task("boolq").aggregate([{"score": s} for s in scores])
+    assert summary["ci95"] == pytest.approx([mean - half, mean + half])
+    assert held_out_fields([{"score": 7.5}], 8, None)["test_ci95"] == [7.5, 7.5]
+    assert held_out_fields([{"score": s} for s in (1.0, 0.0, 0.5)], 24, None)["test_ci95"] == list(
+        wilson_interval(1.5, 3))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import re
 from pathlib import Path
 
@@ -243,6 +244,28 @@ def test_resume_continues_step_count_and_schedule(run, tmp_path, tokenizer):
     assert evals == [0, 2, 4]  # step 0 and 2 evaluated before the crash are not repeated
 
 
+class _LogRecords(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+
+def test_a_folder_holding_an_es_run_names_the_es_resume(tmp_path, tokenizer):
+    """A new GRPO run in an ES run's folder is refused with ES's resume command: `--resume` of GRPO, which the
+    message used to suggest, refuses an ES run in turn."""
+    out = tmp_path / "es-run"
+    out.mkdir()
+    (out / "config.yaml").write_text("task: parity\npopulation_size: 4\niterations: 2\n")
+    (out / "metrics.jsonl").write_text('{"kind":"train","step":1}\n')
+    with pytest.raises(FileExistsError, match=re.escape(
+            f"{out} already holds an ES run (continue it with `esft train es --resume {out}`): choose a new "
+            "output_dir for this GRPO run")):
+        train_grpo(tiny_config(out), model=make_tiny_model(), tokenizer=tokenizer, task=ParityTask(), progress=False)
+
+
 class InterruptAt(TrainerCallback):
     """Ctrl-C in step `step`, after its generation round and loss: just before its optimizer update, or (`updated`)
     just after it, while the step count still names the step before."""
@@ -259,11 +282,12 @@ class InterruptAt(TrainerCallback):
             raise KeyboardInterrupt
 
 
-def test_an_interrupt_saves_the_last_finished_step(run, tmp_path, tokenizer):
+def test_an_interrupt_saves_the_last_finished_step(run, tmp_path, tokenizer, capfd):
     """Ctrl-C / SIGTERM between scheduled checkpoints (here only the final one is scheduled) writes the checkpoint
     of the last finished step; the resumed run then ends equal to the uninterrupted one (the same samples: the
     RNG states are those of the step's end, not of the interrupted generation round). Before, nothing was saved
-    and a resume restarted from step 0, dropping the logged steps."""
+    and a resume restarted from step 0, dropping the logged steps. The interrupt prints no transformers "Writing
+    model shards" bar, and the resume no "missing keys" warning for the tied lm_head (the tiny model ties it)."""
     from esft.rundir import RunInterrupted
 
     out = tmp_path / "ctrl-c"
@@ -273,9 +297,16 @@ def test_an_interrupt_saves_the_last_finished_step(run, tmp_path, tokenizer):
         train_grpo(tiny_config(out, save_steps=0), model=make_tiny_model(), tokenizer=tokenizer, task=ParityTask(),
                    callbacks=[InterruptAt(3)], progress=False)
     assert [(s, p.name) for s, p in list_checkpoints(out)] == [(2, "iter_000002")]
-    result = train_grpo(tiny_config(out, save_steps=0, resume=True), model=make_tiny_model(), tokenizer=tokenizer,
-                        task=ParityTask(), progress=False)
+    assert "Writing model shards" not in capfd.readouterr().err
+    warned = _LogRecords()
+    logging.getLogger("transformers").addHandler(warned)  # transformers' loggers do not propagate to the root
+    try:
+        result = train_grpo(tiny_config(out, save_steps=0, resume=True), model=make_tiny_model(),
+                            tokenizer=tokenizer, task=ParityTask(), progress=False)
+    finally:
+        logging.getLogger("transformers").removeHandler(warned)
     assert result.steps == 4
+    assert not [m for m in warned.messages if "missing keys" in m]
     records = read_jsonl(out / "metrics.jsonl")
     metrics = [r for r in records if r["kind"] == "train"]
     assert [m["step"] for m in metrics] == [1, 2, 3, 4]

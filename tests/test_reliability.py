@@ -637,10 +637,12 @@ def test_a_new_es_run_leaves_a_grpo_run_in_its_folder_alone(tiny_dir, tmp_path, 
     (out / "checkpoints" / "final").mkdir(parents=True)
     (out / "checkpoints" / "final" / "trainer_state.json").write_text('{"global_step": 4}')
     (out / "metrics.jsonl").write_text('{"kind":"eval","step":0}\n{"kind":"train","step":1,"reward":0.5}\n')
-    (out / "config.yaml").write_text("task: parity\nmax_steps: 4\n")
+    (out / "config.yaml").write_text("task: parity\nmax_steps: 4\n_run: {algorithm: grpo}\n")
     before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
     assert main(es_args(tiny_dir, out)) == 2
-    assert "already holds a run" in error_of(capsys)
+    # the command that continues it is GRPO's (`esft train es --resume` would refuse a GRPO run)
+    assert (f"already holds a GRPO run (continue it with `esft train grpo --resume --output-dir {out}`): choose a "
+            "new output_dir for this ES run") in error_of(capsys)
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file() and p.name != ".lock"} == before
 
 

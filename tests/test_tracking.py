@@ -328,3 +328,22 @@ def test_wandb_and_trackio_backends_log_at_the_step_and_finish(tmp_path, monkeyp
                      ("wandb.log", {"a": 2.0}, 9), ("trackio.log", {"a": 2.0}, 9),
                      ("wandb.log", {"t": table}, 9), ("trackio.log", {"t": table}, 9),
                      ("wandb.finish",), ("trackio.finish",)]
+
+
+def test_report_to_as_a_list_as_trl_configs_write_it(tmp_path):
+    """TRL's configs take `report_to: [tensorboard]`; a YAML config, the Python API and an experiment spec refused
+    the list ("expected text"). It is stored as the comma text config.yaml records."""
+    pytest.importorskip("tensorboard")
+    from esft.config import build_config
+    from esft.es import ESConfig
+    from esft.experiments.spec import parse_spec
+    from esft.experiments.yamlines import load
+    from esft.grpo.grpo_config import GRPOConfig
+
+    (tmp_path / "run.yaml").write_text("report_to: [tensorboard]\n")
+    for cls in (ESConfig, GRPOConfig):
+        assert build_config(cls, config_file=str(tmp_path / "run.yaml")).report_to == "tensorboard"
+        assert cls(report_to=["tensorboard", "none"]).report_to == "tensorboard,none"
+    spec = parse_spec(load("kind: single-task\ntasks: [countdown]\nalgorithms:\n"
+                           "  es: {preset: cpu, iterations: 2, report_to: [tensorboard]}\n"), "spec.yaml")
+    assert spec.methods[0].components[0].options["report_to"] == "tensorboard"

@@ -437,8 +437,8 @@ def coerce(cls: type, values: Mapping[str, Any], source: str,
         at = where(key) if where else source
         if name not in names:
             close = close_names(name, names)
-            hint = f" (did you mean {', '.join(close)}?)" if close else ""
-            raise ValueError(f"{at}: unknown option {key!r}{hint}")
+            hint = getattr(cls, "unknown_option_hint", lambda n, c: f" (did you mean {', '.join(c)}?)" if c else "")
+            raise ValueError(f"{at}: unknown option {key!r}{hint(name, close)}")
         if isinstance(value, str) and hints[name] is not str:
             try:
                 value = converter(hints[name])(value)

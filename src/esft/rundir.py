@@ -63,10 +63,11 @@ def held_out_fields(rows: list[dict[str, Any]], tokens_generated: int,
     A value the task does not give (format rate, answer counts, baseline) is None."""
     import math
 
-    from esft.tasks.labels import wilson_interval
+    from esft.tasks.labels import scores_interval
 
     n = len(rows)
-    correct = math.fsum(float(r["score"]) for r in rows)
+    scores = [float(r["score"]) for r in rows]
+    correct = math.fsum(scores)
     checked = bool(rows) and rows[0].get("well_formed") is not None
     formed = [float(r["score"]) for r in rows if r.get("well_formed")]
     answers: dict[str, int] = {}
@@ -75,7 +76,7 @@ def held_out_fields(rows: list[dict[str, Any]], tokens_generated: int,
             answers[str(r["extracted"])] = answers.get(str(r["extracted"]), 0) + 1
     baseline = baseline or {}
     return {
-        "test_n": n, "test_accuracy": correct / n if n else 0.0, "test_ci95": list(wilson_interval(correct, n)),
+        "test_n": n, "test_accuracy": correct / n if n else 0.0, "test_ci95": list(scores_interval(scores)),
         "test_format_rate": sum(bool(r.get("well_formed")) for r in rows) / n if checked else None,
         "test_accuracy_among_well_formed": math.fsum(formed) / len(formed) if checked and formed else None,
         "test_tokens_generated": tokens_generated,
@@ -170,6 +171,25 @@ def holds_run(folder: str | Path) -> bool:
         return True
     root = folder / CHECKPOINTS
     return root.is_dir() and any(not p.name.startswith(".") for p in root.iterdir())
+
+
+def occupied_error(folder: str | Path, algorithm: str) -> FileExistsError:
+    """The refusal of a new `algorithm` ('es' or 'grpo') run in a folder that holds a run: its advice to resume is
+    the other trainer's command when config.yaml shows the other algorithm wrote the run (this trainer's --resume
+    would refuse it)."""
+    from esft.config import RESUME_COMMAND, load_yaml_lines, saved_algorithm
+
+    try:
+        found = saved_algorithm(load_yaml_lines(Path(folder) / "config.yaml")[0])
+    except (OSError, ValueError):  # no or unreadable config.yaml: the resume itself says what is wrong
+        found = None
+    if found is not None and found != algorithm:
+        kinds = {"es": "an ES", "grpo": "a GRPO"}
+        return FileExistsError(f"{folder} already holds {kinds[found]} run (continue it with "
+                               f"`{RESUME_COMMAND[found].format(dir=folder)}`): choose a new output_dir for this "
+                               f"{algorithm.upper()} run")
+    return FileExistsError(f"{folder} already holds a run: continue it with --resume (resume=True in Python) or "
+                           "choose a new output_dir")
 
 
 def check_output_dir(path: str | Path, what: str = "output_dir") -> None:

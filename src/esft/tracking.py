@@ -36,6 +36,14 @@ def parse_report_to(value: str | Iterable[str] | None) -> list[str]:
     return list(dict.fromkeys(n for n in names if n != "none"))
 
 
+def report_to_text(value: Any) -> Any:
+    """`report_to` as the comma text a config stores: TRL's configs take a list too (`report_to: [tensorboard]`),
+    so a list of names is joined; anything else is left for the field's checks."""
+    if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+        return ",".join(value) or "none"
+    return value
+
+
 def report_to_rule() -> Any:
     """The `report_to` field's rule for esft.config.check_fields (so its error names where the value was set)."""
     from esft.config import Rule
@@ -198,4 +206,5 @@ def open_tracker(report_to: str | Iterable[str] | None, run_dir: str | Path, run
     return Tracker([_BACKENDS[n](Path(run_dir), run_name, config) for n in names])
 
 
-__all__ = ["REPORT_TO", "Tracker", "check_backends", "flatten", "open_tracker", "parse_report_to", "table_markdown"]
+__all__ = ["REPORT_TO", "Tracker", "check_backends", "flatten", "open_tracker", "parse_report_to", "report_to_text",
+           "table_markdown"]

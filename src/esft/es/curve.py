@@ -188,6 +188,7 @@ def run_figure(run_dir: str | Path) -> Any:
     panel and read as large swings. A matplotlib Figure (not registered with pyplot)."""
     # a Figure without pyplot: no backend is switched, no figure of the caller's (a notebook's) is touched
     from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
 
     run_dir = Path(run_dir)
     train, evals = _split(run_dir)
@@ -208,6 +209,8 @@ def run_figure(run_dir: str | Path) -> Any:
     _legend_or_note(ax1, "no training iteration logged")
     _heldout_panel(ax2, [e for e in evals if "test_accuracy" in e], run_dir)
     ax2.set_xlabel(xlabel)
+    for ax in (ax1, ax2):  # steps are whole numbers: no 1.25 tick on a run of a few steps
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     accuracy_axis(ax2, "")
     ax2.set_title("unperturbed model" if es else "model")
     _legend_or_note(ax2, "no held-out evaluation (eval_every or eval_limit 0)")

@@ -17,7 +17,7 @@ import yaml
 
 from esft.config import (FAST_CPU_GENERATION, ConfigError, Rule, RunConfig, at_least, check_fields, finite, one_of,
                          positive, regexes)
-from esft.tracking import report_to_rule
+from esft.tracking import report_to_rule, report_to_text
 
 
 @dataclass
@@ -142,6 +142,7 @@ class ESConfig(RunConfig):
         from esft.tasks.custom import absolute_data_task
 
         self.task = absolute_data_task(self.task)  # config.yaml must rebuild it from any directory
+        self.report_to = report_to_text(self.report_to)
         self.generation_options = rollout_options(self.generation_options)
         self.parse_mappings("fitness_options", "task_options", "executor_options")
         check_fields(self, self.rules)

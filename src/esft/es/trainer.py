@@ -44,7 +44,7 @@ from esft.es.fitness import FitnessRule, as_fitness_rule
 from esft.evaluation import load_examples
 from esft.tasks.base import Task, checks_format, format_bonus_warning
 from esft.rundir import (DISK_FULL, NonFiniteError, RunInterrupted, RunLock, TrainResult, check_output_dir,
-                         demote_final, held_out_fields, holds_run, peak_rss_mb, prune_checkpoints)
+                         demote_final, held_out_fields, holds_run, occupied_error, peak_rss_mb, prune_checkpoints)
 from esft.tracking import Tracker, check_backends, open_tracker
 from esft.version import __version__
 
@@ -186,8 +186,7 @@ class ESTrainer:
             self._resume()
         elif occupied:
             # never mix two runs in one directory: a later resume would pick up the other run's state
-            raise FileExistsError(f"{self.out} already holds a run: continue it with --resume (resume=True in "
-                                  "Python) or choose a new output_dir")
+            raise occupied_error(self.out, "es")
         else:
             for name in ("seeds.jsonl", "metrics.jsonl"):
                 (self.out / name).unlink(missing_ok=True)

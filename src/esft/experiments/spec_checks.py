@@ -151,6 +151,7 @@ def check_options(ctx: SpecContext, block: LineDict, algo: Algorithm, where: str
                   allow_budget_list: bool = False) -> dict[str, Any]:
     """Field overrides of an option block, each key checked against the config dataclass with its line."""
     from esft.config import ConfigError, check_value, coerce
+    from esft.tracking import report_to_text
 
     names = {f.name for f in dataclasses.fields(algo.config_cls)}
     out: dict[str, Any] = {}
@@ -182,7 +183,8 @@ def check_options(ctx: SpecContext, block: LineDict, algo: Algorithm, where: str
             out[name] = list(budgets)
             continue
         try:
-            converted = coerce(algo.config_cls, {name: value}, where)[name]
+            converted = coerce(algo.config_cls, {name: report_to_text(plain(value)) if name == "report_to" else value},
+                               where)[name]
             check_value(algo.config_cls, name, converted)
         except ConfigError as exc:
             raise ctx.error(line, f"{where}.{key} = {exc.value!r} is not accepted; expected {exc.accepted}") \

@@ -18,7 +18,7 @@ import yaml
 
 from esft.config import (ConfigError, Rule, RunConfig, at_least, check_fields, finite, in_range, non_negative,
                          one_of, positive)
-from esft.tracking import report_to_rule
+from esft.tracking import report_to_rule, report_to_text
 
 
 @dataclass
@@ -120,10 +120,22 @@ class GRPOConfig(RunConfig):
     resume: bool = False
     """continue the run in output_dir from its latest checkpoint (step count, optimizer and LR schedule continue)"""
 
+    @staticmethod
+    def unknown_option_hint(name: str, close: list[str]) -> str:
+        """What an unknown key of a config file means to a TRL user (esft.config.coerce): TRL's option that esft
+        sets from one of its own, or where the rest of TRL's options go."""
+        if name in TRL_EQUIVALENTS:
+            return f" (TRL's option; {TRL_EQUIVALENTS[name]})"
+        if name in ESFT_TRL_ARGS:
+            return " (TRL's option, which esft sets itself)"
+        close_text = f"did you mean {', '.join(close)}? " if close else ""
+        return f" ({close_text}another option of TRL's GRPOConfig goes under trl_args: {{{name}: ...}})"
+
     def __post_init__(self) -> None:
         from esft.tasks.custom import absolute_data_task
 
         self.task = absolute_data_task(self.task)  # config.yaml must rebuild it from any directory
+        self.report_to = report_to_text(self.report_to)
         self.parse_mappings("task_options", "trl_args")
         check_fields(self, self.rules)
         if self.completions_per_step % self.per_device_train_batch_size:
@@ -324,6 +336,13 @@ def resolve_precision(precision: str, device: str) -> str:
         return "bf16-autocast"
     return "fp32"
 
+
+#: TRL options esft sets from one of its own, and how (an unknown key's hint, GRPOConfig.unknown_option_hint)
+TRL_EQUIVALENTS = {"bf16": "esft sets it from precision", "fp16": "esft sets it from precision",
+                   "use_cpu": "esft sets it from device",
+                   "gradient_accumulation_steps": "esft sets it from prompts_per_step and per_device_train_batch_size",
+                   "steps_per_generation": "esft sets it from prompts_per_step and per_device_train_batch_size",
+                   "logging_steps": "esft logs every step", "save_strategy": "esft sets it from save_steps"}
 
 #: the TRL GRPOConfig options esft sets itself (trl_arguments); trl_args may not override them
 ESFT_TRL_ARGS = (

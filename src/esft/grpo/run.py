@@ -133,8 +133,7 @@ def _prepare_dir(out: Path, config: GRPOConfig) -> tuple[Path | None, int]:
             raise ValueError(f"cannot resume {out} with max_steps {config.max_steps}: it has trained for {start} "
                              "steps already")
     elif holds_run:
-        raise FileExistsError(f"{out} already holds a run: continue it with --resume (resume=True in "
-                              "Python) or choose a new output_dir")
+        raise rundir.occupied_error(out, "grpo")
     for name in ("metrics.jsonl", "drift.jsonl"):
         filter_jsonl(out / name, lambda r: r.get("step", 0) <= start)
     return resume_from, start
@@ -306,7 +305,8 @@ def _train_or_save(trainer: EsftGRPOTrainer, resume_from: Path | None) -> None:
                       f"continue from step {done[-1][0] if done else 0} with `esft train grpo --resume --output-dir "
                       f"{trainer.run_dir}`") from None
     except KeyboardInterrupt:
-        saved = trainer.save_finished_step(boundary)
+        with without_transformers_bars():  # the interrupt's one line, not a "Writing model shards" bar under it
+            saved = trainer.save_finished_step(boundary)
         done = list_checkpoints(trainer.run_dir)
         # the message is the one line the command line prints (esft.cli); a script sees it in the exception
         raise RunInterrupted(

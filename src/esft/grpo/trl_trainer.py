@@ -252,6 +252,13 @@ class EsftGRPOTrainer(GRPOTrainer):
         move_checkpoint(src, self.run_dir / CHECKPOINTS / name)
         prune_checkpoints(list_checkpoints(self.run_dir, TRAINER_STATE, "global_step"), self.save_total_limit)
 
+    def _issue_warnings_after_load(self, load_result: Any) -> None:
+        """transformers warns on every resume that a tied weight (SmolLM2's lm_head, saved once as the embeddings)
+        is a missing key; the load filled it through the tensor it shares. Only keys missing in fact are passed on."""
+        tied = tied_names(self.accelerator.unwrap_model(self.model))
+        missing = [k for k in load_result.missing_keys if k not in tied]
+        super()._issue_warnings_after_load(load_result._replace(missing_keys=missing))
+
     def save_finished_step(self, boundary: StepBoundary) -> Path | None:
         """After an interrupt: the checkpoint of the last finished step when it has none yet, with the RNG states
         of that step's end (esft.grpo.interrupt); None when there is nothing to save."""
@@ -261,6 +268,17 @@ class EsftGRPOTrainer(GRPOTrainer):
         set_rng_states(boundary.rng)
         self._save_checkpoint(self.model, trial=None)
         return self.run_dir / CHECKPOINTS / ("final" if step >= self.state.max_steps else checkpoint_name(step))
+
+
+def tied_names(model: Any) -> set[str]:
+    """Names of the parameters that share their tensor with an earlier-named one (tied weights): a checkpoint
+    holds such a tensor once, under the first name."""
+    first: dict[int, str] = {}
+    tied = set()
+    for name, param in model.named_parameters(remove_duplicate=False):
+        if first.setdefault(id(param), name) != name:
+            tied.add(name)
+    return tied
 
 
 def masked_k3_kl(logps: torch.Tensor, ref_logps: torch.Tensor, mask: torch.Tensor) -> float:

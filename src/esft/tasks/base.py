@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any, Callable
 
-from esft.tasks.labels import constant_baseline, wilson_interval
+from esft.tasks.labels import constant_baseline, scores_interval, wilson_interval
 
 Example = dict[str, Any]
 Messages = list[dict[str, str]]
@@ -88,7 +88,7 @@ class Task:
         """Summary metrics from per-example records (each has at least `score`). Accuracy with a 95% CI."""
         n = len(records)
         correct = sum(r["score"] for r in records)
-        lo, hi = wilson_interval(correct, n)
+        lo, hi = scores_interval([float(r["score"]) for r in records])
         out: dict[str, Any] = {"n": n, "accuracy": correct / n if n else 0.0, "ci95": [lo, hi]}
         if records and "well_formed" in records[0]:
             out["format_rate"] = sum(bool(r["well_formed"]) for r in records) / n

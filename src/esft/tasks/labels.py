@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import random
+import statistics
 from collections import Counter
 from typing import Any, Hashable, Sequence, TypeVar
 
@@ -34,6 +35,19 @@ def wilson_interval(successes: float, n: int, z: float = 1.96) -> tuple[float, f
     centre = (p + z * z / (2 * n)) / denom
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
     return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+def scores_interval(scores: Sequence[float], z: float = 1.96) -> tuple[float, float]:
+    """95% interval of a mean score: Wilson's for scores in [0, 1] (right or wrong, partial credit); for a reward
+    function's scores on another scale (`reward: module:function` may return any number) the normal approximation
+    mean +- z s / sqrt(n), as Wilson's takes the mean for a proportion (a mean of 3.8 fails its square root, one of
+    1.05 gets an interval below it). One such score has no spread to measure: its interval is the score itself."""
+    n = len(scores)
+    if all(0.0 <= s <= 1.0 for s in scores):
+        return wilson_interval(math.fsum(scores), n)
+    mean = math.fsum(scores) / n
+    half = z * statistics.stdev(scores) / math.sqrt(n) if n > 1 else 0.0
+    return (mean - half, mean + half)
 
 
 def constant_baseline(labels: Sequence[Hashable]) -> dict[str, Any] | None:
