@@ -244,32 +244,35 @@ def test_a_resume_from_step_0_does_not_evaluate_step_0_again(tmp_path, tokenizer
 
 
 def test_a_failed_run_names_its_newest_checkpoint_to_continue_from(tmp_path, tokenizer):
-    """With several checkpoints written, the full-disk and the Ctrl-C messages name the newest one's step."""
+    """With several checkpoints written, the full-disk and the Ctrl-C messages name the newest one's step (a
+    Ctrl-C before the first step ends says that no step had finished)."""
     import errno
 
     from transformers import TrainerCallback
 
     from esft.rundir import RunInterrupted
 
-    class FailAtStep3(TrainerCallback):
-        def __init__(self, error):
-            self.error = error
+    class FailAtStep(TrainerCallback):
+        def __init__(self, error, step):
+            self.error, self.step = error, step
 
         def on_pre_optimizer_step(self, args, state, control, **kwargs):
-            if state.global_step == 2:
+            if state.global_step == self.step:
                 raise self.error
 
-    def run(name, error):
+    def run(name, error, step=2):
         config = tiny_config(tmp_path / name, max_steps=3, save_steps=1, eval_every=0, max_completion_length=3)
         train_grpo(config, model=make_tiny_model(), tokenizer=tokenizer, task=ParityTask(),
-                   callbacks=[FailAtStep3(error)], progress=False)
+                   callbacks=[FailAtStep(error, step)], progress=False)
 
     with pytest.raises(OSError, match=r"at step 2: free disk space, then continue from step 2 with"):
         run("full", OSError(errno.ENOSPC, "No space left on device"))
     assert [s for s, _ in list_checkpoints(tmp_path / "full")] == [1, 2]
-    with pytest.raises(RunInterrupted, match=r"^interrupted at step 2: no finished step left to save; continue "
+    with pytest.raises(RunInterrupted, match=r"^interrupted at step 2: step 2 is saved already; continue "
                                              r"from step 2 with"):
         run("ctrl-c", KeyboardInterrupt())
+    with pytest.raises(RunInterrupted, match=r"^interrupted at step 0: no step had finished; continue from step 0 "):
+        run("ctrl-c-first", KeyboardInterrupt(), step=0)
 
 
 def test_each_completion_is_scored_against_its_own_example():

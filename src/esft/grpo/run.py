@@ -309,7 +309,8 @@ def _train_or_save(trainer: EsftGRPOTrainer, resume_from: Path | None) -> None:
             saved = trainer.save_finished_step(boundary)
         done = list_checkpoints(trainer.run_dir)
         # the message is the one line the command line prints (esft.cli); a script sees it in the exception
+        what = (f"saved {saved}" if saved is not None else f"step {done[-1][0]} is saved already" if done
+                else "no step had finished")
         raise RunInterrupted(
-            f"interrupted at step {trainer.state.global_step}: "
-            f"{f'saved {saved}' if saved is not None else 'no finished step left to save'}; continue from step "
+            f"interrupted at step {trainer.state.global_step}: {what}; continue from step "
             f"{done[-1][0] if done else 0} with `esft train grpo --resume --output-dir {trainer.run_dir}`") from None
