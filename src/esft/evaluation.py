@@ -31,7 +31,7 @@ from esft.generation import Generation, GenerationConfig, generate
 from esft.passk import answer_key, parse_ks, pass_at_k, summarize_samples
 from esft.tasks import Task, get_task, split_task_list, task_file_stem
 from esft.tasks.base import checks_format
-from esft.tasks.labels import BALANCE_SEED, balanced_subset
+from esft.tasks.labels import ACCURACY, BALANCE_SEED, balanced_subset, score_name
 
 
 @dataclass
@@ -296,20 +296,24 @@ def run_eval(config: EvalConfig, model=None, tokenizer=None, progress: bool = Tr
 
 
 def format_row(name: str, s: dict[str, Any]) -> str:
+    """One task's printed line. A reward scored outside [0, 1] reads `mean reward`, not `acc`, and shows no
+    constant-answer baseline (esft.tasks.labels.score_name)."""
     lo, hi = s["ci95"]
+    accuracy = score_name([s["accuracy"], lo, hi]) == ACCURACY
     extra = ""
     if "prompt_strict" in s:
         extra = (f"  prompt strict/loose {s['prompt_strict']:.3f}/{s['prompt_loose']:.3f}"
                  f"  instr strict/loose {s['instruction_strict']:.3f}/{s['instruction_loose']:.3f}")
     fmt = f"  format {s['format_rate']:.3f}" if "format_rate" in s else ""
-    fmt += constant_text(s)
+    fmt += constant_text(s) if accuracy else ""
     if "pass@k" in s:  # sampled protocol: accuracy is mean@n; then pass@k and maj@k per k
         for metric in ("pass@k", "maj@k"):
             for k, m in s.get(metric, {}).items():
                 extra += f"  {metric[:-1]}{k} {m['value']:.3f} [{m['ci95'][0]:.3f}, {m['ci95'][1]:.3f}]"
         return (f"{name:<10} n={s['n']:<5} x{s['samples']} mean@{s['samples']} {s['accuracy']:.3f}  "
                 f"95% CI [{lo:.3f}, {hi:.3f}]{fmt}{extra}")
-    return f"{name:<10} n={s['n']:<5} acc {s['accuracy']:.3f}  95% CI [{lo:.3f}, {hi:.3f}]{fmt}{extra}"
+    label = "acc" if accuracy else "mean reward"
+    return f"{name:<10} n={s['n']:<5} {label} {s['accuracy']:.3f}  95% CI [{lo:.3f}, {hi:.3f}]{fmt}{extra}"
 
 
 def constant_text(s: dict[str, Any]) -> str:

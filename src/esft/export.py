@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 
 from esft.rundir import CHECKPOINTS, read_jsonl, replace_dir
+from esft.tasks.labels import score_name
 
 #: files of a Hugging Face model folder (exact names, then suffixes)
 _MODEL_FILES = ("config.json", "generation_config.json", "model.safetensors.index.json", "tokenizer.json",
@@ -143,7 +144,9 @@ def model_card(run: Path, config: dict[str, Any], results: list[dict[str, Any]],
     if step is not None:  # evaluations after the exported weights describe other weights
         results = [r for r in results if r.get("step") is None or r["step"] <= step]
     if results:
-        lines += ["## Held-out results", "", "| step | n | accuracy | 95% CI |", "|---|---|---|---|"]
+        # a custom reward scored outside [0, 1] is a mean reward, not an accuracy
+        name = score_name([r["accuracy"] for r in results] + [b for r in results for b in r.get("ci95") or ()])
+        lines += ["## Held-out results", "", f"| step | n | {name} | 95% CI |", "|---|---|---|---|"]
         for r in results:
             ci = r.get("ci95") or []
             ci_text = f"[{ci[0]:.3f}, {ci[1]:.3f}]" if len(ci) == 2 else ""

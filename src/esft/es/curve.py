@@ -6,7 +6,8 @@
 
 Held-out accuracy is shown beside the constant-answer baseline of the same held-out examples (always giving their
 most frequent gold answer, with its 95% Wilson interval; `heldout_constant_baseline`): a curve that climbs only
-to that band has learned the answer prior, not the task.
+to that band has learned the answer prior, not the task. A reward on another scale than [0, 1] (a custom
+`module:function` reward) is shown as a held-out mean reward, without that baseline (`esft.tasks.labels.score_name`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import yaml
 from esft import rundir
 from esft.config import passage_cut
 from esft.evaluation import load_examples
+from esft.tasks.labels import ACCURACY, score_name
 
 
 def _split(run_dir: str | Path) -> tuple[list[dict], list[dict]]:
@@ -142,9 +144,11 @@ def _legend_or_note(ax: Any, note: str) -> None:
 
 def _heldout_panel(ax: Any, ev: list[dict], run_dir: Path) -> None:
     """Held-out accuracy with its 95% CI and the constant-answer baseline: one band for one held-out set, or
-    each evaluation's own (with its CI) when resuming changed the set, so no point sits beside another set's."""
+    each evaluation's own (with its CI) when resuming changed the set, so no point sits beside another set's.
+    Scores outside [0, 1] are a mean reward, shown without the baseline (`score_name`)."""
     if not ev:
         return
+    name = score_name([e["test_accuracy"] for e in ev] + [b for e in ev for b in e.get("test_ci95") or ()])
     steps = [e["step"] for e in ev]
     acc = np.array([e["test_accuracy"] for e in ev])
     lo = acc - np.array([e["test_ci95"][0] for e in ev])
@@ -153,9 +157,11 @@ def _heldout_panel(ax: Any, ev: list[dict], run_dir: Path) -> None:
     counts = sorted({e["test_n"] for e in ev})
     n = f"n={counts[0]}-{counts[-1]}" if len(counts) > 1 else f"n={counts[0]}"
     ax.errorbar(steps, acc, yerr=[lo, hi], marker="o", capsize=3,
-                label=f"held-out accuracy ({n}{'; set changed on resume' if changed else ''})")
+                label=f"held-out {name} ({n}{'; set changed on resume' if changed else ''})")
     if all(e.get("test_format_rate") is not None for e in ev):
         ax.plot(steps, [e["test_format_rate"] for e in ev], ls="--", marker="x", label="held-out format rate")
+    if name != ACCURACY:
+        return
     if changed:
         own = [e for e in ev if e.get("test_constant_baseline") is not None]
         if own:

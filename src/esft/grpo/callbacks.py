@@ -19,6 +19,7 @@ from transformers import TrainerCallback
 
 from esft.grpo.ledger import StepLedger, add_totals
 from esft.rundir import NonFiniteError, append_jsonl, held_out_fields, peak_rss_mb, rewrite_jsonl
+from esft.tasks.labels import score_name
 
 
 def _finite(value: Any) -> Any:
@@ -201,7 +202,8 @@ class EvalCallback(TrainerCallback):
         if self.progress:
             lo, hi = rec["test_ci95"]
             fmt = "" if rec["test_format_rate"] is None else f" (format {rec['test_format_rate']:.3f})"
-            print(f"step {step}: held-out accuracy {rec['test_accuracy']:.3f} [{lo:.3f}, {hi:.3f}]{fmt}", flush=True)
+            name = score_name([rec["test_accuracy"], lo, hi])
+            print(f"step {step}: held-out {name} {rec['test_accuracy']:.3f} [{lo:.3f}, {hi:.3f}]{fmt}", flush=True)
         return rec
 
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any):

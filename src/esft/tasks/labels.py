@@ -18,7 +18,7 @@ import math
 import random
 import statistics
 from collections import Counter
-from typing import Any, Hashable, Sequence, TypeVar
+from typing import Any, Hashable, Iterable, Sequence, TypeVar
 
 T = TypeVar("T")
 
@@ -48,6 +48,23 @@ def scores_interval(scores: Sequence[float], z: float = 1.96) -> tuple[float, fl
     mean = math.fsum(scores) / n
     half = z * statistics.stdev(scores) / math.sqrt(n) if n > 1 else 0.0
     return (mean - half, mean + half)
+
+
+#: The two names of a held-out score (`score_name`).
+ACCURACY, MEAN_REWARD = "accuracy", "mean reward"
+
+
+def score_name(values: Iterable[float | None]) -> str:
+    """What a held-out score is called where it is shown: ACCURACY while every value lies in [0, 1] (right or
+    wrong, or partial credit), MEAN_REWARD otherwise (a `module:function` reward may return any number, and a
+    mean of 2.5 or -1 is no accuracy). Only an accuracy is shown beside the constant-answer baseline: that
+    baseline is the share of examples whose gold answer is the most frequent one, which says nothing on another
+    reward's scale.
+
+    `values` are whatever the caller has of the scores (None skipped): the scores themselves, or their means and
+    95% interval bounds. From means and bounds alone, scores outside [0, 1] whose means and intervals all stay in
+    it still read as an accuracy: a place that has the scores should pass them."""
+    return ACCURACY if all(0.0 <= v <= 1.0 for v in values if v is not None) else MEAN_REWARD
 
 
 def constant_baseline(labels: Sequence[Hashable]) -> dict[str, Any] | None:
@@ -121,4 +138,5 @@ def class_balanced_weights(labels: Sequence[Hashable]) -> list[float]:
     return [n / (k * counts[label]) for label in labels]
 
 
-__all__ = ["BALANCE_SEED", "balanced_indices", "balanced_subset", "class_balanced_weights", "constant_baseline"]
+__all__ = ["ACCURACY", "BALANCE_SEED", "MEAN_REWARD", "balanced_indices", "balanced_subset", "class_balanced_weights",
+           "constant_baseline", "score_name"]
