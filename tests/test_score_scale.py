@@ -39,6 +39,9 @@ def test_the_card_calls_a_score_outside_zero_one_a_mean_reward(tmp_path):
     scaled = model_card(tmp_path / "run", config, [{"step": 0, "n": 4, "accuracy": 0.5, "ci95": [0.4, 0.6]},
                                                    {"step": 2, "n": 4, "accuracy": 2.5, "ci95": [2.5, 2.5]}])
     assert "| step | n | mean reward | 95% CI |" in scaled and "accuracy" not in scaled
+    # a mean in [0, 1] whose normal-approximation interval leaves it: scores of -1 and 2.5, say
+    spread = model_card(tmp_path / "run", config, [{"step": 0, "n": 4, "accuracy": 0.75, "ci95": [-0.9, 2.4]}])
+    assert "| step | n | mean reward | 95% CI |" in spread
 
 
 def test_esft_eval_prints_a_mean_reward_without_the_constant_answer():
@@ -47,6 +50,23 @@ def test_esft_eval_prints_a_mean_reward_without_the_constant_answer():
     line = format_row("q.jsonl", summary)
     assert "mean reward 2.500  95% CI [1.900, 3.100]" in line and "acc " not in line and "const" not in line
     assert "acc 0.250" in format_row("q.jsonl", dict(summary, accuracy=0.25, ci95=[0.05, 0.7]))
+    assert "mean reward 0.750" in format_row("q.jsonl", dict(summary, accuracy=0.75, ci95=[-0.9, 2.4]))
+
+
+def test_the_figure_reads_the_interval_too_and_keeps_accuracy_and_baseline_on_zero_one(tmp_path):
+    """A mean of 0.75 whose interval leaves [0, 1] is a mean reward (no constant band); the same records with a
+    Wilson interval are an accuracy beside the constant answer."""
+    def run_of(ci: list[float]) -> Path:
+        run = tmp_path / f"run{ci[0]}"
+        run.mkdir()
+        records = [{"kind": "eval", "step": s, "test_n": 4, "test_accuracy": 0.75, "test_ci95": ci,
+                    "test_format_rate": None, "test_constant_baseline": 0.5,
+                    "test_constant_baseline_ci95": [0.15, 0.85], "test_constant_answer": "1"} for s in (0, 2)]
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+        return run
+
+    assert _legend(run_of([-0.9, 2.4])) == ["held-out mean reward (n=4)"]
+    assert _legend(run_of([0.3, 0.95])) == ['constant answer "1" (95% CI)', "held-out accuracy (n=4)"]
 
 
 def _legend(run: Path) -> list[str]:
