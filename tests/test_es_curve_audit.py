@@ -109,10 +109,12 @@ def test_both_panels_name_their_x_axis_and_the_algorithms_population(tmp_path):
     assert "min-max over completions" in grpo_train.get_legend_handles_labels()[1]
 
 
-def test_both_panels_tick_whole_steps_only(tmp_path):
-    """A run of a few steps got ticks at 1.25, 1.5, ... on its iteration axes."""
-    lines = [{"kind": "train", "step": s, "reward": {"mean": 0.5, "min": 0.0, "max": 1.0}} for s in (1, 2, 3)]
-    lines += [{"kind": "eval", "step": s, "test_n": 2, "test_accuracy": 0.5, "test_ci95": [0.1, 0.9]} for s in (0, 3)]
+@pytest.mark.parametrize("steps", [(1, 2, 3), (1,)])
+def test_both_panels_tick_whole_steps_only(tmp_path, steps):
+    """A run of a few steps got ticks at 1.25, 1.5, ... on its iteration axes; a run of one step 0.945, 0.96, ..."""
+    lines = [{"kind": "train", "step": s, "reward": {"mean": 0.5, "min": 0.0, "max": 1.0}} for s in steps]
+    lines += [{"kind": "eval", "step": s, "test_n": 2, "test_accuracy": 0.5, "test_ci95": [0.1, 0.9]}
+              for s in sorted({0, steps[-1]})]
     fig = curve.run_figure(_run(tmp_path / "run", lines))
     fig.canvas.draw()
     for ax in fig.axes:

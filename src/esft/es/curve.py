@@ -215,8 +215,8 @@ def run_figure(run_dir: str | Path) -> Any:
     _legend_or_note(ax1, "no training iteration logged")
     _heldout_panel(ax2, [e for e in evals if "test_accuracy" in e], run_dir)
     ax2.set_xlabel(xlabel)
-    for ax in (ax1, ax2):  # steps are whole numbers: no 1.25 tick on a run of a few steps
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    for ax in (ax1, ax2):  # steps are whole numbers: no 1.25 tick on a run of a few steps, nor 0.96 on one step
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
     accuracy_axis(ax2, "")
     ax2.set_title("unperturbed model" if es else "model")
     _legend_or_note(ax2, "no held-out evaluation (eval_every or eval_limit 0)")
