@@ -231,6 +231,37 @@ def test_actor_slots_count_what_each_node_holds():
     assert actor_slots(nodes, 5, 0) == 0
 
 
+class _CpuOnlyCluster:
+    """The two calls `RayExecutor._resources` makes, answered for one node with 2 CPUs and no GPU."""
+
+    @staticmethod
+    def cluster_resources():
+        return {"CPU": 2.0}
+
+    @staticmethod
+    def nodes():
+        return [{"Alive": True, "Resources": {"CPU": 2.0}}]
+
+
+@pytest.mark.parametrize("options, error", [
+    # num_workers 0 counts one worker per CPU it asks for; asking for none used to mean 2**30 actors (a hang)
+    ({"actor_options": {"num_cpus": 0}}, r"--num-workers 0 .* ask for none"),
+    # one worker per GPU of a cluster without GPUs used to read "0 Ray workers requested ... lower --num-workers"
+    ({"use_gpu": True}, r"use_gpu.* has no GPUs"),
+])
+def test_a_worker_count_that_cannot_be_derived_is_refused_with_its_reason(monkeypatch, options, error):
+    from esft.es.distributed import ray_executor
+    from esft.es.distributed.hf_replica import ReplicaSpec
+
+    monkeypatch.setattr(ray_executor, "import_ray", _CpuOnlyCluster)
+    spec = ReplicaSpec(config=ESConfig(executor="ray", device="cpu"), threads=1)
+    executor = ray_executor.RayExecutor(spec, weights=None, num_workers=0, **options)
+    with pytest.raises(ValueError, match=error):
+        executor._resources()
+    counted = ray_executor.RayExecutor(spec, weights=None, num_workers=3, actor_options={"num_cpus": 0})
+    assert counted._resources()[0] == 3  # a count that is given needs none
+
+
 def test_vllm_workers_with_adam_are_refused_when_the_config_is_built():
     from esft.config import ConfigError
 

@@ -97,6 +97,10 @@ def merge_rows(rows: Sequence[PopulationResult]) -> PopulationResult:
     )
 
 
+#: what `actor_slots` counts on a node for an actor that asks for no CPU and no GPU
+UNBOUNDED_SLOTS = 1 << 30
+
+
 def actor_slots(nodes: Sequence[dict[str, float]], num_cpus: float, num_gpus: float) -> int:
     """How many actors asking for `num_cpus` CPUs and `num_gpus` GPUs each the nodes (their total resources, as
     `ray.nodes()` reports them) hold at once: an actor runs on one node, so a node's leftovers do not add up."""
@@ -105,7 +109,7 @@ def actor_slots(nodes: Sequence[dict[str, float]], num_cpus: float, num_gpus: fl
         # Ray counts fractional resources in units of 1e-4: a small tolerance keeps 1.0 // (1 / 3) at 3
         counts = [int((float(res.get(key, 0)) + 1e-6) // need) for key, need in (("CPU", num_cpus), ("GPU", num_gpus))
                   if need > 0]
-        total += min(counts) if counts else 1 << 30
+        total += min(counts) if counts else UNBOUNDED_SLOTS
     return total
 
 
@@ -114,7 +118,7 @@ class RayExecutor(Executor):
 
     spec: how workers build their replica. weights / optimizer: the driver's replica (reference for checksums
     and the source of a start-up sync). num_workers: replicas (0 = one per GPU, else one per CPU / threads).
-    address: Ray cluster (None = $RAY_ADDRESS or a new local instance; Ray's own resolution, never forced).
+    address: Ray cluster (None = $RAY_ADDRESS, a Ray running here, or a new one; Ray's own resolution, never forced).
     checksum_every: compare replicas every k updates (0 = never; start-up is always checked).
     event_log: metrics.jsonl of the run, for `{"kind": "executor"}` records. replica_cls: the worker class
     (HFReplica; the vLLM backend passes VLLMReplica). actor_options: extra `ray.remote` options.
@@ -186,6 +190,12 @@ class RayExecutor(Executor):
         opts.update(self.actor_options)
         nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive", True)]
         fit = actor_slots(nodes, float(opts.get("num_cpus") or 0), float(opts.get("num_gpus") or 0))
+        if use_gpu and gpus < 1:
+            raise ValueError(f"GPU workers requested (use_gpu) but the Ray cluster has no GPUs ({cluster})")
+        if not self.num_workers and fit >= UNBOUNDED_SLOTS:
+            # an actor that asks for no CPU and no GPU fits any number of times: "one per CPU" has no count
+            raise ValueError(f"--num-workers 0 counts workers by the CPUs or GPUs each asks for, but they ask for "
+                             f"none ({opts}): set --num-workers, or a num_cpus_per_worker above 0")
         n = self.num_workers or (min(gpus, fit) if use_gpu else max(1, fit))
         if use_gpu and n > gpus:
             raise ValueError(f"{n} GPU workers requested but the Ray cluster has {gpus} GPUs ({cluster})")
