@@ -92,7 +92,8 @@ def check_reachable(address: str | None, timeout_s: float = PROBE_TIMEOUT_S) -> 
     if endpoint is None:
         return
     if not 0 < endpoint[1] < 65536:  # the resolver would take it modulo 65536 and probe another port
-        raise ValueError(f"--ray-address {address!r}: {endpoint[1]} is not a TCP port (1-65535)")
+        raise ValueError(f"Ray address {address!r}: {endpoint[1]} is not a TCP port (1-65535); fix --ray-address "
+                         "or $RAY_ADDRESS")
     try:
         socket.create_connection(endpoint, timeout=timeout_s).close()
     except OSError as exc:
