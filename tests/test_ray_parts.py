@@ -456,6 +456,9 @@ def test_every_kind_of_lost_worker_is_a_death_and_a_task_error_is_not():
         cls = getattr(ray.exceptions, name)
         assert is_worker_death(cls.__new__(cls)), name
     assert not is_worker_death(ray.exceptions.RayTaskError("evaluate", "Traceback ...", KeyError("answer")))
+    # a replica constructor that raised (its model missing on the node) is reported as ActorDiedError too
+    init_failed = ray.exceptions.ActorDiedError(ray.exceptions.RayTaskError("__init__", "Traceback ...", OSError()))
+    assert init_failed.actor_init_failed and not is_worker_death(init_failed)
 
 
 def test_deadlines_without_a_batch_size_and_after_a_faster_member():
