@@ -6,6 +6,7 @@ Run: . .venv/bin/activate && pytest -q tests/test_ray_options.py   (~15 s on 2 c
 from __future__ import annotations
 
 import signal
+from types import SimpleNamespace
 
 import pytest
 
@@ -229,6 +230,100 @@ def test_actor_slots_count_what_each_node_holds():
     assert actor_slots(nodes, 1, 1) == 2  # GPU workers fit only where the GPUs are
     assert actor_slots(nodes, 1 / 3, 0) == 12 + 9
     assert actor_slots(nodes, 5, 0) == 0
+
+
+class _CpuOnlyCluster:
+    """The two calls `RayExecutor._resources` makes, answered for one node with 2 CPUs and no GPU."""
+
+    @staticmethod
+    def cluster_resources():
+        return {"CPU": 2.0}
+
+    @staticmethod
+    def nodes():
+        return [{"Alive": True, "Resources": {"CPU": 2.0}}]
+
+
+@pytest.mark.parametrize("options, error", [
+    # num_workers 0 counts one worker per CPU it asks for; asking for none used to mean 2**30 actors (a hang)
+    ({"actor_options": {"num_cpus": 0}}, r"--num-workers 0 .* ask for none"),
+    # one worker per GPU of a cluster without GPUs used to read "0 Ray workers requested ... lower --num-workers"
+    ({"use_gpu": True}, r"use_gpu.* has no GPUs"),
+])
+def test_a_worker_count_that_cannot_be_derived_is_refused_with_its_reason(monkeypatch, options, error):
+    from esft.es.distributed import ray_executor
+    from esft.es.distributed.hf_replica import ReplicaSpec
+
+    monkeypatch.setattr(ray_executor, "import_ray", _CpuOnlyCluster)
+    spec = ReplicaSpec(config=ESConfig(executor="ray", device="cpu"), threads=1)
+    executor = ray_executor.RayExecutor(spec, weights=None, num_workers=0, **options)
+    with pytest.raises(ValueError, match=error):
+        executor._resources()
+    counted = ray_executor.RayExecutor(spec, weights=None, num_workers=3, actor_options={"num_cpus": 0})
+    assert counted._resources()[0] == 3  # a count that is given needs none
+
+
+class _StartingCluster(_CpuOnlyCluster):
+    """Places actors at once; the workers whose rank is in `dying` die while they load (`info` raises)."""
+
+    def __init__(self, dying):
+        import ray
+
+        self.exceptions, self.dying, self.killed = ray.exceptions, dying, []
+
+    def remote(self, **options):
+        cluster = self
+
+        class Actor:
+            def __init__(self, rank):
+                self.rank = rank
+                self.info = SimpleNamespace(remote=self.started)
+
+            @classmethod
+            def remote(cls, spec, rank):
+                return cls(rank)
+
+            def started(self):
+                if self.rank in cluster.dying:
+                    return lambda: (_ for _ in ()).throw(cluster.exceptions.ActorDiedError())
+                return lambda: {"rank": self.rank, "pid": 100 + self.rank, "host": "h", "device_type": "cpu"}
+
+        return lambda replica_cls: Actor
+
+    def wait(self, refs, num_returns, timeout):
+        return refs, []
+
+    def get(self, ref):
+        return ref()
+
+    def kill(self, actor):
+        self.killed.append(actor.rank)
+
+
+@pytest.mark.parametrize("dying", [{1}, {0, 1}])
+def test_a_worker_killed_while_it_loads_is_dropped_not_a_code_error(monkeypatch, dying):
+    """Killed (or OOM-killed) during start-up: the run starts on the others, as after a death mid-run; it used to
+    stop as "worker 1 (not started) raised The actor never ran ... the run cannot start"."""
+    import torch
+
+    from esft.es.distributed import ray_executor
+    from esft.es.distributed.hf_replica import ReplicaSpec
+
+    cluster = _StartingCluster(dying)
+    monkeypatch.setattr(ray_executor, "import_ray", lambda: cluster)
+    monkeypatch.setattr(ray_executor.RayExecutor, "_connect", lambda self: None)
+    monkeypatch.setattr(ray_executor.RayExecutor, "_sync_at_start", lambda self: None)
+    spec = ReplicaSpec(config=ESConfig(executor="ray", device="cpu"), threads=1)
+    executor = ray_executor.RayExecutor(spec, SimpleNamespace(params={"w": torch.zeros(1)}), num_workers=2)
+    if dying == {0, 1}:
+        with pytest.raises(ray_executor.WorkersLost, match=r"^all 2 Ray workers are lost"):
+            executor.start()
+        assert not executor.alive
+        return
+    executor.start()
+    assert [w.rank for w in executor.alive] == [0] and cluster.killed == [1]
+    assert [e["event"] for e in executor.events] == ["worker_lost", "start"]
+    assert executor.events[1]["workers"] == [executor.workers[0].info]
 
 
 def test_vllm_workers_with_adam_are_refused_when_the_config_is_built():

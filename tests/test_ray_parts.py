@@ -54,6 +54,16 @@ def test_check_reachable_says_why_the_probe_failed(monkeypatch, error, why):
     assert tried == [(("head.example", 6379), 2.5)] and caught.value.__cause__ is error
 
 
+@pytest.mark.parametrize("address", ["127.0.0.1:99999", "ray://head:0"])
+def test_check_reachable_refuses_a_port_out_of_range_without_probing_another(monkeypatch, address):
+    """Port 99999 used to be probed as 34463 (99999 mod 65536) and reported as that port's answer."""
+    from esft.es.distributed.connection import check_reachable
+
+    monkeypatch.setattr(socket, "create_connection", lambda *a, **k: pytest.fail("probed a port it was not given"))
+    with pytest.raises(ValueError, match=r"is not a TCP port \(1-65535\)"):
+        check_reachable(address)
+
+
 class FakeRay:
     """Stands in for `ray`: records its calls; `on_init` runs inside `init` (as if Ray were starting)."""
 
@@ -446,6 +456,9 @@ def test_every_kind_of_lost_worker_is_a_death_and_a_task_error_is_not():
         cls = getattr(ray.exceptions, name)
         assert is_worker_death(cls.__new__(cls)), name
     assert not is_worker_death(ray.exceptions.RayTaskError("evaluate", "Traceback ...", KeyError("answer")))
+    # a replica constructor that raised (its model missing on the node) is reported as ActorDiedError too
+    init_failed = ray.exceptions.ActorDiedError(ray.exceptions.RayTaskError("__init__", "Traceback ...", OSError()))
+    assert init_failed.actor_init_failed and not is_worker_death(init_failed)
 
 
 def test_deadlines_without_a_batch_size_and_after_a_faster_member():

@@ -123,7 +123,7 @@ class ESConfig(RunConfig):
     """who evaluates the population: "local" (this process) or "ray" (one model replica per Ray worker; same
     result for any layout, see docs/distributed.md)"""
     ray_address: str | None = None
-    """Ray cluster to join ("auto", "ray://host:10001", ...); None = $RAY_ADDRESS, else a new local Ray instance"""
+    """Ray cluster to join ("auto", "ray://host:10001", ...); None = $RAY_ADDRESS, a running local Ray, or a new one"""
     num_workers: int = 0
     """Ray workers (model replicas); 0 = one per GPU of the cluster, or one per CPU when it has no GPU"""
     worker_backend: str = "hf"

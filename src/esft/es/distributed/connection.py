@@ -1,12 +1,13 @@
 """Joining a Ray cluster for a run: `connect_ray` (after `check_reachable`, since Ray itself keeps retrying an
 address that does not answer) and `disconnect_ray`; the driver's SIGTERM handler survives `ray.init`, and a Ctrl-C
-during it stops the run once Ray can be shut down cleanly."""
+during it stops the run once Ray can be shut down cleanly; `actor_slots` counts the workers the cluster's nodes hold."""
 
 from __future__ import annotations
 
 import logging
 import os
 from contextlib import contextmanager
+from typing import Sequence
 
 
 def import_ray():
@@ -91,6 +92,9 @@ def check_reachable(address: str | None, timeout_s: float = PROBE_TIMEOUT_S) -> 
     endpoint = cluster_endpoint(address)
     if endpoint is None:
         return
+    if not 0 < endpoint[1] < 65536:  # the resolver would take it modulo 65536 and probe another port
+        raise ValueError(f"Ray address {address!r}: {endpoint[1]} is not a TCP port (1-65535); fix --ray-address "
+                         "or $RAY_ADDRESS")
     try:
         socket.create_connection(endpoint, timeout=timeout_s).close()
     except OSError as exc:
@@ -126,3 +130,19 @@ def disconnect_ray() -> None:
     ray = import_ray()
     if ray.is_initialized():
         ray.shutdown()
+
+
+#: what `actor_slots` counts on a node for an actor that asks for no CPU and no GPU
+UNBOUNDED_SLOTS = 1 << 30
+
+
+def actor_slots(nodes: Sequence[dict[str, float]], num_cpus: float, num_gpus: float) -> int:
+    """How many actors asking for `num_cpus` CPUs and `num_gpus` GPUs each the nodes (their total resources, as
+    `ray.nodes()` reports them) hold at once: an actor runs on one node, so a node's leftovers do not add up."""
+    total = 0
+    for res in nodes:
+        # Ray counts fractional resources in units of 1e-4: a small tolerance keeps 1.0 // (1 / 3) at 3
+        counts = [int((float(res.get(key, 0)) + 1e-6) // need) for key, need in (("CPU", num_cpus), ("GPU", num_gpus))
+                  if need > 0]
+        total += min(counts) if counts else UNBOUNDED_SLOTS
+    return total

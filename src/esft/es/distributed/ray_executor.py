@@ -37,7 +37,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from esft.es.distributed.connection import connect_ray, import_ray
+from esft.es.distributed.connection import UNBOUNDED_SLOTS, actor_slots, connect_ray, import_ray
 from esft.es.distributed.hf_replica import (HFReplica, ReplicaSpec, checksum_diff, checksum_digest,
                                             masters_checksum)
 from esft.es.distributed.worker_faults import Deadlines, WorkerTimeout, is_worker_death, worker_error
@@ -97,24 +97,12 @@ def merge_rows(rows: Sequence[PopulationResult]) -> PopulationResult:
     )
 
 
-def actor_slots(nodes: Sequence[dict[str, float]], num_cpus: float, num_gpus: float) -> int:
-    """How many actors asking for `num_cpus` CPUs and `num_gpus` GPUs each the nodes (their total resources, as
-    `ray.nodes()` reports them) hold at once: an actor runs on one node, so a node's leftovers do not add up."""
-    total = 0
-    for res in nodes:
-        # Ray counts fractional resources in units of 1e-4: a small tolerance keeps 1.0 // (1 / 3) at 3
-        counts = [int((float(res.get(key, 0)) + 1e-6) // need) for key, need in (("CPU", num_cpus), ("GPU", num_gpus))
-                  if need > 0]
-        total += min(counts) if counts else 1 << 30
-    return total
-
-
 class RayExecutor(Executor):
     """`Executor` whose members run on Ray workers, one model replica each (see the module docstring).
 
     spec: how workers build their replica. weights / optimizer: the driver's replica (reference for checksums
     and the source of a start-up sync). num_workers: replicas (0 = one per GPU, else one per CPU / threads).
-    address: Ray cluster (None = $RAY_ADDRESS or a new local instance; Ray's own resolution, never forced).
+    address: Ray cluster (None = $RAY_ADDRESS, a Ray running here, or a new one; Ray's own resolution, never forced).
     checksum_every: compare replicas every k updates (0 = never; start-up is always checked).
     event_log: metrics.jsonl of the run, for `{"kind": "executor"}` records. replica_cls: the worker class
     (HFReplica; the vLLM backend passes VLLMReplica). actor_options: extra `ray.remote` options.
@@ -186,6 +174,12 @@ class RayExecutor(Executor):
         opts.update(self.actor_options)
         nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive", True)]
         fit = actor_slots(nodes, float(opts.get("num_cpus") or 0), float(opts.get("num_gpus") or 0))
+        if use_gpu and gpus < 1:
+            raise ValueError(f"GPU workers requested (use_gpu) but the Ray cluster has no GPUs ({cluster})")
+        if not self.num_workers and fit >= UNBOUNDED_SLOTS:
+            # an actor that asks for no CPU and no GPU fits any number of times: "one per CPU" has no count
+            raise ValueError(f"--num-workers 0 counts workers by the CPUs or GPUs each asks for, but they ask for "
+                             f"none ({opts}): set --num-workers, or a num_cpus_per_worker above 0")
         n = self.num_workers or (min(gpus, fit) if use_gpu else max(1, fit))
         if use_gpu and n > gpus:
             raise ValueError(f"{n} GPU workers requested but the Ray cluster has {gpus} GPUs ({cluster})")
@@ -217,19 +211,27 @@ class RayExecutor(Executor):
             try:
                 w.info = ray.get(ref)
             except Exception as exc:  # model not found on its node, ...: a configuration error, named in one line
+                if is_worker_death(exc):  # killed while it loaded: the others can evaluate the population
+                    self._lose(w, exc)
+                    continue
                 self.close()
                 raise worker_error(w.label, "its start-up (loading the model, tokenizer and task)", exc,
                                    "the run cannot start") from exc
+        if not self.alive:
+            lost = self._all_lost()
+            self.close()
+            raise lost
         self._started = True
         drv = next(iter(self.weights.params.values())).device.type
-        kinds = {w.info["device_type"] for w in self.workers}
+        kinds = {w.info["device_type"] for w in self.alive}
         if kinds != {drv}:
             self.close()
             raise ValueError(f"the driver's replica is on {drv} but workers are on {sorted(kinds)}: noise streams "
                              "differ between device types, so replicas would diverge; set --device to the "
                              "workers' device type (e.g. --device cuda on a GPU driver)")
-        self._event("start", message=f"ray executor: {n} workers: " + "; ".join(w.label for w in self.workers),
-                    workers=[w.info for w in self.workers], actor_options=dict(opts),
+        labels = "; ".join(w.label for w in self.alive)
+        self._event("start", message=f"ray executor: {len(self.alive)} workers: {labels}",
+                    workers=[w.info for w in self.alive], actor_options=dict(opts),
                     seconds=time.perf_counter() - t0)  # placement + model loading (counted in the first iteration)
         self._sync_at_start()
 

@@ -27,12 +27,13 @@ class WorkerError(RuntimeError):
 
 def is_worker_death(exc: BaseException) -> bool:
     """True for a dead actor (process or node gone, or killed by Ray's memory monitor: its member goes to another
-    worker); False for an exception raised by our own code in it."""
+    worker); False for an exception raised by our own code in it, a replica's constructor included (Ray reports
+    that as an ActorDiedError too)."""
     ray = import_ray()
     errors = tuple(getattr(ray.exceptions, n) for n in ("RayActorError", "ActorDiedError", "ActorUnavailableError",
                                                           "NodeDiedError", "WorkerCrashedError", "OwnerDiedError",
                                                           "OutOfMemoryError") if hasattr(ray.exceptions, n))
-    return isinstance(exc, errors)
+    return isinstance(exc, errors) and not getattr(exc, "actor_init_failed", False)
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
