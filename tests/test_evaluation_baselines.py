@@ -164,7 +164,8 @@ def test_countdown_variant_balances_over_the_target_operator():
 
 # ---- experiment tables ---------------------------------------------------------------------------------------------
 def _summary(acc: float, constant: float | None = None) -> dict:
-    out = {"n": 200, "accuracy": acc, "ci95": [acc - 0.05, acc + 0.05]}
+    # an accuracy's Wilson interval stays in [0, 1]: one leaving it would make the score a mean reward
+    out = {"n": 200, "accuracy": acc, "ci95": [max(0.0, acc - 0.05), acc + 0.05]}
     if constant is not None:
         out.update(constant_baseline=constant, constant_baseline_ci95=[0.565, 0.695], constant_answer="yes")
     return out
@@ -194,7 +195,7 @@ def test_tables_show_the_constant_answer(tmp_path):
 
     exp = load_experiment(_experiment(tmp_path / "a", True))
     md = table1(exp).markdown()
-    assert "| Task | Constant answer | Base | ES |" in md and "| BoolQ | 63.5 [56.5, 69.5] | 1.5 [-3.5, 6.5] | 61.5 [56.5, 66.5] |" in md
+    assert "| Task | Constant answer | Base | ES |" in md and "| BoolQ | 63.5 [56.5, 69.5] | 1.5 [0.0, 6.5] | 61.5 [56.5, 66.5] |" in md
     assert "most frequent gold answer" in md
     methods = method_tables(exp)[0].markdown()
     assert "| Constant answer | 63.5 | [56.5, 69.5] |" in methods

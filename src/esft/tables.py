@@ -115,10 +115,12 @@ class Cell:
     bold: bool = False
     ci: dict[int, tuple[float, float] | None] = field(default_factory=dict)
     """per seed, the 95% interval of that seed's value where its evaluation gave one (shown beside the value)"""
+    digits: int = 1
+    """decimals of a value and its interval; a mean ± std has one more"""
 
     def _interval(self, seed: int) -> str:
         ci = self.ci.get(seed)
-        return f" [{ci[0]:.1f}, {ci[1]:.1f}]" if ci else ""
+        return f" [{ci[0]:.{self.digits}f}, {ci[1]:.{self.digits}f}]" if ci else ""
 
     @property
     def values(self) -> list[float]:
@@ -142,15 +144,16 @@ class Cell:
         if m is None:
             return DASH
         if len(self.per_seed) > 1:
-            s = f"{signed(m, 2, with_sign)} ± {self.std:.2f}" if self.std is not None else signed(m, 2, with_sign)
+            d = self.digits + 1
+            s = f"{signed(m, d, with_sign)} ± {self.std:.{d}f}" if self.std is not None else signed(m, d, with_sign)
         else:
-            s = signed(m, 1, with_sign) + "".join(self._interval(seed) for seed in self.per_seed)
+            s = signed(m, self.digits, with_sign) + "".join(self._interval(seed) for seed in self.per_seed)
         if len(self.values) < len(self.per_seed):
             s += f" (n={len(self.values)})"
         return f"**{s}**" if self.bold else s
 
     def seeds_text(self, with_sign: bool = False) -> str:
-        return " / ".join(DASH if v is None else signed(v, 1, with_sign) + self._interval(seed)
+        return " / ".join(DASH if v is None else signed(v, self.digits, with_sign) + self._interval(seed)
                           for seed, v in self.per_seed.items())
 
 

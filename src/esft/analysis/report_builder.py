@@ -34,6 +34,7 @@ from esft.analysis.sparsity import SWEEP_TARGETS, report_sparsity, sweep_table_r
 from esft.analysis.weights import UpdateComparison, report_weights
 from esft.rundir import peak_rss_mb
 from esft.tables import NA, fmt, grid
+from esft.tasks.labels import MEAN_REWARD
 
 ANALYSES = ("weights", "drift", "kl", "landscape", "sparsity")
 
@@ -226,7 +227,9 @@ class Report(ReportContext):
                                  f"runner from its stage evaluations: [{self.rel(tables)}]({self.rel(tables)}).\n")
         rows = accuracy_rows(self.runs, self.rel_run)
         if rows:
-            self.sections.append("## Held-out accuracy during training (paper Table 1)\n\n" + grid(
+            rewards = any(r.score_name() == MEAN_REWARD for r in self.runs)
+            what = "accuracy or mean reward" if rewards else "accuracy"
+            self.sections.append(f"## Held-out {what} during training (paper Table 1)\n\n" + grid(
                 ["run", "algorithm", "task", "first eval", "last eval", "95% CI", "n", "format rate",
                  "paper (%)"], rows) + "\n\nFrom each run's own `metrics.jsonl` evaluations.\n")
         else:

@@ -22,6 +22,7 @@ import yaml
 from esft import paper
 from esft.rundir import read_jsonl
 from esft.tables import NA, pct
+from esft.tasks.labels import MEAN_REWARD, score_name
 
 CHECKPOINTS = "checkpoints"
 
@@ -84,6 +85,11 @@ class Run:
         r = evals[0] if which == "first" else evals[-1]
         return {"step": r.get("step"), "accuracy": _acc(r), "n": r.get("test_n"), "ci95": r.get("test_ci95"),
                 "format_rate": r.get("test_format_rate")}
+
+    def score_name(self) -> str:
+        """ACCURACY or MEAN_REWARD (esft.tasks.labels.score_name) from every held-out mean and interval bound the run
+        logged, as its figure and model card decide."""
+        return score_name([v for r in self.eval_records() for v in [_acc(r), *(r.get("test_ci95") or [])]])
 
     def hyper(self, *keys: str, default: Any = None) -> Any:
         for k in keys:
@@ -459,18 +465,25 @@ def run_rows(runs: list[Run], name: Callable[[Run], str], shown: Callable[[Any],
              r.final.name if r.final else "none", precision(r)] for r in runs]
 
 
+def reward_text(x: float) -> str:
+    """A held-out mean reward as the report prints it: three decimals, no percent sign."""
+    return f"{x:.3f}"
+
+
 def accuracy_rows(runs: list[Run], name: Callable[[Run], str]) -> list[list[Any]]:
-    """First and last held-out accuracy each run logged, beside the study's Table 1 row for its task."""
+    """First and last held-out accuracy each run logged, beside the study's Table 1 row for its task; a run whose
+    scores leave [0, 1] shows its mean reward (`reward_text`, "mean reward" after each value)."""
     rows = []
     for r in runs:
         first, last = r.accuracy_at("first"), r.accuracy_at("last")
         if last is None:
             continue
         ci = last.get("ci95")
+        shown, unit = (reward_text, " mean reward") if r.score_name() == MEAN_REWARD else (pct, "")
         rows.append([name(r), r.algorithm, r.task or "?",
-                     pct(first["accuracy"]) + f" (step {first['step']})" if first else NA,
-                     pct(last["accuracy"]) + f" (step {last['step']})",
-                     f"[{pct(ci[0])}, {pct(ci[1])}]" if ci else NA, last.get("n") or NA,
+                     shown(first["accuracy"]) + f"{unit} (step {first['step']})" if first else NA,
+                     shown(last["accuracy"]) + f"{unit} (step {last['step']})",
+                     f"[{shown(ci[0])}, {shown(ci[1])}]" if ci else NA, last.get("n") or NA,
                      pct(last.get("format_rate")) if last.get("format_rate") is not None else NA,
                      paper.accuracy_reference(r.task)])
     return rows

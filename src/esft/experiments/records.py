@@ -1,6 +1,10 @@
 """An experiment folder's measured records, as the tables read them: the plan, every finished stage's
 `result.json` and `status.json`, and the values a table cell takes from them (accuracy, the constant-answer
-baseline, the evaluation settings)."""
+baseline, the evaluation settings).
+
+A task whose reward function scores outside [0, 1] (`module:function` rewards may return any number) has a mean
+reward, not an accuracy (esft.tasks.labels.score_name): its cells are plain numbers with three decimals rather than
+percentages, and it has no constant-answer baseline, which is a share of examples."""
 
 from __future__ import annotations
 
@@ -10,11 +14,14 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from esft import paper
-from esft.tables import DASH, Cell
+from esft.tables import DASH, NA, Cell
+from esft.tasks.labels import MEAN_REWARD, score_name
 
 CONSTANT_LABEL = "Constant answer"
 CONSTANT_NOTE = ("Constant answer: accuracy (%) of always giving the most frequent gold answer of the evaluated "
                  "examples, with its 95% Wilson interval.")
+#: decimals of a table cell holding a mean reward (an accuracy in % has one)
+REWARD_DIGITS = 3
 
 
 def task_name(task: str, short: bool = False) -> str:
@@ -71,10 +78,22 @@ class Experiment:
         return self.results.get("base")
 
     def cell(self, get: Callable[[int], float | None], bold: bool = False,
-             ci: Callable[[int], tuple[float, float] | None] | None = None) -> Cell:
+             ci: Callable[[int], tuple[float, float] | None] | None = None, digits: int = 1) -> Cell:
         """A table cell holding `get(seed)` for every seed of the experiment (and `ci(seed)`, its 95% interval)."""
         return Cell({seed: get(seed) for seed in self.seeds}, bold,
-                    {seed: ci(seed) for seed in self.seeds} if ci is not None else {})
+                    {seed: ci(seed) for seed in self.seeds} if ci is not None else {}, digits)
+
+    def score_name(self, task: str) -> str:
+        """ACCURACY or MEAN_REWARD (esft.tasks.labels.score_name) for `task`, from every recorded evaluation of it:
+        the mean and the 95% interval bounds."""
+        values: list[float | None] = []
+        for rec in self.results.values():
+            summary = ((rec or {}).get("eval") or {}).get(task) or {}
+            values += [summary.get("accuracy"), *(summary.get("ci95") or [])]
+        return score_name(values)
+
+    def is_reward(self, task: str) -> bool:
+        return self.score_name(task) == MEAN_REWARD
 
 
 def load_experiment(root: str | Path) -> Experiment:
@@ -95,8 +114,10 @@ def load_experiment(root: str | Path) -> Experiment:
     return exp
 
 
-def accuracy(record: dict[str, Any] | None, task: str, ifeval_metric: str = "prompt_strict") -> float | None:
-    """Accuracy in % of `task` in a stage record (IFEval: the chosen strict/loose level)."""
+def accuracy(record: dict[str, Any] | None, task: str, ifeval_metric: str = "prompt_strict",
+             scale: float = 100.0) -> float | None:
+    """Accuracy in % of `task` in a stage record (IFEval: the chosen strict/loose level); `scale` 1 leaves the
+    score as recorded (a mean reward)."""
     if not record:
         return None
     summary = record.get("eval", {}).get(task)
@@ -106,23 +127,25 @@ def accuracy(record: dict[str, Any] | None, task: str, ifeval_metric: str = "pro
     if key == "prompt_strict" and key not in summary:  # IFEval's `accuracy` is its prompt-strict level
         key = "accuracy"
     value = summary.get(key)  # a missing loose or instruction level is None, not the strict figure
-    return None if value is None else 100.0 * float(value)
+    return None if value is None else scale * float(value)
 
 
-def interval(record: dict[str, Any] | None, task: str, ifeval_metric: str = "prompt_strict"
+def interval(record: dict[str, Any] | None, task: str, ifeval_metric: str = "prompt_strict", scale: float = 100.0
              ) -> tuple[float, float] | None:
-    """The 95% Wilson interval (in %) of `accuracy(record, task, ifeval_metric)`, None where the evaluation gave
-    none for that metric (IFEval's intervals are of its `accuracy`, the prompt-strict level)."""
+    """The 95% interval (in %, or times `scale`) of `accuracy(record, task, ifeval_metric, scale)`, None where the
+    evaluation gave none for that metric (IFEval's intervals are of its `accuracy`, the prompt-strict level)."""
     summary = ((record or {}).get("eval") or {}).get(task) or {}
     ci = summary.get("ci95")
     if not ci or None in ci or (task == "ifeval" and summary.get(ifeval_metric) != summary.get("accuracy")):
         return None
-    return 100.0 * float(ci[0]), 100.0 * float(ci[1])
+    return scale * float(ci[0]), scale * float(ci[1])
 
 
 def constant_baseline(exp: Experiment, task: str) -> dict[str, Any] | None:
     """The constant-answer baseline of `task`'s evaluated examples: from the base model's evaluation, else from
-    the first stage that recorded one (every stage evaluates the same examples)."""
+    the first stage that recorded one (every stage evaluates the same examples). None for a mean reward."""
+    if exp.is_reward(task):
+        return None
     for rec in [exp.base, *exp.results.values()]:
         summary = ((rec or {}).get("eval") or {}).get(task) or {}
         if summary.get("constant_baseline") is not None:
@@ -140,11 +163,13 @@ def constant_text(summary: dict[str, Any] | None, ci: bool = True) -> str:
 
 
 def constant_row(exp: Experiment, tasks: Sequence[str], repeat: int = 1) -> tuple[str, list[Cell | str]] | None:
-    """A table row of constant-answer baselines, one per task, each repeated `repeat` times; None without any."""
+    """A table row of constant-answer baselines, one per task, each repeated `repeat` times (n/a for a mean
+    reward); None without any."""
     found = [constant_baseline(exp, t) for t in tasks]
     if not any(found):
         return None
-    return CONSTANT_LABEL, [constant_text(f) for f in found for _ in range(repeat)]
+    return CONSTANT_LABEL, [NA if exp.is_reward(t) else constant_text(f) for t, f in zip(tasks, found)
+                            for _ in range(repeat)]
 
 
 def eval_note(exp: Experiment, tasks: Sequence[str]) -> str:
@@ -173,3 +198,21 @@ def seed_note(exp: Experiment) -> str:
         return f"Seed {exp.seeds[0]}."
     return f"Mean ± sample std (ddof=1) over {n} seeds ({', '.join(map(str, exp.seeds))}); the base model is " \
            f"evaluated once (greedy decoding does not depend on the seed)."
+
+
+def score_words(exp: Experiment, tasks: Sequence[str]) -> str:
+    """What the cells of `tasks` are: "accuracy (%)", "mean reward", or "accuracy (%) or mean reward"."""
+    rewards = sum(exp.is_reward(t) for t in tasks)
+    if not rewards:
+        return "accuracy (%)"
+    return "mean reward" if rewards == len(tasks) else "accuracy (%) or mean reward"
+
+
+def reward_note(exp: Experiment, tasks: Sequence[str]) -> list[str]:
+    """The note of a table with mean-reward cells (none without any)."""
+    names = [task_name(t) for t in dict.fromkeys(tasks) if exp.is_reward(t)]
+    if not names:
+        return []
+    return [f"Mean reward, a plain number on its reward function's scale (not %): {', '.join(names)}; [a, b] is "
+            "the 95% normal-approximation interval of its mean, and it has no constant-answer baseline (a share "
+            "of examples)."]

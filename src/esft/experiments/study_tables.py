@@ -9,8 +9,10 @@
                  runs actually generated (generations, prompt and generated tokens, FLOPs from those counts;
                  esft.experiments.compute_tables)
 
-Cells are accuracies in %: one seed prints the value; several print mean ± std (sample std, ddof = 1), and the
-per-seed values follow in a second table. CSV files keep the layout, with numeric mean / std / per-seed columns.
+Cells are accuracies in % (a task whose reward scores outside [0, 1] has a mean reward, a plain number with three
+decimals and no constant answer: esft.experiments.records): one seed prints the value; several print mean ± std
+(sample std, ddof = 1), and the per-seed values follow in a second table. CSV files keep the layout, with numeric
+mean / std / per-seed columns.
 
 Where the evaluations recorded it (`constant_baseline`, esft.evaluation), every accuracy table also shows the
 *constant answer* baseline: the accuracy of always giving the most frequent gold answer of the evaluated examples,
@@ -30,10 +32,10 @@ from typing import Any
 from esft.experiments.compute_tables import compute_row, table18
 from esft.experiments.plan import task_slug
 from esft.experiments.records import (
-    CONSTANT_LABEL, CONSTANT_NOTE, Experiment, accuracy, constant_baseline, constant_row, constant_text, eval_note,
-    interval, load_experiment, seed_note, task_name,
+    CONSTANT_LABEL, CONSTANT_NOTE, REWARD_DIGITS, Experiment, accuracy, constant_baseline, constant_row,
+    constant_text, eval_note, interval, load_experiment, reward_note, score_words, seed_note, task_name,
 )
-from esft.tables import DASH, Cell, Row, Table, csv_text
+from esft.tables import DASH, NA, Cell, Row, Table, csv_text
 
 TABLES_DIR = "tables"
 
@@ -45,9 +47,20 @@ INTERVAL_NOTE = "[a, b]: the 95% Wilson interval of that seed's evaluation."
 
 
 def accuracy_cell(exp: Experiment, record_of: Any, task: str, bold: bool = False) -> Cell:
-    """The accuracy of `task` in `record_of(seed)` for every seed, with each evaluation's 95% interval."""
-    return exp.cell(lambda s: accuracy(record_of(s), task, exp.ifeval_metric), bold,
-                    ci=lambda s: interval(record_of(s), task, exp.ifeval_metric))
+    """The accuracy (or mean reward) of `task` in `record_of(seed)` for every seed, with each evaluation's 95%
+    interval."""
+    scale, digits = _scale(exp, task)
+    return exp.cell(lambda s: accuracy(record_of(s), task, exp.ifeval_metric, scale), bold,
+                    ci=lambda s: interval(record_of(s), task, exp.ifeval_metric, scale), digits=digits)
+
+
+def _scale(exp: Experiment, task: str) -> tuple[float, int]:
+    """(factor, decimals) of `task`'s cells: a percentage with one decimal, or a mean reward as it is."""
+    return (1.0, REWARD_DIGITS) if exp.is_reward(task) else (100.0, 1)
+
+
+def _capital(text: str) -> str:
+    return text[:1].upper() + text[1:]
 
 
 def table1(exp: Experiment) -> Table | None:
@@ -64,16 +77,18 @@ def table1(exp: Experiment) -> Table | None:
     cols = ["Task"] + ([CONSTANT_LABEL] if with_constant else []) + ["Base"] + [d for _, d in tracks]
     rows = []
     for task, constant in zip(tasks, constants):
-        cells: list[Cell | str] = [constant_text(constant)] if with_constant else []
+        cells: list[Cell | str] = [NA if exp.is_reward(task) else constant_text(constant)] if with_constant else []
         cells.append(accuracy_cell(exp, lambda s: exp.base, task))
         for track, _ in tracks:
             where = {"task": task} if kind == "single-task" else {"index": 1}
             cells.append(accuracy_cell(exp, lambda s, tr=track, w=where: exp.find(kind, s, tr, **w), task))
         rows.append((task_name(task), cells))
     notes = [seed_note(exp), eval_note(exp, tasks), INTERVAL_NOTE] + ([CONSTANT_NOTE] if with_constant else [])
+    notes += reward_note(exp, tasks)
     if kind == "sequential":
         notes.insert(0, "Stage 1 of the sequential runs: single-task training on the first task.")
-    return Table("table1_single_task", f"Table 1: Accuracy (%) for single task training ({exp.spec.get('model')}).",
+    title = f"Table 1: {_capital(score_words(exp, tasks))} for single task training ({exp.spec.get('model')})."
+    return Table("table1_single_task", title,
                  cols, rows, notes, seeds=exp.seeds)
 
 
@@ -86,7 +101,7 @@ def table2(exp: Experiment) -> Table | None:
 
     def value(seed: int, track: str, h: str, k: int) -> float | None:
         rec = exp.base if k == 0 else exp.find("sequential", seed, track, index=k)
-        return accuracy(rec, h, exp.ifeval_metric)
+        return accuracy(rec, h, exp.ifeval_metric, _scale(exp, h)[0])
 
     def delta(seed: int, track: str, h: str) -> float | None:
         a, b = value(seed, track, h, 0), value(seed, track, h, k_max)
@@ -102,12 +117,14 @@ def table2(exp: Experiment) -> Table | None:
                                            exp.find("sequential", s, tr, index=k), h)
                              for h in exp.holdout for tr, _ in tracks]))
     delta_label = "Δ (base → final)"
-    rows.append((delta_label, [exp.cell(lambda s, tr=tr, h=h: delta(s, tr, h)) for h in exp.holdout
-                               for tr, _ in tracks]))
+    rows.append((delta_label, [exp.cell(lambda s, tr=tr, h=h: delta(s, tr, h), digits=_scale(exp, h)[1])
+                               for h in exp.holdout for tr, _ in tracks]))
     notes = [seed_note(exp), eval_note(exp, exp.holdout), INTERVAL_NOTE] + ([CONSTANT_NOTE] if constant else [])
+    notes += reward_note(exp, exp.holdout)
     if "ifeval" in exp.holdout:
         notes.append(f"IFEval: {exp.ifeval_metric.replace('_', '-')} accuracy.")
-    return Table("table2_holdout", "Table 2: Holdout benchmark accuracy (%) throughout sequential training.",
+    return Table("table2_holdout", f"Table 2: Holdout benchmark {score_words(exp, exp.holdout)} throughout "
+                 "sequential training.",
                  cols, rows, notes, signed_rows={delta_label}, seeds=exp.seeds)
 
 
@@ -125,12 +142,14 @@ def tables5_8(exp: Experiment) -> list[Table]:
                           for t in exp.tasks]))
         seeds = len(exp.seeds)
         what = f"mean ± std over {seeds} seeds" if seeds > 1 else "single seed"
-        title = (f"Tables 5-8 layout: {exp.spec.get('model')}: accuracy (%, {what}) throughout sequential "
+        words = score_words(exp, exp.tasks)
+        words = f"accuracy (%, {what})" if words == "accuracy (%)" else f"{words} ({what})"
+        title = (f"Tables 5-8 layout: {exp.spec.get('model')}: {words} throughout sequential "
                  f"training with {display}. Bold indicates the task just trained at that stage.")
         slug = track.replace("@", "_").replace("->", "-").replace("/", "-")
         out.append(Table(f"table5-8_sequential_{slug}", title, cols, rows,
                          [seed_note(exp), eval_note(exp, exp.tasks), INTERVAL_NOTE]
-                         + ([CONSTANT_NOTE] if constant else []),
+                         + ([CONSTANT_NOTE] if constant else []) + reward_note(exp, exp.tasks),
                          seeds=exp.seeds))
     return out
 
@@ -141,13 +160,13 @@ def _summary(record: dict[str, Any] | None, task: str) -> dict[str, Any]:
     return ((record or {}).get("eval") or {}).get(task) or {}
 
 
-def _percent(value: Any) -> float | None:
-    return None if value is None else 100.0 * float(value)
+def _percent(value: Any, scale: float = 100.0) -> float | None:
+    return None if value is None else scale * float(value)
 
 
-def _ci_text(summary: dict[str, Any]) -> str:
+def _ci_text(summary: dict[str, Any], scale: float = 100.0, digits: int = 1) -> str:
     ci = summary.get("ci95")
-    return f"[{100 * ci[0]:.1f}, {100 * ci[1]:.1f}]" if ci and None not in ci else DASH
+    return f"[{scale * ci[0]:.{digits}f}, {scale * ci[1]:.{digits}f}]" if ci and None not in ci else DASH
 
 
 def method_tables(exp: Experiment) -> list[Table]:
@@ -162,13 +181,15 @@ def method_tables(exp: Experiment) -> list[Table]:
     out = []
     for task in exp.tasks:
         first = exp.seeds[0] if exp.seeds else None
-        cols = ["Method", "Accuracy %", "95% CI", "Format %"]
+        scale, digits = _scale(exp, task)
+        score = "mean reward" if exp.is_reward(task) else "accuracy"
+        cols = ["Method", "Accuracy %" if score == "accuracy" else "Mean reward", "95% CI", "Format %"]
         cols += [c for k in ks for c in (f"pass@{k} %", f"pass@{k} CI")] + ["Train wall s"]
 
         def row(get_record: Any, timed: bool) -> list[Cell | str]:
             cells: list[Cell | str] = [
-                exp.cell(lambda s: _percent(_summary(get_record(s), task).get("accuracy"))),
-                _ci_text(_summary(get_record(first), task)) if len(exp.seeds) == 1 else DASH,
+                exp.cell(lambda s: _percent(_summary(get_record(s), task).get("accuracy"), scale), digits=digits),
+                _ci_text(_summary(get_record(first), task), scale, digits) if len(exp.seeds) == 1 else DASH,
                 exp.cell(lambda s: _percent(_summary(get_record(s), task).get("format_rate")))]
             for k in ks:
                 cells.append(exp.cell(lambda s, k=k: _percent(((_summary(get_record(s), task).get("sampled") or {})
@@ -192,12 +213,13 @@ def method_tables(exp: Experiment) -> list[Table]:
         for track, display in tracks:
             rows.append((display, row(lambda s, tr=track: exp.find("single-task", s, tr, task), True)))
         notes = [seed_note(exp), eval_note(exp, [task]),
-                 "95% CI: Wilson interval of the greedy accuracy; pass@k: unbiased estimator over the sampled "
-                 "completions with a bootstrap CI over questions."] + ([CONSTANT_NOTE] if constant else [])
+                 f"95% CI: {'Wilson' if score == 'accuracy' else 'normal-approximation'} interval of the greedy "
+                 f"{score}; pass@k: unbiased estimator over the sampled completions with a bootstrap CI over "
+                 "questions."] + ([CONSTANT_NOTE] if constant else []) + reward_note(exp, [task])
         if pk:
             notes.append(f"Sampled evaluation: {pk.get('samples')} completions per question at temperature "
                          f"{pk.get('temperature')}, top_p {pk.get('top_p')}.")
-        title = f"Methods on {task_name(task)} ({exp.spec.get('model')}): accuracy, pass@k and training time."
+        title = f"Methods on {task_name(task)} ({exp.spec.get('model')}): {score}, pass@k and training time."
         out.append(Table(f"methods_{task_slug(task)}", title, cols, rows, notes, seeds=exp.seeds))
     return out
 
