@@ -71,8 +71,13 @@ def test_only_the_local_member_by_member_executor_rolls_out_in_bf16(monkeypatch)
     monkeypatch.setattr(precision, "cpu_flags", lambda: ["avx512_bf16"])
     monkeypatch.setattr(precision, "probe_bf16_speedup", lambda: 2.0)
     assert rollout_precision(ESConfig(generation_options=FAST)).dtype == "bfloat16"
-    assert rollout_precision(ESConfig(generation_options=FAST, executor="ray")).dtype == "float32"
-    assert rollout_precision(ESConfig(generation_options=FAST, noise="lowrank")).dtype == "float32"
+    on_ray = rollout_precision(ESConfig(generation_options=FAST, executor="ray"))
+    assert on_ray.dtype == "float32"
+    # the reason recorded in the run directory reads as a sentence (it read "executor 'ray' roll out ...")
+    assert on_ray.reason == "executor 'ray': members roll out in the model's dtype"
+    lowrank = rollout_precision(ESConfig(generation_options=FAST, noise="lowrank"))
+    assert lowrank.dtype == "float32"
+    assert lowrank.reason == "low-rank populations: members roll out in the model's dtype"
     with pytest.raises(ValueError, match="local executor"):
         rollout_precision(ESConfig(generation_options=FAST, executor="ray", rollout_dtype="bfloat16"))
     monkeypatch.setattr(precision, "cpu_flags", lambda: ["avx2"])

@@ -16,7 +16,8 @@ from es_tiny import ToyTask, stub_generate, tiny_llama
 from esft.cli import main
 
 
-def test_an_interrupted_es_run_prints_its_resume_hint_once(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("stop_at, logged", [(5, "2 iterations are logged"), (3, "1 iteration is logged")])
+def test_an_interrupted_es_run_prints_its_resume_hint_once(tmp_path, monkeypatch, capsys, stop_at, logged):
     """SIGTERM in the middle of `esft train es`: the hint names the logged iterations and the resume command, once,
     and no bare "interrupted" line follows it (the trainer printed its hint, then the command line its own)."""
     import esft.api
@@ -25,7 +26,7 @@ def test_an_interrupted_es_run_prints_its_resume_hint_once(tmp_path, monkeypatch
 
     def generate_then_stop(model, tokenizer, prompts, cfg):
         calls.append(len(prompts))
-        if len(calls) == 5:  # in iteration 2 (2 members x 2 prompts: one call per member)
+        if len(calls) == stop_at:  # call 5: in iteration 2 (2 members x 2 prompts: one call per member)
             os.kill(os.getpid(), signal.SIGTERM)  # the handler raises KeyboardInterrupt here
         return stub_generate(model, tokenizer, prompts, cfg)
 
@@ -48,7 +49,7 @@ def test_an_interrupted_es_run_prints_its_resume_hint_once(tmp_path, monkeypatch
     captured = capsys.readouterr()
     printed = (captured.out + captured.err).splitlines()
     hints = [line for line in printed if "esft train es --resume" in line]
-    assert hints == [f"interrupted: 2 iterations are logged in {out}; continue with `esft train es --resume {out}`"]
+    assert hints == [f"interrupted: {logged} in {out}; continue with `esft train es --resume {out}`"]
     assert [line for line in printed if line.strip() == "interrupted"] == []
 
 

@@ -326,6 +326,50 @@ def test_a_worker_killed_while_it_loads_is_dropped_not_a_code_error(monkeypatch,
     assert executor.events[1]["workers"] == [executor.workers[0].info]
 
 
+def _starting_executor(monkeypatch, dying, **kwargs):
+    """A RayExecutor of 2 workers on `_StartingCluster(dying)`, its masters checked by nobody."""
+    import torch
+
+    from esft.es.distributed import ray_executor
+    from esft.es.distributed.hf_replica import ReplicaSpec
+
+    monkeypatch.setattr(ray_executor, "import_ray", lambda: _StartingCluster(dying))
+    monkeypatch.setattr(ray_executor.RayExecutor, "_connect", lambda self: None)
+    monkeypatch.setattr(ray_executor.RayExecutor, "_sync_at_start", lambda self: None)
+    spec = ReplicaSpec(config=ESConfig(executor="ray", device="cpu"), threads=1)
+    return ray_executor.RayExecutor(spec, SimpleNamespace(params={"w": torch.zeros(1)}), num_workers=2, **kwargs)
+
+
+@pytest.mark.parametrize("dying, started", [(set(), "2 Ray workers"), ({1}, "1 Ray worker")])
+def test_the_workers_start_is_one_line_the_user_sees(monkeypatch, capsys, dying, started):
+    """Placing the workers and loading their models takes seconds to minutes, after "esft: connecting to Ray"; its
+    end is printed as esft's other progress lines are (its log record is INFO, which no one shows by default)."""
+    import re
+
+    _starting_executor(monkeypatch, dying).start()
+    lines = [line for line in capsys.readouterr().err.splitlines() if "started" in line]
+    assert len(lines) == 1 and re.fullmatch(rf"esft: {started} started in \d+\.\d s", lines[0]), lines
+
+
+def test_all_workers_lost_is_printed_once_with_exit_3_and_the_resume_command(tmp_path, monkeypatch, capsys,
+                                                                               caplog):
+    """The error the command line prints is the whole message: the executor used to log it as well (an ERROR
+    record, which Python prints on stderr when logging is not configured), so the user read it twice."""
+    import esft.api
+    from esft.cli import main
+
+    out = tmp_path / "run"
+    monkeypatch.setattr(esft.api, "train_es", lambda config: _starting_executor(
+        monkeypatch, {0, 1}, event_log=out / "metrics.jsonl").start())
+    code = main(["train", "es", "--model", "smollm2-135m", "--task", "boolq", "--executor", "ray",
+                 "--num-workers", "2", "--device", "cpu", "--output-dir", str(out)])
+    assert code == 3
+    lost = [line for line in capsys.readouterr().err.splitlines() if "workers are lost" in line]
+    assert len(lost) == 1 and lost[0].startswith("esft: error: all 2 Ray workers are lost")
+    assert f"`esft train es --resume {out}`" in lost[0]
+    assert not [r for r in caplog.records if "workers are lost" in r.getMessage()]
+
+
 def test_vllm_workers_with_adam_are_refused_when_the_config_is_built():
     from esft.config import ConfigError
 

@@ -41,7 +41,7 @@ def rollout_precision(config: ESConfig, flags: Any = None, probe: Any = None) ->
         if config.rollout_dtype == "bfloat16":
             raise ValueError("rollout_dtype 'bfloat16' runs on the local executor with member-by-member noise")
         where = "low-rank populations" if config.noise == "lowrank" else f"executor {config.executor!r}"
-        return RolloutPrecision("float32", config.rollout_dtype, f"{where} roll out in the model's dtype")
+        return RolloutPrecision("float32", config.rollout_dtype, f"{where}: members roll out in the model's dtype")
     from esft.models import default_device
 
     # device None is what load_model picks (CUDA when present), not necessarily the CPU

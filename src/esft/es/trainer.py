@@ -75,6 +75,10 @@ def _check_resumable(run_dir: Path, config: ESConfig) -> None:
         raise ValueError(f"cannot resume {run_dir}: config differs from the original run in {diffs}")
 
 
+def _logged(steps: int) -> str:
+    return f"{steps} iteration is logged" if steps == 1 else f"{steps} iterations are logged"
+
+
 def _rollout_precision(config: ESConfig, injected: bool) -> Any:
     """The run's `RolloutPrecision`: "auto" on resume means the dtype the run directory recorded (fp32 for one
     made before the option existed), so a resumed run continues exactly as it started."""
@@ -399,7 +403,7 @@ class ESTrainer:
             if self.weights.perturbed is not None:
                 self.weights.restore()
             # the message is the one line the command line prints (esft.cli); a script sees it in the exception
-            raise RunInterrupted(f"interrupted: {self.step} iterations are logged in {self.out}; continue with "
+            raise RunInterrupted(f"interrupted: {_logged(self.step)} in {self.out}; continue with "
                                  f"`esft train es --resume {self.out}`") from None
         except OSError as exc:
             self._raise_if_disk_full(exc)
@@ -421,7 +425,7 @@ class ESTrainer:
         (a failed checkpoint is removed whole, a torn last log line is dropped on resume)."""
         if exc.errno in DISK_FULL:
             where = f" writing {exc.filename}" if exc.filename else ""
-            message = (f"{exc.strerror}{where}: {self.step} iterations are logged in {self.out}; free disk space, "
+            message = (f"{exc.strerror}{where}: {_logged(self.step)} in {self.out}; free disk space, "
                        f"then continue with `esft train es --resume {self.out}`")
             raise OSError(exc.errno, message) from None
 

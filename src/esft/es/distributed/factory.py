@@ -5,7 +5,6 @@ the trainer as its `executor_factory`."""
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -41,10 +40,10 @@ def connect(config: ESConfig) -> bool:
         from esft.es.distributed.vllm_backend import require_vllm
 
         require_vllm()
-    from esft.es.distributed.connection import connect_ray
+    from esft.es.distributed.connection import connect_ray, say
 
     where = config.ray_address or os.environ.get("RAY_ADDRESS") or "a new local Ray instance (or a running one)"
-    print(f"esft: connecting to Ray: {where} ...", file=sys.stderr, flush=True)
+    say(f"esft: connecting to Ray: {where} ...")
     return connect_ray(config.ray_address)
 
 

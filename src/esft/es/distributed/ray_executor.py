@@ -37,7 +37,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from esft.es.distributed.connection import UNBOUNDED_SLOTS, actor_slots, connect_ray, import_ray
+from esft.es.distributed.connection import UNBOUNDED_SLOTS, actor_slots, connect_ray, import_ray, say
 from esft.es.distributed.hf_replica import (HFReplica, ReplicaSpec, checksum_diff, checksum_digest,
                                             masters_checksum)
 from esft.es.distributed.worker_faults import Deadlines, WorkerTimeout, is_worker_death, worker_error
@@ -229,10 +229,11 @@ class RayExecutor(Executor):
             raise ValueError(f"the driver's replica is on {drv} but workers are on {sorted(kinds)}: noise streams "
                              "differ between device types, so replicas would diverge; set --device to the "
                              "workers' device type (e.g. --device cuda on a GPU driver)")
-        labels = "; ".join(w.label for w in self.alive)
-        self._event("start", message=f"ray executor: {len(self.alive)} workers: {labels}",
-                    workers=[w.info for w in self.alive], actor_options=dict(opts),
-                    seconds=time.perf_counter() - t0)  # placement + model loading (counted in the first iteration)
+        labels, n, seconds = "; ".join(w.label for w in self.alive), len(self.alive), time.perf_counter() - t0
+        self._event("start", message=f"ray executor: {n} workers: {labels}", workers=[w.info for w in self.alive],
+                    actor_options=dict(opts), seconds=seconds)  # placement + model loading (in the first iteration)
+        # the log record above is below what an unconfigured logger shows: the user sees that this wait has ended
+        say(f"esft: {n} Ray worker{'' if n == 1 else 's'} started in {seconds:.1f} s")
         self._sync_at_start()
 
     def _sync_at_start(self) -> None:
@@ -353,7 +354,7 @@ class RayExecutor(Executor):
         msg = (f"all {len(self.workers)} Ray workers are lost (after {step} updates); the run stops here. The run "
                "directory holds every logged iteration (seeds.jsonl) and its checkpoints, untouched; continue with "
                f"`esft train es --resume {run_dir}` (on any number of workers, or {local})")
-        self._event("all_workers_lost", logging.ERROR, msg)
+        self._event("all_workers_lost", detail=msg)  # not logged: the raised error is the one line the user reads
         return WorkersLost(msg)
 
     # ---- the Executor interface -------------------------------------------------------------------------------------
