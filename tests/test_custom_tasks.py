@@ -206,6 +206,31 @@ def test_a_reward_that_fails_on_a_late_row_fails_before_any_model_loads(user_fil
     assert str(exc.value).startswith(f"{where}: reward 'user_rewards:{reward}' raised KeyError")
 
 
+def test_the_reward_is_tried_in_bounded_calls_on_at_most_the_first_rows_of_each_split(user_files, monkeypatch):
+    """Every build of a data task validates it (checks, trainer, each Ray worker): the reward gets calls of at most
+    VALIDATE_CHUNK rows, on at most VALIDATE_ROWS rows per split, and a failure in a later call names its row."""
+    import esft.tasks.dataset_task as DT
+
+    _, data = user_files
+    monkeypatch.setattr(DT, "VALIDATE_ROWS", 30)
+    monkeypatch.setattr(DT, "VALIDATE_CHUNK", 8)
+    sizes, real = [], DT.call_trl_reward
+
+    def counted(fn, name, texts, *args):
+        sizes.append(len(texts))
+        return real(fn, name, texts, *args)
+
+    monkeypatch.setattr(DT, "call_trl_reward", counted)
+    get_task(str(data), prompt_field="question", reward="user_rewards:contains_answer")
+    assert sizes == [8, 8, 8, 6, 8]  # train: 30 of its 32 rows; test: its 8
+    monkeypatch.setattr(DT, "VALIDATE_ROWS", 28)  # train row 29 (the one that fails) is past the rows tried
+    with pytest.raises(ValueError, match=r"^test split, row 8 of 8"):
+        get_task(str(data), prompt_field="question", reward="user_rewards:fails_on")
+    monkeypatch.setattr(DT, "VALIDATE_ROWS", 32)  # now it is tried, in the fourth call of 8 rows
+    with pytest.raises(ValueError, match=r"^train split, row 29 of 32 \(question: 'What is 35 \+ 35\?'\)"):
+        get_task(str(data), prompt_field="question", reward="user_rewards:fails_on")
+
+
 def test_empty_and_missing_files(tmp_path):
     (tmp_path / "empty.jsonl").write_text("\n")
     with pytest.raises(ValueError, match="holds no rows"):

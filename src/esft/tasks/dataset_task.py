@@ -126,6 +126,12 @@ def unscorable_warning(names: list[str], unscored: int, scored: int) -> str:
             "which leaves them out of their group's baseline with advantage 0 (docs/custom-tasks.md)")
 
 
+#: rows of each split a data task's rewards are tried on before a model loads (`DatasetTask.validate`), in calls of
+#: VALIDATE_CHUNK rows: every row of a file of usual size, bounded work for a large one or a costly reward (a reward
+#: model, an API), and `get_task` validates at every build of the task (checks, trainer, each Ray worker)
+VALIDATE_ROWS, VALIDATE_CHUNK = 1024, 256
+
+
 @dataclass
 class DatasetTask(Task):
     """The user's data and reward as a task (module docstring)."""
@@ -256,24 +262,30 @@ class DatasetTask(Task):
         return [dict(r) for r in self._read()[split]]
 
     def validate(self) -> None:
-        """Read the data and call each reward on every row of both splits, once per split, with the gold answers as
-        completions: a missing field, an empty file, or a reward that raises on any row or returns the wrong shape
-        fails here, before a model loads. Rewards are cheap next to a model load, and a reward that fails only on
-        a late row would otherwise stop the run after it (or in its first held-out evaluation)."""
+        """Read the data and call each reward on the rows of both splits (the first VALIDATE_ROWS of a larger split),
+        VALIDATE_CHUNK rows per call, with the gold answers as completions: a missing field, an empty file, or a
+        reward that raises on a row or returns the wrong shape fails here, before a model loads; a reward that
+        failed only on a late row would otherwise stop the run after it (or in its first held-out evaluation)."""
         for split, rows in self._read().items():
-            texts = [str(r.get(self.answer_field, "")) for r in rows]
-            prompts = [self.prompt(r) for r in rows]
-            for name, fn in self._reward_fns if rows else ():
-                try:
-                    call_trl_reward(fn, name, texts, prompts, rows, self.completion_format)
-                except ValueError as exc:
-                    raise ValueError(f"{self._failing_row(split, rows, fn, name, exc)}{exc}") from exc
+            tried = rows[:VALIDATE_ROWS]
+            for start in range(0, len(tried), VALIDATE_CHUNK):
+                chunk = tried[start:start + VALIDATE_CHUNK]
+                texts = [str(r.get(self.answer_field, "")) for r in chunk]
+                prompts = [self.prompt(r) for r in chunk]
+                for name, fn in self._reward_fns:
+                    try:
+                        call_trl_reward(fn, name, texts, prompts, chunk, self.completion_format)
+                    except ValueError as exc:
+                        where = self._failing_row(split, rows, start, chunk, fn, name, exc)
+                        raise ValueError(f"{where}{exc}") from exc
 
-    def _failing_row(self, split: str, rows: list[Example], fn: Any, name: str, exc: ValueError) -> str:
-        """Where the reward failed on `split`: the first row that fails alone when the reward raised (rows are tried
-        one at a time, on this failure only), else the split (a wrong count or value, whose error says which)."""
+    def _failing_row(self, split: str, rows: list[Example], start: int, chunk: list[Example], fn: Any, name: str,
+                     exc: ValueError) -> str:
+        """Where the reward failed on `chunk` (rows[start:...] of `split`): the first row that fails alone when the
+        reward raised (rows are tried one at a time, on this failure only), else the split (a wrong count or
+        value, whose error says which)."""
         if exc.__cause__ is not None:
-            for i, row in enumerate(rows):
+            for i, row in enumerate(chunk, start):
                 try:
                     call_trl_reward(fn, name, [str(row.get(self.answer_field, ""))], [self.prompt(row)], [row],
                                     self.completion_format)
