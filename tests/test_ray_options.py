@@ -316,8 +316,12 @@ def test_a_worker_killed_while_it_loads_is_dropped_not_a_code_error(monkeypatch,
     spec = ReplicaSpec(config=ESConfig(executor="ray", device="cpu"), threads=1)
     executor = ray_executor.RayExecutor(spec, SimpleNamespace(params={"w": torch.zeros(1)}), num_workers=2)
     if dying == {0, 1}:
-        with pytest.raises(ray_executor.WorkersLost, match=r"^all 2 Ray workers are lost"):
+        with pytest.raises(ray_executor.WorkersLost) as lost:
             executor.start()
+        # nothing ran: the cause and "again", not the mid-run "after ? updates ... resume"
+        assert str(lost.value).startswith("all 2 Ray workers died while they loaded the model and task (the last: ")
+        assert "run the command again" in str(lost.value) and "?" not in str(lost.value)
+        assert "--resume" not in str(lost.value)
         assert not executor.alive
         return
     executor.start()
@@ -351,8 +355,7 @@ def test_the_workers_start_is_one_line_the_user_sees(monkeypatch, capsys, dying,
     assert len(lines) == 1 and re.fullmatch(rf"esft: {started} started in \d+\.\d s", lines[0]), lines
 
 
-def test_all_workers_lost_is_printed_once_with_exit_3_and_the_resume_command(tmp_path, monkeypatch, capsys,
-                                                                               caplog):
+def test_all_workers_lost_is_printed_once_with_exit_3(tmp_path, monkeypatch, capsys, caplog):
     """The error the command line prints is the whole message: the executor used to log it as well (an ERROR
     record, which Python prints on stderr when logging is not configured), so the user read it twice."""
     import esft.api
@@ -364,10 +367,9 @@ def test_all_workers_lost_is_printed_once_with_exit_3_and_the_resume_command(tmp
     code = main(["train", "es", "--model", "smollm2-135m", "--task", "boolq", "--executor", "ray",
                  "--num-workers", "2", "--device", "cpu", "--output-dir", str(out)])
     assert code == 3
-    lost = [line for line in capsys.readouterr().err.splitlines() if "workers are lost" in line]
-    assert len(lost) == 1 and lost[0].startswith("esft: error: all 2 Ray workers are lost")
-    assert f"`esft train es --resume {out}`" in lost[0]
-    assert not [r for r in caplog.records if "workers are lost" in r.getMessage()]
+    lost = [line for line in capsys.readouterr().err.splitlines() if "workers died" in line]
+    assert len(lost) == 1 and lost[0].startswith("esft: error: all 2 Ray workers died while they loaded")
+    assert not [r for r in caplog.records if "workers died" in r.getMessage()]
 
 
 def test_vllm_workers_with_adam_are_refused_when_the_config_is_built():
@@ -430,3 +432,18 @@ def test_a_dropped_worker_is_ended_not_left_holding_its_resources(monkeypatch):
     assert killed == ["actor-0"] and not lost.alive and kept.alive
     executor.close()
     assert sorted(killed) == ["actor-0", "actor-1"]
+
+
+def test_all_workers_lost_mid_run_names_the_resume_and_is_not_logged_as_well(tmp_path, monkeypatch, caplog):
+    """Mid-run, every member's worker gone: the error (exit 3 at the command line) names the resume; the executor
+    records it in metrics.jsonl but does not log it too (the user would read it twice)."""
+    out = tmp_path / "run"
+    out.mkdir()
+    executor = _starting_executor(monkeypatch, set(), event_log=out / "metrics.jsonl")
+    executor.start()
+    executor.step = 4
+    lost = executor._all_lost()
+    assert str(lost).startswith("all 2 Ray workers are lost (after 4 updates)")
+    assert f"`esft train es --resume {out}`" in str(lost)
+    assert executor.events[-1]["event"] == "all_workers_lost" and executor.events[-1]["detail"] == str(lost)
+    assert not [r for r in caplog.records if "workers are lost" in r.getMessage()]

@@ -213,14 +213,17 @@ class RayExecutor(Executor):
             except Exception as exc:  # model not found on its node, ...: a configuration error, named in one line
                 if is_worker_death(exc):  # killed while it loaded: the others can evaluate the population
                     self._lose(w, exc)
+                    died = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}"
                     continue
                 self.close()
                 raise worker_error(w.label, "its start-up (loading the model, tokenizer and task)", exc,
                                    "the run cannot start") from exc
-        if not self.alive:
-            lost = self._all_lost()
+        if not self.alive:  # nothing ran: what killed them, not the mid-run "resume on fewer workers"
+            msg = (f"all {n} Ray workers died while they loaded the model and task (the last: {died}); no member was "
+                   "evaluated: run the command again once every node can load them (memory, model files)")
+            self._event("all_workers_lost", detail=msg)
             self.close()
-            raise lost
+            raise WorkersLost(msg)
         self._started = True
         drv = next(iter(self.weights.params.values())).device.type
         kinds = {w.info["device_type"] for w in self.alive}
