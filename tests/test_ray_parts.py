@@ -245,6 +245,26 @@ def test_cpu_threads_share_splits_the_cores_between_the_workers():
     assert cpu_threads_share(16, 0) == 1  # num_workers 0: one worker per CPU
     assert cpu_threads_share(16, 4, num_cpus_per_worker=6) == 6  # the CPUs Ray gives each worker
     assert cpu_threads_share(16, 4, num_cpus_per_worker=0.5) == 1
+    # a worker runs on one node: 32 CPUs over 2 workers is 16 each, more than an 8-core node holds
+    assert cpu_threads_share(32, 2, node_cores=8) == 8 and cpu_threads_share(32, 8, node_cores=8) == 4
+
+
+def test_the_share_reads_the_connected_clusters_nodes(monkeypatch):
+    """A 32-core driver and two 8-core nodes: the share is the nodes' (8 each for 2 workers), not the driver's 16,
+    which Ray could place on no node."""
+    from types import SimpleNamespace
+
+    import esft.es.distributed.connection as connection
+    import esft.es.distributed.factory as factory
+
+    nodes = [{"Alive": True, "Resources": {"CPU": 8.0}}, {"Alive": True, "Resources": {"CPU": 8.0}},
+             {"Alive": False, "Resources": {"CPU": 64.0}}]
+    cluster = SimpleNamespace(is_initialized=lambda: True, nodes=lambda: nodes)
+    monkeypatch.setattr(connection, "import_ray", lambda: cluster)
+    monkeypatch.setattr(factory, "machine_cores", lambda: 32)
+    assert factory.cluster_cores() == (16, 8)
+    cluster.is_initialized = lambda: False  # no cluster joined yet: this machine's cores
+    assert factory.cluster_cores() == (32, 32)
 
 
 def test_threads_per_worker_0_gives_cpu_workers_their_share_of_the_cores(recorded_executor, monkeypatch, tmp_path):
@@ -262,6 +282,8 @@ def test_threads_per_worker_0_gives_cpu_workers_their_share_of_the_cores(recorde
     assert threads(num_workers=3, executor_options={"threads_per_worker": 0, "num_cpus_per_worker": 2}) == 2
     assert threads(num_workers=3, device="cpu", executor_options={"threads_per_worker": 5}) == 5  # as given
     assert threads(num_workers=3, device="cuda", executor_options={"threads_per_worker": 0}) == 0  # torch's own
+    monkeypatch.setattr(factory, "cluster_cores", lambda: (32, 8))  # a cluster of 8-core nodes
+    assert threads(num_workers=2, device="cpu", executor_options={"threads_per_worker": 0}) == 8
 
 
 def test_make_ray_executor_for_vllm_workers(recorded_executor, monkeypatch, tmp_path):

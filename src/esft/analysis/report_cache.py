@@ -46,7 +46,7 @@ def slug(text: str) -> str:
     if re.fullmatch(r"[A-Za-z0-9_-]{1,80}", text):
         return text
     readable = "".join(_SPELT.get(c, c if re.fullmatch(r"[A-Za-z0-9_-]", c) else "_") for c in text).strip("_")
-    return f"{readable[:72]}-{hashlib.sha1(text.encode()).hexdigest()[:6]}"
+    return f"{readable[-72:]}-{hashlib.sha1(text.encode()).hexdigest()[:6]}"  # the tail tells paths apart
 
 
 class Cache:

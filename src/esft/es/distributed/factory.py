@@ -52,14 +52,34 @@ def machine_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-def cpu_threads_share(cores: int, num_workers: int, num_cpus_per_worker: float | None = None) -> int:
+def cluster_cores() -> tuple[int, int]:
+    """(the CPUs the workers share, the smallest node's CPUs): the connected Ray cluster's, else this machine's."""
+    from esft.es.distributed.connection import import_ray
+
+    try:
+        ray = import_ray()
+        cpus = [int(n.get("Resources", {}).get("CPU", 0)) for n in ray.nodes() if n.get("Alive", True)] \
+            if ray.is_initialized() else []
+    except ImportError:
+        cpus = []
+    cpus = [c for c in cpus if c > 0]
+    if cpus:
+        return sum(cpus), min(cpus)
+    cores = machine_cores()
+    return cores, cores
+
+
+def cpu_threads_share(cores: int, num_workers: int, num_cpus_per_worker: float | None = None,
+                      node_cores: int | None = None) -> int:
     """torch threads for each CPU worker under `threads_per_worker: 0`: its fair share of the cores, at least 1,
     so that the workers together do not run more threads than there are cores (torch's own default is every core,
     in every worker). The share is the CPUs Ray gives the worker: `num_cpus_per_worker` when set; else `cores`
-    (the driver's machine) split between `num_workers`; with num_workers 0 (one worker per CPU) one core."""
+    (the cluster's, `cluster_cores`) split between `num_workers`, at most `node_cores` (a worker runs on one
+    node, and asks Ray for that many CPUs); with num_workers 0 (one worker per CPU) one core."""
     if num_cpus_per_worker is not None:
         return max(1, int(num_cpus_per_worker))
-    return max(1, cores // num_workers) if num_workers else 1
+    share = cores // num_workers if num_workers else 1
+    return max(1, min(share, node_cores) if node_cores else share)
 
 
 def make_ray_executor(config: ESConfig, *, weights: MasterWeights, optimizer: Any = None, generate_fn: Any = None,
@@ -77,7 +97,8 @@ def make_ray_executor(config: ESConfig, *, weights: MasterWeights, optimizer: An
         default_threads = 1 if on_cpu else 0
     threads = int(opts.get("threads_per_worker", default_threads))
     if threads == 0 and on_cpu:  # on GPUs 0 leaves torch's default: the work is on the device
-        threads = cpu_threads_share(machine_cores(), config.num_workers, opts.get("num_cpus_per_worker"))
+        cores, node_cores = cluster_cores()
+        threads = cpu_threads_share(cores, config.num_workers, opts.get("num_cpus_per_worker"), node_cores)
     spec = ReplicaSpec(config=config, builder=builder, generate_fn=generate_fn, threads=threads,
                        options={k: v for k, v in opts.items() if k in VLLM_OPTIONS})
     replica_cls: type = HFReplica
