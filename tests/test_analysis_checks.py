@@ -58,6 +58,10 @@ def test_a_report_refuses_an_unknown_holdout_task_before_any_analysis_runs(tmp_p
     with pytest.raises(ConfigError, match="holdout_tasks = 'none' is not accepted; expected a known task name"):
         ReportConfig(dir=str(tmp_path), holdout_tasks=["none"])
     assert ReportConfig(dir=str(tmp_path), holdout_tasks=[]).holdout_tasks == []
+    # a data file needs the field options its runs recorded, which the report applies later: not refused here
+    data = tmp_path / "qa.jsonl"
+    data.write_text("".join(f'{{"q": "{i}?", "a": "{i}"}}\n' for i in range(10)))
+    assert ReportConfig(dir=str(tmp_path), holdout_tasks=[str(data)]).holdout_tasks == [str(data)]
 
 
 def test_good_analysis_options_pass_the_checks(tmp_path):
