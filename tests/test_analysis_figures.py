@@ -114,7 +114,7 @@ def test_families_figure_says_why_a_panel_has_no_points(drawn):
     flat = [{**r, "r2_fit": None} for r in TENSORS]
     (rho_m, rho_n), (r2_m, r2_n) = np.asarray(drawn(D.plot_families, {"tensors": flat}).axes).reshape(2, 2)
     for ax in (r2_m, r2_n):
-        assert [t.get_text() for t in ax.texts] == ["no R$^2$: the displacement did not change over the steps"]
+        assert [t.get_text() for t in ax.texts] == ["no R$^2$: fewer than two distinct values over the steps"]
     assert not rho_m.texts and not rho_n.texts
 
 

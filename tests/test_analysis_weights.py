@@ -326,10 +326,10 @@ def test_the_report_weights_figure_and_family_table_name_the_stage_they_show(tmp
                           config=SimpleNamespace(eps=1e-5), fig=lambda name: tmp_path / f"{name}.png",
                           plot=lambda cached, path, fn: fn())
     (comp,) = W.report_weights(ctx)
-    assert comp.last_stage == "2: boolq"
-    assert titles == ["es, stage 2: boolq: update from the base model"]
+    assert comp.last_stage == "2 (boolq)"
+    assert titles == ["es, stage 2 (boolq): update from the base model"]
     lines = "\n".join(Report._weights_tables(SimpleNamespace(rel=str, shown=str), comp))
-    assert "Per family, last stage (2: boolq):" in lines and "stable ranks, stage 2: boolq]" in lines
+    assert "Per family, at stage 2 (boolq):" in lines and "stable ranks, stage 2 (boolq)]" in lines
 
 
 @pytest.mark.parametrize("arch", ["gpt2", "llama"])

@@ -329,7 +329,7 @@ def plot_families(result: Mapping[str, Any], path: str | Path) -> Path:
                             fmt="o", color="k", capsize=3)
             ax.axhline(1.0, color="k" if key == "rho" else "gray", ls="--" if key == "rho" else ":", lw=1)
             if fams and not ax.collections:  # an empty panel would read as a figure drawn wrong
-                ax.text(0.5, 0.5, f"no {'rho' if key == 'rho' else 'R$^2$'}: the displacement did not change over "
+                ax.text(0.5, 0.5, f"no {'rho' if key == 'rho' else 'R$^2$'}: fewer than two distinct values over "
                         "the steps", transform=ax.transAxes, ha="center", fontsize=8)
             ax.set_xticks(range(len(fams)))
             # family names under the bottom panel only (the top one shares its columns)

@@ -269,7 +269,7 @@ class Report(ReportContext):
         if c.notes:
             s.append("\nMissing checkpoints: " + " ".join(c.notes))
         if c.families is not None:
-            s.append("\n" + f"Per family, last stage ({c.last_stage}):\n\n" + grid(*c.families))
+            s.append("\n" + f"Per family, at stage {c.last_stage}:\n\n" + grid(*c.families))
         if c.figure is not None:
             s.append(f"\n![per-layer update norms and stable ranks, stage {c.last_stage}]({self.rel(c.figure)})\n")
         return s

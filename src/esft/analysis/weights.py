@@ -20,6 +20,7 @@ study's.
 from __future__ import annotations
 
 import math
+import textwrap
 from collections import defaultdict
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -281,7 +282,7 @@ class UpdateComparison:
     families: tuple[list[str], list[list[Any]]] | None = None
     figure: Path | None = None
     last_stage: str = ""
-    """the stage `families` and `figure` show ("2: countdown")"""
+    """the stage `families` and `figure` show ("2 (countdown)")"""
     notes: list[str] = field(default_factory=list)
 
 
@@ -308,7 +309,7 @@ def report_weights(ctx: ReportContext) -> list[UpdateComparison] | None:
             if found is None:
                 continue
             last_rep, cached = found
-            comp.last_stage = f"{i + 1}: {a.tasks[i]}"
+            comp.last_stage = f"{i + 1} ({a.tasks[i]})"
             results[f"{label} stage {i + 1}"] = last_rep["total"]
         if not comp.paired:
             ctx.skip(f"ES/GRPO norm ratio and cosine (Tables 3, 20) for {label}",
@@ -316,7 +317,7 @@ def report_weights(ctx: ReportContext) -> list[UpdateComparison] | None:
         if last_rep is not None:
             comp.families = family_rows(last_rep)
             path = ctx.fig(f"weights_{slug(label)}")
-            title = f"{label}, stage {comp.last_stage}: update from the base model"
+            title = textwrap.fill(f"{label}, stage {comp.last_stage}: update from the base model", 110)
             comp.figure = ctx.plot(cached, path, lambda rep=last_rep, path=path: plot_weights(rep, path, title))
         out.append(comp)
     ctx.results["weights"] = results
