@@ -53,6 +53,8 @@ def test_a_table_of_mean_rewards_only_has_no_constant_column_and_says_mean_rewar
     md = table1(exp).markdown()
     assert "### Table 1: Mean reward for single task training (m)." in md
     assert "| Task | Base | ES |" in md and "Constant answer" not in md and "%" not in md.split("\n\n")[1]
+    assert "Wilson" not in md and "normal-approximation interval" in md  # its interval is not Wilson's
+    assert "Wilson interval of that seed" in table1(single_task()).markdown()  # beside an accuracy it is
 
 
 def test_method_table_of_a_mean_reward():

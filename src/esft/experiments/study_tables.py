@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from esft.experiments.compute_tables import compute_row, table18
 from esft.experiments.plan import task_slug
@@ -44,6 +44,11 @@ TABLES_DIR = "tables"
 
 #: note of every table whose cells carry each seed's interval
 INTERVAL_NOTE = "[a, b]: the 95% Wilson interval of that seed's evaluation."
+
+
+def interval_note(exp: Experiment, tasks: Sequence[str]) -> list[str]:
+    """INTERVAL_NOTE where some of `tasks` is an accuracy (a mean reward's interval is in `reward_note`)."""
+    return [INTERVAL_NOTE] if any(not exp.is_reward(t) for t in tasks) else []
 
 
 def accuracy_cell(exp: Experiment, record_of: Any, task: str, bold: bool = False) -> Cell:
@@ -83,7 +88,8 @@ def table1(exp: Experiment) -> Table | None:
             where = {"task": task} if kind == "single-task" else {"index": 1}
             cells.append(accuracy_cell(exp, lambda s, tr=track, w=where: exp.find(kind, s, tr, **w), task))
         rows.append((task_name(task), cells))
-    notes = [seed_note(exp), eval_note(exp, tasks), INTERVAL_NOTE] + ([CONSTANT_NOTE] if with_constant else [])
+    notes = [seed_note(exp), eval_note(exp, tasks), *interval_note(exp, tasks)] + ([CONSTANT_NOTE] if with_constant
+                                                                                   else [])
     notes += reward_note(exp, tasks)
     if kind == "sequential":
         notes.insert(0, "Stage 1 of the sequential runs: single-task training on the first task.")
@@ -119,7 +125,8 @@ def table2(exp: Experiment) -> Table | None:
     delta_label = "Δ (base → final)"
     rows.append((delta_label, [exp.cell(lambda s, tr=tr, h=h: delta(s, tr, h), digits=_scale(exp, h)[1])
                                for h in exp.holdout for tr, _ in tracks]))
-    notes = [seed_note(exp), eval_note(exp, exp.holdout), INTERVAL_NOTE] + ([CONSTANT_NOTE] if constant else [])
+    notes = [seed_note(exp), eval_note(exp, exp.holdout), *interval_note(exp, exp.holdout)] + (
+        [CONSTANT_NOTE] if constant else [])
     notes += reward_note(exp, exp.holdout)
     if "ifeval" in exp.holdout:
         notes.append(f"IFEval: {exp.ifeval_metric.replace('_', '-')} accuracy.")
@@ -148,7 +155,7 @@ def tables5_8(exp: Experiment) -> list[Table]:
                  f"training with {display}. Bold indicates the task just trained at that stage.")
         slug = track.replace("@", "_").replace("->", "-").replace("/", "-")
         out.append(Table(f"table5-8_sequential_{slug}", title, cols, rows,
-                         [seed_note(exp), eval_note(exp, exp.tasks), INTERVAL_NOTE]
+                         [seed_note(exp), eval_note(exp, exp.tasks), *interval_note(exp, exp.tasks)]
                          + ([CONSTANT_NOTE] if constant else []) + reward_note(exp, exp.tasks),
                          seeds=exp.seeds))
     return out
