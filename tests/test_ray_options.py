@@ -290,7 +290,7 @@ class _StartingCluster(_CpuOnlyCluster):
 
         return lambda replica_cls: Actor
 
-    def wait(self, refs, num_returns, timeout):
+    def wait(self, refs, num_returns=1, timeout=None):
         return refs, []
 
     def get(self, ref):
@@ -447,3 +447,33 @@ def test_all_workers_lost_mid_run_names_the_resume_and_is_not_logged_as_well(tmp
     assert f"`esft train es --resume {out}`" in str(lost)
     assert executor.events[-1]["event"] == "all_workers_lost" and executor.events[-1]["detail"] == str(lost)
     assert not [r for r in caplog.records if "workers are lost" in r.getMessage()]
+
+
+@pytest.mark.parametrize("check", ["frozen", "checksum"])
+def test_replica_divergence_is_recorded_and_not_logged_as_well(tmp_path, monkeypatch, caplog, check):
+    """A worker whose model differs from the driver's (its frozen parameters at start-up, or its masters at a
+    periodic check) stops the run with ReplicaDivergence, which the command line prints (exit 3); the executor
+    records it in metrics.jsonl with that message but does not log it too (the user read it twice)."""
+    import json
+    import logging
+
+    from esft.es.distributed import ray_executor
+
+    out = tmp_path / "run"
+    out.mkdir()
+    executor = _starting_executor(monkeypatch, set(), event_log=out / "metrics.jsonl", frozen={"f": 0})
+    executor.start()
+    executor.step = 7
+    monkeypatch.setattr(ray_executor, "masters_checksum", lambda weights: {"w": 0})
+    for w in executor.workers:  # worker 1 differs from the driver, worker 0 agrees
+        w.actor.frozen_checksum = w.actor.checksum = SimpleNamespace(remote=lambda key=check, r=w.rank: (
+            lambda: {"f" if key == "frozen" else "w": r}))
+    with pytest.raises(ray_executor.ReplicaDivergence) as diverged:
+        executor._check_frozen() if check == "frozen" else executor.verify()
+    assert "worker 1" in str(diverged.value)
+    event = executor.events[-1]
+    assert event["event"] == check and event["ok"] is False and event["drifted"] == [1]
+    assert event["detail"] == str(diverged.value)
+    assert json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])["detail"] == str(diverged.value)
+    assert not [r for r in caplog.records if str(diverged.value)[:40] in r.getMessage()]
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]

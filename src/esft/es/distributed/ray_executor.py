@@ -270,7 +270,8 @@ class RayExecutor(Executor):
             parts = [f"{w.label}: {len(names)} tensors differ, first {names[0]}" for w, names in bad]
             msg = ("workers hold other values than the driver in parameters ES does not perturb (include / exclude), "
                    "so they evaluate another model: " + "; ".join(parts) + ". Give every node the same model files")
-            self._event("frozen", logging.ERROR, msg, ok=False, drifted=[w.rank for w, _ in bad])
+            # recorded, not logged: the raised error is the one line the user reads (exit 3)
+            self._event("frozen", ok=False, drifted=[w.rank for w, _ in bad], detail=msg)
             raise ReplicaDivergence(msg)
 
     # ---- bookkeeping ---------------------------------------------------------------------------------------------
@@ -467,9 +468,10 @@ class RayExecutor(Executor):
         else:
             parts = [f"{w.label}: {len(names)} tensors differ, first {names[0]}" for w, names in bad]
             msg = f"replica divergence after {self.step} updates: " + "; ".join(parts)
-        self._event("checksum", logging.ERROR, msg, ok=False, digest=checksum_digest(reference),
-                    drifted=[w.rank for w, _ in bad], tensors={w.rank: names[:5] for w, names in bad})
-        raise ReplicaDivergence(msg + " (the driver's replica is the reference; see docs/distributed.md)")
+        msg += " (the driver's replica is the reference; see docs/distributed.md)"
+        self._event("checksum", ok=False, digest=checksum_digest(reference), drifted=[w.rank for w, _ in bad],
+                    tensors={w.rank: names[:5] for w, names in bad}, detail=msg)  # not logged: raised, as above
+        raise ReplicaDivergence(msg)
 
     def close(self) -> None:
         ray = import_ray()
