@@ -423,3 +423,30 @@ def test_a_spec_built_from_python_mappings_parses_and_names_its_path():
 def test_a_task_name_is_case_insensitive_but_its_option_values_are_kept(tmp_path):
     spec = load_spec_text(tmp_path, _edit("tasks: [countdown]", "tasks: ['Countdown:system_prompt=Be Brief']"))
     assert spec.tasks == ["countdown:system_prompt=Be Brief"]
+
+
+GRPO = "  grpo:\n    max_steps: 2\n"
+
+
+@pytest.mark.parametrize("option, hint", [
+    ("bf16: true", "(TRL's option; esft sets it from precision)"),
+    ("disable_dropout: true", "(TRL's option, which esft sets itself)"),
+    ("num_train_epochs: 1", "(did you mean num_iterations? another option of TRL's GRPOConfig goes under trl_args: "
+                            "{num_train_epochs: ...})"),
+])
+def test_a_trl_key_in_a_specs_grpo_block_says_where_it_goes(tmp_path, option, hint):
+    """The same hint as in a GRPO config file (tests/test_config.py): a TRL user's key in the spec's grpo block is
+    named as TRL's option esft sets itself, or pointed to trl_args (it said only "unknown option")."""
+    with pytest.raises(SpecError) as refused:
+        load_spec_text(tmp_path, _edit(GRPO, GRPO + "    " + option + "\n"))
+    key = option.split(":")[0]
+    expected = f"spec.yaml:9: unknown option {key!r} in algorithms.grpo for grpo (GRPOConfig) {hint}"
+    assert str(refused.value).endswith(expected), str(refused.value)
+
+
+def test_an_unknown_es_option_in_a_spec_names_the_close_matches(tmp_path):
+    """ES's config has no hint of its own: its unknown options keep the plain close matches."""
+    with pytest.raises(SpecError) as refused:
+        load_spec_text(tmp_path, _edit(ES, ES + "    sigmaa: 1\n"))
+    assert str(refused.value).endswith("spec.yaml:7: unknown option 'sigmaa' in algorithms.es for es (ESConfig) "
+                                       "(did you mean sigma?)"), str(refused.value)

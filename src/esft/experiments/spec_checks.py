@@ -33,6 +33,15 @@ def did_you_mean(name: Any, choices: typing.Iterable[str]) -> str:
     return f" (did you mean {', '.join(close)}?)" if close else ""
 
 
+def unknown_option_hint(algo: Algorithm, name: str, names: typing.Iterable[str]) -> str:
+    """What an unknown option of `algo` means: its config's own hint where it has one (GRPOConfig tells a TRL
+    user where TRL's options go), as for a config file (esft.config.coerce); else the close matches."""
+    from esft.names import close_names
+
+    hint = getattr(algo.config_cls, "unknown_option_hint", None)
+    return hint(name, close_names(name, names)) if hint else did_you_mean(name, names)
+
+
 def as_mapping(ctx: SpecContext, value: Any, where: str, line: int) -> LineDict:
     if value is None:
         out = LineDict()
@@ -169,7 +178,7 @@ def check_options(ctx: SpecContext, block: LineDict, algo: Algorithm, where: str
                                   f"evaluation see the same prompts")
         if name not in names:
             raise ctx.error(line, f"unknown option {key!r} in {where} for {algo.name} "
-                                  f"({algo.config_cls.__name__}){did_you_mean(name, names)}")
+                                  f"({algo.config_cls.__name__}){unknown_option_hint(algo, name, names)}")
         if name == algo.budget_field and isinstance(value, list):
             if not allow_budget_list:
                 raise ctx.error(line, f"{where}: {key} must be one number here ({algo.name} "
