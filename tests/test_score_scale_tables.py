@@ -1,7 +1,8 @@
-"""The experiment tables (esft.experiments.study_tables) and the report's held-out rows (esft.analysis.runs) show a
-task whose reward scores outside [0, 1] as a mean reward: plain numbers with three decimals, not percentages, and
-no constant-answer baseline (n/a where the table has that column or row for other tasks). Tasks scored in [0, 1]
-keep accuracies in % beside the baseline (esft.tasks.labels.score_name). Hand-made records, no model (< 1 s).
+"""The experiment tables (esft.experiments.study_tables), the report's held-out rows (esft.analysis.runs) and its
+landscape and sparsity tables (esft.analysis.landscape_tables, sparsity) show a task whose reward scores outside
+[0, 1] as a mean reward: plain numbers with three decimals, not percentages, and no constant-answer baseline (n/a
+where the table has that column or row for other tasks). Tasks scored in [0, 1] keep accuracies in % beside the
+baseline (esft.tasks.labels.score_name). Hand-made records, no model (< 1 s).
 
 Run: PYTHONPATH=src pytest -q tests/test_score_scale_tables.py
 """
@@ -11,8 +12,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from esft.analysis.landscape_tables import interpolation_rows, sweep_rows
 from esft.analysis.report_builder import Report, ReportConfig
 from esft.analysis.runs import accuracy_rows, load_run
+from esft.analysis.sparsity import SparsitySweep, sweep_table_rows
 from esft.experiments.records import Experiment, constant_baseline
 from esft.experiments.study_tables import method_tables, table1, table2, tables5_8
 from esft.tables import Cell
@@ -122,3 +125,34 @@ def test_the_reports_heading_names_a_mean_reward_only_when_a_run_has_one(tmp_pat
     assert heading(tmp_path / "a") == "## Held-out accuracy during training (paper Table 1)"
     run_dir(tmp_path / "a", "reward", [(2.5, [2.0, 3.0])])
     assert heading(tmp_path / "a") == "## Held-out accuracy or mean reward during training (paper Table 1)"
+
+
+def test_a_sparsity_column_of_a_reward_outside_0_1_prints_plain_numbers():
+    """A custom task's mean reward (e.g. 2.5) is no percentage ("250.0%"): its column prints three decimals, from
+    every value the table has of it (one value of 1.5 decides the whole column), the accuracy column as before."""
+    res = {"rows": [{"tau": 0.0, "sparsity": 0.125, "accuracy": {"a": 0.5, "r": 0.25}},
+                    {"tau": 2e-5, "sparsity": 0.78, "accuracy": {"a": 0.375, "r": 1.5}}],
+           "base_accuracy": {"a": 0.1, "r": 0.2}}
+    rows = sweep_table_rows(SparsitySweep("es", ["r", "a"], res))
+    assert rows == [["0", "12.5%", "0.250", "50.0%"], ["2.000e-05", "78.0%", "1.500", "37.5%"],
+                    ["base (all reverted)", "100%", "0.200", "10.0%"]]
+    res["rows"][1]["accuracy"]["r"], res["base_accuracy"]["r"] = 0.75, -0.5  # only the base's leaves [0, 1]
+    assert [row[2] for row in sweep_table_rows(SparsitySweep("es", ["r"], res))] == ["0.250", "0.750", "-0.500"]
+
+
+def test_landscape_tables_print_a_reward_outside_0_1_as_plain_numbers():
+    """Figures 3-5's tables: a task scored outside [0, 1] prints three decimals in every cell of its own (decided
+    from all of them: the whole interpolation path, every direction's values), an accuracy task as before."""
+    res = {"accuracy": {"acc": [0.5, 0.25, 0.75], "rew": [0.5, -0.25, 0.75]},  # only the path's middle leaves [0, 1]
+           "barrier": {"acc": {"min_accuracy": 0.25, "max_drop": 0.375, "at": 0.5, "se": 0.125, "barrier": True},
+                       "rew": {"min_accuracy": -0.25, "max_drop": 1.75, "at": 0.5, "se": 0.5, "barrier": True}}}
+    assert interpolation_rows(res, ["acc", "rew"]) == [
+        ["acc", "50.0%", "75.0%", "25.0%", "+0.375 at t=0.50", "0.125", "yes"],
+        ["rew", "0.500", "0.750", "-0.250", "+1.750 at t=0.50", "0.5", "yes"]]
+    sweep = {"magnitudes": [0.0, 2.0], "directions": {
+        "es": {"norm": 2.0, "accuracy": {"acc": [0.5, 0.25], "rew": [0.5, 0.75]}},
+        "random": {"norm": 2.0, "accuracy": {"acc": [0.5, 1.0], "rew": [0.5, 3.0]}}}}
+    header, rows = sweep_rows(sweep)
+    assert header == ["direction", "its norm", "task", "|d|=0", "|d|=2"]
+    assert rows == [["es", "2", "acc", "50.0%", "25.0%"], ["es", "2", "rew", "0.500", "0.750"],
+                    ["random", "2", "acc", "50.0%", "100.0%"], ["random", "2", "rew", "0.500", "3.000"]]

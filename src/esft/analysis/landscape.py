@@ -28,7 +28,6 @@ import torch
 
 from esft.analysis.report_cache import fingerprint
 from esft.analysis.sources import TensorSource, as_source
-from esft.tables import fmt, pct
 
 if TYPE_CHECKING:
     from esft.analysis.report_context import ReportContext
@@ -480,21 +479,3 @@ def report_landscape(ctx: ReportContext) -> LandscapeReport | None:
     ctx.results["landscape"] = results
     return out
 
-
-def interpolation_rows(res: dict[str, Any], tasks: Sequence[str]) -> list[list[Any]]:
-    """Per task: accuracy at both ends, the minimum on the path, the largest drop below the straight line, its
-    binomial standard error and whether it is a barrier."""
-    return [[t, pct(res["accuracy"][t][0]), pct(res["accuracy"][t][-1]), pct(res["barrier"][t]["min_accuracy"]),
-             f"{res['barrier'][t]['max_drop']:+.3f} at t={res['barrier'][t]['at']:.2f}",
-             fmt(res["barrier"][t]["se"]), "yes" if res["barrier"][t]["barrier"] else "no"] for t in tasks]
-
-
-def sweep_rows(res: dict[str, Any]) -> tuple[list[str], list[list[Any]]]:
-    """(header, rows) of a direction sweep: per direction and task, the accuracy at each distance."""
-    mags = res["magnitudes"]
-    tasks = list(next(iter(res["directions"].values()))["accuracy"]) if res["directions"] else []
-    rows = []
-    for label, d in res["directions"].items():
-        for t in tasks:
-            rows.append([label, fmt(d["norm"]), t] + [pct(v) for v in d["accuracy"][t]])
-    return ["direction", "its norm", "task"] + [f"|d|={fmt(m, 3)}" for m in mags], rows

@@ -26,7 +26,8 @@ from typing import Any, Sequence
 from esft import paper
 from esft.analysis.drift_runs import RunDrift, drift_notes, family_rows, grpo_family_rows, law_rows, report_drift
 from esft.analysis.kl import kl_rows, report_kl
-from esft.analysis.landscape import interpolation_rows, report_landscape, sweep_rows
+from esft.analysis.landscape import report_landscape
+from esft.analysis.landscape_tables import interpolation_rows, sweep_rows
 from esft.analysis.report_cache import json_default
 from esft.analysis.report_context import ReportContext
 from esft.analysis.runs import accuracy_rows, run_rows

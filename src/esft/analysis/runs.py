@@ -20,6 +20,7 @@ from typing import Any, Callable
 import yaml
 
 from esft import paper
+from esft.analysis.score_text import reward_text
 from esft.rundir import read_jsonl
 from esft.tables import NA, pct
 from esft.tasks.labels import MEAN_REWARD, score_name
@@ -463,11 +464,6 @@ def run_rows(runs: list[Run], name: Callable[[Run], str], shown: Callable[[Any],
     checkpoint, precision."""
     return [[name(r), r.algorithm, r.task or "?", r.seed, shown(r.model) if r.model else "?", logged_steps(r),
              r.final.name if r.final else "none", precision(r)] for r in runs]
-
-
-def reward_text(x: float) -> str:
-    """A held-out mean reward as the report prints it: three decimals, no percent sign."""
-    return f"{x:.3f}"
 
 
 def accuracy_rows(runs: list[Run], name: Callable[[Run], str]) -> list[list[Any]]:

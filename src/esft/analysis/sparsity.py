@@ -21,6 +21,7 @@ import torch
 from esft import paper
 from esft.analysis.landscape import DeltaDirection, Direction, accuracy, prepare_tasks, set_weights
 from esft.analysis.report_cache import fingerprint, slug
+from esft.analysis.score_text import score_text
 from esft.analysis.sources import DEFAULT_CHUNK_ELEMS, aligned_refs, as_source, iter_chunks
 from esft.tables import fmt, pct
 
@@ -246,8 +247,11 @@ def report_sparsity(ctx: ReportContext) -> tuple[list[SparsitySweep], Path] | No
 
 
 def sweep_table_rows(sweep: SparsitySweep) -> list[list[Any]]:
-    """Per threshold: tau, the sparsity reached, the accuracy per task; then the base model (all reverted)."""
+    """Per threshold: tau, the sparsity reached, the accuracy per task; then the base model (all reverted). A
+    task's column is a mean reward rather than a percentage when its scores leave [0, 1] (esft.analysis.score_text)."""
     res, tasks = sweep.result, sweep.tasks
-    rows = [[fmt(r["tau"]), pct(r["sparsity"])] + [pct(r["accuracy"][t]) for t in tasks] for r in res["rows"]]
-    rows.append(["base (all reverted)", "100%"] + [pct(res["base_accuracy"][t]) for t in tasks])
+    shown = [score_text([*(r["accuracy"][t] for r in res["rows"]), res["base_accuracy"][t]]) for t in tasks]
+    rows = [[fmt(r["tau"]), pct(r["sparsity"])] + [s(r["accuracy"][t]) for s, t in zip(shown, tasks)]
+            for r in res["rows"]]
+    rows.append(["base (all reverted)", "100%"] + [s(res["base_accuracy"][t]) for s, t in zip(shown, tasks)])
     return rows
