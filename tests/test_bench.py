@@ -436,6 +436,22 @@ def test_parse_overrides_and_cli():
     assert build_parser().parse_args(["bench", "--exact"]).exact
 
 
+@pytest.mark.parametrize("flags, words", [(["--noise", "lowrank", "--rank", "0"], "--rank"),
+                                          (["--noise", "per-tensor", "--rank", "-2"], "--rank"),
+                                          (["--noise", "bogus"], "unknown noise mode")])
+def test_bench_refuses_a_bad_noise_or_rank_before_the_model_loads(monkeypatch, capsys, flags, words):
+    """`esft bench --noise lowrank --rank 0` used to load the model and time the matmul first."""
+    import esft.models
+    from esft.cli import main
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the model loaded before the options were checked")
+
+    monkeypatch.setattr(esft.models, "load_model", no_load)
+    assert main(["bench", "--workloads", "cpu-preset", *flags]) == 2
+    assert words in capsys.readouterr().err
+
+
 def test_matmul_gflops_is_positive():
     assert bench.matmul_gflops(torch.float32, size=128, reps=2) > 0
 

@@ -197,6 +197,8 @@ def test_eval_config_validation_and_cli():
         EvalConfig(samples=4, temperature=0.6, k=[8])
     args = build_parser().parse_args(["eval", "--samples", "8", "--temperature", "0.6", "--k", "1,8"])
     assert args.samples == 8 and args.k == [1, 8]
+    # the recorded config names the k values the results hold: sorted, once each
+    assert EvalConfig(samples=4, temperature=0.6, k=[4, 1, 1]).k == [1, 4]
     assert main(["eval", "--tasks", "boolq", "--samples", "8", "--k", "1,8"]) == 2
 
 

@@ -95,7 +95,9 @@ class EvalConfig:
             # greedy decoding would give n identical completions: pass@k would equal pass@1
             raise ValueError("samples > 1 needs temperature > 0 (e.g. --temperature 0.6)")
         if self.k:
-            parse_ks(self.k, self.samples)  # fail before loading the model
+            # fail before loading the model; kept as reported (sorted, once each) so summary.json's config names
+            # the k values its results hold
+            self.k = parse_ks(self.k, self.samples)
         from esft.tasks.custom import external_kind
 
         if self.task_options and not any(external_kind(name) for name in self.tasks):

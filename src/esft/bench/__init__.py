@@ -166,12 +166,18 @@ class BenchConfig:
             self.rollout_dtype = "float32" if self.exact else "auto"
 
     def check(self) -> None:
-        """Fail before any measurement on a workload name or lane count that cannot run."""
+        """Fail before the model loads on a workload name, lane count, noise mode or rank that cannot run."""
         for w in self.workloads:
             if w not in WORKLOADS:
                 raise ValueError(f"unknown workload {w!r}; choose from {', '.join(WORKLOADS)}")
         if self.parallel_members < 1:
             raise ValueError(f"--parallel-members must be >= 1, got {self.parallel_members}")
+        from esft.es.noise_seeds import NOISE_MODES
+
+        if self.noise not in (*NOISE_MODES, "lowrank"):
+            raise ValueError(f"--noise: unknown noise mode {self.noise!r}; choose one of {(*NOISE_MODES, 'lowrank')}")
+        if self.rank < 1:
+            raise ValueError(f"--rank must be >= 1, got {self.rank}")
 
 
 # ---- driver -------------------------------------------------------------------------------------------------
