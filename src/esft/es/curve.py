@@ -8,18 +8,22 @@ Held-out accuracy is shown beside the constant-answer baseline of the same held-
 most frequent gold answer, with its 95% Wilson interval; `heldout_constant_baseline`): a curve that climbs only
 to that band has learned the answer prior, not the task. A reward on another scale than [0, 1] (a custom
 `module:function` reward) is shown as a held-out mean reward, without that baseline (`esft.tasks.labels.score_name`).
+
+The figure's title names the run from its config.yaml (`run_title`): algorithm and variant, task, model, and an ES
+run's population N and sigma; the train panel names the fitness its rule computes (a DART-ES fitness is a
+difficulty-weighted score up to ~1.9, not an accuracy).
 """
 
 from __future__ import annotations
 
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any
 
 import numpy as np
 import yaml
 
 from esft import rundir
-from esft.config import passage_cut
+from esft.config import passage_cut, saved_algorithm
 from esft.evaluation import load_examples
 from esft.tasks.labels import ACCURACY, score_name
 
@@ -50,10 +54,9 @@ def heldout_constant_baseline(run_dir: str | Path) -> dict[str, Any] | None:
             return {"constant_baseline": e["test_constant_baseline"],
                     "constant_baseline_ci95": e.get("test_constant_baseline_ci95"),
                     "constant_answer": e.get("test_constant_answer")}
-    path = Path(run_dir) / "config.yaml"
-    if not ev or not path.exists():
+    cfg = _run_config(run_dir)
+    if not ev or cfg is None:
         return None
-    cfg = yaml.safe_load(path.read_text()) or {}
     if not cfg.get("task") or not cfg.get("eval_limit"):
         return None
     options = {**passage_cut(cfg["task"], cfg.get("max_passage_chars")), **(cfg.get("task_options") or {})}
@@ -75,6 +78,72 @@ def heldout_set_changed(evals: list[dict]) -> bool:
     recorded = {(e["test_constant_baseline"], e.get("test_constant_answer")) for e in evals
                 if e.get("test_constant_baseline") is not None}
     return len({e["test_n"] for e in evals if "test_n" in e}) > 1 or len(recorded) > 1
+
+
+def _run_config(run_dir: str | Path) -> dict[str, Any] | None:
+    """The mapping of the run's config.yaml, or None when it is missing, unreadable or not a mapping: the figure
+    and summary of such a run are still drawn from metrics.jsonl."""
+    try:
+        data = yaml.safe_load((Path(run_dir) / "config.yaml").read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+#: per ES `fitness_rule` (esft.es.fitness.FITNESS_RULES): (variant in the title, legend name, y-axis label)
+FITNESS_NAMES = {
+    "mean": ("", "fitness mean", "fitness (mean reward)"),
+    "dart": ("DART-ES", "DART-ES fitness mean (difficulty-weighted)", "DART-ES weighted fitness"),
+    "balanced": ("class-balanced fitness", "class-balanced fitness mean", "class-balanced fitness"),
+}
+
+
+def _short_name(value: Any) -> str:
+    """A model or task path by its last part (a checkpoint with its run folder: `run/checkpoints/final`); a hub
+    id or registered name as it is."""
+    text = str(value)
+    if "/" not in text or ":" in text.split("/")[0]:  # a name, or a task spec whose options hold a "/"
+        return text
+    parts = PurePath(text).parts
+    return "/".join(parts[-3:]) if len(parts) >= 3 and parts[-2] == "checkpoints" else parts[-1]
+
+
+def _number(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def run_title(cfg: dict[str, Any], es: bool = True) -> str:
+    """`ES (DART-ES, low-rank noise rank 4) | task boolq | model smollm2-135m | N=8, sigma=0.003` from a run's
+    config.yaml mapping; `es` (from the metrics) decides the algorithm when the config shows neither."""
+    algorithm = saved_algorithm(cfg) or ("es" if es else "grpo")
+    if algorithm == "es":
+        rule = cfg.get("fitness_rule") or "mean"
+        variant = [FITNESS_NAMES[rule][0] if rule in FITNESS_NAMES else f"fitness_rule {rule}"]
+        if cfg.get("noise") == "lowrank":
+            variant.append(f"low-rank noise rank {cfg.get('rank', 1)}")
+        variant = [v for v in variant if v]
+        head = f"ES ({', '.join(variant)})" if variant else "ES"
+    else:
+        head = "GRPO (class-balanced reward)" if cfg.get("class_balanced") else "GRPO"
+    parts = [head]
+    parts += [f"{key} {_short_name(cfg[key])}" for key in ("task", "model") if cfg.get(key) is not None]
+    if algorithm == "es":
+        sizes = [f"{name}={_number(cfg[key])}" for name, key in (("N", "population_size"), ("sigma", "sigma"))
+                 if cfg.get(key) is not None]
+        parts += [", ".join(sizes)] if sizes else []
+    return " | ".join(parts)
+
+
+def _fitness_names(cfg: dict[str, Any] | None, es: bool, key: str) -> tuple[str, str]:
+    """(legend name of the train mean, y-axis label) of the score the run's train panel plots."""
+    if cfg is None:
+        return f"{key} mean", key
+    if es:
+        rule = cfg.get("fitness_rule") or "mean"
+        return FITNESS_NAMES[rule][1:] if rule in FITNESS_NAMES else (f"{rule} fitness mean", f"{rule} fitness")
+    if cfg.get("class_balanced"):
+        return "class-balanced reward mean", "reward (class-balanced)"
+    return "reward mean", "reward"
 
 
 def _scored(train: list[dict]) -> tuple[bool, str, list[dict]]:
@@ -201,16 +270,21 @@ def run_figure(run_dir: str | Path) -> Any:
     fig = Figure(figsize=(10, 3.8))
     ax1, ax2 = fig.subplots(1, 2)
     es, key, train = _scored(train)
+    cfg = _run_config(run_dir)
+    if cfg is not None and saved_algorithm(cfg):  # the config says which trainer ran, not only the metrics' keys
+        es = saved_algorithm(cfg) == "es"
+    mean_name, ylabel = _fitness_names(cfg, es, key)
     who = "members" if es else "completions"
     if train:
         steps = [m["step"] for m in train]
-        ax1.plot(steps, [m[key]["mean"] for m in train], marker="o", label=f"{key} mean")
+        ax1.plot(steps, [m[key]["mean"] for m in train], marker="o", label=mean_name)
         ax1.fill_between(steps, [m[key]["min"] for m in train], [m[key]["max"] for m in train],
                          alpha=0.25, label=f"min-max over {who}")
         if all(m.get("format_rate") is not None for m in train):  # none for a task that checks no format
             ax1.plot(steps, [m["format_rate"] for m in train], ls="--", label="format rate")
     xlabel = "iteration (updates applied)" if es else "optimizer step"
     ax1.set_xlabel(xlabel)
+    ax1.set_ylabel(ylabel)
     ax1.set_title("train batch (perturbed members)" if es else "train batch (sampled completions)")
     _legend_or_note(ax1, "no training iteration logged")
     _heldout_panel(ax2, [e for e in evals if "test_accuracy" in e], run_dir)
@@ -220,6 +294,8 @@ def run_figure(run_dir: str | Path) -> Any:
     accuracy_axis(ax2, "")
     ax2.set_title("unperturbed model" if es else "model")
     _legend_or_note(ax2, "no held-out evaluation (eval_every or eval_limit 0)")
+    if cfg is not None:
+        fig.suptitle(run_title(cfg, es), fontsize=10, wrap=True)
     fig.tight_layout()
     return fig
 
