@@ -15,6 +15,7 @@ import torch
 from esft.es.es_config import RAY_OPTION_VALUES, VLLM_OPTION_VALUES, ESConfig, check_executor_values
 from esft.es.executor import LocalExecutor
 from esft.es.fitness import FITNESS_RULES, ClassBalancedMean, FitnessRule, MeanReward, sample_batch
+from esft.es.lanes import available_memory
 from esft.es.noise import MasterWeights, select_parameters
 from esft.es.strategy import ES
 
@@ -62,6 +63,30 @@ def check_selection(config: ESConfig) -> None:
     except (OSError, ValueError):
         return
     select_parameters(skeleton, config.include, config.exclude)
+
+
+def check_lowrank_memory(config: ESConfig) -> None:
+    """A low-rank run whose population's factors (esft.es.lowrank.factor_bytes) need more memory than is available
+    (esft.es.lanes.available_memory) is refused from the model's skeleton, before its weights load, with the largest
+    rank that fits. Only on the CPU, where that is the memory the factors take; elsewhere, and where the model's
+    config or the memory cannot be read, nothing is refused here."""
+    if config.noise != "lowrank":
+        return
+    from esft.es.lowrank import check_factor_memory
+    from esft.models import default_device, model_skeleton, parse_dtype
+
+    device = torch.device(config.device or default_device())
+    if device.type != "cpu":
+        return
+    try:
+        skeleton = model_skeleton(config.model)
+    except (OSError, ValueError):
+        return
+    # the matrices LowRankWeights keeps, in the order PopulationPerturbation builds their factors
+    shapes = [tuple(p.shape) for p in select_parameters(skeleton, config.include or None,
+                                                         config.exclude or None).values() if p.dim() == 2]
+    check_factor_memory(shapes, config.population_size, config.rank, parse_dtype(config.dtype, device).itemsize,
+                        available_memory())
 
 
 def make_weights(model: Any, config: ESConfig) -> MasterWeights:
@@ -175,6 +200,6 @@ def make_local_executor(config: ESConfig, *, model: Any, tokenizer: Any, weights
 
 
 __all__ = ["EXECUTORS", "RAY_OPTIONS", "VLLM_OPTIONS", "WORKER_BACKENDS", "check_executor_options", "check_layout",
-           "check_selection", "fitness_rule", "generation_config", "make_fitness_rule", "make_local_executor",
-           "make_strategy", "make_weights", "rollout_precision", "sample_batch", "warn_unread_rank",
-           "warn_unread_ray_options"]
+           "check_lowrank_memory", "check_selection", "fitness_rule", "generation_config", "make_fitness_rule",
+           "make_local_executor", "make_strategy", "make_weights", "rollout_precision", "sample_batch",
+           "warn_unread_rank", "warn_unread_ray_options"]

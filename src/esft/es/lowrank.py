@@ -110,6 +110,47 @@ class LowRankWeights(MasterWeights):
         return acc
 
 
+# ---- memory of the population's factors (checked before the model loads, esft.es.build) -----------------------------
+
+def held_factor_bytes(shapes: Sequence[Sequence[int]], members: int, rank: int, itemsize: int) -> int:
+    """Bytes of the factors a `PopulationPerturbation` holds once built: (A_cat^T [N r, m], B_cat [n, N r]) per
+    selected matrix [m, n] (a tied matrix once), in the model's dtype (`itemsize` bytes per element)."""
+    return sum(itemsize * members * rank * (int(m) + int(n)) for m, n in shapes)
+
+
+def factor_bytes(shapes: Sequence[Sequence[int]], members: int, rank: int, itemsize: int) -> int:
+    """Peak bytes of building a `PopulationPerturbation`'s factors for `members` members at `rank` on matrices of
+    `shapes` (in the order it builds them: the model's parameter order): the matrices built so far, held as
+    `held_factor_bytes` counts them, plus the fp32 scratch of `_concat` on the one being built (every member's A,
+    sign folded in, and B, the last member's raw A; then the concatenated A with its transposed copy, or the kept
+    A_cat^T with the concatenated B and its cast to the model's dtype). Linear in `rank`."""
+    held = peak = 0
+    nr = members * rank
+    for m, n in ((int(m), int(n)) for m, n in shapes):
+        parts = 4 * (nr * (m + n) + rank * m)
+        a_phase = parts + 8 * nr * m
+        b_phase = parts + itemsize * nr * m + 4 * nr * n + (itemsize * nr * n if itemsize != 4 else 0)
+        peak = max(peak, held + a_phase, held + b_phase)
+        held += itemsize * nr * (m + n)
+    return max(peak, held)
+
+
+def check_factor_memory(shapes: Sequence[Sequence[int]], members: int, rank: int, itemsize: int,
+                        available: int | None) -> None:
+    """Refuse a rank whose factors (`factor_bytes`) need more than `available` bytes (None: unknown, no refusal):
+    any rank >= 1 is a valid noise, but one too large would otherwise run until the system kills it."""
+    if available is None or not shapes:
+        return
+    need = factor_bytes(shapes, members, rank, itemsize)
+    if need <= available:
+        return
+    fits = available // factor_bytes(shapes, members, 1, itemsize)  # exact: the bytes are linear in the rank
+    largest = f"the largest rank that fits is {fits}" if fits >= 1 else "not even rank 1 fits"
+    raise ValueError(f"noise 'lowrank' at rank {rank}: the factors of {members} members on {len(shapes)} matrices "
+                     f"need ~{need / 2**30:.2f} GiB but {available / 2**30:.2f} GiB of memory is available; "
+                     f"{largest}")
+
+
 # ---- the batched population forward --------------------------------------------------------------------------------
 
 def _embedding_output_scale(module: torch.nn.Module) -> float | None:
@@ -350,4 +391,4 @@ def population_logits(model: torch.nn.Module, weights: LowRankWeights, members: 
 
 
 __all__ = ["LowRankWeights", "LowRankExecutor", "PopulationPerturbation", "generate_population", "lowrank_factors",
-           "accumulate_outer", "population_logits"]
+           "accumulate_outer", "check_factor_memory", "factor_bytes", "held_factor_bytes", "population_logits"]

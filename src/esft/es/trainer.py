@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from esft.es import es_rundir
-from esft.es.build import (check_executor_options, check_layout, check_selection,
+from esft.es.build import (check_executor_options, check_layout, check_lowrank_memory, check_selection,
                            fitness_rule as config_fitness_rule, generation_config, make_local_executor,
                            make_strategy, make_weights, rollout_precision, sample_batch, warn_unread_rank,
                            warn_unread_ray_options)
@@ -118,6 +118,7 @@ class ESTrainer:
             from esft.models import load_model
 
             check_selection(config)  # parameter names that select nothing fail before the weights load
+            check_lowrank_memory(config)  # and a rank whose factors cannot fit in memory
             model, tokenizer = load_model(config.model, dtype=config.dtype, device=config.device)
         self.model, self.tokenizer, self.task = model, tokenizer, task
         self.model.eval()
