@@ -240,18 +240,22 @@ def test_make_ray_executor_defaults(recorded_executor, tmp_path):
 def test_cpu_threads_share_splits_the_cores_between_the_workers():
     from esft.es.distributed.factory import cpu_threads_share
 
-    assert cpu_threads_share(16, 4) == 4 and cpu_threads_share(16, 5) == 3
-    assert cpu_threads_share(2, 8) == 1  # more workers than cores: one thread each, never 0 (torch's default)
-    assert cpu_threads_share(16, 0) == 1  # num_workers 0: one worker per CPU
-    assert cpu_threads_share(16, 4, num_cpus_per_worker=6) == 6  # the CPUs Ray gives each worker
-    assert cpu_threads_share(16, 4, num_cpus_per_worker=0.5) == 1
+    assert cpu_threads_share([16], 4) == 4 and cpu_threads_share([16], 5) == 3
+    assert cpu_threads_share([2], 8) == 1  # more workers than cores: one thread each, never 0 (torch's default)
+    assert cpu_threads_share([16], 0) == 1  # num_workers 0: one worker per CPU
+    assert cpu_threads_share([16], 4, num_cpus_per_worker=6) == 6  # the CPUs Ray gives each worker
+    assert cpu_threads_share([16], 4, num_cpus_per_worker=0.5) == 1
     # a worker runs on one node: 32 CPUs over 2 workers is 16 each, more than an 8-core node holds
-    assert cpu_threads_share(32, 2, node_cores=8) == 8 and cpu_threads_share(32, 8, node_cores=8) == 4
+    assert cpu_threads_share([8] * 4, 2) == 8 and cpu_threads_share([8] * 4, 8) == 4
+    # 24 CPUs over 4 workers is 6 each, but three 8-core nodes hold only three such workers: 4 each places all
+    assert cpu_threads_share([8] * 3, 4) == 4 and cpu_threads_share([8, 8], 3) == 4
+    for nodes, workers in (([8] * 3, 4), ([8, 8], 3), ([16, 4], 3), ([6, 6, 6], 5), ([1], 3)):
+        share = cpu_threads_share(nodes, workers)
+        assert sum(c // share for c in nodes) >= workers or share == 1, (nodes, workers, share)
 
 
 def test_the_share_reads_the_connected_clusters_nodes(monkeypatch):
-    """A 32-core driver and two 8-core nodes: the share is the nodes' (8 each for 2 workers), not the driver's 16,
-    which Ray could place on no node."""
+    """A 32-core driver joined to two 8-core nodes: the share is read from the nodes, not the driver's cores."""
     from types import SimpleNamespace
 
     import esft.es.distributed.connection as connection
@@ -262,9 +266,9 @@ def test_the_share_reads_the_connected_clusters_nodes(monkeypatch):
     cluster = SimpleNamespace(is_initialized=lambda: True, nodes=lambda: nodes)
     monkeypatch.setattr(connection, "import_ray", lambda: cluster)
     monkeypatch.setattr(factory, "machine_cores", lambda: 32)
-    assert factory.cluster_cores() == (16, 8)
+    assert factory.cluster_cores() == [8, 8]
     cluster.is_initialized = lambda: False  # no cluster joined yet: this machine's cores
-    assert factory.cluster_cores() == (32, 32)
+    assert factory.cluster_cores() == [32]
 
 
 def test_threads_per_worker_0_gives_cpu_workers_their_share_of_the_cores(recorded_executor, monkeypatch, tmp_path):
@@ -282,7 +286,7 @@ def test_threads_per_worker_0_gives_cpu_workers_their_share_of_the_cores(recorde
     assert threads(num_workers=3, executor_options={"threads_per_worker": 0, "num_cpus_per_worker": 2}) == 2
     assert threads(num_workers=3, device="cpu", executor_options={"threads_per_worker": 5}) == 5  # as given
     assert threads(num_workers=3, device="cuda", executor_options={"threads_per_worker": 0}) == 0  # torch's own
-    monkeypatch.setattr(factory, "cluster_cores", lambda: (32, 8))  # a cluster of 8-core nodes
+    monkeypatch.setattr(factory, "cluster_cores", lambda: [8] * 4)  # a cluster of 8-core nodes
     assert threads(num_workers=2, device="cpu", executor_options={"threads_per_worker": 0}) == 8
 
 

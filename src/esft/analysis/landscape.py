@@ -478,4 +478,3 @@ def report_landscape(ctx: ReportContext) -> LandscapeReport | None:
         ctx.skip("Figure 5", "no holdout tasks given")
     ctx.results["landscape"] = results
     return out
-

@@ -80,7 +80,7 @@ def check_lowrank_memory(config: ESConfig) -> None:
         return
     try:
         skeleton = model_skeleton(config.model)
-    except (OSError, ValueError):
+    except (OSError, ValueError, ImportError, KeyError):  # load_model will say what is wrong with the model
         return
     # the matrices LowRankWeights keeps, in the order PopulationPerturbation builds their factors
     shapes = [tuple(p.shape) for p in select_parameters(skeleton, config.include or None,

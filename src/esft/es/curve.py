@@ -99,10 +99,10 @@ FITNESS_NAMES = {
 
 
 def _short_name(value: Any) -> str:
-    """A model or task path by its last part (a checkpoint with its run folder: `run/checkpoints/final`); a hub
-    id or registered name as it is."""
+    """A model or task path by its last part (a checkpoint with its run folder: `run/checkpoints/final`), a hub id
+    by its name; a registered name, and a task with options (whose values may hold a "/"), as it is."""
     text = str(value)
-    if "/" not in text or ":" in text.split("/")[0]:  # a name, or a task spec whose options hold a "/"
+    if "/" not in text or ":" in text:
         return text
     parts = PurePath(text).parts
     return "/".join(parts[-3:]) if len(parts) >= 3 and parts[-2] == "checkpoints" else parts[-1]

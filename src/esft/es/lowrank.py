@@ -128,7 +128,7 @@ def factor_bytes(shapes: Sequence[Sequence[int]], members: int, rank: int, items
     nr = members * rank
     for m, n in ((int(m), int(n)) for m, n in shapes):
         parts = 4 * (nr * (m + n) + rank * m)
-        a_phase = parts + 8 * nr * m
+        a_phase = parts + 8 * nr * m  # the cat is freed before the cast: contiguous copy + cast <= 8 nr m
         b_phase = parts + itemsize * nr * m + 4 * nr * n + (itemsize * nr * n if itemsize != 4 else 0)
         peak = max(peak, held + a_phase, held + b_phase)
         held += itemsize * nr * (m + n)

@@ -52,8 +52,8 @@ def machine_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-def cluster_cores() -> tuple[int, int]:
-    """(the CPUs the workers share, the smallest node's CPUs): the connected Ray cluster's, else this machine's."""
+def cluster_cores() -> list[int]:
+    """The CPUs of each node the workers may run on: the connected Ray cluster's alive nodes, else this machine."""
     from esft.es.distributed.connection import import_ray
 
     try:
@@ -62,24 +62,23 @@ def cluster_cores() -> tuple[int, int]:
             if ray.is_initialized() else []
     except ImportError:
         cpus = []
-    cpus = [c for c in cpus if c > 0]
-    if cpus:
-        return sum(cpus), min(cpus)
-    cores = machine_cores()
-    return cores, cores
+    return [c for c in cpus if c > 0] or [machine_cores()]
 
 
-def cpu_threads_share(cores: int, num_workers: int, num_cpus_per_worker: float | None = None,
-                      node_cores: int | None = None) -> int:
-    """torch threads for each CPU worker under `threads_per_worker: 0`: its fair share of the cores, at least 1,
-    so that the workers together do not run more threads than there are cores (torch's own default is every core,
-    in every worker). The share is the CPUs Ray gives the worker: `num_cpus_per_worker` when set; else `cores`
-    (the cluster's, `cluster_cores`) split between `num_workers`, at most `node_cores` (a worker runs on one
-    node, and asks Ray for that many CPUs); with num_workers 0 (one worker per CPU) one core."""
+def cpu_threads_share(node_cpus: list[int], num_workers: int, num_cpus_per_worker: float | None = None) -> int:
+    """torch threads for each CPU worker under `threads_per_worker: 0`, at least 1: the most threads per worker
+    with which the nodes (`node_cpus`, `cluster_cores`) still hold `num_workers` workers, a worker on one node
+    asking Ray for that many CPUs, so that the workers together run no more threads than there are cores (torch's
+    own default is every core, in every worker) and every worker can be placed. `num_cpus_per_worker`, when set,
+    is the CPUs Ray gives each worker; with num_workers 0 (one worker per CPU) one core."""
     if num_cpus_per_worker is not None:
         return max(1, int(num_cpus_per_worker))
-    share = cores // num_workers if num_workers else 1
-    return max(1, min(share, node_cores) if node_cores else share)
+    if not num_workers:
+        return 1
+    for threads in range(min(node_cpus), 1, -1):
+        if sum(c // threads for c in node_cpus) >= num_workers:
+            return threads
+    return 1
 
 
 def make_ray_executor(config: ESConfig, *, weights: MasterWeights, optimizer: Any = None, generate_fn: Any = None,
@@ -97,8 +96,7 @@ def make_ray_executor(config: ESConfig, *, weights: MasterWeights, optimizer: An
         default_threads = 1 if on_cpu else 0
     threads = int(opts.get("threads_per_worker", default_threads))
     if threads == 0 and on_cpu:  # on GPUs 0 leaves torch's default: the work is on the device
-        cores, node_cores = cluster_cores()
-        threads = cpu_threads_share(cores, config.num_workers, opts.get("num_cpus_per_worker"), node_cores)
+        threads = cpu_threads_share(cluster_cores(), config.num_workers, opts.get("num_cpus_per_worker"))
     spec = ReplicaSpec(config=config, builder=builder, generate_fn=generate_fn, threads=threads,
                        options={k: v for k, v in opts.items() if k in VLLM_OPTIONS})
     replica_cls: type = HFReplica

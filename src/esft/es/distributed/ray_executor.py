@@ -207,6 +207,7 @@ class RayExecutor(Executor):
             self.close()
             raise WorkersLost(f"{len(not_ready)} of {n} Ray workers did not start within {self.start_timeout_s:.0f} s "
                               f"(requested {opts} each; cluster has {ray.cluster_resources()})")
+        died = "unknown"
         for w, ref in zip(self.workers, refs):
             try:
                 w.info = ray.get(ref)
