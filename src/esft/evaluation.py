@@ -31,7 +31,7 @@ from esft.generation import Generation, GenerationConfig, generate
 from esft.passk import answer_key, parse_ks, pass_at_k, summarize_samples
 from esft.tasks import Task, get_task, split_task_list, task_file_stem
 from esft.tasks.base import checks_format
-from esft.tasks.labels import ACCURACY, BALANCE_SEED, balanced_subset, score_name
+from esft.tasks.labels import ACCURACY, BALANCE_SEED, balanced_subset, summaries_score_name
 
 
 @dataclass
@@ -301,7 +301,7 @@ def format_row(name: str, s: dict[str, Any]) -> str:
     """One task's printed line. A reward scored outside [0, 1] reads `mean reward`, not `acc`, and shows no
     constant-answer baseline (esft.tasks.labels.score_name)."""
     lo, hi = s["ci95"]
-    accuracy = score_name([s["accuracy"], lo, hi]) == ACCURACY
+    accuracy = summaries_score_name([s], "accuracy", "ci95") == ACCURACY
     extra = ""
     if "prompt_strict" in s:
         extra = (f"  prompt strict/loose {s['prompt_strict']:.3f}/{s['prompt_loose']:.3f}"

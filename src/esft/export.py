@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 
 from esft.rundir import CHECKPOINTS, read_jsonl, replace_dir
-from esft.tasks.labels import score_name
+from esft.tasks.labels import summaries_score_name
 
 #: files of a Hugging Face model folder (exact names, then suffixes)
 _MODEL_FILES = ("config.json", "generation_config.json", "model.safetensors.index.json", "tokenizer.json",
@@ -145,7 +145,7 @@ def model_card(run: Path, config: dict[str, Any], results: list[dict[str, Any]],
         results = [r for r in results if r.get("step") is None or r["step"] <= step]
     if results:
         # a custom reward scored outside [0, 1] is a mean reward, not an accuracy
-        name = score_name([r["accuracy"] for r in results] + [b for r in results for b in r.get("ci95") or ()])
+        name = summaries_score_name(results, "accuracy", "ci95")
         lines += ["## Held-out results", "", f"| step | n | {name} | 95% CI |", "|---|---|---|---|"]
         for r in results:
             ci = r.get("ci95") or []

@@ -25,7 +25,7 @@ import yaml
 from esft import rundir
 from esft.config import passage_cut, saved_algorithm
 from esft.evaluation import load_examples
-from esft.tasks.labels import ACCURACY, score_name
+from esft.tasks.labels import ACCURACY, summaries_score_name
 
 
 def _split(run_dir: str | Path) -> tuple[list[dict], list[dict]]:
@@ -217,7 +217,7 @@ def _heldout_panel(ax: Any, ev: list[dict], run_dir: Path) -> None:
     Scores outside [0, 1] are a mean reward, shown without the baseline (`score_name`)."""
     if not ev:
         return
-    name = score_name([e["test_accuracy"] for e in ev] + [b for e in ev for b in e.get("test_ci95") or ()])
+    name = summaries_score_name(ev)
     steps = [e["step"] for e in ev]
     acc = np.array([e["test_accuracy"] for e in ev])
     lo = acc - np.array([e["test_ci95"][0] for e in ev])

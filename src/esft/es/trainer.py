@@ -43,7 +43,7 @@ from esft.es.executor import Executor, PopulationResult
 from esft.es.fitness import FitnessRule, as_fitness_rule
 from esft.evaluation import load_examples
 from esft.tasks.base import Task, checks_format, format_bonus_warning
-from esft.tasks.labels import score_name
+from esft.tasks.labels import summaries_score_name
 from esft.rundir import (DISK_FULL, NonFiniteError, RunInterrupted, RunLock, TrainResult, check_output_dir,
                          demote_final, held_out_fields, holds_run, occupied_error, peak_rss_mb, prune_checkpoints)
 from esft.tracking import Tracker, check_backends, open_tracker
@@ -374,7 +374,7 @@ class ESTrainer:
     def _say_eval(self, ev: dict[str, Any], write: Callable[[str], None]) -> None:
         if "test_accuracy" in ev and self.progress:
             fmt = "" if ev["test_format_rate"] is None else f" (format {ev['test_format_rate']:.2f})"
-            name = score_name([ev["test_accuracy"], *(ev.get("test_ci95") or ())])
+            name = summaries_score_name([ev])
             write(f"step {self.step}: held-out {name} {ev['test_accuracy']:.3f}{fmt}, "
                   f"train reward {ev['train_reward']:.3f}")
 

@@ -15,7 +15,7 @@ from typing import Any, Callable, Sequence
 
 from esft import paper
 from esft.tables import DASH, NA, Cell
-from esft.tasks.labels import MEAN_REWARD, score_name
+from esft.tasks.labels import MEAN_REWARD, summaries_score_name
 
 CONSTANT_LABEL = "Constant answer"
 CONSTANT_NOTE = ("Constant answer: accuracy (%) of always giving the most frequent gold answer of the evaluated "
@@ -86,11 +86,8 @@ class Experiment:
     def score_name(self, task: str) -> str:
         """ACCURACY or MEAN_REWARD (esft.tasks.labels.score_name) for `task`, from every recorded evaluation of it:
         the mean and the 95% interval bounds."""
-        values: list[float | None] = []
-        for rec in self.results.values():
-            summary = ((rec or {}).get("eval") or {}).get(task) or {}
-            values += [summary.get("accuracy"), *(summary.get("ci95") or [])]
-        return score_name(values)
+        return summaries_score_name((((rec or {}).get("eval") or {}).get(task) or {} for rec in self.results.values()),
+                                    "accuracy", "ci95")
 
     def is_reward(self, task: str) -> bool:
         return self.score_name(task) == MEAN_REWARD
@@ -205,7 +202,7 @@ def score_words(exp: Experiment, tasks: Sequence[str]) -> str:
     rewards = sum(exp.is_reward(t) for t in tasks)
     if not rewards:
         return "accuracy (%)"
-    return "mean reward" if rewards == len(tasks) else "accuracy (%) or mean reward"
+    return MEAN_REWARD if rewards == len(tasks) else f"accuracy (%) or {MEAN_REWARD}"
 
 
 def reward_note(exp: Experiment, tasks: Sequence[str]) -> list[str]:

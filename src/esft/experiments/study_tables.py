@@ -36,6 +36,7 @@ from esft.experiments.records import (
     constant_text, eval_note, interval, load_experiment, reward_note, score_words, seed_note, task_name,
 )
 from esft.tables import DASH, NA, Cell, Row, Table, csv_text
+from esft.tasks.labels import ACCURACY
 
 TABLES_DIR = "tables"
 
@@ -189,8 +190,8 @@ def method_tables(exp: Experiment) -> list[Table]:
     for task in exp.tasks:
         first = exp.seeds[0] if exp.seeds else None
         scale, digits = _scale(exp, task)
-        score = "mean reward" if exp.is_reward(task) else "accuracy"
-        cols = ["Method", "Accuracy %" if score == "accuracy" else "Mean reward", "95% CI", "Format %"]
+        score = exp.score_name(task)
+        cols = ["Method", "Accuracy %" if score == ACCURACY else "Mean reward", "95% CI", "Format %"]
         cols += [c for k in ks for c in (f"pass@{k} %", f"pass@{k} CI")] + ["Train wall s"]
 
         def row(get_record: Any, timed: bool) -> list[Cell | str]:
@@ -220,7 +221,7 @@ def method_tables(exp: Experiment) -> list[Table]:
         for track, display in tracks:
             rows.append((display, row(lambda s, tr=track: exp.find("single-task", s, tr, task), True)))
         notes = [seed_note(exp), eval_note(exp, [task]),
-                 f"95% CI: {'Wilson' if score == 'accuracy' else 'normal-approximation'} interval of the greedy "
+                 f"95% CI: {'Wilson' if score == ACCURACY else 'normal-approximation'} interval of the greedy "
                  f"{score}; pass@k: unbiased estimator over the sampled completions with a bootstrap CI over "
                  "questions."] + ([CONSTANT_NOTE] if constant else []) + reward_note(exp, [task])
         if pk:

@@ -19,7 +19,7 @@ from transformers import TrainerCallback
 
 from esft.grpo.ledger import StepLedger, add_totals
 from esft.rundir import NonFiniteError, append_jsonl, held_out_fields, peak_rss_mb, rewrite_jsonl
-from esft.tasks.labels import score_name
+from esft.tasks.labels import summaries_score_name
 
 
 def _finite(value: Any) -> Any:
@@ -202,7 +202,7 @@ class EvalCallback(TrainerCallback):
         if self.progress:
             lo, hi = rec["test_ci95"]
             fmt = "" if rec["test_format_rate"] is None else f" (format {rec['test_format_rate']:.3f})"
-            name = score_name([rec["test_accuracy"], lo, hi])
+            name = summaries_score_name([rec])
             print(f"step {step}: held-out {name} {rec['test_accuracy']:.3f} [{lo:.3f}, {hi:.3f}]{fmt}", flush=True)
         return rec
 

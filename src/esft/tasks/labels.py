@@ -67,6 +67,13 @@ def score_name(values: Iterable[float | None]) -> str:
     return ACCURACY if all(0.0 <= v <= 1.0 for v in values if v is not None) else MEAN_REWARD
 
 
+def summaries_score_name(summaries: Iterable[dict[str, Any]], mean: str = "test_accuracy",
+                         ci: str = "test_ci95") -> str:
+    """`score_name` of evaluation summaries (metrics.jsonl records, or a result's per-task summary with
+    mean="accuracy", ci="ci95"): from each one's mean and 95% interval bounds."""
+    return score_name(v for s in summaries for v in (s.get(mean), *(s.get(ci) or ())))
+
+
 def constant_baseline(labels: Sequence[Hashable]) -> dict[str, Any] | None:
     """Accuracy of always giving the most frequent gold answer among `labels`, with its 95% Wilson interval.
 
@@ -139,4 +146,4 @@ def class_balanced_weights(labels: Sequence[Hashable]) -> list[float]:
 
 
 __all__ = ["ACCURACY", "BALANCE_SEED", "MEAN_REWARD", "balanced_indices", "balanced_subset", "class_balanced_weights",
-           "constant_baseline", "score_name"]
+           "constant_baseline", "score_name", "summaries_score_name"]
