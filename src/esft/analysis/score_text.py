@@ -6,13 +6,14 @@ from __future__ import annotations
 
 from typing import Callable, Iterable
 
+from esft.experiments.records import REWARD_DIGITS
 from esft.tables import NA, pct
 from esft.tasks.labels import MEAN_REWARD, score_name
 
 
 def reward_text(x: float | None) -> str:
     """A held-out mean reward as the report prints it: three decimals, no percent sign."""
-    return NA if x is None else f"{x:.3f}"
+    return NA if x is None else f"{x:.{REWARD_DIGITS}f}"
 
 
 def score_text(values: Iterable[float | None]) -> Callable[[float | None], str]:
