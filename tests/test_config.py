@@ -7,11 +7,11 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from esft.config import add_dataclass_arguments, build_config, field_docs
+from esft.config import ConfigHooks, add_dataclass_arguments, build_config, field_docs
 
 
 @dataclass
-class Demo:
+class Demo(ConfigHooks):
     lr: float = 0.1
     """Step size."""
     steps: int = 3
@@ -50,7 +50,7 @@ def test_preset_named_inside_yaml(tmp_path):
 def test_an_abbreviated_yaml_key_is_answered_with_the_option_it_begins(tmp_path):
     """`temp` is too far from `temperature` for difflib's cutoff (ratio 0.53): the options it begins are named."""
     @dataclass
-    class Sampling:
+    class Sampling(ConfigHooks):
         temperature: float = 1.0
         """Softmax temperature."""
 

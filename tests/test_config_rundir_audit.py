@@ -10,11 +10,11 @@ from dataclasses import dataclass
 
 import pytest
 
-from esft.config import build_config
+from esft.config import ConfigHooks, build_config
 
 
 @dataclass
-class Demo:
+class Demo(ConfigHooks):
     lr: float = 0.1
     """Step size."""
     steps: int = 3
@@ -33,7 +33,7 @@ def test_an_explicit_preset_wins_over_the_config_files_preset_key(tmp_path):
 
 
 def test_resume_refuses_an_empty_config_and_the_other_algorithms_run(tmp_path):
-    from esft.config import read_saved_config
+    from esft.saved_config import read_saved_config
 
     (tmp_path / "config.yaml").write_text("")
     with pytest.raises(ValueError, match="is empty"):

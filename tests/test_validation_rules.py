@@ -13,8 +13,8 @@ import pytest
 
 from esft import validation
 from esft.tasks.base import Task
-from esft.config import (ConfigError, RunConfig, at_least, check_fields, check_value, coerce, converter, finite,
-                         in_range, non_negative, one_of, parse_bool, positive, regexes, type_ok, type_words)
+from esft.config import (ConfigError, ConfigHooks, RunConfig, at_least, check_fields, check_value, coerce, converter,
+                         finite, in_range, non_negative, one_of, parse_bool, positive, regexes, type_ok, type_words)
 
 HUGE = 10 ** 400  # an integer YAML reads exactly, too large for a float
 
@@ -144,7 +144,7 @@ def test_coerce_converts_strings_and_names_where():
 def test_coerce_reads_dashed_keys():
     """A key typed with dashes (`max-steps`, as on the command line) names the same field."""
     @dataclass
-    class Dashed:
+    class Dashed(ConfigHooks):
         max_steps: int = 1
 
     assert coerce(Dashed, {"max-steps": "4"}, "src") == {"max_steps": 4}

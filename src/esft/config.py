@@ -30,7 +30,7 @@ import yaml
 
 from esft.names import close_names
 
-T = TypeVar("T")
+T = TypeVar("T", bound="ConfigHooks")
 
 
 #: esft's fast CPU rollout configuration (esft.generation.GenerationConfig fields; docs/performance.md measures
@@ -54,7 +54,19 @@ def passage_cut(task: Any, max_passage_chars: int | None) -> dict[str, Any]:
     return {"max_passage_chars": max_passage_chars}
 
 
-class RunConfig:
+class ConfigHooks:
+    """What the config machinery (`coerce`, `build_config`, experiment specs) asks of a config dataclass, each with
+    its default; every config class built from flags, files or specs inherits it, and overrides what it says
+    better."""
+
+    @staticmethod
+    def unknown_option_hint(name: str, close: list[str]) -> str:
+        """The text after "unknown option 'name'" in an error, given the config's field names `close` to `name`
+        (esft.names.close_names): by default those names as a suggestion."""
+        return f" (did you mean {', '.join(close)}?)" if close else ""
+
+
+class RunConfig(ConfigHooks):
     """Shared behaviour of the trainers' config dataclasses (ESConfig, GRPOConfig)."""
 
     task_options: dict[str, Any]
@@ -390,45 +402,12 @@ def load_yaml_lines(path: str | Path) -> tuple[dict[str, Any], dict[str, int]]:
     return data, lines
 
 
-#: how to continue a run of each algorithm, for the error that meets the other trainer's resume
-RESUME_COMMAND = {"es": "esft train es --resume {dir}", "grpo": "esft train grpo --resume --output-dir {dir}"}
-
-
-def saved_algorithm(data: Mapping[str, Any]) -> str | None:
-    """'es' or 'grpo': which trainer wrote a saved config mapping (GRPO records it in `_run`; an ES config is
-    known by its population), None when neither shows."""
-    recorded = (data.get("_run") or {}).get("algorithm") if isinstance(data.get("_run"), Mapping) else None
-    if recorded in RESUME_COMMAND:
-        return recorded
-    if "population_size" in data:
-        return "es"
-    return "grpo" if "num_generations" in data else None
-
-
-def read_saved_config(run_dir: str | Path, algorithm: str | None = None) -> dict[str, Any]:
-    """The mapping a trainer saved in `<run_dir>/config.yaml`, for resuming: a missing, empty or unreadable file
-    is refused (resuming it with default settings would train another run on this run's state), and so is the
-    other algorithm's run when `algorithm` ('es' or 'grpo') names the trainer that asks."""
-    path = Path(run_dir) / "config.yaml"
-    if not path.is_file():
-        raise FileNotFoundError(f"cannot resume {run_dir}: it holds no config.yaml (start a new run without "
-                                f"--resume, or restore the run's config.yaml)")
-    data, _ = load_yaml_lines(path)
-    if not data:
-        raise ValueError(f"cannot resume {run_dir}: {path} is empty; restore the run's config.yaml (resuming "
-                         f"with default settings would train another run on this run's state)")
-    found = saved_algorithm(data)
-    if algorithm is not None and found is not None and found != algorithm:
-        kinds = {"es": "an ES", "grpo": "a GRPO"}
-        raise ValueError(f"{run_dir} holds {kinds[found]} run, not {kinds[algorithm]} one (continue it with "
-                         f"`{RESUME_COMMAND[found].format(dir=run_dir)}`)")
-    return data
-
-
-def coerce(cls: type, values: Mapping[str, Any], source: str,
+def coerce(cls: type[ConfigHooks], values: Mapping[str, Any], source: str,
            where: Callable[[str], str] | None = None) -> dict[str, Any]:
     """Check keys against the dataclass and convert strings where YAML left them as strings. `where(key)` names
     a key's origin in errors (default: `source`)."""
+    if not issubclass(cls, ConfigHooks):  # its hooks run only on a bad key: refuse such a class on every use instead
+        raise TypeError(f"{cls.__name__} is built from options, so it must inherit esft.config.ConfigHooks")
     names = {f.name: f for f in dataclasses.fields(cls)}
     hints = typing.get_type_hints(cls)
     out = {}
@@ -436,9 +415,7 @@ def coerce(cls: type, values: Mapping[str, Any], source: str,
         name = key.replace("-", "_")
         at = where(key) if where else source
         if name not in names:
-            close = close_names(name, names)
-            hint = getattr(cls, "unknown_option_hint", lambda n, c: f" (did you mean {', '.join(c)}?)" if c else "")
-            raise ValueError(f"{at}: unknown option {key!r}{hint(name, close)}")
+            raise ValueError(f"{at}: unknown option {key!r}{cls.unknown_option_hint(name, close_names(name, names))}")
         if isinstance(value, str) and hints[name] is not str:
             try:
                 value = converter(hints[name])(value)

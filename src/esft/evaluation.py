@@ -26,7 +26,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from esft.config import Rule, at_least, check_fields, in_range, non_negative, one_of, parse_mapping, passage_cut
+from esft.config import (ConfigHooks, Rule, at_least, check_fields, in_range, non_negative, one_of, parse_mapping,
+                         passage_cut)
 from esft.generation import Generation, GenerationConfig, generate
 from esft.passk import answer_key, parse_ks, pass_at_k, summarize_samples
 from esft.tasks import Task, get_task, split_task_list, task_file_stem
@@ -35,7 +36,7 @@ from esft.tasks.labels import ACCURACY, BALANCE_SEED, balanced_subset, summaries
 
 
 @dataclass
-class EvalConfig:
+class EvalConfig(ConfigHooks):
     """What `esft eval` runs."""
 
     model: str = "smollm2-135m"

@@ -177,7 +177,8 @@ def occupied_error(folder: str | Path, algorithm: str) -> FileExistsError:
     """The refusal of a new `algorithm` ('es' or 'grpo') run in a folder that holds a run: its advice to resume is
     the other trainer's command when config.yaml shows the other algorithm wrote the run (this trainer's --resume
     would refuse it)."""
-    from esft.config import RESUME_COMMAND, load_yaml_lines, saved_algorithm
+    from esft.config import load_yaml_lines
+    from esft.saved_config import RESUME_COMMAND, saved_algorithm
 
     try:
         found = saved_algorithm(load_yaml_lines(Path(folder) / "config.yaml")[0])

@@ -21,6 +21,7 @@ from typing import Any
 from esft import paper
 from esft.analysis.checks import check_analysis
 from esft.analysis.sparsity import SWEEP_TARGETS
+from esft.config import ConfigHooks
 from esft.tasks import split_task_list
 
 
@@ -66,7 +67,7 @@ def _task_options(max_passage_chars: int | None) -> dict[str, dict[str, Any]]:
 # ---- weights --------------------------------------------------------------------------------------------------------
 
 @dataclass
-class WeightsConfig:
+class WeightsConfig(ConfigHooks):
     """Update norm, sparsity, stable rank and cosine of one or more checkpoints against a base (Tables 3, 4, 20)."""
 
     base: str = "smollm2-135m"
@@ -146,7 +147,7 @@ def format_weights(rep: dict[str, Any]) -> str:
 # ---- drift -----------------------------------------------------------------------------------------------------------
 
 @dataclass
-class DriftConfig:
+class DriftConfig(ConfigHooks):
     """Squared displacement per step vs alpha^2 T d / N (Figures 6, 9, 10, 11)."""
 
     run: str = "runs/es"
@@ -231,7 +232,7 @@ def format_drift(res: dict[str, Any]) -> str:
 # ---- KL --------------------------------------------------------------------------------------------------------------
 
 @dataclass
-class KLConfig:
+class KLConfig(ConfigHooks):
     """KL(pi_after || pi_before), incremental and cumulative, per stage and task (Figure 2, Tables 11-16)."""
 
     base: str = "smollm2-135m"
@@ -325,7 +326,7 @@ def format_kl(res: dict[str, Any]) -> str:
 # ---- landscape -------------------------------------------------------------------------------------------------------
 
 @dataclass
-class LandscapeConfig:
+class LandscapeConfig(ConfigHooks):
     """Accuracy along the ES-GRPO path (Figure 3), along update and random directions from the base (Figure 4),
     and on holdout tasks from the final checkpoints (Figure 5)."""
 
@@ -418,7 +419,7 @@ def format_landscape(res: dict[str, Any]) -> str:
 # ---- functional sparsity ---------------------------------------------------------------------------------------------
 
 @dataclass
-class SparsityConfig:
+class SparsityConfig(ConfigHooks):
     """Keep only update entries with |d| > tau, revert the rest to the base, re-evaluate (functional sparsity)."""
 
     base: str = "smollm2-135m"

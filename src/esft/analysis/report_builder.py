@@ -33,6 +33,7 @@ from esft.analysis.report_context import ReportContext
 from esft.analysis.runs import accuracy_rows, run_rows
 from esft.analysis.sparsity import SWEEP_TARGETS, report_sparsity, sweep_table_rows
 from esft.analysis.weights import UpdateComparison, report_weights
+from esft.config import ConfigHooks
 from esft.rundir import peak_rss_mb
 from esft.tables import NA, fmt, grid
 from esft.tasks.labels import MEAN_REWARD
@@ -41,7 +42,7 @@ ANALYSES = ("weights", "drift", "kl", "landscape", "sparsity")
 
 
 @dataclass
-class ReportConfig:
+class ReportConfig(ConfigHooks):
     """What `esft report` analyses and how much it evaluates."""
 
     dir: str = "runs"

@@ -85,7 +85,7 @@ from esft.bench.roofline import (
     matmul_gflops, roofline_ratio,
 )
 from esft.bench.workloads import WORKLOADS, PseudoTask, Workload, bench_fitness, build_workload
-from esft.config import FAST_CPU_GENERATION, build_config
+from esft.config import FAST_CPU_GENERATION, ConfigHooks, build_config
 
 __all__ = ["BenchConfig", "FAST_GENERATION", "FAST_NOISE", "FAST_PARALLEL_MEMBERS", "ModelShape", "PseudoTask",
            "WORKLOADS", "Workload", "bench_fitness", "build_workload", "check_outputs", "count_params", "cpu_info",
@@ -103,7 +103,7 @@ FAST_PARALLEL_MEMBERS = 2
 
 
 @dataclass
-class BenchConfig:
+class BenchConfig(ConfigHooks):
     """What `esft bench` runs (one flag per field, via esft.config; `--set KEY=VALUE` adds generation overrides)."""
 
     model: str = "smollm2-135m"

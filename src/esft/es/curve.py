@@ -23,8 +23,9 @@ import numpy as np
 import yaml
 
 from esft import rundir
-from esft.config import passage_cut, saved_algorithm
+from esft.config import passage_cut
 from esft.evaluation import load_examples
+from esft.saved_config import saved_algorithm
 from esft.tasks.labels import ACCURACY, summaries_score_name
 
 

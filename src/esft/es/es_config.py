@@ -363,7 +363,8 @@ def save_yaml(config: ESConfig, path: str | Path, extra: dict[str, Any] | None =
 
 def read_run_config(run_dir: str | Path) -> tuple[ESConfig, dict[str, Any]]:
     """(config, run info) from `<run_dir>/config.yaml` as written by the trainer."""
-    from esft.config import build_config, read_saved_config
+    from esft.config import build_config
+    from esft.saved_config import read_saved_config
 
     data = read_saved_config(run_dir, "es")
     extra = data.pop("_run", {}) or {}

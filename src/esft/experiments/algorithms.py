@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from esft import paper
+from esft.config import RunConfig
 
 CHECKPOINTS = "checkpoints"
 
@@ -22,7 +23,7 @@ CHECKPOINTS = "checkpoints"
 @dataclass(frozen=True)
 class Algorithm:
     name: str
-    config_cls: type
+    config_cls: type[RunConfig]
     presets: dict[str, dict[str, Any]]
     budget_field: str
     """config field holding the training budget (ES `iterations`, GRPO `max_steps`)"""

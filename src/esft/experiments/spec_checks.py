@@ -34,12 +34,11 @@ def did_you_mean(name: Any, choices: typing.Iterable[str]) -> str:
 
 
 def unknown_option_hint(algo: Algorithm, name: str, names: typing.Iterable[str]) -> str:
-    """What an unknown option of `algo` means: its config's own hint where it has one (GRPOConfig tells a TRL
-    user where TRL's options go), as for a config file (esft.config.coerce); else the close matches."""
+    """What an unknown option of `algo` means, as for a config file (esft.config.coerce): its config's
+    `unknown_option_hint` (the close matches by default; GRPOConfig also tells a TRL user where TRL's options go)."""
     from esft.names import close_names
 
-    hint = getattr(algo.config_cls, "unknown_option_hint", None)
-    return hint(name, close_names(name, names)) if hint else did_you_mean(name, names)
+    return algo.config_cls.unknown_option_hint(name, close_names(name, names))
 
 
 def as_mapping(ctx: SpecContext, value: Any, where: str, line: int) -> LineDict:

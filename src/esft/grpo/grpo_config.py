@@ -122,8 +122,8 @@ class GRPOConfig(RunConfig):
 
     @staticmethod
     def unknown_option_hint(name: str, close: list[str]) -> str:
-        """What an unknown key of a config file means to a TRL user (esft.config.coerce): TRL's option that esft
-        sets from one of its own, or where the rest of TRL's options go."""
+        """What an unknown key of a config file or spec means to a TRL user (ConfigHooks.unknown_option_hint): TRL's
+        option that esft sets from one of its own, or where the rest of TRL's options go."""
         if name in TRL_EQUIVALENTS:
             return f" (TRL's option; {TRL_EQUIVALENTS[name]})"
         if name in ESFT_TRL_ARGS:
@@ -298,7 +298,8 @@ def resume_config(run_dir: str, overrides: dict[str, Any] | None = None) -> GRPO
     differs from the run's own value is an error (repeating them unchanged is accepted)."""
     from pathlib import Path
 
-    from esft.config import build_config, read_saved_config
+    from esft.config import build_config
+    from esft.saved_config import read_saved_config
     from esft.tasks.custom import absolute_data_task
 
     data = read_saved_config(run_dir, "grpo")

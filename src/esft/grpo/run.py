@@ -96,7 +96,8 @@ def resume_checkpoint(run_dir: Path) -> tuple[int, Path | None]:
 
 def read_run_config(run_dir: str | Path) -> tuple[GRPOConfig, dict[str, Any]]:
     """(config, run info) from `<run_dir>/config.yaml` as written by train_grpo."""
-    from esft.config import build_config, read_saved_config
+    from esft.config import build_config
+    from esft.saved_config import read_saved_config
 
     data = read_saved_config(run_dir, "grpo")
     extra = data.pop("_run", {}) or {}

@@ -1,0 +1,43 @@
+"""A run's saved config.yaml: which trainer wrote it, and reading it back to resume that run (not the other
+trainer's, and never with default settings in place of a lost file)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping
+
+from esft.config import load_yaml_lines
+
+#: how to continue a run of each algorithm, for the error that meets the other trainer's resume
+RESUME_COMMAND = {"es": "esft train es --resume {dir}", "grpo": "esft train grpo --resume --output-dir {dir}"}
+
+
+def saved_algorithm(data: Mapping[str, Any]) -> str | None:
+    """'es' or 'grpo': which trainer wrote a saved config mapping (GRPO records it in `_run`; an ES config is
+    known by its population), None when neither shows."""
+    recorded = (data.get("_run") or {}).get("algorithm") if isinstance(data.get("_run"), Mapping) else None
+    if recorded in RESUME_COMMAND:
+        return recorded
+    if "population_size" in data:
+        return "es"
+    return "grpo" if "num_generations" in data else None
+
+
+def read_saved_config(run_dir: str | Path, algorithm: str | None = None) -> dict[str, Any]:
+    """The mapping a trainer saved in `<run_dir>/config.yaml`, for resuming: a missing, empty or unreadable file
+    is refused (resuming it with default settings would train another run on this run's state), and so is the
+    other algorithm's run when `algorithm` ('es' or 'grpo') names the trainer that asks."""
+    path = Path(run_dir) / "config.yaml"
+    if not path.is_file():
+        raise FileNotFoundError(f"cannot resume {run_dir}: it holds no config.yaml (start a new run without "
+                                f"--resume, or restore the run's config.yaml)")
+    data, _ = load_yaml_lines(path)
+    if not data:
+        raise ValueError(f"cannot resume {run_dir}: {path} is empty; restore the run's config.yaml (resuming "
+                         f"with default settings would train another run on this run's state)")
+    found = saved_algorithm(data)
+    if algorithm is not None and found is not None and found != algorithm:
+        kinds = {"es": "an ES", "grpo": "a GRPO"}
+        raise ValueError(f"{run_dir} holds {kinds[found]} run, not {kinds[algorithm]} one (continue it with "
+                         f"`{RESUME_COMMAND[found].format(dir=run_dir)}`)")
+    return data
