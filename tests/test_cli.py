@@ -258,3 +258,18 @@ def test_a_finished_run_counts_its_steps_in_words_that_agree(algorithm, steps, l
     monkeypatch.setattr(esft.api, f"train_{algorithm}", lambda config: done)
     assert main(["train", algorithm, "--task", "boolq", "--output-dir", str(tmp_path / "run")]) == 0
     assert f"\n{line} {tmp_path / 'run'}; final checkpoint: ckpt\n" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv", [["eval", "--tasks", "countdown,mmlu"], ["train", "es", "--task", "countdown"],
+                                  ["train", "grpo", "--task", "countdown"]])
+def test_a_typed_passage_cut_no_task_reads_is_refused_before_the_model_loads(argv, capsys, monkeypatch):
+    """`esft eval` checks the passage cut only (it has no periodic evaluation); the trainers check it with their
+    evaluation options (esft.validation.check_passage_cut, check_eval_options)."""
+    import esft.evaluation
+    from esft.cli import main
+
+    monkeypatch.setattr(esft.evaluation, "run_eval", lambda config: pytest.fail("the evaluation ran"))
+    assert main(argv + ["--max-passage-chars", "400"]) == 2
+    err = capsys.readouterr().err
+    assert "command line (--max-passage-chars): max_passage_chars = 400 is not accepted; expected a BoolQ task " \
+           f"among {argv[-1].replace(',', ', ')}: it cuts BoolQ passages only" in err, err

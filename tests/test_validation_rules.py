@@ -303,15 +303,15 @@ def test_check_device_name_asks_torch_not_the_machine(monkeypatch):
 def test_check_eval_options():
     """With eval_every = 0 a given, truthy evaluation option is refused naming its flag; a zero value, or a run
     that evaluates, passes."""
-    @dataclass
-    class Cfg:
-        eval_every: int
+    from esft.es import ESConfig
+    from esft.grpo.grpo_config import GRPOConfig
 
-    validation.check_eval_options(Cfg(5), {"eval_limit": 10})
-    validation.check_eval_options(Cfg(0), {"eval_limit": 0, "eval_balanced": False})
-    with pytest.raises(ConfigError, match=r"^command line \(--eval-limit\): eval_limit = 10 is not accepted; "
-                                          r"expected a run that evaluates: eval_every is 0.*--eval-limit"):
-        validation.check_eval_options(Cfg(0), {"eval_limit": 10})
+    for cls in (ESConfig, GRPOConfig):
+        validation.check_eval_options(cls(eval_every=5), {"eval_limit": 10})
+        validation.check_eval_options(cls(eval_every=0), {"eval_limit": 0, "eval_balanced": False})
+        with pytest.raises(ConfigError, match=r"^command line \(--eval-limit\): eval_limit = 10 is not accepted; "
+                                              r"expected a run that evaluates: eval_every is 0.*--eval-limit"):
+            validation.check_eval_options(cls(eval_every=0), {"eval_limit": 10})
 
 
 def test_check_task_hints_a_close_name():
@@ -471,19 +471,14 @@ def test_check_balanced_set_reads_the_split_it_is_given_and_names_it():
 def test_check_eval_options_refuses_a_passage_cut_no_task_reads():
     """`--max-passage-chars` cuts BoolQ passages only: typed for a run or evaluation without BoolQ it was accepted
     and ignored. A preset's cut (not typed) and a cut given with BoolQ among the tasks pass."""
-    @dataclass
-    class Train:
-        task: str
-        eval_every: int = 10
+    from esft.es import ESConfig
+    from esft.evaluation import EvalConfig
 
-    @dataclass
-    class Evaluate:
-        tasks: list
-
-    validation.check_eval_options(Train("boolq"), {"max_passage_chars": 400})
-    validation.check_eval_options(Train("countdown"), {})  # e.g. `--preset cpu --task countdown`
-    validation.check_eval_options(Evaluate(["countdown", "BoolQ"]), {"max_passage_chars": 400})
-    for config in (Train("countdown"), Evaluate(["countdown", "mmlu"])):
+    validation.check_eval_options(ESConfig(task="boolq", eval_every=10), {"max_passage_chars": 400})
+    validation.check_eval_options(ESConfig(task="countdown"), {})  # e.g. `--preset cpu --task countdown`
+    validation.check_passage_cut(EvalConfig(tasks=["countdown", "BoolQ"]), {"max_passage_chars": 400})
+    for check, config, among in ((validation.check_eval_options, ESConfig(task="countdown", eval_every=10), ""),
+                                 (validation.check_passage_cut, EvalConfig(tasks=["countdown", "mmlu"]), ", mmlu")):
         with pytest.raises(ConfigError, match=r"^command line \(--max-passage-chars\): max_passage_chars = 400 is "
-                                              r"not accepted; expected a BoolQ task"):
-            validation.check_eval_options(config, {"max_passage_chars": 400})
+                                              rf"not accepted; expected a BoolQ task among countdown{among}: "):
+            check(config, {"max_passage_chars": 400})

@@ -25,7 +25,7 @@ from esft.cli_process import (exit_code, plain_warnings, show_context, silence_s
 from esft.config import add_dataclass_arguments, build_config
 from esft.tasks.custom import add_task_flags
 from esft.rundir import check_output_dir
-from esft.validation import check_eval_options, check_names
+from esft.validation import check_eval_options, check_names, check_passage_cut
 
 
 def _eval(args: argparse.Namespace) -> int:
@@ -37,7 +37,7 @@ def _eval(args: argparse.Namespace) -> int:
     config = build_config(EvalConfig, None, None, args.config, overrides,
                           check=_names_with_task_flags(args, lambda c: c.tasks), flag_names=_typed(args))
     config = apply_task_flags(config, args, config.tasks)  # --prompt-field/--reward ... (data tasks)
-    check_eval_options(config, overrides)  # a --max-passage-chars no task reads
+    check_passage_cut(config, overrides)
     if config.output_dir:
         check_output_dir(config.output_dir)  # before the evaluation, not after it
     results = run_eval(config)  # prints each task's line as it finishes

@@ -69,8 +69,11 @@ class ConfigHooks:
 class RunConfig(ConfigHooks):
     """Shared behaviour of the trainers' config dataclasses (ESConfig, GRPOConfig)."""
 
+    task: str
     task_options: dict[str, Any]
     max_passage_chars: int | None
+    eval_every: int
+    save_total_limit: int
     #: what each field accepts beyond its type (`check_fields`); each config module sets its own
     rules: typing.ClassVar[Mapping[str, "Rule"]] = {}
 

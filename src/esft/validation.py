@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Protocol
 
-from esft.config import ConfigError
+from esft.config import ConfigError, RunConfig
 
 
 def check_task(key: str, name: Any, options: dict[str, Any] | None = None) -> Any:
@@ -186,18 +186,24 @@ def check_device(key: str, value: Any) -> None:
 EVAL_OPTIONS = ("eval_limit", "eval_balanced", "eval_max_new_tokens")
 
 
-def check_eval_options(config: Any, given: dict[str, Any]) -> None:
-    """A training run with eval_every = 0 evaluates nothing: an evaluation option the user gave (`given`: the
-    flags typed) would be ignored without a word, so it is refused before any model loads. A zero or false value
-    (`--eval-limit 0`) asks for no evaluation either and passes. So is a typed --max-passage-chars where no task
-    is BoolQ, the only one it cuts (a preset's cut is not typed: `--preset cpu --task countdown` passes)."""
-    tasks = getattr(config, "tasks", None) or [getattr(config, "task", "")]
+def check_passage_cut(config: Checked, given: dict[str, Any]) -> None:
+    """A --max-passage-chars typed (in `given`: the flags typed) for a run or evaluation where no task is BoolQ,
+    the only one it cuts, is refused (a preset's cut is not typed: `--preset cpu --task countdown` passes)."""
+    tasks = [name for _, name, _ in config.task_checks()]
     if given.get("max_passage_chars") is not None and not any(
             str(t).partition(":")[0].strip().lower() == "boolq" for t in tasks):
         raise ConfigError("max_passage_chars", given["max_passage_chars"],
                           f"a BoolQ task among {', '.join(map(str, tasks))}: it cuts BoolQ passages only "
                           "(drop --max-passage-chars)", "command line (--max-passage-chars)")
-    if getattr(config, "eval_every", None) != 0:
+
+
+def check_eval_options(config: RunConfig, given: dict[str, Any]) -> None:
+    """A training run with eval_every = 0 evaluates nothing: an evaluation option the user gave (`given`: the
+    flags typed) would be ignored without a word, so it is refused before any model loads. A zero or false value
+    (`--eval-limit 0`) asks for no evaluation either and passes. So is a passage cut no task reads
+    (`check_passage_cut`)."""
+    check_passage_cut(config, given)
+    if config.eval_every != 0:
         return
     for key in EVAL_OPTIONS:
         if given.get(key):
@@ -241,5 +247,5 @@ def check_names(config: Checked) -> None:
 
 
 __all__ = ["EVAL_OPTIONS", "Checked", "check_balanced_set", "check_device", "check_device_name",
-           "check_eval_options", "check_first_example", "check_model", "check_names", "check_splits", "check_task",
-           "require_labels", "task_labels"]
+           "check_eval_options", "check_first_example", "check_model", "check_names", "check_passage_cut",
+           "check_splits", "check_task", "require_labels", "task_labels"]

@@ -450,7 +450,7 @@ def _check_configs(ctx: SpecContext, spec: Spec) -> None:
                         config = spec.config(comp, task, spec.seeds[0], budget, output_dir="<check>")
                         check_task_fit(config, built)
                         check_backends(config.report_to)  # a tracker not installed, before the base model's eval
-                        if len(method.budgets) > 1 and getattr(config, "save_total_limit", 0):
+                        if len(method.budgets) > 1 and config.save_total_limit:
                             # the budgets share one run, snapshotted at each budget as a numbered checkpoint
                             raise ValueError("save_total_limit would delete the checkpoints this method keeps at "
                                              "each of its budgets; leave it at 0 with a list of budgets")

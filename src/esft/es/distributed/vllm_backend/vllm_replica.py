@@ -126,7 +126,7 @@ def sampling_fields(config: Any, max_tokens: int | None = None) -> dict[str, Any
     `min_tokens`."""
     fields = dict(n=1, temperature=0.0, top_p=1.0, max_tokens=int(max_tokens or config.max_new_tokens),
                   seed=int(config.seed), skip_special_tokens=True)
-    floor = int((getattr(config, "generation_options", None) or {}).get("min_new_tokens") or 0)
+    floor = int(config.generation_options.get("min_new_tokens") or 0)
     if floor:
         fields["min_tokens"] = floor
     return fields
