@@ -177,8 +177,8 @@ def test_converters_and_parse_bool():
 
 # ---- esft.validation, with small fake tasks ---------------------------------------------------------------------
 
-class FakeTask:
-    """A task object of the user's: its splits, rows, prompt and score set per test."""
+class FakeTask(Task):
+    """A Task subclass of the user's: its splits, rows, prompt and score set per test."""
 
     name = "fake"
 
@@ -225,6 +225,36 @@ def test_check_splits_refuses_a_broken_task(task, message):
     a score that is not a finite number each fail as ConfigError naming the task and what is wrong."""
     with pytest.raises(ConfigError, match=message):
         validation.check_splits("task", "fake", task, ("train", "test"))
+
+
+@pytest.mark.parametrize("name, named", [("named", "named"), ("", "typed")])
+def test_check_splits_names_the_task_and_gives_its_why_empty_hint(name, named):
+    """The refusal names the task by its own name (by the value typed when it has none) and adds the task's
+    `why_empty` hint (a data task names the options that would fill the split)."""
+    class Hinted(FakeTask):
+        def why_empty(self, split):
+            return f"more rows for {split}"
+
+    task = Hinted(rows={"train": [{"q": 1}], "test": []})
+    task.name = name
+    with pytest.raises(ConfigError, match=rf"^task = 'typed' is not accepted; expected a task with test examples "
+                                          rf"\(task '{named}': its test split is empty; more rows for test\)$"):
+        validation.check_splits("task", "typed", task, ("train", "test"))
+
+
+def test_check_first_example_and_evals_task_fit_name_the_task_by_its_own_name():
+    """A prompt that is not chat messages is refused naming the task's own name; `esft eval` on its default split
+    puts that name under `tasks`."""
+    from esft.evaluation import EvalConfig
+
+    task = FakeTask(prompt="hi")
+    task.name = "named"
+    with pytest.raises(ConfigError, match=r"^task = 'typed' .*\(task 'named' returned str 'hi'\)$"):
+        validation.check_first_example("task", "typed", task, "train")
+    empty = FakeTask(rows={"train": [{"q": 1}], "test": []})
+    empty.name = "named"
+    with pytest.raises(ConfigError, match=r"^tasks = 'named' is not accepted; expected a task with test examples"):
+        EvalConfig(tasks=["boolq"]).check_task_fit(empty)
 
 
 def test_brief_cuts_long_values():

@@ -122,7 +122,7 @@ class EvalConfig(ConfigHooks):
 
         # the default split was not the user's choice: the refusal then names the task
         key, value = (("split", self.split) if self.split != type(self).split
-                      else ("tasks", getattr(task, "name", "") or ",".join(self.tasks)))
+                      else ("tasks", task.name or ",".join(self.tasks)))
         check_splits(key, value, task, (self.split,))
         if self.balanced:
             check_balanced_set(task, self.limit, self.split, key="limit")

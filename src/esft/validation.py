@@ -9,9 +9,12 @@ misspelt task, a bad task option or a missing model folder before any model load
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from esft.config import ConfigError, RunConfig
+
+if TYPE_CHECKING:
+    from esft.tasks.base import Task
 
 
 def check_task(key: str, name: Any, options: dict[str, Any] | None = None) -> Any:
@@ -63,14 +66,12 @@ def check_balanced_set(task: Any, limit: int | None, split: str = "test", key: s
         raise ConfigError(key, limit, f"a balanced {where} that exists ({exc})") from None
 
 
-def check_splits(key: str, value: Any, task: Any, splits: tuple[str, ...]) -> None:
+def check_splits(key: str, value: Any, task: Task, splits: tuple[str, ...]) -> None:
     """`task` has the splits the run reads and each holds examples: a task class of the user's without a test
     split, holdout-only ifeval trained on, or a data file too small to leave a held-out row fails here, not once
     the model has loaded (or with an evaluation of n = 0). Loading a built-in task's split takes under 0.25 s."""
-    from esft.tasks.base import Task
-
-    have = tuple(getattr(task, "splits", splits))
-    name = getattr(task, "name", "") or value
+    have = tuple(task.splits)
+    name = task.name or value
     missing = [s for s in splits if s not in have]
     if missing:
         raise ConfigError(key, value, f"a task with the split(s) {', '.join(missing)} (task {name!r} has "
@@ -82,13 +83,13 @@ def check_splits(key: str, value: Any, task: Any, splits: tuple[str, ...]) -> No
             raise ConfigError(key, value, f"a task whose {split} split loads (task {name!r}: {type(exc).__name__}: "
                               f"{exc})") from None
         if not n:
-            hint = task.why_empty(split) if isinstance(task, Task) else ""  # a data task names its options
+            hint = task.why_empty(split)  # a data task names its options
             raise ConfigError(key, value, f"a task with {split} examples (task {name!r}: its {split} split is "
                               f"empty{'; ' + hint if hint else ''})")
         check_first_example(key, value, task, split)
 
 
-def check_first_example(key: str, value: Any, task: Any, split: str) -> None:
+def check_first_example(key: str, value: Any, task: Task, split: str) -> None:
     """The task prompts the first example of `split` as chat messages and scores an empty completion as a finite
     number: a `prompt` or `score` of the user's that raises (a missing field, a typo) fails here, not at the
     first population once the model has loaded. An empty completion is what every scorer must take without
@@ -96,7 +97,7 @@ def check_first_example(key: str, value: Any, task: Any, split: str) -> None:
     import math
     from numbers import Real
 
-    name = getattr(task, "name", "") or value
+    name = task.name or value
     example = task.load(split, limit=1)[0]
     for method, call in (("prompt", lambda: task.prompt(example)), ("score", lambda: task.score("", example))):
         try:
