@@ -27,11 +27,11 @@ from esft import paper
 from esft.analysis.drift_runs import RunDrift, drift_notes, family_rows, grpo_family_rows, law_rows, report_drift
 from esft.analysis.kl import kl_rows, report_kl
 from esft.analysis.landscape import report_landscape
-from esft.analysis.landscape_tables import interpolation_rows, sweep_rows
+from esft.analysis.landscape_tables import interpolation_header, interpolation_notes, interpolation_rows, sweep_rows
 from esft.analysis.report_cache import json_default
 from esft.analysis.report_context import ReportContext
 from esft.analysis.runs import accuracy_rows, run_rows
-from esft.analysis.sparsity import SWEEP_TARGETS, report_sparsity, sweep_table_rows
+from esft.analysis.sparsity import SWEEP_TARGETS, report_sparsity, sweep_table_header, sweep_table_rows
 from esft.analysis.weights import UpdateComparison, report_weights
 from esft.rundir import peak_rss_mb
 from esft.tables import NA, fmt, grid
@@ -337,9 +337,9 @@ class Report(ReportContext):
         if found.interpolation is not None:
             res = found.interpolation
             s.append(f"### Figure 3: {la.upper()} (t=0) to {lb.upper()} (t=1), distance {fmt(res['distance'])}\n\n"
-                     + grid(["task", f"{la.upper()} acc", f"{lb.upper()} acc", "min on path",
-                             "largest drop below the line", "binomial SE", "barrier (> 2 SE)"],
+                     + grid(interpolation_header(res, found.tasks, (la.upper(), lb.upper())),
                             interpolation_rows(res, found.tasks))
+                     + "".join(f"\n\n{note}" for note in interpolation_notes(res, found.tasks))
                      + f"\n\nPaper: {paper.LANDSCAPE['interpolation']}.\n\n"
                        f"![interpolation]({self.rel(found.interpolation_figure)})\n")
         s.append("### Figure 4: from the base along each update and a norm-matched random direction\n\n"
@@ -358,8 +358,7 @@ class Report(ReportContext):
         s = ["## Functional sparsity (keep |d| > tau, revert the rest, re-evaluate)\n",
              f"Reference: {paper.FUNCTIONAL_SPARSITY}.\n"]
         for sw in sweeps:
-            s.append(f"### {sw.label}\n\n" + grid(["tau", "sparsity"] + [f"{t} acc" for t in sw.tasks],
-                                                    sweep_table_rows(sw)) + "\n")
+            s.append(f"### {sw.label}\n\n" + grid(sweep_table_header(sw), sweep_table_rows(sw)) + "\n")
         s.append(f"![functional sparsity]({self.rel(figure)})\n")
         self.sections.append("\n".join(s) + "\n")
 
