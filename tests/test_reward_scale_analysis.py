@@ -10,6 +10,8 @@ Run: PYTHONPATH=src pytest -q tests/test_reward_scale_analysis.py
 
 from __future__ import annotations
 
+import csv
+import io
 import math
 import statistics
 
@@ -21,7 +23,9 @@ from esft.analysis import sparsity as SP
 from esft.analysis.commands import format_landscape
 from esft.analysis.landscape_tables import interpolation_header, interpolation_notes, interpolation_rows, sweep_rows
 from esft.analysis.report_builder import Report, ReportConfig
+from esft.experiments.study_tables import results_csv
 from test_analysis_landscape import tiny
+from test_score_scale_tables import single_task
 
 #: per-example scores (4 examples) at t = 0, 0.5, 1 of three tasks: a reward on -2 .. 5 ("r"), a reward whose
 #: means all lie in [0, 1] ("m"), and a right-or-wrong accuracy ("a")
@@ -187,6 +191,27 @@ def test_the_reports_sparsity_section_names_a_reward(tmp_path, monkeypatch):
     report.section_sparsity()
     assert "| tau | sparsity | m mean reward |" in report.sections[-1]
     assert "| 0 | 0.0% | 0.500 |" in report.sections[-1]
+
+
+def test_results_csv_leaves_a_rewards_constant_answer_cells_empty():
+    """The custom task's records carry a constant baseline (its gold labels have one), which says nothing on a
+    reward's scale: empty cells under the same header; BoolQ's stay."""
+    exp = single_task()
+    for rec in exp.results.values():
+        for summ in rec["eval"].values():
+            summ["constant_answer"] = "yes"
+    rows = list(csv.DictReader(io.StringIO(results_csv(exp))))
+    assert list(rows[0])[7:15] == ["n", "accuracy", "ci95_low", "ci95_high", "constant_baseline",
+                                   "constant_ci95_low", "constant_ci95_high", "constant_answer"]
+    custom = [r for r in rows if r["eval_task"] == "custom"]
+    boolq = [r for r in rows if r["eval_task"] == "boolq"]
+    assert len(custom) == 2 and len(boolq) == 2
+    for r in custom:
+        assert [r[k] for k in ("constant_baseline", "constant_ci95_low", "constant_ci95_high",
+                               "constant_answer")] == ["", "", "", ""]
+    assert [r["accuracy"] for r in custom] == ["0.75", "2.5"] and custom[1]["ci95_low"] == "2.0"
+    base = boolq[0]
+    assert (base["constant_baseline"], base["constant_ci95_low"], base["constant_answer"]) == ("0.6", "0.5", "yes")
 
 
 def test_the_figures_label_a_rewards_axis_mean_reward(path, tmp_path, monkeypatch):
