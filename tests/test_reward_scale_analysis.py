@@ -21,7 +21,8 @@ from es_tiny import one_thread  # noqa: F401  (autouse: tiny matmuls on one thre
 from esft.analysis import landscape as L
 from esft.analysis import sparsity as SP
 from esft.analysis.commands import format_landscape
-from esft.analysis.landscape_tables import interpolation_header, interpolation_notes, interpolation_rows, sweep_rows
+from esft.analysis.landscape_tables import (interpolation_header, interpolation_notes, interpolation_rows, sweep_notes,
+                                              sweep_rows)
 from esft.analysis.report_builder import Report, ReportConfig
 from esft.experiments.study_tables import results_csv
 from test_analysis_landscape import tiny
@@ -130,6 +131,9 @@ def test_a_direction_sweep_names_each_task_from_its_scores(monkeypatch):
     header, rows = sweep_rows(res)
     assert rows == [["ES", rows[0][1], "m", "0.250", "0.500"], ["ES", rows[0][1], "a", "25.0%", "50.0%"],
                     ["random", rows[2][1], "m", "0.250", "0.500"], ["random", rows[2][1], "a", "25.0%", "0.0%"]]
+    assert sweep_notes(res) == ["Mean reward, a plain number on its reward function's scale (not %): m."]
+    res["score"]["m"] = "accuracy"
+    assert sweep_notes(res) == [] and sweep_rows(res)[1][0][3:] == ["25.0%", "50.0%"]
 
 
 def test_landscape_accuracy_hands_over_every_examples_score(monkeypatch):
@@ -169,7 +173,9 @@ def test_the_reports_landscape_section_names_a_reward(path, tmp_path, monkeypatc
 
     found = L.LandscapeReport(("es", "grpo"), ["r", "a"], interpolation=path,
                               interpolation_figure=tmp_path / "i.png",
-                              directions={"magnitudes": [0.0], "directions": {}}, directions_figure=tmp_path / "d.png")
+                              directions={"magnitudes": [0.0], "score": {"r": "mean reward"},
+                                          "directions": {"ES": {"norm": 1.0, "accuracy": {"r": [0.5]}}}},
+                              directions_figure=tmp_path / "d.png")
     monkeypatch.setattr(report_builder, "report_landscape", lambda ctx: found)
     report = Report(ReportConfig(dir=str(tmp_path), analyses=[], holdout_tasks=[]), progress=False)
     report.section_landscape()
@@ -178,6 +184,7 @@ def test_the_reports_landscape_section_names_a_reward(path, tmp_path, monkeypatc
            "binomial SE or sample SE | barrier (> 2 SE) |" in text
     assert "| r | 2.000 | 3.000 | 1.000 | +1.500 at t=0.50 | 1.472 | no |" in text
     assert "\n\nMean reward, a plain number on its reward function's scale (not %): r;" in text
+    assert "| ES | 1 | r | 0.500 |\n\nMean reward, a plain number on its reward function's scale (not %): r.\n" in text
 
 
 def test_the_reports_sparsity_section_names_a_reward(tmp_path, monkeypatch):

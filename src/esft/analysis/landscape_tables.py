@@ -63,13 +63,26 @@ def interpolation_notes(res: dict[str, Any], tasks: Sequence[str]) -> list[str]:
             "per-example scores (recompute the report)."]
 
 
+def sweep_names(res: dict[str, Any]) -> dict[str, str]:
+    """ACCURACY or MEAN_REWARD per task of a direction sweep (from every direction's values without a record)."""
+    tasks = list(next(iter(res["directions"].values()))["accuracy"]) if res["directions"] else []
+    return {t: _name(res, t, [v for d in res["directions"].values() for v in d["accuracy"][t]]) for t in tasks}
+
+
+def sweep_notes(res: dict[str, Any]) -> list[str]:
+    """The note under a sweep's table when some task is a mean reward (none otherwise)."""
+    rewards = [t for t, k in sweep_names(res).items() if k == MEAN_REWARD]
+    return [f"Mean reward, a plain number on its reward function's scale (not %): {', '.join(rewards)}."] \
+        if rewards else []
+
+
 def sweep_rows(res: dict[str, Any]) -> tuple[list[str], list[list[Any]]]:
     """(header, rows) of a direction sweep: per direction and task, the accuracy at each distance (a task's cells
     printed alike in every direction, chosen from all of them)."""
     mags = res["magnitudes"]
-    tasks = list(next(iter(res["directions"].values()))["accuracy"]) if res["directions"] else []
-    shown = {t: score_text(values, _name(res, t, values)) for t in tasks
-             for values in [[v for d in res["directions"].values() for v in d["accuracy"][t]]]}
+    names = sweep_names(res)
+    tasks = list(names)
+    shown = {t: score_text((), name) for t, name in names.items()}
     rows = []
     for label, d in res["directions"].items():
         for t in tasks:

@@ -27,7 +27,9 @@ from esft import paper
 from esft.analysis.drift_runs import RunDrift, drift_notes, family_rows, grpo_family_rows, law_rows, report_drift
 from esft.analysis.kl import kl_rows, report_kl
 from esft.analysis.landscape import report_landscape
-from esft.analysis.landscape_tables import interpolation_header, interpolation_notes, interpolation_rows, sweep_rows
+from esft.analysis.landscape_tables import (
+    interpolation_header, interpolation_notes, interpolation_rows, sweep_notes, sweep_rows,
+)
 from esft.analysis.report_cache import json_default
 from esft.analysis.report_context import ReportContext
 from esft.analysis.runs import accuracy_rows, run_rows
@@ -343,11 +345,13 @@ class Report(ReportContext):
                      + f"\n\nPaper: {paper.LANDSCAPE['interpolation']}.\n\n"
                        f"![interpolation]({self.rel(found.interpolation_figure)})\n")
         s.append("### Figure 4: from the base along each update and a norm-matched random direction\n\n"
-                 + grid(*sweep_rows(found.directions)) + f"\n\nPaper: {paper.LANDSCAPE['directions']}.\n\n"
+                 + grid(*sweep_rows(found.directions)) + "".join(f"\n\n{n}" for n in sweep_notes(found.directions))
+                 + f"\n\nPaper: {paper.LANDSCAPE['directions']}.\n\n"
                  f"![directions]({self.rel(found.directions_figure)})\n")
         for lab, r5, path in found.holdout:
             s.append(f"### Figure 5: holdout tasks, from the final {lab.upper()} checkpoint along its own update\n\n"
-                     + grid(*sweep_rows(r5)) + f"\n\n![holdout {lab}]({self.rel(path)})\n")
+                     + grid(*sweep_rows(r5)) + "".join(f"\n\n{n}" for n in sweep_notes(r5))
+                     + f"\n\n![holdout {lab}]({self.rel(path)})\n")
         self.sections.append("\n".join(s) + "\n")
 
     def section_sparsity(self) -> None:
