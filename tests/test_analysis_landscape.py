@@ -56,7 +56,7 @@ def fake_accuracy(reference):
     """accuracy = 1 - distance to `reference` (a stand-in for evaluate_task that reads the weights)."""
     ref = params(reference)
 
-    def acc(model, tokenizer, tasks, gen_config):
+    def acc(model, tokenizer, tasks, gen_config, scores_out=None):
         dist = np.sqrt(sum(float(((p.detach().double() - ref[n]) ** 2).sum()) for n, p in model.named_parameters()))
         return {t: max(0.0, 1.0 - dist) for t in tasks}
 
@@ -353,7 +353,7 @@ def test_barrier_without_a_sample_size_and_with_the_minimum_at_an_end():
 
 def test_interpolation_barrier_uses_each_tasks_sample_size(monkeypatch):
     a, b, work = tiny(0), tiny(1), tiny(2)
-    monkeypatch.setattr(L, "accuracy", lambda *args: {"t": 0.5})
+    monkeypatch.setattr(L, "accuracy", lambda *args, **kw: {"t": 0.5})
     res = L.interpolation_path(work, None, a, b, [0.5], {"t": (None, [0] * 25)}, None)
     assert res["n"] == {"t": 25} and res["barrier"]["t"]["se"] == pytest.approx(np.sqrt(0.25 / 25))
 
@@ -399,7 +399,7 @@ def test_sparsity_sweep_sorts_thresholds_skips_repeats_and_keeps_base_and_tuned(
     pb, pt = params(base), params(tuned)
     calls = []
     acc = fake_accuracy(tuned)
-    monkeypatch.setattr(SP, "accuracy", lambda *a: calls.append(1) or acc(*a))
+    monkeypatch.setattr(SP, "accuracy", lambda *a, **kw: calls.append(1) or acc(*a))
     res = SP.sparsity_sweep(work, None, base, tuned, {"t": (None, [0])}, None, taus=[1e3, 0.0, 1e-30])
     assert [r["tau"] for r in res["rows"]] == [0.0, 1e3]
     assert res["rows"][1]["sparsity"] == 1.0 and res["rows"][1]["accuracy"]["t"] < 1.0

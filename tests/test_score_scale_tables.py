@@ -145,7 +145,8 @@ def test_landscape_tables_print_a_reward_outside_0_1_as_plain_numbers():
     from all of them: the whole interpolation path, every direction's values), an accuracy task as before."""
     res = {"accuracy": {"acc": [0.5, 0.25, 0.75], "rew": [0.5, -0.25, 0.75]},  # only the path's middle leaves [0, 1]
            "barrier": {"acc": {"min_accuracy": 0.25, "max_drop": 0.375, "at": 0.5, "se": 0.125, "barrier": True},
-                       "rew": {"min_accuracy": -0.25, "max_drop": 1.75, "at": 0.5, "se": 0.5, "barrier": True}}}
+                       "rew": {"min_accuracy": -0.25, "max_drop": 1.75, "at": 0.5, "se": 0.5, "se_of": "sample",
+                               "barrier": True}}}
     assert interpolation_rows(res, ["acc", "rew"]) == [
         ["acc", "50.0%", "75.0%", "25.0%", "+0.375 at t=0.50", "0.125", "yes"],
         ["rew", "0.500", "0.750", "-0.250", "+1.750 at t=0.50", "0.5", "yes"]]

@@ -23,6 +23,7 @@ from esft.analysis.checks import check_analysis
 from esft.analysis.sparsity import SWEEP_TARGETS
 from esft.config import ConfigHooks
 from esft.tasks import split_task_list
+from esft.tasks.labels import MEAN_REWARD
 
 
 def _resolve(spec: str) -> str:
@@ -408,7 +409,8 @@ def format_landscape(res: dict[str, Any]) -> str:
     lines = []
     if "interpolation" in res:
         for t, b in res["interpolation"]["barrier"].items():
-            lines.append(f"interpolation {t}: accuracies {[round(x, 3) for x in res['interpolation']['accuracy'][t]]}"
+            what = "mean rewards" if (res["interpolation"].get("score") or {}).get(t) == MEAN_REWARD else "accuracies"
+            lines.append(f"interpolation {t}: {what} {[round(x, 3) for x in res['interpolation']['accuracy'][t]]}"
                          f"  largest drop below the line {b['max_drop']:+.3f} (barrier: {b['barrier']})")
     for lab, d in res["directions"]["directions"].items():
         for t, accs in d["accuracy"].items():

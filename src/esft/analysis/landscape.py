@@ -26,8 +26,10 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 import numpy as np
 import torch
 
+from esft.analysis.barrier import barrier, path_score_names, sample_sd
 from esft.analysis.report_cache import fingerprint
 from esft.analysis.sources import TensorSource, as_source
+from esft.tasks.labels import ACCURACY, MEAN_REWARD
 
 if TYPE_CHECKING:
     from esft.analysis.report_context import ReportContext
@@ -187,44 +189,45 @@ def prepare_tasks(names: Sequence[str], limit: int | None, split: str = "test",
     return out
 
 
-def accuracy(model, tokenizer, tasks: Mapping[str, tuple[Any, list]], gen_config) -> dict[str, float]:
-    """Accuracy per task with esft.evaluation.evaluate_task (the task's own scorer)."""
+def accuracy(model, tokenizer, tasks: Mapping[str, tuple[Any, list]], gen_config,
+             scores_out: dict[str, list[float]] | None = None) -> dict[str, float]:
+    """Accuracy (or mean reward) per task with esft.evaluation.evaluate_task (the task's own scorer);
+    `scores_out`, when given, receives each task's per-example scores."""
     from esft.evaluation import evaluate_task
 
-    return {n: float(evaluate_task(model, tokenizer, task, ex, gen_config, progress=False)["accuracy"])
-            for n, (task, ex) in tasks.items()}
-
-
-def barrier(ts: Sequence[float], acc: Sequence[float], n: int | None = None) -> dict[str, Any]:
-    """Largest drop of the path below the straight line between its endpoint accuracies. A barrier is declared
-    when the drop exceeds twice the binomial standard error of the line's value at that point (n examples)."""
-    ts = np.asarray(ts, dtype=np.float64)
-    acc = np.asarray(acc, dtype=np.float64)
-    line = acc[0] + (acc[-1] - acc[0]) * (ts - ts[0]) / (ts[-1] - ts[0])
-    drop = line - acc
-    k = int(np.argmax(drop))
-    se = math.sqrt(max(line[k] * (1 - line[k]), 1e-12) / n) if n else None
-    return {"max_drop": float(drop[k]), "at": float(ts[k]), "line_at": float(line[k]), "se": se,
-            "barrier": bool(se is not None and drop[k] > 2 * se), "min_accuracy": float(acc.min()),
-            "linear": line.tolist()}
+    out = {}
+    for n, (task, ex) in tasks.items():
+        records: list[dict[str, Any]] = []
+        out[n] = float(evaluate_task(model, tokenizer, task, ex, gen_config, progress=False,
+                                     records_out=records)["accuracy"])
+        if scores_out is not None:
+            scores_out[n] = [float(r["score"]) for r in records]
+    return out
 
 
 def interpolation_path(model, tokenizer, a: Any, b: Any, ts: Sequence[float], tasks: Mapping[str, tuple[Any, list]],
                        gen_config, progress: bool = False) -> dict[str, Any]:
-    """Accuracy at theta(t) = (1 - t) a + t b for each t (0 and 1 are always included)."""
+    """Accuracy (or mean reward) at theta(t) = (1 - t) a + t b for each t (0 and 1 are always included), with
+    each task's score name ("score", from the per-example scores) and the barrier test on that scale."""
     ts = sorted(set([0.0, 1.0, *[float(t) for t in ts]]))
     sa = as_source(a)
     direction = DeltaDirection(sa, b, "a->b").bind(model)
     accs: dict[str, list[float]] = {n: [] for n in tasks}
+    scores: dict[str, list[list[float] | None]] = {n: [] for n in tasks}
     for t in ts:
         set_weights(model, sa, [(t, direction)])
-        res = accuracy(model, tokenizer, tasks, gen_config)
+        got: dict[str, list[float]] = {}
+        res = accuracy(model, tokenizer, tasks, gen_config, scores_out=got)
         for n, v in res.items():
             accs[n].append(v)
+            scores[n].append(got.get(n))
         if progress:
             print(f"interpolation t={t:.3f} " + " ".join(f"{n}={v:.3f}" for n, v in res.items()), flush=True)
-    return {"t": ts, "accuracy": accs, "distance": direction.norm,
-            "barrier": {n: barrier(ts, accs[n], len(tasks[n][1])) for n in tasks},
+    names = path_score_names(scores, accs)
+    return {"t": ts, "accuracy": accs, "distance": direction.norm, "score": names,
+            "barrier": {n: barrier(ts, accs[n], len(tasks[n][1]),
+                                   [sample_sd(s) for s in scores[n]] if names[n] == MEAN_REWARD else None)
+                        for n in tasks},
             "n": {n: len(tasks[n][1]) for n in tasks}}
 
 
@@ -245,11 +248,13 @@ def default_magnitudes(norms: Sequence[float], points: int = 6) -> list[float]:
 
 def direction_sweep(model, tokenizer, origin: Any, directions: Sequence[Direction], magnitudes: Sequence[float],
                     tasks: Mapping[str, tuple[Any, list]], gen_config, progress: bool = False) -> dict[str, Any]:
-    """Accuracy at origin + m * direction / ||direction|| for each direction and absolute distance m."""
+    """Accuracy (or mean reward) at origin + m * direction / ||direction|| for each direction and absolute
+    distance m, with each task's score name ("score", from the per-example scores)."""
     so = as_source(origin)
     out: dict[str, Any] = {"origin": so.name, "magnitudes": [float(m) for m in magnitudes], "directions": {},
                            "n": {n: len(tasks[n][1]) for n in tasks}}
     cache_zero: dict[str, float] | None = None
+    scores: dict[str, list[list[float] | None]] = {n: [] for n in tasks}
     for d in directions:
         d.bind(model)
         norm = d.norm
@@ -259,7 +264,10 @@ def direction_sweep(model, tokenizer, origin: Any, directions: Sequence[Directio
                 res = cache_zero  # the origin itself: identical for every direction
             else:
                 set_weights(model, so, [(m / norm if norm > 0 else 0.0, d)])
-                res = accuracy(model, tokenizer, tasks, gen_config)
+                got: dict[str, list[float]] = {}
+                res = accuracy(model, tokenizer, tasks, gen_config, scores_out=got)
+                for n in tasks:
+                    scores[n].append(got.get(n))
                 if m == 0.0:
                     cache_zero = res
             for n, v in res.items():
@@ -267,6 +275,8 @@ def direction_sweep(model, tokenizer, origin: Any, directions: Sequence[Directio
             if progress:
                 print(f"{d.label} |d|={m:.4g} " + " ".join(f"{n}={v:.3f}" for n, v in res.items()), flush=True)
         out["directions"][d.label] = {"norm": norm, "accuracy": accs}
+    out["score"] = path_score_names(scores, {n: [v for d in out["directions"].values() for v in d["accuracy"][n]]
+                                             for n in tasks})
     return out
 
 
@@ -287,7 +297,7 @@ def plot_interpolation(result: Mapping[str, Any], path: str | Path, labels: tupl
         name = textwrap.fill(n.replace(",", ", "), 36) if len(n) > 36 else n  # task options: wider than a panel
         ax.set_title(f"{name}: max drop {b['max_drop']:+.3f}" + (" (barrier)" if b["barrier"] else ""), fontsize=9)
         ax.set_xlabel(f"t  ({labels[0]} = 0, {labels[1]} = 1)")
-        accuracy_axis(ax)
+        accuracy_axis(ax, (result.get("score") or {}).get(n, ACCURACY))
     return save(fig, path)
 
 
@@ -315,7 +325,7 @@ def plot_direction_sweep(result: Mapping[str, Any], path: str | Path,
             ax.set_xscale("symlog", linthresh=float(pos.min()))
         ax.set_xlim(left=0.0)  # distances are >= 0: no margin of negative distances (markers on 0 drawn unclipped)
         ax.set_xlabel(r"distance moved $\|\Delta\theta\|_2$")
-        accuracy_axis(ax)
+        accuracy_axis(ax, (result.get("score") or {}).get(n, ACCURACY))
         ax.set_title(n, fontsize=9)
         ax.legend(fontsize=7)
     if title:

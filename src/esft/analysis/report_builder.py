@@ -27,11 +27,13 @@ from esft import paper
 from esft.analysis.drift_runs import RunDrift, drift_notes, family_rows, grpo_family_rows, law_rows, report_drift
 from esft.analysis.kl import kl_rows, report_kl
 from esft.analysis.landscape import report_landscape
-from esft.analysis.landscape_tables import interpolation_rows, sweep_rows
+from esft.analysis.landscape_tables import (
+    interpolation_header, interpolation_notes, interpolation_rows, sweep_notes, sweep_rows,
+)
 from esft.analysis.report_cache import json_default
 from esft.analysis.report_context import ReportContext
 from esft.analysis.runs import accuracy_rows, run_rows
-from esft.analysis.sparsity import SWEEP_TARGETS, report_sparsity, sweep_table_rows
+from esft.analysis.sparsity import SWEEP_TARGETS, report_sparsity, sweep_table_header, sweep_table_rows
 from esft.analysis.weights import UpdateComparison, report_weights
 from esft.config import ConfigHooks
 from esft.rundir import peak_rss_mb
@@ -338,17 +340,19 @@ class Report(ReportContext):
         if found.interpolation is not None:
             res = found.interpolation
             s.append(f"### Figure 3: {la.upper()} (t=0) to {lb.upper()} (t=1), distance {fmt(res['distance'])}\n\n"
-                     + grid(["task", f"{la.upper()} acc", f"{lb.upper()} acc", "min on path",
-                             "largest drop below the line", "binomial SE", "barrier (> 2 SE)"],
+                     + grid(interpolation_header(res, found.tasks, (la.upper(), lb.upper())),
                             interpolation_rows(res, found.tasks))
+                     + "".join(f"\n\n{note}" for note in interpolation_notes(res, found.tasks))
                      + f"\n\nPaper: {paper.LANDSCAPE['interpolation']}.\n\n"
                        f"![interpolation]({self.rel(found.interpolation_figure)})\n")
         s.append("### Figure 4: from the base along each update and a norm-matched random direction\n\n"
-                 + grid(*sweep_rows(found.directions)) + f"\n\nPaper: {paper.LANDSCAPE['directions']}.\n\n"
+                 + grid(*sweep_rows(found.directions)) + "".join(f"\n\n{n}" for n in sweep_notes(found.directions))
+                 + f"\n\nPaper: {paper.LANDSCAPE['directions']}.\n\n"
                  f"![directions]({self.rel(found.directions_figure)})\n")
         for lab, r5, path in found.holdout:
             s.append(f"### Figure 5: holdout tasks, from the final {lab.upper()} checkpoint along its own update\n\n"
-                     + grid(*sweep_rows(r5)) + f"\n\n![holdout {lab}]({self.rel(path)})\n")
+                     + grid(*sweep_rows(r5)) + "".join(f"\n\n{n}" for n in sweep_notes(r5))
+                     + f"\n\n![holdout {lab}]({self.rel(path)})\n")
         self.sections.append("\n".join(s) + "\n")
 
     def section_sparsity(self) -> None:
@@ -359,8 +363,7 @@ class Report(ReportContext):
         s = ["## Functional sparsity (keep |d| > tau, revert the rest, re-evaluate)\n",
              f"Reference: {paper.FUNCTIONAL_SPARSITY}.\n"]
         for sw in sweeps:
-            s.append(f"### {sw.label}\n\n" + grid(["tau", "sparsity"] + [f"{t} acc" for t in sw.tasks],
-                                                    sweep_table_rows(sw)) + "\n")
+            s.append(f"### {sw.label}\n\n" + grid(sweep_table_header(sw), sweep_table_rows(sw)) + "\n")
         s.append(f"![functional sparsity]({self.rel(figure)})\n")
         self.sections.append("\n".join(s) + "\n")
 

@@ -16,7 +16,8 @@ def reward_text(x: float | None) -> str:
     return NA if x is None else f"{x:.{REWARD_DIGITS}f}"
 
 
-def score_text(values: Iterable[float | None]) -> Callable[[float | None], str]:
-    """How one task's scores are printed, chosen from all of them (`values`, as a table holds them): `pct` while
-    every value lies in [0, 1], else `reward_text`."""
-    return reward_text if score_name(values) == MEAN_REWARD else pct
+def score_text(values: Iterable[float | None], name: str | None = None) -> Callable[[float | None], str]:
+    """How one task's scores are printed: `reward_text` for a MEAN_REWARD, else `pct`. The name is `name` where
+    the caller knows it (from the per-example scores), else chosen from all the values a table holds of the
+    task: `pct` while every one lies in [0, 1]."""
+    return reward_text if (name or score_name(values)) == MEAN_REWARD else pct

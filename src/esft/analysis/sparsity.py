@@ -19,11 +19,13 @@ import numpy as np
 import torch
 
 from esft import paper
+from esft.analysis.barrier import path_score_names
 from esft.analysis.landscape import DeltaDirection, Direction, accuracy, prepare_tasks, set_weights
 from esft.analysis.report_cache import fingerprint, slug
 from esft.analysis.score_text import score_text
 from esft.analysis.sources import DEFAULT_CHUNK_ELEMS, aligned_refs, as_source, iter_chunks
 from esft.tables import fmt, pct
+from esft.tasks.labels import ACCURACY, MEAN_REWARD, score_name
 
 if TYPE_CHECKING:
     from esft.analysis.report_context import ReportContext
@@ -133,18 +135,28 @@ def sparsity_sweep(model, tokenizer, base: Any, tuned: Any, tasks: Mapping[str, 
     sp = sparsity_at(base, tuned, taus)
     delta = DeltaDirection(base, tuned, "update").bind(model)
     rows = []
+    scores: dict[str, list[list[float] | None]] = {n: [] for n in tasks}
+
+    def evaluate() -> dict[str, float]:
+        got: dict[str, list[float]] = {}
+        acc = accuracy(model, tokenizer, tasks, gen_config, scores_out=got)
+        for n in tasks:
+            scores[n].append(got.get(n))
+        return acc
+
     for tau, s in zip(taus, sp):
         if rows and s == rows[-1]["sparsity"]:
             continue  # the same coordinates are kept: the same model, no need to evaluate it again
         set_weights(model, base, [(1.0, ThresholdedDelta(delta, tau).bind(model))])
-        acc = accuracy(model, tokenizer, tasks, gen_config)
+        acc = evaluate()
         rows.append({"tau": tau, "sparsity": s, "accuracy": acc})
         if progress:
             print(f"tau={tau:.3g} sparsity={s:.4f} " + " ".join(f"{n}={v:.3f}" for n, v in acc.items()), flush=True)
     set_weights(model, base)
-    base_acc = accuracy(model, tokenizer, tasks, gen_config)
+    base_acc = evaluate()
+    means = {n: [*(r["accuracy"][n] for r in rows), base_acc[n]] for n in tasks}
     return {"rows": rows, "base_accuracy": base_acc, "n": {n: len(tasks[n][1]) for n in tasks},
-            "update_norm": delta.norm}
+            "update_norm": delta.norm, "score": path_score_names(scores, means)}
 
 
 def plot_sparsity_sweep(results: Mapping[str, Mapping[str, Any]], path: str | Path) -> Path:
@@ -174,7 +186,8 @@ def plot_sparsity_sweep(results: Mapping[str, Mapping[str, Any]], path: str | Pa
         # a few ticks: sparsities a few 1e-4 apart got seven 6-digit labels, printed over each other
         ax.xaxis.set_major_locator(MaxNLocator(nbins=4))
         ax.set_xlabel(r"sparsity (fraction of $|\Delta\theta_i| \leq \tau$ reverted)")
-        accuracy_axis(ax)
+        accuracy_axis(ax, MEAN_REWARD if any((r.get("score") or {}).get(t) == MEAN_REWARD for r in results.values())
+                      else ACCURACY)
         ax.set_title(t, fontsize=9)
         handles, names = ax.get_legend_handles_labels()
         if bases:  # one entry for the dotted lines, each in its method's colour
@@ -246,11 +259,25 @@ def report_sparsity(ctx: ReportContext) -> tuple[list[SparsitySweep], Path] | No
     return sweeps, figure
 
 
+def _score_names(sweep: SparsitySweep) -> list[str]:
+    """ACCURACY or MEAN_REWARD per task of the sweep: as its result recorded it from the per-example scores, else
+    (a result computed before it recorded them) from every value of the table."""
+    res = sweep.result
+    return [(res.get("score") or {}).get(t) or score_name([*(r["accuracy"][t] for r in res["rows"]),
+                                                           res["base_accuracy"][t]]) for t in sweep.tasks]
+
+
+def sweep_table_header(sweep: SparsitySweep) -> list[str]:
+    """The columns of `sweep_table_rows`: each task's named "acc" or "mean reward"."""
+    return ["tau", "sparsity"] + [f"{t} {'acc' if name == ACCURACY else name}"
+                                  for t, name in zip(sweep.tasks, _score_names(sweep))]
+
+
 def sweep_table_rows(sweep: SparsitySweep) -> list[list[Any]]:
     """Per threshold: tau, the sparsity reached, the accuracy per task; then the base model (all reverted). A
     task's column is a mean reward rather than a percentage when its scores leave [0, 1] (esft.analysis.score_text)."""
     res, tasks = sweep.result, sweep.tasks
-    shown = [score_text([*(r["accuracy"][t] for r in res["rows"]), res["base_accuracy"][t]]) for t in tasks]
+    shown = [score_text((), name) for name in _score_names(sweep)]
     rows = [[fmt(r["tau"]), pct(r["sparsity"])] + [s(r["accuracy"][t]) for s, t in zip(shown, tasks)]
             for r in res["rows"]]
     rows.append(["base (all reverted)", "100%"] + [s(res["base_accuracy"][t]) for s, t in zip(shown, tasks)])

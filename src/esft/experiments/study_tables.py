@@ -234,11 +234,18 @@ def method_tables(exp: Experiment) -> list[Table]:
 
 # ---- long format and writing -----------------------------------------------------------------------------------------
 
+#: results.csv's constant-answer columns, empty on a mean reward's rows
+CONSTANT_KEYS = ("constant_baseline", "constant_ci95_low", "constant_ci95_high", "constant_answer")
+
+
 def results_csv(exp: Experiment) -> str:
-    """Every evaluation of every finished stage, one row per (stage, task)."""
-    keys = ["n", "accuracy", "ci95_low", "ci95_high", "constant_baseline", "constant_ci95_low", "constant_ci95_high",
-            "constant_answer", "balanced", "format_rate", "accuracy_among_boxed", "prompt_strict", "prompt_loose",
-            "instruction_strict", "instruction_loose", "completion_tokens", "truncated_rate"]
+    """Every evaluation of every finished stage, one row per (stage, task). A task whose reward scores outside
+    [0, 1] (`Experiment.is_reward`) has its mean reward in `accuracy` and the interval of that mean in `ci95_*`,
+    and its constant-answer cells are empty: that baseline is a share of examples, no reward on another scale.
+    The columns stay the same for every task, so the file keeps one header whatever its tasks score."""
+    keys = ["n", "accuracy", "ci95_low", "ci95_high", *CONSTANT_KEYS, "balanced", "format_rate",
+            "accuracy_among_boxed", "prompt_strict", "prompt_loose", "instruction_strict", "instruction_loose",
+            "completion_tokens", "truncated_rate"]
     rows = []
     for s in exp.stages:
         rec = exp.results.get(s["key"])
@@ -249,6 +256,8 @@ def results_csv(exp: Experiment) -> str:
             cci = summ.get("constant_baseline_ci95") or [None, None]
             vals = {**summ, "ci95_low": ci[0], "ci95_high": ci[1], "constant_ci95_low": cci[0],
                     "constant_ci95_high": cci[1]}
+            if exp.is_reward(task):
+                vals.update(dict.fromkeys(CONSTANT_KEYS))
             seed = s.get("seed")  # seed 0 is a seed: only the base stage, which has none, leaves the column empty
             rows.append([s["key"], "" if seed is None else seed, s.get("track") or "", s.get("display") or "",
                          s.get("index"), s.get("task") or "", task,
