@@ -1,0 +1,76 @@
+"""What each `esft analyze` command prints when it is done (esft.analysis.commands): one line per checkpoint,
+stage, task or threshold, from the result mapping the command also writes as JSON."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from esft.tasks.labels import MEAN_REWARD
+
+
+def format_weights(rep: dict[str, Any]) -> str:
+    t = rep["total"]
+    lines = []
+    for lab in rep["labels"]:
+        v = t[lab]
+        stable = v["stable_rank_mean"] if v["stable_rank_mean"] is None else round(v["stable_rank_mean"], 2)
+        lines.append(f"{lab:<8} ||d||_2 {v['norm']:.6g}  sparsity(|d|<={rep['eps']:g}) {100 * v['sparsity']:.2f}%  "
+                     f"stable rank (mean attn+MLP) {stable}")
+    for p in rep["pairs"]:
+        lines.append(f"{p}: cosine {t['cos:' + p]}, norm ratio {t['norm_ratio:' + p]}")
+    for src, names in rep.get("unmatched", {}).items():
+        lines.append(f"not compared (missing from another checkpoint): {len(names)} tensor(s) of {src}: "
+                     f"{', '.join(names[:5])}{' ...' if len(names) > 5 else ''}")
+    return "\n".join(lines)
+
+
+def format_kl(res: dict[str, Any]) -> str:
+    if "incremental" not in res:
+        return json.dumps(res)[:2000]
+    lines = []
+    for kind in ("incremental", "cumulative"):
+        for t, cells in res[kind].items():
+            for s, v in cells.items():
+                if "k3_token_mean" in v:
+                    lines.append(f"{kind:<11} {t:<10} after {s:<24} k1/token {v['k1_token_mean']:.4g}  "
+                                 f"k3/token {v['k3_token_mean']:.4g}  exact/token {v['exact_token_mean']:.4g}  "
+                                 f"k3/seq {v['k3_seq_mean']:.4g}  ({v['n']} seqs, {v['tokens']} tokens)")
+                else:
+                    lines.append(f"{kind:<11} {t:<10} after {s:<24} median {v.get('median')} "
+                                 f"[{v.get('min')}, {v.get('max')}]")
+    return "\n".join(lines)
+
+
+def format_landscape(res: dict[str, Any]) -> str:
+    lines = []
+    if "interpolation" in res:
+        for t, b in res["interpolation"]["barrier"].items():
+            what = "mean rewards" if (res["interpolation"].get("score") or {}).get(t) == MEAN_REWARD else "accuracies"
+            lines.append(f"interpolation {t}: {what} {[round(x, 3) for x in res['interpolation']['accuracy'][t]]}"
+                         f"  largest drop below the line {b['max_drop']:+.3f} (barrier: {b['barrier']})")
+    for lab, d in res["directions"]["directions"].items():
+        for t, accs in d["accuracy"].items():
+            lines.append(f"{lab} (norm {d['norm']:.4g}) {t}: {[round(x, 3) for x in accs]}")
+    return "\n".join(lines)
+
+
+def format_sparsity(res: dict[str, Any]) -> str:
+    lines = [f"tau {r['tau']:<10.4g} sparsity {100 * r['sparsity']:6.2f}%  " +
+             " ".join(f"{t} {a:.3f}" for t, a in r["accuracy"].items()) for r in res["rows"]]
+    lines.append("base (all reverted)            " + " ".join(f"{t} {a:.3f}" for t, a in res["base_accuracy"].items()))
+    return "\n".join(lines)
+
+
+def format_drift(res: dict[str, Any]) -> str:
+    def g(x: Any) -> str:  # four significant digits (drift.json keeps the full values)
+        return f"{x:.4g}" if isinstance(x, (int, float)) else str(x)
+
+    t = res.get("total", {})
+    lines = [f"T={res['steps']} d={res['num_params']} alpha={res['alpha']:g} N={res['population']}: "
+             f"R^2(theory)={g(t.get('r2_theory'))}, fit rho={g(t.get('rho'))}, fit R^2={g(t.get('r2_fit'))}, "
+             f"measured/predicted={g(t.get('final_ratio'))}"]
+    for fam, v in res["families"].items():
+        lines.append(f"  {fam:<28} n={v['n']:<3} rho median {g(v['rho']['median'])}  "
+                     f"R^2 median {g(v['r2_fit']['median'])}")
+    return "\n".join(lines)
