@@ -93,6 +93,32 @@ def test_connect_ray_says_the_cluster_refused_authentication(monkeypatch, mode, 
     assert hint in str(caught.value) and "$RAY_AUTH_TOKEN_PATH" in str(caught.value)
 
 
+def test_connect_ray_reads_ray_clients_log_and_leaves_it_as_it_was(monkeypatch, caplog):
+    import logging
+
+    log = logging.getLogger("ray.util.client.worker")
+
+    class ClientRay:  # what Ray Client does with a refused token: log it at DEBUG level, retry, time out
+        def is_initialized(self):
+            return False
+
+        def init(self, **kwargs):
+            log.debug("Received when checking init: Invalid or missing authentication token")
+            raise ConnectionError("ray client connection timeout")
+
+    monkeypatch.setattr(connection, "import_ray", ClientRay)
+    monkeypatch.setattr(connection, "check_reachable", lambda address: None)
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+    level = log.level
+    caplog.set_level(logging.INFO)  # the log shows INFO and above; its handler would take DEBUG too
+    caplog.handler.setLevel(logging.DEBUG)
+    with pytest.raises(ConnectionError, match=r"^the Ray cluster at 'ray://h:10001' refused authentication \(Ray: "
+                                              r"Invalid or missing authentication token\); this client sends no"):
+        connection.connect_ray("ray://h:10001")
+    assert log.level == level and not log.filters
+    assert not [r for r in caplog.records if r.levelno < logging.INFO]  # DEBUG stayed out of the log's handlers
+
+
 def _free_ports(n: int) -> list[int]:
     sockets = [socket.socket() for _ in range(n)]
     for s in sockets:
