@@ -114,19 +114,86 @@ def check_reachable(address: str | None, timeout_s: float = PROBE_TIMEOUT_S) -> 
             f"with that port? Fix --ray-address or $RAY_ADDRESS (docs/distributed.md)") from exc
 
 
+#: the GCS's refusal of a client's token (none sent, or not the cluster's), as Ray 2.60 words it; ray.init raises
+#: a bare "Failed to connect to Ray cluster at ..." ConnectionError whose cause's text holds it
+#: (docs/results/bench/ray-token-auth-2026-12-05)
+GCS_AUTH_REFUSED = "InvalidAuthToken: Authentication token is missing or incorrect"
+#: the same refusal by Ray Client's server (a `ray://` address), which Ray 2.60's client only logs at DEBUG level
+#: while it retries, then raises "ray client connection timeout" (docs/results/bench/ray-token-auth-2026-12-05)
+CLIENT_AUTH_REFUSED = "Invalid or missing authentication token"
+
+
+@contextmanager
+def _client_log():
+    """The messages Ray Client logs while it connects (`ray.util.client.worker`, DEBUG included), for
+    `auth_failure`; the log's handlers still see only what they saw before."""
+    log = logging.getLogger("ray.util.client.worker")
+    level, shown = log.level, log.getEffectiveLevel()
+    lines: list[str] = []
+
+    def keep(record: logging.LogRecord) -> bool:
+        lines.append(record.getMessage())
+        return record.levelno >= shown
+
+    log.setLevel(logging.DEBUG)
+    log.addFilter(keep)
+    try:
+        yield lines
+    finally:
+        log.removeFilter(keep)
+        log.setLevel(level)
+
+
+def auth_failure(exc: BaseException, client_log: Sequence[str] = ()) -> str | None:
+    """Ray's reason when `exc`, raised by `ray.init`, is a failure of its token authentication, else None: Ray's
+    AuthenticationError (RAY_AUTH_MODE=token here and no token found), or the cluster's refusal of the token, which
+    Ray 2.60 reports only as text in the cause of a ConnectionError, or, through Ray Client, in its log
+    (`client_log`) before a ConnectionError."""
+    if isinstance(exc, ConnectionError) and any(CLIENT_AUTH_REFUSED in line for line in client_log):
+        return CLIENT_AUTH_REFUSED
+    seen: BaseException | None = exc
+    while seen is not None:
+        if any(c.__module__ == "ray.exceptions" and c.__name__ == "AuthenticationError" for c in type(seen).__mro__):
+            return str(getattr(seen, "message", "")) or type(seen).__name__
+        if GCS_AUTH_REFUSED in str(seen):
+            return GCS_AUTH_REFUSED
+        seen = seen.__cause__
+    return None
+
+
+def auth_message(address: str | None, reason: str) -> str:
+    """The error for a token authentication that `auth_failure` found failed: what to set, and where."""
+    where = f" at {address!r}" if address else ""
+    sends = os.environ.get("RAY_AUTH_MODE", "").strip().lower() == "token"
+    fix = ("give the cluster's token" if sends else
+           "this client sends no token unless RAY_AUTH_MODE=token: set it and give the cluster's token")
+    refused = reason in (GCS_AUTH_REFUSED, CLIENT_AUTH_REFUSED)
+    what = f"the Ray cluster{where} refused authentication" if refused else (
+        f"cannot authenticate to the Ray cluster{where}")
+    return (f"{what} (Ray: {reason}); {fix} as "
+            "$RAY_AUTH_TOKEN, in a file named by $RAY_AUTH_TOKEN_PATH, or in ~/.ray/auth_token (`ray get-auth-token` "
+            "on the head prints it) (docs/distributed.md)")
+
+
 def connect_ray(address: str | None) -> bool:
     """Connect this process to Ray (`ray.init`) unless it already is; True when this call connected. address None
     lets Ray resolve $RAY_ADDRESS or a running local cluster, else start one; auth is left at Ray's defaults
     (token auth on clusters that use it). An address whose port does not answer raises ConnectionError
-    (`check_reachable`) before Ray is asked."""
+    (`check_reachable`) before Ray is asked; a failed token authentication, one that says what to set."""
     ray = import_ray()
     if ray.is_initialized():
         return False  # a caller (script, test) owns the connection
     check_reachable(address)
-    with _keep_sigterm_handler(), _interrupt_after() as interrupted:
+    with _keep_sigterm_handler(), _interrupt_after() as interrupted, _client_log() as client_log:
         try:
             ray.init(address=address or None, logging_level=logging.WARNING)
-        except ConnectionError as exc:  # e.g. "auto" with no cluster: Ray's message names its own `--address`
+        except Exception as exc:
+            reason = auth_failure(exc, client_log)
+            if reason is not None:
+                raise ConnectionError(auth_message(address or os.environ.get("RAY_ADDRESS"), reason)) from exc
+            if not isinstance(exc, ConnectionError):
+                raise
+            # e.g. "auto" with no cluster: Ray's message names its own `--address`
             raise ConnectionError(f"{exc} (esft's flag is --ray-address)") from exc
     if interrupted:
         ray.shutdown()
