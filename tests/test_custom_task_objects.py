@@ -147,3 +147,31 @@ def test_a_run_an_older_esft_recorded_without_options_resumes_from_the_script(us
     resumed, _ = with_task(base.replace(resume=True), user_tasks.Weighted(count=8, scorer=lambda c, ex: 1.0))
     with pytest.raises(ValueError, match="config differs from the original run in .*task_options"):
         _check_resumable(run, resumed)
+
+
+def test_a_task_object_without_is_well_formed_trains_with_no_format_rate(tmp_path):
+    """train_es takes a task object as it is, and `is_well_formed` is optional for one (docs/custom-tasks.md): such
+    an object checks no format, so the format bonus is said to have no effect (naming the object's class, as
+    TaskAdapter names it) and the run reports no format rate. It used to count as checking one and stop at the
+    first member with AttributeError: no is_well_formed."""
+    import json
+
+    from es_tiny import ToyTask, stub_generate, tiny_llama
+    from esft.api import train_es
+    from esft.tasks.base import checks_format
+
+    toy = ToyTask(n_train=4, n_test=2)
+
+    class Unformatted:  # load / prompt / score only, and no name
+        splits = ("train", "test")
+        load, prompt, score = toy.load, toy.prompt, toy.score
+
+    assert checks_format(toy) and not checks_format(Unformatted())  # a task object's own is_well_formed, or none
+    config = ESConfig(model="tiny", population_size=2, batch_size=2, iterations=1, max_new_tokens=2, eval_every=0,
+                      checkpoint_every=0, format_bonus=0.1, output_dir=str(tmp_path / "run"))
+    with pytest.warns(UserWarning, match=r"format bonus 0\.1 has no effect: task 'Unformatted' checks no answer"):
+        result = train_es(config, model=tiny_llama(), tokenizer=None, task=Unformatted(), generate_fn=stub_generate,
+                          progress=False)
+    assert result.steps == 1
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["format_rate"] for r in rows if r["kind"] == "train"] == [None]

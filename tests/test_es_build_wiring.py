@@ -53,6 +53,43 @@ def test_the_mean_rule_carries_the_format_bonus_and_takes_no_options():
         build.make_fitness_rule("mean", 0.0, {"alpha": 1.0})
 
 
+class _Questions:
+    """A task object of the user's that is not an esft Task: load / prompt / score, yes-no gold answers."""
+
+    splits = ("train", "test")
+
+    def load(self, split, limit=None):
+        return [{"q": i, "answer": "yes" if i % 3 else "no"} for i in range(6)][:limit]
+
+    def prompt(self, example):
+        return str(example["q"])
+
+    def score(self, completion, example):
+        return float(completion == example["answer"])
+
+
+def test_the_balanced_rule_takes_a_task_object_as_its_task_would_be_built():
+    """The trainer takes a task object as it is; the balanced rule read label_set / balance_key off it and stopped
+    with AttributeError where the object had none (both optional for one). It now gets TaskAdapter's defaults, as
+    `--task module:Class` builds it: no labels is the rule's own refusal, naming the object's class, and labels
+    without a balance_key balance on the gold answers."""
+    with pytest.raises(ValueError, match=r"needs a task with labels .*; '_Questions' has none$"):
+        build.make_fitness_rule("balanced", task=_Questions())
+    with pytest.raises(ValueError, match=r"; None has none$"):
+        build.make_fitness_rule("balanced")
+
+    class Labelled(_Questions):
+        name = "questions"
+
+        def label_set(self):
+            return ("yes", "no")
+
+    rule = build.make_fitness_rule("balanced", 0.5, task=Labelled())
+    batch = Labelled().load("train")
+    assert rule.labels == {"yes", "no"} and rule.format_bonus == 0.5
+    assert [rule.label_of(ex) for ex in batch] == [ex["answer"] for ex in batch]
+
+
 @pytest.mark.parametrize("field, value, match", [
     ("executor", "slurm", "unknown executor"), ("worker_backend", "tgi", "unknown worker_backend"),
     ("parallel_members", 0, ">= 1"), ("noise", "lowrank", "one batched pass")])

@@ -14,6 +14,13 @@ from esft.api import es_trainer
 from esft.es.es_config import ESConfig
 
 
+def _cpu_spec(**config):
+    """What a CPU Ray run ships to its workers; building it loads no model."""
+    from esft.es.distributed.hf_replica import ReplicaSpec
+
+    return ReplicaSpec(config=ESConfig(executor="ray", device="cpu", **config), threads=1)
+
+
 def test_unknown_executor_options_are_refused_before_the_model_loads(tmp_path, monkeypatch):
     import esft.models
 
@@ -42,7 +49,7 @@ def test_ray_init_keeps_the_drivers_sigterm_handler(monkeypatch):
         raise KeyboardInterrupt
 
     before = signal.signal(signal.SIGTERM, interrupt)
-    executor = RayExecutor(spec=None, weights=None)
+    executor = RayExecutor(_cpu_spec(), weights=None)
     try:
         executor._connect()
         assert ray.is_initialized() and executor._owns_ray
@@ -214,10 +221,10 @@ def test_an_executor_that_owns_an_earlier_connection_shuts_it_down():
     if ray.is_initialized():
         pytest.skip("Ray is already initialised in this process")
     assert connect_ray(None)
-    borrowed = RayExecutor(spec=None, weights=None)  # a connection it did not make is not its own to end
+    borrowed = RayExecutor(_cpu_spec(), weights=None)  # a connection it did not make is not its own to end
     borrowed.close()
     assert ray.is_initialized()
-    RayExecutor(spec=None, weights=None, owns_ray=True).close()
+    RayExecutor(_cpu_spec(), weights=None, owns_ray=True).close()
     assert not ray.is_initialized()
 
 
@@ -252,15 +259,23 @@ class _CpuOnlyCluster:
 ])
 def test_a_worker_count_that_cannot_be_derived_is_refused_with_its_reason(monkeypatch, options, error):
     from esft.es.distributed import ray_executor
-    from esft.es.distributed.hf_replica import ReplicaSpec
 
     monkeypatch.setattr(ray_executor, "import_ray", _CpuOnlyCluster)
-    spec = ReplicaSpec(config=ESConfig(executor="ray", device="cpu"), threads=1)
+    spec = _cpu_spec()
     executor = ray_executor.RayExecutor(spec, weights=None, num_workers=0, **options)
     with pytest.raises(ValueError, match=error):
         executor._resources()
     counted = ray_executor.RayExecutor(spec, weights=None, num_workers=3, actor_options={"num_cpus": 0})
     assert counted._resources()[0] == 3  # a count that is given needs none
+
+
+def test_member_deadlines_count_prompts_in_the_runs_batches():
+    """An evaluation call on n prompts gets n / batch_size members' time: the unit is the config's batch."""
+    from esft.es.distributed.ray_executor import RayExecutor
+
+    executor = RayExecutor(_cpu_spec(batch_size=4), weights=None, member_timeout_s=10)
+    assert executor.deadlines.for_prompts(4) == 10
+    assert executor.deadlines.for_prompts(12) == 30
 
 
 class _StartingCluster(_CpuOnlyCluster):
@@ -307,13 +322,12 @@ def test_a_worker_killed_while_it_loads_is_dropped_not_a_code_error(monkeypatch,
     import torch
 
     from esft.es.distributed import ray_executor
-    from esft.es.distributed.hf_replica import ReplicaSpec
 
     cluster = _StartingCluster(dying)
     monkeypatch.setattr(ray_executor, "import_ray", lambda: cluster)
     monkeypatch.setattr(ray_executor.RayExecutor, "_connect", lambda self: None)
     monkeypatch.setattr(ray_executor.RayExecutor, "_sync_at_start", lambda self: None)
-    spec = ReplicaSpec(config=ESConfig(executor="ray", device="cpu"), threads=1)
+    spec = _cpu_spec()
     executor = ray_executor.RayExecutor(spec, SimpleNamespace(params={"w": torch.zeros(1)}), num_workers=2)
     if dying == {0, 1}:
         with pytest.raises(ray_executor.WorkersLost) as lost:
@@ -335,12 +349,11 @@ def _starting_executor(monkeypatch, dying, **kwargs):
     import torch
 
     from esft.es.distributed import ray_executor
-    from esft.es.distributed.hf_replica import ReplicaSpec
 
     monkeypatch.setattr(ray_executor, "import_ray", lambda: _StartingCluster(dying))
     monkeypatch.setattr(ray_executor.RayExecutor, "_connect", lambda self: None)
     monkeypatch.setattr(ray_executor.RayExecutor, "_sync_at_start", lambda self: None)
-    spec = ReplicaSpec(config=ESConfig(executor="ray", device="cpu"), threads=1)
+    spec = _cpu_spec()
     return ray_executor.RayExecutor(spec, SimpleNamespace(params={"w": torch.zeros(1)}), num_workers=2, **kwargs)
 
 
@@ -425,7 +438,7 @@ def test_a_dropped_worker_is_ended_not_left_holding_its_resources(monkeypatch):
 
     killed = []
     monkeypatch.setattr(ray, "kill", lambda actor, **kw: killed.append(actor))
-    executor = RayExecutor(spec=None, weights=None)
+    executor = RayExecutor(_cpu_spec(), weights=None)
     lost, kept = Worker(rank=0, actor="actor-0"), Worker(rank=1, actor="actor-1")
     executor.workers = [lost, kept]
     executor._lose(lost, RuntimeError("unavailable"))

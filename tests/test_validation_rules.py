@@ -379,7 +379,7 @@ def test_check_names_blames_task_options_not_the_task():
 
 
 def test_require_labels_and_task_labels():
-    """A task object that is not an esft Task has no labels, and a rule that needs labels refuses it."""
+    """A task without labels has none, and a rule that needs labels refuses it."""
     assert validation.task_labels(FakeTask()) is None
     with pytest.raises(ConfigError, match=r"^fitness_rule = 'balanced' is not accepted; expected balanced for "
                                           r"this task: it needs a task with labels"):
@@ -449,7 +449,7 @@ def test_check_task_reports_what_is_wrong_with_a_data_file(tmp_path):
 
 
 def test_check_balanced_set_needs_labels_and_a_limit():
-    """Nothing is checked for a task without labels (a plain task object), whatever the limit."""
+    """Nothing is checked for a task without labels, whatever the limit."""
     assert validation.check_balanced_set(FakeTask(), 5) is None
 
 

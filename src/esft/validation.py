@@ -37,21 +37,20 @@ def check_task(key: str, name: Any, options: dict[str, Any] | None = None) -> An
         raise ConfigError(key, name, f"a task with valid options ({exc})") from None
 
 
-def task_labels(task: Any) -> tuple[Any, ...] | None:
-    """The task's label set (None for an unlabelled task, or a task object that is not an esft Task)."""
-    from esft.tasks.base import Task
+def task_labels(task: Task) -> tuple[Any, ...] | None:
+    """The task's label set (None for an unlabelled task). Every caller checks a task `check_task` built, which
+    get_task wraps in esft.tasks.custom.TaskAdapter when the user's object is not an esft Task."""
+    return task.label_set()
 
-    return task.label_set() if isinstance(task, Task) else None
 
-
-def require_labels(key: str, value: Any, accepted: str, task: Any) -> None:
+def require_labels(key: str, value: Any, accepted: str, task: Task) -> None:
     """`key = value` needs a labelled task (boolq, chemistry, mmlu, a Countdown variant with several operators)."""
     if task_labels(task) is None:
         raise ConfigError(key, value, f"{accepted} for this task: it needs a task with labels (boolq, chemistry, "
                           "mmlu, a Countdown variant with several operators)")
 
 
-def check_balanced_set(task: Any, limit: int | None, split: str = "test", key: str = "eval_limit") -> None:
+def check_balanced_set(task: Task, limit: int | None, split: str = "test", key: str = "eval_limit") -> None:
     """A label-balanced set of `limit` examples of `split` exists (within what the rarest label allows; None = as
     many as it allows): every label occurs. Nothing to check without labels or with limit 0 (no evaluation)."""
     labels = task_labels(task)

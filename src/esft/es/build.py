@@ -116,16 +116,21 @@ def generation_config(config: ESConfig) -> Any:
 def make_fitness_rule(name: str, format_bonus: float = 0.0, options: dict | None = None,
                       task: Any = None) -> FitnessRule:
     """"mean" (the paper, options unused), "dart" (DART-ES, esft.es.dart; options = DartOptions fields) or
-    "balanced" (class-balanced mean over the task's `balance_key` labels; needs `task`)."""
+    "balanced" (class-balanced mean over the task's `balance_key` labels; needs `task`). A task object that is not
+    an esft Task (the trainer takes one as it is) gets TaskAdapter's defaults for the labels it does not bring."""
     if name in ("mean", "balanced") and options:
         raise ValueError(f"fitness rule {name!r} takes no fitness_options, got {sorted(options)}")
     if name == "mean":
         return MeanReward(format_bonus)
     if name == "balanced":
-        if task is None or task.label_set() is None:
+        from esft.tasks.base import task_name
+        from esft.tasks.custom import instantiate
+
+        labelled = None if task is None else instantiate(task, task_name(task), {})
+        if labelled is None or labelled.label_set() is None:
             raise ValueError("fitness rule 'balanced' needs a task with labels (boolq, chemistry, mmlu, a Countdown "
-                             f"variant with several operators); {getattr(task, 'name', task)!r} has none")
-        return ClassBalancedMean(task.balance_key, task.label_set(), format_bonus)
+                             f"variant with several operators); {None if task is None else labelled.name!r} has none")
+        return ClassBalancedMean(labelled.balance_key, labelled.label_set(), format_bonus)
     if name == "dart":
         from esft.es.dart import make_dart
 

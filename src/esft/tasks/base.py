@@ -243,9 +243,16 @@ def answer_digest(answer: str) -> str | None:
 
 
 def checks_format(task: Any) -> bool:
-    """Whether `task` checks an answer format (`Task.checks_format`); a task object that is not an esft Task
-    brings its own `is_well_formed`, so it does."""
-    return task.checks_format if isinstance(task, Task) else True
+    """Whether `task` checks an answer format (`Task.checks_format`). esft.train_es / train_grpo and the trainers
+    take a task object that is not an esft Task as it is: it checks one when it brings its own `is_well_formed`
+    (optional for such an object, as for the ones get_task wraps in esft.tasks.custom.TaskAdapter)."""
+    return task.checks_format if isinstance(task, Task) else callable(getattr(task, "is_well_formed", None))
+
+
+def task_name(task: Any) -> str:
+    """`Task.name`; for a task object that is not an esft Task (see checks_format) its own `name`, else its class's
+    name, as TaskAdapter names the objects get_task wraps."""
+    return task.name if isinstance(task, Task) else str(getattr(task, "name", type(task).__name__))
 
 
 def format_bonus_warning(task: Any, bonus: float) -> str | None:
@@ -253,6 +260,6 @@ def format_bonus_warning(task: Any, bonus: float) -> str | None:
     checks no format (`checks_format`) gets no bonus, whatever the setting."""
     if not bonus or checks_format(task):
         return None
-    return (f"format bonus {bonus} has no effect: task {getattr(task, 'name', task)!r} checks no answer format "
+    return (f"format bonus {bonus} has no effect: task {task_name(task)!r} checks no answer format "
             "(a reward function scores it, or its class has no is_well_formed), so no completion counts as well "
             "formed; set it to 0 (--format-bonus 0, or format_bonus: 0 in a config)")

@@ -20,7 +20,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
-from esft.tasks.base import Example, Messages, Task
+from esft.tasks.base import Example, Messages, Task, checks_format, task_name
 from esft.tasks.dataset_task import DatasetTask, is_data_file, reward_parts
 from esft.tasks.verifiers import import_object
 
@@ -246,7 +246,7 @@ class TaskAdapter(Task):
     """Any object with load / prompt / score behind the Task interface (defaults for what it lacks)."""
 
     def __init__(self, obj: Any):
-        super().__init__(name=str(getattr(obj, "name", type(obj).__name__)),
+        super().__init__(name=task_name(obj),
                          splits=tuple(getattr(obj, "splits", ("train", "test"))))
         self.obj = obj
 
@@ -263,7 +263,7 @@ class TaskAdapter(Task):
     @property
     def checks_format(self) -> bool:
         """The object brings its own format check (`is_well_formed`), or has none."""
-        return callable(getattr(self.obj, "is_well_formed", None))
+        return checks_format(self.obj)
 
     def is_well_formed(self, completion: str, example: Example) -> bool:
         return self.checks_format and bool(self.obj.is_well_formed(completion, example))

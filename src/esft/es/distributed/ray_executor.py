@@ -132,9 +132,8 @@ class RayExecutor(Executor):
         self.actor_options = dict(actor_options or {})
         self.use_gpu = use_gpu
         self.start_timeout_s = float(start_timeout_s)
-        config = getattr(spec, "config", None)
         self.deadlines = Deadlines(float(member_timeout_s), first_s=self.start_timeout_s,
-                                   batch_size=int(getattr(config, "batch_size", 0) or 0))
+                                   batch_size=int(spec.config.batch_size))
         self.on_result = on_result
         self.frozen = frozen
         self.workers: list[Worker] = []
@@ -354,7 +353,7 @@ class RayExecutor(Executor):
         step = "?" if self.step is None else self.step
         run_dir = str(self.event_log.parent) if self.event_log is not None else "RUN_DIR"
         # the local executor generates with esft's own loop: a vLLM run must say so to resume there
-        vllm = getattr(getattr(self.spec, "config", None), "worker_backend", "hf") == "vllm"
+        vllm = self.spec.config.worker_backend == "vllm"
         local = "--executor local --worker-backend hf" if vllm else "--executor local"
         msg = (f"all {len(self.workers)} Ray workers are lost (after {step} updates); the run stops here. The run "
                "directory holds every logged iteration (seeds.jsonl) and its checkpoints, untouched; continue with "
