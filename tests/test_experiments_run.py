@@ -48,6 +48,8 @@ def test_single_task_end_to_end_and_rerun_skips_everything(tmp_path, tokenizer):
     assert r1["model"].endswith("es/run/checkpoints/iter_000001") and r2["model"].endswith("es/run/checkpoints/final")
     # accounting measured from the run logs up to each budget: N 2 x B 2 generations per iteration
     assert [r["steps"][0]["accounting"]["generations"] for r in (r1, r2)] == [4, 8]
+    # every run draws its learning curve, as a run started with `esft train` does (README, "Run directories")
+    assert all((stage / algo / "run/curve.png").stat().st_size > 1000 for algo in ("es", "grpo"))
     assert rg["steps"][0]["accounting"]["generations"] == 4  # 2 prompts x 2 samples
     assert set(r1["eval"]) == {"boolq", "mmlu"} and r1["eval"]["boolq"]["n"] == 1
     assert set(_json(out / "base/result.json")["eval"]) == {"boolq", "mmlu"}
