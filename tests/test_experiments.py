@@ -62,7 +62,7 @@ evaluation:
      ["algorithms.es (es) on countdown", "fitness_rule = 'balanced'", "labels"]),
     ("    max_steps: 2\n", "    max_steps: 2\n    class_balanced: true\n    scale_rewards: batch\n", 9,
      ["algorithms.grpo (grpo) on countdown", "class_balanced", "labels"]),
-    ("    max_steps: 2\n", "    max_steps: 2\n    eval_balanced: true\n    eval_limit: 100000\n", 9,
+    ("    max_steps: 2\n", "    max_steps: 2\n    eval_every: 1\n    eval_balanced: true\n    eval_limit: 100000\n", 9,
      ["on boolq", "eval_limit = 100000", "rarest label"]),
     # a list of budgets shares one run, snapshotted at each budget: a checkpoint limit would delete the snapshots
     ("    preset: cpu\n", "    preset: cpu\n    save_total_limit: 1\n", 6, ["save_total_limit", "budgets"]),
