@@ -263,6 +263,20 @@ def test_method_comparison_with_passk_sampling(tmp_path, tokenizer):
     assert _json(stage / "dart-es/result.json")["eval"]["boolq"]["sampled"]["completions"] == 6
 
 
+def test_each_sampled_line_names_its_task_with_options(tmp_path, tokenizer, capsys):
+    """Two Countdown variants sampled in one stage both printed `countdown  sampled x2: ...` (the task class's
+    name), so which pass@k was which could not be told; each line names the spec's task, as the greedy line does."""
+    from esft.experiments.stage_eval import evaluate_stage
+
+    tasks = ["countdown:numbers=2,ops=+*", "countdown:numbers=2,ops=+-"]
+    spec = write_spec(tmp_path / "variants.yaml", "single-task", tasks, {"es": {**ES_BLOCK, "iterations": 1}},
+                      evaluation={"limit": 1, "max_new_tokens": 2, "batch_size": 8, "holdout": [],
+                                  "passk": {"samples": 2, "temperature": 1.0}})
+    evaluate_stage(load_spec(spec), "tiny", tasks, tmp_path / "base", TinyHooks(tokenizer).load_model, root=tmp_path)
+    lines = [line.split() for line in capsys.readouterr().out.splitlines() if "sampled x2:" in line]
+    assert [words[0] for words in lines] == tasks
+
+
 def test_passk_block_is_validated_before_compute(tmp_path):
     for bad, words in (({"samples": 1}, "samples must be >= 2"), ({"samples": 4, "k": [8]}, "between 1 and"),
                        ({"samples": 4, "temperature": 0}, "temperature"), ({"k": [1]}, "needs samples"),
