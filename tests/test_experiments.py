@@ -62,7 +62,7 @@ evaluation:
      ["algorithms.es (es) on countdown", "fitness_rule = 'balanced'", "labels"]),
     ("    max_steps: 2\n", "    max_steps: 2\n    class_balanced: true\n    scale_rewards: batch\n", 9,
      ["algorithms.grpo (grpo) on countdown", "class_balanced", "labels"]),
-    ("    max_steps: 2\n", "    max_steps: 2\n    eval_balanced: true\n    eval_limit: 100000\n", 9,
+    ("    max_steps: 2\n", "    max_steps: 2\n    eval_every: 1\n    eval_balanced: true\n    eval_limit: 100000\n", 9,
      ["on boolq", "eval_limit = 100000", "rarest label"]),
     # a list of budgets shares one run, snapshotted at each budget: a checkpoint limit would delete the snapshots
     ("    preset: cpu\n", "    preset: cpu\n    save_total_limit: 1\n", 6, ["save_total_limit", "budgets"]),
@@ -145,6 +145,19 @@ def test_labels_that_share_a_folder_are_refused_before_compute(tmp_path, capsys,
     err = capsys.readouterr().err
     assert err.startswith("esft: error: ") and err.count("\n") == 1 and "rename one" in err, err
     assert not (tmp_path / "out").exists()
+
+
+def test_the_closing_line_says_its_time_is_this_calls(tmp_path, capsys, monkeypatch):
+    """A re-run that resumed the last stage printed "3 of 3 stages done in 109 s", the time of that call alone,
+    after earlier calls had trained the other stages for minutes."""
+    import esft.experiments.runner as runner
+    from esft.cli import main
+
+    load_spec_text(tmp_path, GOOD)
+    done = runner.ExperimentResult(tmp_path / "out", {"base": "done", "a": "done", "b": "done"}, wall_s=109.4)
+    monkeypatch.setattr(runner, "run_experiment", lambda spec, out: done)
+    assert main(["experiment", "run", str(tmp_path / "spec.yaml"), "--output-dir", str(tmp_path / "out")]) == 0
+    assert "3 of 3 stages done; this call took 109 s; tables in" in capsys.readouterr().out
 
 
 def test_task_slug_is_file_safe_readable_and_one_to_one():

@@ -48,6 +48,8 @@ def test_single_task_end_to_end_and_rerun_skips_everything(tmp_path, tokenizer):
     assert r1["model"].endswith("es/run/checkpoints/iter_000001") and r2["model"].endswith("es/run/checkpoints/final")
     # accounting measured from the run logs up to each budget: N 2 x B 2 generations per iteration
     assert [r["steps"][0]["accounting"]["generations"] for r in (r1, r2)] == [4, 8]
+    # every run draws its learning curve, as a run started with `esft train` does (README, "Run directories")
+    assert all((stage / algo / "run/curve.png").stat().st_size > 1000 for algo in ("es", "grpo"))
     assert rg["steps"][0]["accounting"]["generations"] == 4  # 2 prompts x 2 samples
     assert set(r1["eval"]) == {"boolq", "mmlu"} and r1["eval"]["boolq"]["n"] == 1
     assert set(_json(out / "base/result.json")["eval"]) == {"boolq", "mmlu"}
@@ -259,6 +261,20 @@ def test_method_comparison_with_passk_sampling(tmp_path, tokenizer):
     assert run_experiment(load_spec(spec), out, again.hooks).ok and len(loads) == 1 and again.trained == []
     assert (stage / "dart-es/eval/boolq.json").read_text() == greedy  # not evaluated again
     assert _json(stage / "dart-es/result.json")["eval"]["boolq"]["sampled"]["completions"] == 6
+
+
+def test_each_sampled_line_names_its_task_with_options(tmp_path, tokenizer, capsys):
+    """Two Countdown variants sampled in one stage both printed `countdown  sampled x2: ...` (the task class's
+    name), so which pass@k was which could not be told; each line names the spec's task, as the greedy line does."""
+    from esft.experiments.stage_eval import evaluate_stage
+
+    tasks = ["countdown:numbers=2,ops=+*", "countdown:numbers=2,ops=+-"]
+    spec = write_spec(tmp_path / "variants.yaml", "single-task", tasks, {"es": {**ES_BLOCK, "iterations": 1}},
+                      evaluation={"limit": 1, "max_new_tokens": 2, "batch_size": 8, "holdout": [],
+                                  "passk": {"samples": 2, "temperature": 1.0}})
+    evaluate_stage(load_spec(spec), "tiny", tasks, tmp_path / "base", TinyHooks(tokenizer).load_model, root=tmp_path)
+    lines = [line.split() for line in capsys.readouterr().out.splitlines() if "sampled x2:" in line]
+    assert [words[0] for words in lines] == tasks
 
 
 def test_passk_block_is_validated_before_compute(tmp_path):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import re
 
 import numpy as np
 import pytest
@@ -171,6 +172,20 @@ def test_sampled_eval_path(monkeypatch, tmp_path):
     assert summary["results"]["coin"]["pass@k"]["4"]["value"] == pytest.approx(expected)
     line = evaluation.format_row("coin", res)
     assert "pass@4" in line and "maj@4" in line and "mean@8" in line
+
+
+def test_sampled_eval_shows_how_many_of_its_passes_are_done(monkeypatch, capsys):
+    """n samples are n generate passes whose bars all read "prompts 4/4": nothing said how many of the n were
+    done (8 x 15 s of identical bars on a small CPU run). A bar over the passes counts them; none without
+    progress."""
+    probs = [0.0, 0.3, 1.0, 0.6]
+    monkeypatch.setattr(evaluation, "generate", stub_generate)
+    cfg = evaluation.GenerationConfig(temperature=0.7)
+    evaluation.evaluate_task_sampled(object(), probs, CoinTask(probs), CoinTask(probs).rows, cfg, 8, [1, 8])
+    assert re.search(r"samples: +0%\S* *\| *0/8 \[", capsys.readouterr().err)
+    evaluation.evaluate_task_sampled(object(), probs, CoinTask(probs), CoinTask(probs).rows, cfg, 8, [1, 8],
+                                     progress=False)
+    assert "samples" not in capsys.readouterr().err
 
 
 def test_greedy_default_path_unchanged(monkeypatch):

@@ -512,3 +512,20 @@ def test_check_eval_options_refuses_a_passage_cut_no_task_reads():
         with pytest.raises(ConfigError, match=r"^command line \(--max-passage-chars\): max_passage_chars = 400 is "
                                               rf"not accepted; expected a BoolQ task among countdown{among}: "):
             check(config, {"max_passage_chars": 400})
+
+
+@pytest.mark.parametrize("algorithm", ["es", "grpo"])
+def test_a_run_that_never_evaluates_does_not_need_its_presets_held_out_set(algorithm):
+    """eval_every 0 reads no evaluation option, so a preset's balanced eval_limit (cpu-countdown: 400) that the
+    task's test split cannot balance, or a task without a test split, must not refuse the run: `--preset
+    cpu-countdown --task countdown:...,max_number=20` was refused for a set it would never evaluate. With eval_every
+    > 0 the same set is still refused."""
+    from esft.es import ESConfig
+    from esft.grpo import GRPOConfig
+
+    config = (ESConfig if algorithm == "es" else GRPOConfig)(task="labelled", eval_every=0, eval_limit=4,
+                                                            eval_balanced=True)
+    config.check_task_fit(LabelledTask())  # the test split has no 'B': no balanced set of 4 exists
+    config.check_task_fit(LabelledTask(rows={"train": [{"answer": "A"}, {"answer": "B"}], "test": []}))
+    with pytest.raises(ConfigError, match=r"eval_limit = 4 .* no example has label 'B'"):
+        config.replace(eval_every=1).check_task_fit(LabelledTask())

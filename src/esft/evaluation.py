@@ -234,9 +234,15 @@ def evaluate_task_sampled(model, tokenizer, task: Task, examples: Sequence[dict]
     prompts = [task.prompt(ex) for ex in examples]
     per_sample: list[list[Generation]] = []
     seeds = [sample_seed(gen_config.seed, s) for s in range(samples)]
+    # each generate call's bar reads "16/16 prompts" alike: this one says how many of the n passes are done
+    bar = _samples_bar(samples) if progress else None
     for seed in seeds:
         cfg = dataclasses.replace(gen_config, seed=seed)
         per_sample.append(generate(model, tokenizer, prompts, cfg, progress=progress))
+        if bar is not None:
+            bar.update(1)
+    if bar is not None:
+        bar.close()
     gen_s = time.perf_counter() - t0
     q = len(examples)
     scores = np.zeros((q, samples))
@@ -263,6 +269,12 @@ def evaluate_task_sampled(model, tokenizer, task: Task, examples: Sequence[dict]
     })
     write_jsonl(output_path, records)
     return summary
+
+
+def _samples_bar(samples: int) -> Any:
+    from tqdm.auto import tqdm
+
+    return tqdm(total=samples, desc="samples", unit="sample", leave=False)
 
 
 def run_eval(config: EvalConfig, model=None, tokenizer=None, progress: bool = True) -> dict[str, Any]:

@@ -157,10 +157,11 @@ class ESConfig(RunConfig):
     def check_task_fit(self, task: Any) -> None:
         from esft.validation import check_balanced_set, check_splits, require_labels
 
-        check_splits("task", self.task, task, ("train", "test") if self.eval_limit else ("train",))
+        evaluates = bool(self.eval_every and self.eval_limit)  # eval_every 0 reads no eval option (EVAL_OPTIONS)
+        check_splits("task", self.task, task, ("train", "test") if evaluates else ("train",))
         if self.fitness_rule == "balanced":
             require_labels("fitness_rule", self.fitness_rule, "'mean' or 'dart'", task)
-        if self.eval_balanced:
+        if self.eval_balanced and evaluates:
             check_balanced_set(task, self.eval_limit)
 
 

@@ -37,7 +37,8 @@ def _run(args: argparse.Namespace) -> int:
     except ExperimentBusy as exc:
         print(f"esft: error: {exc}", file=sys.stderr)
         return 2
-    print(f"\n{len(result.statuses) - len(result.failed)} of {len(result.statuses)} stages done in "
+    # wall_s is this call's: stages finished by earlier calls were skipped (each call's time: invocations.jsonl)
+    print(f"\n{len(result.statuses) - len(result.failed)} of {len(result.statuses)} stages done; this call took "
           f"{result.wall_s:,.0f} s; tables in {out / 'tables'}")
     for key in result.failed:
         print(f"  {key}: {result.statuses[key]} (see {out / key / 'status.json'})")

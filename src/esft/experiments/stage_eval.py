@@ -140,7 +140,7 @@ def evaluate_stage(spec: Spec, model_ref: str, tasks: list[str], stage_dir: Path
                     print(f"  {format_row(task, summary)}  ({summary['seconds']:.0f} s)", flush=True)
             if sampled_settings is not None:
                 if sampled is None:
-                    sampled = _sample(model, tokenizer, t, examples, gen, sampled_settings,
+                    sampled = _sample(model, tokenizer, t, task, examples, gen, sampled_settings,
                                       out_dir / f"{task_slug(task)}.passk", progress)
                 summary = {**summary, "sampled": sampled}
             results[task] = summary
@@ -149,10 +149,10 @@ def evaluate_stage(spec: Spec, model_ref: str, tasks: list[str], stage_dir: Path
     return {task: results[task] for task in tasks}
 
 
-def _sample(model: Any, tokenizer: Any, task: Any, examples: list[dict], greedy: Any, settings: dict[str, Any],
-            stem: Path, progress: bool) -> dict[str, Any]:
+def _sample(model: Any, tokenizer: Any, task: Any, name: str, examples: list[dict], greedy: Any,
+            settings: dict[str, Any], stem: Path, progress: bool) -> dict[str, Any]:
     """pass@k / mean@n / maj@k of `settings["samples"]` sampled completions per question; written next to the
-    greedy files and returned."""
+    greedy files and returned. `name`: the spec's task string, options included, as the greedy line prints it."""
     import dataclasses
 
     from esft.evaluation import evaluate_task_sampled
@@ -166,5 +166,5 @@ def _sample(model: Any, tokenizer: Any, task: Any, examples: list[dict], greedy:
     write_json(stem.with_suffix(".passk.json"), {"settings": settings, "summary": sampled})
     if progress:
         ks = ", ".join(f"pass@{k} {v['value']:.3f}" for k, v in sampled["pass@k"].items())
-        print(f"  {task.name:<10} sampled x{settings['samples']}: {ks}  ({sampled['seconds']:.0f} s)", flush=True)
+        print(f"  {name:<10} sampled x{settings['samples']}: {ks}  ({sampled['seconds']:.0f} s)", flush=True)
     return sampled

@@ -165,7 +165,7 @@ class GRPOConfig(RunConfig):
             check_trl_arg_names(self)
         if self.class_balanced:
             require_labels("class_balanced", self.class_balanced, "false", task)
-        if self.eval_balanced:
+        if self.eval_balanced and held_out:  # eval_every 0 reads no eval option (a preset's balanced 400, say)
             check_balanced_set(task, self.eval_limit)
 
     @property
