@@ -160,7 +160,7 @@ def summarize(run_dir: str | Path) -> dict[str, Any]:
     train, evals = _split(run_dir)
     out: dict[str, Any] = {"iterations": len(train), "evaluations": len(evals)}
     if train:
-        _, key, scored = _scored(train)
+        es, key, scored = _scored(train)
         keys = sorted({k for m in train for k in m["time"]})
         split = {k: float(np.mean([m["time"].get(k, 0.0) for m in train])) for k in keys}
         total = split.get("total", 0.0) or 1e-9
@@ -170,12 +170,13 @@ def summarize(run_dir: str | Path) -> dict[str, Any]:
             # "evaluate" spans perturb, generate, score and restore; it is not one more part of the split
             "time_split_fraction": {k: v / total for k, v in split.items() if k not in ("total", "evaluate")},
             "generated_tokens_per_s": float(np.mean([m["generated_tokens_per_s"] for m in train])),
-            "zero_updates": sum(bool(m.get("zero_update")) for m in train),
             f"{key}_mean_first": scored[0][key]["mean"] if scored else None,
             f"{key}_mean_last": scored[-1][key]["mean"] if scored else None,
             "format_rate_first": scored[0].get("format_rate") if scored else None,
             "format_rate_last": scored[-1].get("format_rate") if scored else None,
         })
+        if es:  # only ES logs `zero_update`; a GRPO step's weights can stay put without it saying so
+            out["zero_updates"] = sum(bool(m.get("zero_update")) for m in train)
     rss = [m["peak_rss_mb"] for m in train + evals if "peak_rss_mb" in m]
     if rss:
         out["peak_rss_mb"] = max(rss)
