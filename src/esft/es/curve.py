@@ -99,13 +99,16 @@ FITNESS_NAMES = {
 
 
 def _short_name(value: Any) -> str:
-    """A model or task path by its last part (a checkpoint with its run folder: `run/checkpoints/final`), a hub id
-    by its name; a registered name, and a task with options (whose values may hold a "/"), as it is."""
+    """A model or task path by its last part (a checkpoint with its run folder: `es/checkpoints/final`; an experiment
+    stage's, whose run folders are all `run`, with its stage folder too: `1-countdown/run/checkpoints/final`), a hub
+    id by its name; a registered name, and a task with options (whose values may hold a "/"), as it is."""
     text = str(value)
     if "/" not in text or ":" in text:
         return text
     parts = PurePath(text).parts
-    return "/".join(parts[-3:]) if len(parts) >= 3 and parts[-2] == "checkpoints" else parts[-1]
+    if len(parts) < 3 or parts[-2] != "checkpoints":
+        return parts[-1]
+    return "/".join(parts[-4:] if parts[-3] == "run" else parts[-3:])
 
 
 def _number(value: Any) -> str:
