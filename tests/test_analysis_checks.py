@@ -105,3 +105,28 @@ def test_a_model_folder_with_a_checkpoints_subfolder_is_still_a_checkpoint(tmp_p
     (model / "checkpoints").mkdir(parents=True)
     (model / "config.json").write_text("{}")
     assert WeightsConfig(tuned=[str(model)]).tuned == [str(model)]
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--limit", "0"], "limit = 0 is not accepted; expected an integer >= 1"),
+    (["--max-new-tokens", "0"], "max_new_tokens = 0 is not accepted"),
+    (["--batch-size", "0"], "batch_size = 0 is not accepted"),
+    (["--kl-batch-size", "0"], "kl_batch_size = 0 is not accepted"),
+    (["--eps", "-1"], "eps = -1.0 is not accepted; expected a finite number >= 0"),
+    (["--sparsity-targets", "0.5,1.5"], "expected a list of target sparsities in [0, 1]"),
+    (["--threads", "0"], "threads = 0 is not accepted"),
+    (["--dtype", "float8"], "dtype = 'float8' is not accepted"),
+    (["--device", "tpu"], "device = 'tpu' is not accepted"),
+    (["--exclude", "seed-(42"], "exclude = 'seed-(42' is not accepted; expected regular expressions"),
+])
+def test_bad_report_options_fail_before_any_run_is_read(tmp_path, capsys, monkeypatch, argv, words):
+    """`esft report` read these only in the analyses after weights and drift (minutes in), or, for --exclude, died
+    with a re.error traceback; its options are now checked when its config is built, as `esft analyze`'s are."""
+    import esft.analysis.report_builder as rb
+
+    def discover(self):
+        raise AssertionError("runs were read before the report options were checked")
+
+    monkeypatch.setattr(rb.Report, "discover", discover)
+    assert main(["report", str(tmp_path), "--output-dir", str(tmp_path / "report"), *argv]) == 2
+    assert words in capsys.readouterr().err

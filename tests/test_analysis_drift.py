@@ -6,6 +6,7 @@ Run: `pytest -q tests/test_analysis_drift.py` (a few seconds).
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -255,3 +256,20 @@ def test_rho_r2_figure_without_a_fitted_tensor_warns_nothing(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert plot_rho_r2({"tensors": tensors}, tmp_path / "rho.png").exists()
+
+
+def test_drift_figures_of_a_short_run_tick_whole_steps(tmp_path, monkeypatch):
+    """A two-step run's step axes were autoscaled to 1.0, 1.2, ..., 2.0: steps are whole numbers."""
+    import esft.analysis.plots as plots
+
+    figures = []
+    monkeypatch.setattr(plots, "save", lambda fig, path: figures.append(fig) or Path(path))
+    shapes = {"model.layers.0.self_attn.q_proj.weight": (8, 8), "model.norm.weight": (8,)}
+    s = D.series_from_records(random_walk(0.01, 4, 2, shapes))
+    D.plot_total(s, 0.01, 4, tmp_path / "a.png", grpo=s)
+    D.plot_tensor_curves(s, D.analyze_series(s, 0.01, 4), 0.01, 4, tmp_path / "c.png")
+    axes = [ax for fig in figures for ax in fig.axes if ax.get_xlabel() == "step T"]
+    assert len(axes) >= 3
+    for ax in axes:
+        ticks = [t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]]
+        assert ticks and all(float(t).is_integer() for t in ticks), ticks

@@ -252,3 +252,17 @@ def test_sparsity_is_swept_again_when_what_decides_it_changes_and_redrawn_with_a
         ck = c.stages[-1].checkpoint / "model.safetensors"
         os.utime(ck, (ck.stat().st_atime, ck.stat().st_mtime + 10))
         assert swept() == (1, 1)
+
+
+def test_kl_progress_names_the_chain_each_measurement_belongs_to(tmp_path, kl_calls, heatmaps, capsys):
+    """The per-stage KL lines read alike for an ES and a GRPO chain ("KL incremental 1:countdown countdown ..."):
+    the report says which chain it measures before its lines."""
+    base = folder(tmp_path / "base")
+    chains = [chain(tmp_path, "es", 1, ("countdown", "boolq"), base),
+              chain(tmp_path, "grpo", 1, ("countdown", "boolq"), base, algorithm="grpo")]
+    ctx = context(tmp_path, chains, limit=1)
+    ctx.progress = True
+    K.report_kl(ctx)
+    out = capsys.readouterr().out
+    assert [line for line in out.splitlines() if line.startswith("esft report: KL of ")] == [
+        f"esft report: KL of {c.label}" for c in chains]

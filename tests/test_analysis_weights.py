@@ -687,3 +687,30 @@ def test_compare_updates_pairs_each_two_updates_once_and_never_one_with_itself()
     assert rep["pairs"] == ["a|b", "a|c", "b|c"]
     assert sorted(k for k in rep["total"] if k.startswith("cos:")) == ["cos:a|b", "cos:a|c", "cos:b|c"]
     assert rep["total"]["cos:a|b"] == pytest.approx(1 / math.sqrt(2)) and rep["total"]["cos:a|c"] == 0.0
+
+
+def test_table3_shows_a_zero_es_update_as_a_ratio_of_zero(tmp_path):
+    """An ES stage whose every iteration had zero fitness spread leaves the base weights: its norm is 0 and the
+    ES/GRPO ratio 0x (as the JSON's norm_ratio), not n/a, which Table 3 keeps for a GRPO update of norm 0."""
+    from types import SimpleNamespace
+
+    from safetensors.torch import save_file
+
+    base = make_tiny_model(vocab_size=64, hidden=16)
+    for name in ("base", "es", "grpo"):
+        base.save_pretrained(tmp_path / name)
+    moved = {n: p.detach() + 1e-3 for n, p in base.named_parameters()}
+    save_file({n: t.contiguous() for n, t in moved.items()}, str(tmp_path / "grpo" / "model.safetensors"))
+
+    def chain(algorithm):
+        return SimpleNamespace(label=algorithm, base=tmp_path / "base", base_spec="base", algorithm=algorithm,
+                               tasks=["boolq"], stages=[SimpleNamespace(checkpoint=tmp_path / algorithm)])
+
+    pair = SimpleNamespace(label="es vs grpo", es=chain("es"), grpo=chain("grpo"))
+    ctx = SimpleNamespace(pairs=[pair], chains=[pair.es, pair.grpo], skip=lambda *a: None, results={},
+                          cache=SimpleNamespace(get=lambda name, params, fn: (fn(), False)), progress=False,
+                          config=SimpleNamespace(eps=1e-5), fig=lambda name: tmp_path / f"{name}.png",
+                          plot=lambda cached, path, fn: None)
+    (comp,) = W.report_weights(ctx)
+    (row,) = comp.norms
+    assert row[1] == 0.0 and row[2] > 0 and row[3] == "0x"

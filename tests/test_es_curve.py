@@ -279,3 +279,14 @@ def test_figure_draws_each_evaluations_own_baseline_when_the_held_out_set_change
     assert list(own.lines[0].get_xdata()) == [2, 4] and list(own.lines[0].get_ydata()) == [0.5, 0.7]
     (bars,) = own.lines[2]
     assert [tuple(seg[:, 1]) for seg in bars.get_segments()] == [(0.25, 0.75), (0.5, 0.85)]
+
+
+def test_zero_updates_is_counted_for_es_only(tmp_path):
+    """`zero_updates` counts ES's `zero_update` flags; a GRPO run logs none, so a count there read 0 for a run whose
+    first step (no reward spread, gradient 0) left the weights where they were."""
+    grpo = [{"kind": "train", "step": s, "time": {"total": 1.0}, "generated_tokens_per_s": 5.0, "grad_norm": g,
+             "drift_total": d, "reward": {"mean": m, "min": 0.0, "max": 2 * m}} for s, g, d, m in
+            ((1, 0.0, 0.0, 0.0), (2, 6.1, 0.04, 0.3))]
+    assert "zero_updates" not in curve.summarize(_run(tmp_path / "grpo", grpo))
+    es = [{**TRAIN[0], "zero_update": False}, {**TRAIN[1], "zero_update": False}]
+    assert curve.summarize(_run(tmp_path / "es", es))["zero_updates"] == 0

@@ -90,3 +90,10 @@ def test_names_in_the_title_are_shortened_only_where_that_loses_nothing():
     assert "task data/a.jsonl:prompt_field=q,system_prompt=a/b |" in title and "model es/checkpoints/final" in title
     assert "model SmolLM2-135M" in curve.run_title({"population_size": 4, "model": "HuggingFaceTB/SmolLM2-135M"})
     assert "task sums.jsonl" in curve.run_title({"population_size": 4, "task": "/home/me/data/sums.jsonl"})
+
+
+def test_a_stage_checkpoint_of_an_experiment_is_named_by_its_stage():
+    """Every run folder of an experiment is called `run`: a stage trained from the one before read
+    "model run/checkpoints/final" whatever stage that was."""
+    model = "/x/exp/seed-42/sequential/grpo/1-countdown/run/checkpoints/final"
+    assert "model 1-countdown/run/checkpoints/final" in curve.run_title({"model": model}, es=False)

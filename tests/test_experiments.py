@@ -665,3 +665,27 @@ def test_stage_settings_are_greedy_on_the_test_split_and_same_model_needs_the_fo
     assert same_model("/old/exp/es/checkpoints/final", "/new/exp/es/checkpoints/final", Path("/new/exp"))
     assert not same_model("/old/exp/es/checkpoints/final", "/new/exp/es/checkpoints/final", None)
     assert not same_model("/old/exp/grpo/checkpoints/final", "/new/exp/es/checkpoints/final", Path("/new/exp"))
+
+
+@pytest.mark.parametrize("name", ["es", "grpo"])
+def test_a_stage_run_ends_with_its_learning_curve(tmp_path, monkeypatch, name):
+    """Every training stage of an experiment leaves `<run>/curve.png`, as the README says of every run (a GRPO
+    stage called esft.grpo.train_grpo, which draws none)."""
+    import esft.api
+    import esft.grpo.run
+    from esft.experiments.algorithms import get_algorithm
+    from esft.rundir import TrainResult
+
+    out = tmp_path / "run"
+
+    def trained(config, **kwargs):  # the run's metrics, without the minutes of training
+        out.mkdir()
+        records = [{"kind": "train", "step": s, "reward": {"mean": 0.1 * s, "min": 0.0, "max": 0.3}}
+                   for s in (1, 2)]
+        (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+        return TrainResult(out, 2, None, None)
+
+    monkeypatch.setattr(esft.grpo.run, "train_grpo", trained)
+    monkeypatch.setattr(esft.api, "es_trainer", lambda config, **kw: type("T", (), {"train": trained})())
+    get_algorithm(name).train(None)
+    assert (out / "curve.png").stat().st_size > 1000

@@ -76,6 +76,9 @@ TOP = "name: audit\n"
     (ES, ES + "    max_passage_chars: 400\n", 7,
      r"algorithms.es: 'max_passage_chars' is a task option; put it under the top-level task_options"),
     (ES, ES + "    sigma: -1\n", 7, r"algorithms.es.sigma = -1 is not accepted; expected a finite number > 0"),
+    (ES, ES + "    population_size: 1\n", 5,  # zscore of one member is 0: the run would never move
+     r"algorithms.es \(es\) on countdown: .*population_size = 1 is not accepted; expected at least 2 with "
+     r"fitness_shaping 'zscore'"),
     ("    iterations: 2\n", "    iterations: [1, 1]\n", 6,
      r"budgets must be a non-empty increasing list, got \[1, 1\]"),
     # configs built from the blocks, refused at the method's line

@@ -354,6 +354,8 @@ def report_kl(ctx: ReportContext) -> tuple[list[KLGroup], Path | None] | None:
                   **ctx.eval_params()}
 
         def compute(c=c, stages=stages, tasks=tasks, gc_=gc_):
+            if ctx.progress:  # kl_stages' lines name stage and task only: the same for every chain
+                print(f"esft report: KL of {c.label}", flush=True)
             return kl_stages(c.base, stages, tasks, ctx.config.limit, gc_, ctx.config.kl_batch_size, opts,
                              loader=lambda spec: ctx.load(c.base, Path(spec)), progress=ctx.progress,
                              balanced=ctx.config.balanced, build=ctx.build_task)

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from esft import paper
+from esft.analysis.checks import RULES
 from esft.analysis.drift_runs import RunDrift, drift_notes, family_rows, grpo_family_rows, law_rows, report_drift
 from esft.analysis.kl import kl_rows, report_kl
 from esft.analysis.landscape import report_landscape
@@ -35,7 +36,7 @@ from esft.analysis.report_context import ReportContext
 from esft.analysis.runs import accuracy_rows, run_rows
 from esft.analysis.sparsity import SWEEP_TARGETS, report_sparsity, sweep_table_header, sweep_table_rows
 from esft.analysis.weights import UpdateComparison, report_weights
-from esft.config import ConfigHooks
+from esft.config import ConfigError, ConfigHooks, one_of
 from esft.rundir import peak_rss_mb
 from esft.tables import NA, fmt, grid
 from esft.tasks.labels import MEAN_REWARD
@@ -110,6 +111,33 @@ class ReportConfig(ConfigHooks):
             raise ValueError(f"interpolation_points must be >= 2, got {self.interpolation_points}")
         if self.magnitude_points < 0:  # grid points besides 0 and the norms: none at least
             raise ValueError(f"magnitude_points must be >= 0, got {self.magnitude_points}")
+        check_report_options(self)
+
+
+#: ranges of the options the analyses read only after the weights (and drift) sections have run for minutes
+REPORT_RULES = {**{k: RULES[k] for k in ("limit", "max_new_tokens", "batch_size", "kl_batch_size", "eps", "threads")},
+                "sparsity_targets": RULES["targets"],
+                "dtype": one_of("auto", "fp32", "float32", "bf16", "bfloat16", "fp16", "float16")}
+
+
+def check_report_options(config: ReportConfig) -> None:
+    """ConfigError for the first option out of range, a name that is no torch device or an --exclude that is no
+    regular expression, before any run is read."""
+    import re
+
+    from esft.validation import check_device_name
+
+    for name, rule in REPORT_RULES.items():
+        value = getattr(config, name)
+        if value is not None and not rule.ok(value):
+            raise ConfigError(name, value, rule.accepted)
+    if config.device is not None:  # the name only: a drift-only report replays on the runs' own device type
+        check_device_name("device", config.device)
+    for pattern in config.exclude:
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise ConfigError("exclude", pattern, f"regular expressions ({pattern!r}: {exc})") from None
 
 
 

@@ -374,7 +374,7 @@ def _stage_rows(comp: UpdateComparison, tot: dict[str, Any], stage: str, k: int 
 
         ratio = tot.get(f"norm_ratio:{la}|{names[1]}")
         p3 = paper.TABLE3[k] if k is not None else None
-        comp.norms.append([stage, cell(ea, "norm"), cell(gb, "norm"), f"{ratio:.3g}x" if ratio else NA,
+        comp.norms.append([stage, cell(ea, "norm"), cell(gb, "norm"), f"{ratio:.3g}x" if ratio is not None else NA,
                            f"{p3[0]} / {p3[1]} / {p3[2]}x (after {paper.stage_label(k)})" if p3 else NA])
         p4 = paper.TABLE4[k] if k is not None else None
         comp.sparsity.append([stage, cell(ea, "sparsity", pct), cell(gb, "sparsity", pct),

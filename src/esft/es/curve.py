@@ -100,13 +100,16 @@ FITNESS_NAMES = {
 
 
 def _short_name(value: Any) -> str:
-    """A model or task path by its last part (a checkpoint with its run folder: `run/checkpoints/final`), a hub id
-    by its name; a registered name, and a task with options (whose values may hold a "/"), as it is."""
+    """A model or task path by its last part (a checkpoint with its run folder: `es/checkpoints/final`; an experiment
+    stage's, whose run folders are all `run`, with its stage folder too: `1-countdown/run/checkpoints/final`), a hub
+    id by its name; a registered name, and a task with options (whose values may hold a "/"), as it is."""
     text = str(value)
     if "/" not in text or ":" in text:
         return text
     parts = PurePath(text).parts
-    return "/".join(parts[-3:]) if len(parts) >= 3 and parts[-2] == "checkpoints" else parts[-1]
+    if len(parts) < 3 or parts[-2] != "checkpoints":
+        return parts[-1]
+    return "/".join(parts[-4:] if parts[-3] == "run" else parts[-3:])
 
 
 def _number(value: Any) -> str:
@@ -161,7 +164,7 @@ def summarize(run_dir: str | Path) -> dict[str, Any]:
     train, evals = _split(run_dir)
     out: dict[str, Any] = {"iterations": len(train), "evaluations": len(evals)}
     if train:
-        _, key, scored = _scored(train)
+        es, key, scored = _scored(train)
         keys = sorted({k for m in train for k in m["time"]})
         split = {k: float(np.mean([m["time"].get(k, 0.0) for m in train])) for k in keys}
         total = split.get("total", 0.0) or 1e-9
@@ -171,12 +174,13 @@ def summarize(run_dir: str | Path) -> dict[str, Any]:
             # "evaluate" spans perturb, generate, score and restore; it is not one more part of the split
             "time_split_fraction": {k: v / total for k, v in split.items() if k not in ("total", "evaluate")},
             "generated_tokens_per_s": float(np.mean([m["generated_tokens_per_s"] for m in train])),
-            "zero_updates": sum(bool(m.get("zero_update")) for m in train),
             f"{key}_mean_first": scored[0][key]["mean"] if scored else None,
             f"{key}_mean_last": scored[-1][key]["mean"] if scored else None,
             "format_rate_first": scored[0].get("format_rate") if scored else None,
             "format_rate_last": scored[-1].get("format_rate") if scored else None,
         })
+        if es:  # only ES logs `zero_update`; a GRPO step's weights can stay put without it saying so
+            out["zero_updates"] = sum(bool(m.get("zero_update")) for m in train)
     rss = [m["peak_rss_mb"] for m in train + evals if "peak_rss_mb" in m]
     if rss:
         out["peak_rss_mb"] = max(rss)

@@ -170,6 +170,10 @@ def check_combinations(config: ESConfig) -> None:
     `esft experiment run --dry-run`) rather than when the trainer builds its executor and fitness rule: the
     executor layout (esft.es.build.check_layout refuses the same) and the fitness rule's options (DART-ES option
     names and ranges, its format coefficient against format_bonus; no options for the other rules)."""
+    if config.population_size == 1 and config.fitness_shaping != "raw":  # the shaped fitness is 0: no step, ever
+        raise ConfigError("population_size", 1, f"at least 2 with fitness_shaping {config.fitness_shaping!r} (one "
+                          "member has no spread to standardise or rank, so every update is zero), or "
+                          "fitness_shaping 'raw'")
     if config.noise == "lowrank" and config.executor != "local":
         raise ConfigError("noise", config.noise, "another noise with the Ray executor ('lowrank' evaluates the "
                           "population in one batched pass: use --executor local)")

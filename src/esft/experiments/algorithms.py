@@ -118,7 +118,7 @@ def _es() -> Algorithm:
 # ---- GRPO -------------------------------------------------------------------------------------------------------
 
 def _train_grpo(config: Any, **kwargs: Any) -> Any:
-    from esft.api import train_grpo  # as ES: the run's curve.png is drawn at its end
+    from esft.api import train_grpo  # as ES's stages: the run's curve.png is drawn at its end
 
     return train_grpo(config, **kwargs)
 
