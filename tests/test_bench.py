@@ -438,7 +438,8 @@ def test_parse_overrides_and_cli():
 
 @pytest.mark.parametrize("flags, words", [(["--noise", "lowrank", "--rank", "0"], "--rank"),
                                           (["--noise", "per-tensor", "--rank", "-2"], "--rank"),
-                                          (["--noise", "bogus"], "unknown noise mode")])
+                                          (["--noise", "bogus"], "unknown noise mode"),
+                                          (["--population", "1"], "--population must be >= 2")])
 def test_bench_refuses_a_bad_noise_or_rank_before_the_model_loads(monkeypatch, capsys, flags, words):
     """`esft bench --noise lowrank --rank 0` used to load the model and time the matmul first."""
     import esft.models

@@ -170,6 +170,9 @@ class BenchConfig(ConfigHooks):
         for w in self.workloads:
             if w not in WORKLOADS:
                 raise ValueError(f"unknown workload {w!r}; choose from {', '.join(WORKLOADS)}")
+        if self.population < 2:  # as ESConfig: one member's shaped fitness is 0, and the Ray path builds an ESConfig
+            raise ValueError(f"--population must be >= 2 (an ES iteration standardises its members' fitness), "
+                             f"got {self.population}")
         if self.parallel_members < 1:
             raise ValueError(f"--parallel-members must be >= 1, got {self.parallel_members}")
         from esft.es.noise_seeds import NOISE_MODES
