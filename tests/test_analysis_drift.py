@@ -120,6 +120,27 @@ def test_es_replay_drift_matches_the_law(tmp_path, tokenizer):
     assert update_norm(base, run / "checkpoints" / "final")["total"] ** 2 == pytest.approx(s.total[-1], rel=1e-6)
 
 
+def test_the_replay_bar_counts_the_steps_it_will_replay(tmp_path, tokenizer, monkeypatch):
+    """The report's `replay` bar had no total: it counted steps without saying how many were coming."""
+    import tqdm.auto
+
+    from analysis_runs import make_base, make_es_run
+
+    totals = []
+
+    class Bar(tqdm.auto.tqdm):
+        def __init__(self, *args, **kwargs):
+            if kwargs.get("desc") == "replay":
+                totals.append(kwargs.get("total"))
+            super().__init__(*args, **{**kwargs, "disable": True})
+
+    monkeypatch.setattr(tqdm.auto, "tqdm", Bar)
+    base = make_base(tmp_path, tokenizer, hidden=16)
+    run = make_es_run(tmp_path, base, steps=3, population=4, alpha=0.01)
+    assert D.es_series(run, progress=True).steps == [1, 2, 3] and totals == [3]
+    assert D.es_series(run, upto=2, progress=True).steps == [1, 2] and totals == [3, 2]
+
+
 def test_plots_write_files(tmp_path):
     shapes = {"model.layers.0.self_attn.q_proj.weight": (8, 8), "model.layers.0.input_layernorm.weight": (8,),
               "model.norm.weight": (8,)}

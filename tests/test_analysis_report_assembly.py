@@ -314,6 +314,8 @@ def test_drift_notes_name_the_settings_the_law_does_not_cover(tmp_path):
     assert len(notes) == 4 and notes[0].startswith("the run used Adam") and notes[1].startswith("antithetic")
     assert notes[2].startswith("fitness shaping rank") and notes[3] == "2 steps had zero fitness spread and made " \
                                                                         "no update"
+    one = Run(tmp_path, "es", {}, metrics=[{"kind": "train", "zero_update": True}])
+    assert drift_notes(one) == ["1 step had zero fitness spread and made no update"]
 
 
 def test_a_task_option_the_run_recorded_wins_over_its_passage_cut_as_in_training(tmp_path):

@@ -274,6 +274,20 @@ def test_cosine_refuses_tensors_of_different_shapes():
         W.cosine_similarity({"x": rand(6)}, {"x": rand(3)})
 
 
+def test_a_missing_stable_rank_or_cosine_prints_as_n_a_not_none():
+    """`esft analyze weights` printed Python's None for a stable rank not computed and the cosine of a zero update."""
+    from esft.analysis.commands import format_weights
+
+    rep = {"labels": ["es", "grpo"], "eps": 1e-6, "pairs": ["es~grpo"], "total": {
+        "es": {"norm": 0.0, "sparsity": 1.0, "stable_rank_mean": None},
+        "grpo": {"norm": 2.5, "sparsity": 0.25, "stable_rank_mean": 5.876},
+        "cos:es~grpo": None, "norm_ratio:es~grpo": 0.0}}
+    text = format_weights(rep)
+    assert "None" not in text
+    assert "stable rank (mean attn+MLP) n/a" in text and "stable rank (mean attn+MLP) 5.88" in text
+    assert "es~grpo: cosine n/a, norm ratio 0.0" in text
+
+
 def test_tensors_left_out_of_the_totals_are_said_in_the_output(tmp_path):
     from types import SimpleNamespace
 

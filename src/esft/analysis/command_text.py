@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from esft.tables import NA
 from esft.tasks.labels import MEAN_REWARD
 
 
@@ -14,11 +15,12 @@ def format_weights(rep: dict[str, Any]) -> str:
     lines = []
     for lab in rep["labels"]:
         v = t[lab]
-        stable = v["stable_rank_mean"] if v["stable_rank_mean"] is None else round(v["stable_rank_mean"], 2)
+        stable = NA if v["stable_rank_mean"] is None else round(v["stable_rank_mean"], 2)
         lines.append(f"{lab:<8} ||d||_2 {v['norm']:.6g}  sparsity(|d|<={rep['eps']:g}) {100 * v['sparsity']:.2f}%  "
                      f"stable rank (mean attn+MLP) {stable}")
     for p in rep["pairs"]:
-        lines.append(f"{p}: cosine {t['cos:' + p]}, norm ratio {t['norm_ratio:' + p]}")
+        cos, ratio = ((NA if x is None else x) for x in (t["cos:" + p], t["norm_ratio:" + p]))
+        lines.append(f"{p}: cosine {cos}, norm ratio {ratio}")  # None: a zero update has no direction
     for src, names in rep.get("unmatched", {}).items():
         lines.append(f"not compared (missing from another checkpoint): {len(names)} tensor(s) of {src}: "
                      f"{', '.join(names[:5])}{' ...' if len(names) > 5 else ''}")

@@ -191,7 +191,10 @@ def es_series(run_dir: str | Path, model: Any = None, upto: int | None = None, p
     if progress:
         from tqdm.auto import tqdm
 
-        it = tqdm(it, desc="replay", unit="step", leave=False)
+        from esft.es.es_rundir import read_seed_log
+
+        steps = len(read_seed_log(Path(run_dir))) if upto is None else upto  # drift yields steps 1..upto
+        it = tqdm(it, desc="replay", unit="step", total=steps, leave=False)
     for rec in it:
         records.append(rec)
     return series_from_records(records, source=f"replay of {run_dir}/seeds.jsonl")

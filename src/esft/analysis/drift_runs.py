@@ -144,7 +144,7 @@ def drift_notes(r: Run) -> list[str]:
                      "logged expectation instead")
     zero = sum(1 for m in r.metrics if m.get("kind") == "train" and m.get("zero_update"))
     if zero:
-        notes.append(f"{zero} steps had zero fitness spread and made no update")
+        notes.append(f"{zero} step{'s' if zero > 1 else ''} had zero fitness spread and made no update")
     return notes
 
 
