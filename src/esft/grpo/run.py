@@ -205,6 +205,13 @@ def check_reference_source(model: Any) -> None:
                          "save_pretrained(folder) and pass the model loaded from that folder, or set beta 0")
 
 
+def _say_resuming(out: Path, config: GRPOConfig, start: int, resume_from: Path | None) -> None:
+    # a final checkpoint is named by its step: an extended run renames it so (rundir.demote_final)
+    source = f"checkpoint {rundir.checkpoint_name(start)}" if resume_from is not None else \
+        "no checkpoint yet: from the start"
+    rundir.say(rundir.resuming_line(out, "step", start, config.max_steps, source))
+
+
 def _train_locked(config: GRPOConfig, out: Path, model: Any, tokenizer: Any, task: Any, callbacks: Sequence[Any],
                   progress: bool) -> GRPOTrainResult:
     from esft.evaluation import load_examples
@@ -219,6 +226,8 @@ def _train_locked(config: GRPOConfig, out: Path, model: Any, tokenizer: Any, tas
         if progress:
             print(f"{out}: already trained for {start} steps (max_steps {config.max_steps}); nothing to do")
         return GRPOTrainResult(out, start, resume_from, None)
+    if config.resume and progress and (out / "config.yaml").exists():
+        _say_resuming(out, config, start, resume_from)
 
     # before the task and the model: TRL's own option checks (and esft's on trl_args) fail fast
     trl_args = to_trl_config(config, str(out), precision, progress)
