@@ -339,3 +339,42 @@ def test_a_resume_says_where_it_continues(tmp_path, tokenizer, capsys):
     assert f"esft: resuming {out} at step 2 of 3 (checkpoint iter_000002)\n" in capsys.readouterr().err
     go(resume=True, max_steps=4, progress=False)
     assert "resuming" not in capsys.readouterr().err
+
+
+def test_the_progress_bar_is_closed_before_a_stop_is_reported(tmp_path, tokenizer, monkeypatch):
+    """After Ctrl-C the step bar was redrawn under the command line's "interrupted at step ..." line (an open bar
+    draws itself again when it is collected): it is closed before the interrupt, or an error, leaves train_grpo."""
+    import tqdm.auto
+    from transformers import TrainerCallback
+
+    from esft.rundir import RunInterrupted
+
+    bars = []
+
+    class Bar(tqdm.auto.tqdm):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.closed = False
+            bars.append(self)
+
+        def close(self):
+            self.closed = True
+            super().close()
+
+    class StopAtStep(TrainerCallback):
+        def __init__(self, error):
+            self.error = error
+
+        def on_step_begin(self, args, state, control, **kwargs):
+            if state.global_step == 1:
+                raise self.error
+
+    monkeypatch.setattr(tqdm.auto, "tqdm", Bar)
+    for name, error, expected in (("ctrl-c", KeyboardInterrupt(), RunInterrupted),
+                                  ("error", KeyError("a bug"), KeyError)):
+        bars.clear()
+        with pytest.raises(expected):
+            train_grpo(tiny_config(tmp_path / name, max_steps=3, save_steps=0, eval_every=0, max_completion_length=3),
+                       model=make_tiny_model(), tokenizer=tokenizer, task=ParityTask(),
+                       callbacks=[StopAtStep(error)], progress=True)
+        assert [(b.desc, b.closed) for b in bars] == [("GRPO", True)], name
