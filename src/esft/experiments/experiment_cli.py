@@ -67,7 +67,7 @@ def _status(args: argparse.Namespace) -> int:
         status = json.loads(path.read_text()) if path.exists() else {"status": "pending"}
         state = status.get("status", "?")
         error = f"  {status['error']}" if status.get("error") else ""
-        if state == "running" and not active:
+        if state == "stopped" or state == "running" and not active:
             state, error = "stopped", "  interrupted or killed: `esft experiment run` resumes it"
         print(f"{stage['key']:<52} {state:<8}{error}")
     return 0
