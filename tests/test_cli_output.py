@@ -141,6 +141,17 @@ def test_grpo_resume_given_a_folder_as_es_takes_it_names_the_grpo_form(capsys):
     assert "here --resume takes no folder" not in capsys.readouterr().err
 
 
+def test_es_resume_without_a_folder_as_grpo_takes_it_names_the_es_form(capsys):
+    """`esft train es --resume --output-dir RUN` (GRPO's form) said only "argument --resume: expected one
+    argument"; ES's --resume takes the run folder itself, which the error now says."""
+    with pytest.raises(SystemExit) as stop:
+        main(["train", "es", "--resume", "--output-dir", "runs/e"])
+    assert stop.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == ("esft train es: error: argument --resume: expected one "
+                                                        "argument; here --resume takes the run folder: --resume "
+                                                        "RUN_DIR")
+
+
 @pytest.mark.parametrize("argv, choices", [([], "eval, env, bench, train, analyze, export, report, experiment"),
                                            (["train"], "es, grpo"), (["experiment"], "run, tables, status, list")])
 def test_a_missing_sub_command_is_named_with_its_choices(argv, choices, capsys):

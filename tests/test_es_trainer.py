@@ -453,3 +453,18 @@ def test_verify_compares_every_checkpoint_of_the_last_step(tmp_path):
     path = root / "final" / "model.safetensors"
     save_file({k: t + 1 for k, t in load_file(str(path)).items()}, str(path), metadata={"format": "pt"})
     assert verify(res.output_dir, model=tiny_llama())["bit_identical"] is False
+
+
+def test_a_resume_says_where_it_continues(tmp_path, capsys):
+    """`esft train es --resume D` started a bar at 3/6 with no word on which checkpoint it had loaded: the first
+    line names the iteration, the checkpoint and the logged updates replayed after it (none printed quietly)."""
+    config = cfg(tmp_path, eval_every=0)
+    interrupted_run(config, at=3)  # checkpoint iter_000002 and three seed-log lines
+    capsys.readouterr()
+    train_es(config.replace(resume=True, iterations=7), model=tiny_llama(), tokenizer=None, task=ToyTask(),
+             generate_fn=stub_generate, progress=True)
+    err = capsys.readouterr().err
+    assert (f"esft: resuming {config.output_dir} at iteration 3 of 7 (checkpoint iter_000002, then 1 logged update "
+            "replayed)\n") in err
+    run(config.replace(resume=True, iterations=8))  # progress=False: nothing
+    assert "resuming" not in capsys.readouterr().err

@@ -9,6 +9,7 @@ built from hand-made stage records must match the expected Markdown and CSV exac
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -460,9 +461,9 @@ def test_cli_dry_run_and_errors(tmp_path, capsys):
 
 
 def test_status_says_stopped_for_a_stage_no_runner_is_working_on(tmp_path, capsys):
-    """A stage interrupted by Ctrl-C (or killed) keeps status.json "running" so that the next run resumes it;
-    `esft experiment status` printed "running" for it although nothing ran. Only a runner holding the folder's
-    lock makes a stage running."""
+    """A stage killed (kill -9: no chance to record the stop) keeps status.json "running"; `esft experiment
+    status` printed "running" for it although nothing ran. Only a runner holding the folder's lock makes a stage
+    running; one whose stop was recorded ("stopped") reads as stopped whoever holds the folder."""
     from esft.cli import main
     from esft.experiments.runner import _lock
 
@@ -478,6 +479,10 @@ def test_status_says_stopped_for_a_stage_no_runner_is_working_on(tmp_path, capsy
         assert main(["experiment", "status", str(root)]) == 0
         out = capsys.readouterr().out
         assert "running" in out and "stopped" not in out
+        (root / "base" / "status.json").write_text(json.dumps({"status": "stopped"}))
+        assert main(["experiment", "status", str(root)]) == 0
+        assert re.search(r"^base +stopped +interrupted or killed: `esft experiment run` resumes it$",
+                         capsys.readouterr().out, flags=re.M)
 
 
 def test_carry_optimizer_state_loads_moments_not_learning_rates(tmp_path):

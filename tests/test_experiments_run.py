@@ -131,7 +131,10 @@ def test_resume_after_kill_mid_stage(tmp_path, tokenizer, monkeypatch):
         run_experiment(load_spec(spec), out, TinyHooks(tokenizer).hooks)
     stage1, stage2 = out / "seed-42/sequential/es/1-countdown", out / "seed-42/sequential/es/2-boolq"
     assert _json(stage1 / "status.json")["status"] == "done"
-    assert _json(stage2 / "status.json")["status"] == "running"
+    # the stop is recorded (Ctrl-C or SIGTERM: esft.cli_process.stop_on_sigterm), not left as a "running" stage
+    # with the pid of a process that is gone
+    stopped = _json(stage2 / "status.json")
+    assert stopped["status"] == "stopped" and "pid" not in stopped and stopped["stopped"]
     logged = _lines(stage2 / "run/seeds.jsonl")
     assert len(logged) == 1 and done == [("countdown", 0), ("countdown", 1), ("countdown", 2), ("boolq", 0)]
     assert _json(out / "invocations.jsonl")["interrupted"] is True
@@ -148,7 +151,8 @@ def test_resume_after_kill_mid_stage(tmp_path, tokenizer, monkeypatch):
     resumed = _lines(stage2 / "run/seeds.jsonl")
     assert len(resumed) == 3 and resumed[0] == logged[0]
     assert all(json.loads(line)["noise_stream"] == 1 for line in resumed)  # the resumed stage kept its stream
-    assert _json(stage2 / "status.json")["attempts"] == 2
+    finished = _json(stage2 / "status.json")
+    assert finished["attempts"] == 2 and finished["status"] == "done" and "stopped" not in finished
 
 
 def test_sequential_es_stages_draw_independent_noise(tmp_path, tokenizer):

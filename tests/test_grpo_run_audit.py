@@ -311,3 +311,70 @@ def test_beta_above_zero_refuses_an_in_memory_model_before_training(tmp_path, to
     for name in (str(tmp_path / "base"), "HuggingFaceTB/SmolLM2-135M-Instruct"):
         model.config._name_or_path = name
         check_reference_source(model)  # a folder or a hub id: TRL can load it
+
+
+def test_a_resume_says_where_it_continues(tmp_path, tokenizer, capsys):
+    """`esft train grpo --resume --output-dir D` started its bar at 2/3 with no word on what it had loaded: the
+    first line names the step and the checkpoint (a final one by the name an extension gives it), or that there
+    was none yet."""
+    from transformers import TrainerCallback
+
+    class CrashAfterFirstStep(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            raise KeyError("simulated crash")
+
+    out = tmp_path / "run"
+    options = dict(max_steps=2, save_steps=0, eval_every=0, max_completion_length=3, lr_scheduler_type="constant")
+
+    def go(progress=True, callbacks=(), **kw):
+        train_grpo(tiny_config(out, **{**options, **kw}), model=make_tiny_model(), tokenizer=tokenizer,
+                   task=ParityTask(), callbacks=list(callbacks), progress=progress)
+
+    with pytest.raises(KeyError, match="simulated crash"):
+        go(progress=False, callbacks=[CrashAfterFirstStep()])
+    capsys.readouterr()
+    go(resume=True)
+    assert f"esft: resuming {out} at step 0 of 2 (no checkpoint yet: from the start)\n" in capsys.readouterr().err
+    go(resume=True, max_steps=3)
+    assert f"esft: resuming {out} at step 2 of 3 (checkpoint iter_000002)\n" in capsys.readouterr().err
+    go(resume=True, max_steps=4, progress=False)
+    assert "resuming" not in capsys.readouterr().err
+
+
+def test_the_progress_bar_is_closed_before_a_stop_is_reported(tmp_path, tokenizer, monkeypatch):
+    """After Ctrl-C the step bar was redrawn under the command line's "interrupted at step ..." line (an open bar
+    draws itself again when it is collected): it is closed before the interrupt, or an error, leaves train_grpo."""
+    import tqdm.auto
+    from transformers import TrainerCallback
+
+    from esft.rundir import RunInterrupted
+
+    bars = []
+
+    class Bar(tqdm.auto.tqdm):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.closed = False
+            bars.append(self)
+
+        def close(self):
+            self.closed = True
+            super().close()
+
+    class StopAtStep(TrainerCallback):
+        def __init__(self, error):
+            self.error = error
+
+        def on_step_begin(self, args, state, control, **kwargs):
+            if state.global_step == 1:
+                raise self.error
+
+    monkeypatch.setattr(tqdm.auto, "tqdm", Bar)
+    for name, error, expected in (("ctrl-c", KeyboardInterrupt(), RunInterrupted),
+                                  ("error", KeyError("a bug"), KeyError)):
+        bars.clear()
+        with pytest.raises(expected):
+            train_grpo(tiny_config(tmp_path / name, max_steps=3, save_steps=0, eval_every=0, max_completion_length=3),
+                       model=make_tiny_model(), tokenizer=tokenizer, task=ParityTask(),
+                       callbacks=[StopAtStep(error)], progress=True)
+        assert [(b.desc, b.closed) for b in bars] == [("GRPO", True)], name

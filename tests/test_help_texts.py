@@ -54,3 +54,21 @@ def test_the_fitness_alias_names_every_fitness_rule():
     alias = next(a for a in es._actions if "--fitness" in a.option_strings)
     for rule in rules:
         assert rule in alias.help, rule
+
+
+def _parsers(parser: argparse.ArgumentParser, words: tuple[str, ...] = ("esft",)):
+    yield words, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _parsers(sub, words + (name,))
+
+
+def test_every_argument_of_every_command_has_help_text():
+    """`esft experiment tables --help` listed DIR with no word on what folder it wants."""
+    bare = [f"{' '.join(words)} {'/'.join(a.option_strings) or a.metavar or a.dest}"
+            for words, p in _parsers(build_parser(None)) for a in p._actions
+            if not isinstance(a, (argparse._HelpAction, argparse._SubParsersAction)) and not a.help]
+    assert bare == []
+    tables = _subparser(_subparser(build_parser("experiment"), "experiment"), "tables").format_help()
+    assert "an experiment folder" in tables

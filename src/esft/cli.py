@@ -281,6 +281,8 @@ class _Parser(argparse.ArgumentParser):
             if isinstance(action.choices, dict) and message == f"the following arguments are required: {action.dest}":
                 message = (f"a sub-command is required: {', '.join(action.choices)} (`{self.prog} --help` "
                            "describes them)")
+        if message == "argument --resume: expected one argument":  # GRPO's `--resume --output-dir RUN`, in ES
+            message += "; here --resume takes the run folder: --resume RUN_DIR"
         super().error(message)
 
 

@@ -55,6 +55,19 @@ HELD_OUT_KEYS = ("test_n", "test_accuracy", "test_ci95", "test_format_rate", "te
                  "test_constant_answer", "test_answer_counts")
 
 
+def say(line: str) -> None:
+    """A progress line for the user ("esft: resuming ...", a Ray run's start), on stderr with esft's other
+    progress lines; above a run's progress bar (tqdm) when one is showing, not through it."""
+    from tqdm.auto import tqdm
+
+    tqdm.write(line, file=sys.stderr)
+
+
+def resuming_line(folder: str | Path, unit: str, at: int, total: int, source: str) -> str:
+    """The line a resumed run starts with: where it continues, so a user sees it picked up the run meant."""
+    return f"esft: resuming {folder} at {unit} {at} of {total} ({source})"
+
+
 def held_out_fields(rows: list[dict[str, Any]], tokens_generated: int,
                     baseline: dict[str, Any] | None) -> dict[str, Any]:
     """The HELD_OUT_KEYS of an evaluation record, from one row per held-out example: `score`, `well_formed`

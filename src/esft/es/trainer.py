@@ -45,7 +45,8 @@ from esft.evaluation import load_examples
 from esft.tasks.base import Task, checks_format, format_bonus_warning
 from esft.tasks.labels import summaries_score_name
 from esft.rundir import (DISK_FULL, NonFiniteError, RunInterrupted, RunLock, TrainResult, check_output_dir,
-                         demote_final, held_out_fields, holds_run, occupied_error, peak_rss_mb, prune_checkpoints)
+                         demote_final, held_out_fields, holds_run, occupied_error, peak_rss_mb, prune_checkpoints,
+                         resuming_line, say)
 from esft.tracking import Tracker, check_backends, open_tracker
 from esft.version import __version__
 
@@ -224,6 +225,12 @@ class ESTrainer:
         es_rundir.rewrite_jsonl(self.out / "seeds.jsonl", records)
         kept = es_rundir.filter_jsonl(self.out / "metrics.jsonl", lambda r: r.get("step", 0) <= self.step)
         self._evaluated = {r["step"] for r in kept if r.get("kind") == "eval"}
+        if self.progress:
+            replayed = self.step - start
+            source = f"checkpoint {folder.name}" if folder is not None else "the base model"
+            if replayed:
+                source += f", then {replayed} logged update{'' if replayed == 1 else 's'} replayed"
+            say(resuming_line(self.out, "iteration", self.step, self.config.iterations, source))
 
     def _load_latest_intact(self, logged: int) -> tuple[int, Path | None]:
         """(step, folder) of the newest checkpoint not past the seed log that loads; a damaged one (a file missing

@@ -67,7 +67,7 @@ def _status(args: argparse.Namespace) -> int:
         status = json.loads(path.read_text()) if path.exists() else {"status": "pending"}
         state = status.get("status", "?")
         error = f"  {status['error']}" if status.get("error") else ""
-        if state == "running" and not active:
+        if state == "stopped" or state == "running" and not active:
             state, error = "stopped", "  interrupted or killed: `esft experiment run` resumes it"
         print(f"{stage['key']:<52} {state:<8}{error}")
     return 0
@@ -103,10 +103,11 @@ def add_experiment_commands(exp: argparse.ArgumentParser) -> None:
     p.add_argument("--dry-run", action="store_true", help="validate the spec and print the stages; run nothing")
     p.set_defaults(func=_run)
     p = cmds.add_parser("tables", help="write Tables 1, 2, 5-8, 18 (Markdown + CSV) from an experiment folder")
-    p.add_argument("dir", metavar="DIR")
+    p.add_argument("dir", metavar="DIR", help="an experiment folder (`esft experiment run`'s --output-dir); its "
+                   "tables/ is rewritten")
     p.set_defaults(func=_tables)
     p = cmds.add_parser("status", help="status of every stage of an experiment folder")
-    p.add_argument("dir", metavar="DIR")
+    p.add_argument("dir", metavar="DIR", help="an experiment folder (`esft experiment run`'s --output-dir)")
     p.set_defaults(func=_status)
     p = cmds.add_parser("list", help="the specs shipped with esft")
     p.set_defaults(func=_list)

@@ -1,7 +1,7 @@
 """`run_experiment(spec, output_dir)`: run every stage of a plan, robust to re-runs, kills and failures.
 
 Per stage folder:
-    status.json   {"status": done | failed | running | blocked, "trained": bool, "attempts", "fingerprint", ...}
+    status.json   {"status": done | failed | running | stopped | blocked, "trained": bool, "attempts", ...}
     error.txt     traceback of the last failure
     result.json   the stage's record for the tables: evaluation per task, measured accounting per step, configs
     eval/         one JSON (+ JSONL of completions) per evaluated task
@@ -269,6 +269,7 @@ def run_stage(spec: Spec, stage: Stage, root: Path, stages: dict[str, Stage], ho
     folder.mkdir(parents=True, exist_ok=True)
     status = read_json(folder / STATUS) or {}
     configs = _step_configs(spec, stage, root, stages) if stage.kind != BASE else []
+    status.pop("stopped", None)  # an earlier attempt's stop
     status.update({"status": "running", "started": _now(), "attempts": int(status.get("attempts", 0)) + 1,
                    "pid": os.getpid()})
     if configs:
@@ -313,6 +314,19 @@ def _record_failure(folder: Path, exc: BaseException) -> None:
     status = read_json(folder / STATUS) or {}
     status.update({"status": "failed", "failed": _now(), "error": f"{type(exc).__name__}: {exc}", "traceback": ERROR})
     write_json(folder / STATUS, status)
+
+
+def _record_stop(folder: Path) -> None:
+    """A stage stopped by Ctrl-C or SIGTERM says so in its status.json (a kill -9 leaves "running", which `esft
+    experiment status` reads as stopped once no runner holds the folder). Best effort: the stop itself must go on."""
+    try:
+        status = read_json(folder / STATUS)
+        if status and status.get("status") == "running":
+            status.pop("pid", None)
+            status.update({"status": "stopped", "stopped": _now(), "error": None})
+            write_json(folder / STATUS, status)
+    except OSError:
+        pass
 
 
 class ExperimentBusy(RunDirBusy):
@@ -420,8 +434,10 @@ def _visit(spec: Spec, stage: Stage, root: Path, smap: dict[str, Stage], hooks: 
         run_stage(spec, stage, root, smap, hooks)
         return "done"
     except KeyboardInterrupt:
-        # status stays "running": the next run resumes this stage. The trainer's own hint (`esft train es
-        # --resume`) would bypass the experiment: this one replaces it, printed once by the command line
+        # Ctrl-C or SIGTERM (esft.cli_process.stop_on_sigterm): the next run resumes this stage. The trainer's own
+        # hint (`esft train es --resume`) would bypass the experiment: this one replaces it, printed once by the
+        # command line
+        _record_stop(folder)
         raise RunInterrupted(f"interrupted in {stage.key}; run the same command again to resume") from None
     except Exception as exc:  # noqa: BLE001 - one stage's failure must not stop the others
         _record_failure(folder, exc)

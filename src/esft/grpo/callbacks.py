@@ -107,6 +107,11 @@ class RunLogCallback(TrainerCallback):
             self.bar.set_postfix(reward=f"{reward:.3f}", **fmt, s_step=f"{total:.0f}")
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any):
+        self.close_bar()
+
+    def close_bar(self) -> None:
+        """At the end of training, and when a Ctrl-C or an error stops it: an open bar is redrawn when it is
+        collected, under the message the command line prints."""
         if self.bar is not None:
             self.bar.close()
             self.bar = None

@@ -205,6 +205,13 @@ def check_reference_source(model: Any) -> None:
                          "save_pretrained(folder) and pass the model loaded from that folder, or set beta 0")
 
 
+def _say_resuming(out: Path, config: GRPOConfig, start: int, resume_from: Path | None) -> None:
+    # a final checkpoint is named by its step: an extended run renames it so (rundir.demote_final)
+    source = f"checkpoint {rundir.checkpoint_name(start)}" if resume_from is not None else \
+        "no checkpoint yet: from the start"
+    rundir.say(rundir.resuming_line(out, "step", start, config.max_steps, source))
+
+
 def _train_locked(config: GRPOConfig, out: Path, model: Any, tokenizer: Any, task: Any, callbacks: Sequence[Any],
                   progress: bool) -> GRPOTrainResult:
     from esft.evaluation import load_examples
@@ -219,6 +226,8 @@ def _train_locked(config: GRPOConfig, out: Path, model: Any, tokenizer: Any, tas
         if progress:
             print(f"{out}: already trained for {start} steps (max_steps {config.max_steps}); nothing to do")
         return GRPOTrainResult(out, start, resume_from, None)
+    if config.resume and progress and (out / "config.yaml").exists():
+        _say_resuming(out, config, start, resume_from)
 
     # before the task and the model: TRL's own option checks (and esft's on trl_args) fail fast
     trl_args = to_trl_config(config, str(out), precision, progress)
@@ -278,15 +287,16 @@ def _train_locked(config: GRPOConfig, out: Path, model: Any, tokenizer: Any, tas
     # config.yaml holds the new max_steps: a failure before this leaves the finished run as it was
     if resume_from is not None and resume_from.name == "final":
         resume_from = rundir.demote_final(resume_from, start)
-    _train_or_save(trainer, resume_from)
+    _train_or_save(trainer, resume_from, runlog)
     final = out / CHECKPOINTS / "final"
     return GRPOTrainResult(out, int(trainer.state.global_step), final if final.exists() else None,
                            evaluator.last if evaluator is not None else None, trainer)
 
 
-def _train_or_save(trainer: EsftGRPOTrainer, resume_from: Path | None) -> None:
+def _train_or_save(trainer: EsftGRPOTrainer, resume_from: Path | None, runlog: Any) -> None:
     """trainer.train; on Ctrl-C or SIGTERM, first the checkpoint of the last finished step (esft.grpo.interrupt),
-    so that a resume continues from there instead of from the last scheduled checkpoint."""
+    so that a resume continues from there instead of from the last scheduled checkpoint. The run log's progress
+    bar is closed whatever ends the training, before any message about it is printed."""
     boundary = StepBoundary()
     trainer.add_callback(boundary)  # last: its on_log of a step follows the step's metrics and evaluation
     try:
@@ -315,3 +325,5 @@ def _train_or_save(trainer: EsftGRPOTrainer, resume_from: Path | None) -> None:
         raise RunInterrupted(
             f"interrupted at step {trainer.state.global_step}: {what}; continue from step "
             f"{done[-1][0] if done else 0} with `esft train grpo --resume --output-dir {trainer.run_dir}`") from None
+    finally:
+        runlog.close_bar()

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 from contextlib import contextmanager
 from typing import Sequence
 
@@ -18,14 +17,6 @@ def import_ray():
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise ImportError("the ray executor needs Ray: pip install 'esft[ray]'") from exc
     return ray
-
-
-def say(line: str) -> None:
-    """A progress line for the user of a Ray run ("esft: connecting to Ray: ...", the workers' start), on stderr
-    with esft's other progress lines; above the run's progress bar (tqdm) when one is showing, not through it."""
-    from tqdm.auto import tqdm
-
-    tqdm.write(line, file=sys.stderr)
 
 
 @contextmanager

@@ -40,7 +40,8 @@ def connect(config: ESConfig) -> bool:
         from esft.es.distributed.vllm_backend import require_vllm
 
         require_vllm()
-    from esft.es.distributed.connection import connect_ray, say
+    from esft.es.distributed.connection import connect_ray
+    from esft.rundir import say
 
     where = config.ray_address or os.environ.get("RAY_ADDRESS") or "a new local Ray instance (or a running one)"
     say(f"esft: connecting to Ray: {where} ...")

@@ -37,14 +37,14 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from esft.es.distributed.connection import UNBOUNDED_SLOTS, actor_slots, connect_ray, import_ray, say
+from esft.es.distributed.connection import UNBOUNDED_SLOTS, actor_slots, connect_ray, import_ray
 from esft.es.distributed.hf_replica import (HFReplica, ReplicaSpec, checksum_diff, checksum_digest,
                                             masters_checksum)
 from esft.es.distributed.worker_faults import Deadlines, WorkerTimeout, is_worker_death, worker_error
 from esft.es.executor import Executor, PopulationResult
 from esft.es.noise import MasterWeights, Update
 from esft.es.strategy import Member
-from esft.rundir import append_jsonl
+from esft.rundir import append_jsonl, say
 
 log = logging.getLogger("esft.es.ray")
 
