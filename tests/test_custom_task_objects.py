@@ -16,7 +16,7 @@ from esft.cli import main
 from esft.es import ESConfig
 from esft.grpo import GRPOConfig
 from esft.tasks import get_task
-from esft.tasks.custom import task_record, task_spec
+from esft.tasks.custom import TaskAdapter, task_record, task_spec
 
 
 def _save(config, run) -> None:
@@ -138,7 +138,9 @@ def test_a_run_an_older_esft_recorded_without_options_resumes_from_the_script(us
         base = ESConfig(output_dir=str(run)) if trainer == "es" else GRPOConfig(output_dir=str(run))
         _save(base.replace(task=f"obj_tasks:{name}", task_options={}), run)  # what the older esft wrote
         resumed, again = with_task(base.replace(resume=True), task)
-        assert again is task and resumed.task_options == {}
+        # the script's object is the one trained: itself, or (not an esft Task) behind the TaskAdapter get_task makes
+        assert (again.obj if isinstance(again, TaskAdapter) else again) is task and resumed.task_options == {}
+        assert isinstance(again, TaskAdapter) == (name == "Plain")
         _check_resumable(run, resumed)
     # a run this esft recorded keeps comparing what it recorded: another count is another task
     run = tmp_path / f"{trainer}-new"
@@ -150,15 +152,15 @@ def test_a_run_an_older_esft_recorded_without_options_resumes_from_the_script(us
 
 
 def test_a_task_object_without_is_well_formed_trains_with_no_format_rate(tmp_path):
-    """train_es takes a task object as it is, and `is_well_formed` is optional for one (docs/custom-tasks.md): such
-    an object checks no format, so the format bonus is said to have no effect (naming the object's class, as
+    """train_es wraps a task object in a TaskAdapter, and `is_well_formed` is optional for one
+    (docs/custom-tasks.md): such an object checks no format, so the format bonus is said to have no effect (naming the object's class, as
     TaskAdapter names it) and the run reports no format rate. It used to count as checking one and stop at the
     first member with AttributeError: no is_well_formed."""
     import json
 
     from es_tiny import ToyTask, stub_generate, tiny_llama
     from esft.api import train_es
-    from esft.tasks.base import checks_format
+    from esft.tasks.custom import as_task
 
     toy = ToyTask(n_train=4, n_test=2)
 
@@ -166,7 +168,8 @@ def test_a_task_object_without_is_well_formed_trains_with_no_format_rate(tmp_pat
         splits = ("train", "test")
         load, prompt, score = toy.load, toy.prompt, toy.score
 
-    assert checks_format(toy) and not checks_format(Unformatted())  # a task object's own is_well_formed, or none
+    # a task object's own is_well_formed, or none
+    assert as_task(toy).checks_format and not as_task(Unformatted()).checks_format
     config = ESConfig(model="tiny", population_size=2, batch_size=2, iterations=1, max_new_tokens=2, eval_every=0,
                       checkpoint_every=0, format_bonus=0.1, output_dir=str(tmp_path / "run"))
     with pytest.warns(UserWarning, match=r"format bonus 0\.1 has no effect: task 'Unformatted' checks no answer"):

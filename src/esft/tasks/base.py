@@ -242,20 +242,20 @@ def answer_digest(answer: str) -> str | None:
     return hashlib.sha256(squeezed.encode("utf-8")).hexdigest()[:16] if squeezed else None
 
 
-def checks_format(task: Any) -> bool:
-    """Whether `task` checks an answer format (`Task.checks_format`). esft.train_es / train_grpo and the trainers
-    take a task object that is not an esft Task as it is: it checks one when it brings its own `is_well_formed`
-    (optional for such an object, as for the ones get_task wraps in esft.tasks.custom.TaskAdapter)."""
-    return task.checks_format if isinstance(task, Task) else callable(getattr(task, "is_well_formed", None))
+def checks_format(task: Task) -> bool:
+    """Whether `task` checks an answer format (`Task.checks_format`; a task object that is not an esft Task reaches
+    the trainers and executors wrapped in esft.tasks.custom.TaskAdapter, which checks one when the object brings
+    its own `is_well_formed`)."""
+    return bool(task.checks_format)
 
 
 def task_name(task: Any) -> str:
-    """`Task.name`; for a task object that is not an esft Task (see checks_format) its own `name`, else its class's
-    name, as TaskAdapter names the objects get_task wraps."""
+    """`Task.name`; for a task object that is not an esft Task its own `name`, else its class's name: the name of
+    the TaskAdapter that get_task (and esft.tasks.custom.as_task) wraps it in."""
     return task.name if isinstance(task, Task) else str(getattr(task, "name", type(task).__name__))
 
 
-def format_bonus_warning(task: Any, bonus: float) -> str | None:
+def format_bonus_warning(task: Task, bonus: float) -> str | None:
     """The warning a run with format bonus `bonus` on `task` prints before any model loads, or None: a task that
     checks no format (`checks_format`) gets no bonus, whatever the setting."""
     if not bonus or checks_format(task):
