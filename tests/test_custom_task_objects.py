@@ -14,6 +14,7 @@ import yaml
 from esft.api import with_task
 from esft.cli import main
 from esft.es import ESConfig
+from esft.generation import encode_prompts
 from esft.grpo import GRPOConfig
 from esft.tasks import get_task
 from esft.tasks.custom import TaskAdapter, task_record, task_spec
@@ -153,9 +154,9 @@ def test_a_run_an_older_esft_recorded_without_options_resumes_from_the_script(us
 
 def test_a_task_object_without_is_well_formed_trains_with_no_format_rate(tmp_path):
     """train_es wraps a task object in a TaskAdapter, and `is_well_formed` is optional for one
-    (docs/custom-tasks.md): such an object checks no format, so the format bonus is said to have no effect (naming the object's class, as
-    TaskAdapter names it) and the run reports no format rate. It used to count as checking one and stop at the
-    first member with AttributeError: no is_well_formed."""
+    (docs/custom-tasks.md): such an object checks no format, so the format bonus is said to have no effect (naming
+    the object's class, as TaskAdapter names it) and the run reports no format rate. It used to count as checking
+    one and stop at the first member with AttributeError: no is_well_formed."""
     import json
 
     from es_tiny import ToyTask, stub_generate, tiny_llama
@@ -178,3 +179,129 @@ def test_a_task_object_without_is_well_formed_trains_with_no_format_rate(tmp_pat
     assert result.steps == 1
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["format_rate"] for r in rows if r["kind"] == "train"] == [None]
+
+
+# ---- a task object that is not an esft Task is trained as get_task builds it ------------------------------------
+
+SAID = '''
+from dataclasses import dataclass
+
+
+@dataclass
+class Said:
+    """load / prompt / score only; the prompt is text and the gold answers are labels (even / odd)."""
+    count: int = 4
+
+    def load(self, split):
+        return [{"q": f"Is {i} even?", "answer": "odd" if i % 3 == 1 else "even"} for i in range(self.count)]
+
+    def prompt(self, example):
+        return example["q"]
+
+    def score(self, completion, example):
+        return float(example["answer"] in completion)
+'''
+
+
+@pytest.fixture()
+def said(tmp_path, monkeypatch):
+    from conftest import importable_module
+
+    importable_module(tmp_path, monkeypatch, "said_task", SAID)
+    import said_task
+
+    return said_task
+
+
+def test_an_api_run_of_a_text_prompt_object_resumes_from_the_cli_with_the_same_prompts(said, tmp_path, tokenizer):
+    """train_es encoded the object's text prompt as plain text, while `esft train es --resume` (like Ray workers,
+    `esft eval` and `esft report`) built the task from config.yaml through get_task, whose TaskAdapter makes the
+    text a chat turn: the resumed iteration generated from other prompt tokens than the uninterrupted run."""
+    import json
+
+    from conftest import make_tiny_model
+    from esft.api import train_es
+
+    model_dir = tmp_path / "tiny"
+    make_tiny_model().save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    config = ESConfig(model=str(model_dir), population_size=2, batch_size=2, max_new_tokens=3, eval_every=0,
+                      checkpoint_every=1, samples_per_iteration=2, generation_batch_size=4, device="cpu",
+                      dtype="float32")
+    full, half = tmp_path / "full", tmp_path / "half"
+    train_es(config.replace(output_dir=str(full), iterations=2), task=said.Said(), progress=False)
+    train_es(config.replace(output_dir=str(half), iterations=1), task=said.Said(), progress=False)
+    assert yaml.safe_load((half / "config.yaml").read_text())["task"] == "said_task:Said"
+    assert main(["train", "es", "--resume", str(half), "--iterations", "2"]) == 0
+
+    def second(run):
+        row = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()][1]
+        samples = (run / "samples" / "iter_000001.jsonl").read_text()
+        return row["iteration"], row["prompt_tokens"], row["fitness"], samples
+
+    assert second(half) == second(full)
+    # the prompts are chat turns, as get_task builds the task: more tokens than the bare text
+    example = said.Said().load("train")[0]
+    chat = encode_prompts(tokenizer, [get_task("said_task:Said").prompt(example)])[0]
+    assert len(chat) > len(encode_prompts(tokenizer, [example["q"]])[0])
+
+
+def test_an_executor_prompts_a_task_object_as_get_task_builds_it(said):
+    """A Ray worker's replica (its `builder` seam), a user's executor and the trainer's all pass the object
+    through LocalExecutor, which wraps it as get_task does: the generate function receives the same chat prompts."""
+    from es_tiny import tiny_llama
+    from esft.es.executor import LocalExecutor
+    from esft.es.noise import MasterWeights
+    from esft.generation import Generation
+
+    seen = []
+
+    def record(model, tokenizer, prompts, cfg, **kwargs):
+        seen.extend(prompts)
+        return [Generation(text="even") for _ in prompts]
+
+    model = tiny_llama(hidden=16, layers=1)
+    executor = LocalExecutor(model, None, MasterWeights(model), said.Said(), 0.05, None, generate_fn=record)
+    batch = said.Said().load("train")
+    result = executor.evaluate_center(batch)
+    built = get_task("said_task:Said")
+    assert seen == [built.prompt(ex) for ex in batch] and seen[0] == [{"role": "user", "content": "Is 0 even?"}]
+    assert result.scores.tolist() == [[built.score("even", ex) for ex in batch]]
+
+
+def test_es_evaluation_of_a_task_object_reports_the_constant_answer_baseline(said, tmp_path):
+    """ESTrainer left the baseline out for an object that is not an esft Task (`esft eval` and `esft report`, which
+    build it through get_task, report it), and read the test split with load(split, limit=...), which the
+    documented load(split) of such an object does not take."""
+    from es_tiny import stub_generate, tiny_llama
+    from esft.es.trainer import ESTrainer
+    from esft.tasks.labels import constant_baseline
+
+    class Tokens(said.Said):  # the stub generator reads token ids
+        def prompt(self, example):
+            return [3 + len(example["q"]), 5, 7]
+
+    task = Tokens(count=6)
+    config = ESConfig(model="tiny", eval_limit=6, eval_every=1, iterations=0, batch_size=2, population_size=2,
+                      max_new_tokens=2, output_dir=str(tmp_path / "run"))
+    trainer = ESTrainer(config, model=tiny_llama(), task=task, generate_fn=stub_generate, progress=False)
+    assert isinstance(trainer.task, TaskAdapter) and trainer.task.obj is task
+    rec = trainer.train().last_eval
+    expected = constant_baseline([ex["answer"] for ex in task.load("test")])  # 4 even, 2 odd
+    assert rec["test_n"] == 6 and rec["test_constant_answer"] == "even"
+    assert rec["test_constant_baseline"] == expected["constant_baseline"] == 4 / 6
+
+
+def test_grpo_trains_and_evaluates_a_task_object(said, tmp_path, tokenizer):
+    """GRPO took the object as it is and stopped with AttributeError: its reward (Task.reward_function) and its
+    held-out evaluation (Task.aggregate) need an esft Task."""
+    pytest.importorskip("trl")
+    from conftest import make_tiny_model
+    from esft.grpo.run import train_grpo
+    from grpo_tiny import tiny_config
+
+    result = train_grpo(tiny_config(tmp_path / "run", task="said_task:Said", max_steps=2, eval_every=2,
+                                    save_steps=0, eval_limit=4, format_bonus=0.0),
+                        model=make_tiny_model(), tokenizer=tokenizer, task=said.Said(), progress=False)
+    assert result.steps == 2 and result.last_eval["test_n"] == 4
+    assert result.last_eval["test_constant_answer"] == "even" and result.last_eval["test_constant_baseline"] == 0.75
