@@ -246,12 +246,11 @@ def test_an_api_run_of_a_text_prompt_object_resumes_from_the_cli_with_the_same_p
     assert len(chat) > len(encode_prompts(tokenizer, [example["q"]])[0])
 
 
-def test_an_executor_prompts_a_task_object_as_get_task_builds_it(said):
-    """A Ray worker's replica (its `builder` seam), a user's executor and the trainer's all pass the object
-    through LocalExecutor, which wraps it as get_task does: the generate function receives the same chat prompts."""
+def test_the_es_trainer_prompts_a_task_object_as_get_task_builds_it(said, tmp_path):
+    """ESTrainer itself (not only esft.train_es) wraps the object as get_task does, so its executor generates
+    from the chat prompts a resume, a Ray worker or `esft eval` builds, not from the bare text."""
     from es_tiny import tiny_llama
-    from esft.es.executor import LocalExecutor
-    from esft.es.noise import MasterWeights
+    from esft.es.trainer import ESTrainer
     from esft.generation import Generation
 
     seen = []
@@ -260,10 +259,13 @@ def test_an_executor_prompts_a_task_object_as_get_task_builds_it(said):
         seen.extend(prompts)
         return [Generation(text="even") for _ in prompts]
 
-    model = tiny_llama(hidden=16, layers=1)
-    executor = LocalExecutor(model, None, MasterWeights(model), said.Said(), 0.05, None, generate_fn=record)
-    batch = said.Said().load("train")
-    result = executor.evaluate_center(batch)
+    task = said.Said()
+    config = ESConfig(model="tiny", population_size=2, batch_size=2, max_new_tokens=2, eval_every=0,
+                      output_dir=str(tmp_path / "run"))
+    trainer = ESTrainer(config, model=tiny_llama(hidden=16, layers=1), task=task, generate_fn=record, progress=False)
+    assert isinstance(trainer.task, TaskAdapter) and trainer.task.obj is task
+    batch = task.load("train")
+    result = trainer.executor.evaluate_center(batch)
     built = get_task("said_task:Said")
     assert seen == [built.prompt(ex) for ex in batch] and seen[0] == [{"role": "user", "content": "Is 0 even?"}]
     assert result.scores.tolist() == [[built.score("even", ex) for ex in batch]]
@@ -284,9 +286,7 @@ def test_es_evaluation_of_a_task_object_reports_the_constant_answer_baseline(sai
     task = Tokens(count=6)
     config = ESConfig(model="tiny", eval_limit=6, eval_every=1, iterations=0, batch_size=2, population_size=2,
                       max_new_tokens=2, output_dir=str(tmp_path / "run"))
-    trainer = ESTrainer(config, model=tiny_llama(), task=task, generate_fn=stub_generate, progress=False)
-    assert isinstance(trainer.task, TaskAdapter) and trainer.task.obj is task
-    rec = trainer.train().last_eval
+    rec = ESTrainer(config, model=tiny_llama(), task=task, generate_fn=stub_generate, progress=False).train().last_eval
     expected = constant_baseline([ex["answer"] for ex in task.load("test")])  # 4 even, 2 odd
     assert rec["test_n"] == 6 and rec["test_constant_answer"] == "even"
     assert rec["test_constant_baseline"] == expected["constant_baseline"] == 4 / 6

@@ -28,7 +28,6 @@ from esft.es.lanes import (available_memory, lane_bytes, lanes_that_fit, map_lar
 from esft.es.noise import MasterWeights, Update
 from esft.es.strategy import ES, Member
 from esft.tasks.base import checks_format
-from esft.tasks.custom import as_task
 
 GenerateFn = Callable[..., list]  # generate(model, tokenizer, prompts, cfg) -> list[Generation]
 
@@ -140,9 +139,7 @@ class LocalExecutor(Executor):
         self.model = model
         self.tokenizer = tokenizer
         self.weights = weights
-        # a task object that is not an esft Task as get_task builds it (a Ray worker's, a resume's): same prompts
-        # (None: an executor that only perturbs and restores, e.g. in a benchmark)
-        self.task = None if task is None else as_task(task)
+        self.task = task
         self.strategy = strategy
         self.gen_config = gen_config
         self._encode = None

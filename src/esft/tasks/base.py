@@ -242,11 +242,11 @@ def answer_digest(answer: str) -> str | None:
     return hashlib.sha256(squeezed.encode("utf-8")).hexdigest()[:16] if squeezed else None
 
 
-def checks_format(task: Task) -> bool:
-    """Whether `task` checks an answer format (`Task.checks_format`; a task object that is not an esft Task reaches
-    the trainers and executors wrapped in esft.tasks.custom.TaskAdapter, which checks one when the object brings
-    its own `is_well_formed`)."""
-    return bool(task.checks_format)
+def checks_format(task: Any) -> bool:
+    """Whether `task` checks an answer format (`Task.checks_format`). The trainers wrap a task object that is not an
+    esft Task in esft.tasks.custom.TaskAdapter (as_task), but an executor takes its task as it is (`esft bench`'s
+    PseudoTask, which has no `load`): such an object checks one when it brings its own `is_well_formed`."""
+    return task.checks_format if isinstance(task, Task) else callable(getattr(task, "is_well_formed", None))
 
 
 def task_name(task: Any) -> str:
@@ -255,7 +255,7 @@ def task_name(task: Any) -> str:
     return task.name if isinstance(task, Task) else str(getattr(task, "name", type(task).__name__))
 
 
-def format_bonus_warning(task: Task, bonus: float) -> str | None:
+def format_bonus_warning(task: Any, bonus: float) -> str | None:
     """The warning a run with format bonus `bonus` on `task` prints before any model loads, or None: a task that
     checks no format (`checks_format`) gets no bonus, whatever the setting."""
     if not bonus or checks_format(task):

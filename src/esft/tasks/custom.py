@@ -20,7 +20,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
-from esft.tasks.base import Example, Messages, Task, task_name
+from esft.tasks.base import Example, Messages, Task, checks_format, task_name
 from esft.tasks.dataset_task import DatasetTask, is_data_file, reward_parts
 from esft.tasks.verifiers import import_object
 
@@ -166,7 +166,7 @@ def instantiate(obj: Any, name: str, options: dict[str, Any]) -> Task:
 
 def as_task(obj: Any) -> Task:
     """The Task that trains and evaluates a task object or class passed to the Python API (esft.train_es,
-    esft.train_grpo, ESTrainer, an executor): what get_task builds for `--task module:Class` naming it, so a run
+    esft.train_grpo, ESTrainer, GRPO's run): what get_task builds for `--task module:Class` naming it, so a run
     started from a script and its resume from config.yaml, its Ray workers, `esft eval` and `esft report` prompt,
     score and label it alike. An esft Task is itself; any other object is used through a TaskAdapter (a prompt
     given as text becomes the user turn of a chat, and the label defaults apply)."""
@@ -271,8 +271,8 @@ class TaskAdapter(Task):
 
     @property
     def checks_format(self) -> bool:
-        """The object brings its own format check (`is_well_formed`, optional for it), or has none."""
-        return callable(getattr(self.obj, "is_well_formed", None))
+        """The object brings its own format check (`is_well_formed`), or has none."""
+        return checks_format(self.obj)
 
     def is_well_formed(self, completion: str, example: Example) -> bool:
         return self.checks_format and bool(self.obj.is_well_formed(completion, example))
