@@ -14,9 +14,10 @@ import yaml
 from esft.api import with_task
 from esft.cli import main
 from esft.es import ESConfig
+from esft.generation import encode_prompts
 from esft.grpo import GRPOConfig
 from esft.tasks import get_task
-from esft.tasks.custom import task_record, task_spec
+from esft.tasks.custom import TaskAdapter, task_record, task_spec
 
 
 def _save(config, run) -> None:
@@ -138,7 +139,9 @@ def test_a_run_an_older_esft_recorded_without_options_resumes_from_the_script(us
         base = ESConfig(output_dir=str(run)) if trainer == "es" else GRPOConfig(output_dir=str(run))
         _save(base.replace(task=f"obj_tasks:{name}", task_options={}), run)  # what the older esft wrote
         resumed, again = with_task(base.replace(resume=True), task)
-        assert again is task and resumed.task_options == {}
+        # the script's object is the one trained: itself, or (not an esft Task) behind the TaskAdapter get_task makes
+        assert (again.obj if isinstance(again, TaskAdapter) else again) is task and resumed.task_options == {}
+        assert isinstance(again, TaskAdapter) == (name == "Plain")
         _check_resumable(run, resumed)
     # a run this esft recorded keeps comparing what it recorded: another count is another task
     run = tmp_path / f"{trainer}-new"
@@ -150,15 +153,15 @@ def test_a_run_an_older_esft_recorded_without_options_resumes_from_the_script(us
 
 
 def test_a_task_object_without_is_well_formed_trains_with_no_format_rate(tmp_path):
-    """train_es takes a task object as it is, and `is_well_formed` is optional for one (docs/custom-tasks.md): such
-    an object checks no format, so the format bonus is said to have no effect (naming the object's class, as
-    TaskAdapter names it) and the run reports no format rate. It used to count as checking one and stop at the
-    first member with AttributeError: no is_well_formed."""
+    """train_es wraps a task object in a TaskAdapter, and `is_well_formed` is optional for one
+    (docs/custom-tasks.md): such an object checks no format, so the format bonus is said to have no effect (naming
+    the object's class, as TaskAdapter names it) and the run reports no format rate. It used to count as checking
+    one and stop at the first member with AttributeError: no is_well_formed."""
     import json
 
     from es_tiny import ToyTask, stub_generate, tiny_llama
     from esft.api import train_es
-    from esft.tasks.base import checks_format
+    from esft.tasks.custom import as_task
 
     toy = ToyTask(n_train=4, n_test=2)
 
@@ -166,7 +169,8 @@ def test_a_task_object_without_is_well_formed_trains_with_no_format_rate(tmp_pat
         splits = ("train", "test")
         load, prompt, score = toy.load, toy.prompt, toy.score
 
-    assert checks_format(toy) and not checks_format(Unformatted())  # a task object's own is_well_formed, or none
+    # a task object's own is_well_formed, or none
+    assert as_task(toy).checks_format and not as_task(Unformatted()).checks_format
     config = ESConfig(model="tiny", population_size=2, batch_size=2, iterations=1, max_new_tokens=2, eval_every=0,
                       checkpoint_every=0, format_bonus=0.1, output_dir=str(tmp_path / "run"))
     with pytest.warns(UserWarning, match=r"format bonus 0\.1 has no effect: task 'Unformatted' checks no answer"):
@@ -175,3 +179,129 @@ def test_a_task_object_without_is_well_formed_trains_with_no_format_rate(tmp_pat
     assert result.steps == 1
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["format_rate"] for r in rows if r["kind"] == "train"] == [None]
+
+
+# ---- a task object that is not an esft Task is trained as get_task builds it ------------------------------------
+
+SAID = '''
+from dataclasses import dataclass
+
+
+@dataclass
+class Said:
+    """load / prompt / score only; the prompt is text and the gold answers are labels (even / odd)."""
+    count: int = 4
+
+    def load(self, split):
+        return [{"q": f"Is {i} even?", "answer": "odd" if i % 3 == 1 else "even"} for i in range(self.count)]
+
+    def prompt(self, example):
+        return example["q"]
+
+    def score(self, completion, example):
+        return float(example["answer"] in completion)
+'''
+
+
+@pytest.fixture()
+def said(tmp_path, monkeypatch):
+    from conftest import importable_module
+
+    importable_module(tmp_path, monkeypatch, "said_task", SAID)
+    import said_task
+
+    return said_task
+
+
+def test_an_api_run_of_a_text_prompt_object_resumes_from_the_cli_with_the_same_prompts(said, tmp_path, tokenizer):
+    """train_es encoded the object's text prompt as plain text, while `esft train es --resume` (like Ray workers,
+    `esft eval` and `esft report`) built the task from config.yaml through get_task, whose TaskAdapter makes the
+    text a chat turn: the resumed iteration generated from other prompt tokens than the uninterrupted run."""
+    import json
+
+    from conftest import make_tiny_model
+    from esft.api import train_es
+
+    model_dir = tmp_path / "tiny"
+    make_tiny_model().save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    config = ESConfig(model=str(model_dir), population_size=2, batch_size=2, max_new_tokens=3, eval_every=0,
+                      checkpoint_every=1, samples_per_iteration=2, generation_batch_size=4, device="cpu",
+                      dtype="float32")
+    full, half = tmp_path / "full", tmp_path / "half"
+    train_es(config.replace(output_dir=str(full), iterations=2), task=said.Said(), progress=False)
+    train_es(config.replace(output_dir=str(half), iterations=1), task=said.Said(), progress=False)
+    assert yaml.safe_load((half / "config.yaml").read_text())["task"] == "said_task:Said"
+    assert main(["train", "es", "--resume", str(half), "--iterations", "2"]) == 0
+
+    def second(run):
+        row = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()][1]
+        samples = (run / "samples" / "iter_000001.jsonl").read_text()
+        return row["iteration"], row["prompt_tokens"], row["fitness"], samples
+
+    assert second(half) == second(full)
+    # the prompts are chat turns, as get_task builds the task: more tokens than the bare text
+    example = said.Said().load("train")[0]
+    chat = encode_prompts(tokenizer, [get_task("said_task:Said").prompt(example)])[0]
+    assert len(chat) > len(encode_prompts(tokenizer, [example["q"]])[0])
+
+
+def test_the_es_trainer_prompts_a_task_object_as_get_task_builds_it(said, tmp_path):
+    """ESTrainer itself (not only esft.train_es) wraps the object as get_task does, so its executor generates
+    from the chat prompts a resume, a Ray worker or `esft eval` builds, not from the bare text."""
+    from es_tiny import tiny_llama
+    from esft.es.trainer import ESTrainer
+    from esft.generation import Generation
+
+    seen = []
+
+    def record(model, tokenizer, prompts, cfg, **kwargs):
+        seen.extend(prompts)
+        return [Generation(text="even") for _ in prompts]
+
+    task = said.Said()
+    config = ESConfig(model="tiny", population_size=2, batch_size=2, max_new_tokens=2, eval_every=0,
+                      output_dir=str(tmp_path / "run"))
+    trainer = ESTrainer(config, model=tiny_llama(hidden=16, layers=1), task=task, generate_fn=record, progress=False)
+    assert isinstance(trainer.task, TaskAdapter) and trainer.task.obj is task
+    batch = task.load("train")
+    result = trainer.executor.evaluate_center(batch)
+    built = get_task("said_task:Said")
+    assert seen == [built.prompt(ex) for ex in batch] and seen[0] == [{"role": "user", "content": "Is 0 even?"}]
+    assert result.scores.tolist() == [[built.score("even", ex) for ex in batch]]
+
+
+def test_es_evaluation_of_a_task_object_reports_the_constant_answer_baseline(said, tmp_path):
+    """ESTrainer left the baseline out for an object that is not an esft Task (`esft eval` and `esft report`, which
+    build it through get_task, report it), and read the test split with load(split, limit=...), which the
+    documented load(split) of such an object does not take."""
+    from es_tiny import stub_generate, tiny_llama
+    from esft.es.trainer import ESTrainer
+    from esft.tasks.labels import constant_baseline
+
+    class Tokens(said.Said):  # the stub generator reads token ids
+        def prompt(self, example):
+            return [3 + len(example["q"]), 5, 7]
+
+    task = Tokens(count=6)
+    config = ESConfig(model="tiny", eval_limit=6, eval_every=1, iterations=0, batch_size=2, population_size=2,
+                      max_new_tokens=2, output_dir=str(tmp_path / "run"))
+    rec = ESTrainer(config, model=tiny_llama(), task=task, generate_fn=stub_generate, progress=False).train().last_eval
+    expected = constant_baseline([ex["answer"] for ex in task.load("test")])  # 4 even, 2 odd
+    assert rec["test_n"] == 6 and rec["test_constant_answer"] == "even"
+    assert rec["test_constant_baseline"] == expected["constant_baseline"] == 4 / 6
+
+
+def test_grpo_trains_and_evaluates_a_task_object(said, tmp_path, tokenizer):
+    """GRPO took the object as it is and stopped with AttributeError: its reward (Task.reward_function) and its
+    held-out evaluation (Task.aggregate) need an esft Task."""
+    pytest.importorskip("trl")
+    from conftest import make_tiny_model
+    from esft.grpo.run import train_grpo
+    from grpo_tiny import tiny_config
+
+    result = train_grpo(tiny_config(tmp_path / "run", task="said_task:Said", max_steps=2, eval_every=2,
+                                    save_steps=0, eval_limit=4, format_bonus=0.0),
+                        model=make_tiny_model(), tokenizer=tokenizer, task=said.Said(), progress=False)
+    assert result.steps == 2 and result.last_eval["test_n"] == 4
+    assert result.last_eval["test_constant_answer"] == "even" and result.last_eval["test_constant_baseline"] == 0.75

@@ -21,9 +21,10 @@ from esft.rundir import TrainResult, check_output_dir
 from esft.tasks.base import Task
 
 
-def with_task(config: Any, task: Any) -> tuple[Any, Any]:
-    """(config, task object or None) for `task=` of train_es / train_grpo: a string (a task name, `module:Class`, a
-    data file) becomes the config's task and is built by the trainer; an object is used as it is, and the config
+def with_task(config: Any, task: Any) -> tuple[Any, Task | None]:
+    """(config, Task or None) for `task=` of train_es / train_grpo: a string (a task name, `module:Class`, a
+    data file) becomes the config's task and is built by the trainer; an object is used as `get_task` would build
+    it (esft.tasks.custom.as_task: itself, or a TaskAdapter around one that is not an esft Task), and the config
     records the string that rebuilds it (`module:Class` and its non-default fields; a data task's file and options)
     so that config.yaml can resume and replay the run. An object without one (its class defined in the script,
     `__main__`, or inside a function; a constructor value YAML cannot hold, such as a function or an array) is
@@ -34,12 +35,12 @@ def with_task(config: Any, task: Any) -> tuple[Any, Any]:
         return config, None
     if isinstance(task, str):
         return config.replace(task=task), None
-    from esft.tasks.custom import absolute_data_task, instantiate, task_record, unrecorded_options
+    from esft.tasks.custom import absolute_data_task, as_task, task_record, unrecorded_options
 
-    if isinstance(task, type):  # a class: built without options, like `--task module:Class`
-        task = instantiate(task, task.__name__, {})
-    if isinstance(task, Task):  # e.g. a data task: its file, fields and reward, before any model
-        task.validate()
+    # a class is built without options, and an object that is not an esft Task is wrapped, as `--task module:Class`
+    # builds them: the run and its resume from config.yaml prompt, score and label the same task
+    task = as_task(task)
+    task.validate()  # e.g. a data task: its file, fields and reward, before any model
     name, options = task_record(task)
     recorded = _recorded_task(config)
     # (config.yaml records a data file by its absolute path: compare it so)

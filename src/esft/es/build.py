@@ -117,16 +117,16 @@ def make_fitness_rule(name: str, format_bonus: float = 0.0, options: dict | None
                       task: Any = None) -> FitnessRule:
     """"mean" (the paper, options unused), "dart" (DART-ES, esft.es.dart; options = DartOptions fields) or
     "balanced" (class-balanced mean over the task's `balance_key` labels; needs `task`). A task object that is not
-    an esft Task (the trainer takes one as it is) gets TaskAdapter's defaults for the labels it does not bring."""
+    an esft Task gets TaskAdapter's defaults for the labels it does not bring (esft.tasks.custom.as_task, as the
+    trainer wraps it)."""
     if name in ("mean", "balanced") and options:
         raise ValueError(f"fitness rule {name!r} takes no fitness_options, got {sorted(options)}")
     if name == "mean":
         return MeanReward(format_bonus)
     if name == "balanced":
-        from esft.tasks.base import task_name
-        from esft.tasks.custom import instantiate
+        from esft.tasks.custom import as_task
 
-        labelled = None if task is None else instantiate(task, task_name(task), {})
+        labelled = None if task is None else as_task(task)
         if labelled is None or labelled.label_set() is None:
             raise ValueError("fitness rule 'balanced' needs a task with labels (boolq, chemistry, mmlu, a Countdown "
                              f"variant with several operators); {None if task is None else labelled.name!r} has none")

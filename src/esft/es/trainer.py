@@ -42,7 +42,8 @@ from esft.es.es_config import ESConfig, read_run_config, resumable_changes, save
 from esft.es.executor import Executor, PopulationResult
 from esft.es.fitness import FitnessRule, as_fitness_rule
 from esft.evaluation import load_examples
-from esft.tasks.base import Task, checks_format, format_bonus_warning
+from esft.tasks.base import checks_format, format_bonus_warning
+from esft.tasks.custom import as_task
 from esft.tasks.labels import summaries_score_name
 from esft.rundir import (DISK_FULL, NonFiniteError, RunInterrupted, RunLock, TrainResult, check_output_dir,
                          demote_final, held_out_fields, holds_run, occupied_error, peak_rss_mb, prune_checkpoints,
@@ -112,6 +113,8 @@ class ESTrainer:
             from esft.tasks import get_task
 
             task = get_task(config.task, **config.task_kwargs())
+        # an object that is not an esft Task as get_task builds it, so a resume from config.yaml prompts alike
+        task = as_task(task)
         note = format_bonus_warning(task, config.format_bonus)
         if note is not None:
             warnings.warn(note, stacklevel=2)
@@ -267,10 +270,8 @@ class ESTrainer:
                     details = {}
                 rows.append({"index": j, "score": float(test.scores[0, j]), "well_formed": self._formed(wf[j]),
                              "completion": text, **details})
-            # what a prior alone scores on the same examples, beside the accuracy (esft.tasks.labels); a task
-            # object that is not an esft Task (load/prompt/score only) has no gold labels to count
-            baseline = (self.task.constant_baseline([{"example": ex} for ex in self.test_set])
-                        if isinstance(self.task, Task) else None)
+            # what a prior alone scores on the same examples, beside the accuracy (esft.tasks.labels)
+            baseline = self.task.constant_baseline([{"example": ex} for ex in self.test_set])
             rec.update(held_out_fields(rows, test.tokens_generated, baseline))
             es_rundir.rewrite_jsonl(self.out / "samples" / f"eval_{self.step:06d}.jsonl", rows)
             self.tracker.log_table("eval_samples", rows[: self.config.samples_per_iteration], self.step)

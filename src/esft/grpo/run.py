@@ -37,6 +37,7 @@ from esft.grpo.trl_trainer import TRAINER_STATE, EsftGRPOTrainer, TaskReward
 from esft.models import without_transformers_bars
 from esft.rundir import CHECKPOINTS, DISK_FULL, RunInterrupted, TrainResult, filter_jsonl, read_jsonl
 from esft.tasks.base import format_bonus_warning
+from esft.tasks.custom import as_task
 from esft.version import __version__
 
 
@@ -189,6 +190,8 @@ def train_grpo(config: GRPOConfig, *, model: Any = None, tokenizer: Any = None, 
     check_trl_arg_names(config)  # and a misspelt or mistyped trl_args key before the run folder is made
     out = Path(config.output_dir)
     rundir.check_output_dir(out)
+    # an object that is not an esft Task as get_task builds it: its resume from config.yaml prompts alike
+    task = None if task is None else as_task(task)
     with rundir.RunLock(out):  # one writer per run directory
         return _train_locked(config, out, model, tokenizer, task, callbacks, progress)
 

@@ -243,15 +243,15 @@ def answer_digest(answer: str) -> str | None:
 
 
 def checks_format(task: Any) -> bool:
-    """Whether `task` checks an answer format (`Task.checks_format`). esft.train_es / train_grpo and the trainers
-    take a task object that is not an esft Task as it is: it checks one when it brings its own `is_well_formed`
-    (optional for such an object, as for the ones get_task wraps in esft.tasks.custom.TaskAdapter)."""
+    """Whether `task` checks an answer format (`Task.checks_format`). The trainers wrap a task object that is not an
+    esft Task in esft.tasks.custom.TaskAdapter (as_task), but an executor takes its task as it is (`esft bench`'s
+    PseudoTask, which has no `load`): such an object checks one when it brings its own `is_well_formed`."""
     return task.checks_format if isinstance(task, Task) else callable(getattr(task, "is_well_formed", None))
 
 
 def task_name(task: Any) -> str:
-    """`Task.name`; for a task object that is not an esft Task (see checks_format) its own `name`, else its class's
-    name, as TaskAdapter names the objects get_task wraps."""
+    """`Task.name`; for a task object that is not an esft Task its own `name`, else its class's name: the name of
+    the TaskAdapter that get_task (and esft.tasks.custom.as_task) wraps it in."""
     return task.name if isinstance(task, Task) else str(getattr(task, "name", type(task).__name__))
 
 

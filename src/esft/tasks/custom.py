@@ -164,6 +164,15 @@ def instantiate(obj: Any, name: str, options: dict[str, Any]) -> Task:
     return obj if isinstance(obj, Task) else TaskAdapter(obj)
 
 
+def as_task(obj: Any) -> Task:
+    """The Task that trains and evaluates a task object or class passed to the Python API (esft.train_es,
+    esft.train_grpo, ESTrainer, GRPO's run): what get_task builds for `--task module:Class` naming it, so a run
+    started from a script and its resume from config.yaml, its Ray workers, `esft eval` and `esft report` prompt,
+    score and label it alike. An esft Task is itself; any other object is used through a TaskAdapter (a prompt
+    given as text becomes the user turn of a chat, and the label defaults apply)."""
+    return instantiate(obj, obj.__name__ if isinstance(obj, type) else task_name(obj), {})
+
+
 def typed_options(cls: type, name: str, options: dict[str, Any]) -> dict[str, Any]:
     """`options` with each text value of a dataclass field read by the field's type, as the same text in a task
     name is (esft.tasks): `none` is None for a field that may be None, `false` is False, `5` is 5; a `str` field
@@ -436,6 +445,7 @@ def check_recorded(name: str, options: dict[str, Any]) -> None:
 
 
 __all__ = ["DATA_TASK_FLAGS", "ENTRY_POINT_GROUP", "NOT_RECORDED", "TaskAdapter", "add_task_flags", "apply_task_flags",
+           "as_task",
            "entry_point_names", "entry_point_task",
            "check_recorded", "external_kind", "external_task", "instantiate", "parse_options", "recorded_class",
            "script_class", "task_record", "task_spec", "unrecorded_options"]
