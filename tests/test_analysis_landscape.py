@@ -411,12 +411,14 @@ def test_sparsity_sweep_sorts_thresholds_skips_repeats_and_keeps_base_and_tuned(
 
 
 def test_sweep_table_rows_print_tau_sparsity_and_accuracy_then_the_base():
+    """A result that recorded neither the targets nor the constant answers (an older cache): n/a for both."""
     res = {"rows": [{"tau": 0.0, "sparsity": 0.125, "accuracy": {"a": 0.5, "b": 0.25}},
                     {"tau": 2e-5, "sparsity": 0.78, "accuracy": {"a": 0.375, "b": 0.0}}],
            "base_accuracy": {"a": 0.1, "b": 0.2}}
     rows = SP.sweep_table_rows(SP.SparsitySweep("es", ["b", "a"], res))
-    assert rows == [["0", "12.5%", "25.0%", "50.0%"], ["2.000e-05", "78.0%", "0.0%", "37.5%"],
-                    ["base (all reverted)", "100%", "20.0%", "10.0%"]]
+    assert rows == [["0", "n/a", "12.5%", "25.0%", "50.0%"], ["2.000e-05", "n/a", "78.0%", "0.0%", "37.5%"],
+                    ["base (all reverted)", "", "100%", "20.0%", "10.0%"],
+                    ["best constant answer", "", "", "n/a", "n/a"]]
 
 
 def test_magnitude_points_counts_the_grid_points_besides_zero_and_the_norms():

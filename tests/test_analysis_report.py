@@ -60,7 +60,11 @@ def test_report_has_every_table_and_says_what_is_unsupported(experiment, tmp_pat
     assert w["es"]["norm"] > 10 * w["grpo"]["norm"] and w["grpo"]["sparsity"] > 0.8
     # Figure 3: interpolation_points=3 is t = 0, 1/2, 1; Figure 5: 0 and 1/4, 1/2, 1 of each update's own norm
     data = path.parent / "data"
-    assert json.loads((data / "landscape_interpolation.json").read_text())["result"]["t"] == [0.0, 0.5, 1.0]
+    interpolation = json.loads((data / "landscape_interpolation.json").read_text())["result"]
+    assert interpolation["t"] == [0.0, 0.5, 1.0]
+    # the one BoolQ example evaluated: its gold answer, given always, is right on 1 of 1
+    assert interpolation["constant_baseline"]["boolq"]["constant_baseline"] == 1.0
+    assert "Best constant answer of the same examples, boolq: '" in text and "| best constant answer |" in text
     holdout = json.loads((data / "landscape_holdout.json").read_text())["result"]
     assert sorted(holdout) == ["es", "grpo"]
     for lab, sweep in holdout.items():

@@ -102,8 +102,10 @@ def test_the_interpolation_table_names_a_mean_reward_and_its_sample_se(path):
 def test_the_interpolation_table_of_accuracies_is_unchanged(path):
     assert interpolation_header(path, ["a"], ("ES", "GRPO")) == [
         "task", "ES acc", "GRPO acc", "min on path", "largest drop below the line", "binomial SE",
-        "barrier (> 2 SE)"]
-    assert interpolation_rows(path, ["a"]) == [["a", "50.0%", "75.0%", "25.0%", "+0.375 at t=0.50", "0.2421", "no"]]
+        "barrier (> 2 SE)", "best constant answer (95% CI)"]
+    # the stand-in task brings no gold answers: no constant answer to show
+    assert interpolation_rows(path, ["a"]) == [["a", "50.0%", "75.0%", "25.0%", "+0.375 at t=0.50", "0.2421", "no",
+                                                "n/a"]]
     assert interpolation_notes(path, ["a"]) == []
     mixed = interpolation_header(path, ["a", "r"], ("ES", "GRPO"))
     assert mixed[1:3] == ["ES acc or mean reward", "GRPO acc or mean reward"] and mixed[5] == "binomial SE or sample SE"
@@ -117,7 +119,7 @@ def test_a_reward_result_without_per_example_scores_shows_no_se_or_barrier(path)
     row = interpolation_rows(path, ["r"])[0]
     assert row[1] == "2.000" and row[5:] == ["n/a", "n/a"]
     path["barrier"]["a"].pop("se_of")  # an accuracy from such a result keeps its binomial SE
-    assert interpolation_rows(path, ["a"])[0][5:] == ["0.2421", "no"]
+    assert interpolation_rows(path, ["a"])[0][5:] == ["0.2421", "no", "n/a"]
 
 
 def test_a_direction_sweep_names_each_task_from_its_scores(monkeypatch):
@@ -156,9 +158,10 @@ def test_a_sparsity_sweep_of_a_reward_is_named_from_its_scores(monkeypatch):
     res = SP.sparsity_sweep(work, None, base, tuned, {t: (None, [0] * 4) for t in points}, None, taus=[0.0])
     assert res["score"] == {"m": "mean reward", "a": "accuracy"}
     sweep = SP.SparsitySweep("es", ["m", "a"], res)
-    assert SP.sweep_table_header(sweep) == ["tau", "sparsity", "m mean reward", "a acc"]
+    assert SP.sweep_table_header(sweep) == ["tau", "target sparsity", "sparsity reached", "m mean reward", "a acc"]
     rows = SP.sweep_table_rows(sweep)
-    assert rows[0][2:] == ["0.250", "25.0%"] and rows[1] == ["base (all reverted)", "100%", "0.500", "50.0%"]
+    assert rows[0][3:] == ["0.250", "25.0%"] and rows[1] == ["base (all reverted)", "", "100%", "0.500", "50.0%"]
+    assert rows[2] == ["best constant answer", "", "", "n/a", "n/a"]  # the stand-ins bring no gold answers
 
 
 def test_the_landscape_command_calls_a_rewards_path_mean_rewards(path):
@@ -196,8 +199,9 @@ def test_the_reports_sparsity_section_names_a_reward(tmp_path, monkeypatch):
                         lambda ctx: ([SP.SparsitySweep("es", ["m"], res)], tmp_path / "s.png"))
     report = Report(ReportConfig(dir=str(tmp_path), analyses=[], holdout_tasks=[]), progress=False)
     report.section_sparsity()
-    assert "| tau | sparsity | m mean reward |" in report.sections[-1]
-    assert "| 0 | 0.0% | 0.500 |" in report.sections[-1]
+    assert "| tau | target sparsity | sparsity reached | m mean reward |" in report.sections[-1]
+    assert "| 0 | n/a | 0.0% | 0.500 |" in report.sections[-1]
+    assert "constant" not in report.sections[-1]  # a mean reward alone: no constant-answer row
 
 
 def test_results_csv_leaves_a_rewards_constant_answer_cells_empty():

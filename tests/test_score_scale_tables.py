@@ -134,10 +134,11 @@ def test_a_sparsity_column_of_a_reward_outside_0_1_prints_plain_numbers():
                     {"tau": 2e-5, "sparsity": 0.78, "accuracy": {"a": 0.375, "r": 1.5}}],
            "base_accuracy": {"a": 0.1, "r": 0.2}}
     rows = sweep_table_rows(SparsitySweep("es", ["r", "a"], res))
-    assert rows == [["0", "12.5%", "0.250", "50.0%"], ["2.000e-05", "78.0%", "1.500", "37.5%"],
-                    ["base (all reverted)", "100%", "0.200", "10.0%"]]
+    assert rows == [["0", "n/a", "12.5%", "0.250", "50.0%"], ["2.000e-05", "n/a", "78.0%", "1.500", "37.5%"],
+                    ["base (all reverted)", "", "100%", "0.200", "10.0%"],
+                    ["best constant answer", "", "", "n/a", "n/a"]]  # a result from before recorded no baseline
     res["rows"][1]["accuracy"]["r"], res["base_accuracy"]["r"] = 0.75, -0.5  # only the base's leaves [0, 1]
-    assert [row[2] for row in sweep_table_rows(SparsitySweep("es", ["r"], res))] == ["0.250", "0.750", "-0.500"]
+    assert [row[3] for row in sweep_table_rows(SparsitySweep("es", ["r"], res))] == ["0.250", "0.750", "-0.500"]
 
 
 def test_landscape_tables_print_a_reward_outside_0_1_as_plain_numbers():
@@ -146,10 +147,13 @@ def test_landscape_tables_print_a_reward_outside_0_1_as_plain_numbers():
     res = {"accuracy": {"acc": [0.5, 0.25, 0.75], "rew": [0.5, -0.25, 0.75]},  # only the path's middle leaves [0, 1]
            "barrier": {"acc": {"min_accuracy": 0.25, "max_drop": 0.375, "at": 0.5, "se": 0.125, "barrier": True},
                        "rew": {"min_accuracy": -0.25, "max_drop": 1.75, "at": 0.5, "se": 0.5, "se_of": "sample",
-                               "barrier": True}}}
+                               "barrier": True}},
+           # a reward's gold labels may give it one: it says nothing on the reward's scale, so none is shown
+           "constant_baseline": {t: {"constant_baseline": 0.5, "constant_baseline_ci95": [0.25, 0.75],
+                                     "constant_answer": "no"} for t in ("acc", "rew")}}
     assert interpolation_rows(res, ["acc", "rew"]) == [
-        ["acc", "50.0%", "75.0%", "25.0%", "+0.375 at t=0.50", "0.125", "yes"],
-        ["rew", "0.500", "0.750", "-0.250", "+1.750 at t=0.50", "0.5", "yes"]]
+        ["acc", "50.0%", "75.0%", "25.0%", "+0.375 at t=0.50", "0.125", "yes", "'no' 50.0% [25.0, 75.0]"],
+        ["rew", "0.500", "0.750", "-0.250", "+1.750 at t=0.50", "0.5", "yes", "n/a"]]
     sweep = {"magnitudes": [0.0, 2.0], "directions": {
         "es": {"norm": 2.0, "accuracy": {"acc": [0.5, 0.25], "rew": [0.5, 0.75]}},
         "random": {"norm": 2.0, "accuracy": {"acc": [0.5, 1.0], "rew": [0.5, 3.0]}}}}

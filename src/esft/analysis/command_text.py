@@ -6,8 +6,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from esft.analysis.constant import LABEL, baseline_text, shown
+from esft.analysis.sparsity import target_text
 from esft.tables import NA
-from esft.tasks.labels import MEAN_REWARD
+from esft.tasks.labels import ACCURACY, MEAN_REWARD
 
 
 def format_weights(rep: dict[str, Any]) -> str:
@@ -54,14 +56,21 @@ def format_landscape(res: dict[str, Any]) -> str:
     for lab, d in res["directions"]["directions"].items():
         for t, accs in d["accuracy"].items():
             lines.append(f"{lab} (norm {d['norm']:.4g}) {t}: {[round(x, 3) for x in accs]}")
-    return "\n".join(lines)
+    return "\n".join(lines + constant_lines(res.get("interpolation") or res["directions"]))
+
+
+def constant_lines(res: dict[str, Any]) -> list[str]:
+    """`best constant answer boolq: 'yes' 62.5% [30.6, 86.3]` per accuracy task of a result that recorded one
+    (esft.analysis.constant); none for a mean reward."""
+    names = {t: (res.get("score") or {}).get(t, ACCURACY) for t in res.get("n", {})}
+    return [f"{LABEL} {t}: {baseline_text(b)}" for t, b in shown(res, names).items() if b]
 
 
 def format_sparsity(res: dict[str, Any]) -> str:
-    lines = [f"tau {r['tau']:<10.4g} sparsity {100 * r['sparsity']:6.2f}%  " +
+    lines = [f"tau {r['tau']:<10.4g} target {target_text(r):<8} sparsity {100 * r['sparsity']:6.2f}%  " +
              " ".join(f"{t} {a:.3f}" for t, a in r["accuracy"].items()) for r in res["rows"]]
     lines.append("base (all reverted)            " + " ".join(f"{t} {a:.3f}" for t, a in res["base_accuracy"].items()))
-    return "\n".join(lines)
+    return "\n".join(lines + constant_lines(res))
 
 
 def format_drift(res: dict[str, Any]) -> str:

@@ -7,6 +7,9 @@
   direction norm-matched tensor by tensor to a reference update (Figure 4, from the base model). From a later
   checkpoint and on holdout tasks this is Figure 5.
 
+Each result records every task's constant-answer baseline of the same examples (esft.analysis.constant), drawn as
+a dotted line.
+
 One working model is held in memory; the weights it is set to are computed tensor by tensor in float64 from
 checkpoints read lazily from disk (esft.analysis.sources), so no second model is materialised.
 
@@ -27,6 +30,7 @@ import numpy as np
 import torch
 
 from esft.analysis.barrier import barrier, path_score_names, sample_sd
+from esft.analysis.constant import KEY, draw_baseline, shown, task_baselines
 from esft.analysis.report_cache import fingerprint
 from esft.analysis.sources import TensorSource, as_source
 from esft.tasks.labels import ACCURACY, MEAN_REWARD
@@ -208,7 +212,8 @@ def accuracy(model, tokenizer, tasks: Mapping[str, tuple[Any, list]], gen_config
 def interpolation_path(model, tokenizer, a: Any, b: Any, ts: Sequence[float], tasks: Mapping[str, tuple[Any, list]],
                        gen_config, progress: bool = False) -> dict[str, Any]:
     """Accuracy (or mean reward) at theta(t) = (1 - t) a + t b for each t (0 and 1 are always included), with
-    each task's score name ("score", from the per-example scores) and the barrier test on that scale."""
+    each task's score name ("score", from the per-example scores), the barrier test on that scale and each task's
+    constant-answer baseline (KEY)."""
     ts = sorted(set([0.0, 1.0, *[float(t) for t in ts]]))
     sa = as_source(a)
     direction = DeltaDirection(sa, b, "a->b").bind(model)
@@ -228,7 +233,7 @@ def interpolation_path(model, tokenizer, a: Any, b: Any, ts: Sequence[float], ta
             "barrier": {n: barrier(ts, accs[n], len(tasks[n][1]),
                                    [sample_sd(s) for s in scores[n]] if names[n] == MEAN_REWARD else None)
                         for n in tasks},
-            "n": {n: len(tasks[n][1]) for n in tasks}}
+            "n": {n: len(tasks[n][1]) for n in tasks}, KEY: task_baselines(tasks)}
 
 
 def default_magnitudes(norms: Sequence[float], points: int = 6) -> list[float]:
@@ -249,10 +254,10 @@ def default_magnitudes(norms: Sequence[float], points: int = 6) -> list[float]:
 def direction_sweep(model, tokenizer, origin: Any, directions: Sequence[Direction], magnitudes: Sequence[float],
                     tasks: Mapping[str, tuple[Any, list]], gen_config, progress: bool = False) -> dict[str, Any]:
     """Accuracy (or mean reward) at origin + m * direction / ||direction|| for each direction and absolute
-    distance m, with each task's score name ("score", from the per-example scores)."""
+    distance m, with each task's score name ("score", from the per-example scores) and constant-answer baseline."""
     so = as_source(origin)
     out: dict[str, Any] = {"origin": so.name, "magnitudes": [float(m) for m in magnitudes], "directions": {},
-                           "n": {n: len(tasks[n][1]) for n in tasks}}
+                           "n": {n: len(tasks[n][1]) for n in tasks}, KEY: task_baselines(tasks)}
     cache_zero: dict[str, float] | None = None
     scores: dict[str, list[list[float] | None]] = {n: [] for n in tasks}
     for d in directions:
@@ -297,7 +302,10 @@ def plot_interpolation(result: Mapping[str, Any], path: str | Path, labels: tupl
         name = textwrap.fill(n.replace(",", ", "), 36) if len(n) > 36 else n  # task options: wider than a panel
         ax.set_title(f"{name}: max drop {b['max_drop']:+.3f}" + (" (barrier)" if b["barrier"] else ""), fontsize=9)
         ax.set_xlabel(f"t  ({labels[0]} = 0, {labels[1]} = 1)")
-        accuracy_axis(ax, (result.get("score") or {}).get(n, ACCURACY))
+        score = (result.get("score") or {}).get(n, ACCURACY)
+        if draw_baseline(ax, shown(result, {n: score})[n]):
+            ax.legend(fontsize=7)
+        accuracy_axis(ax, score)
     return save(fig, path)
 
 
@@ -325,7 +333,9 @@ def plot_direction_sweep(result: Mapping[str, Any], path: str | Path,
             ax.set_xscale("symlog", linthresh=float(pos.min()))
         ax.set_xlim(left=0.0)  # distances are >= 0: no margin of negative distances (markers on 0 drawn unclipped)
         ax.set_xlabel(r"distance moved $\|\Delta\theta\|_2$")
-        accuracy_axis(ax, (result.get("score") or {}).get(n, ACCURACY))
+        score = (result.get("score") or {}).get(n, ACCURACY)
+        draw_baseline(ax, shown(result, {n: score})[n])
+        accuracy_axis(ax, score)
         ax.set_title(n, fontsize=9)
         ax.legend(fontsize=7)
     if title:

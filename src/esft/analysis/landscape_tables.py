@@ -4,13 +4,18 @@ scores as a percentage, or as a mean reward for a task scored outside [0, 1] (es
 A task's score name is the one its result recorded from the per-example scores (`score`); a result without one
 (computed before results recorded it) is named from the values the table holds. A mean reward's barrier test
 needs the sample standard error of its scores (esft.analysis.barrier): where the result has none, its SE and
-barrier cells are n/a rather than a binomial figure that means nothing on its scale."""
+barrier cells are n/a rather than a binomial figure that means nothing on its scale.
+
+Beside the accuracies stands each task's best constant answer of the same examples with its 95% interval
+(esft.analysis.constant): a column of the interpolation table, a caption line under a sweep's; n/a for a result
+computed before results recorded it, nothing for a mean reward."""
 
 from __future__ import annotations
 
 from typing import Any, Sequence
 
 from esft.analysis.barrier import SAMPLE
+from esft.analysis.constant import KEY, LABEL, NOT_RECORDED, baseline_notes, baseline_text, shown
 from esft.analysis.score_text import score_text
 from esft.tables import NA, fmt
 from esft.tasks.labels import ACCURACY, MEAN_REWARD, score_name
@@ -27,16 +32,19 @@ def interpolation_names(res: dict[str, Any], tasks: Sequence[str]) -> dict[str, 
 
 def interpolation_rows(res: dict[str, Any], tasks: Sequence[str]) -> list[list[Any]]:
     """Per task: the score at both ends, the minimum on the path, the largest drop below the straight line, its
-    standard error (binomial for an accuracy, of the scores for a mean reward) and whether it is a barrier."""
+    standard error (binomial for an accuracy, of the scores for a mean reward), whether it is a barrier and,
+    when some task is an accuracy, its best constant answer (n/a for a mean reward)."""
     rows = []
     names = interpolation_names(res, tasks)
+    constant = shown(res, names) if ACCURACY in names.values() else None
     for t in tasks:
         acc, bar = res["accuracy"][t], res["barrier"][t]
-        shown = score_text(acc, names[t])
+        cell = score_text(acc, names[t])
         known = names[t] == ACCURACY or bar.get("se_of") == SAMPLE
-        rows.append([t, shown(acc[0]), shown(acc[-1]), shown(bar["min_accuracy"]),
+        rows.append([t, cell(acc[0]), cell(acc[-1]), cell(bar["min_accuracy"]),
                      f"{bar['max_drop']:+.3f} at t={bar['at']:.2f}", fmt(bar["se"]) if known else NA,
-                     ("yes" if bar["barrier"] else "no") if known else NA])
+                     ("yes" if bar["barrier"] else "no") if known else NA]
+                    + ([] if constant is None else [baseline_text(constant[t])]))
     return rows
 
 
@@ -49,18 +57,23 @@ def interpolation_header(res: dict[str, Any], tasks: Sequence[str], labels: tupl
     order = [k for k in (ACCURACY, MEAN_REWARD) if k in kinds] or [ACCURACY]
     what, error = " or ".join(score[k] for k in order), " or ".join(se[k] for k in order)
     return (["task"] + [f"{lab} {what}" for lab in labels]
-            + ["min on path", "largest drop below the line", error, "barrier (> 2 SE)"])
+            + ["min on path", "largest drop below the line", error, "barrier (> 2 SE)"]
+            + ([f"{LABEL} (95% CI)"] if ACCURACY in kinds else []))
 
 
 def interpolation_notes(res: dict[str, Any], tasks: Sequence[str]) -> list[str]:
-    """The note under the table when some task is a mean reward (none otherwise)."""
-    rewards = [t for t, k in interpolation_names(res, tasks).items() if k == MEAN_REWARD]
+    """The notes under the table: where the result recorded no constant answer, that it is n/a; when some task
+    is a mean reward, how to read it."""
+    names = interpolation_names(res, tasks)
+    rewards = [t for t, k in names.items() if k == MEAN_REWARD]
+    old = [NOT_RECORDED] if KEY not in res and ACCURACY in names.values() else []
     if not rewards:
-        return []
-    return [f"Mean reward, a plain number on its reward function's scale (not %): {', '.join(rewards)}; the drop is "
-            "on that scale, and its SE is the sample standard error of the per-example scores at the point of the "
-            "largest drop (an accuracy's is the binomial one of the line's value); n/a where the result holds no "
-            "per-example scores (recompute the report)."]
+        return old
+    return old + [
+        f"Mean reward, a plain number on its reward function's scale (not %): {', '.join(rewards)}; the drop is "
+        "on that scale, and its SE is the sample standard error of the per-example scores at the point of the "
+        "largest drop (an accuracy's is the binomial one of the line's value); n/a where the result holds no "
+        "per-example scores (recompute the report)."]
 
 
 def sweep_names(res: dict[str, Any]) -> dict[str, str]:
@@ -70,10 +83,12 @@ def sweep_names(res: dict[str, Any]) -> dict[str, str]:
 
 
 def sweep_notes(res: dict[str, Any]) -> list[str]:
-    """The note under a sweep's table when some task is a mean reward (none otherwise)."""
-    rewards = [t for t, k in sweep_names(res).items() if k == MEAN_REWARD]
-    return [f"Mean reward, a plain number on its reward function's scale (not %): {', '.join(rewards)}."] \
-        if rewards else []
+    """The notes under a sweep's table: each accuracy task's best constant answer (esft.analysis.constant), and
+    how to read a mean reward when some task is one."""
+    names = sweep_names(res)
+    rewards = [t for t, k in names.items() if k == MEAN_REWARD]
+    return baseline_notes(res, names) + ([f"Mean reward, a plain number on its reward function's scale (not %): "
+                                          f"{', '.join(rewards)}."] if rewards else [])
 
 
 def sweep_rows(res: dict[str, Any]) -> tuple[list[str], list[list[Any]]]:
@@ -82,9 +97,9 @@ def sweep_rows(res: dict[str, Any]) -> tuple[list[str], list[list[Any]]]:
     mags = res["magnitudes"]
     names = sweep_names(res)
     tasks = list(names)
-    shown = {t: score_text((), name) for t, name in names.items()}
+    cell = {t: score_text((), name) for t, name in names.items()}
     rows = []
     for label, d in res["directions"].items():
         for t in tasks:
-            rows.append([label, fmt(d["norm"]), t] + [shown[t](v) for v in d["accuracy"][t]])
+            rows.append([label, fmt(d["norm"]), t] + [cell[t](v) for v in d["accuracy"][t]])
     return ["direction", "its norm", "task"] + [f"|d|={fmt(m, 3)}" for m in mags], rows

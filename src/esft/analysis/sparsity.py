@@ -3,7 +3,9 @@
 Keep only the update coordinates with |d| > tau, revert the others to the base weights, and re-evaluate, over a
 sweep of tau. The reported sparsity at tau is the fraction of reverted coordinates, |d| <= tau (so at tau = 1e-5
 it is the sparsity of paper Table 4). Thresholds can be given directly or chosen to hit target sparsities
-from a streamed log-histogram of |d|; the sparsity actually reached is always measured exactly.
+from a streamed log-histogram of |d|; the sparsity actually reached is always measured exactly, and shown beside
+the targets asked for (a target of 90% can land at 100% when most entries of the update are exact zeros). Each
+sweep records its tasks' constant-answer baselines of the same examples (esft.analysis.constant).
 
 `report_sparsity` is the report's section (esft.analysis.report_builder): one sweep per method and task
 sequence.
@@ -20,11 +22,12 @@ import torch
 
 from esft import paper
 from esft.analysis.barrier import path_score_names
+from esft.analysis.constant import KEY, LABEL, baseline_text, draw_baseline, shown, task_baselines
 from esft.analysis.landscape import DeltaDirection, Direction, accuracy, prepare_tasks, set_weights
 from esft.analysis.report_cache import fingerprint, slug
 from esft.analysis.score_text import score_text
 from esft.analysis.sources import DEFAULT_CHUNK_ELEMS, aligned_refs, as_source, iter_chunks
-from esft.tables import fmt, pct
+from esft.tables import NA, fmt, pct
 from esft.tasks.labels import ACCURACY, MEAN_REWARD, score_name
 
 if TYPE_CHECKING:
@@ -128,9 +131,13 @@ def sparsity_sweep(model, tokenizer, base: Any, tuned: Any, tasks: Mapping[str, 
                    taus: Sequence[float] | None = None, targets: Sequence[float] = DEFAULT_TARGETS,
                    progress: bool = False) -> dict[str, Any]:
     """Accuracy of base + threshold(tuned - base, tau) for each tau (from `targets` when `taus` is None), next
-    to the exact sparsity reached; the base model's accuracy is included as the fully reverted end point."""
+    to the exact sparsity reached and the targets that chose it ("targets"; none for a threshold given); the
+    base model's accuracy is included as the fully reverted end point, and each task's constant-answer baseline."""
+    asked: dict[float, list[float]] = {}
     if taus is None:
         taus = taus_for_sparsity(base, tuned, targets)
+        for q, tau in zip(targets, taus):
+            asked.setdefault(float(tau), []).append(float(q))
     taus = sorted(set(float(t) for t in taus))
     sp = sparsity_at(base, tuned, taus)
     delta = DeltaDirection(base, tuned, "update").bind(model)
@@ -146,23 +153,24 @@ def sparsity_sweep(model, tokenizer, base: Any, tuned: Any, tasks: Mapping[str, 
 
     for tau, s in zip(taus, sp):
         if rows and s == rows[-1]["sparsity"]:
-            continue  # the same coordinates are kept: the same model, no need to evaluate it again
+            rows[-1]["targets"] += asked.get(tau, [])  # the same coordinates kept: the same model, evaluated once
+            continue
         set_weights(model, base, [(1.0, ThresholdedDelta(delta, tau).bind(model))])
         acc = evaluate()
-        rows.append({"tau": tau, "sparsity": s, "accuracy": acc})
+        rows.append({"tau": tau, "sparsity": s, "targets": list(asked.get(tau, [])), "accuracy": acc})
         if progress:
             print(f"tau={tau:.3g} sparsity={s:.4f} " + " ".join(f"{n}={v:.3f}" for n, v in acc.items()), flush=True)
     set_weights(model, base)
     base_acc = evaluate()
     means = {n: [*(r["accuracy"][n] for r in rows), base_acc[n]] for n in tasks}
     return {"rows": rows, "base_accuracy": base_acc, "n": {n: len(tasks[n][1]) for n in tasks},
-            "update_norm": delta.norm, "score": path_score_names(scores, means)}
+            "update_norm": delta.norm, "score": path_score_names(scores, means), KEY: task_baselines(tasks)}
 
 
 def plot_sparsity_sweep(results: Mapping[str, Mapping[str, Any]], path: str | Path) -> Path:
     """Accuracy vs sparsity of the kept update, one line per method in the panel of each task it evaluated; base
-    accuracy dotted. A result's "algorithm" (a report's sweeps are keyed by track name, e.g. "es@100") picks its
-    colour, else its label."""
+    accuracy dotted in its colour, each task's best constant answer dotted grey. A result's "algorithm" (a
+    report's sweeps are keyed by track name, e.g. "es@100") picks its colour, else its label."""
     from matplotlib.lines import Line2D
     from matplotlib.ticker import MaxNLocator
 
@@ -183,6 +191,10 @@ def plot_sparsity_sweep(results: Mapping[str, Mapping[str, Any]], path: str | Pa
             if t in r.get("base_accuracy", {}):
                 ax.axhline(r["base_accuracy"][t], color=col, ls=":", lw=1)
                 bases = True
+        constants = {baseline_text(b): b for r in results.values()
+                     if (b := shown(r, {t: (r.get("score") or {}).get(t, ACCURACY)}).get(t))}
+        for b in constants.values():  # one line for sweeps of the same examples
+            draw_baseline(ax, b)
         # a few ticks: sparsities a few 1e-4 apart got seven 6-digit labels, printed over each other
         ax.xaxis.set_major_locator(MaxNLocator(nbins=4))
         ax.set_xlabel(r"sparsity (fraction of $|\Delta\theta_i| \leq \tau$ reverted)")
@@ -269,16 +281,29 @@ def _score_names(sweep: SparsitySweep) -> list[str]:
 
 def sweep_table_header(sweep: SparsitySweep) -> list[str]:
     """The columns of `sweep_table_rows`: each task's named "acc" or "mean reward"."""
-    return ["tau", "sparsity"] + [f"{t} {'acc' if name == ACCURACY else name}"
-                                  for t, name in zip(sweep.tasks, _score_names(sweep))]
+    return ["tau", "target sparsity", "sparsity reached"] + [f"{t} {'acc' if name == ACCURACY else name}"
+                                                             for t, name in zip(sweep.tasks, _score_names(sweep))]
+
+
+def target_text(row: dict[str, Any]) -> str:
+    """The target sparsities that chose a row's threshold (several when their thresholds keep the same entries);
+    "(tau given)" for a threshold given directly, n/a for a result computed before results recorded them."""
+    if "targets" not in row:
+        return NA
+    return ", ".join(pct(q) for q in row["targets"]) or "(tau given)"
 
 
 def sweep_table_rows(sweep: SparsitySweep) -> list[list[Any]]:
-    """Per threshold: tau, the sparsity reached, the accuracy per task; then the base model (all reverted). A
-    task's column is a mean reward rather than a percentage when its scores leave [0, 1] (esft.analysis.score_text)."""
-    res, tasks = sweep.result, sweep.tasks
-    shown = [score_text((), name) for name in _score_names(sweep)]
-    rows = [[fmt(r["tau"]), pct(r["sparsity"])] + [s(r["accuracy"][t]) for s, t in zip(shown, tasks)]
+    """Per threshold: tau, the target sparsities asked for, the sparsity reached, the accuracy per task; then the
+    base model (all reverted) and, when some task is an accuracy, its best constant answer of the same examples
+    (n/a for a mean reward or a result that recorded none). A task's column is a mean reward rather than a
+    percentage when its scores leave [0, 1] (esft.analysis.score_text)."""
+    res, tasks, names = sweep.result, sweep.tasks, _score_names(sweep)
+    cell = [score_text((), name) for name in names]
+    rows = [[fmt(r["tau"]), target_text(r), pct(r["sparsity"])] + [s(r["accuracy"][t]) for s, t in zip(cell, tasks)]
             for r in res["rows"]]
-    rows.append(["base (all reverted)", "100%"] + [s(res["base_accuracy"][t]) for s, t in zip(shown, tasks)])
+    rows.append(["base (all reverted)", "", "100%"] + [s(res["base_accuracy"][t]) for s, t in zip(cell, tasks)])
+    if ACCURACY in names:
+        constant = shown(res, dict(zip(tasks, names)))
+        rows.append([LABEL, "", ""] + [baseline_text(constant[t]) for t in tasks])
     return rows
