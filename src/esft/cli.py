@@ -45,7 +45,8 @@ def _eval(args: argparse.Namespace) -> int:
         print()
         print(format_table(results))
     if config.output_dir:
-        print(f"\nwrote {config.output_dir}/summary.json and one JSONL of completions per task")
+        figures = " and its pass@k figure (<task>.passk.png)" if config.sampled else ""
+        print(f"\nwrote {config.output_dir}/summary.json and one JSONL of completions per task{figures}")
     return 0
 
 
