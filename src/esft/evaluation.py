@@ -5,7 +5,8 @@ Writes, per task, every completion with its score to `<output_dir>/<task>.jsonl`
 
 Default: one greedy completion per question (the paper's protocol). With `samples > 1` (or `k` given) every
 question gets n sampled completions and the summary adds pass@k, mean@n and maj@k with bootstrap CIs over
-questions (`esft.passk`); `pass_at_k(n, c, k)` is re-exported here.
+questions (`esft.passk`; pass@k only for 0/1 scores, n/a for a reward on another scale), and with an output
+folder `<task>.passk.png` draws pass@k over k (`write_passk_figure`); `pass_at_k(n, c, k)` is re-exported here.
 
 Every summary carries, next to the accuracy and its 95% Wilson interval, the *constant-answer baseline* of the same
 examples (`constant_baseline`, `constant_baseline_ci95`, `constant_answer`: always giving the most frequent gold

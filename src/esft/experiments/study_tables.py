@@ -19,6 +19,9 @@ Where the evaluations recorded it (`constant_baseline`, esft.evaluation), every 
 with its 95% Wilson interval (a column of Table 1, a row of the others). An accuracy inside that interval is
 what a prior alone reaches.
 
+Beside each methods table, `tables/passk_<task>.png` draws its pass@k columns as curves over k with their 95%
+bands (esft.experiments.method_figures); a task whose scores are not 0/1 has no pass@k, its cells read n/a.
+
 The records are read by esft.experiments.records; every table is an `esft.tables.Table` (rows of cells), which
 renders the Markdown and CSV.
 """
