@@ -1,5 +1,5 @@
 """The pass@k figure (esft.passk_figure): written by `esft eval` when it samples and by an experiment beside its
-methods table; its lines, band, axis and baseline read from the matplotlib objects. And pass@k on scores that are
+methods table; its lines, error bars, axis and baseline read from the matplotlib objects. And pass@k on scores that are
 not 0/1 (partial credit, a custom reward): n/a with its reason in the JSON, the printed line, the methods table and
 the figure. Stub generation and hand-made records, no model (a few seconds).
 
@@ -31,12 +31,21 @@ def hand_summary() -> dict:
     return summarize_samples(HAND_SCORES, None, [1, 2, 4])
 
 
-def band_at(fig_ax, x: float) -> tuple[float, float]:
-    """(low, high) of the first band (fill_between) at x."""
-    poly = [c for c in fig_ax.collections if c.get_paths()][0]
-    verts = poly.get_paths()[0].vertices
-    ys = verts[np.isclose(verts[:, 0], x), 1]
-    return float(ys.min()), float(ys.max())
+def curves_of(ax) -> dict:
+    """{legend label: data line} of the error-bar curves, in drawing order."""
+    return {c.get_label(): c.lines[0] for c in ax.containers}
+
+
+def named_lines(ax) -> list:
+    """The lines with a legend entry of their own (the baseline), not the curves' parts."""
+    return [ln for ln in ax.get_lines() if not ln.get_label().startswith("_")]
+
+
+def bars_of(ax, label: str) -> dict[float, tuple[float, float]]:
+    """{x: (low, high)} of the error bars of the curve labelled `label`."""
+    container = [c for c in ax.containers if c.get_label() == label][0]
+    segments = container.lines[2][0].get_segments()
+    return {float(seg[0][0]): (float(seg[0][1]), float(seg[1][1])) for seg in segments}
 
 
 def test_hand_computed_pass_at_k_and_its_interval():
@@ -55,18 +64,20 @@ def test_figure_draws_each_k_with_its_interval_on_a_log2_axis():
     fig = passk_figure.passk_figure([passk_figure.curve_from_summary("GRPO", hand_summary())], "pass@k on t",
                                     passk_figure.Baseline(0.5, (0.2, 0.8), "yes"))
     ax = fig.axes[0]
-    line = [ln for ln in ax.get_lines() if ln.get_label() == "GRPO"][0]
+    line = curves_of(ax)["GRPO"]
     assert list(line.get_xdata()) == [1, 2, 4]
     assert list(line.get_ydata()) == pytest.approx([62.5, 75.0, 100.0])  # in %
     assert line.get_color() == "tab:red"  # GRPO's colour in every esft figure
-    assert band_at(ax, 1) == pytest.approx((25.0, 100.0))
-    assert band_at(ax, 2) == pytest.approx((50.0, 100.0))
-    assert band_at(ax, 4) == pytest.approx((34.237, 100.0), abs=1e-3)
+    bars = bars_of(ax, "GRPO")
+    assert list(bars) == [1.0, 2.0, 4.0]  # one curve: on k itself
+    assert bars[1.0] == pytest.approx((25.0, 100.0))
+    assert bars[2.0] == pytest.approx((50.0, 100.0))
+    assert bars[4.0] == pytest.approx((34.237, 100.0), abs=1e-3)
     assert ax.get_xscale() == "log" and ax.xaxis.get_transform().base == 2
     fig.canvas.draw()
     assert [t.get_text() for t in ax.get_xticklabels()] == ["1", "2", "4"]
     assert ax.get_ylim() == (0.0, 100.0) and ax.get_ylabel() == "pass@k (%)"
-    constant = [ln for ln in ax.get_lines() if "constant answer" in ln.get_label()][0]
+    constant = named_lines(ax)[0]
     assert constant.get_linestyle() == ":" and list(constant.get_ydata()) == [50.0, 50.0]
     assert constant.get_label() == 'constant answer "yes" (95% CI)'
     assert fig._suptitle.get_text() == "pass@k on t"
@@ -78,12 +89,16 @@ def test_methods_take_their_algorithm_colours_and_seeds_share_one():
               (("Base", "Base", "-"), ("ES (iter=2)", "ES (iter=2)", "-"), ("ES (iter=4)", "ES (iter=4)", "-"),
                ("GRPO->ES (seed 1)", "GRPO->ES", "-"), ("GRPO->ES (seed 2)", "GRPO->ES", "--"))]
     ax = passk_figure.passk_figure(curves, "t").axes[0]
-    colour = {ln.get_label(): ln.get_color() for ln in ax.get_lines()}
+    colour = {label: ln.get_color() for label, ln in curves_of(ax).items()}
     assert colour["Base"] == "black" and colour["ES (iter=2)"] == "tab:blue"
     assert colour["ES (iter=4)"] not in ("tab:blue", "black", "tab:purple")  # a second ES budget: its own colour
     assert colour["GRPO->ES (seed 1)"] == colour["GRPO->ES (seed 2)"] == "tab:purple"
-    styles = {ln.get_label(): ln.get_linestyle() for ln in ax.get_lines()}
+    styles = {label: ln.get_linestyle() for label, ln in curves_of(ax).items()}
     assert styles["GRPO->ES (seed 1)"] == "-" and styles["GRPO->ES (seed 2)"] == "--"
+    # equal curves spread around each k, in order, the middle one on k: all five stay visible
+    xs = [list(ln.get_xdata()) for ln in curves_of(ax).values()]
+    assert [x[1] for x in xs] == pytest.approx([2 * 2 ** (0.045 * (i - 2)) for i in range(5)])
+    assert xs[2] == [1, 2, 4] and len({x[0] for x in xs}) == 5
 
 
 # ---- esft eval ----------------------------------------------------------------------------------------------------
@@ -154,10 +169,10 @@ def test_esft_eval_writes_the_figure_of_what_its_summary_holds(monkeypatch, tmp_
     res, figures = run_fixed(monkeypatch, tmp_path, HAND_SCORES)
     assert [path for _, path in figures] == [tmp_path / "fixed.passk.png"] and figures[0][1].stat().st_size > 0
     ax = figures[0][0].axes[0]
-    line = [ln for ln in ax.get_lines() if ln.get_label() == "tiny-model"][0]
+    line = curves_of(ax)["tiny-model"]
     assert list(line.get_ydata()) == pytest.approx([100 * res["pass@k"][k]["value"] for k in ("1", "2", "4")])
-    assert band_at(ax, 2) == pytest.approx((50.0, 100.0))
-    assert [ln.get_label() for ln in ax.get_lines()][1] == 'constant answer "yes" (95% CI)'
+    assert bars_of(ax, "tiny-model")[2.0] == pytest.approx((50.0, 100.0))
+    assert [ln.get_label() for ln in named_lines(ax)] == ['constant answer "yes" (95% CI)']
     assert "pass@k on fixed | model tiny-model" == figures[0][0]._suptitle.get_text()
     assert ax.get_title() == "4 samples per question at temperature 0.7, top_p 1; 2 questions"
 
@@ -224,12 +239,11 @@ def test_experiment_figure_has_a_line_per_method_and_seed_and_the_constant_answe
     exp = experiment({"Base": [s], "GRPO": [s, s], "GRPO->ES": [s, s]}, seeds=(1, 2))
     fig = method_figure(exp, "boolq")
     ax = fig.axes[0]
-    labels = [ln.get_label() for ln in ax.get_lines()]
-    assert labels == ["Base", "GRPO (seed 1)", "GRPO (seed 2)", "GRPO->ES (seed 1)", "GRPO->ES (seed 2)",
-                      "constant answer (95% CI)"]
-    assert [ln.get_color() for ln in ax.get_lines()[:5]] == ["black", "tab:red", "tab:red", "tab:purple",
-                                                           "tab:purple"]
-    constant = ax.get_lines()[-1]
+    curves = curves_of(ax)
+    assert list(curves) == ["Base", "GRPO (seed 1)", "GRPO (seed 2)", "GRPO->ES (seed 1)", "GRPO->ES (seed 2)"]
+    assert [ln.get_color() for ln in curves.values()] == ["black", "tab:red", "tab:red", "tab:purple", "tab:purple"]
+    assert [ln.get_label() for ln in named_lines(ax)] == ["constant answer (95% CI)"]
+    constant = named_lines(ax)[0]
     assert constant.get_linestyle() == ":" and list(constant.get_ydata()) == pytest.approx([60.0, 60.0])
     assert fig._suptitle.get_text() == "pass@k on BoolQ (m)"
     assert method_figure(experiment({"Base": [s], "GRPO": [s]}, passk=False), "boolq") is not None
@@ -246,7 +260,7 @@ def test_experiment_writes_one_figure_per_task_beside_its_methods_table(tmp_path
         (tmp_path / key / "result.json").write_text(json.dumps(rec))
     md = write_all_tables(tmp_path).read_text()
     assert (tmp_path / "tables/methods_boolq.md").exists() and (tmp_path / "tables/passk_boolq.png").stat().st_size
-    assert "pass@k figures (95% bootstrap bands): [passk_boolq.png](passk_boolq.png)" in md
+    assert "pass@k figures (95% bootstrap intervals): [passk_boolq.png](passk_boolq.png)" in md
 
 
 def test_methods_table_and_figure_of_a_reward_read_n_a_with_the_reason():

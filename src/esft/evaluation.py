@@ -320,7 +320,7 @@ def run_eval(config: EvalConfig, model=None, tokenizer=None, progress: bool = Tr
 
 def write_passk_figure(path: Path, name: str, model: str, summary: dict[str, Any]) -> Path:
     """The pass@k figure (esft.passk_figure) of one task's sampled summary: the model's curve with its bootstrap
-    band and the constant-answer baseline; for scores that are not 0/1, the reason pass@k is n/a in its place."""
+    intervals and the constant-answer baseline; for scores that are not 0/1, the reason pass@k is n/a in its place."""
     from esft.passk_figure import (baseline_from_summary, curve_from_summary, model_label, passk_figure, save_figure,
                                    skipped_note)
 

@@ -5,22 +5,23 @@
     save_figure(passk_figure([curve], "pass@k on BoolQ"), "passk_boolq.png")
 
 x is k on a log2 axis with a tick at each k evaluated; y is pass@k in %, held to [0, 100] (an autoscaled axis
-would make a flat curve fill the panel); each line carries its 95% interval as a band; the constant-answer
-baseline, where the task has one, is a dotted grey line with its own 95% band: one answer repeated k times is
-right for the same questions at every k, so its pass@k is its accuracy, flat in k. `esft eval` writes this figure
-next to its summary.json when it samples (`esft.evaluation.run_eval`), an experiment next to its methods table,
-one per task (`esft.experiments.method_figures`).
+would make a flat curve fill the panel); each line carries its 95% interval as error bars (several models' points
+are spread a little around each k, `dodge`, so equal values stay visible instead of hiding one another); the
+constant-answer baseline, where the task has one, is a dotted grey line over its own 95% band: one answer repeated
+k times is right for the same questions at every k, so its pass@k is its accuracy, flat in k. `esft eval` writes
+this figure next to its summary.json when it samples (`esft.evaluation.write_passk_figure`), an experiment next to
+its methods table, one per task (`esft.experiments.method_figures`).
 
-The band is the summary's own `ci95`, the interval the JSON and the tables report: a percentile bootstrap over
+The bars are the summary's own `ci95`, the interval the JSON and the tables report: a percentile bootstrap over
 questions of the per-question unbiased estimates 1 - C(n-c, k) / C(n, k) (2000 resamples, seeded by the
 evaluation's seed; `esft.passk.bootstrap_ci`). Questions are the independent units: the n samples of one question
-share its difficulty, so an interval over all Q x n completions (Wilson over samples) would be too narrow, and the
-per-question estimates are bounded and skewed (many 0s and 1s), where a normal approximation over them leaves
-[0, 1] and is symmetric where the truth is not. When every question has the same estimate (all solved) the
-bootstrap has nothing to resample and the interval is the Wilson interval of that rate over the Q questions.
-The interval covers the sampling of questions and of completions; it is pointwise in k (the curve's points share
-their questions and samples, so they move together), and two models evaluated on the same questions are paired:
-non-overlapping bands are stronger evidence than overlapping ones are against a difference.
+share its difficulty, so an interval over all Q x n completions (Wilson over samples) would be too narrow; and the
+per-question estimates are bounded and skewed (many 0s and 1s), where a normal approximation over them is
+symmetric where the truth is not and leaves [0, 100%] with few questions. When every question has the same
+estimate (all solved) the bootstrap has nothing to resample and the interval is the Wilson interval of that rate
+over the Q questions. The interval covers the draw of questions and of completions; it holds at each k on its own
+(the points of one curve share their questions and samples, so they move together). Two models evaluated on the
+same questions are paired: their intervals overlapping does not show that they do not differ.
 
 pass@k counts correct samples: a task whose scores are not 0/1 (partial credit, a reward on another scale) has no
 pass@k (`esft.passk.not_right_or_wrong`); its curve is left out and the panel says why.
@@ -115,6 +116,13 @@ def method_color(method: str, taken: set[str]) -> str:
     return free[0] if free else FALLBACK_COLORS[len(taken) % len(FALLBACK_COLORS)]
 
 
+def dodge(index: int, count: int, step: float = 0.045) -> float:
+    """Factor on k of the `index`-th of `count` curves: several models' points spread a little around each k (on
+    the log2 axis, +- step/2 octave per neighbour) so equal values and their bars stay visible, not drawn over one
+    another; one curve sits on k itself."""
+    return 2.0 ** (step * (index - (count - 1) / 2)) if count > 1 else 1.0
+
+
 def _k_axis(ax: Any, ks: Sequence[int]) -> None:
     """log2 x axis with one integer tick per k evaluated, no minor ticks; a lone k gets room around it."""
     from matplotlib.ticker import FixedLocator, NullLocator, StrMethodFormatter
@@ -139,22 +147,26 @@ def _draw_baseline(ax: Any, baseline: Baseline) -> None:
 
 def passk_figure(curves: Sequence[PassKCurve], title: str, baseline: Baseline | None = None,
                  note: str | None = None, subtitle: str = "") -> Any:
-    """A matplotlib Figure (not registered with pyplot): the curves with their 95% bands and the baseline (module
-    docstring). Without a curve the panel shows `note` (e.g. why pass@k is n/a) instead of an empty axis; a
+    """A matplotlib Figure (not registered with pyplot): the curves with their 95% error bars and the baseline
+    (module docstring). Without a curve the panel shows `note` (e.g. why pass@k is n/a) instead of an empty axis; a
     `note` beside curves is printed under the axis."""
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(6.4, 4.4))
+    fig = Figure(figsize=(7.6, 4.2))
     ax = fig.subplots()
     colors: dict[str, str] = {}
-    for curve in curves:
+    for i, curve in enumerate(curves):
         group = curve.method or curve.label
         if group not in colors:
             colors[group] = method_color(group, set(colors.values()))
-        color = colors[group]
-        x, y = curve.ks, [100 * v for v in curve.values]
-        ax.fill_between(x, [100 * v for v in curve.lo], [100 * v for v in curve.hi], color=color, alpha=0.15, lw=0)
-        ax.plot(x, y, marker="o", ms=4, color=color, ls=curve.style, label=curve.label, clip_on=False)
+        x = [k * dodge(i, len(curves)) for k in curve.ks]
+        y = [100 * v for v in curve.values]
+        low = [v - 100 * lo for v, lo in zip(y, curve.lo)]
+        high = [100 * hi - v for v, hi in zip(y, curve.hi)]
+        bars = ax.errorbar(x, y, yerr=[low, high], marker="o", ms=4, capsize=3, color=colors[group], ls=curve.style,
+                           label=curve.label, clip_on=False)
+        for part in bars.lines[1] + bars.lines[2]:  # caps and bars at 0 or 100% show whole on the frame
+            part.set_clip_on(False)
     if baseline is not None and curves:
         _draw_baseline(ax, baseline)
     ax.set_ylim(0, 100)
@@ -163,7 +175,8 @@ def passk_figure(curves: Sequence[PassKCurve], title: str, baseline: Baseline | 
     if ks:
         _k_axis(ax, ks)
         ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8, loc="best", title="band: 95% CI (bootstrap over questions)", title_fontsize=7)
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), title="bars: 95% CI\n(bootstrap over "
+                  "questions)", title_fontsize=7)
         if note:
             fig.text(0.5, 0.005, textwrap.fill(note, 110), ha="center", va="bottom", fontsize=7, color="grey")
     else:

@@ -2,8 +2,8 @@
 
 One line per model the methods table has a row for: the base model, then every method (each seed its own line, in
 the method's colour, when the experiment has several), from the sampled evaluations of `evaluation.passk`
-(`<stage>/eval/<task>.passk.json`, kept in each stage's result.json); the band is each evaluation's own 95%
-interval and the dotted line the constant-answer baseline (esft.passk_figure). A task the spec samples no pass@k
+(`<stage>/eval/<task>.passk.json`, kept in each stage's result.json); the error bars are each evaluation's own
+95% interval and the dotted line the constant-answer baseline (esft.passk_figure). A task the spec samples no pass@k
 on gets no figure; one whose scores are not 0/1 gets a figure whose panel says why pass@k is n/a
 (esft.passk.not_right_or_wrong), as its table's cells read n/a.
 """

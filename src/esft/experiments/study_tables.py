@@ -20,7 +20,7 @@ with its 95% Wilson interval (a column of Table 1, a row of the others). An accu
 what a prior alone reaches.
 
 Beside each methods table, `tables/passk_<task>.png` draws its pass@k columns as curves over k with their 95%
-bands (esft.experiments.method_figures); a task whose scores are not 0/1 has no pass@k, its cells read n/a.
+intervals (esft.experiments.method_figures); a task whose scores are not 0/1 has no pass@k, its cells read n/a.
 
 The records are read by esft.experiments.records; every table is an `esft.tables.Table` (rows of cells), which
 renders the Markdown and CSV.
@@ -319,7 +319,8 @@ def write_all_tables(root: str | Path) -> Path:
     (folder / "results.csv").write_text(results_csv(exp))
     figures = write_method_figures(exp, folder)
     if figures:
-        parts += ["pass@k figures (95% bootstrap bands): " + ", ".join(f"[{p.name}]({p.name})" for p in figures), ""]
+        links = ", ".join(f"[{p.name}]({p.name})" for p in figures)
+        parts += [f"pass@k figures (95% bootstrap intervals): {links}", ""]
     bad = {k: v for k, v in exp.statuses.items() if v.get("status") != "done"}
     done = sum(1 for v in exp.statuses.values() if v.get("status") == "done")
     parts += ["### Stages", "", f"{done} of {len(exp.stages)} stages done."]
