@@ -187,7 +187,7 @@ def test_greedy_eval_writes_no_figure(monkeypatch, tmp_path):
 
 # ---- scores that are not 0/1 ------------------------------------------------------------------------------------
 
-REWARD_SCORES = np.array([[2.1, 0.1, 0.1, 0.1], [0.6, 0.6, 2.1, 2.1]])
+REWARD_SCORES = np.array([[0.1, 2.1, 0.1, 0.1], [0.6, 0.6, 2.1, 2.1]])
 
 
 def test_a_reward_has_no_pass_at_k_and_its_mean_is_the_mean_score():
@@ -249,6 +249,9 @@ def test_experiment_figure_has_a_line_per_method_and_seed_and_the_constant_answe
     assert method_figure(experiment({"Base": [s], "GRPO": [s]}, passk=False), "boolq") is not None
     unsampled = experiment({"Base": [None], "GRPO": [None]})
     assert method_figure(unsampled, "boolq") is None
+    sequential = experiment({"Base": [s], "GRPO": [s]})  # no methods table, so no figure beside it
+    sequential.stages = [{**st, "key": st["key"].replace("single-task", "sequential")} for st in sequential.stages]
+    assert method_figure(sequential, "boolq") is None
 
 
 def test_experiment_writes_one_figure_per_task_beside_its_methods_table(tmp_path):
