@@ -356,13 +356,16 @@ def test_bootstrap_ci_resamples_every_question():
     assert bootstrap_ci([1.0, 0.0]) == (0.0, 1.0)
 
 
-def test_summary_counts_a_score_of_one_half_as_correct_and_mean_at_n_as_counts():
-    """A score >= 0.5 is correct (0.5 included, 0.49 not); mean@n is c / n of those counts, not the mean of the
-    raw partial scores."""
+def test_summary_of_partial_scores_has_no_pass_at_k_and_mean_at_n_is_the_mean_score():
+    """No threshold makes a partial score right or wrong (0.5 counted as correct, 0.49 not, was the report's
+    choice): pass@k is n/a with its reason, mean@n the mean of the raw scores; 0/1 scores keep c / n."""
     scores = np.array([[0.5, 0.49, 0.0, 0.0], [0.7, 0.7, 0.2, 0.2]])
     out = summarize_samples(scores, None, [1, 2], resamples=50)
-    assert out["mean@n"]["value"] == pytest.approx((1 / 4 + 2 / 4) / 2)
-    assert out["pass@k"]["2"]["value"] == pytest.approx((comb_pass_at_k(4, 1, 2) + comb_pass_at_k(4, 2, 2)) / 2)
+    assert out["mean@n"]["value"] == pytest.approx(scores.mean())
+    assert out["pass@k"] is None and "include 0.5 " in out["pass@k_note"]
+    binary = summarize_samples((scores >= 0.5).astype(float), None, [1, 2], resamples=50)
+    assert binary["mean@n"]["value"] == pytest.approx((1 / 4 + 2 / 4) / 2)
+    assert binary["pass@k"]["2"]["value"] == pytest.approx((comb_pass_at_k(4, 1, 2) + comb_pass_at_k(4, 2, 2)) / 2)
 
 
 def test_summary_intervals_are_the_bootstrap_of_the_per_question_values_with_its_seed_and_resamples():

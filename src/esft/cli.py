@@ -45,7 +45,9 @@ def _eval(args: argparse.Namespace) -> int:
         print()
         print(format_table(results))
     if config.output_dir:
-        print(f"\nwrote {config.output_dir}/summary.json and one JSONL of completions per task")
+        per_task = (", one JSONL of completions and one pass@k figure (<task>.passk.png) per task" if config.sampled
+                    else " and one JSONL of completions per task")
+        print(f"\nwrote {config.output_dir}/summary.json{per_task}")
     return 0
 
 

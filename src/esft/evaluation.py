@@ -5,7 +5,8 @@ Writes, per task, every completion with its score to `<output_dir>/<task>.jsonl`
 
 Default: one greedy completion per question (the paper's protocol). With `samples > 1` (or `k` given) every
 question gets n sampled completions and the summary adds pass@k, mean@n and maj@k with bootstrap CIs over
-questions (`esft.passk`); `pass_at_k(n, c, k)` is re-exported here.
+questions (`esft.passk`; pass@k only for 0/1 scores, n/a for a reward on another scale), and with an output
+folder `<task>.passk.png` draws pass@k over k (`write_passk_figure`); `pass_at_k(n, c, k)` is re-exported here.
 
 Every summary carries, next to the accuracy and its 95% Wilson interval, the *constant-answer baseline* of the same
 examples (`constant_baseline`, `constant_baseline_ci95`, `constant_answer`: always giving the most frequent gold
@@ -32,7 +33,7 @@ from esft.generation import Generation, GenerationConfig, generate
 from esft.passk import answer_key, parse_ks, pass_at_k, summarize_samples
 from esft.tasks import Task, get_task, split_task_list, task_file_stem
 from esft.tasks.base import checks_format
-from esft.tasks.labels import ACCURACY, BALANCE_SEED, balanced_subset, summaries_score_name
+from esft.tasks.labels import ACCURACY, BALANCE_SEED, balanced_subset, score_name, summaries_score_name
 
 
 @dataclass
@@ -259,6 +260,11 @@ def evaluate_task_sampled(model, tokenizer, task: Task, examples: Sequence[dict]
             scores[i, s] = score
             records.append(completion_record(task, ex, g, {"index": i, "sample": s}, details, score))
     summary = task.aggregate(records)  # task metrics (format rate, IFEval levels ...) over all completions
+    if score_name(scores.ravel().tolist()) != ACCURACY:
+        # a mean reward has no constant-answer baseline (a share of examples); from the summary's mean and
+        # bootstrap interval alone, which may stay in [0, 1], it would still read as an accuracy beside one
+        for key in ("constant_baseline", "constant_baseline_ci95", "constant_answer"):
+            summary.pop(key, None)
     # maj@k only where the task extracts answers to vote on (IFEval has none)
     metrics = summarize_samples(scores, keys if has_answers else None, ks, seed=gen_config.seed)
     gens = [g for row in per_sample for g in row]
@@ -304,10 +310,27 @@ def run_eval(config: EvalConfig, model=None, tokenizer=None, progress: bool = Tr
             results[name]["balanced"] = task.label_set() is not None
         if progress:
             print(format_row(name, results[name]), flush=True)
+        if out_dir is not None and config.sampled:
+            write_passk_figure(out_dir / f"{task_file_stem(name)}.passk.png", name, config.model, results[name])
     if out_dir is not None:
         payload = {"config": asdict(config), "results": results}
         (out_dir / "summary.json").write_text(json.dumps(payload, indent=2, default=str))
     return results
+
+
+def write_passk_figure(path: Path, name: str, model: str, summary: dict[str, Any]) -> Path:
+    """The pass@k figure (esft.passk_figure) of one task's sampled summary: the model's curve with its bootstrap
+    intervals and the constant-answer baseline; for scores that are not 0/1, the reason pass@k is n/a in its place."""
+    from esft.passk_figure import (baseline_from_summary, curve_from_summary, model_label, passk_figure, save_figure,
+                                   skipped_note)
+
+    label = model_label(model)
+    curve = curve_from_summary(label, summary)
+    subtitle = (f"{summary['samples']} samples per question at temperature {summary['temperature']:g}, top_p "
+                f"{summary['top_p']:g}; {summary['n']} questions")
+    fig = passk_figure([curve] if curve else [], f"pass@k on {name} | model {model}", baseline_from_summary(summary),
+                       note=skipped_note([(label, summary)]), subtitle=subtitle)
+    return save_figure(fig, path)
 
 
 def format_row(name: str, s: dict[str, Any]) -> str:
@@ -322,8 +345,10 @@ def format_row(name: str, s: dict[str, Any]) -> str:
     fmt = f"  format {s['format_rate']:.3f}" if "format_rate" in s else ""
     fmt += constant_text(s) if accuracy else ""
     if "pass@k" in s:  # sampled protocol: accuracy is mean@n; then pass@k and maj@k per k
+        if s["pass@k"] is None:  # scores not 0/1 (esft.passk.not_right_or_wrong)
+            extra += "  pass@k n/a (scores not 0/1)"
         for metric in ("pass@k", "maj@k"):
-            for k, m in s.get(metric, {}).items():
+            for k, m in (s.get(metric) or {}).items():
                 extra += f"  {metric[:-1]}{k} {m['value']:.3f} [{m['ci95'][0]:.3f}, {m['ci95'][1]:.3f}]"
         return (f"{name:<10} n={s['n']:<5} x{s['samples']} mean@{s['samples']} {s['accuracy']:.3f}  "
                 f"95% CI [{lo:.3f}, {hi:.3f}]{fmt}{extra}")
@@ -347,4 +372,4 @@ def format_table(results: dict[str, Any]) -> str:
 
 
 __all__ = ["EvalConfig", "constant_text", "evaluate_task", "evaluate_task_sampled", "format_row", "format_table",
-           "load_examples", "pass_at_k", "run_eval", "sample_seed", "task_options"]
+           "load_examples", "pass_at_k", "run_eval", "sample_seed", "task_options", "write_passk_figure"]

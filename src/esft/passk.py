@@ -12,6 +12,11 @@ Given n sampled completions per question, c of them correct:
           of the tied answers that are correct (the expected score of a uniform tie-break). With k < n the value
           is the average over random k-subsets of the n samples (a seeded Monte Carlo estimate; exact when k = n).
 
+pass@k is counted only from right/wrong scores (every score 0 or 1). A task scored with partial credit or a reward
+on another scale (a `module:function` reward) gets mean@n = its mean score, maj@k = the mean score of the majority
+answer, and pass@k None with a one-line reason (`not_right_or_wrong`): no threshold turns a reward into right or
+wrong without inventing what "correct" means.
+
 Confidence intervals: percentile bootstrap over questions (questions are resampled with replacement, the n
 samples of a question stay together), because questions, not samples, are the independent units: the samples
 of one question are correlated, so a Wilson interval over all Q*n completions would be too narrow. When every
@@ -139,27 +144,50 @@ def parse_ks(ks: Sequence[int] | None, n: int) -> list[int]:
     return out
 
 
+def not_right_or_wrong(scores: np.ndarray) -> str | None:
+    """Why pass@k cannot be counted from `scores`, or None when every score is 0 or 1 (right or wrong).
+
+    pass@k asks whether one of k samples is *correct*; a partial credit (0.7) or a reward on another scale (a
+    `module:function` reward, a sum of rewards scoring 2) says how good a sample is, not whether it is right, and
+    any threshold that made it right or wrong (0.5, say) would be the report's choice, not the task's."""
+    s = np.asarray(scores, dtype=np.float64)
+    other = s[(s != 0.0) & (s != 1.0)]
+    if other.size == 0:
+        return None
+    outside = other[(other < 0.0) | (other > 1.0)]  # the telling one: a score no accuracy can be
+    shown = float((outside if outside.size else other).flat[0])
+    return (f"pass@k needs right/wrong scores (0 or 1); these include {shown:g} (partial credit or a reward on "
+            "another scale), which no threshold makes right or wrong")
+
+
 def summarize_samples(scores: np.ndarray, keys: Sequence[Sequence[Hashable | None]] | None, ks: Sequence[int],
                       seed: int = 0, resamples: int = 2000, maj_draws: int = 64) -> dict[str, Any]:
-    """Metrics of a [Q, n] matrix of 0/1 scores (a score >= 0.5 counts as correct) and optional [Q][n] answer keys.
+    """Metrics of a [Q, n] matrix of scores and optional [Q][n] answer keys.
 
     Returns {"questions", "samples", "mean@n": {...}, "pass@k": {"k": {...}}, "maj@k": {"k": {...}} (only with
-    keys), "ci_method"}; each {...} is {"value", "ci95": [lo, hi]}; the k keys are strings (JSON-stable)."""
+    keys), "ci_method"}; each {...} is {"value", "ci95": [lo, hi]}; the k keys are strings (JSON-stable). mean@n
+    is the mean score (with 0/1 scores, c / n). pass@k counts correct samples, so it needs 0/1 scores: with any
+    other score it is None and "pass@k_note" says why (`not_right_or_wrong`); maj@k is then the mean score of the
+    majority answer."""
     s = np.asarray(scores, dtype=np.float64)
     if s.ndim != 2 or s.shape[1] < 1:
         raise ValueError(f"scores must be a [questions, samples] matrix, got shape {s.shape}")
     q, n = s.shape
     ks = parse_ks(ks, n)
-    correct = (s >= 0.5).sum(axis=1)
 
     def metric(per_question: np.ndarray) -> dict[str, Any]:
         return {"value": float(per_question.mean()) if q else 0.0,
                 "ci95": list(bootstrap_ci(per_question, resamples=resamples, seed=seed))}
 
     out: dict[str, Any] = {"questions": q, "samples": n, "ci_method": CI_METHOD,
-                           "mean@n": metric(correct / n)}
-    # string keys: the summary goes to JSON, where int keys would come back as strings anyway
-    out["pass@k"] = {str(k): metric(pass_at_k_per_question(correct, n, k)) for k in ks}
+                           "mean@n": metric(s.mean(axis=1) if q else np.zeros(0))}
+    note = not_right_or_wrong(s)
+    if note is None:
+        correct = s.sum(axis=1).round().astype(int)  # exact: every score is 0 or 1
+        # string keys: the summary goes to JSON, where int keys would come back as strings anyway
+        out["pass@k"] = {str(k): metric(pass_at_k_per_question(correct, n, k)) for k in ks}
+    else:
+        out["pass@k"], out["pass@k_note"] = None, note
     if keys is not None:
         rng = np.random.default_rng(np.random.SeedSequence([int(seed), 0x3A7]))
         out["maj@k"] = {str(k): metric(np.array([maj_at_k(list(keys[i]), list(s[i]), k, rng, maj_draws)
@@ -189,4 +217,4 @@ def answer_key(details: dict[str, Any]) -> Hashable | None:
 
 
 __all__ = ["pass_at_k", "pass_at_k_per_question", "majority_score", "maj_at_k", "bootstrap_ci", "parse_ks",
-           "summarize_samples", "answer_key", "CI_METHOD"]
+           "summarize_samples", "not_right_or_wrong", "answer_key", "CI_METHOD"]

@@ -11,6 +11,7 @@ stage_eval      per-stage evaluation, one JSON per task
 records         an experiment folder's stage records, as the tables read them
 study_tables    Tables 1, 2, 5-8 and the method comparison (rows; esft.tables renders Markdown + CSV)
 compute_tables  Table 18 (compute per task)
+method_figures  the pass@k figure of each task, beside its methods table (tables/passk_<task>.png)
 hybrid          one training budget split between the stages of a chain
 experiment_cli  `esft experiment run | tables | list | status`
 

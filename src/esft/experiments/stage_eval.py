@@ -165,6 +165,7 @@ def _sample(model: Any, tokenizer: Any, task: Any, name: str, examples: list[dic
     sampled["seconds"] = time.perf_counter() - t0
     write_json(stem.with_suffix(".passk.json"), {"settings": settings, "summary": sampled})
     if progress:
-        ks = ", ".join(f"pass@{k} {v['value']:.3f}" for k, v in sampled["pass@k"].items())
+        ks = (", ".join(f"pass@{k} {v['value']:.3f}" for k, v in sampled["pass@k"].items()) if sampled["pass@k"]
+              else f"pass@k n/a (scores not 0/1), mean@{settings['samples']} {sampled['accuracy']:.3f}")
         print(f"  {name:<10} sampled x{settings['samples']}: {ks}  ({sampled['seconds']:.0f} s)", flush=True)
     return sampled

@@ -19,6 +19,9 @@ Where the evaluations recorded it (`constant_baseline`, esft.evaluation), every 
 with its 95% Wilson interval (a column of Table 1, a row of the others). An accuracy inside that interval is
 what a prior alone reaches.
 
+Beside each methods table, `tables/passk_<task>.png` draws its pass@k columns as curves over k with their 95%
+intervals (esft.experiments.method_figures); a task whose scores are not 0/1 has no pass@k, its cells read n/a.
+
 The records are read by esft.experiments.records; every table is an `esft.tables.Table` (rows of cells), which
 renders the Markdown and CSV.
 """
@@ -30,6 +33,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from esft.experiments.compute_tables import compute_row, table18
+from esft.experiments.method_figures import write_method_figures
 from esft.experiments.plan import task_slug
 from esft.experiments.records import (
     CONSTANT_LABEL, CONSTANT_NOTE, REWARD_DIGITS, Experiment, accuracy, constant_baseline, constant_row,
@@ -177,6 +181,20 @@ def _ci_text(summary: dict[str, Any], scale: float = 100.0, digits: int = 1) -> 
     return f"[{scale * ci[0]:.{digits}f}, {scale * ci[1]:.{digits}f}]" if ci and None not in ci else DASH
 
 
+def _passk_na(exp: Experiment, get_record: Any, task: str) -> bool:
+    """Whether some seed's sampled evaluation of `task` in `get_record(seed)` has no pass@k (scores not 0/1)."""
+    return any(((_summary(get_record(s), task).get("sampled") or {}).get("pass@k_note")) for s in exp.seeds)
+
+
+def _passk_note(exp: Experiment, task: str) -> str | None:
+    """The reason a sampled evaluation of `task` in the experiment gives for having no pass@k, or None."""
+    for rec in exp.results.values():
+        note = (_summary(rec, task).get("sampled") or {}).get("pass@k_note")
+        if note:
+            return note
+    return None
+
+
 def method_tables(exp: Experiment) -> list[Table]:
     """Per trained task of a single-task experiment: every method beside the base model, greedy accuracy with its
     Wilson CI, format rate, pass@k of the sampled evaluation (when the spec has `evaluation.passk`) with bootstrap
@@ -200,9 +218,12 @@ def method_tables(exp: Experiment) -> list[Table]:
                 _ci_text(_summary(get_record(first), task), scale, digits) if len(exp.seeds) == 1 else DASH,
                 exp.cell(lambda s: _percent(_summary(get_record(s), task).get("format_rate")))]
             for k in ks:
+                if _passk_na(exp, get_record, task):  # scores not 0/1: no pass@k (esft.passk.not_right_or_wrong)
+                    cells += [NA, NA]
+                    continue
                 cells.append(exp.cell(lambda s, k=k: _percent(((_summary(get_record(s), task).get("sampled") or {})
                                                                .get("pass@k") or {}).get(k, {}).get("value"))))
-                sampled = (_summary(get_record(first), task).get("sampled") or {}).get("pass@k", {}).get(k, {})
+                sampled = ((_summary(get_record(first), task).get("sampled") or {}).get("pass@k") or {}).get(k, {})
                 cells.append(_ci_text(sampled) if len(exp.seeds) == 1 else DASH)
             if timed:
                 cells.append(exp.cell(lambda s: (compute_row(get_record(s) or {}) or {}).get("train_seconds")))
@@ -227,6 +248,9 @@ def method_tables(exp: Experiment) -> list[Table]:
         if pk:
             notes.append(f"Sampled evaluation: {pk.get('samples')} completions per question at temperature "
                          f"{pk.get('temperature')}, top_p {pk.get('top_p')}.")
+        na = _passk_note(exp, task)
+        if ks and na:
+            notes.append(f"pass@k n/a: {na}.")
         title = f"Methods on {task_name(task)} ({exp.spec.get('model')}): {score}, pass@k and training time."
         out.append(Table(f"methods_{task_slug(task)}", title, cols, rows, notes, seeds=exp.seeds))
     return out
@@ -293,6 +317,10 @@ def write_all_tables(root: str | Path) -> Path:
         (folder / f"{t.name}.csv").write_text(t.csv())
         parts += [t.markdown(), ""]
     (folder / "results.csv").write_text(results_csv(exp))
+    figures = write_method_figures(exp, folder)
+    if figures:
+        links = ", ".join(f"[{p.name}]({p.name})" for p in figures)
+        parts += [f"pass@k figures (95% bootstrap intervals): {links}", ""]
     bad = {k: v for k, v in exp.statuses.items() if v.get("status") != "done"}
     done = sum(1 for v in exp.statuses.values() if v.get("status") == "done")
     parts += ["### Stages", "", f"{done} of {len(exp.stages)} stages done."]
