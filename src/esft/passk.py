@@ -28,7 +28,6 @@ Everything here is a pure function of arrays; `esft.evaluation` turns generation
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from typing import Any, Hashable, Sequence
 
