@@ -21,6 +21,7 @@ from esft.experiments.records import Experiment
 from esft.experiments.study_tables import method_tables, write_all_tables
 from esft.generation import Generation
 from esft.passk import summarize_samples
+from test_passk import CoinTask
 from test_study_tables_audit import spec, stage, summary
 
 #: Q = 2 questions, n = 4 samples: question 1 solved once, question 2 always
@@ -103,7 +104,7 @@ def test_methods_take_their_algorithm_colours_and_seeds_share_one():
 
 # ---- esft eval ----------------------------------------------------------------------------------------------------
 
-class FixedTask:
+class FixedTask(CoinTask):
     """Question i's sample s scores SCORES[i][s] (a 0/1 matrix, or a reward)."""
 
     name = "fixed"
@@ -112,25 +113,12 @@ class FixedTask:
         self.scores = np.asarray(scores, dtype=float)
         self.rows = [{"id": i, "answer": answers[i % len(answers)]} for i in range(len(self.scores))]
 
-    def load(self, split="test", limit=None):
-        return self.rows if limit is None else self.rows[:limit]
-
-    def prompt(self, ex):
-        return [{"role": "user", "content": str(ex["id"])}]
-
     def score(self, text, ex):
         return float(text)
 
-    def is_well_formed(self, text, ex):
-        return True
-
-    def details(self, text, ex):
-        return {"extracted": text}
-
     def aggregate(self, records):
-        n = len(records)
-        return {"n": n, "accuracy": sum(r["score"] for r in records) / n, "ci95": [0.0, 1.0],
-                "constant_baseline": 0.5, "constant_baseline_ci95": [0.1, 0.9], "constant_answer": "yes"}
+        return {**super().aggregate(records), "constant_baseline": 0.5, "constant_baseline_ci95": [0.1, 0.9],
+                "constant_answer": "yes"}
 
     def label_set(self):
         return None
