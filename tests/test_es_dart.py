@@ -326,6 +326,17 @@ def test_correct_means_score_at_least_one_half():
     assert [rule.state_dict()["ema"][j] for j in idx] == [0.5, 0.0, 0.5, 0.0]
 
 
+@pytest.mark.parametrize("bad", [2.0, -0.5])
+def test_a_score_outside_0_1_stops_dart_with_what_to_use(bad):
+    """A custom reward on another scale has no 'solved': >= 0.5 would have counted a reward of 2 as solved."""
+    rule = DartES()
+    rule.bind(4, seed=0)
+    rule.sample_batch(0, 0, 4, 4)
+    scores = np.array([[0.5, 0.0, bad, 0.0], [0.0, 0.0, 0.0, 0.0]])
+    with pytest.raises(ValueError, match=rf"task scored {bad:g}: .*use the default fitness rule"):
+        rule(fake_result(scores, np.zeros((2, 4), bool)), [{}] * 4)
+
+
 def test_sample_batch_refuses_another_split_or_seed_and_redraws_for_another_iteration():
     n = 10
     rule = DartES()

@@ -21,7 +21,8 @@ to further fresh problems, so a batch always holds B distinct problems (min(B, n
 Fitness: F_i = mean_j(A[i, j] w_j) + 0.1 mean_j(format[i, j]), w_j = 0.8 + exp(-3 EMA_j); the strategy's
 fitness shaping ("zscore", the default) then z-scores it. The weights use the EMA *after* this iteration's
 update, so a problem seen for the first time is weighted by its current pass rate (the "first value p_j").
-A is the 0/1 correctness matrix (score >= 0.5), format the well-formed matrix of the executor's result.
+A is the 0/1 correctness matrix (score >= 0.5, on scores in [0, 1]: another scale is refused),
+format the well-formed matrix of the executor's result.
 
 State and resume: the state is a function of the logged history. Each iteration logs what the rule needs to
 replay it (per-problem solve counts, replay flags, the fresh cursor) in its seeds.jsonl line under
@@ -332,7 +333,13 @@ class DartES(FitnessRule):
         proposal = self._pending
         if proposal is None or len(proposal.indices) != len(batch):
             raise RuntimeError("DartES scores only batches it proposed (its sample_batch hook)")
-        correct = np.asarray(result.scores, dtype=np.float64) >= 0.5
+        scores = np.asarray(result.scores, dtype=np.float64)
+        outside = scores[(scores < 0.0) | (scores > 1.0)]
+        if outside.size:  # >= 0.5 means "solved" only on a [0, 1] scale (right/wrong, partial credit)
+            raise ValueError(f"DART-ES counts a score >= 0.5 as solved, but the task scored {outside.flat[0]:g}: a "
+                             "reward on another scale has no 'solved' (use the default fitness rule, --fitness "
+                             "mean, with such a task)")
+        correct = scores >= 0.5
         solved = correct.sum(axis=0).astype(np.int64)
         weights = self._advance(proposal, solved, correct.shape[0])
         self._last_log = {"solved": solved.tolist(), "replay": [int(r) for r in proposal.replay],
