@@ -34,6 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+from esft.figure_marks import constant_line
+
 #: colour of each algorithm (esft.analysis.plots.COLORS: ES blue, GRPO red), the base model black; other methods
 #: (a second ES budget, DART-ES) take the next free colour of FALLBACK_COLORS
 METHOD_COLORS = {"base": "black", "es": "tab:blue", "grpo": "tab:red", "grpo->es": "tab:purple",
@@ -137,12 +139,10 @@ def _k_axis(ax: Any, ks: Sequence[int]) -> None:
 
 
 def _draw_baseline(ax: Any, baseline: Baseline) -> None:
-    if baseline.ci95 is not None:
-        ax.axhspan(100 * baseline.ci95[0], 100 * baseline.ci95[1], color="grey", alpha=0.15, lw=0)
     answer = str(baseline.answer) if baseline.answer is not None else ""
     answer = answer if len(answer) <= 16 else answer[:16] + "..."
-    ax.axhline(100 * baseline.value, color="grey", ls=":", lw=1.5,
-               label=f"constant answer \"{answer}\" (95% CI)" if answer else "constant answer (95% CI)")
+    constant_line(ax, baseline.value, baseline.ci95, scale=100,
+                  label=f"constant answer \"{answer}\" (95% CI)" if answer else "constant answer (95% CI)")
 
 
 def passk_figure(curves: Sequence[PassKCurve], title: str, baseline: Baseline | None = None,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from esft.figure_marks import constant_line
 from esft.tables import NA
 from esft.tasks.labels import ACCURACY
 
@@ -69,9 +70,7 @@ def draw_baseline(ax: Any, b: Mapping[str, Any] | None) -> bool:
     nothing drawn, without one."""
     if not b:
         return False
-    lo, hi = b.get("constant_baseline_ci95") or (b["constant_baseline"],) * 2
-    ax.axhspan(lo, hi, color="grey", alpha=0.12, lw=0)
-    ax.axhline(b["constant_baseline"], color="grey", ls=":", lw=1.5, label=f"{LABEL} {baseline_text(b)}")
+    constant_line(ax, b["constant_baseline"], b.get("constant_baseline_ci95"), label=f"{LABEL} {baseline_text(b)}")
     return True
 
 

@@ -25,6 +25,7 @@ import yaml
 from esft import rundir
 from esft.config import passage_cut
 from esft.evaluation import load_examples
+from esft.figure_marks import constant_line
 from esft.saved_config import saved_algorithm
 from esft.tasks.labels import ACCURACY, summaries_score_name
 
@@ -246,10 +247,8 @@ def _heldout_panel(ax: Any, ev: list[dict], run_dir: Path) -> None:
         return
     constant = heldout_constant_baseline(run_dir)
     if constant:
-        lo_c, hi_c = constant["constant_baseline_ci95"] or (constant["constant_baseline"],) * 2
-        ax.axhspan(lo_c, hi_c, color="grey", alpha=0.2)
-        ax.axhline(constant["constant_baseline"], color="grey", ls=":",
-                   label=f"constant answer \"{constant['constant_answer']}\" (95% CI)")
+        constant_line(ax, constant["constant_baseline"], constant["constant_baseline_ci95"],
+                      label=f"constant answer \"{constant['constant_answer']}\" (95% CI)")
 
 
 def plot_run(run_dir: str | Path, path: str | Path | None = None) -> Path:
