@@ -191,6 +191,25 @@ def test_a_reward_has_no_pass_at_k_and_its_mean_is_the_mean_score():
     assert "pass@k_note" not in binary and binary["pass@k"]["1"]["value"] == 0.25
 
 
+def test_greedy_esft_eval_of_a_reward_drops_the_baseline_a_task_aggregate_adds(monkeypatch, tmp_path):
+    """The greedy path (one completion per question) gives a reward the same summary as the sampled one, even from
+    a task whose own `aggregate` adds a constant-answer baseline (FixedTask does)."""
+    task = FixedTask([[2.1], [0.6]])
+    monkeypatch.setattr(evaluation, "get_task", lambda name, **kw: task)
+    monkeypatch.setattr(evaluation, "generate", fixed_generate(task))
+    res = run_eval(EvalConfig(model="tiny-model", tasks=["fixed"], output_dir=str(tmp_path)), model=object(),
+                   tokenizer=None, progress=False)["fixed"]
+    saved = json.loads((tmp_path / "summary.json").read_text())["results"]["fixed"]
+    assert res["accuracy"] == pytest.approx(1.35) and saved["accuracy"] == pytest.approx(1.35)
+    assert not {"constant_baseline", "constant_baseline_ci95", "constant_answer"} & (set(saved) | set(res))
+    unit = FixedTask([[1.0], [0.0]])  # right/wrong: the task's own baseline stays
+    monkeypatch.setattr(evaluation, "get_task", lambda name, **kw: unit)
+    monkeypatch.setattr(evaluation, "generate", fixed_generate(unit))
+    kept = run_eval(EvalConfig(model="tiny-model", tasks=["fixed"], output_dir=str(tmp_path / "u")), model=object(),
+                    tokenizer=None, progress=False)["fixed"]
+    assert kept["constant_baseline"] == 0.5 and kept["constant_answer"] == "yes"
+
+
 def test_esft_eval_of_a_reward_reports_pass_at_k_n_a_everywhere(monkeypatch, tmp_path):
     res, figures = run_fixed(monkeypatch, tmp_path, REWARD_SCORES, k=(1, 4))
     saved = json.loads((tmp_path / "summary.json").read_text())["results"]["fixed"]

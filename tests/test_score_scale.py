@@ -15,6 +15,7 @@ from esft.cli import main
 from esft.es.curve import run_figure
 from esft.evaluation import format_row
 from esft.export import model_card
+from esft.tasks.base import Task
 from esft.tasks.labels import ACCURACY, MEAN_REWARD, score_name
 
 REWARD = '''
@@ -30,6 +31,23 @@ def test_score_name_is_accuracy_only_while_every_value_lies_in_zero_one():
     assert score_name([0.5, 2.5]) == MEAN_REWARD
     assert score_name([-1.0, 0.5]) == MEAN_REWARD
     assert score_name([1.0000001]) == MEAN_REWARD
+
+
+def test_the_task_summary_has_a_constant_answer_baseline_only_for_scores_in_zero_one():
+    """Task.aggregate is the summary of every evaluation path (greedy and sampled): the baseline is a share of
+    examples, so it stands beside an accuracy and not beside a mean reward of 2.5 over the same examples."""
+    examples = [{"answer": "yes"}, {"answer": "yes"}, {"answer": "no"}, {"answer": "yes"}]
+
+    def summary(scores):
+        return Task(name="t").aggregate([{"index": i, "score": s, "example": ex}
+                                         for i, (s, ex) in enumerate(zip(scores, examples))])
+
+    unit = summary([1.0, 0.0, 0.5, 1.0])
+    assert unit["constant_answer"] == "yes" and unit["constant_baseline"] == pytest.approx(0.75)
+    assert "constant_baseline_ci95" in unit
+    scaled = summary([1.0, 0.0, 2.5, 1.0])
+    assert scaled["accuracy"] == pytest.approx(1.125)
+    assert not {"constant_baseline", "constant_baseline_ci95", "constant_answer"} & set(scaled)
 
 
 def test_the_card_calls_a_score_outside_zero_one_a_mean_reward(tmp_path):

@@ -178,11 +178,22 @@ def evaluate_task(
     gens: list[Generation] = generate(model, tokenizer, prompts, gen_config, progress=progress)
     gen_s = time.perf_counter() - t0
     records = [completion_record(task, ex, g, {"index": i}) for i, (ex, g) in enumerate(zip(examples, gens))]
-    summary = task.aggregate(records)
+    summary = task_summary(task, records)
     summary.update(generation_stats(gens, gen_s))
     write_jsonl(output_path, records)
     if records_out is not None:
         records_out.extend(records)
+    return summary
+
+
+def task_summary(task: Task, records: list[dict[str, Any]]) -> dict[str, Any]:
+    """`task.aggregate(records)` without the constant-answer baseline when a score lies outside [0, 1]: that
+    baseline is a share of examples, no companion for a mean reward. Task.aggregate leaves it out itself; this also
+    covers a task whose own `aggregate` adds one."""
+    summary = task.aggregate(records)
+    if score_name(float(r["score"]) for r in records) != ACCURACY:
+        for key in ("constant_baseline", "constant_baseline_ci95", "constant_answer"):
+            summary.pop(key, None)
     return summary
 
 
@@ -259,12 +270,7 @@ def evaluate_task_sampled(model, tokenizer, task: Task, examples: Sequence[dict]
             score = task.score(g.text, ex)
             scores[i, s] = score
             records.append(completion_record(task, ex, g, {"index": i, "sample": s}, details, score))
-    summary = task.aggregate(records)  # task metrics (format rate, IFEval levels ...) over all completions
-    if score_name(scores.ravel().tolist()) != ACCURACY:
-        # a mean reward has no constant-answer baseline (a share of examples); from the summary's mean and
-        # bootstrap interval alone, which may stay in [0, 1], it would still read as an accuracy beside one
-        for key in ("constant_baseline", "constant_baseline_ci95", "constant_answer"):
-            summary.pop(key, None)
+    summary = task_summary(task, records)  # task metrics (format rate, IFEval levels ...) over all completions
     # maj@k only where the task extracts answers to vote on (IFEval has none)
     metrics = summarize_samples(scores, keys if has_answers else None, ks, seed=gen_config.seed)
     gens = [g for row in per_sample for g in row]

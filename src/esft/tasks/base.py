@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any, Callable
 
-from esft.tasks.labels import constant_baseline, scores_interval, wilson_interval
+from esft.tasks.labels import ACCURACY, constant_baseline, score_name, scores_interval, wilson_interval
 
 Example = dict[str, Any]
 Messages = list[dict[str, str]]
@@ -85,14 +85,18 @@ class Task:
         return {}
 
     def aggregate(self, records: list[dict[str, Any]]) -> dict[str, Any]:
-        """Summary metrics from per-example records (each has at least `score`). Accuracy with a 95% CI."""
+        """Summary metrics from per-example records (each has at least `score`): the mean score under the key
+        `accuracy` with its 95% CI, the format rate, and, for scores in [0, 1] only (`score_name`), the
+        constant-answer baseline: a share of examples, which says nothing beside a mean reward of another scale."""
         n = len(records)
-        correct = sum(r["score"] for r in records)
-        lo, hi = scores_interval([float(r["score"]) for r in records])
+        scores = [float(r["score"]) for r in records]
+        correct = sum(scores)
+        lo, hi = scores_interval(scores)
         out: dict[str, Any] = {"n": n, "accuracy": correct / n if n else 0.0, "ci95": [lo, hi]}
         if records and "well_formed" in records[0]:
             out["format_rate"] = sum(bool(r["well_formed"]) for r in records) / n
-        out.update(self.constant_baseline(records))
+        if score_name(scores) == ACCURACY:
+            out.update(self.constant_baseline(records))
         return out
 
     # ---- gold labels: the constant-answer baseline and label balance ----------------------------------
