@@ -394,3 +394,27 @@ def test_a_failed_evaluation_keeps_the_weights_for_the_next_stage_and_a_lost_res
     assert run_experiment(load_spec(spec), out, tiny.hooks, write_tables=False).ok
     assert tiny.trained == [] and loads == []  # neither trained nor evaluated again: only the record is rebuilt
     assert set(_json(out / seq / "2-boolq/result.json")["eval"]) == {"countdown", "boolq"}
+
+
+def test_a_chain_takes_the_run_an_earlier_label_trains_with_the_same_options(tmp_path, tokenizer):
+    """`grpo->es` beside `grpo` with the same GRPO options: GRPO trains once, the chain's ES step starts from that
+    run's final checkpoint, and both stages record the same GRPO run; a chain whose GRPO options differ trains
+    its own."""
+    spec = write_spec(tmp_path / "chain.yaml", "single-task", ["boolq"],
+                      {"grpo": GRPO_BLOCK, "grpo->es": {"grpo": {}, "es": {"iterations": 1}},
+                       "long": {"algorithm": "grpo->es", "grpo": {"max_steps": 2}, "es": {"iterations": 1}},
+                       "es": {**ES_BLOCK, "iterations": 1}})
+    out = tmp_path / "out"
+    tiny = TinyHooks(tokenizer)
+    result = run_experiment(load_spec(spec), out, tiny.hooks)
+    assert result.ok, result.statuses
+    base = "seed-42/single-task/boolq"
+    assert tiny.trained == [("grpo", f"{base}/grpo/run"), ("es", f"{base}/grpo-to-es/run-2-es"),
+                            ("grpo", f"{base}/long/run-1-grpo"), ("es", f"{base}/long/run-2-es"),
+                            ("es", f"{base}/es/run")]
+    chain = _json(out / base / "grpo-to-es/result.json")
+    assert [s["run_dir"] for s in chain["steps"]] == [f"{base}/grpo/run", f"{base}/grpo-to-es/run-2-es"]
+    assert chain["steps"][0]["trained_by"] == "grpo" and "trained_by" not in chain["steps"][1]
+    es_config = yaml.safe_load((out / base / "grpo-to-es/run-2-es/config.yaml").read_text())
+    assert es_config["model"] == str((out / base / "grpo/run/checkpoints/final").resolve())
+    assert not (out / base / "grpo-to-es/run-1-grpo").exists()

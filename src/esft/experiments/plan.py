@@ -74,6 +74,8 @@ class Step:
     """keep `checkpoints/iter_<budget>` because the run is continued to a larger budget afterwards"""
     noise_stream: int = 0
     """member-seed stream of an ES step (ESConfig.noise_stream), distinct for every ES step of a chain"""
+    owner: str | None = None
+    """the label whose stage trains this run when a chain shares it (`_share_first_steps`), else None"""
 
     @property
     def algorithm(self) -> str:
@@ -162,8 +164,32 @@ def build_plan(spec: Spec) -> list[Stage]:
             stages += _single_task(spec, seed)
         else:
             stages += _sequential(spec, seed)
+    _share_first_steps(spec, stages)
     _check_folders(spec, stages)
     return stages
+
+
+def _share_first_steps(spec: Spec, stages: list[Stage]) -> None:
+    """A chain's first step that trains exactly what an earlier stage's step trains (same seed and task, both from
+    the base model, the same resolved config, budget and noise stream: `grpo->es` beside `grpo` with the same
+    options) takes that step's run instead of training it a second time: the chain's stage then runs after that
+    stage and finds the run done (the runner's `_run_step` skips a run trained to its budget)."""
+    done: dict[tuple[Any, ...], tuple[Stage, Step]] = {}
+
+    def identity(stage: Stage, step: Step) -> tuple[Any, ...]:
+        config = spec.config(step.component, stage.task, stage.seed, step.budget)
+        return (stage.seed, stage.task, step.algorithm, step.budget, step.noise_stream, repr(config))
+
+    for stage in stages:
+        if stage.kind == BASE or stage.parent is not None or not stage.steps:
+            continue
+        key = identity(stage, stage.steps[0])
+        if len(stage.steps) > 1 and key in done:
+            owner_stage, owner_step = done[key]
+            stage.steps[0] = dataclasses.replace(owner_step, owner=owner_stage.label)
+            stage.after = list(dict.fromkeys([*stage.after, owner_stage.key]))
+        elif len(stage.steps) == 1:
+            done.setdefault(key, (stage, stage.steps[0]))
 
 
 def _single_task(spec: Spec, seed: int) -> list[Stage]:
@@ -233,6 +259,8 @@ def _check_folders(spec: Spec, stages: list[Stage]) -> None:
         clashes = [(stage.key, stage_owner.get(stage.key))]
         clashes += [(step.run_dir, run_owner.get(step.run_dir)) for step in stage.steps]
         stage_owner[stage.key] = label
+        clashes = [(folder, first) for folder, first in clashes
+                   if not any(step.run_dir == folder and step.owner == first for step in stage.steps)]
         for step in stage.steps:
             run_owner.setdefault(step.run_dir, label)
         for folder, first in clashes:
@@ -252,6 +280,7 @@ def describe(stages: list[Stage]) -> str:
             continue
         start = s.parent or "base model"
         run = " then ".join(f"{st.algorithm} to {st.budget} in {st.run_dir}" + (" (snapshot)" if st.snapshot else "")
+                            + (f" (trained by {st.owner}'s stage)" if st.owner else "")
                             + (f" (noise stream {st.noise_stream})" if st.noise_stream else "") for st in s.steps)
         lines.append(f"{s.key:<48} from {start}: {run}; evaluate {', '.join(s.eval_tasks)}")
     return "\n".join(lines)
@@ -266,7 +295,8 @@ def as_dict(stage: Stage) -> dict[str, Any]:
             "display": stage.display, "task": stage.task, "index": stage.index, "parent": stage.parent,
             "budget": stage.budget, "eval_tasks": stage.eval_tasks,
             "steps": [{"algorithm": st.algorithm, "run_dir": st.run_dir, "budget": st.budget,
-                       "snapshot": st.snapshot, "model_dir": st.model_dir(), "noise_stream": st.noise_stream}
+                       "snapshot": st.snapshot, "model_dir": st.model_dir(), "noise_stream": st.noise_stream,
+                       **({"trained_by": st.owner} if st.owner else {})}
                       for st in stage.steps]}
 
 

@@ -259,7 +259,8 @@ def _stage_record(spec: Spec, stage: Stage, root: Path, configs: list[Any], eval
                       "model_dir": step.model_dir(), "num_params": info.get("num_params"),
                       "precision": info.get("precision") or info.get("master_dtype"),
                       "accounting": algo.accounting(root / step.run_dir, step.budget),
-                      "formula": algo.formula(cfg, step.budget), "config": dataclasses.asdict(cfg)})
+                      "formula": algo.formula(cfg, step.budget), "config": dataclasses.asdict(cfg),
+                      **({"trained_by": step.owner} if step.owner else {})})
     return {**as_dict(stage), "model": stage.model_dir() or spec.model, "eval": evals, "steps": steps,
             "ifeval_metric": spec.ifeval_metric, "seconds": seconds, "finished": _now()}
 
