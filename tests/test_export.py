@@ -251,6 +251,26 @@ def test_the_card_leaves_out_the_runs_own_record_and_reads_a_final_folder_only_w
     assert "checkpoint `iter_000004`, step 4, not the run's final checkpoint" in card
 
 
+def test_the_card_shows_the_constant_answer_beside_each_accuracy(tmp_path):
+    """Every evaluation reports the constant-answer baseline of its examples beside the accuracy; the card listed
+    the accuracy alone, so 0.615 on BoolQ read as a skill where always "yes" scores 0.635. A mean reward has no
+    such baseline and keeps the plain table."""
+    from esft.export import held_out_results, model_card
+
+    run = tmp_path / "run"
+    run.mkdir()
+    record = {"kind": "eval", "step": 0, "test_n": 200, "test_accuracy": 0.615, "test_ci95": [0.546, 0.68],
+              "test_constant_baseline": 0.635, "test_constant_baseline_ci95": [0.566, 0.699]}
+    (run / "metrics.jsonl").write_text(json.dumps({"kind": "train", "step": 1}) + "\n" + json.dumps(record) + "\n")
+    card = model_card(run, {"model": "m", "task": "boolq"}, held_out_results(run))
+    assert "| step | n | accuracy | 95% CI | constant answer | 95% CI |" in card
+    assert "| 0 | 200 | 0.615 | [0.546, 0.680] | 0.635 | [0.566, 0.699] |" in card
+
+    reward = [{"step": 0, "n": 4, "accuracy": 1.5, "ci95": [0.5, 2.5], "baseline": None, "baseline_ci95": None}]
+    card = model_card(run, {"model": "m", "task": "data.jsonl"}, reward)
+    assert "| step | n | mean reward | 95% CI |\n" in card and "constant answer" not in card
+
+
 def test_the_card_links_a_hub_base_model_only(tmp_path, monkeypatch):
     """base_model in the front matter is a hub link: an org/name id, not a local folder (relative, as a later
     stage of a sequence names the checkpoint it starts from, or ~/...)."""

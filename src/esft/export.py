@@ -89,7 +89,8 @@ def held_out_results(run: Path) -> list[dict[str, Any]]:
         if acc is None:
             continue
         out.append({"step": r.get("step"), "n": r.get("test_n", r.get("n")), "accuracy": acc,
-                    "ci95": r.get("test_ci95", r.get("ci95"))})
+                    "ci95": r.get("test_ci95", r.get("ci95")), "baseline": r.get("test_constant_baseline"),
+                    "baseline_ci95": r.get("test_constant_baseline_ci95")})
     return out
 
 
@@ -146,12 +147,21 @@ def model_card(run: Path, config: dict[str, Any], results: list[dict[str, Any]],
     if results:
         # a custom reward scored outside [0, 1] is a mean reward, not an accuracy
         name = summaries_score_name(results, "accuracy", "ci95")
-        lines += ["## Held-out results", "", f"| step | n | {name} | 95% CI |", "|---|---|---|---|"]
+        # an accuracy means little without what always giving the most frequent gold answer scores on the same
+        # examples (a "yes" prior on BoolQ); a mean reward has no such baseline
+        baseline = name == "accuracy" and any(r.get("baseline") is not None for r in results)
+        extra = (" constant answer | 95% CI |", "---|---|") if baseline else ("", "")
+        lines += ["## Held-out results", "", f"| step | n | {name} | 95% CI |{extra[0]}",
+                  f"|---|---|---|---|{extra[1]}"]
         for r in results:
-            ci = r.get("ci95") or []
-            ci_text = f"[{ci[0]:.3f}, {ci[1]:.3f}]" if len(ci) == 2 else ""
-            lines.append(f"| {r['step']} | {r['n']} | {r['accuracy']:.3f} | {ci_text} |")
-        lines += ["", "Step 0 is the model before training.", ""]
+            row = f"| {r['step']} | {r['n']} | {r['accuracy']:.3f} | {_interval(r.get('ci95'))} |"
+            if baseline:
+                value = r.get("baseline")
+                row += f" {'' if value is None else f'{value:.3f}'} | {_interval(r.get('baseline_ci95'))} |"
+            lines.append(row)
+        lines += ["", "Step 0 is the model before training."
+                  + (" Constant answer: the most frequent gold answer of the same examples, always." if baseline
+                     else ""), ""]
     else:
         lines += ["The run recorded no held-out evaluation.", ""]
     lines += ["## Use", "", "```python", "from transformers import AutoModelForCausalLM, AutoTokenizer", "",
@@ -159,6 +169,10 @@ def model_card(run: Path, config: dict[str, Any], results: list[dict[str, Any]],
               'tokenizer = AutoTokenizer.from_pretrained("PATH_OR_REPO")', "```", "",
               "## Training config", "", "```yaml", yaml.safe_dump(config, sort_keys=False).strip(), "```", ""]
     return "\n".join(lines)
+
+
+def _interval(ci: Any) -> str:
+    return f"[{ci[0]:.3f}, {ci[1]:.3f}]" if ci and len(ci) == 2 else ""
 
 
 def export_run(run: str | Path, to: str | Path, overwrite: bool = False) -> ExportResult:
