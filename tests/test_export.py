@@ -197,12 +197,31 @@ def test_the_card_keeps_prose_that_starts_with_a_slash(tmp_path):
 
 
 def checkpoint_folder(path, names=("model.safetensors", "tokenizer_config.json"), config=None):
-    """A model folder as a checkpoint leaves it (files of placeholder content: export copies, it does not load)."""
+    """A model folder as a checkpoint leaves it (files of placeholder content, weights a one-tensor safetensors
+    file: export checks that the weights open, and copies the rest without loading it)."""
+    from safetensors.torch import save_file
+
     path.mkdir(parents=True)
     (path / "config.json").write_text(json.dumps(config or {"bos_token_id": 1, "eos_token_id": 2}))
     for name in names:
-        (path / name).write_text("x")
+        if name.endswith(".safetensors"):
+            save_file({"w": torch.zeros(1)}, str(path / name))
+        else:
+            (path / name).write_text("x")
     return path
+
+
+def test_export_refuses_a_truncated_weights_file(tmp_path, capsys):
+    """A checkpoint whose model.safetensors was cut short (a copy that stopped, a full disk) was exported as it
+    was, and the upload command printed, for a model no loader reads; the export now stops, naming the file and
+    the way to write it again, and leaves no target behind."""
+    run = tmp_path / "run"
+    weights = checkpoint_folder(run / "checkpoints" / "final") / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-2])
+    assert main(["export", str(run), "--to", str(tmp_path / "out")]) == 1
+    err = capsys.readouterr().err
+    assert f"{weights} is damaged" in err and "--resume" in err
+    assert not (tmp_path / "out").exists()
 
 
 def test_a_checkpoint_without_generation_config_gets_one_from_its_model_config(tmp_path):

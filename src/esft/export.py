@@ -171,6 +171,27 @@ def model_card(run: Path, config: dict[str, Any], results: list[dict[str, Any]],
     return "\n".join(lines)
 
 
+class DamagedWeights(RuntimeError):
+    """A checkpoint's safetensors file that does not load (a truncated copy): a damaged run directory, not bad
+    input (the CLI exits 1)."""
+
+
+def check_weights(files: list[Path]) -> None:
+    """Raise DamagedWeights unless every safetensors file among `files` opens: the export would otherwise copy
+    a truncated file and print the upload command for a model that no loader can read."""
+    from safetensors import safe_open
+
+    for path in files:
+        if path.suffix != ".safetensors":
+            continue
+        try:
+            with safe_open(str(path), "pt"):
+                pass
+        except Exception as exc:  # safetensors raises its own error type for every kind of bad file
+            raise DamagedWeights(f"{path} is damaged ({exc}): resume the run (`esft train es|grpo --resume`) to "
+                                 f"write its checkpoint again, or export an earlier checkpoint folder") from None
+
+
 def _interval(ci: Any) -> str:
     return f"[{ci[0]:.3f}, {ci[1]:.3f}]" if ci and len(ci) == 2 else ""
 
@@ -195,6 +216,7 @@ def export_run(run: str | Path, to: str | Path, overwrite: bool = False) -> Expo
         raise FileNotFoundError(f"{checkpoint}: no safetensors weights")
     if not any(p.name == "tokenizer_config.json" for p in files):
         raise FileNotFoundError(f"{checkpoint}: no tokenizer files to export")
+    check_weights(files)
     # built in a fresh folder beside the target and moved into place: an --overwrite export never keeps files of
     # an earlier one (stale shards, tokenizer files), and an interrupted export leaves the target as it was
     to.parent.mkdir(parents=True, exist_ok=True)
@@ -219,5 +241,5 @@ def export_run(run: str | Path, to: str | Path, overwrite: bool = False) -> Expo
     return ExportResult(to, checkpoint, sorted(p.name for p in to.iterdir()))
 
 
-__all__ = ["ExportResult", "checkpoint_step", "export_run", "find_checkpoint", "held_out_results", "model_card",
-           "model_files", "run_dir_of"]
+__all__ = ["DamagedWeights", "ExportResult", "check_weights", "checkpoint_step", "export_run", "find_checkpoint",
+           "held_out_results", "model_card", "model_files", "run_dir_of"]
