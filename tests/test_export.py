@@ -211,6 +211,26 @@ def checkpoint_folder(path, names=("model.safetensors", "tokenizer_config.json")
     return path
 
 
+def test_the_exported_folder_is_readable_as_any_new_folder(tmp_path):
+    """The export was made in a mkdtemp folder (mode 0700) and copied the checkpoint's modes, 0600 for the
+    weights safetensors writes: a folder meant to be shared that only its owner could read."""
+    import os
+
+    from esft.export import export_run
+
+    checkpoint = checkpoint_folder(tmp_path / "run" / "checkpoints" / "final")
+    os.chmod(checkpoint / "model.safetensors", 0o600)
+    old = os.umask(0o022)
+    try:
+        export_run(tmp_path / "run", tmp_path / "out")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "out").stat().st_mode & 0o777 == 0o755
+    assert {p.name: p.stat().st_mode & 0o777 for p in (tmp_path / "out").iterdir()} == {
+        "README.md": 0o644, "config.json": 0o644, "generation_config.json": 0o644, "model.safetensors": 0o644,
+        "tokenizer_config.json": 0o644}
+
+
 def test_export_refuses_a_truncated_weights_file(tmp_path, capsys):
     """A checkpoint whose model.safetensors was cut short (a copy that stopped, a full disk) was exported as it
     was, and the upload command printed, for a model no loader reads; the export now stops, naming the file and

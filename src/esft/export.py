@@ -10,6 +10,7 @@ plus a model card (README.md) with the training config and the run's held-out re
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import tempfile
@@ -221,9 +222,14 @@ def export_run(run: str | Path, to: str | Path, overwrite: bool = False) -> Expo
     # an earlier one (stale shards, tokenizer files), and an interrupted export leaves the target as it was
     to.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{to.name}.", dir=to.parent))
+    # a folder to share takes the modes of any new folder and file (the umask's), not mkdtemp's private 0700 nor
+    # the 0600 that safetensors gives the weights it writes
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(staging, 0o777 & ~umask)
     try:
         for p in files:
-            shutil.copy2(p, staging / p.name)
+            shutil.copyfile(p, staging / p.name)
         if not (staging / "generation_config.json").exists():
             from transformers import GenerationConfig
 
