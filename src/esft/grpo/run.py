@@ -1,6 +1,6 @@
 """`train_grpo(config)`: build model, task, dataset and TRL trainer, run (or resume) GRPO, write the run directory.
 
-Layout of `output_dir` (the ES layout, plus drift.jsonl):
+Layout of `output_dir` (the ES layout, with drift.jsonl where ES keeps seeds.jsonl):
     config.yaml                resolved GRPOConfig (+ `_run`: precision, parameter dtypes, versions, batch shape)
     metrics.jsonl              {"kind": "train", ...} per optimizer step, {"kind": "eval", ...} per evaluation
     drift.jsonl                ||theta_t - theta_0||^2 per step, total and per tensor
