@@ -197,12 +197,51 @@ def test_the_card_keeps_prose_that_starts_with_a_slash(tmp_path):
 
 
 def checkpoint_folder(path, names=("model.safetensors", "tokenizer_config.json"), config=None):
-    """A model folder as a checkpoint leaves it (files of placeholder content: export copies, it does not load)."""
+    """A model folder as a checkpoint leaves it (files of placeholder content, weights a one-tensor safetensors
+    file: export checks that the weights open, and copies the rest without loading it)."""
+    from safetensors.torch import save_file
+
     path.mkdir(parents=True)
     (path / "config.json").write_text(json.dumps(config or {"bos_token_id": 1, "eos_token_id": 2}))
     for name in names:
-        (path / name).write_text("x")
+        if name.endswith(".safetensors"):
+            save_file({"w": torch.zeros(1)}, str(path / name))
+        else:
+            (path / name).write_text("x")
     return path
+
+
+def test_the_exported_folder_is_readable_as_any_new_folder(tmp_path):
+    """The export was made in a mkdtemp folder (mode 0700) and copied the checkpoint's modes, 0600 for the
+    weights safetensors writes: a folder meant to be shared that only its owner could read."""
+    import os
+
+    from esft.export import export_run
+
+    checkpoint = checkpoint_folder(tmp_path / "run" / "checkpoints" / "final")
+    os.chmod(checkpoint / "model.safetensors", 0o600)
+    old = os.umask(0o022)
+    try:
+        export_run(tmp_path / "run", tmp_path / "out")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "out").stat().st_mode & 0o777 == 0o755
+    assert {p.name: p.stat().st_mode & 0o777 for p in (tmp_path / "out").iterdir()} == {
+        "README.md": 0o644, "config.json": 0o644, "generation_config.json": 0o644, "model.safetensors": 0o644,
+        "tokenizer_config.json": 0o644}
+
+
+def test_export_refuses_a_truncated_weights_file(tmp_path, capsys):
+    """A checkpoint whose model.safetensors was cut short (a copy that stopped, a full disk) was exported as it
+    was, and the upload command printed, for a model no loader reads; the export now stops, naming the file and
+    the way to write it again, and leaves no target behind."""
+    run = tmp_path / "run"
+    weights = checkpoint_folder(run / "checkpoints" / "final") / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-2])
+    assert main(["export", str(run), "--to", str(tmp_path / "out")]) == 1
+    err = capsys.readouterr().err
+    assert f"{weights} is damaged" in err and "--resume" in err
+    assert not (tmp_path / "out").exists()
 
 
 def test_a_checkpoint_without_generation_config_gets_one_from_its_model_config(tmp_path):
@@ -249,6 +288,26 @@ def test_the_card_leaves_out_the_runs_own_record_and_reads_a_final_folder_only_w
     card = (tmp_path / "out" / "README.md").read_text()
     assert "population_size: 2" in card and "_run" not in card and "argv" not in card
     assert "checkpoint `iter_000004`, step 4, not the run's final checkpoint" in card
+
+
+def test_the_card_shows_the_constant_answer_beside_each_accuracy(tmp_path):
+    """Every evaluation reports the constant-answer baseline of its examples beside the accuracy; the card listed
+    the accuracy alone, so 0.615 on BoolQ read as a skill where always "yes" scores 0.635. A mean reward has no
+    such baseline and keeps the plain table."""
+    from esft.export import held_out_results, model_card
+
+    run = tmp_path / "run"
+    run.mkdir()
+    record = {"kind": "eval", "step": 0, "test_n": 200, "test_accuracy": 0.615, "test_ci95": [0.546, 0.68],
+              "test_constant_baseline": 0.635, "test_constant_baseline_ci95": [0.566, 0.699]}
+    (run / "metrics.jsonl").write_text(json.dumps({"kind": "train", "step": 1}) + "\n" + json.dumps(record) + "\n")
+    card = model_card(run, {"model": "m", "task": "boolq"}, held_out_results(run))
+    assert "| step | n | accuracy | 95% CI | constant answer | 95% CI |" in card
+    assert "| 0 | 200 | 0.615 | [0.546, 0.680] | 0.635 | [0.566, 0.699] |" in card
+
+    reward = [{"step": 0, "n": 4, "accuracy": 1.5, "ci95": [0.5, 2.5], "baseline": None, "baseline_ci95": None}]
+    card = model_card(run, {"model": "m", "task": "data.jsonl"}, reward)
+    assert "| step | n | mean reward | 95% CI |\n" in card and "constant answer" not in card
 
 
 def test_the_card_links_a_hub_base_model_only(tmp_path, monkeypatch):

@@ -647,6 +647,25 @@ def test_a_damaged_newest_checkpoint_resumes_from_the_one_before(run, tmp_path, 
         assert resume_checkpoint(out) == (0, None)
 
 
+@pytest.mark.parametrize("name", ["optimizer.pt", "scheduler.pt", "rng_state.pth"])
+def test_a_checkpoint_missing_its_resume_state_is_skipped(run, tmp_path, name):
+    """transformers resumes from a checkpoint without optimizer.pt, scheduler.pt or rng_state.pth without a word:
+    a fresh AdamW, the LR schedule from its start, other samples (a SmolLM2 run resumed so ended on other weights
+    and another learning rate). Such a checkpoint is damaged: the resume takes the one before it."""
+    import shutil
+
+    from esft.grpo.run import checkpoint_damage, resume_checkpoint
+
+    out = tmp_path / "run"
+    shutil.copytree(run["out"], out)
+    final = out / "checkpoints" / "final"
+    (final / name).unlink()
+    assert checkpoint_damage(final) == f"no {name.replace('.pth', '*.pth')}"
+    with pytest.warns(UserWarning, match=f"final is damaged \\(no {name.split('.')[0]}"):
+        step, folder = resume_checkpoint(out)
+    assert (step, folder.name) == (2, "iter_000002")
+
+
 def test_unknown_trl_args_are_refused_before_the_run_folder_is_made(tmp_path):
     """`esft train grpo --trl-args '{bogus: 1}'` was refused only after the run folder, its lock and samples/ were
     made: a typo left an empty run folder behind."""

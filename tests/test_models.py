@@ -48,6 +48,24 @@ def test_local_folder_round_trip(tmp_path, tiny_model, tokenizer):
         assert n1 == n2 and torch.equal(p1, p2)
 
 
+def test_a_truncated_weights_file_is_one_error_line(tmp_path, tiny_model, tokenizer, capsys):
+    """`esft eval --model RUN/checkpoints/final` on a cut-short model.safetensors printed safetensors' traceback
+    (its error is no OSError, so the CLI's one-line errors let it through); now one line naming the folder, exit 1.
+    """
+    from esft.cli import main
+
+    tiny_model.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-8])
+    with pytest.raises(models.DamagedModelError, match="its weights do not load"):
+        load_model(str(tmp_path), device="cpu")
+    capsys.readouterr()  # the save's own progress bar
+    assert main(["eval", "--model", str(tmp_path), "--tasks", "boolq", "--limit", "1", "--device", "cpu"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"esft: error: {tmp_path}: its weights do not load") and "Traceback" not in err
+
+
 @pytest.mark.slow
 def test_embedded_model_loads_from_cache_fast():
     import time

@@ -243,6 +243,15 @@ def model_folder(folder: Path, step_file: tuple[str, dict] | None = None) -> Pat
     return folder
 
 
+def weights_file(path: Path) -> bytes:
+    """A one-tensor safetensors file (export checks that the weights it copies open); returns its bytes."""
+    import torch
+    from safetensors.torch import save_file
+
+    save_file({"w": torch.ones(1)}, str(path))
+    return path.read_bytes()
+
+
 def test_export_prefers_final_then_the_highest_numbered_checkpoint(tmp_path):
     from esft.export import find_checkpoint
 
@@ -355,7 +364,8 @@ def test_the_card_lists_only_evaluations_with_a_held_out_accuracy(tmp_path):
                                       '{"kind": "eval", "step": 1, "test_n": 4, "test_accuracy": 0.75, '
                                       '"test_ci95": [0.3, 0.95]}\n')
     results = held_out_results(tmp_path)
-    assert results == [{"step": 1, "n": 4, "accuracy": 0.75, "ci95": [0.3, 0.95]}]
+    assert results == [{"step": 1, "n": 4, "accuracy": 0.75, "ci95": [0.3, 0.95], "baseline": None,
+                        "baseline_ci95": None}]
     assert "| 1 | 4 | 0.750 | [0.300, 0.950] |" in model_card(tmp_path, {"task": "t"}, results)
 
 
@@ -364,19 +374,20 @@ def test_a_failed_export_leaves_the_target_and_no_staging_folder(tmp_path, monke
     from esft.export import export_run
 
     checkpoint = model_folder(tmp_path / "run" / "checkpoints" / "final")
-    for name in ("model.safetensors", "tokenizer_config.json", "generation_config.json"):
+    weights_file(checkpoint / "model.safetensors")
+    for name in ("tokenizer_config.json", "generation_config.json"):
         (checkpoint / name).write_text("x")
     target = tmp_path / "out"
     target.mkdir()
     (target / "model.safetensors").write_text("an earlier export")
-    real = esft.export.shutil.copy2
+    real = esft.export.shutil.copyfile
 
     def disk_full(src, dst):
         if Path(src).name == "model.safetensors":
             raise OSError(28, "No space left on device")
         return real(src, dst)
 
-    monkeypatch.setattr(esft.export.shutil, "copy2", disk_full)
+    monkeypatch.setattr(esft.export.shutil, "copyfile", disk_full)
     with pytest.raises(OSError):
         export_run(tmp_path / "run", target, overwrite=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "run"]
@@ -400,7 +411,8 @@ def test_an_export_interrupted_while_replacing_the_target_leaves_a_whole_one(tmp
     from esft.export import export_run
 
     checkpoint = model_folder(tmp_path / "run" / "checkpoints" / "final")
-    for name in ("model.safetensors", "tokenizer_config.json", "generation_config.json"):
+    new = weights_file(checkpoint / "model.safetensors")
+    for name in ("tokenizer_config.json", "generation_config.json"):
         (checkpoint / name).write_text("new")
     target = tmp_path / "out"
     target.mkdir()
@@ -417,7 +429,7 @@ def test_an_export_interrupted_while_replacing_the_target_leaves_a_whole_one(tmp
     monkeypatch.setattr(shutil_module, "rmtree", interrupted)
     with pytest.raises(KeyboardInterrupt):
         export_run(tmp_path / "run", target, overwrite=True)
-    assert (target / "model.safetensors").read_text() == "new"
+    assert (target / "model.safetensors").read_bytes() == new
     assert {p.name for p in target.iterdir()} >= {"model.safetensors", "tokenizer_config.json", "README.md"}
     monkeypatch.setattr(shutil_module, "rmtree", real)
     export_run(tmp_path / "run", target, overwrite=True)  # a later export clears what the interruption left aside

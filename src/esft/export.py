@@ -10,6 +10,7 @@ plus a model card (README.md) with the training config and the run's held-out re
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import tempfile
@@ -89,7 +90,8 @@ def held_out_results(run: Path) -> list[dict[str, Any]]:
         if acc is None:
             continue
         out.append({"step": r.get("step"), "n": r.get("test_n", r.get("n")), "accuracy": acc,
-                    "ci95": r.get("test_ci95", r.get("ci95"))})
+                    "ci95": r.get("test_ci95", r.get("ci95")), "baseline": r.get("test_constant_baseline"),
+                    "baseline_ci95": r.get("test_constant_baseline_ci95")})
     return out
 
 
@@ -146,12 +148,21 @@ def model_card(run: Path, config: dict[str, Any], results: list[dict[str, Any]],
     if results:
         # a custom reward scored outside [0, 1] is a mean reward, not an accuracy
         name = summaries_score_name(results, "accuracy", "ci95")
-        lines += ["## Held-out results", "", f"| step | n | {name} | 95% CI |", "|---|---|---|---|"]
+        # an accuracy means little without what always giving the most frequent gold answer scores on the same
+        # examples (a "yes" prior on BoolQ); a mean reward has no such baseline
+        baseline = name == "accuracy" and any(r.get("baseline") is not None for r in results)
+        extra = (" constant answer | 95% CI |", "---|---|") if baseline else ("", "")
+        lines += ["## Held-out results", "", f"| step | n | {name} | 95% CI |{extra[0]}",
+                  f"|---|---|---|---|{extra[1]}"]
         for r in results:
-            ci = r.get("ci95") or []
-            ci_text = f"[{ci[0]:.3f}, {ci[1]:.3f}]" if len(ci) == 2 else ""
-            lines.append(f"| {r['step']} | {r['n']} | {r['accuracy']:.3f} | {ci_text} |")
-        lines += ["", "Step 0 is the model before training.", ""]
+            row = f"| {r['step']} | {r['n']} | {r['accuracy']:.3f} | {_interval(r.get('ci95'))} |"
+            if baseline:
+                value = r.get("baseline")
+                row += f" {'' if value is None else f'{value:.3f}'} | {_interval(r.get('baseline_ci95'))} |"
+            lines.append(row)
+        lines += ["", "Step 0 is the model before training."
+                  + (" Constant answer: the most frequent gold answer of the same examples, always." if baseline
+                     else ""), ""]
     else:
         lines += ["The run recorded no held-out evaluation.", ""]
     lines += ["## Use", "", "```python", "from transformers import AutoModelForCausalLM, AutoTokenizer", "",
@@ -159,6 +170,31 @@ def model_card(run: Path, config: dict[str, Any], results: list[dict[str, Any]],
               'tokenizer = AutoTokenizer.from_pretrained("PATH_OR_REPO")', "```", "",
               "## Training config", "", "```yaml", yaml.safe_dump(config, sort_keys=False).strip(), "```", ""]
     return "\n".join(lines)
+
+
+class DamagedWeights(RuntimeError):
+    """A checkpoint's safetensors file that does not load (a truncated copy): a damaged run directory, not bad
+    input (the CLI exits 1)."""
+
+
+def check_weights(files: list[Path]) -> None:
+    """Raise DamagedWeights unless every safetensors file among `files` opens: the export would otherwise copy
+    a truncated file and print the upload command for a model that no loader can read."""
+    from safetensors import safe_open
+
+    for path in files:
+        if path.suffix != ".safetensors":
+            continue
+        try:
+            with safe_open(str(path), "pt"):
+                pass
+        except Exception as exc:  # safetensors raises its own error type for every kind of bad file
+            raise DamagedWeights(f"{path} is damaged ({exc}): resume the run (`esft train es|grpo --resume`) to "
+                                 f"write its checkpoint again, or export an earlier checkpoint folder") from None
+
+
+def _interval(ci: Any) -> str:
+    return f"[{ci[0]:.3f}, {ci[1]:.3f}]" if ci and len(ci) == 2 else ""
 
 
 def export_run(run: str | Path, to: str | Path, overwrite: bool = False) -> ExportResult:
@@ -181,13 +217,19 @@ def export_run(run: str | Path, to: str | Path, overwrite: bool = False) -> Expo
         raise FileNotFoundError(f"{checkpoint}: no safetensors weights")
     if not any(p.name == "tokenizer_config.json" for p in files):
         raise FileNotFoundError(f"{checkpoint}: no tokenizer files to export")
+    check_weights(files)
     # built in a fresh folder beside the target and moved into place: an --overwrite export never keeps files of
     # an earlier one (stale shards, tokenizer files), and an interrupted export leaves the target as it was
     to.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{to.name}.", dir=to.parent))
+    # a folder to share takes the modes of any new folder and file (the umask's), not mkdtemp's private 0700 nor
+    # the 0600 that safetensors gives the weights it writes
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(staging, 0o777 & ~umask)
     try:
         for p in files:
-            shutil.copy2(p, staging / p.name)
+            shutil.copyfile(p, staging / p.name)
         if not (staging / "generation_config.json").exists():
             from transformers import GenerationConfig
 
@@ -205,5 +247,5 @@ def export_run(run: str | Path, to: str | Path, overwrite: bool = False) -> Expo
     return ExportResult(to, checkpoint, sorted(p.name for p in to.iterdir()))
 
 
-__all__ = ["ExportResult", "checkpoint_step", "export_run", "find_checkpoint", "held_out_results", "model_card",
-           "model_files", "run_dir_of"]
+__all__ = ["DamagedWeights", "ExportResult", "check_weights", "checkpoint_step", "export_run", "find_checkpoint",
+           "held_out_results", "model_card", "model_files", "run_dir_of"]

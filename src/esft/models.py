@@ -32,6 +32,11 @@ class ModelNotFoundError(FileNotFoundError):
     """A model name or path could not be resolved; the message says what to install or where we looked."""
 
 
+class DamagedModelError(RuntimeError):
+    """A model folder whose weights file does not load (truncated, partly copied): a damaged folder, not bad
+    input (the CLI exits 1 with one line, where the safetensors error escaped it as a traceback)."""
+
+
 def known_model_names() -> tuple[str, ...]:
     """Names `load_model` resolves without a folder or the hub (embedded models and their aliases)."""
     return (*_EMBEDDED, *_EMBEDDED_ALIASES)
@@ -248,6 +253,7 @@ def load_model(
     `dtype`: None/"auto" = fp32 on CPU, bf16 on a bf16-capable GPU; or "fp32", "bf16", a torch.dtype.
     `device`: None = CUDA when available, else CPU.
     """
+    from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM
 
     device = device or default_device()
@@ -257,6 +263,10 @@ def load_model(
         # a local folder loads in a second: no bar; a hub id may download gigabytes: its bars stay
         with without_transformers_bars() if Path(path).exists() else contextlib.nullcontext():
             model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, **from_pretrained_kwargs)
+    except SafetensorError as exc:  # no OSError: the command line's one-line errors would not catch it
+        raise DamagedModelError(f"{name_or_path}: its weights do not load ({exc}); a truncated or partly copied "
+                                f"safetensors file (a checkpoint of an esft run: resume the run to write it "
+                                f"again)") from None
     except OSError as exc:
         if Path(path).exists():
             raise

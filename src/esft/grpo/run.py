@@ -1,6 +1,6 @@
 """`train_grpo(config)`: build model, task, dataset and TRL trainer, run (or resume) GRPO, write the run directory.
 
-Layout of `output_dir` (the ES layout, plus drift.jsonl):
+Layout of `output_dir` (the ES layout, with drift.jsonl where ES keeps seeds.jsonl):
     config.yaml                resolved GRPOConfig (+ `_run`: precision, parameter dtypes, versions, batch shape)
     metrics.jsonl              {"kind": "train", ...} per optimizer step, {"kind": "eval", ...} per evaluation
     drift.jsonl                ||theta_t - theta_0||^2 per step, total and per tensor
@@ -57,10 +57,15 @@ def list_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
     return sorted(found, key=lambda x: (x[0], x[1].name == "final"))
 
 
+#: what transformers reads to resume exactly; it skips a missing one without a word (a fresh AdamW, the LR schedule
+#: restarted, other sampling), so a checkpoint without them is damaged, not a starting point
+RESUME_FILES = ("optimizer.pt", "scheduler.pt", "rng_state*.pth")
+
+
 def checkpoint_damage(folder: Path) -> str | None:
-    """Why transformers could not resume from `folder`, or None: no weights, a safetensors file whose header does
-    not cover it (a truncated copy), or a torch-saved file (optimizer, scheduler, RNG, arguments) that is no whole
-    zip archive."""
+    """Why transformers could not resume exactly from `folder`, or None: no weights, one of RESUME_FILES missing, a
+    safetensors file whose header does not cover it (a truncated copy), or a torch-saved file (optimizer,
+    scheduler, RNG, arguments) that is no whole zip archive."""
     import zipfile
 
     from safetensors import safe_open
@@ -68,6 +73,9 @@ def checkpoint_damage(folder: Path) -> str | None:
     weights = sorted(folder.glob("*.safetensors"))
     if not weights:
         return "no safetensors weights"
+    missing = [name for name in RESUME_FILES if not any(folder.glob(name))]
+    if missing:
+        return f"no {', '.join(missing)}"
     for path in weights:
         try:
             with safe_open(str(path), "pt"):
