@@ -406,3 +406,28 @@ def test_a_cache_with_truncated_weights_is_converted_again(fake_conversion, tmp_
     assert models.embedded_model_dir() == target and len(fake_conversion) == 2
     assert weights.read_bytes() == whole and "truncated" in capsys.readouterr().out
     assert models.embedded_model_dir() == target and len(fake_conversion) == 2
+
+
+def test_a_saved_tokenizer_keeps_no_load_flags_and_states_the_context_length(tmp_path, tiny_model, tokenizer):
+    """The embedded model's cached tokenizer_config.json carries transformers 5's record of an offline load
+    (`local_files_only`, `is_local`) and no length limit (1e30): a checkpoint saved from it, and so an export, would
+    hand `local_files_only: true` to whoever loads it from the hub. Loaded through esft, the tokenizer drops both
+    and takes the model's context length (config.json's max_position_embeddings)."""
+    import json
+
+    src, out = tmp_path / "src", tmp_path / "out"
+    tiny_model.config.max_position_embeddings = 321
+    tiny_model.save_pretrained(src)
+    tokenizer.save_pretrained(src)
+    config = json.loads((src / "tokenizer_config.json").read_text())
+    config.update(local_files_only=True, is_local=True, model_max_length=int(1e30))
+    (src / "tokenizer_config.json").write_text(json.dumps(config))
+    loaded = models.load_tokenizer(str(src))
+    assert loaded.model_max_length == 321
+    loaded.save_pretrained(out)
+    saved = json.loads((out / "tokenizer_config.json").read_text())
+    assert saved["model_max_length"] == 321
+    assert not {"local_files_only", "is_local"} & set(saved)
+    config["model_max_length"] = 2048  # a tokenizer that states its own limit keeps it
+    (src / "tokenizer_config.json").write_text(json.dumps(config))
+    assert models.load_tokenizer(str(src)).model_max_length == 2048

@@ -212,12 +212,33 @@ def _convert_gguf(gguf_dir: Path, gguf_name: str, target: Path, eos: str) -> Non
 def load_tokenizer(name_or_path: str = DEFAULT_MODEL):
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(name_or_path))
-    _prepare_tokenizer(tokenizer)
+    path = resolve_model_path(name_or_path)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    _prepare_tokenizer(tokenizer, _context_length(Path(path)))
     return tokenizer
 
 
-def _prepare_tokenizer(tokenizer) -> None:
+#: what transformers 5 records of the load itself in a tokenizer's saved config; a checkpoint or an export that kept
+#: them would hand `local_files_only: true` to whoever loads it from the hub
+LOAD_ONLY_KWARGS = ("is_local", "local_files_only")
+#: transformers' "no limit" model_max_length (int(1e30)), which the GGUF conversion leaves
+NO_LIMIT = int(1e29)
+
+
+def _context_length(folder: Path) -> int | None:
+    """The model's context length (config.json's max_position_embeddings) of a local folder, else None."""
+    try:
+        value = json.loads((folder / "config.json").read_text()).get("max_position_embeddings")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return value if isinstance(value, int) and value > 0 else None
+
+
+def _prepare_tokenizer(tokenizer, context_length: int | None = None) -> None:
+    for key in LOAD_ONLY_KWARGS:
+        tokenizer.init_kwargs.pop(key, None)
+    if context_length is not None and tokenizer.model_max_length >= NO_LIMIT:
+        tokenizer.model_max_length = context_length  # what the model can read, as the hub's SmolLM2 tokenizer says
     # Left padding so every row of a batch ends at the position where generation starts.
     tokenizer.padding_side = "left"
     if tokenizer.pad_token_id is None:
