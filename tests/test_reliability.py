@@ -149,7 +149,9 @@ def test_cross_field_es_errors_come_before_the_model_loads(tmp_path, capsys, no_
 
 
 @pytest.mark.parametrize("value, words", [
-    ('{"nosuch": 1}', ["unknown option 'nosuch'", "packed_linear"]),               # not an engine option
+    # the engine's own error is the reason after "expected", not what is accepted ("expected unknown option")
+    ('{"nosuch": 1}', ["expected valid engine options (unknown option 'nosuch'", "packed_linear"]),
+    ('{"lean": 3}', ["expected valid engine options (generation_options.lean = 3", "true or false"]),
     ('{"temperature": 0.7}', ["['temperature'] have their own ESConfig fields"]),  # rollouts are greedy
     ('{"min_new_tokens": -1}', ["min_new_tokens as an integer >= 0"]),
     ("[1, 2]", ["'fast', 'exact' or a mapping"]),

@@ -282,7 +282,10 @@ def rollout_options(value: Any) -> dict[str, Any]:
             raise ValueError("min_new_tokens as an integer >= 0")
         options = engine_options(mapping)
     except ValueError as exc:
-        accepted = str(exc).removeprefix("generation_options: ").removeprefix("generation_options must be ")
+        problem = str(exc).removeprefix("generation_options: ").removeprefix("generation_options must be ")
+        # the problem is worded as an error of its own ("unknown option 'x'; accepted: ..."): it follows
+        # "expected" as the reason, not as the accepted value; a value that is no mapping already names them
+        accepted = problem if problem.startswith("'fast'") else f"valid engine options ({problem})"
         raise ConfigError("generation_options", value, accepted) from None
     return options if floor is None else {**options, "min_new_tokens": floor}
 
