@@ -39,6 +39,15 @@ def no_model_load(monkeypatch):
     (["kl", "--stages", "{here}", "--tasks", "boolq,bolq"], "tasks = 'bolq' is not accepted; expected a known task"),
     (["landscape", "--es", "{here}", "--holdout-tasks", "none"], "holdout_tasks = 'none' is not accepted"),
     (["sparsity", "--tuned", "{here}", "--tasks", "countdown:numbers=x"], "tasks = 'countdown:numbers=x'"),
+    # devices were handed to torch once the base model had loaded: a traceback for a CUDA this torch cannot see
+    (["kl", "--stages", "{here}", "--device", "cuda:99"], "device = 'cuda:99' is not accepted; expected a torch"),
+    (["landscape", "--es", "{here}", "--device", "bogus"], "device = 'bogus' is not accepted; expected a torch"),
+    (["weights", "--tuned", "{here}", "--stable-rank-device", "bogus"], "stable_rank_device = 'bogus'"),
+    # zip(labels, stages) analysed two stages of three without a word; a label past the checkpoints was dropped
+    (["kl", "--stages", "{here},{here},{here}", "--stage-labels", "a,b"], "expected one name per --stages folder"),
+    (["weights", "--tuned", "{here}", "--labels", "es,grpo"], "expected at most one name per --tuned folder"),
+    # an empty sweep evaluated the base model and wrote a table without rows
+    (["sparsity", "--tuned", "{here}", "--targets", "", "--taus", ""], "targets = [] is not accepted"),
 ])
 def test_bad_analysis_options_fail_before_the_model_loads(tmp_path, capsys, no_model_load, argv, words):
     paths = {"here": str(tmp_path), "missing": str(tmp_path / "missing")}
@@ -47,6 +56,18 @@ def test_bad_analysis_options_fail_before_the_model_loads(tmp_path, capsys, no_m
     err = capsys.readouterr().err
     assert words.format(**paths) in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("argv", [["weights", "--tuned", "{here}"], ["drift", "--run", "{here}"],
+                                  ["kl", "--stages", "{here}"], ["landscape", "--es", "{here}"],
+                                  ["sparsity", "--tuned", "{here}"]])
+def test_an_output_dir_that_is_a_file_is_refused_before_the_analysis_runs(tmp_path, capsys, no_model_load, argv):
+    """The analyses ran (minutes) and then ended in "[Errno 17] File exists" when --output-dir named a file."""
+    taken = tmp_path / "taken"
+    taken.write_text("x")
+    (tmp_path / "seeds.jsonl").write_text("")  # a run folder for drift, which reads it only later
+    assert main(["analyze", *[a.format(here=tmp_path) for a in argv], "--output-dir", str(taken)]) == 2
+    assert f"output_dir {taken} is a file, not a folder" in capsys.readouterr().err
 
 
 def test_a_report_refuses_an_unknown_holdout_task_before_any_analysis_runs(tmp_path):

@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from esft.config import ConfigError, Rule, at_least, check_fields, non_negative, positive
-from esft.validation import check_task
+from esft.rundir import check_output_dir
+from esft.validation import check_device, check_task
 
 
 def _fractions(what: str) -> Rule:
@@ -36,6 +37,11 @@ def check_analysis(config: Any) -> None:
     """Raise ConfigError for the first field of `config` (an analysis dataclass) out of range, naming a task esft
     cannot build, or naming a path that does not exist."""
     check_fields(config, RULES)
+    for key in ("device", "stable_rank_device"):  # used only once the base model has loaded (torch's traceback)
+        check_device(key, getattr(config, key, None))
+    if getattr(config, "output_dir", None):  # written only after the analysis has run, for minutes
+        check_output_dir(config.output_dir)
+    check_counts(config)
     for key in ("tasks", "holdout_tasks"):  # built only after the base model has loaded
         for name in getattr(config, key, None) or []:
             check_task(key, name)
@@ -51,4 +57,18 @@ def check_analysis(config: Any) -> None:
                                   f"folder, e.g. {run / 'checkpoints' / 'final'}")
 
 
-__all__ = ["PATHS", "RULES", "check_analysis"]
+def check_counts(config: Any) -> None:
+    """Lists that must match another: names beyond the checkpoints they name (the analyses pair them with zip,
+    which would drop a stage past the last name without a word), and a sparsity sweep with no point at all."""
+    for key, of in (("stage_labels", "stages"), ("labels", "tuned")):
+        names, paths = getattr(config, key, None), getattr(config, of, None)
+        if names and paths is not None and (len(names) != len(paths) if key == "stage_labels"
+                                            else len(names) > len(paths)):
+            most = "" if key == "stage_labels" else "at most "
+            raise ConfigError(key, names, f"{most}one name per --{of} folder ({len(paths)} given)")
+    if hasattr(config, "taus") and not config.taus and not getattr(config, "targets", None):
+        raise ConfigError("targets", config.targets, "at least one target sparsity (or thresholds in --taus): an "
+                          "empty sweep evaluates nothing")
+
+
+__all__ = ["PATHS", "RULES", "check_analysis", "check_counts"]
