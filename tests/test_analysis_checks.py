@@ -70,6 +70,25 @@ def test_an_output_dir_that_is_a_file_is_refused_before_the_analysis_runs(tmp_pa
     assert f"output_dir {taken} is a file, not a folder" in capsys.readouterr().err
 
 
+def test_a_report_refuses_a_device_its_evaluations_cannot_use_before_any_analysis_runs(tmp_path, monkeypatch):
+    """`esft report --device cuda` on a torch without CUDA ran weights and drift, then failed KL, landscape and
+    sparsity each with "Torch not compiled with CUDA enabled" (exit 1). A drift-only report replays on the runs'
+    own device type, so there only the name is checked."""
+    import torch
+
+    from esft.analysis.report_builder import ReportConfig
+    from esft.config import ConfigError
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ConfigError, match="device = 'cuda' is not accepted; .* sees no CUDA device"):
+        ReportConfig(dir=str(tmp_path), device="cuda")
+    with pytest.raises(ConfigError, match="device = 'cuda' is not accepted"):
+        ReportConfig(dir=str(tmp_path), device="cuda", analyses=["weights", "sparsity"])
+    assert ReportConfig(dir=str(tmp_path), device="cuda", analyses=["drift"]).device == "cuda"
+    with pytest.raises(ConfigError, match="device = 'tpu' is not accepted"):
+        ReportConfig(dir=str(tmp_path), device="tpu", analyses=["drift"])
+
+
 def test_a_report_refuses_an_unknown_holdout_task_before_any_analysis_runs(tmp_path):
     """`esft report --holdout-tasks none` ran weights, drift, KL and most of the landscape before Figure 5 failed on
     the name."""

@@ -125,14 +125,15 @@ def check_report_options(config: ReportConfig) -> None:
     regular expression, before any run is read."""
     import re
 
-    from esft.validation import check_device_name
+    from esft.validation import check_device, check_device_name
 
     for name, rule in REPORT_RULES.items():
         value = getattr(config, name)
         if value is not None and not rule.ok(value):
             raise ConfigError(name, value, rule.accepted)
-    if config.device is not None:  # the name only: a drift-only report replays on the runs' own device type
-        check_device_name("device", config.device)
+    if config.device is not None:  # the name only where nothing evaluates: drift replays on the runs' device type
+        evaluates = set(config.analyses) & {"kl", "landscape", "sparsity"}
+        (check_device if evaluates else check_device_name)("device", config.device)
     for pattern in config.exclude:
         try:
             re.compile(pattern)
