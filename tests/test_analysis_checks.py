@@ -89,6 +89,17 @@ def test_a_report_refuses_a_device_its_evaluations_cannot_use_before_any_analysi
         ReportConfig(dir=str(tmp_path), device="tpu", analyses=["drift"])
 
 
+def test_a_report_refuses_an_unknown_analysis_when_built(tmp_path):
+    """A misspelt --analyses was refused only after the runs were read, in other words than the other options'
+    (no flag named). An empty list stays accepted: a report of the runs' tables only."""
+    from esft.analysis.report_builder import ReportConfig
+    from esft.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"analyses = \['weights', 'bogus'\] is not accepted; expected a list of"):
+        ReportConfig(dir=str(tmp_path), analyses=["weights", "bogus"])
+    assert ReportConfig(dir=str(tmp_path), analyses=[]).analyses == []
+
+
 def test_a_report_refuses_an_unknown_holdout_task_before_any_analysis_runs(tmp_path):
     """`esft report --holdout-tasks none` ran weights, drift, KL and most of the landscape before Figure 5 failed on
     the name."""
