@@ -119,6 +119,8 @@ def reference(tiny_dir, tmp_path_factory) -> Path:
     ("--population-size", "0", "population_size"), ("--max-new-tokens", "0", "max_new_tokens"),
     ("--task", "nosuchtask", "task"), ("--task", "countdown:bogus=1", "task"), ("--model", "no-such-model", "model"),
     ("--noise", "gaussian", "noise"), ("--report-to", "tensorbord", "report_to"),
+    # more members than distinct 32-bit seeds: the run loaded the model, then drew seeds forever
+    ("--population-size", str(2**32 + 1), "population_size"),
 ])
 def test_bad_es_flag_is_refused_before_the_model_loads(tmp_path, capsys, no_model_load, flag, value, key):
     args = ["train", "es", "--preset", "cpu", "--output-dir", str(tmp_path / "run"), flag, value]
