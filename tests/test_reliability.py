@@ -807,3 +807,25 @@ def test_a_full_disk_while_appending_a_log_names_the_log(tiny_dir, reference, tm
     monkeypatch.delattr(esft.rundir, "open")
     assert main(["train", "es", "--resume", str(out)]) == 0
     assert_same_weights(out, reference)
+
+
+def test_eval_refuses_an_output_dir_holding_another_evaluation(tmp_path, capsys, no_model_load):
+    """`esft eval --output-dir D` replaced D/summary.json of an earlier evaluation (another limit, model or task)
+    without a word; the same evaluation again may still overwrite its own results."""
+    import dataclasses
+
+    from esft.evaluation import EvalConfig, check_previous_results
+
+    out = tmp_path / "ev"
+    out.mkdir()
+    earlier = EvalConfig(tasks=["countdown"], limit=5, output_dir=str(out))
+    summary = json.dumps({"config": dataclasses.asdict(earlier), "results": {"countdown": {"accuracy": 0.4}}},
+                         default=str)
+    (out / "summary.json").write_text(summary)
+    assert main(["eval", "--tasks", "countdown", "--limit", "2", "--output-dir", str(out)]) == 2
+    err = error_of(capsys)
+    assert "summary.json holds the results of another evaluation (limit: 5)" in err, err
+    assert (out / "summary.json").read_text() == summary
+    check_previous_results(EvalConfig(tasks=["countdown"], limit=5, output_dir=str(out)))  # the same one: passes
+    (out / "summary.json").write_text("not json")  # not an evaluation's summary: nothing to protect
+    check_previous_results(EvalConfig(tasks=["countdown"], limit=2, output_dir=str(out)))
