@@ -70,6 +70,16 @@ def test_an_output_dir_that_is_a_file_is_refused_before_the_analysis_runs(tmp_pa
     assert f"output_dir {taken} is a file, not a folder" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv", [["weights", "--tuned", "{file}"], ["kl", "--stages", "{file}"],
+                                  ["landscape", "--es", "{file}"], ["sparsity", "--tuned", "{file}"]])
+def test_a_file_given_for_a_checkpoint_folder_is_named_as_a_file(tmp_path, capsys, no_model_load, argv):
+    """A file given as a checkpoint was reported as "checkpoint folder ... does not exist"."""
+    file = tmp_path / "model.safetensors"
+    file.write_text("x")
+    assert main(["analyze", *[a.format(file=file) for a in argv], "--output-dir", str(tmp_path / "out")]) == 2
+    assert f"= '{file}' is not accepted; expected a checkpoint folder; {file} is a file" in capsys.readouterr().err
+
+
 def test_a_report_refuses_a_device_its_evaluations_cannot_use_before_any_analysis_runs(tmp_path, monkeypatch):
     """`esft report --device cuda` on a torch without CUDA ran weights and drift, then failed KL, landscape and
     sparsity each with "Torch not compiled with CUDA enabled" (exit 1). A drift-only report replays on the runs'

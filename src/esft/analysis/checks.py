@@ -50,6 +50,8 @@ def check_analysis(config: Any) -> None:
         for path in [value] if isinstance(value, str) else list(value or []):
             if path and not Path(path).exists():
                 raise ConfigError(name, path, f"an existing {what}")
+            if path and what == "checkpoint folder" and not Path(path).is_dir():  # read later as "does not exist"
+                raise ConfigError(name, path, f"a {what}; {path} is a file")
             run = Path(str(path))  # a run directory given for its checkpoint: say which folder to give
             if path and what == "checkpoint folder" and (run / "checkpoints").is_dir() \
                     and not (run / "config.json").exists():
