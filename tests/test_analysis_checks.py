@@ -39,6 +39,15 @@ def no_model_load(monkeypatch):
     (["kl", "--stages", "{here}", "--tasks", "boolq,bolq"], "tasks = 'bolq' is not accepted; expected a known task"),
     (["landscape", "--es", "{here}", "--holdout-tasks", "none"], "holdout_tasks = 'none' is not accepted"),
     (["sparsity", "--tuned", "{here}", "--tasks", "countdown:numbers=x"], "tasks = 'countdown:numbers=x'"),
+    # devices were handed to torch once the base model had loaded: a traceback for a CUDA this torch cannot see
+    (["kl", "--stages", "{here}", "--device", "cuda:99"], "device = 'cuda:99' is not accepted; expected a torch"),
+    (["landscape", "--es", "{here}", "--device", "bogus"], "device = 'bogus' is not accepted; expected a torch"),
+    (["weights", "--tuned", "{here}", "--stable-rank-device", "bogus"], "stable_rank_device = 'bogus'"),
+    # zip(labels, stages) analysed two stages of three without a word; a label past the checkpoints was dropped
+    (["kl", "--stages", "{here},{here},{here}", "--stage-labels", "a,b"], "expected one name per --stages folder"),
+    (["weights", "--tuned", "{here}", "--labels", "es,grpo"], "expected at most one name per --tuned folder"),
+    # an empty sweep evaluated the base model and wrote a table without rows
+    (["sparsity", "--tuned", "{here}", "--targets", "", "--taus", ""], "targets = [] is not accepted"),
 ])
 def test_bad_analysis_options_fail_before_the_model_loads(tmp_path, capsys, no_model_load, argv, words):
     paths = {"here": str(tmp_path), "missing": str(tmp_path / "missing")}
@@ -47,6 +56,58 @@ def test_bad_analysis_options_fail_before_the_model_loads(tmp_path, capsys, no_m
     err = capsys.readouterr().err
     assert words.format(**paths) in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("argv", [["weights", "--tuned", "{here}"], ["drift", "--run", "{here}"],
+                                  ["kl", "--stages", "{here}"], ["landscape", "--es", "{here}"],
+                                  ["sparsity", "--tuned", "{here}"]])
+def test_an_output_dir_that_is_a_file_is_refused_before_the_analysis_runs(tmp_path, capsys, no_model_load, argv):
+    """The analyses ran (minutes) and then ended in "[Errno 17] File exists" when --output-dir named a file."""
+    taken = tmp_path / "taken"
+    taken.write_text("x")
+    (tmp_path / "seeds.jsonl").write_text("")  # a run folder for drift, which reads it only later
+    assert main(["analyze", *[a.format(here=tmp_path) for a in argv], "--output-dir", str(taken)]) == 2
+    assert f"output_dir {taken} is a file, not a folder" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [["weights", "--tuned", "{file}"], ["kl", "--stages", "{file}"],
+                                  ["landscape", "--es", "{file}"], ["sparsity", "--tuned", "{file}"]])
+def test_a_file_given_for_a_checkpoint_folder_is_named_as_a_file(tmp_path, capsys, no_model_load, argv):
+    """A file given as a checkpoint was reported as "checkpoint folder ... does not exist"."""
+    file = tmp_path / "model.safetensors"
+    file.write_text("x")
+    assert main(["analyze", *[a.format(file=file) for a in argv], "--output-dir", str(tmp_path / "out")]) == 2
+    assert f"= '{file}' is not accepted; expected a checkpoint folder; {file} is a file" in capsys.readouterr().err
+
+
+def test_a_report_refuses_a_device_its_evaluations_cannot_use_before_any_analysis_runs(tmp_path, monkeypatch):
+    """`esft report --device cuda` on a torch without CUDA ran weights and drift, then failed KL, landscape and
+    sparsity each with "Torch not compiled with CUDA enabled" (exit 1). A drift-only report replays on the runs'
+    own device type, so there only the name is checked."""
+    import torch
+
+    from esft.analysis.report_builder import ReportConfig
+    from esft.config import ConfigError
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ConfigError, match="device = 'cuda' is not accepted; .* sees no CUDA device"):
+        ReportConfig(dir=str(tmp_path), device="cuda")
+    with pytest.raises(ConfigError, match="device = 'cuda' is not accepted"):
+        ReportConfig(dir=str(tmp_path), device="cuda", analyses=["weights", "sparsity"])
+    assert ReportConfig(dir=str(tmp_path), device="cuda", analyses=["drift"]).device == "cuda"
+    with pytest.raises(ConfigError, match="device = 'tpu' is not accepted"):
+        ReportConfig(dir=str(tmp_path), device="tpu", analyses=["drift"])
+
+
+def test_a_report_refuses_an_unknown_analysis_when_built(tmp_path):
+    """A misspelt --analyses was refused only after the runs were read, in other words than the other options'
+    (no flag named). An empty list stays accepted: a report of the runs' tables only."""
+    from esft.analysis.report_builder import ReportConfig
+    from esft.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"analyses = \['weights', 'bogus'\] is not accepted; expected a list of"):
+        ReportConfig(dir=str(tmp_path), analyses=["weights", "bogus"])
+    assert ReportConfig(dir=str(tmp_path), analyses=[]).analyses == []
 
 
 def test_a_report_refuses_an_unknown_holdout_task_before_any_analysis_runs(tmp_path):

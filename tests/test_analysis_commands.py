@@ -30,6 +30,7 @@ def test_weights_command_passes_labels_eps_and_paths(tmp_path, monkeypatch):
     monkeypatch.setattr(W, "compare_updates", compare)
     monkeypatch.setattr(W, "plot_weights", lambda rep, path: seen.setdefault("plot", path))
     monkeypatch.setattr(C, "_resolve", lambda spec: f"resolved:{spec}")
+    monkeypatch.setattr("esft.analysis.checks.check_device", lambda key, value: None)  # "cuda" on any machine
     x, y, z = (str(tmp_path / n) for n in "xyz")
     for p in (x, y, z):
         Path(p).mkdir()
@@ -266,6 +267,7 @@ def test_kl_command_loads_each_stage_with_its_dtype_and_device(tmp_path, monkeyp
     stage.mkdir()
     loads = []
     monkeypatch.setattr(C, "_resolve", lambda spec: "B")
+    monkeypatch.setattr("esft.analysis.checks.check_device", lambda key, value: None)  # "cuda" on any machine
     monkeypatch.setattr(C, "_load", lambda *a: loads.append(a))
     monkeypatch.setattr(K, "kl_stages", lambda base, stages, *a, loader, progress: loader(stages[0][1]) or
                         {"tasks": [], "stages": []})

@@ -408,10 +408,12 @@ def test_kl_names_the_missing_side_of_each_chain_it_cannot_measure(tmp_path):
     assert reasons["KL (GRPO boolq seed 42 (grpo))"] == "no checkpoint with weights for stage 1 (boolq, run `grpo`)"
 
 
-def test_a_replay_on_another_device_type_is_refused_and_one_of_its_type_matches(experiment, tmp_path, capsys):
+def test_a_replay_on_another_device_type_is_refused_and_one_of_its_type_matches(experiment, tmp_path, capsys,
+                                                                                 monkeypatch):
     """`--device` loaded the base with `load_model(..., device)` directly: a CPU run replayed on CUDA would draw
     CUDA noise and rebuild other weights, silently (esft.es.noise: the generator's device sets the numbers)."""
     run = experiment / "es"
+    monkeypatch.setattr("esft.analysis.checks.check_device", lambda key, value: None)  # as on a machine with CUDA
     assert main(["analyze", "drift", "--run", str(run), "--device", "cuda", "--output-dir", str(tmp_path / "g")]) == 2
     err = capsys.readouterr().err
     assert "drew its noise on cpu; a replay on cuda would draw other numbers" in err

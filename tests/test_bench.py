@@ -439,9 +439,16 @@ def test_parse_overrides_and_cli():
 @pytest.mark.parametrize("flags, words", [(["--noise", "lowrank", "--rank", "0"], "--rank"),
                                           (["--noise", "per-tensor", "--rank", "-2"], "--rank"),
                                           (["--noise", "bogus"], "unknown noise mode"),
-                                          (["--population", "1"], "--population must be >= 2")])
+                                          (["--population", "1"], "--population must be >= 2"),
+                                          (["--repeats", "0"], "(--repeats): repeats = 0 is not accepted"),
+                                          (["--threads", "-1"], "(--threads): threads = -1 is not accepted"),
+                                          (["--workers", "0"], "(--workers): workers = 0 is not accepted"),
+                                          (["--rollout-dtype", "fp8"], "rollout_dtype = 'fp8' is not accepted"),
+                                          (["--seed", "-1"], "(--seed): seed = -1 is not accepted")])
 def test_bench_refuses_a_bad_noise_or_rank_before_the_model_loads(monkeypatch, capsys, flags, words):
-    """`esft bench --noise lowrank --rank 0` used to load the model and time the matmul first."""
+    """`esft bench --noise lowrank --rank 0` used to load the model and time the matmul first; `--rollout-dtype
+    fp8` was refused only after the model loaded, `--repeats 0` ended in "min() arg is an empty sequence",
+    `--threads -1` in torch's words with exit status 1, and `--workers 0` ran."""
     import esft.models
     from esft.cli import main
 

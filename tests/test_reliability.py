@@ -119,6 +119,8 @@ def reference(tiny_dir, tmp_path_factory) -> Path:
     ("--population-size", "0", "population_size"), ("--max-new-tokens", "0", "max_new_tokens"),
     ("--task", "nosuchtask", "task"), ("--task", "countdown:bogus=1", "task"), ("--model", "no-such-model", "model"),
     ("--noise", "gaussian", "noise"), ("--report-to", "tensorbord", "report_to"),
+    # more members than distinct 32-bit seeds: the run loaded the model, then drew seeds forever
+    ("--population-size", str(2**32 + 1), "population_size"),
 ])
 def test_bad_es_flag_is_refused_before_the_model_loads(tmp_path, capsys, no_model_load, flag, value, key):
     args = ["train", "es", "--preset", "cpu", "--output-dir", str(tmp_path / "run"), flag, value]
@@ -149,7 +151,9 @@ def test_cross_field_es_errors_come_before_the_model_loads(tmp_path, capsys, no_
 
 
 @pytest.mark.parametrize("value, words", [
-    ('{"nosuch": 1}', ["unknown option 'nosuch'", "packed_linear"]),               # not an engine option
+    # the engine's own error is the reason after "expected", not what is accepted ("expected unknown option")
+    ('{"nosuch": 1}', ["expected valid engine options (unknown option 'nosuch'", "packed_linear"]),
+    ('{"lean": 3}', ["expected valid engine options (generation_options.lean = 3", "true or false"]),
     ('{"temperature": 0.7}', ["['temperature'] have their own ESConfig fields"]),  # rollouts are greedy
     ('{"min_new_tokens": -1}', ["min_new_tokens as an integer >= 0"]),
     ("[1, 2]", ["'fast', 'exact' or a mapping"]),
@@ -803,3 +807,25 @@ def test_a_full_disk_while_appending_a_log_names_the_log(tiny_dir, reference, tm
     monkeypatch.delattr(esft.rundir, "open")
     assert main(["train", "es", "--resume", str(out)]) == 0
     assert_same_weights(out, reference)
+
+
+def test_eval_refuses_an_output_dir_holding_another_evaluation(tmp_path, capsys, no_model_load):
+    """`esft eval --output-dir D` replaced D/summary.json of an earlier evaluation (another limit, model or task)
+    without a word; the same evaluation again may still overwrite its own results."""
+    import dataclasses
+
+    from esft.evaluation import EvalConfig, check_previous_results
+
+    out = tmp_path / "ev"
+    out.mkdir()
+    earlier = EvalConfig(tasks=["countdown"], limit=5, output_dir=str(out))
+    summary = json.dumps({"config": dataclasses.asdict(earlier), "results": {"countdown": {"accuracy": 0.4}}},
+                         default=str)
+    (out / "summary.json").write_text(summary)
+    assert main(["eval", "--tasks", "countdown", "--limit", "2", "--output-dir", str(out)]) == 2
+    err = error_of(capsys)
+    assert "summary.json holds the results of another evaluation (limit: 5)" in err, err
+    assert (out / "summary.json").read_text() == summary
+    check_previous_results(EvalConfig(tasks=["countdown"], limit=5, output_dir=str(out)))  # the same one: passes
+    (out / "summary.json").write_text("not json")  # not an evaluation's summary: nothing to protect
+    check_previous_results(EvalConfig(tasks=["countdown"], limit=2, output_dir=str(out)))

@@ -29,7 +29,7 @@ from esft.validation import check_eval_options, check_names, check_passage_cut
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from esft.evaluation import EvalConfig, format_table, run_eval
+    from esft.evaluation import EvalConfig, check_previous_results, format_table, run_eval
 
     from esft.tasks.custom import apply_task_flags
 
@@ -40,6 +40,7 @@ def _eval(args: argparse.Namespace) -> int:
     check_passage_cut(config, overrides)
     if config.output_dir:
         check_output_dir(config.output_dir)  # before the evaluation, not after it
+        check_previous_results(config)
     results = run_eval(config)  # prints each task's line as it finishes
     if len(results) > 1:  # then all of them together, below the progress bars they were printed between
         print()

@@ -289,6 +289,25 @@ def _samples_bar(samples: int) -> Any:
     return tqdm(total=samples, desc="samples", unit="sample", leave=False)
 
 
+def check_previous_results(config: EvalConfig) -> None:
+    """FileExistsError when output_dir's summary.json holds another evaluation (other model, tasks, limit, ...):
+    this one would replace it without a word. The same evaluation again (repeated or interrupted) may overwrite
+    its own; options a newer esft added, which that summary does not record, do not count."""
+    path = Path(config.output_dir) / "summary.json" if config.output_dir else None
+    try:
+        old = json.loads(path.read_text(encoding="utf-8"))["config"] if path and path.is_file() else None
+    except (OSError, ValueError, KeyError, TypeError):
+        old = None  # not a summary of esft's: nothing of an evaluation to keep
+    if not isinstance(old, dict):
+        return
+    new = json.loads(json.dumps(asdict(config), default=str))  # as summary.json records it
+    changed = [f"{k}: {old[k]!r}" for k in new if k in old and old[k] != new[k]]
+    if changed:
+        raise FileExistsError(f"{path} holds the results of another evaluation ({'; '.join(changed[:3])}"
+                              f"{', ...' if len(changed) > 3 else ''}): choose another --output-dir, or delete that "
+                              "summary.json to replace them")
+
+
 def run_eval(config: EvalConfig, model=None, tokenizer=None, progress: bool = True) -> dict[str, Any]:
     """Evaluate `config.model` on every task in `config.tasks`; returns {task: summary}."""
     from esft.models import load_model
@@ -377,5 +396,6 @@ def format_table(results: dict[str, Any]) -> str:
     return "\n".join(format_row(k, v) for k, v in results.items())
 
 
-__all__ = ["EvalConfig", "constant_text", "evaluate_task", "evaluate_task_sampled", "format_row", "format_table",
-           "load_examples", "pass_at_k", "run_eval", "sample_seed", "task_options", "write_passk_figure"]
+__all__ = ["EvalConfig", "check_previous_results", "constant_text", "evaluate_task", "evaluate_task_sampled",
+           "format_row", "format_table", "load_examples", "pass_at_k", "run_eval", "sample_seed", "task_options",
+           "write_passk_figure"]

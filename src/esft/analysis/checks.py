@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from esft.config import ConfigError, Rule, at_least, check_fields, non_negative, positive
-from esft.validation import check_task
+from esft.rundir import check_output_dir
+from esft.validation import check_device, check_task
 
 
 def _fractions(what: str) -> Rule:
@@ -36,6 +37,11 @@ def check_analysis(config: Any) -> None:
     """Raise ConfigError for the first field of `config` (an analysis dataclass) out of range, naming a task esft
     cannot build, or naming a path that does not exist."""
     check_fields(config, RULES)
+    for key in ("device", "stable_rank_device"):  # used only once the base model has loaded (torch's traceback)
+        check_device(key, getattr(config, key, None))
+    if getattr(config, "output_dir", None):  # written only after the analysis has run, for minutes
+        check_output_dir(config.output_dir)
+    check_counts(config)
     for key in ("tasks", "holdout_tasks"):  # built only after the base model has loaded
         for name in getattr(config, key, None) or []:
             check_task(key, name)
@@ -44,6 +50,8 @@ def check_analysis(config: Any) -> None:
         for path in [value] if isinstance(value, str) else list(value or []):
             if path and not Path(path).exists():
                 raise ConfigError(name, path, f"an existing {what}")
+            if path and what == "checkpoint folder" and not Path(path).is_dir():  # read later as "does not exist"
+                raise ConfigError(name, path, f"a {what}; {path} is a file")
             run = Path(str(path))  # a run directory given for its checkpoint: say which folder to give
             if path and what == "checkpoint folder" and (run / "checkpoints").is_dir() \
                     and not (run / "config.json").exists():
@@ -51,4 +59,18 @@ def check_analysis(config: Any) -> None:
                                   f"folder, e.g. {run / 'checkpoints' / 'final'}")
 
 
-__all__ = ["PATHS", "RULES", "check_analysis"]
+def check_counts(config: Any) -> None:
+    """Lists that must match another: names beyond the checkpoints they name (the analyses pair them with zip,
+    which would drop a stage past the last name without a word), and a sparsity sweep with no point at all."""
+    for key, of in (("stage_labels", "stages"), ("labels", "tuned")):
+        names, paths = getattr(config, key, None), getattr(config, of, None)
+        if names and paths is not None and (len(names) != len(paths) if key == "stage_labels"
+                                            else len(names) > len(paths)):
+            most = "" if key == "stage_labels" else "at most "
+            raise ConfigError(key, names, f"{most}one name per --{of} folder ({len(paths)} given)")
+    if hasattr(config, "taus") and not config.taus and not getattr(config, "targets", None):
+        raise ConfigError("targets", config.targets, "at least one target sparsity (or thresholds in --taus): an "
+                          "empty sweep evaluates nothing")
+
+
+__all__ = ["PATHS", "RULES", "check_analysis", "check_counts"]

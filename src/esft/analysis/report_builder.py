@@ -36,7 +36,7 @@ from esft.analysis.report_context import ReportContext
 from esft.analysis.runs import accuracy_rows, run_rows
 from esft.analysis.sparsity import SWEEP_TARGETS, report_sparsity, sweep_table_header, sweep_table_rows
 from esft.analysis.weights import UpdateComparison, report_weights
-from esft.config import ConfigError, ConfigHooks, one_of
+from esft.config import ConfigError, ConfigHooks, Rule, one_of
 from esft.rundir import peak_rss_mb
 from esft.tables import NA, fmt, grid
 from esft.tasks.labels import MEAN_REWARD
@@ -117,7 +117,8 @@ class ReportConfig(ConfigHooks):
 #: ranges of the options the analyses read only after the weights (and drift) sections have run for minutes
 REPORT_RULES = {**{k: RULES[k] for k in ("limit", "max_new_tokens", "batch_size", "kl_batch_size", "eps", "threads")},
                 "sparsity_targets": RULES["targets"],
-                "dtype": one_of("auto", "fp32", "float32", "bf16", "bfloat16", "fp16", "float16")}
+                "dtype": one_of("auto", "fp32", "float32", "bf16", "bfloat16", "fp16", "float16"),
+                "analyses": Rule(f"a list of {', '.join(ANALYSES)}", lambda v: set(v) <= set(ANALYSES))}
 
 
 def check_report_options(config: ReportConfig) -> None:
@@ -125,14 +126,15 @@ def check_report_options(config: ReportConfig) -> None:
     regular expression, before any run is read."""
     import re
 
-    from esft.validation import check_device_name
+    from esft.validation import check_device, check_device_name
 
     for name, rule in REPORT_RULES.items():
         value = getattr(config, name)
         if value is not None and not rule.ok(value):
             raise ConfigError(name, value, rule.accepted)
-    if config.device is not None:  # the name only: a drift-only report replays on the runs' own device type
-        check_device_name("device", config.device)
+    if config.device is not None:  # the name only where nothing evaluates: drift replays on the runs' device type
+        evaluates = set(config.analyses) & {"kl", "landscape", "sparsity"}
+        (check_device if evaluates else check_device_name)("device", config.device)
     for pattern in config.exclude:
         try:
             re.compile(pattern)

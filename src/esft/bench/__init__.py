@@ -85,7 +85,7 @@ from esft.bench.roofline import (
     matmul_gflops, roofline_ratio,
 )
 from esft.bench.workloads import WORKLOADS, PseudoTask, Workload, bench_fitness, build_workload
-from esft.config import FAST_CPU_GENERATION, ConfigHooks, build_config
+from esft.config import FAST_CPU_GENERATION, ConfigHooks, at_least, build_config, check_fields, one_of
 
 __all__ = ["BenchConfig", "FAST_GENERATION", "FAST_NOISE", "FAST_PARALLEL_MEMBERS", "ModelShape", "PseudoTask",
            "WORKLOADS", "Workload", "bench_fitness", "build_workload", "check_outputs", "count_params", "cpu_info",
@@ -173,14 +173,18 @@ class BenchConfig(ConfigHooks):
         if self.population < 2:  # as ESConfig: one member's shaped fitness is 0, and the Ray path builds an ESConfig
             raise ValueError(f"--population must be >= 2 (an ES iteration standardises its members' fitness), "
                              f"got {self.population}")
-        if self.parallel_members < 1:
-            raise ValueError(f"--parallel-members must be >= 1, got {self.parallel_members}")
+        check_fields(self, BENCH_RULES)  # ConfigError: build_config names the flag
         from esft.es.noise_seeds import NOISE_MODES
 
         if self.noise not in (*NOISE_MODES, "lowrank"):
             raise ValueError(f"--noise: unknown noise mode {self.noise!r}; choose one of {(*NOISE_MODES, 'lowrank')}")
-        if self.rank < 1:
-            raise ValueError(f"--rank must be >= 1, got {self.rank}")
+
+
+#: what BenchConfig's fields accept beyond their type; a bad value would otherwise fail after the model loads and
+#: the matmul is timed (rollout_dtype), with a bare Python error (repeats 0, threads < 1), or run a mislabelled
+#: layout (workers 0 is neither the local executor nor Ray workers)
+BENCH_RULES = {"repeats": at_least(1), "threads": at_least(1), "parallel_members": at_least(1), "workers": at_least(1),
+               "rank": at_least(1), "seed": at_least(0), "rollout_dtype": one_of("auto", "float32", "bfloat16")}
 
 
 # ---- driver -------------------------------------------------------------------------------------------------
@@ -478,8 +482,8 @@ def main(args) -> int:
     import sys
 
     names = {f.name for f in dataclasses.fields(BenchConfig)}
-    config = build_config(BenchConfig, None, None, None, {k: v for k, v in vars(args).items() if k in names})
-    config.check()
+    config = build_config(BenchConfig, None, None, None, {k: v for k, v in vars(args).items() if k in names},
+                          check=BenchConfig.check)
     config.generation.update(parse_overrides(args.set or []))
     log = (lambda msg: print(msg, file=sys.stderr, flush=True))
     report = run_bench(config, log=log)

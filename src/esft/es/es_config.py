@@ -282,14 +282,20 @@ def rollout_options(value: Any) -> dict[str, Any]:
             raise ValueError("min_new_tokens as an integer >= 0")
         options = engine_options(mapping)
     except ValueError as exc:
-        accepted = str(exc).removeprefix("generation_options: ").removeprefix("generation_options must be ")
+        problem = str(exc).removeprefix("generation_options: ").removeprefix("generation_options must be ")
+        # the problem is worded as an error of its own ("unknown option 'x'; accepted: ..."): it follows
+        # "expected" as the reason, not as the accepted value; a value that is no mapping already names them
+        accepted = problem if problem.startswith("'fast'") else f"valid engine options ({problem})"
         raise ConfigError("generation_options", value, accepted) from None
     return options if floor is None else {**options, "min_new_tokens": floor}
 
 
 #: what each field accepts beyond its type (esft.config.check_fields); checked whenever an ESConfig is built
 RULES: dict[str, Rule] = {
-    "population_size": at_least(1), "sigma": positive(), "alpha": positive(), "batch_size": at_least(1),
+    # members get distinct 32-bit seeds (esft.es.strategy.member_seeds): past 2^32 the draw never ends
+    "population_size": Rule("an integer from 1 to 2^32 (members draw distinct 32-bit seeds)",
+                            lambda v: 1 <= v <= 2**32),
+    "sigma": positive(), "alpha": positive(), "batch_size": at_least(1),
     "iterations": at_least(0), "max_new_tokens": at_least(1), "seed": at_least(0), "noise_stream": at_least(0),
     "noise": one_of("per-tensor", "table", "shared-seed", "lowrank"), "rank": at_least(1),
     "fitness_shaping": one_of("zscore", "centered_rank", "raw"), "optimizer": one_of("sgd", "adam"),
