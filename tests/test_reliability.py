@@ -824,7 +824,7 @@ def test_eval_refuses_an_output_dir_holding_another_evaluation(tmp_path, capsys,
     (out / "summary.json").write_text(summary)
     assert main(["eval", "--tasks", "countdown", "--limit", "2", "--output-dir", str(out)]) == 2
     err = error_of(capsys)
-    assert "summary.json holds the results of another evaluation (limit: 5)" in err, err
+    assert "summary.json holds the results of another evaluation (limit: 5 there, 2 now)" in err, err
     assert (out / "summary.json").read_text() == summary
     check_previous_results(EvalConfig(tasks=["countdown"], limit=5, output_dir=str(out)))  # the same one: passes
     (out / "summary.json").write_text("not json")  # not an evaluation's summary: nothing to protect
