@@ -1,0 +1,41 @@
+"""Contracts of the GRPO baseline that a comparison with ES relies on: the KL to the initial model that esft measures
+at beta = 0 is that of the policy's own numerics (0 before the first update, whatever TRL option shapes the policy's
+LM head), and a run whose train split cannot fill one step is refused instead of ending at step 0.
+
+Run: pytest -q tests/test_grpo_baseline_audit.py   (~15 s on 2 CPU cores; tiny random-init models, no download)
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("trl")
+
+from esft.grpo.run import train_grpo  # noqa: E402
+from esft.rundir import read_jsonl  # noqa: E402
+from grpo_tiny import ParityTask, tiny_config  # noqa: E402
+
+
+def untied_model():
+    """A tiny Llama whose lm_head is its own tensor: TRL casts such a head to fp32 only (cast_lm_head_to_fp32)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+                         tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=2)
+    return LlamaForCausalLM(config)
+
+
+def test_the_first_steps_kl_is_zero_with_the_lm_head_in_fp32(tmp_path, tokenizer):
+    """Step 1 samples from the initial model, so KL(policy || reference) is 0 when the frozen reference computes
+    its log-probs as the policy does. With cast_lm_head_to_fp32 under bf16 autocast TRL runs the policy's head in
+    fp32; a reference head left under autocast reads a KL of bf16 rounding before any update."""
+    base = tiny_config(tmp_path)
+    config = tiny_config(tmp_path / "run", max_steps=1, eval_every=0, precision="bf16-autocast",
+                         trl_args={**base.trl_args, "cast_lm_head_to_fp32": True})
+    result = train_grpo(config, model=untied_model(), tokenizer=tokenizer, task=ParityTask(), progress=False)
+    assert result.trainer.kl_reference is not None and result.trainer.args.cast_lm_head_to_fp32
+    kls = [r["kl"] for r in read_jsonl(tmp_path / "run" / "metrics.jsonl") if r["kind"] == "train"]
+    assert len(kls) == 1 and kls[0] == pytest.approx(0.0, abs=1e-12)
