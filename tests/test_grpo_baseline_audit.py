@@ -12,6 +12,8 @@ import torch
 
 pytest.importorskip("trl")
 
+from conftest import make_tiny_model  # noqa: E402
+from esft.config import ConfigError  # noqa: E402
 from esft.grpo.run import train_grpo  # noqa: E402
 from esft.rundir import read_jsonl  # noqa: E402
 from grpo_tiny import ParityTask, tiny_config  # noqa: E402
@@ -39,3 +41,16 @@ def test_the_first_steps_kl_is_zero_with_the_lm_head_in_fp32(tmp_path, tokenizer
     assert result.trainer.kl_reference is not None and result.trainer.args.cast_lm_head_to_fp32
     kls = [r["kl"] for r in read_jsonl(tmp_path / "run" / "metrics.jsonl") if r["kind"] == "train"]
     assert len(kls) == 1 and kls[0] == pytest.approx(0.0, abs=1e-12)
+
+
+def test_a_train_split_smaller_than_one_step_is_refused(tmp_path, tokenizer):
+    """TRL's sampler draws whole batches of prompts_per_step distinct prompts and drops an incomplete one: 8 prompts
+    per step from 6 examples would give no batch, and transformers would end the run at step 0 with a log line."""
+    task = ParityTask(n=6)
+    config = tiny_config(tmp_path / "run", prompts_per_step=8, per_device_train_batch_size=8, eval_every=0)
+    with pytest.raises(ConfigError, match="prompts_per_step = 8 .* 6 train examples"):
+        config.check_task_fit(task)  # the CLI's and the experiment specs' check, before any model loads
+    with pytest.raises(ConfigError, match="prompts_per_step = 8 .* 6 train examples"):
+        train_grpo(config, model=make_tiny_model(), tokenizer=tokenizer, task=task, progress=False)
+    assert not (tmp_path / "run" / "config.yaml").exists() and not (tmp_path / "run" / "checkpoints").exists()
+    config.replace(prompts_per_step=6, per_device_train_batch_size=8).check_task_fit(task)  # one full step fits

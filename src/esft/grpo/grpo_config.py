@@ -159,6 +159,7 @@ class GRPOConfig(RunConfig):
 
         held_out = ("test",) if self.eval_every and self.eval_limit else ()
         check_splits("task", self.task, task, ("train", *held_out))
+        check_prompts_per_step(self, len(task.load("train")))
         # trl_args need TRL imported, so they are checked with the task (esft.validation.check_names), where flags,
         # YAML files and experiment specs name their origin, not only when the run starts
         if self.trl_args:
@@ -175,6 +176,15 @@ class GRPOConfig(RunConfig):
     @property
     def gradient_accumulation_steps(self) -> int:
         return self.completions_per_step // self.per_device_train_batch_size
+
+
+def check_prompts_per_step(config: GRPOConfig, train_examples: int) -> None:
+    """A step samples prompts_per_step distinct train prompts, and TRL's sampler drops an epoch's incomplete last
+    batch: a train split smaller than one step would end the run at step 0 without an error."""
+    if config.prompts_per_step > train_examples:
+        raise ConfigError("prompts_per_step", config.prompts_per_step, f"at most the task's {train_examples} train "
+                          "examples (each step samples that many distinct prompts; a train split smaller than one "
+                          "step gives no step at all)")
 
 
 def transformers_name(enum: str, examples: str) -> Rule:

@@ -30,8 +30,8 @@ import torch
 import yaml
 
 from esft import rundir
-from esft.grpo.grpo_config import (SCHEDULES_WITHOUT_END, GRPOConfig, check_trl_arg_names, resolve_precision,
-                                   resumable_changes, to_trl_config)
+from esft.grpo.grpo_config import (SCHEDULES_WITHOUT_END, GRPOConfig, check_prompts_per_step, check_trl_arg_names,
+                                   resolve_precision, resumable_changes, to_trl_config)
 from esft.grpo.interrupt import StepBoundary
 from esft.grpo.trl_trainer import TRAINER_STATE, EsftGRPOTrainer, TaskReward
 from esft.models import without_transformers_bars
@@ -246,6 +246,8 @@ def _train_locked(config: GRPOConfig, out: Path, model: Any, tokenizer: Any, tas
         from esft.tasks import get_task
 
         task = get_task(config.task, **config.task_kwargs())
+    train_set = task.load("train")
+    check_prompts_per_step(config, len(train_set))  # also for a task object, which check_task_fit never saw
     note = format_bonus_warning(task, config.format_bonus)
     if note is not None:
         warnings.warn(note, stacklevel=3)
@@ -258,7 +260,6 @@ def _train_locked(config: GRPOConfig, out: Path, model: Any, tokenizer: Any, tas
     if any(p.dtype != torch.float32 for p in model.parameters()):
         model.to(torch.float32)  # fp32 masters always; bf16 only as autocast (pure bf16 rounds small updates away)
     model.requires_grad_(True)
-    train_set = task.load("train")
 
     trainer_box: list[EsftGRPOTrainer] = []
     reward = TaskReward(task, train_set, config.format_bonus, lambda: trainer_box[0].ledger,
