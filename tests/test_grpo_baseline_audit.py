@@ -54,3 +54,35 @@ def test_a_train_split_smaller_than_one_step_is_refused(tmp_path, tokenizer):
         train_grpo(config, model=make_tiny_model(), tokenizer=tokenizer, task=task, progress=False)
     assert not (tmp_path / "run" / "config.yaml").exists() and not (tmp_path / "run" / "checkpoints").exists()
     config.replace(prompts_per_step=6, per_device_train_batch_size=8).check_task_fit(task)  # one full step fits
+
+
+def test_the_in_run_evaluation_is_esft_eval_of_the_checkpoint_in_fp32(tmp_path, tokenizer, monkeypatch):
+    """The held-out evaluation a run writes at its last step and `esft eval --dtype fp32` of its final checkpoint
+    are one measurement: same examples, prompts, greedy completions and scores, from fp32 weights outside the
+    training's bf16 autocast (a greedy argmax under autocast is another model's)."""
+    import json
+
+    import esft.evaluation
+    from esft.evaluation import EvalConfig, run_eval
+
+    generate, numerics = esft.evaluation.generate, []
+
+    def spy(model, *args, **kwargs):
+        numerics.append((torch.is_autocast_enabled("cpu"), next(model.parameters()).dtype))
+        return generate(model, *args, **kwargs)
+
+    monkeypatch.setattr(esft.evaluation, "generate", spy)
+    out = tmp_path / "run"
+    config = tiny_config(out, max_steps=1, eval_every=1, eval_limit=3, eval_max_new_tokens=5,
+                         precision="bf16-autocast")  # training autocasts; the evaluation must not
+    train_grpo(config, model=untied_model(), tokenizer=tokenizer, task=ParityTask(), progress=False)
+    assert numerics == [(False, torch.float32)] * 2  # steps 0 and 1
+    in_run = [json.loads(line) for line in (out / "samples" / "eval_000001.jsonl").read_text().splitlines()]
+    record = [r for r in read_jsonl(out / "metrics.jsonl") if r["kind"] == "eval" and r["step"] == 1][0]
+    summary = run_eval(EvalConfig(model=str(out / "checkpoints" / "final"), tasks=["grpo_tiny:ParityTask"], limit=3,
+                                  max_new_tokens=5, dtype="fp32", device="cpu", output_dir=str(tmp_path / "eval")),
+                       progress=False)
+    rows = [json.loads(line) for line in next((tmp_path / "eval").glob("*.jsonl")).read_text().splitlines()]
+    assert [r["completion"] for r in rows] == [r["completion"] for r in in_run]
+    assert [r["score"] for r in rows] == [r["score"] for r in in_run]
+    assert next(iter(summary.values()))["accuracy"] == record["test_accuracy"]
