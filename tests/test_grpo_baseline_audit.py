@@ -86,3 +86,22 @@ def test_the_in_run_evaluation_is_esft_eval_of_the_checkpoint_in_fp32(tmp_path, 
     assert [r["completion"] for r in rows] == [r["completion"] for r in in_run]
     assert [r["score"] for r in rows] == [r["score"] for r in in_run]
     assert next(iter(summary.values()))["accuracy"] == record["test_accuracy"]
+
+
+def test_the_micro_batch_split_does_not_change_the_update(tmp_path, tokenizer):
+    """per_device_train_batch_size only splits a step's prompts_per_step * num_generations completions into
+    micro-batches (gradient accumulation covers the rest): with the same rollouts (same seed, one generation
+    round of the whole step either way), plain SGD without clipping makes the same update from 1, 2 or 4
+    micro-batches, so neither the step's size nor the loss's scale depends on the split."""
+    theta0 = dict(make_tiny_model().named_parameters())
+    updates = []
+    for micro_batch in (8, 4, 2):
+        model = make_tiny_model()
+        config = tiny_config(tmp_path / f"mb{micro_batch}", max_steps=1, eval_every=0, save_steps=0, optim="sgd",
+                             max_grad_norm=0.0, learning_rate=1.0, per_device_train_batch_size=micro_batch)
+        result = train_grpo(config, model=model, tokenizer=tokenizer, task=ParityTask(), progress=False)
+        assert result.trainer.args.gradient_accumulation_steps == 8 // micro_batch
+        updates.append(torch.cat([(p.detach() - theta0[n].detach()).flatten() for n, p in model.named_parameters()]))
+    assert updates[0].norm() > 0
+    for other in updates[1:]:
+        assert torch.allclose(other, updates[0], rtol=1e-4, atol=1e-7)
