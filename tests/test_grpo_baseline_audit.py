@@ -105,3 +105,38 @@ def test_the_micro_batch_split_does_not_change_the_update(tmp_path, tokenizer):
     assert updates[0].norm() > 0
     for other in updates[1:]:
         assert torch.allclose(other, updates[0], rtol=1e-4, atol=1e-7)
+
+
+def test_a_resume_inside_a_generation_round_retrains_it_as_the_uninterrupted_run(tmp_path, tokenizer):
+    """With num_iterations = 2 each generation round serves two updates, and TRL keeps its completions only in
+    memory: a run continued from step 1 sampled a new round at step 2, where the uninterrupted run reuses step 1's.
+    The resume goes back to the round's start (here step 0) and equals the uninterrupted run; the old final
+    checkpoint of step 1 is no longer presented as the run's final weights while it trains."""
+    from transformers import TrainerCallback
+
+    from esft.grpo.run import list_checkpoints
+
+    class FinalsAtStart(TrainerCallback):
+        def __init__(self):
+            self.names = None
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            self.names = [folder.name for _, folder in list_checkpoints(tmp_path / "extended")]
+
+    options = dict(eval_every=0, lr_scheduler_type="constant", num_iterations=2, save_steps=1,
+                   max_completion_length=4)
+
+    def run(name, steps, **extra):
+        train_grpo(tiny_config(tmp_path / name, max_steps=steps, **options, **extra.pop("config", {})),
+                   model=make_tiny_model(), tokenizer=tokenizer, task=ParityTask(), progress=False, **extra)
+        return ([r["total"] for r in read_jsonl(tmp_path / name / "drift.jsonl")],
+                [r["completions"] for r in read_jsonl(tmp_path / name / "metrics.jsonl") if r["kind"] == "train"])
+
+    whole = run("whole", 3)
+    assert whole[1] == [8, 0, 8]  # a round at steps 1 and 3; step 2 reuses step 1's completions
+    run("extended", 1)
+    spy = FinalsAtStart()
+    with pytest.warns(UserWarning, match="inside a generation round of num_iterations = 2"):
+        extended = run("extended", 3, config={"resume": True}, callbacks=[spy])
+    assert extended == whole
+    assert "final" not in spy.names
