@@ -34,7 +34,7 @@ class GRPOConfig(RunConfig):
     seed: int = 42
     """seed of TRL's prompt shuffling, sampling and initialisation"""
     max_steps: int = 80
-    """optimizer steps (one generation round and one update each)"""
+    """optimizer steps (one update each, and a generation round every num_iterations of them)"""
     prompts_per_step: int = 63
     """distinct prompts per optimizer step; each gets num_generations completions"""
     num_generations: int = 8
