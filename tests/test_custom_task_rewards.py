@@ -117,8 +117,8 @@ def test_multiple_choice_data_has_labels(files):
     options = {"task": str(files / "mcq.jsonl"), "task_options": {"prompt_field": "question", "reward": "mcq"},
                "eval_limit": 4, "eval_balanced": True}
     build_config(ESConfig, overrides={**options, "fitness_rule": "balanced"}, check=check_names)
-    build_config(GRPOConfig, overrides={**options, "class_balanced": True, "scale_rewards": "batch"},
-                 check=check_names)
+    build_config(GRPOConfig, overrides={**options, "class_balanced": True, "scale_rewards": "batch",
+                                        "prompts_per_step": 8}, check=check_names)  # the file has 32 train rows
     adapter = get_task("byot_rewards:Letters")
     assert isinstance(adapter, TaskAdapter) and adapter.label_set() == ("A", "B")
     assert adapter.aggregate([{"score": 0.0, "example": r} for r in adapter.load("test")])["constant_baseline"] == 0.5

@@ -523,8 +523,10 @@ def test_a_run_that_never_evaluates_does_not_need_its_presets_held_out_set(algor
     from esft.es import ESConfig
     from esft.grpo import GRPOConfig
 
+    # (GRPO: a step of 2 prompts, which the 2 train rows below can fill)
+    step = {} if algorithm == "es" else {"prompts_per_step": 2}
     config = (ESConfig if algorithm == "es" else GRPOConfig)(task="labelled", eval_every=0, eval_limit=4,
-                                                            eval_balanced=True)
+                                                            eval_balanced=True, **step)
     config.check_task_fit(LabelledTask())  # the test split has no 'B': no balanced set of 4 exists
     config.check_task_fit(LabelledTask(rows={"train": [{"answer": "A"}, {"answer": "B"}], "test": []}))
     with pytest.raises(ConfigError, match=r"eval_limit = 4 .* no example has label 'B'"):

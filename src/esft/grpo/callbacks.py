@@ -162,8 +162,9 @@ def _last_drift(drift: Any, step: int) -> float | None:
 
 
 class EvalCallback(TrainerCallback):
-    """Greedy held-out evaluation (esft.evaluation, the same scorer as `esft eval`) at step 0, every
-    `eval_every` steps and at the end; writes a `kind: eval` record and `samples/eval_XXXXXX.jsonl`."""
+    """Greedy held-out evaluation (esft.evaluation, the same scorer and generation settings as `esft eval`) at step
+    0, every `eval_every` steps and at the end; writes a `kind: eval` record and `samples/eval_XXXXXX.jsonl`. The
+    model is the trainer's fp32 one, outside TRL's autocast: `esft eval --dtype fp32` on a checkpoint matches it."""
 
     def __init__(self, run_dir: Path, task: Any, tokenizer: Any, examples: list[dict[str, Any]], every: int,
                  max_new_tokens: int, evaluated: set[int] | None = None, progress: bool = True,

@@ -34,7 +34,7 @@ class GRPOConfig(RunConfig):
     seed: int = 42
     """seed of TRL's prompt shuffling, sampling and initialisation"""
     max_steps: int = 80
-    """optimizer steps (one generation round and one update each)"""
+    """optimizer steps (one update each, and a generation round every num_iterations of them)"""
     prompts_per_step: int = 63
     """distinct prompts per optimizer step; each gets num_generations completions"""
     num_generations: int = 8
@@ -98,7 +98,9 @@ class GRPOConfig(RunConfig):
     deleting the oldest as new ones are written (0 = keep all; the final checkpoint is always kept): a resume
     needs the newest"""
     eval_every: int = 0
-    """greedy held-out evaluation every k steps and at start and end (0 = never; `esft eval` does it afterwards)"""
+    """greedy held-out evaluation every k steps and at start and end (0 = never; `esft eval` does it afterwards).
+    It runs the fp32 master weights without autocast: `esft eval --dtype fp32` gives a checkpoint the same numbers,
+    while `esft eval`'s default dtype on a bf16 GPU loads it in bf16"""
     eval_limit: int = 200
     """held-out (test split) examples for those evaluations"""
     eval_balanced: bool = False
@@ -159,6 +161,7 @@ class GRPOConfig(RunConfig):
 
         held_out = ("test",) if self.eval_every and self.eval_limit else ()
         check_splits("task", self.task, task, ("train", *held_out))
+        check_prompts_per_step(self, len(task.load("train")))
         # trl_args need TRL imported, so they are checked with the task (esft.validation.check_names), where flags,
         # YAML files and experiment specs name their origin, not only when the run starts
         if self.trl_args:
@@ -175,6 +178,15 @@ class GRPOConfig(RunConfig):
     @property
     def gradient_accumulation_steps(self) -> int:
         return self.completions_per_step // self.per_device_train_batch_size
+
+
+def check_prompts_per_step(config: GRPOConfig, train_examples: int) -> None:
+    """A step samples prompts_per_step distinct train prompts, and TRL's sampler drops an epoch's incomplete last
+    batch: a train split smaller than one step would end the run at step 0 without an error."""
+    if config.prompts_per_step > train_examples:
+        raise ConfigError("prompts_per_step", config.prompts_per_step, f"at most the task's {train_examples} train "
+                          "examples (each step samples that many distinct prompts; a train split smaller than one "
+                          "step gives no step at all)")
 
 
 def transformers_name(enum: str, examples: str) -> Rule:
@@ -263,7 +275,9 @@ PRESETS: dict[str, dict[str, Any]] = {
     # The ES cpu-countdown preset's task (two worked puzzles, + and *), sampled rollouts: 32 completions per step
     # (4 prompts x K = 8) of ~300 prompt + ~30 generated tokens; 110 s per step on 2 cores (training forward and
     # backward 87 s of it; bf16 autocast was no faster: docs/results/cpu-study/grpo-probe), so the CPU budget is
-    # steps, not samples.
+    # steps, not samples. Two departures from the paper besides the scale: lr 2e-5 (above its 3e-6, as in "cpu",
+    # for a 10-step budget) and log_kl off (the paper tracks KL at beta 0): no frozen copy of the model and no extra
+    # forward pass per step, as the probe and the cpu-study runs ran; `--log-kl` records the KL.
     "cpu-countdown": dict(task="countdown:numbers=2,max_number=50,ops=+*,ask_format=1,shots=2", format_bonus=0.0,
                           num_generations=8, prompts_per_step=4, per_device_train_batch_size=4, max_steps=10,
                           learning_rate=2e-5, max_completion_length=40, temperature=1.0, top_p=0.95,

@@ -8,7 +8,8 @@ Layout of `output_dir` (the ES layout, with drift.jsonl where ES keeps seeds.jso
     checkpoints/iter_XXXXXX/   Hugging Face folder (safetensors, config, tokenizer) + TRL/transformers
     checkpoints/final/         optimizer, scheduler, RNG and trainer state; XXXXXX = optimizer steps done
 
-Resume (`resume=True`) restarts from the latest intact checkpoint (`resume_checkpoint`) through transformers' own
+Resume (`resume=True`) restarts from the latest intact checkpoint at the start of a generation round (every step
+with num_iterations 1; `resume_checkpoint`) through transformers' own
 resume (weights, AdamW moments, LR scheduler, RNG and step count), drops log lines written after that checkpoint,
 and continues. The config must match the original run except for RESUMABLE_CHANGES; max_steps may grow only where
 the LR schedule does not depend on it (SCHEDULES_WITHOUT_END: the extended run then equals one started with the
@@ -30,8 +31,8 @@ import torch
 import yaml
 
 from esft import rundir
-from esft.grpo.grpo_config import (SCHEDULES_WITHOUT_END, GRPOConfig, check_trl_arg_names, resolve_precision,
-                                   resumable_changes, to_trl_config)
+from esft.grpo.grpo_config import (SCHEDULES_WITHOUT_END, GRPOConfig, check_prompts_per_step, check_trl_arg_names,
+                                   resolve_precision, resumable_changes, to_trl_config)
 from esft.grpo.interrupt import StepBoundary
 from esft.grpo.trl_trainer import TRAINER_STATE, EsftGRPOTrainer, TaskReward
 from esft.models import without_transformers_bars
@@ -91,12 +92,18 @@ def checkpoint_damage(folder: Path) -> str | None:
     return None
 
 
-def resume_checkpoint(run_dir: Path) -> tuple[int, Path | None]:
+def resume_checkpoint(run_dir: Path, num_iterations: int = 1, max_steps: int | None = None) -> tuple[int, Path | None]:
     """(step, folder) of the newest checkpoint transformers can resume from, (0, None) when there is none; a
     damaged newer one is skipped with a warning, as the ES trainer skips one, and the steps after the one taken are
-    trained again."""
+    trained again. So is one (before max_steps) inside a generation round of num_iterations > 1 updates: TRL keeps
+    that round's completions only in memory and would sample a new round there, which the uninterrupted run did not."""
     for step, folder in reversed(list_checkpoints(run_dir)):
         damage = checkpoint_damage(folder)
+        if damage is None and step % num_iterations and (max_steps is None or step < max_steps):
+            warnings.warn(f"checkpoint {folder} (step {step}) lies inside a generation round of num_iterations = "
+                          f"{num_iterations} updates, whose completions were not saved; resuming from the one before "
+                          "it", stacklevel=2)
+            continue
         if damage is None:
             return step, folder
         warnings.warn(f"checkpoint {folder} is damaged ({damage}); resuming from the one before it", stacklevel=2)
@@ -138,7 +145,7 @@ def _prepare_dir(out: Path, config: GRPOConfig) -> tuple[Path | None, int]:
     holds_run = bool(read_jsonl(out / "metrics.jsonl") or list_checkpoints(out))
     if config.resume and (holds_run or (out / "config.yaml").exists()):
         _check_resumable(out, config)  # a missing, empty or unreadable config.yaml refuses here
-        start, resume_from = resume_checkpoint(out)
+        start, resume_from = resume_checkpoint(out, config.num_iterations, config.max_steps)
         if start > config.max_steps:
             raise ValueError(f"cannot resume {out} with max_steps {config.max_steps}: it has trained for {start} "
                              "steps already")
@@ -246,6 +253,8 @@ def _train_locked(config: GRPOConfig, out: Path, model: Any, tokenizer: Any, tas
         from esft.tasks import get_task
 
         task = get_task(config.task, **config.task_kwargs())
+    train_set = task.load("train")
+    check_prompts_per_step(config, len(train_set))  # also for a task object, which check_task_fit never saw
     note = format_bonus_warning(task, config.format_bonus)
     if note is not None:
         warnings.warn(note, stacklevel=3)
@@ -258,7 +267,6 @@ def _train_locked(config: GRPOConfig, out: Path, model: Any, tokenizer: Any, tas
     if any(p.dtype != torch.float32 for p in model.parameters()):
         model.to(torch.float32)  # fp32 masters always; bf16 only as autocast (pure bf16 rounds small updates away)
     model.requires_grad_(True)
-    train_set = task.load("train")
 
     trainer_box: list[EsftGRPOTrainer] = []
     reward = TaskReward(task, train_set, config.format_bonus, lambda: trainer_box[0].ledger,
@@ -296,12 +304,22 @@ def _train_locked(config: GRPOConfig, out: Path, model: Any, tokenizer: Any, tas
                             trainer.kl_reference is not None))
     # an extended run (start < max_steps here): its last checkpoint is no longer final. Renamed only now, once
     # config.yaml holds the new max_steps: a failure before this leaves the finished run as it was
-    if resume_from is not None and resume_from.name == "final":
-        resume_from = rundir.demote_final(resume_from, start)
+    resume_from = _demote_final(out, config.max_steps, resume_from)
     _train_or_save(trainer, resume_from, runlog)
     final = out / CHECKPOINTS / "final"
     return GRPOTrainResult(out, int(trainer.state.global_step), final if final.exists() else None,
                            evaluator.last if evaluator is not None else None, trainer)
+
+
+def _demote_final(out: Path, max_steps: int, resume_from: Path | None) -> Path | None:
+    """Renames a `final` checkpoint before max_steps as the numbered one of its step (rundir.demote_final), also one
+    resume_checkpoint passed over (inside a generation round), which would otherwise stand as the run's final
+    weights until the new last step; returns resume_from, renamed where it was that checkpoint."""
+    for step, folder in list_checkpoints(out):
+        if folder.name == "final" and step < max_steps:
+            moved = rundir.demote_final(folder, step)
+            resume_from = moved if resume_from == folder else resume_from
+    return resume_from
 
 
 def _train_or_save(trainer: EsftGRPOTrainer, resume_from: Path | None, runlog: Any) -> None:

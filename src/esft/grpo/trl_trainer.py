@@ -136,7 +136,9 @@ class EsftGRPOTrainer(GRPOTrainer):
             reference.eval()
             reference.requires_grad_(False)
             reference.to(self.accelerator.device)
-            add_fused_lm_head(reference, temperature=self.temperature)
+            # the policy's own head options (TRL's __init__), so that the KL of the first step is exactly 0
+            add_fused_lm_head(reference, temperature=self.temperature,
+                              cast_lm_head_to_fp32=self.args.cast_lm_head_to_fp32)
             self.kl_reference = reference
         self._capture_logps = False
         self._captured_logps: torch.Tensor | None = None
