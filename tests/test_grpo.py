@@ -674,3 +674,22 @@ def test_unknown_trl_args_are_refused_before_the_run_folder_is_made(tmp_path):
     with pytest.raises(ConfigError, match=r"\['bogus'\] are not"):
         train_grpo(tiny_config(tmp_path / "bogus", trl_args={"bogus": 1}), task=ParityTask(), progress=False)
     assert not (tmp_path / "bogus").exists()
+
+
+def test_a_run_that_saves_only_the_model_counts_its_checkpoints_as_whole(tmp_path, tokenizer):
+    """trl_args save_only_model never writes optimizer.pt, scheduler.pt or rng_state.pth: its checkpoints are not
+    damaged, so resuming the finished run has nothing to do (it was trained again from step 0, its metrics cut)."""
+    import warnings
+
+    out = tmp_path / "run"
+    trl_args = {"generation_kwargs": {"sequence_bias": [[[EOS], 9.0]]}, "save_only_model": True}
+    config = tiny_config(out, max_steps=2, save_steps=1, eval_every=0, trl_args=trl_args)
+    train_grpo(config, model=make_tiny_model(), tokenizer=tokenizer, task=ParityTask(), progress=False)
+    assert not (out / "checkpoints" / "final" / "optimizer.pt").exists()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        again = train_grpo(dataclasses.replace(config, resume=True), model=make_tiny_model(), tokenizer=tokenizer,
+                           task=ParityTask(), progress=False)
+    assert not [w for w in caught if "damaged" in str(w.message)]
+    assert again.trainer is None and again.steps == 2
+    assert [r["step"] for r in read_jsonl(out / "drift.jsonl")] == [1, 2]

@@ -116,3 +116,41 @@ def test_plan_entries_and_dry_run_lines_carry_the_step_facts(tmp_path):
     first = lines["seed-52/sequential/es@2/1-countdown"]
     assert "from base model:" in first and "(snapshot)" in first and "noise stream" not in first
     assert lines["base"].endswith("evaluate the base model on countdown, boolq, mmlu, ifeval")
+
+
+SHARED = """\
+name: t
+kind: single-task
+tasks: [boolq]
+seeds: [42]
+algorithms:
+  grpo: {preset: cpu, max_steps: 1}
+  grpo->es:
+    grpo: {}
+    es: {preset: cpu, iterations: 1}
+evaluation:
+  limit: 3
+"""
+
+
+def test_a_chain_whose_own_first_run_exists_keeps_it(tmp_path):
+    """An experiment folder of an esft that did not share runs holds the chain's own `run-1-grpo`, and its ES step
+    started from that run's weights (status.json records that start): the plan keeps that run, so the re-run and
+    its dry run accept the finished stage instead of calling it trained with other options."""
+    from esft.experiments.runner import STATUS, _fingerprint, _step_configs, plan_text
+    from esft.experiments.stage_eval import write_json
+
+    spec = load_spec_text(tmp_path, SHARED)
+    key = "seed-42/single-task/boolq/grpo-to-es"
+    fresh = {s.key: s for s in build_plan(spec, tmp_path / "out")}[key]  # nothing trained yet: the run is shared
+    assert (fresh.steps[0].run_dir, fresh.steps[0].owner) == ("seed-42/single-task/boolq/grpo/run", "grpo")
+    root = tmp_path / "out"
+    (root / key / "run-1-grpo").mkdir(parents=True)
+    smap = {s.key: s for s in build_plan(spec, root)}
+    chain = smap[key]
+    assert (chain.steps[0].run_dir, chain.steps[0].owner) == (f"{key}/run-1-grpo", None)
+    write_json(root / key / STATUS, {"status": "done", "trained": True,
+                                     "fingerprint": _fingerprint(spec, chain, _step_configs(spec, chain, root, smap),
+                                                                 smap)})
+    line = next(line for line in plan_text(spec, root).splitlines() if line.startswith(key))
+    assert f"grpo to 1 in {key}/run-1-grpo then es to 1 in {key}/run-2-es;" in line

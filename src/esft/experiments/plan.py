@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from esft.experiments.spec import Component, Method, Spec
@@ -154,9 +155,10 @@ def _steps(spec: Spec, method: Method, task: str, seed: int, run_base: str, budg
     return steps
 
 
-def build_plan(spec: Spec) -> list[Stage]:
+def build_plan(spec: Spec, root: Path | None = None) -> list[Stage]:
     """Every stage of the experiment, in execution order (seed by seed; a stage comes after its prerequisites).
-    SpecError when two labels of the spec would share a folder."""
+    SpecError when two labels of the spec would share a folder. `root`: the experiment folder, when it exists, whose
+    runs decide what a chain already trained on its own (`_share_first_steps`)."""
     ev = spec.evaluation
     stages = [Stage(key=BASE, kind="base", eval_tasks=ev.all_tasks)]
     for seed in spec.seeds:
@@ -164,16 +166,18 @@ def build_plan(spec: Spec) -> list[Stage]:
             stages += _single_task(spec, seed)
         else:
             stages += _sequential(spec, seed)
-    _share_first_steps(spec, stages)
+    _share_first_steps(spec, stages, root)
     _check_folders(spec, stages)
     return stages
 
 
-def _share_first_steps(spec: Spec, stages: list[Stage]) -> None:
+def _share_first_steps(spec: Spec, stages: list[Stage], root: Path | None = None) -> None:
     """A chain's first step that trains exactly what an earlier stage's step trains (same seed and task, both from
     the base model, the same resolved config, budget and noise stream: `grpo->es` beside `grpo` with the same
     options) takes that step's run instead of training it a second time: the chain's stage then runs after that
-    stage and finds the run done (the runner's `_run_step` skips a run trained to its budget)."""
+    stage and finds the run done (the runner's `_run_step` skips a run trained to its budget). A chain whose own
+    first run already exists in `root` keeps it: an earlier esft trained it there, and the chain's later steps
+    started from its weights (their recorded start model, which the runner's fingerprint check compares)."""
     done: dict[tuple[Any, ...], tuple[Stage, Step]] = {}
 
     def identity(stage: Stage, step: Step) -> tuple[Any, ...]:
@@ -184,7 +188,8 @@ def _share_first_steps(spec: Spec, stages: list[Stage]) -> None:
         if stage.kind == BASE or stage.parent is not None or not stage.steps:
             continue
         key = identity(stage, stage.steps[0])
-        if len(stage.steps) > 1 and key in done:
+        own = root is not None and (root / stage.steps[0].run_dir).exists()
+        if len(stage.steps) > 1 and key in done and not own:
             owner_stage, owner_step = done[key]
             stage.steps[0] = dataclasses.replace(owner_step, owner=owner_stage.label)
             stage.after = list(dict.fromkeys([*stage.after, owner_stage.key]))

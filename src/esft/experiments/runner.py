@@ -454,9 +454,8 @@ def run_experiment(spec: Spec, output_dir: str | Path | None = None, hooks: Hook
     hooks = hooks or Hooks()
     root = output_dir_for(spec, output_dir)
     root.mkdir(parents=True, exist_ok=True)
-    stages = build_plan(spec)
+    stages = checked_plan(spec, root)  # before any compute
     smap = {s.key: s for s in stages}
-    check_existing(spec, stages, root)  # before any compute
     result = ExperimentResult(root)
     started, t0 = _now(), time.perf_counter()
     with _lock(root), _Heartbeat(root, started):
@@ -484,7 +483,13 @@ def run_experiment(spec: Spec, output_dir: str | Path | None = None, hooks: Hook
 def plan_text(spec: Spec, root: Path | None = None) -> str:
     """The dry run's stage list; with `root` (an existing experiment folder) its stages trained with other
     options are refused as the run would refuse them, before anything runs."""
-    stages = build_plan(spec)
+    return describe(checked_plan(spec, root))
+
+
+def checked_plan(spec: Spec, root: Path | None) -> list[Stage]:
+    """The plan for the experiment folder `root` (what its runs already hold decides a chain's first run), with
+    its stages trained with other options refused (check_existing)."""
+    stages = build_plan(spec, root)
     if root is not None and root.is_dir():
         check_existing(spec, stages, root)
-    return describe(stages)
+    return stages

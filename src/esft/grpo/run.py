@@ -63,10 +63,11 @@ def list_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
 RESUME_FILES = ("optimizer.pt", "scheduler.pt", "rng_state*.pth")
 
 
-def checkpoint_damage(folder: Path) -> str | None:
-    """Why transformers could not resume exactly from `folder`, or None: no weights, one of RESUME_FILES missing, a
-    safetensors file whose header does not cover it (a truncated copy), or a torch-saved file (optimizer,
-    scheduler, RNG, arguments) that is no whole zip archive."""
+def checkpoint_damage(folder: Path, model_only: bool = False) -> str | None:
+    """Why transformers could not resume exactly from `folder`, or None: no weights, one of RESUME_FILES missing
+    (unless `model_only`: a run with TRL's save_only_model never writes them), a safetensors file whose header does
+    not cover it (a truncated copy), or a torch-saved file (optimizer, scheduler, RNG, arguments) that is no whole
+    zip archive."""
     import zipfile
 
     from safetensors import safe_open
@@ -74,7 +75,7 @@ def checkpoint_damage(folder: Path) -> str | None:
     weights = sorted(folder.glob("*.safetensors"))
     if not weights:
         return "no safetensors weights"
-    missing = [name for name in RESUME_FILES if not any(folder.glob(name))]
+    missing = [] if model_only else [name for name in RESUME_FILES if not any(folder.glob(name))]
     if missing:
         return f"no {', '.join(missing)}"
     for path in weights:
@@ -92,13 +93,15 @@ def checkpoint_damage(folder: Path) -> str | None:
     return None
 
 
-def resume_checkpoint(run_dir: Path, num_iterations: int = 1, max_steps: int | None = None) -> tuple[int, Path | None]:
+def resume_checkpoint(run_dir: Path, num_iterations: int = 1, max_steps: int | None = None,
+                      model_only: bool = False) -> tuple[int, Path | None]:
     """(step, folder) of the newest checkpoint transformers can resume from, (0, None) when there is none; a
     damaged newer one is skipped with a warning, as the ES trainer skips one, and the steps after the one taken are
     trained again. So is one (before max_steps) inside a generation round of num_iterations > 1 updates: TRL keeps
-    that round's completions only in memory and would sample a new round there, which the uninterrupted run did not."""
+    that round's completions only in memory and would sample a new round there, which the uninterrupted run did not.
+    `model_only`: the run saves weights alone (TRL's save_only_model), see checkpoint_damage."""
     for step, folder in reversed(list_checkpoints(run_dir)):
-        damage = checkpoint_damage(folder)
+        damage = checkpoint_damage(folder, model_only)
         if damage is None and step % num_iterations and (max_steps is None or step < max_steps):
             warnings.warn(f"checkpoint {folder} (step {step}) lies inside a generation round of num_iterations = "
                           f"{num_iterations} updates, whose completions were not saved; resuming from the one before "
@@ -145,7 +148,8 @@ def _prepare_dir(out: Path, config: GRPOConfig) -> tuple[Path | None, int]:
     holds_run = bool(read_jsonl(out / "metrics.jsonl") or list_checkpoints(out))
     if config.resume and (holds_run or (out / "config.yaml").exists()):
         _check_resumable(out, config)  # a missing, empty or unreadable config.yaml refuses here
-        start, resume_from = resume_checkpoint(out, config.num_iterations, config.max_steps)
+        start, resume_from = resume_checkpoint(out, config.num_iterations, config.max_steps,
+                                               bool(config.trl_args.get("save_only_model")))
         if start > config.max_steps:
             raise ValueError(f"cannot resume {out} with max_steps {config.max_steps}: it has trained for {start} "
                              "steps already")
