@@ -643,8 +643,11 @@ def test_a_damaged_newest_checkpoint_resumes_from_the_one_before(run, tmp_path, 
     for folder in earlier:
         (folder / "optimizer.pt").write_bytes(b"")
     assert "optimizer.pt" in checkpoint_damage(final)
-    with pytest.warns(UserWarning, match="damaged"):
+    with pytest.warns(UserWarning, match="damaged") as caught:
         assert resume_checkpoint(out) == (0, None)
+    said = [str(w.message) for w in caught]
+    assert said[-1].endswith("no checkpoint before it: training again from step 0"), said[-1]
+    assert all(m.endswith("resuming from the one before it") for m in said[:-1]) and len(said) > 1
 
 
 @pytest.mark.parametrize("name", ["optimizer.pt", "scheduler.pt", "rng_state.pth"])

@@ -100,16 +100,18 @@ def resume_checkpoint(run_dir: Path, num_iterations: int = 1, max_steps: int | N
     trained again. So is one (before max_steps) inside a generation round of num_iterations > 1 updates: TRL keeps
     that round's completions only in memory and would sample a new round there, which the uninterrupted run did not.
     `model_only`: the run saves weights alone (TRL's save_only_model), see checkpoint_damage."""
-    for step, folder in reversed(list_checkpoints(run_dir)):
+    found = list_checkpoints(run_dir)
+    for i in range(len(found) - 1, -1, -1):
+        step, folder = found[i]
+        then = "resuming from the one before it" if i else "no checkpoint before it: training again from step 0"
         damage = checkpoint_damage(folder, model_only)
         if damage is None and step % num_iterations and (max_steps is None or step < max_steps):
             warnings.warn(f"checkpoint {folder} (step {step}) lies inside a generation round of num_iterations = "
-                          f"{num_iterations} updates, whose completions were not saved; resuming from the one before "
-                          "it", stacklevel=2)
+                          f"{num_iterations} updates, whose completions were not saved; {then}", stacklevel=2)
             continue
         if damage is None:
             return step, folder
-        warnings.warn(f"checkpoint {folder} is damaged ({damage}); resuming from the one before it", stacklevel=2)
+        warnings.warn(f"checkpoint {folder} is damaged ({damage}); {then}", stacklevel=2)
     return 0, None
 
 
