@@ -275,6 +275,26 @@ def test_a_failed_run_names_its_newest_checkpoint_to_continue_from(tmp_path, tok
         run("ctrl-c-first", KeyboardInterrupt(), step=0)
 
 
+def test_an_interrupt_inside_a_generation_round_names_the_step_the_resume_takes(tmp_path, tokenizer):
+    """num_iterations 2: step 3's checkpoint lies inside the round that began at step 2, whose completions TRL kept
+    in memory only; `--resume` goes back to step 2 (resume_checkpoint), and the message names that step."""
+    from transformers import TrainerCallback
+
+    from esft.rundir import RunInterrupted
+
+    class StopAtStep(TrainerCallback):
+        def on_pre_optimizer_step(self, args, state, control, **kwargs):
+            if state.global_step == 3:
+                raise KeyboardInterrupt
+
+    config = tiny_config(tmp_path / "run", max_steps=5, save_steps=1, eval_every=0, max_completion_length=3,
+                         num_iterations=2)
+    with pytest.raises(RunInterrupted, match=r"^interrupted at step 3: step 3 is saved already; continue from step 2 "):
+        train_grpo(config, model=make_tiny_model(), tokenizer=tokenizer, task=ParityTask(), callbacks=[StopAtStep()],
+                   progress=False)
+    assert [s for s, _ in list_checkpoints(tmp_path / "run")][-1] == 3
+
+
 def test_each_completion_is_scored_against_its_own_example():
     """TRL passes the example_index column of each completion's row; the reward and the logged score and sample
     of each completion are those of that example (BoolQ: the same answer is right for one, wrong for the other)."""

@@ -328,6 +328,15 @@ def _demote_final(out: Path, max_steps: int, resume_from: Path | None) -> Path |
     return resume_from
 
 
+def _continue_step(trainer: EsftGRPOTrainer) -> int:
+    """The step `--resume` continues from: resume_checkpoint's choice (with num_iterations > 1, the start of the
+    generation round a newer checkpoint lies in), its warnings left to the resume itself."""
+    args = trainer.args
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return resume_checkpoint(trainer.run_dir, args.num_iterations, args.max_steps, bool(args.save_only_model))[0]
+
+
 def _train_or_save(trainer: EsftGRPOTrainer, resume_from: Path | None, runlog: Any) -> None:
     """trainer.train; on Ctrl-C or SIGTERM, first the checkpoint of the last finished step (esft.grpo.interrupt),
     so that a resume continues from there instead of from the last scheduled checkpoint. The run log's progress
@@ -345,10 +354,9 @@ def _train_or_save(trainer: EsftGRPOTrainer, resume_from: Path | None, runlog: A
     except OSError as exc:
         if exc.errno not in DISK_FULL:
             raise
-        done = list_checkpoints(trainer.run_dir)
         where = f" ({exc.filename})" if exc.filename else ""
         raise OSError(exc.errno, f"{exc.strerror}{where} at step {trainer.state.global_step}: free disk space, then "
-                      f"continue from step {done[-1][0] if done else 0} with `esft train grpo --resume --output-dir "
+                      f"continue from step {_continue_step(trainer)} with `esft train grpo --resume --output-dir "
                       f"{trainer.run_dir}`") from None
     except KeyboardInterrupt:
         with without_transformers_bars():  # the interrupt's one line, not a "Writing model shards" bar under it
@@ -359,6 +367,6 @@ def _train_or_save(trainer: EsftGRPOTrainer, resume_from: Path | None, runlog: A
                 else "no step had finished")
         raise RunInterrupted(
             f"interrupted at step {trainer.state.global_step}: {what}; continue from step "
-            f"{done[-1][0] if done else 0} with `esft train grpo --resume --output-dir {trainer.run_dir}`") from None
+            f"{_continue_step(trainer)} with `esft train grpo --resume --output-dir {trainer.run_dir}`") from None
     finally:
         runlog.close_bar()
