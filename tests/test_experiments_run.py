@@ -418,3 +418,21 @@ def test_a_chain_takes_the_run_an_earlier_label_trains_with_the_same_options(tmp
     es_config = yaml.safe_load((out / base / "grpo-to-es/run-2-es/config.yaml").read_text())
     assert es_config["model"] == str((out / base / "grpo/run/checkpoints/final").resolve())
     assert not (out / base / "grpo-to-es/run-1-grpo").exists()
+
+
+def test_a_chain_keeps_the_shared_run_after_its_owner_label_leaves_the_spec(tmp_path, tokenizer):
+    """After `grpo` and `grpo->es` shared the GRPO run, a spec without the `grpo` label re-runs the folder: the
+    finished chain stays done (its ES step started from that run, as recorded), nothing is trained again."""
+    algorithms = {"grpo": GRPO_BLOCK, "grpo->es": {"grpo": {}, "es": {**ES_BLOCK, "iterations": 1}}}
+    out = tmp_path / "out"
+    first = TinyHooks(tokenizer)
+    assert run_experiment(load_spec(write_spec(tmp_path / "a.yaml", "single-task", ["boolq"], algorithms)), out,
+                          first.hooks).ok
+    assert [algo for algo, _ in first.trained] == ["grpo", "es"]
+    chain_only = {"grpo->es": {"grpo": GRPO_BLOCK, "es": {**ES_BLOCK, "iterations": 1}}}
+    again = TinyHooks(tokenizer)
+    result = run_experiment(load_spec(write_spec(tmp_path / "a.yaml", "single-task", ["boolq"], chain_only)), out,
+                            again.hooks)
+    assert result.ok, result.statuses
+    assert again.trained == []
+    assert not (out / "seed-42/single-task/boolq/grpo-to-es/run-1-grpo").exists()

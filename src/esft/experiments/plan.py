@@ -195,6 +195,26 @@ def _share_first_steps(spec: Spec, stages: list[Stage], root: Path | None = None
             stage.after = list(dict.fromkeys([*stage.after, owner_stage.key]))
         elif len(stage.steps) == 1:
             done.setdefault(key, (stage, stage.steps[0]))
+        elif root is not None and not own and (kept := _recorded_share(root, stage)) is not None:
+            stage.steps[0] = kept
+
+
+def _recorded_share(root: Path, stage: Stage) -> Step | None:
+    """The first step of a finished chain stage as its result.json records it when another label's stage trained
+    it and that run is still in the folder: a spec that no longer lists that label keeps what the chain started
+    from (its later steps' recorded start model), instead of the chain's own run it never trained."""
+    import json
+
+    try:
+        first = json.loads((root / stage.key / "result.json").read_text())["steps"][0]
+        run_dir, model_dir, owner = first["run_dir"], first["model_dir"], first["trained_by"]
+    except (OSError, ValueError, KeyError, IndexError, TypeError):
+        return None
+    if not (isinstance(run_dir, str) and (root / run_dir).is_dir()):
+        return None
+    step = stage.steps[0]
+    return dataclasses.replace(step, run_dir=run_dir, owner=owner,
+                               snapshot=model_dir != f"{run_dir}/checkpoints/final")
 
 
 def _single_task(spec: Spec, seed: int) -> list[Stage]:
