@@ -65,19 +65,21 @@ def check_balanced_set(task: Task, limit: int | None, split: str = "test", key: 
         raise ConfigError(key, limit, f"a balanced {where} that exists ({exc})") from None
 
 
-def check_splits(key: str, value: Any, task: Task, splits: tuple[str, ...]) -> None:
+def check_splits(key: str, value: Any, task: Task, splits: tuple[str, ...]) -> dict[str, int]:
     """`task` has the splits the run reads and each holds examples: a task class of the user's without a test
     split, holdout-only ifeval trained on, or a data file too small to leave a held-out row fails here, not once
-    the model has loaded (or with an evaluation of n = 0). Loading a built-in task's split takes under 0.25 s."""
+    the model has loaded (or with an evaluation of n = 0). Loading a built-in task's split takes under 0.25 s.
+    Returns each split's number of examples, for checks that need it without loading the split again."""
     have = tuple(task.splits)
     name = task.name or value
     missing = [s for s in splits if s not in have]
     if missing:
         raise ConfigError(key, value, f"a task with the split(s) {', '.join(missing)} (task {name!r} has "
                           f"{', '.join(have) or 'none'})")
+    sizes: dict[str, int] = {}
     for split in splits:
         try:
-            n = len(task.load(split))
+            n = sizes[split] = len(task.load(split))
         except Exception as exc:  # the user's _load: named, before any model loads
             raise ConfigError(key, value, f"a task whose {split} split loads (task {name!r}: {type(exc).__name__}: "
                               f"{exc})") from None
@@ -86,6 +88,7 @@ def check_splits(key: str, value: Any, task: Task, splits: tuple[str, ...]) -> N
             raise ConfigError(key, value, f"a task with {split} examples (task {name!r}: its {split} split is "
                               f"empty{'; ' + hint if hint else ''})")
         check_first_example(key, value, task, split)
+    return sizes
 
 
 def check_first_example(key: str, value: Any, task: Task, split: str) -> None:

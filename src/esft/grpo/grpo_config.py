@@ -160,8 +160,8 @@ class GRPOConfig(RunConfig):
         from esft.validation import check_balanced_set, check_splits, require_labels
 
         held_out = ("test",) if self.eval_every and self.eval_limit else ()
-        check_splits("task", self.task, task, ("train", *held_out))
-        check_prompts_per_step(self, len(task.load("train")))
+        sizes = check_splits("task", self.task, task, ("train", *held_out))
+        check_prompts_per_step(self, sizes["train"])
         # trl_args need TRL imported, so they are checked with the task (esft.validation.check_names), where flags,
         # YAML files and experiment specs name their origin, not only when the run starts
         if self.trl_args:
