@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import json
@@ -251,7 +252,7 @@ def test_esft_iteration_in_parallel_lanes_does_the_same_work(tokenizer):
     assert one["texts"] == two["texts"] and one["generated_tokens"] == two["generated_tokens"] == 3 * 5 * 6
     assert all(torch.equal(w1[n], w2[n]) for n in w1)
     assert one["executed_flops"] == two["executed_flops"] and one["executed_flops"]["fp32"] > 0  # both lanes seen
-    assert bench.BenchConfig().parallel_members == bench.FAST_PARALLEL_MEMBERS == 2
+    assert bench.BenchConfig().parallel_members is None and bench.BenchConfig(exact=True).parallel_members == 1
 
 
 def test_warm_up_runs_one_member_per_lane_for_one_token_and_restores_the_generation_config():
@@ -352,6 +353,35 @@ def test_bf16_iteration_sits_between_its_fp32_comparison_and_its_pure_generation
         "cpu-preset: esft iteration with fp32 rollouts 1/2", "cpu-preset: esft iteration 1/2",
         "cpu-preset: pure generation 1/2", "cpu-preset: naive iteration 1/2"]
     assert [len(runs[k]) for k in ("fp32", "esft", "pure", "naive")] == [2, 2, 2, 2]
+
+
+def test_each_workload_runs_its_own_lanes_unless_parallel_members_is_given(tokenizer, monkeypatch):
+    """`--parallel-members` unset: the esft iteration and its pure generation run the lanes of the configuration
+    the workload stands for (cpu-preset: the `cpu` preset's); set, it applies to every workload."""
+    from esft.es.es_config import PRESETS
+
+    assert bench.build_workload("cpu-preset", tokenizer).parallel_members == PRESETS["cpu"]["parallel_members"] == 1
+    assert small_workload().parallel_members == bench.FAST_PARALLEL_MEMBERS == 2
+    seen: list[tuple[str, int]] = []
+
+    def iteration(model_, tokenizer_, work, population, noise, generation, seed, rank, lanes, rollout=None):
+        seen.append(("esft", lanes))
+        return {"lanes": lanes}
+
+    def pure(model_, tokenizer_, work, population, generation, lanes, rollout):
+        seen.append(("pure", lanes))
+        return {"seconds": 1.0}
+
+    monkeypatch.setattr(bench, "esft_iteration", iteration)
+    monkeypatch.setattr(bench, "esft_generation", pure)
+    model = torch.nn.Linear(2, 2)
+    snapshot = {k: v.clone() for k, v in model.state_dict().items()}
+    one = dataclasses.replace(small_workload("cpu-preset"), parallel_members=1)
+    for given, expected in ((None, 1), (3, 3)):
+        seen.clear()
+        cfg = bench.BenchConfig(workloads=["cpu-preset"], naive=False, parallel_members=given)
+        bench._iterations(cfg, model, None, "cpu-preset", one, snapshot, [], lambda m: None)
+        assert seen == [("esft", expected), ("pure", expected)]
 
 
 def test_speedup_vs_fp32_is_the_fastest_fp32_over_the_fastest_bf16_iteration_and_each_pair(tokenizer, monkeypatch):

@@ -348,6 +348,39 @@ def test_one_lane_on_the_packed_path_generates_on_a_released_copy(tokenizer):
     ex.close()
 
 
+def test_a_new_lane_copy_starts_with_its_matrices_released_and_generates_the_in_place_completions(tokenizer):
+    """A lane copy made for esft's engine holds no plain matrices before its first member: the engine writes each
+    one as it reads it (`MasterWeights.fill`), so the first member never leaves a whole plain model in the heap.
+    Vectors (norm gains) keep their storage, and an injected generate function, which may read the copy's
+    parameters directly, gets a copy with all of them."""
+    from esft.generation import GenerationConfig
+    from test_lean import PROMPTS, _tiny
+
+    _fast_ready()
+    task = _Chat(PROMPTS)
+    batch = task.load()
+    gen = GenerationConfig(**FAST_CPU_GENERATION, max_new_tokens=10, batch_size=5)
+    members = [(21, 1), (22, -1)]
+    plain = _tiny("llama")
+    expected = LocalExecutor(plain, tokenizer, MasterWeights(plain, noise="table"), task, 0.02,
+                             gen).evaluate_members(members, batch).texts
+
+    model = _tiny("llama")
+    weights = make_weights(model, ESConfig(noise="table", generation_options=dict(FAST_CPU_GENERATION)))
+    ex = LocalExecutor(model, tokenizer, weights, task, 0.02, gen)
+    ex.start()
+    lane = ex._lane(0)[0]
+    matrices = {n for n, p in lane.named_parameters() if p.dim() >= 2}
+    assert matrices and _released(lane) == matrices
+    assert ex.evaluate_members(members, batch).texts == expected
+
+    other = _tiny("llama")
+    ex = LocalExecutor(other, tokenizer, make_weights(other, ESConfig(noise="table", parallel_members=2)), task, 0.02,
+                       gen, generate_fn=lambda *a, **kw: [])
+    ex.start()
+    assert not _released(ex._lane(0)[0])
+
+
 def test_large_blocks_are_mapped_one_by_one_under_glibc():
     import platform
 

@@ -21,7 +21,8 @@ the way public ES code does it. One run measures everything on the current machi
 
 The esft iteration runs esft's fast configuration by default (FAST_GENERATION, FAST_NOISE, FAST_PARALLEL_MEMBERS:
 shared-prefix and length-bucketed prefill, packed oneDNN linears, the compiled attention kernel, the screened
-lm_head, table noise, two members at once on one thread each; all recorded in the report); `--exact` measures the
+lm_head, table noise, two members at once on one thread each on decode-heavy, the `cpu` preset's one lane on
+cpu-preset; all recorded in the report); `--exact` measures the
 bit-exact defaults.
 
 Definitions:
@@ -84,7 +85,8 @@ from esft.bench.roofline import (
     ModelShape, best_dtype_roofline_ratio, count_params, cpu_info, effective_layout, executed_flops, load_average,
     matmul_gflops, roofline_ratio,
 )
-from esft.bench.workloads import WORKLOADS, PseudoTask, Workload, bench_fitness, build_workload
+from esft.bench.workloads import (FAST_PARALLEL_MEMBERS, WORKLOADS, PseudoTask, Workload, bench_fitness,
+                                  build_workload)
 from esft.config import FAST_CPU_GENERATION, ConfigHooks, at_least, build_config, check_fields, one_of
 
 __all__ = ["BenchConfig", "FAST_GENERATION", "FAST_NOISE", "FAST_PARALLEL_MEMBERS", "ModelShape", "PseudoTask",
@@ -99,7 +101,6 @@ __all__ = ["BenchConfig", "FAST_GENERATION", "FAST_NOISE", "FAST_PARALLEL_MEMBER
 #: bit-identical to model.generate's arithmetic).
 FAST_GENERATION: dict[str, Any] = dict(FAST_CPU_GENERATION)
 FAST_NOISE = "table"
-FAST_PARALLEL_MEMBERS = 2
 
 
 @dataclass
@@ -133,7 +134,8 @@ class BenchConfig(ConfigHooks):
     parallel_members: int | None = None
     """members the local executor evaluates at once, one thread each (`ESConfig.parallel_members`); the lanes'
     model copies are made and warmed (one member per lane, one token: `esft.bench.iterations.warm_up`) before
-    the timed iteration, as a training run's later iterations find them; None = 2, or 1 with --exact"""
+    the timed iteration, as a training run's later iterations find them; None = each workload's own (two lanes
+    for decode-heavy, the `cpu` preset's one for cpu-preset), or 1 with --exact"""
     workers: int = 1
     """members evaluated in parallel, each by its own model replica in a Ray worker process with
     `threads // workers` torch threads (esft's `--executor ray`); 1 = the local executor in this process"""
@@ -160,8 +162,8 @@ class BenchConfig(ConfigHooks):
             self.noise = "per-tensor" if self.exact else FAST_NOISE
         if self.generation is None:
             self.generation = {} if self.exact else dict(FAST_GENERATION)
-        if self.parallel_members is None:
-            self.parallel_members = 1 if self.exact else FAST_PARALLEL_MEMBERS
+        if self.parallel_members is None and self.exact:
+            self.parallel_members = 1
         if self.rollout_dtype is None:
             self.rollout_dtype = "float32" if self.exact else "auto"
 
@@ -326,7 +328,7 @@ def _iterations(config: BenchConfig, model, tokenizer, name: str, work: Workload
                 max(1, torch.get_num_threads() // config.workers), config.model, config.seed))
             _reset(model, snapshot)  # the update moved the weights
         else:
-            lanes = 1 if config.noise == "lowrank" else config.parallel_members
+            lanes = 1 if config.noise == "lowrank" else config.parallel_members or work.parallel_members
             if rollout is not None and config.compare_fp32:  # just before the esft iteration it is compared with
                 log(f"{name}: esft iteration with fp32 rollouts {r + 1}/{config.repeats} "
                     f"(load {load_average()}) ...")

@@ -11,6 +11,10 @@ import numpy as np
 WORKLOADS = ("decode-heavy", "cpu-preset")
 
 
+#: member lanes of esft's fast configuration (`LocalExecutor(parallel_members=...)`)
+FAST_PARALLEL_MEMBERS = 2
+
+
 @dataclass
 class Workload:
     name: str
@@ -20,6 +24,10 @@ class Workload:
     generation_batch_size: int
     sigma: float
     alpha: float
+    parallel_members: int = FAST_PARALLEL_MEMBERS
+    """members the esft iteration evaluates at once unless `--parallel-members` says otherwise: what the
+    configuration this workload stands for runs (decode-heavy: esft's fast default of two lanes; cpu-preset: the
+    `cpu` preset's own)"""
 
 
 DECODE_SYSTEM = "You are a helpful assistant."
@@ -70,7 +78,8 @@ def build_workload(name: str, tokenizer) -> Workload:
         idx = sample_batch(42, 0, len(train), cpu["batch_size"])
         prompts = [task.prompt(train[i]) for i in idx]
         return Workload(name, prompts, max_new_tokens=cpu["max_new_tokens"], min_new_tokens=0,
-                        generation_batch_size=cpu["generation_batch_size"], sigma=cpu["sigma"], alpha=cpu["alpha"])
+                        generation_batch_size=cpu["generation_batch_size"], sigma=cpu["sigma"], alpha=cpu["alpha"],
+                        parallel_members=cpu["parallel_members"])
     raise ValueError(f"unknown workload {name!r}; choose from {', '.join(WORKLOADS)}")
 
 

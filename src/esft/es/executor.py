@@ -26,6 +26,7 @@ import torch
 from esft.es.lanes import (available_memory, lane_bytes, lanes_that_fit, map_large_blocks,  # noqa: F401 (re-exported)
                            openmp_backend, rollout_replica)
 from esft.es.noise import MasterWeights, Update
+from esft.es.param_writes import release
 from esft.es.strategy import ES, Member
 from esft.tasks.base import checks_format
 
@@ -143,6 +144,9 @@ class LocalExecutor(Executor):
         self.strategy = strategy
         self.gen_config = gen_config
         self._encode = None
+        # esft's engine writes a released lane parameter when it reads it (`_releasing`); an injected generate
+        # function may read them directly, so lane copies then keep theirs
+        self._engine_fills = generate_fn is None
         if generate_fn is None:
             # lazy: keeps the ES core importable (and testable) without the generation stack
             from esft.generation import encode_prompts, generate as generate_fn
@@ -375,7 +379,15 @@ class LocalExecutor(Executor):
         while len(self._lanes) < copies:
             map_large_blocks()
             replica = rollout_replica(self.model, self.rollout_dtype or (torch.float32 if self._replicas else None))
-            self._lanes.append((replica, self.weights.bind(replica, cast=self.rollout_dtype is not None)))
+            bound = self.weights.bind(replica, cast=self.rollout_dtype is not None)
+            if self._engine_fills:
+                # the copy's perturbed matrices start without storage, as the engine leaves them once packed: it
+                # writes each one when it reads it (`weights.fill`, layer by layer on the packed path), so the copy
+                # never holds a whole plain model, not even for its first member (whose ~400 MiB of plain
+                # projections, freed once packed, glibc would keep). Vectors (norm gains, biases) are read as they
+                # are, so they keep theirs.
+                release(p for p in bound.params.values() if p.dim() >= 2)
+            self._lanes.append((replica, bound))
             self._synced_versions = {}
         # Parameters outside the ES selection are never perturbed: keep the copies' equal to the model's, which a
         # resumed or reloaded model may have changed since the copy (checked by version counter: no data pass).

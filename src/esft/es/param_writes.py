@@ -22,6 +22,13 @@ def materialise(param: torch.Tensor) -> torch.Tensor:
     return param
 
 
+def release(params) -> None:
+    """Free the storage of `params` (their shapes stay): a lane copy's parameters that the engine writes when it
+    reads them (`MasterWeights.fill`), as the lean engine frees them once packed (esft.generation.releasing)."""
+    for param in params:
+        param.untyped_storage().resize_(0)
+
+
 def released(param: torch.Tensor) -> bool:
     """True when `param` has elements but no storage for them (freed by the lean engine, `materialise` undoes it)."""
     return param.numel() > 0 and param.untyped_storage().nbytes() < (param.storage_offset() + param.numel()) * \
