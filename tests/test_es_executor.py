@@ -351,11 +351,12 @@ def test_make_executor_checks_parallel_members(monkeypatch):
     assert make_executor(ESConfig(parallel_members=3), **kw).parallel_members == 3
     with pytest.raises(ValueError, match=">= 1"):
         make_executor(ESConfig(parallel_members=0), **kw)
-    # a layout option the cpu preset sets: ignored, with a warning, where members are not evaluated one by one
+    # a layout option the cpu-countdown preset sets: ignored, with a warning, where members are not evaluated one
+    # by one
     from esft.es.es_config import preset
     from esft.es.lowrank import LowRankExecutor, LowRankWeights
 
-    lowrank = preset("cpu", noise="lowrank")
+    lowrank = preset("cpu-countdown", noise="lowrank")
     assert lowrank.parallel_members == 2
     with pytest.warns(UserWarning, match="ignored: a low-rank population"):
         ex = make_executor(lowrank, **{**kw, "weights": LowRankWeights(model, rank=1)})
@@ -364,7 +365,7 @@ def test_make_executor_checks_parallel_members(monkeypatch):
 
     monkeypatch.setattr(factory, "make_ray_executor", lambda config, **_: ("ray", config.parallel_members))
     with pytest.warns(UserWarning, match="ignored: the Ray executor"):
-        assert make_executor(preset("cpu", executor="ray"), **kw) == ("ray", 2)
+        assert make_executor(preset("cpu-countdown", executor="ray"), **kw) == ("ray", 2)
     with pytest.raises(ValueError, match=">= 1"):
         LocalExecutor(model, None, w, ToyTask(), 0.05, None, generate_fn=stub_generate, parallel_members=0)
 

@@ -318,10 +318,10 @@ PRESETS: dict[str, dict[str, Any]] = {
                   iterations=100, antithetic=False, fitness_shaping="zscore", optimizer="sgd"),
     # 2-core CPU with SmolLM2-135M: the hyperparameters of a minimal-ES probe on BoolQ (passages cut to 400
     # characters, N 8, B 16, 24 new tokens, sigma 3e-3, alpha 1.5e-3, format bonus 0.1) with the fast rollout
-    # configuration of docs/performance.md (shared noise table, esft.config.FAST_CPU_GENERATION): ~31 s per
-    # iteration on an idle 2-core machine, so 28 iterations and 3 held-out evaluations of 200 take ~17 minutes
-    # (docs/results/es-cpu-demo). One member at a time: its ~700-token prompts make the iteration prefill-bound,
-    # where a second lane (`--parallel-members 2`, the same results) gains ~4-11% for ~1 GB more peak memory
+    # configuration of docs/performance.md (shared noise table, esft.config.FAST_CPU_GENERATION), one member at
+    # a time: ~33-34 s per iteration on an idle 2-core machine. A second lane (`--parallel-members 2`, the same
+    # results; docs/results/es-cpu-demo ran so: 28 iterations and 3 held-out evaluations of 200 in ~17 minutes)
+    # takes ~11-14% off an iteration for ~0.8 GB more peak memory, 2.0x an evaluation's instead of 1.5x
     # (docs/performance.md, "One lane for the cpu preset").
     "cpu": dict(task="boolq", max_passage_chars=400, population_size=8, batch_size=16, max_new_tokens=24,
                 sigma=3e-3, alpha=1.5e-3, format_bonus=0.1, iterations=28, eval_every=14, eval_limit=200,
