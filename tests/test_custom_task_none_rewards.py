@@ -133,3 +133,29 @@ def test_several_rewards_are_named_and_recorded(multi):
     assert get_task(str(multi), prompt_field="question", reward=r"regex:(\d+)").score("44", {"answer": "44"}) == 1.0
     with pytest.raises(ValueError, match=r"a built-in verifier \(exact\) cannot be combined with other rewards"):
         DatasetTask(source=str(multi), prompt_field="question", reward="exact+byot_multi:math_only")
+
+
+KIND_REWARDS = '''
+def sums(completions, solution, **kwargs):
+    return [None if s is None else float(c[0]["content"].strip() == s) for c, s in zip(completions, solution)]
+
+def code(completions, tests, **kwargs):
+    return [None if t is None else float(t in c[0]["content"]) for c, t in zip(completions, tests)]
+'''
+
+
+def test_a_field_of_one_kind_of_row_reaches_its_reward_whatever_rows_a_call_holds(tmp_path, monkeypatch):
+    """Rows of two kinds, each with a field of its own (`solution`, `tests`), as TRL reads them from a dataset whose
+    rows lack the other kind's column (None there). Before, the columns were the first row's fields: building the
+    task stopped with "code() missing 1 required positional argument: 'tests'", and a call on sums rows alone (a
+    training batch, one held-out example) would too."""
+    importable_module(tmp_path, monkeypatch, "byot_kinds", KIND_REWARDS)
+    rows = [{"prompt": "1 + 1?", "solution": "2"}, {"prompt": "Write f returning 3.", "tests": "return 3"}] * 5
+    data = tmp_path / "kinds.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    task = get_task(str(data), reward="byot_kinds:sums+byot_kinds:code")  # validated: each reward on every row
+    assert task.score_batch(["2", "def f(): return 3"], rows[:2]) == [1.0, 1.0]
+    assert task.score_batch(["2", "3"], [rows[0], rows[0]]) == [1.0, 0.0]  # sums rows only: tests is None
+    assert task.score("def f(): return 3", rows[1]) == 1.0
+    completions = [[{"role": "assistant", "content": "2"}]]
+    assert task.reward_function()(completions, examples=rows[:1]) == [1.0]

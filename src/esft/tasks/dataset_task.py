@@ -161,6 +161,8 @@ class DatasetTask(Task):
     test_split: str | None = None
     """hub datasets: split read as held-out (None = a test_size draw from train_split)"""
     _rows: dict[str, list[Example]] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _columns: list[str] = field(default_factory=list, init=False, repr=False, compare=False)
+    """the fields any row of either split has: the columns of the dataset TRL would read from these rows"""
     _verifier: Verifier | None = field(default=None, init=False, repr=False, compare=False)
     _reward_fns: list[tuple[str, Callable[..., Any]]] = field(default_factory=list, init=False, repr=False,
                                                               compare=False)
@@ -229,6 +231,7 @@ class DatasetTask(Task):
             test = [rows[i] for i in sorted(held)]
             rows = [r for i, r in enumerate(rows) if i not in held]
         self._rows = {"train": [dict(r) for r in rows], "test": [dict(r) for r in test]}
+        self._columns = list(dict.fromkeys(k for split in self._rows.values() for r in split for k in r))
         return self._rows
 
     def why_empty(self, split: str) -> str:
@@ -274,7 +277,7 @@ class DatasetTask(Task):
                 prompts = [self.prompt(r) for r in chunk]
                 for name, fn in self._reward_fns:
                     try:
-                        call_trl_reward(fn, name, texts, prompts, chunk, self.completion_format)
+                        call_trl_reward(fn, name, texts, prompts, chunk, self.completion_format, self._columns)
                     except ValueError as exc:
                         where = self._failing_row(split, rows, start, chunk, fn, name, exc)
                         raise ValueError(f"{where}{exc}") from exc
@@ -288,7 +291,7 @@ class DatasetTask(Task):
             for i, row in enumerate(chunk, start):
                 try:
                     call_trl_reward(fn, name, [str(row.get(self.answer_field, ""))], [self.prompt(row)], [row],
-                                    self.completion_format)
+                                    self.completion_format, self._columns)
                 except ValueError:
                     return (f"{split} split, row {i + 1} of {len(rows)} "
                             f"({self.prompt_field}: {str(row[self.prompt_field])[:60]!r}): ")
@@ -329,7 +332,9 @@ class DatasetTask(Task):
         """The reward functions' rewards of completions, combined as TRL combines its reward_funcs (esft.tasks.
         verifiers.combine_rewards): None where none applies."""
         prompts = [self.prompt(ex) for ex in examples]
-        return combine_rewards([call_trl_reward(fn, name, texts, prompts, examples, self.completion_format)
+        self._read()  # the dataset's columns: a reward gets each one, whichever rows a call holds
+        return combine_rewards([call_trl_reward(fn, name, texts, prompts, examples, self.completion_format,
+                                                self._columns)
                                 for name, fn in self._reward_fns])
 
     @property

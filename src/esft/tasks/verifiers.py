@@ -145,24 +145,29 @@ def as_completions(texts: list[str], completion_format: str) -> list[Any]:
     return [[{"role": "assistant", "content": t}] for t in texts]
 
 
-def trl_columns(examples: list[Example]) -> dict[str, list[Any]]:
+def trl_columns(examples: list[Example], columns: Sequence[str] | None = None) -> dict[str, list[Any]]:
     """Every column of the examples as a keyword list, as TRL passes dataset columns (its `prompt` column goes as
-    `prompts` instead, so a column of that name is left out here)."""
-    keys = [k for k in examples[0] if k not in ("prompt", "prompts", "completion", "completions")] if examples else []
+    `prompts` instead, so a column of that name is left out here): the dataset's `columns` and any other field of
+    `examples`, None for an example without it. The dataset TRL reads from rows of several kinds holds each kind's
+    fields for every row, so a reward sees its column whichever rows a call gets."""
+    left_out = ("prompt", "prompts", "completion", "completions")
+    keys = dict.fromkeys(k for k in [*(columns or ()), *(k for ex in examples for k in ex)] if k not in left_out)
     return {k: [ex.get(k) for ex in examples] for k in keys}
 
 
 def call_trl_reward(fn: Callable[..., Any], name: str, texts: list[str], prompts: list[Messages],
-                    examples: list[Example], completion_format: str) -> list[float | None]:
-    """`fn` called as TRL calls a reward function, its result checked: one finite number, or None where the reward
-    does not apply, per completion (`check_rewards`)."""
+                    examples: list[Example], completion_format: str,
+                    columns: Sequence[str] | None = None) -> list[float | None]:
+    """`fn` called as TRL calls a reward function (with the dataset's `columns` too, see `trl_columns`), its result
+    checked: one finite number, or None where the reward does not apply, per completion (`check_rewards`)."""
+    kwargs = trl_columns(examples, columns)
     try:
-        out = fn(completions=as_completions(texts, completion_format), prompts=prompts, **trl_columns(examples))
+        out = fn(completions=as_completions(texts, completion_format), prompts=prompts, **kwargs)
     except Exception as exc:  # the user's code: say whose and on what it failed, as esft's CLI prints a ValueError
         kind = "plain strings" if completion_format == "text" else "lists holding one assistant message"
-        columns = ", ".join(trl_columns(examples)) or "none"
+        names = ", ".join(kwargs) or "none"
         raise ValueError(f"reward {name!r} raised {type(exc).__name__}: {exc} (called with {len(texts)} "
-                         f"completions as {kind}, prompts, and the columns {columns}){_call_fix(exc, kind)}") from exc
+                         f"completions as {kind}, prompts, and the columns {names}){_call_fix(exc, kind)}") from exc
     return check_rewards(out, len(texts), name)
 
 
