@@ -166,3 +166,28 @@ def test_a_regex_reward_without_a_group_compares_the_whole_match():
 def test_a_bad_regex_reward_is_refused_when_it_is_named():
     with pytest.raises(ValueError, match="bad regular expression"):
         builtin_verifier("regex:(")
+
+
+WORDS = ["Yes", "yes.", " yes", "No", "no", "yes", "Yes", "maybe"]
+NUMBERS = ["0.5", "1/2", "\\frac12", "\\dfrac{1}{2}", "5", "\\$5", "5", "7"]
+
+
+@pytest.mark.parametrize("reward, shown, golds", [
+    ("exact", "{}", WORDS), ("boxed", r"\boxed{{{}}}", WORDS), (r"regex:answer: (\S+)", "answer: {}", WORDS),
+    ("math", r"\boxed{{{}}}", NUMBERS),
+])
+def test_the_constant_answer_baseline_is_the_best_constant_answer_under_the_tasks_own_verifier(tmp_path, reward,
+                                                                                               shown, golds):
+    """Gold answers the verifier reads as one ("Yes", "yes." and " yes" for exact; "0.5", "1/2" and "\\frac12" for
+    math) are one constant answer. Before, the baseline counted them apart: 0.375 for "Yes" where always answering
+    it scores 0.625, a baseline below what a constant answer earns on the same examples."""
+    data = tmp_path / "golds.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"q{i}", "answer": g}) + "\n" for i, g in enumerate(golds)))
+    task = DatasetTask(source=str(data), reward=reward, test_size=0.5)
+    examples = task.load("train") + task.load("test")
+    best = max(sum(task.score(shown.format(g.strip()), ex) for ex in examples) / len(examples) for g in golds)
+    assert best >= 0.5  # the most frequent gold text alone is 0.25 of them
+    summary = task.constant_baseline([{"index": i, "example": ex} for i, ex in enumerate(examples)])
+    assert summary["constant_baseline"] == best
+    answer = shown.format(summary["constant_answer"])
+    assert sum(task.score(answer, ex) for ex in examples) / len(examples) == best

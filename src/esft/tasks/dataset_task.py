@@ -353,11 +353,15 @@ class DatasetTask(Task):
         return {"extracted": self._verifier.extract(completion)}
 
     def gold_key(self, example: Example) -> Any:
+        """The gold answer in the form the verifier compares it ("Yes", "yes." and " yes" are one answer for
+        `exact`, as one constant answer scores on all three); stripped text with a reward function."""
         answer = example.get(self.answer_field)
         if answer is None or isinstance(answer, (list, dict)):
             return None
         text = str(answer).strip()
-        return (text.upper() if self._is_mcq() else text) or None  # (the mcq verifier compares in upper case)
+        if self._verifier is not None:  # a gold answer with no canonical form ("$" for math) keeps its text
+            text = self._verifier.canonical(text) or text
+        return text or None
 
     def label_set(self) -> tuple[str, ...] | None:
         """With the `mcq` reward, the answer letters (A-D) the data's gold answers use: a multiple-choice data task

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from esft.tasks.base import Example, Messages, last_boxed
-from esft.tasks.hendrycks_math import answers_match
+from esft.tasks.hendrycks_math import answers_match, normalize_answer, parse_number
 from esft.tasks.mcq import extract_letter
 
 BUILTIN_VERIFIERS = ("exact", "boxed", "math", "mcq", "regex:PATTERN")
@@ -96,11 +96,14 @@ def _regex_extract(pattern: re.Pattern[str], text: str) -> str | None:
 
 @dataclass
 class Verifier:
-    """A built-in verifier: `extract(completion)` (None = no answer in the completion) and `match(pred, gold)`."""
+    """A built-in verifier: `extract(completion)` (None = no answer in the completion) and `match(pred, gold)`.
+    `canonical(gold)` is the form `match` compares a gold answer in, so that gold answers one constant answer
+    matches share it (the constant-answer baseline counts them as one answer)."""
 
     name: str
     extract: Callable[[str], str | None]
     match: Callable[[str, str], bool]
+    canonical: Callable[[str], str] = str.strip
 
     def score(self, completion: str, gold: str) -> float:
         pred = self.extract(completion)
@@ -114,6 +117,14 @@ def _boxed_answer(text: str) -> str | None:
     return pred if pred is not None and pred.strip() else None
 
 
+def _math_canonical(gold: str) -> str:
+    """A MATH answer's canonical form, a number's as a fraction ("0.5", "1/2" and "\\frac12" are "1/2"), as
+    `answers_match` reads them equal."""
+    text = normalize_answer(gold)
+    number = parse_number(text)
+    return text if number is None else str(number)
+
+
 def _same(pred: str, gold: str) -> bool:
     return normalize(pred) == normalize(gold)
 
@@ -122,19 +133,20 @@ def builtin_verifier(spec: str) -> Verifier | None:
     """The verifier `spec` names, None when `spec` is not a built-in (then it is a `module:function`)."""
     name = spec.strip()
     if name == "exact":
-        return Verifier("exact", lambda text: text, _same)
+        return Verifier("exact", lambda text: text, _same, normalize)
     if name == "boxed":
-        return Verifier("boxed", _boxed_answer, _same)
+        return Verifier("boxed", _boxed_answer, _same, normalize)
     if name == "math":
-        return Verifier("math", _boxed_answer, answers_match)
+        return Verifier("math", _boxed_answer, answers_match, _math_canonical)
     if name == "mcq":
-        return Verifier("mcq", lambda text: extract_letter(text)[0], lambda p, g: p == str(g).strip().upper())
+        return Verifier("mcq", lambda text: extract_letter(text)[0], lambda p, g: p == str(g).strip().upper(),
+                        lambda g: g.strip().upper())
     if name.startswith("regex:"):
         try:
             pattern = re.compile(name[len("regex:"):])
         except re.error as exc:
             raise ValueError(f"reward {spec!r}: bad regular expression: {exc}") from None
-        return Verifier("regex", lambda text: _regex_extract(pattern, text), _same)
+        return Verifier("regex", lambda text: _regex_extract(pattern, text), _same, normalize)
     return None
 
 
