@@ -165,3 +165,23 @@ def test_every_help_line_states_its_default_once():
             seen += 1
             assert (action.help or "").count("(default") <= 1, (path, action.option_strings, action.help)
     assert seen > 250  # every sub-command's options were built and read
+
+
+@pytest.mark.parametrize("command", [["eval", "--limit", "2"], ["train", "es", "--output-dir", "run"],
+                                     ["train", "grpo", "--output-dir", "run"]])
+@pytest.mark.parametrize("name, exists", [("sums.parquet", True), ("data/sums.parquet", False), ("sums.txt", True)])
+def test_a_data_file_of_a_format_esft_does_not_read_is_named_as_such(tmp_path, monkeypatch, capsys, no_model,
+                                                                      command, name, exists):
+    """Before, `--task sums.parquet --prompt-field question` answered "--prompt-field: only for a task read from a
+    data file", without --prompt-field "unknown task 'sums.parquet'", and `data/sums.parquet` was looked up on the
+    Hugging Face hub: never that the file's format is the problem."""
+    monkeypatch.chdir(tmp_path)
+    if exists:
+        (tmp_path / name).write_text('{"question": "1 + 1?", "answer": "2"}\n' * 10)
+    for flags in (["--prompt-field", "question"], []):
+        assert main([*command, "--task", name, *flags]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"task data file {name}: esft reads .jsonl, .json, .csv and .tsv" in err
+        assert f"not {name[name.rindex('.'):]}: convert it to JSONL" in err
+    if name.endswith(".parquet"):
+        assert "pd.read_parquet(" in err

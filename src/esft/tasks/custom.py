@@ -49,18 +49,40 @@ def _split_options(spec: str) -> tuple[str, str]:
     return spec, ""
 
 
+#: suffixes of data files esft does not read, with the pandas reader that converts each (None: no such reader)
+OTHER_DATA_SUFFIXES = {".parquet": "read_parquet", ".feather": "read_feather", ".xlsx": "read_excel",
+                       ".xls": "read_excel", ".arrow": None, ".txt": None, ".ndjson": None, ".zip": None, ".bz2": None,
+                       ".xz": None, ".zst": None}
+
+
 def external_kind(name: str) -> str | None:
-    """"import", "data" or "hub" for a task string that names a task outside the registry, else None (a registered
-    or entry-point name, with or without options)."""
+    """"import", "data" or "hub" for a task string that names a task outside the registry, "file" for a file esft
+    does not read (an existing file, or a data suffix such as .parquet, that is not .jsonl/.json/.csv/.tsv: building
+    it says so), else None (a registered or entry-point name, with or without options)."""
     text = str(name).strip()
     source, _ = _split_options(text)
     if is_data_file(source):
         return "data"
     if _IMPORT_PATH.fullmatch(text):
         return "import"
-    if _HUB_NAME.fullmatch(source.partition(":")[0]) and not Path(source).exists():
+    path = Path(source)
+    if path.suffix and (path.suffix.lower() in OTHER_DATA_SUFFIXES or path.is_file()):
+        return "file"
+    if _HUB_NAME.fullmatch(source.partition(":")[0]) and not path.exists():
         return "hub"
     return None
+
+
+def unread_file_error(source: str) -> ValueError:
+    """The refusal of a task file esft does not read (external_kind "file"), naming the suffixes it reads and how to
+    convert the file to one of them."""
+    path = Path(source)
+    suffix = path.suffix.lower()
+    reader = OTHER_DATA_SUFFIXES.get(suffix)
+    how = (f" (pandas: pd.{reader}({source!r}).to_json({path.stem + '.jsonl'!r}, orient='records', lines=True))"
+           if reader else "")
+    return ValueError(f"task data file {source}: esft reads .jsonl, .json, .csv and .tsv files (each may be "
+                      f"gzip-compressed, .gz), not {suffix}: convert it to JSONL, one object per line{how}")
 
 
 def absolute_data_task(name: str) -> str:
@@ -233,6 +255,8 @@ def recorded_class(task: Any) -> str:
 def external_task(name: str, options: dict[str, Any]) -> Task:
     """The task an import path, a data file or a hub dataset name stands for (see external_kind)."""
     kind = external_kind(name)
+    if kind == "file":
+        raise unread_file_error(_split_options(str(name).strip())[0])
     if kind in ("data", "hub"):
         check_recorded(name, options)
         return _data_task(name, kind, options)
@@ -314,7 +338,7 @@ def apply_task_flags(config: Any, args: Any, tasks: list[str]) -> Any:
     flags = {k: getattr(args, k) for k in DATA_TASK_FLAGS if getattr(args, k, None) is not None}
     if not flags:
         return config
-    if not any(external_kind(t) in ("data", "hub") for t in tasks):
+    if not any(external_kind(t) in ("data", "hub", "file") for t in tasks):  # a "file": its build says what is wrong
         names = ", ".join("--" + k.replace("_", "-") for k in flags)
         raise ValueError(f"{names}: only for a task read from a data file or dataset (--task data.jsonl), "
                          f"not for {', '.join(tasks)}")
