@@ -185,3 +185,38 @@ def test_a_data_file_of_a_format_esft_does_not_read_is_named_as_such(tmp_path, m
         assert f"not {name[name.rindex('.'):]}: convert it to JSONL" in err
     if name.endswith(".parquet"):
         assert "pd.read_parquet(" in err
+
+
+@pytest.mark.parametrize("kind", ["es", "grpo"])
+def test_a_separate_test_file_is_recorded_so_that_the_run_rebuilds_its_task_from_any_folder(tmp_path, monkeypatch,
+                                                                                           kind):
+    """Before, config.yaml recorded the data file by its absolute path but `test_file` as typed: `esft train es
+    --resume RUN` (or report, replay) from another folder stopped with "task data file held.jsonl does not exist"."""
+    from esft.config import build_config
+    from esft.validation import check_names
+    from esft.es import ESConfig
+    from esft.grpo import GRPOConfig
+    from esft.tasks.custom import absolute_data_task, task_record
+    from esft.tasks.dataset_task import DatasetTask
+
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "sums.jsonl").write_text("".join(json.dumps({"q": f"{i} + {i}?", "answer": str(2 * i)}) + "\n"
+                                             for i in range(10)))
+    (data / "held.jsonl").write_text('{"q": "100 + 100?", "answer": "200"}\n')
+    monkeypatch.chdir(data)
+    cls = ESConfig if kind == "es" else GRPOConfig
+    extra = {} if kind == "es" else {"prompts_per_step": 2, "num_generations": 2, "per_device_train_batch_size": 4}
+    in_name = build_config(cls, overrides={"task": "sums.jsonl:prompt_field=q,test_file=held.jsonl", **extra},
+                           check=check_names)
+    as_option = build_config(cls, overrides={"task": "sums.jsonl", "task_options": {"prompt_field": "q",
+                                                                                     "test_file": "held.jsonl"},
+                                             **extra}, check=check_names)
+    name, options = task_record(DatasetTask(source="sums.jsonl", prompt_field="q", test_file="held.jsonl"))
+    recorded = absolute_data_task(name), options  # the Python API's record (esft.api), as config.yaml holds it
+    monkeypatch.chdir(tmp_path)  # another folder: what config.yaml records must still name the files
+    assert in_name.task == f"{data / 'sums.jsonl'}:prompt_field=q,test_file={data / 'held.jsonl'}"
+    assert as_option.task_options["test_file"] == str(data / "held.jsonl")
+    assert recorded[1]["test_file"] == str(data / "held.jsonl")
+    for name, options in ((in_name.task, in_name.task_options), (as_option.task, as_option.task_options), recorded):
+        assert get_task(name, **options).load("test") == [{"q": "100 + 100?", "answer": "200"}]

@@ -139,12 +139,14 @@ class ESConfig(RunConfig):
     rewards, held-out accuracy with its interval, update norm, tokens, timings and sample tables (esft.tracking)"""
 
     def __post_init__(self) -> None:
-        from esft.tasks.custom import absolute_data_task
+        from esft.tasks.custom import absolute_data_task, absolute_task_options, external_kind
 
         self.task = absolute_data_task(self.task)  # config.yaml must rebuild it from any directory
         self.report_to = report_to_text(self.report_to)
         self.generation_options = rollout_options(self.generation_options)
         self.parse_mappings("fitness_options", "task_options", "executor_options")
+        if external_kind(self.task) == "data":  # its test_file too
+            self.task_options = absolute_task_options(self.task_options)
         check_fields(self, self.rules)
         if self.rollout_dtype == "bfloat16" and (self.executor != "local" or self.noise == "lowrank"):
             raise ConfigError("rollout_dtype", self.rollout_dtype, "'float32' or 'auto' with the Ray executor or "

@@ -134,11 +134,13 @@ class GRPOConfig(RunConfig):
         return f" ({close_text}another option of TRL's GRPOConfig goes under trl_args: {{{name}: ...}})"
 
     def __post_init__(self) -> None:
-        from esft.tasks.custom import absolute_data_task
+        from esft.tasks.custom import absolute_data_task, absolute_task_options, external_kind
 
         self.task = absolute_data_task(self.task)  # config.yaml must rebuild it from any directory
         self.report_to = report_to_text(self.report_to)
         self.parse_mappings("task_options", "trl_args")
+        if external_kind(self.task) == "data":  # its test_file too
+            self.task_options = absolute_task_options(self.task_options)
         check_fields(self, self.rules)
         if self.completions_per_step % self.per_device_train_batch_size:
             raise ConfigError(

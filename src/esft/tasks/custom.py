@@ -86,17 +86,31 @@ def unread_file_error(source: str) -> ValueError:
 
 
 def absolute_data_task(name: str) -> str:
-    """`name` with its data file's path made absolute where it names an existing file relative to the working
-    directory (options kept), so that a run's config.yaml rebuilds the task from any directory (--resume, replay,
-    report); any other task string unchanged."""
+    """`name` with its data file's path, and a `test_file` option's, made absolute where each names an existing file
+    relative to the working directory (other options kept), so that a run's config.yaml rebuilds the task from any
+    directory (--resume, replay, report); any other task string unchanged."""
     text = str(name).strip()
     if external_kind(text) != "data":
         return name
     source, options = _split_options(text)
-    path = Path(source).expanduser()
-    if path.is_absolute() or not path.is_file():
-        return name
-    return str(path.resolve()) + (f":{options}" if options else "")
+    options = _TEST_FILE_OPTION.sub(lambda m: m.group(1) + absolute_file(m.group(2).strip()), options)
+    made = absolute_file(source) + (f":{options}" if options else "")
+    return name if made == text else made
+
+
+_TEST_FILE_OPTION = re.compile(r"((?:^|,)\s*test_file\s*=\s*)([^,]+)", re.IGNORECASE)
+
+
+def absolute_file(text: str) -> str:
+    """`text` made an absolute path where it names an existing file relative to the working directory."""
+    path = Path(text).expanduser()
+    return text if path.is_absolute() or not path.is_file() else str(path.resolve())
+
+
+def absolute_task_options(options: dict[str, Any]) -> dict[str, Any]:
+    """A data task's options with `test_file` made absolute (`absolute_file`), as `absolute_data_task` does."""
+    value = options.get("test_file")
+    return {**options, "test_file": absolute_file(value)} if isinstance(value, str) else options
 
 
 def parse_options(name: str, text: str) -> dict[str, str]:
@@ -372,7 +386,7 @@ def task_record(task: Any) -> tuple[str, dict[str, Any]]:
         if not isinstance(task.reward, str):  # functions passed themselves: their import paths, where they name them
             paths = [_import_path(fn) for fn in reward_parts(task.reward)]
             opts["reward"] = "+".join(paths) if all(paths) else opts["reward"]  # type: ignore[arg-type]
-        return task.source, opts
+        return task.source, absolute_task_options(opts)
     cls = type(task)
     path = recorded_class(task)
     if cls.__module__ != "builtins" and not script_class(path):
@@ -468,8 +482,8 @@ def check_recorded(name: str, options: dict[str, Any]) -> None:
                          "docs/custom-tasks.md)")
 
 
-__all__ = ["DATA_TASK_FLAGS", "ENTRY_POINT_GROUP", "NOT_RECORDED", "TaskAdapter", "add_task_flags", "apply_task_flags",
-           "as_task",
-           "entry_point_names", "entry_point_task",
+__all__ = ["DATA_TASK_FLAGS", "ENTRY_POINT_GROUP", "NOT_RECORDED", "TaskAdapter", "absolute_file",
+           "absolute_task_options", "add_task_flags", "apply_task_flags", "as_task", "entry_point_names",
+           "entry_point_task",
            "check_recorded", "external_kind", "external_task", "instantiate", "parse_options", "recorded_class",
            "script_class", "task_record", "task_spec", "unrecorded_options"]
