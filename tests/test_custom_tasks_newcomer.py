@@ -220,3 +220,24 @@ def test_a_separate_test_file_is_recorded_so_that_the_run_rebuilds_its_task_from
     assert recorded[1]["test_file"] == str(data / "held.jsonl")
     for name, options in ((in_name.task, in_name.task_options), (as_option.task, as_option.task_options), recorded):
         assert get_task(name, **options).load("test") == [{"q": "100 + 100?", "answer": "200"}]
+
+
+def test_a_misspelt_answer_field_beside_a_reward_function_is_refused(tmp_path, monkeypatch, capsys, no_model):
+    """The answer field is optional for a reward function (the function reads what it wants), but one named that no
+    row has is a typo. Before, `--answer-field answr` was taken without a word and the constant-answer baseline
+    silently left out of every evaluation."""
+    monkeypatch.chdir(tmp_path)
+    importable_module(tmp_path, monkeypatch, "byot_typo", "def r(completions, **kwargs):\n"
+                                                           "    return [0.0] * len(completions)\n")
+    (tmp_path / "sums.jsonl").write_text("".join(json.dumps({"question": f"{i} + {i}?", "answer": str(2 * i)}) + "\n"
+                                                 for i in range(10)))
+    assert main(["eval", "--task", "sums.jsonl", "--prompt-field", "question", "--answer-field", "answr",
+                 "--reward", "byot_typo:r", "--limit", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "sums.jsonl: no row has the field 'answr' (answer_field); fields: question, " \
+                                   "answer" in err
+    # the default field may be absent (the baseline is then left out), and a field some rows have is accepted
+    (tmp_path / "bare.jsonl").write_text("".join(json.dumps({"question": f"{i}?", **({"gold": "1"} if i else {})})
+                                                 + "\n" for i in range(10)))
+    assert get_task("bare.jsonl", prompt_field="question", reward="byot_typo:r").load("test")
+    assert get_task("bare.jsonl", prompt_field="question", answer_field="gold", reward="byot_typo:r").load("test")

@@ -232,6 +232,12 @@ class DatasetTask(Task):
             rows = [r for i, r in enumerate(rows) if i not in held]
         self._rows = {"train": [dict(r) for r in rows], "test": [dict(r) for r in test]}
         self._columns = list(dict.fromkeys(k for split in self._rows.values() for r in split for k in r))
+        if self._verifier is None and self.answer_field != "answer" and self.answer_field not in self._columns:
+            # optional for a reward function, but one named and found in no row is a misspelt field: without it the
+            # constant-answer baseline would be left out without a word
+            self._rows = {}
+            raise ValueError(f"{self.source}: no row has the field {self.answer_field!r} (answer_field); fields: "
+                             f"{', '.join(map(str, self._columns))}")
         return self._rows
 
     def why_empty(self, split: str) -> str:
