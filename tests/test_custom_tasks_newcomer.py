@@ -241,3 +241,17 @@ def test_a_misspelt_answer_field_beside_a_reward_function_is_refused(tmp_path, m
                                                  + "\n" for i in range(10)))
     assert get_task("bare.jsonl", prompt_field="question", reward="byot_typo:r").load("test")
     assert get_task("bare.jsonl", prompt_field="question", answer_field="gold", reward="byot_typo:r").load("test")
+
+
+def test_a_list_of_accepted_answers_under_a_built_in_verifier_is_refused(tmp_path, monkeypatch, capsys, no_model):
+    """Before, `{"answer": ["6", "6.0"]}` was compared as the text "['6', '6.0']": the right answer scored 0 in
+    every evaluation and as every reward, without a word."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "alias.jsonl").write_text("".join(json.dumps({"question": f"{i} + {i}?", "answer": [str(2 * i)]})
+                                                  + "\n" for i in range(10)))
+    assert main(["eval", "--task", "alias.jsonl", "--prompt-field", "question", "--reward", "math",
+                 "--limit", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "alias.jsonl: row 1 holds a list in field 'answer' (answer_field), not one answer" in err
+    assert "reward function" in err

@@ -266,6 +266,11 @@ class DatasetTask(Task):
                 if row[name] is None:
                     raise ValueError(f"{where}: row {i + 1} has no value in field {name!r} ({option}): null, or "
                                      "a CSV row with fewer columns than the header")
+                if option == "answer_field" and isinstance(row[name], (list, dict)):  # its text would never match
+                    raise ValueError(f"{where}: row {i + 1} holds a {type(row[name]).__name__} in field {name!r} "
+                                     f"({option}), not one answer: the built-in verifiers compare one gold answer; "
+                                     "keep one per row, or score several accepted answers with a reward function "
+                                     "(module:function)")
 
     def _load(self, split: str) -> list[Example]:
         return [dict(r) for r in self._read()[split]]
