@@ -255,3 +255,22 @@ def test_a_list_of_accepted_answers_under_a_built_in_verifier_is_refused(tmp_pat
     assert err.count("\n") == 1
     assert "alias.jsonl: row 1 holds a list in field 'answer' (answer_field), not one answer" in err
     assert "reward function" in err
+
+
+def test_a_reward_file_named_as_a_standard_module_is_told_it_is_hidden(tmp_path, monkeypatch):
+    """`code.py` of code rewards beside the data: the `esft` console script imports the standard library's `code`
+    instead. Before, the error said only "module 'code' has no attribute 'code_reward'"."""
+    import code  # noqa: F401  (the standard library's, as the console script finds it first)
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "code.py").write_text("def code_reward(completions, **kwargs):\n    return [0.0] * len(completions)\n")
+    (tmp_path / "sums.jsonl").write_text('{"question": "1 + 1?", "answer": "2"}\n' * 10)
+    with pytest.raises(ValueError) as caught:
+        get_task("sums.jsonl", prompt_field="question", reward="code:code_reward")
+    assert str(caught.value).startswith("reward 'code:code_reward': module 'code' has no attribute 'code_reward'; "
+                                        "'code' was imported from ")
+    assert str(caught.value).endswith("which hides code.py of the current folder: give your file another name")
+    # a module of the folder that is the one imported, and a misspelt name in it, get no such hint
+    importable_module(tmp_path, monkeypatch, "byot_own", "def r(completions, **kwargs):\n    return [0.0]\n")
+    with pytest.raises(ValueError, match=r"has no attribute 'rr' \(did you mean r\?\)$"):
+        get_task("sums.jsonl", prompt_field="question", reward="byot_own:rr")

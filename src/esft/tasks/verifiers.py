@@ -67,9 +67,22 @@ def import_object(spec: str, what: str) -> Any:
             public = [n for n in dir(obj) if not n.startswith("_")]
             close = close_names(part, public)
             hint = f" (did you mean {' or '.join(close)}?)" if close else ""
-            raise ValueError(f"{what} {spec!r}: module {module_name!r} has no attribute {attr!r}{hint}")
+            raise ValueError(f"{what} {spec!r}: module {module_name!r} has no attribute {attr!r}{hint}"
+                             f"{_hidden_local_module(module_name)}")
         obj = getattr(obj, part)
     return obj
+
+
+def _hidden_local_module(name: str) -> str:
+    """Why a module of the current folder was not the one imported: another module of its name (the standard
+    library's `code`, `test`, `types`, an installed package) comes first on sys.path; "" when none is hidden."""
+    top = name.partition(".")[0]
+    local = Path.cwd() / f"{top}.py"
+    found = getattr(sys.modules.get(top), "__file__", None)
+    if not local.is_file() or found is None or Path(found).resolve() == local.resolve():
+        return ""
+    return (f"; {top!r} was imported from {found}, which hides {local.name} of the current folder: give your file "
+            "another name")
 
 
 def _import_module(name: str) -> Any:
