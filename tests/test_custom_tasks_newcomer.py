@@ -274,3 +274,23 @@ def test_a_reward_file_named_as_a_standard_module_is_told_it_is_hidden(tmp_path,
     importable_module(tmp_path, monkeypatch, "byot_own", "def r(completions, **kwargs):\n    return [0.0]\n")
     with pytest.raises(ValueError, match=r"has no attribute 'rr' \(did you mean r\?\)$"):
         get_task("sums.jsonl", prompt_field="question", reward="byot_own:rr")
+
+
+@pytest.mark.parametrize("prompt, says", [
+    ([{"role": "user", "text": "7 + 7?"}], "row 8, message 1 of field 'prompt' (prompt_field) has no 'content'"),
+    ([{"role": "system", "content": "Be brief."}, "7 + 7?"],
+     "row 8, message 2 of field 'prompt' (prompt_field) has no 'role' or 'content'"),
+    ({"role": "user", "content": "7 + 7?"}, "row 8 holds a mapping in field 'prompt' (prompt_field)"),
+])
+def test_a_malformed_chat_prompt_is_named_before_the_model_loads(tmp_path, monkeypatch, capsys, no_model, prompt,
+                                                                 says):
+    """Before, a chat message without `content` in row 8 stopped `esft eval` with a KeyError traceback when that row
+    was prompted, and a single message given as a mapping was sent to the model as the text of a dict."""
+    monkeypatch.chdir(tmp_path)
+    rows = [{"prompt": [{"role": "user", "content": f"{i} + {i}?"}], "answer": str(2 * i)} for i in range(20)]
+    rows[7]["prompt"] = prompt
+    (tmp_path / "chat.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert main(["eval", "--task", "chat.jsonl", "--limit", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"chat.jsonl: {says}: a prompt is text, or a list of {{role, content}} " \
+                                     "messages" in err

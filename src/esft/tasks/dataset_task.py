@@ -266,11 +266,28 @@ class DatasetTask(Task):
                 if row[name] is None:
                     raise ValueError(f"{where}: row {i + 1} has no value in field {name!r} ({option}): null, or "
                                      "a CSV row with fewer columns than the header")
+                if option == "prompt_field":
+                    self._check_chat(where, i, row[name])
                 if option == "answer_field" and isinstance(row[name], (list, dict)):  # its text would never match
                     raise ValueError(f"{where}: row {i + 1} holds a {type(row[name]).__name__} in field {name!r} "
                                      f"({option}), not one answer: the built-in verifiers compare one gold answer; "
                                      "keep one per row, or score several accepted answers with a reward function "
                                      "(module:function)")
+
+    def _check_chat(self, where: str, i: int, value: Any) -> None:
+        """A prompt is text, or a chat: a list of {role, content} messages (TRL's conversational format)."""
+        fix = "a prompt is text, or a list of {role, content} messages (TRL's conversational format)"
+        if isinstance(value, dict):
+            raise ValueError(f"{where}: row {i + 1} holds a mapping in field {self.prompt_field!r} (prompt_field): "
+                             f"{fix}")
+        if not isinstance(value, list):
+            return
+        for j, message in enumerate(value):
+            missing = ([k for k in ("role", "content") if k not in message] if isinstance(message, dict)
+                       else ["role", "content"])
+            if missing:
+                raise ValueError(f"{where}: row {i + 1}, message {j + 1} of field {self.prompt_field!r} "
+                                 f"(prompt_field) has no {' or '.join(map(repr, missing))}: {fix}")
 
     def _load(self, split: str) -> list[Example]:
         return [dict(r) for r in self._read()[split]]
