@@ -269,7 +269,9 @@ class Report(ReportContext):
             what = "accuracy or mean reward" if rewards else "accuracy"
             self.sections.append(f"## Held-out {what} during training (paper Table 1)\n\n" + grid(
                 ["run", "algorithm", "task", "first eval", "last eval", "95% CI", "n", "format rate",
-                 "paper (%)"], rows) + "\n\nFrom each run's own `metrics.jsonl` evaluations.\n")
+                 "constant answer (last eval)", "paper (%)"], rows)
+                + "\n\nFrom each run's own `metrics.jsonl` evaluations. Constant answer: always giving the most "
+                "frequent gold answer of the last evaluation's examples, with its 95% Wilson interval.\n")
         else:
             self.skip("accuracy (Table 1)", "no evaluation records (kind=eval with test_accuracy) in metrics.jsonl")
 

@@ -20,6 +20,7 @@ from typing import Any, Callable
 import yaml
 
 from esft import paper
+from esft.analysis.constant import baseline_text
 from esft.analysis.score_text import reward_text
 from esft.rundir import read_jsonl
 from esft.tables import NA, pct
@@ -85,7 +86,8 @@ class Run:
             return None
         r = evals[0] if which == "first" else evals[-1]
         return {"step": r.get("step"), "accuracy": _acc(r), "n": r.get("test_n"), "ci95": r.get("test_ci95"),
-                "format_rate": r.get("test_format_rate")}
+                "format_rate": r.get("test_format_rate"),
+                **{k: r[f"test_{k}"] for k in _BASELINE if r.get(f"test_{k}") is not None}}
 
     def score_name(self) -> str:
         """ACCURACY or MEAN_REWARD (esft.tasks.labels.score_name) from every held-out mean and interval bound the run
@@ -97,6 +99,10 @@ class Run:
             if self.config.get(k) is not None:
                 return self.config[k]
         return default
+
+
+#: the constant-answer baseline of an evaluation's examples, as metrics.jsonl records it under test_<key>
+_BASELINE = ("constant_baseline", "constant_baseline_ci95", "constant_answer")
 
 
 def _acc(r: dict[str, Any]) -> float | None:
@@ -467,8 +473,9 @@ def run_rows(runs: list[Run], name: Callable[[Run], str], shown: Callable[[Any],
 
 
 def accuracy_rows(runs: list[Run], name: Callable[[Run], str]) -> list[list[Any]]:
-    """First and last held-out accuracy each run logged, beside the study's Table 1 row for its task; a run whose
-    scores leave [0, 1] shows its mean reward (`reward_text`, "mean reward" after each value)."""
+    """First and last held-out accuracy each run logged, the constant-answer baseline of the last one's examples
+    (none for a mean reward), beside the study's Table 1 row for its task; a run whose scores leave [0, 1] shows
+    its mean reward (`reward_text`, "mean reward" after each value)."""
     rows = []
     for r in runs:
         first, last = r.accuracy_at("first"), r.accuracy_at("last")
@@ -481,5 +488,6 @@ def accuracy_rows(runs: list[Run], name: Callable[[Run], str]) -> list[list[Any]
                      shown(last["accuracy"]) + f"{unit} (step {last['step']})",
                      f"[{shown(ci[0])}, {shown(ci[1])}]" if ci else NA, last.get("n") or NA,
                      pct(last.get("format_rate")) if last.get("format_rate") is not None else NA,
+                     baseline_text(last if unit == "" and "constant_baseline" in last else None),
                      paper.accuracy_reference(r.task)])
     return rows
