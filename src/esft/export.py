@@ -126,7 +126,7 @@ def model_card(run: Path, config: dict[str, Any], results: list[dict[str, Any]],
                checkpoint: Path | None = None) -> str:
     """README.md: YAML front matter, what was trained, which checkpoint, the held-out results up to its step, the
     training config (local folders cut, `without_local_dirs`)."""
-    from esft.models import is_hub_id
+    from esft.models import embedded_origin, is_hub_id
 
     config = without_local_dirs(config)
     algorithm = "GRPO" if "num_generations" in config else "ES"
@@ -135,9 +135,12 @@ def model_card(run: Path, config: dict[str, Any], results: list[dict[str, Any]],
              "tags": ["esft", "evolution-strategies" if algorithm == "ES" else "grpo"]}
     if is_hub_id(base) and not Path(base).exists():
         front["base_model"] = base  # a hub id; local folders and embedded names are not hub links
+    # an embedded name means nothing outside esft: say which model it is, and that its weights are a quant's
+    origin = f" (esft's embedded {embedded_origin(base)})" if embedded_origin(base) else ""
     lines = ["---", yaml.safe_dump(front, sort_keys=False).strip(), "---", "",
              f"# {run.name}", "",
-             f"Fine-tuned with esft ({algorithm}) from `{base}` on task `{config.get('task', '')}`." if config else
+             f"Fine-tuned with esft ({algorithm}) from `{base}`{origin} on task `{config.get('task', '')}`."
+             if config else
              "Exported with esft from a model folder with no training config (`config.yaml`) beside it.", ""]
     step = None if checkpoint is None else checkpoint_step(checkpoint)
     if checkpoint is not None and checkpoint.parent.name == CHECKPOINTS and checkpoint.name != "final":
