@@ -303,7 +303,8 @@ def plot_heatmap(panels: Mapping[str, tuple[np.ndarray, Sequence[str], Sequence[
                     ax.text(j, i, f"{m[i, j]:.3g}", ha="center", va="center", fontsize=7,
                             color="w" if m[i, j] < (vmin + vmax) / 2 else "k")
     if im is not None:
-        fig.colorbar(im, ax=list(axes[0]), shrink=0.8)
+        # every panel is a per-token mean of a natural-log KL (esft.analysis.kl.matrix's estimators)
+        fig.colorbar(im, ax=list(axes[0]), shrink=0.8).set_label("KL per token (nats)")
     fig.suptitle(title, fontsize=10)
     return save(fig, path)
 
