@@ -170,6 +170,8 @@ class Report(ReportContext):
         t_start = time.perf_counter()
         self.discover()
         if not self.runs:  # a mistyped folder must not look like an empty success
+            if self.made_out and not any(self.out.iterdir()):
+                self.out.rmdir()
             raise ValueError(f"no run directory under {self.root} (a folder with config.yaml and metrics.jsonl, "
                              "seeds.jsonl, drift.jsonl or checkpoints)")
         self.log(f"{len(self.runs)} runs, {len(self.chains)} chains, {len(self.pairs)} ES-GRPO pairs"
