@@ -169,3 +169,16 @@ def test_the_reports_sections_render_a_cached_result_from_before_with_n_a(path, 
     assert landscape.count(NOT_RECORDED) == 2  # Figure 3's table and Figure 4's
     assert "| boolq | 50.0% | 75.0% |" in landscape and landscape.count(" n/a |") == 1
     assert "| 0 | n/a | 0.0% | 50.0% |" in sparsity and "| best constant answer |  |  | n/a |" in sparsity
+
+
+def test_the_printed_sparsity_accuracies_carry_their_95_percent_interval():
+    """`esft analyze sparsity` printed `boolq 0.000` from 2 examples, no interval beside the baseline's
+    `'no' 50.0% [9.5, 90.5]`: 0 of 2 is compatible with anything up to 66%. A mean reward gets none (its spread is
+    not kept)."""
+    res = {"rows": [{"tau": 0.0, "sparsity": 0.0, "targets": [0.0], "accuracy": {"boolq": 0.0}}],
+           "base_accuracy": {"boolq": 0.5}, "n": {"boolq": 2}, "score": {"boolq": "accuracy"}}
+    row, base = format_sparsity(res).splitlines()
+    assert row.endswith("boolq 0.000 [0.000, 0.658]")
+    assert base.endswith("boolq 0.500 [0.095, 0.905]")
+    reward = {**res, "score": {"boolq": "mean reward"}}
+    assert format_sparsity(reward).splitlines()[0].endswith("boolq 0.000")
