@@ -92,6 +92,22 @@ def test_overwrite_replaces_the_folder_without_stale_files(es_run, tmp_path):
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".full.")]  # no staging folder left behind
 
 
+def test_overwrite_refuses_a_folder_holding_files_an_export_does_not_write(es_run, tmp_path, capsys):
+    """`--overwrite` into a clone of a Hub repository (the folder to upload) deleted its .git and .gitattributes
+    with the rest of the folder, while its help said "write into a folder that already holds files"."""
+    run, _ = es_run
+    clone = tmp_path / "clone"
+    (clone / ".git").mkdir(parents=True)
+    (clone / ".git" / "HEAD").write_text("ref: refs/heads/main")
+    (clone / ".gitattributes").write_text("*.safetensors filter=lfs")
+    (clone / "README.md").write_text("an earlier card")
+    assert main(["export", str(run), "--to", str(clone), "--overwrite"]) == 2
+    err = capsys.readouterr().err
+    assert ".git, .gitattributes" in err and "would delete them" in err
+    assert (clone / ".git" / "HEAD").read_text() == "ref: refs/heads/main"
+    assert (clone / "README.md").read_text() == "an earlier card"  # refused before anything was written
+
+
 @pytest.fixture()
 def es_run_with_checkpoints(tmp_path, tokenizer):
     """Two iterations, a checkpoint and a held-out evaluation after each: iter_000001 and final."""
