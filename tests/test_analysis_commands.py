@@ -305,3 +305,21 @@ def test_an_analysis_of_other_inputs_does_not_silently_replace_the_one_in_its_ou
     (tmp_path / "s" / "sparsity.json").write_text(json.dumps({"config": {"tuned": str(x)}}))
     with pytest.raises(FileExistsError, match="sparsity.json"):
         C.run_sparsity(C.SparsityConfig(base="b", tuned=str(y), output_dir=str(tmp_path / "s")))
+
+
+def test_drift_on_a_grpo_run_as_run_says_to_give_it_as_grpo_run(tmp_path, monkeypatch):
+    """`esft analyze drift --run GRPO_RUN` said "alpha and population are needed": true, but it hid that --run
+    takes the ES run and the GRPO run goes to --grpo-run."""
+    from esft.analysis import commands as C
+    from esft.analysis import drift as D
+
+    grpo = run_dir(tmp_path / "grpo", {"num_generations": 2, "learning_rate": 1e-5})
+    (grpo / "drift.jsonl").write_text("{}\n")
+    monkeypatch.setattr(D, "read_series", lambda p: "series")
+    with pytest.raises(ValueError, match="is a GRPO run: give it as --grpo-run"):
+        C.run_drift(C.DriftConfig(run=str(grpo), output_dir=str(tmp_path / "o")))
+    bare = run_dir(tmp_path / "bare", {})  # not known to be either: the plain reason
+    (bare / "drift.jsonl").write_text("{}\n")
+    (bare / "drift.jsonl").rename(tmp_path / "series.jsonl")
+    with pytest.raises(ValueError, match="^alpha and population are needed"):
+        C.run_drift(C.DriftConfig(run=str(tmp_path / "series.jsonl"), output_dir=str(tmp_path / "o2")))

@@ -211,6 +211,10 @@ def run_drift(cfg: DriftConfig) -> dict[str, Any]:
     else:
         series = D.read_series(src)
     if alpha is None or n is None:
+        # a GRPO run's config.yaml (num_generations, or its recorded algorithm) has no ES law's alpha and N to give
+        if src.is_dir() and (str(conf.get("algorithm", "")).lower() == "grpo" or "num_generations" in conf):
+            raise ValueError(f"--run {src} is a GRPO run: give it as --grpo-run beside an ES run as --run, or "
+                             "--alpha and --population of the ES law to measure it against")
         raise ValueError("alpha and population are needed (from the run's config.yaml or --alpha/--population)")
     grpo = None
     if cfg.grpo_run:
