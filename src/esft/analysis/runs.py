@@ -475,7 +475,8 @@ def run_rows(runs: list[Run], name: Callable[[Run], str], shown: Callable[[Any],
 def accuracy_rows(runs: list[Run], name: Callable[[Run], str]) -> list[list[Any]]:
     """First and last held-out accuracy each run logged, the constant-answer baseline of the last one's examples
     (none for a mean reward), beside the study's Table 1 row for its task; a run whose scores leave [0, 1] shows
-    its mean reward (`reward_text`, "mean reward" after each value)."""
+    its mean reward (`reward_text`, "mean reward" after each value). A first evaluation on other examples than the
+    last (a resume changed eval_limit or eval_balanced: another count or recorded baseline) says so."""
     rows = []
     for r in runs:
         first, last = r.accuracy_at("first"), r.accuracy_at("last")
@@ -483,8 +484,12 @@ def accuracy_rows(runs: list[Run], name: Callable[[Run], str]) -> list[list[Any]
             continue
         ci = last.get("ci95")
         shown, unit = (reward_text, " mean reward") if r.score_name() == MEAN_REWARD else (pct, "")
+        sets = [(e.get("n"), e.get("constant_baseline"), e.get("constant_answer")) for e in (first or {}, last)]
+        # a value either evaluation did not record (an older esft's) tells nothing
+        other = first is not None and any(a != b and None not in (a, b) for a, b in zip(*sets))
         rows.append([name(r), r.algorithm, r.task or "?",
-                     shown(first["accuracy"]) + f"{unit} (step {first['step']})" if first else NA,
+                     shown(first["accuracy"]) + f"{unit} (step {first['step']}"
+                     + (f"; other examples, n={first.get('n')})" if other else ")") if first else NA,
                      shown(last["accuracy"]) + f"{unit} (step {last['step']})",
                      f"[{shown(ci[0])}, {shown(ci[1])}]" if ci else NA, last.get("n") or NA,
                      pct(last.get("format_rate")) if last.get("format_rate") is not None else NA,
