@@ -323,3 +323,28 @@ def test_drift_on_a_grpo_run_as_run_says_to_give_it_as_grpo_run(tmp_path, monkey
     (bare / "drift.jsonl").rename(tmp_path / "series.jsonl")
     with pytest.raises(ValueError, match="^alpha and population are needed"):
         C.run_drift(C.DriftConfig(run=str(tmp_path / "series.jsonl"), output_dir=str(tmp_path / "o2")))
+
+
+def test_a_kl_aggregate_does_not_replace_the_heatmap_of_a_stages_kl_in_its_folder(tmp_path, monkeypatch):
+    """`esft analyze kl --aggregate a/kl.json,b/kl.json` with the default --output-dir (analysis/kl, where seed
+    a's own KL was written) replaced seed a's kl_heatmap.png with the aggregate's, beside seed a's kl.json."""
+    from esft.analysis import commands as C
+    from esft.analysis import kl as K
+
+    (tmp_path / "a.json").write_text(json.dumps({"seed": 1}))
+    (tmp_path / "b.json").write_text(json.dumps({"seed": 2}))
+    drawn = []
+    monkeypatch.setattr(K, "aggregate_seeds", lambda tables: {"tasks": [], "stages": []})
+    monkeypatch.setattr(K, "matrix", lambda *a, **k: None)
+    monkeypatch.setattr(K, "plot_heatmap", lambda panels, path, **k: drawn.append(path))
+    out = tmp_path / "kl"
+    out.mkdir()
+    (out / "kl.json").write_text(json.dumps({"config": {"stages": ["runs/es/checkpoints/final"], "aggregate": []}}))
+    agg = C.KLConfig(aggregate=[str(tmp_path / "a.json"), str(tmp_path / "b.json")], output_dir=str(out))
+    with pytest.raises(FileExistsError, match="kl.json holds the results of another analysis"):
+        C.run_kl(agg)
+    assert drawn == []
+    C.run_kl(C.KLConfig(aggregate=agg.aggregate, output_dir=str(tmp_path / "agg")))
+    C.run_kl(C.KLConfig(aggregate=agg.aggregate, output_dir=str(tmp_path / "agg")))  # the same one again
+    with pytest.raises(FileExistsError, match="kl_aggregate.json"):
+        C.run_kl(C.KLConfig(aggregate=agg.aggregate[:1], output_dir=str(tmp_path / "agg")))

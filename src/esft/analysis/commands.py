@@ -279,17 +279,20 @@ def run_kl(cfg: KLConfig) -> dict[str, Any]:
     from esft.analysis import kl as K
 
     out = Path(cfg.output_dir)
+    # kl_heatmap.png is the figure of either result: one folder holds a single KL analysis, stages or aggregate
+    check_previous(out, "kl.json", cfg)
+    check_previous(out, "kl_aggregate.json", cfg)
     if cfg.aggregate:
         tables = [json.loads(Path(p).read_text()) for p in cfg.aggregate]
         tables = [t.get("result", t) for t in tables]
         agg = K.aggregate_seeds(tables)
+        agg["config"] = asdict(cfg)
         _write(out, "kl_aggregate.json", agg)
         K.plot_heatmap({"median": (K.matrix(agg, "incremental", stat="median"), agg["tasks"], agg["stages"])},
                        out / "kl_heatmap.png")
         return agg
     if not cfg.stages:
         raise ValueError("give --stages (checkpoint folders, in order)")
-    check_previous(out, "kl.json", cfg)
     base = _resolve(cfg.base)
     labels = list(cfg.stage_labels) or [_stage_name(p) for p in cfg.stages]
     stages = list(zip(labels, cfg.stages))
