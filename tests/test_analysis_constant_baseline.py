@@ -117,7 +117,7 @@ def test_the_figures_draw_the_baseline_dotted_with_a_legend_entry(path, tmp_path
 def sweep(monkeypatch):
     """A sparsity sweep of BoolQ at targets 0, 0.5, 0.9 and 0.97, the last two choosing thresholds that keep the
     same entries (a stand-in histogram: 0.9 and 0.97 both land on every entry)."""
-    monkeypatch.setattr(SP, "accuracy", lambda model, tok, tasks, gc, scores_out=None:
+    monkeypatch.setattr(SP, "accuracy", lambda model, tok, tasks, gc, scores_out=None, progress=False:
                         scores_out.update({"boolq": [1.0, 0.0]}) or {"boolq": 0.5})
     monkeypatch.setattr(SP, "taus_for_sparsity", lambda base, tuned, targets: [0.0, 1e-3, 1e3, 1e4][:len(targets)])
     tasks = {"boolq": (get_task("boolq"), BOOLQ)}
