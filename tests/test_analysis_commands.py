@@ -65,7 +65,7 @@ def test_weights_command_names_each_checkpoint_by_its_runs_algorithm(tmp_path, m
     seen.clear()
     loose = tmp_path / "loose"
     loose.mkdir()
-    C.run_weights(C.WeightsConfig(base="b", tuned=[cks[0], str(loose), cks[1]], output_dir=str(tmp_path / "o")))
+    C.run_weights(C.WeightsConfig(base="b", tuned=[cks[0], str(loose), cks[1]], output_dir=str(tmp_path / "o2")))
     assert seen == {"es": cks[0], "grpo": str(loose), "tuned2": cks[1]}
 
 
@@ -84,15 +84,15 @@ def test_drift_command_takes_alpha_and_population_from_the_run_unless_given(tmp_
     monkeypatch.setattr(D, "plot_total", lambda *a, **k: None)
     res = C.run_drift(C.DriftConfig(run=str(es), grpo_run=str(grpo), output_dir=str(tmp_path / "o")))
     assert calls == [("series:es", 0.5, 8)] and res["grpo_ratio_at_matched_step"] == ("series:es", "series:grpo")
-    C.run_drift(C.DriftConfig(run=str(es), alpha=0.25, population=2, output_dir=str(tmp_path / "o")))
+    C.run_drift(C.DriftConfig(run=str(es), alpha=0.25, population=2, output_dir=str(tmp_path / "o2")))
     assert calls[-1] == ("series:es", 0.25, 2)
     bare = run_dir(tmp_path / "bare", {"alpha": 0.5, "population_size": 8})
     with pytest.raises(FileNotFoundError, match="bare"):
-        C.run_drift(C.DriftConfig(run=str(bare), output_dir=str(tmp_path / "o")))
+        C.run_drift(C.DriftConfig(run=str(bare), output_dir=str(tmp_path / "o3")))
     (bare / "drift.jsonl").write_text("{}\n")
     (bare / "config.yaml").write_text("{}")
     with pytest.raises(ValueError, match="alpha and population"):
-        C.run_drift(C.DriftConfig(run=str(bare), output_dir=str(tmp_path / "o")))
+        C.run_drift(C.DriftConfig(run=str(bare), output_dir=str(tmp_path / "o3")))
 
 
 def test_drift_command_refuses_a_grpo_run_folder_without_drift_jsonl(tmp_path, monkeypatch):
@@ -139,7 +139,7 @@ def test_kl_command_names_stages_by_run_and_passes_its_options(tmp_path, monkeyp
     assert (seen["base"], seen["tasks"], seen["limit"], seen["kl_batch"]) == ("b", ["boolq"], 3, 2)
     assert (seen["gen"].max_new_tokens, seen["gen"].temperature, seen["gen"].batch_size) == (7, 1.0, 5)
     assert seen["opts"] == {"boolq": {"max_passage_chars": 80}}
-    cfg.stage_labels = ["s1", "s2"]
+    cfg.stage_labels, cfg.output_dir = ["s1", "s2"], str(tmp_path / "o2")
     C.run_kl(cfg)
     assert [s for s, _ in seen["stages"]] == ["s1", "s2"]
 
@@ -205,7 +205,7 @@ def test_sparsity_command_passes_base_tuned_and_thresholds_in_order(tmp_path, mo
     C.run_sparsity(C.SparsityConfig(base="b", tuned=str(tuned), taus=[0.5], targets=[0.9],
                                     output_dir=str(tmp_path / "o")))
     assert seen == {"base": "resolved:b", "tuned": str(tuned), "taus": [0.5], "targets": [0.9]}
-    C.run_sparsity(C.SparsityConfig(base="b", tuned=str(tuned), targets=[0.9], output_dir=str(tmp_path / "o")))
+    C.run_sparsity(C.SparsityConfig(base="b", tuned=str(tuned), targets=[0.9], output_dir=str(tmp_path / "o2")))
     assert seen["taus"] is None
 
 
@@ -275,3 +275,76 @@ def test_kl_command_loads_each_stage_with_its_dtype_and_device(tmp_path, monkeyp
     monkeypatch.setattr(K, "plot_heatmap", lambda *a, **k: None)
     C.run_kl(C.KLConfig(base="b", stages=[str(stage)], dtype="bfloat16", device="cuda", output_dir=str(tmp_path)))
     assert loads == [("B", str(stage), "bfloat16", "cuda")]
+
+
+def test_an_analysis_of_other_inputs_does_not_silently_replace_the_one_in_its_output_dir(tmp_path, monkeypatch):
+    """`esft analyze weights` (default output analysis/weights) on other checkpoints replaced the weights.json and
+    figure of the earlier analysis there without a word; `esft eval` refuses the same for its summary.json. The
+    same analysis again, or one that differs only in where or how fast it runs, may overwrite its own."""
+    from esft.analysis import commands as C
+    from esft.analysis import weights as W
+
+    calls = []
+    monkeypatch.setattr(W, "compare_updates", lambda base, tuned, **kw: calls.append(dict(tuned)) or
+                        {"labels": list(tuned), "total": {}, "pairs": []})
+    monkeypatch.setattr(W, "plot_weights", lambda rep, path: path)
+    monkeypatch.setattr(C, "_resolve", lambda spec: spec)
+    x, y = tmp_path / "x", tmp_path / "y"
+    x.mkdir()
+    y.mkdir()
+    out = str(tmp_path / "o")
+    C.run_weights(C.WeightsConfig(base="b", tuned=[str(x)], labels=["es"], output_dir=out))
+    C.run_weights(C.WeightsConfig(base="b", tuned=[str(x)], labels=["es"], threads=1, output_dir=out))  # its own
+    assert len(calls) == 2
+    with pytest.raises(FileExistsError, match="another analysis.*tuned"):
+        C.run_weights(C.WeightsConfig(base="b", tuned=[str(y)], labels=["es"], output_dir=out))
+    assert len(calls) == 2  # refused before any work
+    assert json.loads((tmp_path / "o" / "weights.json").read_text())["config"]["tuned"] == [str(x)]
+    monkeypatch.setattr(C, "_load", lambda *a: (_ for _ in ()).throw(AssertionError("loaded a model")))
+    (tmp_path / "s").mkdir()
+    (tmp_path / "s" / "sparsity.json").write_text(json.dumps({"config": {"tuned": str(x)}}))
+    with pytest.raises(FileExistsError, match="sparsity.json"):
+        C.run_sparsity(C.SparsityConfig(base="b", tuned=str(y), output_dir=str(tmp_path / "s")))
+
+
+def test_drift_on_a_grpo_run_as_run_says_to_give_it_as_grpo_run(tmp_path, monkeypatch):
+    """`esft analyze drift --run GRPO_RUN` said "alpha and population are needed": true, but it hid that --run
+    takes the ES run and the GRPO run goes to --grpo-run."""
+    from esft.analysis import commands as C
+    from esft.analysis import drift as D
+
+    grpo = run_dir(tmp_path / "grpo", {"num_generations": 2, "learning_rate": 1e-5})
+    (grpo / "drift.jsonl").write_text("{}\n")
+    monkeypatch.setattr(D, "read_series", lambda p: "series")
+    with pytest.raises(ValueError, match="is a GRPO run: give it as --grpo-run"):
+        C.run_drift(C.DriftConfig(run=str(grpo), output_dir=str(tmp_path / "o")))
+    bare = run_dir(tmp_path / "bare", {})  # not known to be either: the plain reason
+    (bare / "drift.jsonl").write_text("{}\n")
+    (bare / "drift.jsonl").rename(tmp_path / "series.jsonl")
+    with pytest.raises(ValueError, match="^alpha and population are needed"):
+        C.run_drift(C.DriftConfig(run=str(tmp_path / "series.jsonl"), output_dir=str(tmp_path / "o2")))
+
+
+def test_a_kl_aggregate_does_not_replace_the_heatmap_of_a_stages_kl_in_its_folder(tmp_path, monkeypatch):
+    """`esft analyze kl --aggregate a/kl.json,b/kl.json` with the default --output-dir (analysis/kl, where seed
+    a's own KL was written) replaced seed a's kl_heatmap.png with the aggregate's, beside seed a's kl.json."""
+    from esft.analysis import commands as C
+    from esft.analysis import kl as K
+
+    (tmp_path / "a.json").write_text(json.dumps({"seed": 1}))
+    (tmp_path / "b.json").write_text(json.dumps({"seed": 2}))
+    drawn = []
+    monkeypatch.setattr(K, "aggregate_seeds", lambda tables: {"tasks": [], "stages": []})
+    monkeypatch.setattr(K, "matrix", lambda *a, **k: None)
+    monkeypatch.setattr(K, "plot_heatmap", lambda panels, path, **k: drawn.append(path))
+    out = tmp_path / "kl"
+    out.mkdir()
+    (out / "kl.json").write_text(json.dumps({"config": {"stages": ["runs/es/checkpoints/final"], "aggregate": []}}))
+    agg = C.KLConfig(aggregate=[str(tmp_path / "a.json"), str(tmp_path / "b.json")], output_dir=str(out))
+    with pytest.raises(FileExistsError, match="kl.json holds the results of another analysis"):
+        C.run_kl(agg)
+    assert drawn == []
+    C.run_kl(C.KLConfig(aggregate=agg.aggregate, output_dir=str(tmp_path / "agg")))
+    C.run_kl(C.KLConfig(aggregate=agg.aggregate, output_dir=str(tmp_path / "agg")))  # the same one again
+    with pytest.raises(FileExistsError, match="kl_aggregate.json"):
+        C.run_kl(C.KLConfig(aggregate=agg.aggregate[:1], output_dir=str(tmp_path / "agg")))

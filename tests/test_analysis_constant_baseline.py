@@ -117,7 +117,7 @@ def test_the_figures_draw_the_baseline_dotted_with_a_legend_entry(path, tmp_path
 def sweep(monkeypatch):
     """A sparsity sweep of BoolQ at targets 0, 0.5, 0.9 and 0.97, the last two choosing thresholds that keep the
     same entries (a stand-in histogram: 0.9 and 0.97 both land on every entry)."""
-    monkeypatch.setattr(SP, "accuracy", lambda model, tok, tasks, gc, scores_out=None:
+    monkeypatch.setattr(SP, "accuracy", lambda model, tok, tasks, gc, scores_out=None, progress=False:
                         scores_out.update({"boolq": [1.0, 0.0]}) or {"boolq": 0.5})
     monkeypatch.setattr(SP, "taus_for_sparsity", lambda base, tuned, targets: [0.0, 1e-3, 1e3, 1e4][:len(targets)])
     tasks = {"boolq": (get_task("boolq"), BOOLQ)}
@@ -169,3 +169,16 @@ def test_the_reports_sections_render_a_cached_result_from_before_with_n_a(path, 
     assert landscape.count(NOT_RECORDED) == 2  # Figure 3's table and Figure 4's
     assert "| boolq | 50.0% | 75.0% |" in landscape and landscape.count(" n/a |") == 1
     assert "| 0 | n/a | 0.0% | 50.0% |" in sparsity and "| best constant answer |  |  | n/a |" in sparsity
+
+
+def test_the_printed_sparsity_accuracies_carry_their_95_percent_interval():
+    """`esft analyze sparsity` printed `boolq 0.000` from 2 examples, no interval beside the baseline's
+    `'no' 50.0% [9.5, 90.5]`: 0 of 2 is compatible with anything up to 66%. A mean reward gets none (its spread is
+    not kept)."""
+    res = {"rows": [{"tau": 0.0, "sparsity": 0.0, "targets": [0.0], "accuracy": {"boolq": 0.0}}],
+           "base_accuracy": {"boolq": 0.5}, "n": {"boolq": 2}, "score": {"boolq": "accuracy"}}
+    row, base = format_sparsity(res).splitlines()
+    assert row.endswith("boolq 0.000 [0.000, 0.658]")
+    assert base.endswith("boolq 0.500 [0.095, 0.905]")
+    reward = {**res, "score": {"boolq": "mean reward"}}
+    assert format_sparsity(reward).splitlines()[0].endswith("boolq 0.000")

@@ -257,6 +257,14 @@ def test_heatmap_names_rows_by_task_and_columns_by_stage_and_writes_each_value_i
         (j, i): f"{m[i, j]:.3g}" for i in range(2) for j in range(3)}
 
 
+def test_heatmap_colour_bar_names_its_quantity_and_unit(drawn):
+    """The colour bar of Figure 2 had no label: numbers without the unit (nats) or that they are per token."""
+    m = np.array([[0.1, 0.2]])
+    fig = drawn(K.plot_heatmap, {"incremental": (m, ["boolq"], ["1:boolq", "2:math"]),
+                                 "cumulative": (m, ["boolq"], ["1:boolq", "2:math"])})
+    assert fig.axes[-1].get_ylabel() == "KL per token (nats)"  # the colour bar, drawn last
+
+
 def test_sparsity_tick_labels_do_not_overlap_when_the_sweeps_are_close(drawn):
     """One target each, reached at 50.08% (ES) and 50.38% (GRPO): the axis got seven 6-digit labels, printed over
     each other."""

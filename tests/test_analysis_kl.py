@@ -175,7 +175,7 @@ def test_default_generation_of_kl_stages_is_greedy(monkeypatch, tokenizer):
     """Without a generation config, pi_after's completions are greedy, as the paper's evaluation."""
     seen = []
 
-    def fake_completions(model, tok, examples, task, gen_config):
+    def fake_completions(model, tok, examples, task, gen_config, progress=False):
         seen.append(gen_config)
         return [[1, 2]] * len(examples), [[3]] * len(examples)
 
@@ -279,7 +279,8 @@ def test_kl_rows_print_median_min_max_over_seeds_next_to_the_studys_cell():
 
 def test_progress_line_of_a_task_with_no_generated_token(monkeypatch, tokenizer, capsys):
     """Empty completions (max_new_tokens=0) have no per-token mean (None): the progress line says n/a."""
-    monkeypatch.setattr(K, "generate_completions", lambda m, tok, ex, task, cfg: ([[1, 2]] * len(ex), [[]] * len(ex)))
+    monkeypatch.setattr(K, "generate_completions",
+                        lambda m, tok, ex, task, cfg, progress=False: ([[1, 2]] * len(ex), [[]] * len(ex)))
     model = tiny_gpt2(0)
     res = K.kl_stages("base", [("1:boolq", "s1")], ["boolq"], limit=1, loader=lambda spec: (model, tokenizer),
                       task_options={"boolq": {"max_passage_chars": 80}}, progress=True)
@@ -342,3 +343,30 @@ def test_kl_rows_of_two_seeds_give_their_range():
                "cumulative": {"a": {"1:a": {"k3_token_mean": v}}}} for v in (0.1, 0.3)]
     group = K.KLGroup("es", "es", ("a",), tables, K.aggregate_seeds(tables))
     assert K.kl_rows(group, "incremental")[1] == [["a", "0.2 [0.1, 0.3]"]]
+
+
+def test_kl_and_landscape_show_the_generation_bar_of_their_long_evaluations(monkeypatch, tokenizer):
+    """A KL stage or a landscape point generates `limit` completions of up to 256 tokens (minutes on a CPU) before
+    its one progress line: the generation ran with progress=False, so `esft analyze kl|landscape|sparsity` and the
+    report's evaluating analyses sat silent that long."""
+    import esft.evaluation as E
+    import esft.generation as G
+    from esft.analysis import landscape as L
+
+    asked = []
+
+    def fake_generate(model, tok, prompts, cfg, prompt_ids=None, progress=False):
+        asked.append(progress)
+        return [G.Generation(text="", completion_ids=[3], finished=True, prompt_tokens=2) for _ in prompts]
+
+    monkeypatch.setattr(G, "generate", fake_generate)
+    model = make_tiny_model(hidden=32, layers=1)
+    K.kl_stages("base", [("1:boolq", "s1")], ["boolq"], limit=1, loader=lambda spec: (model, tokenizer),
+                progress=True)
+    assert asked == [True]
+    monkeypatch.setattr(E, "generate", fake_generate)
+    from esft.tasks import get_task
+
+    task = get_task("boolq")
+    L.accuracy(model, tokenizer, {"boolq": (task, task.load("test", limit=1))}, GenerationConfig(), progress=True)
+    assert asked == [True, True]

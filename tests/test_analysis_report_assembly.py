@@ -347,3 +347,16 @@ def test_a_task_trained_with_different_options_is_not_evaluated_for_any_run(tmp_
     ctx.runs, ctx.unsupported = [es, other], []  # the same options in every run: evaluated with them
     assert not ctx.option_conflicts()
     assert [c.name for c in ctx.evaluable(chains[::2], "KL")] == ["es", "cd"] and not ctx.unsupported
+
+
+def test_a_folder_without_runs_is_refused_without_leaving_an_empty_report_folder(tmp_path):
+    """`esft report DIR` on a mistyped folder (one holding no run) said so, and left DIR/report behind, empty; an
+    output folder the user made beforehand stays."""
+    (tmp_path / "notes").mkdir()
+    with pytest.raises(ValueError, match="no run directory"):
+        Report(ReportConfig(dir=str(tmp_path / "notes")), progress=False).build()
+    assert not (tmp_path / "notes" / "report").exists()
+    (tmp_path / "mine").mkdir()
+    with pytest.raises(ValueError, match="no run directory"):
+        Report(ReportConfig(dir=str(tmp_path / "notes"), output_dir=str(tmp_path / "mine")), progress=False).build()
+    assert (tmp_path / "mine").is_dir()

@@ -333,3 +333,37 @@ def test_aligned_refs_refuse_a_tensor_whose_shape_differs_between_sources():
     a, b = StateDictSource({key: torch.zeros(4, 2)}), StateDictSource({key: torch.zeros(2, 4)})
     with pytest.raises(ValueError, match="different shapes across sources"):
         aligned_refs([a, b])
+
+
+def test_the_reports_accuracy_table_shows_the_constant_answer_baseline_of_the_last_eval(tmp_path):
+    """The report's Table 1 showed a run's held-out accuracy (25% on BoolQ, say) with its interval but without
+    what always answering "no" scored on the same examples, which metrics.jsonl records beside it: every other
+    accuracy esft shows (eval, the model card, the landscape tables) stands beside that baseline."""
+    run = run_dir(tmp_path / "r", {"algorithm": "es", "task": "boolq"},
+                  [{"kind": "eval", "step": 0, "test_accuracy": 0.25, "test_n": 4, "test_ci95": [0.05, 0.7]},
+                   {"kind": "eval", "step": 3, "test_accuracy": 0.5, "test_n": 4, "test_ci95": [0.15, 0.85],
+                    "test_constant_baseline": 0.75, "test_constant_baseline_ci95": [0.3, 0.95],
+                    "test_constant_answer": "no"}])
+    older = run_dir(tmp_path / "old", {"algorithm": "grpo", "task": "boolq"},
+                    [{"kind": "eval", "step": 1, "test_accuracy": 0.5, "test_n": 4, "test_ci95": [0.15, 0.85]}])
+    rows = R.accuracy_rows([R.load_run(run), R.load_run(older)], lambda x: x.name)
+    assert rows[0][3:8] == ["25.0% (step 0)", "50.0% (step 3)", "[15.0%, 85.0%]", 4, "n/a"]
+    assert rows[0][8] == "'no' 75.0% [30.0, 95.0]"
+    assert rows[1][8] == "n/a"  # an evaluation that recorded none
+    assert rows[0][9] == rows[1][9]  # the study's Table 1 row, last
+
+
+def test_a_first_evaluation_on_other_examples_says_so_in_the_accuracy_table(tmp_path):
+    """A run resumed with another eval_limit logged its first accuracy on 4 examples and its last on 8: the table
+    set the two side by side as a before and after, on different examples."""
+    base = {"test_constant_baseline": 0.75, "test_constant_baseline_ci95": [0.3, 0.95], "test_constant_answer": "no"}
+    resumed = run_dir(tmp_path / "r", {"algorithm": "es", "task": "boolq"},
+                      [{"kind": "eval", "step": 0, "test_accuracy": 0.25, "test_n": 4, "test_ci95": [0.05, 0.7],
+                        **base},
+                       {"kind": "eval", "step": 5, "test_accuracy": 0.5, "test_n": 8, "test_ci95": [0.2, 0.8], **base}])
+    same = run_dir(tmp_path / "s", {"algorithm": "es", "task": "boolq"},
+                   [{"kind": "eval", "step": 0, "test_accuracy": 0.25, "test_n": 4, "test_ci95": [0.05, 0.7], **base},
+                    {"kind": "eval", "step": 5, "test_accuracy": 0.5, "test_n": 4, "test_ci95": [0.15, 0.85], **base}])
+    rows = R.accuracy_rows([R.load_run(resumed), R.load_run(same)], lambda x: x.name)
+    assert rows[0][3] == "25.0% (step 0; other examples, n=4)"
+    assert rows[1][3] == "25.0% (step 0)"

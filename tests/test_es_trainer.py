@@ -328,6 +328,20 @@ def test_progress_prints_every_held_out_evaluation_the_first_included(tmp_path, 
     assert "step 0: held-out accuracy" in text and "step 3: held-out accuracy" in text
 
 
+def test_the_printed_held_out_line_carries_its_interval_and_the_constant_answer_baseline(tmp_path, capsys):
+    """ES printed `held-out accuracy 0.000 (format 0.00)`: a number from a dozen examples with neither its 95%
+    interval nor what always answering "yes" scores on them, both of which metrics.jsonl records beside it."""
+    train_es(cfg(tmp_path, iterations=1, eval_every=1, checkpoint_every=0), model=tiny_llama(), tokenizer=None,
+             task=ToyTask(), generate_fn=stub_generate, progress=True)
+    out = capsys.readouterr()
+    ev = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()][0]
+    lo, hi = ev["test_ci95"]
+    blo, bhi = ev["test_constant_baseline_ci95"]
+    assert ev["test_constant_answer"] == "yes"
+    assert (f"step 0: held-out accuracy {ev['test_accuracy']:.3f} [{lo:.3f}, {hi:.3f}]" in out.out + out.err)
+    assert f"constant answer 'yes' {ev['test_constant_baseline']:.3f} [{blo:.3f}, {bhi:.3f}]" in out.out + out.err
+
+
 def test_save_total_limit_keeps_the_newest_checkpoints(tmp_path):
     """save_total_limit deletes the oldest numbered checkpoints as new ones come (final is kept apart), and a
     resume from what is left equals the uninterrupted run."""

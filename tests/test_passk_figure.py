@@ -282,3 +282,13 @@ def test_methods_table_and_figure_of_a_reward_read_n_a_with_the_reason():
     ax = method_figure(exp, "boolq").axes[0]
     assert ax.get_lines() == [] and [t.get_text().replace("\n", " ") for t in ax.texts] == [
         f"Base: {reward['pass@k_note']}"]
+
+
+def test_the_legend_names_both_intervals_the_bars_can_be():
+    """The legend said every bar was a bootstrap interval; at k=4 of HAND_SCORES both questions are solved, and
+    that bar is the Wilson interval of 2 of 2 (esft.passk.bootstrap_ci), as it is for every point of a model
+    that solves nothing."""
+    curve = passk_figure.curve_from_summary("m", hand_summary())
+    fig = passk_figure.passk_figure([curve], "t")
+    title = fig.axes[0].get_legend().get_title().get_text()
+    assert "bootstrap" in title and "Wilson where all score alike" in title

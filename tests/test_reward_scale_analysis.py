@@ -40,7 +40,7 @@ def scripted(points, calls=None):
     scores to `scores_out`."""
     count = [0]
 
-    def accuracy(model, tokenizer, tasks, gen_config, scores_out=None):
+    def accuracy(model, tokenizer, tasks, gen_config, scores_out=None, progress=False):
         i = count[0]
         count[0] += 1
         if scores_out is not None:

@@ -140,3 +140,20 @@ def test_a_grpo_run_with_a_reward_of_2_5_prints_and_draws_a_mean_reward(tmp_path
     printed = capsys.readouterr().out
     assert "step 0: held-out mean reward 2.500" in printed and "held-out accuracy" not in printed
     assert _legend(run) == ["held-out format rate", "held-out mean reward (n=3)"]
+
+
+def test_a_grpo_runs_printed_accuracy_stands_beside_its_constant_answer_baseline(tmp_path, tokenizer, capsys):
+    """GRPO printed `held-out accuracy 0.333 [0.061, 0.792]` without what always giving the most frequent gold
+    answer scores on the same examples, which its metrics.jsonl record holds."""
+    pytest.importorskip("trl")
+    from esft.grpo import train_grpo
+    from grpo_tiny import ParityTask, tiny_config
+
+    run = tmp_path / "run"
+    train_grpo(tiny_config(run, max_steps=1, eval_every=1), model=make_tiny_model(hidden=32, layers=2),
+               tokenizer=tokenizer, task=ParityTask(), progress=True)
+    printed = capsys.readouterr().out
+    ev = json.loads((run / "metrics.jsonl").read_text().splitlines()[0])
+    assert ev["kind"] == "eval" and ev["test_constant_answer"] == "even"
+    lo, hi = ev["test_constant_baseline_ci95"]
+    assert f"constant answer 'even' {ev['test_constant_baseline']:.3f} [{lo:.3f}, {hi:.3f}]" in printed

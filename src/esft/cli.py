@@ -385,7 +385,8 @@ def _export_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("run", metavar="RUN", help="a run directory (its checkpoints/final, else its latest "
                    "iter_XXXXXX) or a checkpoint folder")
     p.add_argument("--to", required=True, metavar="DIR", help="the folder to write (then: huggingface-cli upload)")
-    p.add_argument("--overwrite", action="store_true", help="write into a folder that already holds files")
+    p.add_argument("--overwrite", action="store_true", help="replace an earlier export in --to: the whole "
+                   "folder, so one holding anything an export does not write (a clone's .git, other files) is refused")
     p.set_defaults(func=_export)
 
 

@@ -76,6 +76,12 @@ def run_dir_of(checkpoint: Path) -> Path:
     return checkpoint.parent.parent if checkpoint.parent.name == CHECKPOINTS else checkpoint
 
 
+def _exported(path: Path) -> bool:
+    """Whether `path` is a file an export writes (a model file or the card), so that --overwrite may replace it."""
+    return path.is_file() and (path.name == "README.md" or path.name in _MODEL_FILES
+                               or (path.name.startswith("model") and path.suffix == ".safetensors"))
+
+
 def model_files(checkpoint: Path) -> list[Path]:
     return sorted(p for p in checkpoint.iterdir() if p.is_file() and
                   (p.name in _MODEL_FILES or (p.name.startswith("model") and p.suffix == ".safetensors")))
@@ -126,7 +132,7 @@ def model_card(run: Path, config: dict[str, Any], results: list[dict[str, Any]],
                checkpoint: Path | None = None) -> str:
     """README.md: YAML front matter, what was trained, which checkpoint, the held-out results up to its step, the
     training config (local folders cut, `without_local_dirs`)."""
-    from esft.models import is_hub_id
+    from esft.models import embedded_origin, is_hub_id
 
     config = without_local_dirs(config)
     algorithm = "GRPO" if "num_generations" in config else "ES"
@@ -135,9 +141,12 @@ def model_card(run: Path, config: dict[str, Any], results: list[dict[str, Any]],
              "tags": ["esft", "evolution-strategies" if algorithm == "ES" else "grpo"]}
     if is_hub_id(base) and not Path(base).exists():
         front["base_model"] = base  # a hub id; local folders and embedded names are not hub links
+    # an embedded name means nothing outside esft: say which model it is, and that its weights are a quant's
+    origin = f" (esft's embedded {embedded_origin(base)})" if embedded_origin(base) else ""
     lines = ["---", yaml.safe_dump(front, sort_keys=False).strip(), "---", "",
              f"# {run.name}", "",
-             f"Fine-tuned with esft ({algorithm}) from `{base}` on task `{config.get('task', '')}`." if config else
+             f"Fine-tuned with esft ({algorithm}) from `{base}`{origin} on task `{config.get('task', '')}`."
+             if config else
              "Exported with esft from a model folder with no training config (`config.yaml`) beside it.", ""]
     step = None if checkpoint is None else checkpoint_step(checkpoint)
     if checkpoint is not None and checkpoint.parent.name == CHECKPOINTS and checkpoint.name != "final":
@@ -211,7 +220,12 @@ def export_run(run: str | Path, to: str | Path, overwrite: bool = False) -> Expo
     if held:  # --overwrite would replace the run itself (seed log, metrics, checkpoints) by the exported model
         raise ValueError(f"--to {to} holds the run being exported ({held[0]}): name a folder outside it")
     if to.exists() and any(to.iterdir()) and not overwrite:
-        raise ValueError(f"{to} is not empty (pass --overwrite to replace its files)")
+        raise ValueError(f"{to} is not empty (pass --overwrite to replace an earlier export there)")
+    foreign = sorted(p.name for p in to.iterdir() if not _exported(p)) if to.is_dir() else []
+    if foreign:  # --overwrite replaces the whole folder: a clone's .git, notes, other models would go with it
+        raise ValueError(f"--to {to} holds {', '.join(foreign[:5])}{' ...' if len(foreign) > 5 else ''}, which an "
+                         "export does not write: --overwrite replaces the whole folder and would delete them. Export "
+                         "to a new folder and copy its files over, or move them out first")
     files = model_files(checkpoint)
     if not any(p.suffix == ".safetensors" for p in files):
         raise FileNotFoundError(f"{checkpoint}: no safetensors weights")

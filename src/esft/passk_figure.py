@@ -175,8 +175,8 @@ def passk_figure(curves: Sequence[PassKCurve], title: str, baseline: Baseline | 
     if ks:
         _k_axis(ax, ks)
         ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), title="bars: 95% CI\n(bootstrap over "
-                  "questions)", title_fontsize=7)
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), title="bars: 95% CI over questions\n"
+                  "(bootstrap; Wilson where all score alike)", title_fontsize=7)
         if note:
             fig.text(0.5, 0.005, textwrap.fill(note, 110), ha="center", va="bottom", fontsize=7, color="grey")
     else:

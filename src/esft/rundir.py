@@ -98,6 +98,24 @@ def held_out_fields(rows: list[dict[str, Any]], tokens_generated: int,
     }
 
 
+def held_out_text(rec: dict[str, Any]) -> str:
+    """`held-out accuracy 0.500 [0.150, 0.850] (format 1.00), constant answer 'no' 0.750 [0.301, 0.954]`: an
+    evaluation record's (held_out_fields) mean with its 95% interval and, for an accuracy, what always giving the
+    most frequent gold answer scores on the same examples; a mean reward (esft.tasks.labels.score_name) has none."""
+    from esft.tasks.labels import ACCURACY, summaries_score_name
+
+    name = summaries_score_name([rec])
+    lo, hi = rec["test_ci95"]
+    text = f"held-out {name} {rec['test_accuracy']:.3f} [{lo:.3f}, {hi:.3f}]"
+    if rec.get("test_format_rate") is not None:
+        text += f" (format {rec['test_format_rate']:.2f})"
+    baseline = rec.get("test_constant_baseline")
+    if name == ACCURACY and baseline is not None:
+        blo, bhi = rec.get("test_constant_baseline_ci95") or (baseline, baseline)
+        text += f", constant answer {str(rec.get('test_constant_answer'))[:16]!r} {baseline:.3f} [{blo:.3f}, {bhi:.3f}]"
+    return text
+
+
 class CorruptLogError(RuntimeError):
     """A JSONL log has an unreadable record before its last line (damage, not a torn write)."""
 
@@ -365,6 +383,6 @@ def prune_checkpoints(checkpoints: list[tuple[int, Path]], limit: int) -> list[P
 
 __all__ = ["CHECKPOINTS", "DISK_FULL", "EVAL_KEYS", "HELD_OUT_KEYS", "CorruptLogError", "NonFiniteError", "RunDirBusy",
            "RunInterrupted", "RunLock", "TrainResult", "append_jsonl", "check_not_busy", "check_output_dir",
-           "checkpoint_name", "demote_final", "filter_jsonl", "held_out_fields", "holds_run", "list_checkpoints",
-           "lock_held", "peak_rss_mb", "prune_checkpoints", "read_jsonl", "replace_dir", "rewrite_jsonl",
-           "write_text_atomic"]
+           "checkpoint_name", "demote_final", "filter_jsonl", "held_out_fields", "held_out_text", "holds_run",
+           "list_checkpoints", "lock_held", "peak_rss_mb", "prune_checkpoints", "read_jsonl", "replace_dir",
+           "rewrite_jsonl", "write_text_atomic"]

@@ -9,7 +9,7 @@ from typing import Any
 from esft.analysis.constant import LABEL, baseline_text, shown
 from esft.analysis.sparsity import target_text
 from esft.tables import NA
-from esft.tasks.labels import ACCURACY, MEAN_REWARD
+from esft.tasks.labels import ACCURACY, MEAN_REWARD, wilson_interval
 
 
 def format_weights(rep: dict[str, Any]) -> str:
@@ -67,10 +67,23 @@ def constant_lines(res: dict[str, Any]) -> list[str]:
 
 
 def format_sparsity(res: dict[str, Any]) -> str:
-    lines = [f"tau {r['tau']:<10.4g} target {target_text(r):<8} sparsity {100 * r['sparsity']:6.2f}%  " +
-             " ".join(f"{t} {a:.3f}" for t, a in r["accuracy"].items()) for r in res["rows"]]
-    lines.append("base (all reverted)            " + " ".join(f"{t} {a:.3f}" for t, a in res["base_accuracy"].items()))
+    def cells(accuracy: dict[str, float]) -> str:
+        return "  ".join(f"{t} {a:.3f}{_interval(res, t, a)}" for t, a in accuracy.items())
+
+    lines = [f"tau {r['tau']:<10.4g} target {target_text(r):<8} sparsity {100 * r['sparsity']:6.2f}%  "
+             + cells(r["accuracy"]) for r in res["rows"]]
+    lines.append("base (all reverted)            " + cells(res["base_accuracy"]))
     return "\n".join(lines + constant_lines(res))
+
+
+def _interval(res: dict[str, Any], task: str, accuracy: float) -> str:
+    """` [0.000, 0.658]`: the 95% Wilson interval of an accuracy over the result's n examples of `task` (a share
+    of n examples, as the baseline's beside it); '' for a mean reward, whose spread the result does not keep."""
+    n = (res.get("n") or {}).get(task)
+    if not n or (res.get("score") or {}).get(task, ACCURACY) != ACCURACY:
+        return ""
+    lo, hi = wilson_interval(accuracy * n, int(n))
+    return f" [{lo:.3f}, {hi:.3f}]"
 
 
 def format_drift(res: dict[str, Any]) -> str:

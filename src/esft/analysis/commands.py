@@ -44,6 +44,31 @@ def _write(out: Path, name: str, payload: Any) -> Path:
     return path
 
 
+#: config fields that say where or how fast an analysis runs, not what it computes
+_NOT_RESULTS = ("output_dir", "threads", "stable_rank_device")
+
+
+def check_previous(out: Path, name: str, cfg: Any) -> None:
+    """FileExistsError when `out/name` holds an analysis of other inputs (other checkpoints, tasks, limit, ...):
+    writing this one there would replace it, and its figures, without a word, as `esft eval` refuses for its
+    summary.json. The same analysis again (repeated or interrupted) may overwrite its own; options a newer esft
+    added, which that JSON does not record, do not count."""
+    path = out / name
+    try:
+        old = json.loads(path.read_text(encoding="utf-8"))["config"] if path.is_file() else None
+    except (OSError, ValueError, KeyError, TypeError):
+        old = None  # not an analysis of esft's: nothing to keep
+    if not isinstance(old, dict):
+        return
+    new = json.loads(json.dumps(asdict(cfg), default=str))  # as the JSON records it
+    changed = [f"{k}: {old[k]!r} there, {new[k]!r} now" for k in new
+               if k in old and k not in _NOT_RESULTS and old[k] != new[k]]
+    if changed:
+        raise FileExistsError(f"{path} holds the results of another analysis ({'; '.join(changed[:3])}"
+                              f"{', ...' if len(changed) > 3 else ''}): choose another --output-dir, or delete "
+                              f"that {name} to replace them")
+
+
 def _gen(max_new_tokens: int, batch_size: int, temperature: float = 0.0, top_p: float = 1.0, seed: int = 0):
     from esft.generation import GenerationConfig
 
@@ -104,6 +129,7 @@ def run_weights(cfg: WeightsConfig) -> dict[str, Any]:
     labels = given[:len(cfg.tuned)] + [f"tuned{i}" for i in range(len(given), len(cfg.tuned))]
     if len(set(labels)) != len(labels):
         raise ValueError(f"labels must be distinct, got {labels}")
+    check_previous(Path(cfg.output_dir), "weights.json", cfg)
     rep = compare_updates(_resolve(cfg.base), dict(zip(labels, cfg.tuned)), eps=cfg.eps,
                           stable_ranks=cfg.stable_ranks, stable_rank_device=cfg.stable_rank_device, progress=True)
     out = Path(cfg.output_dir)
@@ -164,6 +190,7 @@ def run_drift(cfg: DriftConfig) -> dict[str, Any]:
     if grpo_file is not None and not grpo_file.is_file():  # before the replay; read as an empty series otherwise
         raise FileNotFoundError(f"--grpo-run {cfg.grpo_run} has no drift.jsonl (a GRPO run folder records one)")
     out = Path(cfg.output_dir)
+    check_previous(out, "drift.json", cfg)
     alpha, n = cfg.alpha, cfg.population
     if src.is_dir():
         conf = read_config(src / "config.yaml") if (src / "config.yaml").exists() else {}
@@ -184,6 +211,10 @@ def run_drift(cfg: DriftConfig) -> dict[str, Any]:
     else:
         series = D.read_series(src)
     if alpha is None or n is None:
+        # a GRPO run's config.yaml (num_generations, or its recorded algorithm) has no ES law's alpha and N to give
+        if src.is_dir() and (str(conf.get("algorithm", "")).lower() == "grpo" or "num_generations" in conf):
+            raise ValueError(f"--run {src} is a GRPO run: give it as --grpo-run beside an ES run as --run, or "
+                             "--alpha and --population of the ES law to measure it against")
         raise ValueError("alpha and population are needed (from the run's config.yaml or --alpha/--population)")
     grpo = None
     if cfg.grpo_run:
@@ -248,10 +279,14 @@ def run_kl(cfg: KLConfig) -> dict[str, Any]:
     from esft.analysis import kl as K
 
     out = Path(cfg.output_dir)
+    # kl_heatmap.png is the figure of either result: one folder holds a single KL analysis, stages or aggregate
+    check_previous(out, "kl.json", cfg)
+    check_previous(out, "kl_aggregate.json", cfg)
     if cfg.aggregate:
         tables = [json.loads(Path(p).read_text()) for p in cfg.aggregate]
         tables = [t.get("result", t) for t in tables]
         agg = K.aggregate_seeds(tables)
+        agg["config"] = asdict(cfg)
         _write(out, "kl_aggregate.json", agg)
         K.plot_heatmap({"median": (K.matrix(agg, "incremental", stat="median"), agg["tasks"], agg["stages"])},
                        out / "kl_heatmap.png")
@@ -332,6 +367,7 @@ def run_landscape(cfg: LandscapeConfig) -> dict[str, Any]:
         raise ValueError("give --es and/or --grpo checkpoint folders")
     base = _resolve(cfg.base)
     out = Path(cfg.output_dir)
+    check_previous(out, "landscape.json", cfg)
     model, tok = _load(base, None, cfg.dtype, cfg.device)
     gc = _gen(cfg.max_new_tokens, cfg.batch_size)
     opts = _task_options(cfg.max_passage_chars)
@@ -406,6 +442,7 @@ def run_sparsity(cfg: SparsityConfig) -> dict[str, Any]:
 
     if not cfg.tuned:
         raise ValueError("give --tuned (a checkpoint folder)")
+    check_previous(Path(cfg.output_dir), "sparsity.json", cfg)
     base = _resolve(cfg.base)
     model, tok = _load(base, None, cfg.dtype, cfg.device)
     tasks = L.prepare_tasks(cfg.tasks, cfg.limit, task_options=_task_options(cfg.max_passage_chars))

@@ -158,13 +158,15 @@ def score_pair(model_after, model_before, prompt_ids: Sequence[Sequence[int]],
     return results
 
 
-def generate_completions(model, tokenizer, examples: Sequence[dict], task, gen_config) -> tuple[list, list]:
-    """(prompt ids, completion ids) of `model` on a task's examples; prompts encoded once and reused for scoring."""
+def generate_completions(model, tokenizer, examples: Sequence[dict], task, gen_config,
+                         progress: bool = False) -> tuple[list, list]:
+    """(prompt ids, completion ids) of `model` on a task's examples; prompts encoded once and reused for scoring;
+    `progress` shows the generation bar."""
     from esft.generation import encode_prompts, generate
 
     prompts = [task.prompt(ex) for ex in examples]
     encoded = encode_prompts(tokenizer, prompts)
-    gens = generate(model, tokenizer, prompts, gen_config, prompt_ids=encoded)
+    gens = generate(model, tokenizer, prompts, gen_config, prompt_ids=encoded, progress=progress)
     return encoded, [g.completion_ids for g in gens]
 
 
@@ -230,7 +232,8 @@ def kl_stages(base: Any, stages: Sequence[tuple[str, Any]], tasks: Sequence[str]
         pad = _pad_id(tokenizer)
         comps = {}
         for t in tasks:
-            comps[t] = generate_completions(after, tokenizer, examples[t], task_objs[t], gen_config)
+            # the longest part of a stage (minutes at the paper's budget), before its first line is printed
+            comps[t] = generate_completions(after, tokenizer, examples[t], task_objs[t], gen_config, progress=progress)
         befores = [("incremental", prev_spec)] + ([("cumulative", base)] if prev_spec is not base else [])
         for kind, before_spec in befores:
             before, _ = load(before_spec)
@@ -303,7 +306,8 @@ def plot_heatmap(panels: Mapping[str, tuple[np.ndarray, Sequence[str], Sequence[
                     ax.text(j, i, f"{m[i, j]:.3g}", ha="center", va="center", fontsize=7,
                             color="w" if m[i, j] < (vmin + vmax) / 2 else "k")
     if im is not None:
-        fig.colorbar(im, ax=list(axes[0]), shrink=0.8)
+        # every panel is a per-token mean of a natural-log KL (esft.analysis.kl.matrix's estimators)
+        fig.colorbar(im, ax=list(axes[0]), shrink=0.8).set_label("KL per token (nats)")
     fig.suptitle(title, fontsize=10)
     return save(fig, path)
 

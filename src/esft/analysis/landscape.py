@@ -194,15 +194,15 @@ def prepare_tasks(names: Sequence[str], limit: int | None, split: str = "test",
 
 
 def accuracy(model, tokenizer, tasks: Mapping[str, tuple[Any, list]], gen_config,
-             scores_out: dict[str, list[float]] | None = None) -> dict[str, float]:
-    """Accuracy (or mean reward) per task with esft.evaluation.evaluate_task (the task's own scorer);
-    `scores_out`, when given, receives each task's per-example scores."""
+             scores_out: dict[str, list[float]] | None = None, progress: bool = False) -> dict[str, float]:
+    """Accuracy (or mean reward) per task with esft.evaluation.evaluate_task (the task's own scorer); `scores_out`,
+    when given, receives each task's per-example scores; `progress` shows the generation bar (minutes a point)."""
     from esft.evaluation import evaluate_task
 
     out = {}
     for n, (task, ex) in tasks.items():
         records: list[dict[str, Any]] = []
-        out[n] = float(evaluate_task(model, tokenizer, task, ex, gen_config, progress=False,
+        out[n] = float(evaluate_task(model, tokenizer, task, ex, gen_config, progress=progress,
                                      records_out=records)["accuracy"])
         if scores_out is not None:
             scores_out[n] = [float(r["score"]) for r in records]
@@ -222,7 +222,7 @@ def interpolation_path(model, tokenizer, a: Any, b: Any, ts: Sequence[float], ta
     for t in ts:
         set_weights(model, sa, [(t, direction)])
         got: dict[str, list[float]] = {}
-        res = accuracy(model, tokenizer, tasks, gen_config, scores_out=got)
+        res = accuracy(model, tokenizer, tasks, gen_config, scores_out=got, progress=progress)
         for n, v in res.items():
             accs[n].append(v)
             scores[n].append(got.get(n))
@@ -270,7 +270,7 @@ def direction_sweep(model, tokenizer, origin: Any, directions: Sequence[Directio
             else:
                 set_weights(model, so, [(m / norm if norm > 0 else 0.0, d)])
                 got: dict[str, list[float]] = {}
-                res = accuracy(model, tokenizer, tasks, gen_config, scores_out=got)
+                res = accuracy(model, tokenizer, tasks, gen_config, scores_out=got, progress=progress)
                 for n in tasks:
                     scores[n].append(got.get(n))
                 if m == 0.0:

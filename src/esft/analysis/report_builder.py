@@ -170,6 +170,8 @@ class Report(ReportContext):
         t_start = time.perf_counter()
         self.discover()
         if not self.runs:  # a mistyped folder must not look like an empty success
+            if self.made_out and not any(self.out.iterdir()):
+                self.out.rmdir()
             raise ValueError(f"no run directory under {self.root} (a folder with config.yaml and metrics.jsonl, "
                              "seeds.jsonl, drift.jsonl or checkpoints)")
         self.log(f"{len(self.runs)} runs, {len(self.chains)} chains, {len(self.pairs)} ES-GRPO pairs"
@@ -269,7 +271,9 @@ class Report(ReportContext):
             what = "accuracy or mean reward" if rewards else "accuracy"
             self.sections.append(f"## Held-out {what} during training (paper Table 1)\n\n" + grid(
                 ["run", "algorithm", "task", "first eval", "last eval", "95% CI", "n", "format rate",
-                 "paper (%)"], rows) + "\n\nFrom each run's own `metrics.jsonl` evaluations.\n")
+                 "constant answer (last eval)", "paper (%)"], rows)
+                + "\n\nFrom each run's own `metrics.jsonl` evaluations. Constant answer: always giving the most "
+                "frequent gold answer of the last evaluation's examples, with its 95% Wilson interval.\n")
         else:
             self.skip("accuracy (Table 1)", "no evaluation records (kind=eval with test_accuracy) in metrics.jsonl")
 

@@ -59,6 +59,8 @@ class ReportContext:
         self.config = config
         self.root = Path(config.dir)
         self.out = Path(config.output_dir) if config.output_dir else self.root / "report"
+        #: made by this report: a folder holding no run gets it removed again, not an empty report/ left behind
+        self.made_out = not self.out.exists()
         self.out.mkdir(parents=True, exist_ok=True)
         self.cache = Cache(self.out, config.recompute)
         self.progress = progress

@@ -20,6 +20,7 @@ from typing import Any, Callable
 import yaml
 
 from esft import paper
+from esft.analysis.constant import baseline_text
 from esft.analysis.score_text import reward_text
 from esft.rundir import read_jsonl
 from esft.tables import NA, pct
@@ -85,7 +86,8 @@ class Run:
             return None
         r = evals[0] if which == "first" else evals[-1]
         return {"step": r.get("step"), "accuracy": _acc(r), "n": r.get("test_n"), "ci95": r.get("test_ci95"),
-                "format_rate": r.get("test_format_rate")}
+                "format_rate": r.get("test_format_rate"),
+                **{k: r[f"test_{k}"] for k in _BASELINE if r.get(f"test_{k}") is not None}}
 
     def score_name(self) -> str:
         """ACCURACY or MEAN_REWARD (esft.tasks.labels.score_name) from every held-out mean and interval bound the run
@@ -97,6 +99,10 @@ class Run:
             if self.config.get(k) is not None:
                 return self.config[k]
         return default
+
+
+#: the constant-answer baseline of an evaluation's examples, as metrics.jsonl records it under test_<key>
+_BASELINE = ("constant_baseline", "constant_baseline_ci95", "constant_answer")
 
 
 def _acc(r: dict[str, Any]) -> float | None:
@@ -467,8 +473,10 @@ def run_rows(runs: list[Run], name: Callable[[Run], str], shown: Callable[[Any],
 
 
 def accuracy_rows(runs: list[Run], name: Callable[[Run], str]) -> list[list[Any]]:
-    """First and last held-out accuracy each run logged, beside the study's Table 1 row for its task; a run whose
-    scores leave [0, 1] shows its mean reward (`reward_text`, "mean reward" after each value)."""
+    """First and last held-out accuracy each run logged, the constant-answer baseline of the last one's examples
+    (none for a mean reward), beside the study's Table 1 row for its task; a run whose scores leave [0, 1] shows
+    its mean reward (`reward_text`, "mean reward" after each value). A first evaluation on other examples than the
+    last (a resume changed eval_limit or eval_balanced: another count or recorded baseline) says so."""
     rows = []
     for r in runs:
         first, last = r.accuracy_at("first"), r.accuracy_at("last")
@@ -476,10 +484,15 @@ def accuracy_rows(runs: list[Run], name: Callable[[Run], str]) -> list[list[Any]
             continue
         ci = last.get("ci95")
         shown, unit = (reward_text, " mean reward") if r.score_name() == MEAN_REWARD else (pct, "")
+        sets = [(e.get("n"), e.get("constant_baseline"), e.get("constant_answer")) for e in (first or {}, last)]
+        # a value either evaluation did not record (an older esft's) tells nothing
+        other = first is not None and any(a != b and None not in (a, b) for a, b in zip(*sets))
         rows.append([name(r), r.algorithm, r.task or "?",
-                     shown(first["accuracy"]) + f"{unit} (step {first['step']})" if first else NA,
+                     shown(first["accuracy"]) + f"{unit} (step {first['step']}"
+                     + (f"; other examples, n={first.get('n')})" if other else ")") if first else NA,
                      shown(last["accuracy"]) + f"{unit} (step {last['step']})",
                      f"[{shown(ci[0])}, {shown(ci[1])}]" if ci else NA, last.get("n") or NA,
                      pct(last.get("format_rate")) if last.get("format_rate") is not None else NA,
+                     baseline_text(last if unit == "" and "constant_baseline" in last else None),
                      paper.accuracy_reference(r.task)])
     return rows

@@ -146,7 +146,7 @@ def sparsity_sweep(model, tokenizer, base: Any, tuned: Any, tasks: Mapping[str, 
 
     def evaluate() -> dict[str, float]:
         got: dict[str, list[float]] = {}
-        acc = accuracy(model, tokenizer, tasks, gen_config, scores_out=got)
+        acc = accuracy(model, tokenizer, tasks, gen_config, scores_out=got, progress=progress)
         for n in tasks:
             scores[n].append(got.get(n))
         return acc

@@ -44,10 +44,9 @@ from esft.es.fitness import FitnessRule, as_fitness_rule
 from esft.evaluation import load_examples
 from esft.tasks.base import checks_format, format_bonus_warning
 from esft.tasks.custom import as_task
-from esft.tasks.labels import summaries_score_name
 from esft.rundir import (DISK_FULL, NonFiniteError, RunInterrupted, RunLock, TrainResult, check_output_dir,
-                         demote_final, held_out_fields, holds_run, occupied_error, peak_rss_mb, prune_checkpoints,
-                         resuming_line, say)
+                         demote_final, held_out_fields, held_out_text, holds_run, occupied_error, peak_rss_mb,
+                         prune_checkpoints, resuming_line, say)
 from esft.tracking import Tracker, check_backends, open_tracker
 from esft.version import __version__
 
@@ -381,10 +380,7 @@ class ESTrainer:
 
     def _say_eval(self, ev: dict[str, Any], write: Callable[[str], None]) -> None:
         if "test_accuracy" in ev and self.progress:
-            fmt = "" if ev["test_format_rate"] is None else f" (format {ev['test_format_rate']:.2f})"
-            name = summaries_score_name([ev])
-            write(f"step {self.step}: held-out {name} {ev['test_accuracy']:.3f}{fmt}, "
-                  f"train reward {ev['train_reward']:.3f}")
+            write(f"step {self.step}: {held_out_text(ev)}; train reward {ev['train_reward']:.3f}")
 
     def _train_locked(self, tqdm: Any) -> TrainResult:
         cfg = self.config

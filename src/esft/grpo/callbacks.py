@@ -18,8 +18,8 @@ from typing import Any, Callable
 from transformers import TrainerCallback
 
 from esft.grpo.ledger import StepLedger, add_totals
-from esft.rundir import NonFiniteError, append_jsonl, held_out_fields, peak_rss_mb, rewrite_jsonl
-from esft.tasks.labels import summaries_score_name
+from esft.rundir import (NonFiniteError, append_jsonl, held_out_fields, held_out_text, peak_rss_mb,
+                         rewrite_jsonl)
 
 
 def _finite(value: Any) -> Any:
@@ -206,10 +206,7 @@ class EvalCallback(TrainerCallback):
         self.evaluated.add(step)
         self.last = rec
         if self.progress:
-            lo, hi = rec["test_ci95"]
-            fmt = "" if rec["test_format_rate"] is None else f" (format {rec['test_format_rate']:.3f})"
-            name = summaries_score_name([rec])
-            print(f"step {step}: held-out {name} {rec['test_accuracy']:.3f} [{lo:.3f}, {hi:.3f}]{fmt}", flush=True)
+            print(f"step {step}: {held_out_text(rec)}", flush=True)
         return rec
 
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any):
