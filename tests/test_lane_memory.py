@@ -317,9 +317,8 @@ def test_parallel_lanes_on_copies_give_the_completions_of_the_model_perturbed_in
     ex.close()
 
 
-def test_one_lane_on_the_packed_path_generates_on_a_released_copy(tokenizer):
-    """One lane with packed linears: the masters are the model's parameters and the lane a copy whose projections
-    are freed while packed (no second fp32 model, no restore), with the completions of the in-place path."""
+def _two_members_in_place(tokenizer):
+    """Chat prompts on the packed path, two members, and their completions on a tiny model perturbed in place."""
     from esft.generation import GenerationConfig
     from test_lean import PROMPTS, _tiny
 
@@ -328,11 +327,17 @@ def test_one_lane_on_the_packed_path_generates_on_a_released_copy(tokenizer):
     batch = task.load()
     gen = GenerationConfig(**FAST_CPU_GENERATION, max_new_tokens=10, batch_size=5)
     members = [(21, 1), (22, -1)]
-
     plain = _tiny("llama")
     in_place = LocalExecutor(plain, tokenizer, MasterWeights(plain, noise="table"), task, 0.02, gen)
-    expected = in_place.evaluate_members(members, batch).texts
+    return task, batch, gen, members, in_place.evaluate_members(members, batch).texts
 
+
+def test_one_lane_on_the_packed_path_generates_on_a_released_copy(tokenizer):
+    """One lane with packed linears: the masters are the model's parameters and the lane a copy whose projections
+    are freed while packed (no second fp32 model, no restore), with the completions of the in-place path."""
+    from test_lean import _tiny
+
+    task, batch, gen, members, expected = _two_members_in_place(tokenizer)
     model = _tiny("llama")
     centre = state(model)
     weights = make_weights(model, ESConfig(noise="table", generation_options=dict(FAST_CPU_GENERATION)))
@@ -353,18 +358,9 @@ def test_a_new_lane_copy_starts_with_its_matrices_released_and_generates_the_in_
     one as it reads it (`MasterWeights.fill`), so the first member never leaves a whole plain model in the heap.
     Vectors (norm gains) keep their storage, and an injected generate function, which may read the copy's
     parameters directly, gets a copy with all of them."""
-    from esft.generation import GenerationConfig
-    from test_lean import PROMPTS, _tiny
+    from test_lean import _tiny
 
-    _fast_ready()
-    task = _Chat(PROMPTS)
-    batch = task.load()
-    gen = GenerationConfig(**FAST_CPU_GENERATION, max_new_tokens=10, batch_size=5)
-    members = [(21, 1), (22, -1)]
-    plain = _tiny("llama")
-    expected = LocalExecutor(plain, tokenizer, MasterWeights(plain, noise="table"), task, 0.02,
-                             gen).evaluate_members(members, batch).texts
-
+    task, batch, gen, members, expected = _two_members_in_place(tokenizer)
     model = _tiny("llama")
     weights = make_weights(model, ESConfig(noise="table", generation_options=dict(FAST_CPU_GENERATION)))
     ex = LocalExecutor(model, tokenizer, weights, task, 0.02, gen)
