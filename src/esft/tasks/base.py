@@ -120,6 +120,13 @@ class Task:
         one), else None."""
         return _LABEL_SETS.get(self.name)
 
+    def answer_labels(self) -> tuple[str, ...] | None:
+        """The label set when its labels are the answers themselves (yes/no, A-D), so that a guess among them can
+        be right: the chance curve of pass@k (esft.passk.chance_pass_at_k) needs one. None when the task has no
+        label set, or when it balances over something other than its gold answer (a Countdown variant's labels
+        are operators, and no operator is an answer)."""
+        return self.label_set() if type(self).balance_key is Task.balance_key else None
+
     def validate(self) -> None:
         """Check what can be checked before any model loads (a data task: its file, fields and reward); raise
         ValueError. Nothing by default: a built-in task's options are checked when it is built."""

@@ -332,6 +332,13 @@ class TaskAdapter(Task):
         own = getattr(self.obj, "balance_key", None)
         return own(example) if callable(own) else super().balance_key(example)
 
+    def answer_labels(self) -> tuple[str, ...] | None:
+        """The object's own; else its label set when it has no `balance_key` of its own (Task.answer_labels)."""
+        own = getattr(self.obj, "answer_labels", None)
+        if callable(own):
+            return own()
+        return None if callable(getattr(self.obj, "balance_key", None)) else self.label_set()
+
 
 def add_task_flags(parser: Any) -> None:
     """The data-task flags of `esft eval` / `esft train es|grpo` (argparse); they become task options."""
