@@ -123,9 +123,11 @@ class EvalConfig(ConfigHooks):
         `balanced` on a task without labels evaluates its first `limit` examples: nothing to refuse."""
         from esft.validation import check_balanced_set, check_splits
 
-        # the default split was not the user's choice: the refusal then names the task
+        # the default split was not the user's choice: the refusal then names the task, as the user wrote it
+        shown = task.shown_name()
+        typed = [name for name in self.tasks if name == shown or str(name).startswith(f"{shown}:")]
         key, value = (("split", self.split) if self.split != type(self).split
-                      else ("tasks", task.name or ",".join(self.tasks)))
+                      else ("tasks", typed[0] if typed else shown or ",".join(self.tasks)))
         check_splits(key, value, task, (self.split,))
         if self.balanced:
             check_balanced_set(task, self.limit, self.split, key="limit")

@@ -215,6 +215,10 @@ class DatasetTask(Task):
         """The reward as text: its spec, or the functions' `module:name` joined by "+"."""
         return self.reward if isinstance(self.reward, str) else "+".join(name for name, _ in self._reward_fns)
 
+    def shown_name(self) -> str:
+        """The data file or dataset name as the user gave it (the name drops the file's suffix)."""
+        return str(self.source)
+
     # ---- data ---------------------------------------------------------------------------------------------------
     def _read(self) -> dict[str, list[Example]]:
         if self._rows:
