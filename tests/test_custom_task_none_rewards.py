@@ -110,12 +110,38 @@ def test_grpo_reward_gives_trl_none_and_logs_only_scorable_rewards(multi):
 def test_all_none_scores_zero_with_a_warning_at_each_power_of_two(multi):
     """No function applies to any completion: each scores 0 (TRL's nansum over no reward; TRL's own GRPO leaves
     it out of the baseline) and the warning says which functions and how many, without one line per completion."""
-    task = get_task(str(multi), prompt_field="question", reward="byot_multi:never")
+    with pytest.warns(UserWarning, match="returned None for every one of the 20 rows tried"):  # when it is built
+        task = get_task(str(multi), prompt_field="question", reward="byot_multi:never")
     with pytest.warns(UserWarning) as caught:
         assert [task.score(t, r) for t, r in zip(TEXTS, ROWS)] == [0.0] * 5
     assert [str(w.message).split(": ")[0] for w in caught] == [
         f"reward 'byot_multi:never' returned None for {k} of {k} completions scored so far" for k in (1, 2, 4)]
     assert task.reward_function()([[{"role": "assistant", "content": "x"}]], examples=ROWS[:1]) == [None]
+
+
+def never_scored(caught) -> list[str]:
+    return [str(w.message) for w in caught if "for every one of the" in str(w.message)]
+
+
+def test_a_reward_that_scores_no_row_warns_once_when_the_task_is_built(multi):
+    """`never` returns None even given each row's gold answer: TRL allows that, so the task builds, but once, naming
+    the function, a warning says that no row could be scored (20 rows in two splits, tried in two calls)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        get_task(str(multi), prompt_field="question", reward="byot_multi:never")
+    assert never_scored(caught) == [
+        "reward 'byot_multi:never' returned None for every one of the 20 rows tried, given each row's 'answer' field "
+        "(its gold answer) as the completion: no row could be scored, so every completion will score 0 (ES fitness, "
+        "accuracy) and be unscorable (None) to GRPO. TRL allows None where a reward does not apply, so this is no "
+        "error; check the reward's conditions and the columns it reads (docs/custom-tasks.md)"]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        get_task(str(multi), prompt_field="question", reward="byot_multi:math_only+byot_multi:never")
+        get_task(str(multi), prompt_field="question", reward="byot_multi:math_only+byot_multi:code_only")
+    assert [m.split(": ")[0] for m in never_scored(caught)] == [
+        "reward 'byot_multi:never' (of 2 reward functions) returned None for every one of the 20 rows tried, given "
+        "each row's 'answer' field (its gold answer) as the completion"]
+    assert "the other reward functions score alone" in never_scored(caught)[0]
 
 
 def test_several_rewards_are_named_and_recorded(multi):

@@ -35,7 +35,7 @@ def test_a_two_row_data_file_names_the_options_that_give_it_a_held_out_row(tmp_p
     assert main(["eval", "--task", "sums.csv", "--prompt-field", "question", "--limit", "2"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "its test split is empty" in err
-    assert "tasks = 'sums' is not accepted" in err  # the task, not the --split the user never gave
+    assert "tasks = 'sums.csv' is not accepted" in err  # the task as typed, not the --split the user never gave
     assert "test_size 0.2 of its 2 rows holds none out" in err and "test_size=1" in err and "test_file" in err
     # the fix it names works: one row held out by count
     task = get_task("sums.csv", prompt_field="question", test_size=1)

@@ -7,6 +7,8 @@ Default: one greedy completion per question (the paper's protocol). With `sample
 question gets n sampled completions and the summary adds pass@k, mean@n and maj@k with bootstrap CIs over
 questions (`esft.passk`; pass@k only for 0/1 scores, n/a for a reward on another scale), and with an output
 folder `<task>.passk.png` draws pass@k over k (`write_passk_figure`); `pass_at_k(n, c, k)` is re-exported here.
+A task whose answer is one of L labels (BoolQ's yes/no, A-D) also gets `chance_pass@k`, the pass@k of a uniform
+random guess, 1 - (1 - 1/L)^k (`chance_entry`), which climbs with k where the constant answer stays flat.
 
 Every summary carries, next to the accuracy and its 95% Wilson interval, the *constant-answer baseline* of the same
 examples (`constant_baseline`, `constant_baseline_ci95`, `constant_answer`: always giving the most frequent gold
@@ -30,7 +32,7 @@ import numpy as np
 from esft.config import (ConfigHooks, Rule, at_least, check_fields, in_range, non_negative, one_of, parse_mapping,
                          passage_cut)
 from esft.generation import Generation, GenerationConfig, generate
-from esft.passk import answer_key, parse_ks, pass_at_k, summarize_samples
+from esft.passk import answer_key, chance_pass_at_k, parse_ks, pass_at_k, summarize_samples
 from esft.tasks import Task, get_task, split_task_list, task_file_stem
 from esft.tasks.base import checks_format
 from esft.tasks.labels import ACCURACY, BALANCE_SEED, balanced_subset, score_name, summaries_score_name
@@ -121,9 +123,11 @@ class EvalConfig(ConfigHooks):
         `balanced` on a task without labels evaluates its first `limit` examples: nothing to refuse."""
         from esft.validation import check_balanced_set, check_splits
 
-        # the default split was not the user's choice: the refusal then names the task
+        # the default split was not the user's choice: the refusal then names the task, as the user wrote it
+        shown = task.shown_name()
+        typed = [name for name in self.tasks if name == shown or str(name).startswith(f"{shown}:")]
         key, value = (("split", self.split) if self.split != type(self).split
-                      else ("tasks", task.name or ",".join(self.tasks)))
+                      else ("tasks", typed[0] if typed else shown or ",".join(self.tasks)))
         check_splits(key, value, task, (self.split,))
         if self.balanced:
             check_balanced_set(task, self.limit, self.split, key="limit")
@@ -279,8 +283,22 @@ def evaluate_task_sampled(model, tokenizer, task: Task, examples: Sequence[dict]
         "ci95": metrics["mean@n"]["ci95"], "temperature": gen_config.temperature, "top_p": gen_config.top_p,
         "sample_seeds": seeds, **metrics, **generation_stats(gens, gen_s),
     })
+    chance = chance_entry(task, metrics)
+    if chance is not None:
+        summary["chance_pass@k"] = chance
     write_jsonl(output_path, records)
     return summary
+
+
+def chance_entry(task: Task, metrics: dict[str, Any]) -> dict[str, Any] | None:
+    """The pass@k of a uniform random guess among the task's answer labels (`Task.answer_labels`: BoolQ's yes/no,
+    A-D) at the summary's k (esft.passk.chance_pass_at_k); None for a task without such labels (open answers, a
+    Countdown variant whose labels are operators) or without pass@k (scores not 0/1)."""
+    own = getattr(task, "answer_labels", None)  # a bare task object may lack the Task methods
+    labels = own() if callable(own) else None
+    if not labels or not metrics.get("pass@k"):
+        return None
+    return chance_pass_at_k(labels, [int(k) for k in metrics["pass@k"]])
 
 
 def _samples_bar(samples: int) -> Any:
@@ -345,16 +363,18 @@ def run_eval(config: EvalConfig, model=None, tokenizer=None, progress: bool = Tr
 
 def write_passk_figure(path: Path, name: str, model: str, summary: dict[str, Any]) -> Path:
     """The pass@k figure (esft.passk_figure) of one task's sampled summary: the model's curve with its bootstrap
-    intervals and the constant-answer baseline; for scores that are not 0/1, the reason pass@k is n/a in its place."""
-    from esft.passk_figure import (baseline_from_summary, curve_from_summary, model_label, passk_figure, save_figure,
-                                   skipped_note)
+    intervals, the constant-answer baseline and, for a task answered by one of a few labels, the chance curve; for
+    scores that are not 0/1, the reason pass@k is n/a in its place."""
+    from esft.passk_figure import (baseline_from_summary, chance_from_summary, curve_from_summary, model_label,
+                                   passk_figure, save_figure, skipped_note)
 
     label = model_label(model)
     curve = curve_from_summary(label, summary)
     subtitle = (f"{summary['samples']} samples per question at temperature {summary['temperature']:g}, top_p "
                 f"{summary['top_p']:g}; {summary['n']} questions")
     fig = passk_figure([curve] if curve else [], f"pass@k on {name} | model {model}", baseline_from_summary(summary),
-                       note=skipped_note([(label, summary)]), subtitle=subtitle)
+                       note=skipped_note([(label, summary)]), subtitle=subtitle,
+                       chance=chance_from_summary(summary))
     return save_figure(fig, path)
 
 
@@ -396,6 +416,6 @@ def format_table(results: dict[str, Any]) -> str:
     return "\n".join(format_row(k, v) for k, v in results.items())
 
 
-__all__ = ["EvalConfig", "check_previous_results", "constant_text", "evaluate_task", "evaluate_task_sampled",
-           "format_row", "format_table", "load_examples", "pass_at_k", "run_eval", "sample_seed", "task_options",
-           "write_passk_figure"]
+__all__ = ["EvalConfig", "chance_entry", "check_previous_results", "constant_text", "evaluate_task",
+           "evaluate_task_sampled", "format_row", "format_table", "load_examples", "pass_at_k", "run_eval",
+           "sample_seed", "task_options", "write_passk_figure"]

@@ -11,6 +11,8 @@ Given n sampled completions per question, c of them correct:
           normalised answer); samples without an answer do not vote; a tie between answers scores the fraction
           of the tied answers that are correct (the expected score of a uniform tie-break). With k < n the value
           is the average over random k-subsets of the n samples (a seeded Monte Carlo estimate; exact when k = n).
+* chance  for a task whose answer is one of L labels (yes/no, A-D), the pass@k of a uniform random guess,
+          1 - (1 - 1/L)^k (`chance_pass_at_k`): it climbs with k, so a pass@k at large k means little below it.
 
 pass@k is counted only from right/wrong scores (every score 0 or 1). A task scored with partial credit or a reward
 on another scale (a `module:function` reward) gets mean@n = its mean score, maj@k = the mean score of the majority
@@ -194,6 +196,20 @@ def summarize_samples(scores: np.ndarray, keys: Sequence[Sequence[Hashable | Non
     return out
 
 
+def chance_pass_at_k(labels: Sequence[Hashable], ks: Sequence[int]) -> dict[str, Any]:
+    """pass@k of a uniform random guess among the task's L answer labels, {"labels": [...], "pass@k": {"k": p}}.
+
+    Each sample is right with probability 1/L whatever the question, independently of the other samples, so
+    pass@k = 1 - (1 - 1/L)^k (BoolQ, L = 2: 50% at k=1, 75% at k=2, 93.75% at k=4). The unbiased estimator of a
+    guesser's n samples has this expectation. Unlike the constant answer, which is right on the same questions at
+    every k, chance climbs with k: pass@k above the constant line but not above this one can be pure guessing."""
+    names = list(dict.fromkeys(labels))
+    if not names:
+        raise ValueError("chance pass@k needs at least one answer label")
+    miss = 1.0 - 1.0 / len(names)
+    return {"labels": names, "pass@k": {str(int(k)): 1.0 - miss ** int(k) for k in sorted({int(k) for k in ks})}}
+
+
 def answer_key(details: dict[str, Any]) -> Hashable | None:
     """The voting key of one completion from a task's `details()`: the normalised answer when the task gives one
     (MATH), else a digest of the extracted answer with whitespace removed (letters, yes/no, Countdown
@@ -216,4 +232,4 @@ def answer_key(details: dict[str, Any]) -> Hashable | None:
 
 
 __all__ = ["pass_at_k", "pass_at_k_per_question", "majority_score", "maj_at_k", "bootstrap_ci", "parse_ks",
-           "summarize_samples", "not_right_or_wrong", "answer_key", "CI_METHOD"]
+           "summarize_samples", "not_right_or_wrong", "answer_key", "chance_pass_at_k", "CI_METHOD"]

@@ -8,7 +8,11 @@ x is k on a log2 axis with a tick at each k evaluated; y is pass@k in %, held to
 would make a flat curve fill the panel); each line carries its 95% interval as error bars (several models' points
 are spread a little around each k, `dodge`, so equal values stay visible instead of hiding one another); the
 constant-answer baseline, where the task has one, is a dotted grey line over its own 95% band: one answer repeated
-k times is right for the same questions at every k, so its pass@k is its accuracy, flat in k. `esft eval` writes
+k times is right for the same questions at every k, so its pass@k is its accuracy, flat in k. A task whose answer
+is one of L labels (BoolQ's yes/no, A-D; not a Countdown variant, whose labels are operators) also shows the
+chance curve, a dashed grey line: a uniform random guess among the labels is right with probability 1/L on every
+question, so its pass@k is 1 - (1 - 1/L)^k (BoolQ: 50, 75, 93.75% at k = 1, 2, 4), and a model's pass@k at large k
+above the constant line but not above this curve could be guessing. `esft eval` writes
 this figure next to its summary.json when it samples (`esft.evaluation.write_passk_figure`), an experiment next to
 its methods table, one per task (`esft.experiments.method_figures`).
 
@@ -67,6 +71,25 @@ class Baseline:
     value: float
     ci95: tuple[float, float] | None = None
     answer: Any = None
+
+
+@dataclass
+class Chance:
+    """pass@k of a uniform random guess among the task's answer labels at each k (esft.passk.chance_pass_at_k)."""
+
+    labels: list[Any]
+    ks: list[int]
+    values: list[float]
+
+
+def chance_from_summary(summary: dict[str, Any] | None) -> Chance | None:
+    """The chance curve a sampled summary recorded (`chance_pass@k`), None where it has none (open answers, a
+    Countdown variant, scores not 0/1, a summary written before esft recorded it)."""
+    entry = (summary or {}).get("chance_pass@k")
+    if not entry or not entry.get("pass@k"):
+        return None
+    ks = sorted(entry["pass@k"], key=int)
+    return Chance(list(entry.get("labels") or []), [int(k) for k in ks], [float(entry["pass@k"][k]) for k in ks])
 
 
 def curve_from_summary(label: str, summary: dict[str, Any], method: str = "", style: str = "-"
@@ -145,11 +168,24 @@ def _draw_baseline(ax: Any, baseline: Baseline) -> None:
                   label=f"constant answer \"{answer}\" (95% CI)" if answer else "constant answer (95% CI)")
 
 
+def chance_label(chance: Chance) -> str:
+    """Legend text of the chance curve: `random guess of 2 labels (yes/no): 1-(1-1/2)^k`."""
+    shown = "/".join(str(x) for x in chance.labels)
+    shown = f" ({shown})" if chance.labels and len(shown) <= 20 else ""
+    count = len(chance.labels)
+    return f"random guess of {count} labels{shown}: 1-(1-1/{count})^k"
+
+
+def _draw_chance(ax: Any, chance: Chance) -> None:
+    ax.plot(chance.ks, [100 * v for v in chance.values], color="grey", ls="--", lw=1.2, marker="x", ms=4,
+            label=chance_label(chance), clip_on=False)
+
+
 def passk_figure(curves: Sequence[PassKCurve], title: str, baseline: Baseline | None = None,
-                 note: str | None = None, subtitle: str = "") -> Any:
-    """A matplotlib Figure (not registered with pyplot): the curves with their 95% error bars and the baseline
-    (module docstring). Without a curve the panel shows `note` (e.g. why pass@k is n/a) instead of an empty axis; a
-    `note` beside curves is printed under the axis."""
+                 note: str | None = None, subtitle: str = "", chance: Chance | None = None) -> Any:
+    """A matplotlib Figure (not registered with pyplot): the curves with their 95% error bars, the baseline and
+    the chance curve (module docstring). Without a curve the panel shows `note` (e.g. why pass@k is n/a) instead of
+    an empty axis; a `note` beside curves is printed under the axis."""
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(7.6, 4.2))
@@ -169,6 +205,8 @@ def passk_figure(curves: Sequence[PassKCurve], title: str, baseline: Baseline | 
             part.set_clip_on(False)
     if baseline is not None and curves:
         _draw_baseline(ax, baseline)
+    if chance is not None and curves:
+        _draw_chance(ax, chance)
     ax.set_ylim(0, 100)
     ax.set_ylabel("pass@k (%)")
     ks = sorted({k for c in curves for k in c.ks})
@@ -198,5 +236,6 @@ def save_figure(fig: Any, path: str | Path) -> Path:
     return path
 
 
-__all__ = ["Baseline", "PassKCurve", "baseline_from_summary", "curve_from_summary", "method_color", "model_label",
-           "passk_figure", "save_figure", "skipped_note", "METHOD_COLORS", "SEED_STYLES"]
+__all__ = ["Baseline", "Chance", "PassKCurve", "baseline_from_summary", "chance_from_summary", "chance_label",
+           "curve_from_summary", "method_color", "model_label", "passk_figure", "save_figure", "skipped_note",
+           "METHOD_COLORS", "SEED_STYLES"]

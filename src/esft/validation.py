@@ -71,7 +71,7 @@ def check_splits(key: str, value: Any, task: Task, splits: tuple[str, ...]) -> d
     the model has loaded (or with an evaluation of n = 0). Loading a built-in task's split takes under 0.25 s.
     Returns each split's number of examples, for checks that need it without loading the split again."""
     have = tuple(task.splits)
-    name = task.name or value
+    name = task.shown_name() or value
     missing = [s for s in splits if s not in have]
     if missing:
         raise ConfigError(key, value, f"a task with the split(s) {', '.join(missing)} (task {name!r} has "
@@ -99,7 +99,7 @@ def check_first_example(key: str, value: Any, task: Task, split: str) -> None:
     import math
     from numbers import Real
 
-    name = task.name or value
+    name = task.shown_name() or value
     example = task.load(split, limit=1)[0]
     for method, call in (("prompt", lambda: task.prompt(example)), ("score", lambda: task.score("", example))):
         try:

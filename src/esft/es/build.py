@@ -128,8 +128,9 @@ def make_fitness_rule(name: str, format_bonus: float = 0.0, options: dict | None
 
         labelled = None if task is None else as_task(task)
         if labelled is None or labelled.label_set() is None:
+            shown = None if labelled is None else labelled.shown_name()
             raise ValueError("fitness rule 'balanced' needs a task with labels (boolq, chemistry, mmlu, a Countdown "
-                             f"variant with several operators); {None if task is None else labelled.name!r} has none")
+                             f"variant with several operators); {shown!r} has none")
         return ClassBalancedMean(labelled.balance_key, labelled.label_set(), format_bonus)
     if name == "dart":
         from esft.es.dart import make_dart

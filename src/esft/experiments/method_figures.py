@@ -3,7 +3,8 @@
 One line per model the methods table has a row for: the base model, then every method (each seed its own line, in
 the method's colour, when the experiment has several), from the sampled evaluations of `evaluation.passk`
 (`<stage>/eval/<task>.passk.json`, kept in each stage's result.json); the error bars are each evaluation's own
-95% interval and the dotted line the constant-answer baseline (esft.passk_figure). A task the spec samples no pass@k
+95% interval, the dotted line the constant-answer baseline and, for a task answered by one of a few labels, the
+dashed line the pass@k of a random guess among them (esft.passk_figure). A task the spec samples no pass@k
 on gets no figure; one whose scores are not 0/1 gets a figure whose panel says why pass@k is n/a
 (esft.passk.not_right_or_wrong), as its table's cells read n/a.
 """
@@ -15,8 +16,8 @@ from typing import Any
 
 from esft.experiments.plan import task_slug
 from esft.experiments.records import Experiment, constant_baseline, task_name
-from esft.passk_figure import (SEED_STYLES, baseline_from_summary, curve_from_summary, passk_figure, save_figure,
-                               skipped_note)
+from esft.passk_figure import (SEED_STYLES, baseline_from_summary, chance_from_summary, curve_from_summary,
+                               passk_figure, save_figure, skipped_note)
 
 
 def sampled_summary(record: dict[str, Any] | None, task: str) -> dict[str, Any] | None:
@@ -49,6 +50,8 @@ def method_figure(exp: Experiment, task: str) -> Any | None:
     curves = [curve_from_summary(label, summary, method, SEED_STYLES[i % len(SEED_STYLES)])
               for label, method, i, summary in found]
     constant = constant_baseline(exp, task)
+    # every model is sampled on the same task, so any summary that recorded the chance curve has the same one
+    chance = next((c for c in (chance_from_summary(s) for *_, s in found) if c is not None), None)
     pk = exp.spec.get("evaluation", {}).get("passk") or {}
     questions = sorted({s.get("questions", s.get("n")) for *_, s in found})
     subtitle = (f"{pk.get('samples')} samples per question at temperature {pk.get('temperature')}, top_p "
@@ -56,7 +59,8 @@ def method_figure(exp: Experiment, task: str) -> Any | None:
     return passk_figure([c for c in curves if c is not None],
                         f"pass@k on {task_name(task)} ({exp.spec.get('model')})",
                         baseline_from_summary(constant) if constant else None,
-                        note=skipped_note([(label, summary) for label, _, _, summary in found]), subtitle=subtitle)
+                        note=skipped_note([(label, summary) for label, _, _, summary in found]), subtitle=subtitle,
+                        chance=chance)
 
 
 def write_method_figures(exp: Experiment, folder: str | Path) -> list[Path]:

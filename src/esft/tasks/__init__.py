@@ -72,12 +72,17 @@ def split_task_list(items: str | typing.Iterable[str]) -> list[str]:
     """Task names from a comma-separated string or a list whose items may have been split at every comma.
 
     A piece whose text before any ':' contains '=' continues the previous task's options (a task name never
-    contains '='): `"countdown:numbers=2,ops=+,boolq"` -> `["countdown:numbers=2,ops=+", "boolq"]`."""
+    contains '='): `"countdown:numbers=2,ops=+,boolq"` -> `["countdown:numbers=2,ops=+", "boolq"]`. A reward regex
+    that a comma cut (`data.jsonl:reward=regex:(a,b)`) is refused, pointing to `--reward` (a ValueError)."""
+    from esft.tasks.verifiers import regex_comma_error, regex_cut_at_comma
+
     pieces = items.split(",") if isinstance(items, str) else [p for item in items for p in str(item).split(",")]
     out: list[str] = []
     for piece in (p.strip() for p in pieces):
         if not piece:
             continue
+        if out and regex_cut_at_comma(out[-1]):  # the comma was inside a reward regex, not between tasks
+            raise regex_comma_error(f"{out[-1]},{piece}")
         if "=" in piece.partition(":")[0]:
             if not out or ":" not in out[-1]:
                 raise ValueError(f"option {piece!r} does not follow a task name with options (name:key=value)")

@@ -48,11 +48,17 @@ class Task:
     def load(self, split: str = "test", limit: int | None = None) -> list[Example]:
         """Deterministic split as a list of example dicts; `limit` keeps the first `limit` examples."""
         if split not in self.splits:
-            raise ValueError(f"task {self.name!r} has no split {split!r}; available: {', '.join(self.splits)}")
+            raise ValueError(f"task {self.shown_name()!r} has no split {split!r}; available: "
+                             f"{', '.join(self.splits)}")
         if limit is not None and limit < 0:
             raise ValueError(f"limit must be >= 0, got {limit}")
         rows = self._load(split)
         return rows if limit is None else rows[:limit]
+
+    def shown_name(self) -> str:
+        """The task as its user named it, for messages: its name; a data task the file or dataset the user gave
+        (`sums.jsonl`, where its name, which keys its result files, is `sums`)."""
+        return self.name
 
     def _load(self, split: str) -> list[Example]:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -119,6 +125,13 @@ class Task:
         """The closed set of gold labels when the answer is one of a few labels (label-balanced subsets need
         one), else None."""
         return _LABEL_SETS.get(self.name)
+
+    def answer_labels(self) -> tuple[str, ...] | None:
+        """The label set when its labels are the answers themselves (yes/no, A-D), so that a guess among them can
+        be right: the chance curve of pass@k (esft.passk.chance_pass_at_k) needs one. None when the task has no
+        label set, or when it balances over something other than its gold answer (a Countdown variant's labels
+        are operators, and no operator is an answer)."""
+        return self.label_set() if type(self).balance_key is Task.balance_key else None
 
     def validate(self) -> None:
         """Check what can be checked before any model loads (a data task: its file, fields and reward); raise
@@ -264,6 +277,7 @@ def format_bonus_warning(task: Any, bonus: float) -> str | None:
     checks no format (`checks_format`) gets no bonus, whatever the setting."""
     if not bonus or checks_format(task):
         return None
-    return (f"format bonus {bonus} has no effect: task {task_name(task)!r} checks no answer format "
+    shown = task.shown_name() if isinstance(task, Task) else task_name(task)
+    return (f"format bonus {bonus} has no effect: task {shown!r} checks no answer format "
             "(a reward function scores it, or its class has no is_well_formed), so no completion counts as well "
             "formed; set it to 0 (--format-bonus 0, or format_bonus: 0 in a config)")

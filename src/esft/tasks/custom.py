@@ -22,7 +22,7 @@ from typing import Any
 
 from esft.tasks.base import Example, Messages, Task, checks_format, task_name
 from esft.tasks.dataset_task import DatasetTask, is_data_file, reward_parts
-from esft.tasks.verifiers import import_object
+from esft.tasks.verifiers import import_object, regex_comma_error, regex_cut_at_comma
 
 ENTRY_POINT_GROUP = "esft.tasks"
 
@@ -116,7 +116,10 @@ def absolute_task_options(options: dict[str, Any]) -> dict[str, Any]:
 def parse_options(name: str, text: str) -> dict[str, str]:
     """`key=value,...` -> dict of text values (keys lower-cased); ValueError on a malformed or repeated option."""
     options: dict[str, str] = {}
-    for piece in text.split(","):
+    pieces = text.split(",")
+    for i, piece in enumerate(pieces):
+        if i and regex_cut_at_comma(",".join(pieces[:i])):  # a comma inside a reward regex
+            raise regex_comma_error(f"{name.partition(text)[0]}{','.join(pieces[:i + 1])}")
         key, eq, value = piece.partition("=")
         key, value = key.strip().lower(), value.strip()
         if not eq or not key or not value:
@@ -331,6 +334,13 @@ class TaskAdapter(Task):
     def balance_key(self, example: Example) -> Any:
         own = getattr(self.obj, "balance_key", None)
         return own(example) if callable(own) else super().balance_key(example)
+
+    def answer_labels(self) -> tuple[str, ...] | None:
+        """The object's own; else its label set when it has no `balance_key` of its own (Task.answer_labels)."""
+        own = getattr(self.obj, "answer_labels", None)
+        if callable(own):
+            return own()
+        return None if callable(getattr(self.obj, "balance_key", None)) else self.label_set()
 
 
 def add_task_flags(parser: Any) -> None:

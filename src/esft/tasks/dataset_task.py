@@ -126,6 +126,16 @@ def unscorable_warning(names: list[str], unscored: int, scored: int) -> str:
             "which leaves them out of their group's baseline with advantage 0 (docs/custom-tasks.md)")
 
 
+def never_scored_warning(names: list[str], functions: int, rows: int, answer_field: str) -> str:
+    """The warning of `DatasetTask.validate` when reward functions returned None for every row they were tried on."""
+    who = f"reward {', '.join(map(repr, names))}" + (f" (of {functions} reward functions)" if functions > 1 else "")
+    effect = ("no row could be scored, so every completion will score 0 (ES fitness, accuracy) and be unscorable "
+              "(None) to GRPO" if len(names) == functions else "the other reward functions score alone")
+    return (f"{who} returned None for every one of the {rows} rows tried, given each row's {answer_field!r} field "
+            f"(its gold answer) as the completion: {effect}. TRL allows None where a reward does not apply, so this "
+            "is no error; check the reward's conditions and the columns it reads (docs/custom-tasks.md)")
+
+
 #: rows of each split a data task's rewards are tried on before a model loads (`DatasetTask.validate`), in calls of
 #: VALIDATE_CHUNK rows: every row of a file of usual size, bounded work for a large one or a costly reward (a reward
 #: model, an API), and `get_task` validates at every build of the task (checks, trainer, each Ray worker)
@@ -204,6 +214,10 @@ class DatasetTask(Task):
     def reward_name(self) -> str:
         """The reward as text: its spec, or the functions' `module:name` joined by "+"."""
         return self.reward if isinstance(self.reward, str) else "+".join(name for name, _ in self._reward_fns)
+
+    def shown_name(self) -> str:
+        """The data file or dataset name as the user gave it (the name drops the file's suffix)."""
+        return str(self.source)
 
     # ---- data ---------------------------------------------------------------------------------------------------
     def _read(self) -> dict[str, list[Example]]:
@@ -296,19 +310,28 @@ class DatasetTask(Task):
         """Read the data and call each reward on the rows of both splits (the first VALIDATE_ROWS of a larger split),
         VALIDATE_CHUNK rows per call, with the gold answers as completions: a missing field, an empty file, or a
         reward that raises on a row or returns the wrong shape fails here, before a model loads; a reward that
-        failed only on a late row would otherwise stop the run after it (or in its first held-out evaluation)."""
+        failed only on a late row would otherwise stop the run after it (or in its first held-out evaluation).
+        A reward that returned None for every row tried gets one warning naming it (`never_scored_warning`): TRL
+        allows None, but a reward that applies to no row scores every completion 0."""
+        scored = {name: 0 for name, _ in self._reward_fns}
+        tried_count = 0
         for split, rows in self._read().items():
             tried = rows[:VALIDATE_ROWS]
+            tried_count += len(tried)
             for start in range(0, len(tried), VALIDATE_CHUNK):
                 chunk = tried[start:start + VALIDATE_CHUNK]
                 texts = [str(r.get(self.answer_field, "")) for r in chunk]
                 prompts = [self.prompt(r) for r in chunk]
                 for name, fn in self._reward_fns:
                     try:
-                        call_trl_reward(fn, name, texts, prompts, chunk, self.completion_format, self._columns)
+                        out = call_trl_reward(fn, name, texts, prompts, chunk, self.completion_format, self._columns)
                     except ValueError as exc:
                         where = self._failing_row(split, rows, start, chunk, fn, name, exc)
                         raise ValueError(f"{where}{exc}") from exc
+                    scored[name] += len(out) - out.count(None)
+        never = [name for name, count in scored.items() if count == 0]
+        if never and tried_count:
+            warnings.warn(never_scored_warning(never, len(scored), tried_count, self.answer_field), stacklevel=2)
 
     def _failing_row(self, split: str, rows: list[Example], start: int, chunk: list[Example], fn: Any, name: str,
                      exc: ValueError) -> str:
@@ -422,5 +445,5 @@ class DatasetTask(Task):
         return reward
 
 
-__all__ = ["DATA_SUFFIXES", "DatasetTask", "function_name", "is_data_file", "read_rows", "reward_parts", "split_sizes",
-           "unscorable_warning"]
+__all__ = ["DATA_SUFFIXES", "DatasetTask", "function_name", "is_data_file", "never_scored_warning", "read_rows",
+           "reward_parts", "split_sizes", "unscorable_warning"]

@@ -163,6 +163,37 @@ def builtin_verifier(spec: str) -> Verifier | None:
     return None
 
 
+#: where a task string's reward option holds a regex (`data.jsonl:reward=regex:PATTERN`)
+_REGEX_OPTION = re.compile(r"(?:^|[:,])reward=(regex:.*)$", re.IGNORECASE | re.DOTALL)
+
+
+def regex_cut_at_comma(option_text: str) -> bool:
+    """Whether the last option of a task string's option text is a regex reward that a comma has cut: a pattern
+    that does not compile, or one with a `{` left open (Python reads `a{1` as text, so `a{1,3}` cut at its comma
+    compiles). Options are split at commas, so the rest of such a regex became the next option or task."""
+    found = _REGEX_OPTION.search(option_text)
+    pattern = found.group(1)[len("regex:"):] if found else ","
+    if "," in pattern:  # the reward is not the last option: the options after it were read as options
+        return False
+    unescaped = re.sub(r"\\.", "", pattern)
+    if unescaped.count("{") > unescaped.count("}"):
+        return True
+    try:
+        re.compile(pattern)
+    except re.error:
+        return True
+    return False
+
+
+def regex_comma_error(task: str) -> ValueError:
+    """The refusal of a regex reward with a comma inside a task string, which splits its options at commas."""
+    found = _REGEX_OPTION.search(task)
+    regex = found.group(1) if found else "regex:PATTERN"
+    return ValueError(f"task {task!r}: a task string's options are split at commas, so a reward regex cannot hold one "
+                      f"there; give the reward with --reward '{regex}' (or `reward:` in --task-options, a config's or "
+                      "spec's task_options) and the task without it")
+
+
 def as_completions(texts: list[str], completion_format: str) -> list[Any]:
     """Completions in the form a TRL reward function gets them (see COMPLETION_FORMATS)."""
     if completion_format == "text":
@@ -245,4 +276,5 @@ def combine_rewards(columns: Sequence[Sequence[float | None]]) -> list[float | N
 
 
 __all__ = ["BUILTIN_VERIFIERS", "COMPLETION_FORMATS", "Verifier", "as_completions", "builtin_verifier",
-           "call_trl_reward", "check_rewards", "combine_rewards", "import_object", "normalize", "trl_columns"]
+           "call_trl_reward", "check_rewards", "combine_rewards", "import_object", "normalize", "regex_comma_error",
+           "regex_cut_at_comma", "trl_columns"]
