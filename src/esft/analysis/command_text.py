@@ -37,13 +37,22 @@ def format_kl(res: dict[str, Any]) -> str:
         for t, cells in res[kind].items():
             for s, v in cells.items():
                 if "k3_token_mean" in v:
-                    lines.append(f"{kind:<11} {t:<10} after {s:<24} k1/token {v['k1_token_mean']:.4g}  "
-                                 f"k3/token {v['k3_token_mean']:.4g}  exact/token {v['exact_token_mean']:.4g}  "
-                                 f"k3/seq {v['k3_seq_mean']:.4g}  ({v['n']} seqs, {v['tokens']} tokens)")
+                    lines.append(f"{kind:<11} {t:<10} after {s:<24} k1/token {_se(v, 'k1_token_mean')}  "
+                                 f"k3/token {_se(v, 'k3_token_mean')}  exact/token {_se(v, 'exact_token_mean')}  "
+                                 f"k3/seq {_se(v, 'k3_seq_mean')}  ({v['n']} seqs, {v['tokens']} tokens)")
                 else:
                     lines.append(f"{kind:<11} {t:<10} after {s:<24} median {v.get('median')} "
-                                 f"[{v.get('min')}, {v.get('max')}]")
+                                 f"[{v.get('min')}, {v.get('max')}]"
+                                 + (f"  median SE over sequences {v['se']:.2g}" if v.get("se") is not None else ""))
     return "\n".join(lines)
+
+
+def _se(cell: dict[str, Any], key: str) -> str:
+    """`0.01234 ± 0.0045`: a KL estimate (4 significant digits) ± its standard error over the sequences, or the
+    estimate alone where none is known (one sequence)."""
+    v, se = cell.get(key), cell.get(f"{key}_se")
+    text = NA if v is None else f"{v:.4g}"
+    return text + (f" ± {se:.2g}" if se is not None and v is not None else "")
 
 
 def format_landscape(res: dict[str, Any]) -> str:

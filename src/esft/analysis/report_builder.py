@@ -349,7 +349,10 @@ class Report(ReportContext):
         s = ["## KL(pi_after || pi_before) on test prompts (paper Figure 2, Tables 11-16)\n",
              "Completions generated greedily by pi_after and scored token-aligned by both models. Headline "
              "estimator: k3 per-token mean; k1 and the exact next-token KL are in the JSON (the study does not "
-             "say which estimator its tables use). Incremental: stage t vs t-1; cumulative: stage t vs base.\n"]
+             "say which estimator its tables use). Incremental: stage t vs t-1; cumulative: stage t vs base. "
+             "± is the standard error over the evaluated sequences (the sequence, not the token, is the sampling "
+             "unit; with several seeds, the median of the seeds' SEs); none where a result predates it "
+             "(`--recompute`) or holds one sequence.\n"]
         for g in groups:
             n = len(g.seeds)
             s.append(f"### {g.title} ({n} seed{'s' if n != 1 else ''})\n")

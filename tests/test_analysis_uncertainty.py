@@ -1,0 +1,75 @@
+"""Uncertainty of the post-training analyses' numbers: KL's standard error over sequences (`esft analyze kl`, the
+report's KL tables), Wilson intervals of the landscape and functional-sparsity accuracies.
+
+Run: `pytest -q tests/test_analysis_uncertainty.py` (about 5 s, no model).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from esft.analysis import kl as K
+from esft.analysis.command_text import format_kl
+
+
+def _seqs(rows):
+    return [K.SequenceKL(t, x, x, x) for t, x in rows]
+
+
+def test_kl_summary_records_the_standard_error_over_sequences():
+    """Hand-computed: sums 0 and 2 over 1 token each: token mean 1, residuals -1 and 1, SE sqrt(2 * 2) / 2 = 1;
+    the per-sequence mean's SE is the sample std sqrt(2) / sqrt(2) = 1."""
+    s = K.summarize(_seqs([(1, 0.0), (1, 2.0)]))
+    assert s["k3_token_mean"] == 1.0
+    assert s["k3_token_mean_se"] == pytest.approx(1.0) and s["k3_seq_mean_se"] == pytest.approx(1.0)
+    # unequal lengths: R = 2 / 4, residuals 1 - 0.5 and 1 - 1.5: SE sqrt(2 * 0.5) / 4; equal sums: seq SE 0
+    s = K.summarize(_seqs([(1, 1.0), (3, 1.0)]))
+    assert s["exact_token_mean_se"] == pytest.approx(0.25) and s["exact_seq_mean_se"] == 0.0
+    # equal lengths L: the token mean is the sequence mean / L, and so is its SE
+    rng = np.random.default_rng(0)
+    x = rng.random(7)
+    s = K.summarize(_seqs([(4, float(v)) for v in x]))
+    assert s["k1_token_mean_se"] == pytest.approx(np.std(x, ddof=1) / math.sqrt(7) / 4, rel=1e-12)
+    # one sequence has no spread to measure
+    one = K.summarize(_seqs([(3, 1.0)]))
+    assert one["k3_token_mean_se"] is None and one["k3_seq_mean_se"] is None
+
+
+def test_kl_standard_error_leaves_the_estimate_bit_identical():
+    rng = np.random.default_rng(1)
+    seqs = [K.SequenceKL(int(t), *map(float, rng.normal(size=3))) for t in rng.integers(1, 30, size=11)]
+    s = K.summarize(seqs)
+    tokens = sum(q.tokens for q in seqs)
+    for e in K.ESTIMATORS:
+        total = sum(getattr(q, e) for q in seqs)
+        assert s[f"{e}_token_mean"] == total / tokens and s[f"{e}_seq_mean"] == total / len(seqs)
+
+
+def test_kl_printed_lines_and_report_tables_show_the_standard_error():
+    s = K.summarize(_seqs([(1, 0.0), (1, 2.0)]))
+    res = {"incremental": {"a": {"1:a": s}}, "cumulative": {"a": {"1:a": s}}}
+    line = format_kl(res).splitlines()[0]
+    assert "k3/token 1 ± 1  " in line and "k3/seq 1 ± 1  " in line and "exact/token 1 ± 1" in line
+    one = {"stages": ["1:a"], "tasks": ["a"], "incremental": {"a": {"1:a": s}}, "cumulative": {"a": {"1:a": s}}}
+    group = K.KLGroup("es", "es", ("a",), [one], K.aggregate_seeds([one]))
+    assert K.kl_rows(group, "incremental")[1] == [["a", "1 ± 1"]]
+    # several seeds: median [min, max] over seeds ± the median of their SEs
+    tables = [{"stages": ["1:a"], "tasks": ["a"],
+               **{k: {"a": {"1:a": {"k3_token_mean": v, "k3_token_mean_se": se}}} for k in ("incremental",
+                                                                                           "cumulative")}}
+              for v, se in ((0.1, 0.01), (0.3, 0.03), (0.2, 0.05))]
+    agg = K.aggregate_seeds(tables)
+    assert agg["incremental"]["a"]["1:a"]["se"] == pytest.approx(0.03)
+    group = K.KLGroup("es", "es", ("a",), tables, agg)
+    assert K.kl_rows(group, "cumulative")[1] == [["a", "0.2 [0.1, 0.3] ± 0.03"]]
+    assert "median SE over sequences 0.03" in format_kl(agg)
+    # a result computed before results recorded the SE prints its value alone
+    old = tables
+    for t in old:
+        for kind in ("incremental", "cumulative"):
+            t[kind]["a"]["1:a"].pop("k3_token_mean_se")
+    assert K.kl_rows(K.KLGroup("es", "es", ("a",), old, K.aggregate_seeds(old)), "incremental")[1] == \
+        [["a", "0.2 [0.1, 0.3]"]]
