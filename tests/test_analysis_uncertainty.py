@@ -73,3 +73,34 @@ def test_kl_printed_lines_and_report_tables_show_the_standard_error():
             t[kind]["a"]["1:a"].pop("k3_token_mean_se")
     assert K.kl_rows(K.KLGroup("es", "es", ("a",), old, K.aggregate_seeds(old)), "incremental")[1] == \
         [["a", "0.2 [0.1, 0.3]"]]
+
+
+def _wilson_pct(acc, n):
+    from esft.tasks.labels import wilson_interval
+
+    lo, hi = wilson_interval(acc * n, n)
+    return f"{100 * acc:.1f}% [{100 * lo:.1f}, {100 * hi:.1f}]"
+
+
+def test_landscape_and_sparsity_accuracies_carry_their_wilson_interval_over_n():
+    """Figure 4's table, the functional-sparsity table and `esft analyze landscape`'s lines: each accuracy with
+    the 95% Wilson interval over the n examples the result recorded (esft.tasks.labels.wilson_interval)."""
+    from esft.analysis import sparsity as SP
+    from esft.analysis.command_text import format_landscape
+    from esft.analysis.landscape_tables import sweep_notes, sweep_rows
+
+    sweep = {"magnitudes": [0.0, 1.0], "n": {"boolq": 20}, "score": {"boolq": "accuracy"},
+             "directions": {"ES": {"norm": 2.0, "accuracy": {"boolq": [0.55, 0.9]}}}}
+    _, rows = sweep_rows(sweep)
+    assert rows == [["ES", "2", "boolq", _wilson_pct(0.55, 20), _wilson_pct(0.9, 20)]]
+    assert rows[0][3] == "55.0% [34.2, 74.2]"
+    assert "over the evaluated examples (boolq n = 20)" in sweep_notes(sweep)[-1]
+    line = format_landscape({"directions": sweep}).splitlines()[0]
+    assert line == "ES (norm 2) boolq: 0.550 [0.342, 0.742]; 0.900 [0.699, 0.972]"
+    res = {"rows": [{"tau": 0.1, "sparsity": 0.5, "targets": [0.5], "accuracy": {"boolq": 0.55}}],
+           "base_accuracy": {"boolq": 0.9}, "n": {"boolq": 20}, "score": {"boolq": "accuracy"}}
+    sw = SP.SparsitySweep("es", ["boolq"], res)
+    rows = SP.sweep_table_rows(sw)
+    assert rows[0][3] == "55.0% [34.2, 74.2]" and rows[1][3] == _wilson_pct(0.9, 20)
+    assert SP.sweep_table_notes(sw) == ["[a, b]: the 95% Wilson interval of the accuracy over the evaluated "
+                                        "examples (boolq n = 20)."]

@@ -58,14 +58,23 @@ def _se(cell: dict[str, Any], key: str) -> str:
 def format_landscape(res: dict[str, Any]) -> str:
     lines = []
     if "interpolation" in res:
-        for t, b in res["interpolation"]["barrier"].items():
-            what = "mean rewards" if (res["interpolation"].get("score") or {}).get(t) == MEAN_REWARD else "accuracies"
-            lines.append(f"interpolation {t}: {what} {[round(x, 3) for x in res['interpolation']['accuracy'][t]]}"
+        path = res["interpolation"]
+        for t, b in path["barrier"].items():
+            what = "mean rewards" if (path.get("score") or {}).get(t) == MEAN_REWARD else "accuracies"
+            lines.append(f"interpolation {t}: {what} {_values(path, t, path['accuracy'][t])}"
                          f"  largest drop below the line {b['max_drop']:+.3f} (barrier: {b['barrier']})")
     for lab, d in res["directions"]["directions"].items():
         for t, accs in d["accuracy"].items():
-            lines.append(f"{lab} (norm {d['norm']:.4g}) {t}: {[round(x, 3) for x in accs]}")
+            lines.append(f"{lab} (norm {d['norm']:.4g}) {t}: {_values(res['directions'], t, accs)}")
     return "\n".join(lines + constant_lines(res.get("interpolation") or res["directions"]))
+
+
+def _values(res: dict[str, Any], task: str, values: list[float]) -> str:
+    """A path's or sweep's scores of `task`: accuracies as `0.500 [0.150, 0.850]; 0.250 [...]`, each with its 95%
+    Wilson interval over the result's n examples; mean rewards (or a result without n) as a list of numbers."""
+    if not _interval(res, task, 0.0):
+        return str([round(x, 3) for x in values])
+    return "; ".join(f"{x:.3f}{_interval(res, task, x)}" for x in values)
 
 
 def constant_lines(res: dict[str, Any]) -> list[str]:

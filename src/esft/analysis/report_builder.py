@@ -34,7 +34,8 @@ from esft.analysis.landscape_tables import (
 from esft.analysis.report_cache import json_default
 from esft.analysis.report_context import ReportContext
 from esft.analysis.runs import accuracy_rows, run_rows
-from esft.analysis.sparsity import SWEEP_TARGETS, report_sparsity, sweep_table_header, sweep_table_rows
+from esft.analysis.sparsity import (SWEEP_TARGETS, report_sparsity, sweep_table_header, sweep_table_notes,
+                                   sweep_table_rows)
 from esft.analysis.weights import UpdateComparison, report_weights
 from esft.config import ConfigError, ConfigHooks, Rule, one_of
 from esft.rundir import peak_rss_mb
@@ -400,7 +401,8 @@ class Report(ReportContext):
         s = ["## Functional sparsity (keep |d| > tau, revert the rest, re-evaluate)\n",
              f"Reference: {paper.FUNCTIONAL_SPARSITY}.\n"]
         for sw in sweeps:
-            s.append(f"### {sw.label}\n\n" + grid(sweep_table_header(sw), sweep_table_rows(sw)) + "\n")
+            s.append(f"### {sw.label}\n\n" + grid(sweep_table_header(sw), sweep_table_rows(sw))
+                     + "".join(f"\n\n{n}" for n in sweep_table_notes(sw)) + "\n")
         s.append(f"![functional sparsity]({self.rel(figure)})\n")
         self.sections.append("\n".join(s) + "\n")
 
