@@ -104,3 +104,25 @@ def test_landscape_and_sparsity_accuracies_carry_their_wilson_interval_over_n():
     assert rows[0][3] == "55.0% [34.2, 74.2]" and rows[1][3] == _wilson_pct(0.9, 20)
     assert SP.sweep_table_notes(sw) == ["[a, b]: the 95% Wilson interval of the accuracy over the evaluated "
                                         "examples (boolq n = 20)."]
+
+
+def test_report_of_a_checkpoint_folder_names_the_run_it_is_inside(tmp_path):
+    """`esft report RUN/checkpoints/final`: the refusal says which folder is the run, not only that none is
+    under the checkpoint."""
+    from esft.analysis.report_builder import ReportConfig, build_report
+
+    run = tmp_path / "es"
+    final = run / "checkpoints" / "final"
+    final.mkdir(parents=True)
+    (final / "config.json").write_text("{}")
+    (run / "config.yaml").write_text("algorithm: es\n")
+    (run / "metrics.jsonl").write_text("")
+    with pytest.raises(ValueError) as err:
+        build_report(ReportConfig(dir=str(final), analyses=[]), progress=False)
+    assert f"is inside the run folder {run.resolve()}: give that (esft report {run.resolve()})" in str(err.value)
+    # a folder inside no run says only that it holds none
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ValueError) as err:
+        build_report(ReportConfig(dir=str(empty), analyses=[]), progress=False)
+    assert "no run directory under" in str(err.value) and "inside the run" not in str(err.value)

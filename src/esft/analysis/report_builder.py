@@ -174,7 +174,7 @@ class Report(ReportContext):
             if self.made_out and not any(self.out.iterdir()):
                 self.out.rmdir()
             raise ValueError(f"no run directory under {self.root} (a folder with config.yaml and metrics.jsonl, "
-                             "seeds.jsonl, drift.jsonl or checkpoints)")
+                             "seeds.jsonl, drift.jsonl or checkpoints)" + _inside_run(self.root))
         self.log(f"{len(self.runs)} runs, {len(self.chains)} chains, {len(self.pairs)} ES-GRPO pairs"
                  + (f"; {len(self.left_out)} runs left out (listed under Runs)" if self.left_out else ""))
         self.section_runs()
@@ -405,6 +405,15 @@ class Report(ReportContext):
                      + "".join(f"\n\n{n}" for n in sweep_table_notes(sw)) + "\n")
         s.append(f"![functional sparsity]({self.rel(figure)})\n")
         self.sections.append("\n".join(s) + "\n")
+
+
+def _inside_run(root: Path) -> str:
+    """`; ROOT is inside the run folder RUN: esft report RUN` where a folder inside a run (its checkpoint, its
+    samples/) was given instead of the run, else ''."""
+    from esft.rundir import enclosing_run_dir
+
+    run = enclosing_run_dir(root)
+    return f"; {root} is inside the run folder {run}: give that (esft report {run})" if run else ""
 
 
 def build_report(config: ReportConfig, progress: bool = True, tasks: Sequence[Any] = ()) -> Path:
