@@ -126,3 +126,26 @@ def test_report_of_a_checkpoint_folder_names_the_run_it_is_inside(tmp_path):
     with pytest.raises(ValueError) as err:
         build_report(ReportConfig(dir=str(empty), analyses=[]), progress=False)
     assert "no run directory under" in str(err.value) and "inside the run" not in str(err.value)
+
+
+def test_drift_figures_of_a_single_step_tick_that_whole_step(tmp_path, monkeypatch):
+    """An ES run of one iteration (or GRPO of one step): one point per axis, whose autoscaled axis ticked
+    0.94, 0.96, ..., 1.06 (MaxNLocator(integer=True) gives up with fewer than two integers in view)."""
+    import esft.analysis.plots as plots
+    from esft.analysis import drift as D
+
+    figures = []
+    monkeypatch.setattr(plots, "save", lambda fig, path: figures.append(fig) or path)
+    per = {"model.layers.0.self_attn.q_proj.weight": 0.02, "model.norm.weight": 0.01}
+    numel = {"model.layers.0.self_attn.q_proj.weight": 64, "model.norm.weight": 8}
+    s = D.series_from_records([{"step": 1, "total": 0.03, "per_tensor": per, "numel": numel}])
+    D.plot_total(s, 0.01, 4, tmp_path / "a.png", grpo=s)
+    D.plot_tensor_curves(s, D.analyze_series(s, 0.01, 4), 0.01, 4, tmp_path / "c.png")
+    axes = [ax for fig in figures for ax in fig.axes if ax.get_xlabel() == "step T" or ax.get_title() == "GRPO"]
+    assert len(axes) >= 4  # both panels of Figure 9, its GRPO inset and a tensor panel
+    for ax in axes:
+        lo, hi = ax.get_xlim()
+        ticks = [t for t in ax.get_xticks() if lo <= t <= hi]
+        assert ticks == [1.0], (ax.get_title(), ticks)
+    for fig in figures:
+        plots.pyplot().close(fig)
