@@ -149,3 +149,23 @@ def test_drift_figures_of_a_single_step_tick_that_whole_step(tmp_path, monkeypat
         assert ticks == [1.0], (ax.get_title(), ticks)
     for fig in figures:
         plots.pyplot().close(fig)
+
+
+def test_heatmap_text_colour_follows_the_cell_luminance(monkeypatch, tmp_path):
+    """Two identical models (all KL 0) fill the heatmap with viridis' darkest colour: its values are written in
+    white, as on any dark cell; the light (yellow) end gets black."""
+    import esft.analysis.plots as plots
+
+    figures = []
+    monkeypatch.setattr(plots, "save", lambda fig, path: figures.append(fig) or path)
+    assert (K.text_colour((0.0, 0.0, 0.0, 1.0)), K.text_colour((1.0, 1.0, 1.0, 1.0))) == ("w", "k")
+    K.plot_heatmap({"ES": (np.zeros((1, 2)), ["a"], ["1:a", "2:a"])}, tmp_path / "h.png")
+    K.plot_heatmap({"GRPO": (np.array([[0.0, 0.4]]), ["a"], ["1:a", "2:a"])}, tmp_path / "h.png")
+    for fig in figures:
+        (ax,) = [ax for ax in fig.axes if ax.get_title()]
+        (im,) = ax.get_images()
+        cells = [im.cmap(im.norm(im.get_array()[0, j])) for j in range(2)]
+        assert all(c[1] < 0.1 for c in cells[:1])  # viridis' darkest end (68, 1, 84)
+        written = [t.get_color() for t in ax.texts]
+        assert written == (["w", "w"] if ax.get_title() == "ES" else ["w", "k"]), (ax.get_title(), written)
+        plots.pyplot().close(fig)

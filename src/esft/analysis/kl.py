@@ -315,6 +315,14 @@ def matrix(table: Mapping[str, Any], kind: str = "incremental", estimator: str =
     return m
 
 
+def text_colour(rgba: Sequence[float]) -> str:
+    """Black ("k") on a light cell, white ("w") on a dark one, from the cell colour's WCAG relative luminance (the
+    better contrast of the two above 0.179). A rule on the value (white below the scale's middle) wrote black on
+    the darkest colour when every cell was equal (two identical models: all 0)."""
+    lin = [c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4 for c in rgba[:3]]
+    return "k" if 0.2126 * lin[0] + 0.7152 * lin[1] + 0.0722 * lin[2] > 0.179 else "w"
+
+
 def plot_heatmap(panels: Mapping[str, tuple[np.ndarray, Sequence[str], Sequence[str]]], path: str | Path,
                  title: str = "incremental KL(after || before)") -> Path:
     """Figure 2: one heatmap per method (rows: evaluation task, columns: after training stage), one shared
@@ -339,7 +347,7 @@ def plot_heatmap(panels: Mapping[str, tuple[np.ndarray, Sequence[str], Sequence[
             for j in range(m.shape[1]):
                 if np.isfinite(m[i, j]):
                     ax.text(j, i, f"{m[i, j]:.3g}", ha="center", va="center", fontsize=7,
-                            color="w" if m[i, j] < (vmin + vmax) / 2 else "k")
+                            color=text_colour(im.cmap(im.norm(m[i, j]))))
     if im is not None:
         # every panel is a per-token mean of a natural-log KL (esft.analysis.kl.matrix's estimators)
         fig.colorbar(im, ax=list(axes[0]), shrink=0.8).set_label("KL per token (nats)")
