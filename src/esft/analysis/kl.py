@@ -103,9 +103,10 @@ def sequence_se(tokens: Sequence[int], sums: Sequence[float]) -> tuple[float | N
     return float(math.sqrt(n / (n - 1) * float(((x - r * t) ** 2).sum())) / total), seq
 
 
-def se_text(value: float | None, se: float | None) -> str:
-    """`0.0123 ± 0.0045` (value ± its standard error over sequences), the value alone where no SE is known."""
-    return fmt(value) + (f" ± {fmt(se)}" if se is not None and value is not None else "")
+def se_text(value: float | None, se: float | None, spread: str = "") -> str:
+    """`0.0123 ± 0.0045`: a value (then `spread`, such as a range over seeds) ± its standard error over sequences
+    to two significant digits; the value alone where no SE is known."""
+    return fmt(value) + spread + ("" if se is None or value is None else f" ± {se:.2g}")
 
 
 def seed_summary(values: Sequence[float | None]) -> dict[str, Any]:
@@ -440,8 +441,7 @@ def kl_rows(group: KLGroup, kind: str) -> tuple[list[str], list[list[str]]]:
             cell = agg[kind][t][st]
             ref = paper.kl_reference(group.algorithm, kind, t, st.split(":", 1)[-1])
             spread = f" [{fmt(cell['min'])}, {fmt(cell['max'])}]" if n > 1 else ""
-            se = cell.get("se") if cell["median"] is not None else None
-            val = fmt(cell["median"]) + spread + ("" if se is None else f" ± {fmt(se)}")
+            val = se_text(cell["median"], cell.get("se"), spread)
             row.append(val + (f" (paper {ref})" if ref else ""))
         rows.append(row)
     return head, rows
