@@ -75,7 +75,8 @@ def test_a_direction_sweep_records_the_baseline_and_its_notes_caption_it(monkeyp
     assert res[KEY]["boolq"]["constant_baseline"] == 0.625
     notes = sweep_notes(res)
     assert notes[0] == f"Best constant answer of the same examples, boolq: {YES} (95% Wilson interval)."
-    assert len(notes) == 2 and notes[1].startswith("Mean reward") and "r:" not in notes[0]
+    assert notes[1] == "[a, b]: the 95% Wilson interval of the accuracy over the evaluated examples (boolq n = 8)."
+    assert len(notes) == 3 and notes[2].startswith("Mean reward") and "r:" not in notes[0]
     assert sweep_notes({k: v for k, v in res.items() if k != KEY})[0] == NOT_RECORDED
 
 
@@ -134,7 +135,7 @@ def test_the_sparsity_table_shows_the_target_beside_the_sparsity_reached_and_the
     sw = SP.SparsitySweep("es", ["boolq"], sweep)
     assert SP.sweep_table_header(sw) == ["tau", "target sparsity", "sparsity reached", "boolq acc"]
     rows = SP.sweep_table_rows(sw)
-    assert rows[2][1:] == ["90.0%, 97.0%", "100.0%", "50.0%"]
+    assert rows[2][1:] == ["90.0%, 97.0%", "100.0%", "50.0% [21.5, 78.5]"]
     assert rows[1][1] == "50.0%" and rows[-2][0] == "base (all reverted)"
     assert rows[-1] == ["best constant answer", "", "", YES]
     assert SP.target_text({"targets": []}) == "(tau given)"

@@ -307,7 +307,7 @@ def heatmap_figure(monkeypatch, tmp_path):
 
 def test_heatmap_panels_share_one_colour_scale_from_zero_to_the_largest_kl(heatmap_figure):
     """Figure 2: one viridis scale for every panel, from 0 (no change) to the largest cell of any panel, so the
-    methods' colours compare; each finite cell's value written on it, white on the darker half of the scale."""
+    methods' colours compare; each finite cell's value written on it, white on a dark cell and black on a light one."""
     es = np.array([[0.3, np.nan], [0.05, 0.4]])
     grpo = np.array([[0.01, 0.02], [0.03, 0.1]])
     fig = heatmap_figure({"ES": (es, ["a", "b"], ["1:a", "2:b"]), "GRPO": (grpo, ["a", "b"], ["1:a", "2:b"])})

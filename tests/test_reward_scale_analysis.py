@@ -131,11 +131,17 @@ def test_a_direction_sweep_names_each_task_from_its_scores(monkeypatch):
     res = L.direction_sweep(work, None, a, dirs, [0.0, 1.0], {t: (None, [0] * 4) for t in points}, None)
     assert res["score"] == {"m": "mean reward", "a": "accuracy"}
     header, rows = sweep_rows(res)
-    assert rows == [["ES", rows[0][1], "m", "0.250", "0.500"], ["ES", rows[0][1], "a", "25.0%", "50.0%"],
-                    ["random", rows[2][1], "m", "0.250", "0.500"], ["random", rows[2][1], "a", "25.0%", "0.0%"]]
-    assert sweep_notes(res) == ["Mean reward, a plain number on its reward function's scale (not %): m."]
+    # an accuracy over its 4 examples with the 95% Wilson interval, a mean reward alone
+    assert rows == [["ES", rows[0][1], "m", "0.250", "0.500"],
+                    ["ES", rows[0][1], "a", "25.0% [4.6, 69.9]", "50.0% [15.0, 85.0]"],
+                    ["random", rows[2][1], "m", "0.250", "0.500"],
+                    ["random", rows[2][1], "a", "25.0% [4.6, 69.9]", "0.0% [0.0, 49.0]"]]
+    over = "[a, b]: the 95% Wilson interval of the accuracy over the evaluated examples ({})."
+    assert sweep_notes(res) == [over.format("a n = 4"),
+                                "Mean reward, a plain number on its reward function's scale (not %): m."]
     res["score"]["m"] = "accuracy"
-    assert sweep_notes(res) == [] and sweep_rows(res)[1][0][3:] == ["25.0%", "50.0%"]
+    assert sweep_notes(res) == [over.format("m n = 4, a n = 4")]
+    assert sweep_rows(res)[1][0][3:] == ["25.0% [4.6, 69.9]", "50.0% [15.0, 85.0]"]
 
 
 def test_landscape_accuracy_hands_over_every_examples_score(monkeypatch):
@@ -160,7 +166,8 @@ def test_a_sparsity_sweep_of_a_reward_is_named_from_its_scores(monkeypatch):
     sweep = SP.SparsitySweep("es", ["m", "a"], res)
     assert SP.sweep_table_header(sweep) == ["tau", "target sparsity", "sparsity reached", "m mean reward", "a acc"]
     rows = SP.sweep_table_rows(sweep)
-    assert rows[0][3:] == ["0.250", "25.0%"] and rows[1] == ["base (all reverted)", "", "100%", "0.500", "50.0%"]
+    assert rows[0][3:] == ["0.250", "25.0% [4.6, 69.9]"]
+    assert rows[1] == ["base (all reverted)", "", "100%", "0.500", "50.0% [15.0, 85.0]"]
     assert rows[2] == ["best constant answer", "", "", "n/a", "n/a"]  # the stand-ins bring no gold answers
 
 
@@ -168,7 +175,8 @@ def test_the_landscape_command_calls_a_rewards_path_mean_rewards(path):
     res = {"interpolation": path, "directions": {"directions": {}}}
     lines = format_landscape(res).splitlines()
     assert lines[0].startswith("interpolation r: mean rewards [2.0, 1.0, 3.0]")
-    assert lines[2].startswith("interpolation a: accuracies [0.5, 0.25, 0.75]")
+    assert lines[2].startswith("interpolation a: accuracies 0.500 [0.150, 0.850]; 0.250 [0.046, 0.699]; "
+                               "0.750 [0.301, 0.954]  ")
 
 
 def test_the_reports_landscape_section_names_a_reward(path, tmp_path, monkeypatch):

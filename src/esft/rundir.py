@@ -204,6 +204,20 @@ def holds_run(folder: str | Path) -> bool:
     return root.is_dir() and any(not p.name.startswith(".") for p in root.iterdir())
 
 
+def is_run_dir(folder: str | Path) -> bool:
+    """True for a run directory as the analyses find one: config.yaml beside a log (metrics, seeds or drift) or
+    checkpoints/."""
+    folder = Path(folder)
+    return (folder / "config.yaml").exists() and any((folder / n).exists() for n in
+                                                     ("metrics.jsonl", "seeds.jsonl", "drift.jsonl", CHECKPOINTS))
+
+
+def enclosing_run_dir(path: str | Path) -> Path | None:
+    """The nearest run directory above `path` (a checkpoint folder such as RUN/checkpoints/final is inside its
+    run), or None."""
+    return next((p for p in Path(path).resolve().parents if is_run_dir(p)), None)
+
+
 def occupied_error(folder: str | Path, algorithm: str) -> FileExistsError:
     """The refusal of a new `algorithm` ('es' or 'grpo') run in a folder that holds a run: its advice to resume is
     the other trainer's command when config.yaml shows the other algorithm wrote the run (this trainer's --resume
@@ -383,6 +397,6 @@ def prune_checkpoints(checkpoints: list[tuple[int, Path]], limit: int) -> list[P
 
 __all__ = ["CHECKPOINTS", "DISK_FULL", "EVAL_KEYS", "HELD_OUT_KEYS", "CorruptLogError", "NonFiniteError", "RunDirBusy",
            "RunInterrupted", "RunLock", "TrainResult", "append_jsonl", "check_not_busy", "check_output_dir",
-           "checkpoint_name", "demote_final", "filter_jsonl", "held_out_fields", "held_out_text", "holds_run",
-           "list_checkpoints", "lock_held", "peak_rss_mb", "prune_checkpoints", "read_jsonl", "replace_dir",
-           "rewrite_jsonl", "write_text_atomic"]
+           "checkpoint_name", "demote_final", "enclosing_run_dir", "filter_jsonl", "held_out_fields",
+           "held_out_text", "holds_run", "is_run_dir", "list_checkpoints", "lock_held", "peak_rss_mb",
+           "prune_checkpoints", "read_jsonl", "replace_dir", "rewrite_jsonl", "write_text_atomic"]

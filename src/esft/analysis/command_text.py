@@ -37,26 +37,44 @@ def format_kl(res: dict[str, Any]) -> str:
         for t, cells in res[kind].items():
             for s, v in cells.items():
                 if "k3_token_mean" in v:
-                    lines.append(f"{kind:<11} {t:<10} after {s:<24} k1/token {v['k1_token_mean']:.4g}  "
-                                 f"k3/token {v['k3_token_mean']:.4g}  exact/token {v['exact_token_mean']:.4g}  "
-                                 f"k3/seq {v['k3_seq_mean']:.4g}  ({v['n']} seqs, {v['tokens']} tokens)")
+                    lines.append(f"{kind:<11} {t:<10} after {s:<24} k1/token {_se(v, 'k1_token_mean')}  "
+                                 f"k3/token {_se(v, 'k3_token_mean')}  exact/token {_se(v, 'exact_token_mean')}  "
+                                 f"k3/seq {_se(v, 'k3_seq_mean')}  ({v['n']} seqs, {v['tokens']} tokens)")
                 else:
                     lines.append(f"{kind:<11} {t:<10} after {s:<24} median {v.get('median')} "
-                                 f"[{v.get('min')}, {v.get('max')}]")
+                                 f"[{v.get('min')}, {v.get('max')}]"
+                                 + (f"  median SE over sequences {v['se']:.2g}" if v.get("se") is not None else ""))
     return "\n".join(lines)
+
+
+def _se(cell: dict[str, Any], key: str) -> str:
+    """`0.01234 ± 0.0045`: a KL estimate (4 significant digits) ± its standard error over the sequences, or the
+    estimate alone where none is known (one sequence)."""
+    v, se = cell.get(key), cell.get(f"{key}_se")
+    text = NA if v is None else f"{v:.4g}"
+    return text + (f" ± {se:.2g}" if se is not None and v is not None else "")
 
 
 def format_landscape(res: dict[str, Any]) -> str:
     lines = []
     if "interpolation" in res:
-        for t, b in res["interpolation"]["barrier"].items():
-            what = "mean rewards" if (res["interpolation"].get("score") or {}).get(t) == MEAN_REWARD else "accuracies"
-            lines.append(f"interpolation {t}: {what} {[round(x, 3) for x in res['interpolation']['accuracy'][t]]}"
+        path = res["interpolation"]
+        for t, b in path["barrier"].items():
+            what = "mean rewards" if (path.get("score") or {}).get(t) == MEAN_REWARD else "accuracies"
+            lines.append(f"interpolation {t}: {what} {_values(path, t, path['accuracy'][t])}"
                          f"  largest drop below the line {b['max_drop']:+.3f} (barrier: {b['barrier']})")
     for lab, d in res["directions"]["directions"].items():
         for t, accs in d["accuracy"].items():
-            lines.append(f"{lab} (norm {d['norm']:.4g}) {t}: {[round(x, 3) for x in accs]}")
+            lines.append(f"{lab} (norm {d['norm']:.4g}) {t}: {_values(res['directions'], t, accs)}")
     return "\n".join(lines + constant_lines(res.get("interpolation") or res["directions"]))
+
+
+def _values(res: dict[str, Any], task: str, values: list[float]) -> str:
+    """A path's or sweep's scores of `task`: accuracies as `0.500 [0.150, 0.850]; 0.250 [...]`, each with its 95%
+    Wilson interval over the result's n examples; mean rewards (or a result without n) as a list of numbers."""
+    if not _interval(res, task, 0.0):
+        return str([round(x, 3) for x in values])
+    return "; ".join(f"{x:.3f}{_interval(res, task, x)}" for x in values)
 
 
 def constant_lines(res: dict[str, Any]) -> list[str]:

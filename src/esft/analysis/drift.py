@@ -259,12 +259,18 @@ def displacement_ratio(es: DriftSeries, grpo: DriftSeries, step: int | None = No
 
 # ---- figures ---------------------------------------------------------------------------------------------------------
 
+def step_ticks(ax: Any) -> None:
+    """Whole-number ticks on a step axis: autoscaled, a two-step run read 1.0, 1.2, ..., 2.0 and a one-step run
+    0.945, 0.96, ... (MaxNLocator's integer rule gives up below `min_n_ticks` integers in view, 2 by default)."""
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
+
+
 def plot_total(series: DriftSeries, alpha: float, population: int, path: str | Path,
                grpo: DriftSeries | None = None, title: str = "") -> Path:
     """Figure 9 / 6A: total squared displacement vs step with the no-parameter prediction; GRPO as an inset.
     Right panel: the same divided by alpha^2 d / N, where the theory is the identity."""
-    from matplotlib.ticker import MaxNLocator
-
     from esft.analysis.plots import color, pyplot, save
 
     plt = pyplot()
@@ -306,8 +312,8 @@ def plot_total(series: DriftSeries, alpha: float, population: int, path: str | P
                 **gdot, label="GRPO (same scaling)")
     ax.plot(steps, steps, "k--", lw=1, **dot, label="theory (identity)")
     ax.set_xlabel("step T")
-    for a in axes:  # steps are whole numbers: a short run's autoscaled axis read 1.0, 1.2, ..., 2.0
-        a.xaxis.set_major_locator(MaxNLocator(integer=True))
+    for a in [*axes, *([inset] if grpo is not None and grpo.steps else [])]:
+        step_ticks(a)
     ax.set_ylabel(r"$\|\Delta\theta_T\|^2 / (\alpha^2 d / N)$")
     ax.legend(fontsize=8)
     return save(fig, path)
@@ -351,8 +357,6 @@ def plot_tensor_curves(series: DriftSeries, result: Mapping[str, Any], alpha: fl
                        path: str | Path, families: Sequence[str] | None = None, per_family: int = 6) -> Path:
     """Figure 11: squared displacement of individual tensors vs step, one family per panel, with the
     per-family prediction alpha^2 T d_p / N and the family's median R^2 and rho."""
-    from matplotlib.ticker import MaxNLocator
-
     from esft.analysis.plots import pyplot, save
 
     plt = pyplot()
@@ -377,7 +381,7 @@ def plot_tensor_curves(series: DriftSeries, result: Mapping[str, Any], alpha: fl
                             f"median rho {short(s.get('rho', {}).get('median'))}",
                 transform=ax.transAxes, va="top", fontsize=7)
         ax.set_xlabel("step T")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        step_ticks(ax)
     axes[0][0].set_ylabel(r"$\|\Delta\theta_{p,T}\|^2$")
     return save(fig, path)
 

@@ -70,7 +70,8 @@ class SequenceKL:
 
 
 def summarize(seqs: Sequence[SequenceKL]) -> dict[str, Any]:
-    """Per-token means (pooled over all tokens) and per-sequence sums (averaged over sequences)."""
+    """Per-token means (pooled over all tokens) and per-sequence sums (averaged over sequences), each with its
+    standard error over the evaluated sequences (`k3_token_mean_se`, ...; `sequence_se`)."""
     n = len(seqs)
     tokens = sum(s.tokens for s in seqs)
     out: dict[str, Any] = {"n": n, "tokens": tokens}
@@ -78,7 +79,34 @@ def summarize(seqs: Sequence[SequenceKL]) -> dict[str, Any]:
         total = sum(getattr(s, e) for s in seqs)
         out[f"{e}_token_mean"] = total / tokens if tokens else None
         out[f"{e}_seq_mean"] = total / n if n else None
+        token_se, seq_se = sequence_se([s.tokens for s in seqs], [getattr(s, e) for s in seqs])
+        out[f"{e}_token_mean_se"], out[f"{e}_seq_mean_se"] = token_se, seq_se
     return out
+
+
+def sequence_se(tokens: Sequence[int], sums: Sequence[float]) -> tuple[float | None, float | None]:
+    """Standard errors over sequences of the per-token mean sum(x)/sum(t) and the per-sequence mean of x.
+
+    The tokens of one completion are not independent draws (they share its prompt and prefix), so the sequence
+    is the sampling unit: the per-token mean is a ratio of sequence totals, whose delta-method (linearised) SE
+    is sqrt(n / (n - 1) sum_i (x_i - R t_i)^2) / sum_i t_i; the per-sequence mean's is the sample std / sqrt(n).
+    None for fewer than two sequences (no spread to measure), and for the per-token mean without tokens."""
+    n = len(sums)
+    if n < 2:
+        return None, None
+    x, t = np.asarray(sums, dtype=np.float64), np.asarray(tokens, dtype=np.float64)
+    seq = float(x.std(ddof=1) / math.sqrt(n))
+    total = float(t.sum())
+    if total <= 0:
+        return None, seq
+    r = float(x.sum()) / total
+    return float(math.sqrt(n / (n - 1) * float(((x - r * t) ** 2).sum())) / total), seq
+
+
+def se_text(value: float | None, se: float | None, spread: str = "") -> str:
+    """`0.0123 ± 0.0045`: a value (then `spread`, such as a range over seeds) ± its standard error over sequences
+    to two significant digits; the value alone where no SE is known."""
+    return fmt(value) + spread + ("" if se is None or value is None else f" ± {se:.2g}")
 
 
 def seed_summary(values: Sequence[float | None]) -> dict[str, Any]:
@@ -244,8 +272,9 @@ def kl_stages(base: Any, stages: Sequence[tuple[str, Any]], tasks: Sequence[str]
                 if prev_spec is base:
                     out["cumulative"][t][label] = summ
                 if progress:
-                    print(f"KL {kind:<11} {label:<20} {t:<10} k3/token {fmt(summ['k3_token_mean'])}  "
-                          f"exact/token {fmt(summ['exact_token_mean'])}", flush=True)
+                    print(f"KL {kind:<11} {label:<20} {t:<10} "
+                          f"k3/token {se_text(summ['k3_token_mean'], summ['k3_token_mean_se'])}  "
+                          f"exact/token {se_text(summ['exact_token_mean'], summ['exact_token_mean_se'])}", flush=True)
             _free(before)
         _free(after)
         prev_spec = spec
@@ -253,16 +282,23 @@ def kl_stages(base: Any, stages: Sequence[tuple[str, Any]], tasks: Sequence[str]
 
 
 def aggregate_seeds(tables: Sequence[Mapping[str, Any]], estimator: str = "k3_token_mean") -> dict[str, Any]:
-    """Across seeds (one kl_stages result each, same stages/tasks): {kind: {task: {stage: seed_summary}}}."""
+    """Across seeds (one kl_stages result each, same stages/tasks): {kind: {task: {stage: seed_summary}}}, each
+    cell with `se`, the median over seeds of each seed's standard error over its sequences (None where no seed
+    recorded one: a result computed before results recorded it, or a single sequence)."""
     if not tables:
         return {}
     first = tables[0]
     out: dict[str, Any] = {"estimator": estimator, "seeds": len(tables), "stages": first["stages"],
                            "tasks": first["tasks"]}
     for kind in ("incremental", "cumulative"):
-        out[kind] = {t: {s: seed_summary([tb[kind].get(t, {}).get(s, {}).get(estimator) for tb in tables])
+        out[kind] = {t: {s: _seed_cell([tb[kind].get(t, {}).get(s, {}) for tb in tables], estimator)
                          for s in first["stages"]} for t in first["tasks"]}
     return out
+
+
+def _seed_cell(cells: Sequence[Mapping[str, Any]], estimator: str) -> dict[str, Any]:
+    ses = [c[f"{estimator}_se"] for c in cells if c.get(f"{estimator}_se") is not None]
+    return {**seed_summary([c.get(estimator) for c in cells]), "se": float(np.median(ses)) if ses else None}
 
 
 def matrix(table: Mapping[str, Any], kind: str = "incremental", estimator: str = "k3_token_mean",
@@ -278,6 +314,14 @@ def matrix(table: Mapping[str, Any], kind: str = "incremental", estimator: str =
             if v is not None:
                 m[i, j] = v
     return m
+
+
+def text_colour(rgba: Sequence[float]) -> str:
+    """Black ("k") on a light cell, white ("w") on a dark one, from the cell colour's WCAG relative luminance (the
+    better contrast of the two above 0.179). A rule on the value (white below the scale's middle) wrote black on
+    the darkest colour when every cell was equal (two identical models: all 0)."""
+    lin = [c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4 for c in rgba[:3]]
+    return "k" if 0.2126 * lin[0] + 0.7152 * lin[1] + 0.0722 * lin[2] > 0.179 else "w"
 
 
 def plot_heatmap(panels: Mapping[str, tuple[np.ndarray, Sequence[str], Sequence[str]]], path: str | Path,
@@ -304,7 +348,7 @@ def plot_heatmap(panels: Mapping[str, tuple[np.ndarray, Sequence[str], Sequence[
             for j in range(m.shape[1]):
                 if np.isfinite(m[i, j]):
                     ax.text(j, i, f"{m[i, j]:.3g}", ha="center", va="center", fontsize=7,
-                            color="w" if m[i, j] < (vmin + vmax) / 2 else "k")
+                            color=text_colour(im.cmap(im.norm(m[i, j]))))
     if im is not None:
         # every panel is a per-token mean of a natural-log KL (esft.analysis.kl.matrix's estimators)
         fig.colorbar(im, ax=list(axes[0]), shrink=0.8).set_label("KL per token (nats)")
@@ -386,7 +430,8 @@ def report_kl(ctx: ReportContext) -> tuple[list[KLGroup], Path | None] | None:
 
 def kl_rows(group: KLGroup, kind: str) -> tuple[list[str], list[list[str]]]:
     """(header, rows) of `kind` ("incremental" / "cumulative") KL: evaluation task x stage, median [min, max]
-    over seeds, with the study's cell for the same task after training the same task."""
+    over seeds ± the (median) standard error over sequences, with the study's cell for the same task after
+    training the same task."""
     agg, n = group.aggregate, len(group.seeds)
     head = ["eval task"] + [f"after {st}" for st in agg["stages"]]
     rows = []
@@ -395,7 +440,8 @@ def kl_rows(group: KLGroup, kind: str) -> tuple[list[str], list[list[str]]]:
         for st in agg["stages"]:
             cell = agg[kind][t][st]
             ref = paper.kl_reference(group.algorithm, kind, t, st.split(":", 1)[-1])
-            val = f"{fmt(cell['median'])} [{fmt(cell['min'])}, {fmt(cell['max'])}]" if n > 1 else fmt(cell["median"])
+            spread = f" [{fmt(cell['min'])}, {fmt(cell['max'])}]" if n > 1 else ""
+            val = se_text(cell["median"], cell.get("se"), spread)
             row.append(val + (f" (paper {ref})" if ref else ""))
         rows.append(row)
     return head, rows

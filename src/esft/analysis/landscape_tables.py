@@ -16,7 +16,7 @@ from typing import Any, Sequence
 
 from esft.analysis.barrier import SAMPLE
 from esft.analysis.constant import KEY, LABEL, NOT_RECORDED, baseline_notes, baseline_text, shown
-from esft.analysis.score_text import score_text
+from esft.analysis.score_text import interval_notes, interval_text, score_text
 from esft.tables import NA, fmt
 from esft.tasks.labels import ACCURACY, MEAN_REWARD, score_name
 
@@ -87,17 +87,18 @@ def sweep_notes(res: dict[str, Any]) -> list[str]:
     how to read a mean reward when some task is one."""
     names = sweep_names(res)
     rewards = [t for t, k in names.items() if k == MEAN_REWARD]
-    return baseline_notes(res, names) + ([f"Mean reward, a plain number on its reward function's scale (not %): "
-                                          f"{', '.join(rewards)}."] if rewards else [])
+    reward_note = [f"Mean reward, a plain number on its reward function's scale (not %): {', '.join(rewards)}."]
+    return baseline_notes(res, names) + interval_notes(res, names) + (reward_note if rewards else [])
 
 
 def sweep_rows(res: dict[str, Any]) -> tuple[list[str], list[list[Any]]]:
-    """(header, rows) of a direction sweep: per direction and task, the accuracy at each distance (a task's cells
-    printed alike in every direction, chosen from all of them)."""
+    """(header, rows) of a direction sweep: per direction and task, the accuracy at each distance with its 95%
+    Wilson interval over the result's n examples (a task's cells printed alike in every direction, chosen from
+    all of them)."""
     mags = res["magnitudes"]
     names = sweep_names(res)
     tasks = list(names)
-    cell = {t: score_text((), name) for t, name in names.items()}
+    cell = {t: interval_text(name, (res.get("n") or {}).get(t)) for t, name in names.items()}
     rows = []
     for label, d in res["directions"].items():
         for t in tasks:

@@ -34,7 +34,8 @@ from esft.analysis.landscape_tables import (
 from esft.analysis.report_cache import json_default
 from esft.analysis.report_context import ReportContext
 from esft.analysis.runs import accuracy_rows, run_rows
-from esft.analysis.sparsity import SWEEP_TARGETS, report_sparsity, sweep_table_header, sweep_table_rows
+from esft.analysis.sparsity import (SWEEP_TARGETS, report_sparsity, sweep_table_header, sweep_table_notes,
+                                   sweep_table_rows)
 from esft.analysis.weights import UpdateComparison, report_weights
 from esft.config import ConfigError, ConfigHooks, Rule, one_of
 from esft.rundir import peak_rss_mb
@@ -173,7 +174,7 @@ class Report(ReportContext):
             if self.made_out and not any(self.out.iterdir()):
                 self.out.rmdir()
             raise ValueError(f"no run directory under {self.root} (a folder with config.yaml and metrics.jsonl, "
-                             "seeds.jsonl, drift.jsonl or checkpoints)")
+                             "seeds.jsonl, drift.jsonl or checkpoints)" + _inside_run(self.root))
         self.log(f"{len(self.runs)} runs, {len(self.chains)} chains, {len(self.pairs)} ES-GRPO pairs"
                  + (f"; {len(self.left_out)} runs left out (listed under Runs)" if self.left_out else ""))
         self.section_runs()
@@ -349,7 +350,10 @@ class Report(ReportContext):
         s = ["## KL(pi_after || pi_before) on test prompts (paper Figure 2, Tables 11-16)\n",
              "Completions generated greedily by pi_after and scored token-aligned by both models. Headline "
              "estimator: k3 per-token mean; k1 and the exact next-token KL are in the JSON (the study does not "
-             "say which estimator its tables use). Incremental: stage t vs t-1; cumulative: stage t vs base.\n"]
+             "say which estimator its tables use). Incremental: stage t vs t-1; cumulative: stage t vs base. "
+             "± is the standard error over the evaluated sequences (the sequence, not the token, is the sampling "
+             "unit; with several seeds, the median of the seeds' SEs); none where a result predates it "
+             "(`--recompute`) or holds one sequence.\n"]
         for g in groups:
             n = len(g.seeds)
             s.append(f"### {g.title} ({n} seed{'s' if n != 1 else ''})\n")
@@ -397,9 +401,19 @@ class Report(ReportContext):
         s = ["## Functional sparsity (keep |d| > tau, revert the rest, re-evaluate)\n",
              f"Reference: {paper.FUNCTIONAL_SPARSITY}.\n"]
         for sw in sweeps:
-            s.append(f"### {sw.label}\n\n" + grid(sweep_table_header(sw), sweep_table_rows(sw)) + "\n")
+            s.append(f"### {sw.label}\n\n" + grid(sweep_table_header(sw), sweep_table_rows(sw))
+                     + "".join(f"\n\n{n}" for n in sweep_table_notes(sw)) + "\n")
         s.append(f"![functional sparsity]({self.rel(figure)})\n")
         self.sections.append("\n".join(s) + "\n")
+
+
+def _inside_run(root: Path) -> str:
+    """`; ROOT is inside the run folder RUN: esft report RUN` where a folder inside a run (its checkpoint, its
+    samples/) was given instead of the run, else ''."""
+    from esft.rundir import enclosing_run_dir
+
+    run = enclosing_run_dir(root)
+    return f"; {root} is inside the run folder {run}: give that (esft report {run})" if run else ""
 
 
 def build_report(config: ReportConfig, progress: bool = True, tasks: Sequence[Any] = ()) -> Path:

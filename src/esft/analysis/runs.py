@@ -22,7 +22,7 @@ import yaml
 from esft import paper
 from esft.analysis.constant import baseline_text
 from esft.analysis.score_text import reward_text
-from esft.rundir import read_jsonl
+from esft.rundir import is_run_dir, read_jsonl
 from esft.tables import NA, pct
 from esft.tasks.labels import MEAN_REWARD, score_name
 
@@ -177,8 +177,7 @@ def find_runs(root: str | Path, max_depth: int = 5) -> list[Run]:
     found: list[Run] = []
 
     def visit(p: Path, depth: int) -> None:
-        if (p / "config.yaml").exists() and any((p / n).exists() for n in
-                                                 ("metrics.jsonl", "seeds.jsonl", "drift.jsonl", CHECKPOINTS)):
+        if is_run_dir(p):
             found.append(load_run(p))
         if depth >= max_depth:
             return

@@ -25,7 +25,7 @@ from esft.analysis.barrier import path_score_names
 from esft.analysis.constant import KEY, LABEL, baseline_text, draw_baseline, shown, task_baselines
 from esft.analysis.landscape import DeltaDirection, Direction, accuracy, prepare_tasks, set_weights
 from esft.analysis.report_cache import fingerprint, slug
-from esft.analysis.score_text import score_text
+from esft.analysis.score_text import interval_notes, interval_text
 from esft.analysis.sources import DEFAULT_CHUNK_ELEMS, aligned_refs, as_source, iter_chunks
 from esft.tables import NA, fmt, pct
 from esft.tasks.labels import ACCURACY, MEAN_REWARD, score_name
@@ -285,6 +285,11 @@ def sweep_table_header(sweep: SparsitySweep) -> list[str]:
                                                              for t, name in zip(sweep.tasks, _score_names(sweep))]
 
 
+def sweep_table_notes(sweep: SparsitySweep) -> list[str]:
+    """The caption under `sweep_table_rows`: what its accuracies' brackets are."""
+    return interval_notes(sweep.result, dict(zip(sweep.tasks, _score_names(sweep))))
+
+
 def target_text(row: dict[str, Any]) -> str:
     """The target sparsities that chose a row's threshold (several when their thresholds keep the same entries);
     "(tau given)" for a threshold given directly, n/a for a result computed before results recorded them."""
@@ -294,12 +299,13 @@ def target_text(row: dict[str, Any]) -> str:
 
 
 def sweep_table_rows(sweep: SparsitySweep) -> list[list[Any]]:
-    """Per threshold: tau, the target sparsities asked for, the sparsity reached, the accuracy per task; then the
+    """Per threshold: tau, the target sparsities asked for, the sparsity reached, the accuracy per task (with its
+    95% Wilson interval over the result's n examples: `sweep_table_notes`); then the
     base model (all reverted) and, when some task is an accuracy, its best constant answer of the same examples
     (n/a for a mean reward or a result that recorded none). A task's column is a mean reward rather than a
     percentage when its scores leave [0, 1] (esft.analysis.score_text)."""
     res, tasks, names = sweep.result, sweep.tasks, _score_names(sweep)
-    cell = [score_text((), name) for name in names]
+    cell = [interval_text(name, (res.get("n") or {}).get(t)) for name, t in zip(names, tasks)]
     rows = [[fmt(r["tau"]), target_text(r), pct(r["sparsity"])] + [s(r["accuracy"][t]) for s, t in zip(cell, tasks)]
             for r in res["rows"]]
     rows.append(["base (all reverted)", "", "100%"] + [s(res["base_accuracy"][t]) for s, t in zip(cell, tasks)])
