@@ -60,7 +60,7 @@ def test_build_report_evaluates_with_the_task_object_given(user_tasks, tmp_path,
             and not line.startswith("| best constant answer")]  # (the baseline row: the gold labels' prior)
     # the object's scorer (always 1) scored every point; a Weighted built from its defaults scores with `contains`,
     # which 2 tokens of a tiny random model do not satisfy
-    assert len(rows) == 3 and all(row.endswith("| 100.0% |") for row in rows), sweep
+    assert len(rows) == 3 and all(row.endswith("| 100.0% [20.7, 100.0] |") for row in rows), sweep  # n = 1
 
 
 def test_an_object_no_run_trained_is_refused_before_any_model_loads(user_tasks, tmp_path, tokenizer, monkeypatch):
