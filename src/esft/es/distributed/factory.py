@@ -37,9 +37,10 @@ def connect(config: ESConfig) -> bool:
     if config.executor != "ray":
         return False
     if config.worker_backend == "vllm":  # vLLM missing or without a device: say so before Ray and the model start
-        from esft.es.distributed.vllm_backend import require_vllm
+        from esft.es.distributed.vllm_backend import check_engine_config, require_vllm
 
         require_vllm()
+        check_engine_config(config)
     from esft.es.distributed.connection import connect_ray
     from esft.rundir import say
 

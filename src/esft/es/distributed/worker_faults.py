@@ -37,6 +37,7 @@ def is_worker_death(exc: BaseException) -> bool:
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_EXCEPTION_LINE = re.compile(r"(?:[A-Za-z_]\w*\.)*[A-Z]\w*(: |$)")  # "pkg.module.Error: message", a bare "Error"
 
 
 def original_exception(exc: BaseException) -> str:
@@ -47,9 +48,14 @@ def original_exception(exc: BaseException) -> str:
         text = str(cause)
         return f"{type(cause).__name__}: {text}" if text else type(cause).__name__
     # a constructor that raised (ActorDiedError) or an exception Ray could not pickle carries the traceback as
-    # text only: its last line is Python's "Type: message"
-    lines = [line.strip() for line in _ANSI.sub("", str(exc)).splitlines() if line.strip()]
-    return lines[-1] if lines else type(exc).__name__
+    # text only: Python's "Type: message" is its last unindented line, and a message of several lines (pydantic's)
+    # goes on below it, indented
+    lines = [line.rstrip() for line in _ANSI.sub("", str(exc)).splitlines() if line.strip()]
+    heads = [i for i, line in enumerate(lines) if _EXCEPTION_LINE.match(line)]
+    if not heads:
+        return lines[-1].strip() if lines else type(exc).__name__
+    text = " ".join(line.strip() for line in lines[heads[-1]:])
+    return text if len(text) <= 500 else text[:497] + "..."
 
 
 def worker_error(worker_label: str, what: str, exc: BaseException, consequence: str) -> WorkerError:

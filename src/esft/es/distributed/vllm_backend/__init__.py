@@ -12,9 +12,10 @@ from __future__ import annotations
 from esft.es.distributed.vllm_backend.availability import INSTALL_HINT, require_vllm, vllm_unavailable_reason
 from esft.es.distributed.vllm_backend.extension import (EXTENSION_PATH, ESWorkerExtension, UnsupportedLayout,
                                                        hf_views)
-from esft.es.distributed.vllm_backend.vllm_replica import (EngineWeights, VLLMReplica, engine_kwargs, make_llm,
-                                                          platform_device_type, sampling_fields)
+from esft.es.distributed.vllm_backend.vllm_replica import (EngineWeights, VLLMReplica, check_engine_config,
+                                                          engine_kwargs, make_llm, platform_device_type,
+                                                          sampling_fields)
 
 __all__ = ["EXTENSION_PATH", "ESWorkerExtension", "EngineWeights", "INSTALL_HINT", "UnsupportedLayout",
-           "VLLMReplica", "engine_kwargs", "hf_views", "make_llm", "platform_device_type", "require_vllm",
-           "sampling_fields", "vllm_unavailable_reason"]
+           "VLLMReplica", "check_engine_config", "engine_kwargs", "hf_views", "make_llm", "platform_device_type",
+           "require_vllm", "sampling_fields", "vllm_unavailable_reason"]

@@ -89,6 +89,49 @@ def engine_kwargs(spec: ReplicaSpec, device_type: str) -> dict[str, Any]:
     return kwargs
 
 
+def _vllm_model_config(kwargs: dict[str, Any]) -> Any:
+    from dataclasses import fields
+
+    from vllm.engine.arg_utils import EngineArgs
+
+    known = {f.name for f in fields(EngineArgs)}
+    return EngineArgs(**{k: v for k, v in kwargs.items() if k in known}).create_model_config()
+
+
+def engine_config_problem(exc: BaseException) -> str:
+    """One line of what vLLM refused: pydantic's own messages where it validated (its text spans lines and lists
+    every architecture vLLM implements), else the exception's first line."""
+    errors = getattr(exc, "errors", None)
+    try:
+        messages = [str(e.get("msg", "")) for e in errors()] if callable(errors) else []
+    except Exception:  # an unrelated errors() method
+        messages = []
+    text = "; ".join(m for m in messages if m) or (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    text = text.removeprefix("Value error, ").split(" Supported architectures:")[0].rstrip(" .")
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+def check_engine_config(config: Any, model_config: Callable[[dict[str, Any]], Any] | None = None,
+                        device_type: str | None = None) -> None:
+    """Refuse, in the driver before Ray starts, a model or an engine option that every engine would refuse (an
+    architecture vLLM does not implement, a wrong `vllm_kwargs` value): vLLM checks them when it builds its model
+    config, milliseconds once vLLM is imported, whereas an engine's actor reports them only after Ray and the
+    driver's model have started, as a traceback. `model_config` (builds vLLM's model config from `LLM(...)`
+    arguments) and `device_type` (default: vLLM's platform) let tests run it without vLLM."""
+    from types import SimpleNamespace
+
+    from esft.es.build import VLLM_OPTIONS
+
+    options = {k: v for k, v in dict(config.executor_options).items() if k in VLLM_OPTIONS}
+    kwargs = engine_kwargs(SimpleNamespace(config=config, options=options), device_type or platform_device_type())
+    try:
+        (model_config or _vllm_model_config)(kwargs)
+    except Exception as exc:
+        where = "" if kwargs["model"] == config.model else f" ({kwargs['model']})"
+        raise ValueError(f"vLLM cannot run model {config.model!r}{where}: {engine_config_problem(exc)}; use "
+                         "--worker-backend hf for this model") from exc
+
+
 def prepare_cpu_process(threads: int = 0) -> None:
     """Thread and binding settings of a process about to start a CPU engine (a Ray actor, a test).
 
