@@ -83,6 +83,7 @@ def test_vllm_timing_is_folded_in_and_its_failure_recorded(tokenizer, monkeypatc
     report = stub_run_bench(monkeypatch, tokenizer, lambda *a: {"cpu-preset": fast})
     w = report["workloads"]["cpu-preset"]
     assert "load_avg_1min_end" in report
+    assert report["parallel_members"] == {"cpu-preset": w["lanes"]} and w["lanes"] >= 1  # each workload's own
     assert (w["inference_engine"], w["inference_ratio"], w["vllm"]) == ("vllm", 0.25, "timed")
 
     def broken(*args):

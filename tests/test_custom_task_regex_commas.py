@@ -37,6 +37,9 @@ def test_regexes_without_a_comma_and_the_reward_option_keep_working(data):
     assert split_task_list(rf"{data}:reward=regex:(\d+),prompt_field=q,boolq") == [
         rf"{data}:reward=regex:(\d+),prompt_field=q", "boolq"]
     assert split_task_list(rf"{data}:reward=regex:\d{{2}},boolq") == [rf"{data}:reward=regex:\d{{2}}", "boolq"]
+    braced = rf"{data}:reward=regex:[{{](\d+)"  # a '{' of the regex itself, not an open quantifier
+    assert split_task_list(f"{braced},prompt_field=q,boolq") == [f"{braced},prompt_field=q", "boolq"]
+    assert get_task(f"{braced},prompt_field=q").reward == r"regex:[{](\d+)"
     later = get_task(f"{data}:reward=regex:x,system_prompt={{,prompt_field=q")  # a '{' of a later option
     assert later.reward == "regex:x" and later.system_prompt == "{"
     whole = get_task(data, prompt_field="q", reward=r"regex:(\d+,\d+)")  # what --reward passes

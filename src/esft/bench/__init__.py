@@ -271,6 +271,8 @@ def run_bench(config: BenchConfig, model=None, tokenizer=None, log=print) -> dic
         _time_vllm(config, report, pures, precision.dtype if rollout is not None else str(dtype).replace("torch.", ""),
                    log)
     _rooflines(report, readings, timed)
+    if report["parallel_members"] is None:  # each workload ran its own lanes: say which
+        report["parallel_members"] = {name: entry.get("lanes") for name, entry in report["workloads"].items()}
     report["load_avg_1min_end"] = load_average()
     return report
 

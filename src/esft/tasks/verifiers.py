@@ -169,14 +169,14 @@ _REGEX_OPTION = re.compile(r"(?:^|[:,])reward=(regex:.*)$", re.IGNORECASE | re.D
 
 def regex_cut_at_comma(option_text: str) -> bool:
     """Whether the last option of a task string's option text is a regex reward that a comma has cut: a pattern
-    that does not compile, or one with a `{` left open (Python reads `a{1` as text, so `a{1,3}` cut at its comma
-    compiles). Options are split at commas, so the rest of such a regex became the next option or task."""
+    that does not compile, or one ending in an open quantifier `{m` (Python reads `a{1` as text, so `a{1,3}` cut at
+    its comma compiles; a `{` elsewhere, as in `[{](\d+)`, is the user's). Options are split at commas, so the rest
+    of such a regex became the next option or task."""
     found = _REGEX_OPTION.search(option_text)
     pattern = found.group(1)[len("regex:"):] if found else ","
     if "," in pattern:  # the reward is not the last option: the options after it were read as options
         return False
-    unescaped = re.sub(r"\\.", "", pattern)
-    if unescaped.count("{") > unescaped.count("}"):
+    if re.search(r"(?<!\\)\{\d*$", pattern):
         return True
     try:
         re.compile(pattern)
