@@ -23,6 +23,12 @@ NA = "n/a"
 
 # ---- number formats ------------------------------------------------------------------------------------------------
 
+def se_text(value: float | None, se: float | None, spread: str = "") -> str:
+    """`0.0123 ± 0.0045`: a value as `fmt` prints it (then `spread`, such as a range over seeds) ± its standard
+    error to two significant digits; the value alone where no standard error is known."""
+    return fmt(value) + spread + ("" if se is None or value is None else f" ± {se:.2g}")
+
+
 def fmt(x: Any, digits: int = 4) -> str:
     """A value as the report prints it: `digits` significant digits, scientific outside [1e-3, 1e5), n/a for
     None or NaN, yes/no for booleans, anything else as str()."""

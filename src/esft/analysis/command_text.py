@@ -8,7 +8,7 @@ from typing import Any
 
 from esft.analysis.constant import LABEL, baseline_text, shown
 from esft.analysis.sparsity import target_text
-from esft.tables import NA
+from esft.tables import NA, se_text
 from esft.tasks.labels import ACCURACY, MEAN_REWARD, wilson_interval
 
 
@@ -48,11 +48,8 @@ def format_kl(res: dict[str, Any]) -> str:
 
 
 def _se(cell: dict[str, Any], key: str) -> str:
-    """`0.01234 ± 0.0045`: a KL estimate (4 significant digits) ± its standard error over the sequences, or the
-    estimate alone where none is known (one sequence)."""
-    v, se = cell.get(key), cell.get(f"{key}_se")
-    text = NA if v is None else f"{v:.4g}"
-    return text + (f" ± {se:.2g}" if se is not None and v is not None else "")
+    """A KL estimate ± its standard error over the sequences, or the estimate alone where none is known."""
+    return se_text(cell.get(key), cell.get(f"{key}_se"))
 
 
 def format_landscape(res: dict[str, Any]) -> str:

@@ -35,7 +35,7 @@ import torch
 
 from esft import paper
 from esft.analysis.report_cache import fingerprint, slug
-from esft.tables import fmt
+from esft.tables import fmt, se_text
 
 if TYPE_CHECKING:
     from esft.analysis.report_context import ReportContext
@@ -101,12 +101,6 @@ def sequence_se(tokens: Sequence[int], sums: Sequence[float]) -> tuple[float | N
         return None, seq
     r = float(x.sum()) / total
     return float(math.sqrt(n / (n - 1) * float(((x - r * t) ** 2).sum())) / total), seq
-
-
-def se_text(value: float | None, se: float | None, spread: str = "") -> str:
-    """`0.0123 ± 0.0045`: a value (then `spread`, such as a range over seeds) ± its standard error over sequences
-    to two significant digits; the value alone where no SE is known."""
-    return fmt(value) + spread + ("" if se is None or value is None else f" ± {se:.2g}")
 
 
 def seed_summary(values: Sequence[float | None]) -> dict[str, Any]:
