@@ -398,3 +398,25 @@ def test_the_progress_bar_is_closed_before_a_stop_is_reported(tmp_path, tokenize
                        model=make_tiny_model(), tokenizer=tokenizer, task=ParityTask(),
                        callbacks=[StopAtStep(error)], progress=True)
         assert [(b.desc, b.closed) for b in bars] == [("GRPO", True)], name
+
+
+def test_the_run_makes_its_device_current_before_trl_sets_up_accelerate(tmp_path, monkeypatch):
+    # `--device cuda:1` reaches TRL only through the current CUDA device (accelerate places the model on a bare
+    # "cuda"), so it must be made current before TRL's arguments exist
+    from esft import models
+    from esft.grpo import run
+
+    order: list[str] = []
+
+    class Stop(Exception):
+        pass
+
+    def trl_args(*args, **kwargs):
+        order.append("trl")
+        raise Stop
+
+    monkeypatch.setattr(models, "make_current", lambda device: order.append(f"current {device}"))
+    monkeypatch.setattr(run, "to_trl_config", trl_args)
+    with pytest.raises(Stop):
+        train_grpo(tiny_config(tmp_path / "run"), task=ParityTask())
+    assert order == ["current cpu", "trl"]

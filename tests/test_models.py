@@ -431,3 +431,16 @@ def test_a_saved_tokenizer_keeps_no_load_flags_and_states_the_context_length(tmp
     config["model_max_length"] = 2048  # a tokenizer that states its own limit keeps it
     (src / "tokenizer_config.json").write_text(json.dumps(config))
     assert models.load_tokenizer(str(src)).model_max_length == 2048
+
+
+def test_a_numbered_cuda_device_becomes_the_current_one_and_others_change_nothing(monkeypatch):
+    # accelerate (so TRL's GRPO trainer) places the model on a bare "cuda", the current device: `--device cuda:1`
+    # is honoured only if GPU 1 is made current first. No GPU here, so the call into torch is recorded.
+    calls: list[int] = []
+    monkeypatch.setattr(torch.cuda, "set_device", calls.append)
+    for device in ("cpu", "cuda", "mps", torch.device("cpu")):
+        models.make_current(device)
+    assert calls == []
+    models.make_current("cuda:1")
+    models.make_current(torch.device("cuda", 2))
+    assert calls == [1, 2]

@@ -63,6 +63,14 @@ def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def make_current(device: str | torch.device) -> None:
+    """Make a numbered CUDA device (`cuda:1`) the process's current one. Libraries that place tensors on a bare
+    "cuda" (accelerate, so TRL's trainer) then use it instead of GPU 0; other devices need nothing."""
+    dev = torch.device(device)
+    if dev.type == "cuda" and dev.index is not None:
+        torch.cuda.set_device(dev.index)
+
+
 def default_dtype(device: str | torch.device) -> torch.dtype:
     """fp32 on CPU (bf16 matmuls are 2-5x slower on CPUs without native bf16); bf16 on GPUs that support it."""
     dev = torch.device(device)

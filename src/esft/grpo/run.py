@@ -241,9 +241,10 @@ def _train_locked(config: GRPOConfig, out: Path, model: Any, tokenizer: Any, tas
     from esft.evaluation import load_examples
     from esft.grpo.callbacks import EvalCallback, RunLogCallback, point_tensorboard, tracker_report
     from esft.grpo.drift_log import DriftCallback, snapshot
-    from esft.models import default_device
+    from esft.models import default_device, make_current
 
     device = config.device or default_device()
+    make_current(device)  # before TRL's arguments set up accelerate's device
     precision = resolve_precision(config.precision, device)
     resume_from, start = _prepare_dir(out, config)
     if resume_from is not None and start >= config.max_steps:
@@ -306,7 +307,7 @@ def _train_locked(config: GRPOConfig, out: Path, model: Any, tokenizer: Any, tas
         trainer.add_callback(cb)
 
     _write_config(config.replace(resume=False), out / "config.yaml",
-                  _run_info(model, config, precision, str(trainer.accelerator.device), len(train_set),
+                  _run_info(model, config, precision, str(next(model.parameters()).device), len(train_set),
                             trainer.kl_reference is not None))
     # an extended run (start < max_steps here): its last checkpoint is no longer final. Renamed only now, once
     # config.yaml holds the new max_steps: a failure before this leaves the finished run as it was
