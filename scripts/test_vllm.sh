@@ -15,13 +15,21 @@ else
     VENV=$("$ROOT/scripts/vllm_venv.sh" | tail -n 1)
 fi
 cd "$ROOT"
+# this checkout's esft, whichever checkout the shared environment's editable install points at (also in the Ray
+# workers and vLLM's engine processes, which inherit the environment)
+export PYTHONPATH="$ROOT/src${PYTHONPATH:+:$PYTHONPATH}"
 export HF_HUB_OFFLINE=${HF_HUB_OFFLINE:-1} TRANSFORMERS_OFFLINE=${TRANSFORMERS_OFFLINE:-1}
 export VLLM_LOGGING_LEVEL=${VLLM_LOGGING_LEVEL:-ERROR}
-"$VENV/bin/python" -c "
+"$VENV/bin/python" - "$ROOT/src" <<'PY'
+import os, sys
+import esft
+if not os.path.realpath(esft.__file__).startswith(os.path.realpath(sys.argv[1]) + os.sep):
+    raise SystemExit(f"test_vllm: the environment imports esft from {esft.__file__}, not from {sys.argv[1]}")
 from esft.es.distributed.vllm_backend import vllm_unavailable_reason, platform_device_type
 r = vllm_unavailable_reason()
 if r: raise SystemExit('test_vllm: vLLM cannot run here: ' + r)
-print('test_vllm: vLLM platform:', platform_device_type())"
+print('test_vllm: vLLM platform:', platform_device_type(), '; esft from', os.path.dirname(esft.__file__))
+PY
 start=$(date +%s)
 # -s: the tests print their measurements (agreement, margins, update norms, timings)
 "$VENV/bin/python" -m pytest -q -s -rs -p no:cacheprovider tests/test_vllm_engine.py tests/test_vllm_train.py "$@"
