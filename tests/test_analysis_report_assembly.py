@@ -96,6 +96,17 @@ def test_a_cached_result_is_reused_only_while_its_params_are_unchanged(tmp_path)
     assert cache.get("b", {"x": 1, "p": Path("/m")}, lambda: [7]) == ([6], True)
 
 
+def test_a_cached_result_without_a_field_of_this_esft_is_computed_again(tmp_path):
+    cache = Cache(tmp_path, recompute=False)
+    old = {"t": [0, 1], "tasks": [{"acc": 0.5}]}  # as an older esft wrote it: no baseline
+    assert cache.get("a", {"x": 1}, lambda: old) == (old, False)
+    assert cache.get("a", {"x": 1}, lambda: [9]) == (old, True)  # no field asked for: reused
+    new = {"t": [0, 1], "tasks": [{"acc": 0.5, "baseline": 0.25}]}
+    assert cache.get("a", {"x": 1}, lambda: new, holds=["baseline"]) == (new, False)
+    assert cache.get("a", {"x": 1}, lambda: [9], holds=["baseline"]) == (new, True)  # found nested in a list
+    assert cache.get("a", {"x": 1}, lambda: [7], holds=["baseline", "se"]) == ([7], False)
+
+
 def test_report_file_names_keep_plain_labels_and_never_share_one_between_two_labels():
     assert slug("es") == "es" and slug("grpo_2") == "grpo_2"  # the names tests and users see stay as they are
     labels = ["countdown:ops=+", "countdown:ops=*", "countdown_ops__", "es@100", "es_100", "a" * 90, "a" * 91,

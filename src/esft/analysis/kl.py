@@ -402,7 +402,7 @@ def report_kl(ctx: ReportContext) -> tuple[list[KLGroup], Path | None] | None:
                              loader=lambda spec: ctx.load(c.base, Path(spec)), progress=ctx.progress,
                              balanced=ctx.config.balanced, build=ctx.build_task)
 
-        res, cached = ctx.cache.get(f"kl_{slug(c.label)}", params, compute)
+        res, cached = ctx.cache.get(f"kl_{slug(c.label)}", params, compute, holds=[f"{HEADLINE}_se"])
         all_cached = all_cached and cached
         tables.setdefault((c.algorithm, c.name or c.algorithm, tuple(c.tasks)), []).append(res)
     groups = [KLGroup(algo, track, tasks, tbs, aggregate_seeds(tbs, HEADLINE))

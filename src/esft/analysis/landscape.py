@@ -427,7 +427,7 @@ class _Endpoints:
                                       progress=self.ctx.progress)
 
         res, cached = self.ctx.cache.get("landscape_interpolation", {**self.common, "ts": ts, "tasks": self.tasks},
-                                         interp)
+                                         interp, holds=[KEY])
         path = self.ctx.fig("landscape_interpolation")
         out.interpolation = res
         out.interpolation_figure = self.ctx.plot(cached, path, lambda: plot_interpolation(
@@ -447,7 +447,7 @@ class _Endpoints:
                                    progress=self.ctx.progress)
 
         res, cached = self.ctx.cache.get("landscape_directions", {
-            **self.common, "tasks": self.tasks, "points": self.ctx.config.magnitude_points}, sweep)
+            **self.common, "tasks": self.tasks, "points": self.ctx.config.magnitude_points}, sweep, holds=[KEY])
         path = self.ctx.fig("landscape_directions")
         out.directions = res
         out.directions_figure = self.ctx.plot(cached, path, lambda: plot_direction_sweep(
@@ -456,8 +456,7 @@ class _Endpoints:
     def figure5(self, out: LandscapeReport, hold: list[str]) -> dict[str, Any]:
         def holdout():
             m, t = self.model()
-            results = {}
-            prepared = self.prepared(hold)
+            results, prepared = {}, self.prepared(hold)
             for lab, fin in ((self.la, self.fa), (self.lb, self.fb)):
                 if fin is None:
                     continue
@@ -466,7 +465,8 @@ class _Endpoints:
                 results[lab] = direction_sweep(m, t, fin, [d], mags, prepared, self.gc, progress=self.ctx.progress)
             return results
 
-        res5, cached = self.ctx.cache.get("landscape_holdout", {**self.common, "holdout": hold}, holdout)
+        params = {**self.common, "holdout": hold}
+        res5, cached = self.ctx.cache.get("landscape_holdout", params, holdout, holds=[KEY])
         for lab, r5 in res5.items():
             path = self.ctx.fig(f"landscape_holdout_{lab}")
             self.ctx.plot(cached, path, lambda r5=r5, lab=lab, path=path: plot_direction_sweep(

@@ -57,13 +57,16 @@ class Cache:
         self.root, self.recompute = root, recompute
         self.entries: list[tuple[str, bool, float]] = []
 
-    def get(self, name: str, params: Any, compute: Callable[[], Any]) -> tuple[Any, bool]:
+    def get(self, name: str, params: Any, compute: Callable[[], Any], holds: Sequence[str] = ()) -> tuple[Any, bool]:
+        """`compute()`'s result, or the cached one of the same `params`. `holds`: keys every result of this esft
+        has somewhere inside it; a cached result without one of them was written by an older esft (a field added
+        since, e.g. the constant-answer baseline) and is computed again rather than shown as n/a."""
         path = self.root / "data" / f"{name}.json"
         params = json.loads(json.dumps(params, default=str))
         if path.exists() and not self.recompute:
             try:
                 data = json.loads(path.read_text())
-                if data.get("params") == params:
+                if data.get("params") == params and all(_holds(data["result"], key) for key in holds):
                     self.entries.append((name, True, float(data.get("seconds") or 0.0)))
                     return data["result"], True
             except (json.JSONDecodeError, KeyError, AttributeError, TypeError, ValueError):
@@ -75,6 +78,15 @@ class Cache:
                                       default=json_default))
         self.entries.append((name, False, seconds))
         return json.loads(json.dumps(result, default=json_default)), False
+
+
+def _holds(value: Any, key: str) -> bool:
+    """Whether `key` is a key of `value` or of any dict nested in it (through dicts and lists)."""
+    if isinstance(value, dict):
+        return key in value or any(_holds(v, key) for v in value.values())
+    if isinstance(value, list):
+        return any(_holds(v, key) for v in value)
+    return False
 
 
 def write_atomic(path: Path, text: str) -> None:

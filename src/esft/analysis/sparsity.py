@@ -260,7 +260,7 @@ def report_sparsity(ctx: ReportContext) -> tuple[list[SparsitySweep], Path] | No
                                                                                 build=ctx.build_task),
                                   gc, targets=targets, progress=ctx.progress)
 
-        res, cached = ctx.cache.get(f"sparsity_{slug(c.label)}", params, compute)
+        res, cached = ctx.cache.get(f"sparsity_{slug(c.label)}", params, compute, holds=[KEY])
         all_cached = all_cached and cached
         label = c.name or c.algorithm
         results[label if label not in results else c.label] = {**res, "algorithm": c.algorithm}

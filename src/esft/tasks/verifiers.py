@@ -168,7 +168,7 @@ _REGEX_OPTION = re.compile(r"(?:^|[:,])reward=(regex:.*)$", re.IGNORECASE | re.D
 
 
 def regex_cut_at_comma(option_text: str) -> bool:
-    """Whether the last option of a task string's option text is a regex reward that a comma has cut: a pattern
+    r"""Whether the last option of a task string's option text is a regex reward that a comma has cut: a pattern
     that does not compile, or one ending in an open quantifier `{m` (Python reads `a{1` as text, so `a{1,3}` cut at
     its comma compiles; a `{` elsewhere, as in `[{](\d+)`, is the user's). Options are split at commas, so the rest
     of such a regex became the next option or task."""
