@@ -14,6 +14,7 @@ library functions of its module. `esft report DIR` runs all of them over discove
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -110,6 +111,8 @@ class WeightsConfig(ConfigHooks):
     """compute stable ranks of attention / MLP update matrices (one SVD each)"""
     stable_rank_device: str | None = None
     """device for the spectral norms (e.g. cuda for multi-billion models)"""
+    check_base: bool = True
+    """refuse a checkpoint whose run records another start model than --base (--no-check-base: compare it anyway)"""
     output_dir: str = "analysis/weights"
     """where weights.json and the figure go"""
     threads: int | None = None
@@ -120,6 +123,7 @@ class WeightsConfig(ConfigHooks):
 
 
 def run_weights(cfg: WeightsConfig) -> dict[str, Any]:
+    from esft.analysis.start_model import check_start_models
     from esft.analysis.weights import compare_updates, plot_weights
 
     if not cfg.tuned:
@@ -130,7 +134,11 @@ def run_weights(cfg: WeightsConfig) -> dict[str, Any]:
     if len(set(labels)) != len(labels):
         raise ValueError(f"labels must be distinct, got {labels}")
     check_previous(Path(cfg.output_dir), "weights.json", cfg)
-    rep = compare_updates(_resolve(cfg.base), dict(zip(labels, cfg.tuned)), eps=cfg.eps,
+    base = _resolve(cfg.base)
+    if cfg.check_base:  # equal shapes pass a checkpoint of another base model of the same architecture
+        for note in check_start_models(base, dict(zip(labels, cfg.tuned)), cfg.base):
+            print(f"esft analyze weights: {note}", file=sys.stderr, flush=True)
+    rep = compare_updates(base, dict(zip(labels, cfg.tuned)), eps=cfg.eps,
                           stable_ranks=cfg.stable_ranks, stable_rank_device=cfg.stable_rank_device, progress=True)
     out = Path(cfg.output_dir)
     rep["config"] = asdict(cfg)
