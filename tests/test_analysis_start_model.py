@@ -80,3 +80,15 @@ def test_a_checkpoint_that_records_nothing_gets_one_line_and_is_compared(models,
                      f"model it was fine-tuned from; not checked against --base {models['a']}"]
     assert weights(models["a"], models["unrecorded"], tmp_path / "unrecorded") == 0
     assert "records no start model; not checked" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [["kl", "--stages", "{ck}"], ["landscape", "--es", "{ck}"],
+                                  ["sparsity", "--tuned", "{ck}"]])
+def test_kl_landscape_and_sparsity_refuse_it_before_loading_a_model(models, tmp_path, capsys, monkeypatch, argv):
+    from esft.analysis import commands as C
+
+    monkeypatch.setattr(C, "_load", lambda *a, **k: pytest.fail("loaded a model for a checkpoint of another base"))
+    args = ["analyze", *[a.format(ck=models["from_b"]) for a in argv], "--base", str(models["a"]),
+            "--output-dir", str(tmp_path / "o")]
+    assert main(args) == 2
+    assert f"{models['from_b']} was fine-tuned from {str(models['b'])!r}" in capsys.readouterr().err

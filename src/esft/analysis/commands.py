@@ -14,7 +14,6 @@ library functions of its module. `esft report DIR` runs all of them over discove
 from __future__ import annotations
 
 import json
-import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ from esft.analysis.checks import check_analysis
 from esft.analysis.command_text import (format_drift, format_kl, format_landscape, format_sparsity,
                                          format_weights)
 from esft.analysis.sparsity import SWEEP_TARGETS
+from esft.analysis.start_model import check_base
 from esft.config import ConfigHooks
 from esft.tasks import split_task_list
 
@@ -123,7 +123,6 @@ class WeightsConfig(ConfigHooks):
 
 
 def run_weights(cfg: WeightsConfig) -> dict[str, Any]:
-    from esft.analysis.start_model import check_start_models
     from esft.analysis.weights import compare_updates, plot_weights
 
     if not cfg.tuned:
@@ -136,8 +135,7 @@ def run_weights(cfg: WeightsConfig) -> dict[str, Any]:
     check_previous(Path(cfg.output_dir), "weights.json", cfg)
     base = _resolve(cfg.base)
     if cfg.check_base:  # equal shapes pass a checkpoint of another base model of the same architecture
-        for note in check_start_models(base, dict(zip(labels, cfg.tuned)), cfg.base):
-            print(f"esft analyze weights: {note}", file=sys.stderr, flush=True)
+        check_base("weights", base, cfg.tuned, cfg.base)
     rep = compare_updates(base, dict(zip(labels, cfg.tuned)), eps=cfg.eps,
                           stable_ranks=cfg.stable_ranks, stable_rank_device=cfg.stable_rank_device, progress=True)
     out = Path(cfg.output_dir)
@@ -272,6 +270,8 @@ class KLConfig(ConfigHooks):
     """model dtype"""
     device: str | None = None
     """device"""
+    check_base: bool = True
+    """refuse a checkpoint whose run records another start model than --base (--no-check-base: compare it anyway)"""
     output_dir: str = "analysis/kl"
     """where kl.json and the heatmap go"""
     threads: int | None = None
@@ -302,6 +302,8 @@ def run_kl(cfg: KLConfig) -> dict[str, Any]:
     if not cfg.stages:
         raise ValueError("give --stages (checkpoint folders, in order)")
     base = _resolve(cfg.base)
+    if cfg.check_base:
+        check_base("kl", base, cfg.stages, cfg.base)
     labels = list(cfg.stage_labels) or [_stage_name(p) for p in cfg.stages]
     stages = list(zip(labels, cfg.stages))
     res = K.kl_stages(base, stages, cfg.tasks, cfg.limit,
@@ -356,6 +358,8 @@ class LandscapeConfig(ConfigHooks):
     """model dtype"""
     device: str | None = None
     """device"""
+    check_base: bool = True
+    """refuse a checkpoint whose run records another start model than --base (--no-check-base: compare it anyway)"""
     output_dir: str = "analysis/landscape"
     """where landscape.json and figures go"""
     threads: int | None = None
@@ -376,6 +380,8 @@ def run_landscape(cfg: LandscapeConfig) -> dict[str, Any]:
     base = _resolve(cfg.base)
     out = Path(cfg.output_dir)
     check_previous(out, "landscape.json", cfg)
+    if cfg.check_base:
+        check_base("landscape", base, [cfg.es, cfg.grpo], cfg.base)
     model, tok = _load(base, None, cfg.dtype, cfg.device)
     gc = _gen(cfg.max_new_tokens, cfg.batch_size)
     opts = _task_options(cfg.max_passage_chars)
@@ -433,6 +439,8 @@ class SparsityConfig(ConfigHooks):
     """model dtype"""
     device: str | None = None
     """device"""
+    check_base: bool = True
+    """refuse a checkpoint whose run records another start model than --base (--no-check-base: compare it anyway)"""
     output_dir: str = "analysis/sparsity"
     """where sparsity.json and the figure go"""
     threads: int | None = None
@@ -452,6 +460,8 @@ def run_sparsity(cfg: SparsityConfig) -> dict[str, Any]:
         raise ValueError("give --tuned (a checkpoint folder)")
     check_previous(Path(cfg.output_dir), "sparsity.json", cfg)
     base = _resolve(cfg.base)
+    if cfg.check_base:
+        check_base("sparsity", base, [cfg.tuned], cfg.base)
     model, tok = _load(base, None, cfg.dtype, cfg.device)
     tasks = L.prepare_tasks(cfg.tasks, cfg.limit, task_options=_task_options(cfg.max_passage_chars))
     res = SP.sparsity_sweep(model, tok, base, cfg.tuned, tasks, _gen(cfg.max_new_tokens, cfg.batch_size),

@@ -8,12 +8,16 @@ stage's checkpoint, so the record is followed back through such checkpoints unti
 hold the same model when they are the same folder, or when their tensors agree in names, shapes and first rows (a
 copy of the base elsewhere). A checkpoint outside a run folder (a bare Hugging Face folder, an export) records
 nothing, and one whose recorded start model is not on disk here cannot be checked: each gets a one-line note.
+
+`check_base` is that check in `esft analyze weights|kl|landscape|sparsity` (each command's `--no-check-base`
+skips it).
 """
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
-from typing import Mapping
+from typing import Iterable
 
 import torch
 
@@ -91,9 +95,16 @@ def check_start_model(checkpoint: str | Path, base: str | Path, base_spec: str |
                      "from another model. Give that model as --base, or --no-check-base to compare anyway")
 
 
-def check_start_models(base: str | Path, tuned: Mapping[str, str | Path], base_spec: str | None = None,
+def check_start_models(base: str | Path, checkpoints: Iterable[str | Path], base_spec: str | None = None,
                        ) -> list[str]:
-    """`check_start_model` for every checkpoint of `tuned` ({label: folder}): the notes, in order; ValueError at
-    the first checkpoint fine-tuned from another model than `base`."""
-    notes = [check_start_model(ck, base, base_spec) for ck in tuned.values()]
+    """`check_start_model` for every checkpoint folder: the notes, in order; ValueError at the first checkpoint
+    fine-tuned from another model than `base`."""
+    notes = [check_start_model(ck, base, base_spec) for ck in checkpoints]
     return [n for n in notes if n]
+
+
+def check_base(command: str, base: str | Path, checkpoints: Iterable[str | Path | None], base_spec: str) -> None:
+    """What `esft analyze COMMAND` runs before its heavy work: `check_start_models` of the checkpoints given (None
+    for one not given), each note a line on stderr."""
+    for note in check_start_models(base, [ck for ck in checkpoints if ck], base_spec):
+        print(f"esft analyze {command}: {note}", file=sys.stderr, flush=True)
