@@ -46,7 +46,7 @@ def _write(out: Path, name: str, payload: Any) -> Path:
 
 
 #: config fields that say where or how fast an analysis runs, not what it computes
-_NOT_RESULTS = ("output_dir", "threads", "stable_rank_device")
+_NOT_RESULTS = ("output_dir", "threads", "stable_rank_device", "check_base")
 
 
 def check_previous(out: Path, name: str, cfg: Any) -> None:
