@@ -150,6 +150,24 @@ def test_analyze_commands(experiment, tmp_path, capsys):
     assert main(["analyze", "weights", "--base", str(base)]) == 2  # no --tuned: a clean error, not a traceback
 
 
+def test_analyze_landscape_prints_figure_5s_lines(experiment, tmp_path, capsys):
+    """`esft analyze landscape --holdout-tasks ...` printed lines for Figures 3 and 4 only: Figure 5's scores
+    (holdout tasks from each checkpoint along its own update) were in landscape.json and the figures alone."""
+    es, grpo = experiment / "es" / "checkpoints" / "final", experiment / "grpo" / "checkpoints" / "final"
+    assert main(["analyze", "landscape", "--base", str(experiment / "base"), "--es", str(es), "--grpo", str(grpo),
+                 "--tasks", "boolq", "--holdout-tasks", "countdown", "--limit", "1", "--max-new-tokens", "2",
+                 "--interpolation-points", "2", "--magnitude-points", "0", "--max-passage-chars", "80",
+                 "--output-dir", str(tmp_path / "l")]) == 0
+    res = json.loads((tmp_path / "l" / "landscape.json").read_text())
+    printed = capsys.readouterr().out.splitlines()
+    for lab in ("ES", "GRPO"):
+        d = res["holdout"][lab]["directions"][lab]
+        want = (f"holdout from the {lab} checkpoint along {lab} (norm {d['norm']:.4g}, at 0, 0.25, 0.5, 1 of it) "
+                f"countdown: ")
+        assert [line for line in printed if line.startswith(want)] != [], printed
+    assert any(line.startswith("best constant answer countdown: ") for line in printed), printed
+
+
 def fake_run(path, algorithm, model, task, checkpoints=("final",), seed=42):
     """A run directory with empty checkpoint folders (discovery reads names, configs and step files only)."""
     import yaml

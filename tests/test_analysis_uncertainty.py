@@ -169,3 +169,27 @@ def test_heatmap_text_colour_follows_the_cell_luminance(monkeypatch, tmp_path):
         written = [t.get_color() for t in ax.texts]
         assert written == (["w", "w"] if ax.get_title() == "ES" else ["w", "k"]), (ax.get_title(), written)
         plots.pyplot().close(fig)
+
+
+@pytest.mark.parametrize("accs, line, wilson", [([0.0, 0.0, 0.0], "0.0%", "[0.0, 49.0]"),
+                                               ([1.0, 0.75, 1.0], "100.0%", "[51.0, 100.0]")])
+def test_figure3_binomial_se_at_0_and_100_percent_is_0_with_the_wilson_interval(accs, line, wilson):
+    """Figure 3's table read `5.000e-07` for the binomial SE of a line at 0% or 100% (a floor inside the square
+    root): the SE there is 0, printed with the line's value and its 95% Wilson interval over n, and a note says
+    why; a result cached with the old floor prints the same."""
+    from esft.analysis.barrier import barrier
+    from esft.analysis.landscape_tables import interpolation_notes, interpolation_rows
+
+    b = barrier([0.0, 0.5, 1.0], accs, 4)
+    assert b["se"] == 0.0 and b["barrier"] == (accs[1] < accs[0])
+    res = {"t": [0.0, 0.5, 1.0], "accuracy": {"countdown": accs}, "n": {"countdown": 4},
+           "score": {"countdown": "accuracy"}, "barrier": {"countdown": b}}
+    want = f"0 (line at {line} {wilson})"
+    assert interpolation_rows(res, ["countdown"])[0][5] == want
+    assert any(n.startswith("Binomial SE 0 (countdown)") for n in interpolation_notes(res, ["countdown"]))
+    old = {**res, "barrier": {"countdown": {**b, "se": 5e-07}}}
+    assert interpolation_rows(old, ["countdown"])[0][5] == want
+    inside = barrier([0.0, 0.5, 1.0], [0.5, 0.25, 0.5], 4)
+    assert interpolation_rows({**res, "barrier": {"countdown": inside}}, ["countdown"])[0][5] == "0.25"
+    assert not any(n.startswith("Binomial SE 0") for n in interpolation_notes(
+        {**res, "barrier": {"countdown": inside}}, ["countdown"]))

@@ -1,9 +1,10 @@
 """The barrier test of the landscape's interpolation path (esft.analysis.landscape, paper Figure 3) and what it
 needs of the per-example scores: their name (esft.tasks.labels.score_name) and their spread.
 
-An accuracy's standard error comes from its mean alone (binomial, sqrt(p (1 - p) / n)); a mean reward's does not:
-on another scale p (1 - p) is no variance (it is negative for p = 3, and the clamp that keeps the root real would
-make every drop a barrier), so its standard error is the sample standard deviation of the scores over sqrt(n)."""
+An accuracy's standard error comes from its mean alone (binomial, sqrt(p (1 - p) / n)); it is 0 where the line's
+value is 0 or 1, so there any drop counts as a barrier. A mean reward's does not: on another scale p (1 - p) is no
+variance (it is negative for p = 3, and the clamp that keeps the root real would make every drop a barrier), so its
+standard error is the sample standard deviation of the scores over sqrt(n)."""
 
 from __future__ import annotations
 
@@ -31,7 +32,9 @@ def barrier(ts: Sequence[float], acc: Sequence[float], n: int | None = None,
     drop = line - acc
     k = int(np.argmax(drop))
     if sd is None:
-        se = math.sqrt(max(line[k] * (1 - line[k]), 1e-12) / n) if n else None
+        # 0 at a line value of 0 or 1, where the binomial SE vanishes (the tables print its Wilson interval
+        # beside it); the clamp only absorbs rounding just below 0
+        se = math.sqrt(max(line[k] * (1 - line[k]), 0.0) / n) if n else None
     else:
         se = sd[k] / math.sqrt(n) if n and sd[k] is not None else None
     return {"max_drop": float(drop[k]), "at": float(ts[k]), "line_at": float(line[k]), "se": se,

@@ -63,7 +63,23 @@ def format_landscape(res: dict[str, Any]) -> str:
     for lab, d in res["directions"]["directions"].items():
         for t, accs in d["accuracy"].items():
             lines.append(f"{lab} (norm {d['norm']:.4g}) {t}: {_values(res['directions'], t, accs)}")
-    return "\n".join(lines + constant_lines(res.get("interpolation") or res["directions"]))
+    holdout = res.get("holdout") or {}
+    lines += [line for lab, sweep in holdout.items() for line in _holdout_lines(lab, sweep)]
+    constant = constant_lines(res.get("interpolation") or res["directions"])
+    constant += [line for sweep in holdout.values() for line in constant_lines(sweep)]
+    return "\n".join(lines + list(dict.fromkeys(constant)))  # holdout tasks share one baseline per task
+
+
+def _holdout_lines(checkpoint: str, sweep: dict[str, Any]) -> list[str]:
+    """Figure 5: `holdout from the ES checkpoint along ES (norm 2, at 0, 0.25, 0.5, 1 of it) mmlu: 0.300 [...];
+    ...`, the scores at each distance along the checkpoint's own update, as fractions of its norm."""
+    lines = []
+    for lab, d in sweep["directions"].items():
+        at = ", ".join(f"{m / d['norm']:.3g}" if d["norm"] else f"{m:.4g}" for m in sweep["magnitudes"])
+        for t, accs in d["accuracy"].items():
+            lines.append(f"holdout from the {checkpoint} checkpoint along {lab} (norm {d['norm']:.4g}, at {at} of "
+                         f"it) {t}: {_values(sweep, t, accs)}")
+    return lines
 
 
 def _values(res: dict[str, Any], task: str, values: list[float]) -> str:

@@ -23,6 +23,7 @@ from esft.analysis.checks import check_analysis
 from esft.analysis.command_text import (format_drift, format_kl, format_landscape, format_sparsity,
                                          format_weights)
 from esft.analysis.sparsity import SWEEP_TARGETS
+from esft.analysis.start_model import check_base
 from esft.config import ConfigHooks
 from esft.tasks import split_task_list
 
@@ -45,7 +46,7 @@ def _write(out: Path, name: str, payload: Any) -> Path:
 
 
 #: config fields that say where or how fast an analysis runs, not what it computes
-_NOT_RESULTS = ("output_dir", "threads", "stable_rank_device")
+_NOT_RESULTS = ("output_dir", "threads", "stable_rank_device", "check_base")
 
 
 def check_previous(out: Path, name: str, cfg: Any) -> None:
@@ -110,6 +111,8 @@ class WeightsConfig(ConfigHooks):
     """compute stable ranks of attention / MLP update matrices (one SVD each)"""
     stable_rank_device: str | None = None
     """device for the spectral norms (e.g. cuda for multi-billion models)"""
+    check_base: bool = True
+    """refuse a checkpoint whose run records another start model than --base (--no-check-base: compare it anyway)"""
     output_dir: str = "analysis/weights"
     """where weights.json and the figure go"""
     threads: int | None = None
@@ -130,7 +133,10 @@ def run_weights(cfg: WeightsConfig) -> dict[str, Any]:
     if len(set(labels)) != len(labels):
         raise ValueError(f"labels must be distinct, got {labels}")
     check_previous(Path(cfg.output_dir), "weights.json", cfg)
-    rep = compare_updates(_resolve(cfg.base), dict(zip(labels, cfg.tuned)), eps=cfg.eps,
+    base = _resolve(cfg.base)
+    if cfg.check_base:  # equal shapes pass a checkpoint of another base model of the same architecture
+        check_base("weights", base, cfg.tuned, cfg.base)
+    rep = compare_updates(base, dict(zip(labels, cfg.tuned)), eps=cfg.eps,
                           stable_ranks=cfg.stable_ranks, stable_rank_device=cfg.stable_rank_device, progress=True)
     out = Path(cfg.output_dir)
     rep["config"] = asdict(cfg)
@@ -264,6 +270,8 @@ class KLConfig(ConfigHooks):
     """model dtype"""
     device: str | None = None
     """device"""
+    check_base: bool = True
+    """refuse a checkpoint whose run records another start model than --base (--no-check-base: compare it anyway)"""
     output_dir: str = "analysis/kl"
     """where kl.json and the heatmap go"""
     threads: int | None = None
@@ -294,6 +302,8 @@ def run_kl(cfg: KLConfig) -> dict[str, Any]:
     if not cfg.stages:
         raise ValueError("give --stages (checkpoint folders, in order)")
     base = _resolve(cfg.base)
+    if cfg.check_base:
+        check_base("kl", base, cfg.stages, cfg.base)
     labels = list(cfg.stage_labels) or [_stage_name(p) for p in cfg.stages]
     stages = list(zip(labels, cfg.stages))
     res = K.kl_stages(base, stages, cfg.tasks, cfg.limit,
@@ -348,6 +358,8 @@ class LandscapeConfig(ConfigHooks):
     """model dtype"""
     device: str | None = None
     """device"""
+    check_base: bool = True
+    """refuse a checkpoint whose run records another start model than --base (--no-check-base: compare it anyway)"""
     output_dir: str = "analysis/landscape"
     """where landscape.json and figures go"""
     threads: int | None = None
@@ -368,6 +380,8 @@ def run_landscape(cfg: LandscapeConfig) -> dict[str, Any]:
     base = _resolve(cfg.base)
     out = Path(cfg.output_dir)
     check_previous(out, "landscape.json", cfg)
+    if cfg.check_base:
+        check_base("landscape", base, [cfg.es, cfg.grpo], cfg.base)
     model, tok = _load(base, None, cfg.dtype, cfg.device)
     gc = _gen(cfg.max_new_tokens, cfg.batch_size)
     opts = _task_options(cfg.max_passage_chars)
@@ -425,6 +439,8 @@ class SparsityConfig(ConfigHooks):
     """model dtype"""
     device: str | None = None
     """device"""
+    check_base: bool = True
+    """refuse a checkpoint whose run records another start model than --base (--no-check-base: compare it anyway)"""
     output_dir: str = "analysis/sparsity"
     """where sparsity.json and the figure go"""
     threads: int | None = None
@@ -444,6 +460,8 @@ def run_sparsity(cfg: SparsityConfig) -> dict[str, Any]:
         raise ValueError("give --tuned (a checkpoint folder)")
     check_previous(Path(cfg.output_dir), "sparsity.json", cfg)
     base = _resolve(cfg.base)
+    if cfg.check_base:
+        check_base("sparsity", base, [cfg.tuned], cfg.base)
     model, tok = _load(base, None, cfg.dtype, cfg.device)
     tasks = L.prepare_tasks(cfg.tasks, cfg.limit, task_options=_task_options(cfg.max_passage_chars))
     res = SP.sparsity_sweep(model, tok, base, cfg.tuned, tasks, _gen(cfg.max_new_tokens, cfg.batch_size),

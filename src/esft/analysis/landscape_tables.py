@@ -42,10 +42,21 @@ def interpolation_rows(res: dict[str, Any], tasks: Sequence[str]) -> list[list[A
         cell = score_text(acc, names[t])
         known = names[t] == ACCURACY or bar.get("se_of") == SAMPLE
         rows.append([t, cell(acc[0]), cell(acc[-1]), cell(bar["min_accuracy"]),
-                     f"{bar['max_drop']:+.3f} at t={bar['at']:.2f}", fmt(bar["se"]) if known else NA,
+                     f"{bar['max_drop']:+.3f} at t={bar['at']:.2f}", _se_cell(res, t, names[t]) if known else NA,
                      ("yes" if bar["barrier"] else "no") if known else NA]
                     + ([] if constant is None else [baseline_text(constant[t])]))
     return rows
+
+
+def _se_cell(res: dict[str, Any], task: str, name: str) -> str:
+    """A barrier's standard error; for an accuracy whose line stands at 0% or 100%, where the binomial SE is 0,
+    `0 (line at 100.0% [51.0, 100.0])`: the line's value with its 95% Wilson interval over the result's n
+    examples (a result computed before the SE was 0 there holds a floor such as 5e-07 instead: printed as 0)."""
+    bar = res["barrier"][task]
+    line, n = bar.get("line_at"), (res.get("n") or {}).get(task)
+    if name != ACCURACY or bar.get("se_of") == SAMPLE or line is None or line * (1 - line) > 0:
+        return fmt(bar["se"])
+    return f"0 (line at {interval_text(ACCURACY, n)(line)})" if n else "0"
 
 
 def interpolation_header(res: dict[str, Any], tasks: Sequence[str], labels: tuple[str, str]) -> list[str]:
@@ -67,6 +78,10 @@ def interpolation_notes(res: dict[str, Any], tasks: Sequence[str]) -> list[str]:
     names = interpolation_names(res, tasks)
     rewards = [t for t, k in names.items() if k == MEAN_REWARD]
     old = [NOT_RECORDED] if KEY not in res and ACCURACY in names.values() else []
+    zero = [t for t, k in names.items() if k == ACCURACY and _se_cell(res, t, k).startswith("0 (")]
+    old += [f"Binomial SE 0 ({', '.join(zero)}): the line stands at 0% or 100% at the largest drop, where "
+            "sqrt(p (1 - p) / n) is 0 and any drop counts as a barrier; beside it the line's value with its 95% "
+            "Wilson interval over the evaluated examples, [a, b] in %."] if zero else []
     if not rewards:
         return old
     return old + [
