@@ -45,3 +45,11 @@ def test_the_config_still_records_the_absolute_path(data_dir):
 
     assert ESConfig(task="data/one.jsonl:test_file=data/bad.jsonl").task == (
         f"{data_dir / 'data' / 'one.jsonl'}:test_file={data_dir / 'data' / 'bad.jsonl'}")
+
+
+def test_a_data_file_in_a_config_file_is_named_as_typed(data_dir, capsys):
+    (data_dir / "run.yaml").write_text("task: data/one.jsonl:prompt_field=q,reward=exact\n")
+    assert main(["train", "es", "--config", "run.yaml", "--output-dir", "run"]) == 2
+    err = capsys.readouterr().err
+    assert "run.yaml:1: task = 'data/one.jsonl:prompt_field=q,reward=exact' is not accepted" in err
+    assert "data/one.jsonl: row 1 has no field 'q'" in err and str(data_dir) not in err

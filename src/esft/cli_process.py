@@ -40,6 +40,23 @@ def as_typed(message: str, words: Sequence[str]) -> str:
     return message
 
 
+def config_words(args: Sequence[str]) -> list[str]:
+    """The text values at the top of the YAML file a `--config FILE` in `args` names (its `task`, `tasks`), which
+    as_typed reads as typed too; [] where there is none or it cannot be read (its own error says so)."""
+    import yaml
+
+    names = [b for a, b in zip(args, args[1:]) if a == "--config"] + [a[9:] for a in args if a.startswith("--config=")]
+    words: list[str] = []
+    for name in names:
+        try:
+            data = yaml.safe_load(Path(name).read_text(encoding="utf-8"))
+        except (OSError, ValueError, yaml.YAMLError):
+            continue
+        for value in (data.values() if isinstance(data, dict) else ()):
+            words += [v for v in (value if isinstance(value, list) else [value]) if isinstance(v, str)]
+    return words
+
+
 def typed_data_files(words: Sequence[str]) -> dict[str, str]:
     """{absolute path: as typed} of the data files (a task's source and its `test_file` option) that `words` name
     relative to the working directory or under `~`; each word may be a task string, a comma list of them or
