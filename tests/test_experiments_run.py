@@ -436,3 +436,38 @@ def test_a_chain_keeps_the_shared_run_after_its_owner_label_leaves_the_spec(tmp_
     assert result.ok, result.statuses
     assert again.trained == []
     assert not (out / "seed-42/single-task/boolq/grpo-to-es/run-1-grpo").exists()
+
+
+def test_a_stopped_chain_resumes_from_the_shared_run_after_its_owner_label_leaves_the_spec(tmp_path, tokenizer,
+                                                                                          monkeypatch):
+    """The chain `grpo->es` stopped in its ES step, which started from the `grpo` label's run; a spec without
+    `grpo` continues that ES run from the same weights (it used to refuse the stage as trained with other
+    options: the ES step's start model)."""
+    from esft.es import trainer as es_trainer
+    from esft.rundir import RunInterrupted
+
+    algorithms = {"grpo": GRPO_BLOCK, "grpo->es": {"grpo": {}, "es": {**ES_BLOCK, "iterations": 2}}}
+    out, base = tmp_path / "out", "seed-42/single-task/boolq"
+    original = es_trainer.ESTrainer.iteration
+
+    def stopped_at_1(self):
+        if self.step == 1:
+            raise KeyboardInterrupt
+        return original(self)
+
+    monkeypatch.setattr(es_trainer.ESTrainer, "iteration", stopped_at_1)
+    with pytest.raises(RunInterrupted):
+        run_experiment(load_spec(write_spec(tmp_path / "a.yaml", "single-task", ["boolq"], algorithms)), out,
+                       TinyHooks(tokenizer).hooks)
+    assert not (out / base / "grpo-to-es/result.json").exists()
+    monkeypatch.setattr(es_trainer.ESTrainer, "iteration", original)
+    chain_only = {"grpo->es": {"grpo": GRPO_BLOCK, "es": {**ES_BLOCK, "iterations": 2}}}
+    again = TinyHooks(tokenizer)
+    result = run_experiment(load_spec(write_spec(tmp_path / "a.yaml", "single-task", ["boolq"], chain_only)), out,
+                            again.hooks)
+    assert result.ok, result.statuses
+    assert again.trained == [("es", f"{base}/grpo-to-es/run-2-es")]
+    chain = _json(out / base / "grpo-to-es/result.json")
+    assert [(s["run_dir"], s.get("trained_by")) for s in chain["steps"]] == [(f"{base}/grpo/run", "grpo"),
+                                                                           (f"{base}/grpo-to-es/run-2-es", None)]
+    assert not (out / base / "grpo-to-es/run-1-grpo").exists()

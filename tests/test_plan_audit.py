@@ -154,3 +154,60 @@ def test_a_chain_whose_own_first_run_exists_keeps_it(tmp_path):
                                                                  smap)})
     line = next(line for line in plan_text(spec, root).splitlines() if line.startswith(key))
     assert f"grpo to 1 in {key}/run-1-grpo then es to 1 in {key}/run-2-es;" in line
+
+
+#: SHARED without its `grpo` label, the chain's GRPO options written out
+CHAIN_ONLY = SHARED.replace("  grpo: {preset: cpu, max_steps: 1}\n", "").replace(
+    "    grpo: {}", "    grpo: {preset: cpu, max_steps: 1}")
+
+
+def _interrupted_shared_chain(tmp_path):
+    """An experiment folder where `grpo` trained the run its chain `grpo->es` shares, and the chain's ES step was
+    stopped (status.json with its fingerprint, no result.json); returns (root, chain key, owner's run folder)."""
+    from esft.experiments.runner import STATUS, _fingerprint, _step_configs
+    from esft.experiments.stage_eval import write_json
+
+    spec = load_spec_text(tmp_path, SHARED)
+    root = tmp_path / "out"
+    smap = {s.key: s for s in build_plan(spec, root)}
+    key = "seed-42/single-task/boolq/grpo-to-es"
+    owner_run = root / smap[key].steps[0].run_dir
+    (owner_run / "checkpoints" / "final").mkdir(parents=True)
+    (owner_run / "checkpoints" / "final" / "config.json").write_text("{}")
+    (owner_run / "checkpoints" / "final" / "trainer_state.json").write_text('{"global_step": 1}')
+    write_json(owner_run.parent / "result.json", {"label": "grpo", "steps": []})
+    (root / key / "run-2-es").mkdir(parents=True)
+    chain = smap[key]
+    write_json(root / key / STATUS, {"status": "stopped", "attempts": 1, "trained": False,
+                                     "fingerprint": _fingerprint(spec, chain, _step_configs(spec, chain, root, smap),
+                                                                 smap)})
+    return root, key, owner_run
+
+
+def test_an_unfinished_chain_keeps_the_shared_run_after_its_owner_label_leaves_the_spec(tmp_path):
+    """A chain stopped in its ES step, which started from the `grpo` label's run: a spec without `grpo` resumes it
+    from that run (the dry run used to refuse the stage as trained with other options, its ES step's start model)."""
+    from esft.experiments.runner import plan_text
+
+    root, key, owner_run = _interrupted_shared_chain(tmp_path)
+    spec = load_spec_text(tmp_path, CHAIN_ONLY)
+    chain = {s.key: s for s in build_plan(spec, root)}[key]
+    run_dir = owner_run.relative_to(root).as_posix()
+    assert [(st.run_dir, st.owner, st.snapshot) for st in chain.steps] == [(run_dir, "grpo", False),
+                                                                          (f"{key}/run-2-es", None, False)]
+    line = next(line for line in plan_text(spec, root).splitlines() if line.startswith(key))
+    assert f"grpo to 1 in {run_dir} (trained by grpo's stage) then es to 1 in {key}/run-2-es;" in line
+
+
+def test_an_unfinished_chain_whose_shared_start_is_gone_says_what_to_do(tmp_path):
+    import shutil
+
+    from esft.experiments.runner import plan_text
+
+    root, key, owner_run = _interrupted_shared_chain(tmp_path)
+    shutil.rmtree(owner_run / "checkpoints" / "final")
+    with pytest.raises(SpecError) as err:
+        plan_text(load_spec_text(tmp_path, CHAIN_ONLY), root)
+    assert str(err.value) == (f"{root / key} is unfinished, and its es step started from {owner_run}/checkpoints/"
+                              f"final, which is gone: add label 'grpo' back to the spec to train that run again, or "
+                              f"delete {root / key} to train the whole chain anew")

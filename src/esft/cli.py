@@ -20,8 +20,8 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, NoReturn, Sequence
 
-from esft.cli_process import (exit_code, plain_warnings, show_context, silence_stdout, stdout_reader_gone,
-                              stop_on_sigterm)
+from esft.cli_process import (as_typed, config_words, exit_code, plain_warnings, show_context, silence_stdout,
+                              stdout_reader_gone, stop_on_sigterm)
 from esft.config import add_dataclass_arguments, build_config
 from esft.tasks.custom import add_task_flags
 from esft.rundir import check_output_dir
@@ -471,7 +471,7 @@ def _run(parser: argparse.ArgumentParser, args_list: list[str], debug: bool) -> 
         if debug:
             show_context(exc)
             raise
-        print(f"esft: error: {exc}", file=sys.stderr)
+        print(f"esft: error: {as_typed(str(exc), args_list + config_words(args_list))}", file=sys.stderr)
         return exit_code(exc)
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import sys
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 
 @contextlib.contextmanager
@@ -29,6 +29,53 @@ def plain_warnings(debug: bool) -> Iterator[None]:
         yield
     finally:
         warnings.formatwarning = default
+
+
+def as_typed(message: str, words: Sequence[str]) -> str:
+    """`message` naming each data file of a task on the command line (`words`) as the user typed it: a config
+    records such a file by its absolute path (esft.tasks.custom.absolute_data_task, so that config.yaml rebuilds
+    the task from any folder), which errors would otherwise show."""
+    for absolute, typed in sorted(typed_data_files(words).items(), key=lambda kv: -len(kv[0])):
+        message = message.replace(absolute, typed)
+    return message
+
+
+def config_words(args: Sequence[str]) -> list[str]:
+    """The text values at the top of the YAML file a `--config FILE` in `args` names (its `task`, `tasks`), which
+    as_typed reads as typed too; [] where there is none or it cannot be read (its own error says so)."""
+    import yaml
+
+    names = [b for a, b in zip(args, args[1:]) if a == "--config"] + [a[9:] for a in args if a.startswith("--config=")]
+    words: list[str] = []
+    for name in names:
+        try:
+            data = yaml.safe_load(Path(name).read_text(encoding="utf-8"))
+        except (OSError, ValueError, yaml.YAMLError):
+            continue
+        for value in (data.values() if isinstance(data, dict) else ()):
+            words += [v for v in (value if isinstance(value, list) else [value]) if isinstance(v, str)]
+    return words
+
+
+def typed_data_files(words: Sequence[str]) -> dict[str, str]:
+    """{absolute path: as typed} of the data files (a task's source and its `test_file` option) that `words` name
+    relative to the working directory or under `~`; each word may be a task string, a comma list of them or
+    `--flag=value`."""
+    from esft.tasks.custom import absolute_file, external_kind, split_options
+
+    found: dict[str, str] = {}
+    for word in words:
+        for text in {word, word.partition("=")[2], *word.split(",")}:
+            try:  # a word that is no path at all (a long --trl-args, say) may fail a file test
+                if external_kind(text.strip()) != "data":
+                    continue
+                source, options = split_options(text.strip())
+                files = [source] + [value.strip() for key, _, value in (p.partition("=") for p in options.split(","))
+                                    if key.strip().lower() == "test_file"]
+                found.update({absolute_file(f): f for f in files if absolute_file(f) != f})
+            except (OSError, ValueError):
+                continue
+    return found
 
 
 def show_context(exc: BaseException) -> None:

@@ -44,8 +44,8 @@ from esft.es.fitness import FitnessRule, as_fitness_rule
 from esft.evaluation import load_examples
 from esft.tasks.base import checks_format, format_bonus_warning
 from esft.tasks.custom import as_task
-from esft.rundir import (DISK_FULL, NonFiniteError, RunInterrupted, RunLock, TrainResult, check_output_dir,
-                         demote_final, held_out_fields, held_out_text, holds_run, occupied_error, peak_rss_mb,
+from esft.rundir import (DISK_FULL, NonFiniteError, RunInterrupted, TrainResult, check_output_dir, demote_final,
+                         held_out_fields, held_out_text, holds_run, locked_run_folder, occupied_error, peak_rss_mb,
                          prune_checkpoints, resuming_line, say)
 from esft.tracking import Tracker, check_backends, open_tracker
 from esft.version import __version__
@@ -361,11 +361,8 @@ class ESTrainer:
     def train(self) -> TrainResult:
         from tqdm.auto import tqdm
 
-        lock = RunLock(self.out).acquire()
-        try:
+        with locked_run_folder(self.out):  # a run refused before it logs anything leaves no files behind
             return self._train_locked(tqdm)
-        finally:
-            lock.release()
 
     def _checkpoint_due(self, step: int) -> bool:
         every = self.config.checkpoint_every

@@ -200,21 +200,64 @@ def _share_first_steps(spec: Spec, stages: list[Stage], root: Path | None = None
 
 
 def _recorded_share(root: Path, stage: Stage) -> Step | None:
-    """The first step of a finished chain stage as its result.json records it when another label's stage trained
-    it and that run is still in the folder: a spec that no longer lists that label keeps what the chain started
-    from (its later steps' recorded start model), instead of the chain's own run it never trained."""
+    """The first step of a chain stage as recorded when another label's stage trained it and that run is still in
+    the folder: a spec that no longer lists that label keeps what the chain started from (its later steps' recorded
+    start model), instead of the chain's own run it never trained. A finished stage's result.json says it; an
+    interrupted one's status.json records where its second step started (`_started_share`)."""
     import json
 
     try:
         first = json.loads((root / stage.key / "result.json").read_text())["steps"][0]
         run_dir, model_dir, owner = first["run_dir"], first["model_dir"], first["trained_by"]
-    except (OSError, ValueError, KeyError, IndexError, TypeError):
+    except OSError:
+        return _started_share(root, stage)
+    except (ValueError, KeyError, IndexError, TypeError):
         return None
     if not (isinstance(run_dir, str) and (root / run_dir).is_dir()):
         return None
     step = stage.steps[0]
     return dataclasses.replace(step, run_dir=run_dir, owner=owner,
                                snapshot=model_dir != f"{run_dir}/checkpoints/final")
+
+
+def _started_share(root: Path, stage: Stage) -> Step | None:
+    """The first step of an interrupted chain stage (no result.json) whose second step started from another run's
+    weights, as its status.json fingerprint records them: that run's step, or a SpecError saying what to do where
+    those weights are gone. None where the stage never started a second step or started it from its own run."""
+    import json
+
+    try:
+        fingerprint = json.loads((root / stage.key / "status.json").read_text())["fingerprint"]
+        start = fingerprint[1]["config"]["model"]
+    except (OSError, ValueError, KeyError, IndexError, TypeError):
+        return None
+    rel = _inside(root, str(start), stage.key)
+    run_dir, _, name = (rel or "").rpartition("/checkpoints/")
+    step = stage.steps[0]
+    if not run_dir or run_dir == step.run_dir:
+        return None
+    try:  # the label of the stage that trained the run, for the records
+        owner = str(json.loads(((root / run_dir).parent / "result.json").read_text())["label"])
+    except (OSError, ValueError, KeyError, TypeError):
+        owner = Path(run_dir).parent.name
+    if not (root / rel / "config.json").is_file():
+        from esft.experiments.yamlines import SpecError
+
+        raise SpecError(f"{root / stage.key} is unfinished, and its {stage.steps[1].algorithm} step started from "
+                        f"{root / rel}, which is gone: add label {owner!r} back to the spec to train that run again, "
+                        f"or delete {root / stage.key} to train the whole chain anew")
+    return dataclasses.replace(step, run_dir=run_dir, owner=str(owner), snapshot=name != "final")
+
+
+def _inside(root: Path, path: str, key: str) -> str | None:
+    """`path`, recorded as an absolute path, relative to the experiment folder `root`; also where the folder has
+    moved since (then found from the stage key's `seed-N/kind/`, where every run folder of the experiment starts)."""
+    base = f"{root.resolve().as_posix()}/"
+    if path.startswith(base):
+        return path[len(base):]
+    anchor = "/" + "/".join(key.split("/")[:2]) + "/"
+    at = path.rfind(anchor)
+    return path[at + 1:] if at >= 0 else None
 
 
 def _single_task(spec: Spec, seed: int) -> list[Stage]:

@@ -213,7 +213,7 @@ def train_grpo(config: GRPOConfig, *, model: Any = None, tokenizer: Any = None, 
     rundir.check_output_dir(out)
     # an object that is not an esft Task as get_task builds it: its resume from config.yaml prompts alike
     task = None if task is None else as_task(task)
-    with rundir.RunLock(out):  # one writer per run directory
+    with rundir.locked_run_folder(out):  # one writer per run directory; a refusal leaves no files behind
         return _train_locked(config, out, model, tokenizer, task, callbacks, progress)
 
 

@@ -36,7 +36,7 @@ DATA_TASK_FLAGS = ("prompt_field", "answer_field", "system_prompt", "reward")
 _DATA_SPEC = re.compile(r"(.*?\.(?:jsonl|json|csv|tsv)(?:\.gz)?)(?::(.*))?", re.IGNORECASE | re.DOTALL)
 
 
-def _split_options(spec: str) -> tuple[str, str]:
+def split_options(spec: str) -> tuple[str, str]:
     """(source, option text) of `data.jsonl:key=value,...` or `owner/name[:config]:key=value,...` (a hub config
     has no '=': the options begin at the first ':'-separated part that holds one)."""
     m = _DATA_SPEC.fullmatch(spec)
@@ -60,7 +60,7 @@ def external_kind(name: str) -> str | None:
     does not read (an existing file, or a data suffix such as .parquet, that is not .jsonl/.json/.csv/.tsv: building
     it says so), else None (a registered or entry-point name, with or without options)."""
     text = str(name).strip()
-    source, _ = _split_options(text)
+    source, _ = split_options(text)
     if is_data_file(source):
         return "data"
     if _IMPORT_PATH.fullmatch(text):
@@ -92,7 +92,7 @@ def absolute_data_task(name: str) -> str:
     text = str(name).strip()
     if external_kind(text) != "data":
         return name
-    source, options = _split_options(text)
+    source, options = split_options(text)
     options = _TEST_FILE_OPTION.sub(lambda m: m.group(1) + absolute_file(m.group(2).strip()), options)
     made = absolute_file(source) + (f":{options}" if options else "")
     return name if made == text else made
@@ -134,7 +134,7 @@ def _data_task(name: str, kind: str, options: dict[str, Any]) -> DatasetTask:
     from esft.config import converter  # ground floor too: option text -> the field's type
     import typing
 
-    source, text = _split_options(str(name).strip())
+    source, text = split_options(str(name).strip())
     named = parse_options(name, text) if text else {}
     fields = {f.name: f for f in dataclasses.fields(DatasetTask) if f.init and f.name not in ("splits", "source")}
     hints = typing.get_type_hints(DatasetTask)
@@ -273,7 +273,7 @@ def external_task(name: str, options: dict[str, Any]) -> Task:
     """The task an import path, a data file or a hub dataset name stands for (see external_kind)."""
     kind = external_kind(name)
     if kind == "file":
-        raise unread_file_error(_split_options(str(name).strip())[0])
+        raise unread_file_error(split_options(str(name).strip())[0])
     if kind in ("data", "hub"):
         check_recorded(name, options)
         return _data_task(name, kind, options)
@@ -492,8 +492,7 @@ def check_recorded(name: str, options: dict[str, Any]) -> None:
                          "docs/custom-tasks.md)")
 
 
-__all__ = ["DATA_TASK_FLAGS", "ENTRY_POINT_GROUP", "NOT_RECORDED", "TaskAdapter", "absolute_file",
-           "absolute_task_options", "add_task_flags", "apply_task_flags", "as_task", "entry_point_names",
-           "entry_point_task",
-           "check_recorded", "external_kind", "external_task", "instantiate", "parse_options", "recorded_class",
-           "script_class", "task_record", "task_spec", "unrecorded_options"]
+__all__ = ["DATA_TASK_FLAGS", "ENTRY_POINT_GROUP", "NOT_RECORDED", "TaskAdapter", "absolute_data_task",
+           "absolute_file", "absolute_task_options", "add_task_flags", "apply_task_flags", "as_task", "check_recorded",
+           "entry_point_names", "entry_point_task", "external_kind", "external_task", "instantiate", "parse_options",
+           "recorded_class", "script_class", "split_options", "task_record", "task_spec", "unrecorded_options"]

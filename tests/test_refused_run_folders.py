@@ -1,0 +1,114 @@
+"""A training run refused or failed before it logs anything leaves the user's --output-dir as it found it
+(esft.rundir.locked_run_folder): a folder it made is gone, a folder that was there keeps exactly its own files, so
+the same command with the option fixed starts cleanly. Real `esft train` runs at tiny settings (a random-init Llama
+with the SmolLM2 tokenizer saved as a model folder)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from esft.cli import main
+from esft.rundir import locked_run_folder
+
+TASK = "countdown:numbers=2,max_number=20,ops=+"
+
+#: a reward that passes the set-up's probes (the gold answers, an empty completion) and refuses any other text,
+#: such as the tiny model's blank lines in its first evaluation
+PICKY_REWARD = '''
+def picky(completions, answer, **kwargs):
+    texts = [c[0]["content"] for c in completions]
+    if any(t and t != str(a) for t, a in zip(texts, answer)):
+        raise ValueError("picky wants the gold answer")
+    return [1.0 for _ in texts]
+'''
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory) -> Path:
+    from conftest import make_tiny_model
+    from esft.models import load_tokenizer
+
+    folder = tmp_path_factory.mktemp("tiny-model")
+    make_tiny_model().save_pretrained(folder)
+    load_tokenizer("smollm2-135m").save_pretrained(folder)
+    return folder
+
+
+def contents(folder: Path) -> dict[str, bytes | None]:
+    return {str(p.relative_to(folder)): (p.read_bytes() if p.is_file() else None) for p in folder.rglob("*")}
+
+
+def user_folder(path: Path) -> dict[str, bytes | None]:
+    """A folder the user made before the run: their notes, their own config.yaml and an empty samples/."""
+    (path / "samples").mkdir(parents=True)
+    (path / "notes.txt").write_text("mine\n")
+    (path / "config.yaml").write_text("# my options\nsigma: 0.001\n")
+    return contents(path)
+
+
+def es_data_args(model: Path, data: Path, out: Path, reward: str) -> list[str]:
+    return ["train", "es", "--model", str(model), "--task", str(data), "--prompt-field", "question",
+            "--reward", reward, "--population-size", "2", "--batch-size", "2", "--max-new-tokens", "2",
+            "--iterations", "1", "--eval-limit", "1", "--generation-batch-size", "2", "--device", "cpu",
+            "--dtype", "float32", "--output-dir", str(out)]
+
+
+def test_es_run_failing_before_it_logs_leaves_no_files_and_reruns(tiny_dir, tmp_path, monkeypatch, capsys):
+    from conftest import importable_module
+
+    importable_module(tmp_path, monkeypatch, "picky_rewards", PICKY_REWARD)
+    data = tmp_path / "one.jsonl"
+    data.write_text("".join(json.dumps({"question": f"{i}+{i}?", "answer": str(2 * i)}) + "\n" for i in range(6)))
+    new = tmp_path / "runs" / "es"  # neither folder exists yet
+    assert main(es_data_args(tiny_dir, data, new, "picky_rewards:picky")) == 2
+    assert "picky wants the gold answer" in capsys.readouterr().err  # it failed in its first evaluation
+    assert not (tmp_path / "runs").exists()
+
+    mine = tmp_path / "mine"
+    before = user_folder(mine)
+    assert main(es_data_args(tiny_dir, data, mine, "picky_rewards:picky")) == 2
+    assert contents(mine) == before  # no config.yaml of the failed run, no .lock, the user's config.yaml back
+
+    assert main(es_data_args(tiny_dir, data, new, "exact")) == 0  # the fixed command is not refused
+    assert (new / "seeds.jsonl").is_file() and (new / "checkpoints" / "final").is_dir()
+
+
+def grpo_args(model: Path, out: Path, *extra: str) -> list[str]:
+    return ["train", "grpo", "--model", str(model), "--task", TASK, "--max-steps", "1", "--prompts-per-step", "2",
+            "--num-generations", "2", "--per-device-train-batch-size", "2", "--max-completion-length", "2",
+            "--device", "cpu", "--output-dir", str(out), *extra]
+
+
+def test_grpo_run_refused_by_trl_leaves_no_files(tiny_dir, tmp_path, capsys):
+    refused = ("--trl-args", '{"auto_find_batch_size": true}')  # TRL's own check, run once the folder is locked
+    new = tmp_path / "runs" / "grpo"
+    assert main(grpo_args(tiny_dir, new, *refused)) == 2
+    assert "auto_find_batch_size" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()
+
+    mine = tmp_path / "mine"
+    before = user_folder(mine)
+    assert main(grpo_args(tiny_dir, mine, *refused)) == 2
+    assert contents(mine) == before
+
+
+def test_a_folder_that_holds_a_run_or_an_interrupted_one_is_kept(tmp_path):
+    """Only a failure before anything is logged is undone: a logged record, or Ctrl-C (whose message says how
+    to resume from config.yaml), keeps every file."""
+    logged = tmp_path / "logged"
+    with pytest.raises(ValueError):
+        with locked_run_folder(logged):
+            (logged / "config.yaml").write_text("seed: 1\n")
+            (logged / "metrics.jsonl").write_text('{"kind": "eval", "step": 0}\n')
+            raise ValueError("late failure")
+    assert {p.name for p in logged.iterdir()} == {".lock", "config.yaml", "metrics.jsonl"}
+
+    stopped = tmp_path / "stopped"
+    with pytest.raises(KeyboardInterrupt):
+        with locked_run_folder(stopped):
+            (stopped / "config.yaml").write_text("seed: 1\n")
+            raise KeyboardInterrupt
+    assert (stopped / "config.yaml").is_file()
