@@ -112,3 +112,20 @@ def test_a_folder_that_holds_a_run_or_an_interrupted_one_is_kept(tmp_path):
             (stopped / "config.yaml").write_text("seed: 1\n")
             raise KeyboardInterrupt
     assert (stopped / "config.yaml").is_file()
+
+
+def test_in_a_folder_that_was_there_a_failed_run_removes_only_the_files_a_run_writes(tmp_path):
+    before = user_folder(tmp_path / "out")
+    with pytest.raises(ValueError), locked_run_folder(tmp_path / "out"):
+        (tmp_path / "out" / "config.yaml").write_text("seed: 1\n")  # the run's, over the user's
+        (tmp_path / "out" / "samples" / "iter_000.jsonl").write_text("{}\n")
+        (tmp_path / "out" / "tensorboard").mkdir()
+        (tmp_path / "out" / "draft.md").write_text("written by an editor meanwhile\n")
+        raise ValueError("refused")
+    after = contents(tmp_path / "out")
+    assert after == {**before, "draft.md": b"written by an editor meanwhile\n"}
+    # a folder the run made is the run's alone: all of it goes
+    with pytest.raises(ValueError), locked_run_folder(tmp_path / "new" / "run"):
+        (tmp_path / "new" / "run" / "draft.md").write_text("x")
+        raise ValueError("refused")
+    assert not (tmp_path / "new").exists()

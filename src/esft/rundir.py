@@ -170,6 +170,9 @@ class RunLock:
 
 #: the run layout's folders, whose entries `FolderChanges` notes too (a failed attempt's samples, say)
 _LAYOUT_DIRS = ("samples", CHECKPOINTS, "tensorboard")
+#: what a trainer writes at the top of a run folder: in a folder that existed before, `undo` removes only these (a
+#: file that the user, or another program, puts beside them meanwhile is not the run's)
+_RUN_NAMES = {".lock", "config.yaml", "metrics.jsonl", "seeds.jsonl", "drift.jsonl", "curve.png", *_LAYOUT_DIRS}
 
 
 class FolderChanges:
@@ -206,7 +209,10 @@ class FolderChanges:
                 return
         except CorruptLogError:  # a damaged log is still a run's
             return
-        for name in sorted(self._entries() - self.before, key=lambda n: -n.count("/")):
+        added = self._entries() - self.before
+        if not self.made:  # the user's folder: only what the run writes
+            added = {name for name in added if name.split("/")[0] in _RUN_NAMES}
+        for name in sorted(added, key=lambda n: -n.count("/")):
             path = self.folder / name
             if path.is_dir() and not path.is_symlink():
                 shutil.rmtree(path, ignore_errors=True)
