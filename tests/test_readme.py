@@ -252,3 +252,47 @@ def test_scripts_import_only_what_esft_has():
     bad = [f"{script.relative_to(ROOT)} {m}" for script in sorted((ROOT / "scripts").glob("*.py"))
            for m in esft_imports_missing(script.read_text())]
     assert not bad, "\n".join(bad)
+
+
+# ---- names the docs tell users to import or look up exist ---------------------------------------------------------
+def esft_names(text: str) -> list[str]:
+    """Every dotted `esft.module.name` of the page's code (blocks and inline spans), in order, once each."""
+    names = [n for span in _code_spans(text) for n in re.findall(r"(?<![\w./-])esft(?:\.[A-Za-z_]\w*)+", span)]
+    return list(dict.fromkeys(names))
+
+
+def missing_name(dotted: str) -> str | None:
+    """Why `dotted` does not resolve (the longest importable module, then attributes), None when it does. A module
+    that needs an optional package that is not installed (vllm) counts as resolving: its name is esft's."""
+    import importlib
+
+    parts = dotted.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:i]))
+        except ModuleNotFoundError as exc:
+            if exc.name and not exc.name.startswith("esft"):
+                return None
+            continue
+        for j, attr in enumerate(parts[i:], i):
+            if not hasattr(obj, attr):
+                return f"{'.'.join(parts[:j])} has no {attr}"
+            obj = getattr(obj, attr)
+        return None
+    return f"no module {parts[0]}"
+
+
+def test_name_checker_finds_a_moved_name():
+    assert esft_names("`esft.es.executor.MMAP_THRESHOLD` and\n\n```python\nfrom esft.es import ESConfig\n```") == [
+        "esft.es", "esft.es.executor.MMAP_THRESHOLD"]
+    assert missing_name("esft.es.executor.MMAP_THRESHOLD") == "esft.es.executor has no MMAP_THRESHOLD"
+    assert missing_name("esft.es.nosuchmodule") == "esft.es has no nosuchmodule"
+    assert missing_name("esft.es.lanes.MMAP_THRESHOLD") is None
+
+
+def test_every_esft_name_in_the_docs_exists():
+    """Every `esft.a.b` the docs name (a module, function, class or constant) imports: a renamed or moved name
+    must fail here, not in a reader's Python session."""
+    bad = [f"{page.relative_to(ROOT)}: {name}: {why}" for page in DOC_PAGES for name in esft_names(page.read_text())
+           if (why := missing_name(name))]
+    assert not bad, "\n".join(bad)
