@@ -296,3 +296,42 @@ def test_every_esft_name_in_the_docs_exists():
     bad = [f"{page.relative_to(ROOT)}: {name}: {why}" for page in DOC_PAGES for name in esft_names(page.read_text())
            if (why := missing_name(name))]
     assert not bad, "\n".join(bad)
+
+
+# ---- what the docs' option tables say a preset sets is what it sets ----------------------------------------------
+def preset_claims(text: str) -> list[tuple[str, str, str]]:
+    """(flag, preset, value) for each "the `PRESET` preset uses VALUE" in a table row whose first cell is a flag."""
+    claims = []
+    for line in text.splitlines():
+        row = re.match(r"\|\s*`(--[a-z][\w-]*)[^|]*\|(.*)", line)
+        if row:
+            claims += [(row.group(1), p, v) for p, v in re.findall(r"the `([\w-]+)` preset uses ([\w.-]+)", row[2])]
+    return claims
+
+
+def wrong_preset_claims(text: str) -> list[str]:
+    from esft.es.es_config import PRESETS, ESConfig
+
+    parser = command_parsers(["train", "es"])[0]
+    dests = {s: a.dest for a in parser._actions for s in a.option_strings}
+    bad = []
+    for flag, preset, value in preset_claims(text):
+        field = dests[flag]
+        actual = PRESETS[preset].get(field, getattr(ESConfig(), field)) if preset in PRESETS else "no such preset"
+        if str(actual) != value:
+            bad.append(f"{flag}: the `{preset}` preset uses {actual}, not {value}")
+    return bad
+
+
+def test_preset_claim_checker_reads_option_rows():
+    row = "| `--parallel-members K` | K lanes (the `cpu` preset uses 2, the `cpu-countdown` preset uses 2) |"
+    assert preset_claims(row + "\nthe `cpu` preset uses 5 outside a table") == [
+        ("--parallel-members", "cpu", "2"), ("--parallel-members", "cpu-countdown", "2")]
+    assert wrong_preset_claims(row) == ["--parallel-members: the `cpu` preset uses 1, not 2"]
+
+
+def test_option_tables_state_the_presets_values():
+    """An option table that says what a preset sets (docs/distributed.md: `--parallel-members`) follows the preset
+    when it changes."""
+    bad = [f"{page.relative_to(ROOT)}: {b}" for page in DOC_PAGES for b in wrong_preset_claims(page.read_text())]
+    assert not bad, "\n".join(bad)
