@@ -142,7 +142,7 @@ def esft_commands(text: str) -> list[list[str]]:
     commands = []
     for span in _code_spans(text):
         for part in re.split(r"&&|;", span):
-            found = re.search(r"(?:^|\s)esft ((?:-|[a-z]).*)", part)
+            found = re.search(r"(?:^|\s|/bin/)esft ((?:-|[a-z]).*)", part)  # also a venv's bin/esft
             if found:
                 commands.append(found.group(1).split())
     return commands
@@ -191,6 +191,8 @@ def unknown_flags(text: str) -> list[str]:
 def test_flag_checker_finds_a_flag_of_another_command():
     assert esft_commands("run `esft train es|grpo --resume` or\n\n```bash\nesft bench --json  # one object\n```") == [
         ["bench", "--json"], ["train", "es|grpo", "--resume"]]
+    assert esft_commands("```bash\n~/.cache/venv/bin/esft train es \\\n    --fitness dart\n```") == [
+        ["train", "es", "--fitness", "dart"]]
     assert unknown_flags("`esft train es|grpo --resume --output-dir RUN`") == []
     assert unknown_flags("`esft train grpo --checkpoint-every 5`") == [
         "`esft train grpo` has no --checkpoint-every: esft train grpo --checkpoint-every 5"]
