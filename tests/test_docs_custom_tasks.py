@@ -75,3 +75,25 @@ def test_python_blocks_run_as_written(tmp_path, monkeypatch, capsys):
     grpo_run = tmp_path / "runs" / "doubling-grpo"
     assert "task: my_tasks:Doubling" in (grpo_run / "config.yaml").read_text()
     assert namespace["result"].steps == 1
+
+
+def test_commands_without_their_files_stop_as_the_page_says(tmp_path, monkeypatch, capsys):
+    """Run in a folder without sums.jsonl and my_rewards.py, each command stops with an error the page quotes."""
+    import os
+    import signal
+
+    from esft.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("OMP_WAIT_POLICY", os.environ.get("OMP_WAIT_POLICY", "PASSIVE"))  # main() sets it
+    previous = signal.getsignal(signal.SIGTERM)
+    monkeypatch.setattr(signal, "signal", lambda *a: previous)  # main()'s SIGTERM handler, not pytest's
+    intro = DOC.read_text().split("```bash", 1)[0].rstrip().rsplit("\n\n", 1)[1]
+    quoted = [" ".join(part.split()) for span in re.findall(r"`([^`]+)`", intro) for part in span.split("...")
+              if len(part.strip()) > 20]
+    assert len(quoted) >= 2
+    commands = [line for line in blocks("bash")[0].splitlines() if line.startswith("esft ")]
+    for line in commands:
+        code = main(shlex.split(line)[1:])
+        error = " ".join(capsys.readouterr().err.split())
+        assert code == 2 and any(q in error for q in quoted), (line, error, quoted)

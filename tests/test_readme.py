@@ -142,7 +142,7 @@ def esft_commands(text: str) -> list[list[str]]:
     commands = []
     for span in _code_spans(text):
         for part in re.split(r"&&|;", span):
-            found = re.search(r"(?:^|\s)esft ((?:-|[a-z]).*)", part)
+            found = re.search(r"(?:^|\s|/bin/)esft ((?:-|[a-z]).*)", part)  # also a venv's bin/esft
             if found:
                 commands.append(found.group(1).split())
     return commands
@@ -191,6 +191,8 @@ def unknown_flags(text: str) -> list[str]:
 def test_flag_checker_finds_a_flag_of_another_command():
     assert esft_commands("run `esft train es|grpo --resume` or\n\n```bash\nesft bench --json  # one object\n```") == [
         ["bench", "--json"], ["train", "es|grpo", "--resume"]]
+    assert esft_commands("```bash\n~/.cache/venv/bin/esft train es \\\n    --fitness dart\n```") == [
+        ["train", "es", "--fitness", "dart"]]
     assert unknown_flags("`esft train es|grpo --resume --output-dir RUN`") == []
     assert unknown_flags("`esft train grpo --checkpoint-every 5`") == [
         "`esft train grpo` has no --checkpoint-every: esft train grpo --checkpoint-every 5"]
@@ -251,4 +253,87 @@ def test_scripts_import_only_what_esft_has():
     no import error shows until a run reaches them: a module that moved must fail here instead."""
     bad = [f"{script.relative_to(ROOT)} {m}" for script in sorted((ROOT / "scripts").glob("*.py"))
            for m in esft_imports_missing(script.read_text())]
+    assert not bad, "\n".join(bad)
+
+
+# ---- names the docs tell users to import or look up exist ---------------------------------------------------------
+def esft_names(text: str) -> list[str]:
+    """Every dotted `esft.module.name` of the page's code (blocks and inline spans), in order, once each."""
+    names = [n for span in _code_spans(text) for n in re.findall(r"(?<![\w./-])esft(?:\.[A-Za-z_]\w*)+", span)]
+    return list(dict.fromkeys(names))
+
+
+def missing_name(dotted: str) -> str | None:
+    """Why `dotted` does not resolve (the longest importable module, then attributes), None when it does. A module
+    that needs an optional package that is not installed (vllm) counts as resolving: its name is esft's."""
+    import importlib
+
+    parts = dotted.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:i]))
+        except ModuleNotFoundError as exc:
+            if exc.name and not exc.name.startswith("esft"):
+                return None
+            continue
+        for j, attr in enumerate(parts[i:], i):
+            if not hasattr(obj, attr):
+                return f"{'.'.join(parts[:j])} has no {attr}"
+            obj = getattr(obj, attr)
+        return None
+    return f"no module {parts[0]}"
+
+
+def test_name_checker_finds_a_moved_name():
+    assert esft_names("`esft.es.executor.MMAP_THRESHOLD` and\n\n```python\nfrom esft.es import ESConfig\n```") == [
+        "esft.es", "esft.es.executor.MMAP_THRESHOLD"]
+    assert missing_name("esft.es.executor.MMAP_THRESHOLD") == "esft.es.executor has no MMAP_THRESHOLD"
+    assert missing_name("esft.es.nosuchmodule") == "esft.es has no nosuchmodule"
+    assert missing_name("esft.es.lanes.MMAP_THRESHOLD") is None
+
+
+def test_every_esft_name_in_the_docs_exists():
+    """Every `esft.a.b` the docs name (a module, function, class or constant) imports: a renamed or moved name
+    must fail here, not in a reader's Python session."""
+    bad = [f"{page.relative_to(ROOT)}: {name}: {why}" for page in DOC_PAGES for name in esft_names(page.read_text())
+           if (why := missing_name(name))]
+    assert not bad, "\n".join(bad)
+
+
+# ---- what the docs' option tables say a preset sets is what it sets ----------------------------------------------
+def preset_claims(text: str) -> list[tuple[str, str, str]]:
+    """(flag, preset, value) for each "the `PRESET` preset uses VALUE" in a table row whose first cell is a flag."""
+    claims = []
+    for line in text.splitlines():
+        row = re.match(r"\|\s*`(--[a-z][\w-]*)[^|]*\|(.*)", line)
+        if row:
+            claims += [(row.group(1), p, v) for p, v in re.findall(r"the `([\w-]+)` preset uses ([\w.-]+)", row[2])]
+    return claims
+
+
+def wrong_preset_claims(text: str) -> list[str]:
+    from esft.es.es_config import PRESETS, ESConfig
+
+    parser = command_parsers(["train", "es"])[0]
+    dests = {s: a.dest for a in parser._actions for s in a.option_strings}
+    bad = []
+    for flag, preset, value in preset_claims(text):
+        field = dests[flag]
+        actual = PRESETS[preset].get(field, getattr(ESConfig(), field)) if preset in PRESETS else "no such preset"
+        if str(actual) != value:
+            bad.append(f"{flag}: the `{preset}` preset uses {actual}, not {value}")
+    return bad
+
+
+def test_preset_claim_checker_reads_option_rows():
+    row = "| `--parallel-members K` | K lanes (the `cpu` preset uses 2, the `cpu-countdown` preset uses 2) |"
+    assert preset_claims(row + "\nthe `cpu` preset uses 5 outside a table") == [
+        ("--parallel-members", "cpu", "2"), ("--parallel-members", "cpu-countdown", "2")]
+    assert wrong_preset_claims(row) == ["--parallel-members: the `cpu` preset uses 1, not 2"]
+
+
+def test_option_tables_state_the_presets_values():
+    """An option table that says what a preset sets (docs/distributed.md: `--parallel-members`) follows the preset
+    when it changes."""
+    bad = [f"{page.relative_to(ROOT)}: {b}" for page in DOC_PAGES for b in wrong_preset_claims(page.read_text())]
     assert not bad, "\n".join(bad)
