@@ -63,8 +63,8 @@ def kl_calls(monkeypatch):
         labels = [label for label, _ in stages]
 
         def table(scale):
-            return {t: {lab: {"k3_token_mean": scale * KL_OF_SEED[seed] * (j + 1)} for j, lab in enumerate(labels)}
-                    for t in tasks}
+            return {t: {lab: {"k3_token_mean": scale * KL_OF_SEED[seed] * (j + 1), "k3_token_mean_se": 0.0}
+                        for j, lab in enumerate(labels)} for t in tasks}
 
         return {"stages": labels, "tasks": tasks, "incremental": table(1.0), "cumulative": table(10.0)}
 
@@ -169,7 +169,7 @@ def sweeps(monkeypatch):
         calls.append({"model": model, "tokenizer": tokenizer, "base": base, "tuned": tuned, "tasks": tasks,
                       "targets": targets, "max_new_tokens": gen_config.max_new_tokens})
         return {"rows": [{"tau": 0.0, "sparsity": 0.0, "accuracy": {t: 0.5 for t in tasks}}],
-                "base_accuracy": {t: 0.25 for t in tasks}}
+                "base_accuracy": {t: 0.25 for t in tasks}, "constant_baseline": {}}
 
     def prepare(names, limit, task_options=None, balanced=False, build=None):
         return {"names": list(names), "limit": limit, "balanced": balanced}
