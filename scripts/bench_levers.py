@@ -23,6 +23,20 @@ def _load() -> float:
     return round(os.getloadavg()[0], 2)
 
 
+def engine_configs(batch_size: int) -> dict[str, dict]:
+    """The generation configurations compared, by name (`batch_size`: the workload's generation batch)."""
+    return {
+        "hf-generate": dict(engine="hf"),
+        "esft-hf-forward": dict(engine="esft", lean=False),
+        "esft-lean": dict(engine="esft", lean=True),
+        "esft-lean+prefix": dict(engine="esft", lean=True, share_prefix=True),
+        "esft-lean+buckets4": dict(engine="esft", lean=True, prefill_buckets=4),
+        "esft-lean+prefix+buckets2": dict(engine="esft", lean=True, share_prefix=True, prefill_buckets=2),
+        "esft-lean+prefix+buckets4": dict(engine="esft", lean=True, share_prefix=True, prefill_buckets=4),
+        "esft-lean-half-batch": dict(engine="esft", lean=True, batch_size=max(1, batch_size // 2)),
+    }
+
+
 def generation(args) -> None:
     from esft import bench
     from esft.generation import GenerationConfig, encode_prompts, generate
@@ -35,17 +49,8 @@ def generation(args) -> None:
     base = dict(max_new_tokens=args.max_new or work.max_new_tokens,
                 min_new_tokens=min(work.min_new_tokens, args.max_new or work.min_new_tokens),
                 batch_size=work.generation_batch_size, temperature=0.0)
-    configs = {
-        "hf-generate": dict(engine="hf"),
-        "esft-hf-forward": dict(engine="esft", lean=False),
-        "esft-lean": dict(engine="esft", lean=True),
-        "esft-lean+prefix": dict(engine="esft", lean=True, share_prefix=True),
-        "esft-lean+buckets4": dict(engine="esft", lean=True, prefill_buckets=4),
-        "esft-lean+prefix+buckets2": dict(engine="esft", lean=True, share_prefix=True, prefill_buckets=2),
-        "esft-lean+prefix+buckets4": dict(engine="esft", lean=True, share_prefix=True, prefill_buckets=4),
-        "esft-lean-half-batch": dict(engine="esft", lean=True, batch_size=max(1, work.generation_batch_size // 2)),
-    }
-    chosen = args.configs.split(",") if args.configs else list(configs)
+    configs = engine_configs(work.generation_batch_size)
+    chosen = args.chosen
     ref = None
     for r in range(args.repeats):
         for name in chosen:
@@ -104,6 +109,11 @@ def main() -> None:
     p.add_argument("--configs", default=None, help="comma-separated subset of the generation configurations")
     p.add_argument("--max-new", type=int, default=None, help="cap the workload's completion length (quick looks)")
     args = p.parse_args()
+    known = list(engine_configs(1))
+    args.chosen = args.configs.split(",") if args.configs else known
+    unknown = [name for name in args.chosen if name not in known]
+    if unknown:  # before the model loads
+        p.error(f"--configs: unknown {', '.join(map(repr, unknown))}; known: {', '.join(known)}")
     if args.threads:
         torch.set_num_threads(args.threads)
     {"generation": generation, "noise": noise}[args.what](args)

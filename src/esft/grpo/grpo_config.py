@@ -277,7 +277,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     # The ES cpu-countdown preset's task (two worked puzzles, + and *), sampled rollouts: 32 completions per step
     # (4 prompts x K = 8) of ~300 prompt + ~30 generated tokens; 110 s per step on 2 cores (training forward and
     # backward 87 s of it; bf16 autocast was no faster: docs/results/cpu-study/grpo-probe), so the CPU budget is
-    # steps, not samples. Two departures from the paper besides the scale: lr 2e-5 (above its 3e-6, as in "cpu",
+    # steps, not samples. Two departures from the paper besides the scale: lr 2e-5 (above its 3e-6, as "cpu"'s 5e-5 is,
     # for a 10-step budget) and log_kl off (the paper tracks KL at beta 0): no frozen copy of the model and no extra
     # forward pass per step, as the probe and the cpu-study runs ran; `--log-kl` records the KL.
     "cpu-countdown": dict(task="countdown:numbers=2,max_number=50,ops=+*,ask_format=1,shots=2", format_bonus=0.0,
