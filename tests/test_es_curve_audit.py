@@ -120,3 +120,38 @@ def test_both_panels_tick_whole_steps_only(tmp_path, steps):
     for ax in fig.axes:
         ticks = [t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]]
         assert ticks and all(float(t).is_integer() for t in ticks), ticks
+
+
+def test_a_grpo_run_is_drawn_in_the_studys_grpo_red_and_an_es_run_in_es_blue(tmp_path):
+    from matplotlib.colors import to_rgba
+
+    grpo = [{"kind": "train", "step": s, "reward": {"mean": 0.2 * s, "min": 0.0, "max": 1.0}} for s in (1, 2)]
+    grpo.append({"kind": "eval", "step": 2, "test_n": 10, "test_accuracy": 0.5, "test_ci95": [0.2, 0.8]})
+    train_ax, heldout_ax = curve.run_figure(_run(tmp_path / "grpo", grpo)).axes
+    assert to_rgba(train_ax.get_lines()[0].get_color()) == to_rgba("tab:red")
+    assert to_rgba(train_ax.collections[0].get_facecolor()[0], 1.0) == to_rgba("tab:red")  # the min-max band
+    assert to_rgba(heldout_ax.get_lines()[0].get_color()) == to_rgba("tab:red")
+    train_ax, _ = curve.run_figure(_run(tmp_path / "es", _es_lines())).axes
+    assert to_rgba(train_ax.get_lines()[0].get_color()) == to_rgba("tab:blue")
+
+
+def test_a_one_iteration_run_shows_its_min_max_range_and_format_rate(tmp_path):
+    line = {"kind": "train", "step": 1, "time": {"total": 1.0}, "generated_tokens_per_s": 1.0,
+            "fitness": {"mean": 0.02, "min": 0.0, "max": 0.07}, "format_rate": 0.015}
+    train_ax, _ = curve.run_figure(_run(tmp_path / "one", [line])).axes
+    (band,) = train_ax.containers  # a vertical bar from min to max: a fill over one step has no width
+    assert band.get_label() == "min-max over members"
+    (segment,) = band.lines[2][0].get_segments()
+    assert [tuple(p) for p in segment] == [(1.0, 0.0), (1.0, 0.07)]
+    rate = next(x for x in train_ax.get_lines() if x.get_label() == "format rate")
+    assert rate.get_marker() not in (None, "None", "", " ")  # a line through one point alone draws nothing
+
+
+def test_legends_sit_under_their_panels_and_cover_no_data(tmp_path):
+    lines = [{"kind": "train", "step": s, "reward": {"mean": 0.5, "min": 0.0, "max": 1.0}, "format_rate": 0.9}
+             for s in range(1, 9)]
+    fig = curve.run_figure(_run(tmp_path / "grpo", lines))
+    fig.canvas.draw()
+    train_ax = fig.axes[0]
+    legend = train_ax.get_legend().get_window_extent()
+    assert legend.y1 <= train_ax.get_window_extent().y0  # the band fills the panel: inside it, it hid points

@@ -26,6 +26,7 @@ from esft import rundir
 from esft.config import passage_cut
 from esft.evaluation import load_examples
 from esft.figure_marks import constant_line
+from esft.passk_figure import METHOD_COLORS
 from esft.saved_config import saved_algorithm
 from esft.tasks.labels import ACCURACY, summaries_score_name
 
@@ -212,12 +213,13 @@ def accuracy_axis(ax: Any, label: str = "accuracy") -> None:
 
 def _legend_or_note(ax: Any, note: str) -> None:
     if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=8)
+        # under the panel: inside it, the legend hid points (a min-max band can fill the whole panel)
+        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, frameon=False)
     else:
         ax.text(0.5, 0.5, note, ha="center", va="center", transform=ax.transAxes, color="grey")
 
 
-def _heldout_panel(ax: Any, ev: list[dict], run_dir: Path) -> None:
+def _heldout_panel(ax: Any, ev: list[dict], run_dir: Path, colour: str) -> None:
     """Held-out accuracy with its 95% CI and the constant-answer baseline: one band for one held-out set, or
     each evaluation's own (with its CI) when resuming changed the set, so no point sits beside another set's.
     Scores outside [0, 1] are a mean reward, shown without the baseline (`score_name`)."""
@@ -231,10 +233,11 @@ def _heldout_panel(ax: Any, ev: list[dict], run_dir: Path) -> None:
     changed = heldout_set_changed(ev)
     counts = sorted({e["test_n"] for e in ev})
     n = f"n={counts[0]}-{counts[-1]}" if len(counts) > 1 else f"n={counts[0]}"
-    ax.errorbar(steps, acc, yerr=[lo, hi], marker="o", capsize=3,
+    ax.errorbar(steps, acc, yerr=[lo, hi], marker="o", capsize=3, color=colour,
                 label=f"held-out {name} ({n}{'; set changed on resume' if changed else ''})")
     if all(e.get("test_format_rate") is not None for e in ev):
-        ax.plot(steps, [e["test_format_rate"] for e in ev], ls="--", marker="x", label="held-out format rate")
+        ax.plot(steps, [e["test_format_rate"] for e in ev], ls="--", marker="x", color="tab:orange",
+                label="held-out format rate")
     if name != ACCURACY:
         return
     if changed:
@@ -271,7 +274,7 @@ def run_figure(run_dir: str | Path) -> Any:
 
     run_dir = Path(run_dir)
     train, evals = _split(run_dir)
-    fig = Figure(figsize=(10, 3.8))
+    fig = Figure(figsize=(10, 4.8))
     ax1, ax2 = fig.subplots(1, 2)
     es, key, train = _scored(train)
     cfg = _run_config(run_dir)
@@ -279,19 +282,26 @@ def run_figure(run_dir: str | Path) -> Any:
         es = saved_algorithm(cfg) == "es"
     mean_name, ylabel = _fitness_names(cfg, es, key)
     who = "members" if es else "completions"
+    colour = METHOD_COLORS["es" if es else "grpo"]  # the study's colours, as in the report's figures
     if train:
         steps = [m["step"] for m in train]
-        ax1.plot(steps, [m[key]["mean"] for m in train], marker="o", label=mean_name)
-        ax1.fill_between(steps, [m[key]["min"] for m in train], [m[key]["max"] for m in train],
-                         alpha=0.25, label=f"min-max over {who}")
+        ax1.plot(steps, [m[key]["mean"] for m in train], marker="o", color=colour, label=mean_name)
+        low, high = [m[key]["min"] for m in train], [m[key]["max"] for m in train]
+        if len(steps) > 1:
+            ax1.fill_between(steps, low, high, color=colour, alpha=0.25, label=f"min-max over {who}")
+        else:  # a band over one step has no width: the range is a bar there
+            ax1.errorbar(steps, low, yerr=[[0.0], [high[0] - low[0]]], fmt="none", color=colour, alpha=0.5,
+                         capsize=6, lw=6, label=f"min-max over {who}")
         if all(m.get("format_rate") is not None for m in train):  # none for a task that checks no format
-            ax1.plot(steps, [m["format_rate"] for m in train], ls="--", label="format rate")
+            # marked: a line through one step draws nothing
+            ax1.plot(steps, [m["format_rate"] for m in train], ls="--", marker="x", color="tab:orange",
+                     label="format rate")
     xlabel = "iteration (updates applied)" if es else "optimizer step"
     ax1.set_xlabel(xlabel)
     ax1.set_ylabel(ylabel)
     ax1.set_title("train batch (perturbed members)" if es else "train batch (sampled completions)")
     _legend_or_note(ax1, "no training iteration logged")
-    _heldout_panel(ax2, [e for e in evals if "test_accuracy" in e], run_dir)
+    _heldout_panel(ax2, [e for e in evals if "test_accuracy" in e], run_dir, colour)
     ax2.set_xlabel(xlabel)
     for ax in (ax1, ax2):  # steps are whole numbers: no 1.25 tick on a run of a few steps, nor 0.96 on one step
         ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
