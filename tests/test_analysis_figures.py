@@ -84,6 +84,18 @@ def test_total_drift_of_a_one_step_run_marks_its_points(drawn):
     assert len(drawn_lines) == 7 and all(line.get_marker() == "o" for line in drawn_lines)
 
 
+
+def test_total_drift_puts_a_long_run_name_over_both_panels_and_keeps_d_n_alpha(drawn):
+    """The report titles the figure with the run's folder: as the left panel's title a long one ran past the
+    figure's left edge and replaced the panel's d, N and alpha."""
+    es = D.DriftSeries(steps=[1, 2], total=[1.0, 2.0], num_params=32)
+    name = "seed-42/sequential/es/1-countdown.numbers=2.max_number=50.ops=plustimes.ask_format=1.shots=2/run" * 2
+    fig = drawn(D.plot_total, es, 0.5, 4, title=name)
+    left, right = fig.axes
+    assert left.get_title() == "d = 32, N = 4, alpha = 0.5" and right.get_title().startswith("scaled by")
+    assert fig.get_suptitle().replace("\n", "") == name
+    assert max(len(line) for line in fig.get_suptitle().split("\n")) <= 100
+
 TENSORS = [  # q_proj rho 0.5, 1, 3 (quartiles 0.75, 1, 2); two per-layer norm gains
     {"name": f"layers.{i}.self_attn.q_proj.weight", "role": "q_proj", "layer": i, "kind": "attention", "numel": 64,
      "rho": rho, "r2_fit": r2} for i, (rho, r2) in enumerate(((0.5, 0.9), (1.0, 0.8), (3.0, 0.7)))
@@ -133,6 +145,30 @@ def test_tensor_curves_predict_each_family_from_its_own_size(drawn):
     (pred,) = [line for line in norm.get_lines() if line.get_linestyle() == "--"]
     assert _xy(pred)[1] == [0.5, 1.0]  # 0.25 T 8 / 4
 
+
+def test_tensor_curves_name_their_lines_and_keep_tick_labels_off_the_next_panel(drawn):
+    """Panels of different y scales side by side (0-2.5 beside 0-0.005): untightened, the second panel's tick
+    labels were printed over the first panel; and nothing said the dashed line was the prediction."""
+    steps = [1, 2]
+    series = D.DriftSeries(steps=steps, total=[0.0, 0.0], num_params=1000,
+                           per_tensor={r["name"]: [1.0, 2.5] if r["role"] == "q_proj" else [0.0001, 0.00042]
+                                       for r in TENSORS})
+    fig = drawn(D.plot_tensor_curves, series, {"tensors": TENSORS, "families": {}}, 0.01, 4,
+                families=["q_proj", "input_layernorm"])
+    q, norm = fig.axes
+    assert [t.get_text() for t in q.get_legend().get_texts()] == ["tensors (darker: deeper layer)",
+                                                                   r"$\alpha^2 T d_p / N$"]
+    fig.draw_without_rendering()
+    labels = [t.get_window_extent() for t in norm.get_yticklabels() if t.get_text()]
+    assert labels and min(b.x0 for b in labels) > q.get_window_extent().x1
+
+
+def test_total_drift_legends_cover_no_data(drawn):
+    es = D.DriftSeries(steps=[1, 2, 3], total=[1.0, 2.0, 3.0], num_params=32, expected=[1.0, 2.0, 3.0])
+    fig = drawn(D.plot_total, es, 0.5, 4)
+    fig.draw_without_rendering()
+    for ax in fig.axes:
+        assert ax.get_legend().get_window_extent().y1 <= ax.get_window_extent().y0
 
 def test_rho_against_r2_puts_rho_on_x(drawn):
     fig = drawn(D.plot_rho_r2, {"tensors": TENSORS})

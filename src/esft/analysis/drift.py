@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import textwrap
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -290,10 +291,15 @@ def plot_total(series: DriftSeries, alpha: float, population: int, path: str | P
         ax.plot(steps, series.expected, ":", color="gray", lw=1.5, **dot, label="expectation from the logged updates")
     ax.set_xlabel("step T")
     ax.set_ylabel(r"$\|\Delta\theta_T\|^2$")
-    ax.set_title(title or f"d = {d:.3g}, N = {population}, alpha = {alpha:g}")
+    # the run's name over both panels, wrapped: as the left panel's title a long path ran past the figure's edge
+    # and took the place of d, N and alpha
+    if title:
+        fig.suptitle(textwrap.fill(title, 100), fontsize=9)
+    ax.set_title(f"d = {d:.3g}, N = {population}, alpha = {alpha:g}", fontsize=10)
     ax.text(0.03, 0.97, f"free fit: R$^2$ = {short(fit['r2_fit'])}, rho = {short(fit['rho'])}",
             transform=ax.transAxes, va="top", fontsize=8)
-    ax.legend(loc="upper left", bbox_to_anchor=(0.0, 0.9), fontsize=8)
+    # under the panel: inside it, the legend hid the middle of the prediction line
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), fontsize=8, frameon=False)
     if grpo is not None and grpo.steps:
         inset = ax.inset_axes([0.6, 0.12, 0.36, 0.3])
         inset.plot(grpo.steps, grpo.total, color=color("grpo"), **gdot)
@@ -315,7 +321,8 @@ def plot_total(series: DriftSeries, alpha: float, population: int, path: str | P
     for a in [*axes, *([inset] if grpo is not None and grpo.steps else [])]:
         step_ticks(a)
     ax.set_ylabel(r"$\|\Delta\theta_T\|^2 / (\alpha^2 d / N)$")
-    ax.legend(fontsize=8)
+    ax.set_title(r"scaled by $\alpha^2 d / N$ (theory: the identity)", fontsize=10)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), fontsize=8, frameon=False)
     return save(fig, path)
 
 
@@ -371,10 +378,12 @@ def plot_tensor_curves(series: DriftSeries, result: Mapping[str, Any], alpha: fl
         pick = members if len(members) <= per_family else [members[int(i)] for i in
                                                             np.linspace(0, len(members) - 1, per_family)]
         for j, r in enumerate(pick):
-            ax.plot(steps, series.per_tensor[r["name"]], color=cmap(0.35 + 0.65 * (j + 1) / len(pick)), lw=1.2)
+            ax.plot(steps, series.per_tensor[r["name"]], color=cmap(0.35 + 0.65 * (j + 1) / len(pick)), lw=1.2,
+                    label="tensors (darker: deeper layer)" if j == 0 else None)
         numels = sorted({r["numel"] for r in members})
-        for n in numels:
-            ax.plot(steps, predicted_sq_drift(alpha, steps, n, population), "k--", lw=1)
+        for i, n in enumerate(numels):
+            ax.plot(steps, predicted_sq_drift(alpha, steps, n, population), "k--", lw=1,
+                    label=r"$\alpha^2 T d_p / N$" if i == 0 else None)
         s = result["families"].get(fam, {})
         ax.set_title(fam, fontsize=9)
         ax.text(0.03, 0.97, f"median R$^2$ {short(s.get('r2_fit', {}).get('median'))}\n"
@@ -383,6 +392,8 @@ def plot_tensor_curves(series: DriftSeries, result: Mapping[str, Any], alpha: fl
         ax.set_xlabel("step T")
         step_ticks(ax)
     axes[0][0].set_ylabel(r"$\|\Delta\theta_{p,T}\|^2$")
+    axes[0][0].legend(fontsize=7, loc="lower right")
+    fig.tight_layout()  # each panel's own y scale: untightened, its tick labels ran into the panel to its left
     return save(fig, path)
 
 
