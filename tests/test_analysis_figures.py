@@ -191,6 +191,14 @@ def test_interpolation_draws_the_path_and_the_chord_between_its_endpoints(drawn)
 
 
 
+def test_interpolation_legend_names_the_path_and_the_chord_without_a_baseline_too(drawn):
+    result = {"t": [0.0, 0.5, 1.0], "accuracy": {"countdown": [0.6, 0.2, 0.4]},
+              "barrier": {"countdown": {"max_drop": -0.3, "barrier": True}}}
+    (ax,) = drawn(L.plot_interpolation, result, labels=("ES", "GRPO")).axes
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["weights (1 - t) ES + t GRPO",
+                                                                   "straight line between the ends"]
+
+
 def test_interpolation_titles_of_task_names_with_options_fit_their_panels(drawn):
     """`countdown:numbers=2,max_number=20,ops=+*,ask_format=1` in one unbroken title ran into the next panel's."""
     name = "countdown:numbers=2,max_number=20,ops=+*,ask_format=1"

@@ -296,15 +296,15 @@ def plot_interpolation(result: Mapping[str, Any], path: str | Path, labels: tupl
     fig, axes = plt.subplots(1, len(tasks), figsize=(3.8 * len(tasks), 3.2), squeeze=False)
     for ax, n in zip(axes[0], tasks):
         ts, acc = result["t"], result["accuracy"][n]
-        ax.plot(ts, acc, "o-", color="tab:purple")
-        ax.plot([ts[0], ts[-1]], [acc[0], acc[-1]], "--", color="gray")
+        ax.plot(ts, acc, "o-", color="tab:purple", label=f"weights (1 - t) {labels[0]} + t {labels[1]}")
+        ax.plot([ts[0], ts[-1]], [acc[0], acc[-1]], "--", color="gray", label="straight line between the ends")
         b = result["barrier"][n]
         name = textwrap.fill(n.replace(",", ", "), 36) if len(n) > 36 else n  # task options: wider than a panel
         ax.set_title(f"{name}: max drop {b['max_drop']:+.3f}" + (" (barrier)" if b["barrier"] else ""), fontsize=9)
         ax.set_xlabel(f"t  ({labels[0]} = 0, {labels[1]} = 1)")
         score = (result.get("score") or {}).get(n, ACCURACY)
-        if draw_baseline(ax, shown(result, {n: score})[n]):
-            ax.legend(fontsize=7)
+        draw_baseline(ax, shown(result, {n: score})[n])
+        ax.legend(fontsize=7)  # without it, which line is the path and which the chord was left to guess
         accuracy_axis(ax, score)
     return save(fig, path)
 
