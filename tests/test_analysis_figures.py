@@ -230,6 +230,15 @@ def test_direction_sweep_marks_each_updates_norm_in_its_colour_and_the_reference
     assert ax.get_xlabel() == r"distance moved $\|\Delta\theta\|_2$" and ax.get_ylabel() == "accuracy"
 
 
+def test_direction_sweep_ticks_zero_apart_from_the_decades_on_a_symlog_axis(drawn):
+    """Distances 0.5 to 32 take a symlog axis linear below 0.5: its 10^-1 tick sat next to the 0 and the two labels
+    were printed on each other."""
+    mags = [0.0, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0]
+    result = {"magnitudes": mags, "directions": {"ES": {"norm": 20.0, "accuracy": {"boolq": [0.6] * 8}}}}
+    (ax,) = drawn(L.plot_direction_sweep, result).axes
+    assert ax.get_xscale() == "symlog"
+    assert [float(x) for x in ax.get_xticks() if 0.0 <= x <= 32.0] == [0.0, 1.0, 10.0]
+
 def test_sparsity_sweep_draws_accuracy_against_sparsity_and_each_base(drawn):
     results = {"es": {"rows": [{"sparsity": s, "accuracy": {"boolq": a}} for s, a in ((0.0, 0.7), (0.9, 0.65))],
                       "base_accuracy": {"boolq": 0.4}},

@@ -313,7 +313,7 @@ def plot_direction_sweep(result: Mapping[str, Any], path: str | Path,
                          reference: Mapping[str, Mapping[str, float]] | None = None, title: str = "") -> Path:
     """Figure 4/5: accuracy vs distance moved along each direction; dashed verticals at each update's norm,
     dotted horizontals at reference accuracies (e.g. base and checkpoints; {label: {task: acc}})."""
-    from esft.analysis.plots import accuracy_axis, color, pyplot, save
+    from esft.analysis.plots import accuracy_axis, color, distance_axis, pyplot, save
 
     plt = pyplot()
     mags = np.asarray(result["magnitudes"], dtype=np.float64)
@@ -329,9 +329,7 @@ def plot_direction_sweep(result: Mapping[str, Any], path: str | Path,
             if n in accs:
                 ax.axhline(accs[n], color="k", ls=":", lw=1, alpha=min(1.0, 0.5 + 0.25 * j))  # later ones darker
                 ax.text(mags.max(), accs[n], lab, fontsize=6, ha="right", va="bottom")
-        if pos.size and pos.max() / pos.min() > 20:
-            ax.set_xscale("symlog", linthresh=float(pos.min()))
-        ax.set_xlim(left=0.0)  # distances are >= 0: no margin of negative distances (markers on 0 drawn unclipped)
+        distance_axis(ax, pos)
         ax.set_xlabel(r"distance moved $\|\Delta\theta\|_2$")
         score = (result.get("score") or {}).get(n, ACCURACY)
         draw_baseline(ax, shown(result, {n: score})[n])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from esft.es.curve import accuracy_axis  # the training curve holds its held-out panel the same way
@@ -21,6 +22,20 @@ def pyplot():
 
 def color(label: str) -> str:
     return COLORS.get(label.lower(), "tab:green")
+
+
+def distance_axis(ax, positive) -> None:
+    """A distance x axis from 0: symlog when the nonzero distances `positive` (an array) span more than 20x, with
+    major ticks at 0 and at the decades past the linear part; the decades inside it crowded the 0 (a "0" and a
+    "10^-1" printed on each other)."""
+    from matplotlib.ticker import FixedLocator
+
+    if positive.size and positive.max() / positive.min() > 20:
+        low, high = float(positive.min()), float(positive.max())
+        ax.set_xscale("symlog", linthresh=low)
+        decades = range(math.ceil(math.log10(low)), math.floor(math.log10(high)) + 1)
+        ax.xaxis.set_major_locator(FixedLocator([0.0, *(10.0 ** k for k in decades)]))
+    ax.set_xlim(left=0.0)  # distances are >= 0: no margin of negative distances (markers on 0 drawn unclipped)
 
 
 def save(fig, path: str | Path) -> Path:
