@@ -249,13 +249,28 @@ def test_sparsity_sweep_draws_accuracy_against_sparsity_and_each_base(drawn):
     assert _xy(lab["es"]) == ([0.0, 0.9], [0.7, 0.65]) and to_rgba(lab["es"].get_color()) == BLUE
     assert _xy(lab["grpo"]) == ([0.0, 0.5], [0.8, 0.3]) and to_rgba(lab["grpo"].get_color()) == RED
     bases = [(line.get_ydata()[0], to_rgba(line.get_color())) for line in ax.get_lines()
-             if line.get_linestyle() == ":"]
+             if line.get_linestyle() == "-."]
     assert bases == [(0.4, BLUE), (0.45, RED)]
     assert ax.get_xlabel().startswith("sparsity") and ax.get_ylabel() == "accuracy"
-    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["es", "grpo", "base model (dotted)"]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["es", "grpo",
+                                                                   "base model (dash-dot, method's colour)"]
     (ax,) = drawn(SP.plot_sparsity_sweep, {"es": {"rows": results["es"]["rows"]}}).axes  # no base line drawn
     assert [t.get_text() for t in ax.get_legend().get_texts()] == ["es"]
 
+
+def test_sparsity_base_lines_and_their_legend_entry_look_unlike_the_constant_answer(drawn):
+    """The base model's legend entry was a grey dotted line, the look of the constant-answer line beside it."""
+    base = {"constant_baseline": 0.62, "constant_baseline_ci95": [0.55, 0.68], "constant_answer": "yes"}
+    results = {"es": {"rows": [{"sparsity": 0.0, "accuracy": {"boolq": 0.7}}], "base_accuracy": {"boolq": 0.4},
+                      "constant_baseline": {"boolq": base}}}
+    (ax,) = drawn(SP.plot_sparsity_sweep, results).axes
+    entries = dict(zip([t.get_text() for t in ax.get_legend().get_texts()], ax.get_legend().get_lines()))
+    constant = next(h for name, h in entries.items() if name.startswith("best constant answer"))
+    base_entry = next(h for name, h in entries.items() if name.startswith("base model"))
+    look = (lambda h: (h.get_linestyle(), to_rgba(h.get_color())))
+    assert look(base_entry) != look(constant) and base_entry.get_linestyle() != constant.get_linestyle()
+    (base_line,) = [line for line in ax.get_lines() if list(line.get_ydata()) == [0.4, 0.4]]
+    assert base_line.get_linestyle() == base_entry.get_linestyle()
 
 # ---- weights and KL ---------------------------------------------------------------------------------------------
 def test_weights_figure_draws_norms_and_stable_ranks_per_layer_in_each_methods_shades(drawn):
@@ -340,9 +355,9 @@ def test_sparsity_lines_take_the_colour_of_their_algorithm_not_of_their_label(dr
                "GRPO boolq seed 2 (run)": {"rows": rows, "algorithm": "grpo"},
                "tuned": {"rows": rows}}  # esft-analysis sparsity: no algorithm, its label's colour
     (ax,) = drawn(SP.plot_sparsity_sweep, results).axes
-    colours = [(line.get_label(), to_rgba(line.get_color())) for line in ax.get_lines() if line.get_linestyle() != ":"]
+    colours = [(line.get_label(), to_rgba(line.get_color())) for line in ax.get_lines() if line.get_linestyle() != "-."]
     assert colours == [("es@100", BLUE), ("GRPO boolq seed 2 (run)", RED), ("tuned", to_rgba("tab:green"))]
-    (base,) = [line for line in ax.get_lines() if line.get_linestyle() == ":"]
+    (base,) = [line for line in ax.get_lines() if line.get_linestyle() == "-."]
     assert to_rgba(base.get_color()) == BLUE
 
 
@@ -366,6 +381,6 @@ def test_sparsity_panels_hold_only_the_runs_that_evaluated_their_task(drawn):
                "ES boolq->boolq": {"rows": [{"sparsity": 0.0, "accuracy": {"boolq": 0.6}}]}}
     boolq, countdown = drawn(SP.plot_sparsity_sweep, results).axes
     assert (boolq.get_title(), countdown.get_title()) == ("boolq", "countdown")
-    assert [(line.get_label(), line.get_ydata()[0]) for line in boolq.get_lines() if line.get_linestyle() != ":"] \
+    assert [(line.get_label(), line.get_ydata()[0]) for line in boolq.get_lines() if line.get_linestyle() != "-."] \
         == [("es", 0.5), ("ES boolq->boolq", 0.6)]
-    assert [line.get_label() for line in countdown.get_lines() if line.get_linestyle() != ":"] == ["es"]
+    assert [line.get_label() for line in countdown.get_lines() if line.get_linestyle() != "-."] == ["es"]

@@ -169,7 +169,7 @@ def sparsity_sweep(model, tokenizer, base: Any, tuned: Any, tasks: Mapping[str, 
 
 def plot_sparsity_sweep(results: Mapping[str, Mapping[str, Any]], path: str | Path) -> Path:
     """Accuracy vs sparsity of the kept update, one line per method in the panel of each task it evaluated; base
-    accuracy dotted in its colour, each task's best constant answer dotted grey. A result's "algorithm" (a
+    accuracy dash-dotted in its colour, each task's best constant answer dotted grey. A result's "algorithm" (a
     report's sweeps are keyed by track name, e.g. "es@100") picks its colour, else its label."""
     from matplotlib.lines import Line2D
     from matplotlib.ticker import MaxNLocator
@@ -189,7 +189,7 @@ def plot_sparsity_sweep(results: Mapping[str, Mapping[str, Any]], path: str | Pa
             ys = [row["accuracy"][t] for row in r["rows"]]
             ax.plot(xs, ys, "o-", color=col, label=label)
             if t in r.get("base_accuracy", {}):
-                ax.axhline(r["base_accuracy"][t], color=col, ls=":", lw=1)
+                ax.axhline(r["base_accuracy"][t], color=col, ls="-.", lw=1)
                 bases = True
         constants = {baseline_text(b): b for r in results.values()
                      if (b := shown(r, {t: (r.get("score") or {}).get(t, ACCURACY)}).get(t))}
@@ -202,9 +202,9 @@ def plot_sparsity_sweep(results: Mapping[str, Mapping[str, Any]], path: str | Pa
                       else ACCURACY)
         ax.set_title(t, fontsize=9)
         handles, names = ax.get_legend_handles_labels()
-        if bases:  # one entry for the dotted lines, each in its method's colour
-            handles.append(Line2D([], [], color="gray", ls=":", lw=1))
-            names.append("base model (dotted)")
+        if bases:  # one entry for them, each in its method's colour; dash-dot, as the constant answer is grey dotted
+            handles.append(Line2D([], [], color="black", ls="-.", lw=1))
+            names.append("base model (dash-dot, method's colour)")
         ax.legend(handles, names, fontsize=7)
     return save(fig, path)
 
