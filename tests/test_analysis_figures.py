@@ -272,6 +272,7 @@ def test_sparsity_base_lines_and_their_legend_entry_look_unlike_the_constant_ans
     (base_line,) = [line for line in ax.get_lines() if list(line.get_ydata()) == [0.4, 0.4]]
     assert base_line.get_linestyle() == base_entry.get_linestyle()
 
+
 # ---- weights and KL ---------------------------------------------------------------------------------------------
 def test_weights_figure_draws_norms_and_stable_ranks_per_layer_in_each_methods_shades(drawn):
     rows = [{"role": "q_proj", "layer": layer, "es": {"sq": es_sq, "stable_rank": es_sr},
@@ -290,6 +291,22 @@ def test_weights_figure_draws_norms_and_stable_ranks_per_layer_in_each_methods_s
                                                                                        "stable rank")
     assert norms.get_xlabel() == ranks.get_xlabel() == "layer"
 
+
+def test_weights_figure_without_a_given_title_names_its_updates_and_its_legend_is_readable_beside_the_panels(drawn):
+    """`esft weights` passes no title: the figure said nothing of what it compared; its 14-entry legend, at size 5
+    inside the norm panel, was unreadable and hid lines."""
+    rows = [{"role": fam, "layer": 0, "es": {"sq": 4.0, "stable_rank": 2.0}, "grpo": {"sq": 1.0, "stable_rank": 1.0}}
+            for fam in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")]
+    fig = drawn(W.plot_weights, {"labels": ["es", "grpo"], "tensors": rows})
+    assert fig.get_suptitle() == "update from the base model: es, grpo"
+    norms, ranks = fig.axes
+    assert norms.get_title() and ranks.get_title()
+    legends = [ax.get_legend() for ax in fig.axes if ax.get_legend() is not None]
+    (legend,) = legends
+    assert len(legend.get_texts()) == 14 and min(t.get_fontsize() for t in legend.get_texts()) >= 7
+    fig.draw_without_rendering()
+    box = legend.get_window_extent()
+    assert all(not box.overlaps(ax.get_window_extent()) for ax in fig.axes)
 
 def test_weights_figure_tells_two_updates_of_one_algorithm_apart(drawn):
     """Two ES seeds (labels es_42, es_43) took the same blue for each family, so their lines could not be told

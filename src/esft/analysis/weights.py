@@ -423,8 +423,8 @@ def plot_weights(rep: dict[str, Any], path: Path, title: str | None = None) -> P
 
     plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
-    if title:
-        fig.suptitle(title, fontsize=9)
+    # `esft weights` gives no title: the figure still says what it compares
+    fig.suptitle(title or f"update from the base model: {', '.join(rep['labels'])}", fontsize=9)
     fams = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
     maps = {"es": "Blues", "grpo": "Reds"}
     # two updates of one algorithm (two seeds) share its shades, so each further one gets its own line style
@@ -452,8 +452,12 @@ def plot_weights(rep: dict[str, Any], path: Path, title: str | None = None) -> P
         axes[1].text(0.5, 0.5, "no stable rank: no matrix was updated", transform=axes[1].transAxes, ha="center")
     axes[0].set_ylabel(r"$\|\Delta W\|_F$")
     axes[1].set_ylabel("stable rank")
+    axes[0].set_title("update norm per matrix", fontsize=9)
+    axes[1].set_title(r"stable rank $\|\Delta W\|_F^2 / \|\Delta W\|_2^2$ per matrix", fontsize=9)
     for ax in axes:
         ax.set_xlabel("layer")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    axes[0].legend(fontsize=5, ncol=2)
+    # beside the panels, one column per update: inside the norm panel at size 5 it was unreadable and hid lines
+    axes[1].legend(*axes[0].get_legend_handles_labels(), fontsize=7, ncol=len(rep["labels"]), loc="upper left",
+                   bbox_to_anchor=(1.02, 1.0))
     return save(fig, path)
