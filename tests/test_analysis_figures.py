@@ -342,6 +342,11 @@ def test_heatmap_names_rows_by_task_and_columns_by_stage_and_writes_each_value_i
         (j, i): f"{m[i, j]:.3g}" for i in range(2) for j in range(3)}
 
 
+def test_heatmap_says_n_a_in_a_cell_not_measured(drawn):
+    m = np.array([[0.1, np.nan]])
+    (ax, _) = drawn(K.plot_heatmap, {"ES": (m, ["boolq"], ["1:boolq", "2:math"])}).axes
+    assert {t.get_position(): t.get_text() for t in ax.texts} == {(0, 0): "0.1", (1, 0): "n/a"}
+
 def test_heatmap_colour_bar_names_its_quantity_and_unit(drawn):
     """The colour bar of Figure 2 had no label: numbers without the unit (nats) or that they are per token."""
     m = np.array([[0.1, 0.2]])

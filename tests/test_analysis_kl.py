@@ -307,7 +307,8 @@ def heatmap_figure(monkeypatch, tmp_path):
 
 def test_heatmap_panels_share_one_colour_scale_from_zero_to_the_largest_kl(heatmap_figure):
     """Figure 2: one viridis scale for every panel, from 0 (no change) to the largest cell of any panel, so the
-    methods' colours compare; each finite cell's value written on it, white on a dark cell and black on a light one."""
+    methods' colours compare; each finite cell's value written on it, white on a dark cell and black on a light one,
+    and n/a on a cell not measured."""
     es = np.array([[0.3, np.nan], [0.05, 0.4]])
     grpo = np.array([[0.01, 0.02], [0.03, 0.1]])
     fig = heatmap_figure({"ES": (es, ["a", "b"], ["1:a", "2:b"]), "GRPO": (grpo, ["a", "b"], ["1:a", "2:b"])})
@@ -320,7 +321,7 @@ def test_heatmap_panels_share_one_colour_scale_from_zero_to_the_largest_kl(heatm
         np.testing.assert_array_equal(np.ma.filled(im.get_array(), np.nan), m)
     assert len(fig.axes) == 3  # and a colour bar
     written = [[(t.get_text(), t.get_color()) for t in ax.texts] for ax in panels]
-    assert written == [[("0.3", "k"), ("0.05", "w"), ("0.4", "k")],
+    assert written == [[("0.3", "k"), ("n/a", "grey"), ("0.05", "w"), ("0.4", "k")],
                        [("0.01", "w"), ("0.02", "w"), ("0.03", "w"), ("0.1", "w")]]
 
 

@@ -343,6 +343,8 @@ def plot_heatmap(panels: Mapping[str, tuple[np.ndarray, Sequence[str], Sequence[
                 if np.isfinite(m[i, j]):
                     ax.text(j, i, f"{m[i, j]:.3g}", ha="center", va="center", fontsize=7,
                             color=text_colour(im.cmap(im.norm(m[i, j]))))
+                else:  # a cell not measured is blank white, which read as a colour of the scale or a drawing fault
+                    ax.text(j, i, "n/a", ha="center", va="center", fontsize=7, color="grey")
     if im is not None:
         # every panel is a per-token mean of a natural-log KL (esft.analysis.kl.matrix's estimators)
         fig.colorbar(im, ax=list(axes[0]), shrink=0.8).set_label("KL per token (nats)")
