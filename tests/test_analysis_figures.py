@@ -239,6 +239,14 @@ def test_direction_sweep_ticks_zero_apart_from_the_decades_on_a_symlog_axis(draw
     assert ax.get_xscale() == "symlog"
     assert [float(x) for x in ax.get_xticks() if 0.0 <= x <= 32.0] == [0.0, 1.0, 10.0]
 
+@pytest.mark.parametrize("draw, result, text", [
+    (L.plot_direction_sweep, {"magnitudes": [], "directions": {}}, "no direction or task evaluated"),
+    (SP.plot_sparsity_sweep, {"es": {"rows": []}}, "no sparsity level evaluated"),
+])
+def test_an_empty_sweep_says_so_instead_of_a_bare_frame(drawn, draw, result, text):
+    (ax,) = drawn(draw, result).axes
+    assert [t.get_text() for t in ax.texts] == [text] and not ax.get_lines()
+
 def test_sparsity_sweep_draws_accuracy_against_sparsity_and_each_base(drawn):
     results = {"es": {"rows": [{"sparsity": s, "accuracy": {"boolq": a}} for s, a in ((0.0, 0.7), (0.9, 0.65))],
                       "base_accuracy": {"boolq": 0.4}},

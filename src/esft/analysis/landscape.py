@@ -313,7 +313,7 @@ def plot_direction_sweep(result: Mapping[str, Any], path: str | Path,
                          reference: Mapping[str, Mapping[str, float]] | None = None, title: str = "") -> Path:
     """Figure 4/5: accuracy vs distance moved along each direction; dashed verticals at each update's norm,
     dotted horizontals at reference accuracies (e.g. base and checkpoints; {label: {task: acc}})."""
-    from esft.analysis.plots import accuracy_axis, color, distance_axis, pyplot, save
+    from esft.analysis.plots import accuracy_axis, color, distance_axis, pyplot, save, say_empty
 
     plt = pyplot()
     mags = np.asarray(result["magnitudes"], dtype=np.float64)
@@ -336,6 +336,8 @@ def plot_direction_sweep(result: Mapping[str, Any], path: str | Path,
         accuracy_axis(ax, score)
         ax.set_title(n, fontsize=9)
         ax.legend(fontsize=7)
+    if not tasks:
+        say_empty(axes[0][0], "no direction or task evaluated")
     if title:
         fig.suptitle(title, fontsize=10)
     return save(fig, path)

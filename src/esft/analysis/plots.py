@@ -38,6 +38,13 @@ def distance_axis(ax, positive) -> None:
     ax.set_xlim(left=0.0)  # distances are >= 0: no margin of negative distances (markers on 0 drawn unclipped)
 
 
+def say_empty(ax, text: str) -> None:
+    """`text` in the middle of an empty panel, without ticks: a bare 0-1 frame read as a figure drawn wrong."""
+    ax.text(0.5, 0.5, text, transform=ax.transAxes, ha="center", va="center", color="grey")
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
 def save(fig, path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -174,7 +174,7 @@ def plot_sparsity_sweep(results: Mapping[str, Mapping[str, Any]], path: str | Pa
     from matplotlib.lines import Line2D
     from matplotlib.ticker import MaxNLocator
 
-    from esft.analysis.plots import accuracy_axis, color, pyplot, save
+    from esft.analysis.plots import accuracy_axis, color, pyplot, save, say_empty
 
     plt = pyplot()
     tasks = sorted({t for r in results.values() for row in r["rows"] for t in row["accuracy"]})
@@ -206,6 +206,8 @@ def plot_sparsity_sweep(results: Mapping[str, Mapping[str, Any]], path: str | Pa
             handles.append(Line2D([], [], color="black", ls="-.", lw=1))
             names.append("base model (dash-dot, method's colour)")
         ax.legend(handles, names, fontsize=7)
+    if not tasks:
+        say_empty(axes[0][0], "no sparsity level evaluated")
     return save(fig, path)
 
 
