@@ -170,6 +170,13 @@ def test_total_drift_legends_cover_no_data(drawn):
     for ax in fig.axes:
         assert ax.get_legend().get_window_extent().y1 <= ax.get_window_extent().y0
 
+def test_families_and_rho_r2_figures_say_what_their_marks_are(drawn):
+    result = {"tensors": TENSORS, "families": {}}
+    fig = drawn(D.plot_families, result)
+    assert "median and interquartile range" in fig.get_suptitle() and "theory" in fig.get_suptitle()
+    (ax,) = drawn(D.plot_rho_r2, result).axes
+    assert "one point per tensor" in ax.get_title()
+
 def test_rho_against_r2_puts_rho_on_x(drawn):
     fig = drawn(D.plot_rho_r2, {"tensors": TENSORS})
     (ax,) = fig.axes

@@ -357,6 +357,9 @@ def plot_families(result: Mapping[str, Any], path: str | Path) -> Path:
             ax.set_ylabel(r"$\rho = d_{eff}/d$" if key == "rho" else "R$^2$ (fit through origin)")
             if row_i == 0:
                 ax.set_title(f"{title}")
+    # what the marks are: without it the black points and the dashed line were left to the report's text
+    fig.suptitle(r"drift fit per tensor, by family: points are tensors, black their median and interquartile range;"
+                 r" dashed $\rho$ = 1 (the theory), dotted R$^2$ = 1", fontsize=9)
     return save(fig, path)
 
 
@@ -414,6 +417,7 @@ def plot_rho_r2(result: Mapping[str, Any], path: str | Path) -> Path:
     ax.axhline(1.0, color="gray", ls=":", lw=1)
     ax.set_xlabel(r"$\rho = d_{eff} / d_{total}$")
     ax.set_ylabel("R$^2$")
+    ax.set_title(r"effective dimension ratio $\rho$ and fit R$^2$, one point per tensor", fontsize=9)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=7)
     else:  # no tensor has both a rho and a fit (one step, or weights that did not move)
