@@ -224,7 +224,7 @@ def test_direction_sweep_marks_each_updates_norm_in_its_colour_and_the_reference
         "GRPO": {"norm": 5.0, "accuracy": {"boolq": [0.5, 0.6, 0.8]}},
         "random (per-tensor norms of ES)": {"norm": 2.0, "accuracy": {"boolq": [0.5, 0.45, 0.3]}}}}
     (ax,) = drawn(L.plot_direction_sweep, result, reference={"base": {"boolq": 0.55}}).axes
-    lab = _by_label(ax)
+    lab = {name: line for name, line in _by_label(ax).items() if line.get_linestyle() == "-"}
     assert list(lab) == list(result["directions"])
     for name, colour in (("ES", BLUE), ("GRPO", RED), ("random (per-tensor norms of ES)", GREY)):
         assert _xy(lab[name]) == (mags, result["directions"][name]["accuracy"]["boolq"])
@@ -236,6 +236,13 @@ def test_direction_sweep_marks_each_updates_norm_in_its_colour_and_the_reference
     assert set(base.get_ydata()) == {0.55} and [t.get_text() for t in ax.texts] == ["base"]
     assert ax.get_xlabel() == r"distance moved $\|\Delta\theta\|_2$" and ax.get_ylabel() == "accuracy"
 
+
+def test_direction_sweep_legend_names_the_dashed_norm_lines(drawn):
+    result = {"magnitudes": [0.0, 2.0], "directions": {"ES": {"norm": 2.0, "accuracy": {"boolq": [0.5, 0.7]}},
+                                                       "GRPO": {"norm": 1.0, "accuracy": {"boolq": [0.5, 0.6]}}}}
+    (ax,) = drawn(L.plot_direction_sweep, result).axes
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["ES", "norm of the ES update", "GRPO",
+                                                                   "norm of the GRPO update"]
 
 def test_direction_sweep_ticks_zero_apart_from_the_decades_on_a_symlog_axis(drawn):
     """Distances 0.5 to 32 take a symlog axis linear below 0.5: its 10^-1 tick sat next to the 0 and the two labels

@@ -324,7 +324,7 @@ def plot_direction_sweep(result: Mapping[str, Any], path: str | Path,
         for label, d in result["directions"].items():
             ax.plot(mags, d["accuracy"][n], "o-", ms=3, color=color(label.split()[0]), label=label)
             if not label.lower().startswith("random"):
-                ax.axvline(d["norm"], color=color(label.split()[0]), ls="--", lw=1)
+                ax.axvline(d["norm"], color=color(label.split()[0]), ls="--", lw=1, label=f"norm of the {label} update")
         for j, (lab, accs) in enumerate((reference or {}).items()):
             if n in accs:
                 ax.axhline(accs[n], color="k", ls=":", lw=1, alpha=min(1.0, 0.5 + 0.25 * j))  # later ones darker
