@@ -204,6 +204,8 @@ def test_interpolation_legend_names_the_path_and_the_chord_without_a_baseline_to
     (ax,) = drawn(L.plot_interpolation, result, labels=("ES", "GRPO")).axes
     assert [t.get_text() for t in ax.get_legend().get_texts()] == ["weights (1 - t) ES + t GRPO",
                                                                    "straight line between the ends"]
+    ax.figure.draw_without_rendering()
+    assert ax.get_legend().get_window_extent().y1 <= ax.get_window_extent().y0  # under the panel, over no point
 
 
 def test_interpolation_titles_of_task_names_with_options_fit_their_panels(drawn):
@@ -243,6 +245,8 @@ def test_direction_sweep_legend_names_the_dashed_norm_lines(drawn):
     (ax,) = drawn(L.plot_direction_sweep, result).axes
     assert [t.get_text() for t in ax.get_legend().get_texts()] == ["ES", "norm of the ES update", "GRPO",
                                                                    "norm of the GRPO update"]
+    ax.figure.draw_without_rendering()  # six entries over a panel hid points: the legend sits under it
+    assert ax.get_legend().get_window_extent().y1 <= ax.get_window_extent().y0
 
 def test_direction_sweep_ticks_zero_apart_from_the_decades_on_a_symlog_axis(drawn):
     """Distances 0.5 to 32 take a symlog axis linear below 0.5: its 10^-1 tick sat next to the 0 and the two labels

@@ -304,7 +304,7 @@ def plot_interpolation(result: Mapping[str, Any], path: str | Path, labels: tupl
         ax.set_xlabel(f"t  ({labels[0]} = 0, {labels[1]} = 1)")
         score = (result.get("score") or {}).get(n, ACCURACY)
         draw_baseline(ax, shown(result, {n: score})[n])
-        ax.legend(fontsize=7)  # without it, which line is the path and which the chord was left to guess
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), frameon=False)  # under: hides no point
         accuracy_axis(ax, score)
     return save(fig, path)
 
@@ -335,7 +335,7 @@ def plot_direction_sweep(result: Mapping[str, Any], path: str | Path,
         draw_baseline(ax, shown(result, {n: score})[n])
         accuracy_axis(ax, score)
         ax.set_title(n, fontsize=9)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), frameon=False)  # inside, it hid points
     if not tasks:
         say_empty(axes[0][0], "no direction or task evaluated")
     if title:
