@@ -373,6 +373,15 @@ def test_heatmap_says_n_a_in_a_cell_not_measured(drawn):
     (ax, _) = drawn(K.plot_heatmap, {"ES": (m, ["boolq"], ["1:boolq", "2:math"])}).axes
     assert {t.get_position(): t.get_text() for t in ax.texts} == {(0, 0): "0.1", (1, 0): "n/a"}
 
+def test_heatmap_colour_bar_of_small_kls_shows_short_labels_and_a_power_of_ten(drawn):
+    m = np.array([[1.16e-4, 2.0e-7]])
+    fig = drawn(K.plot_heatmap, {"ES": (m, ["boolq"], ["1:boolq", "2:math"])})
+    fig.draw_without_rendering()
+    bar = fig.axes[-1]
+    labels = [t.get_text().replace("$\\mathdefault{", "").replace("}$", "") for t in bar.get_yticklabels()]
+    assert labels and max(len(t) for t in labels) <= 4, labels  # not 0.00000 ... 0.00010
+    assert "10^{\u22124}" in bar.yaxis.get_offset_text().get_text()  # matplotlib's minus sign
+
 def test_heatmap_colour_bar_names_its_quantity_and_unit(drawn):
     """The colour bar of Figure 2 had no label: numbers without the unit (nats) or that they are per token."""
     m = np.array([[0.1, 0.2]])

@@ -322,6 +322,8 @@ def plot_heatmap(panels: Mapping[str, tuple[np.ndarray, Sequence[str], Sequence[
                  title: str = "incremental KL(after || before)") -> Path:
     """Figure 2: one heatmap per method (rows: evaluation task, columns: after training stage), one shared
     colour scale, value written in each cell."""
+    from matplotlib.ticker import ScalarFormatter
+
     from esft.analysis.plots import pyplot, save
 
     plt = pyplot()
@@ -347,7 +349,12 @@ def plot_heatmap(panels: Mapping[str, tuple[np.ndarray, Sequence[str], Sequence[
                     ax.text(j, i, "n/a", ha="center", va="center", fontsize=7, color="grey")
     if im is not None:
         # every panel is a per-token mean of a natural-log KL (esft.analysis.kl.matrix's estimators)
-        fig.colorbar(im, ax=list(axes[0]), shrink=0.8).set_label("KL per token (nats)")
+        bar = fig.colorbar(im, ax=list(axes[0]), shrink=0.8)
+        bar.set_label("KL per token (nats)")
+        # a scale up to 1e-4 had labels 0.00000 to 0.00010: a power of ten above the bar instead
+        bar.formatter = ScalarFormatter(useMathText=True)
+        bar.formatter.set_powerlimits((-2, 3))
+        bar.update_ticks()
     fig.suptitle(title, fontsize=10)
     return save(fig, path)
 
