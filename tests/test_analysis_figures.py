@@ -73,6 +73,14 @@ def test_total_drift_draws_es_its_prediction_and_grpo_scaled_by_grpos_own_size(d
     assert all(line.get_marker() in ("None", None, "") for ax in (left, right, inset) for line in ax.get_lines())
 
 
+def test_total_drift_writes_the_displacement_ratio_beside_the_fit_not_over_grpos_inset_line(drawn):
+    es = D.DriftSeries(steps=[1, 2], total=[4.0, 8.0], num_params=32)
+    grpo = D.DriftSeries(steps=[1, 2], total=[0.01, 0.02], num_params=32)
+    left, _ = drawn(D.plot_total, es, 0.5, 4, grpo=grpo).axes
+    (inset,) = left.child_axes
+    assert not inset.texts
+    assert [t.get_text() for t in left.texts][1] == "displacement ES/GRPO = 20x at T=2"  # sqrt(8 / 0.02)
+
 def test_total_drift_of_a_one_step_run_marks_its_points(drawn):
     """A line through one point draws nothing: a one-iteration ES stage beside a one-step GRPO run left both panels
     with axes and a legend but no data."""

@@ -306,9 +306,9 @@ def plot_total(series: DriftSeries, alpha: float, population: int, path: str | P
         inset.set_title("GRPO", fontsize=7)
         inset.tick_params(labelsize=6)
         ratio = displacement_ratio(series, grpo)
-        if ratio and ratio["ratio"]:
-            inset.text(0.05, 0.9, f"ES/GRPO = {ratio['ratio']:.3g}x at T={ratio['step']}", transform=inset.transAxes,
-                       fontsize=6, va="top")
+        if ratio and ratio["ratio"]:  # under the fit, not in the inset, where it crossed GRPO's line
+            ax.text(0.03, 0.91, f"displacement ES/GRPO = {ratio['ratio']:.3g}x at T={ratio['step']}",
+                    transform=ax.transAxes, va="top", fontsize=8)
     ax = axes[1]
     unit = alpha ** 2 * d / population
     ax.plot(steps, np.asarray(series.total) / unit, color=color("es"), lw=2, **dot, label="ES")
