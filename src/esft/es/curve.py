@@ -293,9 +293,9 @@ def run_figure(run_dir: str | Path) -> Any:
             ax1.errorbar(steps, low, yerr=[[0.0], [high[0] - low[0]]], fmt="none", color=colour, alpha=0.5,
                          capsize=6, lw=6, label=f"min-max over {who}")
         if all(m.get("format_rate") is not None for m in train):  # none for a task that checks no format
-            # marked: a line through one step draws nothing
-            ax1.plot(steps, [m["format_rate"] for m in train], ls="--", marker="x", color="tab:orange",
-                     label="format rate")
+            # a line through one step draws nothing: its point is marked
+            ax1.plot(steps, [m["format_rate"] for m in train], ls="--", marker="x" if len(steps) == 1 else "",
+                     color="tab:orange", label="format rate")
     xlabel = "iteration (updates applied)" if es else "optimizer step"
     ax1.set_xlabel(xlabel)
     ax1.set_ylabel(ylabel)
