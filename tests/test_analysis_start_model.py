@@ -94,3 +94,15 @@ def test_kl_landscape_and_sparsity_refuse_it_before_loading_a_model(models, tmp_
             "--output-dir", str(tmp_path / "o")]
     assert main(args) == 2
     assert f"{models['from_b']} was fine-tuned from {str(models['b'])!r}" in capsys.readouterr().err
+
+
+def test_a_copy_of_the_base_saved_in_another_dtype_is_the_base(models, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    as_bf16 = tmp_path / "b_bf16"
+    model = AutoModelForCausalLM.from_pretrained(models["b"])
+    model.to(dtype=__import__("torch").bfloat16).save_pretrained(as_bf16)
+    stage = run(tmp_path, "run_bf16", str(as_bf16), 7)  # fine-tuned from the bf16 copy
+    fp32_again = tmp_path / "b_bf16_as_fp32"
+    AutoModelForCausalLM.from_pretrained(as_bf16).to(dtype=__import__("torch").float32).save_pretrained(fp32_again)
+    assert weights(fp32_again, stage, tmp_path / "o") == 0

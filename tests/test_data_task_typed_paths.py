@@ -53,3 +53,11 @@ def test_a_data_file_in_a_config_file_is_named_as_typed(data_dir, capsys):
     err = capsys.readouterr().err
     assert "run.yaml:1: task = 'data/one.jsonl:prompt_field=q,reward=exact' is not accepted" in err
     assert "data/one.jsonl: row 1 has no field 'q'" in err and str(data_dir) not in err
+
+
+def test_the_first_file_of_an_equals_sign_comma_list_is_named_as_typed(data_dir):
+    from esft.cli_process import typed_data_files
+
+    (data_dir / "data" / "two.jsonl").write_text((data_dir / "data" / "one.jsonl").read_text())
+    found = typed_data_files(["--tasks=data/one.jsonl,data/two.jsonl"])
+    assert sorted(found.values()) == ["data/one.jsonl", "data/two.jsonl"]

@@ -403,6 +403,8 @@ def test_the_progress_bar_is_closed_before_a_stop_is_reported(tmp_path, tokenize
 def test_the_run_makes_its_device_current_before_trl_sets_up_accelerate(tmp_path, monkeypatch):
     # `--device cuda:1` reaches TRL only through the current CUDA device (accelerate places the model on a bare
     # "cuda"), so it must be made current before TRL's arguments exist
+    import contextlib
+
     from esft import models
     from esft.grpo import run
 
@@ -415,8 +417,16 @@ def test_the_run_makes_its_device_current_before_trl_sets_up_accelerate(tmp_path
         order.append("trl")
         raise Stop
 
-    monkeypatch.setattr(models, "make_current", lambda device: order.append(f"current {device}"))
+    @contextlib.contextmanager
+    def current(device):
+        order.append(f"current {device}")
+        try:
+            yield
+        finally:
+            order.append("previous")
+
+    monkeypatch.setattr(models, "current_device", current)
     monkeypatch.setattr(run, "to_trl_config", trl_args)
     with pytest.raises(Stop):
         train_grpo(tiny_config(tmp_path / "run"), task=ParityTask())
-    assert order == ["current cpu", "trl"]
+    assert order == ["current cpu", "trl", "previous"]

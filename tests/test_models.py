@@ -433,14 +433,20 @@ def test_a_saved_tokenizer_keeps_no_load_flags_and_states_the_context_length(tmp
     assert models.load_tokenizer(str(src)).model_max_length == 2048
 
 
-def test_a_numbered_cuda_device_becomes_the_current_one_and_others_change_nothing(monkeypatch):
+def test_a_numbered_cuda_device_is_current_inside_the_block_and_others_change_nothing(monkeypatch):
     # accelerate (so TRL's GRPO trainer) places the model on a bare "cuda", the current device: `--device cuda:1`
-    # is honoured only if GPU 1 is made current first. No GPU here, so the call into torch is recorded.
+    # is honoured only if GPU 1 is made current first, and the previous device comes back after the run. No GPU
+    # here, so the calls into torch are recorded.
     calls: list[int] = []
     monkeypatch.setattr(torch.cuda, "set_device", calls.append)
-    for device in ("cpu", "cuda", "mps", torch.device("cpu")):
-        models.make_current(device)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    for device in (None, "cpu", "cuda", "mps", torch.device("cpu")):
+        with models.current_device(device):
+            pass
     assert calls == []
-    models.make_current("cuda:1")
-    models.make_current(torch.device("cuda", 2))
-    assert calls == [1, 2]
+    with models.current_device("cuda:1"):
+        assert calls == [1]
+    assert calls == [1, 0]
+    with pytest.raises(RuntimeError), models.current_device(torch.device("cuda", 2)):
+        raise RuntimeError("the run failed")
+    assert calls == [1, 0, 2, 0]

@@ -1,5 +1,5 @@
 """A training run refused or failed before it logs anything leaves the user's --output-dir as it found it
-(esft.rundir.locked_run_folder): a folder it made is gone, a folder that was there keeps exactly its own files, so
+(esft.run_undo.locked_run_folder): a folder it made is gone, a folder that was there keeps exactly its own files, so
 the same command with the option fixed starts cleanly. Real `esft train` runs at tiny settings (a random-init Llama
 with the SmolLM2 tokenizer saved as a model folder)."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from esft.cli import main
-from esft.rundir import locked_run_folder
+from esft.run_undo import locked_run_folder
 
 TASK = "countdown:numbers=2,max_number=20,ops=+"
 
@@ -129,3 +129,17 @@ def test_in_a_folder_that_was_there_a_failed_run_removes_only_the_files_a_run_wr
         (tmp_path / "new" / "run" / "draft.md").write_text("x")
         raise ValueError("refused")
     assert not (tmp_path / "new").exists()
+
+
+def test_a_failed_run_removes_its_trackers_and_trl_folders_and_only_a_lock_it_made(tmp_path):
+    before = user_folder(tmp_path / "out")
+    with pytest.raises(ValueError), locked_run_folder(tmp_path / "out"):
+        (tmp_path / "out" / "wandb" / "run-1").mkdir(parents=True)
+        (tmp_path / "out" / "checkpoint-2").mkdir()
+        raise ValueError("refused")
+    assert contents(tmp_path / "out") == before  # the .lock this run made is gone too
+    (tmp_path / "out" / ".lock").write_text("")  # left by an earlier run: kept
+    before = contents(tmp_path / "out")
+    with pytest.raises(ValueError), locked_run_folder(tmp_path / "out"):
+        raise ValueError("refused")
+    assert contents(tmp_path / "out").keys() == before.keys()

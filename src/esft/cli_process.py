@@ -65,7 +65,8 @@ def typed_data_files(words: Sequence[str]) -> dict[str, str]:
 
     found: dict[str, str] = {}
     for word in words:
-        for text in {word, word.partition("=")[2], *word.split(",")}:
+        value = word.partition("=")[2] if word.startswith("-") else word
+        for text in {word, value, *word.split(","), *value.split(",")}:
             try:  # a word that is no path at all (a long --trl-args, say) may fail a file test
                 if external_kind(text.strip()) != "data":
                     continue

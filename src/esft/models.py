@@ -63,12 +63,21 @@ def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def make_current(device: str | torch.device) -> None:
-    """Make a numbered CUDA device (`cuda:1`) the process's current one. Libraries that place tensors on a bare
-    "cuda" (accelerate, so TRL's trainer) then use it instead of GPU 0; other devices need nothing."""
-    dev = torch.device(device)
-    if dev.type == "cuda" and dev.index is not None:
-        torch.cuda.set_device(dev.index)
+@contextlib.contextmanager
+def current_device(device: str | torch.device | None) -> Iterator[None]:
+    """A numbered CUDA device (`cuda:1`) as the process's current one inside the block, the previous one restored
+    after it. Libraries that place tensors on a bare "cuda" (accelerate, so TRL's trainer) then use it instead of
+    GPU 0; other devices (and None, the default device) need nothing."""
+    dev = torch.device(device) if device is not None else None
+    if dev is None or dev.type != "cuda" or dev.index is None:
+        yield
+        return
+    previous = torch.cuda.current_device()
+    torch.cuda.set_device(dev.index)
+    try:
+        yield
+    finally:
+        torch.cuda.set_device(previous)
 
 
 def default_dtype(device: str | torch.device) -> torch.dtype:

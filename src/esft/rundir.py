@@ -8,8 +8,8 @@ Each JSONL line is written whole and fsynced, so a crash leaves at most a torn l
 unreadable line with records after it is damage, not a crash, and reading fails naming the file and line
 (`CorruptLogError`) rather than dropping what follows. Checkpoint folders are written aside and renamed into place
 (`replace_dir`), so a checkpoint is complete or absent. One writer per run directory: `RunLock` (an flock on
-`<dir>/.lock`) is held by every trainer and experiment runner while it writes; a trainer takes it through
-`locked_run_folder`, so a run refused or failed before it logs anything removes what it added to the folder.
+`<dir>/.lock`) is held by every trainer and experiment runner while it writes (a trainer takes it through
+`esft.run_undo.locked_run_folder`).
 """
 
 from __future__ import annotations
@@ -21,10 +21,9 @@ import os
 import resource
 import shutil
 import sys
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable
 
 CHECKPOINTS = "checkpoints"
 
@@ -166,86 +165,6 @@ class RunLock:
 
     def __exit__(self, *exc: Any) -> None:
         self.release()
-
-
-#: the run layout's folders, whose entries `FolderChanges` notes too (a failed attempt's samples, say)
-_LAYOUT_DIRS = ("samples", CHECKPOINTS, "tensorboard")
-#: what a trainer writes at the top of a run folder: in a folder that existed before, `undo` removes only these (a
-#: file that the user, or another program, puts beside them meanwhile is not the run's)
-_RUN_NAMES = {".lock", "config.yaml", "metrics.jsonl", "seeds.jsonl", "drift.jsonl", "curve.png", *_LAYOUT_DIRS}
-
-
-class FolderChanges:
-    """What one invocation adds to a run folder, taken before the folder is made. `undo` removes those additions
-    (the folder itself and parents made for it, where empty) and restores a config.yaml that was overwritten, so a
-    run refused or failed before it logged anything leaves the user's `output_dir` as it found it; nothing that
-    was there before is removed."""
-
-    def __init__(self, folder: str | Path):
-        self.folder = Path(folder)
-        self.made = []  # folders that do not exist yet, deepest first
-        parent = self.folder
-        while not parent.exists():
-            self.made.append(parent)
-            parent = parent.parent
-        self.before = self._entries()
-        config = self.folder / "config.yaml"
-        self.config = config.read_bytes() if config.is_file() else None
-
-    def _entries(self) -> set[str]:
-        if not self.folder.is_dir():
-            return set()
-        found = {p.name for p in self.folder.iterdir()}
-        for sub in _LAYOUT_DIRS:
-            if (self.folder / sub).is_dir():
-                found |= {f"{sub}/{p.name}" for p in (self.folder / sub).iterdir()}
-        return found
-
-    def undo(self) -> None:
-        """Remove what was added since, unless the folder now holds a run or a GRPO step's drift line (then the run's
-        resume needs it all)."""
-        try:
-            if not self.folder.is_dir() or holds_run(self.folder) or read_jsonl(self.folder / "drift.jsonl"):
-                return
-        except CorruptLogError:  # a damaged log is still a run's
-            return
-        added = self._entries() - self.before
-        if not self.made:  # the user's folder: only what the run writes
-            added = {name for name in added if name.split("/")[0] in _RUN_NAMES}
-        for name in sorted(added, key=lambda n: -n.count("/")):
-            path = self.folder / name
-            if path.is_dir() and not path.is_symlink():
-                shutil.rmtree(path, ignore_errors=True)
-            else:
-                path.unlink(missing_ok=True)
-        if self.config is not None:  # the user's own (`--config DIR/config.yaml --output-dir DIR`, say)
-            (self.folder / "config.yaml").write_bytes(self.config)
-        for folder in self.made:
-            try:
-                folder.rmdir()  # only an empty one
-            except OSError:
-                break
-
-
-@contextmanager
-def locked_run_folder(folder: str | Path) -> Iterator[RunLock]:
-    """The RunLock of `folder` while one trainer sets up and runs there; an Exception (a refusal, a failed first
-    step) before the folder holds a run undoes what this invocation added (FolderChanges). Ctrl-C keeps it: the
-    interrupted run's resume reads its config.yaml, as does that of a full disk's (its error says so)."""
-    changes = FolderChanges(folder)
-    lock = RunLock(folder)
-    try:
-        yield lock.acquire()
-    except Exception as exc:
-        disk_full = isinstance(exc, OSError) and exc.errno in DISK_FULL
-        if lock.fh is not None and not disk_full:  # the lock's holder alone: a busy folder is another process's
-            try:
-                changes.undo()  # the .lock file too, while still held, so no other process takes it first
-            except OSError:  # the error to report is the run's own
-                pass
-        raise
-    finally:
-        lock.release()
 
 
 def lock_held(folder: str | Path) -> bool:
@@ -477,9 +396,9 @@ def prune_checkpoints(checkpoints: list[tuple[int, Path]], limit: int) -> list[P
     return gone
 
 
-__all__ = ["CHECKPOINTS", "DISK_FULL", "EVAL_KEYS", "HELD_OUT_KEYS", "CorruptLogError", "FolderChanges",
+__all__ = ["CHECKPOINTS", "DISK_FULL", "EVAL_KEYS", "HELD_OUT_KEYS", "CorruptLogError",
            "NonFiniteError", "RunDirBusy", "RunInterrupted", "RunLock", "TrainResult", "append_jsonl",
            "check_not_busy", "check_output_dir", "checkpoint_name", "demote_final", "enclosing_run_dir",
            "filter_jsonl", "held_out_fields", "held_out_text", "holds_run", "is_run_dir", "list_checkpoints",
-           "lock_held", "locked_run_folder", "peak_rss_mb", "prune_checkpoints", "read_jsonl", "replace_dir",
+           "lock_held", "peak_rss_mb", "prune_checkpoints", "read_jsonl", "replace_dir",
            "rewrite_jsonl", "write_text_atomic"]

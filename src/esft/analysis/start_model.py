@@ -52,7 +52,7 @@ def same_weights(a: Path, b: Path) -> bool | None:
         return False
     for key, shape in shapes.items():
         rows = (0, 1) if shape else (None, None)
-        if not torch.equal(sa.read(key, *rows), sb.read(key, *rows)):
+        if not torch.equal(sa.read(key, *rows), sb.read(key, *rows)):  # values: a bf16 copy re-saved as fp32 passes
             return False
     return True
 

@@ -45,8 +45,9 @@ from esft.evaluation import load_examples
 from esft.tasks.base import checks_format, format_bonus_warning
 from esft.tasks.custom import as_task
 from esft.rundir import (DISK_FULL, NonFiniteError, RunInterrupted, TrainResult, check_output_dir, demote_final,
-                         held_out_fields, held_out_text, holds_run, locked_run_folder, occupied_error, peak_rss_mb,
+                         held_out_fields, held_out_text, holds_run, occupied_error, peak_rss_mb,
                          prune_checkpoints, resuming_line, say)
+from esft.run_undo import locked_run_folder
 from esft.tracking import Tracker, check_backends, open_tracker
 from esft.version import __version__
 

@@ -36,6 +36,7 @@ from esft.grpo.grpo_config import (SCHEDULES_WITHOUT_END, GRPOConfig, check_prom
 from esft.grpo.interrupt import StepBoundary
 from esft.grpo.trl_trainer import TRAINER_STATE, EsftGRPOTrainer, TaskReward
 from esft.models import without_transformers_bars
+from esft.run_undo import locked_run_folder
 from esft.rundir import CHECKPOINTS, DISK_FULL, RunInterrupted, TrainResult, filter_jsonl, read_jsonl
 from esft.tasks.base import format_bonus_warning
 from esft.tasks.custom import as_task
@@ -213,7 +214,11 @@ def train_grpo(config: GRPOConfig, *, model: Any = None, tokenizer: Any = None, 
     rundir.check_output_dir(out)
     # an object that is not an esft Task as get_task builds it: its resume from config.yaml prompts alike
     task = None if task is None else as_task(task)
-    with rundir.locked_run_folder(out):  # one writer per run directory; a refusal leaves no files behind
+    from esft.models import current_device
+
+    # one writer per run directory, a refusal leaves no files behind; `cuda:N` current before TRL's arguments set up
+    # accelerate's device
+    with locked_run_folder(out), current_device(config.device):
         return _train_locked(config, out, model, tokenizer, task, callbacks, progress)
 
 
@@ -241,10 +246,9 @@ def _train_locked(config: GRPOConfig, out: Path, model: Any, tokenizer: Any, tas
     from esft.evaluation import load_examples
     from esft.grpo.callbacks import EvalCallback, RunLogCallback, point_tensorboard, tracker_report
     from esft.grpo.drift_log import DriftCallback, snapshot
-    from esft.models import default_device, make_current
+    from esft.models import default_device
 
     device = config.device or default_device()
-    make_current(device)  # before TRL's arguments set up accelerate's device
     precision = resolve_precision(config.precision, device)
     resume_from, start = _prepare_dir(out, config)
     if resume_from is not None and start >= config.max_steps:
