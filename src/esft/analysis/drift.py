@@ -357,7 +357,7 @@ def plot_families(result: Mapping[str, Any], path: str | Path) -> Path:
             ax.set_ylabel(r"$\rho = d_{eff}/d$" if key == "rho" else "R$^2$ (fit through origin)")
             if row_i == 0:
                 ax.set_title(f"{title}")
-    # what the marks are: without it the black points and the dashed line were left to the report's text
+    # the title says what the black points and the dashed line are, so the figure reads on its own
     fig.suptitle(r"drift fit per tensor, by family: points are tensors, black their median and interquartile range;"
                  r" dashed $\rho$ = 1 (the theory), dotted R$^2$ = 1", fontsize=9)
     return save(fig, path)

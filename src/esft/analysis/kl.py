@@ -351,7 +351,7 @@ def plot_heatmap(panels: Mapping[str, tuple[np.ndarray, Sequence[str], Sequence[
         # every panel is a per-token mean of a natural-log KL (esft.analysis.kl.matrix's estimators)
         bar = fig.colorbar(im, ax=list(axes[0]), shrink=0.8)
         bar.set_label("KL per token (nats)")
-        # a scale up to 1e-4 had labels 0.00000 to 0.00010: a power of ten above the bar instead
+        # a power of ten above the bar: small KLs would otherwise be labelled 0.00000 to 0.00010
         bar.formatter = ScalarFormatter(useMathText=True)
         bar.formatter.set_powerlimits((-2, 3))
         bar.update_ticks()

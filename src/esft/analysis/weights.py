@@ -457,7 +457,7 @@ def plot_weights(rep: dict[str, Any], path: Path, title: str | None = None) -> P
     for ax in axes:
         ax.set_xlabel("layer")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    # beside the panels, one column per update: inside the norm panel at size 5 it was unreadable and hid lines
+    # beside the panels, one column per update: a legend of this size inside the norm panel would hide its lines
     axes[1].legend(*axes[0].get_legend_handles_labels(), fontsize=7, ncol=len(rep["labels"]), loc="upper left",
                    bbox_to_anchor=(1.02, 1.0))
     return save(fig, path)

@@ -223,7 +223,8 @@ def _recorded_share(root: Path, stage: Stage) -> Step | None:
 def _started_share(root: Path, stage: Stage) -> Step | None:
     """The first step of an interrupted chain stage (no result.json) whose second step started from another run's
     weights, as its status.json fingerprint records them: that run's step, or a SpecError saying what to do where
-    those weights are gone. None where the stage never started a second step or started it from its own run."""
+    those weights are gone. None where status.json records no second step's start model (a stage that never
+    started) or one of its own run."""
     import json
 
     try:
