@@ -81,6 +81,7 @@ def test_total_drift_writes_the_displacement_ratio_beside_the_fit_not_over_grpos
     assert not inset.texts
     assert [t.get_text() for t in left.texts][1] == "displacement ES/GRPO = 20x at T=2"  # sqrt(8 / 0.02)
 
+
 def test_total_drift_of_a_one_step_run_marks_its_points(drawn):
     """A line through one point draws nothing: a one-iteration ES stage beside a one-step GRPO run left both panels
     with axes and a legend but no data."""
@@ -90,7 +91,6 @@ def test_total_drift_of_a_one_step_run_marks_its_points(drawn):
     (inset,) = left.child_axes
     drawn_lines = [*left.get_lines(), *inset.get_lines(), *right.get_lines()]
     assert len(drawn_lines) == 7 and all(line.get_marker() == "o" for line in drawn_lines)
-
 
 
 def test_total_drift_puts_a_long_run_name_over_both_panels_and_keeps_d_n_alpha(drawn):
@@ -178,12 +178,14 @@ def test_total_drift_legends_cover_no_data(drawn):
     for ax in fig.axes:
         assert ax.get_legend().get_window_extent().y1 <= ax.get_window_extent().y0
 
+
 def test_families_and_rho_r2_figures_say_what_their_marks_are(drawn):
     result = {"tensors": TENSORS, "families": {}}
     fig = drawn(D.plot_families, result)
     assert "median and interquartile range" in fig.get_suptitle() and "theory" in fig.get_suptitle()
     (ax,) = drawn(D.plot_rho_r2, result).axes
     assert "one point per tensor" in ax.get_title()
+
 
 def test_rho_against_r2_puts_rho_on_x(drawn):
     fig = drawn(D.plot_rho_r2, {"tensors": TENSORS})
@@ -203,7 +205,6 @@ def test_interpolation_draws_the_path_and_the_chord_between_its_endpoints(drawn)
     assert _xy(path) == ([0.0, 0.25, 0.75, 1.0], acc)
     assert _xy(chord) == ([0.0, 1.0], [0.6, 0.4])
     assert ax.get_xlabel() == "t  (ES = 0, GRPO = 1)" and ax.get_title() == "boolq: max drop -0.300 (barrier)"
-
 
 
 def test_interpolation_legend_names_the_path_and_the_chord_without_a_baseline_too(drawn):
@@ -226,6 +227,7 @@ def test_interpolation_titles_of_task_names_with_options_fit_their_panels(drawn)
     assert len(lines) > 1 and max(map(len, lines)) <= 40, lines
     assert long.get_title().replace("\n", " ").replace(", ", ",").startswith(name + ": max drop +0.000")
     assert short.get_title() == "boolq: max drop +0.000"
+
 
 def test_direction_sweep_marks_each_updates_norm_in_its_colour_and_the_reference(drawn):
     mags = [0.0, 2.0, 5.0]
@@ -256,6 +258,7 @@ def test_direction_sweep_legend_names_the_dashed_norm_lines(drawn):
     ax.figure.draw_without_rendering()  # six entries over a panel hid points: the legend sits under it
     assert ax.get_legend().get_window_extent().y1 <= ax.get_window_extent().y0
 
+
 def test_direction_sweep_ticks_zero_apart_from_the_decades_on_a_symlog_axis(drawn):
     """Distances 0.5 to 32 take a symlog axis linear below 0.5: its 10^-1 tick sat next to the 0 and the two labels
     were printed on each other."""
@@ -265,6 +268,7 @@ def test_direction_sweep_ticks_zero_apart_from_the_decades_on_a_symlog_axis(draw
     assert ax.get_xscale() == "symlog"
     assert [float(x) for x in ax.get_xticks() if 0.0 <= x <= 32.0] == [0.0, 1.0, 10.0]
 
+
 @pytest.mark.parametrize("draw, result, text", [
     (L.plot_direction_sweep, {"magnitudes": [], "directions": {}}, "no direction or task evaluated"),
     (SP.plot_sparsity_sweep, {"es": {"rows": []}}, "no sparsity level evaluated"),
@@ -272,6 +276,7 @@ def test_direction_sweep_ticks_zero_apart_from_the_decades_on_a_symlog_axis(draw
 def test_an_empty_sweep_says_so_instead_of_a_bare_frame(drawn, draw, result, text):
     (ax,) = drawn(draw, result).axes
     assert [t.get_text() for t in ax.texts] == [text] and not ax.get_lines()
+
 
 def test_sparsity_sweep_draws_accuracy_against_sparsity_and_each_base(drawn):
     results = {"es": {"rows": [{"sparsity": s, "accuracy": {"boolq": a}} for s, a in ((0.0, 0.7), (0.9, 0.65))],
@@ -342,6 +347,7 @@ def test_weights_figure_without_a_given_title_names_its_updates_and_its_legend_i
     box = legend.get_window_extent()
     assert all(not box.overlaps(ax.get_window_extent()) for ax in fig.axes)
 
+
 def test_weights_figure_tells_two_updates_of_one_algorithm_apart(drawn):
     """Two ES seeds (labels es_42, es_43) took the same blue for each family, so their lines could not be told
     apart: the second of one algorithm's colours is dashed, in both panels."""
@@ -381,6 +387,7 @@ def test_heatmap_says_n_a_in_a_cell_not_measured(drawn):
     (ax, _) = drawn(K.plot_heatmap, {"ES": (m, ["boolq"], ["1:boolq", "2:math"])}).axes
     assert {t.get_position(): t.get_text() for t in ax.texts} == {(0, 0): "0.1", (1, 0): "n/a"}
 
+
 def test_heatmap_colour_bar_of_small_kls_shows_short_labels_and_a_power_of_ten(drawn):
     m = np.array([[1.16e-4, 2.0e-7]])
     fig = drawn(K.plot_heatmap, {"ES": (m, ["boolq"], ["1:boolq", "2:math"])})
@@ -389,6 +396,7 @@ def test_heatmap_colour_bar_of_small_kls_shows_short_labels_and_a_power_of_ten(d
     labels = [t.get_text().replace("$\\mathdefault{", "").replace("}$", "") for t in bar.get_yticklabels()]
     assert labels and max(len(t) for t in labels) <= 4, labels  # not 0.00000 ... 0.00010
     assert "10^{\u22124}" in bar.yaxis.get_offset_text().get_text()  # matplotlib's minus sign
+
 
 def test_heatmap_colour_bar_names_its_quantity_and_unit(drawn):
     """The colour bar of Figure 2 had no label: numbers without the unit (nats) or that they are per token."""
@@ -449,3 +457,13 @@ def test_sparsity_panels_hold_only_the_runs_that_evaluated_their_task(drawn):
     assert [(line.get_label(), line.get_ydata()[0]) for line in boolq.get_lines() if line.get_linestyle() != "-."] \
         == [("es", 0.5), ("ES boolq->boolq", 0.6)]
     assert [line.get_label() for line in countdown.get_lines() if line.get_linestyle() != "-."] == ["es"]
+
+
+def test_a_symlog_distance_axis_short_of_two_decades_labels_its_far_end(drawn):
+    """Distances 0.02 to 0.9: the only decade past the linear part is 0.1, so without a tick at the far end the
+    axis ran to 0.9 unlabelled."""
+    mags = [0.0, 0.02, 0.05, 0.1, 0.3, 0.9]
+    result = {"magnitudes": mags, "directions": {"ES": {"norm": 0.9, "accuracy": {"boolq": [0.6] * 6}}}}
+    (ax,) = drawn(L.plot_direction_sweep, result).axes
+    assert ax.get_xscale() == "symlog"
+    assert [round(float(x), 6) for x in ax.get_xticks() if 0.0 <= x <= 0.9] == [0.0, 0.1, 0.9]

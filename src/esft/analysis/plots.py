@@ -26,15 +26,19 @@ def color(label: str) -> str:
 
 def distance_axis(ax, positive) -> None:
     """A distance x axis from 0: symlog when the nonzero distances `positive` (an array) span more than 20x, with
-    major ticks at 0 and at the decades past the linear part; the decades inside it crowded the 0 (a "0" and a
-    "10^-1" printed on each other)."""
+    major ticks at 0 and at the decades past the linear part (the decades inside it would crowd the 0), and at the
+    largest distance's leading digit where it lies well past the last decade (0.02-0.9: 0, 0.1 and 0.9)."""
     from matplotlib.ticker import FixedLocator
 
     if positive.size and positive.max() / positive.min() > 20:
         low, high = float(positive.min()), float(positive.max())
         ax.set_xscale("symlog", linthresh=low)
-        decades = range(math.ceil(math.log10(low)), math.floor(math.log10(high)) + 1)
-        ax.xaxis.set_major_locator(FixedLocator([0.0, *(10.0 ** k for k in decades)]))
+        top = math.floor(math.log10(high))
+        ticks = [0.0, *(10.0 ** k for k in range(math.ceil(math.log10(low)), top + 1))]
+        lead = math.floor(high / 10.0 ** top) * 10.0 ** top  # 0.9 of 0.93
+        if lead > 3 * ticks[-1]:
+            ticks.append(lead)
+        ax.xaxis.set_major_locator(FixedLocator(ticks))
     ax.set_xlim(left=0.0)  # distances are >= 0: no margin of negative distances (markers on 0 drawn unclipped)
 
 
