@@ -61,3 +61,11 @@ def test_the_first_file_of_an_equals_sign_comma_list_is_named_as_typed(data_dir)
     (data_dir / "data" / "two.jsonl").write_text((data_dir / "data" / "one.jsonl").read_text())
     found = typed_data_files(["--tasks=data/one.jsonl,data/two.jsonl"])
     assert sorted(found.values()) == ["data/one.jsonl", "data/two.jsonl"]
+
+
+def test_only_the_whole_path_is_named_as_typed_not_the_tail_of_a_longer_one(data_dir):
+    from esft.cli_process import as_typed
+
+    absolute = str(data_dir / "data" / "one.jsonl")
+    message = f"{absolute}: bad row; /mnt{absolute} is another file"
+    assert as_typed(message, ["data/one.jsonl"]) == f"data/one.jsonl: bad row; /mnt{absolute} is another file"

@@ -35,8 +35,11 @@ def as_typed(message: str, words: Sequence[str]) -> str:
     """`message` naming each data file of a task on the command line (`words`) as the user typed it: a config
     records such a file by its absolute path (esft.tasks.custom.absolute_data_task, so that config.yaml rebuilds
     the task from any folder), which errors would otherwise show."""
+    import re
+
     for absolute, typed in sorted(typed_data_files(words).items(), key=lambda kv: -len(kv[0])):
-        message = message.replace(absolute, typed)
+        # the whole path only, not the tail of a longer one (/mnt/tmp/a.jsonl holds /tmp/a.jsonl)
+        message = re.sub(rf"(?<![\w./~-]){re.escape(absolute)}", lambda _, t=typed: t, message)
     return message
 
 
