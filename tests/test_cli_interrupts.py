@@ -1,0 +1,48 @@
+"""Ctrl-C and SIGTERM sent to a real `esft` process at moments the in-process tests cannot reach."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+
+
+def _catches_sigterm(pid: int) -> bool:
+    """Whether process `pid` has a handler for SIGTERM (the `SigCgt` mask of /proc/PID/status)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    mask = next(int(line.split()[1], 16) for line in status.splitlines() if line.startswith("SigCgt:"))
+    return bool(mask & (1 << (signal.SIGTERM - 1)))
+
+
+def _start(argv: list[str], cwd: Path) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONPATH=SRC + os.pathsep + os.environ.get("PYTHONPATH", ""), HF_HUB_OFFLINE="1")
+    return subprocess.Popen([sys.executable, "-m", "esft", *argv], cwd=cwd, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc/PID/status")
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_an_interrupt_during_start_up_prints_one_line(tmp_path, signum):
+    """Ctrl-C or `kill` in the second or more before a command starts (`esft eval` builds its options by importing
+    torch) ends it as one later does: the line `interrupted` and exit 130, not a KeyboardInterrupt traceback and a
+    death by SIGINT. The signal is sent as soon as esft's SIGTERM handler is in place, which is before that import."""
+    proc = _start(["eval", "--tasks", "boolq", "--limit", "1", "--output-dir", str(tmp_path / "out")], tmp_path)
+    deadline = time.monotonic() + 60
+    while not _catches_sigterm(proc.pid) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.002)
+    proc.send_signal(signum)
+    try:
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert "Traceback" not in err, err
+    assert proc.returncode == 130 and err.strip().splitlines()[-1] == "interrupted", (proc.returncode, err)
+    assert not (tmp_path / "out").exists()
