@@ -46,3 +46,39 @@ def test_an_interrupt_during_start_up_prints_one_line(tmp_path, signum):
     assert "Traceback" not in err, err
     assert proc.returncode == 130 and err.strip().splitlines()[-1] == "interrupted", (proc.returncode, err)
     assert not (tmp_path / "out").exists()
+
+
+#: a sitecustomize that sends its process SIGINT when numpy.linalg is first imported: Ctrl-C at that moment
+_CTRL_C_AT_NUMPY = '''
+import os, signal, sys
+
+class CtrlCAtNumpy:
+    sent = False
+
+    def find_spec(self, name, path=None, target=None):
+        if name == "numpy.linalg" and not CtrlCAtNumpy.sent:
+            CtrlCAtNumpy.sent = True
+            os.kill(os.getpid(), signal.SIGINT)
+        return None
+
+sys.meta_path.insert(0, CtrlCAtNumpy())
+'''
+
+
+def test_ctrl_c_while_numpy_imports_stops_a_run(tmp_path):
+    """torch's start-up imports numpy in C and drops whatever that import raised: a Ctrl-C there was lost, and
+    the run went on with a half-imported numpy (`esft train es` then failed with an unrelated ModuleNotFoundError
+    traceback, `esft train grpo` with a RecursionError, `esft export` finished as if never interrupted)."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(_CTRL_C_AT_NUMPY)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(hook), SRC, os.environ.get("PYTHONPATH", "")]),
+               HF_HUB_OFFLINE="1")
+    out = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "esft", "train", "es", "--task", "countdown", "--iterations", "1",
+                           "--population-size", "2", "--batch-size", "2", "--max-new-tokens", "4", "--eval-every",
+                           "0", "--output-dir", str(out)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert proc.returncode == 130 and proc.stderr.strip().splitlines()[-1] == "interrupted", proc.stderr
+    assert not out.exists()

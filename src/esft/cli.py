@@ -437,6 +437,9 @@ def _main(argv: Sequence[str] | None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     if args_list and args_list[0] in COMPUTE_COMMANDS:
         stop_on_sigterm()
+        # numpy before torch: torch's C start-up imports numpy and drops any error of that import, a Ctrl-C
+        # included, which left the command running or failing later on a half-imported numpy
+        import numpy  # noqa: F401
     # Before torch loads OpenMP (a sub-command's options import it): on a machine other jobs keep busy, idle OpenMP
     # threads must sleep instead of spinning (PASSIVE), on an idle one spinning is ~20% faster
     # (esft.environment.choose_omp_wait_policy). Only the compute commands pay the 0.15 s sample; an explicit
