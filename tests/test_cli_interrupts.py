@@ -65,15 +65,20 @@ sys.meta_path.insert(0, CtrlCAtNumpy())
 '''
 
 
+def _with_hook(tmp_path: Path, source: str) -> dict[str, str]:
+    """The environment of an `esft` process that runs `source` as its sitecustomize first."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(source)
+    return dict(os.environ, PYTHONPATH=os.pathsep.join([str(hook), SRC, os.environ.get("PYTHONPATH", "")]),
+                HF_HUB_OFFLINE="1")
+
+
 def test_ctrl_c_while_numpy_imports_stops_a_run(tmp_path):
     """torch's start-up imports numpy in C and drops whatever that import raised: a Ctrl-C there was lost, and
     the run went on with a half-imported numpy (`esft train es` then failed with an unrelated ModuleNotFoundError
     traceback, `esft train grpo` with a RecursionError, `esft export` finished as if never interrupted)."""
-    hook = tmp_path / "hook"
-    hook.mkdir()
-    (hook / "sitecustomize.py").write_text(_CTRL_C_AT_NUMPY)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(hook), SRC, os.environ.get("PYTHONPATH", "")]),
-               HF_HUB_OFFLINE="1")
+    env = _with_hook(tmp_path, _CTRL_C_AT_NUMPY)
     out = tmp_path / "run"
     proc = subprocess.run([sys.executable, "-m", "esft", "train", "es", "--task", "countdown", "--iterations", "1",
                            "--population-size", "2", "--batch-size", "2", "--max-new-tokens", "4", "--eval-every",
@@ -82,3 +87,42 @@ def test_ctrl_c_while_numpy_imports_stops_a_run(tmp_path):
     assert "Traceback" not in proc.stderr, proc.stderr
     assert proc.returncode == 130 and proc.stderr.strip().splitlines()[-1] == "interrupted", proc.stderr
     assert not out.exists()
+
+
+#: a sitecustomize that sends its process SIGTERM once an export has copied config.json: `kill` mid-export
+_KILL_MID_EXPORT = '''
+import os, shutil, signal
+
+copyfile = shutil.copyfile
+
+def copy_then_kill(src, dst, *args, **kwargs):
+    done = copyfile(src, dst, *args, **kwargs)
+    if os.path.basename(dst) == "config.json":
+        os.kill(os.getpid(), signal.SIGTERM)
+    return done
+
+shutil.copyfile = copy_then_kill
+'''
+
+
+def _model_folder(tmp_path: Path, tokenizer) -> Path:
+    from conftest import make_tiny_model
+
+    folder = tmp_path / "model"
+    make_tiny_model(hidden=32, layers=2).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize("hook", [_KILL_MID_EXPORT, _CTRL_C_AT_NUMPY], ids=["sigterm-mid-copy", "ctrl-c-at-numpy"])
+def test_an_interrupted_export_leaves_nothing_behind(tmp_path, tokenizer, hook):
+    """`kill` during `esft export` ends it as Ctrl-C does: one line, exit 130, and neither the target nor the
+    staging folder beside it (a hidden `.NAME.*` holding a torn copy of the weights, which SIGTERM's default
+    death left); a Ctrl-C while torch imports numpy stops it too, instead of being lost."""
+    model = _model_folder(tmp_path, tokenizer)
+    exports = tmp_path / "exports"
+    exports.mkdir()
+    proc = subprocess.run([sys.executable, "-m", "esft", "export", str(model), "--to", str(exports / "out")],
+                          cwd=tmp_path, env=_with_hook(tmp_path, hook), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 130 and proc.stderr.strip().splitlines()[-1] == "interrupted", proc
+    assert "Traceback" not in proc.stderr and list(exports.iterdir()) == []

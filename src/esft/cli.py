@@ -419,6 +419,8 @@ SUBCOMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = 
 
 
 COMPUTE_COMMANDS = ("train", "eval", "bench", "experiment", "report", "analyze")
+#: commands that SIGTERM stops as Ctrl-C does (each cleans up what it was writing: export its staging folder)
+INTERRUPTIBLE = COMPUTE_COMMANDS + ("export",)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -435,7 +437,7 @@ def _main(argv: Sequence[str] | None) -> int:
     import os
 
     args_list = list(sys.argv[1:] if argv is None else argv)
-    if args_list and args_list[0] in COMPUTE_COMMANDS:
+    if args_list and args_list[0] in INTERRUPTIBLE:
         stop_on_sigterm()
         # numpy before torch: torch's C start-up imports numpy and drops any error of that import, a Ctrl-C
         # included, which left the command running or failing later on a half-imported numpy
