@@ -126,3 +126,26 @@ def test_an_interrupted_export_leaves_nothing_behind(tmp_path, tokenizer, hook):
                           cwd=tmp_path, env=_with_hook(tmp_path, hook), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 130 and proc.stderr.strip().splitlines()[-1] == "interrupted", proc
     assert "Traceback" not in proc.stderr and list(exports.iterdir()) == []
+
+
+class _CtrlCWhenWritten:
+    """A value whose text form sends this process SIGINT: Ctrl-C while a file holding it is being written."""
+
+    def __str__(self) -> str:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(5)  # Python's handler raises KeyboardInterrupt here
+        return "never"
+
+
+def test_ctrl_c_while_an_eval_writes_its_completions_keeps_the_earlier_file(tmp_path):
+    """`esft eval --output-dir` into the folder of an earlier evaluation (allowed for the same evaluation again)
+    stopped while it writes a task's JSONL leaves the earlier file whole, which its summary.json describes, not a
+    file cut after the records written so far."""
+    from esft.evaluation import write_jsonl
+
+    path = tmp_path / "boolq.jsonl"
+    write_jsonl(path, [{"i": i, "completion": "yes"} for i in range(3)])
+    before = path.read_bytes()
+    with pytest.raises(KeyboardInterrupt):
+        write_jsonl(path, [{"i": 0, "completion": "no"}, {"i": 1, "completion": _CtrlCWhenWritten()}])
+    assert path.read_bytes() == before
