@@ -53,6 +53,40 @@ def test_an_interrupted_es_run_prints_its_resume_hint_once(tmp_path, monkeypatch
     assert [line for line in printed if line.strip() == "interrupted"] == []
 
 
+def test_sigterm_while_the_final_checkpoint_is_written_prints_the_resume_hint(tmp_path, monkeypatch, capsys):
+    """`kill` while `esft train es` writes its final checkpoint, after the last iteration is logged: the line says
+    how to continue (a resume writes that checkpoint), as a stop during the iterations does, not a bare
+    "interrupted"; the checkpoint's staging folder is gone."""
+    import esft.api
+
+    def tiny_train_es(config):
+        model = tiny_llama()
+        save = model.save_pretrained
+
+        def save_then_stop(folder, *args, **kwargs):
+            save(folder, *args, **kwargs)
+            if os.path.basename(folder) == ".tmp_final":
+                os.kill(os.getpid(), signal.SIGTERM)  # the handler raises KeyboardInterrupt here
+
+        model.save_pretrained = save_then_stop
+        return esft.api.es_trainer(config, model=model, tokenizer=None, task=ToyTask(),
+                                   generate_fn=stub_generate).train()
+
+    monkeypatch.setattr(esft.api, "train_es", tiny_train_es)
+    out = tmp_path / "run"
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        code = main(["train", "es", "--model", "smollm2-135m", "--task", "boolq", "--population-size", "2",
+                     "--batch-size", "2", "--iterations", "1", "--eval-every", "0", "--checkpoint-every", "0",
+                     "--max-new-tokens", "2", "--output-dir", str(out)])
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert code == 130
+    printed = capsys.readouterr().err.strip().splitlines()
+    assert printed[-1] == f"interrupted: 1 iteration is logged in {out}; continue with `esft train es --resume {out}`"
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == []
+
+
 def test_a_bare_ctrl_c_still_says_interrupted(monkeypatch, capsys):
     import esft.cli as cli
 

@@ -419,24 +419,39 @@ SUBCOMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = 
 
 
 COMPUTE_COMMANDS = ("train", "eval", "bench", "experiment", "report", "analyze")
+#: commands that SIGTERM stops as Ctrl-C does (each cleans up what it was writing: export its staging folder)
+INTERRUPTIBLE = COMPUTE_COMMANDS + ("export",)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        # Ctrl-C or SIGTERM before the command runs (building a sub-command's options imports torch: a second or
+        # more), or a second one while the first one's message prints: one line, not a traceback
+        print("\ninterrupted", file=sys.stderr)
+        return 130
+
+
+def _main(argv: Sequence[str] | None) -> int:
     import os
 
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    if args_list and args_list[0] in INTERRUPTIBLE:
+        stop_on_sigterm()
+        # numpy before torch: torch's C start-up imports numpy and drops any error of that import, a Ctrl-C
+        # included, which left the command running or failing later on a half-imported numpy
+        import numpy  # noqa: F401
     # Before torch loads OpenMP (a sub-command's options import it): on a machine other jobs keep busy, idle OpenMP
     # threads must sleep instead of spinning (PASSIVE), on an idle one spinning is ~20% faster
     # (esft.environment.choose_omp_wait_policy). Only the compute commands pay the 0.15 s sample; an explicit
     # OMP_WAIT_POLICY wins.
-    args_list = list(sys.argv[1:] if argv is None else argv)
     if "OMP_WAIT_POLICY" not in os.environ and args_list and args_list[0] in COMPUTE_COMMANDS:
         from esft.environment import busy_cores, choose_omp_wait_policy
 
         policy = choose_omp_wait_policy(busy_cores())
         if policy is not None:
             os.environ["OMP_WAIT_POLICY"] = policy
-    if args_list and args_list[0] in COMPUTE_COMMANDS:
-        stop_on_sigterm()
     debug = "--debug" in args_list
     args_list = [a for a in args_list if a != "--debug"]
     # only the typed sub-command's options are built (see build_parser); "" for `esft --help`, `--version`

@@ -33,6 +33,7 @@ from esft.config import (ConfigHooks, Rule, at_least, check_fields, in_range, no
                          passage_cut)
 from esft.generation import Generation, GenerationConfig, generate
 from esft.passk import answer_key, chance_pass_at_k, parse_ks, pass_at_k, summarize_samples
+from esft.rundir import write_text_atomic
 from esft.tasks import Task, get_task, split_task_list, task_file_stem
 from esft.tasks.base import checks_format
 from esft.tasks.labels import ACCURACY, BALANCE_SEED, balanced_subset, score_name, summaries_score_name
@@ -225,12 +226,12 @@ def generation_stats(gens: Sequence[Generation], seconds: float) -> dict[str, An
 
 
 def write_jsonl(path: Path | None, records: Sequence[dict[str, Any]]) -> None:
+    """Replace `path` whole: a Ctrl-C while the records are written leaves the file of an earlier evaluation into
+    the same folder as it was (its summary.json describes it), not cut short."""
     if path is None:
         return
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", encoding="utf-8") as fh:
-        for rec in records:
-            fh.write(json.dumps(rec, ensure_ascii=False, default=str) + "\n")
+    write_text_atomic(path, "".join(json.dumps(rec, ensure_ascii=False, default=str) + "\n" for rec in records))
 
 
 def sample_seed(seed: int, sample: int) -> int:

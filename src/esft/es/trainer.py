@@ -405,9 +405,7 @@ class ESTrainer:
         except KeyboardInterrupt:
             if self.weights.perturbed is not None:
                 self.weights.restore()
-            # the message is the one line the command line prints (esft.cli); a script sees it in the exception
-            raise RunInterrupted(f"interrupted: {_logged(self.step)} in {self.out}; continue with "
-                                 f"`esft train es --resume {self.out}`") from None
+            raise self._interrupted() from None
         except OSError as exc:
             self._raise_if_disk_full(exc)
             raise
@@ -418,10 +416,17 @@ class ESTrainer:
             self.tracker.close()
         try:
             final = self.checkpoint("final")
+        except KeyboardInterrupt:  # every iteration is logged: a resume writes the final checkpoint and stops
+            raise self._interrupted() from None
         except OSError as exc:
             self._raise_if_disk_full(exc)
             raise
         return TrainResult(self.out, self.step, final, self.last_eval)
+
+    def _interrupted(self) -> RunInterrupted:
+        # the message is the one line the command line prints (esft.cli); a script sees it in the exception
+        return RunInterrupted(f"interrupted: {_logged(self.step)} in {self.out}; continue with "
+                              f"`esft train es --resume {self.out}`")
 
     def _raise_if_disk_full(self, exc: OSError) -> None:
         """A full disk (or quota) while the run writes: the error says where, what is kept and how to go on
