@@ -198,6 +198,25 @@ def test_make_local_executor_passes_the_layout_and_refuses_vllm():
         build.make_local_executor(cfg, **kw)
 
 
+def test_the_decode_attention_kernel_is_built_on_the_calling_thread_before_any_lane(monkeypatch):
+    # a Ctrl-C during a build on a lane thread waited for the build to end; the main thread's stops it at once
+    import threading
+
+    from esft import kernels
+    from esft.generation import GenerationConfig
+
+    threads: list[str] = []
+    monkeypatch.setattr(kernels, "load_decode_attention", lambda: threads.append(threading.current_thread().name))
+    model = tiny_llama(hidden=16, layers=1)
+    cfg = ESConfig(parallel_members=2, rollout_dtype="float32")
+    kw = dict(model=model, tokenizer=None, weights=build.make_weights(model, cfg), task=None,
+              strategy=build.make_strategy(cfg))
+    build.make_local_executor(cfg, **kw, gen_config=GenerationConfig(fused_attention=False))
+    assert threads == []
+    build.make_local_executor(cfg, **kw, gen_config=GenerationConfig(fused_attention=True))
+    assert threads == [threading.main_thread().name]
+
+
 # ---- seeds and parameter-write edges ------------------------------------------------------------------------
 
 def test_tensor_seeds_are_pinned_across_versions():

@@ -300,3 +300,43 @@ def test_disabled_by_environment(monkeypatch):
     monkeypatch.setenv("ESFT_NO_KERNELS", "1")
     assert kernels.load_decode_attention() is None
     assert "ESFT_NO_KERNELS" in kernels.build_error()
+
+
+def test_each_checkout_and_environment_builds_in_a_folder_of_its_own(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    here = kernels.build_dir("decode_attention")
+    assert here.parent == tmp_path / "esft" and here.name.startswith("decode_attention_")
+    other = kernels.build_dir("decode_attention", source=tmp_path / "other" / "decode_attention.cpp")
+    assert other != here and other.parent == here.parent  # another checkout: no rebuild in turn
+    monkeypatch.setattr(kernels.sys, "prefix", "/another/venv")
+    assert kernels.build_dir("decode_attention") not in (here, other)  # another environment's torch headers
+
+
+def test_a_lock_of_a_killed_build_is_removed_and_a_young_one_waited_for(tmp_path):
+    import os
+
+    assert kernels.clear_stale_lock(tmp_path, "decode_attention") is None
+    lock = tmp_path / "lock"
+    lock.write_text("")
+    now = lock.stat().st_mtime + 60  # another process's build, a minute in
+    assert "waiting for another process's build" in kernels.clear_stale_lock(tmp_path, "decode_attention", now)
+    assert lock.exists()
+    os.utime(lock, (now - kernels.STALE_LOCK_S - 60,) * 2)  # left by a build killed long ago
+    line = kernels.clear_stale_lock(tmp_path, "decode_attention", now)
+    assert line.startswith(f"esft: removed {lock}, left 16 min ago") and not lock.exists()
+
+
+def test_the_kernel_builds_where_a_lock_was_left_by_a_killed_build(ext, tmp_path, monkeypatch, capsys):
+    # the real build (about 30 s on 2 cores; where `ext` could be built): torch would wait on the old lock forever
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    monkeypatch.setattr(kernels, "_CACHE", {})
+    monkeypatch.setattr(kernels, "_ERRORS", {})
+    folder = kernels.build_dir("decode_attention")
+    folder.mkdir(parents=True)
+    (folder / "lock").write_text("")
+    old = (folder / "lock").stat().st_mtime - kernels.STALE_LOCK_S - 1
+    import os
+
+    os.utime(folder / "lock", (old, old))
+    assert kernels.load_decode_attention() is not None, kernels.build_error()
+    assert "by a build of the decode_attention kernel that was killed" in capsys.readouterr().err

@@ -200,6 +200,12 @@ def make_local_executor(config: ESConfig, *, model: Any, tokenizer: Any, weights
         from esft.es.lowrank import LowRankExecutor
 
         return LowRankExecutor(model, tokenizer, weights, task, strategy, gen_config, generate_fn=generate_fn)
+    if gen_config is not None and gen_config.fused_attention:
+        from esft.kernels import load_decode_attention
+
+        # built here, on the main thread, if it is not yet: a Ctrl-C during the build then stops it at once, where
+        # a lane thread's build would first run to its end
+        load_decode_attention()
     return LocalExecutor(model, tokenizer, weights, task, strategy, gen_config, generate_fn=generate_fn,
                          parallel_members=config.parallel_members,
                          rollout_dtype=torch.bfloat16 if config.rollout_dtype == "bfloat16" else None)

@@ -3,13 +3,20 @@
 Only what no library does well lives here (see each source's header comment). Everything has a pure-torch path:
 `load_decode_attention()` returns None, with the reason in `build_error()`, when the machine has no C++ compiler,
 when `ESFT_NO_KERNELS=1`, or when the build fails; callers then use the torch ops. The build (~30-60 s, once per
-machine and source version) is cached by torch under `TORCH_EXTENSIONS_DIR` (default ~/.cache/torch_extensions).
+machine and source version) is cached under `TORCH_EXTENSIONS_DIR` (default ~/.cache/torch_extensions), in a
+folder of its own per CPU, source file and Python environment (`build_dir`): two checkouts or two virtual
+environments on one machine each keep their build instead of rebuilding in turn. A build killed outright leaves
+torch's lock file behind, on which every later build would wait forever: `clear_stale_lock` removes one that no
+build can still hold.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
+import sys
 import threading
+import time
 from pathlib import Path
 
 _LOCK = threading.Lock()
@@ -39,6 +46,38 @@ def _cpu_tag() -> str:
     return hashlib.sha256(flags.encode()).hexdigest()[:10]
 
 
+#: a build takes about a minute (a few on a loaded machine): a lock this old belongs to a build that was killed
+STALE_LOCK_S = 900
+
+
+def build_dir(name: str, source: Path | None = None) -> Path:
+    """The build folder of kernel `name`: under TORCH_EXTENSIONS_DIR (or torch's default root), keyed by this CPU's
+    flags (the build uses -march=native), the source file's path (torch's build file records it, so another
+    checkout's build would be redone) and the Python environment with its torch (headers and ABI)."""
+    import torch
+    from torch.utils.cpp_extension import get_default_build_root
+
+    source = Path(source or Path(__file__).with_name(f"{name}.cpp")).resolve()
+    where = hashlib.sha256(f"{source}|{sys.prefix}|{torch.__version__}".encode()).hexdigest()[:8]
+    root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root())
+    return root / "esft" / f"{name}_{_cpu_tag()}_{where}"
+
+
+def clear_stale_lock(folder: Path, name: str, now: float | None = None) -> str | None:
+    """Remove `folder`'s build lock when it is older than STALE_LOCK_S (its build was killed: torch would wait on
+    it forever); what was done, as a line for stderr, or None when there is no lock. A younger lock is another
+    process's build in progress, which the caller waits for (the line says so)."""
+    lock = folder / "lock"
+    try:
+        age = (time.time() if now is None else now) - lock.stat().st_mtime
+    except FileNotFoundError:
+        return None
+    if age > STALE_LOCK_S:
+        lock.unlink(missing_ok=True)
+        return f"esft: removed {lock}, left {age / 60:.0f} min ago by a build of the {name} kernel that was killed"
+    return f"esft: waiting for another process's build of the {name} kernel (its lock: {lock})"
+
+
 def _load(name: str):
     with _LOCK:
         if name in _CACHE:
@@ -51,8 +90,12 @@ def _load(name: str):
         try:
             from torch.utils.cpp_extension import load
 
+            folder = build_dir(name)
+            folder.mkdir(parents=True, exist_ok=True)
+            if (line := clear_stale_lock(folder, name)) is not None:
+                print(line, file=sys.stderr, flush=True)
             module = load(name=f"esft_{name}_{_cpu_tag()}", sources=[str(Path(__file__).with_name(f"{name}.cpp"))],
-                          extra_cflags=CFLAGS, extra_ldflags=LDFLAGS, verbose=False)
+                          extra_cflags=CFLAGS, extra_ldflags=LDFLAGS, build_directory=str(folder), verbose=False)
         except Exception as exc:  # no compiler, no headers, build error: the torch path takes over
             _ERRORS[name] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}"
             return None
