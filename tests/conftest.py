@@ -51,6 +51,17 @@ def prefix_caches(model, prefix_cache, rows: int, copies: int = 2) -> list:
     return caches
 
 
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    """A random-init Llama with the SmolLM2 tokenizer saved as a model folder (what `--model PATH` loads)."""
+    from esft.models import load_tokenizer
+
+    folder = tmp_path_factory.mktemp("tiny-model")
+    make_tiny_model().save_pretrained(folder)
+    load_tokenizer("smollm2-135m").save_pretrained(folder)
+    return folder
+
+
 @pytest.fixture()
 def tiny_model():
     return make_tiny_model()

@@ -12,6 +12,18 @@ import pytest
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 
 
+@pytest.fixture(autouse=True)
+def ctrl_c_acts():
+    """Python's Ctrl-C handler in this process, and so the default action in the processes it starts (a caught
+    signal is reset at exec): pytest started in the background by a shell ignores SIGINT, and an ignored signal
+    stays ignored in every child, so no Ctrl-C sent here would reach esft."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def _catches_sigterm(pid: int) -> bool:
     """Whether process `pid` has a handler for SIGTERM (the `SigCgt` mask of /proc/PID/status)."""
     try:

@@ -16,6 +16,18 @@ from es_tiny import ToyTask, stub_generate, tiny_llama
 from esft.cli import main
 
 
+def train_es_keeping_sigterm(out, iterations: int) -> int:
+    """`esft train es` of the tiny settings into `out` (its train_es replaced by the caller); the CLI's SIGTERM
+    handler is put back to this process's afterwards."""
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        return main(["train", "es", "--model", "smollm2-135m", "--task", "boolq", "--population-size", "2",
+                     "--batch-size", "2", "--iterations", str(iterations), "--eval-every", "0",
+                     "--checkpoint-every", "0", "--max-new-tokens", "2", "--output-dir", str(out)])
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 @pytest.mark.parametrize("stop_at, logged", [(5, "2 iterations are logged"), (3, "1 iteration is logged")])
 def test_an_interrupted_es_run_prints_its_resume_hint_once(tmp_path, monkeypatch, capsys, stop_at, logged):
     """SIGTERM in the middle of `esft train es`: the hint names the logged iterations and the resume command, once,
@@ -38,14 +50,7 @@ def test_an_interrupted_es_run_prints_its_resume_hint_once(tmp_path, monkeypatch
 
     monkeypatch.setattr(esft.api, "train_es", tiny_train_es)
     out = tmp_path / "run"
-    previous = signal.getsignal(signal.SIGTERM)
-    try:
-        code = main(["train", "es", "--model", "smollm2-135m", "--task", "boolq", "--population-size", "2",
-                     "--batch-size", "2", "--iterations", "4", "--eval-every", "0", "--checkpoint-every", "0",
-                     "--max-new-tokens", "2", "--output-dir", str(out)])
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-    assert code == 130
+    assert train_es_keeping_sigterm(out, iterations=4) == 130
     captured = capsys.readouterr()
     printed = (captured.out + captured.err).splitlines()
     hints = [line for line in printed if "esft train es --resume" in line]
@@ -74,14 +79,7 @@ def test_sigterm_while_the_final_checkpoint_is_written_prints_the_resume_hint(tm
 
     monkeypatch.setattr(esft.api, "train_es", tiny_train_es)
     out = tmp_path / "run"
-    previous = signal.getsignal(signal.SIGTERM)
-    try:
-        code = main(["train", "es", "--model", "smollm2-135m", "--task", "boolq", "--population-size", "2",
-                     "--batch-size", "2", "--iterations", "1", "--eval-every", "0", "--checkpoint-every", "0",
-                     "--max-new-tokens", "2", "--output-dir", str(out)])
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-    assert code == 130
+    assert train_es_keeping_sigterm(out, iterations=1) == 130
     printed = capsys.readouterr().err.strip().splitlines()
     assert printed[-1] == f"interrupted: 1 iteration is logged in {out}; continue with `esft train es --resume {out}`"
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == []

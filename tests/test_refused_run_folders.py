@@ -26,17 +26,6 @@ def picky(completions, answer, **kwargs):
 '''
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory) -> Path:
-    from conftest import make_tiny_model
-    from esft.models import load_tokenizer
-
-    folder = tmp_path_factory.mktemp("tiny-model")
-    make_tiny_model().save_pretrained(folder)
-    load_tokenizer("smollm2-135m").save_pretrained(folder)
-    return folder
-
-
 def contents(folder: Path) -> dict[str, bytes | None]:
     return {str(p.relative_to(folder)): (p.read_bytes() if p.is_file() else None) for p in folder.rglob("*")}
 

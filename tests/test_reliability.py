@@ -24,17 +24,6 @@ TASK = "countdown:numbers=2,max_number=20,ops=+"
 
 # ---- fixtures -------------------------------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory) -> Path:
-    from conftest import make_tiny_model
-    from esft.models import load_tokenizer
-
-    folder = tmp_path_factory.mktemp("tiny-model")
-    make_tiny_model().save_pretrained(folder)
-    load_tokenizer("smollm2-135m").save_pretrained(folder)
-    return folder
-
-
 @pytest.fixture()
 def no_model_load(monkeypatch):
     """Any model load fails the test: validation must refuse before it."""
