@@ -4,6 +4,7 @@ helpers by hand, `limit` and `balanced` selection, the row text, and the EvalCon
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -73,6 +74,29 @@ def test_run_eval_passes_the_generation_settings_and_the_limit(monkeypatch, tmp_
     assert [r["index"] for r in rows] == [0, 1, 2] and [r["score"] for r in rows] == [1.0, 1.0, 0.0]
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["config"]["limit"] == 3 and summary["results"]["lab/el"]["ids"] == [0, 1, 2]
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="reads /proc/self/fd")
+def test_a_failure_while_summary_json_is_written_leaves_the_earlier_one_whole(monkeypatch, tmp_path):
+    # a full disk (or a kill) while the summary is written: the earlier evaluation's summary, whole, not a cut file
+    import os
+
+    _patch(monkeypatch, LabelTask(), [])
+    cfg = EvalConfig(tasks=["lab/el"], limit=3, max_new_tokens=7, output_dir=str(tmp_path))
+    run_eval(cfg, model=object(), tokenizer=object(), progress=False)
+    before = (tmp_path / "summary.json").read_bytes()
+
+    fsync = os.fsync
+
+    def disk_full_at_the_summary(fd):
+        if os.path.basename(os.readlink(f"/proc/self/fd/{fd}")).startswith(".summary.json"):
+            raise OSError(28, "No space left on device")
+        fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", disk_full_at_the_summary)
+    with pytest.raises(OSError, match="No space left"):
+        run_eval(cfg, model=object(), tokenizer=object(), progress=False)
+    assert (tmp_path / "summary.json").read_bytes() == before
 
 
 def test_run_eval_balanced_draws_equal_labels_and_says_so(monkeypatch):

@@ -358,7 +358,7 @@ def run_eval(config: EvalConfig, model=None, tokenizer=None, progress: bool = Tr
             write_passk_figure(out_dir / f"{task_file_stem(name)}.passk.png", name, config.model, results[name])
     if out_dir is not None:
         payload = {"config": asdict(config), "results": results}
-        (out_dir / "summary.json").write_text(json.dumps(payload, indent=2, default=str))
+        write_text_atomic(out_dir / "summary.json", json.dumps(payload, indent=2, default=str))  # old or new, whole
     return results
 
 
