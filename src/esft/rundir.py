@@ -255,8 +255,8 @@ def check_output_dir(path: str | Path, what: str = "output_dir") -> None:
 
 
 def write_text_atomic(path: str | Path, text: str) -> None:
-    """Replace a small file (config.yaml) whole: written aside, fsynced, renamed over, so a crash leaves the old
-    or the new file, never an empty one."""
+    """Replace a file whole (config.yaml, an evaluation's JSONL and summary.json): written aside, fsynced, renamed
+    over, so a crash or Ctrl-C leaves the old or the new file, never a cut one."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp")
     with open(tmp, "w", encoding="utf-8") as fh:
