@@ -174,6 +174,53 @@ def test_esfts_sigterm_handler_is_held_during_init_and_kept_after_it(fake_ray):
     assert fake_ray.calls[-1][0] == "shutdown"
 
 
+def test_a_sigterm_after_ray_installs_its_handler_stops_the_run_as_ctrl_c_does(fake_ray):
+    """Ray 2.60's ray.init installs `sys.exit(SIGTERM)` first thing, so that is the handler a SIGTERM during
+    start-up meets: esft turns its exit into the interrupt (exit 130, resume hint), Ray shut down."""
+
+    def esft_handler(signum, frame):
+        raise KeyboardInterrupt
+
+    def ray_handler(signum, frame):
+        raise SystemExit(signum)
+
+    def init():
+        signal.signal(signal.SIGTERM, ray_handler)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, esft_handler)
+    fake_ray.on_init = init
+    with pytest.raises(KeyboardInterrupt):
+        connection.connect_ray(None)
+    assert [c[0] for c in fake_ray.calls] == ["init", "shutdown"]
+    assert signal.getsignal(signal.SIGTERM) is esft_handler
+
+
+def test_other_exits_during_ray_init_are_not_taken_for_a_sigterm(fake_ray):
+    signal.signal(signal.SIGTERM, lambda signum, frame: None)
+
+    def init():
+        raise SystemExit(3)
+
+    fake_ray.on_init = init
+    with pytest.raises(SystemExit) as info:
+        connection.connect_ray(None)
+    assert info.value.code == 3
+
+
+def test_without_esfts_handler_a_sigterm_during_ray_init_ends_the_process_as_ray_says(fake_ray):
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+    def init():
+        signal.signal(signal.SIGTERM, lambda signum, frame: (_ for _ in ()).throw(SystemExit(signum)))
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    fake_ray.on_init = init
+    with pytest.raises(SystemExit) as info:
+        connection.connect_ray(None)
+    assert info.value.code == signal.SIGTERM
+
+
 def test_without_a_python_sigterm_handler_rays_own_stays(fake_ray):
     def ray_handler(signum, frame):
         raise SystemExit(15)

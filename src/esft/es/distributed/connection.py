@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 from contextlib import contextmanager
 from typing import Sequence
 
@@ -36,6 +37,12 @@ def _keep_sigterm_handler():
             signal.signal(signal.SIGTERM, previous)
 
 
+class _Held(list):
+    """The signals `_interrupt_after` held; `holds_sigterm`: SIGTERM is one it holds (esft's handler was set)."""
+
+    holds_sigterm = False
+
+
 @contextmanager
 def _interrupt_after():
     """Hold a Ctrl-C (or esft's SIGTERM, which acts as one) that arrives during `ray.init`, which a second one
@@ -45,7 +52,7 @@ def _interrupt_after():
     import signal
     import threading
 
-    held: list[int] = []
+    held = _Held()
     if threading.current_thread() is not threading.main_thread():
         yield held
         return
@@ -58,6 +65,7 @@ def _interrupt_after():
     # SIGTERM only where a Python handler acts on it (esft's CLI); by default it ends the process, Ray included
     signals = [signal.SIGINT] + ([signal.SIGTERM] if callable(signal.getsignal(signal.SIGTERM)) else [])
     previous = {s: signal.signal(s, hold) for s in signals}
+    held.holds_sigterm = signal.SIGTERM in signals
     try:
         yield held
     finally:
@@ -178,6 +186,13 @@ def connect_ray(address: str | None) -> bool:
     with _keep_sigterm_handler(), _interrupt_after() as interrupted, _client_log() as client_log:
         try:
             ray.init(address=address or None, logging_level=logging.WARNING)
+        except SystemExit as exc:
+            # ray.init first installs a SIGTERM handler of its own, `sys.exit(SIGTERM)` (Ray 2.60), so a SIGTERM
+            # during it would end the driver with status 15 and no word; where esft's handler was in place it
+            # stops the run as the held interrupt does
+            if not (interrupted.holds_sigterm and exc.code == signal.SIGTERM):
+                raise
+            interrupted.append(exc.code)
         except Exception as exc:
             reason = auth_failure(exc, client_log)
             if reason is not None:
