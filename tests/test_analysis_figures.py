@@ -389,7 +389,7 @@ def test_heatmap_says_n_a_in_a_cell_not_measured(drawn):
 
 
 def test_heatmap_colour_bar_of_small_kls_shows_short_labels_and_a_power_of_ten(drawn):
-    m = np.array([[1.16e-4, 2.0e-7]])
+    m = np.array([[1.16e-4, 2.0e-6]])  # within LOG_SCALE_SPAN: a linear scale
     fig = drawn(K.plot_heatmap, {"ES": (m, ["boolq"], ["1:boolq", "2:math"])})
     fig.draw_without_rendering()
     bar = fig.axes[-1]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from matplotlib.colors import SymLogNorm
 import pytest
 import torch
 
@@ -337,6 +338,29 @@ def test_heatmap_scale_of_negative_equal_and_missing_values(heatmap_figure):
     lo, hi = norm([[0.0, 0.0]])
     assert lo == 0.0 and 0.0 < hi < 1e-9
     assert norm([[np.nan, np.nan]]) == (0.0, 1.0)
+
+
+def test_heatmap_of_kls_decades_apart_is_on_a_log_scale_that_tells_them_apart(heatmap_figure):
+    """ES's KLs are often decades below GRPO's: on one linear scale every ES cell was the same dark colour. Over
+    LOG_SCALE_SPAN the scale is symmetric-log, 0 at the bottom, and the colour bar says so."""
+    es = np.array([[1e-4, 1e-3]])
+    grpo = np.array([[0.0, 0.5]])
+    fig = heatmap_figure({"ES": (es, ["a"], ["1:a", "2:a"]), "GRPO": (grpo, ["a"], ["1:a", "2:a"])})
+    (im,) = fig.axes[0].get_images()
+    norm = im.norm
+    assert isinstance(norm, SymLogNorm) and (norm.vmin, norm.vmax) == (0.0, 0.5)
+    levels = [float(norm(v)) for v in (0.0, 1e-4, 1e-3, 0.5)]
+    assert levels[0] == 0.0 and levels[-1] == 1.0
+    assert all(b - a > 0.15 for a, b in zip(levels, levels[1:])), levels  # each decade a visibly other colour
+    assert fig.axes[-1].get_ylabel() == "KL per token (nats, log scale)"
+    assert [t.get_text() for t in fig.axes[0].texts] == ["0.0001", "0.001"]  # the values, as before
+
+
+def test_heat_norm_keeps_a_negative_estimate_below_zero_on_the_log_scale():
+    norm = K.heat_norm(np.array([-0.002, 0.0, 0.002, 2.0, np.nan]))
+    assert isinstance(norm, SymLogNorm) and (norm.vmin, norm.vmax) == (-0.002, 2.0)
+    assert float(norm(-0.002)) == 0.0 and 0.0 < float(norm(0.0)) < float(norm(0.002)) < float(norm(2.0)) == 1.0
+    assert not isinstance(K.heat_norm(np.array([0.0, 0.01, 0.5])), SymLogNorm)  # 50x: linear
 
 
 def test_kl_rows_of_two_seeds_give_their_range():

@@ -318,23 +318,43 @@ def text_colour(rgba: Sequence[float]) -> str:
     return "k" if 0.2126 * lin[0] + 0.7152 * lin[1] + 0.0722 * lin[2] > 0.179 else "w"
 
 
+#: the largest |KL| over the smallest non-zero one above which Figure 2's colours go logarithmic
+LOG_SCALE_SPAN = 100.0
+
+
+def heat_norm(values: np.ndarray) -> Any:
+    """Figure 2's colour scale for these cell values (NaN = not measured): linear from min(0, smallest) to the
+    largest, or, where the non-zero magnitudes span LOG_SCALE_SPAN or more (ES and GRPO KLs often differ by
+    decades, and on a linear scale every small cell is the same dark colour), symmetric-log: linear within the
+    smallest non-zero magnitude of 0, so a zero and a negative estimate (k1, or rounding) keep their places."""
+    from matplotlib.colors import Normalize, SymLogNorm
+
+    finite = values[np.isfinite(values)]
+    vmin = min(0.0, float(finite.min())) if finite.size else 0.0
+    vmax = float(finite.max()) if finite.size else 1.0
+    if vmax <= vmin:
+        return Normalize(vmin=vmin, vmax=vmin + 1e-12)
+    sizes = np.abs(finite[finite != 0])
+    if sizes.size and sizes.max() / sizes.min() >= LOG_SCALE_SPAN:
+        return SymLogNorm(linthresh=float(sizes.min()), linscale=1.0, vmin=vmin, vmax=vmax, base=10)
+    return Normalize(vmin=vmin, vmax=vmax)
+
+
 def plot_heatmap(panels: Mapping[str, tuple[np.ndarray, Sequence[str], Sequence[str]]], path: str | Path,
                  title: str = "incremental KL(after || before)") -> Path:
     """Figure 2: one heatmap per method (rows: evaluation task, columns: after training stage), one shared
-    colour scale, value written in each cell."""
+    colour scale (`heat_norm`), value written in each cell."""
+    from matplotlib.colors import SymLogNorm
     from matplotlib.ticker import ScalarFormatter
 
     from esft.analysis.plots import pyplot, save
 
     plt = pyplot()
-    finite = [m[np.isfinite(m)] for m, _, _ in panels.values()]
-    vmax = max([float(f.max()) for f in finite if f.size] or [1.0])
-    vmin = min([float(f.min()) for f in finite if f.size] or [0.0])
-    vmin = min(0.0, vmin)
+    norm = heat_norm(np.concatenate([m.ravel() for m, _, _ in panels.values()] or [np.array([])]))
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels) + 0.8, 3.6), squeeze=False)
     im = None
     for ax, (label, (m, rows, cols)) in zip(axes[0], panels.items()):
-        im = ax.imshow(m, cmap="viridis", vmin=vmin, vmax=vmax if vmax > vmin else vmin + 1e-12, aspect="auto")
+        im = ax.imshow(m, cmap="viridis", norm=norm, aspect="auto")
         ax.set_xticks(range(len(cols)))
         ax.set_xticklabels([f"after {c}" for c in cols], rotation=30, ha="right", fontsize=8)
         ax.set_yticks(range(len(rows)))
@@ -350,11 +370,12 @@ def plot_heatmap(panels: Mapping[str, tuple[np.ndarray, Sequence[str], Sequence[
     if im is not None:
         # every panel is a per-token mean of a natural-log KL (esft.analysis.kl.matrix's estimators)
         bar = fig.colorbar(im, ax=list(axes[0]), shrink=0.8)
-        bar.set_label("KL per token (nats)")
-        # a power of ten above the bar: small KLs would otherwise be labelled 0.00000 to 0.00010
-        bar.formatter = ScalarFormatter(useMathText=True)
-        bar.formatter.set_powerlimits((-2, 3))
-        bar.update_ticks()
+        bar.set_label("KL per token (nats, log scale)" if isinstance(norm, SymLogNorm) else "KL per token (nats)")
+        if not isinstance(norm, SymLogNorm):
+            # a power of ten above the bar: small KLs would otherwise be labelled 0.00000 to 0.00010
+            bar.formatter = ScalarFormatter(useMathText=True)
+            bar.formatter.set_powerlimits((-2, 3))
+            bar.update_ticks()
     fig.suptitle(title, fontsize=10)
     return save(fig, path)
 
