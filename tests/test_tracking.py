@@ -347,3 +347,23 @@ def test_report_to_as_a_list_as_trl_configs_write_it(tmp_path):
     spec = parse_spec(load("kind: single-task\ntasks: [countdown]\nalgorithms:\n"
                            "  es: {preset: cpu, iterations: 2, report_to: [tensorboard]}\n"), "spec.yaml")
     assert spec.methods[0].components[0].options["report_to"] == "tensorboard"
+
+
+@pytest.mark.parametrize("algorithm", ["es", "grpo"])
+def test_a_bare_folder_named_like_the_tracker_is_not_the_tracker(tmp_path, monkeypatch, capsys, algorithm):
+    """wandb leaves a `./wandb` folder where it ran; with `python -m esft` (or in a notebook) the working folder is
+    on sys.path and that folder imported as an empty namespace package. `--report-to wandb` without wandb installed
+    then passed the up-front check, loaded the model and failed with a traceback at `wandb.init`."""
+    import importlib.util
+
+    real = importlib.util.find_spec("wandb")
+    if real is not None and real.origin not in (None, "namespace"):
+        pytest.skip("wandb is installed: a regular package wins over a bare folder")
+    (tmp_path / "cwd" / "wandb").mkdir(parents=True)
+    monkeypatch.syspath_prepend(str(tmp_path / "cwd"))
+    monkeypatch.delitem(__import__("sys").modules, "wandb", raising=False)
+    out = tmp_path / "run"
+    assert main(["train", algorithm, "--report-to", "tensorboard,wandb", "--output-dir", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "report_to 'wandb' needs the wandb package" in err and "pip install 'esft[wandb]'" in err, err
+    assert str(tmp_path / "cwd" / "wandb") in err and not out.exists()

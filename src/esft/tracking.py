@@ -194,8 +194,14 @@ def check_backends(report_to: str | Iterable[str] | None) -> list[str]:
 
     names = parse_report_to(report_to)
     for name in names:  # each tracker's import name is its report_to name
-        if importlib.util.find_spec(name) is None:
-            raise ValueError(f"report_to {name!r} needs the {name} package: pip install 'esft[{_EXTRAS[name]}]'")
+        spec = importlib.util.find_spec(name)
+        folders = list(getattr(spec, "submodule_search_locations", None) or [])
+        # a bare folder of that name on sys.path (wandb's own `./wandb` run folder, with `python -m esft` or in a
+        # notebook) imports as an empty namespace package: the run would fail at `wandb.init`, after the model loads
+        if spec is None or folders and spec.origin in (None, "namespace"):
+            shadow = f" (found only the folder {folders[0]})" if folders else ""
+            raise ValueError(f"report_to {name!r} needs the {name} package{shadow}: "
+                             f"pip install 'esft[{_EXTRAS[name]}]'")
     return names
 
 
