@@ -125,16 +125,19 @@ def tracker_callbacks(trainer: Any) -> list[Any]:
     return [cb for cb in trainer.callback_handler.callbacks if isinstance(cb, kinds)]
 
 
-def point_tensorboard(trainer: Any, folder: Path) -> None:
+def point_tensorboard(trainer: Any, folder: Path, resume_step: int | None = None) -> None:
     """TensorBoard event files in `folder` (`<run>/tensorboard`, where ES writes them) instead of transformers'
-    dated `<run>/runs/<time>_<host>`: one place per run, whichever the algorithm."""
+    dated `<run>/runs/<time>_<host>`: one place per run, whichever the algorithm. A resume from `resume_step`
+    redoes the steps after it, which a crash may have logged already: TensorBoard hides the earlier files' events
+    from `resume_step + 1` on (`purge_step`), so that each step shows once, as in metrics.jsonl."""
     from transformers.integrations import TensorBoardCallback
 
     for cb in tracker_callbacks(trainer):
         if isinstance(cb, TensorBoardCallback) and cb.tb_writer is None:
             from torch.utils.tensorboard import SummaryWriter
 
-            cb.tb_writer = SummaryWriter(log_dir=str(folder))
+            purge = None if resume_step is None else resume_step + 1
+            cb.tb_writer = SummaryWriter(log_dir=str(folder), purge_step=purge)
 
 
 def tracker_report(trainer: Any) -> Callable[[dict[str, Any]], None] | None:

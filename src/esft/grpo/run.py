@@ -287,7 +287,7 @@ def _train_locked(config: GRPOConfig, out: Path, model: Any, tokenizer: Any, tas
                               save_total_limit=config.save_total_limit)
     trainer_box.append(trainer)
     _remove_default_printers(trainer)
-    point_tensorboard(trainer, out / "tensorboard")
+    point_tensorboard(trainer, out / "tensorboard", start if config.resume else None)
 
     model = trainer.accelerator.unwrap_model(trainer.model)
     # theta_0 = the initial weights, taken before a resume loads the checkpoint into the model
