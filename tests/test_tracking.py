@@ -367,3 +367,43 @@ def test_a_bare_folder_named_like_the_tracker_is_not_the_tracker(tmp_path, monke
     err = capsys.readouterr().err
     assert "report_to 'wandb' needs the wandb package" in err and "pip install 'esft[wandb]'" in err, err
     assert str(tmp_path / "cwd" / "wandb") in err and not out.exists()
+
+
+def test_grpo_logs_the_train_values_it_shares_with_es_under_es_names(tmp_path, es_cli, tokenizer):
+    """Train accuracy, format rate, tokens, timings and memory are in both algorithms' metrics.jsonl under one name,
+    and ES logged them to the trackers (`train/accuracy`, ...) while GRPO logged only TRL's own keys: one
+    TensorBoard view could not set a GRPO run's train accuracy beside an ES run's."""
+    pytest.importorskip("trl")
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from esft.grpo import train_grpo
+    from esft.tracking import flatten
+    from grpo_tiny import ParityTask, tiny_config
+
+    def tags(out):
+        acc = EventAccumulator(str(out / "tensorboard"), size_guidance={"scalars": 0})
+        acc.Reload()
+        return acc, set(acc.Tags()["scalars"])
+
+    def train_records(out):
+        return [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "train"]
+
+    assert es_cli(tmp_path / "es", "--report-to", "tensorboard") == 0
+    grpo = tmp_path / "grpo"
+    train_grpo(tiny_config(grpo, max_steps=2, report_to="tensorboard", eval_every=0), model=make_tiny_model(),
+               tokenizer=tokenizer, task=ParityTask(), progress=False)
+    _, es_tags = tags(tmp_path / "es")
+    acc, grpo_tags = tags(grpo)
+    records = train_records(grpo)
+    shared = set(flatten(train_records(tmp_path / "es")[0], "train")) & set(flatten(records[0], "train"))
+    shared -= {"train/step", "train/iteration"}
+    assert {"train/accuracy", "train/format_rate", "train/tokens_generated", "train/time/total"} <= shared
+    assert shared <= es_tags and shared <= grpo_tags, shared - grpo_tags
+    for tag in shared:
+        key = tag.split("/")[1:]
+        expected = [r[key[0]] if len(key) == 1 else r[key[0]][key[1]] for r in records]
+        assert [(e.step, e.value) for e in acc.Scalars(tag)] == [(1, pytest.approx(expected[0])),
+                                                                 (2, pytest.approx(expected[1]))], tag
+    for tag in ("train/loss", "train/kl", "train/reward"):  # TRL's keys, once per step (not again from the record)
+        assert [e.step for e in acc.Scalars(tag)] == [1, 2], tag

@@ -38,12 +38,18 @@ def check_finite_logs(logs: dict[str, Any], step: int) -> None:
                              f"checkpoint is intact; lower learning_rate or check the rewards)")
 
 
+#: train record keys no tracker gets: labels of the record and copies of TRL's logs (`clip_ratio` is its
+#: `clip_ratio/region_mean`), which reach the trackers themselves
+_NOT_REPORTED = {"kind", "step", "iteration", "trl", "clip_ratio"}
+
+
 class RunLogCallback(TrainerCallback):
     """Writes one `kind: train` record per optimizer step from TRL's logs plus the trainer's ledger."""
 
     def __init__(self, run_dir: Path, trainer: Any, drift: Any = None, totals: dict[str, int] | None = None,
-                 progress: bool = True):
+                 progress: bool = True, report: Callable[[dict[str, Any]], None] | None = None):
         self.out = Path(run_dir)
+        self.report = report  # the record to the run's trackers (report_to), under ES's `train/` names
         self.trainer = trainer
         self.drift = drift
         self.totals = dict(totals or {})
@@ -97,6 +103,10 @@ class RunLogCallback(TrainerCallback):
         })
         rec = {k: _finite(v) for k, v in rec.items()}
         append_jsonl(self.out / "metrics.jsonl", rec)
+        if self.report is not None:
+            # what TRL's logs lack, under the names ES logs (`train/accuracy`, `train/format_rate`,
+            # `train/tokens_generated`, `train/time/total`, ...); TRL's own keys reached the trackers already
+            self.report({k: v for k, v in rec.items() if k not in logs and k not in _NOT_REPORTED})
         if ledger.samples:
             rewrite_jsonl(self.out / "samples" / f"iter_{step - 1:06d}.jsonl", ledger.samples)
         self.last = rec
@@ -140,9 +150,10 @@ def point_tensorboard(trainer: Any, folder: Path, resume_step: int | None = None
             cb.tb_writer = SummaryWriter(log_dir=str(folder), purge_step=purge)
 
 
-def tracker_report(trainer: Any) -> Callable[[dict[str, Any]], None] | None:
-    """A function sending an eval record to the trainer's trackers under `eval/` (the names ES logs:
-    `eval/test_accuracy`, `eval/test_ci95/low`, ...), at the trainer's current step; None without trackers."""
+def tracker_report(trainer: Any, kind: str = "eval") -> Callable[[dict[str, Any]], None] | None:
+    """A function sending a record of `kind` ("eval" or "train") to the trainer's trackers under `eval/` or
+    `train/` (the names ES logs: `eval/test_accuracy`, `eval/test_ci95/low`, `train/accuracy`, ...), at the trainer's
+    current step; None without trackers."""
     from esft.tracking import flatten
 
     callbacks = tracker_callbacks(trainer)
@@ -150,8 +161,8 @@ def tracker_report(trainer: Any) -> Callable[[dict[str, Any]], None] | None:
         return None
 
     def report(record: dict[str, Any]) -> None:
-        # transformers' integrations file a key `eval_X` under `eval/X`
-        logs = {f"eval_{k}": v for k, v in flatten(record).items()}
+        # transformers' integrations file a key `eval_X` under `eval/X`, and any other key X under `train/X`
+        logs = {(f"eval_{k}" if kind == "eval" else k): v for k, v in flatten(record).items()}
         for cb in callbacks:
             cb.on_log(trainer.args, trainer.state, trainer.control, logs=logs)
 

@@ -296,7 +296,7 @@ def _train_locked(config: GRPOConfig, out: Path, model: Any, tokenizer: Any, tas
     drift = DriftCallback(out / "drift.jsonl", base)
     prior = [r for r in read_jsonl(out / "metrics.jsonl")]
     totals = next((r["totals"] for r in reversed(prior) if r.get("kind") == "train" and "totals" in r), None)
-    runlog = RunLogCallback(out, trainer, drift, totals, progress)
+    runlog = RunLogCallback(out, trainer, drift, totals, progress, tracker_report(trainer, "train"))
     trainer.add_callback(drift)
     trainer.add_callback(runlog)
     evaluator = None
