@@ -1,7 +1,8 @@
 """Experiment trackers for ES runs: `report_to` (TRL's name and values) = none, tensorboard, wandb, trackio or a
 comma-separated list of them. Off by default; each backend is an optional extra (`pip install 'esft[tensorboard]'`,
 `'esft[wandb]'`, `'esft[trackio]'`). GRPO hands the same value to TRL, which logs through its own integrations
-(esft.grpo.callbacks points TensorBoard at `<run_dir>/tensorboard` and adds the held-out evaluations under `eval/`).
+(esft.grpo.callbacks points TensorBoard at `<run_dir>/tensorboard` and adds the held-out evaluations under `eval/`
+and the train values TRL does not log under ES's names: `train/accuracy`, `train/format_rate`, `train/time/total`...).
 
     tracker = open_tracker("tensorboard", run_dir, run_name, config_dict)
     tracker.log({"fitness": {"mean": 0.4}, "test_ci95": [0.2, 0.6]}, step=3, prefix="train")
