@@ -54,3 +54,34 @@ def test_a_resume_after_a_crash_logs_each_step_once(tmp_path, tokenizer):
     train = [r for r in read_jsonl(out / "metrics.jsonl") if r["kind"] == "train"]
     assert [s for s, _ in logged] == [r["step"] for r in train] == [1, 2, 3, 4]
     assert [v for _, v in logged] == pytest.approx([r["loss"] for r in train])
+
+
+@pytest.mark.parametrize("error", [RuntimeError("simulated crash"), KeyboardInterrupt()])
+def test_the_event_writer_is_closed_when_an_error_or_ctrl_c_stops_the_run(tmp_path, tokenizer, monkeypatch, error):
+    """transformers closes its TensorBoard writer at the end of training only: a run stopped by an error or
+    Ctrl-C left it open (its queued events unwritten until the process ended, its file and thread held by a
+    notebook or a script that goes on), where ES closes its tracker whatever ends the run."""
+    import torch.utils.tensorboard as tb
+
+    writers = []
+
+    class Writer(tb.SummaryWriter):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.closed = False
+            writers.append(self)
+
+        def close(self):
+            self.closed = True
+            super().close()
+
+    monkeypatch.setattr(tb, "SummaryWriter", Writer)
+    out = tmp_path / "run"
+    config = tiny_config(out, max_steps=3, save_steps=0, eval_every=0, max_completion_length=3,
+                         report_to="tensorboard")
+    with pytest.raises((RuntimeError, KeyboardInterrupt)) as caught:  # RunInterrupted is a KeyboardInterrupt
+        train_grpo(config, model=make_tiny_model(), tokenizer=tokenizer, task=ParityTask(),
+                   callbacks=[CrashAfterLog(1, error)], progress=False)
+    assert "simulated crash" in str(caught.value) or "interrupted at step 1" in str(caught.value)
+    assert len(writers) == 1 and writers[0].closed
+    assert [s for s, _ in scalars(out / "tensorboard", "train/loss")] == [1]

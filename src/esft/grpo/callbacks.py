@@ -150,6 +150,17 @@ def point_tensorboard(trainer: Any, folder: Path, resume_step: int | None = None
             cb.tb_writer = SummaryWriter(log_dir=str(folder), purge_step=purge)
 
 
+def close_tensorboard(trainer: Any) -> None:
+    """Closes the trainer's TensorBoard writer, which transformers closes only when training ends: after an error
+    or Ctrl-C as well, its queued events reach the file and the file and writer thread are let go."""
+    from transformers.integrations import TensorBoardCallback
+
+    for cb in tracker_callbacks(trainer):
+        if isinstance(cb, TensorBoardCallback) and cb.tb_writer is not None:
+            writer, cb.tb_writer = cb.tb_writer, None
+            writer.close()
+
+
 def tracker_report(trainer: Any, kind: str = "eval") -> Callable[[dict[str, Any]], None] | None:
     """A function sending a record of `kind` ("eval" or "train") to the trainer's trackers under `eval/` or
     `train/` (the names ES logs: `eval/test_accuracy`, `eval/test_ci95/low`, `train/accuracy`, ...), at the trainer's

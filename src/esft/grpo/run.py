@@ -346,6 +346,8 @@ def _train_or_save(trainer: EsftGRPOTrainer, resume_from: Path | None, runlog: A
     """trainer.train; on Ctrl-C or SIGTERM, first the checkpoint of the last finished step (esft.grpo.interrupt),
     so that a resume continues from there instead of from the last scheduled checkpoint. The run log's progress
     bar is closed whatever ends the training, before any message about it is printed."""
+    from esft.grpo.callbacks import close_tensorboard
+
     boundary = StepBoundary()
     trainer.add_callback(boundary)  # last: its on_log of a step follows the step's metrics and evaluation
     try:
@@ -375,3 +377,4 @@ def _train_or_save(trainer: EsftGRPOTrainer, resume_from: Path | None, runlog: A
             f"{_continue_step(trainer)} with `esft train grpo --resume --output-dir {trainer.run_dir}`") from None
     finally:
         runlog.close_bar()
+        close_tensorboard(trainer)
