@@ -407,3 +407,44 @@ def test_grpo_logs_the_train_values_it_shares_with_es_under_es_names(tmp_path, e
                                                                  (2, pytest.approx(expected[1]))], tag
     for tag in ("train/loss", "train/kl", "train/reward"):  # TRL's keys, once per step (not again from the record)
         assert [e.step for e in acc.Scalars(tag)] == [1, 2], tag
+
+
+def test_a_tracker_that_fails_to_open_closes_those_opened_before_it_and_the_es_executor(tmp_path, es_cli,
+                                                                                          monkeypatch):
+    """`--report-to tensorboard,wandb` where wandb.init fails (no API key, no network): the TensorBoard writer
+    opened before it stayed open, and the ES run, which opened its tracker outside the block that closes the
+    executor, left the executor's lanes (or Ray workers) running."""
+    from esft.es.executor import LocalExecutor
+
+    calls = []
+
+    class Writer:
+        def __init__(self, log_dir):
+            calls.append("tensorboard.open")
+
+        def add_text(self, *args):
+            pass
+
+        def close(self):
+            calls.append("tensorboard.close")
+
+    def wandb_init(**kw):
+        raise RuntimeError("wandb: api_key not configured (no-tty)")
+
+    fake_module(monkeypatch, "torch.utils.tensorboard", SummaryWriter=Writer)
+    fake_module(monkeypatch, "wandb", init=wandb_init)
+    close = LocalExecutor.close
+
+    def recording_close(self):
+        calls.append("executor.close")
+        close(self)
+
+    monkeypatch.setattr(LocalExecutor, "close", recording_close)
+    from esft.tracking import open_tracker
+
+    with pytest.raises(RuntimeError, match="api_key not configured"):
+        open_tracker("tensorboard,wandb", tmp_path, "run", {})
+    assert calls == ["tensorboard.open", "tensorboard.close"]
+    calls.clear()
+    assert es_cli(tmp_path / "run", "--report-to", "tensorboard,wandb") == 1
+    assert calls == ["tensorboard.open", "tensorboard.close", "executor.close"]

@@ -208,9 +208,20 @@ def check_backends(report_to: str | Iterable[str] | None) -> list[str]:
 
 def open_tracker(report_to: str | Iterable[str] | None, run_dir: str | Path, run_name: str,
                  config: Mapping[str, Any]) -> Tracker:
-    """A Tracker over the backends `report_to` names (an empty one for none)."""
+    """A Tracker over the backends `report_to` names (an empty one for none). A backend that fails to open (wandb
+    without an API key) closes those opened before it, then its error is raised."""
     names = check_backends(report_to)
-    return Tracker([_BACKENDS[n](Path(run_dir), run_name, config) for n in names])
+    tracker = Tracker()
+    try:
+        for n in names:
+            tracker.backends.append(_BACKENDS[n](Path(run_dir), run_name, config))
+    except BaseException as exc:
+        try:
+            tracker.close()
+        except Exception as close_error:  # the opening error is the one to report; this one goes beside it
+            exc.add_note(f"closing the trackers opened before it failed too: {close_error!r}")
+        raise
+    return tracker
 
 
 __all__ = ["REPORT_TO", "Tracker", "check_backends", "flatten", "open_tracker", "parse_report_to", "report_to_text",
