@@ -178,7 +178,7 @@ class ESTrainer:
 
     def run_info(self) -> dict[str, Any]:
         device = str(next(iter(self.weights.params.values())).device)
-        return {"num_params": self.weights.num_params, "num_tensors": len(self.weights.params),
+        return {"algorithm": "es", "num_params": self.weights.num_params, "num_tensors": len(self.weights.params),
                 "param_dtypes": self.weights.dtypes, "master_dtype": "float32", "update_accumulation": "float32",
                 "device": device, "torch": str(torch.__version__), "numpy": str(np.__version__), "esft": __version__,
                 "python": platform.python_version(), "machine": platform.machine(),

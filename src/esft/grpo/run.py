@@ -20,6 +20,7 @@ a resume continues from there, not from the last scheduled checkpoint.
 
 from __future__ import annotations
 
+import os
 import platform
 import shutil
 import warnings
@@ -27,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+import numpy as np
 import torch
 import yaml
 
@@ -182,7 +184,11 @@ def _run_info(model: Any, config: GRPOConfig, precision: str, device: str, n_tra
             "completions_per_step": config.completions_per_step,
             "gradient_accumulation_steps": config.gradient_accumulation_steps, "train_examples": n_train,
             "torch": str(torch.__version__), "transformers": transformers.__version__, "trl": trl.__version__,
-            "esft": __version__, "python": platform.python_version(), "machine": platform.machine()}
+            "numpy": str(np.__version__), "esft": __version__, "python": platform.python_version(),
+            "machine": platform.machine(),
+            # what step timings are read against, as ES records them (docs/performance.md, "threads")
+            "torch_threads": torch.get_num_threads(),
+            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "OpenMP default")}
 
 
 def build_dataset(examples: Sequence[dict[str, Any]], task: Any):
