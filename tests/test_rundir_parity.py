@@ -66,3 +66,20 @@ def test_config_yaml_names_its_algorithm_and_the_thread_count_in_both(runs):
     for key in ("omp_wait_policy", "numpy", "torch", "python", "machine", "esft", "device", "num_params",
                 "master_dtype", "train_examples"):
         assert key in es and key in grpo, key
+
+
+def test_metrics_records_share_the_keys_the_grpo_run_log_promises(runs):
+    """esft.grpo.callbacks: a GRPO train record has ES's keys where they mean the same thing; eval records have
+    esft.rundir.EVAL_KEYS in both."""
+    from esft.rundir import EVAL_KEYS
+
+    es, grpo = ([json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()] for run in runs)
+    shared = {"kind", "step", "iteration", "accuracy", "format_rate", "tokens_generated", "prompt_tokens",
+              "finished_rate", "generated_tokens_per_s", "time", "peak_rss_mb"}
+    for records in (es, grpo):
+        train = [r for r in records if r["kind"] == "train"]
+        assert [r["step"] for r in train] == [1, 2] and [r["iteration"] for r in train] == [0, 1]
+        assert all(shared <= set(r) and {"generate", "score", "total"} <= set(r["time"]) for r in train)
+        evals = [r for r in records if r["kind"] == "eval"]
+        assert [r["step"] for r in evals] == [0, 1, 2] and all(set(EVAL_KEYS) <= set(r) for r in evals)
+    assert "fitness" in es[1] and "reward" in grpo[1]  # the one documented difference of name
