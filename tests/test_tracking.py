@@ -448,3 +448,31 @@ def test_a_tracker_that_fails_to_open_closes_those_opened_before_it_and_the_es_e
     calls.clear()
     assert es_cli(tmp_path / "run", "--report-to", "tensorboard,wandb") == 1
     assert calls == ["tensorboard.open", "tensorboard.close", "executor.close"]
+
+
+def test_an_evaluation_redone_on_resume_logs_its_sample_table_once(tmp_path, es_cli, monkeypatch):
+    """ES logged an evaluation's sample table before the evaluation's record reached metrics.jsonl: a run that
+    stopped in between redid the evaluation on resume and TensorBoard held the step's table twice."""
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    import esft.es.trainer as trainer
+    from esft.es import es_rundir
+
+    append = es_rundir.append_jsonl
+    failed = []
+
+    def failing_once(path, record, *args, **kwargs):
+        if record.get("kind") == "eval" and record.get("step") == 1 and not failed:
+            failed.append(True)
+            raise RuntimeError("simulated crash")
+        return append(path, record, *args, **kwargs)
+
+    monkeypatch.setattr(trainer.es_rundir, "append_jsonl", failing_once)
+    out = tmp_path / "run"
+    assert es_cli(out, "--report-to", "tensorboard") == 1 and failed
+    assert main(["train", "es", "--resume", str(out)]) == 0
+    acc = EventAccumulator(str(out / "tensorboard"), size_guidance={"tensors": 0, "scalars": 0})
+    acc.Reload()
+    assert [e.step for e in acc.Tensors("eval_samples/text_summary")] == [0, 1, 2]
+    assert [e.step for e in acc.Scalars("eval/test_accuracy")] == [0, 1, 2]

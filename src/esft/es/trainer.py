@@ -258,6 +258,7 @@ class ESTrainer:
         rec: dict[str, Any] = {"kind": "eval", "step": self.step, "train_reward": float(rewards.mean()),
                                "train_accuracy": float(train.scores.mean()),
                                "train_format_rate": self._format_rate(train.well_formed)}
+        table: list[dict[str, Any]] = []  # the sample rows the trackers get
         if self.test_set:
             test = self.executor.evaluate_center(self.test_set)
             wf = test.well_formed[0]
@@ -274,11 +275,14 @@ class ESTrainer:
             baseline = self.task.constant_baseline([{"example": ex} for ex in self.test_set])
             rec.update(held_out_fields(rows, test.tokens_generated, baseline))
             es_rundir.rewrite_jsonl(self.out / "samples" / f"eval_{self.step:06d}.jsonl", rows)
-            self.tracker.log_table("eval_samples", rows[: self.config.samples_per_iteration], self.step)
+            table = rows[: self.config.samples_per_iteration]
         rec["seconds"] = time.perf_counter() - t0
         rec["peak_rss_mb"] = peak_rss_mb()
         es_rundir.append_jsonl(self.out / "metrics.jsonl", rec)
+        # to the trackers once the record is in metrics.jsonl: an evaluation a stop interrupts before that is
+        # redone on resume, and logged then
         self.tracker.log(rec, self.step, prefix="eval")
+        self.tracker.log_table("eval_samples", table, self.step)
         self.last_eval = rec
         return rec
 
