@@ -85,3 +85,24 @@ def test_the_event_writer_is_closed_when_an_error_or_ctrl_c_stops_the_run(tmp_pa
     assert "simulated crash" in str(caught.value) or "interrupted at step 1" in str(caught.value)
     assert len(writers) == 1 and writers[0].closed
     assert [s for s, _ in scalars(out / "tensorboard", "train/loss")] == [1]
+
+
+def test_grpo_writes_sample_tables_to_tensorboard_under_es_names(tmp_path, tokenizer):
+    """ES shows each iteration's completions (`samples`) and each evaluation's (`eval_samples`) in TensorBoard's
+    text tab; a GRPO run showed none, so one TensorBoard could not set the two methods' answers side by side."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out = tmp_path / "run"
+    train_grpo(tiny_config(out, max_steps=2, eval_every=1, eval_limit=3, samples_per_iteration=2,
+                           report_to="tensorboard"),
+               model=make_tiny_model(), tokenizer=tokenizer, task=ParityTask(), progress=False)
+    acc = EventAccumulator(str(out / "tensorboard"), size_guidance={"tensors": 0})
+    acc.Reload()
+    train = acc.Tensors("samples/text_summary")
+    evals = acc.Tensors("eval_samples/text_summary")
+    assert [e.step for e in train] == [1, 2] and [e.step for e in evals] == [0, 1, 2]
+    first = read_jsonl(out / "samples" / "iter_000000.jsonl")
+    text = train[0].tensor_proto.string_val[0].decode()
+    assert text.count("\n") == 1 + len(first) == 3  # header, rule, one line per sample
+    assert f"| {first[0]['index']} | {first[0]['reward']}" in text
+    assert evals[0].tensor_proto.string_val[0].decode().count("\n") == 3  # 2 of the 3 evaluated, as ES cuts

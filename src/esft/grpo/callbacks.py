@@ -47,9 +47,11 @@ class RunLogCallback(TrainerCallback):
     """Writes one `kind: train` record per optimizer step from TRL's logs plus the trainer's ledger."""
 
     def __init__(self, run_dir: Path, trainer: Any, drift: Any = None, totals: dict[str, int] | None = None,
-                 progress: bool = True, report: Callable[[dict[str, Any]], None] | None = None):
+                 progress: bool = True, report: Callable[[dict[str, Any]], None] | None = None,
+                 table: Callable[[str, list[dict[str, Any]]], None] | None = None):
         self.out = Path(run_dir)
         self.report = report  # the record to the run's trackers (report_to), under ES's `train/` names
+        self.table = table  # the step's sample completions to TensorBoard, as ES's `samples` table
         self.trainer = trainer
         self.drift = drift
         self.totals = dict(totals or {})
@@ -109,6 +111,8 @@ class RunLogCallback(TrainerCallback):
             self.report({k: v for k, v in rec.items() if k not in logs and k not in _NOT_REPORTED})
         if ledger.samples:
             rewrite_jsonl(self.out / "samples" / f"iter_{step - 1:06d}.jsonl", ledger.samples)
+            if self.table is not None:
+                self.table("samples", ledger.samples)
         self.last = rec
         if self.bar is not None:
             self.bar.update(step - self.bar.n)
@@ -180,6 +184,30 @@ def tracker_report(trainer: Any, kind: str = "eval") -> Callable[[dict[str, Any]
     return report
 
 
+def tracker_table(trainer: Any, limit: int) -> Callable[[str, list[dict[str, Any]]], None] | None:
+    """A function writing up to `limit` sample rows as a Markdown table to the trainer's TensorBoard at its current
+    step, under ES's names (`samples`, `eval_samples`); None without TensorBoard. transformers' integrations log
+    scalars only, so wandb and trackio get no table from a GRPO run."""
+    from transformers.integrations import TensorBoardCallback
+
+    from esft.tracking import table_markdown
+
+    boards = [cb for cb in tracker_callbacks(trainer) if isinstance(cb, TensorBoardCallback)]
+    if not boards or limit <= 0:
+        return None
+
+    def table(name: str, rows: list[dict[str, Any]]) -> None:
+        if not rows:
+            return
+        text = table_markdown(rows[:limit])
+        for cb in boards:
+            if cb.tb_writer is not None:
+                cb.tb_writer.add_text(name, text, int(trainer.state.global_step))
+                cb.tb_writer.flush()
+
+    return table
+
+
 def _last_drift(drift: Any, step: int) -> float | None:
     if drift is None or drift.last is None or drift.last[0] != step:
         return None
@@ -193,8 +221,10 @@ class EvalCallback(TrainerCallback):
 
     def __init__(self, run_dir: Path, task: Any, tokenizer: Any, examples: list[dict[str, Any]], every: int,
                  max_new_tokens: int, evaluated: set[int] | None = None, progress: bool = True,
-                 report: Callable[[dict[str, Any]], None] | None = None):
+                 report: Callable[[dict[str, Any]], None] | None = None,
+                 table: Callable[[str, list[dict[str, Any]]], None] | None = None):
         self.out, self.task, self.tokenizer, self.examples = Path(run_dir), task, tokenizer, examples
+        self.table = table  # sample completions to TensorBoard, as ES's `eval_samples` table
         self.every, self.max_new_tokens = every, max_new_tokens
         self.evaluated = set(evaluated or ())
         self.progress = progress
@@ -228,6 +258,8 @@ class EvalCallback(TrainerCallback):
         append_jsonl(self.out / "metrics.jsonl", rec)
         if self.report is not None:
             self.report(rec)
+        if self.table is not None:
+            self.table("eval_samples", rows)
         self.evaluated.add(step)
         self.last = rec
         if self.progress:

@@ -250,7 +250,7 @@ def _say_resuming(out: Path, config: GRPOConfig, start: int, resume_from: Path |
 def _train_locked(config: GRPOConfig, out: Path, model: Any, tokenizer: Any, task: Any, callbacks: Sequence[Any],
                   progress: bool) -> GRPOTrainResult:
     from esft.evaluation import load_examples
-    from esft.grpo.callbacks import EvalCallback, RunLogCallback, point_tensorboard, tracker_report
+    from esft.grpo.callbacks import EvalCallback, RunLogCallback, point_tensorboard, tracker_report, tracker_table
     from esft.grpo.drift_log import DriftCallback, snapshot
     from esft.models import default_device
 
@@ -302,7 +302,8 @@ def _train_locked(config: GRPOConfig, out: Path, model: Any, tokenizer: Any, tas
     drift = DriftCallback(out / "drift.jsonl", base)
     prior = [r for r in read_jsonl(out / "metrics.jsonl")]
     totals = next((r["totals"] for r in reversed(prior) if r.get("kind") == "train" and "totals" in r), None)
-    runlog = RunLogCallback(out, trainer, drift, totals, progress, tracker_report(trainer, "train"))
+    table = tracker_table(trainer, config.samples_per_iteration)
+    runlog = RunLogCallback(out, trainer, drift, totals, progress, tracker_report(trainer, "train"), table)
     trainer.add_callback(drift)
     trainer.add_callback(runlog)
     evaluator = None
@@ -311,7 +312,7 @@ def _train_locked(config: GRPOConfig, out: Path, model: Any, tokenizer: Any, tas
         evaluator = EvalCallback(out, task, tokenizer, test_set, config.eval_every,
                                  config.eval_max_new_tokens or config.max_completion_length,
                                  {r["step"] for r in prior if r.get("kind") == "eval"}, progress,
-                                 tracker_report(trainer))
+                                 tracker_report(trainer), table)
         trainer.add_callback(evaluator)
     for cb in callbacks:
         trainer.add_callback(cb)
