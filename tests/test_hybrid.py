@@ -198,3 +198,38 @@ def test_a_display_name_in_an_option_block_is_not_a_config_field():
     options = {"es": {**CPU["es"], "display": "ES (cpu)"}, "grpo": CPU["grpo"]}
     block, _ = hybrid_block("es->grpo", 2560, 0.5, "completions", options)
     assert block["es"]["display"] == "ES (cpu)" and block["es"]["iterations"] == 10
+
+
+def test_an_option_block_under_a_misspelt_algorithm_is_refused_not_left_out():
+    """`options={"gpro": {...}}` was passed over: the GRPO stage took GRPOConfig's defaults (63 prompts x 8
+    samples) and the budget was split at their cost, without a word."""
+    with pytest.raises(ValueError, match=r"options: unknown algorithm 'gpro' \(known: es, grpo\)"):
+        hybrid_block("grpo->es", 10 ** 6, options={"es": CPU["es"], "gpro": CPU["grpo"]})
+    with pytest.raises(ValueError, match=r"options: unknown algorithm 'gpro'"):
+        hybrid_methods(10 ** 6, options={"es": CPU["es"], "gpro": CPU["grpo"]})
+    with pytest.raises(ValueError, match=r"options.es must map config fields to values, got list"):
+        hybrid_block("grpo->es", 10 ** 6, options={"es": ["preset"]})
+    with pytest.raises(ValueError, match=r"options maps each algorithm to its option block, got list"):
+        hybrid_block("grpo->es", 10 ** 6, options=[("es", {})])
+
+
+@pytest.mark.parametrize("algorithm,field", [("es", "iterations"), ("grpo", "max_steps")])
+def test_a_step_count_in_an_option_block_is_refused_not_replaced(algorithm, field):
+    """The split decides each stage's steps: a step count in `options` was replaced by it without a word, as a
+    per-task one is refused."""
+    options = {**CPU, algorithm: {**CPU[algorithm], field: 99}}
+    with pytest.raises(ValueError, match=rf"options.{algorithm} sets {field}: the hybrid budget decides"):
+        hybrid_block("grpo->es", 2560, 0.5, "completions", options)
+
+
+def test_a_total_or_split_that_is_not_a_number_is_refused_by_name():
+    """A total or split read from text failed in a bare comparison (TypeError) and a flag counted as 1."""
+    import numpy as np
+
+    for total in ("2560", True, None):
+        with pytest.raises(ValueError, match=r"total budget must be a finite number > 0, got"):
+            hybrid_block("grpo->es", total, 0.5, options=CPU)
+    with pytest.raises(ValueError, match=r"split must be in \(0, 1\), got '0.5'"):
+        hybrid_block("grpo->es", 2560, "0.5", options=CPU)
+    # numpy's numbers are numbers
+    assert hybrid_block("grpo->es", np.int64(2560), np.float64(0.5), options=CPU)[1]["used"] == 2560

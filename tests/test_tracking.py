@@ -347,3 +347,133 @@ def test_report_to_as_a_list_as_trl_configs_write_it(tmp_path):
     spec = parse_spec(load("kind: single-task\ntasks: [countdown]\nalgorithms:\n"
                            "  es: {preset: cpu, iterations: 2, report_to: [tensorboard]}\n"), "spec.yaml")
     assert spec.methods[0].components[0].options["report_to"] == "tensorboard"
+
+
+@pytest.mark.parametrize("algorithm", ["es", "grpo"])
+def test_a_bare_folder_named_like_the_tracker_is_not_the_tracker(tmp_path, monkeypatch, capsys, algorithm):
+    """wandb leaves a `./wandb` folder where it ran; with `python -m esft` (or in a notebook) the working folder is
+    on sys.path and that folder imported as an empty namespace package. `--report-to wandb` without wandb installed
+    then passed the up-front check, loaded the model and failed with a traceback at `wandb.init`."""
+    import importlib.util
+
+    real = importlib.util.find_spec("wandb")
+    if real is not None and real.origin not in (None, "namespace"):
+        pytest.skip("wandb is installed: a regular package wins over a bare folder")
+    (tmp_path / "cwd" / "wandb").mkdir(parents=True)
+    monkeypatch.syspath_prepend(str(tmp_path / "cwd"))
+    monkeypatch.delitem(__import__("sys").modules, "wandb", raising=False)
+    out = tmp_path / "run"
+    assert main(["train", algorithm, "--report-to", "tensorboard,wandb", "--output-dir", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "report_to 'wandb' needs the wandb package" in err and "pip install 'esft[wandb]'" in err, err
+    assert str(tmp_path / "cwd" / "wandb") in err and not out.exists()
+
+
+def test_grpo_logs_the_train_values_it_shares_with_es_under_es_names(tmp_path, es_cli, tokenizer):
+    """Train accuracy, format rate, tokens, timings and memory are in both algorithms' metrics.jsonl under one name,
+    and ES logged them to the trackers (`train/accuracy`, ...) while GRPO logged only TRL's own keys: one
+    TensorBoard view could not set a GRPO run's train accuracy beside an ES run's."""
+    pytest.importorskip("trl")
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from esft.grpo import train_grpo
+    from esft.tracking import flatten
+    from grpo_tiny import ParityTask, tiny_config
+
+    def tags(out):
+        acc = EventAccumulator(str(out / "tensorboard"), size_guidance={"scalars": 0})
+        acc.Reload()
+        return acc, set(acc.Tags()["scalars"])
+
+    def train_records(out):
+        return [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "train"]
+
+    assert es_cli(tmp_path / "es", "--report-to", "tensorboard") == 0
+    grpo = tmp_path / "grpo"
+    train_grpo(tiny_config(grpo, max_steps=2, report_to="tensorboard", eval_every=0), model=make_tiny_model(),
+               tokenizer=tokenizer, task=ParityTask(), progress=False)
+    _, es_tags = tags(tmp_path / "es")
+    acc, grpo_tags = tags(grpo)
+    records = train_records(grpo)
+    shared = set(flatten(train_records(tmp_path / "es")[0], "train")) & set(flatten(records[0], "train"))
+    shared -= {"train/step", "train/iteration"}
+    assert {"train/accuracy", "train/format_rate", "train/tokens_generated", "train/time/total"} <= shared
+    assert shared <= es_tags and shared <= grpo_tags, shared - grpo_tags
+    for tag in shared:
+        key = tag.split("/")[1:]
+        expected = [r[key[0]] if len(key) == 1 else r[key[0]][key[1]] for r in records]
+        assert [(e.step, e.value) for e in acc.Scalars(tag)] == [(1, pytest.approx(expected[0])),
+                                                                 (2, pytest.approx(expected[1]))], tag
+    for tag in ("train/loss", "train/kl", "train/reward"):  # TRL's keys, once per step (not again from the record)
+        assert [e.step for e in acc.Scalars(tag)] == [1, 2], tag
+
+
+def test_a_tracker_that_fails_to_open_closes_those_opened_before_it_and_the_es_executor(tmp_path, es_cli,
+                                                                                          monkeypatch):
+    """`--report-to tensorboard,wandb` where wandb.init fails (no API key, no network): the TensorBoard writer
+    opened before it stayed open, and the ES run, which opened its tracker outside the block that closes the
+    executor, left the executor's lanes (or Ray workers) running."""
+    from esft.es.executor import LocalExecutor
+
+    calls = []
+
+    class Writer:
+        def __init__(self, log_dir):
+            calls.append("tensorboard.open")
+
+        def add_text(self, *args):
+            pass
+
+        def close(self):
+            calls.append("tensorboard.close")
+
+    def wandb_init(**kw):
+        raise RuntimeError("wandb: api_key not configured (no-tty)")
+
+    fake_module(monkeypatch, "torch.utils.tensorboard", SummaryWriter=Writer)
+    fake_module(monkeypatch, "wandb", init=wandb_init)
+    close = LocalExecutor.close
+
+    def recording_close(self):
+        calls.append("executor.close")
+        close(self)
+
+    monkeypatch.setattr(LocalExecutor, "close", recording_close)
+    from esft.tracking import open_tracker
+
+    with pytest.raises(RuntimeError, match="api_key not configured"):
+        open_tracker("tensorboard,wandb", tmp_path, "run", {})
+    assert calls == ["tensorboard.open", "tensorboard.close"]
+    calls.clear()
+    assert es_cli(tmp_path / "run", "--report-to", "tensorboard,wandb") == 1
+    assert calls == ["tensorboard.open", "tensorboard.close", "executor.close"]
+
+
+def test_an_evaluation_redone_on_resume_logs_its_sample_table_once(tmp_path, es_cli, monkeypatch):
+    """ES logged an evaluation's sample table before the evaluation's record reached metrics.jsonl: a run that
+    stopped in between redid the evaluation on resume and TensorBoard held the step's table twice."""
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    import esft.es.trainer as trainer
+    from esft.es import es_rundir
+
+    append = es_rundir.append_jsonl
+    failed = []
+
+    def failing_once(path, record, *args, **kwargs):
+        if record.get("kind") == "eval" and record.get("step") == 1 and not failed:
+            failed.append(True)
+            raise RuntimeError("simulated crash")
+        return append(path, record, *args, **kwargs)
+
+    monkeypatch.setattr(trainer.es_rundir, "append_jsonl", failing_once)
+    out = tmp_path / "run"
+    assert es_cli(out, "--report-to", "tensorboard") == 1 and failed
+    assert main(["train", "es", "--resume", str(out)]) == 0
+    acc = EventAccumulator(str(out / "tensorboard"), size_guidance={"tensors": 0, "scalars": 0})
+    acc.Reload()
+    # two event files written within one second of one process may be read in either order: steps, not order
+    assert sorted(e.step for e in acc.Tensors("eval_samples/text_summary")) == [0, 1, 2]
+    assert sorted(e.step for e in acc.Scalars("eval/test_accuracy")) == [0, 1, 2]

@@ -1,7 +1,8 @@
 """Experiment trackers for ES runs: `report_to` (TRL's name and values) = none, tensorboard, wandb, trackio or a
 comma-separated list of them. Off by default; each backend is an optional extra (`pip install 'esft[tensorboard]'`,
 `'esft[wandb]'`, `'esft[trackio]'`). GRPO hands the same value to TRL, which logs through its own integrations
-(esft.grpo.callbacks points TensorBoard at `<run_dir>/tensorboard` and adds the held-out evaluations under `eval/`).
+(esft.grpo.callbacks points TensorBoard at `<run_dir>/tensorboard` and adds the held-out evaluations under `eval/`
+and the train values TRL does not log under ES's names: `train/accuracy`, `train/format_rate`, `train/time/total`...).
 
     tracker = open_tracker("tensorboard", run_dir, run_name, config_dict)
     tracker.log({"fitness": {"mean": 0.4}, "test_ci95": [0.2, 0.6]}, step=3, prefix="train")
@@ -194,16 +195,33 @@ def check_backends(report_to: str | Iterable[str] | None) -> list[str]:
 
     names = parse_report_to(report_to)
     for name in names:  # each tracker's import name is its report_to name
-        if importlib.util.find_spec(name) is None:
-            raise ValueError(f"report_to {name!r} needs the {name} package: pip install 'esft[{_EXTRAS[name]}]'")
+        spec = importlib.util.find_spec(name)
+        folders = list(getattr(spec, "submodule_search_locations", None) or [])
+        # a bare folder of that name on sys.path (wandb's own `./wandb` run folder, with `python -m esft` or in a
+        # notebook) imports as an empty namespace package: the run would fail at `wandb.init`, after the model loads
+        if spec is None or folders and spec.origin in (None, "namespace"):
+            shadow = f" (found only the folder {folders[0]})" if folders else ""
+            raise ValueError(f"report_to {name!r} needs the {name} package{shadow}: "
+                             f"pip install 'esft[{_EXTRAS[name]}]'")
     return names
 
 
 def open_tracker(report_to: str | Iterable[str] | None, run_dir: str | Path, run_name: str,
                  config: Mapping[str, Any]) -> Tracker:
-    """A Tracker over the backends `report_to` names (an empty one for none)."""
+    """A Tracker over the backends `report_to` names (an empty one for none). A backend that fails to open (wandb
+    without an API key) closes those opened before it, then its error is raised."""
     names = check_backends(report_to)
-    return Tracker([_BACKENDS[n](Path(run_dir), run_name, config) for n in names])
+    tracker = Tracker()
+    try:
+        for n in names:
+            tracker.backends.append(_BACKENDS[n](Path(run_dir), run_name, config))
+    except BaseException as exc:
+        try:
+            tracker.close()
+        except Exception as close_error:  # the opening error is the one to report; this one goes beside it
+            exc.add_note(f"closing the trackers opened before it failed too: {close_error!r}")
+        raise
+    return tracker
 
 
 __all__ = ["REPORT_TO", "Tracker", "check_backends", "flatten", "open_tracker", "parse_report_to", "report_to_text",

@@ -178,7 +178,7 @@ class ESTrainer:
 
     def run_info(self) -> dict[str, Any]:
         device = str(next(iter(self.weights.params.values())).device)
-        return {"num_params": self.weights.num_params, "num_tensors": len(self.weights.params),
+        return {"algorithm": "es", "num_params": self.weights.num_params, "num_tensors": len(self.weights.params),
                 "param_dtypes": self.weights.dtypes, "master_dtype": "float32", "update_accumulation": "float32",
                 "device": device, "torch": str(torch.__version__), "numpy": str(np.__version__), "esft": __version__,
                 "python": platform.python_version(), "machine": platform.machine(),
@@ -258,6 +258,7 @@ class ESTrainer:
         rec: dict[str, Any] = {"kind": "eval", "step": self.step, "train_reward": float(rewards.mean()),
                                "train_accuracy": float(train.scores.mean()),
                                "train_format_rate": self._format_rate(train.well_formed)}
+        table: list[dict[str, Any]] = []  # the sample rows the trackers get
         if self.test_set:
             test = self.executor.evaluate_center(self.test_set)
             wf = test.well_formed[0]
@@ -274,11 +275,14 @@ class ESTrainer:
             baseline = self.task.constant_baseline([{"example": ex} for ex in self.test_set])
             rec.update(held_out_fields(rows, test.tokens_generated, baseline))
             es_rundir.rewrite_jsonl(self.out / "samples" / f"eval_{self.step:06d}.jsonl", rows)
-            self.tracker.log_table("eval_samples", rows[: self.config.samples_per_iteration], self.step)
+            table = rows[: self.config.samples_per_iteration]
         rec["seconds"] = time.perf_counter() - t0
         rec["peak_rss_mb"] = peak_rss_mb()
         es_rundir.append_jsonl(self.out / "metrics.jsonl", rec)
+        # to the trackers once the record is in metrics.jsonl: an evaluation a stop interrupts before that is
+        # redone on resume, and logged then
         self.tracker.log(rec, self.step, prefix="eval")
+        self.tracker.log_table("eval_samples", table, self.step)
         self.last_eval = rec
         return rec
 
@@ -383,10 +387,11 @@ class ESTrainer:
     def _train_locked(self, tqdm: Any) -> TrainResult:
         cfg = self.config
         self._prepare_dir()
-        self.tracker = open_tracker(cfg.report_to, self.out, self.out.name, cfg.to_dict())
         bar = tqdm(total=cfg.iterations, initial=min(self.step, cfg.iterations), desc="ES", unit="it",
                    disable=not self.progress, dynamic_ncols=True)
         try:  # from the first evaluation on, which is where Ray workers start: an error or Ctrl-C there ends them
+            # inside: a tracker that fails to open (wandb without an API key) ends the executor as well
+            self.tracker = open_tracker(cfg.report_to, self.out, self.out.name, cfg.to_dict())
             # the evaluation and checkpoint of the current step may be missing (fresh run, or a stop during them)
             if cfg.eval_every and (self.step == 0 or self._eval_due(self.step)) and self.step not in self._evaluated:
                 self._say_eval(self.evaluate(), bar.write)

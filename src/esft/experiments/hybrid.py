@@ -28,6 +28,7 @@ make the cost or the steps differ by task and is refused.
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Any, Mapping, Sequence
 
 UNITS = ("completions", "flops")
@@ -66,9 +67,16 @@ def step_cost(algorithm: str, config: Any, unit: str = "completions") -> float:
     raise ValueError(f"no completion count known for algorithm {algorithm!r}")
 
 
+def _is_real(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)  # numpy's numbers too
+
+
 def split_budget(total: float, costs: Sequence[float], shares: Sequence[float]) -> list[int]:
     """Steps per stage: floor(total * share / cost). Shares are normalised to sum to 1. A stage with a share
     whose budget buys no step is an error: rounding it up to one step would exceed the total."""
+    # a total read from text ("8000") or a flag (True) failed in a bare comparison or counted as 1
+    if not _is_real(total):
+        raise ValueError(f"total budget must be a finite number > 0, got {total!r} ({type(total).__name__})")
     # a NaN passes every comparison below and an infinity has no step count: both would end in a bare
     # float-to-int error far from the argument that caused it
     if not (math.isfinite(total) and total > 0):
@@ -91,6 +99,26 @@ def split_budget(total: float, costs: Sequence[float], shares: Sequence[float]) 
     return steps
 
 
+def _check_options(options: Mapping[str, Any]) -> None:
+    """`options` maps algorithm names to option blocks. A misspelt name (`gpro`) was passed over: its stage trained
+    with the defaults (and the budget was split at the defaults' step cost) without a word; a budget field
+    (`iterations`, `max_steps`) was silently replaced by the split's step count."""
+    from esft.experiments.algorithms import ALGORITHMS, get_algorithm
+
+    if not isinstance(options, Mapping):
+        raise ValueError(f"options maps each algorithm to its option block, got {type(options).__name__}")
+    for name, block in options.items():
+        if name not in ALGORITHMS:
+            raise ValueError(f"options: unknown algorithm {name!r} (known: {', '.join(ALGORITHMS)}); its block "
+                             "would be left out and its stage would train with the defaults")
+        if not isinstance(block, Mapping):
+            raise ValueError(f"options.{name} must map config fields to values, got {type(block).__name__}")
+        field = get_algorithm(name).budget_field
+        if field in block:
+            raise ValueError(f"options.{name} sets {field}: the hybrid budget decides each stage's step count; "
+                             "leave it out")
+
+
 def hybrid_block(order: str, total: float, split: float = 0.5, unit: str = "completions",
                  options: Mapping[str, Mapping[str, Any]] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
     """(spec block, budget report) of a two-stage chain `order` ("grpo->es" or "es->grpo").
@@ -100,11 +128,12 @@ def hybrid_block(order: str, total: float, split: float = 0.5, unit: str = "comp
     parts = [p.strip() for p in order.split(CHAIN)]
     if len(parts) != 2 or len(set(parts)) != 2:
         raise ValueError(f"a hybrid schedule chains two different algorithms, e.g. grpo->es; got {order!r}")
-    if not 0.0 < split < 1.0:
-        raise ValueError(f"split must be in (0, 1), got {split}")
+    if not (_is_real(split) and 0.0 < split < 1.0):
+        raise ValueError(f"split must be in (0, 1), got {split!r}")
     from esft.experiments.algorithms import get_algorithm
 
     options = options or {}
+    _check_options(options)
     configs = [_config(p, options.get(p, {})) for p in parts]
     costs = [step_cost(p, c, unit) for p, c in zip(parts, configs)]
     steps = split_budget(total, costs, [split, 1.0 - split])

@@ -38,12 +38,20 @@ def check_finite_logs(logs: dict[str, Any], step: int) -> None:
                              f"checkpoint is intact; lower learning_rate or check the rewards)")
 
 
+#: train record keys no tracker gets: labels of the record and copies of TRL's logs (`clip_ratio` is its
+#: `clip_ratio/region_mean`), which reach the trackers themselves
+_NOT_REPORTED = {"kind", "step", "iteration", "trl", "clip_ratio"}
+
+
 class RunLogCallback(TrainerCallback):
     """Writes one `kind: train` record per optimizer step from TRL's logs plus the trainer's ledger."""
 
     def __init__(self, run_dir: Path, trainer: Any, drift: Any = None, totals: dict[str, int] | None = None,
-                 progress: bool = True):
+                 progress: bool = True, report: Callable[[dict[str, Any]], None] | None = None,
+                 table: Callable[[str, list[dict[str, Any]]], None] | None = None):
         self.out = Path(run_dir)
+        self.report = report  # the record to the run's trackers (report_to), under ES's `train/` names
+        self.table = table  # the step's sample completions to TensorBoard, as ES's `samples` table
         self.trainer = trainer
         self.drift = drift
         self.totals = dict(totals or {})
@@ -97,8 +105,14 @@ class RunLogCallback(TrainerCallback):
         })
         rec = {k: _finite(v) for k, v in rec.items()}
         append_jsonl(self.out / "metrics.jsonl", rec)
+        if self.report is not None:
+            # what TRL's logs lack, under the names ES logs (`train/accuracy`, `train/format_rate`,
+            # `train/tokens_generated`, `train/time/total`, ...); TRL's own keys reached the trackers already
+            self.report({k: v for k, v in rec.items() if k not in logs and k not in _NOT_REPORTED})
         if ledger.samples:
             rewrite_jsonl(self.out / "samples" / f"iter_{step - 1:06d}.jsonl", ledger.samples)
+            if self.table is not None:
+                self.table("samples", ledger.samples)
         self.last = rec
         if self.bar is not None:
             self.bar.update(step - self.bar.n)
@@ -125,21 +139,36 @@ def tracker_callbacks(trainer: Any) -> list[Any]:
     return [cb for cb in trainer.callback_handler.callbacks if isinstance(cb, kinds)]
 
 
-def point_tensorboard(trainer: Any, folder: Path) -> None:
+def point_tensorboard(trainer: Any, folder: Path, resume_step: int | None = None) -> None:
     """TensorBoard event files in `folder` (`<run>/tensorboard`, where ES writes them) instead of transformers'
-    dated `<run>/runs/<time>_<host>`: one place per run, whichever the algorithm."""
+    dated `<run>/runs/<time>_<host>`: one place per run, whichever the algorithm. A resume from `resume_step`
+    redoes the steps after it, which a crash may have logged already: TensorBoard hides the earlier files' events
+    from `resume_step + 1` on (`purge_step`), so that each step shows once, as in metrics.jsonl."""
     from transformers.integrations import TensorBoardCallback
 
     for cb in tracker_callbacks(trainer):
         if isinstance(cb, TensorBoardCallback) and cb.tb_writer is None:
             from torch.utils.tensorboard import SummaryWriter
 
-            cb.tb_writer = SummaryWriter(log_dir=str(folder))
+            purge = None if resume_step is None else resume_step + 1
+            cb.tb_writer = SummaryWriter(log_dir=str(folder), purge_step=purge)
 
 
-def tracker_report(trainer: Any) -> Callable[[dict[str, Any]], None] | None:
-    """A function sending an eval record to the trainer's trackers under `eval/` (the names ES logs:
-    `eval/test_accuracy`, `eval/test_ci95/low`, ...), at the trainer's current step; None without trackers."""
+def close_tensorboard(trainer: Any) -> None:
+    """Closes the trainer's TensorBoard writer, which transformers closes only when training ends: after an error
+    or Ctrl-C as well, its queued events reach the file and the file and writer thread are let go."""
+    from transformers.integrations import TensorBoardCallback
+
+    for cb in tracker_callbacks(trainer):
+        if isinstance(cb, TensorBoardCallback) and cb.tb_writer is not None:
+            writer, cb.tb_writer = cb.tb_writer, None
+            writer.close()
+
+
+def tracker_report(trainer: Any, kind: str = "eval") -> Callable[[dict[str, Any]], None] | None:
+    """A function sending a record of `kind` ("eval" or "train") to the trainer's trackers under `eval/` or
+    `train/` (the names ES logs: `eval/test_accuracy`, `eval/test_ci95/low`, `train/accuracy`, ...), at the trainer's
+    current step; None without trackers."""
     from esft.tracking import flatten
 
     callbacks = tracker_callbacks(trainer)
@@ -147,12 +176,36 @@ def tracker_report(trainer: Any) -> Callable[[dict[str, Any]], None] | None:
         return None
 
     def report(record: dict[str, Any]) -> None:
-        # transformers' integrations file a key `eval_X` under `eval/X`
-        logs = {f"eval_{k}": v for k, v in flatten(record).items()}
+        # transformers' integrations file a key `eval_X` under `eval/X`, and any other key X under `train/X`
+        logs = {(f"eval_{k}" if kind == "eval" else k): v for k, v in flatten(record).items()}
         for cb in callbacks:
             cb.on_log(trainer.args, trainer.state, trainer.control, logs=logs)
 
     return report
+
+
+def tracker_table(trainer: Any, limit: int) -> Callable[[str, list[dict[str, Any]]], None] | None:
+    """A function writing up to `limit` sample rows as a Markdown table to the trainer's TensorBoard at its current
+    step, under ES's names (`samples`, `eval_samples`); None without TensorBoard. transformers' integrations log
+    scalars only, so wandb and trackio get no table from a GRPO run."""
+    from transformers.integrations import TensorBoardCallback
+
+    from esft.tracking import table_markdown
+
+    boards = [cb for cb in tracker_callbacks(trainer) if isinstance(cb, TensorBoardCallback)]
+    if not boards or limit <= 0:
+        return None
+
+    def table(name: str, rows: list[dict[str, Any]]) -> None:
+        if not rows:
+            return
+        text = table_markdown(rows[:limit])
+        for cb in boards:
+            if cb.tb_writer is not None:
+                cb.tb_writer.add_text(name, text, int(trainer.state.global_step))
+                cb.tb_writer.flush()
+
+    return table
 
 
 def _last_drift(drift: Any, step: int) -> float | None:
@@ -168,8 +221,10 @@ class EvalCallback(TrainerCallback):
 
     def __init__(self, run_dir: Path, task: Any, tokenizer: Any, examples: list[dict[str, Any]], every: int,
                  max_new_tokens: int, evaluated: set[int] | None = None, progress: bool = True,
-                 report: Callable[[dict[str, Any]], None] | None = None):
+                 report: Callable[[dict[str, Any]], None] | None = None,
+                 table: Callable[[str, list[dict[str, Any]]], None] | None = None):
         self.out, self.task, self.tokenizer, self.examples = Path(run_dir), task, tokenizer, examples
+        self.table = table  # sample completions to TensorBoard, as ES's `eval_samples` table
         self.every, self.max_new_tokens = every, max_new_tokens
         self.evaluated = set(evaluated or ())
         self.progress = progress
@@ -203,6 +258,8 @@ class EvalCallback(TrainerCallback):
         append_jsonl(self.out / "metrics.jsonl", rec)
         if self.report is not None:
             self.report(rec)
+        if self.table is not None:
+            self.table("eval_samples", rows)
         self.evaluated.add(step)
         self.last = rec
         if self.progress:

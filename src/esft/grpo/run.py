@@ -20,6 +20,7 @@ a resume continues from there, not from the last scheduled checkpoint.
 
 from __future__ import annotations
 
+import os
 import platform
 import shutil
 import warnings
@@ -27,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+import numpy as np
 import torch
 import yaml
 
@@ -182,7 +184,11 @@ def _run_info(model: Any, config: GRPOConfig, precision: str, device: str, n_tra
             "completions_per_step": config.completions_per_step,
             "gradient_accumulation_steps": config.gradient_accumulation_steps, "train_examples": n_train,
             "torch": str(torch.__version__), "transformers": transformers.__version__, "trl": trl.__version__,
-            "esft": __version__, "python": platform.python_version(), "machine": platform.machine()}
+            "numpy": str(np.__version__), "esft": __version__, "python": platform.python_version(),
+            "machine": platform.machine(),
+            # what step timings are read against, as ES records them (docs/performance.md, "threads")
+            "torch_threads": torch.get_num_threads(),
+            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "OpenMP default")}
 
 
 def build_dataset(examples: Sequence[dict[str, Any]], task: Any):
@@ -244,7 +250,7 @@ def _say_resuming(out: Path, config: GRPOConfig, start: int, resume_from: Path |
 def _train_locked(config: GRPOConfig, out: Path, model: Any, tokenizer: Any, task: Any, callbacks: Sequence[Any],
                   progress: bool) -> GRPOTrainResult:
     from esft.evaluation import load_examples
-    from esft.grpo.callbacks import EvalCallback, RunLogCallback, point_tensorboard, tracker_report
+    from esft.grpo.callbacks import EvalCallback, RunLogCallback, point_tensorboard, tracker_report, tracker_table
     from esft.grpo.drift_log import DriftCallback, snapshot
     from esft.models import default_device
 
@@ -287,7 +293,7 @@ def _train_locked(config: GRPOConfig, out: Path, model: Any, tokenizer: Any, tas
                               save_total_limit=config.save_total_limit)
     trainer_box.append(trainer)
     _remove_default_printers(trainer)
-    point_tensorboard(trainer, out / "tensorboard")
+    point_tensorboard(trainer, out / "tensorboard", start if config.resume else None)
 
     model = trainer.accelerator.unwrap_model(trainer.model)
     # theta_0 = the initial weights, taken before a resume loads the checkpoint into the model
@@ -296,7 +302,8 @@ def _train_locked(config: GRPOConfig, out: Path, model: Any, tokenizer: Any, tas
     drift = DriftCallback(out / "drift.jsonl", base)
     prior = [r for r in read_jsonl(out / "metrics.jsonl")]
     totals = next((r["totals"] for r in reversed(prior) if r.get("kind") == "train" and "totals" in r), None)
-    runlog = RunLogCallback(out, trainer, drift, totals, progress)
+    table = tracker_table(trainer, config.samples_per_iteration)
+    runlog = RunLogCallback(out, trainer, drift, totals, progress, tracker_report(trainer, "train"), table)
     trainer.add_callback(drift)
     trainer.add_callback(runlog)
     evaluator = None
@@ -305,7 +312,7 @@ def _train_locked(config: GRPOConfig, out: Path, model: Any, tokenizer: Any, tas
         evaluator = EvalCallback(out, task, tokenizer, test_set, config.eval_every,
                                  config.eval_max_new_tokens or config.max_completion_length,
                                  {r["step"] for r in prior if r.get("kind") == "eval"}, progress,
-                                 tracker_report(trainer))
+                                 tracker_report(trainer), table)
         trainer.add_callback(evaluator)
     for cb in callbacks:
         trainer.add_callback(cb)
@@ -346,6 +353,8 @@ def _train_or_save(trainer: EsftGRPOTrainer, resume_from: Path | None, runlog: A
     """trainer.train; on Ctrl-C or SIGTERM, first the checkpoint of the last finished step (esft.grpo.interrupt),
     so that a resume continues from there instead of from the last scheduled checkpoint. The run log's progress
     bar is closed whatever ends the training, before any message about it is printed."""
+    from esft.grpo.callbacks import close_tensorboard
+
     boundary = StepBoundary()
     trainer.add_callback(boundary)  # last: its on_log of a step follows the step's metrics and evaluation
     try:
@@ -375,3 +384,4 @@ def _train_or_save(trainer: EsftGRPOTrainer, resume_from: Path | None, runlog: A
             f"{_continue_step(trainer)} with `esft train grpo --resume --output-dir {trainer.run_dir}`") from None
     finally:
         runlog.close_bar()
+        close_tensorboard(trainer)

@@ -1,0 +1,79 @@
+"""A `grpo->es` chain on a tiny random Llama, through the real loader of the ES step (esft.models.load_model, as a
+spec run without test hooks loads it): the ES step's start weights are the GRPO step's final checkpoint, bit for
+bit, in the model and in ES's fp32 masters; an ES dtype that rounds them is said before the step trains.
+
+Run: pytest -q tests/test_hybrid_chain.py   (~20 s on 2 CPU cores; tiny random-init model, no download)
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("trl")
+
+from es_tiny import one_thread  # noqa: E402,F401  (autouse: tiny matmuls on one thread)
+from esft.experiments import load_spec, run_experiment  # noqa: E402
+from experiments_tiny import ES_BLOCK, GRPO_BLOCK, TinyHooks, write_spec  # noqa: E402
+
+
+def run_chain(tmp_path, tokenizer, monkeypatch, **es_options):
+    """Runs the chain; returns (the ES step's model state and masters when its weights were made, its start
+    model, the GRPO step's final checkpoint folder, the tiny base model's state)."""
+    import esft.es.trainer as es_trainer
+    from esft.experiments.runner import Hooks
+
+    starts = []
+    make_weights = es_trainer.make_weights
+
+    def recording(model, config):
+        weights = make_weights(model, config)
+        starts.append(({n: p.detach().clone() for n, p in model.state_dict().items()},
+                       {n: t.detach().clone() for n, t in weights.master.items()}, config.model))
+        return weights
+
+    monkeypatch.setattr(es_trainer, "make_weights", recording)
+    tiny = TinyHooks(tokenizer)
+    # the GRPO step gets the tiny model; the ES step loads its start model itself, as a real run does. Weight decay
+    # moves GRPO's weights even where a tiny batch has no reward spread (no gradient)
+    hooks = Hooks(load_model=tiny.load_model, progress=False, collect_garbage=False,
+                  train_kwargs=lambda step, config: tiny.train_kwargs(step, config) if step.algorithm == "grpo" else {})
+    spec = write_spec(tmp_path / "chain.yaml", "single-task", ["boolq"],
+                      {"grpo->es": {"grpo": {**GRPO_BLOCK, "max_steps": 2, "weight_decay": 0.1},
+                                    "es": {**ES_BLOCK, "iterations": 1, **es_options}}})
+    out = tmp_path / "out"
+    assert run_experiment(load_spec(spec), out, hooks).ok
+    [(model_state, masters, start)] = starts
+    return model_state, masters, start, next(out.glob("**/run-1-grpo/checkpoints/final")), tiny.load_model("tiny")[0]
+
+
+def test_the_es_step_of_a_chain_starts_from_the_grpo_checkpoint_bit_for_bit(tmp_path, tokenizer, monkeypatch,
+                                                                            capsys):
+    from safetensors.torch import load_file
+
+    model_state, masters, start, grpo_final, base = run_chain(tmp_path, tokenizer, monkeypatch)
+    assert start == str(grpo_final.resolve())
+    saved = load_file(str(grpo_final / "model.safetensors"))
+    assert saved and set(saved) <= set(model_state)
+    base = base.state_dict()
+    assert any(not torch.equal(saved[k], base[k]) for k in saved)  # GRPO moved the weights: the check can fail
+    for name, tensor in saved.items():
+        assert model_state[name].dtype == tensor.dtype == torch.float32, name
+        assert torch.equal(model_state[name], tensor), name
+    for name, master in masters.items():
+        assert torch.equal(master, saved[name]), name
+    assert "esft: warning" not in capsys.readouterr().err
+
+
+def test_an_es_dtype_that_rounds_the_grpo_checkpoint_is_said_before_the_step_trains(tmp_path, tokenizer,
+                                                                                    monkeypatch, capsys):
+    """In bf16 (the default dtype on a bf16-capable GPU) the ES step's fp32 masters were taken from the rounded
+    checkpoint, most of GRPO's small update rounded away, without a word."""
+    from safetensors.torch import load_file
+
+    _, masters, _, grpo_final, _ = run_chain(tmp_path, tokenizer, monkeypatch, dtype="bfloat16")
+    saved = load_file(str(grpo_final / "model.safetensors"))
+    assert any(not torch.equal(master, saved[name]) for name, master in masters.items())  # what the warning says
+    err = capsys.readouterr().err
+    assert "esft: warning:" in err and "in bfloat16: its fp32 masters start from those rounded weights" in err
+    assert "set `dtype: float32` in this ES block" in err
