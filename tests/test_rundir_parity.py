@@ -83,3 +83,14 @@ def test_metrics_records_share_the_keys_the_grpo_run_log_promises(runs):
         evals = [r for r in records if r["kind"] == "eval"]
         assert [r["step"] for r in evals] == [0, 1, 2] and all(set(EVAL_KEYS) <= set(r) for r in evals)
     assert "fitness" in es[1] and "reward" in grpo[1]  # the one documented difference of name
+
+
+def test_held_out_sample_rows_carry_their_example_in_both(runs):
+    """ES's held-out sample rows had no `example`, so a run's gold answers were in GRPO's files only: a look at
+    what an ES run got wrong needed the dataset beside it."""
+    es, grpo = ([json.loads(line) for line in (run / "samples" / "eval_000001.jsonl").read_text().splitlines()]
+                for run in runs)
+    for rows in (es, grpo):
+        assert rows and all({"index", "score", "completion", "example"} <= set(r) for r in rows)
+    data = [{"prompt": f"Say {i}.", "answer": str(i)} for i in range(20)]
+    assert all({k: r["example"][k] for k in ("prompt", "answer")} in data for r in es)

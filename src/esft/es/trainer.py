@@ -269,8 +269,9 @@ class ESTrainer:
                     details = self.task.details(text, ex)
                 except Exception:  # details are diagnostics only
                     details = {}
+                # the example too, as `esft eval` and GRPO's rows hold it: its gold answer beside the completion
                 rows.append({"index": j, "score": float(test.scores[0, j]), "well_formed": self._formed(wf[j]),
-                             "completion": text, **details})
+                             "completion": text, **details, "example": ex})
             # what a prior alone scores on the same examples, beside the accuracy (esft.tasks.labels)
             baseline = self.task.constant_baseline([{"example": ex} for ex in self.test_set])
             rec.update(held_out_fields(rows, test.tokens_generated, baseline))
