@@ -477,3 +477,11 @@ def test_an_evaluation_redone_on_resume_logs_its_sample_table_once(tmp_path, es_
     # two event files written within one second of one process may be read in either order: steps, not order
     assert sorted(e.step for e in acc.Tensors("eval_samples/text_summary")) == [0, 1, 2]
     assert sorted(e.step for e in acc.Scalars("eval/test_accuracy")) == [0, 1, 2]
+
+
+def test_the_x_axis_and_a_constant_answer_are_not_logged_as_scalars():
+    """Countdown's constant answer (55) showed as a curve `eval/test_constant_answer` beside the accuracies, and
+    `train/step` as a line of the step against itself."""
+    rec = {"kind": "eval", "step": 3, "iteration": 3, "test_accuracy": 0.5, "test_constant_answer": 55,
+           "test_constant_baseline": 0.02}
+    assert flatten(rec, "eval") == {"eval/test_accuracy": 0.5, "eval/test_constant_baseline": 0.02}
