@@ -86,9 +86,13 @@ class BenchConfig(ConfigHooks):
 
     def check(self) -> None:
         """Fail before the model loads on a workload name, lane count, noise mode or rank that cannot run."""
-        for w in self.workloads:
+        if not self.workloads:  # the model would load and the matmul be timed for an empty table
+            raise ValueError(f"--workloads: none given; choose from {', '.join(WORKLOADS)}")
+        for k, w in enumerate(self.workloads):
             if w not in WORKLOADS:
                 raise ValueError(f"unknown workload {w!r}; choose from {', '.join(WORKLOADS)}")
+            if w in self.workloads[:k]:  # the report holds one entry per name: the second run would replace it
+                raise ValueError(f"--workloads: {w!r} is given twice")
         if self.population < 2:  # as ESConfig: one member's shaped fitness is 0, and the Ray path builds an ESConfig
             raise ValueError(f"--population must be >= 2 (an ES iteration standardises its members' fitness), "
                              f"got {self.population}")
@@ -97,6 +101,8 @@ class BenchConfig(ConfigHooks):
 
         if self.noise not in (*NOISE_MODES, "lowrank"):
             raise ValueError(f"--noise: unknown noise mode {self.noise!r}; choose one of {(*NOISE_MODES, 'lowrank')}")
+        if self.noise == "lowrank" and self.workers > 1:
+            raise ValueError("--workers: a low-rank population is one batched generation in one process")
 
 
 #: what BenchConfig's fields accept beyond their type; a bad value would otherwise fail after the model loads and
@@ -106,10 +112,9 @@ BENCH_RULES = {"repeats": at_least(1), "threads": at_least(1), "parallel_members
                "rank": at_least(1), "seed": at_least(0), "rollout_dtype": one_of("auto", "float32", "bfloat16")}
 
 
-
-
 def parse_overrides(items: Sequence[str]) -> dict[str, Any]:
-    """`key=value` pairs for GenerationConfig (values parsed as YAML scalars: true, 64, 0.5, hf)."""
+    """`key=value` pairs for GenerationConfig (values parsed as YAML scalars: true, 64, 0.5, hf), each value
+    checked as GenerationConfig checks it, so that a bad one is refused before the model loads."""
     import yaml
 
     from esft.generation import GenerationConfig
@@ -120,5 +125,13 @@ def parse_overrides(items: Sequence[str]) -> dict[str, Any]:
         key, sep, value = item.partition("=")
         if not sep or key not in names:
             raise ValueError(f"--set expects KEY=VALUE with KEY a GenerationConfig field ({', '.join(sorted(names))})")
-        out[key] = yaml.safe_load(value)
+        try:
+            out[key] = yaml.safe_load(value)
+        except yaml.YAMLError as exc:
+            problem = getattr(exc, "problem", None) or "not valid YAML"  # one line, not YAML's marked excerpt
+            raise ValueError(f"--set {key}: {value!r} is not a YAML value ({problem})") from None
+    try:
+        GenerationConfig(**out)
+    except ValueError as exc:
+        raise ValueError(f"--set: {exc}") from None
     return out
