@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 
@@ -42,3 +44,45 @@ def test_workloads_and_layouts_that_cannot_run_are_refused_before_the_model_load
     --workers 2 was refused only after the model loaded and the matmul was timed."""
     assert _main_without_model(monkeypatch, ["bench", *flags]) == 2
     assert words in capsys.readouterr().err
+
+
+def test_a_ctrl_c_during_pure_generation_stops_the_other_lanes_at_their_next_step(monkeypatch):
+    """Ctrl-C reaches lane 0 (the calling thread) of esft's pure generation: the other lane used to finish its
+    member and then generate every member left, so `esft bench` went on for those minutes before it stopped."""
+    import threading
+
+    import torch
+
+    import esft.generation as generation
+    from esft.bench import inference
+    from esft.generation import check_cancelled
+
+    from test_bench import small_workload
+
+    started, finished = {"main": 0, "other": 0}, {"main": 0, "other": 0}
+
+    def fake_generate(model, tokenizer, prompts, gen, prompt_ids=None):
+        if gen.max_new_tokens == 1:  # the untimed warm-up
+            return []
+        lane = "main" if threading.current_thread() is threading.main_thread() else "other"
+        started[lane] += 1
+        if lane == "main":
+            time.sleep(0.05)  # the other lane is inside its first member
+            raise KeyboardInterrupt
+        for _ in range(25):  # a member of ~0.5 s, checking for cancellation at each step as the esft engine does
+            check_cancelled()
+            time.sleep(0.02)
+        finished[lane] += 1
+        return []
+
+    monkeypatch.setattr(generation, "generate", fake_generate)
+    monkeypatch.setattr(generation, "encode_prompts", lambda tokenizer, prompts: [[1]])
+    previous = torch.get_num_threads()
+    torch.set_num_threads(2)  # two lanes need two threads
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            inference.esft_generation(torch.nn.Linear(1, 1), None, small_workload(), population=6, gen_overrides={},
+                                      lanes=2)
+    finally:
+        torch.set_num_threads(previous)
+    assert started["other"] <= 1 and finished["other"] == 0
