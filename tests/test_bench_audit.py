@@ -86,3 +86,22 @@ def test_a_ctrl_c_during_pure_generation_stops_the_other_lanes_at_their_next_ste
     finally:
         torch.set_num_threads(previous)
     assert started["other"] <= 1 and finished["other"] == 0
+
+
+def test_the_repeats_help_names_the_report_keys_that_hold_every_repeat():
+    """`esft bench --help` said the repeats other than the fastest "are in `runs`", a key no report has."""
+    import re
+
+    from esft import bench
+    from esft.config import field_docs
+
+    def run(seconds: float) -> dict:
+        timings = {"perturb": 0.1, "restore": 0.1, "score": 0.1, "update": 0.1, "generate": 1.0,
+                   "iteration": seconds}
+        return {"timings": timings, "prompt_tokens": 3, "generated_tokens": 2, "texts": ["a"], "lanes": 1}
+
+    entry = bench._workload_entry({"esft": [run(2.0), run(1.5)], "naive": [run(9.0), run(8.0)]}, [0.1],
+                                  "per-tensor")[0]
+    named = re.findall(r"`([a-z_0-9]+)`", field_docs(bench.BenchConfig)["repeats"])
+    assert named and all(name in entry for name in named), named
+    assert entry["esft_iterations_s"] == [2.0, 1.5] and entry["naive_iterations_s"] == [9.0, 8.0]
