@@ -105,3 +105,31 @@ def test_the_repeats_help_names_the_report_keys_that_hold_every_repeat():
     named = re.findall(r"`([a-z_0-9]+)`", field_docs(bench.BenchConfig)["repeats"])
     assert named and all(name in entry for name in named), named
     assert entry["esft_iterations_s"] == [2.0, 1.5] and entry["naive_iterations_s"] == [9.0, 8.0]
+
+
+#: /proc/cpuinfo of an arm64 Linux machine (Graviton2, Neoverse-N1): no "model name" and no "flags" line
+ARM_CPUINFO = """processor\t: 0
+BogoMIPS\t: 243.75
+Features\t: fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp cpuid asimdrdm lrcpc dcpop asimddp ssbs
+CPU implementer\t: 0x41
+CPU architecture: 8
+CPU variant\t: 0x3
+CPU part\t: 0xd0c
+CPU revision\t: 1
+
+"""
+
+
+def test_cpu_info_records_an_arm_cpus_features_and_part(tmp_path):
+    """On arm64 Linux the report's `cpu` had model and flags both null: /proc/cpuinfo there says "Features", and
+    names the core by implementer and part, not "model name"."""
+    from esft.bench.roofline import cpu_info
+
+    path = tmp_path / "cpuinfo"
+    path.write_text(ARM_CPUINFO)
+    info = cpu_info(path)
+    assert info["flags"] is not None and "asimddp" in info["flags"] and "fp" in info["flags"]
+    assert info["model"] == "CPU implementer 0x41, part 0xd0c, variant 0x3, revision 1"
+    x86 = tmp_path / "x86"
+    x86.write_text("processor\t: 0\nmodel name\t: AMD EPYC 9R14\nflags\t\t: fpu avx512f\n\n")
+    assert cpu_info(x86)["model"] == "AMD EPYC 9R14" and cpu_info(x86)["flags"] == ["fpu", "avx512f"]
