@@ -340,3 +340,16 @@ def test_the_kernel_builds_where_a_lock_was_left_by_a_killed_build(ext, tmp_path
     os.utime(folder / "lock", (old, old))
     assert kernels.load_decode_attention() is not None, kernels.build_error()
     assert "by a build of the decode_attention kernel that was killed" in capsys.readouterr().err
+
+
+def test_arm_cpus_with_other_features_build_in_folders_of_their_own(tmp_path):
+    """The build uses -march=native. An arm64 /proc/cpuinfo has no "flags" line (it says "Features"), so every
+    arm64 CPU got the same tag: a cache shared between a Graviton3 (SVE) and a Graviton2 handed the SVE binary to
+    the CPU without SVE, which dies of an illegal instruction instead of using the torch ops."""
+    block = ("processor\t: 0\nBogoMIPS\t: 2100.00\nFeatures\t: fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics"
+             "{extra}\nCPU implementer\t: 0x41\nCPU architecture: 8\nCPU part\t: {part}\n\n")
+    n1, v1 = tmp_path / "graviton2", tmp_path / "graviton3"
+    n1.write_text(block.format(extra="", part="0xd0c"))
+    v1.write_text(block.format(extra=" sve sve2 bf16 i8mm", part="0xd40"))
+    assert kernels._cpu_tag(n1) != kernels._cpu_tag(v1)
+    assert kernels._cpu_tag(n1) == kernels._cpu_tag(n1)

@@ -31,16 +31,16 @@ CFLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fno-trapping-math", "-f
 LDFLAGS = ["-fopenmp"]
 
 
-def _cpu_tag() -> str:
+def _cpu_tag(cpuinfo: str | os.PathLike = "/proc/cpuinfo") -> str:
     """Short hash of this CPU's instruction-set flags: the build uses -march=native, so a cache shared between
-    machines (a cluster's home directory) must not hand one CPU's binary to another."""
-    import hashlib
+    machines (a cluster's home directory) must not hand one CPU's binary to another. x86 Linux lists them as
+    "flags", arm64 Linux as "Features"."""
     import platform
 
     flags = platform.machine()
     try:
-        with open("/proc/cpuinfo") as f:
-            flags += next((line for line in f if line.startswith("flags")), "")
+        with open(cpuinfo) as f:
+            flags += next((line for line in f if line.startswith(("flags", "Features"))), "")
     except OSError:
         flags += platform.processor()
     return hashlib.sha256(flags.encode()).hexdigest()[:10]
