@@ -353,3 +353,54 @@ def test_arm_cpus_with_other_features_build_in_folders_of_their_own(tmp_path):
     v1.write_text(block.format(extra=" sve sve2 bf16 i8mm", part="0xd40"))
     assert kernels._cpu_tag(n1) != kernels._cpu_tag(v1)
     assert kernels._cpu_tag(n1) == kernels._cpu_tag(n1)
+
+
+@pytest.mark.parametrize("env", [{"CXX": "/nonexistent/g++"}, {"CXX": "", "PATH": "/nonexistent"}])
+def test_a_missing_compiler_is_named_in_one_line_and_no_build_is_tried(tmp_path, monkeypatch, capfd, env):
+    """Without a C++ compiler torch's builder printed a screen-wide warning that the compiler "is not compatible",
+    then failed, and the reason recorded (what the lean engine's warning shows) was its last line, "ninja: build
+    stopped: subcommand failed.", which says nothing of the missing compiler."""
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    monkeypatch.setattr(kernels, "_CACHE", {})
+    monkeypatch.setattr(kernels, "_ERRORS", {})
+    for key, value in env.items():
+        if value:
+            monkeypatch.setenv(key, value)
+        else:
+            monkeypatch.delenv(key, raising=False)
+    assert kernels.load_decode_attention() is None
+    why = kernels.build_error()
+    assert "no C++ compiler" in why and (env.get("CXX") or "c++") in why
+    assert "WARNING" not in capfd.readouterr().err
+    assert not list(tmp_path.rglob("build.ninja"))  # refused before torch wrote a build
+
+
+def test_a_failed_builds_reason_is_the_compilers_error_not_ninjas_last_line():
+    exc = RuntimeError(
+        "Error building extension 'esft_decode_attention_x': [1/2] c++ -MMD -c decode_attention.cpp\n"
+        "FAILED: decode_attention.o \nc++ -MMD -c decode_attention.cpp -o decode_attention.o\n"
+        "/usr/include/torch/extension.h:5:10: fatal error: Python.h: No such file or directory\n"
+        "compilation terminated.\nninja: build stopped: subcommand failed.\n")
+    assert kernels.build_reason(exc) == ("RuntimeError: /usr/include/torch/extension.h:5:10: fatal error: Python.h: "
+                                         "No such file or directory")
+    assert kernels.build_reason(OSError(30, "Read-only file system", "/x/lock")) == (
+        "OSError: [Errno 30] Read-only file system: '/x/lock'")
+    assert kernels.build_reason(RuntimeError("")) == "RuntimeError"
+
+
+def test_a_finished_build_still_loads_without_a_compiler(tmp_path, monkeypatch):
+    """A cache built earlier (a container image whose compiler was removed afterwards) loads: ninja finds it up to
+    date and compiles nothing, so the missing compiler refuses only a build that has to run."""
+    import torch.utils.cpp_extension as cpp_extension
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    monkeypatch.setenv("PATH", "/nonexistent")
+    monkeypatch.delenv("CXX", raising=False)
+    monkeypatch.setattr(kernels, "_CACHE", {})
+    monkeypatch.setattr(kernels, "_ERRORS", {})
+    folder = kernels.build_dir("decode_attention")
+    folder.mkdir(parents=True)
+    (folder / f"esft_decode_attention_{kernels._cpu_tag()}.so").write_bytes(b"")
+    built = object()
+    monkeypatch.setattr(cpp_extension, "load", lambda **kwargs: built)
+    assert kernels.load_decode_attention() is built, kernels.build_error()

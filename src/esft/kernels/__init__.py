@@ -17,7 +17,9 @@ import os
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 _LOCK = threading.Lock()
 _CACHE: dict[str, object] = {}
@@ -78,6 +80,49 @@ def clear_stale_lock(folder: Path, name: str, now: float | None = None) -> str |
     return f"esft: waiting for another process's build of the {name} kernel (its lock: {lock})"
 
 
+def missing_compiler() -> str | None:
+    """Why torch's builder cannot compile here, said before it tries (it would print a screen-wide warning that
+    the compiler "is not compatible" and fail on "ninja: build stopped"); None when the C++ compiler it calls
+    (`CXX`, else c++) is an executable on PATH."""
+    import shlex
+    import shutil
+
+    cxx = os.environ.get("CXX", "c++")
+    words = shlex.split(cxx) if cxx.strip() else []
+    if words and shutil.which(words[0]):
+        return None
+    where = f"CXX={cxx!r} is not an executable" if "CXX" in os.environ else "c++ is not on PATH"
+    return f"no C++ compiler: {where} (install g++ or set CXX)"
+
+
+def build_reason(exc: BaseException) -> str:
+    """One line saying why a build failed: the compiler's first error line where torch's message holds the build
+    log (whose last line is ninja's "build stopped"), else the message's last line."""
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    marks = ("error:", "not found", "cannot find", "no such file")  # compiler, shell and linker errors
+    errors = [line for line in lines[1:] if any(mark in line.lower() for mark in marks)]
+    why = errors[0] if errors else lines[-1] if lines else ""
+    return f"{type(exc).__name__}: {why}" if why else type(exc).__name__
+
+
+@contextmanager
+def _quiet_compiler_check(quiet: bool) -> Iterator[None]:
+    """Without the compiler torch's builder still checks it before it finds the build up to date, and warns over a
+    screen that the compiler "is not compatible": a finished build is loaded without that warning."""
+    if not quiet:
+        yield
+        return
+    import logging
+
+    logger = logging.getLogger("torch.utils.cpp_extension")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
 def _load(name: str):
     with _LOCK:
         if name in _CACHE:
@@ -87,17 +132,24 @@ def _load(name: str):
         if os.environ.get("ESFT_NO_KERNELS", "") not in ("", "0"):
             _ERRORS[name] = "disabled by ESFT_NO_KERNELS"
             return None
+        no_compiler = missing_compiler()
         try:
             from torch.utils.cpp_extension import load
 
             folder = build_dir(name)
+            module_name = f"esft_{name}_{_cpu_tag()}"
+            # without a compiler only a finished build can load (ninja finds it up to date and compiles nothing)
+            if no_compiler is not None and not (folder / f"{module_name}.so").exists():
+                _ERRORS[name] = no_compiler
+                return None
             folder.mkdir(parents=True, exist_ok=True)
             if (line := clear_stale_lock(folder, name)) is not None:
                 print(line, file=sys.stderr, flush=True)
-            module = load(name=f"esft_{name}_{_cpu_tag()}", sources=[str(Path(__file__).with_name(f"{name}.cpp"))],
-                          extra_cflags=CFLAGS, extra_ldflags=LDFLAGS, build_directory=str(folder), verbose=False)
+            with _quiet_compiler_check(no_compiler is not None):
+                module = load(name=module_name, sources=[str(Path(__file__).with_name(f"{name}.cpp"))],
+                              extra_cflags=CFLAGS, extra_ldflags=LDFLAGS, build_directory=str(folder), verbose=False)
         except Exception as exc:  # no compiler, no headers, build error: the torch path takes over
-            _ERRORS[name] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}"
+            _ERRORS[name] = no_compiler or build_reason(exc)
             return None
         _CACHE[name] = module
         return module
