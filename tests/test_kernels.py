@@ -404,3 +404,74 @@ def test_a_finished_build_still_loads_without_a_compiler(tmp_path, monkeypatch):
     built = object()
     monkeypatch.setattr(cpp_extension, "load", lambda **kwargs: built)
     assert kernels.load_decode_attention() is built, kernels.build_error()
+
+
+def _torch_like_load(folder, seen):
+    """Stands in for torch's `load`: like its FileBaton it waits while the folder's lock file exists (here at most
+    5 s, where torch waits forever), then "loads"."""
+    import time as clock
+
+    def load(**kwargs):
+        seen.append((folder / "lock").exists())
+        end = clock.monotonic() + 5
+        while (folder / "lock").exists():
+            if clock.monotonic() > end:
+                raise TimeoutError("torch would wait on this lock forever")
+            clock.sleep(0.05)
+        return "module"
+
+    return load
+
+
+def _fresh_build_folder(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    monkeypatch.setattr(kernels, "_CACHE", {})
+    monkeypatch.setattr(kernels, "_ERRORS", {})
+    folder = kernels.build_dir("decode_attention")
+    folder.mkdir(parents=True)
+    return folder
+
+
+def test_a_lock_left_a_minute_ago_by_a_killed_build_is_not_waited_on_forever(tmp_path, monkeypatch, capsys):
+    """A build killed outright (kill -9, the OOM killer) minutes before the next run left torch's lock, younger
+    than STALE_LOCK_S: the next run said "waiting for another process's build" and waited forever, as no process
+    would ever remove it."""
+    import torch.utils.cpp_extension as cpp_extension
+
+    folder = _fresh_build_folder(tmp_path, monkeypatch)
+    (folder / "lock").write_text("")  # no build holds it: its process is gone
+    seen: list[bool] = []
+    monkeypatch.setattr(cpp_extension, "load", _torch_like_load(folder, seen))
+    assert kernels.load_decode_attention() == "module", kernels.build_error()
+    assert seen == [False] and "by a build of the decode_attention kernel that was killed" in capsys.readouterr().err
+
+
+def test_a_build_in_another_process_is_waited_for_and_its_lock_left_alone(tmp_path, monkeypatch, capsys):
+    import subprocess
+    import sys
+    import time as clock
+
+    import torch.utils.cpp_extension as cpp_extension
+
+    folder = _fresh_build_folder(tmp_path, monkeypatch)
+    # the other process: takes esft's build lock as `_load` does, and torch's lock file, for 1.5 s
+    other = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time, esft.kernels as k\n"
+        "from pathlib import Path\n"
+        "folder = Path(sys.argv[1])\n"
+        "with k.build_lock(folder, 'decode_attention'):\n"
+        "    (folder / 'lock').write_text('')\n"
+        "    print('building', flush=True)\n"
+        "    time.sleep(1.5)\n"
+        "    (folder / 'lock').unlink()\n"), str(folder)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert other.stdout.readline().strip() == "building"
+        seen: list[bool] = []
+        monkeypatch.setattr(cpp_extension, "load", _torch_like_load(folder, seen))
+        start = clock.monotonic()
+        assert kernels.load_decode_attention() == "module", kernels.build_error()
+        assert clock.monotonic() - start > 0.5 and seen == [False]  # waited for it, then found its build done
+    finally:
+        assert other.wait(timeout=30) == 0
+    err = capsys.readouterr().err
+    assert "waiting for another process's build of the decode_attention kernel" in err and "removed" not in err

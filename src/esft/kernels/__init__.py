@@ -6,8 +6,9 @@ when `ESFT_NO_KERNELS=1`, or when the build fails; callers then use the torch op
 machine and source version) is cached under `TORCH_EXTENSIONS_DIR` (default ~/.cache/torch_extensions), in a
 folder of its own per CPU, source file and Python environment (`build_dir`): two checkouts or two virtual
 environments on one machine each keep their build instead of rebuilding in turn. A build killed outright leaves
-torch's lock file behind, on which every later build would wait forever: `clear_stale_lock` removes one that no
-build can still hold.
+torch's lock file behind, on which every later build would wait forever: `build_lock` (an flock, which dies with
+its holder) tells such a lock from a live build's and removes it, or, without flock, `clear_stale_lock` by its
+age.
 """
 
 from __future__ import annotations
@@ -80,6 +81,46 @@ def clear_stale_lock(folder: Path, name: str, now: float | None = None) -> str |
     return f"esft: waiting for another process's build of the {name} kernel (its lock: {lock})"
 
 
+@contextmanager
+def build_lock(folder: Path, name: str) -> Iterator[None]:
+    """Held while this process builds or loads kernel `name` in `folder`: an flock on `folder`/esft.lock, which
+    the kernel releases when its holder dies, however it dies. Every esft build takes it before torch's lock file,
+    so a torch lock found while holding it was left by a killed build and is removed at once (torch would wait on
+    it forever); a process that has to wait for another's build says so. Where flock is unavailable (no fcntl, a
+    file system without locks) `clear_stale_lock`'s age rule decides instead."""
+    path = folder / "esft.lock"
+    try:
+        import fcntl
+
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    except (ImportError, OSError):  # Windows, a read-only folder (torch then fails and says why)
+        fd = None
+    held = False
+    try:
+        if fd is not None:
+            try:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    print(f"esft: waiting for another process's build of the {name} kernel (its lock: {path})",
+                          file=sys.stderr, flush=True)
+                    fcntl.flock(fd, fcntl.LOCK_EX)
+                held = True
+            except OSError:  # a file system without locks
+                pass
+        lock = folder / "lock"
+        if held and lock.exists():
+            lock.unlink(missing_ok=True)
+            print(f"esft: removed {lock}, left by a build of the {name} kernel that was killed", file=sys.stderr,
+                  flush=True)
+        elif not held and (line := clear_stale_lock(folder, name)) is not None:
+            print(line, file=sys.stderr, flush=True)
+        yield
+    finally:
+        if fd is not None:
+            os.close(fd)  # releases the flock
+
+
 def missing_compiler() -> str | None:
     """Why torch's builder cannot compile here, said before it tries (it would print a screen-wide warning that
     the compiler "is not compatible" and fail on "ninja: build stopped"); None when the C++ compiler it calls
@@ -143,9 +184,7 @@ def _load(name: str):
                 _ERRORS[name] = no_compiler
                 return None
             folder.mkdir(parents=True, exist_ok=True)
-            if (line := clear_stale_lock(folder, name)) is not None:
-                print(line, file=sys.stderr, flush=True)
-            with _quiet_compiler_check(no_compiler is not None):
+            with build_lock(folder, name), _quiet_compiler_check(no_compiler is not None):
                 module = load(name=module_name, sources=[str(Path(__file__).with_name(f"{name}.cpp"))],
                               extra_cflags=CFLAGS, extra_ldflags=LDFLAGS, build_directory=str(folder), verbose=False)
         except Exception as exc:  # no compiler, no headers, build error: the torch path takes over
