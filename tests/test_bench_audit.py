@@ -133,3 +133,41 @@ def test_cpu_info_records_an_arm_cpus_features_and_part(tmp_path):
     x86 = tmp_path / "x86"
     x86.write_text("processor\t: 0\nmodel name\t: AMD EPYC 9R14\nflags\t\t: fpu avx512f\n\n")
     assert cpu_info(x86)["model"] == "AMD EPYC 9R14" and cpu_info(x86)["flags"] == ["fpu", "avx512f"]
+
+
+def test_an_interrupt_while_vllm_generates_stops_its_process_instead_of_waiting_for_it(monkeypatch):
+    """SIGTERM (which esft turns into KeyboardInterrupt) reaches only esft's process, not vLLM's spawned one:
+    `esft bench` then waited for vLLM to generate every workload (minutes) before it stopped."""
+    import multiprocessing
+
+    from esft.bench import inference
+
+    calls: list[str] = []
+
+    class Child:
+        def __init__(self, target, args):
+            pass
+
+        def start(self):
+            calls.append("start")
+
+        def terminate(self):
+            calls.append("terminate")
+
+        def join(self, timeout=None):
+            calls.append("join")
+
+    class Queue:
+        def get(self):
+            raise KeyboardInterrupt  # arrives while the parent waits for vLLM's timings
+
+    class Context:
+        Process = Child
+
+        def Queue(self):
+            return Queue()
+
+    monkeypatch.setattr(multiprocessing, "get_context", lambda method: Context())
+    with pytest.raises(KeyboardInterrupt):
+        inference.vllm_generation("/m", {}, 4, "float32", 2)
+    assert calls[:2] == ["start", "terminate"] and "join" in calls

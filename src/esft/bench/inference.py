@@ -133,6 +133,11 @@ def vllm_generation(model_path: str, jobs: dict[str, dict[str, Any]], population
     proc.start()
     try:
         ok, payload = queue.get()
+    except BaseException:
+        # Ctrl-C reaches the whole process group, but SIGTERM (esft's KeyboardInterrupt too) only this process:
+        # the engine would otherwise generate every workload before the join below returned
+        proc.terminate()
+        raise
     finally:
         proc.join()
     if not ok:
