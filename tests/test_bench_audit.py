@@ -171,3 +171,35 @@ def test_an_interrupt_while_vllm_generates_stops_its_process_instead_of_waiting_
     with pytest.raises(KeyboardInterrupt):
         inference.vllm_generation("/m", {}, 4, "float32", 2)
     assert calls[:2] == ["start", "terminate"] and "join" in calls
+
+
+def test_the_attention_kernel_is_built_on_the_calling_thread_before_any_lane_runs(tokenizer, monkeypatch):
+    """On a first run (no cached build) the kernel was built by whichever lane generated first, often a pool
+    thread: a Ctrl-C then waited for that build (30-60 s) to end. `esft train es` builds it on the calling thread
+    first (esft.es.build); the bench now does the same."""
+    import threading
+
+    import esft.kernels
+    from esft import bench
+    from esft.bench import iterations
+
+    from conftest import make_tiny_model
+    from test_bench import small_workload
+
+    calls: list[bool] = []  # per call of load_decode_attention: made on the main thread?
+    at_warm_up: list[list[bool]] = []
+    real_warm_up = iterations.warm_up
+
+    def load():
+        calls.append(threading.current_thread() is threading.main_thread())
+        return None  # no kernel: the torch ops run
+
+    def warm_up(*args):
+        at_warm_up.append(list(calls))
+        return real_warm_up(*args)
+
+    monkeypatch.setattr(esft.kernels, "load_decode_attention", load)
+    monkeypatch.setattr(iterations, "warm_up", warm_up)
+    bench.esft_iteration(make_tiny_model(), tokenizer, small_workload(), population=2, noise="table",
+                         gen_overrides=dict(bench.FAST_GENERATION), parallel_members=2)
+    assert at_warm_up == [[True]]
