@@ -203,3 +203,24 @@ def test_the_attention_kernel_is_built_on_the_calling_thread_before_any_lane_run
     bench.esft_iteration(make_tiny_model(), tokenizer, small_workload(), population=2, noise="table",
                          gen_overrides=dict(bench.FAST_GENERATION), parallel_members=2)
     assert at_warm_up == [[True]]
+
+
+def test_the_report_says_when_the_attention_kernel_did_not_run(tokenizer, monkeypatch):
+    """Without a C++ compiler the lean engine drops fused_attention and the screened lm_head (a warning on stderr),
+    while the JSON's generation_overrides still listed both as on: nothing in the report said they never ran."""
+    import esft.kernels
+    from esft import bench
+
+    from conftest import make_tiny_model
+    from test_bench import small_workload
+
+    monkeypatch.setattr(esft.kernels, "_CACHE", {})
+    monkeypatch.setattr(esft.kernels, "_ERRORS", {"decode_attention": "no C++ compiler: c++ is not on PATH"})
+    monkeypatch.setattr(bench, "build_workload", lambda name, tok: small_workload(name))
+    monkeypatch.setattr(bench, "matmul_gflops", lambda dtype: 10.0)
+    cfg = bench.BenchConfig(workloads=["cpu-preset"], population=2, naive=False, inference=False, vllm=False,
+                            rollout_dtype="float32")
+    report = bench.run_bench(cfg, model=make_tiny_model(), tokenizer=tokenizer, log=lambda m: None)
+    assert report["generation_overrides"]["fused_attention"] is True  # asked for
+    assert report["decode_attention_kernel"] == "no C++ compiler: c++ is not on PATH"  # and why it did not run
+    assert "attention kernel not used: no C++ compiler" in bench.format_table(report)

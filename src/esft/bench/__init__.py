@@ -179,6 +179,11 @@ def run_bench(config: BenchConfig, model=None, tokenizer=None, log=print) -> dic
     _rooflines(report, readings, timed)
     if report["parallel_members"] is None:  # each workload ran its own lanes: say which
         report["parallel_members"] = {name: entry.get("lanes") for name, entry in report["workloads"].items()}
+    from esft.kernels import kernel_status
+
+    # what the engine really ran: without the kernel (no compiler, a failed build) the lean engine drops
+    # fused_attention and the screened lm_head with a warning on stderr, while generation_overrides still asks for them
+    report["decode_attention_kernel"] = kernel_status("decode_attention")
     report["load_avg_1min_end"] = load_average()
     return report
 
@@ -331,10 +336,12 @@ def _rooflines(report: dict[str, Any], readings: dict[str, list[float]],
 
 def format_table(report: dict[str, Any]) -> str:
     bf16 = report.get("matmul_gflops_bf16")
+    kernel = report.get("decode_attention_kernel")
     head = (f"matmul {report['matmul_gflops']:.1f} GFLOP/s ({report['dtype']}, {report['threads']} threads)"
             + (f", bf16 {bf16:.1f}" if bf16 else "") + "; "
             f"{report['params'] / 1e6:.1f}M params; N {report['population']}; noise {report['noise']}; "
-            f"generation {report['generation_overrides'] or 'defaults'}; rollouts "
+            f"generation {report['generation_overrides'] or 'defaults'}"
+            + (f" (attention kernel not used: {kernel})" if kernel not in (None, "loaded") else "") + "; rollouts "
             f"{(report.get('rollout_precision') or {}).get('rollout_dtype', 'float32')}; "
             f"CPU {(report.get('cpu') or {}).get('model')}")
     cols = ("workload", "roofline", "GFLOP", "gen tok/s", "tok/s", "iter s", "naive s", "speedup", "overhead",

@@ -201,3 +201,9 @@ def load_decode_attention():
 
 def build_error(name: str = "decode_attention") -> str | None:
     return _ERRORS.get(name)
+
+
+def kernel_status(name: str = "decode_attention") -> str | None:
+    """"loaded", why it did not build (`build_error`), or None when nothing in this process asked for it yet;
+    builds nothing."""
+    return "loaded" if name in _CACHE else _ERRORS.get(name)
