@@ -224,3 +224,51 @@ def test_the_report_says_when_the_attention_kernel_did_not_run(tokenizer, monkey
     assert report["generation_overrides"]["fused_attention"] is True  # asked for
     assert report["decode_attention_kernel"] == "no C++ compiler: c++ is not on PATH"  # and why it did not run
     assert "attention kernel not used: no C++ compiler" in bench.format_table(report)
+
+
+def test_overhead_fraction_of_ray_workers_divides_their_concurrent_worker_seconds(monkeypatch):
+    """With --workers 2 each Ray worker perturbs, scores and restores its members, concurrently, and the executor
+    sums their timings in worker-seconds (esft.es.distributed.ray_executor.merge_rows): the overhead divided
+    nothing, so two workers' 2 s of perturbation counted as 2 s of the iteration's wall time instead of 1 s."""
+    from esft import bench
+    from esft.bench import iterations
+
+    t = {"perturb": 2.0, "restore": 0.4, "score": 0.6, "update": 0.3, "generate": 9.0, "iteration": 10.0}
+    ray = {"timings": t, "prompt_tokens": 3, "generated_tokens": 2, "texts": ["a"], "workers": 2}
+    entry = bench._workload_entry({"esft": [ray], "naive": []}, [0.1], "table")[0]
+    assert entry["overhead_fraction"] == round(((2.0 + 0.4 + 0.6) / 2 + 0.3) / 10, 4)
+    assert entry["overhead_fraction_summed_lanes"] == round((2.0 + 0.4 + 0.6 + 0.3) / 10, 4)
+    # and the Ray iteration says how many workers ran it
+    import numpy as np
+    import torch
+
+    import esft.es.distributed.factory as factory
+    from esft.es.executor import PopulationResult
+
+    from test_bench import small_workload
+
+    class Workers:  # stands in for the Ray executor: every member scored 0..1, timings in worker-seconds
+        def __init__(self, **kwargs):
+            pass
+
+        def start(self):
+            pass
+
+        def evaluate_members(self, members, batch):
+            return PopulationResult(scores=np.linspace(0, 1, len(members) * len(batch)).reshape(len(members), -1),
+                                    well_formed=np.zeros((len(members), len(batch)), dtype=bool),
+                                    texts=[[""] * len(batch)] * len(members), timings=dict(t))
+
+        def on_update(self, update, iteration):
+            pass
+
+        def settle(self):
+            pass
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(factory, "make_ray_executor", lambda cfg, weights, builder: Workers())
+    out = iterations.esft_iteration_parallel(torch.nn.Linear(2, 2), small_workload(), 2, "table", {}, 2, 1,
+                                             "smollm2-135m")
+    assert out["workers"] == 2

@@ -47,6 +47,8 @@ Definitions:
   wall time spent outside generation (perturb and restore are summed over the lanes, which run them concurrently,
   so they are divided by the lanes as generate_roofline_ratio divides generation; scoring, on the calling thread
   after the lanes, and the update run once).
+  With `--workers`, each Ray worker perturbs, scores and restores its members in its own process, and those
+  worker-seconds are divided by the workers.
   `overhead_fraction_summed_lanes` keeps the lane sum undivided (its value before 2026-12-01).
   speedup_vs_naive = naive_iteration_s / iteration_s.
 
@@ -267,12 +269,15 @@ def _iterations(config: BenchConfig, model, tokenizer, name: str, work: Workload
     return runs
 
 
-def overhead_fraction(timings: dict[str, float], lanes: int) -> float:
+def overhead_fraction(timings: dict[str, float], lanes: int, workers: int = 1) -> float:
     """The iteration's share of wall time outside generation: ((perturb + restore) / lanes + score + update) /
     iteration, perturb and restore being summed over `lanes` concurrent lanes; scoring runs on the calling thread
-    after the lanes (esft.es.executor), so it counts in full (see the module docstring)."""
-    t = timings
-    return ((t["perturb"] + t["restore"]) / max(1, int(lanes)) + t.get("score", 0.0) + t["update"]) / t["iteration"]
+    after the lanes (esft.es.executor), so it counts in full (see the module docstring). Ray `workers` perturb,
+    score and restore their members concurrently, each in its own process, and their timings are summed over the
+    workers (worker-seconds): all three are divided by the workers."""
+    t, w = timings, max(1, int(workers))
+    return ((t["perturb"] + t["restore"]) / max(1, int(lanes)) / w + t.get("score", 0.0) / w + t["update"]
+            ) / t["iteration"]
 
 
 def _workload_entry(runs: dict[str, list[dict]], loads: list[float | None], noise: str
@@ -293,7 +298,7 @@ def _workload_entry(runs: dict[str, list[dict]], loads: list[float | None], nois
         "iteration_s": round(it, 3),
         "naive_iteration_s": None,
         "speedup_vs_naive": None,
-        "overhead_fraction": round(overhead_fraction(t, best.get("lanes", 1)), 4),
+        "overhead_fraction": round(overhead_fraction(t, best.get("lanes", 1), best.get("workers", 1)), 4),
         "overhead_fraction_summed_lanes": round(overhead_fraction(t, 1), 4),
         "prompt_tokens": best["prompt_tokens"],
         "generated_tokens": best["generated_tokens"],

@@ -172,7 +172,8 @@ def esft_iteration_parallel(model, work: Workload, population: int, noise: str, 
                 weights.apply(update)
                 executor.settle()  # every worker has applied it too (what the executor does before its next call)
 
-            return timed_iteration(executor, work, population, seed, setup, apply)
+            # the workers' timings are summed over them (worker-seconds): bench.overhead_fraction divides them
+            return {**timed_iteration(executor, work, population, seed, setup, apply), "workers": workers}
         finally:
             executor.close()
 
