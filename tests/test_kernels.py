@@ -9,6 +9,8 @@ with the build error, where no C++ compiler is available (the lean step then use
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -475,3 +477,40 @@ def test_a_build_in_another_process_is_waited_for_and_its_lock_left_alone(tmp_pa
         assert other.wait(timeout=30) == 0
     err = capsys.readouterr().err
     assert "waiting for another process's build of the decode_attention kernel" in err and "removed" not in err
+
+
+def test_a_finished_build_in_a_read_only_cache_is_used_and_a_stale_one_is_not(ext, tmp_path, monkeypatch):
+    """A cache folder this process cannot write (a read-only mount, a container image's cache): torch's loader
+    fails on creating its lock file even where the build is finished, so the kernel went unused ("OSError: [Errno
+    30] Read-only file system: '.../lock'")."""
+    import errno
+    import os
+    import shutil
+
+    import torch.utils.cpp_extension as cpp_extension
+
+    library = f"esft_decode_attention_{kernels._cpu_tag()}.so"
+    built = Path(ext.__file__)  # the module the fixture built (or found) in this machine's cache
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    folder = kernels.build_dir("decode_attention")
+    folder.mkdir(parents=True)
+    shutil.copy(built, folder / library)
+
+    def read_only(**kwargs):  # what torch's loader does there: its lock file cannot be created
+        raise OSError(errno.EROFS, "Read-only file system", str(folder / "lock"))
+
+    monkeypatch.setattr(cpp_extension, "load", read_only)
+    monkeypatch.setattr(kernels, "_CACHE", {})
+    monkeypatch.setattr(kernels, "_ERRORS", {})
+    module = kernels.load_decode_attention()
+    assert module is not None, kernels.build_error()
+    x, w = torch.randn(3, 8), torch.randn(8)
+    assert torch.equal(module.rms_norm(x, w, 1e-5), ext.rms_norm(x, w, 1e-5))  # the same kernel, working
+    # older than the source: it may be another version's build, so it is not used, and the reason says why
+    source = Path(kernels.__file__).with_name("decode_attention.cpp")
+    old = source.stat().st_mtime - 60
+    os.utime(folder / library, (old, old))
+    monkeypatch.setattr(kernels, "_CACHE", {})
+    monkeypatch.setattr(kernels, "_ERRORS", {})
+    assert kernels.load_decode_attention() is None
+    assert "Read-only file system" in kernels.build_error() and "TORCH_EXTENSIONS_DIR" in kernels.build_error()

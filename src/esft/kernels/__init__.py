@@ -1,18 +1,20 @@
 """Hand-written CPU kernels, compiled on first use with torch's own C++ extension builder.
 
 Only what no library does well lives here (see each source's header comment). Everything has a pure-torch path:
-`load_decode_attention()` returns None, with the reason in `build_error()`, when the machine has no C++ compiler,
-when `ESFT_NO_KERNELS=1`, or when the build fails; callers then use the torch ops. The build (~30-60 s, once per
-machine and source version) is cached under `TORCH_EXTENSIONS_DIR` (default ~/.cache/torch_extensions), in a
-folder of its own per CPU, source file and Python environment (`build_dir`): two checkouts or two virtual
-environments on one machine each keep their build instead of rebuilding in turn. A build killed outright leaves
-torch's lock file behind, on which every later build would wait forever: `build_lock` (an flock, which dies with
-its holder) tells such a lock from a live build's and removes it, or, without flock, `clear_stale_lock` by its
-age.
+`load_decode_attention()` returns None, with the reason in `build_error()`, when the machine has no C++ compiler
+(and no finished build), when `ESFT_NO_KERNELS=1`, or when the build fails; callers then use the torch ops. The
+build (~30-60 s, once per machine and source version) is cached under `TORCH_EXTENSIONS_DIR` (default
+~/.cache/torch_extensions), in a folder of its own per CPU, source file and Python environment (`build_dir`); a build
+finished in a cache this process cannot write (a read-only mount) is imported as it is, when newer than its
+source. Two checkouts or two virtual environments on one machine each keep their build instead of rebuilding in
+turn. A build killed outright leaves torch's lock file behind, on which every later build would wait forever:
+`build_lock` (an flock, which dies with its holder) tells such a lock from a live build's and removes it, or,
+without flock, `clear_stale_lock` by its age.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import sys
@@ -174,24 +176,54 @@ def _load(name: str):
             _ERRORS[name] = "disabled by ESFT_NO_KERNELS"
             return None
         no_compiler = missing_compiler()
+        module_name, source = f"esft_{name}_{_cpu_tag()}", Path(__file__).with_name(f"{name}.cpp")
+        folder = None
         try:
             from torch.utils.cpp_extension import load
 
             folder = build_dir(name)
-            module_name = f"esft_{name}_{_cpu_tag()}"
             # without a compiler only a finished build can load (ninja finds it up to date and compiles nothing)
             if no_compiler is not None and not (folder / f"{module_name}.so").exists():
                 _ERRORS[name] = no_compiler
                 return None
             folder.mkdir(parents=True, exist_ok=True)
             with build_lock(folder, name), _quiet_compiler_check(no_compiler is not None):
-                module = load(name=module_name, sources=[str(Path(__file__).with_name(f"{name}.cpp"))],
-                              extra_cflags=CFLAGS, extra_ldflags=LDFLAGS, build_directory=str(folder), verbose=False)
+                module = load(name=module_name, sources=[str(source)], extra_cflags=CFLAGS, extra_ldflags=LDFLAGS,
+                              build_directory=str(folder), verbose=False)
+        except OSError as exc:  # a cache this process cannot write: a build finished there is still usable
+            not_writable = folder is not None and exc.errno in _NOT_WRITABLE
+            module = _import_finished_build(folder, module_name, source) if not_writable else None
+            if module is None:
+                _ERRORS[name] = no_compiler or build_reason(exc) + (
+                    "; set TORCH_EXTENSIONS_DIR to a writable folder" if not_writable else "")
+                return None
         except Exception as exc:  # no compiler, no headers, build error: the torch path takes over
             _ERRORS[name] = no_compiler or build_reason(exc)
             return None
         _CACHE[name] = module
         return module
+
+
+#: errno values of a folder this process cannot write
+_NOT_WRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM)
+
+
+def _import_finished_build(folder: Path, module_name: str, source: Path):
+    """The library a finished build left in `folder`, imported without torch's loader (which first creates a lock
+    file there, and fails where it cannot); None where there is none, or where it is older than `source` and may
+    be another version's build."""
+    import importlib.util
+
+    library = folder / f"{module_name}.so"
+    try:
+        if library.stat().st_mtime < source.stat().st_mtime:
+            return None
+        spec = importlib.util.spec_from_file_location(module_name, library)
+        module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+        spec.loader.exec_module(module)  # type: ignore[union-attr]
+    except (OSError, ImportError):  # none there, or not loadable here: the caller reports the build's error
+        return None
+    return module
 
 
 def load_decode_attention():
