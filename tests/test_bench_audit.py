@@ -272,3 +272,37 @@ def test_overhead_fraction_of_ray_workers_divides_their_concurrent_worker_second
     out = iterations.esft_iteration_parallel(torch.nn.Linear(2, 2), small_workload(), 2, "table", {}, 2, 1,
                                              "smollm2-135m")
     assert out["workers"] == 2
+
+
+def test_vllms_log_goes_to_stderr_not_into_the_json_on_stdout(monkeypatch):
+    """vLLM logs to stdout unless told otherwise (VLLM_LOGGING_STREAM): `esft bench --json > out.json` with vLLM
+    installed wrote ~30 "(SpawnProcess-1 pid=...) INFO ..." lines before the JSON, so out.json did not parse."""
+    import os
+    import sys
+    import types
+
+    from esft.bench import inference
+    from esft.es.distributed.vllm_backend import vllm_replica
+
+    monkeypatch.setattr(os, "environ", {k: v for k, v in os.environ.items() if not k.startswith("VLLM_")})
+    streams: list[str | None] = []  # VLLM_LOGGING_STREAM where vLLM is first imported, and where its engine starts
+
+    def device_type():  # esft's first import of vllm in the child (vllm.platforms configures vLLM's logging)
+        streams.append(os.environ.get("VLLM_LOGGING_STREAM"))
+        return "cpu"
+
+    class LLM:
+        def __init__(self, **kwargs):
+            streams.append(os.environ.get("VLLM_LOGGING_STREAM"))
+
+    fake = types.ModuleType("vllm")
+    fake.LLM, fake.SamplingParams = LLM, dict
+    monkeypatch.setitem(sys.modules, "vllm", fake)
+    monkeypatch.setattr(vllm_replica, "platform_device_type", device_type)
+    monkeypatch.setattr(vllm_replica, "prepare_cpu_process", lambda threads: None)
+    monkeypatch.setattr(inference, "timed_vllm_generation", lambda llm, sampling, job, population: {})
+    put: list = []
+    inference._vllm_child(types.SimpleNamespace(put=put.append), "/m", {"w": {"prompt_ids": [[1]],
+                          "max_new_tokens": 2, "min_new_tokens": 0}}, 2, "float32", 2)
+    assert put and put[0][0] is True, put
+    assert streams and all(s == "ext://sys.stderr" for s in streams), streams

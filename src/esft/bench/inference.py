@@ -198,6 +198,9 @@ def _vllm_child(queue, model_path: str, jobs: dict[str, dict[str, Any]], populat
         import os
 
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine core in this process
+        # vLLM logs to stdout unless told otherwise, where `esft bench --json` writes its JSON; read when vLLM is
+        # first imported (platform_device_type below)
+        os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
         from esft.es.distributed.vllm_backend.vllm_replica import (
             DEFAULT_CPU_KV_CACHE_BYTES,
             platform_device_type,
