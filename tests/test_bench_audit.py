@@ -306,3 +306,13 @@ def test_vllms_log_goes_to_stderr_not_into_the_json_on_stdout(monkeypatch):
                           "max_new_tokens": 2, "min_new_tokens": 0}}, 2, "float32", 2)
     assert put and put[0][0] is True, put
     assert streams and all(s == "ext://sys.stderr" for s in streams), streams
+
+
+@pytest.mark.parametrize("item", ["max_new_tokens=8", "min_new_tokens=0", "temperature=0.7", "top_p=0.9", "seed=3"])
+def test_a_set_that_would_change_the_workload_on_one_side_only_is_refused(monkeypatch, capsys, item):
+    """`--set max_new_tokens=8` reached the esft iteration and its pure generation only: the naive iteration (and
+    vLLM, and --check-outputs) still generated the workload's 256 tokens, so speedup_vs_naive compared 8 tokens
+    against 256; `--set temperature=0.7` had esft sample while the naive iteration decoded greedily."""
+    assert _main_without_model(monkeypatch, ["bench", "--workloads", "cpu-preset", "--set", item]) == 2
+    key = item.split("=")[0]
+    assert f"--set {key}: the workload's, not an engine option" in capsys.readouterr().err

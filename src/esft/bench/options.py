@@ -113,6 +113,11 @@ BENCH_RULES = {"repeats": at_least(1), "threads": at_least(1), "parallel_members
                "rank": at_least(1), "seed": at_least(0), "rollout_dtype": one_of("auto", "float32", "bfloat16")}
 
 
+#: GenerationConfig fields that define what the workload generates, not how the esft engine runs: an override
+#: would reach the esft iteration and its pure generation only
+WORKLOAD_FIELDS = ("max_new_tokens", "min_new_tokens", "temperature", "top_p", "seed")
+
+
 def parse_overrides(items: Sequence[str]) -> dict[str, Any]:
     """`key=value` pairs for GenerationConfig (values parsed as YAML scalars: true, 64, 0.5, hf), each value
     checked as GenerationConfig checks it, so that a bad one is refused before the model loads."""
@@ -120,12 +125,16 @@ def parse_overrides(items: Sequence[str]) -> dict[str, Any]:
 
     from esft.generation import GenerationConfig
 
-    names = {f.name for f in dataclasses.fields(GenerationConfig)}
+    names = {f.name for f in dataclasses.fields(GenerationConfig)} - set(WORKLOAD_FIELDS)
     out: dict[str, Any] = {}
     for item in items:
         key, sep, value = item.partition("=")
+        if sep and key in WORKLOAD_FIELDS:
+            raise ValueError(f"--set {key}: the workload's, not an engine option: the naive iteration, vLLM and the "
+                             f"output check would still use the workload's own, so the comparisons would not hold")
         if not sep or key not in names:
-            raise ValueError(f"--set expects KEY=VALUE with KEY a GenerationConfig field ({', '.join(sorted(names))})")
+            raise ValueError(f"--set expects KEY=VALUE with KEY a GenerationConfig engine field "
+                             f"({', '.join(sorted(names))})")
         try:
             out[key] = yaml.safe_load(value)
         except yaml.YAMLError as exc:
