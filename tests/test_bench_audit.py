@@ -316,3 +316,11 @@ def test_a_set_that_would_change_the_workload_on_one_side_only_is_refused(monkey
     assert _main_without_model(monkeypatch, ["bench", "--workloads", "cpu-preset", "--set", item]) == 2
     key = item.split("=")[0]
     assert f"--set {key}: the workload's, not an engine option" in capsys.readouterr().err
+
+
+def test_a_batch_size_override_with_ray_workers_is_refused_before_the_model_loads(monkeypatch, capsys):
+    """`--workers 2 --set batch_size=8` loaded the model, timed the matmul and built the workload, then the
+    replicas' ESConfig refused batch_size (it is ESConfig.generation_batch_size there, the workload's)."""
+    assert _main_without_model(monkeypatch, ["bench", "--workloads", "cpu-preset", "--workers", "2",
+                                             "--set", "batch_size=8"]) == 2
+    assert "--set batch_size: not with --workers" in capsys.readouterr().err

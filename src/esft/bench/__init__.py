@@ -391,6 +391,9 @@ def main(args) -> int:
     config = build_config(BenchConfig, None, None, None, {k: v for k, v in vars(args).items() if k in names},
                           check=BenchConfig.check)
     config.generation.update(parse_overrides(args.set or []))
+    if config.workers > 1 and "batch_size" in config.generation:  # else refused by the replicas' ESConfig, later
+        raise ValueError("--set batch_size: not with --workers (the Ray replicas generate in the workload's batches, "
+                         "their ESConfig.generation_batch_size)")
     log = (lambda msg: print(msg, file=sys.stderr, flush=True))
     report = run_bench(config, log=log)
     if args.json:
