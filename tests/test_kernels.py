@@ -408,14 +408,14 @@ def test_a_finished_build_still_loads_without_a_compiler(tmp_path, monkeypatch):
     assert kernels.load_decode_attention() is built, kernels.build_error()
 
 
-def _torch_like_load(folder, seen):
+def _torch_like_load(folder, seen, patience=5.0):
     """Stands in for torch's `load`: like its FileBaton it waits while the folder's lock file exists (here at most
-    5 s, where torch waits forever), then "loads"."""
+    `patience` seconds, where torch waits forever), then "loads"."""
     import time as clock
 
     def load(**kwargs):
         seen.append((folder / "lock").exists())
-        end = clock.monotonic() + 5
+        end = clock.monotonic() + patience
         while (folder / "lock").exists():
             if clock.monotonic() > end:
                 raise TimeoutError("torch would wait on this lock forever")
@@ -440,12 +440,30 @@ def test_a_lock_left_a_minute_ago_by_a_killed_build_is_not_waited_on_forever(tmp
     would ever remove it."""
     import torch.utils.cpp_extension as cpp_extension
 
+    import socket
+
     folder = _fresh_build_folder(tmp_path, monkeypatch)
+    (folder / "esft.lock").write_text(f"{socket.gethostname()}\n999999\n")  # what the killed build wrote there
     (folder / "lock").write_text("")  # no build holds it: its process is gone
     seen: list[bool] = []
     monkeypatch.setattr(cpp_extension, "load", _torch_like_load(folder, seen))
     assert kernels.load_decode_attention() == "module", kernels.build_error()
     assert seen == [False] and "by a build of the decode_attention kernel that was killed" in capsys.readouterr().err
+
+
+def test_a_young_lock_of_a_build_on_another_host_is_left_alone(tmp_path, monkeypatch, capsys):
+    """A shared home directory's file system may keep flocks per host: holding esft's flock says nothing of a
+    build on another machine, whose torch lock is only removed once old (`clear_stale_lock`)."""
+    import torch.utils.cpp_extension as cpp_extension
+
+    folder = _fresh_build_folder(tmp_path, monkeypatch)
+    (folder / "esft.lock").write_text("another-host\n1234\n")
+    (folder / "lock").write_text("")  # that host's build, a moment ago
+    seen: list[bool] = []
+    monkeypatch.setattr(cpp_extension, "load", _torch_like_load(folder, seen, patience=0.3))
+    assert kernels.load_decode_attention() is None  # torch would still be waiting for it
+    assert seen == [True] and (folder / "lock").exists()
+    assert "waiting for another process's build" in capsys.readouterr().err
 
 
 def test_a_build_in_another_process_is_waited_for_and_its_lock_left_alone(tmp_path, monkeypatch, capsys):

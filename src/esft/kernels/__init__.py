@@ -86,18 +86,22 @@ def clear_stale_lock(folder: Path, name: str, now: float | None = None) -> str |
 @contextmanager
 def build_lock(folder: Path, name: str) -> Iterator[None]:
     """Held while this process builds or loads kernel `name` in `folder`: an flock on `folder`/esft.lock, which
-    the kernel releases when its holder dies, however it dies. Every esft build takes it before torch's lock file,
-    so a torch lock found while holding it was left by a killed build and is removed at once (torch would wait on
-    it forever); a process that has to wait for another's build says so. Where flock is unavailable (no fcntl, a
-    file system without locks) `clear_stale_lock`'s age rule decides instead."""
-    path = folder / "esft.lock"
+    the kernel releases when its holder dies, however it dies, and which names its last holder's host. Every esft
+    build takes it before torch's lock file, so a torch lock found under it, its last holder on this host, was left
+    by a killed build and is removed at once (torch would wait on it forever); a process that has to wait for
+    another's build says so. A last holder on another host (a shared home directory, whose file system may keep
+    flocks per host) or none, or no flock at all (no fcntl, a file system without locks): `clear_stale_lock`'s
+    age rule decides instead."""
+    import socket
+
+    path, here = folder / "esft.lock", socket.gethostname()
     try:
         import fcntl
 
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
     except (ImportError, OSError):  # Windows, a read-only folder (torch then fails and says why)
         fd = None
-    held = False
+    last = None
     try:
         if fd is not None:
             try:
@@ -107,15 +111,17 @@ def build_lock(folder: Path, name: str) -> Iterator[None]:
                     print(f"esft: waiting for another process's build of the {name} kernel (its lock: {path})",
                           file=sys.stderr, flush=True)
                     fcntl.flock(fd, fcntl.LOCK_EX)
-                held = True
+                last = os.read(fd, 256).decode(errors="replace").split("\n")[0]
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, f"{here}\n{os.getpid()}\n".encode(), 0)
             except OSError:  # a file system without locks
-                pass
+                last = None
         lock = folder / "lock"
-        if held and lock.exists():
+        if last == here and lock.exists():
             lock.unlink(missing_ok=True)
             print(f"esft: removed {lock}, left by a build of the {name} kernel that was killed", file=sys.stderr,
                   flush=True)
-        elif not held and (line := clear_stale_lock(folder, name)) is not None:
+        elif (line := clear_stale_lock(folder, name)) is not None:
             print(line, file=sys.stderr, flush=True)
         yield
     finally:
