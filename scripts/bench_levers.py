@@ -99,15 +99,28 @@ def noise(args) -> None:
             w.sync_from_model()
 
 
+def positive_int(text: str) -> int:
+    """An argparse type: an integer >= 1. 0 or less would otherwise reach torch's set_num_threads (a traceback),
+    run nothing (--repeats 0) or, for --max-new 0, be read as "no cap"."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not accepted; expected an integer >= 1")
+    return value
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("what", choices=["generation", "noise"])
     p.add_argument("--workload", default="cpu-preset")
     p.add_argument("--model", default="smollm2-135m")
-    p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--threads", type=positive_int, default=None)
+    p.add_argument("--repeats", type=positive_int, default=1)
     p.add_argument("--configs", default=None, help="comma-separated subset of the generation configurations")
-    p.add_argument("--max-new", type=int, default=None, help="cap the workload's completion length (quick looks)")
+    p.add_argument("--max-new", type=positive_int, default=None,
+                   help="cap the workload's completion length (quick looks)")
     args = p.parse_args()
     known = list(engine_configs(1))
     args.chosen = args.configs.split(",") if args.configs else known

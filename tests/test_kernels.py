@@ -9,6 +9,8 @@ with the build error, where no C++ compiler is available (the lean step then use
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -340,3 +342,193 @@ def test_the_kernel_builds_where_a_lock_was_left_by_a_killed_build(ext, tmp_path
     os.utime(folder / "lock", (old, old))
     assert kernels.load_decode_attention() is not None, kernels.build_error()
     assert "by a build of the decode_attention kernel that was killed" in capsys.readouterr().err
+
+
+def test_arm_cpus_with_other_features_build_in_folders_of_their_own(tmp_path):
+    """The build uses -march=native. An arm64 /proc/cpuinfo has no "flags" line (it says "Features"), so every
+    arm64 CPU got the same tag: a cache shared between a Graviton3 (SVE) and a Graviton2 handed the SVE binary to
+    the CPU without SVE, which dies of an illegal instruction instead of using the torch ops."""
+    block = ("processor\t: 0\nBogoMIPS\t: 2100.00\nFeatures\t: fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics"
+             "{extra}\nCPU implementer\t: 0x41\nCPU architecture: 8\nCPU part\t: {part}\n\n")
+    n1, v1 = tmp_path / "graviton2", tmp_path / "graviton3"
+    n1.write_text(block.format(extra="", part="0xd0c"))
+    v1.write_text(block.format(extra=" sve sve2 bf16 i8mm", part="0xd40"))
+    assert kernels._cpu_tag(n1) != kernels._cpu_tag(v1)
+    assert kernels._cpu_tag(n1) == kernels._cpu_tag(n1)
+
+
+@pytest.mark.parametrize("env", [{"CXX": "/nonexistent/g++"}, {"CXX": "", "PATH": "/nonexistent"}])
+def test_a_missing_compiler_is_named_in_one_line_and_no_build_is_tried(tmp_path, monkeypatch, capfd, env):
+    """Without a C++ compiler torch's builder printed a screen-wide warning that the compiler "is not compatible",
+    then failed, and the reason recorded (what the lean engine's warning shows) was its last line, "ninja: build
+    stopped: subcommand failed.", which says nothing of the missing compiler."""
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    monkeypatch.setattr(kernels, "_CACHE", {})
+    monkeypatch.setattr(kernels, "_ERRORS", {})
+    for key, value in env.items():
+        if value:
+            monkeypatch.setenv(key, value)
+        else:
+            monkeypatch.delenv(key, raising=False)
+    assert kernels.load_decode_attention() is None
+    why = kernels.build_error()
+    assert "no C++ compiler" in why and (env.get("CXX") or "c++") in why
+    assert "WARNING" not in capfd.readouterr().err
+    assert not list(tmp_path.rglob("build.ninja"))  # refused before torch wrote a build
+
+
+def test_a_failed_builds_reason_is_the_compilers_error_not_ninjas_last_line():
+    exc = RuntimeError(
+        "Error building extension 'esft_decode_attention_x': [1/2] c++ -MMD -c decode_attention.cpp\n"
+        "FAILED: decode_attention.o \nc++ -MMD -c decode_attention.cpp -o decode_attention.o\n"
+        "/usr/include/torch/extension.h:5:10: fatal error: Python.h: No such file or directory\n"
+        "compilation terminated.\nninja: build stopped: subcommand failed.\n")
+    assert kernels.build_reason(exc) == ("RuntimeError: /usr/include/torch/extension.h:5:10: fatal error: Python.h: "
+                                         "No such file or directory")
+    assert kernels.build_reason(OSError(30, "Read-only file system", "/x/lock")) == (
+        "OSError: [Errno 30] Read-only file system: '/x/lock'")
+    assert kernels.build_reason(RuntimeError("")) == "RuntimeError"
+
+
+def test_a_finished_build_still_loads_without_a_compiler(tmp_path, monkeypatch):
+    """A cache built earlier (a container image whose compiler was removed afterwards) loads: ninja finds it up to
+    date and compiles nothing, so the missing compiler refuses only a build that has to run."""
+    import torch.utils.cpp_extension as cpp_extension
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    monkeypatch.setenv("PATH", "/nonexistent")
+    monkeypatch.delenv("CXX", raising=False)
+    monkeypatch.setattr(kernels, "_CACHE", {})
+    monkeypatch.setattr(kernels, "_ERRORS", {})
+    folder = kernels.build_dir("decode_attention")
+    folder.mkdir(parents=True)
+    (folder / f"esft_decode_attention_{kernels._cpu_tag()}.so").write_bytes(b"")
+    built = object()
+    monkeypatch.setattr(cpp_extension, "load", lambda **kwargs: built)
+    assert kernels.load_decode_attention() is built, kernels.build_error()
+
+
+def _torch_like_load(folder, seen, patience=5.0):
+    """Stands in for torch's `load`: like its FileBaton it waits while the folder's lock file exists (here at most
+    `patience` seconds, where torch waits forever), then "loads"."""
+    import time as clock
+
+    def load(**kwargs):
+        seen.append((folder / "lock").exists())
+        end = clock.monotonic() + patience
+        while (folder / "lock").exists():
+            if clock.monotonic() > end:
+                raise TimeoutError("torch would wait on this lock forever")
+            clock.sleep(0.05)
+        return "module"
+
+    return load
+
+
+def _fresh_build_folder(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    monkeypatch.setattr(kernels, "_CACHE", {})
+    monkeypatch.setattr(kernels, "_ERRORS", {})
+    folder = kernels.build_dir("decode_attention")
+    folder.mkdir(parents=True)
+    return folder
+
+
+def test_a_lock_left_a_minute_ago_by_a_killed_build_is_not_waited_on_forever(tmp_path, monkeypatch, capsys):
+    """A build killed outright (kill -9, the OOM killer) minutes before the next run left torch's lock, younger
+    than STALE_LOCK_S: the next run said "waiting for another process's build" and waited forever, as no process
+    would ever remove it."""
+    import torch.utils.cpp_extension as cpp_extension
+
+    import socket
+
+    folder = _fresh_build_folder(tmp_path, monkeypatch)
+    (folder / "esft.lock").write_text(f"{socket.gethostname()}\n999999\n")  # what the killed build wrote there
+    (folder / "lock").write_text("")  # no build holds it: its process is gone
+    seen: list[bool] = []
+    monkeypatch.setattr(cpp_extension, "load", _torch_like_load(folder, seen))
+    assert kernels.load_decode_attention() == "module", kernels.build_error()
+    assert seen == [False] and "by a build of the decode_attention kernel that was killed" in capsys.readouterr().err
+
+
+def test_a_young_lock_of_a_build_on_another_host_is_left_alone(tmp_path, monkeypatch, capsys):
+    """A shared home directory's file system may keep flocks per host: holding esft's flock says nothing of a
+    build on another machine, whose torch lock is only removed once old (`clear_stale_lock`)."""
+    import torch.utils.cpp_extension as cpp_extension
+
+    folder = _fresh_build_folder(tmp_path, monkeypatch)
+    (folder / "esft.lock").write_text("another-host\n1234\n")
+    (folder / "lock").write_text("")  # that host's build, a moment ago
+    seen: list[bool] = []
+    monkeypatch.setattr(cpp_extension, "load", _torch_like_load(folder, seen, patience=0.3))
+    assert kernels.load_decode_attention() is None  # torch would still be waiting for it
+    assert seen == [True] and (folder / "lock").exists()
+    assert "waiting for another process's build" in capsys.readouterr().err
+
+
+def test_a_build_in_another_process_is_waited_for_and_its_lock_left_alone(tmp_path, monkeypatch, capsys):
+    import subprocess
+    import sys
+    import time as clock
+
+    import torch.utils.cpp_extension as cpp_extension
+
+    folder = _fresh_build_folder(tmp_path, monkeypatch)
+    # the other process: takes esft's build lock as `_load` does, and torch's lock file, for 1.5 s
+    other = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time, esft.kernels as k\n"
+        "from pathlib import Path\n"
+        "folder = Path(sys.argv[1])\n"
+        "with k.build_lock(folder, 'decode_attention'):\n"
+        "    (folder / 'lock').write_text('')\n"
+        "    print('building', flush=True)\n"
+        "    time.sleep(1.5)\n"
+        "    (folder / 'lock').unlink()\n"), str(folder)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert other.stdout.readline().strip() == "building"
+        seen: list[bool] = []
+        monkeypatch.setattr(cpp_extension, "load", _torch_like_load(folder, seen))
+        start = clock.monotonic()
+        assert kernels.load_decode_attention() == "module", kernels.build_error()
+        assert clock.monotonic() - start > 0.5 and seen == [False]  # waited for it, then found its build done
+    finally:
+        assert other.wait(timeout=30) == 0
+    err = capsys.readouterr().err
+    assert "waiting for another process's build of the decode_attention kernel" in err and "removed" not in err
+
+
+def test_a_finished_build_in_a_read_only_cache_is_used_and_a_stale_one_is_not(ext, tmp_path, monkeypatch):
+    """A cache folder this process cannot write (a read-only mount, a container image's cache): torch's loader
+    fails on creating its lock file even where the build is finished, so the kernel went unused ("OSError: [Errno
+    30] Read-only file system: '.../lock'")."""
+    import errno
+    import os
+    import shutil
+
+    import torch.utils.cpp_extension as cpp_extension
+
+    library = f"esft_decode_attention_{kernels._cpu_tag()}.so"
+    built = Path(ext.__file__)  # the module the fixture built (or found) in this machine's cache
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    folder = kernels.build_dir("decode_attention")
+    folder.mkdir(parents=True)
+    shutil.copy(built, folder / library)
+
+    def read_only(**kwargs):  # what torch's loader does there: its lock file cannot be created
+        raise OSError(errno.EROFS, "Read-only file system", str(folder / "lock"))
+
+    monkeypatch.setattr(cpp_extension, "load", read_only)
+    monkeypatch.setattr(kernels, "_CACHE", {})
+    monkeypatch.setattr(kernels, "_ERRORS", {})
+    module = kernels.load_decode_attention()
+    assert module is not None, kernels.build_error()
+    x, w = torch.randn(3, 8), torch.randn(8)
+    assert torch.equal(module.rms_norm(x, w, 1e-5), ext.rms_norm(x, w, 1e-5))  # the same kernel, working
+    # older than the source: it may be another version's build, so it is not used, and the reason says why
+    source = Path(kernels.__file__).with_name("decode_attention.cpp")
+    old = source.stat().st_mtime - 60
+    os.utime(folder / library, (old, old))
+    monkeypatch.setattr(kernels, "_CACHE", {})
+    monkeypatch.setattr(kernels, "_ERRORS", {})
+    assert kernels.load_decode_attention() is None
+    assert "Read-only file system" in kernels.build_error() and "TORCH_EXTENSIONS_DIR" in kernels.build_error()

@@ -47,6 +47,8 @@ Definitions:
   wall time spent outside generation (perturb and restore are summed over the lanes, which run them concurrently,
   so they are divided by the lanes as generate_roofline_ratio divides generation; scoring, on the calling thread
   after the lanes, and the update run once).
+  With `--workers`, each Ray worker perturbs, scores and restores its members in its own process, and those
+  worker-seconds are divided by the workers.
   `overhead_fraction_summed_lanes` keeps the lane sum undivided (its value before 2026-12-01).
   speedup_vs_naive = naive_iteration_s / iteration_s.
 
@@ -64,8 +66,8 @@ nothing on a loaded machine: the 1-minute load average is recorded beside each w
 Ray workers report no executed FLOPs (their completions' lengths per row are not seen here), so no roofline ratio.
 
 Modules: roofline (executed FLOPs, matmul rates, machine facts), workloads (prompts and the pseudo-task),
-iterations (esft's and the naive iteration, the output check); this one holds `BenchConfig` (its fields are the
-command's flags, through esft.config) and the driver.
+iterations (esft's and the naive iteration, the output check), options (`BenchConfig`, whose fields are the
+command's flags through esft.config, and the `--set` overrides); this one holds the driver.
 """
 
 from __future__ import annotations
@@ -74,8 +76,7 @@ import dataclasses
 import json
 import os
 import time
-from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
@@ -85,109 +86,16 @@ from esft.bench.roofline import (
     ModelShape, best_dtype_roofline_ratio, count_params, cpu_info, effective_layout, executed_flops, load_average,
     matmul_gflops, roofline_ratio,
 )
+from esft.bench.options import FAST_GENERATION, FAST_NOISE, BenchConfig, parse_overrides
 from esft.bench.workloads import (FAST_PARALLEL_MEMBERS, WORKLOADS, PseudoTask, Workload, bench_fitness,
                                   build_workload)
-from esft.config import FAST_CPU_GENERATION, ConfigHooks, at_least, build_config, check_fields, one_of
+from esft.config import build_config
 
 __all__ = ["BenchConfig", "FAST_GENERATION", "FAST_NOISE", "FAST_PARALLEL_MEMBERS", "ModelShape", "PseudoTask",
            "WORKLOADS", "Workload", "bench_fitness", "build_workload", "check_outputs", "count_params", "cpu_info",
            "effective_layout", "esft_iteration", "esft_iteration_parallel", "executed_flops", "format_table",
            "load_average", "main", "matmul_gflops", "naive_iteration", "parse_overrides", "roofline_ratio",
            "run_bench"]
-
-#: esft's fast configuration, measured by default: esft.config.FAST_CPU_GENERATION (shared-prefix and
-#: length-bucketed prefill, oneDNN packed linears, the compiled attention kernel) and noise from the shared table.
-#: `--exact` measures the bit-exact defaults instead (per-tensor noise, plain prefill, torch ops: outputs
-#: bit-identical to model.generate's arithmetic).
-FAST_GENERATION: dict[str, Any] = dict(FAST_CPU_GENERATION)
-FAST_NOISE = "table"
-
-
-@dataclass
-class BenchConfig(ConfigHooks):
-    """What `esft bench` runs (one flag per field, via esft.config; `--set KEY=VALUE` adds generation overrides)."""
-
-    model: str = "smollm2-135m"
-    """model name or folder"""
-    workloads: list[str] = field(default_factory=lambda: list(WORKLOADS))
-    """comma-separated: decode-heavy,cpu-preset"""
-    repeats: int = 1
-    """esft and naive iterations per workload; the fastest of each is reported (the rest are in `runs`)"""
-    threads: int | None = None
-    """torch intra-op threads (None = torch's default)"""
-    population: int = 4
-    """N members (the acceptance numbers use 4)"""
-    exact: bool = False
-    """measure the bit-exact defaults (per-tensor noise, no shared-prefix prefill, one member at a time) instead of
-    esft's fast configuration"""
-    noise: str | None = None
-    """esft noise mode for the esft iteration (`MasterWeights` noise modes, "per-tensor" being the ES default, or
-    "lowrank": EGGROLL populations, all members in one batched generation, esft.es.lowrank); None = table, or
-    per-tensor with --exact"""
-    rank: int = 1
-    """rank r of the "lowrank" noise"""
-    naive: bool = True
-    """also time the naive iteration (needed for speedup_vs_naive)"""
-    generation: dict[str, Any] | None = None
-    """overrides of `GenerationConfig` fields for the esft engine (None = FAST_GENERATION, or none with --exact;
-    lever experiments)"""
-    parallel_members: int | None = None
-    """members the local executor evaluates at once, one thread each (`ESConfig.parallel_members`); the lanes'
-    model copies are made and warmed (one member per lane, one token: `esft.bench.iterations.warm_up`) before
-    the timed iteration, as a training run's later iterations find them; None = each workload's own (two lanes
-    for decode-heavy, the `cpu` preset's one for cpu-preset), or 1 with --exact"""
-    workers: int = 1
-    """members evaluated in parallel, each by its own model replica in a Ray worker process with
-    `threads // workers` torch threads (esft's `--executor ray`); 1 = the local executor in this process"""
-    seed: int = 0
-    """seed of the ES population (its member noise)"""
-    check_outputs: bool = False
-    """also generate each workload's batch once with esft's engine (these generation options) and once with
-    `model.generate`, on the unperturbed model, and report how many greedy completions are identical"""
-    rollout_dtype: str | None = None
-    """members' rollout precision (`ESConfig.rollout_dtype`): auto (bf16 on CPUs with native bf16, confirmed by a
-    probe), float32 or bfloat16; None = auto, or float32 with --exact"""
-    compare_fp32: bool = True
-    """when the rollouts run in bf16, also time the same iteration with fp32 rollouts (`speedup_vs_fp32`)"""
-    inference: bool = True
-    """also time pure batched generation of the same prompts (population times, same lanes and dtype) for
-    `inference_ratio`"""
-    vllm: bool = True
-    """with --inference, also time vLLM's pure generation of the same prompts where vLLM is installed (its CPU
-    build in its own environment, scripts/vllm_venv.sh), in a spawned process after esft's measurements"""
-
-    def __post_init__(self) -> None:
-        # unset options take esft's fast configuration, or the bit-exact defaults with `exact`
-        if self.noise is None:
-            self.noise = "per-tensor" if self.exact else FAST_NOISE
-        if self.generation is None:
-            self.generation = {} if self.exact else dict(FAST_GENERATION)
-        if self.parallel_members is None and self.exact:
-            self.parallel_members = 1
-        if self.rollout_dtype is None:
-            self.rollout_dtype = "float32" if self.exact else "auto"
-
-    def check(self) -> None:
-        """Fail before the model loads on a workload name, lane count, noise mode or rank that cannot run."""
-        for w in self.workloads:
-            if w not in WORKLOADS:
-                raise ValueError(f"unknown workload {w!r}; choose from {', '.join(WORKLOADS)}")
-        if self.population < 2:  # as ESConfig: one member's shaped fitness is 0, and the Ray path builds an ESConfig
-            raise ValueError(f"--population must be >= 2 (an ES iteration standardises its members' fitness), "
-                             f"got {self.population}")
-        check_fields(self, BENCH_RULES)  # ConfigError: build_config names the flag
-        from esft.es.noise_seeds import NOISE_MODES
-
-        if self.noise not in (*NOISE_MODES, "lowrank"):
-            raise ValueError(f"--noise: unknown noise mode {self.noise!r}; choose one of {(*NOISE_MODES, 'lowrank')}")
-
-
-#: what BenchConfig's fields accept beyond their type; a bad value would otherwise fail after the model loads and
-#: the matmul is timed (rollout_dtype), with a bare Python error (repeats 0, threads < 1), or run a mislabelled
-#: layout (workers 0 is neither the local executor nor Ray workers)
-BENCH_RULES = {"repeats": at_least(1), "threads": at_least(1), "parallel_members": at_least(1), "workers": at_least(1),
-               "rank": at_least(1), "seed": at_least(0), "rollout_dtype": one_of("auto", "float32", "bfloat16")}
-
 
 # ---- driver -------------------------------------------------------------------------------------------------
 
@@ -273,6 +181,11 @@ def run_bench(config: BenchConfig, model=None, tokenizer=None, log=print) -> dic
     _rooflines(report, readings, timed)
     if report["parallel_members"] is None:  # each workload ran its own lanes: say which
         report["parallel_members"] = {name: entry.get("lanes") for name, entry in report["workloads"].items()}
+    from esft.kernels import kernel_status
+
+    # what the engine really ran: without the kernel (no compiler, a failed build) the lean engine drops
+    # fused_attention and the screened lm_head with a warning on stderr, while generation_overrides still asks for them
+    report["decode_attention_kernel"] = kernel_status("decode_attention")
     report["load_avg_1min_end"] = load_average()
     return report
 
@@ -356,12 +269,15 @@ def _iterations(config: BenchConfig, model, tokenizer, name: str, work: Workload
     return runs
 
 
-def overhead_fraction(timings: dict[str, float], lanes: int) -> float:
+def overhead_fraction(timings: dict[str, float], lanes: int, workers: int = 1) -> float:
     """The iteration's share of wall time outside generation: ((perturb + restore) / lanes + score + update) /
     iteration, perturb and restore being summed over `lanes` concurrent lanes; scoring runs on the calling thread
-    after the lanes (esft.es.executor), so it counts in full (see the module docstring)."""
-    t = timings
-    return ((t["perturb"] + t["restore"]) / max(1, int(lanes)) + t.get("score", 0.0) + t["update"]) / t["iteration"]
+    after the lanes (esft.es.executor), so it counts in full (see the module docstring). Ray `workers` perturb,
+    score and restore their members concurrently, each in its own process, and their timings are summed over the
+    workers (worker-seconds): all three are divided by the workers."""
+    t, w = timings, max(1, int(workers))
+    return ((t["perturb"] + t["restore"]) / max(1, int(lanes)) / w + t.get("score", 0.0) / w + t["update"]
+            ) / t["iteration"]
 
 
 def _workload_entry(runs: dict[str, list[dict]], loads: list[float | None], noise: str
@@ -382,7 +298,7 @@ def _workload_entry(runs: dict[str, list[dict]], loads: list[float | None], nois
         "iteration_s": round(it, 3),
         "naive_iteration_s": None,
         "speedup_vs_naive": None,
-        "overhead_fraction": round(overhead_fraction(t, best.get("lanes", 1)), 4),
+        "overhead_fraction": round(overhead_fraction(t, best.get("lanes", 1), best.get("workers", 1)), 4),
         "overhead_fraction_summed_lanes": round(overhead_fraction(t, 1), 4),
         "prompt_tokens": best["prompt_tokens"],
         "generated_tokens": best["generated_tokens"],
@@ -425,10 +341,12 @@ def _rooflines(report: dict[str, Any], readings: dict[str, list[float]],
 
 def format_table(report: dict[str, Any]) -> str:
     bf16 = report.get("matmul_gflops_bf16")
+    kernel = report.get("decode_attention_kernel")
     head = (f"matmul {report['matmul_gflops']:.1f} GFLOP/s ({report['dtype']}, {report['threads']} threads)"
             + (f", bf16 {bf16:.1f}" if bf16 else "") + "; "
             f"{report['params'] / 1e6:.1f}M params; N {report['population']}; noise {report['noise']}; "
-            f"generation {report['generation_overrides'] or 'defaults'}; rollouts "
+            f"generation {report['generation_overrides'] or 'defaults'}"
+            + (f" (attention kernel not used: {kernel})" if kernel not in (None, "loaded") else "") + "; rollouts "
             f"{(report.get('rollout_precision') or {}).get('rollout_dtype', 'float32')}; "
             f"CPU {(report.get('cpu') or {}).get('model')}")
     cols = ("workload", "roofline", "GFLOP", "gen tok/s", "tok/s", "iter s", "naive s", "speedup", "overhead",
@@ -464,22 +382,6 @@ def format_table(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def parse_overrides(items: Sequence[str]) -> dict[str, Any]:
-    """`key=value` pairs for GenerationConfig (values parsed as YAML scalars: true, 64, 0.5, hf)."""
-    import yaml
-
-    from esft.generation import GenerationConfig
-
-    names = {f.name for f in dataclasses.fields(GenerationConfig)}
-    out: dict[str, Any] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or key not in names:
-            raise ValueError(f"--set expects KEY=VALUE with KEY a GenerationConfig field ({', '.join(sorted(names))})")
-        out[key] = yaml.safe_load(value)
-    return out
-
-
 def main(args) -> int:
     """`esft bench`: `args` holds BenchConfig's fields (their flags), `set` (KEY=VALUE generation overrides) and
     `json`."""
@@ -489,6 +391,9 @@ def main(args) -> int:
     config = build_config(BenchConfig, None, None, None, {k: v for k, v in vars(args).items() if k in names},
                           check=BenchConfig.check)
     config.generation.update(parse_overrides(args.set or []))
+    if config.workers > 1 and "batch_size" in config.generation:  # else refused by the replicas' ESConfig, later
+        raise ValueError("--set batch_size: not with --workers (the Ray replicas generate in the workload's batches, "
+                         "their ESConfig.generation_batch_size)")
     log = (lambda msg: print(msg, file=sys.stderr, flush=True))
     report = run_bench(config, log=log)
     if args.json:

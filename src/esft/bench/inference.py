@@ -48,8 +48,10 @@ def esft_generation(model, tokenizer, work: Workload, population: int, gen_overr
     """`population` generate calls of the workload's batch with esft's engine, `lanes` at once on one thread
     share each (as `LocalExecutor`); returns seconds and token counts. Each lane first generates one token of the
     batch, untimed and uncounted, as the ES iteration's lanes do before theirs (esft.bench.iterations.warm_up): a
-    fresh lane copy's first call faults in its packed weights and buffers, a cost the ES side does not time."""
-    from esft.generation import GenerationConfig, encode_prompts, generate
+    fresh lane copy's first call faults in its packed weights and buffers, a cost the ES side does not time. If one
+    lane fails or Ctrl-C reaches the calling thread, the other lanes stop at their next decode step and take no
+    further call (`esft.generation.cancel_on`, as `LocalExecutor`'s lanes)."""
+    from esft.generation import GenerationCancelled, GenerationConfig, cancel_on, encode_prompts, generate
 
     gen = GenerationConfig(max_new_tokens=work.max_new_tokens, min_new_tokens=work.min_new_tokens,
                            batch_size=work.generation_batch_size, temperature=0.0, engine="esft")
@@ -63,6 +65,7 @@ def esft_generation(model, tokenizer, work: Workload, population: int, gen_overr
     lock = threading.Lock()
     counts = {"prompt_tokens": 0, "generated_tokens": 0}
     errors: list[BaseException] = []
+    stop = threading.Event()
     warm = dataclasses.replace(gen, max_new_tokens=1, min_new_tokens=0)
     started: list[float] = []
     ready = threading.Barrier(lanes, action=lambda: started.append(time.perf_counter()))
@@ -71,12 +74,12 @@ def esft_generation(model, tokenizer, work: Workload, population: int, gen_overr
         try:
             torch.get_num_threads()  # a new thread's first ATen call sets its team size from the global default
             torch.set_num_threads(share[k])
-            with torch.no_grad():
+            with torch.no_grad(), cancel_on(stop):
                 generate(models[k], tokenizer, work.prompts, warm, prompt_ids=ids)
                 ready.wait()  # the clock starts once every lane is warm
                 while True:
                     with lock:
-                        if not jobs:
+                        if not jobs or stop.is_set():
                             return
                         jobs.pop()
                     gens = generate(models[k], tokenizer, work.prompts, gen, prompt_ids=ids)
@@ -85,6 +88,7 @@ def esft_generation(model, tokenizer, work: Workload, population: int, gen_overr
                         counts["generated_tokens"] += sum(len(g.completion_ids) for g in gens)
         except BaseException as exc:  # re-raised on the calling thread below
             errors.append(exc)
+            stop.set()  # the other lanes stop at their next decode step
             ready.abort()  # the other lanes stop waiting (after the error is recorded, so it is the one raised)
 
     threads = [threading.Thread(target=lane, args=(k,)) for k in range(1, lanes)]
@@ -95,8 +99,8 @@ def esft_generation(model, tokenizer, work: Workload, population: int, gen_overr
         t.join()
     end = time.perf_counter()
     torch.set_num_threads(total)
-    if errors:
-        raise errors[0]
+    if errors:  # the cause, not the cancellations it triggered in the other lanes
+        raise next((e for e in errors if not isinstance(e, GenerationCancelled)), errors[0])
     seconds = end - started[0]
     tokens = counts["prompt_tokens"] + counts["generated_tokens"]
     return {"engine": "esft", "seconds": round(seconds, 3), "lanes": lanes, **counts,
@@ -129,6 +133,11 @@ def vllm_generation(model_path: str, jobs: dict[str, dict[str, Any]], population
     proc.start()
     try:
         ok, payload = queue.get()
+    except BaseException:
+        # Ctrl-C reaches the whole process group, but SIGTERM (esft's KeyboardInterrupt too) only this process:
+        # the engine would otherwise generate every workload before the join below returned
+        proc.terminate()
+        raise
     finally:
         proc.join()
     if not ok:
@@ -189,6 +198,9 @@ def _vllm_child(queue, model_path: str, jobs: dict[str, dict[str, Any]], populat
         import os
 
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine core in this process
+        # vLLM logs to stdout unless told otherwise, where `esft bench --json` writes its JSON; read when vLLM is
+        # first imported (platform_device_type below)
+        os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
         from esft.es.distributed.vllm_backend.vllm_replica import (
             DEFAULT_CPU_KV_CACHE_BYTES,
             platform_device_type,

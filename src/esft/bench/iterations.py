@@ -28,6 +28,12 @@ def esft_iteration(model, tokenizer, work: Workload, population: int, noise: str
                            batch_size=work.generation_batch_size, temperature=0.0, engine="esft")
     gen = dataclasses.replace(gen, **gen_overrides)
     task = PseudoTask()
+    if noise != "lowrank" and gen.fused_attention:
+        from esft.kernels import load_decode_attention
+
+        # built here, on the calling thread, if it is not yet (as esft.es.build does): a Ctrl-C during the build
+        # then stops it at once, where a lane thread's build would first run to its end
+        load_decode_attention()
     start = time.perf_counter()
     if noise == "lowrank":  # one batched generation for the whole population (through the HF forward's hooks)
         from esft.es.lowrank import LowRankExecutor, LowRankWeights
@@ -166,7 +172,8 @@ def esft_iteration_parallel(model, work: Workload, population: int, noise: str, 
                 weights.apply(update)
                 executor.settle()  # every worker has applied it too (what the executor does before its next call)
 
-            return timed_iteration(executor, work, population, seed, setup, apply)
+            # the workers' timings are summed over them (worker-seconds): bench.overhead_fraction divides them
+            return {**timed_iteration(executor, work, population, seed, setup, apply), "workers": workers}
         finally:
             executor.close()
 

@@ -181,21 +181,28 @@ def effective_layout(model, gen, dtype: torch.dtype | None = None) -> dict[str, 
             "prefix_logit_row": not packed}
 
 
-def cpu_info() -> dict[str, Any]:
-    """CPU model name and feature flags (Linux /proc/cpuinfo), and torch's CPU kernel capability."""
-    model = flags = None
+def cpu_info(path: str | os.PathLike = "/proc/cpuinfo") -> dict[str, Any]:
+    """CPU model name and feature flags (Linux /proc/cpuinfo), and torch's CPU kernel capability. arm64 Linux lists
+    the flags as "Features" and names no model: the core's implementer, part, variant and revision stand for it."""
+    fields: dict[str, str] = {}
     try:
-        with open("/proc/cpuinfo") as f:
+        with open(path) as f:
             for line in f:
+                if not line.strip():  # the first processor's block is enough
+                    if fields:
+                        break
+                    continue
                 key, _, value = line.partition(":")
-                if key.strip() == "model name" and model is None:
-                    model = value.strip()
-                elif key.strip() == "flags" and flags is None:
-                    flags = value.split()
+                fields.setdefault(key.strip(), value.strip())
     except OSError:  # pragma: no cover - not Linux
         pass
+    model = fields.get("model name")
+    if model is None and "CPU part" in fields:
+        model = ", ".join(f"{k} {fields[k]}" if k == "CPU implementer" else f"{k.split()[1]} {fields[k]}"
+                          for k in ("CPU implementer", "CPU part", "CPU variant", "CPU revision") if k in fields)
+    flags = fields.get("flags", fields.get("Features"))
     capability = getattr(getattr(torch.backends, "cpu", None), "get_cpu_capability", lambda: None)()
-    return {"model": model, "flags": flags, "torch_capability": capability}
+    return {"model": model, "flags": None if flags is None else flags.split(), "torch_capability": capability}
 
 
 def count_params(model) -> int:
