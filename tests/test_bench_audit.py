@@ -37,6 +37,10 @@ def test_bad_generation_overrides_are_refused_before_the_model_loads(monkeypatch
     (["--workloads", "cpu-preset,cpu-preset"], "--workloads: 'cpu-preset' is given twice"),
     (["--workloads", "cpu-preset", "--noise", "lowrank", "--workers", "2"],
      "--workers: a low-rank population is one batched generation in one process"),
+    (["--workloads", "cpu-preset", "--noise", "lowrank", "--rollout-dtype", "bfloat16"],
+     "--rollout-dtype bfloat16: bf16 rollouts run on local member lanes only"),
+    (["--workloads", "cpu-preset", "--workers", "2", "--rollout-dtype", "bfloat16"],
+     "--rollout-dtype bfloat16: bf16 rollouts run on local member lanes only"),
 ])
 def test_workloads_and_layouts_that_cannot_run_are_refused_before_the_model_loads(monkeypatch, capsys, flags, words):
     """An empty --workloads loaded the model, timed the matmul and printed an empty table with exit status 0; a
@@ -324,3 +328,19 @@ def test_a_batch_size_override_with_ray_workers_is_refused_before_the_model_load
     assert _main_without_model(monkeypatch, ["bench", "--workloads", "cpu-preset", "--workers", "2",
                                              "--set", "batch_size=8"]) == 2
     assert "--set batch_size: not with --workers" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("layout", [{"noise": "lowrank"}, {"workers": 2}])
+def test_a_low_rank_or_ray_bench_records_the_rollout_request_as_made(layout):
+    """With --noise lowrank or --workers the members run fp32 rollouts whatever --rollout-dtype says; the report
+    recorded `rollout_dtype_requested: float32` for a user who asked for auto."""
+    from esft.bench import BenchConfig, bench_precision
+
+    config = BenchConfig(workloads=["cpu-preset"], **layout)
+    precision = bench_precision(config)
+    assert config.rollout_dtype == "auto"
+    record = precision.record()
+    assert record["rollout_dtype"] == "float32" and record["rollout_dtype_requested"] == "auto"
+    assert "local member lanes only" in record["rollout_dtype_reason"]
+    local = bench_precision(BenchConfig(workloads=["cpu-preset"]), flags=["avx512_bf16"], probe=lambda: 1.9)
+    assert local.record()["rollout_dtype_requested"] == "auto" and local.dtype in ("bfloat16", "float32")

@@ -92,7 +92,8 @@ from esft.bench.workloads import (FAST_PARALLEL_MEMBERS, WORKLOADS, PseudoTask, 
 from esft.config import build_config
 
 __all__ = ["BenchConfig", "FAST_GENERATION", "FAST_NOISE", "FAST_PARALLEL_MEMBERS", "ModelShape", "PseudoTask",
-           "WORKLOADS", "Workload", "bench_fitness", "build_workload", "check_outputs", "count_params", "cpu_info",
+           "WORKLOADS", "Workload", "bench_fitness", "bench_precision", "build_workload", "check_outputs",
+           "count_params", "cpu_info",
            "effective_layout", "esft_iteration", "esft_iteration_parallel", "executed_flops", "format_table",
            "load_average", "main", "matmul_gflops", "naive_iteration", "parse_overrides", "roofline_ratio",
            "run_bench"]
@@ -109,6 +110,18 @@ def _reset(model, snapshot: dict[str, torch.Tensor]) -> None:
         p.copy_(snapshot[n])
 
 
+def bench_precision(config: BenchConfig, **resolve: Any) -> Any:
+    """The members' RolloutPrecision: `--rollout-dtype` resolved for this CPU where the members run on local lanes;
+    fp32 with a low-rank population or Ray workers, the request still recorded as made (`auto`). `resolve`: passed
+    to resolve_rollout_dtype (flags, probe: tests)."""
+    from esft.generation.precision import RolloutPrecision, resolve_rollout_dtype
+
+    if config.noise != "lowrank" and config.workers == 1:
+        return resolve_rollout_dtype(config.rollout_dtype, generation_options=config.generation, **resolve)
+    return RolloutPrecision("float32", config.rollout_dtype, "bf16 rollouts run on local member lanes only (not with "
+                            "--noise lowrank or --workers)")
+
+
 def run_bench(config: BenchConfig, model=None, tokenizer=None, log=print) -> dict[str, Any]:
     if config.threads:
         torch.set_num_threads(int(config.threads))
@@ -120,11 +133,7 @@ def run_bench(config: BenchConfig, model=None, tokenizer=None, log=print) -> dic
     model.requires_grad_(False)
     dtype = next(model.parameters()).dtype
     log(f"threads {torch.get_num_threads()}, load {load_average()}: measuring matmul ...")
-    from esft.generation.precision import resolve_rollout_dtype
-
-    local = config.noise != "lowrank" and config.workers == 1
-    precision = resolve_rollout_dtype(config.rollout_dtype if local else "float32",
-                                      generation_options=config.generation)
+    precision = bench_precision(config)
     readings: dict[str, list[float]] = {"fp32": [], "bf16": []}
     from esft.generation.packed import onednn_bf16
 

@@ -104,6 +104,10 @@ class BenchConfig(ConfigHooks):
             raise ValueError(f"--noise: unknown noise mode {self.noise!r}; choose one of {(*NOISE_MODES, 'lowrank')}")
         if self.noise == "lowrank" and self.workers > 1:
             raise ValueError("--workers: a low-rank population is one batched generation in one process")
+        if self.rollout_dtype == "bfloat16" and (self.noise == "lowrank" or self.workers > 1):
+            # as ESConfig refuses it: the bench would time fp32 rollouts under the bf16 label asked for
+            raise ValueError("--rollout-dtype bfloat16: bf16 rollouts run on local member lanes only, not with "
+                             "--noise lowrank or --workers; use --rollout-dtype float32 or auto")
 
 
 #: what BenchConfig's fields accept beyond their type; a bad value would otherwise fail after the model loads and
