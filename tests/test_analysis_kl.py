@@ -363,6 +363,15 @@ def test_heat_norm_keeps_a_negative_estimate_below_zero_on_the_log_scale():
     assert not isinstance(K.heat_norm(np.array([0.0, 0.01, 0.5])), SymLogNorm)  # 50x: linear
 
 
+def test_one_near_zero_cell_among_similar_kls_keeps_the_scale_linear():
+    """A single tiny cell (a stage that barely moved a task) spans decades with the rest, but a log scale would
+    squeeze the similar cells into the top of the colour map (0.935, 0.976, 1.0): the scale stays linear."""
+    values = np.array([2e-8, 0.01, 0.02, 0.03])
+    norm = K.heat_norm(values)
+    assert not isinstance(norm, SymLogNorm)
+    assert np.allclose([float(norm(v)) for v in values[1:]], [1 / 3, 2 / 3, 1.0])
+
+
 def test_kl_rows_of_two_seeds_give_their_range():
     tables = [{"stages": ["1:a"], "tasks": ["a"], "incremental": {"a": {"1:a": {"k3_token_mean": v}}},
                "cumulative": {"a": {"1:a": {"k3_token_mean": v}}}} for v in (0.1, 0.3)]

@@ -318,15 +318,16 @@ def text_colour(rgba: Sequence[float]) -> str:
     return "k" if 0.2126 * lin[0] + 0.7152 * lin[1] + 0.0722 * lin[2] > 0.179 else "w"
 
 
-#: the largest |KL| over the smallest non-zero one above which Figure 2's colours go logarithmic
+#: the largest |KL| over the smallest non-zero one from which Figure 2's colours may go logarithmic
 LOG_SCALE_SPAN = 100.0
 
 
 def heat_norm(values: np.ndarray) -> Any:
     """Figure 2's colour scale for these cell values (NaN = not measured): linear from min(0, smallest) to the
-    largest, or, where the non-zero magnitudes span LOG_SCALE_SPAN or more (ES and GRPO KLs often differ by
-    decades, and on a linear scale every small cell is the same dark colour), symmetric-log: linear within the
-    smallest non-zero magnitude of 0, so a zero and a negative estimate (k1, or rounding) keep their places."""
+    largest, or symmetric-log (linear within the smallest non-zero magnitude of 0, so a zero and a negative k1
+    estimate keep their places) where the non-zero magnitudes span LOG_SCALE_SPAN or more and the cells' colours
+    then lie more evenly: ES and GRPO KLs often differ by decades, and on a linear scale every small cell is the
+    same dark colour, while one near-zero cell among similar ones would, on a log scale, squeeze the rest."""
     from matplotlib.colors import Normalize, SymLogNorm
 
     finite = values[np.isfinite(values)]
@@ -334,10 +335,19 @@ def heat_norm(values: np.ndarray) -> Any:
     vmax = float(finite.max()) if finite.size else 1.0
     if vmax <= vmin:
         return Normalize(vmin=vmin, vmax=vmin + 1e-12)
+    linear = Normalize(vmin=vmin, vmax=vmax)
     sizes = np.abs(finite[finite != 0])
-    if sizes.size and sizes.max() / sizes.min() >= LOG_SCALE_SPAN:
-        return SymLogNorm(linthresh=float(sizes.min()), linscale=1.0, vmin=vmin, vmax=vmax, base=10)
-    return Normalize(vmin=vmin, vmax=vmax)
+    if not sizes.size or sizes.max() / sizes.min() < LOG_SCALE_SPAN:
+        return linear
+    log = SymLogNorm(linthresh=float(sizes.min()), linscale=1.0, vmin=vmin, vmax=vmax, base=10)
+    return log if evenness(log, finite) > evenness(linear, finite) else linear
+
+
+def evenness(norm: Any, values: np.ndarray) -> float:
+    """The median gap between neighbouring colour positions (0-1) of the distinct `values` under `norm`: how
+    evenly a scale spreads the cells over the colour map (larger is more even)."""
+    positions = np.unique(np.asarray(norm(np.unique(values)), dtype=float))
+    return float(np.median(np.diff(positions))) if positions.size > 1 else 0.0
 
 
 def plot_heatmap(panels: Mapping[str, tuple[np.ndarray, Sequence[str], Sequence[str]]], path: str | Path,
