@@ -485,3 +485,6 @@ def test_the_x_axis_and_a_constant_answer_are_not_logged_as_scalars():
     rec = {"kind": "eval", "step": 3, "iteration": 3, "test_accuracy": 0.5, "test_constant_answer": 55,
            "test_constant_baseline": 0.02}
     assert flatten(rec, "eval") == {"eval/test_accuracy": 0.5, "eval/test_constant_baseline": 0.02}
+    # a nested `step` is a measurement (GRPO's peak RSS after the step), not the x axis
+    assert flatten({"step": 4, "peak_rss_mb_after": {"setup": 1.0, "step": 3.0}}, "train") == {
+        "train/peak_rss_mb_after/setup": 1.0, "train/peak_rss_mb_after/step": 3.0}

@@ -59,22 +59,27 @@ def report_to_rule() -> Any:
     return Rule(f"one of {', '.join(REPORT_TO)} or a comma list of them", ok)
 
 
-#: numbers of a record that are not measurements: the x axis itself, and the answer a constant-answer baseline
-#: gives (Countdown's 55 is a value of the task, not a score)
+#: numbers of a record that are not measurements: its x axis (top-level keys only: GRPO's
+#: `peak_rss_mb_after: {step: ...}` is a measurement), and the answer a constant-answer baseline gives
+#: (Countdown's 55 is a value of the task, not a score)
 NOT_SCALARS = ("step", "iteration")
 NOT_SCALAR_SUFFIXES = ("constant_answer",)
 
 
 def flatten(record: Mapping[str, Any], prefix: str = "") -> dict[str, float]:
     """Finite numbers of a (nested) record under slash-joined keys; a two-number list is an interval (low/high).
-    NOT_SCALARS and names ending in NOT_SCALAR_SUFFIXES are left out."""
+    The record's own NOT_SCALARS and names ending in NOT_SCALAR_SUFFIXES are left out."""
+    return _numbers({k: v for k, v in record.items() if str(k) not in NOT_SCALARS}, prefix)
+
+
+def _numbers(record: Mapping[str, Any], prefix: str) -> dict[str, float]:
     out: dict[str, float] = {}
     for key, value in record.items():
         name = f"{prefix}/{key}" if prefix else str(key)
-        if str(key) in NOT_SCALARS or str(key).endswith(NOT_SCALAR_SUFFIXES):
+        if str(key).endswith(NOT_SCALAR_SUFFIXES):
             continue
         if isinstance(value, Mapping):
-            out.update(flatten(value, name))
+            out.update(_numbers(value, name))
         elif isinstance(value, (list, tuple)) and len(value) == 2 and all(_is_number(v) for v in value):
             for end, v in zip(("low", "high"), value):
                 if math.isfinite(float(v)):  # the rule of every scalar: a NaN end is left out
