@@ -342,5 +342,7 @@ def test_a_low_rank_or_ray_bench_records_the_rollout_request_as_made(layout):
     record = precision.record()
     assert record["rollout_dtype"] == "float32" and record["rollout_dtype_requested"] == "auto"
     assert "local member lanes only" in record["rollout_dtype_reason"]
+    asked = bench_precision(BenchConfig(workloads=["cpu-preset"], rollout_dtype="float32", **layout)).record()
+    assert (asked["rollout_dtype_requested"], asked["rollout_dtype_reason"]) == ("float32", "requested")
     local = bench_precision(BenchConfig(workloads=["cpu-preset"]), flags=["avx512_bf16"], probe=lambda: 1.9)
     assert local.record()["rollout_dtype_requested"] == "auto" and local.dtype in ("bfloat16", "float32")

@@ -75,7 +75,7 @@ class EvalConfig(ConfigHooks):
     output_dir: str | None = None
     """Where to write summary.json and each task's completions, `<task>.jsonl` (a line per completion: example
     index, sample number when sampled, score, the completion, the example; a data-file task `sums.jsonl` gives
-    `sums.jsonl.jsonl`); None = print only."""
+    `sums.jsonl.jsonl`), and with --samples `<task>.passk.png`; None = print only."""
     max_passage_chars: int | None = None
     """BoolQ only: cut passages to this many characters (None = full passage, the paper's setting)."""
     samples: int = 1

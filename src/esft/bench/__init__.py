@@ -118,6 +118,8 @@ def bench_precision(config: BenchConfig, **resolve: Any) -> Any:
 
     if config.noise != "lowrank" and config.workers == 1:
         return resolve_rollout_dtype(config.rollout_dtype, generation_options=config.generation, **resolve)
+    if config.rollout_dtype == "float32":
+        return RolloutPrecision("float32", "float32", "requested")
     return RolloutPrecision("float32", config.rollout_dtype, "bf16 rollouts run on local member lanes only (not with "
                             "--noise lowrank or --workers)")
 

@@ -391,7 +391,7 @@ class ESTrainer:
         bar = tqdm(total=cfg.iterations, initial=min(self.step, cfg.iterations), desc="ES", unit="it",
                    disable=not self.progress, dynamic_ncols=True)
         try:  # from the first evaluation on, which is where Ray workers start: an error or Ctrl-C there ends them
-            # inside: a tracker that fails to open (wandb without an API key) ends the executor as well
+            # in this block, so that a tracker that fails to open (wandb without an API key) ends the executor too
             self.tracker = open_tracker(cfg.report_to, self.out, self.out.name, cfg.to_dict())
             # the evaluation and checkpoint of the current step may be missing (fresh run, or a stop during them)
             if cfg.eval_every and (self.step == 0 or self._eval_due(self.step)) and self.step not in self._evaluated:

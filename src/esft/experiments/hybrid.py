@@ -74,7 +74,7 @@ def _is_real(value: Any) -> bool:
 def split_budget(total: float, costs: Sequence[float], shares: Sequence[float]) -> list[int]:
     """Steps per stage: floor(total * share / cost). Shares are normalised to sum to 1. A stage with a share
     whose budget buys no step is an error: rounding it up to one step would exceed the total."""
-    # a total read from text ("8000") or a flag (True) failed in a bare comparison or counted as 1
+    # a total read from text ("8000") or a flag (True) is not a budget, though Python would compare or count it
     if not _is_real(total):
         raise ValueError(f"total budget must be a finite number > 0, got {total!r} ({type(total).__name__})")
     # a NaN passes every comparison below and an infinity has no step count: both would end in a bare
@@ -100,9 +100,9 @@ def split_budget(total: float, costs: Sequence[float], shares: Sequence[float]) 
 
 
 def _check_options(options: Mapping[str, Any]) -> None:
-    """`options` maps algorithm names to option blocks. A misspelt name (`gpro`) was passed over: its stage trained
-    with the defaults (and the budget was split at the defaults' step cost) without a word; a budget field
-    (`iterations`, `max_steps`) was silently replaced by the split's step count."""
+    """`options` maps algorithm names to option blocks. A name that is no algorithm (`gpro`) is refused, since its
+    stage would otherwise train at the defaults (and the budget be split at their step cost) without a word; so is
+    a budget field (`iterations`, `max_steps`), which the split's step count decides."""
     from esft.experiments.algorithms import ALGORITHMS, get_algorithm
 
     if not isinstance(options, Mapping):
