@@ -90,6 +90,17 @@ def check_lowrank_memory(config: ESConfig) -> None:
 
 
 def make_weights(model: Any, config: ESConfig) -> MasterWeights:
+    """The run's MasterWeights of `model`; where `model` holds weights rounded to bf16 / fp16 and `config.model` is
+    a folder of fp32 tensors (an earlier stage's checkpoint), the masters start from those (esft.es.start_weights),
+    for the trainer, its replicas and replay alike."""
+    from esft.es.start_weights import exact_start
+
+    weights = _new_weights(model, config)
+    exact_start(weights, model, config.model)
+    return weights
+
+
+def _new_weights(model: Any, config: ESConfig) -> MasterWeights:
     if config.noise == "lowrank":  # matrices only, low-rank noise (esft.es.lowrank)
         from esft.es.lowrank import LowRankWeights
 

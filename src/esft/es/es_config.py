@@ -84,7 +84,8 @@ class ESConfig(RunConfig):
     """further esft.generation.GenerationConfig fields for every rollout, e.g. {share_prefix: true,
     prefill_buckets: 4}: ~25% faster prefill on CPU, logits equal to a plain prefill to ~1e-6 (docs/performance.md)"""
     dtype: str | None = None
-    """model dtype ("float32", "bfloat16"); None = the loader's default. Masters are fp32 regardless."""
+    """model dtype ("float32", "bfloat16"); None = the loader's default. Masters are fp32 regardless, read from the
+    start model's fp32 files where the model rounds them (esft.es.start_weights)."""
     rollout_dtype: str = "auto"
     """precision of the members' rollouts (local executor): "float32" (exact mode), "bfloat16" (weights
     round(master + sigma * eps) in bf16, fp32 activations; masters, noise, fitness and updates stay fp32) or

@@ -108,25 +108,6 @@ def es_done_step(run_dir: Path) -> int | None:
     return int(json.loads(state.read_text())["step"])
 
 
-def es_start_note(config: Any, base_model: str) -> str | None:
-    """Why an ES step that starts from an earlier step's checkpoint (a chain, a later stage) would not start from its
-    weights as trained: the checkpoint loads at the step's dtype, and ES's fp32 masters are taken from the loaded
-    weights, so a bf16 (or fp16) dtype rounds them (a GRPO update below bf16's resolution is lost). None when the
-    step starts from the base model or loads in fp32."""
-    import torch
-
-    from esft.models import default_device, parse_dtype
-
-    if config.model == base_model:
-        return None
-    dtype = parse_dtype(config.dtype, config.device or default_device())
-    if dtype == torch.float32:
-        return None
-    return (f"{config.output_dir} loads its start weights {config.model} in {str(dtype).replace('torch.', '')}: its "
-            "fp32 masters start from those rounded weights, not from the weights the previous step trained; set "
-            "`dtype: float32` in this ES block to start from them exactly")
-
-
 def _es() -> Algorithm:
     from esft.es.es_config import PRESETS, ESConfig
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from esft.experiments.algorithms import ALGORITHMS, es_start_note, get_algorithm
+from esft.experiments.algorithms import ALGORITHMS, get_algorithm
 from esft.experiments.stage_eval import evaluate_stage, read_json, same_model, write_json
 from esft.experiments.plan import BASE, Stage, Step, as_dict, build_plan, describe, has_noise_stream
 from esft.experiments.spec import Spec
@@ -240,9 +240,6 @@ def _run_step(spec: Spec, stage: Stage, step: Step, config: Any, root: Path, sta
         previous = root / stages[stage.parent].model_dir()
         if (previous / "optimizer.pt").exists():
             kwargs["callbacks"] = [*kwargs.get("callbacks", ()), _carry_optimizer_callback(previous)]
-    note = es_start_note(config, spec.model) if step.algorithm == "es" else None
-    if note is not None:
-        print(f"esft: warning: {note}", file=sys.stderr, flush=True)
     algo.train(config, **kwargs)
     if step.snapshot:
         snapshot_checkpoint(run_dir / "checkpoints" / "final", model_dir)
