@@ -4,8 +4,8 @@ A model loaded in bf16 (the GPU default) or fp16 holds its weights rounded; mast
 from the rounded values, which erases an earlier stage's update smaller than the dtype's resolution (a GRPO stage
 of a `grpo->es` chain moves most weights by less than bf16's spacing). Where the start model is a local folder
 whose files hold fp32 tensors (esft's ES checkpoints of a bf16 model keep theirs in `masters.safetensors`), the
-masters are read from there, tensor by tensor; the model's own parameters stay the rounded copies it loaded, which
-are round(master), as every later perturbation writes them.
+masters are read from there, tensor by tensor, and the model's own parameters set to round(master), as every later
+perturbation writes them.
 """
 
 from __future__ import annotations
@@ -62,6 +62,7 @@ def exact_start(weights: Any, model: torch.nn.Module, source: str | None) -> int
             raise ValueError(f"{folder}: {name} is stored with shape {tuple(tensor.shape)}, the model's is "
                              f"{tuple(master.shape)}")
         master.copy_(tensor)
+        weights.params[name].copy_(master)  # round(master), whichever file the model itself was loaded from
     return len(found)
 
 
