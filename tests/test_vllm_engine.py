@@ -33,6 +33,7 @@ import torch
 
 from esft.es.es_config import ESConfig
 from esft.es.noise import MasterWeights, Update
+from esft.es.start_weights import exact_start
 from esft.es.distributed.hf_replica import ReplicaSpec, masters_checksum
 from esft.es.distributed.vllm_backend import vllm_unavailable_reason
 
@@ -69,6 +70,7 @@ def engine(request):
     model, tokenizer = load_model(cfg.model, dtype=cfg.dtype, device=device)
     model.requires_grad_(False)
     ref = MasterWeights(model)
+    exact_start(ref, model, cfg.model)  # as the driver's make_weights: a bf16 model's masters from the fp32 files
     shapes = {n: list(p.shape) for n, p in model.named_parameters()}
     options: dict = {"layout": {"selected": ref.names, "shapes": shapes}}
     if device == "cuda":

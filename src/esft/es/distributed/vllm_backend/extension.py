@@ -180,6 +180,19 @@ def _engine_model(worker: Any) -> torch.nn.Module:
     return model
 
 
+def _start_masters(weights: MasterWeights, folder: str) -> None:
+    """The masters of the engine's rounded (bf16 / fp16) tensors from `folder`'s fp32 ones, under their HF names;
+    the engine keeps its tensors, which vLLM loaded as their rounding."""
+    from pathlib import Path
+
+    from esft.es.start_weights import stored_fp32
+
+    rounded = {n: [n] for n, p in weights.params.items() if p.dtype != torch.float32}
+    if rounded and Path(folder).is_dir():
+        for name, tensor in stored_fp32(Path(folder), rounded).items():
+            weights.master[name].copy_(tensor.to(weights.master[name].device))
+
+
 class ESWorkerExtension:
     """Mixed into vLLM's worker; methods are called through `LLM.collective_rpc`. All state lives in
     `self._esft` (a `MasterWeights` over views of the engine's tensors) and, on CPU engines, `self._esft_packed`
@@ -193,12 +206,16 @@ class ESWorkerExtension:
         return torch.inference_mode() if self._esft_inference else torch.no_grad()
 
     def esft_init(self, selected: Sequence[str], shapes: dict[str, Sequence[int]],
-                  noise: str = "per-tensor") -> dict[str, Any]:
+                  noise: str = "per-tensor", start: str | None = None) -> dict[str, Any]:
+        """`start`: the engine's model folder; a bf16 / fp16 engine's masters start from its fp32 tensors there
+        (esft.es.start_weights), as the driver's do, instead of from the engine's rounded copy."""
         model = _engine_model(self)
         self._esft_inference = any(p.is_inference() for p in model.parameters())
         with self._esft_mode():
             views = hf_views(model, shapes, list(selected))
             self._esft = MasterWeights(_Views(views), noise=noise, workers=1 if self._esft_inference else None)
+            if start:
+                _start_masters(self._esft, start)
             self._esft_packed = _packed_layers(model, views)
             self._esft_stale = False
             dev = next(iter(views.values())).device

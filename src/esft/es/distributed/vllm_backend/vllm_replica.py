@@ -229,7 +229,11 @@ class VLLMReplica:
         layout = spec.options.get("layout")
         if not layout:
             raise ValueError("VLLMReplica needs spec.options['layout'] (selected names and shapes of the HF model)")
-        self.layout_info = self.rpc("esft_init", list(layout["selected"]), dict(layout["shapes"]), cfg.noise)
+        from esft.models import resolve_model_path
+
+        # the engine's folder: where its weights are stored in fp32, the masters start from those, as the driver's
+        self.layout_info = self.rpc("esft_init", list(layout["selected"]), dict(layout["shapes"]), cfg.noise,
+                                    resolve_model_path(cfg.model))
         self._packed = bool(self.layout_info.get("packed_layers"))  # a CPU engine: kernels rebuilt after edits
         self.sync_seconds = 0.0
         self.sampling = (sampling_factory or _vllm_sampling_params)(**sampling_fields(cfg))
