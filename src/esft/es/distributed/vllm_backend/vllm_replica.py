@@ -56,6 +56,16 @@ def platform_device_type() -> str:
     return str(current_platform.device_type)
 
 
+def _model_folder(model: str) -> str | None:
+    """The local folder of `model`, or None where it names none (a test's or a builder's own model name)."""
+    from esft.models import resolve_model_path
+
+    try:
+        return resolve_model_path(model)
+    except FileNotFoundError:
+        return None
+
+
 def engine_kwargs(spec: ReplicaSpec, device_type: str) -> dict[str, Any]:
     """`LLM(...)` keyword arguments of one replica's engine on `device_type` (see the module docstring)."""
     from esft.models import parse_dtype, resolve_model_path
@@ -229,11 +239,9 @@ class VLLMReplica:
         layout = spec.options.get("layout")
         if not layout:
             raise ValueError("VLLMReplica needs spec.options['layout'] (selected names and shapes of the HF model)")
-        from esft.models import resolve_model_path
-
         # the engine's folder: where its weights are stored in fp32, the masters start from those, as the driver's
         self.layout_info = self.rpc("esft_init", list(layout["selected"]), dict(layout["shapes"]), cfg.noise,
-                                    resolve_model_path(cfg.model))
+                                    _model_folder(cfg.model))
         self._packed = bool(self.layout_info.get("packed_layers"))  # a CPU engine: kernels rebuilt after edits
         self.sync_seconds = 0.0
         self.sampling = (sampling_factory or _vllm_sampling_params)(**sampling_fields(cfg))
