@@ -584,3 +584,33 @@ def test_bench_vllm_warm_up_runs_the_whole_batch_untimed_before_the_population()
     calls.clear()
     timed_vllm_generation(Recorder(), dict, short, population=1)
     assert calls[0] == (2, 2, 0)
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_run_bench_gives_the_callers_thread_count_back(tokenizer, monkeypatch, fails):
+    """`threads` is for the measurement: a notebook that benches with 1 thread keeps its own count afterwards, also
+    when the measurement raises."""
+    monkeypatch.setattr(bench, "build_workload", lambda name, tok: small_workload(name))
+    seen: list[int] = []
+
+    def rate(dtype):
+        seen.append(torch.get_num_threads())
+        if fails:
+            raise RuntimeError("boom")
+        return 10.0
+
+    monkeypatch.setattr(bench, "matmul_gflops", rate)
+    before = torch.get_num_threads()
+    other = 1 if before != 1 else 2
+    cfg = bench.BenchConfig(workloads=["cpu-preset"], population=2, repeats=1, naive=False, vllm=False,
+                            threads=other)
+    try:
+        if fails:
+            with pytest.raises(RuntimeError, match="boom"):
+                bench.run_bench(cfg, model=make_tiny_model(), tokenizer=tokenizer, log=lambda m: None)
+        else:
+            bench.run_bench(cfg, model=make_tiny_model(), tokenizer=tokenizer, log=lambda m: None)
+        assert seen and set(seen) == {other}  # measured with the requested count
+        assert torch.get_num_threads() == before
+    finally:
+        torch.set_num_threads(before)

@@ -125,8 +125,18 @@ def bench_precision(config: BenchConfig, **resolve: Any) -> Any:
 
 
 def run_bench(config: BenchConfig, model=None, tokenizer=None, log=print) -> dict[str, Any]:
-    if config.threads:
-        torch.set_num_threads(int(config.threads))
+    """Time `config.workloads` and return the report `esft bench --json` prints. `config.threads` applies for the
+    measurement only: the caller's torch thread count is back in place afterwards, whatever happened."""
+    before = torch.get_num_threads()
+    try:
+        if config.threads:
+            torch.set_num_threads(int(config.threads))
+        return _measure(config, model, tokenizer, log)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _measure(config: BenchConfig, model, tokenizer, log) -> dict[str, Any]:
     if model is None:
         from esft.models import load_model
 
