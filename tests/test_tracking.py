@@ -9,7 +9,7 @@ import pytest
 
 from conftest import make_tiny_model
 from esft.cli import main
-from esft.tracking import flatten, parse_report_to, table_markdown
+from esft.tracking import WANDB_ID_FILE, flatten, parse_report_to, table_markdown, wandb_run_id
 
 
 def test_flatten_and_parse():
@@ -79,6 +79,66 @@ def test_wandb_offline(tmp_path, es_cli, monkeypatch):
     assert es_cli(out, "--report-to", "wandb") == 0
     runs = list((out / "wandb").glob("offline-run-*/run-*.wandb"))
     assert len(runs) == 1 and runs[0].stat().st_size > 0
+
+
+def _wandb_offline(monkeypatch, tmp_path):
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.delenv("WANDB_RUN_ID", raising=False)
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)  # nothing of the run may land in the working folder
+    return cwd
+
+
+def _offline_ids(run_dir) -> list[str]:
+    """The run ids of a folder's offline wandb runs, oldest first (`offline-run-<time>-<id>`)."""
+    return [p.name.rsplit("-", 1)[1] for p in sorted((run_dir / "wandb").glob("offline-run-*"))]
+
+
+def test_a_resumed_es_run_logs_on_in_its_wandb_run(tmp_path, es_cli, monkeypatch):
+    """A resume opened a second wandb run: the run's curves were split in two. The folder keeps its wandb id, and
+    the resume opens the run with it (wandb's resume="allow"); another folder gets another run."""
+    cwd = _wandb_offline(monkeypatch, tmp_path)
+    out, other = tmp_path / "run", tmp_path / "other"
+    assert es_cli(out, "--report-to", "wandb") == 0
+    assert main(["train", "es", "--resume", str(out), "--iterations", "3"]) == 0
+    assert es_cli(other, "--report-to", "wandb") == 0
+    kept = (out / WANDB_ID_FILE).read_text().strip()
+    assert _offline_ids(out) == [kept, kept]
+    assert _offline_ids(other) == [(other / WANDB_ID_FILE).read_text().strip()] != [kept]
+    assert list(cwd.iterdir()) == []
+
+
+def test_wandb_run_id_prefers_wandbs_own_variable(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_RUN_ID", "mine1234")
+    assert wandb_run_id(tmp_path) == "mine1234" and not (tmp_path / WANDB_ID_FILE).exists()
+    monkeypatch.delenv("WANDB_RUN_ID")
+    first = wandb_run_id(tmp_path)
+    assert len(first) == 8 and first.isalnum() and wandb_run_id(tmp_path) == first
+    assert wandb_run_id(tmp_path / "b") != first
+
+
+def test_a_grpo_run_opens_its_wandb_run_as_es_does(tmp_path, tokenizer, monkeypatch):
+    """GRPO's wandb run was transformers' own: project "huggingface", files in the working folder's `./wandb`, a
+    new run on every resume. It is now the run folder's, as an ES run's: `<run>/wandb`, one id across the resume."""
+    pytest.importorskip("trl")
+    cwd = _wandb_offline(monkeypatch, tmp_path)
+    from esft.grpo import train_grpo
+    from grpo_tiny import ParityTask, tiny_config
+
+    out = tmp_path / "run"
+    for steps, resume in ((2, False), (4, True)):
+        train_grpo(tiny_config(out, max_steps=steps, report_to="wandb", eval_every=0, resume=resume,
+                               lr_scheduler_type="constant"),
+                   model=make_tiny_model(hidden=32, layers=2), tokenizer=tokenizer, task=ParityTask(), progress=False)
+    kept = (out / WANDB_ID_FILE).read_text().strip()
+    assert _offline_ids(out) == [kept, kept]
+    import wandb
+
+    assert wandb.run is None  # finished with the training
+    assert list(cwd.iterdir()) == []
 
 
 def test_grpo_passes_report_to_to_trl(tmp_path):
@@ -355,13 +415,14 @@ def test_a_bare_folder_named_like_the_tracker_is_not_the_tracker(tmp_path, monke
     on sys.path and that folder imported as an empty namespace package. `--report-to wandb` without wandb installed
     then passed the up-front check, loaded the model and failed with a traceback at `wandb.init`."""
     import importlib.util
+    from importlib.machinery import PathFinder
 
-    real = importlib.util.find_spec("wandb")
-    if real is not None and real.origin not in (None, "namespace"):
-        pytest.skip("wandb is installed: a regular package wins over a bare folder")
     (tmp_path / "cwd" / "wandb").mkdir(parents=True)
-    monkeypatch.syspath_prepend(str(tmp_path / "cwd"))
-    monkeypatch.delitem(__import__("sys").modules, "wandb", raising=False)
+    # what Python finds for `wandb` where the bare folder is all there is (wandb itself may be installed here)
+    bare = PathFinder.find_spec("wandb", [str(tmp_path / "cwd")])
+    assert bare is not None and bare.origin in (None, "namespace")
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: bare if name == "wandb" else real(name, *a))
     out = tmp_path / "run"
     assert main(["train", algorithm, "--report-to", "tensorboard,wandb", "--output-dir", str(out)]) == 2
     err = capsys.readouterr().err

@@ -158,13 +158,45 @@ class TensorBoardBackend:
         self.writer.close()
 
 
+#: where a run folder keeps its wandb run id (in wandb's own folder of the run)
+WANDB_ID_FILE = "wandb/esft-run-id"
+
+
+def wandb_run_id(run_dir: Path) -> str:
+    """The wandb run id of `run_dir`: WANDB_RUN_ID where set (wandb's own variable), else the one the folder keeps
+    (WANDB_ID_FILE), else a new one, kept there. A resumed run thus logs on in the wandb run it started, instead of
+    opening a second one; a new run in a new folder gets a new id (ids are random, as wandb's own)."""
+    import secrets
+    import string
+
+    if os.environ.get("WANDB_RUN_ID"):
+        return os.environ["WANDB_RUN_ID"]
+    path = Path(run_dir) / WANDB_ID_FILE
+    kept = path.read_text().strip() if path.is_file() else ""
+    if kept:
+        return kept
+    new = "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(new + "\n")
+    return new
+
+
+def open_wandb(run_dir: Path, run_name: str, config: Mapping[str, Any] | None = None) -> Any:
+    """The wandb run of a run folder, for ES and GRPO alike: project WANDB_PROJECT (default "esft"), named after the
+    run, its files in `<run>/wandb`, its id the folder's (wandb_run_id), resumed where it exists already."""
+    import wandb
+
+    return wandb.init(project=os.environ.get("WANDB_PROJECT", "esft"), name=run_name, dir=str(run_dir),
+                      id=wandb_run_id(run_dir), resume="allow", config=dict(config or {}),
+                      reinit="finish_previous")
+
+
 class WandbBackend:
     def __init__(self, run_dir: Path, run_name: str, config: Mapping[str, Any]):
         import wandb
 
         self.wandb = wandb
-        self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", "esft"), name=run_name, dir=str(run_dir),
-                              config=dict(config), reinit="finish_previous")
+        self.run = open_wandb(run_dir, run_name, config)
 
     def log(self, scalars: Mapping[str, float], step: int) -> None:
         self.run.log(dict(scalars), step=step)
@@ -238,5 +270,5 @@ def open_tracker(report_to: str | Iterable[str] | None, run_dir: str | Path, run
     return tracker
 
 
-__all__ = ["REPORT_TO", "Tracker", "check_backends", "flatten", "open_tracker", "parse_report_to", "report_to_text",
-           "table_markdown"]
+__all__ = ["REPORT_TO", "WANDB_ID_FILE", "Tracker", "check_backends", "flatten", "open_tracker", "open_wandb",
+           "parse_report_to", "report_to_text", "table_markdown", "wandb_run_id"]

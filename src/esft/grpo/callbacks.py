@@ -154,6 +154,19 @@ def point_tensorboard(trainer: Any, folder: Path, resume_step: int | None = None
             cb.tb_writer = SummaryWriter(log_dir=str(folder), purge_step=purge)
 
 
+def open_wandb_run(trainer: Any, folder: Path) -> Any:
+    """The run folder's wandb run (esft.tracking.open_wandb, as an ES run opens it) where `report_to` names wandb,
+    opened before transformers' WandbCallback opens its own (project "huggingface", files in `./wandb`, a new run
+    on every resume): the callback logs to the run it finds open. None without wandb."""
+    from transformers.integrations import WandbCallback
+
+    from esft.tracking import open_wandb
+
+    if not any(isinstance(cb, WandbCallback) for cb in tracker_callbacks(trainer)):
+        return None
+    return open_wandb(folder, folder.name)
+
+
 def close_tensorboard(trainer: Any) -> None:
     """Closes the trainer's TensorBoard writer, which transformers closes only when training ends: after an error
     or Ctrl-C as well, its queued events reach the file and the file and writer thread are let go."""

@@ -353,11 +353,13 @@ def _train_or_save(trainer: EsftGRPOTrainer, resume_from: Path | None, runlog: A
     """trainer.train; on Ctrl-C or SIGTERM, first the checkpoint of the last finished step (esft.grpo.interrupt),
     so that a resume continues from there instead of from the last scheduled checkpoint. The run log's progress
     bar is closed whatever ends the training, before any message about it is printed."""
-    from esft.grpo.callbacks import close_tensorboard
+    from esft.grpo.callbacks import close_tensorboard, open_wandb_run
 
     boundary = StepBoundary()
     trainer.add_callback(boundary)  # last: its on_log of a step follows the step's metrics and evaluation
+    wandb_run = None
     try:
+        wandb_run = open_wandb_run(trainer, Path(trainer.run_dir))
         with warnings.catch_warnings(), without_transformers_bars():  # the step bar only, not one per checkpoint
             # TRL's own code still calls transformers' deprecated `model.is_gradient_checkpointing`,
             # `gradient_checkpointing_enable/disable` (FutureWarnings a user can do nothing about); esft passes the
@@ -385,3 +387,5 @@ def _train_or_save(trainer: EsftGRPOTrainer, resume_from: Path | None, runlog: A
     finally:
         runlog.close_bar()
         close_tensorboard(trainer)
+        if wandb_run is not None:
+            wandb_run.finish()
