@@ -111,6 +111,27 @@ def test_a_resumed_es_run_logs_on_in_its_wandb_run(tmp_path, es_cli, monkeypatch
     assert list(cwd.iterdir()) == []
 
 
+@pytest.mark.parametrize("algorithm", ["es", "grpo"])
+def test_wandb_online_without_an_account_fails_before_the_model_loads(tmp_path, monkeypatch, capsys, algorithm):
+    """`--report-to wandb` with no API key failed at `wandb.init`, after the model had loaded (and, in an
+    experiment, after the base model's evaluations)."""
+    pytest.importorskip("wandb")
+    for name in ("WANDB_API_KEY", "WANDB_MODE", "WANDB_RUN_ID"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc, no wandb settings of this machine's user
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
+
+    def load_model(*args, **kwargs):
+        raise AssertionError("the model loaded")
+
+    monkeypatch.setattr("esft.models.load_model", load_model)
+    out = tmp_path / "run"
+    assert main(["train", algorithm, "--preset", "cpu", "--report-to", "wandb", "--output-dir", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "report_to 'wandb': No API key configured" in err and "WANDB_MODE=offline" in err, err
+    assert not out.exists()
+
+
 def test_wandb_run_id_prefers_wandbs_own_variable(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_RUN_ID", "mine1234")
     assert wandb_run_id(tmp_path) == "mine1234" and not (tmp_path / WANDB_ID_FILE).exists()
@@ -371,7 +392,7 @@ def test_wandb_and_trackio_backends_log_at_the_step_and_finish(tmp_path, monkeyp
         calls.append(("wandb.init", kw["project"], kw["name"], kw["dir"], kw["config"]))
         return Run()
 
-    fake_module(monkeypatch, "wandb", init=wandb_init, Table=Table)
+    fake_module(monkeypatch, "wandb", init=wandb_init, Table=Table, login=lambda verify: False)
     fake_module(monkeypatch, "trackio", Table=Table,
                 init=lambda **kw: calls.append(("trackio.init", kw["project"], kw["name"], kw["config"])),
                 log=lambda data, step: calls.append(("trackio.log", data, step)),

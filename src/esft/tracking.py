@@ -249,7 +249,22 @@ def check_backends(report_to: str | Iterable[str] | None) -> list[str]:
             shadow = f" (found only the folder {folders[0]})" if folders else ""
             raise ValueError(f"report_to {name!r} needs the {name} package{shadow}: "
                              f"pip install 'esft[{_EXTRAS[name]}]'")
+    if "wandb" in names:
+        _check_wandb_account()
     return names
+
+
+def _check_wandb_account() -> None:
+    """Online, wandb needs an account: without an API key `wandb.init` fails once the model has loaded. Asked here
+    instead, through wandb's own login (which reads WANDB_API_KEY and ~/.netrc, and asks for the key on a
+    terminal); offline and disabled modes need none."""
+    import wandb
+
+    try:
+        wandb.login(verify=False)
+    except wandb.errors.UsageError as exc:
+        raise ValueError(f"report_to 'wandb': {exc} Or log without an account, to <run>/wandb: "
+                         "WANDB_MODE=offline") from None
 
 
 def open_tracker(report_to: str | Iterable[str] | None, run_dir: str | Path, run_name: str,
