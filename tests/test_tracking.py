@@ -112,7 +112,8 @@ def test_a_resumed_es_run_logs_on_in_its_wandb_run(tmp_path, es_cli, monkeypatch
 
 
 @pytest.mark.parametrize("algorithm", ["es", "grpo"])
-def test_wandb_online_without_an_account_fails_before_the_model_loads(tmp_path, monkeypatch, capsys, algorithm):
+def test_wandb_online_without_an_account_fails_before_the_model_loads(tmp_path, monkeypatch, capsys, algorithm,
+                                                                      request):
     """`--report-to wandb` with no API key failed at `wandb.init`, after the model had loaded (and, in an
     experiment, after the base model's evaluations)."""
     pytest.importorskip("wandb")
@@ -125,6 +126,10 @@ def test_wandb_online_without_an_account_fails_before_the_model_loads(tmp_path, 
         raise AssertionError("the model loaded")
 
     monkeypatch.setattr("esft.models.load_model", load_model)
+    import wandb
+
+    wandb.teardown()  # the settings an earlier offline run of this process left behind
+    request.addfinalizer(wandb.teardown)  # and this one's, for the tests after it
     out = tmp_path / "run"
     assert main(["train", algorithm, "--preset", "cpu", "--report-to", "wandb", "--output-dir", str(out)]) == 2
     err = capsys.readouterr().err
@@ -514,7 +519,7 @@ def test_a_tracker_that_fails_to_open_closes_those_opened_before_it_and_the_es_e
         raise RuntimeError("wandb: api_key not configured (no-tty)")
 
     fake_module(monkeypatch, "torch.utils.tensorboard", SummaryWriter=Writer)
-    fake_module(monkeypatch, "wandb", init=wandb_init)
+    fake_module(monkeypatch, "wandb", init=wandb_init, login=lambda verify: False)
     close = LocalExecutor.close
 
     def recording_close(self):

@@ -258,6 +258,8 @@ def _check_wandb_account() -> None:
     """Online, wandb needs an account: without an API key `wandb.init` fails once the model has loaded. Asked here
     instead, through wandb's own login (which reads WANDB_API_KEY and ~/.netrc, and asks for the key on a
     terminal); offline and disabled modes need none."""
+    if os.environ.get("WANDB_MODE", "online") in ("offline", "disabled", "dryrun"):
+        return
     import wandb
 
     try:
