@@ -185,3 +185,8 @@ def test_majority_baseline_needs_every_records_gold_answer(task):
     # one record without its example: the baseline of a part of the records would be misleading, so none is given
     records = [{"score": 0.0, "example": YES}, {"score": 0.0, "example": NO}, {"score": 1.0}]
     assert "majority_baseline" not in task.aggregate(records)
+
+
+def test_details_shows_a_long_box_cut_at_100_characters(task):
+    assert task.details("\\boxed{" + "x" * 100 + "}", YES)["boxed"] == "x" * 100           # 100: shown whole
+    assert task.details("\\boxed{" + "x" * 101 + "}", YES)["boxed"] == "x" * 100 + "..."   # 101: cut, marked

@@ -326,3 +326,9 @@ def test_an_empty_pair_of_braces_is_no_answer():
     assert normalize_answer("{}") == ""
     assert normalize_answer("{7}") == "7"
     assert not answers_match("{}", "{}")
+
+
+def test_a_wrapper_keeps_its_nested_braces():
+    # the wrapper ends at its own closing brace, not at the first `}` inside it
+    assert normalize_answer("\\text{\\frac{1}{2}}") == "\\frac{1}{2}"
+    assert answers_match("\\mathrm{\\frac{1}{2}}", "0.5")
