@@ -45,3 +45,10 @@ def test_regexes_without_a_comma_and_the_reward_option_keep_working(data):
     whole = get_task(data, prompt_field="q", reward=r"regex:(\d+,\d+)")  # what --reward passes
     assert whole.score("so it is 2,3", {"answer": "2,3"}) == 1.0
     assert whole.score("so it is 2", {"answer": "2,3"}) == 0.0
+
+
+def test_a_regex_with_inline_flags_followed_by_another_option_is_read_whole(data):
+    # `(?i)` must open the pattern: the check compiles the reward's own pattern, not the option text around it
+    task = get_task(rf"{data}:reward=regex:(?i)pair (\d+),prompt_field=q")
+    assert task.reward == r"regex:(?i)pair (\d+)" and task.score("PAIR 4", {"answer": "4"}) == 1.0
+    assert split_task_list(rf"{data}:reward=regex:(?i)(\d+),boolq") == [rf"{data}:reward=regex:(?i)(\d+)", "boolq"]

@@ -170,3 +170,23 @@ def test_aggregate_reports_box_rate_and_majority_baseline(task):
     assert summary["majority_baseline"] == 0.75
     bare = task.aggregate([{"score": 0.0}])           # records without details still aggregate
     assert bare["boxed_rate"] == 0.0 and bare["accuracy_among_boxed"] is None and "majority_baseline" not in bare
+
+
+def test_truncate_passage_cuts_at_a_space_right_after_the_first_word():
+    assert truncate_passage("a bcdefgh", 5) == "a ..."   # cut "a bcd": the space at index 1 is a word boundary
+
+
+def test_majority_baseline_is_the_larger_class_also_when_it_is_no(task):
+    records = [{"score": 0.0, "example": ex} for ex in (YES, NO, NO, NO)]
+    assert task.aggregate(records)["majority_baseline"] == 0.75   # always "no": 3 of 4
+
+
+def test_majority_baseline_needs_every_records_gold_answer(task):
+    # one record without its example: the baseline of a part of the records would be misleading, so none is given
+    records = [{"score": 0.0, "example": YES}, {"score": 0.0, "example": NO}, {"score": 1.0}]
+    assert "majority_baseline" not in task.aggregate(records)
+
+
+def test_details_shows_a_long_box_cut_at_100_characters(task):
+    assert task.details("\\boxed{" + "x" * 100 + "}", YES)["boxed"] == "x" * 100           # 100: shown whole
+    assert task.details("\\boxed{" + "x" * 101 + "}", YES)["boxed"] == "x" * 100 + "..."   # 101: cut, marked

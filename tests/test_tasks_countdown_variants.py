@@ -304,3 +304,29 @@ def test_the_cpu_study_held_out_sets_are_the_ones_its_results_were_evaluated_on(
         (recorded["constant_answer"], recorded["constant_baseline"])
     puzzles = json.dumps([[r["nums"], r["target"]] for r in rows]).encode()
     assert hashlib.sha256(puzzles).hexdigest()[:16] == digest
+
+
+def test_only_a_variant_with_several_operators_has_labels_to_balance_over():
+    """With one operator every solvable puzzle is that operator's or "other": nothing to balance, no label set."""
+    assert get_task("countdown:numbers=2,max_number=20,ops=+").label_set() is None
+    assert get_task("countdown").label_set() is None
+    assert get_task("countdown:numbers=2,max_number=20,ops=*+").label_set() == ("+", "*")
+
+
+def test_max_misses_counts_the_draws_in_a_row_that_add_nothing():
+    """`max_misses=1` stops at the first draw that adds no puzzle: the puzzles drawn before it, the start of the
+    unlimited split (same stream)."""
+    opts = {"numbers": (2, 2), "num_range": (1, 20), "ops": "+", "seed": 1}
+    full = generate_variant(50, "train", **opts)
+    first = generate_variant(50, "train", **opts, max_misses=1)
+    assert 0 < len(first) < len(full) and first == full[: len(first)]
+
+
+@pytest.mark.parametrize("op", "+-*/")
+def test_every_worked_puzzle_is_a_puzzle_a_variant_could_draw(op):
+    """For every operator and count: numbers >= 1 (no variant draws 0), a positive integer target, and the shown
+    expression solves it under the scorer's own checker."""
+    for count in range(2, MAX_COUNT + 1):
+        nums, target, expr = format_shot(op, count)
+        assert len(nums) == count and min(nums) >= 1 and isinstance(target, int) and target >= 1, (op, count)
+        assert check_expression(expr, nums, target)[0], (op, count, expr)

@@ -312,3 +312,23 @@ def test_hub_row_mapping():
     row = {"problem": "p", "solution": "so $\\boxed{\\frac{1}{2}}$", "type": "Geometry", "level": "Level 3"}
     assert hub_row_to_example(row, 4) == {"id": "hf/4", "problem": "p", "answer": "\\frac{1}{2}",
                                           "subject": "Geometry", "level": "Level 3"}
+
+
+def test_an_unclosed_wrapper_keeps_the_rest_of_the_answer():
+    # `\text{5` has no closing brace: its content runs to the end of the answer (no IndexError past the end)
+    assert normalize_answer("\\text{5") == "5"
+    assert normalize_answer("x=\\mathrm{12") == "12"
+    assert answers_match("5", "\\text{5")
+
+
+def test_an_empty_pair_of_braces_is_no_answer():
+    # outer braces are dropped, so `{}` is the empty answer, and two empty answers do not match
+    assert normalize_answer("{}") == ""
+    assert normalize_answer("{7}") == "7"
+    assert not answers_match("{}", "{}")
+
+
+def test_a_wrapper_keeps_its_nested_braces():
+    # the wrapper ends at its own closing brace, not at the first `}` inside it
+    assert normalize_answer("\\text{\\frac{1}{2}}") == "\\frac{1}{2}"
+    assert answers_match("\\mathrm{\\frac{1}{2}}", "0.5")

@@ -312,3 +312,19 @@ def test_chemistry_hub_row_mapping():
                                                     "answer": "B", "level": "L3", "task": "t", "subtask": "s"}
     assert chemistry_hub_row_to_example(dict(row, type="true_or_false"), 9) is None
     assert chemistry_hub_row_to_example(dict(row, domain="Physics"), 9) is None
+
+
+def test_chemistry_hub_rows_with_any_one_defect_are_left_out():
+    row = {"question": "q", "choices": {"text": ["1", "2", "3", "4"], "label": ["A", "B", "C", "D"]},
+           "answerKey": "B", "type": "mcq-4-choices", "domain": "Chemistry"}
+    assert chemistry_hub_row_to_example(row, 0) is not None
+    assert chemistry_hub_row_to_example(dict(row, answerKey="E"), 0) is None
+    assert chemistry_hub_row_to_example(dict(row, choices={"text": ["1", "2", "3"], "label": ["A", "B", "C", "D"]}),
+                                        0) is None
+    assert chemistry_hub_row_to_example(dict(row, choices={"text": ["1", "2", "3", "4"], "label": list("WXYZ")}),
+                                        0) is None
+
+
+def test_mmlu_hub_answer_given_as_the_index_text_is_read_as_its_letter():
+    row = {"question": "q", "subject": "anatomy", "choices": ["a", "b", "c", "d"], "answer": "2"}
+    assert mmlu_hub_row_to_example(row, 0)["answer"] == "C"   # a CSV export writes the index 2 as "2"
