@@ -183,3 +183,14 @@ def test_the_printed_sparsity_accuracies_carry_their_95_percent_interval():
     assert base.endswith("boolq 0.500 [0.095, 0.905]")
     reward = {**res, "score": {"boolq": "mean reward"}}
     assert format_sparsity(reward).splitlines()[0].endswith("boolq 0.000")
+
+
+def test_baseline_text_without_an_interval_and_with_a_long_answer():
+    """A baseline recorded without its interval reads as the point itself ([x, x]); an answer longer than 16
+    characters is cut to its first 16 and '...', one of 16 is shown whole."""
+    from esft.analysis.constant import baseline_text
+
+    assert baseline_text({"constant_baseline": 0.625, "constant_answer": "yes"}) == "'yes' 62.5% [62.5, 62.5]"
+    b = {"constant_baseline": 0.5, "constant_baseline_ci95": [0.25, 0.75]}
+    assert baseline_text({**b, "constant_answer": "a" * 16}) == f"'{'a' * 16}' 50.0% [25.0, 75.0]"
+    assert baseline_text({**b, "constant_answer": "b" * 16 + "c"}) == f"'{'b' * 16}...' 50.0% [25.0, 75.0]"

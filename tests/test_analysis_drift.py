@@ -294,3 +294,20 @@ def test_drift_figures_of_a_short_run_tick_whole_steps(tmp_path, monkeypatch):
     for ax in axes:
         ticks = [t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]]
         assert ticks and all(float(t).is_integer() for t in ticks), ticks
+
+
+def test_a_series_of_totals_alone_counts_every_tensor_the_numel_names():
+    """No per-tensor series to pick the logged tensors from: d is the sum of every entry count given (8 + 64),
+    the dimension the random-walk law's alpha^2 T d / N needs."""
+    recs = [{"step": 1, "total": 1.0}, {"step": 2, "total": 2.0}]
+    s = D.series_from_records(recs, numel={"model.norm.weight": 8, "model.embed_tokens.weight": 64})
+    assert s.per_tensor == {} and s.num_params == 72
+
+
+def test_a_family_of_equal_tensors_reports_their_common_size_and_each_tensor_its_last_step():
+    s = D.DriftSeries([1, 2], [1.0, 2.0], per_tensor={"layers.0.q_proj": [1.0, 2.0], "layers.1.q_proj": [2.0, 4.0]},
+                      numel={"layers.0.q_proj": 10, "layers.1.q_proj": 10})
+    res = D.analyze_series(s, alpha=0.1, population=5)
+    fam = res["families"]["q_proj"]
+    assert fam["n"] == 2 and fam["numel"] == 10
+    assert [r["final_sq"] for r in res["tensors"]] == [2.0, 4.0]  # each tensor's last step

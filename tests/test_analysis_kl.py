@@ -404,3 +404,15 @@ def test_kl_and_landscape_show_the_generation_bar_of_their_long_evaluations(monk
     task = get_task("boolq")
     L.accuracy(model, tokenizer, {"boolq": (task, task.load("test", limit=1))}, GenerationConfig(), progress=True)
     assert asked == [True, True]
+
+
+def test_a_batch_of_empty_completions_scores_zero_kl_without_running_the_models():
+    """Every completion of a batch empty (each stopped at once): nothing was generated, so nothing diverged, and
+    neither model is run on the batch."""
+
+    class NotRun:
+        def __call__(self, *a, **k):
+            raise AssertionError("a model was run on a batch with no completion token")
+
+    seqs = K.score_pair(NotRun(), NotRun(), [[5, 6], [7]], [[], []], batch_size=2, pad_id=0)
+    assert [(s.tokens, s.k1, s.k3, s.exact) for s in seqs] == [(0, 0.0, 0.0, 0.0)] * 2

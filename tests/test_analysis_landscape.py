@@ -450,3 +450,20 @@ def test_a_random_direction_matches_the_norm_of_a_one_entry_tensor():
     for seed in range(10):
         r = L.RandomDirection(Fixed(), seed=seed).bind(model).tensor("w")
         assert float(r.abs()) == pytest.approx(3.0)
+
+
+def test_a_short_direction_is_walked_to_each_distance_and_a_zero_one_stays_at_the_origin(monkeypatch):
+    """A direction of norm below 1 (one norm gain moved by 1e-3) is still scaled to unit length, so distance 0.1
+    lands 0.1 from the origin; an update that moved nothing has no direction and leaves the origin in place
+    (no division by its zero norm)."""
+    a, near, work = tiny(0), tiny(0), tiny(2)
+    with torch.no_grad():
+        near.model.norm.weight.add_(1e-3)
+    monkeypatch.setattr(L, "accuracy", fake_accuracy(a))
+    tasks = {"t": (None, [0] * 10)}
+    short, zero = L.DeltaDirection(a, near, "short"), L.DeltaDirection(a, tiny(0), "zero")
+    sw = L.direction_sweep(work, None, a, [short, zero], [0.0, 0.1], tasks, None)
+    assert sw["directions"]["short"]["norm"] == pytest.approx(1e-3 * 4, rel=1e-3)  # 16 entries moved by 1e-3
+    assert sw["directions"]["short"]["accuracy"]["t"] == pytest.approx([1.0, 0.9], abs=1e-5)
+    assert sw["directions"]["zero"]["norm"] == 0.0
+    assert sw["directions"]["zero"]["accuracy"]["t"] == pytest.approx([1.0, 1.0], abs=1e-12)

@@ -193,3 +193,19 @@ def test_figure3_binomial_se_at_0_and_100_percent_is_0_with_the_wilson_interval(
     assert interpolation_rows({**res, "barrier": {"countdown": inside}}, ["countdown"])[0][5] == "0.25"
     assert not any(n.startswith("Binomial SE 0") for n in interpolation_notes(
         {**res, "barrier": {"countdown": inside}}, ["countdown"]))
+
+
+def test_kl_standard_error_over_sequences_counts_a_lone_token():
+    """Two sequences, one empty (the completion stopped at once) and one of a single token: the per-token mean
+    is that token's value, and its delta-method SE exists (residuals 2 - 2 * 1 and 0 - 2 * 0: SE 0); only no
+    token at all leaves it undefined."""
+    assert K.sequence_se([1, 0], [2.0, 0.0]) == (0.0, pytest.approx(1.0))
+    assert K.sequence_se([0, 0], [0.0, 0.0]) == (None, 0.0)
+
+
+def test_sample_standard_deviation_of_a_point_needs_two_scores():
+    """The mean reward's barrier SE uses each point's sample std (ddof 1): none for no scores or one score."""
+    from esft.analysis.barrier import sample_sd
+
+    assert sample_sd([1.0, 3.0]) == pytest.approx(math.sqrt(2.0))
+    assert sample_sd([2.5]) is None and sample_sd(None) is None and sample_sd([]) is None

@@ -728,3 +728,42 @@ def test_table3_shows_a_zero_es_update_as_a_ratio_of_zero(tmp_path):
     (comp,) = W.report_weights(ctx)
     (row,) = comp.norms
     assert row[1] == 0.0 and row[2] > 0 and row[3] == "0x"
+
+
+def test_family_table_lists_each_update_and_each_pair_from_independent_sums():
+    """`family_rows` (the report's per-family table): one column triple per update, one cosine per pair, each
+    row's values those of its family, computed here with numpy from the two layers' q_proj deltas."""
+    from esft.tables import pct
+
+    names = [f"model.layers.{i}.self_attn.q_proj.weight" for i in range(2)]
+    base = {n: torch.zeros(3, 4, dtype=torch.float64) for n in names}
+    es = {n: rand(3, 4, seed=10 + i) for i, n in enumerate(names)}
+    grpo = {n: rand(3, 4, seed=20 + i) * (torch.arange(12).reshape(3, 4) % 3 == 0) for i, n in enumerate(names)}
+    head, rows = W.family_rows(W.compare_updates(base, {"es": es, "grpo": grpo}))
+    assert head == ["family", "tensors", "entries", "es norm", "es sparsity", "es stable rank",
+                    "grpo norm", "grpo sparsity", "grpo stable rank", "cos es|grpo"]
+    (row,) = rows
+    ve = np.concatenate([es[n].numpy().ravel() for n in names])
+    vg = np.concatenate([grpo[n].numpy().ravel() for n in names])
+    srank = [np.mean([np.linalg.norm(d[n].numpy()) ** 2 / scipy.linalg.svdvals(d[n].numpy())[0] ** 2
+                      for n in names]) for d in (es, grpo)]
+    assert row[:3] == ["q_proj", 2, 24]
+    assert row[3] == pytest.approx(np.linalg.norm(ve), rel=1e-12) and row[4] == pct(0.0)
+    assert row[5] == pytest.approx(srank[0], rel=1e-9)
+    assert row[6] == pytest.approx(np.linalg.norm(vg), rel=1e-12) and row[7] == pct(np.mean(vg == 0))
+    assert row[8] == pytest.approx(srank[1], rel=1e-9)
+    assert row[9] == pytest.approx(ve @ vg / np.linalg.norm(ve) / np.linalg.norm(vg), rel=1e-9)
+
+
+def test_the_cosine_of_an_update_that_moved_nothing_is_recorded_as_none():
+    """A zero update has no direction: its cosine is None in the JSON-serialisable report (NaN is no JSON),
+    per tensor and in the total, where the other pair's cosine is still a number."""
+    base = {"w.weight": torch.zeros(2, dtype=torch.float64)}
+    ups = {"a": {"w.weight": torch.tensor([1.0, 0.0], dtype=torch.float64)},
+           "b": {"w.weight": torch.zeros(2, dtype=torch.float64)},
+           "c": {"w.weight": torch.tensor([1.0, 1.0], dtype=torch.float64)}}
+    rep = W.compare_updates(base, ups, stable_ranks=False)
+    (row,) = rep["tensors"]
+    assert row["cos:a|b"] is None and rep["total"]["cos:a|b"] is None and rep["total"]["cos:b|c"] is None
+    assert rep["total"]["cos:a|c"] == pytest.approx(1 / math.sqrt(2))
+    json.dumps(rep, allow_nan=False)

@@ -418,3 +418,10 @@ def test_summary_maj_at_k_estimate_follows_the_seed():
     assert len(set(values.values())) > 1
     again = summarize_samples(scores, keys, [3], seed=2, resamples=10, maj_draws=5)["maj@k"]["3"]["value"]
     assert again == values[2]
+
+
+def test_bootstrap_ci_of_one_question_scored_outside_zero_one_is_that_score():
+    """One question, a custom score of 2.0: no spread and no binomial model, so the interval is the score itself
+    (not an index past the only value)."""
+    assert bootstrap_ci([2.0]) == (2.0, 2.0)
+    assert bootstrap_ci([0.5], level=0.9) == (0.5, 0.5)
