@@ -330,3 +330,10 @@ def test_every_worked_puzzle_is_a_puzzle_a_variant_could_draw(op):
         nums, target, expr = format_shot(op, count)
         assert len(nums) == count and min(nums) >= 1 and isinstance(target, int) and target >= 1, (op, count)
         assert check_expression(expr, nums, target)[0], (op, count, expr)
+
+
+def test_fixed_rule_baselines_of_no_examples_is_a_clear_error():
+    from esft.tasks.countdown_variants import fixed_rule_baselines
+
+    with pytest.raises(ValueError, match="no examples"):
+        fixed_rule_baselines([])

@@ -209,6 +209,8 @@ def fixed_rule_value(nums: list[int], op: str) -> Fraction | None:
 def fixed_rule_baselines(examples: list[Example]) -> dict[str, float]:
     """Accuracy of each fixed-operator rule ("always add", ...) on Countdown examples: the prior a model can learn
     without choosing anything, a stronger baseline than the best constant answer on a variant like `ops=+*`."""
+    if not examples:
+        raise ValueError("fixed_rule_baselines: no examples (an accuracy over none is undefined)")
     return {op: sum(fixed_rule_value(list(e["nums"]), op) == Fraction(e["target"]) for e in examples) / len(examples)
             for op in OPS}
 
