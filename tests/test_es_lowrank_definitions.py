@@ -304,3 +304,20 @@ def test_a_bf16_model_gets_its_members_terms_in_bf16():
         w.restore()
         # bf16 rounding differs between W + sigma E and W x + term; the member's own shift is far larger
         assert (batched[i].float() - single).abs().max() < 0.25 * (single - centre).abs().max()
+
+
+class _DoubledLinear(torch.nn.Linear):
+    """A Linear whose forward is its own (not x W^T): the per-row term x B A^T would not be its perturbation."""
+
+    embed_scale = 2.0  # an attribute of that name makes it no scaled word embedding
+
+    def forward(self, x):
+        return 2.0 * super().forward(x)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_a_linear_that_overrides_forward_is_refused_whatever_its_attributes(bias):
+    model = torch.nn.Sequential(_DoubledLinear(4, 3, bias=bias))
+    weights = LowRankWeights(model, rank=1)
+    with pytest.raises(NotImplementedError, match="overrides forward"):
+        PopulationPerturbation(model, weights, [Member(1, 1)], 0.1)

@@ -102,3 +102,22 @@ def test_the_shipped_presets_and_a_normal_rank_fit_a_small_machine(name, monkeyp
         build.check_lowrank_memory(preset(name, noise="lowrank", rank=rank, device="cpu"))
     with pytest.raises(ValueError, match="rank 100000"):
         build.check_lowrank_memory(preset(name, noise="lowrank", rank=100000, device="cpu"))
+
+
+def test_peak_bytes_of_a_wide_matrix_are_its_b_phase():
+    # one [2, 3] matrix (more columns than rows), 2 members, rank 1: member parts 4 * (2 * (2 + 3) + 2) = 48 bytes;
+    # A phase: + the concatenated A and its transposed copy (8 * 2 * 2 = 32) = 80; B phase: + the kept A_cat^T
+    # (fp32: 16 bytes) + the concatenated B (4 * 2 * 3 = 24) = 88, the larger one
+    assert factor_bytes([(2, 3)], 2, 1, 4) == 88
+    # bf16: B phase = parts + A_cat^T in bf16 (8) + concatenated B (24) + its bf16 cast (12) = 92 > A phase (80)
+    assert factor_bytes([(2, 3)], 2, 1, 2) == 92
+    # the second matrix is built beside the first one's held factors (bf16: 2 * 2 * (2 + 3) = 20 bytes)
+    assert factor_bytes([(2, 3), (2, 3)], 2, 1, 2) == 20 + 92
+
+
+def test_a_budget_of_exactly_one_rank_names_rank_1_as_the_largest_that_fits():
+    shapes = [(576, 49152), (576, 576)]
+    per_rank = factor_bytes(shapes, 30, 1, 4)
+    check_factor_memory(shapes, 30, 1, 4, per_rank)
+    with pytest.raises(ValueError, match="the largest rank that fits is 1$"):
+        check_factor_memory(shapes, 30, 2, 4, per_rank + per_rank // 2)

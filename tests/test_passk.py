@@ -17,8 +17,8 @@ from esft import evaluation
 from esft.evaluation import EvalConfig, pass_at_k, run_eval
 from esft.generation import Generation
 from esft.tasks.labels import wilson_interval
-from esft.passk import (answer_key, bootstrap_ci, maj_at_k, majority_score, parse_ks, pass_at_k_per_question,
-                        summarize_samples)
+from esft.passk import (answer_key, bootstrap_ci, maj_at_k, majority_score, not_right_or_wrong, parse_ks,
+                        pass_at_k_per_question, summarize_samples)
 
 
 def comb_pass_at_k(n, c, k):
@@ -425,3 +425,21 @@ def test_bootstrap_ci_of_one_question_scored_outside_zero_one_is_that_score():
     (not an index past the only value)."""
     assert bootstrap_ci([2.0]) == (2.0, 2.0)
     assert bootstrap_ci([0.5], level=0.9) == (0.5, 0.5)
+
+
+def test_the_reason_pass_at_k_is_not_counted_names_a_score_outside_0_1_first():
+    """A reward on another scale is the telling case: the note names a score outside [0, 1] when one exists, even
+    after partial credits; only partial credits alone are named as such."""
+    assert not_right_or_wrong(np.array([[0.0, 1.0], [1.0, 0.0]])) is None
+    mixed = not_right_or_wrong(np.array([[0.5, 1.0], [2.0, 0.0]]))
+    assert "include 2 " in mixed and "0.5" not in mixed
+    assert "include -1 " in not_right_or_wrong(np.array([0.25, -1.0, 0.75]))
+    assert "include 0.25 " in not_right_or_wrong(np.array([0.0, 0.25, 0.75, 1.0]))
+
+
+def test_summary_refuses_questions_without_samples_and_scores_that_are_not_a_matrix():
+    """[questions, samples] with at least one sample: zero samples per question is no measurement (not a pass@k
+    over n = 0), and a flat list of scores has no question axis."""
+    for bad in (np.zeros((3, 0)), np.zeros(4), np.zeros((2, 2, 2))):
+        with pytest.raises(ValueError, match=r"\[questions, samples\] matrix"):
+            summarize_samples(bad, None, None)
