@@ -38,6 +38,16 @@ def stored_fp32(folder: Path, names: dict[str, list[str]]) -> dict[str, torch.Te
     return found
 
 
+def rounded_masters(params: dict[str, torch.Tensor], folder: Path,
+                    aliases: dict[str, list[str]] | None = None) -> dict[str, torch.Tensor]:
+    """The fp32 tensors `folder` stores (`stored_fp32`) for those of `params` held in a lower precision (bf16,
+    fp16): the masters those should start from. Empty when every tensor is fp32 (nothing is read then)."""
+    rounded = [n for n, p in params.items() if p.dtype != torch.float32]
+    if not rounded:
+        return {}
+    return stored_fp32(folder, {n: (aliases or {}).get(n, [n]) for n in rounded})
+
+
 @torch.no_grad()
 def exact_start(weights: Any, model: torch.nn.Module, source: str | None) -> int:
     """Set the masters of `weights` (a MasterWeights of `model`) whose parameters `model` holds in a lower
@@ -45,8 +55,7 @@ def exact_start(weights: Any, model: torch.nn.Module, source: str | None) -> int
     an fp32 model, a hub id or a folder without fp32 tensors: the masters then stay those of the loaded model."""
     from esft.models import resolve_model_path
 
-    rounded = [n for n, p in weights.params.items() if p.dtype != torch.float32]
-    if not rounded or not source:
+    if not source or all(p.dtype == torch.float32 for p in weights.params.values()):
         return 0
     try:
         folder = Path(resolve_model_path(str(source)))
@@ -54,8 +63,7 @@ def exact_start(weights: Any, model: torch.nn.Module, source: str | None) -> int
         return 0
     if not folder.is_dir():  # a hub id: its files are the loader's business
         return 0
-    aliases = parameter_aliases(model)
-    found = stored_fp32(folder, {n: aliases.get(n, [n]) for n in rounded})
+    found = rounded_masters(weights.params, folder, parameter_aliases(model))
     for name, tensor in found.items():
         master = weights.master[name]
         if tensor.shape != master.shape:
@@ -66,4 +74,4 @@ def exact_start(weights: Any, model: torch.nn.Module, source: str | None) -> int
     return len(found)
 
 
-__all__ = ["exact_start", "stored_fp32"]
+__all__ = ["exact_start", "rounded_masters", "stored_fp32"]

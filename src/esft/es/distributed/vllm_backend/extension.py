@@ -185,11 +185,10 @@ def _start_masters(weights: MasterWeights, folder: str) -> None:
     the engine keeps its tensors, which vLLM loaded as their rounding."""
     from pathlib import Path
 
-    from esft.es.start_weights import stored_fp32
+    from esft.es.start_weights import rounded_masters
 
-    rounded = {n: [n] for n, p in weights.params.items() if p.dtype != torch.float32}
-    if rounded and Path(folder).is_dir():
-        for name, tensor in stored_fp32(Path(folder), rounded).items():
+    if Path(folder).is_dir():
+        for name, tensor in rounded_masters(weights.params, Path(folder)).items():
             weights.master[name].copy_(tensor.to(weights.master[name].device))
 
 
