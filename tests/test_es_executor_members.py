@@ -217,6 +217,39 @@ def test_lane_timings_are_summed_over_lanes(two_threads):
     assert got.timings["perturb"] > 0 and got.timings["restore"] > 0 and got.timings["score"] > 0
 
 
+@pytest.mark.parametrize("shared", [False, True])
+def test_one_lanes_timings_are_disjoint_parts_of_the_calls_wall_time(shared):
+    """One lane: perturb, generate, score and restore are measured one after another inside the call, so each is
+    >= 0 and their sum is within `evaluate`; the model's own weights are restored after the members, a copy (shared
+    masters) is set to the masters for the centre."""
+    model = tiny_llama()
+    ex = executor(model, stub_generate, 1, weights=MasterWeights(model, noise="table", share_storage=shared))
+    batch = ToyTask().load("train")[:2]
+    walls, results = [], []
+    for call in (lambda: ex.evaluate_members([(1, 1), (2, -1)], batch), lambda: ex.evaluate_center(batch)):
+        t0 = time.perf_counter()
+        results.append(call())
+        walls.append(time.perf_counter() - t0)
+    members, centre = results
+    for got, wall in zip(results, walls):
+        parts = [got.timings[k] for k in ("perturb", "generate", "score", "restore")]
+        assert min(parts) >= 0 and sum(parts) <= got.timings["evaluate"] <= wall, got.timings
+        assert got.timings["generate"] > 0 and got.timings["score"] > 0
+    assert members.timings["perturb"] > 0 and (members.timings["restore"] > 0) == (not shared)  # a copy: no restore
+    assert centre.timings["perturb"] == 0 and (centre.timings["restore"] > 0) == shared
+
+
+def test_lane_timings_stay_within_the_lanes_wall_time(two_threads):
+    """Two lanes: each lane's parts lie within the call, so each key's sum over lanes is at most 2x `evaluate`."""
+    model = tiny_llama()
+    ex = executor(model, stub_generate, 2, weights=MasterWeights(model, noise="table", share_storage=True))
+    got = ex.evaluate_members(population(4, 1), ToyTask().load("train")[:2])
+    ex.close()
+    assert ex.lanes_for(4) == 2
+    for key in ("perturb", "generate", "restore"):
+        assert 0 <= got.timings[key] <= 2 * got.timings["evaluate"], got.timings
+
+
 def test_a_lanes_deferred_perturbation_is_timed_as_perturbation():
     """On a lane copy the engine asks for the perturbed projections while it generates (`fill_released`): those
     seconds count as perturbation, not generation."""
@@ -311,6 +344,7 @@ def test_without_openmp_lanes_warn_once_and_run_one_at_a_time(monkeypatch, two_t
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert ex.lanes_for(4) == 1  # once
+        assert executor(tiny_llama(), stub_generate, 1).lanes_for(4) == 1  # one lane asked: nothing ignored
     model = tiny_llama().to("meta")
     monkeypatch.setattr(executor_module, "openmp_backend", lambda: True)
     with pytest.warns(UserWarning, match="the model is not a CPU torch model"):

@@ -161,6 +161,16 @@ def test_sq_norm_is_accurate_where_one_fp32_reduction_is_not():
     assert param_writes.sq_norm(t) == pytest.approx(exact, rel=1e-6)
 
 
+@pytest.mark.parametrize("numel", [0, 3, 1 << 10, (1 << 10) + 7, 3 * (1 << 10) + 1000])
+def test_sq_norm_counts_every_element_whole_rows_and_the_tail(numel):
+    """Whole rows of NORM_ROW elements and a shorter tail: every element's square is in the sum, once."""
+    torch.manual_seed(numel)
+    t = torch.randn(numel)
+    exact = float(t.double().pow(2).sum())
+    assert param_writes.sq_norm(t) == pytest.approx(exact, rel=1e-6, abs=0.0)
+    assert param_writes.sq_norm(t.view(1, -1) if numel else t) == param_writes.sq_norm(t)  # shape does not matter
+
+
 class _TransposedWeight(torch.nn.Module):
     """A parameter stored transposed (not contiguous), as a model may hold one after loading or tying."""
 

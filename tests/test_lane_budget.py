@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
@@ -28,6 +30,13 @@ GiB = 2**30
 ])
 def test_lanes_that_fit(lanes, lane_zero, available, expected):
     assert lanes_that_fit(lanes, lane_zero, GiB, available) == expected
+
+
+def test_lanes_that_fit_counts_whole_copies_of_any_size():
+    # a copy of one byte is still a copy: no spare byte, no second lane
+    assert lanes_that_fit(2, 0, 1, 0) == 1
+    assert lanes_that_fit(3, 1, 1, 2) == 2
+    assert lanes_that_fit(3, 0, 7, 13) == 2  # floor(13 / 7) = 1 copy beside lane 0
 
 
 def test_lane_bytes_counts_tied_weights_once_in_the_rollout_dtype():
@@ -73,6 +82,11 @@ def test_available_memory_reads_meminfo_and_cgroup_limits(tmp_path):
                                                       "memory/memory.usage_in_bytes": f"{GiB}"})
     assert available_memory(meminfo, cgroup) == 2 * GiB
     assert available_memory(str(tmp_path / "none"), str(tmp_path / "none")) is None
+    # a limit from 2^60 bytes up is no limit: with MemAvailable unreadable, nothing is known
+    _, cgroup = _fs(tmp_path / "g", 1, {"memory.max": f"{1 << 60}", "memory.current": "5"})
+    assert available_memory(str(tmp_path / "none"), cgroup) is None
+    _, cgroup = _fs(tmp_path / "h", 1, {"memory.max": f"{(1 << 60) - 4096}", "memory.current": f"{GiB}"})
+    assert available_memory(str(tmp_path / "none"), cgroup) == (1 << 60) - 4096 - GiB
 
 
 def test_available_memory_here_is_a_plausible_number():
@@ -93,6 +107,10 @@ def test_executor_lowers_lanes_that_do_not_fit_and_results_stay(monkeypatch, two
         if parallel == 2 and lanes == 1:
             with pytest.warns(UserWarning, match="parallel_members=2 lowered to 1: a lane's model copy needs"):
                 assert ex.lanes_for(4) == 1
+        elif parallel == 2:
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")  # every lane fits: nothing lowered, nothing to warn about
+                assert ex.lanes_for(4) == 2
         assert ex.lanes_for(4) == (lanes if parallel == 2 else 1)
         results.append(ex.evaluate_members(members, batch))
         assert len(ex._lanes) == (lanes - 1 if parallel == 2 else 0)  # no copy made for a lane that does not fit
