@@ -250,6 +250,16 @@ def test_lane_timings_stay_within_the_lanes_wall_time(two_threads):
         assert 0 <= got.timings[key] <= 2 * got.timings["evaluate"], got.timings
 
 
+def test_bf16_rollouts_run_on_a_bf16_copy_and_the_model_stays_fp32():
+    model = tiny_llama()
+    ex = executor(model, stub_generate, 1, rollout_dtype=torch.bfloat16)
+    ex.start()  # bf16 rollouts: even one lane is a copy
+    (lane, _), = ex._lanes
+    assert {p.dtype for p in lane.parameters() if p.is_floating_point()} == {torch.bfloat16}
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
+    ex.close()
+
+
 def test_a_lanes_deferred_perturbation_is_timed_as_perturbation():
     """On a lane copy the engine asks for the perturbed projections while it generates (`fill_released`): those
     seconds count as perturbation, not generation."""

@@ -29,6 +29,13 @@ def _filled(tile, rows=4, capacity=6, length=5):
 
 
 @pytest.mark.parametrize("tile", [None, 4])
+def test_a_new_cache_has_no_live_columns(tile):
+    cache = KVCache(SHAPE, 3, 5, torch.float32, "cpu", key_tile=tile)
+    assert cache.length == 0 and cache.rows == 3 and not cache.mask.any()
+    assert cache.keys(0).shape == (3, 2, 0, 3)
+
+
+@pytest.mark.parametrize("tile", [None, 4])
 def test_ensure_doubles_only_when_needed_and_keeps_the_used_columns(tile):
     cache, keys = _filled(tile)
     first = cache.capacity  # 6, or 8 rounded up to whole tiles
