@@ -86,6 +86,9 @@ def _wandb_offline(monkeypatch, tmp_path):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
     monkeypatch.delenv("WANDB_RUN_ID", raising=False)
+    import wandb
+
+    wandb.teardown()  # wandb keeps the settings of its first run in a process: these tests set their own
     cwd = tmp_path / "cwd"
     cwd.mkdir()
     monkeypatch.chdir(cwd)  # nothing of the run may land in the working folder
@@ -93,8 +96,10 @@ def _wandb_offline(monkeypatch, tmp_path):
 
 
 def _offline_ids(run_dir) -> list[str]:
-    """The run ids of a folder's offline wandb runs, oldest first (`offline-run-<time>-<id>`)."""
-    return [p.name.rsplit("-", 1)[1] for p in sorted((run_dir / "wandb").glob("offline-run-*"))]
+    """The run ids of a folder's offline wandb runs, oldest first, from each run's `run-<id>.wandb` file (a folder
+    name may carry a suffix: two runs of one id in the same second)."""
+    return [f.name[len("run-"):-len(".wandb")] for p in sorted((run_dir / "wandb").glob("offline-run-*"))
+            for f in p.glob("run-*.wandb")]
 
 
 def test_a_resumed_es_run_logs_on_in_its_wandb_run(tmp_path, es_cli, monkeypatch):
@@ -117,7 +122,7 @@ def test_wandb_online_without_an_account_fails_before_the_model_loads(tmp_path, 
     """`--report-to wandb` with no API key failed at `wandb.init`, after the model had loaded (and, in an
     experiment, after the base model's evaluations)."""
     pytest.importorskip("wandb")
-    for name in ("WANDB_API_KEY", "WANDB_MODE", "WANDB_RUN_ID"):
+    for name in ("WANDB_API_KEY", "WANDB_MODE", "WANDB_RUN_ID", "NETRC", "WANDB_IDENTITY_TOKEN_FILE"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc, no wandb settings of this machine's user
     monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
@@ -133,17 +138,57 @@ def test_wandb_online_without_an_account_fails_before_the_model_loads(tmp_path, 
     out = tmp_path / "run"
     assert main(["train", algorithm, "--preset", "cpu", "--report-to", "wandb", "--output-dir", str(out)]) == 2
     err = capsys.readouterr().err
-    assert "report_to 'wandb': No API key configured" in err and "WANDB_MODE=offline" in err, err
+    assert "report_to 'wandb': " in err and "WANDB_MODE=offline" in err, err
     assert not out.exists()
 
 
-def test_wandb_run_id_prefers_wandbs_own_variable(tmp_path, monkeypatch):
-    monkeypatch.setenv("WANDB_RUN_ID", "mine1234")
-    assert wandb_run_id(tmp_path) == "mine1234" and not (tmp_path / WANDB_ID_FILE).exists()
-    monkeypatch.delenv("WANDB_RUN_ID")
-    first = wandb_run_id(tmp_path)
-    assert len(first) == 8 and first.isalnum() and wandb_run_id(tmp_path) == first
+@pytest.mark.parametrize("crash", [False, True])
+def test_an_es_run_that_fails_is_marked_failed_in_wandb(tmp_path, es_cli, monkeypatch, crash):
+    """wandb's run was finished as a success whatever ended the training (`finish()` without an exit code)."""
+    _wandb_offline(monkeypatch, tmp_path)
+    import esft.tracking as tracking
+    from esft.es.trainer import ESTrainer
+
+    ends = []
+    finish = tracking.finish_wandb
+    monkeypatch.setattr(tracking, "finish_wandb", lambda run, failed: (ends.append(failed), finish(run, failed)))
+    if crash:
+        def iteration(self):
+            raise RuntimeError("simulated crash")
+
+        monkeypatch.setattr(ESTrainer, "iteration", iteration)
+    assert es_cli(tmp_path / "run", "--report-to", "wandb") == (1 if crash else 0)
+    import wandb
+
+    assert ends == [crash] and wandb.run is None
+
+
+def test_a_wandb_run_the_caller_opened_is_logged_to_and_left_open(tmp_path, es_cli, monkeypatch):
+    """A notebook's own run (its entity, tags, group) was finished by the ES run's `reinit="finish_previous"`, and
+    the metrics went to a second run; transformers logs GRPO to an open run. ES now does the same."""
+    _wandb_offline(monkeypatch, tmp_path)
+    import wandb
+
+    mine = wandb.init(project="mine", dir=str(tmp_path))
+    try:
+        assert es_cli(tmp_path / "run", "--report-to", "wandb") == 0
+        assert wandb.run is mine and not (tmp_path / "run" / WANDB_ID_FILE).exists()
+    finally:
+        mine.finish()
+
+
+def test_a_folder_keeps_its_wandb_id_and_wandbs_variable_names_only_a_new_one(tmp_path, monkeypatch):
+    """WANDB_RUN_ID names the run of a folder that has none yet, and the folder keeps it: a resume without the
+    variable, or with another value left in the shell, logs on in the folder's own run."""
+    monkeypatch.delenv("WANDB_RUN_ID", raising=False)
+    first = wandb_run_id(tmp_path / "a")
+    assert len(first) == 8 and first.isalnum() and wandb_run_id(tmp_path / "a") == first
     assert wandb_run_id(tmp_path / "b") != first
+    monkeypatch.setenv("WANDB_RUN_ID", "mine1234")
+    assert wandb_run_id(tmp_path / "a") == first  # kept
+    assert wandb_run_id(tmp_path / "c") == "mine1234"
+    monkeypatch.delenv("WANDB_RUN_ID")
+    assert (tmp_path / "c" / WANDB_ID_FILE).read_text().strip() == wandb_run_id(tmp_path / "c") == "mine1234"
 
 
 def test_a_grpo_run_opens_its_wandb_run_as_es_does(tmp_path, tokenizer, monkeypatch):
@@ -287,8 +332,8 @@ class RecordingBackend:
         rows[0]["mutated"] = True  # a backend may change what it is given
         self.calls.append((self.name, "table", name, [dict(r) for r in rows], step))
 
-    def close(self):
-        self.calls.append((self.name, "close"))
+    def close(self, failed=False):
+        self.calls.append((self.name, "close") + (("failed",) if failed else ()))
 
 
 def test_tracker_sends_exactly_the_scalars_with_their_step_and_closes_each_backend_once():
@@ -312,8 +357,8 @@ def test_tracker_sends_exactly_the_scalars_with_their_step_and_closes_each_backe
 
 
 class FailingClose(RecordingBackend):
-    def close(self):
-        super().close()
+    def close(self, failed=False):
+        super().close(failed)
         raise OSError(f"{self.name}: disk full")
 
 
@@ -387,17 +432,20 @@ def test_wandb_and_trackio_backends_log_at_the_step_and_finish(tmp_path, monkeyp
             return (self.columns, self.data) == (other.columns, other.data)
 
     class Run:
-        def log(self, data, step):
-            calls.append(("wandb.log", data, step))
+        def define_metric(self, name, step_metric=None, step_sync=None):
+            calls.append(("wandb.define_metric", name, step_metric))
 
-        def finish(self):
-            calls.append(("wandb.finish",))
+        def log(self, data):  # no `step=`: wandb drops a step below its resumed counter
+            calls.append(("wandb.log", data))
+
+        def finish(self, exit_code):
+            calls.append(("wandb.finish", exit_code))
 
     def wandb_init(**kw):
-        calls.append(("wandb.init", kw["project"], kw["name"], kw["dir"], kw["config"]))
+        calls.append(("wandb.init", kw["project"], kw["name"], kw["dir"], kw["config"], kw["resume"]))
         return Run()
 
-    fake_module(monkeypatch, "wandb", init=wandb_init, Table=Table, login=lambda verify: False)
+    fake_module(monkeypatch, "wandb", init=wandb_init, Table=Table, login=lambda verify: False, run=None)
     fake_module(monkeypatch, "trackio", Table=Table,
                 init=lambda **kw: calls.append(("trackio.init", kw["project"], kw["name"], kw["config"])),
                 log=lambda data, step: calls.append(("trackio.log", data, step)),
@@ -409,11 +457,13 @@ def test_wandb_and_trackio_backends_log_at_the_step_and_finish(tmp_path, monkeyp
     tracker.log_table("t", [{"x": 1}, {"y": 2}], step=9)
     tracker.close()
     table = Table(["x", "y"], [[1, None], [None, 2]])
-    assert calls == [("wandb.init", "wp", "run", str(tmp_path), {"seed": 1}),
+    assert calls == [("wandb.init", "wp", "run", str(tmp_path), {"seed": 1}, "allow"),
+                     ("wandb.define_metric", "train/global_step", None),
+                     ("wandb.define_metric", "*", "train/global_step"),
                      ("trackio.init", "esft", "run", {"seed": 1}),
-                     ("wandb.log", {"a": 2.0}, 9), ("trackio.log", {"a": 2.0}, 9),
-                     ("wandb.log", {"t": table}, 9), ("trackio.log", {"t": table}, 9),
-                     ("wandb.finish",), ("trackio.finish",)]
+                     ("wandb.log", {"a": 2.0, "train/global_step": 9}), ("trackio.log", {"a": 2.0}, 9),
+                     ("wandb.log", {"t": table, "train/global_step": 9}), ("trackio.log", {"t": table}, 9),
+                     ("wandb.finish", 0), ("trackio.finish",)]
 
 
 def test_report_to_as_a_list_as_trl_configs_write_it(tmp_path):
@@ -519,7 +569,7 @@ def test_a_tracker_that_fails_to_open_closes_those_opened_before_it_and_the_es_e
         raise RuntimeError("wandb: api_key not configured (no-tty)")
 
     fake_module(monkeypatch, "torch.utils.tensorboard", SummaryWriter=Writer)
-    fake_module(monkeypatch, "wandb", init=wandb_init, login=lambda verify: False)
+    fake_module(monkeypatch, "wandb", init=wandb_init, login=lambda verify: False, run=None)
     close = LocalExecutor.close
 
     def recording_close(self):

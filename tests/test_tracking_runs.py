@@ -106,3 +106,28 @@ def test_grpo_writes_sample_tables_to_tensorboard_under_es_names(tmp_path, token
     assert text.count("\n") == 1 + len(first) == 3  # header, rule, one line per sample
     assert f"| {first[0]['index']} | {first[0]['reward']}" in text
     assert evals[0].tensor_proto.string_val[0].decode().count("\n") == 3  # 2 of the 3 evaluated, as ES cuts
+
+
+@pytest.mark.parametrize("error", [None, RuntimeError("simulated crash"), KeyboardInterrupt()])
+def test_grpo_marks_its_wandb_run_failed_when_an_error_or_ctrl_c_stops_it(tmp_path, tokenizer, monkeypatch, error):
+    """The folder's wandb run ends with the training, as a success only when the training ended normally."""
+    pytest.importorskip("wandb")
+    import wandb
+
+    import esft.tracking as tracking
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    wandb.teardown()  # wandb keeps the settings of its first run in a process
+    ends = []
+    finish = tracking.finish_wandb
+    monkeypatch.setattr(tracking, "finish_wandb", lambda run, failed: (ends.append(failed), finish(run, failed)))
+    config = tiny_config(tmp_path / "run", max_steps=2, save_steps=0, eval_every=0, max_completion_length=3,
+                         report_to="wandb")
+    crash = [] if error is None else [CrashAfterLog(1, error)]
+    try:
+        train_grpo(config, model=make_tiny_model(), tokenizer=tokenizer, task=ParityTask(), callbacks=crash,
+                   progress=False)
+    except (RuntimeError, KeyboardInterrupt) as exc:  # RunInterrupted is a KeyboardInterrupt
+        assert error is not None and ("simulated crash" in str(exc) or "interrupted at step 1" in str(exc))
+    assert ends == [error is not None] and wandb.run is None

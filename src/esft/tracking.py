@@ -1,8 +1,9 @@
 """Experiment trackers for ES runs: `report_to` (TRL's name and values) = none, tensorboard, wandb, trackio or a
 comma-separated list of them. Off by default; each backend is an optional extra (`pip install 'esft[tensorboard]'`,
 `'esft[wandb]'`, `'esft[trackio]'`). GRPO hands the same value to TRL, which logs through its own integrations
-(esft.grpo.callbacks points TensorBoard at `<run_dir>/tensorboard` and adds the held-out evaluations under `eval/`
-and the train values TRL does not log under ES's names: `train/accuracy`, `train/format_rate`, `train/time/total`...).
+(esft.grpo.callbacks points TensorBoard at `<run_dir>/tensorboard`, opens the folder's wandb run as ES does, and adds
+the held-out evaluations under `eval/` and the train values TRL does not log under ES's names: `train/accuracy`,
+`train/format_rate`, `train/time/total`...).
 
     tracker = open_tracker("tensorboard", run_dir, run_name, config_dict)
     tracker.log({"fitness": {"mean": 0.4}, "test_ci95": [0.2, 0.6]}, step=3, prefix="train")
@@ -10,12 +11,14 @@ and the train values TRL does not log under ES's names: `train/accuracy`, `train
     tracker.close()
 
 Records are flattened to scalars (`train/fitness/mean`, `eval/test_ci95/low` and `/high`); text and flags are left
-out. TensorBoard writes event files to `<run_dir>/tensorboard`; wandb and trackio use their own places and settings
-(`WANDB_PROJECT`, `WANDB_MODE=offline` runs without a network, `TRACKIO_PROJECT`).
+out. TensorBoard writes event files to `<run_dir>/tensorboard`; wandb to `<run_dir>/wandb`, in the run the folder
+keeps the id of (open_wandb; `WANDB_PROJECT`, `WANDB_MODE=offline` runs without a network); trackio to its own
+place (`TRACKIO_PROJECT`).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from pathlib import Path
@@ -125,13 +128,13 @@ class Tracker:
             for b in self.backends:
                 b.log_table(name, [dict(r) for r in rows], step)
 
-    def close(self) -> None:
+    def close(self, failed: bool = False) -> None:
         """Closes every backend, even after one fails to (its unflushed data would be lost); then raises the
-        first failure."""
+        first failure. `failed`: the training did not end normally (wandb marks the run failed)."""
         backends, self.backends, error = self.backends, [], None
         for b in backends:
             try:
-                b.close()
+                b.close(failed)
             except Exception as exc:  # re-raised below, once the others are closed
                 error = error or exc
         if error is not None:
@@ -154,28 +157,29 @@ class TensorBoardBackend:
         self.writer.add_text(name, table_markdown(rows), step)
         self.writer.flush()
 
-    def close(self) -> None:
+    def close(self, failed: bool = False) -> None:
         self.writer.close()
 
 
 #: where a run folder keeps its wandb run id (in wandb's own folder of the run)
 WANDB_ID_FILE = "wandb/esft-run-id"
+#: the x-axis of every esft metric in wandb, ES's and GRPO's alike (transformers' name: TRL's own metrics use it)
+WANDB_STEP = "train/global_step"
 
 
 def wandb_run_id(run_dir: Path) -> str:
-    """The wandb run id of `run_dir`: WANDB_RUN_ID where set (wandb's own variable), else the one the folder keeps
-    (WANDB_ID_FILE), else a new one, kept there. A resumed run thus logs on in the wandb run it started, instead of
-    opening a second one; a new run in a new folder gets a new id (ids are random, as wandb's own)."""
+    """The wandb run id of `run_dir`: the one the folder keeps (WANDB_ID_FILE), else WANDB_RUN_ID where set
+    (wandb's own variable), else a new random one; kept in the folder either way. A resumed run thus logs on in the
+    wandb run it started instead of opening a second one, whatever the environment says by then."""
     import secrets
     import string
 
-    if os.environ.get("WANDB_RUN_ID"):
-        return os.environ["WANDB_RUN_ID"]
     path = Path(run_dir) / WANDB_ID_FILE
     kept = path.read_text().strip() if path.is_file() else ""
     if kept:
         return kept
-    new = "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))
+    new = os.environ.get("WANDB_RUN_ID") or "".join(secrets.choice(string.ascii_lowercase + string.digits)
+                                                     for _ in range(8))
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(new + "\n")
     return new
@@ -183,31 +187,53 @@ def wandb_run_id(run_dir: Path) -> str:
 
 def open_wandb(run_dir: Path, run_name: str, config: Mapping[str, Any] | None = None) -> Any:
     """The wandb run of a run folder, for ES and GRPO alike: project WANDB_PROJECT (default "esft"), named after the
-    run, its files in `<run>/wandb`, its id the folder's (wandb_run_id), resumed where it exists already."""
+    run, its files in `<run>/wandb`, its id the folder's (wandb_run_id), resumed where it exists already. Metrics
+    are plotted over WANDB_STEP, not wandb's own step: a resume logs again the evaluation a stop interrupted, at a
+    step wandb's resumed counter has passed (it would drop it)."""
     import wandb
 
-    return wandb.init(project=os.environ.get("WANDB_PROJECT", "esft"), name=run_name, dir=str(run_dir),
-                      id=wandb_run_id(run_dir), resume="allow", config=dict(config or {}),
-                      reinit="finish_previous")
+    run = wandb.init(project=os.environ.get("WANDB_PROJECT", "esft"), name=run_name, dir=str(run_dir),
+                     id=wandb_run_id(run_dir), resume="allow", config=dict(config or {}), reinit="finish_previous")
+    run.define_metric(WANDB_STEP)
+    run.define_metric("*", step_metric=WANDB_STEP, step_sync=True)
+    return run
+
+
+def finish_wandb(run: Any, failed: bool) -> None:
+    """Ends `run`, marked failed (exit code 1) when the training did not end normally. After a failure, an error
+    of the finish itself is a warning: the training's error is the one to report."""
+    import sys
+
+    try:
+        run.finish(exit_code=1 if failed else 0)
+    except Exception as exc:
+        if not failed:
+            raise
+        print(f"esft: warning: the wandb run did not finish cleanly: {type(exc).__name__}: {exc}", file=sys.stderr)
 
 
 class WandbBackend:
+    """An ES run's wandb run (open_wandb); a run the caller opened already (in a notebook: its entity, tags or
+    group) is logged to and left open, as transformers does for GRPO."""
+
     def __init__(self, run_dir: Path, run_name: str, config: Mapping[str, Any]):
         import wandb
 
         self.wandb = wandb
-        self.run = open_wandb(run_dir, run_name, config)
+        self.owned = wandb.run is None
+        self.run = open_wandb(run_dir, run_name, config) if self.owned else wandb.run
 
     def log(self, scalars: Mapping[str, float], step: int) -> None:
-        self.run.log(dict(scalars), step=step)
+        self.run.log({**scalars, WANDB_STEP: step})
 
     def log_table(self, name: str, rows: list[dict[str, Any]], step: int) -> None:
         columns = list(dict.fromkeys(k for r in rows for k in r))
         table = self.wandb.Table(columns=columns, data=[[r.get(c) for c in columns] for r in rows])
-        self.run.log({name: table}, step=step)
+        self.run.log({name: table, WANDB_STEP: step})
 
-    def close(self) -> None:
-        self.run.finish()
+    def close(self, failed: bool = False) -> None:
+        if self.owned:
+            finish_wandb(self.run, failed)
 
 
 class TrackioBackend:
@@ -227,7 +253,7 @@ class TrackioBackend:
             self.trackio.log({name: table_cls(columns=columns, data=[[r.get(c) for c in columns] for r in rows])},
                              step=step)
 
-    def close(self) -> None:
+    def close(self, failed: bool = False) -> None:
         self.trackio.finish()
 
 
@@ -256,16 +282,22 @@ def check_backends(report_to: str | Iterable[str] | None) -> list[str]:
 
 def _check_wandb_account() -> None:
     """Online, wandb needs an account: without an API key `wandb.init` fails once the model has loaded. Asked here
-    instead, through wandb's own login (which reads WANDB_API_KEY and ~/.netrc, and asks for the key on a
-    terminal); offline and disabled modes need none."""
-    if os.environ.get("WANDB_MODE", "online") in ("offline", "disabled", "dryrun"):
-        return
+    instead, through wandb's own login (which reads WANDB_API_KEY and ~/.netrc, and on a terminal asks for the key
+    or offers to run offline); offline and disabled modes need none. The key is not verified (no network call):
+    a revoked one still fails at `wandb.init`. Asked once per process and setting, not for every run of a spec."""
+    mode = os.environ.get("WANDB_MODE", "online")
+    if mode not in ("offline", "disabled", "dryrun"):
+        _wandb_login(mode, os.environ.get("WANDB_API_KEY"))
+
+
+@functools.cache
+def _wandb_login(mode: str, key: str | None) -> None:  # cached when it passes: a refusal raises, and is asked again
     import wandb
 
     try:
         wandb.login(verify=False)
     except wandb.errors.UsageError as exc:
-        raise ValueError(f"report_to 'wandb': {exc} Or log without an account, to <run>/wandb: "
+        raise ValueError(f"report_to 'wandb': {str(exc).rstrip('. ')}. Or log without an account, to <run>/wandb: "
                          "WANDB_MODE=offline") from None
 
 
@@ -280,12 +312,12 @@ def open_tracker(report_to: str | Iterable[str] | None, run_dir: str | Path, run
             tracker.backends.append(_BACKENDS[n](Path(run_dir), run_name, config))
     except BaseException as exc:
         try:
-            tracker.close()
+            tracker.close(failed=True)
         except Exception as close_error:  # the opening error is the one to report; this one goes beside it
             exc.add_note(f"closing the trackers opened before it failed too: {close_error!r}")
         raise
     return tracker
 
 
-__all__ = ["REPORT_TO", "WANDB_ID_FILE", "Tracker", "check_backends", "flatten", "open_tracker", "open_wandb",
-           "parse_report_to", "report_to_text", "table_markdown", "wandb_run_id"]
+__all__ = ["REPORT_TO", "WANDB_ID_FILE", "WANDB_STEP", "Tracker", "check_backends", "finish_wandb", "flatten",
+           "open_tracker", "open_wandb", "parse_report_to", "report_to_text", "table_markdown", "wandb_run_id"]

@@ -390,6 +390,7 @@ class ESTrainer:
         self._prepare_dir()
         bar = tqdm(total=cfg.iterations, initial=min(self.step, cfg.iterations), desc="ES", unit="it",
                    disable=not self.progress, dynamic_ncols=True)
+        ended = False  # the loop ran to its end (the trackers' runs are marked finished, else failed)
         try:  # from the first evaluation on, which is where Ray workers start: an error or Ctrl-C there ends them
             # in this block, so that a tracker that fails to open (wandb without an API key) ends the executor too
             self.tracker = open_tracker(cfg.report_to, self.out, self.out.name, cfg.to_dict())
@@ -408,6 +409,7 @@ class ESTrainer:
                     self._say_eval(self.evaluate(), bar.write)
                 if self._checkpoint_due(self.step):
                     self.checkpoint()
+            ended = True
         except KeyboardInterrupt:
             if self.weights.perturbed is not None:
                 self.weights.restore()
@@ -419,7 +421,7 @@ class ESTrainer:
             bar.close()
             if self._owns_executor:
                 self.executor.close()
-            self.tracker.close()
+            self.tracker.close(failed=not ended)
         try:
             final = self.checkpoint("final")
         except KeyboardInterrupt:  # every iteration is logged: a resume writes the final checkpoint and stops

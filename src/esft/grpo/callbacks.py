@@ -157,14 +157,17 @@ def point_tensorboard(trainer: Any, folder: Path, resume_step: int | None = None
 def open_wandb_run(trainer: Any, folder: Path) -> Any:
     """The run folder's wandb run (esft.tracking.open_wandb, as an ES run opens it) where `report_to` names wandb,
     opened before transformers' WandbCallback opens its own (project "huggingface", files in `./wandb`, a new run
-    on every resume): the callback logs to the run it finds open. None without wandb."""
+    on every resume): the callback logs to the run it finds open. None without wandb, and where the caller has a
+    run open already (a notebook's own): the callback logs to that one, which stays the caller's to finish."""
     from transformers.integrations import WandbCallback
 
     from esft.tracking import open_wandb
 
     if not any(isinstance(cb, WandbCallback) for cb in tracker_callbacks(trainer)):
         return None
-    return open_wandb(folder, folder.name)
+    import wandb
+
+    return open_wandb(folder, folder.name) if wandb.run is None else None
 
 
 def close_tensorboard(trainer: Any) -> None:

@@ -354,10 +354,11 @@ def _train_or_save(trainer: EsftGRPOTrainer, resume_from: Path | None, runlog: A
     so that a resume continues from there instead of from the last scheduled checkpoint. The run log's progress
     bar is closed whatever ends the training, before any message about it is printed."""
     from esft.grpo.callbacks import close_tensorboard, open_wandb_run
+    from esft.tracking import finish_wandb
 
     boundary = StepBoundary()
     trainer.add_callback(boundary)  # last: its on_log of a step follows the step's metrics and evaluation
-    wandb_run = None
+    wandb_run, ended = None, False
     try:
         wandb_run = open_wandb_run(trainer, Path(trainer.run_dir))
         with warnings.catch_warnings(), without_transformers_bars():  # the step bar only, not one per checkpoint
@@ -367,6 +368,7 @@ def _train_or_save(trainer: EsftGRPOTrainer, resume_from: Path | None, runlog: A
             warnings.filterwarnings("ignore", message=r"`(is_)?gradient_checkpointing\w*` is deprecated",
                                     category=FutureWarning)
             trainer.train(resume_from_checkpoint=str(resume_from) if resume_from is not None else None)
+        ended = True
     except OSError as exc:
         if exc.errno not in DISK_FULL:
             raise
@@ -386,6 +388,8 @@ def _train_or_save(trainer: EsftGRPOTrainer, resume_from: Path | None, runlog: A
             f"{_continue_step(trainer)} with `esft train grpo --resume --output-dir {trainer.run_dir}`") from None
     finally:
         runlog.close_bar()
-        close_tensorboard(trainer)
-        if wandb_run is not None:
-            wandb_run.finish()
+        try:
+            close_tensorboard(trainer)
+        finally:
+            if wandb_run is not None:
+                finish_wandb(wandb_run, failed=not ended)
