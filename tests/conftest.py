@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import tempfile
 
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never touch the network
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# trackio's runs go to a folder of this session, not the user's (trackio reads it once, when it is imported)
+os.environ["TRACKIO_DIR"] = tempfile.mkdtemp(prefix="esft-tests-trackio-")
 
 
 @pytest.fixture(scope="session")

@@ -276,17 +276,13 @@ def test_an_experiment_with_a_tracker_not_installed_fails_at_its_line(monkeypatc
 
 
 def test_trackio_local(tmp_path, es_cli, monkeypatch):
-    import sys
-
-    monkeypatch.setenv("TRACKIO_DIR", str(tmp_path / "trackio"))  # read when trackio is imported
-    for name in [m for m in sys.modules if m == "trackio" or m.startswith("trackio.")]:
-        monkeypatch.delitem(sys.modules, name)
-    pytest.importorskip("trackio")
-    monkeypatch.setenv("TRACKIO_PROJECT", "esft-test")
-    assert es_cli(tmp_path / "run", "--report-to", "trackio") == 0
+    import trackio
     from trackio.sqlite_storage import SQLiteStorage
 
-    metrics = SQLiteStorage.get_logs(project="esft-test", run="run")
+    monkeypatch.setenv("TRACKIO_PROJECT", f"esft-{tmp_path.name}")  # stored in the test session's TRACKIO_DIR
+    assert es_cli(tmp_path / "run", "--report-to", "trackio") == 0
+    assert trackio.context_vars.current_run.get() is None  # finished with the training
+    metrics = SQLiteStorage.get_logs(project=f"esft-{tmp_path.name}", run="run")
     steps = [m["step"] for m in metrics if "train/fitness/mean" in m]
     assert steps == [1, 2]
 
@@ -446,8 +442,13 @@ def test_wandb_and_trackio_backends_log_at_the_step_and_finish(tmp_path, monkeyp
         return Run()
 
     fake_module(monkeypatch, "wandb", init=wandb_init, Table=Table, login=lambda verify: False, run=None)
-    fake_module(monkeypatch, "trackio", Table=Table,
-                init=lambda **kw: calls.append(("trackio.init", kw["project"], kw["name"], kw["config"])),
+    class TrackioApi:
+        def runs(self, project):
+            raise ValueError(f"Project '{project}' does not exist")
+
+    fake_module(monkeypatch, "trackio", Table=Table, Api=TrackioApi,
+                init=lambda **kw: calls.append(("trackio.init", kw["project"], kw["name"], kw["config"],
+                                                kw["resume"])),
                 log=lambda data, step: calls.append(("trackio.log", data, step)),
                 finish=lambda: calls.append(("trackio.finish",)))
     monkeypatch.setenv("WANDB_PROJECT", "wp")
@@ -460,7 +461,7 @@ def test_wandb_and_trackio_backends_log_at_the_step_and_finish(tmp_path, monkeyp
     assert calls == [("wandb.init", "wp", "run", str(tmp_path), {"seed": 1}, "allow"),
                      ("wandb.define_metric", "train/global_step", None),
                      ("wandb.define_metric", "*", "train/global_step"),
-                     ("trackio.init", "esft", "run", {"seed": 1}),
+                     ("trackio.init", "esft", "run", {"seed": 1}, "allow"),
                      ("wandb.log", {"a": 2.0, "train/global_step": 9}), ("trackio.log", {"a": 2.0}, 9),
                      ("wandb.log", {"t": table, "train/global_step": 9}), ("trackio.log", {"t": table}, 9),
                      ("wandb.finish", 0), ("trackio.finish",)]

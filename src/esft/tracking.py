@@ -13,7 +13,7 @@ the held-out evaluations under `eval/` and the train values TRL does not log und
 Records are flattened to scalars (`train/fitness/mean`, `eval/test_ci95/low` and `/high`); text and flags are left
 out. TensorBoard writes event files to `<run_dir>/tensorboard`; wandb to `<run_dir>/wandb`, in the run the folder
 keeps the id of (open_wandb; `WANDB_PROJECT`, `WANDB_MODE=offline` runs without a network); trackio to its own
-place (`TRACKIO_PROJECT`).
+place (`TRACKIO_PROJECT`), in the run whose name the folder keeps (trackio_run_name).
 """
 
 from __future__ import annotations
@@ -236,12 +236,50 @@ class WandbBackend:
             finish_wandb(self.run, failed)
 
 
+#: where a run folder keeps the name of its trackio run: trackio finds the run to resume by its name
+TRACKIO_NAME_FILE = "trackio-run-name"
+
+
+def trackio_project() -> str:
+    """The trackio project of esft's runs, ES's and GRPO's alike: TRACKIO_PROJECT, default "esft"."""
+    return os.environ.get("TRACKIO_PROJECT", "esft")
+
+
+def trackio_run_name(run_dir: Path, run_name: str, project: str) -> str:
+    """The trackio run name of `run_dir`: the one the folder keeps (TRACKIO_NAME_FILE), else `run_name`, with a
+    random suffix where `project` has a run of that name already (another folder's: trackio would resume it); kept in
+    the folder either way, so that a resumed run logs on in the trackio run it started."""
+    import secrets
+    import string
+
+    import trackio
+
+    path = Path(run_dir) / TRACKIO_NAME_FILE
+    kept = path.read_text().strip() if path.is_file() else ""
+    if kept:
+        return kept
+    try:
+        taken = {run.name for run in trackio.Api().runs(project)}
+    except ValueError:  # no such project yet
+        taken = set()
+    name = run_name
+    while name in taken:
+        name = f"{run_name}-" + "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(6))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(name + "\n")
+    return name
+
+
 class TrackioBackend:
+    """An ES run's trackio run (trackio_run_name), resumed where it exists already."""
+
     def __init__(self, run_dir: Path, run_name: str, config: Mapping[str, Any]):
         import trackio
 
         self.trackio = trackio
-        self.run = trackio.init(project=os.environ.get("TRACKIO_PROJECT", "esft"), name=run_name, config=dict(config))
+        project = trackio_project()
+        self.run = trackio.init(project=project, name=trackio_run_name(run_dir, run_name, project), resume="allow",
+                                config=dict(config))
 
     def log(self, scalars: Mapping[str, float], step: int) -> None:
         self.trackio.log(dict(scalars), step=step)
@@ -319,5 +357,6 @@ def open_tracker(report_to: str | Iterable[str] | None, run_dir: str | Path, run
     return tracker
 
 
-__all__ = ["REPORT_TO", "WANDB_ID_FILE", "WANDB_STEP", "Tracker", "check_backends", "finish_wandb", "flatten",
-           "open_tracker", "open_wandb", "parse_report_to", "report_to_text", "table_markdown", "wandb_run_id"]
+__all__ = ["REPORT_TO", "TRACKIO_NAME_FILE", "WANDB_ID_FILE", "WANDB_STEP", "Tracker", "check_backends",
+           "finish_wandb", "flatten", "open_tracker", "open_wandb", "parse_report_to", "report_to_text",
+           "table_markdown", "trackio_project", "trackio_run_name", "wandb_run_id"]

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from transformers import TrainerCallback
 
@@ -168,6 +168,28 @@ def open_wandb_run(trainer: Any, folder: Path) -> Any:
     import wandb
 
     return open_wandb(folder, folder.name) if wandb.run is None else None
+
+
+def point_trackio(args: Any, folder: Path, given: Mapping[str, Any]) -> None:
+    """Where `report_to` names trackio, TRL's arguments name the project and run as an ES run's (TRACKIO_PROJECT,
+    the name the folder keeps) instead of transformers' (project "huggingface", a random name, a new run on every
+    resume): transformers' callback opens the run with resume="allow", so a resume logs on in it. `project` and
+    `run_name` given in trl_args (`given`) are left as they are."""
+    from esft.tracking import trackio_project, trackio_run_name
+
+    if "trackio" not in (args.report_to or []):
+        return
+    if "project" not in given:
+        args.project = trackio_project()
+    if "run_name" not in given:
+        args.run_name = trackio_run_name(folder, folder.name, args.project)
+
+
+def point_trackers(trainer: Any, folder: Path, resume_step: int | None, given: Mapping[str, Any]) -> None:
+    """The trainer's trackers write where an ES run's do: TensorBoard in `<run>/tensorboard` (point_tensorboard),
+    trackio in the folder's run (point_trackio; `given`: the run's trl_args)."""
+    point_tensorboard(trainer, folder / "tensorboard", resume_step)
+    point_trackio(trainer.args, folder, given)
 
 
 def close_tensorboard(trainer: Any) -> None:

@@ -250,7 +250,7 @@ def _say_resuming(out: Path, config: GRPOConfig, start: int, resume_from: Path |
 def _train_locked(config: GRPOConfig, out: Path, model: Any, tokenizer: Any, task: Any, callbacks: Sequence[Any],
                   progress: bool) -> GRPOTrainResult:
     from esft.evaluation import load_examples
-    from esft.grpo.callbacks import EvalCallback, RunLogCallback, point_tensorboard, tracker_report, tracker_table
+    from esft.grpo.callbacks import EvalCallback, RunLogCallback, point_trackers, tracker_report, tracker_table
     from esft.grpo.drift_log import DriftCallback, snapshot
     from esft.models import default_device
 
@@ -293,7 +293,7 @@ def _train_locked(config: GRPOConfig, out: Path, model: Any, tokenizer: Any, tas
                               save_total_limit=config.save_total_limit)
     trainer_box.append(trainer)
     _remove_default_printers(trainer)
-    point_tensorboard(trainer, out / "tensorboard", start if config.resume else None)
+    point_trackers(trainer, out, start if config.resume else None, config.trl_args)
 
     model = trainer.accelerator.unwrap_model(trainer.model)
     # theta_0 = the initial weights, taken before a resume loads the checkpoint into the model

@@ -1,0 +1,120 @@
+"""trackio (`--report-to trackio`, local storage in TRACKIO_DIR): a run folder keeps the name of its trackio run,
+so that a resume logs on in it, for ES and GRPO alike, in the project ES and GRPO share."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import make_tiny_model
+from esft.cli import main
+from esft.tracking import TRACKIO_NAME_FILE, trackio_run_name
+
+
+@pytest.fixture()
+def project(tmp_path, monkeypatch):
+    """A trackio project of this test's own (TRACKIO_DIR is the test session's: tests/conftest.py)."""
+    name = f"esft-{tmp_path.name}"
+    monkeypatch.setenv("TRACKIO_PROJECT", name)
+    yield name
+    import trackio
+
+    if trackio.context_vars.current_run.get() is not None:  # nothing open for the next test
+        trackio.finish()
+
+
+def _runs(project: str) -> dict[str, list[int]]:
+    """Each trackio run of `project` (by id) -> its name and the steps of its logged train/fitness/mean (ES) or
+    train/reward (GRPO: transformers logs the step as `train/global_step`, trackio's own step counts the logs)."""
+    from trackio.sqlite_storage import SQLiteStorage
+
+    out = {}
+    for record in SQLiteStorage.get_run_records(project):
+        logs = SQLiteStorage.get_logs(project=project, run=record["name"], run_id=record["id"])
+        out[record["id"]] = (record["name"], [m.get("train/global_step", m["step"]) for m in logs
+                                              if "train/fitness/mean" in m or "train/reward" in m])
+    return out
+
+
+@pytest.fixture()
+def es_cli(tmp_path, tokenizer):
+    folder = tmp_path / "tiny"
+    make_tiny_model(hidden=32, layers=2).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    data = tmp_path / "q.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"Say {i}.", "answer": str(i)}) + "\n" for i in range(20)))
+
+    def run(out, *extra):
+        return main(["train", "es", "--model", str(folder), "--task", str(data), "--iterations", "2",
+                     "--population-size", "2", "--batch-size", "2", "--max-new-tokens", "3", "--eval-every", "1",
+                     "--eval-limit", "2", "--device", "cpu", "--dtype", "float32", "--output-dir", str(out),
+                     "--report-to", "trackio", *extra])
+    return run
+
+
+def test_a_resumed_es_run_logs_on_in_its_trackio_run(tmp_path, project, es_cli):
+    """A resume opened a second trackio run (same name, new id): the run's curves were split in two. Another
+    folder of the same name gets a run of its own instead of resuming this one."""
+    out, namesake = tmp_path / "run", tmp_path / "elsewhere" / "run"
+    assert es_cli(out) == 0
+    assert main(["train", "es", "--resume", str(out), "--iterations", "3"]) == 0
+    assert es_cli(namesake) == 0
+    runs = _runs(project)
+    assert (out / TRACKIO_NAME_FILE).read_text().strip() == "run"
+    other = (namesake / TRACKIO_NAME_FILE).read_text().strip()
+    assert other.startswith("run-") and len(other) == len("run-") + 6
+    assert sorted(runs.values()) == [("run", [1, 2, 3]), (other, [1, 2])]
+
+
+def test_the_kept_trackio_name_wins(tmp_path, project):
+    (tmp_path / TRACKIO_NAME_FILE).write_text("chosen\n")
+    assert trackio_run_name(tmp_path, "other", "esft") == "chosen"
+    fresh = tmp_path / "fresh"
+    assert trackio_run_name(fresh, "fresh", project + "-none") == "fresh"  # a project trackio has not made yet
+    assert (fresh / TRACKIO_NAME_FILE).read_text() == "fresh\n"
+
+
+def test_a_resumed_grpo_run_logs_on_in_its_trackio_run_in_es_project(tmp_path, project, tokenizer):
+    """GRPO's trackio run was transformers' own: project "huggingface", a random name, a new run on every resume.
+    It is now named as an ES run's, in ES's project (TRACKIO_PROJECT), one run across the resume."""
+    pytest.importorskip("trl")
+    from esft.grpo import train_grpo
+    from grpo_tiny import ParityTask, tiny_config
+
+    out = tmp_path / "run"
+    for steps, resume in ((2, False), (3, True)):
+        train_grpo(tiny_config(out, max_steps=steps, report_to="trackio", eval_every=0, resume=resume,
+                               lr_scheduler_type="constant"),
+                   model=make_tiny_model(hidden=32, layers=2), tokenizer=tokenizer, task=ParityTask(), progress=False)
+    assert list(_runs(project).values()) == [("run", [1, 2, 3])]
+    assert (out / TRACKIO_NAME_FILE).read_text().strip() == "run"
+
+
+def test_grpo_trl_args_name_the_trackio_project_and_run(tmp_path, project, tokenizer):
+    pytest.importorskip("trl")
+    from esft.grpo import train_grpo
+    from grpo_tiny import ParityTask, tiny_config
+
+    out = tmp_path / "run"
+    train_grpo(tiny_config(out, max_steps=1, report_to="trackio", eval_every=0,
+                           trl_args={"project": project + "-mine", "run_name": "named"}),
+               model=make_tiny_model(hidden=32, layers=2), tokenizer=tokenizer, task=ParityTask(), progress=False)
+    assert list(_runs(project + "-mine").values()) == [("named", [1])]
+    assert not (out / TRACKIO_NAME_FILE).exists()
+
+
+def test_esft_runs_default_to_the_esft_trackio_project(monkeypatch, tmp_path):
+    from types import SimpleNamespace
+
+    from esft.grpo.callbacks import point_trackio
+    from esft.tracking import trackio_project
+
+    monkeypatch.delenv("TRACKIO_PROJECT", raising=False)
+    assert trackio_project() == "esft"
+    args = SimpleNamespace(report_to=["tensorboard"], project="huggingface", run_name=None)
+    point_trackio(args, tmp_path, {})
+    assert (args.project, args.run_name) == ("huggingface", None)  # trackio not asked for: TRL's own values
+    args.report_to = ["trackio"]
+    point_trackio(args, tmp_path / "a-run", {})
+    assert (args.project, args.run_name) == ("esft", "a-run")
