@@ -88,6 +88,9 @@ def test_sequential_end_to_end(tmp_path, tokenizer):
         first = yaml.safe_load((seq / algo / "1-countdown/run/config.yaml").read_text())
         second = yaml.safe_load((seq / algo / "2-boolq/run/config.yaml").read_text())
         assert first["model"] == "tiny" and first["task"] == "countdown"
+        # the trackers' names: every stage's folder is `run`
+        assert (first["run_name"], second["run_name"]) == (f"out/seed-42/sequential/{algo}/1-countdown",
+                                                           f"out/seed-42/sequential/{algo}/2-boolq")
         # stage 2 starts from stage 1's final weights (which is how `esft report` links the chain)
         assert second["model"] == str((seq / algo / "1-countdown/run/checkpoints/final").resolve())
         for k, task in ((1, "countdown"), (2, "boolq")):
@@ -417,6 +420,7 @@ def test_a_chain_takes_the_run_an_earlier_label_trains_with_the_same_options(tmp
     assert chain["steps"][0]["trained_by"] == "grpo" and "trained_by" not in chain["steps"][1]
     es_config = yaml.safe_load((out / base / "grpo-to-es/run-2-es/config.yaml").read_text())
     assert es_config["model"] == str((out / base / "grpo/run/checkpoints/final").resolve())
+    assert es_config["run_name"] == f"out/{base}/grpo-to-es/run-2-es"
     assert not (out / base / "grpo-to-es/run-1-grpo").exists()
 
 

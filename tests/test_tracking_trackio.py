@@ -91,17 +91,22 @@ def test_a_resumed_grpo_run_logs_on_in_its_trackio_run_in_es_project(tmp_path, p
     assert (out / TRACKIO_NAME_FILE).read_text().strip() == "run"
 
 
-def test_grpo_trl_args_name_the_trackio_project_and_run(tmp_path, project, tokenizer):
+def test_grpo_run_name_and_trl_args_project_name_the_trackio_run(tmp_path, project, tokenizer):
     pytest.importorskip("trl")
     from esft.grpo import train_grpo
     from grpo_tiny import ParityTask, tiny_config
 
     out = tmp_path / "run"
-    train_grpo(tiny_config(out, max_steps=1, report_to="trackio", eval_every=0,
-                           trl_args={"project": project + "-mine", "run_name": "named"}),
+    train_grpo(tiny_config(out, max_steps=1, report_to="trackio", eval_every=0, run_name="named",
+                           trl_args={"project": project + "-mine"}),
                model=make_tiny_model(hidden=32, layers=2), tokenizer=tokenizer, task=ParityTask(), progress=False)
     assert list(_runs(project + "-mine").values()) == [("named", [1])]
-    assert not (out / TRACKIO_NAME_FILE).exists()
+    assert (out / TRACKIO_NAME_FILE).read_text() == "named\n"
+
+
+def test_es_run_name_names_the_trackio_run(tmp_path, project, es_cli):
+    assert es_cli(tmp_path / "run", "--run-name", "exp/stage-1") == 0
+    assert list(_runs(project).values()) == [("exp/stage-1", [1, 2])]
 
 
 def test_esft_runs_default_to_the_esft_trackio_project(monkeypatch, tmp_path):

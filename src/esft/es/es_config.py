@@ -138,6 +138,9 @@ class ESConfig(RunConfig):
     report_to: str = "none"
     """experiment trackers (TRL's name): none, tensorboard, wandb, trackio, or a comma list; per-iteration fitness,
     rewards, held-out accuracy with its interval, update norm, tokens, timings and sample tables (esft.tracking)"""
+    run_name: str | None = None
+    """the run's name in those trackers (TRL's name); None = the output folder's name (an experiment names each
+    stage's run by its stage)"""
 
     def __post_init__(self) -> None:
         from esft.tasks.custom import absolute_data_task, absolute_task_options, external_kind
@@ -350,7 +353,7 @@ RESUMABLE_CHANGES = {"iterations", "eval_every", "eval_limit", "eval_balanced", 
                      "samples_per_iteration", "resume", "output_dir", "parallel_members",
                      # the layout does not change the result (the Ray executor is bit-identical to the local one)
                      "executor", "ray_address", "num_workers", "worker_backend", "executor_options",
-                     "report_to"}
+                     "report_to", "run_name"}
 # (generation_batch_size is not among them: batch composition changes padding and so, in the last bits, the
 # greedy outputs, which would break bit-identity with the uninterrupted run)
 

@@ -89,13 +89,16 @@ def _start_model(spec: Spec, stage: Stage, root: Path, stages: dict[str, Stage])
 
 
 def _step_configs(spec: Spec, stage: Stage, root: Path, stages: dict[str, Stage]) -> list[Any]:
-    """The trainer config of each step (model = the previous step's or the parent stage's checkpoint)."""
+    """The trainer config of each step (model = the previous step's or the parent stage's checkpoint; its trackers'
+    run named after the experiment and the step's folder, where the spec names none: every stage's folder is `run`)."""
     configs = []
     model = _start_model(spec, stage, root, stages)
     for step in stage.steps:
-        streams = {"noise_stream": step.noise_stream} if has_noise_stream(step.component) else {}
+        extra = {"noise_stream": step.noise_stream} if has_noise_stream(step.component) else {}
+        if "run_name" not in step.component.overrides(stage.task):
+            extra["run_name"] = f"{root.resolve().name}/{step.run_dir.removesuffix('/run')}"
         cfg = spec.config(step.component, stage.task, stage.seed, step.budget, model=model,
-                          output_dir=str((root / step.run_dir).resolve()), resume=True, **streams)
+                          output_dir=str((root / step.run_dir).resolve()), resume=True, **extra)
         configs.append(cfg)
         model = str((root / step.model_dir()).resolve())
     return configs

@@ -167,22 +167,21 @@ def open_wandb_run(trainer: Any, folder: Path) -> Any:
         return None
     import wandb
 
-    return open_wandb(folder, folder.name) if wandb.run is None else None
+    return open_wandb(folder, trainer.args.run_name or folder.name) if wandb.run is None else None
 
 
 def point_trackio(args: Any, folder: Path, given: Mapping[str, Any]) -> None:
     """Where `report_to` names trackio, TRL's arguments name the project and run as an ES run's (TRACKIO_PROJECT,
-    the name the folder keeps) instead of transformers' (project "huggingface", a random name, a new run on every
-    resume): transformers' callback opens the run with resume="allow", so a resume logs on in it. `project` and
-    `run_name` given in trl_args (`given`) are left as they are."""
+    the name the folder keeps, made from the run's name) instead of transformers' (project "huggingface", a new run
+    on every resume): transformers' callback opens the run with resume="allow", so a resume logs on in it. A
+    `project` given in trl_args (`given`) is left as it is."""
     from esft.tracking import trackio_project, trackio_run_name
 
     if "trackio" not in (args.report_to or []):
         return
     if "project" not in given:
         args.project = trackio_project()
-    if "run_name" not in given:
-        args.run_name = trackio_run_name(folder, folder.name, args.project)
+    args.run_name = trackio_run_name(folder, args.run_name or folder.name, args.project)
 
 
 def point_trackers(trainer: Any, folder: Path, resume_step: int | None, given: Mapping[str, Any]) -> None:

@@ -12,6 +12,7 @@ import argparse
 import dataclasses
 import functools
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -116,6 +117,9 @@ class GRPOConfig(RunConfig):
     """further keyword options for the task's constructor"""
     report_to: str = "none"
     """experiment trackers, passed to TRL: none, tensorboard, wandb, trackio, or a comma list"""
+    run_name: str | None = None
+    """the run's name in those trackers (TRL's name); None = the output folder's name (an experiment names each
+    stage's run by its stage)"""
     trl_args: dict[str, Any] = field(default_factory=dict)
     """further TRL GRPOConfig options, passed through unchanged (e.g. {use_vllm: true}); not those esft sets
     itself (ESFT_TRL_ARGS: seed, learning_rate, logging_steps, ...), which go through esft's own options"""
@@ -302,8 +306,8 @@ def resumable_changes(config: "GRPOConfig") -> set[str]:
 
 # fields that may change when resuming (everything else, the LR schedule's max_steps included unless the schedule
 # does not depend on it, must match)
-RESUMABLE_CHANGES = {"report_to", "save_steps", "save_total_limit", "eval_every", "eval_limit", "eval_balanced",
-                     "eval_max_new_tokens", "samples_per_iteration", "resume", "output_dir", "device",
+RESUMABLE_CHANGES = {"report_to", "run_name", "save_steps", "save_total_limit", "eval_every", "eval_limit",
+                     "eval_balanced", "eval_max_new_tokens", "samples_per_iteration", "resume", "output_dir", "device",
                      # recomputes the same activations in the backward pass: memory and time change, not the math
                      "gradient_checkpointing"}
 
@@ -369,7 +373,7 @@ ESFT_TRL_ARGS = (
     "mask_truncated_completions", "temperature", "top_p", "max_completion_length", "bf16", "fp16", "use_cpu",
     "gradient_checkpointing", "activation_checkpointing", "disable_dropout", "logging_steps", "save_strategy",
     "save_steps", "report_to", "disable_tqdm", "remove_unused_columns", "dataloader_num_workers",
-    "dataloader_pin_memory")
+    "dataloader_pin_memory", "run_name")
 
 
 def trl_arguments(config: GRPOConfig, trl_output_dir: str, precision: str, progress: bool = True) -> dict[str, Any]:
@@ -414,6 +418,7 @@ def trl_arguments(config: GRPOConfig, trl_output_dir: str, precision: str, progr
         save_strategy="steps",
         save_steps=save_steps,
         report_to=check_backends(config.report_to) or "none",  # TRL's own integrations log
+        run_name=config.run_name or Path(trl_output_dir).name,
         disable_tqdm=not progress,
         remove_unused_columns=False,  # the reward needs the example_index column
         dataloader_num_workers=0,
