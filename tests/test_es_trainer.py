@@ -464,9 +464,13 @@ def test_verify_compares_every_checkpoint_of_the_last_step(tmp_path):
     root = res.output_dir / "checkpoints"
     shutil.copytree(root / "final", root / "iter_000002")
     assert verify(res.output_dir, model=tiny_llama())["bit_identical"] is True
-    path = root / "final" / "model.safetensors"
-    save_file({k: t + 1 for k, t in load_file(str(path)).items()}, str(path), metadata={"format": "pt"})
-    assert verify(res.output_dir, model=tiny_llama())["bit_identical"] is False
+    for bad, good in (("final", "iter_000002"), ("iter_000002", "final")):  # the result names the one that differs
+        path = root / bad / "model.safetensors"
+        shutil.copy(root / good / "model.safetensors", tmp_path / "good.safetensors")
+        save_file({k: t + 1 for k, t in load_file(str(path)).items()}, str(path), metadata={"format": "pt"})
+        result = verify(res.output_dir, model=tiny_llama())
+        assert result["bit_identical"] is False and result["checkpoint"] == str(root / bad)
+        shutil.copy(tmp_path / "good.safetensors", path)  # mended before the other folder's turn
 
 
 def test_a_resume_says_where_it_continues(tmp_path, capsys):

@@ -67,6 +67,16 @@ def test_an_unreadable_checkpoint_is_damage_not_a_mismatch(es_run, tmp_path, mon
     weights.write_bytes(weights.read_bytes()[:100])  # truncated: safetensors cannot parse its header
     result = replay.verify(run, model=tiny_llama())
     assert result["bit_identical"] is None and "damaged" in result["damaged"]
+    assert result["checkpoint"] == str(run / "checkpoints" / "final")
+    # a numbered copy of the step beside it, whichever of the two is damaged: the result names that one
+    shutil.copytree(es_run / "checkpoints" / "final", run / "checkpoints" / "iter_000003")
+    assert replay.verify(run, model=tiny_llama())["checkpoint"] == str(run / "checkpoints" / "final")
+    shutil.rmtree(run / "checkpoints" / "final")
+    shutil.copytree(es_run / "checkpoints" / "final", run / "checkpoints" / "final")
+    numbered = next(p for p in (run / "checkpoints" / "iter_000003").iterdir() if p.suffix == ".safetensors")
+    numbered.write_bytes(numbered.read_bytes()[:100])
+    result = replay.verify(run, model=tiny_llama())
+    assert result["bit_identical"] is None and result["checkpoint"] == str(run / "checkpoints" / "iter_000003")
     monkeypatch.setattr(replay, "load_base", lambda run_dir: (tiny_llama(), None))
     assert replay.main(["verify", str(run)]) == 1
     assert json.loads(capsys.readouterr().out)["bit_identical"] is None

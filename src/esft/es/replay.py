@@ -155,22 +155,25 @@ def matches_checkpoint(model: torch.nn.Module, weights: MasterWeights, folder: s
 
 
 def verify(run_dir: str | Path, model: torch.nn.Module | None = None) -> dict[str, Any]:
-    """Rebuild the last logged step from the base model and compare it with the run's checkpoint of that step
-    (`final` or `iter_XXXXXX`) bit for bit; also reports the run's noise stream."""
+    """Rebuild the last logged step from the base model and compare it with the run's checkpoints of that step
+    (`final`, `iter_XXXXXX` or both) bit for bit; also reports the run's noise stream. `checkpoint` names the
+    first folder that differs or cannot be read, else the last one compared."""
     if model is None:
         model, _ = load_base(run_dir)
     weights = rebuild(model, run_dir)
     step = len(es_rundir.read_seed_log(run_dir))
     stream = read_run_config(run_dir)[0].noise_stream
     folders = [f for s, f in es_rundir.list_checkpoints(Path(run_dir)) if s == step]
-    if not folders:
-        return {"step": step, "checkpoint": None, "bit_identical": None, "noise_stream": stream}
-    try:
-        same = all(matches_checkpoint(model, weights, f) for f in folders)
-    except es_rundir.CheckpointDamaged as exc:  # cannot be compared: neither identical nor different
-        return {"step": step, "checkpoint": str(folders[-1]), "bit_identical": None, "damaged": str(exc),
-                "noise_stream": stream}
-    return {"step": step, "checkpoint": str(folders[-1]), "bit_identical": same, "noise_stream": stream}
+    out: dict[str, Any] = {"step": step, "checkpoint": None, "bit_identical": None, "noise_stream": stream}
+    for folder in folders:
+        out["checkpoint"] = str(folder)
+        try:
+            out["bit_identical"] = matches_checkpoint(model, weights, folder)
+        except es_rundir.CheckpointDamaged as exc:  # cannot be compared: neither identical nor different
+            return {**out, "bit_identical": None, "damaged": str(exc)}
+        if not out["bit_identical"]:
+            break
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
