@@ -6,8 +6,10 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
+import shutil
 import tempfile
 
 import pytest
@@ -16,6 +18,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never touch the network
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # trackio's runs go to a folder of this session, not the user's (trackio reads it once, when it is imported)
 os.environ["TRACKIO_DIR"] = tempfile.mkdtemp(prefix="esft-tests-trackio-")
+atexit.register(shutil.rmtree, os.environ["TRACKIO_DIR"], ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

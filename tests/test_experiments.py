@@ -538,8 +538,9 @@ def test_turning_on_carry_optimizer_state_after_a_partial_run_is_refused(tmp_pat
 
 
 def test_fingerprints_recorded_before_newer_fields_still_match(tmp_path):
-    """A stage recorded by an earlier esft (no eval_balanced, rollout_dtype, report_to or noise_stream; GRPO with
-    gradient_checkpointing) resumes: fields that cannot change a stage's result are compared on neither side."""
+    """A stage recorded by an earlier esft (no eval_balanced, rollout_dtype, report_to, noise_stream or run_name;
+    GRPO with gradient_checkpointing) resumes: fields that cannot change a stage's result are compared on neither
+    side."""
     import dataclasses
     import json
 
@@ -549,7 +550,7 @@ def test_fingerprints_recorded_before_newer_fields_still_match(tmp_path):
     spec = load_spec_text(tmp_path, GOOD)
     stages = build_plan(spec)
     root, smap = tmp_path / "out", {s.key: s for s in stages}
-    newer = {"eval_balanced", "rollout_dtype", "report_to", "noise_stream"}
+    newer = {"eval_balanced", "rollout_dtype", "report_to", "noise_stream", "run_name"}
     for key in ("seed-42/sequential/es@2/1-countdown", "seed-42/sequential/grpo/1-countdown"):
         configs = _step_configs(spec, smap[key], root, smap)
         old = [{"algorithm": st.algorithm,
@@ -694,3 +695,17 @@ def test_a_stage_run_ends_with_its_learning_curve(tmp_path, monkeypatch, name):
     monkeypatch.setattr(esft.api, "es_trainer", lambda config, **kw: type("T", (), {"train": trained})())
     get_algorithm(name).train(None)
     assert (out / "curve.png").stat().st_size > 1000
+
+
+def test_each_stage_run_is_named_after_its_folder_unless_the_spec_names_it(tmp_path):
+    """Every stage's training folder is called `run`: the trackers' run name is the experiment's folder and the
+    stage's, unless the option block gives run_name."""
+    from esft.experiments.runner import _step_configs
+
+    spec = load_spec_text(tmp_path, GOOD.replace("    max_steps: 2\n", "    max_steps: 2\n    run_name: mine\n"))
+    stages = build_plan(spec)
+    root, smap = tmp_path / "out", {s.key: s for s in stages}
+    es = _step_configs(spec, smap["seed-42/sequential/es@2/1-countdown"], root, smap)
+    grpo = _step_configs(spec, smap["seed-52/sequential/grpo/2-boolq"], root, smap)
+    assert [c.run_name for c in es] == ["out/seed-42/sequential/es/1-countdown"]
+    assert [c.run_name for c in grpo] == ["mine"]

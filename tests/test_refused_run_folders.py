@@ -124,6 +124,8 @@ def test_a_failed_run_removes_its_trackers_and_trl_folders_and_only_a_lock_it_ma
     before = user_folder(tmp_path / "out")
     with pytest.raises(ValueError), locked_run_folder(tmp_path / "out"):
         (tmp_path / "out" / "wandb" / "run-1").mkdir(parents=True)
+        (tmp_path / "out" / "wandb" / "esft-run-id").write_text("abc\n")
+        (tmp_path / "out" / "trackio-run-name").write_text("out\n")
         (tmp_path / "out" / "checkpoint-2").mkdir()
         raise ValueError("refused")
     assert contents(tmp_path / "out") == before  # the .lock this run made is gone too

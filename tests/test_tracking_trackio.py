@@ -1,5 +1,6 @@
 """trackio (`--report-to trackio`, local storage in TRACKIO_DIR): a run folder keeps the name of its trackio run,
-so that a resume logs on in it, for ES and GRPO alike, in the project ES and GRPO share."""
+so that a resume logs on in it, for ES and GRPO alike, in the project ES and GRPO share; and the run's name
+(`run_name`) in trackio and wandb."""
 
 from __future__ import annotations
 
@@ -117,9 +118,79 @@ def test_esft_runs_default_to_the_esft_trackio_project(monkeypatch, tmp_path):
 
     monkeypatch.delenv("TRACKIO_PROJECT", raising=False)
     assert trackio_project() == "esft"
-    args = SimpleNamespace(report_to=["tensorboard"], project="huggingface", run_name=None)
+    args = SimpleNamespace(report_to=["tensorboard"], project="huggingface", run_name=None, trackio_space_id=None)
     point_trackio(args, tmp_path, {})
     assert (args.project, args.run_name) == ("huggingface", None)  # trackio not asked for: TRL's own values
     args.report_to = ["trackio"]
     point_trackio(args, tmp_path / "a-run", {})
     assert (args.project, args.run_name) == ("esft", "a-run")
+
+
+def test_a_trackio_name_is_reserved_before_the_run_logs(tmp_path, project, monkeypatch):
+    """trackio lists a run only once it has logged: a folder stopped before its first log, or two folders starting
+    at once, left the name free for a namesake, whose resume would then log on in the other's run."""
+    first = trackio_run_name(tmp_path / "a" / "run", "run", project)
+    second = trackio_run_name(tmp_path / "b" / "run", "run", project)
+    assert first == "run" and second.startswith("run-") and len(second) == len("run-") + 6
+    (tmp_path / "a" / "run" / TRACKIO_NAME_FILE).unlink()  # a failed first attempt's is undone: the same name again
+    assert trackio_run_name(tmp_path / "a" / "run", "run", project) == "run"
+    assert trackio_run_name(tmp_path / "c", "c", project, remote=True).startswith("c-")  # remote runs: not listed
+    from esft.tracking import trackio_remote
+
+    monkeypatch.delenv("TRACKIO_SERVER_URL", raising=False)
+    monkeypatch.delenv("TRACKIO_SPACE_ID", raising=False)
+    assert not trackio_remote()
+    monkeypatch.setenv("TRACKIO_SPACE_ID", "me/space")
+    assert trackio_remote()
+
+
+@pytest.fixture()
+def wandb_names(tmp_path, monkeypatch):
+    """The names esft opens wandb runs with (offline; the real open_wandb, spied on)."""
+    pytest.importorskip("wandb")
+    import wandb
+
+    import esft.tracking as tracking
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.delenv("WANDB_RUN_ID", raising=False)
+    wandb.teardown()
+    names, real = [], tracking.open_wandb
+
+    def spy(run_dir, run_name, config=None):
+        run = real(run_dir, run_name, config)
+        names.append(run.name)
+        return run
+
+    monkeypatch.setattr(tracking, "open_wandb", spy)
+    return names
+
+
+def test_es_run_name_names_the_wandb_run(tmp_path, project, es_cli, wandb_names):
+    assert es_cli(tmp_path / "run", "--report-to", "wandb", "--run-name", "exp/stage-1") == 0
+    assert es_cli(tmp_path / "plain", "--report-to", "wandb") == 0
+    assert wandb_names == ["exp/stage-1", "plain"]
+
+
+def test_grpo_wandb_run_keeps_its_name_beside_a_suffixed_trackio_run(tmp_path, project, tokenizer, wandb_names):
+    pytest.importorskip("trl")
+    from esft.grpo import train_grpo
+    from grpo_tiny import ParityTask, tiny_config
+
+    trackio_run_name(tmp_path / "elsewhere" / "run", "run", project)  # another folder holds the name "run"
+    out = tmp_path / "run"
+    train_grpo(tiny_config(out, max_steps=1, report_to="wandb,trackio", eval_every=0),
+               model=make_tiny_model(hidden=32, layers=2), tokenizer=tokenizer, task=ParityTask(), progress=False)
+    kept = (out / TRACKIO_NAME_FILE).read_text().strip()
+    assert kept.startswith("run-") and [name for name, _ in _runs(project).values()] == [kept]
+    assert wandb_names == ["run"]
+
+
+def test_trl_args_run_name_becomes_the_run_name():
+    """TRL's own option named the run before esft had one: a config.yaml (or spec) giving it there still loads."""
+    from esft.grpo.grpo_config import GRPOConfig
+
+    config = GRPOConfig(trl_args={"run_name": "old", "top_k": 5})
+    assert (config.run_name, config.trl_args) == ("old", {"top_k": 5})
+    assert GRPOConfig(run_name="new", trl_args={"run_name": "old"}).run_name == "new"

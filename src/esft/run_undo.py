@@ -9,13 +9,15 @@ from pathlib import Path
 from typing import Iterator
 
 from esft.rundir import CHECKPOINTS, DISK_FULL, CorruptLogError, RunLock, holds_run, read_jsonl
+from esft.tracking import TRACKIO_NAME_FILE
 
 #: the run layout's folders, whose entries `FolderChanges` notes too (a failed attempt's samples, say)
 _LAYOUT_DIRS = ("samples", CHECKPOINTS, "tensorboard")
 #: what a trainer writes at the top of a run folder (besides its `.lock`, removed last) and, as `checkpoint-N`,
 #: what TRL writes there: in a folder that existed before, `undo` removes only these (a file that the user, or
 #: another program, puts beside them meanwhile is not the run's)
-_RUN_NAMES = {"config.yaml", "metrics.jsonl", "seeds.jsonl", "drift.jsonl", "curve.png", "wandb", *_LAYOUT_DIRS}
+_RUN_NAMES = {"config.yaml", "metrics.jsonl", "seeds.jsonl", "drift.jsonl", "curve.png", "wandb", TRACKIO_NAME_FILE,
+              *_LAYOUT_DIRS}
 _RUN_PREFIXES = ("checkpoint-",)
 
 

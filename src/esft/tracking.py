@@ -245,29 +245,60 @@ def trackio_project() -> str:
     return os.environ.get("TRACKIO_PROJECT", "esft")
 
 
-def trackio_run_name(run_dir: Path, run_name: str, project: str) -> str:
+def trackio_run_name(run_dir: Path, run_name: str, project: str, remote: bool = False) -> str:
     """The trackio run name of `run_dir`: the one the folder keeps (TRACKIO_NAME_FILE), else `run_name`, with a
-    random suffix where `project` has a run of that name already (another folder's: trackio would resume it); kept in
-    the folder either way, so that a resumed run logs on in the trackio run it started."""
-    import secrets
-    import string
-
-    import trackio
-
+    random suffix where that name is another folder's in `project` (trackio would resume that folder's run), or
+    where the runs are stored `remote`ly (a Space or server, whose runs are not listed here); kept in the folder
+    either way, so that a resumed run logs on in the trackio run it started."""
     path = Path(run_dir) / TRACKIO_NAME_FILE
     kept = path.read_text().strip() if path.is_file() else ""
     if kept:
         return kept
-    try:
-        taken = {run.name for run in trackio.Api().runs(project)}
-    except ValueError:  # no such project yet
-        taken = set()
-    name = run_name
-    while name in taken:
-        name = f"{run_name}-" + "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(6))
+    name = _suffixed(run_name) if remote else run_name
+    while not _reserve_trackio_name(project, name, Path(run_dir)):
+        name = _suffixed(run_name)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(name + "\n")
     return name
+
+
+def _suffixed(name: str) -> str:
+    import secrets
+    import string
+
+    return f"{name}-" + "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(6))
+
+
+def _reserve_trackio_name(project: str, name: str, run_dir: Path) -> bool:
+    """True when `name` is free for `run_dir` in `project`, and then reserved for it: no run of that name in
+    trackio's local store, and none reserved by another folder in TRACKIO_DIR/esft-run-names (trackio lists a run
+    only once it has logged, so two folders starting at once, or one stopped before its first log, would both
+    find the name free)."""
+    import hashlib
+
+    import trackio
+    from trackio.utils import TRACKIO_DIR
+
+    try:
+        if name in {run.name for run in trackio.Api().runs(project)}:
+            return False
+    except ValueError:  # no such project yet
+        pass
+    key = hashlib.sha256(f"{project}\n{name}".encode()).hexdigest()[:32]
+    mark, owner = Path(TRACKIO_DIR) / "esft-run-names" / key, str(Path(run_dir).resolve())
+    mark.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(mark, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        return mark.read_text().split("\n")[0] == owner
+    with os.fdopen(fd, "w") as f:
+        f.write(f"{owner}\n{project}\n{name}\n")
+    return True
+
+
+def trackio_remote() -> bool:
+    """Whether trackio stores its runs in a Space or on a server (its own variables), not only locally."""
+    return bool(os.environ.get("TRACKIO_SPACE_ID") or os.environ.get("TRACKIO_SERVER_URL"))
 
 
 class TrackioBackend:
@@ -278,8 +309,8 @@ class TrackioBackend:
 
         self.trackio = trackio
         project = trackio_project()
-        self.run = trackio.init(project=project, name=trackio_run_name(run_dir, run_name, project), resume="allow",
-                                config=dict(config))
+        name = trackio_run_name(run_dir, run_name, project, trackio_remote())
+        self.run = trackio.init(project=project, name=name, resume="allow", config=dict(config))
 
     def log(self, scalars: Mapping[str, float], step: int) -> None:
         self.trackio.log(dict(scalars), step=step)
@@ -359,4 +390,4 @@ def open_tracker(report_to: str | Iterable[str] | None, run_dir: str | Path, run
 
 __all__ = ["REPORT_TO", "TRACKIO_NAME_FILE", "WANDB_ID_FILE", "WANDB_STEP", "Tracker", "check_backends",
            "finish_wandb", "flatten", "open_tracker", "open_wandb", "parse_report_to", "report_to_text",
-           "table_markdown", "trackio_project", "trackio_run_name", "wandb_run_id"]
+           "table_markdown", "trackio_project", "trackio_remote", "trackio_run_name", "wandb_run_id"]

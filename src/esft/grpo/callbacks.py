@@ -154,11 +154,12 @@ def point_tensorboard(trainer: Any, folder: Path, resume_step: int | None = None
             cb.tb_writer = SummaryWriter(log_dir=str(folder), purge_step=purge)
 
 
-def open_wandb_run(trainer: Any, folder: Path) -> Any:
+def open_wandb_run(trainer: Any, folder: Path, name: str) -> Any:
     """The run folder's wandb run (esft.tracking.open_wandb, as an ES run opens it) where `report_to` names wandb,
     opened before transformers' WandbCallback opens its own (project "huggingface", files in `./wandb`, a new run
     on every resume): the callback logs to the run it finds open. None without wandb, and where the caller has a
-    run open already (a notebook's own): the callback logs to that one, which stays the caller's to finish."""
+    run open already (a notebook's own): the callback logs to that one, which stays the caller's to finish. `name`:
+    the run's (run_name or the folder's), not TRL's run_name, which point_trackio may have made trackio's."""
     from transformers.integrations import WandbCallback
 
     from esft.tracking import open_wandb
@@ -167,7 +168,7 @@ def open_wandb_run(trainer: Any, folder: Path) -> Any:
         return None
     import wandb
 
-    return open_wandb(folder, trainer.args.run_name or folder.name) if wandb.run is None else None
+    return open_wandb(folder, name) if wandb.run is None else None
 
 
 def point_trackio(args: Any, folder: Path, given: Mapping[str, Any]) -> None:
@@ -175,13 +176,14 @@ def point_trackio(args: Any, folder: Path, given: Mapping[str, Any]) -> None:
     the name the folder keeps, made from the run's name) instead of transformers' (project "huggingface", a new run
     on every resume): transformers' callback opens the run with resume="allow", so a resume logs on in it. A
     `project` given in trl_args (`given`) is left as it is."""
-    from esft.tracking import trackio_project, trackio_run_name
+    from esft.tracking import trackio_project, trackio_remote, trackio_run_name
 
     if "trackio" not in (args.report_to or []):
         return
     if "project" not in given:
         args.project = trackio_project()
-    args.run_name = trackio_run_name(folder, args.run_name or folder.name, args.project)
+    remote = trackio_remote() or bool(args.trackio_space_id)
+    args.run_name = trackio_run_name(folder, args.run_name or folder.name, args.project, remote)
 
 
 def point_trackers(trainer: Any, folder: Path, resume_step: int | None, given: Mapping[str, Any]) -> None:

@@ -143,6 +143,9 @@ class GRPOConfig(RunConfig):
         self.task = absolute_data_task(self.task)  # config.yaml must rebuild it from any directory
         self.report_to = report_to_text(self.report_to)
         self.parse_mappings("task_options", "trl_args")
+        if "run_name" in self.trl_args:  # TRL's option, the way to name the run before esft had its own
+            self.run_name = self.run_name or self.trl_args["run_name"]
+            self.trl_args = {k: v for k, v in self.trl_args.items() if k != "run_name"}
         if external_kind(self.task) == "data":  # its test_file too
             self.task_options = absolute_task_options(self.task_options)
         check_fields(self, self.rules)

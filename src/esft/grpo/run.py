@@ -323,7 +323,7 @@ def _train_locked(config: GRPOConfig, out: Path, model: Any, tokenizer: Any, tas
     # an extended run (start < max_steps here): its last checkpoint is no longer final. Renamed only now, once
     # config.yaml holds the new max_steps: a failure before this leaves the finished run as it was
     resume_from = _demote_final(out, config.max_steps, resume_from)
-    _train_or_save(trainer, resume_from, runlog)
+    _train_or_save(trainer, resume_from, runlog, config.run_name or out.name)
     final = out / CHECKPOINTS / "final"
     return GRPOTrainResult(out, int(trainer.state.global_step), final if final.exists() else None,
                            evaluator.last if evaluator is not None else None, trainer)
@@ -349,7 +349,7 @@ def _continue_step(trainer: EsftGRPOTrainer) -> int:
         return resume_checkpoint(trainer.run_dir, args.num_iterations, args.max_steps, bool(args.save_only_model))[0]
 
 
-def _train_or_save(trainer: EsftGRPOTrainer, resume_from: Path | None, runlog: Any) -> None:
+def _train_or_save(trainer: EsftGRPOTrainer, resume_from: Path | None, runlog: Any, run_name: str) -> None:
     """trainer.train; on Ctrl-C or SIGTERM, first the checkpoint of the last finished step (esft.grpo.interrupt),
     so that a resume continues from there instead of from the last scheduled checkpoint. The run log's progress
     bar is closed whatever ends the training, before any message about it is printed."""
@@ -360,7 +360,7 @@ def _train_or_save(trainer: EsftGRPOTrainer, resume_from: Path | None, runlog: A
     trainer.add_callback(boundary)  # last: its on_log of a step follows the step's metrics and evaluation
     wandb_run, ended = None, False
     try:
-        wandb_run = open_wandb_run(trainer, Path(trainer.run_dir))
+        wandb_run = open_wandb_run(trainer, Path(trainer.run_dir), run_name)
         with warnings.catch_warnings(), without_transformers_bars():  # the step bar only, not one per checkpoint
             # TRL's own code still calls transformers' deprecated `model.is_gradient_checkpointing`,
             # `gradient_checkpointing_enable/disable` (FutureWarnings a user can do nothing about); esft passes the
