@@ -73,6 +73,28 @@ def tiny_model():
     return make_tiny_model()
 
 
+@pytest.fixture()
+def es_cli(tmp_path, tokenizer):
+    """`esft train es` on a tiny random model and a 20-line data task (2 iterations of 2 members, an evaluation
+    every iteration), as a function of the output folder and extra flags; returns the exit code."""
+    import json
+
+    from esft.cli import main
+
+    folder = tmp_path / "tiny"
+    make_tiny_model(hidden=32, layers=2).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    data = tmp_path / "q.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"Say {i}.", "answer": str(i)}) + "\n" for i in range(20)))
+
+    def run(out, *extra):
+        return main(["train", "es", "--model", str(folder), "--task", str(data), "--iterations", "2",
+                     "--population-size", "2", "--batch-size", "2", "--max-new-tokens", "3", "--eval-every", "1",
+                     "--eval-limit", "2", "--device", "cpu", "--dtype", "float32", "--output-dir", str(out),
+                     *extra])
+    return run
+
+
 @contextlib.contextmanager
 def torch_threads(n: int):
     """torch on `n` threads inside the block, then as before."""

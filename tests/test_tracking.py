@@ -24,22 +24,6 @@ def test_flatten_and_parse():
     assert table_markdown([{"a": 1, "b": "x|y"}]) == "| a | b |\n|---|---|\n| 1 | x\\|y |"
 
 
-@pytest.fixture()
-def es_cli(tmp_path, tokenizer):
-    folder = tmp_path / "tiny"
-    make_tiny_model(hidden=32, layers=2).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    data = tmp_path / "q.jsonl"
-    data.write_text("".join(json.dumps({"prompt": f"Say {i}.", "answer": str(i)}) + "\n" for i in range(20)))
-
-    def run(out, *extra):
-        return main(["train", "es", "--model", str(folder), "--task", str(data), "--iterations", "2",
-                     "--population-size", "2", "--batch-size", "2", "--max-new-tokens", "3", "--eval-every", "1",
-                     "--eval-limit", "2", "--device", "cpu", "--dtype", "float32", "--output-dir", str(out),
-                     *extra])
-    return run
-
-
 def test_es_run_writes_tensorboard_scalars(tmp_path, es_cli):
     pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator

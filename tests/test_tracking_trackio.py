@@ -4,7 +4,6 @@ so that a resume logs on in it, for ES and GRPO alike, in the project ES and GRP
 
 from __future__ import annotations
 
-import json
 
 import pytest
 
@@ -39,28 +38,17 @@ def _runs(project: str) -> dict[str, list[int]]:
 
 
 @pytest.fixture()
-def es_cli(tmp_path, tokenizer):
-    folder = tmp_path / "tiny"
-    make_tiny_model(hidden=32, layers=2).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    data = tmp_path / "q.jsonl"
-    data.write_text("".join(json.dumps({"prompt": f"Say {i}.", "answer": str(i)}) + "\n" for i in range(20)))
-
-    def run(out, *extra):
-        return main(["train", "es", "--model", str(folder), "--task", str(data), "--iterations", "2",
-                     "--population-size", "2", "--batch-size", "2", "--max-new-tokens", "3", "--eval-every", "1",
-                     "--eval-limit", "2", "--device", "cpu", "--dtype", "float32", "--output-dir", str(out),
-                     "--report-to", "trackio", *extra])
-    return run
+def trackio_cli(es_cli):
+    return lambda out, *extra: es_cli(out, "--report-to", "trackio", *extra)
 
 
-def test_a_resumed_es_run_logs_on_in_its_trackio_run(tmp_path, project, es_cli):
+def test_a_resumed_es_run_logs_on_in_its_trackio_run(tmp_path, project, trackio_cli):
     """A resume opened a second trackio run (same name, new id): the run's curves were split in two. Another
     folder of the same name gets a run of its own instead of resuming this one."""
     out, namesake = tmp_path / "run", tmp_path / "elsewhere" / "run"
-    assert es_cli(out) == 0
+    assert trackio_cli(out) == 0
     assert main(["train", "es", "--resume", str(out), "--iterations", "3"]) == 0
-    assert es_cli(namesake) == 0
+    assert trackio_cli(namesake) == 0
     runs = _runs(project)
     assert (out / TRACKIO_NAME_FILE).read_text().strip() == "run"
     other = (namesake / TRACKIO_NAME_FILE).read_text().strip()
@@ -105,8 +93,8 @@ def test_grpo_run_name_and_trl_args_project_name_the_trackio_run(tmp_path, proje
     assert (out / TRACKIO_NAME_FILE).read_text() == "named\n"
 
 
-def test_es_run_name_names_the_trackio_run(tmp_path, project, es_cli):
-    assert es_cli(tmp_path / "run", "--run-name", "exp/stage-1") == 0
+def test_es_run_name_names_the_trackio_run(tmp_path, project, trackio_cli):
+    assert trackio_cli(tmp_path / "run", "--run-name", "exp/stage-1") == 0
     assert list(_runs(project).values()) == [("exp/stage-1", [1, 2])]
 
 
