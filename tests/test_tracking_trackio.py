@@ -4,7 +4,6 @@ so that a resume logs on in it, for ES and GRPO alike, in the project ES and GRP
 
 from __future__ import annotations
 
-
 import pytest
 
 from conftest import make_tiny_model
