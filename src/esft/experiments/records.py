@@ -94,6 +94,7 @@ class Experiment:
 
 
 def load_experiment(root: str | Path) -> Experiment:
+    """The plan, every stage's status.json and the result.json of every stage whose status is done (or unknown)."""
     root = Path(root)
     plan_path = root / "plan.json"
     if not plan_path.exists():
@@ -108,6 +109,11 @@ def load_experiment(root: str | Path) -> Experiment:
                     target[s["key"]] = json.loads(path.read_text())
                 except json.JSONDecodeError:
                     pass
+        status = exp.statuses.get(s["key"])
+        if isinstance(status, dict) and status.get("status") != "done":
+            # a stage being run again (its evaluation settings changed) keeps its earlier result.json until it is
+            # done: those numbers were measured under other settings, perhaps on other examples than its neighbours'
+            exp.results.pop(s["key"], None)
     return exp
 
 
