@@ -10,8 +10,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from esft.experiments.compute_tables import compute_row, table18
-from esft.experiments.records import Experiment, constant_baseline, eval_note, load_experiment
+from esft.experiments.records import Experiment, constant_baseline, eval_note, interval, load_experiment
 from esft.experiments.study_tables import (all_tables, method_tables, results_csv, table1, table2, tables5_8,
                                           write_all_tables)
 
@@ -217,6 +219,27 @@ def test_a_stage_being_run_again_shows_no_result_until_it_is_done(tmp_path):
     assert [line.split(",")[0] for line in results_csv(exp).splitlines()[1:]] == ["base",
                                                                                   "seed-1/single-task/boolq/es"]
     assert "BoolQ n=10" in eval_note(exp, ["boolq"])  # the n of the done stages' evaluations
+
+
+def test_an_ifeval_instruction_level_share_has_no_prompt_level_interval():
+    """IFEval's recorded interval is the Wilson interval of the prompt-level strict share over its n prompts. An
+    instruction-level share that happened to equal it (both 0 on a weak model) was given that interval, though it
+    is a share of the n_instructions instructions: 0 of 10 prompts is [0, 27.8], 0 of 25 instructions [0, 13.3]."""
+    ci = [0.0, 0.2775]
+    rec = {"eval": {"ifeval": {"n": 10, "accuracy": 0.0, "ci95": ci, "prompt_strict": 0.0, "prompt_loose": 0.0,
+                               "instruction_strict": 0.0, "instruction_loose": 0.0, "n_instructions": 25}}}
+    assert interval(rec, "ifeval", "prompt_strict") == pytest.approx((0.0, 27.75))
+    assert interval(rec, "ifeval", "prompt_loose") == pytest.approx((0.0, 27.75))  # equal share of the same prompts
+    assert interval(rec, "ifeval", "instruction_strict") is None
+    assert interval(rec, "ifeval", "instruction_loose") is None
+    # an older summary without the prompt-strict key: `accuracy` is that level, with its interval
+    assert interval({"eval": {"ifeval": {"accuracy": 0.5, "ci95": [0.3, 0.7]}}}, "ifeval") == (30.0, 70.0)
+    sp = spec(["ifeval"], [1])
+    sp["ifeval_metric"] = "instruction_strict"
+    exp = Experiment(Path("."), sp, [stage("base", kind="base"), stage("seed-1/single-task/ifeval/es", 1, "es", "ES",
+                                                                       "ifeval", 1)],
+                     {"base": rec, "seed-1/single-task/ifeval/es": rec})
+    assert "| IFEval | 0.0 | 0.0 |" in table1(exp).markdown()
 
 
 # ---- Table 18: compute -----------------------------------------------------------------------------------------

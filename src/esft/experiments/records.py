@@ -139,8 +139,14 @@ def interval(record: dict[str, Any] | None, task: str, ifeval_metric: str = "pro
     evaluation gave none for that metric (IFEval's intervals are of its `accuracy`, the prompt-strict level)."""
     summary = ((record or {}).get("eval") or {}).get(task) or {}
     ci = summary.get("ci95")
-    if not ci or None in ci or (task == "ifeval" and summary.get(ifeval_metric) != summary.get("accuracy")):
+    if not ci or None in ci:
         return None
+    if task == "ifeval":
+        # the Wilson interval of a share of the n prompts is another prompt-level share's only where the two are
+        # equal, and never an instruction-level share's: that is a share of the instructions, another count
+        level = accuracy(record, task, ifeval_metric, 1.0)
+        if ifeval_metric.startswith("instruction") or level is None or level != summary.get("accuracy"):
+            return None
     return scale * float(ci[0]), scale * float(ci[1])
 
 
