@@ -155,3 +155,13 @@ def test_legends_sit_under_their_panels_and_cover_no_data(tmp_path):
     train_ax = fig.axes[0]
     legend = train_ax.get_legend().get_window_extent()
     assert legend.y1 <= train_ax.get_window_extent().y0  # the band fills the panel: inside it, it hid points
+
+
+def test_a_one_iteration_bar_runs_from_the_minimum_to_the_maximum_not_from_zero(tmp_path):
+    """The bar's height is max - min from min: with a minimum of 0 a sum would draw the same bar."""
+    line = {"kind": "train", "step": 3, "time": {"total": 1.0}, "generated_tokens_per_s": 1.0,
+            "fitness": {"mean": 0.5, "min": 0.25, "max": 0.75}}
+    train_ax, _ = curve.run_figure(_run(tmp_path / "one", [line])).axes
+    (band,) = train_ax.containers
+    (segment,) = band.lines[2][0].get_segments()
+    assert [tuple(p) for p in segment] == [(3.0, 0.25), (3.0, 0.75)]

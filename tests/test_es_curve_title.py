@@ -97,3 +97,15 @@ def test_a_stage_checkpoint_of_an_experiment_is_named_by_its_stage():
     "model run/checkpoints/final" whatever stage that was."""
     model = "/x/exp/seed-42/sequential/grpo/1-countdown/run/checkpoints/final"
     assert "model 1-countdown/run/checkpoints/final" in curve.run_title({"model": model}, es=False)
+
+
+def test_title_numbers_read_as_set_and_a_low_rank_run_without_a_rank_has_rank_one():
+    """A sigma computed in a script (3 * 0.003 is 0.009000000000000001 in floating point) reads as the value it
+    stands for; a config without `rank` ran the ES default, rank 1; a float population prints without ".0"."""
+    title = curve.run_title({"noise": "lowrank", "population_size": 8.0, "sigma": 3 * 0.003})
+    assert title == "ES (low-rank noise rank 1) | N=8, sigma=0.009"
+
+
+def test_a_relative_checkpoint_path_of_three_parts_keeps_its_run_folder():
+    assert curve.run_title({"model": "es/checkpoints/final"}, es=False) == "GRPO | model es/checkpoints/final"
+    assert curve.run_title({"model": "es/final"}, es=False) == "GRPO | model final"

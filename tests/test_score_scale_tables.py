@@ -81,6 +81,7 @@ def test_table2_and_tables5_8_put_n_a_under_a_mean_reward_and_keep_the_rest():
     assert "| Constant answer | 25.0 [15.0, 35.0] | 25.0 [15.0, 35.0] | n/a | n/a |" in md
     assert "| Base model | 50.0 [45.0, 55.0] | 50.0 [45.0, 55.0] | 1.500 [1.000, 2.000] |" in md
     assert "| Δ (base → final) | +0.0 | +0.0 | +1.000 | +1.000 |" in md
+    assert "Mean reward, a plain number on its reward function's scale (not %): custom;" in md
     exp.spec["tasks"] = ["custom"]
     es = tables5_8(exp)[0].markdown()
     assert ": mean reward (single seed) throughout sequential training" in es and "Constant answer" not in es

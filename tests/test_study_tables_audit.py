@@ -10,9 +10,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from esft.experiments.compute_tables import compute_row, table18
-from esft.experiments.records import Experiment, constant_baseline, eval_note, load_experiment
-from esft.experiments.study_tables import method_tables, results_csv, table1, table2, tables5_8, write_all_tables
+from esft.experiments.records import Experiment, constant_baseline, eval_note, interval, load_experiment
+from esft.experiments.study_tables import (all_tables, method_tables, results_csv, table1, table2, tables5_8,
+                                          write_all_tables)
 
 
 def summary(acc: float, constant: float | None = None, ci=None, **extra) -> dict:
@@ -181,14 +184,62 @@ def test_results_csv_and_tables_md(tmp_path):
                 "seed-1/single-task/boolq/dart": {"status": "running"}}
     root = write_experiment(tmp_path / "e", spec(["boolq"], [1]), stages, results, statuses)
     (root / "invocations.jsonl").write_text('{"wall_s": 3600}\n{"wall_s": 1800}\nnot json\n')
-    header, base = results_csv(load_experiment(root)).splitlines()[:2]
+    header, base, es = results_csv(load_experiment(root)).splitlines()[:3]
     values = dict(zip(header.split(","), base.split(",")))
     assert (values["accuracy"], values["ci95_low"], values["ci95_high"]) == ("0.5", "0.41", "0.59")
+    assert (values["seed"], values["track"], values["method"], values["trained_task"]) == ("", "", "Base", "")
+    values = dict(zip(header.split(","), es.split(",")))  # a trained stage names its seed, track, method and task
+    assert (values["stage"], values["seed"], values["track"], values["method"], values["index"],
+            values["trained_task"], values["eval_task"]) == ("seed-1/single-task/boolq/es", "1", "es", "ES", "1",
+                                                             "boolq", "boolq")
     text = write_all_tables(root).read_text()
     assert "2 of 4 stages done." in text
     assert "- seed-1/single-task/boolq/grpo: failed (OOM)" in text
     assert "- seed-1/single-task/boolq/dart: running" in text
     assert "Wall time of all `esft experiment run` invocations: 5,400 s (1.50 h)." in text
+
+
+def test_a_stage_being_run_again_shows_no_result_until_it_is_done(tmp_path):
+    """A stage re-evaluated after a change of evaluation settings keeps its earlier result.json while it runs, and
+    after a failure or a stop: those numbers were measured under the old settings (another limit: other examples
+    than the base model's and its constant answer's). The tables showed them as the stage's result."""
+    stages = [stage("base", kind="base"), stage("seed-1/single-task/boolq/es", 1, "es", "ES", "boolq", 1),
+              stage("seed-1/single-task/boolq/grpo", 1, "grpo", "GRPO", "boolq", 1),
+              stage("seed-1/single-task/boolq/dart", 1, "dart", "DART", "boolq", 1)]
+    old = {"eval": {"boolq": {**summary(0.9), "n": 5}}}
+    results = {"base": {"eval": {"boolq": summary(0.5, constant=0.6)}},
+               "seed-1/single-task/boolq/es": {"eval": {"boolq": summary(0.6)}},
+               "seed-1/single-task/boolq/grpo": old, "seed-1/single-task/boolq/dart": old}
+    statuses = {"base": {"status": "done"}, "seed-1/single-task/boolq/es": {"status": "done"},
+                "seed-1/single-task/boolq/grpo": {"status": "failed", "error": "OOM"},
+                "seed-1/single-task/boolq/dart": {"status": "running"}}
+    exp = load_experiment(write_experiment(tmp_path / "e", spec(["boolq"], [1]), stages, results, statuses))
+    assert sorted(exp.results) == ["base", "seed-1/single-task/boolq/es"]
+    assert "| BoolQ | 60.0 [50.0, 70.0] | 50.0 [45.0, 55.0] | 60.0 [55.0, 65.0] | — | — |" in table1(exp).markdown()
+    assert [line.split(",")[0] for line in results_csv(exp).splitlines()[1:]] == ["base",
+                                                                                  "seed-1/single-task/boolq/es"]
+    assert "BoolQ n=10" in eval_note(exp, ["boolq"])  # the n of the done stages' evaluations
+
+
+def test_an_ifeval_instruction_level_share_has_no_prompt_level_interval():
+    """IFEval's recorded interval is the Wilson interval of the prompt-level strict share over its n prompts. An
+    instruction-level share that happened to equal it (both 0 on a weak model) was given that interval, though it
+    is a share of the n_instructions instructions: 0 of 10 prompts is [0, 27.8], 0 of 25 instructions [0, 13.3]."""
+    ci = [0.0, 0.2775]
+    rec = {"eval": {"ifeval": {"n": 10, "accuracy": 0.0, "ci95": ci, "prompt_strict": 0.0, "prompt_loose": 0.0,
+                               "instruction_strict": 0.0, "instruction_loose": 0.0, "n_instructions": 25}}}
+    assert interval(rec, "ifeval", "prompt_strict") == pytest.approx((0.0, 27.75))
+    assert interval(rec, "ifeval", "prompt_loose") == pytest.approx((0.0, 27.75))  # equal share of the same prompts
+    assert interval(rec, "ifeval", "instruction_strict") is None
+    assert interval(rec, "ifeval", "instruction_loose") is None
+    # an older summary without the prompt-strict key: `accuracy` is that level, with its interval
+    assert interval({"eval": {"ifeval": {"accuracy": 0.5, "ci95": [0.3, 0.7]}}}, "ifeval") == (30.0, 70.0)
+    sp = spec(["ifeval"], [1])
+    sp["ifeval_metric"] = "instruction_strict"
+    exp = Experiment(Path("."), sp, [stage("base", kind="base"), stage("seed-1/single-task/ifeval/es", 1, "es", "ES",
+                                                                       "ifeval", 1)],
+                     {"base": rec, "seed-1/single-task/ifeval/es": rec})
+    assert "| IFEval | 0.0 | 0.0 |" in table1(exp).markdown()
 
 
 # ---- Table 18: compute -----------------------------------------------------------------------------------------
@@ -270,3 +321,11 @@ def test_table18_detail_has_one_row_per_method_and_task():
         exp.results[key] = {"steps": [step(gens=30, seconds=50.0)]}
     rows = [(label, cells[:2]) for label, cells in table18(exp)[1].rows if label == "GRPO"]
     assert rows == [("GRPO", ["BoolQ", "10"]), ("GRPO", ["Countdown", "30"])]
+
+
+def test_all_tables_holds_every_table_the_stages_support_in_order():
+    exp = compute_experiment(kinds=("single-task", "sequential"))
+    exp.spec["evaluation"]["holdout"] = ["boolq"]
+    assert [t.name for t in all_tables(exp)] == [
+        "table1_single_task", "table2_holdout", "table5-8_sequential_grpo-es", "table5-8_sequential_es",
+        "table5-8_sequential_grpo", "methods_boolq", "table18_compute", "table18_compute_by_task"]

@@ -65,6 +65,13 @@ def test_cell_text_mean_std_missing_seeds_intervals_and_bold():
     assert Cell({1: 1.0, 2: -1.0}).seeds_text(with_sign=True) == "+1.0 / −1.0"
 
 
+def test_cell_std_of_three_seeds_divides_by_n_minus_one():
+    """With two seeds n - 1 is 1, so only three or more show whether the squares are divided by n - 1."""
+    three = Cell({1: 50.0, 2: 60.0, 3: 70.0})
+    assert three.std == 10.0  # (100 + 0 + 100) / 2, square-rooted
+    assert three.text() == "60.00 ± 10.00"
+
+
 def study_table(seeds):
     rows = [("es", [Cell({s: 50.0 + 10 * i for i, s in enumerate(seeds)}), "ok"]),
             ("diff", [Cell({s: (-1.0) ** (i + 1) for i, s in enumerate(seeds)}), "x"]),

@@ -94,6 +94,7 @@ class Experiment:
 
 
 def load_experiment(root: str | Path) -> Experiment:
+    """The plan, every stage's status.json and the result.json of every stage whose status is done (or unknown)."""
     root = Path(root)
     plan_path = root / "plan.json"
     if not plan_path.exists():
@@ -108,6 +109,11 @@ def load_experiment(root: str | Path) -> Experiment:
                     target[s["key"]] = json.loads(path.read_text())
                 except json.JSONDecodeError:
                     pass
+        status = exp.statuses.get(s["key"])
+        if isinstance(status, dict) and status.get("status") != "done":
+            # a stage being run again (its evaluation settings changed) keeps its earlier result.json until it is
+            # done: those numbers were measured under other settings, perhaps on other examples than its neighbours'
+            exp.results.pop(s["key"], None)
     return exp
 
 
@@ -133,8 +139,14 @@ def interval(record: dict[str, Any] | None, task: str, ifeval_metric: str = "pro
     evaluation gave none for that metric (IFEval's intervals are of its `accuracy`, the prompt-strict level)."""
     summary = ((record or {}).get("eval") or {}).get(task) or {}
     ci = summary.get("ci95")
-    if not ci or None in ci or (task == "ifeval" and summary.get(ifeval_metric) != summary.get("accuracy")):
+    if not ci or None in ci:
         return None
+    if task == "ifeval":
+        # the Wilson interval of a share of the n prompts is another prompt-level share's only where the two are
+        # equal, and never an instruction-level share's: that is a share of the instructions, another count
+        level = accuracy(record, task, ifeval_metric, 1.0)
+        if ifeval_metric.startswith("instruction") or level is None or level != summary.get("accuracy"):
+            return None
     return scale * float(ci[0]), scale * float(ci[1])
 
 
