@@ -49,6 +49,28 @@ def test_a_yaml_integer_too_large_for_a_float_is_a_config_error(tmp_path):
         build_config(ESConfig, None, None, str(run), {})
 
 
+@pytest.mark.parametrize("patterns", [[0], [None], ["norm", 1], [1.5]])
+def test_regexes_refuse_a_pattern_that_is_not_text(patterns):
+    """A YAML list of include / exclude patterns holding a number or null is no list of regexes: re.search
+    raises TypeError on such an item."""
+    assert regexes().ok(patterns) is False
+
+
+@pytest.mark.parametrize("text", ["exclude: [0, 1]", "include: [null]", "include: [embed, 3]"])
+def test_a_run_file_with_a_non_text_pattern_is_a_config_error_at_its_line(tmp_path, text):
+    """`exclude: [0, 1]` (layer numbers, say) in a run file is refused at its line as a ConfigError, not a
+    TypeError traceback from the config's own checks."""
+    run = tmp_path / "run.yaml"
+    run.write_text(f"max_new_tokens: 8\n{text}\n")
+    key = text.partition(":")[0]
+    with pytest.raises(ConfigError, match=rf"run\.yaml:2: {key} = .* is not accepted; expected a list of valid "
+                                          r"regular expressions \(text"):
+        from esft.config import build_config
+        from esft.es.es_config import ESConfig
+
+        build_config(ESConfig, None, None, str(run), {})
+
+
 def test_rule_words_name_the_bounds_and_choices():
     """The `accepted` text names the bound, the open or closed end, and the choices as written in a config."""
     assert at_least(3).accepted == "an integer >= 3"

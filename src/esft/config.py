@@ -193,13 +193,15 @@ def in_range(low: float, high: float, low_open: bool = True) -> Rule:
 
 def regexes() -> Rule:
     def compiles(pattern: Any) -> bool:
+        if not isinstance(pattern, str):  # a YAML number or null: re.search raises TypeError on it
+            return False
         try:
-            re.compile(str(pattern))
+            re.compile(pattern)
         except re.error:
             return False
         return True
 
-    return Rule("a list of valid regular expressions (Python re syntax)", lambda v: all(map(compiles, v)))
+    return Rule("a list of valid regular expressions (text, Python re syntax)", lambda v: all(map(compiles, v)))
 
 
 def one_of(*choices: Any) -> Rule:
