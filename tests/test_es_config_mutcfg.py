@@ -31,3 +31,47 @@ def test_grpo_defaults_leave_the_optional_parts_off():
     c = GRPOConfig()
     assert (c.format_bonus, c.save_steps, c.save_total_limit, c.eval_every, c.warmup_steps) == (0.0, 0, 0, 0, 0)
     assert (c.num_iterations, c.beta, c.log_kl, c.class_balanced) == (1, 0.0, True, False)
+
+
+ES_BOUNDS = [  # (field, smallest value accepted, largest value refused below it)
+    ("batch_size", 1, 0), ("iterations", 0, -1), ("max_new_tokens", 1, 0), ("seed", 0, -1), ("noise_stream", 0, -1),
+    ("rank", 1, 0), ("generation_batch_size", 1, 0), ("eval_every", 0, -1), ("eval_limit", 0, -1),
+    ("checkpoint_every", 0, -1), ("save_total_limit", 0, -1), ("samples_per_iteration", 0, -1),
+    ("max_passage_chars", 1, 0), ("parallel_members", 1, 0), ("num_workers", 0, -1),
+]
+GRPO_BOUNDS = [
+    ("max_steps", 1, 0), ("prompts_per_step", 1, 0), ("num_generations", 2, 1), ("per_device_train_batch_size", 1, 0),
+    ("warmup_steps", 0, -1), ("num_iterations", 1, 0), ("max_completion_length", 1, 0), ("seed", 0, -1),
+    ("save_steps", 0, -1), ("save_total_limit", 0, -1), ("eval_every", 0, -1), ("eval_limit", 0, -1),
+    ("eval_max_new_tokens", 1, 0), ("samples_per_iteration", 0, -1), ("max_passage_chars", 1, 0),
+    ("weight_decay", 0.0, -1e-9), ("max_grad_norm", 0.0, -1e-9), ("beta", 0.0, -1e-9), ("top_p", 1.0, 0.0),
+]
+
+
+@pytest.mark.parametrize("cls, field, ok, bad", [(ESConfig, *b) for b in ES_BOUNDS] + [(GRPOConfig, *b)
+                                                                                       for b in GRPO_BOUNDS])
+def test_each_bounded_option_takes_its_bound_and_refuses_the_value_past_it(cls, field, ok, bad):
+    """Each option's documented floor (0 = off / never / keep all where the docstring says so, else 1; K >= 2, a
+    group of one has no relative advantage; top_p in (0, 1]) is accepted, and the value just past it is refused
+    as ConfigError naming the option, before any model loads."""
+    from esft.config import ConfigError
+
+    base = {"per_device_train_batch_size": 1} if cls is GRPOConfig else {}  # divides any completions per step
+    assert getattr(cls(**{**base, field: ok}), field) == ok
+    with pytest.raises(ConfigError, match=rf"^{field} = {bad!r} is not accepted"):
+        cls(**{**base, field: bad})
+
+
+def test_the_population_takes_one_member_per_32_bit_seed_and_one_member_only_unshaped():
+    """Members draw distinct 32-bit seeds, so 2^32 members is the most a population holds; one member is a
+    population only with raw fitness (a standardised or ranked single fitness is 0: no update, ever)."""
+    from esft.config import ConfigError
+
+    assert ESConfig(population_size=2 ** 32).population_size == 2 ** 32
+    assert ESConfig(population_size=1, fitness_shaping="raw").population_size == 1
+    for bad in (2 ** 32 + 1, 0):
+        with pytest.raises(ConfigError, match=rf"^population_size = {bad} is not accepted"):
+            ESConfig(population_size=bad)
+    with pytest.raises(ConfigError, match=r"^population_size = 1 is not accepted; expected at least 2 with "
+                                          r"fitness_shaping 'zscore'"):
+        ESConfig(population_size=1)
