@@ -75,3 +75,44 @@ def test_the_population_takes_one_member_per_32_bit_seed_and_one_member_only_uns
     with pytest.raises(ConfigError, match=r"^population_size = 1 is not accepted; expected at least 2 with "
                                           r"fitness_shaping 'zscore'"):
         ESConfig(population_size=1)
+
+
+def test_bf16_rollouts_are_refused_with_the_ray_executor_and_with_low_rank_noise_each():
+    """bf16 rollouts run on the local executor's member-by-member path: Ray alone, or low-rank noise alone, is
+    enough to refuse them (each combination on its own, not only both together)."""
+    from esft.config import ConfigError
+
+    assert ESConfig(rollout_dtype="bfloat16").rollout_dtype == "bfloat16"
+    for other in ({"executor": "ray"}, {"noise": "lowrank"}):
+        with pytest.raises(ConfigError, match=r"^rollout_dtype = 'bfloat16' is not accepted"):
+            ESConfig(rollout_dtype="bfloat16", **other)
+
+
+@pytest.mark.parametrize("key, ok, bad", [
+    ("threads_per_worker", 0, -1), ("checksum_every", 0, -1), ("start_timeout_s", 1e-9, 0),
+    ("member_timeout_s", 0, -1e-9), ("num_cpus_per_worker", 0, -1e-9), ("gpu_memory_utilization", 1, 1.0000001),
+    ("gpu_memory_utilization", 1e-9, 0), ("max_model_len", 0, -1), ("kv_cache_memory_bytes", 1, 0),
+    ("use_gpu", False, 0), ("enforce_eager", True, 1),
+])
+def test_each_ray_executor_option_takes_its_bound_and_refuses_the_value_past_it(key, ok, bad):
+    """The floor each executor option's words promise (0 = the default where they say so) is accepted with the Ray
+    executor, and the value just past it refused naming the option."""
+    from esft.config import ConfigError
+
+    assert ESConfig(executor="ray", executor_options={key: ok}).executor_options == {key: ok}
+    with pytest.raises(ConfigError, match=rf"expected {key} as .* \(got {bad!r}\)"):
+        ESConfig(executor="ray", executor_options={key: bad})
+
+
+def test_a_resume_refuses_another_output_dir_and_takes_its_own(tmp_path):
+    """`--resume RUN --output-dir OTHER` would continue RUN's state in another folder: refused; the run's own folder
+    (as typed another way) is the same run."""
+    from esft.es.es_config import resume_config, save_yaml
+
+    run = tmp_path / "run"
+    run.mkdir()
+    save_yaml(ESConfig(output_dir=str(run), iterations=3), run / "config.yaml")
+    with pytest.raises(ValueError, match="names another folder"):
+        resume_config(run, {"output_dir": str(tmp_path / "other")})
+    config = resume_config(run, {"output_dir": str(run / ".." / "run")})
+    assert config.resume is True and config.output_dir == str(run)
