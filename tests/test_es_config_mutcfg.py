@@ -116,3 +116,14 @@ def test_a_resume_refuses_another_output_dir_and_takes_its_own(tmp_path):
         resume_config(run, {"output_dir": str(tmp_path / "other")})
     config = resume_config(run, {"output_dir": str(run / ".." / "run")})
     assert config.resume is True and config.output_dir == str(run)
+
+
+@pytest.mark.parametrize("floor", [-1, True, 1.5, "3"])
+def test_a_min_new_tokens_that_is_not_a_count_is_refused(floor):
+    """generation_options' min_new_tokens (benchmarks force full-length completions with it) is an integer >= 0:
+    a negative, a bool, a float or text is refused with the config, before any model loads."""
+    from esft.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"min_new_tokens as an integer >= 0"):
+        ESConfig(generation_options={"min_new_tokens": floor})
+    assert ESConfig(generation_options={"min_new_tokens": 0}).generation_options == {"min_new_tokens": 0}
