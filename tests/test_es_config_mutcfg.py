@@ -127,3 +127,30 @@ def test_a_min_new_tokens_that_is_not_a_count_is_refused(floor):
     with pytest.raises(ConfigError, match=r"min_new_tokens as an integer >= 0"):
         ESConfig(generation_options={"min_new_tokens": floor})
     assert ESConfig(generation_options={"min_new_tokens": 0}).generation_options == {"min_new_tokens": 0}
+
+
+def test_an_antithetic_population_is_even():
+    """Antithetic members come in mirrored pairs: any even size is accepted, any odd size refused."""
+    from esft.config import ConfigError
+
+    for n in (2, 4, 6):
+        assert ESConfig(antithetic=True, population_size=n).population_size == n
+    for n in (3, 5, 9):
+        with pytest.raises(ConfigError, match=rf"^population_size = {n} is not accepted; expected an even number"):
+            ESConfig(antithetic=True, population_size=n)
+    assert ESConfig(antithetic=False, population_size=3).population_size == 3
+
+
+def test_a_resume_reads_rollout_dtype_auto_as_the_recorded_dtype_and_refuses_another(tmp_path):
+    """`--rollout-dtype auto` on a resume means the dtype the run recorded (no change); an explicit other dtype is
+    a change a resume refuses, and "auto" for another option (dtype) is a change like any other value."""
+    from esft.es.es_config import resume_config, save_yaml
+
+    run = tmp_path / "run"
+    run.mkdir()
+    save_yaml(ESConfig(output_dir=str(run), rollout_dtype="float32"), run / "config.yaml")
+    assert resume_config(run, {"rollout_dtype": "auto"}).rollout_dtype == "float32"
+    with pytest.raises(ValueError, match=r"cannot change \['rollout_dtype'\]"):
+        resume_config(run, {"rollout_dtype": "bfloat16"})
+    with pytest.raises(ValueError, match=r"cannot change \['dtype'\]"):
+        resume_config(run, {"dtype": "auto"})
