@@ -22,3 +22,34 @@ def test_auto_precision_is_bf16_autocast_only_on_a_cuda_device_with_bf16(monkeyp
     monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: bf16)
     assert resolve_precision("auto", device) == expected
+
+
+@pytest.fixture
+def loss_help(monkeypatch):
+    """Set the installed TRL's loss_type help text (what a newer or older TRL says), with the cached list cleared
+    around the test."""
+    import dataclasses
+
+    from trl import GRPOConfig as TRLGRPOConfig
+
+    from esft.grpo.grpo_config import trl_loss_types
+
+    field = next(f for f in dataclasses.fields(TRLGRPOConfig) if f.name == "loss_type")
+    trl_loss_types.cache_clear()
+    yield lambda text: monkeypatch.setattr(field, "metadata", {"help": text})
+    trl_loss_types.cache_clear()
+
+
+def test_loss_types_are_read_from_the_installed_trls_help(loss_help):
+    """A TRL that lists another loss type is taken at its word (a newer TRL's loss is not refused)."""
+    from esft.grpo.grpo_config import trl_loss_types
+
+    loss_help("The loss. Supported values are 'grpo' and 'new_loss'. 'grpo': ...")
+    assert trl_loss_types() == ("grpo", "new_loss")
+
+
+def test_loss_types_fall_back_to_trl_1_16s_without_the_sentence(loss_help):
+    from esft.grpo.grpo_config import TRL_LOSS_TYPES, trl_loss_types
+
+    loss_help("The loss to use.")
+    assert trl_loss_types() == TRL_LOSS_TYPES
