@@ -67,3 +67,29 @@ def test_max_steps_may_change_on_a_resume_only_where_the_schedule_does_not_depen
 
     config = GRPOConfig(lr_scheduler_type=schedule, trl_args=trl_args)
     assert ("max_steps" in resumable_changes(config)) is extendable
+
+
+def test_trl_args_given_as_numbers_pass_through_and_only_text_is_read_by_type():
+    """A trl_args number for an optional number option of TRL's (`data_seed: 5`, `eval_steps: 0.5`) is passed on
+    as it is; only text (YAML 1.1 reads `1e-8` as text) is read by the option's type."""
+    from esft.grpo.grpo_config import GRPOConfig, check_trl_arg_names, _typed_trl_args
+    from trl import GRPOConfig as TRLGRPOConfig
+
+    config = GRPOConfig(trl_args={"data_seed": 5, "eval_steps": 0.5, "adam_epsilon": "1e-8"})
+    check_trl_arg_names(config)
+    assert _typed_trl_args(config, TRLGRPOConfig) == {"adam_epsilon": 1e-8}
+
+
+def test_the_trl_options_esft_fixes(tmp_path):
+    """What esft decides for every run, whatever TRL's defaults: dropout off (the policy and its rollouts are the
+    same function), prompts loaded in this process with the example_index column kept for the reward, a
+    checkpoint every save_steps (or only at max_steps), CPU and bf16 from device and precision, tqdm from
+    progress."""
+    from esft.grpo.grpo_config import GRPOConfig, trl_arguments
+
+    args = trl_arguments(GRPOConfig(device="cpu", save_steps=5), str(tmp_path), "bf16-autocast", progress=False)
+    assert (args["disable_dropout"], args["dataloader_num_workers"], args["remove_unused_columns"]) == (True, 0, False)
+    assert (args["save_strategy"], args["save_steps"], args["logging_steps"]) == ("steps", 5, 1)
+    assert (args["use_cpu"], args["bf16"], args["fp16"], args["disable_tqdm"]) == (True, True, False, True)
+    args = trl_arguments(GRPOConfig(max_steps=7), str(tmp_path), "fp32")
+    assert (args["save_steps"], args["use_cpu"], args["bf16"], args["disable_tqdm"]) == (7, False, False, False)
