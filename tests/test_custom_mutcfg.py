@@ -73,3 +73,59 @@ def test_an_option_without_its_key_its_value_or_its_equals_sign_is_refused(text)
     with pytest.raises(ValueError, match=r"is not key=value"):
         parse_options(f"data.jsonl:{text}", text)
     assert parse_options("data.jsonl:Prompt_Field = q ", "Prompt_Field = q ") == {"prompt_field": "q"}
+
+
+def test_a_task_objects_balance_key_is_its_own_else_its_gold_label():
+    example = {"q": "x", "a": "yes", "answer": "yes"}
+    assert TaskAdapter(_BalancedElsewhere()).balance_key(example) == "+"
+    plain = TaskAdapter(_Labelled())
+    assert plain.balance_key(example) == plain.gold_key(example)
+
+
+def _dataclass_task():
+    import dataclasses
+
+    @dataclasses.dataclass
+    class Words(_Labelled):
+        words: list = dataclasses.field(default_factory=lambda: ["a"])
+        pair: tuple = (1, 2)
+
+    return Words
+
+
+def test_a_dataclass_tasks_record_leaves_out_values_equal_to_their_default_factorys():
+    """A field left at its default_factory's value is not recorded (the class rebuilds it); a changed one is."""
+    from esft.tasks.custom import _constructor_values
+
+    Words = _dataclass_task()
+    assert _constructor_values(Words()) == {}
+    assert _constructor_values(Words(words=["b"])) == {"words": ["b"]}
+
+
+def test_yaml_lists_become_tuples_only_for_tuple_fields():
+    """config.yaml holds a tuple as a list: building the task again gives a tuple field its tuple back, and leaves
+    a list field's list a list."""
+    from esft.tasks.custom import instantiate
+
+    task = instantiate(_dataclass_task(), "words", {"words": ["x", "y"], "pair": [3, 4]})
+    assert task.obj.words == ["x", "y"] and task.obj.pair == (3, 4)
+
+
+def test_a_script_class_has_no_task_spec():
+    """A task object of a class defined in the script (__main__) cannot be rebuilt from config.yaml elsewhere."""
+    from esft.tasks.custom import task_spec
+
+    class Scripted(_Labelled):
+        pass
+
+    Scripted.__module__ = "__main__"
+    assert task_spec(Scripted()) is None
+
+
+@pytest.mark.parametrize("value", [{"f": len}, {"k": [1, object()]}, {1: "a"}])
+def test_a_mapping_holding_what_yaml_cannot_hold_is_not_recorded(value):
+    """A constructor value that is a mapping is recorded only when every key is text and every value is plain."""
+    from esft.tasks.custom import _recordable
+
+    assert _recordable(value) == "<not recorded: dict>"
+    assert _recordable({"k": [1, "a", None]}) == {"k": [1, "a", None]}
