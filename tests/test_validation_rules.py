@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -553,3 +554,16 @@ def test_a_run_that_never_evaluates_does_not_need_its_presets_held_out_set(algor
     config.check_task_fit(LabelledTask(rows={"train": [{"answer": "A"}, {"answer": "B"}], "test": []}))
     with pytest.raises(ConfigError, match=r"eval_limit = 4 .* no example has label 'B'"):
         config.replace(eval_every=1).check_task_fit(LabelledTask())
+
+
+@pytest.mark.parametrize("key, shown, line", [("1", "1", ":2"), ("0.5", "0.5", ":2"), ("yes", "True", ":?")])
+def test_a_run_file_key_that_yaml_reads_as_a_number_or_bool_is_an_unknown_option(tmp_path, key, shown, line):
+    """`1: 2` or `yes: 3` (YAML 1.1 reads `yes` as true) in a run file is an unknown option naming the file (and the
+    line where the key's text is the option's name), not an AttributeError traceback from the key's type."""
+    from esft.config import build_config
+    from esft.es.es_config import ESConfig
+
+    run = tmp_path / "run.yaml"
+    run.write_text(f"sigma: 0.01\n{key}: 2\n")
+    with pytest.raises(ValueError, match=rf"^{run}{re.escape(line)}: unknown option {shown}$"):
+        build_config(ESConfig, None, None, str(run), {})

@@ -435,8 +435,8 @@ def coerce(cls: type[ConfigHooks], values: Mapping[str, Any], source: str,
     hints = typing.get_type_hints(cls)
     out = {}
     for key, value in values.items():
-        name = key.replace("-", "_")
-        at = where(key) if where else source
+        name = str(key).replace("-", "_")  # a YAML key may be a number or a bool (`1: 2`, `yes: 3`)
+        at = where(str(key)) if where else source
         if name not in names:
             raise ValueError(f"{at}: unknown option {key!r}{cls.unknown_option_hint(name, close_names(name, names))}")
         if isinstance(value, str) and hints[name] is not str:
