@@ -193,3 +193,34 @@ def test_es_include_exclude_refuse_a_yaml_list_given_as_one_flag_value():
         with pytest.raises(ConfigError, match=r"reads as one character class.* comma list"):
             build(flag, text)
     assert "e.g. norm" in field_docs(ESConfig)["exclude"]
+
+
+@pytest.mark.parametrize("text, line, words", [
+    ("max_new_tokens: 8\ntask_options: 5\n", 2, "task_options = 5 is not accepted; expected a mapping such as "
+                                                "{key: value}"),
+    ("task_options: '[1, 2]'\n", 1, "task_options = '[1, 2]' is not accepted; expected a mapping such as {key: value} "
+                                    "(the text reads as list [1, 2])"),
+    ("fitness_rule: dart\nfitness_options: '{replay_fraction:0.2}'\n", 2,
+     "(the key 'replay_fraction:0.2' has no value: YAML needs a space after the colon ({replay_fraction: 0.2}))"),
+    ("executor_options: '{a: [1'\n", 1, "(the text is not a YAML / JSON mapping at column 7: "),
+])
+def test_a_mapping_option_that_is_no_mapping_is_refused_at_its_line(tmp_path, text, line, words):
+    """A run file's mapping option (task_options, fitness_options, executor_options, trl_args) that is no mapping
+    is a ConfigError naming the file and line, as every other bad value is (it named neither)."""
+    from esft.config import ConfigError, build_config
+    from esft.es.es_config import ESConfig
+
+    run = tmp_path / "run.yaml"
+    run.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        build_config(ESConfig, None, None, str(run), {})
+    assert str(info.value).startswith(f"{run}:{line}: ") and words in str(info.value), str(info.value)
+
+
+def test_a_grpo_trl_args_flag_that_is_no_mapping_names_the_flag():
+    from esft.config import ConfigError, build_config
+    from esft.grpo.grpo_config import GRPOConfig
+
+    with pytest.raises(ConfigError, match=r"^command line \(--trl-args\): trl_args = '7' is not accepted; expected a "
+                                          r"mapping such as \{key: value\} \(the text reads as int 7\)$"):
+        build_config(GRPOConfig, overrides={"trl_args": "7"})

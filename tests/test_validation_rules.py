@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -46,6 +47,28 @@ def test_a_yaml_integer_too_large_for_a_float_is_a_config_error(tmp_path):
     run.write_text(f"max_new_tokens: 8\nsigma: {HUGE}\n")
     with pytest.raises(ConfigError,
                        match=r"run\.yaml:2: sigma = 10{400} is not accepted; expected a finite number > 0$"):
+        build_config(ESConfig, None, None, str(run), {})
+
+
+@pytest.mark.parametrize("patterns", [[0], [None], ["norm", 1], [1.5]])
+def test_regexes_refuse_a_pattern_that_is_not_text(patterns):
+    """A YAML list of include / exclude patterns holding a number or null is no list of regexes: re.search
+    raises TypeError on such an item."""
+    assert regexes().ok(patterns) is False
+
+
+@pytest.mark.parametrize("text", ["exclude: [0, 1]", "include: [null]", "include: [embed, 3]"])
+def test_a_run_file_with_a_non_text_pattern_is_a_config_error_at_its_line(tmp_path, text):
+    """`exclude: [0, 1]` (layer numbers, say) in a run file is refused at its line as a ConfigError, not a
+    TypeError traceback from the config's own checks."""
+    run = tmp_path / "run.yaml"
+    run.write_text(f"max_new_tokens: 8\n{text}\n")
+    key = text.partition(":")[0]
+    with pytest.raises(ConfigError, match=rf"run\.yaml:2: {key} = .* is not accepted; expected a list of valid "
+                                          r"regular expressions \(text"):
+        from esft.config import build_config
+        from esft.es.es_config import ESConfig
+
         build_config(ESConfig, None, None, str(run), {})
 
 
@@ -531,3 +554,16 @@ def test_a_run_that_never_evaluates_does_not_need_its_presets_held_out_set(algor
     config.check_task_fit(LabelledTask(rows={"train": [{"answer": "A"}, {"answer": "B"}], "test": []}))
     with pytest.raises(ConfigError, match=r"eval_limit = 4 .* no example has label 'B'"):
         config.replace(eval_every=1).check_task_fit(LabelledTask())
+
+
+@pytest.mark.parametrize("key, shown, line", [("1", "1", ":2"), ("0.5", "0.5", ":2"), ("yes", "True", ":?")])
+def test_a_run_file_key_that_yaml_reads_as_a_number_or_bool_is_an_unknown_option(tmp_path, key, shown, line):
+    """`1: 2` or `yes: 3` (YAML 1.1 reads `yes` as true) in a run file is an unknown option naming the file (and the
+    line where the key's text is the option's name), not an AttributeError traceback from the key's type."""
+    from esft.config import build_config
+    from esft.es.es_config import ESConfig
+
+    run = tmp_path / "run.yaml"
+    run.write_text(f"sigma: 0.01\n{key}: 2\n")
+    with pytest.raises(ValueError, match=rf"^{run}{re.escape(line)}: unknown option {shown}$"):
+        build_config(ESConfig, None, None, str(run), {})

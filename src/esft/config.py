@@ -78,9 +78,15 @@ class RunConfig(ConfigHooks):
     rules: typing.ClassVar[Mapping[str, "Rule"]] = {}
 
     def parse_mappings(self, *names: str) -> None:
-        """Fields given on the command line as a YAML / JSON mapping string become dicts; anything else fails."""
+        """Fields given on the command line as a YAML / JSON mapping string become dicts; anything else is a
+        ConfigError, which build_config locates (the file's line or the flag the value came from)."""
         for name in names:
-            setattr(self, name, parse_mapping(name, getattr(self, name)))
+            value = getattr(self, name)
+            try:
+                setattr(self, name, parse_mapping(name, value))
+            except MappingError as exc:
+                detail = f" ({exc.detail})" if exc.detail else ""
+                raise ConfigError(name, value, f"a mapping such as {{key: value}}{detail}") from None
 
     def task_checks(self) -> list[tuple[str, str, dict[str, Any]]]:
         """(config key, task name, constructor options) of the task the run builds (esft.validation.check_names)."""
@@ -111,9 +117,17 @@ class RunConfig(ConfigHooks):
             return value
 
 
+class MappingError(ValueError):
+    """parse_mapping's refusal; `detail` is the reason alone, for a ConfigError that names the field and value."""
+
+    def __init__(self, message: str, detail: str = ""):
+        super().__init__(message)
+        self.detail = detail
+
+
 def parse_mapping(name: str, value: Any) -> dict[str, Any]:
     """A mapping field's value: a dict, or its YAML / JSON text from a command line (`{replay_fraction: 0.2}`);
-    anything else, malformed YAML included, fails as ValueError naming the field."""
+    anything else, malformed YAML included, fails as MappingError (a ValueError) naming the field."""
     text = None
     if isinstance(value, str):
         text = value
@@ -122,17 +136,21 @@ def parse_mapping(name: str, value: Any) -> dict[str, Any]:
         except yaml.YAMLError as exc:
             mark = getattr(exc, "problem_mark", None)
             at = f" at column {mark.column + 1}" if mark is not None else ""
-            raise ValueError(f"{name} {value!r} is not a YAML / JSON mapping such as {{key: value}}{at}: "
-                             f"{getattr(exc, 'problem', None) or 'not valid YAML'}") from None
+            problem = getattr(exc, "problem", None) or "not valid YAML"
+            raise MappingError(f"{name} {value!r} is not a YAML / JSON mapping such as {{key: value}}{at}: {problem}",
+                               f"the text is not a YAML / JSON mapping{at}: {problem}") from None
         if isinstance(value, dict):
             glued = [k for k, v in value.items() if v is None and isinstance(k, str) and ":" in k]
             if glued:  # YAML reads `{replay_fraction:0.2}` as the key 'replay_fraction:0.2' with no value
                 key, _, rest = glued[0].partition(":")
-                raise ValueError(f"{name} {text!r} has the key {glued[0]!r} without a value: YAML needs a space "
-                                 f"after the colon ({{{key}: {rest}}})")
+                fix = f"YAML needs a space after the colon ({{{key}: {rest}}})"
+                raise MappingError(f"{name} {text!r} has the key {glued[0]!r} without a value: {fix}",
+                                   f"the key {glued[0]!r} has no value: {fix}")
     if not isinstance(value, dict):
-        given = f"{name} {value!r}" if text is None else f"{name} {text!r} reads as {type(value).__name__} {value!r}"
-        raise ValueError(f"{given}: it must be a mapping such as {{key: value}}")
+        reads = f"reads as {type(value).__name__} {value!r}"
+        given = f"{name} {value!r}" if text is None else f"{name} {text!r} {reads}"
+        raise MappingError(f"{given}: it must be a mapping such as {{key: value}}",
+                           "" if text is None else f"the text {reads}")
     return value
 
 
@@ -193,13 +211,15 @@ def in_range(low: float, high: float, low_open: bool = True) -> Rule:
 
 def regexes() -> Rule:
     def compiles(pattern: Any) -> bool:
+        if not isinstance(pattern, str):  # a YAML number or null: re.search raises TypeError on it
+            return False
         try:
-            re.compile(str(pattern))
+            re.compile(pattern)
         except re.error:
             return False
         return True
 
-    return Rule("a list of valid regular expressions (Python re syntax)", lambda v: all(map(compiles, v)))
+    return Rule("a list of valid regular expressions (text, Python re syntax)", lambda v: all(map(compiles, v)))
 
 
 def one_of(*choices: Any) -> Rule:
@@ -415,8 +435,8 @@ def coerce(cls: type[ConfigHooks], values: Mapping[str, Any], source: str,
     hints = typing.get_type_hints(cls)
     out = {}
     for key, value in values.items():
-        name = key.replace("-", "_")
-        at = where(key) if where else source
+        name = str(key).replace("-", "_")  # a YAML key may be a number or a bool (`1: 2`, `yes: 3`)
+        at = where(str(key)) if where else source
         if name not in names:
             raise ValueError(f"{at}: unknown option {key!r}{cls.unknown_option_hint(name, close_names(name, names))}")
         if isinstance(value, str) and hints[name] is not str:

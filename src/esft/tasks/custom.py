@@ -143,6 +143,8 @@ def _data_task(name: str, kind: str, options: dict[str, Any]) -> DatasetTask:
         if key not in fields:
             raise ValueError(f"task {name!r}: unknown option {key!r}; options of a data task: "
                              f"{', '.join(sorted(fields))}")
+        if value is None and type(None) not in typing.get_args(hints[key]):  # `split_seed: null` drew a new split
+            raise ValueError(f"task {name!r}: option {key!r} may not be null (leave it out for its default)")
         if value is not None and not isinstance(value, str) and _takes_text(hints[key]):
             raise ValueError(f"task {name!r}: option {key!r} takes text, got {value!r}")
         try:
