@@ -131,11 +131,11 @@ def test_a_mapping_holding_what_yaml_cannot_hold_is_not_recorded(value):
     assert _recordable({"k": [1, "a", None]}) == {"k": [1, "a", None]}
 
 
-@pytest.mark.parametrize("key", ["split_seed", "test_size", "prompt_field", "system_prompt", "reward"])
+@pytest.mark.parametrize("key", ["split_seed", "test_size", "prompt_field", "reward"])
 def test_a_data_task_option_that_may_not_be_none_refuses_null(tmp_path, monkeypatch, key):
     """`task_options: {split_seed: null}` drew the held-out rows with an unseeded shuffle: another split in every
     process (training, `esft eval`, a resume), so held-out rows were trained on. An option whose type has no None
-    refuses null; one that has (test_file) takes it."""
+    refuses null; one that has (test_file; system_prompt, None for none) takes it."""
     import json
 
     from esft.tasks import get_task
@@ -146,3 +146,4 @@ def test_a_data_task_option_that_may_not_be_none_refuses_null(tmp_path, monkeypa
     with pytest.raises(ValueError, match=rf"option '{key}' may not be null"):
         get_task("d.jsonl", **{"prompt_field": "q", key: None})
     assert get_task("d.jsonl", prompt_field="q", test_file=None).load("test")
+    assert get_task("d.jsonl", prompt_field="q", system_prompt=None).system_prompt is None  # as before: no system turn

@@ -152,8 +152,8 @@ class DatasetTask(Task):
     """column holding the user turn (text) or the whole chat (a list of {role, content} messages)"""
     answer_field: str = "answer"
     """column holding the gold answer (needed by the built-in verifiers; optional for a reward function)"""
-    system_prompt: str = ""
-    """system message put before the prompt (none when empty)"""
+    system_prompt: str | None = ""
+    """system message put before the prompt (none when empty or None)"""
     reward: str | Callable[..., Any] | list[Any] = "exact"
     """exact, boxed, math, mcq, regex:PATTERN, or module:function with TRL's reward signature (esft.tasks.verifiers),
     or several such functions joined by "+" (combined by TRL's rule); through the Python API also such a function
