@@ -316,11 +316,9 @@ class TrackioBackend:
         self.trackio.log(dict(scalars), step=step)
 
     def log_table(self, name: str, rows: list[dict[str, Any]], step: int) -> None:
-        table_cls = getattr(self.trackio, "Table", None)
-        if table_cls is not None:  # older trackio releases log scalars only
-            columns = list(dict.fromkeys(k for r in rows for k in r))
-            self.trackio.log({name: table_cls(columns=columns, data=[[r.get(c) for c in columns] for r in rows])},
-                             step=step)
+        columns = list(dict.fromkeys(k for r in rows for k in r))
+        table = self.trackio.Table(columns=columns, data=[[r.get(c) for c in columns] for r in rows])
+        self.trackio.log({name: table}, step=step)
 
     def close(self, failed: bool = False) -> None:
         self.trackio.finish()
