@@ -1,0 +1,49 @@
+"""esft.evaluation pinned where a mutation audit found it untested: the generation time its summaries report.
+
+Run: pytest -q tests/test_evaluation_mutrun.py   (< 2 s; the generator is stubbed, no model)
+"""
+
+from __future__ import annotations
+
+import time
+
+from esft import evaluation
+from esft.generation import Generation, GenerationConfig
+from test_evaluation_audit import LabelTask
+
+
+def _slow_generate(model, tokenizer, prompts, cfg, progress=False):
+    time.sleep(0.05)
+    return [Generation(text="yes", completion_ids=[1], prompt_tokens=2, finished=True) for _ in prompts]
+
+
+def test_generation_seconds_is_the_time_generation_took(monkeypatch):
+    monkeypatch.setattr(evaluation, "generate", _slow_generate)
+    task = LabelTask()
+    t0 = time.perf_counter()
+    summary = evaluation.evaluate_task(None, None, task, task.rows[:2], GenerationConfig(), progress=False)
+    took = time.perf_counter() - t0
+    assert 0.04 <= summary["generation_s"] <= took + 0.01
+
+
+def test_sampled_generation_seconds_is_the_time_all_samples_took(monkeypatch):
+    monkeypatch.setattr(evaluation, "generate", _slow_generate)
+    task = LabelTask()
+    t0 = time.perf_counter()
+    summary = evaluation.evaluate_task_sampled(None, None, task, task.rows[:2], GenerationConfig(temperature=1.0),
+                                               samples=2, ks=[1, 2], progress=False)
+    took = time.perf_counter() - t0
+    assert 0.09 <= summary["generation_s"] <= took + 0.01
+
+
+def _sampled(pass_at_k):
+    return {"n": 4, "samples": 8, "accuracy": 0.5, "ci95": [0.25, 0.75], "pass@k": pass_at_k,
+            "maj@k": {"1": {"value": 0.5, "ci95": [0.2, 0.8]}}}
+
+
+def test_sampled_row_says_pass_at_k_is_na_only_when_it_is():
+    line = evaluation.format_row("coin", _sampled({"4": {"value": 0.75, "ci95": [0.5, 1.0]}}))
+    assert line == ("coin       n=4     x8 mean@8 0.500  95% CI [0.250, 0.750]  pass@4 0.750 [0.500, 1.000]"
+                    "  maj@1 0.500 [0.200, 0.800]")
+    na = evaluation.format_row("coin", _sampled(None))
+    assert "  pass@k n/a (scores not 0/1)  maj@1 0.500 [0.200, 0.800]" in na
