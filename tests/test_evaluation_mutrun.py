@@ -47,3 +47,46 @@ def test_sampled_row_says_pass_at_k_is_na_only_when_it_is():
                     "  maj@1 0.500 [0.200, 0.800]")
     na = evaluation.format_row("coin", _sampled(None))
     assert "  pass@k n/a (scores not 0/1)  maj@1 0.500 [0.200, 0.800]" in na
+
+
+def test_a_task_without_test_examples_is_refused_under_the_name_the_user_typed():
+    import pytest
+
+    from esft.config import ConfigError
+    from esft.evaluation import EvalConfig
+    from test_validation_rules import FakeTask
+
+    empty = FakeTask(rows={"train": [{"q": 1}], "test": []})
+    empty.name = "named"
+    with pytest.raises(ConfigError, match=r"^tasks = 'named:opt=1' is not accepted"):
+        EvalConfig(tasks=["boolq", "named:opt=1"]).check_task_fit(empty)
+    with pytest.raises(ConfigError, match=r"^tasks = 'named' is not accepted"):  # not typed: its own name
+        EvalConfig(tasks=["boolq"]).check_task_fit(empty)
+    with pytest.raises(ConfigError, match=r"^split = 'test2' is not accepted"):
+        EvalConfig(tasks=["named:opt=1"], split="test2").check_task_fit(empty)
+
+
+def test_without_output_dir_there_are_no_previous_results_to_check():
+    from esft.evaluation import EvalConfig, check_previous_results
+
+    assert check_previous_results(EvalConfig(output_dir=None)) is None
+
+
+def test_the_samples_bar_counts_every_pass_and_closes(monkeypatch):
+    class Bar:
+        def __init__(self, total):
+            self.total, self.n, self.closed = total, 0, False
+
+        def update(self, k):
+            self.n += k
+
+        def close(self):
+            self.closed = True
+
+    bars = []
+    monkeypatch.setattr(evaluation, "_samples_bar", lambda samples: bars.append(Bar(samples)) or bars[-1])
+    monkeypatch.setattr(evaluation, "generate", _slow_generate)
+    task = LabelTask()
+    evaluation.evaluate_task_sampled(None, None, task, task.rows[:2], GenerationConfig(temperature=1.0), samples=3,
+                                     ks=[1], progress=True)
+    assert [(b.total, b.n, b.closed) for b in bars] == [(3, 3, True)]
