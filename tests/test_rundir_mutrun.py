@@ -120,3 +120,24 @@ def test_is_run_dir_needs_config_yaml_and_a_log_or_checkpoints(tmp_path):
     assert not is_run_dir(other)  # a log without its config: nothing says what ran
     (tmp_path / "drift.jsonl").write_text("{}\n")
     assert is_run_dir(tmp_path)
+
+
+def test_run_lock_file_names_the_holder_pid_alone(tmp_path):
+    import os
+
+    from esft.rundir import RunLock
+
+    (tmp_path / ".lock").write_text("9999999")  # a holder's pid from before
+    with RunLock(tmp_path):
+        assert (tmp_path / ".lock").read_text() == str(os.getpid())
+
+
+def test_an_es_checkpoint_of_a_tokenizer_that_cannot_save_holds_the_model_alone(tmp_path):
+    from es_tiny import tiny_llama
+    from esft.es import es_rundir
+    from esft.es.noise import MasterWeights
+
+    model = tiny_llama(hidden=16, layers=1)
+    folder = es_rundir.save_checkpoint(tmp_path, "final", 2, model, object(), MasterWeights(model))
+    assert sorted(p.name for p in folder.iterdir()) == ["config.json", "es_state.json", "generation_config.json",
+                                                        "model.safetensors"]
