@@ -141,3 +141,24 @@ def test_an_es_checkpoint_of_a_tokenizer_that_cannot_save_holds_the_model_alone(
     folder = es_rundir.save_checkpoint(tmp_path, "final", 2, model, object(), MasterWeights(model))
     assert sorted(p.name for p in folder.iterdir()) == ["config.json", "es_state.json", "generation_config.json",
                                                         "model.safetensors"]
+
+
+def test_a_bf16_es_checkpoint_keeps_its_fp32_masters_exactly(tmp_path):
+    import torch
+
+    from es_tiny import tiny_llama
+    from esft.es import es_rundir
+    from esft.es.noise import MasterWeights
+
+    model = tiny_llama(hidden=16, layers=1).to(torch.bfloat16)
+    weights = MasterWeights(model)
+    name = next(iter(weights.master))
+    with torch.no_grad():
+        weights.master[name].add_(1e-5)  # below bf16's resolution near 1: only the fp32 master holds it
+    kept = {n: t.clone() for n, t in weights.master.items()}
+    folder = es_rundir.save_checkpoint(tmp_path, "final", 4, model, None, weights)
+    assert (folder / es_rundir.MASTERS_FILE).is_file()
+    fresh = tiny_llama(hidden=16, layers=1).to(torch.bfloat16)
+    again = MasterWeights(fresh)
+    assert es_rundir.load_checkpoint(folder, fresh, again) == 4
+    assert all(torch.equal(again.master[n], kept[n]) for n in kept)
