@@ -90,3 +90,15 @@ def test_the_samples_bar_counts_every_pass_and_closes(monkeypatch):
     evaluation.evaluate_task_sampled(None, None, task, task.rows[:2], GenerationConfig(temperature=1.0), samples=3,
                                      ks=[1], progress=True)
     assert [(b.total, b.n, b.closed) for b in bars] == [(3, 3, True)]
+
+
+def test_run_eval_prints_each_task_row_only_with_progress(monkeypatch, capsys):
+    from esft.evaluation import EvalConfig, run_eval
+    from test_evaluation_audit import _patch
+
+    _patch(monkeypatch, LabelTask(), [])
+    cfg = EvalConfig(tasks=["lab"], limit=2)
+    run_eval(cfg, model=object(), tokenizer=object(), progress=False)
+    assert capsys.readouterr().out == ""
+    res = run_eval(cfg, model=object(), tokenizer=object(), progress=True)["lab"]
+    assert capsys.readouterr().out == evaluation.format_row("lab", res) + "\n"
