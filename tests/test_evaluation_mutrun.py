@@ -102,3 +102,23 @@ def test_run_eval_prints_each_task_row_only_with_progress(monkeypatch, capsys):
     assert capsys.readouterr().out == ""
     res = run_eval(cfg, model=object(), tokenizer=object(), progress=True)["lab"]
     assert capsys.readouterr().out == evaluation.format_row("lab", res) + "\n"
+
+
+def test_the_same_evaluation_into_the_same_folder_spelled_otherwise_is_not_another_one(tmp_path, monkeypatch):
+    """`--output-dir res/` then `--output-dir res` (or its absolute path, or from another folder) was refused as
+    "another evaluation (output_dir: 'res/' there, 'res' now)": the folder's own name counted as a difference."""
+    import json
+    from dataclasses import asdict
+
+    import pytest
+
+    from esft.evaluation import EvalConfig, check_previous_results
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "res").mkdir()
+    first = EvalConfig(tasks=["boolq"], limit=4, output_dir="res/")
+    (tmp_path / "res" / "summary.json").write_text(json.dumps({"config": asdict(first), "results": {}}))
+    for spelled in ("res/", "res", str(tmp_path / "res")):
+        check_previous_results(EvalConfig(tasks=["boolq"], limit=4, output_dir=spelled))
+    with pytest.raises(FileExistsError, match=r"another evaluation \(limit: 4 there, 5 now\)"):
+        check_previous_results(EvalConfig(tasks=["boolq"], limit=5, output_dir="res"))
