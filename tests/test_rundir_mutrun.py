@@ -162,3 +162,28 @@ def test_a_bf16_es_checkpoint_keeps_its_fp32_masters_exactly(tmp_path):
     again = MasterWeights(fresh)
     assert es_rundir.load_checkpoint(folder, fresh, again) == 4
     assert all(torch.equal(again.master[n], kept[n]) for n in kept)
+
+
+def test_a_masters_file_lacking_a_tensor_is_damage_found_before_the_model_is_touched(tmp_path):
+    """load_checkpoint copied the model's weights first and only then found a master missing: a KeyError (not
+    CheckpointDamaged) out of a model already half overwritten, against its promise."""
+    import pytest
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from es_tiny import tiny_llama
+    from esft.es import es_rundir
+    from esft.es.noise import MasterWeights
+
+    model = tiny_llama(hidden=16, layers=1).to(torch.bfloat16)
+    weights = MasterWeights(model)
+    folder = es_rundir.save_checkpoint(tmp_path, "final", 2, model, None, weights)
+    masters = load_file(str(folder / es_rundir.MASTERS_FILE))
+    dropped = sorted(masters)[-1]
+    save_file({n: t for n, t in masters.items() if n != dropped}, str(folder / es_rundir.MASTERS_FILE))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.fill_(0.5)
+    with pytest.raises(es_rundir.CheckpointDamaged, match=f"lacks the fp32 master of {dropped}"):
+        es_rundir.load_checkpoint(folder, model, weights)
+    assert all(bool((p == 0.5).all()) for p in model.parameters())
