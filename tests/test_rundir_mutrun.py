@@ -187,3 +187,29 @@ def test_a_masters_file_lacking_a_tensor_is_damage_found_before_the_model_is_tou
     with pytest.raises(es_rundir.CheckpointDamaged, match=f"lacks the fp32 master of {dropped}"):
         es_rundir.load_checkpoint(folder, model, weights)
     assert all(bool((p == 0.5).all()) for p in model.parameters())
+
+
+def test_a_failed_atomic_write_leaves_the_old_file_and_no_cut_copy_beside_it(tmp_path, monkeypatch):
+    """A full disk while config.yaml, summary.json or a rewritten log was written left its cut `.tmp` copy in the
+    folder (a checkpoint's failed write removes its own)."""
+    import errno
+    import os
+
+    import pytest
+
+    from esft.rundir import rewrite_jsonl, write_text_atomic
+
+    (tmp_path / "summary.json").write_text("old")
+    (tmp_path / "metrics.jsonl").write_text('{"a":1}\n')
+
+    def disk_full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", disk_full)
+    with pytest.raises(OSError, match="No space left"):
+        write_text_atomic(tmp_path / "summary.json", "new" * 1000)
+    with pytest.raises(OSError, match="No space left"):
+        rewrite_jsonl(tmp_path / "metrics.jsonl", [{"a": 2}] * 100)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.jsonl", "summary.json"]
+    assert (tmp_path / "summary.json").read_text() == "old"
+    assert (tmp_path / "metrics.jsonl").read_text() == '{"a":1}\n'
