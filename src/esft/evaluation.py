@@ -322,7 +322,9 @@ def check_previous_results(config: EvalConfig) -> None:
     if not isinstance(old, dict):
         return
     new = json.loads(json.dumps(asdict(config), default=str))  # as summary.json records it
-    changed = [f"{k}: {old[k]!r} there, {new[k]!r} now" for k in new if k in old and old[k] != new[k]]
+    # output_dir names this very folder, however it is spelled (res/, res, /abs/res): where, not what, was evaluated
+    changed = [f"{k}: {old[k]!r} there, {new[k]!r} now" for k in new
+               if k in old and k != "output_dir" and old[k] != new[k]]
     if changed:
         raise FileExistsError(f"{path} holds the results of another evaluation ({'; '.join(changed[:3])}"
                               f"{', ...' if len(changed) > 3 else ''}): choose another --output-dir, or delete that "

@@ -259,11 +259,15 @@ def write_text_atomic(path: str | Path, text: str) -> None:
     over, so a crash or Ctrl-C leaves the old or the new file, never a cut one."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # a full disk or a Ctrl-C leaves no cut copy beside the file
+        raise
 
 
 # ---- JSONL logs -----------------------------------------------------------------------------------------------------
@@ -315,12 +319,16 @@ def rewrite_jsonl(path: Path, records: Iterable[dict[str, Any]]) -> None:
     """Atomically replace a JSONL file (used on resume to drop records past the resume point)."""
     path = Path(path)
     tmp = path.with_suffix(path.suffix + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        for rec in records:
-            fh.write(json.dumps(rec, separators=(",", ":")) + "\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            for rec in records:
+                fh.write(json.dumps(rec, separators=(",", ":")) + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # a full disk or a Ctrl-C leaves no cut copy beside the log
+        raise
 
 
 def filter_jsonl(path: Path, keep: Callable[[dict[str, Any]], bool]) -> list[dict[str, Any]]:

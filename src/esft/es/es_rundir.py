@@ -145,6 +145,10 @@ def load_checkpoint(folder: Path, model: Any, weights: MasterWeights,
     if missing:
         raise CheckpointDamaged(f"checkpoint {folder} lacks parameter {missing[0]} (model.safetensors missing or "
                                 f"incomplete)")
+    lacking = [name for name in weights.master if name not in masters] if masters is not None else []
+    if lacking:  # checked here, not by load_masters once the model has been overwritten
+        raise CheckpointDamaged(f"checkpoint {folder} lacks the fp32 master of {lacking[0]} ({MASTERS_FILE} "
+                                f"incomplete)")
     for name, param in model.named_parameters():
         if name in tensors:
             param.copy_(tensors[name].to(param.dtype))
