@@ -317,18 +317,7 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 def rewrite_jsonl(path: Path, records: Iterable[dict[str, Any]]) -> None:
     """Atomically replace a JSONL file (used on resume to drop records past the resume point)."""
-    path = Path(path)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    try:
-        with open(tmp, "w", encoding="utf-8") as fh:
-            for rec in records:
-                fh.write(json.dumps(rec, separators=(",", ":")) + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)  # a full disk or a Ctrl-C leaves no cut copy beside the log
-        raise
+    write_text_atomic(path, "".join(json.dumps(rec, separators=(",", ":")) + "\n" for rec in records))
 
 
 def filter_jsonl(path: Path, keep: Callable[[dict[str, Any]], bool]) -> list[dict[str, Any]]:
