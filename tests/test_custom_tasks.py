@@ -476,7 +476,8 @@ def test_cli_checks_a_task_class_before_the_model_loads(user_files, monkeypatch,
                "0", "--output-dir", out], "bad value 'many' for option 'count': invalid literal for int()"),
              (["eval", "--task", "user_tasks:Broken"], "cannot build Broken: RuntimeError: no settings file"),
              (["eval", "--task", str(root / "sums.jsonl"), "--task-options", "prompt_field: q: x"],
-              "task_options 'prompt_field: q: x' is not a YAML / JSON mapping"),
+              "command line (--task-options): task_options = 'prompt_field: q: x' is not accepted; expected a "
+              "mapping such as {key: value} (the text is not a YAML / JSON mapping"),
              (["train", "es", "--task", str(root / "sums.jsonl"), "--task-options", "prompt_field: q: x"],
               "is not a YAML / JSON mapping"),
              # two rows leave no held-out row (test_size 0.2): an evaluation of n = 0 or a run without held-out

@@ -89,7 +89,8 @@ def test_cli_refuses_bad_generation_options_before_loading(monkeypatch, capsys):
 
     monkeypatch.setattr(esft.models, "load_model", refuse)
     assert main(["eval", "--tasks", "countdown", "--limit", "2", "--generation-options", "turbo"]) == 2
-    assert "generation_options must be 'fast', 'exact'" in capsys.readouterr().err
+    assert "(--generation-options): generation_options = 'turbo' is not accepted; expected 'fast', 'exact'" in \
+        capsys.readouterr().err
 
 
 def test_run_eval_generates_through_the_fast_path_with_the_exact_answers(tiny_model, tokenizer, monkeypatch,

@@ -280,6 +280,25 @@ def test_malformed_mapping_flag_is_one_line_not_a_yaml_traceback(tmp_path, capsy
     assert err.count("\n") == 0 and "'{bad'" in err, err
 
 
+@pytest.mark.parametrize("command", [["train", "es", "--fitness-options"], ["train", "es", "--task-options"],
+                                     ["train", "grpo", "--trl-args"], ["eval", "--limit", "1", "--task-options"],
+                                     ["eval", "--limit", "1", "--generation-options"],
+                                     ["train", "es", "--generation-options"]])
+def test_a_value_that_is_no_mapping_is_located_at_its_flag(tmp_path, capsys, no_model_load, command):
+    out = [] if command[0] == "eval" else ["--output-dir", str(tmp_path / "run")]
+    assert main([*command, "7", *out]) == 2
+    key = command[-1].removeprefix("--").replace("-", "_")
+    assert f"command line ({command[-1]}): {key} = '7' is not accepted; expected " in error_of(capsys)
+
+
+@pytest.mark.parametrize("field", ["task_options", "generation_options"])
+def test_an_eval_config_file_value_that_is_no_mapping_is_located_at_its_line(tmp_path, capsys, no_model_load, field):
+    config = tmp_path / "eval.yaml"
+    config.write_text(f"tasks: [boolq]\nlimit: 1\n{field}: 7\n")
+    assert main(["eval", "--config", str(config)]) == 2
+    assert f"{config}:3: {field} = 7 is not accepted; expected " in error_of(capsys)
+
+
 @pytest.mark.parametrize("extra, key", [
     (["train", "es", "--include", "["], "include"), (["train", "es", "--exclude", "norm,("], "exclude"),
     (["train", "grpo", "--optim", "adamw_bogus"], "optim"),

@@ -77,17 +77,6 @@ class RunConfig(ConfigHooks):
     #: what each field accepts beyond its type (`check_fields`); each config module sets its own
     rules: typing.ClassVar[Mapping[str, "Rule"]] = {}
 
-    def parse_mappings(self, *names: str) -> None:
-        """Fields given on the command line as a YAML / JSON mapping string become dicts; anything else is a
-        ConfigError, which build_config locates (the file's line or the flag the value came from)."""
-        for name in names:
-            value = getattr(self, name)
-            try:
-                setattr(self, name, parse_mapping(name, value))
-            except MappingError as exc:
-                detail = f" ({exc.detail})" if exc.detail else ""
-                raise ConfigError(name, value, f"a mapping such as {{key: value}}{detail}") from None
-
     def task_checks(self) -> list[tuple[str, str, dict[str, Any]]]:
         """(config key, task name, constructor options) of the task the run builds (esft.validation.check_names)."""
         return [("task", self.task, self.task_kwargs())]
@@ -152,6 +141,16 @@ def parse_mapping(name: str, value: Any) -> dict[str, Any]:
         raise MappingError(f"{given}: it must be a mapping such as {{key: value}}",
                            "" if text is None else f"the text {reads}")
     return value
+
+
+def mapping_field(name: str, value: Any) -> dict[str, Any]:
+    """`parse_mapping` for config field `name`: its refusal is a ConfigError, which build_config locates (the
+    file's line or the flag the value came from)."""
+    try:
+        return parse_mapping(name, value)
+    except MappingError as exc:
+        detail = f" ({exc.detail})" if exc.detail else ""
+        raise ConfigError(name, value, f"a mapping such as {{key: value}}{detail}") from None
 
 
 # ---- validation: types and ranges ---------------------------------------------------------------------------------

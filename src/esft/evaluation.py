@@ -29,7 +29,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from esft.config import (ConfigHooks, Rule, at_least, check_fields, in_range, non_negative, one_of, parse_mapping,
+from esft.config import (ConfigHooks, Rule, at_least, check_fields, in_range, non_negative, one_of, mapping_field,
                          passage_cut)
 from esft.generation import Generation, GenerationConfig, generate
 from esft.passk import answer_key, chance_pass_at_k, parse_ks, pass_at_k, summarize_samples
@@ -93,10 +93,13 @@ class EvalConfig(ConfigHooks):
     def __post_init__(self) -> None:
         # a comma-separated --tasks is split at every comma, also inside one task's options: join them again
         self.tasks = split_task_list(self.tasks)
-        self.task_options = parse_mapping("task_options", self.task_options)  # --task-options as YAML / JSON text
-        from esft.generation import engine_options
+        self.task_options = mapping_field("task_options", self.task_options)  # --task-options as YAML / JSON text
+        from esft.generation import engine_options, options_refusal
 
-        self.generation_options = engine_options(self.generation_options)
+        try:
+            self.generation_options = engine_options(self.generation_options)
+        except ValueError as exc:
+            raise options_refusal(self.generation_options, exc) from None
         check_fields(self, EVAL_RULES)
         if self.samples > 1 and self.temperature <= 0:
             # greedy decoding would give n identical completions: pass@k would equal pass@1

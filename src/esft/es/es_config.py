@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 from esft.config import (FAST_CPU_GENERATION, ConfigError, Rule, RunConfig, at_least, check_fields, finite, one_of,
-                         positive, regexes)
+                         mapping_field, positive, regexes)
 from esft.tracking import report_to_rule, report_to_text
 
 
@@ -148,7 +148,8 @@ class ESConfig(RunConfig):
         self.task = absolute_data_task(self.task)  # config.yaml must rebuild it from any directory
         self.report_to = report_to_text(self.report_to)
         self.generation_options = rollout_options(self.generation_options)
-        self.parse_mappings("fitness_options", "task_options", "executor_options")
+        for name in ("fitness_options", "task_options", "executor_options"):
+            setattr(self, name, mapping_field(name, getattr(self, name)))
         if external_kind(self.task) == "data":  # its test_file too
             self.task_options = absolute_task_options(self.task_options)
         check_fields(self, self.rules)
@@ -276,7 +277,7 @@ def rollout_options(value: Any) -> dict[str, Any]:
     """`generation_options` of an ES run, checked before any model loads: "fast", "exact", or a mapping (or its YAML
     text) of the engine options (esft.generation.ENGINE_OPTIONS) plus `min_new_tokens` (benchmarks force full-length
     completions with it). ConfigError otherwise."""
-    from esft.generation import engine_options, options_mapping
+    from esft.generation import engine_options, options_mapping, options_refusal
 
     try:
         mapping = options_mapping(value)
@@ -288,11 +289,7 @@ def rollout_options(value: Any) -> dict[str, Any]:
             raise ValueError("min_new_tokens as an integer >= 0")
         options = engine_options(mapping)
     except ValueError as exc:
-        problem = str(exc).removeprefix("generation_options: ").removeprefix("generation_options must be ")
-        # the problem is worded as an error of its own ("unknown option 'x'; accepted: ..."): it follows
-        # "expected" as the reason, not as the accepted value; a value that is no mapping already names them
-        accepted = problem if problem.startswith("'fast'") else f"valid engine options ({problem})"
-        raise ConfigError("generation_options", value, accepted) from None
+        raise options_refusal(value, exc) from None
     return options if floor is None else {**options, "min_new_tokens": floor}
 
 

@@ -9,7 +9,7 @@ token with `sample_next` (sampling.py).
 
 from esft.generation.cancel import GenerationCancelled, cancel_on, check_cancelled
 from esft.generation.generation_config import (ENGINE_OPTIONS, Generation, GenerationConfig, engine_options,
-                                               options_mapping)
+                                               options_mapping, options_refusal)
 from esft.generation.engine import decode, generate, generation_batches
 from esft.generation.hf_step import decode_hf
 from esft.generation.sampling import sample_next
@@ -19,5 +19,5 @@ from esft.generation.prompts import encode_prompts, eos_token_ids, left_pad, to_
 __all__ = [
     "ENGINE_OPTIONS", "Generation", "GenerationCancelled", "GenerationConfig", "cancel_on", "check_cancelled", "decode",
     "decode_hf", "encode_prompts", "engine_options", "eos_token_ids", "generate", "generation_batches", "left_pad",
-    "options_mapping", "releasing", "sample_next", "to_generation",
+    "options_mapping", "options_refusal", "releasing", "sample_next", "to_generation",
 ]

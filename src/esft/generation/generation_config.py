@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from esft.config import Rule, at_least, check_fields, in_range, non_negative, one_of
+from esft.config import ConfigError, Rule, at_least, check_fields, in_range, non_negative, one_of
 
 
 @dataclass
@@ -125,3 +125,13 @@ def engine_options(value: object) -> dict[str, object]:
             raise ValueError(f"generation_options.engine = {val!r} is not accepted; expected esft or hf")
         out[key] = val
     return out
+
+
+def options_refusal(value: object, exc: ValueError) -> ConfigError:
+    """The ConfigError for `generation_options` = `value` refused with `exc` (`engine_options`' ValueError), which
+    build_config locates at the flag or file line the value came from."""
+    problem = str(exc).removeprefix("generation_options: ").removeprefix("generation_options must be ")
+    # the problem is worded as an error of its own ("unknown option 'x'; accepted: ..."): it follows "expected" as
+    # the reason, not as the accepted value; a value that is no mapping already names them
+    accepted = problem if problem.startswith("'fast'") else f"valid engine options ({problem})"
+    return ConfigError("generation_options", value, accepted)

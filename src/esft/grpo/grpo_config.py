@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 
 from esft.config import (ConfigError, Rule, RunConfig, at_least, check_fields, finite, in_range, non_negative,
-                         one_of, positive)
+                         mapping_field, one_of, positive)
 from esft.tracking import report_to_rule, report_to_text
 
 
@@ -142,7 +142,8 @@ class GRPOConfig(RunConfig):
 
         self.task = absolute_data_task(self.task)  # config.yaml must rebuild it from any directory
         self.report_to = report_to_text(self.report_to)
-        self.parse_mappings("task_options", "trl_args")
+        self.task_options = mapping_field("task_options", self.task_options)
+        self.trl_args = mapping_field("trl_args", self.trl_args)
         if "run_name" in self.trl_args:  # TRL's option, the way to name the run before esft had its own
             self.run_name = self.run_name or self.trl_args["run_name"]
             self.trl_args = {k: v for k, v in self.trl_args.items() if k != "run_name"}
