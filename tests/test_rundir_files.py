@@ -145,6 +145,26 @@ def test_list_checkpoints_counts_complete_visible_folders_by_step_then_name(tmp_
     assert got == [(1, "iter_000001"), (2, "iter_000002"), (3, "b_3"), (3, "final"), (3, "iter_000003"),
                    (3, "iter_3")]
     assert list_checkpoints(tmp_path / "nothing", "es_state.json") == []
+    (make_checkpoint(tmp_path, "iter_000009", None) / "es_state.json").mkdir()  # there, but it cannot be read
+    assert [(s, f.name) for s, f in list_checkpoints(tmp_path, "es_state.json")] == got
+
+
+@pytest.mark.parametrize("failure", [OSError(37, "No locks available"), KeyboardInterrupt()])
+def test_run_lock_that_cannot_be_taken_closes_its_file_and_says_why(tmp_path, monkeypatch, failure):
+    """A file system without locks (flock's ENOLCK) or an interrupt is not "busy": its own error comes through,
+    and the lock file is closed (the lock is free for the next attempt)."""
+    taken = []
+
+    def flock(fh, op):
+        taken.append(fh)
+        raise failure
+
+    monkeypatch.setattr(rundir.fcntl, "flock", flock)
+    lock = RunLock(tmp_path)
+    with pytest.raises(type(failure)) as caught:
+        lock.acquire()
+    assert not isinstance(caught.value, RunDirBusy)
+    assert taken and taken[0].closed and lock.fh is None
 
 
 def test_prune_keeps_the_newest_numbered_checkpoints_and_final(tmp_path):

@@ -143,15 +143,17 @@ class RunLock:
         self.fh = open(self.path, "a+")
         try:
             fcntl.flock(self.fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+            self.fh.seek(0)
+            self.fh.truncate()
+            self.fh.write(str(os.getpid()))
+            self.fh.flush()
+        except BaseException as exc:  # any failure (a busy lock, a file system without locks, a full disk) frees it
             self.fh.close()
             self.fh = None
-            raise RunDirBusy(f"another esft process is writing the {self.what} in {self.path.parent} "
-                             f"(it holds {self.path}); wait for it or choose another output folder") from None
-        self.fh.seek(0)
-        self.fh.truncate()
-        self.fh.write(str(os.getpid()))
-        self.fh.flush()
+            if isinstance(exc, BlockingIOError):
+                raise RunDirBusy(f"another esft process is writing the {self.what} in {self.path.parent} "
+                                 f"(it holds {self.path}); wait for it or choose another output folder") from None
+            raise
         return self
 
     def release(self) -> None:
@@ -361,8 +363,8 @@ def list_checkpoints(run_dir: Path, state_file: str, step_key: str = "step") -> 
             continue
         try:
             out.append((int(json.loads(state.read_text())[step_key]), folder))
-        except (ValueError, KeyError, TypeError):  # TypeError: JSON that is no object, or a step that is no number
-            continue
+        except (ValueError, KeyError, TypeError, OSError):  # TypeError: JSON that is no object, or a step that is
+            continue  # no number; OSError: a state file that cannot be read (not yet a complete checkpoint)
     return sorted(out, key=lambda x: (x[0], x[1].name))
 
 
