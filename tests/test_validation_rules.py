@@ -537,6 +537,22 @@ def test_check_eval_options_refuses_a_passage_cut_no_task_reads():
             check(config, {"max_passage_chars": 400})
 
 
+def test_a_typed_passage_cut_that_every_boolq_name_overrides_is_refused():
+    """A BoolQ task whose name sets its own cut keeps it (esft.config.passage_cut): a typed --max-passage-chars
+    beside it was ignored without a word. It passes where one BoolQ task takes it."""
+    from esft.es import ESConfig
+    from esft.evaluation import EvalConfig
+
+    named = "boolq:max_passage_chars=100"
+    validation.check_passage_cut(EvalConfig(tasks=[named, "boolq"]), {"max_passage_chars": 400})
+    validation.check_passage_cut(ESConfig(task=named), {})  # a preset's cut beside it is not typed
+    for config in (ESConfig(task=named, eval_every=10), EvalConfig(tasks=[named, "countdown"])):
+        with pytest.raises(ConfigError, match=r"^command line \(--max-passage-chars\): max_passage_chars = 400 is "
+                                              rf"not accepted; expected a BoolQ task without a cut in its name "
+                                              rf"\({named} sets max_passage_chars itself"):
+            validation.check_passage_cut(config, {"max_passage_chars": 400})
+
+
 @pytest.mark.parametrize("algorithm", ["es", "grpo"])
 def test_a_run_that_never_evaluates_does_not_need_its_presets_held_out_set(algorithm):
     """eval_every 0 reads no evaluation option, so a preset's balanced eval_limit (cpu-countdown: 400) that the

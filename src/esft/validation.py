@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from esft.config import ConfigError, RunConfig
+from esft.config import ConfigError, RunConfig, passage_cut
 
 if TYPE_CHECKING:
     from esft.tasks.base import Task
@@ -193,11 +193,17 @@ def check_passage_cut(config: Checked, given: dict[str, Any]) -> None:
     """A --max-passage-chars typed (in `given`: the flags typed) for a run or evaluation where no task is BoolQ,
     the only one it cuts, is refused (a preset's cut is not typed: `--preset cpu --task countdown` passes)."""
     tasks = [name for _, name, _ in config.task_checks()]
-    if given.get("max_passage_chars") is not None and not any(
-            str(t).partition(":")[0].strip().lower() == "boolq" for t in tasks):
-        raise ConfigError("max_passage_chars", given["max_passage_chars"],
-                          f"a BoolQ task among {', '.join(map(str, tasks))}: it cuts BoolQ passages only "
-                          "(drop --max-passage-chars)", "command line (--max-passage-chars)")
+    typed = given.get("max_passage_chars")
+    if typed is None:
+        return
+    boolq = [str(t) for t in tasks if str(t).partition(":")[0].strip().lower() == "boolq"]
+    if not boolq:
+        raise ConfigError("max_passage_chars", typed, f"a BoolQ task among {', '.join(map(str, tasks))}: it cuts "
+                          "BoolQ passages only (drop --max-passage-chars)", "command line (--max-passage-chars)")
+    if not any(passage_cut(t, typed) for t in boolq):  # each BoolQ task's name sets its own cut, which wins
+        raise ConfigError("max_passage_chars", typed, f"a BoolQ task without a cut in its name ({', '.join(boolq)} "
+                          "sets max_passage_chars itself, which wins): drop --max-passage-chars or the name's cut",
+                          "command line (--max-passage-chars)")
 
 
 def check_eval_options(config: RunConfig, given: dict[str, Any]) -> None:
