@@ -58,6 +58,18 @@ def test_no_recomputed_baseline_when_the_logged_count_differs_from_the_config(tm
     assert curve.heldout_constant_baseline(run)["constant_answer"] is not None
 
 
+def test_no_recomputed_baseline_beside_a_mean_reward(tmp_path):
+    """A reward outside [0, 1] records no baseline (esft.rundir.held_out_fields): the summary must not recompute
+    one from config.yaml either."""
+    record = {"kind": "eval", "step": 0, "test_n": 19, "test_accuracy": 0.5, "test_ci95": [-0.2, 1.2]}
+    run = _run(tmp_path / "run", [record])
+    (run / "config.yaml").write_text("task: boolq\neval_limit: 19\n")
+    assert curve.heldout_constant_baseline(run) is None
+    assert "heldout_constant_baseline" not in curve.summarize(run)
+    (run / "metrics.jsonl").write_text(json.dumps({**record, "test_ci95": [0.2, 0.8]}) + "\n")  # the control
+    assert curve.heldout_constant_baseline(run)["constant_answer"] is not None
+
+
 def test_accuracy_axis_widens_to_a_reward_outside_zero_one():
     from matplotlib.figure import Figure
 

@@ -55,6 +55,16 @@ def test_held_out_text_of_a_mean_reward_shows_no_constant_answer():
     assert text.startswith("held-out mean reward 3.000") and "constant" not in text
 
 
+def test_held_out_fields_of_a_reward_outside_0_1_record_no_constant_baseline():
+    """A share of examples is no companion for a mean reward (as `esft eval`'s summary): the record, which the
+    curves, tables and trackers read, holds None there, also when only one score leaves [0, 1]."""
+    for scores in ([2.0, 4.0], [1.0, -0.5], [0.0, 1.5]):
+        rec = held_out_fields(rows(scores), 8, BASELINE)
+        assert [rec[f"test_{k}"] for k in BASELINE] == [None, None, None], scores
+    rec = held_out_fields(rows([0.0, 0.5, 1.0]), 8, BASELINE)  # partial credit is still an accuracy
+    assert [rec[f"test_{k}"] for k in BASELINE] == list(BASELINE.values())
+
+
 def test_held_out_fields_format_rate_accuracy_among_well_formed_and_answer_counts():
     rec = held_out_fields(rows([1, 0, 1, 0, 1], formed=[True, False, True, True, None],
                                extracted=["yes", "no", "yes", None, "yes"]), 55, BASELINE)

@@ -73,11 +73,12 @@ def held_out_fields(rows: list[dict[str, Any]], tokens_generated: int,
                     baseline: dict[str, Any] | None) -> dict[str, Any]:
     """The HELD_OUT_KEYS of an evaluation record, from one row per held-out example: `score`, `well_formed`
     (None or absent for a task that checks no format) and `extracted` where the task extracts an answer;
-    `baseline` is the task's constant_baseline of the same examples ({} or None when gold answers are unknown).
+    `baseline` is the task's constant_baseline of the same examples ({} or None when gold answers are unknown),
+    kept only while every score lies in [0, 1] (`score_name`: a share of examples says nothing beside a mean reward).
     A value the task does not give (format rate, answer counts, baseline) is None."""
     import math
 
-    from esft.tasks.labels import scores_interval
+    from esft.tasks.labels import ACCURACY, score_name, scores_interval
 
     n = len(rows)
     scores = [float(r["score"]) for r in rows]
@@ -88,7 +89,7 @@ def held_out_fields(rows: list[dict[str, Any]], tokens_generated: int,
     for r in rows:
         if "extracted" in r:  # e.g. a yes-bias shows here (docs/results/es-cpu-demo)
             answers[str(r["extracted"])] = answers.get(str(r["extracted"]), 0) + 1
-    baseline = baseline or {}
+    baseline = baseline if baseline and score_name(scores) == ACCURACY else {}
     return {
         "test_n": n, "test_accuracy": correct / n if n else 0.0, "test_ci95": list(scores_interval(scores)),
         "test_format_rate": sum(bool(r.get("well_formed")) for r in rows) / n if checked else None,

@@ -44,13 +44,13 @@ def heldout_constant_baseline(run_dir: str | Path) -> dict[str, Any] | None:
     evaluated. None when the task has no gold answers (IFEval), cannot be built or loaded here, or the recomputed
     count differs from the logged `test_n` (then they were not the same examples). None too when the evaluations
     were on different held-out sets (`eval_limit` or `eval_balanced` changed on resume): each evaluation's own
-    baseline is then in its record."""
+    baseline is then in its record; and None for a mean reward (`summaries_score_name`)."""
     from esft.tasks import get_task
     from esft.tasks.labels import constant_baseline
 
     _, evals = _split(run_dir)
     ev = [e for e in evals if "test_n" in e]
-    if heldout_set_changed(ev):
+    if heldout_set_changed(ev) or summaries_score_name(ev) != ACCURACY:  # no share of examples beside a mean reward
         return None
     for e in ev:
         if e.get("test_constant_baseline") is not None:
