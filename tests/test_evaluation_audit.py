@@ -165,7 +165,7 @@ def test_constant_text_by_hand():
     assert constant_text(s) == "  const 0.500 [0.250, 0.750] (xxxxxxxxxxxx)"
     s.update(constant_answer="y" * 13, balanced=True)
     assert constant_text(s) == "  const 0.500 [0.250, 0.750] (yyyyyyyyyyyy...)  balanced"
-    assert constant_text({"constant_baseline": 0.0, "constant_answer": 3}) == "  const 0.000 [0.000, 1.000] (3)"
+    assert constant_text({"constant_baseline": 0.0, "constant_answer": 3}) == "  const 0.000 (3)"  # no interval
 
 
 def test_format_row_greedy_and_ifeval_levels():

@@ -44,9 +44,10 @@ def test_held_out_text_cuts_a_long_constant_answer_to_16_characters():
     assert "constant answer 'abcdefghijklmnop' 0.750" in held_out_text(rec)
 
 
-def test_held_out_text_of_a_baseline_without_interval_reads_the_point_as_its_bounds():
+def test_held_out_text_of_a_baseline_without_interval_shows_the_point_alone():
+    """No made-up bounds: [0.5, 0.5] would claim a certainty, [0, 1] an ignorance, that nothing recorded."""
     rec = held_out_fields(rows([1, 0]), 8, {"constant_baseline": 0.5, "constant_answer": "yes"})
-    assert held_out_text(rec).endswith(", constant answer 'yes' 0.500 [0.500, 0.500]")
+    assert held_out_text(rec).endswith(", constant answer 'yes' 0.500")
 
 
 def test_held_out_text_of_a_mean_reward_shows_no_constant_answer():

@@ -410,14 +410,16 @@ def format_row(name: str, s: dict[str, Any]) -> str:
 
 
 def constant_text(s: dict[str, Any]) -> str:
-    """`  const 0.635 [0.566, 0.699] (yes)` for a summary with a constant-answer baseline, else ''."""
+    """`  const 0.635 [0.566, 0.699] (yes)` for a summary with a constant-answer baseline, else ''; a baseline
+    without its interval (a task's own `aggregate`) shows the point alone, as every other place does."""
     if s.get("constant_baseline") is None:
         return ""
-    lo, hi = s.get("constant_baseline_ci95") or (0.0, 1.0)
+    interval = s.get("constant_baseline_ci95")
+    bounds = f" [{interval[0]:.3f}, {interval[1]:.3f}]" if interval else ""
     answer = str(s.get("constant_answer", ""))
     answer = answer if len(answer) <= 12 else answer[:12] + "..."
     balanced = "  balanced" if s.get("balanced") else ""
-    return f"  const {s['constant_baseline']:.3f} [{lo:.3f}, {hi:.3f}] ({answer}){balanced}"
+    return f"  const {s['constant_baseline']:.3f}{bounds} ({answer}){balanced}"
 
 
 def format_table(results: dict[str, Any]) -> str:

@@ -113,8 +113,9 @@ def held_out_text(rec: dict[str, Any]) -> str:
         text += f" (format {rec['test_format_rate']:.2f})"
     baseline = rec.get("test_constant_baseline")
     if name == ACCURACY and baseline is not None:
-        blo, bhi = rec.get("test_constant_baseline_ci95") or (baseline, baseline)
-        text += f", constant answer {str(rec.get('test_constant_answer'))[:16]!r} {baseline:.3f} [{blo:.3f}, {bhi:.3f}]"
+        interval = rec.get("test_constant_baseline_ci95")  # none recorded: the point alone, no made-up bounds
+        bounds = f" [{interval[0]:.3f}, {interval[1]:.3f}]" if interval else ""
+        text += f", constant answer {str(rec.get('test_constant_answer'))[:16]!r} {baseline:.3f}{bounds}"
     return text
 
 
