@@ -239,6 +239,24 @@ def test_empty_and_missing_files(tmp_path):
         get_task(str(tmp_path / "absent.csv"))
 
 
+@pytest.mark.parametrize("argv, flag", [(["train", "es"], "--task"), (["train", "grpo"], "--task"),
+                                        (["eval"], "--task")])
+def test_a_missing_data_file_is_located_at_its_flag_before_any_model_loads(tmp_path, monkeypatch, capsys, argv, flag):
+    import esft.models
+    from esft.cli import main
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model was loaded before the input was checked")
+
+    monkeypatch.setattr(esft.models, "load_model", refuse)
+    absent = tmp_path / "absent.jsonl"
+    out = [] if argv == ["eval"] else ["--output-dir", str(tmp_path / "run")]
+    assert main([*argv, flag, str(absent), *out]) == 2
+    err = capsys.readouterr().err
+    assert f"command line ({flag}): " in err and f"task data file {absent} does not exist" in err, err
+    assert not (tmp_path / "run").exists()
+
+
 def test_file_encodings_and_layouts(tmp_path):
     """A spreadsheet's UTF-8 CSV (byte-order mark, quoted line breaks) reads as written; a file that is not UTF-8,
     a broken JSON list or a short CSV row is an error naming the file and the row."""

@@ -373,8 +373,8 @@ def test_evaluated_tasks_are_built_and_checked_at_their_line(tmp_path):
     evaluation's tasks line, or the holdout line."""
     two = tmp_path / "two.jsonl"
     two.write_text('{"prompt": "1+1?", "answer": "2"}\n{"prompt": "2+2?", "answer": "4"}\n')
-    with pytest.raises(SpecError, match=r"spec.yaml:11: evaluation of .*missing.jsonl:reward=exact: task data "
-                                        r"file .* does not exist"):
+    with pytest.raises(SpecError, match=r"spec.yaml:11: evaluation of .*missing.jsonl:reward=exact: expected a task "
+                                        r"esft can build from it: task data file .* does not exist"):
         load_spec_text(tmp_path, _edit(EVAL, EVAL + f"  tasks: [countdown, '{tmp_path / 'missing.jsonl'}:reward=exact']\n"))
     with pytest.raises(SpecError, match=r"spec.yaml:11: evaluation of .*two.jsonl.*its test split is empty"):
         load_spec_text(tmp_path, _edit("  holdout: []\n", f"  holdout: ['{two}:reward=exact']\n"))

@@ -25,9 +25,11 @@ def check_task(key: str, name: Any, options: dict[str, Any] | None = None) -> An
 
     try:
         return get_task(str(name), **(options or {}))
-    except (ValueError, TypeError) as exc:
-        if external_kind(str(name)):  # a data file, dataset or module: what is wrong with it, not the registry
+    except (ValueError, TypeError, OSError) as exc:
+        if external_kind(str(name)):  # a data file (or its test_file), dataset or module: what is wrong with it
             raise ConfigError(key, name, f"a task esft can build from it: {exc}") from None
+        if isinstance(exc, OSError):  # the registry's own data: not the user's input
+            raise
         if str(exc).startswith("unknown task"):  # the message lists the tasks: not a second time here
             from esft.names import close_names
 
