@@ -39,6 +39,16 @@ def test_a_zero_total_time_gives_zero_fractions_not_a_division_error(tmp_path):
     assert s["seconds_per_iteration"] == 0.0 and s["time_split_fraction"] == {"generate": 0.0}
 
 
+def test_time_shares_of_lanes_side_by_side_are_shares_of_wall_time():
+    """Two lanes each generating 9 s within a 10 s evaluation log generate = 18 s (summed over lanes): its share of
+    a 12 s iteration was 1.5. Scaled to the evaluation's span, the member parts share its 10 s."""
+    split = {"total": 12.0, "evaluate": 10.0, "generate": 18.0, "perturb": 2.0, "update": 1.0}
+    assert curve.wall_fractions(split) == pytest.approx({"generate": 9 / 12, "perturb": 1 / 12, "update": 1 / 12})
+    one_lane = {"total": 12.0, "evaluate": 10.0, "generate": 8.0, "perturb": 1.0, "update": 1.0}  # no scaling
+    assert curve.wall_fractions(one_lane) == pytest.approx({"generate": 8 / 12, "perturb": 1 / 12, "update": 1 / 12})
+    assert curve.wall_fractions({"total": 4.0, "generate": 6.0}) == {"generate": 1.5}  # no span recorded: as logged
+
+
 def test_a_changed_recorded_baseline_alone_marks_a_changed_held_out_set():
     """eval_balanced switched on resume keeps eval_limit (the same n) but evaluates other examples."""
     same_n = [{"test_n": 20, "test_constant_baseline": 0.6, "test_constant_answer": "yes"},

@@ -160,6 +160,22 @@ def _scored(train: list[dict]) -> tuple[bool, str, list[dict]]:
     return es, key, [m for m in train if isinstance(m.get(key), dict)]
 
 
+#: the parts of an ES iteration timed per member: with several lanes each is summed over the lanes
+MEMBER_PARTS = ("perturb", "generate", "score", "restore")
+
+
+def wall_fractions(split: dict[str, float]) -> dict[str, float]:
+    """Each part of an iteration's time split (seconds) as a share of its wall time `total`. "evaluate" spans the
+    member parts, so it is no part itself; where the member parts add up to more than it (lanes run members side
+    by side, and each lane's seconds are summed) they are scaled to it, so the shares stay shares of wall time."""
+    total = split.get("total", 0.0) or 1e-9
+    members = sum(v for k, v in split.items() if k in MEMBER_PARTS)
+    span = split.get("evaluate")
+    scale = span / members if span is not None and members > span else 1.0
+    return {k: v * (scale if k in MEMBER_PARTS else 1.0) / total for k, v in split.items()
+            if k not in ("total", "evaluate")}
+
+
 def summarize(run_dir: str | Path) -> dict[str, Any]:
     """Means over logged iterations: seconds per iteration and its split, tokens/s; peak RSS; evaluations.
     The first and last train batch's mean score is `fitness_mean_*` in an ES run, `reward_mean_*` in GRPO's."""
@@ -169,12 +185,10 @@ def summarize(run_dir: str | Path) -> dict[str, Any]:
         es, key, scored = _scored(train)
         keys = sorted({k for m in train for k in m["time"]})
         split = {k: float(np.mean([m["time"].get(k, 0.0) for m in train])) for k in keys}
-        total = split.get("total", 0.0) or 1e-9
         out.update({
             "seconds_per_iteration": split.get("total"),
             "time_split_s": split,
-            # "evaluate" spans perturb, generate, score and restore; it is not one more part of the split
-            "time_split_fraction": {k: v / total for k, v in split.items() if k not in ("total", "evaluate")},
+            "time_split_fraction": wall_fractions(split),
             "generated_tokens_per_s": float(np.mean([m["generated_tokens_per_s"] for m in train])),
             f"{key}_mean_first": scored[0][key]["mean"] if scored else None,
             f"{key}_mean_last": scored[-1][key]["mean"] if scored else None,
