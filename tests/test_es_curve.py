@@ -225,7 +225,7 @@ def test_no_recomputed_baseline_when_a_gold_answer_is_unknown(tmp_path, monkeypa
 def test_figure_plots_against_the_logged_steps_and_names_what_it_draws(tmp_path):
     lines = [dict(TRAIN[0], step=5), dict(TRAIN[1], step=9), dict(EVALS[0], step=4), dict(EVALS[1], step=9)]
     train_ax, heldout_ax = curve.run_figure(_run(tmp_path / "run", lines)).axes
-    assert list(train_ax.get_lines()[0].get_xdata()) == [5, 9]
+    assert list(train_ax.get_lines()[0].get_xdata()) == [4, 8]  # each batch at the updates applied before it
     labels = heldout_ax.get_legend_handles_labels()[1]
     assert labels == ["held-out format rate", "constant answer \"yes\" (95% CI)", "held-out accuracy (n=10)"]
     accuracy = heldout_ax.containers[0].lines[0]  # the errorbar's data line

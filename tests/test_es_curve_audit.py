@@ -106,7 +106,8 @@ def _es_lines() -> list[dict]:
 def test_format_rate_lines_plot_the_format_rates_at_their_steps(tmp_path):
     train_ax, heldout_ax = curve.run_figure(_run(tmp_path / "run", _es_lines())).axes
     (train_rate,) = [line for line in train_ax.get_lines() if line.get_label() == "format rate"]
-    assert list(train_rate.get_xdata()) == [3, 7] and list(train_rate.get_ydata()) == [0.25, 0.75]
+    # a batch at step s was scored around the weights of s - 1 updates: it sits above that held-out point
+    assert list(train_rate.get_xdata()) == [2, 6] and list(train_rate.get_ydata()) == [0.25, 0.75]
     (held_rate,) = [line for line in heldout_ax.get_lines() if line.get_label() == "held-out format rate"]
     assert list(held_rate.get_xdata()) == [0, 7] and list(held_rate.get_ydata()) == [0.45, 0.95]
 
@@ -115,7 +116,8 @@ def test_min_max_band_spans_the_logged_steps(tmp_path):
     train_ax, _ = curve.run_figure(_run(tmp_path / "run", _es_lines())).axes
     (band,) = train_ax.collections
     xs = band.get_paths()[0].vertices[:, 0]
-    assert (min(xs), max(xs)) == (3, 7)  # the band sits under the mean line, not shifted by a step
+    assert (min(xs), max(xs)) == (2, 6)  # the band sits under the mean line (steps 3 and 7 at 2 and 6)
+    assert list(train_ax.get_lines()[0].get_xdata()) == [2, 6]
 
 
 def test_both_panels_name_their_x_axis_and_the_algorithms_population(tmp_path):
@@ -157,6 +159,18 @@ def test_a_grpo_run_is_drawn_in_the_studys_grpo_red_and_an_es_run_in_es_blue(tmp
     assert to_rgba(train_ax.get_lines()[0].get_color()) == to_rgba("tab:blue")
 
 
+def test_es_batches_sit_at_the_updates_before_them_and_grpo_steps_at_their_step(tmp_path):
+    """An ES iteration logged at step 1 scored members around the base model (0 updates), as the held-out point at
+    0 did; a GRPO step's completions may come from a generation several steps earlier, so it keeps its step."""
+    es = [{"kind": "train", "step": s, "fitness": {"mean": 0.1, "min": 0.0, "max": 0.2}} for s in (1, 2, 3)]
+    train_ax, _ = curve.run_figure(_run(tmp_path / "es", es)).axes
+    assert list(train_ax.get_lines()[0].get_xdata()) == [0, 1, 2]
+    assert train_ax.get_xlabel() == "iteration (updates applied)"
+    grpo = [{"kind": "train", "step": s, "reward": {"mean": 0.1, "min": 0.0, "max": 0.2}} for s in (1, 2, 3)]
+    train_ax, _ = curve.run_figure(_run(tmp_path / "grpo", grpo)).axes
+    assert list(train_ax.get_lines()[0].get_xdata()) == [1, 2, 3]
+
+
 def test_a_one_iteration_run_shows_its_min_max_range_and_format_rate(tmp_path):
     line = {"kind": "train", "step": 1, "time": {"total": 1.0}, "generated_tokens_per_s": 1.0,
             "fitness": {"mean": 0.02, "min": 0.0, "max": 0.07}, "format_rate": 0.015}
@@ -164,7 +178,7 @@ def test_a_one_iteration_run_shows_its_min_max_range_and_format_rate(tmp_path):
     (band,) = train_ax.containers  # a vertical bar from min to max: a fill over one step has no width
     assert band.get_label() == "min-max over members"
     (segment,) = band.lines[2][0].get_segments()
-    assert [tuple(p) for p in segment] == [(1.0, 0.0), (1.0, 0.07)]
+    assert [tuple(p) for p in segment] == [(0.0, 0.0), (0.0, 0.07)]  # around the base model, at 0
     rate = next(x for x in train_ax.get_lines() if x.get_label() == "format rate")
     assert rate.get_marker() not in (None, "None", "", " ")  # a line through one point alone draws nothing
 
@@ -186,4 +200,4 @@ def test_a_one_iteration_bar_runs_from_the_minimum_to_the_maximum_not_from_zero(
     train_ax, _ = curve.run_figure(_run(tmp_path / "one", [line])).axes
     (band,) = train_ax.containers
     (segment,) = band.lines[2][0].get_segments()
-    assert [tuple(p) for p in segment] == [(3.0, 0.25), (3.0, 0.75)]
+    assert [tuple(p) for p in segment] == [(2.0, 0.25), (2.0, 0.75)]

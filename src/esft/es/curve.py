@@ -278,7 +278,8 @@ def plot_run(run_dir: str | Path, path: str | Path | None = None) -> Path:
 
 
 def run_figure(run_dir: str | Path) -> Any:
-    """Two panels: train fitness per iteration (mean and min-max band; a GRPO run's reward per step) and held-out
+    """Two panels: train fitness per iteration (mean and min-max band, each ES batch at the number of updates
+    applied before it, as the held-out point of the same weights; a GRPO run's reward per step) and held-out
     accuracy with its 95% CI, beside the held-out examples' constant-answer baseline (band: its 95% CI) when it
     is known. The held-out panel's axis is held to [0, 1]: autoscaled, a flat curve (0.50 to 0.51) would fill the
     panel and read as large swings. A matplotlib Figure (not registered with pyplot)."""
@@ -298,7 +299,9 @@ def run_figure(run_dir: str | Path) -> Any:
     who = "members" if es else "completions"
     colour = METHOD_COLORS["es" if es else "grpo"]  # the study's colours, as in the report's figures
     if train:
-        steps = [m["step"] for m in train]
+        # an ES batch is scored around the weights before its update: at its `iteration` (step - 1) it sits above
+        # the held-out point of the same weights; a GRPO step's samples may come from several steps before it
+        steps = [m["step"] - 1 if es else m["step"] for m in train]
         ax1.plot(steps, [m[key]["mean"] for m in train], marker="o", color=colour, label=mean_name)
         low, high = [m[key]["min"] for m in train], [m[key]["max"] for m in train]
         if len(steps) > 1:
