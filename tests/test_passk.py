@@ -203,18 +203,22 @@ def test_greedy_default_path_unchanged(monkeypatch):
     assert "pass@k" not in res and res["n"] == 2 and res["accuracy"] == 0.5
 
 
-def test_eval_config_validation_and_cli():
+def test_eval_config_validation_and_cli(capsys):
     from esft.cli import build_parser, main
 
-    with pytest.raises(ValueError, match="temperature"):
+    with pytest.raises(ValueError, match=r"^samples = 4 is not accepted; expected 1 with greedy decoding, or "
+                                         r"temperature > 0"):
         EvalConfig(samples=4)
-    with pytest.raises(ValueError, match="k="):
+    with pytest.raises(ValueError, match=r"^k = \[8\] is not accepted; expected values in \[1, samples=4\]"):
         EvalConfig(samples=4, temperature=0.6, k=[8])
     args = build_parser().parse_args(["eval", "--samples", "8", "--temperature", "0.6", "--k", "1,8"])
     assert args.samples == 8 and args.k == [1, 8]
     # the recorded config names the k values the results hold: sorted, once each
     assert EvalConfig(samples=4, temperature=0.6, k=[4, 1, 1]).k == [1, 4]
     assert main(["eval", "--tasks", "boolq", "--samples", "8", "--k", "1,8"]) == 2
+    assert "command line (--samples): samples = 8 is not accepted" in capsys.readouterr().err  # its flag named
+    assert main(["eval", "--tasks", "boolq", "--samples", "2", "--temperature", "0.5", "--k", "1,3"]) == 2
+    assert "command line (--k): k = [1, 3] is not accepted" in capsys.readouterr().err
 
 
 def test_pass_at_k_refuses_fractional_counts():

@@ -29,8 +29,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from esft.config import (ConfigHooks, Rule, at_least, check_fields, in_range, non_negative, one_of, mapping_field,
-                         passage_cut)
+from esft.config import (ConfigError, ConfigHooks, Rule, at_least, check_fields, in_range, mapping_field, non_negative,
+                         one_of, passage_cut)
 from esft.generation import Generation, GenerationConfig, generate
 from esft.passk import answer_key, chance_pass_at_k, parse_ks, pass_at_k, summarize_samples
 from esft.rundir import write_text_atomic
@@ -103,11 +103,16 @@ class EvalConfig(ConfigHooks):
         check_fields(self, EVAL_RULES)
         if self.samples > 1 and self.temperature <= 0:
             # greedy decoding would give n identical completions: pass@k would equal pass@1
-            raise ValueError("samples > 1 needs temperature > 0 (e.g. --temperature 0.6)")
+            raise ConfigError("samples", self.samples, "1 with greedy decoding, or temperature > 0 for samples > 1 "
+                              "(e.g. --temperature 0.6)")
         if self.k:
             # fail before loading the model; kept as reported (sorted, once each) so summary.json's config names
             # the k values its results hold
-            self.k = parse_ks(self.k, self.samples)
+            try:
+                self.k = parse_ks(self.k, self.samples)
+            except ValueError:
+                raise ConfigError("k", self.k, f"values in [1, samples={self.samples}]: pass@k and maj@k need at "
+                                  "least k samples per question") from None
         from esft.tasks.custom import external_kind
 
         if self.task_options and not any(external_kind(name) for name in self.tasks):
