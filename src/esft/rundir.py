@@ -365,8 +365,9 @@ def list_checkpoints(run_dir: Path, state_file: str, step_key: str = "step") -> 
             continue
         try:
             out.append((int(json.loads(state.read_text())[step_key]), folder))
-        except (ValueError, KeyError, TypeError, OSError):  # TypeError: JSON that is no object, or a step that is
-            continue  # no number; OSError: a state file that cannot be read (not yet a complete checkpoint)
+        except (ValueError, KeyError, TypeError, OSError):
+            # TypeError: JSON that is no object, or a step that is no number; OSError: a state file that cannot be read
+            continue
     return sorted(out, key=lambda x: (x[0], x[1].name))
 
 
