@@ -11,7 +11,7 @@ import hashlib
 import pytest
 
 from esft.tasks import get_task
-from esft.tasks.base import answer_digest, completion_text, extracted_fields, task_name
+from esft.tasks.base import answer_digest, completion_text, extracted_fields, format_bonus_warning, task_name
 
 
 def test_load_with_limit_zero_is_empty_and_negative_is_refused():
@@ -60,3 +60,18 @@ def test_answer_digest_is_16_hex_digits_of_the_sha256_without_whitespace():
     assert fields["extracted"] == "7" * 200 + "..."
     assert fields["extracted_digest"] == hashlib.sha256(long.encode("utf-8")).hexdigest()[:16]
     assert extracted_fields("7" * 200) == {"extracted": "7" * 200}
+
+
+def test_format_bonus_warning_for_an_object_that_is_no_task_names_it():
+    # a task object scored by its own `score`, with no `is_well_formed` and no `shown_name`: the warning names it
+    # by its `name` (or its class's) and does not fail on what the object lacks
+    class Echo:
+        def score(self, completion, example):
+            return 1.0
+
+    class Named(Echo):
+        name = "echo-task"
+
+    assert "task 'Echo' checks no answer format" in format_bonus_warning(Echo(), 0.1)
+    assert "task 'echo-task' checks no answer format" in format_bonus_warning(Named(), 0.1)
+    assert format_bonus_warning(Echo(), 0.0) is None
