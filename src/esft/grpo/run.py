@@ -48,7 +48,9 @@ from esft.version import __version__
 @dataclass
 class GRPOTrainResult(TrainResult):
     """esft.rundir's TrainResult (output_dir, steps, final_checkpoint, last_eval) plus the TRL trainer that ran
-    (None when there was nothing to do): its state, ledger and last rollout tensors, for inspection."""
+    (None when there was nothing to do): its state, ledger and last rollout tensors, for inspection. The run is
+    over: its trackers (wandb, TensorBoard) are closed, so `trainer.log` or `trainer.train` on it is not a way to
+    go on (resume the run folder instead)."""
 
     trainer: Any = field(default=None, repr=False)
 
