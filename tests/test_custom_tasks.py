@@ -255,6 +255,13 @@ def test_a_missing_data_file_is_located_at_its_flag_before_any_model_loads(tmp_p
     err = capsys.readouterr().err
     assert f"command line ({flag}): " in err and f"task data file {absent} does not exist" in err, err
     assert not (tmp_path / "run").exists()
+    data = tmp_path / "exact.jsonl"  # an option's value inside the path blames no option
+    assert main([*argv, flag, str(data), "--task-options", "{reward: exact}", *out]) == 2
+    assert f"command line ({flag}): " in capsys.readouterr().err
+    data.write_text('{"prompt": "1+1?", "answer": "2"}\n' * 4)
+    assert main([*argv, flag, str(data), "--task-options", f"{{test_file: {absent}}}", *out]) == 2
+    err = capsys.readouterr().err  # the missing file is the option's
+    assert "command line (--task-options): task_options = " in err and f"{absent} does not exist" in err, err
 
 
 def test_file_encodings_and_layouts(tmp_path):

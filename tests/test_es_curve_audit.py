@@ -44,6 +44,23 @@ def test_time_shares_of_lanes_side_by_side_are_shares_of_wall_time():
     a 12 s iteration was 1.5. Scaled to the evaluation's span, the member parts share its 10 s."""
     split = {"total": 12.0, "evaluate": 10.0, "generate": 18.0, "perturb": 2.0, "update": 1.0}
     assert curve.wall_fractions(split) == pytest.approx({"generate": 9 / 12, "perturb": 1 / 12, "update": 1 / 12})
+    # the local executor scores after its lanes, on one thread: 3 s of wall time, the lanes share the other 9.5 s
+    scored = {"total": 13.0, "evaluate": 12.5, "generate": 18.0, "score": 3.0, "update": 0.5}
+    assert curve.wall_fractions(scored) == pytest.approx({"generate": 9.5 / 13, "score": 3 / 13, "update": 0.5 / 13})
+    # Ray workers each score their own members: every member part is summed over them
+    ray = {"total": 10.0, "evaluate": 10.0, "generate": 16.0, "score": 4.0}
+    assert curve.wall_fractions(ray, serial=()) == pytest.approx({"generate": 0.8, "score": 0.2})
+
+
+def test_the_summary_treats_scoring_as_serial_except_under_ray(tmp_path):
+    line = {"kind": "train", "step": 1, "generated_tokens_per_s": 1.0, "fitness": {"mean": 0.1, "min": 0.0, "max": 0.2},
+            "time": {"total": 10.0, "evaluate": 10.0, "generate": 16.0, "score": 4.0}}
+    local = _run(tmp_path / "local", [line])
+    (local / "config.yaml").write_text("executor: local\n")
+    assert curve.summarize(local)["time_split_fraction"] == pytest.approx({"generate": 0.6, "score": 0.4})
+    ray = _run(tmp_path / "ray", [line])
+    (ray / "config.yaml").write_text("executor: ray\n")
+    assert curve.summarize(ray)["time_split_fraction"] == pytest.approx({"generate": 0.8, "score": 0.2})
     one_lane = {"total": 12.0, "evaluate": 10.0, "generate": 8.0, "perturb": 1.0, "update": 1.0}  # no scaling
     assert curve.wall_fractions(one_lane) == pytest.approx({"generate": 8 / 12, "perturb": 1 / 12, "update": 1 / 12})
     assert curve.wall_fractions({"total": 4.0, "generate": 6.0}) == {"generate": 1.5}  # no span recorded: as logged
@@ -78,6 +95,14 @@ def test_no_recomputed_baseline_beside_a_mean_reward(tmp_path):
     assert "heldout_constant_baseline" not in curve.summarize(run)
     (run / "metrics.jsonl").write_text(json.dumps({**record, "test_ci95": [0.2, 0.8]}) + "\n")  # the control
     assert curve.heldout_constant_baseline(run)["constant_answer"] is not None
+    # one score of 1.05 among 0s and 1s (the samples file keeps them): a mean and interval in [0, 1], a mean reward
+    (run / "samples").mkdir()
+    scores = [1.0] * 9 + [0.0] * 9 + [1.05]
+    (run / "samples" / "eval_000000.jsonl").write_text("".join(json.dumps({"index": i, "score": x}) + "\n"
+                                                               for i, x in enumerate(scores)))
+    assert curve.heldout_constant_baseline(run) is None
+    (run / "samples" / "eval_000000.jsonl").write_text(json.dumps({"index": 0, "score": 1.0}) + "\n")
+    assert curve.heldout_constant_baseline(run) is not None  # scores in [0, 1]: an accuracy
 
 
 def test_accuracy_axis_widens_to_a_reward_outside_zero_one():

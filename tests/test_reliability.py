@@ -291,6 +291,15 @@ def test_a_value_that_is_no_mapping_is_located_at_its_flag(tmp_path, capsys, no_
     assert f"command line ({command[-1]}): {key} = '7' is not accepted; expected " in error_of(capsys)
 
 
+def test_a_report_generation_options_that_is_no_mapping_is_located(tmp_path, capsys, no_model_load):
+    assert main(["report", str(tmp_path), "--generation-options", "7"]) == 2
+    assert "command line (--generation-options): generation_options = '7' is not accepted" in error_of(capsys)
+    config = tmp_path / "report.yaml"
+    config.write_text("generation_options: {nope: 1}\n")
+    assert main(["report", str(tmp_path), "--config", str(config)]) == 2
+    assert f"{config}:1: generation_options = " in error_of(capsys)
+
+
 @pytest.mark.parametrize("field", ["task_options", "generation_options"])
 def test_an_eval_config_file_value_that_is_no_mapping_is_located_at_its_line(tmp_path, capsys, no_model_load, field):
     config = tmp_path / "eval.yaml"

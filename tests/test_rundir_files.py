@@ -149,6 +149,82 @@ def test_list_checkpoints_counts_complete_visible_folders_by_step_then_name(tmp_
     assert [(s, f.name) for s, f in list_checkpoints(tmp_path, "es_state.json")] == got
 
 
+
+def test_list_checkpoints_skips_a_folder_it_may_not_enter(tmp_path, monkeypatch):
+    """Python 3.11's Path.exists raises PermissionError inside a folder without the execute bit (root, who runs
+    these tests, enters any folder, so the file system's refusal is played by Path itself)."""
+    make_checkpoint(tmp_path, "iter_000001", 1)
+    shut = make_checkpoint(tmp_path, "iter_000002", 2)
+
+    def refuse(method):
+        def call(self, *args, **kwargs):
+            if self.parent == shut:
+                raise PermissionError(13, "Permission denied", str(self))
+            return method(self, *args, **kwargs)
+        return call
+
+    for name in ("exists", "is_file", "read_text", "stat"):
+        monkeypatch.setattr(Path, name, refuse(getattr(Path, name)))
+    assert [(s, f.name) for s, f in list_checkpoints(tmp_path, "es_state.json")] == [(1, "iter_000001")]
+
+
+class _FullDiskFile:
+    """A lock file on a full disk: writing the pid fails at flush, and so does the flush of close()."""
+
+    def __init__(self, real):
+        self.real, self.closes = real, 0
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+    def flush(self):
+        import errno
+
+        raise OSError(errno.EFBIG, "File too large")
+
+    def close(self):
+        self.closes += 1
+        self.real.close()
+        self.flush()
+
+
+def test_a_lock_whose_pid_cannot_be_written_reports_that_and_holds_nothing(tmp_path, monkeypatch):
+    """close() flushes the unwritten pid again and fails too: that second error, raised inside the cleanup, hid the
+    first behind "I/O operation on closed file" (from the release that followed) and left `fh` set, so
+    `locked_run_folder` undid the folder's own config.yaml as if this invocation had written it."""
+    from esft.run_undo import locked_run_folder
+
+    opened = []
+    monkeypatch.setattr(rundir, "open", lambda *a, **k: opened.append(_FullDiskFile(open(*a, **k))) or opened[-1],
+                        raising=False)
+    lock = RunLock(tmp_path)
+    with pytest.raises(OSError, match="File too large"):
+        lock.acquire()
+    assert lock.fh is None and opened[0].closes == 1
+    lock.release()  # nothing held: nothing to release, no error
+    (tmp_path / "config.yaml").write_text("task: countdown\n")  # a run's, from before this invocation
+    with pytest.raises(OSError, match="File too large"):
+        with locked_run_folder(tmp_path):
+            raise AssertionError("the folder was entered without its lock")
+    assert (tmp_path / "config.yaml").read_text() == "task: countdown\n"
+
+
+def test_a_folder_whose_contents_cannot_be_listed_is_not_undone(tmp_path, monkeypatch):
+    """Until `record` has listed the folder, every file in it would read as this invocation's: none is removed."""
+    from esft import run_undo
+
+    (tmp_path / "config.yaml").write_text("task: countdown\n")
+
+    def unreadable(self):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(run_undo.FolderChanges, "record", unreadable)
+    with pytest.raises(PermissionError):
+        with run_undo.locked_run_folder(tmp_path):
+            raise AssertionError("entered without a record of the folder")
+    assert (tmp_path / "config.yaml").read_text() == "task: countdown\n"
+
+
 @pytest.mark.parametrize("failure", [OSError(37, "No locks available"), KeyboardInterrupt()])
 def test_run_lock_that_cannot_be_taken_closes_its_file_and_says_why(tmp_path, monkeypatch, failure):
     """A file system without locks (flock's ENOLCK) or an interrupt is not "busy": its own error comes through,

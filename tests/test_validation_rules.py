@@ -548,9 +548,15 @@ def test_a_typed_passage_cut_that_every_boolq_name_overrides_is_refused():
     validation.check_passage_cut(ESConfig(task=named), {})  # a preset's cut beside it is not typed
     for config in (ESConfig(task=named, eval_every=10), EvalConfig(tasks=[named, "countdown"])):
         with pytest.raises(ConfigError, match=r"^command line \(--max-passage-chars\): max_passage_chars = 400 is "
-                                              rf"not accepted; expected a BoolQ task without a cut in its name "
-                                              rf"\({named} sets max_passage_chars itself"):
+                                              rf"not accepted; expected a BoolQ task without a cut of its own "
+                                              rf"\({named} sets max_passage_chars, which wins\)"):
             validation.check_passage_cut(config, {"max_passage_chars": 400})
+    with pytest.raises(ConfigError, match=rf"\({named}, {named} set max_passage_chars, which wins\)"):
+        validation.check_passage_cut(EvalConfig(tasks=[named, named]), {"max_passage_chars": 400})
+    # a trainer's task_options may set the cut too (they come after the flag's in the task's options)
+    with pytest.raises(ConfigError, match=r"\(task_options sets max_passage_chars, which wins\)"):
+        validation.check_passage_cut(ESConfig(task="boolq", task_options={"max_passage_chars": 300}),
+                                     {"max_passage_chars": 400})
 
 
 @pytest.mark.parametrize("algorithm", ["es", "grpo"])

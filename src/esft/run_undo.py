@@ -94,13 +94,17 @@ def locked_run_folder(folder: str | Path) -> Iterator[RunLock]:
     interrupted run's resume reads its config.yaml, as does that of a full disk's (its error says so)."""
     changes = FolderChanges(folder)
     lock = RunLock(folder)
+    recorded = False
     try:
         lock.acquire()
         changes.record()
+        recorded = True
         yield lock
     except Exception as exc:
         disk_full = isinstance(exc, OSError) and exc.errno in DISK_FULL
-        if lock.fh is not None and not disk_full:  # the lock's holder alone: a busy folder is another process's
+        # the lock's holder alone (a busy folder is another process's), and only once it knows what it added: an
+        # undo before `record` would take the folder's own files for this invocation's
+        if recorded and lock.fh is not None and not disk_full:
             try:
                 changes.undo()  # the .lock file too, while still held, so no other process takes it first
             except OSError:  # the error to report is the run's own

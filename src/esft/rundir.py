@@ -150,8 +150,11 @@ class RunLock:
             self.fh.write(str(os.getpid()))
             self.fh.flush()
         except BaseException as exc:  # any failure (a busy lock, a file system without locks, a full disk) frees it
-            self.fh.close()
-            self.fh = None
+            fh, self.fh = self.fh, None
+            try:
+                fh.close()  # flushes the unwritten pid again: on a full disk that fails too, and must not hide `exc`
+            except OSError:
+                pass
             if isinstance(exc, BlockingIOError):
                 raise RunDirBusy(f"another esft process is writing the {self.what} in {self.path.parent} "
                                  f"(it holds {self.path}); wait for it or choose another output folder") from None
@@ -360,13 +363,13 @@ def list_checkpoints(run_dir: Path, state_file: str, step_key: str = "step") -> 
     if not root.exists():
         return out
     for folder in root.iterdir():
-        state = folder / state_file
-        if folder.name.startswith(".") or not state.exists():
+        if folder.name.startswith("."):
             continue
         try:
-            out.append((int(json.loads(state.read_text())[step_key]), folder))
+            out.append((int(json.loads((folder / state_file).read_text())[step_key]), folder))
         except (ValueError, KeyError, TypeError, OSError):
-            # TypeError: JSON that is no object, or a step that is no number; OSError: a state file that cannot be read
+            # TypeError: JSON that is no object, or a step that is no number; OSError: no state file yet, or one that
+            # cannot be read (nor its folder entered)
             continue
     return sorted(out, key=lambda x: (x[0], x[1].name))
 

@@ -26,7 +26,12 @@ def check_task(key: str, name: Any, options: dict[str, Any] | None = None) -> An
     try:
         return get_task(str(name), **(options or {}))
     except (ValueError, TypeError, OSError) as exc:
-        if external_kind(str(name)):  # a data file (or its test_file), dataset or module: what is wrong with it
+        if external_kind(str(name)):  # a data file, dataset or module: what is wrong with it
+            # a missing file an option names (test_file) is the options' fault, not the task name's
+            named = [v for k, v in (options or {}).items()
+                     if "file" in k and isinstance(v, str) and v and v in str(exc)]
+            if isinstance(exc, OSError) and named:
+                raise ConfigError("task_options", options, f"options of task {name!r} ({exc})") from None
             raise ConfigError(key, name, f"a task esft can build from it: {exc}") from None
         if isinstance(exc, OSError):  # the registry's own data: not the user's input
             raise
@@ -202,10 +207,16 @@ def check_passage_cut(config: Checked, given: dict[str, Any]) -> None:
     if not boolq:
         raise ConfigError("max_passage_chars", typed, f"a BoolQ task among {', '.join(map(str, tasks))}: it cuts "
                           "BoolQ passages only (drop --max-passage-chars)", "command line (--max-passage-chars)")
-    if not any(passage_cut(t, typed) for t in boolq):  # each BoolQ task's name sets its own cut, which wins
-        raise ConfigError("max_passage_chars", typed, f"a BoolQ task without a cut in its name ({', '.join(boolq)} "
-                          "sets max_passage_chars itself, which wins): drop --max-passage-chars or the name's cut",
-                          "command line (--max-passage-chars)")
+    # a cut in task_options, or in every BoolQ task's name, wins over the flag (esft.config.passage_cut)
+    if "max_passage_chars" in (getattr(config, "task_options", None) or {}):
+        setters = "task_options sets"
+    elif not any(passage_cut(t, typed) for t in boolq):
+        setters = f"{', '.join(boolq)} {'sets' if len(boolq) == 1 else 'set'}"
+    else:
+        return
+    raise ConfigError("max_passage_chars", typed, f"a BoolQ task without a cut of its own ({setters} "
+                      "max_passage_chars, which wins): drop --max-passage-chars or the other cut",
+                      "command line (--max-passage-chars)")
 
 
 def check_eval_options(config: RunConfig, given: dict[str, Any]) -> None:

@@ -96,12 +96,15 @@ class ReportConfig(ConfigHooks):
     stages its plan lists, as stage folders of labels or tasks since removed from its spec stay on disk"""
 
     def __post_init__(self) -> None:
-        from esft.generation import engine_options
+        from esft.generation import engine_options, options_refusal
         from esft.tasks import split_task_list
         from esft.tasks.custom import external_kind
         from esft.validation import check_task
 
-        self.generation_options = engine_options(self.generation_options)
+        try:
+            self.generation_options = engine_options(self.generation_options)
+        except ValueError as exc:  # a ConfigError, located at its flag or line as every other value
+            raise options_refusal(self.generation_options, exc) from None
         self.holdout_tasks = split_task_list(self.holdout_tasks)
         # a misspelt one failed Figure 5 only after the analyses before it had run; a data file or an imported task
         # is built later with the options its runs recorded (prompt_field, ...), without which it may not build

@@ -57,6 +57,8 @@ def heldout_constant_baseline(run_dir: str | Path) -> dict[str, Any] | None:
             return {"constant_baseline": e["test_constant_baseline"],
                     "constant_baseline_ci95": e.get("test_constant_baseline_ci95"),
                     "constant_answer": e.get("test_constant_answer")}
+    if _sample_scores_name(Path(run_dir), ev) != ACCURACY:
+        return None
     cfg = _run_config(run_dir)
     if not ev or cfg is None:
         return None
@@ -73,6 +75,18 @@ def heldout_constant_baseline(run_dir: str | Path) -> dict[str, Any] | None:
         return None
     summary = constant_baseline(labels) or {}
     return {k: summary[k] for k in ("constant_baseline", "constant_baseline_ci95", "constant_answer")}
+
+
+def _sample_scores_name(run_dir: Path, evals: list[dict]) -> str:
+    """`score_name` of the evaluations' own scores where their sample files (`samples/eval_<step>.jsonl`) are kept:
+    one score of 1.05 among 0s and 1s leaves a mean and interval inside [0, 1], but makes a mean reward."""
+    from esft.tasks.labels import score_name
+
+    scores = []
+    for e in evals:
+        rows = rundir.read_jsonl(run_dir / "samples" / f"eval_{int(e['step']):06d}.jsonl")
+        scores += [float(r["score"]) for r in rows if isinstance(r.get("score"), (int, float))]
+    return score_name(scores)
 
 
 def heldout_set_changed(evals: list[dict]) -> bool:
@@ -160,19 +174,23 @@ def _scored(train: list[dict]) -> tuple[bool, str, list[dict]]:
     return es, key, [m for m in train if isinstance(m.get(key), dict)]
 
 
-#: the parts of an ES iteration timed per member: with several lanes each is summed over the lanes
+#: the parts of an ES iteration timed per member: with several lanes (or Ray workers) each is summed over them
 MEMBER_PARTS = ("perturb", "generate", "score", "restore")
 
 
-def wall_fractions(split: dict[str, float]) -> dict[str, float]:
+def wall_fractions(split: dict[str, float], serial: tuple[str, ...] = ("score",)) -> dict[str, float]:
     """Each part of an iteration's time split (seconds) as a share of its wall time `total`. "evaluate" spans the
-    member parts, so it is no part itself; where the member parts add up to more than it (lanes run members side
-    by side, and each lane's seconds are summed) they are scaled to it, so the shares stay shares of wall time."""
+    member parts, so it is no part itself. Where the member parts run side by side (lanes, Ray workers) their
+    seconds are summed and may add up to more than that span: those that ran in parallel are then scaled to the
+    span less the `serial` ones (the local executor scores on the calling thread after its lanes; Ray workers
+    score their own members: `serial=()`), so the shares stay shares of wall time."""
     total = split.get("total", 0.0) or 1e-9
-    members = sum(v for k, v in split.items() if k in MEMBER_PARTS)
+    parallel = [k for k in MEMBER_PARTS if k in split and k not in serial]
+    summed = sum(split[k] for k in parallel)
     span = split.get("evaluate")
-    scale = span / members if span is not None and members > span else 1.0
-    return {k: v * (scale if k in MEMBER_PARTS else 1.0) / total for k, v in split.items()
+    room = None if span is None else span - sum(split.get(k, 0.0) for k in serial if k in MEMBER_PARTS)
+    scale = room / summed if room is not None and summed > room > 0 else 1.0
+    return {k: v * (scale if k in parallel else 1.0) / total for k, v in split.items()
             if k not in ("total", "evaluate")}
 
 
@@ -188,7 +206,8 @@ def summarize(run_dir: str | Path) -> dict[str, Any]:
         out.update({
             "seconds_per_iteration": split.get("total"),
             "time_split_s": split,
-            "time_split_fraction": wall_fractions(split),
+            "time_split_fraction": wall_fractions(split, () if (_run_config(run_dir) or {}).get("executor") == "ray"
+                                                  else ("score",)),
             "generated_tokens_per_s": float(np.mean([m["generated_tokens_per_s"] for m in train])),
             f"{key}_mean_first": scored[0][key]["mean"] if scored else None,
             f"{key}_mean_last": scored[-1][key]["mean"] if scored else None,
