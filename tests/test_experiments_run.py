@@ -69,6 +69,13 @@ def test_single_task_end_to_end_and_rerun_skips_everything(tmp_path, tokenizer):
     result = run_experiment(load_spec(spec), out, again.hooks)
     assert result.ok and again.trained == [] and loads == []  # nothing trained, nothing evaluated
     assert len(_lines(out / "invocations.jsonl")) == 2
+    # a spec built in memory (no file behind its path) runs in the folder too, which keeps the spec it has
+    from esft.experiments.spec import parse_spec
+    from esft.experiments.yamlines import load_file
+
+    result = run_experiment(parse_spec(load_file(spec)), out, again.hooks)
+    assert result.ok and again.trained == [] and loads == []
+    assert (out / "spec.yaml").read_text() == spec.read_text()
 
     # a changed evaluation setting re-evaluates only what it affects, from the kept weights
     data = yaml.safe_load(spec.read_text())

@@ -61,3 +61,26 @@ def test_the_dry_run_plan_of_a_spec_without_a_folder_is_the_plan_itself(tmp_path
     expected = describe(build_plan(spec))
     assert plan_text(spec) == expected
     assert plan_text(spec, tmp_path / "not-yet") == expected
+
+
+def test_a_stage_runs_its_steps_in_order_and_only_the_first_may_take_the_parents_optimizer_state(tmp_path,
+                                                                                                  monkeypatch):
+    """run_stage hands each step its config in the chain's order, with first=True for the first step alone (the
+    one a carried optimizer state may enter), then marks the stage trained and done."""
+    from esft.experiments import runner
+    from esft.experiments.stage_eval import read_json
+
+    spec = load_spec_text(tmp_path, SPEC.replace("  grpo: {max_steps: 2}\n",
+                                                 "  grpo->es: {grpo: {max_steps: 1}, es: {iterations: 1}}\n"))
+    smap, root = {s.key: s for s in build_plan(spec)}, tmp_path / "out"
+    stage = smap["seed-42/sequential/grpo-to-es/2-boolq"]
+    calls = []
+    monkeypatch.setattr(runner, "_run_step", lambda spec, stage, step, config, root, stages, hooks, first:
+                        calls.append((step.run_dir, config.output_dir, first)))
+    monkeypatch.setattr(runner, "evaluate_stage", lambda *a, **k: {})
+    monkeypatch.setattr(runner, "_stage_record", lambda *a, **k: {"key": stage.key})
+    runner.run_stage(spec, stage, root, smap, runner.Hooks(progress=False, collect_garbage=False))
+    assert calls == [(st.run_dir, str((root / st.run_dir).resolve()), i == 0) for i, st in enumerate(stage.steps)]
+    assert [c[0].rsplit("/", 1)[1] for c in calls] == ["run-1-grpo", "run-2-es"]
+    status = read_json(root / stage.key / runner.STATUS)
+    assert status["status"] == "done" and status["trained"] is True and status["attempts"] == 1
