@@ -10,6 +10,7 @@ a changed option on a finished stage is refused before any compute.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -35,8 +36,11 @@ def test_single_task_end_to_end_and_rerun_skips_everything(tmp_path, tokenizer):
                                   "after_single_task": "trained+holdout"})
     out = tmp_path / "out"
     tiny = TinyHooks(tokenizer)
+    t0 = time.perf_counter()
     result = run_experiment(load_spec(spec), out, tiny.hooks)
+    wall = time.perf_counter() - t0
     assert result.ok, result.statuses
+    assert (out / "spec.yaml").read_text() == spec.read_text()  # the folder keeps the spec it ran
     stage = out / "seed-42/single-task/boolq"
     # one ES run served both budgets: trained to 1, snapshotted, continued to 2
     assert tiny.trained == [("es", "seed-42/single-task/boolq/es/run")] * 2 + \
@@ -45,6 +49,8 @@ def test_single_task_end_to_end_and_rerun_skips_everything(tmp_path, tokenizer):
     assert _json(snap / "es_state.json")["step"] == 1 and _json(stage / "es/run/checkpoints/final/es_state.json")[
         "step"] == 2
     r1, r2, rg = (_json(stage / name / "result.json") for name in ("es@1", "es@2", "grpo"))
+    for rec in (r1, r2, rg):  # each stage's measured training and evaluation time lies within the run's
+        assert 0 < rec["seconds"]["train"] <= wall and 0 < rec["seconds"]["eval"] <= wall
     assert r1["model"].endswith("es/run/checkpoints/iter_000001") and r2["model"].endswith("es/run/checkpoints/final")
     # accounting measured from the run logs up to each budget: N 2 x B 2 generations per iteration
     assert [r["steps"][0]["accounting"]["generations"] for r in (r1, r2)] == [4, 8]
@@ -63,6 +69,13 @@ def test_single_task_end_to_end_and_rerun_skips_everything(tmp_path, tokenizer):
     result = run_experiment(load_spec(spec), out, again.hooks)
     assert result.ok and again.trained == [] and loads == []  # nothing trained, nothing evaluated
     assert len(_lines(out / "invocations.jsonl")) == 2
+    # a spec built in memory (no file behind its path) runs in the folder too, which keeps the spec it has
+    from esft.experiments.spec import parse_spec
+    from esft.experiments.yamlines import load_file
+
+    result = run_experiment(parse_spec(load_file(spec)), out, again.hooks)
+    assert result.ok and again.trained == [] and loads == []
+    assert (out / "spec.yaml").read_text() == spec.read_text()
 
     # a changed evaluation setting re-evaluates only what it affects, from the kept weights
     data = yaml.safe_load(spec.read_text())
