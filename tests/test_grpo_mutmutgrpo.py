@@ -1,6 +1,8 @@
 """Contracts of the GRPO baseline that the mutation audit (mutgrpo) found untested: a run without held-out
 evaluation never reads the test split, a train record times the scoring of the step's completions and counts
-the completions trained on, and an interrupt after the last step names the final checkpoint.
+the completions trained on, an interrupt after the last step names the final checkpoint, a `final` checkpoint
+ends a run whatever its generation round, TensorBoard's purge step and one-row tables, and an explicit device
+wins over the default one.
 
 Run: pytest -q tests/test_grpo_mutmutgrpo.py   (~10 s on 2 CPU cores; tiny random-init model, no download)
 """
@@ -148,3 +150,25 @@ def test_one_sample_per_step_still_reaches_the_tensorboard_table():
     table = tracker_table(trainer, 1)
     table("samples", [{"completion": "a"}, {"completion": "b"}])
     assert texts == [("samples", "| completion |\n|---|\n| a |", 7)]
+
+
+def test_an_explicit_device_is_the_one_the_model_loads_on(tmp_path, monkeypatch):
+    """`device: cpu` on a machine whose default device is another (a CUDA box) loads the model on the CPU; only
+    a config without a device takes the default."""
+    import esft.models
+
+    class Loaded(Exception):
+        pass
+
+    devices = []
+
+    def load_model(name, dtype, device):
+        devices.append(device)
+        raise Loaded
+
+    monkeypatch.setattr(esft.models, "default_device", lambda: "cuda")
+    monkeypatch.setattr(esft.models, "load_model", load_model)
+    for device in ("cpu", None):
+        with pytest.raises(Loaded):
+            train_grpo(tiny_config(tmp_path / f"run-{device}", device=device), task=ParityTask(), progress=False)
+    assert devices == ["cpu", "cuda"]
