@@ -610,3 +610,31 @@ def test_the_x_axis_and_a_constant_answer_are_not_logged_as_scalars():
     # a nested `step` is a measurement (GRPO's peak RSS after the step), not the x axis
     assert flatten({"step": 4, "peak_rss_mb_after": {"setup": 1.0, "step": 3.0}}, "train") == {
         "train/peak_rss_mb_after/setup": 1.0, "train/peak_rss_mb_after/step": 3.0}
+
+
+def test_table_markdown_cuts_cells_past_300_characters():
+    """TensorBoard's text tables keep a cell of up to 300 characters whole and cut a longer one there."""
+    kept, long = "a" * 300, "b" * 301
+    assert table_markdown([{"x": kept}]).splitlines()[-1] == f"| {kept} |"
+    assert table_markdown([{"x": long}]).splitlines()[-1] == f"| {'b' * 300}... |"
+
+
+def test_a_wandb_finish_error_is_raised_after_a_normal_end_and_only_warned_after_a_failure(capsys):
+    """After a failed training the training's error is the one to report: the run's own finish error is a
+    warning then; after a normal end it is the error. The exit code marks the run failed or not."""
+    from esft.tracking import finish_wandb
+
+    class Run:
+        def __init__(self):
+            self.exit_codes = []
+
+        def finish(self, exit_code):
+            self.exit_codes.append(exit_code)
+            raise RuntimeError("upload failed")
+
+    run = Run()
+    with pytest.raises(RuntimeError, match="upload failed"):
+        finish_wandb(run, failed=False)
+    finish_wandb(run, failed=True)
+    assert run.exit_codes == [0, 1]
+    assert "did not finish cleanly: RuntimeError: upload failed" in capsys.readouterr().err
