@@ -15,11 +15,12 @@ def test_a_file_whose_absolute_path_starts_another_files_leaves_that_one_as_type
     (tmp_path / "data" / "one.json").write_text(json.dumps([{"question": "1+1?", "answer": "2"}]))
     (tmp_path / "data" / "one.jsonl").write_text(ROWS)
     monkeypatch.chdir(tmp_path)
-    longer = str(tmp_path / "data" / "one.jsonl")  # /.../data/one.json + "l"
+    root = tmp_path.resolve()  # as the config records a typed path (a symlinked temp folder resolved)
+    longer = str(root / "data" / "one.jsonl")  # /.../data/one.json + "l"
     # the longer absolute path is replaced first (here the shorter of the two as typed): whole, not its first part
     # replaced by the other file as typed and an "l" left over
     typed = ["./data/../data/one.json", "data/one.jsonl"]
-    assert as_typed(f"{longer}: bad row; {tmp_path / 'data' / 'one.json'}: fine", typed) == (
+    assert as_typed(f"{longer}: bad row; {root / 'data' / 'one.json'}: fine", typed) == (
         "data/one.jsonl: bad row; ./data/../data/one.json: fine")
 
 
