@@ -506,3 +506,12 @@ def test_language_detection_equals_langdetect():
             except LangDetectException:
                 expected = None
             assert detect_language(text) == expected, text
+
+
+def test_aggregate_of_nothing_is_zero_and_a_bare_record_is_a_loose_fail(task):
+    """No records: every rate 0 (not 1); a record with neither details nor a score passes nothing."""
+    empty = task.aggregate([])
+    assert empty == {"n": 0, "accuracy": 0.0, "ci95": list(wilson_interval(0, 0)), "prompt_strict": 0.0,
+                     "prompt_loose": 0.0, "instruction_strict": 0.0, "instruction_loose": 0.0, "n_instructions": 0}
+    bare = task.aggregate([{}, {"score": 1.0}])
+    assert bare["prompt_loose"] == bare["prompt_strict"] == 0.5
