@@ -81,6 +81,13 @@ def test_length_buckets_splits_off_a_single_long_row():
     assert prefill.length_buckets([10, 10, 50], 2) == [[2], [0, 1]]
 
 
+
+def test_length_buckets_charges_nothing_per_group_by_default():
+    """Without a forward cost (the default), saving a single padded position is worth another group: [10, 9] in
+    one group pads 1 position (cost 20), in two none (19). A cost of 1 per group makes them tie (21 each): one."""
+    assert prefill.length_buckets([10, 9], 2) == [[0], [1]]
+    assert prefill.length_buckets([10, 9], 2, 1) == [[0, 1]]
+
 # ---- layout_prefill ---------------------------------------------------------------------------------------------
 
 PREFIX = [11, 12, 13, 14, 15, 16, 17, 18, 19]  # 9 tokens: at least min_prefix = 8 once one is left to each row
