@@ -157,3 +157,16 @@ def test_cli_refuses_bad_sampling_values_before_loading(monkeypatch, capsys):
                            (["--temperature", "-0.5"], "temperature = -0.5 is not accepted")):
         assert main(["eval", "--tasks", "countdown", "--limit", "2", "--samples", "2", *flags]) == 2
         assert message in capsys.readouterr().err
+
+
+def test_a_default_generation_config_is_the_exact_greedy_protocol():
+    """GenerationConfig() is the paper's evaluation protocol (greedy, up to 1024 tokens) on the exact engine path:
+    every option that is not bit-identical to `model.generate` (share_prefix, prefill_buckets > 1, packed_linear,
+    fused_attention, screened_lm_head) is opt-in, and sampling, once asked for, starts from seed 0 over the whole
+    distribution (top_p 1)."""
+    config = GenerationConfig()
+    assert (config.max_new_tokens, config.temperature, config.min_new_tokens) == (1024, 0.0, 0)
+    assert (config.engine, config.lean, config.batch_size) == ("esft", True, 32)
+    assert (config.share_prefix, config.prefill_buckets) == (False, 1)
+    assert (config.packed_linear, config.fused_attention, config.screened_lm_head) == (False, False, False)
+    assert (config.seed, config.top_p) == (0, 1.0)

@@ -1,7 +1,8 @@
 """The lean decode step (esft.generation.lean_step) on model variants the main tests (tests/test_lean.py) leave out,
 and `unsupported_reason` / `fused_attention_reason` branch by branch.
 
-Variants: a Llama with attention biases (o_proj has one too: Qwen2's q/k/v-only biases never exercise it), a Qwen3
+Variants: a Llama with an untied lm_head (the logits must come from the lm_head, not the embedding), a Llama with
+attention biases (o_proj has one too: Qwen2's q/k/v-only biases never exercise it), a Qwen3
 whose rms_norm_eps is far from the 1e-6 default (the q/k norms must use it, as the HF modules do) and a bf16 Llama
 (the exact path computes in bf16 with fp32 RMSNorm statistics, as HF does). The plain step must give the HF
 forward's logits bit for bit; the opt-in fast kernels must stay within their ~1e-6 relative tolerance.
@@ -45,6 +46,11 @@ def _variant(kind: str):
 
         model = LlamaForCausalLM(LlamaConfig(attention_bias=True, **common))
         assert model.model.layers[0].self_attn.o_proj.bias is not None
+    elif kind == "llama_untied":  # an lm_head of its own (Llama-3-8B, Qwen2.5-7B): the tiny models all tie it
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        model = LlamaForCausalLM(LlamaConfig(**{**common, "tie_word_embeddings": False}))
+        assert model.lm_head.weight is not model.model.embed_tokens.weight
     elif kind in ("qwen3", "qwen3_eps"):  # q/k norms; with the default eps and another
         from transformers import Qwen3Config, Qwen3ForCausalLM
 
@@ -86,7 +92,7 @@ def _steps_against_hf(model, padded: bool, exact: bool, **lean_options) -> None:
 
 
 @pytest.mark.parametrize("padded", [True, False])
-@pytest.mark.parametrize("kind", ["qwen3", "llama_bias", "qwen3_eps", "bf16"])
+@pytest.mark.parametrize("kind", ["qwen3", "llama_bias", "qwen3_eps", "bf16", "llama_untied"])
 def test_plain_step_logits_bit_identical_to_hf_forward(kind, padded):
     _steps_against_hf(_variant(kind), padded, exact=True)
 
@@ -103,7 +109,7 @@ def _fast_options() -> list[dict]:
 
 
 @pytest.mark.parametrize("padded", [True, False])
-@pytest.mark.parametrize("kind", ["llama_bias", "qwen3_eps"])
+@pytest.mark.parametrize("kind", ["llama_bias", "qwen3_eps", "llama_untied"])
 def test_fast_step_logits_close_to_hf_forward(kind, padded):
     model = _variant(kind)
     for options in _fast_options():
@@ -172,3 +178,17 @@ def test_fused_attention_reason_accepts_fp32_and_bf16_weights_only():
     kernel builds), any other dtype a reason naming it."""
     assert fused_attention_reason(torch.bfloat16) == fused_attention_reason(torch.float32)
     assert "float16" in fused_attention_reason(torch.float16)
+
+
+def test_bf16_packed_weights_are_refused_without_the_fused_kernel_or_with_a_delta():
+    """bf16 packed weights take fp32 activations only on the stacked path (packed + fused attention, no low-rank
+    delta): LeanModel refuses them elsewhere rather than run bf16 matmuls on a path that never widens them."""
+    if lean.packed_linear_reason(torch.bfloat16) is not None:
+        pytest.skip("this torch's oneDNN has no bf16 packed linear")
+    model = _variant("bf16")
+    with pytest.raises(ValueError, match="need fused_attention and no low-rank delta"):
+        lean.LeanModel(model, packed=True)
+    if lean.fused_attention_reason(torch.bfloat16) is None:
+        with pytest.raises(ValueError, match="need fused_attention and no low-rank delta"):
+            lean.LeanModel(model, packed=True, fused_attention=True, delta=object())
+        assert lean.LeanModel(model, packed=True, fused_attention=True).low_precision

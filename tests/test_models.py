@@ -450,3 +450,28 @@ def test_a_numbered_cuda_device_is_current_inside_the_block_and_others_change_no
     with pytest.raises(RuntimeError), models.current_device(torch.device("cuda", 2)):
         raise RuntimeError("the run failed")
     assert calls == [1, 0, 2, 0]
+
+
+def test_only_a_positive_integer_context_length_is_taken(tmp_path):
+    """config.json's max_position_embeddings becomes the tokenizer's length limit only when it is one: a positive
+    integer. 0 (no length at all), a negative, a float or a missing key leave the limit alone (None)."""
+    import json
+
+    for value, expected in ((321, 321), (1, 1), (0, None), (-5, None), (2048.0, None), ("2048", None)):
+        (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": value}))
+        assert models._context_length(tmp_path) == expected, value
+    (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 64}))
+    assert models._context_length(tmp_path) is None
+    (tmp_path / "config.json").unlink()
+    assert models._context_length(tmp_path) is None
+
+
+def test_a_safetensors_file_without_tensors_is_complete(tmp_path):
+    """A header and no data (a valid file: save_file of an empty dict) ends exactly where its header does."""
+    from safetensors.torch import save_file
+
+    path = tmp_path / "empty.safetensors"
+    save_file({}, str(path))
+    assert models.safetensors_complete(path)
+    path.write_bytes(path.read_bytes()[:-1])
+    assert not models.safetensors_complete(path)

@@ -92,3 +92,32 @@ def test_a_suppressed_token_is_never_picked_even_where_it_dominates_every_row():
     assert 3 not in out.cols.tolist()
     exact[:, 3] = float("-inf")
     assert torch.equal(out.greedy(), exact.argmax(-1)) and out.greedy()[0] == 0
+
+
+def test_a_row_without_a_finite_candidate_makes_the_screen_give_up_for_the_whole_batch():
+    """A diverged member's hidden state (NaN) leaves its row no finite candidate, and no bound holds for it: the
+    screen returns None (the caller then computes the full fp32 logits), even when the other rows screen fine."""
+    kernels = _kernels()
+    d, v = 64, 40
+    w = torch.randn(v, d, generator=torch.Generator().manual_seed(0))
+    h = torch.randn(3, d, generator=torch.Generator().manual_seed(1))
+    screen = packed.LMHeadScreen(VocabRows(w), 4)
+    none = torch.tensor([], dtype=torch.long)
+    out = screen.logits(h, kernels, none)
+    assert out is not None and torch.equal(out.greedy(), F.linear(h, w).argmax(-1))
+    h[1] = float("nan")
+    assert screen.logits(h, kernels, none) is None
+
+
+@pytest.mark.parametrize("d", [64, 257, 576, 4096])
+def test_screen_constants_are_the_documented_bound_with_a_small_margin(d):
+    """c_prod covers both operands' bf16 rounding (2u + u^2) and fp32 accumulation over the hidden dimension d in
+    both GEMMs (2 gamma_d), c_out the rounding of the bf16 result (2^-7): each at least that (a smaller constant
+    could rule out the true argmax), and at most a few percent more (a looser one keeps needless candidates)."""
+    if packed.packed_linear_reason(torch.float32) or not packed.onednn_bf16():
+        pytest.skip("this torch's oneDNN has no bf16 matmul")
+    screen = packed.LMHeadScreen(VocabRows(torch.randn(40, d, generator=torch.Generator().manual_seed(0))), 4)
+    gamma = d * 2.0 ** -24 / (1 - d * 2.0 ** -24)
+    rigorous = 2 * U + U * U + 2 * gamma
+    assert rigorous <= screen.c_prod <= 1.01 * rigorous
+    assert 2.0 ** -7 <= screen.c_out <= 1.02 * 2.0 ** -7

@@ -81,6 +81,13 @@ def test_length_buckets_splits_off_a_single_long_row():
     assert prefill.length_buckets([10, 10, 50], 2) == [[2], [0, 1]]
 
 
+
+def test_length_buckets_charges_nothing_per_group_by_default():
+    """Without a forward cost (the default), saving a single padded position is worth another group: [10, 9] in
+    one group pads 1 position (cost 20), in two none (19). A cost of 1 per group makes them tie (21 each): one."""
+    assert prefill.length_buckets([10, 9], 2) == [[0], [1]]
+    assert prefill.length_buckets([10, 9], 2, 1) == [[0, 1]]
+
 # ---- layout_prefill ---------------------------------------------------------------------------------------------
 
 PREFIX = [11, 12, 13, 14, 15, 16, 17, 18, 19]  # 9 tokens: at least min_prefix = 8 once one is left to each row
@@ -183,3 +190,18 @@ def test_one_row_is_never_split_into_prefix_and_rest(monkeypatch):
     ids, mask, (logits, cache, next_pos), (ref, _), calls = _layout(model, rows, True, 1, monkeypatch)
     assert [s for s, _ in calls] == [(1, 12)]
     assert torch.equal(logits, ref) and next_pos.tolist() == [12]
+
+
+def test_buckets_without_a_shared_prefix_still_split_the_prefill():
+    """prefill_buckets on its own (share_prefix off, or no usable prefix) groups the rows by length as well: rows
+    of 10, 21, 14 and 12 tokens in up to 3 buckets are 3 forwards (1, 1 and 2 rows, padded to their group's longest
+    only), none of them a prefix; the logits stay those of one plain batch (to ~1e-6) and each row continues at its
+    own length."""
+    model = make_tiny_model()
+    rows = _rows()
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        ids, mask, (logits, cache, next_pos), (ref, _), calls = _layout(model, rows, False, 3, monkeypatch)
+    assert sorted(s[0] for s, _ in calls) == [1, 1, 2]
+    assert sorted(s[1] for s, _ in calls) == [12, 14, 21]  # no forward padded to the batch's longest but its own
+    assert next_pos.tolist() == [len(r) for r in rows]
+    assert torch.allclose(logits, ref, atol=1e-5, rtol=1e-5)

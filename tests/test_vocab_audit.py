@@ -6,6 +6,7 @@ Run: pytest -q tests/test_vocab_audit.py   (~1 s)
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from esft.generation import releasing
@@ -109,3 +110,35 @@ def test_embed_keeps_the_shape_of_the_ids():
     vocab = VocabRows(weight)
     assert vocab.embed(torch.tensor([[1, 2, 3]])).shape == (1, 3, 64)
     assert vocab.embed(torch.zeros((2, 0), dtype=torch.long)).shape == (2, 0, 64)
+
+
+@pytest.mark.parametrize("fast", [False, True])
+def test_a_path_that_reads_the_whole_head_keeps_a_computed_vocabulary_matrix_and_its_completions(fast):
+    """An ES lane's copy inside `releasing(rows=...)` on a path that reads the lm_head whole: the plain lean step
+    (exact options; it multiplies by the weight itself) and the stacked path without the screen (it packs the
+    whole head at every call, and writing a freed matrix back costs more than its memory is worth). Only the
+    screened stacked path frees the vocabulary matrix: here it keeps its storage, and the completions are those
+    generated outside the context."""
+    from conftest import make_tiny_model
+    from esft.generation import GenerationConfig
+    from esft.generation.engine import decode
+    from esft.generation.lean import fused_attention_reason, packed_linear_reason
+
+    options = {}
+    if fast:
+        if packed_linear_reason(torch.float32) or fused_attention_reason(torch.float32):
+            pytest.skip("no oneDNN packed linear or no compiled kernel here")
+        options = dict(packed_linear=True, fused_attention=True)
+
+    model = make_tiny_model()
+    weight = model.model.embed_tokens.weight  # tied lm_head; 64 columns: rows may be computed
+    master = weight.detach().clone()
+    ids = torch.randint(3, 40000, (3, 6), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    config = GenerationConfig(max_new_tokens=6, batch_size=3, **options)
+    with torch.inference_mode():
+        ref = decode(model, ids, mask, config, [2])
+        with releasing([weight], fill=lambda weights: None, rows=lambda w, index, out: master[index]):
+            ours = decode(model, ids, mask, config, [2])
+    assert weight.untyped_storage().nbytes() == weight.numel() * weight.element_size()
+    assert ours == ref
