@@ -430,3 +430,36 @@ def test_the_run_makes_its_device_current_before_trl_sets_up_accelerate(tmp_path
     with pytest.raises(Stop):
         train_grpo(tiny_config(tmp_path / "run"), task=ParityTask())
     assert order == ["current cpu", "trl", "previous"]
+
+
+def test_an_extended_run_prints_no_notice_about_its_save_interval(tmp_path, tokenizer):
+    """A run with save_steps 0 saves every max_steps, so extending it (`--resume --max-steps N`, as documented)
+    changes the save interval TRL's trainer sees: transformers told the user `save_steps: 2 (from args) != 1 (from
+    trainer_state.json)`, a value they never set, for a change esft allows (resumable_changes)."""
+    import logging
+
+    class Keep(logging.Handler):
+        def __init__(self):
+            super().__init__()
+            self.messages: list[str] = []
+
+        def emit(self, record):
+            self.messages.append(record.getMessage())
+
+    out = tmp_path / "run"
+    options = dict(max_steps=1, save_steps=0, eval_every=0, max_completion_length=3, lr_scheduler_type="constant")
+    train_grpo(tiny_config(out, **options), model=make_tiny_model(), tokenizer=tokenizer, task=ParityTask(),
+               progress=False)
+    logger = logging.getLogger("transformers.trainer_utils")
+    keep = Keep()
+    logger.addHandler(keep)
+    logger.warning_once.cache_clear()  # transformers prints each such notice once per process
+    try:
+        result = train_grpo(tiny_config(out, **{**options, "max_steps": 2}, resume=True), model=make_tiny_model(),
+                            tokenizer=tokenizer, task=ParityTask(), progress=False)
+        # other notices of that logger still reach the user
+        logger.warning("a notice of another kind")
+    finally:
+        logger.removeHandler(keep)
+    assert result.steps == 2
+    assert keep.messages == ["a notice of another kind"]

@@ -20,13 +20,15 @@ a resume continues from there, not from the last scheduled checkpoint.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import platform
 import shutil
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -351,6 +353,30 @@ def _continue_step(trainer: EsftGRPOTrainer) -> int:
         return resume_checkpoint(trainer.run_dir, args.num_iterations, args.max_steps, bool(args.save_only_model))[0]
 
 
+#: the start of transformers' notice on resume that the arguments differ from a checkpoint's trainer_state.json
+_RESUME_ARGS_NOTICE = "Warning: The following arguments do not match the ones in the `trainer_state.json`"
+
+
+class _DropResumeArgsNotice(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(_RESUME_ARGS_NOTICE)
+
+
+@contextlib.contextmanager
+def _without_resume_args_notice() -> Iterator[None]:
+    """transformers' notice that a resume's save_steps differs from the checkpoint's off inside: esft checks a
+    resume's changes itself before the trainer is built (resumable_changes), and the differences it lets through
+    are intended: a new --save-steps, or a larger max_steps, which is the save interval of a run with save_steps
+    0, a value the user never set (`save_steps: 3 (from args) != 2`)."""
+    logger = logging.getLogger("transformers.trainer_utils")
+    notice = _DropResumeArgsNotice()
+    logger.addFilter(notice)
+    try:
+        yield
+    finally:
+        logger.removeFilter(notice)
+
+
 def _train_or_save(trainer: EsftGRPOTrainer, resume_from: Path | None, runlog: Any, run_name: str) -> None:
     """trainer.train; on Ctrl-C or SIGTERM, first the checkpoint of the last finished step (esft.grpo.interrupt),
     so that a resume continues from there instead of from the last scheduled checkpoint. The run log's progress
@@ -363,7 +389,8 @@ def _train_or_save(trainer: EsftGRPOTrainer, resume_from: Path | None, runlog: A
     wandb_run, ended = None, False
     try:
         wandb_run = open_wandb_run(trainer, Path(trainer.run_dir), run_name)
-        with warnings.catch_warnings(), without_transformers_bars():  # the step bar only, not one per checkpoint
+        # the step bar only, not one per checkpoint; no notice of the resume's intended argument changes
+        with warnings.catch_warnings(), without_transformers_bars(), _without_resume_args_notice():
             # TRL's own code still calls transformers' deprecated `model.is_gradient_checkpointing`,
             # `gradient_checkpointing_enable/disable` (FutureWarnings a user can do nothing about); esft passes the
             # new option name itself (grpo_config.checkpointing_argument)
