@@ -268,10 +268,10 @@ def test_a_failed_run_names_its_newest_checkpoint_to_continue_from(tmp_path, tok
     with pytest.raises(OSError, match=r"at step 2: free disk space, then continue from step 2 with"):
         run("full", OSError(errno.ENOSPC, "No space left on device"))
     assert [s for s, _ in list_checkpoints(tmp_path / "full")] == [1, 2]
-    with pytest.raises(RunInterrupted, match=r"^interrupted at step 2: step 2 is saved already; continue "
-                                             r"from step 2 with"):
+    with pytest.raises(RunInterrupted, match=r"^interrupted with 2 of 3 steps finished: step 2 is saved already; "
+                                             r"continue from step 2 with"):
         run("ctrl-c", KeyboardInterrupt())
-    with pytest.raises(RunInterrupted, match=r"^interrupted at step 0: no step had finished; continue from step 0 "):
+    with pytest.raises(RunInterrupted, match=r"^interrupted with 0 of 3 steps finished; continue from step 0 "):
         run("ctrl-c-first", KeyboardInterrupt(), step=0)
 
 
@@ -289,7 +289,8 @@ def test_an_interrupt_inside_a_generation_round_names_the_step_the_resume_takes(
 
     config = tiny_config(tmp_path / "run", max_steps=5, save_steps=1, eval_every=0, max_completion_length=3,
                          num_iterations=2)
-    with pytest.raises(RunInterrupted, match=r"^interrupted at step 3: step 3 is saved already; continue from step 2 "):
+    with pytest.raises(RunInterrupted, match=r"^interrupted with 3 of 5 steps finished: step 3 is saved already; "
+                                             r"continue from step 2 "):
         train_grpo(config, model=make_tiny_model(), tokenizer=tokenizer, task=ParityTask(), callbacks=[StopAtStep()],
                    progress=False)
     assert [s for s, _ in list_checkpoints(tmp_path / "run")][-1] == 3
@@ -463,3 +464,24 @@ def test_an_extended_run_prints_no_notice_about_its_save_interval(tmp_path, toke
         logger.removeHandler(keep)
     assert result.steps == 2
     assert keep.messages == ["a notice of another kind"]
+
+
+def test_an_interrupt_between_an_update_and_its_records_counts_no_finished_step(tmp_path, tokenizer):
+    """Ctrl-C after step 1's optimizer update but before its records are written: the trainer counts the step
+    already, esft does not (a resume redoes it). The message said `interrupted at step 1: no step had finished`;
+    it counts the finished steps, as the resume does."""
+    from transformers import TrainerCallback
+
+    from esft.rundir import RunInterrupted
+
+    class StopAfterUpdate(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            raise KeyboardInterrupt
+
+    out = tmp_path / "run"
+    config = tiny_config(out, max_steps=3, save_steps=0, eval_every=0, max_completion_length=3)
+    with pytest.raises(RunInterrupted, match=r"^interrupted with 0 of 3 steps finished; continue from step 0 with "
+                                             r"`esft train grpo --resume --output-dir "):
+        train_grpo(config, model=make_tiny_model(), tokenizer=tokenizer, task=ParityTask(),
+                   callbacks=[StopAfterUpdate()], progress=False)
+    assert list_checkpoints(out) == []

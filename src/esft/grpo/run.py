@@ -410,10 +410,12 @@ def _train_or_save(trainer: EsftGRPOTrainer, resume_from: Path | None, runlog: A
             saved = trainer.save_finished_step(boundary)
         done = list_checkpoints(trainer.run_dir)
         # the message is the one line the command line prints (esft.cli); a script sees it in the exception
-        what = (f"saved {saved}" if saved is not None else f"step {done[-1][0]} is saved already" if done
-                else "no step had finished")
+        what = (f": saved {saved}" if saved is not None else f": step {done[-1][0]} is saved already" if done
+                else "")
+        # the steps whose records are written: the trainer's own count already includes an update in progress
+        finished = boundary.finished if boundary.finished is not None else trainer.state.global_step
         raise RunInterrupted(
-            f"interrupted at step {trainer.state.global_step}: {what}; continue from step "
+            f"interrupted with {finished} of {trainer.args.max_steps} steps finished{what}; continue from step "
             f"{_continue_step(trainer)} with `esft train grpo --resume --output-dir {trainer.run_dir}`") from None
     finally:
         runlog.close_bar()
