@@ -54,8 +54,9 @@ class EvalConfig(ConfigHooks):
     """Examples per task (the first `limit` of the deterministic split); None (`--limit none`, the default) = the
     whole split."""
     balanced: bool = False
-    """Labelled tasks (boolq, chemistry, mmlu): evaluate a label-balanced subset of the split (equal count per
-    gold label, `limit` in all, drawn by balance_seed) instead of its first `limit` examples; use >= 400."""
+    """Labelled tasks (boolq, chemistry, mmlu, a Countdown variant with several operators, a data task scored by
+    mcq): evaluate a label-balanced subset of the split (equal count per gold label, `limit` in all, drawn by
+    balance_seed) instead of its first `limit` examples; use >= 400."""
     balance_seed: int = BALANCE_SEED
     """Seed of the balanced subset's draw."""
     max_new_tokens: int = 1024
