@@ -485,3 +485,16 @@ def test_an_interrupt_between_an_update_and_its_records_counts_no_finished_step(
         train_grpo(config, model=make_tiny_model(), tokenizer=tokenizer, task=ParityTask(),
                    callbacks=[StopAfterUpdate()], progress=False)
     assert list_checkpoints(out) == []
+
+
+def test_resuming_a_finished_run_says_there_is_nothing_to_do(tmp_path, tokenizer, capsys):
+    """`esft train grpo --resume` on a finished one-step run printed "already trained for 1 steps"."""
+    out = tmp_path / "run"
+    options = dict(max_steps=1, save_steps=0, eval_every=0, max_completion_length=3)
+    train_grpo(tiny_config(out, **options), model=make_tiny_model(), tokenizer=tokenizer, task=ParityTask(),
+               progress=False)
+    capsys.readouterr()
+    result = train_grpo(tiny_config(out, resume=True, **options), model=make_tiny_model(), tokenizer=tokenizer,
+                        task=ParityTask())
+    assert result.steps == 1
+    assert capsys.readouterr().out == f"{out}: already trained for 1 step (max_steps 1); nothing to do\n"
