@@ -127,8 +127,9 @@ def _train_grpo(args: argparse.Namespace) -> int:
         # `--resume` alone names no folder: the one it looked in is the default output_dir
         unnamed = run_dir is None and config.output_dir == GRPOConfig.output_dir
         where = " (the default --output-dir; name the run's folder: --resume --output-dir RUN)" if unnamed else ""
-        raise FileNotFoundError(f"cannot resume {config.output_dir}{where}: it holds no config.yaml (start a new "
-                                "run without --resume)")
+        what = "it holds no config.yaml" if Path(config.output_dir).is_dir() else "no such folder"
+        raise FileNotFoundError(f"cannot resume {config.output_dir}{where}: {what} (start a new run without "
+                                "--resume)")
     _check_run_dir(config.output_dir)
     result = train_grpo(config)  # Ctrl-C: esft.rundir.RunInterrupted, whose resume hint `_run` prints
     noun = "step" if result.steps == 1 else "steps"
