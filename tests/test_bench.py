@@ -614,3 +614,12 @@ def test_run_bench_gives_the_callers_thread_count_back(tokenizer, monkeypatch, f
         assert torch.get_num_threads() == before
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("item", ["nonsense=1", "lean"])
+def test_a_refused_override_is_named(item):
+    """`esft bench --set lean=false --set nosuch=1` said only "--set expects KEY=VALUE ...", not which of the
+    overrides it refused."""
+    with pytest.raises(ValueError, match=rf"^--set '{item}': expected KEY=VALUE with KEY a GenerationConfig engine "
+                                         r"field \(.*lean.*\)$"):
+        bench.parse_overrides(["lean=false", item])

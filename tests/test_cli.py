@@ -273,3 +273,28 @@ def test_a_typed_passage_cut_no_task_reads_is_refused_before_the_model_loads(arg
     err = capsys.readouterr().err
     assert "command line (--max-passage-chars): max_passage_chars = 400 is not accepted; expected a BoolQ task " \
            f"among {argv[-1].replace(',', ', ')}: it cuts BoolQ passages only" in err, err
+
+
+def test_a_grpo_resume_without_a_folder_says_it_looked_in_the_default_one(tmp_path, capsys, monkeypatch):
+    """`esft train grpo --resume` (its --resume takes no folder) said "cannot resume runs/grpo: it holds no
+    config.yaml", a folder the user never named; it now says that is the default --output-dir and how to name
+    the run's folder. A folder the user named is reported as before; one that does not exist is called so, for ES
+    as for GRPO (it "held no config.yaml")."""
+    from esft.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "grpo", "--resume"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err == ("esft: error: cannot resume runs/grpo (the default --output-dir; name the run's folder: --resume "
+                   "--output-dir RUN): no such folder (start a new run without --resume)")
+    (tmp_path / "empty").mkdir()
+    for named, what in (("runs/grpo", "no such folder"), ("elsewhere", "no such folder"),
+                        ("empty", "it holds no config.yaml")):
+        assert main(["train", "grpo", "--resume", "--output-dir", named]) == 2
+        err = capsys.readouterr().err.strip().splitlines()[-1]
+        assert err == f"esft: error: cannot resume {named}: {what} (start a new run without --resume)"
+        assert main(["train", "es", "--resume", named]) == 2
+        err = capsys.readouterr().err.strip().splitlines()[-1]
+        assert err == (f"esft: error: cannot resume {named}: {what} (start a new run without --resume, or restore "
+                       "the run's config.yaml)")
+    assert not (tmp_path / "runs").exists() and not any((tmp_path / "empty").iterdir())

@@ -8,7 +8,10 @@ Run: PYTHONPATH=src pytest -q tests/test_dataset_task_mutmutcanon.py   (seconds)
 from __future__ import annotations
 
 import json
+import re
 import warnings
+
+import pytest
 
 from conftest import importable_module
 from esft.tasks.dataset_task import DatasetTask
@@ -62,3 +65,21 @@ def test_the_unscorable_warning_comes_when_the_count_of_unscored_completions_rea
         warned.append([str(w.message).split(": ")[0] for w in caught])
     shown = "reward 'mutcanon_rewards:first_none' returned None for {} of {} completions scored so far"
     assert warned == [[shown.format(1, 4)], [shown.format(2, 8)], [], [shown.format(4, 16)]]
+
+
+def test_the_mcq_reward_refuses_gold_answers_that_are_not_letters(tmp_path):
+    """`mcq` reads a letter A-D from a reply, so a row whose gold is "E", "0" or "A) Paris" scores 0 whatever the
+    model writes: such data (five choices, answer indices, the choice's text) was evaluated and trained on at 0
+    accuracy without a word. It is refused when the task is built, naming the row; letters in any case pass."""
+    from esft.tasks import get_task
+
+    rows = [{"question": f"q{i}", "answer": "abcd"[i % 4]} for i in range(9)]
+    assert DatasetTask(source=rows_file(tmp_path, rows), prompt_field="question", reward="mcq").label_set() \
+        == ("A", "B", "C", "D")
+    for gold in ("E", "0", "A) Paris"):
+        data = rows_file(tmp_path, rows + [{"question": "q9", "answer": gold}])
+        with pytest.raises(ValueError, match=rf"row 10 holds {re.escape(repr(gold))} in field 'answer' \(answer_field"
+                                             r"\), not an answer letter: the mcq reward"):
+            get_task(data, prompt_field="question", reward="mcq")
+        # another verifier compares any text
+        get_task(data, prompt_field="question", reward="exact")

@@ -122,3 +122,52 @@ def test_the_same_evaluation_into_the_same_folder_spelled_otherwise_is_not_anoth
         check_previous_results(EvalConfig(tasks=["boolq"], limit=4, output_dir=spelled))
     with pytest.raises(FileExistsError, match=r"another evaluation \(limit: 4 there, 5 now\)"):
         check_previous_results(EvalConfig(tasks=["boolq"], limit=5, output_dir="res"))
+
+
+def test_an_interrupted_evaluation_keeps_the_summaries_of_the_tasks_that_finished(tmp_path, monkeypatch):
+    """Ctrl-C in the second task of `esft eval --tasks a,b --output-dir DIR` printed a bare "interrupted" and wrote
+    no summary.json: the first task's summary was only on the screen. Now summary.json holds the finished tasks,
+    `unfinished` names the others, and the message says so; an earlier run of this same evaluation in the folder
+    keeps its results for the tasks this one did not reach (another evaluation's do not count)."""
+    import json
+
+    import pytest
+
+    from esft.evaluation import EvalConfig, run_eval
+    from esft.rundir import RunInterrupted
+    from test_evaluation_audit import _patch
+
+    _patch(monkeypatch, LabelTask(), [])
+    calls = []
+
+    def stop_at_second_task(model, tokenizer, prompts, cfg, progress=False):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return [Generation(text="yes", completion_ids=[1], prompt_tokens=2, finished=True) for _ in prompts]
+
+    def interrupted(cfg):
+        calls.clear()
+        monkeypatch.setattr(evaluation, "generate", stop_at_second_task)
+        with pytest.raises(KeyboardInterrupt) as info:  # a bare one fails below, not as pytest's own Ctrl-C
+            run_eval(cfg, model=object(), tokenizer=object(), progress=False)
+        assert isinstance(info.value, RunInterrupted)
+        return str(info.value), json.loads((tmp_path / "summary.json").read_text())
+
+    cfg = EvalConfig(tasks=["one", "two"], limit=2, output_dir=str(tmp_path))
+    message, summary = interrupted(cfg)
+    assert message == (f"interrupted: {tmp_path / 'summary.json'} holds one; not evaluated: two (listed under "
+                       "`unfinished` there)")
+    assert list(summary["results"]) == ["one"] and summary["unfinished"] == ["two"]
+    assert summary["results"]["one"]["n"] == 2 and (tmp_path / "one.jsonl").is_file()
+
+    _patch(monkeypatch, LabelTask(), [])
+    whole = run_eval(cfg, model=object(), tokenizer=object(), progress=False)
+    message, summary = interrupted(cfg)
+    assert message.endswith("holds one (and, from an earlier run of this evaluation, two)")
+    assert list(summary["results"]) == ["one", "two"] and summary["unfinished"] == []
+    assert summary["results"]["two"] == json.loads(json.dumps(whole["two"]))
+
+    message, summary = interrupted(EvalConfig(tasks=["one", "two"], limit=1, output_dir=str(tmp_path)))
+    assert list(summary["results"]) == ["one"] and summary["unfinished"] == ["two"]
+    assert summary["results"]["one"]["n"] == 1

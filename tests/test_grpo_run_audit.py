@@ -268,10 +268,10 @@ def test_a_failed_run_names_its_newest_checkpoint_to_continue_from(tmp_path, tok
     with pytest.raises(OSError, match=r"at step 2: free disk space, then continue from step 2 with"):
         run("full", OSError(errno.ENOSPC, "No space left on device"))
     assert [s for s, _ in list_checkpoints(tmp_path / "full")] == [1, 2]
-    with pytest.raises(RunInterrupted, match=r"^interrupted at step 2: step 2 is saved already; continue "
-                                             r"from step 2 with"):
+    with pytest.raises(RunInterrupted, match=r"^interrupted with 2 of 3 steps finished: step 2 is saved already; "
+                                             r"continue from step 2 with"):
         run("ctrl-c", KeyboardInterrupt())
-    with pytest.raises(RunInterrupted, match=r"^interrupted at step 0: no step had finished; continue from step 0 "):
+    with pytest.raises(RunInterrupted, match=r"^interrupted with 0 of 3 steps finished; continue from step 0 "):
         run("ctrl-c-first", KeyboardInterrupt(), step=0)
 
 
@@ -289,7 +289,8 @@ def test_an_interrupt_inside_a_generation_round_names_the_step_the_resume_takes(
 
     config = tiny_config(tmp_path / "run", max_steps=5, save_steps=1, eval_every=0, max_completion_length=3,
                          num_iterations=2)
-    with pytest.raises(RunInterrupted, match=r"^interrupted at step 3: step 3 is saved already; continue from step 2 "):
+    with pytest.raises(RunInterrupted, match=r"^interrupted with 3 of 5 steps finished: step 3 is saved already; "
+                                             r"continue from step 2 "):
         train_grpo(config, model=make_tiny_model(), tokenizer=tokenizer, task=ParityTask(), callbacks=[StopAtStep()],
                    progress=False)
     assert [s for s, _ in list_checkpoints(tmp_path / "run")][-1] == 3
@@ -430,3 +431,70 @@ def test_the_run_makes_its_device_current_before_trl_sets_up_accelerate(tmp_path
     with pytest.raises(Stop):
         train_grpo(tiny_config(tmp_path / "run"), task=ParityTask())
     assert order == ["current cpu", "trl", "previous"]
+
+
+def test_an_extended_run_prints_no_notice_about_its_save_interval(tmp_path, tokenizer):
+    """A run with save_steps 0 saves every max_steps, so extending it (`--resume --max-steps N`, as documented)
+    changes the save interval TRL's trainer sees: transformers told the user `save_steps: 2 (from args) != 1 (from
+    trainer_state.json)`, a value they never set, for a change esft allows (resumable_changes)."""
+    import logging
+
+    class Keep(logging.Handler):
+        def __init__(self):
+            super().__init__()
+            self.messages: list[str] = []
+
+        def emit(self, record):
+            self.messages.append(record.getMessage())
+
+    out = tmp_path / "run"
+    options = dict(max_steps=1, save_steps=0, eval_every=0, max_completion_length=3, lr_scheduler_type="constant")
+    train_grpo(tiny_config(out, **options), model=make_tiny_model(), tokenizer=tokenizer, task=ParityTask(),
+               progress=False)
+    logger = logging.getLogger("transformers.trainer_utils")
+    keep = Keep()
+    logger.addHandler(keep)
+    logger.warning_once.cache_clear()  # transformers prints each such notice once per process
+    try:
+        result = train_grpo(tiny_config(out, **{**options, "max_steps": 2}, resume=True), model=make_tiny_model(),
+                            tokenizer=tokenizer, task=ParityTask(), progress=False)
+        # other notices of that logger still reach the user
+        logger.warning("a notice of another kind")
+    finally:
+        logger.removeHandler(keep)
+    assert result.steps == 2
+    assert keep.messages == ["a notice of another kind"]
+
+
+def test_an_interrupt_between_an_update_and_its_records_counts_no_finished_step(tmp_path, tokenizer):
+    """Ctrl-C after step 1's optimizer update but before its records are written: the trainer counts the step
+    already, esft does not (a resume redoes it). The message said `interrupted at step 1: no step had finished`;
+    it counts the finished steps, as the resume does."""
+    from transformers import TrainerCallback
+
+    from esft.rundir import RunInterrupted
+
+    class StopAfterUpdate(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            raise KeyboardInterrupt
+
+    out = tmp_path / "run"
+    config = tiny_config(out, max_steps=3, save_steps=0, eval_every=0, max_completion_length=3)
+    with pytest.raises(RunInterrupted, match=r"^interrupted with 0 of 3 steps finished; continue from step 0 with "
+                                             r"`esft train grpo --resume --output-dir "):
+        train_grpo(config, model=make_tiny_model(), tokenizer=tokenizer, task=ParityTask(),
+                   callbacks=[StopAfterUpdate()], progress=False)
+    assert list_checkpoints(out) == []
+
+
+def test_resuming_a_finished_run_says_there_is_nothing_to_do(tmp_path, tokenizer, capsys):
+    """`esft train grpo --resume` on a finished one-step run printed "already trained for 1 steps"."""
+    out = tmp_path / "run"
+    options = dict(max_steps=1, save_steps=0, eval_every=0, max_completion_length=3)
+    train_grpo(tiny_config(out, **options), model=make_tiny_model(), tokenizer=tokenizer, task=ParityTask(),
+               progress=False)
+    capsys.readouterr()
+    result = train_grpo(tiny_config(out, resume=True, **options), model=make_tiny_model(), tokenizer=tokenizer,
+                        task=ParityTask())
+    assert result.steps == 1
+    assert capsys.readouterr().out == f"{out}: already trained for 1 step (max_steps 1); nothing to do\n"

@@ -72,3 +72,18 @@ def test_every_argument_of_every_command_has_help_text():
     assert bare == []
     tables = _subparser(_subparser(build_parser("experiment"), "experiment"), "tables").format_help()
     assert "an experiment folder" in tables
+
+
+def test_the_task_and_model_help_of_each_command_names_every_form_they_take():
+    """`esft train es|grpo --help` called --task a "task name" (a data file or module:Class, the documented ways to
+    bring one's own task, went unmentioned) and ES's --model left out hub ids, which it takes; `esft eval`'s
+    --balanced listed only boolq, chemistry and mmlu among the labelled tasks."""
+    train = _subparser(build_parser("train"), "train")
+    for name in ("es", "grpo"):
+        helps = {a.dest: a.help for a in _subparser(train, name)._actions}
+        for form in ("task name", "data file", "--prompt-field", "module:Class", "docs/custom-tasks.md"):
+            assert form in helps["task"], (name, form)
+        assert "hub id" in helps["model"], name
+    evaluate = {a.dest: a.help for a in _subparser(build_parser("eval"), "eval")._actions}
+    for labelled in ("boolq", "chemistry", "mmlu", "Countdown variant", "mcq"):
+        assert labelled in evaluate["balanced"], labelled

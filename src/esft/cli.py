@@ -123,9 +123,13 @@ def _train_grpo(args: argparse.Namespace) -> int:
     config = apply_task_flags(config, args, [config.task])  # --prompt-field/--reward ... (data tasks)
     check_eval_options(config, _explicit(args, GRPOConfig))
     if config.resume and not (Path(config.output_dir) / "config.yaml").is_file():
-        # as `esft train es --resume`: a misspelt folder must not start a new run with the default settings
-        raise FileNotFoundError(f"cannot resume {config.output_dir}: it holds no config.yaml (start a new run "
-                                "without --resume)")
+        # as `esft train es --resume`: a misspelt folder must not start a new run with the default settings.
+        # `--resume` alone names no folder: the one it looked in is the default output_dir
+        unnamed = run_dir is None and config.output_dir == GRPOConfig.output_dir
+        where = " (the default --output-dir; name the run's folder: --resume --output-dir RUN)" if unnamed else ""
+        what = "it holds no config.yaml" if Path(config.output_dir).is_dir() else "no such folder"
+        raise FileNotFoundError(f"cannot resume {config.output_dir}{where}: {what} (start a new run without "
+                                "--resume)")
     _check_run_dir(config.output_dir)
     result = train_grpo(config)  # Ctrl-C: esft.rundir.RunInterrupted, whose resume hint `_run` prints
     noun = "step" if result.steps == 1 else "steps"

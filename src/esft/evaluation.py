@@ -1,7 +1,8 @@
 """Evaluate a model on tasks: batched generation, the task's own scorer, accuracy with a 95% CI.
 
 Writes, per task, every completion with its score to `<output_dir>/<task>.jsonl`, and a summary of all tasks to
-`<output_dir>/summary.json`. The same scorer is the training reward (nanochat's rule: reward is evaluation).
+`<output_dir>/summary.json` (after Ctrl-C or SIGTERM, of the tasks that finished, with `unfinished` naming the
+others). The same scorer is the training reward (nanochat's rule: reward is evaluation).
 
 Default: one greedy completion per question (the paper's protocol). With `samples > 1` (or `k` given) every
 question gets n sampled completions and the summary adds pass@k, mean@n and maj@k with bootstrap CIs over
@@ -33,7 +34,7 @@ from esft.config import (ConfigError, ConfigHooks, Rule, at_least, check_fields,
                          one_of, passage_cut)
 from esft.generation import Generation, GenerationConfig, generate
 from esft.passk import answer_key, chance_pass_at_k, parse_ks, pass_at_k, summarize_samples
-from esft.rundir import write_text_atomic
+from esft.rundir import RunInterrupted, write_text_atomic
 from esft.tasks import Task, get_task, split_task_list, task_file_stem
 from esft.tasks.base import checks_format
 from esft.tasks.labels import ACCURACY, BALANCE_SEED, balanced_subset, score_name, summaries_score_name
@@ -54,8 +55,9 @@ class EvalConfig(ConfigHooks):
     """Examples per task (the first `limit` of the deterministic split); None (`--limit none`, the default) = the
     whole split."""
     balanced: bool = False
-    """Labelled tasks (boolq, chemistry, mmlu): evaluate a label-balanced subset of the split (equal count per
-    gold label, `limit` in all, drawn by balance_seed) instead of its first `limit` examples; use >= 400."""
+    """Labelled tasks (boolq, chemistry, mmlu, a Countdown variant with several operators, a data task scored by
+    mcq): evaluate a label-balanced subset of the split (equal count per gold label, `limit` in all, drawn by
+    balance_seed) instead of its first `limit` examples; use >= 400."""
     balance_seed: int = BALANCE_SEED
     """Seed of the balanced subset's draw."""
     max_new_tokens: int = 1024
@@ -354,24 +356,53 @@ def run_eval(config: EvalConfig, model=None, tokenizer=None, progress: bool = Tr
                                   **config.generation_options)
     out_dir = Path(config.output_dir) if config.output_dir else None
     results: dict[str, Any] = {}
-    for name, task in tasks.items():
-        examples = load_examples(task, config.split, config.limit, config.balanced, config.balance_seed)
-        path = out_dir / f"{task_file_stem(name)}.jsonl" if out_dir else None
-        if config.sampled:
-            results[name] = evaluate_task_sampled(model, tokenizer, task, examples, gen_config, config.samples,
-                                                  parse_ks(config.k, config.samples), path, progress)
-        else:
-            results[name] = evaluate_task(model, tokenizer, task, examples, gen_config, path, progress)
-        if config.balanced:
-            results[name]["balanced"] = task.label_set() is not None
-        if progress:
-            print(format_row(name, results[name]), flush=True)
-        if out_dir is not None and config.sampled:
-            write_passk_figure(out_dir / f"{task_file_stem(name)}.passk.png", name, config.model, results[name])
+    try:
+        for name, task in tasks.items():
+            examples = load_examples(task, config.split, config.limit, config.balanced, config.balance_seed)
+            path = out_dir / f"{task_file_stem(name)}.jsonl" if out_dir else None
+            if config.sampled:
+                results[name] = evaluate_task_sampled(model, tokenizer, task, examples, gen_config, config.samples,
+                                                      parse_ks(config.k, config.samples), path, progress)
+            else:
+                results[name] = evaluate_task(model, tokenizer, task, examples, gen_config, path, progress)
+            if config.balanced:
+                results[name]["balanced"] = task.label_set() is not None
+            if progress:
+                print(format_row(name, results[name]), flush=True)
+            if out_dir is not None and config.sampled:
+                write_passk_figure(out_dir / f"{task_file_stem(name)}.passk.png", name, config.model, results[name])
+    except KeyboardInterrupt:
+        raise RunInterrupted(_keep_finished(config, out_dir, results)) from None
     if out_dir is not None:
         payload = {"config": asdict(config), "results": results}
         write_text_atomic(out_dir / "summary.json", json.dumps(payload, indent=2, default=str))  # old or new, whole
     return results
+
+
+def _keep_finished(config: EvalConfig, out_dir: Path | None, results: dict[str, Any]) -> str:
+    """After Ctrl-C or SIGTERM: summary.json of the tasks that finished, `unfinished` naming the others, so that
+    their summaries are not only on the screen (a task's JSONL is written when it finishes); the results of an
+    earlier run of this same evaluation in the folder are kept for the tasks this one did not reach. Returns the
+    message that says what was kept."""
+    left = [name for name in config.tasks if name not in results]
+    if out_dir is None or not results:
+        return f"interrupted: {len(results)} of {len(config.tasks)} tasks evaluated"
+    path = out_dir / "summary.json"
+    config_record = json.loads(json.dumps(asdict(config), default=str))  # as summary.json records it
+    try:
+        old = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+        same = isinstance(old, dict) and old.get("config") == config_record and isinstance(old.get("results"), dict)
+    except (OSError, ValueError):
+        same = False
+    kept = {name: old["results"][name] for name in left if same and name in old["results"]}
+    left = [name for name in left if name not in kept]
+    merged = {**kept, **results}
+    payload = {"config": asdict(config), "results": {name: merged[name] for name in config.tasks if name in merged},
+               "unfinished": left}
+    write_text_atomic(path, json.dumps(payload, indent=2, default=str))
+    return (f"interrupted: {path} holds {', '.join(results)}"
+            + (f" (and, from an earlier run of this evaluation, {', '.join(kept)})" if kept else "")
+            + (f"; not evaluated: {', '.join(left)} (listed under `unfinished` there)" if left else ""))
 
 
 def write_passk_figure(path: Path, name: str, model: str, summary: dict[str, Any]) -> Path:

@@ -29,8 +29,9 @@ def read_saved_config(run_dir: str | Path, algorithm: str | None = None) -> dict
     other algorithm's run when `algorithm` ('es' or 'grpo') names the trainer that asks."""
     path = Path(run_dir) / "config.yaml"
     if not path.is_file():
-        raise FileNotFoundError(f"cannot resume {run_dir}: it holds no config.yaml (start a new run without "
-                                f"--resume, or restore the run's config.yaml)")
+        what = "it holds no config.yaml" if Path(run_dir).is_dir() else "no such folder"
+        raise FileNotFoundError(f"cannot resume {run_dir}: {what} (start a new run without --resume, or restore the "
+                                "run's config.yaml)")
     data, _ = load_yaml_lines(path)
     if not data:
         raise ValueError(f"cannot resume {run_dir}: {path} is empty; restore the run's config.yaml (resuming "

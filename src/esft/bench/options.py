@@ -137,7 +137,7 @@ def parse_overrides(items: Sequence[str]) -> dict[str, Any]:
             raise ValueError(f"--set {key}: the workload's, not an engine option: the naive iteration, vLLM and the "
                              f"output check would still use the workload's own, so the comparisons would not hold")
         if not sep or key not in names:
-            raise ValueError(f"--set expects KEY=VALUE with KEY a GenerationConfig engine field "
+            raise ValueError(f"--set {item!r}: expected KEY=VALUE with KEY a GenerationConfig engine field "
                              f"({', '.join(sorted(names))})")
         try:
             out[key] = yaml.safe_load(value)

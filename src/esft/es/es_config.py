@@ -25,9 +25,10 @@ class ESConfig(RunConfig):
     """An ES fine-tuning run. esft maximises reward: fitness = mean task reward over the batch."""
 
     model: str = "smollm2-135m"
-    """model name (esft.models registry) or local Hugging Face folder"""
+    """model name (esft.models registry), local Hugging Face folder or hub id"""
     task: str = "boolq"
-    """task name (esft.tasks.get_task)"""
+    """task name (esft.tasks.get_task; options as in countdown:numbers=2), a data file (with --prompt-field and
+    --reward) or module:Class (docs/custom-tasks.md)"""
     population_size: int = 30
     """N: members per iteration (even when antithetic)"""
     sigma: float = 0.0015

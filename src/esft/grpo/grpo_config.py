@@ -29,7 +29,8 @@ class GRPOConfig(RunConfig):
     model: str = "smollm2-135m"
     """model name (esft.models registry), local Hugging Face folder or hub id"""
     task: str = "boolq"
-    """task name (esft.tasks.get_task); its scorer is the reward"""
+    """task name (esft.tasks.get_task; options as in countdown:numbers=2), a data file (with --prompt-field and
+    --reward) or module:Class (docs/custom-tasks.md); its scorer is the reward"""
     output_dir: str = "runs/grpo"
     """run directory (config.yaml, metrics.jsonl, drift.jsonl, samples/, checkpoints/)"""
     seed: int = 42

@@ -20,13 +20,15 @@ a resume continues from there, not from the last scheduled checkpoint.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import platform
 import shutil
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -249,6 +251,10 @@ def _say_resuming(out: Path, config: GRPOConfig, start: int, resume_from: Path |
     rundir.say(rundir.resuming_line(out, "step", start, config.max_steps, source))
 
 
+def _say_finished(out: Path, start: int, max_steps: int) -> None:
+    print(f"{out}: already trained for {start} step{'s' * (start != 1)} (max_steps {max_steps}); nothing to do")
+
+
 def _train_locked(config: GRPOConfig, out: Path, model: Any, tokenizer: Any, task: Any, callbacks: Sequence[Any],
                   progress: bool) -> GRPOTrainResult:
     from esft.evaluation import load_examples
@@ -261,7 +267,7 @@ def _train_locked(config: GRPOConfig, out: Path, model: Any, tokenizer: Any, tas
     resume_from, start = _prepare_dir(out, config)
     if resume_from is not None and start >= config.max_steps:
         if progress:
-            print(f"{out}: already trained for {start} steps (max_steps {config.max_steps}); nothing to do")
+            _say_finished(out, start, config.max_steps)
         return GRPOTrainResult(out, start, resume_from, None)
     if config.resume and progress and (out / "config.yaml").exists():
         _say_resuming(out, config, start, resume_from)
@@ -351,6 +357,30 @@ def _continue_step(trainer: EsftGRPOTrainer) -> int:
         return resume_checkpoint(trainer.run_dir, args.num_iterations, args.max_steps, bool(args.save_only_model))[0]
 
 
+#: the start of transformers' notice on resume that the arguments differ from a checkpoint's trainer_state.json
+_RESUME_ARGS_NOTICE = "Warning: The following arguments do not match the ones in the `trainer_state.json`"
+
+
+class _DropResumeArgsNotice(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(_RESUME_ARGS_NOTICE)
+
+
+@contextlib.contextmanager
+def _without_resume_args_notice() -> Iterator[None]:
+    """transformers' notice that a resume's save_steps differs from the checkpoint's off inside: esft checks a
+    resume's changes itself before the trainer is built (resumable_changes), and the differences it lets through
+    are intended: a new --save-steps, or a larger max_steps, which is the save interval of a run with save_steps
+    0, a value the user never set (`save_steps: 3 (from args) != 2`)."""
+    logger = logging.getLogger("transformers.trainer_utils")
+    notice = _DropResumeArgsNotice()
+    logger.addFilter(notice)
+    try:
+        yield
+    finally:
+        logger.removeFilter(notice)
+
+
 def _train_or_save(trainer: EsftGRPOTrainer, resume_from: Path | None, runlog: Any, run_name: str) -> None:
     """trainer.train; on Ctrl-C or SIGTERM, first the checkpoint of the last finished step (esft.grpo.interrupt),
     so that a resume continues from there instead of from the last scheduled checkpoint. The run log's progress
@@ -363,7 +393,8 @@ def _train_or_save(trainer: EsftGRPOTrainer, resume_from: Path | None, runlog: A
     wandb_run, ended = None, False
     try:
         wandb_run = open_wandb_run(trainer, Path(trainer.run_dir), run_name)
-        with warnings.catch_warnings(), without_transformers_bars():  # the step bar only, not one per checkpoint
+        # the step bar only, not one per checkpoint; no notice of the resume's intended argument changes
+        with warnings.catch_warnings(), without_transformers_bars(), _without_resume_args_notice():
             # TRL's own code still calls transformers' deprecated `model.is_gradient_checkpointing`,
             # `gradient_checkpointing_enable/disable` (FutureWarnings a user can do nothing about); esft passes the
             # new option name itself (grpo_config.checkpointing_argument)
@@ -383,10 +414,12 @@ def _train_or_save(trainer: EsftGRPOTrainer, resume_from: Path | None, runlog: A
             saved = trainer.save_finished_step(boundary)
         done = list_checkpoints(trainer.run_dir)
         # the message is the one line the command line prints (esft.cli); a script sees it in the exception
-        what = (f"saved {saved}" if saved is not None else f"step {done[-1][0]} is saved already" if done
-                else "no step had finished")
+        what = (f": saved {saved}" if saved is not None else f": step {done[-1][0]} is saved already" if done
+                else "")
+        # the steps whose records are written: the trainer's own count already includes an update in progress
+        finished = boundary.finished if boundary.finished is not None else trainer.state.global_step
         raise RunInterrupted(
-            f"interrupted at step {trainer.state.global_step}: {what}; continue from step "
+            f"interrupted with {finished} of {trainer.args.max_steps} steps finished{what}; continue from step "
             f"{_continue_step(trainer)} with `esft train grpo --resume --output-dir {trainer.run_dir}`") from None
     finally:
         runlog.close_bar()

@@ -25,6 +25,7 @@ from typing import Any, Callable
 
 from esft.tasks.base import Example, Messages, Task, completion_text, examples_from_kwargs
 from esft.tasks.common import SPLIT_SEED, load_hub_rows
+from esft.tasks.mcq import LETTERS
 from esft.tasks.verifiers import (COMPLETION_FORMATS, Verifier, builtin_verifier, call_trl_reward, combine_rewards,
                                   import_object)
 
@@ -287,6 +288,12 @@ class DatasetTask(Task):
                                      f"({option}), not one answer: the built-in verifiers compare one gold answer; "
                                      "keep one per row, or score several accepted answers with a reward function "
                                      "(module:function)")
+                if option == "answer_field" and self._is_mcq() and self.gold_key(row) not in LETTERS:
+                    # the mcq verifier reads only A-D from a completion: such a row would score 0 whatever the reply
+                    raise ValueError(f"{where}: row {i + 1} holds {row[name]!r} in field {name!r} ({option}), not "
+                                     f"an answer letter: the mcq reward compares the letter (A-D) a reply gives with "
+                                     "the gold letter; give each row's letter, or score other answers with another "
+                                     "reward (exact, regex:PATTERN, module:function)")
 
     def _check_chat(self, where: str, i: int, value: Any) -> None:
         """A prompt is text, or a chat: a list of {role, content} messages (TRL's conversational format)."""
@@ -422,7 +429,7 @@ class DatasetTask(Task):
             return None
         rows = self._read()
         used = {self.gold_key(r) for split in ("train", "test") for r in rows[split]}
-        return tuple(letter for letter in "ABCD" if letter in used) or None
+        return tuple(letter for letter in LETTERS if letter in used) or None
 
     def _is_mcq(self) -> bool:
         return self._verifier is not None and self._verifier.name == "mcq"
