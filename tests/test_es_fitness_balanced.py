@@ -46,7 +46,8 @@ def test_countdown_variant_balances_over_the_target_operator_and_format_bonus_is
 
 
 def test_balanced_rule_needs_a_labelled_task():
-    with pytest.raises(ValueError, match="needs a task with labels"):
+    with pytest.raises(ValueError, match=r"needs a task with labels \(.*a data task scored by mcq, a task class "
+                                         r"whose label_set names its labels\); 'math' has none$"):
         make_fitness_rule("balanced", task=get_task("math"))
     with pytest.raises(ValueError, match="takes no fitness_options"):
         make_fitness_rule("balanced", options={"x": 1}, task=get_task("boolq"))

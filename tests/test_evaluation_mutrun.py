@@ -171,3 +171,11 @@ def test_an_interrupted_evaluation_keeps_the_summaries_of_the_tasks_that_finishe
     message, summary = interrupted(EvalConfig(tasks=["one", "two"], limit=1, output_dir=str(tmp_path)))
     assert list(summary["results"]) == ["one"] and summary["unfinished"] == ["two"]
     assert summary["results"]["one"]["n"] == 1
+
+    # the same evaluation spelled otherwise (res/, an absolute path), which check_previous_results lets run again,
+    # keeps the earlier results too: an interrupt never replaces a complete summary with a partial one
+    _patch(monkeypatch, LabelTask(), [])
+    whole = run_eval(cfg, model=object(), tokenizer=object(), progress=False)
+    message, summary = interrupted(EvalConfig(tasks=["one", "two"], limit=2, output_dir=str(tmp_path) + "/"))
+    assert list(summary["results"]) == ["one", "two"] and summary["unfinished"] == []
+    assert summary["results"]["two"] == json.loads(json.dumps(whole["two"]))

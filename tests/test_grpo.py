@@ -293,7 +293,8 @@ def test_an_interrupt_saves_the_last_finished_step(run, tmp_path, tokenizer, cap
     out = tmp_path / "ctrl-c"
     # the one line `esft train grpo` prints: what was saved and how to continue
     with pytest.raises(RunInterrupted, match=r"^interrupted with 2 of 4 steps finished: saved .*iter_000002; "
-                       r"continue from step 2 " + re.escape(f"with `esft train grpo --resume --output-dir {out}`") + "$"):
+                       r"continue from step 2 "
+                       + re.escape(f"with `esft train grpo --resume --output-dir {out}`") + "$"):
         train_grpo(tiny_config(out, save_steps=0), model=make_tiny_model(), tokenizer=tokenizer, task=ParityTask(),
                    callbacks=[InterruptAt(3)], progress=False)
     assert [(s, p.name) for s, p in list_checkpoints(out)] == [(2, "iter_000002")]

@@ -458,12 +458,20 @@ def test_an_extended_run_prints_no_notice_about_its_save_interval(tmp_path, toke
     try:
         result = train_grpo(tiny_config(out, **{**options, "max_steps": 2}, resume=True), model=make_tiny_model(),
                             tokenizer=tokenizer, task=ParityTask(), progress=False)
-        # other notices of that logger still reach the user
+        # other notices of that logger still reach the user, that one too where it names another mismatch
         logger.warning("a notice of another kind")
+        from esft.grpo import run
+
+        with run._without_resume_args_notice():
+            logger.warning(run._RESUME_ARGS_NOTICE + ": \n\tsave_steps: 2 (from args) != 1 (from trainer_state.json)"
+                           "\n\tper_device_train_batch_size: 4 (from args) != 8 (from trainer_state.json)")
+            logger.warning(run._RESUME_ARGS_NOTICE + ": \n\tsave_steps: 2 (from args) != 1 (from trainer_state.json)")
     finally:
         logger.removeHandler(keep)
     assert result.steps == 2
-    assert keep.messages == ["a notice of another kind"]
+    assert keep.messages[0] == "a notice of another kind"
+    assert len(keep.messages) == 2 and keep.messages[1].endswith("per_device_train_batch_size: 4 (from args) != 8 "
+                                                                 "(from trainer_state.json)")
 
 
 def test_an_interrupt_between_an_update_and_its_records_counts_no_finished_step(tmp_path, tokenizer):
@@ -485,6 +493,46 @@ def test_an_interrupt_between_an_update_and_its_records_counts_no_finished_step(
         train_grpo(config, model=make_tiny_model(), tokenizer=tokenizer, task=ParityTask(),
                    callbacks=[StopAfterUpdate()], progress=False)
     assert list_checkpoints(out) == []
+
+
+def test_an_interrupt_of_a_one_step_run_says_step(tmp_path, tokenizer):
+    """The interrupt's count agrees in number: "0 of 1 step finished", not "0 of 1 steps"."""
+    from transformers import TrainerCallback
+
+    from esft.rundir import RunInterrupted
+
+    class StopAfterUpdate(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            raise KeyboardInterrupt
+
+    config = tiny_config(tmp_path / "run", max_steps=1, save_steps=0, eval_every=0, max_completion_length=3)
+    with pytest.raises(RunInterrupted, match=r"^interrupted with 0 of 1 step finished; continue from step 0 "):
+        train_grpo(config, model=make_tiny_model(), tokenizer=tokenizer, task=ParityTask(),
+                   callbacks=[StopAfterUpdate()], progress=False)
+
+
+def test_an_interrupt_while_a_resume_loads_its_checkpoint_counts_the_checkpoint_s_steps(tmp_path, tokenizer,
+                                                                                     monkeypatch):
+    """Ctrl-C before the first step began (transformers still loading the checkpoint, its step count not yet
+    read) said "interrupted with 0 of 4 steps finished: step 2 is saved already; continue from step 2": the
+    finished steps are those the resume continues from."""
+    from transformers import Trainer
+
+    from esft.rundir import RunInterrupted
+
+    out = tmp_path / "run"
+    options = dict(max_steps=2, save_steps=1, eval_every=0, max_completion_length=3, lr_scheduler_type="constant")
+    train_grpo(tiny_config(out, **options), model=make_tiny_model(), tokenizer=tokenizer, task=ParityTask(),
+               progress=False)
+
+    def interrupt(self, *args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Trainer, "_load_from_checkpoint", interrupt)
+    with pytest.raises(RunInterrupted, match=r"^interrupted with 2 of 4 steps finished: step 2 is saved already; "
+                                             r"continue from step 2 with "):
+        train_grpo(tiny_config(out, resume=True, **{**options, "max_steps": 4}), model=make_tiny_model(),
+                   tokenizer=tokenizer, task=ParityTask(), progress=False)
 
 
 def test_resuming_a_finished_run_says_there_is_nothing_to_do(tmp_path, tokenizer, capsys):

@@ -405,7 +405,9 @@ def test_require_labels_and_task_labels():
     """A task without labels has none, and a rule that needs labels refuses it."""
     assert validation.task_labels(FakeTask()) is None
     with pytest.raises(ConfigError, match=r"^fitness_rule = 'balanced' is not accepted; expected balanced for "
-                                          r"this task: it needs a task with labels"):
+                                          r"this task: it needs a task with labels \(boolq, chemistry, mmlu, a "
+                                          r"Countdown variant with several operators, a data task scored by mcq, a "
+                                          r"task class whose label_set names its labels\)$"):
         validation.require_labels("fitness_rule", "balanced", "balanced", FakeTask())
 
 

@@ -25,6 +25,7 @@ from esft.cli_process import (as_typed, config_words, exit_code, plain_warnings,
 from esft.config import add_dataclass_arguments, build_config
 from esft.tasks.custom import add_task_flags
 from esft.rundir import check_output_dir
+from esft.saved_config import no_config_words
 from esft.validation import check_eval_options, check_names, check_passage_cut
 
 
@@ -127,9 +128,8 @@ def _train_grpo(args: argparse.Namespace) -> int:
         # `--resume` alone names no folder: the one it looked in is the default output_dir
         unnamed = run_dir is None and config.output_dir == GRPOConfig.output_dir
         where = " (the default --output-dir; name the run's folder: --resume --output-dir RUN)" if unnamed else ""
-        what = "it holds no config.yaml" if Path(config.output_dir).is_dir() else "no such folder"
-        raise FileNotFoundError(f"cannot resume {config.output_dir}{where}: {what} (start a new run without "
-                                "--resume)")
+        raise FileNotFoundError(f"cannot resume {config.output_dir}{where}: {no_config_words(config.output_dir)} "
+                                "(start a new run without --resume)")
     _check_run_dir(config.output_dir)
     result = train_grpo(config)  # Ctrl-C: esft.rundir.RunInterrupted, whose resume hint `_run` prints
     noun = "step" if result.steps == 1 else "steps"

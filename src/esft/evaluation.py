@@ -14,7 +14,7 @@ random guess, 1 - (1 - 1/L)^k (`chance_entry`), which climbs with k where the co
 Every summary carries, next to the accuracy and its 95% Wilson interval, the *constant-answer baseline* of the same
 examples (`constant_baseline`, `constant_baseline_ci95`, `constant_answer`: always giving the most frequent gold
 answer), so that an accuracy a prior alone could reach is visible as such. With `balanced` the labelled tasks
-(boolq, chemistry, mmlu; a Countdown variant with several operators, over the target's operator) are evaluated
+(esft.tasks.labels.LABELLED_TASKS; a Countdown variant over the target's operator) are evaluated
 on a label-balanced subset of the split instead of its first `limit` examples (`esft.tasks.labels`), where that
 baseline is 1/K; the task's scorer is the same either way.
 """
@@ -320,6 +320,15 @@ def _samples_bar(samples: int) -> Any:
     return tqdm(total=samples, desc="samples", unit="sample", leave=False)
 
 
+def config_changes(old: dict[str, Any], config: EvalConfig) -> list[str]:
+    """What differs between a summary.json's recorded config `old` and `config` ("key: old there, new now"); empty
+    for the same evaluation. output_dir names the folder, however it is spelled (res/, res, /abs/res): where, not
+    what, was evaluated; options a newer esft added, which `old` does not record, do not count."""
+    new = json.loads(json.dumps(asdict(config), default=str))  # as summary.json records it
+    return [f"{k}: {old[k]!r} there, {new[k]!r} now" for k in new
+            if k in old and k != "output_dir" and old[k] != new[k]]
+
+
 def check_previous_results(config: EvalConfig) -> None:
     """FileExistsError when output_dir's summary.json holds another evaluation (other model, tasks, limit, ...):
     this one would replace it without a word. The same evaluation again (repeated or interrupted) may overwrite
@@ -331,10 +340,7 @@ def check_previous_results(config: EvalConfig) -> None:
         old = None  # not a summary of esft's: nothing of an evaluation to keep
     if not isinstance(old, dict):
         return
-    new = json.loads(json.dumps(asdict(config), default=str))  # as summary.json records it
-    # output_dir names this very folder, however it is spelled (res/, res, /abs/res): where, not what, was evaluated
-    changed = [f"{k}: {old[k]!r} there, {new[k]!r} now" for k in new
-               if k in old and k != "output_dir" and old[k] != new[k]]
+    changed = config_changes(old, config)
     if changed:
         raise FileExistsError(f"{path} holds the results of another evaluation ({'; '.join(changed[:3])}"
                               f"{', ...' if len(changed) > 3 else ''}): choose another --output-dir, or delete that "
@@ -388,10 +394,10 @@ def _keep_finished(config: EvalConfig, out_dir: Path | None, results: dict[str, 
     if out_dir is None or not results:
         return f"interrupted: {len(results)} of {len(config.tasks)} tasks evaluated"
     path = out_dir / "summary.json"
-    config_record = json.loads(json.dumps(asdict(config), default=str))  # as summary.json records it
     try:
         old = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
-        same = isinstance(old, dict) and old.get("config") == config_record and isinstance(old.get("results"), dict)
+        same = (isinstance(old, dict) and isinstance(old.get("config"), dict) and isinstance(old.get("results"), dict)
+                and not config_changes(old["config"], config))  # the rule check_previous_results applies
     except (OSError, ValueError):
         same = False
     kept = {name: old["results"][name] for name in left if same and name in old["results"]}

@@ -23,13 +23,19 @@ def saved_algorithm(data: Mapping[str, Any]) -> str | None:
     return "grpo" if "num_generations" in data else None
 
 
+def no_config_words(run_dir: str | Path) -> str:
+    """Why `run_dir` cannot be resumed when it holds no config.yaml, in the words of a refusal."""
+    path = Path(run_dir)
+    return "it holds no config.yaml" if path.is_dir() else "not a folder" if path.exists() else "no such folder"
+
+
 def read_saved_config(run_dir: str | Path, algorithm: str | None = None) -> dict[str, Any]:
     """The mapping a trainer saved in `<run_dir>/config.yaml`, for resuming: a missing, empty or unreadable file
     is refused (resuming it with default settings would train another run on this run's state), and so is the
     other algorithm's run when `algorithm` ('es' or 'grpo') names the trainer that asks."""
     path = Path(run_dir) / "config.yaml"
     if not path.is_file():
-        what = "it holds no config.yaml" if Path(run_dir).is_dir() else "no such folder"
+        what = no_config_words(run_dir)
         raise FileNotFoundError(f"cannot resume {run_dir}: {what} (start a new run without --resume, or restore the "
                                 "run's config.yaml)")
     data, _ = load_yaml_lines(path)

@@ -51,10 +51,11 @@ def task_labels(task: Task) -> tuple[Any, ...] | None:
 
 
 def require_labels(key: str, value: Any, accepted: str, task: Task) -> None:
-    """`key = value` needs a labelled task (boolq, chemistry, mmlu, a Countdown variant with several operators)."""
+    """`key = value` needs a labelled task (esft.tasks.labels.LABELLED_TASKS)."""
+    from esft.tasks.labels import LABELLED_TASKS
+
     if task_labels(task) is None:
-        raise ConfigError(key, value, f"{accepted} for this task: it needs a task with labels (boolq, chemistry, "
-                          "mmlu, a Countdown variant with several operators)")
+        raise ConfigError(key, value, f"{accepted} for this task: it needs a task with labels ({LABELLED_TASKS})")
 
 
 def check_balanced_set(task: Task, limit: int | None, split: str = "test", key: str = "eval_limit") -> None:

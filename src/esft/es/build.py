@@ -136,12 +136,13 @@ def make_fitness_rule(name: str, format_bonus: float = 0.0, options: dict | None
         return MeanReward(format_bonus)
     if name == "balanced":
         from esft.tasks.custom import as_task
+        from esft.tasks.labels import LABELLED_TASKS
 
         labelled = None if task is None else as_task(task)
         if labelled is None or labelled.label_set() is None:
             shown = None if labelled is None else labelled.shown_name()
-            raise ValueError("fitness rule 'balanced' needs a task with labels (boolq, chemistry, mmlu, a Countdown "
-                             f"variant with several operators); {shown!r} has none")
+            raise ValueError(f"fitness rule 'balanced' needs a task with labels ({LABELLED_TASKS}); {shown!r} has "
+                             "none")
         return ClassBalancedMean(labelled.balance_key, labelled.label_set(), format_bonus)
     if name == "dart":
         from esft.es.dart import make_dart

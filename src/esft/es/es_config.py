@@ -100,8 +100,8 @@ class ESConfig(RunConfig):
     eval_limit: int = 200
     """held-out (test split) examples for those evaluations"""
     eval_balanced: bool = False
-    """those examples are a label-balanced subset of the test split (`limit` in all; boolq/mmlu/chemistry labels, a
-    Countdown variant's target operator: esft.evaluation.load_examples), so a prior cannot pass for a skill"""
+    """those examples are a label-balanced subset of the test split (`limit` in all; a labelled task's labels: BoolQ's
+    yes/no, a Countdown variant's operator, ...; esft.evaluation.load_examples), so a prior cannot pass for a skill"""
     checkpoint_every: int = 0
     """save a Hugging Face checkpoint every k iterations (0 = only the final one); seeds.jsonl covers the rest"""
     save_total_limit: int = 0

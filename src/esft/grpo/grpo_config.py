@@ -106,8 +106,8 @@ class GRPOConfig(RunConfig):
     eval_limit: int = 200
     """held-out (test split) examples for those evaluations"""
     eval_balanced: bool = False
-    """those examples are a label-balanced subset of the test split (`limit` in all; boolq/mmlu/chemistry labels, a
-    Countdown variant's target operator: esft.evaluation.load_examples), so a prior cannot pass for a skill"""
+    """those examples are a label-balanced subset of the test split (`limit` in all; a labelled task's labels: BoolQ's
+    yes/no, a Countdown variant's operator, ...; esft.evaluation.load_examples), so a prior cannot pass for a skill"""
     eval_max_new_tokens: int | None = None
     """generation budget of those evaluations; None = max_completion_length"""
     samples_per_iteration: int = 4

@@ -362,8 +362,12 @@ _RESUME_ARGS_NOTICE = "Warning: The following arguments do not match the ones in
 
 
 class _DropResumeArgsNotice(logging.Filter):
+    """Drops the notice only where save_steps is all it names; any other mismatch (a batch size) still shows."""
+
     def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith(_RESUME_ARGS_NOTICE)
+        head, *lines = str(record.msg).split("\n\t")
+        return not (head.startswith(_RESUME_ARGS_NOTICE) and lines
+                    and all(line.startswith("save_steps:") for line in lines))
 
 
 @contextlib.contextmanager
@@ -416,11 +420,13 @@ def _train_or_save(trainer: EsftGRPOTrainer, resume_from: Path | None, runlog: A
         # the message is the one line the command line prints (esft.cli); a script sees it in the exception
         what = (f": saved {saved}" if saved is not None else f": step {done[-1][0]} is saved already" if done
                 else "")
-        # the steps whose records are written: the trainer's own count already includes an update in progress
-        finished = boundary.finished if boundary.finished is not None else trainer.state.global_step
+        # the steps whose records are written (the trainer's own count already includes an update in progress);
+        # before the first step began (a resume that loads its checkpoint), those the resume would continue from
+        cont, total = _continue_step(trainer), trainer.args.max_steps
+        finished = boundary.finished if boundary.finished is not None else cont
         raise RunInterrupted(
-            f"interrupted with {finished} of {trainer.args.max_steps} steps finished{what}; continue from step "
-            f"{_continue_step(trainer)} with `esft train grpo --resume --output-dir {trainer.run_dir}`") from None
+            f"interrupted with {finished} of {total} step{'s' * (total != 1)} finished{what}; continue from step "
+            f"{cont} with `esft train grpo --resume --output-dir {trainer.run_dir}`") from None
     finally:
         runlog.close_bar()
         try:

@@ -20,6 +20,10 @@ import statistics
 from collections import Counter
 from typing import Any, Hashable, Iterable, Sequence, TypeVar
 
+#: the tasks with labels, in the words of a refusal that needs one
+LABELLED_TASKS = ("boolq, chemistry, mmlu, a Countdown variant with several operators, a data task scored by mcq, "
+                  "a task class whose label_set names its labels")
+
 T = TypeVar("T")
 
 #: Seed of balanced subsets: like the data splits, they must not move when a run's seed changes.
@@ -145,5 +149,5 @@ def class_balanced_weights(labels: Sequence[Hashable]) -> list[float]:
     return [n / (k * counts[label]) for label in labels]
 
 
-__all__ = ["ACCURACY", "BALANCE_SEED", "MEAN_REWARD", "balanced_indices", "balanced_subset", "class_balanced_weights",
-           "constant_baseline", "score_name", "summaries_score_name"]
+__all__ = ["ACCURACY", "BALANCE_SEED", "LABELLED_TASKS", "MEAN_REWARD", "balanced_indices", "balanced_subset",
+           "class_balanced_weights", "constant_baseline", "score_name", "summaries_score_name"]
