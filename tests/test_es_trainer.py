@@ -486,3 +486,31 @@ def test_a_resume_says_where_it_continues(tmp_path, capsys):
             "replayed)\n") in err
     run(config.replace(resume=True, iterations=8))  # progress=False: nothing
     assert "resuming" not in capsys.readouterr().err
+
+
+def test_resuming_a_finished_run_does_nothing(tmp_path, capsys):
+    """`esft train es --resume D` on a finished run said "resuming D at iteration 3 of 3 (checkpoint final)", then
+    opened its trackers and wrote the final checkpoint again. GRPO says there is nothing to do; so does ES now,
+    and leaves every file as it was. An evaluation that is still due (a stop during the last one) is still done."""
+    config = cfg(tmp_path, iterations=3, checkpoint_every=0)
+    done = run(config)
+    folder = done.final_checkpoint
+    files = {p: p.stat().st_mtime_ns for p in folder.iterdir()}
+    logs = {name: (done.output_dir / name).read_text() for name in ("metrics.jsonl", "seeds.jsonl")}
+    capsys.readouterr()
+    res = train_es(config.replace(resume=True), model=tiny_llama(), tokenizer=None, task=ToyTask(),
+                   generate_fn=stub_generate, progress=True)
+    out, err = capsys.readouterr()
+    assert out == f"{config.output_dir}: already trained for 3 iterations (iterations 3); nothing to do\n"
+    assert "resuming" not in err
+    assert (res.steps, res.final_checkpoint) == (3, folder)
+    assert {p: p.stat().st_mtime_ns for p in folder.iterdir()} == files  # not written again
+    assert {name: (done.output_dir / name).read_text() for name in logs} == logs
+
+    # the last evaluation's record lost (a stop during it): the resume evaluates, and writes final again
+    metrics = done.output_dir / "metrics.jsonl"
+    records = runlog.read_jsonl(metrics)
+    runlog.rewrite_jsonl(metrics, [r for r in records if not (r["kind"] == "eval" and r["step"] == 3)])
+    res = run(config.replace(resume=True))
+    assert [r["step"] for r in runlog.read_jsonl(metrics) if r["kind"] == "eval"] == [0, 3]
+    assert (folder / runlog.STATE_FILE).stat().st_mtime_ns != files[folder / runlog.STATE_FILE]

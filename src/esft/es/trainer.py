@@ -154,6 +154,7 @@ class ESTrainer:
         self.last_eval: dict[str, Any] | None = None
         self._evaluated: set[int] = set()
         self._damaged_checkpoints: set[int] = set()  # steps whose checkpoint folder failed to load on resume
+        self._finished: Path | None = None  # the final checkpoint of a resumed run that has nothing left to do
         self.tracker = Tracker()  # opened by train() (esft.tracking; none by default)
 
     def _make_executor(self, factory: ExecutorFactory | None, generate_fn: Any) -> Executor:
@@ -228,7 +229,11 @@ class ESTrainer:
         es_rundir.rewrite_jsonl(self.out / "seeds.jsonl", records)
         kept = es_rundir.filter_jsonl(self.out / "metrics.jsonl", lambda r: r.get("step", 0) <= self.step)
         self._evaluated = {r["step"] for r in kept if r.get("kind") == "eval"}
-        if self.progress:
+        pending_eval = self._eval_due(self.step) and self.step not in self._evaluated
+        if folder is not None and folder.name == "final" and start == self.step >= self.config.iterations \
+                and not pending_eval:
+            self._finished = folder  # its updates, evaluations and final checkpoint are all there
+        elif self.progress:
             replayed = self.step - start
             source = f"checkpoint {folder.name}" if folder is not None else "the base model"
             if replayed:
@@ -388,6 +393,12 @@ class ESTrainer:
     def _train_locked(self, tqdm: Any) -> TrainResult:
         cfg = self.config
         self._prepare_dir()
+        if self._finished is not None:  # a finished run resumed: nothing is loaded, evaluated or rewritten
+            if self.progress:
+                noun = "iteration" if self.step == 1 else "iterations"
+                print(f"{self.out}: already trained for {self.step} {noun} (iterations {cfg.iterations}); nothing to "
+                      "do")
+            return TrainResult(self.out, self.step, self._finished, None)
         bar = tqdm(total=cfg.iterations, initial=min(self.step, cfg.iterations), desc="ES", unit="it",
                    disable=not self.progress, dynamic_ncols=True)
         ended = False  # the loop ran to its end (the trackers' runs are marked finished, else failed)
