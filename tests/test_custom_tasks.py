@@ -675,3 +675,32 @@ def test_a_wrapped_task_object_is_recorded_by_the_users_class(user_files):
     config, obj = with_task(ESConfig(), task)
     assert obj is task and config.task == "user_rewards:Echo"
     assert get_task(config.task).load("test") == task.load("test")
+
+
+def test_an_option_a_user_task_class_does_not_take_is_refused_with_the_options_it_takes():
+    """`--task my_tasks:Doubling --task-options '{cont: 5}'` said only "TypeError: Doubling.__init__() got an
+    unexpected keyword argument 'cont'"; the refusal now lists what the constructor takes, as a built-in task's does.
+    The class's own errors, and a constructor that takes any keyword, are reported as they are."""
+    from esft.tasks.custom import instantiate
+
+    class Doubling:
+        def __init__(self, count: int = 3, *, scale: float = 1.0):
+            self.count = count
+
+    class Open:
+        def __init__(self, **options):
+            raise TypeError("wants a 'size'")
+
+    class Bare:
+        def __init__(self):
+            raise RuntimeError("no settings file")
+
+    with pytest.raises(ValueError, match=r"^task 'my:Doubling': cannot build Doubling: TypeError: .*unexpected keyword "
+                                         r"argument 'cont'; options: count, scale$"):
+        instantiate(Doubling, "my:Doubling", {"cont": 5})
+    with pytest.raises(ValueError, match=r"^task 'my:Open': cannot build Open: TypeError: wants a 'size'$"):
+        instantiate(Open, "my:Open", {"x": 1})
+    with pytest.raises(ValueError, match=r"^task 'my:Bare': cannot build Bare: TypeError: .*; it takes no options$"):
+        instantiate(Bare, "my:Bare", {"x": 1})
+    with pytest.raises(ValueError, match=r"^task 'my:Bare': cannot build Bare: RuntimeError: no settings file$"):
+        instantiate(Bare, "my:Bare", {})

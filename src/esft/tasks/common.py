@@ -70,3 +70,27 @@ def load_hub_rows(spec: str, split: str, default_config: str | None = None) -> l
         ) from exc
     return [dict(row) for row in ds]
 
+
+def constructor_options(cls: type) -> str:
+    """"; options: a, b": what `cls(...)` takes by keyword, for a refusal of options it does not take; "" where its
+    signature cannot be read or takes any keyword (**kwargs)."""
+    import inspect
+
+    try:
+        params = list(inspect.signature(cls).parameters.values())
+    except (TypeError, ValueError):  # a builtin or C type without a readable signature
+        return ""
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return ""
+    names = [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    return f"; options: {', '.join(names)}" if names else "; it takes no options"
+
+
+def construct(cls: type, name: str, options: dict[str, Any]) -> Any:
+    """`cls(**options)`, the user's task class of task `name`; its failure as a ValueError naming the class, and,
+    where the options do not fit the constructor (a TypeError), the options it takes."""
+    try:
+        return cls(**options)
+    except Exception as exc:  # the user's constructor: a bad option, or its own error
+        fit = constructor_options(cls) if isinstance(exc, TypeError) else ""
+        raise ValueError(f"task {name!r}: cannot build {cls.__name__}: {type(exc).__name__}: {exc}{fit}") from exc

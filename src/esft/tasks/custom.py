@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from esft.tasks.base import Example, Messages, Task, checks_format, task_name
+from esft.tasks.common import construct
 from esft.tasks.dataset_task import DatasetTask, is_data_file, reward_parts
 from esft.tasks.verifiers import import_object, regex_comma_error, regex_cut_at_comma
 
@@ -192,10 +193,7 @@ def instantiate(obj: Any, name: str, options: dict[str, Any]) -> Task:
             options = typed_options(obj, name, options)
             tuples = _tuple_fields(obj)
             options = {k: tuple(v) if k in tuples and isinstance(v, list) else v for k, v in options.items()}
-        try:
-            obj = obj(**options)
-        except Exception as exc:  # the user's constructor: a bad option, or its own error
-            raise ValueError(f"task {name!r}: cannot build {obj.__name__}: {type(exc).__name__}: {exc}") from exc
+        obj = construct(obj, name, options)
     elif options:
         raise ValueError(f"task {name!r} is an object, not a class: it takes no options (got {sorted(options)})")
     missing = [m for m in ("load", "prompt", "score") if not callable(getattr(obj, m, None))]
