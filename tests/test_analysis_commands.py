@@ -200,10 +200,12 @@ def test_sparsity_command_passes_base_tuned_and_thresholds_in_order(tmp_path, mo
     monkeypatch.setattr(C, "_load", lambda base, w, dtype, device: ("model", "tok"))
     monkeypatch.setattr(L, "prepare_tasks", lambda names, limit, task_options: {})
     monkeypatch.setattr(SP, "sparsity_sweep", lambda model, tok, base, t, tasks, gc, taus, targets, progress:
-                        seen.update(base=base, tuned=t, taus=taus, targets=targets) or {})
+                        seen.update(base=base, tuned=t, taus=taus, targets=targets, gen=gc) or {})
     monkeypatch.setattr(SP, "plot_sparsity_sweep", lambda *a: None)
-    C.run_sparsity(C.SparsityConfig(base="b", tuned=str(tuned), taus=[0.5], targets=[0.9],
-                                    output_dir=str(tmp_path / "o")))
+    C.run_sparsity(C.SparsityConfig(base="b", tuned=str(tuned), taus=[0.5], targets=[0.9], max_new_tokens=6,
+                                    batch_size=3, output_dir=str(tmp_path / "o")))
+    gen = seen.pop("gen")  # the sweep evaluates greedily
+    assert (gen.max_new_tokens, gen.batch_size, gen.temperature, gen.top_p, gen.seed) == (6, 3, 0.0, 1.0, 0)
     assert seen == {"base": "resolved:b", "tuned": str(tuned), "taus": [0.5], "targets": [0.9]}
     C.run_sparsity(C.SparsityConfig(base="b", tuned=str(tuned), targets=[0.9], output_dir=str(tmp_path / "o2")))
     assert seen["taus"] is None

@@ -25,26 +25,6 @@ def test_drift_with_only_one_of_alpha_and_population_names_both(tmp_path, monkey
         C.run_drift(C.DriftConfig(run=str(es), output_dir=str(tmp_path / "o")))
 
 
-def test_the_sparsity_sweep_evaluates_greedily(tmp_path, monkeypatch):
-    from esft.analysis import commands as C
-    from esft.analysis import landscape as L
-    from esft.analysis import sparsity as SP
-
-    tuned = tmp_path / "t"
-    tuned.mkdir()
-    seen = {}
-    monkeypatch.setattr(C, "_resolve", lambda spec: f"resolved:{spec}")
-    monkeypatch.setattr(C, "_load", lambda base, w, dtype, device: ("model", "tok"))
-    monkeypatch.setattr(L, "prepare_tasks", lambda names, limit, task_options: {})
-    monkeypatch.setattr(SP, "sparsity_sweep", lambda model, tok, base, t, tasks, gc, taus, targets, progress:
-                        seen.update(gen=gc) or {})
-    monkeypatch.setattr(SP, "plot_sparsity_sweep", lambda *a: None)
-    C.run_sparsity(C.SparsityConfig(base="b", tuned=str(tuned), targets=[0.9], max_new_tokens=6, batch_size=3,
-                                    output_dir=str(tmp_path / "o")))
-    gen = seen["gen"]
-    assert (gen.max_new_tokens, gen.batch_size, gen.temperature, gen.top_p, gen.seed) == (6, 3, 0.0, 1.0, 0)
-
-
 def test_kl_defaults_to_greedy_completions_as_the_papers_evaluation():
     from esft.analysis.commands import KLConfig
 
