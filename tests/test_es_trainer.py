@@ -488,24 +488,32 @@ def test_a_resume_says_where_it_continues(tmp_path, capsys):
     assert "resuming" not in capsys.readouterr().err
 
 
-def test_resuming_a_finished_run_does_nothing(tmp_path, capsys):
+def test_resuming_a_finished_run_does_nothing(tmp_path, capsys, monkeypatch):
     """`esft train es --resume D` on a finished run said "resuming D at iteration 3 of 3 (checkpoint final)", then
     opened its trackers and wrote the final checkpoint again. GRPO says there is nothing to do; so does ES now,
-    and leaves every file as it was. An evaluation that is still due (a stop during the last one) is still done."""
-    config = cfg(tmp_path, iterations=3, checkpoint_every=0)
+    and leaves every file as it was (config.yaml too: it records the settings and machine the run ran with, which
+    replay reads), but still closes the executor it made and applies a lowered checkpoint limit. An evaluation
+    that is still due (a stop during the last one) is still done."""
+    config = cfg(tmp_path, iterations=3, checkpoint_every=1)
     done = run(config)
     folder = done.final_checkpoint
     files = {p: p.stat().st_mtime_ns for p in folder.iterdir()}
-    logs = {name: (done.output_dir / name).read_text() for name in ("metrics.jsonl", "seeds.jsonl")}
+    logs = {name: (done.output_dir / name).read_text() for name in ("metrics.jsonl", "seeds.jsonl", "config.yaml")}
+    assert [f.name for _, f in runlog.list_checkpoints(done.output_dir)] == ["iter_000001", "iter_000002", "final"]
+    closed = []
+    monkeypatch.setattr(LocalExecutor, "close", lambda self: closed.append(self))
     capsys.readouterr()
-    res = train_es(config.replace(resume=True), model=tiny_llama(), tokenizer=None, task=ToyTask(),
-                   generate_fn=stub_generate, progress=True)
+    res = train_es(config.replace(resume=True, iterations=2, eval_every=0, save_total_limit=1), model=tiny_llama(),
+                   tokenizer=None, task=ToyTask(), generate_fn=stub_generate, progress=True)
     out, err = capsys.readouterr()
-    assert out == f"{config.output_dir}: already trained for 3 iterations (iterations 3); nothing to do\n"
+    assert out == f"{config.output_dir}: already trained for 3 iterations (iterations 2); nothing to do\n"
     assert "resuming" not in err
     assert (res.steps, res.final_checkpoint) == (3, folder)
     assert {p: p.stat().st_mtime_ns for p in folder.iterdir()} == files  # not written again
     assert {name: (done.output_dir / name).read_text() for name in logs} == logs
+    assert len(closed) == 1
+    assert [f.name for _, f in runlog.list_checkpoints(done.output_dir)] == ["iter_000002", "final"]
+    monkeypatch.undo()
 
     # the last evaluation's record lost (a stop during it): the resume evaluates, and writes final again
     metrics = done.output_dir / "metrics.jsonl"

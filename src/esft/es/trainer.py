@@ -201,7 +201,8 @@ class ESTrainer:
         else:
             for name in ("seeds.jsonl", "metrics.jsonl"):
                 (self.out / name).unlink(missing_ok=True)
-        save_yaml(self.config.replace(resume=False), self.out / "config.yaml", extra=self.run_info())
+        if self._finished is None:  # a finished run keeps the record of the settings and machine it ran with
+            save_yaml(self.config.replace(resume=False), self.out / "config.yaml", extra=self.run_info())
 
     def _resume(self) -> None:
         """Latest checkpoint not past the seed log, then exact replay of the logged iterations after it."""
@@ -393,7 +394,10 @@ class ESTrainer:
     def _train_locked(self, tqdm: Any) -> TrainResult:
         cfg = self.config
         self._prepare_dir()
-        if self._finished is not None:  # a finished run resumed: nothing is loaded, evaluated or rewritten
+        if self._finished is not None:  # a finished run resumed: nothing is evaluated or written
+            if self._owns_executor:
+                self.executor.close()  # Ray workers (and a Ray this run started) end here too
+            prune_checkpoints(es_rundir.list_checkpoints(self.out), cfg.save_total_limit)  # a lowered limit
             if self.progress:
                 noun = "iteration" if self.step == 1 else "iterations"
                 print(f"{self.out}: already trained for {self.step} {noun} (iterations {cfg.iterations}); nothing to "
