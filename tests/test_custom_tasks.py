@@ -680,7 +680,8 @@ def test_a_wrapped_task_object_is_recorded_by_the_users_class(user_files):
 def test_an_option_a_user_task_class_does_not_take_is_refused_with_the_options_it_takes():
     """`--task my_tasks:Doubling --task-options '{cont: 5}'` said only "TypeError: Doubling.__init__() got an
     unexpected keyword argument 'cont'"; the refusal now lists what the constructor takes, as a built-in task's does.
-    The class's own errors, and a constructor that takes any keyword, are reported as they are."""
+    The class's own errors (a TypeError too, where the options fit), and a constructor that takes any keyword, are
+    reported as they are."""
     from esft.tasks.custom import instantiate
 
     class Doubling:
@@ -695,6 +696,14 @@ def test_an_option_a_user_task_class_does_not_take_is_refused_with_the_options_i
         def __init__(self):
             raise RuntimeError("no settings file")
 
+    class Own:
+        def __init__(self, size: int = 3):
+            raise TypeError("size must be a power of two")
+
+    class Positional:
+        def __init__(self, path, /, count: int = 3):
+            self.path = path
+
     with pytest.raises(ValueError, match=r"^task 'my:Doubling': cannot build Doubling: TypeError: .*unexpected keyword "
                                          r"argument 'cont'; options: count, scale$"):
         instantiate(Doubling, "my:Doubling", {"cont": 5})
@@ -704,3 +713,10 @@ def test_an_option_a_user_task_class_does_not_take_is_refused_with_the_options_i
         instantiate(Bare, "my:Bare", {"x": 1})
     with pytest.raises(ValueError, match=r"^task 'my:Bare': cannot build Bare: RuntimeError: no settings file$"):
         instantiate(Bare, "my:Bare", {})
+    for options in ({}, {"size": 5}):
+        with pytest.raises(ValueError, match=r"^task 'my:Own': cannot build Own: TypeError: size must be a power of "
+                                             r"two$"):
+            instantiate(Own, "my:Own", options)
+    with pytest.raises(ValueError, match=r"^task 'my:Positional': cannot build Positional: TypeError: .*; it needs "
+                                         r"positional arguments \(path\), which task options cannot give$"):
+        instantiate(Positional, "my:Positional", {"count": 2})

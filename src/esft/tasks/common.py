@@ -71,17 +71,24 @@ def load_hub_rows(spec: str, split: str, default_config: str | None = None) -> l
     return [dict(row) for row in ds]
 
 
-def constructor_options(cls: type) -> str:
-    """"; options: a, b": what `cls(...)` takes by keyword, for a refusal of options it does not take; "" where its
-    signature cannot be read or takes any keyword (**kwargs)."""
+def constructor_options(cls: type, options: dict[str, Any]) -> str:
+    """Where `options` do not fit `cls`'s constructor: "; options: a, b" (what it takes by keyword), or why none can
+    build it; "" where they fit (the constructor's own TypeError) or its signature cannot be read."""
     import inspect
 
     try:
-        params = list(inspect.signature(cls).parameters.values())
+        signature = inspect.signature(cls)
     except (TypeError, ValueError):  # a builtin or C type without a readable signature
         return ""
-    if any(p.kind is p.VAR_KEYWORD for p in params):
+    try:
+        signature.bind(**options)
         return ""
+    except TypeError:
+        pass
+    params = list(signature.parameters.values())
+    needed = [p.name for p in params if p.kind is p.POSITIONAL_ONLY and p.default is p.empty]
+    if needed:
+        return f"; it needs positional arguments ({', '.join(needed)}), which task options cannot give"
     names = [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
     return f"; options: {', '.join(names)}" if names else "; it takes no options"
 
@@ -92,5 +99,5 @@ def construct(cls: type, name: str, options: dict[str, Any]) -> Any:
     try:
         return cls(**options)
     except Exception as exc:  # the user's constructor: a bad option, or its own error
-        fit = constructor_options(cls) if isinstance(exc, TypeError) else ""
+        fit = constructor_options(cls, options) if isinstance(exc, TypeError) else ""
         raise ValueError(f"task {name!r}: cannot build {cls.__name__}: {type(exc).__name__}: {exc}{fit}") from exc
