@@ -179,3 +179,15 @@ def test_an_interrupted_evaluation_keeps_the_summaries_of_the_tasks_that_finishe
     message, summary = interrupted(EvalConfig(tasks=["one", "two"], limit=2, output_dir=str(tmp_path) + "/"))
     assert list(summary["results"]) == ["one", "two"] and summary["unfinished"] == []
     assert summary["results"]["two"] == json.loads(json.dumps(whole["two"]))
+
+    # a summary from an esft that did not record an option: its results are kept where this run leaves that option
+    # at its default, not where it sets it (they were not measured that way)
+    for top_p, kept in ((1.0, ["one", "two"]), (0.5, ["one"])):
+        _patch(monkeypatch, LabelTask(), [])
+        run_eval(cfg, model=object(), tokenizer=object(), progress=False)
+        old = json.loads((tmp_path / "summary.json").read_text())
+        del old["config"]["top_p"]
+        (tmp_path / "summary.json").write_text(json.dumps(old))
+        message, summary = interrupted(EvalConfig(tasks=["one", "two"], limit=2, top_p=top_p,
+                                                  output_dir=str(tmp_path)))
+        assert list(summary["results"]) == kept

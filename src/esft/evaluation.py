@@ -55,9 +55,9 @@ class EvalConfig(ConfigHooks):
     """Examples per task (the first `limit` of the deterministic split); None (`--limit none`, the default) = the
     whole split."""
     balanced: bool = False
-    """Labelled tasks (boolq, chemistry, mmlu, a Countdown variant with several operators, a data task scored by
-    mcq): evaluate a label-balanced subset of the split (equal count per gold label, `limit` in all, drawn by
-    balance_seed) instead of its first `limit` examples; use >= 400."""
+    """Labelled tasks (esft.tasks.labels.LABELLED_TASKS: boolq, chemistry, mmlu, a Countdown variant with several
+    operators, a data task scored by mcq, ...): evaluate a label-balanced subset of the split (equal count per gold
+    label, `limit` in all, drawn by balance_seed) instead of its first `limit` examples; use >= 400."""
     balance_seed: int = BALANCE_SEED
     """Seed of the balanced subset's draw."""
     max_new_tokens: int = 1024
@@ -320,13 +320,16 @@ def _samples_bar(samples: int) -> Any:
     return tqdm(total=samples, desc="samples", unit="sample", leave=False)
 
 
-def config_changes(old: dict[str, Any], config: EvalConfig) -> list[str]:
+def config_changes(old: dict[str, Any], config: EvalConfig, unrecorded: bool = False) -> list[str]:
     """What differs between a summary.json's recorded config `old` and `config` ("key: old there, new now"); empty
     for the same evaluation. output_dir names the folder, however it is spelled (res/, res, /abs/res): where, not
-    what, was evaluated; options a newer esft added, which `old` does not record, do not count."""
+    what, was evaluated. Options a newer esft added, which `old` does not record, do not count, unless
+    `unrecorded`: then one set to other than its default does (results kept from `old` must have been measured
+    as `config` would measure them)."""
     new = json.loads(json.dumps(asdict(config), default=str))  # as summary.json records it
-    return [f"{k}: {old[k]!r} there, {new[k]!r} now" for k in new
-            if k in old and k != "output_dir" and old[k] != new[k]]
+    defaults = json.loads(json.dumps(asdict(EvalConfig()), default=str))
+    return [f"{k}: {old.get(k, 'not recorded')!r} there, {new[k]!r} now" for k in new if k != "output_dir"
+            and (old[k] != new[k] if k in old else unrecorded and new[k] != defaults.get(k))]
 
 
 def check_previous_results(config: EvalConfig) -> None:
@@ -397,7 +400,7 @@ def _keep_finished(config: EvalConfig, out_dir: Path | None, results: dict[str, 
     try:
         old = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
         same = (isinstance(old, dict) and isinstance(old.get("config"), dict) and isinstance(old.get("results"), dict)
-                and not config_changes(old["config"], config))  # the rule check_previous_results applies
+                and not config_changes(old["config"], config, unrecorded=True))
     except (OSError, ValueError):
         same = False
     kept = {name: old["results"][name] for name in left if same and name in old["results"]}
