@@ -69,6 +69,11 @@ def resuming_line(folder: str | Path, unit: str, at: int, total: int, source: st
     return f"esft: resuming {folder} at {unit} {at} of {total} ({source})"
 
 
+def finished_line(folder: str | Path, unit: str, done: int, setting: str, total: int) -> str:
+    """What a resume of a run that has trained all it was asked to says instead of `resuming_line`."""
+    return f"{folder}: already trained for {done} {unit}{'s' * (done != 1)} ({setting} {total}); nothing to do"
+
+
 def held_out_fields(rows: list[dict[str, Any]], tokens_generated: int,
                     baseline: dict[str, Any] | None) -> dict[str, Any]:
     """The HELD_OUT_KEYS of an evaluation record, from one row per held-out example: `score`, `well_formed`
@@ -404,6 +409,6 @@ def prune_checkpoints(checkpoints: list[tuple[int, Path]], limit: int) -> list[P
 __all__ = ["CHECKPOINTS", "DISK_FULL", "EVAL_KEYS", "HELD_OUT_KEYS", "CorruptLogError",
            "NonFiniteError", "RunDirBusy", "RunInterrupted", "RunLock", "TrainResult", "append_jsonl",
            "check_not_busy", "check_output_dir", "checkpoint_name", "demote_final", "enclosing_run_dir",
-           "filter_jsonl", "held_out_fields", "held_out_text", "holds_run", "is_run_dir", "list_checkpoints",
-           "lock_held", "peak_rss_mb", "prune_checkpoints", "read_jsonl", "replace_dir",
+           "filter_jsonl", "finished_line", "held_out_fields", "held_out_text", "holds_run", "is_run_dir",
+           "list_checkpoints", "lock_held", "peak_rss_mb", "prune_checkpoints", "read_jsonl", "replace_dir",
            "rewrite_jsonl", "write_text_atomic"]

@@ -57,10 +57,8 @@ def heldout_constant_baseline(run_dir: str | Path) -> dict[str, Any] | None:
             return {"constant_baseline": e["test_constant_baseline"],
                     "constant_baseline_ci95": e.get("test_constant_baseline_ci95"),
                     "constant_answer": e.get("test_constant_answer")}
-    if _sample_scores_name(Path(run_dir), ev) != ACCURACY:
-        return None
     cfg = _run_config(run_dir)
-    if not ev or cfg is None:
+    if not ev or cfg is None or _sample_scores_name(Path(run_dir), ev) != ACCURACY:
         return None
     if not cfg.get("task") or not cfg.get("eval_limit"):
         return None

@@ -45,7 +45,7 @@ from esft.evaluation import load_examples
 from esft.tasks.base import checks_format, format_bonus_warning
 from esft.tasks.custom import as_task
 from esft.rundir import (DISK_FULL, NonFiniteError, RunInterrupted, TrainResult, check_output_dir, demote_final,
-                         held_out_fields, held_out_text, holds_run, occupied_error, peak_rss_mb,
+                         finished_line, held_out_fields, held_out_text, holds_run, occupied_error, peak_rss_mb,
                          prune_checkpoints, resuming_line, say)
 from esft.run_undo import locked_run_folder
 from esft.tracking import Tracker, check_backends, open_tracker
@@ -399,9 +399,7 @@ class ESTrainer:
                 self.executor.close()  # Ray workers (and a Ray this run started) end here too
             prune_checkpoints(es_rundir.list_checkpoints(self.out), cfg.save_total_limit)  # a lowered limit
             if self.progress:
-                noun = "iteration" if self.step == 1 else "iterations"
-                print(f"{self.out}: already trained for {self.step} {noun} (iterations {cfg.iterations}); nothing to "
-                      "do")
+                print(finished_line(self.out, "iteration", self.step, "iterations", cfg.iterations))
             return TrainResult(self.out, self.step, self._finished, None)
         bar = tqdm(total=cfg.iterations, initial=min(self.step, cfg.iterations), desc="ES", unit="it",
                    disable=not self.progress, dynamic_ncols=True)

@@ -251,10 +251,6 @@ def _say_resuming(out: Path, config: GRPOConfig, start: int, resume_from: Path |
     rundir.say(rundir.resuming_line(out, "step", start, config.max_steps, source))
 
 
-def _say_finished(out: Path, start: int, max_steps: int) -> None:
-    print(f"{out}: already trained for {start} step{'s' * (start != 1)} (max_steps {max_steps}); nothing to do")
-
-
 def _train_locked(config: GRPOConfig, out: Path, model: Any, tokenizer: Any, task: Any, callbacks: Sequence[Any],
                   progress: bool) -> GRPOTrainResult:
     from esft.evaluation import load_examples
@@ -267,7 +263,7 @@ def _train_locked(config: GRPOConfig, out: Path, model: Any, tokenizer: Any, tas
     resume_from, start = _prepare_dir(out, config)
     if resume_from is not None and start >= config.max_steps:
         if progress:
-            _say_finished(out, start, config.max_steps)
+            print(rundir.finished_line(out, "step", start, "max_steps", config.max_steps))
         return GRPOTrainResult(out, start, resume_from, None)
     if config.resume and progress and (out / "config.yaml").exists():
         _say_resuming(out, config, start, resume_from)
