@@ -87,6 +87,36 @@ def test_a_trl_key_in_a_grpo_config_file_says_where_it_goes(tmp_path, line, hint
     assert str(refused.value) == f"{cfg_file}:1: unknown option {line.split(':')[0]!r} {hint}"
 
 
+@pytest.mark.parametrize("trainer, line, hint", [
+    ("es", "max_steps: 3", "(an option of `esft train grpo`, not of `esft train es`)"),
+    ("es", "num_generations: 4", "(an option of `esft train grpo`, not of `esft train es`)"),
+    ("grpo", "population_size: 8", "(an option of `esft train es`, not of `esft train grpo`)"),
+    ("grpo", "sigma: 0.001", "(an option of `esft train es`, not of `esft train grpo`)"),
+])
+def test_the_other_trainers_key_names_its_command(tmp_path, trainer, line, hint):
+    """A GRPO config file given to `esft train es` (or the reverse) says whose option the refused key is (it said
+    only "unknown option", or offered a near name of the wrong trainer)."""
+    from esft.es import ESConfig
+    from esft.grpo import GRPOConfig
+
+    cfg_file = tmp_path / "run.yaml"
+    cfg_file.write_text(f"task: countdown\n{line}\n")
+    with pytest.raises(ValueError) as refused:
+        build_config(ESConfig if trainer == "es" else GRPOConfig, {}, None, str(cfg_file), {})
+    assert str(refused.value) == f"{cfg_file}:2: unknown option {line.split(':')[0]!r} {hint}"
+
+
+def test_a_config_without_a_command_is_not_named_as_another_trainers(tmp_path):
+    """Only trainers (a `command`) are named: a key of ESConfig given to a plain config class keeps the near-name
+    hint, and ESConfig's own keys never point at ESConfig."""
+    from esft.config import other_command_words
+    from esft.es import ESConfig
+
+    assert other_command_words(Demo, "sigma") == ""
+    assert other_command_words(ESConfig, "sigma") == ""
+    assert other_command_words(ESConfig, "no_such_key") == ""
+
+
 def test_unknown_preset():
     with pytest.raises(ValueError, match="unknown preset 'huge'"):
         build_config(Demo, PRESETS, "huge")

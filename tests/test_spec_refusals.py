@@ -453,3 +453,11 @@ def test_an_unknown_es_option_in_a_spec_names_the_close_matches(tmp_path):
         load_spec_text(tmp_path, _edit(ES, ES + "    sigmaa: 1\n"))
     assert str(refused.value).endswith("spec.yaml:7: unknown option 'sigmaa' in algorithms.es for es (ESConfig) "
                                        "(did you mean sigma?)"), str(refused.value)
+
+
+def test_a_grpo_option_in_a_specs_es_block_names_its_trainer(tmp_path):
+    """As in a config file (tests/test_config.py): GRPO's `max_steps` under the es block says whose option it is."""
+    with pytest.raises(SpecError) as refused:
+        load_spec_text(tmp_path, _edit(ES, ES + "    max_steps: 1\n"))
+    assert str(refused.value).endswith("spec.yaml:7: unknown option 'max_steps' in algorithms.es for es (ESConfig) "
+                                       "(an option of `esft train grpo`, not of `esft train es`)"), str(refused.value)

@@ -14,8 +14,8 @@ import pytest
 
 from esft import validation
 from esft.tasks.base import Task
-from esft.config import (ConfigError, ConfigHooks, RunConfig, at_least, check_fields, check_value, coerce, converter,
-                         finite, in_range, non_negative, one_of, parse_bool, positive, regexes, type_ok, type_words)
+from esft.config import ConfigError, ConfigHooks, RunConfig, check_fields, check_value, coerce, converter, parse_bool, type_ok, type_words
+from esft.config_rules import at_least, finite, in_range, non_negative, one_of, positive, regexes
 
 HUGE = 10 ** 400  # an integer YAML reads exactly, too large for a float
 

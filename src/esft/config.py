@@ -17,9 +17,7 @@ import argparse
 import ast
 import dataclasses
 import inspect
-import math
 import numbers
-import re
 import textwrap
 import types
 import typing
@@ -28,6 +26,7 @@ from typing import Any, Callable, Mapping, TypeVar
 
 import yaml
 
+from esft.config_rules import Rule
 from esft.names import close_names
 
 T = TypeVar("T", bound="ConfigHooks")
@@ -58,6 +57,9 @@ class ConfigHooks:
     """What the config machinery (`coerce`, `build_config`, experiment specs) asks of a config dataclass, each with
     its default; every config class built from flags, files or specs inherits it, and overrides what it says
     better."""
+
+    #: the command that trains with this config (`esft train es`): a key of another command's config is named so
+    command: typing.ClassVar[str] = ""
 
     @staticmethod
     def unknown_option_hint(name: str, close: list[str]) -> str:
@@ -167,62 +169,6 @@ class ConfigError(ValueError):
     def located(self, where: str | None) -> "ConfigError":
         """The same error with its origin (a file and line, a flag, a preset) when it had none."""
         return self if self.where or not where else ConfigError(self.key, self.value, self.accepted, where)
-
-
-@dataclasses.dataclass(frozen=True)
-class Rule:
-    """What a field accepts beyond its type: `ok(value)` and the words for the error message."""
-
-    accepted: str
-    ok: Callable[[Any], bool]
-
-
-def _finite(v: Any) -> bool:
-    """math.isfinite, but False (not OverflowError) for an integer too large for a float: runs compute in floats,
-    and a YAML file can hold such an integer."""
-    try:
-        return math.isfinite(v)
-    except OverflowError:
-        return False
-
-
-def at_least(n: int) -> Rule:
-    return Rule(f"an integer >= {n}", lambda v: v >= n)
-
-
-def positive() -> Rule:
-    return Rule("a finite number > 0", lambda v: _finite(v) and v > 0)
-
-
-def non_negative() -> Rule:
-    return Rule("a finite number >= 0", lambda v: _finite(v) and v >= 0)
-
-
-def finite() -> Rule:
-    return Rule("a finite number", _finite)
-
-
-def in_range(low: float, high: float, low_open: bool = True) -> Rule:
-    bracket = "(" if low_open else "["
-    return Rule(f"a number in {bracket}{low}, {high}]",
-                lambda v: _finite(v) and (v > low if low_open else v >= low) and v <= high)
-
-
-def regexes() -> Rule:
-    def compiles(pattern: Any) -> bool:
-        if not isinstance(pattern, str):  # a YAML number or null: re.search raises TypeError on it
-            return False
-        try:
-            re.compile(pattern)
-        except re.error:
-            return False
-        return True
-
-    return Rule("a list of valid regular expressions (text, Python re syntax)", lambda v: all(map(compiles, v)))
-
-
-def one_of(*choices: Any) -> Rule:
-    return Rule(f"one of {', '.join(repr(c) for c in choices)}", lambda v: v in choices)
 
 
 def type_ok(value: Any, hint: Any) -> bool:
@@ -437,7 +383,8 @@ def coerce(cls: type[ConfigHooks], values: Mapping[str, Any], source: str,
         name = str(key).replace("-", "_")  # a YAML key may be a number or a bool (`1: 2`, `yes: 3`)
         at = where(str(key)) if where else source
         if name not in names:
-            raise ValueError(f"{at}: unknown option {key!r}{cls.unknown_option_hint(name, close_names(name, names))}")
+            hint = other_command_words(cls, name) or cls.unknown_option_hint(name, close_names(name, names))
+            raise ValueError(f"{at}: unknown option {key!r}{hint}")
         if isinstance(value, str) and hints[name] is not str:
             try:
                 value = converter(hints[name])(value)
@@ -445,6 +392,18 @@ def coerce(cls: type[ConfigHooks], values: Mapping[str, Any], source: str,
                 raise ConfigError(name, value, type_words(hints[name]), at) from None
         out[name] = value
     return out
+
+
+def other_command_words(cls: type[ConfigHooks], name: str) -> str:
+    """' (an option of `esft train grpo`, not of `esft train es`)' where `name` is a field of another loaded config
+    class with a command (a GRPO file given to ES, say), else ''."""
+    stack, found = list(ConfigHooks.__subclasses__()), set()
+    while stack:
+        other = stack.pop()
+        stack.extend(other.__subclasses__())
+        if other.command not in ("", cls.command) and name in {f.name for f in dataclasses.fields(other)}:
+            found.add(f"`{other.command}`")
+    return f" (an option of {' and '.join(sorted(found))}, not of `{cls.command}`)" if found and cls.command else ""
 
 
 def build_config(cls: type[T], presets: Mapping[str, Mapping[str, Any]] | None = None,

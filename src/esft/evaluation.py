@@ -30,8 +30,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from esft.config import (ConfigError, ConfigHooks, Rule, at_least, check_fields, in_range, mapping_field, non_negative,
-                         one_of, passage_cut)
+from esft.config import ConfigError, ConfigHooks, check_fields, mapping_field, passage_cut
+from esft.config_rules import Rule, at_least, in_range, non_negative, one_of
 from esft.generation import Generation, GenerationConfig, generate
 from esft.passk import answer_key, chance_pass_at_k, parse_ks, pass_at_k, summarize_samples
 from esft.rundir import RunInterrupted, write_text_atomic

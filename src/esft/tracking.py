@@ -50,7 +50,7 @@ def report_to_text(value: Any) -> Any:
 
 def report_to_rule() -> Any:
     """The `report_to` field's rule for esft.config.check_fields (so its error names where the value was set)."""
-    from esft.config import Rule
+    from esft.config_rules import Rule
 
     def ok(value: Any) -> bool:
         try:

@@ -7,7 +7,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-from esft.config import ConfigError, Rule, at_least, check_fields, non_negative, positive
+from esft.config import ConfigError, check_fields
+from esft.config_rules import Rule, at_least, non_negative, positive
 from esft.rundir import check_output_dir
 from esft.validation import check_device, check_task
 

@@ -37,7 +37,8 @@ from esft.analysis.runs import accuracy_rows, run_rows
 from esft.analysis.sparsity import (SWEEP_TARGETS, report_sparsity, sweep_table_header, sweep_table_notes,
                                    sweep_table_rows)
 from esft.analysis.weights import UpdateComparison, report_weights
-from esft.config import ConfigError, ConfigHooks, Rule, one_of
+from esft.config import ConfigError, ConfigHooks
+from esft.config_rules import Rule, one_of
 from esft.rundir import peak_rss_mb
 from esft.tables import NA, fmt, grid
 from esft.tasks.labels import MEAN_REWARD

@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from esft.bench.workloads import WORKLOADS
-from esft.config import FAST_CPU_GENERATION, ConfigHooks, at_least, check_fields, one_of
+from esft.config import FAST_CPU_GENERATION, ConfigHooks, check_fields
+from esft.config_rules import at_least, one_of
 
 __all__ = ["BENCH_RULES", "BenchConfig", "FAST_GENERATION", "FAST_NOISE", "parse_overrides"]
 

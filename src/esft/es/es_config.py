@@ -15,14 +15,15 @@ from typing import Any
 
 import yaml
 
-from esft.config import (FAST_CPU_GENERATION, ConfigError, Rule, RunConfig, at_least, check_fields, finite, one_of,
-                         mapping_field, positive, regexes)
+from esft.config import FAST_CPU_GENERATION, ConfigError, RunConfig, check_fields, mapping_field
+from esft.config_rules import Rule, at_least, finite, one_of, positive, regexes
 from esft.tracking import report_to_rule, report_to_text
 
 
 @dataclass
 class ESConfig(RunConfig):
     """An ES fine-tuning run. esft maximises reward: fitness = mean task reward over the batch."""
+    command = "esft train es"
 
     model: str = "smollm2-135m"
     """model name (esft.models registry), local Hugging Face folder or hub id"""

@@ -35,10 +35,13 @@ def did_you_mean(name: Any, choices: typing.Iterable[str]) -> str:
 
 def unknown_option_hint(algo: Algorithm, name: str, names: typing.Iterable[str]) -> str:
     """What an unknown option of `algo` means, as for a config file (esft.config.coerce): its config's
-    `unknown_option_hint` (the close matches by default; GRPOConfig also tells a TRL user where TRL's options go)."""
+    `unknown_option_hint` (the close matches by default; GRPOConfig also tells a TRL user where TRL's options go),
+    or the other trainer's command where `name` is its option."""
+    from esft.config import other_command_words
     from esft.names import close_names
 
-    return algo.config_cls.unknown_option_hint(name, close_names(name, names))
+    return other_command_words(algo.config_cls, name) or algo.config_cls.unknown_option_hint(
+        name, close_names(name, names))
 
 
 def as_mapping(ctx: SpecContext, value: Any, where: str, line: int) -> LineDict:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from esft.config import ConfigError, Rule, at_least, check_fields, in_range, non_negative, one_of
+from esft.config import ConfigError, check_fields
+from esft.config_rules import Rule, at_least, in_range, non_negative, one_of
 
 
 @dataclass

@@ -17,14 +17,15 @@ from typing import Any
 
 import yaml
 
-from esft.config import (ConfigError, Rule, RunConfig, at_least, check_fields, finite, in_range, non_negative,
-                         mapping_field, one_of, positive)
+from esft.config import ConfigError, RunConfig, check_fields, mapping_field
+from esft.config_rules import Rule, at_least, finite, in_range, non_negative, one_of, positive
 from esft.tracking import report_to_rule, report_to_text
 
 
 @dataclass
 class GRPOConfig(RunConfig):
     """A GRPO fine-tuning run (TRL's GRPOTrainer underneath). esft maximises reward."""
+    command = "esft train grpo"
 
     model: str = "smollm2-135m"
     """model name (esft.models registry), local Hugging Face folder or hub id"""
