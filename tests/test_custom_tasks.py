@@ -425,6 +425,31 @@ def test_cli_errors_before_the_model_loads(user_files, monkeypatch, capsys):
     assert "--reward: only for a task read from a data file" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("command", [["train", "es"], ["train", "grpo"], ["eval"]])
+@pytest.mark.parametrize("reward, problem", [
+    ("missing_mod:f", "(cannot import module 'missing_mod'"),
+    ("user_rewards:one_value", "(train split (32 rows): reward 'user_rewards:one_value' returned 1 values"),
+    ("exactt", "(unknown reward 'exactt'"),
+])
+def test_a_bad_reward_is_named_at_the_flag_or_line_that_gave_it(user_files, capsys, tmp_path, command, reward,
+                                                               problem):
+    """A reward that does not import, raises or returns the wrong count is the reward's fault: the error names
+    `--reward` (or the config file's task_options line), not `--task` and the data file."""
+    _, data = user_files
+    out = [] if command == ["eval"] else ["--output-dir", str(tmp_path / "run")]
+    assert main([*command, "--task", str(data), "--prompt-field", "question", "--reward", reward, *out]) == 2
+    err = capsys.readouterr().err
+    assert f"command line (--reward): reward = {reward!r} is not accepted; expected a reward esft can use " \
+           f"{problem}" in err, err
+    assert "--task" not in err
+    cfg = tmp_path / "run.yaml"
+    key = "tasks: [" + str(data) + "]" if command == ["eval"] else f"task: {data}"
+    cfg.write_text(f"{key}\ntask_options:\n  prompt_field: question\n  reward: {reward}\n")
+    assert main([*command, "--config", str(cfg), *out]) == 2
+    err = capsys.readouterr().err
+    assert f"{cfg}:2: task_options = " in err and f"expected a reward esft can use {problem}" in err, err
+
+
 USER_TASKS = '''
 from dataclasses import dataclass
 from esft.tasks import Task

@@ -26,7 +26,7 @@ from esft.config import add_dataclass_arguments, build_config
 from esft.tasks.custom import add_task_flags
 from esft.rundir import check_output_dir
 from esft.saved_config import no_config_words
-from esft.validation import check_eval_options, check_names, check_passage_cut
+from esft.validation import check_eval_options, check_names, check_passage_cut, check_with_task_flags
 
 
 def _eval(args: argparse.Namespace) -> int:
@@ -146,11 +146,9 @@ def _refuse_unread_on_resume(args: argparse.Namespace, run_dir: str) -> None:
 
 
 def _names_with_task_flags(args: argparse.Namespace, tasks_of: Callable[[Any], list[str]]) -> Callable[[Any], None]:
-    """esft.validation.check_names on the config as it will run: with the data-task flags (--prompt-field,
-    --reward ...) applied, so a data file's task is checked with its fields before any model loads."""
-    from esft.tasks.custom import apply_task_flags
-
-    return lambda config: check_names(apply_task_flags(config, args, tasks_of(config)))
+    """The names check of a config built from flags, with its data-task flags applied
+    (esft.validation.check_with_task_flags)."""
+    return lambda config: check_with_task_flags(config, args, tasks_of(config))
 
 
 def _check_run_dir(path: str) -> None:

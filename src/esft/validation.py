@@ -26,6 +26,11 @@ def check_task(key: str, name: Any, options: dict[str, Any] | None = None) -> An
     try:
         return get_task(str(name), **(options or {}))
     except (ValueError, TypeError, OSError) as exc:
+        from esft.tasks.verifiers import RewardError
+
+        if isinstance(exc, RewardError) and "reward" in (options or {}):  # the reward's fault, not the data's
+            text = str(exc).removeprefix(f"reward {options['reward']!r}: ")
+            raise ConfigError("reward", options["reward"], f"a reward esft can use ({text})") from None
         if external_kind(str(name)):  # a data file, dataset or module: what is wrong with it
             # a missing file an option names (test_file) is the options' fault, not the task name's
             named = [v for k, v in (options or {}).items()
@@ -249,6 +254,22 @@ class Checked(Protocol):
         """Cross-checks of the config against a built task (labels for balanced rules, ...); ConfigError."""
 
 
+def check_with_task_flags(config: Checked, args: Any, tasks: list[str]) -> None:
+    """`check_names` on `config` as it will run, with the data-task flags in `args` (--prompt-field, --reward ...)
+    applied (esft.tasks.custom.apply_task_flags), so a data file's task is checked with its fields before any model
+    loads. A bad reward is named where it was given: at --reward, else at task_options."""
+    from esft.tasks.custom import apply_task_flags
+
+    try:
+        check_names(apply_task_flags(config, args, tasks))
+    except ConfigError as exc:
+        if exc.key != "reward" or exc.where:
+            raise
+        if getattr(args, "reward", None) is not None:
+            raise exc.located("command line (--reward)") from None
+        raise ConfigError("task_options", config.task_options, exc.accepted) from None
+
+
 def check_names(config: Checked) -> None:
     """The model, the device and the task(s) a config names exist, and fit the config (its `check_task_fit`)."""
     from esft.tasks.custom import external_kind
@@ -271,4 +292,4 @@ def check_names(config: Checked) -> None:
 
 __all__ = ["EVAL_OPTIONS", "Checked", "check_balanced_set", "check_device", "check_device_name",
            "check_eval_options", "check_first_example", "check_model", "check_names", "check_passage_cut",
-           "check_splits", "check_task", "require_labels", "task_labels"]
+           "check_splits", "check_task", "check_with_task_flags", "require_labels", "task_labels"]

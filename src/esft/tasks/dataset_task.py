@@ -26,8 +26,8 @@ from typing import Any, Callable
 from esft.tasks.base import Example, Messages, Task, completion_text, examples_from_kwargs
 from esft.tasks.common import SPLIT_SEED, load_hub_rows
 from esft.tasks.mcq import LETTERS
-from esft.tasks.verifiers import (COMPLETION_FORMATS, Verifier, builtin_verifier, call_trl_reward, combine_rewards,
-                                  import_object)
+from esft.tasks.verifiers import (COMPLETION_FORMATS, RewardError, Verifier, builtin_verifier, call_trl_reward,
+                                  combine_rewards, import_object)
 
 #: file suffixes read as data, each also gzip-compressed (the suffixes esft.tasks.custom's task specs take)
 DATA_SUFFIXES = (".jsonl", ".json", ".csv", ".tsv", ".jsonl.gz", ".json.gz", ".csv.gz", ".tsv.gz")
@@ -201,14 +201,17 @@ class DatasetTask(Task):
                 self._reward_fns.append((function_name(part), part))
                 continue
             if builtin_verifier(part) is not None:
-                raise ValueError(f"reward {self.reward!r}: a built-in verifier ({part}) cannot be combined with "
+                raise RewardError(f"reward {self.reward!r}: a built-in verifier ({part}) cannot be combined with "
                                  "other rewards; combine reward functions (module:function) only")
             if ":" not in part:
-                raise ValueError(f"unknown reward {part!r}: use exact, boxed, math, mcq, regex:PATTERN, "
+                raise RewardError(f"unknown reward {part!r}: use exact, boxed, math, mcq, regex:PATTERN, "
                                  "module:function (a TRL reward function) or several functions joined by '+'")
-            fn = import_object(part, "reward")
+            try:
+                fn = import_object(part, "reward")
+            except ValueError as exc:
+                raise RewardError(str(exc)) from None
             if not callable(fn):
-                raise ValueError(f"reward {part!r} is {type(fn).__name__}, not a function")
+                raise RewardError(f"reward {part!r} is {type(fn).__name__}, not a function")
             self._reward_fns.append((part, fn))
 
     @property
@@ -334,7 +337,7 @@ class DatasetTask(Task):
                         out = call_trl_reward(fn, name, texts, prompts, chunk, self.completion_format, self._columns)
                     except ValueError as exc:
                         where = self._failing_row(split, rows, start, chunk, fn, name, exc)
-                        raise ValueError(f"{where}{exc}") from exc
+                        raise RewardError(f"{where}{exc}") from exc
                     scored[name] += len(out) - out.count(None)
         never = [name for name, count in scored.items() if count == 0]
         if never and tried_count:

@@ -32,6 +32,12 @@ from esft.tasks.base import Example, Messages, last_boxed
 from esft.tasks.hendrycks_math import answers_match, normalize_answer, parse_number
 from esft.tasks.mcq import extract_letter
 
+
+class RewardError(ValueError):
+    """A data task's reward cannot be used: it does not import, is not a function, raises, or returns something
+    other than one number (or None) per completion. Its own class so that a command names the `--reward` it came
+    from, not the data (esft.validation.check_task)."""
+
 BUILTIN_VERIFIERS = ("exact", "boxed", "math", "mcq", "regex:PATTERN")
 #: completions as TRL passes them for chat prompts ("messages") or as plain strings ("text")
 COMPLETION_FORMATS = ("messages", "text")
@@ -158,7 +164,7 @@ def builtin_verifier(spec: str) -> Verifier | None:
         try:
             pattern = re.compile(name[len("regex:"):])
         except re.error as exc:
-            raise ValueError(f"reward {spec!r}: bad regular expression: {exc}") from None
+            raise RewardError(f"reward {spec!r}: bad regular expression: {exc}") from None
         return Verifier("regex", lambda text: _regex_extract(pattern, text), _same, normalize)
     return None
 
@@ -222,7 +228,7 @@ def call_trl_reward(fn: Callable[..., Any], name: str, texts: list[str], prompts
     except Exception as exc:  # the user's code: say whose and on what it failed, as esft's CLI prints a ValueError
         kind = "plain strings" if completion_format == "text" else "lists holding one assistant message"
         names = ", ".join(kwargs) or "none"
-        raise ValueError(f"reward {name!r} raised {type(exc).__name__}: {exc} (called with {len(texts)} "
+        raise RewardError(f"reward {name!r} raised {type(exc).__name__}: {exc} (called with {len(texts)} "
                          f"completions as {kind}, prompts, and the columns {names}){_call_fix(exc, kind)}") from exc
     return check_rewards(out, len(texts), name)
 
@@ -244,10 +250,10 @@ def check_rewards(out: Any, n: int, name: str) -> list[float | None]:
     try:
         values = list(out)
     except TypeError:
-        raise ValueError(f"reward {name!r} returned {type(out).__name__} {out!r}, not a list of numbers "
+        raise RewardError(f"reward {name!r} returned {type(out).__name__} {out!r}, not a list of numbers "
                          f"(TRL's reward signature: completions, **kwargs -> list[float])") from None
     if len(values) != n:
-        raise ValueError(f"reward {name!r} returned {len(values)} values for {n} completions "
+        raise RewardError(f"reward {name!r} returned {len(values)} values for {n} completions "
                          "(it must return one number, or None, per completion)")
     result: list[float | None] = []
     for i, v in enumerate(values):
@@ -255,11 +261,11 @@ def check_rewards(out: Any, n: int, name: str) -> list[float | None]:
             result.append(None)
             continue
         if isinstance(v, (str, bytes)) or not hasattr(v, "__float__"):  # numpy scalars and bools count
-            raise ValueError(f"reward {name!r} returned {v!r} ({type(v).__name__}) for completion {i}: not a number "
+            raise RewardError(f"reward {name!r} returned {v!r} ({type(v).__name__}) for completion {i}: not a number "
                              "(or None where the reward does not apply)")
         f = float(v)
         if not math.isfinite(f) and not math.isnan(f):
-            raise ValueError(f"reward {name!r} returned {f} for completion {i}: rewards must be finite")
+            raise RewardError(f"reward {name!r} returned {f} for completion {i}: rewards must be finite")
         result.append(None if math.isnan(f) else f)
     return result
 
@@ -275,6 +281,6 @@ def combine_rewards(columns: Sequence[Sequence[float | None]]) -> list[float | N
     return out
 
 
-__all__ = ["BUILTIN_VERIFIERS", "COMPLETION_FORMATS", "Verifier", "as_completions", "builtin_verifier",
+__all__ = ["BUILTIN_VERIFIERS", "COMPLETION_FORMATS", "RewardError", "Verifier", "as_completions", "builtin_verifier",
            "call_trl_reward", "check_rewards", "combine_rewards", "import_object", "normalize", "regex_comma_error",
            "regex_cut_at_comma", "trl_columns"]
