@@ -745,3 +745,47 @@ def test_an_option_a_user_task_class_does_not_take_is_refused_with_the_options_i
     with pytest.raises(ValueError, match=r"^task 'my:Positional': cannot build Positional: TypeError: .*; it needs "
                                          r"positional arguments \(path\), which task options cannot give$"):
         instantiate(Positional, "my:Positional", {"count": 2})
+
+
+def test_saved_key_lines_reads_top_level_and_task_option_keys(tmp_path):
+    path = tmp_path / "config.yaml"
+    path.write_text("model: m\ntask: d.jsonl\ntask_options:\n  prompt_field: q\n  reward: r:f\n  model: inner\n")
+    from esft.validation import saved_key_lines
+
+    assert saved_key_lines(path) == {"model": 1, "task": 2, "task_options": 3, "prompt_field": 4, "reward": 5}
+    path.write_text("[unclosed\n")
+    assert saved_key_lines(path) == {}
+
+
+@pytest.mark.parametrize("trainer", ["es", "grpo"])
+def test_a_resume_that_cannot_rebuild_its_task_names_the_saved_config_line(user_files, monkeypatch, capsys, tmp_path,
+                                                                         trainer):
+    """Resuming from a folder where the run's reward module or data file cannot be found: the error names the
+    line of the run's config.yaml that records it (it named no file at all)."""
+    from esft.config import save_yaml
+    from esft.es import ESConfig
+    from esft.grpo import GRPOConfig
+
+    _, data = user_files
+    run = tmp_path / "run"
+    run.mkdir()
+    cls = ESConfig if trainer == "es" else GRPOConfig
+    save_yaml(cls(task=str(data), task_options={"prompt_field": "question", "reward": "user_rewards:contains_answer"},
+                  output_dir=str(run)), run / "config.yaml")
+    resume = ["train", "es", "--resume", str(run)] if trainer == "es" else \
+        ["train", "grpo", "--resume", "--output-dir", str(run)]
+    lines = (run / "config.yaml").read_text().splitlines()
+    reward_line = lines.index("  reward: user_rewards:contains_answer") + 1
+    monkeypatch.delitem(sys.modules, "user_rewards", raising=False)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p != str(tmp_path)])
+    monkeypatch.chdir(run)  # resumed from another folder: the reward module is not found from here
+    assert main(resume) == 2
+    err = capsys.readouterr().err
+    assert f"esft: error: {run / 'config.yaml'}:{reward_line}: reward = 'user_rewards:contains_answer' is not " \
+           f"accepted; expected a reward esft can use (cannot import module 'user_rewards'" in err, err
+    text = (run / "config.yaml").read_text().replace(str(data), str(tmp_path / "moved.jsonl"))
+    (run / "config.yaml").write_text(text.replace("user_rewards:contains_answer", "exact"))
+    assert main(resume) == 2
+    err = capsys.readouterr().err
+    task_line = [line.split(":")[0] for line in lines].index("task") + 1
+    assert f"esft: error: {run / 'config.yaml'}:{task_line}: task = '{tmp_path / 'moved.jsonl'}' is not accepted" in err

@@ -26,7 +26,8 @@ from esft.config import add_dataclass_arguments, build_config
 from esft.tasks.custom import add_task_flags
 from esft.rundir import check_output_dir
 from esft.saved_config import no_config_words
-from esft.validation import check_eval_options, check_names, check_passage_cut, check_with_task_flags
+from esft.validation import (check_eval_options, check_passage_cut, check_saved_names,
+                             check_with_task_flags)
 
 
 def _eval(args: argparse.Namespace) -> int:
@@ -81,7 +82,7 @@ def _train_es(args: argparse.Namespace) -> int:
 
         _refuse_unread_on_resume(args, args.resume_dir)
         config = resume_config(args.resume_dir, _explicit(args, ESConfig))
-        check_names(config)
+        check_saved_names(config, args.resume_dir)
     else:
         config = build_config(ESConfig, PRESETS, args.preset, args.config, _explicit(args, ESConfig),
                               check=_names_with_task_flags(args, lambda c: [c.task]), flag_names=_typed(args))
@@ -117,7 +118,7 @@ def _train_grpo(args: argparse.Namespace) -> int:
 
         _refuse_unread_on_resume(args, run_dir)
         config = resume_config(run_dir, _explicit(args, GRPOConfig))
-        check_names(config)
+        check_saved_names(config, run_dir)
     else:
         config = build_config(GRPOConfig, PRESETS, args.preset, args.config, _explicit(args, GRPOConfig),
                               check=_names_with_task_flags(args, lambda c: [c.task]))

@@ -270,6 +270,34 @@ def check_with_task_flags(config: Checked, args: Any, tasks: list[str]) -> None:
         raise ConfigError("task_options", config.task_options, exc.accepted) from None
 
 
+def check_saved_names(config: Checked, run_dir: str | Path) -> None:
+    """`check_names` on a config read back from `<run_dir>/config.yaml` to resume it: an error names the line of
+    that file it is about (a data file or reward module that cannot be found from here, a model folder gone)."""
+    try:
+        check_names(config)
+    except ConfigError as exc:
+        path = Path(run_dir) / "config.yaml"
+        line = saved_key_lines(path).get(exc.key)
+        raise exc.located(f"{path}:{line}" if line else str(path)) from None
+
+
+def saved_key_lines(path: Path) -> dict[str, int]:
+    """{key: line} of a saved config's top-level keys, and of the keys under its task_options that are no top-level
+    key (a data task's `reward`, `prompt_field`); {} for a file that does not parse."""
+    import yaml
+
+    try:
+        node = yaml.compose(path.read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return {}
+    items = node.value if isinstance(node, yaml.MappingNode) else []
+    lines = {str(k.value): k.start_mark.line + 1 for k, _ in items}
+    for key, value in items:
+        if key.value == "task_options" and isinstance(value, yaml.MappingNode):
+            lines.update({str(k.value): k.start_mark.line + 1 for k, _ in value.value if str(k.value) not in lines})
+    return lines
+
+
 def check_names(config: Checked) -> None:
     """The model, the device and the task(s) a config names exist, and fit the config (its `check_task_fit`)."""
     from esft.tasks.custom import external_kind
@@ -292,4 +320,5 @@ def check_names(config: Checked) -> None:
 
 __all__ = ["EVAL_OPTIONS", "Checked", "check_balanced_set", "check_device", "check_device_name",
            "check_eval_options", "check_first_example", "check_model", "check_names", "check_passage_cut",
-           "check_splits", "check_task", "check_with_task_flags", "require_labels", "task_labels"]
+           "check_saved_names", "check_splits", "check_task", "check_with_task_flags", "require_labels",
+           "saved_key_lines", "task_labels"]
