@@ -191,3 +191,35 @@ def test_the_constant_answer_baseline_is_the_best_constant_answer_under_the_task
     assert summary["constant_baseline"] == best
     answer = shown.format(summary["constant_answer"])
     assert sum(task.score(answer, ex) for ex in examples) / len(examples) == best
+
+
+def reads_text(completions, answer, **kwargs):
+    return [float(a in c) for c, a in zip(completions, answer)]
+
+
+def reads_messages(completions, answer, **kwargs):
+    return [float(a in c[0]["content"]) for c, a in zip(completions, answer)]
+
+
+def reads_both(completions, answer, **kwargs):
+    return [float(a in (c if isinstance(c, str) else c[0]["content"])) for c, a in zip(completions, answer)]
+
+
+@pytest.mark.parametrize("reward, completion_format, warned", [
+    (reads_text, "messages", True),
+    (reads_messages, "messages", False),
+    (reads_both, "messages", False),
+    (reads_text, "text", False),
+])
+def test_a_reward_that_reads_a_message_list_as_text_is_warned(files, recwarn, reward, completion_format, warned):
+    """`answer in completion` on TRL's conversational completions (a list of messages) is False for every row: such a
+    reward scored every completion 0 without a word. Comparing its scores of the gold answers as text and as
+    messages when the task is checked finds it; a reward that reads messages, or both, is not warned."""
+    task = DatasetTask(source=str(files / "sums.jsonl"), prompt_field="question", reward=reward,
+                       completion_format=completion_format)
+    task.validate()
+    found = [str(w.message) for w in recwarn if "reads a completion as text" in str(w.message)]
+    assert found == ([f"reward '{__name__}:reads_text' scores the gold answers 1 on average as plain strings but 0 "
+                      "as the lists of one assistant message it is given (TRL's conversational format): it reads a "
+                      "completion as text; read completion[0]['content'], or set the task option "
+                      "completion_format=text (docs/custom-tasks.md)"] if warned else [])

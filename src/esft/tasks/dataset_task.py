@@ -339,9 +339,30 @@ class DatasetTask(Task):
                         where = self._failing_row(split, rows, start, chunk, fn, name, exc)
                         raise RewardError(f"{where}{exc}") from exc
                     scored[name] += len(out) - out.count(None)
+                    if start == 0 and split == next(iter(self._read())):  # once per reward: its first call
+                        self._warn_if_read_as_text(name, fn, texts, prompts, chunk, out)
         never = [name for name, count in scored.items() if count == 0]
         if never and tried_count:
             warnings.warn(never_scored_warning(never, len(scored), tried_count, self.answer_field), stacklevel=2)
+
+    def _warn_if_read_as_text(self, name: str, fn: Any, texts: list[str], prompts: list[Messages],
+                              chunk: list[Example], out: list[float | None]) -> None:
+        """Warn when a reward scores the gold answers higher given as plain strings than as the message lists it is
+        given: it reads a completion as text (`answer in completion` is False for a list), so it would score every
+        completion as a wrong one, silently. A reward that reads messages raises on text, and one that reads both
+        scores them alike: neither is warned."""
+        if self.completion_format == "text":
+            return
+        try:
+            as_text = call_trl_reward(fn, name, texts, prompts, chunk, "text", self._columns)
+        except ValueError:
+            return
+        given, text = (math.fsum(v for v in values if v is not None) / len(values) for values in (out, as_text))
+        if text > given:
+            warnings.warn(f"reward {name!r} scores the gold answers {text:.3g} on average as plain strings but "
+                          f"{given:.3g} as the lists of one assistant message it is given (TRL's conversational "
+                          "format): it reads a completion as text; read completion[0]['content'], or set the task "
+                          "option completion_format=text (docs/custom-tasks.md)", stacklevel=4)
 
     def _failing_row(self, split: str, rows: list[Example], start: int, chunk: list[Example], fn: Any, name: str,
                      exc: ValueError) -> str:
