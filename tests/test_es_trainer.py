@@ -488,6 +488,19 @@ def test_a_resume_says_where_it_continues(tmp_path, capsys):
     assert "resuming" not in capsys.readouterr().err
 
 
+def test_a_resume_with_fewer_iterations_than_logged_is_refused_before_the_model_loads(tmp_path, monkeypatch):
+    """`esft train es --resume` refused `--iterations` below the logged ones, but the API took them: a finished run
+    said it had nothing to do, and an unfinished one stopped at once and labelled its longer run final."""
+    config = cfg(tmp_path, iterations=3, checkpoint_every=1)
+    run(config)
+    monkeypatch.setattr("esft.models.load_model", lambda *a, **k: pytest.fail("the model loaded"))
+    for lower in (config.replace(resume=True, iterations=2), config.replace(resume=True, iterations=1)):
+        with pytest.raises(ValueError) as refused:
+            train_es(lower, task=ToyTask(), generate_fn=stub_generate, progress=False)
+        assert str(refused.value) == (f"{config.output_dir} has 3 iterations logged; iterations {lower.iterations} "
+                                      "would end before them (give at least 3 to continue it)")
+
+
 def test_resuming_a_finished_run_does_nothing(tmp_path, capsys, monkeypatch):
     """`esft train es --resume D` on a finished run said "resuming D at iteration 3 of 3 (checkpoint final)", then
     opened its trackers and wrote the final checkpoint again. GRPO says there is nothing to do; so does ES now,
@@ -503,10 +516,10 @@ def test_resuming_a_finished_run_does_nothing(tmp_path, capsys, monkeypatch):
     closed = []
     monkeypatch.setattr(LocalExecutor, "close", lambda self: closed.append(self))
     capsys.readouterr()
-    res = train_es(config.replace(resume=True, iterations=2, eval_every=0, save_total_limit=1), model=tiny_llama(),
+    res = train_es(config.replace(resume=True, eval_every=0, save_total_limit=1), model=tiny_llama(),
                    tokenizer=None, task=ToyTask(), generate_fn=stub_generate, progress=True)
     out, err = capsys.readouterr()
-    assert out == f"{config.output_dir}: already trained for 3 iterations (iterations 2); nothing to do\n"
+    assert out == f"{config.output_dir}: already trained for 3 iterations (iterations 3); nothing to do\n"
     assert "resuming" not in err
     assert (res.steps, res.final_checkpoint) == (3, folder)
     assert {p: p.stat().st_mtime_ns for p in folder.iterdir()} == files  # not written again

@@ -399,13 +399,9 @@ def resume_config(run_dir: str | Path, overrides: dict[str, Any] | None = None) 
     other = overrides.pop("output_dir", None)
     if other is not None and Path(other).resolve() != Path(run_dir).resolve():
         raise ValueError(f"--resume continues {run_dir} in place; --output-dir {other} names another folder")
-    from esft.es.es_rundir import read_seed_log
+    from esft.es.es_rundir import check_not_shortened
 
-    logged = len(read_seed_log(Path(run_dir)))
-    if overrides.get("iterations", config.iterations) < logged:
-        raise ValueError(f"{run_dir} has {logged} iterations logged; --iterations "
-                         f"{overrides.get('iterations', config.iterations)} would end before them (give at least "
-                         f"{logged} to continue it)")
+    check_not_shortened(run_dir, overrides.get("iterations", config.iterations), "--iterations")
     if "task" in overrides:  # as the run's config recorded it (a data file's absolute path)
         from esft.tasks.custom import absolute_data_task
 

@@ -214,7 +214,16 @@ def read_seed_log(run_dir: Path) -> list[dict[str, Any]]:
     return out
 
 
+def check_not_shortened(run_dir: str | Path, iterations: int, option: str = "iterations") -> None:
+    """Resuming `run_dir` with fewer `iterations` than its seed log holds would end before them (and label a longer
+    run final): refused, in the words of the `option` that set them, before any model loads."""
+    logged = len(read_seed_log(Path(run_dir)))
+    if iterations < logged:
+        raise ValueError(f"{run_dir} has {logged} iterations logged; {option} {iterations} would end before them "
+                         f"(give at least {logged} to continue it)")
+
+
 __all__ = ["CHECKPOINTS", "CheckpointDamaged", "MASTERS_FILE", "OPTIMIZER_FILE", "STATE_FILE", "append_jsonl",
-           "check_noise_stream", "checkpoint_name", "filter_jsonl", "list_checkpoints", "load_checkpoint",
-           "parameter_aliases", "read_jsonl", "read_seed_log", "replace_dir", "rewrite_jsonl", "save_checkpoint",
-           "seed_record", "update_from_record"]
+           "check_noise_stream", "check_not_shortened", "checkpoint_name", "filter_jsonl", "list_checkpoints",
+           "load_checkpoint", "parameter_aliases", "read_jsonl", "read_seed_log", "replace_dir", "rewrite_jsonl",
+           "save_checkpoint", "seed_record", "update_from_record"]

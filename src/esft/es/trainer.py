@@ -106,6 +106,8 @@ class ESTrainer:
         self.config = config
         check_backends(config.report_to)  # a missing tracker package fails before the model loads
         check_output_dir(config.output_dir)  # the output folder and the task before the model loads
+        if config.resume:
+            es_rundir.check_not_shortened(config.output_dir, config.iterations)
         check_executor_options(config)  # a Ray run's unknown option keys, too
         warn_unread_ray_options(config)  # and a local run's Ray options
         warn_unread_rank(config)
