@@ -93,9 +93,27 @@ def constructor_options(cls: type, options: dict[str, Any]) -> str:
     return f"; options: {', '.join(names)}" if names else "; it takes no options"
 
 
+def unknown_option(cls: type, options: dict[str, Any]) -> str | None:
+    """The first of `options` that `cls`'s constructor takes by no name (None where it takes any keyword, or its
+    signature cannot be read): refused as a built-in task's unknown option is."""
+    import inspect
+
+    try:
+        params = list(inspect.signature(cls).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return None
+    names = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    return next((key for key in options if key not in names), None)
+
+
 def construct(cls: type, name: str, options: dict[str, Any]) -> Any:
     """`cls(**options)`, the user's task class of task `name`; its failure as a ValueError naming the class, and,
     where the options do not fit the constructor (a TypeError), the options it takes."""
+    unknown = unknown_option(cls, options)
+    if unknown is not None:  # worded as a built-in task's (esft.tasks.get_task), with what the class takes
+        raise ValueError(f"task {name!r}: unknown option {unknown!r}{constructor_options(cls, options)}")
     try:
         return cls(**options)
     except Exception as exc:  # the user's constructor: a bad option, or its own error
