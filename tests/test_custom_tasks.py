@@ -790,3 +790,19 @@ def test_a_resume_that_cannot_rebuild_its_task_names_the_saved_config_line(user_
     err = capsys.readouterr().err
     task_line = [line.split(":")[0] for line in lines].index("task") + 1
     assert f"esft: error: {run / 'config.yaml'}:{task_line}: task = '{tmp_path / 'moved.jsonl'}' is not accepted" in err
+
+
+def test_an_unknown_option_of_a_data_or_class_task_is_named_at_task_options(user_files, capsys, tmp_path):
+    """An option the task does not take is the options' fault: it was refused at `--task` (the task's name), as
+    though the data file or class were wrong."""
+    _, data = user_files
+    for task, option in ((str(data), "prompt_fild"), ("user_rewards:Echo", "sise")):
+        assert main(["eval", "--task", task, "--task-options", f"{{{option}: 4}}"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"esft: error: command line (--task-options): task_options = {{{option!r}: 4}} is not "
+                              f"accepted; expected options of task {task!r} (task ") and \
+            f": unknown option {option!r}; " in err, err
+        cfg = tmp_path / "eval.yaml"
+        cfg.write_text(f"tasks: [{task}]\ntask_options: {{{option}: 4}}\n")
+        assert main(["eval", "--config", str(cfg)]) == 2
+        assert capsys.readouterr().err.startswith(f"esft: error: {cfg}:2: task_options = "), err

@@ -469,8 +469,13 @@ def test_check_task_reports_what_is_wrong_with_a_data_file(tmp_path):
     """A data-file task that cannot be built is refused with the file's problem, not as an unknown task name."""
     data = tmp_path / "rows.jsonl"
     data.write_text('{"question": "q", "answer": "a"}\n')
-    with pytest.raises(ConfigError, match=r"expected a task esft can build from it: "):
+    with pytest.raises(ConfigError, match=r"expected a task esft can build from it: .*no field 'nope'") as refused:
+        validation.check_task("task", str(data), {"prompt_field": "nope"})
+    assert refused.value.key == "task"
+    # an option the task does not take is the options' fault
+    with pytest.raises(ConfigError, match=r"expected options of task .*unknown option 'no_such_option'") as refused:
         validation.check_task("task", str(data), {"no_such_option": 1})
+    assert refused.value.key == "task_options"
 
 
 def test_check_balanced_set_needs_labels_and_a_limit():

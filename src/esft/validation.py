@@ -35,7 +35,9 @@ def check_task(key: str, name: Any, options: dict[str, Any] | None = None) -> An
             # a missing file an option names (test_file) is the options' fault, not the task name's
             named = [v for k, v in (options or {}).items()
                      if "file" in k and isinstance(v, str) and v and v in str(exc)]
-            if isinstance(exc, OSError) and named:
+            # and so is an option the task does not take
+            unknown = any(f": unknown option {k!r}" in str(exc) for k in options or {})
+            if (isinstance(exc, OSError) and named) or unknown:
                 raise ConfigError("task_options", options, f"options of task {name!r} ({exc})") from None
             raise ConfigError(key, name, f"a task esft can build from it: {exc}") from None
         if isinstance(exc, OSError):  # the registry's own data: not the user's input
