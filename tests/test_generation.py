@@ -250,3 +250,26 @@ def test_budget_and_batch_size_changed_after_construction_are_still_refused(tiny
         setattr(cfg, field, 0)
         with pytest.raises(ValueError, match=f"{field} must be >= 1"):
             generate(tiny_model, tokenizer, ["hello"], cfg)
+
+
+@pytest.mark.parametrize("engine", ["esft", "hf"])
+def test_ctrl_c_clears_the_progress_bar_before_anything_else_is_printed(tiny_model, tokenizer, monkeypatch, capsys,
+                                                                       engine):
+    """Ctrl-C during generation: the bar (leave=False) is cleared before the caller's message, not after it (the
+    interrupted `esft eval` printed its message and then a stray cleared bar line)."""
+    import sys
+
+    import esft.generation.engine as engine_module
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(engine_module, "decode", interrupted)
+    monkeypatch.setattr(engine_module, "_hf_generate", interrupted)
+    try:
+        generate(tiny_model, tokenizer, ["Hi", "Hello there"], GenerationConfig(max_new_tokens=2, engine=engine),
+                 progress=True)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+    err = capsys.readouterr().err
+    assert err.startswith("\rgenerate:") and err.endswith(" \rinterrupted\n"), repr(err)

@@ -188,6 +188,31 @@ def test_sampled_eval_shows_how_many_of_its_passes_are_done(monkeypatch, capsys)
     assert "samples" not in capsys.readouterr().err
 
 
+def test_ctrl_c_clears_the_samples_bar_before_anything_else_is_printed(monkeypatch, capsys):
+    """Ctrl-C in a sampled evaluation: the bar over the passes is cleared before the caller's message (it printed
+    its cleared line after it)."""
+    import sys
+
+    probs = [0.0, 0.3]
+    calls = []
+
+    def interrupted_second(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return stub_generate(*args, **kwargs)
+
+    monkeypatch.setattr(evaluation, "generate", interrupted_second)
+    cfg = evaluation.GenerationConfig(temperature=0.7)
+    with pytest.raises(KeyboardInterrupt):
+        try:
+            evaluation.evaluate_task_sampled(object(), probs, CoinTask(probs), CoinTask(probs).rows, cfg, 4, [1, 4])
+        finally:
+            print("interrupted", file=sys.stderr)
+    err = capsys.readouterr().err
+    assert err.startswith("\rsamples:") and err.endswith(" \rinterrupted\n"), repr(err)
+
+
 def test_greedy_default_path_unchanged(monkeypatch):
     calls = []
     task = CoinTask([1.0, 0.0])

@@ -265,13 +265,15 @@ def evaluate_task_sampled(model, tokenizer, task: Task, examples: Sequence[dict]
     seeds = [sample_seed(gen_config.seed, s) for s in range(samples)]
     # each generate call's bar reads "16/16 prompts" alike: this one says how many of the n passes are done
     bar = _samples_bar(samples) if progress else None
-    for seed in seeds:
-        cfg = dataclasses.replace(gen_config, seed=seed)
-        per_sample.append(generate(model, tokenizer, prompts, cfg, progress=progress))
+    try:
+        for seed in seeds:
+            cfg = dataclasses.replace(gen_config, seed=seed)
+            per_sample.append(generate(model, tokenizer, prompts, cfg, progress=progress))
+            if bar is not None:
+                bar.update(1)
+    finally:  # cleared before whatever follows is printed, Ctrl-C's message too
         if bar is not None:
-            bar.update(1)
-    if bar is not None:
-        bar.close()
+            bar.close()
     gen_s = time.perf_counter() - t0
     q = len(examples)
     scores = np.zeros((q, samples))

@@ -67,6 +67,14 @@ def _run_batches(model, tokenizer, encoded, batches, config, pad_id, eos, device
         from tqdm.auto import tqdm
 
         bar = tqdm(total=len(encoded), desc="generate", unit="prompt", leave=False)
+    try:
+        _each_batch(model, tokenizer, encoded, batches, config, pad_id, eos, device, results, bar)
+    finally:  # cleared before whatever follows is printed, Ctrl-C's message too
+        if bar is not None:
+            bar.close()
+
+
+def _each_batch(model, tokenizer, encoded, batches, config, pad_id, eos, device, results, bar) -> None:
     for number, idx in enumerate(batches):
         check_cancelled()
         input_ids, attention_mask = left_pad([encoded[i] for i in idx], pad_id, device)
@@ -84,8 +92,6 @@ def _run_batches(model, tokenizer, encoded, batches, config, pad_id, eos, device
             results[i] = to_generation(row, eos, tokenizer, len(encoded[i]))
         if bar is not None:
             bar.update(len(idx))
-    if bar is not None:
-        bar.close()
 
 
 def generation_batches(encoded: Sequence[Sequence[int]], batch_size: int) -> list[list[int]]:
