@@ -168,6 +168,35 @@ class Interrupt(LocalExecutor):
         return super().evaluate_members(members, batch)
 
 
+def test_ctrl_c_in_a_custom_executor_that_leaves_the_weights_perturbed_restores_them(tmp_path):
+    """An executor of the user's (the `Executor` hooks only) that perturbs the driver's weights and is interrupted
+    before it restores them: the trainer restores the unperturbed weights, so the model a script keeps using (and
+    a checkpoint written from it) is the trained one, not a member."""
+    from esft.es.executor import Executor
+    from esft.rundir import RunInterrupted
+
+    class Careless(Executor):
+        def __init__(self, weights):
+            self.weights = weights
+
+        def evaluate_members(self, members, batch):
+            self.weights.perturb(*members[0], 0.5)
+            raise KeyboardInterrupt
+
+        def evaluate_center(self, batch):
+            raise AssertionError("not reached")
+
+    config = cfg(tmp_path, iterations=2, eval_every=0)
+    trainer = ESTrainer(config, model=tiny_llama(), tokenizer=None, task=ToyTask(), generate_fn=stub_generate,
+                        progress=False)
+    trainer.executor = Careless(trainer.weights)
+    before = state(trainer.model)
+    with pytest.raises(RunInterrupted):
+        trainer.train()
+    assert trainer.weights.perturbed is None
+    assert bit_equal(state(trainer.model), before)
+
+
 def interrupted_run(config, at, dtype=torch.float32):
     trainer = ESTrainer(config, model=tiny_llama(dtype=dtype), tokenizer=None, task=ToyTask(),
                         generate_fn=stub_generate, progress=False)
