@@ -254,3 +254,13 @@ def test_a_grpo_trl_args_flag_that_is_no_mapping_names_the_flag():
     with pytest.raises(ConfigError, match=r"^command line \(--trl-args\): trl_args = '7' is not accepted; expected a "
                                           r"mapping such as \{key: value\} \(the text reads as int 7\)$"):
         build_config(GRPOConfig, overrides={"trl_args": "7"})
+
+
+@pytest.mark.parametrize("trainer", ["es", "grpo"])
+def test_a_runs_tracker_name_is_its_run_name_else_its_folders(trainer):
+    from esft.es import ESConfig
+    from esft.grpo import GRPOConfig
+
+    cls = ESConfig if trainer == "es" else GRPOConfig
+    assert cls(output_dir="runs/sums-es/").tracking_name() == "sums-es"
+    assert cls(output_dir="runs/sums-es", run_name="first try").tracking_name() == "first try"

@@ -76,8 +76,14 @@ class RunConfig(ConfigHooks):
     max_passage_chars: int | None
     eval_every: int
     save_total_limit: int
+    output_dir: str
+    run_name: str | None
     #: what each field accepts beyond its type (`check_fields`); each config module sets its own
     rules: typing.ClassVar[Mapping[str, "Rule"]] = {}
+
+    def tracking_name(self) -> str:
+        """The run's name in trackers (TensorBoard, wandb, trackio): run_name, else its folder's name."""
+        return self.run_name or Path(self.output_dir).name
 
     def task_checks(self) -> list[tuple[str, str, dict[str, Any]]]:
         """(config key, task name, constructor options) of the task the run builds (esft.validation.check_names)."""

@@ -408,7 +408,7 @@ class ESTrainer:
         ended = False  # the loop ran to its end (the trackers' runs are marked finished, else failed)
         try:  # from the first evaluation on, which is where Ray workers start: an error or Ctrl-C there ends them
             # in this block, so that a tracker that fails to open (wandb without an API key) ends the executor too
-            self.tracker = open_tracker(cfg.report_to, self.out, cfg.run_name or self.out.name, cfg.to_dict())
+            self.tracker = open_tracker(cfg.report_to, self.out, cfg.tracking_name(), cfg.to_dict())
             # the evaluation and checkpoint of the current step may be missing (fresh run, or a stop during them)
             if cfg.eval_every and (self.step == 0 or self._eval_due(self.step)) and self.step not in self._evaluated:
                 self._say_eval(self.evaluate(), bar.write)

@@ -424,7 +424,7 @@ def trl_arguments(config: GRPOConfig, trl_output_dir: str, precision: str, progr
         save_strategy="steps",
         save_steps=save_steps,
         report_to=check_backends(config.report_to) or "none",  # TRL's own integrations log
-        run_name=config.run_name or Path(trl_output_dir).name,
+        run_name=config.tracking_name(),
         disable_tqdm=not progress,
         remove_unused_columns=False,  # the reward needs the example_index column
         dataloader_num_workers=0,

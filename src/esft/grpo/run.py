@@ -327,7 +327,7 @@ def _train_locked(config: GRPOConfig, out: Path, model: Any, tokenizer: Any, tas
     # an extended run (start < max_steps here): its last checkpoint is no longer final. Renamed only now, once
     # config.yaml holds the new max_steps: a failure before this leaves the finished run as it was
     resume_from = _demote_final(out, config.max_steps, resume_from)
-    _train_or_save(trainer, resume_from, runlog, config.run_name or out.name)
+    _train_or_save(trainer, resume_from, runlog, config.tracking_name())
     final = out / CHECKPOINTS / "final"
     return GRPOTrainResult(out, int(trainer.state.global_step), final if final.exists() else None,
                            evaluator.last if evaluator is not None else None, trainer)
