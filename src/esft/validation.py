@@ -216,7 +216,7 @@ def check_passage_cut(config: Checked, given: dict[str, Any]) -> None:
         raise ConfigError("max_passage_chars", typed, f"a BoolQ task among {', '.join(map(str, tasks))}: it cuts "
                           "BoolQ passages only (drop --max-passage-chars)", "command line (--max-passage-chars)")
     # a cut in task_options, or in every BoolQ task's name, wins over the flag (esft.config.passage_cut)
-    if "max_passage_chars" in (getattr(config, "task_options", None) or {}):
+    if "max_passage_chars" in config.task_options:
         setters = "task_options sets"
     elif not any(passage_cut(t, typed) for t in boolq):
         setters = f"{', '.join(boolq)} {'sets' if len(boolq) == 1 else 'set'}"
@@ -248,6 +248,7 @@ class Checked(Protocol):
 
     model: str
     device: str | None
+    task_options: dict[str, Any]
 
     def task_checks(self) -> list[tuple[str, str, dict[str, Any]]]:
         """(config key, task name, constructor options) of every task the config builds."""
