@@ -389,8 +389,7 @@ def coerce(cls: type[ConfigHooks], values: Mapping[str, Any], source: str,
         name = str(key).replace("-", "_")  # a YAML key may be a number or a bool (`1: 2`, `yes: 3`)
         at = where(str(key)) if where else source
         if name not in names:
-            hint = other_command_words(cls, name) or cls.unknown_option_hint(name, close_names(name, names))
-            raise ValueError(f"{at}: unknown option {key!r}{hint}")
+            raise ValueError(f"{at}: unknown option {key!r}{unknown_option_words(cls, name, names)}")
         if isinstance(value, str) and hints[name] is not str:
             try:
                 value = converter(hints[name])(value)
@@ -400,9 +399,17 @@ def coerce(cls: type[ConfigHooks], values: Mapping[str, Any], source: str,
     return out
 
 
+def unknown_option_words(cls: type[ConfigHooks], name: str, names: typing.Iterable[str]) -> str:
+    """The words after "unknown option 'name'" for config class `cls` with options `names`: the command whose option
+    it is, where another trainer's config has it (`other_command_words`: no near names then, which would mislead,
+    as GRPO's num_iterations for ES's iterations); else the class's own `unknown_option_hint`."""
+    return other_command_words(cls, name) or cls.unknown_option_hint(name, close_names(name, names))
+
+
 def other_command_words(cls: type[ConfigHooks], name: str) -> str:
-    """' (an option of `esft train grpo`, not of `esft train es`)' where `name` is a field of another loaded config
-    class with a command (a GRPO file given to ES, say), else ''."""
+    """' (an option of `esft train grpo`, not of `esft train es`)' where `name` is a field of another config class
+    with a command (a GRPO file given to ES, say), else ''. Only imported classes are seen: `esft train` imports
+    both trainers' configs, and so do experiment specs."""
     stack, found = list(ConfigHooks.__subclasses__()), set()
     while stack:
         other = stack.pop()

@@ -37,11 +37,9 @@ def unknown_option_hint(algo: Algorithm, name: str, names: typing.Iterable[str])
     """What an unknown option of `algo` means, as for a config file (esft.config.coerce): its config's
     `unknown_option_hint` (the close matches by default; GRPOConfig also tells a TRL user where TRL's options go),
     or the other trainer's command where `name` is its option."""
-    from esft.config import other_command_words
-    from esft.names import close_names
+    from esft.config import unknown_option_words
 
-    return other_command_words(algo.config_cls, name) or algo.config_cls.unknown_option_hint(
-        name, close_names(name, names))
+    return unknown_option_words(algo.config_cls, name, names)
 
 
 def as_mapping(ctx: SpecContext, value: Any, where: str, line: int) -> LineDict:
