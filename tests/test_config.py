@@ -117,6 +117,49 @@ def test_a_config_without_a_command_is_not_named_as_another_trainers(tmp_path):
     assert other_command_words(ESConfig, "no_such_key") == ""
 
 
+@pytest.mark.parametrize("imported, trainer, key, command", [
+    ("esft.es", "esft.es:ESConfig", "max_steps", "esft train grpo"),
+    ("esft.grpo", "esft.grpo:GRPOConfig", "sigma", "esft train es"),
+])
+def test_the_other_trainers_key_is_named_whichever_package_is_imported(imported, trainer, key, command):
+    """An API user who imports only one trainer's package gets the same words as the CLI (which imports both): the
+    other trainer's config is loaded with it. A fresh interpreter, since this one has both loaded."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    module, name = trainer.split(":")
+    code = (f"import {imported}\nfrom {module} import {name}\nfrom esft.config import other_command_words\n"
+            f"print(other_command_words({name}, {key!r}))")
+    import esft
+
+    env = {**os.environ, "PYTHONPATH": str(Path(esft.__file__).parents[1])}  # this checkout's esft
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env).stdout
+    assert f"(an option of `{command}`, not of " in out, out
+
+
+def test_a_user_subclass_of_a_trainers_config_does_not_speak_for_its_command():
+    """A user's subclass of ESConfig adds fields `esft train es` does not take: they are not named as its options;
+    a plain (non-dataclass) ConfigHooks class with a command leaves an unknown key a ValueError."""
+    from esft.config import other_command_words
+    from esft.es import ESConfig
+    from esft.grpo import GRPOConfig
+
+    @dataclass
+    class MyES(ESConfig):
+        my_knob: int = 1
+
+    class Tool(ConfigHooks):
+        command = "mytool run"
+
+    assert other_command_words(GRPOConfig, "my_knob") == ""
+    assert other_command_words(GRPOConfig, "sigma") == " (an option of `esft train es`, not of `esft train grpo`)"
+    with pytest.raises(ValueError, match="unknown option 'nope'"):
+        build_config(ESConfig, overrides={"nope": 1})
+    assert (MyES, Tool)  # kept alive until here: ConfigHooks.__subclasses__ holds weak references
+
+
 def test_unknown_preset():
     with pytest.raises(ValueError, match="unknown preset 'huge'"):
         build_config(Demo, PRESETS, "huge")

@@ -402,12 +402,14 @@ def coerce(cls: type[ConfigHooks], values: Mapping[str, Any], source: str,
 
 def other_command_words(cls: type[ConfigHooks], name: str) -> str:
     """' (an option of `esft train grpo`, not of `esft train es`)' where `name` is a field of another loaded config
-    class with a command (a GRPO file given to ES, say), else ''."""
+    class with a command (a GRPO file given to ES, say), else ''. Only the class that declares a command speaks
+    for it: a user's subclass of ESConfig adds fields that `esft train es` does not take."""
     stack, found = list(ConfigHooks.__subclasses__()), set()
     while stack:
         other = stack.pop()
         stack.extend(other.__subclasses__())
-        if other.command not in ("", cls.command) and name in {f.name for f in dataclasses.fields(other)}:
+        declares = "command" in vars(other) and dataclasses.is_dataclass(other)  # fields() raises on a plain class
+        if declares and other.command not in ("", cls.command) and name in {f.name for f in dataclasses.fields(other)}:
             found.add(f"`{other.command}`")
     return f" (an option of {' and '.join(sorted(found))}, not of `{cls.command}`)" if found and cls.command else ""
 

@@ -44,3 +44,7 @@ def train_es(config, **kwargs):
     from esft.es.trainer import ESTrainer
 
     return ESTrainer(config, **kwargs).train()
+
+# loaded with this package so that a key of GRPO's config given to this trainer names its command, whichever
+# package was imported first (esft.config.other_command_words finds the trainers among the loaded classes)
+import esft.grpo.grpo_config  # noqa: E402,F401

@@ -23,3 +23,7 @@ def train_grpo(config, **kwargs):
     from esft.grpo.run import train_grpo as _train_grpo
 
     return _train_grpo(config, **kwargs)
+
+# loaded with this package so that a key of ES's config given to this trainer names its command, whichever
+# package was imported first (esft.config.other_command_words finds the trainers among the loaded classes)
+import esft.es.es_config  # noqa: E402,F401
