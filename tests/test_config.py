@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 
@@ -127,7 +128,6 @@ def test_the_other_trainers_key_is_named_whichever_package_is_imported(imported,
     import os
     import subprocess
     import sys
-    from pathlib import Path
 
     module, name = trainer.split(":")
     code = (f"import {imported}\nfrom {module} import {name}\nfrom esft.config import other_command_words\n"
@@ -307,3 +307,6 @@ def test_a_runs_tracker_name_is_its_run_name_else_its_folders(trainer):
     cls = ESConfig if trainer == "es" else GRPOConfig
     assert cls(output_dir="runs/sums-es/").tracking_name() == "sums-es"
     assert cls(output_dir="runs/sums-es", run_name="first try").tracking_name() == "first try"
+    # a folder given as `.` or through `..` is named by the folder it stands for, not '' or '..'
+    assert cls(output_dir=".").tracking_name() == Path.cwd().name
+    assert cls(output_dir="runs/sums-es/..").tracking_name() == "runs"

@@ -82,8 +82,11 @@ class RunConfig(ConfigHooks):
     rules: typing.ClassVar[Mapping[str, "Rule"]] = {}
 
     def tracking_name(self) -> str:
-        """The run's name in trackers (TensorBoard, wandb, trackio): run_name, else its folder's name."""
-        return self.run_name or Path(self.output_dir).name
+        """The run's name in trackers (TensorBoard, wandb, trackio): run_name, else its folder's name (of the folder
+        `.` or `runs/..` stands for: their own name is '' or '..'; a link keeps its own name)."""
+        import os.path
+
+        return self.run_name or Path(os.path.abspath(self.output_dir)).name
 
     def task_checks(self) -> list[tuple[str, str, dict[str, Any]]]:
         """(config key, task name, constructor options) of the task the run builds (esft.validation.check_names)."""
