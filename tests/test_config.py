@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 
@@ -115,6 +116,27 @@ def test_a_config_without_a_command_is_not_named_as_another_trainers(tmp_path):
     assert other_command_words(Demo, "sigma") == ""
     assert other_command_words(ESConfig, "sigma") == ""
     assert other_command_words(ESConfig, "no_such_key") == ""
+
+
+def test_a_user_subclass_of_a_trainers_config_does_not_speak_for_its_command():
+    """A user's subclass of ESConfig adds fields `esft train es` does not take: they are not named as its options;
+    a plain (non-dataclass) ConfigHooks class with a command leaves an unknown key a ValueError."""
+    from esft.config import other_command_words
+    from esft.es import ESConfig
+    from esft.grpo import GRPOConfig
+
+    @dataclass
+    class MyES(ESConfig):
+        my_knob: int = 1
+
+    class Tool(ConfigHooks):
+        command = "mytool run"
+
+    assert other_command_words(GRPOConfig, "my_knob") == ""
+    assert other_command_words(GRPOConfig, "sigma") == " (an option of `esft train es`, not of `esft train grpo`)"
+    with pytest.raises(ValueError, match="unknown option 'nope'"):
+        build_config(ESConfig, overrides={"nope": 1})
+    assert MyES.command == ESConfig.command and Tool.command  # both alive until here (__subclasses__ is weak)
 
 
 def test_unknown_preset():
@@ -264,3 +286,6 @@ def test_a_runs_tracker_name_is_its_run_name_else_its_folders(trainer):
     cls = ESConfig if trainer == "es" else GRPOConfig
     assert cls(output_dir="runs/sums-es/").tracking_name() == "sums-es"
     assert cls(output_dir="runs/sums-es", run_name="first try").tracking_name() == "first try"
+    # a folder given as `.` or through `..` is named by the folder it stands for, not '' or '..'
+    assert cls(output_dir=".").tracking_name() == Path.cwd().name
+    assert cls(output_dir="runs/sums-es/..").tracking_name() == "runs"

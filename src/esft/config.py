@@ -82,8 +82,11 @@ class RunConfig(ConfigHooks):
     rules: typing.ClassVar[Mapping[str, "Rule"]] = {}
 
     def tracking_name(self) -> str:
-        """The run's name in trackers (TensorBoard, wandb, trackio): run_name, else its folder's name."""
-        return self.run_name or Path(self.output_dir).name
+        """The run's name in trackers (TensorBoard, wandb, trackio): run_name, else its folder's name (of the folder
+        `.` or `runs/..` stands for: their own name is '' or '..'; a link keeps its own name)."""
+        import os.path
+
+        return self.run_name or Path(os.path.abspath(self.output_dir)).name
 
     def task_checks(self) -> list[tuple[str, str, dict[str, Any]]]:
         """(config key, task name, constructor options) of the task the run builds (esft.validation.check_names)."""
@@ -408,13 +411,16 @@ def unknown_option_words(cls: type[ConfigHooks], name: str, names: typing.Iterab
 
 def other_command_words(cls: type[ConfigHooks], name: str) -> str:
     """' (an option of `esft train grpo`, not of `esft train es`)' where `name` is a field of another config class
-    with a command (a GRPO file given to ES, say), else ''. Only imported classes are seen: `esft train` imports
-    both trainers' configs, and so do experiment specs."""
+    with a command (a GRPO file given to ES, say), else ''. Only the class that declares a command speaks for it
+    (a user's subclass of ESConfig adds fields `esft train es` does not take), and only imported classes are seen:
+    `esft train` and experiment specs import both trainers' configs; an API script that imports one trainer's
+    package gets its own config's hint."""
     stack, found = list(ConfigHooks.__subclasses__()), set()
     while stack:
         other = stack.pop()
         stack.extend(other.__subclasses__())
-        if other.command not in ("", cls.command) and name in {f.name for f in dataclasses.fields(other)}:
+        declares = "command" in vars(other) and dataclasses.is_dataclass(other)  # fields() raises on a plain class
+        if declares and other.command not in ("", cls.command) and name in {f.name for f in dataclasses.fields(other)}:
             found.add(f"`{other.command}`")
     return f" (an option of {' and '.join(sorted(found))}, not of `{cls.command}`)" if found and cls.command else ""
 
