@@ -802,6 +802,10 @@ def test_an_unknown_option_of_a_data_or_class_task_is_named_at_task_options(user
         assert err.startswith(f"esft: error: command line (--task-options): task_options = {{{option!r}: 4}} is not "
                               f"accepted; expected options of task {task!r} (task ") and \
             f": unknown option {option!r}; " in err, err
+        if task == str(data):  # a data-task flag's value is not shown as the user's task_options
+            assert main(["eval", "--task", task, "--task-options", f"{{{option}: 4}}", "--prompt-field", "q"]) == 2
+            err = capsys.readouterr().err
+            assert f"task_options = {{{option!r}: 4}} is not accepted" in err and "'q'" not in err, err
         cfg = tmp_path / "eval.yaml"
         cfg.write_text(f"tasks: [{task}]\ntask_options: {{{option}: 4}}\n")
         assert main(["eval", "--config", str(cfg)]) == 2

@@ -260,15 +260,16 @@ class Checked(Protocol):
 def check_with_task_flags(config: Checked, args: Any, tasks: list[str]) -> None:
     """`check_names` on `config` as it will run, with the data-task flags in `args` (--prompt-field, --reward ...)
     applied (esft.tasks.custom.apply_task_flags), so a data file's task is checked with its fields before any model
-    loads. A bad reward is named where it was given: at --reward, else at task_options."""
+    loads. A bad reward is named where it was given: at --reward, else at task_options; a refused task_options is
+    shown as the user gave it, without the flags' values (which are never its fault)."""
     from esft.tasks.custom import apply_task_flags
 
     try:
         check_names(apply_task_flags(config, args, tasks))
     except ConfigError as exc:
-        if exc.key != "reward" or exc.where:
+        if exc.key not in ("reward", "task_options") or exc.where:
             raise
-        if getattr(args, "reward", None) is not None:
+        if exc.key == "reward" and getattr(args, "reward", None) is not None:
             raise exc.located("command line (--reward)") from None
         raise ConfigError("task_options", config.task_options, exc.accepted) from None
 
