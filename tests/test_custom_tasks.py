@@ -440,7 +440,7 @@ def test_a_bad_reward_is_named_at_the_flag_or_line_that_gave_it(user_files, caps
     out = [] if command == ["eval"] else ["--output-dir", str(tmp_path / "run")]
     assert main([*command, "--task", str(data), "--prompt-field", "question", "--reward", reward, *out]) == 2
     err = capsys.readouterr().err
-    assert f"command line (--reward): reward = {reward!r} is not accepted; expected a reward esft can use " \
+    assert f"command line (--reward): reward = {reward!r} is not accepted; expected a valid reward " \
            f"{problem}" in err, err
     assert "--task" not in err
     cfg = tmp_path / "run.yaml"
@@ -448,7 +448,7 @@ def test_a_bad_reward_is_named_at_the_flag_or_line_that_gave_it(user_files, caps
     cfg.write_text(f"{key}\ntask_options:\n  prompt_field: question\n  reward: {reward}\n")
     assert main([*command, "--config", str(cfg), *out]) == 2
     err = capsys.readouterr().err
-    assert f"{cfg}:2: task_options = " in err and f"expected a reward esft can use {problem}" in err, err
+    assert f"{cfg}:2: task_options = " in err and f"expected a valid reward {problem}" in err, err
 
 
 USER_TASKS = '''
@@ -783,7 +783,7 @@ def test_a_resume_that_cannot_rebuild_its_task_names_the_saved_config_line(user_
     assert main(resume) == 2
     err = capsys.readouterr().err
     assert f"esft: error: {run / 'config.yaml'}:{reward_line}: reward = 'user_rewards:contains_answer' is not " \
-           f"accepted; expected a reward esft can use (cannot import module 'user_rewards'" in err, err
+           f"accepted; expected a valid reward (cannot import module 'user_rewards'" in err, err
     text = (run / "config.yaml").read_text().replace(str(data), str(tmp_path / "moved.jsonl"))
     (run / "config.yaml").write_text(text.replace("user_rewards:contains_answer", "exact"))
     assert main(resume) == 2

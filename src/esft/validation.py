@@ -30,7 +30,7 @@ def check_task(key: str, name: Any, options: dict[str, Any] | None = None) -> An
 
         if isinstance(exc, RewardError) and "reward" in (options or {}):  # the reward's fault, not the data's
             text = str(exc).removeprefix(f"reward {options['reward']!r}: ")
-            raise ConfigError("reward", options["reward"], f"a reward esft can use ({text})") from None
+            raise ConfigError("reward", options["reward"], f"a valid reward ({text})") from None
         if external_kind(str(name)):  # a data file, dataset or module: what is wrong with it
             # a missing file an option names (test_file) is the options' fault, not the task name's
             named = [v for k, v in (options or {}).items()
