@@ -192,7 +192,10 @@ def test_the_report_runs_the_requested_sections_and_says_why_the_others_did_not(
     assert [n for n, _, _ in report.cost["kl"]] == ["kl_a", "kl_b"]
     assert "Evaluations use the first 50 test examples per task" in text
     assert "Written by the experiment runner from its stage evaluations: [../tables/tables.md]" in text
-    assert "- **accuracy (Table 1)**: no evaluation records" in unsupported
+    # the runner's tables hold Table 1: only the runs' own evaluations during training are missing
+    assert "accuracy (Table 1)**" not in unsupported
+    assert ("- **held-out accuracy during training**: no evaluation records (kind=eval with test_accuracy) in the "
+            "runs' metrics.jsonl; the stages' accuracy (Table 1) is in ../tables/tables.md") in unsupported
     # the second report takes one of weights' results from the cache and computes the other again
     again = Report(ReportConfig(dir=str(tmp_path), output_dir=str(tmp_path / "r"), analyses=["weights"], limit=7),
                    progress=False)

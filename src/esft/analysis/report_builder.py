@@ -278,6 +278,9 @@ class Report(ReportContext):
                  "constant answer (last eval)", "paper (%)"], rows)
                 + "\n\nFrom each run's own `metrics.jsonl` evaluations. Constant answer: always giving the most "
                 "frequent gold answer of the last evaluation's examples, with its 95% Wilson interval.\n")
+        elif tables.exists():  # Table 1 is in the runner's tables; only the runs' own curves are missing
+            self.skip("held-out accuracy during training", "no evaluation records (kind=eval with test_accuracy) in "
+                      f"the runs' metrics.jsonl; the stages' accuracy (Table 1) is in {self.rel(tables)}")
         else:
             self.skip("accuracy (Table 1)", "no evaluation records (kind=eval with test_accuracy) in metrics.jsonl")
 
