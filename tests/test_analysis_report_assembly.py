@@ -270,6 +270,7 @@ def test_drift_compares_es_with_its_grpo_partner_and_says_what_it_cannot_read(tm
     assert sorted(ctx.results["drift"]) == ["es1", "es2"] and "tensors" in ctx.results["drift"]["es1"]
     rows = dict((q, v) for q, v in law_rows(by["es2"].result, True))
     assert rows["GRPO final ||dtheta||^2"] == 1.0 and rows["ES/GRPO displacement at matched step 2"] == 2.0
+    assert rows["GRPO run compared"] == "grpo2 (its pair)" and by["es1"].result["grpo"]["run"] == "grpo1"
     assert "GRPO final ||dtheta||^2" not in dict(law_rows(by["es2"].result, False))
     calls, _ = replays
     assert len(calls) == 2
@@ -288,6 +289,10 @@ def test_an_unpaired_es_run_is_compared_with_the_only_grpo_run(tmp_path, base, r
     text = Report(ReportConfig(dir=str(tmp_path), output_dir=str(tmp_path / "r"), analyses=["drift"]),
                   progress=False).build().read_text()
     assert "### ES es\n" in text and "| GRPO final \\|\\|dtheta\\|\\|^2 | 2 |" in text
+    # the ratio is not a like-for-like one: the report names the GRPO run and says it is not the ES run's pair
+    assert runs[0].result["grpo"]["run"] == "grpo" and runs[0].result["grpo"]["paired"] is False
+    assert ("| GRPO run compared | grpo (not a pair: the only GRPO run here, of another base model, task sequence "
+            "or seed) |") in text
     # with two GRPO runs, which one an unpaired ES run compares with is unknown: none
     run_dir(tmp_path / "grpo-b", "grpo", tmp_path / "elsewhere", seed=2, drift=[1.0])
     runs, _ = report_drift(context(tmp_path))
