@@ -211,6 +211,30 @@ def test_sparsity_command_passes_base_tuned_and_thresholds_in_order(tmp_path, mo
     assert seen["taus"] is None
 
 
+def test_sparsity_figure_names_the_update_by_its_runs_algorithm(tmp_path, monkeypatch):
+    """A GRPO checkpoint's sweep was drawn as "es", in ES's colour, unless --label said otherwise: the default
+    label is the checkpoint's run's algorithm, es outside a run folder, and --label still wins."""
+    from esft.analysis import commands as C
+    from esft.analysis import landscape as L
+    from esft.analysis import sparsity as SP
+
+    grpo = tmp_path / "grpo" / "checkpoints" / "final"
+    grpo.mkdir(parents=True)
+    (tmp_path / "grpo" / "config.yaml").write_text("algorithm: grpo\n")
+    loose = tmp_path / "loose"
+    loose.mkdir()
+    drawn = []
+    monkeypatch.setattr(C, "_resolve", lambda spec: f"resolved:{spec}")
+    monkeypatch.setattr(C, "_load", lambda base, w, dtype, device: ("model", "tok"))
+    monkeypatch.setattr(C, "check_base", lambda *a: None)
+    monkeypatch.setattr(L, "prepare_tasks", lambda names, limit, task_options: {})
+    monkeypatch.setattr(SP, "sparsity_sweep", lambda *a, **k: {})
+    monkeypatch.setattr(SP, "plot_sparsity_sweep", lambda results, path: drawn.append(list(results)))
+    for i, (tuned, label) in enumerate([(grpo, None), (loose, None), (grpo, "mine")]):
+        C.run_sparsity(C.SparsityConfig(base="b", tuned=str(tuned), label=label, output_dir=str(tmp_path / f"o{i}")))
+    assert drawn == [["grpo"], ["es"], ["mine"]]
+
+
 def test_kl_aggregate_reads_cached_results_and_plain_tables(tmp_path, monkeypatch):
     from esft.analysis import commands as C
     from esft.analysis import kl as K

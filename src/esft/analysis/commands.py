@@ -419,8 +419,8 @@ class SparsityConfig(ConfigHooks):
     """base model"""
     tuned: str = ""
     """fine-tuned checkpoint folder"""
-    label: str = "es"
-    """name of the update in the figure"""
+    label: str | None = None
+    """name of the update in the figure; None = its run's algorithm (es, grpo), es outside a run folder"""
     tasks: list[str] = field(default_factory=lambda: ["boolq"])
     """evaluation tasks"""
     targets: list[float] = field(default_factory=lambda: list(SWEEP_TARGETS))
@@ -469,7 +469,7 @@ def run_sparsity(cfg: SparsityConfig) -> dict[str, Any]:
     res["config"] = asdict(cfg)
     out = Path(cfg.output_dir)
     _write(out, "sparsity.json", res)
-    SP.plot_sparsity_sweep({cfg.label: res}, out / "sparsity.png")
+    SP.plot_sparsity_sweep({cfg.label or (run_labels([cfg.tuned]) or ["es"])[0]: res}, out / "sparsity.png")
     return res
 
 
