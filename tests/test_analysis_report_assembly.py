@@ -215,6 +215,18 @@ def test_the_report_runs_the_requested_sections_and_says_why_the_others_did_not(
         Report(ReportConfig(dir=str(base)), progress=False).build()
 
 
+def test_a_report_whose_every_run_is_left_out_says_so(tmp_path, base):
+    """`--exclude '.*'` (or patterns that match every run) said "no run directory under DIR", which sends the
+    user looking for runs that are there: the error names the runs left out and why."""
+    run_dir(tmp_path / "es", "es", base)
+    run_dir(tmp_path / "grpo", "grpo", base)
+    with pytest.raises(ValueError, match=r"every run under .* was left out \(2\): es: matches --exclude 'e'; "
+                                         r"grpo: matches --exclude 'g'$"):
+        Report(ReportConfig(dir=str(tmp_path), output_dir=str(tmp_path / "r"), exclude=["e", "g"]),
+               progress=False).build()
+    assert not (tmp_path / "r").exists()
+
+
 # ---- the drift section -----------------------------------------------------------------------------------------------
 
 def test_drift_replays_each_es_run_once_and_again_when_its_seed_log_or_model_changes(tmp_path, base, replays):

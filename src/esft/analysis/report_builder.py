@@ -176,6 +176,12 @@ class Report(ReportContext):
         if not self.runs:  # a mistyped folder must not look like an empty success
             if self.made_out and not any(self.out.iterdir()):
                 self.out.rmdir()
+            if self.left_out:  # runs there, every one left out: "no run directory" would send the user looking
+                shown = "; ".join(f"{name}: {why}" for name, why in self.left_out[:3])
+                more = f"; and {len(self.left_out) - 3} more" if len(self.left_out) > 3 else ""
+                raise ValueError(f"every run under {self.root} was left out ({len(self.left_out)}): {shown}{more}"
+                                 + ("" if self.config.all_runs or self.plan is None else
+                                    " (--all-runs takes the runs outside the plan)"))
             raise ValueError(f"no run directory under {self.root} (a folder with config.yaml and metrics.jsonl, "
                              "seeds.jsonl, drift.jsonl or checkpoints)" + _inside_run(self.root))
         self.log(f"{len(self.runs)} runs, {len(self.chains)} chains, {len(self.pairs)} ES-GRPO pairs"
