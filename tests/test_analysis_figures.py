@@ -406,6 +406,18 @@ def test_heatmap_colour_bar_names_its_quantity_and_unit(drawn):
     assert fig.axes[-1].get_ylabel() == "KL per token (nats)"  # the colour bar, drawn last
 
 
+def test_heatmap_row_labels_of_long_task_names_stay_clear_of_the_panel_to_their_left(drawn):
+    """A data task's absolute path (or a task with options) as the GRPO panel's row label ran over the ES panel's
+    cells, and its values."""
+    m = np.array([[5.8e-4, 1e-3], [2e-3, 4e-3]])
+    rows = ["/tmp/some/where/my-data/sums.jsonl", "countdown:numbers=2,max_number=20,ops=+*"]
+    fig = drawn(K.plot_heatmap, {"ES": (m, rows, ["1:a", "2:b"]), "GRPO": (m * 1e3, rows, ["1:a", "2:b"])})
+    fig.draw_without_rendering()
+    es, grpo = fig.axes[:2]
+    assert [t.get_text() for t in grpo.get_yticklabels()] == rows
+    assert min(t.get_window_extent().x0 for t in grpo.get_yticklabels()) > es.get_window_extent().x1
+
+
 def test_sparsity_tick_labels_do_not_overlap_when_the_sweeps_are_close(drawn):
     """One target each, reached at 50.08% (ES) and 50.38% (GRPO): the axis got seven 6-digit labels, printed over
     each other."""

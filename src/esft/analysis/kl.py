@@ -361,7 +361,10 @@ def plot_heatmap(panels: Mapping[str, tuple[np.ndarray, Sequence[str], Sequence[
 
     plt = pyplot()
     norm = heat_norm(np.concatenate([m.ravel() for m, _, _ in panels.values()] or [np.array([])]))
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels) + 0.8, 3.6), squeeze=False)
+    # constrained: a long task name (a data file's path, a task with options) as a row label gets its room instead of
+    # running over the cells of the panel to its left
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels) + 0.8, 3.6), squeeze=False,
+                             layout="constrained")
     im = None
     for ax, (label, (m, rows, cols)) in zip(axes[0], panels.items()):
         im = ax.imshow(m, cmap="viridis", norm=norm, aspect="auto")
