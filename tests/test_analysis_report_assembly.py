@@ -227,6 +227,26 @@ def test_a_report_whose_every_run_is_left_out_says_so(tmp_path, base):
     assert not (tmp_path / "r").exists()
 
 
+def test_a_report_of_runs_that_logged_nothing_yet_says_so(tmp_path):
+    """A run in its first iteration (config.yaml, samples/ and a held lock) got only "no run directory under
+    DIR", as if the folder were mistyped: the error names the run and whether a process is still writing it."""
+    from esft.rundir import RunLock
+
+    for name in ("live", "stopped"):
+        (tmp_path / "runs" / name).mkdir(parents=True)
+        (tmp_path / "runs" / name / "config.yaml").write_text("algorithm: es\n")
+    lock = RunLock(tmp_path / "runs" / "live").acquire()
+    try:
+        with pytest.raises(ValueError) as err:
+            Report(ReportConfig(dir=str(tmp_path / "runs"), output_dir=str(tmp_path / "r")), progress=False).build()
+    finally:
+        lock.release()
+    assert str(err.value).endswith(
+        f"; {tmp_path / 'runs' / 'live'} has logged nothing yet (a run in its first iteration: an esft process holds "
+        f"its lock); {tmp_path / 'runs' / 'stopped'} has logged nothing yet (a run stopped before its first "
+        "iteration ended)")
+
+
 # ---- the drift section -----------------------------------------------------------------------------------------------
 
 def test_drift_replays_each_es_run_once_and_again_when_its_seed_log_or_model_changes(tmp_path, base, replays):

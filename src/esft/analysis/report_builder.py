@@ -183,7 +183,8 @@ class Report(ReportContext):
                                  + ("" if self.config.all_runs or self.plan is None else
                                     " (--all-runs takes the runs outside the plan)"))
             raise ValueError(f"no run directory under {self.root} (a folder with config.yaml and metrics.jsonl, "
-                             "seeds.jsonl, drift.jsonl or checkpoints)" + _inside_run(self.root))
+                             "seeds.jsonl, drift.jsonl or checkpoints)" + _inside_run(self.root)
+                             + _not_started(self.root))
         self.log(f"{len(self.runs)} runs, {len(self.chains)} chains, {len(self.pairs)} ES-GRPO pairs"
                  + (f"; {len(self.left_out)} runs left out (listed under Runs)" if self.left_out else ""))
         self.section_runs()
@@ -426,6 +427,17 @@ def _inside_run(root: Path) -> str:
 
     run = enclosing_run_dir(root)
     return f"; {root} is inside the run folder {run}: give that (esft report {run})" if run else ""
+
+
+def _not_started(root: Path) -> str:
+    """`; RUN has logged nothing yet (...)` for each folder under `root` with a run's config.yaml and no log or
+    checkpoint: a run still in its first iteration (its lock held) or one stopped before it, else ''."""
+    from esft.rundir import is_run_dir, lock_held
+
+    found = sorted(p.parent for p in root.rglob("config.yaml") if not is_run_dir(p.parent))
+    return "".join(f"; {p} has logged nothing yet (" + ("a run in its first iteration: an esft process holds its "
+                   "lock" if lock_held(p) else "a run stopped before its first iteration ended") + ")"
+                   for p in found[:3])
 
 
 def build_report(config: ReportConfig, progress: bool = True, tasks: Sequence[Any] = ()) -> Path:
