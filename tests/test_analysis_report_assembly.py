@@ -199,8 +199,12 @@ def test_the_report_runs_the_requested_sections_and_says_why_the_others_did_not(
     # the second report takes one of weights' results from the cache and computes the other again
     again = Report(ReportConfig(dir=str(tmp_path), output_dir=str(tmp_path / "r"), analyses=["weights"], limit=7),
                    progress=False)
-    cost = again.build().read_text().split("## Cost")[1]
+    text = again.build().read_text()
+    cost = text.split("## Cost")[1]
     assert [(n, reused) for n, reused, _ in again.cost["weights"]] == [("weights_a", True), ("weights_b", False)]
+    # nothing evaluated: the header gave "the first 7 test examples" and a generation path as if something had
+    assert "No evaluations (--analyses has none of kl, landscape, sparsity)." in text
+    assert "Evaluations use" not in text and "Generation:" not in text
     assert "| weights | " in cost and " 1 of 2 |" in cost
     results = json.loads((tmp_path / "r" / "results.json").read_text())
     assert results["config"]["limit"] == 7 and ["kl", "not requested (--analyses)"] in results["unsupported"]

@@ -212,17 +212,24 @@ class Report(ReportContext):
         self.timings["total"] = time.perf_counter() - t_start
         return self.write()
 
+    def evaluation_text(self) -> str:
+        """How the evaluating analyses evaluate; that none ran where --analyses names none of them (a header that
+        gave a limit and a generation path read as if the report had evaluated)."""
+        cfg = self.config
+        if not set(cfg.analyses) & {"kl", "landscape", "sparsity"}:
+            return "No evaluations (--analyses has none of kl, landscape, sparsity). "
+        return (f"Evaluations use {'a label-balanced subset of' if cfg.balanced else 'the first'} {cfg.limit} test "
+                "examples per task, greedy decoding, "
+                f"max_new_tokens {self.gen_config().max_new_tokens if self.chains else 'n/a'}. "
+                f"{self.generation_text()} ")
+
     def write(self) -> Path:
         cfg = self.config
         lines = [f"# esft report: {self.root}", ""]
         lines.append(f"Generated {time.strftime('%Y-%m-%d %H:%M:%S')}. Runs: {len(self.runs)}, sequential chains: "
                      f"{len(self.chains)}, ES-GRPO pairs (same base model and task sequence): {len(self.pairs)}. "
-                     f"Evaluations use {'a label-balanced subset of' if cfg.balanced else 'the first'} {cfg.limit} "
-                     "test "
-                     f"examples per task, greedy decoding, "
-                     f"max_new_tokens {self.gen_config().max_new_tokens if self.chains else 'n/a'}. "
-                     f"{self.generation_text()} "
-                     "Paper values are from the study (Qwen3-4B-Instruct unless noted), at its scale.")
+                     + self.evaluation_text()
+                     + "Paper values are from the study (Qwen3-4B-Instruct unless noted), at its scale.")
         lines.append("")
         lines.extend(self.sections)
         lines.append("## What these runs could not support\n")
