@@ -767,3 +767,17 @@ def test_the_cosine_of_an_update_that_moved_nothing_is_recorded_as_none():
     assert row["cos:a|b"] is None and rep["total"]["cos:a|b"] is None and rep["total"]["cos:b|c"] is None
     assert rep["total"]["cos:a|c"] == pytest.approx(1 / math.sqrt(2))
     json.dumps(rep, allow_nan=False)
+
+
+def test_an_undefined_drift_fit_prints_as_n_a_not_none():
+    """`esft analyze drift` printed `R^2 median None` (an R^2 of a flat series is undefined), as `weights` once
+    printed None for a missing stable rank."""
+    from esft.analysis.command_text import format_drift
+
+    res = {"steps": 2, "num_params": 10, "alpha": 0.5, "population": 4,
+           "total": {"r2_theory": None, "rho": 0.6, "r2_fit": None, "final_ratio": 0.5},
+           "families": {"q_proj": {"n": 3, "rho": {"median": 0.59981}, "r2_fit": {"median": None}}}}
+    text = format_drift(res)
+    assert "None" not in text
+    assert "R^2(theory)=n/a, fit rho=0.6, fit R^2=n/a, measured/predicted=0.5" in text
+    assert "rho median 0.5998  R^2 median n/a" in text

@@ -118,8 +118,8 @@ def _interval(res: dict[str, Any], task: str, accuracy: float) -> str:
 
 
 def format_drift(res: dict[str, Any]) -> str:
-    def g(x: Any) -> str:  # four significant digits (drift.json keeps the full values)
-        return f"{x:.4g}" if isinstance(x, (int, float)) else str(x)
+    def g(x: Any) -> str:  # four significant digits (drift.json keeps the full values); n/a, not Python's None
+        return f"{x:.4g}" if isinstance(x, (int, float)) else NA if x is None else str(x)
 
     t = res.get("total", {})
     lines = [f"T={res['steps']} d={res['num_params']} alpha={res['alpha']:g} N={res['population']}: "
