@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -312,6 +313,19 @@ def test_drift_compares_es_with_its_grpo_partner_and_says_what_it_cannot_read(tm
     assert len(calls) == 2
     report_drift(context(tmp_path))  # each run's replay has its own cache entry
     assert len(calls) == 2
+
+
+def test_an_es_run_is_not_compared_with_the_grpo_stage_that_went_on_from_its_weights(tmp_path, base, replays):
+    """An es->grpo chain (GRPO started from the ES run's final checkpoint) has no pair: its GRPO stage, the only
+    GRPO run of the folder, was shown as the ES run's comparison, though its drift is measured from the ES
+    weights."""
+    es = run_dir(tmp_path / "es", "es", base, seed=1)
+    shutil.copytree(base, es / "checkpoints" / "final")
+    run_dir(tmp_path / "grpo", "grpo", es / "checkpoints" / "final", seed=1, drift=[1.0, 2.0])
+    ctx = context(tmp_path)
+    assert ctx.pairs == [] and [[r.path.name for r in c.runs] for c in ctx.chains] == [["es", "grpo"]]
+    runs, _ = report_drift(ctx)
+    assert runs[0].grpo is None and "grpo" not in runs[0].result
 
 
 def test_an_unpaired_es_run_is_compared_with_the_only_grpo_run(tmp_path, base, replays):

@@ -120,7 +120,10 @@ def report_drift(ctx: ReportContext) -> tuple[list[RunDrift], list[tuple[str, D.
         gs = grpo_series.get(g.path) if g is not None else None
         compared = g.path if gs is not None else None
         if gs is None and len(grpo_series) == 1 and not ctx.pairs:
-            compared, gs = next(iter(grpo_series.items()))
+            only = next(iter(grpo_series))
+            # a GRPO stage that went on from this ES run's weights (an es->grpo chain) is no comparison with it
+            if not any({r.path, only} <= {x.path for x in c.runs} for c in ctx.chains):
+                compared, gs = only, grpo_series[only]
         if gs is not None:
             _compare(res, series, gs, float(alpha), int(n))
             # a reader takes an ES/GRPO ratio for a like-for-like one: say which run it is and whether it is a pair
