@@ -252,6 +252,24 @@ def test_a_report_of_runs_that_logged_nothing_yet_says_so(tmp_path):
         "iteration ended)")
 
 
+def test_an_interrupted_report_says_what_it_kept_and_how_to_go_on(tmp_path, base, monkeypatch, capsys):
+    """Ctrl-C or SIGTERM during an analysis printed only "interrupted": the report's results finished so far are
+    kept and the same command continues from them, which the user is told."""
+    from esft.cli import main
+
+    run_dir(tmp_path / "es", "es", base)
+
+    def weights(self):
+        self.cache.get("weights_a", {}, lambda: 1)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Report, "section_weights", weights)
+    assert main(["report", str(tmp_path), "--output-dir", str(tmp_path / "r"), "--analyses", "weights"]) == 130
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"esft report: interrupted in weights; the finished analysis results (1) are kept in "
+        f"{tmp_path / 'r' / 'data'}, and the same command continues from them (report.md is written when it finishes)")
+
+
 # ---- the drift section -----------------------------------------------------------------------------------------------
 
 def test_drift_replays_each_es_run_once_and_again_when_its_seed_log_or_model_changes(tmp_path, base, replays):
