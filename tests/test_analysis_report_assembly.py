@@ -359,8 +359,8 @@ def test_an_unpaired_es_run_is_compared_with_the_only_grpo_run(tmp_path, base, r
     assert "### ES es\n" in text and "| GRPO final \\|\\|dtheta\\|\\|^2 | 2 |" in text
     # the ratio is not a like-for-like one: the report names the GRPO run and says it is not the ES run's pair
     assert runs[0].result["grpo"]["run"] == "grpo" and runs[0].result["grpo"]["paired"] is False
-    assert ("| GRPO run compared | grpo (not a pair: the only GRPO run here, of another base model, task sequence "
-            "or seed) |") in text
+    assert ("| GRPO run compared | grpo (not a pair: the only GRPO run here, of another base model or task "
+            "sequence) |") in text
     # with two GRPO runs, which one an unpaired ES run compares with is unknown: none
     run_dir(tmp_path / "grpo-b", "grpo", tmp_path / "elsewhere", seed=2, drift=[1.0])
     runs, _ = report_drift(context(tmp_path))

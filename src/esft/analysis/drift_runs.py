@@ -170,7 +170,7 @@ def law_rows(res: dict[str, Any], compared: bool) -> list[list[Any]]:
         ratio = res["grpo"].get("ratio_at_matched_step") or {}
         if "run" in res["grpo"]:
             pair = ("its pair" if res["grpo"].get("paired") else
-                    "not a pair: the only GRPO run here, of another base model, task sequence or seed")
+                    "not a pair: the only GRPO run here, of another base model or task sequence")
             rows.append(["GRPO run compared", f"{res['grpo']['run']} ({pair})"])
         rows.append(["GRPO final ||dtheta||^2", res["grpo"].get("final_sq")])
         rows.append([f"ES/GRPO displacement at matched step {ratio.get('step', '?')}", ratio.get("ratio")])
