@@ -414,8 +414,15 @@ def test_heatmap_row_labels_of_long_task_names_stay_clear_of_the_panel_to_their_
     fig = drawn(K.plot_heatmap, {"ES": (m, rows, ["1:a", "2:b"]), "GRPO": (m * 1e3, rows, ["1:a", "2:b"])})
     fig.draw_without_rendering()
     es, grpo = fig.axes[:2]
-    assert [t.get_text() for t in grpo.get_yticklabels()] == rows
+    assert [t.get_text().replace("\n", "") for t in grpo.get_yticklabels()] == rows  # wrapped, not cut
     assert min(t.get_window_extent().x0 for t in grpo.get_yticklabels()) > es.get_window_extent().x1
+    # a task with options longer still, on a single panel: the cells keep a width (the layout does not collapse)
+    name = "c/sums.jsonl:prompt_field=question,reward=my_rewards:correct_sum"
+    fig = drawn(K.plot_heatmap, {"incremental": (m[:1, :1], [name], ["es"]), "cumulative": (m[:1, :1], [name], ["es"])})
+    fig.draw_without_rendering()
+    inc, cum = fig.axes[:2]
+    assert inc.get_window_extent().width > 50 and cum.get_window_extent().width > 50
+    assert min(t.get_window_extent().x0 for t in cum.get_yticklabels()) > inc.get_window_extent().x1
 
 
 def test_sparsity_tick_labels_do_not_overlap_when_the_sweeps_are_close(drawn):
