@@ -95,6 +95,25 @@ def test_drift_command_takes_alpha_and_population_from_the_run_unless_given(tmp_
         C.run_drift(C.DriftConfig(run=str(bare), output_dir=str(tmp_path / "o3")))
 
 
+def test_drift_command_draws_a_grpo_run_measured_against_the_es_law_as_grpo(tmp_path, monkeypatch):
+    """`esft analyze drift --run RUNS/grpo --alpha A --population N` (what its refusal without them advises) drew
+    the GRPO run's drift as "ES", in ES's colour."""
+    from esft.analysis import commands as C
+    from esft.analysis import drift as D
+
+    grpo = run_dir(tmp_path / "grpo", {"algorithm": "grpo", "num_generations": 4})
+    (grpo / "drift.jsonl").write_text("{}\n")
+    es = run_dir(tmp_path / "es", {"alpha": 0.5, "population_size": 8})
+    (es / "drift.jsonl").write_text("{}\n")
+    drawn = []
+    monkeypatch.setattr(D, "read_series", lambda p: f"series:{Path(p).parent.name}")
+    monkeypatch.setattr(D, "analyze_series", lambda s, a, n: {"tensors": {}})
+    monkeypatch.setattr(D, "plot_total", lambda series, *a, **k: drawn.append((series, k["method"])))
+    C.run_drift(C.DriftConfig(run=str(grpo), alpha=0.5, population=4, output_dir=str(tmp_path / "o")))
+    C.run_drift(C.DriftConfig(run=str(es), output_dir=str(tmp_path / "o2")))
+    assert drawn == [("series:grpo", "grpo"), ("series:es", "es")]
+
+
 def test_drift_command_refuses_a_grpo_run_folder_without_drift_jsonl(tmp_path, monkeypatch):
     """`--grpo-run` naming a folder without drift.jsonl (an ES run, a misspelt run) was read as an empty series:
     the command printed its ES results, with no GRPO comparison and no word about it."""

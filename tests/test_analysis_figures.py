@@ -48,6 +48,16 @@ def _by_label(ax) -> dict:
 
 
 # ---- drift (Figures 6, 9, 10, 11) ---------------------------------------------------------------------------------
+def test_total_drift_of_a_grpo_run_against_the_es_law_is_labelled_grpo(drawn):
+    """A GRPO run's drift measured against the ES law (`esft analyze drift --run RUNS/grpo --alpha --population`)
+    was labelled "ES" and drawn in ES's blue in both panels."""
+    grpo = D.DriftSeries(steps=[1, 2], total=[0.5, 1.0], num_params=32)
+    left, right = drawn(D.plot_total, grpo, 0.5, 4, method="grpo").axes
+    assert left.get_lines()[0].get_label().startswith("GRPO (R$^2$ vs theory")
+    assert right.get_lines()[0].get_label() == "GRPO"
+    assert to_rgba(left.get_lines()[0].get_color()) == to_rgba(right.get_lines()[0].get_color()) != BLUE
+
+
 def test_total_drift_draws_es_its_prediction_and_grpo_scaled_by_grpos_own_size(drawn):
     # alpha 0.5, N 4, d 32: the prediction alpha^2 T d / N is 2 T; GRPO's 64 parameters give it the unit 4
     es = D.DriftSeries(steps=[1, 2, 4], total=[1.0, 3.0, 5.0], num_params=32, expected=[1.5, 2.5, 4.5])

@@ -216,9 +216,10 @@ def run_drift(cfg: DriftConfig) -> dict[str, Any]:
             raise FileNotFoundError(f"{src} has neither seeds.jsonl nor drift.jsonl")
     else:
         series = D.read_series(src)
+    # a GRPO run's config.yaml: num_generations, or its recorded algorithm
+    is_grpo = src.is_dir() and (str(conf.get("algorithm", "")).lower() == "grpo" or "num_generations" in conf)
     if alpha is None or n is None:
-        # a GRPO run's config.yaml (num_generations, or its recorded algorithm) has no ES law's alpha and N to give
-        if src.is_dir() and (str(conf.get("algorithm", "")).lower() == "grpo" or "num_generations" in conf):
+        if is_grpo:  # no ES law's alpha and N to give
             raise ValueError(f"--run {src} is a GRPO run: give it as --grpo-run beside an ES run as --run, or "
                              "--alpha and --population of the ES law to measure it against")
         raise ValueError("alpha and population are needed (from the run's config.yaml or --alpha/--population)")
@@ -230,7 +231,8 @@ def run_drift(cfg: DriftConfig) -> dict[str, Any]:
         res["grpo_ratio_at_matched_step"] = D.displacement_ratio(series, grpo)
     res["config"] = asdict(cfg)
     _write(out, "drift.json", res)
-    D.plot_total(series, float(alpha), int(n), out / "drift_total.png", grpo=grpo)
+    # a GRPO run measured against the ES law (--alpha, --population) is drawn as GRPO's, not labelled ES
+    D.plot_total(series, float(alpha), int(n), out / "drift_total.png", grpo=grpo, method="grpo" if is_grpo else "es")
     if res["tensors"]:
         D.plot_families(res, out / "drift_families.png")
         D.plot_tensor_curves(series, res, float(alpha), int(n), out / "drift_tensors.png")
