@@ -252,6 +252,12 @@ def test_sparsity_figure_names_the_update_by_its_runs_algorithm(tmp_path, monkey
     for i, (tuned, label) in enumerate([(grpo, None), (loose, None), (grpo, "mine")]):
         C.run_sparsity(C.SparsityConfig(base="b", tuned=str(tuned), label=label, output_dir=str(tmp_path / f"o{i}")))
     assert drawn == [["grpo"], ["es"], ["mine"]]
+    # the name only labels the figure: the same sweep under another name (a sparsity.json of an older esft,
+    # which recorded label "es" for every checkpoint) is the same analysis, redrawn, not refused
+    (tmp_path / "o0" / "sparsity.json").write_text(json.dumps({"config": {**json.loads(
+        (tmp_path / "o0" / "sparsity.json").read_text())["config"], "label": "es"}}))
+    C.run_sparsity(C.SparsityConfig(base="b", tuned=str(grpo), output_dir=str(tmp_path / "o0")))
+    assert drawn[-1] == ["grpo"]
 
 
 def test_kl_aggregate_reads_cached_results_and_plain_tables(tmp_path, monkeypatch):

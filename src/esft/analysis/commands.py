@@ -45,8 +45,8 @@ def _write(out: Path, name: str, payload: Any) -> Path:
     return path
 
 
-#: config fields that say where or how fast an analysis runs, not what it computes
-_NOT_RESULTS = ("output_dir", "threads", "stable_rank_device", "check_base")
+#: config fields that say where or how fast an analysis runs, or what its figure calls it, not what it computes
+_NOT_RESULTS = ("output_dir", "threads", "stable_rank_device", "check_base", "label")
 
 
 def check_previous(out: Path, name: str, cfg: Any) -> None:
