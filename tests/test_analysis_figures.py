@@ -259,6 +259,20 @@ def test_direction_sweep_marks_each_updates_norm_in_its_colour_and_the_reference
     assert ax.get_xlabel() == r"distance moved $\|\Delta\theta\|_2$" and ax.get_ylabel() == "accuracy"
 
 
+def test_direction_sweep_curves_of_equal_accuracy_all_show(drawn):
+    """An ES update that changed no answer and the random direction of its norms have the same accuracies: the
+    random curve, drawn last with the same marker and width, hid the ES curve, and the figure read as if ES were
+    missing. Each curve is drawn thinner than the one before, with its own marker."""
+    result = {"magnitudes": [0.0, 1.0], "directions": {d: {"norm": 1.0, "accuracy": {"t": [0.25, 0.25]}}
+                                                       for d in ("ES", "GRPO", "random (per-tensor norms of ES)")}}
+    (ax,) = drawn(L.plot_direction_sweep, result).axes
+    curves = [line for line in ax.get_lines() if line.get_linestyle() == "-"]
+    assert len(curves) == 3 and len({line.get_marker() for line in curves}) == 3
+    widths, sizes = [line.get_linewidth() for line in curves], [line.get_markersize() for line in curves]
+    assert widths == sorted(widths, reverse=True) and len(set(widths)) == 3
+    assert sizes == sorted(sizes, reverse=True) and len(set(sizes)) == 3
+
+
 def test_direction_sweep_legend_names_the_dashed_norm_lines(drawn):
     result = {"magnitudes": [0.0, 2.0], "directions": {"ES": {"norm": 2.0, "accuracy": {"boolq": [0.5, 0.7]}},
                                                        "GRPO": {"norm": 1.0, "accuracy": {"boolq": [0.5, 0.6]}}}}
