@@ -278,14 +278,17 @@ def test_a_missing_stable_rank_or_cosine_prints_as_n_a_not_none():
     """`esft analyze weights` printed Python's None for a stable rank not computed and the cosine of a zero update."""
     from esft.analysis.commands import format_weights
 
-    rep = {"labels": ["es", "grpo"], "eps": 1e-6, "pairs": ["es~grpo"], "total": {
+    rep = {"labels": ["es", "grpo"], "eps": 1e-6, "pairs": ["es|grpo"], "total": {
         "es": {"norm": 0.0, "sparsity": 1.0, "stable_rank_mean": None},
         "grpo": {"norm": 2.5, "sparsity": 0.25, "stable_rank_mean": 5.876},
-        "cos:es~grpo": None, "norm_ratio:es~grpo": 0.0}}
+        "cos:es|grpo": None, "norm_ratio:es|grpo": 0.0}}
     text = format_weights(rep)
     assert "None" not in text
     assert "stable rank (mean attn+MLP) n/a" in text and "stable rank (mean attn+MLP) 5.88" in text
-    assert "es~grpo: cosine n/a, norm ratio 0.0" in text
+    assert "es|grpo: cosine n/a, norm ratio ||es|| / ||grpo|| 0" in text
+    # the ratio names which norm is over which, and neither number prints 17 digits
+    rep["total"]["cos:es|grpo"], rep["total"]["norm_ratio:es|grpo"] = 3.3296510312884975e-05, 3.320958582078558
+    assert format_weights(rep).splitlines()[-1] == "es|grpo: cosine 3.33e-05, norm ratio ||es|| / ||grpo|| 3.321"
 
 
 def test_tensors_left_out_of_the_totals_are_said_in_the_output(tmp_path):
