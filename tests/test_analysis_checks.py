@@ -191,3 +191,27 @@ def test_bad_report_options_fail_before_any_run_is_read(tmp_path, capsys, monkey
     monkeypatch.setattr(rb.Report, "discover", discover)
     assert main(["report", str(tmp_path), "--output-dir", str(tmp_path / "report"), *argv]) == 2
     assert words in capsys.readouterr().err
+
+
+def test_a_checkpoint_of_the_other_algorithm_is_refused_as_that_side_of_the_landscape(tmp_path, capsys, no_model_load):
+    """`--es RUNS/grpo/checkpoints/final` (or a swapped pair) ran for minutes and labelled the GRPO update "ES" in
+    every table and figure; the run folder says which algorithm a checkpoint comes from, so it is refused first."""
+    runs = {}
+    for algo in ("es", "grpo"):
+        runs[algo] = tmp_path / algo / "checkpoints" / "final"
+        runs[algo].mkdir(parents=True)
+        (tmp_path / algo / "config.yaml").write_text(f"algorithm: {algo}\nmodel: smollm2-135m\n")
+    out = ["--limit", "1", "--output-dir", str(tmp_path / "out")]
+    assert main(["analyze", "landscape", "--es", str(runs["grpo"]), "--grpo", str(runs["es"]), *out]) == 2
+    err = capsys.readouterr().err
+    assert (f"(--es): es = '{runs['grpo']}' is not accepted; expected an ES checkpoint; {tmp_path / 'grpo'} is a "
+            f"GRPO run: give its checkpoint as --grpo") in err
+    assert main(["analyze", "landscape", "--grpo", str(runs["es"]), *out]) == 2
+    assert (f"expected a GRPO checkpoint; {tmp_path / 'es'} is an ES run: give its checkpoint as --es"
+            in capsys.readouterr().err)
+    from esft.analysis.commands import LandscapeConfig
+
+    # the right sides, and a checkpoint outside a run folder, pass
+    assert LandscapeConfig(es=str(runs["es"]), grpo=str(runs["grpo"])).es == str(runs["es"])
+    (tmp_path / "model").mkdir()
+    assert LandscapeConfig(grpo=str(tmp_path / "model")).grpo == str(tmp_path / "model")

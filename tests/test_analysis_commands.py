@@ -95,6 +95,25 @@ def test_drift_command_takes_alpha_and_population_from_the_run_unless_given(tmp_
         C.run_drift(C.DriftConfig(run=str(bare), output_dir=str(tmp_path / "o3")))
 
 
+def test_drift_command_draws_a_grpo_run_measured_against_the_es_law_as_grpo(tmp_path, monkeypatch):
+    """`esft analyze drift --run RUNS/grpo --alpha A --population N` (what its refusal without them advises) drew
+    the GRPO run's drift as "ES", in ES's colour."""
+    from esft.analysis import commands as C
+    from esft.analysis import drift as D
+
+    grpo = run_dir(tmp_path / "grpo", {"algorithm": "grpo", "num_generations": 4})
+    (grpo / "drift.jsonl").write_text("{}\n")
+    es = run_dir(tmp_path / "es", {"alpha": 0.5, "population_size": 8})
+    (es / "drift.jsonl").write_text("{}\n")
+    drawn = []
+    monkeypatch.setattr(D, "read_series", lambda p: f"series:{Path(p).parent.name}")
+    monkeypatch.setattr(D, "analyze_series", lambda s, a, n: {"tensors": {}})
+    monkeypatch.setattr(D, "plot_total", lambda series, *a, **k: drawn.append((series, k["method"])))
+    C.run_drift(C.DriftConfig(run=str(grpo), alpha=0.5, population=4, output_dir=str(tmp_path / "o")))
+    C.run_drift(C.DriftConfig(run=str(es), output_dir=str(tmp_path / "o2")))
+    assert drawn == [("series:grpo", "grpo"), ("series:es", "es")]
+
+
 def test_drift_command_refuses_a_grpo_run_folder_without_drift_jsonl(tmp_path, monkeypatch):
     """`--grpo-run` naming a folder without drift.jsonl (an ES run, a misspelt run) was read as an empty series:
     the command printed its ES results, with no GRPO comparison and no word about it."""
@@ -209,6 +228,36 @@ def test_sparsity_command_passes_base_tuned_and_thresholds_in_order(tmp_path, mo
     assert seen == {"base": "resolved:b", "tuned": str(tuned), "taus": [0.5], "targets": [0.9]}
     C.run_sparsity(C.SparsityConfig(base="b", tuned=str(tuned), targets=[0.9], output_dir=str(tmp_path / "o2")))
     assert seen["taus"] is None
+
+
+def test_sparsity_figure_names_the_update_by_its_runs_algorithm(tmp_path, monkeypatch):
+    """A GRPO checkpoint's sweep was drawn as "es", in ES's colour, unless --label said otherwise: the default
+    label is the checkpoint's run's algorithm, es outside a run folder, and --label still wins."""
+    from esft.analysis import commands as C
+    from esft.analysis import landscape as L
+    from esft.analysis import sparsity as SP
+
+    grpo = tmp_path / "grpo" / "checkpoints" / "final"
+    grpo.mkdir(parents=True)
+    (tmp_path / "grpo" / "config.yaml").write_text("algorithm: grpo\n")
+    loose = tmp_path / "loose"
+    loose.mkdir()
+    drawn = []
+    monkeypatch.setattr(C, "_resolve", lambda spec: f"resolved:{spec}")
+    monkeypatch.setattr(C, "_load", lambda base, w, dtype, device: ("model", "tok"))
+    monkeypatch.setattr(C, "check_base", lambda *a: None)
+    monkeypatch.setattr(L, "prepare_tasks", lambda names, limit, task_options: {})
+    monkeypatch.setattr(SP, "sparsity_sweep", lambda *a, **k: {})
+    monkeypatch.setattr(SP, "plot_sparsity_sweep", lambda results, path: drawn.append(list(results)))
+    for i, (tuned, label) in enumerate([(grpo, None), (loose, None), (grpo, "mine")]):
+        C.run_sparsity(C.SparsityConfig(base="b", tuned=str(tuned), label=label, output_dir=str(tmp_path / f"o{i}")))
+    assert drawn == [["grpo"], ["es"], ["mine"]]
+    # the name only labels the figure: the same sweep under another name (a sparsity.json of an older esft,
+    # which recorded label "es" for every checkpoint) is the same analysis, redrawn, not refused
+    (tmp_path / "o0" / "sparsity.json").write_text(json.dumps({"config": {**json.loads(
+        (tmp_path / "o0" / "sparsity.json").read_text())["config"], "label": "es"}}))
+    C.run_sparsity(C.SparsityConfig(base="b", tuned=str(grpo), output_dir=str(tmp_path / "o0")))
+    assert drawn[-1] == ["grpo"]
 
 
 def test_kl_aggregate_reads_cached_results_and_plain_tables(tmp_path, monkeypatch):

@@ -48,6 +48,16 @@ def _by_label(ax) -> dict:
 
 
 # ---- drift (Figures 6, 9, 10, 11) ---------------------------------------------------------------------------------
+def test_total_drift_of_a_grpo_run_against_the_es_law_is_labelled_grpo(drawn):
+    """A GRPO run's drift measured against the ES law (`esft analyze drift --run RUNS/grpo --alpha --population`)
+    was labelled "ES" and drawn in ES's blue in both panels."""
+    grpo = D.DriftSeries(steps=[1, 2], total=[0.5, 1.0], num_params=32)
+    left, right = drawn(D.plot_total, grpo, 0.5, 4, method="grpo").axes
+    assert left.get_lines()[0].get_label().startswith("GRPO (R$^2$ vs theory")
+    assert right.get_lines()[0].get_label() == "GRPO"
+    assert to_rgba(left.get_lines()[0].get_color()) == to_rgba(right.get_lines()[0].get_color()) != BLUE
+
+
 def test_total_drift_draws_es_its_prediction_and_grpo_scaled_by_grpos_own_size(drawn):
     # alpha 0.5, N 4, d 32: the prediction alpha^2 T d / N is 2 T; GRPO's 64 parameters give it the unit 4
     es = D.DriftSeries(steps=[1, 2, 4], total=[1.0, 3.0, 5.0], num_params=32, expected=[1.5, 2.5, 4.5])
@@ -249,6 +259,20 @@ def test_direction_sweep_marks_each_updates_norm_in_its_colour_and_the_reference
     assert ax.get_xlabel() == r"distance moved $\|\Delta\theta\|_2$" and ax.get_ylabel() == "accuracy"
 
 
+def test_direction_sweep_curves_of_equal_accuracy_all_show(drawn):
+    """An ES update that changed no answer and the random direction of its norms have the same accuracies: the
+    random curve, drawn last with the same marker and width, hid the ES curve, and the figure read as if ES were
+    missing. Each curve is drawn thinner than the one before, with its own marker."""
+    result = {"magnitudes": [0.0, 1.0], "directions": {d: {"norm": 1.0, "accuracy": {"t": [0.25, 0.25]}}
+                                                       for d in ("ES", "GRPO", "random (per-tensor norms of ES)")}}
+    (ax,) = drawn(L.plot_direction_sweep, result).axes
+    curves = [line for line in ax.get_lines() if line.get_linestyle() == "-"]
+    assert len(curves) == 3 and len({line.get_marker() for line in curves}) == 3
+    widths, sizes = [line.get_linewidth() for line in curves], [line.get_markersize() for line in curves]
+    assert widths == sorted(widths, reverse=True) and len(set(widths)) == 3
+    assert sizes == sorted(sizes, reverse=True) and len(set(sizes)) == 3
+
+
 def test_direction_sweep_legend_names_the_dashed_norm_lines(drawn):
     result = {"magnitudes": [0.0, 2.0], "directions": {"ES": {"norm": 2.0, "accuracy": {"boolq": [0.5, 0.7]}},
                                                        "GRPO": {"norm": 1.0, "accuracy": {"boolq": [0.5, 0.6]}}}}
@@ -404,6 +428,25 @@ def test_heatmap_colour_bar_names_its_quantity_and_unit(drawn):
     fig = drawn(K.plot_heatmap, {"incremental": (m, ["boolq"], ["1:boolq", "2:math"]),
                                  "cumulative": (m, ["boolq"], ["1:boolq", "2:math"])})
     assert fig.axes[-1].get_ylabel() == "KL per token (nats)"  # the colour bar, drawn last
+
+
+def test_heatmap_row_labels_of_long_task_names_stay_clear_of_the_panel_to_their_left(drawn):
+    """A data task's absolute path (or a task with options) as the GRPO panel's row label ran over the ES panel's
+    cells, and its values."""
+    m = np.array([[5.8e-4, 1e-3], [2e-3, 4e-3]])
+    rows = ["/tmp/some/where/my-data/sums.jsonl", "countdown:numbers=2,max_number=20,ops=+*"]
+    fig = drawn(K.plot_heatmap, {"ES": (m, rows, ["1:a", "2:b"]), "GRPO": (m * 1e3, rows, ["1:a", "2:b"])})
+    fig.draw_without_rendering()
+    es, grpo = fig.axes[:2]
+    assert [t.get_text().replace("\n", "") for t in grpo.get_yticklabels()] == rows  # wrapped, not cut
+    assert min(t.get_window_extent().x0 for t in grpo.get_yticklabels()) > es.get_window_extent().x1
+    # a task with options longer still, on a single panel: the cells keep a width (the layout does not collapse)
+    name = "c/sums.jsonl:prompt_field=question,reward=my_rewards:correct_sum"
+    fig = drawn(K.plot_heatmap, {"incremental": (m[:1, :1], [name], ["es"]), "cumulative": (m[:1, :1], [name], ["es"])})
+    fig.draw_without_rendering()
+    inc, cum = fig.axes[:2]
+    assert inc.get_window_extent().width > 50 and cum.get_window_extent().width > 50
+    assert min(t.get_window_extent().x0 for t in cum.get_yticklabels()) > inc.get_window_extent().x1
 
 
 def test_sparsity_tick_labels_do_not_overlap_when_the_sweeps_are_close(drawn):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -192,12 +193,19 @@ def test_the_report_runs_the_requested_sections_and_says_why_the_others_did_not(
     assert [n for n, _, _ in report.cost["kl"]] == ["kl_a", "kl_b"]
     assert "Evaluations use the first 50 test examples per task" in text
     assert "Written by the experiment runner from its stage evaluations: [../tables/tables.md]" in text
-    assert "- **accuracy (Table 1)**: no evaluation records" in unsupported
+    # the runner's tables hold Table 1: only the runs' own evaluations during training are missing
+    assert "accuracy (Table 1)**" not in unsupported
+    assert ("- **held-out accuracy during training**: no evaluation records (kind=eval with test_accuracy) in the "
+            "runs' metrics.jsonl; the stages' accuracy (Table 1) is in ../tables/tables.md") in unsupported
     # the second report takes one of weights' results from the cache and computes the other again
     again = Report(ReportConfig(dir=str(tmp_path), output_dir=str(tmp_path / "r"), analyses=["weights"], limit=7),
                    progress=False)
-    cost = again.build().read_text().split("## Cost")[1]
+    text = again.build().read_text()
+    cost = text.split("## Cost")[1]
     assert [(n, reused) for n, reused, _ in again.cost["weights"]] == [("weights_a", True), ("weights_b", False)]
+    # nothing evaluated: the header gave "the first 7 test examples" and a generation path as if something had
+    assert "No evaluations (--analyses has none of kl, landscape, sparsity)." in text
+    assert "Evaluations use" not in text and "Generation:" not in text
     assert "| weights | " in cost and " 1 of 2 |" in cost
     results = json.loads((tmp_path / "r" / "results.json").read_text())
     assert results["config"]["limit"] == 7 and ["kl", "not requested (--analyses)"] in results["unsupported"]
@@ -210,6 +218,56 @@ def test_the_report_runs_the_requested_sections_and_says_why_the_others_did_not(
                progress=False).build()
     with pytest.raises(ValueError, match="no run directory"):
         Report(ReportConfig(dir=str(base)), progress=False).build()
+
+
+def test_a_report_whose_every_run_is_left_out_says_so(tmp_path, base):
+    """`--exclude '.*'` (or patterns that match every run) said "no run directory under DIR", which sends the
+    user looking for runs that are there: the error names the runs left out and why."""
+    run_dir(tmp_path / "es", "es", base)
+    run_dir(tmp_path / "grpo", "grpo", base)
+    with pytest.raises(ValueError, match=r"every run under .* was left out \(2\): es: matches --exclude 'e'; "
+                                         r"grpo: matches --exclude 'g'$"):
+        Report(ReportConfig(dir=str(tmp_path), output_dir=str(tmp_path / "r"), exclude=["e", "g"]),
+               progress=False).build()
+    assert not (tmp_path / "r").exists()
+
+
+def test_a_report_of_runs_that_logged_nothing_yet_says_so(tmp_path):
+    """A run in its first iteration (config.yaml, samples/ and a held lock) got only "no run directory under
+    DIR", as if the folder were mistyped: the error names the run and whether a process is still writing it."""
+    from esft.rundir import RunLock
+
+    for name in ("live", "stopped"):
+        (tmp_path / "runs" / name).mkdir(parents=True)
+        (tmp_path / "runs" / name / "config.yaml").write_text("algorithm: es\n")
+    lock = RunLock(tmp_path / "runs" / "live").acquire()
+    try:
+        with pytest.raises(ValueError) as err:
+            Report(ReportConfig(dir=str(tmp_path / "runs"), output_dir=str(tmp_path / "r")), progress=False).build()
+    finally:
+        lock.release()
+    assert str(err.value).endswith(
+        f"; {tmp_path / 'runs' / 'live'} has logged nothing yet (a run in its first iteration: an esft process holds "
+        f"its lock); {tmp_path / 'runs' / 'stopped'} has logged nothing yet (a run stopped before its first "
+        "iteration ended)")
+
+
+def test_an_interrupted_report_says_what_it_kept_and_how_to_go_on(tmp_path, base, monkeypatch, capsys):
+    """Ctrl-C or SIGTERM during an analysis printed only "interrupted": the report's results finished so far are
+    kept and the same command continues from them, which the user is told."""
+    from esft.cli import main
+
+    run_dir(tmp_path / "es", "es", base)
+
+    def weights(self):
+        self.cache.get("weights_a", {}, lambda: 1)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Report, "section_weights", weights)
+    assert main(["report", str(tmp_path), "--output-dir", str(tmp_path / "r"), "--analyses", "weights"]) == 130
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"esft report: interrupted in weights; the finished analysis results (1) are kept in "
+        f"{tmp_path / 'r' / 'data'}, and the same command continues from them (report.md is written when it finishes)")
 
 
 # ---- the drift section -----------------------------------------------------------------------------------------------
@@ -267,11 +325,25 @@ def test_drift_compares_es_with_its_grpo_partner_and_says_what_it_cannot_read(tm
     assert sorted(ctx.results["drift"]) == ["es1", "es2"] and "tensors" in ctx.results["drift"]["es1"]
     rows = dict((q, v) for q, v in law_rows(by["es2"].result, True))
     assert rows["GRPO final ||dtheta||^2"] == 1.0 and rows["ES/GRPO displacement at matched step 2"] == 2.0
+    assert rows["GRPO run compared"] == "grpo2 (its pair)" and by["es1"].result["grpo"]["run"] == "grpo1"
     assert "GRPO final ||dtheta||^2" not in dict(law_rows(by["es2"].result, False))
     calls, _ = replays
     assert len(calls) == 2
     report_drift(context(tmp_path))  # each run's replay has its own cache entry
     assert len(calls) == 2
+
+
+def test_an_es_run_is_not_compared_with_the_grpo_stage_that_went_on_from_its_weights(tmp_path, base, replays):
+    """An es->grpo chain (GRPO started from the ES run's final checkpoint) has no pair: its GRPO stage, the only
+    GRPO run of the folder, was shown as the ES run's comparison, though its drift is measured from the ES
+    weights."""
+    es = run_dir(tmp_path / "es", "es", base, seed=1)
+    shutil.copytree(base, es / "checkpoints" / "final")
+    run_dir(tmp_path / "grpo", "grpo", es / "checkpoints" / "final", seed=1, drift=[1.0, 2.0])
+    ctx = context(tmp_path)
+    assert ctx.pairs == [] and [[r.path.name for r in c.runs] for c in ctx.chains] == [["es", "grpo"]]
+    runs, _ = report_drift(ctx)
+    assert runs[0].grpo is None and "grpo" not in runs[0].result
 
 
 def test_an_unpaired_es_run_is_compared_with_the_only_grpo_run(tmp_path, base, replays):
@@ -285,6 +357,10 @@ def test_an_unpaired_es_run_is_compared_with_the_only_grpo_run(tmp_path, base, r
     text = Report(ReportConfig(dir=str(tmp_path), output_dir=str(tmp_path / "r"), analyses=["drift"]),
                   progress=False).build().read_text()
     assert "### ES es\n" in text and "| GRPO final \\|\\|dtheta\\|\\|^2 | 2 |" in text
+    # the ratio is not a like-for-like one: the report names the GRPO run and says it is not the ES run's pair
+    assert runs[0].result["grpo"]["run"] == "grpo" and runs[0].result["grpo"]["paired"] is False
+    assert ("| GRPO run compared | grpo (not a pair: the only GRPO run here, of another base model or task "
+            "sequence) |") in text
     # with two GRPO runs, which one an unpaired ES run compares with is unknown: none
     run_dir(tmp_path / "grpo-b", "grpo", tmp_path / "elsewhere", seed=2, drift=[1.0])
     runs, _ = report_drift(context(tmp_path))

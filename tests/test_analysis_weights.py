@@ -278,14 +278,17 @@ def test_a_missing_stable_rank_or_cosine_prints_as_n_a_not_none():
     """`esft analyze weights` printed Python's None for a stable rank not computed and the cosine of a zero update."""
     from esft.analysis.commands import format_weights
 
-    rep = {"labels": ["es", "grpo"], "eps": 1e-6, "pairs": ["es~grpo"], "total": {
+    rep = {"labels": ["es", "grpo"], "eps": 1e-6, "pairs": ["es|grpo"], "total": {
         "es": {"norm": 0.0, "sparsity": 1.0, "stable_rank_mean": None},
         "grpo": {"norm": 2.5, "sparsity": 0.25, "stable_rank_mean": 5.876},
-        "cos:es~grpo": None, "norm_ratio:es~grpo": 0.0}}
+        "cos:es|grpo": None, "norm_ratio:es|grpo": 0.0}}
     text = format_weights(rep)
     assert "None" not in text
     assert "stable rank (mean attn+MLP) n/a" in text and "stable rank (mean attn+MLP) 5.88" in text
-    assert "es~grpo: cosine n/a, norm ratio 0.0" in text
+    assert "es|grpo: cosine n/a, norm ratio ||es|| / ||grpo|| 0" in text
+    # the ratio names which norm is over which, and neither number prints 17 digits
+    rep["total"]["cos:es|grpo"], rep["total"]["norm_ratio:es|grpo"] = 3.3296510312884975e-05, 3.320958582078558
+    assert format_weights(rep).splitlines()[-1] == "es|grpo: cosine 3.33e-05, norm ratio ||es|| / ||grpo|| 3.321"
 
 
 def test_tensors_left_out_of_the_totals_are_said_in_the_output(tmp_path):
@@ -767,3 +770,17 @@ def test_the_cosine_of_an_update_that_moved_nothing_is_recorded_as_none():
     assert row["cos:a|b"] is None and rep["total"]["cos:a|b"] is None and rep["total"]["cos:b|c"] is None
     assert rep["total"]["cos:a|c"] == pytest.approx(1 / math.sqrt(2))
     json.dumps(rep, allow_nan=False)
+
+
+def test_an_undefined_drift_fit_prints_as_n_a_not_none():
+    """`esft analyze drift` printed `R^2 median None` (an R^2 of a flat series is undefined), as `weights` once
+    printed None for a missing stable rank."""
+    from esft.analysis.command_text import format_drift
+
+    res = {"steps": 2, "num_params": 10, "alpha": 0.5, "population": 4,
+           "total": {"r2_theory": None, "rho": 0.6, "r2_fit": None, "final_ratio": 0.5},
+           "families": {"q_proj": {"n": 3, "rho": {"median": 0.59981}, "r2_fit": {"median": None}}}}
+    text = format_drift(res)
+    assert "None" not in text
+    assert "R^2(theory)=n/a, fit rho=0.6, fit R^2=n/a, measured/predicted=0.5" in text
+    assert "rho median 0.5998  R^2 median n/a" in text

@@ -709,3 +709,29 @@ def test_each_stage_run_is_named_after_its_folder_unless_the_spec_names_it(tmp_p
     grpo = _step_configs(spec, smap["seed-52/sequential/grpo/2-boolq"], root, smap)
     assert [c.run_name for c in es] == ["out/seed-42/sequential/es/1-countdown"]
     assert [c.run_name for c in grpo] == ["mine"]
+
+
+@pytest.mark.parametrize("command", ["tables", "status"])
+def test_a_folder_that_is_not_an_experiment_is_named_for_what_it_is(tmp_path, capsys, command):
+    """`esft experiment tables|status` said "not an experiment folder (no plan.json)" of a folder that does not
+    exist and of a folder of training runs alike; the first is named as missing, the second pointed to
+    `esft report`."""
+    from esft.cli import main
+
+    run = tmp_path / "runs" / "es"
+    run.mkdir(parents=True)
+    (run / "config.yaml").write_text("algorithm: es\n")
+    (run / "metrics.jsonl").write_text("")
+    (tmp_path / "other").mkdir()
+    expected = {
+        tmp_path / "missing": f"{tmp_path / 'missing'} does not exist (an experiment folder is `esft experiment "
+                              "run`'s --output-dir)",
+        tmp_path / "runs": f"{tmp_path / 'runs'} is not an experiment folder (no plan.json): it holds training "
+                           f"runs, which `esft report {tmp_path / 'runs'}` reports on",
+        run: f"{run} is not an experiment folder (no plan.json): it is a training run's folder, which "
+             f"`esft report {run}` reports on",
+        tmp_path / "other": f"{tmp_path / 'other'} is not an experiment folder (no plan.json",
+    }
+    for folder, words in expected.items():
+        assert main(["experiment", command, str(folder)]) == 2
+        assert words in capsys.readouterr().err

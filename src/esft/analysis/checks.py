@@ -58,6 +58,29 @@ def check_analysis(config: Any) -> None:
                     and not (run / "config.json").exists():
                 raise ConfigError(name, path, f"a {what}; {run} is a run directory: its model is a checkpoint "
                                   f"folder, e.g. {run / 'checkpoints' / 'final'}")
+    check_sides(config)
+
+
+def check_sides(config: Any) -> None:
+    """`esft analyze landscape`'s --es and --grpo each name a checkpoint of that algorithm's run where the
+    checkpoint's run folder says which: a swapped pair would label every table and figure the other way round."""
+    import yaml
+
+    from esft.analysis.runs import classify, read_config
+
+    names = {"es": "an ES", "grpo": "a GRPO"}
+    for side, other in (("es", "grpo"), ("grpo", "es")):
+        path = getattr(config, side, None) if hasattr(config, other) else None
+        run = Path(str(path)).parent.parent
+        if not path or Path(path).parent.name != "checkpoints" or not (run / "config.yaml").is_file():
+            continue
+        try:
+            algorithm = classify(run, read_config(run / "config.yaml"))
+        except yaml.YAMLError:  # a config.yaml that does not parse says nothing of the algorithm
+            continue
+        if algorithm == other:
+            raise ConfigError(side, path, f"{names[side]} checkpoint; {run} is {names[other]} run: give its "
+                              f"checkpoint as --{other}")
 
 
 def check_counts(config: Any) -> None:

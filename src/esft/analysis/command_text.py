@@ -20,9 +20,10 @@ def format_weights(rep: dict[str, Any]) -> str:
         stable = NA if v["stable_rank_mean"] is None else round(v["stable_rank_mean"], 2)
         lines.append(f"{lab:<8} ||d||_2 {v['norm']:.6g}  sparsity(|d|<={rep['eps']:g}) {100 * v['sparsity']:.2f}%  "
                      f"stable rank (mean attn+MLP) {stable}")
-    for p in rep["pairs"]:
-        cos, ratio = ((NA if x is None else x) for x in (t["cos:" + p], t["norm_ratio:" + p]))
-        lines.append(f"{p}: cosine {cos}, norm ratio {ratio}")  # None: a zero update has no direction
+    for p in rep["pairs"]:  # four significant digits, as drift's lines; None: a zero update has no direction
+        cos, ratio = ((NA if x is None else f"{x:.4g}") for x in (t["cos:" + p], t["norm_ratio:" + p]))
+        a, _, b = p.partition("|")
+        lines.append(f"{p}: cosine {cos}, norm ratio ||{a}|| / ||{b}|| {ratio}")
     for src, names in rep.get("unmatched", {}).items():
         lines.append(f"not compared (missing from another checkpoint): {len(names)} tensor(s) of {src}: "
                      f"{', '.join(names[:5])}{' ...' if len(names) > 5 else ''}")
@@ -118,8 +119,8 @@ def _interval(res: dict[str, Any], task: str, accuracy: float) -> str:
 
 
 def format_drift(res: dict[str, Any]) -> str:
-    def g(x: Any) -> str:  # four significant digits (drift.json keeps the full values)
-        return f"{x:.4g}" if isinstance(x, (int, float)) else str(x)
+    def g(x: Any) -> str:  # four significant digits (drift.json keeps the full values); n/a, not Python's None
+        return f"{x:.4g}" if isinstance(x, (int, float)) else NA if x is None else str(x)
 
     t = res.get("total", {})
     lines = [f"T={res['steps']} d={res['num_params']} alpha={res['alpha']:g} N={res['population']}: "

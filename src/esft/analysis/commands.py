@@ -45,8 +45,8 @@ def _write(out: Path, name: str, payload: Any) -> Path:
     return path
 
 
-#: config fields that say where or how fast an analysis runs, not what it computes
-_NOT_RESULTS = ("output_dir", "threads", "stable_rank_device", "check_base")
+#: config fields that say where or how fast an analysis runs, or what its figure calls it, not what it computes
+_NOT_RESULTS = ("output_dir", "threads", "stable_rank_device", "check_base", "label")
 
 
 def check_previous(out: Path, name: str, cfg: Any) -> None:
@@ -216,9 +216,10 @@ def run_drift(cfg: DriftConfig) -> dict[str, Any]:
             raise FileNotFoundError(f"{src} has neither seeds.jsonl nor drift.jsonl")
     else:
         series = D.read_series(src)
+    # a GRPO run's config.yaml: num_generations, or its recorded algorithm
+    is_grpo = src.is_dir() and (str(conf.get("algorithm", "")).lower() == "grpo" or "num_generations" in conf)
     if alpha is None or n is None:
-        # a GRPO run's config.yaml (num_generations, or its recorded algorithm) has no ES law's alpha and N to give
-        if src.is_dir() and (str(conf.get("algorithm", "")).lower() == "grpo" or "num_generations" in conf):
+        if is_grpo:  # no ES law's alpha and N to give
             raise ValueError(f"--run {src} is a GRPO run: give it as --grpo-run beside an ES run as --run, or "
                              "--alpha and --population of the ES law to measure it against")
         raise ValueError("alpha and population are needed (from the run's config.yaml or --alpha/--population)")
@@ -230,7 +231,8 @@ def run_drift(cfg: DriftConfig) -> dict[str, Any]:
         res["grpo_ratio_at_matched_step"] = D.displacement_ratio(series, grpo)
     res["config"] = asdict(cfg)
     _write(out, "drift.json", res)
-    D.plot_total(series, float(alpha), int(n), out / "drift_total.png", grpo=grpo)
+    # a GRPO run measured against the ES law (--alpha, --population) is drawn as GRPO's, not labelled ES
+    D.plot_total(series, float(alpha), int(n), out / "drift_total.png", grpo=grpo, method="grpo" if is_grpo else "es")
     if res["tensors"]:
         D.plot_families(res, out / "drift_families.png")
         D.plot_tensor_curves(series, res, float(alpha), int(n), out / "drift_tensors.png")
@@ -419,8 +421,8 @@ class SparsityConfig(ConfigHooks):
     """base model"""
     tuned: str = ""
     """fine-tuned checkpoint folder"""
-    label: str = "es"
-    """name of the update in the figure"""
+    label: str | None = None
+    """name of the update in the figure; None = its run's algorithm (es, grpo), es outside a run folder"""
     tasks: list[str] = field(default_factory=lambda: ["boolq"])
     """evaluation tasks"""
     targets: list[float] = field(default_factory=lambda: list(SWEEP_TARGETS))
@@ -469,7 +471,7 @@ def run_sparsity(cfg: SparsityConfig) -> dict[str, Any]:
     res["config"] = asdict(cfg)
     out = Path(cfg.output_dir)
     _write(out, "sparsity.json", res)
-    SP.plot_sparsity_sweep({cfg.label: res}, out / "sparsity.png")
+    SP.plot_sparsity_sweep({cfg.label or (run_labels([cfg.tuned]) or ["es"])[0]: res}, out / "sparsity.png")
     return res
 
 

@@ -269,9 +269,10 @@ def step_ticks(ax: Any) -> None:
 
 
 def plot_total(series: DriftSeries, alpha: float, population: int, path: str | Path,
-               grpo: DriftSeries | None = None, title: str = "") -> Path:
+               grpo: DriftSeries | None = None, title: str = "", method: str = "es") -> Path:
     """Figure 9 / 6A: total squared displacement vs step with the no-parameter prediction; GRPO as an inset.
-    Right panel: the same divided by alpha^2 d / N, where the theory is the identity."""
+    Right panel: the same divided by alpha^2 d / N, where the theory is the identity. `method` names the measured
+    series ("grpo" for a GRPO run's drift log measured against the ES law)."""
     from esft.analysis.plots import color, pyplot, save
 
     plt = pyplot()
@@ -284,8 +285,8 @@ def plot_total(series: DriftSeries, alpha: float, population: int, path: str | P
     dot = {"marker": "o", "ms": 4} if len(steps) == 1 else {}
     gdot = {"marker": "o", "ms": 4} if grpo is not None and len(grpo.steps) == 1 else {}
     ax = axes[0]
-    ax.plot(steps, series.total, color=color("es"), lw=2, **dot,
-            label=f"ES (R$^2$ vs theory = {short(fit['r2_theory'])})")
+    ax.plot(steps, series.total, color=color(method), lw=2, **dot,
+            label=f"{method.upper()} (R$^2$ vs theory = {short(fit['r2_theory'])})")
     ax.plot(steps, pred, "k--", lw=1, **dot, label=r"$\alpha^2 T d / N$")
     if series.expected is not None:
         ax.plot(steps, series.expected, ":", color="gray", lw=1.5, **dot, label="expectation from the logged updates")
@@ -311,7 +312,7 @@ def plot_total(series: DriftSeries, alpha: float, population: int, path: str | P
                     transform=ax.transAxes, va="top", fontsize=8)
     ax = axes[1]
     unit = alpha ** 2 * d / population
-    ax.plot(steps, np.asarray(series.total) / unit, color=color("es"), lw=2, **dot, label="ES")
+    ax.plot(steps, np.asarray(series.total) / unit, color=color(method), lw=2, **dot, label=method.upper())
     if grpo is not None and grpo.steps:
         gd = grpo.num_params or d
         ax.plot(grpo.steps, np.asarray(grpo.total) / (alpha ** 2 * gd / population), color=color("grpo"), lw=2,

@@ -118,10 +118,17 @@ def report_drift(ctx: ReportContext) -> tuple[list[RunDrift], list[tuple[str, D.
         res = D.analyze_series(series, float(alpha), int(n))
         g = partner.get(r.path)
         gs = grpo_series.get(g.path) if g is not None else None
+        compared = g.path if gs is not None else None
         if gs is None and len(grpo_series) == 1 and not ctx.pairs:
-            gs = next(iter(grpo_series.values()))
+            only = next(iter(grpo_series))
+            # a GRPO stage that went on from this ES run's weights (an es->grpo chain) is no comparison with it
+            if not any({r.path, only} <= {x.path for x in c.runs} for c in ctx.chains):
+                compared, gs = only, grpo_series[only]
         if gs is not None:
             _compare(res, series, gs, float(alpha), int(n))
+            # a reader takes an ES/GRPO ratio for a like-for-like one: say which run it is and whether it is a pair
+            res["grpo"]["run"] = ctx.rel_run(next(x for x in grpo_runs if x.path == compared))
+            res["grpo"]["paired"] = g is not None
         results[name] = {k: v for k, v in res.items() if k != "tensors"}
         results[name]["tensors"] = res["tensors"]
         out.append(RunDrift(name, r, res, gs))
@@ -161,6 +168,10 @@ def law_rows(res: dict[str, Any], compared: bool) -> list[list[Any]]:
             ["free fit through origin: rho = d_eff / d", t.get("rho")], ["free fit R^2", r2(t.get("r2_fit"))]]
     if compared and res.get("grpo"):
         ratio = res["grpo"].get("ratio_at_matched_step") or {}
+        if "run" in res["grpo"]:
+            pair = ("its pair" if res["grpo"].get("paired") else
+                    "not a pair: the only GRPO run here, of another base model or task sequence")
+            rows.append(["GRPO run compared", f"{res['grpo']['run']} ({pair})"])
         rows.append(["GRPO final ||dtheta||^2", res["grpo"].get("final_sq")])
         rows.append([f"ES/GRPO displacement at matched step {ratio.get('step', '?')}", ratio.get("ratio")])
     return rows

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import gc
 import math
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
@@ -350,6 +351,10 @@ def evenness(norm: Any, values: np.ndarray) -> float:
     return float(np.median(np.diff(positions))) if positions.size > 1 else 0.0
 
 
+#: characters per line of a heatmap's row label (a task name)
+ROW_LABEL_CHARS = 32
+
+
 def plot_heatmap(panels: Mapping[str, tuple[np.ndarray, Sequence[str], Sequence[str]]], path: str | Path,
                  title: str = "incremental KL(after || before)") -> Path:
     """Figure 2: one heatmap per method (rows: evaluation task, columns: after training stage), one shared
@@ -361,14 +366,21 @@ def plot_heatmap(panels: Mapping[str, tuple[np.ndarray, Sequence[str], Sequence[
 
     plt = pyplot()
     norm = heat_norm(np.concatenate([m.ravel() for m, _, _ in panels.values()] or [np.array([])]))
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels) + 0.8, 3.6), squeeze=False)
+    # a long task name (a data file's path, a task with options) as a row label: wrapped, and given its room by a
+    # wider panel and the constrained layout, instead of running over the cells of the panel to its left
+    wrap = {r: textwrap.fill(r, ROW_LABEL_CHARS, break_on_hyphens=False)
+            for _, rows, _ in panels.values() for r in rows}
+    longest = max((len(r) for r in wrap), default=0)
+    width = max(4.2, 3.2 + 0.07 * min(longest, ROW_LABEL_CHARS))
+    fig, axes = plt.subplots(1, len(panels), figsize=(width * len(panels) + 0.8, 3.6), squeeze=False,
+                             layout="constrained")
     im = None
     for ax, (label, (m, rows, cols)) in zip(axes[0], panels.items()):
         im = ax.imshow(m, cmap="viridis", norm=norm, aspect="auto")
         ax.set_xticks(range(len(cols)))
         ax.set_xticklabels([f"after {c}" for c in cols], rotation=30, ha="right", fontsize=8)
         ax.set_yticks(range(len(rows)))
-        ax.set_yticklabels(rows, fontsize=8)
+        ax.set_yticklabels([wrap[r] for r in rows], fontsize=8)
         ax.set_title(label)
         for i in range(m.shape[0]):
             for j in range(m.shape[1]):

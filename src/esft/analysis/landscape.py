@@ -319,17 +319,17 @@ def plot_direction_sweep(result: Mapping[str, Any], path: str | Path,
     mags = np.asarray(result["magnitudes"], dtype=np.float64)
     tasks = list(next(iter(result["directions"].values()))["accuracy"]) if result["directions"] else []
     fig, axes = plt.subplots(1, max(1, len(tasks)), figsize=(4.2 * max(1, len(tasks)), 3.4), squeeze=False)
-    pos = mags[mags > 0]
     for ax, n in zip(axes[0], tasks):
-        for label, d in result["directions"].items():
-            ax.plot(mags, d["accuracy"][n], "o-", ms=3, color=color(label.split()[0]), label=label)
+        for k, (label, d) in enumerate(result["directions"].items()):  # each thinner: equal curves all show
+            style = {"marker": "os^D"[k % 4], "ms": max(2, 7 - 2 * k), "lw": max(0.8, 3 - k)}
+            ax.plot(mags, d["accuracy"][n], color=color(label.split()[0]), label=label, **style)
             if not label.lower().startswith("random"):
                 ax.axvline(d["norm"], color=color(label.split()[0]), ls="--", lw=1, label=f"norm of the {label} update")
         for j, (lab, accs) in enumerate((reference or {}).items()):
             if n in accs:
                 ax.axhline(accs[n], color="k", ls=":", lw=1, alpha=min(1.0, 0.5 + 0.25 * j))  # later ones darker
                 ax.text(mags.max(), accs[n], lab, fontsize=6, ha="right", va="bottom")
-        distance_axis(ax, pos)
+        distance_axis(ax, mags[mags > 0])
         ax.set_xlabel(r"distance moved $\|\Delta\theta\|_2$")
         score = (result.get("score") or {}).get(n, ACCURACY)
         draw_baseline(ax, shown(result, {n: score})[n])

@@ -177,8 +177,15 @@ class Report(ReportContext):
         if not self.runs:  # a mistyped folder must not look like an empty success
             if self.made_out and not any(self.out.iterdir()):
                 self.out.rmdir()
+            if self.left_out:  # runs there, every one left out: "no run directory" would send the user looking
+                shown = "; ".join(f"{name}: {why}" for name, why in self.left_out[:3])
+                more = f"; and {len(self.left_out) - 3} more" if len(self.left_out) > 3 else ""
+                raise ValueError(f"every run under {self.root} was left out ({len(self.left_out)}): {shown}{more}"
+                                 + ("" if self.config.all_runs or self.plan is None else
+                                    " (--all-runs takes the runs outside the plan)"))
             raise ValueError(f"no run directory under {self.root} (a folder with config.yaml and metrics.jsonl, "
-                             "seeds.jsonl, drift.jsonl or checkpoints)" + _inside_run(self.root))
+                             "seeds.jsonl, drift.jsonl or checkpoints)" + _inside_run(self.root)
+                             + _not_started(self.root))
         self.log(f"{len(self.runs)} runs, {len(self.chains)} chains, {len(self.pairs)} ES-GRPO pairs"
                  + (f"; {len(self.left_out)} runs left out (listed under Runs)" if self.left_out else ""))
         self.section_runs()
@@ -195,6 +202,11 @@ class Report(ReportContext):
             self.log(f"{a} ...")
             try:
                 getattr(self, f"section_{a}")()
+            except KeyboardInterrupt:  # Ctrl-C or SIGTERM: say what is kept and how to go on, not only "interrupted"
+                raise KeyboardInterrupt(
+                    f"esft report: interrupted in {a}; the finished analysis results ({len(self.cache.entries)}) are "
+                    f"kept in {self.out / 'data'}, and the same command continues from them (report.md is written "
+                    "when it finishes)") from None
             except Exception as exc:  # one failing analysis must not lose the others
                 self.sections.append(f"## {a}\n\nFailed: `{type(exc).__name__}: {exc}`\n")
                 self.skip(a, f"failed with {type(exc).__name__}: {exc}")
@@ -206,17 +218,24 @@ class Report(ReportContext):
         self.timings["total"] = time.perf_counter() - t_start
         return self.write()
 
+    def evaluation_text(self) -> str:
+        """How the evaluating analyses evaluate; that none ran where --analyses names none of them (a header that
+        gave a limit and a generation path read as if the report had evaluated)."""
+        cfg = self.config
+        if not set(cfg.analyses) & {"kl", "landscape", "sparsity"}:
+            return "No evaluations (--analyses has none of kl, landscape, sparsity). "
+        return (f"Evaluations use {'a label-balanced subset of' if cfg.balanced else 'the first'} {cfg.limit} test "
+                "examples per task, greedy decoding, "
+                f"max_new_tokens {self.gen_config().max_new_tokens if self.chains else 'n/a'}. "
+                f"{self.generation_text()} ")
+
     def write(self) -> Path:
         cfg = self.config
         lines = [f"# esft report: {self.root}", ""]
         lines.append(f"Generated {time.strftime('%Y-%m-%d %H:%M:%S')}. Runs: {len(self.runs)}, sequential chains: "
                      f"{len(self.chains)}, ES-GRPO pairs (same base model and task sequence): {len(self.pairs)}. "
-                     f"Evaluations use {'a label-balanced subset of' if cfg.balanced else 'the first'} {cfg.limit} "
-                     "test "
-                     f"examples per task, greedy decoding, "
-                     f"max_new_tokens {self.gen_config().max_new_tokens if self.chains else 'n/a'}. "
-                     f"{self.generation_text()} "
-                     "Paper values are from the study (Qwen3-4B-Instruct unless noted), at its scale.")
+                     + self.evaluation_text()
+                     + "Paper values are from the study (Qwen3-4B-Instruct unless noted), at its scale.")
         lines.append("")
         lines.extend(self.sections)
         lines.append("## What these runs could not support\n")
@@ -279,6 +298,9 @@ class Report(ReportContext):
                  "constant answer (last eval)", "paper (%)"], rows)
                 + "\n\nFrom each run's own `metrics.jsonl` evaluations. Constant answer: always giving the most "
                 "frequent gold answer of the last evaluation's examples, with its 95% Wilson interval.\n")
+        elif tables.exists():  # Table 1 is in the runner's tables; only the runs' own curves are missing
+            self.skip("held-out accuracy during training", "no evaluation records (kind=eval with test_accuracy) in "
+                      f"the runs' metrics.jsonl; the stages' accuracy (Table 1) is in {self.rel(tables)}")
         else:
             self.skip("accuracy (Table 1)", "no evaluation records (kind=eval with test_accuracy) in metrics.jsonl")
 
@@ -418,6 +440,17 @@ def _inside_run(root: Path) -> str:
 
     run = enclosing_run_dir(root)
     return f"; {root} is inside the run folder {run}: give that (esft report {run})" if run else ""
+
+
+def _not_started(root: Path) -> str:
+    """`; RUN has logged nothing yet (...)` for each folder under `root` with a run's config.yaml and no log or
+    checkpoint: a run still in its first iteration (its lock held) or one stopped before it, else ''."""
+    from esft.rundir import is_run_dir, lock_held
+
+    found = sorted(p.parent for p in root.rglob("config.yaml") if not is_run_dir(p.parent))
+    return "".join(f"; {p} has logged nothing yet (" + ("a run in its first iteration: an esft process holds its "
+                   "lock" if lock_held(p) else "a run stopped before its first iteration ended") + ")"
+                   for p in found[:3])
 
 
 def build_report(config: ReportConfig, progress: bool = True, tasks: Sequence[Any] = ()) -> Path:

@@ -58,7 +58,9 @@ def _status(args: argparse.Namespace) -> int:
     root = Path(args.dir)
     plan = root / "plan.json"
     if not plan.exists():
-        raise FileNotFoundError(f"{root} is not an experiment folder (no plan.json)")
+        from esft.experiments.records import not_an_experiment
+
+        raise not_an_experiment(root)
     from esft.rundir import lock_held
 
     active = lock_held(root)  # a runner working here now (its lock); else a "running" stage was interrupted

@@ -93,12 +93,27 @@ class Experiment:
         return self.score_name(task) == MEAN_REWARD
 
 
+def not_an_experiment(root: Path, advice: str = "") -> FileNotFoundError:
+    """The refusal of a folder without plan.json: one that does not exist, one of training runs (`esft report`
+    reads those), or any other folder (`advice` says how one becomes an experiment folder)."""
+    from esft.rundir import is_run_dir
+
+    if not root.exists():
+        return FileNotFoundError(f"{root} does not exist (an experiment folder is `esft experiment run`'s "
+                                 "--output-dir)")
+    if root.is_dir() and any(is_run_dir(p.parent) for p in root.rglob("config.yaml")):
+        what = "is a training run's folder" if is_run_dir(root) else "holds training runs"
+        return FileNotFoundError(f"{root} is not an experiment folder (no plan.json): it {what}, which "
+                                 f"`esft report {root}` reports on")
+    return FileNotFoundError(f"{root} is not an experiment folder (no plan.json{advice})")
+
+
 def load_experiment(root: str | Path) -> Experiment:
     """The plan, every stage's status.json and the result.json of every stage whose status is done (or unknown)."""
     root = Path(root)
     plan_path = root / "plan.json"
     if not plan_path.exists():
-        raise FileNotFoundError(f"{root} is not an experiment folder (no plan.json; run `esft experiment run` first)")
+        raise not_an_experiment(root, "; run `esft experiment run` first")
     plan = json.loads(plan_path.read_text())
     exp = Experiment(root, plan["spec"], plan["stages"])
     for s in exp.stages:
