@@ -48,7 +48,7 @@ def test_export_loads_and_generates_like_the_final_checkpoint(es_run, tmp_path, 
     run, base = es_run
     dest = tmp_path / "exported"
     assert main(["export", str(run), "--to", str(dest)]) == 0
-    assert "huggingface-cli upload" in capsys.readouterr().out
+    assert f"upload: hf upload ORG/NAME {dest} .\n" in capsys.readouterr().out  # the huggingface_hub CLI installed
     names = {p.name for p in dest.iterdir()}
     assert {"config.json", "generation_config.json", "model.safetensors", "tokenizer_config.json",
             "README.md"} <= names

@@ -199,7 +199,7 @@ def _export(args: argparse.Namespace) -> int:
 
     result = export_run(args.run, args.to, overwrite=args.overwrite)
     print(f"exported {result.checkpoint} to {result.folder}: {', '.join(result.files)}")
-    print(f"upload: huggingface-cli upload ORG/NAME {result.folder} .")
+    print(f"upload: hf upload ORG/NAME {result.folder} .")
     return 0
 
 
@@ -387,7 +387,7 @@ def _analyze_options(analyze: argparse.ArgumentParser) -> None:
 def _export_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("run", metavar="RUN", help="a run directory (its checkpoints/final, else its latest "
                    "iter_XXXXXX) or a checkpoint folder")
-    p.add_argument("--to", required=True, metavar="DIR", help="the folder to write (then: huggingface-cli upload)")
+    p.add_argument("--to", required=True, metavar="DIR", help="the folder to write (then: hf upload)")
     p.add_argument("--overwrite", action="store_true", help="replace an earlier export in --to: the whole "
                    "folder, so one holding anything an export does not write (a clone's .git, other files) is refused")
     p.set_defaults(func=_export)

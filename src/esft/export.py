@@ -1,5 +1,5 @@
 """`esft export RUN --to DIR`: a run's final model as a clean Hugging Face folder, ready for
-`huggingface-cli upload ORG/NAME DIR` (or `hf upload`).
+`hf upload ORG/NAME DIR` (huggingface_hub's CLI; `huggingface-cli upload` before 1.0).
 
 The folder holds only what `AutoModelForCausalLM.from_pretrained` / `AutoTokenizer.from_pretrained` read: the
 weights (safetensors, as the checkpoint stores them), config.json, generation_config.json and the tokenizer files,
