@@ -784,3 +784,17 @@ def test_an_undefined_drift_fit_prints_as_n_a_not_none():
     assert "None" not in text
     assert "R^2(theory)=n/a, fit rho=0.6, fit R^2=n/a, measured/predicted=0.5" in text
     assert "rho median 0.5998  R^2 median n/a" in text
+
+
+def test_the_drift_summary_prints_the_displacement_ratio_with_a_grpo_run():
+    """`esft analyze drift --run ES --grpo-run GRPO` computed ||dtheta_ES|| / ||dtheta_GRPO|| at a matched step
+    (drift.json) but printed nothing of it."""
+    from esft.analysis.command_text import format_drift
+
+    res = {"steps": 4, "num_params": 10, "alpha": 0.5, "population": 4,
+           "total": {"r2_theory": 0.9, "rho": 0.6, "r2_fit": 0.8, "final_ratio": 0.5}, "families": {}}
+    assert "GRPO" not in format_drift(res)
+    res["grpo_ratio_at_matched_step"] = {"step": 3, "es_sq": 4.0, "grpo_sq": 1.0, "ratio": 2.0}
+    assert format_drift(res).endswith("\n||dtheta_ES|| / ||dtheta_GRPO|| at step 3: 2")
+    res["grpo_ratio_at_matched_step"] = None
+    assert format_drift(res).endswith("\n||dtheta_ES|| / ||dtheta_GRPO||: n/a (the two runs share no logged step)")

@@ -129,4 +129,9 @@ def format_drift(res: dict[str, Any]) -> str:
     for fam, v in res["families"].items():
         lines.append(f"  {fam:<28} n={v['n']:<3} rho median {g(v['rho']['median'])}  "
                      f"R^2 median {g(v['r2_fit']['median'])}")
+    matched = res.get("grpo_ratio_at_matched_step")  # with --grpo-run
+    if matched:
+        lines.append(f"||dtheta_ES|| / ||dtheta_GRPO|| at step {matched['step']}: {g(matched['ratio'])}")
+    elif "grpo_ratio_at_matched_step" in res:
+        lines.append("||dtheta_ES|| / ||dtheta_GRPO||: n/a (the two runs share no logged step)")
     return "\n".join(lines)
