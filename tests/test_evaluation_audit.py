@@ -17,6 +17,8 @@ from esft.tasks import get_task
 class LabelTask:
     """Eight questions with gold yes/no (6 yes, 2 no); answers 'yes' always; has a label set."""
 
+    name = "lab"
+
     def __init__(self):
         golds = ["yes", "yes", "no", "yes", "yes", "no", "yes", "yes"]
         self.rows = [{"id": i, "gold": g} for i, g in enumerate(golds)]
@@ -110,6 +112,20 @@ def test_run_eval_balanced_draws_equal_labels_and_says_so(monkeypatch):
     res = run_eval(EvalConfig(tasks=["lab"], balanced=True), model=object(), tokenizer=object(),
                    progress=False)["lab"]
     assert len(res["ids"]) == 4 and {2, 5} <= set(res["ids"])
+
+
+def test_a_balanced_subset_rounded_down_to_equal_counts_is_warned(monkeypatch, recwarn):
+    """`esft eval --balanced --limit 3` on a two-label task evaluates 2 examples: the row's n=2 was all that said
+    so. A limit the labels divide is not warned."""
+    _patch(monkeypatch, LabelTask(), [])
+    res = run_eval(EvalConfig(tasks=["lab"], limit=3, balanced=True), model=object(), tokenizer=object(),
+                   progress=False)["lab"]
+    assert len(res["ids"]) == 2
+    assert [str(w.message) for w in recwarn] == ["lab: the balanced subset holds 2 examples, not 3: 1 of each of "
+                                                 "its 2 labels"]
+    recwarn.clear()
+    run_eval(EvalConfig(tasks=["lab"], limit=4, balanced=True), model=object(), tokenizer=object(), progress=False)
+    assert not [w for w in recwarn if "balanced subset" in str(w.message)]
 
 
 def test_run_eval_balanced_on_a_task_without_labels_takes_the_first_examples(monkeypatch):

@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -175,7 +176,11 @@ def load_examples(task: Task, split: str, limit: int | None = None, balanced: bo
     if labels is None:
         return task.load(split, limit=limit)
     rows = task.load(split)
-    return balanced_subset(rows, [task.balance_key(r) for r in rows], limit, seed, labels)
+    chosen = balanced_subset(rows, [task.balance_key(r) for r in rows], limit, seed, labels)
+    if limit is not None and len(chosen) < limit:  # rounded down to equal counts: say so, not only n= in the row
+        warnings.warn(f"{task.name}: the balanced subset holds {len(chosen)} examples, not {limit}: "
+                      f"{len(chosen) // len(set(labels))} of each of its {len(set(labels))} labels", stacklevel=2)
+    return chosen
 
 
 def evaluate_task(
