@@ -240,13 +240,17 @@ def test_a_report_of_runs_that_logged_nothing_yet_says_so(tmp_path):
     for name in ("live", "stopped"):
         (tmp_path / "runs" / name).mkdir(parents=True)
         (tmp_path / "runs" / name / "config.yaml").write_text("algorithm: es\n")
+    RunLock(tmp_path / "runs" / "stopped").acquire().release()  # a stopped run's trainer left its .lock
+    # a training config the user keeps beside the runs (no .lock: no trainer ran there) is not a run that stopped
+    (tmp_path / "runs" / "my-configs").mkdir()
+    (tmp_path / "runs" / "my-configs" / "config.yaml").write_text("algorithm: es\npopulation_size: 4\n")
     lock = RunLock(tmp_path / "runs" / "live").acquire()
     try:
         with pytest.raises(ValueError) as err:
             Report(ReportConfig(dir=str(tmp_path / "runs"), output_dir=str(tmp_path / "r")), progress=False).build()
     finally:
         lock.release()
-    assert str(err.value).endswith(
+    assert "my-configs" not in str(err.value) and str(err.value).endswith(
         f"; {tmp_path / 'runs' / 'live'} has logged nothing yet (a run in its first iteration: an esft process holds "
         f"its lock); {tmp_path / 'runs' / 'stopped'} has logged nothing yet (a run stopped before its first "
         "iteration ended)")

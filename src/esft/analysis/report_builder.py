@@ -444,10 +444,12 @@ def _inside_run(root: Path) -> str:
 
 def _not_started(root: Path) -> str:
     """`; RUN has logged nothing yet (...)` for each folder under `root` with a run's config.yaml and no log or
-    checkpoint: a run still in its first iteration (its lock held) or one stopped before it, else ''."""
+    checkpoint: a run still in its first iteration (its lock held) or one stopped before it, else ''. A run's
+    folder keeps the `.lock` its trainer took; a config.yaml without one is the user's (`--config`), not a run."""
     from esft.rundir import is_run_dir, lock_held
 
-    found = sorted(p.parent for p in root.rglob("config.yaml") if not is_run_dir(p.parent))
+    found = sorted(p.parent for p in root.rglob("config.yaml")
+                   if (p.parent / ".lock").is_file() and not is_run_dir(p.parent))
     return "".join(f"; {p} has logged nothing yet (" + ("a run in its first iteration: an esft process holds its "
                    "lock" if lock_held(p) else "a run stopped before its first iteration ended") + ")"
                    for p in found[:3])
