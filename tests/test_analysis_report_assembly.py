@@ -272,6 +272,13 @@ def test_an_interrupted_report_says_what_it_kept_and_how_to_go_on(tmp_path, base
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
         f"esft report: interrupted in weights; the finished analysis results (1) are kept in "
         f"{tmp_path / 'r' / 'data'}, and the same command continues from them (report.md is written when it finishes)")
+    # interrupted before any result: no data folder to name (it was named, though it did not exist)
+    monkeypatch.setattr(Report, "section_weights", lambda self: (_ for _ in ()).throw(KeyboardInterrupt))
+    assert main(["report", str(tmp_path), "--output-dir", str(tmp_path / "r2"), "--analyses", "weights"]) == 130
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "esft report: interrupted in weights; no analysis result had finished, and the same command starts again "
+        "(report.md is written when it finishes)")
+    assert not (tmp_path / "r2" / "data").exists()
 
 
 # ---- the drift section -----------------------------------------------------------------------------------------------

@@ -203,10 +203,12 @@ class Report(ReportContext):
             try:
                 getattr(self, f"section_{a}")()
             except KeyboardInterrupt:  # Ctrl-C or SIGTERM: say what is kept and how to go on, not only "interrupted"
-                raise KeyboardInterrupt(
-                    f"esft report: interrupted in {a}; the finished analysis results ({len(self.cache.entries)}) are "
-                    f"kept in {self.out / 'data'}, and the same command continues from them (report.md is written "
-                    "when it finishes)") from None
+                # before any result there is no data folder to point to
+                kept = (f"the finished analysis results ({len(self.cache.entries)}) are kept in {self.out / 'data'}, "
+                        "and the same command continues from them" if self.cache.entries else
+                        "no analysis result had finished, and the same command starts again")
+                raise KeyboardInterrupt(f"esft report: interrupted in {a}; {kept} (report.md is written when it "
+                                        "finishes)") from None
             except Exception as exc:  # one failing analysis must not lose the others
                 self.sections.append(f"## {a}\n\nFailed: `{type(exc).__name__}: {exc}`\n")
                 self.skip(a, f"failed with {type(exc).__name__}: {exc}")
