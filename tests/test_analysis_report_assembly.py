@@ -357,6 +357,16 @@ def test_an_es_run_is_not_compared_with_the_grpo_stage_that_went_on_from_its_wei
     assert runs[0].grpo is None and "grpo" not in runs[0].result
 
 
+def test_the_unpaired_grpo_run_compared_is_said_to_be_of_another_task_sequence_when_its_base_is_the_same(
+        tmp_path, base, replays):
+    """Both bases on disk and the same: the note named "another base model or task sequence" whatever kept the
+    runs apart (also a base not on disk, for which it now says so)."""
+    run_dir(tmp_path / "es", "es", base, seed=1)
+    run_dir(tmp_path / "grpo", "grpo", base, seed=1, drift=[1.0, 2.0], task="math")
+    runs, _ = report_drift(context(tmp_path))
+    assert runs[0].result["grpo"]["unpaired"] == "another task sequence"
+
+
 def test_an_unpaired_es_run_is_compared_with_the_only_grpo_run(tmp_path, base, replays):
     run_dir(tmp_path / "es", "es", base, seed=1)
     run_dir(tmp_path / "grpo", "grpo", tmp_path / "elsewhere", seed=1, drift=[1.0, 2.0])  # another base: no pair
@@ -370,8 +380,8 @@ def test_an_unpaired_es_run_is_compared_with_the_only_grpo_run(tmp_path, base, r
     assert "### ES es\n" in text and "| GRPO final \\|\\|dtheta\\|\\|^2 | 2 |" in text
     # the ratio is not a like-for-like one: the report names the GRPO run and says it is not the ES run's pair
     assert runs[0].result["grpo"]["run"] == "grpo" and runs[0].result["grpo"]["paired"] is False
-    assert ("| GRPO run compared | grpo (not a pair: the only GRPO run here, of another base model or task "
-            "sequence) |") in text
+    # why: its base is not on disk (runs pair by their base model's folder), not "another base or task sequence"
+    assert "| GRPO run compared | grpo (not a pair: the only GRPO run here, of a base model not found on disk here) |" in text
     # with two GRPO runs, which one an unpaired ES run compares with is unknown: none
     run_dir(tmp_path / "grpo-b", "grpo", tmp_path / "elsewhere", seed=2, drift=[1.0])
     runs, _ = report_drift(context(tmp_path))
