@@ -111,7 +111,10 @@ def test_drift_command_draws_a_grpo_run_measured_against_the_es_law_as_grpo(tmp_
     monkeypatch.setattr(D, "plot_total", lambda series, *a, **k: drawn.append((series, k["method"])))
     C.run_drift(C.DriftConfig(run=str(grpo), alpha=0.5, population=4, output_dir=str(tmp_path / "o")))
     C.run_drift(C.DriftConfig(run=str(es), output_dir=str(tmp_path / "o2")))
-    assert drawn == [("series:grpo", "grpo"), ("series:es", "es")]
+    # the run's drift.jsonl given as the file --run takes is the same GRPO run's
+    C.run_drift(C.DriftConfig(run=str(grpo / "drift.jsonl"), alpha=0.5, population=4, output_dir=str(tmp_path / "o3")))
+    C.run_drift(C.DriftConfig(run=str(es / "drift.jsonl"), alpha=0.5, population=8, output_dir=str(tmp_path / "o4")))
+    assert drawn == [("series:grpo", "grpo"), ("series:es", "es"), ("series:grpo", "grpo"), ("series:es", "es")]
 
 
 def test_drift_command_refuses_a_grpo_run_folder_without_drift_jsonl(tmp_path, monkeypatch):

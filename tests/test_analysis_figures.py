@@ -449,6 +449,21 @@ def test_heatmap_row_labels_of_long_task_names_stay_clear_of_the_panel_to_their_
     assert min(t.get_window_extent().x0 for t in cum.get_yticklabels()) > inc.get_window_extent().x1
 
 
+def test_heatmap_row_labels_of_many_long_task_names_do_not_print_over_each_other(drawn):
+    """Twenty data tasks' paths, each wrapped to two or three lines, in the fixed 3.6-inch-high figure: every row
+    label overlapped its neighbours and none could be read."""
+    rows = [f"/home/user/data/tasks/my_task_number_{i}.jsonl:prompt_field=question" for i in range(20)]
+    m = np.linspace(0.0, 1.0, 40).reshape(20, 2)
+    for panels in ({"ES": (m, rows, ["1:a", "2:b"]), "GRPO": (m, rows, ["1:a", "2:b"])},
+                   {"ES": (m[:1], rows[:1], ["1:a", "2:b"])}):
+        fig = drawn(K.plot_heatmap, panels)
+        fig.draw_without_rendering()
+        for ax in fig.axes[:len(panels)]:
+            boxes = [t.get_window_extent() for t in ax.get_yticklabels()]
+            assert not any(a.overlaps(b) for a, b in zip(boxes, boxes[1:]))
+            assert ax.get_window_extent().height > 50  # the cells keep a height with one task too
+
+
 def test_sparsity_tick_labels_do_not_overlap_when_the_sweeps_are_close(drawn):
     """One target each, reached at 50.08% (ES) and 50.38% (GRPO): the axis got seven 6-digit labels, printed over
     each other."""

@@ -240,13 +240,17 @@ def test_a_report_of_runs_that_logged_nothing_yet_says_so(tmp_path):
     for name in ("live", "stopped"):
         (tmp_path / "runs" / name).mkdir(parents=True)
         (tmp_path / "runs" / name / "config.yaml").write_text("algorithm: es\n")
+    RunLock(tmp_path / "runs" / "stopped").acquire().release()  # a stopped run's trainer left its .lock
+    # a training config the user keeps beside the runs (no .lock: no trainer ran there) is not a run that stopped
+    (tmp_path / "runs" / "my-configs").mkdir()
+    (tmp_path / "runs" / "my-configs" / "config.yaml").write_text("algorithm: es\npopulation_size: 4\n")
     lock = RunLock(tmp_path / "runs" / "live").acquire()
     try:
         with pytest.raises(ValueError) as err:
             Report(ReportConfig(dir=str(tmp_path / "runs"), output_dir=str(tmp_path / "r")), progress=False).build()
     finally:
         lock.release()
-    assert str(err.value).endswith(
+    assert "my-configs" not in str(err.value) and str(err.value).endswith(
         f"; {tmp_path / 'runs' / 'live'} has logged nothing yet (a run in its first iteration: an esft process holds "
         f"its lock); {tmp_path / 'runs' / 'stopped'} has logged nothing yet (a run stopped before its first "
         "iteration ended)")
@@ -268,6 +272,13 @@ def test_an_interrupted_report_says_what_it_kept_and_how_to_go_on(tmp_path, base
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
         f"esft report: interrupted in weights; the finished analysis results (1) are kept in "
         f"{tmp_path / 'r' / 'data'}, and the same command continues from them (report.md is written when it finishes)")
+    # interrupted before any result: no data folder to name (it was named, though it did not exist)
+    monkeypatch.setattr(Report, "section_weights", lambda self: (_ for _ in ()).throw(KeyboardInterrupt))
+    assert main(["report", str(tmp_path), "--output-dir", str(tmp_path / "r2"), "--analyses", "weights"]) == 130
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "esft report: interrupted in weights; no analysis result had finished, and the same command starts again "
+        "(report.md is written when it finishes)")
+    assert not (tmp_path / "r2" / "data").exists()
 
 
 # ---- the drift section -----------------------------------------------------------------------------------------------
@@ -346,6 +357,16 @@ def test_an_es_run_is_not_compared_with_the_grpo_stage_that_went_on_from_its_wei
     assert runs[0].grpo is None and "grpo" not in runs[0].result
 
 
+def test_the_unpaired_grpo_run_compared_is_said_to_be_of_another_task_sequence_when_its_base_is_the_same(
+        tmp_path, base, replays):
+    """Both bases on disk and the same: the note named "another base model or task sequence" whatever kept the
+    runs apart (also a base not on disk, for which it now says so)."""
+    run_dir(tmp_path / "es", "es", base, seed=1)
+    run_dir(tmp_path / "grpo", "grpo", base, seed=1, drift=[1.0, 2.0], task="math")
+    runs, _ = report_drift(context(tmp_path))
+    assert runs[0].result["grpo"]["unpaired"] == "another task sequence"
+
+
 def test_an_unpaired_es_run_is_compared_with_the_only_grpo_run(tmp_path, base, replays):
     run_dir(tmp_path / "es", "es", base, seed=1)
     run_dir(tmp_path / "grpo", "grpo", tmp_path / "elsewhere", seed=1, drift=[1.0, 2.0])  # another base: no pair
@@ -359,8 +380,8 @@ def test_an_unpaired_es_run_is_compared_with_the_only_grpo_run(tmp_path, base, r
     assert "### ES es\n" in text and "| GRPO final \\|\\|dtheta\\|\\|^2 | 2 |" in text
     # the ratio is not a like-for-like one: the report names the GRPO run and says it is not the ES run's pair
     assert runs[0].result["grpo"]["run"] == "grpo" and runs[0].result["grpo"]["paired"] is False
-    assert ("| GRPO run compared | grpo (not a pair: the only GRPO run here, of another base model or task "
-            "sequence) |") in text
+    # why: its base is not on disk (runs pair by their base model's folder), not "another base or task sequence"
+    assert "| GRPO run compared | grpo (not a pair: the only GRPO run here, of a base model not found on disk here) |" in text
     # with two GRPO runs, which one an unpaired ES run compares with is unknown: none
     run_dir(tmp_path / "grpo-b", "grpo", tmp_path / "elsewhere", seed=2, drift=[1.0])
     runs, _ = report_drift(context(tmp_path))

@@ -173,8 +173,17 @@ def test_pairs_match_seed_first_then_order_and_need_the_same_base_and_tasks(tmp_
     g2, g7 = chain("grpo", 2, tmp_path), chain("grpo", 7, tmp_path)
     other = [chain("grpo", 1, tmp_path / "other"), chain("grpo", 1, tmp_path, ("math",)), chain("grpo", 1, None)]
     pairs = R.build_pairs([es1, es2, es3, g2, g7] + other)
-    assert [(p.es.seed, p.grpo.seed) for p in pairs] == [(1, 2), (2, 2), (5, 7)]
-    assert pairs[0].label == "ES vs GRPO, boolq, seed 1/2" and pairs[1].label == "ES vs GRPO, boolq, seed 2"
+    # seed 2's GRPO chain is ES seed 2's pair: seed 1 falls back to the one left, and seed 5 finds none
+    assert [(p.es.seed, p.grpo.seed) for p in pairs] == [(1, 7), (2, 2)]
+    assert pairs[0].label == "ES vs GRPO, boolq, seed 1/7" and pairs[1].label == "ES vs GRPO, boolq, seed 2"
+
+
+def test_pairs_do_not_depend_on_the_order_of_the_runs(tmp_path):
+    # ES seeds 1 and 2, GRPO seeds 2 and 3: ES seed 1 takes GRPO seed 3 whichever run comes first, and GRPO seed 2
+    # is not compared with ES seed 1 while GRPO seed 3 is left out
+    es1, es2, g2, g3 = (chain(a, s, tmp_path) for a, s in (("es", 1), ("es", 2), ("grpo", 2), ("grpo", 3)))
+    for order in ([es1, es2, g2, g3], [es2, es1, g2, g3], [es1, es2, g3, g2]):
+        assert sorted((p.es.seed, p.grpo.seed) for p in R.build_pairs(order)) == [(1, 3), (2, 2)]
 
 
 def test_chains_link_a_run_started_from_another_runs_checkpoint(tmp_path):

@@ -216,8 +216,10 @@ def run_drift(cfg: DriftConfig) -> dict[str, Any]:
             raise FileNotFoundError(f"{src} has neither seeds.jsonl nor drift.jsonl")
     else:
         series = D.read_series(src)
-    # a GRPO run's config.yaml: num_generations, or its recorded algorithm
-    is_grpo = src.is_dir() and (str(conf.get("algorithm", "")).lower() == "grpo" or "num_generations" in conf)
+    # a GRPO run's config.yaml: num_generations, or its recorded algorithm; --run may name the run's drift.jsonl
+    folder = src if src.is_dir() else src.parent if src.name == "drift.jsonl" else None
+    conf = read_config(folder / "config.yaml") if folder and (folder / "config.yaml").is_file() else {}
+    is_grpo = folder is not None and (str(conf.get("algorithm", "")).lower() == "grpo" or "num_generations" in conf)
     if alpha is None or n is None:
         if is_grpo:  # no ES law's alpha and N to give
             raise ValueError(f"--run {src} is a GRPO run: give it as --grpo-run beside an ES run as --run, or "

@@ -129,6 +129,8 @@ def report_drift(ctx: ReportContext) -> tuple[list[RunDrift], list[tuple[str, D.
             # a reader takes an ES/GRPO ratio for a like-for-like one: say which run it is and whether it is a pair
             res["grpo"]["run"] = ctx.rel_run(next(x for x in grpo_runs if x.path == compared))
             res["grpo"]["paired"] = g is not None
+            if g is None:
+                res["grpo"]["unpaired"] = _why_unpaired(ctx, r.path, compared)
         results[name] = {k: v for k, v in res.items() if k != "tensors"}
         results[name]["tensors"] = res["tensors"]
         out.append(RunDrift(name, r, res, gs))
@@ -137,6 +139,15 @@ def report_drift(ctx: ReportContext) -> tuple[list[RunDrift], list[tuple[str, D.
     grpo_only = [(ctx.rel_run(g), grpo_series[g.path]) for g in grpo_runs if g.path in grpo_series and not es_runs]
     ctx.results["drift"] = results
     return out, grpo_only
+
+
+def _why_unpaired(ctx: ReportContext, es: Path, grpo: Path) -> str:
+    """What keeps the ES run at `es` and the GRPO run at `grpo` from pairing (esft.analysis.runs.build_pairs)."""
+    ce, cg = (next((c for c in ctx.chains if path in {x.path for x in c.runs}), None) for path in (es, grpo))
+    if ce is None or cg is None or ce.base is None or cg.base is None:
+        # runs pair by their base model's folder: a hub id or a path not on this machine has none to compare
+        return "a base model not found on disk here"
+    return "another base model" if ce.base != cg.base else "another task sequence"
 
 
 def drift_notes(r: Run) -> list[str]:
@@ -169,8 +180,8 @@ def law_rows(res: dict[str, Any], compared: bool) -> list[list[Any]]:
     if compared and res.get("grpo"):
         ratio = res["grpo"].get("ratio_at_matched_step") or {}
         if "run" in res["grpo"]:
-            pair = ("its pair" if res["grpo"].get("paired") else
-                    "not a pair: the only GRPO run here, of another base model or task sequence")
+            pair = ("its pair" if res["grpo"].get("paired") else "not a pair: the only GRPO run here, of "
+                    + res["grpo"].get("unpaired", "another base model or task sequence"))
             rows.append(["GRPO run compared", f"{res['grpo']['run']} ({pair})"])
         rows.append(["GRPO final ||dtheta||^2", res["grpo"].get("final_sq")])
         rows.append([f"ES/GRPO displacement at matched step {ratio.get('step', '?')}", ratio.get("ratio")])

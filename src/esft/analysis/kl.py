@@ -372,7 +372,10 @@ def plot_heatmap(panels: Mapping[str, tuple[np.ndarray, Sequence[str], Sequence[
             for _, rows, _ in panels.values() for r in rows}
     longest = max((len(r) for r in wrap), default=0)
     width = max(4.2, 3.2 + 0.07 * min(longest, ROW_LABEL_CHARS))
-    fig, axes = plt.subplots(1, len(panels), figsize=(width * len(panels) + 0.8, 3.6), squeeze=False,
+    # and a taller figure for many rows or wrapped ones: each label line needs its height, or they print over each other
+    lines = max((sum(wrap[r].count("\n") + 1 for r in rows) for _, rows, _ in panels.values()), default=0)
+    fig, axes = plt.subplots(1, len(panels), figsize=(width * len(panels) + 0.8, max(3.6, 1.8 + 0.15 * lines)),
+                             squeeze=False,
                              layout="constrained")
     im = None
     for ax, (label, (m, rows, cols)) in zip(axes[0], panels.items()):

@@ -203,10 +203,12 @@ class Report(ReportContext):
             try:
                 getattr(self, f"section_{a}")()
             except KeyboardInterrupt:  # Ctrl-C or SIGTERM: say what is kept and how to go on, not only "interrupted"
-                raise KeyboardInterrupt(
-                    f"esft report: interrupted in {a}; the finished analysis results ({len(self.cache.entries)}) are "
-                    f"kept in {self.out / 'data'}, and the same command continues from them (report.md is written "
-                    "when it finishes)") from None
+                # before any result there is no data folder to point to
+                kept = (f"the finished analysis results ({len(self.cache.entries)}) are kept in {self.out / 'data'}, "
+                        "and the same command continues from them" if self.cache.entries else
+                        "no analysis result had finished, and the same command starts again")
+                raise KeyboardInterrupt(f"esft report: interrupted in {a}; {kept} (report.md is written when it "
+                                        "finishes)") from None
             except Exception as exc:  # one failing analysis must not lose the others
                 self.sections.append(f"## {a}\n\nFailed: `{type(exc).__name__}: {exc}`\n")
                 self.skip(a, f"failed with {type(exc).__name__}: {exc}")
@@ -444,10 +446,12 @@ def _inside_run(root: Path) -> str:
 
 def _not_started(root: Path) -> str:
     """`; RUN has logged nothing yet (...)` for each folder under `root` with a run's config.yaml and no log or
-    checkpoint: a run still in its first iteration (its lock held) or one stopped before it, else ''."""
+    checkpoint: a run still in its first iteration (its lock held) or one stopped before it, else ''. A run's
+    folder keeps the `.lock` its trainer took; a config.yaml without one is the user's (`--config`), not a run."""
     from esft.rundir import is_run_dir, lock_held
 
-    found = sorted(p.parent for p in root.rglob("config.yaml") if not is_run_dir(p.parent))
+    found = sorted(p.parent for p in root.rglob("config.yaml")
+                   if (p.parent / ".lock").is_file() and not is_run_dir(p.parent))
     return "".join(f"; {p} has logged nothing yet (" + ("a run in its first iteration: an esft process holds its "
                    "lock" if lock_held(p) else "a run stopped before its first iteration ended") + ")"
                    for p in found[:3])

@@ -421,10 +421,10 @@ def build_pairs(chains: list[Chain]) -> list[Pair]:
     pairs = []
     for g in groups.values():
         es, grpo = g["es"], g["grpo"]
-        used: set[int] = set()
+        # same seed first (several ES budget tracks of a seed all pair with that seed's GRPO chain), else the
+        # first GRPO chain that no ES chain has by seed and none took yet: the pairs do not depend on run order
+        used = {id(x) for x in grpo if any(x.seed == e.seed for e in es)}
         for e in es:
-            # same seed first (several ES budget tracks of a seed all pair with that seed's GRPO chain), else the
-            # first GRPO chain not yet paired
             match = next((x for x in grpo if x.seed == e.seed), None)
             if match is None:
                 match = next((x for x in grpo if id(x) not in used), None)
