@@ -20,19 +20,7 @@ from es_tiny import ToyTask, one_thread, tiny_llama  # noqa: F401  (one_thread: 
 from esft.es.distributed import connection
 from esft.es.es_config import ESConfig
 from esft.es.noise import Update
-from test_ray_parts import FakeRay
-
-
-@pytest.fixture()
-def fake_ray(monkeypatch):
-    """A stand-in `ray` (test_ray_parts.FakeRay); the SIGINT and SIGTERM handlers are put back afterwards."""
-    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    ray = FakeRay()
-    monkeypatch.setattr(connection, "import_ray", lambda: ray)
-    monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    yield ray
-    for s, handler in handlers.items():
-        signal.signal(s, handler)
+from test_ray_parts import FakeRay, fake_ray  # noqa: F401 (a stand-in `ray`, as test_ray_parts uses it)
 
 
 # ---- connection ----------------------------------------------------------------------------------------------------
