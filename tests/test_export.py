@@ -135,6 +135,25 @@ def test_a_run_stopped_before_its_final_checkpoint_exports_its_latest_one(es_run
     assert "| 0 | 3 |" in card and "| 1 | 3 |" in card and "| 2 | 3 |" not in card
 
 
+def test_exporting_a_run_still_training_says_so(es_run_with_checkpoints, tmp_path):
+    """A run whose trainer still holds its lock exported its latest checkpoint without a word on the command line
+    (only the card said it was not the final one)."""
+    import shutil
+    import warnings
+
+    from esft.rundir import RunLock
+
+    run = es_run_with_checkpoints
+    shutil.rmtree(run / "checkpoints" / "final")
+    with RunLock(run).acquire(), pytest.warns(UserWarning) as warned:
+        assert main(["export", str(run), "--to", str(tmp_path / "live")]) == 0
+    assert [str(w.message) for w in warned] == [f"{run} is still training (an esft process holds its lock): "
+                                                "exporting its latest checkpoint, iter_000001, not its final model"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no warning once the run has stopped
+        assert main(["export", str(run), "--to", str(tmp_path / "stopped")]) == 0
+
+
 def test_exporting_an_earlier_checkpoint_says_so_in_the_card(es_run_with_checkpoints, tmp_path):
     """The card of `esft export RUN/checkpoints/iter_000001` was the final model's: no word of which weights, and
     the held-out results of later steps, which describe other weights."""

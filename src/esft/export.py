@@ -14,13 +14,14 @@ import os
 import re
 import shutil
 import tempfile
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from esft.rundir import CHECKPOINTS, read_jsonl, replace_dir
+from esft.rundir import CHECKPOINTS, lock_held, read_jsonl, replace_dir
 from esft.tasks.labels import summaries_score_name
 
 #: files of a Hugging Face model folder (exact names, then suffixes)
@@ -232,6 +233,9 @@ def export_run(run: str | Path, to: str | Path, overwrite: bool = False) -> Expo
     if not any(p.name == "tokenizer_config.json" for p in files):
         raise FileNotFoundError(f"{checkpoint}: no tokenizer files to export")
     check_weights(files)
+    if lock_held(run_dir):  # a run still training: its latest checkpoint, which the card names, is no final model
+        warnings.warn(f"{run_dir} is still training (an esft process holds its lock): exporting its latest "
+                      f"checkpoint, {checkpoint.name}, not its final model", stacklevel=2)
     # built in a fresh folder beside the target and moved into place: an --overwrite export never keeps files of
     # an earlier one (stale shards, tokenizer files), and an interrupted export leaves the target as it was
     to.parent.mkdir(parents=True, exist_ok=True)
