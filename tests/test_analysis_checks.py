@@ -204,8 +204,16 @@ def test_a_checkpoint_of_the_other_algorithm_is_refused_as_that_side_of_the_land
     out = ["--limit", "1", "--output-dir", str(tmp_path / "out")]
     assert main(["analyze", "landscape", "--es", str(runs["grpo"]), "--grpo", str(runs["es"]), *out]) == 2
     err = capsys.readouterr().err
+    # both swapped: said at once, not one flag per try
+    assert (f"(--es): es = '{runs['grpo']}' is not accepted; expected an ES checkpoint; --es and --grpo are swapped "
+            f"({tmp_path / 'grpo'} is a GRPO run, {tmp_path / 'es'} an ES run): give each as the other") in err
+    assert main(["analyze", "landscape", "--es", str(runs["grpo"]), *out]) == 2
     assert (f"(--es): es = '{runs['grpo']}' is not accepted; expected an ES checkpoint; {tmp_path / 'grpo'} is a "
-            f"GRPO run: give its checkpoint as --grpo") in err
+            f"GRPO run: give its checkpoint as --grpo") in capsys.readouterr().err
+    # two ES runs: --es is taken, so --grpo is told to name a GRPO run's checkpoint, not to move to --es
+    assert main(["analyze", "landscape", "--es", str(runs["es"]), "--grpo", str(runs["es"]), *out]) == 2
+    assert (f"expected a GRPO checkpoint; {tmp_path / 'es'} is an ES run: give a GRPO run's checkpoint as --grpo"
+            in capsys.readouterr().err)
     assert main(["analyze", "landscape", "--grpo", str(runs["es"]), *out]) == 2
     assert (f"expected a GRPO checkpoint; {tmp_path / 'es'} is an ES run: give its checkpoint as --es"
             in capsys.readouterr().err)

@@ -69,18 +69,26 @@ def check_sides(config: Any) -> None:
     from esft.analysis.runs import classify, read_config
 
     names = {"es": "an ES", "grpo": "a GRPO"}
-    for side, other in (("es", "grpo"), ("grpo", "es")):
-        path = getattr(config, side, None) if hasattr(config, other) else None
+    runs: dict[str, tuple[str, Path]] = {}  # side -> (algorithm of its checkpoint's run, that run)
+    for side in ("es", "grpo"):
+        path = getattr(config, side, None) if hasattr(config, "es") and hasattr(config, "grpo") else None
         run = Path(str(path)).parent.parent
         if not path or Path(path).parent.name != "checkpoints" or not (run / "config.yaml").is_file():
             continue
         try:
-            algorithm = classify(run, read_config(run / "config.yaml"))
+            runs[side] = classify(run, read_config(run / "config.yaml")), run
         except yaml.YAMLError:  # a config.yaml that does not parse says nothing of the algorithm
             continue
-        if algorithm == other:
-            raise ConfigError(side, path, f"{names[side]} checkpoint; {run} is {names[other]} run: give its "
-                              f"checkpoint as --{other}")
+    wrong = [side for side, (algorithm, _) in runs.items() if algorithm in names and algorithm != side]
+    if len(wrong) == 2:
+        raise ConfigError("es", config.es, f"an ES checkpoint; --es and --grpo are swapped ({runs['es'][1]} is a "
+                          f"GRPO run, {runs['grpo'][1]} an ES run): give each as the other")
+    for side in wrong:
+        other = runs[side][0]
+        taken = runs.get(other, ("", None))[0] == other  # the other flag already names a run of that algorithm
+        advice = f"give {names[side]} run's checkpoint as --{side}" if taken else f"give its checkpoint as --{other}"
+        raise ConfigError(side, getattr(config, side), f"{names[side]} checkpoint; {runs[side][1]} is "
+                          f"{names[other]} run: {advice}")
 
 
 def check_counts(config: Any) -> None:
