@@ -26,6 +26,7 @@ def check_task(key: str, name: Any, options: dict[str, Any] | None = None) -> An
     try:
         return get_task(str(name), **(options or {}))
     except (ValueError, TypeError, OSError) as exc:
+        from esft.tasks.base import UnknownTaskOption
         from esft.tasks.verifiers import RewardError
 
         if isinstance(exc, RewardError) and "reward" in (options or {}):  # the reward's fault, not the data's
@@ -36,8 +37,7 @@ def check_task(key: str, name: Any, options: dict[str, Any] | None = None) -> An
             named = [v for k, v in (options or {}).items()
                      if "file" in k and isinstance(v, str) and v and v in str(exc)]
             # and so is an option the task does not take
-            unknown = any(f": unknown option {k!r}" in str(exc) for k in options or {})
-            if (isinstance(exc, OSError) and named) or unknown:
+            if (isinstance(exc, OSError) and named) or isinstance(exc, UnknownTaskOption):
                 raise ConfigError("task_options", options, f"options of task {name!r} ({exc})") from None
             raise ConfigError(key, name, f"a task esft can build from it: {exc}") from None
         if isinstance(exc, OSError):  # the registry's own data: not the user's input

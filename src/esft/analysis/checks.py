@@ -68,10 +68,12 @@ def check_sides(config: Any) -> None:
 
     from esft.analysis.runs import classify, read_config
 
+    if not (hasattr(config, "es") and hasattr(config, "grpo")):  # only the landscape's config has both sides
+        return
     names = {"es": "an ES", "grpo": "a GRPO"}
     runs: dict[str, tuple[str, Path]] = {}  # side -> (algorithm of its checkpoint's run, that run)
     for side in ("es", "grpo"):
-        path = getattr(config, side, None) if hasattr(config, "es") and hasattr(config, "grpo") else None
+        path = getattr(config, side)
         run = Path(str(path)).parent.parent
         if not path or Path(path).parent.name != "checkpoints" or not (run / "config.yaml").is_file():
             continue

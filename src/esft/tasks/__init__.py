@@ -29,7 +29,8 @@ import typing
 from importlib import import_module
 from urllib.parse import quote
 
-from esft.tasks.base import Example, Messages, Task, completion_text, last_boxed, wilson_interval
+from esft.tasks.base import (Example, Messages, Task, UnknownTaskOption, completion_text, last_boxed,
+                             wilson_interval)
 
 # name -> "module:Class"; imported lazily so `esft --help` stays fast.
 _REGISTRY: dict[str, str] = {
@@ -124,7 +125,7 @@ def _settable(cls: type) -> set[str]:
 def _refuse_unknown(name: str, options: typing.Iterable[str], settable: set[str]) -> None:
     unknown = [key for key in options if key not in settable]
     if unknown:
-        raise ValueError(f"task {name!r}: unknown option {unknown[0]!r}; options: {', '.join(sorted(settable))}")
+        raise UnknownTaskOption(f"task {name!r}: unknown option {unknown[0]!r}; options: {', '.join(sorted(settable))}")
 
 
 def get_task(name: str, **options) -> Task:
@@ -178,7 +179,7 @@ def task_file_stem(name: str) -> str:
 
 
 __all__ = [
-    "Example", "Messages", "Task", "TASK_NAMES", "TRAIN_TASKS", "HOLDOUT_TASKS",
+    "Example", "Messages", "Task", "TASK_NAMES", "TRAIN_TASKS", "HOLDOUT_TASKS", "UnknownTaskOption",
     "completion_text", "get_task", "is_task_name", "last_boxed", "parse_task_name", "split_task_list",
     "task_file_stem", "wilson_interval",
 ]

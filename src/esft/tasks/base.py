@@ -34,6 +34,11 @@ _LABEL_SETS: dict[str, tuple[str, ...]] = {
 }
 
 
+class UnknownTaskOption(ValueError):
+    """An option a task does not take (built-in, data file or the user's class): the options' fault, not the task
+    name's, so a command names the task_options that gave it (esft.validation.check_task)."""
+
+
 @dataclass
 class Task:
     """Base class. Subclasses set `name`, `splits`, `system_prompt` and implement `_load`, `prompt`, `score`."""

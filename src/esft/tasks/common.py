@@ -9,7 +9,7 @@ import random
 from functools import lru_cache
 from typing import Any, Sequence, TypeVar
 
-from esft.tasks.base import Example, read_bundled_jsonl
+from esft.tasks.base import Example, UnknownTaskOption, read_bundled_jsonl
 
 T = TypeVar("T")
 
@@ -113,7 +113,7 @@ def construct(cls: type, name: str, options: dict[str, Any]) -> Any:
     where the options do not fit the constructor (a TypeError), the options it takes."""
     unknown = unknown_option(cls, options)
     if unknown is not None:  # worded as a built-in task's (esft.tasks.get_task), with what the class takes
-        raise ValueError(f"task {name!r}: unknown option {unknown!r}{constructor_options(cls, options)}")
+        raise UnknownTaskOption(f"task {name!r}: unknown option {unknown!r}{constructor_options(cls, options)}")
     try:
         return cls(**options)
     except Exception as exc:  # the user's constructor: a bad option, or its own error

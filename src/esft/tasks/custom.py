@@ -20,7 +20,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
-from esft.tasks.base import Example, Messages, Task, checks_format, task_name
+from esft.tasks.base import Example, Messages, Task, UnknownTaskOption, checks_format, task_name
 from esft.tasks.common import construct
 from esft.tasks.dataset_task import DatasetTask, is_data_file, reward_parts
 from esft.tasks.verifiers import import_object, regex_comma_error, regex_cut_at_comma
@@ -142,7 +142,7 @@ def _data_task(name: str, kind: str, options: dict[str, Any]) -> DatasetTask:
     values: dict[str, Any] = {}
     for key, value in {**named, **options}.items():
         if key not in fields:
-            raise ValueError(f"task {name!r}: unknown option {key!r}; options of a data task: "
+            raise UnknownTaskOption(f"task {name!r}: unknown option {key!r}; options of a data task: "
                              f"{', '.join(sorted(fields))}")
         if value is None and type(None) not in typing.get_args(hints[key]):  # `split_seed: null` drew a new split
             raise ValueError(f"task {name!r}: option {key!r} may not be null (leave it out for its default)")

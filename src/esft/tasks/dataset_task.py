@@ -325,7 +325,7 @@ class DatasetTask(Task):
         allows None, but a reward that applies to no row scores every completion 0."""
         scored = {name: 0 for name, _ in self._reward_fns}
         tried_count = 0
-        for split, rows in self._read().items():
+        for index, (split, rows) in enumerate(self._read().items()):
             tried = rows[:VALIDATE_ROWS]
             tried_count += len(tried)
             for start in range(0, len(tried), VALIDATE_CHUNK):
@@ -339,7 +339,7 @@ class DatasetTask(Task):
                         where = self._failing_row(split, rows, start, chunk, fn, name, exc)
                         raise RewardError(f"{where}{exc}") from exc
                     scored[name] += len(out) - out.count(None)
-                    if start == 0 and split == next(iter(self._read())):  # once per reward: its first call
+                    if index == start == 0:  # once per reward: its first call
                         self._warn_if_read_as_text(name, fn, texts, prompts, chunk, out)
         never = [name for name, count in scored.items() if count == 0]
         if never and tried_count:
