@@ -412,10 +412,35 @@ def test_fast_options_fall_back_with_a_warning_when_unavailable(tokenizer, monke
     monkeypatch.setenv("ESFT_NO_KERNELS", "1")  # as on a machine without a C++ compiler
     monkeypatch.setattr(lean, "_WARNED", set())
     monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)  # as with a torch without oneDNN
+    from esft.generation import packed
+
+    for module in (lean, packed):  # on a CPU with native bf16, where the screen would run with the other two
+        monkeypatch.setattr(module, "bf16_matmul_is_native", lambda: True)
     with pytest.warns(UserWarning) as caught:
         ours = generate(model, tokenizer, PROMPTS, GenerationConfig(packed_linear=True, fused_attention=True,
                                                                     screened_lm_head=True, **cfg))
     messages = " | ".join(str(w.message) for w in caught)
     assert "packed_linear ignored" in messages and "fused_attention ignored" in messages
     assert "screened_lm_head ignored" in messages
+    assert [g.completion_ids for g in ours] == [g.completion_ids for g in ref]
+
+
+def test_the_screen_is_skipped_without_a_word_on_a_cpu_without_native_bf16(tokenizer, monkeypatch):
+    """The fast options ask for the bf16-screened lm_head; on a CPU whose bf16 dot products are emulated the fp32
+    head is the faster one, so the screen is off by design there, not a fallback to warn about on every run."""
+    import warnings
+
+    model = _eosy(_tiny("llama", seed=2), tokenizer, at=10)
+    cfg = dict(max_new_tokens=20, batch_size=5)
+    ref = generate(model, tokenizer, PROMPTS, GenerationConfig(packed_linear=True, fused_attention=True, **cfg))
+    monkeypatch.setattr(lean, "_WARNED", set())
+    from esft.generation import packed
+
+    for module in (lean, packed):  # as on a CPU without AVX512-BF16 or AMX
+        monkeypatch.setattr(module, "bf16_matmul_is_native", lambda: False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ours = generate(model, tokenizer, PROMPTS, GenerationConfig(packed_linear=True, fused_attention=True,
+                                                                    screened_lm_head=True, **cfg))
+    assert not [w for w in caught if "screened_lm_head" in str(w.message)]
     assert [g.completion_ids for g in ours] == [g.completion_ids for g in ref]

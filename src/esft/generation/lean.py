@@ -65,8 +65,11 @@ def _options(model, config, delta) -> tuple[bool, bool, bool]:
     if dtype == torch.bfloat16 and packed != fused:  # bf16 weights: both (fp32 activations) or neither (HF's bf16)
         _warn_once("packed_linear and fused_attention ignored: bf16 weights need both")
         packed = fused = False
-    # greedy only, and not under a low-rank population (its rows perturb the lm_head): skipped silently there
-    screen = bool(config.screened_lm_head) and config.temperature == 0 and delta is None
+    # greedy only, not under a low-rank population (its rows perturb the lm_head), and only on a CPU with native
+    # bf16 dot products, where the bf16 head pays (elsewhere it would be emulated, slower than the fp32 head it
+    # saves; `esft env` says which this is): skipped silently there, as the option means
+    screen = (bool(config.screened_lm_head) and config.temperature == 0 and delta is None
+              and bf16_matmul_is_native())
     if screen and (why := screen_lm_head_reason(model, packed, fused, delta)) is not None:
         _warn_once(f"screened_lm_head ignored: {why}")
         screen = False

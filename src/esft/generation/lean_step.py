@@ -244,11 +244,13 @@ class LeanModel:
                 raise ValueError(f"lm_head screening is not available: {why}")
             self.screen = LMHeadScreen(self.head_rows, batch_hint,
                                        packed_bf16=self.lm_head if self.low_precision else None)
-        # Freed only where nothing in this call needs the matrix whole: the fp32 screened path reads rows and blocks
-        # (`lm_head` writes it back for a diverged member). A bf16 lane packs its lm_head whole at every call, and
-        # writing a freed 54 MiB matrix back into fresh pages cost more time (~1% of an iteration, `esft bench`)
-        # than its memory was worth; such lanes keep it (docs/performance.md, "vocabulary rows").
-        if self.fused_projections and self._head_on_demand:
+        # Freed only where nothing in this call needs the matrix whole again: the fp32 screened path reads rows and
+        # blocks (`lm_head` writes it back for a diverged member); the fp32 path without the screen (CPUs without
+        # native bf16) has packed its lm_head whole above and reads only token rows from then on, so the plain
+        # 108 MiB would be a second copy. A bf16 lane packs its lm_head whole at every call, and writing a freed
+        # 54 MiB matrix back into fresh pages cost more time (~1% of an iteration, `esft bench`) than its memory was
+        # worth; such lanes keep it (docs/performance.md, "vocabulary rows").
+        if self.fused_projections and not self.low_precision:
             self.vocab.free()
             self.head_rows.free()
 
