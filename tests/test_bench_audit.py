@@ -137,6 +137,23 @@ def test_cpu_info_records_an_arm_cpus_features_and_part(tmp_path):
     x86 = tmp_path / "x86"
     x86.write_text("processor\t: 0\nmodel name\t: AMD EPYC 9R14\nflags\t\t: fpu avx512f\n\n")
     assert cpu_info(x86)["model"] == "AMD EPYC 9R14" and cpu_info(x86)["flags"] == ["fpu", "avx512f"]
+    assert "family" not in info and "family" not in cpu_info(x86)  # not given: not guessed
+
+
+def test_cpu_info_tells_cpu_generations_that_share_a_model_name_apart(tmp_path):
+    """Cloud VMs call a Zen 2 and a Zen 4 both "AMD EPYC"; the family and model numbers tell the readings apart."""
+    from esft.bench.roofline import cpu_info
+
+    text = ("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: {f}\nmodel\t\t: {m}\nmodel name\t: AMD EPYC\n"
+            "stepping\t: 0\nflags\t\t: fpu avx2\n\nprocessor\t: 1\ncpu family\t: 99\n\n")
+    seen = []
+    for family, number in ((23, 49), (25, 17)):
+        path = tmp_path / f"cpuinfo-{family}"
+        path.write_text(text.format(f=family, m=number))
+        info = cpu_info(path)
+        assert info["model"] == "AMD EPYC"
+        seen.append((info["family"], info["model_number"], info["stepping"]))
+    assert seen == [(23, 49, 0), (25, 17, 0)]  # the first processor's block, not the last one's
 
 
 def test_an_interrupt_while_vllm_generates_stops_its_process_instead_of_waiting_for_it(monkeypatch):

@@ -183,7 +183,9 @@ def effective_layout(model, gen, dtype: torch.dtype | None = None) -> dict[str, 
 
 def cpu_info(path: str | os.PathLike = "/proc/cpuinfo") -> dict[str, Any]:
     """CPU model name and feature flags (Linux /proc/cpuinfo), and torch's CPU kernel capability. arm64 Linux lists
-    the flags as "Features" and names no model: the core's implementer, part, variant and revision stand for it."""
+    the flags as "Features" and names no model: the core's implementer, part, variant and revision stand for it.
+    On x86 also the family, model and stepping numbers: cloud VMs name every generation alike ("AMD EPYC" for a
+    Zen 2 at family 23 model 49 and a Zen 4 at family 25 model 17), and the numbers tell the readings apart."""
     fields: dict[str, str] = {}
     try:
         with open(path) as f:
@@ -202,7 +204,11 @@ def cpu_info(path: str | os.PathLike = "/proc/cpuinfo") -> dict[str, Any]:
                           for k in ("CPU implementer", "CPU part", "CPU variant", "CPU revision") if k in fields)
     flags = fields.get("flags", fields.get("Features"))
     capability = getattr(getattr(torch.backends, "cpu", None), "get_cpu_capability", lambda: None)()
-    return {"model": model, "flags": None if flags is None else flags.split(), "torch_capability": capability}
+    info = {"model": model, "flags": None if flags is None else flags.split(), "torch_capability": capability}
+    for name, key in (("family", "cpu family"), ("model_number", "model"), ("stepping", "stepping")):
+        if fields.get(key, "").isdigit():
+            info[name] = int(fields[key])
+    return info
 
 
 def count_params(model) -> int:
