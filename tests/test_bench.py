@@ -623,3 +623,21 @@ def test_a_refused_override_is_named(item):
     with pytest.raises(ValueError, match=rf"^--set '{item}': expected KEY=VALUE with KEY a GenerationConfig engine "
                                          r"field \(.*lean.*\)$"):
         bench.parse_overrides(["lean=false", item])
+
+
+def test_the_bench_warns_of_bf16_rollouts_asked_for_on_a_cpu_that_emulates_bf16_and_measures_them(tokenizer, monkeypatch):
+    from esft.generation import precision
+
+    from esft.generation import packed
+
+    monkeypatch.setattr(precision, "cpu_flags", lambda: ["avx2", "fma"])  # as on a Zen 2: no bf16 at all
+    monkeypatch.setattr(packed, "onednn_bf16", lambda: False)
+    monkeypatch.setattr(bench, "build_workload", lambda name, tok: small_workload(name))
+    monkeypatch.setattr(bench, "matmul_gflops", lambda dtype: 10.0)
+    cfg = bench.BenchConfig(workloads=["cpu-preset"], population=2, naive=False, rollout_dtype="bfloat16",
+                            compare_fp32=False, inference=False)
+    with pytest.warns(UserWarning, match="emulated here"):
+        report = bench.run_bench(cfg, model=make_tiny_model(), tokenizer=tokenizer, log=lambda m: None)
+    assert report["rollout_precision"]["rollout_dtype"] == "bfloat16"
+    # its bf16 FLOPs are divided by a bf16 rate measured for them (it failed after the timings without one)
+    assert report["matmul_gflops_bf16"] == 10.0 and report["workloads"]["cpu-preset"]["roofline_ratio"] > 0

@@ -324,3 +324,20 @@ def test_rank_correlation_is_spearmans_rho_with_average_ranks_for_ties():
             assert rank_correlation(a, b) == pytest.approx(spearmanr(a, b).statistic)
     assert rank_correlation([1, 2, 3], [3, 2, 1]) == pytest.approx(-1.0)
     assert np.isnan(rank_correlation([1, 1, 1], [1, 2, 3]))
+
+
+@pytest.mark.parametrize("flags, warned", [(["avx2", "fma"], True), (["avx512f", "avx512_bf16"], False)])
+def test_a_bf16_run_on_a_cpu_that_emulates_bf16_is_warned_before_it_rolls_out(tmp_path, monkeypatch, flags, warned):
+    import warnings
+
+    from esft.es.trainer import ESTrainer
+
+    monkeypatch.setattr(precision, "cpu_flags", lambda: flags)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer = ESTrainer(_cfg(tmp_path, "run", rollout_dtype="bfloat16", generation_options=FAST),
+                            model=tiny_llama(), tokenizer=None, task=ToyTask(), generate_fn=stub_generate,
+                            progress=False)
+    assert trainer.precision.dtype == "bfloat16"  # honoured as asked, either way
+    said = [str(w.message) for w in caught if "emulated" in str(w.message)]
+    assert len(said) == warned and all("'auto' picks fp32" in m for m in said)

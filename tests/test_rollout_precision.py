@@ -160,3 +160,18 @@ def test_probe_survives_a_bf16_time_of_zero(monkeypatch):
         pytest.skip("this torch has no bf16 packed linear")
     monkeypatch.setattr(precision, "_best_time", lambda fn, reps: 0.0 if fn().dtype == torch.bfloat16 else 0.003)
     assert precision.probe_bf16_speedup.__wrapped__() == pytest.approx(0.003 / 1e-12)
+
+
+def test_bf16_asked_for_on_a_cpu_that_would_emulate_it_is_honoured_with_a_warning():
+    """"bfloat16" is honoured everywhere, but on a CPU without native bf16 its rollouts run several times slower
+    than fp32: the choice carries a warning that says so and what `auto` picks there; nowhere else does it."""
+    resolve = precision.resolve_rollout_dtype
+    emulated = resolve("bfloat16", generation_options=FAST, flags=["avx2", "fma"], probe=_never)
+    assert emulated.dtype == "bfloat16" and emulated.reason == "requested"
+    assert "emulated" in emulated.warning and "'auto' picks fp32" in emulated.warning
+    for flags in (["avx512f", "avx512_bf16"], AMX, ["asimd", "bf16"]):
+        assert resolve("bfloat16", generation_options=FAST, flags=flags, probe=_never).warning is None
+    assert resolve("bfloat16", device="cuda", generation_options=FAST, flags=[], probe=_never).warning is None
+    assert resolve("bfloat16", device="cpu:0", generation_options=FAST, flags=[], probe=_never).warning is not None
+    for requested in ("float32", "auto"):
+        assert resolve(requested, generation_options=FAST, flags=["avx2"], probe=_never).warning is None

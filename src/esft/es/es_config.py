@@ -90,10 +90,11 @@ class ESConfig(RunConfig):
     start model's fp32 files where the model rounds them (esft.es.start_weights)."""
     rollout_dtype: str = "auto"
     """precision of the members' rollouts (local executor): "float32" (exact mode), "bfloat16" (weights
-    round(master + sigma * eps) in bf16, fp32 activations; masters, noise, fitness and updates stay fp32) or
-    "auto": bf16 on CPUs with a native bf16 dot product (flags + a start-up probe, esft.generation.precision) when
-    the rollouts take the packed fused path (generation_options), fp32 elsewhere. The run directory records the
-    choice (config.yaml holds the resolved dtype; a run directory without it resumes in fp32)"""
+    round(master + sigma * eps) in bf16, fp32 activations; masters, noise, fitness and updates stay fp32; on a
+    CPU without native bf16 it is emulated, slower than fp32, and warned) or "auto": bf16 on CPUs with a native
+    bf16 dot product (flags + a start-up probe, esft.generation.precision) when the rollouts take the packed fused
+    path (generation_options), fp32 elsewhere. The run directory records the choice (config.yaml holds the
+    resolved dtype; a run directory without it resumes in fp32)"""
     device: str | None = None
     """torch device; None = the loader's default"""
     eval_every: int = 10

@@ -133,6 +133,8 @@ class ESTrainer:
         # the rollout dtype is resolved once, before the masters exist (bf16 rollouts let them share the model's
         # storage), and the resolved one is what config.yaml records and a resume compares
         self.precision = _rollout_precision(config, injected=executor is not None)
+        if self.precision.warning is not None:
+            warnings.warn(self.precision.warning, stacklevel=2)
         config = self.config = config.replace(rollout_dtype=self.precision.dtype)
         self.weights = make_weights(model, config)
         self.strategy = make_strategy(config)

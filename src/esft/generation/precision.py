@@ -87,6 +87,8 @@ class RolloutPrecision:
     reason: str
     native_flags: tuple[str, ...] = ()
     probe_speedup: float | None = None
+    warning: str | None = None
+    """what the run should warn of (bf16 asked for on a CPU that would emulate it), or None"""
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -115,9 +117,16 @@ def resolve_rollout_dtype(requested: str | None, *, device: str | None = "cpu",
     requested = "float32" if requested is None else str(requested)
     if requested not in ROLLOUT_DTYPES:
         raise ValueError(f"unknown rollout_dtype {requested!r}; choose one of {ROLLOUT_DTYPES}")
+    on_cpu = device in (None, "cpu") or str(device).startswith("cpu")
+    if requested == "bfloat16" and on_cpu and not native_bf16_flags(cpu_flags() if flags is None else flags):
+        # honoured, as asked, but a run that is several times slower than fp32 should not be a surprise
+        return RolloutPrecision(requested, requested, "requested", warning=(
+            "rollout_dtype 'bfloat16' on a CPU without a native bf16 dot product (no avx512_bf16 or amx_bf16 in "
+            "its flags): bf16 arithmetic is emulated here, so these rollouts run slower than fp32 ones; 'auto' "
+            "picks fp32 on this CPU"))
     if requested != "auto":
         return RolloutPrecision(requested, requested, "requested")
-    if device not in (None, "cpu") and not str(device).startswith("cpu"):
+    if not on_cpu:
         return RolloutPrecision("float32", requested, f"device {device}: bf16 rollouts are a CPU option")
     if not fast_path(generation_options or {}):
         return RolloutPrecision("float32", requested, "generation_options lack packed_linear + fused_attention")
