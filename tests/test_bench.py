@@ -80,8 +80,14 @@ class EngineCounter:
         real_layout, real_step = lean.layout_prefill, lean.decode_step
 
         @functools.wraps(real_layout)  # keeps its signature (the bench reads its defaults)
+        def kinds(lean_model) -> tuple[str, str]:
+            """(linears, attention) dtypes: bf16 weights multiply in bf16; the attention is bf16 only where the
+            activations are too (bf16 weights off the packed path, e.g. where oneDNN has no bf16 matmul)."""
+            bf16_acts = lean_model.activation_dtype == torch.bfloat16
+            return ("bf16" if lean_model.low_precision or bf16_acts else "fp32", "bf16" if bf16_acts else "fp32")
+
         def layout(model, lean_model, input_ids, attention_mask, prefill, *args, **kwargs):
-            low = "bf16" if getattr(lean_model, "low_precision", False) else "fp32"  # bf16 rollout weights
+            low, attn = kinds(lean_model)
             head = kwargs.get("head")  # given: the prefill returns hidden states, logits come from head calls
 
             def counted(model, ids, mask, positions, cache=None):
@@ -90,7 +96,7 @@ class EngineCounter:
                 own, before = mask[:, past:].sum(-1), mask[:, :past].sum(-1)
                 pairs = int((own * before + own * (own + 1) // 2).sum())
                 add(low, "prefill", b * t * per_position + (0 if head is not None else b * per_logit))
-                add("fp32", "prefill", pairs * per_pair)
+                add(attn, "prefill", pairs * per_pair)
                 return prefill(model, ids, mask, positions, cache)
 
             def counted_head(hidden):
@@ -105,11 +111,11 @@ class EngineCounter:
         def step(lean_model, cache, token, position, cos, sin, suppress=None):
             n = cache.rows
             pairs = int(cache.mask[:n, :cache.length].sum()) + n  # each row's unmasked columns plus its new one
-            low = getattr(lean_model, "low_precision", False)
-            add("bf16" if low else "fp32", "decode", n * per_position)
-            add("fp32", "decode", pairs * per_pair)
+            low, attn = kinds(lean_model)
+            add(low, "decode", n * per_position)
+            add(attn, "decode", pairs * per_pair)
             screened = lean_model.screen is not None and suppress is not None
-            add("bf16" if screened or low else "fp32", "decode", n * per_logit)
+            add("bf16" if screened else low, "decode", n * per_logit)
             return real_step(lean_model, cache, token, position, cos, sin, suppress)
 
         monkeypatch.setattr(lean, "layout_prefill", layout)
@@ -433,13 +439,14 @@ def test_run_bench_roofline_is_executed_flops_over_the_matmul_rate(tokenizer, mo
                             rollout_dtype=rollout, compare_fp32=False, inference=False)
     report = bench.run_bench(cfg, model=model, tokenizer=tokenizer, log=lambda m: None)
     w = report["workloads"]["cpu-preset"]
-    bf16 = torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    # bf16 is timed where oneDNN has a bf16 matmul, and for bf16 rollouts everywhere (their FLOPs need its rate)
+    bf16 = torch.ops.mkldnn._is_mkldnn_bf16_supported() or rollout == "bfloat16"
     assert report["matmul_gflops_readings"] == {"fp32": [0.02, 0.05], "bf16": [0.2, 0.1] if bf16 else []}
     assert report["matmul_gflops"] == 0.05 and report["matmul_gflops_bf16"] == (0.2 if bf16 else None)
     assert report["rollout_precision"]["rollout_dtype"] == rollout
     assert w["executed_flops"] == counter.flops and counter.calls["decode"] > 0
-    if rollout == "bfloat16":  # every linear in bf16, only the attention in fp32
-        assert counter.flops["bf16"] > 10 * counter.flops["fp32"] > 0
+    if rollout == "bfloat16":  # every linear in bf16; the attention in fp32 on the packed path, else bf16 too
+        assert counter.flops["bf16"] > 10 * counter.flops["fp32"]
     ideal = counter.flops["fp32"] / 0.05e9 + counter.flops["bf16"] / 0.2e9
     best = sum(counter.flops.values()) / (0.2e9 if bf16 else 0.05e9)  # everything at the best dtype's rate
     rel = 5e-3 + 0.0005 / w["iteration_s"]  # the report rounds iteration_s to the millisecond
@@ -625,10 +632,8 @@ def test_a_refused_override_is_named(item):
         bench.parse_overrides(["lean=false", item])
 
 
-def test_the_bench_warns_of_bf16_rollouts_asked_for_on_a_cpu_that_emulates_bf16_and_measures_them(tokenizer, monkeypatch):
-    from esft.generation import precision
-
-    from esft.generation import packed
+def test_the_bench_warns_of_bf16_rollouts_on_a_cpu_that_emulates_bf16_and_measures_them(tokenizer, monkeypatch):
+    from esft.generation import packed, precision
 
     monkeypatch.setattr(precision, "cpu_flags", lambda: ["avx2", "fma"])  # as on a Zen 2: no bf16 at all
     monkeypatch.setattr(packed, "onednn_bf16", lambda: False)
@@ -636,7 +641,7 @@ def test_the_bench_warns_of_bf16_rollouts_asked_for_on_a_cpu_that_emulates_bf16_
     monkeypatch.setattr(bench, "matmul_gflops", lambda dtype: 10.0)
     cfg = bench.BenchConfig(workloads=["cpu-preset"], population=2, naive=False, rollout_dtype="bfloat16",
                             compare_fp32=False, inference=False)
-    with pytest.warns(UserWarning, match="emulated here"):
+    with pytest.warns(UserWarning, match="no bf16 matmul on this CPU"):
         report = bench.run_bench(cfg, model=make_tiny_model(), tokenizer=tokenizer, log=lambda m: None)
     assert report["rollout_precision"]["rollout_dtype"] == "bfloat16"
     # its bf16 FLOPs are divided by a bf16 rate measured for them (it failed after the timings without one)

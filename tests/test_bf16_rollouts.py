@@ -331,13 +331,15 @@ def test_a_bf16_run_on_a_cpu_that_emulates_bf16_is_warned_before_it_rolls_out(tm
     import warnings
 
     from esft.es.trainer import ESTrainer
+    from esft.generation import packed
 
     monkeypatch.setattr(precision, "cpu_flags", lambda: flags)
+    monkeypatch.setattr(packed, "onednn_bf16", lambda: True)  # the flags decide, whatever this CPU's oneDNN has
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        trainer = ESTrainer(_cfg(tmp_path, "run", rollout_dtype="bfloat16", generation_options=FAST),
+        trainer = ESTrainer(_cfg(tmp_path, "run", rollout_dtype="bfloat16", generation_options=FAST, device="cpu"),
                             model=tiny_llama(), tokenizer=None, task=ToyTask(), generate_fn=stub_generate,
                             progress=False)
     assert trainer.precision.dtype == "bfloat16"  # honoured as asked, either way
-    said = [str(w.message) for w in caught if "emulated" in str(w.message)]
-    assert len(said) == warned and all("'auto' picks fp32" in m for m in said)
+    said = [str(w.message) for w in caught if "emulates bf16" in str(w.message)]
+    assert len(said) == warned and all("--rollout-dtype auto or float32" in m for m in said)

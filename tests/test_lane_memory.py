@@ -332,11 +332,18 @@ def _two_members_in_place(tokenizer):
     return task, batch, gen, members, in_place.evaluate_members(members, batch).texts
 
 
-def test_one_lane_on_the_packed_path_generates_on_a_released_copy(tokenizer):
+@pytest.mark.parametrize("screen", ["as this CPU has it", "off"])
+def test_one_lane_on_the_packed_path_generates_on_a_released_copy(tokenizer, monkeypatch, screen):
     """One lane with packed linears: the masters are the model's parameters and the lane a copy whose projections
-    are freed while packed (no second fp32 model, no restore), with the completions of the in-place path."""
+    are freed while packed (no second fp32 model, no restore), with the completions of the in-place path. With or
+    without the bf16 screen ("off": as on a CPU without native bf16, whatever this one has) the vocabulary matrix
+    is freed too: the screened path reads its rows and blocks, the unscreened one packs the head whole first."""
+    from esft.generation import lean, packed
     from test_lean import _tiny
 
+    if screen == "off":
+        for module in (lean, packed):
+            monkeypatch.setattr(module, "bf16_matmul_is_native", lambda: False)
     task, batch, gen, members, expected = _two_members_in_place(tokenizer)
     model = _tiny("llama")
     centre = state(model)

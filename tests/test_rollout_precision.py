@@ -6,6 +6,7 @@ Run: pytest -q tests/test_rollout_precision.py   (~1 s)
 
 from __future__ import annotations
 
+import functools
 import io
 
 import pytest
@@ -163,15 +164,22 @@ def test_probe_survives_a_bf16_time_of_zero(monkeypatch):
 
 
 def test_bf16_asked_for_on_a_cpu_that_would_emulate_it_is_honoured_with_a_warning():
-    """"bfloat16" is honoured everywhere, but on a CPU without native bf16 its rollouts run several times slower
-    than fp32: the choice carries a warning that says so and what `auto` picks there; nowhere else does it."""
-    resolve = precision.resolve_rollout_dtype
-    emulated = resolve("bfloat16", generation_options=FAST, flags=["avx2", "fma"], probe=_never)
-    assert emulated.dtype == "bfloat16" and emulated.reason == "requested"
-    assert "emulated" in emulated.warning and "'auto' picks fp32" in emulated.warning
-    for flags in (["avx512f", "avx512_bf16"], AMX, ["asimd", "bf16"]):
-        assert resolve("bfloat16", generation_options=FAST, flags=flags, probe=_never).warning is None
-    assert resolve("bfloat16", device="cuda", generation_options=FAST, flags=[], probe=_never).warning is None
-    assert resolve("bfloat16", device="cpu:0", generation_options=FAST, flags=[], probe=_never).warning is not None
+    """"bfloat16" is honoured everywhere, but where the CPU has no native bf16 its rollouts are emulated, slower
+    than fp32 (many times, where torch's oneDNN has no bf16 matmul at all and the fast path is dropped): the choice
+    carries a warning that says so and what to run instead; nowhere else does it."""
+    resolve = functools.partial(precision.resolve_rollout_dtype, "bfloat16", generation_options=FAST, probe=_never)
+    plain_avx512 = resolve(flags=["avx2", "avx512f"], onednn=True)
+    assert plain_avx512.dtype == "bfloat16" and plain_avx512.reason == "requested"
+    assert "oneDNN emulates bf16" in plain_avx512.warning and "--rollout-dtype auto or float32" in plain_avx512.warning
+    assert "avx512_bf16, amx_bf16, bf16" in plain_avx512.warning  # every flag that would count, Arm's too
+    no_onednn = resolve(flags=["avx2", "fma"], onednn=False)
+    assert "no bf16 matmul" in no_onednn.warning and "many times slower" in no_onednn.warning
+    # flags that name native bf16 but a torch without oneDNN bf16 is just as slow: warned by the second cause
+    assert "no bf16 matmul" in resolve(flags=AMX, onednn=False).warning
+    for flags in (["avx512f", "avx512_bf16"], AMX, ["asimd", "bf16"], []):  # [] : flags unreadable, nothing claimed
+        assert resolve(flags=flags, onednn=True).warning is None
+    assert resolve(device="cpu:0", flags=["avx2"], onednn=True).warning is not None
+    assert resolve(device="cuda", flags=[], onednn=False).warning is None  # not a CPU option there
     for requested in ("float32", "auto"):
-        assert resolve(requested, generation_options=FAST, flags=["avx2"], probe=_never).warning is None
+        assert precision.resolve_rollout_dtype(requested, generation_options=FAST, flags=["avx2"],
+                                               probe=lambda: None, onednn=False).warning is None

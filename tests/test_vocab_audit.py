@@ -113,12 +113,11 @@ def test_embed_keeps_the_shape_of_the_ids():
 
 
 @pytest.mark.parametrize("fast", [False, True])
-def test_a_path_that_reads_the_whole_head_keeps_a_computed_vocabulary_matrix_and_its_completions(fast):
-    """An ES lane's copy inside `releasing(rows=...)` on a path that reads the lm_head whole: the plain lean step
-    (exact options; it multiplies by the weight itself) and the stacked path without the screen (it packs the
-    whole head at every call, and writing a freed matrix back costs more than its memory is worth). Only the
-    screened stacked path frees the vocabulary matrix: here it keeps its storage, and the completions are those
-    generated outside the context."""
+def test_a_computed_vocabulary_matrix_is_kept_by_the_plain_step_and_freed_once_the_stacked_path_packs_the_head(fast):
+    """An ES lane's copy inside `releasing(rows=...)`, without the bf16 screen (sampling, or a CPU without native
+    bf16). The plain lean step (exact options) multiplies by the weight itself, so the matrix keeps its storage. The
+    stacked path packs the whole head first and then reads only token rows, which the rows source computes, so the
+    plain matrix is freed for the rest of the call. The completions are those generated outside the context."""
     from conftest import make_tiny_model
     from esft.generation import GenerationConfig
     from esft.generation.engine import decode
@@ -136,9 +135,18 @@ def test_a_path_that_reads_the_whole_head_keeps_a_computed_vocabulary_matrix_and
     ids = torch.randint(3, 40000, (3, 6), generator=torch.Generator().manual_seed(0))
     mask = torch.ones_like(ids)
     config = GenerationConfig(max_new_tokens=6, batch_size=3, **options)
+    computed = []
+
+    def rows(w, index, out):
+        computed.append(index)
+        return master[index]
+
     with torch.inference_mode():
         ref = decode(model, ids, mask, config, [2])
-        with releasing([weight], fill=lambda weights: None, rows=lambda w, index, out: master[index]):
+        with releasing([weight], fill=lambda weights: None, rows=rows):
             ours = decode(model, ids, mask, config, [2])
-    assert weight.untyped_storage().nbytes() == weight.numel() * weight.element_size()
     assert ours == ref
+    if fast:
+        assert weight.untyped_storage().nbytes() == 0 and computed  # freed; the token rows were computed
+    else:
+        assert weight.untyped_storage().nbytes() == weight.numel() * weight.element_size() and not computed

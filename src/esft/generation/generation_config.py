@@ -51,9 +51,9 @@ class GenerationConfig:
     """lean path, greedy decoding only, with packed_linear and fused_attention, on CPUs with fast bf16 (AVX512-BF16
     or AMX): compute the lm_head in bf16 first and the exact fp32 logits only for tokens a rigorous rounding-error
     bound cannot exclude as the argmax (`esft.generation.packed.LMHeadScreen`; ~2 per row). The argmax is
-    unchanged; the other logits are returned as -inf. Ignored when sampling and on CPUs without native bf16
-    (silently: there the fp32 head is the faster; `esft env` says which this is), and with a warning where
-    packed_linear or fused_attention cannot run."""
+    unchanged; the other logits are returned as -inf. Skipped silently when sampling, under a low-rank population
+    and on CPUs without native bf16 (there the fp32 head is the faster; `esft env` says which this is); skipped
+    with a warning where packed_linear or fused_attention cannot run or the lm_head has a bias."""
 
     def __post_init__(self) -> None:
         # checked when built, before any model loads: a negative temperature decoded greedily and top_p 0 (or

@@ -52,7 +52,8 @@ def _warn_once(message: str) -> None:
 
 
 def _options(model, config, delta) -> tuple[bool, bool, bool]:
-    """(packed_linear, fused_attention, screened_lm_head) as `config` asks, less what cannot run here (warned)."""
+    """(packed_linear, fused_attention, screened_lm_head) as `config` asks, less what cannot run here (warned),
+    and less the screen where it is off by design (sampling, a low-rank population, no native bf16: silently)."""
     dtype = model.lm_head.weight.dtype
     packed = bool(config.packed_linear)
     if packed and (why := packed_linear_reason(dtype)) is not None:

@@ -244,12 +244,13 @@ class LeanModel:
                 raise ValueError(f"lm_head screening is not available: {why}")
             self.screen = LMHeadScreen(self.head_rows, batch_hint,
                                        packed_bf16=self.lm_head if self.low_precision else None)
-        # Freed only where nothing in this call needs the matrix whole again: the fp32 screened path reads rows and
-        # blocks (`lm_head` writes it back for a diverged member); the fp32 path without the screen (CPUs without
-        # native bf16) has packed its lm_head whole above and reads only token rows from then on, so the plain
-        # 108 MiB would be a second copy. A bf16 lane packs its lm_head whole at every call, and writing a freed
-        # 54 MiB matrix back into fresh pages cost more time (~1% of an iteration, `esft bench`) than its memory was
-        # worth; such lanes keep it (docs/performance.md, "vocabulary rows").
+        # Freed on every fp32 stacked path, where nothing in this call needs the matrix whole again: the screened
+        # one reads rows and blocks (`lm_head` writes it back for a diverged member); the unscreened one (sampling,
+        # no screen asked for, an lm_head with a bias, a CPU without native bf16) has packed its head whole above and
+        # reads only token rows, so the plain 108 MiB would be a second copy. Its price is the write of the matrix
+        # into fresh pages at the next member: 1.6-3.7% of a cpu-preset iteration on a Zen 2 (docs/performance.md,
+        # "A CPU without AVX-512"), for 1.44-1.49x instead of 1.56-1.61x the evaluation's peak. A bf16 lane keeps
+        # its 54 MiB: there the write-back cost ~1% of an iteration for too little memory ("vocabulary rows").
         if self.fused_projections and not self.low_precision:
             self.vocab.free()
             self.head_rows.free()

@@ -77,6 +77,22 @@ def probe_bf16_speedup(rows: int = 16, out: int = 1536, inner: int = 576, reps: 
     return times[torch.float32] / max(times[torch.bfloat16], 1e-12)
 
 
+def emulated_bf16_warning(flags: Iterable[str], onednn: bool) -> str | None:
+    """What to tell a run that asked for bf16 rollouts on this CPU, or None where bf16 is native. `flags`: the CPU's
+    (empty where they could not be read: then nothing is claimed of them); `onednn`: whether torch's oneDNN has a
+    bf16 matmul at all."""
+    flags = list(flags)
+    fix = "--rollout-dtype auto or float32 rolls out in fp32 here"
+    if not onednn:
+        return ("rollout_dtype 'bfloat16': torch's oneDNN has no bf16 matmul on this CPU, so the members leave the "
+                "packed fast path and run bf16 emulated, many times slower than fp32 rollouts (docs/performance.md); "
+                + fix)
+    if flags and not native_bf16_flags(flags):
+        return (f"rollout_dtype 'bfloat16' on a CPU without a native bf16 dot product (none of "
+                f"{', '.join(NATIVE_BF16_FLAGS)} in its flags): oneDNN emulates bf16 here, slower than fp32; " + fix)
+    return None
+
+
 @dataclass(frozen=True)
 class RolloutPrecision:
     """What `resolve_rollout_dtype` chose, and why (recorded in the run directory)."""
@@ -108,22 +124,24 @@ def fast_path(generation_options: Mapping[str, object]) -> bool:
 def resolve_rollout_dtype(requested: str | None, *, device: str | None = "cpu",
                           generation_options: Mapping[str, object] | None = None,
                           flags: Iterable[str] | None = None,
-                          probe: Callable[[], float | None] | None = None) -> RolloutPrecision:
+                          probe: Callable[[], float | None] | None = None,
+                          onednn: bool | None = None) -> RolloutPrecision:
     """The rollout dtype of a run. `requested`: "float32" (exact, always), "bfloat16" (always, even where slow),
     "auto" (bf16 when the device is a CPU, the rollouts take the packed fused path, the CPU's `flags` name a
     native bf16 dot product and `probe()` (fp32 / bf16 time) is at least MIN_PROBE_SPEEDUP; fp32 otherwise).
     None means "float32" (run directories made before this option existed). `flags` / `probe` default to this
-    machine's (`cpu_flags`, `probe_bf16_speedup`); tests pass their own."""
+    machine's (`cpu_flags`, `probe_bf16_speedup`), `onednn` whether torch's oneDNN has a bf16 matmul
+    (`esft.generation.packed.onednn_bf16`); tests pass their own."""
     requested = "float32" if requested is None else str(requested)
     if requested not in ROLLOUT_DTYPES:
         raise ValueError(f"unknown rollout_dtype {requested!r}; choose one of {ROLLOUT_DTYPES}")
     on_cpu = device in (None, "cpu") or str(device).startswith("cpu")
-    if requested == "bfloat16" and on_cpu and not native_bf16_flags(cpu_flags() if flags is None else flags):
-        # honoured, as asked, but a run that is several times slower than fp32 should not be a surprise
-        return RolloutPrecision(requested, requested, "requested", warning=(
-            "rollout_dtype 'bfloat16' on a CPU without a native bf16 dot product (no avx512_bf16 or amx_bf16 in "
-            "its flags): bf16 arithmetic is emulated here, so these rollouts run slower than fp32 ones; 'auto' "
-            "picks fp32 on this CPU"))
+    if requested == "bfloat16" and on_cpu:  # honoured as asked, but a slow run should not be a surprise
+        from esft.generation.packed import onednn_bf16
+
+        flags = cpu_flags() if flags is None else flags
+        return RolloutPrecision(requested, requested, "requested",
+                                warning=emulated_bf16_warning(flags, onednn_bf16() if onednn is None else onednn))
     if requested != "auto":
         return RolloutPrecision(requested, requested, "requested")
     if not on_cpu:

@@ -2,7 +2,8 @@
 
 Why: an ES lane's copy of SmolLM2 holds its 49152 x 576 vocabulary matrix (108 MiB in fp32) through every member's
 generation, yet a decode step reads one row per live sequence, the screened lm_head a few candidate rows, and the
-whole matrix is only streamed block by block (the screen's bf16 copy, the prefill's head slices). Where the owner
+whole matrix is read only once per call: streamed block by block (the screen's bf16 copy, the prefill's head
+slices), or written whole to be packed as the unscreened lm_head (`VocabRows.whole`). Where the owner
 of the lane's weights can compute any rows of it (`esft.generation.releasing(rows=...)`, i.e.
 `esft.es.noise.MasterWeights.rows`: round(master + sigma * eps) of those rows), the matrix is freed and its rows
 computed when read. They are the bits the whole-matrix write gives: the arithmetic is elementwise and a row's
