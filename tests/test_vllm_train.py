@@ -1,6 +1,6 @@
 """`esft train es --executor ray --worker-backend vllm` end to end on the embedded model, with a real vLLM engine.
 
-3 iterations (N 4, B 4, 16 new tokens, bf16) through the CLI: one Ray actor holds the engine; the driver keeps
+3 iterations (N 4, B 4, 16 new tokens, bf16; fp32 on a CPU without native bf16) through the CLI: one Ray actor holds the engine; the driver keeps
 its PyTorch replica. Checked: the run finishes; each non-zero update has norm alpha sqrt(d / N) (z-scored
 fitness makes sum_k z_k^2 = N, and independent N(0, I) directions in d = 134.5M dimensions are orthogonal to
 ~1e-4, the law the local executor meets); the engine's masters equal the driver's at start-up and after every
@@ -33,13 +33,18 @@ def test_train_es_with_vllm_workers_meets_the_random_walk_law_and_replays(tmp_pa
     from esft.es.replay import verify
     from esft.es.distributed.vllm_backend import platform_device_type
 
+    from esft.generation.precision import cpu_flags, native_bf16_flags
+
     out = tmp_path / "run"
     device = platform_device_type()
+    # bf16 where it is native (GPUs, AVX512-BF16 / AMX CPUs); where vLLM's CPU build emulates it (a Zen 2: ~4
+    # tokens/s) fp32, in which the engine runs as fast as esft's own (docs/results/bench/zen2-avx2-2026-12-06)
+    dtype = "bfloat16" if device != "cpu" or native_bf16_flags(cpu_flags()) else "float32"
     esft = os.path.join(os.path.dirname(sys.executable), "esft")  # the CLI of this environment
     cmd = [esft if os.path.exists(esft) else "esft", "train", "es", "--model", "smollm2-135m", "--task", "boolq",
            "--max-passage-chars", "400", "--population-size", str(N), "--batch-size", "4", "--max-new-tokens", "16",
            "--iterations", str(ITERATIONS), "--sigma", "0.01", "--alpha", str(ALPHA), "--format-bonus", "0.1",
-           "--dtype", "bfloat16", "--device", device, "--eval-every", str(ITERATIONS), "--eval-limit", "4",
+           "--dtype", dtype, "--device", device, "--eval-every", str(ITERATIONS), "--eval-limit", "4",
            "--executor", "ray", "--num-workers", "1", "--worker-backend", "vllm",
            # checksum after every update: the last one is compared at the final evaluation
            "--executor-options", json.dumps({"checksum_every": 1, "start_timeout_s": 900}),
