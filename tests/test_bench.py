@@ -286,7 +286,7 @@ def test_warm_up_runs_one_member_per_lane_for_one_token_and_restores_the_generat
 def test_run_bench_report_shape(tokenizer, monkeypatch):
     model = make_tiny_model()
     monkeypatch.setattr(bench, "build_workload", lambda name, tok: small_workload(name))
-    monkeypatch.setattr(bench, "matmul_gflops", lambda dtype: 10.0)
+    monkeypatch.setattr(bench, "matmul_gflops", lambda dtype, size=2048: 10.0)
     assert bench.BenchConfig().noise == "table" and bench.BenchConfig().generation == bench.FAST_GENERATION
     cfg = bench.BenchConfig(workloads=["decode-heavy", "cpu-preset"], population=2, repeats=2, noise="per-tensor",
                             generation={"lean": True}, vllm=False)  # no vLLM engine spawned where it is installed
@@ -402,7 +402,7 @@ def test_speedup_vs_fp32_is_the_fastest_fp32_over_the_fastest_bf16_iteration_and
 
     monkeypatch.setattr(bench, "esft_iteration", iteration)
     monkeypatch.setattr(bench, "build_workload", lambda name, tok: small_workload(name))
-    monkeypatch.setattr(bench, "matmul_gflops", lambda dtype: 10.0)
+    monkeypatch.setattr(bench, "matmul_gflops", lambda dtype, size=2048: 10.0)
     cfg = bench.BenchConfig(workloads=["cpu-preset"], repeats=3, rollout_dtype="bfloat16", naive=False,
                             inference=False)
     report = bench.run_bench(cfg, model=make_tiny_model(), tokenizer=tokenizer, log=lambda m: None)
@@ -423,7 +423,7 @@ def test_run_bench_roofline_is_executed_flops_over_the_matmul_rate(tokenizer, mo
     monkeypatch.setattr(bench, "build_workload", lambda name, tok: small_workload(name, min_new=0))
     # GFLOP/s, slow enough for ratios well above the report's 1e-4 rounding; read before and after the workload
     readings = {torch.float32: iter([0.02, 0.05]), torch.bfloat16: iter([0.2, 0.1])}
-    monkeypatch.setattr(bench, "matmul_gflops", lambda dtype: next(readings[dtype]))
+    monkeypatch.setattr(bench, "matmul_gflops", lambda dtype, size=2048: next(readings[dtype]))
     counter = EngineCounter(model, monkeypatch)
     from esft.bench import iterations
 
@@ -520,7 +520,7 @@ def test_check_outputs_compares_fast_engine_with_model_generate(tokenizer, monke
     assert broken["identical"] == 0 and broken["first_difference"] == {"row": 0, "token": 0}
     # and through run_bench / the table
     monkeypatch.setattr(bench, "build_workload", lambda name, tok: small_workload(name, min_new=0))
-    monkeypatch.setattr(bench, "matmul_gflops", lambda dtype: 10.0)
+    monkeypatch.setattr(bench, "matmul_gflops", lambda dtype, size=2048: 10.0)
     report = bench.run_bench(bench.BenchConfig(workloads=["cpu-preset"], population=2, naive=False,
                                                check_outputs=True), model=model, tokenizer=tokenizer,
                              log=lambda m: None)
@@ -600,7 +600,7 @@ def test_run_bench_gives_the_callers_thread_count_back(tokenizer, monkeypatch, f
     monkeypatch.setattr(bench, "build_workload", lambda name, tok: small_workload(name))
     seen: list[int] = []
 
-    def rate(dtype):
+    def rate(dtype, size=2048):
         seen.append(torch.get_num_threads())
         if fails:
             raise RuntimeError("boom")
@@ -638,11 +638,28 @@ def test_the_bench_warns_of_bf16_rollouts_on_a_cpu_that_emulates_bf16_and_measur
     monkeypatch.setattr(precision, "cpu_flags", lambda: ["avx2", "fma"])  # as on a Zen 2: no bf16 at all
     monkeypatch.setattr(packed, "onednn_bf16", lambda: False)
     monkeypatch.setattr(bench, "build_workload", lambda name, tok: small_workload(name))
-    monkeypatch.setattr(bench, "matmul_gflops", lambda dtype: 10.0)
+    sizes: dict[torch.dtype, set[int]] = {torch.float32: set(), torch.bfloat16: set()}
+
+    def rate(dtype, size=2048):
+        sizes[dtype].add(size)
+        return 10.0
+
+    monkeypatch.setattr(bench, "matmul_gflops", rate)
     cfg = bench.BenchConfig(workloads=["cpu-preset"], population=2, naive=False, rollout_dtype="bfloat16",
                             compare_fp32=False, inference=False)
     with pytest.warns(UserWarning, match="no bf16 matmul on this CPU"):
         report = bench.run_bench(cfg, model=make_tiny_model(), tokenizer=tokenizer, log=lambda m: None)
     assert report["rollout_precision"]["rollout_dtype"] == "bfloat16"
+    # the warning stays with the report, and the emulated rate is read on a product small enough to finish
+    assert "no bf16 matmul on this CPU" in report["rollout_precision"]["rollout_dtype_warning"]
+    assert sizes == {torch.float32: {2048}, torch.bfloat16: {bench.EMULATED_BF16_MATMUL_SIZE}}
     # its bf16 FLOPs are divided by a bf16 rate measured for them (it failed after the timings without one)
     assert report["matmul_gflops_bf16"] == 10.0 and report["workloads"]["cpu-preset"]["roofline_ratio"] > 0
+
+
+def test_the_bf16_matmul_is_timed_where_its_rate_is_needed_at_a_size_that_finishes():
+    """2048^3 where oneDNN has bf16 (as fp32); for bf16 rollouts without it, the emulated rate at the small size
+    (2048^3 emulated takes ~30 s a reading on a Zen 2); not at all for fp32 rollouts without it."""
+    assert bench.bf16_matmul_size(True, False) == bench.bf16_matmul_size(True, True) == 2048
+    assert bench.bf16_matmul_size(False, True) == bench.EMULATED_BF16_MATMUL_SIZE == 512
+    assert bench.bf16_matmul_size(False, False) is None

@@ -238,7 +238,7 @@ def test_the_report_says_when_the_attention_kernel_did_not_run(tokenizer, monkey
     monkeypatch.setattr(esft.kernels, "_CACHE", {})
     monkeypatch.setattr(esft.kernels, "_ERRORS", {"decode_attention": "no C++ compiler: c++ is not on PATH"})
     monkeypatch.setattr(bench, "build_workload", lambda name, tok: small_workload(name))
-    monkeypatch.setattr(bench, "matmul_gflops", lambda dtype: 10.0)
+    monkeypatch.setattr(bench, "matmul_gflops", lambda dtype, size=2048: 10.0)
     cfg = bench.BenchConfig(workloads=["cpu-preset"], population=2, naive=False, inference=False, vllm=False,
                             rollout_dtype="float32")
     report = bench.run_bench(cfg, model=make_tiny_model(), tokenizer=tokenizer, log=lambda m: None)

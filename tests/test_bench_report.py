@@ -68,7 +68,7 @@ def stub_run_bench(monkeypatch, tokenizer, vllm_generation, **config):
     monkeypatch.setattr(bench, "esft_generation", lambda *a, **k: {
         "engine": "esft", "seconds": 4.0, "delivered_tokens_per_s": 100.0})
     monkeypatch.setattr(bench, "build_workload", lambda name, tok: small_workload(name))
-    monkeypatch.setattr(bench, "matmul_gflops", lambda dtype: 10.0)
+    monkeypatch.setattr(bench, "matmul_gflops", lambda dtype, size=2048: 10.0)
     monkeypatch.setattr(bench, "vllm_available", lambda: True)
     monkeypatch.setattr(inference, "vllm_available", lambda: True)
     monkeypatch.setattr("esft.models.resolve_model_path", lambda name: "/model")

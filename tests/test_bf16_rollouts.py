@@ -343,3 +343,5 @@ def test_a_bf16_run_on_a_cpu_that_emulates_bf16_is_warned_before_it_rolls_out(tm
     assert trainer.precision.dtype == "bfloat16"  # honoured as asked, either way
     said = [str(w.message) for w in caught if "emulates bf16" in str(w.message)]
     assert len(said) == warned and all("--rollout-dtype auto or float32" in m for m in said)
+    # and the run's record keeps it, for whoever reads the run directory later
+    assert trainer.run_info()["rollout_dtype_warning"] == (said[0] if warned else None)

@@ -86,7 +86,8 @@ def test_choices_record_what_was_requested_chosen_and_why():
     chosen = resolve("auto", generation_options=FAST, flags=AMX, probe=lambda: 2.34567)
     assert chosen.record() == {"rollout_dtype": "bfloat16", "rollout_dtype_requested": "auto",
                                "rollout_dtype_reason": "native bf16 (amx_bf16), probe 2.35x fp32",
-                               "cpu_native_bf16_flags": ["amx_bf16"], "bf16_probe_speedup": 2.346}
+                               "cpu_native_bf16_flags": ["amx_bf16"], "bf16_probe_speedup": 2.346,
+                               "rollout_dtype_warning": None}
     slow = resolve("auto", generation_options=FAST, flags=AMX, probe=lambda: 1.1)
     assert (slow.native_flags, slow.probe_speedup, slow.torch_dtype) == (("amx_bf16",), 1.1, torch.float32)
     missing = resolve("auto", generation_options=FAST, flags=AMX, probe=lambda: None)
@@ -151,7 +152,7 @@ def test_explicit_requests_record_themselves_on_any_device():
                                                  probe=_never)
         assert chosen.record() == {"rollout_dtype": requested, "rollout_dtype_requested": requested,
                                    "rollout_dtype_reason": "requested", "cpu_native_bf16_flags": [],
-                                   "bf16_probe_speedup": None}
+                                   "bf16_probe_speedup": None, "rollout_dtype_warning": None}
         assert chosen.torch_dtype == {"bfloat16": torch.bfloat16, "float32": torch.float32}[requested]
 
 
@@ -174,6 +175,7 @@ def test_bf16_asked_for_on_a_cpu_that_would_emulate_it_is_honoured_with_a_warnin
     assert "avx512_bf16, amx_bf16, bf16" in plain_avx512.warning  # every flag that would count, Arm's too
     no_onednn = resolve(flags=["avx2", "fma"], onednn=False)
     assert "no bf16 matmul" in no_onednn.warning and "many times slower" in no_onednn.warning
+    assert no_onednn.record()["rollout_dtype_warning"] == no_onednn.warning  # the run directory keeps it
     # flags that name native bf16 but a torch without oneDNN bf16 is just as slow: warned by the second cause
     assert "no bf16 matmul" in resolve(flags=AMX, onednn=False).warning
     for flags in (["avx512f", "avx512_bf16"], AMX, ["asimd", "bf16"], []):  # [] : flags unreadable, nothing claimed

@@ -2,9 +2,10 @@
 the way public ES code does it. One run measures everything on the current machine:
 
 * `matmul_gflops` / `matmul_gflops_bf16` (`matmul_gflops_by_dtype`, `best_dtype`): a 2048^3 matmul in fp32 and,
-  where torch's oneDNN has bf16, in bf16, with the bench's thread count, best of five, measured before the first
-  workload and after each (`matmul_gflops_readings`), the best reading kept: the machine's capability, so that a
-  reading taken while other processes held the cores does not inflate the roofline ratio;
+  where torch's oneDNN has bf16, in bf16 (with bf16 rollouts on a CPU whose oneDNN lacks it, torch's emulated bf16
+  at 512^3: 1.4 GFLOP/s on a Zen 2, 0.7 at 1024^3), with the bench's thread count, best of five, measured before
+  the first workload and after each (`matmul_gflops_readings`), the best reading kept: the machine's capability, so
+  that a reading taken while other processes held the cores does not inflate the roofline ratio;
 * `rollout_precision`: the members' rollout dtype (`--rollout-dtype`, auto = bf16 on CPUs with native bf16,
   esft.generation.precision) and why; with bf16, the same iteration with fp32 rollouts too, right before each bf16
   one (`speedup_vs_fp32`: the fastest fp32 over the fastest bf16 iteration; `speedup_vs_fp32_per_repeat`: each
@@ -83,17 +84,17 @@ import torch
 from esft.bench.inference import esft_generation, inference_entry, vllm_available, vllm_generation, vllm_job
 from esft.bench.iterations import check_outputs, esft_iteration, esft_iteration_parallel, naive_iteration
 from esft.bench.roofline import (
-    ModelShape, best_dtype_roofline_ratio, count_params, cpu_info, effective_layout, executed_flops, load_average,
-    matmul_gflops, roofline_ratio,
+    EMULATED_BF16_MATMUL_SIZE, ModelShape, best_dtype_roofline_ratio, bf16_matmul_size, count_params, cpu_info,
+    effective_layout, executed_flops, load_average, matmul_gflops, roofline_ratio,
 )
 from esft.bench.options import FAST_GENERATION, FAST_NOISE, BenchConfig, parse_overrides
 from esft.bench.workloads import (FAST_PARALLEL_MEMBERS, WORKLOADS, PseudoTask, Workload, bench_fitness,
                                   build_workload)
 from esft.config import build_config
 
-__all__ = ["BenchConfig", "FAST_GENERATION", "FAST_NOISE", "FAST_PARALLEL_MEMBERS", "ModelShape", "PseudoTask",
-           "WORKLOADS", "Workload", "bench_fitness", "bench_precision", "build_workload", "check_outputs",
-           "count_params", "cpu_info",
+__all__ = ["BenchConfig", "EMULATED_BF16_MATMUL_SIZE", "FAST_GENERATION", "FAST_NOISE", "FAST_PARALLEL_MEMBERS",
+           "ModelShape", "PseudoTask", "WORKLOADS", "Workload", "bench_fitness", "bench_precision", "bf16_matmul_size",
+           "build_workload", "check_outputs", "count_params", "cpu_info",
            "effective_layout", "esft_iteration", "esft_iteration_parallel", "executed_flops", "format_table",
            "load_average", "main", "matmul_gflops", "naive_iteration", "parse_overrides", "roofline_ratio",
            "run_bench"]
@@ -153,14 +154,12 @@ def _measure(config: BenchConfig, model, tokenizer, log) -> dict[str, Any]:
     readings: dict[str, list[float]] = {"fp32": [], "bf16": []}
     from esft.generation.packed import onednn_bf16
 
-    # bf16 rollouts execute bf16 FLOPs, which the roofline divides by a bf16 rate: measured for them also where
-    # oneDNN has no bf16 matmul (torch's own, emulated) rather than failing after the timings
-    bf16_ok = onednn_bf16() or precision.dtype == "bfloat16"
+    bf16_size = bf16_matmul_size(onednn_bf16(), precision.dtype == "bfloat16")
 
     def measure() -> None:  # every dtype the machine offers: the roofline takes the best
         readings["fp32"].append(round(matmul_gflops(dtype), 2))
-        if bf16_ok:
-            readings["bf16"].append(round(matmul_gflops(torch.bfloat16), 2))
+        if bf16_size is not None:
+            readings["bf16"].append(round(matmul_gflops(torch.bfloat16, size=bf16_size), 2))
 
     measure()
     timed: dict[str, tuple[dict[str, int], dict[str, float]]] = {}  # workload -> executed FLOPs, unrounded timings

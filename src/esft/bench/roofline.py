@@ -32,6 +32,20 @@ def matmul_gflops(dtype: torch.dtype = torch.float32, size: int = 2048, reps: in
     return 2 * size**3 / best / 1e9
 
 
+EMULATED_BF16_MATMUL_SIZE = 512
+
+
+def bf16_matmul_size(onednn: bool, bf16_rollouts: bool) -> int | None:
+    """The size of the bf16 matmul the bench times, None for none. Where torch's oneDNN has bf16, 2048 as for fp32.
+    bf16 rollouts execute bf16 FLOPs, which the roofline divides by a bf16 rate: without oneDNN's bf16 that rate is
+    torch's emulated one, read at EMULATED_BF16_MATMUL_SIZE (emulated bf16 runs ~100x below fp32, slower the larger
+    the product: 2048^3 would take ~30 s a reading, and the smaller product's higher rate does not flatter the
+    roofline ratio that divides by it)."""
+    if onednn:
+        return 2048
+    return EMULATED_BF16_MATMUL_SIZE if bf16_rollouts else None
+
+
 @dataclass(frozen=True)
 class ModelShape:
     """The matmul dimensions of a Llama-family decoder, all that `executed_flops` needs."""

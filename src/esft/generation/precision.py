@@ -113,7 +113,8 @@ class RolloutPrecision:
     def record(self) -> dict[str, object]:
         return {"rollout_dtype": self.dtype, "rollout_dtype_requested": self.requested,
                 "rollout_dtype_reason": self.reason, "cpu_native_bf16_flags": list(self.native_flags),
-                "bf16_probe_speedup": None if self.probe_speedup is None else round(self.probe_speedup, 3)}
+                "bf16_probe_speedup": None if self.probe_speedup is None else round(self.probe_speedup, 3),
+                "rollout_dtype_warning": self.warning}
 
 
 def fast_path(generation_options: Mapping[str, object]) -> bool:
