@@ -284,6 +284,29 @@ def test_make_ray_executor_defaults(recorded_executor, tmp_path):
     assert on_gpu.spec.threads == 0 and on_gpu.kwargs["frozen"] is None  # no model given: nothing to compare
 
 
+def test_device_none_is_read_alike_for_the_workers_threads_and_their_resources(recorded_executor, tmp_path,
+                                                                             monkeypatch):
+    """device None is the loader's default, CUDA where there is one: on a cluster with GPUs the workers are GPU
+    workers both for the threads the factory gives them (torch's default, 0) and for the resources `_resources`
+    asks for; on one without, CPU workers of one thread. `use_gpu` overrides the device either way."""
+    from esft.es.distributed import factory
+    from esft.es.distributed.connection import workers_use_gpu
+
+    assert workers_use_gpu(None, None, 2) and not workers_use_gpu(None, None, 0)
+    assert workers_use_gpu("cuda:1", None, 0) and not workers_use_gpu("cpu:0", None, 4)
+    assert workers_use_gpu("cpu", True, 0) and not workers_use_gpu("cuda", False, 4)
+    weights = MasterWeights(tiny_llama())
+    for gpus, threads in ((2, 0), (0, 1)):
+        monkeypatch.setattr(factory, "cluster_gpus", lambda gpus=gpus: gpus)
+        ex = factory.make_ray_executor(ESConfig(executor="ray", output_dir=str(tmp_path)), weights=weights,
+                                       frozen={})
+        assert ex.spec.threads == threads
+    monkeypatch.setattr(factory, "cluster_gpus", lambda: 2)
+    forced = factory.make_ray_executor(ESConfig(executor="ray", output_dir=str(tmp_path),
+                                                executor_options={"use_gpu": False}), weights=weights, frozen={})
+    assert forced.spec.threads == 1
+
+
 def test_cpu_threads_share_splits_the_cores_between_the_workers():
     from esft.es.distributed.factory import cpu_threads_share
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from esft.es.build import VLLM_OPTIONS, check_executor_options, check_layout, make_local_executor, make_strategy
+from esft.es.distributed.connection import workers_use_gpu
 from esft.es.es_config import ESConfig
 from esft.es.executor import Executor
 from esft.es.noise import MasterWeights
@@ -67,6 +68,17 @@ def cluster_cores() -> list[int]:
     return [c for c in cpus if c > 0] or [machine_cores()]
 
 
+def cluster_gpus() -> int:
+    """The GPUs of the connected Ray cluster; 0 before a connection (a caller that has not connected runs locally)."""
+    from esft.es.distributed.connection import import_ray
+
+    try:
+        ray = import_ray()
+        return int(ray.cluster_resources().get("GPU", 0)) if ray.is_initialized() else 0
+    except ImportError:
+        return 0
+
+
 def cpu_threads_share(node_cpus: list[int], num_workers: int, num_cpus_per_worker: float | None = None) -> int:
     """torch threads for each CPU worker under `threads_per_worker: 0`, at least 1: the most threads per worker
     with which the nodes (`node_cpus`, `cluster_cores`) still hold `num_workers` workers, a worker on one node
@@ -90,7 +102,7 @@ def make_ray_executor(config: ESConfig, *, weights: MasterWeights, optimizer: An
 
     check_executor_options(config)  # the trainer checked already, before its model loaded
     opts = dict(config.executor_options)
-    on_cpu = (config.device or "cpu") == "cpu"
+    on_cpu = not workers_use_gpu(config.device, opts.get("use_gpu"), cluster_gpus())
     if config.worker_backend == "vllm" and on_cpu:
         # one CPU engine per machine by default: vLLM batches a member's prompts itself and uses every thread
         default_threads = machine_cores()

@@ -37,7 +37,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from esft.es.distributed.connection import UNBOUNDED_SLOTS, actor_slots, connect_ray, import_ray
+from esft.es.distributed.connection import UNBOUNDED_SLOTS, actor_slots, connect_ray, import_ray, workers_use_gpu
 from esft.es.distributed.hf_replica import (HFReplica, ReplicaSpec, checksum_diff, checksum_digest,
                                             masters_checksum)
 from esft.es.distributed.worker_faults import Deadlines, WorkerTimeout, is_worker_death, worker_error
@@ -166,7 +166,7 @@ class RayExecutor(Executor):
         ray = import_ray()
         cluster = ray.cluster_resources()
         gpus = int(cluster.get("GPU", 0))
-        use_gpu = self.use_gpu if self.use_gpu is not None else (gpus > 0 and self.spec.config.device != "cpu")
+        use_gpu = workers_use_gpu(self.spec.config.device, self.use_gpu, gpus)
         threads = int(self.spec.threads or 1)
         # one engine / replica per GPU; on CPUs, one replica per `threads` cores
         opts = {"num_gpus": 1, "num_cpus": 1} if use_gpu else {"num_gpus": 0, "num_cpus": threads}
@@ -174,7 +174,8 @@ class RayExecutor(Executor):
         nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive", True)]
         fit = actor_slots(nodes, float(opts.get("num_cpus") or 0), float(opts.get("num_gpus") or 0))
         if use_gpu and gpus < 1:
-            raise ValueError(f"GPU workers requested (use_gpu) but the Ray cluster has no GPUs ({cluster})")
+            raise ValueError(f"GPU workers requested (use_gpu, or device {self.spec.config.device!r}) but the Ray "
+                             f"cluster has no GPUs ({cluster})")
         if not self.num_workers and fit >= UNBOUNDED_SLOTS:
             # an actor that asks for no CPU and no GPU fits any number of times: "one per CPU" has no count
             raise ValueError(f"--num-workers 0 counts workers by the CPUs or GPUs each asks for, but they ask for "
