@@ -300,8 +300,9 @@ def hanging_replica(hang_at: dict[int, tuple[str, int]]) -> type:
 def test_a_hung_worker_is_dropped_after_member_timeout_s(model_dir, tmp_path, reference):
     """Worker 1 hangs (alive, silent) in a member of iteration 1: after member_timeout_s it is dropped and ended,
     its member re-queued, and the iteration ends with the local run's fitness. Worker 0 then hangs in the update
-    of step 3: the run stops with WorkersLost, iterations 0-2 and their checkpoints intact, and a local resume
-    ends bit for bit where the uninterrupted run ended."""
+    of step 3: the run stops with WorkersLost, iterations 0-2 and their checkpoints intact, and a resume on a new
+    Ray worker (which loads the base model: the driver's step-3 masters are sent to it at start-up) ends bit for bit
+    where the uninterrupted run ended."""
     ref_masters, ref_fitness, _ = reference
     out = tmp_path / "hung"
     options = {"threads_per_worker": 1, "checksum_every": 1, "member_timeout_s": 6}
@@ -321,9 +322,14 @@ def test_a_hung_worker_is_dropped_after_member_timeout_s(model_dir, tmp_path, re
     assert [s for s, _ in runlog.list_checkpoints(out)] == [1, 2, 3]
     for pid in pids.values():  # a hung worker is ended, not left holding its CPU
         assert_ends(pid, "hung worker")
-    t2 = ESTrainer(resume_config(out, {"executor": "local"}), fitness_rule=TextFitness(), progress=False)
+    start = len(runlog.read_jsonl(out / "metrics.jsonl"))
+    t2 = ESTrainer(resume_config(out, {"num_workers": 1}), fitness_rule=TextFitness(), progress=False)
     t2.train()
     assert same(masters(t2), ref_masters) and fitness_log(out) == ref_fitness
+    resumed = [m for m in runlog.read_jsonl(out / "metrics.jsonl")[start:] if m["kind"] == "executor"]
+    # the new worker loaded the base model, behind the driver's step 3: sent the masters, checked, then step 4
+    assert [m["event"] for m in resumed] == ["start", "sync", "checksum", "members", "checksum"]
+    assert [(m.get("step"), m["ok"]) for m in resumed if m["event"] == "checksum"] == [(None, True), (4, True)]
 
 
 def raising_replica(error: Exception) -> type:
