@@ -209,6 +209,13 @@ def test_the_report_runs_the_requested_sections_and_says_why_the_others_did_not(
     assert "| weights | " in cost and " 1 of 2 |" in cost
     results = json.loads((tmp_path / "r" / "results.json").read_text())
     assert results["config"]["limit"] == 7 and ["kl", "not requested (--analyses)"] in results["unsupported"]
+    # requested, but with nothing to evaluate in these runs (no result asked of the cache): no evaluations either
+    monkeypatch.setattr(Report, "section_sparsity", lambda self: ran.append("sparsity"))
+    idle = Report(ReportConfig(dir=str(tmp_path), output_dir=str(tmp_path / "r2"), analyses=["sparsity"]),
+                  progress=False)
+    text = idle.build().read_text()
+    assert ran[-1] == "sparsity" and "No evaluations (sparsity: nothing to evaluate in these runs)." in text
+    assert "Evaluations use" not in text
 
     with pytest.raises(ValueError, match="interpolation_points must be >= 2"):
         ReportConfig(interpolation_points=1)

@@ -221,11 +221,15 @@ class Report(ReportContext):
         return self.write()
 
     def evaluation_text(self) -> str:
-        """How the evaluating analyses evaluate; that none ran where --analyses names none of them (a header that
-        gave a limit and a generation path read as if the report had evaluated)."""
+        """How the evaluating analyses evaluate; that none did where --analyses names none of them, or where those
+        it names found nothing to evaluate (e.g. kl without an ES-GRPO pair): a header that gave a limit and a
+        generation path read as if the report had evaluated."""
         cfg = self.config
-        if not set(cfg.analyses) & {"kl", "landscape", "sparsity"}:
+        evaluating = [a for a in ("kl", "landscape", "sparsity") if a in cfg.analyses]
+        if not evaluating:
             return "No evaluations (--analyses has none of kl, landscape, sparsity). "
+        if not any(self.cost.get(a) for a in evaluating):  # each evaluation is a result asked of the cache
+            return f"No evaluations ({', '.join(evaluating)}: nothing to evaluate in these runs). "
         return (f"Evaluations use {'a label-balanced subset of' if cfg.balanced else 'the first'} {cfg.limit} test "
                 "examples per task, greedy decoding, "
                 f"max_new_tokens {self.gen_config().max_new_tokens if self.chains else 'n/a'}. "
