@@ -247,3 +247,20 @@ def test_the_figures_label_a_rewards_axis_mean_reward(path, tmp_path, monkeypatc
     SP.plot_sparsity_sweep({"es": {"rows": [{"sparsity": 0.5, "accuracy": {"r": 2.0}}], "base_accuracy": {"r": 1.0},
                                    "score": {"r": "mean reward"}}}, tmp_path / "s.png")
     assert labels == [["mean reward", "mean reward", "accuracy"], ["mean reward", "accuracy"], ["mean reward"]]
+
+
+def test_the_progress_lines_print_each_score_as_the_tables_do(monkeypatch, capsys):
+    """A percentage for an accuracy, three decimals for a mean reward (they printed 0.500 and 2.000 alike)."""
+    monkeypatch.setattr(L, "accuracy", scripted(POINTS))
+    a, b, work = tiny(0), tiny(1), tiny(2)
+    L.interpolation_path(work, None, a, b, [0.5], {t: (None, [0] * 4) for t in POINTS}, None, progress=True)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == ["interpolation t=0.000 r=2.000 m=0.250 a=50.0%",
+                     "interpolation t=0.500 r=1.000 m=0.000 a=25.0%",
+                     "interpolation t=1.000 r=3.000 m=0.500 a=75.0%"]
+    points = {"a": [[1, 0, 0, 0], [1, 1, 0, 0], [0, 0, 0, 0]]}
+    monkeypatch.setattr(L, "accuracy", scripted(points))
+    dirs = [L.DeltaDirection(a, b, "ES"), L.DeltaDirection(b, a, "back")]
+    L.direction_sweep(work, None, a, dirs, [0.0, 1.0], {t: (None, [0] * 4) for t in points}, None, progress=True)
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(" ", 2)[2] for line in lines] == ["a=25.0%", "a=50.0%", "a=25.0%", "a=0.0%"]

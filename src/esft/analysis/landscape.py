@@ -7,8 +7,7 @@
   direction norm-matched tensor by tensor to a reference update (Figure 4, from the base model). From a later
   checkpoint and on holdout tasks this is Figure 5.
 
-Each result records every task's constant-answer baseline of the same examples (esft.analysis.constant), drawn as
-a dotted line.
+Each result records every task's constant-answer baseline of the same examples (esft.analysis.constant), dotted.
 
 One working model is held in memory; the weights it is set to are computed tensor by tensor in float64 from
 checkpoints read lazily from disk (esft.analysis.sources), so no second model is materialised.
@@ -32,6 +31,7 @@ import torch
 from esft.analysis.barrier import barrier, path_score_names, sample_sd
 from esft.analysis.constant import KEY, draw_baseline, shown, task_baselines
 from esft.analysis.report_cache import fingerprint
+from esft.analysis.score_text import scores_line
 from esft.analysis.sources import TensorSource, as_source
 from esft.tasks.labels import ACCURACY, MEAN_REWARD
 
@@ -227,7 +227,7 @@ def interpolation_path(model, tokenizer, a: Any, b: Any, ts: Sequence[float], ta
             accs[n].append(v)
             scores[n].append(got.get(n))
         if progress:
-            print(f"interpolation t={t:.3f} " + " ".join(f"{n}={v:.3f}" for n, v in res.items()), flush=True)
+            print(f"interpolation t={t:.3f} {scores_line(res, got)}", flush=True)
     names = path_score_names(scores, accs)
     return {"t": ts, "accuracy": accs, "distance": direction.norm, "score": names,
             "barrier": {n: barrier(ts, accs[n], len(tasks[n][1]),
@@ -265,11 +265,11 @@ def direction_sweep(model, tokenizer, origin: Any, directions: Sequence[Directio
         norm = d.norm
         accs: dict[str, list[float]] = {n: [] for n in tasks}
         for m in magnitudes:
+            got: dict[str, list[float]] = {}
             if m == 0.0 and cache_zero is not None:
                 res = cache_zero  # the origin itself: identical for every direction
             else:
                 set_weights(model, so, [(m / norm if norm > 0 else 0.0, d)])
-                got: dict[str, list[float]] = {}
                 res = accuracy(model, tokenizer, tasks, gen_config, scores_out=got, progress=progress)
                 for n in tasks:
                     scores[n].append(got.get(n))
@@ -278,7 +278,7 @@ def direction_sweep(model, tokenizer, origin: Any, directions: Sequence[Directio
             for n, v in res.items():
                 accs[n].append(v)
             if progress:
-                print(f"{d.label} |d|={m:.4g} " + " ".join(f"{n}={v:.3f}" for n, v in res.items()), flush=True)
+                print(f"{d.label} |d|={m:.4g} {scores_line(res, got)}", flush=True)
         out["directions"][d.label] = {"norm": norm, "accuracy": accs}
     out["score"] = path_score_names(scores, {n: [v for d in out["directions"].values() for v in d["accuracy"][n]]
                                              for n in tasks})

@@ -23,6 +23,12 @@ def score_text(values: Iterable[float | None], name: str | None = None) -> Calla
     return reward_text if (name or score_name(values)) == MEAN_REWARD else pct
 
 
+def scores_line(res: Mapping[str, float], scores: Mapping[str, list[float]]) -> str:
+    """`task=score ...` for a progress line, each score printed as the tables print it: a percentage for an
+    accuracy, three decimals for a mean reward (named from the task's per-example `scores` where given)."""
+    return " ".join(f"{n}={score_text(scores.get(n) or [v])(v)}" for n, v in res.items())
+
+
 def interval_text(name: str, n: int | None) -> Callable[[float | None], str]:
     """How one task's scores over `n` examples are printed with their uncertainty: an accuracy as `62.5% [30.6,
     86.3]`, its 95% Wilson interval in %; a mean reward (whose per-example spread a table does not hold) or a
