@@ -210,7 +210,7 @@ def test_workers_are_one_per_gpu_or_one_per_threads_cores(monkeypatch):
     assert _placed(monkeypatch, cpus, device=None) == (7, {"num_gpus": 0, "num_cpus": 1})
     assert _placed(monkeypatch, gpus, device=None) == (3, {"num_gpus": 1, "num_cpus": 1})  # and GPUs where there are
     assert _placed(monkeypatch, gpus, device="cpu:0", threads=3)[1] == {"num_gpus": 0, "num_cpus": 3}
-    with pytest.raises(ValueError, match=r"device 'cuda'\) but the Ray cluster has no GPUs"):
+    with pytest.raises(ValueError, match=r"\(--device cuda\) but the Ray cluster has no GPUs"):
         _placed(monkeypatch, cpus, device="cuda")  # not CPU workers that then fail to load on CUDA
     assert _placed(monkeypatch, cpus, threads=2) == (3, {"num_gpus": 0, "num_cpus": 2})
     with pytest.raises(ValueError, match=r"1 Ray workers requested with .* the cluster's nodes fit 0"):

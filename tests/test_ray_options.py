@@ -255,7 +255,8 @@ class _CpuOnlyCluster:
     # num_workers 0 counts one worker per CPU it asks for; asking for none used to mean 2**30 actors (a hang)
     ({"actor_options": {"num_cpus": 0}}, r"--num-workers 0 .* ask for none"),
     # one worker per GPU of a cluster without GPUs used to read "0 Ray workers requested ... lower --num-workers"
-    ({"use_gpu": True}, r"use_gpu.* has no GPUs"),
+    ({"use_gpu": True}, r"\(executor_options use_gpu: true\) but the Ray cluster has no GPUs .*: run with "
+                        r"--device cpu \(and without use_gpu: true\), or join a cluster with GPUs$"),
 ])
 def test_a_worker_count_that_cannot_be_derived_is_refused_with_its_reason(monkeypatch, options, error):
     from esft.es.distributed import ray_executor

@@ -307,6 +307,32 @@ def test_device_none_is_read_alike_for_the_workers_threads_and_their_resources(r
     assert forced.spec.threads == 1
 
 
+class _FakeRay:
+    def __init__(self, connected: bool, gpus: float):
+        self.connected, self.gpus = connected, gpus
+
+    def is_initialized(self):
+        return self.connected
+
+    def cluster_resources(self):
+        return {"CPU": 8.0, "GPU": self.gpus} if self.connected else {}
+
+
+def test_cluster_gpus_reads_the_connected_cluster_else_this_machine(monkeypatch):
+    """The connected cluster's GPUs; before a connection this machine's CUDA GPUs, which the local Ray instance
+    the executor would start has (a caller of the factory that skipped `connect` got 0: CPU-worker threads for
+    what `_resources` then placed as GPU workers)."""
+    import torch
+
+    from esft.es.distributed import connection, factory
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 3)
+    monkeypatch.setattr(connection, "import_ray", lambda: _FakeRay(True, 2.0))
+    assert factory.cluster_gpus() == 2
+    monkeypatch.setattr(connection, "import_ray", lambda: _FakeRay(False, 2.0))
+    assert factory.cluster_gpus() == 3
+
+
 def test_cpu_threads_share_splits_the_cores_between_the_workers():
     from esft.es.distributed.factory import cpu_threads_share
 

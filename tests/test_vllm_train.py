@@ -63,6 +63,7 @@ def test_train_es_with_vllm_workers_meets_the_random_walk_law_and_replays(tmp_pa
     # the reward module imports from its folder, in the driver and the Ray worker that scores (docs/custom-tasks.md)
     path = os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH")) if p)
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONPATH=path)
+    env.pop("RAY_ADDRESS", None)  # a Ray instance of its own, whose workers inherit that PYTHONPATH
     env.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)

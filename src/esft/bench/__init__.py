@@ -3,9 +3,10 @@ the way public ES code does it. One run measures everything on the current machi
 
 * `matmul_gflops` / `matmul_gflops_bf16` (`matmul_gflops_by_dtype`, `best_dtype`): a 2048^3 matmul in fp32 and,
   where torch's oneDNN has bf16, in bf16 (with bf16 rollouts on a CPU whose oneDNN lacks it, torch's emulated bf16
-  at 512^3: 1.4 GFLOP/s on a Zen 2, 0.7 at 1024^3), with the bench's thread count, best of five, measured before
-  the first workload and after each (`matmul_gflops_readings`), the best reading kept: the machine's capability, so
-  that a reading taken while other processes held the cores does not inflate the roofline ratio;
+  at 512^3, `matmul_size_bf16`; no `roofline_ratio_per_dtype` there), with the bench's thread count, best of five,
+  measured before the first workload and after each (`matmul_gflops_readings`), the best reading kept: the
+  machine's capability, so that a reading taken while other processes held the cores does not inflate the roofline
+  ratio;
 * `rollout_precision`: the members' rollout dtype (`--rollout-dtype`, auto = bf16 on CPUs with native bf16,
   esft.generation.precision) and why; with bf16, the same iteration with fp32 rollouts too, right before each bf16
   one (`speedup_vs_fp32`: the fastest fp32 over the fastest bf16 iteration; `speedup_vs_fp32_per_repeat`: each
@@ -165,6 +166,7 @@ def _measure(config: BenchConfig, model, tokenizer, log) -> dict[str, Any]:
     timed: dict[str, tuple[dict[str, int], dict[str, float]]] = {}  # workload -> executed FLOPs, unrounded timings
     report = _report_head(config, model, dtype, readings)
     report["rollout_precision"] = precision.record()
+    report["matmul_size_bf16"] = bf16_size
     rollout = precision.torch_dtype if precision.dtype != "float32" else None
     snapshot = _snapshot(model)
     # Write every parameter once before timing anything: a checkpoint loaded through safetensors is memory-mapped,
@@ -359,7 +361,10 @@ def _rooflines(report: dict[str, Any], readings: dict[str, list[float]],
         entry = report["workloads"][name]
         # executed FLOPs at the best rate this CPU offers in any dtype (the headline), and at each dtype's own
         entry["roofline_ratio"] = round(best_dtype_roofline_ratio(flops, t["iteration"], rates), 4)
-        entry["roofline_ratio_per_dtype"] = round(roofline_ratio(flops, t["iteration"], gflops, gflops_bf16), 4)
+        # not at an emulated bf16 rate, which depends on the product's shape (esft.bench.roofline.bf16_matmul_size)
+        emulated = report.get("matmul_size_bf16") == EMULATED_BF16_MATMUL_SIZE
+        entry["roofline_ratio_per_dtype"] = (None if emulated else
+                                             round(roofline_ratio(flops, t["iteration"], gflops, gflops_bf16), 4))
         # per-member generate times are summed over the lanes, each lane having 1/lanes of the threads
         entry["generate_roofline_ratio"] = round(
             best_dtype_roofline_ratio(flops, t["generate"] / entry["lanes"], rates), 4)

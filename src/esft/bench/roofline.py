@@ -37,10 +37,10 @@ EMULATED_BF16_MATMUL_SIZE = 512
 
 def bf16_matmul_size(onednn: bool, bf16_rollouts: bool) -> int | None:
     """The size of the bf16 matmul the bench times, None for none. Where torch's oneDNN has bf16, 2048 as for fp32.
-    bf16 rollouts execute bf16 FLOPs, which the roofline divides by a bf16 rate: without oneDNN's bf16 that rate is
-    torch's emulated one, read at EMULATED_BF16_MATMUL_SIZE (emulated bf16 runs ~100x below fp32, slower the larger
-    the product: 2048^3 would take ~30 s a reading, and the smaller product's higher rate does not flatter the
-    roofline ratio that divides by it)."""
+    bf16 rollouts execute bf16 FLOPs, which the report counts: without oneDNN's bf16 their rate is torch's emulated
+    one, read at EMULATED_BF16_MATMUL_SIZE (2048^3 would take ~30 s a reading). It is far below fp32's, so the
+    headline roofline (every FLOP at the best dtype's rate) takes fp32's; it also depends on the shape (on a Zen 2:
+    1.4 GFLOP/s at 512^3, 0.7 at 1024^3, 3-7 on decode-shaped products), so no per-dtype roofline divides by it."""
     if onednn:
         return 2048
     return EMULATED_BF16_MATMUL_SIZE if bf16_rollouts else None

@@ -69,14 +69,19 @@ def cluster_cores() -> list[int]:
 
 
 def cluster_gpus() -> int:
-    """The GPUs of the connected Ray cluster; 0 before a connection (a caller that has not connected runs locally)."""
+    """The GPUs of the connected Ray cluster; before a connection (`esft.api.train_es` connects first, a caller of
+    the factory may not), this machine's CUDA GPUs, which the local Ray instance the executor would start has."""
     from esft.es.distributed.connection import import_ray
 
     try:
         ray = import_ray()
-        return int(ray.cluster_resources().get("GPU", 0)) if ray.is_initialized() else 0
+        if ray.is_initialized():
+            return int(ray.cluster_resources().get("GPU", 0))
     except ImportError:
-        return 0
+        pass
+    import torch
+
+    return torch.cuda.device_count()
 
 
 def cpu_threads_share(node_cpus: list[int], num_workers: int, num_cpus_per_worker: float | None = None) -> int:

@@ -174,8 +174,9 @@ class RayExecutor(Executor):
         nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive", True)]
         fit = actor_slots(nodes, float(opts.get("num_cpus") or 0), float(opts.get("num_gpus") or 0))
         if use_gpu and gpus < 1:
-            raise ValueError(f"GPU workers requested (use_gpu, or device {self.spec.config.device!r}) but the Ray "
-                             f"cluster has no GPUs ({cluster})")
+            asked = "executor_options use_gpu: true" if self.use_gpu else f"--device {self.spec.config.device}"
+            raise ValueError(f"GPU workers requested ({asked}) but the Ray cluster has no GPUs ({cluster}): run "
+                             "with --device cpu (and without use_gpu: true), or join a cluster with GPUs")
         if not self.num_workers and fit >= UNBOUNDED_SLOTS:
             # an actor that asks for no CPU and no GPU fits any number of times: "one per CPU" has no count
             raise ValueError(f"--num-workers 0 counts workers by the CPUs or GPUs each asks for, but they ask for "
