@@ -47,34 +47,6 @@ def test_explicit_policy_wins(monkeypatch):
     assert os.environ["OMP_WAIT_POLICY"] == "ACTIVE"
 
 
-def test_thp_mode_is_the_bracketed_word_and_only_madvise_turns_torchs_switch_on(tmp_path):
-    setting = tmp_path / "enabled"
-    for text, mode in (("always [madvise] never\n", "madvise"), ("[always] madvise never", "always"),
-                       ("always madvise [never]", "never"), ("garbled", None)):
-        setting.write_text(text)
-        assert environment.thp_mode(str(setting)) == mode
-        # "always" gives huge pages without asking, "never" refuses them: only madvise needs torch to ask
-        assert environment.choose_thp_alloc(mode) == (mode == "madvise")
-    assert environment.thp_mode(str(tmp_path / "missing")) is None and not environment.choose_thp_alloc(None)
-
-
-@pytest.mark.parametrize("mode, given, expected", [("madvise", None, "1"), ("madvise", "0", "0"),
-                                                   ("always", None, None), (None, None, None)])
-def test_compute_commands_turn_huge_pages_on_where_the_kernel_gives_them_on_request(monkeypatch, mode, given,
-                                                                                     expected):
-    """Set before torch's first large allocation reads it; a value the user set wins."""
-    monkeypatch.setattr(environment, "thp_mode", lambda: mode)
-    monkeypatch.setattr(environment, "busy_cores", lambda: 0.0)
-    environ = {"OMP_WAIT_POLICY": "ACTIVE"} | ({} if given is None else {environment.THP_ENV: given})
-    environment.prepare_compute_environment(environ)
-    assert environ.get(environment.THP_ENV) == expected and environ["OMP_WAIT_POLICY"] == "ACTIVE"
-    monkeypatch.delenv(environment.THP_ENV, raising=False)
-    with pytest.raises(SystemExit):
-        cli.main(["bench", "--help"])
-    assert os.environ.get(environment.THP_ENV) == ("1" if mode == "madvise" else None)  # the CLI does it
-    monkeypatch.delenv(environment.THP_ENV, raising=False)
-
-
 def test_env_report_names_the_fast_kernels():
     import shutil
 
@@ -87,8 +59,6 @@ def test_env_report_names_the_fast_kernels():
     assert report["fused_attention"].startswith("buildable") == (shutil.which("c++") is not None)
     assert report["screened_lm_head"].startswith("available") == bf16_matmul_is_native()
     assert report["omp_wait_policy"] == os.environ.get("OMP_WAIT_POLICY", "OpenMP default")
-    assert report["thp"] == (f"THP_MEM_ALLOC_ENABLE={os.environ.get('THP_MEM_ALLOC_ENABLE', 'unset')}, kernel "
-                             f"{environment.thp_mode() or 'unknown'}")
 
 
 def test_env_report_versions_device_and_threads(monkeypatch, tmp_path):

@@ -6,7 +6,7 @@ import importlib.metadata
 import os
 import platform
 import sys
-from typing import Any, MutableMapping
+from typing import Any
 
 
 def _version(package: str) -> str:
@@ -37,7 +37,6 @@ def environment_report() -> dict[str, Any]:
         "cpu_capability": getattr(torch.backends.cpu, "get_cpu_capability", lambda: "unknown")(),
         "esft_cache": str(cache_dir()),
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "OpenMP default"),
-        "thp": thp_record(),
     }
     # the fast CPU rollout options (esft.config.FAST_CPU_GENERATION) and whether they can run here
     import shutil
@@ -96,51 +95,3 @@ def choose_omp_wait_policy(busy: float | None) -> str | None:
     if busy is None:
         return None
     return "PASSIVE" if busy >= 0.5 else None
-
-
-THP_ENV = "THP_MEM_ALLOC_ENABLE"
-"""torch's switch: its CPU allocations of 2 MiB and more are 2 MiB-aligned and madvise(MADV_HUGEPAGE)d"""
-THP_SETTING = "/sys/kernel/mm/transparent_hugepage/enabled"
-
-
-def thp_mode(path: str = THP_SETTING) -> str | None:
-    """The kernel's transparent huge page mode ("always", "madvise" or "never": the bracketed word of `path`), or
-    None where it cannot be read (not Linux)."""
-    try:
-        with open(path) as f:
-            text = f.read()
-    except OSError:
-        return None
-    start, end = text.find("["), text.find("]")
-    return text[start + 1:end] if 0 <= start < end else None
-
-
-def choose_thp_alloc(mode: str | None) -> bool:
-    """Whether esft's compute commands turn on torch's huge-page allocations (THP_ENV), given `thp_mode()`.
-
-    Only in "madvise" mode: there a process gets huge pages only where it asks, and torch asks only with THP_ENV.
-    A lane writes its member's weights into freshly allocated memory for every member (the packed linears, the
-    freed vocabulary matrix): 2 MiB pages take 512x fewer page faults, and write 108 MiB ~2x faster on a Zen 2
-    (docs/performance.md, "huge pages"). "always" gives them without asking; "never" refuses them."""
-    return mode == "madvise"
-
-
-def thp_record() -> str:
-    """What a run records of it: THP_ENV's value (unset: torch's default, off) and the kernel's mode."""
-    return f"{THP_ENV}={os.environ.get(THP_ENV, 'unset')}, kernel {thp_mode() or 'unknown'}"
-
-
-def prepare_compute_environment(environ: MutableMapping[str, str]) -> None:
-    """What esft's compute commands set in `environ` before torch loads; a variable the user set wins.
-
-    * OMP_WAIT_POLICY (read when OpenMP starts): on a machine other jobs keep busy, idle OpenMP threads must sleep
-      instead of spinning (PASSIVE), on an idle one spinning is ~20% faster (`choose_omp_wait_policy`; only the
-      compute commands pay the 0.15 s sample);
-    * THP_ENV (read at torch's first large allocation): huge pages where the kernel gives them on request
-      (`choose_thp_alloc`)."""
-    if "OMP_WAIT_POLICY" not in environ:
-        policy = choose_omp_wait_policy(busy_cores())
-        if policy is not None:
-            environ["OMP_WAIT_POLICY"] = policy
-    if THP_ENV not in environ and choose_thp_alloc(thp_mode()):
-        environ[THP_ENV] = "1"

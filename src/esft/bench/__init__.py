@@ -246,7 +246,6 @@ def _report_head(config: BenchConfig, model, dtype: torch.dtype, readings: dict[
             "params": count_params(model), "model": config.model, "noise": config.noise,
             "torch": torch.__version__, "cpu_count": os.cpu_count(),
             "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
-            "thp_mem_alloc": os.environ.get("THP_MEM_ALLOC_ENABLE"),
             "population": config.population, "generation_overrides": dict(config.generation),
             "workers": config.workers,
             "parallel_members": 1 if config.noise == "lowrank" or config.workers > 1 else config.parallel_members}

@@ -190,7 +190,6 @@ class ESTrainer:
                 "torch_threads": torch.get_num_threads(),
                 # decides how fast the CPU rollouts run (docs/performance.md, "threads"); chosen at start-up
                 "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "OpenMP default"),
-                "thp_mem_alloc": os.environ.get("THP_MEM_ALLOC_ENABLE", "unset"),  # huge pages (esft env)
                 "train_examples": len(self.train_set), **self.precision.record()}
 
     def _prepare_dir(self) -> None:

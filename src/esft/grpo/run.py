@@ -192,8 +192,7 @@ def _run_info(model: Any, config: GRPOConfig, precision: str, device: str, n_tra
             "machine": platform.machine(),
             # what step timings are read against, as ES records them (docs/performance.md, "threads")
             "torch_threads": torch.get_num_threads(),
-            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "OpenMP default"),
-            "thp_mem_alloc": os.environ.get("THP_MEM_ALLOC_ENABLE", "unset")}
+            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "OpenMP default")}
 
 
 def build_dataset(examples: Sequence[dict[str, Any]], task: Any):
