@@ -119,6 +119,19 @@ def test_all_none_scores_zero_with_a_warning_at_each_power_of_two(multi):
     assert task.reward_function()([[{"role": "assistant", "content": "x"}]], examples=ROWS[:1]) == [None]
 
 
+def test_the_start_up_probe_of_the_first_example_does_not_warn_as_the_run_will(multi):
+    """The check before the model loads scores an empty completion once; its None warned "1 of 1" and the run's
+    own count started again at 1, so `esft eval` printed that line twice."""
+    from esft.validation import check_first_example
+
+    with pytest.warns(UserWarning, match="returned None for every one"):
+        task = get_task(str(multi), prompt_field="question", reward="byot_multi:never")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        check_first_example("tasks", str(multi), task, "test")
+    assert [str(w.message) for w in caught] == []
+
+
 def never_scored(caught) -> list[str]:
     return [str(w.message) for w in caught if "for every one of the" in str(w.message)]
 

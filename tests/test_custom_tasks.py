@@ -103,6 +103,18 @@ def test_a_reward_function_checks_no_format(user_files):
     assert "well_formed" not in completion_record(scored, ex, gen, {})
     assert completion_record(boxed, ex, gen, {})["well_formed"] is True
     assert "format_rate" not in scored.aggregate([completion_record(scored, ex, gen, {})])
+    # `exact` reads the whole completion as the answer: every reply was "well formed" and earned the bonus
+    exact = get_task(str(data), prompt_field="question", answer_field="answer", reward="exact")
+    assert not checks_format(exact) and not exact.is_well_formed("To add 6 and 7,", ex)
+    assert "the `exact` verifier" in format_bonus_warning(exact, 0.1)
+    assert exact.reward_function(0.1)([f" {ex['answer']}.", "To add"], examples=[ex, ex]) == [1.0, 0.0]
+    assert "format_rate" not in exact.aggregate([completion_record(exact, ex, gen, {})])
+    # its maj@k votes on the normalised completion it compares (it had no vote key, so no maj@k)
+    from esft.passk import answer_key
+
+    key = answer_key(exact.details(" Forty  Two.", ex))
+    assert key is not None and key == answer_key(exact.details("forty two", ex))
+    assert answer_key(exact.details("  ", ex)) is None  # no answer, no vote
     # a task object: its own is_well_formed, or none
     echo = get_task("user_rewards:Echo")
     assert isinstance(echo, TaskAdapter) and not checks_format(echo) and not echo.is_well_formed("say 1", {})
@@ -516,7 +528,9 @@ def test_cli_checks_a_task_class_before_the_model_loads(user_files, monkeypatch,
     grpo = ["train", "grpo", "--eval-every", "1", "--eval-limit", "2", "--output-dir", out]
     cases = [(["train", "es", "--task", "user_tasks:TrainOnly", "--output-dir", out],
               "the split(s) test (task 'train-only' has train)"),
-             (["eval", "--task", "user_tasks:TrainOnly", "--output-dir", out], "the split(s) test"),
+             # named as typed, not by the name its class declares ('train-only')
+             (["eval", "--task", "user_tasks:TrainOnly", "--output-dir", out],
+              "tasks = 'user_tasks:TrainOnly' is not accepted; expected a task with the split(s) test"),
              (["train", "es", "--task", "ifeval", "--output-dir", out], "the split(s) train (task 'ifeval' has test)"),
              ([*grpo, "--task", "user_tasks:TrainOnly"], "the split(s) test"),
              ([*grpo, "--task", "user_tasks:NoRows"], "its train split is empty"),
@@ -540,7 +554,8 @@ def test_cli_checks_a_task_class_before_the_model_loads(user_files, monkeypatch,
              (["train", "es", "--task", "user_tasks:BadScore", "--output-dir", out],
               "can score its first train example (task 'train-only': score raised KeyError: 'answer')"),
              ([*grpo, "--task", "user_tasks:BadScore"], "score raised KeyError"),
-             (["eval", "--task", "user_tasks:BadScore"], "can score its first test example"),
+             (["eval", "--task", "user_tasks:BadScore"], "tasks = 'user_tasks:BadScore' is not accepted; expected "
+              "a task that can score its first test example (task 'train-only'"),
              (["eval", "--task", "user_tasks:NanScore"], "returns a finite number (task 'train-only' scored an "
               "empty completion float nan)"),
              (["eval", "--task", "user_tasks:NoneScore"], "scored an empty completion NoneType None"),
@@ -810,3 +825,41 @@ def test_an_unknown_option_of_a_data_or_class_task_is_named_at_task_options(user
         cfg.write_text(f"tasks: [{task}]\ntask_options: {{{option}: 4}}\n")
         assert main(["eval", "--config", str(cfg)]) == 2
         assert capsys.readouterr().err.startswith(f"esft: error: {cfg}:2: task_options = "), err
+
+
+@pytest.mark.parametrize("algorithm", ["es", "grpo"])
+def test_a_resume_refuses_data_task_flags_that_change_the_task_in_the_words_of_other_options(
+        user_files, monkeypatch, capsys, algorithm):
+    """`--reward exact` on a resume of a run scored by a reward function was refused only by the trainer, as "config
+    differs from the original run in {'task_options': (...)}"; now before the model loads, as any other option a
+    resume may not change. The flags repeated unchanged pass."""
+    import argparse
+
+    import yaml
+
+    import esft.models
+    from esft import cli
+    from esft.es.es_config import ESConfig, save_yaml
+    from esft.grpo import GRPOConfig
+
+    root, data = user_files
+    run = root / "run"
+    run.mkdir()
+    options = {"prompt_field": "question", "reward": "user_rewards:contains_answer"}
+    if algorithm == "es":
+        save_yaml(ESConfig(task=str(data), task_options=options, output_dir=str(run)), run / "config.yaml")
+        resume = ["train", "es", "--resume", str(run)]
+    else:
+        saved = GRPOConfig(task=str(data), task_options=options, output_dir=str(run), prompts_per_step=4)
+        (run / "config.yaml").write_text(yaml.safe_dump({**saved.to_dict(), "_run": {}}, sort_keys=False))
+        resume = ["train", "grpo", "--resume", "--output-dir", str(run)]
+    monkeypatch.setattr(esft.models, "load_model", lambda *a, **k: pytest.fail("the model loaded"))
+    assert main([*resume, "--reward", "exact"]) == 2
+    err = capsys.readouterr().err
+    assert f"cannot change ['task_options'] when resuming {run} (the run has task_options=" in err, err
+    assert "'reward': 'exact'" in err and "another --output-dir" in err
+    config = ESConfig(task=str(data), task_options=options)
+    same = argparse.Namespace(prompt_field="question", answer_field=None, system_prompt=None,
+                              reward="user_rewards:contains_answer")
+    assert cli._task_flags(config, same, str(run)) == config  # unchanged: accepted
+    assert cli._task_flags(config, argparse.Namespace(reward="exact"), None).task_options["reward"] == "exact"

@@ -150,6 +150,14 @@ def test_a_data_task_flag_on_a_built_in_task_reads_as_a_sentence(capsys):
            "countdown" in err
 
 
+def test_a_data_file_named_without_its_suffix_is_an_unknown_task_not_a_misplaced_flag(capsys):
+    """`--task sums` for sums.jsonl: the name is what is wrong (the flag error sent users to the wrong fix)."""
+    for command in (["eval"], ["train", "es"]):
+        assert main([*command, "--task", "sums", "--prompt-field", "question"]) == 2
+        err = capsys.readouterr().err
+        assert "unknown task 'sums'; available tasks:" in err and "only for a task read" not in err
+
+
 def _parsers(parser: argparse.ArgumentParser, path: str = "esft"):
     yield path, parser
     for action in parser._actions:

@@ -393,7 +393,7 @@ def test_check_names_blames_task_options_not_the_task():
         def task_checks(self):
             return [("task", "boolq", {"no_such_option": 1})]
 
-        def check_task_fit(self, task):
+        def check_task_fit(self, task, name=None):
             raise AssertionError("not reached")
 
     with pytest.raises(ConfigError, match=r"^task_options = \{'no_such_option': 1\} is not accepted; "
@@ -432,8 +432,8 @@ class NamesConfig:
     def task_checks(self):
         return list(self.tasks)
 
-    def check_task_fit(self, task):
-        self.fitted.append(task.name)
+    def check_task_fit(self, task, name=None):
+        self.fitted.append((task.name, name))
 
 
 def test_check_names_checks_model_device_and_fits_each_task():
@@ -445,7 +445,7 @@ def test_check_names_checks_model_device_and_fits_each_task():
         validation.check_names(NamesConfig(device="gpu"))
     config = NamesConfig(tasks=(("task", "boolq", {}), ("eval_task", "countdown", {})))
     validation.check_names(config)
-    assert config.fitted == ["boolq", "countdown"]
+    assert config.fitted == [("boolq", "boolq"), ("countdown", "countdown")]  # with each name as given
 
 
 def test_unwrap_optional_only_unwraps_x_or_none():

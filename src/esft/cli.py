@@ -86,9 +86,7 @@ def _train_es(args: argparse.Namespace) -> int:
     else:
         config = build_config(ESConfig, PRESETS, args.preset, args.config, _explicit(args, ESConfig),
                               check=_names_with_task_flags(args, lambda c: [c.task]), flag_names=_typed(args))
-    from esft.tasks.custom import apply_task_flags
-
-    config = apply_task_flags(config, args, [config.task])  # --prompt-field/--reward ... (data tasks)
+    config = _task_flags(config, args, args.resume_dir)
     check_eval_options(config, _explicit(args, ESConfig))
     _check_run_dir(config.output_dir)
     # Ray itself is imported only when used
@@ -105,14 +103,14 @@ def _train_es(args: argparse.Namespace) -> int:
 
 
 def _train_grpo(args: argparse.Namespace) -> int:
-    from esft.api import train_grpo  # as `esft train es`: the run's curve.png is drawn at its end
-    from esft.grpo import PRESETS, GRPOConfig
-    from esft.tasks.custom import apply_task_flags
-
     from pathlib import Path
 
+    from esft.api import train_grpo  # as `esft train es`: the run's curve.png is drawn at its end
+    from esft.grpo import PRESETS, GRPOConfig
+
     run_dir = getattr(args, "output_dir", None)
-    if getattr(args, "resume", False) and run_dir and (Path(run_dir) / "config.yaml").exists():
+    resumed = run_dir if vars(args).get("resume") and run_dir and (Path(run_dir) / "config.yaml").exists() else None
+    if resumed:
         # `--resume --output-dir RUN_DIR`: the run's own config.yaml, plus the flags a resume may change
         from esft.grpo.grpo_config import resume_config
 
@@ -122,7 +120,7 @@ def _train_grpo(args: argparse.Namespace) -> int:
     else:
         config = build_config(GRPOConfig, PRESETS, args.preset, args.config, _explicit(args, GRPOConfig),
                               check=_names_with_task_flags(args, lambda c: [c.task]))
-    config = apply_task_flags(config, args, [config.task])  # --prompt-field/--reward ... (data tasks)
+    config = _task_flags(config, args, resumed)
     check_eval_options(config, _explicit(args, GRPOConfig))
     if config.resume and not (Path(config.output_dir) / "config.yaml").is_file():
         # as `esft train es --resume`: a misspelt folder must not start a new run with the default settings.
@@ -138,6 +136,18 @@ def _train_grpo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _task_flags(config: Any, args: argparse.Namespace, resumed: str | None) -> Any:
+    """`config` with the data-task flags applied (--reward ...); on a resume only ones that change nothing."""
+    from esft.tasks.custom import apply_task_flags
+
+    out = apply_task_flags(config, args, [config.task])
+    if resumed and out.task_options != config.task_options:
+        raise ValueError(f"cannot change ['task_options'] when resuming {resumed} (the run has task_options="
+                         f"{config.task_options!r}; the data-task flags make them {out.task_options!r}): drop the "
+                         "flag, or start a new run in another --output-dir")
+    return out
+
+
 def _refuse_unread_on_resume(args: argparse.Namespace, run_dir: str) -> None:
     """A resume reads every option from the run's config.yaml: a --preset or --config would be silently ignored."""
     for flag, value in (("--preset", args.preset), ("--config", args.config)):
@@ -147,8 +157,7 @@ def _refuse_unread_on_resume(args: argparse.Namespace, run_dir: str) -> None:
 
 
 def _names_with_task_flags(args: argparse.Namespace, tasks_of: Callable[[Any], list[str]]) -> Callable[[Any], None]:
-    """The names check of a config built from flags, with its data-task flags applied
-    (esft.validation.check_with_task_flags)."""
+    """The names check of a config built from flags, its data-task flags applied (validation.check_with_task_flags)."""
     return lambda config: check_with_task_flags(config, args, tasks_of(config))
 
 
@@ -445,16 +454,10 @@ def _main(argv: Sequence[str] | None) -> int:
         # numpy before torch: torch's C start-up imports numpy and drops any error of that import, a Ctrl-C
         # included, which left the command running or failing later on a half-imported numpy
         import numpy  # noqa: F401
-    # Before torch loads OpenMP (a sub-command's options import it): on a machine other jobs keep busy, idle OpenMP
-    # threads must sleep instead of spinning (PASSIVE), on an idle one spinning is ~20% faster
-    # (esft.environment.choose_omp_wait_policy). Only the compute commands pay the 0.15 s sample; an explicit
-    # OMP_WAIT_POLICY wins.
-    if "OMP_WAIT_POLICY" not in os.environ and args_list and args_list[0] in COMPUTE_COMMANDS:
-        from esft.environment import busy_cores, choose_omp_wait_policy
+    if args_list and args_list[0] in COMPUTE_COMMANDS:  # before torch loads (a sub-command's options import it)
+        from esft.environment import prepare_compute_environment
 
-        policy = choose_omp_wait_policy(busy_cores())
-        if policy is not None:
-            os.environ["OMP_WAIT_POLICY"] = policy
+        prepare_compute_environment(os.environ)
     debug = "--debug" in args_list
     args_list = [a for a in args_list if a != "--debug"]
     # only the typed sub-command's options are built (see build_parser); "" for `esft --help`, `--version`

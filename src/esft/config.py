@@ -92,8 +92,9 @@ class RunConfig(ConfigHooks):
         """(config key, task name, constructor options) of the task the run builds (esft.validation.check_names)."""
         return [("task", self.task, self.task_kwargs())]
 
-    def check_task_fit(self, task: Any) -> None:
-        """Cross-checks of the config against its built task, before any model loads (none by default)."""
+    def check_task_fit(self, task: Any, name: str | None = None) -> None:
+        """Cross-checks of the config against its built task, before any model loads (none by default); `name`:
+        the task as the user named it (`task_checks`)."""
 
     def task_kwargs(self) -> dict[str, Any]:
         """Keyword options of the task's constructor: task_options, plus the passage cut where it applies

@@ -131,17 +131,19 @@ class EvalConfig(ConfigHooks):
         return [("tasks", name, {**task_options(name, self.max_passage_chars),
                                  **(self.task_options if external_kind(name) else {})}) for name in self.tasks]
 
-    def check_task_fit(self, task: Any) -> None:
+    def check_task_fit(self, task: Any, name: str | None = None) -> None:
         """The task has the split evaluated, holding examples (esft.validation.check_splits), before the model
         loads, and with `balanced` a balanced subset of it exists (a label missing from a small data file's split).
-        `balanced` on a task without labels evaluates its first `limit` examples: nothing to refuse."""
+        `balanced` on a task without labels evaluates its first `limit` examples: nothing to refuse. `name`: the
+        task as the user wrote it (`task_checks`)."""
         from esft.validation import check_balanced_set, check_splits
 
-        # the default split was not the user's choice: the refusal then names the task, as the user wrote it
+        # the default split was not the user's choice: the refusal then names the task, as the user wrote it (a
+        # task class `my_tasks:NoTest` by that, not by the `name` its class declares)
         shown = task.shown_name()
-        typed = [name for name in self.tasks if name == shown or str(name).startswith(f"{shown}:")]
+        typed = [t for t in self.tasks if t == shown or str(t).startswith(f"{shown}:")]
         key, value = (("split", self.split) if self.split != type(self).split
-                      else ("tasks", typed[0] if typed else shown or ",".join(self.tasks)))
+                      else ("tasks", name or (typed[0] if typed else shown or ",".join(self.tasks))))
         check_splits(key, value, task, (self.split,))
         if self.balanced:
             check_balanced_set(task, self.limit, self.split, key="limit")

@@ -112,13 +112,16 @@ def check_first_example(key: str, value: Any, task: Task, split: str) -> None:
     first population once the model has loaded. An empty completion is what every scorer must take without
     raising (Task.score: "never raises on a completion, whatever its text")."""
     import math
+    import warnings
     from numbers import Real
 
     name = task.shown_name() or value
     example = task.load(split, limit=1)[0]
     for method, call in (("prompt", lambda: task.prompt(example)), ("score", lambda: task.score("", example))):
         try:
-            out = call()
+            with warnings.catch_warnings():  # what it says of this probe (a reward's None) the run says of its own
+                warnings.simplefilter("ignore")
+                out = call()
         except Exception as exc:  # the user's code: named with the example it failed on
             raise ConfigError(key, value, f"a task that can {method} its first {split} example (task {name!r}: "
                               f"{method} raised {type(exc).__name__}: {exc})") from None
@@ -253,8 +256,9 @@ class Checked(Protocol):
     def task_checks(self) -> list[tuple[str, str, dict[str, Any]]]:
         """(config key, task name, constructor options) of every task the config builds."""
 
-    def check_task_fit(self, task: Any) -> None:
-        """Cross-checks of the config against a built task (labels for balanced rules, ...); ConfigError."""
+    def check_task_fit(self, task: Any, name: str | None = None) -> None:
+        """Cross-checks of the config against a built task (labels for balanced rules, ...); ConfigError. `name`:
+        the task as `task_checks` names it (what the user typed), for the messages."""
 
 
 def check_with_task_flags(config: Checked, args: Any, tasks: list[str]) -> None:
@@ -265,7 +269,12 @@ def check_with_task_flags(config: Checked, args: Any, tasks: list[str]) -> None:
     from esft.tasks.custom import apply_task_flags
 
     try:
-        check_names(apply_task_flags(config, args, tasks))
+        flagged = apply_task_flags(config, args, tasks)
+    except ValueError:  # flags no task reads: unless a name is no task at all (`sums` for sums.jsonl), said first
+        check_names(config)
+        raise
+    try:
+        check_names(flagged)
     except ConfigError as exc:
         if exc.key not in ("reward", "task_options") or exc.where:
             raise
@@ -319,7 +328,7 @@ def check_names(config: Checked) -> None:
                 except ConfigError as exc:
                     raise ConfigError("task_options", options, f"options of task {name!r} "
                                       f"({exc.accepted.partition('(')[2].rstrip(')')})") from None
-        config.check_task_fit(task)
+        config.check_task_fit(task, name)
 
 
 __all__ = ["EVAL_OPTIONS", "Checked", "check_balanced_set", "check_device", "check_device_name",

@@ -302,7 +302,8 @@ def plot_total(series: DriftSeries, alpha: float, population: int, path: str | P
     # under the panel: inside it, the legend hid the middle of the prediction line
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), fontsize=8, frameon=False)
     if grpo is not None and grpo.steps:
-        inset = ax.inset_axes([0.6, 0.12, 0.36, 0.3])
+        curves = [series.total, pred, *([series.expected] if series.expected is not None else [])]
+        inset = ax.inset_axes(inset_place(ax, steps, curves))
         inset.plot(grpo.steps, grpo.total, color=color("grpo"), **gdot)
         inset.set_title("GRPO", fontsize=7)
         inset.tick_params(labelsize=6)
@@ -325,6 +326,28 @@ def plot_total(series: DriftSeries, alpha: float, population: int, path: str | P
     ax.set_title(r"scaled by $\alpha^2 d / N$ (theory: the identity)", fontsize=10)
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), fontsize=8, frameon=False)
     return save(fig, path)
+
+
+#: where the GRPO inset goes: lower right, or, where the ES curves pass there (a drift that rises late), upper left
+#: under the panel's two lines of text
+INSET_PLACES = ([0.6, 0.12, 0.36, 0.3], [0.1, 0.5, 0.36, 0.3])
+
+
+def inset_place(ax: Any, steps: Sequence[float], curves: Sequence[Sequence[float]]) -> list[float]:
+    """The first of INSET_PLACES (axes fractions) that no curve of the panel crosses, with its current limits; the
+    first where every place is crossed."""
+    (x0, x1), (y0, y1) = ax.get_xlim(), ax.get_ylim()
+    grid = np.linspace(min(steps), max(steps), 200)
+    xs = (grid - x0) / ((x1 - x0) or 1.0)
+    for left, bottom, width, height in INSET_PLACES:
+        inside = False
+        for ys in curves:
+            y = (np.interp(grid, steps, np.asarray(ys, dtype=np.float64)) - y0) / ((y1 - y0) or 1.0)
+            inside = inside or bool(np.any((xs >= left) & (xs <= left + width) & (y >= bottom)
+                                           & (y <= bottom + height)))
+        if not inside:
+            return [left, bottom, width, height]
+    return list(INSET_PLACES[0])
 
 
 def plot_families(result: Mapping[str, Any], path: str | Path) -> Path:

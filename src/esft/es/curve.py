@@ -235,7 +235,10 @@ def accuracy_axis(ax: Any, label: str = "accuracy") -> None:
     to the data, since the lines are drawn unclipped (markers on 0 or 1 show whole on the frame) and would
     otherwise cross into the next panel."""
     low, high = ax.dataLim.intervaly  # (inf, -inf) before anything is drawn
-    ax.set_ylim(min(0.0, low) if np.isfinite(low) else 0.0, max(1.0, high) if np.isfinite(high) else 1.0)
+    low, high = min(0.0, low) if np.isfinite(low) else 0.0, max(1.0, high) if np.isfinite(high) else 1.0
+    # a side widened to the data gets a margin: an error bar's cap on the frame hid in its line
+    pad = 0.04 * (high - low)
+    ax.set_ylim(low - pad if low < 0.0 else low, high + pad if high > 1.0 else high)
     if label:
         ax.set_ylabel(label)
     for line in ax.get_lines():
@@ -276,7 +279,8 @@ def _heldout_panel(ax: Any, ev: list[dict], run_dir: Path, colour: str) -> None:
         if own:
             base = np.array([e["test_constant_baseline"] for e in own])
             ci = np.array([e.get("test_constant_baseline_ci95") or (b, b) for e, b in zip(own, base)])
-            ax.errorbar([e["step"] for e in own], base, yerr=[base - ci[:, 0], ci[:, 1] - base], fmt="_",
+            # beside its evaluation's point, not on it: at the same x the grey bar hid the held-out one
+            ax.errorbar([e["step"] + 0.15 for e in own], base, yerr=[base - ci[:, 0], ci[:, 1] - base], fmt="_",
                         color="grey", capsize=3, markersize=12, label="constant answer of each evaluation (95% CI)")
         return
     constant = heldout_constant_baseline(run_dir)
@@ -335,11 +339,12 @@ def run_figure(run_dir: str | Path) -> Any:
     ax1.set_ylabel(ylabel)
     ax1.set_title("train batch (perturbed members)" if es else "train batch (sampled completions)")
     _legend_or_note(ax1, "no training iteration logged")
-    _heldout_panel(ax2, [e for e in evals if "test_accuracy" in e], run_dir, colour)
+    heldout = [e for e in evals if "test_accuracy" in e]
+    _heldout_panel(ax2, heldout, run_dir, colour)
     ax2.set_xlabel(xlabel)
     for ax in (ax1, ax2):  # steps are whole numbers: no 1.25 tick on a run of a few steps, nor 0.96 on one step
         ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
-    accuracy_axis(ax2, "")
+    accuracy_axis(ax2, f"held-out {summaries_score_name(heldout)}" if heldout else "")
     ax2.set_title("unperturbed model" if es else "model")
     _legend_or_note(ax2, "no held-out evaluation (eval_every or eval_limit 0)")
     if cfg is not None:

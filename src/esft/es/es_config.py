@@ -164,7 +164,7 @@ class ESConfig(RunConfig):
                               "an even number when antithetic (members come in mirrored pairs)")
         check_combinations(self)
 
-    def check_task_fit(self, task: Any) -> None:
+    def check_task_fit(self, task: Any, name: str | None = None) -> None:
         from esft.validation import check_balanced_set, check_splits, require_labels
 
         evaluates = bool(self.eval_every and self.eval_limit)  # eval_every 0 reads no eval option (EVAL_OPTIONS)

@@ -215,7 +215,7 @@ def check_task_fit(config: Any, built: dict[Any, Any]) -> None:
         cache = (key, name, repr(sorted(options.items())))
         if cache not in built:
             built[cache] = check_task(key, name, options)
-        config.check_task_fit(built[cache])
+        config.check_task_fit(built[cache], name)
 
 
 def check_evaluated_tasks(ctx: SpecContext, spec: Any, data: LineDict) -> None:

@@ -168,7 +168,7 @@ class GRPOConfig(RunConfig):
             raise ConfigError("scale_rewards", self.scale_rewards, "'batch' or 'none' with class_balanced (a "
                               "per-group normalisation cancels a weight shared by the group's completions)")
 
-    def check_task_fit(self, task: Any) -> None:
+    def check_task_fit(self, task: Any, name: str | None = None) -> None:
         from esft.validation import check_balanced_set, check_splits, require_labels
 
         held_out = ("test",) if self.eval_every and self.eval_limit else ()

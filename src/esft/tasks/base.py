@@ -284,5 +284,5 @@ def format_bonus_warning(task: Any, bonus: float) -> str | None:
         return None
     shown = task.shown_name() if isinstance(task, Task) else task_name(task)
     return (f"format bonus {bonus} has no effect: task {shown!r} checks no answer format "
-            "(a reward function scores it, or its class has no is_well_formed), so no completion counts as well "
-            "formed; set it to 0 (--format-bonus 0, or format_bonus: 0 in a config)")
+            "(a reward function or the `exact` verifier scores it, or its class has no is_well_formed), so no "
+            "completion counts as well formed; set it to 0 (--format-bonus 0, or format_bonus: 0 in a config)")

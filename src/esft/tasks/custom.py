@@ -75,8 +75,7 @@ def external_kind(name: str) -> str | None:
 
 
 def unread_file_error(source: str) -> ValueError:
-    """The refusal of a task file esft does not read (external_kind "file"), naming the suffixes it reads and how to
-    convert the file to one of them."""
+    """The refusal of a task file esft does not read (external_kind "file"): the suffixes it reads, how to convert."""
     path = Path(source)
     suffix = path.suffix.lower()
     reader = OTHER_DATA_SUFFIXES.get(suffix)
@@ -427,8 +426,7 @@ _NOT_RECORDED = re.compile(r"<not recorded(?:: ([^<>]*))?>")
 
 def _constructor_values(task: Any) -> dict[str, Any]:
     """The constructor arguments of `task`'s class with a value other than their default: a dataclass field's as it
-    is, when YAML can hold it; NOT_RECORDED for an argument that is not a dataclass field (the value it was given
-    is unknown)."""
+    is, when YAML can hold it; NOT_RECORDED for one that is not a dataclass field (its value is unknown)."""
     import inspect
 
     try:
@@ -480,8 +478,7 @@ def unrecorded_options(options: dict[str, Any]) -> list[str]:
 
 
 def check_recorded(name: str, options: dict[str, Any]) -> None:
-    """Refuse a task whose options stand for values config.yaml could not hold: the run trained a task object that
-    only its script can pass again."""
+    """Refuse a task whose options config.yaml could not hold: only the script that trained it could pass it again."""
     missing = unrecorded_options(options)
     if missing:
         what = ", ".join(f"{k}: {_NOT_RECORDED.fullmatch(options[k]).group(1) or 'value unknown'}"

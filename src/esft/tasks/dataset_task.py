@@ -27,7 +27,7 @@ from esft.tasks.base import Example, Messages, Task, completion_text, examples_f
 from esft.tasks.common import SPLIT_SEED, load_hub_rows
 from esft.tasks.mcq import LETTERS
 from esft.tasks.verifiers import (COMPLETION_FORMATS, RewardError, Verifier, builtin_verifier, call_trl_reward,
-                                  combine_rewards, import_object)
+                                  combine_rewards, import_object, normalize)
 
 #: file suffixes read as data, each also gzip-compressed (the suffixes esft.tasks.custom's task specs take)
 DATA_SUFFIXES = (".jsonl", ".json", ".csv", ".tsv", ".jsonl.gz", ".json.gz", ".csv.gz", ".tsv.gz")
@@ -421,17 +421,21 @@ class DatasetTask(Task):
 
     @property
     def checks_format(self) -> bool:
-        """A built-in verifier extracts an answer in a format; a reward function's format is its own business."""
-        return self._verifier is not None
+        """A built-in verifier extracts an answer in a format; `exact` reads the whole completion as the answer (any
+        text would be "well formed"), and a reward function's format is its own business."""
+        return self._verifier is not None and self._verifier.name != "exact"
 
     def is_well_formed(self, completion: str, example: Example) -> bool:
-        """A built-in verifier found an answer in the completion; always False with a reward function (no
-        format to check: `checks_format`)."""
-        return self._verifier is not None and self._verifier.extract(completion) is not None
+        """A built-in verifier found an answer in the completion; always False with `exact` or a reward function
+        (no format to check: `checks_format`)."""
+        return self.checks_format and self._verifier.extract(completion) is not None
 
     def details(self, completion: str, example: Example) -> dict[str, Any]:
-        if self._verifier is None or self._verifier.name == "exact":
+        """The extracted answer; with `exact`, the normalised completion it compares (maj@k's vote key)."""
+        if self._verifier is None:
             return {}
+        if self._verifier.name == "exact":
+            return {"normalized": normalize(completion)}
         return {"extracted": self._verifier.extract(completion)}
 
     def gold_key(self, example: Example) -> Any:
