@@ -217,6 +217,15 @@ def test_the_report_runs_the_requested_sections_and_says_why_the_others_did_not(
     assert ran[-1] == "sparsity" and "No evaluations (sparsity: nothing to evaluate in these runs)." in text
     assert "Evaluations use" not in text
 
+    def boom(self):
+        raise RuntimeError("before any result")
+
+    monkeypatch.setattr(Report, "section_sparsity", boom)
+    broken = Report(ReportConfig(dir=str(tmp_path), output_dir=str(tmp_path / "r3"), analyses=["sparsity"]),
+                    progress=False)
+    text = broken.build().read_text()  # not "nothing to evaluate": its section says it failed
+    assert "No evaluations (sparsity: sparsity failed before evaluating)." in text and broken.failed == ["sparsity"]
+
     with pytest.raises(ValueError, match="interpolation_points must be >= 2"):
         ReportConfig(interpolation_points=1)
     assert ReportConfig(interpolation_points=2).interpolation_points == 2

@@ -114,7 +114,12 @@ def test_a_reward_function_checks_no_format(user_files):
 
     key = answer_key(exact.details(" Forty  Two.", ex))
     assert key is not None and key == answer_key(exact.details("forty two", ex))
+    # as `exact` compares: spaces collapsed, not removed ("newyork" scores apart from "new york", so votes apart)
+    assert answer_key(exact.details("New York.", ex)) != answer_key(exact.details("newyork", ex))
     assert answer_key(exact.details("  ", ex)) is None  # no answer, no vote
+    # a long completion votes by a digest: the record holds the completion already
+    long = exact.details("word " * 100, ex)["vote_key"]
+    assert long.startswith("sha256:") and len(long) == 23 and long != exact.details("word " * 101, ex)["vote_key"]
     # a task object: its own is_well_formed, or none
     echo = get_task("user_rewards:Echo")
     assert isinstance(echo, TaskAdapter) and not checks_format(echo) and not echo.is_well_formed("say 1", {})

@@ -276,8 +276,12 @@ def test_figure_draws_each_evaluations_own_baseline_when_the_held_out_set_change
     assert "held-out accuracy (n=10-20; set changed on resume)" in labels
     assert "constant answer of each evaluation (95% CI)" in labels
     accuracy, own = heldout_ax.containers
-    # beside each evaluation's point (at steps 2 and 4), where the grey bar hid the held-out one
-    assert list(own.lines[0].get_xdata()) == [2.15, 4.15] and list(own.lines[0].get_ydata()) == [0.5, 0.7]
+    assert list(own.lines[0].get_xdata()) == [2, 4] and list(own.lines[0].get_ydata()) == [0.5, 0.7]
+    # drawn 7 points right of each evaluation's point (on it, the grey bar hid the held-out one), at any x scale
+    shift = own.lines[0].get_transform().transform((4, 0.7)) - heldout_ax.transData.transform((4, 0.7))
+    assert shift == pytest.approx([7 * heldout_ax.figure.dpi / 72, 0.0])
+    bar_shift = own.lines[2][0].get_transform().transform((4, 0.7)) - heldout_ax.transData.transform((4, 0.7))
+    assert bar_shift == pytest.approx(shift)  # its interval with it
     assert list(accuracy.lines[0].get_xdata()) == [2, 4]
     (bars,) = own.lines[2]
     assert [tuple(seg[:, 1]) for seg in bars.get_segments()] == [(0.25, 0.75), (0.5, 0.85)]

@@ -258,9 +258,12 @@ def test_the_progress_lines_print_each_score_as_the_tables_do(monkeypatch, capsy
     assert lines == ["interpolation t=0.000 r=2.000 m=0.250 a=50.0%",
                      "interpolation t=0.500 r=1.000 m=0.000 a=25.0%",
                      "interpolation t=1.000 r=3.000 m=0.500 a=75.0%"]
-    points = {"a": [[1, 0, 0, 0], [1, 1, 0, 0], [0, 0, 0, 0]]}
+    # the origin, evaluated once, is named from its scores for every direction (from its mean alone, the reward
+    # "m" read as 25.0% on the second)
+    points = {"a": [[1, 0, 0, 0], [1, 1, 0, 0], [0, 0, 0, 0]], "m": [[-2, 3, 0, 0], [-1, 3, 0, 0], [2, 0, 0, 0]]}
     monkeypatch.setattr(L, "accuracy", scripted(points))
     dirs = [L.DeltaDirection(a, b, "ES"), L.DeltaDirection(b, a, "back")]
     L.direction_sweep(work, None, a, dirs, [0.0, 1.0], {t: (None, [0] * 4) for t in points}, None, progress=True)
     lines = capsys.readouterr().out.splitlines()
-    assert [line.split(" ", 2)[2] for line in lines] == ["a=25.0%", "a=50.0%", "a=25.0%", "a=0.0%"]
+    assert [line.split(" ", 2)[2] for line in lines] == ["a=25.0% m=0.250", "a=50.0% m=0.500", "a=25.0% m=0.250",
+                                                         "a=0.0% m=0.500"]

@@ -26,3 +26,23 @@ def test_a_bad_budget_in_a_block_list_is_refused_at_its_own_line():
 def test_report_to_given_as_a_list_in_a_spec_is_stored_as_the_comma_text(value, stored):
     """TRL's configs take `report_to` as a list: a spec may write it so, and the stage's config holds the text."""
     assert _options(f"report_to: {value}\n") == {"report_to": stored}
+
+
+def test_a_stages_task_fit_is_checked_with_the_task_as_the_spec_names_it():
+    """Each task a stage's config builds is fitted with the name the spec gave it (for messages: a task class by
+    its `module:Class`, not the name its class declares), and built once per name and options."""
+    from esft.experiments.spec_checks import check_task_fit
+
+    class Config:
+        fitted: list = []
+
+        def task_checks(self):
+            return [("task", "countdown:numbers=2", {}), ("eval_task", "boolq", {})]
+
+        def check_task_fit(self, task, name=None):
+            self.fitted.append((task.name, name))
+
+    built: dict = {}
+    check_task_fit(Config(), built)
+    check_task_fit(Config(), built)
+    assert Config.fitted == [("countdown", "countdown:numbers=2"), ("boolq", "boolq")] * 2 and len(built) == 2

@@ -476,3 +476,12 @@ def to_dict(config: Any) -> dict[str, Any]:
 
 def save_yaml(config: Any, path: str | Path) -> None:
     Path(path).write_text(yaml.safe_dump(to_dict(config), sort_keys=False))
+
+
+def resume_refusal(run_dir: Any, diffs: Mapping[str, tuple[Any, Any]], note: str = "") -> ValueError:
+    """The refusal of a resume whose config differs from the run's in options a resume may not change (`diffs`:
+    option -> (the run's value, this config's)), in the words `resume_config` uses for a flag."""
+    was = ", ".join(f"{k}={old!r}" for k, (old, _) in diffs.items())
+    now = ", ".join(f"{k}={new!r}" for k, (_, new) in diffs.items())
+    return ValueError(f"cannot change {sorted(diffs)} when resuming {run_dir} (the run has {was}; this config has "
+                      f"{now}){note}: drop the change, or start a new run in another --output-dir")

@@ -291,7 +291,7 @@ def evaluate_task_sampled(model, tokenizer, task: Task, examples: Sequence[dict]
         for s in range(samples):
             g = per_sample[s][i]
             details = task.details(g.text, ex)
-            has_answers = has_answers or "extracted" in details or "normalized" in details
+            has_answers = has_answers or bool({"extracted", "normalized", "vote_key"} & details.keys())
             keys[i][s] = answer_key(details)
             score = task.score(g.text, ex)
             scores[i, s] = score

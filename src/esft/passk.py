@@ -211,11 +211,14 @@ def chance_pass_at_k(labels: Sequence[Hashable], ks: Sequence[int]) -> dict[str,
 
 
 def answer_key(details: dict[str, Any]) -> Hashable | None:
-    """The voting key of one completion from a task's `details()`: the normalised answer when the task gives one
-    (MATH), else a digest of the extracted answer with whitespace removed (letters, yes/no, Countdown
-    expressions; esft.tasks.base.answer_digest), which for an answer cut for display comes with it
+    """The voting key of one completion from a task's `details()`: its `vote_key` when it gives one (compared as
+    it is), the normalised answer when the task gives one (MATH), else a digest of the extracted answer with
+    whitespace removed (letters, yes/no, Countdown expressions; esft.tasks.base.answer_digest), which for an
+    answer cut for display comes with it
     (`extracted_digest`); None when the task extracts nothing (IFEval) or the completion has no answer. Only
     equality of keys matters: a vote counts equal answers."""
+    if "vote_key" in details:  # a task's own key, compared as it is (`exact`'s normalised completion or its digest)
+        return None if details["vote_key"] is None else ("vote", details["vote_key"])
     if "normalized" not in details and isinstance(details.get("extracted"), str):
         # by digest whether cut for display or not, so one answer spelled with more whitespace (cut) and with
         # less (whole) is one vote

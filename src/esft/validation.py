@@ -271,7 +271,8 @@ def check_with_task_flags(config: Checked, args: Any, tasks: list[str]) -> None:
     try:
         flagged = apply_task_flags(config, args, tasks)
     except ValueError:  # flags no task reads: unless a name is no task at all (`sums` for sums.jsonl), said first
-        check_names(config)
+        for key, name, _ in config.task_checks():
+            check_task(key, name)  # the name only: building a task loads none of its data
         raise
     try:
         check_names(flagged)

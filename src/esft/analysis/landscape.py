@@ -258,23 +258,23 @@ def direction_sweep(model, tokenizer, origin: Any, directions: Sequence[Directio
     so = as_source(origin)
     out: dict[str, Any] = {"origin": so.name, "magnitudes": [float(m) for m in magnitudes], "directions": {},
                            "n": {n: len(tasks[n][1]) for n in tasks}, KEY: task_baselines(tasks)}
-    cache_zero: dict[str, float] | None = None
+    cache_zero: tuple[dict[str, float], dict[str, list[float]]] | None = None  # the origin's means and scores
     scores: dict[str, list[list[float] | None]] = {n: [] for n in tasks}
     for d in directions:
         d.bind(model)
         norm = d.norm
         accs: dict[str, list[float]] = {n: [] for n in tasks}
         for m in magnitudes:
-            got: dict[str, list[float]] = {}
             if m == 0.0 and cache_zero is not None:
-                res = cache_zero  # the origin itself: identical for every direction
+                res, got = cache_zero  # the origin itself: identical for every direction
             else:
+                got = {}
                 set_weights(model, so, [(m / norm if norm > 0 else 0.0, d)])
                 res = accuracy(model, tokenizer, tasks, gen_config, scores_out=got, progress=progress)
                 for n in tasks:
                     scores[n].append(got.get(n))
                 if m == 0.0:
-                    cache_zero = res
+                    cache_zero = res, got
             for n, v in res.items():
                 accs[n].append(v)
             if progress:

@@ -160,6 +160,8 @@ class Report(ReportContext):
         self.timings: dict[str, float] = {}
         self.cost: dict[str, list[tuple[str, bool, float]]] = {}
         """analysis -> the cached results it asked for: (name, reused, seconds of their computation)"""
+        self.failed: list[str] = []
+        """analyses that raised (the report records why; the CLI exits 1)"""
 
     def _cost_note(self, a: str) -> str:
         entries = self.cost.get(a) or []
@@ -167,7 +169,7 @@ class Report(ReportContext):
         return f" ({len(reused)} of {len(entries)} results from the cache)" if reused else ""
 
     def build(self) -> Path:
-        self.failed: list[str] = []  # analyses that raised (the report records why; the CLI exits 1)
+        self.failed = []
         if self.config.threads:
             import torch
 
@@ -229,7 +231,9 @@ class Report(ReportContext):
         if not evaluating:
             return "No evaluations (--analyses has none of kl, landscape, sparsity). "
         if not any(self.cost.get(a) for a in evaluating):  # each evaluation is a result asked of the cache
-            return f"No evaluations ({', '.join(evaluating)}: nothing to evaluate in these runs). "
+            failed = [a for a in evaluating if a in self.failed]
+            why = f"{', '.join(failed)} failed before evaluating" if failed else "nothing to evaluate in these runs"
+            return f"No evaluations ({', '.join(evaluating)}: {why}). "
         return (f"Evaluations use {'a label-balanced subset of' if cfg.balanced else 'the first'} {cfg.limit} test "
                 "examples per task, greedy decoding, "
                 f"max_new_tokens {self.gen_config().max_new_tokens if self.chains else 'n/a'}. "

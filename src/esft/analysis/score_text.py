@@ -25,7 +25,9 @@ def score_text(values: Iterable[float | None], name: str | None = None) -> Calla
 
 def scores_line(res: Mapping[str, float], scores: Mapping[str, list[float]]) -> str:
     """`task=score ...` for a progress line, each score printed as the tables print it: a percentage for an
-    accuracy, three decimals for a mean reward (named from the task's per-example `scores` where given)."""
+    accuracy, three decimals for a mean reward, named from the point's per-example `scores` where given (the
+    tables name a task from all its points: a reward of 0 or 2 reads as an accuracy at a point that scored 0
+    everywhere)."""
     return " ".join(f"{n}={score_text(scores.get(n) or [v])(v)}" for n, v in res.items())
 
 

@@ -279,9 +279,13 @@ def _heldout_panel(ax: Any, ev: list[dict], run_dir: Path, colour: str) -> None:
         if own:
             base = np.array([e["test_constant_baseline"] for e in own])
             ci = np.array([e.get("test_constant_baseline_ci95") or (b, b) for e, b in zip(own, base)])
-            # beside its evaluation's point, not on it: at the same x the grey bar hid the held-out one
-            ax.errorbar([e["step"] + 0.15 for e in own], base, yerr=[base - ci[:, 0], ci[:, 1] - base], fmt="_",
-                        color="grey", capsize=3, markersize=12, label="constant answer of each evaluation (95% CI)")
+            # 7 points beside its evaluation's point, on any length of run: on it, the grey bar hid the held-out one
+            from matplotlib.transforms import offset_copy
+
+            beside = offset_copy(ax.transData, fig=ax.figure, x=7, units="points")
+            ax.errorbar([e["step"] for e in own], base, yerr=[base - ci[:, 0], ci[:, 1] - base], fmt="_",
+                        color="grey", capsize=3, markersize=12, transform=beside,
+                        label="constant answer of each evaluation (95% CI)")
         return
     constant = heldout_constant_baseline(run_dir)
     if constant:

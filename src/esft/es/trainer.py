@@ -33,6 +33,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from esft.config import resume_refusal
 from esft.es import es_rundir
 from esft.es.build import (check_executor_options, check_layout, check_lowrank_memory, check_selection,
                            fitness_rule as config_fitness_rule, generation_config, make_local_executor,
@@ -74,7 +75,7 @@ def _check_resumable(run_dir: Path, config: ESConfig) -> None:
     diffs = {k: (getattr(old, k), getattr(config, k)) for k in old.to_dict()
              if k not in free and getattr(old, k) != getattr(config, k)}
     if diffs:
-        raise ValueError(f"cannot resume {run_dir}: config differs from the original run in {diffs}")
+        raise resume_refusal(run_dir, diffs)
 
 
 def _logged(steps: int) -> str:

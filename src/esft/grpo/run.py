@@ -35,6 +35,7 @@ import torch
 import yaml
 
 from esft import rundir
+from esft.config import resume_refusal
 from esft.grpo.grpo_config import (SCHEDULES_WITHOUT_END, GRPOConfig, check_prompts_per_step, check_trl_arg_names,
                                    resolve_precision, resumable_changes, to_trl_config)
 from esft.grpo.interrupt import StepBoundary
@@ -142,9 +143,9 @@ def _check_resumable(run_dir: Path, config: GRPOConfig) -> None:
     diffs = {k: (getattr(old, k), getattr(config, k)) for k in old.to_dict()
              if k not in allowed and getattr(old, k) != getattr(config, k)}
     if diffs:
-        why = (f" (max_steps sets the {old.lr_scheduler_type!r} LR schedule; runs on "
+        why = (f"; max_steps sets the {old.lr_scheduler_type!r} LR schedule (runs on "
                f"{' or '.join(SCHEDULES_WITHOUT_END)} can be extended)" if "max_steps" in diffs else "")
-        raise ValueError(f"cannot resume {run_dir}: config differs from the original run in {diffs}{why}")
+        raise resume_refusal(run_dir, diffs, why)
 
 
 def _prepare_dir(out: Path, config: GRPOConfig) -> tuple[Path | None, int]:

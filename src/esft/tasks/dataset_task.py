@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import csv
 import gzip
+import hashlib
 import io
 import json
 import math
@@ -23,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from esft.tasks.base import Example, Messages, Task, completion_text, examples_from_kwargs
+from esft.tasks.base import DISPLAY_ANSWER_CHARS, Example, Messages, Task, completion_text, examples_from_kwargs
 from esft.tasks.common import SPLIT_SEED, load_hub_rows
 from esft.tasks.mcq import LETTERS
 from esft.tasks.verifiers import (COMPLETION_FORMATS, RewardError, Verifier, builtin_verifier, call_trl_reward,
@@ -431,11 +432,14 @@ class DatasetTask(Task):
         return self.checks_format and self._verifier.extract(completion) is not None
 
     def details(self, completion: str, example: Example) -> dict[str, Any]:
-        """The extracted answer; with `exact`, the normalised completion it compares (maj@k's vote key)."""
+        """The extracted answer; with `exact`, maj@k's `vote_key`: the normalised completion it compares (its digest
+        where longer than DISPLAY_ANSWER_CHARS: the record holds the completion already)."""
         if self._verifier is None:
             return {}
         if self._verifier.name == "exact":
-            return {"normalized": normalize(completion)}
+            text = normalize(completion)
+            digest = hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+            return {"vote_key": (text if len(text) <= DISPLAY_ANSWER_CHARS else f"sha256:{digest}") or None}
         return {"extracted": self._verifier.extract(completion)}
 
     def gold_key(self, example: Example) -> Any:
