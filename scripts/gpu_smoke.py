@@ -92,12 +92,12 @@ def exact_resume(device: str, tokenizer: str, work: Path) -> dict:
 
     folder = work / "tiny"
     model_folder(folder, llama(2, 64, 4, 2, 128, torch.float32, "cpu", seed=0), tokenizer)
-    data = work / "say.jsonl"  # every completion earns the format bonus of a data task: fitness is never all 0
+    data = work / "say.jsonl"  # `regex:(.*)` finds an answer in any completion: each earns the format bonus
     data.write_text("".join(json.dumps({"prompt": f"Say {i}.", "answer": str(i)}) + "\n" for i in range(20)))
     common = ["train", "es", "--model", str(folder), "--task", str(data),
               "--population-size", "4", "--batch-size", "4", "--max-new-tokens", "8", "--eval-every", "0",
               "--checkpoint-every", "1", "--device", device, "--dtype", "float32", "--sigma", "0.05",
-              "--alpha", "0.05", "--fitness-shaping", "raw", "--format-bonus", "1"]
+              "--alpha", "0.05", "--fitness-shaping", "raw", "--format-bonus", "1", "--reward", "regex:(.*)"]
     t0 = time.perf_counter()
     whole = main([*common, "--iterations", "3", "--output-dir", str(work / "whole")])
     part = main([*common, "--iterations", "1", "--output-dir", str(work / "part")])
@@ -168,6 +168,7 @@ def es_iteration(device: str, tokenizer: str, work: Path, layers: int, populatio
                  "--max-new-tokens", str(new_tokens), "--iterations", "2", "--noise", noise,
                  "--eval-every", "0", "--device", device, "--dtype", "bfloat16" if device.startswith("cuda")
                  else "float32", "--fitness-shaping", "raw", "--format-bonus", "1",  # a random model earns only that
+                 "--reward", "regex:(.*)",  # which `regex:(.*)` pays every completion (fitness is never all 0)
                  "--output-dir", str(run)])
     seconds = time.perf_counter() - t0
     if code:

@@ -19,10 +19,12 @@ def _tiny_es_run(tmp_path, tokenizer, *flags: str):
     data = tmp_path / "q.jsonl"
     data.write_text("".join(json.dumps({"prompt": f"Say {i}.", "answer": str(i)}) + "\n" for i in range(20)))
     out = tmp_path / "run"
-    # a large sigma/alpha so the exported weights differ from the base model's
+    # a large sigma/alpha so the exported weights differ from the base model's; `regex:(.*)` finds an answer in
+    # any completion, so each earns the format bonus and the raw fitness is never all 0
     assert main(["train", "es", "--model", str(folder), "--task", str(data), "--iterations", "2",
                  "--population-size", "2", "--batch-size", "2", "--max-new-tokens", "3", "--eval-limit", "3",
                  "--sigma", "0.05", "--alpha", "0.05", "--fitness-shaping", "raw", "--format-bonus", "1",
+                 "--reward", "regex:(.*)",
                  "--device", "cpu", "--dtype", "float32", "--output-dir", str(out), *flags]) == 0
     return out, folder
 
