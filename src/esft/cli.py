@@ -22,7 +22,7 @@ from typing import Any, Callable, NoReturn, Sequence
 
 from esft.cli_process import (as_typed, config_words, exit_code, plain_warnings, show_context, silence_stdout,
                               stdout_reader_gone, stop_on_sigterm)
-from esft.config import add_dataclass_arguments, build_config
+from esft.config import add_dataclass_arguments, build_config, resume_refusal
 from esft.tasks.custom import add_task_flags
 from esft.rundir import check_output_dir
 from esft.saved_config import no_config_words
@@ -142,9 +142,7 @@ def _task_flags(config: Any, args: argparse.Namespace, resumed: str | None) -> A
 
     out = apply_task_flags(config, args, [config.task])
     if resumed and out.task_options != config.task_options:
-        raise ValueError(f"cannot change ['task_options'] when resuming {resumed} (the run has task_options="
-                         f"{config.task_options!r}; the data-task flags make them {out.task_options!r}): drop the "
-                         "flag, or start a new run in another --output-dir")
+        raise resume_refusal(resumed, {"task_options": (config.task_options, out.task_options)})
     return out
 
 

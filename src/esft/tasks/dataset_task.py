@@ -438,8 +438,9 @@ class DatasetTask(Task):
             return {}
         if self._verifier.name == "exact":
             text = normalize(completion)
-            digest = hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
-            return {"vote_key": (text if len(text) <= DISPLAY_ANSWER_CHARS else f"sha256:{digest}") or None}
+            if len(text) > DISPLAY_ANSWER_CHARS:
+                text = "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+            return {"vote_key": text or None}
         return {"extracted": self._verifier.extract(completion)}
 
     def gold_key(self, example: Example) -> Any:
