@@ -10,6 +10,7 @@ import pytest
 import torch
 import yaml
 
+from esft.analysis import run_tables as T
 from esft.analysis import runs as R
 
 
@@ -155,12 +156,12 @@ def test_run_rows_and_accuracy_rows(tmp_path):
                     "test_format_rate": 1.0}])
     ckpt(run, "final", {"step": 9})
     r = R.load_run(run)
-    assert R.run_rows([r], lambda x: x.name, shown=str.upper) == [
+    assert T.run_rows([r], lambda x: x.name, shown=str.upper) == [
         ["r", "es", "boolq", 1, "M", 9, "final", "bf16; weights bfloat16; masters float32"]]
-    rows = R.accuracy_rows([r], lambda x: x.name)
+    rows = T.accuracy_rows([r], lambda x: x.name)
     assert rows[0][3].endswith("(step 0)") and rows[0][4].endswith("(step 9)") and rows[0][6] == 4
-    assert R.accuracy_rows([R.Run(tmp_path, "es", {})], str) == []
-    assert R.precision(R.Run(tmp_path, "es", {})) == "not recorded"
+    assert T.accuracy_rows([R.Run(tmp_path, "es", {})], str) == []
+    assert T.precision(R.Run(tmp_path, "es", {})) == "not recorded"
 
 
 def chain(algorithm: str, seed: int | None, base: Path | None, tasks=("boolq",)) -> R.Chain:
@@ -355,7 +356,7 @@ def test_the_reports_accuracy_table_shows_the_constant_answer_baseline_of_the_la
                     "test_constant_answer": "no"}])
     older = run_dir(tmp_path / "old", {"algorithm": "grpo", "task": "boolq"},
                     [{"kind": "eval", "step": 1, "test_accuracy": 0.5, "test_n": 4, "test_ci95": [0.15, 0.85]}])
-    rows = R.accuracy_rows([R.load_run(run), R.load_run(older)], lambda x: x.name)
+    rows = T.accuracy_rows([R.load_run(run), R.load_run(older)], lambda x: x.name)
     assert rows[0][3:8] == ["25.0% (step 0)", "50.0% (step 3)", "[15.0%, 85.0%]", 4, "n/a"]
     assert rows[0][8] == "'no' 75.0% [30.0, 95.0]"
     assert rows[1][8] == "n/a"  # an evaluation that recorded none
@@ -373,6 +374,6 @@ def test_a_first_evaluation_on_other_examples_says_so_in_the_accuracy_table(tmp_
     same = run_dir(tmp_path / "s", {"algorithm": "es", "task": "boolq"},
                    [{"kind": "eval", "step": 0, "test_accuracy": 0.25, "test_n": 4, "test_ci95": [0.05, 0.7], **base},
                     {"kind": "eval", "step": 5, "test_accuracy": 0.5, "test_n": 4, "test_ci95": [0.15, 0.85], **base}])
-    rows = R.accuracy_rows([R.load_run(resumed), R.load_run(same)], lambda x: x.name)
+    rows = T.accuracy_rows([R.load_run(resumed), R.load_run(same)], lambda x: x.name)
     assert rows[0][3] == "25.0% (step 0; other examples, n=4)"
     assert rows[1][3] == "25.0% (step 0)"

@@ -83,11 +83,12 @@ def test_a_run_without_a_readable_config_is_drawn_untitled(tmp_path):
 
 
 def test_names_in_the_title_are_shortened_only_where_that_loses_nothing():
-    """A path by its last part (a checkpoint with its run folder), a hub id by its name; a task with options as it
-    is, since an option's value may hold a "/" (it was cut to the text after the last one)."""
+    """A path by its last part (a checkpoint with its run folder), a hub id by its name; a task's data file by its
+    file name, its options kept whole, since an option's value may hold a "/" (it was cut to the text after the
+    last one)."""
     names = {"task": "data/a.jsonl:prompt_field=q,system_prompt=a/b", "model": "runs/es/checkpoints/final"}
     title = curve.run_title({"population_size": 4, **names})
-    assert "task data/a.jsonl:prompt_field=q,system_prompt=a/b |" in title and "model es/checkpoints/final" in title
+    assert "task a.jsonl:prompt_field=q,system_prompt=a/b |" in title and "model es/checkpoints/final" in title
     assert "model SmolLM2-135M" in curve.run_title({"population_size": 4, "model": "HuggingFaceTB/SmolLM2-135M"})
     assert "task sums.jsonl" in curve.run_title({"population_size": 4, "task": "/home/me/data/sums.jsonl"})
 

@@ -14,7 +14,8 @@ from pathlib import Path
 
 from esft.analysis.landscape_tables import interpolation_rows, sweep_rows
 from esft.analysis.report_builder import Report, ReportConfig
-from esft.analysis.runs import accuracy_rows, load_run
+from esft.analysis.run_tables import accuracy_rows
+from esft.analysis.runs import load_run
 from esft.analysis.sparsity import SparsitySweep, sweep_table_rows
 from esft.experiments.records import Experiment, constant_baseline
 from esft.experiments.study_tables import method_tables, table1, table2, tables5_8

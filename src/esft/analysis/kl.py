@@ -37,6 +37,7 @@ import torch
 from esft import paper
 from esft.analysis.report_cache import fingerprint, slug
 from esft.tables import fmt, se_text
+from esft.tasks.base import shown_task
 
 if TYPE_CHECKING:
     from esft.analysis.report_context import ReportContext
@@ -419,7 +420,7 @@ class KLGroup:
 
     @property
     def title(self) -> str:
-        return f"{self.track.upper()} {'->'.join(self.tasks)}"
+        return f"{self.track.upper()} {'->'.join(shown_task(t) for t in self.tasks)}"
 
 
 def report_kl(ctx: ReportContext) -> tuple[list[KLGroup], Path | None] | None:
@@ -430,8 +431,8 @@ def report_kl(ctx: ReportContext) -> tuple[list[KLGroup], Path | None] | None:
         if c.base is None:
             ctx.skip(f"KL ({c.label})", f"base model {c.base_spec!r} is not a folder on disk")
         elif c not in chains:
-            gone = [f"{i + 1} ({t}, run `{ctx.rel_run(st.run)}`)" for i, (st, t) in enumerate(zip(c.stages, c.tasks))
-                    if st.checkpoint is None]
+            gone = [f"{i + 1} ({t}, run `{ctx.rel_run(st.run)}`)"
+                    for i, (st, t) in enumerate(zip(c.stages, c.shown_tasks)) if st.checkpoint is None]
             ctx.skip(f"KL ({c.label})", f"no checkpoint with weights for stage {', '.join(gone)}")
     if not chains:
         ctx.skip("KL", "no chain with a base model folder and checkpoints")
@@ -443,7 +444,7 @@ def report_kl(ctx: ReportContext) -> tuple[list[KLGroup], Path | None] | None:
     all_cached = True
     opts = ctx.task_options()
     for c in chains:
-        tasks = list(dict.fromkeys(c.tasks))
+        tasks = list(dict.fromkeys(ctx.task_name(t) for t in c.tasks))
         gc_ = ctx.gen_config(c)
         stages = c.checkpoints()
         params = {"base": fingerprint([c.base]), "stages": [(l, fingerprint([p])) for l, p in stages],

@@ -400,7 +400,7 @@ class _Endpoints:
     def __init__(self, ctx: ReportContext, a: Chain, b: Chain | None):
         self.ctx, self.base, self.gc = ctx, a.base, ctx.gen_config(a)
         self.opts = ctx.task_options()
-        self.tasks, self.n = list(dict.fromkeys(a.tasks)), ctx.config.limit
+        self.tasks, self.n = list(dict.fromkeys(ctx.task_name(t) for t in a.tasks)), ctx.config.limit
         self.fa, self.fb = a.stages[-1].checkpoint, (b.stages[-1].checkpoint if b is not None else None)
         self.la, self.lb = a.algorithm, (b.algorithm if b is not None else None)
         self.common = {"base": fingerprint([a.base]), "a": fingerprint([self.fa]), "b": fingerprint([self.fb]),

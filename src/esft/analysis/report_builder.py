@@ -33,7 +33,7 @@ from esft.analysis.landscape_tables import (
 )
 from esft.analysis.report_cache import json_default
 from esft.analysis.report_context import ReportContext
-from esft.analysis.runs import accuracy_rows, run_rows
+from esft.analysis.run_tables import accuracy_rows, run_rows
 from esft.analysis.sparsity import (SWEEP_TARGETS, report_sparsity, sweep_table_header, sweep_table_notes,
                                    sweep_table_rows)
 from esft.analysis.weights import UpdateComparison, report_weights

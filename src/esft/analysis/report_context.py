@@ -12,11 +12,13 @@ import os
 import re
 import sys
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from esft.analysis.report_cache import Cache
-from esft.analysis.runs import Chain, Pair, Plan, Run, build_chains, build_pairs, experiment_plan, find_runs
+from esft.analysis.runs import (Chain, Pair, Plan, Run, build_chains, build_pairs, distinguish, experiment_plan,
+                                find_runs)
 from esft.config import passage_cut
+from esft.tasks.base import shown_task
 
 
 def load_model_only(base: Path, dtype: str, device: str | None):
@@ -51,6 +53,14 @@ def shown_path(where: Any, root: Path) -> str:
         return text
 
 
+def task_names(keys: Iterable[str]) -> dict[str, str]:
+    """{task as runs recorded it: the name an analysis gives it}: a data file by its file name
+    (esft.tasks.base.shown_task), by its recorded path where another of `keys` has a file of that name."""
+    keys = list(dict.fromkeys(keys))
+    names = [shown_task(k) for k in keys]
+    return {k: n if names.count(n) == 1 else k for k, n in zip(keys, names)}
+
+
 class ReportContext:
     """The runs under `config.dir` and the report's output folder (`config`: a ReportConfig of
     esft.analysis.report_builder)."""
@@ -75,6 +85,8 @@ class ReportContext:
         self.given_tasks = list(tasks)
         """task objects of the runs, for the analyses that evaluate (`build_task`)"""
         self.task_objects: dict[str, Any] = {}
+        self.task_names: dict[str, str] = {}
+        """{task as the runs recorded it: the name the evaluating analyses give it} (`task_name`)"""
 
     def discover(self) -> None:
         """Find the runs under DIR, their sequential chains and ES-GRPO pairs; runs left out (by --exclude, or
@@ -93,6 +105,8 @@ class ReportContext:
                 self.runs.append(r)
         self.chains = build_chains(self.runs, self.root, self.plan)
         self.pairs = build_pairs(self.chains)
+        distinguish(self.chains, self.pairs, self.shown)
+        self.task_names = task_names(t for c in self.chains for t in c.tasks)
         self.match_tasks()
 
     def match_tasks(self) -> None:
@@ -113,11 +127,18 @@ class ReportContext:
                                  f"{self.root} trained (their tasks and options: {runs})")
             self.task_objects[name] = instantiate(obj, name, {})
 
+    def task_name(self, key: str) -> str:
+        """The name an evaluating analysis gives the runs' task `key` in its results, tables and figures: a data
+        file by its file name (esft.tasks.base.shown_task), by its recorded path where another task of the runs
+        has a file of that name; `build_task` takes either."""
+        return self.task_names.get(key, key)
+
     def build_task(self, name: str) -> Any:
-        """The task `name` of the runs: the object given for it, else built from its name and the options the
-        runs recorded (esft.tasks.get_task)."""
+        """The task `name` of the runs (as recorded, or its `task_name`): the object given for it, else built from
+        its name and the options the runs recorded (esft.tasks.get_task)."""
         from esft.tasks import get_task
 
+        name = next((k for k, n in self.task_names.items() if n == name), name)
         given = self.task_objects.get(name)
         return given if given is not None else get_task(name, **self.task_options().get(name, {}))
 

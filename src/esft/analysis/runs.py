@@ -5,8 +5,6 @@ A run directory holds `config.yaml` and some of `metrics.jsonl`, `seeds.jsonl` (
 checkpoint folder of another run (stage t starts from stage t-1's weights); a single-task run is a chain of one.
 Chains of ES and GRPO that start from the same base model and train the same task sequence form pairs, matched by
 seed where seeds agree. Nothing here loads a model.
-
-`run_rows` and `accuracy_rows` are the report's first two sections (esft.analysis.report_builder).
 """
 
 from __future__ import annotations
@@ -15,15 +13,12 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import yaml
 
-from esft import paper
-from esft.analysis.constant import baseline_text
-from esft.analysis.score_text import reward_text
 from esft.rundir import is_run_dir, read_jsonl
-from esft.tables import NA, pct
+from esft.tasks.base import shown_task
 from esft.tasks.labels import MEAN_REWARD, score_name
 
 CHECKPOINTS = "checkpoints"
@@ -240,6 +235,9 @@ class Chain:
     base_spec: str | None
     name: str | None = None
     """track name from an experiment (e.g. "es@100"), else None"""
+    where: str | None = None
+    """where the label says the chain ends: its last run's folder name, or (`distinguish`) its path under the
+    report's root when another chain's label would read the same"""
 
     @property
     def runs(self) -> list[Run]:
@@ -254,15 +252,21 @@ class Chain:
         return [s.task or s.run.task or "?" for s in self.stages]
 
     @property
+    def shown_tasks(self) -> list[str]:
+        """`tasks` as a reader sees them (esft.tasks.base.shown_task: a data file by its file name)."""
+        return [shown_task(t) for t in self.tasks]
+
+    @property
     def label(self) -> str:
         seed = f" seed {self.seed}" if self.seed is not None else ""
         name = self.name or self.algorithm.upper()
-        where = self.stages[-1].run.path.name if self.name is None else self.stages[-1].run.path.parent.name
-        return f"{name} {'->'.join(self.tasks)}{seed} ({where})"
+        last = self.stages[-1].run.path
+        where = self.where or (last.name if self.name is None else last.parent.name)
+        return f"{name} {'->'.join(self.shown_tasks)}{seed} ({where})"
 
     def checkpoints(self) -> list[tuple[str, Path | None]]:
         """(stage label, checkpoint) per stage."""
-        return [(f"{i + 1}:{t}", s.checkpoint) for i, (s, t) in enumerate(zip(self.stages, self.tasks))]
+        return [(f"{i + 1}:{t}", s.checkpoint) for i, (s, t) in enumerate(zip(self.stages, self.shown_tasks))]
 
 
 def _algorithm_of(runs: list[Run]) -> str:
@@ -371,7 +375,9 @@ def chains_from_stage_records(runs: list[Run], root: Path, max_depth: int = 7,
             if any(r is None for r in stage_runs):
                 break
             ck = root / (st.get("model") or st["steps"][-1]["model_dir"])
-            stages.append(StageRef(stage_runs, ck if (ck / "config.json").exists() else None, st.get("task")))
+            # the task as its runs recorded it (a data file by its absolute path, the key of their task options)
+            task = stage_runs[-1].task or st.get("task")
+            stages.append(StageRef(stage_runs, ck if (ck / "config.json").exists() else None, task))
         if not stages:  # its first stage's runs are not among `runs` (left out by --exclude)
             continue
         # later stages left out (--exclude '/2-'): the chain ends at the last stage present
@@ -404,11 +410,15 @@ def _walk(root: Path, filename: str, max_depth: int) -> list[Path]:
 class Pair:
     es: Chain
     grpo: Chain
+    where: str | None = None
+    """the two chains' run folders, set by `distinguish` when another pair's label would read the same"""
 
     @property
     def label(self) -> str:
         seed = self.es.seed if self.es.seed == self.grpo.seed else f"{self.es.seed}/{self.grpo.seed}"
-        return f"{self.es.name or 'ES'} vs {self.grpo.name or 'GRPO'}, {'->'.join(self.es.tasks)}, seed {seed}"
+        where = f" ({self.where})" if self.where else ""
+        return (f"{self.es.name or 'ES'} vs {self.grpo.name or 'GRPO'}, {'->'.join(self.es.shown_tasks)}, "
+                f"seed {seed}{where}")
 
 
 def build_pairs(chains: list[Chain]) -> list[Pair]:
@@ -424,14 +434,35 @@ def build_pairs(chains: list[Chain]) -> list[Pair]:
         # same seed first (several ES budget tracks of a seed all pair with that seed's GRPO chain), else the
         # first GRPO chain that no ES chain has by seed and none took yet: the pairs do not depend on run order
         used = {id(x) for x in grpo if any(x.seed == e.seed for e in es)}
+        taken: set[int] = set()
         for e in es:
-            match = next((x for x in grpo if x.seed == e.seed), None)
+            same = [x for x in grpo if x.seed == e.seed]
+            # a GRPO chain of the seed that no other ES chain took yet; with none left, the first of the seed:
+            # several ES budget tracks of a seed all compare with its one GRPO chain
+            match = next((x for x in same if id(x) not in taken), same[0] if same else None)
             if match is None:
                 match = next((x for x in grpo if id(x) not in used), None)
             if match is not None:
                 used.add(id(match))
+                taken.add(id(match))
                 pairs.append(Pair(e, match))
     return pairs
+
+
+def distinguish(chains: list[Chain], pairs: list[Pair], shown: Any) -> None:
+    """Give chains, and pairs, whose labels would read alike (runs of the same names and task in other folders) the
+    paths of their last runs (`shown`: a path as the report shows it), so that no two share a heading, a cached
+    result or a figure."""
+    def clashing(items: list[Any]) -> list[Any]:
+        count: dict[str, int] = {}
+        for x in items:
+            count[x.label] = count.get(x.label, 0) + 1
+        return [x for x in items if count[x.label] > 1]
+
+    for c in clashing(chains):
+        c.where = shown(c.stages[-1].run.path)
+    for p in clashing(pairs):
+        p.where = f"{shown(p.es.stages[-1].run.path)} vs {shown(p.grpo.stages[-1].run.path)}"
 
 
 # ---- the report's first sections: the runs, and the held-out accuracy they logged ----------------------------------
@@ -447,51 +478,3 @@ def logged_steps(r: Run) -> int | None:
         return int(max(steps))
     finite = [s for s, _ in r.checkpoints if s != float("inf")]
     return int(max(finite)) if finite else None
-
-
-def precision(r: Run) -> str:
-    """The run's recorded precision, weight dtypes and master-weight dtype."""
-    info = r.config.get("_run") or {}
-    dt = info.get("param_dtypes") or r.config.get("dtype") or r.config.get("torch_dtype")
-    master = info.get("master_dtype") or r.config.get("master_dtype")
-    parts = []
-    if info.get("precision"):
-        parts.append(str(info["precision"]))
-    if dt:
-        parts.append(f"weights {dt if isinstance(dt, str) else ','.join(dt)}")
-    if master:
-        parts.append(f"masters {master}")
-    return "; ".join(parts) or "not recorded"
-
-
-def run_rows(runs: list[Run], name: Callable[[Run], str], shown: Callable[[Any], str] = str) -> list[list[Any]]:
-    """One row per run: name, algorithm, task, seed, start (model or checkpoint, through `shown`), steps, final
-    checkpoint, precision."""
-    return [[name(r), r.algorithm, r.task or "?", r.seed, shown(r.model) if r.model else "?", logged_steps(r),
-             r.final.name if r.final else "none", precision(r)] for r in runs]
-
-
-def accuracy_rows(runs: list[Run], name: Callable[[Run], str]) -> list[list[Any]]:
-    """First and last held-out accuracy each run logged, the constant-answer baseline of the last one's examples
-    (none for a mean reward), beside the study's Table 1 row for its task; a run whose scores leave [0, 1] shows
-    its mean reward (`reward_text`, "mean reward" after each value). A first evaluation on other examples than the
-    last (a resume changed eval_limit or eval_balanced: another count or recorded baseline) says so."""
-    rows = []
-    for r in runs:
-        first, last = r.accuracy_at("first"), r.accuracy_at("last")
-        if last is None:
-            continue
-        ci = last.get("ci95")
-        shown, unit = (reward_text, " mean reward") if r.score_name() == MEAN_REWARD else (pct, "")
-        sets = [(e.get("n"), e.get("constant_baseline"), e.get("constant_answer")) for e in (first or {}, last)]
-        # a value either evaluation did not record (an older esft's) tells nothing
-        other = first is not None and any(a != b and None not in (a, b) for a, b in zip(*sets))
-        rows.append([name(r), r.algorithm, r.task or "?",
-                     shown(first["accuracy"]) + f"{unit} (step {first['step']}"
-                     + (f"; other examples, n={first.get('n')})" if other else ")") if first else NA,
-                     shown(last["accuracy"]) + f"{unit} (step {last['step']})",
-                     f"[{shown(ci[0])}, {shown(ci[1])}]" if ci else NA, last.get("n") or NA,
-                     pct(last.get("format_rate")) if last.get("format_rate") is not None else NA,
-                     baseline_text(last if unit == "" and "constant_baseline" in last else None),
-                     paper.accuracy_reference(r.task)])
-    return rows

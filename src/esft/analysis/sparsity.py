@@ -249,7 +249,7 @@ def report_sparsity(ctx: ReportContext) -> tuple[list[SparsitySweep], Path] | No
     targets, limit = ctx.config.sparsity_targets, ctx.config.limit
     for c in todo:
         gc = ctx.gen_config(c)
-        tasks = list(dict.fromkeys(c.tasks))
+        tasks = list(dict.fromkeys(ctx.task_name(t) for t in c.tasks))
         fin = c.stages[-1].checkpoint
         params = {"base": fingerprint([c.base]), "tuned": fingerprint([fin]), "limit": limit,
                   "max_new_tokens": gc.max_new_tokens, "targets": targets, "options": opts, **ctx.eval_params()}

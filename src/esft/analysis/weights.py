@@ -309,11 +309,10 @@ def report_weights(ctx: ReportContext) -> list[UpdateComparison] | None:
             if found is None:
                 continue
             last_rep, cached = found
-            comp.last_stage = f"{i + 1} ({a.tasks[i]})"
+            comp.last_stage = f"{i + 1} ({a.shown_tasks[i]})"
             results[f"{label} stage {i + 1}"] = last_rep["total"]
         if not comp.paired:
-            ctx.skip(f"ES/GRPO norm ratio and cosine (Tables 3, 20) for {label}",
-                     "no run of the other algorithm from the same base model on the same task sequence")
+            ctx.skip(f"ES/GRPO norm ratio and cosine (Tables 3, 20) for {label}", _unpaired(ctx, a))
         if last_rep is not None:
             comp.families = family_rows(last_rep)
             path = ctx.fig(f"weights_{slug(label)}")
@@ -322,6 +321,18 @@ def report_weights(ctx: ReportContext) -> list[UpdateComparison] | None:
         out.append(comp)
     ctx.results["weights"] = results
     return out
+
+
+def _unpaired(ctx: ReportContext, a: Chain) -> str:
+    """Why chain `a` has no partner: no chain of the other algorithm from its base on its tasks, or each such
+    chain paired already (pairs match seeds first, then order: esft.analysis.runs.build_pairs)."""
+    other = {"es": "grpo", "grpo": "es"}.get(a.algorithm)
+    alike = [c for c in ctx.chains if c.algorithm == other and c.base == a.base and c.tasks == a.tasks]
+    if not alike:
+        return "no run of the other algorithm from the same base model on the same task sequence"
+    runs = ", ".join(f"`{ctx.rel_run(c.stages[-1].run)}`" for c in alike)
+    return (f"the {other.upper()} run(s) from the same base model on the same task sequence ({runs}) are each "
+            f"paired with another {a.algorithm.upper()} run (pairs match seeds first, then run order)")
 
 
 def _weights_stage(ctx: ReportContext, comp: UpdateComparison, a: Chain, b: Chain | None,
@@ -339,7 +350,7 @@ def _weights_stage(ctx: ReportContext, comp: UpdateComparison, a: Chain, b: Chai
         if chain is not None and sides[side] is None:
             why = _missing_checkpoint(ctx, chain, i)
             rest = (f"{', '.join(x.upper() for x in tuned)} measured alone" if tuned else "nothing measured")
-            comp.notes.append(f"Stage {i + 1} ({task}): {why}; {rest}.")
+            comp.notes.append(f"Stage {i + 1} ({a.shown_tasks[i]}): {why}; {rest}.")
             ctx.skip(f"weights ({label}, stage {i + 1}, {side.upper()} side)", f"{why}; {rest}")
     if not tuned:
         return None
@@ -350,7 +361,7 @@ def _weights_stage(ctx: ReportContext, comp: UpdateComparison, a: Chain, b: Chai
     for src, names in rep["unmatched"].items():
         ctx.skip(f"weights ({label}, stage {i + 1}): {len(names)} tensor(s) of {src}",
                  "missing from another checkpoint, so left out of every total: " + ", ".join(names[:5]))
-    _stage_rows(comp, rep["total"], f"{i + 1}: {task}", paper.stage_index(task), list(sides))
+    _stage_rows(comp, rep["total"], f"{i + 1}: {a.shown_tasks[i]}", paper.stage_index(task), list(sides))
     return rep, cached
 
 

@@ -28,6 +28,7 @@ from esft.evaluation import load_examples
 from esft.figure_marks import constant_line
 from esft.passk_figure import METHOD_COLORS
 from esft.saved_config import saved_algorithm
+from esft.tasks.base import shown_task
 from esft.tasks.labels import ACCURACY, summaries_score_name
 
 
@@ -114,9 +115,9 @@ FITNESS_NAMES = {
 
 
 def _short_name(value: Any) -> str:
-    """A model or task path by its last part (a checkpoint with its run folder: `es/checkpoints/final`; an experiment
+    """A model path by its last part (a checkpoint with its run folder: `es/checkpoints/final`; an experiment
     stage's, whose run folders are all `run`, with its stage folder too: `1-countdown/run/checkpoints/final`), a hub
-    id by its name; a registered name, and a task with options (whose values may hold a "/"), as it is."""
+    id by its name; a registered name as it is."""
     text = str(value)
     if "/" not in text or ":" in text:
         return text
@@ -144,7 +145,10 @@ def run_title(cfg: dict[str, Any], es: bool = True) -> str:
     else:
         head = "GRPO (class-balanced reward)" if cfg.get("class_balanced") else "GRPO"
     parts = [head]
-    parts += [f"{key} {_short_name(cfg[key])}" for key in ("task", "model") if cfg.get(key) is not None]
+    if cfg.get("task") is not None:
+        parts.append(f"task {shown_task(cfg['task'])}")
+    if cfg.get("model") is not None:
+        parts.append(f"model {_short_name(cfg['model'])}")
     if algorithm == "es":
         sizes = [f"{name}={_number(cfg[key])}" for name, key in (("N", "population_size"), ("sigma", "sigma"))
                  if cfg.get(key) is not None]
