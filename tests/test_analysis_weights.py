@@ -311,6 +311,7 @@ def test_tensors_left_out_of_the_totals_are_said_in_the_output(tmp_path):
     # the report says it too, beside the tables
     skipped = []
     chain = SimpleNamespace(label="es", base=tmp_path / "base", base_spec="base", algorithm="es", tasks=["countdown"],
+                            shown_tasks=["countdown"],
                             stages=[SimpleNamespace(checkpoint=tmp_path / "t")])
     ctx = SimpleNamespace(pairs=[], chains=[chain], skip=lambda a, why: skipped.append((a, why)), results={},
                           cache=SimpleNamespace(get=lambda name, params, fn: (fn(), False)), progress=False,
@@ -334,7 +335,7 @@ def test_the_report_weights_figure_and_family_table_name_the_stage_they_show(tmp
         base.save_pretrained(tmp_path / name)
         save_file({n: t.contiguous() for n, t in tuned.items()}, str(tmp_path / name / "model.safetensors"))
     chain = SimpleNamespace(label="es", base=tmp_path / "base", base_spec="base", algorithm="es",
-                            tasks=["countdown", "boolq"],
+                            tasks=["countdown", "boolq"], shown_tasks=["countdown", "boolq"],
                             stages=[SimpleNamespace(checkpoint=tmp_path / s) for s in ("s1", "s2")])
     titles = []
     monkeypatch.setattr(W, "plot_weights", lambda rep, path, title=None: titles.append(title) or path)
@@ -721,7 +722,7 @@ def test_table3_shows_a_zero_es_update_as_a_ratio_of_zero(tmp_path):
 
     def chain(algorithm):
         return SimpleNamespace(label=algorithm, base=tmp_path / "base", base_spec="base", algorithm=algorithm,
-                               tasks=["boolq"], stages=[SimpleNamespace(checkpoint=tmp_path / algorithm)])
+                               tasks=["boolq"], shown_tasks=["boolq"], stages=[SimpleNamespace(checkpoint=tmp_path / algorithm)])
 
     pair = SimpleNamespace(label="es vs grpo", es=chain("es"), grpo=chain("grpo"))
     ctx = SimpleNamespace(pairs=[pair], chains=[pair.es, pair.grpo], skip=lambda *a: None, results={},

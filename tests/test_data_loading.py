@@ -94,7 +94,9 @@ def test_field_checks_name_the_row_and_only_need_the_answer_with_a_verifier(tmp_
     with pytest.raises(ValueError, match=r"row 3 has no value in field 'prompt' \(prompt_field\)"):
         DatasetTask(source=str(path)).load("train")
     empty_row = write_jsonl(tmp_path / "e.jsonl", ROWS[:2] + [{}])
-    with pytest.raises(ValueError, match=r"row 3 has no field 'prompt' \(prompt_field\); fields: none"):
+    with pytest.raises(ValueError, match=r"row 3 has no field 'prompt' \(prompt_field\); fields: none \(name the "
+                                         r"one to read with --prompt-field, or as a task option: "
+                                         r"FILE:prompt_field=FIELD\)"):
         DatasetTask(source=str(empty_row)).load("train")
 
 

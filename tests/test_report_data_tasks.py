@@ -143,3 +143,27 @@ def test_a_run_left_unpaired_is_told_why(tmp_path):
     lone.stages[0].task = "math"
     ctx.chains.append(lone)
     assert _unpaired(ctx, lone) == "no run of the other algorithm from the same base model on the same task sequence"
+
+
+def test_a_run_that_logged_nothing_yet_is_listed_under_runs(two_pairs, tmp_path):
+    """A run stopped before its first step (config.yaml and its trainer's lock, no log) was left out of the report
+    without a word; a config.yaml without a lock is the user's, not a run."""
+    import shutil
+
+    from esft.rundir import RunLock
+
+    root = tmp_path / "runs"
+    shutil.copytree(two_pairs[0] / "a", root / "a")
+    shutil.copytree(two_pairs[0] / "base", root / "base")
+    for folder in ("stopped", "my-configs"):
+        (root / folder).mkdir()
+        (root / folder / "config.yaml").write_text("algorithm: es\npopulation_size: 4\n")
+    RunLock(root / "stopped").acquire().release()
+    ctx = ReportContext(ReportConfig(dir=str(root), output_dir=str(tmp_path / "r")), progress=False)
+    ctx.discover()
+    assert sorted(ctx.shown(r.path) for r in ctx.runs) == ["a/es", "a/grpo"]
+    assert ctx.unstarted == [(root / "stopped").resolve()]
+    text = build_report(ReportConfig(dir=str(root), output_dir=str(tmp_path / "r"), analyses=["weights"]),
+                        progress=False).read_text()
+    assert "- `stopped`: nothing logged yet (a run stopped before its first iteration ended)" in text
+    assert "my-configs" not in text

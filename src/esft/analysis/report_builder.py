@@ -189,7 +189,9 @@ class Report(ReportContext):
                              "seeds.jsonl, drift.jsonl or checkpoints)" + _inside_run(self.root)
                              + _not_started(self.root))
         self.log(f"{len(self.runs)} runs, {len(self.chains)} chains, {len(self.pairs)} ES-GRPO pairs"
-                 + (f"; {len(self.left_out)} runs left out (listed under Runs)" if self.left_out else ""))
+                 + (f"; {len(self.left_out)} runs left out (listed under Runs)" if self.left_out else "")
+                 + (f"; {len(self.unstarted)} runs have logged nothing yet (listed under Runs)"
+                    if self.unstarted else ""))
         self.section_runs()
         self.section_accuracy()
         wanted = [a for a in self.config.analyses]
@@ -284,8 +286,10 @@ class Report(ReportContext):
         if self.plan is not None:
             s.append(f"\nDIR is an experiment folder: the runs of the {len(self.plan.keys)} training stages its "
                      "plan.json lists (`--all-runs` reports every run under DIR).")
-        if self.left_out:
-            s.append("\nLeft out:\n\n" + "\n".join(f"- `{name}`: {why}" for name, why in self.left_out))
+        left = self.left_out + [(self.shown(p), f"nothing logged yet ({not_started_reason(p)})")
+                                for p in self.unstarted]
+        if left:
+            s.append("\nLeft out:\n\n" + "\n".join(f"- `{name}`: {why}" for name, why in left))
         if self.chains:
             s.append("\nChains (stage order): " + "; ".join(c.label for c in self.chains))
         self.sections.append("\n".join(s) + "\n")
@@ -456,13 +460,19 @@ def _not_started(root: Path) -> str:
     """`; RUN has logged nothing yet (...)` for each folder under `root` with a run's config.yaml and no log or
     checkpoint: a run still in its first iteration (its lock held) or one stopped before it, else ''. A run's
     folder keeps the `.lock` its trainer took; a config.yaml without one is the user's (`--config`), not a run."""
-    from esft.rundir import is_run_dir, lock_held
+    from esft.rundir import is_run_dir
 
     found = sorted(p.parent for p in root.rglob("config.yaml")
                    if (p.parent / ".lock").is_file() and not is_run_dir(p.parent))
-    return "".join(f"; {p} has logged nothing yet (" + ("a run in its first iteration: an esft process holds its "
-                   "lock" if lock_held(p) else "a run stopped before its first iteration ended") + ")"
-                   for p in found[:3])
+    return "".join(f"; {p} has logged nothing yet ({not_started_reason(p)})" for p in found[:3])
+
+
+def not_started_reason(run: Path) -> str:
+    """Why run folder `run` holds no log yet: a trainer holds its lock, or it stopped before its first step."""
+    from esft.rundir import lock_held
+
+    return ("a run in its first iteration: an esft process holds its lock" if lock_held(run) else
+            "a run stopped before its first iteration ended")
 
 
 def build_report(config: ReportConfig, progress: bool = True, tasks: Sequence[Any] = ()) -> Path:

@@ -81,6 +81,8 @@ class ReportContext:
         self.pairs: list[Pair] = []
         self.plan: Plan | None = None
         self.left_out: list[tuple[str, str]] = []
+        self.unstarted: list[Path] = []
+        """run folders that have logged nothing yet (esft.analysis.runs.find_runs)"""
         self.tokenizers: dict[str, Any] = {}
         self.given_tasks = list(tasks)
         """task objects of the runs, for the analyses that evaluate (`build_task`)"""
@@ -92,8 +94,8 @@ class ReportContext:
         """Find the runs under DIR, their sequential chains and ES-GRPO pairs; runs left out (by --exclude, or
         outside the plan of an experiment folder) go to `left_out` with the reason."""
         self.plan = None if self.config.all_runs else experiment_plan(self.root)
-        self.runs, self.left_out = [], []
-        for r in find_runs(self.root):
+        self.runs, self.left_out, self.unstarted = [], [], []
+        for r in find_runs(self.root, unstarted=self.unstarted):
             name = self.rel_run(r)
             pattern = next((p for p in self.config.exclude if re.search(p, name)), None)
             if pattern is not None:

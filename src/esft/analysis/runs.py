@@ -164,8 +164,10 @@ def load_run(path: Path) -> Run:
                checkpoints=list_checkpoints(path), metrics=read_metrics(path))
 
 
-def find_runs(root: str | Path, max_depth: int = 5) -> list[Run]:
-    """Every run directory at or below `root` (a folder with config.yaml and a log or checkpoints)."""
+def find_runs(root: str | Path, max_depth: int = 5, unstarted: list[Path] | None = None) -> list[Run]:
+    """Every run directory at or below `root` (a folder with config.yaml and a log or checkpoints); `unstarted`,
+    when given, receives each run folder that has logged nothing yet: config.yaml and the `.lock` its trainer
+    took, no log or checkpoint (a config.yaml without a lock is the user's, not a run)."""
     root = Path(root)
     if not root.exists():
         raise FileNotFoundError(f"{root} does not exist")
@@ -174,6 +176,8 @@ def find_runs(root: str | Path, max_depth: int = 5) -> list[Run]:
     def visit(p: Path, depth: int) -> None:
         if is_run_dir(p):
             found.append(load_run(p))
+        elif unstarted is not None and (p / "config.yaml").is_file() and (p / ".lock").is_file():
+            unstarted.append(p.resolve())
         if depth >= max_depth:
             return
         for child in sorted(p.iterdir()):

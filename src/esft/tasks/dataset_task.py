@@ -281,7 +281,8 @@ class DatasetTask(Task):
             for option, name in needed:
                 if name not in row:
                     raise ValueError(f"{where}: row {i + 1} has no field {name!r} ({option}); "
-                                     f"fields: {', '.join(map(str, row)) or 'none'}")
+                                     f"fields: {', '.join(map(str, row)) or 'none'} (name the one to read with "
+                                     f"--{option.replace('_', '-')}, or as a task option: FILE:{option}=FIELD)")
                 if row[name] is None:
                     raise ValueError(f"{where}: row {i + 1} has no value in field {name!r} ({option}): null, or "
                                      "a CSV row with fewer columns than the header")
