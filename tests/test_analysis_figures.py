@@ -339,6 +339,11 @@ def test_sparsity_sweep_draws_accuracy_against_sparsity_and_each_base(drawn):
                                                                    "base model (dash-dot, method's colour)"]
     (ax,) = drawn(SP.plot_sparsity_sweep, {"es": {"rows": results["es"]["rows"]}}).axes  # no base line drawn
     assert [t.get_text() for t in ax.get_legend().get_texts()] == ["es"]
+    # a method's point at the other's place still shows: the later one's marks are smaller, other-shaped, on top
+    same = {"es": {"rows": results["es"]["rows"]}, "grpo": {"rows": results["es"]["rows"]}}
+    lab = _by_label(drawn(SP.plot_sparsity_sweep, same).axes[0])
+    assert lab["es"].get_marker() != lab["grpo"].get_marker()
+    assert lab["grpo"].get_markersize() < lab["es"].get_markersize() and lab["grpo"].get_zorder() > lab["es"].get_zorder()
 
 
 def test_sparsity_base_lines_and_their_legend_entry_look_unlike_the_constant_answer(drawn):

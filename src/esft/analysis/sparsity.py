@@ -181,13 +181,17 @@ def plot_sparsity_sweep(results: Mapping[str, Mapping[str, Any]], path: str | Pa
     fig, axes = plt.subplots(1, max(1, len(tasks)), figsize=(4 * max(1, len(tasks)), 3.3), squeeze=False)
     for ax, t in zip(axes[0], tasks):
         bases = False
+        drawn = 0
         for label, r in results.items():
             if not all(t in row["accuracy"] for row in r["rows"]):  # a run of another task sequence
                 continue
             col = color(r.get("algorithm") or label)
             xs = [row["sparsity"] for row in r["rows"]]
             ys = [row["accuracy"][t] for row in r["rows"]]
-            ax.plot(xs, ys, "o-", color=col, label=label)
+            # each later line's marks smaller and thinner: a point at (nearly) another's place still shows
+            ax.plot(xs, ys, color=col, label=label, marker="os^D"[drawn % 4], ms=max(3, 8 - 2 * drawn),
+                    lw=max(0.8, 2.5 - 0.7 * drawn), zorder=3 + drawn)
+            drawn += 1
             if t in r.get("base_accuracy", {}):
                 ax.axhline(r["base_accuracy"][t], color=col, ls="-.", lw=1)
                 bases = True
