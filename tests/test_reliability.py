@@ -424,6 +424,22 @@ def test_rerun_into_a_used_folder_is_a_clean_error(tiny_dir, reference, tmp_path
     assert "already holds a run" in error_of(capsys)
 
 
+@pytest.mark.parametrize("algorithm", ["es", "grpo"])
+def test_a_used_folder_is_refused_before_the_model_loads(tiny_dir, reference, tmp_path, capsys, no_model_load,
+                                                        algorithm):
+    """A new run into a folder holding one was refused only by the trainer's folder set-up, after the model had
+    loaded (seconds here, minutes for a large model)."""
+    import shutil
+
+    out = tmp_path / "run"
+    shutil.copytree(reference, out)
+    args = (es_args(tiny_dir, out) if algorithm == "es" else
+            ["train", "grpo", "--model", str(tiny_dir), "--task", TASK, "--max-steps", "1", "--output-dir", str(out)])
+    assert main(args) == 2
+    err = error_of(capsys)
+    assert "already holds" in err and "model was loaded" not in err
+
+
 @pytest.mark.parametrize("content", ["", "\n", b"\x00\xff\xfe garbage \x81", "sigma: [1,\n"])
 def test_resume_refuses_an_empty_or_unreadable_config(tiny_dir, reference, tmp_path, capsys, content):
     import shutil

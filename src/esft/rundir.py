@@ -251,6 +251,13 @@ def occupied_error(folder: str | Path, algorithm: str) -> FileExistsError:
                            "choose a new output_dir")
 
 
+def check_new_run(folder: str | Path, algorithm: str, resume: bool) -> None:
+    """Refuse, before any model loads, a new `algorithm` run (not `resume`) in a folder that holds a run
+    (`holds_run`); the trainer checks again under the run's lock."""
+    if not resume and holds_run(folder):
+        raise occupied_error(folder, algorithm)
+
+
 def check_output_dir(path: str | Path, what: str = "output_dir") -> None:
     """Fail before any work when `path` cannot become a writable folder: it is a file, sits under a file, or its
     nearest existing folder is not writable."""

@@ -45,9 +45,9 @@ from esft.es.fitness import FitnessRule, as_fitness_rule
 from esft.evaluation import load_examples
 from esft.tasks.base import checks_format, format_bonus_warning
 from esft.tasks.custom import as_task
-from esft.rundir import (DISK_FULL, NonFiniteError, RunInterrupted, TrainResult, check_output_dir, demote_final,
-                         finished_line, held_out_fields, held_out_text, holds_run, occupied_error, peak_rss_mb,
-                         prune_checkpoints, resuming_line, say)
+from esft.rundir import (DISK_FULL, NonFiniteError, RunInterrupted, TrainResult, check_new_run, check_output_dir,
+                         demote_final, finished_line, held_out_fields, held_out_text, holds_run, occupied_error,
+                         peak_rss_mb, prune_checkpoints, resuming_line, say)
 from esft.run_undo import locked_run_folder
 from esft.tracking import Tracker, check_backends, open_tracker
 from esft.version import __version__
@@ -107,6 +107,7 @@ class ESTrainer:
         self.config = config
         check_backends(config.report_to)  # a missing tracker package fails before the model loads
         check_output_dir(config.output_dir)  # the output folder and the task before the model loads
+        check_new_run(config.output_dir, "es", config.resume)
         if config.resume:
             es_rundir.check_not_shortened(config.output_dir, config.iterations)
         check_executor_options(config)  # a Ray run's unknown option keys, too

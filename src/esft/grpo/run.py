@@ -223,6 +223,7 @@ def train_grpo(config: GRPOConfig, *, model: Any = None, tokenizer: Any = None, 
     check_trl_arg_names(config)  # and a misspelt or mistyped trl_args key before the run folder is made
     out = Path(config.output_dir)
     rundir.check_output_dir(out)
+    rundir.check_new_run(out, "grpo", config.resume)
     # an object that is not an esft Task as get_task builds it: its resume from config.yaml prompts alike
     task = None if task is None else as_task(task)
     from esft.models import current_device
