@@ -475,3 +475,21 @@ def test_a_safetensors_file_without_tensors_is_complete(tmp_path):
     assert models.safetensors_complete(path)
     path.write_bytes(path.read_bytes()[:-1])
     assert not models.safetensors_complete(path)
+
+
+def test_context_length_is_read_before_any_model_loads(tmp_path, monkeypatch):
+    """What esft.validation.check_context bounds max_new_tokens by: a folder's config.json, an embedded model's
+    cached config.json or, before its first conversion, its GGUF's value; nothing for a hub id."""
+    from esft.models import context_length
+
+    folder = tmp_path / "m"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"max_position_embeddings": 512}')
+    assert context_length(str(folder)) == 512
+    monkeypatch.setenv("ESFT_CACHE", str(tmp_path / "empty-cache"))
+    assert context_length("SmolLM2") == 8192
+    cached = tmp_path / "empty-cache" / "models" / "smollm2-135m-instruct"
+    cached.mkdir(parents=True)
+    (cached / "config.json").write_text('{"max_position_embeddings": 2048}')
+    assert context_length("smollm2-135m") == 2048
+    assert context_length("org/model") is None and context_length(str(tmp_path / "nowhere")) is None

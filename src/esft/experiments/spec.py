@@ -31,7 +31,7 @@ from typing import Any
 from esft.experiments.algorithms import ALGORITHMS, Algorithm, get_algorithm
 from esft.experiments.spec_checks import (
     SpecContext, as_mapping, check_eval_device, check_eval_dtype, check_evaluated_tasks, check_int, check_keys,
-    check_options, check_task_fit, check_task_list, check_text, did_you_mean,
+    check_options, check_spec_model, check_task_fit, check_task_list, check_text, did_you_mean,
 )
 from esft.experiments.yamlines import LineDict, LineList, SpecError, load_file
 
@@ -439,6 +439,7 @@ def _check_configs(ctx: SpecContext, spec: Spec) -> None:
     """Build every trainer config the experiment will use (each method x task x budget), so a value the config
     itself rejects (e.g. GRPO batch shapes that do not divide) fails here, at the method's line."""
     from esft.tracking import check_backends
+    from esft.validation import check_context
 
     built: dict[Any, Any] = {}
     for method in spec.methods:
@@ -449,6 +450,7 @@ def _check_configs(ctx: SpecContext, spec: Spec) -> None:
                     try:
                         config = spec.config(comp, task, spec.seeds[0], budget, output_dir="<check>")
                         check_task_fit(config, built)
+                        check_context(spec.model, config.generation_limits())  # a KV cache past any memory
                         check_backends(config.report_to)  # a tracker not installed, before the base model's eval
                         if len(method.budgets) > 1 and config.save_total_limit:
                             # the budgets share one run, snapshotted at each budget as a numbered checkpoint
@@ -457,19 +459,6 @@ def _check_configs(ctx: SpecContext, spec: Spec) -> None:
                     except (ValueError, TypeError, FileNotFoundError) as exc:  # a data file task that is not there
                         raise ctx.error(line, f"algorithms.{method.label} ({comp.algorithm}) on {task}: {exc}") \
                             from None
-
-
-def check_spec_model(spec: Spec) -> None:
-    """The spec's model is an embedded model, a model folder or a hub id (esft.validation), as `esft experiment
-    run` loads it; not part of parse_spec, since a runner given its own model loader may name anything."""
-    from esft.validation import check_model
-
-    try:
-        check_model("model", spec.model)
-    except ValueError as exc:
-        path = spec.path or "<spec>"
-        line = load_file(spec.path).line_of("model") if spec.path and Path(spec.path).is_file() else 0
-        raise SpecError(f"{path}:{line}: {exc}" if line else f"{path}: {exc}") from None
 
 
 def load_spec(path_or_name: str | Path) -> Spec:

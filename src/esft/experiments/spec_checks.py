@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import dataclasses
 import typing
+from pathlib import Path
 from typing import Any
 
 from esft.experiments.algorithms import Algorithm
-from esft.experiments.yamlines import LineDict, LineList, SpecError, plain
+from esft.experiments.yamlines import LineDict, LineList, SpecError, load_file, plain
 
 #: fields the experiment sets itself (esft.experiments.plan), never an option block
 RUNNER_FIELDS = ("model", "task", "seed", "output_dir", "resume", "noise_stream")
@@ -247,3 +248,21 @@ def check_evaluated_tasks(ctx: SpecContext, spec: Any, data: LineDict) -> None:
                     and "limit" in per_task[task] else block.line_of("limit")
                 raise ctx.error(limit_line, f"evaluation of {task} (balanced): limit {settings.limit} is not "
                                             f"accepted; expected {exc.accepted}") from None
+
+
+def check_spec_model(spec: Any) -> None:
+    """The spec's model is an embedded model, a model folder or a hub id (esft.validation), as `esft experiment
+    run` loads it, and the evaluation's completions fit its context; not part of parse_spec, since a runner given
+    its own model loader may name anything."""
+    from esft.validation import check_context, check_model
+
+    for key, check in (("model", lambda: check_model("model", spec.model)),
+                       ("evaluation", lambda: check_context(spec.model, {
+                           f"evaluation.max_new_tokens ({t})": spec.evaluation.for_task(t).max_new_tokens
+                           for t in spec.evaluation.all_tasks}))):
+        try:
+            check()
+        except ValueError as exc:
+            path = spec.path or "<spec>"
+            line = load_file(spec.path).line_of(key) if spec.path and Path(spec.path).is_file() else 0
+            raise SpecError(f"{path}:{line}: {exc}" if line else f"{path}: {exc}") from None

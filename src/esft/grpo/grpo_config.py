@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import importlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -168,6 +169,9 @@ class GRPOConfig(RunConfig):
             raise ConfigError("scale_rewards", self.scale_rewards, "'batch' or 'none' with class_balanced (a "
                               "per-group normalisation cancels a weight shared by the group's completions)")
 
+    def generation_limits(self) -> dict[str, int]:
+        return {"max_completion_length": self.max_completion_length}
+
     def check_task_fit(self, task: Any, name: str | None = None) -> None:
         from esft.validation import check_balanced_set, check_splits, require_labels
 
@@ -205,8 +209,6 @@ def transformers_name(enum: str, examples: str) -> Rule:
     """A value of transformers' enum `enum` ("training_args.OptimizerNames"), imported only to check one: TRL
     would refuse another only once the model has loaded."""
     def ok(value: Any) -> bool:
-        import importlib
-
         module, _, name = enum.rpartition(".")
         return value in {e.value for e in getattr(importlib.import_module(f"transformers.{module}"), name)}
 
@@ -222,8 +224,6 @@ def trl_loss_types() -> tuple[str, ...]:
     """The loss types the installed TRL supports, read from its GRPOConfig's `loss_type` help, so that a TRL which
     adds one is not refused; TRL_LOSS_TYPES where that help cannot be read. GRPOTrainer itself refuses an unknown
     type only at its first loss, after a generation round."""
-    import dataclasses
-
     try:
         from trl import GRPOConfig as TRLGRPOConfig
     except ImportError:
