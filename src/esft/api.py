@@ -124,20 +124,20 @@ def train_grpo(config: Any, **kwargs: Any) -> TrainResult:
 
 @contextlib.contextmanager
 def _script_resume_hint(task: Any, call: str) -> Iterator[None]:
-    """An interrupted run of a task object (None: a task string) that config.yaml cannot rebuild
+    """An interrupted or failed run of a task object (None: a task string) that config.yaml cannot rebuild
     (esft.tasks.custom.task_record) says to continue from the script, not with `esft train ... --resume`, which
     refuses such a task."""
-    from esft.rundir import RunInterrupted
+    from esft.rundir import RunFailed, RunInterrupted
     from esft.tasks.custom import task_spec
 
     try:
         yield
-    except RunInterrupted as exc:
+    except (RunInterrupted, RunFailed) as exc:
         if task is None or task_spec(task) is not None:
             raise
         again = (f"`{call}(config.replace(resume=True), task=...)` from this script, with the same task object "
                  "(config.yaml cannot rebuild it)")
-        raise RunInterrupted(re.sub(r"`esft train [^`]*`", lambda _: again, str(exc))) from None
+        raise type(exc)(re.sub(r"`esft train [^`]*`", lambda _: again, str(exc))) from exc.__cause__
 
 
 def _with_curve(result: TrainResult) -> TrainResult:

@@ -132,6 +132,11 @@ class NonFiniteError(RuntimeError):
     """A NaN or infinite fitness, update or loss: training stops before the bad weights are written."""
 
 
+class RunFailed(RuntimeError):
+    """An error after a run logged steps (a reward that raises on a new completion, say): a failure at run time
+    (exit code 1), whose message keeps the cause and says what is kept and how to continue once it is fixed."""
+
+
 class RunDirBusy(RuntimeError):
     """Another process holds the lock of a run (or experiment) directory."""
 
@@ -249,6 +254,35 @@ def occupied_error(folder: str | Path, algorithm: str) -> FileExistsError:
                                f"{algorithm.upper()} run")
     return FileExistsError(f"{folder} already holds a run: continue it with --resume (resume=True in Python) or "
                            "choose a new output_dir")
+
+
+def examples_digest(examples: Iterable[Any]) -> str | None:
+    """sha256 of a split's examples, in order (config.yaml's `_run.train_sha256`): the same on every machine;
+    None for examples holding values JSON cannot write (a task object's own types, whose text may hold an address)."""
+    import hashlib
+
+    try:
+        text = json.dumps(list(examples), sort_keys=True, ensure_ascii=False, allow_nan=True)
+    except (TypeError, ValueError):
+        return None
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def check_same_train_set(run_dir: str | Path, digest: str | None) -> None:
+    """Refuse to resume `run_dir` on train examples other than those it started on (`examples_digest`, recorded
+    in config.yaml by runs since esft recorded it): the resumed run would not continue the one it started."""
+    import yaml
+
+    try:
+        recorded = (yaml.safe_load((Path(run_dir) / "config.yaml").read_text()) or {}).get("_run", {})
+        recorded = recorded.get("train_sha256") if isinstance(recorded, dict) else None
+    except (OSError, AttributeError, yaml.YAMLError):  # no or unreadable config.yaml: the resume says so itself
+        return
+    if recorded and digest and recorded != digest:
+        raise ValueError(f"cannot resume {run_dir}: its train examples changed since it started (sha256 "
+                         f"{recorded[:12]}..., now {digest[:12]}...: a data file edited, or the task reading other "
+                         "rows), so the resumed run would not continue the one it started; restore the data, or "
+                         "start a new run in another --output-dir")
 
 
 def check_new_run(folder: str | Path, algorithm: str, resume: bool) -> None:

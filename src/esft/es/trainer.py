@@ -45,9 +45,10 @@ from esft.es.fitness import FitnessRule, as_fitness_rule
 from esft.evaluation import load_examples
 from esft.tasks.base import checks_format, format_bonus_warning
 from esft.tasks.custom import as_task
-from esft.rundir import (DISK_FULL, NonFiniteError, RunInterrupted, TrainResult, check_new_run, check_output_dir,
-                         demote_final, finished_line, held_out_fields, held_out_text, holds_run, occupied_error,
-                         peak_rss_mb, prune_checkpoints, resuming_line, say)
+from esft.rundir import (DISK_FULL, NonFiniteError, RunFailed, RunInterrupted, TrainResult, check_new_run,
+                         check_output_dir, check_same_train_set, demote_final, examples_digest, finished_line,
+                         held_out_fields, held_out_text, holds_run, occupied_error, peak_rss_mb, prune_checkpoints,
+                         resuming_line, say)
 from esft.run_undo import locked_run_folder
 from esft.tracking import Tracker, check_backends, open_tracker
 from esft.version import __version__
@@ -122,6 +123,8 @@ class ESTrainer:
         note = format_bonus_warning(task, config.format_bonus)
         if note is not None:
             warnings.warn(note, stacklevel=2)
+        if config.resume:  # other train examples than the run's: refused before the model loads
+            check_same_train_set(config.output_dir, examples_digest(task.load("train")))
         if model is None:
             from esft.models import load_model
 
@@ -192,7 +195,8 @@ class ESTrainer:
                 "torch_threads": torch.get_num_threads(),
                 # decides how fast the CPU rollouts run (docs/performance.md, "threads"); chosen at start-up
                 "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "OpenMP default"),
-                "train_examples": len(self.train_set), **self.precision.record()}
+                "train_examples": len(self.train_set), "train_sha256": examples_digest(self.train_set),
+                **self.precision.record()}
 
     def _prepare_dir(self) -> None:
         self.out.mkdir(parents=True, exist_ok=True)
@@ -436,6 +440,11 @@ class ESTrainer:
         except OSError as exc:
             self._raise_if_disk_full(exc)
             raise
+        except (ValueError, RuntimeError) as exc:
+            if self.step == 0 or isinstance(exc, NonFiniteError):  # nothing logged, or a message of its own
+                raise
+            raise RunFailed(f"{exc} (after {_logged(self.step)} in {self.out}, which are kept; once the cause is "
+                            f"fixed, continue with `esft train es --resume {self.out}`)") from exc
         finally:
             bar.close()
             if self._owns_executor:

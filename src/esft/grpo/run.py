@@ -42,7 +42,8 @@ from esft.grpo.interrupt import StepBoundary
 from esft.grpo.trl_trainer import TRAINER_STATE, EsftGRPOTrainer, TaskReward
 from esft.models import without_transformers_bars
 from esft.run_undo import locked_run_folder
-from esft.rundir import CHECKPOINTS, DISK_FULL, RunInterrupted, TrainResult, filter_jsonl, read_jsonl
+from esft.rundir import (CHECKPOINTS, DISK_FULL, NonFiniteError, RunFailed, RunInterrupted, TrainResult,
+                         filter_jsonl, read_jsonl)
 from esft.tasks.base import format_bonus_warning
 from esft.tasks.custom import as_task
 from esft.version import __version__
@@ -172,7 +173,7 @@ def _prepare_dir(out: Path, config: GRPOConfig) -> tuple[Path | None, int]:
 
 # ---- building blocks -----------------------------------------------------------------------------------------
 
-def _run_info(model: Any, config: GRPOConfig, precision: str, device: str, n_train: int,
+def _run_info(model: Any, config: GRPOConfig, precision: str, device: str, train_set: Sequence[Any],
               kl_reference: bool) -> dict[str, Any]:
     import transformers
     import trl
@@ -187,7 +188,8 @@ def _run_info(model: Any, config: GRPOConfig, precision: str, device: str, n_tra
             "num_params": sum(p.numel() for p in model.parameters()),
             "num_tensors": len(list(model.parameters())), "device": device, "kl_reference": kl_reference,
             "completions_per_step": config.completions_per_step,
-            "gradient_accumulation_steps": config.gradient_accumulation_steps, "train_examples": n_train,
+            "gradient_accumulation_steps": config.gradient_accumulation_steps, "train_examples": len(train_set),
+            "train_sha256": rundir.examples_digest(train_set),
             "torch": str(torch.__version__), "transformers": transformers.__version__, "trl": trl.__version__,
             "numpy": str(np.__version__), "esft": __version__, "python": platform.python_version(),
             "machine": platform.machine(),
@@ -276,11 +278,7 @@ def _train_locked(config: GRPOConfig, out: Path, model: Any, tokenizer: Any, tas
         from esft.tasks import get_task
 
         task = get_task(config.task, **config.task_kwargs())
-    train_set = task.load("train")
-    check_prompts_per_step(config, len(train_set))  # also for a task object, which check_task_fit never saw
-    note = format_bonus_warning(task, config.format_bonus)
-    if note is not None:
-        warnings.warn(note, stacklevel=3)
+    train_set = _train_set(config, out, task)
     if model is None:
         from esft.models import load_model
 
@@ -324,7 +322,7 @@ def _train_locked(config: GRPOConfig, out: Path, model: Any, tokenizer: Any, tas
         trainer.add_callback(cb)
 
     _write_config(config.replace(resume=False), out / "config.yaml",
-                  _run_info(model, config, precision, str(next(model.parameters()).device), len(train_set),
+                  _run_info(model, config, precision, str(next(model.parameters()).device), train_set,
                             trainer.kl_reference is not None))
     # an extended run (start < max_steps here): its last checkpoint is no longer final. Renamed only now, once
     # config.yaml holds the new max_steps: a failure before this leaves the finished run as it was
@@ -333,6 +331,19 @@ def _train_locked(config: GRPOConfig, out: Path, model: Any, tokenizer: Any, tas
     final = out / CHECKPOINTS / "final"
     return GRPOTrainResult(out, int(trainer.state.global_step), final if final.exists() else None,
                            evaluator.last if evaluator is not None else None, trainer)
+
+
+def _train_set(config: GRPOConfig, out: Path, task: Any) -> list[Any]:
+    """The task's train examples, checked before the model loads: the same as a resumed run's, enough for a step
+    (also for a task object, which check_task_fit never saw); the format bonus warned of where it does nothing."""
+    train_set = task.load("train")
+    if config.resume:
+        rundir.check_same_train_set(out, rundir.examples_digest(train_set))
+    check_prompts_per_step(config, len(train_set))
+    note = format_bonus_warning(task, config.format_bonus)
+    if note is not None:
+        warnings.warn(note, stacklevel=4)
+    return train_set
 
 
 def _demote_final(out: Path, max_steps: int, resume_from: Path | None) -> Path | None:
@@ -425,6 +436,12 @@ def _train_or_save(trainer: EsftGRPOTrainer, resume_from: Path | None, runlog: A
         raise RunInterrupted(
             f"interrupted with {finished} of {total} step{'s' * (total != 1)} finished{what}; continue from step "
             f"{cont} with `esft train grpo --resume --output-dir {trainer.run_dir}`") from None
+    except (ValueError, RuntimeError) as exc:
+        if not list_checkpoints(trainer.run_dir) or isinstance(exc, NonFiniteError):  # nothing to go on from
+            raise
+        raise RunFailed(f"{exc} (at step {trainer.state.global_step}; once the cause is fixed, continue from step "
+                        f"{_continue_step(trainer)} with `esft train grpo --resume --output-dir "
+                        f"{trainer.run_dir}`)") from exc
     finally:
         runlog.close_bar()
         try:
