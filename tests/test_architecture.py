@@ -25,7 +25,7 @@ LAYERS: dict[str, int] = {
     "esft.version": 0, "esft.config": 0, "esft.config_rules": 0, "esft.models": 0, "esft.tasks": 0, "esft.data": 0,
     "esft.rundir": 0, "esft.run_undo": 0,
     "esft.kernels": 0, "esft.passk": 0, "esft.tables": 0, "esft.paper": 0, "esft.tracking": 0, "esft.validation": 0,
-    "esft.names": 0, "esft.saved_config": 0, "esft.passk_figure": 0, "esft.figure_marks": 0,
+    "esft.names": 0, "esft.saved_config": 0, "esft.passk_figure": 0, "esft.figure_marks": 0, "esft.yaml_keys": 0,
     # 1 generation (one decode loop) and evaluation on top of it
     "esft.generation": 1, "esft.evaluation": 1,
     # 2 ES core (noise, strategy, fitness rules, local executor, trainer loop) and GRPO (on TRL)

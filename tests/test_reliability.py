@@ -199,6 +199,9 @@ def test_bad_grpo_batch_is_an_error_not_a_zero_division(tmp_path, capsys, no_mod
     ("sigmaa: 0.1\n", None, ["unknown option", "did you mean sigma"]),
     ("sigma: 0.01\npreset: gpu\n", 2, ["preset = 'gpu'", "cpu-countdown"]),
     ("task: boolq\ntask_options: {max_chars: 3}\n", 2, ["task_options", "max_chars"]),
+    # PyYAML keeps the last of a repeated key silently: the run would use a sigma its author did not read
+    ("sigma: 0.001\npopulation_size: 4\nsigma: 0.002\n", 3, ["duplicate key 'sigma' (first on line 1)"]),
+    ("task_options:\n  reward: exact\n  reward: math\n", 3, ["duplicate key 'reward' (first on line 2)"]),
 ])
 def test_bad_yaml_config_names_file_and_line(tmp_path, capsys, no_model_load, text, line, words):
     cfg = tmp_path / "run.yaml"

@@ -28,6 +28,7 @@ import yaml
 
 from esft.config_rules import Rule
 from esft.names import close_names
+from esft.yaml_keys import repeated_key
 
 T = TypeVar("T", bound="ConfigHooks")
 
@@ -379,6 +380,11 @@ def load_yaml_lines(path: str | Path) -> tuple[dict[str, Any], dict[str, int]]:
         return {}, {}
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a mapping of option: value at the top level, got {type(data).__name__}")
+    twice = repeated_key(node)  # esft.yaml_keys
+    if twice is not None:
+        key, first, line = twice
+        raise ValueError(f"{path}:{line}: duplicate key {key!r} (first on line {first}); YAML would keep only the "
+                         "last value: remove one")
     lines = {}
     if isinstance(node, yaml.MappingNode):
         lines = {str(k.value): k.start_mark.line + 1 for k, _ in node.value}
