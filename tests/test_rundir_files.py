@@ -556,3 +556,20 @@ def test_prune_deletes_only_numbered_checkpoints_and_nothing_at_limit_zero(tmp_p
     gone = prune_checkpoints(list_checkpoints(tmp_path, "es_state.json"), 1)
     assert [p.name for p in gone] == ["iter_000002"]
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["best", "final", "iter_000003"]
+
+
+def test_a_checkpoint_folder_moved_into_place_takes_the_umasks_modes(tmp_path):
+    """safetensors writes the weights 0600: in a run folder shared with a group they were the one file that its
+    other readers could not read, and an export gave them 0644."""
+    src, dst = tmp_path / "tmp", tmp_path / "ckpt"
+    (src / "sub").mkdir(parents=True)
+    for name in ("model.safetensors", "sub/x.json"):
+        (src / name).write_text("w")
+        os.chmod(src / name, 0o600)
+    old = os.umask(0o027)
+    try:
+        replace_dir(src, dst)
+    finally:
+        os.umask(old)
+    assert {p.name: p.stat().st_mode & 0o777 for p in dst.rglob("*") if p.is_file()} == {
+        "model.safetensors": 0o640, "x.json": 0o640}

@@ -388,7 +388,14 @@ def checkpoint_name(step: int) -> str:
 
 def replace_dir(src: Path, dst: Path) -> None:
     """Move the complete folder `src` to `dst`, replacing any folder there: the old one is renamed aside first
-    and deleted last, so at every moment either the old or the new `dst` is complete (ES and GRPO checkpoints)."""
+    and deleted last, so at every moment either the old or the new `dst` is complete (ES and GRPO checkpoints).
+    Its files take the modes of any new file (the umask's), as the files beside them have: safetensors writes the
+    weights 0600, readable by their owner only."""
+    umask = os.umask(0)
+    os.umask(umask)
+    for folder, _, names in os.walk(src):
+        for name in names:
+            os.chmod(os.path.join(folder, name), 0o666 & ~umask)
     dst.parent.mkdir(parents=True, exist_ok=True)
     if dst.exists():
         old = dst.with_name(f".old_{dst.name}")
