@@ -140,6 +140,30 @@ def test_esft_warnings_print_as_one_line():
     assert warnings.formatwarning is default
 
 
+def test_an_esft_warning_of_the_same_text_prints_once_per_command():
+    """A reward that scores no gold answer was warned of twice, word for word: once by the check before the model
+    loads and once by the run building its task; warnings of other text, and other libraries', all print. In a
+    fresh interpreter: pytest records warnings instead of printing them."""
+    import subprocess
+    import sys
+
+    script = """
+import warnings
+import esft.cli_process as cp
+here = cp.__file__
+warnings.simplefilter("always")
+for _ in range(2):  # two commands in one process: each prints its warnings
+    with cp.plain_warnings(False):
+        for text, where, line in (("no row scored", here, 1), ("no row scored", here, 2), ("1 of 1", here, 3),
+                                  ("2 of 2", here, 3), ("lib", "/site-packages/torch/x.py", 4),
+                                  ("lib", "/site-packages/torch/x.py", 5)):
+            warnings.warn_explicit(text, UserWarning, where, line)
+"""
+    err = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stderr
+    assert err.count("esft: warning: no row scored") == 2 and err.count("esft: warning: 1 of 1") == 2
+    assert err.count("esft: warning: 2 of 2") == 2 and err.count("UserWarning: lib") == 4
+
+
 @pytest.mark.parametrize("source, command", [
     ("docs/results/cpu-study/grpo-lr5e-6", ["train", "es", "--resume", "{dir}"]),
     ("docs/results/cpu-study/main-job-2026-12-03", ["train", "grpo", "--resume", "--output-dir", "{dir}"]),

@@ -79,7 +79,13 @@ def test_export_refuses_a_full_folder_and_a_run_without_checkpoints(es_run, tmp_
     assert main(["export", str(run), "--to", str(full)]) == 2
     assert "not empty" in capsys.readouterr().err
     assert main(["export", str(tmp_path / "nothing"), "--to", str(tmp_path / "o")]) == 2
+    assert f"{tmp_path / 'nothing'} does not exist: expected a run directory or a model folder" in \
+        capsys.readouterr().err  # a mistyped path was told "no checkpoint to export", as if the run had none
+    (tmp_path / "empty").mkdir()
+    assert main(["export", str(tmp_path / "empty"), "--to", str(tmp_path / "o")]) == 2
     assert "no checkpoint" in capsys.readouterr().err
+    assert main(["export", str(full / "x"), "--to", str(tmp_path / "o")]) == 2
+    assert "is a file, not a run directory or a model folder" in capsys.readouterr().err
 
 
 def test_overwrite_replaces_the_folder_without_stale_files(es_run, tmp_path):

@@ -12,23 +12,33 @@ from typing import Any, Iterator, Sequence
 @contextlib.contextmanager
 def plain_warnings(debug: bool) -> Iterator[None]:
     """esft's own warnings (a format bonus with no effect, lanes lowered for memory, ...) print as one line,
-    `esft: warning: ...`, not with Python's file:line and source line, which read like a traceback to a user;
+    `esft: warning: ...`, not with Python's file:line and source line, which read like a traceback to a user, and
+    each text once (a check before the model loads and the run itself may warn of the same thing from two places);
     other libraries' warnings keep Python's format, and --debug keeps it for all."""
     import warnings
 
-    default = warnings.formatwarning
+    default, show = warnings.formatwarning, warnings.showwarning
     package = str(Path(__file__).resolve().parent)
+    shown: set[str] = set()
+
+    def ours(filename: str) -> bool:
+        return not debug and str(Path(filename).resolve()).startswith(package)
 
     def plain(message: Any, category: type, filename: str, lineno: int, line: str | None = None) -> str:
-        if debug or not str(Path(filename).resolve()).startswith(package):
-            return default(message, category, filename, lineno, line)
-        return f"esft: warning: {message}\n"
+        return f"esft: warning: {message}\n" if ours(filename) else default(message, category, filename, lineno, line)
 
-    warnings.formatwarning = plain
+    def once(message: Any, category: type, filename: str, lineno: int, *args: Any, **kwargs: Any) -> None:
+        if ours(filename):
+            if str(message) in shown:
+                return
+            shown.add(str(message))
+        show(message, category, filename, lineno, *args, **kwargs)
+
+    warnings.formatwarning, warnings.showwarning = plain, once
     try:
         yield
     finally:
-        warnings.formatwarning = default
+        warnings.formatwarning, warnings.showwarning = default, show
 
 
 def as_typed(message: str, words: Sequence[str]) -> str:

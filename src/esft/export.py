@@ -47,6 +47,9 @@ def find_checkpoint(run: str | Path) -> Path:
     """The checkpoint to export: RUN itself when it is a model folder, else RUN/checkpoints/final, else the latest
     numbered checkpoint (`iter_XXXXXX`, as both trainers name them: a run stopped before its final one)."""
     run = Path(run)
+    if not run.is_dir():
+        raise FileNotFoundError(f"{run} {'is a file, not' if run.exists() else 'does not exist: expected'} a run "
+                                "directory or a model folder")
     if (run / "config.json").exists():
         return run
     root = run / CHECKPOINTS
