@@ -337,3 +337,15 @@ def test_fixed_rule_baselines_of_no_examples_is_a_clear_error():
 
     with pytest.raises(ValueError, match="no examples"):
         fixed_rule_baselines([])
+
+
+def test_a_variant_with_too_few_puzzles_for_a_split_names_the_options_that_decide_it():
+    """`countdown:numbers=2,max_number=1` was refused with only "its test split is empty"."""
+    from esft.tasks import get_task
+    from esft.validation import check_splits
+
+    task = get_task("countdown:numbers=2,max_number=1")
+    with pytest.raises(ValueError, match=r"its test split is empty; numbers=2, min_number=1 and max_number=1 allow "
+                                         r"too few distinct puzzles for a test split .*widen min_number\.\.max_number"):
+        check_splits("tasks", "countdown:numbers=2,max_number=1", task, ("test",))
+    assert get_task("countdown").why_empty("test") == ""

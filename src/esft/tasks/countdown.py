@@ -116,6 +116,17 @@ class CountdownTask(Task):
             rows = generate_countdown(self.generated_size, self.generated_seed, exclude=test_keys)
         return [dict(r, nums=list(r["nums"])) for r in rows]  # fresh copies: callers may mutate examples
 
+    def why_empty(self, split: str) -> str:
+        """A variant's split is empty when its numbers allow too few distinct puzzles (test puzzles are kept out of
+        train): the options that decide it."""
+        if not self._variant:
+            return ""
+        low, high = self.numbers if isinstance(self.numbers, tuple) else (self.numbers, self.numbers)
+        numbers = low if low == high else f"{low}..{high}"
+        return (f"numbers={numbers}, min_number={self.min_number} and max_number={self.max_number} allow too "
+                f"few distinct puzzles for a {split} split (each split's puzzles are kept out of the other's): "
+                "widen min_number..max_number, or use more numbers")
+
     def _user_turn(self, nums: list[int], target: int) -> str:
         ops = " ".join(self.ops) if self._variant else "+ - * /"
         ops = ops if len(ops) == 1 else f"{ops} and parentheses"  # one operator needs no grouping
