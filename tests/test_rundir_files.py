@@ -360,8 +360,11 @@ def test_export_prefers_final_then_the_highest_numbered_checkpoint(tmp_path):
     model_folder(root / "final")
     assert find_checkpoint(tmp_path / "run") == root / "final"
     assert find_checkpoint(root / "checkpoint-2") == root / "checkpoint-2"  # a model folder is its own checkpoint
+    (tmp_path / "empty").mkdir()
     with pytest.raises(FileNotFoundError, match="no checkpoint"):
         find_checkpoint(tmp_path / "empty")
+    with pytest.raises(FileNotFoundError, match="missing does not exist"):
+        find_checkpoint(tmp_path / "missing")
 
 
 def test_checkpoint_step_and_run_dir_of_a_checkpoint(tmp_path):

@@ -245,6 +245,13 @@ def test_a_misspelt_model_name_is_refused_at_its_line(tmp_path):
         check_spec_model(spec)
 
 
+def test_a_budget_of_zero_is_refused_alone_as_in_a_list(tmp_path):
+    """`iterations: [0, 2]` was refused while `iterations: 0` planned a stage "es to 0" that trains nothing."""
+    for budget in ("0", "[0, 2]"):
+        with pytest.raises(SpecError, match=r":6: .*iterations.* (must be >= 1|expected an integer >= 1)"):
+            load_spec_text(tmp_path, _edit("    iterations: 2\n", f"    iterations: {budget}\n"))
+
+
 def test_completions_longer_than_the_models_context_are_refused_at_their_line(tmp_path):
     """A max_new_tokens past the model's context (8192 for SmolLM2) allocated a KV cache of tens of GB and died
     once the model had loaded; --dry-run passed it."""

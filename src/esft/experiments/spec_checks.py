@@ -196,6 +196,9 @@ def check_options(ctx: SpecContext, block: LineDict, algo: Algorithm, where: str
             converted = coerce(algo.config_cls, {name: report_to_text(plain(value)) if name == "report_to" else value},
                                where)[name]
             check_value(algo.config_cls, name, converted)
+            if name == algo.budget_field and converted == 0:  # as in a budget list: the base stage is that model
+                raise ConfigError(name, converted, "an integer >= 1 (an experiment evaluates the base model in its "
+                                                   "own stage: a stage of 0 would only repeat it)")
         except ConfigError as exc:
             raise ctx.error(line, f"{where}.{key} = {exc.value!r} is not accepted; expected {exc.accepted}") \
                 from None
