@@ -114,8 +114,15 @@ def test_accuracy_lines_are_unclipped_and_empty_panels_say_why(tmp_path):
 def test_figure_of_a_grpo_run_shows_its_reward_per_step(tmp_path):
     lines = [{"kind": "train", "step": s, "reward": {"mean": 0.2 * s, "min": 0.0, "max": 1.0}} for s in (1, 2)]
     train_ax, _ = curve.run_figure(_run(tmp_path / "grpo", lines)).axes
-    assert train_ax.get_xlabel() == "optimizer step"
+    assert train_ax.get_xlabel() == "step (updates applied)"
     assert [line.get_label() for line in train_ax.get_lines()] == ["reward mean"]  # no format rate logged
+    # step s's completions came from the weights of s - 1 updates, as an ES batch at iteration s - 1 (which was
+    # plotted one step to its left); with num_iterations 2, a round's two steps share the round's first weights
+    assert list(train_ax.get_lines()[0].get_xdata()) == [0, 1]
+    run = _run(tmp_path / "mu", [dict(line, step=s) for s, line in zip((1, 2, 3, 4), lines * 2)])
+    (run / "config.yaml").write_text("algorithm: grpo\nnum_iterations: 2\n")
+    train_ax, _ = curve.run_figure(run).axes
+    assert list(train_ax.get_lines()[0].get_xdata()) == [0, 0, 2, 2]
 
 
 def test_main_prints_the_summary_and_writes_the_figure(tmp_path, capsys):
@@ -176,7 +183,7 @@ def test_summary_of_a_grpo_run_names_its_reward(tmp_path):
     assert s["reward_mean_first"] == pytest.approx(0.4) and s["reward_mean_last"] == pytest.approx(0.6)
     assert s["format_rate_first"] == pytest.approx(0.2) and s["format_rate_last"] == pytest.approx(0.3)
     train_ax, _ = curve.run_figure(tmp_path / "grpo").axes
-    assert list(train_ax.get_lines()[0].get_xdata()) == [2, 3]  # the step without a reward is left out
+    assert list(train_ax.get_lines()[0].get_xdata()) == [1, 2]  # the step without a reward is left out
     assert train_ax.get_title() == "train batch (sampled completions)"
 
 

@@ -154,7 +154,7 @@ def test_both_panels_name_their_x_axis_and_the_algorithms_population(tmp_path):
     grpo = [{"kind": "train", "step": s, "reward": {"mean": 0.5, "min": 0.0, "max": 1.0}} for s in (1, 2)]
     grpo += [{"kind": "eval", "step": 2, "test_n": 8, "test_accuracy": 0.5, "test_ci95": [0.2, 0.8]}]
     grpo_train, grpo_heldout = curve.run_figure(_run(tmp_path / "grpo", grpo)).axes
-    assert grpo_train.get_xlabel() == grpo_heldout.get_xlabel() == "optimizer step"
+    assert grpo_train.get_xlabel() == grpo_heldout.get_xlabel() == "step (updates applied)"
     assert grpo_train.get_title() == "train batch (sampled completions)" and grpo_heldout.get_title() == "model"
     assert "min-max over completions" in grpo_train.get_legend_handles_labels()[1]
 
@@ -185,16 +185,17 @@ def test_a_grpo_run_is_drawn_in_the_studys_grpo_red_and_an_es_run_in_es_blue(tmp
     assert to_rgba(train_ax.get_lines()[0].get_color()) == to_rgba("tab:blue")
 
 
-def test_es_batches_sit_at_the_updates_before_them_and_grpo_steps_at_their_step(tmp_path):
+def test_es_batches_and_grpo_steps_sit_at_the_updates_before_them(tmp_path):
     """An ES iteration logged at step 1 scored members around the base model (0 updates), as the held-out point at
-    0 did; a GRPO step's completions may come from a generation several steps earlier, so it keeps its step."""
+    0 did; so did GRPO's step 1, whose completions the base model sampled (it was drawn at 1, one step to the right
+    of the ES batch it is compared with)."""
     es = [{"kind": "train", "step": s, "fitness": {"mean": 0.1, "min": 0.0, "max": 0.2}} for s in (1, 2, 3)]
     train_ax, _ = curve.run_figure(_run(tmp_path / "es", es)).axes
     assert list(train_ax.get_lines()[0].get_xdata()) == [0, 1, 2]
     assert train_ax.get_xlabel() == "iteration (updates applied)"
     grpo = [{"kind": "train", "step": s, "reward": {"mean": 0.1, "min": 0.0, "max": 0.2}} for s in (1, 2, 3)]
     train_ax, _ = curve.run_figure(_run(tmp_path / "grpo", grpo)).axes
-    assert list(train_ax.get_lines()[0].get_xdata()) == [1, 2, 3]
+    assert list(train_ax.get_lines()[0].get_xdata()) == [0, 1, 2]
 
 
 def test_a_one_iteration_run_shows_its_min_max_range_and_format_rate(tmp_path):

@@ -442,7 +442,7 @@ def test_the_learning_curve_reads_a_grpo_run(run, monkeypatch):
     assert path.stat().st_size > 1000
     assert ("matplotlib.pyplot" in sys.modules) == had_pyplot
     train_axis = drawn[0][0]
-    assert train_axis.get_xlabel() == "optimizer step"
+    assert train_axis.get_xlabel() == "step (updates applied)"
     assert [line.get_label() for line in train_axis.get_lines()][0] == "reward mean"
     assert list(train_axis.get_lines()[0].get_ydata()) == [m["reward"]["mean"] for m in run["metrics"]]
 

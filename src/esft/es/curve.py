@@ -307,10 +307,10 @@ def plot_run(run_dir: str | Path, path: str | Path | None = None) -> Path:
 
 
 def run_figure(run_dir: str | Path) -> Any:
-    """Two panels: train fitness per iteration (mean and min-max band, each ES batch at the number of updates
-    applied before it, as the held-out point of the same weights; a GRPO run's reward per step) and held-out
-    accuracy with its 95% CI, beside the held-out examples' constant-answer baseline (band: its 95% CI) when it
-    is known. The held-out panel's axis is held to [0, 1]: autoscaled, a flat curve (0.50 to 0.51) would fill the
+    """Two panels: train fitness per iteration (mean and min-max band, each batch at the number of updates
+    applied to the weights that sampled it, as the held-out point of the same weights; a GRPO run's reward per
+    step) and held-out accuracy with its 95% CI, beside the held-out examples' constant-answer baseline (band: its
+    95% CI) when it is known. The held-out panel's axis is held to [0, 1]: autoscaled, a flat curve (0.50 to 0.51) would fill the
     panel and read as large swings. A matplotlib Figure (not registered with pyplot)."""
     # a Figure without pyplot: no backend is switched, no figure of the caller's (a notebook's) is touched
     from matplotlib.figure import Figure
@@ -328,9 +328,11 @@ def run_figure(run_dir: str | Path) -> Any:
     who = "members" if es else "completions"
     colour = METHOD_COLORS["es" if es else "grpo"]  # the study's colours, as in the report's figures
     if train:
-        # an ES batch is scored around the weights before its update: at its `iteration` (step - 1) it sits above
-        # the held-out point of the same weights; a GRPO step's samples may come from several steps before it
-        steps = [m["step"] - 1 if es else m["step"] for m in train]
+        # a batch sits at the number of updates applied to the weights that sampled it, above the held-out point
+        # of the same weights: an ES batch at its `iteration` (step - 1); a GRPO step's completions at the start of
+        # their generation round (num_iterations updates per generated batch), which a step-1 ES batch shares
+        mu = int((cfg or {}).get("num_iterations") or 1) if not es else 1
+        steps = [(m["step"] - 1) - (m["step"] - 1) % mu for m in train]
         ax1.plot(steps, [m[key]["mean"] for m in train], marker="o", color=colour, label=mean_name)
         low, high = [m[key]["min"] for m in train], [m[key]["max"] for m in train]
         if len(steps) > 1:
@@ -342,7 +344,7 @@ def run_figure(run_dir: str | Path) -> Any:
             # a line through one step draws nothing: its point is marked
             ax1.plot(steps, [m["format_rate"] for m in train], ls="--", marker="x" if len(steps) == 1 else "",
                      color="tab:orange", label="format rate")
-    xlabel = "iteration (updates applied)" if es else "optimizer step"
+    xlabel = "iteration (updates applied)" if es else "step (updates applied)"
     ax1.set_xlabel(xlabel)
     ax1.set_ylabel(ylabel)
     ax1.set_title("train batch (perturbed members)" if es else "train batch (sampled completions)")
