@@ -377,3 +377,21 @@ def test_a_first_evaluation_on_other_examples_says_so_in_the_accuracy_table(tmp_
     rows = T.accuracy_rows([R.load_run(resumed), R.load_run(same)], lambda x: x.name)
     assert rows[0][3] == "25.0% (step 0; other examples, n=4)"
     assert rows[1][3] == "25.0% (step 0)"
+
+
+def test_experiment_budget_tracks_of_a_seed_all_pair_with_its_first_grpo_chain(tmp_path):
+    """Named tracks keep the study's rule, whatever the text order of their budgets (es@100 and es@300 both against
+    grpo@200, not es@300 against grpo@50 because "grpo@200" sorts first); unnamed runs of a seed each take their own
+    GRPO run."""
+    def named(algorithm, name):
+        c = chain(algorithm, 1, tmp_path)
+        c.name = name
+        return c
+
+    es = [named("es", "es@100"), named("es", "es@300")]
+    grpo = [named("grpo", "grpo@200"), named("grpo", "grpo@50")]
+    assert [(p.es.name, p.grpo.name) for p in R.build_pairs(es + grpo)] == [("es@100", "grpo@200"),
+                                                                            ("es@300", "grpo@200")]
+    runs = [chain("es", 1, tmp_path), chain("es", 1, tmp_path), chain("grpo", 1, tmp_path), chain("grpo", 1, tmp_path)]
+    assert [(id(p.es), id(p.grpo)) for p in R.build_pairs(runs)] == [(id(runs[0]), id(runs[2])),
+                                                                     (id(runs[1]), id(runs[3]))]

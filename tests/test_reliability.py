@@ -335,6 +335,7 @@ def test_eval_unknown_split_is_refused_before_the_model_loads(capsys, no_model_l
 @pytest.mark.parametrize("argv, key", [
     (["eval", "--tasks", "boolq", "--limit", "1", "--max-new-tokens", "8193"], "max_new_tokens"),
     (["train", "grpo", "--preset", "cpu", "--max-completion-length", "100000000"], "max_completion_length"),
+    (["train", "grpo", "--preset", "cpu", "--eval-every", "5", "--eval-max-new-tokens", "9000"], "eval_max_new_tokens"),
 ])
 def test_completions_past_the_models_context_are_refused_before_it_loads(tmp_path, capsys, no_model_load, argv,
                                                                          key):

@@ -17,7 +17,7 @@ from es_tiny import one_thread  # noqa: F401  (autouse: tiny matmuls on one thre
 from analysis_runs import make_base, make_es_run, make_grpo_run
 from esft.analysis.report_builder import ReportConfig, build_report
 from esft.analysis.report_context import ReportContext, task_names
-from esft.tasks.base import shown_task
+from esft.tasks.display import shown_task
 
 
 @pytest.mark.parametrize("spec,shown", [
@@ -25,12 +25,22 @@ from esft.tasks.base import shown_task
     ("/home/me/data/sums.csv.gz:prompt_field=q,test_file=/home/me/data/test.jsonl", "sums.csv.gz:prompt_field=q,"
                                                                                      "test_file=test.jsonl"),
     ("data/sums.TSV:reward=my_rewards:correct_sum", "sums.TSV:reward=my_rewards:correct_sum"),
-    ("/a/x.jsonl,/b/y.json", "x.jsonl,y.json"),
+    ("/runs/lr=0.1/sums.jsonl", "sums.jsonl"), ("/data/a,b/s.csv", "s.csv"),
+    ("/x/s.jsonl:system_prompt=see a/b.csv", "s.jsonl:system_prompt=see a/b.csv"),
     ("boolq", "boolq"), ("countdown:ops=+", "countdown:ops=+"), ("pkg.mod:MyTask", "pkg.mod:MyTask"),
     ("owner/dataset:main", "owner/dataset:main"), ("/a/b.jsonl.bak", "/a/b.jsonl.bak"),
 ])
 def test_a_task_string_shows_each_data_file_by_its_name(spec, shown):
     assert shown_task(spec) == shown
+
+
+def record_prompt_field(config_yaml) -> None:
+    """The option the rows need, as the CLI's --prompt-field records it in the run's config.yaml."""
+    import yaml
+
+    data = yaml.safe_load(config_yaml.read_text())
+    data["task_options"] = {"prompt_field": "q"}
+    config_yaml.write_text(yaml.safe_dump(data))
 
 
 @pytest.fixture(scope="module")
@@ -45,8 +55,8 @@ def two_pairs(tmp_path_factory, tokenizer):
     for side, alpha, scale in (("a", 0.01, 1e-3), ("b", 0.04, 5e-3)):
         make_es_run(root / side, base, steps=2, alpha=alpha, task=str(data))
         make_grpo_run(root / side, base, steps=2, task=str(data), scale=scale)
-    for cfg in root.glob("*/*/config.yaml"):  # the option the rows need, as the CLI's --prompt-field records it
-        cfg.write_text(cfg.read_text() + "task_options:\n  prompt_field: q\n")
+    for cfg in root.glob("*/*/config.yaml"):
+        record_prompt_field(cfg)
     return root, data
 
 
@@ -104,7 +114,7 @@ def test_an_experiment_stage_of_a_data_task_is_keyed_as_its_runs_recorded_it(tmp
     exp = tmp_path / "exp"
     base = make_base(exp, tokenizer, hidden=16)
     run = make_es_run(exp / "s1", base, steps=1, task=str(data))
-    (run / "config.yaml").write_text((run / "config.yaml").read_text() + "task_options:\n  prompt_field: q\n")
+    record_prompt_field(run / "config.yaml")
     (exp / "s1" / "result.json").write_text(json.dumps({
         "key": "s1", "kind": "train", "seed": 42, "track": "es", "task": "sums.jsonl", "parent": None,
         "model": "s1/es/checkpoints/final",
@@ -167,3 +177,7 @@ def test_a_run_that_logged_nothing_yet_is_listed_under_runs(two_pairs, tmp_path)
                         progress=False).read_text()
     assert "- `stopped`: nothing logged yet (a run stopped before its first iteration ended)" in text
     assert "my-configs" not in text
+    ctx = ReportContext(ReportConfig(dir=str(root), output_dir=str(tmp_path / "r"), exclude=["stop"]),
+                        progress=False)
+    ctx.discover()
+    assert ctx.unstarted == []  # --exclude leaves it out as it would a run that logged

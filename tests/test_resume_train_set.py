@@ -55,8 +55,16 @@ def test_a_resume_on_edited_train_data_is_refused_before_the_model_loads(tiny_di
     def refuse(*args, **kwargs):
         raise AssertionError("a model was loaded before the train examples were compared")
 
+    def files():
+        return {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+
+    if algorithm == "grpo":  # a step logged after the last checkpoint, which preparing a resume cuts away
+        with open(out / "metrics.jsonl", "a") as fh:
+            fh.write(json.dumps({"kind": "train", "step": 2, "reward": {"mean": 0.0, "min": 0.0, "max": 0.0}}) + "\n")
+    before = files()
     monkeypatch.setattr("esft.models.load_model", refuse)
     assert main(resume) == 2
+    assert files() == before  # refused before the folder was touched (GRPO's logs were cut to its checkpoint)
     err = capsys.readouterr().err
     assert f"cannot resume {out}: its train examples changed since it started (sha256 {recorded[:12]}..." in err
     assert "restore the data, or start a new run in another --output-dir" in err
@@ -105,3 +113,17 @@ def test_an_error_after_logged_steps_says_what_is_kept_and_how_to_continue(tiny_
     assert f"esft: error: reward 'my:reward' raised RuntimeError: the service is down {hint}" in err
     monkeypatch.undo()
     assert main(resume) == 0 and (out / "checkpoints" / "final").is_dir()
+
+
+def test_a_failed_experiment_stage_says_to_run_the_experiment_again():
+    """Inside an experiment the trainer's `esft train es --resume RUN` would bypass it (the runner replaces the hint
+    of an interrupt likewise); the cause is kept for the stage's traceback."""
+    from esft.rundir import RunFailed
+
+    cause = ValueError("reward raised")
+    exc = RunFailed("reward raised (after 2 iterations are logged in r, which are kept; once the cause is fixed, "
+                    "continue with `esft train es --resume r`)")
+    exc.__cause__ = cause
+    again = exc.resumed_by("running the same command again")
+    assert str(again).endswith("once the cause is fixed, continue with running the same command again)")
+    assert again.__cause__ is cause and isinstance(again, RunFailed)

@@ -258,7 +258,7 @@ def test_completions_longer_than_the_models_context_are_refused_at_their_line(tm
     from esft.experiments.spec import check_spec_model
 
     spec = load_spec_text(tmp_path, _edit("  limit: 3\n", "  limit: 3\n  max_new_tokens: 100000000\n"))
-    with pytest.raises(SpecError, match=re.escape(f"{tmp_path / 'spec.yaml'}:9: evaluation.max_new_tokens "
+    with pytest.raises(SpecError, match=re.escape(f"{tmp_path / 'spec.yaml'}:11: evaluation.max_new_tokens "
                                                   "(countdown) = 100000000 is not accepted; expected an integer from 1 "
                                                   "to 8192, the context length of model smollm2-135m")):
         check_spec_model(spec)

@@ -81,6 +81,8 @@ class RunConfig(ConfigHooks):
     run_name: str | None
     #: what each field accepts beyond its type (`check_fields`); each config module sets its own
     rules: typing.ClassVar[Mapping[str, "Rule"]] = {}
+    #: the fields that bound a completion's tokens (`generation_limits`)
+    generation_fields: typing.ClassVar[tuple[str, ...]] = ()
 
     def tracking_name(self) -> str:
         """The run's name in trackers (TensorBoard, wandb, trackio): run_name, else its folder's name (of the folder
@@ -98,9 +100,9 @@ class RunConfig(ConfigHooks):
         the task as the user named it (`task_checks`)."""
 
     def generation_limits(self) -> dict[str, int]:
-        """{config key: the most tokens a completion may generate}, checked against the model's context length
-        before it loads (esft.validation.check_names); none by default."""
-        return {}
+        """{config key: the most tokens a completion may generate} of the `generation_fields` set, checked against
+        the model's context length before it loads (esft.validation.check_names)."""
+        return {f: getattr(self, f) for f in self.generation_fields if getattr(self, f)}
 
     def task_kwargs(self) -> dict[str, Any]:
         """Keyword options of the task's constructor: task_options, plus the passage cut where it applies

@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from esft.rundir import CHECKPOINTS, lock_held, read_jsonl, replace_dir
+from esft.rundir import CHECKPOINTS, current_umask, lock_held, read_jsonl, replace_dir
 from esft.tasks.labels import summaries_score_name
 
 #: files of a Hugging Face model folder (exact names, then suffixes)
@@ -245,9 +245,7 @@ def export_run(run: str | Path, to: str | Path, overwrite: bool = False) -> Expo
     staging = Path(tempfile.mkdtemp(prefix=f".{to.name}.", dir=to.parent))
     # a folder to share takes the modes of any new folder and file (the umask's), not mkdtemp's private 0700 nor
     # the 0600 that safetensors gives the weights it writes
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(staging, 0o777 & ~umask)
+    os.chmod(staging, 0o777 & ~current_umask())
     try:
         for p in files:
             shutil.copyfile(p, staging / p.name)

@@ -136,6 +136,15 @@ class RunFailed(RuntimeError):
     """An error after a run logged steps (a reward that raises on a new completion, say): a failure at run time
     (exit code 1), whose message keeps the cause and says what is kept and how to continue once it is fixed."""
 
+    def resumed_by(self, how: str) -> "RunFailed":
+        """This failure with its `esft train ... --resume` command replaced by `how` (an experiment resumes its
+        stages itself), caused by the same error."""
+        import re
+
+        again = RunFailed(re.sub(r"`esft train [^`]*`", how, str(self)))
+        again.__cause__ = self.__cause__
+        return again
+
 
 class RunDirBusy(RuntimeError):
     """Another process holds the lock of a run (or experiment) directory."""
@@ -386,16 +395,30 @@ def checkpoint_name(step: int) -> str:
     return f"iter_{step:06d}"
 
 
+def current_umask() -> int:
+    """This process's umask, read from /proc where Linux shows it; else by setting it and back, which leaves it 0
+    for an instant (a file another thread creates then would be writable by all)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as fh:
+            return next(int(line.split()[1], 8) for line in fh if line.startswith("Umask:"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        umask = os.umask(0)
+        os.umask(umask)
+        return umask
+
+
 def replace_dir(src: Path, dst: Path) -> None:
     """Move the complete folder `src` to `dst`, replacing any folder there: the old one is renamed aside first
     and deleted last, so at every moment either the old or the new `dst` is complete (ES and GRPO checkpoints).
     Its files take the modes of any new file (the umask's), as the files beside them have: safetensors writes the
     weights 0600, readable by their owner only."""
-    umask = os.umask(0)
-    os.umask(umask)
+    umask = current_umask()
     for folder, _, names in os.walk(src):
         for name in names:
-            os.chmod(os.path.join(folder, name), 0o666 & ~umask)
+            try:
+                os.chmod(os.path.join(folder, name), 0o666 & ~umask)
+            except OSError:  # a file of another user's (a shared run folder): its modes are theirs to keep
+                pass
     dst.parent.mkdir(parents=True, exist_ok=True)
     if dst.exists():
         old = dst.with_name(f".old_{dst.name}")

@@ -12,12 +12,14 @@ def repeated_key(node: Any) -> tuple[str, int, int] | None:
     """(key, its first line, the line it repeats at) of the first key given twice in one mapping of a YAML node
     tree, else None."""
     if isinstance(node, yaml.MappingNode):
-        seen: dict[str, int] = {}
+        seen: dict[tuple[str, str], int] = {}
         for key, value in node.value:
+            if key.tag == "tag:yaml.org,2002:merge":  # `<<: *defaults`, which may repeat: merged, not a key
+                continue
             name, line = str(key.value), key.start_mark.line + 1
-            if name in seen:
-                return name, seen[name], line
-            seen[name] = line
+            if (key.tag, name) in seen:  # by tag too: `1` and `"1"` are two keys
+                return name, seen[(key.tag, name)], line
+            seen[(key.tag, name)] = line
         children = [value for _, value in node.value]
     else:
         children = node.value if isinstance(node, yaml.SequenceNode) else []

@@ -37,7 +37,6 @@ import torch
 from esft import paper
 from esft.analysis.report_cache import fingerprint, slug
 from esft.tables import fmt, se_text
-from esft.tasks.base import shown_task
 
 if TYPE_CHECKING:
     from esft.analysis.report_context import ReportContext
@@ -420,7 +419,7 @@ class KLGroup:
 
     @property
     def title(self) -> str:
-        return f"{self.track.upper()} {'->'.join(shown_task(t) for t in self.tasks)}"
+        return f"{self.track.upper()} {'->'.join(self.tasks)}"
 
 
 def report_kl(ctx: ReportContext) -> tuple[list[KLGroup], Path | None] | None:
@@ -460,7 +459,9 @@ def report_kl(ctx: ReportContext) -> tuple[list[KLGroup], Path | None] | None:
 
         res, cached = ctx.cache.get(f"kl_{slug(c.label)}", params, compute, holds=[f"{HEADLINE}_se"])
         all_cached = all_cached and cached
-        tables.setdefault((c.algorithm, c.name or c.algorithm, tuple(c.tasks)), []).append(res)
+        # grouped by the tasks' names (ctx.task_name), which its title, tables and results.json show
+        tables.setdefault((c.algorithm, c.name or c.algorithm, tuple(ctx.task_name(t) for t in c.tasks)),
+                          []).append(res)
     groups = [KLGroup(algo, track, tasks, tbs, aggregate_seeds(tbs, HEADLINE))
               for (algo, track, tasks), tbs in tables.items()]
     panels = {(g.title if len(groups) > 2 else g.track.upper()):

@@ -18,7 +18,7 @@ from esft.analysis.report_cache import Cache
 from esft.analysis.runs import (Chain, Pair, Plan, Run, build_chains, build_pairs, distinguish, experiment_plan,
                                 find_runs)
 from esft.config import passage_cut
-from esft.tasks.base import shown_task
+from esft.tasks.display import shown_task
 
 
 def load_model_only(base: Path, dtype: str, device: str | None):
@@ -105,6 +105,8 @@ class ReportContext:
                                             "task since removed from the spec"))
             else:
                 self.runs.append(r)
+        self.unstarted = [p for p in self.unstarted if not any(re.search(x, self.shown(p)) for x in self.config.exclude)
+                          and (self.plan is None or p in self.plan.run_dirs)]  # as the runs are taken
         self.chains = build_chains(self.runs, self.root, self.plan)
         self.pairs = build_pairs(self.chains)
         distinguish(self.chains, self.pairs, self.shown)

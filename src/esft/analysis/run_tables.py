@@ -10,8 +10,14 @@ from esft.analysis.constant import baseline_text
 from esft.analysis.runs import Run, logged_steps
 from esft.analysis.score_text import reward_text
 from esft.tables import NA, pct
-from esft.tasks.base import shown_task
+from esft.tasks.display import shown_task
 from esft.tasks.labels import MEAN_REWARD
+
+
+def _task(r: Run) -> str:
+    """The run's task(s) as the tables show them (esft.tasks.display.shown_task: a data file by its name)."""
+    t = r.config.get("task") or r.config.get("task_name")
+    return ",".join(shown_task(x) for x in t) if isinstance(t, list) else shown_task(t or "?")
 
 
 def precision(r: Run) -> str:
@@ -32,7 +38,7 @@ def precision(r: Run) -> str:
 def run_rows(runs: list[Run], name: Callable[[Run], str], shown: Callable[[Any], str] = str) -> list[list[Any]]:
     """One row per run: name, algorithm, task, seed, start (model or checkpoint, through `shown`), steps, final
     checkpoint, precision."""
-    return [[name(r), r.algorithm, shown_task(r.task or "?"), r.seed, shown(r.model) if r.model else "?",
+    return [[name(r), r.algorithm, _task(r), r.seed, shown(r.model) if r.model else "?",
              logged_steps(r), r.final.name if r.final else "none", precision(r)] for r in runs]
 
 
@@ -51,7 +57,7 @@ def accuracy_rows(runs: list[Run], name: Callable[[Run], str]) -> list[list[Any]
         sets = [(e.get("n"), e.get("constant_baseline"), e.get("constant_answer")) for e in (first or {}, last)]
         # a value either evaluation did not record (an older esft's) tells nothing
         other = first is not None and any(a != b and None not in (a, b) for a, b in zip(*sets))
-        rows.append([name(r), r.algorithm, shown_task(r.task or "?"),
+        rows.append([name(r), r.algorithm, _task(r),
                      shown(first["accuracy"]) + f"{unit} (step {first['step']}"
                      + (f"; other examples, n={first.get('n')})" if other else ")") if first else NA,
                      shown(last["accuracy"]) + f"{unit} (step {last['step']})",

@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 
 from esft.rundir import is_run_dir, read_jsonl
-from esft.tasks.base import shown_task
+from esft.tasks.display import shown_task
 from esft.tasks.labels import MEAN_REWARD, score_name
 
 CHECKPOINTS = "checkpoints"
@@ -441,9 +441,10 @@ def build_pairs(chains: list[Chain]) -> list[Pair]:
         taken: set[int] = set()
         for e in es:
             same = [x for x in grpo if x.seed == e.seed]
-            # a GRPO chain of the seed that no other ES chain took yet; with none left, the first of the seed:
-            # several ES budget tracks of a seed all compare with its one GRPO chain
-            match = next((x for x in same if id(x) not in taken), same[0] if same else None)
+            # an experiment's ES tracks of a seed (es@100, es@300) all compare with its first GRPO chain; runs of
+            # no track (a folder of runs) each take a GRPO run of the seed that no other took, while one is left
+            free = [x for x in same if id(x) not in taken] if e.name is None else []
+            match = free[0] if free else (same[0] if same else None)
             if match is None:
                 match = next((x for x in grpo if id(x) not in used), None)
             if match is not None:

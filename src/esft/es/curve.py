@@ -28,7 +28,7 @@ from esft.evaluation import load_examples
 from esft.figure_marks import constant_line
 from esft.passk_figure import METHOD_COLORS
 from esft.saved_config import saved_algorithm
-from esft.tasks.base import shown_task
+from esft.tasks.display import shown_task
 from esft.tasks.labels import ACCURACY, summaries_score_name
 
 
@@ -310,8 +310,8 @@ def run_figure(run_dir: str | Path) -> Any:
     """Two panels: train fitness per iteration (mean and min-max band, each batch at the number of updates
     applied to the weights that sampled it, as the held-out point of the same weights; a GRPO run's reward per
     step) and held-out accuracy with its 95% CI, beside the held-out examples' constant-answer baseline (band: its
-    95% CI) when it is known. The held-out panel's axis is held to [0, 1]: autoscaled, a flat curve (0.50 to 0.51) would fill the
-    panel and read as large swings. A matplotlib Figure (not registered with pyplot)."""
+    95% CI) when it is known. The held-out panel's axis is held to [0, 1]: autoscaled, a flat curve (0.50 to
+    0.51) would fill the panel and read as large swings. A matplotlib Figure (not registered with pyplot)."""
     # a Figure without pyplot: no backend is switched, no figure of the caller's (a notebook's) is touched
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator

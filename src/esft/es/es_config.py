@@ -24,6 +24,7 @@ from esft.tracking import report_to_rule, report_to_text
 class ESConfig(RunConfig):
     """An ES fine-tuning run. esft maximises reward: fitness = mean task reward over the batch."""
     command = "esft train es"
+    generation_fields = ("max_new_tokens",)
 
     model: str = "smollm2-135m"
     """model name (esft.models registry), local Hugging Face folder or hub id"""
@@ -163,9 +164,6 @@ class ESConfig(RunConfig):
             raise ConfigError("population_size", self.population_size,
                               "an even number when antithetic (members come in mirrored pairs)")
         check_combinations(self)
-
-    def generation_limits(self) -> dict[str, int]:
-        return {"max_new_tokens": self.max_new_tokens}
 
     def check_task_fit(self, task: Any, name: str | None = None) -> None:
         from esft.validation import check_balanced_set, check_splits, require_labels

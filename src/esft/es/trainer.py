@@ -440,8 +440,8 @@ class ESTrainer:
         except OSError as exc:
             self._raise_if_disk_full(exc)
             raise
-        except (ValueError, RuntimeError) as exc:
-            if self.step == 0 or isinstance(exc, NonFiniteError):  # nothing logged, or a message of its own
+        except ValueError as exc:  # a reward or task that raises on new text; run-time errors keep their own class
+            if self.step == 0:  # nothing logged: a refusal, whose folder locked_run_folder removes
                 raise
             raise RunFailed(f"{exc} (after {_logged(self.step)} in {self.out}, which are kept; once the cause is "
                             f"fixed, continue with `esft train es --resume {self.out}`)") from exc

@@ -34,7 +34,7 @@ from esft.experiments.stage_eval import evaluate_stage, read_json, same_model, w
 from esft.experiments.plan import BASE, Stage, Step, as_dict, build_plan, describe, has_noise_stream
 from esft.experiments.spec import Spec
 from esft.experiments.yamlines import SpecError
-from esft.rundir import RunDirBusy, RunInterrupted, RunLock
+from esft.rundir import RunDirBusy, RunFailed, RunInterrupted, RunLock
 
 STATUS = "status.json"
 RESULT = "result.json"
@@ -444,6 +444,8 @@ def _visit(spec: Spec, stage: Stage, root: Path, smap: dict[str, Stage], hooks: 
         _record_stop(folder)
         raise RunInterrupted(f"interrupted in {stage.key}; run the same command again to resume") from None
     except Exception as exc:  # noqa: BLE001 - one stage's failure must not stop the others
+        if isinstance(exc, RunFailed):  # its `esft train ... --resume` would bypass the experiment, as above
+            exc = exc.resumed_by("running the same command again")
         _record_failure(folder, exc)
         _free_memory(hooks)
         print(f"{tag} {stage.key}: FAILED: {type(exc).__name__}: {exc} (traceback in {folder / ERROR})",

@@ -267,5 +267,8 @@ def check_spec_model(spec: Any) -> None:
             check()
         except ValueError as exc:
             path = spec.path or "<spec>"
-            line = load_file(spec.path).line_of(key) if spec.path and Path(spec.path).is_file() else 0
+            data = load_file(spec.path) if spec.path and Path(spec.path).is_file() else LineDict()
+            block = data.get(key)  # the evaluation's own max_new_tokens line, where it sets one
+            line = (block.line_of("max_new_tokens") if isinstance(block, LineDict) and "max_new_tokens" in block
+                    else data.line_of(key) if key in data else 0)
             raise SpecError(f"{path}:{line}: {exc}" if line else f"{path}: {exc}") from None

@@ -27,6 +27,7 @@ from esft.tracking import report_to_rule, report_to_text
 class GRPOConfig(RunConfig):
     """A GRPO fine-tuning run (TRL's GRPOTrainer underneath). esft maximises reward."""
     command = "esft train grpo"
+    generation_fields = ("max_completion_length", "eval_max_new_tokens")
 
     model: str = "smollm2-135m"
     """model name (esft.models registry), local Hugging Face folder or hub id"""
@@ -168,9 +169,6 @@ class GRPOConfig(RunConfig):
         if self.class_balanced and self.scale_rewards == "group":
             raise ConfigError("scale_rewards", self.scale_rewards, "'batch' or 'none' with class_balanced (a "
                               "per-group normalisation cancels a weight shared by the group's completions)")
-
-    def generation_limits(self) -> dict[str, int]:
-        return {"max_completion_length": self.max_completion_length}
 
     def check_task_fit(self, task: Any, name: str | None = None) -> None:
         from esft.validation import check_balanced_set, check_splits, require_labels

@@ -42,8 +42,7 @@ from esft.grpo.interrupt import StepBoundary
 from esft.grpo.trl_trainer import TRAINER_STATE, EsftGRPOTrainer, TaskReward
 from esft.models import without_transformers_bars
 from esft.run_undo import locked_run_folder
-from esft.rundir import (CHECKPOINTS, DISK_FULL, NonFiniteError, RunFailed, RunInterrupted, TrainResult,
-                         filter_jsonl, read_jsonl)
+from esft.rundir import CHECKPOINTS, DISK_FULL, RunFailed, RunInterrupted, TrainResult, filter_jsonl, read_jsonl
 from esft.tasks.base import format_bonus_warning
 from esft.tasks.custom import as_task
 from esft.version import __version__
@@ -264,6 +263,12 @@ def _train_locked(config: GRPOConfig, out: Path, model: Any, tokenizer: Any, tas
 
     device = config.device or default_device()
     precision = resolve_precision(config.precision, device)
+    if task is None:  # before the model: a bad task (file, fields, reward) fails fast
+        from esft.tasks import get_task
+
+        task = get_task(config.task, **config.task_kwargs())
+    # before the folder is prepared: a resume on other train examples is refused with its logs untouched
+    train_set = _train_set(config, out, task)
     resume_from, start = _prepare_dir(out, config)
     if resume_from is not None and start >= config.max_steps:
         if progress:
@@ -272,13 +277,8 @@ def _train_locked(config: GRPOConfig, out: Path, model: Any, tokenizer: Any, tas
     if config.resume and progress and (out / "config.yaml").exists():
         _say_resuming(out, config, start, resume_from)
 
-    # before the task and the model: TRL's own option checks (and esft's on trl_args) fail fast
+    # before the model: TRL's own option checks (and esft's on trl_args) fail fast
     trl_args = to_trl_config(config, str(out), precision, progress)
-    if task is None:  # before the model: a bad task (file, fields, reward) fails fast
-        from esft.tasks import get_task
-
-        task = get_task(config.task, **config.task_kwargs())
-    train_set = _train_set(config, out, task)
     if model is None:
         from esft.models import load_model
 
@@ -436,8 +436,8 @@ def _train_or_save(trainer: EsftGRPOTrainer, resume_from: Path | None, runlog: A
         raise RunInterrupted(
             f"interrupted with {finished} of {total} step{'s' * (total != 1)} finished{what}; continue from step "
             f"{cont} with `esft train grpo --resume --output-dir {trainer.run_dir}`") from None
-    except (ValueError, RuntimeError) as exc:
-        if not list_checkpoints(trainer.run_dir) or isinstance(exc, NonFiniteError):  # nothing to go on from
+    except ValueError as exc:  # a reward or task that raises on new text; run-time errors keep their own class
+        if not list_checkpoints(trainer.run_dir):  # no checkpoint: nothing to go on from
             raise
         raise RunFailed(f"{exc} (at step {trainer.state.global_step}; once the cause is fixed, continue from step "
                         f"{_continue_step(trainer)} with `esft train grpo --resume --output-dir "

@@ -277,18 +277,6 @@ def task_name(task: Any) -> str:
     return task.name if isinstance(task, Task) else str(getattr(task, "name", type(task).__name__))
 
 
-#: a data file's path inside a task string: what precedes its file name (up to a `,`, `:` or `=` that starts it)
-_DATA_FILE_PATH = re.compile(r"(^|[,:=])([^,:=]*[/\\])([^/\\,:=]+\.(?:jsonl|json|csv|tsv)(?:\.gz)?)(?=$|[,:])",
-                             re.IGNORECASE)
-
-
-def shown_task(spec: Any) -> str:
-    """A task string as a table, figure or heading shows it: each data file by its file name (`sums.jsonl`, and a
-    `test_file` option's likewise), where config.yaml records its absolute path so that a resume or a report finds
-    it from any folder; any other task string as it is."""
-    return _DATA_FILE_PATH.sub(lambda m: m.group(1) + m.group(3), str(spec))
-
-
 def format_bonus_warning(task: Any, bonus: float) -> str | None:
     """The warning a run with format bonus `bonus` on `task` prints before any model loads, or None: a task that
     checks no format (`checks_format`) gets no bonus, whatever the setting."""
