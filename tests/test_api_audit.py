@@ -154,13 +154,15 @@ def test_an_interruption_of_a_rebuildable_task_keeps_its_message(monkeypatch, us
 
     monkeypatch.setattr("esft.grpo.run.train_grpo", interrupted)
     with pytest.raises(RunInterrupted) as info:                      # config.yaml rebuilds this one
-        train_grpo(GRPOConfig(output_dir=str(tmp_path / "g")), task=user_tasks.Weighted(count=2))
+        # a model given (the stand-in "M"): the run's own set-up, whose task is not checked again here
+        train_grpo(GRPOConfig(output_dir=str(tmp_path / "g")), task=user_tasks.Weighted(count=2), model="M")
     assert str(info.value) == msg
     with pytest.raises(RunInterrupted) as info:                      # a task string: the CLI resumes it
-        train_grpo(GRPOConfig(output_dir=str(tmp_path / "g")), task="countdown")
+        train_grpo(GRPOConfig(output_dir=str(tmp_path / "g")), task="countdown", model="M")
     assert str(info.value) == msg
     with pytest.raises(RunInterrupted) as info:                      # a function field: only the script can
-        train_grpo(GRPOConfig(output_dir=str(tmp_path / "g")), task=user_tasks.Weighted(scorer=lambda c, e: 0.0))
+        train_grpo(GRPOConfig(output_dir=str(tmp_path / "g")), task=user_tasks.Weighted(scorer=lambda c, e: 0.0),
+                   model="M")
     assert "esft train" not in str(info.value) and "`esft.train_grpo(config.replace(resume=True)" in str(info.value)
 
 

@@ -80,11 +80,57 @@ def _check_workers_rebuild(config: ESConfig, task: Any) -> None:
                          "module:Class whose constructor values are plain numbers, text and lists")
 
 
+def check_config(config: Any, cls: type, call: str) -> None:
+    """A TypeError naming the config class `call` takes, for a dict or another trainer's config (which failed
+    later as an AttributeError on some field)."""
+    if not isinstance(config, cls):
+        how = f"{cls.__name__}(**your_dict)" if isinstance(config, dict) else f"{cls.__name__}(...)"
+        raise TypeError(f"{call} takes an esft.{cls.__name__}, not a {type(config).__name__}: build one with {how}")
+
+
+def check_task_before_loading(config: Any, task: Task | None) -> None:
+    """The task checks `esft train` makes before any model loads (esft.validation.check_names: the splits the run
+    reads exist and hold examples, the first example prompts as chat and scores as a finite number, labels where
+    a rule needs them), for a task object too, whose checks the command line never sees."""
+    from esft.validation import check_names
+
+    if task is None:
+        check_names(config)
+    else:
+        config.check_task_fit(task)
+
+
+@contextlib.contextmanager
+def _sigterm_stops() -> Iterator[None]:
+    """SIGTERM (`kill`, a scheduler's preemption) stops a run as Ctrl-C does, as on the command line: the run
+    saves what it can and raises RunInterrupted, instead of the process ending without a word. Only where the
+    script left SIGTERM at its default, in the main thread; the default is restored after."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        yield
+        return
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def es_trainer(config: ESConfig, **kwargs: Any) -> ESTrainer:
     """The `ESTrainer` of `train_es`, not yet run: its executor is built by esft.es.distributed unless `executor`
     or `executor_factory` is given (keyword seams as ESTrainer: model, tokenizer, task, generate_fn,
     fitness_rule, progress). `task` may be a task object or class, or a task string (see with_task)."""
+    check_config(config, ESConfig, "train_es")
     config, kwargs["task"] = with_task(config, kwargs.get("task"))
+    if kwargs.get("model") is None:  # a model given is the caller's own set-up (tests, notebooks): theirs to check
+        check_task_before_loading(config, kwargs["task"])
     if kwargs["task"] is not None and kwargs.get("executor") is None and kwargs.get("executor_factory") is None:
         _check_workers_rebuild(config, kwargs["task"])
     if kwargs.get("executor") is not None or kwargs.get("executor_factory") is not None:
@@ -107,18 +153,23 @@ def train_es(config: ESConfig, **kwargs: Any) -> TrainResult:
     model, tokenizer, task (an object, a class or a task string), executor, executor_factory, generate_fn,
     fitness_rule, progress. Returns the run directory, steps done, final checkpoint, last eval."""
     given = kwargs.get("task") is not None and not isinstance(kwargs.get("task"), str)
-    trainer = es_trainer(config, **kwargs)
-    with _script_resume_hint(trainer.task if given else None, "esft.train_es"):
-        return _with_curve(trainer.train())
+    with _sigterm_stops():
+        trainer = es_trainer(config, **kwargs)
+        with _script_resume_hint(trainer.task if given else None, "esft.train_es"):
+            return _with_curve(trainer.train())
 
 
 def train_grpo(config: Any, **kwargs: Any) -> TrainResult:
     """Run (or resume) GRPO fine-tuning (esft.grpo.run.train_grpo; TRL is imported only here). `task` may be a task
     object or class, or a task string (see with_task)."""
+    from esft.grpo.grpo_config import GRPOConfig
     from esft.grpo.run import train_grpo as _train_grpo
 
+    check_config(config, GRPOConfig, "train_grpo")
     config, kwargs["task"] = with_task(config, kwargs.get("task"))
-    with _script_resume_hint(kwargs["task"], "esft.train_grpo"):
+    if kwargs.get("model") is None:
+        check_task_before_loading(config, kwargs["task"])
+    with _sigterm_stops(), _script_resume_hint(kwargs["task"], "esft.train_grpo"):
         return _with_curve(_train_grpo(config, **kwargs))
 
 
@@ -153,4 +204,4 @@ def _with_curve(result: TrainResult) -> TrainResult:
     return result
 
 
-__all__ = ["es_trainer", "train_es", "train_grpo", "with_task"]
+__all__ = ["check_config", "check_task_before_loading", "es_trainer", "train_es", "train_grpo", "with_task"]

@@ -26,7 +26,7 @@ from typing import Any, Callable, Mapping, TypeVar
 
 import yaml
 
-from esft.config_rules import Rule
+from esft.config_rules import Rule, plain_value
 from esft.names import close_names
 from esft.yaml_keys import repeated_key
 
@@ -81,8 +81,7 @@ class RunConfig(ConfigHooks):
     run_name: str | None
     #: what each field accepts beyond its type (`check_fields`); each config module sets its own
     rules: typing.ClassVar[Mapping[str, "Rule"]] = {}
-    #: the fields that bound a completion's tokens (`generation_limits`)
-    generation_fields: typing.ClassVar[tuple[str, ...]] = ()
+    generation_fields: typing.ClassVar[tuple[str, ...]] = ()  # those that bound a completion (generation_limits)
 
     def tracking_name(self) -> str:
         """The run's name in trackers (TensorBoard, wandb, trackio): run_name, else its folder's name (of the folder
@@ -240,7 +239,8 @@ def check_fields(config: Any, rules: Mapping[str, Rule] | None = None) -> None:
     an optional field). Raises ConfigError for the first bad value."""
     hints = typing.get_type_hints(type(config))
     for f in dataclasses.fields(config):
-        value = getattr(config, f.name)
+        value = plain_value(getattr(config, f.name))  # a numpy scalar, a path: as the type check and YAML read them
+        object.__setattr__(config, f.name, value)
         if not type_ok(value, hints[f.name]):
             raise ConfigError(f.name, value, type_words(hints[f.name]))
         rule = (rules or {}).get(f.name)

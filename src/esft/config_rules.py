@@ -63,3 +63,19 @@ def regexes() -> Rule:
 
 def one_of(*choices: Any) -> Rule:
     return Rule(f"one of {', '.join(repr(c) for c in choices)}", lambda v: v in choices)
+
+
+def plain_value(value: Any) -> Any:
+    """`value` as Python's own types, in lists, tuples and dicts too: a numpy scalar (a sweep's np.linspace value)
+    by its `item()`, a path by its text. Configs built in Python hold what YAML can write and the checks read."""
+    import os
+
+    if type(value).__module__ == "numpy" and getattr(value, "ndim", None) == 0:
+        return value.item()
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    if type(value) in (list, tuple):
+        return type(value)(plain_value(v) for v in value)
+    if isinstance(value, dict):
+        return {k: plain_value(v) for k, v in value.items()}
+    return value

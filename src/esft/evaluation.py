@@ -94,6 +94,10 @@ class EvalConfig(ConfigHooks):
     reward, ...: esft.tasks.dataset_task); the built-in tasks take theirs in the name."""
 
     def __post_init__(self) -> None:
+        objects = [t for t in ([] if isinstance(self.tasks, str) else self.tasks) if not isinstance(t, str)]
+        if objects:  # str() of an object read as an unknown task name
+            raise ConfigError("tasks", objects[0], "task names, `module:Class` or data files (text): evaluate a task "
+                              "object with esft.evaluation.evaluate_task(model, tokenizer, task, examples, gen_config)")
         # a comma-separated --tasks is split at every comma, also inside one task's options: join them again
         self.tasks = split_task_list(self.tasks)
         self.task_options = mapping_field("task_options", self.task_options)  # --task-options as YAML / JSON text

@@ -307,7 +307,10 @@ class TaskAdapter(Task):
         return [{"role": "user", "content": out}] if isinstance(out, str) else out
 
     def score(self, completion: str, example: Example) -> float:
-        return float(self.obj.score(completion, example))
+        value = self.obj.score(completion, example)
+        if isinstance(value, (str, bytes)):  # float("1.0") passed, and a "n/a" failed only mid-run: no text at all
+            raise TypeError(f"{type(self.obj).__name__}.score returned text {value!r}, not a number")
+        return float(value)
 
     @property
     def checks_format(self) -> bool:
