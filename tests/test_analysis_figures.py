@@ -68,6 +68,8 @@ def test_total_drift_draws_es_its_prediction_and_grpo_scaled_by_grpos_own_size(d
                                              ([1, 2, 4], [1.5, 2.5, 4.5])]
     assert lines[0].get_label().startswith("ES") and to_rgba(lines[0].get_color()) == BLUE
     assert lines[2].get_label() == "expectation from the logged updates"
+    # on top of the measured line, which an exact run's expectation lies on, and not in its colour
+    assert lines[2].get_zorder() > lines[0].get_zorder() and to_rgba(lines[2].get_color()) != BLUE
     assert (left.get_xlabel(), left.get_ylabel()) == ("step T", r"$\|\Delta\theta_T\|^2$")
     (inset,) = left.child_axes
     (g,) = inset.get_lines()

@@ -289,7 +289,9 @@ def plot_total(series: DriftSeries, alpha: float, population: int, path: str | P
             label=f"{method.upper()} (R$^2$ vs theory = {short(fit['r2_theory'])})")
     ax.plot(steps, pred, "k--", lw=1, **dot, label=r"$\alpha^2 T d / N$")
     if series.expected is not None:
-        ax.plot(steps, series.expected, ":", color="gray", lw=1.5, **dot, label="expectation from the logged updates")
+        # black dots, spaced, over the measured line: an exact run's expectation lies on it and must still show
+        ax.plot(steps, series.expected, ls=(0, (1, 3)), color="black", lw=2, zorder=4, **dot,
+                label="expectation from the logged updates")
     ax.set_xlabel("step T")
     ax.set_ylabel(r"$\|\Delta\theta_T\|^2$")
     # the run's name over both panels, wrapped: as the left panel's title a long path ran past the figure's edge
