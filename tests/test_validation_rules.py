@@ -396,6 +396,9 @@ def test_check_names_blames_task_options_not_the_task():
         def check_task_fit(self, task, name=None):
             raise AssertionError("not reached")
 
+        def generation_limits(self):
+            return {}
+
     with pytest.raises(ConfigError, match=r"^task_options = \{'no_such_option': 1\} is not accepted; "
                                           r"expected options of task 'boolq'"):
         validation.check_names(Cfg())
