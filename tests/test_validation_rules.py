@@ -438,6 +438,9 @@ class NamesConfig:
     def check_task_fit(self, task, name=None):
         self.fitted.append((task.name, name))
 
+    def generation_limits(self):
+        return {}
+
 
 def test_check_names_checks_model_device_and_fits_each_task():
     """check_names refuses a bad model and a bad device under their keys, and hands every built task to
