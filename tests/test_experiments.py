@@ -693,7 +693,8 @@ def test_a_stage_run_ends_with_its_learning_curve(tmp_path, monkeypatch, name):
 
     monkeypatch.setattr(esft.grpo.run, "train_grpo", trained)
     monkeypatch.setattr(esft.api, "es_trainer", lambda config, **kw: type("T", (), {"train": trained})())
-    get_algorithm(name).train(None)
+    algorithm = get_algorithm(name)
+    get_algorithm(name).train(algorithm.config_cls(output_dir=str(out)))
     assert (out / "curve.png").stat().st_size > 1000
 
 

@@ -89,14 +89,11 @@ def check_config(config: Any, cls: type, call: str) -> None:
 
 
 def check_task_before_loading(config: Any, task: Task | None) -> None:
-    """The task checks `esft train` makes before any model loads (esft.validation.check_names: the splits the run
-    reads exist and hold examples, the first example prompts as chat and scores as a finite number, labels where
-    a rule needs them), for a task object too, whose checks the command line never sees."""
-    from esft.validation import check_names
-
-    if task is None:
-        check_names(config)
-    else:
+    """The checks `esft train` makes of the task it builds before any model loads (the config's `check_task_fit`:
+    the splits the run reads exist and hold examples, the first example prompts as chat and scores as a finite
+    number, labels where a rule needs them), for a task object, which the command line never sees. A task string
+    (task=None here) is the trainer's to build, as the command line checked it."""
+    if task is not None:
         config.check_task_fit(task)
 
 
@@ -129,7 +126,8 @@ def es_trainer(config: ESConfig, **kwargs: Any) -> ESTrainer:
     fitness_rule, progress). `task` may be a task object or class, or a task string (see with_task)."""
     check_config(config, ESConfig, "train_es")
     config, kwargs["task"] = with_task(config, kwargs.get("task"))
-    if kwargs.get("model") is None:  # a model given is the caller's own set-up (tests, notebooks): theirs to check
+    if all(kwargs.get(k) is None for k in ("model", "generate_fn", "executor", "executor_factory")):
+        # not where the caller brings its own model, generation or executor (tests, notebooks): theirs to check
         check_task_before_loading(config, kwargs["task"])
     if kwargs["task"] is not None and kwargs.get("executor") is None and kwargs.get("executor_factory") is None:
         _check_workers_rebuild(config, kwargs["task"])
