@@ -187,7 +187,8 @@ class Report(ReportContext):
                                     " (--all-runs takes the runs outside the plan)"))
             raise ValueError(f"no run directory under {self.root} (a folder with config.yaml and metrics.jsonl, "
                              "seeds.jsonl, drift.jsonl or checkpoints)" + _inside_run(self.root)
-                             + _not_started(self.root))
+                             + "".join(f"; {p} has logged nothing yet ({not_started_reason(p)})"
+                                       for p in self.unstarted[:3]))
         self.log(f"{len(self.runs)} runs, {len(self.chains)} chains, {len(self.pairs)} ES-GRPO pairs"
                  + (f"; {len(self.left_out)} runs left out (listed under Runs)" if self.left_out else "")
                  + (f"; {len(self.unstarted)} runs have logged nothing yet (listed under Runs)"
@@ -454,17 +455,6 @@ def _inside_run(root: Path) -> str:
 
     run = enclosing_run_dir(root)
     return f"; {root} is inside the run folder {run}: give that (esft report {run})" if run else ""
-
-
-def _not_started(root: Path) -> str:
-    """`; RUN has logged nothing yet (...)` for each folder under `root` with a run's config.yaml and no log or
-    checkpoint: a run still in its first iteration (its lock held) or one stopped before it, else ''. A run's
-    folder keeps the `.lock` its trainer took; a config.yaml without one is the user's (`--config`), not a run."""
-    from esft.rundir import is_run_dir
-
-    found = sorted(p.parent for p in root.rglob("config.yaml")
-                   if (p.parent / ".lock").is_file() and not is_run_dir(p.parent))
-    return "".join(f"; {p} has logged nothing yet ({not_started_reason(p)})" for p in found[:3])
 
 
 def not_started_reason(run: Path) -> str:

@@ -123,8 +123,9 @@ class ESTrainer:
         note = format_bonus_warning(task, config.format_bonus)
         if note is not None:
             warnings.warn(note, stacklevel=2)
+        train_set = task.load("train")
         if config.resume:  # other train examples than the run's: refused before the model loads
-            check_same_train_set(config.output_dir, examples_digest(task.load("train")))
+            check_same_train_set(config.output_dir, examples_digest(train_set))
         if model is None:
             from esft.models import load_model
 
@@ -155,7 +156,7 @@ class ESTrainer:
         self.rule = as_fitness_rule(config_fitness_rule(config, task) if fitness_rule is None else fitness_rule)
         self.progress = progress
         self.out = Path(config.output_dir)
-        self.train_set = task.load("train")
+        self.train_set = train_set
         self.rule.bind(len(self.train_set), config.seed)
         self.sample_batch = self.rule.sample_batch
         self._test_set: list | None = None
