@@ -437,7 +437,7 @@ def test_a_pair_with_one_side_missing_names_it_and_measures_the_other(tmp_path, 
 
 
 def test_kl_names_the_missing_side_of_each_chain_it_cannot_measure(tmp_path):
-    from esft.analysis.kl import report_kl
+    from esft.analysis.kl_report import report_kl
 
     ctx = runs_missing_a_base_and_a_checkpoint(tmp_path)
     assert report_kl(ctx) is None

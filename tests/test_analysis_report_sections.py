@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from esft.analysis import kl as K
+from esft.analysis import kl_report as K
 from esft.analysis import sparsity as SP
 from esft.analysis.report_builder import ReportConfig
 from esft.analysis.report_context import ReportContext
@@ -106,6 +106,7 @@ def test_kl_groups_seeds_by_track_and_sequence_and_draws_their_median(tmp_path, 
     assert kl_calls[-1]["tasks"] == ["boolq"]  # boolq->boolq: each task evaluated once
     assert [(g.track, g.tasks, len(g.seeds)) for g in groups] == [("es@100", seq, 3), ("es@300", seq, 1),
                                                                   ("grpo", ("boolq", "boolq"), 1)]
+    assert [g.over for g in groups] == ["3 seeds", "1 seed", "1 seed"]
     cell = groups[0].aggregate["incremental"]["countdown"]["2:boolq"]
     assert (cell["median"], cell["min"], cell["max"]) == pytest.approx((0.4, 0.2, 1.2))
     assert sorted(ctx.results["kl"]) == ["es@100 countdown->boolq", "es@300 countdown->boolq", "grpo boolq->boolq"]
@@ -115,6 +116,13 @@ def test_kl_groups_seeds_by_track_and_sequence_and_draws_their_median(tmp_path, 
     m, rows, cols = panels["ES@100 countdown->boolq"]
     assert rows == ["countdown", "boolq"] and cols == ["1:countdown", "2:boolq"]
     np.testing.assert_allclose(m, [[0.2, 0.4], [0.2, 0.4]])
+
+
+def test_kl_of_runs_of_one_seed_in_two_folders_is_headed_as_chains_not_seeds(tmp_path, kl_calls, heatmaps):
+    base = folder(tmp_path / "base")
+    chains = [chain(tmp_path / d, "es", 1, ("boolq",), base) for d in ("a", "b")]
+    groups, _ = K.report_kl(context(tmp_path, chains, limit=1))
+    assert [(len(g.seeds), g.over) for g in groups] == [(2, "2 chains (seeds 1, 1)")]
 
 
 def test_kl_of_two_tracks_names_panels_by_track_and_says_when_stages_coincide(tmp_path, kl_calls, heatmaps):

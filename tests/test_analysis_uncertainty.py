@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from esft.analysis import kl as K
+from esft.analysis import kl_report as KR
 from esft.analysis.command_text import format_kl
 
 
@@ -54,8 +55,8 @@ def test_kl_printed_lines_and_report_tables_show_the_standard_error():
     line = format_kl(res).splitlines()[0]
     assert "k3/token 1 ± 1  " in line and "k3/seq 1 ± 1  " in line and "exact/token 1 ± 1" in line
     one = {"stages": ["1:a"], "tasks": ["a"], "incremental": {"a": {"1:a": s}}, "cumulative": {"a": {"1:a": s}}}
-    group = K.KLGroup("es", "es", ("a",), [one], K.aggregate_seeds([one]))
-    assert K.kl_rows(group, "incremental")[1] == [["a", "1 ± 1"]]
+    group = KR.KLGroup("es", "es", ("a",), [one], K.aggregate_seeds([one]))
+    assert KR.kl_rows(group, "incremental")[1] == [["a", "1 ± 1"]]
     # several seeds: median [min, max] over seeds ± the median of their SEs
     tables = [{"stages": ["1:a"], "tasks": ["a"],
                **{k: {"a": {"1:a": {"k3_token_mean": v, "k3_token_mean_se": se}}} for k in ("incremental",
@@ -63,15 +64,15 @@ def test_kl_printed_lines_and_report_tables_show_the_standard_error():
               for v, se in ((0.1, 0.01), (0.3, 0.03), (0.2, 0.05))]
     agg = K.aggregate_seeds(tables)
     assert agg["incremental"]["a"]["1:a"]["se"] == pytest.approx(0.03)
-    group = K.KLGroup("es", "es", ("a",), tables, agg)
-    assert K.kl_rows(group, "cumulative")[1] == [["a", "0.2 [0.1, 0.3] ± 0.03"]]
+    group = KR.KLGroup("es", "es", ("a",), tables, agg)
+    assert KR.kl_rows(group, "cumulative")[1] == [["a", "0.2 [0.1, 0.3] ± 0.03"]]
     assert "median SE over sequences 0.03" in format_kl(agg)
     # a result computed before results recorded the SE prints its value alone
     old = tables
     for t in old:
         for kind in ("incremental", "cumulative"):
             t[kind]["a"]["1:a"].pop("k3_token_mean_se")
-    assert K.kl_rows(K.KLGroup("es", "es", ("a",), old, K.aggregate_seeds(old)), "incremental")[1] == \
+    assert KR.kl_rows(KR.KLGroup("es", "es", ("a",), old, K.aggregate_seeds(old)), "incremental")[1] == \
         [["a", "0.2 [0.1, 0.3]"]]
 
 

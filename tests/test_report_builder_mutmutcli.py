@@ -95,17 +95,20 @@ def test_the_drift_section_shows_the_grpo_family_table_only_beside_a_grpo_series
 
 
 def test_a_kl_group_says_whether_its_cells_are_one_seed_or_the_median_over_its_seeds(tmp_path, monkeypatch):
-    from types import SimpleNamespace
-
     from esft.analysis import report_builder
+    from esft.analysis.kl_report import KLGroup
 
-    groups = [SimpleNamespace(title="ES countdown->math", seeds=[1]),
-              SimpleNamespace(title="GRPO countdown->math", seeds=[1, 2, 3])]
+    seq = ("countdown", "math")
+    groups = [KLGroup("es", "es", seq, [{}], {}, [1]), KLGroup("grpo", "grpo", seq, [{}] * 3, {}, [1, 2, 3]),
+              KLGroup("es", "es@300", seq, [{}] * 2, {}, [0, 0])]
     monkeypatch.setattr(report_builder, "report_kl", lambda ctx: (groups, None))
     monkeypatch.setattr(report_builder, "kl_rows", lambda g, kind: (["stage", "k3"], [["1", "0.1"]]))
     report = Report(ReportConfig(dir=str(tmp_path)), progress=False)
     report.section_kl()
-    one, three = report.sections[0].split("### ")[1:]
+    one, three, chains = report.sections[0].split("### ")[1:]
     assert one.startswith("ES countdown->math (1 seed)\n") and "**incremental** (one seed)" in one
     assert three.startswith("GRPO countdown->math (3 seeds)\n")
     assert "**cumulative** (median [min, max] over seeds)" in three and "one seed" not in three
+    # runs of one seed in two folders are two chains, not two seeds
+    assert chains.startswith("ES@300 countdown->math (2 chains (seeds 0, 0))\n")
+    assert "**cumulative** (median [min, max] over chains)" in chains

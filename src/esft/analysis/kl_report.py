@@ -1,0 +1,120 @@
+"""The report's KL section (paper Figure 2, Tables 11-16): every chain whose base and checkpoints are on disk
+measured with esft.analysis.kl, chains of one method, track and task sequence aggregated over their seeds, and the
+incremental heatmap."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from esft import paper
+from esft.analysis.kl import HEADLINE, aggregate_seeds, kl_stages, matrix, plot_heatmap
+from esft.analysis.report_cache import fingerprint, slug
+from esft.tables import fmt, se_text
+
+if TYPE_CHECKING:
+    from esft.analysis.report_context import ReportContext
+
+
+@dataclass
+class KLGroup:
+    """KL of the seeds of one method (track) on one task sequence: per-seed tables and their aggregate."""
+
+    algorithm: str
+    track: str
+    tasks: tuple[str, ...]
+    seeds: list[dict[str, Any]]
+    aggregate: dict[str, Any]
+    chain_seeds: list[int | None] = field(default_factory=list)
+    """the seed of each chain behind `seeds` (two chains may share one: runs of one seed in two folders)"""
+
+    @property
+    def over(self) -> str:
+        """What the aggregate runs over: "3 seeds", or "2 chains (seeds 0, 0)" where chains share a seed."""
+        n = len(self.seeds)
+        if len(set(self.chain_seeds)) == n == len(self.chain_seeds):
+            return f"{n} seed{'s' if n != 1 else ''}"
+        return f"{n} chain{'s' if n != 1 else ''} (seeds {', '.join(str(s) for s in self.chain_seeds)})"
+
+    @property
+    def title(self) -> str:
+        return f"{self.track.upper()} {'->'.join(self.tasks)}"
+
+
+def report_kl(ctx: ReportContext) -> tuple[list[KLGroup], Path | None] | None:
+    """KL of every chain whose base and checkpoints are on disk, seeds of the same method, track (es@100 vs
+    es@300) and task sequence aggregated; the incremental heatmap. None when no chain can be measured."""
+    chains = [c for c in ctx.chains if c.base is not None and all(st.checkpoint is not None for st in c.stages)]
+    for c in ctx.chains:
+        if c.base is None:
+            ctx.skip(f"KL ({c.label})", f"base model {c.base_spec!r} is not a folder on disk")
+        elif c not in chains:
+            gone = [f"{i + 1} ({t}, run `{ctx.rel_run(st.run)}`)"
+                    for i, (st, t) in enumerate(zip(c.stages, c.shown_tasks)) if st.checkpoint is None]
+            ctx.skip(f"KL ({c.label})", f"no checkpoint with weights for stage {', '.join(gone)}")
+    if not chains:
+        ctx.skip("KL", "no chain with a base model folder and checkpoints")
+        return None
+    chains = ctx.evaluable(chains, "KL")
+    if not chains:
+        return None
+    tables: dict[tuple[str, str, tuple[str, ...]], list[dict[str, Any]]] = {}
+    seeds: dict[tuple[str, str, tuple[str, ...]], list[int | None]] = {}
+    all_cached = True
+    opts = ctx.task_options()
+    for c in chains:
+        tasks = list(dict.fromkeys(ctx.task_name(t) for t in c.tasks))
+        gc_ = ctx.gen_config(c)
+        stages = c.checkpoints()
+        params = {"base": fingerprint([c.base]), "stages": [(l, fingerprint([p])) for l, p in stages],
+                  "tasks": tasks, "limit": ctx.config.limit, "max_new_tokens": gc_.max_new_tokens, "options": opts,
+                  **ctx.eval_params()}
+
+        def compute(c=c, stages=stages, tasks=tasks, gc_=gc_):
+            if ctx.progress:  # kl_stages' lines name stage and task only: the same for every chain
+                print(f"esft report: KL of {c.label}", flush=True)
+            return kl_stages(c.base, stages, tasks, ctx.config.limit, gc_, ctx.config.kl_batch_size, opts,
+                             loader=lambda spec: ctx.load(c.base, Path(spec)), progress=ctx.progress,
+                             balanced=ctx.config.balanced, build=ctx.build_task)
+
+        res, cached = ctx.cache.get(f"kl_{slug(c.label)}", params, compute, holds=[f"{HEADLINE}_se"])
+        all_cached = all_cached and cached
+        # grouped by the tasks' names (ctx.task_name), which its title, tables and results.json show
+        key = (c.algorithm, c.name or c.algorithm, tuple(ctx.task_name(t) for t in c.tasks))
+        tables.setdefault(key, []).append(res)
+        seeds.setdefault(key, []).append(c.seed)
+    groups = [KLGroup(algo, track, tasks, tbs, aggregate_seeds(tbs, HEADLINE), seeds[(algo, track, tasks)])
+              for (algo, track, tasks), tbs in tables.items()]
+    panels = {(g.title if len(groups) > 2 else g.track.upper()):
+              (matrix(g.aggregate, "incremental", stat="median"), g.aggregate["tasks"], g.aggregate["stages"])
+              for g in groups}
+    figure = None
+    if panels:
+        figure = ctx.plot(all_cached, ctx.fig("kl_heatmap"), lambda: plot_heatmap(
+            panels, ctx.fig("kl_heatmap"), title=f"incremental KL ({HEADLINE}, median over seeds)"))
+    if len(ctx.chains) and all(len(c.runs) == 1 for c in ctx.chains):
+        ctx.skip("KL across stages (Figure 2's columns, Tables 13-16's rows)",
+                 "single-stage runs only: incremental and cumulative KL coincide")
+    ctx.results["kl"] = {f"{g.track} {'->'.join(g.tasks)}": {"seeds": g.seeds, "aggregate": g.aggregate}
+                         for g in groups}
+    return groups, figure
+
+
+def kl_rows(group: KLGroup, kind: str) -> tuple[list[str], list[list[str]]]:
+    """(header, rows) of `kind` ("incremental" / "cumulative") KL: evaluation task x stage, median [min, max]
+    over seeds ± the (median) standard error over sequences, with the study's cell for the same task after
+    training the same task."""
+    agg, n = group.aggregate, len(group.seeds)
+    head = ["eval task"] + [f"after {st}" for st in agg["stages"]]
+    rows = []
+    for t in agg["tasks"]:
+        row = [t]
+        for st in agg["stages"]:
+            cell = agg[kind][t][st]
+            ref = paper.kl_reference(group.algorithm, kind, t, st.split(":", 1)[-1])
+            spread = f" [{fmt(cell['min'])}, {fmt(cell['max'])}]" if n > 1 else ""
+            val = se_text(cell["median"], cell.get("se"), spread)
+            row.append(val + (f" (paper {ref})" if ref else ""))
+        rows.append(row)
+    return head, rows
