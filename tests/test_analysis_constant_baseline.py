@@ -56,7 +56,7 @@ def test_the_interpolation_path_records_each_tasks_baseline_and_its_table_shows_
 
 
 def test_a_reward_only_interpolation_table_has_no_baseline_column(path):
-    assert interpolation_header(path, ["r"], ("ES", "GRPO"))[-1] == "barrier (> 2 SE)"
+    assert interpolation_header(path, ["r"], ("ES", "GRPO"))[-1] == "barrier (> 1.96 SE)"
     assert len(interpolation_rows(path, ["r"])[0]) == 7
 
 
@@ -64,7 +64,8 @@ def test_an_older_interpolation_result_without_baselines_still_renders_with_n_a(
     old = {k: v for k, v in path.items() if k != KEY}
     assert interpolation_rows(old, ["boolq"])[0][-1] == "n/a"
     assert interpolation_notes(old, ["boolq"]) == [NOT_RECORDED]
-    assert interpolation_notes(old, ["r"])[0].startswith("Mean reward")  # no n/a line for a reward alone
+    notes = interpolation_notes(old, ["r"])  # no n/a line for a reward alone
+    assert [n[:11] for n in notes] == ["Paired SE: ", "Mean reward"]
 
 
 def test_a_direction_sweep_records_the_baseline_and_its_notes_caption_it(monkeypatch):

@@ -5,12 +5,15 @@ Run: `pytest -q tests/test_analysis_landscape.py` (a few seconds; evaluation use
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
 
 from es_tiny import one_thread  # noqa: F401  (autouse: tiny matmuls on one thread)
 from conftest import make_tiny_model
+from esft.analysis import barrier as B
 from esft.analysis import landscape as L
 from esft.analysis import sparsity as SP
 
@@ -45,11 +48,51 @@ def test_set_weights_interpolates_and_moves_along_unit_directions(tmp_path):
 
 
 def test_barrier_against_hand_computation():
-    b = L.barrier([0, 0.5, 1], [0.6, 0.2, 0.8], n=100)
+    b = B.barrier([0, 0.5, 1], [0.6, 0.2, 0.8], n=100)
     assert b["linear"] == pytest.approx([0.6, 0.7, 0.8])
     assert b["max_drop"] == pytest.approx(0.5) and b["at"] == 0.5 and b["barrier"]
-    flat = L.barrier([0, 0.5, 1], [0.6, 0.69, 0.8], n=100)
+    flat = B.barrier([0, 0.5, 1], [0.6, 0.69, 0.8], n=100)
     assert not flat["barrier"] and flat["max_drop"] == pytest.approx(0.01)
+
+
+def test_paired_barrier_against_hand_computation():
+    """Three examples at t = 0, 0.5, 1: scores (1, 1, 0), (0, 1, 0), (1, 0, 1). Their own lines at 0.5 are (1, 0.5,
+    0.5), their drops (1, -0.5, 0.5): mean 1/3, sample sd sqrt(7/12), SE sqrt(7/36); z = 0.76 < 1.96."""
+    b = B.paired_barrier([0, 0.5, 1], [[1, 1, 0], [0, 1, 0], [1, 0, 1]])
+    assert b["max_drop"] == pytest.approx(1 / 3) and b["at"] == 0.5 and b["line_at"] == pytest.approx(2 / 3)
+    assert b["se"] == pytest.approx(math.sqrt(7 / 36)) and b["se_of"] == "paired" and not b["barrier"]
+    assert b["linear"] == pytest.approx([2 / 3, 2 / 3, 2 / 3]) and b["min_accuracy"] == pytest.approx(1 / 3)
+    # the same drop shared by every example has no spread: a barrier however small; no drop at all is none
+    assert B.paired_barrier([0, 0.5, 1], [[1, 1], [0.9, 0.9], [1, 1]])["barrier"]
+    assert not B.paired_barrier([0, 0.5, 1], [[1, 0], [1, 0], [1, 0]])["barrier"]
+    assert B.paired_barrier([0, 0.5, 1], [[1], [0], [1]])["se"] is None  # one example: no verdict
+    with pytest.raises(ValueError, match="one row of per-example scores per point"):
+        B.paired_barrier([0, 0.5, 1], [[1, 0], [1, 0]])
+
+
+def test_the_paired_threshold_is_bonferroni_corrected_over_the_interior_points():
+    assert B.critical_z(1) == pytest.approx(1.959964, abs=1e-6)
+    assert B.critical_z(3) == pytest.approx(2.393980, abs=1e-6)
+    assert B.critical_z(9) == pytest.approx(2.772921, abs=1e-6)
+    # the threshold decides: z = 2.18 is a barrier with one interior point and none with three
+    mid = [0] * 4 + [1] * 16  # 20 examples scoring 1 at both ends, 4 of them losing it midway
+    one = B.paired_barrier([0, 0.5, 1], [[1] * 20, mid, [1] * 20])
+    three = B.paired_barrier([0, 0.25, 0.5, 0.75, 1], [[1] * 20, [1] * 20, mid, [1] * 20, [1] * 20])
+    assert one["max_drop"] / one["se"] == pytest.approx(three["max_drop"] / three["se"]) == pytest.approx(2.179, 1e-3)
+    assert one["barrier"] and not three["barrier"]
+
+
+def test_the_paired_test_keeps_its_level_where_two_standard_errors_of_the_line_did_not():
+    """A flat path (every point an independent draw of the same 60% accuracy, n = 100, 5 points): the paired test
+    declares a barrier in about its nominal 2.5% of paths; 2 binomial SEs at the largest of three drops, which
+    ignores the endpoints' noise, in several times that."""
+    rng = np.random.default_rng(0)
+    ts, paired, binomial = [0, 0.25, 0.5, 0.75, 1], 0, 0
+    for _ in range(1000):
+        s = (rng.random((5, 100)) < 0.6).astype(float)
+        paired += B.paired_barrier(ts, s)["barrier"]
+        binomial += B.barrier(ts, s.mean(axis=1), 100)["barrier"]
+    assert paired / 1000 < 0.04 and binomial / 1000 > 0.10
 
 
 def fake_accuracy(reference):
@@ -150,7 +193,7 @@ def test_accuracy_axes_of_the_report_figures_are_held_to_zero_one(tmp_path, monk
     monkeypatch.setattr(plots, "save", keep)
     flat = [0.50, 0.505, 0.51]
     L.plot_interpolation({"t": [0.0, 0.5, 1.0], "accuracy": {"boolq": flat},
-                          "barrier": {"boolq": L.barrier([0.0, 0.5, 1.0], flat, 200)}}, tmp_path / "i.png")
+                          "barrier": {"boolq": B.barrier([0.0, 0.5, 1.0], flat, 200)}}, tmp_path / "i.png")
     L.plot_direction_sweep({"magnitudes": [0.0, 1.0, 90.0],
                             "directions": {"ES": {"norm": 90.0, "accuracy": {"boolq": flat}},
                                            "GRPO": {"norm": 1.0, "accuracy": {"boolq": [0.5, 0.5, 0.5]}}}},
@@ -249,16 +292,16 @@ def test_set_weights_keeps_parameters_the_origin_lacks():
 
 
 def test_barrier_standard_error_and_its_strict_threshold():
-    b = L.barrier([0, 0.5, 1], [0.6, 0.2, 0.8], n=100)
+    b = B.barrier([0, 0.5, 1], [0.6, 0.2, 0.8], n=100)
     assert b["se"] == pytest.approx(np.sqrt(0.7 * 0.3 / 100), rel=1e-12)
     # a drop of exactly twice the standard error is not "more than" it: line 0.5, n = 4, se = 0.25
-    edge = L.barrier([0, 0.5, 1], [0.5, 0.0, 0.5], n=4)
+    edge = B.barrier([0, 0.5, 1], [0.5, 0.0, 0.5], n=4)
     assert edge["max_drop"] == 0.5 and edge["se"] == 0.25 and not edge["barrier"]
     # the straight line runs between the endpoints wherever the path's parameter starts
-    shifted = L.barrier([1, 2, 3], [0.6, 0.2, 0.8], n=100)
+    shifted = B.barrier([1, 2, 3], [0.6, 0.2, 0.8], n=100)
     assert shifted["linear"] == pytest.approx([0.6, 0.7, 0.8]) and shifted["at"] == 2.0
     # between two and three standard errors: a barrier (line 0.7, n = 100: 2 se = 0.092, drop 0.12)
-    assert L.barrier([0, 0.5, 1], [0.6, 0.58, 0.8], n=100)["barrier"]
+    assert B.barrier([0, 0.5, 1], [0.6, 0.58, 0.8], n=100)["barrier"]
 
 
 def test_magnitudes_without_a_positive_norm_are_the_origin_alone():
@@ -347,9 +390,9 @@ def test_random_directions_differ_by_seed_and_by_tensor():
 
 
 def test_barrier_without_a_sample_size_and_with_the_minimum_at_an_end():
-    b = L.barrier([0, 0.5, 1], [0.6, 0.2, 0.8])
+    b = B.barrier([0, 0.5, 1], [0.6, 0.2, 0.8])
     assert b["se"] is None and not b["barrier"] and b["max_drop"] == pytest.approx(0.5)
-    rising = L.barrier([0, 0.5, 1], [0.2, 0.5, 0.8], n=10)
+    rising = B.barrier([0, 0.5, 1], [0.2, 0.5, 0.8], n=10)
     assert rising["min_accuracy"] == 0.2 and rising["max_drop"] == pytest.approx(0.0, abs=1e-12)
 
 

@@ -75,18 +75,20 @@ def test_report_has_every_table_and_says_what_is_unsupported(experiment, tmp_pat
     build_report(cfg, progress=False)
     after = {p.name: p.read_text() for p in (path.parent / "data").glob("*.json")}
     assert before == after
-    # caches written by an older esft, without the constant baseline or the KL standard errors: computed again,
-    # not shown as n/a
+    assert all(b["se_of"] == "paired" for b in interpolation["barrier"].values())
+    # caches written by an older esft, without the constant baseline, the paired barrier test or the KL standard
+    # errors: computed again, not shown as n/a or with an older test
     kl = next(data.glob("kl_ES_*.json"))
-    old = {data / "landscape_interpolation.json": "constant_baseline", kl: "k3_token_mean_se"}
-    for file, key in old.items():
+    old = [(data / "landscape_holdout.json", "constant_baseline"), (data / "landscape_interpolation.json", "z_crit"),
+           (kl, "k3_token_mean_se")]
+    for file, key in old:
         entry = json.loads(file.read_text())
         entry["result"] = without(entry["result"], key)
         assert key not in json.dumps(entry["result"])
         file.write_text(json.dumps(entry))
     again = build_report(cfg, progress=False).read_text()
-    assert all(f'"{key}"' in file.read_text() for file, key in old.items())
-    assert "| landscape | " in again and re.search(r"\| landscape \| [\d.]+ \| 2 of 3 \|", again), again
+    assert all(f'"{key}"' in file.read_text() for file, key in old)
+    assert "| landscape | " in again and re.search(r"\| landscape \| [\d.]+ \| 1 of 3 \|", again), again
     assert re.search(r"\| kl \| [\d.]+ \| 1 of 2 \|", again), again
 
 

@@ -18,6 +18,7 @@ import statistics
 import pytest
 
 from es_tiny import one_thread  # noqa: F401  (autouse: tiny matmuls on one thread)
+from esft.analysis import barrier as B
 from esft.analysis import landscape as L
 from esft.analysis import sparsity as SP
 from esft.analysis.commands import format_landscape
@@ -57,65 +58,78 @@ def path(monkeypatch):
     return L.interpolation_path(work, None, a, b, [0.5], {t: (None, [0] * 4) for t in POINTS}, None)
 
 
-def test_a_reward_paths_barrier_uses_the_sample_standard_error_of_its_scores(path):
-    """r: means 2, 1, 3; the line is at 2.5 at t = 0.5, a drop of 1.5. The scores there (-2, 5, 0, 1) have a
-    sample sd of sqrt(26 / 3): SE 1.472, so 1.5 < 2 SE is no barrier. The binomial SE of 2.5 has no real root
-    (2.5 * (1 - 2.5) < 0), and its clamp made every drop a barrier."""
+def test_a_reward_paths_barrier_is_the_paired_test_over_its_examples(path):
+    """r: means 2, 1, 3; the line is at 2.5 at t = 0.5, a drop of 1.5. Each example's own line there is (-1, 5, 3,
+    3), its drop (1, 0, 3, 2): sample sd sqrt(5 / 3), SE 0.6455, z = 2.32 > 1.96 (one interior point): a barrier.
+    The binomial SE of 2.5 has no real root (2.5 * (1 - 2.5) < 0), and the SE of the scores at t = 0.5 alone
+    (1.472) ignores that every point scores the same examples."""
     r = path["barrier"]["r"]
     assert path["score"]["r"] == "mean reward"
     assert (r["max_drop"], r["at"], r["line_at"]) == pytest.approx((1.5, 0.5, 2.5))
-    assert r["se"] == pytest.approx(math.sqrt(26 / 3) / 2) and r["se_of"] == "sample" and not r["barrier"]
-    assert r["min_accuracy"] == 1.0
+    assert r["se"] == pytest.approx(math.sqrt(5 / 3) / 2) and r["se_of"] == "paired" and r["barrier"]
+    assert r["z_crit"] == pytest.approx(1.959964) and r["min_accuracy"] == 1.0
 
 
 def test_a_reward_is_named_from_its_scores_even_when_its_means_stay_in_0_1(path):
-    """m's means 0.25, 0, 0.5 would read as an accuracy; its scores (-2, 3) do not. At t = 0.5 the scores
-    -2, 2, 0, 0 have sd sqrt(8 / 3): the SE is its half, not the binomial sqrt(0.375 * 0.625 / 4)."""
+    """m's means 0.25, 0, 0.5 would read as an accuracy; its scores (-2, 3) do not. At t = 0.5 the examples'
+    drops below their own lines are (0.5, 1, 0, 0): SE sqrt(0.6875 / 3) / 2, z 1.57, no barrier."""
     assert path["score"]["m"] == "mean reward"
-    assert path["barrier"]["m"]["se"] == pytest.approx(math.sqrt(8 / 3) / 2)
+    m = path["barrier"]["m"]
+    assert m["se"] == pytest.approx(math.sqrt(0.6875 / 3) / 2) and m["max_drop"] == pytest.approx(0.375)
+    assert not m["barrier"]
 
 
-def test_an_accuracy_paths_barrier_is_the_binomial_one_as_before(path):
+def test_an_accuracy_paths_barrier_is_the_paired_one_too(path):
+    """a: right/wrong per example; drops (1, 1, 0.5, -1) at t = 0.5: SE sqrt(2.6875 / 3) / 2."""
     a = path["barrier"]["a"]
-    assert path["score"]["a"] == "accuracy" and a["se_of"] == "binomial"
-    assert a["se"] == pytest.approx(math.sqrt(0.625 * 0.375 / 4)) and a["max_drop"] == pytest.approx(0.375)
+    assert path["score"]["a"] == "accuracy" and a["se_of"] == "paired"
+    assert a["se"] == pytest.approx(math.sqrt(2.6875 / 3) / 2) and a["max_drop"] == pytest.approx(0.375)
+    assert not a["barrier"]
 
 
 def test_a_sample_standard_error_declares_a_barrier_past_two_of_it():
-    b = L.barrier([0, 0.5, 1], [3.0, -1.0, 3.0], n=4, sd=[1.0, 1.0, 1.0])
+    b = B.barrier([0, 0.5, 1], [3.0, -1.0, 3.0], n=4, sd=[1.0, 1.0, 1.0])
     assert b["se"] == pytest.approx(0.5) and b["barrier"] and b["max_drop"] == pytest.approx(4.0)
-    assert not L.barrier([0, 0.5, 1], [3.0, 2.5, 3.0], n=4, sd=[1.0, 4.0, 1.0])["barrier"]  # 0.5 < 2 * 2 / 2
-    assert L.barrier([0, 0.5, 1], [3.0, 2.5, 3.0], n=1, sd=[None, None, None])["se"] is None
+    assert not B.barrier([0, 0.5, 1], [3.0, 2.5, 3.0], n=4, sd=[1.0, 4.0, 1.0])["barrier"]  # 0.5 < 2 * 2 / 2
+    assert B.barrier([0, 0.5, 1], [3.0, 2.5, 3.0], n=1, sd=[None, None, None])["se"] is None
 
 
-def test_the_interpolation_table_names_a_mean_reward_and_its_sample_se(path):
+def test_the_interpolation_table_names_a_mean_reward_and_its_paired_se(path):
     header = interpolation_header(path, ["r"], ("ES", "GRPO"))
     assert header == ["task", "ES mean reward", "GRPO mean reward", "min on path", "largest drop below the line",
-                      "sample SE", "barrier (> 2 SE)"]
+                      "paired SE", "barrier (> 1.96 SE)"]
     assert interpolation_rows(path, ["r", "m"]) == [
-        ["r", "2.000", "3.000", "1.000", "+1.500 at t=0.50", "1.472", "no"],
-        ["m", "0.250", "0.500", "0.000", "+0.375 at t=0.50", "0.8165", "no"]]
-    assert interpolation_notes(path, ["r", "m", "a"])[0].startswith(
-        "Mean reward, a plain number on its reward function's scale (not %): r, m; the drop is on that scale")
+        ["r", "2.000", "3.000", "1.000", "+1.500 at t=0.50", "0.6455", "yes"],
+        ["m", "0.250", "0.500", "0.000", "+0.375 at t=0.50", "0.2394", "no"]]
+    paired, reward = interpolation_notes(path, ["r", "m", "a"])
+    assert paired.startswith("Paired SE: the standard error over the examples of each one's drop below its own "
+                             "straight line") and "exceeds 1.96 SE" in paired and "the path's 1 interior point " in paired
+    assert reward == ("Mean reward, a plain number on its reward function's scale (not %): r, m; the drop is on "
+                      "that scale.")
 
 
-def test_the_interpolation_table_of_accuracies_is_unchanged(path):
+def test_the_interpolation_table_of_accuracies(path):
     assert interpolation_header(path, ["a"], ("ES", "GRPO")) == [
-        "task", "ES acc", "GRPO acc", "min on path", "largest drop below the line", "binomial SE",
-        "barrier (> 2 SE)", "best constant answer (95% CI)"]
+        "task", "ES acc", "GRPO acc", "min on path", "largest drop below the line", "paired SE",
+        "barrier (> 1.96 SE)", "best constant answer (95% CI)"]
     # the stand-in task brings no gold answers: no constant answer to show
-    assert interpolation_rows(path, ["a"]) == [["a", "50.0%", "75.0%", "25.0%", "+0.375 at t=0.50", "0.2421", "no",
+    assert interpolation_rows(path, ["a"]) == [["a", "50.0%", "75.0%", "25.0%", "+0.375 at t=0.50", "0.4732", "no",
                                                 "n/a"]]
-    assert interpolation_notes(path, ["a"]) == []
+    assert [n[:10] for n in interpolation_notes(path, ["a"])] == ["Paired SE:"]
     mixed = interpolation_header(path, ["a", "r"], ("ES", "GRPO"))
-    assert mixed[1:3] == ["ES acc or mean reward", "GRPO acc or mean reward"] and mixed[5] == "binomial SE or sample SE"
+    assert mixed[1:3] == ["ES acc or mean reward", "GRPO acc or mean reward"] and mixed[5] == "paired SE"
+    # a result computed before the paired test: its tests of the means, named as before
+    path["barrier"] = {t: B.barrier(path["t"], path["accuracy"][t], 4) for t in ("a", "r")}
+    assert interpolation_header(path, ["a", "r"], ("ES", "GRPO"))[5:7] == ["binomial SE or sample SE",
+                                                                            "barrier (> 2 SE)"]
+    assert interpolation_rows(path, ["a"])[0][5:7] == ["0.2421", "no"] and interpolation_notes(path, ["a"]) == []
 
 
 def test_a_reward_result_without_per_example_scores_shows_no_se_or_barrier(path):
     """A result computed before it recorded the scores has a binomial SE for a reward, meaningless on its scale:
     n/a; its name then comes from the values (r's leave [0, 1])."""
     del path["score"]
-    path["barrier"]["r"]["se_of"] = "binomial"
+    path["barrier"] = {t: B.barrier(path["t"], path["accuracy"][t], 4) for t in ("a", "r")}
     row = interpolation_rows(path, ["r"])[0]
     assert row[1] == "2.000" and row[5:] == ["n/a", "n/a"]
     path["barrier"]["a"].pop("se_of")  # an accuracy from such a result keeps its binomial SE
@@ -192,8 +206,8 @@ def test_the_reports_landscape_section_names_a_reward(path, tmp_path, monkeypatc
     report.section_landscape()
     text = report.sections[-1]
     assert "| task | ES acc or mean reward | GRPO acc or mean reward | min on path | largest drop below the line | " \
-           "binomial SE or sample SE | barrier (> 2 SE) |" in text
-    assert "| r | 2.000 | 3.000 | 1.000 | +1.500 at t=0.50 | 1.472 | no |" in text
+           "paired SE | barrier (> 1.96 SE) |" in text
+    assert "| r | 2.000 | 3.000 | 1.000 | +1.500 at t=0.50 | 0.6455 | yes |" in text
     assert "\n\nMean reward, a plain number on its reward function's scale (not %): r;" in text
     assert "| ES | 1 | r | 0.500 |\n\nMean reward, a plain number on its reward function's scale (not %): r.\n" in text
 

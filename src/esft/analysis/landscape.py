@@ -28,12 +28,12 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 import numpy as np
 import torch
 
-from esft.analysis.barrier import barrier, path_score_names, sample_sd
+from esft.analysis.barrier import path_barrier, path_score_names
 from esft.analysis.constant import KEY, draw_baseline, shown, task_baselines
 from esft.analysis.report_cache import fingerprint
 from esft.analysis.score_text import scores_line
 from esft.analysis.sources import TensorSource, as_source
-from esft.tasks.labels import ACCURACY, MEAN_REWARD
+from esft.tasks.labels import ACCURACY
 
 if TYPE_CHECKING:
     from esft.analysis.report_context import ReportContext
@@ -230,9 +230,7 @@ def interpolation_path(model, tokenizer, a: Any, b: Any, ts: Sequence[float], ta
             print(f"interpolation t={t:.3f} {scores_line(res, got)}", flush=True)
     names = path_score_names(scores, accs)
     return {"t": ts, "accuracy": accs, "distance": direction.norm, "score": names,
-            "barrier": {n: barrier(ts, accs[n], len(tasks[n][1]),
-                                   [sample_sd(s) for s in scores[n]] if names[n] == MEAN_REWARD else None)
-                        for n in tasks},
+            "barrier": {n: path_barrier(ts, accs[n], scores[n], len(tasks[n][1]), names[n]) for n in tasks},
             "n": {n: len(tasks[n][1]) for n in tasks}, KEY: task_baselines(tasks)}
 
 
@@ -427,7 +425,7 @@ class _Endpoints:
                                       progress=self.ctx.progress)
 
         res, cached = self.ctx.cache.get("landscape_interpolation", {**self.common, "ts": ts, "tasks": self.tasks},
-                                         interp, holds=[KEY])
+                                         interp, holds=[KEY, "z_crit"])  # z_crit: the paired barrier test
         path = self.ctx.fig("landscape_interpolation")
         out.interpolation = res
         out.interpolation_figure = self.ctx.plot(cached, path, lambda: plot_interpolation(

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from esft.analysis.barrier import SAMPLE
+from esft.analysis.barrier import PAIRED, SAMPLE
 from esft.analysis.constant import KEY, LABEL, NOT_RECORDED, baseline_notes, baseline_text, shown
 from esft.analysis.score_text import interval_notes, interval_text, score_text
 from esft.tables import NA, fmt
@@ -40,7 +40,7 @@ def interpolation_rows(res: dict[str, Any], tasks: Sequence[str]) -> list[list[A
     for t in tasks:
         acc, bar = res["accuracy"][t], res["barrier"][t]
         cell = score_text(acc, names[t])
-        known = names[t] == ACCURACY or bar.get("se_of") == SAMPLE
+        known = names[t] == ACCURACY or bar.get("se_of") in (SAMPLE, PAIRED)
         rows.append([t, cell(acc[0]), cell(acc[-1]), cell(bar["min_accuracy"]),
                      f"{bar['max_drop']:+.3f} at t={bar['at']:.2f}", _se_cell(res, t, names[t]) if known else NA,
                      ("yes" if bar["barrier"] else "no") if known else NA]
@@ -54,7 +54,7 @@ def _se_cell(res: dict[str, Any], task: str, name: str) -> str:
     examples (a result computed before the SE was 0 there holds a floor such as 5e-07 instead: printed as 0)."""
     bar = res["barrier"][task]
     line, n = bar.get("line_at"), (res.get("n") or {}).get(task)
-    if name != ACCURACY or bar.get("se_of") == SAMPLE or line is None or line * (1 - line) > 0:
+    if name != ACCURACY or bar.get("se_of") in (SAMPLE, PAIRED) or line is None or line * (1 - line) > 0:
         return fmt(bar["se"])
     return f"0 (line at {interval_text(ACCURACY, n)(line)})" if n else "0"
 
@@ -67,9 +67,20 @@ def interpolation_header(res: dict[str, Any], tasks: Sequence[str], labels: tupl
     se = {ACCURACY: "binomial SE", MEAN_REWARD: "sample SE"}
     order = [k for k in (ACCURACY, MEAN_REWARD) if k in kinds] or [ACCURACY]
     what, error = " or ".join(score[k] for k in order), " or ".join(se[k] for k in order)
+    verdict = "barrier (> 2 SE)"
+    z = _paired_z(res, tasks)
+    if z is not None:
+        error, verdict = "paired SE", f"barrier (> {z:.2f} SE)"
     return (["task"] + [f"{lab} {what}" for lab in labels]
-            + ["min on path", "largest drop below the line", error, "barrier (> 2 SE)"]
+            + ["min on path", "largest drop below the line", error, verdict]
             + ([f"{LABEL} (95% CI)"] if ACCURACY in kinds else []))
+
+
+def _paired_z(res: dict[str, Any], tasks: Sequence[str]) -> float | None:
+    """The paired test's threshold when every task's barrier is the paired one (esft.analysis.barrier), else None
+    (a result computed before: its tests of the means)."""
+    bars = [res["barrier"][t] for t in tasks]
+    return bars[0]["z_crit"] if bars and all(b.get("se_of") == PAIRED for b in bars) else None
 
 
 def interpolation_notes(res: dict[str, Any], tasks: Sequence[str]) -> list[str]:
@@ -82,13 +93,21 @@ def interpolation_notes(res: dict[str, Any], tasks: Sequence[str]) -> list[str]:
     old += [f"Binomial SE 0 ({', '.join(zero)}): the line stands at 0% or 100% at the largest drop, where "
             "sqrt(p (1 - p) / n) is 0 and any drop counts as a barrier; beside it the line's value with its 95% "
             "Wilson interval over the evaluated examples, [a, b] in %."] if zero else []
+    z = _paired_z(res, tasks)
+    if z is not None:
+        interior = len(res["t"]) - 2
+        old += [f"Paired SE: the standard error over the examples of each one's drop below its own straight line "
+                f"between its scores at the two ends (all points score the same examples); a barrier when the "
+                f"largest drop exceeds {z:.2f} SE, the one-sided 2.5% normal quantile Bonferroni-corrected over "
+                f"the path's {interior} interior point{'s' if interior != 1 else ''} (esft.analysis.barrier)."]
     if not rewards:
         return old
     return old + [
         f"Mean reward, a plain number on its reward function's scale (not %): {', '.join(rewards)}; the drop is "
-        "on that scale, and its SE is the sample standard error of the per-example scores at the point of the "
-        "largest drop (an accuracy's is the binomial one of the line's value); n/a where the result holds no "
-        "per-example scores (recompute the report)."]
+        "on that scale" + ("." if z is not None else
+                           ", and its SE is the sample standard error of the per-example scores at the point of the "
+                           "largest drop (an accuracy's is the binomial one of the line's value); n/a where the "
+                           "result holds no per-example scores (recompute the report).")]
 
 
 def sweep_names(res: dict[str, Any]) -> dict[str, str]:
