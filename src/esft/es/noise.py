@@ -21,8 +21,11 @@ draw several tensors at once on `workers` threads (default: torch's thread count
 the order of every floating-point sum are unchanged, so results are bit-identical to one thread. Noise mode
 "table" goes further: eps for (seed, tensor) is a window of one shared, fixed N(0,1) table at an offset hashed
 from (seed, name) (Salimans et al. 2017's shared noise table), so a perturbation is a memory-bound add instead
-of a generator pass. Windows at different offsets are uncorrelated (they are shifted copies of an i.i.d.
-sequence), so the ES estimator and the random-walk law hold in expectation; the numbers differ from
+of a generator pass. The table (2^26 floats, or twice the largest tensor) can be smaller than the model (135M
+parameters for SmolLM2), so one member's windows for two tensors may overlap and repeat values; but each
+window's offset is an independent uniform draw per (seed, tensor), so over seeds E[eps eps^T] is the identity up
+to the table's sample moments, and two windows at different offsets are uncorrelated (shifted copies of an i.i.d.
+sequence): the ES estimator and the random-walk law hold in expectation. The numbers differ from
 "per-tensor", so a run must keep one mode (it is part of the run config).
 """
 
