@@ -76,6 +76,20 @@ def test_kl_printed_lines_and_report_tables_show_the_standard_error():
         [["a", "0.2 [0.1, 0.3]"]]
 
 
+def test_a_kl_cell_beside_the_studys_mean_and_std_shows_ours_too():
+    """Tables 13-14 print mean +- std over seeds: ours of several seeds stands beside them; Table 12's median
+    [min, max] cells and one seed's cells get none."""
+    tables = [{"stages": ["1:countdown"], "tasks": ["countdown"],
+               **{k: {"countdown": {"1:countdown": {"k3_token_mean": v}}} for k in ("incremental", "cumulative")}}
+              for v in (0.1, 0.3, 0.2)]
+    es = KR.KLGroup("es", "es", ("countdown",), tables, K.aggregate_seeds(tables))
+    assert KR.kl_rows(es, "cumulative")[1] == [["countdown", "0.2 [0.1, 0.3]; mean 0.2 +- 0.1 (paper 0.206 +- 0.023)"]]
+    grpo = KR.KLGroup("grpo", "grpo", ("countdown",), tables, K.aggregate_seeds(tables))
+    assert KR.kl_rows(grpo, "incremental")[1] == [["countdown", "0.2 [0.1, 0.3] (paper 0.381 [0.293, 0.454])"]]
+    one = KR.KLGroup("es", "es", ("countdown",), tables[:1], K.aggregate_seeds(tables[:1]))
+    assert KR.kl_rows(one, "cumulative")[1] == [["countdown", "0.1 (paper 0.206 +- 0.023)"]]
+
+
 def _wilson_pct(acc, n):
     from esft.tasks.labels import wilson_interval
 

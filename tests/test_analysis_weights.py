@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+from types import SimpleNamespace as _NS
 
 import numpy as np
 import pytest
@@ -18,6 +19,9 @@ from conftest import make_tiny_model
 from esft.analysis import canonical as C
 from esft.analysis import weights as W
 from esft.analysis.sources import CheckpointSource, aligned_refs, iter_chunks, read_full
+
+#: the run of a stage that trained the study's 100 ES iterations (what the report reads of it)
+RUN100 = _NS(config={"iterations": 100})
 
 
 def rand(*shape, seed=0):
@@ -312,7 +316,7 @@ def test_tensors_left_out_of_the_totals_are_said_in_the_output(tmp_path):
     skipped = []
     chain = SimpleNamespace(label="es", base=tmp_path / "base", base_spec="base", algorithm="es", tasks=["countdown"],
                             shown_tasks=["countdown"],
-                            stages=[SimpleNamespace(checkpoint=tmp_path / "t")])
+                            stages=[SimpleNamespace(checkpoint=tmp_path / "t", run=RUN100)])
     ctx = SimpleNamespace(pairs=[], chains=[chain], skip=lambda a, why: skipped.append((a, why)), results={},
                           cache=SimpleNamespace(get=lambda name, params, fn: (fn(), False)), progress=False,
                           config=SimpleNamespace(eps=1e-5), fig=lambda name: tmp_path / f"{name}.png",
@@ -336,7 +340,8 @@ def test_the_report_weights_figure_and_family_table_name_the_stage_they_show(tmp
         save_file({n: t.contiguous() for n, t in tuned.items()}, str(tmp_path / name / "model.safetensors"))
     chain = SimpleNamespace(label="es", base=tmp_path / "base", base_spec="base", algorithm="es",
                             tasks=["countdown", "boolq"], shown_tasks=["countdown", "boolq"],
-                            stages=[SimpleNamespace(checkpoint=tmp_path / s) for s in ("s1", "s2")])
+                            stages=[SimpleNamespace(checkpoint=tmp_path / s, run=SimpleNamespace(config={"iterations": it}))
+                                    for s, it in (("s1", 100), ("s2", 300))])
     titles = []
     monkeypatch.setattr(W, "plot_weights", lambda rep, path, title=None: titles.append(title) or path)
     ctx = SimpleNamespace(pairs=[], chains=[chain], skip=lambda *a: None, results={},
@@ -345,6 +350,8 @@ def test_the_report_weights_figure_and_family_table_name_the_stage_they_show(tmp
                           plot=lambda cached, path, fn: fn())
     (comp,) = W.report_weights(ctx)
     assert comp.last_stage == "2 (boolq)"
+    # beside the study's 100-iteration ES values, a stage of another budget is named
+    assert comp.budget == "The study's ES values are of 100 iterations per stage; these ES stages ran 300."
     assert titles == ["es, stage 2 (boolq): update from the base model"]
     lines = "\n".join(Report._weights_tables(SimpleNamespace(rel=str, shown=str), comp))
     assert "Per family, at stage 2 (boolq):" in lines and "stable ranks, stage 2 (boolq)]" in lines
@@ -722,7 +729,8 @@ def test_table3_shows_a_zero_es_update_as_a_ratio_of_zero(tmp_path):
 
     def chain(algorithm):
         return SimpleNamespace(label=algorithm, base=tmp_path / "base", base_spec="base", algorithm=algorithm,
-                               tasks=["boolq"], shown_tasks=["boolq"], stages=[SimpleNamespace(checkpoint=tmp_path / algorithm)])
+                               tasks=["boolq"], shown_tasks=["boolq"],
+                               stages=[SimpleNamespace(checkpoint=tmp_path / algorithm, run=RUN100)])
 
     pair = SimpleNamespace(label="es vs grpo", es=chain("es"), grpo=chain("grpo"))
     ctx = SimpleNamespace(pairs=[pair], chains=[pair.es, pair.grpo], skip=lambda *a: None, results={},
@@ -732,6 +740,7 @@ def test_table3_shows_a_zero_es_update_as_a_ratio_of_zero(tmp_path):
     (comp,) = W.report_weights(ctx)
     (row,) = comp.norms
     assert row[1] == 0.0 and row[2] > 0 and row[3] == "0x"
+    assert comp.budget == ""  # the study's 100 iterations
 
 
 def test_family_table_lists_each_update_and_each_pair_from_independent_sums():

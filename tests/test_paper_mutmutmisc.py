@@ -11,15 +11,21 @@ from esft import paper
 
 def test_kl_reference_reads_the_table_of_its_algorithm_and_kind():
     # Table 12 (GRPO, incremental): eval task math after the first stage (countdown): (0.050, 0.048, 0.056)
-    assert paper.kl_reference("grpo", "incremental", "math", "countdown") == "0.05 [0.048, 0.056]"
+    assert paper.kl_reference("grpo", "incremental", "math", "countdown") == ("0.05 [0.048, 0.056]", "median")
     # Table 14 (GRPO, cumulative): after chemistry (stage 2), eval task boolq (column 3): (1.904, 3.140)
-    assert paper.kl_reference("grpo", "cumulative", "boolq", "chemistry") == "1.904 +- 3.14"
+    assert paper.kl_reference("grpo", "cumulative", "boolq", "chemistry") == ("1.904 +- 3.14", "mean")
     # Table 13 (ES, cumulative): after math (stage 1), eval task chemistry: (0.755, 0.477)
-    assert paper.kl_reference("es", "cumulative", "chemistry", "math") == "0.755 +- 0.477"
+    assert paper.kl_reference("es", "cumulative", "chemistry", "math") == ("0.755 +- 0.477", "mean")
     # ES incremental: Table 11 has no values, except after the first stage where incremental == cumulative
     assert paper.kl_reference("es", "incremental", "math", "math") is None
-    assert paper.kl_reference("es", "incremental", "countdown", "countdown") == "0.206 +- 0.023"
+    assert paper.kl_reference("es", "incremental", "countdown", "countdown") == ("0.206 +- 0.023", "mean")
     assert paper.kl_reference("es", "cumulative", "mmlu", "math") is None  # a task the study did not train
+
+
+def test_the_es_budget_note_names_budgets_other_than_the_studys_100_iterations():
+    assert paper.es_budget_note([100, 100, None]) == "" and paper.es_budget_note([]) == ""
+    assert paper.es_budget_note([300, 100, 30, 300]) == ("The study's ES values are of 100 iterations per stage; "
+                                                         "these ES stages ran 30, 300.")
 
 
 def test_stage_labels_name_the_studys_four_stages_and_only_those():

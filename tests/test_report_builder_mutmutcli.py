@@ -62,7 +62,8 @@ def test_the_weights_section_shows_table_20_for_a_pair_only_and_names_missing_ch
 
     paired = UpdateComparison("ES vs GRPO, boolq, seed 42", tmp_path / "base", "es", True,
                               norms=[["1", "0.5", "0.25", "2.00", "-"]], sparsity=[["1", "0", "0", "3", "4", "-"]],
-                              cosines=[["1", "0.01", "-"]], notes=["stage 2: GRPO has no checkpoint."])
+                              cosines=[["1", "0.01", "-"]], notes=["stage 2: GRPO has no checkpoint."],
+                              budget="The study's ES values are of 100 iterations per stage; these ES stages ran 300.")
     alone = UpdateComparison("ES countdown seed 1 (run)", tmp_path / "base", "es", False,
                              norms=[["1", "0.7", "-"]], sparsity=[["1", "0.1", "5", "-"]])
     monkeypatch.setattr(report_builder, "report_weights", lambda ctx: [paired, alone])
@@ -72,6 +73,9 @@ def test_the_weights_section_shows_table_20_for_a_pair_only_and_names_missing_ch
     assert "**Table 3: update norm ||dtheta||_2**" in pair_text and "| ES/GRPO |" in pair_text
     assert "**Table 20: cosine(ES update, GRPO update)**" in pair_text and "| 0.01 |" in pair_text
     assert "\nMissing checkpoints: stage 2: GRPO has no checkpoint." in pair_text
+    assert ("\nThe study's ES values are of 100 iterations per stage; these ES stages ran 300. By the random-walk "
+            "law an ES update's norm grows as the square root of its iterations.") in pair_text
+    assert "iterations per stage" not in alone_text
     assert "**Table 3: update norm**" in alone_text and "| ES norm |" in alone_text
     assert "Table 20" not in alone_text and "Missing checkpoints" not in alone_text
 
@@ -100,7 +104,7 @@ def test_a_kl_group_says_whether_its_cells_are_one_seed_or_the_median_over_its_s
 
     seq = ("countdown", "math")
     groups = [KLGroup("es", "es", seq, [{}], {}, [1]), KLGroup("grpo", "grpo", seq, [{}] * 3, {}, [1, 2, 3]),
-              KLGroup("es", "es@300", seq, [{}] * 2, {}, [0, 0])]
+              KLGroup("es", "es@300", seq, [{}] * 2, {}, [0, 0], [300, 300, 300, 300])]
     monkeypatch.setattr(report_builder, "report_kl", lambda ctx: (groups, None))
     monkeypatch.setattr(report_builder, "kl_rows", lambda g, kind: (["stage", "k3"], [["1", "0.1"]]))
     report = Report(ReportConfig(dir=str(tmp_path)), progress=False)
@@ -112,3 +116,6 @@ def test_a_kl_group_says_whether_its_cells_are_one_seed_or_the_median_over_its_s
     # runs of one seed in two folders are two chains, not two seeds
     assert chains.startswith("ES@300 countdown->math (2 chains (seeds 0, 0))\n")
     assert "**cumulative** (median [min, max] over chains)" in chains
+    # the study's ES values are of 100 iterations per stage: a chain of another budget says so, one of 100 not
+    assert "(Table 11). The study's ES values are of 100 iterations per stage; these ES stages ran 300.\n" in chains
+    assert "(Table 11).\n" in one and "iterations per stage" not in three

@@ -8,6 +8,8 @@ Countdown -> Math -> Chemistry -> BoolQ; tables below are indexed by stage (0-ba
 
 from __future__ import annotations
 
+from typing import Iterable
+
 STAGE_TASKS = ("countdown", "math", "chemistry", "boolq")
 
 #: The study's display names of the tasks (Tables 1, 2); the header of its Tables 5-8 calls chemistry "SciK".
@@ -81,6 +83,21 @@ ES_FLOPS_PER_TOKEN = FLOPS_FORWARD
 GRPO_FLOPS_PER_TOKEN = FLOPS_FORWARD + FLOPS_FORWARD_BACKWARD
 
 
+#: ES iterations per stage behind the study's ES values of Tables 3-8 and 11-16 ("ES (iter=100)" in the captions of
+#: Tables 5, 7, 13, 15; Table 3's norms solve the random-walk law alpha^2 T d / N at T ~ 100, 200, 300, 400)
+ES_ITERATIONS = 100
+
+
+def es_budget_note(iterations: Iterable[int | None]) -> str:
+    """"" when every ES stage set beside the study's ES values ran its ES_ITERATIONS; else a sentence naming the
+    budgets these ran, so that a reader does not compare 300 iterations with the study's 100."""
+    other = sorted({int(i) for i in iterations if i is not None and int(i) != ES_ITERATIONS})
+    if not other:
+        return ""
+    return (f"The study's ES values are of {ES_ITERATIONS} iterations per stage; these ES stages ran "
+            f"{', '.join(map(str, other))}.")
+
+
 def stage_label(i: int) -> str:
     return f"T{i} {STAGE_TASKS[i].capitalize()}" if 0 <= i < len(STAGE_TASKS) else f"T{i}"
 
@@ -90,19 +107,20 @@ def stage_index(task: str | None) -> int | None:
     return STAGE_TASKS.index(task) if task in STAGE_TASKS else None
 
 
-def kl_reference(algo: str, kind: str, task: str, trained: str) -> str | None:
+def kl_reference(algo: str, kind: str, task: str, trained: str) -> tuple[str, str] | None:
     """The study's KL cell on `task` after training `trained` (wherever that task sits in the study's sequence),
-    as it prints it: "median [min, max]" (Table 12) or "mean +- std" (Tables 13, 14); None where it gives none."""
+    as it prints it, with its statistic: ("median [min, max]", "median") (Table 12) or ("mean +- std", "mean")
+    (Tables 13, 14); None where it gives none."""
     if trained not in STAGE_TASKS or task not in STAGE_TASKS:
         return None
     k, j = STAGE_TASKS.index(trained), STAGE_TASKS.index(task)
     if kind == "incremental" and algo == "grpo":
         med, lo, hi = TABLE12_GRPO_INCREMENTAL[task][k]
-        return f"{med} [{lo}, {hi}]"
+        return f"{med} [{lo}, {hi}]", "median"
     if kind == "cumulative" or k == 0:  # after the first stage incremental == cumulative
         tab = TABLE13_ES_CUMULATIVE if algo == "es" else TABLE14_GRPO_CUMULATIVE
         mean, sd = tab[k][j]
-        return f"{mean} +- {sd}"
+        return f"{mean} +- {sd}", "mean"
     return None
 
 

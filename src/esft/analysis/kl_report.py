@@ -28,6 +28,8 @@ class KLGroup:
     aggregate: dict[str, Any]
     chain_seeds: list[int | None] = field(default_factory=list)
     """the seed of each chain behind `seeds` (two chains may share one: runs of one seed in two folders)"""
+    iterations: list[int | None] = field(default_factory=list)
+    """each ES stage's iterations (from its run's config), for the note beside the study's 100-iteration values"""
 
     @property
     def over(self) -> str:
@@ -61,6 +63,7 @@ def report_kl(ctx: ReportContext) -> tuple[list[KLGroup], Path | None] | None:
         return None
     tables: dict[tuple[str, str, tuple[str, ...]], list[dict[str, Any]]] = {}
     seeds: dict[tuple[str, str, tuple[str, ...]], list[int | None]] = {}
+    budgets: dict[tuple[str, str, tuple[str, ...]], list[int | None]] = {}
     all_cached = True
     opts = ctx.task_options()
     for c in chains:
@@ -84,8 +87,9 @@ def report_kl(ctx: ReportContext) -> tuple[list[KLGroup], Path | None] | None:
         key = (c.algorithm, c.name or c.algorithm, tuple(ctx.task_name(t) for t in c.tasks))
         tables.setdefault(key, []).append(res)
         seeds.setdefault(key, []).append(c.seed)
-    groups = [KLGroup(algo, track, tasks, tbs, aggregate_seeds(tbs, HEADLINE), seeds[(algo, track, tasks)])
-              for (algo, track, tasks), tbs in tables.items()]
+        budgets.setdefault(key, []).extend(st.run.config.get("iterations") for st in c.stages if c.algorithm == "es")
+    groups = [KLGroup(*key, tbs, aggregate_seeds(tbs, HEADLINE), seeds[key], budgets[key])
+              for key, tbs in tables.items()]
     panels = {(g.title if len(groups) > 2 else g.track.upper()):
               (matrix(g.aggregate, "incremental", stat="median"), g.aggregate["tasks"], g.aggregate["stages"])
               for g in groups}
@@ -104,7 +108,8 @@ def report_kl(ctx: ReportContext) -> tuple[list[KLGroup], Path | None] | None:
 def kl_rows(group: KLGroup, kind: str) -> tuple[list[str], list[list[str]]]:
     """(header, rows) of `kind` ("incremental" / "cumulative") KL: evaluation task x stage, median [min, max]
     over seeds ± the (median) standard error over sequences, with the study's cell for the same task after
-    training the same task."""
+    training the same task; where that cell is a mean +- std over seeds (Tables 13, 14), ours of several seeds
+    stands beside it too."""
     agg, n = group.aggregate, len(group.seeds)
     head = ["eval task"] + [f"after {st}" for st in agg["stages"]]
     rows = []
@@ -115,6 +120,8 @@ def kl_rows(group: KLGroup, kind: str) -> tuple[list[str], list[list[str]]]:
             ref = paper.kl_reference(group.algorithm, kind, t, st.split(":", 1)[-1])
             spread = f" [{fmt(cell['min'])}, {fmt(cell['max'])}]" if n > 1 else ""
             val = se_text(cell["median"], cell.get("se"), spread)
-            row.append(val + (f" (paper {ref})" if ref else ""))
+            if ref and ref[1] == "mean" and n > 1:
+                val += f"; mean {fmt(cell['mean'])} +- {fmt(cell['std'])}"
+            row.append(val + (f" (paper {ref[0]})" if ref else ""))
         rows.append(row)
     return head, rows

@@ -346,6 +346,9 @@ class Report(ReportContext):
             s.append("**Table 3: update norm**\n\n" + grid(["stage", f"{c.algorithm.upper()} norm", "paper"], c.norms))
             s.append("\n**Table 4: sparsity and stable rank**\n\n" + grid(
                 ["stage", "sparsity", "stable rank", "paper sparsity / stable rank"], c.sparsity))
+        if c.budget:
+            s.append(f"\n{c.budget} By the random-walk law an ES update's norm grows as the square root of its "
+                     "iterations.")
         if c.notes:
             s.append("\nMissing checkpoints: " + " ".join(c.notes))
         if c.families is not None:
@@ -401,9 +404,11 @@ class Report(ReportContext):
             for kind in ("incremental", "cumulative"):
                 s.append(f"**{kind}** ({'median [min, max] over ' + g.over.split()[1] if n > 1 else 'one seed'})\n\n"
                          + grid(*kl_rows(g, kind)) + "\n")
+            budget = paper.es_budget_note(g.iterations)
             s.append("Paper values are the study's cell for the same evaluation task after training the same task "
                      "in its sequence (Countdown -> Math -> Chemistry -> BoolQ, Qwen3-4B), whatever stage that is "
-                     "here; the study gives no per-cell values for ES's incremental KL (Table 11).\n")
+                     "here; the study gives no per-cell values for ES's incremental KL (Table 11)."
+                     + (f" {budget}" if budget else "") + "\n")
         if figure is not None:
             s.append(f"![incremental KL heatmap (Figure 2)]({self.rel(figure)})\n")
         self.sections.append("\n".join(s) + "\n")

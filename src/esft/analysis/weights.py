@@ -284,6 +284,8 @@ class UpdateComparison:
     last_stage: str = ""
     """the stage `families` and `figure` show ("2 (countdown)")"""
     notes: list[str] = field(default_factory=list)
+    budget: str = ""
+    """paper.es_budget_note of the ES stages set beside the study's values ("" when none differs)"""
 
 
 MISSING = "missing"  # the cell of a side whose checkpoint is not on disk
@@ -303,6 +305,9 @@ def report_weights(ctx: ReportContext) -> list[UpdateComparison] | None:
             ctx.skip(f"weights ({label})", f"base model {a.base_spec!r} is not a folder on disk")
             continue
         comp = UpdateComparison(label, a.base, a.algorithm, b is not None)
+        if any(paper.stage_index(t) is not None for t in a.tasks):
+            comp.budget = paper.es_budget_note(st.run.config.get("iterations") for c in (a, b)
+                                               if c is not None and c.algorithm == "es" for st in c.stages)
         last_rep, cached = None, False
         for i in range(len(a.stages)):
             found = _weights_stage(ctx, comp, a, b, i)
