@@ -80,7 +80,7 @@ def test_report_has_every_table_and_says_what_is_unsupported(experiment, tmp_pat
     # errors: computed again, not shown as n/a or with an older test
     kl = next(data.glob("kl_ES_*.json"))
     old = [(data / "landscape_holdout.json", "constant_baseline"), (data / "landscape_interpolation.json", "z_crit"),
-           (kl, "k3_token_mean_se")]
+           (kl, "k3_token_mean_se"), (next(data.glob("weights_*_stage1.json")), "sparsity_bf16")]
     for file, key in old:
         entry = json.loads(file.read_text())
         entry["result"] = without(entry["result"], key)
@@ -417,7 +417,8 @@ def test_a_pair_with_one_side_missing_names_it_and_measures_the_other(tmp_path, 
     table4 = text.split("**Table 4: sparsity and stable rank**")[1].split("**Table 20")[0]
     cells = [c.strip() for c in next(line for line in table4.splitlines() if line.startswith("| 1: boolq"))
              .strip("|").split("|")]
-    assert cells[1].endswith("%") and cells[2] == "missing" and float(cells[3]) > 1 and cells[4] == "missing"
+    assert re.fullmatch(r"[\d.]+% \(bf16 [\d.]+%\)", cells[1]) and cells[2] == "missing" and float(cells[3]) > 1
+    assert cells[4] == "missing"
     assert "Missing checkpoints: Stage 1 (boolq): the GRPO run `grpo` left no checkpoint with weights" in text
     unsupported = text.split("## What these runs could not support")[1]
     assert "weights (ES vs GRPO, boolq, seed 42, stage 1, GRPO side)**: the GRPO run `grpo`" in unsupported

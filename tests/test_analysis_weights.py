@@ -18,6 +18,7 @@ from es_tiny import one_thread  # noqa: F401  (autouse: tiny matmuls on one thre
 from conftest import make_tiny_model
 from esft.analysis import canonical as C
 from esft.analysis import weights as W
+from esft.analysis import weights_report as WR
 from esft.analysis.sources import CheckpointSource, aligned_refs, iter_chunks, read_full
 
 #: the run of a stage that trained the study's 100 ES iterations (what the report reads of it)
@@ -318,10 +319,10 @@ def test_tensors_left_out_of_the_totals_are_said_in_the_output(tmp_path):
                             shown_tasks=["countdown"],
                             stages=[SimpleNamespace(checkpoint=tmp_path / "t", run=RUN100)])
     ctx = SimpleNamespace(pairs=[], chains=[chain], skip=lambda a, why: skipped.append((a, why)), results={},
-                          cache=SimpleNamespace(get=lambda name, params, fn: (fn(), False)), progress=False,
+                          cache=SimpleNamespace(get=lambda name, params, fn, **kw: (fn(), False)), progress=False,
                           config=SimpleNamespace(eps=1e-5), fig=lambda name: tmp_path / f"{name}.png",
                           plot=lambda cached, path, fn: None)
-    W.report_weights(ctx)
+    WR.report_weights(ctx)
     assert any("layers.1.up_proj" in why and "left out of every total" in why for _, why in skipped), skipped
 
 
@@ -343,12 +344,12 @@ def test_the_report_weights_figure_and_family_table_name_the_stage_they_show(tmp
                             stages=[SimpleNamespace(checkpoint=tmp_path / s, run=SimpleNamespace(config={"iterations": it}))
                                     for s, it in (("s1", 100), ("s2", 300))])
     titles = []
-    monkeypatch.setattr(W, "plot_weights", lambda rep, path, title=None: titles.append(title) or path)
+    monkeypatch.setattr(WR, "plot_weights", lambda rep, path, title=None: titles.append(title) or path)
     ctx = SimpleNamespace(pairs=[], chains=[chain], skip=lambda *a: None, results={},
-                          cache=SimpleNamespace(get=lambda name, params, fn: (fn(), False)), progress=False,
+                          cache=SimpleNamespace(get=lambda name, params, fn, **kw: (fn(), False)), progress=False,
                           config=SimpleNamespace(eps=1e-5), fig=lambda name: tmp_path / f"{name}.png",
                           plot=lambda cached, path, fn: fn())
-    (comp,) = W.report_weights(ctx)
+    (comp,) = WR.report_weights(ctx)
     assert comp.last_stage == "2 (boolq)"
     # beside the study's 100-iteration ES values, a stage of another budget is named
     assert comp.budget == "The study's ES values are of 100 iterations per stage; these ES stages ran 300."
@@ -671,14 +672,35 @@ def test_compare_updates_counts_an_entry_equal_to_eps_as_sparse():
 def test_summarize_averages_stable_ranks_of_attention_and_mlp_matrices_only():
     """Table 4's stable rank is the mean over q/k/v/o and gate/up/down matrices: a rank on another family (here
     lm_head, 11) stays out. Ranks 1 and 3 -> mean 2, median 2, n 2 (not (1 + 3 + 11) / 3 = 5)."""
-    def row(name, role, rank):
-        return {"name": name, "role": role, "numel": 4,
-                "tuned": {"sq": 1.0, "small": 0, "max_abs": 1.0, "stable_rank": rank}}
+    def row(name, role, rank, shape):
+        return {"name": name, "role": role, "numel": 4, "shape": shape,
+                "tuned": {"sq": 1.0, "small": 0, "small_bf16": 1, "max_abs": 1.0, "stable_rank": rank}}
 
-    rows = [row("layers.0.q_proj", "q_proj", 1.0), row("layers.0.down_proj", "down_proj", 3.0),
-            row("lm_head", "lm_head", 11.0)]
+    rows = [row("layers.0.q_proj", "q_proj", 1.0, [2, 2]), row("layers.0.down_proj", "down_proj", 3.0, [4, 1]),
+            row("lm_head", "lm_head", 11.0, [1, 4])]
     out = W.summarize(rows, ["tuned"], [])["tuned"]
     assert (out["stable_rank_mean"], out["stable_rank_median"], out["stable_rank_n"]) == (2.0, 2.0, 2)
+    # the Gaussian reference over the same two matrices: 4 / (2 sqrt 2)^2 = 0.5 and 4 / 3^2
+    assert out["stable_rank_gaussian"] == pytest.approx((0.5 + 4 / 9) / 2)
+    assert out["sparsity"] == 0 and out["sparsity_bf16"] == pytest.approx(3 / 12)
+
+
+def test_the_gaussian_stable_rank_is_that_of_drawn_gaussian_matrices():
+    torch.manual_seed(0)
+    for shape in [(192, 576), (576, 1536), (1536, 576)]:
+        drawn = W.stable_rank(torch.randn(*shape, dtype=torch.float64))
+        assert W.gaussian_stable_rank(shape) == pytest.approx(drawn, rel=0.03)
+
+
+def test_bf16_sparsity_counts_the_changes_that_rounding_to_bf16_hides():
+    """A 1e-4 change of a weight near 0.5 is below half a bf16 step there (2^-9 = 0.00195): exact sparsity 0, bf16
+    sparsity 1; a change of 0.01 survives the rounding."""
+    base = {"w": torch.full((4, 4), 0.5)}
+    small = {"w": base["w"] + 1e-4}
+    big = {"w": base["w"] + torch.tensor([1e-2] * 4 + [1e-4] * 12).reshape(4, 4)}
+    tot = W.compare_updates(base, {"small": small, "big": big}, stable_ranks=False)["total"]
+    assert tot["small"]["sparsity"] == 0 and tot["small"]["sparsity_bf16"] == 1
+    assert tot["big"]["sparsity"] == 0 and tot["big"]["sparsity_bf16"] == 0.75
 
 
 def test_only_two_dimensional_tensors_of_the_matrix_families_are_matrices():
@@ -734,10 +756,10 @@ def test_table3_shows_a_zero_es_update_as_a_ratio_of_zero(tmp_path):
 
     pair = SimpleNamespace(label="es vs grpo", es=chain("es"), grpo=chain("grpo"))
     ctx = SimpleNamespace(pairs=[pair], chains=[pair.es, pair.grpo], skip=lambda *a: None, results={},
-                          cache=SimpleNamespace(get=lambda name, params, fn: (fn(), False)), progress=False,
+                          cache=SimpleNamespace(get=lambda name, params, fn, **kw: (fn(), False)), progress=False,
                           config=SimpleNamespace(eps=1e-5), fig=lambda name: tmp_path / f"{name}.png",
                           plot=lambda cached, path, fn: None)
-    (comp,) = W.report_weights(ctx)
+    (comp,) = WR.report_weights(ctx)
     (row,) = comp.norms
     assert row[1] == 0.0 and row[2] > 0 and row[3] == "0x"
     assert comp.budget == ""  # the study's 100 iterations
@@ -752,7 +774,7 @@ def test_family_table_lists_each_update_and_each_pair_from_independent_sums():
     base = {n: torch.zeros(3, 4, dtype=torch.float64) for n in names}
     es = {n: rand(3, 4, seed=10 + i) for i, n in enumerate(names)}
     grpo = {n: rand(3, 4, seed=20 + i) * (torch.arange(12).reshape(3, 4) % 3 == 0) for i, n in enumerate(names)}
-    head, rows = W.family_rows(W.compare_updates(base, {"es": es, "grpo": grpo}))
+    head, rows = WR.family_rows(W.compare_updates(base, {"es": es, "grpo": grpo}))
     assert head == ["family", "tensors", "entries", "es norm", "es sparsity", "es stable rank",
                     "grpo norm", "grpo sparsity", "grpo stable rank", "cos es|grpo"]
     (row,) = rows

@@ -58,7 +58,7 @@ def test_a_folder_without_runs_says_so_and_lists_no_chains(tmp_path):
 
 def test_the_weights_section_shows_table_20_for_a_pair_only_and_names_missing_checkpoints(tmp_path, monkeypatch):
     from esft.analysis import report_builder
-    from esft.analysis.weights import UpdateComparison
+    from esft.analysis.weights_report import UpdateComparison
 
     paired = UpdateComparison("ES vs GRPO, boolq, seed 42", tmp_path / "base", "es", True,
                               norms=[["1", "0.5", "0.25", "2.00", "-"]], sparsity=[["1", "0", "0", "3", "4", "-"]],

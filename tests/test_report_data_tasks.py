@@ -135,7 +135,7 @@ def test_two_data_files_of_one_name_keep_their_paths_in_the_analyses():
 
 def test_a_run_left_unpaired_is_told_why(tmp_path):
     from esft.analysis.runs import Chain, Run, StageRef, build_pairs
-    from esft.analysis.weights import _unpaired
+    from esft.analysis.weights_report import _unpaired
 
     def chain(algo, folder, seed=42):
         r = Run(tmp_path / folder, algo, {"task": "boolq", "seed": seed})

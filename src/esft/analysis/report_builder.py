@@ -36,7 +36,7 @@ from esft.analysis.report_context import ReportContext
 from esft.analysis.run_tables import accuracy_rows, run_rows
 from esft.analysis.sparsity import (SWEEP_TARGETS, report_sparsity, sweep_table_header, sweep_table_notes,
                                    sweep_table_rows)
-from esft.analysis.weights import UpdateComparison, report_weights
+from esft.analysis.weights_report import UpdateComparison, report_weights
 from esft.config import ConfigError, ConfigHooks
 from esft.config_rules import Rule, one_of
 from esft.rundir import peak_rss_mb
@@ -326,8 +326,11 @@ class Report(ReportContext):
         s = ["## Weight-space geometry (paper Tables 3, 4, 20)\n",
              "Update = checkpoint - base model, float64. "
              f"Sparsity: fraction of entries with |d| <= {self.config.eps:g}. "
-             "Stable rank ||dW||_F^2/||dW||_2^2 averaged over attention q/k/v/o and MLP gate/up/down matrices. "
-             "Tied embeddings are counted once.\n"]
+             "In brackets, where it differs: the sparsity of the weights rounded to bf16, as a bf16 checkpoint holds "
+             "them (the study's models are bf16, and rounding hides most small changes). "
+             "Stable rank ||dW||_F^2/||dW||_2^2 averaged over attention q/k/v/o and MLP gate/up/down matrices; "
+             "Gaussian s.r.: the same average for i.i.d. Gaussian matrices of their shapes, mn/(sqrt(m)+sqrt(n))^2, "
+             "about the most a noise-built ES update reaches. Tied embeddings are counted once.\n"]
         for c in comparisons:
             s += self._weights_tables(c)
         self.sections.append("\n".join(s) + "\n")
@@ -339,13 +342,13 @@ class Report(ReportContext):
                 ["stage", "ES norm", "GRPO norm", "ES/GRPO", "paper ES / GRPO / ratio"], c.norms))
             s.append("\n**Table 4: sparsity and stable rank**\n\n" + grid(
                 ["stage", "sparsity ES", "sparsity GRPO", "stable rank ES", "stable rank GRPO",
-                 "paper sp. ES / GRPO / s.r. ES / GRPO"], c.sparsity))
+                 "Gaussian s.r.", "paper sp. ES / GRPO / s.r. ES / GRPO"], c.sparsity))
             s.append("\n**Table 20: cosine(ES update, GRPO update)**\n\n" + grid(
                 ["stage", "cosine", "paper"], c.cosines))
         else:
             s.append("**Table 3: update norm**\n\n" + grid(["stage", f"{c.algorithm.upper()} norm", "paper"], c.norms))
             s.append("\n**Table 4: sparsity and stable rank**\n\n" + grid(
-                ["stage", "sparsity", "stable rank", "paper sparsity / stable rank"], c.sparsity))
+                ["stage", "sparsity", "stable rank", "Gaussian s.r.", "paper sparsity / stable rank"], c.sparsity))
         if c.budget:
             s.append(f"\n{c.budget} By the random-walk law an ES update's norm grows as the square root of its "
                      "iterations.")

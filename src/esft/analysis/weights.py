@@ -13,32 +13,23 @@ Deltas are formed and accumulated in float64 (a bf16 or fp32 subtraction would r
 row chunk at a time, so no model is ever fully in memory; only stable ranks need a whole matrix (one at a time).
 Tensors are matched by canonical name, so fused layouts (qkv_proj, gate_up_proj, c_attn) report per q/k/v/gate/up.
 
-`report_weights` is the report's section (esft.analysis.report_builder): Tables 3, 4, 20 per chain, beside the
-study's.
+The report's section (Tables 3, 4, 20 per chain, beside the study's) is esft.analysis.weights_report.
 """
 
 from __future__ import annotations
 
 import math
-import textwrap
 from collections import defaultdict
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping
 
 import numpy as np
 import torch
 
 from esft import paper
 from esft.analysis.canonical import STABLE_RANK_ROLES, is_matrix_family, kind_of, layer_of, role_of
-from esft.analysis.report_cache import fingerprint, slug
 from esft.analysis.sources import DEFAULT_CHUNK_ELEMS, aligned_refs, as_source, iter_chunks, read_full
-from esft.tables import NA, pct
-
-if TYPE_CHECKING:
-    from esft.analysis.report_context import ReportContext
-    from esft.analysis.runs import Chain
 
 DEFAULT_EPS = paper.SPARSITY_EPS
 
@@ -64,6 +55,14 @@ def sparsity(delta: torch.Tensor | Mapping[str, torch.Tensor] | Iterable[torch.T
     if total == 0:
         raise ValueError("sparsity of an empty update")
     return small / total
+
+
+def gaussian_stable_rank(shape: tuple[int, ...] | list[int]) -> float:
+    """The stable rank of an m x n matrix of i.i.d. Gaussian entries, mn / (sqrt(m) + sqrt(n))^2 (its largest
+    singular value sits at the Marchenko-Pastur edge; within ~3% of a drawn matrix's from 192 x 576 up). An ES
+    update is a sum of such noise matrices plus a low-rank signal, so this is about the most it can reach."""
+    m, n = shape[0], math.prod(shape[1:])
+    return m * n / (math.sqrt(m) + math.sqrt(n)) ** 2
 
 
 def stable_rank(matrix: torch.Tensor) -> float:
@@ -170,15 +169,18 @@ def compare_updates(base: Any, tuned: Any | Mapping[str, Any], eps: float = DEFA
         bar = tqdm(total=len(rows), desc="weights", unit="tensor", leave=False)
     for name, refs in rows:
         shape = refs[0].shape
-        acc = {lab: {"sq": 0.0, "small": 0, "max_abs": 0.0} for lab in labels}
+        acc = {lab: {"sq": 0.0, "small": 0, "small_bf16": 0, "max_abs": 0.0} for lab in labels}
         dots = {p: 0.0 for p in pairs}
         for chunk in iter_chunks(sources, refs, chunk_elems):
             b = chunk[0]
+            b16 = b.to(torch.bfloat16).to(b.dtype)
             deltas = {lab: t - b for lab, t in zip(labels, chunk[1:])}
-            for lab, d in deltas.items():
+            for (lab, d), t in zip(deltas.items(), chunk[1:]):
                 a = acc[lab]
                 a["sq"] += float(d.pow(2).sum())
                 a["small"] += int((d.abs() <= eps).sum())
+                # as a bf16 checkpoint would hold both weights: most 1e-4-scale changes round away
+                a["small_bf16"] += int(((t.to(torch.bfloat16).to(t.dtype) - b16).abs() <= eps).sum())
                 if d.numel():
                     a["max_abs"] = _nanmax([a["max_abs"], float(d.abs().max())])
             for p in pairs:
@@ -239,17 +241,21 @@ def _nan_to_none(x: float) -> float | None:
 
 def summarize(rows: list[dict[str, Any]], labels: list[str],
               pairs: list[tuple[str, str]] | list[str]) -> dict[str, Any]:
-    """Aggregate per-tensor rows: norm = sqrt(sum sq), sparsity = sum small / sum numel, stable rank = mean over
-    the attention QKVO and MLP gate/up/down matrices (paper Table 4), cosine = sum dot / (|a| |b|)."""
+    """Aggregate per-tensor rows: norm = sqrt(sum sq), sparsity = sum small / sum numel (also of the weights
+    rounded to bf16), stable rank = mean over the attention QKVO and MLP gate/up/down matrices (paper Table 4)
+    beside that of i.i.d. Gaussian matrices of their shapes, cosine = sum dot / (|a| |b|)."""
     numel = sum(r["numel"] for r in rows)
     out: dict[str, Any] = {"numel": numel, "tensors": len(rows)}
     for lab in labels:
         sq = sum(r[lab]["sq"] for r in rows)
-        ranks = [r[lab]["stable_rank"] for r in rows
-                 if r[lab].get("stable_rank") is not None and r["role"] in STABLE_RANK_ROLES]
+        ranked = [r for r in rows if r[lab].get("stable_rank") is not None and r["role"] in STABLE_RANK_ROLES]
+        ranks = [r[lab]["stable_rank"] for r in ranked]
+        gauss = [gaussian_stable_rank(r["shape"]) for r in ranked]
         out[lab] = {
             "norm": math.sqrt(sq), "sq": sq,
             "sparsity": (sum(r[lab]["small"] for r in rows) / numel) if numel else None,
+            "sparsity_bf16": (sum(r[lab].get("small_bf16", 0) for r in rows) / numel) if numel else None,
+            "stable_rank_gaussian": float(np.mean(gauss)) if gauss else None,
             "max_abs": _nanmax([r[lab]["max_abs"] for r in rows]),
             "stable_rank_mean": float(np.mean(ranks)) if ranks else None,
             "stable_rank_median": float(np.median(ranks)) if ranks else None,
@@ -262,172 +268,6 @@ def summarize(rows: list[dict[str, Any]], labels: list[str],
         out["cos:" + key] = _nan_to_none(_cos(dot, out[a]["sq"], out[b]["sq"]))
         out["norm_ratio:" + key] = (out[a]["norm"] / out[b]["norm"]) if out[b]["norm"] > 0 else None
     return out
-
-
-# ---- the report's section: Tables 3, 4, 20 ---------------------------------------------------------------------------
-
-@dataclass
-class UpdateComparison:
-    """Tables 3, 4 and 20 of one chain (and of its ES-GRPO partner when `paired`), one row per stage, beside the
-    study's values; the last stage per family and its figure; `notes`: stages where one side has no checkpoint
-    (its cells read "missing", the other side's update is still measured)."""
-
-    label: str
-    base: Path
-    algorithm: str
-    paired: bool
-    norms: list[list[Any]] = field(default_factory=list)
-    sparsity: list[list[Any]] = field(default_factory=list)
-    cosines: list[list[Any]] = field(default_factory=list)
-    families: tuple[list[str], list[list[Any]]] | None = None
-    figure: Path | None = None
-    last_stage: str = ""
-    """the stage `families` and `figure` show ("2 (countdown)")"""
-    notes: list[str] = field(default_factory=list)
-    budget: str = ""
-    """paper.es_budget_note of the ES stages set beside the study's values ("" when none differs)"""
-
-
-MISSING = "missing"  # the cell of a side whose checkpoint is not on disk
-
-
-def report_weights(ctx: ReportContext) -> list[UpdateComparison] | None:
-    """Every chain's update against its base, stage by stage (ES-GRPO pairs side by side); None without runs."""
-    items: list[tuple[str, Chain, Chain | None]] = [(p.label, p.es, p.grpo) for p in ctx.pairs]
-    paired = {id(p.es) for p in ctx.pairs} | {id(p.grpo) for p in ctx.pairs}
-    items += [(c.label, c, None) for c in ctx.chains if id(c) not in paired]
-    if not items:
-        ctx.skip("weights", "no runs with checkpoints")
-        return None
-    out, results = [], {}
-    for label, a, b in items:
-        if a.base is None:
-            ctx.skip(f"weights ({label})", f"base model {a.base_spec!r} is not a folder on disk")
-            continue
-        comp = UpdateComparison(label, a.base, a.algorithm, b is not None)
-        if any(paper.stage_index(t) is not None for t in a.tasks):
-            comp.budget = paper.es_budget_note(st.run.config.get("iterations") for c in (a, b)
-                                               if c is not None and c.algorithm == "es" for st in c.stages)
-        last_rep, cached = None, False
-        for i in range(len(a.stages)):
-            found = _weights_stage(ctx, comp, a, b, i)
-            if found is None:
-                continue
-            last_rep, cached = found
-            comp.last_stage = f"{i + 1} ({a.shown_tasks[i]})"
-            results[f"{label} stage {i + 1}"] = last_rep["total"]
-        if not comp.paired:
-            ctx.skip(f"ES/GRPO norm ratio and cosine (Tables 3, 20) for {label}", _unpaired(ctx, a))
-        if last_rep is not None:
-            comp.families = family_rows(last_rep)
-            path = ctx.fig(f"weights_{slug(label)}")
-            title = textwrap.fill(f"{label}, stage {comp.last_stage}: update from the base model", 110)
-            comp.figure = ctx.plot(cached, path, lambda rep=last_rep, path=path: plot_weights(rep, path, title))
-        out.append(comp)
-    ctx.results["weights"] = results
-    return out
-
-
-def _unpaired(ctx: ReportContext, a: Chain) -> str:
-    """Why chain `a` has no partner: no chain of the other algorithm from its base on its tasks, or each such
-    chain paired already (pairs match seeds first, then order: esft.analysis.runs.build_pairs)."""
-    other = {"es": "grpo", "grpo": "es"}.get(a.algorithm)
-    alike = [c for c in ctx.chains if c.algorithm == other and c.base == a.base and c.tasks == a.tasks]
-    if not alike:
-        return "no run of the other algorithm from the same base model on the same task sequence"
-    runs = ", ".join(f"`{ctx.rel_run(c.stages[-1].run)}`" for c in alike)
-    return (f"the {other.upper()} run(s) from the same base model on the same task sequence ({runs}) are each "
-            f"paired with another {a.algorithm.upper()} run (pairs match seeds first, then run order)")
-
-
-def _weights_stage(ctx: ReportContext, comp: UpdateComparison, a: Chain, b: Chain | None,
-                   i: int) -> tuple[dict[str, Any], bool] | None:
-    """Stage i of chain `a` (and of its partner `b`): the update of each side that has a checkpoint, its rows
-    added to `comp`; a side without one is named (report notes, unsupported list). None when neither has one."""
-    label, task = comp.label, a.tasks[i]
-    la = a.algorithm
-    lb = None if b is None else (b.algorithm if b.algorithm != la else f"{b.algorithm}_2")
-    sides = {la: a.stages[i].checkpoint}
-    if b is not None:
-        sides[lb] = b.stages[i].checkpoint if i < len(b.stages) else None
-    tuned = {k: v for k, v in sides.items() if v is not None}
-    for side, chain in ((la, a), (lb, b)):
-        if chain is not None and sides[side] is None:
-            why = _missing_checkpoint(ctx, chain, i)
-            rest = (f"{', '.join(x.upper() for x in tuned)} measured alone" if tuned else "nothing measured")
-            comp.notes.append(f"Stage {i + 1} ({a.shown_tasks[i]}): {why}; {rest}.")
-            ctx.skip(f"weights ({label}, stage {i + 1}, {side.upper()} side)", f"{why}; {rest}")
-    if not tuned:
-        return None
-    params = {"base": fingerprint([a.base]), "tuned": {k: fingerprint([v]) for k, v in tuned.items()},
-              "eps": ctx.config.eps}
-    rep, cached = ctx.cache.get(f"weights_{slug(label)}_stage{i + 1}", params,
-                                lambda: compare_updates(a.base, tuned, eps=ctx.config.eps, progress=ctx.progress))
-    for src, names in rep["unmatched"].items():
-        ctx.skip(f"weights ({label}, stage {i + 1}): {len(names)} tensor(s) of {src}",
-                 "missing from another checkpoint, so left out of every total: " + ", ".join(names[:5]))
-    _stage_rows(comp, rep["total"], f"{i + 1}: {a.shown_tasks[i]}", paper.stage_index(task), list(sides))
-    return rep, cached
-
-
-def _missing_checkpoint(ctx: ReportContext, chain: Chain, i: int) -> str:
-    """Which side of a comparison has no weights at stage i, and where they were looked for."""
-    who = chain.algorithm.upper()
-    if i >= len(chain.stages):
-        return f"the {who} chain ends before stage {i + 1}"
-    return f"the {who} run `{ctx.rel_run(chain.stages[i].run)}` left no checkpoint with weights for this stage"
-
-
-def _stage_rows(comp: UpdateComparison, tot: dict[str, Any], stage: str, k: int | None, names: list[str]) -> None:
-    """One stage's rows of Tables 3, 4 (and 20 when paired), the study's values after the same task last; the
-    cells of a side absent from `tot` (no checkpoint) read "missing"."""
-    la = names[0]
-    if comp.paired:
-        ea, gb = tot.get(la), tot.get(names[1])
-
-        def cell(side: dict[str, Any] | None, key: str, show=lambda x: x) -> Any:
-            return MISSING if side is None else show(side[key])
-
-        ratio = tot.get(f"norm_ratio:{la}|{names[1]}")
-        p3 = paper.TABLE3[k] if k is not None else None
-        comp.norms.append([stage, cell(ea, "norm"), cell(gb, "norm"), f"{ratio:.3g}x" if ratio is not None else NA,
-                           f"{p3[0]} / {p3[1]} / {p3[2]}x (after {paper.stage_label(k)})" if p3 else NA])
-        p4 = paper.TABLE4[k] if k is not None else None
-        comp.sparsity.append([stage, cell(ea, "sparsity", pct), cell(gb, "sparsity", pct),
-                              cell(ea, "stable_rank_mean"), cell(gb, "stable_rank_mean"),
-                              f"{pct(p4[0])} / {pct(p4[1])} / {p4[2]} / {p4[3]}" if p4 else NA])
-        cos = tot.get(f"cos:{la}|{names[1]}")
-        p20 = paper.TABLE20[k] if k is not None else None
-        comp.cosines.append([stage, cos if ea is not None and gb is not None else MISSING,
-                             f"{p20[0]:.1e} (Qwen) / {p20[1]:.1e} (Llama)" if p20 else NA])
-        return
-    ea = tot[la]
-    if la not in ("es", "grpo"):
-        k = None  # mixed chains (grpo->es): the study has no such run
-    p3 = paper.TABLE3[k] if k is not None else None
-    p4 = paper.TABLE4[k] if k is not None else None
-    col = 0 if la == "es" else 1
-    comp.norms.append([stage, ea["norm"], f"{p3[col]}" if p3 else NA])
-    comp.sparsity.append([stage, pct(ea["sparsity"]), ea["stable_rank_mean"],
-                          f"{pct(p4[col])} / {p4[2 + col]}" if p4 else NA])
-
-
-def family_rows(rep: dict[str, Any]) -> tuple[list[str], list[list[Any]]]:
-    """(header, rows) of norm, sparsity and stable rank per matrix family, and the cosine of each pair."""
-    labels = rep["labels"]
-    head = ["family", "tensors", "entries"]
-    for lab in labels:
-        head += [f"{lab} norm", f"{lab} sparsity", f"{lab} stable rank"]
-    pairs = rep.get("pairs", [])
-    head += [f"cos {p}" for p in pairs]
-    rows = []
-    for fam, v in rep["families"].items():
-        row = [fam, v["tensors"], v["numel"]]
-        for lab in labels:
-            row += [v[lab]["norm"], pct(v[lab]["sparsity"]), v[lab]["stable_rank_mean"]]
-        row += [v.get(f"cos:{p}") for p in pairs]
-        rows.append(row)
-    return head, rows
 
 
 def plot_weights(rep: dict[str, Any], path: Path, title: str | None = None) -> Path:
