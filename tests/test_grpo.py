@@ -323,6 +323,42 @@ def test_an_interrupt_saves_the_last_finished_step(run, tmp_path, tokenizer, cap
     assert list_checkpoints(mid) == []
 
 
+def test_an_interrupt_during_a_steps_evaluation_keeps_the_step_and_the_resume_evaluates_it(run, tmp_path, tokenizer,
+                                                                                           monkeypatch):
+    """Ctrl-C while step 2's held-out evaluation runs: step 2 is finished (its train record is written, the weights
+    are its), so its checkpoint is saved; the resume evaluates step 2 first and ends equal to the uninterrupted run.
+    Before, the interrupt saved nothing and the resume restarted from step 0."""
+    import esft.evaluation as E
+
+    from esft.rundir import RunInterrupted
+
+    evaluate, cut = E.evaluate_task, []
+
+    def interrupted(*args, output_path=None, **kwargs):
+        if str(output_path).endswith("eval_000002.jsonl") and not cut:
+            cut.append(output_path)
+            raise KeyboardInterrupt
+        return evaluate(*args, output_path=output_path, **kwargs)
+
+    monkeypatch.setattr(E, "evaluate_task", interrupted)
+    out = tmp_path / "run"
+    with pytest.raises(RunInterrupted, match=r"^interrupted with 2 of 4 steps finished: saved .*iter_000002; "
+                                             r"continue from step 2 "):
+        train_grpo(tiny_config(out, save_steps=0), model=make_tiny_model(), tokenizer=tokenizer, task=ParityTask(),
+                   progress=False)
+    assert cut and [(s, p.name) for s, p in list_checkpoints(out)] == [(2, "iter_000002")]
+    assert [r["step"] for r in read_jsonl(out / "metrics.jsonl") if r["kind"] == "eval"] == [0]
+    train_grpo(tiny_config(out, save_steps=0, resume=True), model=make_tiny_model(), tokenizer=tokenizer,
+               task=ParityTask(), progress=False)
+    records = read_jsonl(out / "metrics.jsonl")
+    evals = {r["step"]: r for r in records if r["kind"] == "eval"}
+    reference = {r["step"]: r for r in read_jsonl(run["out"] / "metrics.jsonl") if r["kind"] == "eval"}
+    assert sorted(evals) == [0, 2, 4] and all(evals[k]["test_accuracy"] == reference[k]["test_accuracy"] for k in evals)
+    assert [r["reward"] for r in records if r["kind"] == "train"] == [m["reward"] for m in run["metrics"]]
+    saved, final = (_load_safetensors(d / "checkpoints" / "final") for d in (out, run["out"]))
+    assert all(torch.equal(saved[k], final[k]) for k in final)
+
+
 class DiskFullAt(TrainerCallback):
     """A full disk while step `step`'s checkpoint is saved (transformers' own save, after the step's update)."""
 

@@ -306,8 +306,11 @@ class EvalCallback(TrainerCallback):
         return rec
 
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any):
-        if self.due(int(state.global_step), state.max_steps) and state.global_step == 0:
-            self.evaluate(model, 0)
+        # step 0's, or a resumed step's whose evaluation an interrupt cut short (esft.grpo.interrupt); a scheduled
+        # checkpoint always follows its step's evaluation
+        step = int(state.global_step)
+        if self.due(step, state.max_steps):
+            self.evaluate(model, step)
 
     def on_log(self, args: Any, state: Any, control: Any, model: Any = None, logs: Any = None, **kwargs: Any):
         if logs and "train_runtime" not in logs and self.due(int(state.global_step), state.max_steps):

@@ -4,7 +4,8 @@ Checkpoints come every save_steps (by default only the final one), and a resume 
 drops the log lines after it: without this, a run stopped at step 79 of 80 would restart from step 0. A step is
 finished once its metrics record (and its evaluation, when due) is written; the weights, AdamW state and LR
 schedule then stay those of that step until the next optimizer update begins, so an interrupt outside an update
-can save them. The RNG states saved with them are the ones a scheduled checkpoint of that step would have held
+can save them. A step counts as finished once its train record is written: an interrupt during its held-out
+evaluation (greedy: it draws no random numbers) keeps the step, and the resumed run evaluates it first. The RNG states saved with them are the ones a scheduled checkpoint of that step would have held
 (taken when the step finished, before the next generation round draws from them), so the resumed run samples
 what an uninterrupted one would.
 """
@@ -38,10 +39,11 @@ def set_rng_states(states: dict[str, Any]) -> None:
 
 class StepBoundary(TrainerCallback):
     """Tracks whether the trainer's weights and optimizer are those of a finished step. Added after every other
-    callback, so its on_log of a step follows that step's metrics and evaluation records."""
+    callback, so that a step's update begins after their pre-update hooks; its `recorded()` mark goes right after
+    the callback that writes a step's train record (esft.grpo.run), before the step's evaluation."""
 
     def __init__(self) -> None:
-        self.finished: int | None = None  # the latest finished step (its records written)
+        self.finished: int | None = None  # the latest finished step (its train record written)
         self.saved: int | None = None  # the latest step with a checkpoint
         self.updating = False  # inside an optimizer update: the weights are between two steps
         self.rng: dict[str, Any] | None = None
@@ -55,9 +57,26 @@ class StepBoundary(TrainerCallback):
 
     def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any):
         if logs and "train_runtime" not in logs:  # a step's record, not the end-of-training summary
+            self.mark(state)
+
+    def mark(self, state: Any) -> None:
+        """The step of `state` is finished: its RNG states are taken once, at its first mark."""
+        step = int(state.global_step)
+        if self.finished != step or self.updating:
             self.updating = False
-            self.finished = int(state.global_step)
+            self.finished = step
             self.rng = rng_states()
+
+    def recorded(self) -> TrainerCallback:
+        """A callback whose on_log of a step marks it finished (`mark`), for the place right after the train
+        record's writer."""
+        boundary = self
+
+        class Recorded(TrainerCallback):
+            def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any):
+                boundary.on_log(args, state, control, logs=logs)
+
+        return Recorded()
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any):
         self.saved = int(state.global_step)

@@ -402,7 +402,11 @@ def _train_or_save(trainer: EsftGRPOTrainer, resume_from: Path | None, runlog: A
     from esft.tracking import finish_wandb
 
     boundary = StepBoundary()
-    trainer.add_callback(boundary)  # last: its on_log of a step follows the step's metrics and evaluation
+    trainer.add_callback(boundary)  # last: a step's update begins after every other callback's pre-update hook
+    # its step-end mark right after the run log, which writes the step's train record, and before the step's
+    # evaluation: an interrupt during the evaluation keeps the step (the resume evaluates it first: EvalCallback)
+    callbacks = trainer.callback_handler.callbacks
+    callbacks.insert(callbacks.index(runlog) + 1, boundary.recorded())
     wandb_run, ended = None, False
     try:
         wandb_run = open_wandb_run(trainer, Path(trainer.run_dir), run_name)
