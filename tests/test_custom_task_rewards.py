@@ -15,6 +15,7 @@ from esft.config import ConfigError, build_config
 from esft.tasks import get_task
 from esft.tasks.custom import TaskAdapter, task_record, task_spec
 from esft.tasks.dataset_task import DatasetTask
+from esft.tasks.labels import wilson_interval
 from esft.tasks.verifiers import builtin_verifier
 from esft.validation import check_names
 
@@ -191,6 +192,39 @@ def test_the_constant_answer_baseline_is_the_best_constant_answer_under_the_task
     assert summary["constant_baseline"] == best
     answer = shown.format(summary["constant_answer"])
     assert sum(task.score(answer, ex) for ex in examples) / len(examples) == best
+
+
+def digits_credit(completions, **kwargs):
+    """Partial credit whatever the gold: a tenth per digit, at most 1 (the reward of a user's report)."""
+    return [min(1.0, sum(ch.isdigit() for ch in c) / 10) for c in completions]
+
+
+def distance(completions, answer, **kwargs):
+    """Minus the distance to the gold number: a reward outside [0, 1]."""
+    return [-abs(float(c) - float(a)) for c, a in zip(completions, answer)]
+
+
+def test_a_reward_functions_constant_answer_baseline_is_what_always_giving_it_scores(tmp_path):
+    """With a reward function the baseline is the reward of always answering a gold answer, the best of the most
+    frequent ones. Before, it was the most frequent answer's share of the golds: 0.5 for '51' on two examples,
+    where the reward gives '51' 0.2 on each."""
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"q{i}", "answer": a}) + "\n" for i, a in enumerate(["51", "7"])))
+    records = lambda task: [{"index": i, "example": ex} for i, ex in enumerate(task.load("train") + task.load("test"))]
+    digits = DatasetTask(source=str(data), reward=digits_credit, test_size=0.5, completion_format="text")
+    assert digits.constant_baseline(records(digits)) == {
+        "constant_baseline": pytest.approx(0.2), "constant_baseline_ci95": pytest.approx(list(wilson_interval(0.4, 2))),
+        "constant_answer": "51"}
+    # the best of the candidates, not the most frequent: '1' earns 0.1 on each row, '1234567890' 1
+    data.write_text("".join(json.dumps({"prompt": f"q{i}", "answer": a}) + "\n"
+                            for i, a in enumerate(["1", "1", "1234567890", "1"])))
+    digits = DatasetTask(source=str(data), reward=digits_credit, test_size=0.5, completion_format="text")
+    summary = digits.constant_baseline(records(digits))
+    assert summary["constant_answer"] == "1234567890" and summary["constant_baseline"] == 1.0
+    # a reward on another scale: no share to show
+    data.write_text("".join(json.dumps({"prompt": f"q{i}", "answer": a}) + "\n" for i, a in enumerate(["2", "4"])))
+    far = DatasetTask(source=str(data), reward=distance, test_size=0.5, completion_format="text")
+    assert far.constant_baseline(records(far)) == {}
 
 
 def reads_text(completions, answer, **kwargs):

@@ -153,16 +153,22 @@ class Task:
         operator that reaches the target)."""
         return self.gold_key(example)
 
+    @staticmethod
+    def evaluated_examples(records: list[dict[str, Any]]) -> list[Example]:
+        """The examples of evaluation records, each once (records of several samples of one question share its
+        `index`)."""
+        examples: dict[Any, Example] = {}
+        for i, r in enumerate(records):
+            if r.get("example") is not None:
+                examples.setdefault(r.get("index", i), r["example"])
+        return list(examples.values())
+
     def constant_baseline(self, records: list[dict[str, Any]]) -> dict[str, Any]:
         """`constant_baseline` (accuracy of always giving the most frequent gold answer of the evaluated
         examples), its `constant_baseline_ci95` and the `constant_answer`; empty when a gold answer is unknown.
 
         Each example counts once (records of several samples of one question share its `index`)."""
-        examples: dict[Any, Example] = {}
-        for i, r in enumerate(records):
-            if r.get("example") is not None:
-                examples.setdefault(r.get("index", i), r["example"])
-        labels = [self.gold_key(ex) for ex in examples.values()]
+        labels = [self.gold_key(ex) for ex in self.evaluated_examples(records)]
         if not labels or any(label is None for label in labels):
             return {}
         summary = constant_baseline(labels) or {}

@@ -26,9 +26,11 @@ from typing import Any, Callable
 
 from esft.tasks.base import DISPLAY_ANSWER_CHARS, Example, Messages, Task, completion_text, examples_from_kwargs
 from esft.tasks.common import SPLIT_SEED, load_hub_rows
+from esft.tasks.labels import best_constant_answer
 from esft.tasks.mcq import LETTERS
 from esft.tasks.verifiers import (COMPLETION_FORMATS, RewardError, Verifier, builtin_verifier, call_trl_reward,
-                                  combine_rewards, import_object, normalize)
+                                  combine_rewards, import_object, never_scored_warning, normalize,
+                                  unscorable_warning)
 
 #: file suffixes read as data, each also gzip-compressed (the suffixes esft.tasks.custom's task specs take)
 DATA_SUFFIXES = (".jsonl", ".json", ".csv", ".tsv", ".jsonl.gz", ".json.gz", ".csv.gz", ".tsv.gz")
@@ -118,24 +120,6 @@ def reward_parts(reward: Any) -> list[Any]:
 
 def function_name(fn: Callable[..., Any]) -> str:
     return f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', fn)}"
-
-
-def unscorable_warning(names: list[str], unscored: int, scored: int) -> str:
-    """The warning of `DatasetTask.score_batch` when completions got no reward (TRL warns alike)."""
-    who = f"reward {names[0]!r}" if len(names) == 1 else f"every reward function ({', '.join(names)})"
-    return (f"{who} returned None for {unscored} of {scored} completions scored so far: no reward applies to them, "
-            "so ES fitness and accuracy count each as 0 (TRL's nansum over no reward) and GRPO gives TRL None, "
-            "which leaves them out of their group's baseline with advantage 0 (docs/custom-tasks.md)")
-
-
-def never_scored_warning(names: list[str], functions: int, rows: int, answer_field: str) -> str:
-    """The warning of `DatasetTask.validate` when reward functions returned None for every row they were tried on."""
-    who = f"reward {', '.join(map(repr, names))}" + (f" (of {functions} reward functions)" if functions > 1 else "")
-    effect = ("no row could be scored, so every completion will score 0 (ES fitness, accuracy) and be unscorable "
-              "(None) to GRPO" if len(names) == functions else "the other reward functions score alone")
-    return (f"{who} returned None for every one of the {rows} rows tried, given each row's {answer_field!r} field "
-            f"(its gold answer) as the completion: {effect}. TRL allows None where a reward does not apply, so this "
-            "is no error; check the reward's conditions and the columns it reads (docs/custom-tasks.md)")
 
 
 #: rows of each split a data task's rewards are tried on before a model loads (`DatasetTask.validate`), in calls of
@@ -455,6 +439,17 @@ class DatasetTask(Task):
             text = self._verifier.canonical(text) or text
         return text or None
 
+    def constant_baseline(self, records: list[dict[str, Any]]) -> dict[str, Any]:
+        """Task's with a built-in verifier; with a reward function, the best score under it of always giving one
+        of the most frequent gold answers (partial credit counts: esft.tasks.labels.best_constant_answer)."""
+        if self._verifier is not None:
+            return super().constant_baseline(records)
+        rows = self.evaluated_examples(records)
+        golds = [self.gold_key(ex) for ex in rows]
+        if not golds or None in golds:
+            return {}
+        return best_constant_answer(golds, lambda a: [r or 0.0 for r in self.rewards([a] * len(rows), rows)])
+
     def label_set(self) -> tuple[str, ...] | None:
         """With the `mcq` reward, the answer letters (A-D) the data's gold answers use: a multiple-choice data task
         is labelled as mmlu is (balanced evaluation, the balanced fitness rule, GRPO's class_balanced); None for
@@ -486,5 +481,4 @@ class DatasetTask(Task):
         return reward
 
 
-__all__ = ["DATA_SUFFIXES", "DatasetTask", "function_name", "is_data_file", "never_scored_warning", "read_rows",
-           "reward_parts", "split_sizes", "unscorable_warning"]
+__all__ = ["DATA_SUFFIXES", "DatasetTask", "function_name", "is_data_file", "read_rows", "reward_parts", "split_sizes"]

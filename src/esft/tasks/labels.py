@@ -18,7 +18,7 @@ import math
 import random
 import statistics
 from collections import Counter
-from typing import Any, Hashable, Iterable, Sequence, TypeVar
+from typing import Any, Callable, Hashable, Iterable, Sequence, TypeVar
 
 #: the tasks with labels, in the words of a refusal that needs one
 LABELLED_TASKS = ("boolq, chemistry, mmlu, a Countdown variant with several operators, a data task scored by mcq, "
@@ -91,6 +91,29 @@ def constant_baseline(labels: Sequence[Hashable]) -> dict[str, Any] | None:
     lo, hi = wilson_interval(count, n)
     return {"constant_baseline": count / n, "constant_baseline_ci95": [lo, hi], "constant_answer": answer,
             "constant_answer_count": count, "labels": len(counts)}
+
+
+#: the most frequent gold answers `best_constant_answer` scores
+CONSTANT_CANDIDATES = 5
+
+
+def best_constant_answer(golds: Sequence[str], scorer: Callable[[str], list[float]],
+                         candidates: int = CONSTANT_CANDIDATES) -> dict[str, Any]:
+    """The constant-answer baseline of a task scored by a reward: `scorer(answer)` gives every example's score of
+    the completion `answer`, and the best mean among the `candidates` most frequent gold answers is the baseline (a
+    reward may give partial credit, so the most frequent answer's share is not what always giving it scores), with
+    its scores' interval. Empty when a score leaves [0, 1]: on a mean reward's scale no share is shown
+    (`score_name`)."""
+    best: dict[str, Any] = {}
+    for answer, _ in Counter(golds).most_common(candidates):
+        scores = scorer(answer)
+        if not scores or not all(0.0 <= s <= 1.0 for s in scores):
+            return {}
+        mean = math.fsum(scores) / len(scores)
+        if not best or mean > best["constant_baseline"]:
+            best = {"constant_baseline": mean, "constant_baseline_ci95": list(scores_interval(scores)),
+                    "constant_answer": answer}
+    return best
 
 
 def balanced_indices(labels: Sequence[Hashable], size: int | None = None, seed: int = BALANCE_SEED,

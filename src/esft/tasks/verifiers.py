@@ -281,6 +281,25 @@ def combine_rewards(columns: Sequence[Sequence[float | None]]) -> list[float | N
     return out
 
 
+def unscorable_warning(names: list[str], unscored: int, scored: int) -> str:
+    """The warning of `DatasetTask.score_batch` when completions got no reward (TRL warns alike)."""
+    who = f"reward {names[0]!r}" if len(names) == 1 else f"every reward function ({', '.join(names)})"
+    return (f"{who} returned None for {unscored} of {scored} completions scored so far: no reward applies to them, "
+            "so ES fitness and accuracy count each as 0 (TRL's nansum over no reward) and GRPO gives TRL None, "
+            "which leaves them out of their group's baseline with advantage 0 (docs/custom-tasks.md)")
+
+
+def never_scored_warning(names: list[str], functions: int, rows: int, answer_field: str) -> str:
+    """The warning of `DatasetTask.validate` when reward functions returned None for every row they were tried on."""
+    who = f"reward {', '.join(map(repr, names))}" + (f" (of {functions} reward functions)" if functions > 1 else "")
+    effect = ("no row could be scored, so every completion will score 0 (ES fitness, accuracy) and be unscorable "
+              "(None) to GRPO" if len(names) == functions else "the other reward functions score alone")
+    return (f"{who} returned None for every one of the {rows} rows tried, given each row's {answer_field!r} field "
+            f"(its gold answer) as the completion: {effect}. TRL allows None where a reward does not apply, so this "
+            "is no error; check the reward's conditions and the columns it reads (docs/custom-tasks.md)")
+
+
 __all__ = ["BUILTIN_VERIFIERS", "COMPLETION_FORMATS", "RewardError", "Verifier", "as_completions", "builtin_verifier",
+           "never_scored_warning", "unscorable_warning",
            "call_trl_reward", "check_rewards", "combine_rewards", "import_object", "normalize", "regex_comma_error",
            "regex_cut_at_comma", "trl_columns"]
