@@ -2,12 +2,12 @@
 
 Checkpoints come every save_steps (by default only the final one), and a resume starts from the newest one and
 drops the log lines after it: without this, a run stopped at step 79 of 80 would restart from step 0. A step is
-finished once its metrics record (and its evaluation, when due) is written; the weights, AdamW state and LR
-schedule then stay those of that step until the next optimizer update begins, so an interrupt outside an update
-can save them. A step counts as finished once its train record is written: an interrupt during its held-out
-evaluation (greedy: it draws no random numbers) keeps the step, and the resumed run evaluates it first. The RNG states saved with them are the ones a scheduled checkpoint of that step would have held
-(taken when the step finished, before the next generation round draws from them), so the resumed run samples
-what an uninterrupted one would.
+finished once its train record is written; the weights, AdamW state and LR schedule then stay those of that step
+until the next optimizer update begins, so an interrupt outside an update can save them. An interrupt during the
+step's held-out evaluation (greedy: it draws no random numbers) keeps the step, and the resumed run evaluates it
+first. The RNG states saved with them are the ones a scheduled checkpoint of that step would have held (taken when
+the step finished, before the next generation round draws from them), so the resumed run samples what an
+uninterrupted one would.
 """
 
 from __future__ import annotations
