@@ -154,6 +154,9 @@ def test_resume_after_kill_mid_stage(tmp_path, tokenizer, monkeypatch):
     logged = _lines(stage2 / "run/seeds.jsonl")
     assert len(logged) == 1 and done == [("countdown", 0), ("countdown", 1), ("countdown", 2), ("boolq", 0)]
     assert _json(out / "invocations.jsonl")["interrupted"] is True
+    # the interrupted run's tables: the stage done, the one stopped (before, tables/ waited for an uninterrupted run)
+    summary = (out / "tables/tables.md").read_text()
+    assert "2 of 3 stages done.\n- seed-42/sequential/es/2-boolq: stopped\n" in summary, summary
 
     done.clear()
     monkeypatch.setattr(es_trainer.ESTrainer, "iteration", lambda self: done.append(

@@ -478,10 +478,9 @@ def run_experiment(spec: Spec, output_dir: str | Path | None = None, hooks: Hook
             with open(root / "invocations.jsonl", "a", encoding="utf-8") as fh:
                 fh.write(json.dumps({"started": started, "finished": _now(), "wall_s": result.wall_s,
                                      "interrupted": interrupted, "statuses": result.statuses}) + "\n")
-    if write_tables:
-        from esft.experiments.study_tables import write_all_tables
-
-        write_all_tables(root)
+            if write_tables:  # an interrupted run's too: its tables hold the stages done and name those stopped
+                from esft.experiments.study_tables import write_all_tables
+                write_all_tables(root)
     return result
 
 
