@@ -20,6 +20,7 @@ def test_kl_reference_reads_the_table_of_its_algorithm_and_kind():
     assert paper.kl_reference("es", "incremental", "math", "math") is None
     assert paper.kl_reference("es", "incremental", "countdown", "countdown") == ("0.206 +- 0.023", "mean")
     assert paper.kl_reference("es", "cumulative", "mmlu", "math") is None  # a task the study did not train
+    assert paper.kl_reference("grpo->es", "cumulative", "boolq", "boolq") is None  # a chain the study did not run
 
 
 def test_the_es_budget_note_names_budgets_other_than_the_studys_100_iterations():

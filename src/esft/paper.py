@@ -110,8 +110,9 @@ def stage_index(task: str | None) -> int | None:
 def kl_reference(algo: str, kind: str, task: str, trained: str) -> tuple[str, str] | None:
     """The study's KL cell on `task` after training `trained` (wherever that task sits in the study's sequence),
     as it prints it, with its statistic: ("median [min, max]", "median") (Table 12) or ("mean +- std", "mean")
-    (Tables 13, 14); None where it gives none."""
-    if trained not in STAGE_TASKS or task not in STAGE_TASKS:
+    (Tables 13, 14); None where it gives none (a task it did not train, or a chain such as grpo->es it did not
+    run)."""
+    if trained not in STAGE_TASKS or task not in STAGE_TASKS or algo not in ("es", "grpo"):
         return None
     k, j = STAGE_TASKS.index(trained), STAGE_TASKS.index(task)
     if kind == "incremental" and algo == "grpo":
