@@ -87,6 +87,32 @@ def test_single_task_end_to_end_and_rerun_skips_everything(tmp_path, tokenizer):
     r1 = _json(stage / "es@1/result.json")
     assert r1["eval"]["mmlu"]["n"] == 2 and r1["eval"]["boolq"] == _json(stage / "es@1/eval/boolq.json")["summary"]
 
+    # settings changed again, and the run stopped once the base model was re-evaluated: the stages it did not reach
+    # still hold their mmlu evaluation of 2 examples. The tables leave those out and say so, rather than set them
+    # beside the base model's of 3 (a false forgetting)
+    from esft.experiments.records import load_experiment
+    from esft.rundir import RunInterrupted
+
+    data["evaluation"]["per_task"] = {"mmlu": {"limit": 3}}
+    spec.write_text(yaml.safe_dump(data))
+
+    def stop_after_base(*args):
+        if loads:
+            raise KeyboardInterrupt
+        return loads.append(args) or tiny.load_model(*args)
+
+    loads.clear()
+    again.hooks.load_model = stop_after_base
+    with pytest.raises(RunInterrupted):
+        run_experiment(load_spec(spec), out, again.hooks)
+    exp = load_experiment(out)
+    assert exp.base["eval"]["mmlu"]["n"] == 3
+    later = ["seed-42/single-task/boolq/es@2", "seed-42/single-task/boolq/grpo"]
+    assert exp.stale == {key: ["mmlu"] for key in later}
+    assert all("mmlu" not in exp.results[key]["eval"] and "boolq" in exp.results[key]["eval"] for key in later)
+    summary = (out / "tables/tables.md").read_text()
+    assert f"- {later[0]}: its evaluation of MMLU was made with other settings than the spec's" in summary
+
 
 def test_sequential_end_to_end(tmp_path, tokenizer):
     spec = write_spec(tmp_path / "seq.yaml", "sequential", ["countdown", "boolq"],

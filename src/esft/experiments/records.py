@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from esft import paper
+from esft.experiments.plan import task_slug
+from esft.experiments.stage_eval import EVAL_DIR
 from esft.tables import DASH, NA, Cell
 from esft.tasks.labels import MEAN_REWARD, summaries_score_name
 
@@ -40,6 +42,8 @@ class Experiment:
     results: dict[str, dict[str, Any]] = field(default_factory=dict)
     """stage key -> result.json of finished stages"""
     statuses: dict[str, dict[str, Any]] = field(default_factory=dict)
+    stale: dict[str, list[str]] = field(default_factory=dict)
+    """stage key -> the tasks whose evaluation there was made with other settings than plan.json's, left out"""
 
     @property
     def seeds(self) -> list[int]:
@@ -129,7 +133,25 @@ def load_experiment(root: str | Path) -> Experiment:
             # a stage being run again (its evaluation settings changed) keeps its earlier result.json until it is
             # done: those numbers were measured under other settings, perhaps on other examples than its neighbours'
             exp.results.pop(s["key"], None)
+    _leave_out_stale(exp, plan.get("evaluation"))
     return exp
+
+
+def _leave_out_stale(exp: Experiment, settings: dict[str, dict[str, Any]] | None) -> None:
+    """Drop each stage's evaluation of a task made with other settings than the plan's (esft.experiments.stage_eval.
+    plan_settings; none to compare with in a plan of an older esft), naming it in `exp.stale`: a run that re-evaluates
+    under new settings and stops before a stage leaves that stage's old result, perhaps on other examples."""
+    for key, record in exp.results.items():
+        for task in list((record.get("eval") or {}) if settings else ()):
+            path = exp.root / key / EVAL_DIR / f"{task_slug(task)}.json"
+            try:
+                saved = dict(json.loads(path.read_text()).get("settings") or {})
+            except (OSError, json.JSONDecodeError):
+                continue  # no evaluation file to compare: the record stands as written
+            saved.pop("model", None)
+            if task in settings and saved != settings[task]:
+                del record["eval"][task]
+                exp.stale.setdefault(key, []).append(task)
 
 
 def accuracy(record: dict[str, Any] | None, task: str, ifeval_metric: str = "prompt_strict",

@@ -34,6 +34,18 @@ def task_settings(spec: Spec, task: str, model: str) -> dict[str, Any]:
     return settings
 
 
+def plan_settings(spec: Spec) -> dict[str, dict[str, Any]]:
+    """{task: its greedy evaluation's settings but the model} for every task the spec evaluates, as plan.json
+    records them: esft.experiments.records leaves out a stage's evaluation made with others (a run re-evaluating
+    under new settings stopped before it reached that stage), so a table compares evaluations of the same examples."""
+    out = {}
+    for task in spec.evaluation.all_tasks:
+        settings = task_settings(spec, task, "")
+        del settings["model"]
+        out[task] = json.loads(json.dumps(settings))  # as the evaluation files hold them (lists, not tuples)
+    return out
+
+
 def passk_settings(spec: Spec, task: str, model: str) -> dict[str, Any] | None:
     """Settings of the sampled evaluation of `task`, None when the spec samples no pass@k on it."""
     pk = spec.evaluation.passk

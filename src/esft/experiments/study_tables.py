@@ -326,6 +326,9 @@ def write_all_tables(root: str | Path) -> Path:
     parts += ["### Stages", "", f"{done} of {len(exp.stages)} stages done."]
     for key, st in bad.items():
         parts.append(f"- {key}: {st.get('status')}" + (f" ({st['error']})" if st.get("error") else ""))
+    for key, tasks in exp.stale.items():
+        parts.append(f"- {key}: its evaluation of {', '.join(map(task_name, tasks))} was made with other settings "
+                     "than the spec's, so it is left out of the tables (run the same command again to re-evaluate)")
     wall = _wall_time(Path(root))
     if wall:
         parts.append(f"\nWall time of all `esft experiment run` invocations: {wall:,.0f} s ({wall / 3600:.2f} h).")
