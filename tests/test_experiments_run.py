@@ -10,6 +10,8 @@ a changed option on a finished stage is refused before any compute.
 from __future__ import annotations
 
 import json
+import re
+import shutil
 import time
 from pathlib import Path
 
@@ -198,6 +200,29 @@ def test_resume_after_kill_mid_stage(tmp_path, tokenizer, monkeypatch):
     assert all(json.loads(line)["noise_stream"] == 1 for line in resumed)  # the resumed stage kept its stream
     finished = _json(stage2 / "status.json")
     assert finished["attempts"] == 2 and finished["status"] == "done" and "stopped" not in finished
+
+
+def test_a_stage_whose_parent_was_retrained_is_refused_not_kept(tmp_path, tokenizer):
+    """Stage 1 deleted (to retrain it, as the refusal of a changed option advises): stage 2, trained from the old
+    stage 1 weights, is refused before anything runs. Before, it was skipped as done and its numbers chained to
+    the new stage 1's."""
+    from esft.experiments.yamlines import SpecError
+
+    spec = write_spec(tmp_path / "seq.yaml", "sequential", ["countdown", "boolq"], {"es": {**ES_BLOCK, "iterations": 1}},
+                      evaluation={"limit": 1, "max_new_tokens": 2, "holdout": []})
+    out = tmp_path / "out"
+    tiny = TinyHooks(tokenizer)
+    assert run_experiment(load_spec(spec), out, tiny.hooks, write_tables=False).ok
+    stage1, stage2 = out / "seed-42/sequential/es/1-countdown", out / "seed-42/sequential/es/2-boolq"
+    assert _json(stage2 / "status.json")["parent_trained_at"] == _json(stage1 / "status.json")["trained_at"]
+    shutil.rmtree(stage1)
+    tiny.trained.clear()
+    with pytest.raises(SpecError, match=f"^{re.escape(str(stage2))} was trained from the weights of "
+                                        f"{re.escape(str(stage1))}, which was deleted or trained again since"):
+        run_experiment(load_spec(spec), out, tiny.hooks, write_tables=False)
+    assert tiny.trained == [] and not stage1.exists()
+    shutil.rmtree(stage2)  # as the refusal says: then both are trained again
+    assert run_experiment(load_spec(spec), out, tiny.hooks, write_tables=False).ok and len(tiny.trained) == 2
 
 
 def test_sequential_es_stages_draw_independent_noise(tmp_path, tokenizer):

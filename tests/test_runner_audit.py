@@ -124,7 +124,7 @@ def test_stage_configs_resume_in_their_run_dir_from_the_parent_stage(tmp_path):
 
 
 def test_comparable_drops_what_cannot_change_a_result_but_keeps_the_budget():
-    from esft.experiments.runner import comparable
+    from esft.experiments.fingerprint import comparable
 
     def one(algorithm, **config):
         return comparable([{"algorithm": algorithm, "config": config}])[0]["config"]

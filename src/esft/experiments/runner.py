@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from esft.experiments.algorithms import ALGORITHMS, get_algorithm
+from esft.experiments.fingerprint import comparable, fingerprint_diff
 from esft.experiments.stage_eval import evaluate_stage, plan_settings, read_json, same_model, write_json
 from esft.experiments.plan import BASE, Stage, Step, as_dict, build_plan, describe, has_noise_stream
 from esft.experiments.spec import Spec
@@ -122,46 +122,6 @@ def _fingerprint(spec: Spec, stage: Stage, configs: list[Any], stages: dict[str,
     return comparable(out)
 
 
-def comparable(fingerprint: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """A stage fingerprint without what cannot change a stage's result, applied alike to a recorded fingerprint
-    and today's, so that fingerprints written by earlier versions (before a field existed) still match:
-    fields a trainer lets a resume change (executor layout, eval cadence and set, ...; the budget does count),
-    noise_stream 0, and rollout_dtype "auto" / "float32" (runs recorded before the option ran fp32, and a resume
-    adopts the dtype its run directory recorded)."""
-    from esft.es.es_config import RESUMABLE_CHANGES as ES_FREE
-    from esft.grpo.grpo_config import RESUMABLE_CHANGES as GRPO_FREE
-
-    free = {"es": ES_FREE, "grpo": GRPO_FREE}
-    out = []
-    for step in fingerprint:
-        algorithm = step.get("algorithm")
-        skip = set(free.get(algorithm, ()))
-        if algorithm in ALGORITHMS:
-            skip -= {get_algorithm(algorithm).budget_field}
-        data = {k: v for k, v in (step.get("config") or {}).items() if k not in skip}
-        if data.get("noise_stream") == 0:
-            del data["noise_stream"]
-        if data.get("rollout_dtype") in ("auto", "float32"):
-            del data["rollout_dtype"]
-        out.append({"algorithm": algorithm, "config": data})
-    return out
-
-
-def _diff(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> str:
-    if len(old) != len(new):
-        return f"{len(old)} steps before, {len(new)} now"
-    parts = []
-    for a, b in zip(old, new):
-        if a.get("algorithm") != b.get("algorithm"):
-            parts.append(f"algorithm {a.get('algorithm')} -> {b.get('algorithm')}")
-            continue
-        ca, cb = a.get("config", {}), b.get("config", {})
-        for k in sorted(set(ca) | set(cb)):
-            if ca.get(k) != cb.get(k):
-                parts.append(f"{k}: {ca.get(k)!r} -> {cb.get(k)!r}")
-    return "; ".join(parts)
-
-
 def check_existing(spec: Spec, stages: list[Stage], root: Path) -> None:
     """Before any compute: a stage already trained in `root` must have been trained with today's options."""
     smap = {s.key: s for s in stages}
@@ -179,8 +139,13 @@ def check_existing(spec: Spec, stages: list[Stage], root: Path) -> None:
             if isinstance(model, str) and same_model(model, str(now["config"].get("model")), root, True):
                 before["config"]["model"] = now["config"].get("model")
         if old != new:
-            raise SpecError(f"{root / stage.key} was trained with other options ({_diff(old, new)}); "
+            raise SpecError(f"{root / stage.key} was trained with other options ({fingerprint_diff(old, new)}); "
                             f"use another --output-dir, or delete that stage folder (and those after it) to retrain")
+        parent = (read_json(root / stage.parent / STATUS) or {}) if stage.parent else {}
+        if status.get("parent_trained_at") and parent.get("trained_at") != status["parent_trained_at"]:
+            raise SpecError(f"{root / stage.key} was trained from the weights of {root / stage.parent}, which "
+                            "was deleted or trained again since; delete that stage folder (and those after it) to "
+                            "retrain it from the new weights")
 
 
 # ---- steps ---------------------------------------------------------------------------------------------------------
@@ -278,6 +243,8 @@ def run_stage(spec: Spec, stage: Stage, root: Path, stages: dict[str, Stage], ho
                    "pid": os.getpid()})
     if configs:
         status["fingerprint"] = _fingerprint(spec, stage, configs, stages)
+        if stage.parent is not None:  # which training of the parent stage this one starts from (check_existing)
+            status["parent_trained_at"] = (read_json(root / stage.parent / STATUS) or {}).get("trained_at")
     write_json(folder / STATUS, status)
     load_model = hooks.load_model or _default_load_model
     t0 = time.perf_counter()
@@ -288,7 +255,7 @@ def run_stage(spec: Spec, stage: Stage, root: Path, stages: dict[str, Stage], ho
         _free_memory(hooks)
     t_train = time.perf_counter() - t0
     if stage.kind != BASE:
-        status["trained"] = True
+        status.update({"trained": True, "trained_at": status.get("trained_at") or _now()})
         write_json(folder / STATUS, status)
     t1 = time.perf_counter()
     evals = evaluate_stage(spec, model, stage.eval_tasks, folder, load_model, hooks.progress, root)
