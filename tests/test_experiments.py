@@ -336,7 +336,7 @@ TABLE2 = """\
 
 | Stage | ES (iter=2) (MMLU) | GRPO (MMLU) | ES (iter=2) (IFEval) | GRPO (IFEval) |
 | --- | --- | --- | --- | --- |
-| Base model | 50.00 ± 0.00 | 50.00 ± 0.00 | 60.00 ± 0.00 | 60.00 ± 0.00 |
+| Base model | 50.0 [45.0, 55.0] | 50.0 [45.0, 55.0] | 60.0 [55.0, 65.0] | 60.0 [55.0, 65.0] |
 | After Task 1 (Countdown) | 47.00 ± 1.41 | 50.50 ± 0.71 | 62.00 ± 1.41 | 59.50 ± 0.71 |
 | After Task 2 (BoolQ) | 44.00 ± 1.41 | 52.00 (n=1) | 61.00 ± 1.41 | 58.00 (n=1) |
 | Δ (base → final) | −6.00 ± 1.41 | +2.00 (n=1) | +1.00 ± 1.41 | −2.00 (n=1) |
@@ -345,7 +345,7 @@ Per seed (42 / 52):
 
 | Stage | ES (iter=2) (MMLU) | GRPO (MMLU) | ES (iter=2) (IFEval) | GRPO (IFEval) |
 | --- | --- | --- | --- | --- |
-| Base model | 50.0 [45.0, 55.0] / 50.0 [45.0, 55.0] | 50.0 [45.0, 55.0] / 50.0 [45.0, 55.0] | 60.0 [55.0, 65.0] / 60.0 [55.0, 65.0] | 60.0 [55.0, 65.0] / 60.0 [55.0, 65.0] |
+| Base model | 50.0 [45.0, 55.0] | 50.0 [45.0, 55.0] | 60.0 [55.0, 65.0] | 60.0 [55.0, 65.0] |
 | After Task 1 (Countdown) | 48.0 [43.0, 53.0] / 46.0 [41.0, 51.0] | 51.0 [46.0, 56.0] / 50.0 [45.0, 55.0] | 61.0 [56.0, 66.0] / 63.0 [58.0, 68.0] | 60.0 [55.0, 65.0] / 59.0 [54.0, 64.0] |
 | After Task 2 (BoolQ) | 45.0 [40.0, 50.0] / 43.0 [38.0, 48.0] | 52.0 [47.0, 57.0] / — | 62.0 [57.0, 67.0] / 60.0 [55.0, 65.0] | 58.0 [53.0, 63.0] / — |
 | Δ (base → final) | −5.0 / −7.0 | +2.0 / — | +2.0 / +0.0 | −2.0 / — |
@@ -359,7 +359,7 @@ IFEval: prompt-strict accuracy.
 TABLE5_ES = """\
 | Stage | Countdown | BoolQ |
 | --- | --- | --- |
-| Base | 20.00 ± 0.00 | 80.00 ± 0.00 |
+| Base | 20.0 [15.0, 25.0] | 80.0 [75.0, 85.0] |
 | After Countdown | **71.00 ± 1.41** | 80.00 ± 1.41 |
 | After BoolQ | 62.00 ± 2.83 | **89.00 ± 1.41** |
 """
@@ -384,8 +384,8 @@ def test_tables_from_hand_made_stage_records(tmp_path):
     assert "| After BoolQ | 66.00 (n=1) | **85.00 (n=1)** |" in grpo.markdown()
     # no single-task stages: Table 1 is stage 1 of the sequence, the first task's row, each seed's interval below
     t1 = table1(exp).markdown()
-    assert "| Countdown | 20.00 ± 0.00 | 71.00 ± 1.41 | 66.00 ± 1.41 |" in t1
-    assert "| Countdown | 20.0 [15.0, 25.0] / 20.0 [15.0, 25.0] | 70.0 [65.0, 75.0] / 72.0 [67.0, 77.0] | " in t1
+    assert "| Countdown | 20.0 [15.0, 25.0] | 71.00 ± 1.41 | 66.00 ± 1.41 |" in t1  # the base: once, not ± 0
+    assert "| Countdown | 20.0 [15.0, 25.0] | 70.0 [65.0, 75.0] / 72.0 [67.0, 77.0] | " in t1
     assert "BoolQ |" not in t1 and "Stage 1 of the sequential runs" in t1
     main, detail = table18(exp)
     md = main.markdown()

@@ -82,10 +82,14 @@ class Experiment:
         return self.results.get("base")
 
     def cell(self, get: Callable[[int], float | None], bold: bool = False,
-             ci: Callable[[int], tuple[float, float] | None] | None = None, digits: int = 1) -> Cell:
-        """A table cell holding `get(seed)` for every seed of the experiment (and `ci(seed)`, its 95% interval)."""
-        return Cell({seed: get(seed) for seed in self.seeds}, bold,
-                    {seed: ci(seed) for seed in self.seeds} if ci is not None else {}, digits)
+             ci: Callable[[int], tuple[float, float] | None] | None = None, digits: int = 1, once: bool = False
+             ) -> Cell:
+        """A table cell holding `get(seed)` for every seed of the experiment (and `ci(seed)`, its 95% interval);
+        `once`: for the first seed only, a value measured once for all of them (the base model's), shown with its
+        interval rather than as a mean +- 0 over copies of itself."""
+        seeds = self.seeds[:1] if once else self.seeds
+        return Cell({seed: get(seed) for seed in seeds}, bold,
+                    {seed: ci(seed) for seed in seeds} if ci is not None else {}, digits)
 
     def score_name(self, task: str) -> str:
         """ACCURACY or MEAN_REWARD (esft.tasks.labels.score_name) for `task`, from every recorded evaluation of it:

@@ -64,6 +64,13 @@ def accuracy_cell(exp: Experiment, record_of: Any, task: str, bold: bool = False
                     ci=lambda s: interval(record_of(s), task, exp.ifeval_metric, scale), digits=digits)
 
 
+def base_cell(exp: Experiment, task: str) -> Cell:
+    """The base model's accuracy of `task`, evaluated once whatever the seeds: its value and 95% interval."""
+    scale, digits = _scale(exp, task)
+    return exp.cell(lambda s: accuracy(exp.base, task, exp.ifeval_metric, scale), digits=digits, once=True,
+                    ci=lambda s: interval(exp.base, task, exp.ifeval_metric, scale))
+
+
 def _scale(exp: Experiment, task: str) -> tuple[float, int]:
     """(factor, decimals) of `task`'s cells: a percentage with one decimal, or a mean reward as it is."""
     return (1.0, REWARD_DIGITS) if exp.is_reward(task) else (100.0, 1)
@@ -88,7 +95,7 @@ def table1(exp: Experiment) -> Table | None:
     rows = []
     for task, constant in zip(tasks, constants):
         cells: list[Cell | str] = [NA if exp.is_reward(task) else constant_text(constant)] if with_constant else []
-        cells.append(accuracy_cell(exp, lambda s: exp.base, task))
+        cells.append(base_cell(exp, task))
         for track, _ in tracks:
             where = {"task": task} if kind == "single-task" else {"index": 1}
             cells.append(accuracy_cell(exp, lambda s, tr=track, w=where: exp.find(kind, s, tr, **w), task))
@@ -124,8 +131,8 @@ def table2(exp: Experiment) -> Table | None:
         rows.append(constant)
     for k in range(k_max + 1):
         label = "Base model" if k == 0 else f"After Task {k} ({task_name(exp.tasks[k - 1])})"
-        rows.append((label, [accuracy_cell(exp, lambda s, tr=tr, k=k: exp.base if k == 0 else
-                                           exp.find("sequential", s, tr, index=k), h)
+        rows.append((label, [base_cell(exp, h) if k == 0 else
+                             accuracy_cell(exp, lambda s, tr=tr, k=k: exp.find("sequential", s, tr, index=k), h)
                              for h in exp.holdout for tr, _ in tracks]))
     delta_label = "Δ (base → final)"
     rows.append((delta_label, [exp.cell(lambda s, tr=tr, h=h: delta(s, tr, h), digits=_scale(exp, h)[1])
@@ -146,7 +153,7 @@ def tables5_8(exp: Experiment) -> list[Table]:
         cols = ["Stage"] + [task_name(t, short=True) for t in exp.tasks]
         constant = constant_row(exp, exp.tasks)
         rows: list[Row] = [constant] if constant else []
-        rows.append(("Base", [accuracy_cell(exp, lambda s: exp.base, t) for t in exp.tasks]))
+        rows.append(("Base", [base_cell(exp, t) for t in exp.tasks]))
         for k, trained in enumerate(exp.tasks, start=1):
             rows.append((f"After {task_name(trained)}",
                          [accuracy_cell(exp, lambda s, k=k: exp.find("sequential", s, track, index=k), t,
@@ -212,19 +219,21 @@ def method_tables(exp: Experiment) -> list[Table]:
         cols = ["Method", "Accuracy %" if score == ACCURACY else "Mean reward", "95% CI", "Format %"]
         cols += [c for k in ks for c in (f"pass@{k} %", f"pass@{k} CI")] + ["Train wall s"]
 
-        def row(get_record: Any, timed: bool) -> list[Cell | str]:
+        def row(get_record: Any, timed: bool, once: bool = False) -> list[Cell | str]:
             cells: list[Cell | str] = [
-                exp.cell(lambda s: _percent(_summary(get_record(s), task).get("accuracy"), scale), digits=digits),
-                _ci_text(_summary(get_record(first), task), scale, digits) if len(exp.seeds) == 1 else DASH,
-                exp.cell(lambda s: _percent(_summary(get_record(s), task).get("format_rate")))]
+                exp.cell(lambda s: _percent(_summary(get_record(s), task).get("accuracy"), scale), digits=digits,
+                         once=once),
+                _ci_text(_summary(get_record(first), task), scale, digits) if len(exp.seeds) == 1 or once else DASH,
+                exp.cell(lambda s: _percent(_summary(get_record(s), task).get("format_rate")), once=once)]
             for k in ks:
                 if _passk_na(exp, get_record, task):  # scores not 0/1: no pass@k (esft.passk.not_right_or_wrong)
                     cells += [NA, NA]
                     continue
                 cells.append(exp.cell(lambda s, k=k: _percent(((_summary(get_record(s), task).get("sampled") or {})
-                                                               .get("pass@k") or {}).get(k, {}).get("value"))))
+                                                               .get("pass@k") or {}).get(k, {}).get("value")),
+                                      once=once))
                 sampled = ((_summary(get_record(first), task).get("sampled") or {}).get("pass@k") or {}).get(k, {})
-                cells.append(_ci_text(sampled) if len(exp.seeds) == 1 else DASH)
+                cells.append(_ci_text(sampled) if len(exp.seeds) == 1 or once else DASH)
             if timed:
                 cells.append(exp.cell(lambda s: (compute_row(get_record(s) or {}) or {}).get("train_seconds")))
             else:
@@ -238,7 +247,7 @@ def method_tables(exp: Experiment) -> list[Table]:
             rows.append((CONSTANT_LABEL, [constant_text(constant, ci=False),
                                           f"[{100 * ci[0]:.1f}, {100 * ci[1]:.1f}]" if ci else DASH]
                          + [DASH] * (len(cols) - 3)))
-        rows.append(("Base", row(lambda s: exp.base, False)))
+        rows.append(("Base", row(lambda s: exp.base, False, once=True)))
         for track, display in tracks:
             rows.append((display, row(lambda s, tr=track: exp.find("single-task", s, tr, task), True)))
         notes = [seed_note(exp), eval_note(exp, [task]),
