@@ -321,6 +321,8 @@ def test_an_experiment_folder_reports_the_runs_of_its_plan(tmp_path):
                  "parent": None, "model": f"{run_dir}/checkpoints/final",
                  "steps": [{"algorithm": algo, "run_dir": run_dir, "model_dir": f"{run_dir}/checkpoints/final"}]}
         (tmp_path / key / "result.json").write_text(json.dumps(stage))
+        # es done; grpo stopped by Ctrl-C (its run reported as far as it went)
+        (tmp_path / key / "status.json").write_text(json.dumps({"status": "stopped" if algo == "grpo" else "done"}))
         if track != "old-es":  # the label `old-es` was removed from the spec before the last `experiment run`
             plan.append(stage)
     (tmp_path / "plan.json").write_text(json.dumps({"spec": {}, "stages": plan}))
@@ -333,6 +335,9 @@ def test_an_experiment_folder_reports_the_runs_of_its_plan(tmp_path):
     text = report.sections[0]
     assert "experiment folder: the runs of the 2 training stages its plan.json lists" in text
     assert "`single/boolq/old-es/run`: no stage of the experiment's plan" in text
+    # a stage not done is named, not reported as if it had finished
+    assert dict(report.unsupported) == {"stage single/boolq/grpo": "stopped, not done: its run is reported as far as "
+                                        "it went (`esft experiment status DIR`; run the experiment again to finish it)"}
 
     everything = Report(ReportConfig(dir=str(tmp_path), all_runs=True, exclude=["grpo"]), progress=False)
     everything.discover()

@@ -286,6 +286,8 @@ class Plan:
 
     keys: set[str]
     run_dirs: set[Path]
+    unfinished: dict[str, str] = field(default_factory=dict)
+    """training stage key -> its status where it is not done ("stopped", "failed", "running", "not started", ...)"""
 
 
 def experiment_plan(root: Path) -> Plan | None:
@@ -295,8 +297,16 @@ def experiment_plan(root: Path) -> Plan | None:
     except (OSError, json.JSONDecodeError):
         return None
     stages = [s for s in plan.get("stages", []) if isinstance(s, dict) and s.get("steps")]
+    unfinished = {}
+    for s in stages:
+        try:
+            status = json.loads((Path(root) / s["key"] / "status.json").read_text()).get("status")
+        except (OSError, json.JSONDecodeError, AttributeError):
+            status = None
+        if status != "done":
+            unfinished[s["key"]] = status or "not started"
     return Plan({s["key"] for s in stages},
-                {(Path(root) / st["run_dir"]).resolve() for s in stages for st in s["steps"]})
+                {(Path(root) / st["run_dir"]).resolve() for s in stages for st in s["steps"]}, unfinished)
 
 
 def build_chains(runs: list[Run], root: Path | None = None, plan: Plan | None = None) -> list[Chain]:
