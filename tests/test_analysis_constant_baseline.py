@@ -15,6 +15,7 @@ import pytest
 
 from es_tiny import one_thread  # noqa: F401  (autouse: tiny matmuls on one thread)
 from esft.analysis import landscape as L
+from esft.analysis import landscape_report as LR
 from esft.analysis import sparsity as SP
 from esft.analysis.command_text import format_landscape, format_sparsity
 from esft.analysis.constant import KEY, NOT_RECORDED, task_baselines
@@ -156,7 +157,7 @@ def test_the_reports_sections_render_a_cached_result_from_before_with_n_a(path, 
     from esft.analysis import report_builder
 
     old = {k: v for k, v in path.items() if k != KEY}
-    found = L.LandscapeReport(("es", "grpo"), ["boolq"], interpolation=old, interpolation_figure=tmp_path / "i.png",
+    found = LR.LandscapeReport(("es", "grpo"), ["boolq"], interpolation=old, interpolation_figure=tmp_path / "i.png",
                               directions={"magnitudes": [0.0], "directions": {"ES": {"norm": 1.0,
                                                                                      "accuracy": {"boolq": [0.5]}}}},
                               directions_figure=tmp_path / "d.png")

@@ -99,6 +99,24 @@ def without(value, key):
     return [without(v, key) for v in value] if isinstance(value, list) else value
 
 
+def test_a_zero_update_has_no_direction_to_sweep(tmp_path, tokenizer):
+    """A GRPO run that changed no weight (every group's rewards equal): Figures 4 and 5 do not show the base model
+    repeated as results "along" it; the report says why. The ES direction and its random twin are still swept."""
+    from esft.analysis.landscape_report import ZERO_UPDATE
+
+    base = make_base(tmp_path, tokenizer, hidden=16)
+    make_es_run(tmp_path / "exp", base, steps=2)
+    make_grpo_run(tmp_path / "exp", base, scale=0.0)
+    cfg = ReportConfig(dir=str(tmp_path / "exp"), output_dir=str(tmp_path / "rep"), analyses=["landscape"], limit=1,
+                       max_new_tokens=2, holdout_tasks=["mmlu"], interpolation_points=3, magnitude_points=2)
+    text = build_report(cfg, progress=False).read_text()
+    data = json.loads((tmp_path / "rep/data/landscape_directions.json").read_text())["result"]
+    assert data["zero"] == ["GRPO"] and sorted(data["directions"]) == ["ES", "random (per-tensor norms of ES)"]
+    assert f"**Figure 4 along GRPO**: {ZERO_UPDATE}" in text and f"**Figure 5 along GRPO**: {ZERO_UPDATE}" in text
+    assert "holdout tasks, from the final ES checkpoint" in text
+    assert "holdout tasks, from the final GRPO checkpoint" not in text
+
+
 def test_es_only_report_via_cli(tmp_path, tokenizer, capsys):
     base = make_base(tmp_path, tokenizer, hidden=16)
     make_es_run(tmp_path / "exp", base, steps=2)

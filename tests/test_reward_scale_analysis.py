@@ -20,6 +20,7 @@ import pytest
 from es_tiny import one_thread  # noqa: F401  (autouse: tiny matmuls on one thread)
 from esft.analysis import barrier as B
 from esft.analysis import landscape as L
+from esft.analysis import landscape_report as LR
 from esft.analysis import sparsity as SP
 from esft.analysis.commands import format_landscape
 from esft.analysis.landscape_tables import (interpolation_header, interpolation_notes, interpolation_rows, sweep_notes,
@@ -196,7 +197,7 @@ def test_the_landscape_command_calls_a_rewards_path_mean_rewards(path):
 def test_the_reports_landscape_section_names_a_reward(path, tmp_path, monkeypatch):
     from esft.analysis import report_builder
 
-    found = L.LandscapeReport(("es", "grpo"), ["r", "a"], interpolation=path,
+    found = LR.LandscapeReport(("es", "grpo"), ["r", "a"], interpolation=path,
                               interpolation_figure=tmp_path / "i.png",
                               directions={"magnitudes": [0.0], "score": {"r": "mean reward"},
                                           "directions": {"ES": {"norm": 1.0, "accuracy": {"r": [0.5]}}}},

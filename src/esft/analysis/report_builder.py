@@ -27,7 +27,7 @@ from esft import paper
 from esft.analysis.checks import RULES
 from esft.analysis.drift_runs import RunDrift, drift_notes, family_rows, grpo_family_rows, law_rows, report_drift
 from esft.analysis.kl_report import kl_rows, report_kl
-from esft.analysis.landscape import report_landscape
+from esft.analysis.landscape_report import report_landscape
 from esft.analysis.landscape_tables import (
     interpolation_header, interpolation_notes, interpolation_rows, sweep_notes, sweep_rows,
 )
@@ -435,10 +435,12 @@ class Report(ReportContext):
                      + "".join(f"\n\n{note}" for note in interpolation_notes(res, found.tasks))
                      + f"\n\nPaper: {paper.LANDSCAPE['interpolation']}.\n\n"
                        f"![interpolation]({self.rel(found.interpolation_figure)})\n")
-        s.append("### Figure 4: from the base along each update and a norm-matched random direction\n\n"
-                 + grid(*sweep_rows(found.directions)) + "".join(f"\n\n{n}" for n in sweep_notes(found.directions))
-                 + f"\n\nPaper: {paper.LANDSCAPE['directions']}.\n\n"
-                 f"![directions]({self.rel(found.directions_figure)})\n")
+        if found.directions_figure is not None:  # none where every update is zero (said among the unsupported)
+            s.append("### Figure 4: from the base along each update and a norm-matched random direction\n\n"
+                     + grid(*sweep_rows(found.directions))
+                     + "".join(f"\n\n{n}" for n in sweep_notes(found.directions))
+                     + f"\n\nPaper: {paper.LANDSCAPE['directions']}.\n\n"
+                     f"![directions]({self.rel(found.directions_figure)})\n")
         for lab, r5, path in found.holdout:
             s.append(f"### Figure 5: holdout tasks, from the final {lab.upper()} checkpoint along its own update\n\n"
                      + grid(*sweep_rows(r5)) + "".join(f"\n\n{n}" for n in sweep_notes(r5))
