@@ -9,9 +9,9 @@ runs       discovery of ES / GRPO run directories, sequential chains, ES-GRPO pa
 commands   `esft analyze weights|kl|landscape|drift|sparsity`: one analysis each
 
 `esft report DIR` writes report.md with every table and figure the runs support: report_builder assembles it
-from each module's report section (`report_weights`, `report_kl`, ...; drift_runs for the drift of the runs),
-which share a report_context (runs, output folder, report_cache); esft.tables renders the rows and esft.paper
-holds the study's reference values.
+from each analysis's report section (weights_report, kl_report, landscape_report, sparsity; drift_runs for the
+drift of the runs), which share a report_context (runs, output folder, report_cache); esft.tables renders the rows
+and esft.paper holds the study's reference values.
 
 Submodules are imported on use (`from esft.analysis import weights`), so importing this package is cheap.
 """

@@ -10,8 +10,9 @@ Analyses that generate text (KL, landscape, functional sparsity) evaluate the fi
 `max_new_tokens` per completion; the report states both, since both change the numbers.
 
 This module only assembles the report: each section's rows and figures come from its analysis module
-(`report_weights` in esft.analysis.weights, `report_drift` in esft.analysis.drift_runs, `report_kl`,
-`report_landscape`, `report_sparsity`; the runs and their accuracy from esft.analysis.runs), which share an
+(`report_weights` in esft.analysis.weights_report, `report_drift` in esft.analysis.drift_runs, `report_kl` in
+kl_report, `report_landscape` in landscape_report, `report_sparsity`; the runs and their accuracy from
+esft.analysis.runs), which share an
 esft.analysis.report_context.ReportContext; esft.tables renders the Markdown.
 """
 
