@@ -74,3 +74,21 @@ def test_each_stage_of_a_three_run_chain_keeps_the_checkpoint_the_next_stage_sta
     (chain,) = [c for c in chains if len(c.stages) == 3]
     assert chain.tasks == ["a", "b", "c"] and chain.base == base.resolve()
     assert [ck for _, ck in chain.checkpoints()] == [snap.resolve(), two_final.resolve(), three_final]
+
+
+def test_a_sequence_of_grpo_to_es_stages_is_a_grpo_to_es_chain(tmp_path):
+    """Two stages, each GRPO then ES: the chain's algorithm is "grpo->es" (its tables' headings), not the runs
+    joined across stages, "grpo->es->grpo->es"; a sequence of an ES stage then a GRPO stage stays "es->grpo"."""
+    for run, algo in (("1/grpo", "grpo"), ("1/es", "es"), ("2/grpo", "grpo"), ("2/es", "es"), ("x/es", "es"),
+                      ("y/grpo", "grpo")):
+        ckpt(run_dir(tmp_path / run, {"algorithm": algo, "model": "m", "task": "t", "seed": 1}, []), "final")
+    record(tmp_path, "1", [("grpo", "1/grpo", "1/grpo/checkpoints/final"), ("es", "1/es", "1/es/checkpoints/final")],
+           track="hybrid", index=1, seed=1)
+    record(tmp_path, "2", [("grpo", "2/grpo", "2/grpo/checkpoints/final"), ("es", "2/es", "2/es/checkpoints/final")],
+           track="hybrid", index=2, seed=1, parent="1")
+    record(tmp_path, "x", [("es", "x/es", "x/es/checkpoints/final")], track="mixed", index=1, seed=1)
+    record(tmp_path, "y", [("grpo", "y/grpo", "y/grpo/checkpoints/final")], track="mixed", index=2, seed=1,
+           parent="x")
+    chains = {c.name: c for c in R.chains_from_stage_records(R.find_runs(tmp_path), tmp_path)}
+    assert len(chains["hybrid"].stages) == 2 and chains["hybrid"].algorithm == "grpo->es"
+    assert len(chains["mixed"].stages) == 2 and chains["mixed"].algorithm == "es->grpo"

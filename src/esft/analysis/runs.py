@@ -396,7 +396,9 @@ def chains_from_stage_records(runs: list[Run], root: Path, max_depth: int = 7,
             continue
         # later stages left out (--exclude '/2-'): the chain ends at the last stage present
         first = stages[0].runs[0]
-        algo = _algorithm_of([r for s in stages for r in s.runs])  # from the runs: labels are free text
+        # from the runs (labels are free text): a grpo->es chain's stages are each grpo->es, not one long chain
+        per_stage = {_algorithm_of(s.runs) for s in stages}
+        algo = per_stage.pop() if len(per_stage) == 1 else _algorithm_of([r for s in stages for r in s.runs])
         chains.append(Chain(algo, stages, resolve_model(first.model, first, root), first.model,
                             name=seq[0].get("track") or seq[0].get("label")))
     return sorted(chains, key=lambda c: (c.seed or 0, c.name or "", c.tasks))
