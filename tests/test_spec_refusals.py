@@ -246,8 +246,9 @@ def test_a_misspelt_model_name_is_refused_at_its_line(tmp_path):
 
 
 def test_a_budget_of_zero_is_refused_alone_as_in_a_list(tmp_path):
-    """`iterations: [0, 2]` was refused while `iterations: 0` planned a stage "es to 0" that trains nothing."""
-    for budget in ("0", "[0, 2]"):
+    """`iterations: [0, 2]` was refused while `iterations: 0` planned a stage "es to 0" that trains nothing; a
+    negative budget names the bound >= 1 too (it said ">= 0", and 0 was refused next)."""
+    for budget in ("0", "[0, 2]", "-2"):
         with pytest.raises(SpecError, match=r":6: .*iterations.* (must be >= 1|expected an integer >= 1)"):
             load_spec_text(tmp_path, _edit("    iterations: 2\n", f"    iterations: {budget}\n"))
 

@@ -195,10 +195,12 @@ def check_options(ctx: SpecContext, block: LineDict, algo: Algorithm, where: str
         try:
             converted = coerce(algo.config_cls, {name: report_to_text(plain(value)) if name == "report_to" else value},
                                where)[name]
-            check_value(algo.config_cls, name, converted)
-            if name == algo.budget_field and converted == 0:  # as in a budget list: the base stage is that model
+            # a budget is >= 1, as in a budget list (the base stage is the model at 0), said before the trainer's
+            # own ">= 0" would name a bound that is refused next
+            if name == algo.budget_field and isinstance(converted, int) and converted < 1:
                 raise ConfigError(name, converted, "an integer >= 1 (an experiment evaluates the base model in its "
                                                    "own stage: a stage of 0 would only repeat it)")
+            check_value(algo.config_cls, name, converted)
         except ConfigError as exc:
             raise ctx.error(line, f"{where}.{key} = {exc.value!r} is not accepted; expected {exc.accepted}") \
                 from None
