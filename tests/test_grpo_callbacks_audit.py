@@ -112,13 +112,21 @@ def test_when_the_held_out_evaluation_is_due():
 
 
 def test_the_evaluation_fires_at_step_0_and_on_step_logs_only():
-    cb = EvalCallback("unused", None, None, [{"id": 0}], every=2, max_new_tokens=1, progress=False)
+    cb = EvalCallback("unused", None, None, [{"id": 0}], every=2, max_new_tokens=1, progress=False, evaluated={0, 2})
     done = []
     cb.evaluate = lambda model, step: done.append(step)
     control = TrainerControl()
-    cb.on_train_begin(None, TrainerState(global_step=2, max_steps=4), control)  # a resume: step 2 is logged
+    cb.on_train_begin(None, TrainerState(global_step=2, max_steps=4), control)  # a resume: step 2 is evaluated
     cb.on_log(None, TrainerState(global_step=4, max_steps=4), control, logs={"train_runtime": 1.0})
     assert done == []
+    # a resume whose step 2 evaluation an interrupt cut short: evaluated first
+    cut = EvalCallback("unused", None, None, [{"id": 0}], every=2, max_new_tokens=1, progress=False, evaluated={0})
+    cut.evaluate = lambda model, step: done.append(step)
+    cut.on_train_begin(None, TrainerState(global_step=2, max_steps=4), control)
+    assert done == [2]
+    done.clear()
+    cb = EvalCallback("unused", None, None, [{"id": 0}], every=2, max_new_tokens=1, progress=False)
+    cb.evaluate = lambda model, step: done.append(step)
     cb.on_train_begin(None, TrainerState(global_step=0, max_steps=4), control)
     cb.on_log(None, TrainerState(global_step=2, max_steps=4), control, logs={"loss": 0.1})
     assert done == [0, 2]
