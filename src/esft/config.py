@@ -56,11 +56,12 @@ def passage_cut(task: Any, max_passage_chars: int | None) -> dict[str, Any]:
 
 class ConfigHooks:
     """What the config machinery (`coerce`, `build_config`, experiment specs) asks of a config dataclass, each with
-    its default; every config class built from flags, files or specs inherits it, and overrides what it says
-    better."""
+    its default; every config class built from flags, files or specs inherits it, and overrides what it says better."""
 
     #: the command that trains with this config (`esft train es`): a key of another command's config is named so
     command: typing.ClassVar[str] = ""
+    #: names whose `unknown_option_hint` outranks naming another command's option of that name (GRPO: TRL's names)
+    hinted_names: typing.ClassVar[frozenset[str]] = frozenset()
 
     @staticmethod
     def unknown_option_hint(name: str, close: list[str]) -> str:
@@ -104,8 +105,7 @@ class RunConfig(ConfigHooks):
         return {f: getattr(self, f) for f in self.generation_fields if getattr(self, f)}
 
     def task_kwargs(self) -> dict[str, Any]:
-        """Keyword options of the task's constructor: task_options, plus the passage cut where it applies
-        (`passage_cut`)."""
+        """Keyword options of the task's constructor: task_options, plus the passage cut (`passage_cut`)."""
         return {**passage_cut(self.task, self.max_passage_chars), **self.task_options}
 
     def to_dict(self) -> dict[str, Any]:
@@ -115,10 +115,9 @@ class RunConfig(ConfigHooks):
         return dataclasses.replace(self, **changes)  # type: ignore[type-var]
 
     def stored_value(self, name: str, value: Any) -> Any:
-        """`value` for field `name` as this config stores it (a mapping given as YAML text parsed, "fast"
-        generation options spelt out, a data file's path made absolute), so that a flag a resume repeats unchanged
-        compares equal to what config.yaml recorded; `value` itself where the config refuses it (then the caller
-        sees a change and names it)."""
+        """`value` for field `name` as this config stores it (YAML text parsed, "fast" generation options spelt out,
+        a data file's path made absolute), so that a flag a resume repeats unchanged compares equal to what
+        config.yaml recorded; `value` itself where the config refuses it (the caller then names the change)."""
         try:
             return getattr(self.replace(**{name: value}), name)
         except (ValueError, TypeError):
@@ -417,18 +416,19 @@ def coerce(cls: type[ConfigHooks], values: Mapping[str, Any], source: str,
 
 
 def unknown_option_words(cls: type[ConfigHooks], name: str, names: typing.Iterable[str]) -> str:
-    """The words after "unknown option 'name'" for config class `cls` with options `names`: the command whose option
-    it is, where another trainer's config has it (`other_command_words`: no near names then, which would mislead,
-    as GRPO's num_iterations for ES's iterations); else the class's own `unknown_option_hint`."""
-    return other_command_words(cls, name) or cls.unknown_option_hint(name, close_names(name, names))
+    """The words after "unknown option 'name'" for config class `cls` with options `names`: the class's hint for one
+    of its `hinted_names`; the command whose option it is, where another trainer's config has it
+    (`other_command_words`: no near names then, which would mislead, as GRPO's num_iterations for ES's iterations);
+    else the class's own `unknown_option_hint`."""
+    own = cls.unknown_option_hint(name, []) if name in cls.hinted_names else ""
+    return own or other_command_words(cls, name) or cls.unknown_option_hint(name, close_names(name, names))
 
 
 def other_command_words(cls: type[ConfigHooks], name: str) -> str:
     """' (an option of `esft train grpo`, not of `esft train es`)' where `name` is a field of another config class
     with a command (a GRPO file given to ES, say), else ''. Only the class that declares a command speaks for it
-    (a user's subclass of ESConfig adds fields `esft train es` does not take), and only imported classes are seen:
-    `esft train` and experiment specs import both trainers' configs; an API script that imports one trainer's
-    package gets its own config's hint."""
+    (a user's subclass of ESConfig adds fields `esft train es` does not take), and only imported classes are seen
+    (`esft train` and experiment specs import both trainers' configs)."""
     stack, found = list(ConfigHooks.__subclasses__()), set()
     while stack:
         other = stack.pop()

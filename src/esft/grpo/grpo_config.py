@@ -20,6 +20,7 @@ import yaml
 
 from esft.config import ConfigError, RunConfig, check_fields, mapping_field
 from esft.config_rules import Rule, at_least, finite, in_range, non_negative, one_of, positive
+from esft.grpo.trl_names import ESFT_TRL_ARGS, NOT_TRL_OPTIONS, REFUSED_TRL_ARGS, TRL_EQUIVALENTS
 from esft.tracking import report_to_rule, report_to_text
 
 
@@ -27,6 +28,7 @@ from esft.tracking import report_to_rule, report_to_text
 class GRPOConfig(RunConfig):
     """A GRPO fine-tuning run (TRL's GRPOTrainer underneath). esft maximises reward."""
     command = "esft train grpo"
+    hinted_names = frozenset({*TRL_EQUIVALENTS, *NOT_TRL_OPTIONS})  # generation_batch_size is also an ES option
     generation_fields = ("max_completion_length", "eval_max_new_tokens")
 
     model: str = "smollm2-135m"
@@ -136,6 +138,8 @@ class GRPOConfig(RunConfig):
         option that esft sets from one of its own, or where the rest of TRL's options go."""
         if name in TRL_EQUIVALENTS:
             return f" (TRL's option; {TRL_EQUIVALENTS[name]})"
+        if name in NOT_TRL_OPTIONS:
+            return f" ({NOT_TRL_OPTIONS[name]})"
         if name in ESFT_TRL_ARGS:
             return " (TRL's option, which esft sets itself)"
         close_text = f"did you mean {', '.join(close)}? " if close else ""
@@ -166,6 +170,10 @@ class GRPOConfig(RunConfig):
                               "exists; bf16/fp16: precision, use_cpu: device, steps_per_generation and "
                               "gradient_accumulation_steps: prompts_per_step, num_generations and "
                               "per_device_train_batch_size), so that config.yaml records what ran")
+        refused = sorted(set(self.trl_args) & set(REFUSED_TRL_ARGS))
+        if refused:
+            raise ConfigError("trl_args", self.trl_args, "; ".join(
+                f"no {name} there ({REFUSED_TRL_ARGS[name]})" for name in refused))
         if self.class_balanced and self.scale_rewards == "group":
             raise ConfigError("scale_rewards", self.scale_rewards, "'batch' or 'none' with class_balanced (a "
                               "per-group normalisation cancels a weight shared by the group's completions)")
@@ -303,8 +311,7 @@ SCHEDULES_WITHOUT_END = ("constant", "constant_with_warmup")
 def resumable_changes(config: "GRPOConfig") -> set[str]:
     """Fields a resume of a run made with `config` may change: RESUMABLE_CHANGES, plus max_steps where the LR
     schedule does not depend on it."""
-    # (a warmup given as a ratio through trl_args is a share of max_steps, so that schedule depends on it after all)
-    without_end = config.lr_scheduler_type in SCHEDULES_WITHOUT_END and "warmup_ratio" not in config.trl_args
+    without_end = config.lr_scheduler_type in SCHEDULES_WITHOUT_END
     return RESUMABLE_CHANGES | ({"max_steps"} if without_end else set())
 
 
@@ -361,23 +368,6 @@ def resolve_precision(precision: str, device: str) -> str:
         return "bf16-autocast"
     return "fp32"
 
-
-#: TRL options esft sets from one of its own, and how (an unknown key's hint, GRPOConfig.unknown_option_hint)
-TRL_EQUIVALENTS = {"bf16": "esft sets it from precision", "fp16": "esft sets it from precision",
-                   "use_cpu": "esft sets it from device",
-                   "gradient_accumulation_steps": "esft sets it from prompts_per_step and per_device_train_batch_size",
-                   "steps_per_generation": "esft sets it from prompts_per_step and per_device_train_batch_size",
-                   "logging_steps": "esft logs every step", "save_strategy": "esft sets it from save_steps"}
-
-#: the TRL GRPOConfig options esft sets itself (trl_arguments); trl_args may not override them
-ESFT_TRL_ARGS = (
-    "output_dir", "seed", "max_steps", "per_device_train_batch_size", "gradient_accumulation_steps",
-    "steps_per_generation", "num_generations", "learning_rate", "optim", "weight_decay", "max_grad_norm",
-    "lr_scheduler_type", "warmup_steps", "epsilon", "beta", "loss_type", "scale_rewards", "num_iterations",
-    "mask_truncated_completions", "temperature", "top_p", "max_completion_length", "bf16", "fp16", "use_cpu",
-    "gradient_checkpointing", "activation_checkpointing", "disable_dropout", "logging_steps", "save_strategy",
-    "save_steps", "report_to", "disable_tqdm", "remove_unused_columns", "dataloader_num_workers",
-    "dataloader_pin_memory", "run_name")
 
 
 def trl_arguments(config: GRPOConfig, trl_output_dir: str, precision: str, progress: bool = True) -> dict[str, Any]:
@@ -457,7 +447,8 @@ def check_trl_arg_names(config: GRPOConfig) -> None:
                           "pip install 'esft[grpo]'") from None
     unknown = sorted(set(config.trl_args) - {f.name for f in dc.fields(TRLGRPOConfig)})
     if unknown:
-        raise ConfigError("trl_args", config.trl_args, f"options of TRL's GRPOConfig ({unknown} are not)")
+        hints = "".join(f"; {NOT_TRL_OPTIONS[name]}" for name in unknown if name in NOT_TRL_OPTIONS)
+        raise ConfigError("trl_args", config.trl_args, f"options of TRL's GRPOConfig ({unknown} are not{hints})")
     typed = {**config.trl_args, **_typed_trl_args(config, TRLGRPOConfig)}
     if typed.get("use_vllm") and not is_vllm_available():
         raise ConfigError("trl_args", config.trl_args, "use_vllm only where vLLM is installed: pip install "
