@@ -195,6 +195,9 @@ def test_a_grpo_run_exports_and_generates_as_esft_eval_of_its_checkpoint(tmp_pat
     assert {"config.json", "model.safetensors", "tokenizer_config.json", "README.md"} <= names
     assert not names & {"optimizer.pt", "scheduler.pt", "rng_state.pth", "trainer_state.json", "training_args.bin"}
     assert "tags:\n- esft\n- grpo" in (dest / "README.md").read_text()
+    # training turned the KV cache off in the checkpoint's config; the exported model has it on, as the base model
+    assert json.loads((run / "checkpoints" / "final" / "config.json").read_text())["use_cache"] is False
+    assert json.loads((dest / "config.json").read_text())["use_cache"] is True
 
     evaluated = tmp_path / "eval"
     assert main(["eval", "--model", str(run / "checkpoints" / "final"), "--task", "grpo_tiny:ParityTask",
@@ -439,3 +442,15 @@ def test_overwrite_refuses_other_files_named_like_weights(tmp_path, capsys):
         (target / "model.safetensors").write_text("an earlier export")
         assert main(["export", str(checkpoint), "--to", str(target), "--overwrite"]) == 2
         assert name in capsys.readouterr().err and (target / name).read_text() == "mine"
+
+
+def test_the_export_turns_the_kv_cache_a_training_config_turned_off_back_on(tmp_path):
+    """A GRPO checkpoint's config.json says use_cache false (a training setting); the export wrote it as it was,
+    so the shared model generated without its KV cache. The other keys stay as they were."""
+    from esft.export import export_run
+
+    checkpoint_folder(tmp_path / "run" / "checkpoints" / "final",
+                      config={"eos_token_id": 2, "use_cache": False, "hidden_size": 8})
+    export_run(tmp_path / "run", tmp_path / "out")
+    assert json.loads((tmp_path / "out" / "config.json").read_text()) == {"eos_token_id": 2, "use_cache": True,
+                                                                          "hidden_size": 8}

@@ -210,6 +210,15 @@ def _interval(ci: Any) -> str:
     return f"[{ci[0]:.3f}, {ci[1]:.3f}]" if ci and len(ci) == 2 else ""
 
 
+def with_kv_cache(config_path: Path) -> None:
+    """Sets `use_cache` true in a model's config.json where training left it false (a GRPO checkpoint's: TRL's
+    training turns the KV cache off), so the exported model generates with its cache, as the base model does."""
+    config = json.loads(config_path.read_text())
+    if config.get("use_cache") is False:
+        config["use_cache"] = True
+        config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
 def export_run(run: str | Path, to: str | Path, overwrite: bool = False) -> ExportResult:
     """Copy the run's final model into `to` as a clean Hugging Face folder with a model card."""
     if not str(to).strip():  # Path("") is the current folder, which --overwrite would replace
@@ -249,6 +258,7 @@ def export_run(run: str | Path, to: str | Path, overwrite: bool = False) -> Expo
     try:
         for p in files:
             shutil.copyfile(p, staging / p.name)
+        with_kv_cache(staging / "config.json")
         if not (staging / "generation_config.json").exists():
             from transformers import GenerationConfig
 
