@@ -454,3 +454,21 @@ def test_the_export_turns_the_kv_cache_a_training_config_turned_off_back_on(tmp_
     export_run(tmp_path / "run", tmp_path / "out")
     assert json.loads((tmp_path / "out" / "config.json").read_text()) == {"eos_token_id": 2, "use_cache": True,
                                                                           "hidden_size": 8}
+
+
+def test_an_es_run_without_a_checkpoint_names_the_resume_that_writes_one(tmp_path, tokenizer, capsys):
+    """An ES run stopped before any checkpoint (--checkpoint-every 0, interrupted before its final one) was told
+    only "no checkpoint to export"; its resume rebuilds the weights from seeds.jsonl and writes the final
+    checkpoint, which then exports."""
+    import shutil
+
+    run, _ = _tiny_es_run(tmp_path, tokenizer, "--eval-every", "2", "--checkpoint-every", "0")
+    shutil.rmtree(run / "checkpoints")  # as an interrupt before the final checkpoint leaves the run
+    assert main(["export", str(run), "--to", str(tmp_path / "o")]) == 2
+    assert f"{run} is an ES run without checkpoints: `esft train es --resume {run}` rebuilds its weights from " \
+           "seeds.jsonl, finishes its iterations and writes checkpoints/final" in capsys.readouterr().err
+    assert main(["train", "es", "--resume", str(run)]) == 0
+    assert main(["export", str(run), "--to", str(tmp_path / "o")]) == 0
+    (empty := tmp_path / "empty").mkdir()
+    assert main(["export", str(empty), "--to", str(tmp_path / "o2")]) == 2
+    assert "ES run" not in capsys.readouterr().err

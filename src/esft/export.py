@@ -59,8 +59,18 @@ def find_checkpoint(run: str | Path) -> Path:
                        and _NUMBERED.fullmatch(p.name) and (p / "config.json").exists()),
                       key=lambda p: int(_NUMBERED.fullmatch(p.name).group(1)))
     if not numbered:
-        raise FileNotFoundError(f"{run}: no checkpoint to export (expected {root}/final or a model folder)")
+        raise FileNotFoundError(f"{run}: no checkpoint to export (expected {root}/final or a model folder)"
+                                f"{es_resume_hint(run)}")
     return numbered[-1]
+
+
+def es_resume_hint(run: Path) -> str:
+    """How an ES run stopped before its first checkpoint gets one: its resume rebuilds the weights from the base
+    model and seeds.jsonl (esft.es.replay), trains the iterations left and writes the final checkpoint."""
+    if not (run / "seeds.jsonl").is_file():
+        return ""
+    return (f"; {run} is an ES run without checkpoints: `esft train es --resume {run}` rebuilds its weights from "
+            "seeds.jsonl, finishes its iterations and writes checkpoints/final, which can then be exported")
 
 
 def checkpoint_step(checkpoint: Path) -> int | None:
