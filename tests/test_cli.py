@@ -214,6 +214,10 @@ def test_resume_refuses_a_preset_or_config_file_it_would_not_read(tmp_path, caps
     assert main([a.format(dir=run) for a in command + extra]) == 2
     err = capsys.readouterr().err
     assert f"{extra[0]} is not read when resuming" in err and "config.yaml" in err, err
+    # the example names a flag of the run's own trainer: GRPO has no --iterations
+    example = "e.g. --save-steps, or --max-steps where the LR schedule is constant)" if "grpo" in command else \
+        "e.g. --iterations)"
+    assert example in err and ("--iterations" not in err or "grpo" not in command), err
 
 
 @pytest.mark.parametrize("argv, words", [

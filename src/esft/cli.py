@@ -80,7 +80,7 @@ def _train_es(args: argparse.Namespace) -> int:
         # `--resume RUN_DIR`: the run's own config.yaml, plus the few flags a resume may change (e.g. iterations)
         from esft.es.es_config import resume_config
 
-        _refuse_unread_on_resume(args, args.resume_dir)
+        _refuse_unread_on_resume(args, args.resume_dir, "--iterations")
         config = resume_config(args.resume_dir, _explicit(args, ESConfig))
         check_saved_names(config, args.resume_dir)
     else:
@@ -114,7 +114,7 @@ def _train_grpo(args: argparse.Namespace) -> int:
         # `--resume --output-dir RUN_DIR`: the run's own config.yaml, plus the flags a resume may change
         from esft.grpo.grpo_config import resume_config
 
-        _refuse_unread_on_resume(args, run_dir)
+        _refuse_unread_on_resume(args, run_dir, "--save-steps, or --max-steps where the LR schedule is constant")
         config = resume_config(run_dir, _explicit(args, GRPOConfig))
         check_saved_names(config, run_dir)
     else:
@@ -146,12 +146,13 @@ def _task_flags(config: Any, args: argparse.Namespace, resumed: str | None) -> A
     return out
 
 
-def _refuse_unread_on_resume(args: argparse.Namespace, run_dir: str) -> None:
-    """A resume reads every option from the run's config.yaml: a --preset or --config would be silently ignored."""
+def _refuse_unread_on_resume(args: argparse.Namespace, run_dir: str, example: str) -> None:
+    """A resume reads every option from the run's config.yaml: a --preset or --config would be silently ignored.
+    `example`: flags of this trainer that a resume may change."""
     for flag, value in (("--preset", args.preset), ("--config", args.config)):
         if value is not None:
             raise ValueError(f"{flag} is not read when resuming: {run_dir} continues with the options of its "
-                             "config.yaml (give only the flags a resume may change, e.g. --iterations)")
+                             f"config.yaml (give only the flags a resume may change, e.g. {example})")
 
 
 def _names_with_task_flags(args: argparse.Namespace, tasks_of: Callable[[Any], list[str]]) -> Callable[[Any], None]:
