@@ -546,3 +546,39 @@ def test_resuming_a_finished_run_says_there_is_nothing_to_do(tmp_path, tokenizer
                         task=ParityTask())
     assert result.steps == 1
     assert capsys.readouterr().out == f"{out}: already trained for 1 step (max_steps 1); nothing to do\n"
+
+
+def _interrupt_and_resume(out, tokenizer, options, stop):
+    """A run stopped by `stop` (a callback raising KeyboardInterrupt), then resumed to its end."""
+    from esft.rundir import RunInterrupted
+
+    with pytest.raises(RunInterrupted) as raised:
+        train_grpo(tiny_config(out, **options), model=make_tiny_model(), tokenizer=tokenizer, task=ParityTask(),
+                   callbacks=[stop], progress=False)
+    train_grpo(tiny_config(out, resume=True, **options), model=make_tiny_model(), tokenizer=tokenizer,
+               task=ParityTask(), progress=False)
+    return str(raised.value)
+
+
+def test_an_interrupt_after_the_next_round_was_generated_saves_the_finished_steps_token_count(tmp_path, tokenizer):
+    """TRL adds a generation round's tokens to state.num_input_tokens_seen when it generates them: Ctrl-C during
+    step 2's update saved step 1's checkpoint with step 2's tokens counted, and the resumed run logged num_tokens
+    [270, 862, 1160] where the uninterrupted one logs [270, 566, 864]."""
+    from transformers import TrainerCallback
+
+    class StopInStep2(TrainerCallback):
+        def on_pre_optimizer_step(self, args, state, control, **kwargs):
+            if state.global_step == 1:  # step 2's round is generated, its update not yet applied
+                raise KeyboardInterrupt
+
+    options = dict(max_steps=3, save_steps=0, eval_every=0, max_completion_length=3, lr_scheduler_type="constant")
+    train_grpo(tiny_config(tmp_path / "whole", **options), model=make_tiny_model(), tokenizer=tokenizer,
+               task=ParityTask(), progress=False)
+    message = _interrupt_and_resume(tmp_path / "stopped", tokenizer, options, StopInStep2())
+    assert "saved " in message and "iter_000001" in message, message
+
+    def tokens(run):
+        return [r["trl"]["num_tokens"] for r in read_jsonl(run / "metrics.jsonl") if r["kind"] == "train"]
+
+    assert len(tokens(tmp_path / "whole")) == 3 and tokens(tmp_path / "whole")[0] > 0
+    assert tokens(tmp_path / "stopped") == tokens(tmp_path / "whole")

@@ -7,7 +7,7 @@ until the next optimizer update begins, so an interrupt outside an update can sa
 step's held-out evaluation (greedy: it draws no random numbers) keeps the step, and the resumed run evaluates it
 first. The RNG states saved with them are the ones a scheduled checkpoint of that step would have held (taken when
 the step finished, before the next generation round draws from them), so the resumed run samples what an
-uninterrupted one would.
+uninterrupted one would; so is TRL's count of input tokens seen (it counts a round's tokens when it generates them).
 """
 
 from __future__ import annotations
@@ -47,6 +47,9 @@ class StepBoundary(TrainerCallback):
         self.saved: int | None = None  # the latest step with a checkpoint
         self.updating = False  # inside an optimizer update: the weights are between two steps
         self.rng: dict[str, Any] | None = None
+        # TRL's token count at the step's end: it adds a round's tokens when it generates them, so an interrupt
+        # after the next round began would save them with the finished step
+        self.tokens_seen: int | None = None
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any):
         self.finished = self.saved = int(state.global_step)  # a fresh run (0) or the checkpoint resumed from
@@ -60,12 +63,13 @@ class StepBoundary(TrainerCallback):
             self.mark(state)
 
     def mark(self, state: Any) -> None:
-        """The step of `state` is finished: its RNG states are taken once, at its first mark."""
+        """The step of `state` is finished: its RNG states and token count are taken once, at its first mark."""
         step = int(state.global_step)
         if self.finished != step or self.updating:
             self.updating = False
             self.finished = step
             self.rng = rng_states()
+            self.tokens_seen = state.num_input_tokens_seen
 
     def recorded(self) -> TrainerCallback:
         """A callback whose on_log of a step marks it finished (`mark`), for the place right after the train

@@ -263,12 +263,17 @@ class EsftGRPOTrainer(GRPOTrainer):
 
     def save_finished_step(self, boundary: StepBoundary) -> Path | None:
         """After an interrupt: the checkpoint of the last finished step when it has none yet, with the RNG states
-        of that step's end (esft.grpo.interrupt); None when there is nothing to save."""
+        and TRL's token count of that step's end (esft.grpo.interrupt); None when there is nothing to save."""
         step = boundary.unsaved_step(self.state)
         if step is None or boundary.rng is None:
             return None
         set_rng_states(boundary.rng)
-        self._save_checkpoint(self.model, trial=None)
+        live_tokens = self.state.num_input_tokens_seen
+        self.state.num_input_tokens_seen = boundary.tokens_seen
+        try:
+            self._save_checkpoint(self.model, trial=None)
+        finally:
+            self.state.num_input_tokens_seen = live_tokens
         return self.run_dir / CHECKPOINTS / ("final" if step >= self.state.max_steps else checkpoint_name(step))
 
 
