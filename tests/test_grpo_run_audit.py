@@ -582,3 +582,32 @@ def test_an_interrupt_after_the_next_round_was_generated_saves_the_finished_step
 
     assert len(tokens(tmp_path / "whole")) == 3 and tokens(tmp_path / "whole")[0] > 0
     assert tokens(tmp_path / "stopped") == tokens(tmp_path / "whole")
+
+
+def test_an_interrupt_inside_a_generation_round_saves_no_checkpoint_the_resume_would_refuse(tmp_path, tokenizer):
+    """num_iterations 2: Ctrl-C after step 3 (inside the round generated at step 2) wrote iter_000003, which the
+    resume then passed over ("training again from step 0") although the message said "saved ...", and the unusable
+    checkpoint stayed beside the final one with save_steps 0. It is not written now, and the message says so; at a
+    round's end (step 2) the interrupt checkpoint is written and the resume continues from it."""
+    from transformers import TrainerCallback
+
+    class StopInUpdate(TrainerCallback):
+        def __init__(self, after):
+            self.after = after
+
+        def on_pre_optimizer_step(self, args, state, control, **kwargs):
+            if state.global_step == self.after:
+                raise KeyboardInterrupt
+
+    options = dict(max_steps=5, save_steps=0, eval_every=0, max_completion_length=3, num_iterations=2)
+    inside = tmp_path / "inside"
+    message = _interrupt_and_resume(inside, tokenizer, options, StopInUpdate(3))
+    assert message.startswith("interrupted with 3 of 5 steps finished: step 3 lies inside a generation round of "
+                              "num_iterations = 2 updates, not saved; continue from step 0 with "), message
+    assert [folder.name for _, folder in list_checkpoints(inside)] == ["final"]
+    at_end = tmp_path / "at_end"
+    message = _interrupt_and_resume(at_end, tokenizer, options, StopInUpdate(2))
+    assert message.startswith(f"interrupted with 2 of 5 steps finished: saved {at_end / 'checkpoints' / 'iter_000002'}"
+                              "; continue from step 2 with "), message
+    assert [folder.name for _, folder in list_checkpoints(at_end)] == ["iter_000002", "final"]
+    assert [r["step"] for r in read_jsonl(at_end / "metrics.jsonl") if r["kind"] == "train"] == [1, 2, 3, 4, 5]

@@ -15,7 +15,8 @@ and continues. The config must match the original run except for RESUMABLE_CHANG
 the LR schedule does not depend on it (SCHEDULES_WITHOUT_END: the extended run then equals one started with the
 larger max_steps).
 An interrupt (Ctrl-C, SIGTERM) first writes the checkpoint of the last finished step (esft.grpo.interrupt), so
-a resume continues from there, not from the last scheduled checkpoint.
+a resume continues from there, not from the last scheduled checkpoint; not for a step inside a generation round,
+which a resume could not start from.
 """
 
 from __future__ import annotations
@@ -427,12 +428,15 @@ def _train_or_save(trainer: EsftGRPOTrainer, resume_from: Path | None, runlog: A
                       f"continue from step {_continue_step(trainer)} with `esft train grpo --resume --output-dir "
                       f"{trainer.run_dir}`") from None
     except KeyboardInterrupt:
+        pending = boundary.unsaved_step(trainer.state)
         with without_transformers_bars():  # the interrupt's one line, not a "Writing model shards" bar under it
             saved = trainer.save_finished_step(boundary)
         done = list_checkpoints(trainer.run_dir)
         # the message is the one line the command line prints (esft.cli); a script sees it in the exception
-        what = (f": saved {saved}" if saved is not None else f": step {done[-1][0]} is saved already" if done
-                else "")
+        what = (f": saved {saved}" if saved is not None
+                else f": step {pending} lies inside a generation round of num_iterations = "
+                     f"{trainer.args.num_iterations} updates, not saved" if pending is not None
+                else f": step {done[-1][0]} is saved already" if done else "")
         # the steps whose records are written (the trainer's own count already includes an update in progress);
         # before the first step began (a resume that loads its checkpoint), those the resume would continue from
         cont, total = _continue_step(trainer), trainer.args.max_steps

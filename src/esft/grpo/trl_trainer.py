@@ -261,11 +261,17 @@ class EsftGRPOTrainer(GRPOTrainer):
         missing = [k for k in load_result.missing_keys if k not in tied]
         super()._issue_warnings_after_load(load_result._replace(missing_keys=missing))
 
+    def inside_round(self, step: int) -> bool:
+        """Whether `step` (before max_steps) ends inside a generation round of num_iterations > 1 updates, whose
+        completions TRL keeps in memory only: esft.grpo.run.resume_checkpoint passes over its checkpoint."""
+        return bool(step % self.args.num_iterations) and step < self.state.max_steps
+
     def save_finished_step(self, boundary: StepBoundary) -> Path | None:
         """After an interrupt: the checkpoint of the last finished step when it has none yet, with the RNG states
-        and TRL's token count of that step's end (esft.grpo.interrupt); None when there is nothing to save."""
+        and TRL's token count of that step's end (esft.grpo.interrupt); None when there is nothing to save, or
+        the step lies inside a generation round (`inside_round`: a resume could not start from it)."""
         step = boundary.unsaved_step(self.state)
-        if step is None or boundary.rng is None:
+        if step is None or boundary.rng is None or self.inside_round(step):
             return None
         set_rng_states(boundary.rng)
         live_tokens = self.state.num_input_tokens_seen
