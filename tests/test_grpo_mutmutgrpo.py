@@ -65,7 +65,8 @@ def test_an_interrupt_after_the_last_step_saves_and_names_the_final_checkpoint(t
     saves = []
     for step, name in ((4, "final"), (3, "iter_000003")):
         trainer = SimpleNamespace(state=TrainerState(global_step=step, max_steps=4), run_dir=tmp_path, model=None,
-                                  _save_checkpoint=lambda model, trial, step=step: saves.append(step))
+                                  _save_checkpoint=lambda model, trial, step=step: saves.append(step),
+                                  inside_round=lambda step: False)  # num_iterations 1: every step ends a round
         boundary = StepBoundary()
         boundary.finished, boundary.saved, boundary.rng = step, 2, rng_states()
         assert EsftGRPOTrainer.save_finished_step(trainer, boundary) == tmp_path / "checkpoints" / name
