@@ -28,7 +28,8 @@ from esft.tracking import report_to_rule, report_to_text
 class GRPOConfig(RunConfig):
     """A GRPO fine-tuning run (TRL's GRPOTrainer underneath). esft maximises reward."""
     command = "esft train grpo"
-    hinted_names = frozenset({*TRL_EQUIVALENTS, *NOT_TRL_OPTIONS})  # generation_batch_size is also an ES option
+    # their hints say more than "an option of `esft train es`" (ES also has a generation_batch_size)
+    hinted_names = frozenset({*TRL_EQUIVALENTS, *NOT_TRL_OPTIONS})
     generation_fields = ("max_completion_length", "eval_max_new_tokens")
 
     model: str = "smollm2-135m"
@@ -367,7 +368,6 @@ def resolve_precision(precision: str, device: str) -> str:
     if str(device).startswith("cuda") and torch.cuda.is_available() and torch.cuda.is_bf16_supported():
         return "bf16-autocast"
     return "fp32"
-
 
 
 def trl_arguments(config: GRPOConfig, trl_output_dir: str, precision: str, progress: bool = True) -> dict[str, Any]:
