@@ -7,7 +7,8 @@ until the next optimizer update begins, so an interrupt outside an update can sa
 step's held-out evaluation (greedy: it draws no random numbers) keeps the step, and the resumed run evaluates it
 first. The RNG states saved with them are the ones a scheduled checkpoint of that step would have held (taken when
 the step finished, before the next generation round draws from them), so the resumed run samples what an
-uninterrupted one would; so is TRL's count of input tokens seen (it counts a round's tokens when it generates them).
+uninterrupted one would. TRL's count of input tokens seen is saved as at the step's end too: TRL adds a round's
+tokens when it generates them, before the round's first update.
 """
 
 from __future__ import annotations
