@@ -242,6 +242,20 @@ def test_resume_equals_uninterrupted(tmp_path, opts):
     assert matches_checkpoint(model, weights, res.final_checkpoint)
 
 
+def test_a_resume_keeps_each_earlier_segments_run_block(tmp_path):
+    """config.yaml's `_run` (threads, versions, machine) is the last segment's; a resume keeps the segments before it
+    under `earlier`, oldest first. Before, a resume on another thread count rewrote the whole run's record."""
+    import yaml
+
+    first = yaml.safe_load((run(cfg(tmp_path, iterations=2)).output_dir / "config.yaml").read_text())["_run"]
+    assert "earlier" not in first
+    run(cfg(tmp_path, iterations=4, resume=True))
+    run(cfg(tmp_path, iterations=6, resume=True))
+    block = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["_run"]
+    assert len(block["earlier"]) == 2 and block["earlier"][0] == first
+    assert "earlier" not in block["earlier"][1] and block["earlier"][1]["torch_threads"] == block["torch_threads"]
+
+
 def test_resume_rejects_changed_config(tmp_path):
     config = cfg(tmp_path, iterations=2, eval_every=0)
     run(config)

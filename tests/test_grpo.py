@@ -348,6 +348,7 @@ def test_an_interrupt_during_a_steps_evaluation_keeps_the_step_and_the_resume_ev
                    progress=False)
     assert cut and [(s, p.name) for s, p in list_checkpoints(out)] == [(2, "iter_000002")]
     assert [r["step"] for r in read_jsonl(out / "metrics.jsonl") if r["kind"] == "eval"] == [0]
+    first = yaml.safe_load((out / "config.yaml").read_text())["_run"]
     train_grpo(tiny_config(out, save_steps=0, resume=True), model=make_tiny_model(), tokenizer=tokenizer,
                task=ParityTask(), progress=False)
     records = read_jsonl(out / "metrics.jsonl")
@@ -357,6 +358,8 @@ def test_an_interrupt_during_a_steps_evaluation_keeps_the_step_and_the_resume_ev
     assert [r["reward"] for r in records if r["kind"] == "train"] == [m["reward"] for m in run["metrics"]]
     saved, final = (_load_safetensors(d / "checkpoints" / "final") for d in (out, run["out"]))
     assert all(torch.equal(saved[k], final[k]) for k in final)
+    # config.yaml's `_run` is the resumed segment's; the first segment's is kept under `earlier`
+    assert yaml.safe_load((out / "config.yaml").read_text())["_run"]["earlier"] == [first]
 
 
 class DiskFullAt(TrainerCallback):

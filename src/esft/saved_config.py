@@ -23,6 +23,22 @@ def saved_algorithm(data: Mapping[str, Any]) -> str | None:
     return "grpo" if "num_generations" in data else None
 
 
+def with_earlier_segments(path: str | Path, run_info: dict[str, Any]) -> dict[str, Any]:
+    """`run_info`, the `_run` block of a run segment about to start, with the blocks of the segments before it
+    (a resumed run's config.yaml) under `earlier`, oldest first: each keeps the threads, versions and machine it ran
+    on, which a resume on another machine or thread count would otherwise overwrite."""
+    import yaml
+
+    try:
+        old = (yaml.safe_load(Path(path).read_text()) or {}).get("_run")
+    except (OSError, yaml.YAMLError):
+        return run_info  # a fresh run, or one whose file the resume refused already
+    if not isinstance(old, dict) or not old:
+        return run_info
+    earlier = list(old.pop("earlier", None) or [])
+    return {**run_info, "earlier": earlier + [old]}
+
+
 def no_config_words(run_dir: str | Path) -> str:
     """Why `run_dir` cannot be resumed when it holds no config.yaml, in the words of a refusal."""
     path = Path(run_dir)

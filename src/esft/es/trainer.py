@@ -45,6 +45,7 @@ from esft.es.fitness import FitnessRule, as_fitness_rule
 from esft.evaluation import load_examples
 from esft.tasks.base import checks_format, format_bonus_warning
 from esft.tasks.custom import as_task
+from esft.saved_config import with_earlier_segments
 from esft.rundir import (DISK_FULL, NonFiniteError, RunFailed, RunInterrupted, TrainResult, check_new_run,
                          check_output_dir, check_same_train_set, demote_final, examples_digest, finished_line,
                          held_out_fields, held_out_text, holds_run, occupied_error, peak_rss_mb, prune_checkpoints,
@@ -213,7 +214,8 @@ class ESTrainer:
             for name in ("seeds.jsonl", "metrics.jsonl"):
                 (self.out / name).unlink(missing_ok=True)
         if self._finished is None:  # a finished run keeps the record of the settings and machine it ran with
-            save_yaml(self.config.replace(resume=False), self.out / "config.yaml", extra=self.run_info())
+            save_yaml(self.config.replace(resume=False), self.out / "config.yaml",
+                      extra=with_earlier_segments(self.out / "config.yaml", self.run_info()))
 
     def _resume(self) -> None:
         """Latest checkpoint not past the seed log, then exact replay of the logged iterations after it."""

@@ -44,6 +44,7 @@ from esft.grpo.trl_trainer import TRAINER_STATE, EsftGRPOTrainer, TaskReward
 from esft.models import without_transformers_bars
 from esft.run_undo import locked_run_folder
 from esft.rundir import CHECKPOINTS, DISK_FULL, RunFailed, RunInterrupted, TrainResult, filter_jsonl, read_jsonl
+from esft.saved_config import with_earlier_segments
 from esft.tasks.base import format_bonus_warning
 from esft.tasks.custom import as_task
 from esft.version import __version__
@@ -135,6 +136,7 @@ def read_run_config(run_dir: str | Path) -> tuple[GRPOConfig, dict[str, Any]]:
 
 
 def _write_config(config: GRPOConfig, path: Path, extra: dict[str, Any]) -> None:
+    extra = with_earlier_segments(path, extra)  # a resume keeps each earlier segment's threads, versions, machine
     rundir.write_text_atomic(path, yaml.safe_dump({**config.to_dict(), "_run": extra}, sort_keys=False))
 
 
