@@ -15,6 +15,7 @@ import torch
 from es_tiny import one_thread  # noqa: F401  (autouse: tiny matmuls on one thread)
 from conftest import make_tiny_model
 from esft.analysis import kl as K
+from esft.analysis import kl_report as KR
 from esft.generation import GenerationConfig
 from esft.tasks import get_task
 
@@ -265,17 +266,19 @@ def test_kl_rows_print_median_min_max_over_seeds_next_to_the_studys_cell():
                                for t in ("countdown", "a")},
                "cumulative": {t: {"1:countdown": {"k3_token_mean": v}, "2:boolq": {"k3_token_mean": 3 * v}}
                               for t in ("countdown", "a")}} for v in (0.1, 0.3, 0.2)]
-    group = K.KLGroup("grpo", "grpo", ("countdown", "boolq"), tables, K.aggregate_seeds(tables))
-    head, rows = K.kl_rows(group, "cumulative")
+    group = KR.KLGroup("grpo", "grpo", ("countdown", "boolq"), tables, K.aggregate_seeds(tables))
+    head, rows = KR.kl_rows(group, "cumulative")
     assert head == ["eval task", "after 1:countdown", "after 2:boolq"]
     # the study's cell is looked up by the task trained at that stage (the label after the colon)
     ref1 = paper.kl_reference("grpo", "cumulative", "countdown", "countdown")
     ref2 = paper.kl_reference("grpo", "cumulative", "countdown", "boolq")
     assert ref1 and ref2 and ref1 != ref2
-    assert rows[0] == ["countdown", f"0.2 [0.1, 0.3] (paper {ref1})", f"0.6 [0.3, 0.9] (paper {ref2})"]
+    # beside the study's mean +- std over seeds (Table 14), ours too
+    assert rows[0] == ["countdown", f"0.2 [0.1, 0.3]; mean 0.2 +- 0.1 (paper {ref1[0]})",
+                       f"0.6 [0.3, 0.9]; mean 0.6 +- 0.3 (paper {ref2[0]})"]
     assert rows[1] == ["a", "0.2 [0.1, 0.3]", "0.6 [0.3, 0.9]"]  # a task the study does not have: no cell
-    one = K.KLGroup("es", "es", ("a",), tables[:1], K.aggregate_seeds(tables[:1]))
-    assert K.kl_rows(one, "incremental")[1][1] == ["a", "0.1", "0.2"]  # one seed: the value alone
+    one = KR.KLGroup("es", "es", ("a",), tables[:1], K.aggregate_seeds(tables[:1]))
+    assert KR.kl_rows(one, "incremental")[1][1] == ["a", "0.1", "0.2"]  # one seed: the value alone
 
 
 def test_progress_line_of_a_task_with_no_generated_token(monkeypatch, tokenizer, capsys):
@@ -375,8 +378,8 @@ def test_one_near_zero_cell_among_similar_kls_keeps_the_scale_linear():
 def test_kl_rows_of_two_seeds_give_their_range():
     tables = [{"stages": ["1:a"], "tasks": ["a"], "incremental": {"a": {"1:a": {"k3_token_mean": v}}},
                "cumulative": {"a": {"1:a": {"k3_token_mean": v}}}} for v in (0.1, 0.3)]
-    group = K.KLGroup("es", "es", ("a",), tables, K.aggregate_seeds(tables))
-    assert K.kl_rows(group, "incremental")[1] == [["a", "0.2 [0.1, 0.3]"]]
+    group = KR.KLGroup("es", "es", ("a",), tables, K.aggregate_seeds(tables))
+    assert KR.kl_rows(group, "incremental")[1] == [["a", "0.2 [0.1, 0.3]"]]
 
 
 def test_kl_and_landscape_show_the_generation_bar_of_their_long_evaluations(monkeypatch, tokenizer):

@@ -274,6 +274,7 @@ def _train_locked(config: GRPOConfig, out: Path, model: Any, tokenizer: Any, tas
     train_set = _train_set(config, out, task)
     resume_from, start = _prepare_dir(out, config)
     if resume_from is not None and start >= config.max_steps:
+        _evaluate_final(out, config, task, resume_from, tokenizer, device, progress)
         if progress:
             print(rundir.finished_line(out, "step", start, "max_steps", config.max_steps))
         return GRPOTrainResult(out, start, resume_from, None)
@@ -380,6 +381,25 @@ class _DropResumeArgsNotice(logging.Filter):
         head, *lines = str(record.msg).split("\n\t")
         return not (head.startswith(_RESUME_ARGS_NOTICE) and lines
                     and all(line.startswith("save_steps:") for line in lines))
+
+
+def _evaluate_final(out: Path, config: GRPOConfig, task: Any, checkpoint: Path, tokenizer: Any, device: str,
+                    progress: bool) -> None:
+    """The last step's held-out evaluation where an interrupt cut it short: its checkpoint (`final`) was saved once
+    the step's train record was written (esft.grpo.interrupt), so a resume has no step left to train and evaluates
+    the saved weights, in fp32 as the trainer's model."""
+    from esft.evaluation import load_examples
+    from esft.grpo.callbacks import EvalCallback
+    from esft.models import load_model
+
+    evaluated = {r.get("step") for r in read_jsonl(out / "metrics.jsonl") if r.get("kind") == "eval"}
+    if not (config.eval_every and config.eval_limit) or config.max_steps in evaluated:
+        return
+    model, saved_tokenizer = load_model(str(checkpoint), dtype="float32", device=device)
+    evaluator = EvalCallback(out, task, tokenizer or saved_tokenizer, load_examples(
+        task, "test", config.eval_limit, config.eval_balanced), config.eval_every,
+        config.eval_max_new_tokens or config.max_completion_length, evaluated, progress)
+    evaluator.evaluate(model, config.max_steps)
 
 
 @contextlib.contextmanager
