@@ -64,3 +64,21 @@ def test_a_resumed_run_has_nothing_to_save_before_its_first_step():
     b, state, control = StepBoundary(), TrainerState(global_step=2, max_steps=4), TrainerControl()
     b.on_train_begin(None, state, control)
     assert (b.finished, b.saved, b.unsaved_step(state)) == (2, 2, None)
+
+
+def test_the_rng_states_saved_are_those_after_the_steps_evaluation_once_it_ran():
+    """The step-end mark (right after the train record) keeps the step if the evaluation is cut short; once the
+    evaluation and the other callbacks ran, the boundary's own on_log takes the RNG states again: a reward that
+    draws random numbers at evaluation moved them, and a scheduled checkpoint of the step holds the moved ones."""
+    b, state, control = StepBoundary(), TrainerState(global_step=0, max_steps=4), TrainerControl()
+    b.on_train_begin(None, state, control)
+    recorded = b.recorded()
+    state.global_step = 1
+    recorded.on_log(None, state, control, logs={"loss": 0.5})
+    before_eval = b.rng
+    assert b.unsaved_step(state) == 1  # an interrupt during the evaluation keeps step 1
+    _draw()  # the evaluation draws
+    b.on_log(None, state, control, logs={"loss": 0.5})
+    after_eval = _draw()
+    set_rng_states(b.rng)
+    assert _draw() == after_eval and b.rng is not before_eval

@@ -60,11 +60,15 @@ class StepBoundary(TrainerCallback):
         self.updating = True
 
     def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any):
+        # last of the step's callbacks: its evaluation and every other callback ran, so the RNG states are those a
+        # scheduled checkpoint of the step holds (a reward drawing random numbers at evaluation moved them)
         if logs and "train_runtime" not in logs:  # a step's record, not the end-of-training summary
             self.mark(state)
+            self.rng = rng_states()
 
     def mark(self, state: Any) -> None:
-        """The step of `state` is finished: its RNG states and token count are taken once, at its first mark."""
+        """The step of `state` is finished: its RNG states and token count are taken at its first mark (the RNG
+        states again at the boundary's own on_log, after the step's evaluation)."""
         step = int(state.global_step)
         if self.finished != step or self.updating:
             self.updating = False
@@ -74,12 +78,14 @@ class StepBoundary(TrainerCallback):
 
     def recorded(self) -> TrainerCallback:
         """A callback whose on_log of a step marks it finished (`mark`), for the place right after the train
-        record's writer."""
+        record's writer: an interrupt during the step's evaluation then saves the step with the RNG states of
+        before the evaluation, which equal those after it when the evaluation draws no random numbers (greedy)."""
         boundary = self
 
         class Recorded(TrainerCallback):
             def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any):
-                boundary.on_log(args, state, control, logs=logs)
+                if logs and "train_runtime" not in logs:
+                    boundary.mark(state)
 
         return Recorded()
 
