@@ -199,6 +199,11 @@ def digits_credit(completions, **kwargs):
     return [min(1.0, sum(ch.isdigit() for ch in c) / 10) for c in completions]
 
 
+def option_index(completions, options, **kwargs):
+    """Credit by the position of the answer among the row's own options: a letter outside them raises."""
+    return [1.0 - o.index(c) / len(o) for c, o in zip(completions, options)]
+
+
 def distance(completions, answer, **kwargs):
     """Minus the distance to the gold number: a reward outside [0, 1]."""
     return [-abs(float(c) - float(a)) for c, a in zip(completions, answer)]
@@ -221,6 +226,12 @@ def test_a_reward_functions_constant_answer_baseline_is_what_always_giving_it_sc
     digits = DatasetTask(source=str(data), reward=digits_credit, test_size=0.5, completion_format="text")
     summary = digits.constant_baseline(records(digits))
     assert summary["constant_answer"] == "1234567890" and summary["constant_baseline"] == 1.0
+    # a reward that cannot score another row's gold answer: no baseline (and a warning), not a failed evaluation
+    data.write_text("".join(json.dumps({"prompt": f"q{i}", "answer": a, "options": o}) + "\n"
+                            for i, (a, o) in enumerate([("A", "AB"), ("A", "AB"), ("E", "ABCDE")])))
+    picky = DatasetTask(source=str(data), reward=option_index, test_size=0.5, completion_format="text")
+    with pytest.warns(UserWarning, match="no constant-answer baseline: reward .*option_index.* raised ValueError"):
+        assert picky.constant_baseline(records(picky)) == {}
     # a reward on another scale: no share to show
     data.write_text("".join(json.dumps({"prompt": f"q{i}", "answer": a}) + "\n" for i, a in enumerate(["2", "4"])))
     far = DatasetTask(source=str(data), reward=distance, test_size=0.5, completion_format="text")

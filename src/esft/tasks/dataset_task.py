@@ -448,7 +448,11 @@ class DatasetTask(Task):
         golds = [self.gold_key(ex) for ex in rows]
         if not golds or None in golds:
             return {}
-        return best_constant_answer(golds, lambda a: [r or 0.0 for r in self.rewards([a] * len(rows), rows)])
+        try:
+            return best_constant_answer(golds, lambda a: [r or 0.0 for r in self.rewards([a] * len(rows), rows)])
+        except RewardError as exc:  # a reward may not take another row's gold answer: no baseline, not no run
+            warnings.warn(f"no constant-answer baseline: {exc}", stacklevel=2)
+            return {}
 
     def label_set(self) -> tuple[str, ...] | None:
         """With the `mcq` reward, the answer letters (A-D) the data's gold answers use: a multiple-choice data task
