@@ -202,6 +202,30 @@ def test_resume_after_kill_mid_stage(tmp_path, tokenizer, monkeypatch):
     assert finished["attempts"] == 2 and finished["status"] == "done" and "stopped" not in finished
 
 
+def test_tables_that_fail_after_an_interrupt_leave_the_interrupts_message(tmp_path, tokenizer, monkeypatch, capsys):
+    """The tables of an interrupted run are written in its `finally`: a failure there must not replace the
+    interrupt's message (how to resume) with its own traceback."""
+    from esft.es import trainer as es_trainer
+    from esft.experiments import study_tables
+    from esft.rundir import RunInterrupted
+
+    spec = write_spec(tmp_path / "seq.yaml", "sequential", ["countdown", "boolq"], {"es": {**ES_BLOCK, "iterations": 1}},
+                      evaluation={"limit": 1, "max_new_tokens": 2, "holdout": []})
+
+    def stop(self):
+        raise KeyboardInterrupt
+
+    def broken(root):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(es_trainer.ESTrainer, "iteration", stop)
+    monkeypatch.setattr(study_tables, "write_all_tables", broken)
+    with pytest.raises(RunInterrupted, match="run the same command again to resume"):
+        run_experiment(load_spec(spec), tmp_path / "out", TinyHooks(tokenizer).hooks)
+    err = capsys.readouterr().err
+    assert "esft: warning: the tables of" in err and "(OSError: disk full); `esft experiment tables" in err
+
+
 def test_a_stage_whose_parent_was_retrained_is_refused_not_kept(tmp_path, tokenizer):
     """Stage 1 deleted (to retrain it, as the refusal of a changed option advises): stage 2, trained from the old
     stage 1 weights, is refused before anything runs. Before, it was skipped as done and its numbers chained to

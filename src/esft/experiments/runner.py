@@ -447,9 +447,22 @@ def run_experiment(spec: Spec, output_dir: str | Path | None = None, hooks: Hook
                 fh.write(json.dumps({"started": started, "finished": _now(), "wall_s": result.wall_s,
                                      "interrupted": interrupted, "statuses": result.statuses}) + "\n")
             if write_tables:  # an interrupted run's too: its tables hold the stages done and name those stopped
-                from esft.experiments.study_tables import write_all_tables
-                write_all_tables(root)
+                _write_tables(root, interrupted)
     return result
+
+
+def _write_tables(root: Path, interrupted: bool) -> None:
+    """tables/ of the stages done. After an interrupt (a second Ctrl-C included) a failure here is a warning: the
+    interrupt's message, how to resume, is what the user needs."""
+    from esft.experiments.study_tables import write_all_tables
+
+    try:
+        write_all_tables(root)
+    except (Exception, KeyboardInterrupt) as exc:
+        if not interrupted:
+            raise
+        print(f"esft: warning: the tables of {root} were not written ({type(exc).__name__}: {exc}); "
+              f"`esft experiment tables {root}` writes them", file=sys.stderr, flush=True)
 
 
 def plan_text(spec: Spec, root: Path | None = None) -> str:
