@@ -66,6 +66,9 @@ def test_paired_barrier_against_hand_computation():
     assert B.paired_barrier([0, 0.5, 1], [[1, 1], [0.9, 0.9], [1, 1]])["barrier"]
     assert not B.paired_barrier([0, 0.5, 1], [[1, 0], [1, 0], [1, 0]])["barrier"]
     assert B.paired_barrier([0, 0.5, 1], [[1], [0], [1]])["se"] is None  # one example: no verdict
+    # partial credit on an exact straight line: the rounding noise of its drops (~1e-17) is no barrier
+    line = B.paired_barrier([0, 0.25, 0.5, 0.75, 1], [[0.1] * 4, [0.2] * 4, [0.3] * 4, [0.4] * 4, [0.5] * 4])
+    assert abs(line["max_drop"]) < 1e-12 and not line["barrier"]
     with pytest.raises(ValueError, match="one row of per-example scores per point"):
         B.paired_barrier([0, 0.5, 1], [[1, 0], [1, 0]])
 

@@ -88,6 +88,14 @@ def test_an_accuracy_paths_barrier_is_the_paired_one_too(path):
     assert not a["barrier"]
 
 
+def test_a_paired_test_of_one_example_shows_no_verdict():
+    from esft.analysis.landscape_tables import interpolation_rows
+
+    one = {"t": [0.0, 0.5, 1.0], "accuracy": {"a": [1.0, 0.0, 1.0]}, "score": {"a": "accuracy"},
+           "barrier": {"a": B.paired_barrier([0, 0.5, 1], [[1], [0], [1]])}, "n": {"a": 1}}
+    assert interpolation_rows(one, ["a"])[0][5:7] == ["n/a", "n/a"]
+
+
 def test_a_sample_standard_error_declares_a_barrier_past_two_of_it():
     b = B.barrier([0, 0.5, 1], [3.0, -1.0, 3.0], n=4, sd=[1.0, 1.0, 1.0])
     assert b["se"] == pytest.approx(0.5) and b["barrier"] and b["max_drop"] == pytest.approx(4.0)

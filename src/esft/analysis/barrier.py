@@ -54,8 +54,10 @@ def paired_barrier(ts: Sequence[float], scores: Sequence[Sequence[float]]) -> di
     n = s.shape[1]
     se = float(d[k].std(ddof=1) / math.sqrt(n)) if n > 1 else None
     z_crit = critical_z(len(ts) - 2)
-    # a drop every example shares (se 0) is a barrier however small; no drop is none
-    over = se is not None and drop[k] > 0 and (se == 0 or drop[k] / se > z_crit)
+    # a drop every example shares (se 0) is a barrier however small; no drop, or rounding noise of a straight path
+    # (scores on a line leave ~1e-17), is none
+    tiny = 1e-9 * max(1.0, float(np.abs(s).max()))
+    over = se is not None and drop[k] > tiny and (se == 0 or drop[k] / se > z_crit)
     means = s.mean(axis=1)
     line = means[0] + (means[-1] - means[0]) * frac[:, 0]
     return {"max_drop": float(drop[k]), "at": float(t[k]), "line_at": float(line[k]), "se": se,

@@ -40,7 +40,9 @@ def interpolation_rows(res: dict[str, Any], tasks: Sequence[str]) -> list[list[A
     for t in tasks:
         acc, bar = res["accuracy"][t], res["barrier"][t]
         cell = score_text(acc, names[t])
-        known = names[t] == ACCURACY or bar.get("se_of") in (SAMPLE, PAIRED)
+        # a paired test of one example has no SE and no verdict (n/a, not "no")
+        known = (names[t] == ACCURACY or bar.get("se_of") in (SAMPLE, PAIRED)) and not (
+            bar.get("se_of") == PAIRED and bar.get("se") is None)
         rows.append([t, cell(acc[0]), cell(acc[-1]), cell(bar["min_accuracy"]),
                      f"{bar['max_drop']:+.3f} at t={bar['at']:.2f}", _se_cell(res, t, names[t]) if known else NA,
                      ("yes" if bar["barrier"] else "no") if known else NA]
