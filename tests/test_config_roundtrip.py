@@ -95,7 +95,7 @@ def test_grpo_resume_accepts_the_runs_own_mapping_flags(tmp_path, flags):
                            _explicit(_train_args("grpo", "--output-dir", run, "--task", "countdown", *flags),
                                      GRPOConfig))
     (tmp_path / "run").mkdir()
-    _write_config(started, tmp_path / "run" / "config.yaml", {"algorithm": "grpo"})
+    _write_config(started, tmp_path / "run" / "config.yaml", False, {"algorithm": "grpo"})
     again = _explicit(_train_args("grpo", "--resume", "--output-dir", run, "--task", "countdown", *flags),
                       GRPOConfig)
     assert resume_config(run, again).replace(resume=False) == started

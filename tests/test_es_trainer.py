@@ -254,6 +254,11 @@ def test_a_resume_keeps_each_earlier_segments_run_block(tmp_path):
     block = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["_run"]
     assert len(block["earlier"]) == 2 and block["earlier"][0] == first
     assert "earlier" not in block["earlier"][1] and block["earlier"][1]["torch_threads"] == block["torch_threads"]
+    # a fresh run where an attempt died before its first record left config.yaml: that attempt is no segment
+    (tmp_path / "again").mkdir()
+    (tmp_path / "again" / "config.yaml").write_text(yaml.safe_dump({**cfg(tmp_path).to_dict(), "_run": first}))
+    run(cfg(tmp_path, "again", iterations=2))
+    assert "earlier" not in yaml.safe_load((tmp_path / "again" / "config.yaml").read_text())["_run"]
 
 
 def test_resume_rejects_changed_config(tmp_path):

@@ -114,7 +114,7 @@ def test_a_stale_trl_folder_is_removed_and_a_config_only_run_dir_is_checked(tmp_
     (out / "checkpoint-3").mkdir(parents=True)
     assert _prepare_dir(out, tiny_config(out)) == (None, 0)
     assert not (out / "checkpoint-3").exists() and (out / "samples").is_dir()
-    _write_config(tiny_config(out), out / "config.yaml", {})
+    _write_config(tiny_config(out), out / "config.yaml", False, {})
     with pytest.raises(ValueError, match="learning_rate"):
         _prepare_dir(out, tiny_config(out, learning_rate=0.5, resume=True))
     assert _prepare_dir(out, tiny_config(out, resume=True)) == (None, 0)

@@ -215,7 +215,8 @@ class ESTrainer:
                 (self.out / name).unlink(missing_ok=True)
         if self._finished is None:  # a finished run keeps the record of the settings and machine it ran with
             save_yaml(self.config.replace(resume=False), self.out / "config.yaml",
-                      extra=with_earlier_segments(self.out / "config.yaml", self.run_info()))
+                      extra=with_earlier_segments(self.out / "config.yaml", self.run_info())
+                      if self.config.resume else self.run_info())
 
     def _resume(self) -> None:
         """Latest checkpoint not past the seed log, then exact replay of the logged iterations after it."""

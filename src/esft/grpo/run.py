@@ -135,8 +135,9 @@ def read_run_config(run_dir: str | Path) -> tuple[GRPOConfig, dict[str, Any]]:
     return build_config(GRPOConfig, overrides=data, overrides_source=f"{Path(run_dir) / 'config.yaml'}"), extra
 
 
-def _write_config(config: GRPOConfig, path: Path, extra: dict[str, Any]) -> None:
-    extra = with_earlier_segments(path, extra)  # a resume keeps each earlier segment's threads, versions, machine
+def _write_config(config: GRPOConfig, path: Path, resume: bool, extra: dict[str, Any]) -> None:
+    if resume:  # each earlier segment's threads, versions, machine (a fresh run's file is an abandoned attempt's)
+        extra = with_earlier_segments(path, extra)
     rundir.write_text_atomic(path, yaml.safe_dump({**config.to_dict(), "_run": extra}, sort_keys=False))
 
 
@@ -325,7 +326,7 @@ def _train_locked(config: GRPOConfig, out: Path, model: Any, tokenizer: Any, tas
     for cb in callbacks:
         trainer.add_callback(cb)
 
-    _write_config(config.replace(resume=False), out / "config.yaml",
+    _write_config(config.replace(resume=False), out / "config.yaml", config.resume,
                   _run_info(model, config, precision, str(next(model.parameters()).device), train_set,
                             trainer.kl_reference is not None))
     # an extended run (start < max_steps here): its last checkpoint is no longer final. Renamed only now, once
