@@ -376,6 +376,8 @@ def test_tables_from_hand_made_stage_records(tmp_path):
     assert t2.markdown() == TABLE2
     csv_text = t2.csv().splitlines()
     assert csv_text[0].startswith(TABLE2_CSV_HEAD)
+    # the base model, evaluated once: its value in every seed's column, no std across copies of it
+    assert csv_text[1].startswith("Base model,50,,50,50,50,,50,50,")
     assert csv_text[2].startswith("After Task 1 (Countdown),47,1.4142,48,46,50.5,0.7071,51,50,")
     assert csv_text[3].startswith("After Task 2 (BoolQ),44,1.4142,45,43,52,,52,,")
     es, grpo = tables5_8(exp)

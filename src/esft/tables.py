@@ -123,6 +123,8 @@ class Cell:
     """per seed, the 95% interval of that seed's value where its evaluation gave one (shown beside the value)"""
     digits: int = 1
     """decimals of a value and its interval; a mean ± std has one more"""
+    shared: bool = False
+    """one value measured once for every seed (the base model's): the CSV gives it in every seed's column"""
 
     def _interval(self, seed: int) -> str:
         ci = self.ci.get(seed)
@@ -209,7 +211,8 @@ class Table:
             row: list[Any] = [label]
             for i, c in enumerate(cells, start=1):
                 if isinstance(c, Cell):
-                    row += [csv_number(c.mean), csv_number(c.std)] + [csv_number(c.per_seed.get(s)) for s in self.seeds]
+                    row += [csv_number(c.mean), csv_number(c.std)] + [
+                        csv_number(c.mean if c.shared else c.per_seed.get(s)) for s in self.seeds]
                 else:
                     row.append(c)
                     if i in cell_cols:

@@ -89,7 +89,7 @@ class Experiment:
         interval rather than as a mean +- 0 over copies of itself."""
         seeds = self.seeds[:1] if once else self.seeds
         return Cell({seed: get(seed) for seed in seeds}, bold,
-                    {seed: ci(seed) for seed in seeds} if ci is not None else {}, digits)
+                    {seed: ci(seed) for seed in seeds} if ci is not None else {}, digits, shared=once)
 
     def score_name(self, task: str) -> str:
         """ACCURACY or MEAN_REWARD (esft.tasks.labels.score_name) for `task`, from every recorded evaluation of it:
