@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 
 import pytest
 
@@ -115,6 +116,16 @@ def test_a_zero_update_has_no_direction_to_sweep(tmp_path, tokenizer):
     assert f"**Figure 4 along GRPO**: {ZERO_UPDATE}" in text and f"**Figure 5 along GRPO**: {ZERO_UPDATE}" in text
     assert "holdout tasks, from the final ES checkpoint" in text
     assert "holdout tasks, from the final GRPO checkpoint" not in text
+    # the ES update zero and GRPO's not: the random direction is norm-matched to GRPO's, not dropped with ES's
+    es = make_es_run(tmp_path / "exp2", base, steps=2)
+    final = es / "checkpoints" / "final"
+    (final / "masters.safetensors").unlink(missing_ok=True)
+    shutil.copyfile(base / "model.safetensors", final / "model.safetensors")  # an ES run that moved nothing
+    make_grpo_run(tmp_path / "exp2", base)
+    build_report(ReportConfig(**{**cfg.__dict__, "dir": str(tmp_path / "exp2"), "output_dir": str(tmp_path / "rep2"),
+                                 "holdout_tasks": []}), progress=False)
+    data = json.loads((tmp_path / "rep2/data/landscape_directions.json").read_text())["result"]
+    assert data["zero"] == ["ES"] and sorted(data["directions"]) == ["GRPO", "random (per-tensor norms of GRPO)"]
 
 
 def test_es_only_report_via_cli(tmp_path, tokenizer, capsys):
@@ -343,6 +354,9 @@ def test_an_experiment_folder_reports_the_runs_of_its_plan(tmp_path):
         (tmp_path / key / "status.json").write_text(json.dumps({"status": "stopped" if algo == "grpo" else "done"}))
         if track != "old-es":  # the label `old-es` was removed from the spec before the last `experiment run`
             plan.append(stage)
+    # a stage the plan lists that has not started: no run, no status
+    plan.append({**plan[0], "key": "single/boolq/new", "track": "new",
+                 "steps": [{"algorithm": "es", "run_dir": "single/boolq/new/run", "model_dir": "x"}]})
     (tmp_path / "plan.json").write_text(json.dumps({"spec": {}, "stages": plan}))
 
     report = Report(ReportConfig(dir=str(tmp_path)), progress=False)
@@ -351,11 +365,14 @@ def test_an_experiment_folder_reports_the_runs_of_its_plan(tmp_path):
     assert sorted(c.name for c in report.chains) == ["es", "grpo"] and len(report.pairs) == 1
     report.section_runs()
     text = report.sections[0]
-    assert "experiment folder: the runs of the 2 training stages its plan.json lists" in text
+    assert "experiment folder: the runs of the 3 training stages its plan.json lists" in text
     assert "`single/boolq/old-es/run`: no stage of the experiment's plan" in text
     # a stage not done is named, not reported as if it had finished
-    assert dict(report.unsupported) == {"stage single/boolq/grpo": "stopped, not done: its run is reported as far as "
-                                        "it went (`esft experiment status DIR`; run the experiment again to finish it)"}
+    assert dict(report.unsupported) == {
+        "stage single/boolq/grpo": "stopped, not done: its run is reported as far as it went (`esft experiment "
+                                   "status DIR`; run the experiment again to finish it)",
+        "stage single/boolq/new": "not started, not done: it has no run yet (`esft experiment status DIR`; run the "
+                                  "experiment again to finish it)"}
 
     everything = Report(ReportConfig(dir=str(tmp_path), all_runs=True, exclude=["grpo"]), progress=False)
     everything.discover()

@@ -114,17 +114,18 @@ class _Endpoints:
     def figure4(self, out: LandscapeReport) -> None:
         def sweep():
             m, t = self.model()
-            dirs: list[Direction] = [DeltaDirection(self.base, self.fa, self.la.upper())]
+            updates: list[Direction] = [DeltaDirection(self.base, self.fa, self.la.upper())]
             if self.fb is not None:
-                dirs.append(DeltaDirection(self.base, self.fb, self.lb.upper()))
-            dirs.append(RandomDirection(dirs[0], seed=0, label=f"random (per-tensor norms of {self.la.upper()})"))
-            for d in dirs:
+                updates.append(DeltaDirection(self.base, self.fb, self.lb.upper()))
+            for d in updates:
                 d.bind(m)
-            moved = [d for d in dirs if d.norm > 0]  # a zero update has no direction: the base model repeated
-            mags = default_magnitudes([d.norm for d in moved if not isinstance(d, RandomDirection)],
-                                      self.ctx.config.magnitude_points)
+            moved = [d for d in updates if d.norm > 0]  # a zero update has no direction: the base model repeated
+            mags = default_magnitudes([d.norm for d in moved], self.ctx.config.magnitude_points)
+            if moved:  # norm-matched tensor by tensor to the first update that moved
+                moved.append(RandomDirection(moved[0], seed=0, label=f"random (per-tensor norms of {moved[0].label})"
+                                             ).bind(m))
             return {**direction_sweep(m, t, self.base, moved, mags, self.prepared(self.tasks), self.gc,
-                                      progress=self.ctx.progress), "zero": [d.label for d in dirs if d not in moved]}
+                                      progress=self.ctx.progress), "zero": [d.label for d in updates if d not in moved]}
 
         res, cached = self.ctx.cache.get("landscape_directions", {
             **self.common, "tasks": self.tasks, "points": self.ctx.config.magnitude_points}, sweep, holds=[KEY])

@@ -288,9 +288,11 @@ class Report(ReportContext):
         if self.plan is not None:
             s.append(f"\nDIR is an experiment folder: the runs of the {len(self.plan.keys)} training stages its "
                      "plan.json lists (`--all-runs` reports every run under DIR).")
-            for key, status in sorted(self.plan.unfinished.items()):  # reported as far as their runs went
-                self.skip(f"stage {key}", f"{status}, not done: its run is reported as far as it went "
-                                          "(`esft experiment status DIR`; run the experiment again to finish it)")
+            for key, status in sorted(self.plan.unfinished.items()):
+                went = "it has no run yet" if status in ("not started", "blocked") else \
+                    "its run is reported as far as it went"
+                self.skip(f"stage {key}", f"{status}, not done: {went} (`esft experiment status DIR`; run the "
+                                          "experiment again to finish it)")
         left = self.left_out + [(self.shown(p), f"nothing logged yet ({not_started_reason(p)})")
                                 for p in self.unstarted]
         if left:
