@@ -23,7 +23,8 @@ REFUSED_TRL_ARGS = {
     "generation_batch_size": GENERATION_BATCH,
     # esft moves TRL's checkpoints into checkpoints/, out of the folder TRL's own rotation looks at
     "save_total_limit": "TRL's rotation never sees the checkpoints esft keeps; use esft's own save_total_limit "
-                        "option",
+                        "option (a run that recorded it in its config.yaml's trl_args, where it did nothing, "
+                        "resumes once that line is deleted)",
 }
 
 #: the TRL GRPOConfig options esft sets itself (trl_arguments); trl_args may not override them
