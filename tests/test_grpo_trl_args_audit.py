@@ -74,7 +74,9 @@ def test_trl_save_total_limit_is_refused_naming_esfts_own_option():
     """trl_args: {save_total_limit: 2} was accepted and did nothing: esft moves TRL's checkpoints into
     checkpoints/, where TRL's rotation never looks; esft's own save_total_limit prunes them."""
     with pytest.raises(ConfigError, match=r"no save_total_limit there \(TRL's rotation never sees the checkpoints "
-                                          r"esft keeps; use esft's own save_total_limit option\)"):
+                                          r"esft keeps; use esft's own save_total_limit option \(a run that "
+                                          r"recorded it in its config.yaml's trl_args, where it did nothing, resumes "
+                                          r"once that line is deleted\)\)"):
         GRPOConfig(trl_args={"save_total_limit": 2})
     assert GRPOConfig(save_total_limit=2).save_total_limit == 2
 
