@@ -323,28 +323,34 @@ def test_an_interrupt_saves_the_last_finished_step(run, tmp_path, tokenizer, cap
     assert list_checkpoints(mid) == []
 
 
-def test_an_interrupt_during_the_last_steps_evaluation_saves_final_and_the_resume_evaluates_it(
-        run, tmp_path, tokenizer, monkeypatch):
-    """Ctrl-C while the last step's held-out evaluation runs: `final` is saved, and the resume, with no step left to
-    train, evaluates it (before, the run's last held-out result was lost for good)."""
+def evaluation_cut_at(step: int, monkeypatch) -> list:
+    """Ctrl-C once, while step `step`'s held-out evaluation generates; the list gets its output path when it came."""
     import esft.evaluation as E
-
-    from esft.rundir import RunInterrupted
 
     evaluate, cut = E.evaluate_task, []
 
     def interrupted(*args, output_path=None, **kwargs):
-        if str(output_path).endswith("eval_000004.jsonl") and not cut:
+        if str(output_path).endswith(f"eval_{step:06d}.jsonl") and not cut:
             cut.append(output_path)
             raise KeyboardInterrupt
         return evaluate(*args, output_path=output_path, **kwargs)
 
     monkeypatch.setattr(E, "evaluate_task", interrupted)
+    return cut
+
+
+def test_an_interrupt_during_the_last_steps_evaluation_saves_final_and_the_resume_evaluates_it(
+        run, tmp_path, tokenizer, monkeypatch):
+    """Ctrl-C while the last step's held-out evaluation runs: `final` is saved, and the resume, with no step left to
+    train, evaluates it (before, the run's last held-out result was lost for good)."""
+    from esft.rundir import RunInterrupted
+
+    cut = evaluation_cut_at(4, monkeypatch)
     out = tmp_path / "run"
     with pytest.raises(RunInterrupted, match=r"^interrupted with 4 of 4 steps finished: saved .*final; "):
         train_grpo(tiny_config(out, save_steps=0), model=make_tiny_model(), tokenizer=tokenizer, task=ParityTask(),
                    progress=False)
-    assert [r["step"] for r in read_jsonl(out / "metrics.jsonl") if r["kind"] == "eval"] == [0, 2]
+    assert cut and [r["step"] for r in read_jsonl(out / "metrics.jsonl") if r["kind"] == "eval"] == [0, 2]
     result = train_grpo(tiny_config(out, save_steps=0, resume=True), model=make_tiny_model(), tokenizer=tokenizer,
                         task=ParityTask(), progress=False)
     assert result.steps == 4
@@ -359,19 +365,9 @@ def test_an_interrupt_during_a_steps_evaluation_keeps_the_step_and_the_resume_ev
     """Ctrl-C while step 2's held-out evaluation runs: step 2 is finished (its train record is written, the weights
     are its), so its checkpoint is saved; the resume evaluates step 2 first and ends equal to the uninterrupted run.
     Before, the interrupt saved nothing and the resume restarted from step 0."""
-    import esft.evaluation as E
-
     from esft.rundir import RunInterrupted
 
-    evaluate, cut = E.evaluate_task, []
-
-    def interrupted(*args, output_path=None, **kwargs):
-        if str(output_path).endswith("eval_000002.jsonl") and not cut:
-            cut.append(output_path)
-            raise KeyboardInterrupt
-        return evaluate(*args, output_path=output_path, **kwargs)
-
-    monkeypatch.setattr(E, "evaluate_task", interrupted)
+    cut = evaluation_cut_at(2, monkeypatch)
     out = tmp_path / "run"
     with pytest.raises(RunInterrupted, match=r"^interrupted with 2 of 4 steps finished: saved .*iter_000002; "
                                              r"continue from step 2 "):
