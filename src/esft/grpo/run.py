@@ -260,8 +260,7 @@ def _say_resuming(out: Path, config: GRPOConfig, start: int, resume_from: Path |
 
 def _train_locked(config: GRPOConfig, out: Path, model: Any, tokenizer: Any, task: Any, callbacks: Sequence[Any],
                   progress: bool) -> GRPOTrainResult:
-    from esft.evaluation import load_examples
-    from esft.grpo.callbacks import EvalCallback, RunLogCallback, point_trackers, tracker_report, tracker_table
+    from esft.grpo.callbacks import RunLogCallback, point_trackers, tracker_report, tracker_table
     from esft.grpo.drift_log import DriftCallback, snapshot
     from esft.models import default_device
 
@@ -317,11 +316,8 @@ def _train_locked(config: GRPOConfig, out: Path, model: Any, tokenizer: Any, tas
     trainer.add_callback(runlog)
     evaluator = None
     if config.eval_every and config.eval_limit:
-        test_set = load_examples(task, "test", config.eval_limit, config.eval_balanced)
-        evaluator = EvalCallback(out, task, tokenizer, test_set, config.eval_every,
-                                 config.eval_max_new_tokens or config.max_completion_length,
-                                 {r["step"] for r in prior if r.get("kind") == "eval"}, progress,
-                                 tracker_report(trainer), table)
+        evaluator = _evaluator(out, config, task, tokenizer, {r["step"] for r in prior if r.get("kind") == "eval"},
+                               progress, tracker_report(trainer), table)
         trainer.add_callback(evaluator)
     for cb in callbacks:
         trainer.add_callback(cb)
@@ -389,18 +385,24 @@ def _evaluate_final(out: Path, config: GRPOConfig, task: Any, checkpoint: Path, 
     """The last step's held-out evaluation where an interrupt cut it short: its checkpoint (`final`) was saved once
     the step's train record was written (esft.grpo.interrupt), so a resume has no step left to train and evaluates
     the saved weights, in fp32 as the trainer's model."""
-    from esft.evaluation import load_examples
-    from esft.grpo.callbacks import EvalCallback
     from esft.models import load_model
 
     evaluated = {r.get("step") for r in read_jsonl(out / "metrics.jsonl") if r.get("kind") == "eval"}
     if not (config.eval_every and config.eval_limit) or config.max_steps in evaluated:
         return
     model, saved_tokenizer = load_model(str(checkpoint), dtype="float32", device=device)
-    evaluator = EvalCallback(out, task, tokenizer or saved_tokenizer, load_examples(
-        task, "test", config.eval_limit, config.eval_balanced), config.eval_every,
-        config.eval_max_new_tokens or config.max_completion_length, evaluated, progress)
-    evaluator.evaluate(model, config.max_steps)
+    _evaluator(out, config, task, tokenizer or saved_tokenizer, evaluated, progress).evaluate(model, config.max_steps)
+
+
+def _evaluator(out: Path, config: GRPOConfig, task: Any, tokenizer: Any, evaluated: set[int], progress: bool,
+               report: Any = None, table: Any = None) -> Any:
+    """The run's held-out EvalCallback (esft.grpo.callbacks): its test examples, cadence and generation budget."""
+    from esft.evaluation import load_examples
+    from esft.grpo.callbacks import EvalCallback
+
+    return EvalCallback(out, task, tokenizer, load_examples(task, "test", config.eval_limit, config.eval_balanced),
+                        config.eval_every, config.eval_max_new_tokens or config.max_completion_length, evaluated,
+                        progress, report, table)
 
 
 @contextlib.contextmanager
