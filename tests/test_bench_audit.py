@@ -249,7 +249,7 @@ def test_the_report_says_when_the_attention_kernel_did_not_run(tokenizer, monkey
 
 def test_overhead_fraction_of_ray_workers_divides_their_concurrent_worker_seconds(monkeypatch):
     """With --workers 2 each Ray worker perturbs, scores and restores its members, concurrently, and the executor
-    sums their timings in worker-seconds (esft.es.distributed.ray_executor.merge_rows): the overhead divided
+    sums their timings in worker-seconds (esft.es.population.merge_rows): the overhead divided
     nothing, so two workers' 2 s of perturbation counted as 2 s of the iteration's wall time instead of 1 s."""
     from esft import bench
     from esft.bench import iterations

@@ -459,13 +459,14 @@ def test_workers_that_all_die_while_they_load_are_reported_with_the_last_error(m
 
 
 def test_merge_rows_stacks_rows_in_order_and_sums_their_counts_and_timings():
-    from esft.es.distributed.ray_executor import merge_rows
-    from esft.es.executor import PopulationResult
+    from esft.es.population import PopulationResult, merge_rows
 
     def row(score, timings):
         return PopulationResult(scores=np.array([[score, score]]), well_formed=np.array([[True, score > 0]]),
                                 texts=[[f"{score}a", f"{score}b"]], tokens_generated=5, prompt_tokens=7, finished=1,
-                                timings=timings)
+                                timings=timings, cell_finished=np.array([[score > 0, True]]),
+                                cell_completion_tokens=np.array([[2, 3]]) + int(score),
+                                cell_prompt_tokens=np.array([[4, 3]]) + int(score))
 
     merged = merge_rows([row(0.0, {"generate": 1.5, "score": 0.25}), row(1.0, {"generate": 2.0})])
     assert merged.scores.tolist() == [[0.0, 0.0], [1.0, 1.0]] and merged.well_formed.tolist() == [[True, False],
@@ -473,6 +474,10 @@ def test_merge_rows_stacks_rows_in_order_and_sums_their_counts_and_timings():
     assert merged.texts == [["0.0a", "0.0b"], ["1.0a", "1.0b"]]
     assert (merged.tokens_generated, merged.prompt_tokens, merged.finished) == (10, 14, 2)
     assert merged.timings == {"generate": 3.5, "score": 0.25}
+    # each completion's own fields (esft.sample_rows), in member order
+    assert merged.cell_finished.tolist() == [[False, True], [True, True]]
+    assert merged.cell_completion_tokens.tolist() == [[2, 3], [3, 4]]
+    assert merged.cell_prompt_tokens.tolist() == [[4, 3], [5, 4]]
 
 
 def test_every_kth_update_is_followed_by_a_checksum_at_the_next_call(monkeypatch):

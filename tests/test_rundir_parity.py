@@ -94,3 +94,28 @@ def test_held_out_sample_rows_carry_their_example_in_both(runs):
         assert rows and all({"index", "score", "completion", "example"} <= set(r) for r in rows)
     data = [{"prompt": f"Say {i}.", "answer": str(i)} for i in range(20)]
     assert all({k: r["example"][k] for k in ("prompt", "answer")} in data for r in es)
+
+
+def test_sample_rows_have_one_shape_in_both(runs):
+    """ES's rows had `member`/`seed`/`sign` and no iteration, no `finished` and no lengths; GRPO's train rows had
+    `reward` and an iteration, its held-out rows lengths and `finished`: a reader of one method's samples did not
+    read the other's. Both now write esft.sample_rows' fields, and the lengths add up to what metrics.jsonl counts."""
+    from esft.sample_rows import EVAL_SAMPLE_FIELDS, TRAIN_SAMPLE_FIELDS
+
+    def rows(run, name):
+        return [json.loads(line) for line in (run / "samples" / name).read_text().splitlines()]
+
+    es, grpo = runs
+    for run, extra, budget in ((es, {"member", "seed", "sign"}, 3), (grpo, {"reward"}, 6)):
+        for step in (0, 1):
+            train = rows(run, f"iter_{step:06d}.jsonl")
+            assert train and all(set(r) - {"well_formed"} == set(TRAIN_SAMPLE_FIELDS) - {"well_formed"} | extra
+                                 for r in train), (run.name, train[0])
+            assert {r["iteration"] for r in train} == {step}
+            assert all(isinstance(r["finished"], bool) and 1 <= r["completion_tokens"] <= budget for r in train)
+        metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        for ev in (m for m in metrics if m["kind"] == "eval"):
+            held = rows(run, f"eval_{ev['step']:06d}.jsonl")
+            assert set(EVAL_SAMPLE_FIELDS) - {"well_formed"} <= set(held[0]), (run.name, held[0])
+            assert sum(r["completion_tokens"] for r in held) == ev["test_tokens_generated"] > 0
+            assert all(r["prompt_tokens"] > 0 for r in held)

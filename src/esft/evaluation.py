@@ -36,6 +36,7 @@ from esft.config_rules import Rule, at_least, in_range, non_negative, one_of
 from esft.generation import Generation, GenerationConfig, generate
 from esft.passk import answer_key, chance_pass_at_k, parse_ks, pass_at_k, summarize_samples
 from esft.rundir import RunInterrupted, write_text_atomic
+from esft.sample_rows import sample_row
 from esft.tasks import Task, get_task, split_task_list, task_file_stem
 from esft.tasks.base import checks_format
 from esft.tasks.labels import ACCURACY, BALANCE_SEED, balanced_subset, score_name, summaries_score_name
@@ -231,15 +232,13 @@ def task_summary(task: Task, records: list[dict[str, Any]]) -> dict[str, Any]:
 
 def completion_record(task: Task, example: dict, g: Generation, head: dict[str, Any],
                       details: dict[str, Any] | None = None, score: float | None = None) -> dict[str, Any]:
-    """One JSONL row: ids first, then score, format flag, the task's details, the completion and its example."""
-    rec = dict(head)
-    rec["score"] = task.score(g.text, example) if score is None else score
-    if checks_format(task):  # no format rate for a task that checks none
-        rec["well_formed"] = task.is_well_formed(g.text, example)
-    rec.update(task.details(g.text, example) if details is None else details)
-    rec.update({"completion": g.text, "finished": g.finished, "prompt_tokens": g.prompt_tokens,
-                "completion_tokens": len(g.completion_ids), "example": example})
-    return rec
+    """One JSONL row (esft.sample_rows): ids first, then score, format flag, the task's details, the completion
+    and its example."""
+    return sample_row(head, score=task.score(g.text, example) if score is None else score,
+                      well_formed=task.is_well_formed(g.text, example) if checks_format(task) else None,
+                      details=task.details(g.text, example) if details is None else details,
+                      finished=g.finished, prompt_tokens=g.prompt_tokens, completion_tokens=len(g.completion_ids),
+                      completion=g.text, example=example)
 
 
 def generation_stats(gens: Sequence[Generation], seconds: float) -> dict[str, Any]:

@@ -5,6 +5,7 @@ noise_seeds  the per-tensor seed hash and the shared noise table (re-exported by
 strategy     ask/tell ES (owns sigma), fitness shaping (zscore, centered_rank), SGD or Adam update
 lowrank      low-rank (EGGROLL) noise: the population answers in one batched pass
 executor     population evaluation seam: Executor (base, on_update / close hooks), LocalExecutor
+population   PopulationResult (what an executor returns: scores, texts, each completion's fields) and its stacking
 lanes        a member lane's model copy, glibc's mmap threshold, the OpenMP check
 fitness      fitness-rule seam: FitnessRule (base, hooks with defaults), MeanReward, the uniform batch sampler
 dart         DART-ES: difficulty-weighted fitness and replay of hard problems (a stateful FitnessRule)

@@ -16,7 +16,6 @@ import threading
 import time
 import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
 from queue import Empty, SimpleQueue
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
@@ -28,37 +27,9 @@ from esft.es.lanes import (available_memory, lane_bytes, lanes_that_fit, map_lar
 from esft.es.noise import MasterWeights, Update
 from esft.es.param_writes import release
 from esft.es.strategy import ES, Member
-from esft.tasks.base import checks_format
+from esft.es.population import PopulationResult
 
 GenerateFn = Callable[..., list]  # generate(model, tokenizer, prompts, cfg) -> list[Generation]
-
-
-@dataclass
-class PopulationResult:
-    """Outcome of evaluating R rows (members, or the one unperturbed model) on a batch of B examples."""
-
-    scores: np.ndarray
-    """[R, B] task scores (0/1 under the paper's protocol)"""
-    well_formed: np.ndarray
-    """[R, B] bool: answer in the required format (for the format bonus and the box rate)"""
-    texts: list[list[str]]
-    """[R][B] completions"""
-    tokens_generated: int = 0
-    prompt_tokens: int = 0
-    finished: int = 0
-    """completions that ended with eos (the rest hit max_new_tokens)"""
-    timings: dict[str, float] = field(default_factory=dict)
-    """seconds: perturb, generate, score, restore"""
-
-    def record(self, row: int, col: int, gen: Any, task: Any, example: dict) -> None:
-        """Score one completion (an esft.generation.Generation) of `example` into cell [row, col] and add its
-        counters; completions must be recorded in column order (texts are appended)."""
-        self.texts[row].append(gen.text)
-        self.scores[row, col] = float(task.score(gen.text, example))
-        self.well_formed[row, col] = checks_format(task) and bool(task.is_well_formed(gen.text, example))
-        self.tokens_generated += len(gen.completion_ids)
-        self.prompt_tokens += int(gen.prompt_tokens)
-        self.finished += int(bool(gen.finished))
 
 
 class Executor:

@@ -45,6 +45,7 @@ from esft.es.fitness import FitnessRule, as_fitness_rule
 from esft.evaluation import load_examples
 from esft.tasks.base import checks_format, format_bonus_warning
 from esft.tasks.custom import as_task
+from esft.sample_rows import sample_row
 from esft.saved_config import with_earlier_segments
 from esft.rundir import (DISK_FULL, NonFiniteError, RunFailed, RunInterrupted, TrainResult, check_new_run,
                          check_output_dir, check_same_train_set, demote_final, examples_digest, finished_line,
@@ -281,17 +282,16 @@ class ESTrainer:
         table: list[dict[str, Any]] = []  # the sample rows the trackers get
         if self.test_set:
             test = self.executor.evaluate_center(self.test_set)
-            wf = test.well_formed[0]
             rows = []
             for j, ex in enumerate(self.test_set):
-                text = test.texts[0][j]
                 try:
-                    details = self.task.details(text, ex)
+                    details = self.task.details(test.texts[0][j], ex)
                 except Exception:  # details are diagnostics only
                     details = {}
                 # the example too, as `esft eval` and GRPO's rows hold it: its gold answer beside the completion
-                rows.append({"index": j, "score": float(test.scores[0, j]), "well_formed": self._formed(wf[j]),
-                             "completion": text, **details, "example": ex})
+                formed = self._formed(test.well_formed[0, j])
+                rows.append(sample_row({"index": j}, **test.cell(0, j), well_formed=formed,
+                                       prompt_tokens=int(test.cell_prompt_tokens[0, j]), details=details, example=ex))
             # what a prior alone scores on the same examples, beside the accuracy (esft.tasks.labels)
             baseline = self.task.constant_baseline([{"example": ex} for ex in self.test_set])
             rec.update(held_out_fields(rows, test.tokens_generated, baseline))
@@ -371,9 +371,9 @@ class ESTrainer:
         k = min(cfg.samples_per_iteration, len(batch))
         rows = []
         if k and result.texts and result.texts[0]:
-            rows = [{"member": 0, "seed": members[0][0], "sign": members[0][1], "index": idx[j],
-                     "score": float(result.scores[0, j]), "well_formed": self._formed(result.well_formed[0, j]),
-                     "completion": result.texts[0][j]} for j in range(k)]
+            rows = [sample_row({"iteration": it, "index": idx[j]}, **result.cell(0, j),
+                               well_formed=self._formed(result.well_formed[0, j]))
+                    | {"member": 0, "seed": members[0][0], "sign": members[0][1]} for j in range(k)]
             es_rundir.rewrite_jsonl(self.out / "samples" / f"iter_{it:06d}.jsonl", rows)
         es_rundir.append_jsonl(self.out / "metrics.jsonl", rec)
         es_rundir.append_jsonl(self.out / "seeds.jsonl", seed_line)

@@ -34,6 +34,7 @@ from trl.trainer.utils import RepeatSampler
 from esft.grpo.interrupt import StepBoundary, set_rng_states
 from esft.grpo.ledger import StepLedger
 from esft.rundir import CHECKPOINTS, checkpoint_name, list_checkpoints, prune_checkpoints, replace_dir
+from esft.sample_rows import sample_row
 from esft.tasks.base import checks_format, completion_text
 
 
@@ -72,6 +73,8 @@ class TaskReward:
         self._ledger = ledger
         self.samples_per_iteration = samples_per_iteration
         self.__name__ = f"{task.name}_reward"  # TRL names the reward metric after it
+        self.eos_token_ids: frozenset[int] = frozenset()
+        """the ids that end a completion (EsftGRPOTrainer sets its own): a sample row's `finished`"""
 
     def __call__(self, completions: list[Any], example_index: list[int], **kwargs: Any) -> list[float | None]:
         examples = [self.examples[int(i)] for i in example_index]
@@ -90,10 +93,13 @@ class TaskReward:
         ledger.scores += scores
         ledger.well_formed += [f for f in formed if f is not None]
         room = self.samples_per_iteration - len(ledger.samples)
+        ids = kwargs.get("completion_ids") or [[] for _ in texts]
         for j in range(min(max(room, 0), len(texts))):
-            ledger.samples.append({"index": int(example_index[j]), "reward": rewards[j], "score": scores[j],
-                                   "well_formed": formed[j], "completion": texts[j],
-                                   "iteration": getattr(trainer_state, "global_step", None)})
+            head = {"iteration": getattr(trainer_state, "global_step", None), "index": int(example_index[j])}
+            ledger.samples.append(sample_row(head, score=scores[j], well_formed=formed[j],
+                                             finished=bool(ids[j]) and int(ids[j][-1]) in self.eos_token_ids,
+                                             completion_tokens=len(ids[j]), completion=texts[j])
+                                  | {"reward": rewards[j]})
         return rewards
 
 
@@ -128,6 +134,9 @@ class EsftGRPOTrainer(GRPOTrainer):
         self.run_dir = Path(run_dir)
         self.save_total_limit = save_total_limit  # esft.rundir.prune_checkpoints (TRL's own rotation never sees them)
         self.ledger = StepLedger()
+        for func in self.reward_funcs:  # a sample row says whether its completion ended with eos, as TRL decides it
+            if isinstance(func, TaskReward):
+                func.eos_token_ids = frozenset(int(t) for t in self.eos_token_ids)
         self.last_rollout: dict[str, Any] | None = None  # tensors of the latest generation round (tests, debugging)
         self.kl_reference = None
         if reference is not None:

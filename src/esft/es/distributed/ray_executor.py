@@ -35,13 +35,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-import numpy as np
 
 from esft.es.distributed.connection import UNBOUNDED_SLOTS, actor_slots, connect_ray, import_ray, workers_use_gpu
 from esft.es.distributed.hf_replica import (HFReplica, ReplicaSpec, checksum_diff, checksum_digest,
                                             masters_checksum)
 from esft.es.distributed.worker_faults import Deadlines, WorkerTimeout, is_worker_death, worker_error
 from esft.es.executor import Executor, PopulationResult
+from esft.es.population import merge_rows
 from esft.es.noise import MasterWeights, Update
 from esft.es.strategy import Member
 from esft.rundir import append_jsonl, say
@@ -77,24 +77,6 @@ class Worker:
         where = f"pid {i['pid']} on {i['host']}" if "pid" in i else "not started"
         dev = f", {i['device']}" if "device" in i else ""
         return f"worker {self.rank} ({where}{dev})"
-
-
-def merge_rows(rows: Sequence[PopulationResult]) -> PopulationResult:
-    """Stack one-row results (in member order) into one PopulationResult. Timings are summed over workers
-    (worker-seconds, as the local executor's are seconds of its single process)."""
-    timings: dict[str, float] = {}
-    for r in rows:
-        for k, v in r.timings.items():
-            timings[k] = timings.get(k, 0.0) + float(v)
-    return PopulationResult(
-        scores=np.concatenate([np.asarray(r.scores) for r in rows], axis=0),
-        well_formed=np.concatenate([np.asarray(r.well_formed, dtype=bool) for r in rows], axis=0),
-        texts=[t for r in rows for t in r.texts],
-        tokens_generated=sum(r.tokens_generated for r in rows),
-        prompt_tokens=sum(r.prompt_tokens for r in rows),
-        finished=sum(r.finished for r in rows),
-        timings=timings,
-    )
 
 
 class RayExecutor(Executor):
