@@ -360,6 +360,34 @@ def test_method_comparison_with_passk_sampling(tmp_path, tokenizer):
     assert (stage / "dart-es/eval/boolq.json").read_text() == greedy  # not evaluated again
     assert _json(stage / "dart-es/result.json")["eval"]["boolq"]["sampled"]["completions"] == 6
 
+    # pass@k asked with another n, and the run stopped once the base was sampled again: the stages it did not reach
+    # still hold a pass@k of 3 completions per question. The tables leave those out and say so, rather than set
+    # them beside the base's pass@k of 4 (their greedy evaluations, made with unchanged settings, stay)
+    from esft.experiments.records import load_experiment
+    from esft.rundir import RunInterrupted
+
+    data = yaml.safe_load(spec.read_text())
+    data["evaluation"]["passk"]["samples"] = 4
+    spec.write_text(yaml.safe_dump(data))
+
+    def stop_after_base(*args):
+        if loads:
+            raise KeyboardInterrupt
+        return loads.append(args) or tiny.load_model(*args)
+
+    loads.clear()
+    again.hooks.load_model = stop_after_base
+    with pytest.raises(RunInterrupted):
+        run_experiment(load_spec(spec), out, again.hooks)
+    exp = load_experiment(out)
+    assert exp.base["eval"]["boolq"]["sampled"]["completions"] == 8 and exp.stale == {}
+    # (the stage the stop interrupted is not done, so its result is out anyway)
+    assert "seed-42/single-task/boolq/dart-es" not in exp.results
+    later = "seed-42/single-task/boolq/es"
+    assert exp.stale_sampled == {later: ["boolq"]}
+    assert "sampled" not in exp.results[later]["eval"]["boolq"] and "accuracy" in exp.results[later]["eval"]["boolq"]
+    assert f"- {later}: its pass@k of BoolQ was sampled with other settings" in (out / "tables/tables.md").read_text()
+
 
 def test_each_sampled_line_names_its_task_with_options(tmp_path, tokenizer, capsys):
     """Two Countdown variants sampled in one stage both printed `countdown  sampled x2: ...` (the task class's

@@ -44,6 +44,8 @@ class Experiment:
     statuses: dict[str, dict[str, Any]] = field(default_factory=dict)
     stale: dict[str, list[str]] = field(default_factory=dict)
     """stage key -> the tasks whose evaluation there was made with other settings than plan.json's, left out"""
+    stale_sampled: dict[str, list[str]] = field(default_factory=dict)
+    """stage key -> the tasks whose sampled (pass@k) evaluation there was made with other settings, left out"""
 
     @property
     def seeds(self) -> list[int]:
@@ -137,25 +139,40 @@ def load_experiment(root: str | Path) -> Experiment:
             # a stage being run again (its evaluation settings changed) keeps its earlier result.json until it is
             # done: those numbers were measured under other settings, perhaps on other examples than its neighbours'
             exp.results.pop(s["key"], None)
-    _leave_out_stale(exp, plan.get("evaluation"))
+    _leave_out_stale(exp, plan.get("evaluation"), plan.get("sampled"))
     return exp
 
 
-def _leave_out_stale(exp: Experiment, settings: dict[str, dict[str, Any]] | None) -> None:
+def _saved_settings(path: Path) -> dict[str, Any] | None:
+    """The settings an evaluation file was made with, but the model; None when there is no file to read."""
+    try:
+        saved = dict(json.loads(path.read_text()).get("settings") or {})
+    except (OSError, json.JSONDecodeError):
+        return None
+    saved.pop("model", None)
+    return saved
+
+
+def _leave_out_stale(exp: Experiment, settings: dict[str, dict[str, Any]] | None,
+                     sampled: dict[str, dict[str, Any]] | None) -> None:
     """Drop each stage's evaluation of a task made with other settings than the plan's (esft.experiments.stage_eval.
-    plan_settings; none to compare with in a plan of an older esft), naming it in `exp.stale`: a run that re-evaluates
-    under new settings and stops before a stage leaves that stage's old result, perhaps on other examples."""
+    plan_settings, plan_sampled_settings; none to compare with in a plan of an older esft), naming it in
+    `exp.stale` (`exp.stale_sampled` for a pass@k alone): a run that re-evaluates under new settings and stops before
+    a stage leaves that stage's old result, perhaps on other examples or with another n, k or temperature."""
     for key, record in exp.results.items():
-        for task in list((record.get("eval") or {}) if settings else ()):
-            path = exp.root / key / EVAL_DIR / f"{task_slug(task)}.json"
-            try:
-                saved = dict(json.loads(path.read_text()).get("settings") or {})
-            except (OSError, json.JSONDecodeError):
-                continue  # no evaluation file to compare: the record stands as written
-            saved.pop("model", None)
-            if task in settings and saved != settings[task]:
-                del record["eval"][task]
+        evals = record.get("eval") or {}
+        for task in list(evals if settings else ()):
+            saved = _saved_settings(exp.root / key / EVAL_DIR / f"{task_slug(task)}.json")
+            if saved is not None and task in settings and saved != settings[task]:
+                del evals[task]
                 exp.stale.setdefault(key, []).append(task)
+        for task in list(evals if sampled is not None else ()):
+            if not isinstance(evals[task], dict) or "sampled" not in evals[task]:
+                continue
+            saved = _saved_settings(exp.root / key / EVAL_DIR / f"{task_slug(task)}.passk.json")
+            if saved is not None and saved != sampled.get(task):
+                del evals[task]["sampled"]
+                exp.stale_sampled.setdefault(key, []).append(task)
 
 
 def accuracy(record: dict[str, Any] | None, task: str, ifeval_metric: str = "prompt_strict",

@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from esft.experiments.fingerprint import comparable, fingerprint_diff
-from esft.experiments.stage_eval import evaluate_stage, plan_settings, read_json, same_model, write_json
+from esft.experiments.stage_eval import (evaluate_stage, plan_sampled_settings, plan_settings, read_json, same_model,
+                                        write_json)
 from esft.experiments.plan import BASE, Stage, Step, as_dict, build_plan, describe, has_noise_stream
 from esft.experiments.spec import Spec
 from esft.experiments.yamlines import SpecError
@@ -434,7 +435,7 @@ def run_experiment(spec: Spec, output_dir: str | Path | None = None, hooks: Hook
         if spec.path and Path(spec.path).exists():
             shutil.copyfile(spec.path, root / "spec.yaml")
         write_json(root / "plan.json", {"spec": spec.to_dict(), "stages": [as_dict(s) for s in stages],
-                                        "evaluation": plan_settings(spec)})
+                                        "evaluation": plan_settings(spec), "sampled": plan_sampled_settings(spec)})
         interrupted = True
         try:
             for n, stage in enumerate(stages, start=1):

@@ -46,6 +46,18 @@ def plan_settings(spec: Spec) -> dict[str, dict[str, Any]]:
     return out
 
 
+def plan_sampled_settings(spec: Spec) -> dict[str, dict[str, Any]]:
+    """{task: its sampled (pass@k) evaluation's settings but the model} for every task the spec samples, as
+    plan.json's "sampled" records them: a stage's pass@k made with others is left out as its greedy one is."""
+    out = {}
+    for task in spec.evaluation.all_tasks:
+        settings = passk_settings(spec, task, "")
+        if settings is not None:
+            del settings["model"]
+            out[task] = json.loads(json.dumps(settings))
+    return out
+
+
 def passk_settings(spec: Spec, task: str, model: str) -> dict[str, Any] | None:
     """Settings of the sampled evaluation of `task`, None when the spec samples no pass@k on it."""
     pk = spec.evaluation.passk

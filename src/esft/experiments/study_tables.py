@@ -338,6 +338,9 @@ def write_all_tables(root: str | Path) -> Path:
     for key, tasks in exp.stale.items():
         parts.append(f"- {key}: its evaluation of {', '.join(map(task_name, tasks))} was made with other settings "
                      "than the spec's, so it is left out of the tables (run the same command again to re-evaluate)")
+    for key, tasks in exp.stale_sampled.items():
+        parts.append(f"- {key}: its pass@k of {', '.join(map(task_name, tasks))} was sampled with other settings "
+                     "than the spec's, so it is left out of the tables (run the same command again to sample it again)")
     wall = _wall_time(Path(root))
     if wall:
         parts.append(f"\nWall time of all `esft experiment run` invocations: {wall:,.0f} s ({wall / 3600:.2f} h).")
