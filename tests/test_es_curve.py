@@ -216,8 +216,9 @@ def test_recomputed_baseline_needs_a_held_out_evaluation_and_follows_eval_balanc
 
 def test_no_recomputed_baseline_when_a_gold_answer_is_unknown(tmp_path, monkeypatch):
     import esft.tasks
+    from esft.tasks.base import Task
 
-    class NoGold:  # as IFEval: nothing to compare a constant answer with
+    class NoGold(Task):  # as IFEval: nothing to compare a constant answer with
         def gold_key(self, example):
             return None
 
@@ -303,3 +304,29 @@ def test_zero_updates_is_counted_for_es_only(tmp_path):
     assert "zero_updates" not in curve.summarize(_run(tmp_path / "grpo", grpo))
     es = [{**TRAIN[0], "zero_update": False}, {**TRAIN[1], "zero_update": False}]
     assert curve.summarize(_run(tmp_path / "es", es))["zero_updates"] == 0
+
+
+def test_recomputed_baseline_is_the_tasks_own_as_the_trainer_records_it(tmp_path, monkeypatch):
+    """The recomputed baseline was the most frequent gold answer's share, though under a reward that gives partial
+    credit the baseline is what always giving the best of the frequent golds scores (esft.tasks.base.Task.
+    constant_baseline, as the trainer records it): a run whose evaluations did not record it drew another."""
+    from esft.evaluation import load_examples
+    from esft.tasks import get_task
+    from esft.tasks.labels import constant_baseline
+
+    (tmp_path / "digit_credit.py").write_text(
+        "def credit(completions, **kwargs):\n"
+        "    return [min(1.0, sum(ch.isdigit() for ch in c) / 10) for c in completions]\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    data = tmp_path / "golds.jsonl"
+    golds = ["1", "1", "1234567890", "1"] * 3
+    data.write_text("".join(json.dumps({"prompt": f"q{i}", "answer": g}) + "\n" for i, g in enumerate(golds)))
+    options = {"reward": "digit_credit:credit", "test_size": 0.5, "completion_format": "text"}
+    task = get_task(str(data), **options)
+    examples = load_examples(task, "test", 6)
+    own = task.constant_baseline([{"index": i, "example": x} for i, x in enumerate(examples)])
+    assert own["constant_baseline"] != constant_baseline([task.gold_key(x) for x in examples])["constant_baseline"]
+    run = _run(tmp_path / "run", [{"kind": "eval", "step": 1, "test_n": 6, "test_accuracy": 0.5,
+                                   "test_ci95": [0.2, 0.8]}])
+    (run / "config.yaml").write_text(json.dumps({"task": str(data), "task_options": options, "eval_limit": 6}))
+    assert curve.heldout_constant_baseline(run) == own

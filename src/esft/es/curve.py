@@ -47,7 +47,6 @@ def heldout_constant_baseline(run_dir: str | Path) -> dict[str, Any] | None:
     were on different held-out sets (`eval_limit` or `eval_balanced` changed on resume): each evaluation's own
     baseline is then in its record; and None for a mean reward (`summaries_score_name`)."""
     from esft.tasks import get_task
-    from esft.tasks.labels import constant_baseline
 
     _, evals = _split(run_dir)
     ev = [e for e in evals if "test_n" in e]
@@ -69,11 +68,11 @@ def heldout_constant_baseline(run_dir: str | Path) -> dict[str, Any] | None:
         examples = load_examples(task, "test", int(cfg["eval_limit"]), bool(cfg.get("eval_balanced")))
     except (ValueError, TypeError, RuntimeError, OSError):  # e.g. a hub dataset that cannot be reached here
         return None
-    labels = [task.gold_key(x) for x in examples]
-    if len(labels) != ev[0]["test_n"] or not labels or any(label is None for label in labels):
+    if len(examples) != ev[0]["test_n"]:
         return None
-    summary = constant_baseline(labels) or {}
-    return {k: summary[k] for k in ("constant_baseline", "constant_baseline_ci95", "constant_answer")}
+    # the task's own baseline, as the trainer records it (a reward task's is the best constant answer under its
+    # reward, esft.tasks.labels.best_constant_answer, not the most frequent gold answer's share)
+    return task.constant_baseline([{"index": i, "example": x} for i, x in enumerate(examples)]) or None
 
 
 def _sample_scores_name(run_dir: Path, evals: list[dict]) -> str:
