@@ -419,3 +419,11 @@ def test_a_batch_of_empty_completions_scores_zero_kl_without_running_the_models(
 
     seqs = K.score_pair(NotRun(), NotRun(), [[5, 6], [7]], [[], []], batch_size=2, pad_id=0)
     assert [(s.tokens, s.k1, s.k3, s.exact) for s in seqs] == [(0, 0.0, 0.0, 0.0)] * 2
+
+
+def test_paper_cells_count_the_studys_cells_of_a_group():
+    """The study's KL cells exist for es and grpo chains over its tasks only (paper.kl_reference)."""
+    agg = {"tasks": ["countdown", "a"], "stages": ["1:countdown", "2:boolq"]}
+    assert KR.paper_cells(KR.KLGroup("grpo", "grpo", ("countdown", "boolq"), [{}], agg)) == 4  # 2 kinds x 2 stages
+    assert KR.paper_cells(KR.KLGroup("grpo->es", "grpo->es", ("countdown", "boolq"), [{}], agg)) == 0
+    assert KR.paper_cells(KR.KLGroup("es", "es", ("a",), [{}], {"tasks": ["a"], "stages": ["1:a"]})) == 0

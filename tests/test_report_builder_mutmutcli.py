@@ -103,13 +103,15 @@ def test_a_kl_group_says_whether_its_cells_are_one_seed_or_the_median_over_its_s
     from esft.analysis.kl_report import KLGroup
 
     seq = ("countdown", "math")
-    groups = [KLGroup("es", "es", seq, [{}], {}, [1]), KLGroup("grpo", "grpo", seq, [{}] * 3, {}, [1, 2, 3]),
-              KLGroup("es", "es@300", seq, [{}] * 2, {}, [0, 0], [300, 300, 300, 300])]
+    agg = {"tasks": ["countdown"], "stages": ["1:countdown"]}
+    groups = [KLGroup("es", "es", seq, [{}], agg, [1]), KLGroup("grpo", "grpo", seq, [{}] * 3, agg, [1, 2, 3]),
+              KLGroup("es", "es@300", seq, [{}] * 2, agg, [0, 0], [300, 300, 300, 300]),
+              KLGroup("grpo->es", "grpo->es", seq, [{}], agg, [4], [300, 300])]
     monkeypatch.setattr(report_builder, "report_kl", lambda ctx: (groups, None))
     monkeypatch.setattr(report_builder, "kl_rows", lambda g, kind: (["stage", "k3"], [["1", "0.1"]]))
     report = Report(ReportConfig(dir=str(tmp_path)), progress=False)
     report.section_kl()
-    one, three, chains = report.sections[0].split("### ")[1:]
+    one, three, chains, hybrid = report.sections[0].split("### ")[1:]
     assert one.startswith("ES countdown->math (1 seed)\n") and "**incremental** (one seed)" in one
     assert three.startswith("GRPO countdown->math (3 seeds)\n")
     assert "**cumulative** (median [min, max] over seeds)" in three and "one seed" not in three
@@ -119,3 +121,6 @@ def test_a_kl_group_says_whether_its_cells_are_one_seed_or_the_median_over_its_s
     # the study's ES values are of 100 iterations per stage: a chain of another budget says so, one of 100 not
     assert "(Table 11). The study's ES values are of 100 iterations per stage; these ES stages ran 300.\n" in chains
     assert "(Table 11).\n" in one and "iterations per stage" not in three
+    # a chain the study did not run has no cell of its: no note about the study's values, its budget included
+    assert hybrid.startswith("GRPO->ES countdown->math (1 seed)\n") and "Paper values" not in hybrid
+    assert "iterations per stage" not in hybrid

@@ -105,6 +105,14 @@ def report_kl(ctx: ReportContext) -> tuple[list[KLGroup], Path | None] | None:
     return groups, figure
 
 
+def paper_cells(group: KLGroup) -> int:
+    """How many of the group's cells the study gives a value for (paper.kl_reference): none for a chain it did not
+    run (grpo->es) or tasks it did not train, where no note about its values belongs."""
+    agg = group.aggregate
+    return sum(paper.kl_reference(group.algorithm, kind, t, st.split(":", 1)[-1]) is not None
+               for kind in ("incremental", "cumulative") for t in agg["tasks"] for st in agg["stages"])
+
+
 def kl_rows(group: KLGroup, kind: str) -> tuple[list[str], list[list[str]]]:
     """(header, rows) of `kind` ("incremental" / "cumulative") KL: evaluation task x stage, median [min, max]
     over seeds ± the (median) standard error over sequences, with the study's cell for the same task after

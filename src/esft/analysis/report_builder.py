@@ -27,7 +27,7 @@ from typing import Any, Sequence
 from esft import paper
 from esft.analysis.checks import RULES
 from esft.analysis.drift_runs import RunDrift, drift_notes, family_rows, grpo_family_rows, law_rows, report_drift
-from esft.analysis.kl_report import kl_rows, report_kl
+from esft.analysis.kl_report import kl_rows, paper_cells, report_kl
 from esft.analysis.landscape_report import report_landscape
 from esft.analysis.landscape_tables import (
     interpolation_header, interpolation_notes, interpolation_rows, sweep_notes, sweep_rows,
@@ -413,6 +413,8 @@ class Report(ReportContext):
             for kind in ("incremental", "cumulative"):
                 s.append(f"**{kind}** ({'median [min, max] over ' + g.over.split()[1] if n > 1 else 'one seed'})\n\n"
                          + grid(*kl_rows(g, kind)) + "\n")
+            if not paper_cells(g):
+                continue
             budget = paper.es_budget_note(g.iterations)
             s.append("Paper values are the study's cell for the same evaluation task after training the same task "
                      "in its sequence (Countdown -> Math -> Chemistry -> BoolQ, Qwen3-4B), whatever stage that is "
