@@ -126,6 +126,17 @@ def test_a_zero_update_has_no_direction_to_sweep(tmp_path, tokenizer):
                                  "holdout_tasks": []}), progress=False)
     data = json.loads((tmp_path / "rep2/data/landscape_directions.json").read_text())["result"]
     assert data["zero"] == ["ES"] and sorted(data["directions"]) == ["GRPO", "random (per-tensor norms of GRPO)"]
+    # results an older esft cached, with the zero update swept as a direction: computed again, not shown
+    cached = tmp_path / "rep/data"
+    for name, edit in (("landscape_directions", lambda r: {k: v for k, v in r.items() if k != "zero"}),
+                       ("landscape_holdout", lambda r: {**r, "grpo": r["es"]})):
+        entry = json.loads((cached / f"{name}.json").read_text())
+        entry["params"].pop("zero_updates", None)
+        entry["result"] = edit(entry["result"])
+        (cached / f"{name}.json").write_text(json.dumps(entry))
+    assert build_report(cfg, progress=False).read_text().count(ZERO_UPDATE) == 2
+    assert json.loads((cached / "landscape_directions.json").read_text())["result"]["zero"] == ["GRPO"]
+    assert sorted(json.loads((cached / "landscape_holdout.json").read_text())["result"]) == ["es"]
 
 
 def test_es_only_report_via_cli(tmp_path, tokenizer, capsys):

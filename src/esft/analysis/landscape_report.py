@@ -128,7 +128,8 @@ class _Endpoints:
                                       progress=self.ctx.progress), "zero": [d.label for d in updates if d not in moved]}
 
         res, cached = self.ctx.cache.get("landscape_directions", {
-            **self.common, "tasks": self.tasks, "points": self.ctx.config.magnitude_points}, sweep, holds=[KEY])
+            **self.common, "tasks": self.tasks, "points": self.ctx.config.magnitude_points}, sweep,
+            holds=[KEY, "zero"])  # "zero": an older esft swept a zero update as a direction
         for label in res.get("zero", []):
             self.ctx.skip(f"Figure 4 along {label}", ZERO_UPDATE)
         out.directions = res
@@ -151,7 +152,9 @@ class _Endpoints:
                 results[lab] = direction_sweep(m, t, fin, [d], mags, prepared, self.gc, progress=self.ctx.progress)
             return results
 
-        params = {**self.common, "holdout": hold}
+        # an older esft swept a zero update too (the base model repeated): its results lack this mark, so they are
+        # computed again rather than shown
+        params = {**self.common, "holdout": hold, "zero_updates": "not swept"}
         res5, cached = self.ctx.cache.get("landscape_holdout", params, holdout, holds=[KEY])
         for lab, fin in ((self.la, self.fa), (self.lb, self.fb)):
             if fin is not None and lab not in res5:
