@@ -315,12 +315,37 @@ def test_an_interrupt_saves_the_last_finished_step(run, tmp_path, tokenizer, cap
     assert [m["reward"] for m in metrics] == [m["reward"] for m in run["metrics"]]
     saved, reference = (_load_safetensors(d / "checkpoints" / "final") for d in (out, run["out"]))
     assert all(torch.equal(saved[k], reference[k]) for k in reference)
+    # the interrupt's checkpoint has served its resume: the run ends with the checkpoints save_steps 0 asks for,
+    # the final one only (it stayed, 1.5x the model's size in AdamW state included)
+    assert [p.name for _, p in list_checkpoints(out)] == ["final"]
     # stopped inside an update, the weights are no step's: nothing is saved under step 2's name
     mid = tmp_path / "mid-update"
     with pytest.raises(KeyboardInterrupt):
         train_grpo(tiny_config(mid, save_steps=0, eval_every=0), model=make_tiny_model(), tokenizer=tokenizer,
                    task=ParityTask(), callbacks=[InterruptAt(3, updated=True)], progress=False)
     assert list_checkpoints(mid) == []
+
+
+def test_a_second_interrupt_while_the_step_is_saved_leaves_no_half_checkpoint(tmp_path, tokenizer, monkeypatch):
+    """A second Ctrl-C while the first one's checkpoint was written left TRL's half-written `checkpoint-N` in the
+    run folder and ended with a bare KeyboardInterrupt ("interrupted"), not the line that says how to go on."""
+    from trl import GRPOTrainer
+
+    from esft.rundir import RunInterrupted
+
+    def cut_save(self, model, trial):
+        half = Path(self._get_output_dir(trial=trial)) / f"checkpoint-{self.state.global_step}"
+        half.mkdir(parents=True)
+        (half / "model.safetensors").write_bytes(b"half")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(GRPOTrainer, "_save_checkpoint", cut_save)
+    out = tmp_path / "twice"
+    with pytest.raises(RunInterrupted, match=r"^interrupted with 2 of 4 steps finished: interrupted again while step 2 "
+                       r"was saved, so it is not saved; continue from step 0 with"):
+        train_grpo(tiny_config(out, save_steps=0, eval_every=0), model=make_tiny_model(), tokenizer=tokenizer,
+                   task=ParityTask(), callbacks=[InterruptAt(3)], progress=False)
+    assert list_checkpoints(out) == [] and not list(out.glob("checkpoint-*"))
 
 
 def evaluation_cut_at(step: int, monkeypatch) -> list:
@@ -761,3 +786,18 @@ def test_a_run_that_saves_only_the_model_counts_its_checkpoints_as_whole(tmp_pat
     assert not [w for w in caught if "damaged" in str(w.message)]
     assert again.trainer is None and again.steps == 2
     assert [r["step"] for r in read_jsonl(out / "drift.jsonl")] == [1, 2]
+
+
+def test_only_an_interrupts_checkpoints_that_save_steps_did_not_ask_for_are_dropped(tmp_path):
+    from esft.grpo.interrupt import drop_interrupt_saves, mark_interrupt_save
+
+    folders = {}
+    for step, name in ((2, "iter_000002"), (3, "iter_000003"), (4, "iter_000004"), (6, "final")):
+        folders[step] = tmp_path / name
+        folders[step].mkdir()
+    for step in (3, 4):
+        mark_interrupt_save(folders[step], step)
+    # save_steps 2: step 4 is one it asks for (kept, marked or not); step 3 only the interrupt wrote
+    assert drop_interrupt_saves(sorted(folders.items()), 2) == [folders[3]]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["final", "iter_000002", "iter_000004"]
+    assert drop_interrupt_saves([(4, folders[4]), (6, folders[6])], 0) == [folders[4]]  # save_steps 0: final only

@@ -9,11 +9,18 @@ first. The RNG states saved with them are the ones a scheduled checkpoint of tha
 the step finished, before the next generation round draws from them), so the resumed run samples what an
 uninterrupted one would. TRL's count of input tokens seen is saved as at the step's end too: TRL adds a round's
 tokens when it generates them, before the round's first update.
+
+Such a checkpoint holds a mark (INTERRUPT_MARK): once the run has its final checkpoint, a marked one that
+save_steps did not ask for is deleted (`drop_interrupt_saves`), so a run interrupted and resumed ends with the
+checkpoints an uninterrupted one has. A second Ctrl-C while the step is saved leaves no half-written checkpoint.
 """
 
 from __future__ import annotations
 
+import json
 import random
+import shutil
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -99,3 +106,36 @@ class StepBoundary(TrainerCallback):
         if self.updating or self.finished != step or step == self.saved or self.rng is None:
             return None
         return step
+
+
+#: the file that marks a checkpoint written because the run was interrupted, not because save_steps asked for it
+INTERRUPT_MARK = "esft_interrupt_save.json"
+
+
+def mark_interrupt_save(folder: Path, step: int) -> None:
+    (Path(folder) / INTERRUPT_MARK).write_text(json.dumps({"step": int(step)}) + "\n")
+
+
+def drop_interrupt_saves(checkpoints: list[tuple[int, Path]], save_steps: int) -> list[Path]:
+    """Delete the numbered checkpoints (step, folder) written on an interrupt whose step save_steps does not ask
+    for (`save_steps` as TRL's arguments hold it: max_steps where esft's is 0, only the final one); returns them."""
+    dropped = []
+    for step, folder in checkpoints:
+        if folder.name.startswith("iter_") and (folder / INTERRUPT_MARK).exists() and (
+                save_steps <= 0 or step % save_steps):
+            shutil.rmtree(folder)
+            dropped.append(folder)
+    return dropped
+
+
+def interrupted_message(finished: int, total: int, saved: Path | None, pending: int | None, again: bool,
+                        num_iterations: int, saved_step: int | None, cont: int, run_dir: Path) -> str:
+    """The one line a Ctrl-C ends a GRPO run with: the steps finished, what was saved of them (`saved` now, or
+    `saved_step` before; `pending`, the step not saved; `again`, a second Ctrl-C stopped its save) and how to go on."""
+    what = (f": saved {saved}" if saved is not None
+            else f": interrupted again while step {pending} was saved, so it is not saved" if again
+            else f": step {pending} lies inside a generation round of num_iterations = {num_iterations} updates, "
+                 "not saved" if pending is not None
+            else f": step {saved_step} is saved already" if saved_step is not None else "")
+    return (f"interrupted with {finished} of {total} step{'s' * (total != 1)} finished{what}; continue from step "
+            f"{cont} with `esft train grpo --resume --output-dir {run_dir}`")

@@ -39,7 +39,7 @@ from esft import rundir
 from esft.config import resume_refusal
 from esft.grpo.grpo_config import (SCHEDULES_WITHOUT_END, GRPOConfig, check_prompts_per_step, check_trl_arg_names,
                                    resolve_precision, resumable_changes, to_trl_config)
-from esft.grpo.interrupt import StepBoundary
+from esft.grpo.interrupt import StepBoundary, interrupted_message
 from esft.grpo.trl_trainer import TRAINER_STATE, EsftGRPOTrainer, TaskReward
 from esft.models import without_transformers_bars
 from esft.run_undo import locked_run_folder
@@ -453,22 +453,21 @@ def _train_or_save(trainer: EsftGRPOTrainer, resume_from: Path | None, runlog: A
                       f"continue from step {_continue_step(trainer)} with `esft train grpo --resume --output-dir "
                       f"{trainer.run_dir}`") from None
     except KeyboardInterrupt:
-        pending = boundary.unsaved_step(trainer.state)
-        with without_transformers_bars():  # the interrupt's one line, not a "Writing model shards" bar under it
-            saved = trainer.save_finished_step(boundary)
+        pending, saved, again = boundary.unsaved_step(trainer.state), None, False
+        try:
+            with without_transformers_bars():  # the interrupt's one line, not a "Writing model shards" bar under it
+                saved = trainer.save_finished_step(boundary)
+        except KeyboardInterrupt:  # a second Ctrl-C: save_finished_step removed the half-written checkpoint
+            again = True
         done = list_checkpoints(trainer.run_dir)
-        # the message is the one line the command line prints (esft.cli); a script sees it in the exception
-        what = (f": saved {saved}" if saved is not None
-                else f": step {pending} lies inside a generation round of num_iterations = "
-                     f"{trainer.args.num_iterations} updates, not saved" if pending is not None
-                else f": step {done[-1][0]} is saved already" if done else "")
         # the steps whose records are written (the trainer's own count already includes an update in progress);
         # before the first step began (a resume that loads its checkpoint), those the resume would continue from
-        cont, total = _continue_step(trainer), trainer.args.max_steps
+        cont = _continue_step(trainer)
         finished = boundary.finished if boundary.finished is not None else cont
-        raise RunInterrupted(
-            f"interrupted with {finished} of {total} step{'s' * (total != 1)} finished{what}; continue from step "
-            f"{cont} with `esft train grpo --resume --output-dir {trainer.run_dir}`") from None
+        # the message is the one line the command line prints (esft.cli); a script sees it in the exception
+        raise RunInterrupted(interrupted_message(finished, trainer.args.max_steps, saved, pending, again,
+                                                 trainer.args.num_iterations, done[-1][0] if done else None, cont,
+                                                 trainer.run_dir)) from None
     except ValueError as exc:  # a reward or task that raises on new text; run-time errors keep their own class
         if not list_checkpoints(trainer.run_dir):  # no checkpoint: nothing to go on from
             raise

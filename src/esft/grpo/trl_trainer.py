@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import shutil
 import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -31,7 +32,7 @@ import torch
 from trl import GRPOTrainer
 from trl.trainer.utils import RepeatSampler
 
-from esft.grpo.interrupt import StepBoundary, set_rng_states
+from esft.grpo.interrupt import StepBoundary, drop_interrupt_saves, mark_interrupt_save, set_rng_states
 from esft.grpo.ledger import StepLedger
 from esft.rundir import CHECKPOINTS, checkpoint_name, list_checkpoints, prune_checkpoints, replace_dir
 from esft.sample_rows import sample_row
@@ -261,7 +262,11 @@ class EsftGRPOTrainer(GRPOTrainer):
         src = Path(self._get_output_dir(trial=trial)) / f"checkpoint-{step}"
         name = "final" if step >= self.state.max_steps else checkpoint_name(step)
         move_checkpoint(src, self.run_dir / CHECKPOINTS / name)
-        prune_checkpoints(list_checkpoints(self.run_dir, TRAINER_STATE, "global_step"), self.save_total_limit)
+        saved = list_checkpoints(self.run_dir, TRAINER_STATE, "global_step")
+        if name == "final":  # an interrupt's checkpoint save_steps did not ask for has served its resume
+            drop_interrupt_saves(saved, int(self.args.save_steps))
+            saved = list_checkpoints(self.run_dir, TRAINER_STATE, "global_step")
+        prune_checkpoints(saved, self.save_total_limit)
 
     def _issue_warnings_after_load(self, load_result: Any) -> None:
         """transformers warns on every resume that a tied weight (SmolLM2's lm_head, saved once as the embeddings)
@@ -287,9 +292,15 @@ class EsftGRPOTrainer(GRPOTrainer):
         self.state.num_input_tokens_seen = boundary.tokens_seen
         try:
             self._save_checkpoint(self.model, trial=None)
+        except KeyboardInterrupt:  # a second Ctrl-C: no half-written checkpoint is left (one moved whole stays)
+            shutil.rmtree(Path(self._get_output_dir(trial=None)) / f"checkpoint-{step}", ignore_errors=True)
+            raise
         finally:
             self.state.num_input_tokens_seen = live_tokens
-        return self.run_dir / CHECKPOINTS / ("final" if step >= self.state.max_steps else checkpoint_name(step))
+        saved = self.run_dir / CHECKPOINTS / ("final" if step >= self.state.max_steps else checkpoint_name(step))
+        if saved.name != "final":
+            mark_interrupt_save(saved, step)
+        return saved
 
 
 def tied_names(model: Any) -> set[str]:
