@@ -31,6 +31,26 @@ def _lines(path: Path) -> list[str]:
     return path.read_text().splitlines()
 
 
+def _rerun_stopped_after_base(spec: Path, data: dict, out: Path, tiny: TinyHooks, again: TinyHooks):
+    """Write `data` as the spec and run it again, stopped (Ctrl-C) at the second model load, once the base model is
+    evaluated; the experiment as the tables then read it."""
+    from esft.experiments.records import load_experiment
+    from esft.rundir import RunInterrupted
+
+    spec.write_text(yaml.safe_dump(data))
+    loads = []
+
+    def stop_after_base(*args):
+        if loads:
+            raise KeyboardInterrupt
+        return loads.append(args) or tiny.load_model(*args)
+
+    again.hooks.load_model = stop_after_base
+    with pytest.raises(RunInterrupted):
+        run_experiment(load_spec(spec), out, again.hooks)
+    return load_experiment(out)
+
+
 def test_single_task_end_to_end_and_rerun_skips_everything(tmp_path, tokenizer):
     spec = write_spec(tmp_path / "single.yaml", "single-task", ["boolq"],
                       {"es": {**ES_BLOCK, "iterations": [1, 2]}, "grpo": GRPO_BLOCK},
@@ -92,22 +112,8 @@ def test_single_task_end_to_end_and_rerun_skips_everything(tmp_path, tokenizer):
     # settings changed again, and the run stopped once the base model was re-evaluated: the stages it did not reach
     # still hold their mmlu evaluation of 2 examples. The tables leave those out and say so, rather than set them
     # beside the base model's of 3 (a false forgetting)
-    from esft.experiments.records import load_experiment
-    from esft.rundir import RunInterrupted
-
     data["evaluation"]["per_task"] = {"mmlu": {"limit": 3}}
-    spec.write_text(yaml.safe_dump(data))
-
-    def stop_after_base(*args):
-        if loads:
-            raise KeyboardInterrupt
-        return loads.append(args) or tiny.load_model(*args)
-
-    loads.clear()
-    again.hooks.load_model = stop_after_base
-    with pytest.raises(RunInterrupted):
-        run_experiment(load_spec(spec), out, again.hooks)
-    exp = load_experiment(out)
+    exp = _rerun_stopped_after_base(spec, data, out, tiny, again)
     assert exp.base["eval"]["mmlu"]["n"] == 3
     later = ["seed-42/single-task/boolq/es@2", "seed-42/single-task/boolq/grpo"]
     assert exp.stale == {key: ["mmlu"] for key in later}
@@ -363,23 +369,9 @@ def test_method_comparison_with_passk_sampling(tmp_path, tokenizer):
     # pass@k asked with another n, and the run stopped once the base was sampled again: the stages it did not reach
     # still hold a pass@k of 3 completions per question. The tables leave those out and say so, rather than set
     # them beside the base's pass@k of 4 (their greedy evaluations, made with unchanged settings, stay)
-    from esft.experiments.records import load_experiment
-    from esft.rundir import RunInterrupted
-
     data = yaml.safe_load(spec.read_text())
     data["evaluation"]["passk"]["samples"] = 4
-    spec.write_text(yaml.safe_dump(data))
-
-    def stop_after_base(*args):
-        if loads:
-            raise KeyboardInterrupt
-        return loads.append(args) or tiny.load_model(*args)
-
-    loads.clear()
-    again.hooks.load_model = stop_after_base
-    with pytest.raises(RunInterrupted):
-        run_experiment(load_spec(spec), out, again.hooks)
-    exp = load_experiment(out)
+    exp = _rerun_stopped_after_base(spec, data, out, tiny, again)
     assert exp.base["eval"]["boolq"]["sampled"]["completions"] == 8 and exp.stale == {}
     # (the stage the stop interrupted is not done, so its result is out anyway)
     assert "seed-42/single-task/boolq/dart-es" not in exp.results
