@@ -379,6 +379,14 @@ def test_method_comparison_with_passk_sampling(tmp_path, tokenizer):
     assert exp.stale_sampled == {later: ["boolq"]}
     assert "sampled" not in exp.results[later]["eval"]["boolq"] and "accuracy" in exp.results[later]["eval"]["boolq"]
     assert f"- {later}: its pass@k of BoolQ was sampled with other settings" in (out / "tables/tables.md").read_text()
+    # a spec that samples no more: nothing is stale (a run again samples nothing that could clear it)
+    from esft.experiments.records import load_experiment
+
+    del data["evaluation"]["passk"]
+    spec.write_text(yaml.safe_dump(data))
+    again.hooks.load_model = tiny.load_model
+    assert run_experiment(load_spec(spec), out, again.hooks).ok
+    assert load_experiment(out).stale_sampled == {}
 
 
 def test_each_sampled_line_names_its_task_with_options(tmp_path, tokenizer, capsys):

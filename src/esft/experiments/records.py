@@ -169,8 +169,10 @@ def _leave_out_stale(exp: Experiment, settings: dict[str, dict[str, Any]] | None
         for task in list(evals if sampled is not None else ()):
             if not isinstance(evals[task], dict) or "sampled" not in evals[task]:
                 continue
+            if task not in sampled:  # the spec samples it no more: its tables show no pass@k of it, nothing is stale
+                continue
             saved = _saved_settings(exp.root / key / EVAL_DIR / f"{task_slug(task)}.passk.json")
-            if saved is not None and saved != sampled.get(task):
+            if saved is not None and saved != sampled[task]:
                 del evals[task]["sampled"]
                 exp.stale_sampled.setdefault(key, []).append(task)
 
