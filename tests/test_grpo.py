@@ -788,6 +788,27 @@ def test_a_run_that_saves_only_the_model_counts_its_checkpoints_as_whole(tmp_pat
     assert [r["step"] for r in read_jsonl(out / "drift.jsonl")] == [1, 2]
 
 
+def test_an_interrupts_checkpoint_never_pushes_out_a_scheduled_one(tmp_path, tokenizer, capfd):
+    """save_total_limit counted the interrupt's checkpoint: with save_steps 2 and a limit of 1, an interrupt after
+    step 3 deleted the scheduled iter_000002 for it; with a limit of 2 a resumed run ended without iter_000002, which
+    the uninterrupted run keeps. It is never counted, and it is deleted, with a line saying so, once the run has a
+    newer checkpoint (step 4 here)."""
+    from esft.rundir import RunInterrupted
+
+    options = dict(max_steps=5, save_steps=2, save_total_limit=1, eval_every=0)
+    out = tmp_path / "limited"
+    with pytest.raises(RunInterrupted, match=r"^interrupted with 3 of 5 steps finished: saved .*iter_000003; "):
+        train_grpo(tiny_config(out, **options), model=make_tiny_model(), tokenizer=tokenizer, task=ParityTask(),
+                   callbacks=[InterruptAt(4)], progress=False)
+    assert [p.name for _, p in list_checkpoints(out)] == ["iter_000002", "iter_000003"]
+    capfd.readouterr()
+    train_grpo(tiny_config(out, resume=True, **options), model=make_tiny_model(), tokenizer=tokenizer,
+               task=ParityTask(), progress=False)
+    assert f"esft: deleted {out / 'checkpoints' / 'iter_000003'}: written when the run was interrupted" in \
+        capfd.readouterr().err
+    assert [p.name for _, p in list_checkpoints(out)] == ["iter_000004", "final"]
+
+
 def test_only_an_interrupts_checkpoints_that_save_steps_did_not_ask_for_are_dropped(tmp_path):
     from esft.grpo.interrupt import drop_interrupt_saves, mark_interrupt_save
 

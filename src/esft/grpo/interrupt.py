@@ -10,9 +10,10 @@ the step finished, before the next generation round draws from them), so the res
 uninterrupted one would. TRL's count of input tokens seen is saved as at the step's end too: TRL adds a round's
 tokens when it generates them, before the round's first update.
 
-Such a checkpoint holds a mark (INTERRUPT_MARK): once the run has its final checkpoint, a marked one that
-save_steps did not ask for is deleted (`drop_interrupt_saves`), so a run interrupted and resumed ends with the
-checkpoints an uninterrupted one has. A second Ctrl-C while the step is saved leaves no half-written checkpoint.
+Such a checkpoint holds a mark (INTERRUPT_MARK), written before it is moved into checkpoints/: once the run has
+a newer checkpoint, a marked one that save_steps did not ask for is deleted (`drop_interrupt_saves`), and
+save_total_limit never counts one, so a run interrupted and resumed ends with the checkpoints an uninterrupted one
+has. A second Ctrl-C while the step is saved leaves no half-written checkpoint.
 """
 
 from __future__ import annotations
@@ -116,15 +117,18 @@ def mark_interrupt_save(folder: Path, step: int) -> None:
     (Path(folder) / INTERRUPT_MARK).write_text(json.dumps({"step": int(step)}) + "\n")
 
 
+def interrupt_only(step: int, folder: Path, save_steps: int) -> bool:
+    """Whether the checkpoint (step, folder) was written on an interrupt at a step save_steps does not ask for
+    (`save_steps` as TRL's arguments hold it: max_steps where esft's is 0, only the final one)."""
+    return folder.name.startswith("iter_") and (folder / INTERRUPT_MARK).exists() and (
+        save_steps <= 0 or bool(step % save_steps))
+
+
 def drop_interrupt_saves(checkpoints: list[tuple[int, Path]], save_steps: int) -> list[Path]:
-    """Delete the numbered checkpoints (step, folder) written on an interrupt whose step save_steps does not ask
-    for (`save_steps` as TRL's arguments hold it: max_steps where esft's is 0, only the final one); returns them."""
-    dropped = []
-    for step, folder in checkpoints:
-        if folder.name.startswith("iter_") and (folder / INTERRUPT_MARK).exists() and (
-                save_steps <= 0 or step % save_steps):
-            shutil.rmtree(folder)
-            dropped.append(folder)
+    """Delete the `interrupt_only` checkpoints among (step, folder); returns them."""
+    dropped = [folder for step, folder in checkpoints if interrupt_only(step, folder, save_steps)]
+    for folder in dropped:
+        shutil.rmtree(folder)
     return dropped
 
 

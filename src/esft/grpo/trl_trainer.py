@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import shutil
+import sys
 import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -32,7 +33,8 @@ import torch
 from trl import GRPOTrainer
 from trl.trainer.utils import RepeatSampler
 
-from esft.grpo.interrupt import StepBoundary, drop_interrupt_saves, mark_interrupt_save, set_rng_states
+from esft.grpo.interrupt import (StepBoundary, drop_interrupt_saves, interrupt_only, mark_interrupt_save,
+                                 set_rng_states)
 from esft.grpo.ledger import StepLedger
 from esft.rundir import CHECKPOINTS, checkpoint_name, list_checkpoints, prune_checkpoints, replace_dir
 from esft.sample_rows import sample_row
@@ -135,6 +137,7 @@ class EsftGRPOTrainer(GRPOTrainer):
         self.run_dir = Path(run_dir)
         self.save_total_limit = save_total_limit  # esft.rundir.prune_checkpoints (TRL's own rotation never sees them)
         self.ledger = StepLedger()
+        self.interrupt_save = False  # the checkpoint being written is an interrupt's (esft.grpo.interrupt)
         for func in self.reward_funcs:  # a sample row says whether its completion ended with eos, as TRL decides it
             if isinstance(func, TaskReward):
                 func.eos_token_ids = frozenset(int(t) for t in self.eos_token_ids)
@@ -258,15 +261,19 @@ class EsftGRPOTrainer(GRPOTrainer):
         """TRL/transformers write `checkpoint-N` (HF weights + tokenizer + optimizer, scheduler, RNG and trainer
         state); move it whole into `checkpoints/iter_XXXXXX` (or `final` at max_steps), replacing atomically."""
         super()._save_checkpoint(model, trial)
-        step = self.state.global_step
+        step, every = self.state.global_step, int(self.args.save_steps)
         src = Path(self._get_output_dir(trial=trial)) / f"checkpoint-{step}"
         name = "final" if step >= self.state.max_steps else checkpoint_name(step)
+        if self.interrupt_save and name != "final":  # marked whole or not at all: before the move
+            mark_interrupt_save(src, step)
         move_checkpoint(src, self.run_dir / CHECKPOINTS / name)
-        saved = list_checkpoints(self.run_dir, TRAINER_STATE, "global_step")
-        if name == "final":  # an interrupt's checkpoint save_steps did not ask for has served its resume
-            drop_interrupt_saves(saved, int(self.args.save_steps))
-            saved = list_checkpoints(self.run_dir, TRAINER_STATE, "global_step")
-        prune_checkpoints(saved, self.save_total_limit)
+        # an older checkpoint written only for an interrupt has served its resume once a newer one exists
+        older = [(s, folder) for s, folder in list_checkpoints(self.run_dir, TRAINER_STATE, "global_step") if s < step]
+        for folder in drop_interrupt_saves(older, every):
+            print(f"esft: deleted {folder}: written when the run was interrupted, and it has a newer checkpoint now",
+                  file=sys.stderr, flush=True)
+        prune_checkpoints([(s, folder) for s, folder in list_checkpoints(self.run_dir, TRAINER_STATE, "global_step")
+                           if not interrupt_only(s, folder, every)], self.save_total_limit)
 
     def _issue_warnings_after_load(self, load_result: Any) -> None:
         """transformers warns on every resume that a tied weight (SmolLM2's lm_head, saved once as the embeddings)
@@ -290,16 +297,19 @@ class EsftGRPOTrainer(GRPOTrainer):
         set_rng_states(boundary.rng)
         live_tokens = self.state.num_input_tokens_seen
         self.state.num_input_tokens_seen = boundary.tokens_seen
+        saved = self.run_dir / CHECKPOINTS / ("final" if step >= self.state.max_steps else checkpoint_name(step))
+        self.interrupt_save = True
         try:
             self._save_checkpoint(self.model, trial=None)
-        except KeyboardInterrupt:  # a second Ctrl-C: no half-written checkpoint is left (one moved whole stays)
+        except KeyboardInterrupt:  # a second Ctrl-C: a checkpoint moved whole stays, a half-written one goes
+            if any(s == step and folder == saved for s, folder in list_checkpoints(self.run_dir, TRAINER_STATE,
+                                                                                  "global_step")):
+                return saved
             shutil.rmtree(Path(self._get_output_dir(trial=None)) / f"checkpoint-{step}", ignore_errors=True)
             raise
         finally:
             self.state.num_input_tokens_seen = live_tokens
-        saved = self.run_dir / CHECKPOINTS / ("final" if step >= self.state.max_steps else checkpoint_name(step))
-        if saved.name != "final":
-            mark_interrupt_save(saved, step)
+            self.interrupt_save = False
         return saved
 
 
