@@ -295,7 +295,6 @@ def test_device_none_is_read_alike_for_the_workers_threads_and_their_resources(r
     assert workers_use_gpu(None, None, 2) and not workers_use_gpu(None, None, 0)
     assert workers_use_gpu("cuda:1", None, 0) and not workers_use_gpu("cpu:0", None, 4)
     assert workers_use_gpu("cpu", True, 0) and not workers_use_gpu("cuda", False, 4)
-    assert not workers_use_gpu("mps", None, 0)  # Ray has no GPU resource for Apple's device: CPU workers
     weights = MasterWeights(tiny_llama())
     for gpus, threads in ((2, 0), (0, 1)):
         monkeypatch.setattr(factory, "cluster_gpus", lambda gpus=gpus: gpus)

@@ -233,10 +233,9 @@ def actor_slots(nodes: Sequence[dict[str, float]], num_cpus: float, num_gpus: fl
 def workers_use_gpu(device: str | None, use_gpu: bool | None, cluster_gpus: int) -> bool:
     """Whether the Ray workers run on GPUs, one rule for the threads they are given and the resources they ask
     for: `use_gpu` (an executor option) when set; else by `device`, where None means the loader's default (CUDA
-    where there is one), so GPU workers exactly where the cluster has GPUs. Ray's GPU resource counts CUDA
-    devices only: an Apple `mps` device is none, and asking Ray for one there would leave every worker waiting."""
+    where there is one), so GPU workers exactly where the cluster has GPUs."""
     if use_gpu is not None:
         return bool(use_gpu)
     if device is None:
         return cluster_gpus > 0
-    return str(device).startswith("cuda")
+    return not str(device).startswith("cpu")
