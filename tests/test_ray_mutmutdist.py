@@ -194,6 +194,9 @@ def test_workers_are_one_per_gpu_or_one_per_threads_cores(monkeypatch):
         _placed(monkeypatch, gpus, device="cuda", num_workers=4)
     one = _Cluster({"CPU": 4.0, "GPU": 1.0})
     assert _placed(monkeypatch, one, device="cuda") == (1, {"num_gpus": 1, "num_cpus": 1})
+    # an Apple GPU is no Ray GPU: one clear line, not one model copy per core on the one device
+    with pytest.raises(ValueError, match=r"GPU workers requested \(--device mps\) but the Ray cluster has no GPUs"):
+        _placed(monkeypatch, _Cluster({"CPU": 8.0}), device="mps")
     assert _placed(monkeypatch, one, use_gpu=True, num_workers=1)[0] == 1  # one GPU is a GPU
     # a CPU driver on a GPU cluster: CPU workers, `threads` cores each, one per node's share
     assert _placed(monkeypatch, gpus, device="cpu", threads=3) == (4, {"num_gpus": 0, "num_cpus": 3})
