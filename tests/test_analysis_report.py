@@ -128,15 +128,28 @@ def test_a_zero_update_has_no_direction_to_sweep(tmp_path, tokenizer):
     assert data["zero"] == ["ES"] and sorted(data["directions"]) == ["GRPO", "random (per-tensor norms of GRPO)"]
     # results an older esft cached, with the zero update swept as a direction: computed again, not shown
     cached = tmp_path / "rep/data"
-    for name, edit in (("landscape_directions", lambda r: {k: v for k, v in r.items() if k != "zero"}),
-                       ("landscape_holdout", lambda r: {**r, "grpo": r["es"]})):
+
+    def zero_swept(sweep):
+        return {**sweep, "directions": {**sweep["directions"], "GRPO": {**sweep["directions"]["ES"], "norm": 0.0}}}
+
+    for name, edit in (("landscape_directions", lambda r: zero_swept({k: v for k, v in r.items() if k != "zero"})),
+                       ("landscape_holdout", lambda r: {**r, "grpo": zero_swept(r["es"])})):
         entry = json.loads((cached / f"{name}.json").read_text())
-        entry["params"].pop("zero_updates", None)
         entry["result"] = edit(entry["result"])
         (cached / f"{name}.json").write_text(json.dumps(entry))
     assert build_report(cfg, progress=False).read_text().count(ZERO_UPDATE) == 2
     assert json.loads((cached / "landscape_directions.json").read_text())["result"]["zero"] == ["GRPO"]
     assert sorted(json.loads((cached / "landscape_holdout.json").read_text())["result"]) == ["es"]
+
+
+def test_an_older_sweep_is_kept_where_every_direction_moved():
+    """An older esft's Figure 4-5 results differ from this one's only where an update was zero: the rest are kept
+    (a sweep takes minutes of generation), not computed again."""
+    from esft.analysis.landscape_report import no_zero_direction
+
+    moved = {"directions": {"ES": {"norm": 2.0}, "random (per-tensor norms of ES)": {"norm": 2.0}}}
+    assert no_zero_direction(moved)
+    assert not no_zero_direction({"directions": {**moved["directions"], "GRPO": {"norm": 0.0}}})
 
 
 def test_es_only_report_via_cli(tmp_path, tokenizer, capsys):

@@ -483,6 +483,28 @@ def test_merge_rows_stacks_rows_in_order_and_sums_their_counts_and_timings():
     assert merged.cell_prompt_tokens.tolist() == [[4, 3], [5, 4]]
 
 
+def test_a_result_without_per_completion_fields_leaves_them_out_of_its_rows():
+    """A custom executor that gives counters only: its sample rows leave out what it does not know, rather than
+    read `finished: false, completion_tokens: 0`; a recorded completion fills them."""
+    from esft.es.population import PopulationResult, merge_rows
+    from esft.generation import Generation
+
+    bare = PopulationResult(scores=np.array([[1.0]]), well_formed=np.array([[True]]), texts=[["x"]])
+    assert bare.cell(0, 0, prompt=True) == {"score": 1.0, "completion": "x"}
+    assert merge_rows([bare, bare]).cell_finished is None
+
+    class Task:
+        def score(self, text, example):
+            return 0.5
+
+    recorded = PopulationResult(scores=np.zeros((1, 1)), well_formed=np.zeros((1, 1), dtype=bool), texts=[[]])
+    recorded.record(0, 0, Generation(text="y", completion_ids=[5, 6], prompt_tokens=4, finished=True), Task(), {})
+    assert recorded.cell(0, 0, prompt=True) == {"score": 0.5, "completion": "y", "finished": True,
+                                                "completion_tokens": 2, "prompt_tokens": 4}
+    assert recorded.cell(0, 0) == {"score": 0.5, "completion": "y", "finished": True, "completion_tokens": 2}
+    assert merge_rows([recorded, bare]).cell_completion_tokens is None
+
+
 def test_every_kth_update_is_followed_by_a_checksum_at_the_next_call(monkeypatch):
     from esft.es.noise import Update
 

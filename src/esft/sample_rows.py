@@ -19,20 +19,22 @@ EVAL_SAMPLE_FIELDS = ("index", "score", "well_formed", "finished", "prompt_token
                       "completion", "example")
 
 
-def sample_row(head: dict[str, Any], *, score: float, well_formed: bool | None, finished: bool,
-               completion_tokens: int, completion: str, prompt_tokens: int | None = None,
+def sample_row(head: dict[str, Any], *, score: float, well_formed: bool | None, completion: str,
+               finished: bool | None = None, completion_tokens: int | None = None, prompt_tokens: int | None = None,
                details: dict[str, Any] | None = None, example: dict[str, Any] | None = None) -> dict[str, Any]:
-    """One row: `head` (ids) first, then the fields above in their order; `well_formed`, `prompt_tokens` and
-    `example` only where given, the task's `details` after the format flag."""
+    """One row: `head` (ids) first, then the fields above in their order, each but score and completion only
+    where given (a custom executor may not know a completion's length), the task's `details` after the format flag."""
     row = dict(head)
     row["score"] = float(score)
     if well_formed is not None:
         row["well_formed"] = bool(well_formed)
     row.update(details or {})
-    row["finished"] = bool(finished)
+    if finished is not None:
+        row["finished"] = bool(finished)
     if prompt_tokens is not None:
         row["prompt_tokens"] = int(prompt_tokens)
-    row["completion_tokens"] = int(completion_tokens)
+    if completion_tokens is not None:
+        row["completion_tokens"] = int(completion_tokens)
     row["completion"] = completion
     if example is not None:
         row["example"] = example

@@ -128,8 +128,8 @@ class _Endpoints:
                                       progress=self.ctx.progress), "zero": [d.label for d in updates if d not in moved]}
 
         res, cached = self.ctx.cache.get("landscape_directions", {
-            **self.common, "tasks": self.tasks, "points": self.ctx.config.magnitude_points}, sweep,
-            holds=[KEY, "zero"])  # "zero": an older esft swept a zero update as a direction
+            **self.common, "tasks": self.tasks, "points": self.ctx.config.magnitude_points}, sweep, holds=[KEY],
+            accept=lambda r: "zero" in r or no_zero_direction(r))
         for label in res.get("zero", []):
             self.ctx.skip(f"Figure 4 along {label}", ZERO_UPDATE)
         out.directions = res
@@ -152,10 +152,9 @@ class _Endpoints:
                 results[lab] = direction_sweep(m, t, fin, [d], mags, prepared, self.gc, progress=self.ctx.progress)
             return results
 
-        # an older esft swept a zero update too (the base model repeated): its results lack this mark, so they are
-        # computed again rather than shown
-        params = {**self.common, "holdout": hold, "zero_updates": "not swept"}
-        res5, cached = self.ctx.cache.get("landscape_holdout", params, holdout, holds=[KEY])
+        params = {**self.common, "holdout": hold}
+        res5, cached = self.ctx.cache.get("landscape_holdout", params, holdout, holds=[KEY],
+                                          accept=lambda r: all(no_zero_direction(sweep) for sweep in r.values()))
         for lab, fin in ((self.la, self.fa), (self.lb, self.fb)):
             if fin is not None and lab not in res5:
                 self.ctx.skip(f"Figure 5 along {lab.upper()}", ZERO_UPDATE)
@@ -165,6 +164,12 @@ class _Endpoints:
                 r5, path, title=f"holdout tasks from the final {lab.upper()} checkpoint"))
             out.holdout.append((lab, r5, path))
         return res5
+
+
+def no_zero_direction(sweep: dict[str, Any]) -> bool:
+    """Whether a direction sweep holds no zero-norm direction: an older esft swept a zero update (the base model
+    repeated) and norm-matched the random direction to it, a result computed again rather than shown."""
+    return all(d.get("norm", 0) > 0 for d in sweep.get("directions", {}).values())
 
 
 def report_landscape(ctx: ReportContext) -> LandscapeReport | None:

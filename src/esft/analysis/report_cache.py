@@ -57,16 +57,19 @@ class Cache:
         self.root, self.recompute = root, recompute
         self.entries: list[tuple[str, bool, float]] = []
 
-    def get(self, name: str, params: Any, compute: Callable[[], Any], holds: Sequence[str] = ()) -> tuple[Any, bool]:
+    def get(self, name: str, params: Any, compute: Callable[[], Any], holds: Sequence[str] = (),
+            accept: Callable[[Any], bool] | None = None) -> tuple[Any, bool]:
         """`compute()`'s result, or the cached one of the same `params`. `holds`: keys every result of this esft
         has somewhere inside it; a cached result without one of them was written by an older esft (a field added
-        since, e.g. the constant-answer baseline) and is computed again rather than shown as n/a."""
+        since, e.g. the constant-answer baseline) and is computed again rather than shown as n/a. `accept`: whether
+        a cached result is one this esft would compute (an older esft's may hold what this one leaves out)."""
         path = self.root / "data" / f"{name}.json"
         params = json.loads(json.dumps(params, default=str))
         if path.exists() and not self.recompute:
             try:
                 data = json.loads(path.read_text())
-                if data.get("params") == params and all(_holds(data["result"], key) for key in holds):
+                if data.get("params") == params and all(_holds(data["result"], key) for key in holds) and (
+                        accept is None or accept(data["result"])):
                     self.entries.append((name, True, float(data.get("seconds") or 0.0)))
                     return data["result"], True
             except (json.JSONDecodeError, KeyError, AttributeError, TypeError, ValueError):

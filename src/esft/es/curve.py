@@ -5,8 +5,9 @@
     plot_run("runs/es-demo", "curve.png")     # train fitness (mean, min-max band) and held-out accuracy (95% CI)
 
 Held-out accuracy is shown beside the constant-answer baseline of the same held-out examples (always giving their
-most frequent gold answer, with its 95% Wilson interval; `heldout_constant_baseline`): a curve that climbs only
-to that band has learned the answer prior, not the task. A reward on another scale than [0, 1] (a custom
+most frequent gold answer, with its 95% Wilson interval; under a reward function, the best of the most frequent
+gold answers, with its scores' interval; `heldout_constant_baseline`): a curve that climbs only to that band has
+learned the answer prior, not the task. A reward on another scale than [0, 1] (a custom
 `module:function` reward) is shown as a held-out mean reward, without that baseline (`esft.tasks.labels.score_name`).
 
 The figure's title names the run from its config.yaml (`run_title`): algorithm and variant, task, model, and an ES
@@ -71,7 +72,8 @@ def heldout_constant_baseline(run_dir: str | Path) -> dict[str, Any] | None:
     if len(examples) != ev[0]["test_n"]:
         return None
     # the task's own baseline, as the trainer records it (a reward task's is the best constant answer under its
-    # reward, esft.tasks.labels.best_constant_answer, not the most frequent gold answer's share)
+    # reward, esft.tasks.labels.best_constant_answer, not the most frequent gold answer's share; a reward that
+    # raises on another row's gold answer gives none, with a warning: DatasetTask.constant_baseline)
     return task.constant_baseline([{"index": i, "example": x} for i, x in enumerate(examples)]) or None
 
 

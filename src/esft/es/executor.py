@@ -26,8 +26,8 @@ from esft.es.lanes import (available_memory, lane_bytes, lanes_that_fit, map_lar
                            openmp_backend, rollout_replica)
 from esft.es.noise import MasterWeights, Update
 from esft.es.param_writes import release
-from esft.es.strategy import ES, Member
 from esft.es.population import PopulationResult
+from esft.es.strategy import ES, Member
 
 GenerateFn = Callable[..., list]  # generate(model, tokenizer, prompts, cfg) -> list[Generation]
 

@@ -30,25 +30,20 @@ class PopulationResult:
     timings: dict[str, float] = field(default_factory=dict)
     """seconds: perturb, generate, score, restore"""
     cell_finished: np.ndarray | None = None
-    """[R, B] bool: that completion ended with eos (zeros when not given)"""
+    """[R, B] bool: that completion ended with eos (None: not known, as from an executor that gives counters only)"""
     cell_completion_tokens: np.ndarray | None = None
-    """[R, B] int: that completion's generated tokens (zeros when not given)"""
+    """[R, B] int: that completion's generated tokens (None: not known)"""
     cell_prompt_tokens: np.ndarray | None = None
-    """[R, B] int: that completion's prompt tokens (zeros when not given)"""
+    """[R, B] int: that completion's prompt tokens (None: not known)"""
 
-    def __post_init__(self) -> None:
-        shape = np.shape(self.scores)
-        if self.cell_finished is None:
-            self.cell_finished = np.zeros(shape, dtype=bool)
-        if self.cell_completion_tokens is None:
-            self.cell_completion_tokens = np.zeros(shape, dtype=np.int64)
-        if self.cell_prompt_tokens is None:
-            self.cell_prompt_tokens = np.zeros(shape, dtype=np.int64)
-
-    def cell(self, row: int, col: int) -> dict[str, Any]:
-        """The per-completion fields of a sample row (esft.sample_rows.sample_row) of cell [row, col]."""
-        return {"score": float(self.scores[row, col]), "finished": bool(self.cell_finished[row, col]),
-                "completion_tokens": int(self.cell_completion_tokens[row, col]), "completion": self.texts[row][col]}
+    def cell(self, row: int, col: int, prompt: bool = False) -> dict[str, Any]:
+        """The per-completion fields of a sample row (esft.sample_rows.sample_row) of cell [row, col], its prompt's
+        length too with `prompt`; a field this result does not know is left out."""
+        out: dict[str, Any] = {"score": float(self.scores[row, col]), "completion": self.texts[row][col]}
+        known = (("finished", self.cell_finished, bool), ("completion_tokens", self.cell_completion_tokens, int),
+                 ("prompt_tokens", self.cell_prompt_tokens if prompt else None, int))
+        out.update({key: kind(values[row, col]) for key, values, kind in known if values is not None})
+        return out
 
     def record(self, row: int, col: int, gen: Any, task: Any, example: dict) -> None:
         """Score one completion (an esft.generation.Generation) of `example` into cell [row, col] and add its
@@ -59,6 +54,11 @@ class PopulationResult:
         self.tokens_generated += len(gen.completion_ids)
         self.prompt_tokens += int(gen.prompt_tokens)
         self.finished += int(bool(gen.finished))
+        if self.cell_finished is None:  # known from the first recorded completion on
+            shape = np.shape(self.scores)
+            self.cell_finished = np.zeros(shape, dtype=bool)
+            self.cell_completion_tokens = np.zeros(shape, dtype=np.int64)
+            self.cell_prompt_tokens = np.zeros(shape, dtype=np.int64)
         self.cell_finished[row, col] = bool(gen.finished)
         self.cell_completion_tokens[row, col] = len(gen.completion_ids)
         self.cell_prompt_tokens[row, col] = int(gen.prompt_tokens)
@@ -79,7 +79,11 @@ def merge_rows(rows: Sequence[PopulationResult]) -> PopulationResult:
         prompt_tokens=sum(r.prompt_tokens for r in rows),
         finished=sum(r.finished for r in rows),
         timings=timings,
-        cell_finished=np.concatenate([np.asarray(r.cell_finished, dtype=bool) for r in rows], axis=0),
-        cell_completion_tokens=np.concatenate([np.asarray(r.cell_completion_tokens) for r in rows], axis=0),
-        cell_prompt_tokens=np.concatenate([np.asarray(r.cell_prompt_tokens) for r in rows], axis=0),
+        **{name: _stacked([getattr(r, name) for r in rows])
+           for name in ("cell_finished", "cell_completion_tokens", "cell_prompt_tokens")},
     )
+
+
+def _stacked(parts: Sequence[np.ndarray | None]) -> np.ndarray | None:
+    """The rows' arrays of one per-completion field stacked, None where a row does not know it."""
+    return None if any(p is None for p in parts) else np.concatenate([np.asarray(p) for p in parts], axis=0)

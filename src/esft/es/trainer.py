@@ -290,8 +290,8 @@ class ESTrainer:
                     details = {}
                 # the example too, as `esft eval` and GRPO's rows hold it: its gold answer beside the completion
                 formed = self._formed(test.well_formed[0, j])
-                rows.append(sample_row({"index": j}, **test.cell(0, j), well_formed=formed,
-                                       prompt_tokens=int(test.cell_prompt_tokens[0, j]), details=details, example=ex))
+                rows.append(sample_row({"index": j}, **test.cell(0, j, prompt=True), well_formed=formed,
+                                       details=details, example=ex))
             # what a prior alone scores on the same examples, beside the accuracy (esft.tasks.labels)
             baseline = self.task.constant_baseline([{"example": ex} for ex in self.test_set])
             rec.update(held_out_fields(rows, test.tokens_generated, baseline))

@@ -35,14 +35,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-
 from esft.es.distributed.connection import UNBOUNDED_SLOTS, actor_slots, connect_ray, import_ray, workers_use_gpu
 from esft.es.distributed.hf_replica import (HFReplica, ReplicaSpec, checksum_diff, checksum_digest,
                                             masters_checksum)
 from esft.es.distributed.worker_faults import Deadlines, WorkerTimeout, is_worker_death, worker_error
 from esft.es.executor import Executor, PopulationResult
-from esft.es.population import merge_rows
 from esft.es.noise import MasterWeights, Update
+from esft.es.population import merge_rows
 from esft.es.strategy import Member
 from esft.rundir import append_jsonl, say
 
