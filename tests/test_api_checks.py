@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 import esft
-from esft.api import _sigterm_stops, check_config
+from esft.api import check_config
 from esft.config import ConfigError
 from esft.es.es_config import ESConfig
 from esft.grpo.grpo_config import GRPOConfig
@@ -88,15 +88,17 @@ def test_numpy_scalars_and_paths_in_a_config_are_plain_values(tmp_path):
 
 
 def test_sigterm_stops_a_run_as_ctrl_c_and_the_default_comes_back():
+    from esft.sigterm import sigterm_interrupts
+
     previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)
     try:
         with pytest.raises(KeyboardInterrupt):
-            with _sigterm_stops():
+            with sigterm_interrupts():
                 os.kill(os.getpid(), signal.SIGTERM)
         assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
         mine = lambda *a: None  # noqa: E731  a script's own handler is left alone
         signal.signal(signal.SIGTERM, mine)
-        with _sigterm_stops():
+        with sigterm_interrupts():
             assert signal.getsignal(signal.SIGTERM) is mine
     finally:
         signal.signal(signal.SIGTERM, previous)

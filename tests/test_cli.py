@@ -116,6 +116,8 @@ def test_sigterm_stops_a_command_as_ctrl_c_does(monkeypatch, capsys):
         start = time.perf_counter()
         assert cli.main(["eval", "--tasks", "boolq"]) == 130
         assert time.perf_counter() - start < 5 and "interrupted" in capsys.readouterr().err
+        # the default comes back with the command's end (main() called from a script or a test)
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
     finally:
         signal.signal(signal.SIGTERM, previous)
 

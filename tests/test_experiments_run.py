@@ -181,7 +181,7 @@ def test_resume_after_kill_mid_stage(tmp_path, tokenizer, monkeypatch):
         run_experiment(load_spec(spec), out, TinyHooks(tokenizer).hooks)
     stage1, stage2 = out / "seed-42/sequential/es/1-countdown", out / "seed-42/sequential/es/2-boolq"
     assert _json(stage1 / "status.json")["status"] == "done"
-    # the stop is recorded (Ctrl-C or SIGTERM: esft.cli_process.stop_on_sigterm), not left as a "running" stage
+    # the stop is recorded (Ctrl-C or SIGTERM: esft.sigterm), not left as a "running" stage
     # with the pid of a process that is gone
     stopped = _json(stage2 / "status.json")
     assert stopped["status"] == "stopped" and "pid" not in stopped and stopped["stopped"]

@@ -18,6 +18,7 @@ from esft.es.distributed.factory import connect, make_executor
 from esft.es.es_config import ESConfig
 from esft.es.trainer import ESTrainer
 from esft.rundir import TrainResult, check_output_dir
+from esft.sigterm import sigterm_interrupts
 from esft.tasks.base import Task
 
 
@@ -97,29 +98,6 @@ def check_task_before_loading(config: Any, task: Task | None) -> None:
         config.check_task_fit(task)
 
 
-@contextlib.contextmanager
-def _sigterm_stops() -> Iterator[None]:
-    """SIGTERM (`kill`, a scheduler's preemption) stops a run as Ctrl-C does, as on the command line: the run
-    saves what it can and raises RunInterrupted, instead of the process ending without a word. Only where the
-    script left SIGTERM at its default, in the main thread; the default is restored after."""
-    import signal
-    import threading
-
-    if threading.current_thread() is not threading.main_thread() or \
-            signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
-        yield
-        return
-
-    def interrupt(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-
-
 def es_trainer(config: ESConfig, **kwargs: Any) -> ESTrainer:
     """The `ESTrainer` of `train_es`, not yet run: its executor is built by esft.es.distributed unless `executor`
     or `executor_factory` is given (keyword seams as ESTrainer: model, tokenizer, task, generate_fn,
@@ -151,7 +129,7 @@ def train_es(config: ESConfig, **kwargs: Any) -> TrainResult:
     model, tokenizer, task (an object, a class or a task string), executor, executor_factory, generate_fn,
     fitness_rule, progress. Returns the run directory, steps done, final checkpoint, last eval."""
     given = kwargs.get("task") is not None and not isinstance(kwargs.get("task"), str)
-    with _sigterm_stops():
+    with sigterm_interrupts():
         trainer = es_trainer(config, **kwargs)
         with _script_resume_hint(trainer.task if given else None, "esft.train_es"):
             return _with_curve(trainer.train())
@@ -167,7 +145,7 @@ def train_grpo(config: Any, **kwargs: Any) -> TrainResult:
     config, kwargs["task"] = with_task(config, kwargs.get("task"))
     if kwargs.get("model") is None:
         check_task_before_loading(config, kwargs["task"])
-    with _sigterm_stops(), _script_resume_hint(kwargs["task"], "esft.train_grpo"):
+    with sigterm_interrupts(), _script_resume_hint(kwargs["task"], "esft.train_grpo"):
         return _with_curve(_train_grpo(config, **kwargs))
 
 

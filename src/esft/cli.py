@@ -21,8 +21,9 @@ from pathlib import Path
 from typing import Any, Callable, NoReturn, Sequence
 
 from esft.cli_process import (as_typed, config_words, exit_code, plain_warnings, show_context, silence_stdout,
-                              stdout_reader_gone, stop_on_sigterm)
+                              stdout_reader_gone)
 from esft.config import add_dataclass_arguments, build_config, resume_refusal
+from esft.sigterm import sigterm_interrupts
 from esft.tasks.custom import add_task_flags
 from esft.rundir import check_output_dir
 from esft.saved_config import no_config_words
@@ -445,25 +446,25 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _main(argv: Sequence[str] | None) -> int:
+    import contextlib
     import os
 
     args_list = list(sys.argv[1:] if argv is None else argv)
-    if args_list and args_list[0] in INTERRUPTIBLE:
-        stop_on_sigterm()
-        # numpy before torch: torch's C start-up imports numpy and drops any error of that import, a Ctrl-C
-        # included, which left the command running or failing later on a half-imported numpy
-        import numpy  # noqa: F401
-    if args_list and args_list[0] in COMPUTE_COMMANDS:  # before torch loads (a sub-command's options import it)
-        from esft.environment import prepare_compute_environment
+    command = args_list[0] if args_list else ""
+    with sigterm_interrupts() if command in INTERRUPTIBLE else contextlib.nullcontext():
+        if command in INTERRUPTIBLE:  # numpy before torch: torch's C start-up imports numpy and drops any error
+            import numpy  # noqa: F401  of that import, a Ctrl-C included (the command then ran half-imported)
+        if command in COMPUTE_COMMANDS:  # before torch loads (a sub-command's options import it)
+            from esft.environment import prepare_compute_environment
 
-        prepare_compute_environment(os.environ)
-    debug = "--debug" in args_list
-    args_list = [a for a in args_list if a != "--debug"]
-    # only the typed sub-command's options are built (see build_parser); "" for `esft --help`, `--version`
-    # (the top-level options take no value: the first word that is not an option names the sub-command)
-    parser = build_parser(next((a for a in args_list if not a.startswith("-")), ""))
-    with plain_warnings(debug):
-        return _run(parser, args_list, debug)
+            prepare_compute_environment(os.environ)
+        debug = "--debug" in args_list
+        args_list = [a for a in args_list if a != "--debug"]
+        # only the typed sub-command's options are built (see build_parser); "" for `esft --help`, `--version`
+        # (the top-level options take no value: the first word that is not an option names the sub-command)
+        parser = build_parser(next((a for a in args_list if not a.startswith("-")), ""))
+        with plain_warnings(debug):
+            return _run(parser, args_list, debug)
 
 
 def _run(parser: argparse.ArgumentParser, args_list: list[str], debug: bool) -> int:

@@ -1,5 +1,5 @@
 """How the `esft` process behaves around its commands (esft.cli): one-line warnings and errors, the exit codes,
-SIGTERM as Ctrl-C, and a reader of its output that leaves."""
+and a reader of its output that leaves (SIGTERM as Ctrl-C: esft.sigterm)."""
 
 from __future__ import annotations
 
@@ -101,21 +101,6 @@ def show_context(exc: BaseException) -> None:
         seen.add(id(exc))
         exc.__suppress_context__ = False
         exc = exc.__cause__ or exc.__context__
-
-
-def stop_on_sigterm() -> None:
-    """SIGTERM (`kill PID`, a cluster scheduler's preemption) stops a command as Ctrl-C does: an ES run restores
-    its weights and prints the resume command, an experiment marks its stage stopped, instead of the process
-    vanishing without a word."""
-    import signal
-
-    def interrupt(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    try:
-        signal.signal(signal.SIGTERM, interrupt)
-    except ValueError:  # not the main thread (main() called from a worker thread): leave the default
-        pass
 
 
 def stdout_reader_gone() -> bool:

@@ -406,7 +406,7 @@ def _visit(spec: Spec, stage: Stage, root: Path, smap: dict[str, Stage], hooks: 
         run_stage(spec, stage, root, smap, hooks)
         return "done"
     except KeyboardInterrupt:
-        # Ctrl-C or SIGTERM (esft.cli_process.stop_on_sigterm): the next run resumes this stage. The trainer's own
+        # Ctrl-C or SIGTERM (esft.sigterm): the next run resumes this stage. The trainer's own
         # hint (`esft train es --resume`) would bypass the experiment: this one replaces it, printed once by the
         # command line
         _record_stop(folder)

@@ -1,0 +1,29 @@
+"""SIGTERM (`kill PID`, a cluster scheduler's preemption) stops esft's work as Ctrl-C does: an ES run restores its
+weights, a GRPO run checkpoints its last finished step, an experiment marks its stage stopped, and each prints how
+to continue, instead of the process ending without a word. One rule for the command line and for scripts."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+from typing import Iterator
+
+
+@contextlib.contextmanager
+def sigterm_interrupts() -> Iterator[None]:
+    """Within the block SIGTERM raises KeyboardInterrupt. Only in the main thread (Python delivers signals there)
+    and where SIGTERM is at its default, so a script's own handler is left alone; the default is restored after."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        yield
+        return
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
