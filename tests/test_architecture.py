@@ -37,7 +37,7 @@ LAYERS: dict[str, int] = {
     # 5 analyses and the report
     "esft.analysis": 5,
     # 6 command line, environment report and the package facade
-    "esft.cli": 6, "esft.environment": 6, "esft": 6,
+    "esft.cli": 6, "esft.cli_parser": 6, "esft.environment": 6, "esft": 6,
 }
 MAX_MODULE_LINES = 500
 MAX_FUNCTION_LINES = 80

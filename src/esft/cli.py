@@ -18,8 +18,9 @@ import dataclasses
 import json
 import sys
 from pathlib import Path
-from typing import Any, Callable, NoReturn, Sequence
+from typing import Any, Callable, Sequence
 
+from esft.cli_parser import Alias, Parser, aliases_typed
 from esft.cli_process import (as_typed, config_words, exit_code, plain_warnings, show_context, silence_stdout,
                               stdout_reader_gone)
 from esft.config import add_dataclass_arguments, build_config, resume_refusal
@@ -38,7 +39,7 @@ def _eval(args: argparse.Namespace) -> int:
 
     overrides = _explicit(args, EvalConfig)
     config = build_config(EvalConfig, None, None, args.config, overrides,
-                          check=_names_with_task_flags(args, lambda c: c.tasks), flag_names=_typed(args))
+                          check=_names_with_task_flags(args, lambda c: c.tasks), flag_names=aliases_typed(args))
     config = apply_task_flags(config, args, config.tasks)  # --prompt-field/--reward ... (data tasks)
     check_passage_cut(config, overrides)
     if config.output_dir:
@@ -86,7 +87,7 @@ def _train_es(args: argparse.Namespace) -> int:
         check_saved_names(config, args.resume_dir)
     else:
         config = build_config(ESConfig, PRESETS, args.preset, args.config, _explicit(args, ESConfig),
-                              check=_names_with_task_flags(args, lambda c: [c.task]), flag_names=_typed(args))
+                              check=_names_with_task_flags(args, lambda c: [c.task]), flag_names=aliases_typed(args))
     config = _task_flags(config, args, args.resume_dir)
     check_eval_options(config, _explicit(args, ESConfig))
     _check_run_dir(config.output_dir)
@@ -212,11 +213,6 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
-def _typed(args: argparse.Namespace) -> dict[str, str]:
-    """{field: the alias flag it was given with} (build_config's flag_names)."""
-    return getattr(args, _ALIASES_TYPED, {})
-
-
 def _explicit(args: argparse.Namespace, cls: type) -> dict[str, Any]:
     names = {f.name for f in dataclasses.fields(cls)}
     return {k: v for k, v in vars(args).items() if k in names}
@@ -230,82 +226,11 @@ def _add_run_options(p: argparse.ArgumentParser, presets: Sequence[str] | None) 
                        help=f"named set of options: {', '.join(presets)}")
 
 
-#: namespace attribute of an alias's value (`_Alias`), read and removed once the parse ends (`_Parser`)
-_ALIAS_MARK = "alias given: "
-#: namespace attribute {dest: the alias typed for it}, so that a refused value is named by the flag typed
-_ALIASES_TYPED = "aliases typed"
-
-
-class _Alias(argparse.Action):
-    """A second spelling of another option (`canonical`, same dest): given both with different values, the command
-    is refused instead of the last one silently winning; the same value twice is accepted."""
-
-    def __init__(self, *args: Any, canonical: str, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.canonical = canonical
-
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
-                 option_string: str | None = None) -> None:
-        if hasattr(namespace, self.dest):
-            current, previous = getattr(namespace, self.dest), getattr(namespace, _ALIAS_MARK + self.dest, None)
-            # the alias repeated: the last one wins, as for any option; the canonical's value: refused if other
-            if not (previous is not None and previous[2] == current) and current != values:
-                _refuse_both(parser, self.canonical, current, option_string, values)
-        setattr(namespace, self.dest, values)
-        setattr(namespace, _ALIAS_MARK + self.dest, (option_string, self.canonical, values))
-
-
-def _refuse_both(parser: argparse.ArgumentParser, first: str, first_value: Any, second: Any, value: Any) -> NoReturn:
-    def shown(v: Any) -> str:
-        return ",".join(map(str, v)) if isinstance(v, list) else str(v)
-
-    parser.error(f"{first} {shown(first_value)} and {second} {shown(value)} name the same option with different "
-                 "values: give one of them")
-
-
-class _Parser(argparse.ArgumentParser):
-    """The `esft` parser; its sub-parsers are of this class too (add_subparsers). An option a sub-command does not
-    have is reported by that sub-command, as one line with its closest option: argparse reported it with the
-    top-level usage, which lists none of a sub-command's options."""
-
-    def parse_known_args(self, args: Any = None, namespace: Any = None) -> tuple[argparse.Namespace, list[str]]:
-        namespace, extra = super().parse_known_args(args, namespace)
-        for key in [k for k in vars(namespace) if k.startswith(_ALIAS_MARK)]:  # the alias came before its canonical
-            option, canonical, value = vars(namespace).pop(key)
-            dest = key.removeprefix(_ALIAS_MARK)
-            if getattr(namespace, dest) != value:
-                _refuse_both(self, option, value, canonical, getattr(namespace, dest))
-            vars(namespace).setdefault(_ALIASES_TYPED, {})[dest] = option
-        if extra:  # a sub-parser runs inside its parent's parse: the deepest one that got the option reports it
-            import difflib
-
-            known = [s for action in self._actions for s in action.option_strings if s.startswith("--")]
-            word = extra[0].split("=")[0]
-            close = difflib.get_close_matches(word, known, n=1) if word.startswith("-") else []
-            hint = f"; did you mean {close[0]}?" if close else ""
-            if getattr(namespace, "resume", None) is True and getattr(namespace, "output_dir", None) is None \
-                    and not word.startswith("-"):  # ES's `--resume RUN` form
-                hint = f"; here --resume takes no folder: --resume --output-dir {word}"
-            self.exit(2, f"{self.prog}: error: unrecognized arguments: {' '.join(extra)}{hint} "
-                         f"(`{self.prog} --help` lists the options)\n")
-        return namespace, extra
-
-    def error(self, message: str) -> NoReturn:
-        # a missing sub-command: argparse names it by its dest (command, algorithm, ...), which no usage shows
-        for action in self._actions:
-            if isinstance(action.choices, dict) and message == f"the following arguments are required: {action.dest}":
-                message = (f"a sub-command is required: {', '.join(action.choices)} (`{self.prog} --help` "
-                           "describes them)")
-        if message == "argument --resume: expected one argument":  # GRPO's `--resume --output-dir RUN`, in ES
-            message += "; here --resume takes the run folder: --resume RUN_DIR"
-        super().error(message)
-
-
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The `esft` parser. With `command` (the sub-command the user typed), only that sub-command's options are
     built: the others are listed with their help line but import nothing, so `esft --version` and `esft --help`
     load no torch. None builds every sub-command (tests, documentation)."""
-    parser = _Parser(prog="esft", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(prog="esft", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     from esft import __version__
 
     parser.add_argument("--version", action="version", version=f"esft {__version__}")
@@ -327,7 +252,7 @@ def _eval_options(p: argparse.ArgumentParser) -> None:
     add_dataclass_arguments(p, EvalConfig)
     # `--task` as in `esft train`: one more task for --tasks (argparse would find the prefix ambiguous otherwise)
     p.add_argument("--task", dest="tasks", type=lambda t: [t], default=argparse.SUPPRESS, metavar="TASK",
-                   action=_Alias, canonical="--tasks",
+                   action=Alias, canonical="--tasks",
                    help="alias of --tasks for one task (a data file, module:Class or a task name)")
     add_task_flags(p)
     p.set_defaults(func=_eval)
@@ -364,7 +289,7 @@ def _train_options(train: argparse.ArgumentParser) -> None:
                    help="continue RUN_DIR from its latest checkpoint and seed log (ends bit-identical to an "
                         "uninterrupted run); flags may only change e.g. --iterations")
     # short alias of --fitness-rule (an exact flag: argparse would reject the ambiguous prefix otherwise)
-    p.add_argument("--fitness", dest="fitness_rule", metavar="RULE", default=argparse.SUPPRESS, action=_Alias,
+    p.add_argument("--fitness", dest="fitness_rule", metavar="RULE", default=argparse.SUPPRESS, action=Alias,
                    canonical="--fitness-rule",
                    help="alias of --fitness-rule: mean (paper), dart (DART-ES) or balanced (class-balanced reward; "
                         "see --fitness-rule)")
