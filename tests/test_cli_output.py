@@ -179,9 +179,35 @@ def test_es_resume_without_a_folder_as_grpo_takes_it_names_the_es_form(capsys):
     with pytest.raises(SystemExit) as stop:
         main(["train", "es", "--resume", "--output-dir", "runs/e"])
     assert stop.value.code == 2
-    assert capsys.readouterr().err.splitlines()[-1] == ("esft train es: error: argument --resume: expected one "
-                                                        "argument; here --resume takes the run folder: --resume "
-                                                        "RUN_DIR")
+    assert capsys.readouterr().err.splitlines() == ["esft train es: error: argument --resume: expected one "
+                                                    "argument; here --resume takes the run folder: --resume "
+                                                    "RUN_DIR (`esft train es --help` lists the options)"]
+
+
+@pytest.mark.parametrize("argv, line", [
+    (["train", "es", "--sigma", "abc"], "esft train es: error: argument --sigma: invalid float value: 'abc'"),
+    (["eval", "--limit", "all"], "esft eval: error: argument --limit: invalid int value: 'all'; --limit takes a "
+                                 "number or none"),
+    (["eval", "--tasks", "boolq", "--task", "math"], "esft eval: error: --tasks boolq and --task math name the same "
+                                                     "option with different values: give one of them"),
+])
+def test_a_refused_value_is_one_line_without_the_usage(argv, line, capsys):
+    """argparse printed its usage (30+ lines of options) before the one line that says what is wrong."""
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    assert stop.value.code == 2
+    prog = line.split(": error")[0]
+    assert capsys.readouterr().err.splitlines() == [f"{line} (`{prog} --help` lists the options)"]
+
+
+def test_a_negative_number_in_scientific_notation_is_a_value():
+    """`--alpha -1e-3` was read as an option: "argument --alpha: expected one argument", though `--sigma -0.1`
+    reached the value's own check."""
+    from esft.cli import build_parser
+
+    args = build_parser("train").parse_args(["train", "es", "--alpha", "-1e-3", "--format-bonus", "-.5E+1"])
+    assert (args.alpha, args.format_bonus) == (-1e-3, -5.0)
+    assert build_parser("train").parse_args(["train", "grpo", "--learning-rate", "-1e-5"]).learning_rate == -1e-5
 
 
 @pytest.mark.parametrize("argv, choices", [([], "eval, env, bench, train, analyze, export, report, experiment"),

@@ -5,6 +5,7 @@ given both with different values."""
 from __future__ import annotations
 
 import argparse
+import re
 from typing import Any, NoReturn
 
 #: namespace attribute of an alias's value (`Alias`), read and removed once the parse ends (`Parser`)
@@ -45,6 +46,12 @@ class Parser(argparse.ArgumentParser):
     have is reported by that sub-command, as one line with its closest option: argparse reported it with the
     top-level usage, which lists none of a sub-command's options."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # a negative number in scientific notation (`--alpha -1e-3`) is a value, not an option: argparse's own
+        # pattern (Python 3.11, 3.12) knows only plain decimals, and refused it as "expected one argument"
+        self._negative_number_matcher = re.compile(r"^-(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?$")
+
     def parse_known_args(self, args: Any = None, namespace: Any = None) -> tuple[argparse.Namespace, list[str]]:
         namespace, extra = super().parse_known_args(args, namespace)
         for key in [k for k in vars(namespace) if k.startswith(ALIAS_MARK)]:  # the alias came before its canonical
@@ -75,9 +82,24 @@ class Parser(argparse.ArgumentParser):
                            "describes them)")
         if message == "argument --resume: expected one argument":  # GRPO's `--resume --output-dir RUN`, in ES
             message += "; here --resume takes the run folder: --resume RUN_DIR"
-        super().error(message)
+        message += _none_hint(self, message)
+        # one line, as every other refusal of esft: argparse printed the whole usage (30+ lines) before it
+        help_hint = "" if "--help" in message else f" (`{self.prog} --help` lists the options)"
+        self.exit(2, f"{self.prog}: error: {message}{help_hint}\n")
 
 
 def aliases_typed(args: argparse.Namespace) -> dict[str, str]:
     """{field: the alias flag it was given with} (build_config's flag_names)."""
     return getattr(args, ALIASES_TYPED, {})
+
+
+def _none_hint(parser: argparse.ArgumentParser, message: str) -> str:
+    """"; or none" for a refused value of an option that also takes `none` (`--limit all`: `--limit none` is the
+    whole split), "" otherwise."""
+    found = re.match(r"argument (--[\w-]+)(?:/[^:]*)?: invalid \w+ value: ", message)
+    action = parser._option_string_actions.get(found.group(1)) if found else None
+    try:
+        takes_none = action is not None and callable(action.type) and action.type("none") is None
+    except (TypeError, ValueError, argparse.ArgumentTypeError):
+        takes_none = False
+    return f"; {found.group(1)} takes a number or none" if takes_none else ""
