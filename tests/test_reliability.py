@@ -492,8 +492,16 @@ def test_resume_refuses_fewer_iterations_and_another_folder(reference, tmp_path,
 
 
 @pytest.mark.parametrize("log", ["metrics.jsonl", "seeds.jsonl"])
-def test_corrupt_middle_line_is_reported_not_truncated(tiny_dir, reference, tmp_path, capsys, log):
+def test_corrupt_middle_line_is_reported_not_truncated(tiny_dir, reference, tmp_path, capsys, monkeypatch, log):
+    """Both logs are refused before the model loads (a damaged metrics.jsonl was found only after it had)."""
     import shutil
+
+    import esft.models
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the model loaded before the damaged log was found")
+
+    monkeypatch.setattr(esft.models, "load_model", no_load)
 
     out = tmp_path / "run"
     shutil.copytree(reference, out)

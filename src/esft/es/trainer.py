@@ -113,6 +113,9 @@ class ESTrainer:
         check_new_run(config.output_dir, "es", config.resume)
         if config.resume:
             es_rundir.check_not_shortened(config.output_dir, config.iterations)
+            # a damaged metrics.jsonl (a line that does not parse, records after it) is refused here, not once the
+            # model has loaded and the resume rewrites the log
+            es_rundir.read_jsonl(Path(config.output_dir) / "metrics.jsonl")
         check_executor_options(config)  # a Ray run's unknown option keys, too
         warn_unread_ray_options(config)  # and a local run's Ray options
         warn_unread_rank(config)
