@@ -93,6 +93,11 @@ def test_field_checks_name_the_row_and_only_need_the_answer_with_a_verifier(tmp_
     path = write_jsonl(tmp_path / "n.jsonl", ROWS[:2] + [{"prompt": None, "answer": "2"}])
     with pytest.raises(ValueError, match=r"row 3 has no value in field 'prompt' \(prompt_field\)"):
         DatasetTask(source=str(path)).load("train")
+    # empty text: a prompt that asks nothing, an answer that grades an empty reply right
+    for field, row in (("prompt", {"prompt": "  ", "answer": "2"}), ("answer", {"prompt": "q", "answer": ""})):
+        path = write_jsonl(tmp_path / f"{field}.jsonl", ROWS[:2] + [row])
+        with pytest.raises(ValueError, match=rf"row 3 has no value in field '{field}' \({field}_field\): empty text"):
+            DatasetTask(source=str(path)).load("train")
     empty_row = write_jsonl(tmp_path / "e.jsonl", ROWS[:2] + [{}])
     with pytest.raises(ValueError, match=r"row 3 has no field 'prompt' \(prompt_field\); fields: none \(name the "
                                          r"one to read with --prompt-field, or as a task option: "

@@ -267,9 +267,10 @@ class DatasetTask(Task):
                     raise ValueError(f"{where}: row {i + 1} has no field {name!r} ({option}); "
                                      f"fields: {', '.join(map(str, row)) or 'none'} (name the one to read with "
                                      f"--{option.replace('_', '-')}, or as a task option: FILE:{option}=FIELD)")
-                if row[name] is None:
-                    raise ValueError(f"{where}: row {i + 1} has no value in field {name!r} ({option}): null, or "
-                                     "a CSV row with fewer columns than the header")
+                if row[name] is None or (isinstance(row[name], str) and not row[name].strip()):
+                    what = "null, or a CSV row with fewer columns than the header" if row[name] is None else (
+                        "empty text (an empty prompt asks nothing; an empty answer would grade an empty reply right)")
+                    raise ValueError(f"{where}: row {i + 1} has no value in field {name!r} ({option}): {what}")
                 if option == "prompt_field":
                     self._check_chat(where, i, row[name])
                 if option == "answer_field" and isinstance(row[name], (list, dict)):  # its text would never match
