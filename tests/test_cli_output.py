@@ -230,3 +230,22 @@ def test_a_misspelt_task_lists_the_tasks_once_and_suggests_the_closest(capsys):
     assert main(["eval", "--tasks", "boolq:bogus=1", "--limit", "1"]) == 2
     err = capsys.readouterr().err  # the name is fine: the option is what is wrong
     assert "unknown option 'bogus'" in err and "countdown" not in err
+
+
+@pytest.mark.parametrize("argv, line", [
+    (["evl"], "esft: error: unknown sub-command 'evl' (did you mean eval, env?); choose from eval, env, bench, train, "
+              "analyze, export, report, experiment (`esft --help` lists the options)"),
+    (["train", "gpro"], "esft train: error: unknown sub-command 'gpro' (did you mean grpo?); choose from es, grpo "
+                        "(`esft train --help` lists the options)"),
+])
+def test_a_misspelt_sub_command_is_named_with_the_closest(argv, line, capsys):
+    """argparse said "argument command: invalid choice", naming the sub-command by a dest no usage shows."""
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    assert stop.value.code == 2 and capsys.readouterr().err.splitlines() == [line]
+
+
+def test_a_misspelt_preset_names_the_closest(tmp_path, capsys):
+    assert main(["train", "es", "--preset", "cpu-count", "--output-dir", str(tmp_path / "run")]) == 2
+    assert capsys.readouterr().err.strip() == ("esft: error: unknown preset 'cpu-count' (did you mean cpu-countdown?); "
+                                               "available: paper, cpu, cpu-countdown")

@@ -83,6 +83,14 @@ class Parser(argparse.ArgumentParser):
         if message == "argument --resume: expected one argument":  # GRPO's `--resume --output-dir RUN`, in ES
             message += "; here --resume takes the run folder: --resume RUN_DIR"
         message += _none_hint(self, message)
+        choice = re.match(r"argument (\S+): invalid choice: '(.*)' \(choose from (.*)\)$", message)
+        if choice:  # a sub-command's dest (command, algorithm) is a name no usage shows; and the closest choice
+            from esft.names import did_you_mean
+
+            options = re.findall(r"'([^']*)'", choice.group(3))
+            what = choice.group(1) if choice.group(1).startswith("-") else "sub-command"
+            message = (f"unknown {what} {choice.group(2)!r}{did_you_mean(choice.group(2), options)}; choose from "
+                       f"{', '.join(options)}")
         # one line, as every other refusal of esft: argparse printed the whole usage (30+ lines) before it
         help_hint = "" if "--help" in message else f" (`{self.prog} --help` lists the options)"
         self.exit(2, f"{self.prog}: error: {message}{help_hint}\n")

@@ -27,7 +27,7 @@ from typing import Any, Callable, Mapping, TypeVar
 import yaml
 
 from esft.config_rules import Rule, plain_value
-from esft.names import close_names
+from esft.names import close_names, did_you_mean
 from esft.yaml_keys import repeated_key
 
 T = TypeVar("T", bound="ConfigHooks")
@@ -426,9 +426,8 @@ def unknown_option_words(cls: type[ConfigHooks], name: str, names: typing.Iterab
 
 def other_command_words(cls: type[ConfigHooks], name: str) -> str:
     """' (an option of `esft train grpo`, not of `esft train es`)' where `name` is a field of another config class
-    with a command (a GRPO file given to ES, say), else ''. Only the class that declares a command speaks for it
-    (a user's subclass of ESConfig adds fields `esft train es` does not take), and only imported classes are seen
-    (`esft train` and experiment specs import both trainers' configs)."""
+    with a command (a GRPO file given to ES), else ''. Only a class that declares a command speaks for it (a user's
+    ESConfig subclass adds fields `esft train es` lacks); only imported classes are seen (`esft train` imports both)."""
     stack, found = list(ConfigHooks.__subclasses__()), set()
     while stack:
         other = stack.pop()
@@ -461,7 +460,8 @@ def build_config(cls: type[T], presets: Mapping[str, Mapping[str, Any]] | None =
     values: dict[str, Any] = {}
     if preset:
         if not presets or preset not in presets:
-            raise ValueError(f"unknown preset {preset!r}; available: {', '.join(presets or {})}")
+            raise ValueError(f"unknown preset {preset!r}{did_you_mean(preset, presets or ())}; available: "
+                             f"{', '.join(presets or ())}")
         values.update(coerce(cls, presets[preset], f"preset {preset!r}"))
         origin = {**{k: f"preset {preset!r}" for k in presets[preset]}, **origin}
     values.update(file_values)

@@ -14,3 +14,10 @@ def close_names(name: str, choices: typing.Iterable[str], n: int = 3) -> list[st
     if close or len(name) < 3:
         return close
     return [c for c in choices if c.lower().startswith(name.lower())][:n]
+
+
+def did_you_mean(name: typing.Any, choices: typing.Iterable[str]) -> str:
+    """" (did you mean X?)" for a misspelt `name` among `choices` (`close_names`), "" when none is close."""
+    close = close_names(str(name), choices)
+    return f" (did you mean {', '.join(close)}?)" if close else ""
+
