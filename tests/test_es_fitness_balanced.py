@@ -87,7 +87,7 @@ def test_grpo_class_balanced_needs_batch_scaling_and_labels(tmp_path, capsys):
     from esft.config import ConfigError
     from esft.grpo import GRPOConfig
 
-    with pytest.raises(ConfigError, match="scale_rewards"):
+    with pytest.raises(ConfigError, match="scale_rewards.*: give --scale-rewards batch, or leave out --class-balanced"):
         GRPOConfig(class_balanced=True, scale_rewards="group")
     assert GRPOConfig(class_balanced=True, scale_rewards="batch").class_balanced
     assert main(["train", "grpo", "--preset", "cpu", "--task", "math", "--class-balanced", "--scale-rewards", "batch",

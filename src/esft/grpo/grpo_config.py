@@ -177,7 +177,8 @@ class GRPOConfig(RunConfig):
                 f"no {name} there ({REFUSED_TRL_ARGS[name]})" for name in refused))
         if self.class_balanced and self.scale_rewards == "group":
             raise ConfigError("scale_rewards", self.scale_rewards, "'batch' or 'none' with class_balanced (a "
-                              "per-group normalisation cancels a weight shared by the group's completions)")
+                              "per-group normalisation cancels a weight shared by the group's completions): give "
+                              "--scale-rewards batch, or leave out --class-balanced")
 
     def check_task_fit(self, task: Any, name: str | None = None) -> None:
         from esft.validation import check_balanced_set, check_splits, require_labels
