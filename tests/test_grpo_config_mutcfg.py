@@ -92,3 +92,17 @@ def test_the_trl_options_esft_fixes(tmp_path):
     assert (args["use_cpu"], args["bf16"], args["fp16"], args["disable_tqdm"]) == (True, True, False, True)
     args = trl_arguments(GRPOConfig(max_steps=7), str(tmp_path), "fp32")
     assert (args["save_steps"], args["use_cpu"], args["bf16"], args["disable_tqdm"]) == (7, False, False, False)
+
+
+def test_a_warmup_as_long_as_the_run_is_warned_of():
+    """`--warmup-steps 100 --max-steps 1` trained at a hundredth of the rate it named, without a word."""
+    import warnings
+
+    from esft.grpo import GRPOConfig
+
+    with pytest.warns(UserWarning, match=r"warmup_steps 5 >= max_steps 5: the learning rate never reaches "
+                                         r"learning_rate 2e-05"):
+        GRPOConfig(warmup_steps=5, max_steps=5, learning_rate=2e-5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        GRPOConfig(warmup_steps=4, max_steps=5)

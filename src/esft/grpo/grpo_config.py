@@ -12,6 +12,7 @@ import argparse
 import dataclasses
 import functools
 import importlib
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -175,6 +176,9 @@ class GRPOConfig(RunConfig):
         if refused:
             raise ConfigError("trl_args", self.trl_args, "; ".join(
                 f"no {name} there ({REFUSED_TRL_ARGS[name]})" for name in refused))
+        if self.warmup_steps >= self.max_steps > 0:  # a schedule that never reaches the rate the run names
+            warnings.warn(f"warmup_steps {self.warmup_steps} >= max_steps {self.max_steps}: the learning rate never "
+                          f"reaches learning_rate {self.learning_rate:g}", stacklevel=3)
         if self.class_balanced and self.scale_rewards == "group":
             raise ConfigError("scale_rewards", self.scale_rewards, "'batch' or 'none' with class_balanced (a "
                               "per-group normalisation cancels a weight shared by the group's completions): give "
