@@ -125,6 +125,14 @@ def test_a_rank_without_lowrank_noise_is_named_in_a_warning(recwarn):
     assert not recwarn.list
 
 
+def test_a_save_total_limit_without_numbered_checkpoints_is_named_in_a_warning(recwarn):
+    """`--save-total-limit 2 --checkpoint-every 0` was accepted silently: only `final` is written, never counted."""
+    with pytest.warns(UserWarning, match=r"save_total_limit=2 ignored: checkpoint_every 0 writes only the final"):
+        build.warn_unread_rank(ESConfig(save_total_limit=2, checkpoint_every=0))
+    build.warn_unread_rank(ESConfig(save_total_limit=2, checkpoint_every=5))
+    assert not recwarn.list
+
+
 def test_the_trainer_warns_of_an_unread_rank_before_the_model_loads(tmp_path, monkeypatch):
     import esft.models
     from esft.api import es_trainer

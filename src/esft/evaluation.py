@@ -109,6 +109,9 @@ class EvalConfig(ConfigHooks):
         except ValueError as exc:
             raise options_refusal(self.generation_options, exc) from None
         check_fields(self, EVAL_RULES)
+        if self.top_p < 1 and self.temperature <= 0:  # greedy decoding takes the top token: no nucleus to cut
+            warnings.warn(f"top_p {self.top_p:g} has no effect with greedy decoding (temperature 0); give "
+                          "--temperature above 0 to sample", stacklevel=3)
         if self.samples > 1 and self.temperature <= 0:
             # greedy decoding would give n identical completions: pass@k would equal pass@1
             raise ConfigError("samples", self.samples, "1 with greedy decoding, or temperature > 0 for samples > 1 "

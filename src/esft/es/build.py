@@ -196,10 +196,14 @@ def warn_unread_ray_options(config: ESConfig) -> None:
 
 def warn_unread_rank(config: ESConfig) -> None:
     """`rank` is read by low-rank noise only: a rank other than the default with another noise (`--rank 4` without
-    `--noise lowrank`) is named in a warning, as a local run's Ray options are. The trainer calls it once."""
+    `--noise lowrank`) is named in a warning, as a local run's Ray options are; so is a save_total_limit without
+    numbered checkpoints to count. The trainer calls it once."""
     if config.noise != "lowrank" and config.rank != 1:
         warnings.warn(f"rank={config.rank} ignored: noise {config.noise!r} draws full-rank perturbations "
                       "(--noise lowrank uses the rank)", stacklevel=3)
+    if config.save_total_limit and not config.checkpoint_every:  # only `final` is written, which it never counts
+        warnings.warn(f"save_total_limit={config.save_total_limit} ignored: checkpoint_every 0 writes only the final "
+                      "checkpoint (--checkpoint-every N writes the ones it keeps)", stacklevel=3)
 
 
 def make_local_executor(config: ESConfig, *, model: Any, tokenizer: Any, weights: MasterWeights, task: Any,
