@@ -236,14 +236,21 @@ def check_eval_options(config: RunConfig, given: dict[str, Any]) -> None:
     (`--eval-limit 0`) asks for no evaluation either and passes. So is a passage cut no task reads
     (`check_passage_cut`)."""
     check_passage_cut(config, given)
+    key = unread_eval_option(config, given)
+    if key is not None:
+        flag = "--" + key.replace("_", "-")
+        raise ConfigError(key, given[key], "a run that evaluates: eval_every is 0, so no held-out evaluation "
+                          f"runs and {flag} would be ignored (add e.g. --eval-every 10, or drop {flag})",
+                          f"command line ({flag})")
+
+
+def unread_eval_option(config: RunConfig, given: dict[str, Any]) -> str | None:
+    """The first of EVAL_OPTIONS set in `given` (the values a user gave: flags, an experiment spec's block) that
+    `config` never reads, its eval_every being 0; None when there is none. A zero or false value asks for no
+    evaluation either and passes. One rule for `esft train` (check_eval_options) and experiment specs."""
     if config.eval_every != 0:
-        return
-    for key in EVAL_OPTIONS:
-        if given.get(key):
-            flag = "--" + key.replace("_", "-")
-            raise ConfigError(key, given[key], "a run that evaluates: eval_every is 0, so no held-out evaluation "
-                              f"runs and {flag} would be ignored (add e.g. --eval-every 10, or drop {flag})",
-                              f"command line ({flag})")
+        return None
+    return next((key for key in EVAL_OPTIONS if given.get(key)), None)
 
 
 class Checked(Protocol):
@@ -351,4 +358,4 @@ def check_names(config: Checked) -> None:
 __all__ = ["EVAL_OPTIONS", "Checked", "check_balanced_set", "check_context", "check_device", "check_device_name",
            "check_eval_options", "check_first_example", "check_model", "check_names", "check_passage_cut",
            "check_saved_names", "check_splits", "check_task", "check_with_task_flags", "require_labels",
-           "saved_key_lines", "task_labels"]
+           "saved_key_lines", "task_labels", "unread_eval_option"]

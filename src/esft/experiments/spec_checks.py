@@ -255,6 +255,53 @@ def check_evaluated_tasks(ctx: SpecContext, spec: Any, data: LineDict) -> None:
                                             f"accepted; expected {exc.accepted}") from None
 
 
+def _written_key(block: dict[Any, Any], key: str) -> Any:
+    """`key` as `block` spells it (eval-limit for eval_limit, as check_options reads it), None when absent."""
+    return next((k for k in block if str(k).replace("-", "_") == key), None)
+
+
+def option_source(data: Any, method: Any, comp: Any, task: str | None, key: str) -> tuple[str, int]:
+    """Where the spec `data` (its loaded YAML) sets option `key` of `comp`, a component of `method`, for `task`:
+    (the dotted key, its line), looked up in the order the values win (esft.experiments.spec.Component.overrides):
+    the per-task block, then the block itself, then, for a step of a chain, the base block of its algorithm.
+    (the method's key, its line) where the spec sets none."""
+    algos = data.get("algorithms") if isinstance(data, dict) else None
+    algos = algos if isinstance(algos, dict) else {}
+    block = algos.get(method.label)
+    blocks = [(f"algorithms.{method.label}", block)]
+    if method.is_chain:
+        sub = block.get(comp.algorithm) if isinstance(block, dict) else None
+        blocks = [(f"algorithms.{method.label}.{comp.algorithm}", sub),
+                  (f"algorithms.{comp.algorithm}", algos.get(comp.algorithm))]
+    blocks = [(where, b) for where, b in blocks if isinstance(b, dict)]
+    per = next(((where, b["per_task"]) for where, b in blocks if "per_task" in b), None)  # a chain's sub-block's wins
+    if task is not None and per is not None and isinstance(per[1], dict) and isinstance(per[1].get(task), dict):
+        blocks.insert(0, (f"{per[0]}.per_task.{task}", per[1][task]))
+    for where, b in blocks:
+        written = _written_key(b, key)
+        if written is not None:
+            return f"{where}.{written}", b.line_of(written) if isinstance(b, LineDict) else 0
+    return f"algorithms.{method.label}", method.line
+
+
+def check_unread_eval(ctx: SpecContext, spec: Any, data: LineDict) -> None:
+    """An evaluation option an algorithm block gives (eval_limit, eval_balanced, eval_max_new_tokens) to a run whose
+    eval_every is 0 is refused at its line, as `esft train` refuses the flag (esft.validation.unread_eval_option):
+    the run would ignore it without a word."""
+    from esft.validation import unread_eval_option
+
+    for method in spec.methods:
+        for comp in method.components:
+            for task in spec.tasks:
+                given = comp.overrides(task)
+                key = unread_eval_option(spec.config(comp, task, spec.seeds[0], output_dir="<check>"), given)
+                if key is not None:
+                    where, line = option_source(data, method, comp, task, key)
+                    raise ctx.error(line, f"{where} = {given[key]!r} is not accepted; expected a run that "
+                                          f"evaluates: eval_every is 0, so no held-out evaluation runs and {key} "
+                                          f"would be ignored (set e.g. eval_every: 10, or drop {key})")
+
+
 def check_spec_model(spec: Any) -> None:
     """The spec's model is an embedded model, a model folder or a hub id (esft.validation), as `esft experiment
     run` loads it, and the evaluation's completions fit its context; not part of parse_spec, since a runner given

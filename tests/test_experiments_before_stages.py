@@ -1,0 +1,70 @@
+"""What `esft experiment run` checks before any stage runs, as `esft train` checks its flags before a model loads:
+the devices a spec names against this machine, ES parameter selections against the model's parameter names,
+evaluation options a run with eval_every 0 would ignore; and a stage that trained nothing before it failed, which
+a re-run with a fixed spec must not refuse as "trained with other options".
+
+Run: pytest tests/test_experiments_before_stages.py -q
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import load_spec_text
+from esft.experiments import SpecError
+
+# one task and no holdouts: each parse builds only Countdown
+SPEC = """\
+name: checks
+kind: single-task
+tasks: [countdown]
+algorithms:
+  es:
+    preset: cpu
+    iterations: 2
+  grpo:
+    preset: cpu
+    max_steps: 2
+evaluation:
+  limit: 3
+  holdout: []
+"""
+ES = "    iterations: 2\n"
+GRPO = "    max_steps: 2\n"
+EVAL = "  limit: 3\n"
+
+
+def _spec(tmp_path, old: str, new: str):
+    assert old in SPEC
+    path = tmp_path / "spec.yaml"
+    path.write_text(SPEC.replace(old, new, 1))
+    return path
+
+
+# ---- evaluation options a run with eval_every 0 never reads ------------------------------------------------------
+
+@pytest.mark.parametrize("old,new,line,where", [
+    (ES, ES + "    eval_every: 0\n    eval_limit: 10\n", 9, "algorithms.es.eval_limit = 10"),
+    (ES, ES + "    eval_every: 0\n    eval-balanced: true\n", 9, "algorithms.es.eval-balanced = True"),
+    (GRPO, GRPO + "    eval_max_new_tokens: 8\n", 11, "algorithms.grpo.eval_max_new_tokens = 8"),  # preset cpu: 0
+    (ES, ES + "    per_task:\n      countdown: {eval_every: 0, eval_limit: 5}\n", 9,
+     "algorithms.es.per_task.countdown.eval_limit = 5"),
+    (GRPO, GRPO + "  grpo->es:\n    es: {iterations: 1, eval_every: 0, eval_limit: 5}\n", 12,
+     "algorithms.grpo->es.es.eval_limit = 5"),
+])
+def test_an_evaluation_option_a_run_never_reads_is_refused_at_its_line(tmp_path, old, new, line, where):
+    """`eval_every: 0, eval_limit: 10` passed the dry run while `esft train es --eval-every 0 --eval-limit 10` is
+    refused ("--eval-limit would be ignored"): the same rule (esft.validation.unread_eval_option), at the line."""
+    with pytest.raises(SpecError) as info:
+        load_spec_text(tmp_path, SPEC.replace(old, new, 1))
+    message = str(info.value)
+    assert f"spec.yaml:{line}: {where} is not accepted" in message, message
+    assert "eval_every is 0" in message and "command line" not in message, message
+
+
+def test_evaluation_options_a_run_reads_or_that_ask_for_none_pass(tmp_path):
+    for new in ("    eval_every: 0\n    eval_limit: 0\n    eval_balanced: false\n",  # asks for no evaluation
+                "    eval_every: 5\n    eval_limit: 10\n"):
+        spec = load_spec_text(tmp_path, SPEC.replace(ES, ES + new, 1))
+        assert spec.config(spec.method("es").components[0], "countdown", 42).eval_limit in (0, 10)
+    load_spec_text(tmp_path, SPEC.replace(GRPO, GRPO + "    eval_every: 2\n    eval_limit: 4\n", 1))
