@@ -41,6 +41,43 @@ def _spec(tmp_path, old: str, new: str):
     return path
 
 
+def _never_run(monkeypatch):
+    """The runner, replaced: a spec refused before its stages never reaches it (without the check, the real
+    runner would evaluate the base model first)."""
+    from esft.experiments import runner
+
+    def refused(*args, **kwargs):
+        raise AssertionError("the experiment started")
+
+    monkeypatch.setattr(runner, "run_experiment", refused)
+
+
+# ---- ES parameter selections: from the model's skeleton, before any weights load ---------------------------------
+
+@pytest.mark.parametrize("old,new,line,where", [
+    (ES, ES + "    include: [nosuchparam]\n", 8, "algorithms.es.include"),
+    (ES, ES + "    per_task:\n      countdown:\n        exclude: ['.']\n", 10,
+     "algorithms.es.per_task.countdown.exclude"),
+    (GRPO, GRPO + "  grpo->es:\n    es: {iterations: 1, include: [nosuchparam]}\n", 12,
+     "algorithms.grpo->es.es.include"),
+])
+def test_a_parameter_selection_that_selects_nothing_is_refused_by_the_dry_run(tmp_path, capsys, monkeypatch, old,
+                                                                              new, line, where):
+    """`include: [nosuchparam]` passed --dry-run and failed only after the base model's evaluation ("no parameters
+    selected"); `esft train es --include nosuchparam` is refused before the weights load. The spec is too, by the
+    dry run as by the run (the check reads the model's config, no weights)."""
+    from esft.cli import main
+
+    _never_run(monkeypatch)
+    path = _spec(tmp_path, old, new)
+    for dry in (["--dry-run"], []):
+        assert main(["experiment", "run", str(path), "--output-dir", str(tmp_path / "out"), *dry]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith(f"esft: error: {path}:{line}: {where}: no parameters selected"), err
+    assert main(["experiment", "run", str(_spec(tmp_path, ES, ES + "    include: ['layers\\.0\\.']\n")),
+                 "--output-dir", str(tmp_path / "out"), "--dry-run"]) == 0
+
+
 # ---- evaluation options a run with eval_every 0 never reads ------------------------------------------------------
 
 @pytest.mark.parametrize("old,new,line,where", [

@@ -39,6 +39,11 @@ class Algorithm:
     """formula(config, budget) -> the study's FLOP formula as {"coefficient": c, "text": ...}, FLOPs = c * P * L"""
     done_step: Callable[[Path], int | None]
     """step of the run's `checkpoints/final`, or None when the run has not finished"""
+    check_model: Callable[[Any], None] | None = None
+    """check_model(config): what the config asks of its model, checked from the model's skeleton before any weights
+    load (ValueError); None: nothing to check"""
+    model_options: tuple[str, ...] = ()
+    """the config fields check_model reads, whose line a spec's refusal names"""
 
 
 ALGORITHMS: dict[str, Algorithm] = {}
@@ -108,11 +113,17 @@ def es_done_step(run_dir: Path) -> int | None:
     return int(json.loads(state.read_text())["step"])
 
 
+def _check_es_selection(config: Any) -> None:
+    from esft.es.build import check_selection  # as `esft train es` before its weights load
+
+    check_selection(config)
+
+
 def _es() -> Algorithm:
     from esft.es.es_config import PRESETS, ESConfig
 
     return Algorithm("es", ESConfig, PRESETS, "iterations", "iter", True, _train_es, es_accounting, es_formula,
-                     es_done_step)
+                     es_done_step, _check_es_selection, ("include", "exclude"))
 
 
 # ---- GRPO -------------------------------------------------------------------------------------------------------

@@ -255,6 +255,13 @@ def check_evaluated_tasks(ctx: SpecContext, spec: Any, data: LineDict) -> None:
                                             f"accepted; expected {exc.accepted}") from None
 
 
+def spec_file(spec: Any) -> tuple[SpecContext, LineDict]:
+    """The error context of a parsed spec and its loaded YAML, for the lines of the checks made after parsing (an
+    empty mapping, no lines, for a spec built from Python)."""
+    data = load_file(spec.path) if spec.path and Path(spec.path).is_file() else LineDict()
+    return SpecContext(spec.path or "<spec>"), data
+
+
 def _written_key(block: dict[Any, Any], key: str) -> Any:
     """`key` as `block` spells it (eval-limit for eval_limit, as check_options reads it), None when absent."""
     return next((k for k in block if str(k).replace("-", "_") == key), None)
@@ -304,8 +311,9 @@ def check_unread_eval(ctx: SpecContext, spec: Any, data: LineDict) -> None:
 
 def check_spec_model(spec: Any) -> None:
     """The spec's model is an embedded model, a model folder or a hub id (esft.validation), as `esft experiment
-    run` loads it, and the evaluation's completions fit its context; not part of parse_spec, since a runner given
-    its own model loader may name anything."""
+    run` loads it, the evaluation's completions fit its context, and each algorithm's own checks of the model
+    (Algorithm.check_model: ES's include / exclude select a parameter) pass from its skeleton, without its weights;
+    not part of parse_spec, since a runner given its own model loader may name anything."""
     from esft.validation import check_context, check_model
 
     for key, check in (("model", lambda: check_model("model", spec.model)),
@@ -315,9 +323,27 @@ def check_spec_model(spec: Any) -> None:
         try:
             check()
         except ValueError as exc:
-            path = spec.path or "<spec>"
-            data = load_file(spec.path) if spec.path and Path(spec.path).is_file() else LineDict()
+            ctx, data = spec_file(spec)
             block = data.get(key)  # the evaluation's own max_new_tokens line, where it sets one
             line = (block.line_of("max_new_tokens") if isinstance(block, LineDict) and "max_new_tokens" in block
                     else data.line_of(key) if key in data else 0)
-            raise SpecError(f"{path}:{line}: {exc}" if line else f"{path}: {exc}") from None
+            raise ctx.error(line, str(exc)) from None
+    _check_algorithm_models(spec)
+
+
+def _check_algorithm_models(spec: Any) -> None:
+    """Algorithm.check_model of every component on every task (the model of a later stage is a checkpoint of the
+    spec's model: the same parameter names), refused at the line of the option it names (ES: include, exclude)."""
+    for method in spec.methods:
+        for comp in method.components:
+            check = comp.spec.check_model
+            for task in spec.tasks if check is not None else ():
+                try:
+                    check(spec.config(comp, task, spec.seeds[0], output_dir="<check>"))
+                except ValueError as exc:
+                    ctx, data = spec_file(spec)
+                    given = comp.overrides(task)
+                    key = next((k for k in comp.spec.model_options if given.get(k)), None)
+                    where, line = option_source(data, method, comp, task, key) if key else \
+                        (f"algorithms.{method.label}", method.line)
+                    raise ctx.error(line, f"{where}: {exc}") from None
