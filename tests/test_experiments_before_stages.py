@@ -52,6 +52,44 @@ def _never_run(monkeypatch):
     monkeypatch.setattr(runner, "run_experiment", refused)
 
 
+# ---- devices: checked against this machine before any stage, as `esft train --device` ----------------------------
+
+@pytest.mark.parametrize("old,new,line,where", [
+    (ES, ES + "    device: cuda\n", 8, "algorithms.es.device"),
+    (GRPO, GRPO + "    device: cuda\n", 11, "algorithms.grpo.device"),
+    (EVAL, EVAL + "  device: cuda\n", 13, "evaluation.device"),
+    (ES, ES + "    per_task:\n      countdown: {device: cuda}\n", 9, "algorithms.es.per_task.countdown.device"),
+    (GRPO, GRPO + "  grpo->es:\n    es: {iterations: 1, device: 'cuda:0'}\n", 12, "algorithms.grpo->es.es.device"),
+])
+def test_a_device_this_machine_lacks_is_refused_before_any_stage(tmp_path, capsys, monkeypatch, old, new, line,
+                                                                 where):
+    """`device: cuda` on a machine without CUDA evaluated the base model, then failed each stage with "Torch not
+    compiled with CUDA enabled" (evaluation.device: the base stage failed and training started anyway). The run
+    is refused at the line, with `esft train --device`'s words; the dry run still passes: a spec may be checked on
+    another machine than the one that runs it (the shipped paper specs name cuda)."""
+    import torch
+
+    from esft.cli import main
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    _never_run(monkeypatch)
+    path, out = _spec(tmp_path, old, new), tmp_path / "out"
+    assert main(["experiment", "run", str(path), "--output-dir", str(out), "--dry-run"]) == 0
+    capsys.readouterr()
+    assert main(["experiment", "run", str(path), "--output-dir", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"esft: error: {path}:{line}: {where} = 'cuda") and len(err.splitlines()) == 1, err
+    assert "sees no CUDA device, so use cpu here" in err
+    assert not out.exists()
+
+
+def test_devices_this_machine_has_pass(tmp_path):
+    from esft.experiments.spec_checks import check_spec_devices
+
+    spec = load_spec_text(tmp_path, SPEC.replace(ES, ES + "    device: cpu\n").replace(EVAL, EVAL + "  device: cpu\n"))
+    check_spec_devices(spec)
+
+
 # ---- ES parameter selections: from the model's skeleton, before any weights load ---------------------------------
 
 @pytest.mark.parametrize("old,new,line,where", [

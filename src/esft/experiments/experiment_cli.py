@@ -31,7 +31,9 @@ def _run(args: argparse.Namespace) -> int:
         print(text)
         return 0
     from esft.experiments.runner import ExperimentBusy
+    from esft.experiments.spec_checks import check_spec_devices
 
+    check_spec_devices(spec)  # this machine's devices: not by --dry-run, which may check a spec for another machine
     try:
         result = run_experiment(spec, out)
     except ExperimentBusy as exc:

@@ -309,6 +309,30 @@ def check_unread_eval(ctx: SpecContext, spec: Any, data: LineDict) -> None:
                                           f"would be ignored (set e.g. eval_every: 10, or drop {key})")
 
 
+def check_spec_devices(spec: Any) -> None:
+    """Every device `spec` (a parsed esft.experiments.spec.Spec) names, in its algorithm blocks (per task too) and
+    evaluation.device, is one this machine's torch can use, as `esft train --device` is checked
+    (esft.validation.check_device): a device it lacks failed each stage only after the base model's evaluation.
+    Not part of parse_spec nor of a dry run: a spec is read on other machines than the one it runs on (the shipped
+    paper specs name cuda and parse on a laptop); `esft experiment run` checks it before any stage runs."""
+    from esft.config import ConfigError
+    from esft.validation import check_device
+
+    ctx, data = spec_file(spec)
+    block = data.get("evaluation") if isinstance(data.get("evaluation"), LineDict) else LineDict()
+    named = [("evaluation.device", block.line_of("device"), spec.evaluation.device)]
+    for method in spec.methods:
+        for comp in method.components:
+            for task in spec.tasks:
+                device = spec.config(comp, task, spec.seeds[0], output_dir="<check>").device  # a preset's too
+                named.append((*option_source(data, method, comp, task, "device"), device))
+    for where, line, device in named:
+        try:
+            check_device(where, device)
+        except ConfigError as exc:
+            raise ctx.error(line, f"{where} = {device!r} is not accepted; expected {exc.accepted}") from None
+
+
 def check_spec_model(spec: Any) -> None:
     """The spec's model is an embedded model, a model folder or a hub id (esft.validation), as `esft experiment
     run` loads it, the evaluation's completions fit its context, and each algorithm's own checks of the model
