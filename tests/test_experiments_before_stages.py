@@ -8,10 +8,15 @@ Run: pytest tests/test_experiments_before_stages.py -q
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from conftest import load_spec_text
-from esft.experiments import SpecError
+from es_tiny import one_thread  # noqa: F401  (autouse: tiny matmuls on one thread)
+from esft.experiments import SpecError, run_experiment
+from esft.experiments.plan import build_plan
+from experiments_tiny import ES_BLOCK, TinyHooks, write_spec
 
 # one task and no holdouts: each parse builds only Countdown
 SPEC = """\
@@ -143,3 +148,92 @@ def test_evaluation_options_a_run_reads_or_that_ask_for_none_pass(tmp_path):
         spec = load_spec_text(tmp_path, SPEC.replace(ES, ES + new, 1))
         assert spec.config(spec.method("es").components[0], "countdown", 42).eval_limit in (0, 10)
     load_spec_text(tmp_path, SPEC.replace(GRPO, GRPO + "    eval_every: 2\n    eval_limit: 4\n", 1))
+
+
+# ---- a stage that trained nothing is held to no options -----------------------------------------------------------
+
+def _fail_before_training(tokenizer):
+    tiny = TinyHooks(tokenizer)
+
+    def train_kwargs(step, config):  # as a device, memory or data error before the first step would
+        raise RuntimeError("failed before the first step")
+
+    tiny.hooks.train_kwargs = train_kwargs
+    return tiny
+
+
+def test_a_stage_that_failed_before_training_runs_with_the_fixed_spec(tmp_path, tokenizer):
+    """A stage that failed before it trained anything (status failed, no run folder) refused the fixed spec:
+    "was trained with other options (device: 'cuda' -> 'cpu')". Nothing was trained: the stage runs with the new
+    options. Once it has trained, a change is refused again, also when its status says failed but its run holds
+    logged steps."""
+    from esft.experiments.runner import check_existing
+
+    key = "seed-42/single-task/countdown/es"
+    path = write_spec(tmp_path / "a.yaml", "single-task", ["countdown"], {"es": {**ES_BLOCK, "iterations": 1}})
+    first = run_experiment(load_spec_text(tmp_path, path.read_text()), tmp_path / "out",
+                           _fail_before_training(tokenizer).hooks, write_tables=False)
+    assert first.statuses[key] == "failed"
+    status = json.loads((tmp_path / "out" / key / "status.json").read_text())
+    assert status["fingerprint"] and not status.get("trained")
+    fixed = load_spec_text(tmp_path, path.read_text().replace("sigma: 0.01", "sigma: 0.02"))
+    tiny = TinyHooks(tokenizer)
+    again = run_experiment(fixed, tmp_path / "out", tiny.hooks, write_tables=False)
+    assert again.ok and tiny.trained == [("es", f"{key}/run")]
+    # trained now: held to its options, whatever its status says
+    status = json.loads((tmp_path / "out" / key / "status.json").read_text())
+    status.update({"status": "failed", "trained": False})
+    (tmp_path / "out" / key / "status.json").write_text(json.dumps(status))
+    changed = load_spec_text(tmp_path, path.read_text().replace("sigma: 0.01", "sigma: 0.03"))
+    with pytest.raises(SpecError, match=r"es was trained with other options \(sigma: 0.02 -> 0.03\)"):
+        check_existing(changed, build_plan(changed, tmp_path / "out"), tmp_path / "out")
+
+
+def test_a_run_folder_left_by_an_attempt_killed_before_its_first_step_takes_the_new_options(tmp_path, tokenizer):
+    """An attempt killed (kill -9) before its first logged step leaves its config.yaml: the stage, which trained
+    nothing, starts a fresh run with the spec's options now instead of failing on "cannot resume"."""
+    import yaml
+
+    from esft.es.es_config import save_yaml
+    from esft.experiments.runner import _step_configs
+
+    key = "seed-42/single-task/countdown/es"
+    path = write_spec(tmp_path / "a.yaml", "single-task", ["countdown"], {"es": {**ES_BLOCK, "iterations": 1}})
+    spec, root = load_spec_text(tmp_path, path.read_text()), tmp_path / "out"
+    run_experiment(spec, root, _fail_before_training(tokenizer).hooks, write_tables=False)
+    smap = {s.key: s for s in build_plan(spec, root)}
+    (config,) = _step_configs(spec, smap[key], root, smap)
+    (root / key / "run").mkdir()  # what the killed attempt left: its config.yaml, no logged step
+    save_yaml(config.replace(resume=False, rollout_dtype="float32"), root / key / "run" / "config.yaml")
+    fixed = load_spec_text(tmp_path, path.read_text().replace("sigma: 0.01", "sigma: 0.02"))
+    result = run_experiment(fixed, root, TinyHooks(tokenizer).hooks, write_tables=False)
+    assert result.ok, (root / key / "error.txt").read_text()
+    assert yaml.safe_load((root / key / "run" / "config.yaml").read_text())["sigma"] == 0.02
+
+
+def test_a_chain_is_held_only_to_the_steps_that_trained(tmp_path):
+    """A chain whose first step trained and whose second failed before its first step: the second step's options
+    may change, the first's may not."""
+    import dataclasses
+
+    from esft.experiments.runner import STATUS, _step_configs, check_existing
+    from esft.experiments.stage_eval import write_json
+
+    text = SPEC.replace("evaluation:\n", "  grpo->es: {grpo: {max_steps: 1}, es: {iterations: 1}}\nevaluation:\n", 1)
+    spec = load_spec_text(tmp_path, text)
+    root, key = tmp_path / "out", "seed-42/single-task/countdown/grpo-to-es"
+    stage = {s.key: s for s in build_plan(spec)}[key]
+    configs = _step_configs(spec, stage, root, {s.key: s for s in build_plan(spec)})
+    (root / key).mkdir(parents=True)
+    write_json(root / key / STATUS, {"status": "failed", "fingerprint": [
+        {"algorithm": st.algorithm, "config": json.loads(json.dumps(dataclasses.asdict(c), default=str))}
+        for st, c in zip(stage.steps, configs)]})
+    grpo_run = root / stage.steps[0].run_dir
+    grpo_run.mkdir(parents=True, exist_ok=True)
+    (grpo_run / "metrics.jsonl").write_text(json.dumps({"kind": "train", "step": 1}) + "\n")
+    es_changed = load_spec_text(tmp_path, text.replace("es: {iterations: 1}", "es: {iterations: 1, sigma: 0.5}"))
+    check_existing(es_changed, build_plan(es_changed), root)
+    grpo_changed = load_spec_text(tmp_path, text.replace("grpo: {max_steps: 1}",
+                                                         "grpo: {max_steps: 1, learning_rate: 0.5}"))
+    with pytest.raises(SpecError, match=r"grpo-to-es was trained with other options \(learning_rate: .* -> 0.5\)"):
+        check_existing(grpo_changed, build_plan(grpo_changed), root)

@@ -33,6 +33,16 @@ def comparable(fingerprint: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def binding_steps(old: list[dict[str, Any]], new: list[dict[str, Any]],
+                  trained: list[bool]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The steps of a stage's recorded fingerprint `old` and of today's `new` that a re-run is held to: those whose
+    run trained something (`trained`, one flag per step of today's plan). A step that trained nothing (the stage
+    failed or was stopped before it logged a step) runs with today's options; a changed number of steps binds all."""
+    if len(old) != len(new) or len(trained) != len(new):
+        return old, new
+    return [s for s, t in zip(old, trained) if t], [s for s, t in zip(new, trained) if t]
+
+
 def fingerprint_diff(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> str:
     """The changes from `old` to `new`, as "field: old -> new; ..."."""
     if len(old) != len(new):

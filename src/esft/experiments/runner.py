@@ -29,13 +29,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from esft.experiments.fingerprint import comparable, fingerprint_diff
+from esft.experiments.fingerprint import binding_steps, comparable, fingerprint_diff
 from esft.experiments.stage_eval import (evaluate_stage, plan_sampled_settings, plan_settings, read_json, same_model,
                                         write_json)
 from esft.experiments.plan import BASE, Stage, Step, as_dict, build_plan, describe, has_noise_stream
 from esft.experiments.spec import Spec
 from esft.experiments.yamlines import SpecError
-from esft.rundir import RunDirBusy, RunFailed, RunInterrupted, RunLock
+from esft.rundir import RunDirBusy, RunFailed, RunInterrupted, RunLock, holds_run
 
 STATUS = "status.json"
 RESULT = "result.json"
@@ -123,15 +123,25 @@ def _fingerprint(spec: Spec, stage: Stage, configs: list[Any], stages: dict[str,
     return comparable(out)
 
 
+def _trained_steps(stage: Stage, status: dict[str, Any], root: Path) -> list[bool]:
+    """Which steps of `stage` trained something: all of a stage recorded as trained or done, else those whose run
+    folder holds logged steps or checkpoints (esft.rundir.holds_run, as the trainers tell a run from none)."""
+    if status.get("trained") or status.get("status") == "done":
+        return [True] * len(stage.steps)
+    return [holds_run(root / step.run_dir) for step in stage.steps]
+
+
 def check_existing(spec: Spec, stages: list[Stage], root: Path) -> None:
-    """Before any compute: a stage already trained in `root` must have been trained with today's options."""
+    """Before any compute: a stage already trained in `root` must have been trained with today's options (a stage,
+    or a step of a chain, that trained nothing is held to none: it runs with today's)."""
     smap = {s.key: s for s in stages}
     for stage in stages:
         if stage.kind == BASE:
             continue
         status = read_json(root / stage.key / STATUS) or {}
         old = status.get("fingerprint")
-        if not old:
+        trained = _trained_steps(stage, status, root)
+        if not old or not any(trained):
             continue
         new = _fingerprint(spec, stage, _step_configs(spec, stage, root, smap), smap)
         old = comparable(old)
@@ -139,6 +149,7 @@ def check_existing(spec: Spec, stages: list[Stage], root: Path) -> None:
             model = before["config"].get("model")
             if isinstance(model, str) and same_model(model, str(now["config"].get("model")), root, True):
                 before["config"]["model"] = now["config"].get("model")
+        old, new = binding_steps(old, new, trained)
         if old != new:
             raise SpecError(f"{root / stage.key} was trained with other options ({fingerprint_diff(old, new)}); "
                             f"use another --output-dir, or delete that stage folder (and those after it) to retrain")
@@ -203,6 +214,8 @@ def _run_step(spec: Spec, stage: Stage, step: Step, config: Any, root: Path, sta
                                f"so {model_dir} holds other weights; list the larger budget again (the run keeps a "
                                f"snapshot at each listed budget) or use another --output-dir")
         return
+    if not holds_run(run_dir):  # a fresh run: config.yaml of an attempt killed before its first step binds nothing
+        config = config.replace(resume=False)
     kwargs: dict[str, Any] = dict(hooks.train_kwargs(step, config) if hooks.train_kwargs else {})
     kwargs.setdefault("progress", hooks.progress)
     if first and _carries_optimizer(spec, stage, stages):
