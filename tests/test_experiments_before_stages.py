@@ -237,3 +237,22 @@ def test_a_chain_is_held_only_to_the_steps_that_trained(tmp_path):
                                                          "grpo: {max_steps: 1, learning_rate: 0.5}"))
     with pytest.raises(SpecError, match=r"grpo-to-es was trained with other options \(learning_rate: .* -> 0.5\)"):
         check_existing(grpo_changed, build_plan(grpo_changed), root)
+
+
+# ---- the experiment's folder: its own, not a training run's -----------------------------------------------------
+def test_an_experiment_in_or_inside_a_training_runs_folder_is_refused(tmp_path, capsys):
+    """`esft experiment run SPEC --output-dir RUN` wrote plan.json, spec.yaml, tables/ and base/ among a training
+    run's files (and --dry-run called the spec valid there)."""
+    from esft.cli import main
+
+    run = tmp_path / "run"
+    (run / "checkpoints" / "final").mkdir(parents=True)
+    (run / "config.yaml").write_text("model: tiny\n")
+    (run / "metrics.jsonl").write_text("")
+    spec = _spec(tmp_path, EVAL, EVAL)
+    for out, where in ((run, "is"), (run / "checkpoints" / "final" / "exp", "lies inside")):
+        for dry in (["--dry-run"], []):
+            assert main(["experiment", "run", str(spec), "--output-dir", str(out), *dry]) == 2
+            assert f"{out} {where} a training run's folder ({run.resolve()})" in capsys.readouterr().err
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoints", "config.yaml", "metrics.jsonl"]
+    assert not (run / "checkpoints" / "final" / "exp").exists()

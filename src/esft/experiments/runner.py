@@ -439,8 +439,8 @@ def run_experiment(spec: Spec, output_dir: str | Path | None = None, hooks: Hook
     """Run (or continue) every stage of `spec` in `output_dir`; returns each stage's status."""
     hooks = hooks or Hooks()
     root = output_dir_for(spec, output_dir)
+    stages = checked_plan(spec, root)  # before any compute, and before the folder is made
     root.mkdir(parents=True, exist_ok=True)
-    stages = checked_plan(spec, root)  # before any compute
     smap = {s.key: s for s in stages}
     result = ExperimentResult(root)
     started, t0 = _now(), time.perf_counter()
@@ -488,6 +488,12 @@ def plan_text(spec: Spec, root: Path | None = None) -> str:
 def checked_plan(spec: Spec, root: Path | None) -> list[Stage]:
     """The plan for the experiment folder `root` (what its runs already hold decides a chain's first run), with
     its stages trained with other options refused (check_existing)."""
+    from esft.rundir import enclosing_run_dir, is_run_dir
+
+    inside = root if root is not None and is_run_dir(root) else enclosing_run_dir(root) if root is not None else None
+    if inside is not None:  # its plan.json, tables and stage folders would mix with a training run's files
+        raise FileExistsError(f"{root} {'is' if inside == root else 'lies inside'} a training run's folder "
+                              f"({inside}): give the experiment a folder of its own (--output-dir)")
     stages = build_plan(spec, root)
     if root is not None and root.is_dir():
         check_existing(spec, stages, root)
