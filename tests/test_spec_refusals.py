@@ -225,7 +225,8 @@ def test_a_shipped_spec_is_found_with_or_without_its_suffix():
     from esft.experiments.spec import resolve_spec_path, shipped_specs
 
     assert resolve_spec_path("cpu-compare.yaml") == resolve_spec_path("cpu-compare") == shipped_specs()["cpu-compare"]
-    with pytest.raises(FileNotFoundError, match=r"no spec file 'cpu-comparee', and no shipped spec of that name"):
+    with pytest.raises(FileNotFoundError, match=r"no spec file 'cpu-comparee', and no shipped spec of that name "
+                                                r"\(did you mean cpu-compare"):
         resolve_spec_path("cpu-comparee")
 
 

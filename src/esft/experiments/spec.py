@@ -486,5 +486,7 @@ def resolve_spec_path(path_or_name: str | Path) -> Path:
     key = str(path_or_name)[:-5] if str(path_or_name).endswith(".yaml") else str(path_or_name)
     if key in shipped:
         return shipped[key]
-    raise FileNotFoundError(f"no spec file {path_or_name!r}, and no shipped spec of that name "
-                            f"(shipped: {', '.join(shipped)})")
+    from esft.names import did_you_mean
+
+    raise FileNotFoundError(f"no spec file {path_or_name!r}, and no shipped spec of that name"
+                            f"{did_you_mean(key, shipped)}; shipped: {', '.join(shipped)}")
