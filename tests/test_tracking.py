@@ -45,7 +45,8 @@ def test_es_run_writes_tensorboard_scalars(tmp_path, es_cli):
     # the sample completions of every iteration, as a Markdown table (TensorBoard's text plugin)
     samples = acc.Tensors("samples/text_summary")
     assert [e.step for e in samples] == [1, 2]
-    assert b"| member | seed | sign | index | score | well_formed | completion |" in samples[0].tensor_proto.string_val[0]
+    header = b"| iteration | index | score | finished | completion_tokens | completion | member | seed | sign |"
+    assert samples[0].tensor_proto.string_val[0].startswith(header)  # esft.sample_rows' fields, as GRPO's
 
 
 def test_es_run_without_report_to_writes_no_events(tmp_path, es_cli):

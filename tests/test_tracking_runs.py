@@ -106,7 +106,10 @@ def test_grpo_writes_sample_tables_to_tensorboard_under_es_names(tmp_path, token
     first = read_jsonl(out / "samples" / "iter_000000.jsonl")
     text = train[0].tensor_proto.string_val[0].decode()
     assert text.count("\n") == 1 + len(first) == 3  # header, rule, one line per sample
-    assert f"| {first[0]['index']} | {first[0]['reward']}" in text
+    # the rows' own fields, in their order (esft.sample_rows: ES's rows have the same ones)
+    assert text.startswith("| " + " | ".join(first[0]) + " |\n")
+    assert f"| {first[0]['iteration']} | {first[0]['index']} | {first[0]['score']}" in text
+    assert text.splitlines()[2].endswith(f" | {first[0]['reward']} |")
     assert evals[0].tensor_proto.string_val[0].decode().count("\n") == 3  # 2 of the 3 evaluated, as ES cuts
 
 
