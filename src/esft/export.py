@@ -22,6 +22,7 @@ from typing import Any
 import yaml
 
 from esft.rundir import CHECKPOINTS, current_umask, lock_held, read_jsonl, replace_dir
+from esft.saved_config import read_recorded_config
 from esft.tasks.labels import summaries_score_name
 
 #: files of a Hugging Face model folder (exact names, then suffixes)
@@ -258,6 +259,9 @@ def export_run(run: str | Path, to: str | Path, overwrite: bool = False) -> Expo
     if lock_held(run_dir):  # a run still training: its latest checkpoint, which the card names, is no final model
         warnings.warn(f"{run_dir} is still training (an esft process holds its lock): exporting its latest "
                       f"checkpoint, {checkpoint.name}, not its final model", stacklevel=2)
+    config_path = run_dir / "config.yaml"  # a damaged one is refused before any folder is made
+    train_config = read_recorded_config(config_path) if config_path.exists() else {}
+    train_config = {k: v for k, v in train_config.items() if k != "_run"}
     # built in a fresh folder beside the target and moved into place: an --overwrite export never keeps files of
     # an earlier one (stale shards, tokenizer files), and an interrupted export leaves the target as it was
     to.parent.mkdir(parents=True, exist_ok=True)
@@ -275,9 +279,6 @@ def export_run(run: str | Path, to: str | Path, overwrite: bool = False) -> Expo
             config = json.loads((checkpoint / "config.json").read_text())
             GenerationConfig.from_dict({k: config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id")
                                         if config.get(k) is not None}).save_pretrained(staging)
-        config_path = run_dir / "config.yaml"
-        train_config = yaml.safe_load(config_path.read_text()) if config_path.exists() else {}
-        train_config = {k: v for k, v in (train_config or {}).items() if k != "_run"}
         (staging / "README.md").write_text(model_card(run_dir, train_config, held_out_results(run_dir), checkpoint))
         replace_dir(staging, to)  # the old target is renamed aside and deleted last: never half gone
     finally:

@@ -64,3 +64,34 @@ def read_saved_config(run_dir: str | Path, algorithm: str | None = None) -> dict
         raise ValueError(f"{run_dir} holds {kinds[found]} run, not {kinds[algorithm]} one (continue it with "
                          f"`{RESUME_COMMAND[found].format(dir=run_dir)}`)")
     return data
+
+
+#: keys of a run's config.yaml that readers of its records (esft report, esft export, the analyses) use, with the
+#: types they take and those types in words: a hand-edited value of another type failed deep inside them
+RECORDED_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
+    "model": ((str,), "text (the model the run started from)"),
+    "model_name_or_path": ((str,), "text (the model the run started from)"),
+    "task": ((str, list), "text (the task name) or a list of task names"),
+    "task_name": ((str, list), "text (the task name) or a list of task names"),
+    "task_options": ((dict,), "a mapping of option: value"),
+    "_run": ((dict,), "a mapping (esft's record of the run)"),
+}
+
+
+def read_recorded_config(path: str | Path) -> dict[str, Any]:
+    """The mapping of a run's config.yaml at `path`, read for what the run recorded (not to resume it: see
+    `read_saved_config`); {} for an empty file. A file that does not parse, is no mapping, or gives one of
+    `RECORDED_TYPES` a value of another type fails as one ValueError line naming the file and line."""
+    data, lines = load_yaml_lines(path)
+    for key, (types, words) in RECORDED_TYPES.items():
+        value = data.get(key)
+        if value is None:
+            continue
+        fits = isinstance(value, types) and not isinstance(value, bool)
+        if fits and isinstance(value, list):
+            fits = bool(value) and all(isinstance(v, str) for v in value)
+        if not fits:
+            shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
+            raise ValueError(f"{path}:{lines.get(key, 1)}: {key} is {shown}, expected {words}; restore the run's "
+                             "config.yaml (its trainer wrote it) or correct that line")
+    return data

@@ -64,8 +64,6 @@ def check_analysis(config: Any) -> None:
 def check_sides(config: Any) -> None:
     """`esft analyze landscape`'s --es and --grpo each name a checkpoint of that algorithm's run where the
     checkpoint's run folder says which: a swapped pair would label every table and figure the other way round."""
-    import yaml
-
     from esft.analysis.runs import classify, read_config
 
     if not (hasattr(config, "es") and hasattr(config, "grpo")):  # only the landscape's config has both sides
@@ -79,7 +77,7 @@ def check_sides(config: Any) -> None:
             continue
         try:
             runs[side] = classify(run, read_config(run / "config.yaml")), run
-        except yaml.YAMLError:  # a config.yaml that does not parse says nothing of the algorithm
+        except ValueError:  # a config.yaml that cannot be read says nothing of the algorithm
             continue
     wrong = [side for side, (algorithm, _) in runs.items() if algorithm in names and algorithm != side]
     if len(wrong) == 2:

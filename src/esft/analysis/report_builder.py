@@ -178,8 +178,7 @@ class Report(ReportContext):
         t_start = time.perf_counter()
         self.discover()
         if not self.runs:  # a mistyped folder must not look like an empty success
-            if self.made_out and not any(self.out.iterdir()):
-                self.out.rmdir()
+            self.drop_out()
             if self.left_out:  # runs there, every one left out: "no run directory" would send the user looking
                 shown = "; ".join(f"{name}: {why}" for name, why in self.left_out[:3])
                 more = f"; and {len(self.left_out) - 3} more" if len(self.left_out) > 3 else ""

@@ -92,7 +92,22 @@ class ReportContext:
 
     def discover(self) -> None:
         """Find the runs under DIR, their sequential chains and ES-GRPO pairs; runs left out (by --exclude, or
-        outside the plan of an experiment folder) go to `left_out` with the reason."""
+        outside the plan of an experiment folder) go to `left_out` with the reason. A refusal (a run whose
+        config.yaml cannot be read) leaves no empty output folder behind."""
+        try:
+            self.gather_runs()
+        except BaseException:
+            self.drop_out()
+            raise
+
+    def drop_out(self) -> None:
+        """Remove the output folder while it is empty and this report made it: a report that writes nothing leaves
+        no empty report/ behind."""
+        if self.made_out and self.out.is_dir() and not any(self.out.iterdir()):
+            self.out.rmdir()
+
+    def gather_runs(self) -> None:
+        """`discover`'s work: the runs, chains and pairs under DIR."""
         self.plan = None if self.config.all_runs else experiment_plan(self.root)
         self.runs, self.left_out, self.unstarted = [], [], []
         for r in find_runs(self.root, unstarted=self.unstarted):

@@ -15,9 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from esft.rundir import is_run_dir, read_jsonl
+from esft.saved_config import read_recorded_config
 from esft.tasks.display import shown_task
 from esft.tasks.labels import MEAN_REWARD, score_name
 
@@ -108,8 +107,9 @@ def _acc(r: dict[str, Any]) -> float | None:
 
 
 def read_config(path: Path) -> dict[str, Any]:
-    data = yaml.safe_load(path.read_text()) or {}
-    return data if isinstance(data, dict) else {}
+    """A run's config.yaml, checked (esft.saved_config.read_recorded_config): a hand-edited or damaged file fails
+    as one line naming it and the line, not deep inside an analysis."""
+    return read_recorded_config(path)
 
 
 def classify(path: Path, config: dict[str, Any]) -> str:

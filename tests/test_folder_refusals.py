@@ -1,0 +1,85 @@
+"""Folders esft reads or writes that are not what the command takes: a run's damaged config.yaml (export, report),
+a model folder that cannot load, an evaluation written into a run or model folder, a run written into an
+experiment's folder or inside another run. Each is refused before any model loads, in one line (exit 2), and
+leaves no folder behind."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from esft.cli import main
+
+
+def model_folder(path: Path) -> Path:
+    """A model folder as the checks see it (config.json, a one-tensor safetensors file, a tokenizer config):
+    nothing here loads it."""
+    from safetensors.torch import save_file
+
+    path.mkdir(parents=True)
+    (path / "config.json").write_text(json.dumps({"bos_token_id": 1, "eos_token_id": 2}))
+    save_file({"w": torch.zeros(1)}, str(path / "model.safetensors"))
+    (path / "tokenizer_config.json").write_text("{}")
+    return path
+
+
+def run_folder(path: Path, config_text: str) -> Path:
+    """A finished run: config.yaml as given, one evaluation record and a final checkpoint."""
+    model_folder(path / "checkpoints" / "final")
+    (path / "config.yaml").write_text(config_text)
+    (path / "metrics.jsonl").write_text(json.dumps({"kind": "eval", "step": 0, "test_accuracy": 0.5, "test_n": 2,
+                                                    "test_ci95": [0.1, 0.9]}) + "\n")
+    return path
+
+
+@pytest.fixture()
+def no_model_loads(monkeypatch):
+    import esft.models
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model was loaded before the refusal")
+
+    monkeypatch.setattr(esft.models, "load_model", refuse)
+
+
+def error_line(capsys) -> str:
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    lines = [line for line in err.splitlines() if line.startswith("esft: error:")]
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+@pytest.mark.parametrize("text, words", [
+    ("sigma: [\n", "config.yaml:2: not valid YAML"),
+    ("- 1\n- 2\n", "config.yaml: expected a mapping of option: value at the top level, got list"),
+    ("just text\n", "config.yaml: expected a mapping of option: value at the top level, got str"),
+    ("model: m\ntask: [1, 2]\n", "config.yaml:2: task is [1, 2], expected text"),
+    ("model: 5\ntask: boolq\n", "config.yaml:1: model is 5, expected text"),
+    ("model: m\ntask: boolq\n_run: 3\n", "config.yaml:3: _run is 3, expected a mapping"),
+])
+def test_export_and_report_refuse_a_damaged_config_yaml_in_one_line(tmp_path, capsys, text, words):
+    """A hand-edited or damaged config.yaml showed a traceback (a YAML parser error, 'list' object has no
+    attribute 'items', a TypeError deep in the report) and left an empty report/ behind."""
+    run = run_folder(tmp_path / "run", text)
+    assert main(["export", str(run), "--to", str(tmp_path / "out")]) == 2
+    assert words in error_line(capsys)
+    assert not (tmp_path / "out").exists()
+    assert main(["report", str(run)]) == 2
+    assert words in error_line(capsys)
+    assert not (run / "report").exists()
+
+
+def test_a_recorded_config_keeps_what_runs_write(tmp_path):
+    """Lists of task names, a seed as text, an empty file and null values are what runs (and older esft)
+    recorded: read as they are."""
+    from esft.saved_config import read_recorded_config
+
+    path = tmp_path / "config.yaml"
+    path.write_text("model: m\ntask: [boolq, mmlu]\nseed: '3'\ntask_options: {}\n_run: {algorithm: es}\nrun_name:\n")
+    assert read_recorded_config(path)["task"] == ["boolq", "mmlu"]
+    path.write_text("")
+    assert read_recorded_config(path) == {}
