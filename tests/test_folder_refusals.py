@@ -83,3 +83,27 @@ def test_a_recorded_config_keeps_what_runs_write(tmp_path):
     assert read_recorded_config(path)["task"] == ["boolq", "mmlu"]
     path.write_text("")
     assert read_recorded_config(path) == {}
+
+
+@pytest.mark.parametrize("damage, words", [
+    (lambda p: (p / "model.safetensors").unlink(), "has no weights file (model.safetensors"),
+    (lambda p: (p / "config.json").write_text("{not json"), "config.json does not read as JSON"),
+    (lambda p: (p / "config.json").write_text("[]"), "config.json holds a list, not a JSON object"),
+])
+def test_a_model_folder_that_cannot_load_is_refused_before_loading(tmp_path, capsys, no_model_loads, damage, words):
+    """A model folder with config.json and no weights failed only at load time, exit 1, in transformers' words
+    ("Error no file named model.safetensors, or pytorch_model.bin, found in directory ...")."""
+    model = model_folder(tmp_path / "model")
+    damage(model)
+    assert main(["eval", "--model", str(model), "--task", "boolq", "--limit", "1", "--device", "cpu"]) == 2
+    line = error_line(capsys)
+    assert "model = " in line and words in line
+
+
+def test_a_sharded_model_folder_passes_the_check(tmp_path):
+    from esft.validation import check_model
+
+    model = model_folder(tmp_path / "model")
+    (model / "model.safetensors").rename(model / "model-00001-of-00001.safetensors")
+    (model / "model.safetensors.index.json").write_text("{}")
+    check_model("model", str(model))

@@ -287,11 +287,13 @@ def test_brief_cuts_long_values():
 
 
 def test_check_model_accepts_names_folders_and_hub_ids(tmp_path):
-    """An embedded model (any case), a folder with config.json, `~`-paths, and an org/name hub id pass."""
+    """An embedded model (any case), a folder with config.json and weights, `~`-paths, and an org/name hub id
+    pass."""
     from esft.models import known_model_names
 
     validation.check_model("model", known_model_names()[0].upper())
     (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "model.safetensors").write_bytes(b"")  # present is enough: the weights are not opened here
     validation.check_model("model", str(tmp_path))
     validation.check_model("model", "org/name")
 
@@ -468,6 +470,7 @@ def test_check_model_expands_the_home_folder(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path))
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "config.json").write_text("{}")
+    (tmp_path / "m" / "pytorch_model.bin").write_bytes(b"")
     validation.check_model("model", "~/m")
 
 

@@ -160,9 +160,35 @@ def check_model(key: str, name: Any) -> None:
             hint = (f"; {path} is a run directory: its model is a checkpoint folder, e.g. {final}" if run
                     else f"; {path} has no config.json")
             raise ConfigError(key, name, accepted + hint)
+        flaw = model_folder_flaw(path)
+        if flaw:
+            raise ConfigError(key, name, f"a Hugging Face model folder with config.json and weights; {flaw}")
         return
     if not is_hub_id(text):
         raise ConfigError(key, name, accepted)
+
+
+#: the weights files `from_pretrained` reads from a model folder (one file, or the index of a sharded set)
+WEIGHTS_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                 "pytorch_model.bin.index.json")
+
+
+def model_folder_flaw(path: Path) -> str | None:
+    """Why the model folder `path` (holding config.json) cannot load, in a refusal's words: a config.json that is
+    no JSON object, or no weights file (`WEIGHTS_FILES`); None when neither. Checked here, before any model loads,
+    so that such a folder is refused as bad input, not met by transformers' load error once loading began."""
+    import json
+
+    try:
+        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        return f"{path / 'config.json'} does not read as JSON ({exc}): restore it"
+    if not isinstance(config, dict):
+        return f"{path / 'config.json'} holds a {type(config).__name__}, not a JSON object: restore it"
+    if not any((path / name).is_file() for name in WEIGHTS_FILES):
+        return (f"{path} has no weights file ({', '.join(WEIGHTS_FILES)}): a copy that stopped early, or a "
+                "folder of config files only")
+    return None
 
 
 #: what check_device_name and check_device accept
@@ -355,7 +381,7 @@ def check_names(config: Checked) -> None:
         config.check_task_fit(task, name)
 
 
-__all__ = ["EVAL_OPTIONS", "Checked", "check_balanced_set", "check_context", "check_device", "check_device_name",
-           "check_eval_options", "check_first_example", "check_model", "check_names", "check_passage_cut",
-           "check_saved_names", "check_splits", "check_task", "check_with_task_flags", "require_labels",
-           "saved_key_lines", "task_labels", "unread_eval_option"]
+__all__ = ["EVAL_OPTIONS", "WEIGHTS_FILES", "Checked", "check_balanced_set", "check_context", "check_device",
+           "check_device_name", "check_eval_options", "check_first_example", "check_model", "check_names",
+           "check_passage_cut", "check_saved_names", "check_splits", "check_task", "check_with_task_flags",
+           "model_folder_flaw", "require_labels", "saved_key_lines", "task_labels", "unread_eval_option"]
