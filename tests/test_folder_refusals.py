@@ -107,3 +107,18 @@ def test_a_sharded_model_folder_passes_the_check(tmp_path):
     (model / "model.safetensors").rename(model / "model-00001-of-00001.safetensors")
     (model / "model.safetensors.index.json").write_text("{}")
     check_model("model", str(model))
+
+
+def test_eval_refuses_an_output_dir_in_a_run_or_a_model_folder(tmp_path, capsys, no_model_loads):
+    """`esft eval --output-dir RUN/checkpoints/final` wrote summary.json and the per-task files among a
+    checkpoint's (and a run's) own files."""
+    run = run_folder(tmp_path / "run", "model: m\ntask: boolq\n")
+    model = model_folder(tmp_path / "model")
+    cases = [(run, "is a run folder"), (run / "checkpoints" / "final", f"is inside the run folder {run}"),
+             (run / "evals", f"is inside the run folder {run}"), (model, "is a model folder")]
+    for out, words in cases:
+        before = sorted(p.name for p in out.iterdir()) if out.exists() else None
+        assert main(["eval", "--model", str(model), "--task", "boolq", "--limit", "1", "--device", "cpu",
+                     "--output-dir", str(out)]) == 2
+        assert f"--output-dir {out} {words}" in error_line(capsys)
+        assert (sorted(p.name for p in out.iterdir()) if out.exists() else None) == before

@@ -40,6 +40,7 @@ from esft.sample_rows import sample_row
 from esft.tasks import Task, get_task, split_task_list, task_file_stem
 from esft.tasks.base import checks_format
 from esft.tasks.labels import ACCURACY, BALANCE_SEED, balanced_subset, score_name, summaries_score_name
+from esft.validation import check_results_dir
 
 
 @dataclass
@@ -354,7 +355,10 @@ def config_changes(old: dict[str, Any], config: EvalConfig, unrecorded: bool = F
 def check_previous_results(config: EvalConfig) -> None:
     """FileExistsError when output_dir's summary.json holds another evaluation (other model, tasks, limit, ...):
     this one would replace it without a word. The same evaluation again (repeated or interrupted) may overwrite
-    its own; options a newer esft added, which that summary does not record, do not count."""
+    its own; options a newer esft added, which that summary does not record, do not count. A run's or a model's
+    folder is refused (esft.validation.check_results_dir)."""
+    if config.output_dir:
+        check_results_dir(config.output_dir)
     path = Path(config.output_dir) / "summary.json" if config.output_dir else None
     try:
         old = json.loads(path.read_text(encoding="utf-8"))["config"] if path and path.is_file() else None

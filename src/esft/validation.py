@@ -191,6 +191,23 @@ def model_folder_flaw(path: Path) -> str | None:
     return None
 
 
+def check_results_dir(path: str | Path, what: str = "--output-dir") -> None:
+    """Refuse, before any model loads, an evaluation's output folder that is a run folder, lies inside one (a
+    checkpoint folder) or holds a model: its summary.json and per-task files would mix with the run's or the
+    model's own files (and travel with an export or an upload of them)."""
+    from esft.rundir import enclosing_run_dir, is_run_dir
+
+    folder = Path(path)
+    run = folder if is_run_dir(folder) else enclosing_run_dir(folder)
+    if run is not None:
+        where = "is a run folder" if run == folder else f"is inside the run folder {run}"
+        raise ValueError(f"{what} {path} {where}: evaluation results there would mix with the run's files; "
+                         "choose a folder outside it, e.g. evals/NAME")
+    if (folder / "config.json").is_file() and any((folder / name).is_file() for name in WEIGHTS_FILES):
+        raise ValueError(f"{what} {path} is a model folder: evaluation results there would travel with the model; "
+                         "choose a folder outside it, e.g. evals/NAME")
+
+
 #: what check_device_name and check_device accept
 _DEVICE_ACCEPTED = "a torch device: cpu, cuda, cuda:N or mps (or leave it unset for the default)"
 
@@ -383,5 +400,6 @@ def check_names(config: Checked) -> None:
 
 __all__ = ["EVAL_OPTIONS", "WEIGHTS_FILES", "Checked", "check_balanced_set", "check_context", "check_device",
            "check_device_name", "check_eval_options", "check_first_example", "check_model", "check_names",
-           "check_passage_cut", "check_saved_names", "check_splits", "check_task", "check_with_task_flags",
-           "model_folder_flaw", "require_labels", "saved_key_lines", "task_labels", "unread_eval_option"]
+           "check_passage_cut", "check_results_dir", "check_saved_names", "check_splits", "check_task",
+           "check_with_task_flags", "model_folder_flaw", "require_labels", "saved_key_lines", "task_labels",
+           "unread_eval_option"]
