@@ -122,3 +122,30 @@ def test_eval_refuses_an_output_dir_in_a_run_or_a_model_folder(tmp_path, capsys,
                      "--output-dir", str(out)]) == 2
         assert f"--output-dir {out} {words}" in error_line(capsys)
         assert (sorted(p.name for p in out.iterdir()) if out.exists() else None) == before
+
+
+TRAIN = {"es": ["train", "es", "--task", "countdown:numbers=2", "--iterations", "1", "--population-size", "2",
+                "--batch-size", "2", "--max-new-tokens", "2", "--eval-every", "0", "--device", "cpu",
+                "--dtype", "float32"],
+         "grpo": ["train", "grpo", "--task", "countdown:numbers=2", "--max-steps", "1", "--prompts-per-step", "2",
+                  "--num-generations", "2", "--per-device-train-batch-size", "2", "--max-completion-length", "2",
+                  "--eval-every", "0", "--device", "cpu"]}
+
+
+@pytest.mark.parametrize("algorithm", ["es", "grpo"])
+def test_a_run_is_refused_in_an_experiment_folder_or_inside_another_run(tmp_path, capsys, no_model_loads, algorithm):
+    """`esft train ... --output-dir EXP` wrote config.yaml and checkpoints/ beside an experiment's plan.json;
+    `--output-dir RUN/checkpoints/sub` wrote a run inside another, which `esft report` then passed over."""
+    model = model_folder(tmp_path / "model")
+    experiment = tmp_path / "exp"
+    experiment.mkdir()
+    (experiment / "plan.json").write_text("{}")
+    run = run_folder(tmp_path / "run", "model: m\ntask: boolq\n")
+    cases = [(experiment, "is an experiment folder (it holds plan.json)"),
+             (run / "checkpoints" / "sub", f"is inside the run folder {run}"), (run / "more", "inside the run")]
+    for out, words in cases:
+        assert main([*TRAIN[algorithm], "--model", str(model), "--output-dir", str(out)]) == 2
+        assert words in error_line(capsys)
+        assert sorted(p.name for p in experiment.iterdir()) == ["plan.json"]
+        assert sorted(p.name for p in run.iterdir()) == ["checkpoints", "config.yaml", "metrics.jsonl"]
+        assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["final"]

@@ -296,7 +296,15 @@ def check_same_train_set(run_dir: str | Path, digest: str | None) -> None:
 
 def check_new_run(folder: str | Path, algorithm: str, resume: bool) -> None:
     """Refuse, before any model loads, a new `algorithm` run (not `resume`) in a folder that holds a run
-    (`holds_run`); the trainer checks again under the run's lock."""
+    (`holds_run`; the trainer checks again under the run's lock), and any run in an experiment's folder or inside
+    another run's: their files would mix, and `esft report` finds no run inside another."""
+    if (Path(folder) / "plan.json").is_file():
+        raise ValueError(f"{folder} is an experiment folder (it holds plan.json): a run there would write its "
+                         "config.yaml and checkpoints among the experiment's files; choose another output_dir")
+    outer = enclosing_run_dir(folder)
+    if outer is not None:
+        raise ValueError(f"{folder} is inside the run folder {outer}: a run there would mix its files with that "
+                         "run's, and `esft report` would not find it; choose an output_dir outside it")
     if not resume and holds_run(folder):
         raise occupied_error(folder, algorithm)
 
