@@ -169,7 +169,12 @@ def test_several_rewards_are_named_and_recorded(multi):
     # in a task string (a regex's "+" stays in its pattern)
     assert get_task(f"{multi}:prompt_field=question,reward=byot_multi:math_only+byot_multi:code_only").reward_name \
         == "byot_multi:math_only+byot_multi:code_only"
-    assert get_task(str(multi), prompt_field="question", reward=r"regex:(\d+)").score("44", {"answer": "44"}) == 1.0
+    # a built-in verifier needs every row's gold answer (multi.jsonl's code and poem rows have none)
+    sums = multi.with_name("sums.jsonl")
+    sums.write_text("".join(json.dumps({"question": f"{i} + {i}?", "answer": str(2 * i)}) + "\n" for i in range(20)))
+    assert get_task(str(sums), prompt_field="question", reward=r"regex:(\d+)").score("44", {"answer": "44"}) == 1.0
+    with pytest.raises(ValueError, match=r"multi.jsonl: row 3 has no value in field 'answer' \(answer_field\)"):
+        get_task(str(multi), prompt_field="question", reward=r"regex:(\d+)")
     with pytest.raises(ValueError, match=r"a built-in verifier \(exact\) cannot be combined with other rewards"):
         DatasetTask(source=str(multi), prompt_field="question", reward="exact+byot_multi:math_only")
 
