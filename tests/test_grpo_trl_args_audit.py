@@ -81,20 +81,26 @@ def test_trl_save_total_limit_is_refused_naming_esfts_own_option():
     assert GRPOConfig(save_total_limit=2).save_total_limit == 2
 
 
+def _file_option_refused(tmp_path, line: str, match: str) -> None:
+    """A GRPO config file holding `line` is refused with `match`, and the hint does not send the option to trl_args."""
+    from esft.config import build_config
+    from esft.grpo.grpo_config import PRESETS
+
+    path = tmp_path / "run.yaml"
+    path.write_text(line + "\n")
+    with pytest.raises(ValueError, match=match) as raised:
+        build_config(GRPOConfig, PRESETS, None, str(path), {})
+    assert "trl_args" not in str(raised.value)
+
+
 def test_generation_batch_size_names_the_options_that_set_it_in_a_config_file_and_in_trl_args(tmp_path):
     """The config-file hint sent generation_batch_size to trl_args, where TRL then refused it next to the
     steps_per_generation esft sets; both places name esft's options instead."""
-    from esft.config import build_config
     from esft.es.es_config import ESConfig
-    from esft.grpo.grpo_config import PRESETS
 
     assert "generation_batch_size" in ESConfig.__dataclass_fields__  # as under `esft train`: ES's option too
-    path = tmp_path / "run.yaml"
-    path.write_text("generation_batch_size: 8\n")
-    with pytest.raises(ValueError, match=r"unknown option 'generation_batch_size' \(TRL's option; esft sets it to "
-                                         r"prompts_per_step \* num_generations") as raised:
-        build_config(GRPOConfig, PRESETS, None, str(path), {})
-    assert "trl_args" not in str(raised.value)
+    _file_option_refused(tmp_path, "generation_batch_size: 8", r"unknown option 'generation_batch_size' \(TRL's "
+                         r"option; esft sets it to prompts_per_step \* num_generations")
     with pytest.raises(ConfigError, match=r"no generation_batch_size there \(esft sets it to prompts_per_step \* "
                                           r"num_generations.*set prompts_per_step and num_generations"):
         GRPOConfig(trl_args={"generation_batch_size": 8})
@@ -103,15 +109,9 @@ def test_generation_batch_size_names_the_options_that_set_it_in_a_config_file_an
 def test_warmup_ratio_says_to_use_warmup_steps(tmp_path):
     """transformers 5 removed warmup_ratio: the config-file hint sent it to trl_args, which refused it without
     saying what to use."""
-    from esft.config import build_config
-    from esft.grpo.grpo_config import PRESETS
 
-    path = tmp_path / "run.yaml"
-    path.write_text("warmup_ratio: 0.1\n")
-    with pytest.raises(ValueError, match=r"unknown option 'warmup_ratio' \(transformers 5 has no warmup_ratio; use "
-                                         r"esft's warmup_steps") as raised:
-        build_config(GRPOConfig, PRESETS, None, str(path), {})
-    assert "trl_args" not in str(raised.value)
+    _file_option_refused(tmp_path, "warmup_ratio: 0.1", r"unknown option 'warmup_ratio' \(transformers 5 has no "
+                         r"warmup_ratio; use esft's warmup_steps")
     with pytest.raises(ConfigError, match=r"\['warmup_ratio'\] are not; transformers 5 has no warmup_ratio; use "
                                           r"esft's warmup_steps"):
         check_trl_arg_names(GRPOConfig(trl_args={"warmup_ratio": 0.1}))

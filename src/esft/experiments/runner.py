@@ -35,7 +35,8 @@ from esft.experiments.stage_eval import (evaluate_stage, plan_sampled_settings, 
 from esft.experiments.plan import BASE, Stage, Step, as_dict, build_plan, describe, has_noise_stream
 from esft.experiments.spec import Spec
 from esft.experiments.yamlines import SpecError
-from esft.rundir import RunDirBusy, RunFailed, RunInterrupted, RunLock, holds_run
+from esft.rundir import (RunDirBusy, RunFailed, RunInterrupted, RunLock, enclosing_run_dir, holds_run,
+                         is_run_dir)
 
 STATUS = "status.json"
 RESULT = "result.json"
@@ -488,8 +489,6 @@ def plan_text(spec: Spec, root: Path | None = None) -> str:
 def checked_plan(spec: Spec, root: Path | None) -> list[Stage]:
     """The plan for the experiment folder `root` (what its runs already hold decides a chain's first run), with
     its stages trained with other options refused (check_existing)."""
-    from esft.rundir import enclosing_run_dir, is_run_dir
-
     inside = root if root is not None and is_run_dir(root) else enclosing_run_dir(root) if root is not None else None
     if inside is not None:  # its plan.json, tables and stage folders would mix with a training run's files
         raise FileExistsError(f"{root} {'is' if inside == root else 'lies inside'} a training run's folder "
