@@ -16,6 +16,7 @@ from esft.es.build import check_executor_options
 from esft.es.distributed.connection import disconnect_ray
 from esft.es.distributed.factory import connect, make_executor
 from esft.es.es_config import ESConfig
+from esft.es.finished import resume_finished
 from esft.es.trainer import ESTrainer
 from esft.rundir import TrainResult, check_output_dir
 from esft.sigterm import sigterm_interrupts
@@ -130,6 +131,13 @@ def train_es(config: ESConfig, **kwargs: Any) -> TrainResult:
     fitness_rule, progress. Returns the run directory, steps done, final checkpoint, last eval."""
     given = kwargs.get("task") is not None and not isinstance(kwargs.get("task"), str)
     with sigterm_interrupts():
+        # a finished run resumed answers from its files, before its model loads or Ray workers start (not where
+        # the caller brings its own task, model, generation or executor: the trainer's resume checks those)
+        plain = all(kwargs.get(k) is None for k in ("task", "model", "generate_fn", "executor", "executor_factory"))
+        check_config(config, ESConfig, "train_es")
+        done = resume_finished(config, kwargs.get("progress", True)) if plain and config.resume else None
+        if done is not None:
+            return _with_curve(done)
         trainer = es_trainer(config, **kwargs)
         with _script_resume_hint(trainer.task if given else None, "esft.train_es"):
             return _with_curve(trainer.train())

@@ -33,14 +33,14 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from esft.config import resume_refusal
 from esft.es import es_rundir
 from esft.es.build import (check_executor_options, check_layout, check_lowrank_memory, check_selection,
                            fitness_rule as config_fitness_rule, generation_config, make_local_executor,
                            make_strategy, make_weights, rollout_precision, sample_batch, warn_unread_rank,
                            warn_unread_ray_options)
-from esft.es.es_config import ESConfig, read_run_config, resumable_changes, save_yaml
+from esft.es.es_config import ESConfig, read_run_config, save_yaml
 from esft.es.executor import Executor, PopulationResult
+from esft.es.finished import check_resumable, eval_due
 from esft.es.fitness import FitnessRule, as_fitness_rule
 from esft.evaluation import load_examples
 from esft.tasks.base import checks_format, format_bonus_warning
@@ -70,15 +70,6 @@ def _check_finite(what: str, values: Any, iteration: int) -> None:
     if not np.isfinite(values).all():
         raise NonFiniteError(f"iteration {iteration}: non-finite {what} {values.tolist()[:8]}; the run stops before "
                              f"this update is applied or logged (the last checkpoint and seeds.jsonl are intact)")
-
-
-def _check_resumable(run_dir: Path, config: ESConfig) -> None:
-    old, _ = read_run_config(run_dir)
-    free = resumable_changes(old)
-    diffs = {k: (getattr(old, k), getattr(config, k)) for k in old.to_dict()
-             if k not in free and getattr(old, k) != getattr(config, k)}
-    if diffs:
-        raise resume_refusal(run_dir, diffs)
 
 
 def _logged(steps: int) -> str:
@@ -209,7 +200,7 @@ class ESTrainer:
         (self.out / "samples").mkdir(exist_ok=True)
         occupied = holds_run(self.out)  # a GRPO run's too: its metrics and checkpoints are never wiped
         if self.config.resume and (occupied or (self.out / "config.yaml").exists()):
-            _check_resumable(self.out, self.config)  # a missing, empty or unreadable config.yaml refuses here
+            check_resumable(self.out, self.config)  # a missing, empty or unreadable config.yaml refuses here
             self._resume()
         elif occupied:
             # never mix two runs in one directory: a later resume would pick up the other run's state
@@ -311,8 +302,7 @@ class ESTrainer:
         return rec
 
     def _eval_due(self, step: int) -> bool:
-        every = self.config.eval_every
-        return bool(every) and (step % every == 0 or step == self.config.iterations)
+        return eval_due(step, self.config.eval_every, self.config.iterations)
 
     def checkpoint(self, name: str | None = None) -> Path:
         folder = es_rundir.save_checkpoint(self.out, name or es_rundir.checkpoint_name(self.step), self.step,
