@@ -23,7 +23,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 LAYERS: dict[str, int] = {
     # 0 ground floor: configs, models, tasks, run directories, tables, kernels, pure helpers
     "esft.version": 0, "esft.config": 0, "esft.config_rules": 0, "esft.models": 0, "esft.tasks": 0, "esft.data": 0,
-    "esft.rundir": 0, "esft.run_undo": 0, "esft.sample_rows": 0, "esft.sigterm": 0,
+    "esft.rundir": 0, "esft.run_undo": 0, "esft.sample_rows": 0, "esft.sigterm": 0, "esft.config_flags": 0,
     "esft.kernels": 0, "esft.passk": 0, "esft.tables": 0, "esft.paper": 0, "esft.tracking": 0, "esft.validation": 0,
     "esft.names": 0, "esft.saved_config": 0, "esft.passk_figure": 0, "esft.figure_marks": 0, "esft.yaml_keys": 0,
     # 1 generation (one decode loop) and evaluation on top of it

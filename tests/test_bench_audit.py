@@ -97,7 +97,7 @@ def test_the_repeats_help_names_the_report_keys_that_hold_every_repeat():
     import re
 
     from esft import bench
-    from esft.config import field_docs
+    from esft.config_flags import field_docs
 
     def run(seconds: float) -> dict:
         timings = {"perturb": 0.1, "restore": 0.1, "score": 0.1, "update": 0.1, "generate": 1.0,

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from esft.config import ConfigHooks, add_dataclass_arguments, build_config, field_docs
+from esft.config import ConfigHooks, build_config
+from esft.config_flags import add_dataclass_arguments, field_docs
 
 
 @dataclass

@@ -12,7 +12,7 @@ def test_each_flag_help_ends_with_the_fields_default():
     import argparse
     import dataclasses
 
-    from esft.config import add_dataclass_arguments
+    from esft.config_flags import add_dataclass_arguments
 
     @dataclasses.dataclass
     class Demo:
@@ -38,7 +38,7 @@ def test_each_flag_help_ends_with_the_fields_default():
 def test_a_regex_list_splits_after_a_character_class_closes(text, items):
     """A character class ends at its first `]` that is not its first character: commas inside it belong to the
     pattern, commas after it separate the patterns of `--include` / `--exclude`."""
-    from esft.config import split_items
+    from esft.config_flags import split_items
 
     assert split_items(text) == items
 

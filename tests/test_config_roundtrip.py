@@ -8,7 +8,8 @@ import random
 import pytest
 
 from esft.cli import _explicit, build_parser
-from esft.config import build_config, converter
+from esft.config import build_config
+from esft.config_flags import converter
 
 
 def _train_args(*argv: str):
@@ -63,7 +64,7 @@ def test_es_resume_takes_a_rank_only_lowrank_noise_reads_as_no_change(tmp_path, 
     refused with "cannot change ['rank']" although it could not change the run. A lowrank run's rank still
     counts, and so does every other fixed option."""
     from esft.es.es_config import ESConfig, resume_config, save_yaml
-    from esft.es.trainer import _check_resumable
+    from esft.es.finished import check_resumable as _check_resumable
 
     run = tmp_path / "run"
     run.mkdir()

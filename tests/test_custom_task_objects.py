@@ -129,7 +129,7 @@ def test_a_run_an_older_esft_recorded_without_options_resumes_from_the_script(us
     field, or a class that is not a dataclass): its script resumed it by passing the object again, and must still,
     instead of "config differs from the original run in task_options"."""
     if trainer == "es":
-        from esft.es.trainer import _check_resumable
+        from esft.es.finished import check_resumable as _check_resumable
     else:
         from esft.grpo.run import _check_resumable
 

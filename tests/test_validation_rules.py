@@ -14,7 +14,8 @@ import pytest
 
 from esft import validation
 from esft.tasks.base import Task
-from esft.config import ConfigError, ConfigHooks, RunConfig, check_fields, check_value, coerce, converter, parse_bool, type_ok, type_words
+from esft.config import ConfigError, ConfigHooks, RunConfig, check_fields, check_value, coerce, type_ok, type_words
+from esft.config_flags import converter, parse_bool
 from esft.config_rules import at_least, finite, in_range, non_negative, one_of, positive, regexes
 
 HUGE = 10 ** 400  # an integer YAML reads exactly, too large for a float
@@ -458,7 +459,7 @@ def test_check_names_checks_model_device_and_fits_each_task():
 
 def test_unwrap_optional_only_unwraps_x_or_none():
     """`X | None` is optional X; a union of two real types is neither unwrapped nor optional."""
-    from esft.config import unwrap_optional
+    from esft.config_flags import unwrap_optional
 
     assert unwrap_optional(int | None) == (int, True)
     assert unwrap_optional(int | str) == (int | str, False)

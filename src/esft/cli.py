@@ -23,7 +23,8 @@ from typing import Any, Callable, Sequence
 from esft.cli_parser import Alias, Parser, aliases_typed
 from esft.cli_process import (as_typed, config_words, exit_code, plain_warnings, show_context, silence_stdout,
                               stdout_reader_gone)
-from esft.config import add_dataclass_arguments, build_config, resume_refusal
+from esft.config import build_config, resume_refusal
+from esft.config_flags import add_dataclass_arguments
 from esft.sigterm import sigterm_interrupts
 from esft.tasks.custom import add_task_flags
 from esft.rundir import check_output_dir

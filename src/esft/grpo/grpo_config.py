@@ -479,7 +479,7 @@ def _typed_trl_args(config: GRPOConfig, trl_class: type) -> dict[str, Any]:
     `adam_epsilon: 1e-8` as text, which TRL keeps and torch's optimizer refuses only after the model has loaded."""
     import typing
 
-    from esft.config import converter, unwrap_optional
+    from esft.config_flags import converter, unwrap_optional
 
     hints = typing.get_type_hints(trl_class)
     out = {}

@@ -131,7 +131,7 @@ def parse_options(name: str, text: str) -> dict[str, str]:
 
 
 def _data_task(name: str, kind: str, options: dict[str, Any]) -> DatasetTask:
-    from esft.config import converter  # ground floor too: option text -> the field's type
+    from esft.config_flags import converter  # ground floor too: option text -> the field's type
     import typing
 
     source, text = split_options(str(name).strip())
@@ -218,7 +218,7 @@ def typed_options(cls: type, name: str, options: dict[str, Any]) -> dict[str, An
     import argparse
     import typing
 
-    from esft.config import converter
+    from esft.config_flags import converter
 
     try:
         hints = typing.get_type_hints(cls)
