@@ -467,7 +467,7 @@ def test_status_says_stopped_for_a_stage_no_runner_is_working_on(tmp_path, capsy
     status` printed "running" for it although nothing ran. Only a runner holding the folder's lock makes a stage
     running; one whose stop was recorded ("stopped") reads as stopped whoever holds the folder."""
     from esft.cli import main
-    from esft.experiments.runner import _lock
+    from esft.experiments.invocation import experiment_lock as _lock
 
     root = tmp_path / "exp"
     (root / "base").mkdir(parents=True)

@@ -224,7 +224,7 @@ def test_results_count_blocked_stages_as_failed_and_output_dir_precedence(tmp_pa
 
 
 def test_a_heartbeat_left_behind_is_logged_as_a_killed_invocation(tmp_path):
-    from esft.experiments.runner import HEARTBEAT, recover_killed_invocation
+    from esft.experiments.invocation import HEARTBEAT, recover_killed_invocation
     from esft.experiments.stage_eval import write_json
 
     assert recover_killed_invocation(tmp_path) is None

@@ -30,7 +30,7 @@ def _run(args: argparse.Namespace) -> int:
         print(f"spec {spec.path} is valid; output folder {out}\n")
         print(text)
         return 0
-    from esft.experiments.runner import ExperimentBusy
+    from esft.experiments.invocation import ExperimentBusy
     from esft.experiments.spec_checks import check_spec_devices
 
     check_spec_devices(spec)  # this machine's devices: not by --dry-run, which may check a spec for another machine

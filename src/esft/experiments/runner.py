@@ -16,13 +16,11 @@ weights are marked blocked. Completed results are never deleted.
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import gc
 import json
 import os
 import shutil
 import sys
-import threading
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -30,13 +28,13 @@ from pathlib import Path
 from typing import Any, Callable
 
 from esft.experiments.fingerprint import binding_steps, comparable, fingerprint_diff
+from esft.experiments.invocation import Heartbeat, experiment_lock, timestamp
 from esft.experiments.stage_eval import (evaluate_stage, plan_sampled_settings, plan_settings, read_json, same_model,
                                         write_json)
 from esft.experiments.plan import BASE, Stage, Step, as_dict, build_plan, describe, has_noise_stream
 from esft.experiments.spec import Spec
 from esft.experiments.yamlines import SpecError
-from esft.rundir import (RunDirBusy, RunFailed, RunInterrupted, RunLock, enclosing_run_dir, holds_run,
-                         is_run_dir)
+from esft.rundir import RunFailed, RunInterrupted, enclosing_run_dir, holds_run, is_run_dir
 
 STATUS = "status.json"
 RESULT = "result.json"
@@ -70,10 +68,6 @@ class ExperimentResult:
     @property
     def ok(self) -> bool:
         return not self.failed
-
-
-def _now() -> str:
-    return datetime.datetime.now().isoformat(timespec="seconds")
 
 
 def _default_load_model(ref: str, dtype: str, device: str | None) -> tuple[Any, Any]:
@@ -245,7 +239,7 @@ def _stage_record(spec: Spec, stage: Stage, root: Path, configs: list[Any], eval
                       "formula": algo.formula(cfg, step.budget), "config": dataclasses.asdict(cfg),
                       **({"trained_by": step.owner} if step.owner else {})})
     return {**as_dict(stage), "model": stage.model_dir() or spec.model, "eval": evals, "steps": steps,
-            "ifeval_metric": spec.ifeval_metric, "seconds": seconds, "finished": _now()}
+            "ifeval_metric": spec.ifeval_metric, "seconds": seconds, "finished": timestamp()}
 
 
 def run_stage(spec: Spec, stage: Stage, root: Path, stages: dict[str, Stage], hooks: Hooks) -> dict[str, Any]:
@@ -254,7 +248,7 @@ def run_stage(spec: Spec, stage: Stage, root: Path, stages: dict[str, Stage], ho
     status = read_json(folder / STATUS) or {}
     configs = _step_configs(spec, stage, root, stages) if stage.kind != BASE else []
     status.pop("stopped", None)  # an earlier attempt's stop
-    status.update({"status": "running", "started": _now(), "attempts": int(status.get("attempts", 0)) + 1,
+    status.update({"status": "running", "started": timestamp(), "attempts": int(status.get("attempts", 0)) + 1,
                    "pid": os.getpid()})
     if configs:
         status["fingerprint"] = _fingerprint(spec, stage, configs, stages)
@@ -270,7 +264,7 @@ def run_stage(spec: Spec, stage: Stage, root: Path, stages: dict[str, Stage], ho
         _free_memory(hooks)
     t_train = time.perf_counter() - t0
     if stage.kind != BASE:
-        status.update({"trained": True, "trained_at": status.get("trained_at") or _now()})
+        status.update({"trained": True, "trained_at": status.get("trained_at") or timestamp()})
         write_json(folder / STATUS, status)
     t1 = time.perf_counter()
     evals = evaluate_stage(spec, model, stage.eval_tasks, folder, load_model, hooks.progress, root)
@@ -278,7 +272,7 @@ def run_stage(spec: Spec, stage: Stage, root: Path, stages: dict[str, Stage], ho
     record = _stage_record(spec, stage, root, configs, evals,
                            {"train": t_train, "eval": time.perf_counter() - t1})
     write_json(folder / RESULT, record)
-    status.update({"status": "done", "trained": True, "finished": _now(), "error": None})
+    status.update({"status": "done", "trained": True, "finished": timestamp(), "error": None})
     write_json(folder / STATUS, status)
     (folder / ERROR).unlink(missing_ok=True)
     return record
@@ -298,7 +292,8 @@ def _record_failure(folder: Path, exc: BaseException) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / ERROR).write_text("".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
     status = read_json(folder / STATUS) or {}
-    status.update({"status": "failed", "failed": _now(), "error": f"{type(exc).__name__}: {exc}", "traceback": ERROR})
+    status.update({"status": "failed", "failed": timestamp(), "error": f"{type(exc).__name__}: {exc}",
+                   "traceback": ERROR})
     write_json(folder / STATUS, status)
 
 
@@ -309,77 +304,10 @@ def _record_stop(folder: Path) -> None:
         status = read_json(folder / STATUS)
         if status and status.get("status") == "running":
             status.pop("pid", None)
-            status.update({"status": "stopped", "stopped": _now(), "error": None})
+            status.update({"status": "stopped", "stopped": timestamp(), "error": None})
             write_json(folder / STATUS, status)
     except OSError:
         pass
-
-
-class ExperimentBusy(RunDirBusy):
-    """Another runner holds the experiment folder."""
-
-
-def _lock(root: Path) -> RunLock:
-    """One runner per experiment folder (two would write the same run directories): esft.rundir's lock, with the
-    runner's own error."""
-
-    class _ExperimentLock(RunLock):
-        def acquire(self) -> RunLock:
-            try:
-                return super().acquire()
-            except RunDirBusy:
-                raise ExperimentBusy(f"another `esft experiment run` is working in {root}") from None
-
-    return _ExperimentLock(root, "experiment")
-
-
-HEARTBEAT = ".heartbeat.json"
-HEARTBEAT_EVERY_S = 30.0
-
-
-class _Heartbeat:
-    """Keeps `<root>/.heartbeat.json` = {started, last, pid} fresh every HEARTBEAT_EVERY_S seconds while a runner
-    works, so the wall time of an invocation killed without a chance to log it (SIGKILL, power loss) is still
-    known, to within that interval, when the next invocation starts (`recover_killed_invocation`)."""
-
-    def __init__(self, root: Path, started: str):
-        self.path, self.started = root / HEARTBEAT, started
-        self.t0 = time.perf_counter()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="esft-heartbeat", daemon=True)
-
-    def beat(self) -> None:
-        write_json(self.path, {"started": self.started, "last": _now(), "pid": os.getpid(),
-                               "wall_s": time.perf_counter() - self.t0})
-
-    def _run(self) -> None:
-        while not self._stop.wait(HEARTBEAT_EVERY_S):
-            self.beat()
-
-    def __enter__(self) -> "_Heartbeat":
-        recover_killed_invocation(self.path.parent)  # a predecessor's heartbeat, before the first beat replaces it
-        self.beat()
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.path.unlink(missing_ok=True)
-
-
-def recover_killed_invocation(root: Path) -> dict[str, Any] | None:
-    """A heartbeat left behind means the previous invocation died without logging itself: log it now as
-    interrupted, with the wall time it had reached at its last heartbeat. Call with the folder's lock held."""
-    beat = read_json(root / HEARTBEAT)
-    if not beat:
-        return None
-    record = {"started": beat.get("started"), "finished": beat.get("last"), "wall_s": float(beat.get("wall_s", 0.0)),
-              "interrupted": True, "killed": True, "statuses": {}}
-    with open(root / "invocations.jsonl", "a", encoding="utf-8") as fh:
-        fh.write(json.dumps(record) + "\n")
-    (root / HEARTBEAT).unlink(missing_ok=True)
-    return record
 
 
 def output_dir_for(spec: Spec, output_dir: str | Path | None = None) -> Path:
@@ -444,8 +372,8 @@ def run_experiment(spec: Spec, output_dir: str | Path | None = None, hooks: Hook
     root.mkdir(parents=True, exist_ok=True)
     smap = {s.key: s for s in stages}
     result = ExperimentResult(root)
-    started, t0 = _now(), time.perf_counter()
-    with _lock(root), _Heartbeat(root, started):
+    started, t0 = timestamp(), time.perf_counter()
+    with experiment_lock(root), Heartbeat(root, started):
         if spec.path and Path(spec.path).exists():
             shutil.copyfile(spec.path, root / "spec.yaml")
         write_json(root / "plan.json", {"spec": spec.to_dict(), "stages": [as_dict(s) for s in stages],
@@ -459,7 +387,7 @@ def run_experiment(spec: Spec, output_dir: str | Path | None = None, hooks: Hook
             result.wall_s = time.perf_counter() - t0
             # one line per invocation: the experiment's wall time is their sum, across kills and resumes
             with open(root / "invocations.jsonl", "a", encoding="utf-8") as fh:
-                fh.write(json.dumps({"started": started, "finished": _now(), "wall_s": result.wall_s,
+                fh.write(json.dumps({"started": started, "finished": timestamp(), "wall_s": result.wall_s,
                                      "interrupted": interrupted, "statuses": result.statuses}) + "\n")
             if write_tables:  # an interrupted run's too: its tables hold the stages done and name those stopped
                 _write_tables(root, interrupted)
