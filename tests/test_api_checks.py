@@ -110,7 +110,7 @@ def test_a_path_is_accepted_where_text_is(tmp_path):
 
 def test_an_evaluation_config_of_a_task_object_says_how_to_evaluate_one():
     """EvalConfig(tasks=[obj]) failed as "unknown task '<Plain object at 0x...>'", read as a name."""
-    from esft.evaluation import EvalConfig
+    from esft.eval_config import EvalConfig
 
     with pytest.raises(ConfigError, match=r"tasks = <.*Plain object.* expected task names, `module:Class` or data "
                                           r"files \(text\): evaluate a task object with esft.evaluation.evaluate_task"):

@@ -27,7 +27,7 @@ LAYERS: dict[str, int] = {
     "esft.kernels": 0, "esft.passk": 0, "esft.tables": 0, "esft.paper": 0, "esft.tracking": 0, "esft.validation": 0,
     "esft.names": 0, "esft.saved_config": 0, "esft.passk_figure": 0, "esft.figure_marks": 0, "esft.yaml_keys": 0,
     # 1 generation (one decode loop) and evaluation on top of it
-    "esft.generation": 1, "esft.evaluation": 1,
+    "esft.generation": 1, "esft.evaluation": 1, "esft.eval_config": 1,
     # 2 ES core (noise, strategy, fitness rules, local executor, trainer loop) and GRPO (on TRL)
     "esft.es": 2, "esft.grpo": 2,
     # 3 distributed ES: executor factory, replicas, Ray, vLLM

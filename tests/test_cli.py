@@ -252,7 +252,7 @@ def test_an_alias_and_its_option_given_different_values_are_refused_in_either_or
 def test_an_alias_alone_or_repeating_its_options_value_is_that_value_and_leaves_no_trace(argv, dest, value):
     from esft.cli import _explicit, build_parser
     from esft.es.es_config import ESConfig
-    from esft.evaluation import EvalConfig
+    from esft.eval_config import EvalConfig
 
     args = build_parser().parse_args(argv)
     assert vars(args)[dest] == value

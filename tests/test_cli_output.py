@@ -253,7 +253,7 @@ def test_a_misspelt_preset_names_the_closest(tmp_path, capsys):
 
 def test_top_p_with_greedy_decoding_is_named_in_a_warning(recwarn):
     """`esft eval --top-p 0.5` at temperature 0 took the top token as ever, without a word."""
-    from esft.evaluation import EvalConfig
+    from esft.eval_config import EvalConfig
 
     with pytest.warns(UserWarning, match=r"top_p 0.5 has no effect with greedy decoding \(temperature 0\)"):
         EvalConfig(top_p=0.5)

@@ -66,7 +66,7 @@ def test_every_config_class_esft_builds_from_options_has_the_hooks():
     from esft.analysis.commands import COMMANDS
     from esft.analysis.report_builder import ReportConfig
     from esft.bench import BenchConfig
-    from esft.evaluation import EvalConfig
+    from esft.eval_config import EvalConfig
     from esft.experiments.algorithms import ALGORITHMS
 
     classes = [c for c, _, _ in COMMANDS.values()] + [ReportConfig, BenchConfig, EvalConfig]

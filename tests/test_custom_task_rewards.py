@@ -142,7 +142,7 @@ def test_eval_balanced_refuses_a_subset_that_does_not_exist_before_the_model_loa
     assert main([*args[:-1], "400", "--task", str(data), "--split", "train"]) == 2
     assert "expected a balanced set of split 'train' that exists (a balanced subset of 400" in capsys.readouterr().err
     with pytest.raises(ConfigError, match="a balanced held-out set that exists"):
-        from esft.evaluation import EvalConfig
+        from esft.eval_config import EvalConfig
 
         build_config(EvalConfig, overrides={"tasks": ["boolq"], "balanced": True, "limit": 100000},
                      check=check_names)

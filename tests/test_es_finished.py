@@ -5,7 +5,6 @@ own resume decides. Tiny random-init model, stub generation (tests/es_tiny.py)."
 from __future__ import annotations
 
 import pytest
-import torch
 
 from es_tiny import one_thread  # noqa: F401  (autouse fixture)
 from es_tiny import ToyTask, stub_generate, tiny_llama

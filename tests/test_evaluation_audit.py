@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from esft import evaluation
-from esft.evaluation import EvalConfig, completion_record, constant_text, format_row, generation_stats, run_eval
+from esft.evaluation import completion_record, constant_text, format_row, generation_stats, run_eval
+from esft.eval_config import EvalConfig, task_options
 from esft.generation import Generation
 from esft.tasks import get_task
 
@@ -214,7 +215,7 @@ def test_task_checks_give_each_task_its_options():
     cfg = EvalConfig(tasks=["boolq", "countdown"], max_passage_chars=50)
     checks = cfg.task_checks()
     assert [c[:2] for c in checks] == [("tasks", "boolq"), ("tasks", "countdown")]
-    assert checks[0][2] == evaluation.task_options("boolq", 50) and checks[1][2] == {}
+    assert checks[0][2] == task_options("boolq", 50) and checks[1][2] == {}
 
 
 def test_check_task_fit_refuses_an_impossible_balanced_subset():

@@ -53,7 +53,7 @@ def test_a_task_without_test_examples_is_refused_under_the_name_the_user_typed()
     import pytest
 
     from esft.config import ConfigError
-    from esft.evaluation import EvalConfig
+    from esft.eval_config import EvalConfig
     from test_validation_rules import FakeTask
 
     empty = FakeTask(rows={"train": [{"q": 1}], "test": []})
@@ -67,7 +67,8 @@ def test_a_task_without_test_examples_is_refused_under_the_name_the_user_typed()
 
 
 def test_without_output_dir_there_are_no_previous_results_to_check():
-    from esft.evaluation import EvalConfig, check_previous_results
+    from esft.evaluation import check_previous_results
+    from esft.eval_config import EvalConfig
 
     assert check_previous_results(EvalConfig(output_dir=None)) is None
 
@@ -93,7 +94,8 @@ def test_the_samples_bar_counts_every_pass_and_closes(monkeypatch):
 
 
 def test_run_eval_prints_each_task_row_only_with_progress(monkeypatch, capsys):
-    from esft.evaluation import EvalConfig, run_eval
+    from esft.evaluation import run_eval
+    from esft.eval_config import EvalConfig
     from test_evaluation_audit import _patch
 
     _patch(monkeypatch, LabelTask(), [])
@@ -112,7 +114,9 @@ def test_the_same_evaluation_into_the_same_folder_spelled_otherwise_is_not_anoth
 
     import pytest
 
-    from esft.evaluation import EvalConfig, check_previous_results
+    from esft.evaluation import check_previous_results
+
+    from esft.eval_config import EvalConfig
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "res").mkdir()
@@ -133,7 +137,9 @@ def test_an_interrupted_evaluation_keeps_the_summaries_of_the_tasks_that_finishe
 
     import pytest
 
-    from esft.evaluation import EvalConfig, run_eval
+    from esft.evaluation import run_eval
+
+    from esft.eval_config import EvalConfig
     from esft.rundir import RunInterrupted
     from test_evaluation_audit import _patch
 

@@ -71,7 +71,7 @@ def test_spec_refuses_bad_generation_options_naming_the_line(tmp_path):
 
 
 def test_eval_config_takes_fast_exact_and_yaml_text():
-    from esft.evaluation import EvalConfig
+    from esft.eval_config import EvalConfig
 
     assert EvalConfig(generation_options="fast").generation_options == FAST_CPU_GENERATION
     assert EvalConfig(generation_options="exact").generation_options == {}
@@ -100,7 +100,8 @@ def test_run_eval_generates_through_the_fast_path_with_the_exact_answers(tiny_mo
     import json
 
     import esft.evaluation
-    from esft.evaluation import EvalConfig, run_eval
+    from esft.evaluation import run_eval
+    from esft.eval_config import EvalConfig
 
     seen = []
     real = esft.evaluation.generate

@@ -63,7 +63,8 @@ def test_the_in_run_evaluation_is_esft_eval_of_the_checkpoint_in_fp32(tmp_path, 
     import json
 
     import esft.evaluation
-    from esft.evaluation import EvalConfig, run_eval
+    from esft.evaluation import run_eval
+    from esft.eval_config import EvalConfig
 
     generate, numerics = esft.evaluation.generate, []
 

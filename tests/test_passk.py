@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from esft import evaluation
-from esft.evaluation import EvalConfig, pass_at_k, run_eval
+from esft.evaluation import pass_at_k, run_eval
+from esft.eval_config import EvalConfig
 from esft.generation import Generation
 from esft.tasks.labels import wilson_interval
 from esft.passk import (answer_key, bootstrap_ci, maj_at_k, majority_score, not_right_or_wrong, parse_ks,

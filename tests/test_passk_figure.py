@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from esft import evaluation, passk_figure
-from esft.evaluation import EvalConfig, run_eval
+from esft.evaluation import run_eval
+from esft.eval_config import EvalConfig
 from esft.experiments.method_figures import method_figure
 from esft.experiments.records import Experiment
 from esft.experiments.study_tables import method_tables, write_all_tables

@@ -872,7 +872,9 @@ def test_eval_refuses_an_output_dir_holding_another_evaluation(tmp_path, capsys,
     without a word; the same evaluation again may still overwrite its own results."""
     import dataclasses
 
-    from esft.evaluation import EvalConfig, check_previous_results
+    from esft.evaluation import check_previous_results
+
+    from esft.eval_config import EvalConfig
 
     out = tmp_path / "ev"
     out.mkdir()

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from esft.evaluation import EvalConfig, task_options
+from esft.eval_config import EvalConfig, task_options
 from esft.tasks import get_task, is_task_name, parse_task_name, split_task_list, task_file_stem
 from esft.tasks.countdown import CountdownTask
 from esft.tasks.countdown_expression import check_expression, puzzle_key

@@ -269,7 +269,7 @@ def test_check_splits_names_the_task_and_gives_its_why_empty_hint(name, named):
 def test_check_first_example_and_evals_task_fit_name_the_task_by_its_own_name():
     """A prompt that is not chat messages is refused naming the task's own name; `esft eval` on its default split
     puts that name under `tasks`."""
-    from esft.evaluation import EvalConfig
+    from esft.eval_config import EvalConfig
 
     task = FakeTask(prompt="hi")
     task.name = "named"
@@ -542,7 +542,7 @@ def test_check_eval_options_refuses_a_passage_cut_no_task_reads():
     """`--max-passage-chars` cuts BoolQ passages only: typed for a run or evaluation without BoolQ it was accepted
     and ignored. A preset's cut (not typed) and a cut given with BoolQ among the tasks pass."""
     from esft.es import ESConfig
-    from esft.evaluation import EvalConfig
+    from esft.eval_config import EvalConfig
 
     validation.check_eval_options(ESConfig(task="boolq", eval_every=10), {"max_passage_chars": 400})
     validation.check_eval_options(ESConfig(task="countdown"), {})  # e.g. `--preset cpu --task countdown`
@@ -558,7 +558,7 @@ def test_a_typed_passage_cut_that_every_boolq_name_overrides_is_refused():
     """A BoolQ task whose name sets its own cut keeps it (esft.config.passage_cut): a typed --max-passage-chars
     beside it was ignored without a word. It passes where one BoolQ task takes it."""
     from esft.es import ESConfig
-    from esft.evaluation import EvalConfig
+    from esft.eval_config import EvalConfig
 
     named = "boolq:max_passage_chars=100"
     validation.check_passage_cut(EvalConfig(tasks=[named, "boolq"]), {"max_passage_chars": 400})

@@ -34,7 +34,8 @@ from esft.validation import (check_eval_options, check_passage_cut, check_saved_
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from esft.evaluation import EvalConfig, check_previous_results, format_table, run_eval
+    from esft.evaluation import check_previous_results, format_table, run_eval
+    from esft.eval_config import EvalConfig
 
     from esft.tasks.custom import apply_task_flags
 
@@ -247,7 +248,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
 
 def _eval_options(p: argparse.ArgumentParser) -> None:
-    from esft.evaluation import EvalConfig
+    from esft.eval_config import EvalConfig
 
     _add_run_options(p, None)
     add_dataclass_arguments(p, EvalConfig)

@@ -79,7 +79,7 @@ def check_int(ctx: SpecContext, value: Any, line: int, where: str, minimum: int 
 def check_eval_dtype(ctx: SpecContext, dtype: str, line: int) -> str:
     """The dtype every evaluation loads its model in, as `esft eval` accepts it: a name the loader does not know
     failed each stage's evaluation only after its training had run."""
-    from esft.evaluation import EVAL_RULES
+    from esft.eval_config import EVAL_RULES
 
     rule = EVAL_RULES["dtype"]
     if not rule.ok(dtype):
