@@ -95,7 +95,7 @@ def _dataclass_task():
 
 def test_a_dataclass_tasks_record_leaves_out_values_equal_to_their_default_factorys():
     """A field left at its default_factory's value is not recorded (the class rebuilds it); a changed one is."""
-    from esft.tasks.custom import _constructor_values
+    from esft.tasks.task_values import constructor_values as _constructor_values
 
     Words = _dataclass_task()
     assert _constructor_values(Words()) == {}
@@ -125,7 +125,7 @@ def test_a_script_class_has_no_task_spec():
 @pytest.mark.parametrize("value", [{"f": len}, {"k": [1, object()]}, {1: "a"}])
 def test_a_mapping_holding_what_yaml_cannot_hold_is_not_recorded(value):
     """A constructor value that is a mapping is recorded only when every key is text and every value is plain."""
-    from esft.tasks.custom import _recordable
+    from esft.tasks.task_values import recordable as _recordable
 
     assert _recordable(value) == "<not recorded: dict>"
     assert _recordable({"k": [1, "a", None]}) == {"k": [1, "a", None]}

@@ -37,7 +37,8 @@ def with_task(config: Any, task: Any) -> tuple[Any, Task | None]:
         return config, None
     if isinstance(task, str):
         return config.replace(task=task), None
-    from esft.tasks.custom import absolute_data_task, as_task, task_record, unrecorded_options
+    from esft.tasks.custom import absolute_data_task, as_task, task_record
+    from esft.tasks.task_values import unrecorded_options
 
     # a class is built without options, and an object that is not an esft Task is wrapped, as `--task module:Class`
     # builds them: the run and its resume from config.yaml prompt, score and label the same task
@@ -68,7 +69,8 @@ def _recorded_task(config: Any) -> tuple[str, dict[str, Any]] | None:
 def _check_workers_rebuild(config: ESConfig, task: Any) -> None:
     """A Ray run's workers each build the task from the config's task string (esft.es.distributed.hf_replica), not
     from the object: refuse an object that string does not rebuild, before Ray or the model start."""
-    from esft.tasks.custom import script_class, task_record, unrecorded_options
+    from esft.tasks.custom import script_class, task_record
+    from esft.tasks.task_values import unrecorded_options
 
     if config.executor != "ray":
         return

@@ -132,7 +132,8 @@ class ReportContext:
         """Pair each given task object with the runs that recorded it (the same task string and options in
         config.yaml: esft.tasks.custom.task_record), before any model loads; an object no run recorded is refused
         (it would be evaluated in place of nothing, or a task of other options would be taken for it)."""
-        from esft.tasks.custom import absolute_data_task, instantiate, task_record, unrecorded_options
+        from esft.tasks.custom import absolute_data_task, instantiate, task_record
+        from esft.tasks.task_values import unrecorded_options
 
         recorded = {r.task: dict(r.config.get("task_options") or {}) for r in self.runs if r.task}
         self.task_objects = {}
@@ -165,7 +166,8 @@ class ReportContext:
         """The chains whose tasks can be built for an evaluation; each other one is skipped with the reason: a
         run that trained a task object config.yaml cannot rebuild needs that object (`build_report(tasks=...)`),
         and a task that runs trained with different options has no one evaluation that fits them all."""
-        from esft.tasks.custom import script_class, unrecorded_options
+        from esft.tasks.custom import script_class
+        from esft.tasks.task_values import unrecorded_options
 
         conflicts = self.option_conflicts()
         keep = []

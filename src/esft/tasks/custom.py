@@ -23,6 +23,7 @@ from typing import Any
 from esft.tasks.base import Example, Messages, Task, UnknownTaskOption, checks_format, task_name
 from esft.tasks.common import construct
 from esft.tasks.dataset_task import DatasetTask, is_data_file, reward_parts
+from esft.tasks.task_values import check_recorded, constructor_values, recordable, same_value, unrecorded_options
 from esft.tasks.verifiers import import_object, regex_comma_error, regex_cut_at_comma
 
 ENTRY_POINT_GROUP = "esft.tasks"
@@ -392,9 +393,9 @@ def task_record(task: Any) -> tuple[str, dict[str, Any]]:
         task = task.obj
     if isinstance(task, DatasetTask):
         defaults = DatasetTask(source=task.source, reward="exact")
-        opts = {f.name: _recordable(getattr(task, f.name)) for f in dataclasses.fields(task)
+        opts = {f.name: recordable(getattr(task, f.name)) for f in dataclasses.fields(task)
                 if f.init and f.name not in ("source", "name", "splits")
-                and not _same(getattr(task, f.name), getattr(defaults, f.name))}
+                and not same_value(getattr(task, f.name), getattr(defaults, f.name))}
         if not isinstance(task.reward, str):  # functions passed themselves: their import paths, where they name them
             paths = [_import_path(fn) for fn in reward_parts(task.reward)]
             opts["reward"] = "+".join(paths) if all(paths) else opts["reward"]  # type: ignore[arg-type]
@@ -408,7 +409,7 @@ def task_record(task: Any) -> tuple[str, dict[str, Any]]:
             found = None
         if found is not cls:  # e.g. a class made by a factory function under another name
             return path, {"class": "<not recorded: not importable by this name>"}
-    return path, _constructor_values(task)
+    return path, constructor_values(task)
 
 
 def _import_path(obj: Any) -> str | None:
@@ -422,77 +423,7 @@ def _import_path(obj: Any) -> str | None:
         return None
 
 
-#: config.yaml's stand-in for a constructor value it cannot hold (`task_record`)
-NOT_RECORDED = "<not recorded>"
-_NOT_RECORDED = re.compile(r"<not recorded(?:: ([^<>]*))?>")
-
-
-def _constructor_values(task: Any) -> dict[str, Any]:
-    """The constructor arguments of `task`'s class with a value other than their default: a dataclass field's as it
-    is, when YAML can hold it; NOT_RECORDED for one that is not a dataclass field (its value is unknown)."""
-    import inspect
-
-    try:
-        params = inspect.signature(type(task)).parameters
-    except (TypeError, ValueError):  # a class whose signature cannot be read: nothing known to rebuild it with
-        return {"class": NOT_RECORDED}
-    fields = {f.name: f for f in dataclasses.fields(task) if f.init} if dataclasses.is_dataclass(task) else {}
-    opts: dict[str, Any] = {}
-    for name in params:
-        f = fields.get(name)
-        if f is None:
-            opts[name] = NOT_RECORDED
-            continue
-        value = getattr(task, name)
-        default = f.default if f.default is not dataclasses.MISSING else (
-            f.default_factory() if f.default_factory is not dataclasses.MISSING else dataclasses.MISSING)
-        if default is dataclasses.MISSING or not _same(value, default):
-            opts[name] = _recordable(value)
-    return opts
-
-
-def _same(value: Any, default: Any) -> bool:
-    """`value == default` for values of the same type (an array compares elementwise: never the same here)."""
-    try:
-        return type(value) is type(default) and bool(value == default)
-    except Exception:
-        return False
-
-
-def _recordable(value: Any) -> Any:
-    """`value` as YAML holds it (a tuple as a list), or `<not recorded: TYPE>` when YAML cannot hold it exactly."""
-    def plain(v: Any) -> bool:
-        if type(v) in (str, int, float, bool, type(None)):
-            return True
-        if type(v) in (list, tuple):
-            return all(map(plain, v))
-        return type(v) is dict and all(type(k) is str and plain(x) for k, x in v.items())
-
-    if plain(value):
-        return list(value) if isinstance(value, tuple) else value
-    cls = type(value)
-    kind = cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
-    return f"<not recorded: {kind}>"
-
-
-def unrecorded_options(options: dict[str, Any]) -> list[str]:
-    """The options that stand for a constructor value config.yaml could not hold (`task_record`)."""
-    return [k for k, v in options.items() if isinstance(v, str) and _NOT_RECORDED.fullmatch(v)]
-
-
-def check_recorded(name: str, options: dict[str, Any]) -> None:
-    """Refuse a task whose options config.yaml could not hold: only the script that trained it could pass it again."""
-    missing = unrecorded_options(options)
-    if missing:
-        what = ", ".join(f"{k}: {_NOT_RECORDED.fullmatch(options[k]).group(1) or 'value unknown'}"
-                         for k in missing)
-        raise ValueError(f"task {name!r} was a task object whose constructor values config.yaml cannot hold ({what}),"
-                         " so only the script that trained the run can build it: resume the run from that script, "
-                         "passing the same task object again (esft.train_es(config, task=...) or esft.train_grpo, "
-                         "docs/custom-tasks.md)")
-
-
-__all__ = ["DATA_TASK_FLAGS", "ENTRY_POINT_GROUP", "NOT_RECORDED", "TaskAdapter", "absolute_data_task",
-           "absolute_file", "absolute_task_options", "add_task_flags", "apply_task_flags", "as_task", "check_recorded",
-           "entry_point_names", "entry_point_task", "external_kind", "external_task", "instantiate", "parse_options",
-           "recorded_class", "script_class", "split_options", "task_record", "task_spec", "unrecorded_options"]
+__all__ = ["DATA_TASK_FLAGS", "ENTRY_POINT_GROUP", "TaskAdapter", "absolute_data_task", "absolute_file",
+           "absolute_task_options", "add_task_flags", "apply_task_flags", "as_task", "entry_point_names",
+           "entry_point_task", "external_kind", "external_task", "instantiate", "parse_options", "recorded_class",
+           "script_class", "split_options", "task_record", "task_spec"]
