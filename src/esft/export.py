@@ -131,6 +131,23 @@ def without_local_dirs(value: Any) -> Any:
     return value
 
 
+def without_tokens(value: Any) -> Any:
+    """`value` with the value of every key named `token` or `*_token` replaced by `<KEY>`, as transformers writes
+    its training arguments: a TRL option in trl_args (`hub_token`, `model_init_kwargs: {token: ...}`) is a
+    credential, and the card is made to be published."""
+    if isinstance(value, dict):
+        return {k: f"<{str(k).upper()}>" if _token_key(k) and v is not None else without_tokens(v)
+                for k, v in value.items()}
+    if isinstance(value, list):
+        return [without_tokens(v) for v in value]
+    return value
+
+
+def _token_key(key: Any) -> bool:
+    name = str(key).lower()
+    return name == "token" or name.endswith("_token")
+
+
 def _local_path(text: str) -> bool:
     """Whether `text`, which starts with / or ~, names a local file or folder rather than being prose that starts
     so (a system prompt "/no_think Reply with a/b", Qwen3's switch): one on disk, else a path of two or more
@@ -149,7 +166,7 @@ def model_card(run: Path, config: dict[str, Any], results: list[dict[str, Any]],
     training config (local folders cut, `without_local_dirs`)."""
     from esft.models import embedded_origin, is_hub_id
 
-    config = without_local_dirs(config)
+    config = without_tokens(without_local_dirs(config))
     algorithm = "GRPO" if "num_generations" in config else "ES"
     base = str(config.get("model", ""))
     front = {"library_name": "transformers", "pipeline_tag": "text-generation",
