@@ -4,9 +4,7 @@ checkpoint files, a model folder that is no run, and a training config holding a
 from __future__ import annotations
 
 import json
-import os
 
-import pytest
 import torch
 import yaml
 
@@ -42,3 +40,26 @@ def test_the_card_publishes_no_token_of_the_training_config(tmp_path):
     card = (tmp_path / "out" / "README.md").read_text()
     assert "hf_SECRET" not in card
     assert "hub_token: <HUB_TOKEN>" in card and "token: <TOKEN>" in card and "hub_model_id: me/m" in card
+
+
+def test_an_export_to_a_symlinked_folder_writes_into_the_folder_it_names(tmp_path, capsys):
+    """`--to LINK` (a symlink to a folder) replaced the symlink by a new folder, left `.old_LINK` beside it and
+    failed with "Cannot call rmtree on a symbolic link" after the export was in place."""
+    run = run_folder(tmp_path / "run")
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    for extra in ([], ["--overwrite"]):
+        assert main(["export", str(run), "--to", str(tmp_path / "link"), *extra]) == 0, capsys.readouterr().err
+        assert (tmp_path / "link").is_symlink() and (tmp_path / "real" / "model.safetensors").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link", "real", "run"]
+
+
+def test_an_export_to_the_empty_current_folder_fills_it(tmp_path, monkeypatch, capsys):
+    """`mkdir m && cd m && esft export RUN --to .` failed with "PosixPath('.') has an empty name"; the folder the
+    user made (and stands in) is kept and filled."""
+    run = run_folder(tmp_path / "run")
+    (here := tmp_path / "m").mkdir()
+    inode = here.stat().st_ino
+    monkeypatch.chdir(here)
+    assert main(["export", str(run), "--to", "."]) == 0, capsys.readouterr().err
+    assert here.stat().st_ino == inode and (here / "model.safetensors").is_file() and (here / "README.md").is_file()

@@ -280,9 +280,10 @@ def export_run(run: str | Path, to: str | Path, overwrite: bool = False) -> Expo
     train_config = read_recorded_config(config_path) if config_path.exists() else {}
     train_config = {k: v for k, v in train_config.items() if k != "_run"}
     # built in a fresh folder beside the target and moved into place: an --overwrite export never keeps files of
-    # an earlier one (stale shards, tokenizer files), and an interrupted export leaves the target as it was
-    to.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{to.name}.", dir=to.parent))
+    # an earlier one (stale shards, tokenizer files), and an interrupted export leaves the target as it was. The
+    # resolved target: a symlink's folder is the one to fill, and `.` has no name to build beside
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     # a folder to share takes the modes of any new folder and file (the umask's), not mkdtemp's private 0700 nor
     # the 0600 that safetensors gives the weights it writes
     os.chmod(staging, 0o777 & ~current_umask())
@@ -297,7 +298,11 @@ def export_run(run: str | Path, to: str | Path, overwrite: bool = False) -> Expo
             GenerationConfig.from_dict({k: config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id")
                                         if config.get(k) is not None}).save_pretrained(staging)
         (staging / "README.md").write_text(model_card(run_dir, train_config, held_out_results(run_dir), checkpoint))
-        replace_dir(staging, to)  # the old target is renamed aside and deleted last: never half gone
+        if target.is_dir() and not any(target.iterdir()):  # an empty folder the user made (or stands in) stays
+            for p in staging.iterdir():
+                os.replace(p, target / p.name)
+        else:
+            replace_dir(staging, target)  # the old target is renamed aside and deleted last: never half gone
     finally:
         if staging.exists():
             shutil.rmtree(staging)
