@@ -63,3 +63,18 @@ def test_an_export_to_the_empty_current_folder_fills_it(tmp_path, monkeypatch, c
     monkeypatch.chdir(here)
     assert main(["export", str(run), "--to", "."]) == 0, capsys.readouterr().err
     assert here.stat().st_ino == inode and (here / "model.safetensors").is_file() and (here / "README.md").is_file()
+
+
+def test_exporting_the_checkpoint_folder_one_stands_in_keeps_the_runs_card(tmp_path, monkeypatch):
+    """`cd RUN/checkpoints/iter_000001 && esft export . --to ...` made the card of a model folder with no run: an
+    empty title, no training config, no held-out results, no word that the weights are an earlier checkpoint."""
+    run = run_folder(tmp_path / "run")
+    monkeypatch.chdir(run / "checkpoints" / "iter_000001")
+    assert main(["export", ".", "--to", str(tmp_path / "out")]) == 0
+    card = (tmp_path / "out" / "README.md").read_text()
+    assert "\n# run\n" in card and "population_size: 2" in card
+    assert "checkpoint `iter_000001`, step 1, not the run's final checkpoint" in card
+    assert "| 1 | 4 | 0.250 |" in card and "| 2 | 4 |" not in card
+    monkeypatch.chdir(run)
+    assert main(["export", ".", "--to", str(tmp_path / "out2")]) == 0
+    assert "\n# run\n" in (tmp_path / "out2" / "README.md").read_text()

@@ -253,7 +253,8 @@ def export_run(run: str | Path, to: str | Path, overwrite: bool = False) -> Expo
         raise ValueError("--to is empty: name the folder to write")
     run, to = Path(run), Path(to)
     checkpoint = find_checkpoint(run)
-    run_dir = run if checkpoint != run else run_dir_of(checkpoint)
+    # resolved: `.` (the run or checkpoint folder one stands in) names no run for the card's title, config, results
+    run_dir = (run if checkpoint != run else run_dir_of(checkpoint.resolve())).resolve()
     if to.exists() and not to.is_dir():
         raise NotADirectoryError(f"--to {to} is a file, not a folder (name a new or empty folder)")
     target = to.resolve()
@@ -297,7 +298,8 @@ def export_run(run: str | Path, to: str | Path, overwrite: bool = False) -> Expo
             config = json.loads((checkpoint / "config.json").read_text())
             GenerationConfig.from_dict({k: config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id")
                                         if config.get(k) is not None}).save_pretrained(staging)
-        (staging / "README.md").write_text(model_card(run_dir, train_config, held_out_results(run_dir), checkpoint))
+        (staging / "README.md").write_text(model_card(run_dir, train_config, held_out_results(run_dir),
+                                                      checkpoint.resolve()))
         if target.is_dir() and not any(target.iterdir()):  # an empty folder the user made (or stands in) stays
             for p in staging.iterdir():
                 os.replace(p, target / p.name)
