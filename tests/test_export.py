@@ -243,8 +243,9 @@ def test_the_card_keeps_prose_that_starts_with_a_slash(tmp_path):
 
 
 def checkpoint_folder(path, names=("model.safetensors", "tokenizer_config.json"), config=None):
-    """A model folder as a checkpoint leaves it (files of placeholder content, weights a one-tensor safetensors
-    file: export checks that the weights open, and copies the rest without loading it)."""
+    """A model folder as a checkpoint leaves it (files of placeholder content, JSON files an empty object, weights
+    a one-tensor safetensors file: export checks that the weights open and the JSON files hold objects, and
+    copies the rest without loading it)."""
     from safetensors.torch import save_file
 
     path.mkdir(parents=True)
@@ -253,7 +254,7 @@ def checkpoint_folder(path, names=("model.safetensors", "tokenizer_config.json")
         if name.endswith(".safetensors"):
             save_file({"w": torch.zeros(1)}, str(path / name))
         else:
-            (path / name).write_text("x")
+            (path / name).write_text("{}" if name.endswith(".json") else "x")
     return path
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 import yaml
 
@@ -78,3 +79,16 @@ def test_exporting_the_checkpoint_folder_one_stands_in_keeps_the_runs_card(tmp_p
     monkeypatch.chdir(run)
     assert main(["export", ".", "--to", str(tmp_path / "out2")]) == 0
     assert "\n# run\n" in (tmp_path / "out2" / "README.md").read_text()
+
+
+@pytest.mark.parametrize("text", ['{"eos_token_id": ', "[1]"])
+def test_a_damaged_json_file_of_the_checkpoint_is_named(tmp_path, capsys, text):
+    """A truncated config.json stopped the export with "esft: error: Expecting value: line 1 column 17 (char 16)",
+    naming no file; one holding a JSON list ended in a traceback (AttributeError)."""
+    run = run_folder(tmp_path / "run", checkpoints=("final",))
+    (run / "checkpoints" / "final" / "config.json").write_text(text)
+    assert main(["export", str(run), "--to", str(tmp_path / "out")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"esft: error: {run / 'checkpoints' / 'final' / 'config.json'} is damaged") and \
+        err.count("\n") == 1
+    assert not (tmp_path / "out").exists()

@@ -475,7 +475,7 @@ def test_a_failed_export_leaves_the_target_and_no_staging_folder(tmp_path, monke
     checkpoint = model_folder(tmp_path / "run" / "checkpoints" / "final")
     weights_file(checkpoint / "model.safetensors")
     for name in ("tokenizer_config.json", "generation_config.json"):
-        (checkpoint / name).write_text("x")
+        (checkpoint / name).write_text("{}")
     target = tmp_path / "out"
     target.mkdir()
     (target / "model.safetensors").write_text("an earlier export")
@@ -512,7 +512,7 @@ def test_an_export_interrupted_while_replacing_the_target_leaves_a_whole_one(tmp
     checkpoint = model_folder(tmp_path / "run" / "checkpoints" / "final")
     new = weights_file(checkpoint / "model.safetensors")
     for name in ("tokenizer_config.json", "generation_config.json"):
-        (checkpoint / name).write_text("new")
+        (checkpoint / name).write_text(json.dumps({"new": True}))
     target = tmp_path / "out"
     target.mkdir()
     for name in ("model.safetensors", "tokenizer_config.json", "generation_config.json"):

@@ -214,21 +214,23 @@ def model_card(run: Path, config: dict[str, Any], results: list[dict[str, Any]],
 
 
 class DamagedWeights(RuntimeError):
-    """A checkpoint's safetensors file that does not load (a truncated copy): a damaged run directory, not bad
-    input (the CLI exits 1)."""
+    """A checkpoint's safetensors or JSON file that does not load (a truncated copy): a damaged run directory, not
+    bad input (the CLI exits 1)."""
 
 
 def check_weights(files: list[Path]) -> None:
-    """Raise DamagedWeights unless every safetensors file among `files` opens: the export would otherwise copy
-    a truncated file and print the upload command for a model that no loader can read."""
+    """Raise DamagedWeights unless every safetensors file among `files` opens and every JSON file holds an object:
+    the export would otherwise copy a truncated file and print the upload command for a model that no loader can
+    read (or stop on config.json with a JSON error naming no file)."""
     from safetensors import safe_open
 
     for path in files:
-        if path.suffix != ".safetensors":
-            continue
         try:
-            with safe_open(str(path), "pt"):
-                pass
+            if path.suffix == ".safetensors":
+                with safe_open(str(path), "pt"):
+                    pass
+            elif path.suffix == ".json" and not isinstance(json.loads(path.read_text()), dict):
+                raise ValueError("not a JSON object")
         except Exception as exc:  # safetensors raises its own error type for every kind of bad file
             raise DamagedWeights(f"{path} is damaged ({exc}): resume the run (`esft train es|grpo --resume`) to "
                                  f"write its checkpoint again, or export an earlier checkpoint folder") from None
