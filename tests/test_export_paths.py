@@ -92,3 +92,14 @@ def test_a_damaged_json_file_of_the_checkpoint_is_named(tmp_path, capsys, text):
     assert err.startswith(f"esft: error: {run / 'checkpoints' / 'final' / 'config.json'} is damaged") and \
         err.count("\n") == 1
     assert not (tmp_path / "out").exists()
+
+
+def test_export_refuses_a_target_inside_the_runs_checkpoints(tmp_path, capsys):
+    """`--to RUN/checkpoints/final` on a run stopped before its final checkpoint made a folder that the next export
+    took for the run's final checkpoint: its card then listed the evaluations of steps after its weights'."""
+    run = run_folder(tmp_path / "run", checkpoints=("iter_000001",))
+    for target in ("final", "iter_000009", "x/y"):
+        assert main(["export", str(run), "--to", str(run / "checkpoints" / target)]) == 2
+        assert "inside the run's checkpoints" in capsys.readouterr().err
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["iter_000001"]
+    assert main(["export", str(run), "--to", str(run / "exported")]) == 0  # elsewhere in the run: no checkpoint

@@ -263,6 +263,10 @@ def export_run(run: str | Path, to: str | Path, overwrite: bool = False) -> Expo
     held = [p for p in (run, checkpoint, run_dir) if p.resolve() == target or target in p.resolve().parents]
     if held:  # --overwrite would replace the run itself (seed log, metrics, checkpoints) by the exported model
         raise ValueError(f"--to {to} holds the run being exported ({held[0]}): name a folder outside it")
+    checkpoints = (run_dir / CHECKPOINTS).resolve()
+    if checkpoints in target.parents:  # a later export of the run would take the model there for its checkpoint
+        raise ValueError(f"--to {to} is inside the run's checkpoints ({checkpoints}), where a later export of the run "
+                         "takes any model folder for a checkpoint: name a folder outside it")
     if to.exists() and any(to.iterdir()) and not overwrite:
         raise ValueError(f"{to} is not empty (pass --overwrite to replace an earlier export there)")
     foreign = sorted(p.name for p in to.iterdir() if not _exported(p)) if to.is_dir() else []
