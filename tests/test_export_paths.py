@@ -103,3 +103,23 @@ def test_export_refuses_a_target_inside_the_runs_checkpoints(tmp_path, capsys):
         assert "inside the run's checkpoints" in capsys.readouterr().err
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["iter_000001"]
     assert main(["export", str(run), "--to", str(run / "exported")]) == 0  # elsewhere in the run: no checkpoint
+
+
+def test_the_card_of_a_model_folder_claims_no_training(tmp_path):
+    """A model folder with no run around it was tagged evolution-strategies, said "The run recorded no held-out
+    evaluation" and ended with an empty training config (`{}`); a checkpoint folder copied out of its run still
+    shows its trainer by its state file."""
+    run = run_folder(tmp_path / "run", checkpoints=("final",))
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    for p in (run / "checkpoints" / "final").iterdir():
+        if p.name != "es_state.json":
+            (plain / p.name).write_bytes(p.read_bytes())
+    assert main(["export", str(plain), "--to", str(tmp_path / "out")]) == 0
+    card = (tmp_path / "out" / "README.md").read_text()
+    assert "tags:\n- esft\n---" in card
+    assert "The run recorded" not in card and "## Training config" not in card
+    assert "no training config (`config.yaml`) beside it" in card
+    (plain / "es_state.json").write_text(json.dumps({"step": 2}))
+    assert main(["export", str(plain), "--to", str(tmp_path / "out"), "--overwrite"]) == 0
+    assert "- evolution-strategies\n" in (tmp_path / "out" / "README.md").read_text()

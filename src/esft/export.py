@@ -22,7 +22,7 @@ from typing import Any
 import yaml
 
 from esft.rundir import CHECKPOINTS, current_umask, lock_held, read_jsonl, replace_dir
-from esft.saved_config import read_recorded_config
+from esft.saved_config import read_recorded_config, saved_algorithm
 from esft.tasks.labels import summaries_score_name
 
 #: files of a Hugging Face model folder (exact names, then suffixes)
@@ -167,17 +167,18 @@ def model_card(run: Path, config: dict[str, Any], results: list[dict[str, Any]],
     from esft.models import embedded_origin, is_hub_id
 
     config = without_tokens(without_local_dirs(config))
-    algorithm = "GRPO" if "num_generations" in config else "ES"
+    algorithm = trainer_of(config, checkpoint)
     base = str(config.get("model", ""))
     front = {"library_name": "transformers", "pipeline_tag": "text-generation",
-             "tags": ["esft", "evolution-strategies" if algorithm == "ES" else "grpo"]}
+             "tags": ["esft", *{"es": ["evolution-strategies"], "grpo": ["grpo"]}.get(algorithm, [])]}
     if is_hub_id(base) and not Path(base).exists():
         front["base_model"] = base  # a hub id; local folders and embedded names are not hub links
     # an embedded name means nothing outside esft: say which model it is, and that its weights are a quant's
     origin = f" (esft's embedded {embedded_origin(base)})" if embedded_origin(base) else ""
     lines = ["---", yaml.safe_dump(front, sort_keys=False).strip(), "---", "",
              f"# {run.name}", "",
-             f"Fine-tuned with esft ({algorithm}) from `{base}`{origin} on task `{config.get('task', '')}`."
+             f"Fine-tuned with esft{f' ({algorithm.upper()})' if algorithm else ''} from `{base}`{origin} on task "
+             f"`{config.get('task', '')}`."
              if config else
              "Exported with esft from a model folder with no training config (`config.yaml`) beside it.", ""]
     step = None if checkpoint is None else checkpoint_step(checkpoint)
@@ -204,13 +205,24 @@ def model_card(run: Path, config: dict[str, Any], results: list[dict[str, Any]],
         lines += ["", "Step 0 is the model before training."
                   + (" Constant answer: the most frequent gold answer of the same examples, always." if baseline
                      else ""), ""]
-    else:
+    elif config:  # a model folder with no run beside it has no record to speak of
         lines += ["The run recorded no held-out evaluation.", ""]
     lines += ["## Use", "", "```python", "from transformers import AutoModelForCausalLM, AutoTokenizer", "",
               'model = AutoModelForCausalLM.from_pretrained("PATH_OR_REPO")',
-              'tokenizer = AutoTokenizer.from_pretrained("PATH_OR_REPO")', "```", "",
-              "## Training config", "", "```yaml", yaml.safe_dump(config, sort_keys=False).strip(), "```", ""]
+              'tokenizer = AutoTokenizer.from_pretrained("PATH_OR_REPO")', "```", ""]
+    if config:
+        lines += ["## Training config", "", "```yaml", yaml.safe_dump(config, sort_keys=False).strip(), "```", ""]
     return "\n".join(lines)
+
+
+def trainer_of(config: dict[str, Any], checkpoint: Path | None) -> str | None:
+    """'es' or 'grpo': the trainer of the run by its config, else by the state file its checkpoint holds (a
+    checkpoint folder copied out of its run); None for a model folder that shows neither."""
+    found = saved_algorithm(config)
+    if found is None and checkpoint is not None:
+        found = next((algo for algo, (name, _) in zip(("es", "grpo"), _STEP_FILES) if (checkpoint / name).is_file()),
+                     None)
+    return found
 
 
 class DamagedWeights(RuntimeError):
@@ -318,4 +330,4 @@ def export_run(run: str | Path, to: str | Path, overwrite: bool = False) -> Expo
 
 
 __all__ = ["DamagedWeights", "ExportResult", "check_weights", "checkpoint_step", "export_run", "find_checkpoint",
-           "held_out_results", "model_card", "model_files", "run_dir_of"]
+           "held_out_results", "model_card", "model_files", "run_dir_of", "trainer_of"]
