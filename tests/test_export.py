@@ -346,11 +346,13 @@ def test_the_card_shows_the_constant_answer_beside_each_accuracy(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
     record = {"kind": "eval", "step": 0, "test_n": 200, "test_accuracy": 0.615, "test_ci95": [0.546, 0.68],
-              "test_constant_baseline": 0.635, "test_constant_baseline_ci95": [0.566, 0.699]}
+              "test_constant_baseline": 0.635, "test_constant_baseline_ci95": [0.566, 0.699],
+              "test_constant_answer": "yes"}
     (run / "metrics.jsonl").write_text(json.dumps({"kind": "train", "step": 1}) + "\n" + json.dumps(record) + "\n")
     card = model_card(run, {"model": "m", "task": "boolq"}, held_out_results(run))
     assert "| step | n | accuracy | 95% CI | constant answer | 95% CI |" in card
     assert "| 0 | 200 | 0.615 | [0.546, 0.680] | 0.635 | [0.566, 0.699] |" in card
+    assert "always giving one gold answer (`yes`)" in card
 
     reward = [{"step": 0, "n": 4, "accuracy": 1.5, "ci95": [0.5, 2.5], "baseline": None, "baseline_ci95": None}]
     card = model_card(run, {"model": "m", "task": "data.jsonl"}, reward)
@@ -358,14 +360,20 @@ def test_the_card_shows_the_constant_answer_beside_each_accuracy(tmp_path):
 
 
 def test_the_card_says_what_its_results_table_holds_and_when_there_is_none(tmp_path):
-    """Under the table: step 0 is the base model, and (beside an accuracy) what the constant answer is; a run
+    """Under the table: step 0 is the base model, and (beside an accuracy) what the constant answer is, named as
+    the evaluations recorded it; a run
     without a held-out evaluation says so instead of leaving the section out unexplained."""
     from esft.export import model_card
 
-    row = {"step": 0, "n": 4, "accuracy": 0.5, "ci95": [0.2, 0.8], "baseline": 0.75, "baseline_ci95": [0.3, 0.95]}
+    row = {"step": 0, "n": 4, "accuracy": 0.5, "ci95": [0.2, 0.8], "baseline": 0.75, "baseline_ci95": [0.3, 0.95],
+           "answer": "yes"}
     card = model_card(tmp_path, {"model": "m", "task": "boolq"}, [row])
-    assert ("\nStep 0 is the model before training. Constant answer: the most frequent gold answer of the same "
-            "examples, always.\n") in card
+    assert ("\nStep 0 is the model before training. Constant answer: the score of always giving one gold answer "
+            "(`yes`) on the same examples, the best of their most frequent ones.\n") in card
+    # a reward function's baseline may be a gold answer other than the most frequent one (partial credit): the card
+    # said "the most frequent gold answer" of every baseline, and named none
+    card = model_card(tmp_path, {"model": "m", "task": "data.jsonl"}, [dict(row, answer=None)])
+    assert "always giving one gold answer on the same examples, the best of their most frequent ones.\n" in card
     assert "| step | n | accuracy | 95% CI | constant answer | 95% CI |\n|---|---|---|---|---|---|\n" in card
     card = model_card(tmp_path, {"model": "m", "task": "boolq"}, [dict(row, baseline=None)])
     assert "| step | n | accuracy | 95% CI |\n|---|---|---|---|\n" in card

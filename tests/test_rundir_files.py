@@ -464,7 +464,7 @@ def test_the_card_lists_only_evaluations_with_a_held_out_accuracy(tmp_path):
                                       '"test_ci95": [0.3, 0.95]}\n')
     results = held_out_results(tmp_path)
     assert results == [{"step": 1, "n": 4, "accuracy": 0.75, "ci95": [0.3, 0.95], "baseline": None,
-                        "baseline_ci95": None}]
+                        "baseline_ci95": None, "answer": None}]
     assert "| 1 | 4 | 0.750 | [0.300, 0.950] |" in model_card(tmp_path, {"task": "t"}, results)
 
 

@@ -112,7 +112,7 @@ def held_out_results(run: Path) -> list[dict[str, Any]]:
             continue
         out.append({"step": r.get("step"), "n": r.get("test_n", r.get("n")), "accuracy": acc,
                     "ci95": r.get("test_ci95", r.get("ci95")), "baseline": r.get("test_constant_baseline"),
-                    "baseline_ci95": r.get("test_constant_baseline_ci95")})
+                    "baseline_ci95": r.get("test_constant_baseline_ci95"), "answer": r.get("test_constant_answer")})
     return out
 
 
@@ -202,9 +202,12 @@ def model_card(run: Path, config: dict[str, Any], results: list[dict[str, Any]],
                 value = r.get("baseline")
                 row += f" {'' if value is None else f'{value:.3f}'} | {_interval(r.get('baseline_ci95'))} |"
             lines.append(row)
+        # a reward function's baseline is the best of the most frequent gold answers, not the most frequent one
+        answers = {str(r["answer"]) for r in results if r.get("baseline") is not None and r.get("answer") is not None}
+        said = f" (`{answers.pop()}`)" if len(answers) == 1 else ""
         lines += ["", "Step 0 is the model before training."
-                  + (" Constant answer: the most frequent gold answer of the same examples, always." if baseline
-                     else ""), ""]
+                  + (f" Constant answer: the score of always giving one gold answer{said} on the same examples, the "
+                     "best of their most frequent ones." if baseline else ""), ""]
     elif config:  # a model folder with no run beside it has no record to speak of
         lines += ["The run recorded no held-out evaluation.", ""]
     lines += ["## Use", "", "```python", "from transformers import AutoModelForCausalLM, AutoTokenizer", "",
