@@ -123,3 +123,12 @@ def test_the_card_of_a_model_folder_claims_no_training(tmp_path):
     (plain / "es_state.json").write_text(json.dumps({"step": 2}))
     assert main(["export", str(plain), "--to", str(tmp_path / "out"), "--overwrite"]) == 0
     assert "- evolution-strategies\n" in (tmp_path / "out" / "README.md").read_text()
+
+
+def test_the_checkpoints_folder_given_for_the_run_names_the_run(tmp_path, capsys):
+    """`esft export RUN/checkpoints` said "expected RUN/checkpoints/checkpoints/final or a model folder"."""
+    run = run_folder(tmp_path / "run")
+    assert main(["export", str(run / "checkpoints"), "--to", str(tmp_path / "out")]) != 0
+    err = capsys.readouterr().err
+    assert f"{run / 'checkpoints'} is a run's checkpoints folder: export the run ({run})" in err
+    assert "checkpoints/checkpoints" not in err and not (tmp_path / "out").exists()

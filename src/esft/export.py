@@ -59,6 +59,9 @@ def find_checkpoint(run: str | Path) -> Path:
     numbered = sorted((p for p in (root.glob("*") if root.is_dir() else []) if p.is_dir()
                        and _NUMBERED.fullmatch(p.name) and (p / "config.json").exists()),
                       key=lambda p: int(_NUMBERED.fullmatch(p.name).group(1)))
+    if not numbered and run.resolve().name == CHECKPOINTS and (run.resolve().parent / "config.yaml").is_file():
+        raise FileNotFoundError(f"{run} is a run's checkpoints folder: export the run ({run.parent}) or one "
+                                "checkpoint folder inside it")
     if not numbered:
         raise FileNotFoundError(f"{run}: no checkpoint to export (expected {root}/final or a model folder)"
                                 f"{es_resume_hint(run)}")
