@@ -132,3 +132,16 @@ def test_the_checkpoints_folder_given_for_the_run_names_the_run(tmp_path, capsys
     err = capsys.readouterr().err
     assert f"{run / 'checkpoints'} is a run's checkpoints folder: export the run ({run})" in err
     assert "checkpoints/checkpoints" not in err and not (tmp_path / "out").exists()
+
+
+def test_overwrite_of_the_folder_the_command_runs_in_is_refused(tmp_path, capsys, monkeypatch):
+    """`esft export RUN --to . --overwrite` from inside an earlier export replaced the folder the shell stood in,
+    which then stood in a deleted folder; the earlier export is kept."""
+    run = run_folder(tmp_path / "run")
+    assert main(["export", str(run), "--to", str(tmp_path / "out")]) == 0
+    before = sorted(p.name for p in (tmp_path / "out").iterdir())
+    monkeypatch.chdir(tmp_path / "out")
+    capsys.readouterr()
+    assert main(["export", str(run), "--to", ".", "--overwrite"]) != 0
+    assert "is the folder this command runs in" in capsys.readouterr().err
+    assert (tmp_path / "out").samefile(".") and sorted(p.name for p in (tmp_path / "out").iterdir()) == before

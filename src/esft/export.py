@@ -292,6 +292,11 @@ def export_run(run: str | Path, to: str | Path, overwrite: bool = False) -> Expo
         raise ValueError(f"--to {to} holds {', '.join(foreign[:5])}{' ...' if len(foreign) > 5 else ''}, which an "
                          "export does not write: --overwrite replaces the whole folder and would delete them. Export "
                          "to a new folder and copy its files over, or move them out first")
+    here = Path.cwd().resolve()
+    if overwrite and to.is_dir() and any(to.iterdir()) and (target == here or target in here.parents):
+        # replaced by a new folder, it would leave the shell standing in a deleted one
+        raise ValueError(f"--to {to} is the folder this command runs in (or holds it): --overwrite replaces the "
+                         "whole folder; run the export from outside it")
     files = model_files(checkpoint)
     if not any(p.suffix == ".safetensors" for p in files):
         raise FileNotFoundError(f"{checkpoint}: no safetensors weights")
