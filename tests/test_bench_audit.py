@@ -363,3 +363,56 @@ def test_a_low_rank_or_ray_bench_records_the_rollout_request_as_made(layout):
     assert (asked["rollout_dtype_requested"], asked["rollout_dtype_reason"]) == ("float32", "requested")
     local = bench_precision(BenchConfig(workloads=["cpu-preset"]), flags=["avx512_bf16"], probe=lambda: 1.9)
     assert local.record()["rollout_dtype_requested"] == "auto" and local.dtype in ("bfloat16", "float32")
+
+
+@pytest.mark.parametrize("flags, words", [
+    (["--no-inference", "--vllm"], "--vllm: vLLM is timed in the pure-generation comparison, which --no-inference"),
+    (["--noise", "lowrank", "--vllm"], "--vllm: not with --noise lowrank"),
+    (["--noise", "lowrank", "--inference"], "--inference: not with --noise lowrank"),
+    (["--workers", "2", "--inference"], "--inference: not with --workers 2"),
+    (["--noise", "lowrank", "--parallel-members", "2"], "--parallel-members: not with --noise lowrank"),
+    (["--workers", "2", "--parallel-members", "2"], "--parallel-members: not with --workers 2"),
+    (["--workers", "2", "--compare-fp32"], "--compare-fp32: not with --workers 2: its rollouts are fp32"),
+    (["--rollout-dtype", "float32", "--compare-fp32"], "the rollouts are fp32 already (--rollout-dtype float32)"),
+    (["--exact", "--compare-fp32"], "the rollouts are fp32 already (--exact)"),
+    (["--rank", "4"], "--rank: the rank of --noise lowrank only; the noise here is 'table'"),
+])
+def test_a_typed_flag_the_run_would_ignore_is_refused_before_the_model_loads(monkeypatch, capsys, flags, words):
+    """`--no-inference --vllm` ran without timing vLLM and without a word (the parser gave every flag its default,
+    so a typed one could not be told apart); so did --rank without low-rank noise, --compare-fp32 with fp32
+    rollouts, and --inference, --vllm or --parallel-members 2 with a low-rank population or Ray workers."""
+    import esft.bench.inference
+
+    monkeypatch.setattr(esft.bench.inference, "vllm_available", lambda: True)
+    assert _main_without_model(monkeypatch, ["bench", "--workloads", "cpu-preset", *flags]) == 2
+    err = capsys.readouterr().err
+    assert words in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_vllm_asked_for_where_it_is_not_installed_is_refused_before_the_model_loads(monkeypatch, capsys):
+    """`--vllm` without vLLM in this environment ran and reported "vllm": "not installed" after the whole bench."""
+    import esft.bench.inference
+
+    monkeypatch.setattr(esft.bench.inference, "vllm_available", lambda: False)
+    assert _main_without_model(monkeypatch, ["bench", "--workloads", "cpu-preset", "--vllm"]) == 2
+    assert "--vllm: vLLM is not installed in this Python environment" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags", [
+    [], ["--no-inference", "--no-vllm"], ["--noise", "lowrank", "--rank", "4", "--parallel-members", "1"],
+    ["--noise", "lowrank", "--no-inference", "--no-compare-fp32"], ["--workers", "2", "--no-vllm"],
+    ["--vllm", "--compare-fp32", "--parallel-members", "2"], ["--exact", "--rollout-dtype", "auto", "--compare-fp32"],
+])
+def test_flags_that_take_effect_or_ask_for_nothing_still_run(monkeypatch, flags):
+    """A false value (`--no-vllm`, `--parallel-members 1`) asks for nothing the run ignores, and a flag the run
+    reads passes; the defaults the user did not type reach run_bench as before."""
+    import esft.bench
+    import esft.bench.inference
+    from esft.cli import main
+
+    seen = []
+    monkeypatch.setattr(esft.bench.inference, "vllm_available", lambda: True)
+    monkeypatch.setattr(esft.bench, "run_bench", lambda config, log: seen.append(config) or {"workloads": {}})
+    assert main(["bench", "--workloads", "cpu-preset", "--json", *flags]) == 0
+    assert seen[0].repeats == 1 and seen[0].population == 4 and seen[0].workloads == ["cpu-preset"]
+    assert seen[0].rank == (4 if "--rank" in flags else 1)

@@ -268,11 +268,9 @@ def _env_options(p: argparse.ArgumentParser) -> None:
 def _bench_options(p: argparse.ArgumentParser) -> None:
     from esft.bench import BenchConfig
 
-    # generation overrides come as --set KEY=VALUE; the bench reads no --config file, so its flags carry the
-    # config's defaults
+    # generation overrides come as --set KEY=VALUE; an unset flag stays unset, so that esft.bench can refuse a
+    # typed flag its configuration would ignore
     add_dataclass_arguments(p, BenchConfig, skip=("generation",))
-    p.set_defaults(**{f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
-                      for f in dataclasses.fields(BenchConfig) if f.name != "generation"})
     p.add_argument("--json", action="store_true", help="one JSON object instead of the table")
     p.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="GenerationConfig override for the esft engine (lever experiments), e.g. lean=false")

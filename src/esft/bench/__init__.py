@@ -88,7 +88,7 @@ from esft.bench.roofline import (
     EMULATED_BF16_MATMUL_SIZE, ModelShape, best_dtype_roofline_ratio, bf16_matmul_size, count_params, cpu_info,
     effective_layout, executed_flops, load_average, matmul_gflops, roofline_ratio,
 )
-from esft.bench.options import FAST_GENERATION, FAST_NOISE, BenchConfig, parse_overrides
+from esft.bench.options import FAST_GENERATION, FAST_NOISE, BenchConfig, check_given, parse_overrides
 from esft.bench.workloads import (FAST_PARALLEL_MEMBERS, WORKLOADS, PseudoTask, Workload, bench_fitness,
                                   build_workload)
 from esft.config import build_config
@@ -419,8 +419,9 @@ def main(args) -> int:
     import sys
 
     names = {f.name for f in dataclasses.fields(BenchConfig)}
-    config = build_config(BenchConfig, None, None, None, {k: v for k, v in vars(args).items() if k in names},
-                          check=BenchConfig.check)
+    given = {k: v for k, v in vars(args).items() if k in names}  # the flags typed: the parser sets no default
+    config = build_config(BenchConfig, None, None, None, given, check=BenchConfig.check)
+    check_given(config, given)
     config.generation.update(parse_overrides(args.set or []))
     if config.workers > 1 and "batch_size" in config.generation:  # else refused by the replicas' ESConfig, later
         raise ValueError("--set batch_size: not with --workers (the Ray replicas generate in the workload's batches, "

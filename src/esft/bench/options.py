@@ -11,7 +11,7 @@ from esft.bench.workloads import WORKLOADS
 from esft.config import FAST_CPU_GENERATION, ConfigHooks, check_fields
 from esft.config_rules import at_least, one_of
 
-__all__ = ["BENCH_RULES", "BenchConfig", "FAST_GENERATION", "FAST_NOISE", "parse_overrides"]
+__all__ = ["BENCH_RULES", "BenchConfig", "FAST_GENERATION", "FAST_NOISE", "check_given", "parse_overrides"]
 
 #: esft's fast configuration, measured by default: esft.config.FAST_CPU_GENERATION (shared-prefix and
 #: length-bucketed prefill, oneDNN packed linears, the compiled attention kernel) and noise from the shared table.
@@ -116,6 +116,32 @@ class BenchConfig(ConfigHooks):
 #: layout (workers 0 is neither the local executor nor Ray workers)
 BENCH_RULES = {"repeats": at_least(1), "threads": at_least(1), "parallel_members": at_least(1), "workers": at_least(1),
                "rank": at_least(1), "seed": at_least(0), "rollout_dtype": one_of("auto", "float32", "bfloat16")}
+
+
+def check_given(config: BenchConfig, given: dict[str, Any]) -> None:
+    """Refuse a flag the user typed (`given`: field -> value) that `config` would ignore without a word, before the
+    model loads. A false value (`--no-vllm`, `--parallel-members 1`) asks for nothing more and passes."""
+    from esft.bench.inference import vllm_available
+
+    if given.get("vllm") and not config.inference:
+        raise ValueError("--vllm: vLLM is timed in the pure-generation comparison, which --no-inference turns off; "
+                         "drop one of the two")
+    if config.noise == "lowrank" or config.workers > 1:
+        layout = "--noise lowrank" if config.noise == "lowrank" else f"--workers {config.workers}"
+        pure = "the pure-generation comparison runs on local member lanes only"
+        why = {"inference": pure, "vllm": pure, "parallel_members": "member lanes are the local executor's",
+               "compare_fp32": "its rollouts are fp32: bf16 rollouts run on local member lanes only"}
+        for key, reason in why.items():
+            if given.get(key) and not (key == "parallel_members" and given[key] == 1):
+                raise ValueError(f"--{key.replace('_', '-')}: not with {layout}: {reason}")
+    if given.get("compare_fp32") and config.rollout_dtype == "float32":
+        source = "--rollout-dtype float32" if "rollout_dtype" in given else "--exact"
+        raise ValueError(f"--compare-fp32: the rollouts are fp32 already ({source}), so there is nothing to compare")
+    if "rank" in given and config.noise != "lowrank":
+        raise ValueError(f"--rank: the rank of --noise lowrank only; the noise here is {config.noise!r}")
+    if given.get("vllm") and not vllm_available():
+        raise ValueError("--vllm: vLLM is not installed in this Python environment (its CPU build lives in its own: "
+                         "run esft bench from the environment scripts/vllm_venv.sh makes), or drop --vllm")
 
 
 #: GenerationConfig fields that define what the workload generates, not how the esft engine runs: an override
