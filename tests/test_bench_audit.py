@@ -416,3 +416,21 @@ def test_flags_that_take_effect_or_ask_for_nothing_still_run(monkeypatch, flags)
     assert main(["bench", "--workloads", "cpu-preset", "--json", *flags]) == 0
     assert seen[0].repeats == 1 and seen[0].population == 4 and seen[0].workloads == ["cpu-preset"]
     assert seen[0].rank == (4 if "--rank" in flags else 1)
+
+
+@pytest.mark.parametrize("threads, warned", [(3, True), (2, False)])
+def test_more_threads_than_cores_is_said_before_the_bench_runs(monkeypatch, recwarn, threads, warned):
+    """`--threads 64` on a 2-core machine ran oversubscribed and reported its rates and timings as the machine's,
+    without a word."""
+    import esft.bench
+    import esft.es.distributed.factory
+    from esft.cli import main
+
+    monkeypatch.setattr(esft.es.distributed.factory, "machine_cores", lambda: 2)
+    seen = []
+    monkeypatch.setattr(esft.bench, "run_bench", lambda config, log: seen.append(config) or {"workloads": {}})
+    assert main(["bench", "--workloads", "cpu-preset", "--threads", str(threads), "--json"]) == 0
+    said = [str(w.message) for w in recwarn if "cores this process may run on" in str(w.message)]
+    assert seen[0].threads == threads
+    assert said == (["--threads 3 is more than the 2 cores this process may run on: threads share cores, so the "
+                     "matmul rates and the timings measure that oversubscription"] if warned else [])

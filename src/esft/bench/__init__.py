@@ -422,6 +422,14 @@ def main(args) -> int:
     given = {k: v for k, v in vars(args).items() if k in names}  # the flags typed: the parser sets no default
     config = build_config(BenchConfig, None, None, None, given, check=BenchConfig.check)
     check_given(config, given)
+    from esft.es.distributed.factory import machine_cores
+
+    if config.threads and config.threads > machine_cores():  # allowed (an experiment), but never silently
+        import warnings
+
+        warnings.warn(f"--threads {config.threads} is more than the {machine_cores()} cores this process may run on: "
+                      "threads share cores, so the matmul rates and the timings measure that oversubscription",
+                      stacklevel=2)
     config.generation.update(parse_overrides(args.set or []))
     if config.workers > 1 and "batch_size" in config.generation:  # else refused by the replicas' ESConfig, later
         raise ValueError("--set batch_size: not with --workers (the Ray replicas generate in the workload's batches, "
