@@ -434,3 +434,15 @@ def test_more_threads_than_cores_is_said_before_the_bench_runs(monkeypatch, recw
     assert seen[0].threads == threads
     assert said == (["--threads 3 is more than the 2 cores this process may run on: threads share cores, so the "
                      "matmul rates and the timings measure that oversubscription"] if warned else [])
+
+
+def test_ray_workers_without_ray_are_refused_before_the_model_loads(monkeypatch, capsys):
+    """`esft bench --workers 2` where Ray is not installed loaded the model, timed the matmul and built the
+    workload, then ended in an ImportError traceback (exit status 1)."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` fails, as where it is not installed
+    assert _main_without_model(monkeypatch, ["bench", "--workloads", "cpu-preset", "--workers", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "--workers: the workers are Ray processes, and Ray is not installed: pip install 'esft[ray]'" in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1

@@ -4,6 +4,7 @@ the rules its values must meet before the model loads, and the `--set KEY=VALUE`
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -105,6 +106,9 @@ class BenchConfig(ConfigHooks):
             raise ValueError(f"--noise: unknown noise mode {self.noise!r}; choose one of {(*NOISE_MODES, 'lowrank')}")
         if self.noise == "lowrank" and self.workers > 1:
             raise ValueError("--workers: a low-rank population is one batched generation in one process")
+        if self.workers > 1 and importlib.util.find_spec("ray") is None:  # else an ImportError once the model loaded
+            raise ValueError("--workers: the workers are Ray processes, and Ray is not installed: "
+                             "pip install 'esft[ray]'")
         if self.rollout_dtype == "bfloat16" and (self.noise == "lowrank" or self.workers > 1):
             # as ESConfig refuses it: the bench would time fp32 rollouts under the bf16 label asked for
             raise ValueError("--rollout-dtype bfloat16: bf16 rollouts run on local member lanes only, not with "
