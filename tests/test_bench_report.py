@@ -62,6 +62,14 @@ def test_report_head_records_one_lane_where_members_do_not_run_in_local_lanes():
     assert (lanes(), lanes(noise="lowrank"), lanes(workers=2)) == (3, 1, 1)
 
 
+def test_report_head_records_the_cores_this_process_may_use_beside_the_machines(monkeypatch):
+    """cpu_count is the machine's; a container or taskset may give the bench fewer, which its rates depend on."""
+    monkeypatch.setattr(bench.os, "cpu_count", lambda: 64)
+    monkeypatch.setattr(bench.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    head = bench._report_head(bench.BenchConfig(), torch.nn.Linear(2, 2), torch.float32, {})
+    assert (head["cpu_count"], head["usable_cores"]) == (64, 2)
+
+
 def stub_run_bench(monkeypatch, tokenizer, vllm_generation, **config):
     """run_bench with stand-in iterations (8 s, 400 tokens) and esft pure generation (100 tokens/s)."""
     monkeypatch.setattr(bench, "esft_iteration", lambda *a, **k: run(8.0))

@@ -92,6 +92,7 @@ from esft.bench.options import FAST_GENERATION, FAST_NOISE, BenchConfig, check_g
 from esft.bench.workloads import (FAST_PARALLEL_MEMBERS, WORKLOADS, PseudoTask, Workload, bench_fitness,
                                   build_workload)
 from esft.config import build_config
+from esft.es.distributed.factory import machine_cores
 
 __all__ = ["BenchConfig", "EMULATED_BF16_MATMUL_SIZE", "FAST_GENERATION", "FAST_NOISE", "FAST_PARALLEL_MEMBERS",
            "ModelShape", "PseudoTask", "WORKLOADS", "Workload", "bench_fitness", "bench_precision", "bf16_matmul_size",
@@ -244,7 +245,8 @@ def _report_head(config: BenchConfig, model, dtype: torch.dtype, readings: dict[
             "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "cpu": cpu_info(),
             "threads": torch.get_num_threads(), "dtype": str(dtype).replace("torch.", ""),
             "params": count_params(model), "model": config.model, "noise": config.noise,
-            "torch": torch.__version__, "cpu_count": os.cpu_count(),
+            # the machine's cores, and those this process may run on (a container's or taskset's share of them)
+            "torch": torch.__version__, "cpu_count": os.cpu_count(), "usable_cores": machine_cores(),
             "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
             "population": config.population, "generation_overrides": dict(config.generation),
             "workers": config.workers,
@@ -422,8 +424,6 @@ def main(args) -> int:
     given = {k: v for k, v in vars(args).items() if k in names}  # the flags typed: the parser sets no default
     config = build_config(BenchConfig, None, None, None, given, check=BenchConfig.check)
     check_given(config, given)
-    from esft.es.distributed.factory import machine_cores
-
     if config.threads and config.threads > machine_cores():  # allowed (an experiment), but never silently
         import warnings
 
