@@ -66,27 +66,32 @@ def check_selection(config: ESConfig) -> None:
 
 
 def check_lowrank_memory(config: ESConfig) -> None:
-    """A low-rank run whose population's factors (esft.es.lowrank.factor_bytes) need more memory than is available
-    (esft.es.lanes.available_memory) is refused from the model's skeleton, before its weights load, with the largest
-    rank that fits. Only on the CPU, where that is the memory the factors take; elsewhere, and where the model's
-    config or the memory cannot be read, nothing is refused here."""
+    """A low-rank run is refused from the model's skeleton, before its weights load, where its selection holds no
+    matrix, where the batched population forward cannot perturb a selected matrix (esft.es.lowrank.matrix_owners:
+    GPT-2's Conv1D), and where its population's factors (esft.es.lowrank.factor_bytes) need more memory than is
+    available (esft.es.lanes.available_memory; the message names the largest rank that fits). The memory only on
+    the CPU, where that is the memory the factors take; where the model's config or the memory cannot be read,
+    nothing is refused here."""
     if config.noise != "lowrank":
         return
-    from esft.es.lowrank import check_factor_memory
+    from esft.es.lowrank import check_factor_memory, matrix_owners
     from esft.models import default_device, model_skeleton, parse_dtype
 
-    device = torch.device(config.device or default_device())
-    if device.type != "cpu":
-        return
     try:
         skeleton = model_skeleton(config.model)
     except (OSError, ValueError, ImportError, KeyError):  # load_model will say what is wrong with the model
         return
     # the matrices LowRankWeights keeps, in the order PopulationPerturbation builds their factors
-    shapes = [tuple(p.shape) for p in select_parameters(skeleton, config.include or None,
-                                                         config.exclude or None).values() if p.dim() == 2]
-    check_factor_memory(shapes, config.population_size, config.rank, parse_dtype(config.dtype, device).itemsize,
-                        available_memory())
+    matrices = {name: p for name, p in select_parameters(skeleton, config.include or None,
+                                                         config.exclude or None).items() if p.dim() == 2}
+    if not matrices:  # as LowRankWeights says once the weights have loaded
+        raise ValueError("lowrank noise needs at least one selected 2-D weight matrix")
+    matrix_owners(skeleton, matrices)
+    device = torch.device(config.device or default_device())
+    if device.type != "cpu":
+        return
+    check_factor_memory([tuple(p.shape) for p in matrices.values()], config.population_size, config.rank,
+                        parse_dtype(config.dtype, device).itemsize, available_memory())
 
 
 def make_weights(model: Any, config: ESConfig) -> MasterWeights:

@@ -153,20 +153,52 @@ def check_factor_memory(shapes: Sequence[Sequence[int]], members: int, rank: int
 
 # ---- the batched population forward --------------------------------------------------------------------------------
 
-def _embedding_output_scale(module: torch.nn.Module) -> float | None:
-    """The factor by which `module`'s output is its weight's rows (1.0 for a plain nn.Linear / nn.Embedding), or
-    None when its forward is unknown. A scaled word embedding (Gemma and the other transformers classes that return
-    `super().forward(input_ids) * self.embed_scale`) multiplies the perturbation's rows by embed_scale too, so the
-    per-row term must be scaled alike to equal the forward of the materialised W + sigma E."""
+def _output_scale_source(module: torch.nn.Module) -> float | torch.Tensor | None:
+    """1.0 for a plain nn.Linear / nn.Embedding, a scaled word embedding's `embed_scale` (a tensor or a number), or
+    None when the forward is unknown; reads no weight, so it also answers for a skeleton on the meta device."""
     base = torch.nn.Embedding if isinstance(module, torch.nn.Embedding) else torch.nn.Linear
     if type(module).forward is base.forward:
         return 1.0
     scale = getattr(module, "embed_scale", None)
     # a further parameter (T5Gemma2's end-of-image row) means the forward does more than scale the rows
     if base is torch.nn.Embedding and scale is not None and [n for n, _ in module.named_parameters()] == ["weight"]:
-        # as those forwards multiply: a buffer (Gemma) cast to the weight's dtype, a Python float as it is
-        return float(scale.to(module.weight.dtype)) if isinstance(scale, torch.Tensor) else float(scale)
+        return scale
     return None
+
+
+def _embedding_output_scale(module: torch.nn.Module) -> float | None:
+    """The factor by which `module`'s output is its weight's rows (1.0 for a plain nn.Linear / nn.Embedding), or
+    None when its forward is unknown. A scaled word embedding (Gemma and the other transformers classes that return
+    `super().forward(input_ids) * self.embed_scale`) multiplies the perturbation's rows by embed_scale too, so the
+    per-row term must be scaled alike to equal the forward of the materialised W + sigma E."""
+    scale = _output_scale_source(module)
+    # as those forwards multiply: a buffer (Gemma) cast to the weight's dtype, a Python float as it is
+    return float(scale.to(module.weight.dtype)) if isinstance(scale, torch.Tensor) else scale
+
+
+def matrix_owners(model: torch.nn.Module, params: dict[str, torch.Tensor]) -> list[tuple[str, torch.nn.Module]]:
+    """(name, module) of every module owning one of `params` (selected matrices by name), in the model's module
+    order (a tied matrix once per owner). Raises NotImplementedError where the batched population forward cannot
+    add a matrix's per-row term: an owner that is not nn.Linear / nn.Embedding, one whose forward is unknown, a
+    matrix no module owns. Reads no weight: esft.es.build runs it on the model's skeleton before the weights load."""
+    by_id = {id(p): name for name, p in params.items()}
+    owners: list[tuple[str, torch.nn.Module]] = []
+    for module in model.modules():
+        weight = getattr(module, "weight", None)
+        name = by_id.get(id(weight)) if isinstance(weight, torch.Tensor) else None
+        if name is None:
+            continue
+        if not isinstance(module, (torch.nn.Linear, torch.nn.Embedding)):
+            raise NotImplementedError(f"low-rank population forward: {type(module).__name__} owning {name} "
+                                      "is not nn.Linear / nn.Embedding")
+        if _output_scale_source(module) is None:
+            raise NotImplementedError(f"low-rank population forward: {type(module).__name__} owning {name} "
+                                      "overrides forward, so its per-row term is unknown")
+        owners.append((name, module))
+    missing = set(params) - {name for name, _ in owners}
+    if missing:
+        raise NotImplementedError(f"selected matrices not owned by a Linear / Embedding: {sorted(missing)[:5]}")
+    return owners
 
 
 class PopulationPerturbation:
@@ -182,35 +214,15 @@ class PopulationPerturbation:
         self.rank = weights.rank
         self.scale = float(sigma) / math.sqrt(self.rank)
         dtype = next(iter(weights.params.values())).dtype
-        by_id = {id(p): name for name, p in weights.params.items()}
         self.factors: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         self._handles: list[Any] = []
         self._mask: torch.Tensor | None = None
-        hooked: set[str] = set()
-        for module in model.modules():
-            weight = getattr(module, "weight", None)
-            name = by_id.get(id(weight)) if isinstance(weight, torch.Tensor) else None
-            if name is None:
-                continue
-            if not isinstance(module, (torch.nn.Linear, torch.nn.Embedding)):
-                self.close()
-                raise NotImplementedError(f"low-rank population forward: {type(module).__name__} owning {name} "
-                                          "is not nn.Linear / nn.Embedding")
-            embed_scale = _embedding_output_scale(module)
-            if embed_scale is None:
-                self.close()
-                raise NotImplementedError(f"low-rank population forward: {type(module).__name__} owning {name} "
-                                          "overrides forward, so its per-row term is unknown")
+        for name, module in matrix_owners(model, weights.params):  # checked before any factor or hook exists
             if name not in self.factors:
                 self.factors[name] = self._concat(weights, name, dtype)
-            hook = self._embedding_hook(name, embed_scale) if isinstance(module, torch.nn.Embedding) \
-                else self._linear_hook(name)
+            hook = self._embedding_hook(name, _embedding_output_scale(module)) \
+                if isinstance(module, torch.nn.Embedding) else self._linear_hook(name)
             self._handles.append(module.register_forward_hook(hook))
-            hooked.add(name)
-        missing = set(weights.params) - hooked
-        if missing:
-            self.close()
-            raise NotImplementedError(f"selected matrices not owned by a Linear / Embedding: {sorted(missing)[:5]}")
 
     def _concat(self, weights: LowRankWeights, name: str, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """(A_cat^T [N r, m], B_cat [n, N r]) in the model's dtype, member signs folded into A."""
@@ -341,6 +353,7 @@ class LowRankExecutor(LocalExecutor):
                  gen_config: Any, generate_fn: Any = None):
         if not isinstance(weights, LowRankWeights):
             raise TypeError("LowRankExecutor needs LowRankWeights (config noise='lowrank')")
+        matrix_owners(model, weights.params)  # a model it cannot perturb fails here, not after an evaluation
         self._custom = generate_fn is not None
         super().__init__(model, tokenizer, weights, task, strategy, gen_config, generate_fn=generate_fn)
 
@@ -391,4 +404,5 @@ def population_logits(model: torch.nn.Module, weights: LowRankWeights, members: 
 
 
 __all__ = ["LowRankWeights", "LowRankExecutor", "PopulationPerturbation", "generate_population", "lowrank_factors",
-           "accumulate_outer", "check_factor_memory", "factor_bytes", "held_factor_bytes", "population_logits"]
+           "accumulate_outer", "check_factor_memory", "factor_bytes", "held_factor_bytes", "matrix_owners",
+           "population_logits"]
