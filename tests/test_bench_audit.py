@@ -41,11 +41,14 @@ def test_bad_generation_overrides_are_refused_before_the_model_loads(monkeypatch
      "--rollout-dtype bfloat16: bf16 rollouts run on local member lanes only"),
     (["--workloads", "cpu-preset", "--workers", "2", "--rollout-dtype", "bfloat16"],
      "--rollout-dtype bfloat16: bf16 rollouts run on local member lanes only"),
+    (["--workloads", "cpu-preset", "--rank", "4"], "--rank 4: only --noise lowrank reads it (noise 'table' draws"),
+    (["--workloads", "cpu-preset", "--exact", "--rank", "4"], "--rank 4: only --noise lowrank reads it"),
 ])
 def test_workloads_and_layouts_that_cannot_run_are_refused_before_the_model_loads(monkeypatch, capsys, flags, words):
     """An empty --workloads loaded the model, timed the matmul and printed an empty table with exit status 0; a
     workload named twice ran twice, the second run replacing the first in the report; --noise lowrank with
-    --workers 2 was refused only after the model loaded and the matmul was timed."""
+    --workers 2 was refused only after the model loaded and the matmul was timed; --rank 4 without --noise lowrank
+    timed full-rank noise and said nothing of the rank."""
     assert _main_without_model(monkeypatch, ["bench", *flags]) == 2
     assert words in capsys.readouterr().err
 
@@ -375,7 +378,7 @@ def test_a_low_rank_or_ray_bench_records_the_rollout_request_as_made(layout):
     (["--workers", "2", "--compare-fp32"], "--compare-fp32: not with --workers 2: its rollouts are fp32"),
     (["--rollout-dtype", "float32", "--compare-fp32"], "the rollouts are fp32 already (--rollout-dtype float32)"),
     (["--exact", "--compare-fp32"], "the rollouts are fp32 already (--exact)"),
-    (["--rank", "4"], "--rank: the rank of --noise lowrank only; the noise here is 'table'"),
+    (["--rank", "4"], "--rank 4: only --noise lowrank reads it (noise 'table' draws full-rank perturbations)"),
 ])
 def test_a_typed_flag_the_run_would_ignore_is_refused_before_the_model_loads(monkeypatch, capsys, flags, words):
     """`--no-inference --vllm` ran without timing vLLM and without a word (the parser gave every flag its default,
@@ -446,3 +449,17 @@ def test_ray_workers_without_ray_are_refused_before_the_model_loads(monkeypatch,
     err = capsys.readouterr().err
     assert "--workers: the workers are Ray processes, and Ray is not installed: pip install 'esft[ray]'" in err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_low_rank_bench_records_its_rank():
+    """The report of `esft bench --noise lowrank --rank 4` said "noise lowrank" and nothing of the rank it timed."""
+    import torch
+
+    from esft import bench
+
+    model = torch.nn.Linear(2, 2)
+    head = bench._report_head(bench.BenchConfig(noise="lowrank", rank=4), model, torch.float32, {})
+    assert head["rank"] == 4
+    assert bench._report_head(bench.BenchConfig(noise="table"), model, torch.float32, {})["rank"] is None
+    head.update(matmul_gflops=1.0, cpu={"model": "x"})
+    assert "noise lowrank (rank 4);" in bench.format_table(head)

@@ -245,6 +245,7 @@ def _report_head(config: BenchConfig, model, dtype: torch.dtype, readings: dict[
             "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "cpu": cpu_info(),
             "threads": torch.get_num_threads(), "dtype": str(dtype).replace("torch.", ""),
             "params": count_params(model), "model": config.model, "noise": config.noise,
+            "rank": config.rank if config.noise == "lowrank" else None,
             # the machine's cores, and those this process may run on (a container's or taskset's share of them)
             "torch": torch.__version__, "cpu_count": os.cpu_count(), "usable_cores": machine_cores(),
             "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
@@ -377,7 +378,8 @@ def format_table(report: dict[str, Any]) -> str:
     kernel = report.get("decode_attention_kernel")
     head = (f"matmul {report['matmul_gflops']:.1f} GFLOP/s ({report['dtype']}, {report['threads']} threads)"
             + (f", bf16 {bf16:.1f}" if bf16 else "") + "; "
-            f"{report['params'] / 1e6:.1f}M params; N {report['population']}; noise {report['noise']}; "
+            f"{report['params'] / 1e6:.1f}M params; N {report['population']}; noise {report['noise']}"
+            + (f" (rank {report['rank']})" if report.get("rank") else "") + "; "
             f"generation {report['generation_overrides'] or 'defaults'}"
             + (f" (attention kernel not used: {kernel})" if kernel not in (None, "loaded") else "") + "; rollouts "
             f"{(report.get('rollout_precision') or {}).get('rollout_dtype', 'float32')}; "

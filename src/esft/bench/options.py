@@ -104,6 +104,9 @@ class BenchConfig(ConfigHooks):
 
         if self.noise not in (*NOISE_MODES, "lowrank"):
             raise ValueError(f"--noise: unknown noise mode {self.noise!r}; choose one of {(*NOISE_MODES, 'lowrank')}")
+        if self.rank != 1 and self.noise != "lowrank":  # the full-rank noise would be timed under the rank asked for
+            raise ValueError(f"--rank {self.rank}: only --noise lowrank reads it (noise {self.noise!r} draws "
+                             "full-rank perturbations)")
         if self.noise == "lowrank" and self.workers > 1:
             raise ValueError("--workers: a low-rank population is one batched generation in one process")
         if self.workers > 1 and importlib.util.find_spec("ray") is None:  # else an ImportError once the model loaded
@@ -141,8 +144,6 @@ def check_given(config: BenchConfig, given: dict[str, Any]) -> None:
     if given.get("compare_fp32") and config.rollout_dtype == "float32":
         source = "--rollout-dtype float32" if "rollout_dtype" in given else "--exact"
         raise ValueError(f"--compare-fp32: the rollouts are fp32 already ({source}), so there is nothing to compare")
-    if "rank" in given and config.noise != "lowrank":
-        raise ValueError(f"--rank: the rank of --noise lowrank only; the noise here is {config.noise!r}")
     if given.get("vllm") and not vllm_available():
         raise ValueError("--vllm: vLLM is not installed in this Python environment (its CPU build lives in its own: "
                          "run esft bench from the environment scripts/vllm_venv.sh makes), or drop --vllm")
