@@ -45,7 +45,7 @@ class BenchConfig(ConfigHooks):
     "lowrank": EGGROLL populations, all members in one batched generation, esft.es.lowrank); None = table, or
     per-tensor with --exact"""
     rank: int = 1
-    """rank r of the "lowrank" noise"""
+    """rank r of the "lowrank" noise (another rank than 1 with another noise is refused)"""
     naive: bool = True
     """also time the naive iteration (needed for speedup_vs_naive)"""
     generation: dict[str, Any] | None = None
