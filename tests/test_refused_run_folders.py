@@ -1,7 +1,7 @@
-"""A training run refused or failed before it logs anything leaves the user's --output-dir as it found it
-(esft.run_undo.locked_run_folder): a folder it made is gone, a folder that was there keeps exactly its own files, so
-the same command with the option fixed starts cleanly. Real `esft train` runs at tiny settings (a random-init Llama
-with the SmolLM2 tokenizer saved as a model folder)."""
+"""A new training run refused or failed before it trains a step (its step-0 evaluation aside) leaves the user's
+--output-dir as it found it (esft.run_undo.locked_run_folder): a folder it made is gone, a folder that was there
+keeps exactly its own files, so the same command with the option fixed starts cleanly. Real `esft train` runs at
+tiny settings (a random-init Llama with the SmolLM2 tokenizer saved as a model folder)."""
 
 from __future__ import annotations
 
@@ -84,16 +84,56 @@ def test_grpo_run_refused_by_trl_leaves_no_files(tiny_dir, tmp_path, capsys):
     assert contents(mine) == before
 
 
+TWO_REWARD = """
+def two(completions, **kwargs):
+    return [2.0 for _ in completions]
+"""
+
+
+def test_es_run_refused_after_its_step_0_evaluation_leaves_no_files_and_reruns(tiny_dir, tmp_path, monkeypatch,
+                                                                              capsys):
+    """DART-ES refuses a reward outside [0, 1] at its first iteration, after the step-0 evaluation was logged: the
+    folder was kept, so the fixed command (`--fitness mean`) was refused as "already holds a run", and its resume
+    as a change of fitness_rule; the user had to delete the folder."""
+    from conftest import importable_module
+
+    importable_module(tmp_path, monkeypatch, "two_rewards", TWO_REWARD)
+    data = tmp_path / "one.jsonl"
+    data.write_text("".join(json.dumps({"question": f"{i}+{i}?", "answer": str(2 * i)}) + "\n" for i in range(6)))
+    out = tmp_path / "runs" / "es"
+    assert main([*es_data_args(tiny_dir, data, out, "two_rewards:two"), "--fitness", "dart"]) == 2
+    assert "DART-ES" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()
+    assert main(es_data_args(tiny_dir, data, out, "two_rewards:two")) == 0  # the fixed command runs
+    assert (out / "checkpoints" / "final").is_dir()
+
+
 def test_a_folder_that_holds_a_run_or_an_interrupted_one_is_kept(tmp_path):
-    """Only a failure before anything is logged is undone: a logged record, or Ctrl-C (whose message says how
-    to resume from config.yaml), keeps every file."""
+    """A failure is undone only before a new run trains a step: a trained step's record, a run that was there
+    before (a resume's), or Ctrl-C (whose message says how to resume from config.yaml), keeps every file."""
     logged = tmp_path / "logged"
     with pytest.raises(ValueError):
         with locked_run_folder(logged):
             (logged / "config.yaml").write_text("seed: 1\n")
-            (logged / "metrics.jsonl").write_text('{"kind": "eval", "step": 0}\n')
+            (logged / "metrics.jsonl").write_text('{"kind": "eval", "step": 0}\n{"kind": "train", "step": 1}\n')
             raise ValueError("late failure")
     assert {p.name for p in logged.iterdir()} == {".lock", "config.yaml", "metrics.jsonl"}
+
+    evaluated = tmp_path / "evaluated"  # only the step-0 evaluation: undone, as if nothing was logged
+    with pytest.raises(ValueError):
+        with locked_run_folder(evaluated):
+            (evaluated / "config.yaml").write_text("seed: 1\n")
+            (evaluated / "metrics.jsonl").write_text('{"kind": "eval", "step": 0}\n')
+            raise ValueError("refused at the first iteration")
+    assert not evaluated.exists()
+
+    (evaluated / "metrics.jsonl").parent.mkdir()  # the same, resumed: the run was there before, and is kept
+    (evaluated / "metrics.jsonl").write_text('{"kind": "eval", "step": 0}\n')
+    with pytest.raises(ValueError):
+        with locked_run_folder(evaluated):
+            (evaluated / "config.yaml").write_text("seed: 1\n")
+            raise ValueError("refused on resume")
+    assert {p.name for p in evaluated.iterdir()} == {".lock", "config.yaml", "metrics.jsonl"}
 
     stopped = tmp_path / "stopped"
     with pytest.raises(KeyboardInterrupt):

@@ -1,4 +1,4 @@
-"""What a trainer adds to its run folder, undone when the run is refused or fails before it logs anything: the
+"""What a trainer adds to its run folder, undone when a new run is refused or fails before it trains a step: the
 user's `output_dir` is left as it was found, so the same command with the option fixed starts cleanly."""
 
 from __future__ import annotations
@@ -30,9 +30,9 @@ class FolderChanges:
     """What one invocation adds to a run folder. Made before the folder is (the folders to make, whether a `.lock`
     is there), then `record`ed once the run holds the folder's lock (its entries and config.yaml: another
     process's undo may still change them before that). `undo` removes the additions (the folder itself and
-    parents made for it, where empty) and restores a config.yaml that was overwritten, so a run refused or failed
-    before it logged anything leaves the user's `output_dir` as it found it; nothing that was there before is
-    removed."""
+    parents made for it, where empty) and restores a config.yaml that was overwritten, so a new run refused or
+    failed before it trained a step leaves the user's `output_dir` as it found it; nothing that was there before
+    is removed."""
 
     def __init__(self, folder: str | Path):
         self.folder = Path(folder)
@@ -44,11 +44,16 @@ class FolderChanges:
         self.had_lock = (self.folder / ".lock").exists()
         self.before: set[str] = set()
         self.config: bytes | None = None
+        self.held_run = False
 
     def record(self) -> None:
         self.before = self._entries()
         config = self.folder / "config.yaml"
         self.config = config.read_bytes() if config.is_file() else None
+        try:
+            self.held_run = self.folder.is_dir() and holds_run(self.folder)
+        except CorruptLogError:  # a damaged log is still a run's
+            self.held_run = True
 
     def _entries(self) -> set[str]:
         if not self.folder.is_dir():
@@ -60,10 +65,12 @@ class FolderChanges:
         return found
 
     def undo(self) -> None:
-        """Remove what was added since, unless the folder now holds a run or a GRPO step's drift line (then the run's
-        resume needs it all)."""
+        """Remove what was added since, unless the folder held a run before (a resume's) or now holds a trained step
+        (then the run's resume needs it all). A new run that failed after its step-0 evaluation alone is removed
+        with it: that evaluation is redone by the command that starts the run again, which could otherwise not
+        start there (the folder would hold a run) nor resume it with the option that caused the failure changed."""
         try:
-            if not self.folder.is_dir() or holds_run(self.folder) or read_jsonl(self.folder / "drift.jsonl"):
+            if not self.folder.is_dir() or self.held_run or trained_something(self.folder):
                 return
         except CorruptLogError:  # a damaged log is still a run's
             return
@@ -87,10 +94,21 @@ class FolderChanges:
                 break
 
 
+def trained_something(folder: Path) -> bool:
+    """Whether a run folder holds more than a step-0 evaluation: an update in seeds.jsonl, a checkpoint, a GRPO
+    step's drift line, or a metrics record of a step past 0 or of training."""
+    if read_jsonl(folder / "seeds.jsonl") or read_jsonl(folder / "drift.jsonl"):
+        return True
+    root = folder / CHECKPOINTS
+    if root.is_dir() and any(not p.name.startswith(".") for p in root.iterdir()):
+        return True
+    return any(r.get("kind") != "eval" or r.get("step") != 0 for r in read_jsonl(folder / "metrics.jsonl"))
+
+
 @contextmanager
 def locked_run_folder(folder: str | Path) -> Iterator[RunLock]:
     """The RunLock of `folder` while one trainer sets up and runs there; an Exception (a refusal, a failed first
-    step) before the folder holds a run undoes what this invocation added (FolderChanges). Ctrl-C keeps it: the
+    step) before a new run has trained a step undoes what this invocation added (FolderChanges). Ctrl-C keeps it: the
     interrupted run's resume reads its config.yaml, as does that of a full disk's (its error says so)."""
     changes = FolderChanges(folder)
     lock = RunLock(folder)
@@ -114,4 +132,4 @@ def locked_run_folder(folder: str | Path) -> Iterator[RunLock]:
         lock.release()
 
 
-__all__ = ["FolderChanges", "locked_run_folder"]
+__all__ = ["FolderChanges", "locked_run_folder", "trained_something"]

@@ -380,7 +380,7 @@ class ESTrainer:
     def train(self) -> TrainResult:
         from tqdm.auto import tqdm
 
-        with locked_run_folder(self.out):  # a run refused before it logs anything leaves no files behind
+        with locked_run_folder(self.out):  # a new run refused before it trains a step leaves no files behind
             return self._train_locked(tqdm)
 
     def _checkpoint_due(self, step: int) -> bool:
@@ -438,7 +438,7 @@ class ESTrainer:
             self._raise_if_disk_full(exc)
             raise
         except ValueError as exc:  # a reward or task that raises on new text; run-time errors keep their own class
-            if self.step == 0:  # nothing logged: a refusal, whose folder locked_run_folder removes
+            if self.step == 0:  # nothing trained: a refusal; a new run's folder is removed by locked_run_folder
                 raise
             raise RunFailed(f"{exc} (after {_logged(self.step)} in {self.out}, which are kept; once the cause is "
                             f"fixed, continue with `esft train es --resume {self.out}`)") from exc
