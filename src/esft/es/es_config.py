@@ -217,9 +217,12 @@ def check_combinations(config: ESConfig) -> None:
     config.fitness_options = {k: getattr(options, k) for k in config.fitness_options}
     coef = options.format_coef
     if config.format_bonus and config.format_bonus != coef:  # as esft.es.dart.make_dart
+        # a format_coef given is the one asked for: then the bonus is what to drop, not to copy into it
+        advice = ("format_bonus 0 (--format-bonus 0) beside the format_coef given" if "format_coef" in
+                  config.fitness_options else f"fitness_options {{format_coef: {config.format_bonus}}} and "
+                  "format_bonus 0")
         raise ConfigError("format_bonus", config.format_bonus, f"0 or {coef} with fitness rule 'dart' (DART-ES has "
-                          f"its own format coefficient: set fitness_options {{format_coef: {config.format_bonus}}} "
-                          "and leave format_bonus at 0)")
+                          f"its own format coefficient: set {advice})")
 
 
 def _integer(low: int) -> Any:
