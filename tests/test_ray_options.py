@@ -270,6 +270,36 @@ def test_a_worker_count_that_cannot_be_derived_is_refused_with_its_reason(monkey
     assert counted._resources()[0] == 3  # a count that is given needs none
 
 
+@pytest.mark.parametrize("num_workers, options, error", [
+    (3, {}, r"^3 Ray workers requested .* nodes fit 2"),
+    (1, {"use_gpu": True}, r"\(executor_options use_gpu: true\) but the Ray cluster has no GPUs"),
+])
+def test_workers_the_cluster_cannot_hold_are_refused_before_the_model_loads(tmp_path, monkeypatch, num_workers,
+                                                                             options, error):
+    """The refusal `RayExecutor.start` makes comes right after the connection, not once the driver's model (minutes
+    for a large one) has loaded; a connection made for the run is let go."""
+    import esft.models
+    from esft.es.distributed import connection, ray_executor
+
+    class Cluster(_CpuOnlyCluster):
+        @staticmethod
+        def is_initialized():
+            return True
+
+    calls = []
+    monkeypatch.setattr(ray_executor, "import_ray", Cluster)
+    monkeypatch.setattr(connection, "import_ray", Cluster)
+    monkeypatch.setattr(connection, "connect_ray", lambda address: calls.append("connect") or True)
+    monkeypatch.setattr(connection, "disconnect_ray", lambda: calls.append("disconnect"))
+    monkeypatch.setattr(esft.models, "load_model", lambda *a, **k: pytest.fail("the model loaded first"))
+    cfg = ESConfig(model="smollm2-135m", task="boolq", executor="ray", num_workers=num_workers, device="cpu",
+                   output_dir=str(tmp_path / "run"), executor_options=options)
+    with pytest.raises(ValueError, match=error):
+        es_trainer(cfg, progress=False)
+    assert calls == ["connect", "disconnect"]
+    assert not (tmp_path / "run").exists()
+
+
 def test_member_deadlines_count_prompts_in_the_runs_batches():
     """An evaluation call on n prompts gets n / batch_size members' time: the unit is the config's batch."""
     from esft.es.distributed.ray_executor import RayExecutor

@@ -47,7 +47,30 @@ def connect(config: ESConfig) -> bool:
 
     where = config.ray_address or os.environ.get("RAY_ADDRESS") or "a new local Ray instance (or a running one)"
     say(f"esft: connecting to Ray: {where} ...")
-    return connect_ray(config.ray_address)
+    connected = connect_ray(config.ray_address)
+    try:  # workers the cluster cannot hold are refused now, not once the driver's model has loaded
+        check_placement(config)
+    except BaseException:
+        if connected:
+            from esft.es.distributed.connection import disconnect_ray
+
+            disconnect_ray()
+        raise
+    return connected
+
+
+def check_placement(config: ESConfig) -> None:
+    """Raise the ValueError `RayExecutor.start` would raise for workers the connected cluster cannot hold at once
+    (`ray_executor.place_workers`), from the config alone."""
+    from esft.es.distributed.connection import import_ray
+    from esft.es.distributed.ray_executor import place_workers
+
+    if not import_ray().is_initialized():  # no cluster to ask; `start` connects and asks
+        return
+    opts = dict(config.executor_options)
+    actor_options = {"num_cpus": opts["num_cpus_per_worker"]} if "num_cpus_per_worker" in opts else {}
+    place_workers(config.num_workers, config.device, opts.get("use_gpu"), worker_threads(config, opts) or 1,
+                  actor_options)
 
 
 def machine_cores() -> int:
@@ -100,13 +123,8 @@ def cpu_threads_share(node_cpus: list[int], num_workers: int, num_cpus_per_worke
     return 1
 
 
-def make_ray_executor(config: ESConfig, *, weights: MasterWeights, optimizer: Any = None, generate_fn: Any = None,
-                      builder: Any = None, model: Any = None, **overrides: Any):
-    from esft.es.distributed.hf_replica import HFReplica, ReplicaSpec
-    from esft.es.distributed.ray_executor import RayExecutor
-
-    check_executor_options(config)  # the trainer checked already, before its model loaded
-    opts = dict(config.executor_options)
+def worker_threads(config: ESConfig, opts: dict[str, Any]) -> int:
+    """torch threads of each worker (`threads_per_worker`, its default and its 0; 0 returned: torch's default)."""
     on_cpu = not workers_use_gpu(config.device, opts.get("use_gpu"), cluster_gpus())
     if config.worker_backend == "vllm" and on_cpu:
         # one CPU engine per machine by default: vLLM batches a member's prompts itself and uses every thread
@@ -116,7 +134,17 @@ def make_ray_executor(config: ESConfig, *, weights: MasterWeights, optimizer: An
     threads = int(opts.get("threads_per_worker", default_threads))
     if threads == 0 and on_cpu:  # on GPUs 0 leaves torch's default: the work is on the device
         threads = cpu_threads_share(cluster_cores(), config.num_workers, opts.get("num_cpus_per_worker"))
-    spec = ReplicaSpec(config=config, builder=builder, generate_fn=generate_fn, threads=threads,
+    return threads
+
+
+def make_ray_executor(config: ESConfig, *, weights: MasterWeights, optimizer: Any = None, generate_fn: Any = None,
+                      builder: Any = None, model: Any = None, **overrides: Any):
+    from esft.es.distributed.hf_replica import HFReplica, ReplicaSpec
+    from esft.es.distributed.ray_executor import RayExecutor
+
+    check_executor_options(config)  # the trainer checked already, before its model loaded
+    opts = dict(config.executor_options)
+    spec = ReplicaSpec(config=config, builder=builder, generate_fn=generate_fn, threads=worker_threads(config, opts),
                        options={k: v for k, v in opts.items() if k in VLLM_OPTIONS})
     replica_cls: type = HFReplica
     if config.worker_backend == "vllm":

@@ -60,6 +60,37 @@ class _Dropped(Exception):
     """The worker of a call is lost (dead or hung) and has been dropped; the caller re-queues its work."""
 
 
+def place_workers(num_workers: int, device: str | None, use_gpu: bool | None, threads: int,
+                  actor_options: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    """(workers, `ray.remote` options of each) for the connected cluster, or a ValueError saying why they cannot
+    all be placed at once. `esft.es.distributed.factory.connect` asks before the model loads, `start` again."""
+    ray = import_ray()
+    cluster = ray.cluster_resources()
+    gpus = int(cluster.get("GPU", 0))
+    on_gpu = workers_use_gpu(device, use_gpu, gpus)
+    # one engine / replica per GPU; on CPUs, one replica per `threads` cores
+    opts = {"num_gpus": 1, "num_cpus": 1} if on_gpu else {"num_gpus": 0, "num_cpus": threads}
+    opts.update(actor_options)
+    nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive", True)]
+    fit = actor_slots(nodes, float(opts.get("num_cpus") or 0), float(opts.get("num_gpus") or 0))
+    if on_gpu and gpus < 1:
+        asked = "executor_options use_gpu: true" if use_gpu else f"--device {device}"
+        raise ValueError(f"GPU workers requested ({asked}) but the Ray cluster has no GPUs ({cluster}): run "
+                         "with --device cpu (and without use_gpu: true), or join a cluster with GPUs")
+    if not num_workers and fit >= UNBOUNDED_SLOTS:
+        # an actor that asks for no CPU and no GPU fits any number of times: "one per CPU" has no count
+        raise ValueError(f"--num-workers 0 counts workers by the CPUs or GPUs each asks for, but they ask for "
+                         f"none ({opts}): set --num-workers, or a num_cpus_per_worker above 0")
+    n = num_workers or (min(gpus, fit) if on_gpu else max(1, fit))
+    if on_gpu and n > gpus:
+        raise ValueError(f"{n} GPU workers requested but the Ray cluster has {gpus} GPUs ({cluster})")
+    if n > fit or n < 1:
+        # Ray would keep the extra actors pending, and start() would wait start_timeout_s for them
+        raise ValueError(f"{n} Ray workers requested with {opts} each, but the cluster's nodes fit {fit} "
+                         f"({cluster}): lower --num-workers, threads_per_worker or num_cpus_per_worker")
+    return n, opts
+
+
 @dataclass
 class Worker:
     rank: int
@@ -144,32 +175,8 @@ class RayExecutor(Executor):
             self._owns_ray = True
 
     def _resources(self) -> tuple[int, dict[str, Any]]:
-        ray = import_ray()
-        cluster = ray.cluster_resources()
-        gpus = int(cluster.get("GPU", 0))
-        use_gpu = workers_use_gpu(self.spec.config.device, self.use_gpu, gpus)
-        threads = int(self.spec.threads or 1)
-        # one engine / replica per GPU; on CPUs, one replica per `threads` cores
-        opts = {"num_gpus": 1, "num_cpus": 1} if use_gpu else {"num_gpus": 0, "num_cpus": threads}
-        opts.update(self.actor_options)
-        nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive", True)]
-        fit = actor_slots(nodes, float(opts.get("num_cpus") or 0), float(opts.get("num_gpus") or 0))
-        if use_gpu and gpus < 1:
-            asked = "executor_options use_gpu: true" if self.use_gpu else f"--device {self.spec.config.device}"
-            raise ValueError(f"GPU workers requested ({asked}) but the Ray cluster has no GPUs ({cluster}): run "
-                             "with --device cpu (and without use_gpu: true), or join a cluster with GPUs")
-        if not self.num_workers and fit >= UNBOUNDED_SLOTS:
-            # an actor that asks for no CPU and no GPU fits any number of times: "one per CPU" has no count
-            raise ValueError(f"--num-workers 0 counts workers by the CPUs or GPUs each asks for, but they ask for "
-                             f"none ({opts}): set --num-workers, or a num_cpus_per_worker above 0")
-        n = self.num_workers or (min(gpus, fit) if use_gpu else max(1, fit))
-        if use_gpu and n > gpus:
-            raise ValueError(f"{n} GPU workers requested but the Ray cluster has {gpus} GPUs ({cluster})")
-        if n > fit or n < 1:
-            # Ray would keep the extra actors pending, and start() would wait start_timeout_s for them
-            raise ValueError(f"{n} Ray workers requested with {opts} each, but the cluster's nodes fit {fit} "
-                             f"({cluster}): lower --num-workers, threads_per_worker or num_cpus_per_worker")
-        return n, opts
+        return place_workers(self.num_workers, self.spec.config.device, self.use_gpu, int(self.spec.threads or 1),
+                             self.actor_options)
 
     def start(self) -> None:
         """Connect, place the workers, wait for their models, check their masters against the driver's."""
