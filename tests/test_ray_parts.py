@@ -134,6 +134,15 @@ def test_connect_ray_names_esfts_flag_when_ray_cannot_connect(fake_ray):
         connection.connect_ray("auto")
 
 
+@pytest.mark.parametrize("address", ["ray://head", "ray://[::1]", " ray://head "])
+def test_a_ray_client_address_without_a_port_is_refused_without_waiting(monkeypatch, fake_ray, address):
+    """ray://HOST used to wait 30 s for gRPC's default port 443, then read only `ray client connection timeout`."""
+    monkeypatch.setattr(socket, "create_connection", lambda *a, **k: pytest.fail("probed a port it was not given"))
+    with pytest.raises(ValueError, match=r"names no port: Ray Client addresses are ray://HOST:PORT .*10001"):
+        connection.connect_ray(address)
+    assert fake_ray.calls == []
+
+
 def test_ctrl_c_during_ray_init_is_held_then_shuts_ray_down(fake_ray):
     fake_ray.on_init = lambda: os.kill(os.getpid(), signal.SIGINT)
     with pytest.raises(KeyboardInterrupt):

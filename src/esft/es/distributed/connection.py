@@ -99,6 +99,11 @@ def check_reachable(address: str | None, timeout_s: float = PROBE_TIMEOUT_S) -> 
     address = address or os.environ.get("RAY_ADDRESS")
     endpoint = cluster_endpoint(address)
     if endpoint is None:
+        if (address or "").strip().startswith("ray://"):
+            # Ray Client would dial gRPC's default port (443) and report only a timeout after 30 s
+            raise ValueError(f"Ray address {address!r} names no port: Ray Client addresses are ray://HOST:PORT "
+                             "(the head's client server listens on 10001 unless `ray start --ray-client-server-port` "
+                             "says otherwise); fix --ray-address or $RAY_ADDRESS")
         return
     if not 0 < endpoint[1] < 65536:  # the resolver would take it modulo 65536 and probe another port
         raise ValueError(f"Ray address {address!r}: {endpoint[1]} is not a TCP port (1-65535); fix --ray-address "
