@@ -134,6 +134,21 @@ def test_connect_ray_names_esfts_flag_when_ray_cannot_connect(fake_ray):
         connection.connect_ray("auto")
 
 
+def test_an_address_ray_cannot_parse_is_one_line_naming_esfts_flag(fake_ray):
+    """Ray 2.60 refuses an HTTP address (the dashboard's) with a ValueError of three lines."""
+    def refuse():
+        raise ValueError("Invalid Ray address: 'http://h:8265'. It looks like you set RAY_ADDRESS to an HTTP address"
+                         ". To fix this, either:\n  1. Unset RAY_ADDRESS if you are running from a Ray node, or\n  2. "
+                         "Set RAY_ADDRESS to the GCS address instead (e.g. <head_node_ip>:6379).")
+
+    fake_ray.on_init = refuse
+    with pytest.raises(ValueError) as caught:
+        connection.connect_ray("http://h:8265")
+    assert "\n" not in str(caught.value)
+    assert str(caught.value).startswith("Invalid Ray address: 'http://h:8265'. It looks like")
+    assert str(caught.value).endswith("<head_node_ip>:6379). (esft's flag is --ray-address)")
+
+
 @pytest.mark.parametrize("address", ["ray://head", "ray://[::1]", " ray://head "])
 def test_a_ray_client_address_without_a_port_is_refused_without_waiting(monkeypatch, fake_ray, address):
     """ray://HOST used to wait 30 s for gRPC's default port 443, then read only `ray client connection timeout`."""

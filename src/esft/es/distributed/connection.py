@@ -202,6 +202,8 @@ def connect_ray(address: str | None) -> bool:
             reason = auth_failure(exc, client_log)
             if reason is not None:
                 raise ConnectionError(auth_message(address or os.environ.get("RAY_ADDRESS"), reason)) from exc
+            if isinstance(exc, ValueError):  # an address Ray cannot parse; its message may run over several lines
+                raise ValueError(f"{' '.join(str(exc).split())} (esft's flag is --ray-address)") from exc
             if not isinstance(exc, ConnectionError):
                 raise
             # e.g. "auto" with no cluster: Ray's message names its own `--address`
