@@ -254,6 +254,8 @@ def test_a_resume_keeps_each_earlier_segments_run_block(tmp_path):
     block = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["_run"]
     assert len(block["earlier"]) == 2 and block["earlier"][0] == first
     assert "earlier" not in block["earlier"][1] and block["earlier"][1]["torch_threads"] == block["torch_threads"]
+    # each segment names its executor: a resume may move a run between layouts (docs/distributed.md)
+    assert [b["executor"] for b in block["earlier"] + [block]] == ["local"] * 3 and "worker_threads" not in block
     # a fresh run where an attempt died before its first record left config.yaml: that attempt is no segment
     (tmp_path / "again").mkdir()
     (tmp_path / "again" / "config.yaml").write_text(yaml.safe_dump({**cfg(tmp_path).to_dict(), "_run": first}))

@@ -189,11 +189,18 @@ class ESTrainer:
                 "param_dtypes": self.weights.dtypes, "master_dtype": "float32", "update_accumulation": "float32",
                 "device": device, "torch": str(torch.__version__), "numpy": str(np.__version__), "esft": __version__,
                 "python": platform.python_version(), "machine": platform.machine(),
-                "torch_threads": torch.get_num_threads(),
+                "torch_threads": torch.get_num_threads(), **self._layout(),
                 # decides how fast the CPU rollouts run (docs/performance.md, "threads"); chosen at start-up
                 "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "OpenMP default"),
                 "train_examples": len(self.train_set), "train_sha256": examples_digest(self.train_set),
                 **self.precision.record()}
+
+    def _layout(self) -> dict[str, Any]:
+        """The executor of this segment (a resume may change it); a Ray segment's members ran on its workers' torch
+        threads (0: torch's default), which decide their bits as `torch_threads` does on the local executor."""
+        spec = getattr(self.executor, "spec", None)
+        workers = {"num_workers": self.config.num_workers, "worker_threads": spec.threads} if spec is not None else {}
+        return {"executor": self.config.executor, **workers}
 
     def _prepare_dir(self) -> None:
         self.out.mkdir(parents=True, exist_ok=True)
