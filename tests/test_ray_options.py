@@ -424,6 +424,23 @@ def test_vllm_workers_with_adam_are_refused_when_the_config_is_built():
     ESConfig(executor="ray", worker_backend="hf", optimizer="adam")  # PyTorch replicas carry Adam's state
 
 
+def test_a_ray_run_where_ray_is_not_installed_is_one_line_before_the_model_loads(tmp_path, monkeypatch, capsys):
+    """`esft train es --executor ray` without Ray ended in an ImportError traceback (exit 1)."""
+    import sys
+
+    import esft.models
+    from esft.cli import main
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` fails, as where it is not installed
+    monkeypatch.setattr(esft.models, "load_model", lambda *a, **k: pytest.fail("the model loaded"))
+    assert main(["train", "es", "--task", "boolq", "--executor", "ray", "--num-workers", "2", "--iterations", "1",
+                 "--output-dir", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert err == ("esft: error: executor 'ray' runs its members on Ray workers, and Ray is not installed here: "
+                   "pip install 'esft[ray]'\n")
+    assert not (tmp_path / "run").exists()
+
+
 def test_missing_vllm_is_reported_before_ray_starts_and_the_model_loads(tmp_path, monkeypatch):
     import esft.es.distributed.connection
     import esft.es.distributed.vllm_backend.availability as availability

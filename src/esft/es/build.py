@@ -184,6 +184,11 @@ def check_executor_options(config: ESConfig) -> None:
     it before the model loads."""
     if config.executor == "local":
         return  # the local executor reads none of them (warn_unread_ray_options)
+    import importlib.util
+
+    if importlib.util.find_spec("ray") is None:  # else an ImportError traceback where the executor starts
+        raise ValueError(f"executor {config.executor!r} runs its members on Ray workers, and Ray is not installed "
+                         "here: pip install 'esft[ray]'")
     check_executor_values(config.executor_options)  # again: a config's options may change after it is built
 
 
