@@ -508,6 +508,8 @@ def test_all_workers_lost_mid_run_names_the_resume_and_is_not_logged_as_well(tmp
     assert f"`esft train es --resume {out}`" in str(lost)
     assert executor.events[-1]["event"] == "all_workers_lost" and executor.events[-1]["detail"] == str(lost)
     assert not [r for r in caplog.records if "workers are lost" in r.getMessage()]
+    executor.step = None  # lost before the trainer's first update of this session: no "after ? updates"
+    assert str(executor._all_lost()).startswith("all 2 Ray workers are lost (before this session's first update)")
 
 
 @pytest.mark.parametrize("check", ["frozen", "checksum"])

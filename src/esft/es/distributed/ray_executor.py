@@ -340,12 +340,13 @@ class RayExecutor(Executor):
             raise self._all_lost()
 
     def _all_lost(self) -> WorkersLost:
-        step = "?" if self.step is None else self.step
+        # the trainer names the step with its first update of this session: none yet, none to count
+        when = "before this session's first update" if self.step is None else f"after {self.step} updates"
         run_dir = str(self.event_log.parent) if self.event_log is not None else "RUN_DIR"
         # the local executor generates with esft's own loop: a vLLM run must say so to resume there
         vllm = self.spec.config.worker_backend == "vllm"
         local = "--executor local --worker-backend hf" if vllm else "--executor local"
-        msg = (f"all {len(self.workers)} Ray workers are lost (after {step} updates); the run stops here. The run "
+        msg = (f"all {len(self.workers)} Ray workers are lost ({when}); the run stops here. The run "
                "directory holds every logged iteration (seeds.jsonl) and its checkpoints, untouched; continue with "
                f"`esft train es --resume {run_dir}` (on any number of workers, or {local})")
         self._event("all_workers_lost", detail=msg)  # not logged: the raised error is the one line the user reads
