@@ -70,6 +70,17 @@ def test_report_head_records_the_cores_this_process_may_use_beside_the_machines(
     assert (head["cpu_count"], head["usable_cores"]) == (64, 2)
 
 
+def test_report_head_records_each_workers_threads(monkeypatch):
+    """`--workers 2 --threads 1` runs one thread in each worker, two in all, where the report said only threads 1."""
+    monkeypatch.setattr(bench.torch, "get_num_threads", lambda: 1)
+    model = torch.nn.Linear(2, 2)
+    head = bench._report_head(bench.BenchConfig(workers=2), model, torch.float32, {})
+    assert (head["threads"], head["workers"], head["worker_threads"]) == (1, 2, 1)
+    monkeypatch.setattr(bench.torch, "get_num_threads", lambda: 8)
+    assert bench._report_head(bench.BenchConfig(workers=2), model, torch.float32, {})["worker_threads"] == 4
+    assert bench._report_head(bench.BenchConfig(), model, torch.float32, {})["worker_threads"] is None
+
+
 def stub_run_bench(monkeypatch, tokenizer, vllm_generation, **config):
     """run_bench with stand-in iterations (8 s, 400 tokens) and esft pure generation (100 tokens/s)."""
     monkeypatch.setattr(bench, "esft_iteration", lambda *a, **k: run(8.0))

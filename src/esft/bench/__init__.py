@@ -250,7 +250,8 @@ def _report_head(config: BenchConfig, model, dtype: torch.dtype, readings: dict[
             "torch": torch.__version__, "cpu_count": os.cpu_count(), "usable_cores": machine_cores(),
             "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
             "population": config.population, "generation_overrides": dict(config.generation),
-            "workers": config.workers,
+            # each worker's own torch threads: with --threads below the workers, the workers together use more
+            "workers": config.workers, "worker_threads": worker_threads(config.workers) if config.workers > 1 else None,
             "parallel_members": 1 if config.noise == "lowrank" or config.workers > 1 else config.parallel_members}
 
 
@@ -271,7 +272,7 @@ def _iterations(config: BenchConfig, model, tokenizer, name: str, work: Workload
             log(f"{name}: esft iteration {r + 1}/{config.repeats} (load {load_average()}) ...")
             runs["esft"].append(esft_iteration_parallel(
                 model, work, config.population, config.noise, config.generation, config.workers,
-                max(1, torch.get_num_threads() // config.workers), config.model, config.seed))
+                worker_threads(config.workers), config.model, config.seed))
             _reset(model, snapshot)  # the update moved the weights
         else:
             lanes = 1 if config.noise == "lowrank" else config.parallel_members or work.parallel_members
@@ -298,6 +299,11 @@ def _iterations(config: BenchConfig, model, tokenizer, name: str, work: Workload
             _reset(model, snapshot)
             loads.append(load_average())
     return runs
+
+
+def worker_threads(workers: int) -> int:
+    """The torch threads of each Ray worker: this process's threads shared among them, at least one each."""
+    return max(1, torch.get_num_threads() // workers)
 
 
 def overhead_fraction(timings: dict[str, float], lanes: int, workers: int = 1) -> float:
