@@ -18,14 +18,17 @@ def test_each_flag_help_ends_with_the_fields_default():
     class Demo:
         rate: float = 0.25
         """a rate in %"""
-        items: list[str] = dataclasses.field(default_factory=lambda: ["a"])
+        items: list[str] = dataclasses.field(default_factory=lambda: ["a", "b"])
         """the items"""
+        none: list[str] = dataclasses.field(default_factory=list)
+        """no items"""
 
     parser = argparse.ArgumentParser()
     add_dataclass_arguments(parser, Demo)
     helps = {a.dest: a.help for a in parser._actions}
     assert helps["rate"] == "a rate in %% (default: 0.25)"
-    assert helps["items"] == "the items (default: ['a'])"
+    # a list as the flag takes it (comma text), not Python's ['a', 'b']
+    assert helps["items"] == "the items (default: a,b)" and helps["none"] == "no items (default: empty)"
     assert "a rate in % (default: 0.25)" in " ".join(parser.format_help().split())
 
 

@@ -108,6 +108,14 @@ def parse_bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected a boolean, got {text!r}")
 
 
+def default_text(default: Any) -> str:
+    """A default as its flag takes it: a list as comma text (`decode-heavy,cpu-preset`; `empty`, not a word the
+    flag would read as an item), anything else as Python writes it."""
+    if isinstance(default, (list, tuple)):
+        return ",".join(map(str, default)) if default else "empty"
+    return repr(default)
+
+
 def add_dataclass_arguments(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, ...] = ()) -> None:
     """One `--field-name` flag per dataclass field; defaults are left unset so explicit flags can be told apart."""
     hints = typing.get_type_hints(cls)
@@ -120,7 +128,7 @@ def add_dataclass_arguments(parser: argparse.ArgumentParser, cls: type, skip: tu
         default = (f.default if f.default is not dataclasses.MISSING
                    else f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
         # argparse %-formats help strings: a literal "%" in a docstring must be doubled
-        help_text = f"{docs.get(f.name, '')} (default: {default!r})".replace("%", "%%")
+        help_text = f"{docs.get(f.name, '')} (default: {default_text(default)})".replace("%", "%%")
         inner, _ = unwrap_optional(tp)
         if inner is bool:
             parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction,
@@ -130,4 +138,4 @@ def add_dataclass_arguments(parser: argparse.ArgumentParser, cls: type, skip: tu
                                 metavar=f.name.upper(), help=help_text)
 
 
-__all__ = ["add_dataclass_arguments", "converter", "field_docs", "parse_bool", "split_items", "unwrap_optional"]
+__all__ = ["add_dataclass_arguments", "converter", "default_text", "field_docs", "parse_bool", "split_items", "unwrap_optional"]
