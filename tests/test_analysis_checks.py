@@ -46,6 +46,8 @@ def no_model_load(monkeypatch):
     # zip(labels, stages) analysed two stages of three without a word; a label past the checkpoints was dropped
     (["kl", "--stages", "{here},{here},{here}", "--stage-labels", "a,b"], "expected one name per --stages folder"),
     (["weights", "--tuned", "{here}", "--labels", "es,grpo"], "expected at most one name per --tuned folder"),
+    # results are keyed by name: a repeated stage label kept only the last of its stages
+    (["kl", "--stages", "{here},{here}", "--stage-labels", "a,a"], "expected distinct names"),
     # an empty sweep evaluated the base model and wrote a table without rows
     (["sparsity", "--tuned", "{here}", "--targets", "", "--taus", ""], "targets = [] is not accepted"),
 ])

@@ -427,3 +427,33 @@ def test_paper_cells_count_the_studys_cells_of_a_group():
     assert KR.paper_cells(KR.KLGroup("grpo", "grpo", ("countdown", "boolq"), [{}], agg)) == 4  # 2 kinds x 2 stages
     assert KR.paper_cells(KR.KLGroup("grpo->es", "grpo->es", ("countdown", "boolq"), [{}], agg)) == 0
     assert KR.paper_cells(KR.KLGroup("es", "es", ("a",), [{}], {"tasks": ["a"], "stages": ["1:a"]})) == 0
+
+
+def test_seeds_whose_stage_labels_differ_are_aggregated_by_stage_position():
+    # `esft analyze kl` names a stage by its run folder, which differs per seed (es-42, es-52): every seed must
+    # still count in its cell, not the first one alone
+    tables = [{"stages": [f"es-{seed}"], "tasks": ["a"], "incremental": {"a": {f"es-{seed}": {"k3_token_mean": v}}},
+               "cumulative": {"a": {f"es-{seed}": {"k3_token_mean": v}}}} for seed, v in ((42, 0.1), (52, 0.3))]
+    cell = K.aggregate_seeds(tables)["incremental"]["a"]["es-42"]
+    assert (cell["n"], cell["min"], cell["max"]) == (2, 0.1, 0.3)
+    other = {**tables[1], "stages": ["es-52", "more"]}
+    with pytest.raises(ValueError, match="number of stages"):
+        K.aggregate_seeds([tables[0], other])
+
+
+def test_default_stage_labels_of_experiment_stages_differ(tmp_path):
+    seq = tmp_path / "seed-42" / "sequential"
+    paths = [seq / "es" / "1-countdown" / "run" / "checkpoints" / "iter_000100",
+             seq / "es@100" / "2-math" / "run" / "checkpoints" / "final"]
+    assert K.stage_labels(paths) == ["1-countdown", "2-math"]
+    assert K.stage_labels([tmp_path / "es-42" / "checkpoints" / "final", tmp_path / "ck"]) == ["es-42", "ck"]
+    one_run = [tmp_path / "es" / "checkpoints" / "iter_000100", tmp_path / "es" / "checkpoints" / "final"]
+    assert K.stage_labels(one_run) == ["1:es", "2:es"]
+
+
+def test_repeated_stage_labels_are_refused_before_a_model_loads():
+    def loader(spec):
+        raise AssertionError("loaded a model")
+
+    with pytest.raises(ValueError, match="stage labels must differ"):
+        K.kl_stages("base", [("run", "s1"), ("run", "s2")], ["boolq"], limit=1, loader=loader)

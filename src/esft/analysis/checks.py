@@ -100,6 +100,8 @@ def check_counts(config: Any) -> None:
                                             else len(names) > len(paths)):
             most = "" if key == "stage_labels" else "at most "
             raise ConfigError(key, names, f"{most}one name per --{of} folder ({len(paths)} given)")
+        if names and len(set(names)) < len(names):  # results are keyed by name: a repeated one replaces another's
+            raise ConfigError(key, names, "distinct names")
     if hasattr(config, "taus") and not config.taus and not getattr(config, "targets", None):
         raise ConfigError("targets", config.targets, "at least one target sparsity (or thresholds in --taus): an "
                           "empty sweep evaluates nothing")

@@ -253,7 +253,7 @@ class KLConfig(ConfigHooks):
     stages: list[str] = field(default_factory=list)
     """checkpoint folders of stages 1..S in order (comma-separated)"""
     stage_labels: list[str] = field(default_factory=list)
-    """names of the stages (empty: the folders' run names)"""
+    """names of the stages (empty: the folders' run names, an experiment stage's folder above its run/)"""
     tasks: list[str] = field(default_factory=lambda: ["boolq"])
     """evaluation tasks (their test prompts)"""
     limit: int = 50
@@ -308,7 +308,7 @@ def run_kl(cfg: KLConfig) -> dict[str, Any]:
     base = _resolve(cfg.base)
     if cfg.check_base:
         check_base("kl", base, cfg.stages, cfg.base)
-    labels = list(cfg.stage_labels) or [_stage_name(p) for p in cfg.stages]
+    labels = list(cfg.stage_labels) or K.stage_labels(cfg.stages)
     stages = list(zip(labels, cfg.stages))
     res = K.kl_stages(base, stages, cfg.tasks, cfg.limit,
                       _gen(cfg.max_new_tokens, cfg.batch_size, cfg.temperature, 1.0), cfg.kl_batch_size,
@@ -320,11 +320,6 @@ def run_kl(cfg: KLConfig) -> dict[str, Any]:
                     "cumulative": (K.matrix(res, "cumulative"), res["tasks"], res["stages"])}, out / "kl_heatmap.png",
                    title="KL(after || before), k3 per-token mean")
     return res
-
-
-def _stage_name(path: str) -> str:
-    p = Path(path)
-    return p.parent.parent.name if p.parent.name == "checkpoints" else p.name
 
 
 # ---- landscape -------------------------------------------------------------------------------------------------------

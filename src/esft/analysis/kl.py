@@ -204,6 +204,17 @@ def _pad_id(tokenizer) -> int:
 
 # ---- stages ----------------------------------------------------------------------------------------------------------
 
+def stage_labels(paths: Sequence[str | Path]) -> list[str]:
+    """A default name per stage checkpoint: its run folder's (RUN/checkpoints/NAME), else the folder's own; an
+    experiment's stage runs are all folders named `run`, so theirs is the folder above (1-countdown). Names that
+    still repeat (two snapshots of one run) get their stage number, "2:name" (kl_stages keys results by name)."""
+    names = []
+    for p in map(Path, paths):
+        run = p.parent.parent if p.parent.name == "checkpoints" else p
+        names.append(run.parent.name if run.name == "run" and run.parent.name else run.name)
+    return names if len(set(names)) == len(names) else [f"{i + 1}:{n}" for i, n in enumerate(names)]
+
+
 def _default_loader(spec: Any, dtype: str | None = None, device: str | None = None):
     from esft.models import load_model
 
@@ -232,6 +243,9 @@ def kl_stages(base: Any, stages: Sequence[tuple[str, Any]], tasks: Sequence[str]
     from esft.generation import GenerationConfig
     from esft.tasks import get_task
 
+    labels = [s for s, _ in stages]
+    if len(set(labels)) < len(labels):  # results are keyed by label: a repeated one would replace another stage's
+        raise ValueError(f"stage labels must differ, got {labels}")
     load = loader or (lambda spec: _default_loader(spec, dtype, device))
     gen_config = gen_config or GenerationConfig(max_new_tokens=256, temperature=0.0)
     build = build or (lambda t: get_task(t, **dict((task_options or {}).get(t, {}))))
@@ -277,11 +291,17 @@ def aggregate_seeds(tables: Sequence[Mapping[str, Any]], estimator: str = "k3_to
     if not tables:
         return {}
     first = tables[0]
+    for tb in tables[1:]:
+        if len(tb["stages"]) != len(first["stages"]) or set(tb["tasks"]) != set(first["tasks"]):
+            raise ValueError(f"seeds to aggregate must share their tasks and number of stages: {first['tasks']} "
+                             f"x {len(first['stages'])} stages vs {tb['tasks']} x {len(tb['stages'])} stages")
     out: dict[str, Any] = {"estimator": estimator, "seeds": len(tables), "stages": first["stages"],
                            "tasks": first["tasks"]}
+    # stages match by position: a seed's stage labels may be its own run names (es-seed42 vs es-seed52), and
+    # matching them by label would leave every seed but the first out of its cell
     for kind in ("incremental", "cumulative"):
-        out[kind] = {t: {s: _seed_cell([tb[kind].get(t, {}).get(s, {}) for tb in tables], estimator)
-                         for s in first["stages"]} for t in first["tasks"]}
+        out[kind] = {t: {s: _seed_cell([tb[kind].get(t, {}).get(tb["stages"][j], {}) for tb in tables], estimator)
+                         for j, s in enumerate(first["stages"])} for t in first["tasks"]}
     return out
 
 
