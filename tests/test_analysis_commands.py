@@ -402,3 +402,50 @@ def test_a_kl_aggregate_does_not_replace_the_heatmap_of_a_stages_kl_in_its_folde
     C.run_kl(C.KLConfig(aggregate=agg.aggregate, output_dir=str(tmp_path / "agg")))  # the same one again
     with pytest.raises(FileExistsError, match="kl_aggregate.json"):
         C.run_kl(C.KLConfig(aggregate=agg.aggregate[:1], output_dir=str(tmp_path / "agg")))
+
+
+def test_landscape_command_sweeps_no_zero_update_and_matches_the_random_direction_to_one_that_moved(tmp_path,
+                                                                                                     monkeypatch):
+    """An ES run that changed no weight: its "direction", and a random one matched to its zero norms, evaluated the
+    base model at every distance under the name of a move (docs/analysis.md: a zero update is not swept)."""
+    from esft.analysis import commands as C
+    from esft.analysis import landscape as L
+    from esft.analysis.command_text import format_landscape
+
+    es, grpo = tmp_path / "es", tmp_path / "grpo"
+    es.mkdir()
+    grpo.mkdir()
+    sweeps, randoms = [], []
+
+    class Delta:
+        def __init__(self, base, path, label):
+            self.label, self.norm = label, 0.0 if label == "ES" else 8.0
+
+        def bind(self, model):
+            return self
+
+    class Random(Delta):
+        def __init__(self, like, seed, label):
+            randoms.append(like.label)
+            self.label, self.norm = label, like.norm
+
+    def sweep(model, tok, origin, dirs, mags, tasks, gc, progress):
+        sweeps.append((origin, [d.label for d in dirs]))
+        return {"magnitudes": mags, "directions": {d.label: {"norm": d.norm, "accuracy": {}} for d in dirs}}
+
+    monkeypatch.setattr(C, "_resolve", lambda spec: "base")
+    monkeypatch.setattr(C, "_load", lambda base, w, dtype, device: ("model", "tok"))
+    monkeypatch.setattr(L, "prepare_tasks", lambda names, limit, task_options: {})
+    monkeypatch.setattr(L, "DeltaDirection", Delta)
+    monkeypatch.setattr(L, "RandomDirection", Random)
+    monkeypatch.setattr(L, "interpolation_path", lambda *a, **k: {})
+    monkeypatch.setattr(L, "direction_sweep", sweep)
+    monkeypatch.setattr(L, "plot_interpolation", lambda *a: None)
+    monkeypatch.setattr(L, "plot_direction_sweep", lambda *a, **k: None)
+    res = C.run_landscape(C.LandscapeConfig(base="b", es=str(es), grpo=str(grpo), tasks=["boolq"],
+                                            holdout_tasks=["mmlu"], output_dir=str(tmp_path / "o")))
+    assert randoms == ["GRPO"]
+    assert sweeps == [("base", ["GRPO", "random (per-tensor norms of GRPO)"]), (str(grpo), ["GRPO"])]
+    assert res["directions"]["zero"] == ["ES"] and list(res["holdout"]) == ["GRPO"]
+    res.pop("interpolation")
+    assert "ES: not swept, its update is zero" in format_landscape(res)

@@ -64,6 +64,8 @@ def format_landscape(res: dict[str, Any]) -> str:
     for lab, d in res["directions"]["directions"].items():
         for t, accs in d["accuracy"].items():
             lines.append(f"{lab} (norm {d['norm']:.4g}) {t}: {_values(res['directions'], t, accs)}")
+    lines += [f"{lab}: not swept, its update is zero (no direction to move along)"
+              for lab in res["directions"].get("zero", [])]
     holdout = res.get("holdout") or {}
     lines += [line for lab, sweep in holdout.items() for line in _holdout_lines(lab, sweep)]
     constant = constant_lines(res.get("interpolation") or res["directions"])

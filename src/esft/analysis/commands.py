@@ -391,15 +391,22 @@ def run_landscape(cfg: LandscapeConfig) -> dict[str, Any]:
         ts = [i / (cfg.interpolation_points - 1) for i in range(cfg.interpolation_points)]
         res["interpolation"] = L.interpolation_path(model, tok, cfg.es, cfg.grpo, ts, tasks, gc, progress=True)
         L.plot_interpolation(res["interpolation"], out / "interpolation.png")
-    dirs: list[L.Direction] = [L.DeltaDirection(base, p, lab).bind(model) for lab, p in ends]
-    rnd = L.RandomDirection(dirs[0], cfg.random_seed, f"random (per-tensor norms of {ends[0][0]})").bind(model)
-    mags = L.default_magnitudes([d.norm for d in dirs], cfg.magnitude_points)
-    res["directions"] = L.direction_sweep(model, tok, base, dirs + [rnd], mags, tasks, gc, progress=True)
+    dirs = {lab: L.DeltaDirection(base, p, lab).bind(model) for lab, p in ends}
+    # a zero update (a run that changed no weight) has no direction: it, and a random direction matched to its zero
+    # norms, would evaluate the base model at every distance of the sweep under the name of a move
+    moved = {lab: d for lab, d in dirs.items() if d.norm > 0}
+    mags = L.default_magnitudes([d.norm for d in moved.values()], cfg.magnitude_points)
+    swept: list[L.Direction] = list(moved.values())
+    for lab in list(moved)[:1]:  # norm-matched tensor by tensor to the first update that moved
+        swept.append(L.RandomDirection(moved[lab], cfg.random_seed, f"random (per-tensor norms of {lab})").bind(model))
+    res["directions"] = {**L.direction_sweep(model, tok, base, swept, mags, tasks, gc, progress=True),
+                         "zero": [lab for lab in dirs if lab not in moved]}
     L.plot_direction_sweep(res["directions"], out / "directions.png", title="from the base model")
     if cfg.holdout_tasks:
         hold = L.prepare_tasks(cfg.holdout_tasks, cfg.limit, task_options=opts)
         res["holdout"] = {}
-        for (lab, p), d in zip(ends, dirs):
+        for lab, d in moved.items():
+            p = dict(ends)[lab]
             mags5 = [0.0] + [f * d.norm for f in L.HOLDOUT_FRACTIONS]
             res["holdout"][lab] = L.direction_sweep(model, tok, p, [d], mags5, hold, gc, progress=True)
             L.plot_direction_sweep(res["holdout"][lab], out / f"holdout_{lab.lower()}.png",
