@@ -138,4 +138,5 @@ def add_dataclass_arguments(parser: argparse.ArgumentParser, cls: type, skip: tu
                                 metavar=f.name.upper(), help=help_text)
 
 
-__all__ = ["add_dataclass_arguments", "converter", "default_text", "field_docs", "parse_bool", "split_items", "unwrap_optional"]
+__all__ = ["add_dataclass_arguments", "converter", "default_text", "field_docs", "parse_bool", "split_items",
+           "unwrap_optional"]
