@@ -29,7 +29,7 @@ def test_weights_command_passes_labels_eps_and_paths(tmp_path, monkeypatch):
 
     monkeypatch.setattr(W, "compare_updates", compare)
     monkeypatch.setattr(W, "plot_weights", lambda rep, path: seen.setdefault("plot", path))
-    monkeypatch.setattr(C, "_resolve", lambda spec: f"resolved:{spec}")
+    monkeypatch.setattr(C, "model_folder", lambda spec: f"resolved:{spec}")
     monkeypatch.setattr("esft.analysis.checks.check_device", lambda key, value: None)  # "cuda" on any machine
     x, y, z = (str(tmp_path / n) for n in "xyz")
     for p in (x, y, z):
@@ -55,7 +55,7 @@ def test_weights_command_names_each_checkpoint_by_its_runs_algorithm(tmp_path, m
     monkeypatch.setattr(W, "compare_updates", lambda base, tuned, **kw: seen.update(tuned) or
                         {"labels": list(tuned), "total": {}, "pairs": []})
     monkeypatch.setattr(W, "plot_weights", lambda rep, path: path)
-    monkeypatch.setattr(C, "_resolve", lambda spec: spec)
+    monkeypatch.setattr(C, "model_folder", lambda spec: spec)
     runs = [run_dir(tmp_path / n, {"algorithm": a}) for n, a in (("g", "grpo"), ("e1", "es"), ("e2", "es"))]
     cks = [str(r / "checkpoints" / "final") for r in runs]
     for ck in cks:
@@ -149,7 +149,7 @@ def test_kl_command_names_stages_by_run_and_passes_its_options(tmp_path, monkeyp
     monkeypatch.setattr(K, "kl_stages", kl_stages)
     monkeypatch.setattr(K, "matrix", lambda *a, **k: None)
     monkeypatch.setattr(K, "plot_heatmap", lambda *a, **k: None)
-    monkeypatch.setattr(C, "_resolve", lambda spec: spec)
+    monkeypatch.setattr(C, "model_folder", lambda spec: spec)
     es, grpo = tmp_path / "runs" / "es" / "checkpoints" / "final", tmp_path / "runs" / "grpo"
     es.mkdir(parents=True)
     grpo.mkdir()
@@ -182,8 +182,8 @@ def test_landscape_command_sweeps_each_update_and_its_holdout_fractions(tmp_path
         def bind(self, model):
             return self
 
-    monkeypatch.setattr(C, "_resolve", lambda spec: f"resolved:{spec}")
-    monkeypatch.setattr(C, "_load", lambda base, w, dtype, device: (("model", base, w, dtype, device), "tok"))
+    monkeypatch.setattr(C, "model_folder", lambda spec: f"resolved:{spec}")
+    monkeypatch.setattr(C, "load_with_weights", lambda base, w, dtype, device: (("model", base, w, dtype, device), "tok"))
     monkeypatch.setattr(L, "prepare_tasks",
                         lambda names, limit, task_options: {n: (limit, task_options) for n in names})
     monkeypatch.setattr(L, "DeltaDirection", Dir)
@@ -218,8 +218,8 @@ def test_sparsity_command_passes_base_tuned_and_thresholds_in_order(tmp_path, mo
     tuned = tmp_path / "t"
     tuned.mkdir()
     seen = {}
-    monkeypatch.setattr(C, "_resolve", lambda spec: f"resolved:{spec}")
-    monkeypatch.setattr(C, "_load", lambda base, w, dtype, device: ("model", "tok"))
+    monkeypatch.setattr(C, "model_folder", lambda spec: f"resolved:{spec}")
+    monkeypatch.setattr(C, "load_with_weights", lambda base, w, dtype, device: ("model", "tok"))
     monkeypatch.setattr(L, "prepare_tasks", lambda names, limit, task_options: {})
     monkeypatch.setattr(SP, "sparsity_sweep", lambda model, tok, base, t, tasks, gc, taus, targets, progress:
                         seen.update(base=base, tuned=t, taus=taus, targets=targets, gen=gc) or {})
@@ -246,8 +246,8 @@ def test_sparsity_figure_names_the_update_by_its_runs_algorithm(tmp_path, monkey
     loose = tmp_path / "loose"
     loose.mkdir()
     drawn = []
-    monkeypatch.setattr(C, "_resolve", lambda spec: f"resolved:{spec}")
-    monkeypatch.setattr(C, "_load", lambda base, w, dtype, device: ("model", "tok"))
+    monkeypatch.setattr(C, "model_folder", lambda spec: f"resolved:{spec}")
+    monkeypatch.setattr(C, "load_with_weights", lambda base, w, dtype, device: ("model", "tok"))
     monkeypatch.setattr(C, "check_base", lambda *a: None)
     monkeypatch.setattr(L, "prepare_tasks", lambda names, limit, task_options: {})
     monkeypatch.setattr(SP, "sparsity_sweep", lambda *a, **k: {})
@@ -285,7 +285,7 @@ def test_a_model_spec_that_is_not_on_disk_is_named(monkeypatch, tmp_path):
 
     monkeypatch.setattr(models, "resolve_model_path", lambda spec: str(tmp_path / "absent"))
     with pytest.raises(FileNotFoundError, match="'org/model'"):
-        C._resolve("org/model")
+        C.model_folder("org/model")
 
 
 def test_load_puts_a_checkpoint_s_weights_on_the_base_unless_it_is_the_base(monkeypatch, tmp_path):
@@ -297,14 +297,14 @@ def test_load_puts_a_checkpoint_s_weights_on_the_base_unless_it_is_the_base(monk
     monkeypatch.setattr(models, "load_model", lambda base, dtype, device: loaded.append((base, dtype, device)) or
                         ("model", "tok"))
     monkeypatch.setattr(L, "set_weights", lambda model, weights: set_to.append(weights))
-    assert C._load(str(tmp_path), str(tmp_path / "ck"), "bfloat16", "cpu") == ("model", "tok")
-    C._load(str(tmp_path), str(tmp_path), "bfloat16", "cpu")
-    C._load(str(tmp_path), None, "bfloat16", "cpu")
+    assert C.load_with_weights(str(tmp_path), str(tmp_path / "ck"), "bfloat16", "cpu") == ("model", "tok")
+    C.load_with_weights(str(tmp_path), str(tmp_path), "bfloat16", "cpu")
+    C.load_with_weights(str(tmp_path), None, "bfloat16", "cpu")
     assert loaded == [(str(tmp_path), "bfloat16", "cpu")] * 3 and set_to == [str(tmp_path / "ck")]
 
 
 def test_set_threads(monkeypatch):
-    from esft.analysis import commands as C
+    from esft.analysis import command_io as C
 
     calls = []
     monkeypatch.setattr(torch, "set_num_threads", calls.append)
@@ -320,9 +320,9 @@ def test_kl_command_loads_each_stage_with_its_dtype_and_device(tmp_path, monkeyp
     stage = tmp_path / "s"
     stage.mkdir()
     loads = []
-    monkeypatch.setattr(C, "_resolve", lambda spec: "B")
+    monkeypatch.setattr(C, "model_folder", lambda spec: "B")
     monkeypatch.setattr("esft.analysis.checks.check_device", lambda key, value: None)  # "cuda" on any machine
-    monkeypatch.setattr(C, "_load", lambda *a: loads.append(a))
+    monkeypatch.setattr(C, "load_with_weights", lambda *a: loads.append(a))
     monkeypatch.setattr(K, "kl_stages", lambda base, stages, *a, loader, progress: loader(stages[0][1]) or
                         {"tasks": [], "stages": []})
     monkeypatch.setattr(K, "matrix", lambda *a, **k: None)
@@ -342,7 +342,7 @@ def test_an_analysis_of_other_inputs_does_not_silently_replace_the_one_in_its_ou
     monkeypatch.setattr(W, "compare_updates", lambda base, tuned, **kw: calls.append(dict(tuned)) or
                         {"labels": list(tuned), "total": {}, "pairs": []})
     monkeypatch.setattr(W, "plot_weights", lambda rep, path: path)
-    monkeypatch.setattr(C, "_resolve", lambda spec: spec)
+    monkeypatch.setattr(C, "model_folder", lambda spec: spec)
     x, y = tmp_path / "x", tmp_path / "y"
     x.mkdir()
     y.mkdir()
@@ -354,7 +354,7 @@ def test_an_analysis_of_other_inputs_does_not_silently_replace_the_one_in_its_ou
         C.run_weights(C.WeightsConfig(base="b", tuned=[str(y)], labels=["es"], output_dir=out))
     assert len(calls) == 2  # refused before any work
     assert json.loads((tmp_path / "o" / "weights.json").read_text())["config"]["tuned"] == [str(x)]
-    monkeypatch.setattr(C, "_load", lambda *a: (_ for _ in ()).throw(AssertionError("loaded a model")))
+    monkeypatch.setattr(C, "load_with_weights", lambda *a: (_ for _ in ()).throw(AssertionError("loaded a model")))
     (tmp_path / "s").mkdir()
     (tmp_path / "s" / "sparsity.json").write_text(json.dumps({"config": {"tuned": str(x)}}))
     with pytest.raises(FileExistsError, match="sparsity.json"):
@@ -433,8 +433,8 @@ def test_landscape_command_sweeps_no_zero_update_and_matches_the_random_directio
         sweeps.append((origin, [d.label for d in dirs]))
         return {"magnitudes": mags, "directions": {d.label: {"norm": d.norm, "accuracy": {}} for d in dirs}}
 
-    monkeypatch.setattr(C, "_resolve", lambda spec: "base")
-    monkeypatch.setattr(C, "_load", lambda base, w, dtype, device: ("model", "tok"))
+    monkeypatch.setattr(C, "model_folder", lambda spec: "base")
+    monkeypatch.setattr(C, "load_with_weights", lambda base, w, dtype, device: ("model", "tok"))
     monkeypatch.setattr(L, "prepare_tasks", lambda names, limit, task_options: {})
     monkeypatch.setattr(L, "DeltaDirection", Delta)
     monkeypatch.setattr(L, "RandomDirection", Random)

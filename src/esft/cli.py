@@ -174,7 +174,8 @@ def _check_run_dir(path: str) -> None:
 
 
 def _analyze(args: argparse.Namespace) -> int:
-    from esft.analysis.commands import COMMANDS, set_threads
+    from esft.analysis.command_io import set_threads
+    from esft.analysis.commands import COMMANDS
 
     cls, run, fmt = COMMANDS[args.analysis]
     config = build_config(cls, None, None, args.config, _explicit(args, cls))

@@ -20,76 +20,14 @@ from typing import Any
 
 from esft import paper
 from esft.analysis.checks import check_analysis
+from esft.analysis.command_io import (check_previous, generation, load_with_weights, model_folder, task_options_for,
+                                      write_json)
 from esft.analysis.command_text import (format_drift, format_kl, format_landscape, format_sparsity,
                                          format_weights)
 from esft.analysis.sparsity import SWEEP_TARGETS
 from esft.analysis.start_model import check_base
 from esft.config import ConfigHooks
 from esft.tasks import split_task_list
-
-
-def _resolve(spec: str) -> str:
-    """A folder for a model spec (embedded names such as smollm2-135m resolve to their cache folder)."""
-    from esft.models import resolve_model_path
-
-    p = resolve_model_path(spec)
-    if not Path(p).is_dir():
-        raise FileNotFoundError(f"{spec!r} is not a model folder on disk (weight analyses read checkpoints)")
-    return p
-
-
-def _write(out: Path, name: str, payload: Any) -> Path:
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / name
-    path.write_text(json.dumps(payload, indent=1, default=str))
-    return path
-
-
-#: config fields that say where or how fast an analysis runs, or what its figure calls it, not what it computes
-_NOT_RESULTS = ("output_dir", "threads", "stable_rank_device", "check_base", "label")
-
-
-def check_previous(out: Path, name: str, cfg: Any) -> None:
-    """FileExistsError when `out/name` holds an analysis of other inputs (other checkpoints, tasks, limit, ...):
-    writing this one there would replace it, and its figures, without a word, as `esft eval` refuses for its
-    summary.json. The same analysis again (repeated or interrupted) may overwrite its own; options a newer esft
-    added, which that JSON does not record, do not count."""
-    path = out / name
-    try:
-        old = json.loads(path.read_text(encoding="utf-8"))["config"] if path.is_file() else None
-    except (OSError, ValueError, KeyError, TypeError):
-        old = None  # not an analysis of esft's: nothing to keep
-    if not isinstance(old, dict):
-        return
-    new = json.loads(json.dumps(asdict(cfg), default=str))  # as the JSON records it
-    changed = [f"{k}: {old[k]!r} there, {new[k]!r} now" for k in new
-               if k in old and k not in _NOT_RESULTS and old[k] != new[k]]
-    if changed:
-        raise FileExistsError(f"{path} holds the results of another analysis ({'; '.join(changed[:3])}"
-                              f"{', ...' if len(changed) > 3 else ''}): choose another --output-dir, or delete "
-                              f"that {name} to replace them")
-
-
-def _gen(max_new_tokens: int, batch_size: int, temperature: float = 0.0, top_p: float = 1.0, seed: int = 0):
-    from esft.generation import GenerationConfig
-
-    return GenerationConfig(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                            batch_size=batch_size, seed=seed)
-
-
-def _load(base: str, weights: str | None, dtype: str, device: str | None):
-    """Model and tokenizer of `base`, with the weights of checkpoint `weights` (folders need no tokenizer)."""
-    from esft.analysis.landscape import set_weights
-    from esft.models import load_model
-
-    model, tok = load_model(base, dtype=dtype, device=device)
-    if weights is not None and Path(weights).resolve() != Path(base).resolve():
-        set_weights(model, weights)
-    return model, tok
-
-
-def _task_options(max_passage_chars: int | None) -> dict[str, dict[str, Any]]:
-    return {"boolq": {"max_passage_chars": max_passage_chars}} if max_passage_chars else {}
 
 
 # ---- weights --------------------------------------------------------------------------------------------------------
@@ -133,14 +71,14 @@ def run_weights(cfg: WeightsConfig) -> dict[str, Any]:
     if len(set(labels)) != len(labels):
         raise ValueError(f"labels must be distinct, got {labels}")
     check_previous(Path(cfg.output_dir), "weights.json", cfg)
-    base = _resolve(cfg.base)
+    base = model_folder(cfg.base)
     if cfg.check_base:  # equal shapes pass a checkpoint of another base model of the same architecture
         check_base("weights", base, cfg.tuned, cfg.base)
     rep = compare_updates(base, dict(zip(labels, cfg.tuned)), eps=cfg.eps,
                           stable_ranks=cfg.stable_ranks, stable_rank_device=cfg.stable_rank_device, progress=True)
     out = Path(cfg.output_dir)
     rep["config"] = asdict(cfg)
-    _write(out, "weights.json", rep)
+    write_json(out, "weights.json", rep)
     plot_weights(rep, out / "weights.png")
     return rep
 
@@ -232,7 +170,7 @@ def run_drift(cfg: DriftConfig) -> dict[str, Any]:
     if grpo is not None:
         res["grpo_ratio_at_matched_step"] = D.displacement_ratio(series, grpo)
     res["config"] = asdict(cfg)
-    _write(out, "drift.json", res)
+    write_json(out, "drift.json", res)
     # a GRPO run measured against the ES law (--alpha, --population) is drawn as GRPO's, not labelled ES
     D.plot_total(series, float(alpha), int(n), out / "drift_total.png", grpo=grpo, method="grpo" if is_grpo else "es")
     if res["tensors"]:
@@ -299,23 +237,23 @@ def run_kl(cfg: KLConfig) -> dict[str, Any]:
         tables = [t.get("result", t) for t in tables]
         agg = K.aggregate_seeds(tables)
         agg["config"] = asdict(cfg)
-        _write(out, "kl_aggregate.json", agg)
+        write_json(out, "kl_aggregate.json", agg)
         K.plot_heatmap({"median": (K.matrix(agg, "incremental", stat="median"), agg["tasks"], agg["stages"])},
                        out / "kl_heatmap.png")
         return agg
     if not cfg.stages:
         raise ValueError("give --stages (checkpoint folders, in order)")
-    base = _resolve(cfg.base)
+    base = model_folder(cfg.base)
     if cfg.check_base:
         check_base("kl", base, cfg.stages, cfg.base)
     labels = list(cfg.stage_labels) or K.stage_labels(cfg.stages)
     stages = list(zip(labels, cfg.stages))
     res = K.kl_stages(base, stages, cfg.tasks, cfg.limit,
-                      _gen(cfg.max_new_tokens, cfg.batch_size, cfg.temperature, 1.0), cfg.kl_batch_size,
-                      _task_options(cfg.max_passage_chars),
-                      loader=lambda spec: _load(base, str(spec), cfg.dtype, cfg.device), progress=True)
+                      generation(cfg.max_new_tokens, cfg.batch_size, cfg.temperature, 1.0), cfg.kl_batch_size,
+                      task_options_for(cfg.max_passage_chars),
+                      loader=lambda spec: load_with_weights(base, str(spec), cfg.dtype, cfg.device), progress=True)
     res["config"] = asdict(cfg)
-    _write(out, "kl.json", res)
+    write_json(out, "kl.json", res)
     K.plot_heatmap({"incremental": (K.matrix(res, "incremental"), res["tasks"], res["stages"]),
                     "cumulative": (K.matrix(res, "cumulative"), res["tasks"], res["stages"])}, out / "kl_heatmap.png",
                    title="KL(after || before), k3 per-token mean")
@@ -376,14 +314,14 @@ def run_landscape(cfg: LandscapeConfig) -> dict[str, Any]:
 
     if not (cfg.es or cfg.grpo):
         raise ValueError("give --es and/or --grpo checkpoint folders")
-    base = _resolve(cfg.base)
+    base = model_folder(cfg.base)
     out = Path(cfg.output_dir)
     check_previous(out, "landscape.json", cfg)
     if cfg.check_base:
         check_base("landscape", base, [cfg.es, cfg.grpo], cfg.base)
-    model, tok = _load(base, None, cfg.dtype, cfg.device)
-    gc = _gen(cfg.max_new_tokens, cfg.batch_size)
-    opts = _task_options(cfg.max_passage_chars)
+    model, tok = load_with_weights(base, None, cfg.dtype, cfg.device)
+    gc = generation(cfg.max_new_tokens, cfg.batch_size)
+    opts = task_options_for(cfg.max_passage_chars)
     tasks = L.prepare_tasks(cfg.tasks, cfg.limit, task_options=opts)
     res: dict[str, Any] = {"config": asdict(cfg)}
     ends = [(lab, p) for lab, p in (("ES", cfg.es), ("GRPO", cfg.grpo)) if p]
@@ -411,7 +349,7 @@ def run_landscape(cfg: LandscapeConfig) -> dict[str, Any]:
             res["holdout"][lab] = L.direction_sweep(model, tok, p, [d], mags5, hold, gc, progress=True)
             L.plot_direction_sweep(res["holdout"][lab], out / f"holdout_{lab.lower()}.png",
                                    title=f"holdout tasks from the {lab} checkpoint")
-    _write(out, "landscape.json", res)
+    write_json(out, "landscape.json", res)
     return res
 
 
@@ -465,25 +403,18 @@ def run_sparsity(cfg: SparsityConfig) -> dict[str, Any]:
     if not cfg.tuned:
         raise ValueError("give --tuned (a checkpoint folder)")
     check_previous(Path(cfg.output_dir), "sparsity.json", cfg)
-    base = _resolve(cfg.base)
+    base = model_folder(cfg.base)
     if cfg.check_base:
         check_base("sparsity", base, [cfg.tuned], cfg.base)
-    model, tok = _load(base, None, cfg.dtype, cfg.device)
-    tasks = L.prepare_tasks(cfg.tasks, cfg.limit, task_options=_task_options(cfg.max_passage_chars))
-    res = SP.sparsity_sweep(model, tok, base, cfg.tuned, tasks, _gen(cfg.max_new_tokens, cfg.batch_size),
+    model, tok = load_with_weights(base, None, cfg.dtype, cfg.device)
+    tasks = L.prepare_tasks(cfg.tasks, cfg.limit, task_options=task_options_for(cfg.max_passage_chars))
+    res = SP.sparsity_sweep(model, tok, base, cfg.tuned, tasks, generation(cfg.max_new_tokens, cfg.batch_size),
                             taus=cfg.taus or None, targets=cfg.targets, progress=True)
     res["config"] = asdict(cfg)
     out = Path(cfg.output_dir)
-    _write(out, "sparsity.json", res)
+    write_json(out, "sparsity.json", res)
     SP.plot_sparsity_sweep({cfg.label or (run_labels([cfg.tuned]) or ["es"])[0]: res}, out / "sparsity.png")
     return res
-
-
-def set_threads(threads: int | None) -> None:
-    if threads:
-        import torch
-
-        torch.set_num_threads(int(threads))
 
 
 COMMANDS = {
