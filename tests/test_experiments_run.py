@@ -418,7 +418,7 @@ EVAL_BLOCK_NO_HOLDOUT = {"limit": 1, "max_new_tokens": 2, "holdout": []}
 
 def test_wall_time_of_a_sigkilled_invocation_is_recovered(tmp_path, tokenizer):
     """SIGKILL skips the runner's `finally`: the heartbeat it left behind still puts its wall time in the log."""
-    from esft.experiments.runner import HEARTBEAT
+    from esft.experiments.invocation import HEARTBEAT
 
     spec = write_spec(tmp_path / "seq.yaml", "sequential", ["boolq"], {"es": {**ES_BLOCK, "iterations": 1}},
                       evaluation={"limit": 1, "max_new_tokens": 2, "holdout": []})
