@@ -101,3 +101,12 @@ def test_a_damaged_final_checkpoint_is_trained_again_by_the_trainer(tmp_path, ca
     res = trained(config.replace(resume=True))
     assert res.final_checkpoint == final and intact(final, needs_optimizer=False)
     assert "resuming from the checkpoint before it" in capsys.readouterr().err
+
+
+def test_fewer_iterations_than_logged_are_refused_as_the_trainer_refuses_them(tmp_path, monkeypatch):
+    """train_es with a config asking fewer iterations than the seed log holds (resume_config checks only its own
+    overrides): refused before the model loads, not answered 'nothing to do'."""
+    run_dir = trained(cfg(tmp_path)).output_dir
+    forbid_loading(monkeypatch)
+    with pytest.raises(ValueError, match="has 3 iterations logged; iterations 2 would end before them"):
+        train_es(resume_config(run_dir).replace(iterations=2))

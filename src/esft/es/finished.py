@@ -85,6 +85,8 @@ def resume_finished(config: ESConfig, progress: bool = True) -> TrainResult | No
     out = Path(config.output_dir)
     if not (config.resume and (out / "config.yaml").is_file()):
         return None
+    # fewer iterations than are logged: the trainer's refusal, not "nothing to do"
+    es_rundir.check_not_shortened(out, config.iterations)
     with locked_run_folder(out):
         if config.rollout_dtype == "auto":  # on a resume: the dtype the run recorded, as the trainer reads it
             config = config.replace(rollout_dtype=read_run_config(out)[0].rollout_dtype)
