@@ -145,3 +145,12 @@ def test_overwrite_of_the_folder_the_command_runs_in_is_refused(tmp_path, capsys
     assert main(["export", str(run), "--to", ".", "--overwrite"]) != 0
     assert "is the folder this command runs in" in capsys.readouterr().err
     assert (tmp_path / "out").samefile(".") and sorted(p.name for p in (tmp_path / "out").iterdir()) == before
+
+
+@pytest.mark.parametrize("inside, given", [("checkpoints", "."), ("checkpoints/final", "..")])
+def test_the_checkpoints_folder_given_as_dot_names_the_run_above_it(tmp_path, capsys, monkeypatch, inside, given):
+    """From inside RUN/checkpoints, `esft export .` said "export the run (.)", the checkpoints folder itself."""
+    run = run_folder(tmp_path / "run")
+    monkeypatch.chdir(run / inside)
+    assert main(["export", given, "--to", str(tmp_path / "out")]) != 0
+    assert f"{given} is a run's checkpoints folder: export the run ({run}) or" in capsys.readouterr().err

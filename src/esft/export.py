@@ -60,7 +60,9 @@ def find_checkpoint(run: str | Path) -> Path:
                        and _NUMBERED.fullmatch(p.name) and (p / "config.json").exists()),
                       key=lambda p: int(_NUMBERED.fullmatch(p.name).group(1)))
     if not numbered and run.resolve().name == CHECKPOINTS and (run.resolve().parent / "config.yaml").is_file():
-        raise FileNotFoundError(f"{run} is a run's checkpoints folder: export the run ({run.parent}) or one "
+        # `.` or `..` has no parent to name: the run is the folder above the one they stand for
+        above = run.parent if run.name not in ("", "..") else Path(os.path.abspath(run)).parent
+        raise FileNotFoundError(f"{run} is a run's checkpoints folder: export the run ({above}) or one "
                                 "checkpoint folder inside it")
     if not numbered:
         raise FileNotFoundError(f"{run}: no checkpoint to export (expected {root}/final or a model folder)"
