@@ -135,6 +135,16 @@ def test_a_folder_that_holds_a_run_or_an_interrupted_one_is_kept(tmp_path):
             raise ValueError("refused on resume")
     assert {p.name for p in evaluated.iterdir()} == {".lock", "config.yaml", "metrics.jsonl"}
 
+    ray = tmp_path / "ray"  # a Ray run's start events (no step: no update yet) beside it train nothing either
+    events = [{"kind": "executor", "event": "start", "workers": []}, {"kind": "executor", "event": "checksum"},
+              {"kind": "eval", "step": 0}]
+    with pytest.raises(ValueError):
+        with locked_run_folder(ray):
+            (ray / "config.yaml").write_text("seed: 1\n")
+            (ray / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in events))
+            raise ValueError("refused at the first iteration")
+    assert not ray.exists()
+
     stopped = tmp_path / "stopped"
     with pytest.raises(KeyboardInterrupt):
         with locked_run_folder(stopped):

@@ -96,13 +96,15 @@ class FolderChanges:
 
 def trained_something(folder: Path) -> bool:
     """Whether a run folder holds more than a step-0 evaluation: an update in seeds.jsonl, a checkpoint, a GRPO
-    step's drift line, or a metrics record of a step past 0 or of training."""
+    step's drift line, or a metrics record of a step past 0 or of training. The Ray executor's events (`kind:
+    executor`: its start, checksums) carry a step only once an update was applied: before that they train nothing."""
     if read_jsonl(folder / "seeds.jsonl") or read_jsonl(folder / "drift.jsonl"):
         return True
     root = folder / CHECKPOINTS
     if root.is_dir() and any(not p.name.startswith(".") for p in root.iterdir()):
         return True
-    return any(r.get("kind") != "eval" or r.get("step") != 0 for r in read_jsonl(folder / "metrics.jsonl"))
+    return any(r.get("kind") not in ("eval", "executor") or r.get("step", 0) != 0
+               for r in read_jsonl(folder / "metrics.jsonl"))
 
 
 @contextmanager
