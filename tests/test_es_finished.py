@@ -110,3 +110,25 @@ def test_fewer_iterations_than_logged_are_refused_as_the_trainer_refuses_them(tm
     forbid_loading(monkeypatch)
     with pytest.raises(ValueError, match="has 3 iterations logged; iterations 2 would end before them"):
         train_es(resume_config(run_dir).replace(iterations=2))
+
+
+def test_a_final_checkpoint_missing_a_shard_is_left_to_the_trainer(tmp_path):
+    """A sharded model (model.safetensors.index.json) whose second shard is absent (a copy cut short): every file
+    present is whole, but the trainer finds parameters missing, resumes from the checkpoint before and writes final
+    again; the folder alone must not call the run finished."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    config = cfg(tmp_path)
+    final = trained(config).final_checkpoint
+    tensors = load_file(str(final / "model.safetensors"))
+    names = sorted(tensors)
+    first, second = "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"
+    save_file({n: tensors[n] for n in names[:1]}, str(final / first), metadata={"format": "pt"})
+    (final / "model.safetensors").unlink()
+    (final / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {}, "weight_map": {n: first if i == 0 else second for i, n in enumerate(names)}}))
+    assert finished_checkpoint(final.parents[1], config) is None
+    res = trained(config.replace(resume=True))  # the trainer's own resume: the checkpoint is damaged to it
+    assert res.final_checkpoint == final and (final / "model.safetensors").is_file()

@@ -47,6 +47,10 @@ def intact(folder: Path, needs_optimizer: bool) -> bool:
             return False
         if state.get("has_masters") and not (folder / es_rundir.MASTERS_FILE).is_file():
             return False
+        index = folder / "model.safetensors.index.json"  # a sharded model: a shard missing leaves its tensors out
+        if index.is_file() and not all((folder / name).is_file()
+                                       for name in set(json.loads(index.read_text())["weight_map"].values())):
+            return False
         for file in files:
             with safe_open(str(file), framework="pt") as handle:
                 handle.keys()
@@ -54,7 +58,7 @@ def intact(folder: Path, needs_optimizer: bool) -> bool:
             if not state.get("has_optimizer"):
                 return False
             torch.load(folder / es_rundir.OPTIMIZER_FILE, weights_only=True, mmap=True)
-    except (OSError, ValueError, RuntimeError, SafetensorError):
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RuntimeError, SafetensorError):
         return False
     return True
 
