@@ -149,6 +149,18 @@ def test_an_address_ray_cannot_parse_is_one_line_naming_esfts_flag(fake_ray):
     assert str(caught.value).endswith("<head_node_ip>:6379). (esft's flag is --ray-address)")
 
 
+def test_an_address_from_ray_address_is_named_as_such(fake_ray, monkeypatch):
+    """No --ray-address given: Ray read $RAY_ADDRESS, and the error named esft's flag as if the user had typed it."""
+    def refuse():
+        raise ValueError("Invalid Ray address: 'http://h:8265'.")
+
+    fake_ray.on_init = refuse
+    monkeypatch.setenv("RAY_ADDRESS", "http://h:8265")
+    with pytest.raises(ValueError) as caught:
+        connection.connect_ray(None)
+    assert str(caught.value).endswith("(the address is $RAY_ADDRESS's; esft's flag is --ray-address)")
+
+
 @pytest.mark.parametrize("address", ["ray://head", "ray://[::1]", " ray://head "])
 def test_a_ray_client_address_without_a_port_is_refused_without_waiting(monkeypatch, fake_ray, address):
     """ray://HOST used to wait 30 s for gRPC's default port 443, then read only `ray client connection timeout`."""

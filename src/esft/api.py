@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 from typing import Any, Iterator
 
-from esft.es.build import check_executor_options
+from esft.es.build import check_executor_options, check_ray_installed
 from esft.es.distributed.connection import disconnect_ray
 from esft.es.distributed.factory import connect, make_executor
 from esft.es.es_config import ESConfig
@@ -116,6 +116,7 @@ def es_trainer(config: ESConfig, **kwargs: Any) -> ESTrainer:
         return ESTrainer(config, **kwargs)
     check_output_dir(config.output_dir)  # the checks the trainer makes first, before a Ray connection's seconds
     check_executor_options(config)
+    check_ray_installed(config)
     # a Ray run joins its cluster before the model loads: a wrong address fails before minutes of loading
     owns_ray = connect(config)
     kwargs["executor_factory"] = functools.partial(make_executor, owns_ray=owns_ray)

@@ -184,12 +184,17 @@ def check_executor_options(config: ESConfig) -> None:
     it before the model loads."""
     if config.executor == "local":
         return  # the local executor reads none of them (warn_unread_ray_options)
+    check_executor_values(config.executor_options)  # again: a config's options may change after it is built
+
+
+def check_ray_installed(config: ESConfig) -> None:
+    """A run whose members esft's own Ray executor runs needs Ray: refused where it is not installed, before the model
+    loads (else an ImportError traceback where the executor starts). Not asked of an injected executor."""
     import importlib.util
 
-    if importlib.util.find_spec("ray") is None:  # else an ImportError traceback where the executor starts
+    if config.executor != "local" and importlib.util.find_spec("ray") is None:
         raise ValueError(f"executor {config.executor!r} runs its members on Ray workers, and Ray is not installed "
                          "here: pip install 'esft[ray]'")
-    check_executor_values(config.executor_options)  # again: a config's options may change after it is built
 
 
 def warn_unread_ray_options(config: ESConfig) -> None:
@@ -238,6 +243,6 @@ def make_local_executor(config: ESConfig, *, model: Any, tokenizer: Any, weights
 
 
 __all__ = ["EXECUTORS", "RAY_OPTIONS", "VLLM_OPTIONS", "WORKER_BACKENDS", "check_executor_options", "check_layout",
-           "check_lowrank_memory", "check_selection", "fitness_rule", "generation_config", "make_fitness_rule",
-           "make_local_executor", "make_strategy", "make_weights", "rollout_precision", "sample_batch",
-           "warn_unread_rank", "warn_unread_ray_options"]
+           "check_lowrank_memory", "check_ray_installed", "check_selection", "fitness_rule", "generation_config",
+           "make_fitness_rule", "make_local_executor", "make_strategy", "make_weights", "rollout_precision",
+           "sample_batch", "warn_unread_rank", "warn_unread_ray_options"]

@@ -202,12 +202,14 @@ def connect_ray(address: str | None) -> bool:
             reason = auth_failure(exc, client_log)
             if reason is not None:
                 raise ConnectionError(auth_message(address or os.environ.get("RAY_ADDRESS"), reason)) from exc
+            # where the address came from, in esft's words (Ray's messages name its own `--address`)
+            source = ("the address is $RAY_ADDRESS's; esft's flag is --ray-address" if not address
+                      and os.environ.get("RAY_ADDRESS") else "esft's flag is --ray-address")
             if isinstance(exc, ValueError):  # an address Ray cannot parse; its message may run over several lines
-                raise ValueError(f"{' '.join(str(exc).split())} (esft's flag is --ray-address)") from exc
+                raise ValueError(f"{' '.join(str(exc).split())} ({source})") from exc
             if not isinstance(exc, ConnectionError):
                 raise
-            # e.g. "auto" with no cluster: Ray's message names its own `--address`
-            raise ConnectionError(f"{exc} (esft's flag is --ray-address)") from exc
+            raise ConnectionError(f"{exc} ({source})") from exc  # e.g. "auto" with no cluster
     if interrupted:
         ray.shutdown()
         raise KeyboardInterrupt
