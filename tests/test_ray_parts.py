@@ -170,6 +170,15 @@ def test_a_ray_client_address_without_a_port_is_refused_without_waiting(monkeypa
     assert fake_ray.calls == []
 
 
+@pytest.mark.parametrize("address", ["ray://head:10001/", "ray://head:10001/x"])
+def test_a_ray_client_address_with_a_path_is_refused_for_that(monkeypatch, fake_ray, address):
+    """ray://HOST:PORT/ was refused as naming no port, which it does."""
+    monkeypatch.setattr(socket, "create_connection", lambda *a, **k: pytest.fail("probed a port"))
+    with pytest.raises(ValueError, match=r"has a path: Ray Client addresses are ray://HOST:PORT, with nothing after"):
+        connection.connect_ray(address)
+    assert fake_ray.calls == []
+
+
 def test_ctrl_c_during_ray_init_is_held_then_shuts_ray_down(fake_ray):
     fake_ray.on_init = lambda: os.kill(os.getpid(), signal.SIGINT)
     with pytest.raises(KeyboardInterrupt):

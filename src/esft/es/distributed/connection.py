@@ -99,6 +99,10 @@ def check_reachable(address: str | None, timeout_s: float = PROBE_TIMEOUT_S) -> 
     address = address or os.environ.get("RAY_ADDRESS")
     endpoint = cluster_endpoint(address)
     if endpoint is None:
+        if (address or "").strip().startswith("ray://") and "/" in address.strip()[len("ray://"):]:
+            # Ray Client hands the text after ray:// to gRPC as host:port, path and all
+            raise ValueError(f"Ray address {address!r} has a path: Ray Client addresses are ray://HOST:PORT, with "
+                             "nothing after the port; fix --ray-address or $RAY_ADDRESS")
         if (address or "").strip().startswith("ray://"):
             # Ray Client would dial gRPC's default port (443) and report only a timeout after 30 s
             raise ValueError(f"Ray address {address!r} names no port: Ray Client addresses are ray://HOST:PORT "
