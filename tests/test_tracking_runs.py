@@ -137,3 +137,26 @@ def test_grpo_marks_its_wandb_run_failed_when_an_error_or_ctrl_c_stops_it(tmp_pa
         assert error is not None and ("simulated crash" in str(exc)
                                       or "interrupted with 1 of 2 steps finished: saved" in str(exc))
     assert ends == [error is not None] and wandb.run is None
+
+
+def test_the_last_steps_evaluation_redone_on_resume_reaches_the_trackers(tmp_path, tokenizer, monkeypatch):
+    """Ctrl-C during the last step's held-out evaluation: `final` is saved and the resume, with no step left to
+    train, evaluates it (esft.grpo.run). That evaluation went to metrics.jsonl only: TensorBoard's held-out curve
+    stopped one evaluation short, where an ES run's resume logs the redone evaluation at its step."""
+    from esft.rundir import RunInterrupted
+    from test_grpo import evaluation_cut_at
+
+    cut = evaluation_cut_at(2, monkeypatch)
+    out = tmp_path / "run"
+    options = dict(max_steps=2, save_steps=0, eval_every=1, eval_limit=2, max_completion_length=3,
+                   samples_per_iteration=2, report_to="tensorboard")
+    with pytest.raises(RunInterrupted, match="saved .*final"):
+        train_grpo(tiny_config(out, **options), model=make_tiny_model(), tokenizer=tokenizer, task=ParityTask(),
+                   progress=False)
+    assert cut and [s for s, _ in scalars(out / "tensorboard", "eval/test_accuracy")] == [0, 1]
+    train_grpo(tiny_config(out, resume=True, **options), model=make_tiny_model(), tokenizer=tokenizer,
+               task=ParityTask(), progress=False)
+    evals = [r for r in read_jsonl(out / "metrics.jsonl") if r["kind"] == "eval"]
+    logged = scalars(out / "tensorboard", "eval/test_accuracy")
+    assert [s for s, _ in logged] == [r["step"] for r in evals] == [0, 1, 2]
+    assert [v for _, v in logged] == pytest.approx([r["test_accuracy"] for r in evals])

@@ -386,12 +386,24 @@ def _evaluate_final(out: Path, config: GRPOConfig, task: Any, checkpoint: Path, 
     the step's train record was written (esft.grpo.interrupt), so a resume has no step left to train and evaluates
     the saved weights, in fp32 as the trainer's model."""
     from esft.models import load_model
+    from esft.tracking import open_tracker
 
     evaluated = {r.get("step") for r in read_jsonl(out / "metrics.jsonl") if r.get("kind") == "eval"}
     if not (config.eval_every and config.eval_limit) or config.max_steps in evaluated:
         return
     model, saved_tokenizer = load_model(str(checkpoint), dtype="float32", device=device)
-    _evaluator(out, config, task, tokenizer or saved_tokenizer, evaluated, progress).evaluate(model, config.max_steps)
+    # no trainer, so no TRL integrations: the run's trackers opened as an ES run opens them (the folder's wandb and
+    # trackio runs), so that the evaluation reaches them as every other one did
+    tracker = open_tracker(config.report_to, out, config.tracking_name(), config.to_dict())
+    step, ended = config.max_steps, False
+    try:
+        _evaluator(out, config, task, tokenizer or saved_tokenizer, evaluated, progress,
+                   lambda rec: tracker.log(rec, step, prefix="eval"),
+                   lambda name, rows: tracker.log_table(name, rows[:config.samples_per_iteration], step)
+                   ).evaluate(model, step)
+        ended = True
+    finally:
+        tracker.close(failed=not ended)
 
 
 def _evaluator(out: Path, config: GRPOConfig, task: Any, tokenizer: Any, evaluated: set[int], progress: bool,
