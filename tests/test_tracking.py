@@ -447,8 +447,10 @@ def test_wandb_and_trackio_backends_log_at_the_step_and_finish(tmp_path, monkeyp
                      ("wandb.define_metric", "train/global_step", None),
                      ("wandb.define_metric", "*", "train/global_step"),
                      ("trackio.init", "esft", "run", {"seed": 1}, "allow"),
-                     ("wandb.log", {"a": 2.0, "train/global_step": 9}), ("trackio.log", {"a": 2.0}, 9),
-                     ("wandb.log", {"t": table, "train/global_step": 9}), ("trackio.log", {"t": table}, 9),
+                     ("wandb.log", {"a": 2.0, "train/global_step": 9}),
+                     ("trackio.log", {"a": 2.0, "train/global_step": 9}, 9),
+                     ("wandb.log", {"t": table, "train/global_step": 9}),
+                     ("trackio.log", {"t": table, "train/global_step": 9}, 9),
                      ("wandb.finish", 0), ("trackio.finish",)]
 
 

@@ -181,3 +181,17 @@ def test_trl_args_run_name_becomes_the_run_name():
     config = GRPOConfig(trl_args={"run_name": "old", "top_k": 5})
     assert (config.run_name, config.trl_args) == ("old", {"top_k": 5})
     assert GRPOConfig(run_name="new", trl_args={"run_name": "old"}).run_name == "new"
+
+
+def test_es_records_carry_grpos_trackio_axis(tmp_path, project, trackio_cli):
+    """In trackio a GRPO record's x-axis is `train/global_step` (trackio's own step counts transformers' log calls);
+    ES's records had no such key, so no one plot could set an ES run's curves beside a GRPO run's. Each ES record,
+    train, evaluation or table, carries it, equal to its step."""
+    from trackio.sqlite_storage import SQLiteStorage
+
+    assert trackio_cli(tmp_path / "run") == 0
+    (record,) = SQLiteStorage.get_run_records(project)
+    logs = SQLiteStorage.get_logs(project=project, run=record["name"], run_id=record["id"])
+    axis = [(m.get("train/global_step"), m["step"]) for m in logs]
+    assert len(axis) == 10 and all(gs == step for gs, step in axis)  # 3 evaluations, 2 iterations, with tables
+    assert [m["train/global_step"] for m in logs if "eval/test_accuracy" in m] == [0, 1, 2]

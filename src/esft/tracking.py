@@ -163,7 +163,8 @@ class TensorBoardBackend:
 
 #: where a run folder keeps its wandb run id (in wandb's own folder of the run)
 WANDB_ID_FILE = "wandb/esft-run-id"
-#: the x-axis of every esft metric in wandb, ES's and GRPO's alike (transformers' name: TRL's own metrics use it)
+#: the x-axis of every esft metric in wandb and trackio, ES's and GRPO's alike (transformers' name: TRL's own
+#: metrics use it; in trackio, GRPO's own step counts transformers' log calls, so only this key lines the two up)
 WANDB_STEP = "train/global_step"
 
 
@@ -313,12 +314,12 @@ class TrackioBackend:
         self.run = trackio.init(project=project, name=name, resume="allow", config=dict(config))
 
     def log(self, scalars: Mapping[str, float], step: int) -> None:
-        self.trackio.log(dict(scalars), step=step)
+        self.trackio.log({**scalars, WANDB_STEP: step}, step=step)
 
     def log_table(self, name: str, rows: list[dict[str, Any]], step: int) -> None:
         columns = list(dict.fromkeys(k for r in rows for k in r))
         table = self.trackio.Table(columns=columns, data=[[r.get(c) for c in columns] for r in rows])
-        self.trackio.log({name: table}, step=step)
+        self.trackio.log({name: table, WANDB_STEP: step}, step=step)
 
     def close(self, failed: bool = False) -> None:
         self.trackio.finish()
