@@ -160,3 +160,27 @@ def test_the_last_steps_evaluation_redone_on_resume_reaches_the_trackers(tmp_pat
     logged = scalars(out / "tensorboard", "eval/test_accuracy")
     assert [s for s, _ in logged] == [r["step"] for r in evals] == [0, 1, 2]
     assert [v for _, v in logged] == pytest.approx([r["test_accuracy"] for r in evals])
+
+
+def test_grpo_wandb_run_holds_esfts_config_as_an_es_run_does(tmp_path, tokenizer, monkeypatch):
+    """An ES run's wandb config is its esft config (task, precision, eval settings); a GRPO run's held only what
+    transformers adds (TRL's arguments, the model's config), so wandb could not group or filter GRPO runs by task
+    or set them beside ES runs of the same task."""
+    pytest.importorskip("wandb")
+    import wandb
+
+    import esft.tracking as tracking
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    wandb.teardown()  # wandb keeps the settings of its first run in a process
+    configs = []
+    finish = tracking.finish_wandb
+    monkeypatch.setattr(tracking, "finish_wandb",
+                        lambda run, failed: (configs.append(dict(run.config)), finish(run, failed)))
+    config = tiny_config(tmp_path / "run", max_steps=1, save_steps=0, eval_every=0, max_completion_length=3,
+                         report_to="wandb")
+    train_grpo(config, model=make_tiny_model(), tokenizer=tokenizer, task=ParityTask(), progress=False)
+    (logged,) = configs
+    assert logged["task"] == "parity" and logged["precision"] == "fp32" and logged["format_bonus"] == 0.1
+    assert logged["prompts_per_step"] == 2 and logged["num_generations"] == 4  # and TRL's own arguments beside

@@ -154,12 +154,14 @@ def point_tensorboard(trainer: Any, folder: Path, resume_step: int | None = None
             cb.tb_writer = SummaryWriter(log_dir=str(folder), purge_step=purge)
 
 
-def open_wandb_run(trainer: Any, folder: Path, name: str) -> Any:
+def open_wandb_run(trainer: Any, folder: Path, name: str, config: Mapping[str, Any] | None = None) -> Any:
     """The run folder's wandb run (esft.tracking.open_wandb, as an ES run opens it) where `report_to` names wandb,
     opened before transformers' WandbCallback opens its own (project "huggingface", files in `./wandb`, a new run
     on every resume): the callback logs to the run it finds open. None without wandb, and where the caller has a
     run open already (a notebook's own): the callback logs to that one, which stays the caller's to finish. `name`:
-    the run's (run_name or the folder's), not TRL's run_name, which point_trackio may have made trackio's."""
+    the run's (run_name or the folder's), not TRL's run_name, which point_trackio may have made trackio's. `config`:
+    the run's esft config, the wandb config an ES run has (task, precision...); transformers adds TRL's arguments
+    and the model's config to it."""
     from transformers.integrations import WandbCallback
 
     from esft.tracking import open_wandb
@@ -168,7 +170,7 @@ def open_wandb_run(trainer: Any, folder: Path, name: str) -> Any:
         return None
     import wandb
 
-    return open_wandb(folder, name) if wandb.run is None else None
+    return open_wandb(folder, name, config) if wandb.run is None else None
 
 
 def point_trackio(args: Any, folder: Path, given: Mapping[str, Any]) -> None:

@@ -328,7 +328,7 @@ def _train_locked(config: GRPOConfig, out: Path, model: Any, tokenizer: Any, tas
     # an extended run (start < max_steps here): its last checkpoint is no longer final. Renamed only now, once
     # config.yaml holds the new max_steps: a failure before this leaves the finished run as it was
     resume_from = _demote_final(out, config.max_steps, resume_from)
-    _train_or_save(trainer, resume_from, runlog, config.tracking_name())
+    _train_or_save(trainer, resume_from, runlog, config)
     final = out / CHECKPOINTS / "final"
     return GRPOTrainResult(out, int(trainer.state.global_step), final if final.exists() else None,
                            evaluator.last if evaluator is not None else None, trainer)
@@ -432,7 +432,7 @@ def _without_resume_args_notice() -> Iterator[None]:
         logger.removeFilter(notice)
 
 
-def _train_or_save(trainer: EsftGRPOTrainer, resume_from: Path | None, runlog: Any, run_name: str) -> None:
+def _train_or_save(trainer: EsftGRPOTrainer, resume_from: Path | None, runlog: Any, config: GRPOConfig) -> None:
     """trainer.train; on Ctrl-C or SIGTERM, first the checkpoint of the last finished step (esft.grpo.interrupt),
     so that a resume continues from there instead of from the last scheduled checkpoint. The run log's progress
     bar is closed whatever ends the training, before any message about it is printed."""
@@ -447,7 +447,7 @@ def _train_or_save(trainer: EsftGRPOTrainer, resume_from: Path | None, runlog: A
     callbacks.insert(callbacks.index(runlog) + 1, boundary.recorded())
     wandb_run, ended = None, False
     try:
-        wandb_run = open_wandb_run(trainer, Path(trainer.run_dir), run_name)
+        wandb_run = open_wandb_run(trainer, Path(trainer.run_dir), config.tracking_name(), config.to_dict())
         # the step bar only, not one per checkpoint; no notice of the resume's intended argument changes
         with warnings.catch_warnings(), without_transformers_bars(), _without_resume_args_notice():
             # TRL's own code still calls transformers' deprecated `model.is_gradient_checkpointing`,
