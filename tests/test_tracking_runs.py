@@ -184,3 +184,14 @@ def test_grpo_wandb_run_holds_esfts_config_as_an_es_run_does(tmp_path, tokenizer
     (logged,) = configs
     assert logged["task"] == "parity" and logged["precision"] == "fp32" and logged["format_bonus"] == 0.1
     assert logged["prompts_per_step"] == 2 and logged["num_generations"] == 4  # and TRL's own arguments beside
+
+
+@pytest.mark.parametrize("strategy", ["no", "epoch"])
+def test_trl_args_logging_strategy_is_refused(strategy):
+    """trl_args: {logging_strategy: no} was accepted and ran: TRL then logs no step, so metrics.jsonl got no train
+    record, the held-out evaluations after step 0 (made when a step is logged) never ran, and the trackers got
+    nothing but step 0's evaluation, with nothing said. esft logs every step itself."""
+    from esft.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"no logging_strategy there \(esft logs every step"):
+        tiny_config("out", trl_args={"logging_strategy": strategy})

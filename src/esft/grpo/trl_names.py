@@ -25,6 +25,8 @@ REFUSED_TRL_ARGS = {
     "save_total_limit": "TRL's rotation never sees the checkpoints esft keeps; use esft's own save_total_limit "
                         "option (a run that recorded it in its config.yaml's trl_args, where it did nothing, "
                         "resumes once that line is deleted)",
+    "logging_strategy": "esft logs every step: its train records, held-out evaluations and trackers follow TRL's "
+                        "log of each step",
 }
 
 #: the TRL GRPOConfig options esft sets itself (trl_arguments); trl_args may not override them
