@@ -316,14 +316,15 @@ def test_a_grpo_resume_without_a_folder_says_it_looked_in_the_default_one(tmp_pa
     assert main(["train", "grpo", "--resume"]) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err == ("esft: error: cannot resume runs/grpo (the default --output-dir; name the run's folder: --resume "
-                   "--output-dir RUN): no such folder (start a new run without --resume)")
+                   "RUN_DIR): no such folder (start a new run without --resume)")
     (tmp_path / "empty").mkdir()
     (tmp_path / "afile").write_text("")
     for named, what in (("runs/grpo", "no such folder"), ("elsewhere", "no such folder"),
                         ("empty", "it holds no config.yaml"), ("afile", "not a folder")):
-        assert main(["train", "grpo", "--resume", "--output-dir", named]) == 2
-        err = capsys.readouterr().err.strip().splitlines()[-1]
-        assert err == f"esft: error: cannot resume {named}: {what} (start a new run without --resume)"
+        for form in (["--resume", "--output-dir", named], ["--resume", named]):  # GRPO takes ES's form too
+            assert main(["train", "grpo", *form]) == 2
+            err = capsys.readouterr().err.strip().splitlines()[-1]
+            assert err == f"esft: error: cannot resume {named}: {what} (start a new run without --resume)"
         assert main(["train", "es", "--resume", named]) == 2
         err = capsys.readouterr().err.strip().splitlines()[-1]
         assert err == (f"esft: error: cannot resume {named}: {what} (start a new run without --resume, or restore "

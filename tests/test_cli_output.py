@@ -6,6 +6,8 @@ Run: pytest -q tests/test_cli_output.py   (a few seconds; tiny random models, no
 
 from __future__ import annotations
 
+import argparse
+
 import os
 import signal
 
@@ -157,31 +159,30 @@ def test_an_unknown_option_is_reported_by_its_sub_command_with_the_closest_optio
         "(`esft train es --help` lists the options)"]
 
 
-def test_grpo_resume_given_a_folder_as_es_takes_it_names_the_grpo_form(capsys):
-    """`esft train grpo --resume RUN` (ES's form) said only "unrecognized arguments: RUN"; GRPO's --resume is a
-    switch and the folder is --output-dir, which the error now names. A stray word without --resume is unchanged."""
-    with pytest.raises(SystemExit) as stop:
-        main(["train", "grpo", "--resume", "runs/g"])
-    assert stop.value.code == 2
-    assert "unrecognized arguments: runs/g; here --resume takes no folder: --resume --output-dir runs/g" in \
-        capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        main(["train", "grpo", "runs/g"])
-    assert "--output-dir" not in capsys.readouterr().err
-    with pytest.raises(SystemExit):  # the folder already given: a stray word is only that
-        main(["train", "grpo", "--resume", "--output-dir", "runs/g", "stray"])
-    assert "here --resume takes no folder" not in capsys.readouterr().err
+def test_both_trainers_take_both_resume_forms(monkeypatch, capsys):
+    """`esft train grpo --resume RUN` (ES's form) was refused ("unrecognized arguments: RUN"), and `esft train es
+    --resume --output-dir RUN` (GRPO's) too ("expected one argument"): each trainer takes both now, and a folder
+    named twice must be the same one."""
+    import esft.api
 
+    seen = []
+    monkeypatch.setattr(esft.api, "train_es", lambda config: seen.append(config) or pytest.fail("stop"))
+    for argv in (["train", "es", "--resume", "runs/e"], ["train", "es", "--resume", "--output-dir", "runs/e"],
+                 ["train", "grpo", "--resume", "runs/e"], ["train", "grpo", "--resume", "--output-dir", "runs/e"]):
+        assert main(argv) == 2  # no such run: refused naming the folder, from either form
+        assert "esft: error: cannot resume runs/e: no such folder" in capsys.readouterr().err
+    from esft.cli import _resume_folder
 
-def test_es_resume_without_a_folder_as_grpo_takes_it_names_the_es_form(capsys):
-    """`esft train es --resume --output-dir RUN` (GRPO's form) said only "argument --resume: expected one
-    argument"; ES's --resume takes the run folder itself, which the error now says."""
-    with pytest.raises(SystemExit) as stop:
-        main(["train", "es", "--resume", "--output-dir", "runs/e"])
-    assert stop.value.code == 2
-    assert capsys.readouterr().err.splitlines() == ["esft train es: error: argument --resume: expected one "
-                                                    "argument; here --resume takes the run folder: --resume "
-                                                    "RUN_DIR (`esft train es --help` lists the options)"]
+    ns = argparse.Namespace
+    assert _resume_folder(ns(output_dir=None), "runs/e") == "runs/e"
+    assert _resume_folder(ns(output_dir="runs/e"), True) == "runs/e"
+    assert _resume_folder(ns(output_dir="runs/e/"), "runs/e") == "runs/e"
+    assert _resume_folder(ns(output_dir=None), None) is None
+    with pytest.raises(ValueError, match=r"--resume names no run: give its folder, --resume RUN_DIR"):
+        _resume_folder(ns(output_dir=None), True)
+    with pytest.raises(ValueError, match=r"--resume continues runs/e in place; --output-dir runs/f names another"):
+        _resume_folder(ns(output_dir="runs/f"), "runs/e")
+    assert seen == []
 
 
 @pytest.mark.parametrize("argv, line", [

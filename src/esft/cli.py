@@ -80,6 +80,7 @@ def _train_es(args: argparse.Namespace) -> int:
     from esft.api import train_es
     from esft.es.es_config import PRESETS, ESConfig
 
+    args.resume_dir = _resume_folder(args, args.resume_dir)
     if args.resume_dir:
         # `--resume RUN_DIR`: the run's own config.yaml, plus the few flags a resume may change (e.g. iterations)
         from esft.es.es_config import resume_config
@@ -112,6 +113,8 @@ def _train_grpo(args: argparse.Namespace) -> int:
     from esft.api import train_grpo  # as `esft train es`: the run's curve.png is drawn at its end
     from esft.grpo import PRESETS, GRPOConfig
 
+    if isinstance(vars(args).get("resume"), str):  # `--resume RUN_DIR`, as ES takes it
+        args.output_dir, args.resume = _resume_folder(args, args.resume), True
     run_dir = getattr(args, "output_dir", None)
     resumed = run_dir if vars(args).get("resume") and run_dir and (Path(run_dir) / "config.yaml").exists() else None
     if resumed:
@@ -130,7 +133,7 @@ def _train_grpo(args: argparse.Namespace) -> int:
         # as `esft train es --resume`: a misspelt folder must not start a new run with the default settings.
         # `--resume` alone names no folder: the one it looked in is the default output_dir
         unnamed = run_dir is None and config.output_dir == GRPOConfig.output_dir
-        where = " (the default --output-dir; name the run's folder: --resume --output-dir RUN)" if unnamed else ""
+        where = " (the default --output-dir; name the run's folder: --resume RUN_DIR)" if unnamed else ""
         raise FileNotFoundError(f"cannot resume {config.output_dir}{where}: {no_config_words(config.output_dir)} "
                                 "(start a new run without --resume)")
     _check_run_dir(config.output_dir)
@@ -138,6 +141,21 @@ def _train_grpo(args: argparse.Namespace) -> int:
     noun = "step" if result.steps == 1 else "steps"
     print(f"\n{result.steps} {noun} in {result.output_dir}; final checkpoint: {result.final_checkpoint}")
     return 0
+
+
+def _resume_folder(args: argparse.Namespace, given: str | bool | None) -> str | None:
+    """The run folder of `--resume [RUN_DIR]`: the one named, else --output-dir's; None without --resume. Both
+    trainers take both forms (`--resume RUN`, `--resume --output-dir RUN`)."""
+    out = vars(args).get("output_dir")
+    if given is None or given is False:
+        return None
+    if given is True:
+        if out is None:
+            raise ValueError("--resume names no run: give its folder, --resume RUN_DIR")
+        return out
+    if out is not None and Path(out).resolve() != Path(given).resolve():
+        raise ValueError(f"--resume continues {given} in place; --output-dir {out} names another folder")
+    return given
 
 
 def _task_flags(config: Any, args: argparse.Namespace, resumed: str | None) -> Any:
@@ -286,9 +304,9 @@ def _train_options(train: argparse.ArgumentParser) -> None:
     _add_run_options(p, PRESETS)
     add_dataclass_arguments(p, ESConfig, skip=("resume",))
     add_task_flags(p)
-    p.add_argument("--resume", dest="resume_dir", metavar="RUN_DIR", default=None,
-                   help="continue RUN_DIR from its latest checkpoint and seed log (ends bit-identical to an "
-                        "uninterrupted run); flags may only change e.g. --iterations")
+    p.add_argument("--resume", dest="resume_dir", metavar="RUN_DIR", nargs="?", const=True, default=None,
+                   help="continue RUN_DIR (or the --output-dir given) from its latest checkpoint and seed log (ends "
+                        "bit-identical to an uninterrupted run); flags may only change e.g. --iterations")
     # short alias of --fitness-rule (an exact flag: argparse would reject the ambiguous prefix otherwise)
     p.add_argument("--fitness", dest="fitness_rule", metavar="RULE", default=argparse.SUPPRESS, action=Alias,
                    canonical="--fitness-rule",
@@ -301,8 +319,12 @@ def _train_options(train: argparse.ArgumentParser) -> None:
 
     p = algos.add_parser("grpo", help="GRPO baseline (TRL GRPOTrainer; needs `pip install esft[grpo]`)")
     _add_run_options(p, GRPO_PRESETS)
-    add_dataclass_arguments(p, GRPOConfig)
+    add_dataclass_arguments(p, GRPOConfig, skip=("resume",))
     add_task_flags(p)
+    # as ES's: the run folder after --resume, or given as --output-dir
+    p.add_argument("--resume", dest="resume", metavar="RUN_DIR", nargs="?", const=True, default=argparse.SUPPRESS,
+                   help="continue RUN_DIR (or the --output-dir given) from its latest checkpoint; flags may only "
+                        "change e.g. --max-steps")
     p.set_defaults(func=_train_grpo)
 
 

@@ -67,9 +67,6 @@ class Parser(argparse.ArgumentParser):
             word = extra[0].split("=")[0]
             close = difflib.get_close_matches(word, known, n=1) if word.startswith("-") else []
             hint = f"; did you mean {close[0]}?" if close else ""
-            if getattr(namespace, "resume", None) is True and getattr(namespace, "output_dir", None) is None \
-                    and not word.startswith("-"):  # ES's `--resume RUN` form
-                hint = f"; here --resume takes no folder: --resume --output-dir {word}"
             self.exit(2, f"{self.prog}: error: unrecognized arguments: {' '.join(extra)}{hint} "
                          f"(`{self.prog} --help` lists the options)\n")
         return namespace, extra
@@ -80,8 +77,6 @@ class Parser(argparse.ArgumentParser):
             if isinstance(action.choices, dict) and message == f"the following arguments are required: {action.dest}":
                 message = (f"a sub-command is required: {', '.join(action.choices)} (`{self.prog} --help` "
                            "describes them)")
-        if message == "argument --resume: expected one argument":  # GRPO's `--resume --output-dir RUN`, in ES
-            message += "; here --resume takes the run folder: --resume RUN_DIR"
         message += _none_hint(self, message)
         choice = re.match(r"argument (\S+): invalid choice: '(.*)' \(choose from (.*)\)$", message)
         if choice:  # a sub-command's dest (command, algorithm) is a name no usage shows; and the closest choice
