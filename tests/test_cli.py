@@ -306,7 +306,7 @@ def test_a_typed_passage_cut_no_task_reads_is_refused_before_the_model_loads(arg
 
 
 def test_a_grpo_resume_without_a_folder_says_it_looked_in_the_default_one(tmp_path, capsys, monkeypatch):
-    """`esft train grpo --resume` (its --resume takes no folder) said "cannot resume runs/grpo: it holds no
+    """`esft train grpo --resume` (naming no folder) said "cannot resume runs/grpo: it holds no
     config.yaml", a folder the user never named; it now says that is the default --output-dir and how to name
     the run's folder. A folder the user named is reported as before; one that does not exist is called so, for ES
     as for GRPO (it "held no config.yaml")."""

@@ -42,8 +42,7 @@ def test_a_resume_on_edited_train_data_is_refused_before_the_model_loads(tiny_di
         first = ["train", "grpo", "--max-steps", "1", "--prompts-per-step", "2", "--num-generations", "2",
                  "--per-device-train-batch-size", "2", "--max-completion-length", "2", "--lr-scheduler-type",
                  "constant", *common]  # a schedule without an end: the finished run can be extended
-        # TRL's --resume takes no folder: the run is --output-dir's
-        resume = ["train", "grpo", "--resume", "--output-dir", str(out), "--max-steps", "2"]
+        resume = ["train", "grpo", "--resume", "--output-dir", str(out), "--max-steps", "2"]  # the other form
     assert main(first) == 0
     recorded = yaml.safe_load((out / "config.yaml").read_text())["_run"]["train_sha256"]
     task = get_task(str(data), prompt_field="question", reward="exact")
