@@ -73,3 +73,22 @@ def test_a_model_the_population_forward_cannot_perturb_is_refused_before_its_wei
     model = gpt2()
     with pytest.raises(NotImplementedError, match="Conv1D"):
         LowRankExecutor(model, None, LowRankWeights(model), None, 0.1, None)
+
+
+def test_a_model_low_rank_noise_cannot_perturb_is_bad_input_at_the_command_line(tmp_path, monkeypatch, capsys):
+    """The refusal is one line with exit 2, as for any option the run cannot take (it was exit 1, a run-time
+    failure, as NotImplementedError)."""
+    import esft.models
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from esft.cli import main
+
+    GPT2LMHeadModel(GPT2Config(n_embd=16, n_layer=1, n_head=2, vocab_size=64, n_positions=32, bos_token_id=0,
+                               eos_token_id=0)).save_pretrained(tmp_path / "gpt2")
+    monkeypatch.setattr(esft.models, "load_model", lambda *a, **k: pytest.fail("the weights loaded"))
+    capsys.readouterr()
+    assert main(["train", "es", "--model", str(tmp_path / "gpt2"), "--task", "boolq", "--noise", "lowrank",
+                 "--device", "cpu", "--output-dir", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("esft: error: low-rank population forward: Conv1D owning") and len(err.splitlines()) == 1
+    assert not (tmp_path / "run").exists()

@@ -176,11 +176,17 @@ def _embedding_output_scale(module: torch.nn.Module) -> float | None:
     return float(scale.to(module.weight.dtype)) if isinstance(scale, torch.Tensor) else scale
 
 
+class UnsupportedModel(NotImplementedError, ValueError):
+    """A model whose matrices the batched population forward cannot perturb: not implemented here, and bad input to
+    a run that asks for low-rank noise (the command line exits 2, as for any refused option)."""
+
+
 def matrix_owners(model: torch.nn.Module, params: dict[str, torch.Tensor]) -> list[tuple[str, torch.nn.Module]]:
     """(name, module) of every module owning one of `params` (selected matrices by name), in the model's module
-    order (a tied matrix once per owner). Raises NotImplementedError where the batched population forward cannot
-    add a matrix's per-row term: an owner that is not nn.Linear / nn.Embedding, one whose forward is unknown, a
-    matrix no module owns. Reads no weight: esft.es.build runs it on the model's skeleton before the weights load."""
+    order (a tied matrix once per owner). Raises UnsupportedModel (a NotImplementedError) where the batched
+    population forward cannot add a matrix's per-row term: an owner that is not nn.Linear / nn.Embedding, one whose
+    forward is unknown, a matrix no module owns. Reads no weight: esft.es.build runs it on the model's skeleton
+    before the weights load."""
     by_id = {id(p): name for name, p in params.items()}
     owners: list[tuple[str, torch.nn.Module]] = []
     for module in model.modules():
@@ -189,15 +195,15 @@ def matrix_owners(model: torch.nn.Module, params: dict[str, torch.Tensor]) -> li
         if name is None:
             continue
         if not isinstance(module, (torch.nn.Linear, torch.nn.Embedding)):
-            raise NotImplementedError(f"low-rank population forward: {type(module).__name__} owning {name} "
-                                      "is not nn.Linear / nn.Embedding")
+            raise UnsupportedModel(f"low-rank population forward: {type(module).__name__} owning {name} "
+                                   "is not nn.Linear / nn.Embedding")
         if _output_scale_source(module) is None:
-            raise NotImplementedError(f"low-rank population forward: {type(module).__name__} owning {name} "
-                                      "overrides forward, so its per-row term is unknown")
+            raise UnsupportedModel(f"low-rank population forward: {type(module).__name__} owning {name} "
+                                   "overrides forward, so its per-row term is unknown")
         owners.append((name, module))
     missing = set(params) - {name for name, _ in owners}
     if missing:
-        raise NotImplementedError(f"selected matrices not owned by a Linear / Embedding: {sorted(missing)[:5]}")
+        raise UnsupportedModel(f"selected matrices not owned by a Linear / Embedding: {sorted(missing)[:5]}")
     return owners
 
 
@@ -405,4 +411,4 @@ def population_logits(model: torch.nn.Module, weights: LowRankWeights, members: 
 
 __all__ = ["LowRankWeights", "LowRankExecutor", "PopulationPerturbation", "generate_population", "lowrank_factors",
            "accumulate_outer", "check_factor_memory", "factor_bytes", "held_factor_bytes", "matrix_owners",
-           "population_logits"]
+           "population_logits", "UnsupportedModel"]
