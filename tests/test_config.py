@@ -290,3 +290,14 @@ def test_a_runs_tracker_name_is_its_run_name_else_its_folders(trainer):
     # a folder given as `.` or through `..` is named by the folder it stands for, not '' or '..'
     assert cls(output_dir=".").tracking_name() == Path.cwd().name
     assert cls(output_dir="runs/sums-es/..").tracking_name() == "runs"
+
+
+def test_locked_changes_names_what_a_resume_may_not_change():
+    """ES's and GRPO's resume refusals compare the run's config with the new one through one function."""
+    from esft.config import locked_changes
+    from esft.es.es_config import ESConfig
+
+    old = ESConfig(sigma=0.001, iterations=5)
+    assert locked_changes(old, old.replace(iterations=9), {"iterations"}) == {}
+    assert locked_changes(old, old.replace(sigma=0.002, iterations=9), {"iterations"}) == {"sigma": (0.001, 0.002)}
+    assert locked_changes(old, old.replace(iterations=9), set()) == {"iterations": (5, 9)}

@@ -375,6 +375,13 @@ def save_yaml(config: Any, path: str | Path) -> None:
     Path(path).write_text(yaml.safe_dump(to_dict(config), sort_keys=False))
 
 
+def locked_changes(old: Any, new: Any, free: typing.Iterable[str]) -> dict[str, tuple[Any, Any]]:
+    """option -> (the run's value, this config's) for every option of the run's config `old` that `new` changes,
+    `free` (the options a resume may change) aside: what `resume_refusal` names."""
+    return {k: (getattr(old, k), getattr(new, k)) for k in old.to_dict()
+            if k not in free and getattr(old, k) != getattr(new, k)}
+
+
 def resume_refusal(run_dir: Any, diffs: Mapping[str, tuple[Any, Any]], note: str = "") -> ValueError:
     """The refusal of a resume whose config differs from the run's in options a resume may not change (`diffs`:
     option -> (the run's value, this config's)), in the words `resume_config` uses for a flag."""

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from esft.config import resume_refusal
+from esft.config import locked_changes, resume_refusal
 from esft.es import es_rundir
 from esft.es.es_config import ESConfig, read_run_config, resumable_changes
 from esft.rundir import CorruptLogError, TrainResult, finished_line, prune_checkpoints, read_jsonl
@@ -23,9 +23,7 @@ from esft.run_undo import locked_run_folder
 def check_resumable(run_dir: Path, config: ESConfig) -> None:
     """Refuse to resume `run_dir` with settings that would change what its logged iterations did."""
     old, _ = read_run_config(run_dir)
-    free = resumable_changes(old)
-    diffs = {k: (getattr(old, k), getattr(config, k)) for k in old.to_dict()
-             if k not in free and getattr(old, k) != getattr(config, k)}
+    diffs = locked_changes(old, config, resumable_changes(old))
     if diffs:
         raise resume_refusal(run_dir, diffs)
 

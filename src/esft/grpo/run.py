@@ -36,7 +36,7 @@ import torch
 import yaml
 
 from esft import rundir
-from esft.config import resume_refusal
+from esft.config import locked_changes, resume_refusal
 from esft.grpo.grpo_config import (SCHEDULES_WITHOUT_END, GRPOConfig, check_prompts_per_step, check_trl_arg_names,
                                    resolve_precision, resumable_changes, to_trl_config)
 from esft.grpo.interrupt import StepBoundary, interrupted_message
@@ -143,9 +143,7 @@ def _write_config(config: GRPOConfig, path: Path, resume: bool, extra: dict[str,
 
 def _check_resumable(run_dir: Path, config: GRPOConfig) -> None:
     old, _ = read_run_config(run_dir)
-    allowed = resumable_changes(old)
-    diffs = {k: (getattr(old, k), getattr(config, k)) for k in old.to_dict()
-             if k not in allowed and getattr(old, k) != getattr(config, k)}
+    diffs = locked_changes(old, config, resumable_changes(old))
     if diffs:
         why = (f"; max_steps sets the {old.lr_scheduler_type!r} LR schedule (runs on "
                f"{' or '.join(SCHEDULES_WITHOUT_END)} can be extended)" if "max_steps" in diffs else "")
