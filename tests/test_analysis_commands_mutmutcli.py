@@ -77,8 +77,8 @@ def test_the_random_direction_takes_the_per_tensor_norms_of_the_es_update_it_is_
             randoms.append((like.label, label))
             self.label, self.norm = label, like.norm
 
-    monkeypatch.setattr(C, "_resolve", lambda spec: f"resolved:{spec}")
-    monkeypatch.setattr(C, "_load", lambda base, w, dtype, device: ("model", "tok"))
+    monkeypatch.setattr(C, "model_folder", lambda spec: f"resolved:{spec}")
+    monkeypatch.setattr(C, "load_with_weights", lambda base, w, dtype, device: ("model", "tok"))
     monkeypatch.setattr(L, "prepare_tasks", lambda names, limit, task_options: {})
     monkeypatch.setattr(L, "DeltaDirection", Delta)
     monkeypatch.setattr(L, "RandomDirection", Random)

@@ -89,7 +89,7 @@ def test_a_checkpoint_that_records_nothing_gets_one_line_and_is_compared(models,
 def test_kl_landscape_and_sparsity_refuse_it_before_loading_a_model(models, tmp_path, capsys, monkeypatch, argv):
     from esft.analysis import commands as C
 
-    monkeypatch.setattr(C, "_load", lambda *a, **k: pytest.fail("loaded a model for a checkpoint of another base"))
+    monkeypatch.setattr(C, "load_with_weights", lambda *a, **k: pytest.fail("loaded a model for a checkpoint of another base"))
     args = ["analyze", *[a.format(ck=models["from_b"]) for a in argv], "--base", str(models["a"]),
             "--output-dir", str(tmp_path / "o")]
     assert main(args) == 2
