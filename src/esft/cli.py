@@ -25,7 +25,7 @@ from esft.cli_process import (as_typed, config_words, exit_code, plain_warnings,
                               stdout_reader_gone)
 from esft.config import build_config, resume_refusal
 from esft.config_flags import add_dataclass_arguments
-from esft.sigterm import sigterm_interrupts
+from esft.sigterm import signals_deferred, sigterm_interrupts
 from esft.tasks.custom import add_task_flags
 from esft.rundir import check_output_dir
 from esft.saved_config import no_config_words
@@ -401,7 +401,8 @@ def _main(argv: Sequence[str] | None) -> int:
     command = args_list[0] if args_list else ""
     with sigterm_interrupts() if command in INTERRUPTIBLE else contextlib.nullcontext():
         if command in INTERRUPTIBLE:  # numpy before torch: torch's C start-up imports numpy and drops any error
-            import numpy  # noqa: F401  of that import, a Ctrl-C included (the command then ran half-imported)
+            with signals_deferred():  # of that import, a Ctrl-C included (the command then ran half-imported)
+                import numpy  # noqa: F401
         if command in COMPUTE_COMMANDS:  # before torch loads (a sub-command's options import it)
             from esft.environment import prepare_compute_environment
 
