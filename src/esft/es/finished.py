@@ -96,9 +96,10 @@ def resume_finished(config: ESConfig, progress: bool = True) -> TrainResult | No
         final = finished_checkpoint(out, config)
         if final is None:
             return None
-        es_rundir.check_noise_stream(es_rundir.read_seed_log(out), config.noise_stream, out)
+        records = es_rundir.read_seed_log(out)
+        es_rundir.check_noise_stream(records, config.noise_stream, out)
         prune_checkpoints(es_rundir.list_checkpoints(out), config.save_total_limit)
-        step = len(es_rundir.read_seed_log(out))
+        step = len(records)
         if progress:
             print(finished_line(out, "iteration", step, "iterations", config.iterations))
         return TrainResult(out, step, final, None)
