@@ -154,3 +154,28 @@ def test_the_checkpoints_folder_given_as_dot_names_the_run_above_it(tmp_path, ca
     monkeypatch.chdir(run / inside)
     assert main(["export", given, "--to", str(tmp_path / "out")]) != 0
     assert f"{given} is a run's checkpoints folder: export the run ({run}) or" in capsys.readouterr().err
+
+
+def test_a_target_below_a_file_names_that_file(tmp_path, capsys):
+    """`--to afile/sub` said only "[Errno 17] File exists: 'afile'"."""
+    run = run_folder(tmp_path / "run")
+    (tmp_path / "afile").write_text("x")
+    assert main(["export", str(run), "--to", str(tmp_path / "afile" / "sub")]) != 0
+    assert f"{tmp_path / 'afile'} is a file, not a folder" in capsys.readouterr().err
+
+
+def test_a_target_that_cannot_be_written_is_named_not_the_staging_folder(tmp_path, capsys, monkeypatch):
+    """An unwritable parent of `--to` gave "Permission denied: 'PARENT/.out.abc123'", a folder the user never
+    named; the error names `--to` and leaves nothing behind."""
+    import tempfile
+
+    run = run_folder(tmp_path / "run")
+
+    def refused(*args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(tmp_path / ".out.abc123"))
+
+    monkeypatch.setattr(tempfile, "mkdtemp", refused)
+    assert main(["export", str(run), "--to", str(tmp_path / "out")]) != 0
+    err = capsys.readouterr().err
+    assert f"cannot write the export beside --to {tmp_path / 'out'} (Permission denied)" in err and ".out." not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]

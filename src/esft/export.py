@@ -279,6 +279,10 @@ def export_run(run: str | Path, to: str | Path, overwrite: bool = False) -> Expo
     run_dir = (run if checkpoint != run else run_dir_of(checkpoint.resolve())).resolve()
     if to.exists() and not to.is_dir():
         raise NotADirectoryError(f"--to {to} is a file, not a folder (name a new or empty folder)")
+    blocking = next((p for p in to.absolute().parents if p.exists() and not p.is_dir()), None)
+    if blocking is not None:  # mkdir would say only "File exists" of it
+        raise NotADirectoryError(f"--to {to}: {blocking} is a file, not a folder (name a folder whose parents are "
+                                 "folders)")
     target = to.resolve()
     held = [p for p in (run, checkpoint, run_dir) if p.resolve() == target or target in p.resolve().parents]
     if held:  # --overwrite would replace the run itself (seed log, metrics, checkpoints) by the exported model
@@ -314,8 +318,12 @@ def export_run(run: str | Path, to: str | Path, overwrite: bool = False) -> Expo
     # built in a fresh folder beside the target and moved into place: an --overwrite export never keeps files of
     # an earlier one (stale shards, tokenizer files), and an interrupted export leaves the target as it was. The
     # resolved target: a symlink's folder is the one to fill, and `.` has no name to build beside
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    except OSError as exc:  # the error would name the hidden staging folder, which the user never asked for
+        raise OSError(exc.errno, f"cannot write the export beside --to {to} ({exc.strerror})", str(target.parent)) \
+            from None
     # a folder to share takes the modes of any new folder and file (the umask's), not mkdtemp's private 0700 nor
     # the 0600 that safetensors gives the weights it writes
     os.chmod(staging, 0o777 & ~current_umask())
