@@ -179,3 +179,15 @@ def test_a_target_that_cannot_be_written_is_named_not_the_staging_folder(tmp_pat
     err = capsys.readouterr().err
     assert f"cannot write the export beside --to {tmp_path / 'out'} (Permission denied)" in err and ".out." not in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+
+
+def test_the_card_of_a_checkpoint_between_evaluations_says_its_step_was_not_evaluated(tmp_path):
+    """An interrupted run's latest checkpoint (step 3, evaluations at 0-2) got a card whose last row read as the
+    exported weights' accuracy."""
+    run = run_folder(tmp_path / "run", checkpoints=("iter_000003",))
+    (run / "checkpoints" / "iter_000003" / "es_state.json").write_text(json.dumps({"step": 3}))
+    assert main(["export", str(run), "--to", str(tmp_path / "out")]) == 0
+    card = (tmp_path / "out" / "README.md").read_text()
+    assert "No held-out evaluation was made at step 3, the exported weights' step: the last row is step 2's." in card
+    assert main(["export", str(run_folder(tmp_path / "run2")), "--to", str(tmp_path / "out2")]) == 0
+    assert "No held-out evaluation" not in (tmp_path / "out2" / "README.md").read_text()

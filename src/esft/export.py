@@ -210,7 +210,11 @@ def model_card(run: Path, config: dict[str, Any], results: list[dict[str, Any]],
         # a reward function's baseline is the best of the most frequent gold answers, not the most frequent one
         answers = {str(r["answer"]) for r in results if r.get("baseline") is not None and r.get("answer") is not None}
         said = f" (`{answers.pop()}`)" if len(answers) == 1 else ""
-        lines += ["", "Step 0 is the model before training."
+        latest = max((r["step"] for r in results if r.get("step") is not None), default=None)
+        # an interrupted run's checkpoint usually falls between evaluations: its own accuracy was never measured
+        unmeasured = (f" No held-out evaluation was made at step {step}, the exported weights' step: the last row "
+                      f"is step {latest}'s." if step is not None and latest is not None and latest < step else "")
+        lines += ["", "Step 0 is the model before training." + unmeasured
                   + (f" Constant answer: the score of always giving one gold answer{said} on the same examples, the "
                      "best of their most frequent ones." if baseline else ""), ""]
     elif config:  # a model folder with no run beside it has no record to speak of
