@@ -642,3 +642,18 @@ def test_a_wandb_finish_error_is_raised_after_a_normal_end_and_only_warned_after
     finish_wandb(run, failed=True)
     assert run.exit_codes == [0, 1]
     assert "did not finish cleanly: RuntimeError: upload failed" in capsys.readouterr().err
+
+
+def test_a_resumed_run_writes_its_tensorboard_config_once(tmp_path):
+    """Each resume wrote the config text again at step 0, beside the first run's."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from esft.tracking import open_tracker
+
+    for lr in (0.1, 0.1):
+        tracker = open_tracker("tensorboard", tmp_path, "run", {"lr": lr})
+        tracker.log({"a": lr}, step=1)
+        tracker.close()
+    acc = EventAccumulator(str(tmp_path / "tensorboard"), size_guidance={"tensors": 0})
+    acc.Reload()
+    assert len(acc.Tensors("config/text_summary")) == 1

@@ -145,8 +145,12 @@ class TensorBoardBackend:
     def __init__(self, run_dir: Path, run_name: str, config: Mapping[str, Any]):
         from torch.utils.tensorboard import SummaryWriter
 
-        self.writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
-        self.writer.add_text("config", "```\n" + "\n".join(f"{k}: {v}" for k, v in config.items()) + "\n```", 0)
+        folder = run_dir / "tensorboard"
+        resumed = folder.is_dir() and any(p.name.startswith("events.out.tfevents") for p in folder.iterdir())
+        self.writer = SummaryWriter(log_dir=str(folder))
+        if not resumed:  # a resume's copy at step 0 would stand beside the first; config.yaml records any change
+            self.writer.add_text("config", "```\n" + "\n".join(f"{k}: {v}" for k, v in config.items()) + "\n```",
+                                 0)
 
     def log(self, scalars: Mapping[str, float], step: int) -> None:
         for key, value in scalars.items():
