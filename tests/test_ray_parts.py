@@ -170,6 +170,20 @@ def test_a_ray_client_address_without_a_port_is_refused_without_waiting(monkeypa
     assert fake_ray.calls == []
 
 
+@pytest.mark.parametrize("address", ["localhost:", " head:63x9 "])
+def test_a_cluster_address_without_a_port_number_is_refused_by_esft(monkeypatch, fake_ray, address):
+    """`--ray-address localhost:` reached Ray, whose error named neither the flag nor the HOST:PORT form."""
+    monkeypatch.setattr(socket, "create_connection", lambda *a, **k: pytest.fail("probed a port it was not given"))
+    with pytest.raises(ValueError, match=r"names no port number: a cluster's address is HOST:PORT .*--ray-address"):
+        connection.connect_ray(address)
+    assert fake_ray.calls == []
+
+
+@pytest.mark.parametrize("address", ["auto", "local", "http://h:8265"])
+def test_addresses_ray_resolves_itself_pass_the_port_check(address):
+    connection.check_reachable(address)
+
+
 @pytest.mark.parametrize("address", ["ray://head:10001/", "ray://head:10001/x"])
 def test_a_ray_client_address_with_a_path_is_refused_for_that(monkeypatch, fake_ray, address):
     """ray://HOST:PORT/ was refused as naming no port, which it does."""

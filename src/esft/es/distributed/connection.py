@@ -108,6 +108,13 @@ def check_reachable(address: str | None, timeout_s: float = PROBE_TIMEOUT_S) -> 
             raise ValueError(f"Ray address {address!r} names no port: Ray Client addresses are ray://HOST:PORT "
                              "(the head's client server listens on 10001 unless `ray start --ray-client-server-port` "
                              "says otherwise); fix --ray-address or $RAY_ADDRESS")
+        text = (address or "").strip()
+        port = text.rpartition(":")[2]
+        if ":" in text and "://" not in text and "]" not in port and not port.isdigit():
+            # "localhost:" or "HOST:PORTX": Ray's own error names neither the flag nor the form it wants
+            raise ValueError(f"Ray address {address!r} names no port number: a cluster's address is HOST:PORT (the "
+                             "head's GCS port, 6379 unless `ray start --port` says otherwise); fix --ray-address or "
+                             "$RAY_ADDRESS")
         return
     if not 0 < endpoint[1] < 65536:  # the resolver would take it modulo 65536 and probe another port
         raise ValueError(f"Ray address {address!r}: {endpoint[1]} is not a TCP port (1-65535); fix --ray-address "
