@@ -195,3 +195,21 @@ def test_es_records_carry_grpos_trackio_axis(tmp_path, project, trackio_cli):
     axis = [(m.get("train/global_step"), m["step"]) for m in logs]
     assert len(axis) == 10 and all(gs == step for gs, step in axis)  # 3 evaluations, 2 iterations, with tables
     assert [m["train/global_step"] for m in logs if "eval/test_accuracy" in m] == [0, 1, 2]
+
+
+def test_a_grpo_trackio_run_holds_esfts_config_as_an_es_run_does(tmp_path, project, tokenizer):
+    """GRPO's trackio config held only TRL's arguments and the model's config: not the task, precision or eval
+    settings an ES run's holds; TRL's value stays where both name a key."""
+    pytest.importorskip("trl")
+    from trackio.sqlite_storage import SQLiteStorage
+
+    from esft.grpo import train_grpo
+    from grpo_tiny import ParityTask, tiny_config
+
+    out = tmp_path / "run"
+    train_grpo(tiny_config(out, max_steps=1, report_to="trackio", eval_every=0, eval_limit=3),
+               model=make_tiny_model(hidden=32, layers=2), tokenizer=tokenizer, task=ParityTask(), progress=False)
+    (record,) = SQLiteStorage.get_run_records(project)
+    config = SQLiteStorage.get_run_config(project, record["name"])
+    assert config["eval_limit"] == 3 and "precision" in config and "format_bonus" in config
+    assert config["report_to"] == ["trackio"] and config["max_steps"] == 1

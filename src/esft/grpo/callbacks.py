@@ -188,11 +188,30 @@ def point_trackio(args: Any, folder: Path, given: Mapping[str, Any]) -> None:
     args.run_name = trackio_run_name(folder, args.run_name or folder.name, args.project, remote)
 
 
-def point_trackers(trainer: Any, folder: Path, resume_step: int | None, given: Mapping[str, Any]) -> None:
+class TrackioConfig(TrainerCallback):
+    """Adds the run's esft config (task, precision, eval settings...) to its trackio run, as an ES run's trackio
+    config holds it: transformers' TrackioCallback records only TRL's arguments and the model's config. Added after
+    that callback, whose on_train_begin opens the run; TRL's value stays where both name a key (as in wandb)."""
+
+    def __init__(self, config: Mapping[str, Any]):
+        self.config = dict(config)
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any):
+        import trackio
+
+        if state.is_world_process_zero and trackio.context_vars.current_run.get() is not None:
+            for key, value in self.config.items():
+                trackio.config.setdefault(key, value)
+
+
+def point_trackers(trainer: Any, folder: Path, resume_step: int | None, given: Mapping[str, Any],
+                   config: Mapping[str, Any] | None = None) -> None:
     """The trainer's trackers write where an ES run's do: TensorBoard in `<run>/tensorboard` (point_tensorboard),
-    trackio in the folder's run (point_trackio; `given`: the run's trl_args)."""
+    trackio in the folder's run (point_trackio; `given`: the run's trl_args), with the run's esft `config`."""
     point_tensorboard(trainer, folder / "tensorboard", resume_step)
     point_trackio(trainer.args, folder, given)
+    if config is not None and "trackio" in (trainer.args.report_to or []):
+        trainer.add_callback(TrackioConfig(config))
 
 
 def close_tensorboard(trainer: Any) -> None:

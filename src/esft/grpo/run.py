@@ -299,7 +299,7 @@ def _train_locked(config: GRPOConfig, out: Path, model: Any, tokenizer: Any, tas
                               save_total_limit=config.save_total_limit)
     trainer_box.append(trainer)
     _remove_default_printers(trainer)
-    point_trackers(trainer, out, start if config.resume else None, config.trl_args)
+    point_trackers(trainer, out, start if config.resume else None, config.trl_args, config.to_dict())
 
     model = trainer.accelerator.unwrap_model(trainer.model)
     # theta_0 = the initial weights, taken before a resume loads the checkpoint into the model
