@@ -710,7 +710,7 @@ def test_a_damaged_newest_checkpoint_resumes_from_the_one_before(run, tmp_path, 
     newest checkpoint was taken whatever its state: here the run counted as finished, its final unloadable."""
     import shutil
 
-    from esft.grpo.run import checkpoint_damage, resume_checkpoint
+    from esft.grpo.checkpoints import checkpoint_damage, resume_checkpoint
 
     out = tmp_path / "run"
     shutil.copytree(run["out"], out)
@@ -747,7 +747,7 @@ def test_a_checkpoint_missing_its_resume_state_is_skipped(run, tmp_path, name):
     and another learning rate). Such a checkpoint is damaged: the resume takes the one before it."""
     import shutil
 
-    from esft.grpo.run import checkpoint_damage, resume_checkpoint
+    from esft.grpo.checkpoints import checkpoint_damage, resume_checkpoint
 
     out = tmp_path / "run"
     shutil.copytree(run["out"], out)

@@ -115,7 +115,7 @@ def test_a_resume_inside_a_generation_round_retrains_it_as_the_uninterrupted_run
     checkpoint of step 1 is no longer presented as the run's final weights while it trains."""
     from transformers import TrainerCallback
 
-    from esft.grpo.run import list_checkpoints
+    from esft.grpo.checkpoints import list_checkpoints
 
     class FinalsAtStart(TrainerCallback):
         def __init__(self):

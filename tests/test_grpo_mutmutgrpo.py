@@ -90,7 +90,7 @@ def _checkpoint(run_dir, name, step):
 def test_the_final_checkpoint_is_resumed_from_though_its_step_ends_no_generation_round(tmp_path):
     """max_steps 5 with num_iterations 2: the run's last round is cut short at step 5, whose `final` checkpoint is
     the finished run (nothing to redo); only a run extended past it goes back to step 4, the round's start."""
-    from esft.grpo.run import resume_checkpoint
+    from esft.grpo.checkpoints import resume_checkpoint
 
     at_4 = _checkpoint(tmp_path, "iter_000004", 4)
     final = _checkpoint(tmp_path, "final", 5)

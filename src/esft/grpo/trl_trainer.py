@@ -284,7 +284,7 @@ class EsftGRPOTrainer(GRPOTrainer):
 
     def inside_round(self, step: int) -> bool:
         """Whether `step` (before max_steps) ends inside a generation round of num_iterations > 1 updates, whose
-        completions TRL keeps in memory only: esft.grpo.run.resume_checkpoint passes over its checkpoint."""
+        completions TRL keeps in memory only: esft.grpo.checkpoints.resume_checkpoint passes over its checkpoint."""
         return bool(step % self.args.num_iterations) and step < self.state.max_steps
 
     def save_finished_step(self, boundary: StepBoundary) -> Path | None:
