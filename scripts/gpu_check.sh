@@ -16,6 +16,8 @@
 #   Exit status: 0 all checks ran and passed, 2 no GPU, 3 the timed run could not start, else a failed step.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
+# this checkout's esft, whichever checkout the environment's editable install points at (as scripts/test_vllm.sh)
+export PYTHONPATH="$ROOT/src${PYTHONPATH:+:$PYTHONPATH}"
 MODEL=${ESFT_GPU_CHECK_MODEL:-Qwen/Qwen2.5-1.5B-Instruct}
 RUN_DIR=${ESFT_GPU_CHECK_OUT:-$(mktemp -d)/es-vllm-gpu-check}
 if [ -n "${ESFT_GPU_CHECK_LOGS:-}" ]; then
@@ -32,7 +34,23 @@ fi
 nvidia-smi -L
 
 VENV=$(ESFT_VLLM_BUILD=cuda "$ROOT/scripts/vllm_venv.sh" | tail -n 1)
+# before any test: CUDA usable from torch (vLLM's platform check reads NVML only), the driver and the CUDA torch was
+# built for side by side, and the C compiler and Python headers Triton builds its launchers with
 "$VENV/bin/python" -c "
+import os, shutil, subprocess, sys, sysconfig
+import torch
+driver = subprocess.run(['nvidia-smi', '--query-gpu=driver_version', '--format=csv,noheader'], capture_output=True,
+                        text=True).stdout.strip()
+print(f'gpu_check: torch {torch.__version__} (CUDA {torch.version.cuda}), NVIDIA driver {driver}')
+if not torch.cuda.is_available():
+    sys.exit('gpu_check: torch cannot use the GPU (a driver older than its CUDA ' + str(torch.version.cuda) + '?)')
+x = torch.ones(256, 256, device='cuda')
+assert float((x @ x).sum()) == 256 ** 3, 'a CUDA matmul gave a wrong result'
+if not shutil.which('cc') and not shutil.which('gcc'):
+    sys.exit('gpu_check: no C compiler (cc): Triton builds its kernel launchers with one (apt install gcc)')
+if not os.path.exists(os.path.join(sysconfig.get_paths()['include'], 'Python.h')):
+    sys.exit('gpu_check: no Python.h for this interpreter: Triton needs it (apt install python3-dev, or '
+             'python3.X-dev for the venv\'s Python)')
 from esft.es.distributed.vllm_backend import platform_device_type, vllm_unavailable_reason
 r = vllm_unavailable_reason()
 assert r is None, r

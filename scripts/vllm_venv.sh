@@ -18,7 +18,7 @@
 # ESFT_VLLM_BUILD=cuda: the CUDA build (`vllm==0.32.0`, with the CUDA torch it pins) for NVIDIA GPU machines, in
 # ~/.cache/esft-vllm-cuda-venv (scripts/gpu_check.sh). Same steps, without the uninstall.
 #
-#   ESFT_VLLM_VENV: the environment's folder      ESFT_VLLM_PYTHON: the interpreter, default python3.11
+#   ESFT_VLLM_VENV: the environment's folder      ESFT_VLLM_PYTHON: the interpreter, default python3.11, else python3
 #   Prints the environment's path on its last line.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -29,7 +29,14 @@ case "$BUILD" in
     cuda) PACKAGE=vllm; VENV=${ESFT_VLLM_VENV:-$HOME/.cache/esft-vllm-cuda-venv} ;;
     *) echo "vllm_venv: ESFT_VLLM_BUILD must be cpu or cuda, not '$BUILD'" >&2; exit 2 ;;
 esac
-PYTHON=${ESFT_VLLM_PYTHON:-python3.11}
+# python3.11 where installed, else a python3 of 3.11 or later (vLLM's wheels are abi3: Ubuntu 24.04 has 3.12)
+if [ -n "${ESFT_VLLM_PYTHON:-}" ]; then
+    PYTHON=$ESFT_VLLM_PYTHON
+elif command -v python3.11 >/dev/null; then
+    PYTHON=python3.11
+else
+    PYTHON=python3
+fi
 
 ready() {
     [ -x "$VENV/bin/python" ] || return 1
@@ -52,7 +59,12 @@ if ready; then
 else
     echo "vllm_venv: creating $VENV ($PACKAGE $VLLM_VERSION: a few minutes, ~3.6 GB)" >&2
     start=$(date +%s)
-    [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+    if [ ! -x "$VENV/bin/python" ]; then
+        "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null || {
+            echo "vllm_venv: $PYTHON is not Python 3.11 or later (esft needs it): set ESFT_VLLM_PYTHON" >&2; exit 2; }
+        "$PYTHON" -m venv "$VENV" || {
+            echo "vllm_venv: '$PYTHON -m venv' failed (Debian/Ubuntu: apt install python3-venv)" >&2; exit 2; }
+    fi
     "$VENV/bin/pip" install -q "$PACKAGE==$VLLM_VERSION"
     if [ "$BUILD" = cpu ]; then
         "$VENV/bin/pip" uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true

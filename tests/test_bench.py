@@ -572,7 +572,8 @@ def test_bench_vllm_engine_is_built_as_an_es_replica_without_prefix_caching():
                             "cpu")
     assert kw["enable_prefix_caching"] is False and replica["enable_prefix_caching"] is False
     assert kw["max_model_len"] == 10 + 5 + 8 and kw["enforce_eager"] and kw["kv_cache_memory_bytes"] == 1 << 30
-    assert "kv_cache_memory_bytes" not in bench_engine_kwargs("/m", jobs, "bfloat16", False, 1 << 30)
+    gpu = bench_engine_kwargs("/m", jobs, "bfloat16", False, 1 << 30, 0.55)
+    assert "kv_cache_memory_bytes" not in gpu and gpu["gpu_memory_utilization"] == 0.55
 
 
 def test_bench_vllm_warm_up_runs_the_whole_batch_untimed_before_the_population():
@@ -587,11 +588,14 @@ def test_bench_vllm_warm_up_runs_the_whole_batch_untimed_before_the_population()
     class Recorder:  # stands in for vllm.LLM: records each call's prompts and limits, answers max_tokens tokens
         def generate(self, prompts, sampling, use_tqdm):
             calls.append((len(prompts), sampling["max_tokens"], sampling["min_tokens"]))
+            texts.append(sampling["detokenize"])
             return [SimpleNamespace(outputs=[SimpleNamespace(token_ids=[0] * sampling["max_tokens"])])
                     for _ in prompts]
 
+    texts = []
     job = {"prompt_ids": [[1, 2, 3]] * 5, "max_new_tokens": 24, "min_new_tokens": 24}
     out = timed_vllm_generation(Recorder(), dict, job, population=3)
+    assert texts == [False] * 4  # token ids only, as esft's own pure generation: no text decoding timed
     assert calls[0] == (5, VLLM_WARM_UP_TOKENS, VLLM_WARM_UP_TOKENS)
     assert calls[1:] == [(5, 24, 24)] * 3
     assert out["generated_tokens"] == 3 * 5 * 24 and out["prompt_tokens"] == 3 * 5 * 3

@@ -316,3 +316,12 @@ def test_an_include_that_selects_nothing_is_refused_from_the_skeleton_before_the
     with pytest.raises(AssertionError, match="the weights loaded"):
         ESTrainer(ESConfig(**config, include=["mlp"], exclude=["up_proj"]), progress=False)
     build.check_selection(ESConfig(model=str(tmp_path / "absent"), include=["nomatch"]))  # load_model reports it
+
+
+@pytest.mark.parametrize("key", ["enable_prefix_caching", "worker_extension_cls", "enforce_eager", "seed"])
+def test_vllm_kwargs_may_not_replace_what_esft_sets(key):
+    """`vllm_kwargs` was applied last, so `{enable_prefix_caching: true}` let a member reuse the KV cache of another
+    member's weights and `{enforce_eager: false}` passed the CPU refusal; other LLM(...) arguments still pass."""
+    with pytest.raises(ConfigError, match=rf"vllm_kwargs without the arguments esft sets itself \({key}: "):
+        ESConfig(executor="ray", executor_options={"vllm_kwargs": {key: 1, "max_num_seqs": 64}})
+    ESConfig(executor="ray", executor_options={"vllm_kwargs": {"max_num_seqs": 64, "block_size": 16}})

@@ -195,7 +195,7 @@ def test_replica_plumbing_with_a_fake_engine(pair):
     engine = FakeLLM(vm)
     replica = VLLMReplica(spec, rank=3, engine_factory=lambda s: engine, sampling_factory=dict)
     assert replica.sampling == {"n": 1, "temperature": 0.0, "top_p": 1.0, "max_tokens": 7, "seed": 9,
-                                "skip_special_tokens": True}
+                                "skip_special_tokens": True, "detokenize": False}
     assert replica.info()["backend"] == "vllm" and replica.info()["rank"] == 3
     assert replica.checksum() == masters_checksum(ref)
     before = snapshot(vm)
@@ -234,6 +234,8 @@ def test_engine_arguments_follow_the_platform(monkeypatch):
     assert gpu["enable_prefix_caching"] is False and gpu["tensor_parallel_size"] == 1 and gpu["dtype"] == "bfloat16"
     assert gpu["model"] == "/models/x" and gpu["gpu_memory_utilization"] == 0.5 and gpu["max_num_seqs"] == 64
     assert gpu["enforce_eager"] is False and "kv_cache_memory_bytes" not in gpu  # CUDA graphs, vLLM's KV sizing
+    # no share given: make_llm sizes it from the GPU's free memory once the engine's process holds its GPU
+    assert "gpu_memory_utilization" not in engine_kwargs(ReplicaSpec(config=cfg), "cuda")
     # CPU: eager, an explicit KV cache (gpu_memory_utilization would be a share of host memory), esft's CPU dtype
     cpu = engine_kwargs(ReplicaSpec(config=cfg.replace(dtype=None)), "cpu")
     assert cpu["enforce_eager"] is True and cpu["kv_cache_memory_bytes"] == DEFAULT_CPU_KV_CACHE_BYTES
@@ -244,7 +246,7 @@ def test_engine_arguments_follow_the_platform(monkeypatch):
     with pytest.raises(ValueError, match="enforce_eager"):
         engine_kwargs(ReplicaSpec(config=cfg, options={"enforce_eager": False}), "cpu")
     assert sampling_fields(cfg) == {"n": 1, "temperature": 0.0, "top_p": 1.0, "max_tokens": 1024, "seed": 5,
-                                    "skip_special_tokens": True}
+                                    "skip_special_tokens": True, "detokenize": False}
     # a completion floor (benchmarks force full-length completions with it) holds in the engine as in esft's loop
     floor = cfg.replace(generation_options={"min_new_tokens": 16})
     assert sampling_fields(floor)["min_tokens"] == 16 == generation_config(floor).min_new_tokens
@@ -306,3 +308,21 @@ def test_a_model_vllm_cannot_run_is_refused_in_one_line_before_ray_starts(monkey
     monkeypatch.setattr(connection, "connect_ray", lambda address: pytest.fail("Ray started before the check"))
     with pytest.raises(ValueError, match="GPTNeoForCausalLM"):
         connect(cfg)
+
+
+def test_the_engines_gpu_share_leaves_room_for_esfts_masters():
+    """A fixed share of 0.7 left no room for the fp32 masters esft allocates in the engine after vLLM sized its KV
+    cache (4 bytes a parameter: a 4B model's 16 GB on top of vLLM's 70% and the driver's replica on GPU 0)."""
+    from esft.es.distributed.vllm_backend.vllm_replica import GPU_MEMORY_CAP, esft_engine_bytes, gpu_memory_share
+    from esft.es.noise_seeds import table_size
+
+    shapes = {"a": [1000, 100], "b": [10, 10], "c": [300]}
+    assert esft_engine_bytes(shapes, "per-tensor") == 4 * 100_400 + 8 * 100_000
+    assert esft_engine_bytes(shapes, "table") == 4 * 100_400 + 8 * 100_000 + 4 * table_size(100_000)
+    gib = 1 << 30
+    # an 80 GB GPU holding the driver's 4B replica (~24 GB): vLLM's share plus the engine's 17 GB and the margin fit
+    share = gpu_memory_share(free=56 * gib, total=80 * gib, esft_bytes=17 * gib)
+    assert share * 80 * gib + 17 * gib + gib <= 56 * gib + 1e-3 * gib and share == round(38 / 80, 4)
+    assert gpu_memory_share(free=80 * gib, total=80 * gib, esft_bytes=gib) == GPU_MEMORY_CAP  # a GPU of its own
+    with pytest.raises(ValueError, match="no room is left for vLLM's weights"):
+        gpu_memory_share(free=20 * gib, total=80 * gib, esft_bytes=18 * gib)

@@ -73,8 +73,6 @@ def engine(request):
     exact_start(ref, model, cfg.model)  # as the driver's make_weights: a bf16 model's masters from the fp32 files
     shapes = {n: list(p.shape) for n, p in model.named_parameters()}
     options: dict = {"layout": {"selected": ref.names, "shapes": shapes}}
-    if device == "cuda":
-        options["gpu_memory_utilization"] = 0.3  # the PyTorch model shares the GPU
     threads = int(os.environ.get("ESFT_VLLM_THREADS", "0"))
     replica = VLLMReplica(ReplicaSpec(config=cfg, threads=threads, options=options))
     task = get_task("boolq", max_passage_chars=400)

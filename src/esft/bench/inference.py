@@ -158,9 +158,10 @@ def vllm_warm_up(job: dict[str, Any]) -> dict[str, int]:
 
 
 def bench_engine_kwargs(model_path: str, jobs: dict[str, dict[str, Any]], dtype: str, on_cpu: bool,
-                        cpu_kv_cache_bytes: int) -> dict[str, Any]:
+                        cpu_kv_cache_bytes: int, gpu_share: float | None = None) -> dict[str, Any]:
     """`LLM(...)` arguments of the bench's engine: an ES replica's (esft.es.distributed.vllm_backend), prefix
-    caching off included. The population's calls repeat the same prompts, so a prefix cache would serve every
+    caching off included; on a GPU, vLLM's share of it (`gpu_share`: vLLM's default, 0.92, fails where the bench's
+    own model holds part of the GPU). The population's calls repeat the same prompts, so a prefix cache would serve every
     call after the first without its prefill, which no ES member can skip (its weights differ from the last
     member's). On the prefill-heavy cpu-preset, two bench runs 20 minutes apart (docs/results/bench, 2026-12-02) had
     vLLM at 8.4 s with the cache and 13.4 s without, while esft's own generation took 8.7 and 10.6 s."""
@@ -169,17 +170,21 @@ def bench_engine_kwargs(model_path: str, jobs: dict[str, dict[str, Any]], dtype:
                                   max_model_len=longest + 8, enforce_eager=on_cpu, enable_prefix_caching=False)
     if on_cpu:
         kwargs["kv_cache_memory_bytes"] = cpu_kv_cache_bytes
+    elif gpu_share is not None:
+        kwargs["gpu_memory_utilization"] = gpu_share
     return kwargs
 
 
 def timed_vllm_generation(llm: Any, sampling_params: Callable[..., Any], job: dict[str, Any],
                           population: int) -> dict[str, Any]:
     """One workload on a started engine: an untimed warm-up call on the whole batch, then `population` timed
-    calls of it, greedy. `sampling_params` is vLLM's `SamplingParams`."""
+    calls of it, greedy, token ids only (detokenize off: esft's own pure generation decodes no text either, nor
+    do its ES replicas on vLLM). `sampling_params` is vLLM's `SamplingParams`."""
     sampling = sampling_params(n=1, temperature=0.0, max_tokens=job["max_new_tokens"],
-                               min_tokens=job["min_new_tokens"])
+                               min_tokens=job["min_new_tokens"], detokenize=False)
     prompts = [{"prompt_token_ids": p} for p in job["prompt_ids"]]
-    llm.generate(prompts, sampling_params(n=1, temperature=0.0, **vllm_warm_up(job)), use_tqdm=False)
+    llm.generate(prompts, sampling_params(n=1, temperature=0.0, detokenize=False, **vllm_warm_up(job)),
+                 use_tqdm=False)
     generated = 0
     t0 = time.perf_counter()
     for _ in range(population):
@@ -203,6 +208,7 @@ def _vllm_child(queue, model_path: str, jobs: dict[str, dict[str, Any]], populat
         os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
         from esft.es.distributed.vllm_backend.vllm_replica import (
             DEFAULT_CPU_KV_CACHE_BYTES,
+            gpu_memory_share,
             platform_device_type,
             prepare_cpu_process,
         )
@@ -210,9 +216,10 @@ def _vllm_child(queue, model_path: str, jobs: dict[str, dict[str, Any]], populat
         on_cpu = platform_device_type() == "cpu"
         if on_cpu:
             prepare_cpu_process(threads)
+        share = None if on_cpu else gpu_memory_share(*torch.cuda.mem_get_info(), 0)
         from vllm import LLM, SamplingParams
 
-        llm = LLM(**bench_engine_kwargs(model_path, jobs, dtype, on_cpu, DEFAULT_CPU_KV_CACHE_BYTES))
+        llm = LLM(**bench_engine_kwargs(model_path, jobs, dtype, on_cpu, DEFAULT_CPU_KV_CACHE_BYTES, share))
         out = {name: timed_vllm_generation(llm, SamplingParams, job, population) | {"dtype": dtype,
                                                                                      "device": platform_device_type()}
                for name, job in jobs.items()}

@@ -259,6 +259,14 @@ VLLM_OPTION_VALUES: dict[str, tuple[str, Any]] = {
     "vllm_kwargs": ("a mapping of LLM(...) arguments, or null", lambda v: v is None or isinstance(v, dict)),
 }
 EXECUTOR_VALUES = {**RAY_OPTION_VALUES, **VLLM_OPTION_VALUES}
+#: `LLM(...)` arguments esft sets itself: in vllm_kwargs they would replace what the backend relies on (a member
+#: served another's cached KV, the extension that edits the weights gone) or what an executor option says
+VLLM_KWARGS_SET_BY_ESFT = {
+    "model": "the run's model", "tokenizer": "the run's model", "seed": "the run's seed", "dtype": "the run's dtype",
+    "tensor_parallel_size": "one device per engine", "worker_extension_cls": "esft's weight-editing extension",
+    "enable_prefix_caching": "off: a member must never reuse the KV cache of another member's weights",
+    **{k: f"executor option {k}" for k in ("enforce_eager", "gpu_memory_utilization", "kv_cache_memory_bytes",
+                                            "max_model_len")}}
 
 
 def check_executor_values(options: dict[str, Any]) -> None:
@@ -273,6 +281,10 @@ def check_executor_values(options: dict[str, Any]) -> None:
         accepted, ok = EXECUTOR_VALUES[key]
         if not ok(value):
             raise ConfigError("executor_options", options, f"{key} as {accepted} (got {value!r})")
+    taken = sorted(set((options or {}).get("vllm_kwargs") or {}) & set(VLLM_KWARGS_SET_BY_ESFT))
+    if taken:
+        raise ConfigError("executor_options", options, "vllm_kwargs without the arguments esft sets itself ("
+                          + "; ".join(f"{k}: {VLLM_KWARGS_SET_BY_ESFT[k]}" for k in taken) + ")")
 
 
 #: GenerationConfig fields an ES run sets from its own fields (greedy rollouts of max_new_tokens tokens, in batches

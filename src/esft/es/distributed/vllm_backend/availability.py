@@ -18,7 +18,7 @@ def vllm_unavailable_reason() -> str | None:
         from vllm.platforms import current_platform
     except Exception as exc:  # a broken install: e.g. a vLLM built against another torch
         return f"vLLM is installed but does not import ({type(exc).__name__}: {exc}). {INSTALL_HINT}"
-    if current_platform.is_cuda_alike() or current_platform.is_cpu():
+    if current_platform.is_cuda() or current_platform.is_cpu():  # ROCm (cuda-alike) was never run
         return None
     kind = getattr(current_platform, "device_type", "") or type(current_platform).__name__
     return (f"vLLM found no device it supports here (platform {kind!r}): the vLLM backend runs on vLLM's CUDA and "

@@ -2,7 +2,9 @@
 
 vLLM mixes this class into its GPU worker (`LLM(..., worker_extension_cls="esft.es.distributed.vllm_backend.extension.
 ESWorkerExtension")`); the replica calls its methods with `llm.collective_rpc("esft_perturb", args=(...))`.
-Only plain Python values cross that boundary (ints, floats, strings, lists), so any vLLM RPC transport works.
+Plain Python values cross that boundary (ints, floats, strings, lists), except the fp32 masters of the start-up
+sync (`esft_load_masters`, a dict of tensors): the engine core runs in the actor's process, so nothing is
+serialised (VLLM_ENABLE_V1_MULTIPROCESSING=0, esft.es.distributed.vllm_backend.vllm_replica).
 
 Weights are edited in place, so CUDA graphs captured by the engine stay valid (same addresses); the caller
 resets the prefix cache after every edit, and the engine is built with prefix caching off (a cached
@@ -244,11 +246,20 @@ class ESWorkerExtension:
         self._esft_edited()  # first: a failure part-way still leaves the kernels marked stale
         with self._esft_mode():
             self._esft.perturb(int(seed), int(sign), float(sigma), replace=bool(replace))
+        self._esft_wait()
 
     def esft_restore(self) -> None:
         self._esft_edited()
         with self._esft_mode():
             self._esft.restore()
+        self._esft_wait()
+
+    def _esft_wait(self) -> None:
+        """On a GPU, the edit's kernels finished: the replica's perturb / restore timings measure them, not only
+        their launch (the next generate would wait for them anyway: same stream)."""
+        dev = next(iter(self._esft.params.values())).device
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
 
     def esft_apply(self, seeds: Sequence[int], coefficients: Sequence[float], scale: float,
                    kind: str = "sgd") -> float:

@@ -17,13 +17,14 @@ overridable through `executor_options`:
 * dtype: the run's `dtype` (esft's default: bf16 on CUDA, fp32 on CPU);
 * `enforce_eager`: False on CUDA (CUDA graphs; in-place edits keep them valid), True and required on CPU (esft
   re-packs the CPU kernels after edits, which a compiled graph would not see);
-* memory: CUDA, `gpu_memory_utilization` 0.7 (the driver's replica may share GPU 0); CPU, a KV cache of
+* memory: CUDA, `gpu_memory_utilization` sized from the GPU's free memory at start-up, less esft's fp32 masters
+  (`gpu_memory_share`; the driver's replica may share GPU 0); CPU, a KV cache of
   `kv_cache_memory_bytes` (1 GiB), since there `gpu_memory_utilization` is the share of *host* memory vLLM
   reserves, and its default fails on a shared machine;
 * threads (CPU): torch threads = `threads_per_worker`, set before the engine starts (vLLM's CPU worker then
   freezes `torch.set_num_threads` for the process).
 
-The engine is built with prefix caching off, TP = 1. By default its core runs inside the actor process
+The engine is built with prefix caching off, TP = 1. Its core runs inside the actor process
 (VLLM_ENABLE_V1_MULTIPROCESSING=0), so `collective_rpc` is a plain call and the start-up weight sync hands
 tensors over without serialisation. `engine_factory` / `sampling_factory` let tests run the plumbing against a
 stand-in engine.
@@ -42,8 +43,10 @@ from esft.es.distributed.hf_replica import Checksum, ReplicaSpec
 from esft.es.strategy import Member
 from esft.es.distributed.vllm_backend.extension import EXTENSION_PATH
 
-DEFAULT_GPU_MEMORY_UTILIZATION = 0.7
-"""vLLM's share of its GPU: the driver's PyTorch replica (reference for checksums, checkpoints) may share GPU 0"""
+GPU_MEMORY_CAP = 0.9
+"""The largest default share of a GPU vLLM is given (its own default, 0.92, less a margin)"""
+GPU_MEMORY_MARGIN = 1 << 30
+"""Bytes left free beside vLLM's share and esft's tensors: CUDA contexts, allocator slack"""
 DEFAULT_CPU_KV_CACHE_BYTES = 1 << 30
 """KV cache of a CPU engine: ~46k tokens of SmolLM2-135M, ~37k of Qwen2.5-1.5B (bf16); VLLM_CPU_KVCACHE_SPACE
 (GiB) in the environment overrides it, as in vLLM"""
@@ -89,14 +92,42 @@ def engine_kwargs(spec: ReplicaSpec, device_type: str) -> dict[str, Any]:
         kwargs["kv_cache_memory_bytes"] = int(opts.get("kv_cache_memory_bytes", DEFAULT_CPU_KV_CACHE_BYTES))
         if "gpu_memory_utilization" in opts:
             kwargs["gpu_memory_utilization"] = float(opts["gpu_memory_utilization"])
-    else:
-        kwargs["gpu_memory_utilization"] = float(opts.get("gpu_memory_utilization", DEFAULT_GPU_MEMORY_UTILIZATION))
+    else:  # without either, make_llm sizes vLLM's share from the GPU's free memory (gpu_memory_share)
+        if "gpu_memory_utilization" in opts:
+            kwargs["gpu_memory_utilization"] = float(opts["gpu_memory_utilization"])
         if "kv_cache_memory_bytes" in opts:
             kwargs["kv_cache_memory_bytes"] = int(opts["kv_cache_memory_bytes"])
     if opts.get("max_model_len"):
         kwargs["max_model_len"] = int(opts["max_model_len"])
     kwargs.update(opts.get("vllm_kwargs") or {})
     return kwargs
+
+
+def esft_engine_bytes(shapes: dict[str, Sequence[int]], noise: str) -> int:
+    """GPU bytes esft's extension allocates inside an engine once vLLM has sized its KV cache: the fp32 masters of
+    the selected tensors, two fp32 scratch buffers of the largest one (perturb / update), and the shared noise table
+    in "table" mode (esft.es.noise.MasterWeights)."""
+    from math import prod
+
+    from esft.es.noise_seeds import table_size
+
+    sizes = [prod(int(x) for x in shape) for shape in shapes.values()] or [0]
+    return 4 * sum(sizes) + 8 * max(sizes) + (4 * table_size(max(sizes)) if noise == "table" else 0)
+
+
+def gpu_memory_share(free: int, total: int, esft_bytes: int, margin: int = GPU_MEMORY_MARGIN,
+                     cap: float = GPU_MEMORY_CAP) -> float:
+    """vLLM's `gpu_memory_utilization` on a GPU with `free` of `total` bytes free before its engine starts (the
+    driver's replica, on GPU 0, already loaded): vLLM claims that share of the whole GPU (it refuses to start where
+    less is free) and esft's masters come on top of it (esft_engine_bytes), so the share leaves them and `margin`
+    free, at most `cap`. A fixed share either fails at start-up (the driver's replica took more) or runs out of
+    memory at the first perturbation (esft's masters found no room: 4 bytes a parameter)."""
+    share = min(cap, (free - esft_bytes - margin) / total)
+    if share < 0.05:
+        raise ValueError(f"the GPU has {free / 2**30:.1f} of {total / 2**30:.1f} GiB free and esft's fp32 masters and "
+                         f"buffers in the engine take {esft_bytes / 2**30:.1f} GiB: no room is left for vLLM's weights "
+                         "and KV cache; use a GPU with more memory, a smaller model, or worker_backend hf")
+    return round(share, 4)
 
 
 def _vllm_model_config(kwargs: dict[str, Any]) -> Any:
@@ -170,6 +201,14 @@ def make_llm(spec: ReplicaSpec) -> Any:
     if device_type == "cpu":
         prepare_cpu_process(spec.threads)
         keep_cpu_linear_weights()  # an engine core in this process loads the model here, after this call
+    elif "gpu_memory_utilization" not in kwargs and "kv_cache_memory_bytes" not in kwargs:
+        import torch
+
+        free, total = torch.cuda.mem_get_info()
+        layout = spec.options.get("layout") or {}
+        shapes = layout.get("shapes") or {}
+        selected = {n: shapes[n] for n in layout.get("selected") or shapes if n in shapes}
+        kwargs["gpu_memory_utilization"] = gpu_memory_share(free, total, esft_engine_bytes(selected, spec.config.noise))
     return LLM(**kwargs)
 
 
@@ -177,8 +216,9 @@ def sampling_fields(config: Any, max_tokens: int | None = None) -> dict[str, Any
     """Greedy decoding with the run's token budget (the paper's protocol), as SamplingParams keyword args; a
     `min_new_tokens` floor in generation_options (eos held back until then, as esft.generation does) is vLLM's
     `min_tokens`."""
+    # detokenize off: esft decodes the token ids itself (as esft.generation), so vLLM's text would be thrown away
     fields = dict(n=1, temperature=0.0, top_p=1.0, max_tokens=int(max_tokens or config.max_new_tokens),
-                  seed=int(config.seed), skip_special_tokens=True)
+                  seed=int(config.seed), skip_special_tokens=True, detokenize=False)
     floor = int(config.generation_options.get("min_new_tokens") or 0)
     if floor:
         fields["min_tokens"] = floor
@@ -225,8 +265,9 @@ class VLLMReplica:
         self.rank = rank
         self.config = cfg
         if engine_factory is None:
-            # engine core in this process: collective_rpc is a direct call (no pickling of tensors or updates)
-            os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+            # engine core in this process: collective_rpc is a direct call (no pickling of tensors or updates), and
+            # vLLM's scheduling is deterministic only in-process; set outright, an inherited "1" would undo both
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         if spec.builder is not None:
             _, tokenizer, task = spec.builder(cfg)
         else:
