@@ -161,8 +161,8 @@ def bench_engine_kwargs(model_path: str, jobs: dict[str, dict[str, Any]], dtype:
                         cpu_kv_cache_bytes: int, gpu_share: float | None = None) -> dict[str, Any]:
     """`LLM(...)` arguments of the bench's engine: an ES replica's (esft.es.distributed.vllm_backend), prefix
     caching off included; on a GPU, vLLM's share of it (`gpu_share`: vLLM's default, 0.92, fails where the bench's
-    own model holds part of the GPU). The population's calls repeat the same prompts, so a prefix cache would serve every
-    call after the first without its prefill, which no ES member can skip (its weights differ from the last
+    own model holds part of the GPU). The population's calls repeat the same prompts, so a prefix cache would serve
+    every call after the first without its prefill, which no ES member can skip (its weights differ from the last
     member's). On the prefill-heavy cpu-preset, two bench runs 20 minutes apart (docs/results/bench, 2026-12-02) had
     vLLM at 8.4 s with the cache and 13.4 s without, while esft's own generation took 8.7 and 10.6 s."""
     longest = max(len(p) + job["max_new_tokens"] for job in jobs.values() for p in job["prompt_ids"])
