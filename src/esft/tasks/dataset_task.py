@@ -59,6 +59,11 @@ def read_rows(path: str | Path) -> list[dict[str, Any]]:
         # newline="": a quoted field keeps its line breaks (the csv module's advice for a file it reads)
         reader = csv.DictReader(io.StringIO(text, newline=""), delimiter="\t" if name.endswith(".tsv") else ",")
         rows = [dict(r) for r in reader]
+        extra = next((i for i, r in enumerate(rows) if None in r), None)  # DictReader keys extra cells by None
+        if extra is not None:
+            raise ValueError(f"{path}: row {extra + 1} has {len(reader.fieldnames or []) + len(rows[extra][None])} "
+                             f"cells, more than the header's {len(reader.fieldnames or [])} columns: quote a field "
+                             'that holds the delimiter ("a, b")')
     elif name.endswith(".json") and text.lstrip().startswith("["):
         try:
             rows = json.loads(text)
@@ -267,8 +272,10 @@ class DatasetTask(Task):
                     raise ValueError(f"{where}: row {i + 1} has no field {name!r} ({option}); "
                                      f"fields: {', '.join(map(str, row)) or 'none'} (name the one to read with "
                                      f"--{option.replace('_', '-')}, or as a task option: FILE:{option}=FIELD)")
-                if row[name] is None or (isinstance(row[name], str) and not row[name].strip()):
+                if row[name] is None or (isinstance(row[name], str) and not row[name].strip()) or (
+                        isinstance(row[name], float) and math.isnan(row[name])):  # JSON NaN: Python's missing value
                     what = "null, or a CSV row with fewer columns than the header" if row[name] is None else (
+                        "NaN (a missing value)" if isinstance(row[name], float) else
                         "empty text (an empty prompt asks nothing; an empty answer would grade an empty reply right)")
                     raise ValueError(f"{where}: row {i + 1} has no value in field {name!r} ({option}): {what}")
                 if option == "prompt_field":
@@ -293,6 +300,9 @@ class DatasetTask(Task):
                              f"{fix}")
         if not isinstance(value, list):
             return
+        if not value:  # asks nothing, as an empty text does
+            raise ValueError(f"{where}: row {i + 1} holds an empty list in field {self.prompt_field!r} "
+                             f"(prompt_field), a chat of no messages: {fix}")
         for j, message in enumerate(value):
             missing = ([k for k in ("role", "content") if k not in message] if isinstance(message, dict)
                        else ["role", "content"])

@@ -1,0 +1,45 @@
+"""Bad input of a user's data task, found by following docs/custom-tasks.md with one's own data and reward: each is
+refused with the row or value named, when the task is built (before any model loads), not as a vague error from
+deep inside the csv module, the reward call or the chat template.
+
+Run: pytest tests/test_custom_task_inputs_audit.py -q
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from esft.tasks.dataset_task import DatasetTask, read_rows
+
+
+def test_a_csv_row_with_more_cells_than_the_header_is_refused_naming_the_row(tmp_path):
+    # an unquoted comma in a field: csv.DictReader keys the extra cell by None, which a reward function's keyword
+    # columns then held (a TypeError "expected str instance, NoneType found" when the task was built)
+    path = tmp_path / "d.csv"
+    path.write_text("question,answer\nq1,1\nWhat is 1,000 + 1?,1001\nq3,3\n")
+    with pytest.raises(ValueError, match=r"d.csv: row 2 has 3 cells, more than the header's 2 columns: quote"):
+        read_rows(path)
+    (tmp_path / "ok.csv").write_text('question,answer\nq1,1\n"What is 1,000 + 1?",1001\n')
+    assert read_rows(tmp_path / "ok.csv")[1] == {"question": "What is 1,000 + 1?", "answer": "1001"}
+
+
+def test_an_empty_chat_prompt_is_refused_in_any_row(tmp_path):
+    # the command's check prompts only a split's first example: an empty chat in a later row reached the model
+    rows = [{"question": f"q{i}", "answer": str(i)} for i in range(9)] + [{"question": [], "answer": "9"}]
+    path = tmp_path / "d.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(ValueError, match=r"row 10 holds an empty list in field 'question' \(prompt_field\), a chat "
+                                         r"of no messages"):
+        DatasetTask(source=str(path), prompt_field="question").load("train")
+
+
+def test_a_nan_gold_answer_is_a_missing_value_as_null_is(tmp_path):
+    # json.dumps writes a pandas/numpy missing value as NaN, which Python's json reads back: the gold answer was
+    # the text 'nan', graded right for a reply of "nan"
+    path = tmp_path / "d.jsonl"
+    path.write_text("".join(json.dumps({"question": f"q{i}", "answer": float("nan") if i == 3 else str(i)}) + "\n"
+                            for i in range(10)))
+    with pytest.raises(ValueError, match=r"row 4 has no value in field 'answer' \(answer_field\): NaN"):
+        DatasetTask(source=str(path), prompt_field="question").load("train")
