@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from esft.tasks.dataset_task import DatasetTask, read_rows
+from esft.tasks.verifiers import RewardError, check_rewards
 
 
 def test_a_csv_row_with_more_cells_than_the_header_is_refused_naming_the_row(tmp_path):
@@ -43,3 +45,15 @@ def test_a_nan_gold_answer_is_a_missing_value_as_null_is(tmp_path):
                             for i in range(10)))
     with pytest.raises(ValueError, match=r"row 4 has no value in field 'answer' \(answer_field\): NaN"):
         DatasetTask(source=str(path), prompt_field="question").load("train")
+
+
+@pytest.mark.parametrize("values, words", [
+    (np.ones((2, 1)), r"returned array\(\[1\.\]\) \(ndarray\) for completion 0: not a number"),
+    ([10 ** 400, 1], r"returned inf for completion 0: rewards must be finite"),
+])
+def test_a_reward_value_float_cannot_read_is_a_reward_error(values, words):
+    # a (n, 1) array (a reward model's logits) and an int beyond a float's range raised numpy's TypeError and an
+    # OverflowError, which the task builder did not read as the reward's fault
+    with pytest.raises(RewardError, match=words):
+        check_rewards(values, 2, "m:f")
+    assert check_rewards(np.ones(2), 2, "m:f") == [1.0, 1.0]

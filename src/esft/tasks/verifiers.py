@@ -260,10 +260,15 @@ def check_rewards(out: Any, n: int, name: str) -> list[float | None]:
         if v is None:
             result.append(None)
             continue
-        if isinstance(v, (str, bytes)) or not hasattr(v, "__float__"):  # numpy scalars and bools count
+        try:  # numpy scalars and bools count; an array of one row per completion does not
+            if isinstance(v, (str, bytes)) or not hasattr(v, "__float__"):
+                raise TypeError
+            f = float(v)
+        except OverflowError:  # an int beyond a float's range: not finite, as the check below says
+            f = math.inf
+        except (TypeError, ValueError):
             raise RewardError(f"reward {name!r} returned {v!r} ({type(v).__name__}) for completion {i}: not a number "
-                             "(or None where the reward does not apply)")
-        f = float(v)
+                             "(or None where the reward does not apply)") from None
         if not math.isfinite(f) and not math.isnan(f):
             raise RewardError(f"reward {name!r} returned {f} for completion {i}: rewards must be finite")
         result.append(None if math.isnan(f) else f)
