@@ -57,3 +57,36 @@ def test_a_reward_value_float_cannot_read_is_a_reward_error(values, words):
     with pytest.raises(RewardError, match=words):
         check_rewards(values, 2, "m:f")
     assert check_rewards(np.ones(2), 2, "m:f") == [1.0, 1.0]
+
+
+class _StringRows:
+    """A duck-typed task whose load returns text rows: prompt and score take them, the baseline did not."""
+
+    def load(self, split):
+        return ["a", "b", "c"]
+
+    def prompt(self, example):
+        return example
+
+    def score(self, completion, example):
+        return 0.0
+
+
+class _DictLoad(_StringRows):
+    def load(self, split):
+        return {"q": "a", "answer": "1"}  # one row, not a list of rows: list() made its keys the examples
+
+
+@pytest.mark.parametrize("cls, words", [
+    (_StringRows, r"task '_StringRows': row 1 of split 'test' is str 'a', not an example \(a dict of fields\)"),
+    (_DictLoad, r"_DictLoad.load\('test'\) returned dict, not a list of examples"),
+])
+def test_a_task_object_whose_rows_are_not_examples_fails_its_split_check(cls, words):
+    # the string rows passed the command's first-example check and ended, once the model had loaded and generated,
+    # in an AttributeError traceback from the constant-answer baseline; the dict's keys became examples
+    from esft.config import ConfigError
+    from esft.tasks.custom import TaskAdapter
+    from esft.validation import check_splits
+
+    with pytest.raises(ConfigError, match=r"a task whose test split loads .*" + words):
+        check_splits("tasks", "m:C", TaskAdapter(cls()), ("test",))

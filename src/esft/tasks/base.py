@@ -58,6 +58,10 @@ class Task:
         if limit is not None and limit < 0:
             raise ValueError(f"limit must be >= 0, got {limit}")
         rows = self._load(split)
+        bad = next((i for i, row in enumerate(rows) if not isinstance(row, dict)), None)
+        if bad is not None:  # prompt, score, the baseline and the evaluation files read an example's fields
+            raise TypeError(f"task {self.shown_name()!r}: row {bad + 1} of split {split!r} is "
+                            f"{type(rows[bad]).__name__} {str(rows[bad])[:40]!r}, not an example (a dict of fields)")
         return rows if limit is None else rows[:limit]
 
     def shown_name(self) -> str:

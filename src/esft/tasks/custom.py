@@ -301,7 +301,11 @@ class TaskAdapter(Task):
         self.obj = obj
 
     def _load(self, split: str) -> list[Example]:
-        return list(self.obj.load(split))
+        rows = self.obj.load(split)
+        if isinstance(rows, (dict, str, bytes)):  # list() would make its keys or characters the examples
+            raise TypeError(f"{type(self.obj).__name__}.load({split!r}) returned {type(rows).__name__}, not a list "
+                            "of examples")
+        return list(rows)
 
     def prompt(self, example: Example) -> Messages:
         out = self.obj.prompt(example)
