@@ -90,3 +90,12 @@ def test_a_task_object_whose_rows_are_not_examples_fails_its_split_check(cls, wo
 
     with pytest.raises(ConfigError, match=r"a task whose test split loads .*" + words):
         check_splits("tasks", "m:C", TaskAdapter(cls()), ("test",))
+
+
+def test_a_data_file_path_that_is_a_folder_is_called_one(tmp_path):
+    # the error said the folder "does not exist", which the user could see it did
+    (tmp_path / "held").mkdir()
+    with pytest.raises(FileNotFoundError, match=r"task data file .*held is a folder"):
+        read_rows(tmp_path / "held")
+    with pytest.raises(FileNotFoundError, match=r"task data file .*absent.jsonl does not exist"):
+        read_rows(tmp_path / "absent.jsonl")

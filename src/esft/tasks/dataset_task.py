@@ -44,7 +44,7 @@ def read_rows(path: str | Path) -> list[dict[str, Any]]:
     """Rows of a JSONL, JSON (a list of objects, or JSONL) or CSV / TSV file; errors name the file and line."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"task data file {path} does not exist")
+        raise FileNotFoundError(f"task data file {path} " + ("is a folder" if path.is_dir() else "does not exist"))
     opener = gzip.open if path.suffix.lower() == ".gz" else open  # is_data_file takes DATA.JSONL.GZ too
     with opener(path, "rb") as fh:
         data = fh.read()
