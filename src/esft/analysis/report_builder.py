@@ -316,8 +316,9 @@ class Report(ReportContext):
             self.sections.append(f"## Held-out {what} during training (paper Table 1)\n\n" + grid(
                 ["run", "algorithm", "task", "first eval", "last eval", "95% CI", "n", "format rate",
                  "constant answer (last eval)", "paper (%)"], rows)
-                + "\n\nFrom each run's own `metrics.jsonl` evaluations. Constant answer: always giving the most "
-                "frequent gold answer of the last evaluation's examples, with its 95% Wilson interval.\n")
+                + "\n\nFrom each run's own `metrics.jsonl` evaluations. Constant answer: always giving one gold "
+                "answer of the last evaluation's examples (the most frequent one; under a reward function, the best of "
+                "the most frequent ones), with its 95% Wilson interval.\n")
         elif tables.exists():  # Table 1 is in the runner's tables; only the runs' own curves are missing
             self.skip("held-out accuracy during training", "no evaluation records (kind=eval with test_accuracy) in "
                       f"the runs' metrics.jsonl; the stages' accuracy (Table 1) is in {self.rel(tables)}")

@@ -20,8 +20,9 @@ from esft.tables import DASH, NA, Cell
 from esft.tasks.labels import MEAN_REWARD, summaries_score_name
 
 CONSTANT_LABEL = "Constant answer"
-CONSTANT_NOTE = ("Constant answer: accuracy (%) of always giving the most frequent gold answer of the evaluated "
-                 "examples, with its 95% Wilson interval.")
+CONSTANT_NOTE = ("Constant answer: accuracy (%) of always giving one gold answer of the evaluated examples (the most "
+                 "frequent one; under a reward function, the best of the most frequent ones), with its 95% Wilson "
+                 "interval.")
 #: decimals of a table cell holding a mean reward (an accuracy in % has one)
 REWARD_DIGITS = 3
 
