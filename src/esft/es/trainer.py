@@ -45,6 +45,7 @@ from esft.es.fitness import FitnessRule, as_fitness_rule
 from esft.evaluation import load_examples
 from esft.tasks.base import checks_format, format_bonus_warning
 from esft.tasks.custom import as_task
+from esft.tasks.task_code import task_code, warn_if_task_code_changed
 from esft.sample_rows import sample_row
 from esft.saved_config import with_earlier_segments
 from esft.rundir import (DISK_FULL, NonFiniteError, RunFailed, RunInterrupted, TrainResult, check_new_run,
@@ -122,6 +123,7 @@ class ESTrainer:
         train_set = task.load("train")
         if config.resume:  # other train examples than the run's: refused before the model loads
             check_same_train_set(config.output_dir, examples_digest(train_set))
+            warn_if_task_code_changed(config.output_dir, task)
         if model is None:
             from esft.models import load_model
 
@@ -193,6 +195,7 @@ class ESTrainer:
                 # decides how fast the CPU rollouts run (docs/performance.md, "threads"); chosen at start-up
                 "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "OpenMP default"),
                 "train_examples": len(self.train_set), "train_sha256": examples_digest(self.train_set),
+                "task_code": task_code(self.task),
                 **self.precision.record()}
 
     def _layout(self) -> dict[str, Any]:

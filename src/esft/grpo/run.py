@@ -48,6 +48,7 @@ from esft.rundir import CHECKPOINTS, DISK_FULL, RunFailed, RunInterrupted, Train
 from esft.saved_config import with_earlier_segments
 from esft.tasks.base import format_bonus_warning
 from esft.tasks.custom import as_task
+from esft.tasks.task_code import task_code, warn_if_task_code_changed
 from esft.version import __version__
 
 
@@ -113,7 +114,7 @@ def _prepare_dir(out: Path, config: GRPOConfig) -> tuple[Path | None, int]:
 # ---- building blocks -----------------------------------------------------------------------------------------
 
 def _run_info(model: Any, config: GRPOConfig, precision: str, device: str, train_set: Sequence[Any],
-              kl_reference: bool) -> dict[str, Any]:
+              kl_reference: bool, task: Any = None) -> dict[str, Any]:
     import transformers
     import trl
 
@@ -129,6 +130,7 @@ def _run_info(model: Any, config: GRPOConfig, precision: str, device: str, train
             "completions_per_step": config.completions_per_step,
             "gradient_accumulation_steps": config.gradient_accumulation_steps, "train_examples": len(train_set),
             "train_sha256": rundir.examples_digest(train_set),
+            "task_code": None if task is None else task_code(task),
             "torch": str(torch.__version__), "transformers": transformers.__version__, "trl": trl.__version__,
             "numpy": str(np.__version__), "esft": __version__, "python": platform.python_version(),
             "machine": platform.machine(),
@@ -260,7 +262,7 @@ def _train_locked(config: GRPOConfig, out: Path, model: Any, tokenizer: Any, tas
 
     _write_config(config.replace(resume=False), out / "config.yaml", config.resume,
                   _run_info(model, config, precision, str(next(model.parameters()).device), train_set,
-                            trainer.kl_reference is not None))
+                            trainer.kl_reference is not None, task))
     # an extended run (start < max_steps here): its last checkpoint is no longer final. Renamed only now, once
     # config.yaml holds the new max_steps: a failure before this leaves the finished run as it was
     resume_from = _demote_final(out, config.max_steps, resume_from)
@@ -276,6 +278,7 @@ def _train_set(config: GRPOConfig, out: Path, task: Any) -> list[Any]:
     train_set = task.load("train")
     if config.resume:
         rundir.check_same_train_set(out, rundir.examples_digest(train_set))
+        warn_if_task_code_changed(out, task)
     check_prompts_per_step(config, len(train_set))
     note = format_bonus_warning(task, config.format_bonus)
     if note is not None:
