@@ -38,3 +38,17 @@ def test_esfts_own_tasks_and_verifiers_record_no_user_code(tmp_path):
     data = tmp_path / "d.jsonl"
     data.write_text('{"prompt": "1+1?", "answer": "2"}\n')
     assert task_code(get_task("boolq")) is None and task_code(get_task(str(data), reward="math")) is None
+
+
+def test_a_grpo_run_records_its_tasks_code_as_es_does(tmp_path, tokenizer):
+    pytest.importorskip("trl")
+    import grpo_tiny
+    from esft.grpo import train_grpo
+    from grpo_tiny import ParityTask, tiny_config
+    from conftest import make_tiny_model
+
+    out = tmp_path / "run"
+    train_grpo(tiny_config(out, max_steps=1, eval_every=0), model=make_tiny_model(hidden=32, layers=2),
+               tokenizer=tokenizer, task=ParityTask(), progress=False)
+    recorded = yaml.safe_load((out / "config.yaml").read_text())["_run"]["task_code"]
+    assert recorded == task_code(ParityTask()) and recorded["files"] == [grpo_tiny.__file__]
