@@ -99,3 +99,31 @@ def test_a_data_file_path_that_is_a_folder_is_called_one(tmp_path):
         read_rows(tmp_path / "held")
     with pytest.raises(FileNotFoundError, match=r"task data file .*absent.jsonl does not exist"):
         read_rows(tmp_path / "absent.jsonl")
+
+
+def test_a_sys_exit_in_reward_code_is_the_rewards_error_not_a_silent_exit(tmp_path, monkeypatch):
+    """`sys.exit(5)` when the reward module is imported, or inside the reward, ended esft with status 5 and no word."""
+    from esft.tasks.verifiers import call_trl_reward, import_object
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "exits_now.py").write_text("import sys\nsys.exit(5)\n")
+    with pytest.raises(ValueError, match=r"cannot import module 'exits_now': SystemExit: 5"):
+        import_object("exits_now:score", "reward")
+
+    def quits(completions, **kwargs):
+        raise SystemExit(3)
+
+    with pytest.raises(RewardError, match=r"reward 'quits' raised SystemExit: 3"):
+        call_trl_reward(quits, "quits", ["a"], [[{"role": "user", "content": "q"}]], [{"answer": "a"}], "text")
+
+
+def test_options_after_a_task_class_say_where_a_class_takes_them():
+    """`--task my_tasks:Doubling:count=3` (the built-in tasks' form) said only "unknown task"."""
+    from esft.tasks import get_task
+
+    with pytest.raises(ValueError, match=r"a task class takes its options from --task-options .*: my_tasks:Doubling "
+                                         r"with --task-options '\{count: 3, x: a\}'"):
+        get_task("my_tasks:Doubling:count=3,x=a")
+    with pytest.raises(ValueError) as plain:
+        get_task("nosuchtask")
+    assert "--task-options" not in str(plain.value)

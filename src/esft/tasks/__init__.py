@@ -104,6 +104,12 @@ def _task_class(base: str, name: str) -> typing.Any:
     if found is None:
         plugins = entry_point_names()
         extra = f"; installed: {', '.join(plugins)}" if plugins else ""
+        cls, _, options = name.rpartition(":")
+        if cls.count(":") == 1 and "=" in options and all(p.isidentifier() for p in cls.replace(":", ".").split(".")):
+            # module:Class:key=value, as built-in tasks take options: a class takes them from --task-options
+            given = ", ".join(": ".join(p.partition("=")[::2]) for p in options.split(","))
+            extra += (f"; a task class takes its options from --task-options (a YAML config's task_options), not "
+                      f"after a second ':': {cls} with --task-options '{{{given}}}'")
         raise ValueError(f"unknown task {name!r}; available tasks: {', '.join(TASK_NAMES)}{extra} (or module:Class, "
                          "a data file .jsonl/.json/.csv with --prompt-field/--answer-field/--reward, or owner/dataset)")
     return found

@@ -58,7 +58,7 @@ def import_object(spec: str, what: str) -> Any:
         raise ValueError(f"{what} {spec!r}: expected module:name (e.g. my_rewards:correctness)")
     try:
         module = _import_module(module_name)
-    except Exception as exc:  # any import-time error of user code: report it instead of a traceback
+    except (Exception, SystemExit) as exc:  # user code's import-time error or sys.exit(): said, not a silent exit
         top = module_name.partition(".")[0]
         where = (f" (modules are found in the current folder, installed packages and PYTHONPATH: run from the folder "
                  f"holding {top}.py or add that folder to PYTHONPATH)"
@@ -225,7 +225,7 @@ def call_trl_reward(fn: Callable[..., Any], name: str, texts: list[str], prompts
     kwargs = trl_columns(examples, columns)
     try:
         out = fn(completions=as_completions(texts, completion_format), prompts=prompts, **kwargs)
-    except Exception as exc:  # the user's code: say whose and on what it failed, as esft's CLI prints a ValueError
+    except (Exception, SystemExit) as exc:  # the user's code (a sys.exit() in it too, else a silent exit): say whose
         kind = "plain strings" if completion_format == "text" else "lists holding one assistant message"
         names = ", ".join(kwargs) or "none"
         raise RewardError(f"reward {name!r} raised {type(exc).__name__}: {exc} (called with {len(texts)} "
