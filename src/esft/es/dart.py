@@ -46,7 +46,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from esft.es.fitness import FitnessRule
+from esft.es.fitness import FitnessRule, row_means
 
 NEVER = -(10**9)  # last_seen of a problem never batched: any cooldown has passed
 
@@ -161,9 +161,9 @@ def difficulty_weights(ema: np.ndarray, floor: float = 0.8, temperature: float =
 
 def dart_fitness(correct: np.ndarray, well_formed: np.ndarray, weights: np.ndarray, format_coef: float) -> np.ndarray:
     """F_i = mean_j(A[i, j] w_j) + format_coef * mean_j(format[i, j]) (before z-scoring)."""
-    a = np.asarray(correct, np.float64)
-    f = np.asarray(well_formed, np.float64)
-    return (a * np.asarray(weights, np.float64)[None, :]).mean(axis=1) + format_coef * f.mean(axis=1)
+    # order-independent row sums (esft.es.fitness.row_means): members that solved problems of the same weights and
+    # the same number of well-formed answers tie bit for bit, whichever problems they were
+    return row_means(correct, weights) + format_coef * row_means(well_formed)
 
 
 def replay_candidates(in_buffer: np.ndarray, ema: np.ndarray, replays: np.ndarray, last_seen: np.ndarray,

@@ -18,6 +18,7 @@ hooks at fixed points of the loop; every hook has a default, so a stateless rule
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
@@ -34,6 +35,21 @@ def sample_batch(seed: int, iteration: int, n: int, batch_size: int) -> list[int
         return list(range(n))
     rng = np.random.default_rng(np.random.SeedSequence([int(seed), int(iteration), 0xBA7C]))
     return [int(i) for i in rng.choice(n, size=batch_size, replace=False)]
+
+
+def row_means(values: Any, weights: Any = None, count: int | None = None) -> np.ndarray:
+    """Per row (member) sum_j values[i, j] * weights[j] / count (weights 1, count = row length by default), each sum
+    exact and then rounded once (math.fsum), so it does not depend on the order of the terms.
+
+    Why: members whose rows hold the same values at different examples (same number right and well-formed, another
+    choice of which) tie in fitness, but a float sum in array order can give them values an ulp apart. Shaping
+    then sees a spread that is not there: centered ranks give the tied members full-size, different weights, and
+    z-scores give a ~1e-8 step that is not a zero update (Adam takes a full learning-rate step on it)."""
+    v = np.asarray(values, dtype=np.float64)
+    if weights is not None:
+        v = v * np.asarray(weights, dtype=np.float64)[None, :]
+    n = v.shape[1] if count is None else int(count)
+    return np.array([math.fsum(row) / n for row in v.tolist()], dtype=np.float64)
 
 
 class FitnessRule:
@@ -96,7 +112,12 @@ class MeanReward(FitnessRule):
         return r
 
     def __call__(self, result: PopulationResult, batch: Sequence[dict]) -> np.ndarray:
-        return self.rewards(result).mean(axis=1)
+        # mean score + bonus * format rate, not the mean of their per-example sums: members with the same counts
+        # then get the same bits (`row_means`), whichever examples they got right or well-formed
+        fitness = row_means(result.scores)
+        if self.format_bonus:
+            fitness = fitness + self.format_bonus * row_means(result.well_formed)
+        return fitness
 
 
 class ClassBalancedMean(MeanReward):
@@ -118,15 +139,17 @@ class ClassBalancedMean(MeanReward):
 
         labels = [self.label_of(ex) for ex in batch]
         known = [i for i, label in enumerate(labels) if self.labels is None or label in self.labels]
-        rewards = self.rewards(result)
         if not known:  # no labelled example in the batch: the plain mean
-            return rewards.mean(axis=1)
+            return MeanReward.__call__(self, result, batch)
         weights = np.zeros(len(labels), dtype=np.float64)
         weights[known] = class_balanced_weights([labels[i] for i in known])
-        return (rewards * weights).sum(axis=1) / len(known)
+        fitness = row_means(result.scores, weights, len(known))  # order-independent sums, as MeanReward's
+        if self.format_bonus:
+            fitness = fitness + self.format_bonus * row_means(result.well_formed, weights, len(known))
+        return fitness
 
 
 FITNESS_RULES = ("mean", "dart", "balanced")
 
 __all__ = ["FITNESS_RULES", "CallableRule", "ClassBalancedMean", "FitnessRule", "MeanReward", "as_fitness_rule",
-           "sample_batch"]
+           "row_means", "sample_batch"]
