@@ -830,3 +830,32 @@ def test_the_drift_summary_prints_the_displacement_ratio_with_a_grpo_run():
     assert format_drift(res).endswith("\n||dtheta_ES|| / ||dtheta_GRPO|| at step 3: 2")
     res["grpo_ratio_at_matched_step"] = None
     assert format_drift(res).endswith("\n||dtheta_ES|| / ||dtheta_GRPO||: n/a (the two runs share no logged step)")
+
+
+def test_the_budget_note_of_a_budget_snapshot_names_its_own_iterations(tmp_path):
+    """An experiment's `iterations: [100, 300]` trains one run to 300 and takes its es@100 stage from the snapshot
+    iter_000100: that stage ran 100 iterations, the study's budget, whatever the run's config.yaml says (300)."""
+    from safetensors.torch import save_file
+
+    base = make_tiny_model(vocab_size=64, hidden=16)
+    base.save_pretrained(tmp_path / "base")
+    ckpts = tmp_path / "run" / "checkpoints"
+    for k, (name, step) in enumerate((("iter_000100", 100), ("final", 300))):
+        base.save_pretrained(ckpts / name)
+        save_file({n: p.detach() + (k + 1) * 1e-3 for n, p in base.named_parameters()},
+                  str(ckpts / name / "model.safetensors"))
+        (ckpts / name / "es_state.json").write_text(json.dumps({"step": step}))
+    run300 = _NS(config={"iterations": 300})
+
+    def budget(checkpoint: str) -> str:
+        chain = _NS(label="es@100", base=tmp_path / "base", base_spec="base", algorithm="es", tasks=["countdown"],
+                    shown_tasks=["countdown"], stages=[_NS(checkpoint=ckpts / checkpoint, run=run300)])
+        ctx = _NS(pairs=[], chains=[chain], skip=lambda *a: None, results={},
+                  cache=_NS(get=lambda name, params, fn, **kw: (fn(), False)), progress=False,
+                  config=_NS(eps=1e-5), fig=lambda name: tmp_path / f"{name}.png", plot=lambda cached, path, fn: None)
+        (comp,) = WR.report_weights(ctx)
+        return comp.budget
+
+    assert budget("iter_000100") == ""  # the study's 100: no note (it read "these ES stages ran 300")
+    assert budget("final") == "The study's ES values are of 100 iterations per stage; these ES stages ran 300."
+    assert WR.stage_iterations(_NS(checkpoint=None, run=run300)) == 300  # no checkpoint: the run's budget

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from esft import paper
 from esft.analysis.kl import HEADLINE, aggregate_seeds, kl_stages, matrix, plot_heatmap
 from esft.analysis.report_cache import fingerprint, slug
+from esft.analysis.weights_report import stage_iterations
 from esft.tables import fmt, se_text
 
 if TYPE_CHECKING:
@@ -87,7 +88,7 @@ def report_kl(ctx: ReportContext) -> tuple[list[KLGroup], Path | None] | None:
         key = (c.algorithm, c.name or c.algorithm, tuple(ctx.task_name(t) for t in c.tasks))
         tables.setdefault(key, []).append(res)
         seeds.setdefault(key, []).append(c.seed)
-        budgets.setdefault(key, []).extend(st.run.config.get("iterations") for st in c.stages if c.algorithm == "es")
+        budgets.setdefault(key, []).extend(stage_iterations(st) for st in c.stages if c.algorithm == "es")
     groups = [KLGroup(*key, tbs, aggregate_seeds(tbs, HEADLINE), seeds[key], budgets[key])
               for key, tbs in tables.items()]
     panels = {(g.title if len(groups) > 2 else g.track.upper()):

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from esft import paper
 from esft.analysis.report_cache import fingerprint, slug
 from esft.analysis.weights import compare_updates, plot_weights
+from esft.export import checkpoint_step
 from esft.tables import NA, pct
 
 if TYPE_CHECKING:
@@ -43,6 +44,13 @@ class UpdateComparison:
 MISSING = "missing"  # the cell of a side whose checkpoint is not on disk
 
 
+def stage_iterations(stage: Any) -> int | None:
+    """The ES iterations behind a chain stage's weights: its checkpoint's own step (a budget snapshot such as
+    iter_000100 of a run continued to 300 holds 100), else its run's configured iterations."""
+    step = checkpoint_step(stage.checkpoint) if stage.checkpoint is not None else None
+    return step if step is not None else stage.run.config.get("iterations")
+
+
 def report_weights(ctx: ReportContext) -> list[UpdateComparison] | None:
     """Every chain's update against its base, stage by stage (ES-GRPO pairs side by side); None without runs."""
     items: list[tuple[str, Chain, Chain | None]] = [(p.label, p.es, p.grpo) for p in ctx.pairs]
@@ -58,7 +66,7 @@ def report_weights(ctx: ReportContext) -> list[UpdateComparison] | None:
             continue
         comp = UpdateComparison(label, a.base, a.algorithm, b is not None)
         if any(paper.stage_index(t) is not None for t in a.tasks):
-            comp.budget = paper.es_budget_note(st.run.config.get("iterations") for c in (a, b)
+            comp.budget = paper.es_budget_note(stage_iterations(st) for c in (a, b)
                                                if c is not None and c.algorithm == "es" for st in c.stages)
         last_rep, cached = None, False
         for i in range(len(a.stages)):
