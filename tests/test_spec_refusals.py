@@ -487,3 +487,14 @@ def test_a_grpo_option_in_a_specs_es_block_names_its_trainer(tmp_path):
         load_spec_text(tmp_path, _edit(ES, ES + "    max_steps: 1\n"))
     assert str(refused.value).endswith("spec.yaml:7: unknown option 'max_steps' in algorithms.es for es (ESConfig) "
                                        "(an option of `esft train grpo`, not of `esft train es`)"), str(refused.value)
+
+
+def test_an_evaluation_that_leaves_out_a_training_task_is_refused(tmp_path):
+    """The tables set each stage's accuracy on every training task beside the base model's: an evaluation.tasks
+    without one ran every stage to tables of dashes (their notes naming an evaluation of the spec's limit). A
+    training task evaluated as a holdout is evaluated."""
+    with pytest.raises(SpecError, match=r"spec.yaml:11: evaluation.tasks leaves out the training task\(s\) "
+                                        r"countdown: the tables compare"):
+        load_spec_text(tmp_path, _edit(EVAL, EVAL + "  tasks: [boolq]\n"))
+    spec = load_spec_text(tmp_path, _edit("  holdout: []\n", "  tasks: [boolq]\n  holdout: [countdown]\n"))
+    assert spec.evaluation.all_tasks == ["boolq", "countdown"]

@@ -224,6 +224,19 @@ def check_task_fit(config: Any, built: dict[Any, Any]) -> None:
         config.check_task_fit(built[cache], name)
 
 
+def check_trained_tasks_evaluated(ctx: SpecContext, spec: Any, data: LineDict) -> None:
+    """Every training task is evaluated (in evaluation.tasks or evaluation.holdout): Tables 1 and 5-8 set each
+    stage's accuracy on it beside the base model's, and an `evaluation.tasks` that left one out ran every stage to
+    tables of dashes whose notes named an evaluation of it (the spec's limit) that was never made."""
+    missing = [t for t in spec.tasks if t not in spec.evaluation.all_tasks]
+    if missing:
+        block = data.get("evaluation") if isinstance(data.get("evaluation"), LineDict) else LineDict()
+        line = block.line_of("tasks") if "tasks" in block else data.line_of("tasks")
+        raise ctx.error(line, f"evaluation.tasks leaves out the training task(s) {', '.join(missing)}: the tables "
+                              "compare every stage's accuracy on each training task with the base model's; list "
+                              "each in evaluation.tasks (or evaluation.holdout)")
+
+
 def check_evaluated_tasks(ctx: SpecContext, spec: Any, data: LineDict) -> None:
     """Every task the stages of `spec` (a parsed esft.experiments.spec.Spec) evaluate builds with its task_options
     and has a test split holding examples, and, evaluated balanced, a balanced subset of its limit, as `esft eval`
