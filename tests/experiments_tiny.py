@@ -25,8 +25,10 @@ EVAL_BLOCK = {"limit": 1, "max_new_tokens": 2, "batch_size": 8, "dtype": "float3
 
 def write_spec(path: Path, kind: str, tasks: list[str], algorithms: dict[str, Any], **extra: Any) -> Path:
     data = {"name": path.stem, "kind": kind, "model": "tiny", "tasks": tasks, "seeds": [42],
-            "algorithms": algorithms, "task_options": {"boolq": {"max_passage_chars": 120}},
-            "evaluation": EVAL_BLOCK, **extra}
+            "algorithms": algorithms, "evaluation": EVAL_BLOCK, **extra}
+    evaluated = [*tasks, *data["evaluation"].get("holdout", [])]
+    if "boolq" in evaluated and "task_options" not in extra:  # a spec refuses options of a task it does not use
+        data["task_options"] = {"boolq": {"max_passage_chars": 120}}
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
 

@@ -498,3 +498,19 @@ def test_an_evaluation_that_leaves_out_a_training_task_is_refused(tmp_path):
         load_spec_text(tmp_path, _edit(EVAL, EVAL + "  tasks: [boolq]\n"))
     spec = load_spec_text(tmp_path, _edit("  holdout: []\n", "  tasks: [boolq]\n  holdout: [countdown]\n"))
     assert spec.evaluation.all_tasks == ["boolq", "countdown"]
+
+
+def test_task_options_of_a_task_the_spec_does_not_use_are_refused(tmp_path):
+    """Options of a task the spec neither trains nor evaluates applied to nothing, silently: `task_options: {boolq:
+    ...}` beside a task written `boolq:max_passage_chars=100` (keyed by that whole name) ran without them."""
+    with pytest.raises(SpecError, match=r"spec.yaml:2: task_options: 'boolq' is neither trained nor evaluated by "
+                                        r"this spec \(countdown, boolq:max_passage_chars=100\), so its options would "
+                                        r"apply to nothing; the spec writes it 'boolq:max_passage_chars=100'"):
+        load_spec_text(tmp_path, _edit(TOP, TOP + "task_options: {boolq: {max_passage_chars: 50}}\n").replace(
+            "tasks: [countdown]", "tasks: [countdown, 'boolq:max_passage_chars=100']"))
+    with pytest.raises(SpecError, match=r"spec.yaml:2: task_options: 'math' is neither trained nor evaluated by "
+                                        r"this spec \(countdown\), so its options would apply to nothing$"):
+        load_spec_text(tmp_path, _edit(TOP, TOP + "task_options: {math: {system_prompt: hi}}\n"))
+    spec = load_spec_text(tmp_path, _edit(TOP, TOP + "task_options: {boolq: {max_passage_chars: 50}}\n").replace(
+        "  holdout: []\n", "  holdout: [boolq]\n"))  # evaluated as a holdout: its options apply
+    assert spec.task_options == {"boolq": {"max_passage_chars": 50}}

@@ -32,8 +32,7 @@ from esft.experiments.algorithms import ALGORITHMS, Algorithm, get_algorithm
 from esft.experiments.spec_checks import (
     SpecContext, as_mapping, check_eval_device, check_eval_dtype, check_evaluated_tasks, check_int, check_keys,
     check_options, check_spec_model, check_task_fit, check_task_list, check_text, check_trained_tasks_evaluated,
-    check_unread_eval,
-    did_you_mean,
+    check_unread_eval, did_you_mean, unused_task_options,
 )
 from esft.experiments.yamlines import LineDict, LineList, SpecError, load_file
 
@@ -353,16 +352,17 @@ def _passk(ctx: SpecContext, raw: Any, line: int, tasks: list[str], evaluated: l
     return PassKSpec(samples=samples, k=sorted(set(ks)), seed=seed, tasks=chosen, **numbers)
 
 
-def _task_options(ctx: SpecContext, raw: Any, line: int, known: typing.Sequence[str]) -> dict[str, dict[str, Any]]:
-    """Per-task constructor options, checked by building each task (cheap: data loads lazily)."""
+def _task_options(ctx: SpecContext, raw: Any, line: int, used: typing.Sequence[str]) -> dict[str, dict[str, Any]]:
+    """Per-task constructor options of the tasks the spec trains or evaluates (`used`), checked by building each
+    task (cheap: data loads lazily)."""
     from esft.tasks import get_task
 
     block = as_mapping(ctx, raw, "task_options", line)
     out = {}
     for task, opts in block.items():
         tline = block.line_of(task)
-        if task not in known:
-            raise ctx.error(tline, f"task_options: unknown task {task!r}{did_you_mean(task, known)}")
+        if task not in used:
+            raise ctx.error(tline, unused_task_options(task, used))
         opts = dict(as_mapping(ctx, opts, f"task_options.{task}", tline))
         try:
             get_task(task, **opts)
@@ -407,8 +407,8 @@ def parse_spec(data: Any, path: str = "<spec>", name: str | None = None) -> Spec
     evaluation = _evaluation(ctx, data.get("evaluation"), data.line_of("evaluation"), tasks, TASK_NAMES)
     # the evaluated tasks may be data files, module:Class or installed tasks too; evaluation builds each with its
     # task_options
-    known = list(dict.fromkeys([*TASK_NAMES, *tasks, *evaluation.all_tasks]))
-    task_options = _task_options(ctx, data.get("task_options"), data.line_of("task_options"), known)
+    used = list(dict.fromkeys([*tasks, *evaluation.all_tasks]))
+    task_options = _task_options(ctx, data.get("task_options"), data.line_of("task_options"), used)
 
     seq = as_mapping(ctx, data.get("sequential"), "sequential", data.line_of("sequential"))
     check_keys(ctx, seq, ("carry_optimizer_state",), "sequential")

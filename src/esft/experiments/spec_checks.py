@@ -116,6 +116,20 @@ def check_text(ctx: SpecContext, block: LineDict, key: str, what: str) -> str | 
     return str(value)
 
 
+def unused_task_options(task: Any, used: typing.Sequence[str]) -> str:
+    """The refusal of a `task_options` entry for no task the spec trains or evaluates (`used`): its options would
+    apply to nothing, silently, as those of `boolq` beside a task written `boolq:max_passage_chars=100` (an entry
+    is keyed by the task as the spec writes it)."""
+    from esft.tasks import TASK_NAMES
+
+    if task not in TASK_NAMES:
+        return f"task_options: unknown task {task!r}{did_you_mean(task, [*TASK_NAMES, *used])}"
+    named = [t for t in used if str(t).split(":", 1)[0].strip() == task]
+    hint = f"; the spec writes it {named[0]!r}, the name its options must be keyed by" if named else ""
+    return (f"task_options: {task!r} is neither trained nor evaluated by this spec ({', '.join(used)}), so its "
+            f"options would apply to nothing{hint}")
+
+
 def check_task_list(ctx: SpecContext, value: Any, line: int, where: str, allowed: typing.Sequence[str],
                     closed: bool = False) -> list[str]:
     """The task names of a spec list, as the spec keys them: a registered or installed task's name lower-cased
