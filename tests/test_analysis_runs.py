@@ -164,6 +164,21 @@ def test_run_rows_and_accuracy_rows(tmp_path):
     assert T.precision(R.Run(tmp_path, "es", {})) == "not recorded"
 
 
+def test_run_rows_say_a_run_is_still_running(tmp_path):
+    """A run a trainer is still writing (its lock held) read like a finished one, its steps so far as its steps;
+    once the lock is released (the trainer stopped or ended) the count stands alone."""
+    from esft.rundir import RunLock
+
+    run = run_dir(tmp_path / "r", {"algorithm": "es", "task": "boolq", "seed": 1, "model": "m"},
+                  [{"kind": "train", "step": 1}, {"kind": "train", "step": 2}])
+    lock = RunLock(run).acquire()
+    try:
+        assert T.run_rows([R.load_run(run)], lambda x: x.name)[0][5] == "2 so far, still running"
+    finally:
+        lock.release()
+    assert T.run_rows([R.load_run(run)], lambda x: x.name)[0][5] == 2
+
+
 def chain(algorithm: str, seed: int | None, base: Path | None, tasks=("boolq",)) -> R.Chain:
     runs = [R.Run(Path(f"/{algorithm}{seed}{t}"), algorithm, {"seed": seed, "task": t}) for t in tasks]
     return R.Chain(algorithm, [R.StageRef([r], None, r.task) for r in runs], base, str(base))

@@ -9,6 +9,7 @@ from esft import paper
 from esft.analysis.constant import baseline_text
 from esft.analysis.runs import Run, logged_steps
 from esft.analysis.score_text import reward_text
+from esft.rundir import lock_held
 from esft.tables import NA, pct
 from esft.tasks.display import shown_task
 from esft.tasks.labels import MEAN_REWARD
@@ -36,10 +37,12 @@ def precision(r: Run) -> str:
 
 
 def run_rows(runs: list[Run], name: Callable[[Run], str], shown: Callable[[Any], str] = str) -> list[list[Any]]:
-    """One row per run: name, algorithm, task, seed, start (model or checkpoint, through `shown`), steps, final
-    checkpoint, precision."""
+    """One row per run: name, algorithm, task, seed, start (model or checkpoint, through `shown`), steps (with
+    "so far, still running" while a trainer holds the run's lock: its numbers are not final), final checkpoint,
+    precision."""
     return [[name(r), r.algorithm, _task(r), r.seed, shown(r.model) if r.model else "?",
-             logged_steps(r), r.final.name if r.final else "none", precision(r)] for r in runs]
+             f"{logged_steps(r)} so far, still running" if lock_held(r.path) else logged_steps(r),
+             r.final.name if r.final else "none", precision(r)] for r in runs]
 
 
 def accuracy_rows(runs: list[Run], name: Callable[[Run], str]) -> list[list[Any]]:
