@@ -27,3 +27,34 @@ def test_a_specs_summary_is_its_leading_comment_paragraph_on_one_line():
     text = "# First line of the\n#   description.\n#\n# Second paragraph.\nname: x\n"
     assert spec_summary(text) == "First line of the description."
     assert spec_summary("name: x\n# not leading\n") == ""
+
+
+def test_an_unreadable_plan_or_status_is_named_with_its_file(tmp_path, capsys):
+    """A damaged plan.json stopped `esft experiment status` and `tables` with a bare JSON error ("Unterminated
+    string ...") and a damaged status.json stopped `status` likewise: the file is named, and status lists the other
+    stages; `esft report` says it reports every run, the plan unread."""
+    import json
+
+    from esft.analysis.report_builder import Report, ReportConfig
+    from esft.cli import main
+
+    stages = [{"key": "base", "kind": "base", "steps": []}, {"key": "seed-42/a", "kind": "train", "steps": []},
+              {"key": "seed-42/b", "kind": "train", "steps": []}]
+    (tmp_path / "plan.json").write_text(json.dumps({"spec": {"name": "x"}, "stages": stages}))
+    for key, text in (("base", '{"status": "done"}'), ("seed-42/a", '{"status": "do')):
+        (tmp_path / key).mkdir(parents=True)
+        (tmp_path / key / "status.json").write_text(text)
+    assert main(["experiment", "status", str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["base", "done"] and lines[2].split() == ["seed-42/b", "pending"]
+    assert lines[1].startswith("seed-42/a") and f"unreadable {tmp_path / 'seed-42/a/status.json'} (" in lines[1]
+    (tmp_path / "plan.json").write_text('{"spec": {"na')
+    for command in ("status", "tables"):
+        assert main(["experiment", command, str(tmp_path)]) == 2
+        err = capsys.readouterr().err
+        assert f"esft: error: {tmp_path / 'plan.json'} is unreadable (Unterminated string" in err, err
+        assert f"`esft experiment run SPEC --output-dir {tmp_path}` writes it again" in err, err
+    report = Report(ReportConfig(dir=str(tmp_path), output_dir=str(tmp_path / "r")), progress=False)
+    report.gather_runs()
+    assert report.unsupported == [("the experiment's plan", f"{tmp_path / 'plan.json'} is unreadable: every run "
+                                   "under DIR is reported, as with --all-runs (`esft experiment run` writes it again)")]

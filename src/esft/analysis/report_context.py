@@ -109,6 +109,9 @@ class ReportContext:
     def gather_runs(self) -> None:
         """`discover`'s work: the runs, chains and pairs under DIR."""
         self.plan = None if self.config.all_runs else experiment_plan(self.root)
+        if self.plan is None and not self.config.all_runs and (self.root / "plan.json").is_file():
+            self.skip("the experiment's plan", f"{self.root / 'plan.json'} is unreadable: every run under DIR is "
+                                               "reported, as with --all-runs (`esft experiment run` writes it again)")
         self.runs, self.left_out, self.unstarted = [], [], []
         for r in find_runs(self.root, unstarted=self.unstarted):
             name = self.rel_run(r)

@@ -57,18 +57,18 @@ def _tables(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    root = Path(args.dir)
-    plan = root / "plan.json"
-    if not plan.exists():
-        from esft.experiments.records import not_an_experiment
-
-        raise not_an_experiment(root)
+    from esft.experiments.records import read_plan
     from esft.rundir import lock_held
 
+    root = Path(args.dir)
+    plan = read_plan(root)
     active = lock_held(root)  # a runner working here now (its lock); else a "running" stage was interrupted
-    for stage in json.loads(plan.read_text())["stages"]:
+    for stage in plan["stages"]:
         path = root / stage["key"] / "status.json"
-        status = json.loads(path.read_text()) if path.exists() else {"status": "pending"}
+        try:
+            status = json.loads(path.read_text()) if path.exists() else {"status": "pending"}
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            status = {"status": "?", "error": f"unreadable {path} ({exc})"}
         state = status.get("status", "?")
         error = f"  {status['error']}" if status.get("error") else ""
         if state == "stopped" or state == "running" and not active:

@@ -119,13 +119,27 @@ def not_an_experiment(root: Path, advice: str = "") -> FileNotFoundError:
     return FileNotFoundError(f"{root} is not an experiment folder (no plan.json{advice})")
 
 
+def read_plan(root: Path, advice: str = "") -> dict[str, Any]:
+    """The plan.json of the experiment folder `root`; one that cannot be read is named, with how to get it back
+    (a bare JSON error said neither which file nor what to do)."""
+    path = root / "plan.json"
+    if not path.exists():
+        raise not_an_experiment(root, advice)
+    try:
+        plan = json.loads(path.read_text())
+        if isinstance(plan, dict) and isinstance(plan.get("stages"), list):
+            return plan
+        problem = "not an experiment plan"
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        problem = str(exc)
+    raise ValueError(f"{path} is unreadable ({problem}): `esft experiment run SPEC --output-dir {root}` writes it "
+                     "again from the spec, keeping every stage it finished")
+
+
 def load_experiment(root: str | Path) -> Experiment:
     """The plan, every stage's status.json and the result.json of every stage whose status is done (or unknown)."""
     root = Path(root)
-    plan_path = root / "plan.json"
-    if not plan_path.exists():
-        raise not_an_experiment(root, "; run `esft experiment run` first")
-    plan = json.loads(plan_path.read_text())
+    plan = read_plan(root, "; run `esft experiment run` first")
     exp = Experiment(root, plan["spec"], plan["stages"])
     for s in exp.stages:
         for name, target in (("result.json", exp.results), ("status.json", exp.statuses)):
