@@ -255,6 +255,28 @@ def test_a_stage_whose_parent_was_retrained_is_refused_not_kept(tmp_path, tokeni
     assert run_experiment(load_spec(spec), out, tiny.hooks, write_tables=False).ok and len(tiny.trained) == 2
 
 
+def test_a_stage_whose_parents_status_is_unreadable_is_refused_with_that_file_named(tmp_path, tokenizer):
+    """A damaged status.json of stage 1 read as "stage 1 was deleted or trained again since", and the refusal
+    advised deleting stage 2, trained from stage 1's present weights: the unreadable file is named instead."""
+    from esft.experiments.yamlines import SpecError
+
+    spec = write_spec(tmp_path / "seq.yaml", "sequential", ["countdown", "boolq"], {"es": {**ES_BLOCK, "iterations": 1}},
+                      evaluation={"limit": 1, "max_new_tokens": 2, "holdout": []})
+    out = tmp_path / "out"
+    tiny = TinyHooks(tokenizer)
+    assert run_experiment(load_spec(spec), out, tiny.hooks, write_tables=False).ok
+    status1 = out / "seed-42/sequential/es/1-countdown/status.json"
+    kept = status1.read_text()
+    status1.write_text(kept[:20])
+    tiny.trained.clear()
+    with pytest.raises(SpecError, match=f"^{re.escape(str(status1))} is unreadable, so whether "
+                                        f"{re.escape(str(out / 'seed-42/sequential/es/2-boolq'))} was trained from "
+                                        "that stage's present weights cannot be told; restore the file"):
+        run_experiment(load_spec(spec), out, tiny.hooks, write_tables=False)
+    status1.write_text(kept)  # restored: nothing to do
+    assert run_experiment(load_spec(spec), out, tiny.hooks, write_tables=False).ok and tiny.trained == []
+
+
 def test_sequential_es_stages_draw_independent_noise(tmp_path, tokenizer):
     from esft.es.replay import matches_checkpoint, rebuild
 

@@ -150,6 +150,10 @@ def check_existing(spec: Spec, stages: list[Stage], root: Path) -> None:
                             f"use another --output-dir, or delete that stage folder (and those after it) to retrain")
         parent = (read_json(root / stage.parent / STATUS) or {}) if stage.parent else {}
         if status.get("parent_trained_at") and parent.get("trained_at") != status["parent_trained_at"]:
+            if not parent and (root / stage.parent / STATUS).exists():  # not "deleted or trained again": damaged
+                raise SpecError(f"{root / stage.parent / STATUS} is unreadable, so whether {root / stage.key} was "
+                                "trained from that stage's present weights cannot be told; restore the file (esft "
+                                "writes it whole), or delete that stage folder (and those after it) to retrain")
             raise SpecError(f"{root / stage.key} was trained from the weights of {root / stage.parent}, which "
                             "was deleted or trained again since; delete that stage folder (and those after it) to "
                             "retrain it from the new weights")
