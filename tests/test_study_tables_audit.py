@@ -331,3 +331,13 @@ def test_all_tables_holds_every_table_the_stages_support_in_order():
     assert [t.name for t in all_tables(exp)] == [
         "table1_single_task", "table2_holdout", "table5-8_sequential_grpo-es", "table5-8_sequential_es",
         "table5-8_sequential_grpo", "methods_boolq", "table18_compute", "table18_compute_by_task"]
+
+
+def test_table18_shows_each_formula_of_stages_that_differ_beside_their_mean():
+    """A per_task budget (ES `per_task: {boolq: {iterations: 1}}` beside `iterations: 3`) gives the stages other
+    formulas: their mean was printed after the first stage's formula, "2(3)(2)(2)PL = 16 PL"."""
+    exp = compute_experiment()
+    exp.results["seed-2/single-task/es/1-boolq"]["steps"][0]["formula"] = {"coefficient": 400, "text": "2(1)PL"}
+    md = table18(exp)[0].markdown()
+    assert "| ES | mean of 800PL = 800 PL, 2(1)PL = 400 PL: 600 PL | 1.50× |" in md, md
+    assert "| GRPO | 400PL = 400 PL | 1.00× |" in md  # one formula: as before

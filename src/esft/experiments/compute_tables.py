@@ -59,7 +59,10 @@ def _stage_rows(exp: Experiment, kind: str) -> tuple[dict[str, list[dict[str, An
 def _method_row(rs: list[dict[str, Any]], ref_coef: float | None, ref_flops: float | None) -> list[str]:
     coef = _mean(rs, "coefficient")
     flops = _mean(rs, "measured_flops")
-    return [f"{rs[0]['formula']} = {coef:,.0f} PL",
+    # stages of other budgets or sizes (a per_task override) have other formulas: each is shown beside their mean,
+    # which was printed after the first stage's formula alone ("2(3)(2)(2)PL = 16 PL")
+    each = list(dict.fromkeys(f"{r['formula']} = {r['coefficient']:,.0f} PL" for r in rs))
+    return [each[0] if len(each) == 1 else f"mean of {', '.join(each)}: {coef:,.0f} PL",
             f"{coef / ref_coef:.2f}×" if ref_coef else DASH,
             f"{_mean(rs, 'generations'):,.0f}", f"{_mean(rs, 'prompt_tokens'):,.0f}",
             f"{_mean(rs, 'tokens_generated'):,.0f}", f"{_mean(rs, 'train_forward_tokens'):,.0f}",
