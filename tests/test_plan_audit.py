@@ -211,3 +211,15 @@ def test_an_unfinished_chain_whose_shared_start_is_gone_says_what_to_do(tmp_path
     assert str(err.value) == (f"{root / key} is unfinished, and its es step started from {owner_run}/checkpoints/"
                               f"final, which is gone: add label 'grpo' back to the spec to train that run again, or "
                               f"delete {root / key} to train the whole chain anew")
+
+
+def test_a_per_task_budget_is_named_in_the_methods_display(tmp_path):
+    """`iterations: 3` with `per_task: {boolq: {iterations: 1}}` trained BoolQ 1 iteration while every table named
+    the method "ES (iter=3)"; the task whose budget differs is named with it."""
+    from esft.experiments.plan import tracks
+
+    spec = load_spec_text(tmp_path, SPEC.replace("tasks: [countdown]", "tasks: [countdown, boolq]").replace(
+        "    iterations: [2, 4, 6]\n", "    iterations: 3\n    per_task: {boolq: {iterations: 1}}\n"
+                                       "  grpo: {max_steps: 2}\n"))
+    assert [t.display for m in spec.methods for t in tracks(m, spec)] == ["ES (iter=3; boolq 1)", "GRPO"]
+    assert [s.steps[0].budget for s in build_plan(spec) if s.steps and s.steps[0].algorithm == "es"] == [3, 1]

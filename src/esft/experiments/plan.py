@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from esft.experiments.spec import Component, Method, Spec
+from esft.tasks.display import shown_task
 
 BASE = "base"
 
@@ -130,9 +131,11 @@ def tracks(method: Method, spec: Spec) -> list[Track]:
     if method.is_chain or not algo.extendable:
         return [Track(method.label, method.label, method.display, method, None)]
     budgets = method.budgets
-    if not budgets:  # one budget, from the option block / preset / default (same for all tasks unless per_task)
-        budget = getattr(spec.config(comp, spec.tasks[0], spec.seeds[0]), algo.budget_field)
-        return [Track(method.label, method.label, f"{method.display} ({algo.budget_short}={budget})", method,
+    if not budgets:  # one budget, from the option block / preset / default; a per_task one is named with its task
+        per_task = {t: getattr(spec.config(comp, t, spec.seeds[0]), algo.budget_field) for t in spec.tasks}
+        budget = per_task[spec.tasks[0]]
+        other = "".join(f"; {shown_task(t)} {b}" for t, b in per_task.items() if b != budget)
+        return [Track(method.label, method.label, f"{method.display} ({algo.budget_short}={budget}{other})", method,
                       None)]
     many = len(budgets) > 1
     return [Track(method.label, f"{method.label}@{b}" if many else method.label,
