@@ -372,7 +372,7 @@ def test_the_reports_accuracy_table_shows_the_constant_answer_baseline_of_the_la
     older = run_dir(tmp_path / "old", {"algorithm": "grpo", "task": "boolq"},
                     [{"kind": "eval", "step": 1, "test_accuracy": 0.5, "test_n": 4, "test_ci95": [0.15, 0.85]}])
     rows = T.accuracy_rows([R.load_run(run), R.load_run(older)], lambda x: x.name)
-    assert rows[0][3:8] == ["25.0% (step 0)", "50.0% (step 3)", "[15.0%, 85.0%]", 4, "n/a"]
+    assert rows[0][3:8] == ["25.0% [5.0%, 70.0%] (step 0)", "50.0% (step 3)", "[15.0%, 85.0%]", 4, "n/a"]
     assert rows[0][8] == "'no' 75.0% [30.0, 95.0]"
     assert rows[1][8] == "n/a"  # an evaluation that recorded none
     assert rows[0][9] == rows[1][9]  # the study's Table 1 row, last
@@ -390,8 +390,8 @@ def test_a_first_evaluation_on_other_examples_says_so_in_the_accuracy_table(tmp_
                    [{"kind": "eval", "step": 0, "test_accuracy": 0.25, "test_n": 4, "test_ci95": [0.05, 0.7], **base},
                     {"kind": "eval", "step": 5, "test_accuracy": 0.5, "test_n": 4, "test_ci95": [0.15, 0.85], **base}])
     rows = T.accuracy_rows([R.load_run(resumed), R.load_run(same)], lambda x: x.name)
-    assert rows[0][3] == "25.0% (step 0; other examples, n=4)"
-    assert rows[1][3] == "25.0% (step 0)"
+    assert rows[0][3] == "25.0% [5.0%, 70.0%] (step 0; other examples, n=4)"
+    assert rows[1][3] == "25.0% [5.0%, 70.0%] (step 0)"
 
 
 def test_experiment_budget_tracks_of_a_seed_all_pair_with_its_first_grpo_chain(tmp_path):

@@ -110,9 +110,9 @@ def test_the_reports_rows_show_a_mean_reward_as_a_plain_number(tmp_path):
     runs = [load_run(run_dir(tmp_path, "reward", [(0.75, [-0.9, 2.4]), (0.9, [0.4, 1.4])])),
             load_run(run_dir(tmp_path, "accuracy", [(0.25, [0.05, 0.7]), (0.5, [0.15, 0.85])]))]
     reward, acc = accuracy_rows(runs, lambda r: r.name)
-    assert reward[3:8] == ["0.750 mean reward (step 0)", "0.900 mean reward (step 2)", "[0.400, 1.400]", 4,
+    assert reward[3:8] == ["0.750 mean reward [-0.900, 2.400] (step 0)", "0.900 mean reward (step 2)", "[0.400, 1.400]", 4,
                           "50.0%"]
-    assert acc[3:8] == ["25.0% (step 0)", "50.0% (step 2)", "[15.0%, 85.0%]", 4, "50.0%"]
+    assert acc[3:8] == ["25.0% [5.0%, 70.0%] (step 0)", "50.0% (step 2)", "[15.0%, 85.0%]", 4, "50.0%"]
 
 
 def test_the_reports_heading_names_a_mean_reward_only_when_a_run_has_one(tmp_path):

@@ -60,8 +60,10 @@ def accuracy_rows(runs: list[Run], name: Callable[[Run], str]) -> list[list[Any]
         sets = [(e.get("n"), e.get("constant_baseline"), e.get("constant_answer")) for e in (first or {}, last)]
         # a value either evaluation did not record (an older esft's) tells nothing
         other = first is not None and any(a != b and None not in (a, b) for a, b in zip(*sets))
+        start = (first or {}).get("ci95")  # the start's interval too: a change means little without both
         rows.append([name(r), r.algorithm, _task(r),
-                     shown(first["accuracy"]) + f"{unit} (step {first['step']}"
+                     shown(first["accuracy"]) + unit + (f" [{shown(start[0])}, {shown(start[1])}]" if start else "")
+                     + f" (step {first['step']}"
                      + (f"; other examples, n={first.get('n')})" if other else ")") if first else NA,
                      shown(last["accuracy"]) + f"{unit} (step {last['step']})",
                      f"[{shown(ci[0])}, {shown(ci[1])}]" if ci else NA, last.get("n") or NA,
