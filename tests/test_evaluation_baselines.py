@@ -196,7 +196,7 @@ def test_tables_show_the_constant_answer(tmp_path):
     exp = load_experiment(_experiment(tmp_path / "a", True))
     md = table1(exp).markdown()
     assert "| Task | Constant answer | Base | ES |" in md and "| BoolQ | 63.5 [56.5, 69.5] | 1.5 [0.0, 6.5] | 61.5 [56.5, 66.5] |" in md
-    assert "most frequent gold answer" in md
+    assert "always giving one gold answer of the evaluated examples (the most frequent one" in md
     methods = method_tables(exp)[0].markdown()
     assert "| Constant answer | 63.5 | [56.5, 69.5] |" in methods
     csv_text = results_csv(exp)
