@@ -332,3 +332,15 @@ def test_a_wrapper_keeps_its_nested_braces():
     # the wrapper ends at its own closing brace, not at the first `}` inside it
     assert normalize_answer("\\text{\\frac{1}{2}}") == "\\frac{1}{2}"
     assert answers_match("\\mathrm{\\frac{1}{2}}", "0.5")
+
+
+# ---- the constant-answer baseline ------------------------------------------------------------------------------
+def test_constant_baseline_counts_gold_answers_the_scorer_reads_as_one(task):
+    """Always answering 1/2 scores on the golds "\\frac12", "0.5" and "\\dfrac{1}{2}" alike: the baseline is that
+    constant's accuracy (3 of 5), not the share of the most frequent gold *string* ("3", 2 of 5)."""
+    examples = [ex(g) for g in ("3", "3", "\\frac12", "0.5", "\\dfrac{1}{2}")]
+    baseline = task.constant_baseline([{"index": i, "example": e} for i, e in enumerate(examples)])
+    assert baseline["constant_baseline"] == pytest.approx(0.6)
+    answer = baseline["constant_answer"]
+    assert sum(task.score(f"\\boxed{{{answer}}}", e) for e in examples) / len(examples) == pytest.approx(0.6)
+    assert task.gold_key(ex("x=5")) == task.gold_key(ex("5")) and task.gold_key(ex("")) is None

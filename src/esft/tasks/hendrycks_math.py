@@ -169,6 +169,15 @@ def answers_match(prediction: str, gold: str) -> bool:
     return a is not None and b is not None and (a == b or abs(a - b) < TOLERANCE * min(1, abs(b)))
 
 
+def canonical_answer(answer: str) -> str:
+    """The form `answers_match` compares an answer in, a number's as a fraction ("0.5", "1/2", "\\frac12" and
+    "x=\\dfrac{1}{2}" are all "1/2"): answers with one canonical form match each other (answers within the
+    tolerance of one another may still have two)."""
+    text = normalize_answer(answer)
+    number = parse_number(text)
+    return text if number is None else str(number)
+
+
 def gold_answer(example: Example) -> str:
     """The example's gold answer as text (a number is written out); a missing one or one of another type is a
     data bug and raises (KeyError / TypeError)."""
@@ -229,6 +238,14 @@ class MathTask(Task):
 
     def prompt(self, example: Example) -> Messages:
         return chat(self.system_prompt, example["problem"])
+
+    def gold_key(self, example: Example) -> Any:
+        """The gold answer in the form the scorer compares it (`canonical_answer`): "5" and "x=5", or "0.5" and
+        "\\frac{1}{2}", are one constant answer, which scores on both. None when it has no text."""
+        answer = example.get("answer")
+        if isinstance(answer, bool) or not isinstance(answer, (str, int, float)):
+            return None
+        return canonical_answer(str(answer)) or None
 
     def score(self, completion: str, example: Example) -> float:
         gold = gold_answer(example)  # checked first, so a data bug raises whatever the completion

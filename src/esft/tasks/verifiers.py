@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from esft.tasks.base import Example, Messages, last_boxed
-from esft.tasks.hendrycks_math import answers_match, normalize_answer, parse_number
+from esft.tasks.hendrycks_math import answers_match, canonical_answer
 from esft.tasks.mcq import extract_letter
 
 
@@ -136,14 +136,6 @@ def _boxed_answer(text: str) -> str | None:
     return pred if pred is not None and pred.strip() else None
 
 
-def _math_canonical(gold: str) -> str:
-    """A MATH answer's canonical form, a number's as a fraction ("0.5", "1/2" and "\\frac12" are "1/2"), as
-    `answers_match` reads them equal."""
-    text = normalize_answer(gold)
-    number = parse_number(text)
-    return text if number is None else str(number)
-
-
 def _same(pred: str, gold: str) -> bool:
     return normalize(pred) == normalize(gold)
 
@@ -156,7 +148,7 @@ def builtin_verifier(spec: str) -> Verifier | None:
     if name == "boxed":
         return Verifier("boxed", _boxed_answer, _same, normalize)
     if name == "math":
-        return Verifier("math", _boxed_answer, answers_match, _math_canonical)
+        return Verifier("math", _boxed_answer, answers_match, canonical_answer)
     if name == "mcq":
         return Verifier("mcq", lambda text: extract_letter(text)[0], lambda p, g: p == str(g).strip().upper(),
                         lambda g: g.strip().upper())
