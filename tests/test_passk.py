@@ -484,3 +484,17 @@ def test_summary_maj_at_k_defaults_to_64_draws_per_question():
     default = summarize_samples(scores, keys, [3], resamples=10)["maj@k"]["3"]
     assert default == summarize_samples(scores, keys, [3], resamples=10, maj_draws=64)["maj@k"]["3"]
     assert default != summarize_samples(scores, keys, [3], resamples=10, maj_draws=65)["maj@k"]["3"]
+
+
+def test_math_answers_the_scorer_reads_as_one_vote_as_one():
+    """"0.5" and "\\frac12" are one answer to MATH's scorer, so they are one answer with two votes in maj@k, and
+    beat the single votes of "3" and "4" (they used to vote apart: a four-way tie, scoring 1/2)."""
+    from esft.tasks import get_task
+
+    task = get_task("math")
+    ex = {"problem": "...", "answer": "\\dfrac{1}{2}"}
+    texts = ["\\boxed{0.5}", "\\boxed{\\frac12}", "\\boxed{3}", "\\boxed{4}"]
+    keys = [answer_key(task.details(t, ex)) for t in texts]
+    assert keys[0] == keys[1] != keys[2] != keys[3]
+    assert majority_score(keys, [task.score(t, ex) for t in texts]) == 1.0
+    assert answer_key(task.details("\\boxed{ }", ex)) is None  # a blank answer casts no vote

@@ -262,4 +262,6 @@ class MathTask(Task):
         if pred is not None and len(pred) <= MAX_ANSWER_CHARS:
             out["normalized"] = normalize_answer(pred)
             out["gold_normalized"] = normalize_answer(gold_answer(example))
+            # maj@k's vote (esft.passk.answer_key): answers the scorer reads as one ("0.5", "\\frac12") vote as one
+            out["vote_key"] = canonical_answer(pred) or None
         return out
