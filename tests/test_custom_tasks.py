@@ -869,3 +869,21 @@ def test_a_resume_refuses_data_task_flags_that_change_the_task_in_the_words_of_o
                               reward="user_rewards:contains_answer")
     assert cli._task_flags(config, same, str(run)) == config  # unchanged: accepted
     assert cli._task_flags(config, argparse.Namespace(reward="exact"), None).task_options["reward"] == "exact"
+
+
+def test_maj_at_k_of_a_data_task_votes_on_the_answer_its_verifier_compares():
+    """A data task's vote key is the verifier's canonical answer: with `math`, "0.5" and "\\frac12" are one answer
+    (two votes, beating "3" and "4"; they voted apart, a four-way tie scoring 1/2); with `boxed`, "Yes" and "yes."
+    are one answer, and "a b" is not "ab" (the verifier scores them apart, so they vote apart)."""
+    from esft.passk import answer_key, majority_score
+
+    math = DatasetTask(source="x.jsonl", reward="math")
+    ex = {"answer": "\\dfrac{1}{2}"}
+    texts = ["\\boxed{0.5}", "\\boxed{\\frac12}", "\\boxed{3}", "\\boxed{4}"]
+    keys = [answer_key(math.details(t, ex)) for t in texts]
+    assert majority_score(keys, [math.score(t, ex) for t in texts]) == 1.0
+    assert math.details("\\boxed{0.5}", ex)["extracted"] == "0.5"
+    boxed = DatasetTask(source="x.jsonl", reward="boxed")
+    assert answer_key(boxed.details("\\boxed{Yes}", ex)) == answer_key(boxed.details("\\boxed{ yes. }", ex))
+    assert answer_key(boxed.details("\\boxed{a b}", ex)) != answer_key(boxed.details("\\boxed{ab}", ex))
+    assert answer_key(boxed.details("no box", ex)) is None

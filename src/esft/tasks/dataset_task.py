@@ -29,8 +29,7 @@ from esft.tasks.common import SPLIT_SEED, load_hub_rows
 from esft.tasks.labels import best_constant_answer
 from esft.tasks.mcq import LETTERS
 from esft.tasks.verifiers import (COMPLETION_FORMATS, RewardError, Verifier, builtin_verifier, call_trl_reward,
-                                  combine_rewards, import_object, never_scored_warning, normalize,
-                                  unscorable_warning)
+                                  combine_rewards, import_object, never_scored_warning, unscorable_warning)
 
 #: file suffixes read as data, each also gzip-compressed (the suffixes esft.tasks.custom's task specs take)
 DATA_SUFFIXES = (".jsonl", ".json", ".csv", ".tsv", ".jsonl.gz", ".json.gz", ".csv.gz", ".tsv.gz")
@@ -428,16 +427,15 @@ class DatasetTask(Task):
         return self.checks_format and self._verifier.extract(completion) is not None
 
     def details(self, completion: str, example: Example) -> dict[str, Any]:
-        """The extracted answer; with `exact`, maj@k's `vote_key`: the normalised completion it compares (its digest
-        where longer than DISPLAY_ANSWER_CHARS: the record holds the completion already)."""
+        """The extracted answer (none with `exact`) and maj@k's `vote_key`: the answer in the form the verifier
+        compares (its digest where longer than DISPLAY_ANSWER_CHARS), so "0.5" and "\\frac12" are one vote."""
         if self._verifier is None:
             return {}
-        if self._verifier.name == "exact":
-            text = normalize(completion)
-            if len(text) > DISPLAY_ANSWER_CHARS:
-                text = "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
-            return {"vote_key": text or None}
-        return {"extracted": self._verifier.extract(completion)}
+        exact, answer = self._verifier.name == "exact", self._verifier.extract(completion)
+        text = None if answer is None else self._verifier.canonical(answer)
+        if text is not None and len(text) > DISPLAY_ANSWER_CHARS:
+            text = "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+        return {"vote_key": text or None} if exact else {"extracted": answer, "vote_key": text or None}
 
     def gold_key(self, example: Example) -> Any:
         """The gold answer in the form the verifier compares it ("Yes", "yes." and " yes" are one answer for
