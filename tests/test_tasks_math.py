@@ -344,3 +344,4 @@ def test_constant_baseline_counts_gold_answers_the_scorer_reads_as_one(task):
     answer = baseline["constant_answer"]
     assert sum(task.score(f"\\boxed{{{answer}}}", e) for e in examples) / len(examples) == pytest.approx(0.6)
     assert task.gold_key(ex("x=5")) == task.gold_key(ex("5")) and task.gold_key(ex("")) is None
+    assert task.gold_key(ex(" \\$ ")) == "\\$"  # no canonical form: its text, so the baseline is still counted

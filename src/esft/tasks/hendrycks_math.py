@@ -241,11 +241,12 @@ class MathTask(Task):
 
     def gold_key(self, example: Example) -> Any:
         """The gold answer in the form the scorer compares it (`canonical_answer`): "5" and "x=5", or "0.5" and
-        "\\frac{1}{2}", are one constant answer, which scores on both. None when it has no text."""
+        "\\frac{1}{2}", are one constant answer, which scores on both. A gold with no canonical form ("\\$") keeps
+        its text, as the data tasks' `math` verifier keeps it; None when it has no text."""
         answer = example.get("answer")
         if isinstance(answer, bool) or not isinstance(answer, (str, int, float)):
             return None
-        return canonical_answer(str(answer)) or None
+        return canonical_answer(str(answer)) or str(answer).strip() or None
 
     def score(self, completion: str, example: Example) -> float:
         gold = gold_answer(example)  # checked first, so a data bug raises whatever the completion
