@@ -122,6 +122,20 @@ def test_relative_links_in_readme_and_docs_resolve():
     assert not broken, broken
 
 
+def test_sections_named_in_the_source_exist():
+    """A docstring or comment that sends the reader to `docs/PAGE.md, "Section"` (the help of --parallel-members,
+    among others) names a heading of that page, or a bold lever name in it (`**Threads**`), case aside."""
+    missing = []
+    for source in sorted((ROOT / "src").rglob("*.py")):
+        text = re.sub(r"\s*\n\s*", " ", source.read_text())
+        for page, name in re.findall(r'(docs/[\w-]+\.md),? \(?"([^"]+)"', text):
+            doc = (ROOT / page).read_text()
+            places = re.findall(r"^#+ (.+)$", doc, flags=re.M) + re.findall(r"\*\*([^*]+)\*\*", doc)
+            if not any(name.lower() in place.lower() for place in places):
+                missing.append(f"{source.relative_to(ROOT)}: {page}, \"{name}\"")
+    assert not missing, missing
+
+
 # ---- commands shown in the docs are commands esft has --------------------------------------------------------------
 DOC_PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 

@@ -122,8 +122,9 @@ class ESConfig(RunConfig):
     reads RUN's own config.yaml, so it refuses a folder without a run"""
     parallel_members: int = 1
     """members the local executor evaluates at once, each on its own thread with an equal share of torch's threads
-    and its own copy of the model (+1 model in memory per extra member). Same results as 1; on a 2-core CPU, 2 is
-    ~10% faster (docs/performance.md, "Session 5"). Ignored, with a warning, by Ray and low-rank runs"""
+    and its own copy of the model (+1 model in memory per extra member). Same results as 1; on a 2-core CPU, 2 take
+    11-14% off an iteration of the cpu preset (docs/performance.md, "One lane for the cpu preset"). Ignored, with a
+    warning, by Ray and low-rank runs"""
     executor: str = "local"
     """who evaluates the population: "local" (this process) or "ray" (one model replica per Ray worker; same
     result for any layout, see docs/distributed.md)"""

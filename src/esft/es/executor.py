@@ -78,16 +78,16 @@ class LocalExecutor(Executor):
     restore): a lane holds one copy of its projections, not two (docs/performance.md, "Memory").
 
     Why lanes: a batch-32 decode step is a string of small matmuls and memory-bound attention reads, and two threads
-    splitting each op meet at a barrier after every one; two members side by side, one core each, keep both cores
-    busy, and one lane's memory-bound phases overlap the other's compute (docs/performance.md, "Session 5"). torch
-    releases the GIL inside its kernels and esft's compiled kernels do too. Lanes only perturb and generate;
-    completions are scored on the calling thread afterwards, in member order, so tasks need not be thread-safe. Each
-    member's completions, scores and counters are the same as with one lane (tested), provided the matmul kernels
-    give the same bits at either thread count (oneDNN's and MKL's do here: tests/test_es_executor.py). Lanes need
-    torch's OpenMP backend (per-thread thread counts) and a CPU model; elsewhere the executor warns and uses one
-    lane. If one lane fails or Ctrl-C reaches the calling thread, the other lanes stop at their next decode step
-    (`esft.generation.cancel_on`). Per-member timings are summed over members (so over lanes: their sum can exceed
-    the wall time); `timings["evaluate"]` is the wall time of the call.
+    splitting each op meet at a barrier after every one; two members side by side, one core each, keep both cores busy,
+    and one lane's memory-bound phases overlap the other's compute (docs/performance.md, "Two members at once, one core
+    each"). torch releases the GIL inside its kernels and esft's compiled kernels do too. Lanes only perturb and
+    generate; completions are scored on the calling thread afterwards, in member order, so tasks need not be
+    thread-safe. Each member's completions, scores and counters are the same as with one lane (tested), provided the
+    matmul kernels give the same bits at either thread count (oneDNN's and MKL's do here: tests/test_es_executor.py).
+    Lanes need torch's OpenMP backend (per-thread thread counts) and a CPU model; elsewhere the executor warns and uses
+    one lane. If one lane fails or Ctrl-C reaches the calling thread, the other lanes stop at their next decode step
+    (`esft.generation.cancel_on`). Per-member timings are summed over members (so over lanes: their sum can exceed the
+    wall time); `timings["evaluate"]` is the wall time of the call.
     """
 
     def __init__(self, model: Any, tokenizer: Any, weights: MasterWeights, task: Any, strategy: ES | float,
