@@ -161,20 +161,22 @@ def test_an_address_from_ray_address_is_named_as_such(fake_ray, monkeypatch):
     assert str(caught.value).endswith("(the address is $RAY_ADDRESS's; esft's flag is --ray-address)")
 
 
-@pytest.mark.parametrize("address", ["ray://head", "ray://[::1]", " ray://head "])
-def test_a_ray_client_address_without_a_port_is_refused_without_waiting(monkeypatch, fake_ray, address):
-    """ray://HOST used to wait 30 s for gRPC's default port 443, then read only `ray client connection timeout`."""
-    monkeypatch.setattr(socket, "create_connection", lambda *a, **k: pytest.fail("probed a port it was not given"))
-    with pytest.raises(ValueError, match=r"names no port: Ray Client addresses are ray://HOST:PORT .*10001"):
-        connection.connect_ray(address)
-    assert fake_ray.calls == []
+NO_PORT = r"names no port: Ray Client addresses are ray://HOST:PORT .*10001"
 
 
-@pytest.mark.parametrize("address", ["localhost:", " head:63x9 "])
-def test_a_cluster_address_without_a_port_number_is_refused_by_esft(monkeypatch, fake_ray, address):
-    """`--ray-address localhost:` reached Ray, whose error named neither the flag nor the HOST:PORT form."""
+@pytest.mark.parametrize("address, refusal", [
+    # ray://HOST used to wait 30 s for gRPC's default port 443, then read only `ray client connection timeout`
+    *((a, NO_PORT) for a in ("ray://head", "ray://[::1]", " ray://head ")),
+    # ray://HOST:PORT/ was refused as naming no port, which it does
+    *((a, r"has a path: Ray Client addresses are ray://HOST:PORT, with nothing after")
+      for a in ("ray://head:10001/", "ray://head:10001/x")),
+    # `--ray-address localhost:` reached Ray, whose error named neither the flag nor the HOST:PORT form
+    *((a, r"names no port number: a cluster's address is HOST:PORT .*--ray-address") for a in ("localhost:",
+                                                                                            " head:63x9 ")),
+])
+def test_an_address_without_a_usable_port_is_refused_without_waiting(monkeypatch, fake_ray, address, refusal):
     monkeypatch.setattr(socket, "create_connection", lambda *a, **k: pytest.fail("probed a port it was not given"))
-    with pytest.raises(ValueError, match=r"names no port number: a cluster's address is HOST:PORT .*--ray-address"):
+    with pytest.raises(ValueError, match=refusal):
         connection.connect_ray(address)
     assert fake_ray.calls == []
 
@@ -182,15 +184,6 @@ def test_a_cluster_address_without_a_port_number_is_refused_by_esft(monkeypatch,
 @pytest.mark.parametrize("address", ["auto", "local", "http://h:8265"])
 def test_addresses_ray_resolves_itself_pass_the_port_check(address):
     connection.check_reachable(address)
-
-
-@pytest.mark.parametrize("address", ["ray://head:10001/", "ray://head:10001/x"])
-def test_a_ray_client_address_with_a_path_is_refused_for_that(monkeypatch, fake_ray, address):
-    """ray://HOST:PORT/ was refused as naming no port, which it does."""
-    monkeypatch.setattr(socket, "create_connection", lambda *a, **k: pytest.fail("probed a port"))
-    with pytest.raises(ValueError, match=r"has a path: Ray Client addresses are ray://HOST:PORT, with nothing after"):
-        connection.connect_ray(address)
-    assert fake_ray.calls == []
 
 
 def test_ctrl_c_during_ray_init_is_held_then_shuts_ray_down(fake_ray):
