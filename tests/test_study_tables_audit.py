@@ -169,6 +169,9 @@ def test_method_table_of_several_seeds_averages_them_and_prints_no_single_seed_i
     assert "| ES | 65.00 ± 7.07 | — | 100.00 ± 0.00 | 65.00 ± 7.07 | — | 85.00 ± 7.07 | — | 15.00 ± 7.07 |" in md
     # the base model, evaluated once for every seed: its one value with its intervals, not a mean ± 0 of copies
     assert "| Base | 50.0 | [45.0, 55.0] | 100.0 | 50.0 | [40.0, 60.0] | 70.0 | [60.0, 80.0] | — |" in md
+    # each seed's own accuracy stands beside its own interval in the per-seed rows
+    per_seed = md.split("Per seed (1 / 2):")[1]
+    assert "| ES | 60.0 [55.0, 65.0] / 70.0 [65.0, 75.0] | — |" in per_seed
 
 
 # ---- results.csv and tables.md ---------------------------------------------------------------------------------

@@ -188,6 +188,11 @@ def _ci_text(summary: dict[str, Any], scale: float = 100.0, digits: int = 1) -> 
     return f"[{scale * ci[0]:.{digits}f}, {scale * ci[1]:.{digits}f}]" if ci and None not in ci else DASH
 
 
+def _scaled_ci(summary: dict[str, Any], scale: float = 100.0) -> tuple[float, float] | None:
+    ci = summary.get("ci95")
+    return (scale * ci[0], scale * ci[1]) if ci and None not in ci else None
+
+
 def _passk_na(exp: Experiment, get_record: Any, task: str) -> bool:
     """Whether some seed's sampled evaluation of `task` in `get_record(seed)` has no pass@k (scores not 0/1)."""
     return any(((_summary(get_record(s), task).get("sampled") or {}).get("pass@k_note")) for s in exp.seeds)
@@ -220,9 +225,11 @@ def method_tables(exp: Experiment) -> list[Table]:
         cols += [c for k in ks for c in (f"pass@{k} %", f"pass@{k} CI")] + ["Train wall s"]
 
         def row(get_record: Any, timed: bool, once: bool = False) -> list[Cell | str]:
+            several = len(exp.seeds) > 1 and not once  # then the per-seed rows carry each seed's interval
             cells: list[Cell | str] = [
                 exp.cell(lambda s: _percent(_summary(get_record(s), task).get("accuracy"), scale), digits=digits,
-                         once=once),
+                         once=once, ci=(lambda s: _scaled_ci(_summary(get_record(s), task), scale)) if several
+                         else None),
                 _ci_text(_summary(get_record(first), task), scale, digits) if len(exp.seeds) == 1 or once else DASH,
                 exp.cell(lambda s: _percent(_summary(get_record(s), task).get("format_rate")), once=once)]
             for k in ks:
