@@ -243,6 +243,21 @@ def test_the_logged_expectation_needs_every_step():
     assert D.series_from_records(recs).expected == [1.0, 2.0]
 
 
+def test_tensors_with_one_canonical_name_keep_both_series():
+    """Two towers' layer 0 (a vision and a language model) map onto one canonical name: the second keeps its
+    stored name, as in the weight analysis (esft.analysis.canonical.canonical_refs), instead of replacing the
+    first one's series and count."""
+    a, b = "model.vision_tower.layers.0.mlp.fc1.weight", "model.language_model.layers.0.mlp.up_proj.weight"
+    recs = [{"step": s, "total": 3.0 * s, "per_tensor": {a: 1.0 * s, b: 2.0 * s}, "numel": {a: 10, b: 20}}
+            for s in (1, 2)]
+    s = D.series_from_records(recs)
+    assert s.per_tensor == {"layers.0.up_proj": [1.0, 2.0], b: [2.0, 4.0]}
+    assert s.numel == {"layers.0.up_proj": 10, b: 20}
+    assert s.num_params == 30
+    again = D.series_from_records([{"header": True, "numel": s.numel}] + s.to_records())  # the report's cache
+    assert again.per_tensor == s.per_tensor and again.numel == s.numel
+
+
 def test_bias_drift_keeps_its_own_name():
     assert D.canonical_drift_name("model.layers.2.self_attn.q_proj.bias") == "layers.2.q_proj.bias"
     assert D.canonical_drift_name("model.layers.2.self_attn.q_proj.weight") == "layers.2.q_proj"

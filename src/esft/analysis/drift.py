@@ -129,6 +129,19 @@ def canonical_drift_name(name: str) -> str:
     return canonical_name(layer, role, leaf)
 
 
+def drift_names(names: Iterable[str]) -> dict[str, str]:
+    """Stored name -> canonical name, where a name whose canonical form another one took already keeps its stored
+    name (as esft.analysis.canonical.canonical_refs does): two towers' `layers.0...` would otherwise merge, one
+    tensor's series silently replacing the other's."""
+    out: dict[str, str] = {}
+    taken: set[str] = set()
+    for n in dict.fromkeys(names):
+        c = canonical_drift_name(n)
+        out[n] = n if c in taken else c
+        taken.add(out[n])
+    return out
+
+
 _STEP_KEYS = ("step", "global_step", "iteration")
 _TOTAL_KEYS = ("total", "sq_total", "total_sq", "sq_norm", "drift_sq", "sq")
 _TENSOR_KEYS = ("per_tensor", "tensors", "sq_per_tensor")
@@ -165,8 +178,9 @@ def series_from_records(records: Sequence[Mapping[str, Any]], numel: Mapping[str
     if numel:
         numel_raw.update(numel)
     # canonical names for grouping by family; the per-tensor series must cover every step
-    per_c = {canonical_drift_name(n): v for n, v in per.items() if len(v) == len(steps)}
-    numel_c = {canonical_drift_name(n): int(v) for n, v in numel_raw.items()}
+    names = drift_names([*per, *numel_raw])
+    per_c = {names[n]: v for n, v in per.items() if len(v) == len(steps)}
+    numel_c = {names[n]: int(v) for n, v in numel_raw.items()}
     if num_params is None and numel_c:
         num_params = sum(numel_c[n] for n in per_c if n in numel_c) or sum(numel_c.values())
     exp = [float(e) for e in expected] if expected and all(e is not None for e in expected) else None
