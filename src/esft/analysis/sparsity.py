@@ -93,7 +93,7 @@ def abs_histogram(base: Any, tuned: Any, edges: np.ndarray,
 
 def taus_for_sparsity(base: Any, tuned: Any, targets: Sequence[float] = DEFAULT_TARGETS, bins: int = 4000,
                       lo: float = 1e-12, hi: float = 1e3) -> list[float]:
-    """Thresholds whose sparsity is (up to the histogram resolution, ~0.7% in tau) each target fraction.
+    """Thresholds whose sparsity is (up to the histogram resolution, one bin: ~0.9% in tau) each target fraction.
     Target 0 gives tau = 0 (the full update, exact zeros excepted)."""
     edges = np.geomspace(lo, hi, bins + 1)
     counts, below, total = abs_histogram(base, tuned, edges)
