@@ -33,6 +33,7 @@ pass@k (`esft.passk.not_right_or_wrong`); its curve is left out and the panel sa
 
 from __future__ import annotations
 
+import os
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
@@ -229,10 +230,18 @@ def passk_figure(curves: Sequence[PassKCurve], title: str, baseline: Baseline | 
 
 
 def save_figure(fig: Any, path: str | Path) -> Path:
-    """Write `fig` as a PNG (110 dpi, as the analyses' figures), creating the folder."""
+    """Write `fig` as a PNG (110 dpi, as the analyses' figures), creating the folder. Written aside and renamed
+    over, so a Ctrl-C or SIGTERM while it is written leaves the earlier figure or none, never a cut PNG (which
+    `esft report`, finding its data cached and the file there, would keep and not draw again)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110, bbox_inches="tight")
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        fig.savefig(tmp, dpi=110, bbox_inches="tight", format=path.suffix[1:].lower() or "png")
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     return path
 
 

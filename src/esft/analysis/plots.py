@@ -50,8 +50,10 @@ def say_empty(ax, text: str) -> None:
 
 
 def save(fig, path: str | Path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    pyplot().close(fig)
-    return path
+    """Write `fig` whole or not at all (esft.passk_figure.save_figure) and close it."""
+    from esft.passk_figure import save_figure
+
+    try:
+        return save_figure(fig, path)
+    finally:
+        pyplot().close(fig)
