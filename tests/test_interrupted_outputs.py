@@ -52,3 +52,85 @@ def test_a_figure_interrupted_while_written_leaves_the_earlier_one_or_none(tmp_p
             write(fig, path)
     assert not new.exists() and old.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["old.png"]  # no temporary file left beside it
+
+
+class _Cut:
+    """A text file whose writes stop halfway with a KeyboardInterrupt: Ctrl-C while esft writes it."""
+
+    def __init__(self, fh):
+        self.fh = fh
+
+    def write(self, text):
+        self.fh.write(text[: len(text) // 2])
+        self.fh.flush()
+        raise KeyboardInterrupt
+
+    def __getattr__(self, name):
+        return getattr(self.fh, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.fh.close()
+
+
+@pytest.fixture
+def cut_writes(monkeypatch):
+    """`cut_writes(name)`: writing a file called `name` (or a temporary `.name...` beside it) is interrupted
+    halfway, whether it is opened with open() or Path.write_text."""
+    import builtins
+    import io as io_module
+    from pathlib import Path
+
+    real = builtins.open
+
+    def arm(name: str) -> None:
+        def cut_open(file, mode="r", *args, **kwargs):
+            fh = real(file, mode, *args, **kwargs)
+            base = Path(str(file)).name if isinstance(file, (str, Path)) else ""
+            hit = base == name or base.startswith(f".{name}")
+            return _Cut(fh) if hit and ("w" in mode or "a" in mode) and "b" not in mode else fh
+
+        monkeypatch.setattr(builtins, "open", cut_open)
+        monkeypatch.setattr(io_module, "open", cut_open)
+
+    return arm
+
+
+def _written_whole(tmp_path, name, write, cut_writes):
+    """`write()` once, then again interrupted halfway: the first file is there as it was, nothing beside it."""
+    path = write()
+    before = path.read_bytes()
+    cut_writes(name)
+    with pytest.raises(KeyboardInterrupt):
+        write()
+    assert path.read_bytes() == before
+    assert not [p.name for p in path.parent.iterdir() if p.name.startswith(".")]
+
+
+def test_an_analysis_json_interrupted_while_written_is_the_earlier_one(tmp_path, cut_writes):
+    """`esft analyze ...`'s JSON (weights.json, kl.json, ...): a cut one, which `analyze kl --aggregate` reads."""
+    from esft.analysis.command_io import write_json
+
+    _written_whole(tmp_path, "kl.json", lambda: write_json(tmp_path, "kl.json", {"config": {}, "x": list(range(99))}),
+                   cut_writes)
+
+
+def test_a_drift_series_interrupted_while_written_is_the_earlier_one(tmp_path, cut_writes):
+    """`esft analyze drift`'s series.jsonl: a cut one read back as a shorter run (read_series skips a torn last
+    line), not as an error."""
+    from esft.analysis.drift import DriftSeries
+
+    series = DriftSeries(steps=list(range(1, 40)), total=[float(s) for s in range(1, 40)])
+    _written_whole(tmp_path, "series.jsonl", lambda: series.write(tmp_path / "series.jsonl"), cut_writes)
+
+
+def test_a_report_cache_entry_interrupted_while_written_leaves_no_temporary_file(tmp_path, cut_writes):
+    from esft.analysis.report_cache import write_atomic
+
+    def write():
+        write_atomic(tmp_path / "kl_a.json", '{"params": {}, "result": ' + "1" * 999 + "}")
+        return tmp_path / "kl_a.json"
+
+    _written_whole(tmp_path, "kl_a.json", write, cut_writes)

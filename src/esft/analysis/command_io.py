@@ -22,10 +22,13 @@ def model_folder(spec: str) -> str:
 
 
 def write_json(out: Path, name: str, payload: Any) -> Path:
-    """`payload` as `out/name` (the folder made where missing)."""
+    """`payload` as `out/name` (the folder made where missing), written whole or not at all: a Ctrl-C while it is
+    written leaves the earlier file or none, not a cut one."""
+    from esft.rundir import write_text_atomic
+
     out.mkdir(parents=True, exist_ok=True)
     path = out / name
-    path.write_text(json.dumps(payload, indent=1, default=str))
+    write_text_atomic(path, json.dumps(payload, indent=1, default=str))
     return path
 
 

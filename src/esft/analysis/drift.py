@@ -111,14 +111,14 @@ class DriftSeries:
         return out
 
     def write(self, path: str | Path) -> Path:
-        """JSONL: a header line {"numel", "num_params", "source"} then one line per step."""
+        """JSONL: a header line {"numel", "num_params", "source"} then one line per step; written whole or not at
+        all (a series cut by a Ctrl-C would read as a shorter run: read_series skips a torn last line)."""
+        from esft.rundir import write_text_atomic
+
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "w", encoding="utf-8") as fh:
-            fh.write(json.dumps({"header": True, "numel": self.numel, "num_params": self.num_params,
-                                 "source": self.source}) + "\n")
-            for rec in self.to_records():
-                fh.write(json.dumps(rec) + "\n")
+        head = {"header": True, "numel": self.numel, "num_params": self.num_params, "source": self.source}
+        write_text_atomic(path, "".join(json.dumps(rec) + "\n" for rec in [head, *self.to_records()]))
         return path
 
 

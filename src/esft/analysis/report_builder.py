@@ -40,7 +40,7 @@ from esft.analysis.sparsity import (SWEEP_TARGETS, report_sparsity, sweep_table_
 from esft.analysis.weights_report import UpdateComparison, report_weights
 from esft.config import ConfigError, ConfigHooks
 from esft.config_rules import Rule, one_of
-from esft.rundir import peak_rss_mb
+from esft.rundir import peak_rss_mb, write_text_atomic
 from esft.tables import NA, fmt, grid
 from esft.tasks.labels import MEAN_REWARD
 
@@ -264,9 +264,9 @@ class Report(ReportContext):
         lines.append("\nA result from the cache took no time in this call; the last column is the time its "
                      "computation took when it was made.")
         lines.append(f"\nPeak resident memory of the report process: {peak_rss_mb():.0f} MiB.")
-        path = self.out / "report.md"
-        path.write_text("\n".join(lines) + "\n")
-        (self.out / "results.json").write_text(json.dumps(
+        path = self.out / "report.md"  # each whole or not at all (a Ctrl-C while written)
+        write_text_atomic(path, "\n".join(lines) + "\n")
+        write_text_atomic(self.out / "results.json", json.dumps(
             {"config": asdict(cfg), "results": self.results, "unsupported": self.unsupported,
              "timings": self.timings, "cache": self.cost, "peak_rss_mb": peak_rss_mb()},
             indent=1, default=json_default))

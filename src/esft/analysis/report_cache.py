@@ -4,7 +4,6 @@ data/, reused while the identity of its inputs (paths and weight-file times) and
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -94,8 +93,8 @@ def _holds(value: Any, key: str) -> bool:
 
 def write_atomic(path: Path, text: str) -> None:
     """Write `text` to `path` through a temporary file and a rename, so a report interrupted while writing
-    (Ctrl-C, a kill) leaves the previous entry or none, never a truncated one."""
+    (Ctrl-C, a kill) leaves the previous entry or none, never a truncated one (nor the temporary file)."""
+    from esft.rundir import write_text_atomic
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    write_text_atomic(path, text)
