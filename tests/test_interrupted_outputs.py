@@ -134,3 +134,51 @@ def test_a_report_cache_entry_interrupted_while_written_leaves_no_temporary_file
         return tmp_path / "kl_a.json"
 
     _written_whole(tmp_path, "kl_a.json", write, cut_writes)
+
+
+@pytest.fixture
+def ctrl_c_acts():
+    """Python's Ctrl-C handler (pytest started from a background shell ignores SIGINT)."""
+    import signal
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+@pytest.mark.parametrize("overwrite", [False, True], ids=["empty-target", "overwrite"])
+def test_an_export_interrupted_while_it_moves_into_place_is_whole(tmp_path, monkeypatch, ctrl_c_acts, overwrite):
+    """A Ctrl-C between the renames that put a built export in place left an empty target with some of its files
+    (a model folder without its tokenizer, say) or, with --overwrite, no target: the earlier export renamed aside
+    to .old_NAME, the new one deleted with the staging folder. It now takes effect once the export is there."""
+    import os
+    import signal
+    import threading
+
+    from test_export import checkpoint_folder
+
+    from esft.export import export_run
+
+    run, out = tmp_path / "run", tmp_path / "out"
+    checkpoint_folder(run / "checkpoints" / "final")
+    out.mkdir()
+    if overwrite:
+        export_run(run, out)
+    before = sorted(p.name for p in out.iterdir()) if overwrite else None
+    real = os.replace
+
+    def replace_then_ctrl_c(src, dst, *args, **kwargs):
+        real(src, dst, *args, **kwargs)
+        if not str(os.path.basename(src)).startswith(".old_"):
+            # to this thread, as a Ctrl-C reaches an export (no other thread runs there to take it)
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+
+    monkeypatch.setattr(os, "replace", replace_then_ctrl_c)
+    with pytest.raises(KeyboardInterrupt):
+        export_run(run, out, overwrite=overwrite)
+    monkeypatch.undo()
+    assert sorted(p.name for p in out.iterdir()) == (before or ["README.md", "config.json", "generation_config.json",
+                                                               "model.safetensors", "tokenizer_config.json"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "run"]  # no staging or .old_ folder left

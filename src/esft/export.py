@@ -23,6 +23,7 @@ import yaml
 
 from esft.rundir import CHECKPOINTS, current_umask, lock_held, read_jsonl, replace_dir
 from esft.saved_config import read_recorded_config, saved_algorithm
+from esft.sigterm import signals_deferred
 from esft.tasks.labels import summaries_score_name
 
 #: files of a Hugging Face model folder (exact names, then suffixes)
@@ -273,6 +274,17 @@ def with_kv_cache(config_path: Path) -> None:
         config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
+def move_into_place(staging: Path, target: Path) -> None:
+    """The built export into `target`. A Ctrl-C or SIGTERM meanwhile takes effect once it is in place: between two
+    renames it left the target with some of the files, or (--overwrite) none, the earlier export moved aside."""
+    with signals_deferred():
+        if target.is_dir() and not any(target.iterdir()):  # an empty folder the user made (or stands in) stays
+            for p in staging.iterdir():
+                os.replace(p, target / p.name)
+        else:
+            replace_dir(staging, target)  # the old target is renamed aside and deleted last: never half gone
+
+
 def export_run(run: str | Path, to: str | Path, overwrite: bool = False) -> ExportResult:
     """Copy the run's final model into `to` as a clean Hugging Face folder with a model card."""
     if not str(to).strip():  # Path("") is the current folder, which --overwrite would replace
@@ -343,11 +355,7 @@ def export_run(run: str | Path, to: str | Path, overwrite: bool = False) -> Expo
                                         if config.get(k) is not None}).save_pretrained(staging)
         (staging / "README.md").write_text(model_card(run_dir, train_config, held_out_results(run_dir),
                                                       checkpoint.resolve()))
-        if target.is_dir() and not any(target.iterdir()):  # an empty folder the user made (or stands in) stays
-            for p in staging.iterdir():
-                os.replace(p, target / p.name)
-        else:
-            replace_dir(staging, target)  # the old target is renamed aside and deleted last: never half gone
+        move_into_place(staging, target)
     finally:
         if staging.exists():
             shutil.rmtree(staging)
