@@ -8,7 +8,7 @@ Countdown -> Math -> Chemistry -> BoolQ; tables below are indexed by stage (0-ba
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Iterable, Sequence
 
 STAGE_TASKS = ("countdown", "math", "chemistry", "boolq")
 
@@ -105,6 +105,13 @@ def stage_label(i: int) -> str:
 def stage_index(task: str | None) -> int | None:
     """Index of `task` in the study's training sequence, None when the study did not train it."""
     return STAGE_TASKS.index(task) if task in STAGE_TASKS else None
+
+
+def sequence_stage(tasks: Sequence[str], i: int) -> int | None:
+    """The study's stage whose cumulative values (Tables 3, 4, 20: updates measured from the base model) compare
+    with stage `i` of a chain that trained `tasks`: i itself where the chain trained the study's sequence up to it,
+    else None (a single-task BoolQ run's one budget is not the study's four after its fourth task)."""
+    return i if list(tasks[:i + 1]) == list(STAGE_TASKS[:i + 1]) else None
 
 
 def kl_reference(algo: str, kind: str, task: str, trained: str) -> tuple[str, str] | None:

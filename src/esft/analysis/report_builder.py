@@ -336,7 +336,9 @@ class Report(ReportContext):
              "them (the study's models are bf16, and rounding hides most small changes). "
              "Stable rank ||dW||_F^2/||dW||_2^2 averaged over attention q/k/v/o and MLP gate/up/down matrices; "
              "Gaussian s.r.: the same average for i.i.d. Gaussian matrices of their shapes, mn/(sqrt(m)+sqrt(n))^2, "
-             "about the most a noise-built ES update reaches. Tied embeddings are counted once.\n"]
+             "about the most a noise-built ES update reaches. Tied embeddings are counted once. The study's values "
+             "are cumulative over its sequence (countdown, math, chemistry, boolq): they stand beside a stage only "
+             "where the chain trained that sequence up to it.\n"]
         for c in comparisons:
             s += self._weights_tables(c)
         self.sections.append("\n".join(s) + "\n")

@@ -104,7 +104,7 @@ def _weights_stage(ctx: ReportContext, comp: UpdateComparison, a: Chain, b: Chai
                    i: int) -> tuple[dict[str, Any], bool] | None:
     """Stage i of chain `a` (and of its partner `b`): the update of each side that has a checkpoint, its rows
     added to `comp`; a side without one is named (report notes, unsupported list). None when neither has one."""
-    label, task = comp.label, a.tasks[i]
+    label = comp.label
     la = a.algorithm
     lb = None if b is None else (b.algorithm if b.algorithm != la else f"{b.algorithm}_2")
     sides = {la: a.stages[i].checkpoint}
@@ -127,7 +127,7 @@ def _weights_stage(ctx: ReportContext, comp: UpdateComparison, a: Chain, b: Chai
     for src, names in rep["unmatched"].items():
         ctx.skip(f"weights ({label}, stage {i + 1}): {len(names)} tensor(s) of {src}",
                  "missing from another checkpoint, so left out of every total: " + ", ".join(names[:5]))
-    _stage_rows(comp, rep["total"], f"{i + 1}: {a.shown_tasks[i]}", paper.stage_index(task), list(sides))
+    _stage_rows(comp, rep["total"], f"{i + 1}: {a.shown_tasks[i]}", paper.sequence_stage(a.tasks, i), list(sides))
     return rep, cached
 
 
