@@ -113,20 +113,25 @@ def test_grpo_writes_sample_tables_to_tensorboard_under_es_names(tmp_path, token
     assert evals[0].tensor_proto.string_val[0].decode().count("\n") == 3  # 2 of the 3 evaluated, as ES cuts
 
 
-@pytest.mark.parametrize("error", [None, RuntimeError("simulated crash"), KeyboardInterrupt()])
-def test_grpo_marks_its_wandb_run_failed_when_an_error_or_ctrl_c_stops_it(tmp_path, tokenizer, monkeypatch, error):
-    """The folder's wandb run ends with the training, as a success only when the training ended normally."""
-    pytest.importorskip("wandb")
-    import wandb
-
+def offline_wandb(monkeypatch, seen):
+    """wandb offline and silent, with a fresh process state; `seen(run, failed)` is called as each run the
+    trainer opened is finished (esft.tracking.finish_wandb). Returns the wandb module."""
+    wandb = pytest.importorskip("wandb")
     import esft.tracking as tracking
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
     wandb.teardown()  # wandb keeps the settings of its first run in a process
-    ends = []
     finish = tracking.finish_wandb
-    monkeypatch.setattr(tracking, "finish_wandb", lambda run, failed: (ends.append(failed), finish(run, failed)))
+    monkeypatch.setattr(tracking, "finish_wandb", lambda run, failed: (seen(run, failed), finish(run, failed)))
+    return wandb
+
+
+@pytest.mark.parametrize("error", [None, RuntimeError("simulated crash"), KeyboardInterrupt()])
+def test_grpo_marks_its_wandb_run_failed_when_an_error_or_ctrl_c_stops_it(tmp_path, tokenizer, monkeypatch, error):
+    """The folder's wandb run ends with the training, as a success only when the training ended normally."""
+    ends = []
+    wandb = offline_wandb(monkeypatch, lambda run, failed: ends.append(failed))
     config = tiny_config(tmp_path / "run", max_steps=2, save_steps=0, eval_every=0, max_completion_length=3,
                          report_to="wandb")
     crash = [] if error is None else [CrashAfterLog(1, error)]
@@ -166,18 +171,8 @@ def test_grpo_wandb_run_holds_esfts_config_as_an_es_run_does(tmp_path, tokenizer
     """An ES run's wandb config is its esft config (task, precision, eval settings); a GRPO run's held only what
     transformers adds (TRL's arguments, the model's config), so wandb could not group or filter GRPO runs by task
     or set them beside ES runs of the same task."""
-    pytest.importorskip("wandb")
-    import wandb
-
-    import esft.tracking as tracking
-
-    monkeypatch.setenv("WANDB_MODE", "offline")
-    monkeypatch.setenv("WANDB_SILENT", "true")
-    wandb.teardown()  # wandb keeps the settings of its first run in a process
     configs = []
-    finish = tracking.finish_wandb
-    monkeypatch.setattr(tracking, "finish_wandb",
-                        lambda run, failed: (configs.append(dict(run.config)), finish(run, failed)))
+    offline_wandb(monkeypatch, lambda run, failed: configs.append(dict(run.config)))
     config = tiny_config(tmp_path / "run", max_steps=1, save_steps=0, eval_every=0, max_completion_length=3,
                          report_to="wandb")
     train_grpo(config, model=make_tiny_model(), tokenizer=tokenizer, task=ParityTask(), progress=False)
