@@ -576,3 +576,28 @@ def test_a_checkpoint_folder_moved_into_place_takes_the_umasks_modes(tmp_path):
         os.umask(old)
     assert {p.name: p.stat().st_mode & 0o777 for p in dst.rglob("*") if p.is_file()} == {
         "model.safetensors": 0o640, "x.json": 0o640}
+
+
+def test_a_checkpoint_with_fp32_masters_indexes_its_model_file_alone(tmp_path):
+    """Loaders that take every `*.safetensors` of a folder unless an index names the files (vLLM's) must not read
+    the fp32 masters as model weights: the index names model.safetensors alone, every tensor of it, and
+    transformers still loads the folder to the same weights. An fp32 checkpoint has no masters and no index."""
+    import torch
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM
+    from es_tiny import tiny_llama
+    from esft.es.noise import MasterWeights
+
+    model = tiny_llama(hidden=16, layers=1).to(torch.bfloat16)
+    folder = es_rundir.save_checkpoint(tmp_path, "final", 1, model, None, MasterWeights(model))
+    index = json.loads((folder / "model.safetensors.index.json").read_text())
+    with safe_open(str(folder / "model.safetensors"), framework="pt") as fh:
+        stored = set(fh.keys())
+    assert set(index["weight_map"]) == stored and set(index["weight_map"].values()) == {"model.safetensors"}
+    assert (folder / es_rundir.MASTERS_FILE).is_file()
+    loaded = AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.bfloat16)
+    assert all(torch.equal(p, loaded.state_dict()[n]) for n, p in model.state_dict().items())
+
+    fp32 = tiny_llama(hidden=16, layers=1)
+    plain = es_rundir.save_checkpoint(tmp_path / "fp32", "final", 1, fp32, None, MasterWeights(fp32))
+    assert not (plain / "model.safetensors.index.json").exists()

@@ -7,8 +7,9 @@ re-exported here so that one import reads a whole ES run directory):
                                  (+ noise_stream when the run draws a stream k > 0)
     metrics.jsonl                {"kind": "train", ...} per iteration and {"kind": "eval", ...} per evaluation
     samples/                     iter_XXXXXX.jsonl (a few member-0 completions), eval_XXXXXX.jsonl (held-out)
-    checkpoints/iter_XXXXXX/     save_pretrained folder + es_state.json (+ masters.safetensors for non-fp32
-    checkpoints/final/           models, optimizer.pt for Adam); XXXXXX = number of updates applied
+    checkpoints/iter_XXXXXX/     save_pretrained folder + es_state.json (+ masters.safetensors and an index of
+    checkpoints/final/           the model file for non-fp32 models, optimizer.pt for Adam); XXXXXX = number of
+                                 updates applied
 """
 
 from __future__ import annotations
@@ -65,10 +66,27 @@ def _write_checkpoint(tmp: Path, step: int, model: Any, tokenizer: Any, weights:
 
         save_file({n: t.contiguous().cpu() for n, t in weights.iter_masters()}, str(tmp / MASTERS_FILE))
         state["has_masters"] = True
+        index_single_model_file(tmp)
     if optimizer is not None:
         torch.save(optimizer.state_dict(), tmp / OPTIMIZER_FILE)
     state.update(extra or {})
     (tmp / STATE_FILE).write_text(json.dumps(state, indent=1))  # last: the folder counts once this is there
+
+
+def index_single_model_file(folder: Path) -> None:
+    """Give a folder whose model is one `model.safetensors` an index naming that file alone, as a sharded save
+    has: loaders that otherwise take every `*.safetensors` of a folder (vLLM) then leave out the fp32 masters
+    beside it, which hold the same tensor names (read twice, in three times the bytes, for nothing).
+    Transformers still reads `model.safetensors` itself; a folder that already has an index is left as it is."""
+    from safetensors import safe_open
+
+    model_file, index = folder / "model.safetensors", folder / "model.safetensors.index.json"
+    if index.exists() or not model_file.is_file():
+        return
+    with safe_open(str(model_file), framework="pt") as fh:
+        names = sorted(fh.keys())
+    index.write_text(json.dumps({"metadata": {"total_size": model_file.stat().st_size},
+                                 "weight_map": {n: model_file.name for n in names}}, indent=1))
 
 
 def list_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
@@ -224,6 +242,7 @@ def check_not_shortened(run_dir: str | Path, iterations: int, option: str = "ite
 
 
 __all__ = ["CHECKPOINTS", "CheckpointDamaged", "MASTERS_FILE", "OPTIMIZER_FILE", "STATE_FILE", "append_jsonl",
-           "check_noise_stream", "check_not_shortened", "checkpoint_name", "filter_jsonl", "list_checkpoints",
+           "check_noise_stream", "check_not_shortened", "checkpoint_name", "filter_jsonl", "index_single_model_file",
+           "list_checkpoints",
            "load_checkpoint", "parameter_aliases", "read_jsonl", "read_seed_log", "replace_dir", "rewrite_jsonl",
            "save_checkpoint", "seed_record", "update_from_record"]
