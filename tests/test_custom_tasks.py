@@ -531,6 +531,9 @@ def test_cli_checks_a_task_class_before_the_model_loads(user_files, monkeypatch,
     out = str(root / "run")
     tiny = root / "two.jsonl"
     tiny.write_text('{"prompt": "1+1?", "answer": "2"}\n{"prompt": "2+2?", "answer": "4"}\n')
+    typo = root / "typo.jsonl"  # a chat template renders any role: "User" would reach the model as plain text
+    typo.write_text("".join(json.dumps({"prompt": [{"role": "User", "content": f"{k}+1?"}], "answer": str(k + 1)})
+                            + "\n" for k in range(10)))
     grpo = ["train", "grpo", "--eval-every", "1", "--eval-limit", "2", "--output-dir", out]
     cases = [(["train", "es", "--task", "user_tasks:TrainOnly", "--output-dir", out],
               "the split(s) test (task 'train-only' has train)"),
@@ -565,6 +568,8 @@ def test_cli_checks_a_task_class_before_the_model_loads(user_files, monkeypatch,
              (["eval", "--task", "user_tasks:NanScore"], "returns a finite number (task 'train-only' scored an "
               "empty completion float nan)"),
              (["eval", "--task", "user_tasks:NoneScore"], "scored an empty completion NoneType None"),
+             (["train", "es", "--task", str(typo), "--reward", "exact", "--output-dir", out],
+              f"chat messages with the roles system, user, assistant, tool (task '{typo}' gave the role 'User')"),
              (["train", "es", "--task", "user_tasks:TextPrompt", "--output-dir", out],
               "returns chat messages, a list of {'role': ..., 'content': ...} (task 'train-only' returned str "
               "'What is 0?')")]

@@ -240,6 +240,8 @@ def test_check_splits_accepts_a_complete_task():
     (FakeTask(prompt=[]), r"returns chat messages"),
     (FakeTask(prompt=[{"role": "user"}]), r"returns chat messages"),
     (FakeTask(prompt=[{"content": "x"}]), r"returns chat messages"),
+    (FakeTask(prompt=[{"role": "system", "content": "x"}, {"role": "User", "content": "x"}]),
+     r"chat messages with the roles system, user, assistant, tool \(task 'fake' gave the role 'User'\)"),
     (FakeTask(score=KeyError("answer")), r"can score its first train example .*score raised KeyError"),
     (FakeTask(score=math.nan), r"returns a finite number .*scored an empty completion float nan"),
     (FakeTask(score="1"), r"returns a finite number .*scored an empty completion str '1'"),

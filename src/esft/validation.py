@@ -128,9 +128,17 @@ def check_first_example(key: str, value: Any, task: Task, split: str) -> None:
         if method == "prompt" and not _is_messages(out):
             raise ConfigError(key, value, f"a task whose prompt(example) returns chat messages, a list of "
                               f"{{'role': ..., 'content': ...}} (task {name!r} returned {_brief(out)})")
+        if method == "prompt" and (odd := [m["role"] for m in out if m["role"] not in CHAT_ROLES]):
+            # a chat template renders any role it is given: a typo ("User") would reach the model as text
+            raise ConfigError(key, value, f"a task whose prompt(example) returns chat messages with the roles "
+                              f"{', '.join(CHAT_ROLES)} (task {name!r} gave the role {odd[0]!r})")
     if not isinstance(out, Real) or not math.isfinite(out):
         raise ConfigError(key, value, f"a task whose score(completion, example) returns a finite number (task "
                           f"{name!r} scored an empty completion {_brief(out)})")
+
+
+#: The roles of a chat that chat templates know (TRL's conversational format uses the first three).
+CHAT_ROLES = ("system", "user", "assistant", "tool")
 
 
 def _is_messages(out: Any) -> bool:
@@ -398,8 +406,8 @@ def check_names(config: Checked) -> None:
         config.check_task_fit(task, name)
 
 
-__all__ = ["EVAL_OPTIONS", "WEIGHTS_FILES", "Checked", "check_balanced_set", "check_context", "check_device",
-           "check_device_name", "check_eval_options", "check_first_example", "check_model", "check_names",
-           "check_passage_cut", "check_results_dir", "check_saved_names", "check_splits", "check_task",
+__all__ = ["CHAT_ROLES", "EVAL_OPTIONS", "WEIGHTS_FILES", "Checked", "check_balanced_set", "check_context",
+           "check_device", "check_device_name", "check_eval_options", "check_first_example", "check_model",
+           "check_names", "check_passage_cut", "check_results_dir", "check_saved_names", "check_splits", "check_task",
            "check_with_task_flags", "model_folder_flaw", "require_labels", "saved_key_lines", "task_labels",
            "unread_eval_option"]
