@@ -39,3 +39,14 @@ def test_a_hub_id_or_a_vanished_folder_sets_no_master(tmp_path, monkeypatch):
         raise FileNotFoundError(name)
     monkeypatch.setattr(esft.models, "resolve_model_path", gone)
     assert exact_start(_Weights(), model, str(tmp_path / "moved")) == 0
+
+
+def test_a_stored_tensor_of_another_shape_is_refused_by_name(tmp_path):
+    """The driver's exact start and the vLLM engine's (which calls rounded_masters alone) both refuse a stored
+    fp32 tensor whose shape is not the parameter's: a (3,) tensor would broadcast into a (2, 3) master unnoticed."""
+    import pytest
+
+    save_file({"w": torch.ones(3)}, str(tmp_path / "model.safetensors"))
+    with pytest.raises(ValueError, match=r"w is stored with shape \(3,\), the model's is \(2, 3\)"):
+        rounded_masters({"w": torch.zeros(2, 3, dtype=torch.bfloat16)}, tmp_path)
+    assert list(rounded_masters({"w": torch.zeros(3, dtype=torch.bfloat16)}, tmp_path)) == ["w"]

@@ -41,11 +41,17 @@ def stored_fp32(folder: Path, names: dict[str, list[str]]) -> dict[str, torch.Te
 def rounded_masters(params: dict[str, torch.Tensor], folder: Path,
                     aliases: dict[str, list[str]] | None = None) -> dict[str, torch.Tensor]:
     """The fp32 tensors `folder` stores (`stored_fp32`) for those of `params` held in a lower precision (bf16,
-    fp16): the masters those should start from. Empty when every tensor is fp32 (nothing is read then)."""
+    fp16): the masters those should start from. Empty when every tensor is fp32 (nothing is read then). A stored
+    tensor of another shape is refused (ValueError): copied into a master it would broadcast, or fail unnamed."""
     rounded = [n for n, p in params.items() if p.dtype != torch.float32]
     if not rounded:
         return {}
-    return stored_fp32(folder, {n: (aliases or {}).get(n, [n]) for n in rounded})
+    found = stored_fp32(folder, {n: (aliases or {}).get(n, [n]) for n in rounded})
+    for name, tensor in found.items():
+        if tensor.shape != params[name].shape:
+            raise ValueError(f"{folder}: {name} is stored with shape {tuple(tensor.shape)}, the model's is "
+                             f"{tuple(params[name].shape)}")
+    return found
 
 
 @torch.no_grad()
@@ -66,9 +72,6 @@ def exact_start(weights: Any, model: torch.nn.Module, source: str | None) -> int
     found = rounded_masters(weights.params, folder, parameter_aliases(model))
     for name, tensor in found.items():
         master = weights.master[name]
-        if tensor.shape != master.shape:
-            raise ValueError(f"{folder}: {name} is stored with shape {tuple(tensor.shape)}, the model's is "
-                             f"{tuple(master.shape)}")
         master.copy_(tensor)
         weights.params[name].copy_(master)  # round(master), whichever file the model itself was loaded from
     return len(found)
