@@ -82,7 +82,7 @@ def test_single_task_end_to_end_and_rerun_skips_everything(tmp_path, tokenizer):
     assert set(r1["eval"]) == {"boolq", "mmlu"} and r1["eval"]["boolq"]["n"] == 1
     assert set(_json(out / "base/result.json")["eval"]) == {"boolq", "mmlu"}
     table1 = (out / "tables/table1_single_task.md").read_text()
-    assert "| Task | Constant answer | Base | ES (iter=1) | ES (iter=2) | GRPO |" in table1  # the prior beside every accuracy
+    assert "| Task | Constant answer | Base | ES (iter=1) | ES (iter=2) | GRPO (T=1) |" in table1  # the prior beside every accuracy
     assert (out / "tables/table18_compute.csv").exists()
 
     again = TinyHooks(tokenizer)
@@ -151,7 +151,7 @@ def test_sequential_end_to_end(tmp_path, tokenizer):
     assert steps == [1]
     tables = out / "tables"
     table2 = (tables / "table2_holdout.md").read_text()
-    assert "| Stage | ES (iter=1) (MMLU) | GRPO (MMLU) |" in table2 and "| After Task 2 (BoolQ) |" in table2
+    assert "| Stage | ES (iter=1) (MMLU) | GRPO (T=1) (MMLU) |" in table2 and "| After Task 2 (BoolQ) |" in table2
     assert "| After Countdown | **" in (tables / "table5-8_sequential_es.md").read_text()
     assert (tables / "table5-8_sequential_grpo.csv").exists() and (tables / "results.csv").exists()
 

@@ -221,5 +221,5 @@ def test_a_per_task_budget_is_named_in_the_methods_display(tmp_path):
     spec = load_spec_text(tmp_path, SPEC.replace("tasks: [countdown]", "tasks: [countdown, boolq]").replace(
         "    iterations: [2, 4, 6]\n", "    iterations: 3\n    per_task: {boolq: {iterations: 1}}\n"
                                        "  grpo: {max_steps: 2}\n"))
-    assert [t.display for m in spec.methods for t in tracks(m, spec)] == ["ES (iter=3; boolq 1)", "GRPO"]
+    assert [t.display for m in spec.methods for t in tracks(m, spec)] == ["ES (iter=3; boolq 1)", "GRPO (T=2)"]
     assert [s.steps[0].budget for s in build_plan(spec) if s.steps and s.steps[0].algorithm == "es"] == [3, 1]

@@ -128,9 +128,9 @@ class Track:
 def tracks(method: Method, spec: Spec) -> list[Track]:
     comp = method.components[0]
     algo = comp.spec
-    if method.is_chain or not algo.extendable:
+    if method.is_chain:
         return [Track(method.label, method.label, method.display, method, None)]
-    budgets = method.budgets
+    budgets = method.budgets  # a list only where extendable
     if not budgets:  # one budget, from the option block / preset / default; a per_task one is named with its task
         per_task = {t: getattr(spec.config(comp, t, spec.seeds[0]), algo.budget_field) for t in spec.tasks}
         budget = per_task[spec.tasks[0]]
