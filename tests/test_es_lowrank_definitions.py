@@ -321,3 +321,25 @@ def test_a_linear_that_overrides_forward_is_refused_whatever_its_attributes(bias
     weights = LowRankWeights(model, rank=1)
     with pytest.raises(NotImplementedError, match="overrides forward"):
         PopulationPerturbation(model, weights, [Member(1, 1)], 0.1)
+
+
+def test_a_failure_while_building_the_factors_leaves_no_hook_on_the_model(monkeypatch):
+    """Hooks registered for the matrices built before the failure would otherwise stay on the model, and every
+    later forward of it (the centre's evaluation, a checkpoint's eval) would fail on an unmapped batch."""
+    model = tiny_llama()
+    w = LowRankWeights(model, rank=1)
+    built = []
+    concat = PopulationPerturbation._concat
+
+    def failing(self, weights, name, dtype):
+        if len(built) == 2:
+            raise KeyboardInterrupt
+        built.append(name)
+        return concat(self, weights, name, dtype)
+
+    monkeypatch.setattr(PopulationPerturbation, "_concat", failing)
+    with pytest.raises(KeyboardInterrupt):
+        PopulationPerturbation(model, w, [Member(1, 1), Member(2, -1)], 0.1)
+    assert len(built) == 2
+    assert all(not m._forward_hooks for m in model.modules())
+    model(input_ids=torch.tensor([[1, 2, 3]]))  # the plain model runs again

@@ -223,12 +223,17 @@ class PopulationPerturbation:
         self.factors: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         self._handles: list[Any] = []
         self._mask: torch.Tensor | None = None
-        for name, module in matrix_owners(model, weights.params):  # checked before any factor or hook exists
-            if name not in self.factors:
-                self.factors[name] = self._concat(weights, name, dtype)
-            hook = self._embedding_hook(name, _embedding_output_scale(module)) \
-                if isinstance(module, torch.nn.Embedding) else self._linear_hook(name)
-            self._handles.append(module.register_forward_hook(hook))
+        owners = matrix_owners(model, weights.params)  # checked before any factor or hook exists
+        try:
+            for name, module in owners:
+                if name not in self.factors:
+                    self.factors[name] = self._concat(weights, name, dtype)
+                hook = self._embedding_hook(name, _embedding_output_scale(module)) \
+                    if isinstance(module, torch.nn.Embedding) else self._linear_hook(name)
+                self._handles.append(module.register_forward_hook(hook))
+        except BaseException:  # a later matrix's factors failing (memory, Ctrl-C) must not leave the model hooked
+            self.close()
+            raise
 
     def _concat(self, weights: LowRankWeights, name: str, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """(A_cat^T [N r, m], B_cat [n, N r]) in the model's dtype, member signs folded into A."""
