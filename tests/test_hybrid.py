@@ -58,7 +58,7 @@ def test_step_costs_match_presets_and_table18():
 
 def test_hybrid_blocks_equal_budget():
     block, report = hybrid_block("grpo->es", 2560, 0.5, "completions", CPU)
-    assert block == {"grpo": {**CPU["grpo"], "per_task": {}, "max_steps": 10},
+    assert block == {"grpo": {**CPU["grpo"], "num_iterations": 1, "per_task": {}, "max_steps": 10},
                      "es": {**CPU["es"], "per_task": {}, "iterations": 10}}
     assert report["used"] == 2560 and single_budget("es", 2560, options=CPU["es"]) == 20
     # in FLOPs a GRPO step costs 4x an ES iteration of the same size (backward pass)
@@ -233,3 +233,33 @@ def test_a_total_or_split_that_is_not_a_number_is_refused_by_name():
         hybrid_block("grpo->es", 2560, "0.5", options=CPU)
     # numpy's numbers are numbers
     assert hybrid_block("grpo->es", np.int64(2560), np.float64(0.5), options=CPU)[1]["used"] == 2560
+
+
+def test_a_grpo_stage_of_several_updates_per_generation_round_costs_its_rounds_completions():
+    """With num_iterations = mu, one generation round of prompts x K completions serves mu optimizer steps (TRL's
+    repeat_count): a step costs prompts x K / mu, and the stage ends on a whole round (one cut short would have
+    generated the whole round). Before, a step was costed prompts x K and the GRPO stage got 1/mu of its share."""
+    from esft.grpo.grpo_config import preset as grpo_preset
+
+    assert step_cost("grpo", grpo_preset("cpu", prompts_per_step=16, num_generations=8, num_iterations=2)) == 64
+    options = {**CPU, "grpo": {**CPU["grpo"], "num_iterations": 2}}
+    block, report = hybrid_block("grpo->es", 2560, 0.5, "completions", options)
+    assert block["grpo"]["max_steps"] == 20 and block["grpo"]["num_iterations"] == 2  # 10 rounds of 128
+    assert report["stages"][0]["used"] == 1280 and report["used"] == 2560
+    options = {**CPU, "grpo": {**CPU["grpo"], "num_iterations": 3}}
+    block, report = hybrid_block("grpo->es", 2560, 0.5, "completions", options)
+    assert block["grpo"]["max_steps"] == 30 and report["stages"][0]["used"] == 1280  # 10 whole rounds, not 31 steps
+    assert single_budget("grpo", 2560, options=options["grpo"]) == 60
+
+
+def test_a_base_blocks_updates_per_round_do_not_reach_the_chain():
+    from esft.experiments.spec import parse_spec
+
+    spec = parse_spec({"kind": "single-task", "tasks": ["boolq"],
+                       "algorithms": {"grpo": {"preset": "cpu", "num_iterations": 4},
+                                      **hybrid_methods(2560, 0.5, options=CPU)}})
+    grpo = next(c for c in spec.method("grpo->es").components if c.algorithm == "grpo")
+    config = spec.config(grpo, "boolq", 42, output_dir="x")
+    assert config.num_iterations == 1 and config.max_steps * step_cost("grpo", config) == 1280
+    with pytest.raises(ValueError, match="num_iterations"):
+        hybrid_block("grpo->es", 2560, 0.5, options={"grpo": {"per_task": {"boolq": {"num_iterations": 2}}}})

@@ -6,13 +6,16 @@ What it does not decide is how many steps each stage gets when the *total* must 
 (Ba et al.: the same budget, split in half). This module makes that decision, in one of two units:
 
 * "completions": sequences generated for training. An ES iteration generates N x B (every member answers the
-  batch); a GRPO step generates prompts_per_step x K. On the same hardware, generation dominates both.
+  batch); a GRPO step generates prompts_per_step x K / num_iterations (one generation round serves num_iterations
+  optimizer steps). On the same hardware, generation dominates both.
 * "flops": the study's Table 18 convention, in units of P x L (parameters x tokens per sequence): an ES
   iteration costs 2 N B (forward only), a GRPO step 8 x prompts x K (generation 2 + forward/backward 6), taken
   from the registered algorithms' own formulas so that the budget and the runner's Table 18 agree.
 
 Stage i gets floor(total x share_i / cost_i) steps, so a chain never exceeds the total (a share too small for one
 step of its stage is an error naming the smallest total that fits); the report says what each stage actually uses.
+A GRPO stage gets whole generation rounds (a multiple of num_iterations steps): a run that stopped inside a round
+would have generated the whole round's completions for part of its updates.
 
 A chain's sub-block inherits the spec's base block of the same algorithm (esft.experiments.spec), so each stage's
 block pins the fields its step cost is computed from (COST_FIELDS): a base `es: {population_size: 30}` cannot
@@ -33,8 +36,9 @@ from typing import Any, Mapping, Sequence
 
 UNITS = ("completions", "flops")
 CHAIN = "->"
-#: the config fields one step's cost depends on, in both units
-COST_FIELDS = {"es": ("population_size", "batch_size"), "grpo": ("prompts_per_step", "num_generations")}
+#: the config fields one step's cost depends on, in both units (GRPO's num_iterations: updates per generation round)
+COST_FIELDS = {"es": ("population_size", "batch_size"),
+               "grpo": ("prompts_per_step", "num_generations", "num_iterations")}
 
 
 def _config(algorithm: str, options: Mapping[str, Any]) -> Any:
@@ -62,9 +66,16 @@ def step_cost(algorithm: str, config: Any, unit: str = "completions") -> float:
         from esft.experiments.algorithms import get_algorithm
 
         return float(get_algorithm(algorithm).formula(config, 1)["coefficient"])
-    if algorithm in COST_FIELDS:  # ES: N members x B prompts; GRPO: prompts x K samples
-        return float(math.prod(getattr(config, f) for f in COST_FIELDS[algorithm]))
+    if algorithm == "es":  # N members x B prompts
+        return float(config.population_size * config.batch_size)
+    if algorithm == "grpo":  # prompts x K samples per generation round, a round every num_iterations steps
+        return config.prompts_per_step * config.num_generations / config.num_iterations
     raise ValueError(f"no completion count known for algorithm {algorithm!r}")
+
+
+def round_steps(algorithm: str, config: Any) -> int:
+    """Steps of one generation round: GRPO's num_iterations (updates per generated batch), 1 for ES."""
+    return int(config.num_iterations) if algorithm == "grpo" else 1
 
 
 def _is_real(value: Any) -> bool:
@@ -136,7 +147,9 @@ def hybrid_block(order: str, total: float, split: float = 0.5, unit: str = "comp
     _check_options(options)
     configs = [_config(p, options.get(p, {})) for p in parts]
     costs = [step_cost(p, c, unit) for p, c in zip(parts, configs)]
-    steps = split_budget(total, costs, [split, 1.0 - split])
+    rounds = [round_steps(p, c) for p, c in zip(parts, configs)]
+    steps = [n * k for n, k in zip(split_budget(total, [c * k for c, k in zip(costs, rounds)],
+                                                [split, 1.0 - split]), rounds)]
     block: dict[str, Any] = {}
     stages = []
     for part, config, cost, n in zip(parts, configs, costs, steps):
@@ -161,7 +174,10 @@ def hybrid_methods(total: float, split: float = 0.5, unit: str = "completions",
 def single_budget(algorithm: str, total: float, unit: str = "completions",
                   options: Mapping[str, Any] | None = None) -> int:
     """Steps of a single-algorithm run at the same total budget (the comparison point of the chains)."""
-    return split_budget(total, [step_cost(algorithm, _config(algorithm, options or {}), unit)], [1.0])[0]
+    config = _config(algorithm, options or {})
+    k = round_steps(algorithm, config)
+    return k * split_budget(total, [k * step_cost(algorithm, config, unit)], [1.0])[0]
 
 
-__all__ = ["UNITS", "COST_FIELDS", "step_cost", "split_budget", "hybrid_block", "hybrid_methods", "single_budget"]
+__all__ = ["UNITS", "COST_FIELDS", "step_cost", "round_steps", "split_budget", "hybrid_block", "hybrid_methods",
+           "single_budget"]
