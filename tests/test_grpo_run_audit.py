@@ -214,6 +214,23 @@ def test_the_kl_reference_exists_only_for_log_kl_at_beta_zero(tmp_path, tokenize
     assert trainer.reward_funcs[0].class_balanced is False
 
 
+@pytest.mark.parametrize("name", ["use_transformers_continuous_batching", "use_transformers_paged"])
+def test_continuous_batching_under_bf16_is_refused_before_it_casts_the_masters(tmp_path, tokenizer, name):
+    """TRL's continuous-batching generation casts the training model to bf16 under bf16 (pure-bf16 AdamW, while
+    config.yaml says fp32 masters): refused before any step, the model left fp32 and the folder left empty; with
+    fp32 precision the option reaches TRL."""
+    from esft.config import ConfigError
+
+    model = make_tiny_model()
+    config = tiny_config(tmp_path / "run", max_steps=1, eval_every=0, precision="bf16-autocast",
+                         trl_args={name: True})
+    with pytest.raises(ConfigError, match="continuous batching"):
+        train_grpo(config, model=model, tokenizer=tokenizer, task=ParityTask(), progress=False)
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    assert not (tmp_path / "run").exists() or not any((tmp_path / "run").iterdir())
+    assert to_trl_config(config.replace(precision="fp32"), str(tmp_path), "fp32").use_transformers_continuous_batching
+
+
 def test_an_extended_run_records_its_new_config_without_the_resume_flag(options_run):
     out = options_run["out"]
     assert options_run["second"].steps == 2

@@ -36,7 +36,7 @@ import torch
 import yaml
 
 from esft import rundir
-from esft.config import locked_changes, resume_refusal
+from esft.config import ConfigError, locked_changes, resume_refusal
 from esft.grpo.checkpoints import list_checkpoints, resume_checkpoint
 from esft.grpo.grpo_config import (SCHEDULES_WITHOUT_END, GRPOConfig, check_prompts_per_step, check_trl_arg_names,
                                    resolve_precision, resumable_changes, to_trl_config)
@@ -189,6 +189,18 @@ def check_reference_source(model: Any) -> None:
                          "save_pretrained(folder) and pass the model loaded from that folder, or set beta 0")
 
 
+def check_masters_stay_fp32(trl_args: Any, given: dict[str, Any]) -> None:
+    """TRL's continuous-batching generation (trl_args use_transformers_continuous_batching, or its deprecated alias
+    use_transformers_paged) casts the training model itself to bf16 when TRL's bf16 is on, before its first
+    rollout: AdamW would then update pure-bf16 weights, whose small steps round away (an update that looks sparse
+    for no reason of the method's), while config.yaml records fp32 masters. Refused before the model loads."""
+    if trl_args.bf16 and getattr(trl_args, "use_transformers_continuous_batching", False):
+        raise ConfigError("trl_args", given, "no continuous batching with "
+                          "precision bf16-autocast (TRL's continuous-batching generation casts the training weights "
+                          "to bf16, so the fp32 master weights would be lost): give --precision fp32 with it, or "
+                          "leave it out of trl_args")
+
+
 def _say_resuming(out: Path, config: GRPOConfig, start: int, resume_from: Path | None) -> None:
     # a final checkpoint is named by its step: an extended run renames it so (rundir.demote_final)
     source = f"checkpoint {rundir.checkpoint_name(start)}" if resume_from is not None else \
@@ -221,6 +233,7 @@ def _train_locked(config: GRPOConfig, out: Path, model: Any, tokenizer: Any, tas
 
     # before the model: TRL's own option checks (and esft's on trl_args) fail fast
     trl_args = to_trl_config(config, str(out), precision, progress)
+    check_masters_stay_fp32(trl_args, config.trl_args)
     if model is None:
         from esft.models import load_model
 
