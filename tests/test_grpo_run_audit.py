@@ -231,6 +231,26 @@ def test_continuous_batching_under_bf16_is_refused_before_it_casts_the_masters(t
     assert to_trl_config(config.replace(precision="fp32"), str(tmp_path), "fp32").use_transformers_continuous_batching
 
 
+def test_a_task_string_is_checked_as_the_command_line_checks_it_before_the_model_loads(tmp_path, monkeypatch):
+    """esft.train_grpo(config) from a script: the config's task string gets `check_task_fit` (here: class_balanced
+    on an unlabelled task, which would weigh each gold answer as a class) before any model loads."""
+    import esft.models
+    from esft.api import train_grpo as api_train_grpo
+    from esft.config import ConfigError
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model loaded before the task was checked")
+
+    monkeypatch.setattr(esft.models, "load_model", no_model)
+    rows = [{"question": f"What is {i} + {i}?", "answer": str(2 * i)} for i in range(20)]
+    (tmp_path / "sums.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    config = GRPOConfig(task=f"{tmp_path / 'sums.jsonl'}:prompt_field=question,reward=math", max_steps=1,
+                        prompts_per_step=2, class_balanced=True, scale_rewards="batch", device="cpu",
+                        precision="fp32", output_dir=str(tmp_path / "run"))
+    with pytest.raises(ConfigError, match="class_balanced"):
+        api_train_grpo(config)
+
+
 def test_an_extended_run_records_its_new_config_without_the_resume_flag(options_run):
     out = options_run["out"]
     assert options_run["second"].steps == 2

@@ -220,6 +220,9 @@ def _train_locked(config: GRPOConfig, out: Path, model: Any, tokenizer: Any, tas
         from esft.tasks import get_task
 
         task = get_task(config.task, **config.task_kwargs())
+        # the checks `esft train` makes (splits, labels, a balanced set): a script's config naming its task by
+        # string reaches here unchecked, and class_balanced would weigh an unlabelled task by its gold answers
+        config.check_task_fit(task)
     # before the folder is prepared: a resume on other train examples is refused with its logs untouched
     train_set = _train_set(config, out, task)
     resume_from, start = _prepare_dir(out, config)
