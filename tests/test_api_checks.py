@@ -77,6 +77,25 @@ def test_a_task_object_is_checked_before_the_model_loads(tmp_path, no_model_load
         call(config, task=task)
 
 
+@pytest.mark.parametrize("train", ["es", "grpo"])
+def test_a_task_string_in_a_scripts_config_is_checked_before_the_model_loads(tmp_path, no_model_load, train):
+    """A config naming its task by string, from a script (no command line to check it): the trainer checks the
+    task it builds as `esft train` does (here a class-balanced rule on math, which has no labels) before the
+    weights load, not after."""
+    if train == "es":
+        config = ESConfig(task="math", fitness_rule="balanced", iterations=1, population_size=2, batch_size=2,
+                          output_dir=str(tmp_path / "r"))
+        call, words = esft.train_es, "fitness_rule = 'balanced' is not accepted"
+    else:
+        config = GRPOConfig(task="math", class_balanced=True, scale_rewards="batch", max_steps=1,
+                            prompts_per_step=2, num_generations=2, per_device_train_batch_size=2, precision="fp32",
+                            device="cpu", output_dir=str(tmp_path / "r"))
+        call, words = esft.train_grpo, "class_balanced"
+    with pytest.raises(ConfigError, match=words):
+        call(config)
+    assert not (tmp_path / "r" / "metrics.jsonl").exists()
+
+
 def test_numpy_scalars_and_paths_in_a_config_are_plain_values(tmp_path):
     """A sweep's np.linspace value passed every check and failed after the model loaded, writing config.yaml."""
     config = ESConfig(sigma=np.float64(0.0015), iterations=np.int64(2), output_dir=tmp_path / "run",

@@ -96,7 +96,7 @@ def check_task_before_loading(config: Any, task: Task | None) -> None:
     """The checks `esft train` makes of the task it builds before any model loads (the config's `check_task_fit`:
     the splits the run reads exist and hold examples, the first example prompts as chat and scores as a finite
     number, labels where a rule needs them), for a task object, which the command line never sees. A task string
-    (task=None here) is the trainer's to build, as the command line checked it."""
+    (task=None here) is checked by the trainer that builds it."""
     if task is not None:
         config.check_task_fit(task)
 

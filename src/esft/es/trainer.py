@@ -115,6 +115,7 @@ class ESTrainer:
             from esft.tasks import get_task
 
             task = get_task(config.task, **config.task_kwargs())
+            config.check_task_fit(task)  # as `esft train` checks it: a script's task string reaches here unchecked
         # an object that is not an esft Task as get_task builds it, so a resume from config.yaml prompts alike
         task = as_task(task)
         note = format_bonus_warning(task, config.format_bonus)
