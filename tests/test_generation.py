@@ -55,6 +55,19 @@ def test_hf_forward_step_matches_hf_generate_greedy(tiny_model, tokenizer):
     assert len({len(g.completion_ids) for g in ref}) > 1  # some row finished early and was dropped
 
 
+def test_hf_engine_ignores_the_models_own_generation_defaults(tiny_model, tokenizer):
+    """model.generate fills what a call leaves unset from the model's generation_config.json (Qwen2.5 Instruct
+    ships repetition_penalty 1.05-1.1, sampling settings): the hf engine's greedy tokens stay plain greedy, those
+    of the esft engine, whatever the model's file asks for."""
+    cfg = dict(max_new_tokens=16, batch_size=4)
+    ours = generate(tiny_model, tokenizer, PROMPTS, GenerationConfig(engine="esft", **cfg))
+    tiny_model.generation_config.update(do_sample=True, temperature=0.7, top_p=0.8, top_k=20, repetition_penalty=1.3,
+                                        no_repeat_ngram_size=2, min_length=40)
+    ref = generate(tiny_model, tokenizer, PROMPTS, GenerationConfig(engine="hf", **cfg))
+    assert [g.completion_ids for g in ref] == [g.completion_ids for g in ours]
+    assert any(len(set(g.completion_ids)) < len(g.completion_ids) for g in ours)  # repeats a penalty would change
+
+
 def test_hf_step_gives_the_models_own_logits_with_the_cache(tiny_model, tokenizer):
     """Prefill and each cached HFStep give the logits of one uncached forward over the whole left-padded sequence
     (mask and positions as `decode_hf` builds them), the row dropped by `keep` included."""

@@ -102,11 +102,22 @@ def generation_batches(encoded: Sequence[Sequence[int]], batch_size: int) -> lis
     return [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
 
 
+#: `model.generate` fills every setting a call leaves unset from the model's generation_config.json (Qwen2.5
+#: Instruct's repetition_penalty 1.05-1.1, a min_p, a num_beams...): set to "off", so the hf engine decodes as
+#: GenerationConfig says (greedy or temperature / top_p), as the esft engine does. (min_length: min_new_tokens,
+#: always passed, replaces it.)
+_NO_MODEL_DEFAULTS = dict(
+    num_beams=1, num_return_sequences=1, repetition_penalty=1.0, no_repeat_ngram_size=0, bad_words_ids=None,
+    sequence_bias=None, suppress_tokens=None, begin_suppress_tokens=None, forced_bos_token_id=None,
+    forced_eos_token_id=None, exponential_decay_length_penalty=None, min_p=None, typical_p=1.0,
+    epsilon_cutoff=0.0, eta_cutoff=0.0, top_h=None, guidance_scale=None, watermarking_config=None, stop_strings=None,
+    max_time=None)
+
+
 def _hf_generate(model, input_ids, attention_mask, config, pad_id, eos) -> list[list[int]]:
     do_sample = config.temperature > 0
-    kwargs = dict(max_new_tokens=config.max_new_tokens, do_sample=do_sample, pad_token_id=pad_id, eos_token_id=eos)
-    if config.min_new_tokens:
-        kwargs["min_new_tokens"] = config.min_new_tokens
+    kwargs = dict(_NO_MODEL_DEFAULTS, max_new_tokens=config.max_new_tokens, min_new_tokens=config.min_new_tokens,
+                  do_sample=do_sample, pad_token_id=pad_id, eos_token_id=eos)
     if do_sample:
         kwargs.update(temperature=config.temperature, top_p=config.top_p, top_k=0)
     else:
