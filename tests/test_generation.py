@@ -68,6 +68,16 @@ def test_hf_engine_ignores_the_models_own_generation_defaults(tiny_model, tokeni
     assert any(len(set(g.completion_ids)) < len(g.completion_ids) for g in ours)  # repeats a penalty would change
 
 
+def test_a_neutral_setting_this_transformers_lacks_is_not_passed_to_generate(tiny_model, tokenizer, monkeypatch):
+    """generate() refuses a keyword its GenerationConfig does not know: a neutral setting a later transformers
+    drops (or one an older release never had) is left out, not passed."""
+    import esft.generation.engine as engine
+
+    monkeypatch.setitem(engine._NO_MODEL_DEFAULTS, "penalty_of_another_release", 1.0)
+    out = generate(tiny_model, tokenizer, PROMPTS[:2], GenerationConfig(engine="hf", max_new_tokens=4))
+    assert [len(g.completion_ids) for g in out] == [4, 4]
+
+
 def test_hf_step_gives_the_models_own_logits_with_the_cache(tiny_model, tokenizer):
     """Prefill and each cached HFStep give the logits of one uncached forward over the whole left-padded sequence
     (mask and positions as `decode_hf` builds them), the row dropped by `keep` included."""

@@ -114,9 +114,18 @@ _NO_MODEL_DEFAULTS = dict(
     max_time=None)
 
 
+def _known_generation_flags() -> dict[str, Any]:
+    """The settings of _NO_MODEL_DEFAULTS that this transformers' GenerationConfig has: generate() refuses a
+    keyword it does not know, and a later release may drop one (transformers is not pinned above)."""
+    from transformers import GenerationConfig as HFGenerationConfig
+
+    known = HFGenerationConfig()
+    return {k: v for k, v in _NO_MODEL_DEFAULTS.items() if hasattr(known, k)}
+
+
 def _hf_generate(model, input_ids, attention_mask, config, pad_id, eos) -> list[list[int]]:
     do_sample = config.temperature > 0
-    kwargs = dict(_NO_MODEL_DEFAULTS, max_new_tokens=config.max_new_tokens, min_new_tokens=config.min_new_tokens,
+    kwargs = dict(_known_generation_flags(), max_new_tokens=config.max_new_tokens, min_new_tokens=config.min_new_tokens,
                   do_sample=do_sample, pad_token_id=pad_id, eos_token_id=eos)
     if do_sample:
         kwargs.update(temperature=config.temperature, top_p=config.top_p, top_k=0)
