@@ -78,6 +78,19 @@ def test_a_neutral_setting_this_transformers_lacks_is_not_passed_to_generate(tin
     assert [len(g.completion_ids) for g in out] == [4, 4]
 
 
+def test_a_tokenizer_without_pad_or_eos_is_refused_by_name(tiny_model, tokenizer):
+    """No pad token and no end-of-sequence id anywhere: a ValueError that says what to set, not an IndexError."""
+    class NoEnd:  # the shared tokenizer with neither id (its own special tokens are left alone)
+        pad_token_id = eos_token_id = None
+
+        def __getattr__(self, name):
+            return getattr(tokenizer, name)
+
+    tiny_model.generation_config.eos_token_id = None
+    with pytest.raises(ValueError, match="set tokenizer.pad_token"):
+        generate(tiny_model, NoEnd(), PROMPTS[:1], GenerationConfig(max_new_tokens=2))
+
+
 def test_hf_step_gives_the_models_own_logits_with_the_cache(tiny_model, tokenizer):
     """Prefill and each cached HFStep give the logits of one uncached forward over the whole left-padded sequence
     (mask and positions as `decode_hf` builds them), the row dropped by `keep` included."""

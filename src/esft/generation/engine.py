@@ -47,6 +47,10 @@ def generate(
         raise ValueError(f"prompt {empty[0]} encodes to no tokens ({len(empty)} empty prompt(s)); give each prompt "
                          "at least one token")
     eos = eos_token_ids(model, tokenizer)
+    if tokenizer.pad_token_id is None and not eos:
+        raise ValueError("the tokenizer has no pad token and neither it nor the model's generation_config names an "
+                         "end-of-sequence token: set tokenizer.pad_token (and eos_token, or no completion ends "
+                         "before max_new_tokens)")
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
     device = next(model.parameters()).device
     batches = generation_batches(encoded, config.batch_size)
