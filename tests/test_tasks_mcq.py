@@ -267,6 +267,24 @@ def test_chemistry_prompt(chem):
     assert "\nA. " in user["content"] and f"\nD. {ex['choices'][3]}" in user["content"]
 
 
+def test_chemistry_options_labelled_inside_their_text_show_one_letter_each(chem):
+    # SciKnowEval's L1/chemical_literature_QA/1389 keeps shuffled labels in its option texts; its gold B is the
+    # position of "A. Chiral", so the prompt must show "B. Chiral", not "B. A. Chiral"
+    ex = next(r for r in chem.load("test") if r["id"] == "L1/chemical_literature_QA/1389")
+    assert ex["choices"] == ["B. Achiral", "A. Chiral", "D. Mesomeric", "C. Racemic"] and ex["answer"] == "B"
+    user = chem.prompt(ex)[1]["content"]
+    assert user.endswith("A. Achiral\nB. Chiral\nC. Mesomeric\nD. Racemic")
+    labelled = [r for r in chem.load("test") if re.match(r"[A-D]\. ", r["choices"][0])]
+    assert all(not re.search(r"^[A-D]\. [A-D]\. ", chem.prompt(r)[1]["content"], re.M) for r in labelled)
+
+
+def test_option_text_that_only_mentions_letters_is_kept(mmlu):
+    ex = {"subject": "economics", "question": "Q?", "choices": ["x.", "y.", "z.", "(A) and (C)"], "answer": "D"}
+    assert mmlu.prompt(ex)[1]["content"].endswith("C. z.\nD. (A) and (C)")
+    ex = dict(ex, choices=["A. x", "B. y", "C. z", "A. w"])  # not the four labels: content, kept as written
+    assert mmlu.prompt(ex)[1]["content"].endswith("C. C. z\nD. A. w")
+
+
 # ---- MMLU splits --------------------------------------------------------------------------------------------------
 def test_mmlu_split_sizes(mmlu):
     assert len(mmlu.load("test")) == 14042

@@ -130,8 +130,24 @@ def gold_letter(example: Example) -> str:
     return gold
 
 
+# A few SciKnowEval records (5 of 6,263) carry labels inside their option texts, shuffled against the positions
+# the gold letter names: position A holds "B. Achiral", position B "A. Chiral" (gold B). Shown as "A. B. Achiral"
+# the prompt would name two letters per option, the wrong one first, so such labels are dropped from the prompt.
+_OWN_LABEL = re.compile(r"\(?([A-D])[.)]\s+")
+
+
+def strip_own_labels(choices: list[str]) -> list[str]:
+    """The option texts without a leading label, where each of the four carries one and together they are A-D
+    in some order; otherwise unchanged (an MMLU option "(A) and (C)" is content, not a label)."""
+    found = [_OWN_LABEL.match(text) for text in choices]
+    if len(choices) != len(LETTERS) or not all(found) or sorted(m.group(1) for m in found) != list(LETTERS):
+        return list(choices)
+    return [text[m.end():] for text, m in zip(choices, found)]
+
+
 def format_choices(choices: list[str]) -> str:
-    return "\n".join(f"{letter}. {text}" for letter, text in zip(LETTERS, choices))
+    """The options as the gold letter reads them: "A. <first>" to "D. <fourth>"."""
+    return "\n".join(f"{letter}. {text}" for letter, text in zip(LETTERS, strip_own_labels(choices)))
 
 
 # ---- shared task behaviour ----------------------------------------------------------------------------------
