@@ -346,3 +346,10 @@ def test_chemistry_hub_rows_with_any_one_defect_are_left_out():
 def test_mmlu_hub_answer_given_as_the_index_text_is_read_as_its_letter():
     row = {"question": "q", "subject": "anatomy", "choices": ["a", "b", "c", "d"], "answer": "2"}
     assert mmlu_hub_row_to_example(row, 0)["answer"] == "C"   # a CSV export writes the index 2 as "2"
+
+
+@pytest.mark.parametrize("answer", [-1, 4, "-1"])
+def test_mmlu_hub_answer_outside_the_four_options_is_refused(answer):
+    row = {"question": "q", "subject": "anatomy", "choices": ["a", "b", "c", "d"], "answer": answer}
+    with pytest.raises(ValueError, match="not an option index"):
+        mmlu_hub_row_to_example(row, 0)

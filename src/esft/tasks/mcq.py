@@ -235,7 +235,13 @@ class ChemistryTask(_MCQTask):
 def mmlu_hub_row_to_example(row: dict[str, Any], index: int) -> Example:
     """Map a `cais/mmlu` row (`question`, `subject`, `choices` [4], `answer` index 0-3 or a letter)."""
     answer = row["answer"]
-    letter = LETTERS[int(answer)] if not (isinstance(answer, str) and answer in LETTERS) else answer
+    if isinstance(answer, str) and answer in LETTERS:
+        letter = answer
+    else:
+        option = int(answer)
+        if not 0 <= option < len(LETTERS):  # -1 (a hub's "no label") would otherwise index D
+            raise ValueError(f"MMLU row {index}: answer {answer!r} is not an option index 0-3 or a letter A-D")
+        letter = LETTERS[option]
     return {"id": f"hf/{row.get('subject', '')}/{index}", "subject": row.get("subject", ""),
             "question": row["question"], "choices": list(row["choices"]), "answer": letter}
 
