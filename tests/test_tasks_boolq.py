@@ -154,6 +154,18 @@ def test_hub_row_mapping():
                                           "answer": True}
 
 
+@pytest.mark.parametrize("answer, label", [("False", False), ("false", False), ("no", False), (0, False),
+                                           ("True", True), (1, True)])
+def test_hub_answer_given_as_text_or_number_keeps_its_label(answer, label):
+    row = {"question": "is it", "answer": answer, "passage": "p"}
+    assert hub_row_to_example(row, 0)["answer"] is label
+
+
+def test_hub_answer_that_is_not_yes_or_no_is_refused():
+    with pytest.raises(ValueError, match="not yes/no"):
+        hub_row_to_example({"question": "is it", "answer": "maybe", "passage": "p"}, 0)
+
+
 def test_aggregate_reports_box_rate_and_majority_baseline(task):
     examples = [YES, YES, YES, NO]
     completions = ["\\boxed{yes}", "\\boxed{yes}", "no box", "\\boxed{yes}"]

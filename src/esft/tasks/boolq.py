@@ -79,9 +79,13 @@ def truncate_passage(passage: str, max_chars: int | None) -> str:
 
 
 def hub_row_to_example(row: dict[str, Any], index: int) -> Example:
-    """Map a `google/boolq` row (`question`, `answer` bool, `passage`, no title)."""
+    """Map a `google/boolq` row (`question`, `answer` bool, `passage`, no title); an answer given as text
+    ("False", "no") or 0/1 is read as `gold_label` reads it (bool("False") would be True), any other raises."""
+    answer = gold_label(row["answer"])
+    if answer is None:
+        raise ValueError(f"BoolQ row {index}: answer {row['answer']!r} is not yes/no")
     return {"id": f"hf/{index}", "question": row["question"], "title": row.get("title", ""),
-            "passage": row["passage"], "answer": bool(row["answer"])}
+            "passage": row["passage"], "answer": answer}
 
 
 @dataclass
