@@ -18,7 +18,7 @@ from esft.tasks import get_task
 from esft.tasks.base import wilson_interval
 from esft.tasks.ifeval import INSTRUCTIONS, IFEvalTask, SYSTEM_PROMPT, evaluate, loose_variants, missing_params
 from esft.tasks.ifeval.instructions import check_instruction
-from esft.tasks.ifeval.text import count_capital_words, count_sentences, count_words, detect_language
+from esft.tasks.ifeval.text import NLTK_RULES, count_capital_words, count_sentences, count_words, detect_language
 
 
 @pytest.fixture(autouse=True)
@@ -426,13 +426,14 @@ def test_line_checkers_equal_their_plain_definitions():
 _SENTENCE_PIECES = ["Dr.", "Mr.", "He", "he", "went", "home", ".", "!", "?", " ", "  ", "\n", "\n\n", '"', "'", ")",
                     "(", "...", ". . .", "1.", "5", "J.", "etc.", "U.S.", "A", "B.", "—", "--", "e.g.", "THE",
                     "NASA's", "CAN'T", "»", "”", "!!", "?!", ".)", '."', "\t", "-", "..", ". .", "No.", "\r",
-                    "\u00a0", "𝐀𝐁"]
+                    "\u00a0", "𝐀𝐁", "“", "‘", "’"]
 
 
 def _nltk_like_punkt(monkeypatch):
-    """`punkt`'s sentence tokenizer with its two departures from NLTK switched off (NLTK's Punkt is what the
-    reference counts sentences with): it leaves the inner marks of a spaced ellipsis ". . ." candidates, and it
-    keeps a span of sentence-ending marks only ("!" after "Wow!") as a sentence of its own. Checked against NLTK
+    """`punkt`'s sentence tokenizer with its three departures from NLTK switched off (NLTK's Punkt is what the
+    reference counts sentences with): it leaves the inner marks of a spaced ellipsis ". . ." candidates, it
+    keeps a span of sentence-ending marks only ("!" after "Wow!") as a sentence of its own, and it moves opening
+    curly quotes back onto the sentence before as NLTK 3.10 does (`NLTK_RULES`). Checked against NLTK
     itself, with the same model, on random text like the one below (NLTK and its data are not installed here)."""
     import punkt
     import punkt.inference.tokenizer
@@ -441,7 +442,7 @@ def _nltk_like_punkt(monkeypatch):
     monkeypatch.setattr(punkt.rules.boundaries, "_multi_char_interior", lambda text, rules: frozenset())
     monkeypatch.setattr(punkt.inference.tokenizer.PunktSentenceTokenizer, "_absorb_punctuation_only",
                         lambda self, text, spans: (span for span in spans if span[0] < span[1]))
-    return punkt.PunktSentenceTokenizer(punkt.load_model("english"))
+    return punkt.PunktSentenceTokenizer(punkt.load_model("english"), rules=NLTK_RULES)
 
 
 @pytest.mark.parametrize("text,sentences", [
@@ -450,6 +451,8 @@ def _nltk_like_punkt(monkeypatch):
     ("We won!!! Great game.", 2),  # a run followed by more text breaks after its last mark only
     ("He paused. . . Then he spoke.", 4),  # NLTK: "He paused.", ".", ".", "Then he spoke."
     ("He paused... Then he spoke.", 1),  # an unspaced ellipsis before a capital is no break for this model
+    ("I went home. \u201c", 1),  # NLTK 3.10 moves a lone opening curly quote back onto the sentence before
+    ("Go home. \u2018", 1),
 ])
 def test_sentences_are_counted_as_nltk_counts_them(text, sentences, monkeypatch):
     assert count_sentences(text) == sentences

