@@ -46,6 +46,8 @@ def compare_count(count: Callable[..., int], response: str, relation: str, thres
 
 
 # ---- keywords ---------------------------------------------------------------------------------------
+# Keywords are matched as literal text. The reference hands them to `re` as patterns; the data's keywords are
+# letters and digits only, for which the two are the same.
 def keywords_existence(response: str, kw: Kwargs) -> bool:
     """Include every keyword. Case-insensitive substring match (the reference does not require whole
     words, so "cats" contains "cat")."""
