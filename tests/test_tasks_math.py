@@ -227,7 +227,7 @@ def test_odd_completions_score_zero(task):
 def test_split_sizes(task):
     assert len(task.load("test")) == 500
     assert len(task.load("train")) == 200
-    assert len(task.load("train_pool")) == 7500
+    assert len(task.load("train_pool")) == 7498  # the 7,500 MATH train problems less the two EMPTY_GOLD
 
 
 def test_splits_deterministic_disjoint_and_mixed(task):
@@ -240,16 +240,16 @@ def test_splits_deterministic_disjoint_and_mixed(task):
     assert len({r["subject"] for r in train}) == 7  # the seeded sample spans both train parts' subjects
 
 
-# Two train problems have an empty gold answer (their solution's last box is empty); nothing can match them.
+# Two train problems have an empty gold answer (their solution's last box is empty); nothing can match them, so
+# train_pool leaves them out (the seeded 200 of `train` never held them: drawn from all 7,500, they stay as drawn).
 EMPTY_GOLD = {"train/number_theory/7115.json", "train/number_theory/7117.json"}
 
 
 def test_every_bundled_gold_answer_matches_itself(task):
     rows = task.load("test") + task.load("train_pool")
-    assert len(rows) == 8000
-    failing = {r["id"] for r in rows if task.score(f"\\boxed{{{r['answer']}}}", r) != 1.0}
-    assert failing == EMPTY_GOLD
-    assert all(not r["answer"].strip() for r in rows if r["id"] in EMPTY_GOLD)
+    assert len(rows) == 7998 and not EMPTY_GOLD & {r["id"] for r in rows + task.load("train")}
+    assert all(task.score(f"\\boxed{{{r['answer']}}}", r) == 1.0 for r in rows)
+    assert {r["id"] for r in task._source("train") if not r["answer"].strip()} == EMPTY_GOLD
 
 
 @pytest.mark.parametrize("gold, pred, expected", [

@@ -14,7 +14,8 @@ Normalisation uses only linear-time regexes and one brace scan per wrapper; boxe
 the scorer slow.
 
 Splits: `test` = MATH-500 (500); `train` = 200 problems drawn by `random.Random(42)` from the 7,500 MATH
-train problems (both bundled parts, none of which is a MATH-500 problem); `train_pool` = all 7,500.
+train problems (both bundled parts, none of which is a MATH-500 problem); `train_pool` = all 7,500 but the two
+whose solution boxes nothing (number_theory 7115 and 7117: no reply could score on them).
 """
 
 from __future__ import annotations
@@ -230,8 +231,8 @@ class MathTask(Task):
     def _load(self, split: str) -> list[Example]:
         if split == "test":
             rows = self._source("test")
-        elif split == "train_pool":
-            rows = self._source("train")
+        elif split == "train_pool":  # without problems whose solution boxes nothing (2 in MATH): no reply scores
+            rows = [r for r in self._source("train") if str(r["answer"]).strip()]
         else:
             rows = seeded_sample(self._source("train"), TRAIN_SIZE)
         return [dict(r) for r in rows]
