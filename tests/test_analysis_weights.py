@@ -859,3 +859,14 @@ def test_the_budget_note_of_a_budget_snapshot_names_its_own_iterations(tmp_path)
     assert budget("iter_000100") == ""  # the study's 100: no note (it read "these ES stages ran 300")
     assert budget("final") == "The study's ES values are of 100 iterations per stage; these ES stages ran 300."
     assert WR.stage_iterations(_NS(checkpoint=None, run=run300)) == 300  # no checkpoint: the run's budget
+
+
+def test_bf16_sparsity_rounds_the_base_too_so_an_unchanged_weight_off_the_bf16_grid_is_sparse():
+    """Both weights as a bf16 checkpoint would hold them: an fp32 base of 0.3 (between the bf16 values 0.29883 and
+    0.30078) left unchanged, or moved by 1e-4 (still rounding to 0.30078), is no change in bf16; comparing the rounded
+    tuned weight with the unrounded base would read the ~8e-4 rounding error as an update."""
+    base = {"w": torch.full((2, 3), 0.3)}
+    tuned = {"w": base["w"] + torch.tensor([[0.0] * 3, [1e-4] * 3])}
+    tot = W.compare_updates(base, {"t": tuned}, stable_ranks=False)["total"]["t"]
+    assert tot["sparsity"] == 0.5  # the exact update: three zeros, three changes of 1e-4 > eps
+    assert tot["sparsity_bf16"] == 1.0
