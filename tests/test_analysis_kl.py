@@ -457,3 +457,15 @@ def test_repeated_stage_labels_are_refused_before_a_model_loads():
 
     with pytest.raises(ValueError, match="stage labels must differ"):
         K.kl_stages("base", [("run", "s1"), ("run", "s2")], ["boolq"], limit=1, loader=loader)
+
+
+def test_seed_aggregation_takes_the_median_of_the_seeds_standard_errors():
+    """Three seeds whose SEs over sequences are 0.01, 0.02 and 0.09: the cell's `se` is their median, 0.02 (their
+    mean would be 0.04), beside the median [min, max] of the values."""
+    tables = [{"stages": ["1:a"], "tasks": ["a"],
+               **{k: {"a": {"1:a": {"k3_token_mean": v, "k3_token_mean_se": se}}}
+                  for k in ("incremental", "cumulative")}}
+              for v, se in ((0.1, 0.01), (0.3, 0.02), (0.2, 0.09))]
+    cell = K.aggregate_seeds(tables)["incremental"]["a"]["1:a"]
+    assert cell["se"] == pytest.approx(0.02)
+    assert (cell["median"], cell["min"], cell["max"]) == pytest.approx((0.2, 0.1, 0.3))
