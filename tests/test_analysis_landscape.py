@@ -515,3 +515,28 @@ def test_a_short_direction_is_walked_to_each_distance_and_a_zero_one_stays_at_th
     assert sw["directions"]["short"]["accuracy"]["t"] == pytest.approx([1.0, 0.9], abs=1e-5)
     assert sw["directions"]["zero"]["norm"] == 0.0
     assert sw["directions"]["zero"]["accuracy"]["t"] == pytest.approx([1.0, 1.0], abs=1e-12)
+
+
+def test_paired_barrier_draws_each_line_between_the_paths_own_endpoints():
+    """A path extended past the two models (ts -1, 0, 1, as `interpolation_path` makes of ts [-1]): each example's
+    line runs from its score at t = -1 to its score at t = 1, so at t = 0 it stands halfway. Scores (0, 0), (0, 0.5),
+    (1, 1): lines at t = 0 are (0.5, 0.5), drops (0.5, 0): mean 0.25, sample sd sqrt(1/8), SE 0.25; z = 1 < 1.96."""
+    b = B.paired_barrier([-1, 0, 1], [[0, 0], [0, 0.5], [1, 1]])
+    assert b["max_drop"] == pytest.approx(0.25) and b["at"] == 0.0 and b["line_at"] == pytest.approx(0.5)
+    assert b["se"] == pytest.approx(0.25) and not b["barrier"]
+    assert b["linear"] == pytest.approx([0.0, 0.5, 1.0])
+
+
+def test_path_barrier_falls_back_to_the_test_of_means_on_the_scores_scale():
+    """The paired test needs all n scores at every point. A point without them: an accuracy gets the binomial SE
+    of the line's value (1 at t = 0.5: SE 0, so the drop of 0.5 is a barrier); a mean reward gets each point's
+    sample sd over sqrt(n) (scores 1, 3 at t = 0.5: sd sqrt 2, SE sqrt(2) / 2 = 0.707 with n = 4; the drop of 1 is
+    below 2 SE)."""
+    from esft.tasks.labels import ACCURACY, MEAN_REWARD
+
+    acc = B.path_barrier([0, 0.5, 1], [1.0, 0.5, 1.0], [[1, 1, 1, 1], None, [1, 1, 1, 1]], 4, ACCURACY)
+    assert acc["se_of"] == B.BINOMIAL and acc["se"] == 0.0 and acc["max_drop"] == pytest.approx(0.5)
+    assert acc["barrier"]
+    reward = B.path_barrier([0, 0.5, 1], [3.0, 2.0, 3.0], [[2, 4, 2, 4], [1, 3], [2, 4, 2, 4]], 4, MEAN_REWARD)
+    assert reward["se_of"] == B.SAMPLE and reward["se"] == pytest.approx(math.sqrt(2) / 2)
+    assert reward["max_drop"] == pytest.approx(1.0) and not reward["barrier"]
