@@ -75,3 +75,23 @@ def test_format_bonus_warning_for_an_object_that_is_no_task_names_it():
     assert "task 'Echo' checks no answer format" in format_bonus_warning(Echo(), 0.1)
     assert "task 'echo-task' checks no answer format" in format_bonus_warning(Named(), 0.1)
     assert format_bonus_warning(Echo(), 0.0) is None
+
+
+def test_a_subclass_that_declares_no_format_check_gets_no_format_bonus():
+    """`checks_format` may be set False by a subclass that still has an `is_well_formed` (documented on the
+    property): its reward function then adds no format bonus, as `format_bonus_warning` tells the user."""
+    from esft.tasks.base import Task
+
+    class NoFormat(Task):
+        name = "no-format"
+        checks_format = False
+
+        def score(self, completion, example):
+            return 1.0 if completion == example["answer"] else 0.0
+
+        def is_well_formed(self, completion, example):
+            return True
+
+    reward = NoFormat().reward_function(format_bonus=0.1)
+    assert reward(["4", "5"], answer=["4", "4"]) == [1.0, 0.0]
+    assert format_bonus_warning(NoFormat(), 0.1) is not None

@@ -320,3 +320,36 @@ def test_a_reward_on_another_scale_gets_an_interval_of_its_mean():
     assert held_out_fields([{"score": 7.5}], 8, None)["test_ci95"] == [7.5, 7.5]
     assert held_out_fields([{"score": s} for s in (1.0, 0.0, 0.5)], 24, None)["test_ci95"] == list(
         wilson_interval(1.5, 3))
+
+
+def test_a_string_gold_is_stripped_and_a_blank_one_is_unknown():
+    """`Task.gold_key`: " C\\n" and "C" are one constant answer; a blank gold is no answer (None)."""
+    mmlu = get_task("mmlu")
+    assert mmlu.gold_key({"answer": " C\n"}) == "C" == mmlu.gold_key({"answer": "C"})
+    assert mmlu.gold_key({"answer": "  "}) is None
+
+
+def test_no_constant_baseline_when_one_evaluated_example_has_no_gold_answer():
+    """Two examples of gold "A" and one without a gold: the share of the most frequent gold is not known (2/3 would
+    count the unknown gold as a wrong constant answer), so the summary has no baseline."""
+    mmlu = get_task("mmlu")
+    records = [{"index": i, "score": 1.0, "example": ex} for i, ex in enumerate([{"answer": "A"}] * 2 + [{}])]
+    assert "constant_baseline" not in mmlu.aggregate(records)
+    assert mmlu.aggregate(records[:2])["constant_baseline"] == 1.0
+
+
+def test_scores_just_above_one_get_the_interval_of_a_mean_not_wilsons():
+    """A format bonus lifts a right, well-formed answer to 1.5: scores (1.5, 0.5) are no proportion. Their interval is
+    mean +- 1.96 s / sqrt(n) = 1 +- 1.96 * sqrt(0.5) / sqrt(2) = 1 +- 0.98 (Wilson's would read 2 successes of 2)."""
+    from esft.tasks.labels import scores_interval
+
+    assert scores_interval([1.5, 0.5]) == pytest.approx((0.02, 1.98))
+
+
+def test_best_constant_answer_keeps_the_more_frequent_gold_on_a_tie():
+    """Candidates are tried most frequent first and a later one must score strictly more to replace the best: with
+    every answer scoring 0.5 on each example, the constant answer named is "a" (2 golds), not "b" (1 gold)."""
+    from esft.tasks.labels import best_constant_answer
+
+    best = best_constant_answer(["b", "a", "a"], lambda answer: [0.5, 0.5, 0.5])
+    assert best["constant_answer"] == "a" and best["constant_baseline"] == 0.5
