@@ -552,3 +552,47 @@ def test_a_symlog_distance_axis_short_of_two_decades_labels_its_far_end(drawn):
     (ax,) = drawn(L.plot_direction_sweep, result).axes
     assert ax.get_xscale() == "symlog"
     assert [round(float(x), 6) for x in ax.get_xticks() if 0.0 <= x <= 0.9] == [0.0, 0.1, 0.9]
+
+
+def _bars(ax) -> list[tuple[float, float, float]]:
+    """(x, low, high) of each interval bar of the panel (an errorbar's LineCollection)."""
+    from matplotlib.collections import LineCollection
+
+    return [(float(seg[0][0]), float(seg[0][1]), float(seg[1][1])) for c in ax.collections
+            if isinstance(c, LineCollection) for seg in c.get_segments()]
+
+
+def test_landscape_and_sparsity_points_carry_the_wilson_interval_the_tables_print_beside_them(drawn):
+    """The tables print each accuracy of the path, the sweeps and the sparsity levels with its 95% Wilson interval
+    over the result's n examples; the figures drew the bare points, so a step of one example in fifty (a 0.02 dip)
+    read as an effect."""
+    from esft.tasks.labels import wilson_interval
+
+    lo, hi = wilson_interval(0.5 * 50, 50)
+    path = {"t": [0.0, 0.5, 1.0], "accuracy": {"boolq": [0.6, 0.5, 0.7]}, "n": {"boolq": 50},
+            "barrier": {"boolq": {"max_drop": 0.15, "barrier": False}}}
+    sweep = {"magnitudes": [0.0, 1.0], "n": {"boolq": 50},
+             "directions": {"ES": {"norm": 1.0, "accuracy": {"boolq": [0.6, 0.5]}},
+                            "GRPO": {"norm": 1.0, "accuracy": {"boolq": [0.6, 0.5]}}}}
+    levels = {"es": {"rows": [{"sparsity": 0.9, "accuracy": {"boolq": 0.5}}], "n": {"boolq": 50}}}
+    panels = [drawn(L.plot_interpolation, path).axes[0], drawn(L.plot_direction_sweep, sweep).axes[0],
+              drawn(SP.plot_sparsity_sweep, levels).axes[0]]
+    for ax, at in zip(panels, (0.5, 1.0, 0.9)):
+        assert any(x == at and (low, high) == pytest.approx((lo, hi)) for x, low, high in _bars(ax)), _bars(ax)
+        texts = [t.get_text() for t in ax.get_legend().get_texts()]
+        assert texts.count("95% Wilson interval of each point (n=50)") == 1, texts
+    reward = {**path, "accuracy": {"boolq": [2.0, 1.0, 3.0]}, "score": {"boolq": "mean reward"}}
+    assert not _bars(drawn(L.plot_interpolation, reward).axes[0])  # no binomial interval on another scale
+    assert not _bars(drawn(L.plot_interpolation, {k: v for k, v in path.items() if k != "n"}).axes[0])
+
+
+def test_sparsity_legend_sits_under_the_panel_over_no_point(drawn):
+    """Inside the panel, the legend of two sweeps, the base model and the constant answer covered the low
+    accuracies of the sparsest levels, where the sweep's result is."""
+    base = {"constant_baseline": 0.62, "constant_baseline_ci95": [0.55, 0.68], "constant_answer": "yes"}
+    rows = [{"sparsity": s, "accuracy": {"boolq": a}} for s, a in ((0.0, 0.7), (0.5, 0.2), (0.99, 0.1))]
+    results = {m: {"rows": rows, "algorithm": m, "base_accuracy": {"boolq": 0.3}, "n": {"boolq": 50},
+                   "constant_baseline": {"boolq": base}} for m in ("es", "grpo")}
+    (ax,) = drawn(SP.plot_sparsity_sweep, results).axes
+    ax.figure.draw_without_rendering()
+    assert ax.get_legend().get_window_extent().y1 <= ax.get_window_extent().y0

@@ -1,5 +1,6 @@
 """Marks several esft figures share: the best constant answer's accuracy as a dotted grey line over the light band
-of its 95% interval (the run figure's held-out panel, the landscape and sparsity figures, the pass@k figure)."""
+of its 95% interval (the run figure's held-out panel, the landscape and sparsity figures, the pass@k figure), and
+the 95% Wilson interval of each accuracy a landscape or sparsity point was measured with."""
 
 from __future__ import annotations
 
@@ -14,4 +15,22 @@ def constant_line(ax: Any, value: float, ci95: Sequence[float] | None, label: st
     ax.axhline(scale * value, color="grey", ls=":", lw=1.5, label=label)
 
 
-__all__ = ["constant_line"]
+def interval_bars(ax: Any, xs: Sequence[float], values: Sequence[float], n: int, color: str,
+                  label: str | None = None) -> None:
+    """Each accuracy of `values` (at `xs`), measured over `n` examples, with its 95% Wilson interval as a thin bar
+    in `color`: the tables print these intervals beside the same numbers, and without them a step of one or two
+    examples reads as an effect."""
+    from esft.tasks.labels import wilson_interval
+
+    bounds = [wilson_interval(v * n, n) for v in values]
+    ax.errorbar(xs, values, yerr=[[max(0.0, v - lo) for v, (lo, _) in zip(values, bounds)],
+                                  [max(0.0, hi - v) for v, (_, hi) in zip(values, bounds)]],
+                fmt="none", ecolor=color, elinewidth=1, alpha=0.5, label=label)
+
+
+def bars_label(n: int) -> str:
+    """The legend entry of `interval_bars` over `n` examples."""
+    return f"95% Wilson interval of each point (n={n})"
+
+
+__all__ = ["bars_label", "constant_line", "interval_bars"]

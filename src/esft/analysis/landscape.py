@@ -28,6 +28,7 @@ import torch
 
 from esft.analysis.barrier import path_barrier, path_score_names
 from esft.analysis.constant import KEY, draw_baseline, shown, task_baselines
+from esft.figure_marks import bars_label, interval_bars
 from esft.analysis.score_text import scores_line
 from esft.analysis.sources import TensorSource, as_source
 from esft.tasks.labels import ACCURACY
@@ -279,7 +280,8 @@ def direction_sweep(model, tokenizer, origin: Any, directions: Sequence[Directio
 # ---- figures --------------------------------------------------------------------------------------------------------
 
 def plot_interpolation(result: Mapping[str, Any], path: str | Path, labels: tuple[str, str] = ("ES", "GRPO")) -> Path:
-    """Figure 3: accuracy along the path, with the dashed straight line between endpoint accuracies."""
+    """Figure 3: accuracy along the path, with the dashed straight line between endpoint accuracies; each accuracy
+    with its 95% Wilson interval over the result's n examples (none for a mean reward)."""
     from esft.analysis.plots import accuracy_axis, pyplot, save
 
     plt = pyplot()
@@ -289,11 +291,14 @@ def plot_interpolation(result: Mapping[str, Any], path: str | Path, labels: tupl
         ts, acc = result["t"], result["accuracy"][n]
         ax.plot(ts, acc, "o-", color="tab:purple", label=f"weights (1 - t) {labels[0]} + t {labels[1]}")
         ax.plot([ts[0], ts[-1]], [acc[0], acc[-1]], "--", color="gray", label="straight line between the ends")
+        score = (result.get("score") or {}).get(n, ACCURACY)
+        count = (result.get("n") or {}).get(n)
+        if score == ACCURACY and count:
+            interval_bars(ax, ts, acc, count, "tab:purple", label=bars_label(count))
         b = result["barrier"][n]
         name = textwrap.fill(n.replace(",", ", "), 36) if len(n) > 36 else n  # task options: wider than a panel
         ax.set_title(f"{name}: max drop {b['max_drop']:+.3f}" + (" (barrier)" if b["barrier"] else ""), fontsize=9)
         ax.set_xlabel(f"t  ({labels[0]} = 0, {labels[1]} = 1)")
-        score = (result.get("score") or {}).get(n, ACCURACY)
         draw_baseline(ax, shown(result, {n: score})[n])
         ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), frameon=False)  # under: hides no point
         accuracy_axis(ax, score)
@@ -303,7 +308,8 @@ def plot_interpolation(result: Mapping[str, Any], path: str | Path, labels: tupl
 def plot_direction_sweep(result: Mapping[str, Any], path: str | Path,
                          reference: Mapping[str, Mapping[str, float]] | None = None, title: str = "") -> Path:
     """Figure 4/5: accuracy vs distance moved along each direction; dashed verticals at each update's norm,
-    dotted horizontals at reference accuracies (e.g. base and checkpoints; {label: {task: acc}})."""
+    dotted horizontals at reference accuracies (e.g. base and checkpoints; {label: {task: acc}}); each accuracy
+    with its 95% Wilson interval over the result's n examples, as in the sweep's table."""
     from esft.analysis.plots import accuracy_axis, color, distance_axis, pyplot, save, say_empty
 
     plt = pyplot()
@@ -311,9 +317,14 @@ def plot_direction_sweep(result: Mapping[str, Any], path: str | Path,
     tasks = list(next(iter(result["directions"].values()))["accuracy"]) if result["directions"] else []
     fig, axes = plt.subplots(1, max(1, len(tasks)), figsize=(4.2 * max(1, len(tasks)), 3.4), squeeze=False)
     for ax, n in zip(axes[0], tasks):
+        score = (result.get("score") or {}).get(n, ACCURACY)
+        count = (result.get("n") or {}).get(n) if score == ACCURACY else None
         for k, (label, d) in enumerate(result["directions"].items()):  # each thinner: equal curves all show
             style = {"marker": "os^D"[k % 4], "ms": max(2, 7 - 2 * k), "lw": max(0.8, 3 - k)}
             ax.plot(mags, d["accuracy"][n], color=color(label.split()[0]), label=label, **style)
+            if count:
+                interval_bars(ax, mags, d["accuracy"][n], count, color(label.split()[0]),
+                              label=bars_label(count) if k == 0 else None)
             if not label.lower().startswith("random"):
                 ax.axvline(d["norm"], color=color(label.split()[0]), ls="--", lw=1, label=f"norm of the {label} update")
         for j, (lab, accs) in enumerate((reference or {}).items()):
@@ -322,7 +333,6 @@ def plot_direction_sweep(result: Mapping[str, Any], path: str | Path,
                 ax.text(mags.max(), accs[n], lab, fontsize=6, ha="right", va="bottom")
         distance_axis(ax, mags[mags > 0])
         ax.set_xlabel(r"distance moved $\|\Delta\theta\|_2$")
-        score = (result.get("score") or {}).get(n, ACCURACY)
         draw_baseline(ax, shown(result, {n: score})[n])
         accuracy_axis(ax, score)
         ax.set_title(n, fontsize=9)

@@ -27,6 +27,7 @@ from esft.analysis.landscape import DeltaDirection, Direction, accuracy, prepare
 from esft.analysis.report_cache import fingerprint, slug
 from esft.analysis.score_text import interval_notes, interval_text
 from esft.analysis.sources import DEFAULT_CHUNK_ELEMS, aligned_refs, as_source, iter_chunks
+from esft.figure_marks import bars_label, interval_bars
 from esft.tables import NA, fmt, pct
 from esft.tasks.labels import ACCURACY, MEAN_REWARD, score_name
 
@@ -170,7 +171,8 @@ def sparsity_sweep(model, tokenizer, base: Any, tuned: Any, tasks: Mapping[str, 
 def plot_sparsity_sweep(results: Mapping[str, Mapping[str, Any]], path: str | Path) -> Path:
     """Accuracy vs sparsity of the kept update, one line per method in the panel of each task it evaluated; base
     accuracy dash-dotted in its colour, each task's best constant answer dotted grey. A result's "algorithm" (a
-    report's sweeps are keyed by track name, e.g. "es@100") picks its colour, else its label."""
+    report's sweeps are keyed by track name, e.g. "es@100") picks its colour, else its label. Each accuracy
+    carries its 95% Wilson interval over the sweep's n examples; the legend sits under the panel."""
     from matplotlib.lines import Line2D
     from matplotlib.ticker import MaxNLocator
 
@@ -182,6 +184,7 @@ def plot_sparsity_sweep(results: Mapping[str, Mapping[str, Any]], path: str | Pa
     for ax, t in zip(axes[0], tasks):
         bases = False
         drawn = 0
+        counts: set[int] = set()
         for label, r in results.items():
             if not all(t in row["accuracy"] for row in r["rows"]):  # a run of another task sequence
                 continue
@@ -191,6 +194,10 @@ def plot_sparsity_sweep(results: Mapping[str, Mapping[str, Any]], path: str | Pa
             # each later line's marks smaller and thinner: a point at (nearly) another's place still shows
             ax.plot(xs, ys, color=col, label=label, marker="os^D"[drawn % 4], ms=max(3, 8 - 2 * drawn),
                     lw=max(0.8, 2.5 - 0.7 * drawn), zorder=3 + drawn)
+            count = (r.get("n") or {}).get(t)
+            if count and (r.get("score") or {}).get(t, ACCURACY) == ACCURACY:
+                interval_bars(ax, xs, ys, count, col, label=None if count in counts else bars_label(count))
+                counts.add(count)
             drawn += 1
             if t in r.get("base_accuracy", {}):
                 ax.axhline(r["base_accuracy"][t], color=col, ls="-.", lw=1)
@@ -209,7 +216,8 @@ def plot_sparsity_sweep(results: Mapping[str, Mapping[str, Any]], path: str | Pa
         if bases:  # one entry for them, each in its method's colour; dash-dot, as the constant answer is grey dotted
             handles.append(Line2D([], [], color="black", ls="-.", lw=1))
             names.append("base model (dash-dot, method's colour)")
-        ax.legend(handles, names, fontsize=7)
+        # under the panel: inside it, the entries (a line per sweep, the base, the constant answer) hid the points
+        ax.legend(handles, names, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), frameon=False)
     if not tasks:
         say_empty(axes[0][0], "no sparsity level evaluated")
     return save(fig, path)
