@@ -118,6 +118,21 @@ def test_report_file_names_keep_plain_labels_and_never_share_one_between_two_lab
     assert all(len(n) <= 80 and all(c.isalnum() or c in "-_" for c in n) for n in names)
 
 
+def test_a_long_run_paths_file_name_keeps_its_seed_at_the_head_and_its_run_folder_at_the_tail():
+    """The drift figures are named after the ES run's path: cut to its last 72 characters, the names of the
+    seed-42 and seed-52 runs of a study started mid-word in the method folder (`5_2-countdown...`) and told the
+    seeds apart only by their hashes."""
+    runs = [f"seed-{s}/sequential/es@15/2-countdown.numbers=2.max_number=50.ops=plus-.ask_format=1.shots=2/run"
+            for s in (42, 52)]
+    names = [slug(r) for r in runs]
+    assert [n.split("__")[0] for n in names] == ["seed-42_sequential_es_15_2-countdown",
+                                                 "seed-52_sequential_es_15_2-countdown"]
+    for name in names:
+        head, tail = name.split("__")
+        assert tail.rsplit("-", 1)[0].endswith("_ask_format_1_shots_2_run") and tail.startswith("ops_")
+        assert len(name) <= 80
+
+
 def test_the_fingerprint_follows_each_weight_file_time(tmp_path):
     ck = tmp_path / "ck"
     ck.mkdir()

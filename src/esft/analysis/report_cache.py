@@ -38,14 +38,31 @@ def slug(text: str) -> str:
     """A file-name form of a label or path: ASCII letters, digits, `-` and `_` kept, `+` and `*` spelt out, any
     other character `_`. When that form could be another text's (a character replaced, or the form cut at 80), a
     hash of the text is appended: `countdown:ops=+` and `countdown:ops=*` once both became `countdown_ops__`, and
-    the second figure overwrote the first."""
+    the second figure overwrote the first. A form longer than 72 keeps its two ends (`_ends`)."""
     import hashlib
     import re
 
     if re.fullmatch(r"[A-Za-z0-9_-]{1,80}", text):
         return text
     readable = "".join(_SPELT.get(c, c if re.fullmatch(r"[A-Za-z0-9_-]", c) else "_") for c in text).strip("_")
-    return f"{readable[-72:]}-{hashlib.sha1(text.encode()).hexdigest()[:6]}"  # the tail tells paths apart
+    return f"{_ends(readable, 72)}-{hashlib.sha1(text.encode()).hexdigest()[:6]}"
+
+
+def _ends(readable: str, width: int) -> str:
+    """`readable` when it fits `width`, else its head and its tail, cut where a `_` parts words and joined by `__`:
+    a run path's head names its seed and method (`seed-42_sequential_es_15`), its tail the stage's task and run
+    folder, and the task options in the middle are the same in every run of a study. Kept whole, the tail alone
+    left the files of seed 42 and seed 52 apart only by their hashes."""
+    if len(readable) <= width:
+        return readable
+    head = readable[:width // 2]
+    if "_" in head and readable[len(head)] != "_":
+        head = head[:head.rindex("_")]
+    room = width - len(head) - 2
+    tail = readable[-room:]
+    if "_" in tail and readable[-room - 1] != "_":
+        tail = tail[tail.index("_") + 1:]
+    return f"{head.rstrip('_')}__{tail.lstrip('_')}"
 
 
 class Cache:
