@@ -596,3 +596,12 @@ def test_sparsity_legend_sits_under_the_panel_over_no_point(drawn):
     (ax,) = drawn(SP.plot_sparsity_sweep, results).axes
     ax.figure.draw_without_rendering()
     assert ax.get_legend().get_window_extent().y1 <= ax.get_window_extent().y0
+
+
+def test_heatmap_row_label_of_a_task_with_options_breaks_after_a_comma_not_inside_a_number(drawn):
+    """`countdown:numbers=2,max_number=50,ops=+*` was wrapped at 32 characters, inside the 50: `max_number=5`
+    over `0,ops=+*`."""
+    name = "countdown:numbers=2,max_number=50,ops=+*"
+    fig = drawn(K.plot_heatmap, {"ES": (np.array([[0.1]]), [name], ["1:countdown"])})
+    (label,) = [t.get_text() for t in fig.axes[0].get_yticklabels()]
+    assert label == "countdown:numbers=2,\nmax_number=50,ops=+*"

@@ -382,7 +382,8 @@ def plot_heatmap(panels: Mapping[str, tuple[np.ndarray, Sequence[str], Sequence[
     norm = heat_norm(np.concatenate([m.ravel() for m, _, _ in panels.values()] or [np.array([])]))
     # a long task name (a data file's path, a task with options) as a row label: wrapped, and given its room by a
     # wider panel and the constrained layout, instead of running over the cells of the panel to its left
-    wrap = {r: textwrap.fill(r, ROW_LABEL_CHARS, break_on_hyphens=False)
+    # (a task's options break after their commas: `max_number=5` / `0` read as another number)
+    wrap = {r: textwrap.fill(r.replace(",", ", "), ROW_LABEL_CHARS, break_on_hyphens=False).replace(", ", ",")
             for _, rows, _ in panels.values() for r in rows}
     longest = max((len(r) for r in wrap), default=0)
     width = max(4.2, 3.2 + 0.07 * min(longest, ROW_LABEL_CHARS))
