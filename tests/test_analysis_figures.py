@@ -605,3 +605,33 @@ def test_heatmap_row_label_of_a_task_with_options_breaks_after_a_comma_not_insid
     fig = drawn(K.plot_heatmap, {"ES": (np.array([[0.1]]), [name], ["1:countdown"])})
     (label,) = [t.get_text() for t in fig.axes[0].get_yticklabels()]
     assert label == "countdown:numbers=2,\nmax_number=50,ops=+*"
+
+
+def test_every_drift_figure_names_its_run_and_the_report_passes_the_name_to_each(drawn, monkeypatch, tmp_path):
+    """Only the total's figure said which run it was; a study of two seeds and three ES runs has six families,
+    tensor and rho-R^2 figures each, alike but for their numbers."""
+    from esft.analysis import drift_runs
+
+    name = "seed-42/sequential/es@15/2-countdown/run"
+    result = {"tensors": TENSORS, "families": {}}
+    fig = drawn(D.plot_families, result, title=name)
+    assert fig.get_suptitle().startswith(name + "\n") and "median and interquartile range" in fig.get_suptitle()
+    assert [ax.get_title() for ax in fig.axes[:2]] == ["matrices", "norms"]
+    series = D.DriftSeries(steps=[1, 2], total=[0.0, 0.0], num_params=1000,
+                           per_tensor={r["name"]: [1.0, 2.0] for r in TENSORS})
+    assert drawn(D.plot_tensor_curves, series, result, 0.1, 4, title=name).get_suptitle() == name
+    (ax,) = drawn(D.plot_rho_r2, result, title=name).axes
+    assert ax.get_title().startswith(name + "\n") and ax.get_title().endswith("one point per tensor")
+    titles = {}
+    for fn in ("plot_total", "plot_families", "plot_tensor_curves", "plot_rho_r2"):
+        monkeypatch.setattr(D, fn, lambda *a, _fn=fn, **kw: titles.setdefault(_fn, kw.get("title")))
+
+    class Context:
+        def fig(self, stem):
+            return tmp_path / f"{stem}.png"
+
+        def plot(self, cached, path, draw):
+            draw()
+
+    drift_runs._figures(Context(), name, series, result, None, 0.1, 4, False)
+    assert titles == dict.fromkeys(("plot_total", "plot_families", "plot_tensor_curves", "plot_rho_r2"), name)

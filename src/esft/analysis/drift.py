@@ -366,8 +366,9 @@ def inset_place(ax: Any, steps: Sequence[float], curves: Sequence[Sequence[float
     return list(INSET_PLACES[0])
 
 
-def plot_families(result: Mapping[str, Any], path: str | Path) -> Path:
-    """Figure 10: rho and fit R^2 per tensor, by family; matrices left, norm gains right; median and IQR."""
+def plot_families(result: Mapping[str, Any], path: str | Path, title: str = "") -> Path:
+    """Figure 10: rho and fit R^2 per tensor, by family; matrices left, norm gains right; median and IQR. `title`
+    (the run's name, as each drift figure's) heads the figure."""
     from esft.analysis.plots import pyplot, save
 
     plt = pyplot()
@@ -375,7 +376,7 @@ def plot_families(result: Mapping[str, Any], path: str | Path) -> Path:
     groups = {"matrices": [f for f in _family_order(rows) if _is_matrix_role(f)],
               "norms": [f for f in _family_order(rows) if kind_of("layers.0." + f) == "norm"]}
     fig, axes = plt.subplots(2, 2, figsize=(11, 6), squeeze=False)
-    for col, (title, fams) in enumerate(groups.items()):
+    for col, (group, fams) in enumerate(groups.items()):
         for row_i, key in enumerate(("rho", "r2_fit")):
             ax = axes[row_i][col]
             for x, fam in enumerate(fams):
@@ -396,15 +397,17 @@ def plot_families(result: Mapping[str, Any], path: str | Path) -> Path:
             ax.set_xticklabels(fams if row_i == 1 else [], rotation=30, ha="right", fontsize=7)
             ax.set_ylabel(r"$\rho = d_{eff}/d$" if key == "rho" else "R$^2$ (fit through origin)")
             if row_i == 0:
-                ax.set_title(f"{title}")
+                ax.set_title(group)
     # the title says what the black points and the dashed line are, so the figure reads on its own
-    fig.suptitle(r"drift fit per tensor, by family: points are tensors, black their median and interquartile range;"
-                 r" dashed $\rho$ = 1 (the theory), dotted R$^2$ = 1", fontsize=9)
+    fig.suptitle((f"{textwrap.fill(title, 120)}\n" if title else "") + r"drift fit per tensor, by family: points are "
+                 r"tensors, black their median and interquartile range; dashed $\rho$ = 1 (the theory), dotted "
+                 r"R$^2$ = 1", fontsize=9)
     return save(fig, path)
 
 
 def plot_tensor_curves(series: DriftSeries, result: Mapping[str, Any], alpha: float, population: int,
-                       path: str | Path, families: Sequence[str] | None = None, per_family: int = 6) -> Path:
+                       path: str | Path, families: Sequence[str] | None = None, per_family: int = 6,
+                       title: str = "") -> Path:
     """Figure 11: squared displacement of individual tensors vs step, one family per panel, with the
     per-family prediction alpha^2 T d_p / N and the family's median R^2 and rho."""
     from esft.analysis.plots import pyplot, save
@@ -436,11 +439,13 @@ def plot_tensor_curves(series: DriftSeries, result: Mapping[str, Any], alpha: fl
         step_ticks(ax)
     axes[0][0].set_ylabel(r"$\|\Delta\theta_{p,T}\|^2$")
     axes[0][0].legend(fontsize=7, loc="lower right")
+    if title:
+        fig.suptitle(textwrap.fill(title, 120), fontsize=9)
     fig.tight_layout()  # each panel's own y scale: untightened, its tick labels ran into the panel to its left
     return save(fig, path)
 
 
-def plot_rho_r2(result: Mapping[str, Any], path: str | Path) -> Path:
+def plot_rho_r2(result: Mapping[str, Any], path: str | Path, title: str = "") -> Path:
     """Figure 6C: effective-dimension ratio rho against fit R^2 for every tensor (matrices vs norm gains)."""
     from esft.analysis.plots import pyplot, save
 
@@ -457,7 +462,8 @@ def plot_rho_r2(result: Mapping[str, Any], path: str | Path) -> Path:
     ax.axhline(1.0, color="gray", ls=":", lw=1)
     ax.set_xlabel(r"$\rho = d_{eff} / d_{total}$")
     ax.set_ylabel("R$^2$")
-    ax.set_title(r"effective dimension ratio $\rho$ and fit R$^2$, one point per tensor", fontsize=9)
+    ax.set_title((f"{textwrap.fill(title, 70)}\n" if title else "")
+                 + r"effective dimension ratio $\rho$ and fit R$^2$, one point per tensor", fontsize=9)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=7)
     else:  # no tensor has both a rho and a fit (one step, or weights that did not move)

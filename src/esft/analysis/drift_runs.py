@@ -86,9 +86,10 @@ def _figures(ctx: ReportContext, name: str, series: D.DriftSeries, res: dict[str
     ctx.plot(cached, figs["total"], lambda: D.plot_total(series, alpha, n, figs["total"], grpo=gs, title=name))
     if not res["tensors"]:
         return [("total drift (Figure 9 / 6A)", figs["total"])]
-    ctx.plot(cached, figs["families"], lambda: D.plot_families(res, figs["families"]))
-    ctx.plot(cached, figs["curves"], lambda: D.plot_tensor_curves(series, res, alpha, n, figs["curves"]))
-    ctx.plot(cached, figs["rho_r2"], lambda: D.plot_rho_r2(res, figs["rho_r2"]))
+    # each figure names its run, as the total's does: the report shows six of each for a study of two seeds
+    ctx.plot(cached, figs["families"], lambda: D.plot_families(res, figs["families"], title=name))
+    ctx.plot(cached, figs["curves"], lambda: D.plot_tensor_curves(series, res, alpha, n, figs["curves"], title=name))
+    ctx.plot(cached, figs["rho_r2"], lambda: D.plot_rho_r2(res, figs["rho_r2"], title=name))
     return [("total drift (Figure 9 / 6A)", figs["total"]), ("rho and R^2 per family (Figure 10)", figs["families"]),
             ("per-tensor drift (Figure 11)", figs["curves"]), ("rho vs R^2 (Figure 6C)", figs["rho_r2"])]
 
