@@ -276,7 +276,7 @@ def test_direction_sweep_marks_each_updates_norm_in_its_colour_and_the_reference
     norms = [(line.get_xdata()[0], to_rgba(line.get_color())) for line in ax.get_lines()
              if line.get_linestyle() == "--"]
     assert norms == [(2.0, BLUE), (5.0, RED)]  # none for the random direction
-    (base,) = [line for line in ax.get_lines() if line.get_linestyle() == ":"]
+    (base,) = [line for line in ax.get_lines() if line.get_linestyle() == "-."]
     assert set(base.get_ydata()) == {0.55} and [t.get_text() for t in ax.texts] == ["base"]
     assert ax.get_xlabel() == r"distance moved $\|\Delta\theta\|_2$" and ax.get_ylabel() == "accuracy"
 
@@ -525,10 +525,10 @@ def test_direction_sweep_draws_any_number_of_reference_accuracies(drawn):
     result = {"magnitudes": [0.0, 1.0], "directions": {"ES": {"norm": 1.0, "accuracy": {"boolq": [0.5, 0.6]}}}}
     reference = {lab: {"boolq": acc} for lab, acc in (("base", 0.1), ("ES 1", 0.2), ("ES 2", 0.3), ("GRPO", 0.4))}
     (ax,) = drawn(L.plot_direction_sweep, result, reference=reference).axes
-    dotted = [line for line in ax.get_lines() if line.get_linestyle() == ":"]
-    assert [line.get_ydata()[0] for line in dotted] == [0.1, 0.2, 0.3, 0.4]
+    lines = [line for line in ax.get_lines() if line.get_linestyle() == "-."]
+    assert [line.get_ydata()[0] for line in lines] == [0.1, 0.2, 0.3, 0.4]
     assert [t.get_text() for t in ax.texts] == ["base", "ES 1", "ES 2", "GRPO"]
-    assert [line.get_alpha() for line in dotted] == [0.5, 0.75, 1.0, 1.0]
+    assert [line.get_alpha() for line in lines] == [0.5, 0.75, 1.0, 1.0]
 
 
 def test_sparsity_panels_hold_only_the_runs_that_evaluated_their_task(drawn):
@@ -635,3 +635,15 @@ def test_every_drift_figure_names_its_run_and_the_report_passes_the_name_to_each
 
     drift_runs._figures(Context(), name, series, result, None, 0.1, 4, False)
     assert titles == dict.fromkeys(("plot_total", "plot_families", "plot_tensor_curves", "plot_rho_r2"), name)
+
+
+def test_direction_sweep_reference_lines_look_unlike_the_constant_answer(drawn):
+    """The base model's accuracy (a dotted black line) beside the constant answer (a dotted grey one) at 32% and
+    30%: the two read as one mark."""
+    base = {"constant_baseline": 0.3, "constant_baseline_ci95": [0.19, 0.44], "constant_answer": "B"}
+    result = {"magnitudes": [0.0, 1.0], "constant_baseline": {"mmlu": base},
+              "directions": {"ES": {"norm": 1.0, "accuracy": {"mmlu": [0.32, 0.24]}}}}
+    (ax,) = drawn(L.plot_direction_sweep, result, reference={"base": {"mmlu": 0.32}}).axes
+    (constant,) = [line for line in ax.get_lines() if line.get_label().startswith("best constant answer")]
+    (reference,) = [line for line in ax.get_lines() if list(line.get_ydata()) == [0.32, 0.32]]
+    assert reference.get_linestyle() != constant.get_linestyle()

@@ -308,7 +308,7 @@ def plot_interpolation(result: Mapping[str, Any], path: str | Path, labels: tupl
 def plot_direction_sweep(result: Mapping[str, Any], path: str | Path,
                          reference: Mapping[str, Mapping[str, float]] | None = None, title: str = "") -> Path:
     """Figure 4/5: accuracy vs distance moved along each direction; dashed verticals at each update's norm,
-    dotted horizontals at reference accuracies (e.g. base and checkpoints; {label: {task: acc}}); each accuracy
+    dash-dotted horizontals at reference accuracies (e.g. base and checkpoints; {label: {task: acc}}); each accuracy
     with its 95% Wilson interval over the result's n examples, as in the sweep's table."""
     from esft.analysis.plots import accuracy_axis, color, distance_axis, pyplot, save, say_empty
 
@@ -329,7 +329,8 @@ def plot_direction_sweep(result: Mapping[str, Any], path: str | Path,
                 ax.axvline(d["norm"], color=color(label.split()[0]), ls="--", lw=1, label=f"norm of the {label} update")
         for j, (lab, accs) in enumerate((reference or {}).items()):
             if n in accs:
-                ax.axhline(accs[n], color="k", ls=":", lw=1, alpha=min(1.0, 0.5 + 0.25 * j))  # later ones darker
+                # dash-dot, as the sparsity figure's base lines: dotted, they looked like the constant answer's line
+                ax.axhline(accs[n], color="k", ls="-.", lw=1, alpha=min(1.0, 0.5 + 0.25 * j))  # later ones darker
                 ax.text(mags.max(), accs[n], lab, fontsize=6, ha="right", va="bottom")
         distance_axis(ax, mags[mags > 0])
         ax.set_xlabel(r"distance moved $\|\Delta\theta\|_2$")
