@@ -364,7 +364,7 @@ def test_a_tokenizer_read_with_another_end_token_is_refused_fast(fake_conversion
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", classmethod(lambda cls, *a, **k: wrong))
     with pytest.raises(ModelNotFoundError, match=r"'<\|im_start\|>', not '<\|im_end\|>'"):
         models.embedded_model_dir()
-    assert fake_conversion == [] and not (tmp_path / "cache" / "models").exists()
+    assert fake_conversion == [] and list((tmp_path / "cache" / "models").iterdir()) == []
 
 
 def test_transformers_bars_stay_off_when_they_were_off():
@@ -499,3 +499,68 @@ def test_context_length_is_read_before_any_model_loads(tmp_path, monkeypatch):
     (cached / "config.json").write_text('{"max_position_embeddings": 2048}')
     assert context_length("smollm2-135m") == 2048
     assert context_length("org/model") is None and context_length(str(tmp_path / "nowhere")) is None
+
+
+@pytest.mark.parametrize(("name", "damage"), [("chat_template.jinja", "cut"), ("tokenizer.json", "remove"),
+                                              ("config.json", "cut"), ("generation_config.json", "remove")])
+def test_a_cache_with_a_damaged_small_file_is_converted_again(fake_conversion, name, damage, capsys):
+    """Not only the weights: a chat template, tokenizer or config cut short or lost (a partial copy, a full disk)
+    failed inside transformers or jinja (a traceback), or changed every prompt; now the folder is converted again."""
+    target = models.embedded_model_dir()
+    whole = (target / name).read_bytes()
+    if damage == "cut":
+        (target / name).write_bytes(whole[: len(whole) // 2])
+    else:
+        (target / name).unlink()
+    assert models.embedded_model_dir() == target and len(fake_conversion) == 2
+    assert (target / name).read_bytes() == whole and f"{name}" in capsys.readouterr().out
+    assert models.embedded_model_dir() == target and len(fake_conversion) == 2
+
+
+def test_a_cache_converted_before_its_files_were_listed_is_kept_when_whole(fake_conversion, capsys):
+    """A cache without esft-files.json (converted by an earlier esft) whose files read whole is listed, not
+    converted again; one with a chat template cut short is converted again."""
+    target = models.embedded_model_dir()
+    listed = (target / models.CACHE_MANIFEST).read_text()
+    (target / models.CACHE_MANIFEST).unlink()
+    assert models.embedded_model_dir() == target and len(fake_conversion) == 1
+    assert (target / models.CACHE_MANIFEST).read_text() == listed
+    (target / models.CACHE_MANIFEST).unlink()
+    template = (target / "chat_template.jinja").read_text()
+    (target / "chat_template.jinja").write_text(template[: template.index("{% endfor %}") + 5])
+    assert models.embedded_model_dir() == target and len(fake_conversion) == 2
+    assert (target / "chat_template.jinja").read_text() == template
+    assert "chat_template.jinja: does not parse" in capsys.readouterr().out
+
+
+def test_an_unwritable_cache_is_named_before_converting(fake_conversion, tmp_path, monkeypatch):
+    """A cache under a read-only home (here: under a file) failed after the ~30 s conversion, naming neither the
+    cache nor ESFT_CACHE; now it fails first and says what to set."""
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv("ESFT_CACHE", str(tmp_path / "a-file" / "esft"))
+    with pytest.raises(OSError, match=r"model cache .*a-file/esft .*set ESFT_CACHE"):
+        models.embedded_model_dir()
+    assert fake_conversion == []
+
+
+def test_processes_converting_at_once_convert_once_and_clear_a_killed_conversions_leftovers(fake_conversion,
+                                                                                            tmp_path):
+    """While one process converts (holds the lock), another waits and then uses its folder instead of converting
+    a second copy; the half-written temporary folder a killed conversion left (~0.5 GB) is removed."""
+    import threading
+
+    target = tmp_path / "cache" / "models" / "smollm2-135m-instruct"
+    stale = target.parent / (target.name + ".tmpkilled")
+    stale.mkdir(parents=True)
+    (stale / "model.safetensors").write_text("half")
+    found = []
+    with models._conversion_lock(target) as locked:
+        assert locked
+        waiter = threading.Thread(target=lambda: found.append(models.embedded_model_dir()))
+        waiter.start()
+        waiter.join(1.0)
+        assert waiter.is_alive() and found == []  # waiting for the lock
+        models._convert_gguf(tmp_path / "pkg", GGUF, target, "<|im_end|>")
+    waiter.join(30)
+    assert found == [target] and len(fake_conversion) == 1
+    assert [p.name for p in target.parent.iterdir()] == [target.name]

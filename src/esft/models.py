@@ -9,6 +9,8 @@ cache (`$ESFT_CACHE`, default `$XDG_CACHE_HOME/esft` or `~/.cache/esft`), which 
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import glob
 import importlib.util
 import json
 import os
@@ -32,6 +34,10 @@ _EMBEDDED_CONTEXT = {"smollm2-135m": 8192}
 
 class ModelNotFoundError(FileNotFoundError):
     """A model name or path could not be resolved; the message says what to install or where we looked."""
+
+
+class CacheNotWritableError(PermissionError):
+    """esft's model cache (`cache_dir`) cannot be created or written; the message names ESFT_CACHE."""
 
 
 class DamagedModelError(RuntimeError):
@@ -137,29 +143,12 @@ def embedded_model_dir(key: str = DEFAULT_MODEL) -> Path:
     """Folder with the embedded model as safetensors, converting the packaged GGUF on first use."""
     package, gguf_name, folder, eos = _EMBEDDED[key]
     target = cache_dir() / "models" / folder
-    weights = target / "model.safetensors"
-    present = weights.exists() and (target / "config.json").exists()
-    if present and not safetensors_complete(weights):
-        # a copy cut short (disk full, an interrupted rsync): loading it would fail deep inside safetensors
-        print(f"esft: the cached {folder} has a truncated or unreadable model.safetensors; converting it again",
-              flush=True)
-        shutil.rmtree(target)
-        present = False
-    if present:
-        found = cached_eos(target)
-        if found == eos:
-            return target
-        # transformers 5.0-5.17 converted this GGUF's tokenizer with eos <|im_start|>: every completion would
-        # run to max_new_tokens, past the end of its turn
-        print(f"esft: the cached {folder} has end-of-sequence token {found!r}, not {eos!r}; converting it again",
-              flush=True)
-        shutil.rmtree(target)
-    elif target.exists():
-        # not written by _convert_gguf (it renames a finished folder into place); left there, it would make
-        # that rename fail on every later conversion
-        print(f"esft: the cached {folder} is incomplete (no model.safetensors or config.json); converting it again",
-              flush=True)
-        shutil.rmtree(target)
+    if target.exists() and cache_flaw(target, eos) is None:  # no lock, no write: a read-only cache serves as well
+        if not (target / CACHE_MANIFEST).exists():
+            # converted before the list was kept, and its files read whole: listed now rather than converted again
+            with contextlib.suppress(OSError):
+                write_manifest(target)
+        return target
     spec = importlib.util.find_spec(package)
     if spec is None or spec.origin is None:
         raise ModelNotFoundError(
@@ -169,8 +158,103 @@ def embedded_model_dir(key: str = DEFAULT_MODEL) -> Path:
     gguf_dir = Path(spec.origin).parent
     if not (gguf_dir / gguf_name).exists():
         raise ModelNotFoundError(f"{gguf_name} not found in {gguf_dir}; reinstall '{package}'")
-    _convert_gguf(gguf_dir, gguf_name, target, eos)
+    with _conversion_lock(target) as locked:
+        # every conversion holds this lock: a temporary folder found now is one a killed conversion left (~0.5 GB)
+        for stale in target.parent.glob(glob.escape(target.name) + ".tmp*") if locked else ():
+            shutil.rmtree(stale, ignore_errors=True)
+        flaw = cache_flaw(target, eos) if target.exists() else None
+        if target.exists() and flaw is None:  # another process converted it while this one waited
+            return target
+        if flaw is not None:
+            print(f"esft: the cached {folder} {flaw}; converting it again", flush=True)
+            shutil.rmtree(target)
+        _convert_gguf(gguf_dir, gguf_name, target, eos)
     return target
+
+
+@contextlib.contextmanager
+def _conversion_lock(target: Path) -> Iterator[bool]:
+    """An exclusive lock on converting into `target`, so that processes starting at once (replicas on a fresh node)
+    convert once, the others waiting for it; yields whether the lock is held (False on a file system without
+    locks); raises a clear error where the cache cannot be written."""
+    lock = cache_dir() / "locks" / (target.name + ".lock")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        fh = open(lock, "a")
+    except OSError as exc:  # before the ~30 s conversion, not after it
+        raise CacheNotWritableError(f"cannot write esft's model cache {cache_dir()} ({exc.strerror or exc}); "
+                                    "set ESFT_CACHE to a writable folder") from None
+    with fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+        except OSError:  # a file system without locks: the conversion's atomic rename still keeps one copy
+            yield False
+        else:
+            yield True
+
+
+#: what a conversion writes last into its folder: the size of every file in it, so that a file cut short or lost
+#: later (a partial copy, a full disk) sends the folder back to conversion instead of failing inside transformers
+CACHE_MANIFEST = "esft-files.json"
+
+
+def cache_flaw(folder: Path, eos: str) -> str | None:
+    """Why a converted model folder cannot be used (in words that follow "the cached NAME"), None when it can."""
+    found = cached_eos(folder)
+    if found is not None and found != eos:
+        # transformers 5.0-5.17 converted this GGUF's tokenizer with eos <|im_start|>: every completion would
+        # run to max_new_tokens, past the end of its turn
+        return f"has end-of-sequence token {found!r}, not {eos!r}"
+    listed = (folder / CACHE_MANIFEST).exists()
+    flaw = _listed_files_flaw(folder) if listed else _unlisted_files_flaw(folder)
+    if flaw is None and not safetensors_complete(folder / "model.safetensors"):
+        flaw = "has truncated or changed files (model.safetensors: not what its conversion wrote)"
+    if flaw is None and found != eos:
+        flaw = f"has end-of-sequence token {found!r}, not {eos!r}"
+    return flaw
+
+
+def _listed_files_flaw(folder: Path) -> str | None:
+    """A missing file, or one of another size than its conversion listed in CACHE_MANIFEST."""
+    try:
+        files = json.loads((folder / CACHE_MANIFEST).read_text())["files"]
+        changed = sorted(name for name in files if (folder / name).stat().st_size != files[name])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        lost = isinstance(exc, OSError) and exc.filename
+        return f"is incomplete (no {Path(exc.filename).name if lost else 'valid ' + CACHE_MANIFEST})"
+    return f"has truncated or changed files ({', '.join(changed)}: not what its conversion wrote)" if changed else None
+
+
+#: the files of a conversion made before CACHE_MANIFEST was written, each checked by reading it
+UNLISTED_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+                  "chat_template.jinja")
+
+
+def _unlisted_files_flaw(folder: Path) -> str | None:
+    """A missing file, or one that does not parse (JSON, the chat template's jinja), in a folder converted before
+    CACHE_MANIFEST listed its files."""
+    from jinja2 import Environment, TemplateSyntaxError
+
+    for name in UNLISTED_FILES:
+        try:
+            data = (folder / name).read_bytes()
+        except OSError:
+            return f"is incomplete (no {name})"
+        try:
+            text = data.decode("utf-8")
+            json.loads(text) if name.endswith(".json") else Environment().parse(text)
+        except (ValueError, TemplateSyntaxError):
+            return f"has truncated or changed files ({name}: does not parse)"
+    return None
+
+
+def write_manifest(folder: Path) -> None:
+    """Record the size of every file in `folder` (CACHE_MANIFEST), replacing the record in one step."""
+    files = {p.name: p.stat().st_size for p in sorted(folder.iterdir()) if p.name != CACHE_MANIFEST}
+    part = folder / (CACHE_MANIFEST + ".part")
+    part.write_text(json.dumps({"files": files}, indent=1) + "\n")
+    part.replace(folder / CACHE_MANIFEST)
 
 
 def safetensors_complete(path: Path) -> bool:
@@ -229,11 +313,11 @@ def _convert_gguf(gguf_dir: Path, gguf_name: str, target: Path, eos: str) -> Non
     plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     plain.load_state_dict(quantised.state_dict(), strict=True)
     plain.generation_config = quantised.generation_config
-    target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=target.name + ".tmp", dir=target.parent))
     try:
         plain.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
+        write_manifest(tmp)
         try:
             tmp.rename(target)
         except OSError:
