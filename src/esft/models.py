@@ -9,7 +9,6 @@ cache (`$ESFT_CACHE`, default `$XDG_CACHE_HOME/esft` or `~/.cache/esft`), which 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import glob
 import importlib.util
 import json
@@ -187,8 +186,10 @@ def _conversion_lock(target: Path) -> Iterator[bool]:
                                     "set ESFT_CACHE to a writable folder") from None
     with fh:
         try:
+            import fcntl  # POSIX only: elsewhere, as on a file system without locks, the atomic rename keeps one copy
+
             fcntl.flock(fh, fcntl.LOCK_EX)
-        except OSError:  # a file system without locks: the conversion's atomic rename still keeps one copy
+        except (ImportError, OSError):
             yield False
         else:
             yield True
