@@ -82,6 +82,26 @@ def test_a_file_given_for_a_checkpoint_folder_is_named_as_a_file(tmp_path, capsy
     assert f"= '{file}' is not accepted; expected a checkpoint folder; {file} is a file" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("name, text, words", [
+    ("notes.txt", "not json", "notes.txt is not JSON"),
+    ("drift.jsonl", '{"step": 1}', "(stages, tasks, incremental and cumulative KL); {path} holds other JSON"),
+    ("list.json", "[1, 2]", "{path} holds other JSON"),
+    ("kl_aggregate.json", '{"seeds": 2, "stages": [], "tasks": [], "incremental": {}, "cumulative": {}}',
+     "{path} is already an aggregate over seeds"),
+    ("folder", None, "{path} is a folder"),
+])
+def test_kl_aggregate_refuses_a_file_that_is_not_a_seed_kl_json(tmp_path, capsys, no_model_load, name, text, words):
+    """A file that is not JSON ended in the decoder's "Expecting value: line 1 column 1" without the file's name;
+    JSON without stages in a KeyError traceback (exit 1); an aggregate was averaged again into empty cells."""
+    path = tmp_path / name
+    path.mkdir() if text is None else path.write_text(text)
+    assert main(["analyze", "kl", "--aggregate", str(path), "--output-dir", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert f"aggregate = '{path}' is not accepted; expected a kl.json file written by `esft analyze kl --stages`" \
+        in err and words.format(path=path) in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_report_refuses_a_device_its_evaluations_cannot_use_before_any_analysis_runs(tmp_path, monkeypatch):
     """`esft report --device cuda` on a torch without CUDA ran weights and drift, then failed KL, landscape and
     sparsity each with "Torch not compiled with CUDA enabled" (exit 1). A drift-only report replays on the runs'

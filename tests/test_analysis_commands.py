@@ -263,12 +263,17 @@ def test_sparsity_figure_names_the_update_by_its_runs_algorithm(tmp_path, monkey
     assert drawn[-1] == ["grpo"]
 
 
+def kl_table(seed: int) -> dict:
+    """One seed's kl.json as `esft analyze kl --stages` writes it (no cells: the aggregation is replaced)."""
+    return {"seed": seed, "stages": ["es"], "tasks": ["boolq"], "incremental": {}, "cumulative": {}}
+
+
 def test_kl_aggregate_reads_cached_results_and_plain_tables(tmp_path, monkeypatch):
     from esft.analysis import commands as C
     from esft.analysis import kl as K
 
-    (tmp_path / "a.json").write_text(json.dumps({"result": {"seed": 1}}))
-    (tmp_path / "b.json").write_text(json.dumps({"seed": 2}))
+    (tmp_path / "a.json").write_text(json.dumps({"result": kl_table(1)}))
+    (tmp_path / "b.json").write_text(json.dumps(kl_table(2)))
     seen = {}
     monkeypatch.setattr(K, "aggregate_seeds", lambda tables: seen.setdefault("tables", tables) and
                         {"tasks": [], "stages": []})
@@ -276,7 +281,7 @@ def test_kl_aggregate_reads_cached_results_and_plain_tables(tmp_path, monkeypatc
     monkeypatch.setattr(K, "plot_heatmap", lambda *a, **k: None)
     C.run_kl(C.KLConfig(aggregate=[str(tmp_path / "a.json"), str(tmp_path / "b.json")],
                         output_dir=str(tmp_path / "o")))
-    assert seen["tables"] == [{"seed": 1}, {"seed": 2}]
+    assert seen["tables"] == [kl_table(1), kl_table(2)]
 
 
 def test_a_model_spec_that_is_not_on_disk_is_named(monkeypatch, tmp_path):
@@ -385,8 +390,8 @@ def test_a_kl_aggregate_does_not_replace_the_heatmap_of_a_stages_kl_in_its_folde
     from esft.analysis import commands as C
     from esft.analysis import kl as K
 
-    (tmp_path / "a.json").write_text(json.dumps({"seed": 1}))
-    (tmp_path / "b.json").write_text(json.dumps({"seed": 2}))
+    (tmp_path / "a.json").write_text(json.dumps(kl_table(1)))
+    (tmp_path / "b.json").write_text(json.dumps(kl_table(2)))
     drawn = []
     monkeypatch.setattr(K, "aggregate_seeds", lambda tables: {"tasks": [], "stages": []})
     monkeypatch.setattr(K, "matrix", lambda *a, **k: None)

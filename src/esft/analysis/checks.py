@@ -3,6 +3,7 @@ and files they read checked to exist, so that a typo fails before the base model
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -58,7 +59,26 @@ def check_analysis(config: Any) -> None:
                     and not (run / "config.json").exists():
                 raise ConfigError(name, path, f"a {what}; {run} is a run directory: its model is a checkpoint "
                                   f"folder, e.g. {run / 'checkpoints' / 'final'}")
+    check_kl_tables(getattr(config, "aggregate", None) or [])
     check_sides(config)
+
+
+def check_kl_tables(paths: list[str]) -> None:
+    """Each file `esft analyze kl --aggregate` names is one seed's kl.json: read only after the options were
+    accepted, anything else ended in a JSON decoder's message without the file's name, or a KeyError traceback."""
+    what = "a kl.json file written by `esft analyze kl --stages`"
+    for path in paths:
+        try:
+            data = json.loads(Path(path).read_text())
+        except (OSError, UnicodeDecodeError, ValueError) as e:
+            reason = "a folder" if Path(path).is_dir() else f"not JSON: {e}"
+            raise ConfigError("aggregate", path, f"{what}; {path} is {reason}") from None
+        table = data.get("result", data) if isinstance(data, dict) else data
+        if isinstance(table, dict) and "seeds" in table:  # its cells hold medians over seeds, not one seed's KL
+            raise ConfigError("aggregate", path, f"{what}; {path} is already an aggregate over seeds")
+        if not (isinstance(table, dict) and {"stages", "tasks", "incremental", "cumulative"} <= table.keys()):
+            raise ConfigError("aggregate", path, f"{what} (stages, tasks, incremental and cumulative KL); {path} "
+                              "holds other JSON")
 
 
 def check_sides(config: Any) -> None:
@@ -107,4 +127,4 @@ def check_counts(config: Any) -> None:
                           "empty sweep evaluates nothing")
 
 
-__all__ = ["PATHS", "RULES", "check_analysis", "check_counts"]
+__all__ = ["PATHS", "RULES", "check_analysis", "check_counts", "check_kl_tables"]
