@@ -266,7 +266,10 @@ RULES: dict[str, Rule] = {
     "weight_decay": non_negative(), "max_grad_norm": non_negative(), "warmup_steps": at_least(0),
     "epsilon": positive(), "beta": non_negative(), "scale_rewards": one_of("group", "batch", "none"),
     "num_iterations": at_least(1), "temperature": positive(), "top_p": in_range(0.0, 1.0),
-    "max_completion_length": at_least(1), "format_bonus": finite(), "seed": at_least(0),
+    "max_completion_length": at_least(1), "format_bonus": finite(),
+    # TRL seeds NumPy's legacy generator with it, which refuses 2^32 and above only once the model has loaded
+    "seed": Rule("an integer from 0 to 2^32 - 1 (TRL seeds NumPy's legacy generator with it)",
+                 lambda v: 0 <= v < 2**32),
     "precision": one_of("auto", "fp32", "bf16-autocast"), "save_steps": at_least(0), "save_total_limit": at_least(0),
     "eval_every": at_least(0),
     "eval_limit": at_least(0), "eval_max_new_tokens": at_least(1), "samples_per_iteration": at_least(0),
