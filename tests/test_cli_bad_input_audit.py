@@ -31,3 +31,20 @@ def test_the_largest_seed_numpy_takes_is_accepted_for_grpo():
     from esft.grpo.grpo_config import GRPOConfig
 
     assert GRPOConfig(seed=2**32 - 1).seed == 2**32 - 1
+
+
+def test_a_runs_saved_config_yaml_is_accepted_by_config_as_the_options_it_ran_with(tmp_path, capsys, no_model_load):
+    """`esft train es --config runs/es/config.yaml --output-dir runs/es-again` (README: `--config run.yaml`) was
+    refused as "unknown option '_run'": the block esft itself writes beside the options, which the user never
+    typed. The run's options are read; a flag still overrides them and is still checked."""
+    from esft.config import build_config
+    from esft.es.es_config import ESConfig, save_yaml
+
+    saved = ESConfig(sigma=0.004, population_size=6, output_dir=str(tmp_path / "es"))
+    path = tmp_path / "config.yaml"
+    save_yaml(saved, path, extra={"algorithm": "es", "torch": "2.x", "train_examples": 200})
+    again = build_config(ESConfig, config_file=str(path), overrides={"output_dir": str(tmp_path / "again")})
+    assert again == saved.replace(output_dir=str(tmp_path / "again"))
+    assert main(["train", "es", "--config", str(path), "--iterations", "-1"]) == 2
+    err = capsys.readouterr().err
+    assert "iterations = -1 is not accepted" in err and "_run" not in err, err

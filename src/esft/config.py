@@ -333,6 +333,8 @@ def build_config(cls: type[T], presets: Mapping[str, Mapping[str, Any]] | None =
     file_values: dict[str, Any] = {}
     if config_file:
         data, lines = load_yaml_lines(config_file)
+        # a run's saved config.yaml reads as the options it ran with: `_run` is esft's record of it, not an option
+        data.pop("_run", None)
         file_preset = data.pop("preset", None)
         if file_preset and not preset:
             if not presets or file_preset not in presets:
