@@ -106,9 +106,9 @@ def test_drift_command_draws_a_grpo_run_measured_against_the_es_law_as_grpo(tmp_
     es = run_dir(tmp_path / "es", {"alpha": 0.5, "population_size": 8})
     (es / "drift.jsonl").write_text("{}\n")
     drawn = []
-    monkeypatch.setattr(D, "read_series", lambda p: f"series:{Path(p).parent.name}")
+    monkeypatch.setattr(D, "read_series", lambda p: D.DriftSeries([1], [0.0], source=f"series:{Path(p).parent.name}"))
     monkeypatch.setattr(D, "analyze_series", lambda s, a, n: {"tensors": {}})
-    monkeypatch.setattr(D, "plot_total", lambda series, *a, **k: drawn.append((series, k["method"])))
+    monkeypatch.setattr(D, "plot_total", lambda series, *a, **k: drawn.append((series.source, k["method"])))
     C.run_drift(C.DriftConfig(run=str(grpo), alpha=0.5, population=4, output_dir=str(tmp_path / "o")))
     C.run_drift(C.DriftConfig(run=str(es), output_dir=str(tmp_path / "o2")))
     # the run's drift.jsonl given as the file --run takes is the same GRPO run's
@@ -374,7 +374,7 @@ def test_drift_on_a_grpo_run_as_run_says_to_give_it_as_grpo_run(tmp_path, monkey
 
     grpo = run_dir(tmp_path / "grpo", {"num_generations": 2, "learning_rate": 1e-5})
     (grpo / "drift.jsonl").write_text("{}\n")
-    monkeypatch.setattr(D, "read_series", lambda p: "series")
+    monkeypatch.setattr(D, "read_series", lambda p: D.DriftSeries([1], [0.0]))
     with pytest.raises(ValueError, match="is a GRPO run: give it as --grpo-run"):
         C.run_drift(C.DriftConfig(run=str(grpo), output_dir=str(tmp_path / "o")))
     bare = run_dir(tmp_path / "bare", {})  # not known to be either: the plain reason

@@ -48,3 +48,22 @@ def test_a_runs_saved_config_yaml_is_accepted_by_config_as_the_options_it_ran_wi
     assert main(["train", "es", "--config", str(path), "--iterations", "-1"]) == 2
     err = capsys.readouterr().err
     assert "iterations = -1 is not accepted" in err and "_run" not in err, err
+
+
+@pytest.mark.parametrize("text", ["notes, not a drift log\n", '{"step": 1}\n'])
+def test_analyze_drift_names_a_file_that_holds_no_drift_records(tmp_path, capsys, no_model_load, text):
+    """A --run file that is no drift log was answered "alpha and population are needed", and with those given,
+    "no drift records": the first message sent the user after the wrong thing."""
+    path = tmp_path / "notes.jsonl"
+    path.write_text(text)
+    assert main(["analyze", "drift", "--run", str(path), "--output-dir", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert f"no drift records in {path}: --run takes an ES run folder or a drift JSONL file" in err, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_analyze_drift_reads_back_the_series_it_wrote(tmp_path):
+    from esft.analysis import drift as D
+
+    D.DriftSeries(steps=[1, 2], total=[1e-6, 2e-6], num_params=10).write(tmp_path / "series.jsonl")
+    assert D.read_series(tmp_path / "series.jsonl").steps == [1, 2]

@@ -154,6 +154,9 @@ def run_drift(cfg: DriftConfig) -> dict[str, Any]:
             raise FileNotFoundError(f"{src} has neither seeds.jsonl nor drift.jsonl")
     else:
         series = D.read_series(src)
+        if not series.steps:  # said first: the alpha and N asked for below would not make it a drift log
+            raise ValueError(f"no drift records in {src}: --run takes an ES run folder or a drift JSONL file (a "
+                             "run's drift.jsonl, or the series.jsonl of an earlier drift analysis)")
     # a GRPO run's config.yaml: num_generations, or its recorded algorithm; --run may name the run's drift.jsonl
     folder = src if src.is_dir() else src.parent if src.name == "drift.jsonl" else None
     conf = read_config(folder / "config.yaml") if folder and (folder / "config.yaml").is_file() else {}
