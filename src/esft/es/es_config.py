@@ -101,7 +101,7 @@ class ESConfig(RunConfig):
     eval_every: int = 10
     """evaluate the unperturbed model every k iterations (and at start and end); 0 = never"""
     eval_limit: int = 200
-    """held-out (test split) examples for those evaluations"""
+    """held-out (test split) examples for those evaluations; 0 = none, as eval_every 0"""
     eval_balanced: bool = False
     """those examples are a label-balanced subset of the test split (`limit` in all; a labelled task's labels: BoolQ's
     yes/no, a Countdown variant's operator, ...; esft.evaluation.load_examples), so a prior cannot pass for a skill"""

@@ -111,7 +111,7 @@ class GRPOConfig(RunConfig):
     It runs the fp32 master weights without autocast: `esft eval --dtype fp32` gives a checkpoint the same numbers,
     while `esft eval`'s default dtype on a bf16 GPU loads it in bf16"""
     eval_limit: int = 200
-    """held-out (test split) examples for those evaluations"""
+    """held-out (test split) examples for those evaluations; 0 = none, as eval_every 0"""
     eval_balanced: bool = False
     """those examples are a label-balanced subset of the test split (`limit` in all; a labelled task's labels: BoolQ's
     yes/no, a Countdown variant's operator, ...; esft.evaluation.load_examples), so a prior cannot pass for a skill"""
