@@ -174,7 +174,7 @@ def test_an_interpolation_path_needs_its_two_endpoints():
 
     with pytest.raises(ValueError, match="interpolation_points = 1 is not accepted; expected an integer >= 2"):
         LandscapeConfig(interpolation_points=1)
-    with pytest.raises(ValueError, match="interpolation_points must be >= 2, got 1"):
+    with pytest.raises(ValueError, match="interpolation_points = 1 is not accepted; expected an integer >= 2"):
         ReportConfig(dir=".", interpolation_points=1)
     assert LandscapeConfig(interpolation_points=2).interpolation_points == 2
     assert ReportConfig(dir=".", interpolation_points=2).interpolation_points == 2
@@ -482,7 +482,7 @@ def test_magnitude_points_counts_the_grid_points_besides_zero_and_the_norms():
         L.default_magnitudes([2.0], -1)
     assert LandscapeConfig(magnitude_points=0).magnitude_points == 0
     assert ReportConfig(dir=".", magnitude_points=0).magnitude_points == 0
-    with pytest.raises(ValueError, match="magnitude_points must be >= 0, got -1"):
+    with pytest.raises(ValueError, match="magnitude_points = -1 is not accepted; expected an integer >= 0"):
         ReportConfig(dir=".", magnitude_points=-1)
 
 

@@ -241,7 +241,7 @@ def test_the_report_runs_the_requested_sections_and_says_why_the_others_did_not(
     text = broken.build().read_text()  # not "nothing to evaluate": its section says it failed
     assert "No evaluations (sparsity: sparsity failed before evaluating)." in text and broken.failed == ["sparsity"]
 
-    with pytest.raises(ValueError, match="interpolation_points must be >= 2"):
+    with pytest.raises(ValueError, match="interpolation_points = 1 is not accepted; expected an integer >= 2"):
         ReportConfig(interpolation_points=1)
     assert ReportConfig(interpolation_points=2).interpolation_points == 2
     with pytest.raises(ValueError, match=r"analyses = \['drfit'\] is not accepted"):

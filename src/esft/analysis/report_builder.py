@@ -113,15 +113,12 @@ class ReportConfig(ConfigHooks):
         for name in self.holdout_tasks:
             if not external_kind(name):
                 check_task("holdout_tasks", name)
-        if self.interpolation_points < 2:  # the path's two endpoints at least
-            raise ValueError(f"interpolation_points must be >= 2, got {self.interpolation_points}")
-        if self.magnitude_points < 0:  # grid points besides 0 and the norms: none at least
-            raise ValueError(f"magnitude_points must be >= 0, got {self.magnitude_points}")
         check_report_options(self)
 
 
 #: ranges of the options the analyses read only after the weights (and drift) sections have run for minutes
-REPORT_RULES = {**{k: RULES[k] for k in ("limit", "max_new_tokens", "batch_size", "kl_batch_size", "eps", "threads")},
+REPORT_RULES = {**{k: RULES[k] for k in ("limit", "max_new_tokens", "batch_size", "kl_batch_size", "eps", "threads",
+                                          "interpolation_points", "magnitude_points")},
                 "sparsity_targets": RULES["targets"],
                 "dtype": one_of("auto", "fp32", "float32", "bf16", "bfloat16", "fp16", "float16"),
                 "analyses": Rule(f"a list of {', '.join(ANALYSES)}", lambda v: set(v) <= set(ANALYSES))}
