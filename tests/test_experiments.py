@@ -49,6 +49,7 @@ evaluation:
     ("    max_steps: 2\n", "    max_steps: 2\n    seed: 3\n", 11, ["set by the experiment"]),
     ("    preset: cpu\n", "    preset: cpu\n    max_passage_chars: 300\n", 8, ["task option", "task_options"]),
     ("    preset: cpu\n", "    preset: gpu\n", 7, ["unknown preset 'gpu'"]),
+    ("    preset: cpu\n", "    preset: cpu-countdwn\n", 7, ["unknown preset 'cpu-countdwn' for es (did you mean cpu-countdown?)"]),
     ("    preset: cpu\n", "    preset: cpu\n    sigma: abc\n", 8, ["sigma"]),
     ("  grpo:\n", "  es:\n", 9, ["duplicate key 'es'", "first on line 6"]),
     ("tasks: [countdown, boolq]", "tasks: [countdown, boolq", 4, ["YAML syntax error"]),

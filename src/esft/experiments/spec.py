@@ -186,7 +186,8 @@ def _component(ctx: SpecContext, block: LineDict, algo_name: str, where: str, ta
     algo = get_algorithm(algo_name)
     preset = block.get("preset")
     if preset is not None and preset not in algo.presets:
-        raise ctx.error(block.line_of("preset"), f"{where}: unknown preset {preset!r} for {algo_name}; "
+        raise ctx.error(block.line_of("preset"), f"{where}: unknown preset {preset!r} for {algo_name}"
+                                                 f"{did_you_mean(preset, algo.presets)}; "
                                                  f"available: {', '.join(algo.presets)}")
     options = check_options(ctx, block, algo, where, skip=BLOCK_KEYS, allow_budget_list=allow_budget_list)
     per_task: dict[str, dict[str, Any]] = {}
