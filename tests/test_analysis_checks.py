@@ -157,10 +157,11 @@ def test_good_analysis_options_pass_the_checks(tmp_path):
 
 
 @pytest.mark.parametrize("argv", [["weights", "--base", "smollm2-135m", "--tuned", "{run}"],
-                                  ["kl", "--base", "smollm2-135m", "--stages", "{run}"]])
+                                  ["kl", "--base", "smollm2-135m", "--stages", "{run}"],
+                                  ["weights", "--base", "{run}", "--tuned", "{run}/checkpoints/final"]])
 def test_a_run_directory_given_for_a_checkpoint_names_its_final_checkpoint(tmp_path, capsys, argv):
     """`--tuned runs/es` (the run, not its checkpoint) said only "no *.safetensors weights in runs/es"; it is
-    refused, as `esft eval --model` refuses it, with the checkpoint folder to give instead."""
+    refused, as `esft eval --model` refuses it, with the checkpoint folder to give instead; so is such a --base."""
     run = tmp_path / "run"
     (run / "checkpoints" / "final").mkdir(parents=True)
     (run / "config.yaml").write_text("task: boolq\n")

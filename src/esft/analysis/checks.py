@@ -59,6 +59,10 @@ def check_analysis(config: Any) -> None:
                     and not (run / "config.json").exists():
                 raise ConfigError(name, path, f"a {what}; {run} is a run directory: its model is a checkpoint "
                                   f"folder, e.g. {run / 'checkpoints' / 'final'}")
+    base = Path(str(getattr(config, "base", "") or ""))
+    if base.name and (base / "checkpoints").is_dir() and not (base / "config.json").exists():
+        raise ConfigError("base", str(base), f"a model name or folder; {base} is a run directory: its model is a "
+                          f"checkpoint folder, e.g. {base / 'checkpoints' / 'final'}")
     check_kl_tables(getattr(config, "aggregate", None) or [])
     check_sides(config)
 
