@@ -132,8 +132,9 @@ class MasterWeights:
     """fp32 master copy of the selected parameters of a model, with exact perturb / restore / update.
 
     Memory: one fp32 copy of the selected parameters (for an fp32 model this *is* the snapshot needed for an
-    exact restore) plus, only inside perturb / apply, one or two scratch buffers the size of the largest tensor;
-    never a second full-model copy.
+    exact restore) plus, only inside perturb / apply, one or two scratch buffers per noise worker, each the size of
+    the largest tensor that worker draws (the largest tensor once, not once per worker); never a second full-model
+    copy.
     """
 
     def __init__(self, model: torch.nn.Module, include: Iterable[str] | None = None,
@@ -245,9 +246,12 @@ class MasterWeights:
         local = threading.local()
 
         def run(name: str):
+            # sized to the tensor, not the model's largest: tensors go out largest first, so a thread's first is
+            # its largest, and only the thread that draws the largest holds buffers of its size
+            need = self.params[name].numel()
             bufs = getattr(local, "bufs", None)
-            if bufs is None:
-                bufs = local.bufs = [self._scratch() for _ in range(buffers)]
+            if bufs is None or bufs[0].numel() < need:
+                bufs = local.bufs = [self._scratch(need) for _ in range(buffers)]
             with torch.no_grad():  # grad mode is thread-local: the caller's no_grad does not reach workers
                 return fn(name, bufs)
 
@@ -262,10 +266,10 @@ class MasterWeights:
     def _view(self, buf: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
         return buf[: like.numel()].view(like.shape)
 
-    def _scratch(self) -> torch.Tensor:
+    def _scratch(self, numel: int | None = None) -> torch.Tensor:
         # Allocated per call, not kept: during generation no scratch exists, so the run's peak memory is
         # max(generation, update) rather than their sum.
-        return torch.empty(self._largest, dtype=torch.float32, device=self._device)
+        return torch.empty(self._largest if numel is None else numel, dtype=torch.float32, device=self._device)
 
     # -- perturb / restore
     @torch.no_grad()
