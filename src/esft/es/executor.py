@@ -170,6 +170,9 @@ class LocalExecutor(Executor):
         return releasing(weights.params.values(), fill=fill, rows=rows if weights.mode == "table" else None)
 
     def _score(self, gens: list, batch: Sequence[dict], result: PopulationResult, row: int) -> None:
+        if len(gens) != len(batch):  # zipped, a short list would leave the row's last examples unscored (0)
+            raise ValueError(f"generate returned {len(gens)} completions for {len(batch)} prompts; it must return "
+                             "one per prompt, in the prompts' order")
         t0 = time.perf_counter()
         for j, (gen, example) in enumerate(zip(gens, batch)):
             result.record(row, j, gen, self.task, example)
