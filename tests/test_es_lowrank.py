@@ -219,6 +219,24 @@ def test_executor_equals_local_executor_on_materialised_weights():
     assert set(fast.timings) == {"perturb", "generate", "score", "restore"}
 
 
+@pytest.mark.parametrize("change", [-1, 1])
+def test_a_generate_that_returns_another_number_of_completions_is_refused(change):
+    """One completion short left the last member's last example unscored (0, a wrong answer in its fitness); one
+    extra raised an IndexError that named nothing: both are refused with the two counts, hooks removed."""
+    def generate(model, tokenizer, prompts, cfg):
+        gens = stub_generate(model, tokenizer, prompts, cfg)
+        return gens[:change] if change < 0 else gens + gens[:change]
+
+    model = tiny_llama()
+    w = LowRankWeights(model, rank=2)
+    batch = ToyTask().load("train")[:4]
+    executor = LowRankExecutor(model, None, w, ToyTask(), 0.05, None, generate_fn=generate)
+    with pytest.raises(ValueError, match=r"returned (7|9) completions for 8 prompts \(2 members x 4\)"):
+        executor.evaluate_members([Member(1, 1), Member(2, -1)], batch)
+    assert not any(m._forward_hooks for m in model.modules())
+    assert bit_equal(state(model), state(tiny_llama()))
+
+
 def test_lowrank_run_replays_bit_for_bit(tmp_path):
     from esft.es.replay import matches_checkpoint, rebuild
     from esft.api import train_es

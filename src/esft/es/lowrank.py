@@ -392,6 +392,9 @@ class LowRankExecutor(LocalExecutor):
             t1 = time.perf_counter()
             pert.close()  # the weights were never changed: removing the hooks is the exact restore
             t2 = time.perf_counter()
+        if len(gens) != n * b:  # enumerated, a short list would leave the last members unscored
+            raise ValueError(f"generate returned {len(gens)} completions for {n * b} prompts ({n} members x {b}); "
+                             "it must return one per prompt, in the prompts' order")
         for row, gen in enumerate(gens):
             i, j = divmod(row, b)
             result.record(i, j, gen, self.task, batch[j])
