@@ -249,6 +249,8 @@ def test_a_resume_keeps_each_earlier_segments_run_block(tmp_path):
 
     first = yaml.safe_load((run(cfg(tmp_path, iterations=2)).output_dir / "config.yaml").read_text())["_run"]
     assert "earlier" not in first
+    # which of torch's CPU kernels drew the noise (its DEFAULT tier draws other bits than AVX2 / AVX-512)
+    assert first["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
     run(cfg(tmp_path, iterations=4, resume=True))
     run(cfg(tmp_path, iterations=6, resume=True))
     block = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["_run"]

@@ -192,6 +192,8 @@ class ESTrainer:
                 "param_dtypes": self.weights.dtypes, "master_dtype": "float32", "update_accumulation": "float32",
                 "device": device, "torch": str(torch.__version__), "numpy": str(np.__version__), "esft": __version__,
                 "python": platform.python_version(), "machine": platform.machine(),
+                # the noise is drawn by torch's vectorised kernels: the same bits on AVX2 and AVX-512, not on "DEFAULT"
+                "cpu_capability": torch.backends.cpu.get_cpu_capability(),
                 "torch_threads": torch.get_num_threads(), **self._layout(),
                 # decides how fast the CPU rollouts run (docs/performance.md, "threads"); chosen at start-up
                 "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "OpenMP default"),
