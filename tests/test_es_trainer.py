@@ -242,6 +242,29 @@ def test_resume_equals_uninterrupted(tmp_path, opts):
     assert matches_checkpoint(model, weights, res.final_checkpoint)
 
 
+@pytest.mark.parametrize("recorded, warns", [("DEFAULT", True), ("AVX2", False), ("AVX512", False)])
+def test_a_resume_on_other_noise_kernels_warns(tmp_path, monkeypatch, recorded, warns):
+    """torch's DEFAULT CPU kernels draw other noise bits than its AVX2 / AVX-512 ones (measured alike): resuming
+    a run on another kind says its updates from there are not the run's own; alike kinds resume without a word."""
+    import warnings
+
+    import yaml
+
+    run(cfg(tmp_path, iterations=1))
+    path = tmp_path / "run" / "config.yaml"
+    data = yaml.safe_load(path.read_text())
+    data["_run"]["cpu_capability"] = recorded
+    path.write_text(yaml.safe_dump(data))
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run(cfg(tmp_path, iterations=2, resume=True))
+    said = [str(w.message) for w in caught if "other noise bits" in str(w.message)]
+    assert len(said) == int(warns)
+    if warns:
+        assert "kernels 'AVX2' where it ran on 'DEFAULT'" in said[0]
+
+
 def test_a_resume_keeps_each_earlier_segments_run_block(tmp_path):
     """config.yaml's `_run` (threads, versions, machine) is the last segment's; a resume keeps the segments before it
     under `earlier`, oldest first. Before, a resume on another thread count rewrote the whole run's record."""

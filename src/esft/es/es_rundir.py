@@ -89,6 +89,30 @@ def index_single_model_file(folder: Path) -> None:
                                  "weight_map": {n: model_file.name for n in names}}, indent=1))
 
 
+#: torch CPU kernel tiers measured to draw the same noise bits (the main job on Zen 2 and Zen 4 machines)
+SAME_NOISE_TIERS = ("AVX2", "AVX512")
+
+
+def warn_if_noise_kernels_changed(run_dir: Path) -> None:
+    """Warn when a resume runs on other torch CPU kernels than the run recorded (`_run.cpu_capability`) and the two
+    are not known to draw the same noise: torch's DEFAULT tier draws other bits than AVX2 / AVX-512, so the replayed
+    and later updates would not be the run's."""
+    import warnings
+
+    import yaml
+
+    try:
+        recorded = ((yaml.safe_load((Path(run_dir) / "config.yaml").read_text()) or {}).get("_run") or {}).get(
+            "cpu_capability")
+    except (OSError, AttributeError, yaml.YAMLError):  # the resume reports an unreadable config.yaml itself
+        return
+    now = torch.backends.cpu.get_cpu_capability()
+    if recorded and recorded != now and not {recorded, now} <= set(SAME_NOISE_TIERS):
+        warnings.warn(f"resuming {run_dir} on torch CPU kernels {now!r} where it ran on {recorded!r}: they draw "
+                      "other noise bits, so the updates replayed and made from here are not the run's own and it "
+                      "will not replay bit for bit; resume it on a machine of the first kind", stacklevel=3)
+
+
 def list_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
     """(step, folder) of complete ES checkpoints, sorted by step (`final` included under its step)."""
     return rundir.list_checkpoints(run_dir, STATE_FILE, "step")
@@ -241,8 +265,8 @@ def check_not_shortened(run_dir: str | Path, iterations: int, option: str = "ite
                          f"(give at least {logged} to continue it)")
 
 
-__all__ = ["CHECKPOINTS", "CheckpointDamaged", "MASTERS_FILE", "OPTIMIZER_FILE", "STATE_FILE", "append_jsonl",
-           "check_noise_stream", "check_not_shortened", "checkpoint_name", "filter_jsonl", "index_single_model_file",
-           "list_checkpoints",
-           "load_checkpoint", "parameter_aliases", "read_jsonl", "read_seed_log", "replace_dir", "rewrite_jsonl",
-           "save_checkpoint", "seed_record", "update_from_record"]
+__all__ = ["CHECKPOINTS", "MASTERS_FILE", "OPTIMIZER_FILE", "SAME_NOISE_TIERS", "STATE_FILE", "append_jsonl",
+           "check_noise_stream", "check_not_shortened", "checkpoint_name", "CheckpointDamaged", "filter_jsonl",
+           "index_single_model_file", "list_checkpoints", "load_checkpoint", "parameter_aliases", "read_jsonl",
+           "read_seed_log", "replace_dir", "rewrite_jsonl", "save_checkpoint", "seed_record", "update_from_record",
+           "warn_if_noise_kernels_changed"]

@@ -125,6 +125,7 @@ class ESTrainer:
         if config.resume:  # other train examples than the run's: refused before the model loads
             check_same_train_set(config.output_dir, examples_digest(train_set))
             warn_if_task_code_changed(config.output_dir, task)
+            es_rundir.warn_if_noise_kernels_changed(Path(config.output_dir))
         if model is None:
             from esft.models import load_model
 
