@@ -60,9 +60,10 @@ class EvalConfig(ConfigHooks):
     k: list[int] = field(default_factory=list)
     """k values of pass@k and maj@k, e.g. 1,8,32 (each <= samples); empty = 1 and n."""
     generation_options: dict[str, Any] = field(default_factory=dict)
-    """How the engine runs: empty = the exact path (greedy outputs equal `model.generate`'s); "fast" = the ES CPU
-    presets' path (esft.config.FAST_CPU_GENERATION: ~5x faster on CPU, logits equal to ~1e-6 relative); or a
-    mapping of esft.generation.ENGINE_OPTIONS, e.g. {share_prefix: true}."""
+    """How the engine runs: empty = the exact path (greedy outputs equal plain greedy `model.generate`'s, without
+    the penalties a model's generation_config.json may set); "fast" = the ES CPU presets' path
+    (esft.config.FAST_CPU_GENERATION: ~5x faster on CPU, logits equal to ~1e-6 relative); or a mapping of
+    esft.generation.ENGINE_OPTIONS, e.g. {share_prefix: true}."""
     task_options: dict[str, Any] = field(default_factory=dict)
     """Options of the tasks read from a data file, dataset or module (prompt_field, answer_field, system_prompt,
     reward, ...: esft.tasks.dataset_task); the built-in tasks take theirs in the name."""
