@@ -227,8 +227,11 @@ class FakeTask(Task):
 
 
 def test_check_splits_accepts_a_complete_task():
-    """A task with both splits, each with a promptable, scorable first example, passes."""
-    validation.check_splits("task", "fake", FakeTask(), ("train", "test"))
+    """A task with both splits, each with a promptable, scorable first example, passes, and is told each split's
+    number of examples (what grpo_config reads instead of loading the split again)."""
+    task = FakeTask(rows={"train": [{"q": 1}, {"q": 2}, {"q": 3}], "test": [{"q": 4}]})
+    assert validation.check_splits("task", "fake", task, ("train", "test")) == {"train": 3, "test": 1}
+    assert validation.check_splits("task", "fake", task, ("test",)) == {"test": 1}  # only the splits asked for
 
 
 @pytest.mark.parametrize("task, message", [
