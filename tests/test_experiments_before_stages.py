@@ -143,11 +143,14 @@ def test_an_evaluation_option_a_run_never_reads_is_refused_at_its_line(tmp_path,
 
 
 def test_evaluation_options_a_run_reads_or_that_ask_for_none_pass(tmp_path):
-    for new in ("    eval_every: 0\n    eval_limit: 0\n    eval_balanced: false\n",  # asks for no evaluation
-                "    eval_every: 5\n    eval_limit: 10\n"):
+    for new, want in (("    eval_every: 0\n    eval_limit: 0\n    eval_balanced: false\n", (0, 0, False)),  # none
+                      ("    eval_every: 5\n    eval_limit: 10\n", (5, 10))):
         spec = load_spec_text(tmp_path, SPEC.replace(ES, ES + new, 1))
-        assert spec.config(spec.method("es").components[0], "countdown", 42).eval_limit in (0, 10)
-    load_spec_text(tmp_path, SPEC.replace(GRPO, GRPO + "    eval_every: 2\n    eval_limit: 4\n", 1))
+        config = spec.config(spec.method("es").components[0], "countdown", 42)
+        assert (config.eval_every, config.eval_limit, config.eval_balanced)[:len(want)] == want
+    spec = load_spec_text(tmp_path, SPEC.replace(GRPO, GRPO + "    eval_every: 2\n    eval_limit: 4\n", 1))
+    config = spec.config(spec.method("grpo").components[0], "countdown", 42)
+    assert (config.eval_every, config.eval_limit) == (2, 4)
 
 
 # ---- a stage that trained nothing is held to no options -----------------------------------------------------------
