@@ -80,10 +80,13 @@ def test_format_bonus_warning_for_an_object_that_is_no_task_names_it():
 def test_a_subclass_that_declares_no_format_check_gets_no_format_bonus():
     """`checks_format` may be set False by a subclass that still has an `is_well_formed` (documented on the
     property): its reward function then adds no format bonus, as `format_bonus_warning` tells the user."""
+    from dataclasses import dataclass
+
     from esft.tasks.base import Task
 
-    class NoFormat(Task):
-        name = "no-format"
+    @dataclass
+    class NoFormat(Task):  # a dataclass, as docs/custom-tasks.md writes a task: its `name` is the instance's
+        name: str = "no-format"
         checks_format = False
 
         def score(self, completion, example):
@@ -94,4 +97,5 @@ def test_a_subclass_that_declares_no_format_check_gets_no_format_bonus():
 
     reward = NoFormat().reward_function(format_bonus=0.1)
     assert reward(["4", "5"], answer=["4", "4"]) == [1.0, 0.0]
-    assert format_bonus_warning(NoFormat(), 0.1) is not None
+    assert format_bonus_warning(NoFormat(), 0.1).startswith(
+        "format bonus 0.1 has no effect: task 'no-format' checks no answer format")
