@@ -86,11 +86,15 @@ def test_reward_function_format_bonus(tasks, name):
     assert reward([right, wrong, "no answer here at all"], examples=[ex, ex, ex]) == pytest.approx([1.1, 0.1, 0.0])
 
 
+# What each CASES completion answers (right, wrong): the box's or the JSON's content, as written there.
+EXTRACTED = {"countdown": ("44 + 19 + 35", "44 - 19 + 35"), "math": ("0.75", "\\frac{1}{2}"), "chemistry": ("B", "C"),
+             "mmlu": ("D", "A"), "boolq": ("no", "yes")}
+
+
 @pytest.mark.parametrize("name", TASKS)
 def test_details_report_the_extracted_answer(tasks, name):
-    ex, right, _ = CASES[name]
-    details = tasks[name].details(right, ex)
-    assert details["extracted"] is not None
+    ex, right, wrong = CASES[name]
+    assert [tasks[name].details(c, ex)["extracted"] for c in (right, wrong)] == list(EXTRACTED[name])
     assert tasks[name].details("", ex)["extracted"] is None
 
 
