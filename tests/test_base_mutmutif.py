@@ -99,3 +99,28 @@ def test_a_subclass_that_declares_no_format_check_gets_no_format_bonus():
     assert reward(["4", "5"], answer=["4", "4"]) == [1.0, 0.0]
     assert format_bonus_warning(NoFormat(), 0.1).startswith(
         "format bonus 0.1 has no effect: task 'no-format' checks no answer format")
+
+
+def test_a_subclass_without_dataclass_keeps_the_fields_it_sets_as_class_attributes():
+    """`class Sums(Task): name = "sums"; system_prompt = "..."` (plain Python, no @dataclass) inherits Task's
+    __init__, which assigned Task's defaults over them: the name read '' and the system prompt was dropped. Values
+    given to the constructor, and a dataclass subclass's own defaults, stay as given."""
+    from dataclasses import dataclass
+
+    from esft.tasks.base import Task
+
+    class Sums(Task):
+        name = "sums"
+        splits = ("train", "test", "extra")
+        system_prompt = "Answer with a number."
+
+    task = Sums()
+    assert (task.name, task.splits, task.system_prompt) == ("sums", ("train", "test", "extra"), "Answer with a number.")
+    assert Sums(name="other", system_prompt="Be brief.").name == "other"
+    assert Sums(system_prompt="Be brief.").system_prompt == "Be brief."
+
+    @dataclass
+    class Declared(Task):
+        name: str = "declared"
+
+    assert Declared().name == "declared" and Declared(name="mine").name == "mine" and Declared().system_prompt == ""

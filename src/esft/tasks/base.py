@@ -11,7 +11,7 @@ import gzip
 import hashlib
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from importlib import resources
 from typing import Any, Callable
 
@@ -48,6 +48,14 @@ class Task:
     splits: tuple[str, ...] = ("train", "test")
     #: system prompt that states the answer format (paper Table 19)
     system_prompt: str = ""
+
+    def __post_init__(self) -> None:
+        # A subclass without @dataclass that sets these as plain class attributes (`name = "sums"`) inherits this
+        # __init__, which assigned Task's defaults over them: its name, splits and system prompt were lost unsaid.
+        for f in fields(Task):
+            declared = getattr(type(self), f.name, f.default)
+            if getattr(self, f.name) == f.default and declared != f.default:
+                setattr(self, f.name, declared)
 
     # ---- data -------------------------------------------------------------------------------------
     def load(self, split: str = "test", limit: int | None = None) -> list[Example]:
