@@ -14,6 +14,7 @@ import json
 import math
 
 import pytest
+import yaml
 import torch
 
 pytest.importorskip("trl")
@@ -650,3 +651,38 @@ def test_an_interrupt_inside_a_generation_round_saves_no_checkpoint_the_resume_w
     # for the final one only
     assert [folder.name for _, folder in list_checkpoints(at_end)] == ["final"]
     assert [r["step"] for r in read_jsonl(at_end / "metrics.jsonl") if r["kind"] == "train"] == [1, 2, 3, 4, 5]
+
+
+@pytest.mark.parametrize("recorded, now, warns", [("bf16-autocast", "fp32", True), ("fp32", "bf16-autocast", True),
+                                                  ("fp32", "fp32", False), (None, "fp32", False)])
+def test_a_resume_in_another_precision_than_the_runs_warns(tmp_path, recorded, now, warns):
+    """`precision: auto` is not a locked value's change: a GPU run (bf16 autocast) resumed on the CPU resolves to
+    fp32 and its steps mix the two; the resume says so. The same precision, or a run without the record, is quiet."""
+    import warnings
+
+    from esft.grpo.run import warn_if_precision_changed
+
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump({"max_steps": 2, "_run": {"precision": recorded}}))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        warn_if_precision_changed(tmp_path, now)
+    said = [str(w.message) for w in caught]
+    assert len(said) == int(warns)
+    if warns:
+        assert f"in {now} where its steps so far ran in {recorded}" in said[0]
+
+
+def test_a_resume_says_when_it_computes_in_another_precision(tmp_path, tokenizer):
+    """The resume of a run whose record says bf16 autocast (a GPU run) on a machine where it resolves to fp32
+    warns, naming both; the steps it trains are counted on as usual."""
+    out = tmp_path / "run"
+    config = tiny_config(out, max_steps=1, lr_scheduler_type="constant", eval_every=0, save_steps=1)
+    train_grpo(config, model=make_tiny_model(), tokenizer=tokenizer, task=ParityTask(), progress=False)
+    saved = yaml.safe_load((out / "config.yaml").read_text())
+    assert saved["_run"]["precision"] == "fp32"
+    saved["_run"]["precision"] = "bf16-autocast"
+    (out / "config.yaml").write_text(yaml.safe_dump(saved))
+    with pytest.warns(UserWarning, match="in fp32 where its steps so far ran in bf16-autocast"):
+        result = train_grpo(config.replace(max_steps=2, resume=True), model=make_tiny_model(), tokenizer=tokenizer,
+                            task=ParityTask(), progress=False)
+    assert result.steps == 2

@@ -201,6 +201,19 @@ def check_masters_stay_fp32(trl_args: Any, given: dict[str, Any]) -> None:
                           "leave it out of trl_args")
 
 
+def warn_if_precision_changed(out: Path, precision: str) -> None:
+    """Warn when a resume computes in another precision than the run did (`_run.precision`): `precision: auto`
+    on another device (a GPU run resumed on the CPU) turns bf16 autocast into fp32 or back, and the run's steps
+    then mix the two."""
+    try:
+        recorded = ((yaml.safe_load((out / "config.yaml").read_text()) or {}).get("_run") or {}).get("precision")
+    except (OSError, AttributeError, yaml.YAMLError):  # the resume reports an unreadable config.yaml itself
+        return
+    if recorded and recorded != precision:
+        warnings.warn(f"resuming {out} in {precision} where its steps so far ran in {recorded} (precision auto "
+                      "on another device): the steps from here on compute in the other precision", stacklevel=3)
+
+
 def _say_resuming(out: Path, config: GRPOConfig, start: int, resume_from: Path | None) -> None:
     # a final checkpoint is named by its step: an extended run renames it so (rundir.demote_final)
     source = f"checkpoint {rundir.checkpoint_name(start)}" if resume_from is not None else \
@@ -233,6 +246,8 @@ def _train_locked(config: GRPOConfig, out: Path, model: Any, tokenizer: Any, tas
         return GRPOTrainResult(out, start, resume_from, None)
     if config.resume and progress and (out / "config.yaml").exists():
         _say_resuming(out, config, start, resume_from)
+    if config.resume:
+        warn_if_precision_changed(out, precision)
 
     # before the model: TRL's own option checks (and esft's on trl_args) fail fast
     trl_args = to_trl_config(config, str(out), precision, progress)
