@@ -280,13 +280,9 @@ def examples_digest(examples: Iterable[Any]) -> str | None:
 def check_same_train_set(run_dir: str | Path, digest: str | None) -> None:
     """Refuse to resume `run_dir` on train examples other than those it started on (`examples_digest`, recorded
     in config.yaml by runs since esft recorded it): the resumed run would not continue the one it started."""
-    import yaml
+    from esft.saved_config import recorded_run
 
-    try:
-        recorded = (yaml.safe_load((Path(run_dir) / "config.yaml").read_text()) or {}).get("_run", {})
-        recorded = recorded.get("train_sha256") if isinstance(recorded, dict) else None
-    except (OSError, AttributeError, yaml.YAMLError):  # no or unreadable config.yaml: the resume says so itself
-        return
+    recorded = recorded_run(run_dir).get("train_sha256")
     if recorded and digest and recorded != digest:
         raise ValueError(f"cannot resume {run_dir}: its train examples changed since it started (sha256 "
                          f"{recorded[:12]}..., now {digest[:12]}...: a data file edited, or the task reading other "

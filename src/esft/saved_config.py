@@ -23,6 +23,18 @@ def saved_algorithm(data: Mapping[str, Any]) -> str | None:
     return "grpo" if "num_generations" in data else None
 
 
+def recorded_run(run_dir: str | Path) -> dict[str, Any]:
+    """The `_run` block the trainer recorded in `<run_dir>/config.yaml` (versions, machine, digests, precision);
+    {} where there is none or the file does not read (a resume refuses such a file itself)."""
+    import yaml
+
+    try:
+        block = (yaml.safe_load((Path(run_dir) / "config.yaml").read_text()) or {}).get("_run")
+    except (OSError, AttributeError, yaml.YAMLError):
+        return {}
+    return block if isinstance(block, dict) else {}
+
+
 def with_earlier_segments(path: str | Path, run_info: dict[str, Any]) -> dict[str, Any]:
     """`run_info`, the `_run` block of a run segment about to start, with the blocks of the segments before it
     (a resumed run's config.yaml) under `earlier`, oldest first: each keeps the threads, versions and machine it ran

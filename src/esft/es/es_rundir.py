@@ -99,13 +99,9 @@ def warn_if_noise_kernels_changed(run_dir: Path) -> None:
     and later updates would not be the run's."""
     import warnings
 
-    import yaml
+    from esft.saved_config import recorded_run
 
-    try:
-        recorded = ((yaml.safe_load((Path(run_dir) / "config.yaml").read_text()) or {}).get("_run") or {}).get(
-            "cpu_capability")
-    except (OSError, AttributeError, yaml.YAMLError):  # the resume reports an unreadable config.yaml itself
-        return
+    recorded = recorded_run(run_dir).get("cpu_capability")
     now = torch.backends.cpu.get_cpu_capability()
     if recorded and recorded != now and not {recorded, now} <= set(SAME_NOISE_TIERS):
         warnings.warn(f"resuming {run_dir} on torch CPU kernels {now!r} where it ran on {recorded!r}: they draw "

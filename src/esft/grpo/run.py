@@ -205,10 +205,9 @@ def warn_if_precision_changed(out: Path, precision: str) -> None:
     """Warn when a resume computes in another precision than the run did (`_run.precision`): `precision: auto`
     on another device (a GPU run resumed on the CPU) turns bf16 autocast into fp32 or back, and the run's steps
     then mix the two."""
-    try:
-        recorded = ((yaml.safe_load((out / "config.yaml").read_text()) or {}).get("_run") or {}).get("precision")
-    except (OSError, AttributeError, yaml.YAMLError):  # the resume reports an unreadable config.yaml itself
-        return
+    from esft.saved_config import recorded_run
+
+    recorded = recorded_run(out).get("precision")
     if recorded and recorded != precision:
         warnings.warn(f"resuming {out} in {precision} where its steps so far ran in {recorded} (precision auto "
                       "on another device): the steps from here on compute in the other precision", stacklevel=3)

@@ -63,13 +63,9 @@ def task_code(task: Any) -> dict[str, Any] | None:
 def warn_if_task_code_changed(run_dir: str | Path, task: Any) -> None:
     """Warn where the run at `run_dir` recorded task code (`_run.task_code` of its config.yaml) whose digest
     differs from that of `task`'s code now, which the resume runs."""
-    import yaml
+    from esft.saved_config import recorded_run
 
-    try:
-        recorded = (yaml.safe_load((Path(run_dir) / "config.yaml").read_text()) or {}).get("_run", {})
-        recorded = recorded.get("task_code") if isinstance(recorded, dict) else None
-    except (OSError, AttributeError, yaml.YAMLError):  # no or unreadable config.yaml: the resume says so itself
-        return
+    recorded = recorded_run(run_dir).get("task_code")
     current = task_code(task) if isinstance(recorded, dict) and recorded.get("sha256") else None
     if current and recorded["sha256"] != current["sha256"]:
         warnings.warn(f"resuming {run_dir} with task code changed since the run started ({', '.join(current['files'])}"
