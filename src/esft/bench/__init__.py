@@ -53,6 +53,12 @@ Definitions:
   worker-seconds are divided by the workers.
   `overhead_fraction_summed_lanes` keeps the lane sum undivided (its value before 2026-12-01).
   speedup_vs_naive = naive_iteration_s / iteration_s.
+* The memory limit: `memory_read_gbps` is the best streaming read rate measured (`read_gbps`, with the matmuls);
+  `decode_read_bytes` what the iteration's decode steps must read at least (`roofline.decode_read_bytes`: each member's
+  weights once per step, each row's cached keys and values once per step); `bandwidth_ratio` the time those bytes
+  take at that rate over iteration_s; `roofline_ceiling` the highest roofline_ratio the bandwidth leaves (1 when
+  the arithmetic, not the memory, is the longer). A decode-heavy iteration on a CPU with fast bf16 matmuls (AMX)
+  is memory-bound: its ceiling there is ~0.24 (docs/performance.md).
 
 Workloads:
 
@@ -85,8 +91,8 @@ import torch
 from esft.bench.inference import esft_generation, inference_entry, vllm_available, vllm_generation, vllm_job
 from esft.bench.iterations import check_outputs, esft_iteration, esft_iteration_parallel, naive_iteration
 from esft.bench.roofline import (
-    EMULATED_BF16_MATMUL_SIZE, ModelShape, best_dtype_roofline_ratio, bf16_matmul_size, count_params, cpu_info,
-    effective_layout, executed_flops, load_average, matmul_gflops, roofline_ratio,
+    EMULATED_BF16_MATMUL_SIZE, ModelShape, bandwidth_bound, best_dtype_roofline_ratio, bf16_matmul_size, count_params,
+    cpu_info, effective_layout, executed_flops, load_average, matmul_gflops, read_gbps, roofline_ratio,
 )
 from esft.bench.options import FAST_GENERATION, FAST_NOISE, BenchConfig, check_given, parse_overrides
 from esft.bench.workloads import (FAST_PARALLEL_MEMBERS, WORKLOADS, PseudoTask, Workload, bench_fitness,
@@ -154,6 +160,7 @@ def _measure(config: BenchConfig, model, tokenizer, log) -> dict[str, Any]:
 
         warnings.warn(precision.warning, stacklevel=2)
     readings: dict[str, list[float]] = {"fp32": [], "bf16": []}
+    reads: list[float] = []  # GB/s, measured with the matmuls: the memory limit (`bandwidth_bound`)
     from esft.generation.packed import onednn_bf16
 
     bf16_size = bf16_matmul_size(onednn_bf16(), precision.dtype == "bfloat16")
@@ -162,11 +169,12 @@ def _measure(config: BenchConfig, model, tokenizer, log) -> dict[str, Any]:
         readings["fp32"].append(round(matmul_gflops(dtype), 2))
         if bf16_size is not None:
             readings["bf16"].append(round(matmul_gflops(torch.bfloat16, size=bf16_size), 2))
+        reads.append(round(read_gbps(), 2))
 
     measure()
     timed: dict[str, tuple[dict[str, int], dict[str, float]]] = {}  # workload -> executed FLOPs, unrounded timings
     report = _report_head(config, model, dtype, readings)
-    report["rollout_precision"] = precision.record()
+    report.update(rollout_precision=precision.record(), memory_read_gbps_readings=reads)
     report["matmul_size_bf16"] = bf16_size
     rollout = precision.torch_dtype if precision.dtype != "float32" else None
     snapshot = _snapshot(model)
@@ -332,6 +340,7 @@ def _workload_entry(runs: dict[str, list[dict]], loads: list[float | None], nois
         "delivered_tokens_per_s": round(tokens / it, 2),
         "executed_gflop": None if flops is None else round(sum(flops.values()) / 1e9, 3),
         "executed_flops": flops,
+        "decode_read_bytes": best.get("decode_read_bytes"),
         "iteration_s": round(it, 3),
         "naive_iteration_s": None,
         "speedup_vs_naive": None,
@@ -366,6 +375,8 @@ def _rooflines(report: dict[str, Any], readings: dict[str, list[float]],
     rates = {"fp32": gflops, "bf16": gflops_bf16}
     report["matmul_gflops_by_dtype"] = rates
     report["best_dtype"] = max((k for k in rates if rates[k]), key=lambda k: rates[k])
+    reads = report.get("memory_read_gbps_readings")
+    report["memory_read_gbps"] = max(reads) if reads else None
     for name, (flops, t) in timed.items():
         entry = report["workloads"][name]
         # executed FLOPs at the best rate this CPU offers in any dtype (the headline), and at each dtype's own
@@ -377,6 +388,10 @@ def _rooflines(report: dict[str, Any], readings: dict[str, list[float]],
         # per-member generate times are summed over the lanes, each lane having 1/lanes of the threads
         entry["generate_roofline_ratio"] = round(
             best_dtype_roofline_ratio(flops, t["generate"] / entry["lanes"], rates), 4)
+        if entry.get("decode_read_bytes") is not None and report["memory_read_gbps"]:
+            bound = bandwidth_bound(flops, entry["decode_read_bytes"], t["iteration"],
+                                    rates[report["best_dtype"]], report["memory_read_gbps"])
+            entry.update({k: round(v, 4) for k, v in bound.items()})
 
 
 def format_table(report: dict[str, Any]) -> str:

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from esft.bench.roofline import ModelShape, effective_layout, executed_flops
+from esft.bench.roofline import ModelShape, decode_read_bytes, effective_layout, executed_flops
 from esft.bench.workloads import PseudoTask, Workload, bench_fitness
 
 
@@ -57,6 +57,7 @@ def esft_iteration(model, tokenizer, work: Workload, population: int, noise: str
         executor.close()
     if noise != "lowrank":
         out["executed_flops"] = executed(model, tokenizer, work, gen, calls, rollout_dtype)
+        out["decode_read_bytes"] = read_bytes(model, tokenizer, work, gen, calls, rollout_dtype)
     return out
 
 
@@ -104,6 +105,25 @@ def executed(model, tokenizer, work: Workload, gen, calls, dtype: torch.dtype | 
         ids = ids if ids is not None else encode_prompts(tokenizer, work.prompts)
         counted = executed_flops(shape, ids, lengths, batch_size=gen.batch_size, **layout)
         total = {k: total[k] + counted[k] for k in total}
+    return total
+
+
+def read_bytes(model, tokenizer, work: Workload, gen, calls, dtype: torch.dtype | None = None) -> int:
+    """Bytes the recorded generate calls' decode steps must read at least (`decode_read_bytes`), summed. Weights in
+    the rollout copies' dtype (the model's without `dtype`); the K/V cache in bf16 where the step computes with bf16
+    (the compiled attention's bf16 cache, or bf16 activations), else fp32; the lm_head as the bf16 screen's matrix
+    when screened."""
+    from esft.generation import encode_prompts
+
+    shape, layout = ModelShape.of(model), effective_layout(model, gen, dtype)
+    weight = (model.lm_head.weight.dtype if dtype is None else dtype).itemsize
+    cache = 2 if layout["bf16_weights"] or layout["bf16_activations"] else 4
+    head = 2 if layout["screened_lm_head"] else weight
+    total = 0
+    for ids, lengths in calls:
+        ids = ids if ids is not None else encode_prompts(tokenizer, work.prompts)
+        total += decode_read_bytes(shape, [len(i) for i in ids], lengths, batch_size=gen.batch_size,
+                                   weight_bytes=weight, cache_bytes=cache, head_bytes=head)
     return total
 
 

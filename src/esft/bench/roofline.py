@@ -32,6 +32,20 @@ def matmul_gflops(dtype: torch.dtype = torch.float32, size: int = 2048, reps: in
     return 2 * size**3 / best / 1e9
 
 
+def read_gbps(nbytes: int = 1 << 30, reps: int = 5) -> float:
+    """Best-of-`reps` GB/s of summing an fp32 tensor of `nbytes` (with the current torch thread setting): the rate
+    at which this machine streams data that is not in its caches. The default 1 GiB exceeds the caches of the CPUs
+    seen so far (the largest L3 here: 480 MiB); a smaller tensor would measure a cache instead."""
+    x = torch.ones(nbytes // 4)
+    x.sum()
+    best = float("inf")
+    for _ in range(reps):
+        t = time.perf_counter()
+        x.sum()
+        best = min(best, time.perf_counter() - t)
+    return x.numel() * 4 / best / 1e9
+
+
 EMULATED_BF16_MATMUL_SIZE = 512
 
 
@@ -151,6 +165,39 @@ def executed_flops(shape: ModelShape, prompts: Sequence[Sequence[int]], completi
         fp32 += head * decode_rows
     return {"prefill_positions": positions, "prefill_logit_rows": logit_rows, "decode_rows": decode_rows,
             "attention_pairs": pairs, "fp32": fp32, "bf16": bf16}
+
+
+def decode_read_bytes(shape: ModelShape, prompt_lengths: Sequence[int], completion_lengths: Sequence[int], *,
+                      batch_size: int, weight_bytes: int, cache_bytes: int, head_bytes: int) -> int:
+    """Bytes the decode steps of one `esft.generation.generate` call must read from memory at least: at each step
+    of a batch (rows sorted by prompt length, longest first, in batches of `batch_size`; a batch steps until its
+    longest completion is done), every layer's projection weights once (`weight_bytes` each) and the lm_head once
+    (`head_bytes` each: the bf16 screen's matrix, or the head in the weights' dtype), and for every row still
+    generating, each cached key and value it attends (`cache_bytes` each), counted as `executed_flops` counts the
+    attention's pairs. A lower bound: prefill, activations, norms and a lane's weight writes are left out. Weights
+    that stay in a cache across steps (a model smaller than the last-level cache) would make it no bound."""
+    if len(prompt_lengths) != len(completion_lengths):
+        raise ValueError(f"{len(prompt_lengths)} prompts but {len(completion_lengths)} completion lengths")
+    steps = [max(int(c) - 1, 0) for c in completion_lengths]
+    order = sorted(range(len(steps)), key=lambda i: prompt_lengths[i], reverse=True)
+    batch_steps = sum(max(steps[i] for i in order[k:k + batch_size]) for k in range(0, len(order), batch_size))
+    pairs = sum(s * n + s * (s + 1) // 2 for s, n in zip(steps, prompt_lengths))
+    per_step = shape.layers * shape.layer_weights * weight_bytes + shape.vocab * shape.hidden * head_bytes
+    per_pair = 2 * shape.layers * shape.kv_heads * shape.head_dim * cache_bytes
+    return batch_steps * per_step + pairs * per_pair
+
+
+def bandwidth_bound(flops: dict[str, float], read_bytes: float, seconds: float, best_gflops: float,
+                    gbps: float) -> dict[str, float]:
+    """Where an iteration of `seconds` stands against this machine's two limits: `bandwidth_ratio`, the time its
+    `read_bytes` need at `gbps` over `seconds` (1 = it streams at the measured rate), and `roofline_ceiling`, the
+    highest roofline ratio (all `flops` at `best_gflops`) that the bandwidth leaves: the compute time over the
+    longer of the compute and the memory times. Below 1, no engine that reads what `decode_read_bytes` counts can
+    reach a roofline ratio above it."""
+    compute = (flops.get("fp32", 0) + flops.get("bf16", 0)) / (best_gflops * 1e9)
+    memory = read_bytes / (gbps * 1e9)
+    return {"bandwidth_ratio": memory / seconds,
+            "roofline_ceiling": compute / max(compute, memory) if max(compute, memory) > 0 else 1.0}
 
 
 def roofline_ratio(flops: dict[str, float], seconds: float, gflops: float, gflops_bf16: float | None = None) -> float:
