@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from esft import bench
 from esft.bench.roofline import ModelShape, bandwidth_bound, decode_read_bytes, read_gbps
@@ -95,3 +96,27 @@ def test_the_bench_report_carries_the_decode_bytes_of_its_recorded_generations(t
     assert w["decode_read_bytes"] == seen[-1] > 0
     assert w["bandwidth_ratio"] == pytest.approx(w["decode_read_bytes"] / 5e9 / w["iteration_s"], rel=1e-2)
     assert 0 < w["roofline_ceiling"] <= 1.0
+
+
+@pytest.mark.parametrize("layout, dtype, sizes", [
+    ({"bf16_weights": False, "bf16_activations": False, "screened_lm_head": False}, None, (4, 4, 4)),
+    ({"bf16_weights": False, "bf16_activations": False, "screened_lm_head": True}, None, (4, 4, 2)),
+    ({"bf16_weights": True, "bf16_activations": False, "screened_lm_head": True}, torch.bfloat16, (2, 2, 2)),
+    ({"bf16_weights": False, "bf16_activations": True, "screened_lm_head": False}, torch.bfloat16, (2, 2, 2)),
+])
+def test_read_bytes_takes_each_dtype_from_what_the_engine_runs(tokenizer, monkeypatch, layout, dtype, sizes):
+    """Weights in the rollout copies' dtype, the K/V cache in bf16 only where the step computes in bf16, the lm_head
+    as the screen's bf16 matrix where screened (`esft.bench.roofline.effective_layout` says which)."""
+    from esft.bench import iterations
+    from esft.generation import GenerationConfig, encode_prompts
+
+    model, work = make_tiny_model(), small_workload()
+    monkeypatch.setattr(iterations, "effective_layout", lambda m, g, d=None: layout)
+    gen = GenerationConfig(max_new_tokens=6, batch_size=3)
+    ids = encode_prompts(tokenizer, work.prompts)
+    lengths = [6, 2, 4, 1, 6]
+    weight, cache, head = sizes
+    want = decode_read_bytes(ModelShape.of(model), [len(i) for i in ids], lengths, batch_size=3,
+                             weight_bytes=weight, cache_bytes=cache, head_bytes=head)
+    # a call without its prompt ids re-encodes the workload's prompts
+    assert iterations.read_bytes(model, tokenizer, work, gen, [(ids, lengths), (None, lengths)], dtype) == 2 * want
