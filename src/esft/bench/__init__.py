@@ -58,7 +58,7 @@ Definitions:
   weights once per step, each row's cached keys and values once per step); `bandwidth_ratio` the time those bytes
   take at that rate over iteration_s; `roofline_ceiling` the highest roofline_ratio the bandwidth leaves (1 when
   the arithmetic, not the memory, is the longer). A decode-heavy iteration on a CPU with fast bf16 matmuls (AMX)
-  is memory-bound: its ceiling there is ~0.24 (docs/performance.md).
+  is memory-bound: its ceiling there was 0.29 (docs/performance.md).
 
 Workloads:
 
