@@ -96,6 +96,8 @@ def test_the_bench_report_carries_the_decode_bytes_of_its_recorded_generations(t
     assert w["decode_read_bytes"] == seen[-1] > 0
     assert w["bandwidth_ratio"] == pytest.approx(w["decode_read_bytes"] / 5e9 / w["iteration_s"], rel=1e-2)
     assert 0 < w["roofline_ceiling"] <= 1.0
+    assert (f"decode-heavy: decode reads at least {w['decode_read_bytes'] / 1e9:.1f} GB, "
+            f"{w['bandwidth_ratio']:.3f} of the iteration at 5.0 GB/s") in bench.format_table(report)
 
 
 @pytest.mark.parametrize("layout, dtype, sizes", [

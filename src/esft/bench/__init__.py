@@ -429,6 +429,10 @@ def format_table(report: dict[str, Any]) -> str:
             engines = ", ".join(f"{e['engine']} {e['seconds']:.1f} s" for e in w["pure_generation"])
             lines.append(f"{name}: pure generation of the same prompts: {engines} (vLLM: {w['vllm']}); "
                          f"inference ratio against {w['inference_engine']}")
+        if w.get("roofline_ceiling") is not None:
+            lines.append(f"{name}: decode reads at least {w['decode_read_bytes'] / 1e9:.1f} GB, "
+                         f"{w['bandwidth_ratio']:.3f} of the iteration at {report['memory_read_gbps']:.1f} GB/s; "
+                         f"the highest roofline that bandwidth leaves: {w['roofline_ceiling']:.3f}")
         if len(pairs := w.get("speedup_vs_fp32_per_repeat") or []) > 1:
             lines.append(f"{name}: fp32-rollout iteration over the bf16 one right after it, per repeat: "
                          + ", ".join(f"{x:.2f}" for x in pairs))
