@@ -135,6 +135,26 @@ def test_main_prints_the_summary_and_writes_the_figure(tmp_path, capsys):
     assert curve.plot_run(run) == run / "curve.png" and (run / "curve.png").exists()
 
 
+def test_plot_run_keeps_the_earlier_curve_when_drawing_is_interrupted(tmp_path, monkeypatch):
+    """curve.png is redrawn at the end of every run and resume: a Ctrl-C while it is written must leave the earlier
+    figure, not a cut PNG (and no temporary file beside it)."""
+    from matplotlib.figure import Figure
+
+    run = _run(tmp_path / "run", TRAIN + EVALS)
+    before = curve.plot_run(run).read_bytes()
+    assert before[:8] == b"\x89PNG\r\n\x1a\n"
+
+    def cut(self, fname, **kwargs):
+        Path(fname).write_bytes(b"\x89PNG cut")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Figure, "savefig", cut)
+    with pytest.raises(KeyboardInterrupt):
+        curve.plot_run(run)
+    assert (run / "curve.png").read_bytes() == before and sorted(p.name for p in run.iterdir()
+                                                                   if p.name.startswith(".")) == []
+
+
 def test_main_refuses_a_folder_that_is_not_a_run(tmp_path, capsys):
     """`python -m esft.es.curve` on a folder without metrics.jsonl wrote an empty curve.png into it and exited 0;
     on a missing folder it ended in PIL's FileNotFoundError traceback. Both are one line and exit 2 now."""

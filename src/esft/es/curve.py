@@ -300,11 +300,12 @@ def _heldout_panel(ax: Any, ev: list[dict], run_dir: Path, colour: str) -> None:
 
 def plot_run(run_dir: str | Path, path: str | Path | None = None) -> Path:
     """`run_figure(run_dir)` written to `<run_dir>/curve.png` by default (esft.api does it at the end of every
-    training run)."""
+    training run), as every esft figure is: cropped to its content, written whole or not at all
+    (`esft.passk_figure.save_figure`), so a run stopped while it draws keeps its earlier curve."""
+    from esft.passk_figure import save_figure
+
     run_dir = Path(run_dir)
-    path = Path(path) if path else run_dir / "curve.png"
-    run_figure(run_dir).savefig(path, dpi=120)
-    return path
+    return save_figure(run_figure(run_dir), Path(path) if path else run_dir / "curve.png")
 
 
 def run_figure(run_dir: str | Path) -> Any:
