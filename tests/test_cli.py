@@ -222,13 +222,43 @@ def test_resume_refuses_a_preset_or_config_file_it_would_not_read(tmp_path, caps
     assert example in err and ("--iterations" not in err or "grpo" not in command), err
 
 
+@pytest.mark.parametrize("argv, flag, first, second", [
+    (["train", "es", "--task", "boolq", "--iterations", "2", "--task", "countdown"], "--task", "'boolq'",
+     "'countdown'"),
+    (["train", "grpo", "--task", "boolq", "--task=mmlu"], "--task", "'boolq'", "'mmlu'"),
+    (["eval", "--tasks", "boolq", "--tasks", "mmlu"], "--tasks", "['boolq']", "['mmlu']")])
+def test_a_task_flag_given_twice_is_refused_not_overwritten(argv, flag, first, second, capsys):
+    """argparse keeps a repeated flag's last value: `--task boolq --task countdown` trained on Countdown alone
+    without a word. Refused, naming both values, before anything loads."""
+    from esft.cli import build_parser
+
+    with pytest.raises(SystemExit) as info:
+        build_parser().parse_args(argv)
+    assert info.value.code == 2
+    assert f"argument {flag}: given twice ({first}, then {second}); give it once" in capsys.readouterr().err
+
+
+def test_a_parser_parses_again_after_a_flag_was_given_once():
+    """The check is per parse: one parser object reads a second command line that gives the flag once."""
+    from esft.cli import build_parser
+
+    parser = build_parser()
+    assert parser.parse_args(["train", "es", "--task", "boolq"]).task == "boolq"
+    assert parser.parse_args(["train", "es", "--task", "countdown"]).task == "countdown"
+    assert parser.parse_args(["train", "es", "--task", "boolq", "--task", "boolq"]).task == "boolq"
+    # other flags keep the last value: a script overrides its base command line so
+    assert parser.parse_args(["train", "es", "--iterations", "2", "--iterations", "3"]).iterations == 3
+
+
 @pytest.mark.parametrize("argv, words", [
     (["train", "es", "--fitness", "dart", "--fitness-rule", "mean"], "--fitness dart and --fitness-rule mean"),
     (["train", "es", "--fitness-rule", "mean", "--fitness=dart"], "--fitness-rule mean and --fitness dart"),
     (["eval", "--task", "boolq", "--tasks", "countdown,mmlu"], "--task boolq and --tasks countdown,mmlu"),
     (["eval", "--tasks", "countdown", "--task", "boolq"], "--tasks countdown and --task boolq"),
     (["train", "es", "--fitness", "dart", "--fitness-rule", "mean", "--fitness", "dart"],
-     "--fitness-rule mean and --fitness dart")])
+     "--fitness-rule mean and --fitness dart"),
+    # the task alias repeated with another value: the last one used to win
+    (["eval", "--task", "boolq", "--task", "mmlu"], "--task boolq and --task mmlu")])
 def test_an_alias_and_its_option_given_different_values_are_refused_in_either_order(argv, words, capsys):
     """`--fitness` is `--fitness-rule` and `--task` one task of `--tasks`: given both, the last one used to win
     without a word, so a run could train with a rule the user had also typed otherwise."""
@@ -246,9 +276,9 @@ def test_an_alias_and_its_option_given_different_values_are_refused_in_either_or
     (["train", "es", "--fitness-rule", "balanced", "--fitness", "balanced"], "fitness_rule", "balanced"),
     (["eval", "--task", "boolq", "--tasks", "boolq"], "tasks", ["boolq"]),
     (["eval", "--task", "boolq"], "tasks", ["boolq"]),
-    # the alias repeated: the last one wins, as for any repeated option
+    # the alias repeated: the last one wins, as for most repeated options (not a task: test_a_task_flag_...)
     (["train", "es", "--fitness", "dart", "--fitness", "mean"], "fitness_rule", "mean"),
-    (["eval", "--task", "boolq", "--task", "mmlu"], "tasks", ["mmlu"])])
+    (["eval", "--task", "boolq", "--task", "boolq"], "tasks", ["boolq"])])
 def test_an_alias_alone_or_repeating_its_options_value_is_that_value_and_leaves_no_trace(argv, dest, value):
     from esft.cli import _explicit, build_parser
     from esft.es.es_config import ESConfig

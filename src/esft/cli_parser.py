@@ -18,17 +18,19 @@ class Alias(argparse.Action):
     """A second spelling of another option (`canonical`, same dest): given both with different values, the command
     is refused instead of the last one silently winning; the same value twice is accepted."""
 
-    def __init__(self, *args: Any, canonical: str, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, canonical: str, once: bool = False, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.canonical = canonical
+        self.once = once  # the alias itself repeated with another value is refused too (esft.config_flags.ONCE)
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
                  option_string: str | None = None) -> None:
         if hasattr(namespace, self.dest):
             current, previous = getattr(namespace, self.dest), getattr(namespace, ALIAS_MARK + self.dest, None)
-            # the alias repeated: the last one wins, as for any option; the canonical's value: refused if other
-            if not (previous is not None and previous[2] == current) and current != values:
-                _refuse_both(parser, self.canonical, current, option_string, values)
+            by_alias = previous is not None and previous[2] == current  # else the canonical option set it
+            # the alias repeated: the last one wins, as for most options; the canonical's value: refused if other
+            if current != values and (not by_alias or self.once):
+                _refuse_both(parser, previous[0] if by_alias else self.canonical, current, option_string, values)
         setattr(namespace, self.dest, values)
         setattr(namespace, ALIAS_MARK + self.dest, (option_string, self.canonical, values))
 

@@ -13,6 +13,7 @@ import inspect
 import textwrap
 import types
 import typing
+import weakref
 from typing import Any
 
 
@@ -116,6 +117,31 @@ def default_text(default: Any) -> str:
     return repr(default)
 
 
+#: fields whose flag, repeated with another value, is refused rather than overridden by the last one: `--task boolq
+#: --task countdown` reads as "train on both" and would train on Countdown alone. Other flags keep argparse's
+#: last-one-wins, which scripts rely on to override a base command line.
+ONCE = frozenset({"task", "tasks"})
+
+
+class StoreOnce(argparse.Action):
+    """Store a flag's value, refusing the flag given again with another value (`ONCE`); the same value twice is
+    accepted. A list field takes its items comma-separated instead."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # the namespace this flag last stored into: another spelling of the same option (esft.cli_parser.Alias)
+        # may have stored the value first, which that spelling's own check judges, not this one
+        self._stored_into: weakref.ref | None = None
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        again = self._stored_into is not None and self._stored_into() is namespace
+        if again and getattr(namespace, self.dest) != values:
+            parser.error(f"argument {option_string}: given twice ({getattr(namespace, self.dest)!r}, then "
+                         f"{values!r}); give it once (several items of a list flag: comma-separated)")
+        self._stored_into = weakref.ref(namespace)
+        setattr(namespace, self.dest, values)
+
+
 def add_dataclass_arguments(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, ...] = ()) -> None:
     """One `--field-name` flag per dataclass field; defaults are left unset so explicit flags can be told apart."""
     hints = typing.get_type_hints(cls)
@@ -135,8 +161,9 @@ def add_dataclass_arguments(parser: argparse.ArgumentParser, cls: type, skip: tu
                                 default=argparse.SUPPRESS, help=help_text)
         else:
             parser.add_argument(flag, dest=f.name, type=converter(tp), default=argparse.SUPPRESS,
-                                metavar=f.name.upper(), help=help_text)
+                                metavar=f.name.upper(), help=help_text,
+                                action=StoreOnce if f.name in ONCE else "store")
 
 
-__all__ = ["add_dataclass_arguments", "converter", "default_text", "field_docs", "parse_bool", "split_items",
-           "unwrap_optional"]
+__all__ = ["ONCE", "StoreOnce", "add_dataclass_arguments", "converter", "default_text", "field_docs", "parse_bool",
+           "split_items", "unwrap_optional"]
