@@ -1,6 +1,7 @@
 """A `grpo->es` chain on a tiny random Llama, through the real loader of the ES step (esft.models.load_model, as a
 spec run without test hooks loads it): the ES step's start weights are the GRPO step's final checkpoint, bit for
 bit, in the model and in ES's fp32 masters; in bf16 the masters still are, and the model holds their rounding.
+The other way round (`es->grpo`), the GRPO step starts from the ES step's fp32 masters, not their bf16 rounding.
 
 Run: pytest -q tests/test_hybrid_chain.py   (~20 s on 2 CPU cores; tiny random-init model, no download)
 """
@@ -77,3 +78,39 @@ def test_an_es_step_in_bf16_starts_its_masters_from_the_grpo_checkpoint_bit_for_
     for name, master in masters.items():
         assert torch.equal(master, saved[name]), name
         assert model_state[name].dtype == torch.bfloat16 and torch.equal(model_state[name], saved[name].bfloat16())
+
+
+def test_the_grpo_step_after_an_es_step_in_bf16_starts_from_its_fp32_masters(tmp_path, tokenizer):
+    """An `es->grpo` chain: the ES step in bf16 leaves its weights rounded in the model file and exact in
+    masters.safetensors. GRPO trains fp32 weights of its own; it loaded the model file, so it started from the
+    rounding of the ES weights (every weight off by it, which a weight comparison of the two steps would count as
+    GRPO's update). It starts from the masters now, as an ES step after another one does."""
+    from safetensors.torch import load_file
+    from transformers import TrainerCallback
+
+    from conftest import make_tiny_model
+    from esft.experiments.runner import Hooks
+
+    base = tmp_path / "tiny"  # fp32 weights off the bf16 grid: the ES masters start from them (exact_start)
+    make_tiny_model().save_pretrained(base)
+    tokenizer.save_pretrained(base)
+    starts = []
+
+    class StartWeights(TrainerCallback):
+        def on_train_begin(self, args, state, control, model=None, **kwargs):
+            starts.append({n: p.detach().clone() for n, p in model.named_parameters()})
+
+    # both steps load their start model themselves, as a spec run does
+    hooks = Hooks(progress=False, collect_garbage=False,
+                  train_kwargs=lambda step, config: {"callbacks": [StartWeights()]} if step.algorithm == "grpo" else {})
+    spec = write_spec(tmp_path / "chain.yaml", "single-task", ["boolq"],
+                      {"es->grpo": {"es": {**ES_BLOCK, "iterations": 1, "dtype": "bfloat16"},
+                                    "grpo": {**GRPO_BLOCK}}}, model=str(base))
+    out = tmp_path / "out"
+    assert run_experiment(load_spec(spec), out, hooks).ok
+    [start] = starts
+    masters = load_file(str(next(out.glob("**/run-1-es/checkpoints/final")) / "masters.safetensors"))
+    assert masters and set(masters) <= set(start)
+    assert any(not torch.equal(m, m.bfloat16().float()) for m in masters.values())  # the check can fail
+    for name, master in masters.items():
+        assert start[name].dtype == torch.float32 and torch.equal(start[name], master), name

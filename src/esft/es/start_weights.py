@@ -77,4 +77,24 @@ def exact_start(weights: Any, model: torch.nn.Module, source: str | None) -> int
     return len(found)
 
 
-__all__ = ["exact_start", "rounded_masters", "stored_fp32"]
+@torch.no_grad()
+def fp32_start(model: torch.nn.Module, source: str | None) -> int:
+    """Set the parameters of `model`, an fp32 model loaded from `source`, from the fp32 masters an ES checkpoint
+    of a bf16 / fp16 model keeps beside its rounded model file (`masters.safetensors`); returns how many were set.
+    A trainer that keeps fp32 weights of its own (GRPO after ES in a chain) would otherwise start from the model
+    file's rounding of the ES weights, and every weight would differ from the ES result by that rounding. Nothing
+    is read where `source` is no folder, or a folder without that file (its model files are what was loaded)."""
+    folder = Path(str(source)).expanduser() if source else None
+    if folder is None or not (folder / MASTERS_FILE).is_file():
+        return 0
+    params = dict(model.named_parameters())
+    found = stored_fp32(folder, parameter_aliases(model))
+    for name, tensor in found.items():
+        if tensor.shape != params[name].shape:
+            raise ValueError(f"{folder}: {name} is stored with shape {tuple(tensor.shape)}, the model's is "
+                             f"{tuple(params[name].shape)}")
+        params[name].copy_(tensor)
+    return len(found)
+
+
+__all__ = ["exact_start", "fp32_start", "rounded_masters", "stored_fp32"]

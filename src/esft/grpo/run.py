@@ -251,15 +251,7 @@ def _train_locked(config: GRPOConfig, out: Path, model: Any, tokenizer: Any, tas
     # before the model: TRL's own option checks (and esft's on trl_args) fail fast
     trl_args = to_trl_config(config, str(out), precision, progress)
     check_masters_stay_fp32(trl_args, config.trl_args)
-    if model is None:
-        from esft.models import load_model
-
-        model, tokenizer = load_model(config.model, dtype="float32", device=device)
-    elif config.beta > 0:
-        check_reference_source(model)
-    if any(p.dtype != torch.float32 for p in model.parameters()):
-        model.to(torch.float32)  # fp32 masters always; bf16 only as autocast (pure bf16 rounds small updates away)
-    model.requires_grad_(True)
+    model, tokenizer = _policy(config, model, tokenizer, device)
 
     trainer_box: list[EsftGRPOTrainer] = []
     reward = TaskReward(task, train_set, config.format_bonus, lambda: trainer_box[0].ledger,
@@ -300,6 +292,25 @@ def _train_locked(config: GRPOConfig, out: Path, model: Any, tokenizer: Any, tas
     final = out / CHECKPOINTS / "final"
     return GRPOTrainResult(out, int(trainer.state.global_step), final if final.exists() else None,
                            evaluator.last if evaluator is not None else None, trainer)
+
+
+def _policy(config: GRPOConfig, model: Any, tokenizer: Any, device: str) -> tuple[Any, Any]:
+    """The model GRPO trains, in fp32 (bf16 only as autocast: pure bf16 rounds small updates away). Where
+    config.model is an ES checkpoint of a bf16 / fp16 model, its weights start from that run's fp32 masters
+    (esft.es.start_weights.fp32_start), before the trainer copies its KL reference and drift base from them."""
+    from esft.es.start_weights import fp32_start
+
+    if model is None:
+        from esft.models import load_model
+
+        model, tokenizer = load_model(config.model, dtype="float32", device=device)
+    elif config.beta > 0:
+        check_reference_source(model)
+    if any(p.dtype != torch.float32 for p in model.parameters()):
+        model.to(torch.float32)
+    fp32_start(model, config.model)
+    model.requires_grad_(True)
+    return model, tokenizer
 
 
 def _train_set(config: GRPOConfig, out: Path, task: Any) -> list[Any]:
