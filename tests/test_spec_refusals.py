@@ -159,6 +159,19 @@ def test_a_spec_that_is_not_a_mapping_is_refused(tmp_path):
         load_spec_text(tmp_path, "- countdown\n- es\n")
 
 
+def test_carrying_the_optimizer_state_of_runs_that_save_none_is_refused(tmp_path):
+    """sequential.carry_optimizer_state beside TRL's save_only_model: the GRPO checkpoints hold no optimizer.pt, so
+    every later stage trained with fresh AdamW moments, without a word, while its records said they were carried."""
+    text = ("name: audit\nkind: sequential\ntasks: [countdown, boolq]\nalgorithms:\n  grpo:\n    max_steps: 2\n"
+            "    trl_args: {save_only_model: true}\nevaluation:\n  limit: 3\n  holdout: []\n"
+            "sequential: {carry_optimizer_state: true}\n")
+    with pytest.raises(SpecError, match=r"spec.yaml:7: algorithms.grpo.trl_args sets save_only_model, so its "
+                                        r"checkpoints hold no optimizer state .* fresh AdamW moments"):
+        load_spec_text(tmp_path, text)
+    load_spec_text(tmp_path, text.replace("carry_optimizer_state: true", "carry_optimizer_state: false"))
+    load_spec_text(tmp_path, text.replace("    trl_args: {save_only_model: true}\n", ""))
+
+
 def test_base_spec_parses_with_the_values_it_names(tmp_path):
     """The spec all refusals above edit is itself valid (each refusal is caused by its edit), and its values arrive."""
     spec = load_spec_text(tmp_path, BASE)

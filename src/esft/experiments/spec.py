@@ -32,7 +32,7 @@ from esft.experiments.algorithms import ALGORITHMS, Algorithm, get_algorithm
 from esft.experiments.spec_checks import (
     SpecContext, as_mapping, check_eval_device, check_eval_dtype, check_evaluated_tasks, check_int, check_keys,
     check_options, check_spec_model, check_task_fit, check_task_list, check_text, check_trained_tasks_evaluated,
-    check_unread_eval, did_you_mean, unused_task_options,
+    check_unread_eval, did_you_mean, unused_task_options, check_carried_state,
 )
 from esft.experiments.yamlines import LineDict, LineList, SpecError, load_file
 
@@ -437,6 +437,7 @@ def parse_spec(data: Any, path: str = "<spec>", name: str | None = None) -> Spec
     check_unread_eval(ctx, spec, data)
     check_trained_tasks_evaluated(ctx, spec, data)
     check_evaluated_tasks(ctx, spec, data)
+    check_carried_state(ctx, spec, data)
     return spec
 
 

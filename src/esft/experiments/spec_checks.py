@@ -336,6 +336,25 @@ def check_unread_eval(ctx: SpecContext, spec: Any, data: LineDict) -> None:
                                           f"would be ignored (set e.g. eval_every: 10, or drop {key})")
 
 
+def check_carried_state(ctx: SpecContext, spec: Any, data: LineDict) -> None:
+    """sequential.carry_optimizer_state beside a GRPO method whose runs save no optimizer state (TRL's
+    save_only_model in trl_args) is refused at the line that sets it: every stage after the first would start with
+    fresh AdamW moments, without a word, while the spec and the stage records say they were carried."""
+    if not spec.carry_optimizer_state:
+        return
+    for method in spec.methods:
+        first, last = method.components[0], method.components[-1]
+        if first.algorithm != "grpo" or last.algorithm != "grpo":
+            continue  # the runner carries the state only from a GRPO step into a GRPO step
+        for task in spec.tasks[:-1]:  # the stages whose state the next stage takes
+            trl_args = spec.config(last, task, spec.seeds[0], output_dir="<check>").trl_args or {}
+            if trl_args.get("save_only_model"):
+                where, line = option_source(data, method, last, task, "trl_args")
+                raise ctx.error(line, f"{where} sets save_only_model, so its checkpoints hold no optimizer state "
+                                      "for sequential.carry_optimizer_state to carry: every later stage would start "
+                                      "with fresh AdamW moments; drop one of the two")
+
+
 def check_spec_devices(spec: Any) -> None:
     """Every device `spec` (a parsed esft.experiments.spec.Spec) names, in its algorithm blocks (per task too) and
     evaluation.device, is one this machine's torch can use, as `esft train --device` is checked
