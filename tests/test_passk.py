@@ -247,6 +247,18 @@ def test_eval_config_validation_and_cli(capsys):
     assert "command line (--k): k = [1, 3] is not accepted" in capsys.readouterr().err
 
 
+def test_a_k_that_is_no_whole_number_is_refused_not_truncated():
+    """`k: [2.5]` in an `esft eval --config` file passed the checks and was truncated to k = 2: the summary
+    reported pass@2 and recorded k [2] as what was asked; True counted as k = 1. Refused before any model loads."""
+    for bad in ([2.5], [1, True], [float("nan")], [float("inf")]):
+        with pytest.raises(ValueError, match=r"are not whole numbers"):
+            parse_ks(bad, 4)
+    assert parse_ks([4.0, 2], 4) == [2, 4] and parse_ks([np.int64(1), np.int64(4)], 4) == [1, 4]
+    with pytest.raises(ValueError, match=r"^k = \[2\.5\] is not accepted; expected values in \[1, samples=4\] "
+                                         r"\(whole numbers\)"):
+        EvalConfig(samples=4, temperature=0.6, k=[2.5])
+
+
 def test_pass_at_k_refuses_fractional_counts():
     """A correct count of 2.5 (e.g. summed partial-credit scores) is not a count: it used to be truncated to 2."""
     from esft.passk import pass_at_k, pass_at_k_per_question

@@ -96,8 +96,8 @@ class EvalConfig(ConfigHooks):
             try:
                 self.k = parse_ks(self.k, self.samples)
             except ValueError:
-                raise ConfigError("k", self.k, f"values in [1, samples={self.samples}]: pass@k and maj@k need at "
-                                  "least k samples per question") from None
+                raise ConfigError("k", self.k, f"values in [1, samples={self.samples}] (whole numbers): pass@k and "
+                                  "maj@k need at least k samples per question") from None
         from esft.tasks.custom import external_kind
 
         if self.task_options and not any(external_kind(name) for name in self.tasks):

@@ -30,6 +30,7 @@ Everything here is a pure function of arrays; `esft.evaluation` turns generation
 
 from __future__ import annotations
 
+import numbers
 from collections import Counter
 from typing import Any, Hashable, Sequence
 
@@ -135,9 +136,14 @@ def bootstrap_ci(values: Sequence[float], level: float = 0.95, resamples: int = 
 # ---- one task's summary ---------------------------------------------------------------------------------------------
 
 def parse_ks(ks: Sequence[int] | None, n: int) -> list[int]:
-    """The k values to report: the requested ones (each 1 <= k <= n, else ValueError), default [1, n]."""
+    """The k values to report: the requested ones (each a whole number 1 <= k <= n, else ValueError), default
+    [1, n]."""
     if not ks:
         return sorted({1, n})
+    # a fractional k (2.5 in a config file) would be truncated into another k, reported as that one; True as k = 1
+    odd = [k for k in ks if isinstance(k, bool) or not isinstance(k, numbers.Real) or not float(k).is_integer()]
+    if odd:
+        raise ValueError(f"k={odd} are not whole numbers: pass@k and maj@k draw k whole samples per question")
     out = sorted({int(k) for k in ks})
     bad = [k for k in out if not 1 <= k <= n]
     if bad:
