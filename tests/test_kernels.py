@@ -377,6 +377,30 @@ def test_a_missing_compiler_is_named_in_one_line_and_no_build_is_tried(tmp_path,
     assert not list(tmp_path.rglob("build.ninja"))  # refused before torch wrote a build
 
 
+def test_without_a_compiler_auto_rolls_out_in_fp32_on_a_cpu_with_native_bf16(tmp_path, monkeypatch):
+    """bf16 weights take the packed fast path only beside the fused-attention kernel: without it the lean engine
+    drops both for HF's bf16 forward (two warnings per run). `rollout_dtype: auto` on a CPU whose flags name a
+    native bf16 dot product, with a probe that confirms it, picked bf16 all the same, on a machine without a C++
+    compiler (and no finished build); it now keeps fp32 and records why."""
+    from esft.config import FAST_CPU_GENERATION
+    from esft.es.build import rollout_precision
+    from esft.es.es_config import ESConfig
+    from esft.generation import precision
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    monkeypatch.setenv("CXX", "/nonexistent/g++")
+    monkeypatch.delenv("ESFT_NO_KERNELS", raising=False)
+    monkeypatch.setattr(kernels, "_CACHE", {})
+    monkeypatch.setattr(kernels, "_ERRORS", {})
+    monkeypatch.setattr(precision, "cpu_flags", lambda: ["avx512f", "amx_bf16"])
+    monkeypatch.setattr(precision, "probe_bf16_speedup", lambda: 2.5)
+    chosen = rollout_precision(ESConfig(generation_options=dict(FAST_CPU_GENERATION), device="cpu"))
+    assert chosen.dtype == "float32", chosen.reason
+    assert "no C++ compiler" in chosen.reason and "/nonexistent/g++" in chosen.reason
+    assert chosen.native_flags == ("amx_bf16",) and chosen.probe_speedup == 2.5
+    assert not list(tmp_path.rglob("build.ninja"))
+
+
 def test_a_failed_builds_reason_is_the_compilers_error_not_ninjas_last_line():
     exc = RuntimeError(
         "Error building extension 'esft_decode_attention_x': [1/2] c++ -MMD -c decode_attention.cpp\n"

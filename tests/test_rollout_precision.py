@@ -19,6 +19,12 @@ FAST = dict(FAST_CPU_GENERATION)
 AMX = ["avx512f", "amx_bf16"]
 
 
+@pytest.fixture(autouse=True)
+def _kernel_built(monkeypatch):
+    """The machines of these tests are mocked (flags, probe): so is whether the fused-attention kernel builds."""
+    monkeypatch.setattr(precision, "fused_kernel_reason", lambda: None, raising=False)
+
+
 def _cpuinfo(monkeypatch, text: str | None) -> None:
     """Make `cpu_flags` read `text` as /proc/cpuinfo (None: the file cannot be opened)."""
     def fake_open(path, *args, **kwargs):
@@ -104,6 +110,30 @@ def test_auto_needs_both_packed_linear_and_fused_attention():
         assert precision.resolve_rollout_dtype("auto", generation_options=options, flags=AMX,
                                                probe=lambda: 3.0).dtype == "float32"
     assert precision.fast_path(FAST)
+
+
+def test_auto_needs_the_fused_attention_kernel_and_asks_for_it_last():
+    """Without the compiled kernel (no compiler, a failed build, ESFT_NO_KERNELS) bf16 weights leave the packed fused
+    path: `auto` keeps fp32 and records why. The check may build the kernel, so it comes after every other test of
+    the choice: a CPU without native bf16, or a probe that says no, never asks for it."""
+    asked = []
+
+    def kernel(why):
+        return lambda: asked.append(why) or why
+
+    missing = precision.resolve_rollout_dtype("auto", generation_options=FAST, flags=AMX, probe=lambda: 2.5,
+                                              kernel=kernel("no C++ compiler: c++ is not on PATH"))
+    assert (missing.dtype, missing.native_flags, missing.probe_speedup) == ("float32", ("amx_bf16",), 2.5)
+    assert missing.reason == "fused_attention cannot run here: no C++ compiler: c++ is not on PATH"
+    built = precision.resolve_rollout_dtype("auto", generation_options=FAST, flags=AMX, probe=lambda: 2.5,
+                                            kernel=kernel(None))
+    assert built.dtype == "bfloat16" and asked == ["no C++ compiler: c++ is not on PATH", None]
+    for flags, speedup in ((["avx2"], 3.0), (AMX, 1.1), (AMX, None)):
+        assert precision.resolve_rollout_dtype("auto", generation_options=FAST, flags=flags, probe=lambda: speedup,
+                                               kernel=kernel("unused")).dtype == "float32"
+    assert precision.resolve_rollout_dtype("bfloat16", generation_options=FAST, flags=AMX, onednn=True,
+                                           kernel=kernel("unused")).dtype == "bfloat16"
+    assert "unused" not in asked
 
 
 @pytest.mark.parametrize("device,dtype", [(None, "bfloat16"), ("cpu", "bfloat16"), ("cpu:0", "bfloat16"),

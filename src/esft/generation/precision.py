@@ -7,8 +7,8 @@ micro-benchmark (a decode-shaped packed matmul in both dtypes) confirms bf16 is 
 mode and always available. Only the rollouts change: masters, noise, fitness shaping and updates stay fp32
 (esft.es.noise.MasterWeights rounds master + sigma * eps to bf16 once per member).
 
-`resolve_rollout_dtype` is a pure function of its inputs (flags, probe result, request), so both branches are
-tested on any machine with mocked flags and probes.
+`resolve_rollout_dtype` is a pure function of its inputs (flags, probe result, kernel check, request), so both
+branches are tested on any machine with mocked flags, probes and kernel checks.
 """
 
 from __future__ import annotations
@@ -122,17 +122,28 @@ def fast_path(generation_options: Mapping[str, object]) -> bool:
     return bool(generation_options.get("packed_linear")) and bool(generation_options.get("fused_attention"))
 
 
+def fused_kernel_reason() -> str | None:
+    """Why the compiled decode-attention kernel (esft.kernels), without which bf16 weights leave the packed fused
+    path for HF's bf16 forward, cannot run here (no C++ compiler, a failed build, ESFT_NO_KERNELS), or None; builds
+    it on first use."""
+    from esft.generation.lean_step import fused_attention_reason
+
+    return fused_attention_reason(torch.bfloat16)
+
+
 def resolve_rollout_dtype(requested: str | None, *, device: str | None = "cpu",
                           generation_options: Mapping[str, object] | None = None,
                           flags: Iterable[str] | None = None,
                           probe: Callable[[], float | None] | None = None,
-                          onednn: bool | None = None) -> RolloutPrecision:
+                          onednn: bool | None = None,
+                          kernel: Callable[[], str | None] | None = None) -> RolloutPrecision:
     """The rollout dtype of a run. `requested`: "float32" (exact, always), "bfloat16" (always, even where slow),
     "auto" (bf16 when the device is a CPU, the rollouts take the packed fused path, the CPU's `flags` name a
-    native bf16 dot product and `probe()` (fp32 / bf16 time) is at least MIN_PROBE_SPEEDUP; fp32 otherwise).
-    None means "float32" (run directories made before this option existed). `flags` / `probe` default to this
-    machine's (`cpu_flags`, `probe_bf16_speedup`), `onednn` whether torch's oneDNN has a bf16 matmul
-    (`esft.generation.packed.onednn_bf16`); tests pass their own."""
+    native bf16 dot product, `probe()` (fp32 / bf16 time) is at least MIN_PROBE_SPEEDUP and `kernel()` finds the
+    fused-attention kernel built; fp32 otherwise). None means "float32" (run directories made before this option
+    existed). `flags` / `probe` / `kernel` default to this machine's (`cpu_flags`, `probe_bf16_speedup`,
+    `fused_kernel_reason`), `onednn` whether torch's oneDNN has a bf16 matmul (`esft.generation.packed.onednn_bf16`);
+    tests pass their own."""
     requested = "float32" if requested is None else str(requested)
     if requested not in ROLLOUT_DTYPES:
         raise ValueError(f"unknown rollout_dtype {requested!r}; choose one of {ROLLOUT_DTYPES}")
@@ -157,5 +168,10 @@ def resolve_rollout_dtype(requested: str | None, *, device: str | None = "cpu",
         return RolloutPrecision("float32", requested, "torch's oneDNN has no bf16 packed linear", native)
     if speedup < MIN_PROBE_SPEEDUP:
         return RolloutPrecision("float32", requested, f"bf16 probe only {speedup:.2f}x fp32", native, speedup)
+    # last, as it may build the kernel: without it bf16 weights take neither the packed linears the probe timed nor
+    # the fused attention (esft.generation.lean), but HF's bf16 forward
+    why = (fused_kernel_reason if kernel is None else kernel)()
+    if why is not None:
+        return RolloutPrecision("float32", requested, f"fused_attention cannot run here: {why}", native, speedup)
     return RolloutPrecision("bfloat16", requested, f"native bf16 ({', '.join(native)}), probe {speedup:.2f}x fp32",
                             native, speedup)
