@@ -148,6 +148,28 @@ def test_an_es_run_that_fails_is_marked_failed_in_wandb(tmp_path, es_cli, monkey
     assert ends == [crash] and wandb.run is None
 
 
+def test_a_sample_table_whose_examples_differ_from_row_to_row_reaches_wandb(tmp_path, monkeypatch):
+    """wandb types each table column by its first row, down into nested values: an evaluation's rows whose
+    `example` fields differ in presence or type (a data file with an optional field, a number answer beside a text
+    one) made `wandb.Table` raise TypeError ("Data row contained incompatible types"), which ended the ES run at its
+    evaluation (and a new run's step-0 evaluation removed its folder with it)."""
+    _wandb_offline(monkeypatch, tmp_path)
+    from esft.sample_rows import sample_row
+    from esft.tracking import open_tracker
+
+    rows = [sample_row({"index": 0}, score=0.0, well_formed=False, completion="no idea", details={"extracted": None},
+                       example={"prompt": "Say 7.", "answer": 7}),
+            sample_row({"index": 1}, score=1.0, well_formed=True, completion="\\boxed{seven}",
+                       details={"extracted": "seven"}, example={"prompt": "Say seven.", "answer": "seven",
+                                                                "hint": {"unit": None}})]
+    tracker = open_tracker("wandb", tmp_path / "run", "run", {})
+    try:
+        tracker.log_table("eval_samples", rows, step=0)
+    finally:
+        tracker.close()
+    assert _offline_ids(tmp_path / "run")
+
+
 def test_a_wandb_run_the_caller_opened_is_logged_to_and_left_open(tmp_path, es_cli, monkeypatch):
     """A notebook's own run (its entity, tags, group) was finished by the ES run's `reinit="finish_previous"`, and
     the metrics went to a second run; transformers logs GRPO to an open run. ES now does the same."""
@@ -406,7 +428,7 @@ def test_wandb_and_trackio_backends_log_at_the_step_and_finish(tmp_path, monkeyp
     calls = []
 
     class Table:
-        def __init__(self, columns, data):
+        def __init__(self, columns, data, allow_mixed_types=False):  # wandb's takes it; trackio's ignores it
             self.columns, self.data = columns, data
 
         def __eq__(self, other):

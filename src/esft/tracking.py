@@ -233,7 +233,11 @@ class WandbBackend:
 
     def log_table(self, name: str, rows: list[dict[str, Any]], step: int) -> None:
         columns = list(dict.fromkeys(k for r in rows for k in r))
-        table = self.wandb.Table(columns=columns, data=[[r.get(c) for c in columns] for r in rows])
+        # otherwise each column keeps its first row's type, down into a row's `example`: examples whose fields differ
+        # from row to row in presence or type (a data file's, IFEval's kwargs) made wandb raise TypeError, which
+        # stopped the run at its evaluation
+        table = self.wandb.Table(columns=columns, data=[[r.get(c) for c in columns] for r in rows],
+                                 allow_mixed_types=True)
         self.run.log({name: table, WANDB_STEP: step})
 
     def close(self, failed: bool = False) -> None:
