@@ -208,6 +208,40 @@ def test_resume_after_kill_mid_stage(tmp_path, tokenizer, monkeypatch):
     assert finished["attempts"] == 2 and finished["status"] == "done" and "stopped" not in finished
 
 
+def test_sigterm_during_a_stages_evaluation_stops_a_script_run_as_ctrl_c_does(tmp_path, tokenizer):
+    """`run_experiment` called from a script: a SIGTERM (a scheduler's preemption) while the base model is evaluated,
+    outside any trainer, stops the experiment as Ctrl-C does (the stage reads stopped, the invocation is logged),
+    and SIGTERM's default is back once it returns. Sent only where esft handles it: the default would end pytest."""
+    import os
+    import signal
+
+    from esft.rundir import RunInterrupted
+
+    spec = write_spec(tmp_path / "seq.yaml", "sequential", ["boolq"], {"es": {**ES_BLOCK, "iterations": 1}},
+                      evaluation={"limit": 1, "max_new_tokens": 2, "holdout": []})
+    out = tmp_path / "out"
+    tiny = TinyHooks(tokenizer)
+    handlers = []
+
+    def preempted(*args):
+        handlers.append(signal.getsignal(signal.SIGTERM))
+        if handlers[-1] is not signal.SIG_DFL:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return tiny.load_model(*args)
+
+    tiny.hooks.load_model = preempted
+    previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a script's process, which has no handler of its own
+    try:
+        with pytest.raises(RunInterrupted, match="^interrupted in base;"):
+            run_experiment(load_spec(spec), out, tiny.hooks)
+        assert handlers and handlers[0] is not signal.SIG_DFL
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert _json(out / "base/status.json")["status"] == "stopped"
+    assert _json(out / "invocations.jsonl")["interrupted"] is True
+
+
 def test_tables_that_fail_after_an_interrupt_leave_the_interrupts_message(tmp_path, tokenizer, monkeypatch, capsys):
     """The tables of an interrupted run are written in its `finally`: a failure there must not replace the
     interrupt's message (how to resume) with its own traceback."""

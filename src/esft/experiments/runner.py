@@ -35,6 +35,7 @@ from esft.experiments.plan import BASE, Stage, Step, as_dict, build_plan, descri
 from esft.experiments.spec import Spec
 from esft.experiments.yamlines import SpecError
 from esft.rundir import RunFailed, RunInterrupted, enclosing_run_dir, holds_run, is_run_dir
+from esft.sigterm import sigterm_interrupts
 
 STATUS = "status.json"
 RESULT = "result.json"
@@ -369,7 +370,15 @@ def _visit(spec: Spec, stage: Stage, root: Path, smap: dict[str, Stage], hooks: 
 
 def run_experiment(spec: Spec, output_dir: str | Path | None = None, hooks: Hooks | None = None,
                    write_tables: bool = True) -> ExperimentResult:
-    """Run (or continue) every stage of `spec` in `output_dir`; returns each stage's status."""
+    """Run (or continue) every stage of `spec` in `output_dir`; returns each stage's status. SIGTERM stops it as
+    Ctrl-C does (esft.sigterm), from a script as from `esft experiment run`: outside a trainer too (a stage's
+    evaluation), the stage is marked stopped and the invocation and tables are written."""
+    with sigterm_interrupts():
+        return _run_experiment(spec, output_dir, hooks, write_tables)
+
+
+def _run_experiment(spec: Spec, output_dir: str | Path | None, hooks: Hooks | None,
+                    write_tables: bool) -> ExperimentResult:
     hooks = hooks or Hooks()
     root = output_dir_for(spec, output_dir)
     stages = checked_plan(spec, root)  # before any compute, and before the folder is made
