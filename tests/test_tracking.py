@@ -127,6 +127,38 @@ def test_wandb_online_without_an_account_fails_before_the_model_loads(tmp_path, 
     assert not out.exists()
 
 
+@pytest.mark.parametrize("algorithm", ["es", "grpo"])
+def test_trackio_to_a_space_without_a_hugging_face_login_fails_before_the_model_loads(tmp_path, monkeypatch, capsys,
+                                                                                     algorithm):
+    """`--report-to trackio` with TRACKIO_SPACE_ID and no Hugging Face login failed at `trackio.init`
+    (LocalTokenNotFoundError), after the model had loaded; the wandb account is asked for before it, and so is this
+    login now. With a token, or without a Space, nothing is asked."""
+    pytest.importorskip("trackio")
+    import huggingface_hub.constants
+
+    from esft.tracking import check_backends
+
+    for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_OIDC_RESOURCE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_TOKEN_PATH", str(tmp_path / "no-token"))
+    monkeypatch.setenv("TRACKIO_SPACE_ID", "someone/esft-runs")
+
+    def load_model(*args, **kwargs):
+        raise AssertionError("the model loaded")
+
+    monkeypatch.setattr("esft.models.load_model", load_model)
+    out = tmp_path / "run"
+    assert main(["train", algorithm, "--preset", "cpu", "--report-to", "trackio", "--output-dir", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "report_to 'trackio': TRACKIO_SPACE_ID='someone/esft-runs' logs to a Hugging Face Space" in err, err
+    assert not out.exists()
+    monkeypatch.setenv("HF_TOKEN", "hf_x")
+    assert check_backends("trackio") == ["trackio"]
+    monkeypatch.delenv("HF_TOKEN")
+    monkeypatch.delenv("TRACKIO_SPACE_ID")
+    assert check_backends("trackio") == ["trackio"]
+
+
 @pytest.mark.parametrize("crash", [False, True])
 def test_an_es_run_that_fails_is_marked_failed_in_wandb(tmp_path, es_cli, monkeypatch, crash):
     """wandb's run was finished as a success whatever ended the training (`finish()` without an exit code)."""

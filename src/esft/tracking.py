@@ -353,7 +353,24 @@ def check_backends(report_to: str | Iterable[str] | None) -> list[str]:
                              f"pip install 'esft[{_EXTRAS[name]}]'")
     if "wandb" in names:
         _check_wandb_account()
+    if "trackio" in names:
+        _check_trackio_space()
     return names
+
+
+def _check_trackio_space() -> None:
+    """A trackio Space (TRACKIO_SPACE_ID, trackio's own variable) takes a Hugging Face login: without one
+    `trackio.init` fails once the model has loaded (an experiment's, after its base model's evaluations). Asked here
+    instead, from the token huggingface_hub finds (HF_TOKEN, `hf auth login`); not verified (no network call)."""
+    space = os.environ.get("TRACKIO_SPACE_ID")
+    if not space:
+        return
+    from huggingface_hub import get_token
+
+    if not get_token():
+        raise ValueError(f"report_to 'trackio': TRACKIO_SPACE_ID={space!r} logs to a Hugging Face Space, which needs "
+                         "a Hugging Face login (`hf auth login`, or HF_TOKEN); or unset TRACKIO_SPACE_ID to log to "
+                         "trackio's local store")
 
 
 def _check_wandb_account() -> None:
