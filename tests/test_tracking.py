@@ -490,6 +490,9 @@ def test_wandb_and_trackio_backends_log_at_the_step_and_finish(tmp_path, monkeyp
                                                 kw["resume"])),
                 log=lambda data, step: calls.append(("trackio.log", data, step)),
                 finish=lambda: calls.append(("trackio.finish",)))
+    # the run-name reservation reads trackio.utils: faked too, so that the test passes alone (no earlier test having
+    # imported the real one) and writes no reservation into the user's trackio folder
+    fake_module(monkeypatch, "trackio.utils", TRACKIO_DIR=str(tmp_path / "trackio"))
     monkeypatch.setenv("WANDB_PROJECT", "wp")
     monkeypatch.delenv("TRACKIO_PROJECT", raising=False)
     tracker = open_tracker("wandb,trackio", tmp_path, "run", {"seed": 1})
