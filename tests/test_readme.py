@@ -27,6 +27,12 @@ def test_ci_runs_the_readme_test_command():
     assert setup_commands()[1] in ci
 
 
+def test_the_test_command_keeps_only_failed_tests_temporary_folders(pytestconfig):
+    """CI's temporary disk filled up once part-way through the suite (every later tmp_path test errored): pytest
+    kept each test's folder, 2.4 GB by a third of the suite. A passing test's folder goes when it ends."""
+    assert pytestconfig.getini("tmp_path_retention_policy") == "failed"
+
+
 def test_install_never_pulls_unpinned_torch():
     for cmd in setup_commands():
         # torch is pinned and installed before esft, so pip never resolves an unpinned (CUDA) torch
