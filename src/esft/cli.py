@@ -273,7 +273,7 @@ def _eval_options(p: argparse.ArgumentParser) -> None:
     add_dataclass_arguments(p, EvalConfig)
     # `--task` as in `esft train`: one more task for --tasks (argparse would find the prefix ambiguous otherwise)
     p.add_argument("--task", dest="tasks", type=lambda t: [t], default=argparse.SUPPRESS, metavar="TASK",
-                   action=Alias, canonical="--tasks", once=True,
+                   action=Alias, canonical="--tasks",
                    help="alias of --tasks for one task (a data file, module:Class or a task name)")
     add_task_flags(p)
     p.set_defaults(func=_eval)

@@ -18,10 +18,12 @@ class Alias(argparse.Action):
     """A second spelling of another option (`canonical`, same dest): given both with different values, the command
     is refused instead of the last one silently winning; the same value twice is accepted."""
 
-    def __init__(self, *args: Any, canonical: str, once: bool = False, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, canonical: str, **kwargs: Any) -> None:
+        from esft.config_flags import ONCE
+
         super().__init__(*args, **kwargs)
         self.canonical = canonical
-        self.once = once  # the alias itself repeated with another value is refused too (esft.config_flags.ONCE)
+        self.once = self.dest in ONCE  # the alias itself repeated with another value is refused too
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
                  option_string: str | None = None) -> None:
