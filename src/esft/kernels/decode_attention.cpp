@@ -29,6 +29,25 @@
 
 namespace {
 
+// Software prefetch into L2 of the next (row, kv head) pair's keys or values, a few 64-byte lines per step of the
+// current pair's loop. Each pair reads two runs of a few tens of KB, then skips the unused rest of its cache
+// capacity: the hardware prefetchers restart on every run (and every 4 KB page), and a lane waited on memory for
+// most of the attention time (2-core Xeon with AMX, one thread: 5.3 GB/s of cache read in bf16 against 14.7
+// streamed; with this, 7.7). Prefetches change no result.
+struct Prefetch {
+  const char* next = nullptr;
+  const char* end = nullptr;
+  int64_t per_step = 0;
+  void start(const void* from, int64_t bytes, int64_t steps) {
+    next = static_cast<const char*>(from);
+    end = next + bytes;
+    per_step = (bytes / 64 + steps - 1) / steps;
+  }
+  inline void step() {
+    for (int64_t i = 0; i < per_step && next < end; ++i, next += 64) __builtin_prefetch(next, 0, 2);
+  }
+};
+
 // Register blocks: B keys (scores) or B value dimensions (weighted sum) per pass, times G query heads of
 // accumulators: 64 x G <= 4 fills at most 16 AVX-512 registers; larger groups use blocks of 16.
 
@@ -88,7 +107,7 @@ constexpr int64_t KEY_TILE = 64;
 
 // scores[g][l] = sum_d q[g][d] * key_l[d] for l in [0, used), keys tiled as above; LB divides KEY_TILE
 template <int G, int64_t LB, typename T>
-void scores_block(const float* q, const T* kt, int64_t D, int64_t used, float* scores) {
+void scores_block(const float* q, const T* kt, int64_t D, int64_t used, float* scores, Prefetch& pf) {
   static_assert(KEY_TILE % LB == 0, "register block must divide the key tile");
   for (int64_t l0 = 0; l0 < used; l0 += LB) {
     const int64_t w = std::min(LB, used - l0);
@@ -96,6 +115,7 @@ void scores_block(const float* q, const T* kt, int64_t D, int64_t used, float* s
     float acc[G][LB] = {};
     if (w == LB) {
       for (int64_t d = 0; d < D; ++d) {
+        pf.step();
         const T* row = tile + d * KEY_TILE;
         float k[LB];
 #pragma omp simd
@@ -125,8 +145,9 @@ void scores_block(const float* q, const T* kt, int64_t D, int64_t used, float* s
 // loop made gcc keep them in memory: one load and store per multiply-add, ~4x slower).
 template <int G, int64_t W, typename T>
 inline void values_block(const float* p, const T* v, int64_t D, int64_t d0, int64_t used, const int64_t* cols,
-                         int64_t ncols, float (&acc)[G][W]) {
+                         int64_t ncols, float (&acc)[G][W], Prefetch& pf) {
   for (int64_t t = 0; t < ncols; ++t) {
+    pf.step();
     const int64_t l = cols ? cols[t] : t;
     const T* row = v + l * D + d0;
     float x[W];
@@ -144,12 +165,12 @@ inline void values_block(const float* p, const T* v, int64_t D, int64_t d0, int6
 // masked columns are skipped, never multiplied by their zero weight, so whatever they hold cannot leak)
 template <int G, int64_t LB, typename T>
 void weighted_values(const float* p, const T* v, int64_t D, int64_t used, const int64_t* cols, int64_t ncols,
-                     const float* total, T* out, int64_t out_stride) {
+                     const float* total, T* out, int64_t out_stride, Prefetch& pf) {
   for (int64_t d0 = 0; d0 < D; d0 += LB) {
     const int64_t w = std::min(LB, D - d0);
     float acc[G][LB] = {};
     if (w == LB) {
-      values_block<G, LB, T>(p, v, D, d0, used, cols, ncols, acc);
+      values_block<G, LB, T>(p, v, D, d0, used, cols, ncols, acc, pf);
     } else {
       for (int64_t t = 0; t < ncols; ++t) {
         const int64_t l = cols ? cols[t] : t;
@@ -176,6 +197,12 @@ void attend_pairs(int64_t begin, int64_t end, const T* qp, const T* kp, const T*
   float total[G];
   for (int64_t idx = begin; idx < end; ++idx) {
     const int64_t r = idx / KV, h = idx % KV;
+    Prefetch next_keys, next_values;  // of pair idx + 1, whose caches follow this pair's
+    if (idx + 1 < end) {
+      const int64_t tiles = (used + KEY_TILE - 1) / KEY_TILE;
+      next_keys.start(kt_cache + (idx + 1) * D * C, tiles * D * KEY_TILE * sizeof(T), tiles * D);
+      next_values.start(v_cache + (idx + 1) * C * D, used * D * sizeof(T), used);
+    }
     const float* c = cp + r * D;
     const float* s = sp + r * D;
     T* kt = kt_cache + (r * KV + h) * D * C;
@@ -187,7 +214,7 @@ void attend_pairs(int64_t begin, int64_t end, const T* qp, const T* kp, const T*
     std::memcpy(values + col * D, vnew, D * sizeof(T));
     for (int g = 0; g < G; ++g) rotate(qp + r * q_row + (h * G + g) * D, c, s, qr.data() + g * D, D);
     constexpr int64_t B = G <= 4 ? 64 : 16;
-    scores_block<G, B, T>(qr.data(), kt, D, used, scores.data());
+    scores_block<G, B, T>(qr.data(), kt, D, used, scores.data(), next_keys);
     const bool* m = mp + r * C;
     constexpr float neg_inf = -std::numeric_limits<float>::infinity();
     for (int g = 0; g < G; ++g) {
@@ -217,7 +244,7 @@ void attend_pairs(int64_t begin, int64_t end, const T* qp, const T* kp, const T*
         if (m[l]) attended[ncols++] = l;
     }
     weighted_values<G, B, T>(scores.data(), values, D, used, use_mask ? attended.data() : nullptr, ncols, total,
-                          op + (r * H + h * G) * D, D);
+                          op + (r * H + h * G) * D, D, next_values);
   }
 }
 
