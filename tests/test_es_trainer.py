@@ -7,6 +7,7 @@ Run: . .venv/bin/activate && pytest -q tests/test_es_trainer.py   (~15 s, CPU, n
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -195,6 +196,28 @@ def test_ctrl_c_in_a_custom_executor_that_leaves_the_weights_perturbed_restores_
         trainer.train()
     assert trainer.weights.perturbed is None
     assert bit_equal(state(trainer.model), before)
+
+
+def test_ctrl_c_just_after_the_seed_log_line_counts_that_iteration(tmp_path, monkeypatch):
+    """The seed-log line commits an iteration; an interrupt landing right after it (before the trainer's step
+    counter moves) must report the iteration as logged, as the resume that follows will find it."""
+    from esft.es import trainer as trainer_module
+    from esft.rundir import RunInterrupted
+
+    real = trainer_module.es_rundir.append_jsonl
+
+    def append_then_interrupt(path, record, **kw):
+        real(path, record, **kw)
+        if path.name == "seeds.jsonl" and record["iteration"] == 1:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(trainer_module.es_rundir, "append_jsonl", append_then_interrupt)
+    config = cfg(tmp_path, iterations=3, eval_every=0, checkpoint_every=0)
+    trainer = ESTrainer(config, model=tiny_llama(), tokenizer=None, task=ToyTask(), generate_fn=stub_generate,
+                        progress=False)
+    with pytest.raises(RunInterrupted, match="2 iterations are logged"):
+        trainer.train()
+    assert trainer.step == 2 == len(runlog.read_seed_log(Path(config.output_dir)))
 
 
 def interrupted_run(config, at, dtype=torch.float32):

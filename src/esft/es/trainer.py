@@ -447,6 +447,9 @@ class ESTrainer:
         except KeyboardInterrupt:
             if self.weights.perturbed is not None:
                 self.weights.restore()
+            # an interrupt between an iteration's seed-log line and `self.step = it + 1` leaves that iteration
+            # committed (its update is applied): the message counts what the log holds, as a resume will
+            self.step = max(self.step, len(es_rundir.read_seed_log(self.out)))
             raise self._interrupted() from None
         except OSError as exc:
             self._raise_if_disk_full(exc)
