@@ -326,6 +326,25 @@ def test_an_interrupt_saves_the_last_finished_step(run, tmp_path, tokenizer, cap
     assert list_checkpoints(mid) == []
 
 
+def test_a_nan_loss_stops_the_run_and_is_named(tmp_path, tokenizer, monkeypatch):
+    """transformers replaces a NaN or infinite step loss by the mean of the logged ones unless
+    `logging_nan_inf_filter` is off (its default is on): the log said 0.0 and only the gradient norm gave the
+    step away. esft turns the filter off, so the refusal names the loss itself."""
+    from esft.grpo.trl_trainer import EsftGRPOTrainer
+    from esft.rundir import NonFiniteError
+
+    real = EsftGRPOTrainer.compute_loss
+
+    def nan_at_step_2(self, *args, **kwargs):
+        loss = real(self, *args, **kwargs)
+        return loss * float("nan") if self.state.global_step == 1 else loss
+
+    monkeypatch.setattr(EsftGRPOTrainer, "compute_loss", nan_at_step_2)
+    with pytest.raises(NonFiniteError, match=r"^step 2: non-finite \{'loss': nan"):
+        train_grpo(tiny_config(tmp_path / "nan", eval_every=0), model=make_tiny_model(), tokenizer=tokenizer,
+                   task=ParityTask(), progress=False)
+
+
 def test_a_second_interrupt_while_the_step_is_saved_leaves_no_half_checkpoint(tmp_path, tokenizer, monkeypatch):
     """A second Ctrl-C while the first one's checkpoint was written left TRL's half-written `checkpoint-N` in the
     run folder and ended with a bare KeyboardInterrupt ("interrupted"), not the line that says how to go on."""

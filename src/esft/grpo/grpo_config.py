@@ -424,6 +424,7 @@ def trl_arguments(config: GRPOConfig, trl_output_dir: str, precision: str, progr
         disable_tqdm=not progress,
         remove_unused_columns=False,  # the reward needs the example_index column
         dataloader_num_workers=0,
+        logging_nan_inf_filter=False,  # else transformers logs a NaN loss as the mean of earlier ones (0.0 at first)
         # pinned host memory only serves copies to a GPU; without one, torch warns on every dataloader
         dataloader_pin_memory=not use_cpu and default_device() == "cuda",
     )

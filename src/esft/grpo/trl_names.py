@@ -37,4 +37,4 @@ ESFT_TRL_ARGS = (
     "mask_truncated_completions", "temperature", "top_p", "max_completion_length", "bf16", "fp16", "use_cpu",
     "gradient_checkpointing", "activation_checkpointing", "disable_dropout", "logging_steps", "save_strategy",
     "save_steps", "report_to", "disable_tqdm", "remove_unused_columns", "dataloader_num_workers",
-    "dataloader_pin_memory", "run_name")
+    "dataloader_pin_memory", "run_name", "logging_nan_inf_filter")
