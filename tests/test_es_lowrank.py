@@ -77,6 +77,26 @@ def test_batched_forward_equals_separate_materialised_forwards(rank):
         assert torch.equal(model(input_ids=x).logits, center)
 
 
+def test_a_position_embedding_looked_up_once_for_the_batch_gets_each_rows_member():
+    """GPT-Neo looks up its position embedding with [1, T] positions and broadcasts it over the batch: the hook
+    must still give each row its own member's term (it raised "batch has 1 rows but 3 rows are mapped")."""
+    from transformers import GPTNeoConfig, GPTNeoForCausalLM
+
+    torch.manual_seed(0)
+    config = GPTNeoConfig(vocab_size=256, max_position_embeddings=16, hidden_size=16, num_layers=1, num_heads=2,
+                          attention_types=[[["global"], 1]], bos_token_id=0, eos_token_id=0)
+    model = GPTNeoForCausalLM(config).eval().requires_grad_(False)
+    w = LowRankWeights(model, rank=2)
+    assert "transformer.wpe.weight" in w.names
+    x = ids()
+    batched = population_logits(model, w, MEMBERS, 0.05, x)
+    member_logits_match(model, w, x, batched)
+    only_positions = LowRankWeights(model, rank=2, include=["transformer.wpe.weight"])
+    batched = population_logits(model, only_positions, MEMBERS, 0.05, x)
+    singles = member_logits_match(model, only_positions, x, batched)
+    assert (singles[0] - singles[2]).abs().max() > 1e-3  # the members' position terms differ row by row
+
+
 def test_rows_follow_members_and_row_drops():
     model = tiny_llama()
     w = LowRankWeights(model, rank=2)

@@ -291,6 +291,12 @@ class PopulationPerturbation:
         the factor a scaled word embedding multiplies its rows by, Gemma's sqrt(hidden))."""
         a_cat_t, b_cat = self.factors[name]
         rows = a_cat_t.t()[ids]                             # [rows, T, N r]: A_i[token] of every member
+        if ids.shape[0] == 1 and self._mapped().shape[0] > 1:
+            # one row of ids for the whole batch (GPT-Neo's position embedding looks up [1, T] positions and
+            # broadcasts): each row's member needs its own term, so the output grows to one row per batch row
+            mask = self._mapped()
+            mask = mask.view(mask.shape[0], *([1] * (ids.dim() - 1)), mask.shape[1])
+            return torch.add(output, torch.matmul(rows * mask, b_cat.t()), alpha=self.scale * embed_scale)
         rows = rows * self._row_mask(output)
         return output.add_(torch.matmul(rows, b_cat.t()), alpha=self.scale * embed_scale)
 
