@@ -32,8 +32,8 @@ namespace {
 // Software prefetch into L2 of the next (row, kv head) pair's keys or values, a few 64-byte lines per step of the
 // current pair's loop. Each pair reads two runs of a few tens of KB, then skips the unused rest of its cache
 // capacity: the hardware prefetchers restart on every run (and every 4 KB page), and a lane waited on memory for
-// most of the attention time (2-core Xeon with AMX, one thread: 5.3 GB/s of cache read in bf16 against 14.7
-// streamed; with this, 7.7). Prefetches change no result.
+// most of the attention time (2-core Xeon with AMX, one thread: 5.1 GB/s of bf16 cache read against 14.7
+// streamed; with this, 6.9-7.4; docs/results/bench/amx-xeon-2026-12-07b). Prefetches change no result.
 struct Prefetch {
   const char* next = nullptr;
   const char* end = nullptr;
