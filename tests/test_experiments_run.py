@@ -20,7 +20,7 @@ import yaml
 
 from es_tiny import one_thread  # noqa: F401  (autouse: tiny matmuls on one thread)
 from esft.experiments import SpecError, load_spec, run_experiment
-from experiments_tiny import ES_BLOCK, GRPO_BLOCK, TinyHooks, write_spec
+from experiments_tiny import ES_BLOCK, EVAL_BLOCK, GRPO_BLOCK, TinyHooks, write_spec
 
 
 def _json(path: Path):
@@ -380,6 +380,31 @@ def test_failed_stage_keeps_other_results_then_reruns(tmp_path, tokenizer):
     with pytest.raises(SpecError, match=r"es/1-countdown was trained with other options \(sigma: 0\.01 -> 0\.5"):
         run_experiment(load_spec(spec_path), out, tiny.hooks)
     assert tiny.trained == []
+
+
+def test_sequential_grpo_to_es_chain_has_a_passk_table_of_its_stages(tmp_path, tokenizer):
+    """A GRPO->ES chain as a sequential track with `evaluation.passk`: tables/passk_sequential_grpo-es.md has a row
+    per stage, each cell the pass@k its stage's `<task>.passk.json` recorded, with that file's interval."""
+    spec = write_spec(tmp_path / "seq.yaml", "sequential", ["countdown", "boolq"],
+                      {"grpo->es": {"grpo": GRPO_BLOCK, "es": {**ES_BLOCK, "iterations": 1}}},
+                      evaluation={**EVAL_BLOCK, "limit": 2, "holdout": [],
+                                  "passk": {"samples": 3, "k": [1, 3], "temperature": 1.0}})
+    out = tmp_path / "out"
+    assert run_experiment(load_spec(spec), out, TinyHooks(tokenizer).hooks).ok
+    table = (out / "tables/passk_sequential_grpo-es.md").read_text()
+    assert table in (out / "tables/tables.md").read_text()
+    stages = {"Base": "base", "After Countdown": "seed-42/sequential/grpo-to-es/1-countdown",
+              "After BoolQ": "seed-42/sequential/grpo-to-es/2-boolq"}
+    for label, key in stages.items():
+        cells = []
+        for task in ("countdown", "boolq"):
+            for k in ("1", "3"):
+                entry = _json(out / key / f"eval/{task}.passk.json")["summary"]["pass@k"][k]
+                value = f"{100 * entry['value']:.1f}"
+                bold = label == f"After {'Countdown' if task == 'countdown' else 'BoolQ'}"
+                lo, hi = entry["ci95"]
+                cells += [f"**{value}**" if bold else value, f"[{100 * lo:.1f}, {100 * hi:.1f}]"]
+        assert f"| {label} | {' | '.join(cells)} |" in table
 
 
 def test_method_comparison_with_passk_sampling(tmp_path, tokenizer):

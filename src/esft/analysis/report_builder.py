@@ -304,8 +304,9 @@ class Report(ReportContext):
         tables = self.root / "tables" / "tables.md"
         if tables.exists():
             # an `esft experiment run` directory: its runner already wrote the accuracy tables per stage
-            self.sections.append("## Accuracy per stage (paper Tables 1, 2, 5-8, 18)\n\nWritten by the experiment "
-                                 f"runner from its stage evaluations: [{self.rel(tables)}]({self.rel(tables)}).\n")
+            self.sections.append("## Accuracy per stage (paper Tables 1, 2, 5-8, 18; pass@k)\n\nWritten by the "
+                                 "experiment runner from its stage evaluations: "
+                                 f"[{self.rel(tables)}]({self.rel(tables)}).\n")
         rows = accuracy_rows(self.runs, self.rel_run)
         if rows:
             rewards = any(r.score_name() == MEAN_REWARD for r in self.runs)

@@ -225,6 +225,22 @@ def interval(record: dict[str, Any] | None, task: str, ifeval_metric: str = "pro
     return scale * float(ci[0]), scale * float(ci[1])
 
 
+def percent(value: Any, scale: float = 100.0) -> float | None:
+    """`value` (a share, or a mean reward with `scale` 1) times `scale`; None stays None."""
+    return None if value is None else scale * float(value)
+
+
+def ci_text(summary: dict[str, Any], scale: float = 100.0, digits: int = 1) -> str:
+    """`[a, b]`: the `ci95` of a summary (an evaluation's, or one pass@k entry's) times `scale`, or a dash."""
+    ci = summary.get("ci95")
+    return f"[{scale * ci[0]:.{digits}f}, {scale * ci[1]:.{digits}f}]" if ci and None not in ci else DASH
+
+
+def table_slug(track: str) -> str:
+    """A track's part of a table's file name: `es@100` -> `es_100`, `grpo->es` -> `grpo-es`."""
+    return track.replace("@", "_").replace("->", "-").replace("/", "-")
+
+
 def constant_baseline(exp: Experiment, task: str) -> dict[str, Any] | None:
     """The constant-answer baseline of `task`'s evaluated examples: from the base model's evaluation, else from
     the first stage that recorded one (every stage evaluates the same examples). None for a mean reward."""

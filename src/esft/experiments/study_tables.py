@@ -5,6 +5,9 @@
                  columns method x holdout, holdout-major (ES (MMLU), GRPO (MMLU), ES (IFEval), GRPO (IFEval))
     Tables 5-8   one per sequential method: rows Base, After <task>; columns the trained tasks; the task just
                  trained in bold
+    pass@k       with `evaluation.passk`, one per sequential method (`passk_sequential_<track>`): the rows of
+                 Tables 5-8; columns pass@k of each k with its 95% bootstrap interval, per sampled task
+                 (esft.experiments.passk_tables)
     Table 18     compute per task: the study's formulas (2*iters*N*batch*P*L, 8*T*prompts*K*P*L) beside what the
                  runs actually generated (generations, prompt and generated tokens, FLOPs from those counts;
                  esft.experiments.compute_tables)
@@ -19,6 +22,8 @@ Where the evaluations recorded it (`constant_baseline`, esft.evaluation), every 
 with its 95% Wilson interval (a column of Table 1, a row of the others). An accuracy inside that interval is
 what a prior alone reaches.
 
+A single-task experiment's methods table (`methods_<task>`) has a row per method, a `grpo->es` chain's among
+them, with pass@k columns beside the greedy accuracy; results.csv has every stage's pass@k and its interval.
 Beside each methods table, `tables/passk_<task>.png` draws its pass@k columns as curves over k with their 95%
 intervals (esft.experiments.method_figures); a task whose scores are not 0/1 has no pass@k, its cells read n/a.
 
@@ -34,10 +39,13 @@ from typing import Any, Sequence
 
 from esft.experiments.compute_tables import compute_row, table18
 from esft.experiments.method_figures import write_method_figures
+from esft.experiments.passk_tables import (PASSK_NOTE, passk_cells, passk_columns, passk_keys, passk_ks,
+                                           passk_notes, passk_values, sequential_passk_tables)
 from esft.experiments.plan import task_slug
 from esft.experiments.records import (
-    CONSTANT_LABEL, CONSTANT_NOTE, REWARD_DIGITS, Experiment, accuracy, constant_baseline, constant_row,
-    constant_text, eval_note, interval, load_experiment, reward_note, score_words, seed_note, task_name,
+    CONSTANT_LABEL, CONSTANT_NOTE, REWARD_DIGITS, Experiment, accuracy, ci_text, constant_baseline, constant_row,
+    constant_text, eval_note, interval, load_experiment, percent, reward_note, score_words, seed_note, table_slug,
+    task_name,
 )
 from esft.tables import DASH, NA, Cell, Row, Table, csv_text
 from esft.tasks.labels import ACCURACY
@@ -165,8 +173,7 @@ def tables5_8(exp: Experiment) -> list[Table]:
         words = f"accuracy (%, {what})" if words == "accuracy (%)" else f"{words} ({what})"
         title = (f"Tables 5-8 layout: {exp.spec.get('model')}: {words} throughout sequential "
                  f"training with {display}. Bold indicates the task just trained at that stage.")
-        slug = track.replace("@", "_").replace("->", "-").replace("/", "-")
-        out.append(Table(f"table5-8_sequential_{slug}", title, cols, rows,
+        out.append(Table(f"table5-8_sequential_{table_slug(track)}", title, cols, rows,
                          [seed_note(exp), eval_note(exp, exp.tasks), *interval_note(exp, exp.tasks)]
                          + ([CONSTANT_NOTE] if constant else []) + reward_note(exp, exp.tasks),
                          seeds=exp.seeds))
@@ -179,32 +186,9 @@ def _summary(record: dict[str, Any] | None, task: str) -> dict[str, Any]:
     return ((record or {}).get("eval") or {}).get(task) or {}
 
 
-def _percent(value: Any, scale: float = 100.0) -> float | None:
-    return None if value is None else scale * float(value)
-
-
-def _ci_text(summary: dict[str, Any], scale: float = 100.0, digits: int = 1) -> str:
-    ci = summary.get("ci95")
-    return f"[{scale * ci[0]:.{digits}f}, {scale * ci[1]:.{digits}f}]" if ci and None not in ci else DASH
-
-
 def _scaled_ci(summary: dict[str, Any], scale: float = 100.0) -> tuple[float, float] | None:
     ci = summary.get("ci95")
     return (scale * ci[0], scale * ci[1]) if ci and None not in ci else None
-
-
-def _passk_na(exp: Experiment, get_record: Any, task: str) -> bool:
-    """Whether some seed's sampled evaluation of `task` in `get_record(seed)` has no pass@k (scores not 0/1)."""
-    return any(((_summary(get_record(s), task).get("sampled") or {}).get("pass@k_note")) for s in exp.seeds)
-
-
-def _passk_note(exp: Experiment, task: str) -> str | None:
-    """The reason a sampled evaluation of `task` in the experiment gives for having no pass@k, or None."""
-    for rec in exp.results.values():
-        note = (_summary(rec, task).get("sampled") or {}).get("pass@k_note")
-        if note:
-            return note
-    return None
 
 
 def method_tables(exp: Experiment) -> list[Table]:
@@ -214,33 +198,24 @@ def method_tables(exp: Experiment) -> list[Table]:
     tracks = exp.tracks("single-task")
     if not tracks:
         return []
-    pk = exp.spec.get("evaluation", {}).get("passk") or {}
-    ks = [str(k) for k in pk.get("k", [])]
+    ks = passk_ks(exp)
     out = []
     for task in exp.tasks:
         first = exp.seeds[0] if exp.seeds else None
         scale, digits = _scale(exp, task)
         score = exp.score_name(task)
         cols = ["Method", "Accuracy %" if score == ACCURACY else "Mean reward", "95% CI", "Format %"]
-        cols += [c for k in ks for c in (f"pass@{k} %", f"pass@{k} CI")] + ["Train wall s"]
+        cols += passk_columns(ks) + ["Train wall s"]
 
         def row(get_record: Any, timed: bool, once: bool = False) -> list[Cell | str]:
             several = len(exp.seeds) > 1 and not once  # then the per-seed rows carry each seed's interval
             cells: list[Cell | str] = [
-                exp.cell(lambda s: _percent(_summary(get_record(s), task).get("accuracy"), scale), digits=digits,
+                exp.cell(lambda s: percent(_summary(get_record(s), task).get("accuracy"), scale), digits=digits,
                          once=once, ci=(lambda s: _scaled_ci(_summary(get_record(s), task), scale)) if several
                          else None),
-                _ci_text(_summary(get_record(first), task), scale, digits) if len(exp.seeds) == 1 or once else DASH,
-                exp.cell(lambda s: _percent(_summary(get_record(s), task).get("format_rate")), once=once)]
-            for k in ks:
-                if _passk_na(exp, get_record, task):  # scores not 0/1: no pass@k (esft.passk.not_right_or_wrong)
-                    cells += [NA, NA]
-                    continue
-                cells.append(exp.cell(lambda s, k=k: _percent(((_summary(get_record(s), task).get("sampled") or {})
-                                                               .get("pass@k") or {}).get(k, {}).get("value")),
-                                      once=once))
-                sampled = ((_summary(get_record(first), task).get("sampled") or {}).get("pass@k") or {}).get(k, {})
-                cells.append(_ci_text(sampled) if len(exp.seeds) == 1 or once else DASH)
+                ci_text(_summary(get_record(first), task), scale, digits) if len(exp.seeds) == 1 or once else DASH,
+                exp.cell(lambda s: percent(_summary(get_record(s), task).get("format_rate")), once=once)]
+            cells += passk_cells(exp, get_record, task, ks, once)
             if timed:
                 cells.append(exp.cell(lambda s: (compute_row(get_record(s) or {}) or {}).get("train_seconds")))
             else:
@@ -259,14 +234,8 @@ def method_tables(exp: Experiment) -> list[Table]:
             rows.append((display, row(lambda s, tr=track: exp.find("single-task", s, tr, task), True)))
         notes = [seed_note(exp), eval_note(exp, [task]),
                  f"95% CI: {'Wilson' if score == ACCURACY else 'normal-approximation'} interval of the greedy "
-                 f"{score}; pass@k: unbiased estimator over the sampled completions with a bootstrap CI over "
-                 "questions."] + ([CONSTANT_NOTE] if constant else []) + reward_note(exp, [task])
-        if pk:
-            notes.append(f"Sampled evaluation: {pk.get('samples')} completions per question at temperature "
-                         f"{pk.get('temperature')}, top_p {pk.get('top_p')}.")
-        na = _passk_note(exp, task)
-        if ks and na:
-            notes.append(f"pass@k n/a: {na}.")
+                 f"{score}; {PASSK_NOTE}"] + ([CONSTANT_NOTE] if constant else []) + reward_note(exp, [task])
+        notes += passk_notes(exp, [task])
         title = f"Methods on {task_name(task)} ({exp.spec.get('model')}): {score}, pass@k and training time."
         out.append(Table(f"methods_{task_slug(task)}", title, cols, rows, notes, seeds=exp.seeds))
     return out
@@ -282,10 +251,13 @@ def results_csv(exp: Experiment) -> str:
     """Every evaluation of every finished stage, one row per (stage, task). A task whose reward scores outside
     [0, 1] (`Experiment.is_reward`) has its mean reward in `accuracy` and the interval of that mean in `ci95_*`,
     and its constant-answer cells are empty: that baseline is a share of examples, no reward on another scale.
-    The columns stay the same for every task, so the file keeps one header whatever its tasks score."""
+    The columns stay the same for every task, so the file keeps one header whatever its tasks score. With
+    `evaluation.passk`, each k of it adds `pass@k` and its bootstrap interval (shares), empty where the task was
+    not sampled, its pass@k is n/a or it was sampled with other settings than the spec's."""
+    ks = passk_ks(exp)
     keys = ["n", "accuracy", "ci95_low", "ci95_high", *CONSTANT_KEYS, "balanced", "format_rate",
             "accuracy_among_boxed", "prompt_strict", "prompt_loose", "instruction_strict", "instruction_loose",
-            "completion_tokens", "truncated_rate"]
+            "completion_tokens", "truncated_rate", *passk_keys(ks)]
     rows = []
     for s in exp.stages:
         rec = exp.results.get(s["key"])
@@ -295,7 +267,7 @@ def results_csv(exp: Experiment) -> str:
             ci = summ.get("ci95") or [None, None]
             cci = summ.get("constant_baseline_ci95") or [None, None]
             vals = {**summ, "ci95_low": ci[0], "ci95_high": ci[1], "constant_ci95_low": cci[0],
-                    "constant_ci95_high": cci[1]}
+                    "constant_ci95_high": cci[1], **passk_values(rec, task, ks)}
             if exp.is_reward(task):
                 vals.update(dict.fromkeys(CONSTANT_KEYS))
             seed = s.get("seed")  # seed 0 is a seed: only the base stage, which has none, leaves the column empty
@@ -311,6 +283,7 @@ def all_tables(exp: Experiment) -> list[Table]:
         if t is not None:
             out.append(t)
     out += tables5_8(exp)
+    out += sequential_passk_tables(exp)
     out += method_tables(exp)
     t18 = table18(exp)
     if t18:
