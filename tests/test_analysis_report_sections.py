@@ -138,6 +138,17 @@ def test_kl_of_two_tracks_names_panels_by_track_and_says_when_stages_coincide(tm
     assert ctx.unsupported == []
 
 
+def test_two_groups_of_one_track_each_keep_their_heatmap_panel(tmp_path, kl_calls, heatmaps):
+    """ES chains of two task sequences are two groups of one track: named by the track alone, both panels were
+    keyed "ES" and the second replaced the first, so the heatmap showed one group under a name that fits both."""
+    base = folder(tmp_path / "base")
+    chains = [chain(tmp_path / "a", "es", 1, ("boolq",), base), chain(tmp_path / "b", "es", 1, ("countdown",), base)]
+    groups, _ = K.report_kl(context(tmp_path, chains, limit=1))
+    assert [g.tasks for g in groups] == [("boolq",), ("countdown",)]
+    assert list(heatmaps[0]) == ["ES boolq", "ES countdown"]
+    assert [rows for _, rows, _ in heatmaps[0].values()] == [["boolq"], ["countdown"]]
+
+
 def test_kl_with_no_measurable_chain_says_so(tmp_path, kl_calls):
     ctx = context(tmp_path, [chain(tmp_path, "es", 1, ("boolq",), folder(tmp_path / "base"), missing=(1,))])
     assert K.report_kl(ctx) is None and kl_calls == []

@@ -91,7 +91,11 @@ def report_kl(ctx: ReportContext) -> tuple[list[KLGroup], Path | None] | None:
         budgets.setdefault(key, []).extend(stage_iterations(st) for st in c.stages if c.algorithm == "es")
     groups = [KLGroup(*key, tbs, aggregate_seeds(tbs, HEADLINE), seeds[key], budgets[key])
               for key, tbs in tables.items()]
-    panels = {(g.title if len(groups) > 2 else g.track.upper()):
+    # a panel is named by its track alone only where that tells the groups apart: two groups of one track (ES
+    # chains of two task sequences) share it, and the second panel would replace the first
+    tracks = [g.track for g in groups]
+    short = len(groups) <= 2 and len(set(tracks)) == len(tracks)
+    panels = {(g.track.upper() if short else g.title):
               (matrix(g.aggregate, "incremental", stat="median"), g.aggregate["tasks"], g.aggregate["stages"])
               for g in groups}
     figure = None
