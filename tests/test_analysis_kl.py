@@ -261,17 +261,17 @@ def test_scores_do_not_depend_on_the_pad_id():
 def test_kl_rows_print_median_min_max_over_seeds_next_to_the_studys_cell():
     from esft import paper
 
-    tables = [{"stages": ["1:countdown", "2:boolq"], "tasks": ["countdown", "a"],
-               "incremental": {t: {"1:countdown": {"k3_token_mean": v}, "2:boolq": {"k3_token_mean": 2 * v}}
+    tables = [{"stages": ["1:countdown", "2:math"], "tasks": ["countdown", "a"],
+               "incremental": {t: {"1:countdown": {"k3_token_mean": v}, "2:math": {"k3_token_mean": 2 * v}}
                                for t in ("countdown", "a")},
-               "cumulative": {t: {"1:countdown": {"k3_token_mean": v}, "2:boolq": {"k3_token_mean": 3 * v}}
+               "cumulative": {t: {"1:countdown": {"k3_token_mean": v}, "2:math": {"k3_token_mean": 3 * v}}
                               for t in ("countdown", "a")}} for v in (0.1, 0.3, 0.2)]
-    group = KR.KLGroup("grpo", "grpo", ("countdown", "boolq"), tables, K.aggregate_seeds(tables))
+    group = KR.KLGroup("grpo", "grpo", ("countdown", "math"), tables, K.aggregate_seeds(tables))
     head, rows = KR.kl_rows(group, "cumulative")
-    assert head == ["eval task", "after 1:countdown", "after 2:boolq"]
+    assert head == ["eval task", "after 1:countdown", "after 2:math"]
     # the study's cell is looked up by the task trained at that stage (the label after the colon)
     ref1 = paper.kl_reference("grpo", "cumulative", "countdown", "countdown")
-    ref2 = paper.kl_reference("grpo", "cumulative", "countdown", "boolq")
+    ref2 = paper.kl_reference("grpo", "cumulative", "countdown", "math")
     assert ref1 and ref2 and ref1 != ref2
     # beside the study's mean +- std over seeds (Table 14), ours too
     assert rows[0] == ["countdown", f"0.2 [0.1, 0.3]; mean 0.2 +- 0.1 (paper {ref1[0]})",
@@ -423,10 +423,33 @@ def test_a_batch_of_empty_completions_scores_zero_kl_without_running_the_models(
 
 def test_paper_cells_count_the_studys_cells_of_a_group():
     """The study's KL cells exist for es and grpo chains over its tasks only (paper.kl_reference)."""
-    agg = {"tasks": ["countdown", "a"], "stages": ["1:countdown", "2:boolq"]}
-    assert KR.paper_cells(KR.KLGroup("grpo", "grpo", ("countdown", "boolq"), [{}], agg)) == 4  # 2 kinds x 2 stages
-    assert KR.paper_cells(KR.KLGroup("grpo->es", "grpo->es", ("countdown", "boolq"), [{}], agg)) == 0
+    agg = {"tasks": ["countdown", "a"], "stages": ["1:countdown", "2:math"]}
+    assert KR.paper_cells(KR.KLGroup("grpo", "grpo", ("countdown", "math"), [{}], agg)) == 4  # 2 kinds x 2 stages
+    assert KR.paper_cells(KR.KLGroup("grpo->es", "grpo->es", ("countdown", "math"), [{}], agg)) == 0
     assert KR.paper_cells(KR.KLGroup("es", "es", ("a",), [{}], {"tasks": ["a"], "stages": ["1:a"]})) == 0
+
+
+def test_the_studys_cumulative_kl_stands_only_beside_a_stage_of_its_sequence():
+    """Tables 13-14 are KL from the base, cumulative over the study's sequence: its cell after BoolQ is the KL
+    after four tasks, and stood beside a single-task BoolQ run's KL after one (as Tables 3, 4 and 20 did before
+    paper.sequence_stage kept them to the stages of the study's sequence). The incremental cell, one step's, stays."""
+    from esft import paper
+
+    def group(stages):
+        cells = {"boolq": {s: {"k3_token_mean": 0.3} for s in stages}}
+        tables = [{"stages": stages, "tasks": ["boolq"], "incremental": cells, "cumulative": cells}]
+        return KR.KLGroup("grpo", "grpo", tuple(s.split(":")[1] for s in stages), tables, K.aggregate_seeds(tables))
+
+    one = group(["1:boolq"])
+    assert KR.kl_rows(one, "cumulative")[1] == [["boolq", "0.3"]]
+    step = paper.kl_reference("grpo", "incremental", "boolq", "boolq")[0]
+    assert KR.kl_rows(one, "incremental")[1] == [["boolq", f"0.3 (paper {step})"]]
+    assert KR.paper_cells(one) == 1
+    # the study's own sequence: its cumulative cell after BoolQ, its fourth task, stands beside our fourth stage
+    four = group(["1:countdown", "2:math", "3:chemistry", "4:boolq"])
+    after4 = paper.kl_reference("grpo", "cumulative", "boolq", "boolq")[0]
+    assert KR.kl_rows(four, "cumulative")[1][0][-1] == f"0.3 (paper {after4})"
+    assert KR.kl_rows(group(["1:countdown", "2:boolq"]), "cumulative")[1][0][-1] == "0.3"
 
 
 def test_seeds_whose_stage_labels_differ_are_aggregated_by_stage_position():

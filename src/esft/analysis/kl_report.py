@@ -110,27 +110,37 @@ def report_kl(ctx: ReportContext) -> tuple[list[KLGroup], Path | None] | None:
     return groups, figure
 
 
+def study_cell(group: KLGroup, kind: str, task: str, j: int) -> tuple[str, str] | None:
+    """The study's cell beside stage j (0-based) on evaluation task `task`: paper.kl_reference of the task trained
+    at that stage, wherever it sits in the study's sequence; a cumulative one (Tables 13, 14) only where the chain
+    trained the study's sequence up to that stage (paper.sequence_stage), as for Tables 3, 4 and 20: the study's KL
+    from the base after its four tasks is no reference for a single-task BoolQ run's after one."""
+    trained = [st.split(":", 1)[-1] for st in group.aggregate["stages"]]
+    if kind == "cumulative" and paper.sequence_stage(trained, j) is None:
+        return None
+    return paper.kl_reference(group.algorithm, kind, task, trained[j])
+
+
 def paper_cells(group: KLGroup) -> int:
-    """How many of the group's cells the study gives a value for (paper.kl_reference): none for a chain it did not
-    run (grpo->es) or tasks it did not train, where no note about its values belongs."""
+    """How many of the group's cells the study gives a value for (`study_cell`): none for a chain it did not run
+    (grpo->es) or tasks it did not train, where no note about its values belongs."""
     agg = group.aggregate
-    return sum(paper.kl_reference(group.algorithm, kind, t, st.split(":", 1)[-1]) is not None
-               for kind in ("incremental", "cumulative") for t in agg["tasks"] for st in agg["stages"])
+    return sum(study_cell(group, kind, t, j) is not None
+               for kind in ("incremental", "cumulative") for t in agg["tasks"] for j in range(len(agg["stages"])))
 
 
 def kl_rows(group: KLGroup, kind: str) -> tuple[list[str], list[list[str]]]:
     """(header, rows) of `kind` ("incremental" / "cumulative") KL: evaluation task x stage, median [min, max]
-    over seeds ± the (median) standard error over sequences, with the study's cell for the same task after
-    training the same task; where that cell is a mean +- std over seeds (Tables 13, 14), ours of several seeds
-    stands beside it too."""
+    over seeds ± the (median) standard error over sequences, with the study's cell (`study_cell`); where that
+    cell is a mean +- std over seeds (Tables 13, 14), ours of several seeds stands beside it too."""
     agg, n = group.aggregate, len(group.seeds)
     head = ["eval task"] + [f"after {st}" for st in agg["stages"]]
     rows = []
     for t in agg["tasks"]:
         row = [t]
-        for st in agg["stages"]:
+        for j, st in enumerate(agg["stages"]):
             cell = agg[kind][t][st]
-            ref = paper.kl_reference(group.algorithm, kind, t, st.split(":", 1)[-1])
+            ref = study_cell(group, kind, t, j)
             spread = f" [{fmt(cell['min'])}, {fmt(cell['max'])}]" if n > 1 else ""
             val = se_text(cell["median"], cell.get("se"), spread)
             if ref and ref[1] == "mean" and n > 1:

@@ -417,8 +417,10 @@ class Report(ReportContext):
                 continue
             budget = paper.es_budget_note(g.iterations)
             s.append("Paper values are the study's cell for the same evaluation task after training the same task "
-                     "in its sequence (Countdown -> Math -> Chemistry -> BoolQ, Qwen3-4B), whatever stage that is "
-                     "here; the study gives no per-cell values for ES's incremental KL (Table 11)."
+                     "in its sequence (Countdown -> Math -> Chemistry -> BoolQ, Qwen3-4B): for incremental KL "
+                     "whatever stage that is here, for cumulative KL (Tables 13, 14: from the base, over its "
+                     "sequence) only where the chain trained that sequence up to the stage; the study gives no "
+                     "per-cell values for ES's incremental KL (Table 11)."
                      + (f" {budget}" if budget else "") + "\n")
         if figure is not None:
             s.append(f"![incremental KL heatmap (Figure 2)]({self.rel(figure)})\n")
