@@ -9,8 +9,9 @@ Both ask for the JSON answer `{"answer": "X"}` and share one letter-extraction c
 
 The first level that matches decides, and within it the *last* match wins. Only capital letters count, so the
 article "a" is never an answer. A *standalone* token is a capital A-D not glued to a letter, digit or a technical
-joiner (`-`, `=`, `+`, `#`, `/`, `\\`, `_`, `^`, `&`, `@`, `~`), and not followed by an apostrophe and a letter: so
-`C-H`, `C=O`, `D-glucose`, `A/B`, `A's`, `H2O` contribute nothing, while `(B)`, `B.`, `**C**`, `"D"` do.
+joiner (`-`, `=`, `+`, `#`, `/`, `\\`, `_`, `^`, `&`, `@`, `~`, and the unit and formula signs `°`, `µ`, `μ`,
+superscript and subscript digits and letters), and not followed by an apostrophe and a letter: so `C-H`, `C=O`,
+`D-glucose`, `A/B`, `A's`, `H2O`, `C₆H₆`, `¹³C`, `25 °C` contribute nothing, while `(B)`, `B.`, `**C**`, `"D"` do.
 
 The capital article. "A dog is ..." at the start of a sentence would otherwise be read as answer A and, being
 last, override an earlier real answer ("... so B. A good check is ..."). Level 3 therefore skips an "A" that
@@ -52,7 +53,9 @@ SYSTEM_PROMPT = (
 # ---- letter extraction ------------------------------------------------------------------------------------------
 # Every pattern below is linear in the text: no two adjacent quantifiers can match the same characters, so a run of
 # spaces after "Answer:" is consumed once instead of being split every possible way (quadratic backtracking).
-_JOINERS = r"A-Za-z0-9_\-=+#/\\^&@~"
+# Superscript and subscript digits and letters, the degree sign and the micro sign glue a letter into a formula or
+# unit as ASCII digits and letters do: the C of "C₆H₆", "¹³C" or "25 °C" is no more an answer than that of "C6H6".
+_JOINERS = r"A-Za-z0-9_\-=+#/\\^&@~\u00b0\u00b5\u03bc\u00b2\u00b3\u00b9\u2070-\u209f"
 # JSON or a Python dict; the value's quotes may be missing, as in the paper's reference regex (`"answer": B`)
 _JSON_ANSWER = re.compile(
     rf"""["'](?i:answer)["']\s*+:\s*+(?:["']\s*+)?([A-D])(?:\s*+["']|(?![{_JOINERS}]))""")
