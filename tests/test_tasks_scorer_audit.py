@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from esft.tasks.boolq import parse_yes_no
 from esft.tasks.mcq import extract_letter
 
 
@@ -33,3 +34,17 @@ def test_a_letter_glued_to_a_unit_or_formula_sign_is_no_answer(text, letter):
 ])
 def test_a_letter_beside_such_a_sign_elsewhere_still_counts(text, letter):
     assert extract_letter(text) == (letter, 3)
+
+
+# ---- BoolQ: a wrapper and trailing punctuation together ------------------------------------------------------------
+@pytest.mark.parametrize("boxed, label", [
+    ("\\text{Yes}.", True),
+    ("\\textbf{No}!", False),
+    (" \\text{yes} . ", True),
+    ("\\text{Yes.}", True),        # already read before
+    ("\\text{maybe}.", None),
+])
+def test_boolq_reads_a_wrapped_answer_with_a_full_stop_after_the_wrapper(boxed, label):
+    # the docstring: a \text{...}-style wrapper and trailing punctuation inside the box are ignored; with the full
+    # stop after the wrapper's brace the wrapper was not recognised and the answer read as none
+    assert parse_yes_no(boxed) is label

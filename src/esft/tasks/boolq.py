@@ -39,7 +39,7 @@ def parse_yes_no(boxed: str | None) -> bool | None:
     """True / False for a recognised boxed answer, None otherwise."""
     if boxed is None or len(boxed) > 100:  # a real answer is one word; skip the work on junk
         return None
-    s = boxed.strip()
+    s = boxed.strip().rstrip(".!").strip()  # the full stop may follow the wrapper: \text{Yes}.
     m = _WRAPPER.match(s)
     if m:
         s = m.group(1)
