@@ -5,10 +5,15 @@ Run: pytest tests/test_tasks_scorer_audit.py -q
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pytest
 
+from esft.config import ConfigError
+from esft.tasks import Task
 from esft.tasks.boolq import parse_yes_no
 from esft.tasks.mcq import extract_letter
+from esft.validation import check_splits
 
 
 # ---- multiple choice: a letter glued to a unit or formula sign is part of it, not an answer ----------------------
@@ -48,3 +53,71 @@ def test_boolq_reads_a_wrapped_answer_with_a_full_stop_after_the_wrapper(boxed, 
     # the docstring: a \text{...}-style wrapper and trailing punctuation inside the box are ignored; with the full
     # stop after the wrapper's brace the wrapper was not recognised and the answer read as none
     assert parse_yes_no(boxed) is label
+
+
+# ---- a user's task: its optional methods are tried before any model loads -----------------------------------------
+@dataclass
+class _Sums(Task):
+    name: str = "sums"
+
+    def _load(self, split):
+        return [{"q": "1 + 1", "gold": "2"}]
+
+    def prompt(self, example):
+        return [{"role": "user", "content": example["q"]}]
+
+    def score(self, completion, example):
+        return float(example["gold"] in completion)
+
+
+class _FormatReadsAMissingField(_Sums):
+    def is_well_formed(self, completion, example):
+        return example["answer"] in completion
+
+
+class _DetailsReadAMissingField(_Sums):
+    def details(self, completion, example):
+        return {"gold": example["answer"]}
+
+
+class _DetailsNotADict(_Sums):
+    def details(self, completion, example):
+        return "no box"
+
+
+class _GoldKeyReadsAMissingField(_Sums):
+    def gold_key(self, example):
+        return example["label"]
+
+
+class _GoldKeyAList(_Sums):
+    def gold_key(self, example):
+        return [example["gold"]]
+
+
+@pytest.mark.parametrize("cls, words", [
+    (_FormatReadsAMissingField, r"is_well_formed raised KeyError: 'answer'"),
+    (_DetailsReadAMissingField, r"details raised KeyError: 'answer'"),
+    (_DetailsNotADict, r"details\(completion, example\) returns a dict .*returned str 'no box'"),
+    (_GoldKeyReadsAMissingField, r"gold_key raised KeyError: 'label'"),
+    (_GoldKeyAList, r"gold_key\(example\) returns a hashable value .*returned list \['2'\]"),
+])
+def test_optional_methods_that_fail_on_the_first_example_are_refused_before_the_model_loads(cls, words):
+    # every completion's record calls is_well_formed and details, and the held-out evaluation's constant-answer
+    # baseline calls gold_key on each example: such an error ended a run after the model had loaded and generated
+    with pytest.raises(ConfigError, match=words):
+        check_splits("task", "m:C", cls(), ("test",))
+
+
+def test_a_task_whose_optional_methods_take_the_first_example_passes():
+    class Fine(_Sums):
+        def is_well_formed(self, completion, example):
+            return bool(completion.strip())
+
+        def details(self, completion, example):
+            return {"gold": example["gold"]}
+
+        def gold_key(self, example):
+            return example["gold"]
+
+    assert check_splits("task", "m:C", Fine(), ("train", "test")) == {"train": 1, "test": 1}

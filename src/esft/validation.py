@@ -135,6 +135,40 @@ def check_first_example(key: str, value: Any, task: Task, split: str) -> None:
     if not isinstance(out, Real) or not math.isfinite(out):
         raise ConfigError(key, value, f"a task whose score(completion, example) returns a finite number (task "
                           f"{name!r} scored an empty completion {_brief(out)})")
+    check_record_methods(key, value, task, split, example)
+
+
+def check_record_methods(key: str, value: Any, task: Task, split: str, example: dict[str, Any]) -> None:
+    """The methods every evaluation calls besides prompt and score take the first example of `split` (with an
+    empty completion): `is_well_formed` (where the task checks a format) and `details` for each completion's record,
+    `gold_key` for the constant-answer baseline beside the accuracy. A user's method that raises, details that are
+    not a dict of fields, or a gold key a baseline cannot count fail here, not once the model has loaded and the
+    held-out set has been generated."""
+    import warnings
+    from collections.abc import Hashable, Mapping
+
+    from esft.tasks.base import checks_format
+
+    name = task.shown_name() or value
+    calls = [("details", lambda: task.details("", example)), ("gold_key", lambda: task.gold_key(example))]
+    if checks_format(task):
+        calls.insert(0, ("is_well_formed", lambda: task.is_well_formed("", example)))
+    for method, call in calls:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                out = call()
+            if method == "gold_key" and isinstance(out, Hashable):
+                hash(out)  # a tuple holding a list is Hashable but cannot be hashed
+        except Exception as exc:  # the user's code: named with the example it failed on
+            raise ConfigError(key, value, f"a task whose {method} takes its first {split} example (task {name!r}: "
+                              f"{method} raised {type(exc).__name__}: {exc})") from None
+        if method == "details" and not isinstance(out, Mapping):
+            raise ConfigError(key, value, f"a task whose details(completion, example) returns a dict of fields "
+                              f"(task {name!r} returned {_brief(out)})")
+        if method == "gold_key" and not isinstance(out, Hashable):
+            raise ConfigError(key, value, f"a task whose gold_key(example) returns a hashable value or None, as the "
+                              f"constant-answer baseline counts them (task {name!r} returned {_brief(out)})")
 
 
 #: The roles of a chat that chat templates know (TRL's conversational format uses the first three).
