@@ -121,3 +121,24 @@ def test_a_task_whose_optional_methods_take_the_first_example_passes():
             return example["gold"]
 
     assert check_splits("task", "m:C", Fine(), ("train", "test")) == {"train": 1, "test": 1}
+
+
+# ---- a task list: a data file in a folder whose name holds '=' --------------------------------------------------
+def test_a_data_file_whose_folder_name_holds_an_equals_sign_is_a_task_of_its_own(tmp_path):
+    # sweep folders are often named key=value; the list read any piece with '=' before its first ':' as an option
+    # of the task before it: the file alone was refused, after boolq too, and after a task with options it became
+    # that task's unknown option
+    from esft.tasks import get_task, split_task_list
+
+    folder = tmp_path / "lr=0.1"
+    folder.mkdir()
+    data = folder / "sums.jsonl"
+    data.write_text("".join(f'{{"question": "{i} + {i}?", "answer": "{2 * i}"}}\n' for i in range(10)))
+    assert split_task_list(str(data)) == [str(data)]
+    assert split_task_list(f"boolq,{data}:prompt_field=question,reward=math") == [
+        "boolq", f"{data}:prompt_field=question,reward=math"]
+    assert split_task_list(f"countdown:numbers=2,ops=+,{data},mmlu") == [
+        "countdown:numbers=2,ops=+", str(data), "mmlu"]
+    assert split_task_list(["countdown:numbers=2", "ops = +*", "boolq"]) == ["countdown:numbers=2,ops = +*", "boolq"]
+    task = get_task(split_task_list(f"boolq,{data}:prompt_field=question,reward=math")[1])
+    assert task.score("\\boxed{4}", {"question": "2 + 2?", "answer": "4"}) == 1.0

@@ -25,6 +25,7 @@ built-in, installed or `module:Class`.
 from __future__ import annotations
 
 import dataclasses
+import re
 import typing
 from importlib import import_module
 from urllib.parse import quote
@@ -69,12 +70,17 @@ def parse_task_name(name: str) -> tuple[str, dict[str, str]]:
     return base, parse_options(name, rest)
 
 
+#: a piece of a comma-separated task list that is an option of the task before it: `key=value`
+_OPTION_PIECE = re.compile(r"[A-Za-z_]\w*\s*=")
+
+
 def split_task_list(items: str | typing.Iterable[str]) -> list[str]:
     """Task names from a comma-separated string or a list whose items may have been split at every comma.
 
-    A piece whose text before any ':' contains '=' continues the previous task's options (a task name never
-    contains '='): `"countdown:numbers=2,ops=+,boolq"` -> `["countdown:numbers=2,ops=+", "boolq"]`. A reward regex
-    that a comma cut (`data.jsonl:reward=regex:(a,b)`) is refused, pointing to `--reward` (a ValueError)."""
+    A piece that starts with an option's name and '=' continues the previous task's options:
+    `"countdown:numbers=2,ops=+,boolq"` -> `["countdown:numbers=2,ops=+", "boolq"]`; any other piece is a task, a
+    data file too whose folder's name holds '=' (`runs/lr=0.1/sums.jsonl`). A reward regex that a comma cut
+    (`data.jsonl:reward=regex:(a,b)`) is refused, pointing to `--reward` (a ValueError)."""
     from esft.tasks.verifiers import regex_comma_error, regex_cut_at_comma
 
     pieces = items.split(",") if isinstance(items, str) else [p for item in items for p in str(item).split(",")]
@@ -84,7 +90,7 @@ def split_task_list(items: str | typing.Iterable[str]) -> list[str]:
             continue
         if out and regex_cut_at_comma(out[-1]):  # the comma was inside a reward regex, not between tasks
             raise regex_comma_error(f"{out[-1]},{piece}")
-        if "=" in piece.partition(":")[0]:
+        if _OPTION_PIECE.match(piece):
             if not out or ":" not in out[-1]:
                 raise ValueError(f"option {piece!r} does not follow a task name with options (name:key=value)")
             out[-1] += "," + piece
