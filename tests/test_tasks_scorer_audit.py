@@ -75,6 +75,11 @@ class _FormatReadsAMissingField(_Sums):
         return example["answer"] in completion
 
 
+class _FormatNeedsAWord(_Sums):
+    def is_well_formed(self, completion, example):
+        return completion.split()[-1].isdigit()
+
+
 class _DetailsReadAMissingField(_Sums):
     def details(self, completion, example):
         return {"gold": example["answer"]}
@@ -97,6 +102,7 @@ class _GoldKeyAList(_Sums):
 
 @pytest.mark.parametrize("cls, words", [
     (_FormatReadsAMissingField, r"is_well_formed raised KeyError: 'answer'"),
+    (_FormatNeedsAWord, r"is_well_formed takes its first test example and an empty completion .*IndexError"),
     (_DetailsReadAMissingField, r"details raised KeyError: 'answer'"),
     (_DetailsNotADict, r"details\(completion, example\) returns a dict .*returned str 'no box'"),
     (_GoldKeyReadsAMissingField, r"gold_key raised KeyError: 'label'"),

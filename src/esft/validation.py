@@ -161,8 +161,9 @@ def check_record_methods(key: str, value: Any, task: Task, split: str, example: 
             if method == "gold_key" and isinstance(out, Hashable):
                 hash(out)  # a tuple holding a list is Hashable but cannot be hashed
         except Exception as exc:  # the user's code: named with the example it failed on
-            raise ConfigError(key, value, f"a task whose {method} takes its first {split} example (task {name!r}: "
-                              f"{method} raised {type(exc).__name__}: {exc})") from None
+            given = "" if method == "gold_key" else " and an empty completion (a model may write one)"
+            raise ConfigError(key, value, f"a task whose {method} takes its first {split} example{given} (task "
+                              f"{name!r}: {method} raised {type(exc).__name__}: {exc})") from None
         if method == "details" and not isinstance(out, Mapping):
             raise ConfigError(key, value, f"a task whose details(completion, example) returns a dict of fields "
                               f"(task {name!r} returned {_brief(out)})")
