@@ -41,6 +41,16 @@ def test_a_letter_beside_such_a_sign_elsewhere_still_counts(text, letter):
     assert extract_letter(text) == (letter, 3)
 
 
+@pytest.mark.parametrize("text, found", [
+    ("Answer: C₆H₆", (None, None)),       # a formula after "answer:" names no letter ...
+    ("Answer: C6H6", (None, None)),                 # ... as its ASCII spelling names none
+    ("Answer: C₆H₆, which is option B", ("B", 3)),
+    ("Answer: C", ("C", 2)),
+])
+def test_a_formula_after_answer_is_no_answer_letter_either(text, found):
+    assert extract_letter(text) == found
+
+
 # ---- BoolQ: a wrapper and trailing punctuation together ------------------------------------------------------------
 @pytest.mark.parametrize("boxed, label", [
     ("\\text{Yes}.", True),

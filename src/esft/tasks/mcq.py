@@ -55,14 +55,15 @@ SYSTEM_PROMPT = (
 # spaces after "Answer:" is consumed once instead of being split every possible way (quadratic backtracking).
 # Superscript and subscript digits and letters, the degree sign and the micro sign glue a letter into a formula or
 # unit as ASCII digits and letters do: the C of "C₆H₆", "¹³C" or "25 °C" is no more an answer than that of "C6H6".
-_JOINERS = r"A-Za-z0-9_\-=+#/\\^&@~\u00b0\u00b5\u03bc\u00b2\u00b3\u00b9\u2070-\u209f"
+_GLUE = r"\u00b0\u00b5\u03bc\u00b2\u00b3\u00b9\u2070-\u209f"
+_JOINERS = rf"A-Za-z0-9_\-=+#/\\^&@~{_GLUE}"
 # JSON or a Python dict; the value's quotes may be missing, as in the paper's reference regex (`"answer": B`)
 _JSON_ANSWER = re.compile(
     rf"""["'](?i:answer)["']\s*+:\s*+(?:["']\s*+)?([A-D])(?:\s*+["']|(?![{_JOINERS}]))""")
 # `answer: X`, also as a markdown, quoted or dict key, with X in brackets, quotes or math (`$\boxed{B}$`)
 _PLAIN_ANSWER = re.compile(
     r"\b(?i:answer)[\"'*_\s]*:[*_\s$]*(?:\\(?:boxed|text|textbf|mathbf|mathrm)\s*\{\s*){0,2}"
-    r"(?:[(\[\"']\s*)?([A-D])(?![A-Za-z0-9])")
+    rf"(?:[(\[\"']\s*)?([A-D])(?![A-Za-z0-9{_GLUE}])")
 _NAMING_VERBS = ("is", "was", "would", "seems", "appears")
 _MARKUP = r" \t*#>\-"      # skipped when looking back for the start of a sentence
 _SENTENCE_END = r".!?\n"
