@@ -271,9 +271,10 @@ class PopulationPerturbation:
                                "a forward pass or select()")
         return self._mask
 
-    def _row_mask(self, x: torch.Tensor) -> torch.Tensor:
+    def _row_mask(self, x: torch.Tensor, broadcast: bool = False) -> torch.Tensor:
+        """The mask viewed to broadcast over `x`'s dimensions; `broadcast`: `x` may also be one row for the batch."""
         mask = self._mapped()
-        if mask.shape[0] != x.shape[0]:
+        if mask.shape[0] != x.shape[0] and not (broadcast and x.shape[0] == 1):
             raise RuntimeError(f"batch has {x.shape[0]} rows but {mask.shape[0]} rows are mapped to members")
         return mask.view(mask.shape[0], *([1] * (x.dim() - 2)), mask.shape[1])
 
@@ -290,15 +291,13 @@ class PopulationPerturbation:
         """output += embed_scale * sigma/sqrt(r) * A_i[token] B_i^T for each row's member i, in place (embed_scale:
         the factor a scaled word embedding multiplies its rows by, Gemma's sqrt(hidden))."""
         a_cat_t, b_cat = self.factors[name]
-        rows = a_cat_t.t()[ids]                             # [rows, T, N r]: A_i[token] of every member
-        if ids.shape[0] == 1 and self._mapped().shape[0] > 1:
+        rows = a_cat_t.t()[ids] * self._row_mask(output, broadcast=True)  # [rows, T, N r]: each row's member's A_i
+        term = torch.matmul(rows, b_cat.t())
+        if term.shape[0] != output.shape[0]:
             # one row of ids for the whole batch (GPT-Neo's position embedding looks up [1, T] positions and
             # broadcasts): each row's member needs its own term, so the output grows to one row per batch row
-            mask = self._mapped()
-            mask = mask.view(mask.shape[0], *([1] * (ids.dim() - 1)), mask.shape[1])
-            return torch.add(output, torch.matmul(rows * mask, b_cat.t()), alpha=self.scale * embed_scale)
-        rows = rows * self._row_mask(output)
-        return output.add_(torch.matmul(rows, b_cat.t()), alpha=self.scale * embed_scale)
+            return torch.add(output, term, alpha=self.scale * embed_scale)
+        return output.add_(term, alpha=self.scale * embed_scale)
 
     def _linear_hook(self, name: str):
         def hook(module, inputs, output):
