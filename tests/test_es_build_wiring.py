@@ -206,23 +206,27 @@ def test_make_local_executor_passes_the_layout_and_refuses_vllm():
         build.make_local_executor(cfg, **kw)
 
 
-def test_the_decode_attention_kernel_is_built_on_the_calling_thread_before_any_lane(monkeypatch):
+def test_the_kernels_are_built_on_the_calling_thread_before_any_lane(monkeypatch):
     # a Ctrl-C during a build on a lane thread waited for the build to end; the main thread's stops it at once
     import threading
 
     from esft import kernels
     from esft.generation import GenerationConfig
 
-    threads: list[str] = []
-    monkeypatch.setattr(kernels, "load_decode_attention", lambda: threads.append(threading.current_thread().name))
+    threads: list[tuple[str, str]] = []
+    for name in ("decode_attention", "param_passes"):
+        monkeypatch.setattr(kernels, f"load_{name}",
+                            lambda name=name: threads.append((name, threading.current_thread().name)))
     model = tiny_llama(hidden=16, layers=1)
     cfg = ESConfig(parallel_members=2, rollout_dtype="float32")
     kw = dict(model=model, tokenizer=None, weights=build.make_weights(model, cfg), task=None,
               strategy=build.make_strategy(cfg))
+    main = threading.main_thread().name
     build.make_local_executor(cfg, **kw, gen_config=GenerationConfig(fused_attention=False))
-    assert threads == []
+    assert threads == [("param_passes", main)]  # every perturbation and update runs it
+    threads.clear()
     build.make_local_executor(cfg, **kw, gen_config=GenerationConfig(fused_attention=True))
-    assert threads == [threading.main_thread().name]
+    assert sorted(threads) == [("decode_attention", main), ("param_passes", main)]
 
 
 # ---- seeds and parameter-write edges ------------------------------------------------------------------------

@@ -223,6 +223,8 @@ def _measure(config: BenchConfig, model, tokenizer, log) -> dict[str, Any]:
     # what the engine really ran: without the kernel (no compiler, a failed build) the lean engine drops
     # fused_attention and the screened lm_head with a warning on stderr, while generation_overrides still asks for them
     report["decode_attention_kernel"] = kernel_status("decode_attention")
+    # and whether the masters' passes ran compiled (esft.es.param_writes: the same bits either way, not the same time)
+    report["param_passes_kernel"] = kernel_status("param_passes")
     report["load_avg_1min_end"] = load_average()
     return report
 

@@ -28,12 +28,14 @@ def esft_iteration(model, tokenizer, work: Workload, population: int, noise: str
                            batch_size=work.generation_batch_size, temperature=0.0, engine="esft")
     gen = dataclasses.replace(gen, **gen_overrides)
     task = PseudoTask()
-    if noise != "lowrank" and gen.fused_attention:
-        from esft.kernels import load_decode_attention
+    if noise != "lowrank":
+        from esft.kernels import load_decode_attention, load_param_passes
 
-        # built here, on the calling thread, if it is not yet (as esft.es.build does): a Ctrl-C during the build
+        # built here, on the calling thread, if they are not yet (as esft.es.build does): a Ctrl-C during a build
         # then stops it at once, where a lane thread's build would first run to its end
-        load_decode_attention()
+        load_param_passes()
+        if gen.fused_attention:
+            load_decode_attention()
     start = time.perf_counter()
     if noise == "lowrank":  # one batched generation for the whole population (through the HF forward's hooks)
         from esft.es.lowrank import LowRankExecutor, LowRankWeights
@@ -152,11 +154,12 @@ def timed_iteration(executor, work: Workload, population: int, seed: int, setup:
 def bench_replica_parts(config):
     """ReplicaSpec builder of the Ray workers: the bench's model and its pseudo-task (module level: pickled by
     reference). Loads the compiled kernels too, so that start-up, not the timed iteration, pays for that."""
-    from esft.kernels import load_decode_attention
+    from esft.kernels import load_decode_attention, load_param_passes
     from esft.models import load_model
 
     model, tokenizer = load_model(config.model, dtype="float32", device="cpu")
     load_decode_attention()
+    load_param_passes()
     return model, tokenizer, PseudoTask()
 
 

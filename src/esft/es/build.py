@@ -231,11 +231,12 @@ def make_local_executor(config: ESConfig, *, model: Any, tokenizer: Any, weights
         from esft.es.lowrank import LowRankExecutor
 
         return LowRankExecutor(model, tokenizer, weights, task, strategy, gen_config, generate_fn=generate_fn)
-    if gen_config is not None and gen_config.fused_attention:
-        from esft.kernels import load_decode_attention
+    from esft.kernels import load_decode_attention, load_param_passes
 
-        # built here, on the main thread, if it is not yet: a Ctrl-C during the build then stops it at once, where
-        # a lane thread's build would first run to its end
+    # built here, on the main thread, if they are not yet: a Ctrl-C during a build then stops it at once, where a
+    # lane thread's build would first run to its end
+    load_param_passes()  # the perturbation's and update's passes (esft.es.param_writes)
+    if gen_config is not None and gen_config.fused_attention:
         load_decode_attention()
     return LocalExecutor(model, tokenizer, weights, task, strategy, gen_config, generate_fn=generate_fn,
                          parallel_members=config.parallel_members,

@@ -319,11 +319,7 @@ class MasterWeights:
             param.copy_(self.master[name])
             return
         _, seed, step = op
-        eps = self.noise(seed, name, out=buf)
-        if param.dtype == torch.float32:
-            torch.add(self.master[name], eps, alpha=step, out=param.data)  # one pass, no temporary
-        else:
-            add_rounded(self.master[name], eps, step, param.data)
+        add_rounded(self.master[name], self.noise(seed, name, out=buf), step, param.data)
 
     @torch.no_grad()
     def fill(self, tensors: Iterable[torch.Tensor] | None = None) -> None:

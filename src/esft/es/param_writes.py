@@ -3,7 +3,10 @@ tensor (`materialise`), the fp32 sum rounded into a lower-precision parameter (`
 update (`add_update`), and the accurate squared norm of an update (`sq_norm`).
 
 Every block is a multiple of every vector width and the ops are elementwise, so each element goes through the
-same arithmetic as in one whole-tensor call: blocks change the memory traffic, never the bits."""
+same arithmetic as in one whole-tensor call: blocks change the memory traffic, never the bits. Where the compiled
+`param_passes` kernel loads (esft.kernels), `add_rounded` and `add_update` run it instead of the torch ops: one
+pass per element with the same arithmetic, so the same bits (`add_rounded_torch` and `add_update_torch` keep the
+torch ops, for machines without a compiler and for the tests that compare both)."""
 
 from __future__ import annotations
 
@@ -40,13 +43,40 @@ def released(param: torch.Tensor) -> bool:
 ROUNDING_BLOCK = 1 << 18
 
 
+def compiled_passes(*tensors: torch.Tensor, out: torch.Tensor | None = None):
+    """The compiled `param_passes` module where it loads and can take these tensors (fp32 `tensors` and an fp32 or
+    bf16 `out`, all contiguous on the CPU), else None: the caller runs the torch ops."""
+    if not all(t.device.type == "cpu" and t.dtype == torch.float32 and t.is_contiguous() for t in tensors):
+        return None
+    if out is not None and not (out.device.type == "cpu" and out.dtype in (torch.float32, torch.bfloat16)
+                                and out.is_contiguous()):
+        return None
+    from esft.kernels import load_param_passes
+
+    return load_param_passes()
+
+
 def add_rounded(master: torch.Tensor, eps: torch.Tensor, step: float, out: torch.Tensor) -> None:
-    """out <- torch.add(master, eps, alpha=step).to(out.dtype), block by block through one small fp32 buffer.
+    """out <- torch.add(master, eps, alpha=step).to(out.dtype) (fp32 `out` too), in one compiled pass where the
+    kernel loads (`compiled_passes`), else `add_rounded_torch`."""
+    passes = compiled_passes(master, eps, out=out)
+    if passes is None or master.shape != eps.shape or master.numel() != out.numel():
+        add_rounded_torch(master, eps, step, out)
+        return
+    passes.add_rounded(master.view(-1), eps.view(-1), float(step), out.view(-1))
+
+
+def add_rounded_torch(master: torch.Tensor, eps: torch.Tensor, step: float, out: torch.Tensor) -> None:
+    """out <- torch.add(master, eps, alpha=step).to(out.dtype) with torch ops, block by block through one small fp32
+    buffer (an fp32 `out` in one pass, with no buffer).
 
     Why blocks: the whole-tensor fp32 sum is a fresh allocation the size of the tensor (113 MB for SmolLM2's
     embedding), whose pages the kernel must fault in on every perturbation; a block is reused hot from the cache.
     The sum is elementwise and the blocks are multiples of every vector width, so each element goes through the
     same arithmetic as in the whole-tensor call: the result is bit for bit the same."""
+    if out.dtype == torch.float32:
+        torch.add(master, eps, alpha=step, out=out)  # one pass, no temporary
+        return
     if not out.is_contiguous():  # a parameter stored transposed: no flat view to write blocks through
         out.copy_(torch.add(master, eps, alpha=step))
         return
@@ -94,7 +124,28 @@ def update_buffer(largest: int, device) -> torch.Tensor:
 def add_update(master: torch.Tensor, eps: list[tuple[torch.Tensor, float]], scale: float, buf: torch.Tensor,
                out: torch.Tensor | None = None) -> float:
     """master += scale * sum_k c_k eps_k, and out <- master (rounded to out's dtype), block by block through `buf`
-    (`update_buffer`); returns the squared norm of the change.
+    (`update_buffer`); returns the squared norm of the change. Each block in one compiled pass where the kernel
+    loads (`compiled_passes`), else `add_update_torch`; the norm is `sq_norm` of each block either way."""
+    windows = [e for e, _ in eps]
+    passes = compiled_passes(master, *windows, out=out)
+    if passes is None or any(e.numel() != master.numel() for e in windows):
+        return add_update_torch(master, eps, scale, buf, out)
+    m = master.view(-1)
+    o = out.view(-1) if out is not None else None
+    flats, coefs = [e.reshape(-1) for e in windows], [float(c) for _, c in eps]
+    n, sq = m.numel(), 0.0
+    for start in range(0, n, UPDATE_BLOCK):
+        stop = min(n, start + UPDATE_BLOCK)
+        acc = buf[: stop - start]
+        passes.add_update(m[start:stop], [e[start:stop] for e in flats], coefs, float(scale), acc,
+                          None if o is None else o[start:stop])
+        sq += sq_norm(acc)
+    return sq
+
+
+def add_update_torch(master: torch.Tensor, eps: list[tuple[torch.Tensor, float]], scale: float, buf: torch.Tensor,
+                     out: torch.Tensor | None = None) -> float:
+    """`add_update` with torch ops.
 
     Per element the arithmetic of the whole-tensor passes: acc = 0; acc += c_k * eps_k in order; acc *= scale;
     master += acc. Whole-tensor passes read and write ~10 model-sized arrays per update; here each block is

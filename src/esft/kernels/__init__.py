@@ -1,8 +1,8 @@
 """Hand-written CPU kernels, compiled on first use with torch's own C++ extension builder.
 
 Only what no library does well lives here (see each source's header comment). Everything has a pure-torch path:
-`load_decode_attention()` returns None, with the reason in `build_error()`, when the machine has no C++ compiler
-(and no finished build), when `ESFT_NO_KERNELS=1`, or when the build fails; callers then use the torch ops. The
+`load_decode_attention()` and `load_param_passes()` return None, with the reason in `build_error(name)`, when the
+machine has no C++ compiler (and no finished build), when `ESFT_NO_KERNELS=1`, or when the build fails; callers then use the torch ops. The
 build (~30-60 s, once per machine and source version) is cached under `TORCH_EXTENSIONS_DIR` (default
 ~/.cache/torch_extensions), in a folder of its own per CPU, source file and Python environment (`build_dir`); a build
 finished in a cache this process cannot write (a read-only mount) is imported as it is, when newer than its
@@ -235,6 +235,12 @@ def _import_finished_build(folder: Path, module_name: str, source: Path):
 def load_decode_attention():
     """The compiled `decode_attention` module, or None (then `build_error("decode_attention")` says why)."""
     return _load("decode_attention")
+
+
+def load_param_passes():
+    """The compiled `param_passes` module (ES's perturbation and update passes over the masters), or None (then
+    `build_error("param_passes")` says why)."""
+    return _load("param_passes")
 
 
 def build_error(name: str = "decode_attention") -> str | None:
