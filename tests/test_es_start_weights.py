@@ -97,3 +97,30 @@ def test_a_bf16_run_from_an_fp32_folder_replays_to_its_checkpoint_bit_for_bit(tm
     start, _ = load_model(str(folder), dtype="bfloat16", device="cpu")
     replayed = rebuild(start, run, step=0)
     assert all(torch.equal(replayed.master[n], base[n]) for n in replayed.master)
+
+
+def test_an_fp32_run_from_a_bf16_es_checkpoint_starts_from_its_masters(tmp_path, tokenizer):
+    """ES in fp32 after an ES stage of a bf16 model: the masters (and the model the trainer, replicas and replay
+    build them from) are the checkpoint's fp32 masters, not the widened rounding in its model file; a folder
+    without a masters file keeps what was loaded."""
+    from esft.es.build import make_weights
+    from esft.es.es_config import ESConfig
+
+    folder = tmp_path / "checkpoint"
+    model = make_tiny_model(hidden=32, layers=1)
+    model.to(torch.bfloat16).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    exact = {n: p.detach().float() + 1e-4 for n, p in model.named_parameters()}
+    save_file(exact, str(folder / "masters.safetensors"))
+    loaded, _ = load_model(str(folder), dtype="float32", device="cpu")
+    assert any(not torch.equal(p, exact[n]) for n, p in loaded.named_parameters())  # the test can fail
+    weights = make_weights(loaded, ESConfig(model=str(folder), dtype="float32", device="cpu"))
+    for name, master in weights.master.items():
+        assert torch.equal(master, exact[name]), name
+    assert all(torch.equal(p, exact[n]) for n, p in loaded.named_parameters())
+
+    (folder / "masters.safetensors").unlink()
+    plain, _ = load_model(str(folder), dtype="float32", device="cpu")
+    before = {n: p.detach().clone() for n, p in plain.named_parameters()}
+    weights = make_weights(plain, ESConfig(model=str(folder), dtype="float32", device="cpu"))
+    assert all(torch.equal(weights.master[n], before[n]) for n in weights.master)

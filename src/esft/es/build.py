@@ -97,9 +97,12 @@ def check_lowrank_memory(config: ESConfig) -> None:
 def make_weights(model: Any, config: ESConfig) -> MasterWeights:
     """The run's MasterWeights of `model`; where `model` holds weights rounded to bf16 / fp16 and `config.model` is
     a folder of fp32 tensors (an earlier stage's checkpoint), the masters start from those (esft.es.start_weights),
-    for the trainer, its replicas and replay alike."""
-    from esft.es.start_weights import exact_start
+    for the trainer, its replicas and replay alike. An fp32 `model` loaded from an ES checkpoint of a bf16 / fp16
+    run starts from that run's fp32 masters (`masters.safetensors`), not from its rounded model file."""
+    from esft.es.start_weights import exact_start, fp32_start
 
+    if all(p.dtype == torch.float32 for p in model.parameters()):
+        fp32_start(model, config.model)
     weights = _new_weights(model, config)
     exact_start(weights, model, config.model)
     return weights
