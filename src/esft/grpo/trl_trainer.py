@@ -134,6 +134,12 @@ class EsftGRPOTrainer(GRPOTrainer):
         # Copy before TRL patches the model's forward (its fused LM head); the copy gets its own patch below.
         reference = copy.deepcopy(model) if log_kl and beta == 0.0 else None
         super().__init__(model, *args, **kwargs)
+        if self.ref_model is not None:  # beta > 0: TRL loaded it again from the policy's model files
+            from esft.es.start_weights import fp32_start
+
+            # An ES checkpoint of a bf16 model holds the exact weights in masters.safetensors beside its rounded model
+            # file, which is what TRL read; the policy starts from the masters (esft.grpo.run), so must its reference
+            fp32_start(self.ref_model, str(getattr(model.config, "_name_or_path", "") or ""))
         self.run_dir = Path(run_dir)
         self.save_total_limit = save_total_limit  # esft.rundir.prune_checkpoints (TRL's own rotation never sees them)
         self.ledger = StepLedger()
