@@ -183,6 +183,9 @@ def test_constant_text_by_hand():
     s.update(constant_answer="y" * 13, balanced=True)
     assert constant_text(s) == "  const 0.500 [0.250, 0.750] (yyyyyyyyyyyy...)  balanced"
     assert constant_text({"constant_baseline": 0.0, "constant_answer": 3}) == "  const 0.000 (3)"  # no interval
+    bound = {"constant_baseline": 0.02, "constant_baseline_ci95": [0.01, 0.039], "constant_answer": 24,
+             "constant_baseline_bound": "at most"}
+    assert constant_text(bound) == "  const at most 0.020 [0.010, 0.039] (24)"
 
 
 def test_format_row_greedy_and_ifeval_levels():

@@ -122,6 +122,13 @@ def test_aggregate_reports_the_constant_baseline_of_the_evaluated_examples():
     cd = get_task("countdown")
     recs = [{"score": 1.0, "example": {"nums": [1], "target": t}} for t in (5, 5, 9, 7)]
     assert cd.aggregate(recs)["constant_baseline"] == 0.5 and cd.aggregate(recs)["constant_answer"] == 5
+    # which it cannot score: a boxed number alone uses none of the given numbers, so the baseline is a bound
+    assert cd.score("\\boxed{5}", recs[0]["example"]) == 0.0
+    assert cd.score("\\boxed{5}", {"nums": [5], "target": 5}) == 1.0
+    assert cd.aggregate(recs)["constant_baseline_bound"] == "at most"
+    assert "const at most 0.500" in format_row("countdown", cd.aggregate(recs))
+    assert get_task("countdown:numbers=2,ops=+").aggregate(recs)["constant_baseline_bound"] == "at most"
+    assert "constant_baseline_bound" not in task.aggregate(sampled)  # an answer a model can give: the real score
     # no examples in the records, or no gold answer: no baseline
     assert "constant_baseline" not in task.aggregate([{"score": 1.0}])
     ifeval = get_task("ifeval")

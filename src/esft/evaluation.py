@@ -89,7 +89,7 @@ def task_summary(task: Task, records: list[dict[str, Any]]) -> dict[str, Any]:
     covers a task whose own `aggregate` adds one."""
     summary = task.aggregate(records)
     if score_name(float(r["score"]) for r in records) != ACCURACY:
-        for key in ("constant_baseline", "constant_baseline_ci95", "constant_answer"):
+        for key in ("constant_baseline", "constant_baseline_ci95", "constant_answer", "constant_baseline_bound"):
             summary.pop(key, None)
     return summary
 
@@ -339,7 +339,8 @@ def format_row(name: str, s: dict[str, Any]) -> str:
 
 def constant_text(s: dict[str, Any]) -> str:
     """`  const 0.635 [0.566, 0.699] (yes)` for a summary with a constant-answer baseline, else ''; a baseline
-    without its interval (a task's own `aggregate`) shows the point alone, as every other place does."""
+    without its interval (a task's own `aggregate`) shows the point alone, as every other place does, and an upper
+    bound (`constant_baseline_bound`, Countdown's) reads `const at most 0.020 ...`."""
     if s.get("constant_baseline") is None:
         return ""
     interval = s.get("constant_baseline_ci95")
@@ -347,7 +348,8 @@ def constant_text(s: dict[str, Any]) -> str:
     answer = str(s.get("constant_answer", ""))
     answer = answer if len(answer) <= 12 else answer[:12] + "..."
     balanced = "  balanced" if s.get("balanced") else ""
-    return f"  const {s['constant_baseline']:.3f}{bounds} ({answer}){balanced}"
+    bound = f"{s['constant_baseline_bound']} " if s.get("constant_baseline_bound") else ""
+    return f"  const {bound}{s['constant_baseline']:.3f}{bounds} ({answer}){balanced}"
 
 
 def format_table(results: dict[str, Any]) -> str:

@@ -13,7 +13,7 @@ import json
 import re
 from dataclasses import dataclass, fields
 from importlib import resources
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar
 
 from esft.tasks.labels import ACCURACY, constant_baseline, score_name, scores_interval, wilson_interval
 
@@ -175,16 +175,25 @@ class Task:
                 examples.setdefault(r.get("index", i), r["example"])
         return list(examples.values())
 
+    #: True where the constant answer cannot score what `constant_baseline` counts, so that the baseline is an upper
+    #: bound (Countdown: the most frequent target, boxed alone, uses none of the given numbers and scores 0); its
+    #: summary then says so, `constant_baseline_bound: "at most"`, and `esft eval` prints "const at most"
+    constant_baseline_is_bound: ClassVar[bool] = False
+
     def constant_baseline(self, records: list[dict[str, Any]]) -> dict[str, Any]:
         """`constant_baseline` (accuracy of always giving the most frequent gold answer of the evaluated
         examples), its `constant_baseline_ci95` and the `constant_answer`; empty when a gold answer is unknown.
+        `constant_baseline_bound` "at most" where that answer cannot really score (`constant_baseline_is_bound`).
 
         Each example counts once (records of several samples of one question share its `index`)."""
         labels = [self.gold_key(ex) for ex in self.evaluated_examples(records)]
         if not labels or any(label is None for label in labels):
             return {}
         summary = constant_baseline(labels) or {}
-        return {k: summary[k] for k in ("constant_baseline", "constant_baseline_ci95", "constant_answer")}
+        out = {k: summary[k] for k in ("constant_baseline", "constant_baseline_ci95", "constant_answer")}
+        if self.constant_baseline_is_bound:
+            out["constant_baseline_bound"] = "at most"
+        return out
 
     # ---- TRL-style reward --------------------------------------------------------------------------
     def reward_function(self, format_bonus: float = 0.0) -> Callable[..., list[float]]:

@@ -69,6 +69,8 @@ class CountdownTask(Task):
     #: e.g. `ops=+*,shots=2` shows one addition and one multiplication instead of only the first operator
     shots: int = 1
     _variant: bool = field(default=False, init=False, repr=False, compare=False)
+    # the most frequent target is no answer the scorer takes (it needs an expression of the given numbers)
+    constant_baseline_is_bound = True
     _cache: dict[str, list[Example]] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
