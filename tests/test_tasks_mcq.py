@@ -289,7 +289,18 @@ def test_option_text_that_only_mentions_letters_is_kept(mmlu):
 # ---- MMLU splits --------------------------------------------------------------------------------------------------
 def test_mmlu_split_sizes(mmlu):
     assert len(mmlu.load("test")) == 14042
-    assert len(mmlu.load("train")) == 1531
+    assert len(mmlu.load("train")) == 1503  # the 1,531 val questions less the 28 that test asks too
+
+
+def test_mmlu_train_asks_no_test_question(mmlu):
+    from esft.tasks.common import bundled
+    from esft.tasks.mcq import question_key
+
+    tested = {question_key(r) for r in mmlu.load("test")}
+    assert not any(question_key(r) in tested for r in mmlu.load("train"))
+    val = [dict(r) for r in bundled("mmlu_val.jsonl.gz")]
+    assert sum(question_key(r) in tested for r in val) == 28  # what was left out, and all that was
+    assert question_key({"question": " What  is\nX? ", "choices": ["A b", "c"]}) == ("what is x?", ("a b", "c"))
 
 
 def test_mmlu_order_is_seeded_shuffle_with_mixed_subjects(mmlu):

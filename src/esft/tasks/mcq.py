@@ -180,6 +180,15 @@ class _MCQTask(Task):
         return self._cache[key]
 
 
+def question_key(example: Example) -> tuple[str, tuple[str, ...]]:
+    """A question and its options as one key, case and runs of whitespace aside: two rows with equal keys ask the
+    same question (MMLU's val split repeats 28 test rows so)."""
+    def norm(text: Any) -> str:
+        return " ".join(str(text).split()).lower()
+
+    return norm(example["question"]), tuple(norm(c) for c in example["choices"])
+
+
 def _copy(rows: list[Example]) -> list[Example]:
     return [dict(r, choices=list(r["choices"])) for r in rows]
 
@@ -252,7 +261,9 @@ def mmlu_hub_row_to_example(row: dict[str, Any], index: int) -> Example:
 
 @dataclass
 class MMLUTask(_MCQTask):
-    """MMLU, zero-shot holdout. `test` = all 14,042 test questions, `train` = the 1,531 val questions.
+    """MMLU, zero-shot holdout. `test` = all 14,042 test questions, `train` = the val questions that are not also
+    test questions: 1,503 of the 1,531 (28 val rows repeat a test row's question and options word for word,
+    `question_key`), so that training on `train` never sees a question `test` scores.
 
     Order: by default each split is shuffled once by `random.Random(42)` (from filename-then-row order), so
     `limit=N` gives a mixed-subject sample instead of the first subjects alphabetically (the first 200 rows
@@ -272,6 +283,9 @@ class MMLUTask(_MCQTask):
                         for i, r in enumerate(load_hub_rows(self.hf_dataset, hub_split, default_config="all"))]
             else:
                 rows = [dict(r) for r in bundled("mmlu_test.jsonl.gz" if split == "test" else "mmlu_val.jsonl.gz")]
+            if split == "train":
+                tested = {question_key(r) for r in self._load("test")}
+                rows = [r for r in rows if question_key(r) not in tested]
             return seeded_shuffle(rows, SPLIT_SEED) if self.shuffle else rows
 
         return _copy(self._cached(split, build))
