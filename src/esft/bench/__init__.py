@@ -218,15 +218,19 @@ def _measure(config: BenchConfig, model, tokenizer, log) -> dict[str, Any]:
     _rooflines(report, readings, timed)
     if report["parallel_members"] is None:  # each workload ran its own lanes: say which
         report["parallel_members"] = {name: entry.get("lanes") for name, entry in report["workloads"].items()}
-    from esft.kernels import kernel_status
-
-    # what the engine really ran: without the kernel (no compiler, a failed build) the lean engine drops
-    # fused_attention and the screened lm_head with a warning on stderr, while generation_overrides still asks for them
-    report["decode_attention_kernel"] = kernel_status("decode_attention")
-    # and whether the masters' passes ran compiled (esft.es.param_writes: the same bits either way, not the same time)
-    report["param_passes_kernel"] = kernel_status("param_passes")
+    report.update(kernel_statuses())
     report["load_avg_1min_end"] = load_average()
     return report
+
+
+def kernel_statuses() -> dict[str, str | None]:
+    """What the bench really ran. Without the attention kernel (no compiler, a failed build) the lean engine drops
+    fused_attention and the screened lm_head with a warning on stderr, while generation_overrides still asks for
+    them; without the masters' passes (esft.es.param_writes) the torch ops give the same bits, not the same time."""
+    from esft.kernels import kernel_status
+
+    return {"decode_attention_kernel": kernel_status("decode_attention"),
+            "param_passes_kernel": kernel_status("param_passes")}
 
 
 def _time_vllm(config: "BenchConfig", report: dict[str, Any], pures: dict[str, tuple[dict, dict]], dtype: str,

@@ -11,8 +11,8 @@
 // Numerics: the arithmetic of the torch ops they replace, element by element, so the bits are the same (the
 // tests compare both on the CPU at hand). torch.add(m, e, alpha=s) computes fma(e, s, m) in fp32; the bf16 copy
 // rounds to nearest even, every NaN becoming 0xFFFF (the rule of torch's vectorised fp32 -> bf16 conversion,
-// written out below rather than the CPU's bf16 conversion instruction, which flushes subnormals to zero). The update: acc = 0, acc = fma(e_k, c_k, acc)
-// for k in order, acc *= scale, master += acc.
+// written out below rather than the CPU's bf16 conversion instruction, which flushes subnormals to zero). The
+// update: acc = 0, acc = fma(e_k, c_k, acc) for k in order, acc *= scale, master += acc.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
