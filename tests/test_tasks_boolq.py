@@ -53,6 +53,21 @@ def test_score(task, completion, gold, score):
     assert task.score(completion, gold) == score
 
 
+@pytest.mark.parametrize("boxed, value", [
+    ("**yes**", True), ("**No**", False), ("*yes*", True), ("__no__", False), ("***Yes***", True),
+    ("**Yes.**", True), ("**no**.", False), ("\\text{**Yes**}", True), ("**\\text{No}**", False),
+    ("**maybe**", None), ("**yes", None), ("**yes*", None), ("**yes** or **no**", None), ("****", None),
+])
+def test_markdown_emphasis_around_the_answer_is_ignored(boxed, value):
+    assert parse_yes_no(boxed) is value
+
+
+def test_a_bold_boxed_answer_scores_as_its_word(task):
+    assert task.score("So the answer is \\boxed{**yes**}", YES) == 1.0
+    assert task.score("\\boxed{**No**}", NO) == 1.0 and task.score("\\boxed{**No**}", YES) == 0.0
+    assert task.details("\\boxed{**No**}", YES) == {"extracted": "no", "boxed": "**No**"}
+
+
 def test_well_formed_and_details(task):
     assert task.is_well_formed("\\boxed{No}", YES)
     assert not task.is_well_formed("\\boxed{maybe}", YES) and not task.is_well_formed("no", YES)

@@ -2,8 +2,9 @@
 
 Scoring (paper Table 19): the last `\\boxed{}`, stripped and lower-cased; yes/true/1 is a positive answer and
 no/false/0 a negative one; anything else scores 0. Beyond the paper, a `\\text{...}`-style wrapper and
-trailing punctuation inside the box are ignored (`\\boxed{\\text{Yes.}}` reads as yes): they carry no
-different meaning and the small models of this study produce them.
+trailing punctuation inside the box are ignored (`\\boxed{\\text{Yes.}}` reads as yes), and so is markdown
+emphasis around the answer (`\\boxed{**No**}` reads as no): they carry no different meaning and the small models
+of this study produce them.
 
 Prompt: the format is stated in the system prompt *and* at the end of the user turn: with the system prompt
 alone a 135M model boxed 0 of 200 answers, which leaves ES with no signal. For the same
@@ -32,17 +33,22 @@ SYSTEM_PROMPT = (
     "the final answer as \\boxed{yes} or \\boxed{no}."
 )
 
-_WRAPPER = re.compile(r"^\\(?:text|textbf|textit|textrm|mathrm|mathbf|mbox)\s*\{(.*)\}$", re.DOTALL)
+_WRAPPER = re.compile(r"^\\(?:text|textbf|textit|textrm|mathrm|mathbf|mbox)\s*\{(?P<inner>.*)\}$", re.DOTALL)
+#: Markdown emphasis around the whole answer: **yes**, *no*, __yes__, _no_ (also nested, ***yes***)
+_EMPHASIS = re.compile(r"^(\*\*|__|\*|_)(?P<inner>.*)\1$", re.DOTALL)
 
 
 def parse_yes_no(boxed: str | None) -> bool | None:
     """True / False for a recognised boxed answer, None otherwise."""
     if boxed is None or len(boxed) > 100:  # a real answer is one word; skip the work on junk
         return None
-    s = boxed.strip().rstrip(".!").strip()  # the full stop may follow the wrapper: \text{Yes}.
-    m = _WRAPPER.match(s)
-    if m:
-        s = m.group(1)
+    s = boxed
+    for _ in range(4):  # a wrapper or emphasis, possibly one inside the other: \text{**Yes**}, **\text{No}**
+        s = s.strip().rstrip(".!").strip()  # the full stop may follow the wrapper: \text{Yes}.
+        m = _WRAPPER.match(s) or _EMPHASIS.match(s)
+        if m is None:
+            break
+        s = m.group("inner")
     s = s.strip().rstrip(".!").strip().lower()
     if s in POSITIVE:
         return True
