@@ -103,6 +103,30 @@ def test_different_answers_do_not_match(task, gold, pred):
     assert task.score(f"\\boxed{{{pred}}}", ex(gold)) == 0.0
 
 
+@pytest.mark.parametrize("gold, pred", [
+    ("30", "{30^\\circ}"),                                 # the degree sign takes a brace only as a pair ...
+    ("\\frac{180}{\\pi}", "\\frac{180^\\circ}{\\pi}"),    # ... not the closing brace of what holds it
+    ("(30,60)", "(30^\\circ, 60^{\\circ})"),
+    ("\\frac{\\sqrt{3}}{2}", "\\frac{\\sqrt{3}}2"),       # short \frac whose numerator holds braces
+    ("\\frac{\\sqrt{3}}{2}", "\\dfrac{\\sqrt{3}}2"),
+    ("\\frac{\\sqrt{3}}{2}", "\\frac{\\sqrt3}2"),
+    ("5", "5\\ "),                                        # a trailing control space is spacing, not a backslash
+    ("5", "5 \\ "),
+])
+def test_degrees_braced_short_fractions_and_a_trailing_control_space_match(task, gold, pred):
+    assert task.score(f"The answer is $\\boxed{{{pred}}}$.", ex(gold)) == 1.0, (normalize_answer(gold),
+                                                                                 normalize_answer(pred))
+
+
+def test_degree_and_short_fraction_rules_leave_other_braces_and_row_breaks_alone():
+    assert normalize_answer("{30^\\circ}") == "30"
+    assert normalize_answer("\\frac{180^\\circ}{\\pi}") == "\\frac{180}{\\pi}"
+    assert normalize_answer("\\frac{\\sqrt{3}}{2}3") == "\\frac{\\sqrt{3}}{2}3"   # \frac{a}{b} then a digit
+    assert normalize_answer("\\frac{\\sqrt{3}}2") == "\\frac{\\sqrt{3}}{2}"
+    assert normalize_answer("1 \\\\ ") == "1\\\\"                                   # a trailing row break stays
+    assert not answers_match("{30^\\circ", "30") and not answers_match("\\frac{\\sqrt{3}}{2}3", "\\frac{\\sqrt{3}}{2}")
+
+
 def test_last_box_with_nested_braces_wins(task):
     completion = "First guess \\boxed{3}. Actually $\\boxed{\\frac{\\sqrt{3}}{2}}$."
     assert task.score(completion, ex("\\frac{\\sqrt{3}}{2}")) == 1.0

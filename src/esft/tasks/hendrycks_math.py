@@ -51,10 +51,10 @@ _NUMBER_END = re.compile(r"(?:\d|\}|\)|\\pi)$")  # what a quantity with a unit e
 _SPACING = re.compile(r"\\\\|\\[,;:! ]|\\q?quad(?![A-Za-z])|~")  # `\\` (a row break) is matched to keep it
 _TRAILING_SPACING = ("\\,", "\\;", "\\:", "\\!", "\\ ", "\\", "~", "\\quad", "\\qquad")
 _LEFT_RIGHT = re.compile(r"\\(?:left|right|big|Big|bigg|Bigg)(?![A-Za-z])")
-_DEGREES = re.compile(r"\^\s*\{?\s*\\circ\s*\}?|°|\\degree(?![A-Za-z])")
+_DEGREES = re.compile(r"\^\s*(?:\{\s*\\circ\s*\}|\\circ)|°|\\degree(?![A-Za-z])")  # a brace only as a pair: {30^\circ}
 _FRAC_DIGITS = re.compile(r"\\frac(\d)(\d)")
 _FRAC_DIGIT_BRACE = re.compile(r"\\frac(\d)\{")
-_FRAC_BRACE_DIGIT = re.compile(r"\\frac\{([^{}]*)\}(\d)")
+_FRAC_BRACE_DIGIT = re.compile(r"\\frac\{((?:[^{}]|\{[^{}]*\})*)\}(\d)")  # one level of nesting: \frac{\sqrt{3}}2
 _SQRT_SHORT = re.compile(r"\\sqrt(\w)")
 _VAR_PREFIX = re.compile(r"^[A-Za-z]=(?!=)")
 _PAREN_LETTER = re.compile(r"^\(([A-Za-z])\)$")
@@ -105,7 +105,10 @@ def strip_unit(answer: str) -> str:
 
 def normalize_answer(answer: str) -> str:
     """Canonical string form of a MATH answer (applied to prediction and gold alike)."""
-    s = answer.strip().replace("\n", " ").replace("\\displaystyle", "")
+    s = answer.strip()
+    if s.endswith("\\") and len(s) < len(answer.lstrip()):  # `5\ `: the space was a control space's, not padding
+        s += " "
+    s = s.replace("\n", " ").replace("\\displaystyle", "")
     s = strip_unit(s)
     s = _unwrap(s)
     s = _SPACING.sub(lambda m: m.group(0) if m.group(0) == "\\\\" else " ", s)
