@@ -482,6 +482,56 @@ def test_masters_whose_names_match_no_model_weight_are_refused(tmp_path):
     assert not CheckpointSource(tmp_path / "t", prefer_masters=False).uses_masters
 
 
+@pytest.mark.parametrize("stored, canon, kind", [
+    # OPT: the MLP's matrices sit directly in the layer (no `mlp.` module)
+    ("model.decoder.layers.0.fc1.weight", "layers.0.up_proj", "mlp"),
+    ("model.decoder.layers.0.fc2.weight", "layers.0.down_proj", "mlp"),
+    ("model.decoder.layers.0.fc1.bias", "layers.0.up_proj.bias", "mlp"),
+    ("model.decoder.layers.0.self_attn.q_proj.weight", "layers.0.q_proj", "attention"),
+    ("model.decoder.layers.0.self_attn.out_proj.weight", "layers.0.o_proj", "attention"),
+    ("model.decoder.layers.0.self_attn_layer_norm.weight", "layers.0.input_layernorm", "norm"),
+    ("model.decoder.layers.0.final_layer_norm.weight", "layers.0.post_attention_layernorm", "norm"),
+    ("model.decoder.final_layer_norm.weight", "norm", "norm"),
+    ("model.decoder.embed_positions.weight", "position_embeddings", "embedding"),
+    # GPT-2, GPT-NeoX, Llama
+    ("transformer.h.1.mlp.c_fc.weight", "layers.1.up_proj", "mlp"),
+    ("transformer.h.1.mlp.c_proj.weight", "layers.1.down_proj", "mlp"),
+    ("transformer.h.1.attn.c_proj.weight", "layers.1.o_proj", "attention"),
+    ("gpt_neox.layers.2.mlp.dense_h_to_4h.weight", "layers.2.up_proj", "mlp"),
+    ("gpt_neox.layers.2.mlp.dense_4h_to_h.weight", "layers.2.down_proj", "mlp"),
+    ("gpt_neox.layers.2.attention.dense.weight", "layers.2.o_proj", "attention"),
+    ("model.layers.3.mlp.gate_proj.weight", "layers.3.gate_proj", "mlp"),
+    ("model.layers.3.self_attn.v_proj.weight", "layers.3.v_proj", "attention"),
+])
+def test_attention_and_mlp_names_of_opt_gpt2_neox_and_llama_land_in_their_groups(stored, canon, kind):
+    layer, role, leaf = C.parse_name(stored)
+    name = C.canonical_name(layer, role, leaf)
+    assert name == canon and C.kind_of(name) == kind
+    assert C.is_matrix_family(name, (16, 8)) == (kind in ("attention", "mlp") and leaf == "weight")
+
+
+@pytest.mark.parametrize("stored", ["transformer.h.0.attn.c_attn.weight",
+                                    "gpt_neox.layers.0.attention.query_key_value.weight"])
+def test_fused_attention_of_gpt2_and_neox_splits_into_attention_matrices(stored):
+    config = {"model_type": "gpt_neox", "num_attention_heads": 2, "hidden_size": 8}
+    refs = C.split_refs(stored, (8, 24) if "c_attn" in stored else (24, 8), config)
+    assert [r.canonical for r in refs] == ["layers.0.q_proj", "layers.0.k_proj", "layers.0.v_proj"]
+    assert all(C.kind_of(r.canonical) == "attention" and C.is_matrix_family(r.canonical, r.shape) for r in refs)
+
+
+def test_an_opt_update_is_reported_per_mlp_and_attention_family_with_stable_ranks():
+    g = torch.Generator().manual_seed(0)
+    names = ["model.decoder.layers.0.self_attn.q_proj.weight", "model.decoder.layers.0.self_attn.out_proj.weight",
+             "model.decoder.layers.0.fc1.weight", "model.decoder.layers.0.fc2.weight"]
+    base = {n: torch.randn(6, 4, generator=g) for n in names}
+    tuned = {n: t + torch.randn(6, 4, generator=g) * 1e-2 for n, t in base.items()}
+    rep = W.compare_updates(base, {"es": tuned})
+    assert set(rep["kinds"]) == {"attention", "mlp"}
+    assert set(rep["families"]) == {"q_proj", "o_proj", "up_proj", "down_proj"}
+    for row in rep["tensors"]:
+        assert row["es"]["stable_rank"] is not None and row["es"]["stable_rank"] >= 1.0, row["name"]
+
+
 def test_a_mixture_of_experts_router_is_not_a_gate_projection():
     """Qwen-MoE / OLMoE / DeepSeek store the router as `mlp.gate` ([experts, hidden]): it must not enter the
     stable-rank average as a gate projection; the dense `gate_proj` / `w1` still do."""

@@ -1,13 +1,14 @@
 """Canonical tensor names and families, so analyses read the same on every architecture.
 
 A checkpoint's tensor names depend on the architecture (Llama `self_attn.q_proj`, Phi-3 fused `qkv_proj`,
-GPT-2 `attn.c_attn`, GPT-NeoX `attention.query_key_value` ...). The study's tables and figures are per family
-(attention q/k/v/o, MLP gate/up/down, norms, embeddings), so every stored tensor is mapped onto canonical
-names `layers.<i>.<role>` (or `<role>` outside the layers, e.g. `embed_tokens`, `norm`, `lm_head`), and a fused
-tensor is split into the views its split counterparts would have: the q/k/v rows of a `qkv_proj`, the gate and
-up halves of a `gate_up_proj`, the q/k/v columns of GPT-2's Conv1D `c_attn`, the per-head interleaved rows of
-NeoX's `query_key_value`, Falcon's three layouts of it. A split is described by `TensorRef` (row segments and an
-optional column range), so readers can stream it without materialising the fused tensor.
+GPT-2 `attn.c_attn`, GPT-NeoX `attention.query_key_value`, OPT `fc1` / `self_attn.out_proj` ...). The study's
+tables and figures are per family (attention q/k/v/o, MLP gate/up/down, norms, embeddings), so every stored
+tensor is mapped onto canonical names `layers.<i>.<role>` (or `<role>` outside the layers, e.g.
+`embed_tokens`, `norm`, `lm_head`), and a fused tensor is split into the views its split counterparts would
+have: the q/k/v rows of a `qkv_proj`, the gate and up halves of a `gate_up_proj`, the q/k/v columns of GPT-2's
+Conv1D `c_attn`, the per-head interleaved rows of NeoX's `query_key_value`, Falcon's three layouts of it. A split
+is described by `TensorRef` (row segments and an optional column range), so readers can stream it without
+materialising the fused tensor.
 
 GPT-2 Conv1D weights are stored transposed ([in, out]); canonical views keep the stored orientation, which
 changes no metric here (norms, sparsity, cosine and stable rank are all transpose-invariant).
@@ -46,6 +47,9 @@ _LAYER_ROLES: list[tuple[str, str]] = [
     (r"(mlp|feed_forward|ffn)\.(gate_proj|w1)", "gate_proj"),
     (r"(mlp|feed_forward|ffn)\.(up_proj|w3|c_fc|dense_h_to_4h|fc1|fc_in)", "up_proj"),
     (r"(mlp|feed_forward|ffn)\.(down_proj|w2|c_proj|dense_4h_to_h|fc2|fc_out)", "down_proj"),
+    # OPT keeps its MLP's two matrices directly in the layer, with no `mlp.` module: `decoder.layers.<i>.fc1`, `fc2`
+    (r"fc1", "up_proj"),
+    (r"fc2", "down_proj"),
     (r"(self_attn|attn|attention)\.(q_norm|q_layernorm)", "q_norm"),
     (r"(self_attn|attn|attention)\.(k_norm|k_layernorm)", "k_norm"),
     (r"(input_layernorm|ln_1|attention_norm|self_attn_layer_norm|ln_attn)", "input_layernorm"),
