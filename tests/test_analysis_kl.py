@@ -164,7 +164,38 @@ def test_left_padded_scoring_keeps_absolute_positions():
         assert s.tokens == 1 and s.exact > 0 and s.k3 == pytest.approx(direct(a, b, p, c)[1], abs=1e-6)
 
 
-def test_a_completion_without_a_prompt_token_is_refused_not_misaligned():
+class IgnoresLogitsToKeep(torch.nn.Module):
+    """A model whose forward accepts `logits_to_keep` and drops it: it returns logits for every position (or,
+    with `cut`, for some other number of positions)."""
+
+    def __init__(self, model, cut: int | None = None):
+        super().__init__()
+        self.model, self.cut = model, cut
+
+    def forward(self, logits_to_keep=None, **kwargs):
+        out = self.model(**kwargs)
+        if self.cut is not None:
+            out.logits = out.logits[:, -self.cut:]
+        return out
+
+
+def test_a_model_that_ignores_logits_to_keep_is_scored_on_the_same_aligned_tokens():
+    """Full-sequence logits are cut to the last positions the scorer indexes, not read from the row's start."""
+    a, b = tiny_gpt2(0), tiny_gpt2(1)
+    prompts, comps = [[5, 6, 7, 8, 9, 10], [11, 12]], [[20, 21], [23, 24, 25]]
+    kept = K.score_pair(a, b, prompts, comps, batch_size=2, pad_id=0)
+    full = K.score_pair(IgnoresLogitsToKeep(a), IgnoresLogitsToKeep(b), prompts, comps, batch_size=2, pad_id=0)
+    for p, c, x, y in zip(prompts, comps, kept, full):
+        assert (y.tokens, y.k1, y.k3, y.exact) == pytest.approx((x.tokens, x.k1, x.k3, x.exact), abs=1e-9)
+        assert (y.k1, y.k3, y.exact) == pytest.approx(direct(a, b, p, c), abs=1e-6)
+
+
+def test_logits_of_neither_the_kept_nor_all_positions_are_refused():
+    a, b = tiny_gpt2(0), tiny_gpt2(1)
+    with pytest.raises(ValueError, match=r"returned logits of shape \(2, 3, 64\) for a batch of \(2, 8\) ids: "
+                                         r"expected the last 4 positions \(logits_to_keep=4\) or all 8"):
+        K.score_pair(IgnoresLogitsToKeep(a, cut=3), b, [[5, 6, 7, 8, 9], [11]], [[20, 21, 22], [23]],
+                     batch_size=2, pad_id=0)
     """Nothing predicts the first token of a completion with an empty prompt; an empty prompt with an empty
     completion is simply nothing to score."""
     a, b = tiny_gpt2(0), tiny_gpt2(1)

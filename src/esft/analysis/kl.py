@@ -122,12 +122,22 @@ def _left_pad(rows: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor,
 @torch.no_grad()
 def _completion_logits(model, rows: list[list[int]], keep: int, pad_id: int) -> torch.Tensor:
     """Logits of the last `keep` positions of left-padded prompt+completion rows (explicit attention mask and
-    position ids from the mask, as in generation, so pad == eos models lose no real eos)."""
+    position ids from the mask, as in generation, so pad == eos models lose no real eos).
+
+    A model that ignores `logits_to_keep` (its forward takes and drops extra keyword arguments) returns every
+    position: those logits are cut to the last `keep`, as the indexing of `score_pair` counts from there. Any other
+    number of positions is refused, never read misaligned."""
     device = next(model.parameters()).device
     ids, mask = _left_pad(rows, pad_id, device)
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
     out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False, logits_to_keep=keep)
-    return out.logits
+    logits = out.logits
+    width = ids.shape[1]
+    if logits.dim() != 3 or logits.shape[0] != ids.shape[0] or logits.shape[1] not in (keep, width):
+        raise ValueError(f"{type(model).__name__} returned logits of shape {tuple(logits.shape)} for a batch of "
+                         f"{tuple(ids.shape)} ids: expected the last {keep} positions (logits_to_keep={keep}) or "
+                         f"all {width}")
+    return logits[:, width - keep:] if logits.shape[1] != keep else logits
 
 
 @torch.no_grad()
