@@ -6,6 +6,8 @@ Run: PYTHONPATH=src pytest -q tests/test_es_strategy_audit.py   (a few seconds, 
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -62,3 +64,19 @@ def test_higher_fitness_gets_a_positive_coefficient_under_every_shaping():
     # antithetic: the pair folds to z(+) - z(-), positive when the + side did better
     pair = ES(population_size=2, sigma=0.1, alpha=0.3, antithetic=True).tell([Member(7, 1), Member(7, -1)], [1.0, 0.0])
     assert pair.seeds == (7,) and pair.coefficients[0] == pytest.approx(2.0, rel=1e-6)
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+@pytest.mark.parametrize("field, value", [("sigma", -0.1), ("sigma", 0.0), ("sigma", float("inf")),
+                                          ("sigma", float("nan")), ("alpha", -0.1), ("alpha", 0.0),
+                                          ("alpha", float("nan"))])
+def test_es_refuses_a_sigma_or_alpha_that_is_not_a_finite_positive_number(field, value, optimizer):
+    """ES(sigma=-0.1) was taken: a member (seed, +1) sits at theta - 0.1 eps, yet the SGD step adds
+    +(alpha / N) z eps, so the run moved away from its best members (descent, where esft maximises). sigma 0 with
+    Adam divided by zero in the first tell, after a whole population had been evaluated; an infinite sigma made
+    every Adam step -0.0 (no update, silently). ESConfig refuses these values; ES, which scripts and benchmarks
+    build directly, now refuses them as well, when it is built."""
+    kwargs = dict(population_size=4, sigma=0.1, alpha=0.1, seed=0, optimizer=optimizer)
+    kwargs[field] = value
+    with pytest.raises(ValueError, match=re.escape(f"{field} must be a finite number > 0, got {value}")):
+        ES(**kwargs)

@@ -145,6 +145,11 @@ class ES:
             raise ValueError(f"antithetic sampling needs an even population, got {population_size}")
         if optimizer not in OPTIMIZERS:
             raise ValueError(f"unknown optimizer {optimizer!r}; choose one of {OPTIMIZERS}")
+        for name, value in (("sigma", sigma), ("alpha", alpha)):
+            # as ESConfig: a negative sigma puts member (seed, +1) at theta - |sigma| eps while the SGD step adds
+            # +z eps (descent); sigma 0 perturbs nothing and divides Adam's scale by zero; alpha <= 0 never ascends
+            if not (np.isfinite(float(value)) and float(value) > 0):
+                raise ValueError(f"{name} must be a finite number > 0, got {value}")
         self.population_size = int(population_size)
         self.sigma = float(sigma)
         self.alpha = float(alpha)
