@@ -37,6 +37,17 @@ def sample_batch(seed: int, iteration: int, n: int, batch_size: int) -> list[int
     return [int(i) for i in rng.choice(n, size=batch_size, replace=False)]
 
 
+def train_examples(task: Any) -> list:
+    """`task`'s train split, refused (ValueError) when it is empty: every batch would be empty, and the mean reward
+    of no example is no fitness. The trainer reads it before the model loads, so a task object that no
+    `check_task_fit` saw fails there, not after the load and a step-0 evaluation of train reward NaN."""
+    train_set = task.load("train")
+    if not len(train_set):
+        raise ValueError(f"task {task.shown_name()!r}: its train split is empty; an ES iteration evaluates its "
+                         "members on train examples")
+    return train_set
+
+
 def row_means(values: Any, weights: Any = None, count: int | None = None) -> np.ndarray:
     """Per row (member) sum_j values[i, j] * weights[j] / count (weights 1, count = row length by default), each sum
     exact and then rounded once (math.fsum), so it does not depend on the order of the terms.
@@ -152,4 +163,4 @@ class ClassBalancedMean(MeanReward):
 FITNESS_RULES = ("mean", "dart", "balanced")
 
 __all__ = ["FITNESS_RULES", "CallableRule", "ClassBalancedMean", "FitnessRule", "MeanReward", "as_fitness_rule",
-           "row_means", "sample_batch"]
+           "row_means", "sample_batch", "train_examples"]

@@ -41,7 +41,7 @@ from esft.es.build import (check_executor_options, check_layout, check_lowrank_m
 from esft.es.es_config import ESConfig, read_run_config, save_yaml
 from esft.es.executor import Executor, PopulationResult
 from esft.es.finished import check_resumable, eval_due
-from esft.es.fitness import FitnessRule, as_fitness_rule
+from esft.es.fitness import FitnessRule, as_fitness_rule, train_examples
 from esft.evaluation import load_examples
 from esft.tasks.base import checks_format, format_bonus_warning
 from esft.tasks.custom import as_task
@@ -121,11 +121,14 @@ class ESTrainer:
         note = format_bonus_warning(task, config.format_bonus)
         if note is not None:
             warnings.warn(note, stacklevel=2)
-        train_set = task.load("train")
+        train_set = train_examples(task)  # an empty split before the model loads
         if config.resume:  # other train examples than the run's: refused before the model loads
             check_same_train_set(config.output_dir, examples_digest(train_set))
             warn_if_task_code_changed(config.output_dir, task)
             es_rundir.warn_if_noise_kernels_changed(Path(config.output_dir))
+        # a bare fitness function becomes a stateless rule; stateful rules (DART-ES, esft.es.dart) keep per-train-
+        # problem state and draw their own batches (FitnessRule hooks); made before the model loads (balanced: labels)
+        self.rule = as_fitness_rule(config_fitness_rule(config, task) if fitness_rule is None else fitness_rule)
         if model is None:
             from esft.models import load_model
 
@@ -151,9 +154,6 @@ class ESTrainer:
         if not isinstance(executor, Executor):
             raise TypeError(f"executor {type(executor).__name__} is not an esft.es.executor.Executor")
         self.executor = executor
-        # a bare fitness function becomes a stateless rule; stateful rules (DART-ES, esft.es.dart) keep
-        # per-train-problem state and draw their own batches through the FitnessRule hooks
-        self.rule = as_fitness_rule(config_fitness_rule(config, task) if fitness_rule is None else fitness_rule)
         self.progress = progress
         self.out = Path(config.output_dir)
         self.train_set = train_set
