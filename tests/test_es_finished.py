@@ -132,3 +132,20 @@ def test_a_final_checkpoint_missing_a_shard_is_left_to_the_trainer(tmp_path):
     assert finished_checkpoint(final.parents[1], config) is None
     res = trained(config.replace(resume=True))  # the trainer's own resume: the checkpoint is damaged to it
     assert res.final_checkpoint == final and (final / "model.safetensors").is_file()
+
+
+def test_a_numbered_checkpoint_of_the_final_step_does_not_hide_the_final_one(tmp_path, monkeypatch, capsys):
+    """A run interrupted right after saving its last step's numbered checkpoint, then resumed with nothing left to
+    train, holds `final` and `iter_000003` at one step (list_checkpoints sorts the numbered one last): it is
+    finished, and a resume says so without loading the model."""
+    import shutil
+
+    done = trained(cfg(tmp_path))
+    final = done.final_checkpoint
+    shutil.copytree(final, final.with_name("iter_000003"))
+    assert [f.name for _, f in es_rundir.list_checkpoints(done.output_dir)][-2:] == ["final", "iter_000003"]
+    assert finished_checkpoint(done.output_dir, cfg(tmp_path)) == final
+    forbid_loading(monkeypatch)
+    capsys.readouterr()
+    res = train_es(resume_config(done.output_dir))
+    assert "nothing to do" in capsys.readouterr().out and res.final_checkpoint == final

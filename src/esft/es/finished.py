@@ -72,11 +72,13 @@ def finished_checkpoint(run_dir: Path, config: ESConfig) -> Path | None:
         return None
     logged = len(records)
     usable = [(s, f) for s, f in es_rundir.list_checkpoints(run_dir) if s <= logged]
-    if not usable or usable[-1][1].name != "final" or usable[-1][0] != logged or logged < config.iterations:
+    # `final` beside a numbered checkpoint of its step (a run interrupted right after saving that step, then resumed
+    # with nothing left to train) still ends the run: list_checkpoints sorts the numbered one after it
+    final = next((f for s, f in usable if s == usable[-1][0] and f.name == "final"), None) if usable else None
+    if final is None or usable[-1][0] != logged or logged < config.iterations:
         return None
     if eval_due(logged, config.eval_every, config.iterations) and logged not in evaluated:
         return None
-    final = usable[-1][1]
     return final if intact(final, config.optimizer != "sgd") else None
 
 
