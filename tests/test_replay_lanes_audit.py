@@ -60,6 +60,18 @@ def test_drift_without_per_tensor_and_verify_without_a_checkpoint_of_the_step(es
                                                       "noise_stream": 0}
 
 
+def test_verify_without_a_checkpoint_of_the_step_exits_apart_from_a_mismatch(es_run, tmp_path, monkeypatch, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(es_run, run)
+    monkeypatch.setattr(replay, "load_base", lambda run_dir: (tiny_llama(), None))
+    assert replay.main(["verify", str(run)]) == 0
+    shutil.rmtree(run / "checkpoints")
+    capsys.readouterr()
+    assert replay.main(["verify", str(run)]) == 3
+    out, err = capsys.readouterr()
+    assert json.loads(out)["checkpoint"] is None and "no checkpoint of its last step (3)" in err
+
+
 def test_an_unreadable_checkpoint_is_damage_not_a_mismatch(es_run, tmp_path, monkeypatch, capsys):
     run = tmp_path / "run"
     shutil.copytree(es_run, run)

@@ -179,7 +179,9 @@ def verify(run_dir: str | Path, model: torch.nn.Module | None = None) -> dict[st
 def main(argv: list[str] | None = None) -> int:
     """python -m esft.es.replay verify RUN_DIR            rebuild the last step, compare with its checkpoint
        python -m esft.es.replay drift RUN_DIR OUT.jsonl   ||theta_t - theta_0||^2 per step (total, per tensor)
-       python -m esft.es.replay rebuild RUN_DIR STEP DIR  save theta_STEP as a Hugging Face folder"""
+       python -m esft.es.replay rebuild RUN_DIR STEP DIR  save theta_STEP as a Hugging Face folder
+    verify exits 0 when bit-identical, 1 when a checkpoint differs or is damaged, 3 when the run has no checkpoint of
+    its last step to compare with; 2 is a usage error."""
     import json
     import sys
 
@@ -201,6 +203,10 @@ def main(argv: list[str] | None = None) -> int:
     if cmd == "verify":
         result = verify(run_dir)
         print(json.dumps(result))
+        if result["checkpoint"] is None:  # not a mismatch: nothing was compared
+            print(f"esft.es.replay: {run_dir} has no checkpoint of its last step ({result['step']}) to compare with",
+                  file=sys.stderr)
+            return 3
         return 0 if result["bit_identical"] else 1
     model, tokenizer = load_base(run_dir)
     if cmd == "drift":
