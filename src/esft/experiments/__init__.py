@@ -8,10 +8,12 @@ algorithms      the trainers behind one interface (ES, GRPO; `register_algorithm
 plan            Spec -> ordered stages (folders, start weights, budgets, shared ES runs, chains)
 runner          run_experiment: skip finished stages, resume interrupted ones, record failures, write tables
 stage_eval      per-stage evaluation, one JSON per task
+checkpoint_eval evaluation of a stage's intermediate checkpoints (evaluation.checkpoints), <stage>/eval/steps/
 records         an experiment folder's stage records, as the tables read them
 study_tables    Tables 1, 2, 5-8 and the method comparison (rows; esft.tables renders Markdown + CSV)
 compute_tables  Table 18 (compute per task)
 method_figures  the pass@k figure of each task, beside its methods table (tables/passk_<task>.png)
+forgetting_figures  accuracy of every task over a sequential chain's checkpoints (tables/forgetting_<track>_...)
 hybrid          one training budget split between the stages of a chain
 experiment_cli  `esft experiment run | tables | list | status`
 

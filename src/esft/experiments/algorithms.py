@@ -44,6 +44,9 @@ class Algorithm:
     load (ValueError); None: nothing to check"""
     model_options: tuple[str, ...] = ()
     """the config fields check_model reads, whose line a spec's refusal names"""
+    checkpoints: Callable[[Path], list[tuple[int, Path]]] = lambda run_dir: []
+    """checkpoints(run_dir) -> (step, folder) of the run's complete checkpoints, sorted by step, for the evaluation
+    of a stage's intermediate checkpoints (spec: evaluation.checkpoints); a trainer that keeps none returns []"""
 
 
 ALGORITHMS: dict[str, Algorithm] = {}
@@ -113,6 +116,12 @@ def es_done_step(run_dir: Path) -> int | None:
     return int(json.loads(state.read_text())["step"])
 
 
+def es_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
+    from esft.es.es_rundir import list_checkpoints
+
+    return list_checkpoints(run_dir)
+
+
 def _check_es_selection(config: Any) -> None:
     from esft.es.build import check_selection  # as `esft train es` before its weights load
 
@@ -123,7 +132,7 @@ def _es() -> Algorithm:
     from esft.es.es_config import PRESETS, ESConfig
 
     return Algorithm("es", ESConfig, PRESETS, "iterations", "iter", True, _train_es, es_accounting, es_formula,
-                     es_done_step, _check_es_selection, ("include", "exclude"))
+                     es_done_step, _check_es_selection, ("include", "exclude"), es_checkpoints)
 
 
 # ---- GRPO -------------------------------------------------------------------------------------------------------
@@ -164,11 +173,17 @@ def grpo_done_step(run_dir: Path) -> int | None:
     return int(json.loads(state.read_text())["global_step"])
 
 
+def grpo_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
+    from esft.grpo.checkpoints import list_checkpoints
+
+    return list_checkpoints(run_dir)
+
+
 def _grpo() -> Algorithm:
     from esft.grpo.grpo_config import PRESETS, GRPOConfig
 
     return Algorithm("grpo", GRPOConfig, PRESETS, "max_steps", "T", False, _train_grpo, grpo_accounting, grpo_formula,
-                     grpo_done_step)
+                     grpo_done_step, checkpoints=grpo_checkpoints)
 
 
 register_algorithm(_es())

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from esft import paper
+from esft.experiments.checkpoint_eval import STEPS_DIR
 from esft.experiments.plan import task_slug
 from esft.experiments.stage_eval import EVAL_DIR
 from esft.tables import DASH, NA, Cell
@@ -316,3 +317,42 @@ def reward_note(exp: Experiment, tasks: Sequence[str]) -> list[str]:
     return [f"Mean reward, a plain number on its reward function's scale (not %): {', '.join(names)}; [a, b] is "
             "the 95% normal-approximation interval of its mean, and it has no constant-answer baseline (a share "
             "of examples)."]
+
+
+def checkpoint_evaluations(exp: Experiment) -> dict[str, dict[int, dict[str, dict[str, Any]]]]:
+    """Stage key -> step -> task -> {"accuracy", "ci95", "n", "constant_baseline", "constant_baseline_ci95"} of the
+    intermediate checkpoints of every done stage (spec: evaluation.checkpoints; esft.experiments.checkpoint_eval):
+    shares in [0, 1], `ci95` the Wilson interval (None where the metric has none: IFEval's loose levels). As a
+    stage's own evaluations, one made with other settings than plan.json's is left out, so a curve never mixes
+    examples; stages with no checkpoint evaluated are absent."""
+    settings = read_plan(exp.root).get("evaluation") or {}
+    ev = exp.spec.get("evaluation", {})
+    slugs = {task_slug(t): t for t in dict.fromkeys([*ev.get("tasks", exp.tasks), *exp.holdout])}
+    out: dict[str, dict[int, dict[str, dict[str, Any]]]] = {}
+    for key in exp.results:
+        for folder in sorted((exp.root / key / STEPS_DIR).glob("[0-9]*")):
+            points = {task: _checkpoint_point(exp, task, folder / f"{slug}.json", settings.get(task))
+                      for slug, task in slugs.items()}
+            points = {task: p for task, p in points.items() if p is not None}
+            if points:
+                out.setdefault(key, {})[int(folder.name)] = points
+    return out
+
+
+def _checkpoint_point(exp: Experiment, task: str, path: Path, settings: dict[str, Any] | None
+                      ) -> dict[str, Any] | None:
+    """One checkpoint's evaluation of `task` (checkpoint_evaluations), None when missing or made with other
+    settings than `settings` (plan.json's for the task; None in a plan of an older esft: any)."""
+    try:
+        saved = json.loads(path.read_text())
+        summary = saved["summary"]
+    except (OSError, json.JSONDecodeError, KeyError, TypeError):
+        return None
+    recorded = {k: v for k, v in (saved.get("settings") or {}).items() if k != "model"}
+    if settings is not None and recorded != settings:
+        return None
+    record = {"eval": {task: summary}}
+    return {"accuracy": accuracy(record, task, exp.ifeval_metric, 1.0),
+            "ci95": interval(record, task, exp.ifeval_metric, 1.0), "n": summary.get("n"),
+            "constant_baseline": summary.get("constant_baseline"),
+            "constant_baseline_ci95": summary.get("constant_baseline_ci95")}

@@ -5,6 +5,7 @@ Per stage folder:
     error.txt     traceback of the last failure
     result.json   the stage's record for the tables: evaluation per task, measured accounting per step, configs
     eval/         one JSON (+ JSONL of completions) per evaluated task
+    eval/steps/   with evaluation.checkpoints: eval/steps/<step>/<task>.json of each intermediate checkpoint
 
 Re-running a spec skips stages whose status is done (and whose training options are unchanged: a changed option
 fails before any compute, naming the stage and the fields), resumes an interrupted or failed stage through the
@@ -27,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from esft.experiments.checkpoint_eval import checkpoints_current, evaluate_checkpoints
 from esft.experiments.fingerprint import binding_steps, comparable, fingerprint_diff
 from esft.experiments.invocation import Heartbeat, experiment_lock, timestamp
 from esft.experiments.stage_eval import (evaluate_stage, plan_sampled_settings, plan_settings, read_json, same_model,
@@ -274,8 +276,15 @@ def run_stage(spec: Spec, stage: Stage, root: Path, stages: dict[str, Stage], ho
     t1 = time.perf_counter()
     evals = evaluate_stage(spec, model, stage.eval_tasks, folder, load_model, hooks.progress, root)
     _free_memory(hooks)
-    record = _stage_record(spec, stage, root, configs, evals,
-                           {"train": t_train, "eval": time.perf_counter() - t1})
+    seconds = {"train": t_train, "eval": time.perf_counter() - t1}
+    # the intermediate checkpoints (spec: evaluation.checkpoints) after the final evaluation, whose files an
+    # interrupted run keeps, and before the stage is done, so that a re-run finishes them; their time apart, and
+    # recorded only where there were some, so the stage's evaluation time means what it meant before the option
+    t2 = time.perf_counter()
+    if evaluate_checkpoints(spec, stage, root, load_model, hooks.progress):
+        seconds["checkpoint_eval"] = time.perf_counter() - t2
+        _free_memory(hooks)
+    record = _stage_record(spec, stage, root, configs, evals, seconds)
     write_json(folder / RESULT, record)
     status.update({"status": "done", "trained": True, "finished": timestamp(), "error": None})
     write_json(folder / STATUS, status)
@@ -325,11 +334,13 @@ def _log(hooks: Hooks, message: str) -> None:
 
 
 def _evaluation_current(spec: Spec, stage: Stage, root: Path) -> bool:
-    """True when every task of the stage was evaluated with today's settings (limits, tokens, model)."""
+    """True when every task of the stage was evaluated with today's settings (limits, tokens, model), and every
+    intermediate checkpoint the spec asks evaluated (esft.experiments.checkpoint_eval) too."""
     from esft.experiments.stage_eval import is_current
 
     model = spec.model if stage.kind == BASE else str((root / stage.model_dir()).resolve())
-    return all(is_current(root / stage.key, spec, task, model, root) for task in stage.eval_tasks)
+    return all(is_current(root / stage.key, spec, task, model, root) for task in stage.eval_tasks) and \
+        checkpoints_current(spec, stage, root)
 
 
 def _visit(spec: Spec, stage: Stage, root: Path, smap: dict[str, Stage], hooks: Hooks, tag: str) -> str:

@@ -12,6 +12,7 @@
       grpo->es: {grpo: {max_steps: 40}, es: {iterations: 50}}   # a chain: the stage runs grpo, then es
     task_options: {boolq: {max_passage_chars: 400}}  # task constructor options, for training and evaluation
     evaluation: {limit: 50, max_new_tokens: 64, holdout: [mmlu, ifeval], per_task: {ifeval: {limit: 20}}}
+    # evaluation.checkpoints: true (or [countdown, mmlu]) evaluates every intermediate checkpoint too
     sequential: {carry_optimizer_state: false}
     tables: {ifeval_metric: prompt_strict}
 
@@ -30,9 +31,9 @@ from typing import Any
 
 from esft.experiments.algorithms import ALGORITHMS, Algorithm, get_algorithm
 from esft.experiments.spec_checks import (
-    SpecContext, as_mapping, check_eval_device, check_eval_dtype, check_evaluated_tasks, check_int, check_keys,
-    check_options, check_spec_model, check_task_fit, check_task_list, check_text, check_trained_tasks_evaluated,
-    check_unread_eval, did_you_mean, unused_task_options, check_carried_state,
+    SpecContext, as_mapping, check_bool, check_carried_state, check_checkpoint_tasks, check_eval_device,
+    check_eval_dtype, check_evaluated_tasks, check_int, check_keys, check_options, check_spec_model, check_task_fit,
+    check_task_list, check_text, check_trained_tasks_evaluated, check_unread_eval, did_you_mean, unused_task_options,
 )
 from esft.experiments.yamlines import LineDict, LineList, SpecError, load_file
 
@@ -41,7 +42,7 @@ TOP_KEYS = ("name", "description", "kind", "model", "tasks", "seeds", "algorithm
             "sequential", "tables", "output_dir")
 BLOCK_KEYS = ("algorithm", "preset", "display", "per_task")
 EVAL_KEYS = ("tasks", "holdout", "limit", "max_new_tokens", "batch_size", "dtype", "device", "per_task",
-             "after_single_task", "passk", "balanced", "generation_options")
+             "after_single_task", "passk", "balanced", "generation_options", "checkpoints")
 PASSK_KEYS = ("samples", "temperature", "top_p", "k", "tasks", "seed")
 EVAL_TASK_KEYS = ("limit", "max_new_tokens", "batch_size", "balanced")
 AFTER_SINGLE_TASK = ("all", "trained", "trained+holdout")
@@ -130,6 +131,9 @@ class EvalSpec:
     after_single_task: str = "all"
     """after a single-task stage evaluate "all" (every spec task and the holdouts), "trained" (its own task) or
     "trained+holdout" (its own task and the holdouts)"""
+    checkpoints: list[str] = field(default_factory=list)
+    """tasks each intermediate checkpoint of a stage is evaluated on (esft.experiments.checkpoint_eval); YAML true =
+    `tasks`, false (the default) = none, or a list of evaluated tasks"""
 
     def for_task(self, task: str) -> TaskEval:
         o = self.per_task.get(task, {})
@@ -176,7 +180,10 @@ class Spec:
         return build_config(algo.config_cls, algo.presets, component.preset, None, values, overrides_source="spec")
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        out = dataclasses.asdict(self)
+        if not self.evaluation.checkpoints:  # plan.json's spec as written before the option existed
+            del out["evaluation"]["checkpoints"]
+        return out
 
 
 # ---- parsing ------------------------------------------------------------------------------------------------------
@@ -291,7 +298,7 @@ def _evaluation(ctx: SpecContext, raw: Any, line: int, tasks: list[str], known: 
                                                                 f"{', '.join(AFTER_SINGLE_TASK)}, got {value!r}")
         ev.after_single_task = value
     if "balanced" in block:
-        ev.balanced = _check_bool(ctx, block["balanced"], block.line_of("balanced"), "evaluation.balanced")
+        ev.balanced = check_bool(ctx, block["balanced"], block.line_of("balanced"), "evaluation.balanced")
     if "generation_options" in block:
         from esft.generation import engine_options
 
@@ -299,6 +306,9 @@ def _evaluation(ctx: SpecContext, raw: Any, line: int, tasks: list[str], known: 
             ev.generation_options = engine_options(block["generation_options"])
         except ValueError as exc:
             raise ctx.error(block.line_of("generation_options"), f"evaluation.{exc}") from None
+    if "checkpoints" in block:
+        ev.checkpoints = check_checkpoint_tasks(ctx, block["checkpoints"], block.line_of("checkpoints"), ev.tasks,
+                                                ev.all_tasks)
     if block.get("passk") is not None:
         ev.passk = _passk(ctx, block["passk"], block.line_of("passk"), tasks, ev.all_tasks)
     per = as_mapping(ctx, block.get("per_task"), "evaluation.per_task", block.line_of("per_task"))
@@ -309,17 +319,11 @@ def _evaluation(ctx: SpecContext, raw: Any, line: int, tasks: list[str], known: 
                                    f"({', '.join(ev.all_tasks)})")
         sub = as_mapping(ctx, sub, f"evaluation.per_task.{task}", tline)
         check_keys(ctx, sub, EVAL_TASK_KEYS, f"evaluation.per_task.{task}")
-        ev.per_task[task] = {k: _check_bool(ctx, v, sub.line_of(k), f"evaluation.per_task.{task}.{k}")
+        ev.per_task[task] = {k: check_bool(ctx, v, sub.line_of(k), f"evaluation.per_task.{task}.{k}")
                              if k == "balanced" else
                              check_int(ctx, v, sub.line_of(k), f"evaluation.per_task.{task}.{k}", 1,
                                        optional=(k == "limit")) for k, v in sub.items()}
     return ev
-
-
-def _check_bool(ctx: SpecContext, value: Any, line: int, where: str) -> bool:
-    if not isinstance(value, bool):
-        raise ctx.error(line, f"{where} must be true or false, got {value!r}")
-    return value
 
 
 def _passk(ctx: SpecContext, raw: Any, line: int, tasks: list[str], evaluated: list[str]) -> PassKSpec:

@@ -76,6 +76,25 @@ def check_int(ctx: SpecContext, value: Any, line: int, where: str, minimum: int 
     return value
 
 
+def check_bool(ctx: SpecContext, value: Any, line: int, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise ctx.error(line, f"{where} must be true or false, got {value!r}")
+    return value
+
+
+def check_checkpoint_tasks(ctx: SpecContext, value: Any, line: int, trained: list[str],
+                           evaluated: list[str]) -> list[str]:
+    """`evaluation.checkpoints`: false (none, the default), true (`trained`, the tasks evaluation.tasks names) or a
+    list among the `evaluated` tasks. Checked here, before any model loads: a typo would otherwise surface only
+    after a stage has trained, as curves that are silently missing."""
+    if isinstance(value, bool):
+        return list(trained) if value else []
+    if not isinstance(value, (list, str)):
+        raise ctx.error(line, f"evaluation.checkpoints must be true, false or a list of evaluated tasks, got "
+                              f"{value!r}")
+    return check_task_list(ctx, value, line, "evaluation.checkpoints", evaluated, closed=True)
+
+
 def check_eval_dtype(ctx: SpecContext, dtype: str, line: int) -> str:
     """The dtype every evaluation loads its model in, as `esft eval` accepts it: a name the loader does not know
     failed each stage's evaluation only after its training had run."""

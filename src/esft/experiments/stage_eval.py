@@ -66,11 +66,13 @@ def passk_settings(spec: Spec, task: str, model: str) -> dict[str, Any] | None:
     return {**task_settings(spec, task, model), **pk.settings()}
 
 
-def is_current(stage_dir: Path, spec: Spec, task: str, model: str, root: Path | None = None) -> bool:
-    """True when `task` was evaluated in `stage_dir` with today's settings (greedy and, if asked, sampled);
-    `root`, the experiment folder, lets a model inside it match where the folder has moved (`same_model`)."""
-    folder = stage_dir / EVAL_DIR
-    sampled = passk_settings(spec, task, model)
+def is_current(stage_dir: Path, spec: Spec, task: str, model: str, root: Path | None = None,
+               subdir: str = EVAL_DIR, with_passk: bool = True) -> bool:
+    """True when `task` was evaluated in `stage_dir / subdir` with today's settings (greedy and, if asked and
+    `with_passk`, sampled); `root`, the experiment folder, lets a model inside it match where the folder has moved
+    (`same_model`)."""
+    folder = stage_dir / subdir
+    sampled = passk_settings(spec, task, model) if with_passk else None
     return _done(folder / f"{task_slug(task)}.json", task_settings(spec, task, model), root) is not None and (
         sampled is None or _done(folder / f"{task_slug(task)}.passk.json", sampled, root) is not None)
 
@@ -122,20 +124,21 @@ def read_json(path: Path) -> Any:
 
 def evaluate_stage(spec: Spec, model_ref: str, tasks: list[str], stage_dir: Path,
                    load_model: Callable[[str, str, str | None], tuple[Any, Any]], progress: bool = True,
-                   root: Path | None = None) -> dict[str, Any]:
+                   root: Path | None = None, subdir: str = EVAL_DIR, with_passk: bool = True) -> dict[str, Any]:
     """{task: summary} for `tasks`, reusing finished task files; loads the model only if something is left.
-    `root`: the experiment folder (is_current)."""
+    `root`: the experiment folder (is_current); `subdir`: the folder under `stage_dir` the files go to (an
+    intermediate checkpoint's, esft.experiments.checkpoint_eval); `with_passk` False skips the spec's pass@k."""
     from esft.evaluation import evaluate_task, format_row, load_examples
     from esft.generation import GenerationConfig
     from esft.tasks import get_task
 
-    out_dir = stage_dir / EVAL_DIR
+    out_dir = stage_dir / subdir
     results: dict[str, Any] = {}
     todo = []
     for task in tasks:
         settings = task_settings(spec, task, model_ref)
         greedy = _done(out_dir / f"{task_slug(task)}.json", settings, root)
-        sampled_settings = passk_settings(spec, task, model_ref)
+        sampled_settings = passk_settings(spec, task, model_ref) if with_passk else None
         sampled = _done(out_dir / f"{task_slug(task)}.passk.json", sampled_settings, root) if sampled_settings \
             else None
         if greedy is not None and (sampled_settings is None or sampled is not None):

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from esft.experiments.compute_tables import compute_row, table18
+from esft.experiments.forgetting_figures import write_forgetting_figures
 from esft.experiments.method_figures import write_method_figures
 from esft.experiments.passk_tables import (PASSK_NOTE, passk_cells, passk_columns, passk_keys, passk_ks,
                                            passk_notes, passk_values, sequential_passk_tables)
@@ -310,6 +311,10 @@ def write_all_tables(root: str | Path) -> Path:
     if figures:
         links = ", ".join(f"[{p.name}]({p.name})" for p in figures)
         parts += [f"pass@k figures (95% bootstrap intervals): {links}", ""]
+    forgetting = write_forgetting_figures(exp, folder)
+    if forgetting:
+        links = ", ".join(f"[{p.name}]({p.name})" for p in forgetting)
+        parts += [f"Accuracy during sequential training, at every evaluated checkpoint: {links}", ""]
     bad = {k: v for k, v in exp.statuses.items() if v.get("status") != "done"}
     done = sum(1 for v in exp.statuses.values() if v.get("status") == "done")
     parts += ["### Stages", "", f"{done} of {len(exp.stages)} stages done."]
