@@ -42,6 +42,19 @@ def make_tiny_model(vocab_size: int = 49152, seed: int = 0, hidden: int = 64, la
     return model
 
 
+def bf16_es_checkpoint(folder, tokenizer, model, shift: float = 1e-4) -> dict:
+    """`folder` as an ES checkpoint of a bf16 model: `model` rounded to bf16 in its model file, fp32 masters
+    (the rounded values + `shift`, below bf16's spacing) in masters.safetensors beside it; returns the masters."""
+    import torch
+    from safetensors.torch import save_file
+
+    model.to(torch.bfloat16).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    exact = {n: p.detach().float() + shift for n, p in model.named_parameters()}
+    save_file(exact, str(folder / "masters.safetensors"))
+    return exact
+
+
 def prefix_caches(model, prefix_cache, rows: int, copies: int = 2) -> list:
     """`copies` independent DynamicCaches, each holding `prefix_cache`'s one row of keys and values repeated for
     `rows` rows: a shared prompt prefix already in the cache (share_prefix), one per prefill compared."""

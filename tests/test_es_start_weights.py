@@ -10,9 +10,9 @@ from __future__ import annotations
 import json
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
-from conftest import make_tiny_model
+from conftest import bf16_es_checkpoint, make_tiny_model
 from esft.es.noise import MasterWeights
 from esft.es.start_weights import exact_start
 from esft.models import load_model
@@ -45,11 +45,7 @@ def test_an_es_checkpoints_masters_file_wins_over_its_rounded_model_file(tmp_pat
     """An ES checkpoint of a bf16 model holds the model rounded in model.safetensors and the fp32 masters
     beside it: a later stage starts from the masters."""
     folder = tmp_path / "checkpoint"
-    model = make_tiny_model(hidden=32, layers=1)
-    model.to(torch.bfloat16).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    exact = {n: p.detach().float() + 1e-4 for n, p in model.named_parameters()}
-    save_file(exact, str(folder / "masters.safetensors"))
+    exact = bf16_es_checkpoint(folder, tokenizer, make_tiny_model(hidden=32, layers=1))
     loaded, _ = load_model(str(folder), dtype="bfloat16", device="cpu")
     weights = MasterWeights(loaded)
     assert exact_start(weights, loaded, str(folder)) == len(exact)
@@ -107,11 +103,7 @@ def test_an_fp32_run_from_a_bf16_es_checkpoint_starts_from_its_masters(tmp_path,
     from esft.es.es_config import ESConfig
 
     folder = tmp_path / "checkpoint"
-    model = make_tiny_model(hidden=32, layers=1)
-    model.to(torch.bfloat16).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    exact = {n: p.detach().float() + 1e-4 for n, p in model.named_parameters()}
-    save_file(exact, str(folder / "masters.safetensors"))
+    exact = bf16_es_checkpoint(folder, tokenizer, make_tiny_model(hidden=32, layers=1))
     loaded, _ = load_model(str(folder), dtype="float32", device="cpu")
     assert any(not torch.equal(p, exact[n]) for n, p in loaded.named_parameters())  # the test can fail
     weights = make_weights(loaded, ESConfig(model=str(folder), dtype="float32", device="cpu"))

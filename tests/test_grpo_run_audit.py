@@ -692,14 +692,10 @@ def test_the_beta_reference_of_a_bf16_es_checkpoint_is_its_fp32_masters(tmp_path
     """beta > 0 after an ES stage of a bf16 model: TRL reloads the reference from the checkpoint's rounded model
     file, while the policy starts from the fp32 masters beside it; the reference must start there too, or the KL
     penalty would pull the policy towards the rounding from step 0."""
-    from safetensors.torch import save_file
+    from conftest import bf16_es_checkpoint
 
     folder = tmp_path / "es-checkpoint"
-    model = make_tiny_model()
-    model.to(torch.bfloat16).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    exact = {n: p.detach().float() + 1e-4 for n, p in model.named_parameters()}  # below bf16's spacing
-    save_file(exact, str(folder / "masters.safetensors"))
+    exact = bf16_es_checkpoint(folder, tokenizer, make_tiny_model())  # masters below bf16's spacing
     config = tiny_config(tmp_path / "run", model=str(folder), max_steps=1, eval_every=0, beta=0.04)
     trainer = train_grpo(config, task=ParityTask(), progress=False).trainer
     reference = dict(trainer.ref_model.named_parameters())

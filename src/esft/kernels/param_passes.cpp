@@ -16,6 +16,9 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
+#include <omp.h>
+
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -32,6 +35,30 @@ namespace {
 constexpr int64_t GRAIN = 1 << 15;
 // Outputs of at least this many bytes are written with streaming stores: beyond the caches anyway.
 constexpr int64_t STREAM_BYTES = 1 << 20;
+
+// at::parallel_for without its first-call reset of the thread's team size. Each extension holds its own copy of
+// ATen's inline lazy_init_num_threads, whose thread-local flag starts false in every thread: the first
+// at::parallel_for a thread ran here would set that thread's OpenMP team to torch's global thread count, undoing
+// the share an ES lane set for itself (LocalExecutor: torch.set_num_threads(share) on each lane's thread).
+// at::get_num_threads() is libtorch's own, so it returns the calling thread's setting. The chunks are
+// at::parallel_for's: min(threads, ceil(n / grain)) of equal size.
+template <class F>
+void parallel_range(int64_t n, int64_t grain, const F& body) {
+  const int64_t most = std::max<int64_t>(1, (n + grain - 1) / grain);
+  const int threads = static_cast<int>(std::min<int64_t>(at::get_num_threads(), most));
+  if (threads <= 1 || at::in_parallel_region()) {
+    body(0, n);
+    return;
+  }
+#pragma omp parallel num_threads(threads)
+  {
+    const int64_t k = omp_get_num_threads();
+    const int64_t chunk = (n + k - 1) / k;
+    const int64_t begin = std::min<int64_t>(n, omp_get_thread_num() * chunk);
+    const int64_t end = std::min<int64_t>(n, begin + chunk);
+    if (begin < end) body(begin, end);
+  }
+}
 
 inline uint16_t to_bf16(float x) {
   uint32_t bits;
@@ -111,10 +138,10 @@ void add_rounded(torch::Tensor master, torch::Tensor eps, double step, torch::Te
   const bool stream = n * out.element_size() >= STREAM_BYTES;
   if (bf16) {
     uint16_t* o = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
-    at::parallel_for(0, n, GRAIN, [&](int64_t b, int64_t en) { rounded_bf16(m, e, s, o, b, en, stream); });
+    parallel_range(n, GRAIN, [&](int64_t b, int64_t en) { rounded_bf16(m, e, s, o, b, en, stream); });
   } else {
     float* o = out.data_ptr<float>();
-    at::parallel_for(0, n, GRAIN, [&](int64_t b, int64_t en) { rounded_fp32(m, e, s, o, b, en, stream); });
+    parallel_range(n, GRAIN, [&](int64_t b, int64_t en) { rounded_fp32(m, e, s, o, b, en, stream); });
   }
 #if defined(__AVX512F__)
   if (stream) _mm_sfence();  // streaming stores are weakly ordered: visible before the caller reads `out`
@@ -151,7 +178,7 @@ void add_update(torch::Tensor master, std::vector<torch::Tensor> eps, std::vecto
     }
   }
   const int terms = static_cast<int>(e.size());
-  at::parallel_for(0, n, GRAIN, [&](int64_t b, int64_t en) {
+  parallel_range(n, GRAIN, [&](int64_t b, int64_t en) {
     // tiles of 1024: the tile of `acc` stays in L1 across the member terms
     constexpr int64_t TILE = 1024;
     for (int64_t t = b; t < en; t += TILE) {
