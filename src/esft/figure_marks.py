@@ -7,12 +7,14 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 
-def constant_line(ax: Any, value: float, ci95: Sequence[float] | None, label: str, scale: float = 1.0) -> None:
+def constant_line(ax: Any, value: float, ci95: Sequence[float] | None, label: str, scale: float = 1.0,
+                  color: str = "grey") -> None:
     """The constant-answer baseline `value` on `ax`, its interval `ci95` (None: none known) as a band, in the
-    axis' units (`scale` 100 for an axis in %), with `label` as its legend entry."""
+    axis' units (`scale` 100 for an axis in %), with `label` as its legend entry; `color` the task's where one
+    figure holds several tasks' baselines."""
     lo, hi = ci95 if ci95 is not None else (value, value)  # no interval: a band of no height, the line alone
-    ax.axhspan(scale * lo, scale * hi, color="grey", alpha=0.15, lw=0)
-    ax.axhline(scale * value, color="grey", ls=":", lw=1.5, label=label)
+    ax.axhspan(scale * lo, scale * hi, color=color, alpha=0.15, lw=0)
+    ax.axhline(scale * value, color=color, ls=":", lw=1.5, label=label)
 
 
 def interval_bars(ax: Any, xs: Sequence[float], values: Sequence[float], n: int, color: str,

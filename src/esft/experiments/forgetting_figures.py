@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from esft.experiments.records import Experiment, accuracy, checkpoint_evaluations, interval, table_slug, task_name
+from esft.figure_marks import constant_line
 from esft.passk_figure import FALLBACK_COLORS, save_figure
 
 
@@ -136,9 +137,7 @@ def _draw_curve(ax: Any, curve: TaskCurve, color: str) -> None:
                    s=24, zorder=3, clip_on=False)
     if curve.constant is not None:
         value, ci = curve.constant
-        if ci is not None:
-            ax.axhspan(ci[0], ci[1], color=color, alpha=0.08, lw=0)
-        ax.axhline(value, color=color, ls=":", lw=1.2, label=f"{task_name(curve.task)}: constant answer")
+        constant_line(ax, value, ci, f"{task_name(curve.task)}: constant answer", color=color)
 
 
 def write_forgetting_figures(exp: Experiment, folder: str | Path) -> list[Path]:
