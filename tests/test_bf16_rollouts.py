@@ -351,3 +351,32 @@ def test_a_bf16_run_on_a_cpu_that_emulates_bf16_is_warned_before_it_rolls_out(tm
     assert len(said) == warned and all("--rollout-dtype auto or float32" in m for m in said)
     # and the run's record keeps it, for whoever reads the run directory later
     assert trainer.run_info()["rollout_dtype_warning"] == (said[0] if warned else None)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_lean_bf16_path_samples_and_survives_a_diverged_member(tokenizer, temperature):
+    """Two paths of bf16 rollouts used to end the run: sampling (no lm_head screen: the full logits came from fp32
+    hidden states against the bf16 lm_head, a pair oneDNN refuses) and a greedy member whose weights went NaN (the
+    screen finds no finite candidate and falls back to those same full logits). Both now round the hidden states
+    to bf16 for that matmul, as the prompts' logits do."""
+    from esft.generation import GenerationConfig, generate, lean
+    from test_lean import PROMPTS, _tiny
+
+    if lean.packed_linear_reason(torch.bfloat16) or lean.fused_attention_reason(torch.bfloat16):
+        pytest.skip("no oneDNN bf16 packed linear or no compiled kernel here")
+    plain = dict(max_new_tokens=6, batch_size=3, temperature=temperature, seed=1)
+    cfg = GenerationConfig(**plain, **FAST)
+    model = _tiny("llama")
+    rounded = copy.deepcopy(model)
+    low = rollout_replica(model, torch.bfloat16)
+    with torch.no_grad():
+        for p, r, q in zip(model.parameters(), rounded.parameters(), low.parameters()):
+            q.copy_(p)
+            r.copy_(p.to(torch.bfloat16))
+    ours = generate(low, tokenizer, PROMPTS[:3], cfg)
+    ref = generate(rounded, tokenizer, PROMPTS[:3], GenerationConfig(**plain))
+    assert np.mean([a.completion_ids == b.completion_ids for a, b in zip(ours, ref)]) >= 2 / 3
+    with torch.no_grad():
+        low.model.layers[-1].mlp.down_proj.weight[0, :5] = float("nan")
+    diverged = generate(low, tokenizer, PROMPTS[:3], cfg)
+    assert [len(g.completion_ids) for g in diverged] == [6, 6, 6]

@@ -251,3 +251,24 @@ def test_low_precision_logits_are_sampled_in_float32():
     v = torch.tensor([0.2, 0.5, 0.9], dtype=torch.float64)
     assert torch.equal(sample_next(peaked, 0.8, 0.9, None, uniforms=v),
                        sample_next(peaked.float(), 0.8, 0.9, None, uniforms=v))
+
+
+def test_a_diverged_row_draws_its_greedy_token_and_leaves_the_others_alone():
+    """Logits with NaN or infinity (an ES member whose weights diverged): the draw used to land past the vocabulary
+    (the inverse CDF of NaN probabilities) or fail (`torch.multinomial`), ending the run in an IndexError. Such a
+    row now takes its argmax, the token greedy decoding picks, and every other row draws what it drew before."""
+    g = torch.Generator().manual_seed(5)
+    clean = torch.randn(4, 300, generator=g) * 3
+    logits = clean.clone()
+    logits[1, 7] = float("nan")
+    logits[2, 11] = float("inf")
+    u = torch.rand(4, generator=g, dtype=torch.float64)
+    for top_p in (1.0, 0.9):
+        for uniforms in (u, None):
+            gens = [torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)]
+            got = sample_next(logits, 0.8, top_p, gens[0], uniforms=uniforms)
+            want = sample_next(clean, 0.8, top_p, gens[1], uniforms=uniforms)
+            assert got[1] == logits[1].argmax() == 7 and got[2] == 11, (top_p, uniforms is None)
+            if uniforms is not None:  # per-row draws: the finite rows keep theirs
+                assert got[[0, 3]].tolist() == want[[0, 3]].tolist()
+            assert ((got >= 0) & (got < 300)).all()

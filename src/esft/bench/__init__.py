@@ -226,11 +226,12 @@ def _measure(config: BenchConfig, model, tokenizer, log) -> dict[str, Any]:
 def kernel_statuses() -> dict[str, str | None]:
     """What the bench really ran. Without the attention kernel (no compiler, a failed build) the lean engine drops
     fused_attention and the screened lm_head with a warning on stderr, while generation_overrides still asks for
-    them; without the masters' passes (esft.es.param_writes) the torch ops give the same bits, not the same time."""
+    them; without the masters' passes (esft.es.param_writes) the torch ops give the same bits, not the same time;
+    without the AMX linear (no AMX, a failed build) bf16 linears run on oneDNN."""
     from esft.kernels import kernel_status
 
     return {"decode_attention_kernel": kernel_status("decode_attention"),
-            "param_passes_kernel": kernel_status("param_passes")}
+            "param_passes_kernel": kernel_status("param_passes"), "amx_linear_kernel": kernel_status("amx_linear")}
 
 
 def _time_vllm(config: "BenchConfig", report: dict[str, Any], pures: dict[str, tuple[dict, dict]], dtype: str,

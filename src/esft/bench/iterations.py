@@ -29,13 +29,15 @@ def esft_iteration(model, tokenizer, work: Workload, population: int, noise: str
     gen = dataclasses.replace(gen, **gen_overrides)
     task = PseudoTask()
     if noise != "lowrank":
-        from esft.kernels import load_decode_attention, load_param_passes
+        from esft.kernels import load_amx_linear, load_decode_attention, load_param_passes
 
         # built here, on the calling thread, if they are not yet (as esft.es.build does): a Ctrl-C during a build
         # then stops it at once, where a lane thread's build would first run to its end
         load_param_passes()
         if gen.fused_attention:
             load_decode_attention()
+        if rollout_dtype == torch.bfloat16:
+            load_amx_linear()
     start = time.perf_counter()
     if noise == "lowrank":  # one batched generation for the whole population (through the HF forward's hooks)
         from esft.es.lowrank import LowRankExecutor, LowRankWeights

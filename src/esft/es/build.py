@@ -234,13 +234,15 @@ def make_local_executor(config: ESConfig, *, model: Any, tokenizer: Any, weights
         from esft.es.lowrank import LowRankExecutor
 
         return LowRankExecutor(model, tokenizer, weights, task, strategy, gen_config, generate_fn=generate_fn)
-    from esft.kernels import load_decode_attention, load_param_passes
+    from esft.kernels import load_amx_linear, load_decode_attention, load_param_passes
 
     # built here, on the main thread, if they are not yet: a Ctrl-C during a build then stops it at once, where a
     # lane thread's build would first run to its end
     load_param_passes()  # the perturbation's and update's passes (esft.es.param_writes)
     if gen_config is not None and gen_config.fused_attention:
         load_decode_attention()
+    if config.rollout_dtype == "bfloat16":
+        load_amx_linear()  # bf16 linears on AMX tiles where the CPU has them (esft.generation.packed)
     return LocalExecutor(model, tokenizer, weights, task, strategy, gen_config, generate_fn=generate_fn,
                          parallel_members=config.parallel_members,
                          rollout_dtype=torch.bfloat16 if config.rollout_dtype == "bfloat16" else None)

@@ -387,7 +387,7 @@ def _fused_step(lean: LeanModel, cache: KVCache, token: torch.Tensor, cos_rows: 
         logits = lean.screen.logits(h, K, suppress)
         if logits is not None:
             return logits
-    return lin(h, lean.lm_head, lean.lm_bias)
+    return lean.linear(h, lean.lm_head, lean.lm_bias)  # fp32 h: with bf16 weights rounded to bf16 for the matmul
 
 
 def decode_step(lean: LeanModel, cache: KVCache, token: torch.Tensor, position: torch.Tensor,

@@ -60,8 +60,36 @@ def screen_lm_head_reason(model, packed: bool, fused_attention: bool, delta=None
     return None
 
 
+def tile_layout(weight: torch.Tensor) -> torch.Tensor:
+    """A [N, K] weight (N and K multiples of 32) as the AMX linear reads it (esft/kernels/amx_linear.cpp, whose
+    `pack` writes the same in one pass):
+    [N/32, K/32, 16, 32, 2], block (n, k) holding rows 32n..32n+31 and columns 32k..32k+31 as 16 pairs of columns,
+    each pair's 32 rows side by side (element [n, k, p, r, j] = weight[32n + r, 32k + 2p + j])."""
+    n, k = weight.shape
+    return weight.detach().reshape(n // 32, 32, k // 32, 16, 2).permute(0, 2, 3, 1, 4).contiguous()
+
+
+def amx_linear_reason(weight: torch.Tensor) -> str | None:
+    """None when `pack_weight` packs `weight` for the AMX linear (a bf16 [N, K] weight, N and K multiples of 32,
+    on a CPU and build where the kernel runs), else why it takes oneDNN's layout instead."""
+    if weight.dtype != torch.bfloat16 or weight.dim() != 2:
+        return "the AMX linear takes 2-D bf16 weights"
+    if weight.shape[0] % 32 or weight.shape[1] % 32:
+        return f"a {tuple(weight.shape)} weight (the AMX linear needs both sides multiples of 32)"
+    from esft.kernels import build_error, load_amx_linear
+
+    if load_amx_linear() is None:
+        return f"the AMX linear is not available here ({build_error('amx_linear')})"
+    return None
+
+
 def pack_weight(weight: torch.Tensor, batch_hint: int) -> torch.Tensor:
-    """`weight` reordered once into oneDNN's blocked layout for about `batch_hint` rows per call (`packed_linear`)."""
+    """`weight` reordered once for `packed_linear`: bf16 weights for the AMX linear where it runs (`tile_layout`,
+    a plain 5-D tensor), everything else into oneDNN's blocked layout for about `batch_hint` rows per call."""
+    if amx_linear_reason(weight) is None:
+        from esft.kernels import load_amx_linear
+
+        return load_amx_linear().pack(weight.detach().contiguous())  # `tile_layout`, in one compiled pass
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), batch_hint)
 
 
@@ -125,8 +153,15 @@ def fill_released(*weights: torch.Tensor | None) -> None:
 
 
 def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """`F.linear` with a `pack_weight` weight: torch's own oneDNN linear (what inductor's CPU backend emits for
+    """`F.linear` with a `pack_weight` weight: the AMX linear for a `tile_layout` weight (bf16 x, bf16 out, the
+    bias added in fp32 before the rounding), else torch's own oneDNN linear (what inductor's CPU backend emits for
     frozen weights), so a small-batch call does not re-pack the weight as MKL's sgemm does each time."""
+    if packed.dim() == 5:
+        from esft.kernels import load_amx_linear
+
+        b = None if bias is None else bias.detach().to(torch.float32).contiguous()
+        out = load_amx_linear().linear(x.reshape(-1, x.shape[-1]).contiguous(), packed, b)
+        return out.view(*x.shape[:-1], out.shape[-1])
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
@@ -134,7 +169,7 @@ def packed_linear_bf16(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor
     """`packed_linear` with bf16 weights (bf16 rollouts, esft.generation.precision): the fp32 activations are
     rounded to bf16 for the matmul, which accumulates in fp32 (oneDNN), and the bf16 result comes back as fp32,
     so the residual stream, norms, attention and KV cache stay fp32."""
-    return torch.ops.mkldnn._linear_pointwise(x.to(torch.bfloat16), packed, bias, "none", [], "").to(torch.float32)
+    return packed_linear(x.to(torch.bfloat16), packed, bias).to(torch.float32)
 
 
 #: Rows per block in `row_norms`: 2048 x 576 widened to fp32 is 4.5 MB, a block that stays in L3 while it is reduced.
@@ -182,8 +217,7 @@ class LMHeadScreen:
             self.row_norms[start:start + block.shape[0]] = row_norms(block)
             if plain is not None:
                 plain[start:start + block.shape[0]] = block
-        self.packed_bf16 = packed_bf16 if plain is None else torch.ops.mkldnn._reorder_linear_weight(plain,
-                                                                                                      batch_hint)
+        self.packed_bf16 = packed_bf16 if plain is None else pack_weight(plain, batch_hint)
         k = vocab.shape[1]
         u = 2.0 ** -8
         gamma = k * 2.0 ** -24 / (1 - k * 2.0 ** -24)

@@ -58,22 +58,21 @@ def _best_time(fn: Callable[[], object], reps: int) -> float:
 
 @functools.lru_cache(maxsize=1)
 def probe_bf16_speedup(rows: int = 16, out: int = 1536, inner: int = 576, reps: int = 20) -> float | None:
-    """fp32 time / bf16 time of a decode-shaped oneDNN packed linear ([rows, inner] x [inner, out], the rollout's
+    """fp32 time / bf16 time of a decode-shaped packed linear ([rows, inner] x [inner, out], the rollout's
     kind of matmul) with the current thread setting; None where oneDNN's packed linear or bf16 is missing.
     ~20 ms, once per process."""
-    from esft.generation.packed import packed_linear_reason
+    from esft.generation.packed import pack_weight, packed_linear, packed_linear_reason
 
     if packed_linear_reason(torch.bfloat16) is not None:
         return None
-    ops = torch.ops.mkldnn
     gen = torch.Generator().manual_seed(0)
     w = torch.randn(out, inner, generator=gen)
     x = torch.randn(rows, inner, generator=gen)
     times = {}
     for dtype in (torch.float32, torch.bfloat16):
-        packed = ops._reorder_linear_weight(w.to(dtype), rows)
+        packed = pack_weight(w.to(dtype), rows)  # the rollouts' own path: the AMX linear for bf16 where it runs
         xd = x.to(dtype)
-        times[dtype] = _best_time(lambda: ops._linear_pointwise(xd, packed, None, "none", [], ""), reps)
+        times[dtype] = _best_time(lambda: packed_linear(xd, packed), reps)
     return times[torch.float32] / max(times[torch.bfloat16], 1e-12)
 
 

@@ -38,7 +38,7 @@ def sample_next(logits: torch.Tensor, temperature: float, top_p: float, generato
     `generator` through `torch.multinomial`, one after another."""
     if temperature <= 0:
         return logits.argmax(dim=-1)
-    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    probs = _finite_rows(torch.softmax(logits.float() / temperature, dim=-1), logits)
     if top_p >= 1.0:
         return _draw(probs, generator, uniforms)
     groups = _nucleus_groups(probs, top_p)
@@ -55,6 +55,20 @@ def sample_next(logits: torch.Tensor, temperature: float, top_p: float, generato
     for group in groups:
         token[group.rows] = group.token_at(probs, position[group.rows])
     return token
+
+
+def _finite_rows(probs: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """`probs` with each row that is not a distribution (NaN or infinite logits: an ES member whose weights
+    diverged) replaced by certainty on the greedy token, argmax of its logits, so that the row draws that token as
+    greedy decoding would pick it, where the draw would otherwise land past the vocabulary or fail. Other rows keep
+    their bits and their draws."""
+    bad = ~torch.isfinite(probs).all(dim=-1)
+    if bool(bad.any()):
+        probs = probs.clone()
+        rows = bad.nonzero().squeeze(-1)
+        probs[rows] = 0.0
+        probs[rows, logits[rows].argmax(dim=-1)] = 1.0
+    return probs
 
 
 @dataclass

@@ -1,12 +1,13 @@
 """Hand-written CPU kernels, compiled on first use with torch's own C++ extension builder.
 
-Only what no library does well lives here (see each source's header comment). Everything has a pure-torch path:
-`load_decode_attention()` and `load_param_passes()` return None, with the reason in `build_error(name)`, when the
-machine has no C++ compiler (and no finished build), when `ESFT_NO_KERNELS=1`, or when the build fails; callers then
+Only what no library does well lives here (see each source's header comment). Everything has a path without them:
+`load_decode_attention()`, `load_param_passes()` and `load_amx_linear()` return None, with the reason in
+`build_error(name)`, when the machine has no C++ compiler (and no finished build), when `ESFT_NO_KERNELS=1`, when
+the build fails, or (the AMX linear) when the CPU has no AMX; callers then
 use the torch ops. The build (~30-60 s, once per machine and source version) is cached under
 `TORCH_EXTENSIONS_DIR` (default ~/.cache/torch_extensions), in a folder of its own per CPU, source file and Python
 environment (`build_dir`); a build finished in a cache this process cannot write (a read-only mount) is imported as
-it is, when newer than its source. Two checkouts or two virtual environments on one machine each keep their build
+it is, when newer than its sources (the .cpp and kernel_common.h). Two checkouts or two virtual environments on one machine each keep their build
 instead of rebuilding in turn. A build killed outright leaves torch's lock file behind, on which every later build
 would wait forever: `build_lock` (an flock, which dies with its holder) tells such a lock from a live build's and
 removes it, or, without flock, `clear_stale_lock` by its age.
@@ -210,6 +211,9 @@ def _load(name: str):
         return module
 
 
+#: the header every kernel source includes: a build older than it is another version's
+COMMON_HEADER = "kernel_common.h"
+
 #: errno values of a folder this process cannot write
 _NOT_WRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM)
 
@@ -222,7 +226,7 @@ def _import_finished_build(folder: Path, module_name: str, source: Path):
 
     library = folder / f"{module_name}.so"
     try:
-        if library.stat().st_mtime < source.stat().st_mtime:
+        if library.stat().st_mtime < max(p.stat().st_mtime for p in (source, source.with_name(COMMON_HEADER))):
             return None
         spec = importlib.util.spec_from_file_location(module_name, library)
         module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
@@ -241,6 +245,43 @@ def load_param_passes():
     """The compiled `param_passes` module (ES's perturbation and update passes over the masters), or None (then
     `build_error("param_passes")` says why)."""
     return _load("param_passes")
+
+
+#: the CPU flags (/proc/cpuinfo) the AMX linear needs
+AMX_FLAGS = ("amx_tile", "amx_bf16", "avx512f")
+
+
+def cpu_flags(cpuinfo: str | os.PathLike = "/proc/cpuinfo") -> frozenset[str]:
+    """This CPU's instruction-set flags as Linux lists them (empty where they cannot be read)."""
+    try:
+        with open(cpuinfo) as f:
+            line = next((line for line in f if line.startswith(("flags", "Features"))), "")
+    except OSError:
+        return frozenset()
+    return frozenset(line.partition(":")[2].split())
+
+
+def amx_missing(flags: frozenset[str]) -> str | None:
+    """Why the AMX linear cannot run on a CPU with these flags (None when it can), said before any build."""
+    missing = [f for f in AMX_FLAGS if f not in flags]
+    return f"this CPU has no {'/'.join(missing)}" if missing else None
+
+
+def load_amx_linear():
+    """The compiled `amx_linear` module (bf16 linears on AMX tiles, esft.generation.packed), or None (then
+    `build_error("amx_linear")` says why: a CPU without AMX is told so before anything is built, and a build whose
+    process Linux does not let use the tiles counts as unavailable)."""
+    with _LOCK:
+        if "amx_linear" not in _CACHE and "amx_linear" not in _ERRORS:
+            if (why := amx_missing(cpu_flags())) is not None:
+                _ERRORS["amx_linear"] = why
+    module = _load("amx_linear")
+    if module is None or module.available():
+        return module
+    with _LOCK:
+        _CACHE.pop("amx_linear", None)
+        _ERRORS["amx_linear"] = "Linux did not grant this process the AMX tile state (arch_prctl ARCH_REQ_XCOMP_PERM)"
+    return None
 
 
 def build_error(name: str = "decode_attention") -> str | None:

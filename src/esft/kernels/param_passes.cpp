@@ -14,67 +14,24 @@
 // written out below rather than the CPU's bf16 conversion instruction, which flushes subnormals to zero). The
 // update: acc = 0, acc = fma(e_k, c_k, acc) for k in order, acc *= scale, master += acc.
 #include <torch/extension.h>
-#include <ATen/Parallel.h>
 
-#include <omp.h>
-
-#include <algorithm>
-#include <cmath>
-#include <cstdint>
-#include <cstring>
 #include <vector>
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
+#include "kernel_common.h"
 
 namespace {
+
+using esft_kernels::parallel_range;
+using esft_kernels::to_bf16;
+#if defined(__AVX512F__)
+using esft_kernels::bf16_bits;
+#endif
 
 // Elements per thread task: large enough that the OpenMP fork costs nothing, small enough to split one layer
 // between two threads.
 constexpr int64_t GRAIN = 1 << 15;
 // Outputs of at least this many bytes are written with streaming stores: beyond the caches anyway.
 constexpr int64_t STREAM_BYTES = 1 << 20;
-
-// at::parallel_for without its first-call reset of the thread's team size. Each extension holds its own copy of
-// ATen's inline lazy_init_num_threads, whose thread-local flag starts false in every thread: the first
-// at::parallel_for a thread ran here would set that thread's OpenMP team to torch's global thread count, undoing
-// the share an ES lane set for itself (LocalExecutor: torch.set_num_threads(share) on each lane's thread).
-// at::get_num_threads() is libtorch's own, so it returns the calling thread's setting. The chunks are
-// at::parallel_for's: min(threads, ceil(n / grain)) of equal size.
-template <class F>
-void parallel_range(int64_t n, int64_t grain, const F& body) {
-  const int64_t most = std::max<int64_t>(1, (n + grain - 1) / grain);
-  const int threads = static_cast<int>(std::min<int64_t>(at::get_num_threads(), most));
-  if (threads <= 1 || at::in_parallel_region()) {
-    body(0, n);
-    return;
-  }
-#pragma omp parallel num_threads(threads)
-  {
-    const int64_t k = omp_get_num_threads();
-    const int64_t chunk = (n + k - 1) / k;
-    const int64_t begin = std::min<int64_t>(n, omp_get_thread_num() * chunk);
-    const int64_t end = std::min<int64_t>(n, begin + chunk);
-    if (begin < end) body(begin, end);
-  }
-}
-
-inline uint16_t to_bf16(float x) {
-  uint32_t bits;
-  std::memcpy(&bits, &x, 4);
-  return std::isnan(x) ? uint16_t(0xFFFF) : uint16_t((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
-}
-
-#if defined(__AVX512F__)
-// 16 floats -> 16 bf16 (as 32-bit lanes holding the 16-bit results), to_bf16's rule.
-inline __m512i bf16_bits(__m512 x) {
-  const __m512i b = _mm512_castps_si512(x);
-  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
-  const __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(b, _mm512_set1_epi32(0x7FFF)), lsb), 16);
-  return _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), _mm512_set1_epi32(0xFFFF));
-}
-#endif
 
 void rounded_bf16(const float* m, const float* e, float s, uint16_t* o, int64_t begin, int64_t end, bool stream) {
   int64_t i = begin;
