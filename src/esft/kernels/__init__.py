@@ -7,8 +7,8 @@ the build fails, or (the AMX linear) when the CPU has no AMX; callers then
 use the torch ops. The build (~30-60 s, once per machine and source version) is cached under
 `TORCH_EXTENSIONS_DIR` (default ~/.cache/torch_extensions), in a folder of its own per CPU, source file and Python
 environment (`build_dir`); a build finished in a cache this process cannot write (a read-only mount) is imported
-as it is, when newer than its sources (the .cpp and kernel_common.h). Two checkouts or two virtual environments on one machine each keep their build
-instead of rebuilding in turn. A build killed outright leaves torch's lock file behind, on which every later build
+as it is, when newer than its sources (the .cpp and kernel_common.h). Two checkouts or two virtual environments on
+one machine each keep their build instead of rebuilding in turn. A build killed outright leaves torch's lock file behind, on which every later build
 would wait forever: `build_lock` (an flock, which dies with its holder) tells such a lock from a live build's and
 removes it, or, without flock, `clear_stale_lock` by its age.
 """
