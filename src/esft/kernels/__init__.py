@@ -8,9 +8,9 @@ use the torch ops. The build (~30-60 s, once per machine and source version) is 
 `TORCH_EXTENSIONS_DIR` (default ~/.cache/torch_extensions), in a folder of its own per CPU, source file and Python
 environment (`build_dir`); a build finished in a cache this process cannot write (a read-only mount) is imported
 as it is, when newer than its sources (the .cpp and kernel_common.h). Two checkouts or two virtual environments on
-one machine each keep their build instead of rebuilding in turn. A build killed outright leaves torch's lock file behind, on which every later build
-would wait forever: `build_lock` (an flock, which dies with its holder) tells such a lock from a live build's and
-removes it, or, without flock, `clear_stale_lock` by its age.
+one machine each keep their build instead of rebuilding in turn. A build killed outright leaves torch's lock file
+behind, on which every later build would wait forever: `build_lock` (an flock, which dies with its holder) tells
+such a lock from a live build's and removes it, or, without flock, `clear_stale_lock` by its age.
 """
 
 from __future__ import annotations
