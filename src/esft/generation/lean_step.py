@@ -143,8 +143,8 @@ def fused_attention_reason(dtype: torch.dtype) -> str | None:
 
 
 class _Handles:
-    """The weights handed to `LeanModel.linear`: the parameters themselves or, packed, their oneDNN-reordered
-    copies; `names` maps each handle's id to its parameter's name (what a low-rank delta is keyed by)."""
+    """The weights handed to `LeanModel.linear`: the parameters themselves or, packed, their reordered copies
+    (`pack_weight`); `names` maps each handle's id to its parameter's name (what a low-rank delta is keyed by)."""
 
     def __init__(self, model, packed: bool, batch_hint: int):
         self.param_names = {id(p): name for name, p in model.named_parameters()}
@@ -166,8 +166,8 @@ class LeanModel:
     """Weight references (not copies: ES perturbs parameters in place) plus the few constants of one model.
 
     Built per `generate` call, so it always sees the current parameter tensors. `packed=True` instead holds
-    oneDNN-reordered copies of the projection and lm_head weights (built here: ~0.2 s and one weight copy for
-    the 135M model) and runs the decode matmuls through oneDNN: at batch 32 on this CPU they reach ~150-180
+    reordered copies of the projection and lm_head weights (`pack_weight`; built here: ~0.2 s and one weight copy
+    for the 135M model) and runs the decode matmuls through oneDNN (bf16 weights on AMX: esft's AMX linear): at batch 32 on this CPU they reach ~150-180
     GFLOP/s instead of MKL's ~100, but sum in another order, so logits differ from `F.linear`'s by ~1e-6
     relative (GenerationConfig.packed_linear, opt-in like share_prefix). `batch_hint` is the expected rows.
     With `screen_lm_head` on fp32 weights the lm_head is not held packed: the screen computes the decode steps'

@@ -1,4 +1,5 @@
-"""Packed linears (oneDNN, weights reordered once per call) and greedy decoding's bf16-screened lm_head.
+"""Packed linears (weights reordered once per call: oneDNN's layout, or for bf16 weights on CPUs with AMX the
+tile layout of esft's AMX linear) and greedy decoding's bf16-screened lm_head.
 
 Both are opt-in (GenerationConfig.packed_linear / screened_lm_head, in esft.config.FAST_CPU_GENERATION) and
 not bit-exact: oneDNN sums in another order than `F.linear`, so logits differ by ~1e-6 relative. The `*_reason`

@@ -1,11 +1,13 @@
 // bf16 linears on Intel AMX tiles for the lean engine's packed weights (esft.generation.packed): out = x W^T with
 // x [M, K] and out [M, N] in bf16, W packed once by `tile_layout` into [N/32][K/32][16][32][2] blocks.
 //
-// Why by hand: oneDNN's AMX matmul (torch.ops.mkldnn._linear_pointwise), which the engine used before, streams a
-// decode step's weights at ~4 GB/s on one core of a 2-core Sapphire Rapids VM where the core reads ~8.5 GB/s, and
-// reaches ~240 GFLOP/s on them when they sit in cache. This loop reads each 2 KB block of W once, with a software
-// prefetch two blocks ahead, and multiplies it into both 16-row halves of a 32-row block of x: ~6.5 GB/s on the
-// same weights, and faster than oneDNN at prefill shapes too (docs/performance.md, "bf16 linears on AMX tiles").
+// Why by hand: oneDNN's AMX matmul (torch.ops.mkldnn._linear_pointwise), which the engine used before, read a
+// decode step's bf16 weights (212 MB for SmolLM2-135M, beyond the caches) at 7.1-8.6 GB/s on one core of a 2-core
+// Sapphire Rapids VM, for 16-32 rows. This loop reads each 2 KB block of W once, with a software prefetch two
+// blocks ahead, and multiplies it into both 16-row halves of a 32-row block of x: 8.5-10.6 GB/s on the same
+// weights, and 1.2-1.9x oneDNN's rate at 32 rows on a weight that sits in the cache (docs/performance.md, "bf16
+// linears on AMX tiles"). At prefill row counts (hundreds of rows) oneDNN's blocking is faster (a lever left); the
+// engine keeps one packed copy, in this layout, for the prompt and the decode steps.
 //
 // Layout: block (n, k) holds W[32n : 32n+32, 32k : 32k+32] as 16 rows of k pairs, each row 32 output columns of
 // two bf16 each: AMX's B-tile (VNNI) order, two 16-column tiles side by side with a 128-byte row stride.
@@ -95,8 +97,10 @@ void column_blocks(const uint16_t* x, const uint16_t* w, const float* bias, uint
         const uint16_t* xa = x + mb * K;
         for (int64_t kb = 0; kb < KB; ++kb) {
           const uint16_t* b = wb + kb * 1024;
-          const char* ahead = reinterpret_cast<const char*>(b) + PREFETCH_BLOCKS * 2048;
-          for (int line = 0; line < 2048; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
+          if (mb == mo) {  // W's blocks come from memory once per row block, then from the cache
+            const char* ahead = reinterpret_cast<const char*>(b) + PREFETCH_BLOCKS * 2048;
+            for (int line = 0; line < 2048; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
+          }
           _tile_loadd(6, b, 128);
           _tile_loadd(7, b + 32, 128);
           _tile_loadd(4, xa + kb * 32, K * 2);
