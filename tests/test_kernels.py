@@ -556,3 +556,47 @@ def test_a_finished_build_in_a_read_only_cache_is_used_and_a_stale_one_is_not(ex
     monkeypatch.setattr(kernels, "_ERRORS", {})
     assert kernels.load_decode_attention() is None
     assert "Read-only file system" in kernels.build_error() and "TORCH_EXTENSIONS_DIR" in kernels.build_error()
+
+
+def test_a_lanes_thread_share_survives_the_glue_and_attention_kernels(ext):
+    """An ES lane is a thread that sets its own torch thread count (LocalExecutor), and lanes may get unequal shares.
+    ATen's at::parallel_for, compiled into an extension, sets a thread's OpenMP team to torch's global count (the
+    last count any thread set) on its first call in that thread, undoing the lane's share; the kernels split their
+    loops with esft_kernels::parallel_range instead."""
+    import threading
+
+    before = torch.get_num_threads()
+    seen = []
+
+    def lane(which, share_set, global_set):
+        torch.get_num_threads()  # a new thread's first ATen call sets its team from the global count (as a lane does)
+        torch.set_num_threads(1)  # then this lane's share
+        share_set.set()
+        global_set.wait(30)  # another lane has set its own share since
+        if which == "silu_mul":
+            ext.silu_mul(torch.randn(64, 256))
+        elif which == "attention":
+            rows, kv, g, hd, cap = 4, 2, 2, 16, 64
+            q, k, v = torch.randn(rows, kv * g, hd), torch.randn(rows, kv, hd), torch.randn(rows, kv, hd)
+            cos, sin = torch.ones(rows, hd), torch.zeros(rows, hd)
+            k_cache = torch.zeros(rows, kv, cap // ext.KEY_TILE, hd, ext.KEY_TILE)
+            v_cache = torch.zeros(rows, kv, cap, hd)
+            mask = torch.ones(rows, cap, dtype=torch.bool)
+            ext.decode_attention(q, k, v, cos, sin, k_cache, v_cache, mask, 0, hd ** -0.5, False)
+        else:
+            approx = torch.randn(8, 512).to(torch.bfloat16)
+            ext.screen_candidates(approx, torch.rand(8) + 1, torch.rand(512) + 1, 1e-3, 1e-2)
+        seen.append((which, torch.get_num_threads()))
+
+    try:
+        for which in ("silu_mul", "attention", "screen"):
+            share_set, global_set = threading.Event(), threading.Event()
+            worker = threading.Thread(target=lane, args=(which, share_set, global_set))
+            worker.start()
+            share_set.wait(30)
+            torch.set_num_threads(2)
+            global_set.set()
+            worker.join()
+    finally:
+        torch.set_num_threads(before)
+    assert seen == [("silu_mul", 1), ("attention", 1), ("screen", 1)]

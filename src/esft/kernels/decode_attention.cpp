@@ -19,13 +19,12 @@
 // new key and value are rounded to bf16 (nearest even, as torch rounds) when appended and widened back to fp32
 // when read; everything else is the fp32 arithmetic above.
 #include <torch/extension.h>
-#include <ATen/Parallel.h>
 
-#include <cmath>
-#include <cstdint>
-#include <cstring>
 #include <limits>
+#include <mutex>
 #include <vector>
+
+#include "kernel_common.h"
 
 namespace {
 
@@ -301,7 +300,7 @@ torch::Tensor decode_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v
   void* op = out.data_ptr();
   const float sc = static_cast<float>(scale);
   const int64_t q_row = q.stride(0), k_row = k.stride(0), v_row = v.stride(0);
-  at::parallel_for(0, n * KV, 1, [&](int64_t begin, int64_t end) {
+  esft_kernels::parallel_range(n * KV, 1, [&](int64_t begin, int64_t end) {
     switch (G) {
 #define ESFT_CASE(g)                                                                                          \
   case g:                                                                                                     \
@@ -425,7 +424,7 @@ torch::Tensor silu_mul(torch::Tensor gu) {
   TORCH_CHECK(gu.size(1) == 2 * I, "silu_mul: odd width");
   auto out = torch::empty({n, I}, gu.options());
   const bool low = gu.scalar_type() == torch::kBFloat16;
-  at::parallel_for(0, n, 4, [&](int64_t begin, int64_t end) {  // the exp makes this one worth two threads
+  esft_kernels::parallel_range(n, 4, [&](int64_t begin, int64_t end) {  // the exp makes this one worth two threads
     for (int64_t r = begin; r < end; ++r) {
       if (low) {
         const uint16_t* g = reinterpret_cast<const uint16_t*>(gu.data_ptr<at::BFloat16>()) + r * 2 * I;
@@ -459,9 +458,11 @@ std::tuple<torch::Tensor, torch::Tensor> screen_candidates(torch::Tensor approx,
   const float* wn = wnorm.data_ptr<float>();
   const float cp = static_cast<float>(c_prod), co = static_cast<float>(c_out);
   std::vector<float> floor(n);
-  std::vector<std::vector<float>> hit(at::get_num_threads(), std::vector<float>(V, 0.f));
-  at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) {
-    float* mark = hit[at::get_thread_num()].data();
+  std::vector<uint8_t> hit(V, 0);  // tokens some row cannot rule out, merged from each thread's marks
+  std::mutex merge;
+  esft_kernels::parallel_range(n, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> marks(V, 0.f);
+    float* mark = marks.data();
     for (int64_t r = begin; r < end; ++r) {
       const uint16_t* ar = a + r * V;
       const float hr = hn[r] * cp;
@@ -486,12 +487,12 @@ std::tuple<torch::Tensor, torch::Tensor> screen_candidates(torch::Tensor approx,
         mark[v] = x + e >= best ? 1.f : mark[v];
       }
     }
+    const std::lock_guard<std::mutex> hold(merge);
+    for (int64_t v = 0; v < V; ++v) hit[v] |= mark[v] != 0.f;
   });
   std::vector<int64_t> cols;
   for (int64_t v = 0; v < V; ++v) {
-    bool any = false;
-    for (const auto& m : hit) any |= m[v] != 0.f;
-    if (any) cols.push_back(v);
+    if (hit[v]) cols.push_back(v);
   }
   const int64_t c = static_cast<int64_t>(cols.size());
   auto cols_t = torch::empty({c}, torch::kInt64);
