@@ -169,9 +169,9 @@ class LeanModel:
     reordered copies of the projection and lm_head weights (`pack_weight`; built here: ~0.2 s and one weight copy
     for the 135M model) and runs the decode matmuls through oneDNN (bf16 weights on AMX: esft's AMX linear): at
     batch 32 on this CPU they reach ~150-180 GFLOP/s instead of MKL's ~100, but sum in another order, so logits
-    differ from `F.linear`'s by ~1e-6 relative (GenerationConfig.packed_linear, opt-in like share_prefix). `batch_hint` is the expected rows.
-    With `screen_lm_head` on fp32 weights the lm_head is not held packed: the screen computes the decode steps'
-    logits, and the prefill's come from `head_logits`, slice by slice.
+    differ from `F.linear`'s by ~1e-6 relative (GenerationConfig.packed_linear, opt-in like share_prefix).
+    `batch_hint` is the expected rows. With `screen_lm_head` on fp32 weights the lm_head is not held packed: the
+    screen computes the decode steps' logits, and the prefill's come from `head_logits`, slice by slice.
     """
 
     def __init__(self, model, packed: bool = False, batch_hint: int = 32, fused_attention: bool = False,
