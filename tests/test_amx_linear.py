@@ -254,3 +254,13 @@ def test_other_threads_run_while_it_multiplies(amx):
         torch.set_num_threads(threads)
     gaps = [b - a for a, b in zip(stamps, stamps[1:])]
     assert max(gaps) < took / 2, (max(gaps), took)
+
+
+def test_packed_linear_takes_any_leading_shape_and_strides(amx):
+    w = torch.randn(64, 96).to(torch.bfloat16)
+    handle = pack_weight(w, 8)
+    x = torch.randn(3, 5, 96).to(torch.bfloat16)
+    flat = packed_linear(x.reshape(15, 96), handle)
+    assert torch.equal(packed_linear(x, handle), flat.view(3, 5, 64))
+    strided = torch.randn(15, 192).to(torch.bfloat16)[:, ::2]  # every other column: not contiguous
+    assert torch.equal(packed_linear(strided, handle), packed_linear(strided.contiguous(), handle))
