@@ -33,7 +33,9 @@ def _cpuinfo(monkeypatch, text: str | None) -> None:
             raise FileNotFoundError(path)
         return io.StringIO(text)
 
-    monkeypatch.setattr(precision, "open", fake_open, raising=False)
+    from esft import kernels
+
+    monkeypatch.setattr(kernels, "open", fake_open, raising=False)  # the one reader of /proc/cpuinfo
 
 
 def test_cpu_flags_are_read_from_the_x86_flags_or_the_arm_features_line(monkeypatch):

@@ -28,16 +28,11 @@ MIN_PROBE_SPEEDUP = 1.2
 
 
 def cpu_flags() -> list[str]:
-    """This CPU's feature flags (Linux /proc/cpuinfo 'flags' or 'Features'); empty elsewhere."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                if key.strip() in ("flags", "Features"):
-                    return value.split()
-    except OSError:
-        pass
-    return []
+    """This CPU's feature flags (Linux /proc/cpuinfo 'flags' or 'Features'); empty elsewhere (esft.kernels reads
+    them)."""
+    from esft import kernels
+
+    return kernels.cpu_flags()
 
 
 def native_bf16_flags(flags: Iterable[str]) -> list[str]:

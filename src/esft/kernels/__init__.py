@@ -23,7 +23,7 @@ import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Iterable, Iterator
 
 _LOCK = threading.Lock()
 _CACHE: dict[str, object] = {}
@@ -251,18 +251,23 @@ def load_param_passes():
 AMX_FLAGS = ("amx_tile", "amx_bf16", "avx512f")
 
 
-def cpu_flags(cpuinfo: str | os.PathLike = "/proc/cpuinfo") -> frozenset[str]:
-    """This CPU's instruction-set flags as Linux lists them (empty where they cannot be read)."""
+def cpu_flags(cpuinfo: str | os.PathLike = "/proc/cpuinfo") -> list[str]:
+    """This CPU's feature flags, in the order Linux lists them on the first 'flags' (x86) or 'Features' (Arm) line
+    of /proc/cpuinfo; empty where there is none (macOS, Windows). The one reader (esft.generation.precision too)."""
     try:
         with open(cpuinfo) as f:
-            line = next((line for line in f if line.startswith(("flags", "Features"))), "")
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() in ("flags", "Features"):
+                    return value.split()
     except OSError:
-        return frozenset()
-    return frozenset(line.partition(":")[2].split())
+        pass
+    return []
 
 
-def amx_missing(flags: frozenset[str]) -> str | None:
+def amx_missing(flags: Iterable[str]) -> str | None:
     """Why the AMX linear cannot run on a CPU with these flags (None when it can), said before any build."""
+    flags = set(flags)
     missing = [f for f in AMX_FLAGS if f not in flags]
     return f"this CPU has no {'/'.join(missing)}" if missing else None
 
