@@ -249,6 +249,61 @@ def test_bf16_glue_is_the_fp32_glue_rounded_once(ext):
     assert out.dtype == torch.bfloat16 and torch.equal(out, ext.silu_mul(gu.float()).to(torch.bfloat16))
 
 
+@pytest.mark.parametrize("heads, kv, hd, rows", [(9, 3, 64, 130), (4, 4, 32, 7), (6, 2, 16, 1), (2, 1, 128, 65)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rotary_qkv_is_the_torch_rotation_bit_for_bit(ext, heads, kv, hd, rows, dtype):
+    """The lean prefill's rotary: q and k of a fused q|k|v projection (fp32, or a bf16 matmul's output widened
+    exactly) rotated as `x * cos + rotate_half(x) * sin`, v widened, each row with its own position's cos / sin;
+    non-finite values pass through as the torch ops pass them."""
+    g = torch.Generator().manual_seed(5)
+    qkv = (torch.randn(rows, (heads + 2 * kv) * hd, generator=g) * 4).to(dtype)
+    qkv[0, :3] = torch.tensor([float("nan"), float("inf"), -float("inf")]).to(dtype)
+    qkv[-1, heads * hd + 1] = float("inf")  # in a key
+    cos, sin = torch.randn(rows, hd, generator=g), torch.randn(rows, hd, generator=g)
+    x = qkv.to(torch.float32)
+    q_end, k_end = heads * hd, (heads + kv) * hd
+
+    def rotated(y, n):
+        y = y.view(rows, n, hd)
+        return ((y * cos[:, None]) + (_rotate_half(y) * sin[:, None])).reshape(rows, n * hd)
+
+    q, k, v = ext.rotary_qkv(qkv, cos, sin, heads, kv)
+    assert q.is_contiguous() and k.is_contiguous() and v.is_contiguous()
+    assert _same_bits(q, rotated(x[:, :q_end], heads))
+    assert _same_bits(k, rotated(x[:, q_end:k_end], kv))
+    assert _same_bits(v, x[:, k_end:].contiguous())
+
+
+def test_rotary_qkv_refuses_bad_input(ext):
+    qkv, cs = torch.randn(5, 5 * 16), torch.randn(5, 16)
+    for args, match in [((qkv, cs, cs, 3, 2), "width"), ((qkv[:, :65].contiguous(), cs[:, :13], cs[:, :13], 3, 1), "even"),
+                        ((qkv, cs[:4], cs, 3, 1), "cos and sin"), ((qkv.double(), cs, cs, 3, 1), "fp32 or bf16"),
+                        ((qkv, cs.double(), cs, 3, 1), "fp32")]:
+        with pytest.raises(RuntimeError, match=match):
+            ext.rotary_qkv(*args)
+
+
+def test_norms_of_many_rows_split_between_threads_give_the_one_thread_bits(ext):
+    """The prefill's norms run rows on several threads: each row's bits are those of one thread, and of the row
+    normed alone."""
+    g = torch.Generator().manual_seed(6)
+    x, w = torch.randn(333, 576, generator=g) * 3, torch.randn(576, generator=g)
+    d = torch.randn(333, 576, generator=g).to(torch.bfloat16)
+    before = torch.get_num_threads()
+    results = []
+    try:
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            x2 = x.clone()
+            results.append((ext.rms_norm(x, w, 1e-5, True), ext.add_rms_norm(x2, d, w, 1e-5), x2))
+    finally:
+        torch.set_num_threads(before)
+    for other in results[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(results[0], other))
+    alone = torch.cat([ext.rms_norm(x[r:r + 1], w, 1e-5, True) for r in range(x.shape[0])])
+    assert torch.equal(results[0][0], alone)
+
+
 def _bf16_logits(h, w):
     return F.linear(h.bfloat16(), w.bfloat16())
 

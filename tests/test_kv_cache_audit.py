@@ -70,6 +70,20 @@ def test_keep_moves_the_kept_rows_to_the_front(tile):
 
 
 @pytest.mark.parametrize("tile", [None, 4])
+@pytest.mark.parametrize("index", [[0, 1, 3], [0, 1, 2, 3], [1, 2, 3], [0, 2], [2]])
+def test_keep_copies_only_from_the_first_dropped_row_on_and_keeps_every_row(tile, index):
+    """Rows before the first dropped one are already in place (the copy starts there); every kept row, moved or
+    not, ends up where `index` puts it, with its keys, values and mask."""
+    cache, keys = _filled(tile)
+    cache.keep(torch.tensor(index))
+    assert cache.rows == len(index)
+    for i in range(2):
+        assert torch.equal(cache.keys(i), keys[index] + 1000 * i)
+        assert torch.equal(cache.v[i][:len(index), :, :5], -keys[index] - 1000 * i)
+    assert cache.mask[:len(index), :5].tolist() == [[c >= r for c in range(5)] for r in index]
+
+
+@pytest.mark.parametrize("tile", [None, 4])
 def test_zero_makes_the_columns_finite(tile):
     """Gap columns are masked, but masked attention multiplies them by 0, and 0 * NaN is NaN: zero() clears
     whatever the uninitialised buffers held (here NaN) in every row."""

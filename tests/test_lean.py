@@ -302,6 +302,62 @@ def test_real_model_greedy_equals_hf_generate(tokenizer):
     assert [g.completion_ids for g in fast] == [g.completion_ids for g in ref]
 
 
+class _TorchRotary:
+    """The compiled glue with the prefill's rotary (`rotary_qkv`) replaced by the torch ops it stands for: q and k
+    rotated as strided views of the widened projection, v a view of it (the layout the prefill had before)."""
+
+    def __init__(self, ext):
+        self._ext = ext
+
+    def __getattr__(self, name):
+        return getattr(self._ext, name)
+
+    def rotary_qkv(self, qkv, cos, sin, heads, kv):
+        x, hd = qkv.to(torch.float32), cos.shape[1]
+        q_end, k_end = heads * hd, (heads + kv) * hd
+
+        def rotated(y, n):
+            y = y.view(-1, n, hd)
+            return ((y * cos[:, None]) + (lean.rotate_half(y) * sin[:, None])).view(-1, n * hd)
+
+        return rotated(x[:, :q_end], heads), rotated(x[:, q_end:k_end], kv), x[:, k_end:]
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_prefill_rotary_kernel_gives_the_torch_ops_bits(tokenizer, kind, dtype):
+    """The lean prefill's compiled rotary (one pass from the q|k|v projection to rotated fp32 q, k and v) changes
+    no bit of its hidden states or K/V against the torch ops, with left padding and with a shared prefix."""
+    from esft.generation import encode_prompts, left_pad
+
+    options = _fast_kernels()
+    if not (options.get("packed_linear") and options.get("fused_attention")):
+        pytest.skip("the lean prefill needs both fast kernels")
+    if dtype == torch.bfloat16 and lean.packed_linear_reason(dtype) is not None:
+        pytest.skip(lean.packed_linear_reason(dtype))
+    model = _tiny(kind).to(dtype)
+    ids, mask = left_pad(encode_prompts(tokenizer, PROMPTS), 2, "cpu")
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.inference_mode():
+        lm = lean.LeanModel(model, packed=True, fused_attention=True)
+        assert lm.fused_projections and lm.low_precision == (dtype == torch.bfloat16)
+        prefill, compiled = lean._lean_prefill(lm), lm.fused
+        # a prefix already in the cache (share_prefix): the suffix's positions start after it
+        pre = torch.tensor([[11, 12, 13]])
+        _, pre_cache = _prefill(model, pre, torch.ones_like(pre), torch.arange(3)[None])
+        prefixed = prefix_caches(model, pre_cache, ids.shape[0])
+        full_mask = torch.cat([mask.new_ones((ids.shape[0], 3)), mask], dim=1)
+        outs = []
+        for glue, cache in zip((compiled, _TorchRotary(compiled)), prefixed):
+            lm.fused = glue
+            outs.append((prefill(model, ids, mask, pos), prefill(model, ids, full_mask, pos + 3, cache)))
+        lm.fused = compiled
+    for (h_kernel, c_kernel), (h_torch, c_torch) in zip(*outs):
+        assert torch.equal(h_kernel, h_torch)
+        for a, b in zip(c_kernel.layers, c_torch.layers):
+            assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+
+
 def _fast_kernels() -> dict:
     """The opt-in CPU kernels this machine can run (packed oneDNN linears, the compiled attention kernel)."""
     options = {}

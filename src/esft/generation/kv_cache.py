@@ -108,12 +108,16 @@ class KVCache:
         self.mask = mask
 
     def keep(self, index: torch.Tensor) -> None:
-        """Keep only rows `index` (ascending), moved to the front; only the used columns are copied."""
+        """Keep only rows `index` (ascending), moved to the front; only the used columns of the rows that move are
+        copied (those before the first dropped row stay where they are)."""
         n, used = int(index.numel()), self.length
+        moved = (index != torch.arange(n, device=index.device)).nonzero()
+        first = int(moved[0, 0]) if moved.numel() else n
+        index = index[first:]
         span = self._key_span(used)
         for buf in self.k:
-            buf[:n, :, :span] = buf[index, :, :span]
+            buf[first:n, :, :span] = buf[index, :, :span]
         for buf in self.v:
-            buf[:n, :, :used] = buf[index, :, :used]
-        self.mask[:n, :used] = self.mask[index, :used]
+            buf[first:n, :, :used] = buf[index, :, :used]
+        self.mask[first:n, :used] = self.mask[index, :used]
         self.rows = n

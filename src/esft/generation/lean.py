@@ -104,8 +104,7 @@ def _lean_prefill(lean: LeanModel) -> Callable:
     are never read (its key column stays masked for every real query and in decoding)."""
     from transformers import DynamicCache
 
-    heads, kv, hd = lean.n_heads, lean.n_kv, lean.head_dim
-    q_end, k_end = heads * hd, (heads + kv) * hd
+    q_end, hd = lean.n_heads * lean.head_dim, lean.head_dim
     K, lin, layers = lean.fused, lean.layer_linear, lean.layers
     low = lean.low_precision  # bf16 matmul inputs and outputs (LeanModel.layer_linear); attention in fp32
 
@@ -115,7 +114,7 @@ def _lean_prefill(lean: LeanModel) -> Callable:
         past = attention_mask.shape[1] - t
         x = lean.vocab.embed(input_ids).reshape(b * t, -1).to(torch.float32)
         cos, sin = lean.rotary(x, position_ids=position_ids)  # [b, t, hd]
-        cos, sin = cos[:, None], sin[:, None]
+        rotary = (cos.reshape(b * t, hd), sin.reshape(b * t, hd), cos[:, None], sin[:, None])
         cols = torch.arange(past + t, device=x.device)
         rows = past + torch.arange(t, device=x.device)
         allowed = attention_mask.bool()[:, None, :] & (cols[None, :] <= rows[:, None])[None]  # [b, t, past + t]
@@ -124,15 +123,7 @@ def _lean_prefill(lean: LeanModel) -> Callable:
         h = K.rms_norm(x, layers[0].ln1, lean.eps, low)
         last_layer = len(layers) - 1
         for i, L in enumerate(layers):
-            qkv = lin(h, L.wqkv, L.bqkv).to(torch.float32)
-            q = qkv[:, :q_end].view(b, t, heads, hd)
-            k = qkv[:, q_end:k_end].view(b, t, kv, hd)
-            v = qkv[:, k_end:].view(b, t, kv, hd).transpose(1, 2)
-            if L.qn is not None:
-                q, k = rms(q, L.qn, lean.qk_eps), rms(k, L.kn, lean.qk_eps)
-            q, k = q.transpose(1, 2), k.transpose(1, 2)
-            q = (q * cos) + (rotate_half(q) * sin)
-            k = (k * cos) + (rotate_half(k) * sin)
+            q, k, v = _rotated_qkv(lean, L, lin(h, L.wqkv, L.bqkv), b, t, rotary)
             keys, values = cache.update(k, v, i)
             a = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=lean.scaling, enable_gqa=True)
             a = a.transpose(1, 2).reshape(b * t, q_end).to(h.dtype)
@@ -141,6 +132,23 @@ def _lean_prefill(lean: LeanModel) -> Callable:
         return h.view(b, t, -1)[:, -1].contiguous(), cache
 
     return prefill
+
+
+def _rotated_qkv(lean: LeanModel, L, qkv: torch.Tensor, b: int, t: int, rotary: tuple) -> tuple[torch.Tensor, ...]:
+    """q, k (rotated) and v [b, heads, t, head_dim] in fp32 from a prefill layer's q|k|v projection [b * t, width]:
+    one compiled pass (`rotary_qkv`, the same bits as the torch ops) unless the model normalises q and k first.
+    `rotary`: cos and sin as [b * t, head_dim] rows and as [b, 1, t, head_dim]."""
+    heads, kv, hd = lean.n_heads, lean.n_kv, lean.head_dim
+    if L.qn is None:
+        return tuple(y.view(b, t, -1, hd).transpose(1, 2)
+                     for y in lean.fused.rotary_qkv(qkv, rotary[0], rotary[1], heads, kv))
+    qkv = qkv.to(torch.float32)
+    q_end, k_end = heads * hd, (heads + kv) * hd
+    q = rms(qkv[:, :q_end].view(b, t, heads, hd), L.qn, lean.qk_eps).transpose(1, 2)
+    k = rms(qkv[:, q_end:k_end].view(b, t, kv, hd), L.kn, lean.qk_eps).transpose(1, 2)
+    cos, sin = rotary[2], rotary[3]
+    return ((q * cos) + (rotate_half(q) * sin), (k * cos) + (rotate_half(k) * sin),
+            qkv[:, k_end:].view(b, t, kv, hd).transpose(1, 2))
 
 
 class LeanStep:

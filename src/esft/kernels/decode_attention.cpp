@@ -1,6 +1,6 @@
 // The hand-written parts of one decode step on CPU: rotary + KV-cache append + grouped-query attention for a
-// batch of rows (decode_attention), and the per-layer RMSNorm / residual / SwiGLU glue (rms_norm, add_rms_norm,
-// silu_mul; see their comment below).
+// batch of rows (decode_attention), the per-layer RMSNorm / residual / SwiGLU glue (rms_norm, add_rms_norm,
+// silu_mul; see their comment below), and the lean prefill's rotary embedding of a prompt's q and k (rotary_qkv).
 //
 // Why by hand: for a one-token query, torch's CPU scaled_dot_product_attention issues small GEMMs per
 // (row, kv head) pair, and at 32-128 rows x 30 layers that per-call cost is several times the time needed to
@@ -344,35 +344,53 @@ void check_rows(const torch::Tensor& t, const char* what, bool bf16_ok = false) 
                             : ": a contiguous 2-D fp32 tensor is required");
 }
 
-torch::Tensor normed_rows(const torch::Tensor& x, const torch::Tensor& weight, double eps, bool low) {
+// RMSNorm(x) * weight of every row of x [n, D] (fp32, or bf16 where `low`), after x += delta where delta is
+// given (fp32 or bf16, widened exactly): each row's add and norm in one visit, rows split between threads in
+// blocks of 64 (a decode step's few rows stay on one thread; each row's arithmetic is the same either way).
+torch::Tensor normed_rows(const torch::Tensor& x, const torch::Tensor* delta, const torch::Tensor& weight, double eps,
+                          bool low) {
   const int64_t n = x.size(0), D = x.size(1);
   TORCH_CHECK(weight.numel() == D, "rms_norm: weight size");
   auto out = torch::empty_like(x, low ? torch::kBFloat16 : torch::kFloat32);
-  const float* xp = x.data_ptr<float>();
+  float* xp = x.data_ptr<float>();
   const float* wp = weight.data_ptr<float>();
-  for (int64_t r = 0; r < n; ++r) {
-    if (low)
-      rms_row(xp + r * D, wp, reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>()) + r * D, D,
-              static_cast<float>(eps));
-    else
-      rms_row(xp + r * D, wp, out.data_ptr<float>() + r * D, D, static_cast<float>(eps));
-  }
+  const bool bf16_delta = delta != nullptr && delta->scalar_type() == torch::kBFloat16;
+  const uint16_t* d16 = bf16_delta ? reinterpret_cast<const uint16_t*>(delta->data_ptr<at::BFloat16>()) : nullptr;
+  const float* d32 = delta != nullptr && !bf16_delta ? delta->data_ptr<float>() : nullptr;
+  uint16_t* o16 = low ? reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>()) : nullptr;
+  float* o32 = low ? nullptr : out.data_ptr<float>();
+  const float e = static_cast<float>(eps);
+  esft_kernels::parallel_range(n, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      float* xr = xp + r * D;
+      if (d16 != nullptr) {
+#pragma omp simd
+        for (int64_t i = 0; i < D; ++i) xr[i] = xr[i] + bf16_to_float(d16[r * D + i]);
+      } else if (d32 != nullptr) {
+#pragma omp simd
+        for (int64_t i = 0; i < D; ++i) xr[i] = xr[i] + d32[r * D + i];
+      }
+      if (low)
+        rms_row(xr, wp, o16 + r * D, D, e);
+      else
+        rms_row(xr, wp, o32 + r * D, D, e);
+    }
+  });
   return out;
 }
 
 }  // namespace
 
-// These run once per layer on [rows, hidden] tensors of a few tens of KB, where torch's ~6 separate ops per
-// RMSNorm (each a dispatch, an allocation and a thread-pool wake-up) cost more than the arithmetic. The norms
-// are single threaded: microseconds per decode step; in the lean prefill (~1,400 rows) ~0.3 ms per call, ~2% of
-// the prefill. `low` (bf16 rollouts): the result is rounded to bf16, the input of the next bf16 matmul, instead of
-// being returned in fp32 and converted by torch (the same bits, one pass fewer).
+// These run once per layer on [rows, hidden] tensors, where torch's ~6 separate ops per RMSNorm (each a
+// dispatch, an allocation and a thread-pool wake-up) cost more than the arithmetic: microseconds per decode step.
+// `low` (bf16 rollouts): the result is rounded to bf16, the input of the next bf16 matmul, instead of being
+// returned in fp32 and converted by torch (the same bits, one pass fewer).
 
 // RMSNorm(x) * weight, row-wise; x [n, D] fp32.
 torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps, bool low) {
   check_rows(x, "rms_norm");
   check_rows(weight.view({1, -1}), "rms_norm weight");
-  return normed_rows(x, weight, eps, low);
+  return normed_rows(x, nullptr, weight, eps, low);
 }
 
 // The residual step of a decoder layer: x += delta in place (the new residual stream, fp32; delta fp32 or the
@@ -382,18 +400,51 @@ torch::Tensor add_rms_norm(torch::Tensor x, torch::Tensor delta, torch::Tensor w
   check_rows(delta, "add_rms_norm delta", true);
   check_rows(weight.view({1, -1}), "add_rms_norm weight");
   TORCH_CHECK(delta.sizes() == x.sizes(), "add_rms_norm: delta shape");
-  const int64_t n = x.size(0), D = x.size(1);
-  float* xp = x.data_ptr<float>();
-  if (delta.scalar_type() == torch::kBFloat16) {
-    const uint16_t* dp = reinterpret_cast<const uint16_t*>(delta.data_ptr<at::BFloat16>());
+  return normed_rows(x, &delta, weight, eps, low);
+}
+
+// The rotary embedding of a prompt's queries and keys (the lean prefill): qkv [N, (H + 2 KV) * D], one fused
+// q|k|v projection's output (fp32, or bf16 from a bf16 matmul), and row r's cos and sin [N, D] -> q [N, H * D],
+// k [N, KV * D] and v [N, KV * D] in fp32, q and k rotated as `rotate` does (torch's `x * cos + rotate_half(x) *
+// sin`, bit for bit), v widened exactly. One pass over the rows instead of ~8 torch ops over strided views.
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> rotary_qkv(torch::Tensor qkv, torch::Tensor cos,
+                                                                   torch::Tensor sin, int64_t H, int64_t KV) {
+  check_rows(qkv, "rotary_qkv", true);
+  cos = cos.contiguous();
+  sin = sin.contiguous();
+  check_rows(cos, "rotary_qkv cos");
+  check_rows(sin, "rotary_qkv sin");
+  const int64_t N = qkv.size(0), W = qkv.size(1);
+  TORCH_CHECK(H > 0 && KV > 0 && W % (H + 2 * KV) == 0, "rotary_qkv: width not (H + 2 KV) heads");
+  const int64_t D = W / (H + 2 * KV);
+  TORCH_CHECK(D % 2 == 0 && cos.size(0) == N && sin.size(0) == N && cos.size(1) == D && sin.size(1) == D,
+              "rotary_qkv: cos and sin must be [rows, head_dim] with an even head_dim");
+  const auto f32 = qkv.options().dtype(torch::kFloat32);
+  auto q = torch::empty({N, H * D}, f32), k = torch::empty({N, KV * D}, f32), v = torch::empty({N, KV * D}, f32);
+  float* qp = q.data_ptr<float>();
+  float* kp = k.data_ptr<float>();
+  float* vp = v.data_ptr<float>();
+  const float* cp = cos.data_ptr<float>();
+  const float* sp = sin.data_ptr<float>();
+  const bool bf16 = qkv.scalar_type() == torch::kBFloat16;
+  const void* src = qkv.data_ptr();
+  auto rows = [&](auto* x, int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const auto* xr = x + r * W;
+      for (int64_t h = 0; h < H; ++h) rotate(xr + h * D, cp + r * D, sp + r * D, qp + (r * H + h) * D, D);
+      for (int64_t h = 0; h < KV; ++h) rotate(xr + (H + h) * D, cp + r * D, sp + r * D, kp + (r * KV + h) * D, D);
+      const auto* xv = xr + (H + KV) * D;
 #pragma omp simd
-    for (int64_t i = 0; i < n * D; ++i) xp[i] = xp[i] + bf16_to_float(dp[i]);
-  } else {
-    const float* dp = delta.data_ptr<float>();
-#pragma omp simd
-    for (int64_t i = 0; i < n * D; ++i) xp[i] = xp[i] + dp[i];
-  }
-  return normed_rows(x, weight, eps, low);
+      for (int64_t i = 0; i < KV * D; ++i) vp[r * KV * D + i] = load(xv[i]);
+    }
+  };
+  esft_kernels::parallel_range(N, 64, [&](int64_t begin, int64_t end) {
+    if (bf16)
+      rows(static_cast<const uint16_t*>(src), begin, end);
+    else
+      rows(static_cast<const float*>(src), begin, end);
+  });
+  return {q, k, v};
 }
 
 namespace {
@@ -521,6 +572,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("add_rms_norm", &add_rms_norm, py::call_guard<py::gil_scoped_release>(),
         "x += delta in place, then row-wise RMSNorm(x) times weight (low: rounded to bf16)", py::arg("x"),
         py::arg("delta"), py::arg("weight"), py::arg("eps"), py::arg("low") = false);
+  m.def("rotary_qkv", &rotary_qkv, py::call_guard<py::gil_scoped_release>(),
+        "q, k rotated and v widened to fp32 from one fused q|k|v projection (the lean prefill)", py::arg("qkv"),
+        py::arg("cos"), py::arg("sin"), py::arg("heads"), py::arg("kv_heads"));
   m.def("screen_candidates", &screen_candidates, py::call_guard<py::gil_scoped_release>(), "greedy lm_head screening: candidate tokens from bf16 logits");
   m.def("silu_mul", &silu_mul, py::call_guard<py::gil_scoped_release>(), "silu(gu[:, :I]) * gu[:, I:] for a fused gate|up projection");
 }
