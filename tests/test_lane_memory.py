@@ -392,3 +392,80 @@ def test_large_blocks_are_mapped_one_by_one_under_glibc():
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         pytest.skip("mallopt is glibc's")
     assert map_large_blocks() is True
+
+
+def _amx_ready(weight: torch.Tensor) -> None:
+    from esft.generation.packed import amx_linear_reason
+
+    if (why := amx_linear_reason(weight)) is not None:
+        pytest.skip(why)
+
+
+@pytest.mark.parametrize("noise", ["table", "per-tensor"])
+def test_a_bf16_copys_freed_layer_comes_packed_from_its_owner_with_the_bits_of_write_stack_pack(noise):
+    """`MasterWeights.tiles` (CPUs with AMX): a bound bf16 copy's freed projections, stacked by rows, straight in
+    the AMX linear's layout, for members and the centre: the bits that perturb / restore's write, a torch.cat and
+    `pack_weight` give. An fp32 copy is not packed so (None: the engine fills and packs)."""
+    from es_tiny import tiny_llama
+    from esft.es.executor import rollout_replica
+    from esft.generation.packed import pack_weight
+
+    model = tiny_llama(hidden=64)
+    replica = rollout_replica(model, torch.bfloat16)
+    a, m = replica.model.layers[1].self_attn, replica.model.layers[1].mlp
+    _amx_ready(a.k_proj.weight)
+    groups = [(a.q_proj.weight, a.k_proj.weight, a.v_proj.weight), (a.o_proj.weight,),
+              (m.gate_proj.weight, m.up_proj.weight), (m.down_proj.weight,)]
+    bound = MasterWeights(model, noise=noise, share_storage=True).bind(replica, cast=True)
+    for member in ((11, -1), None, (12, 1)):
+        if member is None:
+            bound.restore()
+        else:
+            bound.perturb(*member, 0.03, replace=True)
+        bound.fill()  # every freed parameter written as this member has it
+        for g in groups:
+            expected = pack_weight(torch.cat(g).detach(), 32)
+            for t in g:
+                t.untyped_storage().resize_(0)
+            got = bound.tiles(g)
+            assert got.shape == expected.shape and torch.equal(got, expected)
+    fp32 = rollout_replica(model, torch.float32)
+    plain = MasterWeights(model, noise=noise, share_storage=True).bind(fp32)
+    assert plain.tiles([fp32.model.layers[0].self_attn.o_proj.weight]) is None
+
+
+def test_a_bf16_lane_packs_its_freed_layers_from_the_masters_and_keeps_its_completions(tokenizer, monkeypatch):
+    """One bf16 lane on the packed path (CPUs with AMX): the engine asks the lane's owner for each freed layer
+    already packed (`released_tiles` -> `MasterWeights.tiles`), so no projection of the copy is ever written, and
+    the completions are those of the path that writes, stacks and packs them."""
+    from esft.es import noise as noise_module
+    from esft.generation import GenerationConfig
+    from test_lean import PROMPTS, _tiny
+
+    _fast_ready()
+    task = _Chat(PROMPTS)
+    batch = task.load()
+    gen = GenerationConfig(**FAST_CPU_GENERATION, max_new_tokens=10, batch_size=5)
+    members = [(21, 1), (22, -1)]
+    config = ESConfig(noise="table", rollout_dtype="bfloat16", generation_options=dict(FAST_CPU_GENERATION))
+    written: list[bool] = []
+    real_materialise = noise_module.materialise
+    texts = {}
+    for packed_by_owner in (True, False):
+        if not packed_by_owner:
+            monkeypatch.setattr(MasterWeights, "tiles", lambda self, tensors: None)
+        model = _tiny("llama")
+        ex = LocalExecutor(model, tokenizer, make_weights(model, config), task, 0.02, gen,
+                           rollout_dtype=torch.bfloat16)
+        ex.start()
+        lane = ex._lane(0)[0]
+        _amx_ready(lane.model.layers[0].self_attn.k_proj.weight)
+        projections = {id(p) for n, p in lane.named_parameters() if any(k in n for k in PROJECTIONS)}
+        written.clear()
+        monkeypatch.setattr(noise_module, "materialise", lambda p: (written.append(id(p) in projections),
+                                                                     real_materialise(p))[1])
+        texts[packed_by_owner] = ex.evaluate_members(members, batch).texts + ex.evaluate_center(batch).texts
+        ex.close()
+        monkeypatch.setattr(noise_module, "materialise", real_materialise)
+        assert any(written) != packed_by_owner  # projections written only where the engine packs them itself
+    assert texts[True] == texts[False]

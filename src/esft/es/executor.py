@@ -167,7 +167,14 @@ class LocalExecutor(Executor):
             filled[0] += time.perf_counter() - t0
             return out
 
-        return releasing(weights.params.values(), fill=fill, rows=rows if weights.mode == "table" else None)
+        def tiles(tensors: Sequence[torch.Tensor]) -> torch.Tensor | None:  # a freed layer, packed by the owner
+            t0 = time.perf_counter()
+            out = weights.tiles(tensors)
+            filled[0] += time.perf_counter() - t0
+            return out
+
+        return releasing(weights.params.values(), fill=fill, rows=rows if weights.mode == "table" else None,
+                         tiles=tiles)
 
     def _score(self, gens: list, batch: Sequence[dict], result: PopulationResult, row: int) -> None:
         if len(gens) != len(batch):  # zipped, a short list would leave the row's last examples unscored (0)

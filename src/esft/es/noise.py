@@ -40,7 +40,8 @@ from typing import Callable, Iterable, Iterator, Sequence
 
 import torch
 
-from esft.es.param_writes import add_rounded, add_update, materialise, released, sq_norm, update_buffer
+from esft.es.param_writes import (add_rounded, add_update, materialise, released, rounded_tiles, sq_norm,
+                                  update_buffer)
 
 from esft.es.noise_seeds import (NOISE_MODES, TABLE_BLOCK, TABLE_MIN, noise_table, table_size,  # noqa: F401
                                  table_window, tensor_seed)
@@ -358,6 +359,20 @@ class MasterWeights:
         out = torch.empty(master.shape, dtype=tensor.dtype, device=master.device) if out is None else out
         add_rounded(master, eps, step, out)
         return out
+
+    @torch.no_grad()
+    def tiles(self, tensors: Sequence[torch.Tensor]) -> torch.Tensor | None:
+        """Freed bf16 parameters of a bound copy (`tensors`, with the same columns) as the latest perturb / restore
+        makes them, stacked by rows and written straight into the AMX linear's tile layout (`rounded_tiles`):
+        the engine's packed weight without the parameters' own storage, a stacking copy or a pack (the lean engine
+        asks layer by layer, esft.generation.packed.released_tiles). None where that cannot run here: the engine
+        then has them written (`fill`), stacks and packs them."""
+        if not self._bound or any(t.dtype != torch.bfloat16 for t in tensors):
+            return None
+        names = [self._names_by_id[id(t)] for t in tensors]
+        restore = self._op[0] == "restore"
+        eps = None if restore else [self.noise(self._op[1], n) for n in names]
+        return rounded_tiles([self.master[n] for n in names], eps, 0.0 if restore else self._op[2])
 
     @property
     def deferred(self) -> list[str]:

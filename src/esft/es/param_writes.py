@@ -93,6 +93,22 @@ def add_rounded_torch(master: torch.Tensor, eps: torch.Tensor, step: float, out:
         o[start:stop].copy_(part)
 
 
+def rounded_tiles(masters: list[torch.Tensor], eps: list[torch.Tensor] | None, step: float) -> torch.Tensor | None:
+    """round(master + step * eps) (round(master) where `eps` is None) of 2-D fp32 `masters` with the same columns,
+    stacked by rows, written straight into the AMX linear's tile layout (esft.generation.packed.tile_layout): what
+    `add_rounded` into bf16 weights, a torch.cat and the engine's pack give, bit for bit, in one pass. None where
+    the compiled kernel does not run here or cannot take these tensors (both sides multiples of 32, contiguous)."""
+    tensors = masters + (eps or [])
+    if not all(t.device.type == "cpu" and t.dtype == torch.float32 and t.dim() == 2 and t.is_contiguous()
+               and t.shape[1] == masters[0].shape[1] and t.shape[0] % 32 == 0 and t.shape[1] % 32 == 0
+               for t in tensors):
+        return None
+    from esft.kernels import load_amx_linear
+
+    amx = load_amx_linear()
+    return None if amx is None else amx.rounded_tiles(masters, eps or [], float(step))
+
+
 #: elements per block of `add_update`: its working set (accumulator, noise windows, master and parameter blocks,
 #: ~20 MB in fp32) stays in a 32 MB L3. Measured on SmolLM2-135M, Zen 4, 2 threads (docs/performance.md), median
 #: of one update: 0.19-0.23 s with whole-tensor passes, 0.26-0.32 s with 2^16, 0.18-0.21 s with 2^18, 0.14-0.17 s

@@ -45,6 +45,7 @@ from esft.generation.packed import (
     packed_linear_bf16,
     packed_linear_reason,
     release_packed,
+    released_tiles,
     screen_lm_head_reason,
 )
 from esft.generation.vocab import VocabRows
@@ -336,22 +337,26 @@ def _stacked_layer(layer, w: _Handles, low_precision: bool = False) -> _Layer:
     """LeanModel.fused_projections' layout: q|k|v and gate|up stacked into one weight each (norm gains in fp32
     with bf16 weights, `_gain`)."""
     a, m = layer.self_attn, layer.mlp
-    projections = (a.q_proj.weight, a.k_proj.weight, a.v_proj.weight, a.o_proj.weight, m.gate_proj.weight,
-                   m.up_proj.weight, m.down_proj.weight)
-    fill_released(*projections)  # a lane's deferred perturbation of this layer, written now (`releasing`)
+    groups = ((a.q_proj.weight, a.k_proj.weight, a.v_proj.weight), (a.o_proj.weight,),
+              (m.gate_proj.weight, m.up_proj.weight), (m.down_proj.weight,))
+    # a lane's freed projections written by their owner straight into the packed layout where it can
+    # (`released_tiles`); the rest of its deferred write of this layer done now (`releasing`), then packed here
+    tiles = [released_tiles(*g) if w.packed else None for g in groups]
+    unpacked = [t for g, done in zip(groups, tiles) if done is None for t in g]
+    if unpacked:
+        fill_released(*unpacked)
+    wqkv, wo, wgu, wd = (done if done is not None else w(g[0] if len(g) == 1 else torch.cat(g).detach())
+                         for g, done in zip(groups, tiles))
     biases = (a.q_proj.bias, a.k_proj.bias, a.v_proj.bias)
     qn, kn = (getattr(getattr(a, name, None), "weight", None) for name in ("q_norm", "k_norm"))
     out = _Layer(
         ln1=_gain(layer.input_layernorm.weight, low_precision),
         ln2=_gain(layer.post_attention_layernorm.weight, low_precision),
-        wq=None, bq=None, wk=None, bk=None, wv=None, bv=None,
-        wo=w(a.o_proj.weight), bo=a.o_proj.bias, wg=None, wu=None, wd=w(m.down_proj.weight),
-        qn=_gain(qn, low_precision), kn=_gain(kn, low_precision),
-        wqkv=w(torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]).detach()),
-        bqkv=None if biases[0] is None else torch.cat(biases).detach(),
-        wgu=w(torch.cat([m.gate_proj.weight, m.up_proj.weight]).detach()))
+        wq=None, bq=None, wk=None, bk=None, wv=None, bv=None, wo=wo, bo=a.o_proj.bias, wg=None, wu=None, wd=wd,
+        qn=_gain(qn, low_precision), kn=_gain(kn, low_precision), wqkv=wqkv,
+        bqkv=None if biases[0] is None else torch.cat(biases).detach(), wgu=wgu)
     # layer by layer, so that a released lane copy never holds its plain and its packed projections in full at once
-    release_packed(*projections)
+    release_packed(*unpacked)
     return out
 
 

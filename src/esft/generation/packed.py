@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterable, Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -101,10 +101,14 @@ Fill = Callable[[Iterable[torch.Tensor] | None], None]
 #: rows(weight, index, out) -> rows `index` (int64 row ids or a slice) of a freed weight, as its owner's write makes
 #: them; `out` (or None) a buffer of their shape and dtype the result may be written to
 Rows = Callable[[torch.Tensor, "torch.Tensor | slice", "torch.Tensor | None"], torch.Tensor]
+#: tiles(weights) -> freed weights (same columns) as their owner's write makes them, stacked by rows, in the AMX
+#: linear's `tile_layout`; or None where the owner cannot write that
+Tiles = Callable[[Sequence[torch.Tensor]], "torch.Tensor | None"]
 
 
 @contextmanager
-def releasing(weights: Iterable[torch.Tensor], fill: Fill | None = None, rows: Rows | None = None) -> Iterator[None]:
+def releasing(weights: Iterable[torch.Tensor], fill: Fill | None = None, rows: Rows | None = None,
+              tiles: Tiles | None = None) -> Iterator[None]:
     """Inside this context (on this thread only), the lean engine frees the storage of these plain weights once
     it has packed them (`release_packed`): an ES lane's copy whose weights are rewritten in full before its next
     use then holds one copy of its projections while it generates, the packed one, instead of two. Never for
@@ -118,16 +122,32 @@ def releasing(weights: Iterable[torch.Tensor], fill: Fill | None = None, rows: R
     plain projections in full, only one layer's at a time; every other path asks for all of them first.
     `rows`: the owner can also compute any rows of such a weight (`MasterWeights.rows`); then the stacked path
     frees the vocabulary matrix too and reads its rows when it needs them (`esft.generation.vocab.VocabRows`).
-    A nested context without `fill` / `rows` keeps the enclosing one's."""
+    `tiles`: the owner can write freed weights straight into the AMX linear's layout (`MasterWeights.tiles`); then
+    the stacked path packs a freed layer that way (`released_tiles`), and its plain weights are never written.
+    A nested context without `fill` / `rows` / `tiles` keeps the enclosing one's."""
     previous = (getattr(_RELEASABLE, "ids", frozenset()), getattr(_RELEASABLE, "fill", None),
-                getattr(_RELEASABLE, "rows", None))
+                getattr(_RELEASABLE, "rows", None), getattr(_RELEASABLE, "tiles", None))
     _RELEASABLE.ids = frozenset(id(w) for w in weights)
     _RELEASABLE.fill = fill if fill is not None else previous[1]
     _RELEASABLE.rows = rows if rows is not None else previous[2]
+    _RELEASABLE.tiles = tiles if tiles is not None else previous[3]
     try:
         yield
     finally:
-        _RELEASABLE.ids, _RELEASABLE.fill, _RELEASABLE.rows = previous
+        _RELEASABLE.ids, _RELEASABLE.fill, _RELEASABLE.rows, _RELEASABLE.tiles = previous
+
+
+def released_tiles(*weights: torch.Tensor) -> torch.Tensor | None:
+    """`weights` stacked by rows and packed for the AMX linear by their owner (the enclosing `releasing` context's
+    `tiles`), where that context names them all, none holds storage (their contents are the owner's deferred
+    write) and `pack_weight` would give them the tile layout; else None (the caller fills, stacks and packs)."""
+    tiles = getattr(_RELEASABLE, "tiles", None)
+    ids = getattr(_RELEASABLE, "ids", frozenset())
+    if tiles is None or not all(id(w) in ids and w.untyped_storage().nbytes() == 0 for w in weights):
+        return None
+    if any(amx_linear_reason(w) is not None for w in weights):
+        return None
+    return tiles(weights)
 
 
 def released_rows(weight: torch.Tensor) -> Rows | None:

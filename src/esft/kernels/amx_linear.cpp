@@ -7,7 +7,8 @@
 // blocks ahead, and multiplies it into both 16-row halves of a 32-row block of x: 8.5-10.6 GB/s on the same
 // weights, and 1.2-1.9x oneDNN's rate at 32 rows on a weight that sits in the cache (docs/performance.md, "bf16
 // linears on AMX tiles"). At prefill row counts (hundreds of rows) oneDNN's blocking is faster (a lever left); the
-// engine keeps one packed copy, in this layout, for the prompt and the decode steps.
+// engine keeps one packed copy, in this layout, for the prompt and the decode steps. An ES lane's members are
+// written straight into this layout from the fp32 masters and the noise (`rounded_tiles`), never as plain weights.
 //
 // Layout: block (n, k) holds W[32n : 32n+32, 32k : 32k+32] as 16 rows of k pairs, each row 32 output columns of
 // two bf16 each: AMX's B-tile (VNNI) order, two 16-column tiles side by side with a 128-byte row stride.
@@ -16,6 +17,9 @@
 // inputs: not on M, the thread count or how the work is split. On the CPUs tested this is what oneDNN's
 // bf16 matmul gives for up to 32 rows (tests/test_amx_linear.py compares them on the CPU at hand).
 #include <torch/extension.h>
+
+#include <new>
+#include <vector>
 
 #include "kernel_common.h"
 
@@ -164,6 +168,113 @@ torch::Tensor pack(torch::Tensor w) {
   return out;
 }
 
+namespace {
+
+// One weight row's 32 columns 32k..32k+31, rounded (fma(e, step, m), or m alone where e is null), into column r of
+// its 2 KB tile block d: pair p of the row (columns 2p, 2p + 1) is dword p * 32 + r of the block.
+inline void rounded_row_into_block(const float* m, const float* e, float step, uint32_t* d) {
+#if defined(__AVX512F__)
+  const __m512 lo_m = _mm512_loadu_ps(m), hi_m = _mm512_loadu_ps(m + 16);
+  const __m512 sv = _mm512_set1_ps(step);
+  const __m512 lo = e == nullptr ? lo_m : _mm512_fmadd_ps(_mm512_loadu_ps(e), sv, lo_m);
+  const __m512 hi = e == nullptr ? hi_m : _mm512_fmadd_ps(_mm512_loadu_ps(e + 16), sv, hi_m);
+  const __m512i pairs = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi32_epi16(esft_kernels::bf16_bits(lo))),
+                                           _mm512_cvtepi32_epi16(esft_kernels::bf16_bits(hi)), 1);
+  const __m512i rows = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                          _mm512_set1_epi32(32));
+  _mm512_i32scatter_epi32(d, rows, pairs, 4);
+#else
+  for (int p = 0; p < 16; ++p) {
+    const float a = e == nullptr ? m[2 * p] : std::fma(e[2 * p], step, m[2 * p]);
+    const float b = e == nullptr ? m[2 * p + 1] : std::fma(e[2 * p + 1], step, m[2 * p + 1]);
+    d[p * 32] = static_cast<uint32_t>(esft_kernels::to_bf16(a)) |
+                (static_cast<uint32_t>(esft_kernels::to_bf16(b)) << 16);
+  }
+#endif
+}
+
+// How far ahead of the row segment being rounded its master and noise are prefetched (floats): 2 KB. Without it a
+// SmolLM2-135M member's projections took ~64 ms on the 2-core Xeon with AMX, with 128-512 floats ~53 ms, with 1024
+// or more 60-68 ms (a plain bf16 write of the same took ~45 ms).
+constexpr int64_t PREFETCH_FLOATS = 512;
+
+// 64-byte aligned scratch for a strip's blocks (streaming stores read it in whole cache lines)
+struct AlignedBuffer {
+  uint32_t* data;
+  explicit AlignedBuffer(int64_t n) : data(static_cast<uint32_t*>(::operator new(n * 4, std::align_val_t(64)))) {}
+  ~AlignedBuffer() { ::operator delete(data, std::align_val_t(64)); }
+  AlignedBuffer(const AlignedBuffer&) = delete;
+  AlignedBuffer& operator=(const AlignedBuffer&) = delete;
+};
+
+// n dwords (a multiple of 16, both ends 64-byte aligned) from src to dst, with streaming stores where AVX-512 is
+inline void stream_copy(const uint32_t* src, uint32_t* dst, int64_t n) {
+#if defined(__AVX512F__)
+  for (int64_t i = 0; i < n; i += 16)
+    _mm512_stream_si512(reinterpret_cast<__m512i*>(dst + i), _mm512_load_si512(reinterpret_cast<const void*>(src + i)));
+#else
+  std::memcpy(dst, src, n * sizeof(uint32_t));
+#endif
+}
+
+}  // namespace
+
+// A member's weights written straight into the tile layout (ES lanes: esft.es.noise.MasterWeights.tiles): the rows
+// of round(fma(eps_i, step, master_i)) for each fp32 master_i [N_i, K] (round(master_i) where `eps` is empty),
+// stacked in order, as `pack` lays out a bf16 [sum N_i, K] weight. Element by element the arithmetic of
+// param_passes.cpp's add_rounded (torch.add(master, eps, alpha=step).to(torch.bfloat16)), so the bits of writing
+// the weights, stacking them and packing them, in one pass instead of three. Each 32-row strip is read in order
+// (its rows are contiguous) and written as K/32 blocks that stay in the cache until they are whole.
+torch::Tensor rounded_tiles(std::vector<torch::Tensor> masters, std::vector<torch::Tensor> eps, double step) {
+  TORCH_CHECK(!masters.empty(), "rounded_tiles: no masters");
+  TORCH_CHECK(eps.empty() || eps.size() == masters.size(), "rounded_tiles: one noise tensor per master, or none");
+  const int64_t K = masters[0].dim() == 2 ? masters[0].size(1) : -1;
+  std::vector<std::pair<const float*, const float*>> strips;  // each 32-row strip's first master and noise row
+  for (size_t i = 0; i < masters.size(); ++i) {
+    const auto& m = masters[i];
+    TORCH_CHECK(m.device().is_cpu() && m.scalar_type() == torch::kFloat32 && m.dim() == 2 && m.is_contiguous() &&
+                    m.size(1) == K && K % 32 == 0 && m.size(0) % 32 == 0,
+                "rounded_tiles: masters must be contiguous 2-D fp32 CPU tensors with the same number of columns, "
+                "both sides multiples of 32");
+    if (!eps.empty())
+      TORCH_CHECK(eps[i].device().is_cpu() && eps[i].scalar_type() == torch::kFloat32 && eps[i].is_contiguous() &&
+                      eps[i].sizes() == m.sizes(),
+                  "rounded_tiles: each noise tensor must be a contiguous fp32 CPU tensor of its master's shape");
+    for (int64_t r = 0; r < m.size(0); r += 32)
+      strips.emplace_back(m.data_ptr<float>() + r * K, eps.empty() ? nullptr : eps[i].data_ptr<float>() + r * K);
+  }
+  const int64_t S = static_cast<int64_t>(strips.size()), KB = K / 32;
+  auto out = torch::empty({S, KB, 16, 32, 2}, torch::TensorOptions().dtype(torch::kBFloat16));
+  auto* dst = reinterpret_cast<uint32_t*>(out.data_ptr<at::BFloat16>());
+  const float st = static_cast<float>(step);
+  esft_kernels::parallel_range(S, 4, [&](int64_t s0, int64_t s1) {
+    // a strip's blocks are built in this cache-resident buffer, then streamed out whole: no read-for-ownership of
+    // the output's lines, which a scatter straight into them would cost
+    AlignedBuffer buf(KB * 512);
+    for (int64_t s = s0; s < s1; ++s) {
+      const float* m = strips[s].first;
+      const float* e = strips[s].second;
+      for (int64_t r = 0; r < 32; ++r) {
+        for (int64_t kb = 0; kb < KB; ++kb) {
+          const int64_t at = r * K + kb * 32;
+          __builtin_prefetch(m + at + PREFETCH_FLOATS, 0, 3);
+          __builtin_prefetch(m + at + PREFETCH_FLOATS + 16, 0, 3);
+          if (e != nullptr) {
+            __builtin_prefetch(e + at + PREFETCH_FLOATS, 0, 3);
+            __builtin_prefetch(e + at + PREFETCH_FLOATS + 16, 0, 3);
+          }
+          rounded_row_into_block(m + at, e == nullptr ? nullptr : e + at, st, buf.data + kb * 512 + r);
+        }
+      }
+      stream_copy(buf.data, dst + s * KB * 512, KB * 512);
+    }
+  });
+#if defined(__AVX512F__)
+  _mm_sfence();  // streaming stores are weakly ordered: visible before the caller reads `out`
+#endif
+  return out;
+}
+
 // x [M, K] bf16, packed [N/32, K/32, 16, 32, 2] bf16 (`tile_layout`), bias [N] fp32 or None -> [M, N] bf16.
 torch::Tensor linear(torch::Tensor x, torch::Tensor packed, c10::optional<torch::Tensor> bias) {
   TORCH_CHECK(available(), "the AMX linear is not available on this CPU or build");
@@ -198,6 +309,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("available", &available);
   // without the GIL, as torch's own ops: ES lanes are threads of one process and multiply at the same time
   m.def("pack", &pack, py::call_guard<py::gil_scoped_release>(), "a bf16 weight in the tile layout");
+  m.def("rounded_tiles", &rounded_tiles, py::call_guard<py::gil_scoped_release>(),
+        "round(master + step * eps) of stacked fp32 masters, straight into the tile layout");
   m.def("linear", &linear, py::call_guard<py::gil_scoped_release>(),
         "x @ W^T for a bf16 x and a tile-packed bf16 W, bf16 out");
 }
