@@ -66,10 +66,8 @@ void store_rows(const float* acc, const float* bias, uint16_t* out, int64_t N, i
   const __m512 b0 = bias ? _mm512_loadu_ps(bias) : _mm512_setzero_ps();
   const __m512 b1 = bias ? _mm512_loadu_ps(bias + 16) : _mm512_setzero_ps();
   for (int r = 0; r < rows; ++r) {
-    const __m512i lo = esft_kernels::bf16_bits(_mm512_add_ps(_mm512_load_ps(acc + 32 * r), b0));
-    const __m512i hi = esft_kernels::bf16_bits(_mm512_add_ps(_mm512_load_ps(acc + 32 * r + 16), b1));
-    const __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi32_epi16(lo)),
-                                            _mm512_cvtepi32_epi16(hi), 1);
+    const __m512i both = esft_kernels::bf16x32(_mm512_add_ps(_mm512_load_ps(acc + 32 * r), b0),
+                                               _mm512_add_ps(_mm512_load_ps(acc + 32 * r + 16), b1));
     _mm512_storeu_si512(reinterpret_cast<void*>(out + r * N), both);
   }
 }
@@ -178,10 +176,8 @@ inline void rounded_row_into_block(const float* m, const float* e, float step, u
   const __m512 sv = _mm512_set1_ps(step);
   const __m512 lo = e == nullptr ? lo_m : _mm512_fmadd_ps(_mm512_loadu_ps(e), sv, lo_m);
   const __m512 hi = e == nullptr ? hi_m : _mm512_fmadd_ps(_mm512_loadu_ps(e + 16), sv, hi_m);
-  const __m512i pairs = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi32_epi16(esft_kernels::bf16_bits(lo))),
-                                           _mm512_cvtepi32_epi16(esft_kernels::bf16_bits(hi)), 1);
-  const __m512i rows = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                                          _mm512_set1_epi32(32));
+  const __m512i pairs = esft_kernels::bf16x32(lo, hi);
+  const __m512i rows = _mm512_set_epi32(480, 448, 416, 384, 352, 320, 288, 256, 224, 192, 160, 128, 96, 64, 32, 0);
   _mm512_i32scatter_epi32(d, rows, pairs, 4);
 #else
   for (int p = 0; p < 16; ++p) {

@@ -55,6 +55,12 @@ inline __m512i bf16_bits(__m512 x) {
   const __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(b, _mm512_set1_epi32(0x7FFF)), lsb), 16);
   return _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), _mm512_set1_epi32(0xFFFF));
 }
+
+// 32 floats (lo: the first 16, hi: the next 16) -> 32 bf16 in order, 64 bytes, to_bf16's rule.
+inline __m512i bf16x32(__m512 lo, __m512 hi) {
+  return _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi32_epi16(bf16_bits(lo))),
+                            _mm512_cvtepi32_epi16(bf16_bits(hi)), 1);
+}
 #endif
 
 }  // namespace esft_kernels

@@ -24,7 +24,7 @@ namespace {
 using esft_kernels::parallel_range;
 using esft_kernels::to_bf16;
 #if defined(__AVX512F__)
-using esft_kernels::bf16_bits;
+using esft_kernels::bf16x32;
 #endif
 
 // Elements per thread task: large enough that the OpenMP fork costs nothing, small enough to split one layer
@@ -41,10 +41,8 @@ void rounded_bf16(const float* m, const float* e, float s, uint16_t* o, int64_t 
   }
   const __m512 sv = _mm512_set1_ps(s);
   for (; i + 32 <= end; i += 32) {
-    const __m512i lo = bf16_bits(_mm512_fmadd_ps(_mm512_loadu_ps(e + i), sv, _mm512_loadu_ps(m + i)));
-    const __m512i hi = bf16_bits(_mm512_fmadd_ps(_mm512_loadu_ps(e + i + 16), sv, _mm512_loadu_ps(m + i + 16)));
-    const __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi32_epi16(lo)),
-                                            _mm512_cvtepi32_epi16(hi), 1);
+    const __m512i both = bf16x32(_mm512_fmadd_ps(_mm512_loadu_ps(e + i), sv, _mm512_loadu_ps(m + i)),
+                                 _mm512_fmadd_ps(_mm512_loadu_ps(e + i + 16), sv, _mm512_loadu_ps(m + i + 16)));
     if (stream) {
       _mm512_stream_si512(reinterpret_cast<__m512i*>(o + i), both);
     } else {
