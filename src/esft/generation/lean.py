@@ -96,8 +96,9 @@ def _lean_head_prefill(lean: LeanModel) -> Callable:
 def _lean_prefill(lean: LeanModel) -> Callable:
     """A `prefill` for LeanModel.fused_projections: the prompt through the same packed, stacked matmuls and
     compiled glue as the decode step (oneDNN reaches ~210 GFLOP/s on a prompt batch here, MKL's sgemm under the
-    HF forward ~175), SDPA for the attention, K/V into the DynamicCache that `layout_prefill` reads. Returns the
-    last positions' hidden states: `layout_prefill` applies the lm_head (`LeanModel.head_logits`).
+    HF forward ~175), SDPA for the attention, each layer's K/V through `cache.update` (a DynamicCache, or
+    `layout_prefill`'s writer into the KVCache). Returns the last positions' hidden states: `layout_prefill`
+    applies the lm_head (`LeanModel.head_logits`).
 
     Masking: a query attends to the unpadded cached and new columns up to its own position, as in the HF forward.
     A padding query (left padding) also attends to itself, so that no row of the softmax is empty; its outputs
@@ -194,8 +195,8 @@ def lean_decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, co
                      screen_lm_head=screen)
     budget = config.max_new_tokens
     min_new = int(config.min_new_tokens)
-    prefill, head = hf_prefill, None
-    if lean.fused_projections:
+    prefill, head, lean_prefill = hf_prefill, None, lean.fused_projections
+    if lean_prefill:
         prefill, head = _lean_prefill(lean), lean.head_logits
     elif packed and delta is None:
         prefill, head = _lean_head_prefill(lean), lean.head_logits
@@ -204,6 +205,6 @@ def lean_decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, co
         model, lean, input_ids, attention_mask, prefill, extra_columns=min(budget, max(256, config.min_new_tokens)),
         # a per-row perturbation (delta) maps hook rows to batch rows, so its prefill stays one plain batch
         share_prefix=bool(config.share_prefix) and delta is None,
-        buckets=int(config.prefill_buckets) if delta is None else 1, head=head)
+        buckets=int(config.prefill_buckets) if delta is None else 1, head=head, writes_cache=lean_prefill)
     step = LeanStep(lean, cache, next_pos, budget, eos, min_new)
     return decode_loop(step, logits, config, eos, on_keep=on_keep, row_keys=row_keys)

@@ -56,7 +56,7 @@ def length_buckets(lengths: list[int], max_buckets: int, bucket_tokens: int = 0)
 
 def layout_prefill(model, lean: LeanModel, input_ids: torch.Tensor, attention_mask: torch.Tensor, prefill: Callable,
                    extra_columns: int, share_prefix: bool, buckets: int, min_prefix: int = 8,
-                   head: Callable[[list[torch.Tensor]], list[torch.Tensor]] | None = None):
+                   head: Callable[[list[torch.Tensor]], list[torch.Tensor]] | None = None, writes_cache: bool = False):
     """Prompt prefill into a fresh KVCache, optionally (1) prefilling the rows' common token prefix once, at
     batch 1, and giving every row a copy of its K/V, and (2) prefilling the remainders in up to `buckets` groups of
     similar length instead of one batch padded to the longest.
@@ -73,6 +73,13 @@ def layout_prefill(model, lean: LeanModel, input_ids: torch.Tensor, attention_ma
     (the same rows per call as a prefill projecting its own rows, so the same logits). `LeanModel.head_logits`
     packs the fp32 lm_head slice by slice there where the screen computes the decode steps' logits. The shared
     prefix's forward then projects nothing.
+
+    `writes_cache`: `prefill` only calls its cache's `update(keys, values, layer)` (the lean prefill), so each
+    forward gets a `CacheRows` that writes every layer's K/V straight into the KVCache: no forward holds a
+    DynamicCache of all its rows and layers beside the KVCache (fp32 K/V of 30 layers x 9 rows x 184 columns,
+    76 MB, in the cpu preset's largest group).
+    Otherwise (the HF forward) the forward fills a DynamicCache, copied into the KVCache afterwards. The same
+    bits either way.
     """
     batch, width = input_ids.shape
     device = input_ids.device
@@ -84,13 +91,7 @@ def layout_prefill(model, lean: LeanModel, input_ids: torch.Tensor, attention_ma
     groups = (length_buckets([n - p for n in lengths], buckets, PREFILL_BUCKET_TOKENS) if buckets > 1
               else [list(range(batch))])
     if p == 0 and len(groups) == 1:
-        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-        out, hf_cache = prefill(model, input_ids, attention_mask, position_ids)
-        cache = KVCache(lean, batch, width + extra_columns, lean.cache_dtype or hf_cache.layers[0].keys.dtype, device,
-                        key_tile=lean.key_tile)
-        cache.load_prefill(hf_cache, attention_mask)
-        del hf_cache
-        return (head([out])[0] if head is not None else out), cache, position_ids[:, -1] + 1
+        return _plain_prefill(model, lean, input_ids, attention_mask, prefill, extra_columns, head, writes_cache)
     prefix_cache = None
     if p:
         pre = torch.tensor([rows[0][:p]], dtype=torch.long, device=device)
@@ -100,35 +101,93 @@ def layout_prefill(model, lean: LeanModel, input_ids: torch.Tensor, attention_ma
     outs: list[tuple[torch.Tensor, torch.Tensor]] = []  # (rows, their last positions' prefill outputs)
     next_pos = torch.empty(batch, dtype=torch.long, device=device)
     cache = None
+    if writes_cache:
+        cache = _lean_cache(lean, batch, total + extra_columns, device)
+        cache.zero(total)
     for group in groups:
         idx = torch.tensor(group, dtype=torch.long, device=device)
         suffix, suffix_mask = left_pad([rows[r][p:] for r in group], 0, device)  # pad id irrelevant: masked
         g, w = suffix.shape
-        hf_cache = None
-        if prefix_cache is not None:
-            from transformers import DynamicCache
-
-            hf_cache = DynamicCache(config=model.config)
-            for i, layer in enumerate(prefix_cache.layers):
-                hf_cache.update(layer.keys.expand(g, -1, -1, -1).contiguous(),
-                                layer.values.expand(g, -1, -1, -1).contiguous(), i)
         mask = torch.cat([suffix_mask.new_ones((g, p)), suffix_mask], dim=1)
         positions = (suffix_mask.cumsum(-1) - 1).clamp(min=0) + p
-        group_out, hf_cache = prefill(model, suffix, mask.to(attention_mask.dtype), positions, hf_cache)
-        if cache is None:
-            dtype = lean.cache_dtype or hf_cache.layers[0].keys.dtype
-            cache = KVCache(lean, batch, total + extra_columns, dtype, device, key_tile=lean.key_tile)
-            cache.zero(total)
+        cols = torch.cat([torch.arange(p), torch.arange(total - w, total)]).to(device)
+        mask_in = mask.to(attention_mask.dtype)
+        if writes_cache:
+            group_out, _ = prefill(model, suffix, mask_in, positions, CacheRows(cache, idx, cols, prefix_cache))
+        else:
+            group_out, hf_cache = prefill(model, suffix, mask_in, positions, _expanded(model, prefix_cache, g))
+            if cache is None:
+                dtype = lean.cache_dtype or hf_cache.layers[0].keys.dtype
+                cache = KVCache(lean, batch, total + extra_columns, dtype, device, key_tile=lean.key_tile)
+                cache.zero(total)
+            into = CacheRows(cache, idx, cols)
+            for i, layer in enumerate(hf_cache.layers):
+                into.update(layer.keys, layer.values, i)
+            del hf_cache
         outs.append((idx, group_out))
         next_pos[idx] = positions[:, -1] + 1
-        cols = torch.cat([torch.arange(p), torch.arange(total - w, total)]).to(device)
-        for i, layer in enumerate(hf_cache.layers):
-            cache.put_keys(i, idx, cols, layer.keys)
-            cache.v[i][idx[:, None], :, cols[None, :]] = layer.values.transpose(1, 2).to(cache.v[i].dtype)
         cache.mask[idx[:, None], cols[None, :]] = mask.bool()
     cache.length = total
-    del hf_cache, prefix_cache
     return _gather_logits(outs, batch, head), cache, next_pos
+
+
+def _plain_prefill(model, lean: LeanModel, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                   prefill: Callable, extra_columns: int, head, writes_cache: bool):
+    """`layout_prefill` with no shared prefix and one group: the batch as it is, in one forward."""
+    batch, width = input_ids.shape
+    device = input_ids.device
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    if writes_cache:
+        cache = _lean_cache(lean, batch, width + extra_columns, device)
+        every, cols = torch.arange(batch, device=device), torch.arange(width, device=device)
+        out, _ = prefill(model, input_ids, attention_mask, position_ids, CacheRows(cache, every, cols))
+        cache.mask[:, :width] = attention_mask.bool()
+        cache.length = width
+    else:
+        out, hf_cache = prefill(model, input_ids, attention_mask, position_ids)
+        cache = KVCache(lean, batch, width + extra_columns, lean.cache_dtype or hf_cache.layers[0].keys.dtype, device,
+                        key_tile=lean.key_tile)
+        cache.load_prefill(hf_cache, attention_mask)
+    return (head([out])[0] if head is not None else out), cache, position_ids[:, -1] + 1
+
+
+class CacheRows:
+    """A prefill forward's `cache` that writes each layer's keys and values straight into `rows` x `cols` of a
+    KVCache, after the shared prefix's (`prefix`: its batch-1 DynamicCache) where there is one. `update` returns
+    what a DynamicCache holding that prefix would (the prefix's K/V expanded to the rows, then the new ones), so
+    the forward's attention is unchanged; the KVCache rounds them once where it is bf16, as a copy would."""
+
+    def __init__(self, cache: KVCache, rows: torch.Tensor, cols: torch.Tensor, prefix=None):
+        self.cache, self.rows, self.cols, self.prefix = cache, rows, cols, prefix
+
+    def update(self, keys: torch.Tensor, values: torch.Tensor, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.prefix is not None:
+            pre, g = self.prefix.layers[layer], keys.shape[0]
+            keys = torch.cat([pre.keys.expand(g, -1, -1, -1), keys], dim=-2)
+            values = torch.cat([pre.values.expand(g, -1, -1, -1), values], dim=-2)
+        self.cache.put_keys(layer, self.rows, self.cols, keys)
+        v = self.cache.v[layer]
+        v[self.rows[:, None], :, self.cols[None, :]] = values.transpose(1, 2).to(v.dtype)
+        return keys, values
+
+
+def _expanded(model, prefix_cache, rows: int):
+    """A DynamicCache holding the prefix's K/V once per row (None without a prefix), for the HF forward."""
+    if prefix_cache is None:
+        return None
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=model.config)
+    for i, layer in enumerate(prefix_cache.layers):
+        cache.update(layer.keys.expand(rows, -1, -1, -1).contiguous(),
+                     layer.values.expand(rows, -1, -1, -1).contiguous(), i)
+    return cache
+
+
+def _lean_cache(lean: LeanModel, rows: int, capacity: int, device) -> KVCache:
+    """The KVCache a `writes_cache` prefill fills: fp32 unless the lean model keeps a bf16 cache (the lean
+    prefill's attention, and so its K/V, are fp32)."""
+    return KVCache(lean, rows, capacity, lean.cache_dtype or torch.float32, device, key_tile=lean.key_tile)
 
 
 def _gather_logits(outs: list[tuple[torch.Tensor, torch.Tensor]], batch: int,
