@@ -197,3 +197,54 @@ def test_the_forgetting_figure_draws_every_task_over_the_whole_chain(finished):
     assert [line.get_xdata()[0] for line in boundaries] == [3]
     assert len(ax.lines) == 2 + 2 + 1  # two tasks, their baselines, one stage boundary
     assert len(ax.collections) >= 2 + 2  # each task's interval band and its stage-end squares
+
+
+def _seed_curves(seed: int, boundaries: list, points: dict[str, list], ends: dict[str, list]):
+    from esft.experiments.forgetting_figures import TaskCurve, TrackCurves
+
+    curves = [TaskCurve(task, [(x, y, (y - 1, y + 1)) for x, y in pts], ends[task],
+                        (50.0, (40.0, 60.0)) if task == "boolq" else None) for task, pts in points.items()]
+    return TrackCurves("es", "ES", seed, curves, boundaries)
+
+
+def test_the_mean_over_seeds_takes_the_shared_steps_of_the_seeds_that_ran_as_far():
+    from esft.experiments.forgetting_figures import forgetting_figure, mean_over_seeds
+
+    both = [(3, "countdown"), (6, "boolq")]
+    a = _seed_curves(1, both, {"countdown": [(0, 10), (1, 20), (3, 30), (6, 0)], "boolq": [(0, 50), (3, 99)]},
+                     {"countdown": [(3, 30), (6, 0)], "boolq": [(3, 99)]})
+    b = _seed_curves(2, both, {"countdown": [(0, 10), (3, 50), (6, 4)], "boolq": [(0, 60), (3, 100)]},
+                     {"countdown": [(3, 50), (6, 4)], "boolq": [(3, 100)]})
+    c = _seed_curves(3, both, {"countdown": [(0, 10), (3, 40), (6, 2)], "boolq": [(0, 70), (3, 98)]},
+                     {"countdown": [(3, 40), (6, 2)], "boolq": [(3, 98)]})
+    short = _seed_curves(4, both[:1], {"countdown": [(0, 90), (3, 90)], "boolq": [(0, 90), (3, 90)]},
+                         {"countdown": [(3, 90)], "boolq": [(3, 90)]})
+    mean = mean_over_seeds([a, short, b, c])
+    assert mean.seed is None and [d.seed for d in mean.seeds] == [1, 2, 3]  # seed 4 stopped after stage 1
+    assert mean.boundaries == both
+    countdown, boolq = mean.curves
+    # step 1 is seed 1's alone: left out; sample std (ddof=1) of 30, 50, 40 is 10
+    assert [p[0] for p in countdown.points] == [0, 3, 6]
+    assert countdown.points[1] == (3, pytest.approx(40.0), (pytest.approx(30.0), pytest.approx(50.0)))
+    assert countdown.points[0][2] == (10.0, 10.0)  # no spread
+    assert countdown.points[2][2][0] == 0.0  # mean 2, sd 2: the band stops at 0
+    assert boolq.points[1][2][1] == 100.0 and boolq.points[1][1] == pytest.approx(99.0)  # and at 100
+    assert countdown.stage_ends == [(3, pytest.approx(40.0)), (6, pytest.approx(2.0))]
+    assert boolq.constant == (50.0, (40.0, 60.0)) and countdown.constant is None
+    assert mean_over_seeds([a]) is None and mean_over_seeds([a, short]) is None and mean_over_seeds([]) is None
+    ax = forgetting_figure(mean, "t").axes[0]
+    thin = [line for line in ax.lines if line.get_alpha() == 0.35]
+    assert len(thin) == 2 * 3  # each task, each seed
+    assert "over 3 seeds" in ax.get_legend().get_title().get_text()
+
+
+def test_two_seeds_get_a_mean_forgetting_figure(tmp_path, tokenizer):
+    spec = write_spec(tmp_path / "seq.yaml", "sequential", TASKS,
+                      {"es": {**ES_BLOCK, "iterations": 2, "checkpoint_every": 1}}, seeds=[42, 43],
+                      evaluation={**EVAL_BLOCK, "checkpoints": ["countdown"]})
+    out = tmp_path / "out"
+    assert run_experiment(load_spec(spec), out, TinyHooks(tokenizer).hooks).ok
+    tables = out / "tables"
+    for name in ("forgetting_es_seed-42.png", "forgetting_es_seed-43.png", "forgetting_es_mean.png"):
+        assert (tables / name).stat().st_size > 0
+        assert name in (tables / "tables.md").read_text()

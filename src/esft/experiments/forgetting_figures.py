@@ -6,6 +6,10 @@ the whole chain (stage 1's steps, then stage 2's after them, ...; 0 is the base 
 Wilson interval as a band. Each stage's final evaluation is its stage-end point (a square), the grey dashed lines
 mark where one stage ends and the next begins, and each task's constant-answer baseline is a dotted line in the
 task's colour over the light band of its interval. A track whose stages have no checkpoint evaluated gets no figure.
+
+With two seeds or more, `tables/forgetting_<track>_mean.png` also draws each task's mean over the seeds at the
+steps they share, its band the mean +- the sample standard deviation (ddof=1, as the tables give it), each seed
+as a thin line (`mean_over_seeds`).
 """
 
 from __future__ import annotations
@@ -33,10 +37,13 @@ class TaskCurve:
 class TrackCurves:
     track: str
     display: str
-    seed: int
+    seed: int | None
+    """None for a mean over `seeds`"""
     curves: list[TaskCurve]
     boundaries: list[tuple[float, str]]
     """(step at which a stage ends, its task)"""
+    seeds: list[TrackCurves] = field(default_factory=list)
+    """the per-seed curves a mean was taken over"""
 
 
 def checkpoint_task_list(exp: Experiment) -> list[str]:
@@ -96,6 +103,39 @@ def _as_summary(point: dict[str, Any]) -> dict[str, Any]:
             "constant_baseline_ci95": point["constant_baseline_ci95"]}
 
 
+def mean_over_seeds(per_seed: list[TrackCurves]) -> TrackCurves | None:
+    """One track's curves averaged over its seeds: for each task, at every step all the seeds have, the mean
+    accuracy with mean +- the sample standard deviation (ddof=1) as its interval, clipped to 0-100; stage ends the
+    same way; the first seed's constant-answer baseline (the same examples for every seed). Only the seeds whose
+    chain reached as far as the furthest one's (the same stage boundaries) are averaged: a seed with a stage still
+    to run would end the mean early. None with fewer than two such seeds."""
+    if not per_seed:
+        return None
+    furthest = max((data.boundaries for data in per_seed), key=len)
+    used = [data for data in per_seed if data.boundaries == furthest]
+    if len(used) < 2:
+        return None
+    curves = []
+    for i, first in enumerate(used[0].curves):
+        mean = TaskCurve(first.task, constant=next((d.curves[i].constant for d in used
+                                                    if d.curves[i].constant is not None), None))
+        by_seed = [{x: y for x, y, _ in d.curves[i].points} for d in used]
+        for x in sorted(set.intersection(*(set(points) for points in by_seed))):
+            mean.points.append(_mean_point(x, [points[x] for points in by_seed]))
+        ends = [dict(d.curves[i].stage_ends) for d in used]
+        for x in sorted(set.intersection(*(set(e) for e in ends))):
+            mean.stage_ends.append(_mean_point(x, [e[x] for e in ends])[:2])
+        curves.append(mean)
+    return TrackCurves(used[0].track, used[0].display, None, curves, list(furthest), used)
+
+
+def _mean_point(x: float, values: list[float]) -> tuple[float, float, tuple[float, float]]:
+    """(x, mean, (mean - sd, mean + sd) within 0-100) of the seeds' accuracies (%), sd with ddof=1."""
+    mean = sum(values) / len(values)
+    sd = (sum((v - mean) ** 2 for v in values) / (len(values) - 1)) ** 0.5
+    return x, mean, (max(0.0, mean - sd), min(100.0, mean + sd))
+
+
 def forgetting_figure(data: TrackCurves, title: str) -> Any:
     """A matplotlib Figure (not registered with pyplot) of one track's curves (module docstring)."""
     from matplotlib.figure import Figure
@@ -105,6 +145,10 @@ def forgetting_figure(data: TrackCurves, title: str) -> Any:
     for i, curve in enumerate(data.curves):
         color = FALLBACK_COLORS[i % len(FALLBACK_COLORS)]
         _draw_curve(ax, curve, color)
+        for seed in data.seeds:  # thin, unlabelled: the mean's spread, seed by seed
+            points = seed.curves[i].points
+            ax.plot([p[0] for p in points], [p[1] for p in points], color=color, lw=0.8, alpha=0.35,
+                    clip_on=False)
     for x, task in data.boundaries[:-1]:
         ax.axvline(x, color="grey", ls="--", lw=1)
     start = 0.0
@@ -116,8 +160,10 @@ def forgetting_figure(data: TrackCurves, title: str) -> Any:
     ax.set_xlabel("training steps of the chain (ES iterations / GRPO steps; 0 = base model)")
     ax.set_ylabel("accuracy (%)")
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0),
-              title="bands: 95% Wilson CI\nsquares: stage ends", title_fontsize=7)
+    bands = (f"bands: mean ± sample std\nover {len(data.seeds)} seeds\nthin lines: each seed" if data.seeds
+             else "bands: 95% Wilson CI")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), title=f"{bands}\nsquares: stage ends",
+              title_fontsize=7)
     fig.suptitle(title, fontsize=10, wrap=True)
     fig.tight_layout()
     return fig
@@ -142,20 +188,25 @@ def _draw_curve(ax: Any, curve: TaskCurve, color: str) -> None:
 
 def write_forgetting_figures(exp: Experiment, folder: str | Path) -> list[Path]:
     """`<folder>/forgetting_<track>_seed-<seed>.png` for every sequential track and seed with checkpoint
-    evaluations; [] when the spec evaluates no checkpoints."""
+    evaluations, and `forgetting_<track>_mean.png` for a track with two seeds or more to average
+    (`mean_over_seeds`); [] when the spec evaluates no checkpoints."""
     if not checkpoint_task_list(exp):
         return []
     steps = checkpoint_evaluations(exp)
-    written = []
+    written, model = [], exp.spec.get("model")
     for track, display in exp.tracks("sequential"):
-        for seed in exp.seeds:
-            data = track_curves(exp, track, display, seed, steps)
-            if data is None:
-                continue
-            title = f"{display}, seed {seed}: accuracy during sequential training ({exp.spec.get('model')})"
+        per_seed = [data for seed in exp.seeds if (data := track_curves(exp, track, display, seed, steps))]
+        for data in per_seed:
+            title = f"{display}, seed {data.seed}: accuracy during sequential training ({model})"
             written.append(save_figure(forgetting_figure(data, title),
-                                       Path(folder) / f"forgetting_{table_slug(track)}_seed-{seed}.png"))
+                                       Path(folder) / f"forgetting_{table_slug(track)}_seed-{data.seed}.png"))
+        if (mean := mean_over_seeds(per_seed)) is not None:
+            seeds = ", ".join(str(d.seed) for d in mean.seeds)
+            title = f"{display}, mean of seeds {seeds}: accuracy during sequential training ({model})"
+            written.append(save_figure(forgetting_figure(mean, title),
+                                       Path(folder) / f"forgetting_{table_slug(track)}_mean.png"))
     return written
 
 
-__all__ = ["TaskCurve", "TrackCurves", "forgetting_figure", "track_curves", "write_forgetting_figures"]
+__all__ = ["TaskCurve", "TrackCurves", "forgetting_figure", "mean_over_seeds", "track_curves",
+           "write_forgetting_figures"]
