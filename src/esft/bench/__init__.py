@@ -53,6 +53,8 @@ Definitions:
   worker-seconds are divided by the workers.
   `overhead_fraction_summed_lanes` keeps the lane sum undivided (its value before 2026-12-01).
   speedup_vs_naive = naive_iteration_s / iteration_s.
+* `memory` (with `--memory-rounds N`): N alternated rounds of peak RSS, the `cpu` preset's one ES iteration and
+  an evaluation of its batch, each in its own process, and ES over the evaluation per round (esft.bench.memory).
 * The memory limit: `memory_read_gbps` is the best streaming read rate measured (`read_gbps`, with the matmuls);
   `decode_read_bytes` what the iteration's decode steps must read at least (`roofline.decode_read_bytes`: each member's
   weights once per step, each row's cached keys and values once per step); `bandwidth_ratio` the time those bytes
@@ -220,6 +222,10 @@ def _measure(config: BenchConfig, model, tokenizer, log) -> dict[str, Any]:
         report["parallel_members"] = {name: entry.get("lanes") for name, entry in report["workloads"].items()}
     report.update(kernel_statuses())
     report["load_avg_1min_end"] = load_average()
+    if config.memory_rounds:
+        from esft.bench.memory import measure_memory
+
+        report["memory"] = measure_memory(config.model, config.memory_rounds, log)
     return report
 
 
@@ -446,6 +452,11 @@ def format_table(report: dict[str, Any]) -> str:
         if (check := w.get("outputs_vs_hf_generate")) is not None:
             lines.append(f"{name}: {check['identical']}/{check['completions']} greedy completions identical to "
                          f"model.generate's ({check['tokens']} tokens)")
+    if (memory := report.get("memory")) is not None:
+        peaks = ", ".join(f"{r['es_peak_rss_kb'] / 2**20:.2f} / {r['eval_peak_rss_kb'] / 2**20:.2f} GiB"
+                          for r in memory["rounds"])
+        lines.append(f"peak RSS, `{memory['es_command']}` / `{memory['eval_command']}` per round: {peaks}; ES over "
+                     f"the evaluation {memory['ratio_min']:.2f}-{memory['ratio_max']:.2f}x")
     return "\n".join(lines)
 
 

@@ -75,6 +75,10 @@ class BenchConfig(ConfigHooks):
     vllm: bool = True
     """with --inference, also time vLLM's pure generation of the same prompts where vLLM is installed (its CPU
     build in its own environment, scripts/vllm_venv.sh), in a spawned process after esft's measurements"""
+    memory_rounds: int = 0
+    """after the workloads, also measure peak memory: this many alternated rounds of the `cpu` preset's one ES
+    iteration and an evaluation of its batch, each an `esft` process of its own (esft.bench.memory); the
+    report's `memory` gives each round's peak RSS and ES over the evaluation"""
 
     def __post_init__(self) -> None:
         # unset options take esft's fast configuration, or the bit-exact defaults with `exact`
@@ -122,7 +126,8 @@ class BenchConfig(ConfigHooks):
 #: the matmul is timed (rollout_dtype), with a bare Python error (repeats 0, threads < 1), or run a mislabelled
 #: layout (workers 0 is neither the local executor nor Ray workers)
 BENCH_RULES = {"repeats": at_least(1), "threads": at_least(1), "parallel_members": at_least(1), "workers": at_least(1),
-               "rank": at_least(1), "seed": at_least(0), "rollout_dtype": one_of("auto", "float32", "bfloat16")}
+               "rank": at_least(1), "seed": at_least(0), "rollout_dtype": one_of("auto", "float32", "bfloat16"),
+               "memory_rounds": at_least(0)}
 
 
 def check_given(config: BenchConfig, given: dict[str, Any]) -> None:
