@@ -32,7 +32,7 @@ def test_each_process_s_own_peak_is_read_not_this_one_s(tmp_path):
 
 def test_rounds_alternate_es_then_evaluation_and_give_each_round_s_ratio(tmp_path):
     mark = tmp_path / "order"
-    report = peak_rss_rounds(_allocating(240, mark, "es"), _allocating(60, mark, "eval"), 3, tmp_path,
+    report = peak_rss_rounds(lambda k: (_allocating(240, mark, "es"), _allocating(60, mark, "eval")), 3, tmp_path,
                              log=lambda msg: None)
     assert mark.read_text().split() == ["es", "eval"] * 3
     assert len(report["rounds"]) == 3
@@ -82,3 +82,29 @@ def test_negative_memory_rounds_are_refused_before_the_model_loads(monkeypatch, 
     monkeypatch.setattr(esft.models, "load_model", no_load)
     assert main(["bench", "--workloads", "cpu-preset", "--memory-rounds", "-1"]) == 2
     assert "--memory-rounds" in capsys.readouterr().err
+
+
+def test_every_round_writes_its_own_folders(tmp_path, monkeypatch):
+    """An ES run refuses an output folder that holds a run: round 2 used to reuse round 1's and fail."""
+    import esft.bench.memory as memory
+
+    def once(folder: Path) -> list[str]:  # like `esft train es`: refuses a folder already written
+        code = f"import os, sys; p = {str(folder)!r}; sys.exit(2) if os.path.exists(p) else os.makedirs(p)"
+        return [sys.executable, "-c", code]
+
+    made = []
+
+    def commands(model, output):
+        made.append(output)
+        return once(output / "es"), once(output / "eval")
+
+    monkeypatch.setattr(memory, "memory_commands", commands)
+    report = memory.measure_memory("m", 3, log=lambda msg: None)
+    assert len(report["rounds"]) == 3 and len(set(made)) == 3
+
+
+def test_a_failed_measurement_is_named_in_the_table():
+    table = format_table({"matmul_gflops": 1.0, "dtype": "float32", "threads": 2, "params": 1e6, "population": 4,
+                          "noise": "table", "generation_overrides": {}, "workloads": {},
+                          "memory": {"error": "esft train es ... exited with 2"}})
+    assert "peak RSS not measured: esft train es ... exited with 2" in table

@@ -43,6 +43,13 @@ def test_the_lean_prefill_writing_the_kv_cache_gives_the_copied_caches_bits(toke
         pytest.skip("the lean prefill needs both fast kernels")
     if dtype == torch.bfloat16 and lean.packed_linear_reason(dtype) is not None:
         pytest.skip(lean.packed_linear_reason(dtype))
+    import esft.generation.prefill as prefill
+
+    # no per-forward cost: the prompts' lengths (37-47 tokens, and 5 and 31) then split into `buckets` groups
+    monkeypatch.setattr(prefill, "PREFILL_BUCKET_TOKENS", 0)
+    groups = []
+    real_buckets = prefill.length_buckets
+    monkeypatch.setattr(prefill, "length_buckets", lambda *a, **k: groups.append(real_buckets(*a, **k)) or groups[-1])
     model = _tiny(kind).to(dtype)
     ids, mask = left_pad(encode_prompts(tokenizer, SHARED + PROMPTS[2:4] if not share else SHARED), 2, "cpu")
     with torch.inference_mode():
@@ -50,6 +57,7 @@ def test_the_lean_prefill_writing_the_kv_cache_gives_the_copied_caches_bits(toke
         assert lm.fused_projections and lm.key_tile
         ((logits, cache, pos), direct_rows), ((ref_logits, ref, ref_pos), copied_rows) = _layouts(
             model, lm, ids, mask, share, buckets, monkeypatch)
+    assert all(len(g) == buckets for g in groups) and len(groups) == (2 if buckets > 1 else 0)
     # only the shared prefix's batch-1 forward keeps a DynamicCache; the copying path holds whole groups
     assert set(direct_rows) <= {1} and (not share or direct_rows)
     assert max(copied_rows) > 1

@@ -225,7 +225,10 @@ def _measure(config: BenchConfig, model, tokenizer, log) -> dict[str, Any]:
     if config.memory_rounds:
         from esft.bench.memory import measure_memory
 
-        report["memory"] = measure_memory(config.model, config.memory_rounds, log)
+        try:  # a failed side must not cost the workloads' numbers
+            report["memory"] = measure_memory(config.model, config.memory_rounds, log)
+        except RuntimeError as exc:
+            report["memory"] = {"error": str(exc)}
     return report
 
 
@@ -452,7 +455,9 @@ def format_table(report: dict[str, Any]) -> str:
         if (check := w.get("outputs_vs_hf_generate")) is not None:
             lines.append(f"{name}: {check['identical']}/{check['completions']} greedy completions identical to "
                          f"model.generate's ({check['tokens']} tokens)")
-    if (memory := report.get("memory")) is not None:
+    if (memory := report.get("memory")) is not None and "error" in memory:
+        lines.append(f"peak RSS not measured: {memory['error']}")
+    elif memory is not None:
         peaks = ", ".join(f"{r['es_peak_rss_kb'] / 2**20:.2f} / {r['eval_peak_rss_kb'] / 2**20:.2f} GiB"
                           for r in memory["rounds"])
         lines.append(f"peak RSS, `{memory['es_command']}` / `{memory['eval_command']}` per round: {peaks}; ES over "

@@ -1,11 +1,12 @@
-"""Peak resident memory of an ES run against an evaluation of the same prompts (`esft bench --memory-rounds N`).
+"""Peak resident memory of an ES run against an evaluation (`esft bench --memory-rounds N`).
 
 Each side runs as its own `esft` process, so that its peak resident set (the kernel's `ru_maxrss`, read when the
 process is reaped) is its own: the ES side is `esft train es --preset cpu` for one iteration without a held-out
-evaluation, the evaluation side `esft eval` of the preset's task on its batch (`batch_size` examples, its
-passage cut, completion budget and generation batch size). The rounds alternate the two, ES first, because the
-peaks move by ~10% from run to run on the VMs measured (glibc keeps freed memory): `ratio` is each round's ES peak
-over the evaluation right after it.
+evaluation (its fast rollout engine, one lane), the evaluation side `esft eval` of the preset's task with the
+preset's batch size as `--limit` (the first examples of the evaluation split, not the ES batch's training
+examples), its passage cut, completion budget and generation batch size, on esft's exact default engine. The
+rounds alternate the two, ES first, each in a folder of its own, because the peaks move by ~10% from run to run on
+the VMs measured (glibc keeps freed memory): `ratio` is each round's ES peak over the evaluation right after it.
 """
 
 from __future__ import annotations
@@ -57,11 +58,13 @@ def peak_rss_kb(command: Sequence[str], log_path: Path) -> int:
     return maxrss // 1024 if sys.platform == "darwin" else maxrss  # bytes on macOS, kB on Linux
 
 
-def peak_rss_rounds(es: Sequence[str], evaluation: Sequence[str], rounds: int, folder: Path,
+def peak_rss_rounds(commands: Callable[[int], tuple[Sequence[str], Sequence[str]]], rounds: int, folder: Path,
                     log: Callable[[str], None] = print) -> dict[str, Any]:
-    """`rounds` alternated pairs (ES, then the evaluation) of peak RSS, logs in `folder`: the report's `memory`."""
+    """`rounds` alternated pairs (ES, then the evaluation) of peak RSS, logs in `folder`: the report's `memory`.
+    `commands(k)`: round k's (ES, evaluation) commands (an ES run refuses an output folder that holds a run)."""
     pairs = []
     for k in range(1, rounds + 1):
+        es, evaluation = commands(k)
         log(f"memory round {k}/{rounds}: ES ...")
         es_kb = peak_rss_kb(es, folder / f"es-{k}.log")
         log(f"memory round {k}/{rounds}: evaluation ...")
@@ -83,5 +86,4 @@ def _shown(command: Sequence[str]) -> str:
 def measure_memory(model: str, rounds: int, log: Callable[[str], None] = print) -> dict[str, Any]:
     """`peak_rss_rounds` of `memory_commands(model)`, in a temporary folder removed afterwards."""
     with tempfile.TemporaryDirectory(prefix="esft-bench-memory-") as tmp:
-        es, evaluation = memory_commands(model, Path(tmp))
-        return peak_rss_rounds(es, evaluation, rounds, Path(tmp), log)
+        return peak_rss_rounds(lambda k: memory_commands(model, Path(tmp) / f"round-{k}"), rounds, Path(tmp), log)

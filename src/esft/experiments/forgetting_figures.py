@@ -160,8 +160,8 @@ def forgetting_figure(data: TrackCurves, title: str) -> Any:
     ax.set_xlabel("training steps of the chain (ES iterations / GRPO steps; 0 = base model)")
     ax.set_ylabel("accuracy (%)")
     ax.grid(True, alpha=0.3)
-    bands = (f"bands: mean ± sample std\nover {len(data.seeds)} seeds\nthin lines: each seed" if data.seeds
-             else "bands: 95% Wilson CI")
+    bands = (f"bands: mean ± sample std\nover {len(data.seeds)} seeds (baselines':\n95% Wilson CI)\n"
+             "thin lines: each seed" if data.seeds else "bands: 95% Wilson CI")
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), title=f"{bands}\nsquares: stage ends",
               title_fontsize=7)
     fig.suptitle(title, fontsize=10, wrap=True)
