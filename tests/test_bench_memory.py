@@ -103,7 +103,12 @@ def test_every_round_writes_its_own_folders(tmp_path, monkeypatch):
     assert len(report["rounds"]) == 3 and len(set(made)) == 3
 
 
-def test_a_failed_measurement_is_named_in_the_table():
+def test_a_failed_measurement_is_reported_and_named_in_the_table(tmp_path, monkeypatch):
+    import esft.bench.memory as memory
+
+    failing = [sys.executable, "-c", "import sys; print('no such task'); sys.exit(3)"]
+    monkeypatch.setattr(memory, "memory_commands", lambda model, output: (failing, failing))
+    assert "exited with 3:\nno such task" in memory.measure_memory("m", 2, log=lambda msg: None)["error"]
     table = format_table({"matmul_gflops": 1.0, "dtype": "float32", "threads": 2, "params": 1e6, "population": 4,
                           "noise": "table", "generation_overrides": {}, "workloads": {},
                           "memory": {"error": "esft train es ... exited with 2"}})

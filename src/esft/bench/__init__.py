@@ -225,10 +225,7 @@ def _measure(config: BenchConfig, model, tokenizer, log) -> dict[str, Any]:
     if config.memory_rounds:
         from esft.bench.memory import measure_memory
 
-        try:  # a failed side must not cost the workloads' numbers
-            report["memory"] = measure_memory(config.model, config.memory_rounds, log)
-        except RuntimeError as exc:
-            report["memory"] = {"error": str(exc)}
+        report["memory"] = measure_memory(config.model, config.memory_rounds, log)
     return report
 
 

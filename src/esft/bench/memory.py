@@ -84,6 +84,11 @@ def _shown(command: Sequence[str]) -> str:
 
 
 def measure_memory(model: str, rounds: int, log: Callable[[str], None] = print) -> dict[str, Any]:
-    """`peak_rss_rounds` of `memory_commands(model)`, in a temporary folder removed afterwards."""
+    """`peak_rss_rounds` of `memory_commands(model)`, in a temporary folder removed afterwards; {"error": what
+    failed} when a side fails (the bench's workloads are measured by then, and kept)."""
     with tempfile.TemporaryDirectory(prefix="esft-bench-memory-") as tmp:
-        return peak_rss_rounds(lambda k: memory_commands(model, Path(tmp) / f"round-{k}"), rounds, Path(tmp), log)
+        try:
+            return peak_rss_rounds(lambda k: memory_commands(model, Path(tmp) / f"round-{k}"), rounds, Path(tmp),
+                                   log)
+        except RuntimeError as exc:
+            return {"error": str(exc)}
