@@ -65,26 +65,49 @@ def test_probe_is_fp32_time_over_bf16_time(monkeypatch):
         pytest.skip("this torch has no bf16 packed linear")
     seen = []
 
-    def fake_time(fn, reps):
-        dtype = fn().dtype  # the output of the timed linear says which dtype ran
-        seen.append(dtype)
-        return {torch.float32: 0.006, torch.bfloat16: 0.002}[dtype]
+    def fake_times(fns, reps, calls):
+        threads = torch.get_num_threads()
+        out = {}
+        for key, fn in fns.items():
+            dtype = fn().dtype  # the output of the timed linear says which dtype ran
+            assert key == dtype
+            seen.append((dtype, threads))
+            out[key] = {torch.float32: 0.006, torch.bfloat16: 0.002}[dtype]
+        return out
 
-    monkeypatch.setattr(precision, "_best_time", fake_time)
-    assert precision.probe_bf16_speedup.__wrapped__() == pytest.approx(3.0)
-    assert sorted(map(str, seen)) == ["torch.bfloat16", "torch.float32"]
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        monkeypatch.setattr(precision, "_best_times", fake_times)
+        assert precision.probe_bf16_speedup.__wrapped__() == pytest.approx(3.0)
+        assert torch.get_num_threads() == 2  # the caller's threads are back
+    finally:
+        torch.set_num_threads(before)
+    assert sorted((str(d), t) for d, t in seen) == [("torch.bfloat16", 1), ("torch.float32", 1)]  # on one thread
     monkeypatch.setattr(packed, "packed_linear_reason", lambda dtype: "no bf16 here")
     assert precision.probe_bf16_speedup.__wrapped__() is None
     assert len(seen) == 2
 
 
-def test_best_time_is_the_fastest_of_the_timed_runs_after_a_warm_up(monkeypatch):
-    """`_best_time` runs once untimed, then `reps` timed runs, and keeps the shortest."""
-    clock = iter([0.0, 5.0, 10.0, 11.0, 20.0, 23.0])  # three timed runs of 5, 1 and 3 s
+def test_the_probe_alternates_the_dtypes_timings():
+    """A busy moment must slow both dtypes alike: each rep times every function in turn, `calls` calls each."""
+    order = []
+    fns = {"a": lambda: order.append("a"), "b": lambda: order.append("b")}
+    best = precision._best_times(fns, reps=3, calls=2)
+    assert order == ["a", "b"] + ["a", "a", "b", "b"] * 3  # one untimed call each, then alternated reps
+    assert set(best) == {"a", "b"} and all(0 <= t < 1 for t in best.values())
+
+
+def test_best_times_are_the_fastest_of_the_timed_runs_after_a_warm_up(monkeypatch):
+    """`_best_times` runs each function once untimed, then `reps` timed runs of `calls` calls, and keeps each
+    function's shortest."""
+    # reps of (a, b): (5, 2), (1, 4), (3, 1) s
+    clock = iter([0.0, 5.0, 10.0, 12.0, 20.0, 21.0, 30.0, 34.0, 40.0, 43.0, 50.0, 51.0])
     monkeypatch.setattr(precision.time, "perf_counter", lambda: next(clock))
     calls = []
-    assert precision._best_time(lambda: calls.append(1), 3) == 1.0
-    assert len(calls) == 4
+    best = precision._best_times({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, 3, 2)
+    assert best == {"a": 1.0, "b": 1.0}
+    assert calls.count("a") == calls.count("b") == 1 + 3 * 2
 
 
 def test_choices_record_what_was_requested_chosen_and_why():
@@ -192,7 +215,8 @@ def test_probe_survives_a_bf16_time_of_zero(monkeypatch):
     """A bf16 run below the clock's resolution reads as a huge speedup, not a division by zero."""
     if packed.packed_linear_reason(torch.bfloat16) is not None:
         pytest.skip("this torch has no bf16 packed linear")
-    monkeypatch.setattr(precision, "_best_time", lambda fn, reps: 0.0 if fn().dtype == torch.bfloat16 else 0.003)
+    monkeypatch.setattr(precision, "_best_times", lambda fns, reps, calls: {
+        key: 0.0 if fn().dtype == torch.bfloat16 else 0.003 for key, fn in fns.items()})
     assert precision.probe_bf16_speedup.__wrapped__() == pytest.approx(0.003 / 1e-12)
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import torch
 
@@ -41,21 +41,33 @@ def native_bf16_flags(flags: Iterable[str]) -> list[str]:
     return [f for f in NATIVE_BF16_FLAGS if f in have]
 
 
-def _best_time(fn: Callable[[], object], reps: int) -> float:
-    fn()
-    best = float("inf")
-    for _ in range(reps):
-        t = time.perf_counter()
+def _best_times(fns: dict[Any, Callable[[], object]], reps: int, calls: int) -> dict[Any, float]:
+    """Each function's fastest of `reps` timings of `calls` calls, after one untimed call of each; the functions'
+    timings alternate, so that a busy moment slows each alike."""
+    for fn in fns.values():
         fn()
-        best = min(best, time.perf_counter() - t)
+    best = dict.fromkeys(fns, float("inf"))
+    for _ in range(reps):
+        for key, fn in fns.items():
+            t = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            best[key] = min(best[key], time.perf_counter() - t)
     return best
 
 
 @functools.lru_cache(maxsize=1)
-def probe_bf16_speedup(rows: int = 16, out: int = 1536, inner: int = 576, reps: int = 20) -> float | None:
+def probe_bf16_speedup(rows: int = 16, out: int = 1536, inner: int = 576, reps: int = 20,
+                       calls: int = 8) -> float | None:
     """fp32 time / bf16 time of a decode-shaped packed linear ([rows, inner] x [inner, out], the rollout's
-    kind of matmul) with the current thread setting; None where oneDNN's packed linear or bf16 is missing.
-    ~20 ms, once per process."""
+    kind of matmul) on one torch thread; None where oneDNN's packed linear or bf16 is missing. ~0.3 s, once per
+    process.
+
+    One thread, because the question is the arithmetic (native or emulated bf16), and a parallel call this short
+    waits on any thread another process has descheduled: with two threads on a busy 2-core AMX Xeon the probe
+    read anywhere from 0.03x to 386x, and 0.05x once at a bench's start, which chose fp32 rollouts there; one
+    thread, with the two dtypes' timings alternated, read 4.7-6.7x busy or idle (docs/performance.md, "The bf16
+    probe on one thread")."""
     from esft.generation.packed import pack_weight, packed_linear, packed_linear_reason
 
     if packed_linear_reason(torch.bfloat16) is not None:
@@ -63,11 +75,16 @@ def probe_bf16_speedup(rows: int = 16, out: int = 1536, inner: int = 576, reps: 
     gen = torch.Generator().manual_seed(0)
     w = torch.randn(out, inner, generator=gen)
     x = torch.randn(rows, inner, generator=gen)
-    times = {}
+    fns = {}
     for dtype in (torch.float32, torch.bfloat16):
         packed = pack_weight(w.to(dtype), rows)  # the rollouts' own path: the AMX linear for bf16 where it runs
-        xd = x.to(dtype)
-        times[dtype] = _best_time(lambda: packed_linear(xd, packed), reps)
+        fns[dtype] = functools.partial(packed_linear, x.to(dtype), packed)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        times = _best_times(fns, reps, calls)
+    finally:
+        torch.set_num_threads(threads)
     return times[torch.float32] / max(times[torch.bfloat16], 1e-12)
 
 
