@@ -14,8 +14,8 @@ from test_lean import PROMPTS, SHARED, _fast_kernels, _tiny
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def _layouts(model, lm, ids, mask, share, buckets, monkeypatch):
-    """layout_prefill both ways, with the batch sizes of every DynamicCache.update each made."""
+def _cache_rows_seen(monkeypatch) -> list[int]:
+    """The batch size of every DynamicCache.update from now on (the list fills as they come)."""
     from transformers import DynamicCache
 
     real, seen = DynamicCache.update, []
@@ -25,6 +25,12 @@ def _layouts(model, lm, ids, mask, share, buckets, monkeypatch):
         return real(self, keys, values, layer, *args, **kwargs)
 
     monkeypatch.setattr(DynamicCache, "update", spy)
+    return seen
+
+
+def _layouts(model, lm, ids, mask, share, buckets, monkeypatch):
+    """layout_prefill both ways, with the batch sizes of every DynamicCache.update each made."""
+    seen = _cache_rows_seen(monkeypatch)
     out = []
     for writes in (True, False):
         seen.clear()
@@ -101,20 +107,12 @@ def test_cache_rows_puts_the_prefix_then_the_new_columns_at_the_given_rows_and_c
 
 def test_lean_decoding_fills_no_dynamic_cache_of_many_rows(tokenizer, monkeypatch):
     """`esft.generation.generate` with the fast kernels: the prompt's K/V go straight into the KVCache."""
-    from transformers import DynamicCache
-
     from esft.generation import GenerationConfig, generate
 
     options = _fast_kernels()
     if not (options.get("packed_linear") and options.get("fused_attention")):
         pytest.skip("the lean prefill needs both fast kernels")
-    real, seen = DynamicCache.update, []
-
-    def spy(self, keys, values, layer, *args, **kwargs):
-        seen.append(keys.shape[0])
-        return real(self, keys, values, layer, *args, **kwargs)
-
-    monkeypatch.setattr(DynamicCache, "update", spy)
+    seen = _cache_rows_seen(monkeypatch)
     for share, buckets in ((True, 2), (False, 1)):
         config = GenerationConfig(max_new_tokens=3, batch_size=4, share_prefix=share, prefill_buckets=buckets,
                                   **options)
