@@ -102,7 +102,7 @@ def layout_prefill(model, lean: LeanModel, input_ids: torch.Tensor, attention_ma
     next_pos = torch.empty(batch, dtype=torch.long, device=device)
     cache = None
     if writes_cache:
-        cache = _lean_cache(lean, batch, total + extra_columns, device)
+        cache = _new_cache(lean, batch, total + extra_columns, device, torch.float32)
         cache.zero(total)
     for group in groups:
         idx = torch.tensor(group, dtype=torch.long, device=device)
@@ -117,8 +117,7 @@ def layout_prefill(model, lean: LeanModel, input_ids: torch.Tensor, attention_ma
         else:
             group_out, hf_cache = prefill(model, suffix, mask_in, positions, _expanded(model, prefix_cache, g))
             if cache is None:
-                dtype = lean.cache_dtype or hf_cache.layers[0].keys.dtype
-                cache = KVCache(lean, batch, total + extra_columns, dtype, device, key_tile=lean.key_tile)
+                cache = _new_cache(lean, batch, total + extra_columns, device, hf_cache.layers[0].keys.dtype)
                 cache.zero(total)
             into = CacheRows(cache, idx, cols)
             for i, layer in enumerate(hf_cache.layers):
@@ -138,15 +137,14 @@ def _plain_prefill(model, lean: LeanModel, input_ids: torch.Tensor, attention_ma
     device = input_ids.device
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     if writes_cache:
-        cache = _lean_cache(lean, batch, width + extra_columns, device)
+        cache = _new_cache(lean, batch, width + extra_columns, device, torch.float32)
         every, cols = torch.arange(batch, device=device), torch.arange(width, device=device)
         out, _ = prefill(model, input_ids, attention_mask, position_ids, CacheRows(cache, every, cols))
         cache.mask[:, :width] = attention_mask.bool()
         cache.length = width
     else:
         out, hf_cache = prefill(model, input_ids, attention_mask, position_ids)
-        cache = KVCache(lean, batch, width + extra_columns, lean.cache_dtype or hf_cache.layers[0].keys.dtype, device,
-                        key_tile=lean.key_tile)
+        cache = _new_cache(lean, batch, width + extra_columns, device, hf_cache.layers[0].keys.dtype)
         cache.load_prefill(hf_cache, attention_mask)
     return (head([out])[0] if head is not None else out), cache, position_ids[:, -1] + 1
 
@@ -184,10 +182,10 @@ def _expanded(model, prefix_cache, rows: int):
     return cache
 
 
-def _lean_cache(lean: LeanModel, rows: int, capacity: int, device) -> KVCache:
-    """The KVCache a `writes_cache` prefill fills: fp32 unless the lean model keeps a bf16 cache (the lean
-    prefill's attention, and so its K/V, are fp32)."""
-    return KVCache(lean, rows, capacity, lean.cache_dtype or torch.float32, device, key_tile=lean.key_tile)
+def _new_cache(lean: LeanModel, rows: int, capacity: int, device, prefill_dtype: torch.dtype) -> KVCache:
+    """The KVCache the prompt fills: the lean model's cache dtype where it keeps one (bf16), else the prefill's K/V
+    dtype (fp32 for the lean prefill, whose attention runs in fp32, known before it runs)."""
+    return KVCache(lean, rows, capacity, lean.cache_dtype or prefill_dtype, device, key_tile=lean.key_tile)
 
 
 def _gather_logits(outs: list[tuple[torch.Tensor, torch.Tensor]], batch: int,
