@@ -264,3 +264,41 @@ def test_packed_linear_takes_any_leading_shape_and_strides(amx):
     assert torch.equal(packed_linear(x, handle), flat.view(3, 5, 64))
     strided = torch.randn(15, 192).to(torch.bfloat16)[:, ::2]  # every other column: not contiguous
     assert torch.equal(packed_linear(strided, handle), packed_linear(strided.contiguous(), handle))
+
+
+def _screen_packing(w, monkeypatch):
+    """An LMHeadScreen of `w`, and the shapes `pack_weight` was handed while it was built."""
+    from esft.generation import packed
+    from esft.generation.vocab import VocabRows
+
+    shapes, real = [], packed.pack_weight
+
+    def recording(weight, batch_hint):
+        shapes.append(tuple(weight.shape))
+        return real(weight, batch_hint)
+
+    monkeypatch.setattr(packed, "pack_weight", recording)
+    return packed.LMHeadScreen(VocabRows(w), 4), shapes
+
+
+def test_without_the_kernel_the_screen_packs_its_bf16_copy_whole(monkeypatch):
+    """oneDNN's blocked layout is packed from the whole plain bf16 matrix (any machine: the kernel hidden)."""
+    from esft.generation.packed import ROW_NORM_BLOCK
+
+    monkeypatch.setattr(kernels, "load_amx_linear", lambda: None)
+    w = torch.randn(ROW_NORM_BLOCK + 96, 64)
+    screen, shapes = _screen_packing(w, monkeypatch)
+    assert shapes == [tuple(w.shape)]
+    assert screen.packed_bf16.layout == torch._mkldnn
+
+
+def test_the_screen_writes_its_bf16_copy_into_the_tiles_strip_by_strip(amx, monkeypatch):
+    """With the AMX linear the screen never holds a whole plain bf16 copy beside the packed one (54 MiB for
+    SmolLM2's lm_head, at every member): blocks of rows are packed into their place, and the result is the bits
+    of packing the whole matrix."""
+    from esft.generation.packed import ROW_NORM_BLOCK
+
+    w = torch.randn(2 * ROW_NORM_BLOCK + 96, 64, generator=torch.Generator().manual_seed(5))
+    screen, shapes = _screen_packing(w, monkeypatch)
+    assert [s[0] for s in shapes] == [ROW_NORM_BLOCK, ROW_NORM_BLOCK, 96]
+    assert torch.equal(screen.packed_bf16, tile_layout(w.to(torch.bfloat16)))

@@ -213,6 +213,13 @@ def row_norms(weight: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def _packs_by_rows(shape: torch.Size) -> bool:
+    """Whether a bf16 [V, D] matrix of this shape packs for the AMX linear (`tile_layout`), whose blocks of 32 rows
+    are contiguous: then the screen writes its copy strip by strip (`ROW_NORM_BLOCK` rows, a multiple of 32)
+    instead of holding a plain bf16 copy (54 MiB for SmolLM2) beside the packed one while it packs."""
+    return amx_linear_reason(torch.empty(shape, dtype=torch.bfloat16, device="meta")) is None
+
+
 class LMHeadScreen:
     """Greedy decoding's lm_head at half the cost: logits first in bf16 (oneDNN, half the bytes and ~2x the FLOP
     rate of fp32 on CPUs with AVX512-BF16 or AMX), then fp32 logits only for the tokens that a rigorous error
@@ -233,12 +240,18 @@ class LMHeadScreen:
         self.vocab = vocab  # the live lm_head's rows (ES perturbs it; this object lives for one generate call)
         # `packed_bf16`: the caller's own packed copy when the weight is bf16 already (bf16 rollouts: the lean
         # model's packed lm_head), so the vocabulary matrix is not held twice. Otherwise the bf16 copy is made
-        # block by block, with the fp32 norms (also for bf16 weights: the bound needs them at full precision)
+        # block by block, with the fp32 norms (also for bf16 weights: the bound needs them at full precision):
+        # straight into the AMX linear's tiles where it runs, else whole, then packed by oneDNN
         self.row_norms = torch.empty(vocab.shape[0], dtype=torch.float32)
-        plain = None if packed_bf16 is not None else torch.empty(vocab.shape, dtype=torch.bfloat16)
+        tiles = packed_bf16 is None and _packs_by_rows(vocab.shape)
+        plain = None if packed_bf16 is not None or tiles else torch.empty(vocab.shape, dtype=torch.bfloat16)
+        if tiles:
+            packed_bf16 = torch.empty((vocab.shape[0] // 32, vocab.shape[1] // 32, 16, 32, 2), dtype=torch.bfloat16)
         for start, block in vocab.blocks(ROW_NORM_BLOCK):
             self.row_norms[start:start + block.shape[0]] = row_norms(block)
-            if plain is not None:
+            if tiles:
+                packed_bf16[start // 32:(start + block.shape[0]) // 32] = pack_weight(block.to(torch.bfloat16), 0)
+            elif plain is not None:
                 plain[start:start + block.shape[0]] = block
         self.packed_bf16 = packed_bf16 if plain is None else pack_weight(plain, batch_hint)
         k = vocab.shape[1]
