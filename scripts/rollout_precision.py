@@ -16,13 +16,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from esft.bench import cpu_info
 from esft.es.build import fitness_rule, generation_config, make_strategy
 from esft.es.es_config import preset
 from esft.es.executor import LocalExecutor
@@ -85,7 +85,8 @@ def main() -> None:
     report = {"preset": args.preset, "population_size": config.population_size, "batch_size": config.batch_size,
               "max_new_tokens": config.max_new_tokens, "task": config.task, "noise": config.noise,
               "sigma": config.sigma, "generation_options": config.generation_options,
-              "cpu": platform.processor() or None, "cpu_native_bf16_flags": native_bf16_flags(cpu_flags()),
+              "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "cpu": cpu_info(),
+              "cpu_native_bf16_flags": native_bf16_flags(cpu_flags()),
               "torch": torch.__version__, "threads": torch.get_num_threads(),
               "mean_rank_correlation": round(float(np.mean(rho)), 4) if rho else None,
               "mean_identical_completions": round(float(np.mean([r["identical_completions"] for r in rows])), 4),
