@@ -46,7 +46,7 @@ def test_rounds_alternate_es_then_evaluation_and_give_each_round_s_ratio(tmp_pat
                                                             for k in (1, 2, 3)]
     table = format_table({"matmul_gflops": 1.0, "dtype": "float32", "threads": 2, "params": 1e6, "population": 4,
                           "noise": "table", "generation_overrides": {}, "workloads": {}, "memory": report})
-    assert f"ES over the evaluation {ratios[0]:.2f}-{ratios[2]:.2f}x" in table
+    assert f"ES over the evaluation {ratios[0]:.2f}-{ratios[2]:.2f}x (median {ratios[1]:.2f}x)" in table
 
 
 def test_a_failing_side_raises_with_its_output(tmp_path):

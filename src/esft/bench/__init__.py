@@ -458,7 +458,8 @@ def format_table(report: dict[str, Any]) -> str:
         peaks = ", ".join(f"{r['es_peak_rss_kb'] / 2**20:.2f} / {r['eval_peak_rss_kb'] / 2**20:.2f} GiB"
                           for r in memory["rounds"])
         lines.append(f"peak RSS, `{memory['es_command']}` / `{memory['eval_command']}` per round: {peaks}; ES over "
-                     f"the evaluation {memory['ratio_min']:.2f}-{memory['ratio_max']:.2f}x")
+                     f"the evaluation {memory['ratio_min']:.2f}-{memory['ratio_max']:.2f}x (median "
+                     f"{memory['ratio_median']:.2f}x)")
     return "\n".join(lines)
 
 
