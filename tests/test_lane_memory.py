@@ -360,8 +360,7 @@ def test_one_lane_on_the_packed_path_generates_on_a_released_copy(tokenizer, mon
     ex.close()
 
 
-def test_a_new_lane_copy_starts_with_its_matrices_released_and_generates_the_in_place_completions(tokenizer,
-                                                                                                 monkeypatch):
+def test_a_new_lane_copy_starts_with_its_matrices_released_and_generates_the_in_place_completions(tokenizer):
     """A lane copy made for esft's engine holds no plain matrices before its first member: the engine writes each
     one as it reads it (`MasterWeights.fill`), so the first member never leaves a whole plain model in the heap.
     Vectors (norm gains) keep their storage, and an injected generate function, which may read the copy's
@@ -377,50 +376,12 @@ def test_a_new_lane_copy_starts_with_its_matrices_released_and_generates_the_in_
     matrices = {n for n, p in lane.named_parameters() if p.dim() >= 2}
     assert matrices and _released(lane) == matrices
     assert ex.evaluate_members(members, batch).texts == expected
-    # made without storage, not freed afterwards: nothing is left for a later release to free
-    import esft.es.executor as executor
-
-    freed_later = []
-    monkeypatch.setattr(executor, "release", lambda params: freed_later.extend(params))
-    again = LocalExecutor(model, tokenizer, weights, task, 0.02, gen)
-    again.start()
-    assert _released(again._lane(0)[0]) == matrices
 
     other = _tiny("llama")
     ex = LocalExecutor(other, tokenizer, make_weights(other, ESConfig(noise="table", parallel_members=2)), task, 0.02,
                        gen, generate_fn=lambda *a, **kw: [])
     ex.start()
     assert not _released(ex._lane(0)[0])
-
-
-def test_a_replicas_matrices_are_freed_one_by_one_as_they_are_made(monkeypatch):
-    """`rollout_replica(without_storage=...)` frees each named parameter's copy before it makes the next one, so
-    the allocator can hand every matrix the block the previous one gave back, instead of holding them all at once
-    (a heap grown by the whole model, later left freed but resident). Shapes, dtypes and tied weights are kept;
-    parameters not named keep their storage."""
-    from es_tiny import tiny_llama
-    import esft.es.lanes as lanes
-
-    model = tiny_llama()
-    model.lm_head.weight = model.model.embed_tokens.weight  # tied
-    named = [p for p in model.parameters() if p.dim() >= 2]
-    made, real = [], torch.empty
-
-    def watching(*args, **kwargs):
-        held = [t for t in made if t.untyped_storage().nbytes() > 0 and t.dim() >= 2]
-        assert len(held) == 0, "a matrix still held its storage when the next tensor was made"
-        t = real(*args, **kwargs)
-        made.append(t)
-        return t
-
-    monkeypatch.setattr(lanes.torch, "empty", watching)
-    replica = lanes.rollout_replica(model, torch.float32, without_storage=named)
-    monkeypatch.undo()
-    copies = dict(replica.named_parameters())
-    assert replica.lm_head.weight is replica.model.embed_tokens.weight
-    for name, p in model.named_parameters():
-        assert copies[name].shape == p.shape and copies[name].dtype == torch.float32
-        assert (copies[name].untyped_storage().nbytes() == 0) == (p.dim() >= 2)
 
 
 def test_large_blocks_are_mapped_one_by_one_under_glibc():

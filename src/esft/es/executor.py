@@ -359,9 +359,7 @@ class LocalExecutor(Executor):
         copies = lanes if self._replicas else lanes - 1
         while len(self._lanes) < copies:
             map_large_blocks()
-            fills = [p for p in self.weights.params.values() if p.dim() >= 2] if self._engine_fills else []
-            replica = rollout_replica(self.model, self.rollout_dtype or (torch.float32 if self._replicas else None),
-                                      without_storage=fills)
+            replica = rollout_replica(self.model, self.rollout_dtype or (torch.float32 if self._replicas else None))
             bound = self.weights.bind(replica, cast=self.rollout_dtype is not None)
             if self._engine_fills:
                 # the copy's perturbed matrices start without storage, as the engine leaves them once packed: it

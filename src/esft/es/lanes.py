@@ -9,32 +9,22 @@ import copy
 import ctypes
 import functools
 import math
-from typing import Any, Iterable
+from typing import Any
 
 import torch
 
 
-def rollout_replica(model: Any, dtype: torch.dtype | None = None, without_storage: Iterable[Any] = ()) -> Any:
+def rollout_replica(model: Any, dtype: torch.dtype | None = None) -> Any:
     """A copy of `model` for a member lane. With `dtype` (bf16 rollouts) its floating parameters are new, empty
     tensors of that dtype (to be written by `MasterWeights.bind(...).perturb` / `restore`; unselected ones by the
     executor's sync), so the copy never holds a second fp32 model, not even while it is made; tied weights stay
-    tied. Buffers are copied as they are.
-
-    `without_storage`: parameters of `model` whose copies start with their storage freed (`param_writes.release`:
-    written when the engine reads them). Each is freed as soon as it is made, so glibc hands the next one the same
-    block: made all at once and freed afterwards, the copy's ~400 MiB of fp32 projections grew the heap, and the
-    members' allocations later left ~200 MB of it freed but resident in some runs (docs/performance.md, "The
-    screen's bf16 copy written into the tiles")."""
+    tied. Buffers are copied as they are."""
     if dtype is None:
         return copy.deepcopy(model)
-    free = {id(p) for p in without_storage}
     memo: dict[int, Any] = {}
     for p in model.parameters():  # de-duplicated: a tied weight gets one copy
         if p.is_floating_point():
-            t = torch.empty(p.shape, dtype=dtype, device=p.device)
-            if id(p) in free:
-                t.untyped_storage().resize_(0)
-            memo[id(p)] = torch.nn.Parameter(t, requires_grad=False)
+            memo[id(p)] = torch.nn.Parameter(torch.empty(p.shape, dtype=dtype, device=p.device), requires_grad=False)
     return copy.deepcopy(model, memo)
 
 
