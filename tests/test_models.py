@@ -123,7 +123,7 @@ def test_a_cache_converted_with_the_wrong_end_token_is_converted_again(monkeypat
     config = json.loads((stale / "tokenizer_config.json").read_text())
     (stale / "tokenizer_config.json").write_text(json.dumps({**config, "eos_token": "<|im_start|>"}))
     assert models.embedded_model_dir() == stale
-    assert "has end-of-sequence token '<|im_start|>', not '<|im_end|>'" in capsys.readouterr().out
+    assert "has end-of-sequence token '<|im_start|>', not '<|im_end|>'" in status_messages(capsys)
     assert models.cached_eos(stale) == "<|im_end|>"
     assert load_model(str(stale))[1].eos_token_id == 2
     # the cache holds plain weights: a GGUF quantization_config would send other readers (vLLM) to the GGUF file
@@ -277,12 +277,21 @@ def fake_conversion(monkeypatch, tmp_path, tiny_model, tokenizer):
     return runs
 
 
-def test_the_embedded_model_is_converted_once_into_a_complete_cache(fake_conversion, tmp_path, tiny_model):
+def status_messages(capsys) -> str:
+    """What the model cache told the user: on stderr, with nothing on stdout, which `--json` commands keep for their
+    one JSON object (a fresh machine converts the model inside `esft bench --json`)."""
+    out, err = capsys.readouterr()
+    assert out == ""
+    return err
+
+
+def test_the_embedded_model_is_converted_once_into_a_complete_cache(fake_conversion, tmp_path, tiny_model, capsys):
     import json
 
     target = tmp_path / "cache" / "models" / "smollm2-135m-instruct"
     tiny_model.generation_config.max_new_tokens = 321  # the GGUF's generation settings are kept
     assert models.embedded_model_dir() == target
+    assert "converting SmolLM2-135M-Instruct" in status_messages(capsys)
     assert {"model.safetensors", "config.json", "tokenizer_config.json"} <= {p.name for p in target.iterdir()}
     assert models.cached_eos(target) == "<|im_end|>"
     assert json.loads((target / "generation_config.json").read_text())["max_new_tokens"] == 321
@@ -325,7 +334,7 @@ def test_an_incomplete_cache_is_converted_again(fake_conversion, tmp_path, prese
     (target / "stray").write_text("")
     assert models.embedded_model_dir() == target
     assert len(fake_conversion) == 1 and not (target / "stray").exists()
-    assert (target / "model.safetensors").stat().st_size > 1000 and "incomplete" in capsys.readouterr().out
+    assert (target / "model.safetensors").stat().st_size > 1000 and "incomplete" in status_messages(capsys)
 
 
 def test_a_complete_cache_with_another_end_token_is_converted_again(fake_conversion, tmp_path):
@@ -410,7 +419,7 @@ def test_a_cache_with_truncated_weights_is_converted_again(fake_conversion, tmp_
     whole = weights.read_bytes()
     weights.write_bytes(whole[: len(whole) // 2])
     assert models.embedded_model_dir() == target and len(fake_conversion) == 2
-    assert weights.read_bytes() == whole and "truncated" in capsys.readouterr().out
+    assert weights.read_bytes() == whole and "truncated" in status_messages(capsys)
     assert models.embedded_model_dir() == target and len(fake_conversion) == 2
 
 
@@ -513,7 +522,7 @@ def test_a_cache_with_a_damaged_small_file_is_converted_again(fake_conversion, n
     else:
         (target / name).unlink()
     assert models.embedded_model_dir() == target and len(fake_conversion) == 2
-    assert (target / name).read_bytes() == whole and f"{name}" in capsys.readouterr().out
+    assert (target / name).read_bytes() == whole and f"{name}" in status_messages(capsys)
     assert models.embedded_model_dir() == target and len(fake_conversion) == 2
 
 
@@ -530,7 +539,7 @@ def test_a_cache_converted_before_its_files_were_listed_is_kept_when_whole(fake_
     (target / "chat_template.jinja").write_text(template[: template.index("{% endfor %}") + 5])
     assert models.embedded_model_dir() == target and len(fake_conversion) == 2
     assert (target / "chat_template.jinja").read_text() == template
-    assert "chat_template.jinja: does not parse" in capsys.readouterr().out
+    assert "chat_template.jinja: does not parse" in status_messages(capsys)
 
 
 def test_an_unwritable_cache_is_named_before_converting(fake_conversion, tmp_path, monkeypatch):

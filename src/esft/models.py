@@ -14,6 +14,7 @@ import importlib.util
 import json
 import os
 import shutil
+import sys
 import tempfile
 from functools import lru_cache
 from pathlib import Path
@@ -165,7 +166,7 @@ def embedded_model_dir(key: str = DEFAULT_MODEL) -> Path:
         if target.exists() and flaw is None:  # another process converted it while this one waited
             return target
         if flaw is not None:
-            print(f"esft: the cached {folder} {flaw}; converting it again", flush=True)
+            print(f"esft: the cached {folder} {flaw}; converting it again", file=sys.stderr, flush=True)
             shutil.rmtree(target)
         _convert_gguf(gguf_dir, gguf_name, target, eos)
     return target
@@ -298,7 +299,7 @@ def _convert_gguf(gguf_dir: Path, gguf_name: str, target: Path, eos: str) -> Non
         import gguf  # noqa: F401  (transformers needs it for gguf_file=)
     except ImportError as exc:  # pragma: no cover - gguf is a dependency
         raise ModelNotFoundError("converting the embedded GGUF needs the 'gguf' package: pip install gguf") from exc
-    print(f"esft: converting {gguf_name} to safetensors in {target} (once; ~30 s)", flush=True)
+    print(f"esft: converting {gguf_name} to safetensors in {target} (once; ~30 s)", file=sys.stderr, flush=True)
     tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=gguf_name)
     if tokenizer.eos_token != eos:
         import transformers
