@@ -7,6 +7,7 @@ Run: . .venv/bin/activate && pytest -q tests/test_es_executor.py   (~30 s on 2 c
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import threading
 import time
@@ -433,6 +434,64 @@ def test_real_model_in_lanes_equals_one_at_a_time(tokenizer, two_threads):
     got, expected = lanes_vs_one(model, tokenizer, fast_generation(max_new_tokens=16, batch_size=4), members, 3e-3)
     same_result(got, expected)
     assert expected.tokens_generated >= 3 * 4 * 4
+
+
+def test_a_lanes_members_generate_into_one_kv_cache_and_keep_their_completions(tokenizer, monkeypatch):
+    """One lane, three members of one batch through esft's engine: the second and third member's KV caches are
+    the first one's buffers (`KVBuffers`), the completions are those of caches made anew, and the buffers are
+    freed once the population is done."""
+    from esft.generation.kv_cache import KVBuffers
+
+    model = make_tiny_model(hidden=128, layers=2)
+    members = ES(population_size=3, sigma=0.02, alpha=0.01, seed=0).ask(0)
+    batch = [{"messages": p} for p in PROMPTS]
+    gen = fast_generation(max_new_tokens=12, batch_size=4)
+    reused = []
+    take = KVBuffers.take
+
+    def counting_take(self, shape, dtype, device):
+        given = {t.data_ptr() for kept in self._free.values() for t in kept}
+        out = take(self, shape, dtype, device)
+        reused.append(out.data_ptr() in given)
+        return out
+
+    monkeypatch.setattr(KVBuffers, "take", counting_take)
+    ex = LocalExecutor(model, tokenizer, MasterWeights(model, noise="table"), EchoTask(PROMPTS), 0.02, gen)
+    got = ex.evaluate_members(members, batch)
+    per_cache = len(reused) // 3  # a cache's key and value buffers, every layer
+    assert per_cache == 4 and reused == [False] * per_cache + [True] * 2 * per_cache
+    assert ex._kv == {}
+    monkeypatch.setattr(LocalExecutor, "_reusing_kv", lambda self, model: contextlib.nullcontext())
+    fresh = LocalExecutor(model, tokenizer, MasterWeights(model, noise="table"), EchoTask(PROMPTS), 0.02, gen)
+    same_result(got, fresh.evaluate_members(members, batch))
+    assert got.tokens_generated > 0 and len({tuple(t) for t in got.texts}) > 1
+
+
+def test_the_heap_is_trimmed_once_when_lane_copies_are_made(tokenizer, monkeypatch, two_threads):
+    """The copies' plain matrices are released as soon as the copy is made; glibc's freed heap is given back then
+    (`return_freed_heap`), once per batch of new copies, and not for an injected generate function (which reads
+    the copies' own matrices, so none are released)."""
+    from esft.es import executor as executor_module
+
+    model = make_tiny_model(hidden=128, layers=2)
+    trims = []
+
+    def recording_trim():
+        replica, bound = ex._lanes[-1]
+        trims.append(all(p.untyped_storage().nbytes() == 0 for p in bound.params.values() if p.dim() >= 2))
+        return True
+
+    monkeypatch.setattr(executor_module, "return_freed_heap", recording_trim)
+    ex = LocalExecutor(model, tokenizer, MasterWeights(model, noise="table"), EchoTask(PROMPTS), 0.02,
+                       fast_generation(max_new_tokens=4), parallel_members=2)
+    ex._ensure_lanes(2)
+    assert trims == [True]  # after the copy was made and its matrices released
+    ex._ensure_lanes(2)
+    assert trims == [True]  # no new copy, no trim
+    stub = LocalExecutor(model, tokenizer, MasterWeights(model, noise="table"), EchoTask(PROMPTS), 0.02,
+                         fast_generation(max_new_tokens=4), generate_fn=lambda *a, **k: [], parallel_members=2)
+    stub._ensure_lanes(2)
+    assert trims == [True]
 
 
 MORE_PROMPTS = PROMPTS + [[{"role": "user", "content": text}] for text in

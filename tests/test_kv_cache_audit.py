@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from esft.generation.kv_cache import KVCache
+from esft.generation.kv_cache import KVBuffers, KVCache, reusing_kv
 
 SHAPE = SimpleNamespace(n_kv=2, head_dim=3, layers=[None, None])
 
@@ -110,3 +110,33 @@ def test_load_prefill_copies_the_prompt_and_its_mask(tile):
     for i, layer in enumerate(layers):
         assert torch.equal(cache.keys(i), layer.keys)
         assert torch.equal(cache.v[i][:, :, :width], layer.values)
+
+
+def _pointers(cache: KVCache) -> set[int]:
+    return {t.data_ptr() for t in cache.k + cache.v}
+
+
+@pytest.mark.parametrize("tile", [None, 4])
+def test_caches_made_while_reusing_take_the_buffers_the_last_one_gave_back(tile):
+    """An ES lane's members: each cache made inside `reusing_kv` takes the key/value buffers the previous one
+    released, when its shape and dtype match; outside the context nothing is kept."""
+    buffers = KVBuffers()
+    with reusing_kv(buffers):
+        first = KVCache(SHAPE, 3, 5, torch.float32, "cpu", key_tile=tile)
+        held = _pointers(first)
+        size = sum(t.nbytes for t in first.k + first.v)
+        first.release()
+        assert buffers.nbytes == size and first.k == [] and first.v == []
+        second = KVCache(SHAPE, 3, 5, torch.float32, "cpu", key_tile=tile)
+        assert _pointers(second) == held and buffers.nbytes == 0
+        second.release()
+        other = KVCache(SHAPE, 2, 5, torch.float32, "cpu", key_tile=tile)  # another batch: its own buffers
+        assert not _pointers(other) & held and buffers.nbytes == size
+        half = KVCache(SHAPE, 3, 5, torch.bfloat16, "cpu", key_tile=tile)  # another dtype: the same
+        assert not _pointers(half) & held and buffers.nbytes == size
+    outside = KVCache(SHAPE, 3, 5, torch.float32, "cpu", key_tile=tile)
+    assert not _pointers(outside) & held
+    outside.release()
+    assert buffers.nbytes == size  # given to no one
+    buffers.clear()
+    assert buffers.nbytes == 0

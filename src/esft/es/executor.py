@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from esft.es.lanes import (available_memory, lane_bytes, lanes_that_fit, map_large_blocks,  # noqa: F401 (re-exported)
-                           openmp_backend, rollout_replica)
+                           openmp_backend, return_freed_heap, rollout_replica)
 from esft.es.noise import MasterWeights, Update
 from esft.es.param_writes import release
 from esft.es.population import PopulationResult
@@ -103,6 +103,7 @@ class LocalExecutor(Executor):
         self._replicas = self.rollout_dtype is not None or weights.shared
         self._lanes: list[tuple[Any, MasterWeights]] = []  # (model copy, weights bound to it), lane order
         self._synced_versions: dict[str, int] = {}  # unselected parameters' versions when last copied to lanes
+        self._kv: dict[int, Any] = {}  # per lane model, its KV cache buffers while a population runs (`_reusing_kv`)
         self._pool: ThreadPoolExecutor | None = None
         self._pool_size = 0
         self._pending: list[Future] = []
@@ -140,12 +141,27 @@ class LocalExecutor(Executor):
                   weights: MasterWeights | None = None) -> list:
         t0 = time.perf_counter()
         filled = [0.0]
-        with self._releasing(weights, filled):
+        with self._releasing(weights, filled), self._reusing_kv(model):
             gens = self.generate_fn(model, self.tokenizer, prompts[0], self.gen_config, **prompts[1])
         # the deferred perturbation written during generation is perturbation work: timed as such
         timings["generate"] += time.perf_counter() - t0 - filled[0]
         timings["perturb"] += filled[0]
         return gens
+
+    def _reusing_kv(self, model: Any) -> Any:
+        """With esft's engine, each lane's members generate into the same KV cache buffers
+        (`esft.generation.KVBuffers`: their batch, and so their caches' shapes, are the same), which the lane keeps
+        until the population or the centre's evaluation is done (`_free_kv`)."""
+        if not self._engine_fills:
+            return contextlib.nullcontext()
+        from esft.generation import KVBuffers, reusing_kv  # lazy, as generate_fn in __init__
+
+        return reusing_kv(self._kv.setdefault(id(model), KVBuffers()))
+
+    def _free_kv(self) -> None:
+        for buffers in self._kv.values():
+            buffers.clear()
+        self._kv.clear()
 
     def _releasing(self, weights: MasterWeights | None, filled: list[float]) -> Any:
         """A lane copy's perturbed parameters may be freed once packed (perturb and restore rewrite them all);
@@ -232,6 +248,7 @@ class LocalExecutor(Executor):
                 rows.close()  # restores now, not when the generator is garbage-collected
         else:
             self._evaluate_in_lanes(lanes, members, prompts, batch, result)
+        self._free_kv()
         result.timings["evaluate"] = time.perf_counter() - start
         return result
 
@@ -254,6 +271,7 @@ class LocalExecutor(Executor):
                 self._at_centre(weights, result.timings)
                 gens = self._generate(model, prompts, result.timings, weights)
             self._score(gens, batch, result, 0)
+            self._free_kv()
         result.timings["evaluate"] = time.perf_counter() - start
         return result
 
@@ -357,6 +375,8 @@ class LocalExecutor(Executor):
 
     def _ensure_lanes(self, lanes: int) -> None:
         copies = lanes if self._replicas else lanes - 1
+        # the copies' plain matrices, released below, may stay resident in the heap (`return_freed_heap`)
+        trim = len(self._lanes) < copies and self._engine_fills
         while len(self._lanes) < copies:
             map_large_blocks()
             replica = rollout_replica(self.model, self.rollout_dtype or (torch.float32 if self._replicas else None))
@@ -370,6 +390,8 @@ class LocalExecutor(Executor):
                 release(p for p in bound.params.values() if p.dim() >= 2)
             self._lanes.append((replica, bound))
             self._synced_versions = {}
+        if trim:
+            return_freed_heap()
         # Parameters outside the ES selection are never perturbed: keep the copies' equal to the model's, which a
         # resumed or reloaded model may have changed since the copy (checked by version counter: no data pass).
         if self._lanes:  # one lane on the model itself (or an engine's weights) has no copies to keep in sync
@@ -468,3 +490,4 @@ class LocalExecutor(Executor):
             self._pool = None
         self._lanes = []
         self._synced_versions = {}
+        self._free_kv()

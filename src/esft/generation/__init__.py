@@ -12,12 +12,14 @@ from esft.generation.generation_config import (ENGINE_OPTIONS, Generation, Gener
                                                options_mapping, options_refusal)
 from esft.generation.engine import decode, generate, generation_batches
 from esft.generation.hf_step import decode_hf
+from esft.generation.kv_cache import KVBuffers, reusing_kv
 from esft.generation.sampling import sample_next
 from esft.generation.packed import releasing
 from esft.generation.prompts import encode_prompts, eos_token_ids, left_pad, to_generation
 
 __all__ = [
-    "ENGINE_OPTIONS", "Generation", "GenerationCancelled", "GenerationConfig", "cancel_on", "check_cancelled", "decode",
-    "decode_hf", "encode_prompts", "engine_options", "eos_token_ids", "generate", "generation_batches", "left_pad",
-    "options_mapping", "options_refusal", "releasing", "sample_next", "to_generation",
+    "ENGINE_OPTIONS", "Generation", "GenerationCancelled", "GenerationConfig", "KVBuffers", "cancel_on",
+    "check_cancelled", "decode", "decode_hf", "encode_prompts", "engine_options", "eos_token_ids", "generate",
+    "generation_batches", "left_pad", "options_mapping", "options_refusal", "releasing", "reusing_kv", "sample_next",
+    "to_generation",
 ]

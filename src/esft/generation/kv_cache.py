@@ -1,11 +1,63 @@
 """The lean step's KV cache: preallocated per-layer buffers sliced to the used length, compacted in place when
-rows finish."""
+rows finish; and `reusing_kv`, under which one cache's buffers serve the next (an ES lane's members)."""
 
 from __future__ import annotations
 
-from typing import Any
+import threading
+from contextlib import contextmanager
+from typing import Any, Iterable, Iterator
 
 import torch
+
+
+class KVBuffers:
+    """Key/value buffers handed from one KVCache to the next of the same shape (`reusing_kv`).
+
+    Why: an ES lane generates the same batch for every member, so each member's cache has the same buffers. Made
+    anew per member, the cpu preset's ~166 MiB of per-layer K/V blocks (each under glibc's mmap threshold) come
+    from the heap between the member's packed weights and small allocations that outlive it, and the heap creeps:
+    its peak RSS read 2.08-2.17 GB over five runs against 2.07-2.08 GB with the buffers kept (docs/performance.md,
+    "A Zen 5 EPYC"). A buffer's contents are undefined either way, as torch.empty's, so the results keep their
+    bits."""
+
+    def __init__(self) -> None:
+        self._free: dict[tuple, list[torch.Tensor]] = {}
+
+    def take(self, shape: tuple[int, ...], dtype: torch.dtype, device: Any) -> torch.Tensor:
+        """A buffer of this shape, dtype and device: one given back earlier, else a new (uninitialised) one."""
+        free = self._free.get((tuple(shape), dtype, torch.device(device)))
+        return free.pop() if free else torch.empty(shape, dtype=dtype, device=device)
+
+    def give(self, tensors: Iterable[torch.Tensor]) -> None:
+        for t in tensors:
+            self._free.setdefault((tuple(t.shape), t.dtype, t.device), []).append(t)
+
+    def clear(self) -> None:
+        """Free every buffer held (the owner's batch, and so the caches' shapes, changes)."""
+        self._free.clear()
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.nbytes for free in self._free.values() for t in free)
+
+
+_REUSE = threading.local()
+
+
+@contextmanager
+def reusing_kv(buffers: KVBuffers) -> Iterator[KVBuffers]:
+    """Inside this context (on this thread), KVCaches take their key/value buffers from `buffers` and give them
+    back when released (`KVCache.release`, at the end of each lean decode)."""
+    previous = getattr(_REUSE, "buffers", None)
+    _REUSE.buffers = buffers
+    try:
+        yield buffers
+    finally:
+        _REUSE.buffers = previous
+
+
+def _empty(shape: tuple[int, ...], dtype: torch.dtype, device: Any, buffers: KVBuffers | None) -> torch.Tensor:
+    return torch.empty(shape, dtype=dtype, device=device) if buffers is None else buffers.take(shape, dtype, device)
 
 
 class KVCache:
@@ -27,10 +79,11 @@ class KVCache:
                  key_tile: int | None = None):
         self.lean = lean
         self.key_tile = key_tile
+        self._buffers: KVBuffers | None = getattr(_REUSE, "buffers", None)
         if key_tile:
             capacity = -(-capacity // key_tile) * key_tile
         self.k = [self._new_keys(rows, capacity, dtype, device) for _ in lean.layers]
-        self.v = [torch.empty((rows, lean.n_kv, capacity, lean.head_dim), dtype=dtype, device=device)
+        self.v = [_empty((rows, lean.n_kv, capacity, lean.head_dim), dtype, device, self._buffers)
                   for _ in lean.layers]
         self.mask = torch.zeros((rows, capacity), dtype=torch.bool, device=device)
         self.rows = rows
@@ -39,8 +92,8 @@ class KVCache:
     def _new_keys(self, rows: int, capacity: int, dtype, device) -> torch.Tensor:
         kv, hd = self.lean.n_kv, self.lean.head_dim
         if not self.key_tile:
-            return torch.empty((rows, kv, capacity, hd), dtype=dtype, device=device)
-        return torch.empty((rows, kv, capacity // self.key_tile, hd, self.key_tile), dtype=dtype, device=device)
+            return _empty((rows, kv, capacity, hd), dtype, device, self._buffers)
+        return _empty((rows, kv, capacity // self.key_tile, hd, self.key_tile), dtype, device, self._buffers)
 
     def _key_span(self, columns: int) -> int:
         """Extent along the keys' third axis holding columns 0..columns-1 (tiles when tiled)."""
@@ -100,7 +153,7 @@ class KVCache:
             buf[:, :, :span].copy_(old[:, :, :span])
             self.k[i] = buf
         for i, old in enumerate(self.v):
-            buf = old.new_empty((old.shape[0], old.shape[1], new, old.shape[3]))
+            buf = _empty((old.shape[0], old.shape[1], new, old.shape[3]), old.dtype, old.device, self._buffers)
             buf[:, :, : self.length].copy_(old[:, :, : self.length])
             self.v[i] = buf
         mask = self.mask.new_zeros((self.mask.shape[0], new))
@@ -121,3 +174,10 @@ class KVCache:
             buf[first:n, :, :used] = buf[index, :, :used]
         self.mask[first:n, :used] = self.mask[index, :used]
         self.rows = n
+
+    def release(self) -> None:
+        """Give the key/value buffers to the `reusing_kv` context the cache was made in, if any; the cache is
+        empty afterwards."""
+        if self._buffers is not None:
+            self._buffers.give(self.k + self.v)
+        self.k, self.v, self.rows, self.length = [], [], 0, 0

@@ -207,4 +207,7 @@ def lean_decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, co
         share_prefix=bool(config.share_prefix) and delta is None,
         buckets=int(config.prefill_buckets) if delta is None else 1, head=head, writes_cache=lean_prefill)
     step = LeanStep(lean, cache, next_pos, budget, eos, min_new)
-    return decode_loop(step, logits, config, eos, on_keep=on_keep, row_keys=row_keys)
+    try:
+        return decode_loop(step, logits, config, eos, on_keep=on_keep, row_keys=row_keys)
+    finally:
+        cache.release()
