@@ -69,3 +69,26 @@ def test_pure_generation_warms_every_lane_untimed_as_the_es_iteration_does(token
     assert sum(b == work.max_new_tokens for _, b in calls) == 3
     assert out["generated_tokens"] == 3 * len(work.prompts) * work.max_new_tokens
     assert out["seconds"] <= wall - 0.3 + 2e-3  # the lanes' concurrent warm-up sleeps are outside the timing
+
+
+def test_pure_generation_reuses_each_lanes_kv_cache_buffers_as_the_es_lanes_do(tokenizer, monkeypatch):
+    """The pure-generation baseline of `inference_ratio` keeps its KV cache buffers from call to call, as an ES
+    lane does from member to member, so the ratio does not credit ES with an allocation saving: of three timed
+    calls on one lane, the second and third generate into the first one's buffers."""
+    from esft.generation.kv_cache import KVBuffers
+
+    take = KVBuffers.take
+    reused: list[bool] = []
+
+    def counting_take(self, shape, dtype, device):
+        given = {t.data_ptr() for kept in self._free.values() for t in kept}
+        out = take(self, shape, dtype, device)
+        reused.append(out.data_ptr() in given)
+        return out
+
+    monkeypatch.setattr(KVBuffers, "take", counting_take)
+    work = small_workload(min_new=6)
+    out = inference.esft_generation(make_tiny_model(), tokenizer, work, population=3, gen_overrides={}, lanes=1)
+    assert out["generated_tokens"] == 3 * len(work.prompts) * work.max_new_tokens
+    per_cache = len(reused) // 4  # the warm-up call's cache (one column of room), then the three timed ones
+    assert per_cache > 0 and reused == [False] * 2 * per_cache + [True] * 2 * per_cache

@@ -46,12 +46,14 @@ def _lane_models(model, lanes: int, dtype: torch.dtype | None) -> list:
 def esft_generation(model, tokenizer, work: Workload, population: int, gen_overrides: dict, lanes: int = 1,
                     dtype: torch.dtype | None = None) -> dict[str, Any]:
     """`population` generate calls of the workload's batch with esft's engine, `lanes` at once on one thread
-    share each (as `LocalExecutor`); returns seconds and token counts. Each lane first generates one token of the
-    batch, untimed and uncounted, as the ES iteration's lanes do before theirs (esft.bench.iterations.warm_up): a
-    fresh lane copy's first call faults in its packed weights and buffers, a cost the ES side does not time. If one
-    lane fails or Ctrl-C reaches the calling thread, the other lanes stop at their next decode step and take no
-    further call (`esft.generation.cancel_on`, as `LocalExecutor`'s lanes)."""
-    from esft.generation import GenerationCancelled, GenerationConfig, cancel_on, encode_prompts, generate
+    share each (as `LocalExecutor`, each lane's calls generating into the same KV cache buffers); returns seconds
+    and token counts. Each lane first generates one token of the batch, untimed and uncounted, as the ES
+    iteration's lanes do before theirs (esft.bench.iterations.warm_up): a fresh lane copy's first call faults in
+    its packed weights and buffers, a cost the ES side does not time. If one lane fails or Ctrl-C reaches the
+    calling thread, the other lanes stop at their next decode step and take no further call
+    (`esft.generation.cancel_on`, as `LocalExecutor`'s lanes)."""
+    from esft.generation import (GenerationCancelled, GenerationConfig, KVBuffers, cancel_on, encode_prompts, generate,
+                                 reusing_kv)
 
     gen = GenerationConfig(max_new_tokens=work.max_new_tokens, min_new_tokens=work.min_new_tokens,
                            batch_size=work.generation_batch_size, temperature=0.0, engine="esft")
@@ -74,7 +76,8 @@ def esft_generation(model, tokenizer, work: Workload, population: int, gen_overr
         try:
             torch.get_num_threads()  # a new thread's first ATen call sets its team size from the global default
             torch.set_num_threads(share[k])
-            with torch.no_grad(), cancel_on(stop):
+            # each call's KV cache in the previous call's buffers, as an ES lane's members (`LocalExecutor`)
+            with torch.no_grad(), cancel_on(stop), reusing_kv(KVBuffers()):
                 generate(models[k], tokenizer, work.prompts, warm, prompt_ids=ids)
                 ready.wait()  # the clock starts once every lane is warm
                 while True:
