@@ -28,6 +28,24 @@ def tokenizer():
     return load_tokenizer("smollm2-135m")
 
 
+def record_kv_reuse(monkeypatch) -> list[bool]:
+    """Patch `KVBuffers.take` to record, for each buffer a KV cache takes, whether it is one given back earlier
+    (by data pointer), so a test can tell reuse from fresh allocation."""
+    from esft.generation.kv_cache import KVBuffers
+
+    take = KVBuffers.take
+    reused: list[bool] = []
+
+    def recording_take(self, shape, dtype, device):
+        given = {t.data_ptr() for kept in self._free.values() for t in kept}
+        out = take(self, shape, dtype, device)
+        reused.append(out.data_ptr() in given)
+        return out
+
+    monkeypatch.setattr(KVBuffers, "take", recording_take)
+    return reused
+
+
 def make_tiny_model(vocab_size: int = 49152, seed: int = 0, hidden: int = 64, layers: int = 2):
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM

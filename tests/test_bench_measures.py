@@ -11,7 +11,7 @@ import torch
 from esft import bench
 from esft.bench import inference
 
-from conftest import make_tiny_model
+from conftest import make_tiny_model, record_kv_reuse
 from es_tiny import one_thread  # noqa: F401  (autouse: tiny matmuls on one thread)
 from test_bench import small_workload
 
@@ -75,18 +75,7 @@ def test_pure_generation_reuses_each_lanes_kv_cache_buffers_as_the_es_lanes_do(t
     """The pure-generation baseline of `inference_ratio` keeps its KV cache buffers from call to call, as an ES
     lane does from member to member, so the ratio does not credit ES with an allocation saving: of three timed
     calls on one lane, the second and third generate into the first one's buffers."""
-    from esft.generation.kv_cache import KVBuffers
-
-    take = KVBuffers.take
-    reused: list[bool] = []
-
-    def counting_take(self, shape, dtype, device):
-        given = {t.data_ptr() for kept in self._free.values() for t in kept}
-        out = take(self, shape, dtype, device)
-        reused.append(out.data_ptr() in given)
-        return out
-
-    monkeypatch.setattr(KVBuffers, "take", counting_take)
+    reused = record_kv_reuse(monkeypatch)
     work = small_workload(min_new=6)
     out = inference.esft_generation(make_tiny_model(), tokenizer, work, population=3, gen_overrides={}, lanes=1)
     assert out["generated_tokens"] == 3 * len(work.prompts) * work.max_new_tokens

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import make_tiny_model
+from conftest import make_tiny_model, record_kv_reuse
 from es_tiny import ToyTask, bit_equal, state, stub_generate, tiny_llama
 from esft.es.es_config import ESConfig
 from esft.es.executor import LocalExecutor
@@ -440,22 +440,11 @@ def test_a_lanes_members_generate_into_one_kv_cache_and_keep_their_completions(t
     """One lane, three members of one batch through esft's engine: the second and third member's KV caches are
     the first one's buffers (`KVBuffers`), the completions are those of caches made anew, and the buffers are
     freed once the population is done."""
-    from esft.generation.kv_cache import KVBuffers
-
     model = make_tiny_model(hidden=128, layers=2)
     members = ES(population_size=3, sigma=0.02, alpha=0.01, seed=0).ask(0)
     batch = [{"messages": p} for p in PROMPTS]
     gen = fast_generation(max_new_tokens=12, batch_size=4)
-    reused = []
-    take = KVBuffers.take
-
-    def counting_take(self, shape, dtype, device):
-        given = {t.data_ptr() for kept in self._free.values() for t in kept}
-        out = take(self, shape, dtype, device)
-        reused.append(out.data_ptr() in given)
-        return out
-
-    monkeypatch.setattr(KVBuffers, "take", counting_take)
+    reused = record_kv_reuse(monkeypatch)
     ex = LocalExecutor(model, tokenizer, MasterWeights(model, noise="table"), EchoTask(PROMPTS), 0.02, gen)
     got = ex.evaluate_members(members, batch)
     per_cache = len(reused) // 3  # a cache's key and value buffers, every layer
