@@ -58,8 +58,8 @@ def return_freed_heap() -> bool:
     released any. Called once, when lane copies have been made: a copy's plain matrices, released right after it
     is made (the engine writes each when it reads it), leave ~400 MiB of freed heap for SmolLM2 in fp32, and when
     a small block allocated meanwhile lies above them glibc cannot shrink the heap past it, so those pages stay
-    resident. On a Zen 5 EPYC that happened in ~1 run in 10 of the cpu preset, whose peak RSS then read
-    2.16-2.19 GB against 2.05-2.10 (docs/performance.md, "A Zen 5 EPYC")."""
+    resident. On a Zen 5 EPYC that happened in 2 of 14 probed runs of the cpu preset, whose peak RSS then read
+    2.16-2.17 GB against 2.03-2.14 in the others (docs/performance.md, "A Zen 5 EPYC")."""
     try:
         return bool(ctypes.CDLL("libc.so.6").malloc_trim(0))
     except (OSError, AttributeError):  # not glibc
